@@ -1,0 +1,297 @@
+"""What the user asks for: overrides from keyword arguments and ``AMP_*`` environment variables.
+
+Every override defaults to ``auto`` (let the plan decide). Keyword arguments win over environment
+variables. Values are validated here, once, with errors that name the accepted values.
+
+=================  ===================  ==================================================================
+keyword            environment          values
+=================  ===================  ==================================================================
+``backend``        ``AMP_BACKEND``      ``auto`` or a registered backend (``nvidia``, ``intel``, ``cpu``)
+``policy``         ``AMP_POLICY``       ``auto``, ``float32``, ``mixed_float16``, ``mixed_bfloat16``
+                                        (aliases ``fp32``, ``fp16``, ``bf16``)
+``xla``            ``AMP_XLA``          ``auto``, ``on``, ``off`` (also ``1/0``, ``true/false``)
+``tf32``           ``AMP_TF32``         ``auto``, ``on``, ``off``
+``loss_scale``     ``AMP_LOSS_SCALE``   ``auto``, ``dynamic``, ``none``, ``fixed:<scale>`` or a number
+``itex_amp``       ``AMP_ITEX_AMP``     ``on``/``off``: ITEX's graph-level auto mixed precision (Intel)
+``strict``         ``AMP_STRICT``       ``on``: raise instead of downgrading a request
+``force``          ``AMP_FORCE``        ``on``: honour slow (emulated) requests; unsafe ones stay refused
+=================  ===================  ==================================================================
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping
+
+from .errors import AmpConfigError
+
+POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+_POLICY_ALIASES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "mixed_float16": "mixed_float16",
+    "float16": "mixed_float16",
+    "fp16": "mixed_float16",
+    "mixed_bfloat16": "mixed_bfloat16",
+    "bfloat16": "mixed_bfloat16",
+    "bf16": "mixed_bfloat16",
+}
+_TRUE = {"1", "on", "true", "yes"}
+_FALSE = {"0", "off", "false", "no"}
+
+ENV_VARS = {
+    "backend": "AMP_BACKEND",
+    "policy": "AMP_POLICY",
+    "xla": "AMP_XLA",
+    "tf32": "AMP_TF32",
+    "loss_scale": "AMP_LOSS_SCALE",
+    "itex_amp": "AMP_ITEX_AMP",
+    "strict": "AMP_STRICT",
+    "force": "AMP_FORCE",
+}
+
+DEFAULT_INITIAL_SCALE = 2.0**15
+DEFAULT_GROWTH_INTERVAL = 2000
+
+
+@dataclass(frozen=True)
+class LossScale:
+    """How the loss is scaled before differentiation.
+
+    Loss scaling multiplies the loss by ``scale`` before computing gradients so that small float16
+    gradients do not flush to zero, then divides the gradients by the same factor before applying
+    them. ``dynamic`` halves the scale (``backoff``) whenever gradients overflow, skipping that step,
+    and doubles it (``growth``) after ``growth_interval`` finite steps. ``fixed`` keeps one scale;
+    ``none`` does not scale (right for float32 and bfloat16).
+    """
+
+    mode: str = "none"  # "dynamic" | "fixed" | "none"
+    initial: float = DEFAULT_INITIAL_SCALE
+    growth_interval: int = DEFAULT_GROWTH_INTERVAL
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("dynamic", "fixed", "none"):
+            raise AmpConfigError(
+                f"LossScale mode must be 'dynamic', 'fixed' or 'none'. Received: mode={self.mode!r}."
+            )
+        if not (self.initial > 0 and self.initial < float("inf")):
+            raise AmpConfigError(
+                f"A loss scale must be a positive finite number, such as 1024. Received: {self.initial!r}."
+            )
+        if self.growth_interval < 1:
+            raise AmpConfigError(
+                f"growth_interval must be >= 1. Received: growth_interval={self.growth_interval!r}."
+            )
+
+    def __str__(self) -> str:
+        if self.mode == "fixed":
+            return f"fixed:{self.initial:g}"
+        if self.mode == "dynamic":
+            return f"dynamic (initial {self.initial:g}, growth every {self.growth_interval} steps)"
+        return "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "initial": self.initial, "growth_interval": self.growth_interval}
+
+    @classmethod
+    def dynamic(cls, initial: float = DEFAULT_INITIAL_SCALE, growth_interval: int = DEFAULT_GROWTH_INTERVAL) -> "LossScale":
+        return cls("dynamic", float(initial), int(growth_interval))
+
+    @classmethod
+    def fixed(cls, scale: float) -> "LossScale":
+        return cls("fixed", float(scale))
+
+    @classmethod
+    def none(cls) -> "LossScale":
+        return cls("none", 1.0)
+
+
+@dataclass(frozen=True)
+class Request:
+    """The user's overrides, validated. ``None`` / ``"auto"`` means: let the plan decide."""
+
+    backend: str = "auto"
+    policy: str = "auto"
+    xla: bool | None = None
+    tf32: bool | None = None
+    loss_scale: LossScale | None = None
+    itex_amp: bool = False
+    strict: bool = False
+    force: bool = False
+    # where each non-default value came from, e.g. {"policy": "AMP_POLICY"} or {"policy": "argument"}
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def overrides(self) -> dict[str, str]:
+        """Non-default values as text, keyed by option name (for reports and logs)."""
+        out: dict[str, str] = {}
+        for name in ENV_VARS:
+            value = getattr(self, name)
+            if value is None or value == "auto" or (value is False and name in ("itex_amp", "strict", "force")):
+                continue
+            out[name] = format_value(value)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            name: (getattr(self, name).to_dict() if isinstance(getattr(self, name), LossScale) else getattr(self, name))
+            for name in ENV_VARS
+        } | {"sources": dict(self.sources)}
+
+
+def format_value(value: Any) -> str:
+    if value is True:
+        return "on"
+    if value is False:
+        return "off"
+    return str(value)
+
+
+def _where(name: str, source: str) -> str:
+    return f"{ENV_VARS[name]}" if source == "env" else f"{name}="
+
+
+def _fix_hint(name: str, source: str, example: str) -> str:
+    if source == "env":
+        return f"export {ENV_VARS[name]}={example}, or unset {ENV_VARS[name]} to let amp_backends decide"
+    return f"pass {name}={example!r}, or leave {name} out to let amp_backends decide"
+
+
+def parse_policy(value: Any, source: str = "argument") -> str:
+    if not isinstance(value, str):
+        raise TypeError(
+            f"policy must be a string, such as 'mixed_float16'. Received: policy={value!r} (of type {type(value).__name__})."
+        )
+    v = value.strip().lower()
+    if v in ("", "auto"):
+        return "auto"
+    if v not in _POLICY_ALIASES:
+        raise AmpConfigError(
+            f"{_where('policy', source)} must be one of auto, {', '.join(POLICIES)} (aliases fp32, fp16, bf16). "
+            f"Received: {value!r}. Fix: {_fix_hint('policy', source, 'mixed_float16')}."
+        )
+    return _POLICY_ALIASES[v]
+
+
+def parse_switch(name: str, value: Any, source: str = "argument") -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{name} must be True, False, None or one of 'auto', 'on', 'off'. "
+            f"Received: {name}={value!r} (of type {type(value).__name__})."
+        )
+    v = value.strip().lower()
+    if v in ("", "auto"):
+        return None
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise AmpConfigError(
+        f"{_where(name, source)} must be one of auto, on, off (or 1/0, true/false). Received: {value!r}. "
+        f"Fix: {_fix_hint(name, source, 'on')}."
+    )
+
+
+def parse_loss_scale(value: Any, source: str = "argument") -> LossScale | None:
+    if value is None or isinstance(value, LossScale):
+        return value
+    if isinstance(value, bool):
+        raise TypeError(
+            "loss_scale must be 'auto', 'dynamic', 'none', 'fixed:<scale>', a number or a LossScale. "
+            f"Received: loss_scale={value!r} (of type bool)."
+        )
+    if isinstance(value, (int, float)):
+        return LossScale.fixed(float(value))
+    if not isinstance(value, str):
+        raise TypeError(
+            "loss_scale must be 'auto', 'dynamic', 'none', 'fixed:<scale>', a number or a LossScale. "
+            f"Received: loss_scale={value!r} (of type {type(value).__name__})."
+        )
+    v = value.strip().lower()
+    if v in ("", "auto"):
+        return None
+    if v == "dynamic":
+        return LossScale.dynamic()
+    if v in ("none", "off", "0"):
+        return LossScale.none()
+    number = v.split(":", 1)[1] if v.startswith("fixed:") else (None if v == "fixed" else v)
+    try:
+        scale = float(number) if number is not None else None
+    except ValueError:
+        scale = None
+    if scale is None or not (0 < scale < float("inf")):
+        raise AmpConfigError(
+            f"{_where('loss_scale', source)} must be one of auto, dynamic, none, fixed:<scale> (a positive number, "
+            f"such as fixed:1024) or a bare number. Received: {value!r}. Fix: {_fix_hint('loss_scale', source, 'fixed:1024')}."
+        )
+    return LossScale.fixed(scale)
+
+
+def parse_backend(value: Any, known: Iterable[str], source: str = "argument") -> str:
+    known = tuple(known)
+    if not isinstance(value, str):
+        raise TypeError(
+            f"backend must be a string, such as 'cpu'. Received: backend={value!r} (of type {type(value).__name__})."
+        )
+    v = value.strip().lower()
+    if v in ("", "auto"):
+        return "auto"
+    if v not in known:
+        raise AmpConfigError(
+            f"{_where('backend', source)} must be auto or a registered backend: {', '.join(known)}. "
+            f"Received: {value!r}. Fix: {_fix_hint('backend', source, known[-1] if known else 'auto')}."
+        )
+    return v
+
+
+def build_request(
+    known_backends: Iterable[str],
+    environ: Mapping[str, str] | None = None,
+    **kwargs: Any,
+) -> Request:
+    """Merge keyword overrides (which win) with ``AMP_*`` environment variables and validate them.
+
+    ``kwargs`` takes the option names of :data:`ENV_VARS`; a keyword passed as ``None`` (or absent)
+    falls back to the environment variable.
+    """
+    unknown = set(kwargs) - set(ENV_VARS)
+    if unknown:
+        raise TypeError(
+            f"Unknown override(s) {sorted(unknown)}. Accepted keyword arguments: {', '.join(ENV_VARS)}."
+        )
+    env = os.environ if environ is None else environ
+    raw: dict[str, tuple[Any, str]] = {}
+    for name, var in ENV_VARS.items():
+        if kwargs.get(name) is not None:
+            raw[name] = (kwargs[name], "argument")
+        elif env.get(var, "").strip() != "":
+            raw[name] = (env[var], "env")
+
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name, (value, source) in raw.items():
+        if name == "backend":
+            values[name] = parse_backend(value, known_backends, source)
+        elif name == "policy":
+            values[name] = parse_policy(value, source)
+        elif name == "loss_scale":
+            values[name] = parse_loss_scale(value, source)
+        else:
+            parsed = parse_switch(name, value, source)
+            if name in ("itex_amp", "strict", "force"):
+                parsed = bool(parsed)
+            values[name] = parsed
+        sources[name] = ENV_VARS[name] if source == "env" else "argument"
+    request = Request(**values, sources=sources)
+    if request.strict and request.force:
+        raise AmpConfigError(
+            "strict and force contradict each other: strict raises on any request the hardware cannot honour, "
+            "force honours slow ones anyway. Received both. Fix: keep one of them."
+        )
+    return request
+
+
+def with_defaults(request: Request, **changes: Any) -> Request:
+    return replace(request, **changes)

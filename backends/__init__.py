@@ -1,0 +1,1 @@
+"""Vendor backends of amp_backends, one subpackage per vendor, registered through entry points."""

@@ -1,0 +1,168 @@
+"""Intel XPUs through Intel Extension for TensorFlow (ITEX): probe and plan rules.
+
+ITEX is end-of-life and needs TensorFlow 2.15 (Keras 2). Listing XPUs needs TensorFlow with the ITEX
+plugin loaded, so this probe runs only when TensorFlow is already imported or the plan is being applied.
+``itex.get_backend()`` answers ``b'GPU'`` even where only ITEX's CPU backend exists, so the decision rests
+on the XPU devices TensorFlow lists, never on that call.
+
+Rules (from Intel's documentation of ITEX 2.15; no Intel GPU was available to measure):
+Data Center GPU Max (Xe-HPC): XMX with bf16, fp16 and TF32 -> mixed_bfloat16 (no loss scaling),
+ITEX_FP32_MATH_MODE=TF32 for the float32 parts. Flex and Arc (Xe-HPG): XMX with bf16 and fp16, no TF32
+-> mixed_bfloat16. Integrated GPUs without XMX: fp16 only -> mixed_float16 with dynamic loss scaling.
+XLA is off: ITEX's XPU plugin applies its own graph fusions, not XLA's jit_compile clusters.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from typing import Any
+
+from amp_backends.hardware import BF16, FP16, TF32, XMX, Accelerator, BackendProbe, Hardware
+from amp_backends.registry import EMULATED, NATIVE, UNSUPPORTED, Assessment, Backend, Support
+from amp_backends.software import ITEX_EOL, itex_status
+
+
+def classify_xpu(index: int, name: str, has_xmx: bool | None = None, is_xehpc: bool | None = None) -> Accelerator:
+    """An :class:`Accelerator` for an Intel GPU, from its name and ITEX's ``has_xmx``/``is_xehpc`` answers."""
+    upper = name.upper()
+    xehpc = bool(is_xehpc) or " MAX" in upper or "PONTE VECCHIO" in upper
+    xmx = bool(has_xmx) or xehpc or "FLEX" in upper or "ARC" in upper
+    caps = {FP16}
+    if xmx:
+        caps |= {XMX, BF16}
+    if xehpc:
+        caps.add(TF32)
+    return Accelerator("intel", index, name, "XPU", None, None, frozenset(caps))
+
+
+def itex_libraries() -> list[str]:
+    """ITEX's native backends installed (``cpu``/``gpu``), read from files, without importing ITEX."""
+    spec = importlib.util.find_spec("intel_extension_for_tensorflow")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    found = set()
+    for folder in spec.submodule_search_locations:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for n in names:
+            if n.startswith("libitex_cpu"):
+                found.add("cpu")
+            if n.startswith("libitex_gpu") or n.startswith("libitex_xpu"):
+                found.add("gpu")
+    return sorted(found)
+
+
+class IntelBackend(Backend):
+    """Intel GPUs (XPU devices) through ITEX."""
+
+    name = "intel"
+    priority = 200
+    title = "Intel GPU (ITEX)"
+    tf_device_type = "XPU"
+
+    def probe(self, *, use_tensorflow: bool = False) -> BackendProbe:
+        itex = itex_status()
+        details: list[tuple[str, str]] = []
+        if not itex.installed:
+            return BackendProbe(self.name, False, "no Intel GPU: " + itex.reason + " (pip install 'amp-backends[intel]')")
+        details += [("itex_version", itex.version or "-"), ("itex_status", ITEX_EOL),
+                    ("itex_native_backends", ", ".join(itex_libraries()) or "none found")]
+        if not itex.compatible:
+            return BackendProbe(self.name, False, "no Intel GPU usable: " + itex.reason, details=tuple(details))
+        if not use_tensorflow and "tensorflow" not in sys.modules:
+            return BackendProbe(self.name, False, "not probed: Intel XPUs are listed through TensorFlow, which is not "
+                                "imported yet (auto_configure() and `amp-backends info` probe them)", details=tuple(details))
+        try:
+            import tensorflow as tf
+
+            xpus = tf.config.list_physical_devices("XPU")
+            has_xmx = is_xehpc = None
+            try:
+                import intel_extension_for_tensorflow as itex_mod
+
+                details.append(("itex_get_backend", f"{_text(itex_mod.get_backend())} (not used: it says GPU even "
+                                                    "with only the CPU backend)"))
+                if xpus:
+                    has_xmx, is_xehpc = bool(itex_mod.has_xmx()), bool(itex_mod.is_xehpc())
+            except Exception as exc:
+                details.append(("itex_import", f"failed: {type(exc).__name__}: {exc}"))
+            devices = []
+            for i, dev in enumerate(xpus):
+                try:
+                    name = tf.config.experimental.get_device_details(dev).get("device_name") or "Intel XPU"
+                except Exception:
+                    name = "Intel XPU"
+                devices.append(classify_xpu(i, name, has_xmx, is_xehpc))
+        except Exception as exc:
+            return BackendProbe(self.name, False, f"no Intel GPU: probing through TensorFlow failed ({type(exc).__name__}: {exc})",
+                                details=tuple(details))
+        if not devices:
+            return BackendProbe(self.name, False, "no Intel GPU: TensorFlow with ITEX lists no XPU device "
+                                "(ITEX's CPU backend only)" if "gpu" not in itex_libraries() else
+                                "no Intel GPU: TensorFlow with ITEX lists no XPU device", details=tuple(details))
+        names = ", ".join(d.name for d in devices)
+        return BackendProbe(self.name, True, f"{len(devices)} XPU(s): {names}", devices=tuple(devices), details=tuple(details))
+
+    def report_rows(self, probe: BackendProbe) -> list[tuple[str, str]]:
+        rows = super().report_rows(probe)[:1]
+        for d in probe.devices:
+            rows.append((f"XPU {d.index}", f"{d.name}; " + ", ".join(sorted(d.capabilities))))
+        rows += [(k.replace("_", " "), v) for k, v in probe.details]
+        return rows
+
+    def assess(self, probe: BackendProbe, hardware: Hardware) -> Assessment:
+        devices = probe.devices
+        all_have = lambda cap: all(d.has(cap) for d in devices)  # noqa: E731
+        names = ", ".join(sorted({d.name for d in devices}))
+        if all_have(XMX) and all_have(BF16):
+            bf16 = Support(NATIVE, f"{names}: XMX engines run bfloat16 at the float16 rate and bfloat16 needs no loss "
+                                   "scaling (Intel's recommended type for ITEX)")
+            fp16 = Support(NATIVE, f"{names}: XMX runs float16 too, but it needs loss scaling for the same speed")
+            preference = ("mixed_bfloat16", "mixed_float16", "float32")
+        else:
+            bf16 = Support(EMULATED, f"{names}: no XMX engines, so no bfloat16 arithmetic")
+            fp16 = Support(NATIVE, f"{names}: native float16 arithmetic (no XMX); with dynamic loss scaling")
+            preference = ("mixed_float16", "float32", "mixed_bfloat16")
+        fp32 = Support(NATIVE, "float32 leaves the XPU's low-precision throughput unused")
+        if all_have(TF32):
+            tf32 = Support(NATIVE, "ITEX_FP32_MATH_MODE=TF32 lets float32 matmuls use the Xe-HPC XMX engines")
+            math_mode = "TF32"
+        else:
+            tf32 = Support(UNSUPPORTED, f"{names}: no TF32 on this XPU (only Data Center GPU Max has it)")
+            math_mode = None
+        xla = Support(UNSUPPORTED, "ITEX's XPU plugin does not run XLA jit_compile clusters; it fuses graphs itself")
+        return Assessment(
+            backend=self.name,
+            devices=tuple(f"/XPU:{d.index}" for d in devices),
+            policies={"float32": fp32, "mixed_float16": fp16, "mixed_bfloat16": bf16},
+            preference=preference,
+            tf32=tf32,
+            xla=xla,
+            xla_default=False,
+            itex_amp=Support(NATIVE, "ITEX's Advanced Auto Mixed Precision (itex.set_config) rewrites the graph"),
+            math_mode=math_mode,
+        )
+
+    def apply(self, plan: Any, tf: Any) -> list[str]:
+        if not plan.itex_amp:
+            return []
+        return [configure_itex_amp(plan.itex_amp)]
+
+
+def configure_itex_amp(data_type: str) -> str:
+    """Turn on ITEX's graph-level auto mixed precision for ``data_type`` (``BFLOAT16`` or ``FLOAT16``)."""
+    import intel_extension_for_tensorflow as itex
+
+    config = itex.ConfigProto()
+    config.graph_options.auto_mixed_precision = itex.ON
+    config.graph_options.auto_mixed_precision_options.data_type = getattr(itex, data_type)
+    itex.set_config(config)
+    return f"ITEX auto mixed precision on ({data_type})"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,33 @@
+"""Test environments (nox).
+
+* ``tests``: the primary stack — the interpreter running nox, TensorFlow 2.21 (Keras 3) — with the
+  package installed as a wheel (``pip install .``).
+* ``intel``: Python 3.11, TensorFlow 2.15.1 (Keras 2) and Intel Extension for TensorFlow 2.15.0.0 with
+  its CPU backend, the package installed in editable mode (``pip install -e .``); runs the tests that
+  matter on the Intel path (the whole suite: it is all relevant there), with ITEX really loaded.
+
+``python3 -m nox`` runs both; ``python3 -m nox -s tests`` one.
+"""
+
+import nox
+
+nox.options.sessions = ["tests", "intel"]
+nox.options.reuse_existing_virtualenvs = True
+
+ITEX_STACK = ["tensorflow==2.15.1", "intel-extension-for-tensorflow[cpu]==2.15.0.0"]
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    session.install(".[test]")
+    session.run("pytest", *(session.posargs or ["-q", "-ra"]),
+                env={"AMP_EXPECT_INSTALL": "wheel", "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+
+@nox.session(python="3.11")
+def intel(session: nox.Session) -> None:
+    session.install(*ITEX_STACK, "pytest>=8", "scikit-learn>=1.3")
+    session.install("-e", ".", *ITEX_STACK)
+    session.run("python", "-m", "amp_backends.info")
+    session.run("pytest", *(session.posargs or ["-q", "-ra"]),
+                env={"AMP_EXPECT_INSTALL": "editable", "TF_CPP_MIN_LOG_LEVEL": "2"})

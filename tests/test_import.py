@@ -1,0 +1,110 @@
+"""Importing the package is cheap and imports no TensorFlow; the backends come from entry points."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_import_loads_no_tensorflow_and_no_nvml():
+    mods = run("import sys, amp_backends; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+               "('tensorflow', 'keras', 'pynvml', 'intel_extension_for_tensorflow', 'numpy', 'rich', 'typer')))")
+    assert mods == "[]"
+
+
+def test_import_is_fast():
+    # best of 5 fresh interpreters, import only (interpreter start excluded)
+    times = [float(run("import time; t=time.perf_counter(); import amp_backends; print(time.perf_counter()-t)")) for _ in range(5)]
+    assert min(times) < 0.05, times
+
+
+def test_import_reads_no_environment_and_writes_nothing(tmp_path):
+    code = ("import os; os.environ['AMP_POLICY']='bogus'; import amp_backends; "
+            "print(sorted(os.listdir('.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
+def test_backends_are_registered_through_entry_points(registry):
+    eps = {ep.name: ep.value for ep in metadata.entry_points(group="amp_backends.backends")}
+    assert eps == {
+        "nvidia": "amp_backends.backends.nvidia:NvidiaBackend",
+        "intel": "amp_backends.backends.intel:IntelBackend",
+        "cpu": "amp_backends.backends.cpu:CpuBackend",
+    }
+    assert registry.names() == ("nvidia", "intel", "cpu") and registry.load_errors == {}
+
+
+def test_install_layout():
+    """The backends/ folder is installed as amp_backends.backends: as a copy (pip install .) or in place (-e)."""
+    import amp_backends
+    import amp_backends.backends.nvidia as nv
+
+    in_repo = Path(nv.__file__).resolve().is_relative_to(REPO / "backends")
+    expected = os.environ.get("AMP_EXPECT_INSTALL")
+    if expected == "editable":
+        assert in_repo and Path(amp_backends.__file__).resolve().is_relative_to(REPO / "amp_backends")
+    elif expected == "wheel":
+        assert not in_repo and "site-packages" in nv.__file__
+        assert Path(nv.__file__).parent.parent.parent == Path(amp_backends.__file__).parent.parent / "amp_backends"
+    else:
+        pytest.skip("AMP_EXPECT_INSTALL not set (nox sets it to 'wheel' or 'editable')")
+
+
+def test_a_broken_third_party_backend_is_reported_not_fatal(monkeypatch):
+    from amp_backends.registry import BackendRegistry
+
+    class EP:
+        name = "rocm"
+        value = "nowhere:Rocm"
+
+        def load(self):
+            raise ImportError("No module named 'nowhere'")
+
+    real = metadata.entry_points
+
+    def fake(group=None):
+        return list(real(group=group)) + [EP()]
+
+    monkeypatch.setattr(metadata, "entry_points", fake)
+    reg = BackendRegistry.from_entry_points()
+    assert reg.names() == ("nvidia", "intel", "cpu")
+    assert "No module named 'nowhere'" in reg.load_errors["rocm"]
+
+
+def test_a_new_backend_is_one_registration():
+    from amp_backends.hardware import BackendProbe, Hardware
+    from amp_backends.options import build_request
+    from amp_backends.plan import make_plan
+    from amp_backends.registry import NATIVE, UNSUPPORTED, Assessment, Backend, BackendRegistry, Support
+
+    class Metal(Backend):
+        name, priority, title = "metal", 250, "Apple GPU"
+
+        def probe(self, *, use_tensorflow=False):
+            return BackendProbe("metal", True, "M3 Max")
+
+        def assess(self, probe, hardware):
+            s = Support(NATIVE, "fake")
+            return Assessment("metal", ("/GPU:0",), {"float32": s, "mixed_float16": s, "mixed_bfloat16": s},
+                              ("mixed_float16", "float32", "mixed_bfloat16"), Support(UNSUPPORTED, "no"), s, True)
+
+    from amp_backends.backends.cpu import CpuBackend
+
+    reg = BackendRegistry([CpuBackend(), Metal()])
+    assert reg.names() == ("metal", "cpu")
+    hw = Hardware((Metal().probe(), CpuBackend().probe()))
+    assert make_plan(hw, build_request(reg.names(), environ={}), reg).backend == "metal"

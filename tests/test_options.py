@@ -1,0 +1,88 @@
+"""Overrides: every option, valid and invalid, from keywords and from the environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from amp_backends.errors import AmpConfigError
+from amp_backends.options import LossScale, build_request
+
+NAMES = ("nvidia", "intel", "cpu")
+
+
+def req(environ=None, **kw):
+    return build_request(NAMES, environ=environ or {}, **kw)
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("auto", "auto"), ("float32", "float32"), ("fp32", "float32"), ("mixed_float16", "mixed_float16"),
+    ("fp16", "mixed_float16"), ("FLOAT16", "mixed_float16"), ("bf16", "mixed_bfloat16"), (" mixed_bfloat16 ", "mixed_bfloat16"),
+])
+def test_policy_values(value, expected):
+    assert req(policy=value).policy == expected
+    assert req({"AMP_POLICY": value}).policy == expected
+
+
+@pytest.mark.parametrize("name", ["xla", "tf32"])
+@pytest.mark.parametrize("value,expected", [("on", True), ("1", True), ("true", True), ("off", False), ("0", False),
+                                            ("no", False), ("auto", None), (True, True), (False, False)])
+def test_switch_values(name, value, expected):
+    assert getattr(req(**{name: value}), name) is expected
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("dynamic", LossScale.dynamic()), ("none", LossScale.none()), ("fixed:1024", LossScale.fixed(1024)),
+    ("128", LossScale.fixed(128)), (256, LossScale.fixed(256)), (0.5, LossScale.fixed(0.5)), ("auto", None),
+])
+def test_loss_scale_values(value, expected):
+    assert req(loss_scale=value).loss_scale == expected
+
+
+@pytest.mark.parametrize("env,var,valid", [
+    ({"AMP_POLICY": "bogus"}, "AMP_POLICY", "float32, mixed_float16, mixed_bfloat16"),
+    ({"AMP_XLA": "maybe"}, "AMP_XLA", "auto, on, off"),
+    ({"AMP_TF32": "2"}, "AMP_TF32", "auto, on, off"),
+    ({"AMP_LOSS_SCALE": "fixed:-1"}, "AMP_LOSS_SCALE", "fixed:<scale>"),
+    ({"AMP_LOSS_SCALE": "huge"}, "AMP_LOSS_SCALE", "dynamic, none"),
+    ({"AMP_BACKEND": "rocm"}, "AMP_BACKEND", "nvidia, intel, cpu"),
+    ({"AMP_STRICT": "perhaps"}, "AMP_STRICT", "on, off"),
+    ({"AMP_FORCE": "x"}, "AMP_FORCE", "on, off"),
+    ({"AMP_ITEX_AMP": "x"}, "AMP_ITEX_AMP", "on, off"),
+])
+def test_invalid_env_values_name_the_valid_ones(env, var, valid):
+    with pytest.raises(AmpConfigError) as err:
+        req(env)
+    msg = str(err.value)
+    assert var in msg and valid in msg and "Received: " + repr(next(iter(env.values()))) in msg
+    assert f"export {var}=" in msg  # the fix
+
+
+def test_invalid_keyword_values():
+    with pytest.raises(AmpConfigError, match="policy= must be one of.*Received: 'half'.*pass policy="):
+        req(policy="half")
+    with pytest.raises(TypeError, match="policy must be a string"):
+        req(policy=16)
+    with pytest.raises(TypeError, match="xla must be True, False, None"):
+        req(xla=2.5)
+    with pytest.raises(TypeError, match="loss_scale must be"):
+        req(loss_scale=True)
+    with pytest.raises(AmpConfigError, match="positive finite"):
+        req(loss_scale=float("inf"))
+    with pytest.raises(TypeError, match="Unknown override"):
+        build_request(NAMES, environ={}, polcy="fp16")
+
+
+def test_keywords_win_over_environment_and_sources_are_kept():
+    r = req({"AMP_POLICY": "bf16", "AMP_XLA": "off"}, policy="fp16")
+    assert r.policy == "mixed_float16" and r.xla is False
+    assert r.sources == {"policy": "argument", "xla": "AMP_XLA"}
+    assert r.overrides() == {"policy": "mixed_float16", "xla": "off"}
+
+
+def test_empty_environment_values_mean_auto():
+    assert req({"AMP_POLICY": "", "AMP_XLA": "  "}) == req()
+
+
+def test_strict_and_force_together_is_an_error():
+    with pytest.raises(AmpConfigError, match="contradict"):
+        req(strict=True, force=True)

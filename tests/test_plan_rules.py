@@ -1,0 +1,195 @@
+"""Decision tables over fake hardware: every rule of the plan, no TensorFlow needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from amp_backends.errors import UnsupportedRequestError
+from amp_backends.options import LossScale, build_request
+from amp_backends.plan import make_plan
+
+from fakes import (A100, AMD_HERE, ARC_A770, CORTEX_A72, GRAVITON3, GTX1660TI, H100, ICELAKE, IRIS_XE, MAX1550, P100,
+                   RTX4090, SAPPHIRE_RAPIDS, T4, V100, cpu_of, intel, machine, nvidia)
+
+
+def plan(hw, registry, **overrides):
+    return make_plan(hw, build_request(registry.names(), environ={}, **overrides), registry)
+
+
+HERE = cpu_of(AMD_HERE)
+
+# name, hardware, backend, policy, loss scale, tf32, xla, devices
+TABLE = [
+    ("P100", machine(nvidia(P100), HERE), "nvidia", "float32", "none", False, True, ("/GPU:0",)),
+    ("V100", machine(nvidia(V100), HERE), "nvidia", "mixed_float16", "dynamic", False, True, ("/GPU:0",)),
+    ("T4", machine(nvidia(T4), HERE), "nvidia", "mixed_float16", "dynamic", False, True, ("/GPU:0",)),
+    ("GTX 1660 Ti", machine(nvidia(GTX1660TI), HERE), "nvidia", "float32", "none", False, True, ("/GPU:0",)),
+    ("A100", machine(nvidia(A100), HERE), "nvidia", "mixed_float16", "dynamic", True, True, ("/GPU:0",)),
+    ("RTX 4090", machine(nvidia(RTX4090), HERE), "nvidia", "mixed_float16", "dynamic", True, True, ("/GPU:0",)),
+    ("H100", machine(nvidia(H100), HERE), "nvidia", "mixed_float16", "dynamic", True, True, ("/GPU:0",)),
+    ("2x H100", machine(nvidia(H100, H100), HERE), "nvidia", "mixed_float16", "dynamic", True, True, ("/GPU:0", "/GPU:1")),
+    ("A100 + V100 follows the weakest", machine(nvidia(A100, V100), HERE), "nvidia", "mixed_float16", "dynamic", False, True,
+     ("/GPU:0", "/GPU:1")),
+    ("Data Center GPU Max", machine(intel(MAX1550), cpu_of(SAPPHIRE_RAPIDS)), "intel", "mixed_bfloat16", "none", True, False,
+     ("/XPU:0",)),
+    ("Arc A770", machine(intel(ARC_A770), HERE), "intel", "mixed_bfloat16", "none", False, False, ("/XPU:0",)),
+    ("Iris Xe (no XMX)", machine(intel(IRIS_XE), HERE), "intel", "mixed_float16", "dynamic", False, False, ("/XPU:0",)),
+    ("Sapphire Rapids (AMX)", machine(cpu_of(SAPPHIRE_RAPIDS)), "cpu", "mixed_bfloat16", "none", False, False, ("/CPU:0",)),
+    ("Sapphire Rapids + ITEX: BF32", machine(cpu_of(SAPPHIRE_RAPIDS, itex=True)), "cpu", "mixed_bfloat16", "none", True, False,
+     ("/CPU:0",)),
+    ("Ice Lake (AVX-512, no bf16)", machine(cpu_of(ICELAKE)), "cpu", "float32", "none", False, False, ("/CPU:0",)),
+    ("this AMD EPYC", machine(HERE), "cpu", "float32", "none", False, False, ("/CPU:0",)),
+    ("this AMD EPYC with ITEX", machine(cpu_of(AMD_HERE, itex=True)), "cpu", "float32", "none", False, False, ("/CPU:0",)),
+    ("Arm with bf16 (Graviton3)", machine(cpu_of(GRAVITON3, arch="aarch64")), "cpu", "mixed_bfloat16", "none", False, False,
+     ("/CPU:0",)),
+    ("Arm without bf16", machine(cpu_of(CORTEX_A72, arch="aarch64")), "cpu", "float32", "none", False, False, ("/CPU:0",)),
+    ("H100 beats an Intel XPU and an AMX CPU", machine(nvidia(H100), intel(MAX1550), cpu_of(SAPPHIRE_RAPIDS)), "nvidia",
+     "mixed_float16", "dynamic", True, True, ("/GPU:0",)),
+    ("XPU beats the CPU", machine(intel(MAX1550), HERE), "intel", "mixed_bfloat16", "none", True, False, ("/XPU:0",)),
+]
+
+
+@pytest.mark.parametrize("name,hw,backend,policy,loss,tf32,xla,devices", TABLE, ids=[t[0] for t in TABLE])
+def test_decision_table(registry, name, hw, backend, policy, loss, tf32, xla, devices):
+    p = plan(hw, registry)
+    assert (p.backend, p.policy, p.loss_scale.mode, p.tf32, p.xla, p.devices) == (backend, policy, loss, tf32, xla, devices)
+    assert p.warnings == ()
+    assert set(p.reasons) >= {"policy", "loss_scale", "tf32", "xla"}
+    assert all(p.reasons.values())
+    # every rejected policy says why it lost
+    assert {r.value for r in p.rejected if r.setting == "policy"} == {"float32", "mixed_float16", "mixed_bfloat16"} - {policy}
+    assert all(r.why for r in p.rejected)
+
+
+def test_this_cpu_reason_names_missing_bf16(registry):
+    p = plan(machine(HERE), registry)
+    bf16 = next(r for r in p.rejected if r.value == "mixed_bfloat16")
+    assert "no bf16 instructions" in bf16.why and "avx512_bf16" in bf16.why
+
+
+def test_itex_math_mode(registry):
+    assert plan(machine(intel(MAX1550), HERE), registry).math_mode == "TF32"
+    assert plan(machine(cpu_of(SAPPHIRE_RAPIDS, itex=True)), registry).math_mode == "BF32"
+    assert plan(machine(cpu_of(SAPPHIRE_RAPIDS)), registry).math_mode is None
+    assert plan(machine(intel(MAX1550), HERE), registry, tf32="off").math_mode is None
+
+
+def test_other_backends_are_reported(registry):
+    p = plan(machine(nvidia(H100), intel(MAX1550), HERE), registry)
+    status = {b.name: (b.available, b.selected) for b in p.backends}
+    assert status == {"nvidia": (True, True), "intel": (True, False), "cpu": (True, False)}
+
+
+def test_mixed_gpus_note(registry):
+    p = plan(machine(nvidia(A100, V100), HERE), registry)
+    assert any("weakest" in n for n in p.notes)
+    assert "weakest" in p.reasons["policy"]
+
+
+def test_cpu_only_tensorflow_build_falls_back_to_cpu(registry):
+    p = plan(machine(nvidia(H100), HERE, tf_device_types=frozenset({"CPU"})), registry)
+    assert p.backend == "cpu" and p.policy == "float32"
+    nv = next(b for b in p.backends if b.name == "nvidia")
+    assert not nv.available and "TensorFlow lists no GPU" in nv.reason
+
+
+# --- overrides: honoured, downgraded, strict, force --------------------------------------------------
+
+def test_bf16_on_v100_is_downgraded_with_reason(registry):
+    with_v100 = machine(nvidia(V100), HERE)
+    p = plan(with_v100, registry, policy="bf16")
+    assert p.policy == "mixed_float16" and p.loss_scale.mode == "dynamic"
+    assert len(p.warnings) == 1 and "policy=mixed_bfloat16" in p.warnings[0] and "CC >= 8.0" in p.warnings[0]
+    with pytest.raises(UnsupportedRequestError, match="policy=mixed_bfloat16.*CC >= 8.0"):
+        plan(with_v100, registry, policy="bf16", strict=True)
+    forced = plan(with_v100, registry, policy="bf16", force=True)
+    assert forced.policy == "mixed_bfloat16" and forced.loss_scale.mode == "none" and "force" in forced.warnings[0]
+
+
+def test_fp16_on_this_cpu(registry):
+    here = machine(HERE)
+    p = plan(here, registry, policy="mixed_float16")
+    assert p.policy == "float32" and "downgraded" in p.warnings[0]
+    with pytest.raises(UnsupportedRequestError, match="slow"):
+        plan(here, registry, policy="mixed_float16", strict=True)
+    forced = plan(here, registry, policy="fp16", force=True)
+    assert forced.policy == "mixed_float16" and forced.loss_scale.mode == "dynamic"
+
+
+def test_bf16_with_itex_on_this_cpu_is_refused_even_with_force(registry):
+    here = machine(cpu_of(AMD_HERE, itex=True))
+    for kwargs in ({}, {"force": True}):
+        p = plan(here, registry, policy="bf16", **kwargs)
+        assert p.policy == "float32"
+        assert "unsafe" in p.warnings[0] and "aborts" in p.warnings[0]
+    with pytest.raises(UnsupportedRequestError, match="unsafe"):
+        plan(here, registry, policy="bf16", strict=True)
+
+
+def test_fp16_without_tensor_cores_is_honoured_with_warning(registry):
+    p = plan(machine(nvidia(P100), HERE), registry, policy="fp16")
+    assert p.policy == "mixed_float16" and "little or no speed-up" in p.warnings[0]
+
+
+def test_tf32_overrides(registry):
+    v100 = machine(nvidia(V100), HERE)
+    p = plan(v100, registry, tf32="on")
+    assert p.tf32 is False and "tf32=on" in p.warnings[0]
+    with pytest.raises(UnsupportedRequestError):
+        plan(v100, registry, tf32=True, strict=True)
+    a100 = plan(machine(nvidia(A100), HERE), registry, tf32="off")
+    assert a100.tf32 is False and a100.warnings == () and "as requested" in a100.reasons["tf32"]
+
+
+def test_xla_overrides(registry):
+    assert plan(machine(nvidia(H100), HERE), registry, xla="off").xla is False
+    on_cpu = plan(machine(HERE), registry, xla="on")
+    assert on_cpu.xla is True and "little or no speed-up" in on_cpu.warnings[0]
+    on_xpu = plan(machine(intel(MAX1550), HERE), registry, xla=True)
+    assert on_xpu.xla is False and "not supported" in on_xpu.warnings[0]
+
+
+def test_loss_scale_overrides(registry):
+    h100 = machine(nvidia(H100), HERE)
+    fixed = plan(h100, registry, loss_scale="fixed:1024")
+    assert fixed.loss_scale == LossScale.fixed(1024) and fixed.warnings == ()
+    none = plan(h100, registry, loss_scale="none")
+    assert none.loss_scale.mode == "none" and "flush to zero" in none.warnings[0]
+    pointless = plan(machine(HERE), registry, loss_scale="dynamic")
+    assert pointless.loss_scale.mode == "dynamic" and "not needed" in pointless.warnings[0]
+
+
+def test_backend_overrides(registry):
+    h100 = machine(nvidia(H100), HERE)
+    on_cpu = plan(h100, registry, backend="cpu")
+    assert on_cpu.backend == "cpu" and on_cpu.policy == "float32" and on_cpu.devices == ("/CPU:0",)
+    missing = plan(h100, registry, backend="intel")
+    assert missing.backend == "nvidia" and "backend=intel" in missing.warnings[0]
+    with pytest.raises(UnsupportedRequestError, match="backend=intel.*not available"):
+        plan(h100, registry, backend="intel", strict=True)
+
+
+def test_itex_amp(registry):
+    p = plan(machine(intel(MAX1550), HERE), registry, itex_amp="on")
+    assert p.itex_amp == "BFLOAT16" and p.policy == "float32" and p.loss_scale.mode == "none"
+    xe = plan(machine(intel(IRIS_XE), HERE), registry, itex_amp=True)
+    assert xe.itex_amp == "FLOAT16" and xe.loss_scale.mode == "dynamic"
+    not_intel = plan(machine(nvidia(H100), HERE), registry, itex_amp=True)
+    assert not_intel.itex_amp is None and "itex_amp=on" in not_intel.warnings[0]
+
+
+def test_sources_are_named_in_warnings(registry):
+    req = build_request(registry.names(), environ={"AMP_POLICY": "bf16"})
+    p = make_plan(machine(nvidia(V100), HERE), req, registry)
+    assert "from AMP_POLICY" in p.warnings[0]
+
+
+def test_plan_is_printable_and_json(registry):
+    import json
+
+    p = plan(machine(nvidia(H100), HERE), registry, loss_scale=512)
+    d = json.loads(p.to_json())
+    assert d["policy"] == "mixed_float16" and d["loss_scale"] == {"mode": "fixed", "initial": 512.0, "growth_interval": 2000}
+    assert d["overrides"] == {"loss_scale": "fixed:512"}
+    assert "policy: " in str(p) and p.summary().startswith("amp_backends plan: backend=nvidia")
+    assert p.compute_dtype == "float16" and p.compile_kwargs() == {"jit_compile": True}
