@@ -10,9 +10,28 @@ variable and writes no file. Everything below is loaded on first use.
 
 from __future__ import annotations
 
+import os as _os
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+
+def _source_checkout_layout() -> None:
+    """Let a source checkout import ``amp_backends.backends`` as an installed copy does.
+
+    Installed (``pip install .``), the repository's ``backends/`` folder is ``amp_backends/backends``. Run
+    from the checkout's root, Python finds the checkout's ``amp_backends/`` first, which has no such
+    folder: this adds the repository root to the package's search path then. Two ``stat`` calls.
+    """
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    root = _os.path.dirname(here)
+    if not _os.path.isdir(_os.path.join(here, "backends")) and _os.path.isfile(
+        _os.path.join(root, "backends", "cpu", "backend.py")
+    ):
+        __path__.append(root)  # type: ignore[name-defined]  # noqa: F821
+
+
+_source_checkout_layout()
 
 _LAZY = {
     "auto_configure": ".configure",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import tempfile
 
 import pytest
 
@@ -35,3 +36,8 @@ def restore_global_state(monkeypatch):
         tf.keras.mixed_precision.set_global_policy(policy)
         tf.config.experimental.enable_tensor_float_32_execution(tf32)
         tf.config.optimizer.set_jit(jit or False)
+
+
+# Subprocesses start here, not in the repository root, so that they import the installed package
+# (a wheel in the nox 'tests' session) rather than the checkout beside them.
+NEUTRAL_CWD = tempfile.mkdtemp(prefix="amp_backends_tests_")

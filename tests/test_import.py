@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import NEUTRAL_CWD
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def run(code: str) -> str:
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=NEUTRAL_CWD)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
@@ -108,3 +110,13 @@ def test_a_new_backend_is_one_registration():
     assert reg.names() == ("metal", "cpu")
     hw = Hardware((Metal().probe(), CpuBackend().probe()))
     assert make_plan(hw, build_request(reg.names(), environ={}), reg).backend == "metal"
+
+
+def test_checkout_root_imports_like_an_install():
+    """Run from the repository root, the checkout shadows the installed package; it must still work."""
+    out = subprocess.run([sys.executable, "-c", "import amp_backends.backends.cpu as c, amp_backends.registry as r; "
+                          "print(c.__file__); print(r.default_registry().names())"],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    path, names = out.stdout.split("\n")[:2]
+    assert Path(path).resolve().is_relative_to(REPO / "backends") and names == "('nvidia', 'intel', 'cpu')"

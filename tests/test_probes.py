@@ -8,6 +8,8 @@ import types
 
 import pytest
 
+from conftest import NEUTRAL_CWD
+
 from amp_backends.backends.cpu import parse_cpuinfo, probe_cpu
 from amp_backends.backends.cpu.backend import CpuBackend
 from amp_backends.backends.intel import IntelBackend, classify_xpu
@@ -167,7 +169,7 @@ def test_all_probes_without_tensorflow_are_fast():
             "assert 'tensorflow' not in sys.modules, 'TF imported'; print(dt)")
     import subprocess
 
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=NEUTRAL_CWD)
     assert out.returncode == 0, out.stderr
     assert float(out.stdout) < 0.5
 
@@ -177,7 +179,7 @@ def test_intel_probe_does_not_import_tensorflow(monkeypatch):
 
     code = ("import sys; from amp_backends.backends.intel import IntelBackend; p=IntelBackend().probe(); "
             "assert 'tensorflow' not in sys.modules; print(p.available, p.reason)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=NEUTRAL_CWD)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("False")
 

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from conftest import NEUTRAL_CWD
+
 from amp_backends.report import SCHEMA_VERSION, collect, render_text, to_json
 
 
@@ -16,7 +18,7 @@ def cli(*args, env=None, timeout=180):
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("AMP_")}
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "amp_backends.info", *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout)
+                          env=full_env, timeout=timeout, cwd=NEUTRAL_CWD)
 
 
 def test_collect_without_tensorflow_is_complete():
@@ -84,6 +86,6 @@ def test_bad_flag_value_is_a_clear_error():
 
 def test_console_script_subcommand():
     exe = os.path.join(os.path.dirname(sys.executable), "amp-backends")
-    out = subprocess.run([exe, "info", "--json", "--no-tensorflow"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([exe, "info", "--json", "--no-tensorflow"], capture_output=True, text=True, timeout=120, cwd=NEUTRAL_CWD)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["schema_version"] == SCHEMA_VERSION
