@@ -65,6 +65,26 @@ def info(
 
 app.command("info")(info)
 
+train_app = typer.Typer(help="Train the tutorials' models under the auto plan.", no_args_is_help=True)
+
+
+@train_app.callback()
+def _train_group() -> None:
+    """Train the tutorials' models under the auto plan."""
+
+
+def _register_training_commands() -> None:
+    from .examples.common import command
+    from .examples.gan import D_LR, train_gan  # noqa: F401
+    from .examples.mnist import train_mnist
+
+    train_app.command("mnist")(command("mnist", train_mnist, batch_size=64, lr=0.01, lr_help="Adam learning rate."))
+    train_app.command("gan")(command("gan", train_gan, batch_size=4096, lr=1e-3, lr_help="Generator Adam learning rate."))
+
+
+_register_training_commands()
+app.add_typer(train_app, name="train")
+
 
 def main() -> None:
     app()

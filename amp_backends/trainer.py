@@ -78,7 +78,7 @@ def parse_profile_steps(text: str | None) -> tuple[int, int] | None:
     except ValueError:
         raise ValueError(f"--profile-steps must be START:STOP, such as 20:30. Received: {text!r}.") from None
     if not 0 <= a < b:
-        raise ValueError(f"--profile-steps needs 0 <= START < STOP. Received: {text!r}.")
+        raise ValueError(f"--profile-steps must be START:STOP with 0 <= START < STOP, such as 20:30. Received: {text!r}.")
     return a, b
 
 

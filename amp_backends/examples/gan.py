@@ -1,0 +1,45 @@
+"""The tutorials' MNIST GAN, trained under the auto plan: ``python -m amp_backends.examples.gan --help``.
+
+One step updates the generator (Adam), then the discriminator (RMSprop, 1e-4), each with its own forward
+pass and its own loss scale; throughput counts 2 x batch images per step, as the tutorial did.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from .common import RunOptions, checkpoint_dir, command, load_data, plan_and_print, profile_window, seed_everything
+
+D_LR = 1e-4
+
+
+def train_gan(opts: RunOptions) -> Any:
+    """Train the GAN (generator Adam(--lr), discriminator RMSprop(1e-4)) with the auto plan."""
+    plan = plan_and_print(opts)
+    (x, _), _ = load_data(opts)
+    import tensorflow as tf
+
+    from ..models import gan_discriminator, gan_generator
+    from ..trainer import Trainer, gan_updates, mnist_batch_fn
+
+    seed_everything(opts.seed)
+    generator, discriminator = gan_generator(), gan_discriminator()
+    g_opt, d_opt = tf.keras.optimizers.Adam(opts.lr), tf.keras.optimizers.RMSprop(D_LR)
+    trainer = Trainer(
+        gan_updates(generator, discriminator, g_opt, d_opt, opts.batch_size), plan, batch_size=opts.batch_size,
+        images_per_step=2 * opts.batch_size,
+        checkpoint_objects={"generator": generator, "discriminator": discriminator, "g_optimizer": g_opt, "d_optimizer": d_opt},
+        steps_per_call=opts.steps_per_call, log_every=opts.log_every, logdir=opts.logdir,
+        checkpoint_dir=checkpoint_dir(opts), checkpoint_every=opts.checkpoint_every, profile_steps=profile_window(opts),
+        progress=opts.progress, seed=opts.seed, batch_fn=mnist_batch_fn,
+    )
+    return trainer.fit(x, None, epochs=opts.epochs, max_steps=opts.max_steps, resume=opts.resume), generator
+
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+app.command()(command("gan", train_gan, batch_size=4096, lr=1e-3, lr_help="Generator Adam learning rate."))
+
+if __name__ == "__main__":
+    app()
