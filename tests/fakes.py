@@ -46,6 +46,7 @@ H100 = ("NVIDIA H100 80GB HBM3", (9, 0))
 # XPUs
 MAX1550 = "Intel(R) Data Center GPU Max 1550"
 ARC_A770 = "Intel(R) Arc(TM) A770 Graphics"
+FLEX170 = "Intel(R) Data Center GPU Flex 170"
 IRIS_XE = "Intel(R) Iris(R) Xe Graphics"
 # CPUs
 AMD_HERE = ("AMD", "AMD EPYC", "fpu sse sse2 avx avx2 fma f16c")

@@ -8,7 +8,7 @@ from amp_backends.errors import UnsupportedRequestError
 from amp_backends.options import LossScale, build_request
 from amp_backends.plan import make_plan
 
-from fakes import (A100, AMD_HERE, ARC_A770, CORTEX_A72, GRAVITON3, GTX1660TI, H100, ICELAKE, IRIS_XE, MAX1550, P100,
+from fakes import (A100, AMD_HERE, ARC_A770, FLEX170, CORTEX_A72, GRAVITON3, GTX1660TI, H100, ICELAKE, IRIS_XE, MAX1550, P100,
                    RTX4090, SAPPHIRE_RAPIDS, T4, V100, cpu_of, intel, machine, nvidia)
 
 
@@ -32,6 +32,7 @@ TABLE = [
      ("/GPU:0", "/GPU:1")),
     ("Data Center GPU Max", machine(intel(MAX1550), cpu_of(SAPPHIRE_RAPIDS)), "intel", "mixed_bfloat16", "none", True, False,
      ("/XPU:0",)),
+    ("Flex 170", machine(intel(FLEX170), HERE), "intel", "mixed_bfloat16", "none", False, False, ("/XPU:0",)),
     ("Arc A770", machine(intel(ARC_A770), HERE), "intel", "mixed_bfloat16", "none", False, False, ("/XPU:0",)),
     ("Iris Xe (no XMX)", machine(intel(IRIS_XE), HERE), "intel", "mixed_float16", "dynamic", False, False, ("/XPU:0",)),
     ("Sapphire Rapids (AMX)", machine(cpu_of(SAPPHIRE_RAPIDS)), "cpu", "mixed_bfloat16", "none", False, False, ("/CPU:0",)),

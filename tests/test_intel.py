@@ -1,0 +1,153 @@
+"""The Intel path: ITEX really loaded (TF 2.15 + ITEX 2.15.0.0 CPU, nox session 'intel'), and XPU plans.
+
+Tests that need ITEX skip elsewhere with that reason; the others run in both environments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from amp_backends.software import itex_status
+from conftest import NEUTRAL_CWD
+
+pytestmark = [pytest.mark.intel, pytest.mark.tensorflow]
+
+ITEX = itex_status()
+needs_itex = pytest.mark.skipif(not ITEX.compatible, reason=f"needs ITEX matching TensorFlow ({ITEX.reason})")
+
+
+def cpu_has_bf16() -> bool:
+    from amp_backends.backends.cpu import probe_cpu
+
+    return probe_cpu().native_bf16
+
+
+def python(code: str, timeout: int = 300, **env) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("AMP_")} | {"TF_CPP_MIN_LOG_LEVEL": "2"} | env
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=full,
+                          cwd=NEUTRAL_CWD)
+
+
+@needs_itex
+def test_report_under_itex_shows_itex_cpu_backend_no_xpu_and_float32():
+    out = subprocess.run([sys.executable, "-m", "amp_backends.info", "--json"], capture_output=True, text=True,
+                         timeout=300, cwd=NEUTRAL_CWD, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    sw = d["software"]
+    assert sw["itex"]["version"] == ITEX.version and sw["itex"]["compatible"] is True
+    assert "end-of-life" in sw["itex"]["end_of_life"]
+    assert sw["keras"]["generation"] == 2 and sw["tensorflow"]["version"].startswith("2.15")
+    intel = next(b for b in d["hardware"]["backends"] if b["backend"] == "intel")
+    assert not intel["available"] and "lists no XPU device" in intel["reason"]
+    assert intel["details"]["itex_native_backends"] == "cpu"
+    assert "XPU" not in d["hardware"]["tensorflow_device_types"]
+    cpu = next(b for b in d["hardware"]["backends"] if b["backend"] == "cpu")
+    if not cpu["cpu"]["native_bf16"]:
+        assert d["plan"]["backend"] == "cpu" and d["plan"]["policy"] == "float32"
+        why = next(r["why"] for r in d["plan"]["rejected"] if r["value"] == "mixed_bfloat16")
+        assert "no bf16 instructions" in why and "ITEX" in why and "aborts" in why
+
+
+BF16_STEP = """
+import tensorflow as tf
+from amp_backends.models import mnist_cnn
+m = mnist_cnn(); opt = tf.keras.optimizers.Adam(1e-3)
+x = tf.random.uniform((8, 28, 28, 1)); y = tf.zeros((8,), tf.int64)
+@tf.function
+def step():
+    with tf.GradientTape() as t:
+        l = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(y, m(x, training=True)))
+    g = t.gradient(l, m.trainable_variables); opt.apply_gradients(zip(g, m.trainable_variables)); return l
+print("policy", tf.keras.mixed_precision.global_policy().name, "loss", float(step()), flush=True)
+"""
+
+
+@needs_itex
+@pytest.mark.skipif(cpu_has_bf16(), reason="this CPU has bf16 instructions: ITEX does not abort on it")
+def test_forced_bf16_under_itex_aborts_without_us_and_survives_with_us():
+    # Without amp_backends: the user's own mixed_bfloat16 kills the process (SIGABRT from oneDNN).
+    raw = python("import tensorflow as tf; tf.keras.mixed_precision.set_global_policy('mixed_bfloat16')\n" + BF16_STEP)
+    assert raw.returncode in (-6, 134), (raw.returncode, raw.stdout, raw.stderr[-1500:])
+    assert "could not create a primitive descriptor" in raw.stderr and "policy" not in raw.stdout
+
+    # With amp_backends: the forced request is refused before any bf16 op, even with force; training runs.
+    ours = python("import warnings, amp_backends\n"
+                  "with warnings.catch_warnings(record=True) as w:\n"
+                  "    warnings.simplefilter('always')\n"
+                  "    plan = amp_backends.auto_configure(policy='bf16', force=True, verbose=False)\n"
+                  "print('warning', [str(x.message) for x in w if x.category is amp_backends.AmpWarning], flush=True)\n"
+                  + BF16_STEP)
+    assert ours.returncode == 0, ours.stderr[-1500:]
+    assert "unsafe" in ours.stdout and "aborts" in ours.stdout and "policy float32 loss" in ours.stdout
+
+    # And strict mode raises a clear error instead (the process survives to handle it).
+    strict = python("import amp_backends\nfrom amp_backends.errors import UnsupportedRequestError\n"
+                    "try:\n    amp_backends.auto_configure(policy='bf16', strict=True)\n"
+                    "except UnsupportedRequestError as e:\n    print('refused:', e)\n")
+    assert strict.returncode == 0 and "refused: policy=mixed_bfloat16" in strict.stdout and "unsafe" in strict.stdout
+
+    # From the environment, as a user of the example would.
+    env = python("import amp_backends; print(amp_backends.auto_configure(verbose=False).policy)", AMP_POLICY="bf16")
+    assert env.returncode == 0 and env.stdout.strip().endswith("float32")
+
+
+@pytest.mark.parametrize("mode", ["none", "fixed:256", "dynamic"])
+def test_trainer_trains_mnist_and_gan_with_each_loss_scaling_mode(mode):
+    """Runs on Keras 3 (TF 2.21) and, in the 'intel' session, on Keras 2 with ITEX loaded."""
+    import amp_backends
+    import tensorflow as tf
+    from amp_backends.data import synthetic_mnist
+    from amp_backends.models import gan_discriminator, gan_generator, mnist_cnn
+    from amp_backends.trainer import Trainer, classifier_updates, gan_updates, mnist_batch_fn
+
+    plan = amp_backends.auto_configure(loss_scale=mode, verbose=False)
+    assert plan.loss_scale.mode == mode.split(":")[0]
+    (x, y), _ = synthetic_mnist(48, 8)
+    m, opt = mnist_cnn(), tf.keras.optimizers.Adam(1e-3)
+    r = Trainer(classifier_updates(m, opt), plan, batch_size=8, checkpoint_objects={"m": m}, batch_fn=mnist_batch_fn,
+                progress=False, steps_per_call=2).fit(x, y, epochs=1, max_steps=4)
+    assert r.steps == 4 and np.isfinite(r.last_losses["model"]) and r.skipped == {"model": 0}
+    expected_scale = {"none": 1.0, "fixed:256": 256.0, "dynamic": 2.0**15}[mode]
+    assert r.loss_scales == {"model": expected_scale}
+    g, d = gan_generator(), gan_discriminator()
+    go, do = tf.keras.optimizers.Adam(1e-3), tf.keras.optimizers.RMSprop(1e-4)
+    r = Trainer(gan_updates(g, d, go, do, 8), plan, batch_size=8, images_per_step=16, checkpoint_objects={"g": g},
+                batch_fn=mnist_batch_fn, progress=False).fit(x, None, epochs=1, max_steps=2)
+    assert r.steps == 2 and all(np.isfinite(v) for v in r.last_losses.values())
+
+
+@needs_itex
+def test_xpu_plan_is_applied_through_itex_python_api(monkeypatch, registry):
+    """A fake Data Center GPU Max plan with ITEX auto mixed precision, applied with ITEX's real API."""
+    import intel_extension_for_tensorflow as itex
+    import tensorflow as tf
+    from amp_backends.apply import apply_plan
+    from amp_backends.options import build_request
+    from amp_backends.plan import make_plan
+    from fakes import AMD_HERE, MAX1550, cpu_of, intel, machine
+
+    monkeypatch.delenv("ITEX_FP32_MATH_MODE", raising=False)
+    before = itex.get_config()
+    try:
+        plan = make_plan(machine(intel(MAX1550), cpu_of(AMD_HERE)), build_request(registry.names(), environ={}, itex_amp=True),
+                         registry)
+        assert (plan.backend, plan.policy, plan.itex_amp, plan.math_mode, plan.xla) == ("intel", "float32", "BFLOAT16", "TF32", False)
+        notes = apply_plan(plan, registry)
+        cfg = itex.get_config()
+        assert cfg.graph_options.auto_mixed_precision == itex.ON
+        assert cfg.graph_options.auto_mixed_precision_options.data_type == itex.BFLOAT16
+        assert os.environ["ITEX_FP32_MATH_MODE"] == "TF32"
+        assert tf.keras.mixed_precision.global_policy().name == "float32"
+        assert "ITEX auto mixed precision on (BFLOAT16)" in notes
+        plain = make_plan(machine(intel(MAX1550), cpu_of(AMD_HERE)), build_request(registry.names(), environ={}), registry)
+        apply_plan(plain, registry)
+        assert tf.keras.mixed_precision.global_policy().name == "mixed_bfloat16"
+    finally:
+        itex.set_config(before)
