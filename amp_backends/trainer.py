@@ -158,7 +158,14 @@ class Trainer:
             if checkpoint_dir else None
         )
         self._weights = [v for u in self.updates for vs, _ in u.groups for v in vs]
-        self._writer = tf.summary.create_file_writer(os.path.join(logdir, "train")) if logdir else None
+        self._writer = None
+        if logdir:
+            import importlib.util
+
+            if importlib.util.find_spec("tensorboard") is None:
+                logger.warning("TensorBoard is not installed: no scalars are written to %s (pip install tensorboard)", logdir)
+            else:
+                self._writer = tf.summary.create_file_writer(os.path.join(logdir, "train"))
         self._compiled: dict[int, Any] = {}
 
     # ------------------------------------------------------------------ compiled step
