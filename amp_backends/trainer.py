@@ -38,6 +38,10 @@ class NonFiniteError(RuntimeError):
     """Training cannot continue: too many non-finite steps under a fixed loss scale, or non-finite weights."""
 
 
+class DistributedFailure(RuntimeError):
+    """A collective failed or timed out: another worker died, hung or cannot be reached."""
+
+
 @dataclass
 class Update:
     """One optimisation inside a training step.
@@ -116,8 +120,20 @@ class Trainer:
         progress: bool | None = None,
         seed: int = 0,
         batch_fn: Callable[[Any, Any, Any], Any] | None = None,
+        strategy: Any = None,
     ) -> None:
         tf = _tf()
+        from .distribute import is_chief, worker_id
+
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self.replicas = int(self.strategy.num_replicas_in_sync)
+        if isinstance(batch_size, int) and batch_size % self.replicas:
+            raise ValueError(
+                f"batch_size is the global batch and must be divisible by the {self.replicas} replicas in sync. "
+                f"Received: batch_size={batch_size}. Fix: use a multiple of {self.replicas}."
+            )
+        self.is_chief = is_chief(self.strategy)
+        self.worker = worker_id(self.strategy)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, such as 1024. Received: {batch_size!r}.")
         if steps_per_call < 1 or log_every < 1:
@@ -134,32 +150,38 @@ class Trainer:
         self.checkpoint_every = checkpoint_every
         self.profile_steps = profile_steps
         self.max_consecutive_nonfinite = max_consecutive_nonfinite
-        self.progress = sys.stdout.isatty() if progress is None else progress
+        self.progress = (sys.stdout.isatty() if progress is None else progress) and self.is_chief
         self.seed = seed
         self.batch_fn = batch_fn or (lambda x, y, idx: (tf.gather(x, idx), None if y is None else tf.gather(y, idx)))
 
-        self.scalers = {u.name: LossScaler(plan.loss_scale, name=u.name) for u in self.updates}
-        for u in self.updates:  # build optimizers now: their state must exist before restore and outside tf.cond
-            for variables, opt in u.groups:
-                if hasattr(opt, "build"):
-                    opt.build(list(variables))
-        self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-        self.step_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="step_in_epoch")
+        with self.strategy.scope():
+            self.scalers = {u.name: LossScaler(plan.loss_scale, name=u.name) for u in self.updates}
+            for u in self.updates:  # build optimizers now: their state must exist before restore and outside tf.cond
+                for variables, opt in u.groups:
+                    if hasattr(opt, "build"):
+                        opt.build(list(variables))
+            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+            self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+            self.step_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="step_in_epoch")
         scaler_state = {name: tf.train.Checkpoint(**s.variables()) for name, s in self.scalers.items()}
         self.checkpoint = tf.train.Checkpoint(
             **dict(checkpoint_objects),
             loss_scale=tf.train.Checkpoint(**scaler_state),
             position=tf.train.Checkpoint(global_step=self.global_step, epoch=self.epoch, step_in_epoch=self.step_in_epoch),
         )
+        # Under MultiWorkerMirroredStrategy every worker saves (saving is collective); only the chief's
+        # files are kept, the others write to a scratch folder removed after each save.
+        self.checkpoint_dir = checkpoint_dir
+        write_dir = checkpoint_dir if self.is_chief or not checkpoint_dir else os.path.join(
+            checkpoint_dir, f".worker-{self.worker}")
         self.manager = (
-            tf.train.CheckpointManager(self.checkpoint, checkpoint_dir, max_to_keep=keep_checkpoints,
+            tf.train.CheckpointManager(self.checkpoint, write_dir, max_to_keep=keep_checkpoints,
                                        step_counter=self.global_step)
             if checkpoint_dir else None
         )
         self._weights = [v for u in self.updates for vs, _ in u.groups for v in vs]
         self._writer = None
-        if logdir:
+        if logdir and self.is_chief:
             import importlib.util
 
             if importlib.util.find_spec("tensorboard") is None:
@@ -169,32 +191,68 @@ class Trainer:
         self._compiled: dict[int, Any] = {}
 
     # ------------------------------------------------------------------ compiled step
-    def _one_step(self, x: Any, y: Any, idx: Any) -> Any:
+    def _replica_grads(self, u: Update, x: Any, y: Any, idx: Any) -> Any:
+        """In each replica: its slice of the global batch, the scaled loss, unscaled gradients, a non-finite flag."""
         tf = _tf()
+        ctx = tf.distribute.get_replica_context()
+        n = ctx.num_replicas_in_sync
+        if n > 1:
+            local = self.batch_size // n
+            start = tf.cast(ctx.replica_id_in_sync_group, tf.int64) * local
+            idx = idx[start:start + local]
         batch = self.batch_fn(x, y, idx)
+        scaler = self.scalers[u.name]
+        variables = [v for vs, _ in u.groups for v in vs]
+        with tf.GradientTape() as tape:
+            loss = u.loss_fn(batch)
+            # each replica's mean loss / n: the optimizer sums gradients over replicas, giving the global mean
+            scaled = scaler.scale(loss / n if n > 1 else loss)
+        grads = scaler.unscale(tape.gradient(scaled, variables))
+        nonfinite = tf.cast(tf.logical_not(scaler.all_finite(grads)), tf.int32)
+        return tf.cast(loss, tf.float32), grads, nonfinite
+
+    def _apply(self, u: Update, grads: Sequence[Any]) -> None:
+        offset = 0
+        for vs, opt in u.groups:
+            n = len(vs)
+            opt.apply_gradients([(g, v) for g, v in zip(grads[offset:offset + n], vs) if g is not None])
+            offset += n
+
+    def _one_step(self, x: Any, y: Any, idx: Any) -> Any:
+        """One training step, in cross-replica context.
+
+        Gradients are computed in every replica; whether *any* replica's are non-finite is reduced across
+        all replicas (and workers) before deciding, so every replica applies or skips the step together
+        and every loss scale changes identically. The apply runs inside ``tf.cond`` here, outside the
+        replica function, because optimizers synchronise (all-reduce) inside ``apply_gradients``.
+        """
+        tf = _tf()
         losses = []
         for u in self.updates:
-            scaler = self.scalers[u.name]
-            variables = [v for vs, _ in u.groups for v in vs]
-            with tf.GradientTape() as tape:
-                loss = u.loss_fn(batch)
-                scaled = scaler.scale(loss)
-            grads = scaler.unscale(tape.gradient(scaled, variables))
-            finite = scaler.all_finite(grads)
+            loss, grads, nonfinite = self.strategy.run(self._grads_fns[u.name], args=(x, y, idx))
+            finite = tf.equal(self.strategy.reduce(tf.distribute.ReduceOp.SUM, nonfinite, axis=None), 0)
 
-            def apply(grads=grads, u=u):
-                offset = 0
-                for vs, opt in u.groups:
-                    n = len(vs)
-                    pairs = [(g, v) for g, v in zip(grads[offset:offset + n], vs) if g is not None]
-                    opt.apply_gradients(pairs)
-                    offset += n
+            def apply(u=u, grads=grads):
+                self.strategy.run(self._apply, args=(u, grads))
                 return tf.constant(True)
 
             tf.cond(finite, apply, lambda: tf.constant(False))
-            scaler.update(finite)
-            losses.append(tf.cast(loss, tf.float32))
+            self.scalers[u.name].update(finite)
+            losses.append(self.strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None))
         return tf.stack(losses)
+
+    @property
+    def _grads_fns(self) -> dict[str, Any]:
+        if not hasattr(self, "_grads_cache"):
+            tf = _tf()
+            fns = {}
+            for u in self.updates:
+                fn = (lambda x, y, idx, u=u: self._replica_grads(u, x, y, idx))
+                # With several replicas the outer step cannot be XLA-compiled (it holds the all-reduces);
+                # the replica's forward and backward pass is compiled instead.
+                fns[u.name] = tf.function(fn, jit_compile=True) if self.plan.xla and self.replicas > 1 else fn
+            self._grads_cache = fns
+        return self._grads_cache
 
     def _call_fn(self, k: int) -> Any:
         if k not in self._compiled:
@@ -211,19 +269,25 @@ class Trainer:
                 self.step_in_epoch.assign_add(k)
                 return out.stack()
 
-            self._compiled[k] = tf.function(run, jit_compile=self.plan.xla, reduce_retracing=True)
+            self._compiled[k] = tf.function(run, jit_compile=self.plan.xla and self.replicas == 1, reduce_retracing=True)
         return self._compiled[k]
 
     # ------------------------------------------------------------------ checkpoints
     def restore(self) -> int | None:
         """Restore the latest checkpoint, if any. Returns its global step."""
-        if not self.manager or not self.manager.latest_checkpoint:
+        tf = _tf()
+        latest = tf.train.latest_checkpoint(self.checkpoint_dir) if self.checkpoint_dir else None
+        if not latest:
             return None
-        self.checkpoint.restore(self.manager.latest_checkpoint).assert_existing_objects_matched()
+        self.checkpoint.restore(latest).assert_existing_objects_matched()
         step = int(self.global_step.numpy())
-        logger.info(f"Resumed from {self.manager.latest_checkpoint}: global step {step}, epoch {int(self.epoch.numpy())}, "
-                    f"step in epoch {int(self.step_in_epoch.numpy())}, loss scales "
-                    + ", ".join(f"{n}={s.current:g}" for n, s in self.scalers.items()))
+        optimizers = {f"{u.name}[{i}]": int(opt.iterations.numpy()) for u in self.updates
+                      for i, (_, opt) in enumerate(u.groups) if hasattr(opt, "iterations")}
+        if self.is_chief:
+            logger.info(f"Resumed from {latest}: global step {step}, epoch {int(self.epoch.numpy())}, "
+                        f"step in epoch {int(self.step_in_epoch.numpy())}, loss scales "
+                        + ", ".join(f"{n}={s.current:g}" for n, s in self.scalers.items())
+                        + ", optimizer iterations " + ", ".join(f"{k}={v}" for k, v in optimizers.items()))
         return step
 
     def weights_finite(self) -> bool:
@@ -243,7 +307,13 @@ class Trainer:
                 f"Not saving step {int(self.global_step.numpy())}: the weights contain NaN or Inf. The latest good "
                 f"checkpoint is {self.manager.latest_checkpoint}. Lower the learning rate or use dynamic loss scaling."
             )
-        return self.manager.save(checkpoint_number=int(self.global_step.numpy()))
+        path = self.manager.save(checkpoint_number=int(self.global_step.numpy()))
+        if not self.is_chief:
+            import shutil
+
+            shutil.rmtree(self.manager.directory, ignore_errors=True)
+            return None
+        return path
 
     # ------------------------------------------------------------------ the loop
     def fit(self, x: Any, y: Any = None, *, epochs: int, max_steps: int | None = None, resume: bool = False) -> TrainResult:
@@ -288,7 +358,19 @@ class Trainer:
                         tf.profiler.experimental.start(self.logdir)
                         profiling = True
                 t0 = time.perf_counter()
-                losses = self._call_fn(k)(x, y, perm_t, tf.constant(first, tf.int64)).numpy()
+                try:
+                    losses = self._call_fn(k)(x, y, perm_t, tf.constant(first, tf.int64)).numpy()
+                except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.CancelledError,
+                        tf.errors.AbortedError, tf.errors.InternalError) as exc:
+                    if getattr(self.strategy, "cluster_resolver", None) is None:
+                        raise
+                    latest = tf.train.latest_checkpoint(self.checkpoint_dir) if self.checkpoint_dir else None
+                    raise DistributedFailure(
+                        f"Worker {self.worker}: a collective with the other workers failed at step {step} "
+                        f"({type(exc).__name__}: {str(exc).splitlines()[0][:300]}). Another worker died, hung past the "
+                        f"cluster timeout or cannot be reached. Restart every worker with --resume to continue from "
+                        f"{latest or 'the start (no checkpoint yet)'}."
+                    ) from None
                 dt = time.perf_counter() - t0
                 calls += 1
                 step += k
@@ -326,7 +408,8 @@ class Trainer:
             loss_scales={name: s.current for name, s in self.scalers.items()},
             history=history,
         )
-        logger.info(result.summary())
+        if self.is_chief:
+            logger.info(result.summary())
         if self._writer:
             self._writer.flush()
         return result
@@ -346,6 +429,8 @@ class Trainer:
                 )
 
     def _log(self, epoch: int, first: int, k: int, losses: Any, step_time: float, throughput: float, step: int) -> None:
+        if not self.is_chief:
+            return
         names = [u.name for u in self.updates]
         for i in range(k):
             s = first + i
@@ -386,13 +471,17 @@ def _short(name: str) -> str:
 
 # ---------------------------------------------------------------------- ready-made tasks
 def classifier_updates(model: Any, optimizer: Any, loss: Any | None = None) -> list[Update]:
-    """One update: ``loss(y, model(x, training=True))`` (sparse categorical cross-entropy by default)."""
+    """One update: the mean of ``loss(y, model(x, training=True))`` (sparse categorical cross-entropy by default).
+
+    ``loss`` must return per-example values (``reduction="none"``): Keras 2 refuses reducing losses under
+    tf.distribute, and the trainer averages them itself.
+    """
     tf = _tf()
-    loss = loss or tf.keras.losses.SparseCategoricalCrossentropy()
+    loss = loss or tf.keras.losses.SparseCategoricalCrossentropy(reduction="none")
 
     def loss_fn(batch):
         xb, yb = batch
-        return loss(yb, model(xb, training=True))
+        return tf.reduce_mean(loss(yb, model(xb, training=True)))
 
     return [Update("model", loss_fn, [(model.trainable_variables, optimizer)])]
 

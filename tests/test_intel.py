@@ -123,31 +123,44 @@ def test_trainer_trains_mnist_and_gan_with_each_loss_scaling_mode(mode):
     assert r.steps == 2 and all(np.isfinite(v) for v in r.last_losses.values())
 
 
-@needs_itex
-def test_xpu_plan_is_applied_through_itex_python_api(monkeypatch, registry):
-    """A fake Data Center GPU Max plan with ITEX auto mixed precision, applied with ITEX's real API."""
-    import intel_extension_for_tensorflow as itex
-    import tensorflow as tf
-    from amp_backends.apply import apply_plan
-    from amp_backends.options import build_request
-    from amp_backends.plan import make_plan
-    from fakes import AMD_HERE, MAX1550, cpu_of, intel, machine
+XPU_APPLY = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import intel_extension_for_tensorflow as itex
+import tensorflow as tf
+from amp_backends.apply import apply_plan
+from amp_backends.options import build_request
+from amp_backends.plan import make_plan
+from amp_backends.registry import default_registry
+from fakes import AMD_HERE, MAX1550, cpu_of, intel, machine
 
-    monkeypatch.delenv("ITEX_FP32_MATH_MODE", raising=False)
-    before = itex.get_config()
-    try:
-        plan = make_plan(machine(intel(MAX1550), cpu_of(AMD_HERE)), build_request(registry.names(), environ={}, itex_amp=True),
-                         registry)
-        assert (plan.backend, plan.policy, plan.itex_amp, plan.math_mode, plan.xla) == ("intel", "float32", "BFLOAT16", "TF32", False)
-        notes = apply_plan(plan, registry)
-        cfg = itex.get_config()
-        assert cfg.graph_options.auto_mixed_precision == itex.ON
-        assert cfg.graph_options.auto_mixed_precision_options.data_type == itex.BFLOAT16
-        assert os.environ["ITEX_FP32_MATH_MODE"] == "TF32"
-        assert tf.keras.mixed_precision.global_policy().name == "float32"
-        assert "ITEX auto mixed precision on (BFLOAT16)" in notes
-        plain = make_plan(machine(intel(MAX1550), cpu_of(AMD_HERE)), build_request(registry.names(), environ={}), registry)
-        apply_plan(plain, registry)
-        assert tf.keras.mixed_precision.global_policy().name == "mixed_bfloat16"
-    finally:
-        itex.set_config(before)
+reg = default_registry()
+hw = machine(intel(MAX1550), cpu_of(AMD_HERE))
+plan = make_plan(hw, build_request(reg.names(), environ={}, itex_amp=True), reg)
+notes = apply_plan(plan, reg)
+cfg = itex.get_config()
+out = dict(plan=[plan.backend, plan.policy, plan.itex_amp, plan.math_mode, plan.xla], notes=notes,
+           amp=cfg.graph_options.auto_mixed_precision == itex.ON,
+           dtype=cfg.graph_options.auto_mixed_precision_options.data_type == itex.BFLOAT16,
+           math=os.environ.get("ITEX_FP32_MATH_MODE"), keras=tf.keras.mixed_precision.global_policy().name)
+plain = make_plan(hw, build_request(reg.names(), environ={}), reg)
+apply_plan(plain, reg)
+out["plain_keras"] = tf.keras.mixed_precision.global_policy().name
+print(json.dumps(out))
+"""
+
+
+@needs_itex
+def test_xpu_plan_is_applied_through_itex_python_api():
+    """A fake Data Center GPU Max plan with ITEX auto mixed precision, applied with ITEX's real API.
+
+    In a subprocess: ITEX reads ITEX_FP32_MATH_MODE once, and TF32 math on this CPU would abort later tests.
+    """
+    out = subprocess.run([sys.executable, "-c", XPU_APPLY, os.path.dirname(__file__)], capture_output=True, text=True,
+                         timeout=300, cwd=NEUTRAL_CWD, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    assert d["plan"] == ["intel", "float32", "BFLOAT16", "TF32", False]
+    assert d["amp"] and d["dtype"] and d["math"] == "TF32" and d["keras"] == "float32"
+    assert "ITEX auto mixed precision on (BFLOAT16)" in d["notes"]
+    assert d["plain_keras"] == "mixed_bfloat16"

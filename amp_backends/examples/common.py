@@ -39,6 +39,8 @@ class RunOptions:
     max_steps: Optional[int]
     seed: int
     progress: Optional[bool]
+    distribute: str = "auto"
+    cluster_timeout: float = 60.0
 
 
 def configure_logging() -> None:
@@ -50,14 +52,26 @@ def configure_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def plan_and_print(opts: RunOptions) -> Any:
+def strategy_and_plan(opts: RunOptions) -> tuple[Any, Any]:
+    """The tf.distribute strategy (created first: multi-worker collectives must be set up before any op), then
+    this worker's plan, printed (by the chief) and compared with the other workers' plans."""
+    from ..distribute import check_plan_agreement, is_chief, make_strategy
+
+    strategy = make_strategy(opts.distribute, timeout_s=opts.cluster_timeout)
+    plan = plan_and_print(opts, show=strategy is None or is_chief(strategy))
+    check_plan_agreement(strategy, plan, strict=opts.strict)
+    return strategy, plan
+
+
+def plan_and_print(opts: RunOptions, show: bool = True) -> Any:
     import amp_backends
 
     plan = amp_backends.auto_configure(
         backend=opts.backend, policy=opts.policy, xla=opts.xla, tf32=opts.tf32, loss_scale=opts.loss_scale,
         strict=opts.strict or None, force=opts.force or None, verbose=False,
     )
-    print(plan.explain(), flush=True)
+    if show:
+        print(plan.explain(), flush=True)
     return plan
 
 
@@ -114,20 +128,27 @@ def command(name: str, run: Callable[[RunOptions], Any], *, batch_size: int, lr:
         max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Stop after this many steps in all."),
         seed: int = typer.Option(0, "--seed", help="Seed of the shuffling, the weights and the synthetic data."),
         progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar (default: on a terminal)."),
+        distribute: str = typer.Option("auto", "--distribute", help="auto (TF_CONFIG -> multiworker, several GPUs -> "
+                                       "mirrored), none, mirrored, multiworker."),
+        cluster_timeout: float = typer.Option(60.0, "--cluster-timeout", min=1.0,
+                                              help="Seconds a collective waits for the other workers before failing."),
     ) -> None:
         opts = RunOptions(epochs, batch_size_, lr_, data, synthetic, digits, backend, policy, xla, tf32, loss_scale, strict, force,
                           steps_per_call, log_every, logdir, checkpoint_every, resume, profile, profile_steps, max_steps,
-                          seed, progress)
+                          seed, progress, distribute, cluster_timeout)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         configure_logging()
         from ..data import DataUnavailableError
-        from ..trainer import NonFiniteError
+        from ..trainer import DistributedFailure, NonFiniteError
 
         try:
             run(opts)
         except (AmpConfigError, DataUnavailableError, ValueError) as exc:
             typer.echo(f"{name}: error: {exc}", err=True)
             raise typer.Exit(2)
+        except DistributedFailure as exc:
+            typer.echo(f"{name}: error: {exc}", err=True)
+            raise typer.Exit(4)
         except NonFiniteError as exc:
             typer.echo(f"{name}: stopped: {exc}", err=True)
             raise typer.Exit(3)
@@ -138,6 +159,12 @@ def command(name: str, run: Callable[[RunOptions], Any], *, batch_size: int, lr:
 
 def checkpoint_dir(opts: RunOptions) -> str:
     return str(Path(opts.logdir) / "checkpoints")
+
+
+def scope(strategy: Any) -> Any:
+    import contextlib
+
+    return strategy.scope() if strategy is not None else contextlib.nullcontext()
 
 
 def seed_everything(seed: int) -> None:

@@ -10,14 +10,14 @@ from typing import Any
 
 import typer
 
-from .common import RunOptions, checkpoint_dir, command, load_data, plan_and_print, profile_window, seed_everything
+from .common import RunOptions, checkpoint_dir, command, load_data, scope, strategy_and_plan, profile_window, seed_everything
 
 D_LR = 1e-4
 
 
 def train_gan(opts: RunOptions) -> Any:
     """Train the GAN (generator Adam(--lr), discriminator RMSprop(1e-4)) with the auto plan."""
-    plan = plan_and_print(opts)
+    strategy, plan = strategy_and_plan(opts)
     (x, _), _ = load_data(opts)
     import tensorflow as tf
 
@@ -25,15 +25,16 @@ def train_gan(opts: RunOptions) -> Any:
     from ..trainer import Trainer, gan_updates, mnist_batch_fn
 
     seed_everything(opts.seed)
-    generator, discriminator = gan_generator(), gan_discriminator()
-    g_opt, d_opt = tf.keras.optimizers.Adam(opts.lr), tf.keras.optimizers.RMSprop(D_LR)
+    with scope(strategy):
+        generator, discriminator = gan_generator(), gan_discriminator()
+        g_opt, d_opt = tf.keras.optimizers.Adam(opts.lr), tf.keras.optimizers.RMSprop(D_LR)
     trainer = Trainer(
         gan_updates(generator, discriminator, g_opt, d_opt, opts.batch_size), plan, batch_size=opts.batch_size,
         images_per_step=2 * opts.batch_size,
         checkpoint_objects={"generator": generator, "discriminator": discriminator, "g_optimizer": g_opt, "d_optimizer": d_opt},
         steps_per_call=opts.steps_per_call, log_every=opts.log_every, logdir=opts.logdir,
         checkpoint_dir=checkpoint_dir(opts), checkpoint_every=opts.checkpoint_every, profile_steps=profile_window(opts),
-        progress=opts.progress, seed=opts.seed, batch_fn=mnist_batch_fn,
+        progress=opts.progress, seed=opts.seed, batch_fn=mnist_batch_fn, strategy=strategy,
     )
     return trainer.fit(x, None, epochs=opts.epochs, max_steps=opts.max_steps, resume=opts.resume), generator
 

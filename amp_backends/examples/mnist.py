@@ -6,7 +6,7 @@ from typing import Any
 
 import typer
 
-from .common import RunOptions, checkpoint_dir, command, load_data, plan_and_print, print_flush, profile_window, seed_everything
+from .common import RunOptions, checkpoint_dir, command, load_data, scope, strategy_and_plan, print_flush, profile_window, seed_everything
 
 
 def evaluate(model: Any, x: Any, y: Any, batch_size: int = 1024) -> float:
@@ -23,7 +23,7 @@ def evaluate(model: Any, x: Any, y: Any, batch_size: int = 1024) -> float:
 
 def train_mnist(opts: RunOptions) -> Any:
     """Train the MNIST CNN (Adam, sparse categorical cross-entropy) with the auto plan."""
-    plan = plan_and_print(opts)
+    strategy, plan = strategy_and_plan(opts)
     (x, y), (xt, yt) = load_data(opts)
     import tensorflow as tf
 
@@ -31,17 +31,18 @@ def train_mnist(opts: RunOptions) -> Any:
     from ..trainer import Trainer, classifier_updates, mnist_batch_fn
 
     seed_everything(opts.seed)
-    model = mnist_cnn()
-    optimizer = tf.keras.optimizers.Adam(opts.lr)
+    with scope(strategy):
+        model = mnist_cnn()
+        optimizer = tf.keras.optimizers.Adam(opts.lr)
     trainer = Trainer(
         classifier_updates(model, optimizer), plan, batch_size=opts.batch_size,
         checkpoint_objects={"model": model, "optimizer": optimizer}, steps_per_call=opts.steps_per_call,
         log_every=opts.log_every, logdir=opts.logdir, checkpoint_dir=checkpoint_dir(opts),
         checkpoint_every=opts.checkpoint_every, profile_steps=profile_window(opts), progress=opts.progress,
-        seed=opts.seed, batch_fn=mnist_batch_fn,
+        seed=opts.seed, batch_fn=mnist_batch_fn, strategy=strategy,
     )
     result = trainer.fit(x, y, epochs=opts.epochs, max_steps=opts.max_steps, resume=opts.resume)
-    if not opts.synthetic:
+    if not opts.synthetic and (strategy is None or trainer.is_chief):
         print_flush(f"test accuracy: {evaluate(model, xt, yt):.4f} ({len(xt)} held-out images)")
     return result, model
 

@@ -1,0 +1,205 @@
+"""tf.distribute for the trainer: choosing a strategy, validating the cluster, roles, plan agreement.
+
+Several local devices -> ``MirroredStrategy``; several processes or hosts (``TF_CONFIG`` set) ->
+``MultiWorkerMirroredStrategy``. ``TF_CONFIG`` is validated before TensorFlow sees it, this worker's
+own port is checked, and collectives get a timeout, so a bad cluster fails with a clear error instead
+of hanging: a peer that never comes (or dies) surfaces after ``timeout_s`` seconds (default 60).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+from typing import Any, Callable, Mapping
+
+from .errors import AmpConfigError
+
+logger = logging.getLogger("amp_backends.distribute")
+
+STRATEGIES = ("auto", "none", "mirrored", "multiworker")
+DEFAULT_TIMEOUT_S = 60
+
+
+class ClusterConfigError(AmpConfigError):
+    """TF_CONFIG or the cluster it describes is unusable; the message says what was expected."""
+
+
+def parse_tf_config(text: str) -> dict[str, Any]:
+    """Validate a ``TF_CONFIG`` JSON string; return it as a dict or raise :class:`ClusterConfigError`."""
+    example = ('{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", "index": 0}}')
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ClusterConfigError(
+            f"TF_CONFIG must be JSON such as {example}. Received: {text[:200]!r} ({exc.msg} at position {exc.pos})."
+        ) from None
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("cluster"), dict) or not isinstance(cfg.get("task"), dict):
+        raise ClusterConfigError(f"TF_CONFIG needs a 'cluster' object and a 'task' object, such as {example}. "
+                                 f"Received: {text[:200]!r}.")
+    cluster, task = cfg["cluster"], cfg["task"]
+    for job, addresses in cluster.items():
+        if job not in ("chief", "worker", "evaluator"):
+            raise ClusterConfigError(f"TF_CONFIG cluster jobs for MultiWorkerMirroredStrategy are 'chief' and 'worker'. "
+                                     f"Received job {job!r}.")
+        if not isinstance(addresses, list) or not addresses:
+            raise ClusterConfigError(f"TF_CONFIG cluster[{job!r}] must be a non-empty list of 'host:port'. Received: {addresses!r}.")
+        for a in addresses:
+            host, _, port = str(a).rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ClusterConfigError(f"TF_CONFIG cluster[{job!r}] has {a!r}: expected 'host:port' with a port "
+                                         "in 1..65535, such as 'localhost:12345'.")
+    ttype, index = task.get("type"), task.get("index")
+    if ttype not in cluster:
+        raise ClusterConfigError(f"TF_CONFIG task type must be one of the cluster's jobs ({', '.join(cluster)}). "
+                                 f"Received: {ttype!r}.")
+    if not isinstance(index, int) or not 0 <= index < len(cluster[ttype]):
+        raise ClusterConfigError(f"TF_CONFIG task index must be an integer in 0..{len(cluster[ttype]) - 1} for job "
+                                 f"{ttype!r}. Received: {index!r}.")
+    return cfg
+
+
+def own_address(cfg: Mapping[str, Any]) -> str:
+    return cfg["cluster"][cfg["task"]["type"]][cfg["task"]["index"]]
+
+
+def check_port_free(address: str) -> None:
+    """Raise :class:`ClusterConfigError` if this worker's own port is taken (TensorFlow would abort)."""
+    host, _, port = address.rpartition(":")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("" if host in ("localhost", "0.0.0.0") else host, int(port)))
+        except OSError as exc:
+            raise ClusterConfigError(
+                f"This worker's address {address} (from TF_CONFIG) cannot be bound: {exc.strerror or exc}. Another "
+                "process uses the port, or the host is not this machine. Fix: stop that process or choose a free port "
+                "in TF_CONFIG for this task."
+            ) from None
+
+
+def make_strategy(kind: str = "auto", *, timeout_s: float = DEFAULT_TIMEOUT_S, environ: Mapping[str, str] | None = None) -> Any:
+    """The strategy for ``kind``: auto (TF_CONFIG -> multiworker, several GPUs -> mirrored, else none)."""
+    if kind not in STRATEGIES:
+        raise AmpConfigError(f"--distribute must be one of {', '.join(STRATEGIES)}. Received: {kind!r}.")
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise AmpConfigError(f"The cluster timeout must be a positive number of seconds. Received: {timeout_s!r}.")
+    env = os.environ if environ is None else environ
+    tf_config = env.get("TF_CONFIG", "").strip()
+    if kind == "auto":
+        kind = "multiworker" if tf_config else "none"
+        if kind == "none":
+            import tensorflow as tf
+
+            if len(tf.config.list_logical_devices("GPU")) > 1:
+                kind = "mirrored"
+    import tensorflow as tf
+
+    if kind == "none":
+        return None
+    if kind == "mirrored":
+        return tf.distribute.MirroredStrategy()
+    if not tf_config:
+        raise ClusterConfigError("--distribute multiworker needs TF_CONFIG describing the cluster, such as "
+                                 '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", '
+                                 '"index": 0}}. Received: TF_CONFIG is not set.')
+    cfg = parse_tf_config(tf_config)
+    check_port_free(own_address(cfg))
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=float(timeout_s))
+    peers = [a for job in cfg["cluster"].values() for a in job if a != own_address(cfg)]
+    return create_with_deadline(lambda: tf.distribute.MultiWorkerMirroredStrategy(communication_options=options),
+                                timeout_s, peers)
+
+
+_WATCHDOG = r"""
+import os, signal, socket, sys, time
+timeout, pid, message = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+time.sleep(timeout)
+silent = []
+for address in sys.argv[4:]:
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+    except OSError:
+        silent.append(address)
+detail = "no answer from " + ", ".join(silent) if silent else "every peer answers, but not all joined"
+sys.stderr.write(message.replace("{detail}", detail) + "\n")
+sys.stderr.flush()
+os.kill(pid, signal.SIGKILL)
+"""
+
+
+def create_with_deadline(factory: Callable[[], Any], timeout_s: float, peers: list[str]) -> Any:
+    """Build the strategy, but end the process after ``timeout_s`` with a clear message if it has not formed.
+
+    MultiWorkerMirroredStrategy's constructor waits for every worker to join, holding Python's global lock
+    and without a timeout of its own, so nothing in this process can interrupt it: a small watchdog
+    process prints the error (naming the workers that do not answer) and ends this one (exit status 137).
+    """
+    import subprocess
+    import sys
+
+    message = (
+        f"amp_backends: error: the cluster did not form within {timeout_s:g} s ({{detail}}). Fix: start every worker "
+        "listed in TF_CONFIG (the same cluster, each with its own task index) within the timeout, or raise "
+        "--cluster-timeout."
+    )
+    watchdog = subprocess.Popen([sys.executable, "-I", "-c", _WATCHDOG, str(timeout_s), str(os.getpid()), message, *peers],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    try:
+        return factory()
+    finally:
+        watchdog.kill()
+        watchdog.wait()
+
+
+def is_chief(strategy: Any) -> bool:
+    """The worker that logs, writes TensorBoard and keeps checkpoints: 'chief', else worker 0."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not getattr(resolver, "task_type", None):
+        return True
+    if resolver.task_type == "chief":
+        return True
+    has_chief = "chief" in (resolver.cluster_spec().as_dict() or {})
+    return resolver.task_type == "worker" and resolver.task_id == 0 and not has_chief
+
+
+def worker_id(strategy: Any) -> str:
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not getattr(resolver, "task_type", None):
+        return "0"
+    return f"{resolver.task_type}-{resolver.task_id}"
+
+
+def plan_fingerprint(plan: Any) -> int:
+    """A 31-bit number that two workers share exactly when their plans train alike."""
+    key = f"{plan.policy}|{plan.loss_scale.mode}|{plan.loss_scale.initial}|{plan.xla}|{plan.tf32}|{plan.itex_amp}"
+    return int(hashlib.sha256(key.encode()).hexdigest()[:7], 16)
+
+
+def check_plan_agreement(strategy: Any, plan: Any, *, strict: bool = False) -> list[str]:
+    """Compare every worker's plan; a disagreement is logged on every worker (an error with ``strict``)."""
+    import tensorflow as tf
+
+    if strategy is None or getattr(strategy, "cluster_resolver", None) is None:
+        return []
+    mine = plan_fingerprint(plan)
+
+    @tf.function
+    def gather():
+        return strategy.gather(strategy.run(lambda: tf.constant([mine], tf.int64)), axis=0)
+
+    gathered = gather().numpy().tolist()
+    if len(set(gathered)) <= 1:
+        return []
+    message = (
+        f"The workers' plans differ (fingerprints by replica: {gathered}); this worker ({worker_id(strategy)}) has: "
+        f"{plan.summary()}. Mixed plans train inconsistently (a worker without bf16 chose float32, say). Fix: give "
+        "every worker the same overrides (AMP_POLICY=..., AMP_LOSS_SCALE=...) or the same hardware."
+    )
+    if strict:
+        raise ClusterConfigError(message)
+    logger.warning(message)
+    return [message]

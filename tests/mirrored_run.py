@@ -1,0 +1,55 @@
+"""Run by test_distribute.py in a fresh process: the trainer under MirroredStrategy over 2 logical CPUs.
+
+Replica 1 alone gets a non-finite loss on the first step; prints a JSON summary.
+"""
+import json
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+import amp_backends  # noqa: E402
+from amp_backends.data import synthetic_mnist  # noqa: E402
+from amp_backends.models import mnist_cnn  # noqa: E402
+from amp_backends.trainer import Trainer, Update, classifier_updates, mnist_batch_fn  # noqa: E402
+
+plan = amp_backends.auto_configure(loss_scale="dynamic", verbose=False)
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    model = mnist_cnn()
+    opt = tf.keras.optimizers.Adam(1e-3)
+    poison = tf.Variable(True, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+base = classifier_updates(model, opt)[0]
+
+
+def loss_fn(batch):
+    loss = base.loss_fn(batch)
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    bad = tf.logical_and(poison, tf.equal(replica, 1))
+    return tf.cond(bad, lambda: loss * np.inf, lambda: loss)
+
+
+trainer = Trainer([Update("model", loss_fn, base.groups)], plan, batch_size=16, checkpoint_objects={"model": model},
+                  batch_fn=mnist_batch_fn, progress=False, strategy=strategy)
+(x, y), _ = synthetic_mnist(64, 8)
+w0 = [v.numpy().copy() for v in model.trainable_variables]
+first = trainer.fit(x, y, epochs=1, max_steps=1)
+unchanged = all(np.array_equal(a, v.numpy()) for a, v in zip(w0, model.trainable_variables))
+poison.assign(False)
+rest = trainer.fit(x, y, epochs=1)
+print(json.dumps({
+    "replicas": strategy.num_replicas_in_sync,
+    "skipped_after_first": first.skipped["model"],
+    "scale_after_first": first.loss_scales["model"],
+    "unchanged_after_poisoned_step": unchanged,
+    "steps": rest.steps,
+    "skipped": rest.skipped["model"],
+    "optimizer_iterations": int(opt.iterations.numpy()),
+    "finite": bool(all(np.isfinite(v.numpy()).all() for v in model.trainable_variables)),
+    "changed_after": not all(np.array_equal(a, v.numpy()) for a, v in zip(w0, model.trainable_variables)),
+}))
+sys.stdout.flush()

@@ -1,0 +1,212 @@
+"""tf.distribute and faults: MirroredStrategy over 2 logical CPUs, MultiWorkerMirroredStrategy with 2 worker
+processes on 127.0.0.1, killed workers, torn checkpoints, bad cluster configuration. Every run is bounded."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from amp_backends.distribute import ClusterConfigError, check_port_free, parse_tf_config
+from conftest import NEUTRAL_CWD
+
+pytestmark = pytest.mark.tensorflow
+HERE = Path(__file__).resolve().parent
+STEP = re.compile(r"- INFO - \((\d+), (\d+)\), Loss: ")
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def tf_config(ports, index):
+    return json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}})
+
+
+def env(**extra):
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AMP_") and k != "TF_CONFIG"}
+    return base | {"TF_CPP_MIN_LOG_LEVEL": "2"} | extra
+
+
+def worker(ports, index, logdir, *args, extra_env=None):
+    cmd = [sys.executable, "-m", "amp_backends.examples.mnist", "--synthetic", "--no-progress", "--logdir", str(logdir),
+           "--distribute", "multiworker", "--cluster-timeout", "20", *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=NEUTRAL_CWD,
+                            env=env(TF_CONFIG=tf_config(ports, index), **(extra_env or {})))
+
+
+def finish(procs, timeout=240):
+    outs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError("a worker did not finish in time")
+        outs.append(out)
+    return outs
+
+
+# --------------------------------------------------------------------------- configuration errors
+@pytest.mark.parametrize("text,needle", [
+    ("{not json", "TF_CONFIG must be JSON"),
+    ('{"cluster": {}}', "needs a 'cluster' object and a 'task' object"),
+    ('{"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 0}}', "jobs for MultiWorkerMirroredStrategy"),
+    ('{"cluster": {"worker": ["localhost"]}, "task": {"type": "worker", "index": 0}}', "expected 'host:port'"),
+    ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "chief", "index": 0}}', "task type must be one of"),
+    ('{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 2}}', "integer in 0..1"),
+])
+def test_tf_config_validation(text, needle):
+    with pytest.raises(ClusterConfigError, match=re.escape(needle)):
+        parse_tf_config(text)
+
+
+def test_port_in_use_is_named():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ClusterConfigError, match=f"127.0.0.1:{port}.*cannot be bound.*free port"):
+            check_port_free(f"127.0.0.1:{port}")
+
+
+def run_cli(extra_env, *args, timeout=120):
+    cmd = [sys.executable, "-m", "amp_backends.examples.mnist", "--synthetic", "--no-progress", "--max-steps", "2", *args]
+    t0 = time.time()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=NEUTRAL_CWD, env=env(**extra_env))
+    return out, time.time() - t0
+
+
+def test_malformed_tf_config_fails_fast_and_clearly(tmp_path):
+    out, _ = run_cli({"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": '}, "--logdir", str(tmp_path))
+    assert out.returncode == 2 and "mnist: error: TF_CONFIG must be JSON" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_busy_port_fails_fast_and_clearly(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        ports = [s.getsockname()[1], free_ports(1)[0]]
+        out, _ = run_cli({"TF_CONFIG": tf_config(ports, 0)}, "--logdir", str(tmp_path))
+    assert out.returncode == 2 and "cannot be bound" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_missing_peer_times_out_with_the_documented_message(tmp_path):
+    ports = free_ports(2)
+    out, took = run_cli({"TF_CONFIG": tf_config(ports, 0)}, "--logdir", str(tmp_path), "--cluster-timeout", "5")
+    assert out.returncode in (-9, 137), (out.returncode, out.stderr[-1500:])
+    assert f"the cluster did not form within 5 s (no answer from 127.0.0.1:{ports[1]})" in out.stderr
+    assert took < 60
+
+
+# --------------------------------------------------------------------------- MirroredStrategy
+def test_mirrored_two_replicas_skip_together():
+    out = subprocess.run([sys.executable, str(HERE / "mirrored_run.py")], capture_output=True, text=True, timeout=300,
+                         cwd=NEUTRAL_CWD, env=env())
+    assert out.returncode == 0, out.stderr[-2000:]
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    assert d["replicas"] == 2
+    # only replica 1 saw inf, yet the step was skipped everywhere and the one shared scale halved once
+    assert d["skipped_after_first"] == 1 and d["scale_after_first"] == 2.0**14 and d["unchanged_after_poisoned_step"]
+    assert d["steps"] == 4 and d["skipped"] == 1 and d["optimizer_iterations"] == 3
+    assert d["finite"] and d["changed_after"]
+
+
+# --------------------------------------------------------------------------- MultiWorkerMirroredStrategy
+@pytest.mark.slow
+def test_two_workers_train_and_only_the_chief_logs_and_keeps_checkpoints(tmp_path):
+    ports = free_ports(2)
+    procs = [worker(ports, i, tmp_path, "--batch_size", "16", "--max-steps", "6", "--checkpoint-every", "3") for i in (0, 1)]
+    chief, other = finish(procs)
+    assert [p.returncode for p in procs] == [0, 0], (chief[-2000:], other[-2000:])
+    assert [int(m.group(2)) for m in STEP.finditer(chief)] == [0, 1, 2, 3, 4, 5]
+    assert not STEP.search(other) and "Summary" not in other and "policy:" not in other
+    assert "Summary: 6 steps" in chief and "policy: " in chief
+    ck = tmp_path / "checkpoints"
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("ckpt-6")) == ["ckpt-6.data-00000-of-00001", "ckpt-6.index"]
+    assert not [p for p in ck.iterdir() if p.name.startswith(".worker")]
+
+
+@pytest.mark.slow
+def test_plan_mismatch_between_workers_is_reported(tmp_path):
+    ports = free_ports(2)
+    procs = [worker(ports, 0, tmp_path, "--batch_size", "16", "--max-steps", "1"),
+             worker(ports, 1, tmp_path, "--batch_size", "16", "--max-steps", "1", extra_env={"AMP_LOSS_SCALE": "fixed:8"})]
+    outs = finish(procs)
+    for out in outs:
+        assert "The workers' plans differ" in out and "same overrides" in out
+    assert "loss_scale=fixed:8" in outs[1] and "loss_scale=none" in outs[0]
+
+
+@pytest.mark.slow
+def test_killed_worker_then_resume_from_the_last_checkpoint(tmp_path):
+    ports = free_ports(2)
+    args = ["--batch_size", "16", "--checkpoint-every", "5", "--seed", "4"]
+    procs = [worker(ports, i, tmp_path, *args, "--max-steps", "1000") for i in (0, 1)]
+    last = -1
+    deadline = time.time() + 180
+    for line in procs[0].stdout:
+        m = STEP.search(line)
+        if m and int(m.group(2)) >= 13:
+            last = int(m.group(2))
+            break
+        assert time.time() < deadline
+    procs[1].send_signal(signal.SIGKILL)
+    t0 = time.time()
+    rest = procs[0].communicate(timeout=120)[0]
+    assert procs[0].returncode == 4 and time.time() - t0 < 60  # the survivor stops by itself, after the timeout
+    assert "a collective with the other workers failed" in rest and "--resume" in rest
+    procs[1].wait()
+    import tensorflow as tf
+
+    saved = int(tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).rsplit("-", 1)[1])
+    logged = max([last] + [int(m.group(2)) for m in STEP.finditer(rest)])
+    assert saved % 5 == 0 and logged + 1 - saved <= 5  # steps lost: at most the checkpoint interval
+    ports = free_ports(2)
+    procs = [worker(ports, i, tmp_path, *args, "--max-steps", str(saved + 3), "--resume") for i in (0, 1)]
+    chief, _ = finish(procs)
+    assert [p.returncode for p in procs] == [0, 0], chief[-2000:]
+    assert re.search(rf"Resumed from .*ckpt-{saved}: global step {saved}, epoch 0, step in epoch {saved}, loss scales "
+                     rf"model=1, optimizer iterations model\[0\]={saved}", chief), chief[-3000:]
+    assert [int(m.group(2)) for m in STEP.finditer(chief)] == [saved, saved + 1, saved + 2]
+
+
+# --------------------------------------------------------------------------- torn checkpoints
+@pytest.mark.slow
+def test_kill_during_checkpoint_writes_never_corrupts_the_latest(tmp_path):
+    import tensorflow as tf
+
+    from amp_backends.models import mnist_cnn
+
+    rng = random.Random(7)
+    for round_ in range(3):
+        proc = subprocess.Popen([sys.executable, str(HERE / "ckpt_saver.py"), str(tmp_path)], stdout=subprocess.PIPE,
+                                text=True, cwd=NEUTRAL_CWD, env=env())
+        assert proc.stdout.readline().startswith("saved")
+        time.sleep(rng.uniform(0.05, 0.6))  # somewhere inside a later save
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        latest = tf.train.latest_checkpoint(str(tmp_path))
+        model, step = mnist_cnn(), tf.Variable(0, dtype=tf.int64)
+        tf.train.Checkpoint(model=model, step=step).restore(latest).assert_existing_objects_matched()
+        n = int(step.numpy())
+        assert latest.endswith(f"ckpt-{n}") and n >= 1
+        assert all(np.all(v.numpy() == n) for v in model.trainable_variables)  # complete, not torn
