@@ -86,6 +86,15 @@ _register_training_commands()
 app.add_typer(train_app, name="train")
 
 
+def _register_bench() -> None:
+    from .bench import main as bench_main
+
+    app.command("bench", help=bench_main.__doc__)(bench_main)
+
+
+_register_bench()
+
+
 def main() -> None:
     app()
 

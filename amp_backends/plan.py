@@ -226,6 +226,18 @@ def _choose_backend(
     return chosen, statuses, warnings
 
 
+def _resolve_switch(r: _Resolver, name: str, requested: bool | None, auto: bool, support: Support,
+                    reasons: dict[str, str]) -> bool:
+    """An on/off setting: the automatic value, or the request if the hardware honours it (off always can)."""
+    value = auto
+    if requested is not None and requested != auto:
+        value = False if requested is False else r.check(name, "on", support, "off")
+    state = "on" if value else "off"
+    reasons[name] = (f"{state}: {support.why}" if requested is None
+                     else f"{state} as requested ({r.request.sources.get(name, 'argument')}); {support.why}")
+    return value
+
+
 def make_plan(hardware: Hardware, request: Request, registry: BackendRegistry) -> Plan:
     """Decide the plan for ``hardware`` under ``request``. Pure: no TensorFlow, no I/O."""
     chosen, statuses, backend_warnings = _choose_backend(hardware, request, registry)
@@ -307,32 +319,11 @@ def make_plan(hardware: Hardware, request: Request, registry: BackendRegistry) -
             )
 
     # --- TF32 (or ITEX's FP32 math mode) ------------------------------------------------------
-    auto_tf32 = a.tf32.level == NATIVE and a.tf32_default
-    tf32 = auto_tf32
-    if request.tf32 is not None and request.tf32 != auto_tf32:
-        if request.tf32 is False:
-            tf32 = False  # turning it off is always possible
-        elif r.check("tf32", "on", a.tf32, "off"):
-            tf32 = True
-    reasons["tf32"] = (
-        ("on: " if tf32 else "off: ") + a.tf32.why
-        if request.tf32 is None
-        else f"{'on' if tf32 else 'off'} as requested ({request.sources.get('tf32', 'argument')}); {a.tf32.why}"
-    )
+    tf32 = _resolve_switch(r, "tf32", request.tf32, a.tf32.level == NATIVE and a.tf32_default, a.tf32, reasons)
     math_mode = a.math_mode if tf32 else None
 
     # --- XLA ----------------------------------------------------------------------------------
-    xla = a.xla_default if a.xla.level == NATIVE else False
-    if request.xla is not None and request.xla != xla:
-        if request.xla is False:
-            xla = False
-        elif r.check("xla", "on", a.xla, "off"):
-            xla = True
-    reasons["xla"] = (
-        ("on: " if xla else "off: ") + a.xla.why
-        if request.xla is None
-        else f"{'on' if xla else 'off'} as requested ({request.sources.get('xla', 'argument')}); {a.xla.why}"
-    )
+    xla = _resolve_switch(r, "xla", request.xla, a.xla_default and a.xla.level == NATIVE, a.xla, reasons)
 
     return Plan(
         backend=chosen,

@@ -164,3 +164,17 @@ def test_xpu_plan_is_applied_through_itex_python_api():
     assert d["amp"] and d["dtype"] and d["math"] == "TF32" and d["keras"] == "float32"
     assert "ITEX auto mixed precision on (BFLOAT16)" in d["notes"]
     assert d["plain_keras"] == "mixed_bfloat16"
+
+
+@needs_itex
+@pytest.mark.skipif(cpu_has_bf16(), reason="this CPU has bf16 instructions: nothing to skip")
+def test_bench_skips_the_configuration_that_would_abort(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "amp_backends.bench", "--models", "mnist", "--configs", "fp32,bf16,bf16+XLA",
+                          "--epochs", "1", "--samples", "32", "--mnist-batch", "16", "--no-fit", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600, cwd=NEUTRAL_CWD,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {r["config"]: r for r in json.loads((tmp_path / "bench.json").read_text())["results"]}
+    assert rows["fp32"]["img_per_s"] > 0
+    for c in ("bf16", "bf16+XLA"):
+        assert rows[c]["img_per_s"] is None and rows[c]["error"].startswith("skipped, unsafe here") and "aborts" in rows[c]["error"]
