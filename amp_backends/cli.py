@@ -74,12 +74,11 @@ def _train_group() -> None:
 
 
 def _register_training_commands() -> None:
-    from .examples.common import command
-    from .examples.gan import D_LR, train_gan  # noqa: F401
-    from .examples.mnist import train_mnist
+    from .examples.gan import gan_command
+    from .examples.mnist import mnist_command
 
-    train_app.command("mnist")(command("mnist", train_mnist, batch_size=64, lr=0.01, lr_help="Adam learning rate."))
-    train_app.command("gan")(command("gan", train_gan, batch_size=4096, lr=1e-3, lr_help="Generator Adam learning rate."))
+    train_app.command("mnist")(mnist_command)
+    train_app.command("gan")(gan_command)
 
 
 _register_training_commands()

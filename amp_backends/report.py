@@ -19,6 +19,7 @@ JSON schema (``schema_version`` 1; fields are only ever added)::
       },
       "plan": {...Plan.to_dict()...} | null,
       "plan_error": "<message>" | null,
+      "autotune": {"cache": "<path>", "device": "<signature>", "choices": {"<device>#<model>": {...}}},
       "overrides": {"AMP_POLICY": "bf16", ...}
     }
 """
@@ -128,9 +129,13 @@ def collect(
     try:
         plan = plan_for(hardware, registry=registry, environ=dict(env), **overrides)
         data["plan"] = plan.to_dict()
-    except AmpConfigError:
+        from .autotune import cache_path, cached_for_device, device_signature
+
+        data["autotune"] = {"cache": str(cache_path()), "device": device_signature(plan, hardware),
+                            "choices": cached_for_device(device_signature(plan, hardware))}
+    except AmpConfigError:  # the user's error: the caller reports it
         raise
-    except Exception as exc:
+    except Exception as exc:  # anything else is shown in the report
         data["plan_error"] = f"{type(exc).__name__}: {exc}"
     return Report(data)
 
@@ -210,5 +215,10 @@ def render_text(report: Report, console: Any = None) -> None:
         for n in plan["notes"]:
             pt.add_row("note", "", escape(n))
     console.print(pt)
+    tuned = (d.get("autotune") or {}).get("choices") or {}
+    if tuned:
+        console.print(escape(f"Autotuned choices for this device ({d['autotune']['cache']}): " + "; ".join(
+            f"model {k.split('#')[-1]}: policy={v['policy']} xla={'on' if v['xla'] else 'off'} "
+            f"({v['img_per_s']:.4g} img/s, {v['date']})" for k, v in tuned.items())))
     overrides = d["overrides"]
     console.print(escape("Overrides in force: " + (", ".join(f"{k}={v}" for k, v in overrides.items()) if overrides else "none (all automatic)")))

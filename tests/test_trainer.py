@@ -336,3 +336,16 @@ def test_offline_without_data_is_a_clear_error(tmp_path):
     assert out.returncode == 2, out.stderr[-2000:]
     assert "mnist: error: MNIST is not in Keras's cache" in out.stderr and "--synthetic" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_console_script_trains_the_gan(tmp_path):
+    exe = os.path.join(os.path.dirname(sys.executable), "amp-backends")
+    out = subprocess.run([exe, "train", "gan", "--synthetic", "--batch_size", "16", "--max-steps", "2", "--no-progress",
+                          "--logdir", str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=NEUTRAL_CWD,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = re.findall(r"\(0, (\d)\), G Loss: [\d.]+, D Loss: [\d.]+, step_time: [\d.]+, throughput: [\d.e+]+ img/s\.",
+                       out.stderr + out.stdout)
+    assert lines == ["0", "1"]
+    assert (tmp_path / "checkpoints" / "checkpoint").exists()

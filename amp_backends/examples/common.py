@@ -41,6 +41,7 @@ class RunOptions:
     progress: Optional[bool]
     distribute: str = "auto"
     cluster_timeout: float = 60.0
+    tune: bool = False
 
 
 def configure_logging() -> None:
@@ -58,6 +59,9 @@ def strategy_and_plan(opts: RunOptions) -> tuple[Any, Any]:
     from ..distribute import check_plan_agreement, is_chief, make_strategy
 
     strategy = make_strategy(opts.distribute, timeout_s=opts.cluster_timeout)
+    if opts.tune and strategy is not None:
+        raise AmpConfigError("--tune times plans in a single process; it cannot run under a distribution strategy. "
+                             "Fix: tune once without --distribute (the choice is cached), then train distributed.")
     plan = plan_and_print(opts, show=strategy is None or is_chief(strategy))
     check_plan_agreement(strategy, plan, strict=opts.strict)
     return strategy, plan
@@ -132,10 +136,12 @@ def command(name: str, run: Callable[[RunOptions], Any], *, batch_size: int, lr:
                                        "mirrored), none, mirrored, multiworker."),
         cluster_timeout: float = typer.Option(60.0, "--cluster-timeout", min=1.0,
                                               help="Seconds a collective waits for the other workers before failing."),
+        tune: bool = typer.Option(False, "--tune", help="Time the candidate plans on this model first and train with "
+                                  "the fastest (cached per device and model; single process only)."),
     ) -> None:
         opts = RunOptions(epochs, batch_size_, lr_, data, synthetic, digits, backend, policy, xla, tf32, loss_scale, strict, force,
                           steps_per_call, log_every, logdir, checkpoint_every, resume, profile, profile_steps, max_steps,
-                          seed, progress, distribute, cluster_timeout)
+                          seed, progress, distribute, cluster_timeout, tune)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         configure_logging()
         from ..data import DataUnavailableError
@@ -159,6 +165,18 @@ def command(name: str, run: Callable[[RunOptions], Any], *, batch_size: int, lr:
 
 def checkpoint_dir(opts: RunOptions) -> str:
     return str(Path(opts.logdir) / "checkpoints")
+
+
+def maybe_tune(opts: RunOptions, plan: Any, build: Any, x: Any, y: Any, images_per_step: int | None = None) -> Any:
+    """With --tune: time the candidate plans on this model (or apply the cached choice) and print the result."""
+    if not opts.tune:
+        return plan
+    from ..autotune import tune
+    from ..trainer import mnist_batch_fn
+
+    plan = tune(build, x, y, batch_size=opts.batch_size, images_per_step=images_per_step, batch_fn=mnist_batch_fn)
+    print(f"autotuned plan: {plan.summary().split(' (')[0]}", flush=True)
+    return plan
 
 
 def scope(strategy: Any) -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from .common import RunOptions, checkpoint_dir, command, load_data, scope, strategy_and_plan, profile_window, seed_everything
+from .common import RunOptions, checkpoint_dir, command, load_data, maybe_tune, scope, strategy_and_plan, profile_window, seed_everything
 
 D_LR = 1e-4
 
@@ -24,6 +24,12 @@ def train_gan(opts: RunOptions) -> Any:
     from ..models import gan_discriminator, gan_generator
     from ..trainer import Trainer, gan_updates, mnist_batch_fn
 
+    def build():
+        g, d = gan_generator(), gan_discriminator()
+        opts_ = (tf.keras.optimizers.Adam(opts.lr), tf.keras.optimizers.RMSprop(D_LR))
+        return [g, d], gan_updates(g, d, *opts_, opts.batch_size), {"g": g, "d": d}
+
+    plan = maybe_tune(opts, plan, build, x, None, images_per_step=2 * opts.batch_size)
     seed_everything(opts.seed)
     with scope(strategy):
         generator, discriminator = gan_generator(), gan_discriminator()
@@ -39,8 +45,9 @@ def train_gan(opts: RunOptions) -> Any:
     return trainer.fit(x, None, epochs=opts.epochs, max_steps=opts.max_steps, resume=opts.resume), generator
 
 
+gan_command = command("gan", train_gan, batch_size=4096, lr=1e-3, lr_help="Generator Adam learning rate.")
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-app.command()(command("gan", train_gan, batch_size=4096, lr=1e-3, lr_help="Generator Adam learning rate."))
+app.command()(gan_command)
 
 if __name__ == "__main__":
     app()

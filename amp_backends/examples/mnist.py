@@ -6,7 +6,7 @@ from typing import Any
 
 import typer
 
-from .common import RunOptions, checkpoint_dir, command, load_data, scope, strategy_and_plan, print_flush, profile_window, seed_everything
+from .common import RunOptions, checkpoint_dir, command, load_data, maybe_tune, scope, strategy_and_plan, print_flush, profile_window, seed_everything
 
 
 def evaluate(model: Any, x: Any, y: Any, batch_size: int = 1024) -> float:
@@ -30,6 +30,11 @@ def train_mnist(opts: RunOptions) -> Any:
     from ..models import mnist_cnn
     from ..trainer import Trainer, classifier_updates, mnist_batch_fn
 
+    def build():
+        m = mnist_cnn()
+        return [m], classifier_updates(m, tf.keras.optimizers.Adam(opts.lr)), {"model": m}
+
+    plan = maybe_tune(opts, plan, build, x, y)
     seed_everything(opts.seed)
     with scope(strategy):
         model = mnist_cnn()
@@ -47,8 +52,9 @@ def train_mnist(opts: RunOptions) -> Any:
     return result, model
 
 
+mnist_command = command("mnist", train_mnist, batch_size=64, lr=0.01, lr_help="Adam learning rate.")
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-app.command()(command("mnist", train_mnist, batch_size=64, lr=0.01, lr_help="Adam learning rate."))
+app.command()(mnist_command)
 
 if __name__ == "__main__":
     app()

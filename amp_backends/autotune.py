@@ -1,0 +1,172 @@
+"""Autotune: time the candidate plans on the user's own model and keep the fastest, cached per device and model.
+
+The planner's rules come from measurements on chips we have seen; on another chip a rule can be wrong
+(the tutorials found XLA slower on an A100 for the MNIST CNN). :func:`tune` builds the model once per
+candidate plan — each dtype policy the hardware runs natively, with XLA on and off where XLA exists —,
+trains a few steps with the trainer, and applies the fastest. The choice is cached in a JSON file
+(``$AMP_AUTOTUNE_CACHE``, else ``$XDG_CACHE_HOME/amp_backends/autotune.json``, else
+``~/.cache/amp_backends/autotune.json``) under the device's and the model's signatures, so the next run
+applies it without timing; ``python -m amp_backends.info`` lists the cached choices for this machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from .plan import Plan
+
+logger = logging.getLogger("amp_backends.autotune")
+
+
+def cache_path() -> Path:
+    if os.environ.get("AMP_AUTOTUNE_CACHE"):
+        return Path(os.environ["AMP_AUTOTUNE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "amp_backends" / "autotune.json"
+
+
+def device_signature(plan: Plan, hardware: Any) -> str:
+    """Backend, device names and compute capabilities, CPU model and TensorFlow version."""
+    from .software import tensorflow_version
+
+    probe = hardware.get(plan.backend)
+    devices = [f"{d.name}/{d.cc_str}" for d in probe.devices] if probe else []
+    cpu = hardware.cpu.model if hardware.cpu else "?"
+    return f"{plan.backend}|{','.join(devices) or cpu}|tf{tensorflow_version()}"
+
+
+def model_signature(models: Sequence[Any], batch_size: int) -> str:
+    """Layer classes, output shapes and parameter counts of the models, and the batch size."""
+    parts = [f"batch={batch_size}"]
+    for m in models:
+        for layer in m.layers:
+            shape = getattr(layer, "output_shape", None)
+            if shape is None:
+                try:
+                    shape = tuple(layer.output.shape)
+                except Exception:
+                    shape = "?"
+            parts.append(f"{type(layer).__name__}:{shape}:{layer.count_params()}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def load_cache() -> dict[str, Any]:
+    try:
+        return json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def store(key: str, entry: Mapping[str, Any]) -> None:
+    path = cache_path()
+    data = load_cache()
+    data[key] = dict(entry)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)  # atomic: a crash never leaves half a cache
+
+
+def cached_for_device(signature: str) -> dict[str, Any]:
+    return {k: v for k, v in load_cache().items() if k.startswith(signature + "#")}
+
+
+@dataclass
+class Trial:
+    policy: str
+    xla: bool
+    img_per_s: float | None
+    error: str | None = None
+
+
+def candidates(hardware: Any, base: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Distinct overrides worth timing: each natively supported policy, XLA on and off where it exists."""
+    from .options import build_request
+    from .plan import make_plan
+    from .registry import FUNCTIONAL, NATIVE, default_registry
+
+    reg = default_registry()
+    auto = make_plan(hardware, build_request(reg.names(), environ={}, **(base or {})), reg)
+    a = reg.get(auto.backend).assess(hardware.get(auto.backend), hardware)
+    out = []
+    for policy, support in a.policies.items():
+        if support.level != NATIVE:
+            continue
+        for xla in ([True, False] if a.xla.level in (NATIVE, FUNCTIONAL) else [False]):
+            out.append({"policy": policy, "xla": xla})
+    return out
+
+
+def tune(
+    build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]],
+    x: Any,
+    y: Any = None,
+    *,
+    batch_size: int,
+    images_per_step: int | None = None,
+    steps: int = 10,
+    batch_fn: Any = None,
+    refresh: bool = False,
+) -> Plan:
+    """Choose the fastest plan for the model ``build()`` makes, apply it and return it.
+
+    ``build()`` is called once per candidate, after that candidate's dtype policy is set, and returns
+    ``(models, updates, checkpoint_objects)`` for a :class:`~amp_backends.trainer.Trainer`. Each candidate
+    trains ``steps`` steps after two warm-up (compiling) calls, ``steps`` per call. A cached choice for
+    the same device and model is applied without timing unless ``refresh``.
+    """
+    import amp_backends
+    from . import configure
+    from .probe import probe_hardware
+    from .trainer import Trainer
+
+    hardware = probe_hardware(use_tensorflow=True)
+    base = amp_backends.auto_configure(verbose=False)
+    models, _, _ = build()
+    key = f"{device_signature(base, hardware)}#{model_signature(models, batch_size)}"
+    cached = load_cache().get(key)
+    if cached and not refresh:
+        configure._state.reset()
+        plan = amp_backends.auto_configure(policy=cached["policy"], xla=cached["xla"], verbose=False)
+        logger.info(f"autotune: cached choice for this device and model: policy={cached['policy']} xla={cached['xla']} "
+                    f"({cached['img_per_s']:.4g} img/s when measured on {cached['date']})")
+        return plan
+    trials: list[Trial] = []
+    for cand in candidates(hardware):
+        configure._state.reset()
+        plan = amp_backends.auto_configure(**cand, verbose=False)
+        try:
+            models, updates, objs = build()
+            trainer = Trainer(updates, plan, batch_size=batch_size, images_per_step=images_per_step,
+                              checkpoint_objects=objs, steps_per_call=steps, log_every=10**9, progress=False,
+                              batch_fn=batch_fn)
+            total = (Trainer.WARMUP_CALLS + 1) * steps
+            reps = max(1, -(-total * batch_size // len(x)))
+            result = trainer.fit(x, y, epochs=reps, max_steps=total)
+            rate = result.median_throughput or (statistics.median(result.throughputs) if result.throughputs else None)
+            trials.append(Trial(cand["policy"], cand["xla"], rate))
+        except Exception as exc:  # a candidate that fails to compile or run simply loses
+            trials.append(Trial(cand["policy"], cand["xla"], None, f"{type(exc).__name__}: {str(exc)[:200]}"))
+        logger.info(f"autotune: policy={cand['policy']} xla={cand['xla']}: "
+                    + (f"{trials[-1].img_per_s:.4g} img/s" if trials[-1].img_per_s else f"failed ({trials[-1].error})"))
+    ok = [t for t in trials if t.img_per_s]
+    configure._state.reset()
+    if not ok:
+        logger.warning("autotune: every candidate failed; keeping the rule-based plan")
+        return amp_backends.auto_configure(verbose=False)
+    best = max(ok, key=lambda t: t.img_per_s)
+    store(key, {"policy": best.policy, "xla": best.xla, "img_per_s": best.img_per_s,
+                "date": time.strftime("%Y-%m-%d"), "trials": [t.__dict__ for t in trials]})
+    plan = amp_backends.auto_configure(policy=best.policy, xla=best.xla, verbose=False)
+    rule = next((t for t in ok if t.policy == base.policy and t.xla == base.xla), None)
+    logger.info(f"autotune: chose policy={best.policy} xla={best.xla} at {best.img_per_s:.4g} img/s"
+                + (f" (the rules' plan: {rule.img_per_s:.4g} img/s)" if rule else "") + f"; cached in {cache_path()}")
+    return plan

@@ -1,0 +1,60 @@
+"""Autotune on this machine: candidates timed on a real model, the fastest applied, cached, reported."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
+tf = pytest.importorskip("tensorflow")
+
+from amp_backends import autotune  # noqa: E402
+from amp_backends.data import synthetic_mnist  # noqa: E402
+from amp_backends.models import mnist_cnn  # noqa: E402
+from amp_backends.trainer import classifier_updates, mnist_batch_fn  # noqa: E402
+
+
+def build():
+    # small, so that compiling each candidate (XLA on the CPU included) stays cheap
+    k = tf.keras
+    m = k.Sequential([k.Input((28, 28, 1)), k.layers.Flatten(), k.layers.Dense(32, activation="relu"),
+                      k.layers.Dense(10, activation="softmax", dtype="float32")])
+    opt = tf.keras.optimizers.Adam(1e-3)
+    return [m], classifier_updates(m, opt), {"m": m}
+
+
+def test_tune_times_candidates_applies_the_fastest_and_caches_it(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("AMP_AUTOTUNE_CACHE", str(tmp_path / "tune.json"))
+    caplog.set_level(logging.INFO, logger="amp_backends.autotune")
+    (x, y), _ = synthetic_mnist(128, 8)
+    plan = autotune.tune(build, x, y, batch_size=16, steps=2, batch_fn=mnist_batch_fn)
+    cache = json.loads((tmp_path / "tune.json").read_text())
+    assert len(cache) == 1
+    (key, entry), = cache.items()
+    tried = {(t["policy"], t["xla"]) for t in entry["trials"]}
+    from amp_backends.backends.cpu import probe_cpu
+
+    if not probe_cpu().native_bf16 and plan.backend == "cpu":
+        assert tried == {("float32", True), ("float32", False)}
+    best = max((t for t in entry["trials"] if t["img_per_s"]), key=lambda t: t["img_per_s"])
+    assert (plan.policy, plan.xla) == (entry["policy"], entry["xla"]) == (best["policy"], best["xla"])
+    assert tf.keras.mixed_precision.global_policy().name == plan.policy
+    # the second call applies the cached choice without timing
+    caplog.clear()
+    again = autotune.tune(build, x, y, batch_size=16, steps=2, batch_fn=mnist_batch_fn)
+    assert (again.policy, again.xla) == (plan.policy, plan.xla)
+    assert any("cached choice" in r.message for r in caplog.records)
+    # and the report lists it for this device
+    from amp_backends.report import collect
+
+    d = collect(use_tensorflow=True, environ={}).data
+    assert key in d["autotune"]["choices"] and d["autotune"]["cache"] == str(tmp_path / "tune.json")
+
+
+def test_model_signature_distinguishes_models_and_batches():
+    a, b = mnist_cnn(), tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+    assert autotune.model_signature([a], 16) != autotune.model_signature([b], 16)
+    assert autotune.model_signature([a], 16) != autotune.model_signature([a], 32)
+    assert autotune.model_signature([a], 16) == autotune.model_signature([mnist_cnn()], 16)
