@@ -2,7 +2,7 @@
 
 ``python -m amp_backends.bench`` (or ``amp-backends bench``) times, in one process and on the same data:
 
-* the tutorials' loops, written as ../reference describes them: one ``tf.function`` call per step,
+* the tutorials' loops, written as the tutorials wrote them: one ``tf.function`` call per step,
   ``tf.data`` input, the loss fetched every step (they logged it), under float32 with/without TF32 and
   with/without XLA, mixed_float16 with fixed (1024) and dynamic loss scaling with/without XLA, and
   mixed_bfloat16 with/without XLA;
