@@ -196,6 +196,12 @@ class Trainer:
             else:
                 self._writer = tf.summary.create_file_writer(os.path.join(logdir, "train"))
         self._compiled: dict[int, Any] = {}
+        # Per update, the replica function computing gradients. With several replicas the outer step cannot
+        # be XLA-compiled (it holds the all-reduces), so the replica's forward and backward pass is instead.
+        self._grads_fns = {}
+        for u in self.updates:
+            fn = (lambda x, y, idx, u=u: self._replica_grads(u, x, y, idx))
+            self._grads_fns[u.name] = tf.function(fn, jit_compile=True) if plan.xla and self.replicas > 1 else fn
         self._perm: tuple[int, Any] | None = None
 
     # ------------------------------------------------------------------ compiled step
@@ -249,19 +255,6 @@ class Trainer:
             losses.append(self.strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None))
         return tf.stack(losses)
 
-    @property
-    def _grads_fns(self) -> dict[str, Any]:
-        if not hasattr(self, "_grads_cache"):
-            tf = _tf()
-            fns = {}
-            for u in self.updates:
-                fn = (lambda x, y, idx, u=u: self._replica_grads(u, x, y, idx))
-                # With several replicas the outer step cannot be XLA-compiled (it holds the all-reduces);
-                # the replica's forward and backward pass is compiled instead.
-                fns[u.name] = tf.function(fn, jit_compile=True) if self.plan.xla and self.replicas > 1 else fn
-            self._grads_cache = fns
-        return self._grads_cache
-
     def _call_fn(self, k: int) -> Any:
         if k not in self._compiled:
             tf = _tf()
@@ -269,26 +262,23 @@ class Trainer:
 
             unroll = self.unroll_steps if self.unroll_steps is not None else (self.plan.xla and k <= UNROLL_LIMIT)
 
-            def positions(first, i):
+            def positions(perm, first, i):
                 # a gather of B positions: static shape, and no slice bounds that XLA would treat as
                 # compile-time constants (recompiling for every call's starting step)
                 start = (first + tf.cast(i, tf.int64)) * B
-                return tf.gather(perm_arg[0], start + tf.range(B, dtype=tf.int64))
+                return tf.gather(perm, start + tf.range(B, dtype=tf.int64))
 
             def run(x, y, perm, first):
-                perm_arg[0] = perm
                 if unroll:  # k copies of the step in one graph: longer compilation, no loop overhead
-                    out = tf.stack([self._one_step(x, y, positions(first, i)) for i in range(k)])
+                    out = tf.stack([self._one_step(x, y, positions(perm, first, i)) for i in range(k)])
                 else:
                     ta = tf.TensorArray(tf.float32, size=k)
                     for i in tf.range(k):
-                        ta = ta.write(i, self._one_step(x, y, positions(first, i)))
+                        ta = ta.write(i, self._one_step(x, y, positions(perm, first, i)))
                     out = ta.stack()
                 self.global_step.assign_add(k)
                 self.step_in_epoch.assign_add(k)
                 return out
-
-            perm_arg: list[Any] = [None]
 
             self._compiled[k] = tf.function(run, jit_compile=self.plan.xla and self.replicas == 1)
         return self._compiled[k]

@@ -109,10 +109,14 @@ def test_mnist_errors_say_what_to_do(tmp_path, monkeypatch):
 
 
 # --------------------------------------------------------------------------- the trainer
-def small_classifier(p, **kw):
+def small_classifier(p, poison: "tf.Variable | None" = None, **kw):
+    """The MNIST CNN in a trainer with batch 16; with ``poison``, its loss is inf while the flag is set."""
     m = mnist_cnn()
     opt = tf.keras.optimizers.Adam(1e-3)
-    return m, opt, Trainer(classifier_updates(m, opt), p, batch_size=16, checkpoint_objects={"model": m, "optimizer": opt},
+    updates = classifier_updates(m, opt)
+    if poison is not None:
+        updates = [poisoned(u, poison) for u in updates]
+    return m, opt, Trainer(updates, p, batch_size=16, checkpoint_objects={"model": m, "optimizer": opt},
                            batch_fn=mnist_batch_fn, progress=False, **kw)
 
 
@@ -128,10 +132,7 @@ def test_nonfinite_steps_are_skipped_and_dynamic_recovers(tmp_path):
     p = plan(loss_scale="dynamic")
     (x, y), _ = synthetic_mnist(64, 8)
     flag = tf.Variable(True)
-    m = mnist_cnn()
-    opt = tf.keras.optimizers.Adam(1e-3)
-    t = Trainer([poisoned(u, flag) for u in classifier_updates(m, opt)], p, batch_size=16,
-                checkpoint_objects={"model": m, "optimizer": opt}, batch_fn=mnist_batch_fn, progress=False)
+    m, _, t = small_classifier(p, poison=flag)
     before = [v.numpy().copy() for v in m.trainable_variables]
     r = t.fit(x, y, epochs=1, max_steps=2)
     assert r.skipped == {"model": 2} and r.loss_scales == {"model": 2.0**13}
@@ -145,12 +146,8 @@ def test_nonfinite_steps_are_skipped_and_dynamic_recovers(tmp_path):
 def test_fixed_scale_stops_with_the_remedy_and_saves_finite_state(tmp_path):
     p = plan(loss_scale="fixed:1024")
     (x, y), _ = synthetic_mnist(128, 8)
-    flag = tf.Variable(True)
-    m = mnist_cnn()
-    opt = tf.keras.optimizers.Adam(1e-3)
-    t = Trainer([poisoned(u, flag) for u in classifier_updates(m, opt)], p, batch_size=16,
-                checkpoint_objects={"model": m, "optimizer": opt}, batch_fn=mnist_batch_fn, progress=False,
-                checkpoint_dir=str(tmp_path / "ck"), max_consecutive_nonfinite=3)
+    _, _, t = small_classifier(p, poison=tf.Variable(True), checkpoint_dir=str(tmp_path / "ck"),
+                               max_consecutive_nonfinite=3)
     with pytest.raises(NonFiniteError, match=r"3 consecutive steps.*fixed loss scale 1024.*--loss-scale fixed:16.*dynamic"):
         t.fit(x, y, epochs=1)
     assert t.manager.latest_checkpoint.endswith("ckpt-3")
