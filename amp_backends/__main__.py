@@ -1,5 +1,5 @@
 """``python -m amp_backends``: the ``amp-backends`` command line."""
 
-from .cli import main
+from .commands.cli import main
 
 main()

@@ -21,7 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from .assessment import FUNCTIONAL, NATIVE
+from .configure import auto_configure, reset
 from .plan import Plan
+from .probe import probe_hardware
+from .registry import BackendRegistry, default_registry
 
 logger = logging.getLogger("amp_backends.autotune")
 
@@ -87,15 +91,12 @@ class Trial:
     error: str | None = None
 
 
-def candidates(hardware: Any, base: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Distinct overrides worth timing: each natively supported policy, XLA on and off where it exists."""
-    from .options import build_request
-    from .plan import make_plan
-    from .registry import FUNCTIONAL, NATIVE, default_registry
-
-    reg = default_registry()
-    auto = make_plan(hardware, build_request(reg.names(), environ={}, **(base or {})), reg)
-    a = reg.get(auto.backend).assess(hardware.get(auto.backend), hardware)
+def candidates(plan: Plan) -> list[dict[str, Any]]:
+    """Distinct overrides worth timing on ``plan``'s hardware: each natively supported policy, XLA on and off
+    where it exists (read from the support table the plan carries)."""
+    a = plan.assessment
+    if a is None:
+        return [{"policy": plan.policy, "xla": plan.xla}]
     out = []
     for policy, support in a.policies.items():
         if support.level != NATIVE:
@@ -115,34 +116,34 @@ def tune(
     steps: int = 10,
     batch_fn: Any = None,
     refresh: bool = False,
+    registry: BackendRegistry | None = None,
 ) -> Plan:
     """Choose the fastest plan for the model ``build()`` makes, apply it and return it.
 
     ``build()`` is called once per candidate, after that candidate's dtype policy is set, and returns
     ``(models, updates, checkpoint_objects)`` for a :class:`~amp_backends.trainer.Trainer`. Each candidate
     trains ``steps`` steps after two warm-up (compiling) calls, ``steps`` per call. A cached choice for
-    the same device and model is applied without timing unless ``refresh``.
+    the same device and model is applied without timing unless ``refresh``. ``registry`` replaces the
+    installed backends.
     """
-    import amp_backends
-    from . import configure
-    from .probe import probe_hardware
-    from .trainer import Trainer
+    from .training import Trainer
 
-    hardware = probe_hardware(use_tensorflow=True)
-    base = amp_backends.auto_configure(verbose=False)
+    registry = registry or default_registry()
+    hardware = probe_hardware(registry, use_tensorflow=True)
+    base = auto_configure(verbose=False, registry=registry)
     models, _, _ = build()
     key = f"{device_signature(base, hardware)}#{model_signature(models, batch_size)}"
     cached = load_cache().get(key)
     if cached and not refresh:
-        configure._state.reset()
-        plan = amp_backends.auto_configure(policy=cached["policy"], xla=cached["xla"], verbose=False)
+        reset()
+        plan = auto_configure(policy=cached["policy"], xla=cached["xla"], verbose=False, registry=registry)
         logger.info(f"autotune: cached choice for this device and model: policy={cached['policy']} xla={cached['xla']} "
                     f"({cached['img_per_s']:.4g} img/s when measured on {cached['date']})")
         return plan
     trials: list[Trial] = []
-    for cand in candidates(hardware):
-        configure._state.reset()
-        plan = amp_backends.auto_configure(**cand, verbose=False)
+    for cand in candidates(base):
+        reset()
+        plan = auto_configure(**cand, verbose=False, registry=registry)
         try:
             models, updates, objs = build()
             trainer = Trainer(updates, plan, batch_size=batch_size, images_per_step=images_per_step,
@@ -158,14 +159,14 @@ def tune(
         logger.info(f"autotune: policy={cand['policy']} xla={cand['xla']}: "
                     + (f"{trials[-1].img_per_s:.4g} img/s" if trials[-1].img_per_s else f"failed ({trials[-1].error})"))
     ok = [t for t in trials if t.img_per_s]
-    configure._state.reset()
+    reset()
     if not ok:
         logger.warning("autotune: every candidate failed; keeping the rule-based plan")
-        return amp_backends.auto_configure(verbose=False)
+        return auto_configure(verbose=False, registry=registry)
     best = max(ok, key=lambda t: t.img_per_s)
     store(key, {"policy": best.policy, "xla": best.xla, "img_per_s": best.img_per_s,
                 "date": time.strftime("%Y-%m-%d"), "trials": [t.__dict__ for t in trials]})
-    plan = amp_backends.auto_configure(policy=best.policy, xla=best.xla, verbose=False)
+    plan = auto_configure(policy=best.policy, xla=best.xla, verbose=False, registry=registry)
     rule = next((t for t in ok if t.policy == base.policy and t.xla == base.xla), None)
     logger.info(f"autotune: chose policy={best.policy} xla={best.xla} at {best.img_per_s:.4g} img/s"
                 + (f" (the rules' plan: {rule.img_per_s:.4g} img/s)" if rule else "") + f"; cached in {cache_path()}")

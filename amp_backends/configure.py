@@ -1,4 +1,8 @@
-"""``auto_configure()``: probe, plan, apply, explain — once per process and set of overrides."""
+"""``auto_configure()``: probe, plan, apply, explain — once per process and set of overrides.
+
+The plan applied in this process is kept in one object; :func:`reset` forgets it (for tests and tools
+that configure several plans in one process, such as the benchmark and autotune).
+"""
 
 from __future__ import annotations
 
@@ -9,28 +13,41 @@ from typing import Any
 
 from .errors import AmpWarning
 from .hardware import Hardware
-from .options import LossScale, Request, build_request
-from .plan import Plan, make_plan
+from .keras_compat import KerasInfo, keras_info
+from .plan import Plan
+from .planner import make_plan
 from .registry import BackendRegistry, default_registry
+from .request import LossScale, Request, build_request
 
 logger = logging.getLogger("amp_backends")
 
 
 class _State:
-    """The plan applied in this process (kept in an object, so tests can reset it)."""
+    """The plan applied in this process, and the request and registry it answered."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.request: Request | None = None
+        self.registry: BackendRegistry | None = None
         self.plan: Plan | None = None
 
     def reset(self) -> None:
         with self.lock:
             self.request = None
+            self.registry = None
             self.plan = None
 
 
 _state = _State()
+
+
+def reset() -> None:
+    """Forget the plan applied in this process, so the next :func:`auto_configure` plans and applies again.
+
+    TensorFlow and Keras settings already applied stay as they are (the dtype policy of layers already
+    built cannot change).
+    """
+    _state.reset()
 
 
 def current_plan() -> Plan | None:
@@ -53,13 +70,18 @@ def plan_for(
     *,
     registry: BackendRegistry | None = None,
     environ: dict[str, str] | None = None,
+    keras: KerasInfo | None = None,
     **overrides: Any,
 ) -> Plan:
-    """The plan for ``hardware`` (probed now if ``None``) under the overrides, without applying it."""
+    """The plan for ``hardware`` (probed now if ``None``) under the overrides, without applying it.
+
+    ``keras`` is the Keras to plan for (float8 training needs Keras >= 3.3); by default the one ``tf.keras``
+    is, read from package metadata (or from TensorFlow, if imported).
+    """
     registry = registry or default_registry()
-    request = build_request(registry.names(), environ=environ, **overrides)
+    request = build_request(registry.known_names(), environ=environ, **overrides)
     hardware = hardware or _probe(registry, use_tensorflow=False)
-    return make_plan(hardware, request, registry)
+    return make_plan(hardware, request, registry, keras if keras is not None else keras_info())
 
 
 def _probe(registry: BackendRegistry, use_tensorflow: bool) -> Hardware:
@@ -76,37 +98,42 @@ def auto_configure(
     tf32: bool | str | None = None,
     loss_scale: str | float | LossScale | None = None,
     itex_amp: bool | str | None = None,
+    fp8: bool | str | None = None,
     strict: bool | None = None,
     force: bool | None = None,
     apply: bool = True,
     verbose: bool = True,
+    registry: BackendRegistry | None = None,
 ) -> Plan:
     """Detect the hardware, choose the fastest safe mixed-precision plan, apply it and return it.
 
     Call it at the top of a training script, before building models: the Keras dtype policy applies
     to layers created afterwards. Each keyword overrides the automatic choice and defaults to the
-    matching ``AMP_*`` environment variable (see :mod:`amp_backends.options`); an invalid value raises
+    matching ``AMP_*`` environment variable (see :mod:`amp_backends.request`); an invalid value raises
     :class:`~amp_backends.errors.AmpConfigError` naming the valid ones. A request the hardware cannot
     honour is downgraded with an :class:`~amp_backends.errors.AmpWarning` (or raises with
-    ``strict=True``).
+    ``strict=True``). A backend that fails (to load, probe or assess) is skipped with a warning and the
+    next one is used; asking for it by name raises :class:`~amp_backends.errors.BackendError`.
 
     Applying sets the Keras global dtype policy, TF32 execution (``tf.config``), turns global XLA
-    auto-clustering off when the plan has XLA off, and vendor settings (ITEX's math mode and auto mixed
-    precision). Training code reads ``plan.xla`` (``jit_compile``) and ``plan.loss_scale``; the
-    trainer in :mod:`amp_backends.train` does so. Calling again with the same overrides returns the
-    same plan without re-applying it.
+    auto-clustering off when the plan has XLA off, and the backend's own settings (ITEX's math mode and
+    auto mixed precision). Training code reads ``plan.xla`` (``jit_compile``) and ``plan.loss_scale``;
+    the trainer does so, and Keras ``fit`` does through ``plan.wrap_optimizer`` and ``plan.compile_kwargs``.
+    ``fp8`` (off by default) trains the eligible Dense layers in float8 once ``plan.prepare_model(model)``
+    quantizes them. Calling again with the same overrides returns the same plan without re-applying
+    it (:func:`reset` forgets it). ``registry`` replaces the installed backends (tests, tools).
     """
-    registry = default_registry()
+    registry = registry or default_registry()
     request = build_request(
-        registry.names(),
+        registry.known_names(),
         backend=backend, policy=policy, xla=xla, tf32=tf32, loss_scale=loss_scale,
-        itex_amp=itex_amp, strict=strict, force=force,
+        itex_amp=itex_amp, fp8=fp8, strict=strict, force=force,
     )
     with _state.lock:
-        if apply and _state.plan is not None and _state.request == request:
+        if apply and _state.plan is not None and _state.request == request and _state.registry is registry:
             return _state.plan
         hardware = _probe(registry, use_tensorflow=apply)
-        plan = make_plan(hardware, request, registry)
+        plan = make_plan(hardware, request, registry, keras_info())
         notes: list[str] = []
         if apply:
             from .apply import apply_plan
@@ -114,7 +141,7 @@ def auto_configure(
             notes = apply_plan(plan, registry)
             if _state.plan is not None and _state.plan.policy != plan.policy:
                 notes.append(f"the dtype policy changed from {_state.plan.policy}: layers built before keep the old one")
-            _state.request, _state.plan = request, plan
+            _state.request, _state.registry, _state.plan = request, registry, plan
     for w in plan.warnings:
         warnings.warn(w, AmpWarning, stacklevel=2)
     if verbose:

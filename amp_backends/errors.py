@@ -1,4 +1,26 @@
-"""Exceptions raised for user input and for requests the hardware cannot honour."""
+"""Every exception and warning amp_backends raises, in one place.
+
+=========================  ====================  ================================================================
+class                      base                  raised when
+=========================  ====================  ================================================================
+``AmpConfigError``         ``ValueError``        an override (keyword or ``AMP_*`` variable) has an invalid value
+``UnsupportedRequestError``  ``AmpConfigError``  a valid request this hardware cannot honour, with ``strict``
+``ClusterConfigError``     ``AmpConfigError``    ``TF_CONFIG`` or the cluster it describes is unusable
+``BackendError``           ``RuntimeError``      a backend failed (load, probe, assess, apply) where it was
+                                                 needed: asked for by name, or no backend is left at all
+``NonFiniteError``         ``RuntimeError``      training cannot continue: too many non-finite steps, or
+                                                 non-finite weights
+``DistributedFailure``     ``RuntimeError``      a collective failed or timed out (a worker died or hangs)
+``DataUnavailableError``   ``RuntimeError``      a dataset could not be found or read
+``InputError``             ``ValueError``        data given to the trainer cannot be trained on as given
+``CheckpointError``        ``RuntimeError``      checkpoints cannot be used as asked: another run's, none intact
+``CheckpointMismatchError``  ``CheckpointError``  a checkpoint of other models than the ones being trained
+``TrainingInterrupted``    ``KeyboardInterrupt``  Ctrl-C or SIGTERM stopped training (after saving, when it can)
+``AmpWarning``             ``UserWarning``       a request was downgraded, or honoured although known to be slow
+=========================  ====================  ================================================================
+
+Each message says what was expected, what was received and how to fix it.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +31,60 @@ class AmpConfigError(ValueError):
 
 class UnsupportedRequestError(AmpConfigError):
     """A valid request that this hardware cannot honour, raised instead of a downgrade when ``strict``."""
+
+
+class ClusterConfigError(AmpConfigError):
+    """TF_CONFIG or the cluster it describes is unusable; the message says what was expected."""
+
+
+class BackendError(RuntimeError):
+    """A backend failed to load, probe, assess or apply where it was needed; the message names it and why.
+
+    A failing backend never breaks the others: :func:`~amp_backends.auto_configure` records the failure
+    and plans with the next available backend. This is raised only when the failed backend was asked
+    for by name (``backend=`` / ``AMP_BACKEND``), when no backend is left, or when the selected backend
+    fails while its plan is being applied.
+    """
+
+
+class NonFiniteError(RuntimeError):
+    """Training cannot continue: too many non-finite steps under a fixed loss scale, or non-finite weights."""
+
+
+class DistributedFailure(RuntimeError):
+    """A collective failed or timed out: another worker died, hung or cannot be reached."""
+
+
+class DataUnavailableError(RuntimeError):
+    """The dataset could not be found or read; the message says how to provide it."""
+
+
+class InputError(ValueError):
+    """The data given to the trainer cannot be trained on as given; the message says how to fix it."""
+
+
+class CheckpointError(RuntimeError):
+    """Checkpoints cannot be used as asked (another run's, none intact, another model's); the message says why."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """The checkpoint was written for other models or variables than the ones being trained."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) or SIGTERM stopped training after the current call; ``checkpoint`` is where it was saved.
+
+    A ``KeyboardInterrupt``, so a program that does not catch it ends as Ctrl-C ends it; ``exit_code`` is the
+    shell's convention (130 for SIGINT, 143 for SIGTERM).
+    """
+
+    def __init__(self, signum: int, step: int, checkpoint: str | None, message: str) -> None:
+        super().__init__(message)
+        self.signum, self.step, self.checkpoint, self.message = signum, step, checkpoint, message
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
 
 
 class AmpWarning(UserWarning):

@@ -1,14 +1,14 @@
 """Plain data describing what a machine can do.
 
 Probes (one per backend, in ``amp_backends.backends.<vendor>``) fill these frozen dataclasses; the
-planner (:mod:`amp_backends.plan`) decides from them alone, so every rule can be exercised with fake
+planner (:mod:`amp_backends.planner`) decides from them alone, so every rule can be exercised with fake
 hardware built from these classes.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from dataclasses import asdict, dataclass, is_dataclass
+from typing import Any
 
 # Capability names used in ``Accelerator.capabilities`` and ``CpuInfo`` derivations.
 TENSOR_CORES = "tensor_cores"
@@ -21,10 +21,11 @@ XMX = "xmx"
 
 @dataclass(frozen=True)
 class Accelerator:
-    """One GPU or XPU, as a probe saw it.
+    """One device a backend plans for — a GPU, an XPU or the host CPU —, as its probe saw it.
 
-    ``capabilities`` holds the derived facts the planner uses (``"tensor_cores"``, ``"fp16"``,
-    ``"bf16"``, ``"tf32"``, ``"fp8"``, ``"xmx"``): native, fast support, not mere correctness.
+    ``index`` is TensorFlow's index (``/GPU:<index>``), which for NVIDIA GPUs follows CUDA's enumeration
+    order, not NVML's. ``capabilities`` holds the derived facts the planner uses (``"tensor_cores"``,
+    ``"fp16"``, ``"bf16"``, ``"tf32"``, ``"fp8"``, ``"xmx"``): native, fast support, not mere correctness.
     """
 
     vendor: str
@@ -34,6 +35,12 @@ class Accelerator:
     compute_capability: tuple[int, int] | None = None
     memory_bytes: int | None = None
     capabilities: frozenset[str] = frozenset()
+    pci_bus_id: str | None = None
+
+    @property
+    def tf_name(self) -> str:
+        """The TensorFlow device name, such as ``/GPU:0``."""
+        return f"/{self.kind}:{self.index}"
 
     def has(self, capability: str) -> bool:
         return capability in self.capabilities
@@ -87,19 +94,24 @@ class CpuInfo:
             "model": self.model,
             "arch": self.arch,
             "logical_cores": self.logical_cores,
-            "flags": sorted(self.flags),
             "native_bf16": self.native_bf16,
             "native_fp16": self.native_fp16,
             "amx": self.amx,
+            "flags": sorted(self.flags),
         }
 
 
 @dataclass(frozen=True)
 class BackendProbe:
-    """What one backend found: whether it can be used, why (not), its devices and free-form details.
+    """What one backend found: whether it can be used, why (not), its devices, its facts and details.
 
-    ``details`` is a tuple of ``(key, value)`` pairs so the probe stays hashable and immutable; use
-    :meth:`detail` to read one.
+    ``facts`` is the backend's own typed record of what it saw beyond devices (a frozen dataclass the
+    backend defines, such as whether ITEX is loaded): its :meth:`~amp_backends.registry.Backend.assess`
+    decides from it, the core never looks inside. ``details`` are ``(key, value)`` strings for people (the
+    report); no decision reads them. ``needs_tensorflow`` says the probe could not finish without
+    TensorFlow (Intel XPUs are listed through it), so a caller that skipped TensorFlow should probe again
+    with it. ``error`` is set (by :func:`~amp_backends.probe.probe_hardware`) when the probe itself raised:
+    the backend is broken, not merely without hardware.
     """
 
     backend: str
@@ -108,6 +120,9 @@ class BackendProbe:
     devices: tuple[Accelerator, ...] = ()
     cpu: CpuInfo | None = None
     details: tuple[tuple[str, str], ...] = ()
+    facts: Any = None
+    needs_tensorflow: bool = False
+    error: str | None = None
 
     def detail(self, key: str, default: str | None = None) -> str | None:
         for k, v in self.details:
@@ -121,9 +136,25 @@ class BackendProbe:
             "available": self.available,
             "reason": self.reason,
             "devices": [d.to_dict() for d in self.devices],
-            "cpu": self.cpu.to_dict() if self.cpu else None,
             "details": dict(self.details),
+            "facts": _plain(self.facts),
+            "needs_tensorflow": self.needs_tensorflow,
+            "error": self.error,
+            "cpu": self.cpu.to_dict() if self.cpu else None,
         }
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-friendly copy of a backend's facts (dataclasses, tuples and sets included)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {k: _plain(v) for k, v in asdict(value).items()}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted(_plain(v) for v in value)
+    return value
 
 
 @dataclass(frozen=True)
@@ -137,7 +168,6 @@ class Hardware:
 
     probes: tuple[BackendProbe, ...]
     tf_device_types: frozenset[str] | None = None
-    extra: Mapping[str, str] = field(default_factory=dict)
 
     def get(self, backend: str) -> BackendProbe | None:
         for p in self.probes:

@@ -3,24 +3,27 @@
 A backend answers a handful of questions:
 
 * :meth:`Backend.probe` — what is there (without initialising CUDA; TensorFlow only if allowed),
-* :meth:`Backend.assess` — a *pure* judgement of that probe: which dtype policies, TF32 and XLA are
-  native, merely functional, emulated (slow) or unsafe there, and which the backend prefers and why,
-* :meth:`Backend.report_rows` — its rows in the capability report,
-* :meth:`Backend.apply` — vendor-specific settings beyond Keras and ``tf.config`` (ITEX's config).
+* :meth:`Backend.assess` — a *pure* judgement of that probe (an :class:`~amp_backends.assessment.Assessment`):
+  which dtype policies, TF32 and XLA are native, merely functional, emulated (slow) or unsafe there,
+  and which the backend prefers and why,
+* :meth:`Backend.report_rows` and :meth:`Backend.software_rows` — its rows in the capability report,
+* :meth:`Backend.vendor_settings` and :meth:`Backend.apply` — its own settings beyond the Keras policy,
+  TF32 and XLA (ITEX's math mode, say): named from the resolved plan, then applied.
 
 Backends are registered through the ``amp_backends.backends`` entry point group, so a new vendor is
 one new folder plus one registration; :class:`BackendRegistry` keeps them (and the reasons any failed
-to load) in an object, never in module globals, so tests can build their own.
+to load) in an object, never in module globals, so tests can build their own. A backend that fails —
+to load, probe, assess or report — is recorded with the reason and never breaks the others.
 """
 
 from __future__ import annotations
 
 import abc
 import functools
-from dataclasses import dataclass, field
 from importlib import metadata
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 
+from .assessment import Assessment, VendorSetting
 from .hardware import BackendProbe, Hardware
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -28,55 +31,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 ENTRY_POINT_GROUP = "amp_backends.backends"
 
-# How well a device supports a setting. Only "native" is chosen automatically.
-NATIVE = "native"  # fast hardware support
-FUNCTIONAL = "functional"  # runs correctly, little or no speed-up: honoured with a warning when asked for
-EMULATED = "emulated"  # runs, but slower than float32: downgraded unless force
-UNSAFE = "unsafe"  # known to crash or corrupt: always refused
-UNSUPPORTED = "unsupported"  # does not exist here (TF32 on a CPU): downgraded
-LEVELS = (NATIVE, FUNCTIONAL, EMULATED, UNSAFE, UNSUPPORTED)
-
-
-@dataclass(frozen=True)
-class Support:
-    """How a device supports one setting, and why."""
-
-    level: str
-    why: str
-
-    def __post_init__(self) -> None:
-        if self.level not in LEVELS:
-            raise ValueError(f"Support level must be one of {LEVELS}. Received: {self.level!r}.")
-
-
-@dataclass(frozen=True)
-class Assessment:
-    """A backend's judgement of its probe, from which the planner builds a :class:`~amp_backends.plan.Plan`.
-
-    ``preference`` lists dtype policies best first; the planner takes the first one whose support is
-    ``native``. ``policies`` must hold an entry for each of ``float32``, ``mixed_float16`` and
-    ``mixed_bfloat16``.
-    """
-
-    backend: str
-    devices: tuple[str, ...]
-    policies: Mapping[str, Support]
-    preference: tuple[str, ...]
-    tf32: Support
-    xla: Support
-    xla_default: bool
-    tf32_default: bool = True
-    itex_amp: Support = Support(UNSUPPORTED, "ITEX auto mixed precision needs an Intel XPU with ITEX")
-    math_mode: str | None = None  # ITEX_FP32_MATH_MODE to use when the TF32 equivalent is on
-    notes: tuple[str, ...] = field(default=())
-
 
 class Backend(abc.ABC):
     """One vendor. Subclasses set ``name``, ``priority`` (higher wins) and ``tf_device_type``."""
 
     name: ClassVar[str]
     priority: ClassVar[int]
-    title: ClassVar[str]
     # The device type TensorFlow lists for this backend ("GPU", "XPU"), or None (the CPU is always there).
     tf_device_type: ClassVar[str | None] = None
 
@@ -89,15 +49,23 @@ class Backend(abc.ABC):
         """Judge an *available* probe. Pure: no I/O, so tests can pass fake hardware."""
 
     def report_rows(self, probe: BackendProbe) -> list[tuple[str, str]]:
-        """Rows ``(label, value)`` for the capability report."""
+        """Rows ``(label, value)`` for the hardware part of the capability report."""
         rows = [("status", "available" if probe.available else f"not available: {probe.reason}")]
         if probe.available:
             rows.append(("summary", probe.reason))
         rows.extend((k.replace("_", " "), v) for k, v in probe.details)
         return rows
 
+    def software_rows(self) -> list[tuple[str, str]]:
+        """Rows ``(label, value)`` for the software this backend relies on (nvidia-ml-py, ITEX)."""
+        return []
+
+    def vendor_settings(self, plan: "Plan") -> tuple[VendorSetting, ...]:
+        """The backend's own settings for a resolved plan (pure). :meth:`apply` reads them back."""
+        return ()
+
     def apply(self, plan: "Plan", tf: Any) -> list[str]:
-        """Vendor settings beyond the Keras policy, TF32 and XLA. Returns notes for the log."""
+        """Apply the plan's vendor settings beyond the Keras policy, TF32 and XLA. Returns notes for the log."""
         return []
 
 
@@ -123,13 +91,18 @@ class BackendRegistry:
         """Registered names, highest priority first."""
         return tuple(b.name for b in self)
 
+    def known_names(self) -> tuple[str, ...]:
+        """The names a request may use: registered backends, then those that failed to load (asking for one
+        of those gives an error that says why it failed)."""
+        return self.names() + tuple(n for n in self.load_errors if n not in self._backends)
+
     def get(self, name: str) -> Backend:
         try:
             return self._backends[name]
         except KeyError:
             raise KeyError(f"No backend named {name!r}. Registered: {', '.join(self.names()) or 'none'}.") from None
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Backend]:
         return iter(sorted(self._backends.values(), key=lambda b: -b.priority))
 
     def __len__(self) -> int:

@@ -1,16 +1,14 @@
-"""Installed software, read from package metadata: no imports of TensorFlow or ITEX here."""
+"""Installed software, read from package metadata and files: TensorFlow is never imported here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ast
+import importlib.util
+import os
 from importlib import metadata
+from typing import Any
 
 TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel", "tensorflow-macos")
-ITEX_DISTRIBUTION = "intel-extension-for-tensorflow"
-ITEX_EOL = (
-    "end-of-life: Intel stopped ITEX development (last release 2.15.0.3, 2025-03; no plan beyond TensorFlow 2.16, "
-    "Python <= 3.11)"
-)
 
 
 def installed_version(distribution: str) -> str | None:
@@ -28,44 +26,36 @@ def tensorflow_version() -> str | None:
     return None
 
 
-def _minor(version: str) -> tuple[int, int]:
-    parts = version.split(".")
+def minor_version(version: str | None) -> tuple[int, int]:
+    """``"2.15.1"`` -> ``(2, 15)``; ``(-1, -1)`` when unreadable."""
+    parts = str(version).split(".")
     try:
         return int(parts[0]), int(parts[1])
     except (IndexError, ValueError):
         return (-1, -1)
 
 
-@dataclass(frozen=True)
-class ItexStatus:
-    """Whether Intel Extension for TensorFlow is installed and usable with the installed TensorFlow."""
-
-    version: str | None
-    tf_version: str | None
-    compatible: bool
-    reason: str
-
-    @property
-    def installed(self) -> bool:
-        return self.version is not None
-
-
-def itex_status(itex_version: str | None = None, tf_version: str | None = None, *, look: bool = True) -> ItexStatus:
-    """ITEX X.Y.* needs TensorFlow X.Y.*: a mismatch fails at import (or aborts), so it is never loaded then."""
-    if look:
-        itex_version = itex_version or installed_version(ITEX_DISTRIBUTION)
-        tf_version = tf_version or tensorflow_version()
-    if itex_version is None:
-        return ItexStatus(None, tf_version, False, "Intel Extension for TensorFlow is not installed")
-    if tf_version is None:
-        return ItexStatus(itex_version, None, False, f"ITEX {itex_version} is installed but TensorFlow is not")
-    if _minor(itex_version) != _minor(tf_version):
-        want = ".".join(map(str, _minor(itex_version)))
-        return ItexStatus(
-            itex_version,
-            tf_version,
-            False,
-            f"ITEX {itex_version} needs TensorFlow {want}.x but TensorFlow {tf_version} is installed: ITEX will not "
-            f"load (use an environment with tensorflow=={want}.* for Intel GPUs)",
-        )
-    return ItexStatus(itex_version, tf_version, True, f"ITEX {itex_version} matches TensorFlow {tf_version}")
+def tensorflow_build_info() -> dict[str, Any] | None:
+    """What ``tf.sysconfig.get_build_info()`` returns (CUDA build, CUDA and cuDNN versions), without importing
+    TensorFlow: read from the ``build_info.py`` file TensorFlow's build generates. ``None`` if unreadable."""
+    try:
+        spec = importlib.util.find_spec("tensorflow")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        path = os.path.join(folder, "python", "platform", "build_info.py")
+        try:
+            with open(path, encoding="utf-8") as fh:
+                tree = ast.parse(fh.read(), path)
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "build_info" for t in node.targets)
+                    and isinstance(node.value, ast.Call) and node.value.args):
+                try:
+                    return dict(ast.literal_eval(node.value.args[0]))
+                except (ValueError, TypeError, SyntaxError):
+                    return None
+    return None

@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 
-from amp_backends import configure
+from amp_backends import configure, keras_compat, request
 from amp_backends.registry import default_registry
 
 
@@ -19,21 +19,21 @@ def registry():
 @pytest.fixture(autouse=True)
 def restore_global_state(monkeypatch):
     """Every test leaves the Keras dtype policy, TF32, JIT setting and applied plan as it found them."""
-    for var in ("AMP_BACKEND", "AMP_POLICY", "AMP_XLA", "AMP_TF32", "AMP_LOSS_SCALE", "AMP_ITEX_AMP", "AMP_STRICT", "AMP_FORCE"):
+    for var in request.ENV_VARS.values():
         monkeypatch.delenv(var, raising=False)
     tf = sys.modules.get("tensorflow")
     saved = None
     if tf is not None:
-        saved = (tf.keras.mixed_precision.global_policy().name,
+        saved = (keras_compat.global_policy_name(tf),
                  tf.config.experimental.tensor_float_32_execution_enabled(),
                  tf.config.optimizer.get_jit())
-    configure._state.reset()
+    configure.reset()
     yield
-    configure._state.reset()
+    configure.reset()
     tf = sys.modules.get("tensorflow")
     if tf is not None:
         policy, tf32, jit = saved if saved else ("float32", True, "")
-        tf.keras.mixed_precision.set_global_policy(policy)
+        keras_compat.set_global_policy(policy, tf)
         tf.config.experimental.enable_tensor_float_32_execution(tf32)
         tf.config.optimizer.set_jit(jit or False)
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from amp_backends.hardware import Accelerator, BackendProbe, CpuInfo, Hardware
-from amp_backends.backends.intel import classify_xpu
+from amp_backends.backends.cpu import CpuFacts
+from amp_backends.backends.cpu.backend import cpu_device
+from amp_backends.backends.intel import IntelFacts, ItexStatus, classify_xpu
 from amp_backends.backends.nvidia import derive_capabilities
+from amp_backends.hardware import Accelerator, BackendProbe, CpuInfo, Hardware
+
+ITEX_LOADED = ItexStatus("2.15.0.0", "2.15.1", True, "ITEX 2.15.0.0 matches TensorFlow 2.15.1")
+NO_ITEX = ItexStatus(None, "2.21.0", False, "Intel Extension for TensorFlow is not installed")
 
 GiB = 2**30
 
@@ -18,14 +23,15 @@ def nvidia(*gpus: tuple[str, tuple[int, int]]) -> BackendProbe:
 
 def intel(*names: str) -> BackendProbe:
     devices = tuple(classify_xpu(i, n) for i, n in enumerate(names))
-    return BackendProbe("intel", True, f"{len(devices)} XPU(s)", devices=devices, details=(("itex_version", "2.15.0.0"),))
+    return BackendProbe("intel", True, f"{len(devices)} XPU(s)", devices=devices, details=(("itex_version", "2.15.0.0"),),
+                        facts=IntelFacts(ITEX_LOADED, ("gpu",)))
 
 
 def cpu(vendor: str, model: str, flags: str, arch: str = "x86_64", itex: bool = False) -> BackendProbe:
     info = CpuInfo(vendor, model, arch, 8, frozenset(flags.split()))
-    details = (("itex", "ITEX 2.15.0.0 matches TensorFlow 2.15.1"), ("itex_active", "yes")) if itex else (
-        ("itex", "Intel Extension for TensorFlow is not installed"),)
-    return BackendProbe("cpu", True, model, cpu=info, details=details)
+    status = ITEX_LOADED if itex else NO_ITEX
+    return BackendProbe("cpu", True, model, devices=(cpu_device(info),), cpu=info, details=(("itex", status.reason),),
+                        facts=CpuFacts(status))
 
 
 def machine(*probes: BackendProbe, tf_device_types: frozenset[str] | None = None) -> Hardware:

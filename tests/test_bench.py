@@ -21,7 +21,10 @@ def test_bench_smoke(tmp_path):
                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads((tmp_path / "bench.json").read_text())
-    assert report["environment"]["tensorflow"] and report["command"].endswith("--out " + str(tmp_path))
+    env = report["environment"]
+    assert env["tensorflow"] and report["command"].endswith("--out " + str(tmp_path))
+    # the planned backend's own devices and details, whatever the vendor (the CPU lists itself)
+    assert env["backend"] == env["plan"]["backend"] and env["devices"] and isinstance(env["backend_details"], dict)
     rows = {(r["model"], r["config"]): r for r in report["results"]}
     for model in ("mnist", "gan"):
         for config in ("fp32", "fp32+XLA", "fp16 dynamic", "auto plan (trainer)", "auto plan, loss scaling off"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import pytest
@@ -12,7 +11,8 @@ pytestmark = pytest.mark.tensorflow
 tf = pytest.importorskip("tensorflow")
 
 import amp_backends  # noqa: E402
-from amp_backends.errors import AmpConfigError, AmpWarning, UnsupportedRequestError  # noqa: E402
+from amp_backends import keras_compat  # noqa: E402
+from amp_backends.errors import AmpConfigError, AmpWarning, BackendError, UnsupportedRequestError  # noqa: E402
 
 
 def machine_has_native_bf16() -> bool:
@@ -23,14 +23,22 @@ def machine_has_native_bf16() -> bool:
 
 def test_auto_configure_applies_and_returns_the_plan(caplog):
     caplog.set_level("INFO", logger="amp_backends")
+    tf.config.experimental.enable_tensor_float_32_execution(True)  # TensorFlow's default; the plan decides
     plan = amp_backends.auto_configure()
     assert plan.backend in ("nvidia", "intel", "cpu")
-    assert tf.keras.mixed_precision.global_policy().name == plan.policy
+    assert keras_compat.global_policy_name(tf) == plan.policy
     assert tf.config.experimental.tensor_float_32_execution_enabled() is plan.tf32
-    if plan.backend == "cpu" and not machine_has_native_bf16():
-        assert plan.policy == "float32" and plan.loss_scale.mode == "none" and plan.xla is False
     assert amp_backends.current_plan() is plan
     assert [r.message for r in caplog.records if r.name == "amp_backends"][0].startswith("amp_backends plan: backend=")
+
+
+def test_auto_configure_follows_the_cpu_rules_here():
+    plan = amp_backends.auto_configure(verbose=False)
+    if plan.backend != "cpu":
+        pytest.skip(f"this machine plans for {plan.backend}: the CPU rules do not apply")
+    assert (plan.loss_scale.mode, plan.xla, plan.tf32, plan.devices) == ("none", False, False, ("/CPU:0",))
+    assert plan.policy == ("mixed_bfloat16" if machine_has_native_bf16() else "float32")
+    assert keras_compat.global_policy_name(tf) == plan.policy
 
 
 def test_auto_configure_is_idempotent():
@@ -51,28 +59,67 @@ def test_tiny_model_trains_under_the_plan():
     assert model.layers[0].compute_dtype == plan.compute_dtype
 
 
-@pytest.mark.skipif(machine_has_native_bf16(), reason="this CPU has bf16: the downgrade does not apply")
 def test_forced_fp16_on_this_cpu():
+    from amp_backends.backends.cpu import probe_cpu
+
+    auto = amp_backends.auto_configure(verbose=False)
+    if auto.backend != "cpu" or probe_cpu().native_fp16:
+        pytest.skip(f"the plan uses {auto.backend}" if auto.backend != "cpu" else "this CPU has fp16 arithmetic")
+    amp_backends.reset()
     with pytest.warns(AmpWarning, match="downgraded"):
         plan = amp_backends.auto_configure(policy="fp16", verbose=False)
-    assert plan.policy == "float32" and tf.keras.mixed_precision.global_policy().name == "float32"
+    assert plan.policy == auto.policy != "mixed_float16" and keras_compat.global_policy_name(tf) == auto.policy
     with pytest.raises(UnsupportedRequestError):
         amp_backends.auto_configure(policy="fp16", strict=True, verbose=False)
     with pytest.warns(AmpWarning, match="force"):
         plan = amp_backends.auto_configure(policy="fp16", force=True, verbose=False)
-    assert tf.keras.mixed_precision.global_policy().name == "mixed_float16"
+    assert keras_compat.global_policy_name(tf) == "mixed_float16"
     layer = tf.keras.layers.Dense(2)
     layer.build((None, 3))
     assert layer.compute_dtype == "float16" and layer.variable_dtype == "float32"
 
 
 def test_environment_overrides_and_errors(monkeypatch):
-    monkeypatch.setenv("AMP_TF32", "off")
-    plan = amp_backends.auto_configure(verbose=False)
-    assert plan.tf32 is False and tf.config.experimental.tensor_float_32_execution_enabled() is False
+    # the variable must change something: XLA is off by default on a CPU and on by default on a GPU
+    auto = amp_backends.auto_configure(verbose=False)
+    amp_backends.reset()
+    monkeypatch.setenv("AMP_XLA", "off" if auto.xla else "on")
+    tf.config.optimizer.set_jit(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AmpWarning)  # XLA on a CPU is honoured with a "little speed-up" warning
+        plan = amp_backends.auto_configure(verbose=False)
+    assert plan.xla is (not auto.xla) and plan.request.sources == {"xla": "AMP_XLA"}
+    assert "as requested (AMP_XLA)" in plan.reasons["xla"]
+    assert bool(tf.config.optimizer.get_jit()) is plan.xla  # XLA off turns TensorFlow's auto-clustering off
     monkeypatch.setenv("AMP_POLICY", "bogus")
     with pytest.raises(AmpConfigError, match="AMP_POLICY must be one of auto, float32"):
         amp_backends.auto_configure()
+
+
+def test_reset_plans_again_and_a_registry_is_part_of_the_request():
+    first = amp_backends.auto_configure(verbose=False)
+    assert amp_backends.auto_configure(verbose=False) is first
+    amp_backends.reset()
+    assert amp_backends.current_plan() is None
+    again = amp_backends.auto_configure(verbose=False)
+    assert again is not first and again == first
+    from amp_backends.backends.cpu import CpuBackend
+    from amp_backends.registry import BackendRegistry
+
+    cpu_only = amp_backends.auto_configure(verbose=False, registry=BackendRegistry([CpuBackend()]))
+    assert cpu_only is not again and [b.name for b in cpu_only.backends] == ["cpu"]
+
+
+def test_a_backend_failing_to_apply_raises_naming_it():
+    from amp_backends.backends.cpu import CpuBackend
+    from amp_backends.registry import BackendRegistry
+
+    class Breaks(CpuBackend):
+        def apply(self, plan, tf):
+            raise RuntimeError("driver went away")
+
+    with pytest.raises(BackendError, match="backend 'cpu' failed to apply its settings .*RuntimeError: driver went away"):
+        amp_backends.auto_configure(verbose=False, registry=BackendRegistry([Breaks()]))
 
 
 def test_xla_off_turns_global_autoclustering_off():

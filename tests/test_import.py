@@ -88,13 +88,14 @@ def test_a_broken_third_party_backend_is_reported_not_fatal(monkeypatch):
 
 
 def test_a_new_backend_is_one_registration():
+    from amp_backends.assessment import NATIVE, UNSUPPORTED, Assessment, Support
     from amp_backends.hardware import BackendProbe, Hardware
-    from amp_backends.options import build_request
-    from amp_backends.plan import make_plan
-    from amp_backends.registry import NATIVE, UNSUPPORTED, Assessment, Backend, BackendRegistry, Support
+    from amp_backends.planner import make_plan
+    from amp_backends.registry import Backend, BackendRegistry
+    from amp_backends.request import build_request
 
     class Metal(Backend):
-        name, priority, title = "metal", 250, "Apple GPU"
+        name, priority = "metal", 250
 
         def probe(self, *, use_tensorflow=False):
             return BackendProbe("metal", True, "M3 Max")
@@ -120,3 +121,18 @@ def test_checkout_root_imports_like_an_install():
     assert out.returncode == 0, out.stderr
     path, names = out.stdout.split("\n")[:2]
     assert Path(path).resolve().is_relative_to(REPO / "backends") and names == "('nvidia', 'intel', 'cpu')"
+
+
+def test_every_package_of_the_source_tree_is_installed():
+    """pyproject.toml lists packages explicitly (backends/ is mapped): a new folder must be listed too."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    found = set()
+    for prefix, root in config["package-dir"].items():
+        for init in (REPO / root).rglob("__init__.py"):
+            parts = init.parent.relative_to(REPO / root).parts
+            if prefix == "amp_backends" and parts[:1] == ("backends",):
+                continue
+            found.add(".".join((prefix, *parts)))
+    assert found - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from amp_backends.software import itex_status
+from amp_backends.backends.intel import itex_status
 from conftest import NEUTRAL_CWD
 
 pytestmark = [pytest.mark.intel, pytest.mark.tensorflow]
@@ -28,6 +28,12 @@ def cpu_has_bf16() -> bool:
     return probe_cpu().native_bf16
 
 
+def cpu_has_amx() -> bool:
+    from amp_backends.backends.cpu import probe_cpu
+
+    return probe_cpu().amx
+
+
 def python(code: str, timeout: int = 300, **env) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if not k.startswith("AMP_")} | {"TF_CPP_MIN_LOG_LEVEL": "2"} | env
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=full,
@@ -36,23 +42,32 @@ def python(code: str, timeout: int = 300, **env) -> subprocess.CompletedProcess:
 
 @needs_itex
 def test_report_under_itex_shows_itex_cpu_backend_no_xpu_and_float32():
+    # no TF_CPP_MIN_LOG_LEVEL: the command quiets TensorFlow's and ITEX's start-up lines itself
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL" and not k.startswith("AMP_")}
     out = subprocess.run([sys.executable, "-m", "amp_backends.info", "--json"], capture_output=True, text=True,
-                         timeout=300, cwd=NEUTRAL_CWD, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                         timeout=300, cwd=NEUTRAL_CWD, env=env)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     sw = d["software"]
-    assert sw["itex"]["version"] == ITEX.version and sw["itex"]["compatible"] is True
-    assert "end-of-life" in sw["itex"]["end_of_life"]
+    (label, itex_row), = sw["backends"]["intel"]
+    assert label == "ITEX" and itex_row.startswith(f"{ITEX.version}: ") and "end-of-life" in itex_row
     assert sw["keras"]["generation"] == 2 and sw["tensorflow"]["version"].startswith("2.15")
+    # ITEX makes the report import TensorFlow (XPUs are listed through it), and says so
+    assert sw["tensorflow"]["imported"] is True and sw["tensorflow"]["why"].startswith("auto: imported")
     intel = next(b for b in d["hardware"]["backends"] if b["backend"] == "intel")
     assert not intel["available"] and "lists no XPU device" in intel["reason"]
-    assert intel["details"]["itex_native_backends"] == "cpu"
+    assert intel["details"]["itex_native_backends"] == "cpu" and intel["facts"]["itex"]["compatible"] is True
     assert "XPU" not in d["hardware"]["tensorflow_device_types"]
     cpu = next(b for b in d["hardware"]["backends"] if b["backend"] == "cpu")
-    if not cpu["cpu"]["native_bf16"]:
-        assert d["plan"]["backend"] == "cpu" and d["plan"]["policy"] == "float32"
+    assert cpu["facts"]["itex"]["compatible"] is True and d["plan"]["backend"] == "cpu"
+    bf16 = d["plan"]["support"]["policies"]["mixed_bfloat16"]
+    if cpu["cpu"]["native_bf16"]:
+        assert d["plan"]["policy"] == "mixed_bfloat16" and bf16["level"] == "native"
+    else:
+        assert d["plan"]["policy"] == "float32" and bf16["level"] == "unsafe"
         why = next(r["why"] for r in d["plan"]["rejected"] if r["value"] == "mixed_bfloat16")
         assert "no bf16 instructions" in why and "ITEX" in why and "aborts" in why
+    assert out.stderr == "", out.stderr
 
 
 BF16_STEP = """
@@ -105,7 +120,7 @@ def test_trainer_trains_mnist_and_gan_with_each_loss_scaling_mode(mode):
     import tensorflow as tf
     from amp_backends.data import synthetic_mnist
     from amp_backends.models import gan_discriminator, gan_generator, mnist_cnn
-    from amp_backends.trainer import Trainer, classifier_updates, gan_updates, mnist_batch_fn
+    from amp_backends.training import Trainer, classifier_updates, gan_updates, mnist_batch_fn
 
     plan = amp_backends.auto_configure(loss_scale=mode, verbose=False)
     assert plan.loss_scale.mode == mode.split(":")[0]
@@ -118,7 +133,7 @@ def test_trainer_trains_mnist_and_gan_with_each_loss_scaling_mode(mode):
     assert r.loss_scales == {"model": expected_scale}
     g, d = gan_generator(), gan_discriminator()
     go, do = tf.keras.optimizers.Adam(1e-3), tf.keras.optimizers.RMSprop(1e-4)
-    r = Trainer(gan_updates(g, d, go, do, 8), plan, batch_size=8, images_per_step=16, checkpoint_objects={"g": g},
+    r = Trainer(gan_updates(g, d, go, do), plan, batch_size=8, images_per_step=16, checkpoint_objects={"g": g},
                 batch_fn=mnist_batch_fn, progress=False).fit(x, None, epochs=1, max_steps=2)
     assert r.steps == 2 and all(np.isfinite(v) for v in r.last_losses.values())
 
@@ -129,9 +144,9 @@ sys.path.insert(0, sys.argv[1])
 import intel_extension_for_tensorflow as itex
 import tensorflow as tf
 from amp_backends.apply import apply_plan
-from amp_backends.options import build_request
-from amp_backends.plan import make_plan
+from amp_backends.planner import make_plan
 from amp_backends.registry import default_registry
+from amp_backends.request import build_request
 from fakes import AMD_HERE, MAX1550, cpu_of, intel, machine
 
 reg = default_registry()
@@ -139,7 +154,7 @@ hw = machine(intel(MAX1550), cpu_of(AMD_HERE))
 plan = make_plan(hw, build_request(reg.names(), environ={}, itex_amp=True), reg)
 notes = apply_plan(plan, reg)
 cfg = itex.get_config()
-out = dict(plan=[plan.backend, plan.policy, plan.itex_amp, plan.math_mode, plan.xla], notes=notes,
+out = dict(plan=[plan.backend, plan.policy, plan.graph_amp, plan.vendor_setting("ITEX_FP32_MATH_MODE"), plan.xla], notes=notes,
            amp=cfg.graph_options.auto_mixed_precision == itex.ON,
            dtype=cfg.graph_options.auto_mixed_precision_options.data_type == itex.BFLOAT16,
            math=os.environ.get("ITEX_FP32_MATH_MODE"), keras=tf.keras.mixed_precision.global_policy().name)
@@ -160,10 +175,47 @@ def test_xpu_plan_is_applied_through_itex_python_api():
                          timeout=300, cwd=NEUTRAL_CWD, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert out.returncode == 0, out.stderr[-2000:]
     d = json.loads(out.stdout.strip().splitlines()[-1])
-    assert d["plan"] == ["intel", "float32", "BFLOAT16", "TF32", False]
+    assert d["plan"] == ["intel", "float32", "bfloat16", "TF32", False]
+    # ITEX's own configuration API confirms the graph rewrite; the math mode has no read-back API: ITEX reads the
+    # variable when it builds kernels, so applying must have set it by then (its effect: test_bf32_math_mode_...)
     assert d["amp"] and d["dtype"] and d["math"] == "TF32" and d["keras"] == "float32"
     assert "ITEX auto mixed precision on (BFLOAT16)" in d["notes"]
     assert d["plain_keras"] == "mixed_bfloat16"
+
+
+BF32_MATMUL = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import tensorflow as tf
+from amp_backends.apply import apply_plan
+from amp_backends.planner import make_plan
+from amp_backends.registry import default_registry
+from amp_backends.request import build_request
+from fakes import SAPPHIRE_RAPIDS, cpu_of, machine
+
+reg = default_registry()
+if sys.argv[2] == "plan":
+    plan = make_plan(machine(cpu_of(SAPPHIRE_RAPIDS, itex=True)), build_request(reg.names(), environ={}), reg)
+    apply_plan(plan, reg)
+rng = np.random.default_rng(0)
+a, b = (rng.standard_normal((256, 256)).astype(np.float32) for _ in range(2))
+ref = a.astype(np.float64) @ b.astype(np.float64)
+print(json.dumps(float(np.abs(tf.matmul(a, b).numpy() - ref).max() / np.abs(ref).max())))
+"""
+
+
+@needs_itex
+@pytest.mark.skipif(not cpu_has_amx(), reason="ITEX's BF32 math mode changes float32 matmuls only on AMX CPUs; this CPU has no AMX")
+def test_bf32_math_mode_really_runs_float32_matmuls_in_bf16():
+    def error(mode):
+        out = subprocess.run([sys.executable, "-c", BF32_MATMUL, os.path.dirname(__file__), mode], capture_output=True,
+                             text=True, timeout=300, cwd=NEUTRAL_CWD,
+                             env={k: v for k, v in os.environ.items() if k != "ITEX_FP32_MATH_MODE"})
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    assert error("none") < 1e-5 < 1e-4 < error("plan")  # float32 accuracy, then bfloat16's (8-bit mantissa)
 
 
 @needs_itex

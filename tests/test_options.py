@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from amp_backends.errors import AmpConfigError
-from amp_backends.options import LossScale, build_request
+from amp_backends.request import LossScale, build_request
 
 NAMES = ("nvidia", "intel", "cpu")
 
@@ -23,7 +23,7 @@ def test_policy_values(value, expected):
     assert req({"AMP_POLICY": value}).policy == expected
 
 
-@pytest.mark.parametrize("name", ["xla", "tf32"])
+@pytest.mark.parametrize("name", ["xla", "tf32", "fp8"])
 @pytest.mark.parametrize("value,expected", [("on", True), ("1", True), ("true", True), ("off", False), ("0", False),
                                             ("no", False), ("auto", None), (True, True), (False, False)])
 def test_switch_values(name, value, expected):
@@ -33,6 +33,8 @@ def test_switch_values(name, value, expected):
 @pytest.mark.parametrize("value,expected", [
     ("dynamic", LossScale.dynamic()), ("none", LossScale.none()), ("fixed:1024", LossScale.fixed(1024)),
     ("128", LossScale.fixed(128)), (256, LossScale.fixed(256)), (0.5, LossScale.fixed(0.5)), ("auto", None),
+    # documented: 0 would zero every gradient, so it means no scaling (as "off" does)
+    ("0", LossScale.none()), (0, LossScale.none()), ("0.0", LossScale.none()), ("off", LossScale.none()),
 ])
 def test_loss_scale_values(value, expected):
     assert req(loss_scale=value).loss_scale == expected
@@ -44,10 +46,12 @@ def test_loss_scale_values(value, expected):
     ({"AMP_TF32": "2"}, "AMP_TF32", "auto, on, off"),
     ({"AMP_LOSS_SCALE": "fixed:-1"}, "AMP_LOSS_SCALE", "fixed:<scale>"),
     ({"AMP_LOSS_SCALE": "huge"}, "AMP_LOSS_SCALE", "dynamic, none"),
+    ({"AMP_LOSS_SCALE": "fixed:0"}, "AMP_LOSS_SCALE", "fixed:<scale> (a positive number"),
     ({"AMP_BACKEND": "rocm"}, "AMP_BACKEND", "nvidia, intel, cpu"),
     ({"AMP_STRICT": "perhaps"}, "AMP_STRICT", "on, off"),
     ({"AMP_FORCE": "x"}, "AMP_FORCE", "on, off"),
     ({"AMP_ITEX_AMP": "x"}, "AMP_ITEX_AMP", "on, off"),
+    ({"AMP_FP8": "maybe"}, "AMP_FP8", "auto, on, off"),
 ])
 def test_invalid_env_values_name_the_valid_ones(env, var, valid):
     with pytest.raises(AmpConfigError) as err:
@@ -81,6 +85,15 @@ def test_keywords_win_over_environment_and_sources_are_kept():
 
 def test_empty_environment_values_mean_auto():
     assert req({"AMP_POLICY": "", "AMP_XLA": "  "}) == req()
+
+
+def test_every_override_help_names_its_variable_and_values():
+    from amp_backends.request import ENV_VARS, option_help
+
+    for name, var in ENV_VARS.items():
+        assert f"${var}" in option_help(name)
+    assert "aliases fp32, fp16, bf16" in option_help("policy")
+    assert "0: no scaling" in option_help("loss_scale")
 
 
 def test_strict_and_force_together_is_an_error():

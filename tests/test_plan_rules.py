@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from amp_backends.errors import UnsupportedRequestError
-from amp_backends.options import LossScale, build_request
-from amp_backends.plan import make_plan
+from amp_backends.assessment import NATIVE, UNSAFE
+from amp_backends.planner import make_plan
+from amp_backends.request import LossScale, build_request
 
 from fakes import (A100, AMD_HERE, ARC_A770, FLEX170, CORTEX_A72, GRAVITON3, GTX1660TI, H100, ICELAKE, IRIS_XE, MAX1550, P100,
                    RTX4090, SAPPHIRE_RAPIDS, T4, V100, cpu_of, intel, machine, nvidia)
@@ -68,11 +69,24 @@ def test_this_cpu_reason_names_missing_bf16(registry):
     assert "no bf16 instructions" in bf16.why and "avx512_bf16" in bf16.why
 
 
-def test_itex_math_mode(registry):
-    assert plan(machine(intel(MAX1550), HERE), registry).math_mode == "TF32"
-    assert plan(machine(cpu_of(SAPPHIRE_RAPIDS, itex=True)), registry).math_mode == "BF32"
-    assert plan(machine(cpu_of(SAPPHIRE_RAPIDS)), registry).math_mode is None
-    assert plan(machine(intel(MAX1550), HERE), registry, tf32="off").math_mode is None
+def test_itex_math_mode_is_a_vendor_setting(registry):
+    math = "ITEX_FP32_MATH_MODE"
+    xpu = plan(machine(intel(MAX1550), HERE), registry)
+    assert xpu.vendor_setting(math) == "TF32" and "XMX" in xpu.vendor_settings[0].why
+    assert plan(machine(cpu_of(SAPPHIRE_RAPIDS, itex=True)), registry).vendor_setting(math) == "BF32"
+    assert plan(machine(cpu_of(SAPPHIRE_RAPIDS)), registry).vendor_settings == ()
+    assert plan(machine(intel(MAX1550), HERE), registry, tf32="off").vendor_settings == ()
+    assert plan(machine(nvidia(H100), HERE), registry).vendor_settings == ()
+    # the generic plan has no vendor fields; the report and the log show the backend's settings
+    assert not hasattr(xpu, "math_mode") and not hasattr(xpu, "itex_amp")
+    assert xpu.to_dict()["vendor_settings"][0]["name"] == math and "ITEX_FP32_MATH_MODE=TF32" in xpu.summary()
+
+
+def test_the_plan_carries_its_support_table(registry):
+    p = plan(machine(cpu_of(AMD_HERE, itex=True)), registry)
+    assert p.assessment is not None and p.assessment.backend == "cpu"
+    assert p.assessment.policies["mixed_bfloat16"].level == UNSAFE
+    assert p.to_dict()["support"]["policies"]["float32"]["level"] == NATIVE
 
 
 def test_other_backends_are_reported(registry):
@@ -132,6 +146,20 @@ def test_fp16_without_tensor_cores_is_honoured_with_warning(registry):
     assert p.policy == "mixed_float16" and "little or no speed-up" in p.warnings[0]
 
 
+def test_loss_scale_json_carries_only_what_its_mode_uses(registry):
+    h100 = machine(nvidia(H100), HERE)
+    assert plan(h100, registry, loss_scale="none").to_dict()["loss_scale"] == {"mode": "none"}
+    assert plan(machine(HERE), registry).to_dict()["loss_scale"] == {"mode": "none"}
+    assert plan(h100, registry).to_dict()["loss_scale"] == {"mode": "dynamic", "initial": 2.0**15, "growth_interval": 2000}
+
+
+def test_tf32_on_a_cpu_reason_agrees_with_the_downgrade(registry):
+    p = make_plan(machine(HERE), build_request(registry.names(), environ={"AMP_TF32": "on"}), registry)
+    assert p.tf32 is False and "downgraded" in p.warnings[0] and "AMP_TF32" in p.warnings[0]
+    assert p.reasons["tf32"].startswith("off: the requested on (AMP_TF32) was downgraded")
+    assert "as requested" not in p.reasons["tf32"]
+
+
 def test_tf32_overrides(registry):
     v100 = machine(nvidia(V100), HERE)
     p = plan(v100, registry, tf32="on")
@@ -172,11 +200,13 @@ def test_backend_overrides(registry):
 
 def test_itex_amp(registry):
     p = plan(machine(intel(MAX1550), HERE), registry, itex_amp="on")
-    assert p.itex_amp == "BFLOAT16" and p.policy == "float32" and p.loss_scale.mode == "none"
+    assert p.graph_amp == "bfloat16" and p.policy == "float32" and p.loss_scale.mode == "none"
+    assert p.vendor_setting("itex_auto_mixed_precision") == "BFLOAT16"
     xe = plan(machine(intel(IRIS_XE), HERE), registry, itex_amp=True)
-    assert xe.itex_amp == "FLOAT16" and xe.loss_scale.mode == "dynamic"
+    assert xe.graph_amp == "float16" and xe.loss_scale.mode == "dynamic"
+    assert xe.vendor_setting("itex_auto_mixed_precision") == "FLOAT16"
     not_intel = plan(machine(nvidia(H100), HERE), registry, itex_amp=True)
-    assert not_intel.itex_amp is None and "itex_amp=on" in not_intel.warnings[0]
+    assert not_intel.graph_amp is None and not_intel.vendor_settings == () and "itex_amp=on" in not_intel.warnings[0]
 
 
 def test_sources_are_named_in_warnings(registry):
@@ -190,7 +220,20 @@ def test_plan_is_printable_and_json(registry):
 
     p = plan(machine(nvidia(H100), HERE), registry, loss_scale=512)
     d = json.loads(p.to_json())
-    assert d["policy"] == "mixed_float16" and d["loss_scale"] == {"mode": "fixed", "initial": 512.0, "growth_interval": 2000}
+    assert d["policy"] == "mixed_float16" and d["loss_scale"] == {"mode": "fixed", "scale": 512.0}
     assert d["overrides"] == {"loss_scale": "fixed:512"}
     assert "policy: " in str(p) and p.summary().startswith("amp_backends plan: backend=nvidia")
-    assert p.compute_dtype == "float16" and p.compile_kwargs() == {"jit_compile": True}
+    assert p.compute_dtype == "float16" and d["fp8"] is False and d["steps_per_execution"] == 1
+    assert {k: v for k, v in p.compile_kwargs().items() if k != "auto_scale_loss"} == {
+        "jit_compile": True, "steps_per_execution": 1}
+
+
+def test_training_key_covers_every_setting_that_changes_training(registry):
+    xpu = machine(intel(MAX1550), HERE)
+    base = plan(xpu, registry)
+    assert base.training_key() == plan(xpu, registry).training_key()
+    for other in (plan(xpu, registry, tf32="off"),  # no math mode: a vendor setting differs
+                  plan(xpu, registry, itex_amp="on"), plan(xpu, registry, loss_scale="dynamic"),
+                  plan(xpu, registry, policy="fp16")):
+        assert other.training_key() != base.training_key()
+    assert "ITEX_FP32_MATH_MODE=TF32" in base.training_key()

@@ -12,9 +12,9 @@ from conftest import NEUTRAL_CWD
 
 from amp_backends.backends.cpu import parse_cpuinfo, probe_cpu
 from amp_backends.backends.cpu.backend import CpuBackend
-from amp_backends.backends.intel import IntelBackend, classify_xpu
-from amp_backends.backends.nvidia import NvidiaBackend, derive_capabilities, parse_visible_devices
-from amp_backends.software import itex_status
+from amp_backends.backends.intel import classify_xpu, itex_status
+from amp_backends.backends.nvidia import NvidiaBackend, NvmlGpu, cuda_enumeration, derive_capabilities, parse_visible_devices
+from amp_backends.backends.nvidia.nvml import NVML_LIBRARY, explain_library_failure, library_load_error
 
 AMD_CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -97,18 +97,35 @@ def test_itex_status_rules():
 
 
 class _FakeNVMLError(Exception):
-    pass
+    def __init__(self, message, value=999):
+        super().__init__(message)
+        self.value = value
 
 
-def fake_pynvml(gpus, fail_init=None):
+# name, CC, PCI bus id, CUDA cores, max SM clock (MHz): what NVML reports
+V100_PCI0 = ("Tesla V100-SXM2-32GB", (7, 0), "00000000:00:1E.0", 5120, 1530)
+A100_PCI1 = ("NVIDIA A100-SXM4-40GB", (8, 0), "00000000:01:00.0", 6912, 1410)
+T4_PCI2 = ("Tesla T4", (7, 5), "00000000:02:00.0", 2560, 1590)
+A100_PCI3 = ("NVIDIA A100-SXM4-40GB", (8, 0), "00000000:03:00.0", 6912, 1410)
+
+
+def fake_pynvml(gpus, fail_init=None, init_error_value=999, nvml_order=None):
+    """A pynvml module over ``gpus``; ``nvml_order`` lists them in NVML's index order (default: as given)."""
     m = types.ModuleType("pynvml")
     m.NVMLError = _FakeNVMLError
+    m.NVML_ERROR_LIBRARY_NOT_FOUND = 12
+    m.NVML_CLOCK_SM = 1
     m.calls = []
+    gpus = [gpus[i] for i in nvml_order] if nvml_order else list(gpus)
 
     def init():
         m.calls.append("init")
         if fail_init:
-            raise _FakeNVMLError(fail_init)
+            raise _FakeNVMLError(fail_init, init_error_value)
+
+    def spec(h):
+        g = gpus[h]
+        return g if len(g) == 5 else (*g, f"00000000:{h:02X}:00.0", None, None)
 
     m.nvmlInit = init
     m.nvmlShutdown = lambda: m.calls.append("shutdown")
@@ -117,23 +134,92 @@ def fake_pynvml(gpus, fail_init=None):
     m.nvmlDeviceGetCount = lambda: len(gpus)
     m.nvmlDeviceGetHandleByIndex = lambda i: i
     m.nvmlDeviceGetUUID = lambda h: f"GPU-{h:04d}"
-    m.nvmlDeviceGetName = lambda h: gpus[h][0]
-    m.nvmlDeviceGetCudaComputeCapability = lambda h: gpus[h][1]
+    m.nvmlDeviceGetName = lambda h: spec(h)[0]
+    m.nvmlDeviceGetCudaComputeCapability = lambda h: spec(h)[1]
+    m.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=spec(h)[2].encode())
     m.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=80 * 2**30)
+
+    def cores(h):
+        if spec(h)[3] is None:
+            raise _FakeNVMLError("Not Supported", 3)
+        return spec(h)[3]
+
+    def clock(h, kind):
+        assert kind == m.NVML_CLOCK_SM
+        if spec(h)[4] is None:
+            raise _FakeNVMLError("Not Supported", 3)
+        return spec(h)[4]
+
+    m.nvmlDeviceGetNumGpuCores = cores
+    m.nvmlDeviceGetMaxClockInfo = clock
     return m
 
 
+def probe_with(monkeypatch, gpus, **env):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(gpus))
+    for var in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    return NvidiaBackend().probe()
+
+
 def test_nvidia_probe_through_nvml(monkeypatch):
-    fake = fake_pynvml([("NVIDIA H100 80GB HBM3", (9, 0)), ("NVIDIA A100-SXM4-40GB", (8, 0))])
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    probe = NvidiaBackend().probe()
+    probe = probe_with(monkeypatch, [("NVIDIA H100 80GB HBM3", (9, 0)), ("NVIDIA A100-SXM4-40GB", (8, 0))],
+                       CUDA_VISIBLE_DEVICES="1")
     assert probe.available and [d.name for d in probe.devices] == ["NVIDIA A100-SXM4-40GB"]
     assert probe.devices[0].index == 0 and probe.devices[0].compute_capability == (8, 0)
     assert probe.detail("driver") == "580.65.06" and probe.detail("driver_cuda") == "13.0"
     assert probe.detail("hidden_by_CUDA_VISIBLE_DEVICES") == "1"
-    assert fake.calls == ["init", "shutdown"]
+    assert probe.facts.driver == "580.65.06" and len(probe.facts.nvml_gpus) == 2
+    assert sys.modules["pynvml"].calls == ["init", "shutdown"]
 
+
+# --- CUDA's device order: CUDA_VISIBLE_DEVICES indices and /GPU:n follow it, not NVML's order ----------------
+
+def test_default_order_is_fastest_first_on_a_mixed_host(monkeypatch):
+    """A V100 at PCI bus 0 and an A100 at bus 1: CUDA's default order makes the A100 device 0."""
+    probe = probe_with(monkeypatch, [V100_PCI0, A100_PCI1], CUDA_VISIBLE_DEVICES="0")
+    assert [d.name for d in probe.devices] == ["NVIDIA A100-SXM4-40GB"] and probe.devices[0].index == 0
+    assert probe.facts.device_order == "FASTEST_FIRST" and "CUDA's default" in probe.detail("CUDA_device_order")
+    from amp_backends.backends.nvidia import NvidiaBackend as B
+    from fakes import AMD_HERE, cpu_of, machine
+
+    a = B().assess(probe, machine(probe, cpu_of(AMD_HERE)))
+    assert a.tf32.level == "native" and a.policies["mixed_bfloat16"].level == "native"  # planned for the A100
+
+
+def test_pci_bus_id_order_is_nvidia_smis(monkeypatch):
+    probe = probe_with(monkeypatch, [V100_PCI0, A100_PCI1], CUDA_VISIBLE_DEVICES="0", CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    assert [d.name for d in probe.devices] == ["Tesla V100-SXM2-32GB"] and probe.facts.device_order == "PCI_BUS_ID"
+    assert probe.devices[0].pci_bus_id == "00000000:00:1E.0"
+
+
+def test_all_visible_gpus_are_listed_in_cuda_order(monkeypatch):
+    probe = probe_with(monkeypatch, [V100_PCI0, A100_PCI3, T4_PCI2, A100_PCI1])
+    assert [(d.index, d.name, d.pci_bus_id[-7:]) for d in probe.devices] == [
+        (0, "NVIDIA A100-SXM4-40GB", "01:00.0"), (1, "NVIDIA A100-SXM4-40GB", "03:00.0"),  # same model: PCI order
+        (2, "Tesla T4", "02:00.0"), (3, "Tesla V100-SXM2-32GB", "00:1E.0")]
+    by_pci = probe_with(monkeypatch, [V100_PCI0, A100_PCI3, T4_PCI2, A100_PCI1], CUDA_DEVICE_ORDER="pci_bus_id")
+    assert [d.pci_bus_id[-7:] for d in by_pci.devices] == ["00:1E.0", "01:00.0", "02:00.0", "03:00.0"]
+    picked = probe_with(monkeypatch, [V100_PCI0, A100_PCI3, T4_PCI2, A100_PCI1], CUDA_VISIBLE_DEVICES="3,2")
+    assert [d.name for d in picked.devices] == ["Tesla V100-SXM2-32GB", "Tesla T4"]  # in the variable's order
+
+
+@pytest.mark.parametrize("gpus,expected", [
+    # same compute capability: the throughput estimate (cores x clock) decides
+    ([("small", (8, 6), "0:1:0.0", 3584, 1777), ("big", (8, 6), "0:2:0.0", 10496, 1695)], ["big", "small"]),
+    # unknown cores or clock count as 0; ties keep PCI order, whatever NVML's index order
+    ([("b", (7, 0), "0:2:0.0", None, None), ("a", (7, 0), "0:1:0.0", None, None)], ["a", "b"]),
+    # the compute capability comes first
+    ([("old-but-big", (7, 0), "0:1:0.0", 99999, 9999), ("new", (9, 0), "0:2:0.0", 1, 1)], ["new", "old-but-big"]),
+])
+def test_fastest_first_heuristic(gpus, expected):
+    listed = [NvmlGpu(i, n, f"GPU-{i}", pci, cc, None, cores, clock) for i, (n, cc, pci, cores, clock) in enumerate(gpus)]
+    assert [g.name for g in cuda_enumeration(listed)] == expected
+
+
+# --- NVML start-up failures, told apart ------------------------------------------------------------------
 
 def test_nvidia_probe_errors_keep_the_reason(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([], fail_init="Driver Not Loaded"))
@@ -145,22 +231,62 @@ def test_nvidia_probe_errors_keep_the_reason(monkeypatch):
     assert "nvidia-ml-py is not installed" in NvidiaBackend().probe().reason
 
 
+def test_missing_and_invalid_nvml_libraries_are_told_apart(tmp_path):
+    # what the dynamic loader really says for each (dlopen through ctypes, as nvidia-ml-py loads NVML)
+    missing = library_load_error(str(tmp_path / "libnvidia-ml.so.1"))
+    bad = tmp_path / "libbad.so"
+    bad.write_bytes(b"this is not a shared library")
+    invalid = library_load_error(str(bad))
+    assert missing and invalid and missing != invalid
+    assert explain_library_failure(missing).endswith("not found: no NVIDIA driver is installed")
+    explained = explain_library_failure(invalid)
+    assert "was found but cannot be loaded" in explained and "reinstall the driver" in explained
+    assert "Shared Library Not Found" not in explained
+
+
+def test_nvml_library_not_found_is_reported_as_what_it_is(monkeypatch):
+    """nvidia-ml-py says "NVML Shared Library Not Found" for a missing *and* an unloadable library."""
+    import amp_backends.backends.nvidia.nvml as nv
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([], fail_init="NVML Shared Library Not Found",
+                                                           init_error_value=12))
+    monkeypatch.setattr(nv, "library_load_error", lambda: f"{NVML_LIBRARY}: invalid ELF header")
+    reason = NvidiaBackend().probe().reason
+    assert "cannot be loaded (libnvidia-ml.so.1: invalid ELF header)" in reason and "Not Found" not in reason
+    monkeypatch.setattr(nv, "library_load_error",
+                        lambda: f"{NVML_LIBRARY}: cannot open shared object file: No such file or directory")
+    assert "not found: no NVIDIA driver is installed" in NvidiaBackend().probe().reason
+
+
 # --- the real probes, on this machine --------------------------------------------------------------
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/cpuinfo, which only Linux has")
 def test_real_cpu_probe_here():
+    text = open("/proc/cpuinfo").read()
+    lines = [line.partition(":") for line in text.splitlines()]
+    flags = next((set(v.split()) for k, _, v in lines if k.strip() in ("flags", "Features")), set())
     cpu = probe_cpu()
-    assert cpu.logical_cores >= 1 and cpu.arch
-    if "AuthenticAMD" in open("/proc/cpuinfo").read():
-        assert cpu.vendor == "AMD" and "avx2" in cpu.flags and not cpu.native_bf16
+    assert cpu.flags == flags and cpu.logical_cores == sum(1 for k, _, _ in lines if k.strip() == "processor")
+    expected_bf16 = "bf16" in flags if cpu.is_arm else bool(flags & {"avx512_bf16", "amx_bf16"})
+    assert cpu.native_bf16 is expected_bf16 and cpu.amx is ("amx_bf16" in flags)
+    vendor_id = next((v.strip() for k, _, v in lines if k.strip() == "vendor_id"), None)
+    if vendor_id:
+        assert cpu.vendor == {"GenuineIntel": "Intel", "AuthenticAMD": "AMD"}.get(vendor_id, vendor_id)
 
 
 def test_real_nvidia_probe_here_is_fast_and_explains():
     t0 = time.perf_counter()
     probe = NvidiaBackend().probe()
     assert time.perf_counter() - t0 < 0.5
-    assert probe.reason  # available or not, it says why
-    if not probe.available:
-        assert probe.reason.startswith("no NVIDIA GPU")
+    load_error = library_load_error()
+    if load_error is not None:  # no loadable NVML here: the reason says which problem it is
+        assert not probe.available
+        assert probe.reason == f"no NVIDIA GPU: NVML could not start ({explain_library_failure(load_error)})"
+    elif probe.available:
+        assert probe.devices and all(d.compute_capability for d in probe.devices)
+        assert [d.index for d in probe.devices] == list(range(len(probe.devices)))
+    else:
+        assert probe.reason.startswith("no NVIDIA GPU: ") and len(probe.reason) > len("no NVIDIA GPU: ")
 
 
 def test_all_probes_without_tensorflow_are_fast():
@@ -178,12 +304,18 @@ def test_intel_probe_does_not_import_tensorflow(monkeypatch):
     import subprocess
 
     code = ("import sys; from amp_backends.backends.intel import IntelBackend; p=IntelBackend().probe(); "
-            "assert 'tensorflow' not in sys.modules; print(p.available, p.reason)")
+            "assert 'tensorflow' not in sys.modules; print(p.available, p.needs_tensorflow, p.reason)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=NEUTRAL_CWD)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("False")
+    # XPUs are listed through TensorFlow: without it the probe is unavailable, and asks for it only if ITEX can load
+    assert out.stdout.startswith(f"False {itex_status().compatible} ")
 
 
-def test_cpu_backend_report_rows_here():
-    rows = dict(CpuBackend().report_rows(CpuBackend().probe()))
+def test_cpu_backend_lists_its_device_as_the_plan_uses_it():
+    probe = CpuBackend().probe()
+    rows = dict(CpuBackend().report_rows(probe))
     assert {"model", "flags that matter", "native bf16", "ITEX"} <= set(rows)
+    assert rows["device"] == "/CPU:0" and [d.tf_name for d in probe.devices] == ["/CPU:0"]
+    from fakes import machine
+
+    assert CpuBackend().assess(probe, machine(probe)).devices == ("/CPU:0",)

@@ -6,30 +6,54 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from conftest import NEUTRAL_CWD
 
-from amp_backends.report import SCHEMA_VERSION, collect, render_text, to_json
+from amp_backends.commands.quiet import NOISE, quiet_tensorflow_logs
+from amp_backends.commands.report import SCHEMA_VERSION, collect, render_text, to_json
+from amp_backends.probe import needs_tensorflow
+from amp_backends.registry import default_registry
 
 
-def cli(*args, env=None, timeout=180):
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("AMP_")}
+def cli(*args, env=None, timeout=180, module="amp_backends.info"):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("AMP_") and k != "TF_CPP_MIN_LOG_LEVEL"}
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "amp_backends.info", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
                           env=full_env, timeout=timeout, cwd=NEUTRAL_CWD)
 
 
 def test_collect_without_tensorflow_is_complete():
     rep = collect(use_tensorflow=False, environ={})
     d = rep.data
-    assert d["schema_version"] == SCHEMA_VERSION
+    assert d["schema_version"] == SCHEMA_VERSION == 2
     assert {b["backend"] for b in d["hardware"]["backends"]} == {"nvidia", "intel", "cpu"}
     assert set(d["backend_rows"]) == {"nvidia", "intel", "cpu"}
     assert d["plan"]["backend"] in ("nvidia", "intel", "cpu") and d["plan_error"] is None
-    assert d["software"]["tensorflow"]["imported"] is False
+    tf = d["software"]["tensorflow"]
+    assert tf["imported"] is False and "--no-tensorflow" in tf["why"]
+    assert set(d["software"]["backends"]) == {"nvidia", "intel", "cpu"}
     json.loads(to_json(rep))
+
+
+def test_json_puts_the_plan_first_and_the_cpu_flags_last():
+    text = to_json(collect(use_tensorflow=False, environ={}))
+    assert list(json.loads(text))[:4] == ["schema_version", "amp_backends_version", "plan", "plan_error"]
+    assert list(json.loads(text))[-1] == "hardware"
+    assert text.index('"plan"') < text.index('"software"') < text.index('"hardware"') < text.index('"flags"')
+
+
+def test_software_rows_come_from_the_backends():
+    sw = collect(use_tensorflow=False, environ={}).data["software"]
+    assert [label for label, _ in sw["backends"]["nvidia"]] == ["nvidia-ml-py"]
+    assert [label for label, _ in sw["backends"]["intel"]] == ["ITEX"]
+    assert "itex" not in sw and "nvidia_ml_py" not in sw
+    # TensorFlow's build is read from its files, without importing it
+    from amp_backends.software import tensorflow_build_info
+
+    assert sw["tensorflow"]["is_cuda_build"] is bool(tensorflow_build_info()["is_cuda_build"])
 
 
 def test_collect_reports_overrides_in_force():
@@ -43,33 +67,106 @@ def test_text_rendering_has_every_section():
     console = Console(record=True, width=200)
     render_text(collect(use_tensorflow=False, environ={"AMP_POLICY": "bf16"}), console)
     text = console.export_text()
-    for needle in ("Hardware", "Software", "Plan", "policy", "loss_scale", "tf32", "xla", "Overrides in force: AMP_POLICY=bf16"):
+    for needle in ("Hardware", "Software", "Plan", "policy", "loss_scale", "tf32", "xla", "Overrides in force: AMP_POLICY=bf16",
+                   "device", "/CPU:0"):
         assert needle in text
 
 
-@pytest.mark.tensorflow
-def test_info_json_here():
+def test_tensorflow_is_imported_only_when_the_plan_depends_on_it():
+    from fakes import AMD_HERE, H100, cpu_of, machine, nvidia
+
+    from amp_backends.hardware import BackendProbe
+
+    reg = default_registry()
+    assert not needs_tensorflow(machine(cpu_of(AMD_HERE)), reg)
+    assert needs_tensorflow(machine(nvidia(H100), cpu_of(AMD_HERE)), reg)  # TensorFlow must confirm it sees the GPU
+    itex_waiting = BackendProbe("intel", False, "not probed", needs_tensorflow=True)
+    assert needs_tensorflow(machine(itex_waiting, cpu_of(AMD_HERE)), reg)
+
+
+def test_info_here_imports_tensorflow_only_if_needed_and_is_fast():
+    # decided as a fresh process decides it (this one may have imported TensorFlow, which changes the probes)
+    code = ("from amp_backends.probe import needs_tensorflow, probe_hardware; from amp_backends.registry import "
+            "default_registry; print(needs_tensorflow(probe_hardware(), default_registry()))")
+    check = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=NEUTRAL_CWD)
+    needed = {"True": True, "False": False}[check.stdout.strip()]
+    t0 = time.perf_counter()
     out = cli("--json")
+    elapsed = time.perf_counter() - t0
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     tf_info = d["software"]["tensorflow"]
-    assert tf_info["imported"] is True and tf_info["version"]
-    assert d["software"]["keras"]["generation"] in (2, 3)
-    assert "CPU" in d["hardware"]["tensorflow_device_types"]
-    cpu = next(b for b in d["hardware"]["backends"] if b["backend"] == "cpu")
-    if not cpu["cpu"]["native_bf16"] and d["plan"]["backend"] == "cpu":
-        assert d["plan"]["policy"] == "float32"
-        bf16 = next(r for r in d["plan"]["rejected"] if r["value"] == "mixed_bfloat16")
-        assert "no bf16 instructions" in bf16["why"]
+    assert tf_info["imported"] is needed and tf_info["why"].startswith("auto: ")
+    assert d["software"]["keras"]["generation"] in (2, 3) and tf_info["version"]
+    if needed:
+        assert "CPU" in d["hardware"]["tensorflow_device_types"]
+    else:  # the common case on a CPU machine: no TensorFlow import, a fraction of a second
+        assert d["hardware"]["tensorflow_device_types"] is None and elapsed < 2.5, elapsed
+    assert out.stderr == ""
+
+
+def test_info_plan_here_follows_the_cpu_rules():
+    out = cli("--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    if d["plan"]["backend"] != "cpu":
+        pytest.skip(f"this machine plans for {d['plan']['backend']}: the CPU rules do not apply")
+    cpu = next(b for b in d["hardware"]["backends"] if b["backend"] == "cpu")["cpu"]
+    rejected = {r["value"]: r["why"] for r in d["plan"]["rejected"]}
+    assert d["plan"]["devices"] == ["/CPU:0"]
+    if cpu["native_bf16"]:
+        assert d["plan"]["policy"] == "mixed_bfloat16" and "bf16 instructions" in d["plan"]["reasons"]["policy"]
+    else:
+        assert d["plan"]["policy"] == "float32" and "no bf16 instructions" in rejected["mixed_bfloat16"]
 
 
 @pytest.mark.tensorflow
-def test_info_text_here():
-    out = cli()
+def test_info_with_tensorflow_lists_its_devices_without_start_up_noise():
+    out = cli("--json", "--tensorflow")
     assert out.returncode == 0, out.stderr
-    assert "Traceback" not in out.stdout + out.stderr
-    for needle in ("Hardware", "native bf16", "TensorFlow", "Keras", "ITEX", "Plan", "float32", "Overrides in force"):
-        assert needle in out.stdout
+    d = json.loads(out.stdout)
+    assert d["software"]["tensorflow"]["imported"] is True and "CPU" in d["hardware"]["tensorflow_device_types"]
+    assert d["software"]["tensorflow"]["why"] == "imported as asked (--tensorflow)"
+    # no "failed call to cuInit", absl's pre-initialisation warning or INFO lines: nothing at all here
+    assert out.stderr == "", out.stderr
+
+
+def test_the_noise_filter_drops_start_up_chatter_and_keeps_real_errors():
+    import re
+
+    noise = re.compile(NOISE, re.X)
+    chatter = [
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+        "I0000 00:00:1795381695.313407    3532 port.cc:153] oneDNN custom operations are on.",
+        "I0000 00:00:1795381695.314402    3532 cudart_stub.cc:31] Could not find cuda drivers on your machine",
+        "E0000 00:00:1795381697.702614    3532 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: "
+        "Failed call to cuInit: UNKNOWN ERROR (303)",
+        "2026-11-22 21:12:48.972967: E external/local_xla/xla/stream_executor/cuda/cuda_dnn.cc:9261] Unable to "
+        "register cuDNN factory: Attempting to register factory for plugin cuDNN when one has already been registered",
+        "2026-11-22 21:12:50.111532: I itex/core/wrapper/itex_cpu_wrapper.cc:60] Intel Extension for Tensorflow* AVX512 "
+        "CPU backend is loaded.",
+    ]
+    real = ["E0000 00:00:1795381697.702614    3532 kernel.cc:12] could not create a primitive descriptor",
+            "Traceback (most recent call last):", "terminate called after throwing an instance of 'dnnl::error'"]
+    assert all(noise.search(line) for line in chatter)
+    assert not any(noise.search(line) for line in real)
+
+
+def test_quieting_respects_a_level_the_user_chose():
+    import logging
+
+    absl = logging.getLogger("absl")
+    saved = absl.level
+    try:
+        absl.setLevel(logging.NOTSET)
+        env = {"TF_CPP_MIN_LOG_LEVEL": "0"}
+        assert quiet_tensorflow_logs(env) is False and env == {"TF_CPP_MIN_LOG_LEVEL": "0"}
+        assert absl.level == logging.NOTSET
+        env = {}
+        assert quiet_tensorflow_logs(env) is True and env == {"TF_CPP_MIN_LOG_LEVEL": "2"}
+        assert absl.level == logging.ERROR  # absl's Python warnings too
+    finally:
+        absl.setLevel(saved)
 
 
 def test_bogus_policy_is_a_clear_error():
@@ -82,6 +179,29 @@ def test_bogus_policy_is_a_clear_error():
 def test_bad_flag_value_is_a_clear_error():
     out = cli("--no-tensorflow", "--xla", "sometimes")
     assert out.returncode == 2 and "xla= must be one of auto, on, off" in out.stderr
+
+
+def test_tf32_on_a_cpu_warning_and_reason_agree():
+    out = cli("--json", "--no-tensorflow", "--backend", "cpu", env={"AMP_TF32": "on"})
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)["plan"]
+    assert plan["tf32"] is False and any("tf32=on (from AMP_TF32)" in w and "downgraded" in w for w in plan["warnings"])
+    assert "downgraded" in plan["reasons"]["tf32"] and "as requested" not in plan["reasons"]["tf32"]
+
+
+@pytest.mark.parametrize("module,args", [("amp_backends.info", []), ("amp_backends", ["bench"]), ("amp_backends", [])])
+def test_help_is_complete_at_80_columns(module, args):
+    out = cli(*args, "--help", module=module, env={"COLUMNS": "80"})
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "…" not in text and "<bool>" not in text and "<str>" not in text and "..." not in text.split("Commands:")[-1]
+    assert max(len(line) for line in text.splitlines()) <= 80
+    if module == "amp_backends.info":
+        for var in ("AMP_BACKEND", "AMP_POLICY", "AMP_XLA", "AMP_TF32", "AMP_LOSS_SCALE", "AMP_ITEX_AMP", "AMP_STRICT",
+                    "AMP_FORCE"):
+            assert f"${var}" in text
+        flat = " ".join(text.split())
+        assert "aliases fp32, fp16, bf16" in flat and "none (also off or 0: no scaling)" in flat
 
 
 def test_console_script_subcommand():

@@ -14,14 +14,34 @@ XLA is off: ITEX's XPU plugin applies its own graph fusions, not XLA's jit_compi
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import sys
+from dataclasses import dataclass
 from typing import Any
 
+from amp_backends.assessment import EMULATED, NATIVE, UNSUPPORTED, Assessment, MatrixUnit, Support, VendorSetting
 from amp_backends.hardware import BF16, FP16, TF32, XMX, Accelerator, BackendProbe, Hardware
-from amp_backends.registry import EMULATED, NATIVE, UNSUPPORTED, Assessment, Backend, Support
-from amp_backends.software import ITEX_EOL, itex_status
+from amp_backends.plan import Plan
+from amp_backends.registry import Backend
+
+from .itex import (
+    AMP_SETTING,
+    ITEX_EOL,
+    MATH_MODE_VARIABLE,
+    ItexStatus,
+    apply_math_mode,
+    configure_itex_amp,
+    itex_libraries,
+    itex_software_row,
+    itex_status,
+)
+
+
+@dataclass(frozen=True)
+class IntelFacts:
+    """What the Intel probe saw beyond devices: ITEX's status and its native backends (``cpu``, ``gpu``)."""
+
+    itex: ItexStatus
+    native_backends: tuple[str, ...] = ()
 
 
 def classify_xpu(index: int, name: str, has_xmx: bool | None = None, is_xehpc: bool | None = None) -> Accelerator:
@@ -37,45 +57,30 @@ def classify_xpu(index: int, name: str, has_xmx: bool | None = None, is_xehpc: b
     return Accelerator("intel", index, name, "XPU", None, None, frozenset(caps))
 
 
-def itex_libraries() -> list[str]:
-    """ITEX's native backends installed (``cpu``/``gpu``), read from files, without importing ITEX."""
-    spec = importlib.util.find_spec("intel_extension_for_tensorflow")
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    found = set()
-    for folder in spec.submodule_search_locations:
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            continue
-        for n in names:
-            if n.startswith("libitex_cpu"):
-                found.add("cpu")
-            if n.startswith("libitex_gpu") or n.startswith("libitex_xpu"):
-                found.add("gpu")
-    return sorted(found)
-
-
 class IntelBackend(Backend):
     """Intel GPUs (XPU devices) through ITEX."""
 
     name = "intel"
     priority = 200
-    title = "Intel GPU (ITEX)"
     tf_device_type = "XPU"
 
     def probe(self, *, use_tensorflow: bool = False) -> BackendProbe:
         itex = itex_status()
         details: list[tuple[str, str]] = []
         if not itex.installed:
-            return BackendProbe(self.name, False, "no Intel GPU: " + itex.reason + " (pip install 'amp-backends[intel]')")
+            return BackendProbe(self.name, False, "no Intel GPU: " + itex.reason + " (pip install 'amp-backends[intel]')",
+                                facts=IntelFacts(itex))
+        native = tuple(itex_libraries())
+        facts = IntelFacts(itex, native)
         details += [("itex_version", itex.version or "-"), ("itex_status", ITEX_EOL),
-                    ("itex_native_backends", ", ".join(itex_libraries()) or "none found")]
+                    ("itex_native_backends", ", ".join(native) or "none found")]
         if not itex.compatible:
-            return BackendProbe(self.name, False, "no Intel GPU usable: " + itex.reason, details=tuple(details))
+            return BackendProbe(self.name, False, "no Intel GPU usable: " + itex.reason, details=tuple(details),
+                                facts=facts)
         if not use_tensorflow and "tensorflow" not in sys.modules:
             return BackendProbe(self.name, False, "not probed: Intel XPUs are listed through TensorFlow, which is not "
-                                "imported yet (auto_configure() and `amp-backends info` probe them)", details=tuple(details))
+                                "imported yet (auto_configure() and `amp-backends info` probe them)", details=tuple(details),
+                                facts=facts, needs_tensorflow=True)
         try:
             import tensorflow as tf
 
@@ -99,13 +104,14 @@ class IntelBackend(Backend):
                 devices.append(classify_xpu(i, name, has_xmx, is_xehpc))
         except Exception as exc:
             return BackendProbe(self.name, False, f"no Intel GPU: probing through TensorFlow failed ({type(exc).__name__}: {exc})",
-                                details=tuple(details))
+                                details=tuple(details), facts=facts)
         if not devices:
             return BackendProbe(self.name, False, "no Intel GPU: TensorFlow with ITEX lists no XPU device "
-                                "(ITEX's CPU backend only)" if "gpu" not in itex_libraries() else
-                                "no Intel GPU: TensorFlow with ITEX lists no XPU device", details=tuple(details))
+                                "(ITEX's CPU backend only)" if "gpu" not in native else
+                                "no Intel GPU: TensorFlow with ITEX lists no XPU device", details=tuple(details), facts=facts)
         names = ", ".join(d.name for d in devices)
-        return BackendProbe(self.name, True, f"{len(devices)} XPU(s): {names}", devices=tuple(devices), details=tuple(details))
+        return BackendProbe(self.name, True, f"{len(devices)} XPU(s): {names}", devices=tuple(devices), details=tuple(details),
+                            facts=facts)
 
     def report_rows(self, probe: BackendProbe) -> list[tuple[str, str]]:
         rows = super().report_rows(probe)[:1]
@@ -113,6 +119,9 @@ class IntelBackend(Backend):
             rows.append((f"XPU {d.index}", f"{d.name}; " + ", ".join(sorted(d.capabilities))))
         rows += [(k.replace("_", " "), v) for k, v in probe.details]
         return rows
+
+    def software_rows(self) -> list[tuple[str, str]]:
+        return [itex_software_row(itex_status())]
 
     def assess(self, probe: BackendProbe, hardware: Hardware) -> Assessment:
         devices = probe.devices
@@ -130,11 +139,16 @@ class IntelBackend(Backend):
         fp32 = Support(NATIVE, "float32 leaves the XPU's low-precision throughput unused")
         if all_have(TF32):
             tf32 = Support(NATIVE, "ITEX_FP32_MATH_MODE=TF32 lets float32 matmuls use the Xe-HPC XMX engines")
-            math_mode = "TF32"
         else:
             tf32 = Support(UNSUPPORTED, f"{names}: no TF32 on this XPU (only Data Center GPU Max has it)")
-            math_mode = None
         xla = Support(UNSUPPORTED, "ITEX's XPU plugin does not run XLA jit_compile clusters; it fuses graphs itself")
+        fp8 = Support(EMULATED, f"{names}: ITEX has no fp8 matrix path (and needs TensorFlow 2.15, whose Keras 2 has no "
+                                "float8 layers)")
+        units = {}
+        if all_have(XMX):
+            units = {"float16": MatrixUnit("XMX engines", 8), "bfloat16": MatrixUnit("XMX engines", 8)}
+        if all_have(TF32):
+            units["float32"] = MatrixUnit("XMX engines (TF32)", 4)
         return Assessment(
             backend=self.name,
             devices=tuple(f"/XPU:{d.index}" for d in devices),
@@ -143,25 +157,30 @@ class IntelBackend(Backend):
             tf32=tf32,
             xla=xla,
             xla_default=False,
-            itex_amp=Support(NATIVE, "ITEX's Advanced Auto Mixed Precision (itex.set_config) rewrites the graph"),
-            math_mode=math_mode,
+            graph_amp=Support(NATIVE, "ITEX's Advanced Auto Mixed Precision (itex.set_config) rewrites the graph"),
+            fp8=fp8,
+            matrix_units=units,
         )
 
-    def apply(self, plan: Any, tf: Any) -> list[str]:
-        if not plan.itex_amp:
-            return []
-        return [configure_itex_amp(plan.itex_amp)]
+    def vendor_settings(self, plan: Plan) -> tuple[VendorSetting, ...]:
+        settings = []
+        if plan.tf32:
+            settings.append(VendorSetting(MATH_MODE_VARIABLE, "TF32", "ITEX's TF32 math mode is how an XPU runs float32 "
+                                          "matmuls on its XMX engines (the plan's tf32=on)"))
+        if plan.graph_amp:
+            settings.append(VendorSetting(AMP_SETTING, plan.graph_amp.upper(), "ITEX rewrites the float32 graph to "
+                                          f"{plan.graph_amp} (itex_amp=on)"))
+        return tuple(settings)
 
-
-def configure_itex_amp(data_type: str) -> str:
-    """Turn on ITEX's graph-level auto mixed precision for ``data_type`` (``BFLOAT16`` or ``FLOAT16``)."""
-    import intel_extension_for_tensorflow as itex
-
-    config = itex.ConfigProto()
-    config.graph_options.auto_mixed_precision = itex.ON
-    config.graph_options.auto_mixed_precision_options.data_type = getattr(itex, data_type)
-    itex.set_config(config)
-    return f"ITEX auto mixed precision on ({data_type})"
+    def apply(self, plan: Plan, tf: Any) -> list[str]:
+        notes = []
+        mode = plan.vendor_setting(MATH_MODE_VARIABLE)
+        if mode:
+            notes.append(apply_math_mode(mode))
+        amp = plan.vendor_setting(AMP_SETTING)
+        if amp:
+            notes.append(configure_itex_amp(amp))
+        return notes
 
 
 def _text(value: Any) -> str:

@@ -1,5 +1,7 @@
 """The NVIDIA backend: CUDA GPUs, probed through NVML (nvidia-ml-py) without initialising CUDA."""
 
-from .backend import NvidiaBackend, derive_capabilities, parse_visible_devices
+from .backend import NvidiaBackend, NvidiaFacts, derive_capabilities
+from .nvml import NvmlGpu, cuda_enumeration, explain_library_failure, parse_visible_devices, visible_gpus
 
-__all__ = ["NvidiaBackend", "derive_capabilities", "parse_visible_devices"]
+__all__ = ["NvidiaBackend", "NvidiaFacts", "NvmlGpu", "cuda_enumeration", "derive_capabilities",
+           "explain_library_failure", "parse_visible_devices", "visible_gpus"]

@@ -7,22 +7,30 @@ Measured on an H100 (CC 9.0), TensorFlow 2.21, the tutorials' hand-written loops
 MNIST CNN batch 1024 — fp16 dynamic loss scaling + XLA 537k img/s, bf16 + XLA 412k, TF32 + XLA 355k,
 TF32 without XLA 218k; GAN batch 4096 — fp16 + XLA 324k, bf16 + XLA 291k, TF32 + XLA 203k. So float16
 with dynamic loss scaling beats bfloat16 there too, and XLA roughly doubles every configuration.
+
+Devices are numbered as CUDA numbers them (:func:`~amp_backends.backends.nvidia.nvml.cuda_enumeration`),
+so ``/GPU:0`` in the plan is the GPU TensorFlow calls ``/GPU:0``.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from dataclasses import dataclass
 
+from amp_backends.assessment import EMULATED, FUNCTIONAL, NATIVE, UNSUPPORTED, Assessment, MatrixUnit, Support
 from amp_backends.hardware import BF16, FP8, FP16, TENSOR_CORES, TF32, Accelerator, BackendProbe, Hardware
-from amp_backends.registry import (
-    EMULATED,
-    FUNCTIONAL,
-    NATIVE,
-    UNSUPPORTED,
-    Assessment,
-    Backend,
-    Support,
+from amp_backends.registry import Backend
+from amp_backends.software import installed_version
+
+from .nvml import FASTEST_FIRST, NvmlGpu, optional, as_text, nvml_start_failure, read_nvml_gpus, visible_gpus
+
+# Keras fit on an H100 (TF 2.21, the MNIST CNN, batch 1024): 285k img/s with steps_per_execution=1 (mixed_float16,
+# XLA auto), 199k in the one run with steps_per_execution=32.
+FIT_STEPS_WHY = (
+    "Keras's default of one step per compiled call, until a GPU measurement says otherwise: more steps per call save "
+    "host round trips where a step is short (the MNIST CNN's fit step is about 3.6 ms at batch 1024 on an H100), but "
+    "the one H100 fit run with steps_per_execution=32 (199k img/s) was not faster than the default (285k, XLA on); "
+    "benchmarks/fit_steps_per_execution.py on the GPU (1, 4, 16, 64; XLA on; batch 1024) decides"
 )
 
 H100_MEASURED = (
@@ -50,36 +58,14 @@ def derive_capabilities(name: str, cc: tuple[int, int] | None) -> frozenset[str]
     return frozenset(caps)
 
 
-def parse_visible_devices(value: str | None, count: int, uuids: list[str] | None = None) -> list[int]:
-    """NVML indices that ``CUDA_VISIBLE_DEVICES`` leaves visible (all when unset).
+@dataclass(frozen=True)
+class NvidiaFacts:
+    """What the NVIDIA probe saw beyond the visible devices: the driver, NVML's GPUs and CUDA's device order."""
 
-    CUDA stops at the first invalid entry; ``""`` or ``-1`` hides every GPU. Entries may be indices or
-    (prefixes of) UUIDs such as ``GPU-8d2f...``.
-    """
-    if value is None:
-        return list(range(count))
-    visible: list[int] = []
-    for raw in value.split(","):
-        item = raw.strip()
-        if not item:
-            break
-        if item.lstrip("-").isdigit():
-            idx = int(item)
-            if idx < 0 or idx >= count:
-                break
-        else:
-            matches = [i for i, u in enumerate(uuids or []) if u.startswith(item) or u.startswith("GPU-" + item)]
-            if len(matches) != 1:
-                break
-            idx = matches[0]
-        if idx in visible:
-            break
-        visible.append(idx)
-    return visible
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    driver: str | None = None
+    driver_cuda: str | None = None
+    device_order: str = FASTEST_FIRST
+    nvml_gpus: tuple[NvmlGpu, ...] = ()
 
 
 class NvidiaBackend(Backend):
@@ -87,7 +73,6 @@ class NvidiaBackend(Backend):
 
     name = "nvidia"
     priority = 300
-    title = "NVIDIA GPU"
     tf_device_type = "GPU"
 
     def probe(self, *, use_tensorflow: bool = False) -> BackendProbe:
@@ -99,46 +84,50 @@ class NvidiaBackend(Backend):
         try:
             pynvml.nvmlInit()
         except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-            return BackendProbe(self.name, False, f"no NVIDIA GPU: NVML could not start ({_text(exc) or type(exc).__name__})")
+            return BackendProbe(self.name, False, f"no NVIDIA GPU: NVML could not start ({nvml_start_failure(pynvml, exc)})")
         try:
-            details.append(("driver", _text(pynvml.nvmlSystemGetDriverVersion())))
-            try:
-                cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
-                details.append(("driver_cuda", f"{cuda // 1000}.{cuda % 1000 // 10}"))
-            except Exception:
-                pass
-            count = pynvml.nvmlDeviceGetCount()
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-            uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
-            visible = parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), count, uuids)
-            devices = []
-            for tf_index, nvml_index in enumerate(visible):
-                h = handles[nvml_index]
-                name = _text(pynvml.nvmlDeviceGetName(h))
-                cc = tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h))
-                mem = int(pynvml.nvmlDeviceGetMemoryInfo(h).total)
-                devices.append(Accelerator("nvidia", tf_index, name, "GPU", cc, mem, derive_capabilities(name, cc)))
+            driver = as_text(pynvml.nvmlSystemGetDriverVersion())
+            details.append(("driver", driver))
+            cuda = optional(pynvml.nvmlSystemGetCudaDriverVersion_v2)
+            driver_cuda = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None
+            if driver_cuda:
+                details.append(("driver_cuda", driver_cuda))
+            gpus = read_nvml_gpus(pynvml)
         except Exception as exc:
-            return BackendProbe(self.name, False, f"no NVIDIA GPU: NVML error ({_text(exc) or type(exc).__name__})",
+            return BackendProbe(self.name, False, f"no NVIDIA GPU: NVML error ({as_text(exc) or type(exc).__name__})",
                                 details=tuple(details))
         finally:
             try:
                 pynvml.nvmlShutdown()
             except Exception:
                 pass
-        if count and len(visible) < count:
-            details.append(("hidden_by_CUDA_VISIBLE_DEVICES", str(count - len(visible))))
+        visible, order = visible_gpus(gpus, os.environ)
+        facts = NvidiaFacts(driver, driver_cuda, order, tuple(gpus))
+        details.append(("CUDA_device_order", order + (" (CUDA's default)" if order == FASTEST_FIRST else "")))
+        if gpus and len(visible) < len(gpus):
+            details.append(("hidden_by_CUDA_VISIBLE_DEVICES", str(len(gpus) - len(visible))))
+        devices = tuple(
+            Accelerator("nvidia", tf_index, g.name, "GPU", g.compute_capability, g.memory_bytes,
+                        derive_capabilities(g.name, g.compute_capability), g.pci_bus_id)
+            for tf_index, g in enumerate(visible)
+        )
         if not devices:
-            why = "NVML reports no GPU" if not count else "CUDA_VISIBLE_DEVICES hides every GPU"
-            return BackendProbe(self.name, False, f"no NVIDIA GPU: {why}", details=tuple(details))
+            why = "NVML reports no GPU" if not gpus else "CUDA_VISIBLE_DEVICES hides every GPU"
+            return BackendProbe(self.name, False, f"no NVIDIA GPU: {why}", details=tuple(details), facts=facts)
         names = ", ".join(f"{d.name} (CC {d.cc_str})" for d in devices)
-        return BackendProbe(self.name, True, f"{len(devices)} GPU(s): {names}", devices=tuple(devices), details=tuple(details))
+        return BackendProbe(self.name, True, f"{len(devices)} GPU(s): {names}", devices=devices, details=tuple(details),
+                            facts=facts)
+
+    def software_rows(self) -> list[tuple[str, str]]:
+        return [("nvidia-ml-py", installed_version("nvidia-ml-py") or "not installed (no NVML probes)")]
 
     def report_rows(self, probe: BackendProbe) -> list[tuple[str, str]]:
         rows = super().report_rows(probe)[:1]
         for d in probe.devices:
             mem = f", {d.memory_bytes / 2**30:.0f} GiB" if d.memory_bytes else ""
-            rows.append((f"GPU {d.index}", f"{d.name}, CC {d.cc_str}{mem}; " + (", ".join(sorted(d.capabilities)) or "no Tensor Cores")))
+            pci = f", PCI {d.pci_bus_id}" if d.pci_bus_id else ""
+            rows.append((f"GPU {d.index}", f"{d.name}, CC {d.cc_str}{mem}{pci}; "
+                         + (", ".join(sorted(d.capabilities)) or "no Tensor Cores")))
         rows += [(k.replace("_", " "), v) for k, v in probe.details]
         return rows
 
@@ -178,16 +167,35 @@ class NvidiaBackend(Backend):
             tf32 = Support(UNSUPPORTED, f"TF32 needs CC >= 8.0 (Ampere); {who} has none")
         xla = Support(NATIVE, "XLA fuses the many small element-wise ops of mixed precision and doubled throughput in "
                               "every configuration measured on an H100 (TF 2.21); on an unfamiliar chip, check with autotune")
+        if all_have(FP8):
+            fp8 = Support(NATIVE, f"{who} has fp8 Tensor Cores (CC >= 8.9): with XLA, Keras's float8 Dense and EinsumDense "
+                                  "layers run as fp8 GEMMs (e4m3 forward, e5m2 gradients, delayed scaling)")
+        else:
+            fp8 = Support(EMULATED, f"{who} has no fp8 Tensor Cores (they need CC >= 8.9: RTX 4090, L4, H100): Keras's "
+                                    "float8 layers would only be emulated, slower than without them")
+        units = {}
+        if all_have(TENSOR_CORES):
+            units["float16"] = MatrixUnit("Tensor Cores", 8)
+        if all_have(BF16) and all_have(TENSOR_CORES):
+            units["bfloat16"] = MatrixUnit("Tensor Cores", 8)
+        if all_have(TF32):
+            units["float32"] = MatrixUnit("TF32 Tensor Cores", 4)
+        if all_have(FP8):
+            units["float8"] = MatrixUnit("fp8 Tensor Cores", 16)
         notes = ()
         if mixed:
             notes = (f"GPUs of different compute capabilities ({ccs}): the plan follows the weakest",)
         return Assessment(
             backend=self.name,
-            devices=tuple(f"/GPU:{d.index}" for d in devices),
+            devices=tuple(d.tf_name for d in devices),
             policies={"float32": fp32, "mixed_float16": fp16, "mixed_bfloat16": bf16},
             preference=preference,
             tf32=tf32,
             xla=xla,
             xla_default=True,
             notes=notes,
+            fp8=fp8,
+            matrix_units=units,
+            steps_per_execution=1,
+            steps_per_execution_why=FIT_STEPS_WHY,
         )

@@ -11,8 +11,12 @@ keyword            environment          values
                                         (aliases ``fp32``, ``fp16``, ``bf16``)
 ``xla``            ``AMP_XLA``          ``auto``, ``on``, ``off`` (also ``1/0``, ``true/false``)
 ``tf32``           ``AMP_TF32``         ``auto``, ``on``, ``off``
-``loss_scale``     ``AMP_LOSS_SCALE``   ``auto``, ``dynamic``, ``none``, ``fixed:<scale>`` or a number
+``loss_scale``     ``AMP_LOSS_SCALE``   ``auto``, ``dynamic``, ``none`` (also ``off`` and ``0``: a scale of 0
+                                        would zero every gradient, so 0 means no scaling), ``fixed:<scale>``
+                                        or a bare positive number (a fixed scale)
 ``itex_amp``       ``AMP_ITEX_AMP``     ``on``/``off``: ITEX's graph-level auto mixed precision (Intel)
+``fp8``            ``AMP_FP8``          ``auto`` (off until measured faster), ``on``, ``off``: Keras float8 training of
+                                        the eligible Dense layers (``plan.prepare_model``)
 ``strict``         ``AMP_STRICT``       ``on``: raise instead of downgrading a request
 ``force``          ``AMP_FORCE``        ``on``: honour slow (emulated) requests; unsafe ones stay refused
 =================  ===================  ==================================================================
@@ -21,12 +25,12 @@ keyword            environment          values
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from .assessment import POLICIES
 from .errors import AmpConfigError
 
-POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 _POLICY_ALIASES = {
     "float32": "float32",
     "fp32": "float32",
@@ -47,9 +51,30 @@ ENV_VARS = {
     "tf32": "AMP_TF32",
     "loss_scale": "AMP_LOSS_SCALE",
     "itex_amp": "AMP_ITEX_AMP",
+    "fp8": "AMP_FP8",
     "strict": "AMP_STRICT",
     "force": "AMP_FORCE",
 }
+
+
+def option_help(name: str, backends: Iterable[str] = ("nvidia", "intel", "cpu")) -> str:
+    """The command-line help of override ``name``: its values and the ``AMP_*`` variable it defaults to."""
+    values = {
+        "backend": f"Backend: auto or a registered one ({', '.join(backends)})",
+        "policy": f"Keras dtype policy: auto, {', '.join(POLICIES)} (aliases fp32, fp16, bf16)",
+        "xla": "XLA compilation of training steps: auto, on, off (also 1/0, true/false)",
+        "tf32": "TF32 for float32 matmuls (ITEX's math mode on Intel): auto, on, off",
+        "loss_scale": "Loss scaling: auto, dynamic, none (also off or 0: no scaling), fixed:<scale> or a bare number "
+                      "(a fixed scale)",
+        "itex_amp": "ITEX's graph-level auto mixed precision instead of a Keras policy (Intel): on, off",
+        "fp8": "float8 training of the eligible Dense layers (NVIDIA CC >= 8.9, Keras >= 3.3, XLA on): auto (off until "
+               "measured faster), on, off",
+        "strict": "Fail instead of downgrading a request the hardware cannot honour",
+        "force": "Run a slow (emulated) request anyway; an unsafe one is still refused",
+    }[name]
+    default = "off" if name in ("strict", "force", "itex_amp") else "auto"
+    return f"{values}. Default: ${ENV_VARS[name]}, else {default}."
+
 
 DEFAULT_INITIAL_SCALE = 2.0**15
 DEFAULT_GROWTH_INTERVAL = 2000
@@ -92,7 +117,12 @@ class LossScale:
         return "none"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "initial": self.initial, "growth_interval": self.growth_interval}
+        """``{"mode": "none"}``, ``{"mode": "fixed", "scale": 1024.0}`` or the dynamic mode's parameters."""
+        if self.mode == "none":
+            return {"mode": "none"}
+        if self.mode == "fixed":
+            return {"mode": "fixed", "scale": self.initial}
+        return {"mode": "dynamic", "initial": self.initial, "growth_interval": self.growth_interval}
 
     @classmethod
     def dynamic(cls, initial: float = DEFAULT_INITIAL_SCALE, growth_interval: int = DEFAULT_GROWTH_INTERVAL) -> "LossScale":
@@ -117,6 +147,7 @@ class Request:
     tf32: bool | None = None
     loss_scale: LossScale | None = None
     itex_amp: bool = False
+    fp8: bool | None = None
     strict: bool = False
     force: bool = False
     # where each non-default value came from, e.g. {"policy": "AMP_POLICY"} or {"policy": "argument"}
@@ -203,7 +234,8 @@ def parse_loss_scale(value: Any, source: str = "argument") -> LossScale | None:
             f"Received: loss_scale={value!r} (of type bool)."
         )
     if isinstance(value, (int, float)):
-        return LossScale.fixed(float(value))
+        # 0 would zero every gradient: it means "no scaling", as AMP_LOSS_SCALE=0 does
+        return LossScale.none() if value == 0 else LossScale.fixed(float(value))
     if not isinstance(value, str):
         raise TypeError(
             "loss_scale must be 'auto', 'dynamic', 'none', 'fixed:<scale>', a number or a LossScale. "
@@ -214,16 +246,18 @@ def parse_loss_scale(value: Any, source: str = "argument") -> LossScale | None:
         return None
     if v == "dynamic":
         return LossScale.dynamic()
-    if v in ("none", "off", "0"):
+    if v in ("none", "off"):
         return LossScale.none()
     number = v.split(":", 1)[1] if v.startswith("fixed:") else (None if v == "fixed" else v)
     try:
         scale = float(number) if number is not None else None
     except ValueError:
         scale = None
+    if scale == 0 and number == v:
+        return LossScale.none()
     if scale is None or not (0 < scale < float("inf")):
         raise AmpConfigError(
-            f"{_where('loss_scale', source)} must be one of auto, dynamic, none, fixed:<scale> (a positive number, "
+            f"{_where('loss_scale', source)} must be one of auto, dynamic, none (or 0), fixed:<scale> (a positive number, "
             f"such as fixed:1024) or a bare number. Received: {value!r}. Fix: {_fix_hint('loss_scale', source, 'fixed:1024')}."
         )
     return LossScale.fixed(scale)
@@ -292,6 +326,3 @@ def build_request(
         )
     return request
 
-
-def with_defaults(request: Request, **changes: Any) -> Request:
-    return replace(request, **changes)

@@ -1,0 +1,151 @@
+"""The vocabulary a backend judges its hardware in: support levels, :class:`Support`, :class:`Assessment`.
+
+A backend's :meth:`~amp_backends.registry.Backend.assess` returns an :class:`Assessment`: for each
+setting the planner resolves (dtype policy, TF32, XLA, graph-level automatic mixed precision, float8
+training), how well the hardware supports it and why; which matrix units run which precision
+(:class:`MatrixUnit`, read by the precision check); and how many training steps Keras ``fit`` should run per
+compiled call there. The planner (:mod:`amp_backends.planner`) turns that into a
+:class:`~amp_backends.plan.Plan`, which carries the assessment along, so nobody has to assess twice.
+
+:class:`VendorSetting` is how a backend carries its own settings (ITEX's math mode, say) through the
+plan to its :meth:`~amp_backends.registry.Backend.apply` and into the report, without the core knowing
+what they mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+# How well a device supports a setting. Only "native" is chosen automatically.
+NATIVE = "native"  # fast hardware support
+FUNCTIONAL = "functional"  # runs correctly, little or no speed-up: honoured with a warning when asked for
+EMULATED = "emulated"  # runs, but slower than float32: downgraded unless force
+UNSAFE = "unsafe"  # known to crash or corrupt: always refused
+UNSUPPORTED = "unsupported"  # does not exist here (TF32 on a CPU): downgraded
+LEVELS = (NATIVE, FUNCTIONAL, EMULATED, UNSAFE, UNSUPPORTED)
+
+POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+MATRIX_DTYPES = ("float16", "bfloat16", "float32", "float8")
+
+
+@dataclass(frozen=True)
+class Support:
+    """How a device supports one setting, and why."""
+
+    level: str
+    why: str
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise ValueError(f"Support level must be one of {LEVELS}. Received: {self.level!r}.")
+
+    def to_dict(self) -> dict[str, str]:
+        return {"level": self.level, "why": self.why}
+
+
+NO_GRAPH_AMP = Support(UNSUPPORTED, "this backend has no graph-level automatic mixed precision (ITEX's, on Intel XPUs)")
+# Keras's float8 layers run anywhere: without fp8 matrix units they quantize and dequantize around ordinary matmuls.
+NO_FP8 = Support(EMULATED, "this backend declares no fp8 matrix units: Keras's float8 layers would only be emulated "
+                           "(quantize-dequantize around higher-precision matmuls), slower than without them")
+DEFAULT_STEPS_WHY = "Keras's default (one training step per compiled call): not measured for this backend"
+
+
+@dataclass(frozen=True)
+class MatrixUnit:
+    """The matrix unit that runs one precision's matmuls and convolutions, and the alignment it needs.
+
+    ``alignment`` is in elements: the dimensions (units, channels, batch rows) it runs at full efficiency
+    are multiples of it — 16 bytes on NVIDIA Tensor Cores, so 8 for float16/bfloat16, 4 for TF32, 16 for
+    float8.
+    """
+
+    name: str
+    alignment: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"unit": self.name, "alignment": self.alignment}
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """A backend's judgement of its probe, from which the planner builds a :class:`~amp_backends.plan.Plan`.
+
+    ``policies`` holds an entry for each of ``float32``, ``mixed_float16`` and ``mixed_bfloat16``;
+    ``preference`` lists dtype policies best first, and the planner takes the first one whose support is
+    ``native`` (so at least one must be). ``graph_amp`` says whether the backend can rewrite a float32
+    graph to low precision itself instead of a Keras policy (ITEX's auto mixed precision).
+
+    ``fp8`` is how the devices run Keras's float8 layers with XLA on (the planner adds what the Keras version
+    and the XLA setting change). ``matrix_units`` maps a compute dtype — ``float16``, ``bfloat16``,
+    ``float32`` (its TF32-like mode, in effect when the plan's ``tf32`` is on), ``float8`` (in effect when the
+    plan's ``fp8`` is on) — to the :class:`MatrixUnit` that runs its matmuls; a dtype without one runs on the
+    ordinary cores. ``steps_per_execution`` is the number of training steps Keras ``fit`` runs per compiled
+    call on this hardware, with ``steps_per_execution_why``.
+    """
+
+    backend: str
+    devices: tuple[str, ...]
+    policies: Mapping[str, Support]
+    preference: tuple[str, ...]
+    tf32: Support
+    xla: Support
+    xla_default: bool
+    tf32_default: bool = True
+    graph_amp: Support = NO_GRAPH_AMP
+    notes: tuple[str, ...] = field(default=())
+    fp8: Support = NO_FP8
+    matrix_units: Mapping[str, MatrixUnit] = field(default_factory=dict)
+    steps_per_execution: int = 1
+    steps_per_execution_why: str = DEFAULT_STEPS_WHY
+
+    def contract_errors(self) -> list[str]:
+        """What this assessment gets wrong about the contract above (empty when it is sound)."""
+        errors = []
+        missing = [p for p in POLICIES if p not in self.policies]
+        if missing:
+            errors.append(f"no support level for {', '.join(missing)} (expected one for each of {', '.join(POLICIES)})")
+        unknown = [p for p in self.preference if p not in POLICIES]
+        if unknown:
+            errors.append(f"unknown policies in its preference: {', '.join(map(repr, unknown))}")
+        if not any(self.policies.get(p, None) is not None and self.policies[p].level == NATIVE
+                   for p in self.preference if p in POLICIES):
+            errors.append("no native dtype policy in its preference (expected at least one, such as float32)")
+        bad_units = [d for d, u in self.matrix_units.items()
+                     if d not in MATRIX_DTYPES or not isinstance(u, MatrixUnit) or u.alignment < 1]
+        if bad_units:
+            errors.append(f"matrix units for {', '.join(map(repr, bad_units))} (expected MatrixUnit entries with an "
+                          f"alignment >= 1, keyed by {', '.join(MATRIX_DTYPES)})")
+        if isinstance(self.steps_per_execution, bool) or not isinstance(self.steps_per_execution, int) \
+                or self.steps_per_execution < 1:
+            errors.append(f"steps_per_execution={self.steps_per_execution!r} (expected an int >= 1)")
+        return errors
+
+    def to_dict(self) -> dict[str, Any]:
+        """The support table, as the report and ``Plan.to_dict`` show it."""
+        return {
+            "policies": {p: s.to_dict() for p, s in self.policies.items()},
+            "preference": list(self.preference),
+            "tf32": self.tf32.to_dict(),
+            "xla": self.xla.to_dict(),
+            "graph_amp": self.graph_amp.to_dict(),
+            "fp8": self.fp8.to_dict(),
+            "matrix_units": {d: u.to_dict() for d, u in self.matrix_units.items()},
+            "steps_per_execution": {"value": self.steps_per_execution, "why": self.steps_per_execution_why},
+        }
+
+
+@dataclass(frozen=True)
+class VendorSetting:
+    """One backend-owned setting the plan carries, such as ``ITEX_FP32_MATH_MODE=TF32``.
+
+    The backend names it in :meth:`~amp_backends.registry.Backend.vendor_settings` from the resolved plan,
+    reads it back in its :meth:`~amp_backends.registry.Backend.apply`, and the report shows it with ``why``.
+    """
+
+    name: str
+    value: str
+    why: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"name": self.name, "value": self.value, "why": self.why}

@@ -1,0 +1,409 @@
+"""Benchmark: the tutorials' hand-written loops under their manual configurations vs. our auto-configured trainer.
+
+``python -m amp_backends.bench`` (or ``amp-backends bench``) times, in one process and on the same data:
+
+* the tutorials' loops, written as the tutorials wrote them: one ``tf.function`` call per step,
+  ``tf.data`` input, the loss fetched every step (they logged it), under float32 with/without TF32 and
+  with/without XLA, mixed_float16 with fixed (1024) and dynamic loss scaling with/without XLA, and
+  mixed_bfloat16 with/without XLA;
+* Keras ``model.fit`` with the same model under the auto plan;
+* the trainer under :func:`~amp_backends.auto_configure`.
+
+Each configuration runs one warm-up epoch (tracing, compilation), then ``--epochs`` timed epochs; the
+figure is the median epoch's images per second, images counted as the tutorials counted them (MNIST: the
+batch; GAN: 2 x batch per step). It prints a table with the ratio to the best manual configuration, and
+writes JSON (device, driver, versions, command, date) and a PNG bar chart.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import typer
+
+from ..assessment import UNSAFE
+from ..configure import auto_configure, plan_for, reset
+from ..keras_compat import dynamic_loss_scale_optimizer, scale_loss, set_global_policy, unscale_gradients
+from ..plan import Plan
+
+if TYPE_CHECKING:  # numpy is imported by the data helpers when a run starts, not by the command line
+    import numpy as np
+
+MANUAL = [
+    # name, policy, tf32, xla, loss scaling
+    ("fp32", "float32", False, False, "none"),
+    ("fp32+XLA", "float32", False, True, "none"),
+    ("TF32", "float32", True, False, "none"),
+    ("TF32+XLA", "float32", True, True, "none"),
+    ("fp16 fixed", "mixed_float16", True, False, "fixed"),
+    ("fp16 fixed+XLA", "mixed_float16", True, True, "fixed"),
+    ("fp16 dynamic", "mixed_float16", True, False, "dynamic"),
+    ("fp16 dynamic+XLA", "mixed_float16", True, True, "dynamic"),
+    ("bf16", "mixed_bfloat16", True, False, "none"),
+    ("bf16+XLA", "mixed_bfloat16", True, True, "none"),
+]
+FIXED_SCALE = 1024.0
+
+
+@dataclass
+class Result:
+    model: str
+    config: str
+    kind: str  # "manual", "keras_fit", "auto"
+    img_per_s: float | None
+    epoch_img_per_s: list[float] = field(default_factory=list)
+    error: str | None = None
+    detail: str = ""
+
+
+def _tf() -> Any:
+    import tensorflow as tf
+
+    return tf
+
+
+# --------------------------------------------------------------------------- the tutorials' loops
+class _Scaling:
+    """Loss scaling as the tutorials did it, with the installed Keras's API where it still exists."""
+
+    def __init__(self, mode: str, optimizer: Any) -> None:
+        self.mode = mode
+        self.optimizer = dynamic_loss_scale_optimizer(optimizer) if mode == "dynamic" else optimizer
+
+    def scale(self, loss: Any) -> Any:
+        if self.mode == "fixed":
+            return loss * FIXED_SCALE
+        if self.mode == "dynamic":
+            return scale_loss(self.optimizer, loss)
+        return loss
+
+    def apply(self, grads: list[Any], variables: list[Any]) -> None:
+        if self.mode == "fixed":
+            grads = [g / FIXED_SCALE for g in grads]
+        elif self.mode == "dynamic":
+            grads = unscale_gradients(self.optimizer, grads)
+        self.optimizer.apply_gradients(zip(grads, variables))
+
+
+def _mnist_manual(policy: str, xla: bool, scaling: str, lr: float, batch: int) -> tuple[Callable, Callable]:
+    tf = _tf()
+    from ..models import mnist_cnn
+
+    set_global_policy(policy, tf)
+    model = mnist_cnn()
+    s = _Scaling(scaling, tf.keras.optimizers.Adam(lr))
+    loss_obj = tf.keras.losses.SparseCategoricalCrossentropy()
+
+    @tf.function(jit_compile=xla)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_obj(y, model(x, training=True))
+            scaled = s.scale(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        s.apply(grads, model.trainable_variables)
+        return loss
+
+    return step, (lambda: model)
+
+
+def _gan_manual(policy: str, xla: bool, scaling: str, lr: float, batch: int) -> tuple[Callable, Callable]:
+    tf = _tf()
+    from ..models import NOISE_DIM, gan_discriminator, gan_generator, gan_labels, sigmoid_loss
+
+    set_global_policy(policy, tf)
+    g, d = gan_generator(), gan_discriminator()
+    gs, ds = _Scaling(scaling, tf.keras.optimizers.Adam(1e-3)), _Scaling(scaling, tf.keras.optimizers.RMSprop(1e-4))
+
+    def forward(real):
+        noise = tf.random.uniform([batch, NOISE_DIM], -1.0, 1.0)
+        fake = g(noise, training=True)
+        on_real, on_fake = d(real, training=True), d(fake, training=True)
+        rl, fl = gan_labels(batch)
+        return sigmoid_loss(on_fake, rl), 0.5 * (sigmoid_loss(on_fake, fl) + sigmoid_loss(on_real, rl))
+
+    @tf.function(jit_compile=xla)
+    def step(x, y_unused):
+        with tf.GradientTape() as tape:
+            gl, _ = forward(x)
+            scaled = gs.scale(gl)
+        gs.apply(tape.gradient(scaled, g.trainable_variables), g.trainable_variables)
+        with tf.GradientTape() as tape:
+            _, dl = forward(x)
+            scaled = ds.scale(dl)
+        ds.apply(tape.gradient(scaled, d.trainable_variables), d.trainable_variables)
+        return dl
+
+    return step, (lambda: g)
+
+
+def _dataset(x: np.ndarray, y: np.ndarray, batch: int) -> Any:
+    tf = _tf()
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0)
+    ds = ds.batch(batch, drop_remainder=True).map(lambda a, b: (tf.reshape(tf.cast(a, tf.float32) / 255.0, [-1, 28, 28, 1]), b))
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _time_epochs(run_epoch: Callable[[], int], epochs: int) -> list[float]:
+    """One warm-up epoch, then ``epochs`` timed ones; images per second of each."""
+    run_epoch()
+    rates = []
+    for _ in range(epochs):
+        t0 = time.perf_counter()
+        images = run_epoch()
+        rates.append(images / (time.perf_counter() - t0))
+    return rates
+
+
+def bench_manual(model: str, config: tuple, x: np.ndarray, y: np.ndarray, batch: int, epochs: int, lr: float) -> Result:
+    tf = _tf()
+    name, policy, tf32, xla, scaling = config
+    tf.config.experimental.enable_tensor_float_32_execution(tf32)
+    make = _mnist_manual if model == "mnist" else _gan_manual
+    step, _ = make(policy, xla, scaling, lr, batch)
+    ds = _dataset(x, y, batch)
+    per_step = batch if model == "mnist" else 2 * batch
+
+    def epoch() -> int:
+        n = 0
+        for xb, yb in ds:
+            float(step(xb, yb))  # the tutorials logged the loss every step
+            n += per_step
+        return n
+
+    rates = _time_epochs(epoch, epochs)
+    return Result(model, name, "manual", statistics.median(rates), rates)
+
+
+def bench_fit(x: np.ndarray, y: np.ndarray, batch: int, epochs: int, lr: float) -> Result:
+    tf = _tf()
+    from ..models import mnist_cnn
+
+    plan = auto_configure(verbose=False)
+    model = mnist_cnn()
+    model.compile(optimizer=plan.wrap_optimizer(tf.keras.optimizers.Adam(lr)), loss="sparse_categorical_crossentropy",
+                  **plan.compile_kwargs())
+    xf = (x.astype("float32") / 255.0).reshape(-1, 28, 28, 1)
+    n = (len(x) // batch) * batch
+
+    def epoch() -> int:
+        model.fit(xf[:n], y[:n], batch_size=batch, epochs=1, verbose=0, shuffle=True)
+        return n
+
+    rates = _time_epochs(epoch, epochs)
+    return Result("mnist", f"Keras fit ({plan.policy})", "keras_fit", statistics.median(rates), rates)
+
+
+def bench_auto(model: str, x: np.ndarray, y: np.ndarray, batch: int, epochs: int, lr: float,
+               steps_per_call: int | None, loss_scale: str | None = None, label: str = "auto plan (trainer)") -> Result:
+    tf = _tf()
+    from ..models import gan_discriminator, gan_generator, mnist_cnn
+    from ..training import Trainer, classifier_updates, gan_updates, mnist_batch_fn
+
+    plan = auto_configure(loss_scale=loss_scale, verbose=False)
+    steps = len(x) // batch
+    spc = steps_per_call or steps
+    if model == "mnist":
+        m = mnist_cnn()
+        opt = tf.keras.optimizers.Adam(lr)
+        updates, objs, per_step, yy = classifier_updates(m, opt), {"m": m, "o": opt}, batch, y
+    else:
+        g, d = gan_generator(), gan_discriminator()
+        go, do = tf.keras.optimizers.Adam(1e-3), tf.keras.optimizers.RMSprop(1e-4)
+        updates, objs, per_step, yy = gan_updates(g, d, go, do), {"g": g, "d": d}, 2 * batch, None
+    trainer = Trainer(updates, plan, batch_size=batch, images_per_step=per_step, checkpoint_objects=objs,
+                      steps_per_call=spc, log_every=10**9, progress=False, batch_fn=mnist_batch_fn)
+    done = {"epochs": 0}
+
+    def epoch() -> int:
+        done["epochs"] += 1
+        trainer.fit(x, yy, epochs=done["epochs"])
+        return steps * per_step
+
+    rates = _time_epochs(epoch, epochs)
+    detail = f"{plan.policy}, loss scale {plan.loss_scale.mode}, XLA {'on' if plan.xla else 'off'}, {spc} steps/call"
+    return Result(model, label, "auto", statistics.median(rates), rates, detail=detail)
+
+
+# --------------------------------------------------------------------------- the run
+def unsafe_policies(plan: Plan) -> dict[str, str]:
+    """Policies known to crash this machine (from the plan's support table), with the reason."""
+    if plan.assessment is None:
+        return {}
+    return {p: s.why for p, s in plan.assessment.policies.items() if s.level == UNSAFE}
+
+
+def environment(report: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the figures were measured on: the planned backend's devices and details, the software, the plan."""
+    if report is None:
+        from .report import collect
+
+        try:
+            report = collect(use_tensorflow=True).data
+        except Exception as exc:  # the benchmark still runs
+            return {"error": f"{type(exc).__name__}: {exc}"}
+    plan = report["plan"] or {}
+    chosen = next((b for b in report["hardware"]["backends"] if b["backend"] == plan.get("backend")), None)
+    cpu = next((b["cpu"] for b in report["hardware"]["backends"] if b["cpu"]), None)
+    return {
+        "backend": plan.get("backend"),
+        "devices": [f"{d['name']} (CC {d['compute_capability']})" if d.get("compute_capability") else d["name"]
+                    for d in (chosen or {}).get("devices", [])],
+        "backend_details": (chosen or {}).get("details", {}),
+        "cpu": f"{cpu['model']} ({cpu['logical_cores']} logical cores)" if cpu else None,
+        "python": report["software"]["python"],
+        "tensorflow": report["software"]["tensorflow"]["version"],
+        "cuda_build": report["software"]["tensorflow"].get("cuda_version"),
+        "keras": report["software"]["keras"]["version"],
+        "plan": plan and {k: plan[k] for k in ("backend", "policy", "loss_scale", "tf32", "xla")},
+    }
+
+
+def run(models: list[str], configs: list[str] | None, epochs: int, samples: int, mnist_batch: int, gan_batch: int,
+        steps_per_call: int | None, out: Path, with_fit: bool = True) -> dict[str, Any]:
+    tf = _tf()
+    from ..data import synthetic_mnist
+
+    (x, y), _ = synthetic_mnist(samples, 8)
+    chosen = [c for c in MANUAL if configs is None or c[0] in configs]
+    unsafe = unsafe_policies(plan_for(environ={}))
+    results: list[Result] = []
+    for model in models:
+        batch = mnist_batch if model == "mnist" else gan_batch
+        if len(x) // batch < 1:
+            raise ValueError(f"--samples {samples} is smaller than one {model} batch of {batch}.")
+        jobs: list[tuple[str, Callable[[], Result]]] = []
+        for c in chosen:
+            if c[1] in unsafe:  # e.g. bf16 with ITEX on a CPU without bf16: it would abort the whole process
+                results.append(Result(model, c[0], "manual", None, error=f"skipped, unsafe here: {unsafe[c[1]]}"))
+                continue
+            jobs.append((c[0], (lambda c=c: bench_manual(model, c, x, y, batch, epochs, 0.01))))
+        if with_fit and model == "mnist":
+            jobs.append(("Keras fit", lambda: bench_fit(x, y, batch, epochs, 0.01)))
+        jobs.append(("auto plan", lambda: bench_auto(model, x, y, batch, epochs, 0.01, steps_per_call)))
+        jobs.append(("auto plan, no loss scaling",
+                     lambda: bench_auto(model, x, y, batch, epochs, 0.01, steps_per_call, loss_scale="none",
+                                        label="auto plan, loss scaling off")))
+        for label, job in jobs:
+            saved_tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
+            try:
+                r = job()
+            except Exception as exc:  # one broken configuration must not lose the others
+                r = Result(model, label, "manual", None, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+            finally:
+                tf.config.experimental.enable_tensor_float_32_execution(saved_tf32)
+                reset()
+                set_global_policy("float32", tf)
+            results.append(r)
+            print(f"  {model:5s} {r.config:32s} " + (f"{r.img_per_s:12,.0f} img/s" if r.img_per_s else f"failed: {r.error}"),
+                  flush=True)
+    report = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, "-m", "amp_backends.bench", *sys.argv[1:]]),
+        "host": platform.node(),
+        "environment": environment(),
+        "settings": {"epochs_timed": epochs, "warmup_epochs": 1, "samples": samples, "mnist_batch": mnist_batch,
+                     "gan_batch": gan_batch, "steps_per_call": steps_per_call or "one epoch", "data": "synthetic"},
+        "results": [asdict(r) for r in results],
+    }
+    for model in models:
+        best = max((r.img_per_s or 0) for r in results if r.model == model and r.kind == "manual")
+        for r in report["results"]:
+            if r["model"] == model:
+                r["ratio_to_best_manual"] = (r["img_per_s"] / best) if (best and r["img_per_s"]) else None
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(report, indent=2))
+    _table(report)
+    _chart(report, out / "bench.png")
+    return report
+
+
+def _table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"img/s, median of {report['settings']['epochs_timed']} epochs after 1 warm-up "
+                    f"({', '.join(report['environment'].get('devices') or []) or report['environment'].get('cpu')})")
+    for col in ("model", "configuration", "img/s", "x best manual", "note"):
+        t.add_column(col, justify="right" if col in ("img/s", "x best manual") else "left")
+    for r in report["results"]:
+        t.add_row(r["model"], r["config"], f"{r['img_per_s']:,.0f}" if r["img_per_s"] else "-",
+                  f"{r['ratio_to_best_manual']:.2f}" if r.get("ratio_to_best_manual") else "-", r["error"] or r["detail"])
+    Console(width=160).print(t)
+
+
+def _chart(report: dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no chart (pip install 'amp-backends[bench]')", file=sys.stderr)
+        return
+    models = sorted({r["model"] for r in report["results"]})
+    fig, axes = plt.subplots(len(models), 1, figsize=(10, 4.5 * len(models)), squeeze=False)
+    for ax, model in zip(axes[:, 0], models):
+        rows = [r for r in report["results"] if r["model"] == model and r["img_per_s"]]
+        colors = {"manual": "#8c8c8c", "keras_fit": "#4c72b0", "auto": "#dd8452"}
+        ax.barh([r["config"] for r in rows], [r["img_per_s"] for r in rows], color=[colors[r["kind"]] for r in rows])
+        ax.set_title(f"{model}: images/s (grey: tutorials' manual loops, blue: Keras fit, orange: auto plan)")
+        ax.invert_yaxis()
+        ax.set_xlabel("images per second")
+    env = report["environment"]
+    fig.suptitle(f"{', '.join(env.get('devices') or []) or env.get('cpu')} - TF {env.get('tensorflow')} - {report['date'][:10]}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(
+    models: str = typer.Option("mnist,gan", "--models", metavar="MODELS", help="Comma-separated: mnist, gan."),
+    configs: Optional[str] = typer.Option(None, "--configs", metavar="CONFIGS", help="Comma-separated manual configurations "
+                                          f"(default all: {', '.join(c[0] for c in MANUAL)})."),
+    epochs: int = typer.Option(3, "--epochs", metavar="N", min=1, help="Timed epochs per configuration (after 1 warm-up epoch)."),
+    samples: int = typer.Option(60000, "--samples", metavar="N", min=1, help="Synthetic MNIST-shaped images per epoch."),
+    mnist_batch: int = typer.Option(1024, "--mnist-batch", metavar="N", min=1, help="MNIST CNN batch size."),
+    gan_batch: int = typer.Option(4096, "--gan-batch", metavar="N", min=1, help="GAN batch size."),
+    steps_per_call: Optional[int] = typer.Option(None, "--steps-per-call", metavar="N", min=1,
+                                                 help="Trainer steps per compiled call (default: one epoch)."),
+    no_fit: bool = typer.Option(False, "--no-fit", help="Skip the Keras fit configuration."),
+    out: Path = typer.Option(Path("bench-results"), "--out", metavar="DIR", help="Folder for bench.json and bench.png."),
+) -> None:
+    """Time the tutorials' manual configurations against the auto plan (synthetic data, one process)."""
+    from .quiet import import_tensorflow, quiet_tensorflow_logs
+
+    wanted = [m.strip() for m in models.split(",") if m.strip()]
+    bad = [m for m in wanted if m not in ("mnist", "gan")]
+    if bad or not wanted:
+        typer.echo(f"bench: error: --models takes mnist and/or gan. Received: {models!r}.", err=True)
+        raise typer.Exit(2)
+    chosen = [c.strip() for c in configs.split(",")] if configs else None
+    unknown = [c for c in chosen or [] if c not in [m[0] for m in MANUAL]]
+    if unknown:
+        typer.echo(f"bench: error: unknown configuration(s) {unknown}; valid: {', '.join(m[0] for m in MANUAL)}.", err=True)
+        raise typer.Exit(2)
+    import_tensorflow(quiet_tensorflow_logs())
+    try:
+        run(wanted, chosen, epochs, samples, mnist_batch, gan_batch, steps_per_call, out, with_fit=not no_fit)
+    except ValueError as exc:
+        typer.echo(f"bench: error: {exc}", err=True)
+        raise typer.Exit(2)
+
+
+def cli_main() -> None:
+    """Entry point of ``python -m amp_backends.bench``."""
+    from .typer_app import run_single
+
+    run_single(main)
+
+
+if __name__ == "__main__":
+    cli_main()

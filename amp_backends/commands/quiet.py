@@ -1,0 +1,108 @@
+"""Keep TensorFlow's start-up noise out of our commands, unless the user chose a log level.
+
+On a machine without a GPU, importing TensorFlow 2.21 writes about eight lines to stderr: absl's
+"All log messages before absl::InitializeLog() is called are written to STDERR", oneDNN and cudart
+notices at INFO level, and "failed call to cuInit: ... UNKNOWN ERROR (303)" at ERROR level; TensorFlow
+2.15 writes "Unable to register cuDNN/cuFFT/cuBLAS factory" errors and ITEX announces its CPU backend.
+None of it is a problem, all of it alarms a new user. ``TF_CPP_MIN_LOG_LEVEL=2`` alone does not help:
+TensorFlow applies it only once its logging is initialised, and the lines above come before that
+(absl then writes everything to stderr) or are errors.
+
+So our commands (``info``, ``bench``, the examples), unless ``TF_CPP_MIN_LOG_LEVEL`` is already set (the
+user's choice then stands and nothing is filtered):
+
+* :func:`quiet_tensorflow_logs` sets ``TF_CPP_MIN_LOG_LEVEL=2`` and absl's Python logger to ERROR, before
+  TensorFlow is imported;
+* :func:`import_tensorflow` imports TensorFlow and starts its devices with stderr passed through a filter
+  that drops INFO and WARNING lines of TensorFlow's C++ logging and the known harmless start-up errors
+  (:data:`NOISE`); every other line goes through. The filter runs in a child process, so what
+  TensorFlow writes just before a crash (an abort inside a plugin) still reaches the terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+from typing import Any, Iterator, MutableMapping
+
+LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"
+
+# Lines of TensorFlow's start-up that say nothing is wrong. Verbose regex, matched anywhere in a line.
+NOISE = r"""
+    ^WARNING:\ All\ log\ messages\ before\ absl::InitializeLog\(\)          # absl, before TF initialises logging
+  | ^[IW]\d{4}\ [\d:.]+\s+\d+\ [\w./-]+:\d+\]                              # absl C++ INFO/WARNING (TF >= 2.16)
+  | ^\d{4}-\d\d-\d\d\ [\d:.]+:\ [IW]\ [\w./-]+:\d+\]                       # TF's C++ INFO/WARNING (TF <= 2.15)
+  | ^To\ enable\ the\ following\ instructions:                            # 2nd line of the CPU-feature notice
+  | failed\ call\ to\ cuInit                                              # no GPU: CUDA cannot start
+  | Unable\ to\ register\ cu(DNN|FFT|BLAS)\ factory                       # TF 2.15's duplicate registrations
+  | TF-TRT\ Warning:\ Could\ not\ find\ TensorRT
+"""
+
+_FILTER = (
+    "import re, sys\n"
+    "noise = re.compile(sys.argv[1], re.X)\n"
+    "out = sys.stdout.buffer\n"
+    "for line in sys.stdin.buffer:\n"
+    "    if not noise.search(line.decode('utf-8', 'replace')):\n"
+    "        out.write(line); out.flush()\n"
+)
+
+
+def quiet_tensorflow_logs(environ: MutableMapping[str, str] | None = None) -> bool:
+    """Before TensorFlow is imported: ``TF_CPP_MIN_LOG_LEVEL=2`` and absl's Python logger at ERROR, unless
+    the user set ``TF_CPP_MIN_LOG_LEVEL``. Returns whether it quieted (then filter the import too)."""
+    env = os.environ if environ is None else environ
+    if LEVEL_VARIABLE in env:
+        return False
+    env[LEVEL_VARIABLE] = "2"
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    return True
+
+
+@contextlib.contextmanager
+def filtered_stderr() -> Iterator[None]:
+    """Pass everything written to file descriptor 2 (C++ included) through the :data:`NOISE` filter."""
+    if os.name != "posix":
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        child = subprocess.Popen([sys.executable, "-S", "-E", "-c", _FILTER, NOISE], stdin=subprocess.PIPE,
+                                 stdout=saved, stderr=saved)
+    except OSError:
+        os.close(saved)
+        yield
+        return
+    assert child.stdin is not None
+    os.dup2(child.stdin.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        child.stdin.close()
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # something TensorFlow started still holds the pipe
+            child.kill()
+
+
+def import_tensorflow(quiet: bool) -> Any:
+    """Import TensorFlow and start its devices; with ``quiet``, its start-up noise filtered out."""
+    if not quiet or "tensorflow" in sys.modules:
+        import tensorflow as tf
+
+        return tf
+    with filtered_stderr():
+        import tensorflow as tf
+
+        try:
+            tf.config.list_physical_devices()  # device start-up (cuInit) logs here
+        except Exception:  # reported by whoever lists devices next
+            pass
+    return tf

@@ -1,0 +1,304 @@
+"""Every Keras 2 / Keras 3 difference amp_backends meets, handled once.
+
+Which Keras ``tf.keras`` is follows TensorFlow's own rule (its lazy loader): up to TensorFlow 2.15 it is
+Keras 2 (the ``keras`` 2.x distribution); from 2.16 it is Keras 3 (``keras``), unless
+``TF_USE_LEGACY_KERAS`` is ``1``, ``true`` or ``True`` when TensorFlow is imported, which selects
+``tf-keras`` (the Keras 2 API). A program may also import standalone ``keras`` beside ``tf.keras``; with
+``TF_USE_LEGACY_KERAS`` the two are different libraries with different global dtype policies, so the
+policy is set on both.
+
+The differences handled here:
+
+* the version and API generation, read from package metadata without importing TensorFlow, or from
+  ``tf.keras`` once it is imported (TensorFlow 2.15's lazy loader hides ``tf.keras.__version__``);
+* the global dtype policy (set on ``tf.keras`` and standalone ``keras``);
+* ``LossScaleOptimizer``: Keras 3's is dynamic only and scales with ``scale_loss`` (unscaling and skipping
+  non-finite steps inside ``apply``); Keras 2's has ``get_scaled_loss`` / ``get_unscaled_gradients``;
+* building an optimizer's state ahead of the first step;
+* loss scaling in ``Model.fit`` (:func:`wrap_optimizer`, :func:`compile_kwargs`): Keras 3's ``compile`` wraps
+  the optimizer in a dynamic ``LossScaleOptimizer`` under ``mixed_float16`` unless ``auto_scale_loss=False``,
+  and takes a fixed scale as the optimizer's ``loss_scale_factor``; Keras 2's ``compile`` wraps it under
+  ``mixed_float16`` unless it already is a ``LossScaleOptimizer`` (it has no ``auto_scale_loss``), and has
+  fixed scales as ``LossScaleOptimizer(dynamic=False)``;
+* float8 training (:func:`float8_training`): ``layer.quantize("float8")`` exists from Keras 3.3.
+
+Nothing here imports TensorFlow unless a function is given it or needs it to act.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import asdict, dataclass
+import warnings
+from typing import Any, Callable, Mapping, Sequence
+
+from .errors import AmpWarning
+from .request import LossScale
+from .software import installed_version, tensorflow_version
+
+# Exactly the values TensorFlow's lazy loader accepts for TF_USE_LEGACY_KERAS.
+LEGACY_KERAS_VALUES = ("1", "true", "True")
+
+
+@dataclass(frozen=True)
+class KerasInfo:
+    """The Keras that ``tf.keras`` is: its version, API generation (2 or 3) and distribution."""
+
+    version: str | None
+    generation: int | None
+    distribution: str | None  # "keras" or "tf-keras"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def generation_of(version: str | None) -> int | None:
+    """The major version of a Keras version string (``"3.15.1"`` -> 3), or ``None`` if unreadable."""
+    try:
+        return int(str(version).split(".")[0])
+    except (TypeError, ValueError):
+        return None
+
+
+def _minor(version: str | None) -> tuple[int, int] | None:
+    try:
+        major, minor = str(version).split(".")[:2]
+        return int(major), int(minor)
+    except (TypeError, ValueError):
+        return None
+
+
+def uses_legacy_keras(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``TF_USE_LEGACY_KERAS`` selects tf-keras (as TensorFlow >= 2.16 reads it)."""
+    env = os.environ if environ is None else environ
+    return env.get("TF_USE_LEGACY_KERAS") in LEGACY_KERAS_VALUES
+
+
+def expected_keras(
+    tf_version: str | None,
+    environ: Mapping[str, str] | None = None,
+    version_of: Callable[[str], str | None] = installed_version,
+) -> KerasInfo:
+    """The Keras ``tf.keras`` resolves to for TensorFlow ``tf_version``, from metadata alone (no import)."""
+    tf_minor = _minor(tf_version)
+    if tf_minor is not None and tf_minor >= (2, 16) and uses_legacy_keras(environ):
+        version = version_of("tf-keras") or version_of("tf_keras")
+        return KerasInfo(version, generation_of(version) if version else None, "tf-keras" if version else None)
+    version = version_of("keras")
+    return KerasInfo(version, generation_of(version), "keras" if version else None)
+
+
+def keras_info(tf: Any = None) -> KerasInfo:
+    """The Keras in use: from ``tf.keras`` if TensorFlow is given or already imported, else from metadata."""
+    tf = tf if tf is not None else sys.modules.get("tensorflow")
+    if tf is None:
+        return expected_keras(tensorflow_version())
+    expected = expected_keras(getattr(tf, "__version__", None) or tensorflow_version())
+    version = getattr(tf.keras, "__version__", None)
+    if not version:  # TF 2.15's lazy loader hides it: the module it loaded tells
+        name = "tf_keras" if expected.distribution == "tf-keras" else "keras"
+        version = getattr(sys.modules.get(name), "__version__", None) or expected.version
+    return KerasInfo(str(version) if version else None, generation_of(version), expected.distribution)
+
+
+def keras_generation(tf: Any = None) -> int:
+    """2 or 3: the API generation of ``tf.keras`` (imports TensorFlow if needed)."""
+    if tf is None:
+        import tensorflow as tf
+    return keras_info(tf).generation or 2
+
+
+# ---------------------------------------------------------------------------------------------- dtype policy
+def set_global_policy(policy: str, tf: Any = None) -> None:
+    """Set the global dtype policy on ``tf.keras`` and, when it is another library and imported, on ``keras``."""
+    if tf is None:
+        import tensorflow as tf
+    tf.keras.mixed_precision.set_global_policy(policy)
+    standalone = sys.modules.get("keras")
+    if standalone is not None and hasattr(standalone, "mixed_precision"):
+        try:
+            if standalone.mixed_precision.global_policy().name != policy:
+                standalone.mixed_precision.set_global_policy(policy)
+        except Exception:  # a partially imported or unrelated 'keras' module: tf.keras is what matters
+            pass
+
+
+def global_policy_name(tf: Any = None) -> str:
+    """The name of ``tf.keras``'s global dtype policy (``"float32"``, ``"mixed_float16"``, ...)."""
+    if tf is None:
+        import tensorflow as tf
+    return tf.keras.mixed_precision.global_policy().name
+
+
+# ---------------------------------------------------------------------------------------------- optimizers
+def build_optimizer(optimizer: Any, variables: Sequence[Any]) -> None:
+    """Create the optimizer's slot variables now (both generations' optimizers have ``build``)."""
+    if hasattr(optimizer, "build"):
+        optimizer.build(list(variables))
+
+
+def dynamic_loss_scale_optimizer(optimizer: Any, tf: Any = None) -> Any:
+    """``optimizer`` wrapped in Keras's dynamic ``LossScaleOptimizer`` (the only kind both generations have)."""
+    if tf is None:
+        import tensorflow as tf
+    return tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+
+
+def scale_loss(optimizer: Any, loss: Any) -> Any:
+    """The loss multiplied by a ``LossScaleOptimizer``'s current scale (Keras 3 ``scale_loss``, Keras 2
+    ``get_scaled_loss``)."""
+    if hasattr(optimizer, "scale_loss"):
+        return optimizer.scale_loss(loss)
+    return optimizer.get_scaled_loss(loss)
+
+
+def unscale_gradients(optimizer: Any, grads: Sequence[Any]) -> list[Any]:
+    """Gradients ready for ``optimizer.apply_gradients`` after :func:`scale_loss`.
+
+    Keras 2 unscales explicitly (``get_unscaled_gradients``); Keras 3's ``apply_gradients`` unscales,
+    checks for non-finite values and skips the step itself, so the gradients pass through unchanged.
+    """
+    if hasattr(optimizer, "scale_loss"):
+        return list(grads)
+    return optimizer.get_unscaled_gradients(grads)
+
+
+# ---------------------------------------------------------------------------------------------- Keras fit
+def keras_of(obj: Any) -> Any:
+    """The Keras package (``keras``, or ``tf_keras`` under ``TF_USE_LEGACY_KERAS``) that defined ``obj``'s class.
+
+    A program may mix standalone ``keras`` and ``tf.keras`` (different libraries with ``TF_USE_LEGACY_KERAS``):
+    an optimizer must be wrapped by its own library's ``LossScaleOptimizer``. Falls back to ``tf.keras``.
+    """
+    import importlib
+
+    for cls in type(obj).__mro__:
+        root = cls.__module__.split(".")[0]
+        if root in ("keras", "tf_keras"):
+            return importlib.import_module(root)
+    import tensorflow as tf
+
+    return tf.keras
+
+
+def _generation_of_package(keras: Any) -> int:
+    return generation_of(getattr(keras, "__version__", None)) or 2
+
+
+def is_loss_scale_optimizer(optimizer: Any) -> bool:
+    """Whether ``optimizer`` is its Keras's ``LossScaleOptimizer`` (Keras 2: either of its two classes)."""
+    return isinstance(optimizer, keras_of(optimizer).mixed_precision.LossScaleOptimizer)
+
+
+def loss_scale_of(optimizer: Any) -> tuple[str, float | None]:
+    """How ``optimizer`` scales losses in ``fit``: ``("dynamic", scale)``, ``("fixed", scale)`` or ``("none", None)``.
+
+    The scale is the current one (a dynamic scale changes as training runs). Reads Keras 3's
+    ``LossScaleOptimizer`` (always dynamic) and ``loss_scale_factor``, and Keras 2's ``LossScaleOptimizer``.
+    """
+    if is_loss_scale_optimizer(optimizer):
+        if _generation_of_package(keras_of(optimizer)) >= 3:
+            scale = optimizer.dynamic_scale if optimizer.built else optimizer.initial_scale
+            return "dynamic", float(scale)
+        return ("dynamic" if optimizer.dynamic else "fixed"), float(optimizer.loss_scale)
+    factor = getattr(optimizer, "loss_scale_factor", None)
+    return ("fixed", float(factor)) if factor is not None else ("none", None)
+
+
+def wrap_optimizer(optimizer: Any, loss_scale: LossScale, compute_dtype: str) -> Any:
+    """``optimizer`` as ``loss_scale`` says, for ``Model.compile`` (see :meth:`amp_backends.plan.Plan.wrap_optimizer`).
+
+    * ``dynamic``: a ``LossScaleOptimizer`` with the plan's initial scale and growth interval (both Keras);
+    * ``fixed``: Keras 3 sets the optimizer's ``loss_scale_factor``; Keras 2 wraps it in
+      ``LossScaleOptimizer(dynamic=False, initial_scale=scale)``. Both multiply the loss and divide the
+      gradients by the scale, and both apply a step whose gradients overflowed instead of skipping it
+      (an :class:`~amp_backends.errors.AmpWarning` says so under float16);
+    * ``none``: the optimizer as it is; on Keras 2 under float16, a ``LossScaleOptimizer`` with a fixed scale
+      of 1 instead (multiplying by 1 changes nothing), because Keras 2's ``compile`` wraps any other
+      optimizer in dynamic loss scaling under ``mixed_float16``.
+
+    ``optimizer`` may be a name (``"adam"``), resolved by its Keras. An optimizer that already scales losses
+    as the plan says is returned as it is (compiling twice with one optimizer works); one that scales them
+    otherwise (a ``LossScaleOptimizer``, Keras 3's ``loss_scale_factor``) is refused: it would be scaled twice
+    or against the plan.
+    """
+    if isinstance(optimizer, (str, dict)):
+        import tensorflow as tf
+
+        optimizer = tf.keras.optimizers.get(optimizer)
+    if not callable(getattr(optimizer, "apply_gradients", None)):
+        raise TypeError(
+            "wrap_optimizer() takes a Keras optimizer, such as keras.optimizers.Adam(1e-3), or its name ('adam'). "
+            f"Received: {optimizer!r} (of type {type(optimizer).__name__}). Fix: pass the optimizer you would give "
+            "model.compile."
+        )
+    mode, scale = loss_scale_of(optimizer)
+    if mode == loss_scale.mode == "dynamic" or (mode == loss_scale.mode == "fixed" and scale == loss_scale.initial):
+        return optimizer
+    if loss_scale.mode == "none" and mode == "fixed" and scale == 1.0 and is_loss_scale_optimizer(optimizer):
+        return optimizer  # Keras 2's stand-in for no scaling, from an earlier call
+    if mode != "none":
+        raise ValueError(
+            f"wrap_optimizer() takes an optimizer that does not scale losses yet, or scales them as the plan does "
+            f"({loss_scale}). Received {type(optimizer).__name__} with {mode} loss scaling (scale {scale:g}). Fix: "
+            "pass the plain optimizer (a LossScaleOptimizer's inner_optimizer, or one without loss_scale_factor), "
+            "and choose the scaling with loss_scale= / AMP_LOSS_SCALE."
+        )
+    keras = keras_of(optimizer)
+    lso = keras.mixed_precision.LossScaleOptimizer
+    keras3 = _generation_of_package(keras) >= 3
+    if loss_scale.mode == "dynamic":
+        if keras3:
+            return lso(optimizer, initial_scale=loss_scale.initial, dynamic_growth_steps=loss_scale.growth_interval)
+        return lso(optimizer, dynamic=True, initial_scale=loss_scale.initial,
+                   dynamic_growth_steps=loss_scale.growth_interval)
+    if loss_scale.mode == "fixed":
+        if compute_dtype == "float16":
+            warnings.warn(
+                f"loss_scale={loss_scale} in Keras fit: the loss is multiplied and the gradients divided by the fixed "
+                "scale, but a step whose scaled gradients overflow is applied, not skipped (neither Keras 3's "
+                "loss_scale_factor nor Keras 2's LossScaleOptimizer(dynamic=False) skips it): inf/NaN would reach "
+                "the weights. Use dynamic loss scaling, or amp_backends' Trainer, which skips such steps.",
+                AmpWarning, stacklevel=3)
+        if keras3:
+            optimizer.loss_scale_factor = loss_scale.initial
+            return optimizer
+        return lso(optimizer, dynamic=False, initial_scale=loss_scale.initial)
+    if not keras3 and compute_dtype == "float16":
+        return lso(optimizer, dynamic=False, initial_scale=1.0)
+    return optimizer
+
+
+def compile_kwargs(xla: bool, steps_per_execution: int, generation: int | None = None) -> dict[str, Any]:
+    """``Model.compile`` keywords for a plan, on the Keras ``tf.keras`` is (or API ``generation``).
+
+    ``auto_scale_loss=False`` (Keras 3 only; Keras 2 has no such argument) keeps ``compile`` from adding
+    dynamic loss scaling under ``mixed_float16`` on top of what :func:`wrap_optimizer` decided.
+    """
+    kwargs: dict[str, Any] = {"jit_compile": bool(xla), "steps_per_execution": int(steps_per_execution)}
+    if (generation if generation is not None else keras_info().generation or 2) >= 3:
+        kwargs["auto_scale_loss"] = False
+    return kwargs
+
+
+# ---------------------------------------------------------------------------------------------- float8
+FLOAT8_SINCE = (3, 3)
+
+
+def float8_training(keras: KerasInfo | None) -> tuple[bool, str]:
+    """Whether this Keras trains layers in float8 (``layer.quantize("float8")``, Keras >= 3.3), and why (not).
+
+    Pure: decides from the version alone, so the planner can take it as plain data.
+    """
+    if keras is None or keras.version is None:
+        return False, ("the Keras version is unknown (not installed, or not given to the planner): float8 training "
+                       "needs Keras >= 3.3")
+    version = _minor(keras.version)
+    if version is None:
+        return False, f"Keras {keras.version} is not a version this library can read: float8 training needs Keras >= 3.3"
+    if version < FLOAT8_SINCE:
+        extra = (" (Keras 2 has no float8 layers; TensorFlow 2.15, which ITEX needs, comes with Keras 2)"
+                 if version[0] < 3 else "")
+        return False, f"Keras {keras.version} cannot train in float8: layer.quantize('float8') needs Keras >= 3.3{extra}"
+    return True, f"Keras {keras.version} trains Dense and EinsumDense layers in float8 (layer.quantize('float8'))"

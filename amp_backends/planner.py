@@ -1,0 +1,347 @@
+"""The planner: a pure decision from probe data and the user's request.
+
+:func:`make_plan` picks the backend (the highest-priority one available, or the one asked for), asks it
+to :meth:`~amp_backends.registry.Backend.assess` its hardware, and resolves each setting — dtype policy,
+loss scaling, TF32, XLA, graph-level auto mixed precision, float8 training — against that assessment and
+the request:
+
+* ``auto``: the backend's first *native* choice;
+* a request the hardware supports natively: honoured;
+* *functional* (runs, little speed-up): honoured, with a warning;
+* *emulated* (runs slower than float32) or *unsupported*: downgraded to the automatic choice with a
+  warning that says why; honoured with ``force``; an error with ``strict``;
+* *unsafe* (known to abort the process): always refused — downgraded, or an error with ``strict``.
+
+A backend that fails — its probe or its assessment raises, or its assessment breaks the contract (no
+native policy, say) — is recorded in :attr:`Plan.backends` with the reason and a warning, and the next
+available backend is planned with; only a request for that backend by name raises
+:class:`~amp_backends.errors.BackendError`. No I/O happens here: tests pass fake
+:class:`~amp_backends.hardware.Hardware`, and the Keras in use as a
+:class:`~amp_backends.keras_compat.KerasInfo` (float8 training needs Keras >= 3.3), which the callers read
+from package metadata (:func:`~amp_backends.keras_compat.keras_info`).
+
+float8 (``fp8``) is off by default everywhere, native or not: no measurement has shown it faster than
+float16 for the models this library was measured on. Where it is native — NVIDIA GPUs of CC >= 8.9, Keras
+>= 3.3, XLA on — ``fp8=on`` turns it on; elsewhere it is emulated (older GPUs, CPUs, Intel XPUs, XLA off:
+honoured with ``force``) or unsupported (Keras 2, Keras < 3.3: never).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .assessment import EMULATED, FUNCTIONAL, NATIVE, UNSAFE, UNSUPPORTED, Assessment, Support, VendorSetting
+from .errors import BackendError, UnsupportedRequestError
+from .hardware import BackendProbe, Hardware
+from .keras_compat import KerasInfo, float8_training
+from .plan import BackendStatus, Plan, Rejected
+from .registry import Backend, BackendRegistry
+from .request import LossScale, Request
+
+
+class _BackendFailed(Exception):
+    """A backend raised, or answered outside its contract, while being planned with."""
+
+
+class _Resolver:
+    """Applies the downgrade / strict / force rules uniformly, collecting warnings."""
+
+    def __init__(self, request: Request, backend: str) -> None:
+        self.request = request
+        self.backend = backend
+        self.warnings: list[str] = []
+
+    def check(self, setting: str, value: str, support: Support, fallback: str) -> bool:
+        """True if ``value`` is honoured; otherwise a warning is recorded (or strict raises)."""
+        source = self.request.sources.get(setting, "argument")
+        asked = f"{setting}={value} (from {source})"
+        if support.level == NATIVE:
+            return True
+        if support.level == FUNCTIONAL:
+            self.warnings.append(f"{asked} honoured, but expect little or no speed-up: {support.why}")
+            return True
+        if support.level == EMULATED and self.request.force:
+            self.warnings.append(f"{asked} honoured because force is on, although it is slow here: {support.why}")
+            return True
+        kind = "unsafe" if support.level == UNSAFE else "not supported" if support.level == UNSUPPORTED else "slow"
+        fix = (
+            "remove the override, or set force=True / AMP_FORCE=1 to run it anyway"
+            if support.level == EMULATED
+            else "remove the override"
+        )
+        if support.level == UNSAFE and self.request.force:
+            fix += " (force cannot enable an unsafe setting)"
+        if self.request.strict:
+            raise UnsupportedRequestError(
+                f"{asked} is {kind} on backend {self.backend!r}: {support.why}. "
+                f"Expected a setting this hardware supports (the automatic choice is {setting}={fallback}). "
+                f"Fix: {fix}, or turn strict off to downgrade with a warning."
+            )
+        self.warnings.append(f"{asked} is {kind} here and was downgraded to {setting}={fallback}: {support.why}")
+        return False
+
+
+# ---------------------------------------------------------------------------------------------- backends
+def _statuses(hardware: Hardware, registry: BackendRegistry) -> dict[str, BackendStatus]:
+    """Every backend's status before planning: usable per its probe (and TensorFlow's device list), or why not."""
+    statuses: dict[str, BackendStatus] = {}
+    for backend in registry:
+        probe = hardware.get(backend.name)
+        failed = False
+        if probe is None:
+            ok, reason = False, "not probed"
+        elif probe.error is not None:
+            ok, reason, failed = False, f"probe failed: {probe.error}", True
+        else:
+            ok, reason = probe.available, probe.reason
+            device_type = backend.tf_device_type
+            if ok and device_type and hardware.tf_device_types is not None and device_type not in hardware.tf_device_types:
+                ok = False
+                reason = (
+                    f"{reason}, but TensorFlow lists no {device_type} device (a CPU-only TensorFlow build, missing "
+                    f"device libraries or a plugin that did not load): check `python -m amp_backends.info`"
+                )
+        statuses[backend.name] = BackendStatus(backend.name, ok, reason, False, failed)
+    for name, err in registry.load_errors.items():
+        statuses[name] = BackendStatus(name, False, f"failed to load: {err}", False, True)
+    return statuses
+
+
+def _assess(backend: Backend, probe: BackendProbe, hardware: Hardware) -> Assessment:
+    try:
+        a = backend.assess(probe, hardware)
+    except Exception as exc:  # a backend's bug must not break the others
+        raise _BackendFailed(f"assess() raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(a, Assessment):
+        raise _BackendFailed(f"assess() returned {type(a).__name__}, expected an Assessment")
+    errors = a.contract_errors()
+    if errors:
+        raise _BackendFailed("its assessment breaks the backend contract: " + "; ".join(errors))
+    return a
+
+
+def _vendor_settings(backend: Backend, plan: Plan) -> tuple[VendorSetting, ...]:
+    try:
+        settings = tuple(backend.vendor_settings(plan))
+    except Exception as exc:
+        raise _BackendFailed(f"vendor_settings() raised {type(exc).__name__}: {exc}") from exc
+    bad = [s for s in settings if not isinstance(s, VendorSetting)]
+    if bad:
+        raise _BackendFailed(f"vendor_settings() returned {bad[0]!r}, expected VendorSetting instances")
+    return settings
+
+
+def _order(statuses: dict[str, BackendStatus], request: Request) -> tuple[list[str], str | None]:
+    """The available backends to try, best first (the one asked for first), and why an asked-for one is not
+    available (``None`` if it is, or none was asked for)."""
+    source = request.sources.get("backend", "argument")
+    requested = request.backend if request.backend != "auto" else None
+    if requested and requested in statuses and statuses[requested].failed:
+        raise BackendError(
+            f"backend={requested} (from {source}) failed: {statuses[requested].reason}. Expected a backend that "
+            f"loads, probes and assesses its hardware. Fix: remove the override to plan with the next available "
+            f"backend, or repair or uninstall the distribution that provides {requested!r}."
+        )
+    order = [name for name, s in statuses.items() if s.available]
+    if not requested or requested in order:
+        return sorted(order, key=lambda name: name != requested), None
+    why = statuses[requested].reason if requested in statuses else "not registered"
+    if request.strict:
+        raise UnsupportedRequestError(
+            f"backend={requested} (from {source}) is not available: {why}. "
+            f"Available: {', '.join(order) or 'none'}. Fix: choose one of those, or remove the override."
+        )
+    return order, why
+
+
+def make_plan(hardware: Hardware, request: Request, registry: BackendRegistry, keras: KerasInfo | None = None) -> Plan:
+    """Decide the plan for ``hardware`` under ``request``. Pure: no TensorFlow, no I/O.
+
+    ``keras`` is the Keras ``tf.keras`` is (``None``: unknown, so no float8 training).
+
+    Raises :class:`~amp_backends.errors.UnsupportedRequestError` for a request ``strict`` refuses, and
+    :class:`~amp_backends.errors.BackendError` when the backend asked for by name failed, or when no
+    backend is usable at all.
+    """
+    statuses = _statuses(hardware, registry)
+    source = request.sources.get("backend", "argument")
+    requested = request.backend if request.backend != "auto" else None
+    order, unavailable_request = _order(statuses, request)
+    for name in order:
+        backend = registry.get(name)
+        probe = hardware.get(name)
+        assert probe is not None  # available statuses come from probes
+        try:
+            assessment = _assess(backend, probe, hardware)
+            plan = _resolve(assessment, request, name, keras)
+            settings = _vendor_settings(backend, plan)
+        except _BackendFailed as exc:
+            statuses[name] = BackendStatus(name, False, f"failed: {exc}", False, True)
+            if name == requested:
+                raise BackendError(
+                    f"backend={requested} (from {source}) failed: {exc}. Fix: remove the override to plan with the "
+                    f"next available backend, or repair or uninstall the distribution that provides {requested!r}."
+                ) from exc.__cause__
+            continue
+        warnings = []
+        if unavailable_request is not None:
+            warnings.append(f"backend={requested} (from {source}) is not available ({unavailable_request}); "
+                            f"using {name} instead")
+        warnings += [f"backend {s.name!r} {s.reason}; planned with {name} instead" for s in statuses.values() if s.failed]
+        final = tuple(replace(s, selected=s.name == name) for s in statuses.values())
+        return replace(plan, backends=final, vendor_settings=settings, warnings=tuple(warnings) + plan.warnings)
+    raise BackendError(
+        "No backend is available, not even the CPU: "
+        + "; ".join(f"{s.name}: {s.reason}" for s in statuses.values())
+        + ". Fix: check `python -m amp_backends.info`; reinstall the package if the cpu backend is missing."
+    )
+
+
+# ---------------------------------------------------------------------------------------------- settings
+def _resolve_switch(r: _Resolver, name: str, requested: bool | None, auto: bool, support: Support,
+                    reasons: dict[str, str]) -> bool:
+    """An on/off setting: the automatic value, or the request if the hardware honours it (off always can)."""
+    value = auto
+    if requested is not None and requested != auto:
+        value = False if requested is False else r.check(name, "on", support, "off")
+    state = "on" if value else "off"
+    source = r.request.sources.get(name, "argument")
+    if requested is None:
+        reasons[name] = f"{state}: {support.why}"
+    elif value == requested:
+        reasons[name] = f"{state} as requested ({source}); {support.why}"
+    else:
+        reasons[name] = f"{state}: the requested {'on' if requested else 'off'} ({source}) was downgraded; {support.why}"
+    return value
+
+
+def _resolve_policy(r: _Resolver, a: Assessment, reasons: dict[str, str],
+                    rejected: list[Rejected]) -> tuple[str, str | None]:
+    """The Keras dtype policy, and the type a graph-level rewrite (ITEX's) targets if one was requested."""
+    request = r.request
+    auto_policy = next(p for p in a.preference if a.policies[p].level == NATIVE)
+    policy = auto_policy
+    if request.policy != "auto" and request.policy != auto_policy:
+        if r.check("policy", request.policy, a.policies[request.policy], auto_policy):
+            policy = request.policy
+    if policy == request.policy and request.policy != "auto":
+        reasons["policy"] = f"requested ({request.sources.get('policy', 'argument')}); {a.policies[policy].why}"
+    else:
+        reasons["policy"] = a.policies[policy].why
+    for p in a.preference:
+        if p != policy:
+            rejected.append(Rejected("policy", p, a.policies[p].why))
+
+    if not (request.itex_amp and r.check("itex_amp", "on", a.graph_amp, "off")):
+        return policy, None
+    # the rewrite needs a low-precision type to rewrite to: the policy's, or the backend's best one
+    target = policy if policy != "float32" else next(
+        (p for p in a.preference if p != "float32" and a.policies[p].level == NATIVE), None)
+    if target is None:
+        r.warnings.append("itex_amp=on ignored: this device has no native float16 or bfloat16")
+        return policy, None
+    graph_amp = "bfloat16" if target == "mixed_bfloat16" else "float16"
+    reasons["graph_amp"] = (
+        f"{graph_amp} as requested (itex_amp): the backend rewrites the float32 graph to {graph_amp}; the Keras "
+        f"policy stays float32 so the two do not cast twice. {a.graph_amp.why}"
+    )
+    reasons["policy"] = "float32 for Keras: the backend's graph rewrite does the casting (itex_amp=on)"
+    return "float32", graph_amp
+
+
+def _resolve_loss_scale(r: _Resolver, effective: str, reasons: dict[str, str], rejected: list[Rejected]) -> LossScale:
+    """Loss scaling for the effective compute type: dynamic for float16, none otherwise, or as requested."""
+    request = r.request
+    if request.loss_scale is None:
+        if effective == "mixed_float16":
+            reasons["loss_scale"] = (
+                "dynamic: float16 gradients underflow without scaling; dynamic scaling finds the largest safe "
+                "scale and skips overflowing steps"
+            )
+            rejected.append(Rejected("loss_scale", "fixed", "a fixed scale can overflow (every step skipped) or "
+                                     "underflow; dynamic adapts at no measurable cost in the trainer"))
+            return LossScale.dynamic()
+        reasons["loss_scale"] = (
+            f"none: {'bfloat16 has float32' if effective == 'mixed_bfloat16' else 'float32 has its full'} exponent "
+            "range, so gradients do not underflow"
+        )
+        return LossScale.none()
+    loss_scale = request.loss_scale
+    reasons["loss_scale"] = f"requested ({request.sources.get('loss_scale', 'argument')})"
+    if loss_scale.mode == "none" and effective == "mixed_float16":
+        r.warnings.append(
+            "loss_scale=none with float16: small gradients may flush to zero and training may stall; "
+            "use dynamic (the default) unless you know the gradients' range"
+        )
+    elif loss_scale.mode != "none" and effective != "mixed_float16":
+        r.warnings.append(
+            f"loss_scale={loss_scale.mode} with {effective}: not needed (no float16 underflow), honoured anyway"
+        )
+    return loss_scale
+
+
+def fp8_support(hardware: Support, keras: KerasInfo | None, xla: bool) -> Support:
+    """How float8 training runs: the devices' support (``hardware``, with XLA), given the Keras and XLA in use.
+
+    Keras without float8 layers (Keras 2, Keras < 3.3) makes it unsupported whatever the hardware; fp8 matrix
+    units without XLA run it emulated (TensorFlow executes Keras's quantize-dequantize ops around ordinary
+    matmuls; XLA fuses them into fp8 GEMMs).
+    """
+    keras_ok, keras_why = float8_training(keras)
+    if not keras_ok:
+        return Support(UNSUPPORTED, keras_why)
+    if hardware.level != NATIVE:
+        return hardware
+    if not xla:
+        return Support(EMULATED, "XLA is off: without it TensorFlow runs Keras's float8 layers as quantize-dequantize "
+                                 "ops around ordinary matmuls (emulated, slower); XLA fuses them into fp8 GEMMs")
+    return Support(NATIVE, f"{hardware.why}; {keras_why}")
+
+
+def _resolve_fp8(r: _Resolver, a: Assessment, keras: KerasInfo | None, xla: bool, reasons: dict[str, str]) -> bool:
+    """float8 training: off unless asked for (not measured faster yet), on where native, forced, or refused."""
+    support = fp8_support(a.fp8, keras, xla)
+    value = _resolve_switch(r, "fp8", r.request.fp8, False, support, reasons)
+    if r.request.fp8 is None:
+        reasons["fp8"] = (
+            f"off by default until a measurement shows float8 faster than float16, although native here ({support.why}). "
+            "Turn it on with fp8=on / AMP_FP8=on, then plan.prepare_model(model)"
+            if support.level == NATIVE else f"off: {support.why}"
+        )
+    return value
+
+
+def _resolve(a: Assessment, request: Request, chosen: str, keras: KerasInfo | None = None) -> Plan:
+    """Resolve every setting of the request against one backend's assessment."""
+    r = _Resolver(request, chosen)
+    reasons: dict[str, str] = {}
+    rejected: list[Rejected] = []
+
+    policy, graph_amp = _resolve_policy(r, a, reasons, rejected)
+    effective = {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}.get(graph_amp or "", policy)
+    loss_scale = _resolve_loss_scale(r, effective, reasons, rejected)
+
+    # --- TF32 and XLA -------------------------------------------------------------------------
+    tf32 = _resolve_switch(r, "tf32", request.tf32, a.tf32.level == NATIVE and a.tf32_default, a.tf32, reasons)
+    xla = _resolve_switch(r, "xla", request.xla, a.xla_default and a.xla.level == NATIVE, a.xla, reasons)
+    fp8 = _resolve_fp8(r, a, keras, xla, reasons)
+    reasons["steps_per_execution"] = f"{a.steps_per_execution}: {a.steps_per_execution_why}"
+
+    return Plan(
+        backend=chosen,
+        devices=a.devices,
+        policy=policy,
+        loss_scale=loss_scale,
+        tf32=tf32,
+        xla=xla,
+        reasons=reasons,
+        rejected=tuple(rejected),
+        warnings=tuple(r.warnings),
+        backends=(),
+        request=request,
+        notes=a.notes,
+        graph_amp=graph_amp,
+        assessment=a,
+        fp8=fp8,
+        steps_per_execution=a.steps_per_execution,
+    )

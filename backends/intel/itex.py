@@ -1,0 +1,111 @@
+"""Intel Extension for TensorFlow (ITEX): whether it is usable, and its two settings.
+
+Read without importing ITEX (package metadata and file names), because ITEX X.Y only loads into
+TensorFlow X.Y: a mismatch fails at import or aborts. Used by the Intel backend (XPUs) and by the CPU
+backend (ITEX's CPU backend changes what is safe and fast on a CPU).
+
+The settings: ``ITEX_FP32_MATH_MODE`` (``TF32`` on Xe-HPC XPUs, ``BF32`` on AMX CPUs) lets float32
+matmuls use low-precision units; ITEX reads it from the environment when it builds its kernels, so it
+is set before the first op runs, and a value the user set is kept. ITEX's auto mixed precision rewrites
+the float32 graph to bfloat16 or float16 (``itex.set_config``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import MutableMapping
+
+from amp_backends.software import installed_version, minor_version, tensorflow_version
+
+ITEX_DISTRIBUTION = "intel-extension-for-tensorflow"
+ITEX_EOL = (
+    "end-of-life: Intel stopped ITEX development (last release 2.15.0.3, 2025-03; no plan beyond TensorFlow 2.16, "
+    "Python <= 3.11)"
+)
+MATH_MODE_VARIABLE = "ITEX_FP32_MATH_MODE"
+AMP_SETTING = "itex_auto_mixed_precision"
+
+
+@dataclass(frozen=True)
+class ItexStatus:
+    """Whether Intel Extension for TensorFlow is installed and usable with the installed TensorFlow.
+
+    ``compatible`` means ITEX matches TensorFlow, so TensorFlow loads it as a plugin when imported.
+    """
+
+    version: str | None
+    tf_version: str | None
+    compatible: bool
+    reason: str
+
+    @property
+    def installed(self) -> bool:
+        return self.version is not None
+
+
+def itex_status(itex_version: str | None = None, tf_version: str | None = None, *, look: bool = True) -> ItexStatus:
+    """ITEX X.Y.* needs TensorFlow X.Y.*: a mismatch fails at import (or aborts), so it is never loaded then."""
+    if look:
+        itex_version = itex_version or installed_version(ITEX_DISTRIBUTION)
+        tf_version = tf_version or tensorflow_version()
+    if itex_version is None:
+        return ItexStatus(None, tf_version, False, "Intel Extension for TensorFlow is not installed")
+    if tf_version is None:
+        return ItexStatus(itex_version, None, False, f"ITEX {itex_version} is installed but TensorFlow is not")
+    if minor_version(itex_version) != minor_version(tf_version):
+        want = ".".join(map(str, minor_version(itex_version)))
+        return ItexStatus(
+            itex_version,
+            tf_version,
+            False,
+            f"ITEX {itex_version} needs TensorFlow {want}.x but TensorFlow {tf_version} is installed: ITEX will not "
+            f"load (use an environment with tensorflow=={want}.* for Intel GPUs)",
+        )
+    return ItexStatus(itex_version, tf_version, True, f"ITEX {itex_version} matches TensorFlow {tf_version}")
+
+
+def itex_software_row(status: ItexStatus) -> tuple[str, str]:
+    """The report's software row for ITEX."""
+    return ("ITEX", f"{status.version}: {status.reason}; {ITEX_EOL}" if status.installed else status.reason)
+
+
+def itex_libraries() -> list[str]:
+    """ITEX's native backends installed (``cpu``/``gpu``), read from files, without importing ITEX."""
+    spec = importlib.util.find_spec("intel_extension_for_tensorflow")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    found = set()
+    for folder in spec.submodule_search_locations:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for n in names:
+            if n.startswith("libitex_cpu"):
+                found.add("cpu")
+            if n.startswith("libitex_gpu") or n.startswith("libitex_xpu"):
+                found.add("gpu")
+    return sorted(found)
+
+
+def apply_math_mode(mode: str, environ: MutableMapping[str, str] | None = None) -> str:
+    """Set ``ITEX_FP32_MATH_MODE`` to ``mode`` unless the user set it; returns a note for the log."""
+    env = os.environ if environ is None else environ
+    current = env.get(MATH_MODE_VARIABLE)
+    if current and current.upper() != mode.upper():
+        return f"{MATH_MODE_VARIABLE}={current} set by the user is kept (the plan would use {mode})"
+    env[MATH_MODE_VARIABLE] = mode
+    return f"{MATH_MODE_VARIABLE}={mode}"
+
+
+def configure_itex_amp(data_type: str) -> str:
+    """Turn on ITEX's graph-level auto mixed precision for ``data_type`` (``BFLOAT16`` or ``FLOAT16``)."""
+    import intel_extension_for_tensorflow as itex
+
+    config = itex.ConfigProto()
+    config.graph_options.auto_mixed_precision = itex.ON
+    config.graph_options.auto_mixed_precision_options.data_type = getattr(itex, data_type)
+    itex.set_config(config)
+    return f"ITEX auto mixed precision on ({data_type})"

@@ -1,0 +1,211 @@
+"""The backend contract: every registered backend through probe, assess, report rows, vendor settings and apply;
+and deliberately broken backends, which must never break the others."""
+
+from __future__ import annotations
+
+import json
+import types
+import warnings
+
+import pytest
+
+from fakes import AMD_HERE, H100, MAX1550, SAPPHIRE_RAPIDS, cpu_of, intel, machine, nvidia
+
+from amp_backends.assessment import EMULATED, NATIVE, UNSUPPORTED, Assessment, Support, VendorSetting
+from amp_backends.backends.cpu import CpuBackend
+from amp_backends.backends.intel import IntelBackend
+from amp_backends.backends.nvidia import NvidiaBackend
+from amp_backends.commands.report import collect
+from amp_backends.configure import auto_configure, plan_for
+from amp_backends.errors import AmpWarning, BackendError
+from amp_backends.hardware import Accelerator, BackendProbe, Hardware
+from amp_backends.planner import make_plan
+from amp_backends.registry import Backend, BackendRegistry, default_registry
+from amp_backends.request import build_request
+
+# Hardware on which each shipped backend is available (a backend of another distribution uses the real machine).
+SAMPLES = {
+    "nvidia": machine(nvidia(H100), cpu_of(AMD_HERE)),
+    "intel": machine(intel(MAX1550), cpu_of(AMD_HERE)),
+    "cpu": machine(cpu_of(SAPPHIRE_RAPIDS, itex=True)),
+}
+
+
+class FakeTF:
+    """Just enough of ``tensorflow`` for a backend's ``apply``: device listing and visibility, recorded."""
+
+    def __init__(self) -> None:
+        self.hidden: list[str] = []
+        self.config = types.SimpleNamespace(
+            list_physical_devices=lambda kind=None: [],
+            set_visible_devices=lambda devices, kind=None: self.hidden.append(kind),
+        )
+
+
+def is_rows(rows) -> bool:
+    return isinstance(rows, list) and all(isinstance(r, tuple) and len(r) == 2 and all(isinstance(x, str) for x in r)
+                                          for r in rows)
+
+
+def sample_hardware(backend: Backend) -> Hardware:
+    if backend.name in SAMPLES:
+        return SAMPLES[backend.name]
+    probe = backend.probe()
+    if not probe.available:
+        pytest.skip(f"backend {backend.name!r} has no sample hardware in these tests and none on this machine "
+                    f"({probe.reason})")
+    return Hardware((probe, *SAMPLES["cpu"].probes[2:]))
+
+
+@pytest.fixture(params=default_registry().names())
+def backend(request, registry):
+    return registry.get(request.param)
+
+
+def test_probe_returns_plain_data_that_explains_itself(backend):
+    probe = backend.probe()  # the real machine, without TensorFlow
+    assert isinstance(probe, BackendProbe) and probe.backend == backend.name and probe.error is None
+    assert isinstance(probe.reason, str) and probe.reason.strip()
+    assert all(isinstance(d, Accelerator) for d in probe.devices) and probe.available == bool(probe.devices)
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in probe.details)
+    json.dumps(probe.to_dict())
+    assert is_rows(backend.report_rows(probe)) and is_rows(backend.software_rows())
+
+
+def test_assess_answers_every_setting_and_prefers_a_native_policy(backend):
+    hardware = sample_hardware(backend)
+    probe = hardware.get(backend.name)
+    a = backend.assess(probe, hardware)
+    assert isinstance(a, Assessment) and a.backend == backend.name and a.contract_errors() == []
+    assert a.devices and all(d.startswith("/") for d in a.devices)
+    assert backend.assess(probe, hardware) == a  # pure: the same answer twice
+    assert is_rows(backend.report_rows(probe))
+
+
+def test_plan_vendor_settings_and_apply(backend, registry, monkeypatch):
+    monkeypatch.setenv("ITEX_FP32_MATH_MODE", "")  # restored after the test: apply may set it
+    hardware = sample_hardware(backend)
+    plan = make_plan(hardware, build_request(registry.names(), environ={}, backend=backend.name), registry)
+    assert plan.backend == backend.name and plan.warnings == () and plan.assessment is not None
+    assert all(isinstance(s, VendorSetting) for s in plan.vendor_settings)
+    assert backend.vendor_settings(plan) == plan.vendor_settings
+    notes = backend.apply(plan, FakeTF())
+    assert isinstance(notes, list) and all(isinstance(n, str) for n in notes)
+    for setting in plan.vendor_settings:  # a setting the backend names, it applies (and says so)
+        assert any(setting.value in n for n in notes), (setting, notes)
+
+
+# --------------------------------------------------------------------------------------------- broken backends
+def native(why="fake") -> Support:
+    return Support(NATIVE, why)
+
+
+class Fake(Backend):
+    """A third-party backend with a device, above every shipped backend, that works unless told otherwise."""
+
+    name, priority, tf_device_type = "rocm", 400, None
+
+    def probe(self, *, use_tensorflow=False):
+        return BackendProbe(self.name, True, "1 fake GPU", devices=(Accelerator("amd", 0, "MI300X"),))
+
+    def assess(self, probe, hardware):
+        return Assessment(self.name, ("/GPU:0",), {p: native() for p in ("float32", "mixed_float16", "mixed_bfloat16")},
+                          ("mixed_bfloat16", "float32", "mixed_float16"), Support(UNSUPPORTED, "no"), native(), True)
+
+
+class AssessRaises(Fake):
+    def assess(self, probe, hardware):
+        return {}["compute_capability"]
+
+
+class NoNativePolicy(Fake):
+    def assess(self, probe, hardware):
+        slow = Support(EMULATED, "emulated")
+        return Assessment(self.name, ("/GPU:0",), {p: slow for p in ("float32", "mixed_float16", "mixed_bfloat16")},
+                          ("float32",), Support(UNSUPPORTED, "no"), slow, False)
+
+
+class ProbeRaises(Fake):
+    def probe(self, *, use_tensorflow=False):
+        raise OSError("libamdhip64.so: cannot open shared object file")
+
+
+class RowsRaise(Fake):
+    def report_rows(self, probe):
+        raise RuntimeError("rows broke")
+
+    def software_rows(self):
+        raise RuntimeError("software rows broke")
+
+
+class SettingsRaise(Fake):
+    def vendor_settings(self, plan):
+        raise ValueError("settings broke")
+
+
+def with_shipped(broken: Backend) -> BackendRegistry:
+    return BackendRegistry([NvidiaBackend(), IntelBackend(), CpuBackend(), broken])
+
+
+@pytest.mark.parametrize("broken,why", [
+    (AssessRaises(), "assess() raised KeyError: 'compute_capability'"),
+    (NoNativePolicy(), "no native dtype policy"),
+    (ProbeRaises(), "probe failed: OSError: libamdhip64.so"),
+    (SettingsRaise(), "vendor_settings() raised ValueError: settings broke"),
+])
+def test_a_broken_backend_is_skipped_named_and_refused_by_name(broken, why):
+    reg = with_shipped(broken)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan = auto_configure(registry=reg, apply=False, verbose=False)
+    assert plan.backend != "rocm"
+    status = next(b for b in plan.backends if b.name == "rocm")
+    assert status.failed and not status.available and not status.selected and why in status.reason
+    assert any("'rocm'" in str(w.message) and why in str(w.message) for w in caught if w.category is AmpWarning)
+
+    report = collect(registry=reg, use_tensorflow=False, environ={}).data
+    assert report["plan_error"] is None and report["plan"]["backend"] == plan.backend
+    assert any(why in value for _, value in report["backend_rows"]["rocm"])
+
+    with pytest.raises(BackendError) as err:
+        plan_for(registry=reg, environ={"AMP_BACKEND": "rocm"})
+    assert "backend=rocm (from AMP_BACKEND) failed: " in str(err.value) and why in str(err.value)
+    assert "Fix: remove the override" in str(err.value)
+    named = collect(registry=reg, use_tensorflow=False, environ={"AMP_BACKEND": "rocm"}).data
+    assert named["plan"] is None and "BackendError" in named["plan_error"] and why in named["plan_error"]
+
+
+def test_a_working_third_party_backend_wins_by_priority():
+    plan = auto_configure(registry=with_shipped(Fake()), apply=False, verbose=False)
+    assert plan.backend == "rocm" and plan.policy == "mixed_bfloat16" and plan.warnings == ()
+
+
+def test_broken_report_rows_are_shown_not_raised():
+    report = collect(registry=with_shipped(RowsRaise()), use_tensorflow=False, environ={}).data
+    assert report["backend_rows"]["rocm"] == [["error", "RuntimeError: rows broke"]]
+    assert report["software"]["backends"]["rocm"] == [["error", "RuntimeError: software rows broke"]]
+    assert report["plan"]["backend"] == "rocm"
+
+
+def test_a_backend_that_failed_to_load_is_refused_by_name_with_its_reason():
+    reg = BackendRegistry([CpuBackend()])
+    reg.load_errors["rocm"] = "ImportError: No module named 'rocm_backend'"
+    with pytest.warns(AmpWarning, match="backend 'rocm' failed to load: ImportError"):
+        assert auto_configure(registry=reg, apply=False, verbose=False).backend == "cpu"
+    with pytest.raises(BackendError, match="backend=rocm .*failed to load: ImportError: No module named 'rocm_backend'"):
+        plan_for(registry=reg, environ={"AMP_BACKEND": "rocm"})
+
+
+
+def test_the_cpu_backend_hides_accelerators_from_a_cpu_plan():
+    from amp_backends.backends.cpu.backend import hide_accelerators
+
+    tf = FakeTF()
+    tf.config.list_physical_devices = lambda kind=None: ["dev"] if kind == "GPU" else []
+    assert hide_accelerators(tf) == "hid GPU devices from TensorFlow for the CPU plan" and tf.hidden == ["GPU"]
+
+    def started(devices, kind=None):
+        raise RuntimeError("Visible devices cannot be modified after being initialized")
+
+    tf.config.set_visible_devices = started
+    assert "already started its GPU runtime" in hide_accelerators(tf)

@@ -1,0 +1,142 @@
+"""Keras fit follows the plan's loss scaling: dynamic, fixed and none, on the Keras installed (3 or 2).
+
+``model.compile(optimizer=plan.wrap_optimizer(opt), loss=..., **plan.compile_kwargs())`` under a
+mixed_float16 plan (an H100's, made on fake hardware; XLA off to keep the tests fast). Each mode is
+checked by what fit really does to a one-weight model, ``y = w * x`` computed in float16, whose loss has a
+gradient of 1e-8 with respect to ``y``: below float16's smallest subnormal (6e-8), so without loss scaling
+the weight's gradient is exactly 0, and with a scale of 1024 or more it is not. A second loss with a
+gradient of 10 overflows float16 once scaled by 2^15: a dynamic scale skips that step and halves itself.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+import amp_backends  # noqa: E402
+from amp_backends import keras_compat as kc  # noqa: E402
+from amp_backends.errors import AmpWarning  # noqa: E402
+
+from fakes import AMD_HERE, H100, cpu_of, machine, nvidia  # noqa: E402
+
+K = tf.keras
+KERAS3 = (kc.keras_info(tf).generation or 2) >= 3
+X, Y = np.ones((1, 1), np.float32), np.zeros((1, 1), np.float32)
+
+
+def fp16_plan(loss_scale):
+    return amp_backends.plan_for(machine(nvidia(H100)), xla="off", loss_scale=loss_scale)
+
+
+def tiny_gradient(y_true, y_pred):
+    """dL/dy = 1e-8: flushed to zero in float16 unless the loss is scaled."""
+    return 1e-8 * tf.cast(y_pred, tf.float32)
+
+
+def large_gradient(y_true, y_pred):
+    """dL/dy = 10: 327680 once scaled by 2^15, beyond float16's 65504."""
+    return 10.0 * tf.cast(y_pred, tf.float32)
+
+
+def fit_one_step(plan, loss, lr=1e4):
+    """Build y = w * x (w = 1) under mixed_float16, compile it as the plan says, fit one step; the model."""
+    kc.set_global_policy("mixed_float16", tf)
+    model = K.Sequential([K.Input((1,)), K.layers.Dense(1, use_bias=False, kernel_initializer="ones")])
+    assert model.layers[0].compute_dtype == "float16"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AmpWarning)
+        optimizer = plan.wrap_optimizer(K.optimizers.SGD(lr))
+    model.compile(optimizer=optimizer, loss=loss, **plan.compile_kwargs())
+    model.fit(X, Y, batch_size=1, epochs=1, verbose=0)
+    return model
+
+
+def weight(model) -> float:
+    return float(model.layers[0].kernel.numpy().ravel()[0])
+
+
+def test_compile_kwargs_per_keras_generation():
+    assert kc.compile_kwargs(True, 4, generation=3) == {"jit_compile": True, "steps_per_execution": 4,
+                                                         "auto_scale_loss": False}
+    assert kc.compile_kwargs(False, 1, generation=2) == {"jit_compile": False, "steps_per_execution": 1}
+    assert ("auto_scale_loss" in fp16_plan("dynamic").compile_kwargs()) is KERAS3
+
+
+def test_without_the_plan_keras_adds_dynamic_scaling_under_float16():
+    """What wrap_optimizer and compile_kwargs are for: plain compile ignores a plan without scaling."""
+    kc.set_global_policy("mixed_float16", tf)
+    model = K.Sequential([K.Input((1,)), K.layers.Dense(1)])
+    model.compile(optimizer=K.optimizers.SGD(0.1), loss="mse")
+    assert kc.loss_scale_of(model.optimizer)[0] == "dynamic"
+
+
+def test_dynamic_scales_the_loss_and_skips_an_overflowing_step():
+    scaled = fit_one_step(fp16_plan("dynamic"), tiny_gradient)
+    assert kc.is_loss_scale_optimizer(scaled.optimizer)
+    assert 0.9998 < weight(scaled) < 0.99995  # 1 - 1e4 * 1e-8: the gradient survived float16
+    overflow = fit_one_step(fp16_plan("dynamic"), large_gradient)
+    assert kc.loss_scale_of(overflow.optimizer) == ("dynamic", 2.0**14)  # halved from 2^15
+    assert weight(overflow) == 1.0  # the step was skipped
+
+
+def test_dynamic_takes_the_plans_initial_scale_and_growth():
+    plan = amp_backends.plan_for(machine(nvidia(H100)), xla="off",
+                                 loss_scale=amp_backends.LossScale.dynamic(initial=256, growth_interval=7))
+    opt = plan.wrap_optimizer(K.optimizers.SGD(0.1))
+    assert kc.loss_scale_of(opt) == ("dynamic", 256.0)
+    assert (opt.dynamic_growth_steps if KERAS3 else int(opt.dynamic_growth_steps)) == 7
+
+
+def test_fixed_multiplies_the_loss_and_keeps_its_scale():
+    model = fit_one_step(fp16_plan("fixed:1024"), tiny_gradient)
+    assert kc.loss_scale_of(model.optimizer) == ("fixed", 1024.0)
+    assert 0.9998 < weight(model) < 0.99995  # 1e-8 * 1024 survived float16, unscaled before the update
+    if KERAS3:  # Keras 3: the optimizer itself, with loss_scale_factor; no LossScaleOptimizer
+        assert not kc.is_loss_scale_optimizer(model.optimizer) and model.optimizer.loss_scale_factor == 1024.0
+    else:
+        assert kc.is_loss_scale_optimizer(model.optimizer) and not model.optimizer.dynamic
+
+
+def test_fixed_applies_an_overflowing_step_as_documented():
+    """Neither Keras skips a non-finite step under a fixed scale: the scale stays, the weight is lost."""
+    model = fit_one_step(fp16_plan("fixed:65536"), large_gradient)
+    assert kc.loss_scale_of(model.optimizer) == ("fixed", 65536.0)
+    assert not np.isfinite(weight(model))
+
+
+def test_fixed_warns_under_float16_that_overflowing_steps_are_not_skipped():
+    with pytest.warns(AmpWarning, match="applied, not skipped"):
+        fp16_plan("fixed:1024").wrap_optimizer(K.optimizers.SGD(0.1))
+
+
+def test_none_means_no_scaling_even_under_mixed_float16():
+    model = fit_one_step(fp16_plan("none"), tiny_gradient)
+    assert weight(model) == 1.0  # the 1e-8 gradient flushed to zero in float16: nothing scaled it
+    if KERAS3:
+        assert not kc.is_loss_scale_optimizer(model.optimizer) and model.optimizer.loss_scale_factor is None
+        assert kc.loss_scale_of(model.optimizer) == ("none", None)
+    else:  # Keras 2 wraps any other optimizer under mixed_float16: a fixed scale of 1 stands in for none
+        assert kc.loss_scale_of(model.optimizer) == ("fixed", 1.0)
+
+
+def test_a_bfloat16_plan_leaves_the_optimizer_alone():
+    plan = amp_backends.plan_for(machine(cpu_of(AMD_HERE)), policy="bf16", force=True)
+    opt = K.optimizers.SGD(0.1)
+    assert plan.loss_scale.mode == "none" and plan.wrap_optimizer(opt) is opt
+
+
+def test_wrapping_is_idempotent_and_refuses_other_scaling():
+    plan = fp16_plan("fixed:1024")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AmpWarning)
+        once = plan.wrap_optimizer("sgd")  # a name, as compile takes
+        assert plan.wrap_optimizer(once) is once  # compiling twice with one optimizer
+        dynamic = fp16_plan("dynamic").wrap_optimizer(K.optimizers.SGD(0.1))
+        with pytest.raises(ValueError, match=r"Received \w+ with dynamic loss scaling.*Fix: pass the plain optimizer"):
+            plan.wrap_optimizer(dynamic)
+    with pytest.raises(TypeError, match="takes a Keras optimizer.*Received: 0.1"):
+        plan.wrap_optimizer(0.1)
