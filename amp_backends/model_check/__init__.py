@@ -1,0 +1,79 @@
+"""The precision check: what in a Keras model makes mixed precision slow or wrong on the planned device.
+
+Mixed precision speeds training up only where the matmuls and convolutions really run in float16 or
+bfloat16 on the device's matrix units (NVIDIA Tensor Cores, Intel XMX, AMX on CPUs), and it stays
+accurate only where the few numerically delicate steps — the final softmax, the loss — stay in float32.
+Models break both quietly: a layer pinned to float32, a custom layer that casts before its matmul, a
+softmax left in float16, widths of 63 or a batch of 4090 that the Tensor Cores run at a fraction of their
+rate, resizes that no matrix unit accelerates. Profilers show the symptoms; :func:`check_model` names the
+causes from the model alone::
+
+    import amp_backends
+    plan = amp_backends.auto_configure()
+    model = build_model()
+    print(amp_backends.check_model(model, batch_size=1024))   # a table; .to_json() for machines
+
+It traces the model's forward pass once (``tf.function(...).get_concrete_function``; nothing runs, nothing
+changes), reads every matmul and convolution of the graph — the dtype it computes in, its shapes, its
+FLOPs — maps each op to the layer that created it, and judges them against the plan's device (see
+:mod:`.target`) with the rules of :mod:`.rules`. ``amp-backends check MODULE:FACTORY``
+(:func:`.command.check_command`) does the same from the command line.
+
+Findings (``code``: when, severity)
+    ``final-activation``: the model's output is a softmax/log_softmax/sigmoid computed in float16 or
+    bfloat16 (error). ``output-dtype``: an output is float16/bfloat16 (warning). ``float32-compute``: a
+    layer's matmul/convolution runs in float32 under a mixed plan, pinned or cast inside (warning from 1%
+    of the FLOPs, info below). ``policy-mismatch``: the model was built under another policy than the
+    plan's (warning). ``tensor-core-shape``: a layer's widths are not multiples of the matrix units'
+    alignment (8 for float16/bfloat16, 4 for TF32, 16 for fp8; warning from 1% of the FLOPs, info below
+    or when fixed by the data: a first layer's input channels, an output layer's classes).
+    ``batch-size``: the batch misaligns Dense rows (warning from 1%). ``depthwise``: depthwise
+    convolutions, which have no matrix-unit path (info). ``slow-op``: resizes (UpSampling2D) with no
+    matrix-unit path, by share of the forward pass's memory traffic (bytes read and written; warning from
+    5%). ``emulated-policy``: the plan's policy is emulated here, slower than float32 (warning);
+    ``functional-policy``: it runs without a speed-up (info).
+
+Each finding's ``details`` carries the rule's data: ``dims``, ``expected``, ``alignment``, ``unit``
+(``tensor-core-shape``); ``pinned``, ``ops`` (``float32-compute``); ``batch_size``, ``alignment``
+(``batch-size``); ``traffic_share``, ``op_count``, ``forward_ops``, ``ops`` (``slow-op``); ``layers``
+(``depthwise``); ``output``, ``dtype`` (``final-activation``, ``output-dtype``); ``policy`` (the policy rules).
+
+FLOPs are forward-pass matmul and convolution FLOPs per image (one sample), multiply-adds counted as two:
+``2*M*N*K`` for a matmul, ``2*H_out*W_out*K_h*K_w*C_in*C_out`` for a convolution. Shares are of their
+total. Layer widths are checked only where the plan's precision has a matrix unit: on a CPU without AMX,
+or under float32 without TF32, they do not matter and nothing is said about them.
+
+JSON (:meth:`ModelCheck.to_dict`, ``schema_version`` 1; fields are only ever added)::
+
+    {
+      "schema_version": 1,
+      "model": "mnist_cnn",
+      "keras_version": "3.15.1",
+      "plan": {"backend": "nvidia", "devices": ["/GPU:0"], "tf32": true, "xla": true,
+               "policy": "mixed_float16", "compute_dtype": "float16",
+               "policy_support": "native" | "functional" | "emulated",
+               "graph_amp": null | "bfloat16" | "float16", "fp8": false,
+               "matrix_units": {"float16": {"unit": "Tensor Cores", "alignment": 8}, "float32": {...}}},
+      "batch_size": 1024 | null,
+      "summary": {"flops_per_image": 23984896.0,
+                  "dtype_shares": {"float16": 0.999893, "float32": 0.000107},
+                  "reduced_precision_share": 0.999893,
+                  "eligible_share": 0.983659 | null,  # null: no matrix unit for the plan's precision
+                  "matrix_units": {"float16": "Tensor Cores", ...},
+                  "unknown_flops_ops": 0},
+      "counts": {"error": 0, "warning": 0, "info": 3},
+      "findings": [{"severity": "error" | "warning" | "info", "code": "tensor-core-shape",
+                    "layer": "mnist_cnn/conv2d", "what": "...", "why": "...", "fix": "...",
+                    "flops_share": 0.016234 | null, "details": {...}}],   # errors first, then by share
+      "fp8_eligible_layers": ["model/dense_1"],     # may train in float8 (plan.prepare_model quantizes them)
+      "fp8_ineligible_layers": {"model/dense": "the first layer: ..."},   # the other Dense layers, and why
+      "notes": ["..."]
+    }
+"""
+
+from __future__ import annotations
+
+from .check import check_model
+from .result import Finding, ModelCheck, Summary
+
+__all__ = ["check_model", "ModelCheck", "Finding", "Summary"]

@@ -1,0 +1,131 @@
+""":func:`check_model`: trace the model, read the planned device, apply the rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _keras
+from .result import ModelCheck
+from .rules import Rules
+from .target import make_target
+from .trace import trace_model
+
+DEFAULT_TRACE_BATCH = 8  # when the batch is unknown: a multiple of every alignment but fp8's
+
+
+def _resolve_plan(plan: Any, hardware: Any) -> tuple[Any, Any]:
+    import amp_backends
+
+    if plan is None:
+        hardware = hardware if hardware is not None else amp_backends.probe_hardware(use_tensorflow=False)
+        plan = amp_backends.current_plan() or amp_backends.plan_for(hardware=hardware)
+        return plan, hardware
+    if not isinstance(plan, amp_backends.Plan):
+        raise TypeError(
+            "check_model(plan=...) takes an amp_backends Plan (from amp_backends.auto_configure(), "
+            f"amp_backends.plan_for() or amp_backends.current_plan()), or None for this machine's. "
+            f"Received: {plan!r} (of type {type(plan).__name__})."
+        )
+    return plan, hardware
+
+
+def _batch(structure: Any, batch_size: int | None) -> int | None:
+    import tensorflow as tf
+
+    static = {leaf.shape[0] for leaf in tf.nest.flatten(structure) if leaf.shape and leaf.shape[0] is not None}
+    if len(static) > 1:
+        raise ValueError(f"The model's inputs have different fixed batch sizes {sorted(static)}: they cannot be called "
+                         "together. Fix: give the inputs the same batch size (or none).")
+    fixed = static.pop() if static else None
+    if fixed is not None and batch_size is not None and fixed != batch_size:
+        raise ValueError(f"The model's inputs have a fixed batch size of {fixed}, but batch_size={batch_size} was "
+                         f"given. Expected batch_size={fixed} or None. Fix: pass batch_size={fixed}, or build the model "
+                         "without a fixed batch size.")
+    return batch_size if batch_size is not None else fixed
+
+
+def check_model(model: Any, plan: Any = None, batch_size: int | None = None, *, hardware: Any = None) -> ModelCheck:
+    """Check a Keras model for what makes mixed precision slow or wrong on the planned device.
+
+    The model's forward pass is traced once (nothing runs and nothing in the model changes) and its graph
+    read: the dtype every matmul and convolution really computes in, their shapes and FLOPs, the ops that
+    produce the model's outputs. Judged against ``plan`` — the current applied plan
+    (:func:`amp_backends.current_plan`) when ``None``, else the plan :func:`amp_backends.plan_for` gives on
+    this machine — it reports outputs that are not float32, a final softmax or sigmoid in float16 or
+    bfloat16, matmuls and convolutions in float32 under a mixed policy (pinned layers, casts inside custom
+    layers), widths and a batch size the matrix units (Tensor Cores, XMX, AMX) run at reduced efficiency,
+    ops with no fast reduced-precision path (resizes), and a policy the hardware only emulates.
+
+    Args:
+        model: a built ``keras.Model`` (functional, Sequential, or subclassed and already built or called).
+        plan: the :class:`~amp_backends.plan.Plan` to judge against; a plan made for other (or fake)
+            hardware checks the model as that hardware would run it.
+        batch_size: the training batch size. It decides whether Dense layers' rows are aligned; without
+            it FLOPs are still per image and the batch is assumed aligned.
+        hardware: the probed :class:`~amp_backends.hardware.Hardware` to plan for when ``plan`` is ``None``
+            (probed here if not given). A plan carries the support table it was made from — its backend's
+            matrix units (Tensor Cores, XMX, AMX) included —, so with a plan this adds nothing.
+
+    Returns:
+        A :class:`~amp_backends.model_check.ModelCheck`: findings (errors first), a summary, JSON.
+
+    Global state — the Keras dtype policy, the applied plan, the model's weights and losses — is left as
+    it was.
+    """
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)):
+        raise TypeError(f"batch_size must be a positive int, such as 1024, or None. Received: {batch_size!r} "
+                        f"(of type {type(batch_size).__name__}).")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, such as 1024, or None. Received: {batch_size}.")
+    tf, _ = _keras.tf_keras()
+    if not _keras.is_keras_model(model):
+        raise TypeError(
+            "check_model() takes a Keras model (keras.Model: functional, Sequential or subclassed) of the Keras that "
+            f"tf.keras is ({_keras.keras_version(tf)}). Received: {model!r} (of type {type(model).__name__}). "
+            "Fix: pass the model itself (for a layer, wrap it: keras.Sequential([keras.Input(shape), layer]))."
+        )
+    if not model.built:
+        raise ValueError(
+            f"The model {model.name!r} is not built, so its layers have no weights and no input shape to trace. "
+            "Expected a built model. Fix: build it with keras.Input(...) (functional or Sequential), or call "
+            "model.build(input_shape) or the model itself on a batch first."
+        )
+    plan, hardware = _resolve_plan(plan, hardware)
+    structure = _keras.input_structure(model)
+    if structure is None:
+        raise ValueError(
+            f"Cannot tell the input shape of the model {model.name!r} (a subclassed model built without an input "
+            "shape). Expected a model built with keras.Input, or by model.build(input_shape) / a call on a batch. "
+            "Fix: call model.build((None, ...)) or the model on one batch before checking it."
+        )
+    batch = _batch(structure, batch_size)
+    graph = trace_model(model, batch or DEFAULT_TRACE_BATCH, structure)
+    target = make_target(plan, hardware)
+    rules = Rules(graph, target, batch)
+    findings = rules.run()
+    fp8 = rules.fp8_eligibility()
+    notes = []
+    if batch is None:
+        notes.append(f"batch size not given: FLOPs are per image and Dense rows are assumed aligned (traced at batch "
+                     f"{DEFAULT_TRACE_BATCH}); pass batch_size= to check it")
+    if target.graph_amp:
+        notes.append(f"the plan rewrites the float32 graph to {target.graph_amp} itself (graph-level AMP): the "
+                     "float32 layers are expected and not reported")
+    plan_dict = {
+        "backend": plan.backend,
+        "devices": list(getattr(plan, "devices", ())),
+        "tf32": bool(plan.tf32),
+        "xla": bool(plan.xla),
+        **target.to_dict(),
+    }
+    return ModelCheck(
+        model=model.name,
+        keras_version=_keras.keras_version(tf),
+        plan=plan_dict,
+        batch_size=batch,
+        findings=tuple(findings),
+        summary=rules.summary(),
+        fp8_eligible_layers=tuple(path for path, why in fp8 if why is None),
+        fp8_ineligible_layers=tuple((path, why) for path, why in fp8 if why is not None),
+        notes=tuple(notes),
+    )

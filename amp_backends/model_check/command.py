@@ -1,0 +1,139 @@
+"""``amp-backends check MODULE:FACTORY``: build a model from a factory function and print the precision check.
+
+The plan is applied first (``auto_configure`` with the overrides given), so the factory builds the model
+under the plan's dtype policy, as a training script that calls ``auto_configure()`` at its top would.
+The current directory is importable, as with ``python -m``: ``amp-backends check mymodels:build`` finds
+``./mymodels.py``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+import traceback
+from typing import Any, Optional
+
+import typer
+
+from ..request import option_help
+
+_TARGET = re.compile(r"^(?P<module>[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*):(?P<factory>[A-Za-z_][\w]*)$")
+EXAMPLE = "amp_backends.models:mnist_cnn"
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"amp-backends check: error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def parse_target(target: str) -> tuple[str, str]:
+    """``"package.module:factory"`` -> ``("package.module", "factory")``; ValueError when malformed."""
+    match = _TARGET.match(target.strip()) if isinstance(target, str) else None
+    if match is None:
+        raise ValueError(
+            f"expected MODULE:FACTORY, a module's dotted import path and the name of a function in it that returns a "
+            f"Keras model, such as {EXAMPLE}. Received: {target!r}. Fix: write the module and the function name "
+            "separated by one colon, with no file extension or path (mymodels:build for ./mymodels.py)"
+        )
+    return match.group("module"), match.group("factory")
+
+
+def load_factory(module_name: str, factory_name: str) -> Any:
+    """Import ``module_name`` and return its callable ``factory_name``; ValueError saying what went wrong."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, or anything the module raises while it is imported
+        raise ValueError(
+            f"expected an importable module {module_name!r}, but importing it raised {type(exc).__name__}: {exc}. "
+            "Fix: run from the directory that holds it (or put it on PYTHONPATH), and check that "
+            f"`python -c 'import {module_name}'` works"
+        ) from exc
+    factory = getattr(module, factory_name, None)
+    if factory is None:
+        callables = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                           and getattr(v, "__module__", None) == module.__name__)
+        raise ValueError(
+            f"expected a function {factory_name!r} in module {module_name!r} ({getattr(module, '__file__', '?')}), "
+            f"but it has none. Functions defined there: {', '.join(callables) or 'none'}. Fix: name one of them "
+            f"after the colon ({module_name}:<function>)"
+        )
+    if not callable(factory):
+        raise ValueError(
+            f"expected {module_name}.{factory_name} to be a function that returns a Keras model, but it is "
+            f"{factory!r:.80} (of type {type(factory).__name__}). Fix: name a function taking no arguments after the colon"
+        )
+    return factory
+
+
+def check_command(
+    target: str = typer.Argument(..., metavar="MODULE:FACTORY",
+                                 help=f"A function that builds a Keras model with no arguments, such as {EXAMPLE}."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", "--batch_size", min=1,
+                                             help="The training batch size (checks Dense rows; default: not checked)."),
+    json_output: bool = typer.Option(False, "--json", help="Print JSON (schema in amp_backends.model_check)."),
+    backend: Optional[str] = typer.Option(None, "--backend", metavar="NAME",
+                                          help=option_help("backend")),
+    policy: Optional[str] = typer.Option(None, "--policy", metavar="POLICY",
+                                         help=option_help("policy")),
+    xla: Optional[str] = typer.Option(None, "--xla", metavar="auto|on|off", help=option_help("xla")),
+    tf32: Optional[str] = typer.Option(None, "--tf32", metavar="auto|on|off", help=option_help("tf32")),
+    loss_scale: Optional[str] = typer.Option(None, "--loss-scale", metavar="SCALE",
+                                             help=option_help("loss_scale")),
+    itex_amp: Optional[str] = typer.Option(None, "--itex-amp", metavar="on|off",
+                                           help=option_help("itex_amp")),
+    fp8: Optional[str] = typer.Option(None, "--fp8", metavar="auto|on|off", help=option_help("fp8")),
+    strict: bool = typer.Option(False, "--strict", help=option_help("strict")),
+    force: bool = typer.Option(False, "--force", help="Run a slow (emulated) request anyway, to check a model under it."),
+) -> None:
+    """Build a model from MODULE:FACTORY under the plan and check it for what makes mixed precision slow or wrong."""
+    try:
+        module_name, factory_name = parse_target(target)
+    except ValueError as exc:
+        _fail(str(exc))
+        return
+    from ..commands.quiet import import_tensorflow, quiet_tensorflow_logs
+
+    import_tensorflow(quiet_tensorflow_logs())  # TensorFlow's start-up noise filtered, as in the other commands
+    import amp_backends
+    from amp_backends.errors import AmpConfigError
+
+    try:
+        plan = amp_backends.auto_configure(backend=backend, policy=policy, xla=xla, tf32=tf32, loss_scale=loss_scale,
+                                           itex_amp=itex_amp, fp8=fp8, strict=strict or None, force=force or None,
+                                           verbose=False)
+    except AmpConfigError as exc:
+        _fail(str(exc))
+        return
+    try:
+        factory = load_factory(module_name, factory_name)
+    except ValueError as exc:
+        _fail(str(exc))
+        return
+    try:
+        model = factory()
+    except Exception as exc:
+        traceback.print_exc()
+        _fail(f"{module_name}.{factory_name}() raised {type(exc).__name__}: {exc} (traceback above). Expected it to "
+              "build and return a Keras model with no arguments. Fix: the error in the factory, or wrap it in a "
+              "function that passes its arguments", code=1)
+        return
+    from ._keras import is_keras_model
+
+    if not is_keras_model(model):
+        _fail(f"expected {module_name}.{factory_name}() to return a Keras model (keras.Model), but it returned "
+              f"{type(model).__module__}.{type(model).__name__} ({model!r:.80}). Fix: return the model itself "
+              "(for a layer: keras.Sequential([keras.Input(shape), layer]))")
+        return
+    try:
+        result = amp_backends.check_model(model, plan=plan, batch_size=batch_size)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        _fail(str(exc))
+        return
+    if json_output:
+        typer.echo(result.to_json())
+    else:
+        result.render_text()

@@ -1,0 +1,208 @@
+"""The check's result: findings and a summary, rendered as a table (rich) or as JSON."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+SCHEMA_VERSION = 1
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing the check found: how bad, where, what, why it matters and how to fix it.
+
+    ``severity`` is ``error`` (wrong or unstable numbers), ``warning`` (speed lost, with a fix) or
+    ``info`` (real but expected, or too small to matter). ``code`` is a stable identifier of the rule
+    (see the module documentation); ``layer`` the layer's path from the model (``model/block/dense``);
+    ``flops_share`` the share of the model's matmul/convolution FLOPs it concerns, where that applies.
+    """
+
+    severity: str
+    code: str
+    layer: str
+    what: str
+    why: str
+    fix: str
+    flops_share: float | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"Finding severity must be one of {SEVERITIES}. Received: {self.severity!r}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "severity": self.severity,
+            "code": self.code,
+            "layer": self.layer,
+            "what": self.what,
+            "why": self.why,
+            "fix": self.fix,
+            "flops_share": self.flops_share,
+            "details": dict(self.details),
+        }
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Where the model's matmul and convolution FLOPs run.
+
+    ``flops_per_image``: forward-pass matmul + convolution FLOPs for one image (one sample), multiply-adds
+    counted as 2. ``dtype_shares``: their share per compute dtype. ``reduced_precision_share``: the share in
+    float16, bfloat16 or float8. ``eligible_share``: the share on shapes the planned device's matrix units
+    run at full efficiency (``None`` when the plan's precision has no matrix unit there).
+    ``unknown_flops_ops``: matmuls/convolutions whose shapes were not static (not counted).
+    """
+
+    flops_per_image: float
+    dtype_shares: Mapping[str, float]
+    reduced_precision_share: float
+    eligible_share: float | None
+    matrix_units: Mapping[str, str]
+    unknown_flops_ops: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "flops_per_image": self.flops_per_image,
+            "dtype_shares": dict(self.dtype_shares),
+            "reduced_precision_share": self.reduced_precision_share,
+            "eligible_share": self.eligible_share,
+            "matrix_units": dict(self.matrix_units),
+            "unknown_flops_ops": self.unknown_flops_ops,
+        }
+
+
+def _pct(share: float | None) -> str:
+    if share is None:
+        return "-"
+    if 0 < share < 0.001:
+        return "<0.1%"
+    return f"{100 * share:.1f}%"
+
+
+def _flops(value: float) -> str:
+    for unit, scale in (("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.0f} FLOP"
+
+
+@dataclass(frozen=True)
+class ModelCheck:
+    """The result of :func:`~amp_backends.check_model`: findings (worst first) and a summary.
+
+    ``str(result)`` and :meth:`render_text` show a table; :meth:`to_dict` / :meth:`to_json` give the JSON
+    documented in :mod:`amp_backends.model_check`.
+    """
+
+    model: str
+    keras_version: str
+    plan: Mapping[str, Any]
+    batch_size: int | None
+    findings: tuple[Finding, ...]
+    summary: Summary
+    fp8_eligible_layers: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    fp8_ineligible_layers: tuple[tuple[str, str], ...] = ()
+
+    def of_severity(self, severity: str) -> list[Finding]:
+        """The findings of one severity (``error``, ``warning`` or ``info``)."""
+        if severity not in SEVERITIES:
+            raise ValueError(f"severity must be one of {SEVERITIES}. Received: {severity!r}.")
+        return [f for f in self.findings if f.severity == severity]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {s: len(self.of_severity(s)) for s in SEVERITIES}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "model": self.model,
+            "keras_version": self.keras_version,
+            "plan": dict(self.plan),
+            "batch_size": self.batch_size,
+            "summary": self.summary.to_dict(),
+            "counts": self.counts,
+            "findings": [f.to_dict() for f in self.findings],
+            "fp8_eligible_layers": list(self.fp8_eligible_layers),
+            "fp8_ineligible_layers": {path: why for path, why in self.fp8_ineligible_layers},
+            "notes": list(self.notes),
+        }
+
+    def to_json(self, **kwargs: Any) -> str:
+        kwargs.setdefault("indent", 2)
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def headline(self) -> str:
+        p = self.plan
+        batch = f"batch {self.batch_size}" if self.batch_size else "batch not given"
+        return (f"Precision check of {self.model!r} for the plan {p.get('backend')} {p.get('policy')} "
+                f"(tf32 {'on' if p.get('tf32') else 'off'}, xla {'on' if p.get('xla') else 'off'}"
+                f"{', fp8 on' if p.get('fp8') else ''}), {batch}")
+
+    def summary_lines(self) -> list[str]:
+        s = self.summary
+        dtypes = ", ".join(f"{d} {_pct(v)}" for d, v in sorted(s.dtype_shares.items(), key=lambda kv: -kv[1]))
+        lines = [f"matmul + convolution FLOPs: {_flops(s.flops_per_image)} per image (forward); {dtypes or 'none'}",
+                 f"in reduced precision: {_pct(s.reduced_precision_share)}"]
+        if s.eligible_share is None:
+            lines.append(f"matrix-unit (Tensor Core) shapes: not checked: {self.plan.get('compute_dtype')} has no matrix "
+                         f"unit on this {self.plan.get('backend')} device, so layer widths do not matter here (they would "
+                         "on a GPU with Tensor Cores: check with a plan for one)")
+        else:
+            units = ", ".join(f"{u} for {d}" for d, u in s.matrix_units.items() if d in s.dtype_shares)
+            lines.append(f"on shapes the matrix units run at full efficiency: {_pct(s.eligible_share)} ({units})")
+        if s.unknown_flops_ops:
+            lines.append(f"{s.unknown_flops_ops} matmul/convolution op(s) with dynamic shapes were not counted")
+        c = self.counts
+        lines.append(f"findings: {c['error']} error(s), {c['warning']} warning(s), {c['info']} info")
+        if self.plan.get("fp8"):
+            lines.append("fp8-eligible layers: " + (", ".join(self.fp8_eligible_layers) or "none"))
+        return lines + list(self.notes)
+
+    def log_lines(self) -> list[str]:
+        """One line per finding (severity, layer, what, FLOP share, fix), then the summary: for a training log."""
+        lines = [self.headline()]
+        for f in self.findings:
+            share = f" ({_pct(f.flops_share)} of FLOPs)" if f.flops_share is not None else ""
+            lines.append(f"{f.severity}: {f.layer}: {f.what}{share}. Fix: {f.fix}")
+        return lines + self.summary_lines()
+
+    def render_text(self, console: Any = None) -> None:
+        """Print the findings as a table and the summary below it (rich; plain text off a terminal)."""
+        from rich.console import Console
+        from rich.markup import escape
+        from rich.table import Table
+
+        console = console or Console()
+        console.print(escape(self.headline()))
+        if self.findings:
+            table = Table(show_header=True, header_style="bold", show_lines=True)
+            for name, ratio in (("severity", 1), ("layer", 2), ("finding", 4), ("why", 4), ("fix", 4)):
+                table.add_column(name, ratio=ratio, overflow="fold")
+            style = {"error": "bold red", "warning": "yellow", "info": "dim"}
+            for f in self.findings:
+                share = f" ({_pct(f.flops_share)} of FLOPs)" if f.flops_share is not None else ""
+                table.add_row(f"[{style[f.severity]}]{f.severity}[/]", escape(f.layer), escape(f.what + share),
+                              escape(f.why), escape(f.fix))
+            console.print(table)
+        else:
+            console.print("No findings.")
+        for line in self.summary_lines():
+            console.print(escape(line))
+
+    def render(self, width: int = 140) -> str:
+        """The table as plain text (no colours), ``width`` characters wide."""
+        from rich.console import Console
+
+        buffer = io.StringIO()
+        self.render_text(Console(file=buffer, width=width, color_system=None, force_terminal=False))
+        return buffer.getvalue()
+
+    def __str__(self) -> str:
+        return self.render()

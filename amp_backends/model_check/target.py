@@ -1,0 +1,145 @@
+"""What the planned device does with each precision: which matrix units run it, at what alignment.
+
+Matrix units — NVIDIA Tensor Cores, Intel XMX engines, Intel AMX tiles on CPUs — are where mixed
+precision's speed comes from, and they run a matmul or convolution at full efficiency only when its
+dimensions are multiples of 16 bytes: 8 elements for float16/bfloat16, 4 for TF32, 16 for fp8 (NVIDIA's
+"Tensor Core Requirements" for cuBLAS and cuDNN; the same 16-byte rule serves for XMX and AMX, whose tiles
+are multiples of it). Where the plan's precision has no matrix unit (a CPU without AMX, a GPU without Tensor
+Cores, or float32 without TF32) shapes do not matter and the check says nothing about them.
+
+Everything here is read from the :class:`~amp_backends.plan.Plan` — its policy, TF32 and fp8 switches and
+the support table it was decided from (``plan.assessment``: each backend names its matrix units and their
+alignment, :class:`~amp_backends.assessment.MatrixUnit`). A plan built on fake hardware is checked as that
+hardware, wherever the check runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+NATIVE, FUNCTIONAL, EMULATED = "native", "functional", "emulated"
+REDUCED = {"mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class Target:
+    """The planned device, as far as precision and shapes go.
+
+    ``units`` maps a compute dtype (``float16``, ``bfloat16``, ``float32``, ``float8``) to the matrix unit
+    that runs its matmuls and convolutions and the alignment it needs; a dtype absent from it has none.
+    ``policy_level`` is how the hardware supports the plan's policy (``native``, ``functional``,
+    ``emulated``), with ``policy_why``.
+    """
+
+    backend: str
+    policy: str
+    compute_dtype: str
+    policy_level: str
+    policy_why: str
+    units: dict[str, tuple[str, int]] = field(default_factory=dict)
+    fp8: bool = False
+    graph_amp: str | None = None
+    rejected: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the Keras policy computes in float16/bfloat16 (not the backend's own graph rewrite)."""
+        return self.compute_dtype != "float32"
+
+    @property
+    def effective_dtype(self) -> str:
+        """The dtype matmuls run in: the policy's, or the graph rewrite's (``graph_amp``) for float32 ones."""
+        return self.graph_amp or self.compute_dtype
+
+    def unit_for(self, dtype: str, fp8_layer: bool = False) -> tuple[str, int] | None:
+        """The matrix unit and alignment for an op computing in ``dtype`` (``fp8_layer``: a float8 layer).
+
+        Under a graph rewrite (``graph_amp``) float32 ops of the traced graph run in the rewrite's dtype.
+        """
+        if fp8_layer and "float8" in self.units:
+            return self.units["float8"]
+        if dtype == "float32" and self.graph_amp in self.units:
+            return self.units[self.graph_amp]
+        return self.units.get(dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "policy": self.policy,
+            "compute_dtype": self.compute_dtype,
+            "policy_support": self.policy_level,
+            "graph_amp": self.graph_amp,
+            "fp8": self.fp8,
+            "matrix_units": {d: {"unit": u, "alignment": a} for d, (u, a) in self.units.items()},
+        }
+
+
+def fp8_enabled(plan: Any) -> bool:
+    """Whether the plan trains eligible layers in float8 (``plan.fp8``; plans without the setting: no)."""
+    value = getattr(plan, "fp8", None)
+    value = getattr(value, "enabled", value)
+    if isinstance(value, str):
+        return value.strip().lower() not in ("", "off", "false", "no", "none", "0", "unsupported")
+    return bool(value)
+
+
+def _graph_amp(plan: Any) -> str | None:
+    value = getattr(plan, "graph_amp", None) or getattr(plan, "itex_amp", None)
+    return str(value).lower() if value else None
+
+
+def policy_support(plan: Any, policy: str) -> tuple[str, str] | None:
+    """(level, why) of ``policy`` on the plan's device, from the support table the plan carries."""
+    assessment = getattr(plan, "assessment", None)
+    if assessment is not None:
+        support = assessment.policies.get(policy)
+        if support is not None:
+            return support.level, support.why
+    if policy != plan.policy:
+        return None
+    # Without a support table, the plan's warnings record every policy it honoured below native.
+    for warning in plan.warnings:
+        if warning.startswith(f"policy={policy} "):
+            if "force" in warning:
+                return EMULATED, warning
+            if "little or no speed-up" in warning:
+                return FUNCTIONAL, warning
+    return NATIVE, plan.reasons.get("policy", "")
+
+
+def matrix_units(plan: Any) -> dict[str, tuple[str, int]]:
+    """The matrix units the plan's device runs each compute dtype on, as its backend assessed them.
+
+    float16/bfloat16 units count where the hardware has them; the float32 one (TF32 and the like) only
+    when the plan's ``tf32`` is on, the float8 one only when its ``fp8`` is. A plan without a support table
+    (built by hand) has none: shapes are then not judged.
+    """
+    assessment = getattr(plan, "assessment", None)
+    units: dict[str, tuple[str, int]] = {}
+    for dtype, unit in (getattr(assessment, "matrix_units", None) or {}).items():
+        if (dtype == "float32" and not plan.tf32) or (dtype == "float8" and not fp8_enabled(plan)):
+            continue
+        units[dtype] = (unit.name, unit.alignment)
+    return units
+
+
+def make_target(plan: Any, hardware: Any = None) -> Target:
+    """The :class:`Target` of ``plan``, from the support table it carries (``plan.assessment``).
+
+    ``hardware`` is accepted for callers that have the probe at hand; the plan's assessment was made from
+    it, so it adds nothing.
+    """
+    level, why = policy_support(plan, plan.policy) or (NATIVE, "")
+    rejected = {r.value: r.why for r in getattr(plan, "rejected", ()) if getattr(r, "setting", None) == "policy"}
+    return Target(
+        backend=plan.backend,
+        policy=plan.policy,
+        compute_dtype=REDUCED.get(plan.policy, "float32"),
+        policy_level=level,
+        policy_why=why,
+        units=matrix_units(plan),
+        fp8=fp8_enabled(plan),
+        graph_amp=_graph_amp(plan),
+        rejected=rejected,
+    )

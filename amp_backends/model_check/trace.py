@@ -1,0 +1,380 @@
+"""Trace a model's forward pass once and read what its graph really computes.
+
+Layer attributes say what a layer *should* compute in; the graph says what it does: a custom layer that
+casts to float32 before its matmul, or a policy set on the wrong layer, shows only there. The model is
+called once inside ``tf.function(...).get_concrete_function(TensorSpec...)`` (nothing runs, no variable
+changes) with ``training=False``, and every op of the graph is read: its type, its dtype, its input and
+output shapes.
+
+Ops are mapped back to layers exactly, not by guessing from name scopes (Keras 3 enters a layer's scope
+twice, so TensorFlow renames the second ``dense`` scope ``dense_1``, the name of another layer): for the
+duration of the trace each layer's ``call`` is wrapped in a name scope carrying the layer's index, and
+an op belongs to the innermost layer whose scope it was created in. The wrappers are instance
+attributes, removed again before :func:`trace_model` returns, as are any losses the call collected.
+
+FLOPs are counted per batch here (multiply-adds count 2): ``2*M*N*K`` for a matmul, ``2*H_out*W_out*K_h*
+K_w*C_in*C_out`` per image for a convolution (times the batch), ``2*H_out*W_out*K_h*K_w*C`` (times the
+depth multiplier) for a depthwise one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _keras
+
+MATMUL_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"})
+CONV_OPS = frozenset({"Conv2D", "Conv3D", "Conv", "DepthwiseConv2dNative", "Conv2DBackpropInput",
+                      "Conv3DBackpropInputV2"})
+GEMM_OPS = MATMUL_OPS | CONV_OPS
+# Ops that only move or relabel a tensor: a model output produced through them comes from the op before.
+PASSTHROUGH_OPS = frozenset({"Identity", "IdentityN", "Cast", "Reshape", "Squeeze", "ExpandDims", "Transpose",
+                             "StopGradient", "EnsureShape", "CheckNumerics"})
+BOOKKEEPING_OPS = frozenset({"Const", "Placeholder", "ReadVariableOp", "Identity", "IdentityN", "NoOp", "Shape",
+                             "ShapeN", "Size", "Rank", "VarHandleOp", "StopGradient", "EnsureShape"})
+_TOKEN = "ampchk"
+_TOKEN_RE = re.compile(_TOKEN + r"(\d+)")
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """A layer of the model: its path (``model/block/dense``), class, dtype policy and compute dtype."""
+
+    path: str
+    class_name: str
+    policy: str
+    compute_dtype: str
+
+
+@dataclass(frozen=True)
+class GemmOp:
+    """One matmul or convolution of the forward graph.
+
+    ``dims`` names the sizes that decide whether matrix units can run it: ``M`` (rows), ``N`` (columns:
+    units, filters), ``K`` (reduction: input features) for matmuls; ``C_in`` (per group) and ``C_out``
+    for convolutions. ``input_from_data`` says that no other matmul/convolution lies between the model's
+    inputs and this op (its ``K``/``C_in`` is the data's own width); ``output_to_model`` that none lies
+    between it and a model output (its ``N``/``C_out`` is the targets' width).
+    """
+
+    name: str
+    op_type: str
+    kind: str  # "matmul", "conv", "depthwise" or "conv_transpose"
+    layer: int
+    dtype: str
+    flops: int | None
+    dims: dict[str, int | None]
+    input_from_data: bool
+    output_to_model: bool
+    rows_include_batch: bool = False
+    traffic_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class OtherOp:
+    """Any other op on the activations' path: its type, dtype and the bytes it reads and writes."""
+
+    name: str
+    op_type: str
+    layer: int
+    dtype: str | None
+    traffic_bytes: int | None
+
+
+@dataclass(frozen=True)
+class OutputInfo:
+    """One model output: its dtype, and the op that computes it (through casts, reshapes, identities)."""
+
+    index: int
+    dtype: str
+    producer_type: str
+    producer_dtype: str | None
+    layer: int
+
+
+@dataclass
+class ModelGraph:
+    """What :func:`trace_model` read: the model's layers, and the forward graph's ops mapped onto them."""
+
+    model_name: str
+    layers: list[LayerInfo]
+    batch: int
+    gemms: list[GemmOp] = field(default_factory=list)
+    others: list[OtherOp] = field(default_factory=list)
+    outputs: list[OutputInfo] = field(default_factory=list)
+    # Bytes each layer reads (activations and weights) and writes at its boundary, as if its ops were fused.
+    layer_traffic: dict[int, int] = field(default_factory=dict)
+
+    def layer(self, index: int) -> LayerInfo:
+        return self.layers[index]
+
+
+def _dims(tensor: Any) -> list[int | None]:
+    try:
+        return list(tensor.shape.as_list())
+    except ValueError:  # unknown rank
+        return []
+
+
+def _prod(values: list[int | None]) -> int | None:
+    out = 1
+    for v in values:
+        if v is None:
+            return None
+        out *= v
+    return out
+
+
+def _attr(op: Any, name: str, default: Any = None) -> Any:
+    try:
+        return op.get_attr(name)
+    except (ValueError, TypeError):
+        return default
+
+
+def _float_dtype(op: Any) -> str:
+    for t in list(op.inputs) + list(op.outputs):
+        if t.dtype.is_floating:
+            return t.dtype.name
+    return op.inputs[0].dtype.name if op.inputs else "unknown"
+
+
+def _einsum(op: Any) -> tuple[int | None, dict[str, int | None]]:
+    equation = _attr(op, "equation", b"")
+    equation = equation.decode() if isinstance(equation, bytes) else str(equation)
+    if "->" not in equation or len(op.inputs) != 2:
+        return None, {}
+    lhs, out = equation.replace(" ", "").split("->")
+    terms = lhs.split(",")
+    sizes: dict[str, int | None] = {}
+    letters = []
+    for term, tensor in zip(terms, op.inputs, strict=True):
+        shape = _dims(tensor)
+        if "..." in term:  # name the ellipsis dimensions, aligned from the right as broadcasting does
+            n = len(shape) - (len(term) - 3)
+            term = term.replace("...", "".join(chr(0x3B1 + i) for i in range(max(n, 0))))
+        letters.append(term)
+        for ch, size in zip(term, shape, strict=False):
+            if sizes.get(ch) is None:
+                sizes[ch] = size
+    a, b = letters
+    out_letters = set(out) | {ch for ch in sizes if 0x3B1 <= ord(ch) < 0x3B1 + 26}
+    contracted = [ch for ch in a if ch in b and ch not in out_letters]
+    m = [ch for ch in a if ch not in b]
+    n = [ch for ch in b if ch not in a]
+    flops = _prod([sizes[ch] for ch in sizes])
+    dims = {"M": _prod([sizes[ch] for ch in m]), "N": _prod([sizes[ch] for ch in n]),
+            "K": _prod([sizes[ch] for ch in contracted])}
+    return (2 * flops if flops is not None else None), dims
+
+
+def _gemm(op: Any) -> tuple[str, int | None, dict[str, int | None], Any]:
+    """(kind, flops per batch, dims, data operand) of a matmul/convolution op."""
+    t = op.type
+    if t == "MatMul":
+        a, b = _dims(op.inputs[0]), _dims(op.inputs[1])
+        m, k = (a[1], a[0]) if _attr(op, "transpose_a") else (a[0], a[1])
+        n = b[0] if _attr(op, "transpose_b") else b[1]
+        flops = _prod([2, m, n, k])
+        return "matmul", flops, {"M": m, "N": n, "K": k}, op.inputs[0]
+    if t in ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"):
+        a, b, out = _dims(op.inputs[0]), _dims(op.inputs[1]), _dims(op.outputs[0])
+        if len(a) < 2 or len(b) < 2:
+            return "matmul", None, {"M": None, "N": None, "K": None}, op.inputs[0]
+        m, k = (a[-1], a[-2]) if _attr(op, "adj_x") else (a[-2], a[-1])
+        n = b[-2] if _attr(op, "adj_y") else b[-1]
+        numel = _prod(out)
+        flops = 2 * numel * k if numel is not None and k is not None else None
+        return "matmul", flops, {"M": m, "N": n, "K": k}, op.inputs[0]
+    if t == "Einsum":
+        flops, dims = _einsum(op)
+        return "matmul", flops, dims, op.inputs[0]
+    if t == "Conv2DBackpropInput" or t == "Conv3DBackpropInputV2":
+        kernel, grad = _dims(op.inputs[1]), _dims(op.inputs[2])
+        numel = _prod(grad)
+        window = _prod(kernel[:-2]) if kernel else None
+        c_out = kernel[-2] if kernel else None
+        flops = _prod([2, numel, window, c_out]) if numel is not None else None
+        return "conv_transpose", flops, {"C_in": kernel[-1] if kernel else None, "C_out": c_out}, op.inputs[2]
+    kernel, out = _dims(op.inputs[1]), _dims(op.outputs[0])
+    numel = _prod(out)
+    if t == "DepthwiseConv2dNative":
+        window = _prod(kernel[:-2]) if kernel else None
+        flops = _prod([2, numel, window])
+        c_in = kernel[-2] if kernel else None
+        return "depthwise", flops, {"C_in": c_in, "C_out": _prod([c_in, kernel[-1]]) if kernel else None}, op.inputs[0]
+    window = _prod(kernel[:-1]) if kernel else None
+    flops = _prod([2, numel, window])
+    return "conv", flops, {"C_in": kernel[-2] if kernel else None, "C_out": kernel[-1] if kernel else None}, op.inputs[0]
+
+
+def _traffic(op: Any) -> int | None:
+    total = 0
+    for t in list(op.inputs) + list(op.outputs):
+        if t.dtype.is_floating:
+            n = _prod(_dims(t))
+            if n is None:
+                return None
+            total += n * t.dtype.size
+    return total
+
+
+class _Wrapped:
+    """Each layer's ``call`` (and ``quantized_call``) wrapped in a name scope naming the layer, for one trace."""
+
+    def __init__(self, layers: list[Any]) -> None:
+        self.layers = layers
+        self.saved: list[tuple[Any, str, bool, Any]] = []
+
+    def __enter__(self) -> "_Wrapped":
+        import tensorflow as tf
+
+        def wrap(index: int, original: Any) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                with tf.name_scope(f"{_TOKEN}{index}"):
+                    return original(*args, **kwargs)
+
+            return call
+
+        try:
+            for index, layer in enumerate(self.layers):
+                for attr in ("call", "quantized_call"):  # Keras 3 calls quantized_call for quantized layers
+                    if not callable(getattr(layer, attr, None)):
+                        continue
+                    had = attr in layer.__dict__
+                    self.saved.append((layer, attr, had, layer.__dict__.get(attr)))
+                    # object.__setattr__: Keras's own __setattr__ would track the function as layer state.
+                    object.__setattr__(layer, attr, wrap(index, getattr(layer, attr)))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for layer, attr, had, value in reversed(self.saved):
+            if had:
+                object.__setattr__(layer, attr, value)
+            else:
+                object.__delattr__(layer, attr)
+        self.saved.clear()
+
+
+def trace_model(model: Any, batch: int, input_struct: Any) -> ModelGraph:
+    """Trace ``model(inputs, training=False)`` for a batch of ``batch`` and read its graph."""
+    import tensorflow as tf
+
+    walked = list(_keras.walk(model, model.name))
+    layers = [LayerInfo(path, type(obj).__name__, _keras.policy_name(obj), _keras.compute_dtype(obj))
+              for path, obj in walked]
+    objects = [obj for _, obj in walked]
+
+    def spec(leaf: _keras.InputLeaf) -> Any:
+        shape = (batch,) + tuple(leaf.shape[1:]) if leaf.shape else leaf.shape
+        return tf.TensorSpec(shape, leaf.dtype)
+
+    specs = tf.nest.map_structure(spec, input_struct)
+    fn = tf.function(lambda inputs: model(inputs, training=False))
+    losses = _keras.snapshot_losses(objects)
+    try:
+        with _Wrapped(objects):
+            concrete = fn.get_concrete_function(specs)
+    except Exception as exc:
+        shapes = tf.nest.map_structure(lambda s: tuple(s.shape.as_list()), specs)
+        raise RuntimeError(
+            f"check_model could not trace the model {model.name!r}: it calls model(inputs, training=False) on inputs "
+            f"of shape {shapes}, and that raised {type(exc).__name__}: {exc}. Expected a model that runs on such "
+            "inputs. Fix: build the model with keras.Input(...) of the shape it is trained on (or call it once on a "
+            "batch), and pass batch_size=..."
+        ) from exc
+    finally:
+        _keras.restore_losses(losses)
+    return _read_graph(concrete, model.name, layers, batch, len(tf.nest.flatten(specs)))
+
+
+def _layer_of(op_name: str) -> int:
+    found = _TOKEN_RE.findall(op_name)
+    return int(found[-1]) if found else 0
+
+
+def _read_graph(concrete: Any, name: str, layers: list[LayerInfo], batch: int, n_inputs: int) -> ModelGraph:
+    graph = concrete.graph
+    ops = graph.get_operations()
+    data_inputs = {t.op.name for t in graph.inputs[:n_inputs]}
+    on_path: set[str] = set(data_inputs)  # ops computed from the model's inputs (activations)
+    gemm_above: set[str] = set()  # ops with a matmul/convolution upstream
+    for op in ops:  # creation order is a topological order
+        producers = [t.op for t in op.inputs]
+        if any(p.name in on_path for p in producers):
+            on_path.add(op.name)
+        if any(p.name in gemm_above or p.type in GEMM_OPS for p in producers):
+            gemm_above.add(op.name)
+
+    # Matmuls/convolutions that reach an output with no other matmul/convolution in between.
+    to_output: set[str] = set()
+    stack = [t.op for t in concrete.outputs]
+    seen: set[str] = set()
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.type in GEMM_OPS:
+            to_output.add(op.name)
+            continue
+        stack.extend(t.op for t in op.inputs)
+
+    result = ModelGraph(model_name=name, layers=layers, batch=batch)
+    for op in ops:
+        if op.name not in on_path or op.name in data_inputs:
+            continue
+        layer = _layer_of(op.name)
+        if op.type in GEMM_OPS:
+            kind, flops, dims, data = _gemm(op)
+            data_op = data.op
+            from_data = data_op.name not in gemm_above and data_op.type not in GEMM_OPS
+            m = dims.get("M")
+            result.gemms.append(GemmOp(op.name, op.type, kind, layer, _float_dtype(op), flops, dims, from_data,
+                                       op.name in to_output, rows_include_batch=bool(m and m % batch == 0),
+                                       traffic_bytes=_traffic(op)))
+        elif op.type not in BOOKKEEPING_OPS:
+            floating = [t for t in op.outputs if t.dtype.is_floating]
+            result.others.append(OtherOp(op.name, op.type, layer, floating[0].dtype.name if floating else None,
+                                         _traffic(op)))
+    result.layer_traffic = _layer_traffic(ops, {t.name for t in concrete.outputs})
+    for i, tensor in enumerate(concrete.outputs):
+        op = tensor.op
+        while op.type in PASSTHROUGH_OPS and op.inputs:
+            op = op.inputs[0].op
+        producer_dtype = _float_dtype(op) if op.inputs or op.outputs else None
+        result.outputs.append(OutputInfo(i, tensor.dtype.name, op.type, producer_dtype, _layer_of(op.name)))
+    return result
+
+
+def _layer_traffic(ops: list[Any], outputs: set[str]) -> dict[int, int]:
+    """Bytes read and written at each layer's boundary: the memory a fused implementation of it moves."""
+    owner = {op.name: _layer_of(op.name) for op in ops}
+    counted: set[tuple[int, str]] = set()
+    traffic: dict[int, int] = {}
+
+    def add(layer: int, tensor: Any) -> None:
+        if (layer, tensor.name) in counted or not tensor.dtype.is_floating:
+            return
+        n = _prod(_dims(tensor))
+        if n is None:
+            return
+        counted.add((layer, tensor.name))
+        traffic[layer] = traffic.get(layer, 0) + n * tensor.dtype.size
+
+    for op in ops:
+        if op.type in ("Const", "Placeholder", "NoOp"):
+            continue
+        layer = owner[op.name]
+        for t in op.inputs:
+            if owner.get(t.op.name) != layer or t.op.type in ("ReadVariableOp", "Placeholder"):
+                add(layer, t)
+        for t in op.outputs:
+            if t.name in outputs or any(owner.get(c.name) != layer for c in t.consumers()):
+                add(layer, t)
+    return traffic

@@ -1,0 +1,493 @@
+"""The precision check: the tutorials' models, models built to break each rule, one it has not seen, the CLI.
+
+GPU rules run here on plans made for fake hardware (an H100, an A100, a Sapphire Rapids CPU): the check
+judges a model for the plan's device, wherever it runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import textwrap
+
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+import amp_backends  # noqa: E402
+from amp_backends.model_check import ModelCheck, check_model  # noqa: E402
+from amp_backends.model_check.command import check_command, parse_target  # noqa: E402
+from amp_backends.model_check.target import make_target  # noqa: E402
+from amp_backends.models import gan_discriminator, gan_generator, mnist_cnn  # noqa: E402
+from fakes import A100, AMD_HERE, H100, SAPPHIRE_RAPIDS, cpu_of, machine, nvidia  # noqa: E402
+
+K = tf.keras
+L = K.layers
+KERAS3 = int(str(getattr(K, "__version__", "2")).split(".")[0] or 2) >= 3
+
+
+@contextlib.contextmanager
+def policy(name):
+    before = K.mixed_precision.global_policy().name
+    K.mixed_precision.set_global_policy(name)
+    try:
+        yield
+    finally:
+        K.mixed_precision.set_global_policy(before)
+
+
+def build(factory, name="mixed_float16"):
+    with policy(name):
+        return factory()
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return amp_backends.plan_for(machine(nvidia(H100)))
+
+
+@pytest.fixture(scope="module")
+def cpu_fp32():
+    """The plan for a CPU without bf16 instructions (an AVX2 AMD EPYC): float32, no matrix units."""
+    return amp_backends.plan_for(machine(cpu_of(AMD_HERE)))
+
+
+def codes(result: ModelCheck, severity: str | None = None) -> list[str]:
+    return [f.code for f in result.findings if severity is None or f.severity == severity]
+
+
+def by_code(result: ModelCheck, code: str):
+    return [f for f in result.findings if f.code == code]
+
+
+def bad_sizes_generator():
+    """The GAN tutorial's "bad sizes" generator: widths 63/31/7 and Dense 7*7*63 instead of 64/32/8, 7*7*64."""
+    return K.Sequential([
+        K.Input((100,)), L.Dense(7 * 7 * 63), L.Reshape((7, 7, 63)), L.BatchNormalization(),
+        L.Conv2D(63, 5, padding="same", activation="tanh"), L.UpSampling2D(2), L.BatchNormalization(),
+        L.Conv2D(31, 5, padding="same", activation="tanh"), L.UpSampling2D(2), L.BatchNormalization(),
+        L.Conv2D(7, 5, padding="same", activation="tanh"), L.BatchNormalization(),
+        L.Conv2D(1, 5, padding="same", activation="sigmoid", dtype="float32"),
+    ], name="bad_sizes_generator")
+
+
+class CastToFloat32Dense(L.Layer):
+    """A custom layer that computes its matmul in float32 whatever the policy: the kind of layer the graph reveals."""
+
+    def __init__(self, units, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+
+    def build(self, input_shape):
+        self.w = self.add_weight(name="w", shape=(int(input_shape[-1]), self.units))
+
+    def call(self, x):
+        y = tf.matmul(tf.cast(x, tf.float32), tf.cast(self.w, tf.float32))
+        return tf.cast(y, self.compute_dtype)
+
+
+# -- the tutorials' models -------------------------------------------------------------------------------------
+
+def test_mnist_cnn_on_h100_gives_only_the_expected_infos(h100):
+    result = check_model(build(mnist_cnn), plan=h100, batch_size=1024)
+    assert codes(result, "error") == [] and codes(result, "warning") == []
+    shapes = {f.details["dims"].get("input channels") or f.details["dims"].get("units"): f
+              for f in by_code(result, "tensor-core-shape")}
+    assert set(shapes) == {1, 10}  # the one-channel first convolution, the 10-way output
+    assert all("expected" in f.what for f in shapes.values())
+    (fp32,) = by_code(result, "float32-compute")  # the float32 output Dense: the recommended pattern
+    assert fp32.severity == "info" and fp32.details["pinned"] and "output layer" in fp32.what
+    assert len(result.findings) == 3
+    s = result.summary
+    assert s.flops_per_image == pytest.approx(2 * (26 * 26 * 9 * 32 + 24 * 24 * 9 * 32 * 64 + 9216 * 128 + 1280))
+    assert s.reduced_precision_share > 0.999 and 0.95 < s.eligible_share < 0.99
+
+
+def test_gan_discriminator_on_h100(h100):
+    result = check_model(build(gan_discriminator), plan=h100, batch_size=4096)
+    assert codes(result, "error") == [] and codes(result, "warning") == []
+    assert sorted(codes(result)) == ["float32-compute", "tensor-core-shape", "tensor-core-shape"]
+
+
+def test_gan_generator_on_h100_flags_the_upsampling(h100):
+    result = check_model(build(gan_generator), plan=h100, batch_size=4096)
+    assert codes(result, "error") == []
+    slow = by_code(result, "slow-op")
+    assert len(slow) == 2 and all(f.severity == "warning" for f in slow)
+    assert all(0.05 <= f.details["traffic_share"] < 0.5 for f in slow)
+    assert [f.code for f in result.findings if f.severity == "warning"] == ["slow-op", "slow-op"]
+    (noise,) = [f for f in by_code(result, "tensor-core-shape") if "input features" in f.details["dims"]]
+    assert noise.severity == "info" and "104" in noise.fix  # the noise vector's size is a choice
+
+
+def test_bad_sizes_generator_is_flagged_with_its_flop_share(h100):
+    good = check_model(build(gan_generator), plan=h100, batch_size=4096)
+    bad = check_model(build(bad_sizes_generator), plan=h100, batch_size=4090)
+    warned = {f.layer.split("/")[-1]: f for f in bad.findings if f.code == "tensor-core-shape" and f.severity == "warning"}
+    dims = sorted(sorted(v for k, v in f.details["dims"].items() if k not in f.details["expected"])
+                  for f in warned.values())
+    assert dims == [[7, 31], [31, 63], [63, 63], [3087]]  # the Dense's 100 noise inputs are expected
+    assert sum(f.flops_share for f in warned.values()) > 0.95
+    (batch,) = by_code(bad, "batch-size")
+    assert batch.severity == "warning" and "4096" in batch.fix and "4090" in batch.what
+    assert bad.summary.eligible_share < 0.05 < good.summary.eligible_share - 0.9
+    text = str(bad)
+    assert "63" in text and "4090" in text and "warning" in text
+    lines = bad.log_lines()
+    assert len(lines) == 1 + len(bad.findings) + len(bad.summary_lines()) and lines[1].startswith("warning: ")
+
+
+def test_tutorial_models_on_a_float32_cpu_plan_give_nothing(cpu_fp32):
+    for factory in (mnist_cnn, gan_discriminator, gan_generator):
+        result = check_model(build(factory, "float32"), plan=cpu_fp32, batch_size=4090)
+        assert result.findings == (), result
+        assert result.summary.eligible_share is None and result.summary.reduced_precision_share == 0
+        assert "not checked" in str(result)
+
+
+def test_this_machines_plan_is_used_when_none_is_given():
+    model = build(mnist_cnn, "float32")
+    before = K.mixed_precision.global_policy().name
+    result = check_model(model)
+    assert K.mixed_precision.global_policy().name == before
+    assert result.plan["policy"] == amp_backends.plan_for().policy and result.batch_size is None
+    assert any("batch size not given" in n for n in result.notes)
+
+
+def test_the_applied_plan_wins_over_this_machines(monkeypatch, h100):
+    monkeypatch.setattr(amp_backends.configure._state, "plan", h100)  # as if auto_configure had applied it
+    assert check_model(build(mnist_cnn)).plan["backend"] == "nvidia"
+
+
+# -- models built to break one rule each ---------------------------------------------------------------------
+
+def test_custom_layer_casting_to_float32_is_read_from_the_graph(h100):
+    def factory():
+        x = K.Input((256,))
+        h = L.Dense(512, activation="relu")(x)
+        h = CastToFloat32Dense(512, name="sneaky")(h)
+        return K.Model(x, L.Dense(10, dtype="float32")(h), name="custom")
+
+    result = check_model(build(factory), plan=h100, batch_size=256)
+    (f,) = [f for f in by_code(result, "float32-compute") if f.layer == "custom/sneaky"]
+    assert f.severity == "warning" and not f.details["pinned"] and f.flops_share > 0.4
+    assert "tf.cast" in f.why and "MatMul" in f.details["ops"]
+
+
+def test_float16_softmax_head_is_an_error(h100):
+    def factory():
+        x = K.Input((64,))
+        return K.Model(x, L.Dense(10, activation="softmax", name="head")(L.Dense(64)(x)), name="fp16_head")
+
+    result = check_model(build(factory), plan=h100)
+    (f,) = by_code(result, "final-activation")
+    assert (f.severity, f.layer) == ("error", "fp16_head/head")
+    assert "float16" in f.what and "Activation('softmax', dtype='float32')" in f.fix
+    assert by_code(result, "output-dtype") == []  # one finding for one cause
+
+
+def test_bfloat16_sigmoid_as_a_separate_layer_and_a_float16_regression_output():
+    a100_bf16 = amp_backends.plan_for(machine(nvidia(A100)), policy="mixed_bfloat16")
+
+    def factory():
+        x = K.Input((32,))
+        h = L.Dense(32)(x)
+        return K.Model(x, [L.Activation("sigmoid", name="prob")(h), L.Dense(1, name="value")(h)], name="two_heads")
+
+    result = check_model(build(factory, "mixed_bfloat16"), plan=a100_bf16)
+    final = by_code(result, "final-activation")
+    assert [(f.layer, f.details["dtype"]) for f in final] == [("two_heads/prob", "bfloat16")]
+    (out,) = by_code(result, "output-dtype")
+    assert out.layer == "two_heads/value" and out.severity == "warning" and "output 1" in out.what
+
+
+def test_pinned_float32_dense_in_the_middle_is_a_warning(h100):
+    def factory():
+        x = K.Input((512,))
+        h = L.Dense(512)(x)
+        h = L.Dense(512, dtype="float32", name="pinned")(h)
+        return K.Model(x, L.Dense(16, dtype="float32")(L.Dense(512)(h)), name="middle")
+
+    result = check_model(build(factory), plan=h100, batch_size=64)
+    warned = [f for f in by_code(result, "float32-compute") if f.severity == "warning"]
+    assert [f.layer for f in warned] == ["middle/pinned"] and "remove dtype='float32'" in warned[0].fix
+
+
+def test_nested_models_and_sublayers_get_their_paths(h100):
+    class Block(L.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.inner = L.Dense(60, name="inner")
+
+        def call(self, x):
+            return self.inner(x)
+
+    def factory():
+        block = K.Sequential([K.Input((64,)), L.Dense(64, name="first"), Block(name="block")], name="encoder")
+        x = K.Input((64,))
+        return K.Model(x, L.Dense(8, dtype="float32", name="out")(block(x)), name="outer")
+
+    result = check_model(build(factory), plan=h100, batch_size=128)
+    (f,) = [f for f in by_code(result, "tensor-core-shape") if f.severity == "warning"]
+    assert f.layer == "outer/encoder/block/inner" and f.details["dims"] == {"units": 60}
+    assert "64" in f.fix
+
+
+def test_functional_model_with_two_inputs(h100):
+    def factory():
+        image, meta = K.Input((16, 16, 3), name="image"), K.Input((5,), name="meta")
+        h = L.GlobalAveragePooling2D()(L.Conv2D(16, 3, name="conv")(image))
+        h = L.Concatenate()([h, L.Dense(16, name="meta_dense")(meta)])
+        return K.Model([image, meta], L.Dense(4, dtype="float32", name="out")(h), name="two_inputs")
+
+    result = check_model(build(factory), plan=h100, batch_size=32)
+    found = {f.layer: f for f in by_code(result, "tensor-core-shape")}
+    assert found["two_inputs/conv"].severity == "info" and found["two_inputs/conv"].details["expected"] == ["input channels"]
+    assert found["two_inputs/meta_dense"].details["expected"] == ["input features"]
+    assert codes(result, "warning") == [] and codes(result, "error") == []
+
+
+def test_model_built_before_the_plan_is_one_finding_not_one_per_layer(h100):
+    result = check_model(build(mnist_cnn, "float32"), plan=h100, batch_size=1024)
+    assert codes(result)[0] == "policy-mismatch" and "float32-compute" not in codes(result)
+    assert "auto_configure()" in result.findings[0].fix
+    assert result.summary.reduced_precision_share == 0
+
+
+def test_model_in_float16_under_a_float32_plan(cpu_fp32):
+    result = check_model(build(mnist_cnn), plan=cpu_fp32)
+    (f,) = by_code(result, "policy-mismatch")
+    assert "float16" in f.what and "emulat" in f.why
+
+
+def test_emulated_policy_is_a_warning():
+    forced = amp_backends.plan_for(machine(cpu_of(AMD_HERE)), policy="mixed_float16", force=True)
+    assert forced.policy == "mixed_float16"
+    result = check_model(build(mnist_cnn), plan=forced)
+    (f,) = by_code(result, "emulated-policy")
+    assert f.severity == "warning" and "slower than float32" in f.why
+    assert by_code(result, "tensor-core-shape") == []  # no matrix units for an emulated policy
+
+
+def test_amx_cpu_with_its_hardware_gets_shape_rules():
+    hw = machine(cpu_of(SAPPHIRE_RAPIDS))
+    plan = amp_backends.plan_for(hw)
+    # the CPU backend's assessment names its AMX tiles: the plan alone knows them
+    assert make_target(plan).units["bfloat16"] == make_target(plan, hw).units["bfloat16"] == ("AMX tiles", 8)
+    assert make_target(amp_backends.plan_for(machine(cpu_of(AMD_HERE)), policy="bf16", force=True)).units == {}
+    result = check_model(build(bad_sizes_generator, "mixed_bfloat16"), plan=plan, hardware=hw)
+    assert any(f.code == "tensor-core-shape" and f.severity == "warning" for f in result.findings)
+
+
+def test_fp8_plans_need_multiples_of_16_on_the_middle_dense_layers(h100):
+    fp8 = dataclasses.replace(h100, fp8=True)
+
+    def factory():
+        x = K.Input((64,))
+        h = L.Dense(24, name="narrow")(L.Dense(64, name="first")(x))
+        h = L.Dense(64, name="wide")(L.Dense(64, name="mid")(h))
+        return K.Model(x, L.Dense(10, dtype="float32", name="out")(h), name="mlp")
+
+    result = check_model(build(factory), plan=fp8, batch_size=256)
+    assert result.fp8_eligible_layers == ("mlp/wide",)  # not first, not last, not 24 wide (nor mid: its K is 24)
+    why = dict(result.fp8_ineligible_layers)
+    assert set(why) == {"mlp/first", "mlp/narrow", "mlp/mid", "mlp/out"}
+    assert why["mlp/first"].startswith("the first layer") and why["mlp/out"].startswith("the last layer")
+    assert why["mlp/narrow"].endswith("units 24") and why["mlp/mid"].endswith("input features 24")
+    assert json.loads(result.to_json())["fp8_ineligible_layers"] == why
+    flagged = {f.layer: f for f in by_code(result, "tensor-core-shape")}
+    assert set(flagged) == {"mlp/narrow", "mlp/mid", "mlp/out"}  # 24 is a multiple of 8, not of 16
+    assert flagged["mlp/mid"].details == {**flagged["mlp/mid"].details, "alignment": 16, "unit": "fp8 Tensor Cores"}
+    assert "fp8-eligible layers: mlp/wide" in str(result)
+    assert check_model(build(factory), plan=h100, batch_size=256).fp8_eligible_layers == ("mlp/wide",)
+
+
+def test_mobilenet_v2_from_keras_applications(h100):
+    model = build(lambda: K.applications.MobileNetV2(input_shape=(32, 32, 3), weights=None, classes=10))
+    result = check_model(model, plan=h100, batch_size=64)
+    (f,) = by_code(result, "final-activation")
+    assert f.severity == "error" and "classifier_activation=None" in f.fix
+    assert by_code(result, "depthwise")[0].details["layers"]
+    assert result.summary.reduced_precision_share > 0.99
+
+
+def test_flops_of_each_kind_of_op(h100):
+    """2*M*N*K per matmul; 2*H_out*W_out*K_h*K_w*C_in*C_out per image per convolution (transposed: over its input)."""
+    def factory():
+        x = K.Input((14, 14, 16))
+        h = L.Conv2DTranspose(8, 3, strides=2, padding="same", name="up")(x)  # 14x14x16 -> 28x28x8
+        h = L.DepthwiseConv2D(3, name="dw")(h)  # -> 26x26x8
+        h = L.Reshape((26 * 26, 8))(h)
+        h = L.EinsumDense("abc,cd->abd", output_shape=(None, 24), name="einsum")(h)
+        h = L.Conv1D(16, 5, name="conv1d")(h)  # 676 -> 672 positions
+        return K.Model(x, L.Activation("linear", dtype="float32")(h), name="kinds")
+
+    result = check_model(build(factory), plan=h100, batch_size=4)
+    expected = (2 * 14 * 14 * 9 * 16 * 8) + (2 * 26 * 26 * 9 * 8) + (2 * 676 * 8 * 24) + (2 * 672 * 5 * 24 * 16)
+    assert result.summary.flops_per_image == pytest.approx(expected)
+    (dw,) = by_code(result, "depthwise")
+    assert dw.layer == "kinds/dw" and dw.flops_share == pytest.approx(2 * 26 * 26 * 9 * 8 / expected, rel=1e-4)
+
+
+def test_graph_level_amp_plan_checks_float32_ops_as_bfloat16():
+    from fakes import MAX1550, intel
+
+    plan = amp_backends.plan_for(machine(intel(MAX1550)), itex_amp="on")
+    assert plan.policy == "float32"
+    result = check_model(build(bad_sizes_generator, "float32"), plan=plan, batch_size=4096)
+    assert "float32-compute" not in codes(result) and "policy-mismatch" not in codes(result)
+    shapes = [f for f in by_code(result, "tensor-core-shape") if f.severity == "warning"]
+    assert shapes and all(f.details["unit"] == "XMX engines" and f.details["alignment"] == 8 for f in shapes)
+    assert any("graph" in n for n in result.notes)
+
+
+# -- a model the check has not seen --------------------------------------------------------------------------
+
+def test_unseen_text_classifier(h100):
+    def factory():
+        tokens = K.Input((40,), dtype="int32")
+        h = L.Embedding(1000, 60)(tokens)
+        h = L.MultiHeadAttention(num_heads=2, key_dim=30, name="attention")(h, h)
+        h = L.Dense(120, activation="relu", name="ffn")(L.GlobalAveragePooling1D()(h))
+        return K.Model(tokens, L.Dense(3, activation="softmax", dtype="float32", name="out")(h), name="text")
+
+    result = check_model(build(factory), plan=h100, batch_size=48)
+    warned = {f.layer for f in result.findings if f.severity == "warning"}
+    assert any(p.startswith("text/attention") for p in warned)  # width 60, heads of 30
+    assert codes(result, "error") == []
+    assert result.summary.flops_per_image > 0 and result.summary.unknown_flops_ops == 0
+
+
+# -- output, state, errors -----------------------------------------------------------------------------------
+
+def test_json_follows_the_documented_schema(h100):
+    result = check_model(build(bad_sizes_generator), plan=h100, batch_size=4090)
+    data = json.loads(result.to_json())
+    assert data["schema_version"] == 1 and data["model"] == "bad_sizes_generator" and data["batch_size"] == 4090
+    assert {"backend", "policy", "compute_dtype", "policy_support", "matrix_units", "tf32", "xla", "fp8"} <= set(
+        data["plan"])
+    assert {"flops_per_image", "dtype_shares", "reduced_precision_share", "eligible_share", "matrix_units",
+            "unknown_flops_ops"} <= set(data["summary"])
+    assert sum(data["counts"].values()) == len(data["findings"])
+    for f in data["findings"]:
+        assert set(f) == {"severity", "code", "layer", "what", "why", "fix", "flops_share", "details"}
+        assert f["severity"] in ("error", "warning", "info") and f["layer"].startswith("bad_sizes_generator")
+
+
+def test_the_check_changes_no_state(h100):
+    class WithLoss(L.Layer):
+        def call(self, x):
+            self.add_loss(tf.reduce_sum(x))
+            return x
+
+    model = build(lambda: K.Sequential([K.Input((8,)), L.Dense(8), WithLoss()], name="stateful"))
+    weights = [w.numpy().copy() for w in model.weights]
+    policy_before = K.mixed_precision.global_policy().name
+    check_model(model, plan=h100)
+    assert K.mixed_precision.global_policy().name == policy_before
+    assert all("call" not in layer.__dict__ for layer in model.layers)
+    assert list(model.losses) == [] or all(not hasattr(t, "graph") or t.graph is not None for t in model.losses)
+    assert all((w.numpy() == v).all() for w, v in zip(model.weights, weights, strict=True))
+    model(tf.ones((2, 8)))  # still callable eagerly
+
+
+def test_subclassed_model_built_with_build(h100):
+    class Net(K.Model):
+        def __init__(self):
+            super().__init__(name="net")
+            self.a, self.b = L.Dense(32, name="a"), L.Dense(4, dtype="float32", name="b")
+
+        def call(self, x):
+            return self.b(self.a(x))
+
+    with policy("mixed_float16"):
+        net = Net()
+        net(tf.zeros((2, 20)))
+    result = check_model(net, plan=h100)
+    assert {f.layer for f in result.findings} <= {"net/a", "net/b"}
+    with policy("mixed_float16"):
+        with pytest.raises(ValueError, match="not built"):
+            check_model(Net(), plan=h100)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"model": "mnist"}, TypeError, "takes a Keras model"),
+    ({"plan": "nvidia"}, TypeError, "takes an amp_backends Plan"),
+    ({"batch_size": 0}, ValueError, "positive int"),
+    ({"batch_size": 8.0}, TypeError, "positive int"),
+    ({"batch_size": True}, TypeError, "positive int"),
+])
+def test_wrong_arguments_say_what_was_expected(h100, kwargs, error, match):
+    args = {"model": build(mnist_cnn, "float32"), "plan": h100, **kwargs}
+    with pytest.raises(error, match=match):
+        check_model(args.pop("model"), **args)
+
+
+def test_a_fixed_batch_that_contradicts_batch_size(h100):
+    model = build(lambda: K.Sequential([K.Input((4,), batch_size=16), L.Dense(8)]))
+    assert check_model(model, plan=h100).batch_size == 16
+    with pytest.raises(ValueError, match="fixed batch size of 16"):
+        check_model(model, plan=h100, batch_size=32)
+
+
+# -- the command ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch):
+    import typer
+    from typer.testing import CliRunner
+
+    (tmp_path / "user_models.py").write_text(textwrap.dedent("""
+        import tensorflow as tf
+        from amp_backends.models import mnist_cnn
+        def good():
+            return mnist_cnn()
+        def not_a_model():
+            return [1, 2]
+        def broken():
+            raise RuntimeError("boom")
+        WIDTH = 3
+    """))
+    (tmp_path / "does_not_import.py").write_text("import no_such_module_anywhere\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    app = typer.Typer()
+    app.command()(check_command)
+    runner = CliRunner()
+    return lambda *args: runner.invoke(app, list(args))
+
+
+def test_check_command_prints_json(cli):
+    result = cli("user_models:good", "--batch-size", "64", "--json", "--policy", "float32")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["model"] == "mnist_cnn" and data["plan"]["policy"] == "float32" and data["batch_size"] == 64
+
+
+def test_check_command_prints_a_table(cli):
+    result = cli("amp_backends.models:mnist_cnn")
+    assert result.exit_code == 0, result.output
+    assert "Precision check of 'mnist_cnn'" in result.stdout and "per image" in result.stdout
+
+
+@pytest.mark.parametrize("target, code, message", [
+    ("user_models.py", 2, "expected MODULE:FACTORY"),
+    ("user_models:good:extra", 2, "expected MODULE:FACTORY"),
+    ("does_not_import:good", 2, "importing it raised ModuleNotFoundError"),
+    ("no_such_module_xyz:good", 2, "expected an importable module"),
+    ("user_models:missing", 2, "Functions defined there: broken, good, not_a_model"),
+    ("user_models:WIDTH", 2, "it is 3 (of type int)"),
+    ("user_models:not_a_model", 2, "returned builtins.list"),
+    ("user_models:broken", 1, "raised RuntimeError: boom"),
+])
+def test_check_command_errors_say_what_was_expected(cli, target, code, message):
+    result = cli(target, "--policy", "float32")
+    assert result.exit_code == code
+    assert message in result.output and "Fix:" in result.output
+
+
+def test_parse_target():
+    assert parse_target("pkg.mod:build") == ("pkg.mod", "build")
+    with pytest.raises(ValueError, match="Received: 'pkg/mod.py:build'"):
+        parse_target("pkg/mod.py:build")
