@@ -37,11 +37,15 @@ _LAZY = {
     "auto_configure": ".configure",
     "current_plan": ".configure",
     "plan_for": ".configure",
+    "reset": ".configure",
     "Plan": ".plan",
-    "make_plan": ".plan",
-    "LossScale": ".options",
-    "Request": ".options",
-    "build_request": ".options",
+    "make_plan": ".planner",
+    "LossScale": ".request",
+    "Request": ".request",
+    "build_request": ".request",
+    "Support": ".assessment",
+    "Assessment": ".assessment",
+    "VendorSetting": ".assessment",
     "probe_hardware": ".probe",
     "Hardware": ".hardware",
     "Accelerator": ".hardware",
@@ -50,20 +54,44 @@ _LAZY = {
     "AmpConfigError": ".errors",
     "UnsupportedRequestError": ".errors",
     "AmpWarning": ".errors",
+    "BackendError": ".errors",
+    "Backend": ".registry",
     "BackendRegistry": ".registry",
     "default_registry": ".registry",
+    "check_model": ".model_check",
+    "Preparation": ".fp8",
+    "MatrixUnit": ".assessment",
+    "Trainer": ".training",
+    "TrainResult": ".training",
+    "Update": ".training",
+    "classifier_updates": ".training",
+    "gan_updates": ".training",
+    "ThroughputLogger": ".training",
+    "seed_everything": ".training",
+    "step_seed": ".training",
+    "NonFiniteError": ".errors",
+    "InputError": ".errors",
+    "CheckpointError": ".errors",
+    "TrainingInterrupted": ".errors",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .configure import auto_configure, current_plan, plan_for
-    from .errors import AmpConfigError, AmpWarning, UnsupportedRequestError
+    from .assessment import Assessment, MatrixUnit, Support, VendorSetting
+    from .configure import auto_configure, current_plan, plan_for, reset
+    from .errors import (AmpConfigError, AmpWarning, BackendError, CheckpointError, InputError, NonFiniteError,
+                         TrainingInterrupted, UnsupportedRequestError)
     from .hardware import Accelerator, BackendProbe, CpuInfo, Hardware
-    from .options import LossScale, Request, build_request
-    from .plan import Plan, make_plan
+    from .plan import Plan
+    from .planner import make_plan
     from .probe import probe_hardware
-    from .registry import BackendRegistry, default_registry
+    from .registry import Backend, BackendRegistry, default_registry
+    from .fp8 import Preparation
+    from .model_check import check_model
+    from .request import LossScale, Request, build_request
+    from .training import (ThroughputLogger, Trainer, TrainResult, Update, classifier_updates, gan_updates,
+                           seed_everything, step_seed)
 
 
 def __getattr__(name: str) -> Any:

@@ -2,21 +2,28 @@
 
 Arrays stay ``uint8`` images ``(N, 28, 28)`` and ``int64`` labels; the trainer scales to [0, 1] on the
 device (``/255``, as the tutorials did), which keeps the resident data four times smaller.
+
+Files are read as people save MNIST: images as ``uint8`` 0..255, or as floats in [0, 1] or [0, 255]
+(converted to ``uint8``), of shape ``(N, 28, 28)``, ``(N, 28, 28, 1)`` or ``(N, 784)``; labels as class
+ids (integers, or floats holding whole numbers) or one-hot rows. Anything else — standardised images with
+negative values, labels outside 0..9, NaN — is refused with the reason before training starts.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .errors import DataUnavailableError
+
+logger = logging.getLogger("amp_backends.data")
+
 MNIST_KEYS = ("x_train", "y_train", "x_test", "y_test")
-
-
-class DataUnavailableError(RuntimeError):
-    """The dataset could not be found or read; the message says how to provide it."""
+CLASSES = 10
 
 
 def keras_cache_path() -> Path:
@@ -46,13 +53,70 @@ def read_mnist_npz(path: str | os.PathLike) -> tuple[tuple[np.ndarray, np.ndarra
         raise
     except Exception as exc:
         raise DataUnavailableError(f"Could not read {str(p)!r} as an .npz file: {type(exc).__name__}: {exc}.") from exc
-    for name, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
-        if x.ndim != 3 or x.shape[1:] != (28, 28) or len(x) != len(y):
-            raise DataUnavailableError(
-                f"{str(p)!r}: x_{name} must have shape (N, 28, 28) with N labels in y_{name}. "
-                f"Received x_{name} {x.shape}, y_{name} {y.shape}."
-            )
-    return (x_train.astype(np.uint8), y_train.astype(np.int64)), (x_test.astype(np.uint8), y_test.astype(np.int64))
+    train = normalize_images(x_train, f"{p}: x_train"), normalize_labels(y_train, f"{p}: y_train")
+    test = normalize_images(x_test, f"{p}: x_test"), normalize_labels(y_test, f"{p}: y_test")
+    for name, (x, y) in (("train", train), ("test", test)):
+        if len(x) != len(y):
+            raise DataUnavailableError(f"{str(p)!r}: x_{name} has {len(x)} images but y_{name} {len(y)} labels: expected "
+                                       "one label per image.")
+    return train, test
+
+
+def normalize_images(x: np.ndarray, where: str) -> np.ndarray:
+    """MNIST images as ``uint8`` ``(N, 28, 28)``, from the layouts and value ranges people save them in."""
+    x = np.asarray(x)
+    if x.ndim == 4 and x.shape[-1] == 1:
+        x = x[..., 0]
+    elif x.ndim == 2 and x.shape[1] == 784:
+        x = x.reshape(-1, 28, 28)
+    if x.ndim != 3 or x.shape[1:] != (28, 28):
+        raise DataUnavailableError(f"{where} must have shape (N, 28, 28) (or (N, 28, 28, 1), (N, 784)). Received "
+                                   f"{x.shape}.")
+    if x.dtype == np.uint8:
+        return x
+    if x.dtype.kind not in "iuf":
+        raise DataUnavailableError(f"{where} must hold numbers (uint8 0..255 or floats in [0, 1]). Received dtype {x.dtype}.")
+    if x.size and not np.isfinite(x).all():
+        raise DataUnavailableError(f"{where} contains NaN or Inf ({int((~np.isfinite(x)).sum())} values). Fix: clean the "
+                                   "file; MNIST images are 0..255 or 0..1.")
+    low, high = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
+    if low < 0 or high > 255:
+        raise DataUnavailableError(
+            f"{where} has values in [{low:g}, {high:g}]; expected MNIST pixels in [0, 255] (uint8) or [0, 1] (floats). "
+            "Standardised or otherwise transformed images cannot be reused as MNIST. Fix: save the raw pixels.")
+    if x.dtype.kind == "f" and high <= 1.0:
+        logger.info(f"{where}: float pixels in [0, 1], converted to uint8 0..255 (the trainer scales them back by /255).")
+        return np.round(x * 255.0).astype(np.uint8)
+    if x.dtype.kind == "f" and not np.array_equal(x, np.round(x)):
+        raise DataUnavailableError(f"{where}: float pixels in [{low:g}, {high:g}] that are not whole numbers: expected "
+                                   "[0, 1] floats or 0..255 values. Fix: save them as uint8 0..255 or floats in [0, 1].")
+    return x.astype(np.uint8)
+
+
+def normalize_labels(y: np.ndarray, where: str, classes: int = CLASSES) -> np.ndarray:
+    """Class ids ``int64`` in ``0..classes-1``, from integer, whole-float or one-hot labels."""
+    y = np.asarray(y)
+    if y.ndim == 2 and y.shape[1] == classes and y.dtype.kind in "iufb" and set(np.unique(y)) <= {0, 1}:
+        if not (y.sum(axis=1) == 1).all():
+            raise DataUnavailableError(f"{where} looks one-hot (shape {y.shape}) but some rows do not have exactly one 1.")
+        return y.argmax(axis=1).astype(np.int64)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1:
+        raise DataUnavailableError(f"{where} must be one class id per image, shape (N,) (or one-hot (N, {classes})). "
+                                   f"Received shape {y.shape}.")
+    if y.dtype.kind not in "iuf":
+        raise DataUnavailableError(f"{where} must hold class ids 0..{classes - 1}. Received dtype {y.dtype}.")
+    if y.dtype.kind == "f":
+        if not np.isfinite(y).all() or not np.array_equal(y, np.round(y)):
+            raise DataUnavailableError(f"{where} holds floats that are not whole class ids (e.g. {y[y != np.round(y)][:3]}). "
+                                       f"Expected class ids 0..{classes - 1}.")
+    bad = (y < 0) | (y >= classes)
+    if bad.any():
+        raise DataUnavailableError(
+            f"{where} must hold class ids 0..{classes - 1}; {int(bad.sum())} labels are outside (for example "
+            f"{y[bad][:3].tolist()} at index {int(np.flatnonzero(bad)[0])}). Fix: map them to 0..{classes - 1}.")
+    return y.astype(np.int64)
 
 
 def load_mnist(path: str | os.PathLike | None = None, *, allow_download: bool = True) -> Any:

@@ -14,7 +14,7 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 import amp_backends  # noqa: E402
 from amp_backends.data import synthetic_mnist  # noqa: E402
 from amp_backends.models import mnist_cnn  # noqa: E402
-from amp_backends.trainer import Trainer, Update, classifier_updates, mnist_batch_fn  # noqa: E402
+from amp_backends.training import Trainer, Update, classifier_updates, mnist_batch_fn  # noqa: E402
 
 plan = amp_backends.auto_configure(loss_scale="dynamic", verbose=False)
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -37,6 +37,34 @@ trainer = Trainer([Update("model", loss_fn, base.groups)], plan, batch_size=16, 
                   batch_fn=mnist_batch_fn, progress=False, strategy=strategy)
 (x, y), _ = synthetic_mnist(64, 8)
 w0 = [v.numpy().copy() for v in model.trainable_variables]
+
+# an embedding's gradient stays sparse through both replicas, the scale, the finite check and the apply
+with strategy.scope():
+    emb = tf.keras.layers.Embedding(20000, 64)
+    emb.build((None,))
+    e_opt = tf.keras.optimizers.SGD(0.1)
+seen = []
+
+
+def emb_loss(batch):
+    return tf.reduce_mean(tf.cast(emb(batch[0]), tf.float32) ** 2)
+
+
+real_apply = e_opt.apply_gradients
+
+
+def recording_apply(grads_and_vars, *a, **k):
+    grads_and_vars = list(grads_and_vars)
+    seen.extend(type(g).__name__ for g, _ in grads_and_vars)
+    return real_apply(grads_and_vars, *a, **k)
+
+
+e_opt.apply_gradients = recording_apply
+e_rows = emb.embeddings.numpy()[[0, 1]].copy()
+Trainer([Update("emb", emb_loss, [(emb.trainable_variables, e_opt)])], plan, batch_size=16, progress=False,
+        strategy=strategy).fit(np.arange(32) * 600, epochs=1)
+sparse = bool(seen) and set(seen) == {"IndexedSlices"}
+rows_ok = (not np.array_equal(emb.embeddings.numpy()[0], e_rows[0])) and np.array_equal(emb.embeddings.numpy()[1], e_rows[1])
 first = trainer.fit(x, y, epochs=1, max_steps=1)
 unchanged = all(np.array_equal(a, v.numpy()) for a, v in zip(w0, model.trainable_variables))
 poison.assign(False)
@@ -51,5 +79,7 @@ print(json.dumps({
     "optimizer_iterations": int(opt.iterations.numpy()),
     "finite": bool(all(np.isfinite(v.numpy()).all() for v in model.trainable_variables)),
     "changed_after": not all(np.array_equal(a, v.numpy()) for a, v in zip(w0, model.trainable_variables)),
+    "sparse_gradients": sparse,
+    "only_looked_up_rows_changed": rows_ok,
 }))
 sys.stdout.flush()

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from amp_backends.distribute import ClusterConfigError, check_port_free, parse_tf_config
+from amp_backends.errors import ClusterConfigError
+from amp_backends.training.distribute import check_port_free, parse_tf_config
 from conftest import NEUTRAL_CWD
 
 pytestmark = pytest.mark.tensorflow
@@ -128,6 +129,8 @@ def test_mirrored_two_replicas_skip_together():
     assert d["skipped_after_first"] == 1 and d["scale_after_first"] == 2.0**14 and d["unchanged_after_poisoned_step"]
     assert d["steps"] == 4 and d["skipped"] == 1 and d["optimizer_iterations"] == 3
     assert d["finite"] and d["changed_after"]
+    # an Embedding's gradient reaches the optimizer in each replica as IndexedSlices, never densified
+    assert d["sparse_gradients"] and d["only_looked_up_rows_changed"]
 
 
 # --------------------------------------------------------------------------- MultiWorkerMirroredStrategy
@@ -140,7 +143,7 @@ def test_two_workers_train_and_only_the_chief_logs_and_keeps_checkpoints(tmp_pat
     assert [int(m.group(2)) for m in STEP.finditer(chief)] == [0, 1, 2, 3, 4, 5]
     assert not STEP.search(other) and "Summary" not in other and "policy:" not in other
     assert "Summary: 6 steps" in chief and "policy: " in chief
-    ck = tmp_path / "checkpoints"
+    ck = tmp_path / "version_0" / "checkpoints"
     assert sorted(p.name for p in ck.iterdir() if p.name.startswith("ckpt-6")) == ["ckpt-6.data-00000-of-00001", "ckpt-6.index"]
     assert not [p for p in ck.iterdir() if p.name.startswith(".worker")]
 
@@ -177,7 +180,7 @@ def test_killed_worker_then_resume_from_the_last_checkpoint(tmp_path):
     procs[1].wait()
     import tensorflow as tf
 
-    saved = int(tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).rsplit("-", 1)[1])
+    saved = int(tf.train.latest_checkpoint(str(tmp_path / "version_0" / "checkpoints")).rsplit("-", 1)[1])
     logged = max([last] + [int(m.group(2)) for m in STEP.finditer(rest)])
     assert saved % 5 == 0 and logged + 1 - saved <= 5  # steps lost: at most the checkpoint interval
     ports = free_ports(2)

@@ -21,11 +21,11 @@ tf = pytest.importorskip("tensorflow")
 
 import amp_backends  # noqa: E402
 from amp_backends.data import DataUnavailableError, digits_as_mnist, load_mnist, read_mnist_npz, synthetic_mnist  # noqa: E402
-from amp_backends.loss_scaling import LossScaler  # noqa: E402
 from amp_backends.models import gan_discriminator, gan_generator, mnist_cnn  # noqa: E402
-from amp_backends.options import LossScale  # noqa: E402
-from amp_backends.trainer import (NonFiniteError, ThroughputLogger, Trainer, Update, classifier_updates,  # noqa: E402
-                                  gan_updates, mnist_batch_fn, parse_profile_steps)
+from amp_backends.request import LossScale  # noqa: E402
+from amp_backends.errors import NonFiniteError  # noqa: E402
+from amp_backends.training import (LossScaler, ThroughputLogger, Trainer, Update, classifier_updates,  # noqa: E402
+                                   gan_updates, mnist_batch_fn, parse_profile_steps)
 
 KERAS3 = int(str(getattr(tf.keras, "__version__", None) or "2").split(".")[0]) >= 3
 
@@ -148,9 +148,10 @@ def test_fixed_scale_stops_with_the_remedy_and_saves_finite_state(tmp_path):
     (x, y), _ = synthetic_mnist(128, 8)
     _, _, t = small_classifier(p, poison=tf.Variable(True), checkpoint_dir=str(tmp_path / "ck"),
                                max_consecutive_nonfinite=3)
-    with pytest.raises(NonFiniteError, match=r"3 consecutive steps.*fixed loss scale 1024.*--loss-scale fixed:16.*dynamic"):
+    with pytest.raises(NonFiniteError, match=r"3 consecutive steps.*fixed loss scaling, scale 1024.*--loss-scale "
+                                             r"fixed:16.*dynamic"):
         t.fit(x, y, epochs=1)
-    assert t.manager.latest_checkpoint.endswith("ckpt-3")
+    assert t.store.latest.endswith("ckpt-3")
 
 
 def test_nonfinite_weights_are_never_saved(tmp_path):
@@ -160,7 +161,7 @@ def test_nonfinite_weights_are_never_saved(tmp_path):
     m.trainable_variables[0].assign(tf.fill(m.trainable_variables[0].shape, np.nan))
     with pytest.raises(NonFiniteError, match="NaN or Inf.*latest good checkpoint is .*ckpt-0"):
         t.save()
-    assert t.manager.latest_checkpoint.endswith("ckpt-0")
+    assert t.store.latest.endswith("ckpt-0")
 
 
 def test_several_variable_groups_and_optimizers_in_one_update():
@@ -174,7 +175,7 @@ def test_several_variable_groups_and_optimizers_in_one_update():
 
     def loss_fn(batch):
         ids, target = batch
-        return tf.reduce_mean((dense(emb(ids))[:, 0] - target) ** 2)
+        return tf.reduce_mean((tf.cast(dense(emb(ids))[:, 0], tf.float32) - target) ** 2)
 
     upd = Update("sok", loss_fn, [(emb.trainable_variables, o1), (dense.trainable_variables, o2)])
     ids = np.arange(64) % 50
@@ -192,7 +193,7 @@ def test_gan_trains_with_two_optimizers_and_two_scales():
     (x, _), _ = synthetic_mnist(64, 8)
     g, d = gan_generator(), gan_discriminator()
     go, do = tf.keras.optimizers.Adam(1e-3), tf.keras.optimizers.RMSprop(1e-4)
-    t = Trainer(gan_updates(g, d, go, do, 16), p, batch_size=16, images_per_step=32,
+    t = Trainer(gan_updates(g, d, go, do), p, batch_size=16, images_per_step=32,
                 checkpoint_objects={"g": g, "d": d}, batch_fn=mnist_batch_fn, progress=False, steps_per_call=2)
     r = t.fit(x, None, epochs=1)
     assert set(r.last_losses) == {"generator", "discriminator"} and all(np.isfinite(list(r.last_losses.values())))
@@ -210,15 +211,27 @@ def test_bad_profile_steps(text):
         parse_profile_steps(text)
 
 
-def test_keras_fit_callback_logs_the_tutorial_line(caplog):
+def test_keras_fit_callback_logs_the_tutorial_line_and_says_the_loss_is_the_epoch_mean(caplog):
     caplog.set_level("INFO", logger="amp_backends.train")
     m = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
     m.compile("sgd", "mse")
     cb = ThroughputLogger(batch_size=8)
     m.fit(np.ones((32, 4)), np.ones((32, 1)), batch_size=8, epochs=1, verbose=0, callbacks=[cb])
     lines = [r.message for r in caplog.records if r.name == "amp_backends.train"]
-    assert re.match(r"\(0, 0\), Loss: \d+\.\d{5}, step_time: \d+\.\d{5}, throughput: .* img/s\.", lines[0])
+    assert re.match(r"\(0, 0\), Loss \(epoch mean\): \d+\.\d{5}, step_time: \d+\.\d{5}, throughput: .* img/s\.", lines[0])
     assert len(cb.throughputs) == 4
+
+
+def test_keras_fit_callback_counts_every_step_of_an_execution(caplog):
+    """With steps_per_execution=4 Keras calls back once per 4 steps: the line covers 4 steps, step_time is per step."""
+    caplog.set_level("INFO", logger="amp_backends.train")
+    m = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    m.compile("sgd", "mse", steps_per_execution=4)
+    cb = ThroughputLogger(batch_size=8)
+    m.fit(np.ones((64, 4)), np.ones((64, 1)), batch_size=8, epochs=1, verbose=0, callbacks=[cb])
+    lines = [r.message for r in caplog.records if r.name == "amp_backends.train" and "Loss" in r.message]
+    assert [line.split(")")[0] for line in lines] == ["(0, 3", "(0, 7"]
+    assert len(cb.throughputs) == 2
 
 
 # --------------------------------------------------------------------------- fidelity
@@ -253,7 +266,7 @@ def test_gan_losses_stay_finite_under_fp16():
     (x, _), _ = digits_as_mnist()
     g, d = gan_generator(), gan_discriminator()
     go, do = tf.keras.optimizers.Adam(1e-3), tf.keras.optimizers.RMSprop(1e-4)
-    t = Trainer(gan_updates(g, d, go, do, 64), p, batch_size=64, images_per_step=128, checkpoint_objects={"g": g},
+    t = Trainer(gan_updates(g, d, go, do), p, batch_size=64, images_per_step=128, checkpoint_objects={"g": g},
                 batch_fn=mnist_batch_fn, progress=False, steps_per_call=4)
     r = t.fit(x, None, epochs=1, max_steps=12)
     assert all(np.isfinite(h["generator"]) and np.isfinite(h["discriminator"]) for h in r.history)
@@ -261,7 +274,7 @@ def test_gan_losses_stay_finite_under_fp16():
 
 
 def _itex_loaded() -> bool:
-    from amp_backends.software import itex_status
+    from amp_backends.backends.intel import itex_status
 
     return itex_status().compatible
 
@@ -293,14 +306,60 @@ def test_kill_minus_9_and_resume_continue_at_the_right_step(tmp_path):
         assert time.time() < deadline, "the run did not reach step 17"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    ckpts = tf.train.get_checkpoint_state(str(tmp_path / "checkpoints"))
+    ckpts = tf.train.get_checkpoint_state(str(tmp_path / "version_0" / "checkpoints"))
     saved = int(ckpts.model_checkpoint_path.rsplit("-", 1)[1])
     assert saved % 5 == 0 and last + 1 - saved <= 5  # lost at most the checkpoint interval
     out = example(*args[:-4], "--max-steps", str(saved + 3), "--seed", "3", "--resume", logdir=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert f"Resumed from {tmp_path / 'checkpoints' / f'ckpt-{saved}'}: global step {saved}" in out.stderr + out.stdout
+    assert f"Resumed from {tmp_path / 'version_0' / 'checkpoints' / f'ckpt-{saved}'}: global step {saved}" in out.stderr + out.stdout
     steps = [int(m.group(2)) for m in STEP_LINE.finditer(out.stderr + out.stdout)]
     assert steps == [saved, saved + 1, saved + 2]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_with_a_checkpoint_exit_130_and_resume_continues(tmp_path):
+    args = ["--synthetic", "--batch_size", "32", "--max-steps", "400", "--seed", "3"]
+    proc = example(*args, logdir=tmp_path, popen=True)
+    deadline = time.time() + 240
+    for line in proc.stdout:
+        m = STEP_LINE.search(line)
+        if m and int(m.group(2)) >= 4:
+            break
+        assert time.time() < deadline, "the run did not reach step 4"
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, rest[-2000:]
+    m = re.search(r"mnist: stopped: Interrupted \(SIGINT\) at step (\d+): checkpoint saved to (\S+)\. Continue with --resume",
+                  rest)
+    assert m and "Traceback" not in rest, rest[-2000:]
+    step, path = int(m.group(1)), m.group(2)
+    assert path.endswith(f"ckpt-{step}") and tf.train.latest_checkpoint(str(tmp_path / "version_0" / "checkpoints")) == path
+    out = example(*args[:-4], "--max-steps", str(step + 2), "--seed", "3", "--resume", logdir=tmp_path)
+    assert out.returncode == 0 and f"global step {step}" in out.stdout + out.stderr, out.stderr[-2000:]
+    assert [int(m.group(2)) for m in STEP_LINE.finditer(out.stderr + out.stdout)] == [step, step + 1]
+
+
+@pytest.mark.slow
+def test_the_same_command_gives_the_same_losses_and_a_new_run_directory(tmp_path):
+    """Same --seed, same losses on the CPU; the second run gets version_1 and leaves version_0 as it was."""
+    args = ["--synthetic", "--batch_size", "32", "--max-steps", "6", "--seed", "11"]
+    first = example(*args, logdir=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    files = {p: p.read_bytes() for p in (tmp_path / "version_0" / "checkpoints").iterdir()}
+    second = example(*args, logdir=tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    losses = [[m.group(3) for m in STEP_LINE.finditer(o.stderr + o.stdout)] for o in (first, second)]
+    assert len(losses[0]) == 6 and losses[0] == losses[1]
+    assert f"Run directory: {tmp_path / 'version_1'} (new run" in second.stdout
+    assert tf.train.latest_checkpoint(str(tmp_path / "version_1" / "checkpoints")).endswith("ckpt-6")
+    assert all(p.read_bytes() == b for p, b in files.items())
+
+
+def test_a_logdir_below_a_file_is_a_clear_error_before_training(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    out = example("--synthetic", "--max-steps", "1", logdir=tmp_path / "notes.txt" / "runs")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "is a file, not a directory" in out.stderr and "Traceback" not in out.stderr and "Loss" not in out.stderr
 
 
 @pytest.mark.slow
@@ -311,15 +370,16 @@ def test_tensorboard_scalars_and_profiler_trace_are_written(tmp_path):
     text = out.stdout + out.stderr
     assert "policy: " in text.split("Loss")[0]  # the plan is printed first
     assert len(STEP_LINE.findall(text)) == 4 and "Summary: 8 steps" in text
-    traces = list((tmp_path / "plugins" / "profile").glob("*/*.xplane.pb"))
+    run = tmp_path / "version_0"
+    traces = list((run / "plugins" / "profile").glob("*/*.xplane.pb"))
     assert traces, sorted(str(p) for p in tmp_path.rglob("*"))
-    events = list((tmp_path / "train").glob("events.out.tfevents.*"))
+    events = list((run / "train").glob("events.out.tfevents.*"))
     tags = set()
     for e in events:
         for ev in tf.compat.v1.train.summary_iterator(str(e)):
             tags |= {v.tag for v in ev.summary.value}
     assert {"loss/model", "loss_scale/model", "skipped_steps/model", "throughput_img_per_s"} <= tags
-    assert (tmp_path / "checkpoints" / "checkpoint").exists()
+    assert (run / "checkpoints" / "checkpoint").exists()
 
 
 def test_offline_without_data_is_a_clear_error(tmp_path):
@@ -345,4 +405,4 @@ def test_console_script_trains_the_gan(tmp_path):
     lines = re.findall(r"\(0, (\d)\), G Loss: [\d.]+, D Loss: [\d.]+, step_time: [\d.]+, throughput: [\d.e+]+ img/s\.",
                        out.stderr + out.stdout)
     assert lines == ["0", "1"]
-    assert (tmp_path / "checkpoints" / "checkpoint").exists()
+    assert (tmp_path / "version_0" / "checkpoints" / "checkpoint").exists()

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import typer
-
-from .common import RunOptions, checkpoint_dir, command, load_data, maybe_tune, scope, strategy_and_plan, profile_window, seed_everything
+from .common import (RunOptions, app_for, command, load_data, maybe_tune, prepare_models, prepare_run, scope,
+                     strategy_and_plan, trainer_options)
 
 D_LR = 1e-4
 
@@ -22,32 +21,29 @@ def train_gan(opts: RunOptions) -> Any:
     import tensorflow as tf
 
     from ..models import gan_discriminator, gan_generator
-    from ..trainer import Trainer, gan_updates, mnist_batch_fn
+    from ..training import Trainer, gan_updates
 
     def build():
         g, d = gan_generator(), gan_discriminator()
         opts_ = (tf.keras.optimizers.Adam(opts.lr), tf.keras.optimizers.RMSprop(D_LR))
-        return [g, d], gan_updates(g, d, *opts_, opts.batch_size), {"g": g, "d": d}
+        return [g, d], gan_updates(g, d, *opts_), {"g": g, "d": d}
 
     plan = maybe_tune(opts, plan, build, x, None, images_per_step=2 * opts.batch_size)
-    seed_everything(opts.seed)
+    run = prepare_run(opts, strategy)
     with scope(strategy):
         generator, discriminator = gan_generator(), gan_discriminator()
+        prepare_models(plan, generator, discriminator)
         g_opt, d_opt = tf.keras.optimizers.Adam(opts.lr), tf.keras.optimizers.RMSprop(D_LR)
     trainer = Trainer(
-        gan_updates(generator, discriminator, g_opt, d_opt, opts.batch_size), plan, batch_size=opts.batch_size,
-        images_per_step=2 * opts.batch_size,
-        checkpoint_objects={"generator": generator, "discriminator": discriminator, "g_optimizer": g_opt, "d_optimizer": d_opt},
-        steps_per_call=opts.steps_per_call, log_every=opts.log_every, logdir=opts.logdir,
-        checkpoint_dir=checkpoint_dir(opts), checkpoint_every=opts.checkpoint_every, profile_steps=profile_window(opts),
-        progress=opts.progress, seed=opts.seed, batch_fn=mnist_batch_fn, strategy=strategy,
-    )
+        gan_updates(generator, discriminator, g_opt, d_opt), plan, images_per_step=2 * opts.batch_size,
+        checkpoint_objects={"generator": generator, "discriminator": discriminator, "g_optimizer": g_opt,
+                            "d_optimizer": d_opt},
+        **trainer_options(opts, run, strategy))
     return trainer.fit(x, None, epochs=opts.epochs, max_steps=opts.max_steps, resume=opts.resume), generator
 
 
 gan_command = command("gan", train_gan, batch_size=4096, lr=1e-3, lr_help="Generator Adam learning rate.")
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-app.command()(gan_command)
+app = app_for(gan_command)
 
 if __name__ == "__main__":
     app()

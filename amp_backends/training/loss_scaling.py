@@ -1,4 +1,4 @@
-"""Loss scaling that behaves the same on Keras 3 (TF 2.21) and Keras 2 (TF 2.15).
+"""Loss scaling that behaves the same on Keras 3 (TF 2.21) and Keras 2 (TF 2.15), sparse gradients included.
 
 Keras 3's ``LossScaleOptimizer`` is dynamic-only and dropped ``get_scaled_loss`` /
 ``get_unscaled_gradients``; Keras 2's has fixed scaling and those methods. The trainer therefore scales
@@ -11,24 +11,44 @@ One training step goes through these states, in this order (calling out of order
 
 * ``dynamic``: a non-finite gradient skips the step and halves the scale (down to ``min_scale``); after
   ``growth_interval`` finite steps in a row the scale doubles.
-* ``fixed``: the scale never changes; a non-finite step is skipped and counted, and ``consecutive``
-  lets the trainer stop after too many in a row (the scale is too high).
+* ``fixed``: the scale never changes; a non-finite step is skipped and counted.
 * ``none``: scale 1; a non-finite step is still skipped, so no NaN ever reaches the weights.
+
+In every mode ``consecutive`` counts the non-finite steps in a row, and :meth:`LossScaler.stalled` says
+when skipping can no longer help (see there), so that a model whose gradients are never finite stops
+with an error instead of skipping forever.
+
+Sparse gradients (``tf.IndexedSlices``, from an ``Embedding`` or any ``tf.gather``) stay sparse: only
+their ``values`` are unscaled and checked, so a 20000 x 64 embedding's gradient reaches its optimizer
+as the rows the batch touched, never as a dense table.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .options import LossScale
+import tensorflow as tf
+
+from ..request import LossScale
+
+
+def _map_values(g: Any, fn: Any) -> Any:
+    """``fn`` applied to a dense gradient, or to the values of a sparse one (which stays sparse)."""
+    if g is None:
+        return None
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(fn(g.values), g.indices, g.dense_shape)
+    return fn(g)
+
+
+def _values(g: Any) -> Any:
+    return g.values if isinstance(g, tf.IndexedSlices) else g
 
 
 class LossScaler:
-    """The loss-scale state of one optimizer (or one group of optimizers updated from one loss)."""
+    """The loss-scale state of one update (one loss, one or several optimizers)."""
 
     def __init__(self, config: LossScale, name: str = "loss_scale", min_scale: float = 1.0) -> None:
-        import tensorflow as tf
-
         self.config = config
         self.name = name
         self.min_scale = float(min_scale)
@@ -41,31 +61,26 @@ class LossScaler:
 
     # -- the step ------------------------------------------------------------------------------
     def scale(self, loss: Any) -> Any:
-        import tensorflow as tf
-
         if self.config.mode == "none":
             return loss
         return loss * tf.cast(self.scale_var, loss.dtype)
 
-    def unscale(self, grads: Sequence[Any]) -> list[Any]:
-        import tensorflow as tf
-
+    def unscale(self, grads: Sequence[Any], variables: Sequence[Any] | None = None) -> list[Any]:
+        """Gradients divided by the scale; those of ``variables`` that Keras overwrites with their "gradient"
+        (float8 layers' scale and amax history, ``overwrite_with_gradient``) are new values, left as they are."""
         if self.config.mode == "none":
             return list(grads)
         inv = 1.0 / self.scale_var
-        return [None if g is None else g * tf.cast(inv, g.dtype) for g in grads]
+        keep = [bool(getattr(v, "overwrite_with_gradient", False)) for v in variables] if variables else [False] * len(grads)
+        return [g if k else _map_values(g, lambda t: t * tf.cast(inv, t.dtype)) for g, k in zip(grads, keep)]
 
     @staticmethod
     def all_finite(grads: Sequence[Any]) -> Any:
-        import tensorflow as tf
-
-        checks = [tf.reduce_all(tf.math.is_finite(g)) for g in grads if g is not None]
+        checks = [tf.reduce_all(tf.math.is_finite(_values(g))) for g in grads if g is not None]
         return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
 
     def update(self, finite: Any) -> None:
         """Advance the state after a step whose gradients were ``finite`` (a boolean tensor)."""
-        import tensorflow as tf
-
         finite = tf.convert_to_tensor(finite)
         one = tf.constant(1, tf.int64)
         self.skipped.assign_add(tf.where(finite, tf.constant(0, tf.int64), one))
@@ -83,6 +98,29 @@ class LossScaler:
         self.scale_var.assign(new_scale)
         self.good_steps.assign(tf.where(tf.logical_and(finite, tf.logical_not(grow)), self.good_steps + one,
                                         tf.constant(0, tf.int64)))
+
+    # -- when skipping cannot help any more ------------------------------------------------------
+    def stalled(self, limit: int) -> bool:
+        """True after ``limit`` non-finite steps in a row that lowering the scale can no longer cure.
+
+        ``none`` and ``fixed`` never change their scale, so ``limit`` skipped steps in a row is the end;
+        ``dynamic`` keeps halving, so it stalls only once its scale sits at ``min_scale`` as well (at most
+        ``max(limit, log2(initial) + 1)`` steps).
+        """
+        if int(self.consecutive.numpy()) < limit:
+            return False
+        return self.config.mode != "dynamic" or self.current <= self.min_scale
+
+    def remedy(self) -> str:
+        """What to do when :meth:`stalled`: depends on the mode."""
+        if self.config.mode == "fixed":
+            return (f"the fixed loss scale {self.current:g} is too high: lower it (for example --loss-scale fixed:"
+                    f"{max(self.current / 64, 1):g}) or use dynamic loss scaling (--loss-scale dynamic)")
+        cause = ("the gradients stay non-finite even at loss scale 1, so the loss or the forward pass itself is NaN or "
+                 "Inf" if self.config.mode == "dynamic" else "without loss scaling the loss or the forward pass itself is "
+                 "NaN or Inf")
+        return (f"{cause}: check the inputs for NaN/Inf, lower the learning rate, and check the model in float32 "
+                "(--policy float32) to see whether float16 overflows in the forward pass")
 
     # -- state -----------------------------------------------------------------------------------
     def variables(self) -> dict[str, Any]:

@@ -15,16 +15,12 @@ import os
 import socket
 from typing import Any, Callable, Mapping
 
-from .errors import AmpConfigError
+from ..errors import AmpConfigError, ClusterConfigError
 
 logger = logging.getLogger("amp_backends.distribute")
 
 STRATEGIES = ("auto", "none", "mirrored", "multiworker")
 DEFAULT_TIMEOUT_S = 60
-
-
-class ClusterConfigError(AmpConfigError):
-    """TF_CONFIG or the cluster it describes is unusable; the message says what was expected."""
 
 
 def parse_tf_config(text: str) -> dict[str, Any]:
@@ -174,24 +170,26 @@ def worker_id(strategy: Any) -> str:
 
 
 def plan_fingerprint(plan: Any) -> int:
-    """A 31-bit number that two workers share exactly when their plans train alike."""
-    key = f"{plan.policy}|{plan.loss_scale.mode}|{plan.loss_scale.initial}|{plan.xla}|{plan.tf32}|{plan.itex_amp}"
-    return int(hashlib.sha256(key.encode()).hexdigest()[:7], 16)
+    """A 31-bit number that two workers share exactly when their plans train alike (``Plan.training_key``)."""
+    return int(hashlib.sha256(plan.training_key().encode()).hexdigest()[:7], 16)
+
+
+def gather_numbers(strategy: Any, number: int) -> list[int]:
+    """Every replica's ``number`` (an integer each worker computed), in replica order: a barrier as well."""
+    import tensorflow as tf
+
+    @tf.function
+    def gather():
+        return strategy.gather(strategy.run(lambda: tf.constant([number], tf.int64)), axis=0)
+
+    return gather().numpy().tolist()
 
 
 def check_plan_agreement(strategy: Any, plan: Any, *, strict: bool = False) -> list[str]:
     """Compare every worker's plan; a disagreement is logged on every worker (an error with ``strict``)."""
-    import tensorflow as tf
-
     if strategy is None or getattr(strategy, "cluster_resolver", None) is None:
         return []
-    mine = plan_fingerprint(plan)
-
-    @tf.function
-    def gather():
-        return strategy.gather(strategy.run(lambda: tf.constant([mine], tf.int64)), axis=0)
-
-    gathered = gather().numpy().tolist()
+    gathered = gather_numbers(strategy, plan_fingerprint(plan))
     if len(set(gathered)) <= 1:
         return []
     message = (

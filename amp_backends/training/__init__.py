@@ -1,0 +1,67 @@
+"""Training under a plan: one trainer for every vendor, and the pieces it is made of.
+
+=====================  ==========================================================================
+module                 its part
+=====================  ==========================================================================
+``trainer``            :class:`Trainer`: the loop — call sizing, position, resume, interrupts
+``step``               :class:`Update` and the compiled step (replica gradients, skip, apply)
+``loss_scaling``       :class:`LossScaler`: none / fixed / dynamic, sparse gradients kept sparse
+``inputs``             resident arrays and ``tf.data`` pipelines behind one interface
+``checkpoints``        run directories, checkpoints that never lose a run
+``observers``          log line, TensorBoard scalars, progress bar, profiler window
+``distribute``         ``tf.distribute`` strategies, cluster checks, plan agreement
+``tasks``              ready-made updates: classifier, the tutorials' GAN, MNIST batches
+``callbacks``          Keras ``fit`` callbacks (:class:`ThroughputLogger`)
+``seeding``            :func:`seed_everything`: reproducible runs
+=====================  ==========================================================================
+
+Importing this package is cheap; TensorFlow is imported with the first name used from it (except
+``distribute``'s cluster checks, which run before TensorFlow starts).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_LAZY = {
+    "Trainer": ".trainer",
+    "TrainResult": ".trainer",
+    "parse_profile_steps": ".trainer",
+    "Update": ".step",
+    "step_seed": ".step",
+    "LossScaler": ".loss_scaling",
+    "run_directory": ".checkpoints",
+    "Observer": ".observers",
+    "CallRecord": ".observers",
+    "classifier_updates": ".tasks",
+    "gan_updates": ".tasks",
+    "mnist_batch_fn": ".tasks",
+    "ThroughputLogger": ".callbacks",
+    "seed_everything": ".seeding",
+}
+
+__all__ = sorted(_LAZY)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .callbacks import ThroughputLogger
+    from .checkpoints import run_directory
+    from .loss_scaling import LossScaler
+    from .observers import CallRecord, Observer
+    from .seeding import seed_everything
+    from .step import Update, step_seed
+    from .tasks import classifier_updates, gan_updates, mnist_batch_fn
+    from .trainer import Trainer, TrainResult, parse_profile_steps
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'amp_backends.training' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

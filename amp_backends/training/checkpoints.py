@@ -1,0 +1,296 @@
+"""Checkpoints that never lose a run, and the run directories that keep runs apart.
+
+**Run directories.** Each training run started by the examples (``--logdir runs/mnist``) writes into a
+new ``runs/mnist/version_N`` (TensorBoard shows each version as its own run; earlier runs are never
+touched). ``--resume`` continues the newest version that holds checkpoints (or the directory given, if
+it holds them itself). :func:`run_directory` implements this; workers of a multi-worker run agree on the
+version before any of them creates it.
+
+**Checkpoints** (:class:`CheckpointStore`): TensorFlow writes a checkpoint's data, then swaps the
+``checkpoint`` index, so a crash mid-save leaves the previous checkpoint the latest. On top of that:
+
+* a store refuses to start a fresh run in a directory holding another run's checkpoints (the fix names
+  ``resume``), so nothing is overwritten and no index mixes two runs;
+* every checkpoint carries a signature of what it holds (each model's variables: names, shapes and
+  dtypes; the batch size; the plan), so resuming another model's checkpoint gives an error naming what
+  differs, not an assertion with hundreds of variables;
+* restoring falls back to the newest intact checkpoint when the latest is unreadable (truncated, say),
+  with a warning naming the broken one;
+* non-finite weights are never saved.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import tensorflow as tf
+
+from ..errors import CheckpointError, CheckpointMismatchError
+
+logger = logging.getLogger("amp_backends.train")
+
+SIGNATURE_KEY = "signature/.ATTRIBUTES/VARIABLE_VALUE"
+VERSION = re.compile(r"^version_(\d+)$")
+
+
+# ------------------------------------------------------------------------------------ directories
+def check_no_file_in_the_way(path: str | os.PathLike, what: str) -> Path:
+    """``path`` as a ``Path``; a clear ``ValueError`` if it, or the nearest existing parent, is not a directory."""
+    p = Path(path)
+    for parent in [p, *p.parents]:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"{what} {str(p)!r} cannot be used: {str(parent)!r} is a file, not a directory. "
+                                 f"Fix: choose another {what} (or move that file).")
+            break
+    return p
+
+
+def ensure_directory(path: str | os.PathLike, what: str) -> Path:
+    """Create ``path`` (and parents) or raise a clear ``ValueError`` (a file in the way, no permission)."""
+    p = check_no_file_in_the_way(path, what)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{what} {str(p)!r} cannot be created: {exc.strerror or exc}. Fix: choose a {what} you can "
+                         "write to.") from None
+    if not os.access(p, os.W_OK):
+        raise ValueError(f"{what} {str(p)!r} is not writable. Fix: choose a {what} you can write to.")
+    return p
+
+
+def has_checkpoints(directory: str | os.PathLike) -> bool:
+    return tf.train.get_checkpoint_state(str(directory)) is not None
+
+
+def versions(logdir: Path) -> dict[int, Path]:
+    if not logdir.is_dir():
+        return {}
+    out = {}
+    for child in logdir.iterdir():
+        m = VERSION.match(child.name)
+        if m and child.is_dir():
+            out[int(m.group(1))] = child
+    return out
+
+
+@dataclass(frozen=True)
+class RunDirectory:
+    """Where one run writes: ``path`` (TensorBoard, profiles) and ``path/checkpoints``."""
+
+    path: Path
+    resumed: bool
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+
+def propose_run_directory(logdir: str | os.PathLike, resume: bool) -> RunDirectory:
+    """Decide (without creating anything) where a run writes under ``logdir``; see the module docstring."""
+    root = check_no_file_in_the_way(logdir, "--logdir")
+    found = versions(root)
+    if resume:
+        if has_checkpoints(root / "checkpoints"):
+            return RunDirectory(root, True)
+        for n in sorted(found, reverse=True):
+            if has_checkpoints(found[n] / "checkpoints"):
+                return RunDirectory(found[n], True)
+        raise CheckpointError(
+            f"--resume: there is no run to resume under {str(root)!r} (no checkpoints in {str(root / 'checkpoints')!r} "
+            f"or in any {str(root / 'version_N' / 'checkpoints')!r}). Fix: drop --resume to start a new run, or point "
+            "--logdir at the run to continue.")
+    return RunDirectory(root / f"version_{max(found, default=-1) + 1}", False)
+
+
+def run_directory(logdir: str | os.PathLike, resume: bool, strategy: Any = None) -> RunDirectory:
+    """Decide and create the run's directory; under several workers, only after all of them agree on it."""
+    run = propose_run_directory(logdir, resume)
+    if strategy is not None and getattr(strategy, "cluster_resolver", None) is not None:
+        from .distribute import gather_numbers
+
+        mine = int(run.path.name.split("_")[1]) if VERSION.match(run.path.name) else -1
+        seen = gather_numbers(strategy, mine)
+        if len(set(seen)) > 1:
+            raise CheckpointError(
+                f"The workers chose different run directories under {str(logdir)!r} (versions {seen}): their --logdir "
+                "views differ. Fix: give every worker the same --logdir on storage they all share.")
+    ensure_directory(run.path, "--logdir")
+    return run
+
+
+# ------------------------------------------------------------------------------------ signatures
+def _variables_of(obj: Any) -> list[Any] | None:
+    for attr in ("weights", "variables"):
+        value = getattr(obj, attr, None)
+        if value is not None and not callable(value):
+            return list(value)
+    return None
+
+
+def _var_name(v: Any) -> str:
+    name = getattr(v, "path", None) or getattr(v, "name", "?")
+    return str(name).rsplit(":", 1)[0]
+
+
+def signature(objects: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """What a checkpoint holds: for each model or layer, its variables' names, shapes and dtypes, in order."""
+    models = {}
+    for key, obj in objects.items():
+        variables = _variables_of(obj)
+        if variables is None or hasattr(obj, "apply_gradients"):  # optimizers: their state follows the model's
+            continue
+        models[key] = [[_var_name(v), list(v.shape), v.dtype.name if hasattr(v.dtype, "name") else str(v.dtype)]
+                       for v in variables]
+    return {"format": 1, "objects": models, **dict(extra)}
+
+
+def differences(stored: Mapping[str, Any], current: Mapping[str, Any], limit: int = 6) -> list[str]:
+    """Human-readable differences between two signatures' objects (names are shown, shapes and dtypes compared)."""
+    out: list[str] = []
+    a, b = stored.get("objects", {}), current.get("objects", {})
+    for key in sorted(set(a) | set(b)):
+        if key not in b:
+            out.append(f"the checkpoint holds {key!r}, which this run does not train")
+        elif key not in a:
+            out.append(f"this run trains {key!r}, which the checkpoint does not hold")
+        elif len(a[key]) != len(b[key]):
+            out.append(f"{key!r} has {len(a[key])} variables in the checkpoint, {len(b[key])} here")
+        else:
+            for (na, sa, da), (nb, sb, db) in zip(a[key], b[key]):
+                if sa != sb or da != db:
+                    out.append(f"{key!r} variable {nb}: the checkpoint has shape {tuple(sa)} {da} ({na}), this run "
+                               f"{tuple(sb)} {db}")
+    return out[:limit] + ([f"... and {len(out) - limit} more"] if len(out) > limit else [])
+
+
+# ------------------------------------------------------------------------------------ the store
+@dataclass(frozen=True)
+class Restored:
+    path: str
+    stored: dict[str, Any] | None
+    broken: tuple[tuple[str, str], ...]
+
+
+class CheckpointStore:
+    """Saves and restores one ``tf.train.Checkpoint`` in a directory, by the rules in the module docstring."""
+
+    def __init__(self, objects: Mapping[str, Any], directory: str | os.PathLike, *, step_counter: Any,
+                 keep: int = 3, is_chief: bool = True, worker: str = "0",
+                 extra: Mapping[str, Any] | None = None) -> None:
+        self.directory = str(directory)
+        ensure_directory(self.directory, "checkpoint directory")
+        self.is_chief = is_chief
+        self.signature = signature(objects, extra or {})
+        self._signature_var = tf.Variable(json.dumps(self.signature), dtype=tf.string, trainable=False,
+                                          name="signature")
+        self.checkpoint = tf.train.Checkpoint(**dict(objects), signature=self._signature_var)
+        self.step_counter = step_counter
+        # Under MultiWorkerMirroredStrategy every worker saves (saving is collective); only the chief's
+        # files are kept, the others write to a scratch folder removed after each save.
+        write_dir = self.directory if is_chief else os.path.join(self.directory, f".worker-{worker}")
+        self.manager = tf.train.CheckpointManager(self.checkpoint, write_dir, max_to_keep=keep,
+                                                  step_counter=step_counter)
+        self.owned = False  # True once this store wrote or restored: its directory is this run's
+        self.last_saved_step: int | None = None
+
+    @property
+    def latest(self) -> str | None:
+        return tf.train.latest_checkpoint(self.directory)
+
+    def paths(self) -> list[str]:
+        """Checkpoints in the directory, newest first."""
+        state = tf.train.get_checkpoint_state(self.directory)
+        if state is None:
+            return []
+        paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
+        paths = [p if os.path.isabs(p) else os.path.join(self.directory, p) for p in paths]
+        return sorted(set(paths), key=lambda p: int(p.rsplit("-", 1)[1]) if p.rsplit("-", 1)[1].isdigit() else -1,
+                      reverse=True)
+
+    def ensure_fresh(self) -> None:
+        """Refuse to start a new run over another run's checkpoints."""
+        if self.owned:
+            return
+        latest = self.latest
+        if latest:
+            raise CheckpointError(
+                f"{self.directory!r} holds the checkpoints of an earlier run (latest: {os.path.basename(latest)}). "
+                "Starting over there would overwrite them. Fix: continue that run with resume=True (--resume), or "
+                "give this run its own directory (a new --logdir; the examples make a new version_N per run).")
+
+    def read_signature(self, path: str) -> dict[str, Any] | None:
+        reader = tf.train.load_checkpoint(path)
+        if not reader.has_tensor(SIGNATURE_KEY):
+            return None
+        raw = reader.get_tensor(SIGNATURE_KEY)
+        return json.loads(raw.decode() if isinstance(raw, bytes) else str(raw))
+
+    def restore(self) -> Restored | None:
+        """Restore the newest intact checkpoint; ``None`` if there is none at all.
+
+        An unreadable checkpoint is skipped with a warning; a checkpoint of other models raises
+        :class:`CheckpointMismatchError` (older ones of the same run would not match either).
+        """
+        paths = self.paths()
+        if not paths:
+            return None
+        broken: list[tuple[str, str]] = []
+        for path in paths:
+            try:
+                stored = self.read_signature(path)
+            except Exception as exc:  # missing or truncated files
+                broken.append((path, _short(exc)))
+                continue
+            if stored is not None:
+                diff = differences(stored, self.signature)
+                if diff:
+                    raise CheckpointMismatchError(
+                        f"The checkpoint {path} was written for other models than the ones being trained: "
+                        + "; ".join(diff) + ". Fix: resume with the same model code and arguments, or start a new run "
+                        "(without --resume, or with another --logdir).")
+            try:
+                self.checkpoint.restore(path).assert_existing_objects_matched()
+            except (AssertionError, ValueError) as exc:
+                if stored is None:
+                    raise CheckpointMismatchError(
+                        f"The checkpoint {path} does not match the models being trained (it was written by another "
+                        f"program or another model): {_short(exc, 240)}. Fix: resume with the same model code and "
+                        "arguments, or start a new run (without --resume, or with another --logdir).") from None
+                broken.append((path, _short(exc)))
+                continue
+            except Exception as exc:  # truncated data: IndexError, DataLossError, ...
+                broken.append((path, _short(exc)))
+                continue
+            for bad, why in broken:
+                logger.warning(f"Checkpoint {bad} is unreadable ({why}); resumed from the newest intact one, {path}.")
+            self._signature_var.assign(json.dumps(self.signature))  # later saves describe this run
+            self.owned = True
+            self.last_saved_step = int(self.step_counter.numpy())
+            return Restored(path, stored, tuple(broken))
+        raise CheckpointError(
+            f"No intact checkpoint in {self.directory!r}: " + "; ".join(f"{os.path.basename(p)}: {w}" for p, w in broken)
+            + ". Fix: start a new run (without --resume, or with another --logdir).")
+
+    def save(self) -> str | None:
+        """Write a checkpoint at the current step; returns its path (``None`` on non-chief workers)."""
+        step = int(self.step_counter.numpy())
+        path = self.manager.save(checkpoint_number=step)
+        self.owned = True
+        self.last_saved_step = step
+        if not self.is_chief:
+            shutil.rmtree(self.manager.directory, ignore_errors=True)
+            return None
+        return path
+
+
+def _short(exc: BaseException, limit: int = 160) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"

@@ -1,0 +1,262 @@
+"""What the trainer trains on: arrays resident on the device, or a ``tf.data`` pipeline.
+
+**Arrays** (NumPy arrays or tensors; one array, a tuple/list of arrays for several inputs, or a dict of
+named features, with optional labels of the same kinds) are copied to the device once. Each epoch's
+order is a permutation derived from ``(seed, epoch)``, and every step gathers its batch from that
+permutation on the device: no host round trip between steps, several steps per compiled call, and a
+position that is simply "sample ``s`` of epoch ``e``", exact on resume whatever the batch size.
+
+**A** ``tf.data.Dataset`` yields *batches* (as Keras ``fit`` expects): ``ds.batch(batch_size,
+drop_remainder=True)``. Batches of unknown size (``ds.batch(n)`` without ``drop_remainder``) are
+rebatched to exactly ``batch_size`` with the remainder dropped (a partial batch would change the
+compiled shapes and the loss's scale); an unbatched dataset, or batches of another size, is refused with
+the fix. An epoch is one pass over the dataset, or ``steps_per_epoch`` batches (required for a
+dataset that repeats forever). The compiled call pulls several batches from an iterator inside itself
+(prefetched to the accelerator). The position of a stream is "batches consumed in epoch ``e``": on
+resume the epoch's pipeline is rebuilt and that many batches are skipped, which continues the
+interrupted order exactly when the pipeline's order depends on its seed alone (no shuffle, or
+``shuffle(..., seed=s, reshuffle_each_iteration=False)``); with reshuffling, the rest of the resumed
+epoch follows a fresh order.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import tensorflow as tf
+
+from ..errors import InputError
+
+logger = logging.getLogger("amp_backends.train")
+
+BatchFn = Callable[[Any, Any, Any], Any]
+
+
+def _describe(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    return f"{type(value).__name__}" + (f" of shape {tuple(shape)}" if shape is not None else "") + (
+        f" and dtype {dtype}" if dtype is not None else "")
+
+
+def _leaf_paths(structure: Any, prefix: str) -> list[tuple[str, Any]]:
+    """``(path, leaf)`` pairs of a nest of arrays: ``x['ids']``, ``x[1]``, ``y``."""
+    if isinstance(structure, dict):
+        return [p for k, v in structure.items() for p in _leaf_paths(v, f"{prefix}[{k!r}]")]
+    if isinstance(structure, (tuple, list)):
+        return [p for i, v in enumerate(structure) for p in _leaf_paths(v, f"{prefix}[{i}]")]
+    return [(prefix, structure)]
+
+
+def _as_array_nest(structure: Any, name: str) -> Any:
+    """Validate a nest of array-likes and convert Python lists of numbers to arrays; keep tensors as they are."""
+    if isinstance(structure, dict):
+        bad = [k for k in structure if not isinstance(k, str)]
+        if bad:
+            raise InputError(f"{name} as a dict must have string keys (feature names). Received keys {bad!r}.")
+        return {k: _as_array_nest(v, f"{name}[{k!r}]") for k, v in structure.items()}
+    if isinstance(structure, tuple) or (isinstance(structure, list) and structure and all(
+            hasattr(v, "shape") or isinstance(v, (dict, tuple)) for v in structure)):
+        return type(structure)(_as_array_nest(v, f"{name}[{i}]") for i, v in enumerate(structure))
+    if isinstance(structure, tf.Tensor) or isinstance(structure, tf.Variable):
+        return structure
+    if hasattr(structure, "shape") and hasattr(structure, "dtype"):  # numpy, or an array library's array
+        arr = np.asarray(structure)
+    else:
+        try:
+            arr = np.asarray(structure)
+        except Exception:
+            arr = np.asarray(None, dtype=object)
+    if arr.dtype == object or arr.dtype.kind in "USV" or arr.ndim == 0:
+        raise InputError(
+            f"{name} must be an array of numbers with one row per sample (a NumPy array or tensor, or a tuple, list or "
+            f"dict of them). Received: {_describe(structure)}. Fix: convert it with np.asarray(..., dtype=np.float32) "
+            "(strings: encode them, for example with a tf.keras.layers.StringLookup, before training).")
+    return arr
+
+
+class ResidentArrays:
+    """Arrays copied to the device once; batches gathered on the device from a per-epoch permutation."""
+
+    kind = "arrays"
+
+    def __init__(self, x: Any, y: Any, *, batch_size: int, device: str, seed: int,
+                 batch_fn: BatchFn | None = None) -> None:
+        if x is None:
+            raise InputError("fit() needs training data: x as arrays (or a tuple/dict of arrays), or a tf.data.Dataset. "
+                             "Received: x=None.")
+        x = _as_array_nest(x, "x")
+        y = None if y is None else _as_array_nest(y, "y")
+        leaves = _leaf_paths(x, "x") + ([] if y is None else _leaf_paths(y, "y"))
+        counts = {path: int(leaf.shape[0]) for path, leaf in leaves}
+        if len(set(counts.values())) > 1:
+            raise InputError("Every input and label array must have one row per sample, the same number of rows. "
+                             f"Received: {', '.join(f'{p}: {n}' for p, n in counts.items())}. Fix: make the arrays the "
+                             "same length (x and y describe the same samples).")
+        self.samples = next(iter(counts.values()))
+        if self.samples < batch_size:
+            raise InputError(f"The data has {self.samples} samples, fewer than one batch of {batch_size}. Fix: lower "
+                             f"batch_size to at most {self.samples}, or train on more data.")
+        self.batch_size = batch_size
+        self.seed = seed
+        self.device = device
+        self.host = (x, y)  # for validation (labels within the model's classes) before anything runs
+        with tf.device(device):
+            self.x = tf.nest.map_structure(tf.convert_to_tensor, x)
+            self.y = None if y is None else tf.nest.map_structure(tf.convert_to_tensor, y)
+        self.batch_fn = batch_fn or gather_batch
+        self._perm: tuple[int, Any] | None = None
+
+    def steps_in_epoch(self, samples_done: int = 0) -> int:
+        """Full batches left in an epoch after ``samples_done`` samples."""
+        return max(0, (self.samples - samples_done) // self.batch_size)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.samples // self.batch_size
+
+    def permutation(self, epoch: int) -> Any:
+        """The epoch's sample order on the device, from ``(seed, epoch)`` alone (so a resumed run sees the same)."""
+        if self._perm is None or self._perm[0] != epoch:
+            perm = np.random.RandomState((self.seed * 100003 + epoch) % 2**32).permutation(self.samples)
+            with tf.device(self.device):
+                self._perm = (epoch, tf.constant(perm, dtype=tf.int64))
+        return self._perm[1]
+
+    def sample_batch(self) -> Any:
+        """The data as the step's batch function sees it, for validating the updates before training."""
+        return self.host
+
+
+def gather_batch(x: Any, y: Any, idx: Any) -> Any:
+    """The default batch: every array's rows at ``idx``, as ``(x, y)`` (``y`` is ``None`` without labels)."""
+    take = lambda a: tf.gather(a, idx)  # noqa: E731
+    return tf.nest.map_structure(take, x), (None if y is None else tf.nest.map_structure(take, y))
+
+
+@dataclass
+class _Spec:
+    leading: set[Any]
+    scalars: list[str]
+
+
+def _batch_dims(spec: Any) -> _Spec:
+    leading: set[Any] = set()
+    scalars: list[str] = []
+    for path, s in _leaf_paths(_spec_nest(spec), "element"):
+        if not isinstance(s, tf.TensorSpec):
+            raise InputError(f"The dataset's {path} is a {type(s).__name__}; the trainer takes datasets of dense "
+                             "tensors. Fix: convert it in the pipeline (for example tf.sparse.to_dense or .to_tensor()).")
+        if s.shape.rank == 0:
+            scalars.append(path)
+        elif s.shape.rank is not None:
+            leading.add(s.shape[0])
+    return _Spec(leading, scalars)
+
+
+def _spec_nest(spec: Any) -> Any:
+    if isinstance(spec, dict):
+        return {k: _spec_nest(v) for k, v in spec.items()}
+    if isinstance(spec, (tuple, list)):
+        return tuple(_spec_nest(v) for v in spec)
+    return spec
+
+
+class Stream:
+    """A ``tf.data`` pipeline of batches, consumed by an iterator inside the compiled call."""
+
+    kind = "stream"
+
+    def __init__(self, dataset: Any, *, batch_size: int, device: str, strategy: Any,
+                 steps_per_epoch: int | None = None) -> None:
+        dims = _batch_dims(dataset.element_spec)
+        fix_unbatched = (f"batch it: dataset.batch({batch_size}, drop_remainder=True) (the trainer takes a dataset of "
+                         "batches, as Keras fit does)")
+        if dims.scalars:
+            raise InputError(f"The dataset is not batched: its {dims.scalars[0]} is a scalar, one sample per element. "
+                             f"Expected batches of {batch_size}. Fix: {fix_unbatched}.")
+        known = {d for d in dims.leading if d is not None}
+        if len(known) > 1:
+            raise InputError(f"The dataset's tensors have different leading (batch) sizes {sorted(known)}. Expected "
+                             f"batches of {batch_size} in every tensor. Fix: batch the samples together: "
+                             f"dataset.batch({batch_size}, drop_remainder=True).")
+        if known and known != {batch_size}:
+            size = known.pop()
+            raise InputError(f"The dataset yields elements of leading size {size}; the trainer's batch_size is "
+                             f"{batch_size}. Fix: if the dataset is batched, pass batch_size={size} to the Trainer or "
+                             f"rebatch it with dataset.rebatch({batch_size}, drop_remainder=True); if it is not "
+                             f"batched, {fix_unbatched}.")
+        if int(dataset.cardinality().numpy()) == tf.data.INFINITE_CARDINALITY and steps_per_epoch is None:
+            raise InputError("The dataset repeats forever, so an epoch has no end. Fix: pass steps_per_epoch=N to "
+                             "fit() (batches per epoch), or drop .repeat() from the pipeline.")
+        if None in dims.leading or not dims.leading:
+            # batched without drop_remainder: the last batch would be partial (a new compiled shape, another
+            # scale of the loss); keep exactly batch_size per step instead
+            dataset = dataset.rebatch(batch_size, drop_remainder=True)
+            logger.info(f"The dataset's batches have no fixed size (batched without drop_remainder): rebatched to "
+                        f"{batch_size} with drop_remainder=True, dropping a last partial batch per pass.")
+        cardinality = int(dataset.cardinality().numpy())
+        if steps_per_epoch is not None and (not isinstance(steps_per_epoch, int) or steps_per_epoch < 1):
+            raise InputError(f"steps_per_epoch must be a positive integer or None. Received: {steps_per_epoch!r}.")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.device = device
+        self.strategy = strategy
+        self.cardinality = cardinality if cardinality >= 0 else None
+        self.fixed_steps = steps_per_epoch
+        self._sample: Any = None
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        """Batches per epoch when known (``steps_per_epoch``, or the dataset's cardinality), else ``None``."""
+        if self.fixed_steps is not None:
+            return self.fixed_steps if self.cardinality is None else min(self.fixed_steps, self.cardinality)
+        return self.cardinality
+
+    def steps_in_epoch(self, batches_done: int = 0) -> int | None:
+        total = self.steps_per_epoch
+        return None if total is None else max(0, total - batches_done)
+
+    def iterator(self, skip_batches: int = 0) -> Any:
+        """A fresh pass over the pipeline (an epoch), ``skip_batches`` already consumed; prefetched to the device."""
+        ds = self.dataset.skip(skip_batches) if skip_batches else self.dataset
+        if self.fixed_steps is not None:
+            ds = ds.take(self.fixed_steps - skip_batches)
+        if self.strategy.num_replicas_in_sync > 1 or getattr(self.strategy, "cluster_resolver", None) is not None:
+            return iter(self.strategy.experimental_distribute_dataset(ds))
+        if tf.DeviceSpec.from_string(self.device).device_type in ("GPU", "XPU"):
+            ds = ds.apply(tf.data.experimental.prefetch_to_device(self.device))
+        else:
+            ds = ds.prefetch(tf.data.AUTOTUNE)
+        return iter(ds)
+
+    def sample_batch(self) -> Any:
+        """The first batch (from a separate pass), for validating the updates before training."""
+        if self._sample is None:
+            for batch in self.dataset.take(1):
+                self._sample = tf.nest.map_structure(lambda t: t.numpy(), batch)
+        return self._sample
+
+
+def make_input(x: Any, y: Any, *, batch_size: int, device: str, seed: int, strategy: Any,
+               batch_fn: BatchFn | None, steps_per_epoch: int | None) -> ResidentArrays | Stream:
+    """The trainer's input for ``fit(x, y)``: a :class:`Stream` for a dataset, else :class:`ResidentArrays`."""
+    if isinstance(x, tf.data.Dataset):
+        if y is not None:
+            raise InputError("With a tf.data.Dataset, the labels come from the dataset's elements ((x, y) batches). "
+                             f"Received y={_describe(y)} as well. Fix: zip them into the dataset and pass y=None.")
+        if batch_fn is not None:
+            raise InputError("batch_fn transforms resident arrays on the device; a tf.data.Dataset transforms its "
+                             "batches itself. Fix: do that work in the pipeline (dataset.map(...)) and build the "
+                             "Trainer without batch_fn.")
+        return Stream(x, batch_size=batch_size, device=device, strategy=strategy, steps_per_epoch=steps_per_epoch)
+    if isinstance(x, tf.data.Iterator):
+        raise InputError("fit() takes a tf.data.Dataset, not an iterator over one (the trainer makes a fresh pass per "
+                         "epoch). Fix: pass the dataset itself.")
+    if steps_per_epoch is not None:
+        raise InputError("steps_per_epoch applies to a tf.data.Dataset; with arrays an epoch is every sample once. "
+                         f"Received steps_per_epoch={steps_per_epoch!r}. Fix: leave it out, or use max_steps.")
+    return ResidentArrays(x, y, batch_size=batch_size, device=device, seed=seed, batch_fn=batch_fn)

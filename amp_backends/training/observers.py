@@ -1,0 +1,181 @@
+"""What watches training: the log line, TensorBoard scalars, the progress bar, the profiler window.
+
+Each is an :class:`Observer`; the trainer calls them around every compiled call with a :class:`CallRecord`
+(the call's steps, each step's losses and finite flags, its timing). Pass your own to
+``Trainer(observers=[...])`` to watch training without touching the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+logger = logging.getLogger("amp_backends.train")
+
+
+@dataclass
+class CallRecord:
+    """One compiled call: ``steps`` steps ending at global step ``step``.
+
+    ``losses[i, j]`` and ``finite[i, j]`` are step ``i``'s loss and finite flag for update ``j``
+    (``names[j]``); a non-finite step was skipped (no weight changed). ``first`` is the call's first step
+    within ``epoch``.
+    """
+
+    epoch: int
+    first: int
+    step: int
+    steps: int
+    names: Sequence[str]
+    losses: np.ndarray
+    finite: np.ndarray
+    step_time: float
+    throughput: float
+    loss_scales: dict[str, float]
+    skipped: dict[str, int]
+
+
+class Observer:
+    """Hooks around training; every method is optional."""
+
+    def on_fit_start(self, start_step: int, total_steps: int | None) -> None:
+        """Before the first call; ``total_steps`` is ``None`` when the data's length is unknown."""
+
+    def before_call(self, step: int, steps: int) -> None:
+        """Before a call that will run ``steps`` steps from global step ``step``."""
+
+    def after_call(self, record: CallRecord) -> None:
+        """After each call."""
+
+    def close(self) -> None:
+        """At the end of ``fit``, also when it fails or is interrupted."""
+
+
+def short_name(name: str) -> str:
+    return {"generator": "G", "discriminator": "D"}.get(name, name)
+
+
+class LogLine(Observer):
+    """The tutorials' line every ``every`` steps: ``(epoch, step), Loss: 0.08706, step_time: 0.00100, throughput: 1.02e+06 img/s.``
+
+    Several updates log each loss (the GAN: ``G Loss``, ``D Loss``). A skipped step ends with
+    ``[skipped: non-finite gradients in <update>]``.
+    """
+
+    def __init__(self, every: int = 1) -> None:
+        self.every = every
+
+    def after_call(self, r: CallRecord) -> None:
+        for i in range(r.steps):
+            gstep = r.step - r.steps + i + 1
+            if gstep % self.every:
+                continue
+            if len(r.names) == 1:
+                loss_text = f"Loss: {r.losses[i][0]:.5f}"
+            else:
+                loss_text = ", ".join(f"{short_name(n)} Loss: {r.losses[i][j]:.3f}" for j, n in enumerate(r.names))
+            bad = [n for j, n in enumerate(r.names) if not r.finite[i][j]]
+            mark = f" [skipped: non-finite gradients in {', '.join(bad)}]" if bad else ""
+            logger.info(f"({r.epoch}, {r.first + i}), {loss_text}, step_time: {r.step_time:.5f}, "
+                        f"throughput: {r.throughput:.3e} img/s.{mark}")
+
+
+class TensorBoardScalars(Observer):
+    """Scalars ``loss/<update>``, ``loss_scale/<update>``, ``skipped_steps/<update>``, ``throughput_img_per_s`` in ``logdir/train``."""
+
+    def __init__(self, logdir: str) -> None:
+        import importlib.util
+        import os
+
+        self.writer = None
+        if importlib.util.find_spec("tensorboard") is None:
+            logger.warning("TensorBoard is not installed: no scalars are written to %s (pip install tensorboard)", logdir)
+            return
+        import tensorflow as tf
+
+        self.writer = tf.summary.create_file_writer(os.path.join(logdir, "train"))
+
+    def after_call(self, r: CallRecord) -> None:
+        if self.writer is None:
+            return
+        import tensorflow as tf
+
+        with self.writer.as_default():
+            for j, n in enumerate(r.names):
+                tf.summary.scalar(f"loss/{n}", float(r.losses[-1][j]), step=r.step)
+                tf.summary.scalar(f"loss_scale/{n}", r.loss_scales[n], step=r.step)
+                tf.summary.scalar(f"skipped_steps/{n}", r.skipped[n], step=r.step)
+            tf.summary.scalar("throughput_img_per_s", r.throughput, step=r.step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+
+
+class ProgressBar(Observer):
+    """A rich progress bar (steps done of the total), for terminals."""
+
+    def __init__(self) -> None:
+        self.progress: Any = None
+
+    def on_fit_start(self, start_step: int, total_steps: int | None) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+        self.progress = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                                 TimeRemainingColumn(), transient=True)
+        self.task = self.progress.add_task("training", total=total_steps, completed=start_step)
+        self.progress.start()
+
+    def after_call(self, r: CallRecord) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=r.step)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+class ProfilerWindow(Observer):
+    """Traces the calls covering steps ``start:stop`` with the TensorFlow profiler into ``logdir``.
+
+    Calls are never cut at the window's edges (that would compile other call sizes): the trace starts
+    with the call that contains step ``start`` and ends after the call that reaches ``stop``; the log says
+    which steps were traced.
+    """
+
+    def __init__(self, logdir: str, window: tuple[int, int]) -> None:
+        self.logdir = logdir
+        self.start, self.stop = window
+        self.first: int | None = None
+        self.running = False
+        self.done = False
+
+    def before_call(self, step: int, steps: int) -> None:
+        if not self.running and not self.done and step < self.stop and step + steps > self.start:
+            import tensorflow as tf
+
+            tf.profiler.experimental.start(self.logdir)
+            self.running, self.first = True, step
+
+    def after_call(self, r: CallRecord) -> None:
+        if self.running and r.step >= self.stop:
+            self._stop(r.step)
+
+    def _stop(self, last: int) -> None:
+        import tensorflow as tf
+
+        tf.profiler.experimental.stop()
+        self.running, self.done = False, True
+        asked = f" (asked: {self.start}:{self.stop}; calls are traced whole)" if (self.first, last) != (self.start, self.stop) else ""
+        logger.info(f"Profiler trace of steps {self.first}:{last}{asked} written to {self.logdir}")
+
+    def close(self) -> None:
+        if self.running:
+            import tensorflow as tf
+
+            tf.profiler.experimental.stop()
+            self.running = False

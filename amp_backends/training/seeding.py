@@ -1,0 +1,25 @@
+"""Reproducible runs: one seed for weights, dropout, shuffling and the trainer's random draws.
+
+On the CPU the same seed gives the same losses, run after run: :func:`seed_everything` seeds Python,
+NumPy, TensorFlow and Keras (Keras 3's initializers and dropout draw from its own seed generator, which
+``tf.random.set_seed`` alone does not reach); the trainer's shuffling is a function of ``(seed, epoch)``
+and random draws inside a step use :func:`~amp_backends.training.step.step_seed`. ``deterministic=True``
+also makes TensorFlow choose deterministic kernels (``tf.config.experimental.enable_op_determinism``):
+on GPUs that is what makes two runs equal (cuDNN and atomics otherwise reorder float additions, so losses
+differ in the last digits and drift apart), at some cost in speed; ops without a deterministic GPU kernel
+then raise an error naming themselves. Results still differ between GPU models, drivers and TensorFlow
+versions, and between a CPU and a GPU.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def seed_everything(seed: int, deterministic: bool = False) -> None:
+    """Seed Python, NumPy, TensorFlow and Keras; with ``deterministic``, also use deterministic kernels."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer. Received: {seed!r}.")
+    tf.keras.utils.set_random_seed(seed)
+    if deterministic:
+        tf.config.experimental.enable_op_determinism()

@@ -1,0 +1,188 @@
+"""Checkpoints never lose a run: fresh runs, truncated files, another model, another batch size, Ctrl-C, bad dirs."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.tensorflow
+tf = pytest.importorskip("tensorflow")
+
+import amp_backends  # noqa: E402
+from amp_backends.errors import CheckpointError, CheckpointMismatchError, TrainingInterrupted  # noqa: E402
+from amp_backends.training import Observer, Trainer, Update, classifier_updates, run_directory  # noqa: E402
+from amp_backends.training.checkpoints import propose_run_directory  # noqa: E402
+
+
+def plan(**kw):
+    return amp_backends.auto_configure(verbose=False, policy="float32", **kw)
+
+
+def mlp(width=8):
+    return tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(width, activation="relu"),
+                                tf.keras.layers.Dense(3)])
+
+
+def data(n=64, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, 4)).astype("float32"), rng.integers(0, 3, n)
+
+
+def trainer(directory, model=None, batch_size=8, updates=None, **kw):
+    model = model or mlp()
+    opt = tf.keras.optimizers.Adam(1e-2)
+    updates = updates or classifier_updates(model, opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model, Trainer(updates, plan(), batch_size=batch_size, checkpoint_dir=str(directory), progress=False,
+                          checkpoint_objects={"model": model, "optimizer": opt}, **kw)
+
+
+# --------------------------------------------------------------------------- fresh runs
+def test_a_fresh_run_over_another_runs_checkpoints_is_refused(tmp_path):
+    _, t = trainer(tmp_path)
+    t.fit(*data(), epochs=1)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    _, t2 = trainer(tmp_path)
+    with pytest.raises(CheckpointError, match=r"holds the checkpoints of an earlier run \(latest: ckpt-8\).*resume=True "
+                                              r"\(--resume\).*new --logdir"):
+        t2.fit(*data(), epochs=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing overwritten, no mixed index
+
+
+def test_a_second_run_gets_its_own_directory_and_saves_its_own_final_state(tmp_path):
+    """The same command twice: two runs side by side, each latest checkpoint holding that run's final weights."""
+    for i in range(2):
+        run = run_directory(tmp_path, resume=False)
+        model, t = trainer(run.checkpoints, checkpoint_every=4)
+        t.fit(*data(32, seed=i), epochs=1)  # ends at step 4, the same step in both runs
+        assert run.path.name == f"version_{i}" and t.store.latest.endswith("ckpt-4")
+        restored = mlp()
+        tf.train.Checkpoint(model=restored).read(t.store.latest).expect_partial()
+        assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(restored.weights, model.weights))
+        if i == 0:
+            first = {p: p.read_bytes() for p in run.path.rglob("*") if p.is_file()}
+    assert all(p.read_bytes() == b for p, b in first.items())  # the first run is untouched
+
+
+def test_run_directories_are_versioned_and_resume_picks_the_newest(tmp_path):
+    first = run_directory(tmp_path / "runs", resume=False)
+    assert first.path == tmp_path / "runs" / "version_0" and not first.resumed
+    first.checkpoints.mkdir()
+    _, t = trainer(first.checkpoints)
+    t.fit(*data(16), epochs=1)
+    second = run_directory(tmp_path / "runs", resume=False)
+    assert second.path.name == "version_1"
+    assert run_directory(tmp_path / "runs", resume=True).path == first.path  # version_1 holds no checkpoint yet
+    with pytest.raises(CheckpointError, match="no run to resume.*drop --resume"):
+        propose_run_directory(tmp_path / "empty", resume=True)
+
+
+def test_a_logdir_below_a_regular_file_is_a_clear_error(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=r"'.*file' is a file, not a directory.*choose another --logdir"):
+        run_directory(tmp_path / "file" / "runs", resume=False)
+    with pytest.raises(ValueError, match="is a file, not a directory"):
+        Trainer(classifier_updates(mlp(), tf.keras.optimizers.SGD()), plan(), batch_size=8,
+                logdir=str(tmp_path / "file" / "tb"))
+
+
+# --------------------------------------------------------------------------- resume
+def test_a_truncated_latest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, caplog):
+    caplog.set_level("WARNING", logger="amp_backends.train")
+    _, t = trainer(tmp_path, checkpoint_every=2)
+    t.fit(*data(32), epochs=1)
+    latest = Path(t.store.latest)
+    assert latest.name == "ckpt-4"
+    blob = Path(str(latest) + ".data-00000-of-00001")
+    blob.write_bytes(blob.read_bytes()[: blob.stat().st_size // 3])  # a crash, a full disk, a bad copy
+    _, t2 = trainer(tmp_path)
+    assert t2.restore() == 2
+    assert "ckpt-4 is unreadable" in caplog.text and "resumed from the newest intact one" in caplog.text
+    r = t2.fit(*data(32), epochs=1, resume=True)  # and training goes on from there
+    assert r.steps == 4
+
+
+def test_no_intact_checkpoint_at_all_is_a_clear_error(tmp_path):
+    _, t = trainer(tmp_path)
+    t.fit(*data(16), epochs=1)
+    for blob in tmp_path.glob("*.data-*"):
+        blob.write_bytes(b"")
+    _, t2 = trainer(tmp_path)
+    with pytest.raises(CheckpointError, match="No intact checkpoint.*ckpt-2.*start a new run"):
+        t2.fit(*data(16), epochs=1, resume=True)
+
+
+def test_resuming_another_models_checkpoint_names_what_differs(tmp_path):
+    _, t = trainer(tmp_path, model=mlp(8))
+    t.fit(*data(16), epochs=1)
+    _, t2 = trainer(tmp_path, model=mlp(16))
+    with pytest.raises(CheckpointMismatchError) as info:
+        t2.fit(*data(16), epochs=1, resume=True)
+    text = str(info.value)
+    assert "written for other models" in text and "shape (4, 8) float32" in text and "(4, 16) float32" in text
+    assert len(text) < 1500  # a message, not a dump of every variable
+
+
+def test_a_checkpoint_of_another_program_is_refused_clearly(tmp_path):
+    other = tf.Variable(tf.zeros([3]))
+    tf.train.CheckpointManager(tf.train.Checkpoint(thing=other), str(tmp_path), 3).save()
+    _, t = trainer(tmp_path)
+    with pytest.raises(CheckpointMismatchError, match="does not match the models being trained.*start a new run"):
+        t.fit(*data(16), epochs=1, resume=True)
+
+
+def test_resuming_with_another_batch_size_keeps_the_position_in_samples(tmp_path, caplog):
+    """16-sample batches for 3 steps, then 8-sample batches: every sample of the epoch is trained on exactly once."""
+    caplog.set_level("INFO", logger="amp_backends.train")
+    x, y = data(96)
+    x[:, 0] = np.arange(96)  # column 0: the sample's id
+    seen = tf.Variable(tf.zeros(96))
+
+    def counting_trainer(batch_size):
+        model = mlp()
+        opt = tf.keras.optimizers.SGD(1e-3)
+        base = classifier_updates(model, opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))[0]
+
+        def loss_fn(batch):
+            seen.assign_add(tf.reduce_sum(tf.one_hot(tf.cast(batch[0][:, 0], tf.int32), 96), axis=0))
+            return base.loss_fn(batch)
+
+        return trainer(tmp_path, model, batch_size, updates=[Update("model", loss_fn, base.groups)])[1]
+
+    counting_trainer(16).fit(x, y, epochs=1, max_steps=3)
+    r = counting_trainer(8).fit(x, y, epochs=1, resume=True)
+    assert seen.numpy().tolist() == [1.0] * 96
+    assert r.steps == 3 + 6 and "continues at sample 48 of epoch 0" in caplog.text
+
+
+# --------------------------------------------------------------------------- Ctrl-C
+class _CtrlC(Observer):
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def after_call(self, record) -> None:
+        if record.step == self.at:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_ctrl_c_saves_a_checkpoint_says_where_and_resumes_from_it(tmp_path):
+    model, t = trainer(tmp_path, observers=[_CtrlC(at=3)])
+    with pytest.raises(TrainingInterrupted) as info:
+        t.fit(*data(64), epochs=1)
+    assert info.value.exit_code == 130 and info.value.step == 3
+    assert info.value.checkpoint.endswith("ckpt-3") and "checkpoint saved to" in info.value.message
+    assert isinstance(info.value, KeyboardInterrupt)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is given back
+    _, t2 = trainer(tmp_path)
+    assert t2.fit(*data(64), epochs=1, resume=True).steps == 8
+
+
+def test_ctrl_c_without_checkpointing_says_nothing_was_saved():
+    model = mlp()
+    t = Trainer(classifier_updates(model, tf.keras.optimizers.SGD(), tf.keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True)), plan(), batch_size=8, progress=False, observers=[_CtrlC(at=1)])
+    with pytest.raises(TrainingInterrupted, match="checkpointing is off, nothing was saved"):
+        t.fit(*data(64), epochs=1)

@@ -1,0 +1,242 @@
+"""What the trainer trains on: tf.data pipelines, several inputs, named features, per-example losses, bad data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.tensorflow
+tf = pytest.importorskip("tensorflow")
+
+import amp_backends  # noqa: E402
+from amp_backends.data import DataUnavailableError, read_mnist_npz  # noqa: E402
+from amp_backends.errors import InputError  # noqa: E402
+from amp_backends.training import Trainer, Update, classifier_updates  # noqa: E402
+
+
+def plan(**kw):
+    return amp_backends.auto_configure(verbose=False, policy="float32", **kw)
+
+
+def mlp(inputs=4, classes=3):
+    return tf.keras.Sequential([tf.keras.Input((inputs,)), tf.keras.layers.Dense(8, activation="relu"),
+                                tf.keras.layers.Dense(classes)])
+
+
+def data(n=64, inputs=4, classes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, inputs)).astype("float32"), rng.integers(0, classes, n)
+
+
+def trainer(model, **kw):
+    opt = tf.keras.optimizers.SGD(0.1)
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    kw.setdefault("batch_size", 8)
+    return Trainer(classifier_updates(model, opt, loss), plan(), progress=False, **kw)
+
+
+# --------------------------------------------------------------------------- tf.data
+def test_a_batched_dataset_trains_with_several_steps_per_compiled_call():
+    x, y = data(64)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(64, seed=1).batch(8, drop_remainder=True)
+    t = trainer(mlp(), steps_per_call=4)
+    r = t.fit(ds, epochs=2)
+    assert r.steps == 16 and r.epochs_completed == 2
+    assert len(r.history) == 4  # 4 calls of 4 steps, the iterator consumed inside the compiled call
+    assert all(np.isfinite(h["model"]) for h in r.history)
+
+
+def test_a_dataset_batched_without_drop_remainder_is_rebatched_to_full_batches(caplog):
+    caplog.set_level("INFO", logger="amp_backends.train")
+    x, y = data(60)
+    r = trainer(mlp(), steps_per_call=3).fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), epochs=1)
+    assert r.steps == 7  # 60 // 8: the partial last batch is dropped, not a new compiled shape
+    assert "rebatched to 8 with drop_remainder=True" in caplog.text
+
+
+def test_a_dataset_of_unknown_length_ends_its_epoch_with_the_data():
+    x, y = data(40)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True).batch(8, drop_remainder=True)
+    assert int(ds.cardinality()) == tf.data.UNKNOWN_CARDINALITY
+    r = trainer(mlp(), steps_per_call=3).fit(ds, epochs=2)
+    assert r.steps == 10 and r.epochs_completed == 2
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda x, y: tf.data.Dataset.from_tensor_slices((x, y)), "not batched.*scalar.*dataset.batch\\(8, drop_remainder=True\\)"),
+    (lambda x, y: tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True),
+     "leading size 16.*batch_size is 8.*batch_size=16.*rebatch"),
+    (lambda x, y: tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat(), "repeats forever.*steps_per_epoch"),
+])
+def test_datasets_the_trainer_cannot_use_are_refused_before_training(make, needle):
+    x, y = data(64)
+    model = mlp()
+    t = trainer(model)
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    with pytest.raises(InputError, match=needle):
+        t.fit(make(x, y))
+    assert int(t.global_step.numpy()) == 0
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.trainable_variables))
+
+
+def test_a_repeated_dataset_trains_with_steps_per_epoch():
+    x, y = data(64)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True).repeat()
+    r = trainer(mlp(), steps_per_call=4).fit(ds, epochs=3, steps_per_epoch=5)
+    assert r.steps == 15 and r.epochs_completed == 3
+
+
+def test_resuming_a_stream_skips_the_batches_already_trained_on(tmp_path):
+    """The position of a stream is the batches consumed in the epoch: a resumed run trains on the rest only."""
+    x, y = data(64)
+    seen = tf.Variable(tf.zeros(64))
+
+    def counting(model, opt):
+        base = classifier_updates(model, opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))[0]
+
+        def loss_fn(batch):
+            ids = tf.cast(batch[0][:, 0], tf.int32)  # column 0 holds the sample's id
+            seen.assign_add(tf.reduce_sum(tf.one_hot(ids, 64), axis=0))
+            return base.loss_fn((batch[0], batch[1]))
+
+        return [Update("model", loss_fn, base.groups)]
+
+    x[:, 0] = np.arange(64)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True)
+    m = mlp()
+    o = tf.keras.optimizers.SGD(0.01)
+    t = Trainer(counting(m, o), plan(), batch_size=8, progress=False, checkpoint_dir=str(tmp_path),
+                checkpoint_objects={"m": m, "o": o})
+    t.fit(ds, epochs=1, max_steps=3)
+    m2 = mlp()
+    o2 = tf.keras.optimizers.SGD(0.01)
+    t2 = Trainer(counting(m2, o2), plan(), batch_size=8, progress=False, checkpoint_dir=str(tmp_path),
+                 checkpoint_objects={"m": m2, "o": o2})
+    r = t2.fit(ds, epochs=1, resume=True)
+    assert r.steps == 8 and r.epochs_completed == 1
+    assert seen.numpy().tolist() == [1.0] * 64  # every sample exactly once across the interruption
+
+
+# --------------------------------------------------------------------------- several inputs, named features
+def two_input_model():
+    a, b = tf.keras.Input((3,), name="a"), tf.keras.Input((2,), name="b")
+    h = tf.keras.layers.Concatenate()([tf.keras.layers.Dense(4)(a), b])
+    return tf.keras.Model({"a": a, "b": b}, tf.keras.layers.Dense(3)(h))
+
+
+def test_dict_features_train_from_resident_arrays():
+    rng = np.random.default_rng(0)
+    x = {"a": rng.normal(size=(32, 3)).astype("float32"), "b": rng.normal(size=(32, 2)).astype("float32")}
+    y = rng.integers(0, 3, 32)
+    r = trainer(two_input_model(), steps_per_call=2).fit(x, y, epochs=2)
+    assert r.steps == 8 and np.isfinite(r.last_losses["model"])
+
+
+def test_a_tuple_of_inputs_trains_from_resident_arrays():
+    a, b = tf.keras.Input((3,)), tf.keras.Input((2,))
+    model = tf.keras.Model([a, b], tf.keras.layers.Dense(3)(tf.keras.layers.Concatenate()([a, b])))
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(32, 3)).astype("float32"), rng.normal(size=(32, 2)).astype("float32"))
+    r = trainer(model).fit(x, rng.integers(0, 3, 32), epochs=1)
+    assert r.steps == 4
+
+
+def test_arrays_of_different_lengths_are_refused_with_the_lengths():
+    x = {"a": np.zeros((32, 3), "float32"), "b": np.zeros((30, 2), "float32")}
+    with pytest.raises(InputError, match=r"x\['a'\]: 32, x\['b'\]: 30, y: 32"):
+        trainer(two_input_model()).fit(x, np.zeros(32, int))
+
+
+def test_strings_are_refused_with_the_fix():
+    with pytest.raises(InputError, match="array of numbers.*StringLookup"):
+        trainer(mlp()).fit(np.array([["a"] * 4] * 16), np.zeros(16, int))
+
+
+# --------------------------------------------------------------------------- losses and labels
+def test_a_per_example_loss_is_averaged_before_any_step(caplog):
+    caplog.set_level("INFO", logger="amp_backends.train")
+    model = mlp()
+    opt = tf.keras.optimizers.SGD(0.1)
+    sce = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    upd = Update("model", lambda b: sce(b[1], model(b[0], training=True)), [(model.trainable_variables, opt)])
+    x, y = data(32)
+    r = Trainer([upd], plan(), batch_size=8, progress=False).fit(x, y, epochs=1)
+    assert r.steps == 4 and np.isfinite(r.last_losses["model"]) and np.ndim(r.last_losses["model"]) == 0
+    assert "per-example losses of shape (8,); the trainer uses their mean" in caplog.text
+
+
+def test_a_loss_that_is_not_a_float_tensor_is_refused_before_any_step():
+    model = mlp()
+    opt = tf.keras.optimizers.SGD(0.1)
+    upd = Update("model", lambda b: tf.argmax(model(b[0]), axis=-1), [(model.trainable_variables, opt)])
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    t = Trainer([upd], plan(), batch_size=8, progress=False)
+    with pytest.raises(TypeError, match="update 'model' returned a int64 tensor.*floating-point"):
+        t.fit(*data(32), epochs=1)
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.trainable_variables))
+
+
+def test_labels_outside_the_models_classes_fail_before_training():
+    x, y = data(32)
+    y[5] = 12
+    model = mlp()
+    t = trainer(model)
+    with pytest.raises(ValueError, match=r"class ids in 0..2 \(the model has 3 outputs\); 1 are outside.*0..12"):
+        t.fit(x, y)
+    assert int(t.global_step.numpy()) == 0
+
+
+def test_one_hot_labels_with_a_sparse_loss_say_how_to_fix_it():
+    x, y = data(32)
+    with pytest.raises(ValueError, match=r"look one-hot.*np.argmax"):
+        trainer(mlp()).fit(x, np.eye(3)[y])
+
+
+def test_labels_are_checked_on_the_first_batch_of_a_dataset():
+    x, y = data(32)
+    y[:] = -1
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True)
+    with pytest.raises(ValueError, match="class ids in 0..2"):
+        trainer(mlp()).fit(ds)
+
+
+# --------------------------------------------------------------------------- MNIST files as people save them
+def _npz(path, **arrays):
+    np.savez(path, **arrays)
+    return path
+
+
+def test_float_images_in_0_1_and_float_labels_are_read_as_the_digits_they_are(tmp_path):
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (16, 28, 28)).astype(np.uint8)
+    labels = rng.integers(0, 10, 16)
+    path = _npz(tmp_path / "m.npz", x_train=pixels / 255.0, y_train=labels.astype("float32"),
+                x_test=(pixels[:4] / 255.0).reshape(4, 784), y_test=np.eye(10)[labels[:4]])
+    (x, y), (xt, yt) = read_mnist_npz(path)
+    assert x.dtype == np.uint8 and np.array_equal(x, pixels)  # not blank images
+    assert y.dtype == np.int64 and np.array_equal(y, labels)
+    assert xt.shape == (4, 28, 28) and np.array_equal(xt, pixels[:4]) and np.array_equal(yt, labels[:4])
+
+
+@pytest.mark.parametrize("override,needle", [
+    (dict(x_train=np.full((8, 28, 28), -0.5)), r"values in \[-0.5, -0.5\].*Standardised"),
+    (dict(y_train=np.full(8, 10)), r"class ids 0..9; 8 labels are outside.*\[10, 10, 10\]"),
+    (dict(y_train=np.full(8, 2.5)), "not whole class ids"),
+    (dict(x_train=np.full((8, 28, 28), np.nan)), "NaN or Inf"),
+])
+def test_mnist_files_that_cannot_be_digits_are_refused(tmp_path, override, needle):
+    arrays = dict(x_train=np.zeros((8, 28, 28), np.uint8), y_train=np.zeros(8, int),
+                  x_test=np.zeros((2, 28, 28), np.uint8), y_test=np.zeros(2, int)) | override
+    with pytest.raises(DataUnavailableError, match=needle):
+        read_mnist_npz(_npz(tmp_path / "m.npz", **arrays))
+
+
+def test_fit_once_per_epoch_copies_the_same_arrays_to_the_device_once():
+    x, y = data(64)
+    t = trainer(mlp())
+    t.fit(x, y, epochs=1)
+    source = t._last_input[2]
+    t.fit(x, y, epochs=2)
+    assert t._last_input[2] is source  # the same arrays: no new copy, no new checks
+    t.fit(x.copy(), y, epochs=3)
+    assert t._last_input[2] is not source
