@@ -67,6 +67,7 @@ _LAZY = {
     "classifier_updates": ".training",
     "gan_updates": ".training",
     "ThroughputLogger": ".training",
+    "Observer": ".training",
     "seed_everything": ".training",
     "step_seed": ".training",
     "NonFiniteError": ".errors",
@@ -90,7 +91,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .fp8 import Preparation
     from .model_check import check_model
     from .request import LossScale, Request, build_request
-    from .training import (ThroughputLogger, Trainer, TrainResult, Update, classifier_updates, gan_updates,
+    from .training import (Observer, ThroughputLogger, Trainer, TrainResult, Update, classifier_updates, gan_updates,
                            seed_everything, step_seed)
 
 

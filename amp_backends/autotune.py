@@ -117,6 +117,7 @@ def tune(
     batch_fn: Any = None,
     refresh: bool = False,
     registry: BackendRegistry | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> Plan:
     """Choose the fastest plan for the model ``build()`` makes, apply it and return it.
 
@@ -124,31 +125,33 @@ def tune(
     ``(models, updates, checkpoint_objects)`` for a :class:`~amp_backends.trainer.Trainer`. Each candidate
     trains ``steps`` steps after two warm-up (compiling) calls, ``steps`` per call. A cached choice for
     the same device and model is applied without timing unless ``refresh``. ``registry`` replaces the
-    installed backends.
+    installed backends. ``overrides`` are ``auto_configure`` keywords kept in every candidate and in the
+    plan chosen (``loss_scale``, ``tf32``, ``fp8``, ``force``...); the candidates set ``policy`` and ``xla``.
     """
+    fixed = {k: v for k, v in (overrides or {}).items() if k not in ("policy", "xla")}
     from .training import Trainer
 
     registry = registry or default_registry()
     hardware = probe_hardware(registry, use_tensorflow=True)
-    base = auto_configure(verbose=False, registry=registry)
+    base = auto_configure(verbose=False, registry=registry, **fixed)
     models, _, _ = build()
     key = f"{device_signature(base, hardware)}#{model_signature(models, batch_size)}"
     cached = load_cache().get(key)
     if cached and not refresh:
         reset()
-        plan = auto_configure(policy=cached["policy"], xla=cached["xla"], verbose=False, registry=registry)
+        plan = auto_configure(policy=cached["policy"], xla=cached["xla"], verbose=False, registry=registry, **fixed)
         logger.info(f"autotune: cached choice for this device and model: policy={cached['policy']} xla={cached['xla']} "
                     f"({cached['img_per_s']:.4g} img/s when measured on {cached['date']})")
         return plan
     trials: list[Trial] = []
     for cand in candidates(base):
         reset()
-        plan = auto_configure(**cand, verbose=False, registry=registry)
+        plan = auto_configure(**cand, verbose=False, registry=registry, **fixed)
         try:
             models, updates, objs = build()
             trainer = Trainer(updates, plan, batch_size=batch_size, images_per_step=images_per_step,
                               checkpoint_objects=objs, steps_per_call=steps, log_every=10**9, progress=False,
-                              batch_fn=batch_fn)
+                              batch_fn=batch_fn, check_models=False)
             total = (Trainer.WARMUP_CALLS + 1) * steps
             reps = max(1, -(-total * batch_size // len(x)))
             result = trainer.fit(x, y, epochs=reps, max_steps=total)
@@ -162,11 +165,11 @@ def tune(
     reset()
     if not ok:
         logger.warning("autotune: every candidate failed; keeping the rule-based plan")
-        return auto_configure(verbose=False, registry=registry)
+        return auto_configure(verbose=False, registry=registry, **fixed)
     best = max(ok, key=lambda t: t.img_per_s)
     store(key, {"policy": best.policy, "xla": best.xla, "img_per_s": best.img_per_s,
                 "date": time.strftime("%Y-%m-%d"), "trials": [t.__dict__ for t in trials]})
-    plan = auto_configure(policy=best.policy, xla=best.xla, verbose=False, registry=registry)
+    plan = auto_configure(policy=best.policy, xla=best.xla, verbose=False, registry=registry, **fixed)
     rule = next((t for t in ok if t.policy == base.policy and t.xla == base.xla), None)
     logger.info(f"autotune: chose policy={best.policy} xla={best.xla} at {best.img_per_s:.4g} img/s"
                 + (f" (the rules' plan: {rule.img_per_s:.4g} img/s)" if rule else "") + f"; cached in {cache_path()}")

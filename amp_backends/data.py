@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .errors import DataUnavailableError
+from .labels import class_ids
 
 logger = logging.getLogger("amp_backends.data")
 
@@ -95,28 +96,7 @@ def normalize_images(x: np.ndarray, where: str) -> np.ndarray:
 
 def normalize_labels(y: np.ndarray, where: str, classes: int = CLASSES) -> np.ndarray:
     """Class ids ``int64`` in ``0..classes-1``, from integer, whole-float or one-hot labels."""
-    y = np.asarray(y)
-    if y.ndim == 2 and y.shape[1] == classes and y.dtype.kind in "iufb" and set(np.unique(y)) <= {0, 1}:
-        if not (y.sum(axis=1) == 1).all():
-            raise DataUnavailableError(f"{where} looks one-hot (shape {y.shape}) but some rows do not have exactly one 1.")
-        return y.argmax(axis=1).astype(np.int64)
-    if y.ndim == 2 and y.shape[1] == 1:
-        y = y[:, 0]
-    if y.ndim != 1:
-        raise DataUnavailableError(f"{where} must be one class id per image, shape (N,) (or one-hot (N, {classes})). "
-                                   f"Received shape {y.shape}.")
-    if y.dtype.kind not in "iuf":
-        raise DataUnavailableError(f"{where} must hold class ids 0..{classes - 1}. Received dtype {y.dtype}.")
-    if y.dtype.kind == "f":
-        if not np.isfinite(y).all() or not np.array_equal(y, np.round(y)):
-            raise DataUnavailableError(f"{where} holds floats that are not whole class ids (e.g. {y[y != np.round(y)][:3]}). "
-                                       f"Expected class ids 0..{classes - 1}.")
-    bad = (y < 0) | (y >= classes)
-    if bad.any():
-        raise DataUnavailableError(
-            f"{where} must hold class ids 0..{classes - 1}; {int(bad.sum())} labels are outside (for example "
-            f"{y[bad][:3].tolist()} at index {int(np.flatnonzero(bad)[0])}). Fix: map them to 0..{classes - 1}.")
-    return y.astype(np.int64)
+    return class_ids(y, classes, where, one_hot="convert", error=DataUnavailableError)
 
 
 def load_mnist(path: str | os.PathLike | None = None, *, allow_download: bool = True) -> Any:

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import asdict, dataclass
 import warnings
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from .errors import AmpWarning
 from .request import LossScale
-from .software import installed_version, tensorflow_version
+from .software import installed_version, minor_version, tensorflow_version
 
 # Exactly the values TensorFlow's lazy loader accepts for TF_USE_LEGACY_KERAS.
 LEGACY_KERAS_VALUES = ("1", "true", "True")
@@ -61,14 +61,6 @@ def generation_of(version: str | None) -> int | None:
         return None
 
 
-def _minor(version: str | None) -> tuple[int, int] | None:
-    try:
-        major, minor = str(version).split(".")[:2]
-        return int(major), int(minor)
-    except (TypeError, ValueError):
-        return None
-
-
 def uses_legacy_keras(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``TF_USE_LEGACY_KERAS`` selects tf-keras (as TensorFlow >= 2.16 reads it)."""
     env = os.environ if environ is None else environ
@@ -81,8 +73,7 @@ def expected_keras(
     version_of: Callable[[str], str | None] = installed_version,
 ) -> KerasInfo:
     """The Keras ``tf.keras`` resolves to for TensorFlow ``tf_version``, from metadata alone (no import)."""
-    tf_minor = _minor(tf_version)
-    if tf_minor is not None and tf_minor >= (2, 16) and uses_legacy_keras(environ):
+    if minor_version(tf_version) >= (2, 16) and uses_legacy_keras(environ):
         version = version_of("tf-keras") or version_of("tf_keras")
         return KerasInfo(version, generation_of(version) if version else None, "tf-keras" if version else None)
     version = version_of("keras")
@@ -100,13 +91,6 @@ def keras_info(tf: Any = None) -> KerasInfo:
         name = "tf_keras" if expected.distribution == "tf-keras" else "keras"
         version = getattr(sys.modules.get(name), "__version__", None) or expected.version
     return KerasInfo(str(version) if version else None, generation_of(version), expected.distribution)
-
-
-def keras_generation(tf: Any = None) -> int:
-    """2 or 3: the API generation of ``tf.keras`` (imports TensorFlow if needed)."""
-    if tf is None:
-        import tensorflow as tf
-    return keras_info(tf).generation or 2
 
 
 # ---------------------------------------------------------------------------------------------- dtype policy
@@ -294,8 +278,8 @@ def float8_training(keras: KerasInfo | None) -> tuple[bool, str]:
     if keras is None or keras.version is None:
         return False, ("the Keras version is unknown (not installed, or not given to the planner): float8 training "
                        "needs Keras >= 3.3")
-    version = _minor(keras.version)
-    if version is None:
+    version = minor_version(keras.version)
+    if version == (-1, -1):
         return False, f"Keras {keras.version} is not a version this library can read: float8 training needs Keras >= 3.3"
     if version < FLOAT8_SINCE:
         extra = (" (Keras 2 has no float8 layers; TensorFlow 2.15, which ITEX needs, comes with Keras 2)"

@@ -69,6 +69,21 @@ first = trainer.fit(x, y, epochs=1, max_steps=1)
 unchanged = all(np.array_equal(a, v.numpy()) for a, v in zip(w0, model.trainable_variables))
 poison.assign(False)
 rest = trainer.fit(x, y, epochs=1)
+# XLA asked for with two replicas on logical CPUs (one XLA device): trains, without per-replica compilation;
+# a BatchNormalization's statistics come back after a step skipped in one replica only
+amp_backends.reset()
+xla_plan = amp_backends.auto_configure(xla="on", policy="float32", verbose=False)
+with strategy.scope():
+    bn_model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.BatchNormalization(), tf.keras.layers.Dense(3)])
+    bn_opt = tf.keras.optimizers.SGD(0.1)
+bn_base = classifier_updates(bn_model, bn_opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))[0]
+bn_x = np.ones((16, 4), np.float32)
+bn_x[12, 0] = np.inf  # one global batch per epoch: every step sees it (in one replica's half) and is skipped
+xla_trainer = Trainer([bn_base], xla_plan, batch_size=16, progress=False, strategy=strategy, seed=0)
+bn_result = xla_trainer.fit(bn_x, np.zeros(16, int), epochs=2)
+print(json.dumps({"xla_replica_jit": xla_trainer.program.replica_jit, "xla_steps": bn_result.steps,
+                  "bn_skipped": bn_result.skipped["model"],
+                  "bn_finite": bool(all(np.isfinite(v.numpy()).all() for v in bn_model.variables))}))
 print(json.dumps({
     "replicas": strategy.num_replicas_in_sync,
     "skipped_after_first": first.skipped["model"],

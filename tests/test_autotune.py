@@ -46,10 +46,11 @@ def test_tune_times_candidates_applies_the_fastest_and_caches_it(tmp_path, monke
     best = max((t for t in entry["trials"] if t["img_per_s"]), key=lambda t: t["img_per_s"])
     assert (plan.policy, plan.xla) == (entry["policy"], entry["xla"]) == (best["policy"], best["xla"])
     assert keras_compat.global_policy_name(tf) == plan.policy
-    # the second call applies the cached choice without timing
+    # the second call applies the cached choice without timing, with the other overrides kept
     caplog.clear()
-    again = autotune.tune(build, x, y, batch_size=16, steps=2, batch_fn=mnist_batch_fn)
-    assert (again.policy, again.xla) == (plan.policy, plan.xla)
+    again = autotune.tune(build, x, y, batch_size=16, steps=2, batch_fn=mnist_batch_fn,
+                          overrides={"loss_scale": "fixed:8", "policy": "float16"})
+    assert (again.policy, again.xla) == (plan.policy, plan.xla) and str(again.loss_scale) == "fixed:8"
     assert any("cached choice" in r.message for r in caplog.records)
     # and the report lists it for this device
     from amp_backends.commands.report import collect

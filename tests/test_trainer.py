@@ -283,8 +283,9 @@ def _itex_loaded() -> bool:
 def example(*args, logdir, timeout=300, popen=False):
     cmd = [sys.executable, "-m", "amp_backends.examples.mnist", "--logdir", str(logdir), "--no-progress", *args]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMP_")} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
-    if popen:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=NEUTRAL_CWD)
+    if popen:  # SIGINT as in a terminal, even where the tests run as a background job (which ignores it)
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=NEUTRAL_CWD,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=NEUTRAL_CWD)
 
 

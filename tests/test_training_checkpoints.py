@@ -168,7 +168,15 @@ class _CtrlC(Observer):
             os.kill(os.getpid(), signal.SIGINT)
 
 
-def test_ctrl_c_saves_a_checkpoint_says_where_and_resumes_from_it(tmp_path):
+@pytest.fixture
+def ctrl_c_enabled():
+    """Ctrl-C as in a terminal, even where the tests run in the background (SIGINT ignored)."""
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, saved)
+
+
+def test_ctrl_c_saves_a_checkpoint_says_where_and_resumes_from_it(tmp_path, ctrl_c_enabled):
     model, t = trainer(tmp_path, observers=[_CtrlC(at=3)])
     with pytest.raises(TrainingInterrupted) as info:
         t.fit(*data(64), epochs=1)
@@ -180,9 +188,27 @@ def test_ctrl_c_saves_a_checkpoint_says_where_and_resumes_from_it(tmp_path):
     assert t2.fit(*data(64), epochs=1, resume=True).steps == 8
 
 
-def test_ctrl_c_without_checkpointing_says_nothing_was_saved():
+def test_ctrl_c_without_checkpointing_says_nothing_was_saved(ctrl_c_enabled):
     model = mlp()
     t = Trainer(classifier_updates(model, tf.keras.optimizers.SGD(), tf.keras.losses.SparseCategoricalCrossentropy(
         from_logits=True)), plan(), batch_size=8, progress=False, observers=[_CtrlC(at=1)])
     with pytest.raises(TrainingInterrupted, match="checkpointing is off, nothing was saved"):
         t.fit(*data(64), epochs=1)
+
+
+def test_an_ignored_sigint_stays_ignored():
+    """Started with SIGINT ignored (nohup, a background job), training does not take it over."""
+    saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _, t = trainer_without_checkpoints(observers=[_CtrlC(at=1)])
+        assert t.fit(*data(16), epochs=1).steps == 2  # the signal was ignored, as asked
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, saved)
+
+
+def trainer_without_checkpoints(**kw):
+    model = mlp()
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return model, Trainer(classifier_updates(model, tf.keras.optimizers.SGD(), loss), plan(), batch_size=8,
+                          progress=False, **kw)

@@ -181,7 +181,7 @@ def test_labels_outside_the_models_classes_fail_before_training():
     y[5] = 12
     model = mlp()
     t = trainer(model)
-    with pytest.raises(ValueError, match=r"class ids in 0..2 \(the model has 3 outputs\); 1 are outside.*0..12"):
+    with pytest.raises(ValueError, match=r"class ids in 0..2 \(the model has 3 outputs\); 1 are outside \(range found 0..12.*last layer 13 units"):
         t.fit(x, y)
     assert int(t.global_step.numpy()) == 0
 
@@ -220,8 +220,8 @@ def test_float_images_in_0_1_and_float_labels_are_read_as_the_digits_they_are(tm
 
 @pytest.mark.parametrize("override,needle", [
     (dict(x_train=np.full((8, 28, 28), -0.5)), r"values in \[-0.5, -0.5\].*Standardised"),
-    (dict(y_train=np.full(8, 10)), r"class ids 0..9; 8 labels are outside.*\[10, 10, 10\]"),
-    (dict(y_train=np.full(8, 2.5)), "not whole class ids"),
+    (dict(y_train=np.full(8, 10)), r"class ids in 0..9; 8 are outside.*\[10, 10, 10\]"),
+    (dict(y_train=np.full(8, 2.5)), r"must be whole class ids; 8 are not \(first: 2.5 at index 0\)"),
     (dict(x_train=np.full((8, 28, 28), np.nan)), "NaN or Inf"),
 ])
 def test_mnist_files_that_cannot_be_digits_are_refused(tmp_path, override, needle):
@@ -240,3 +240,73 @@ def test_fit_once_per_epoch_copies_the_same_arrays_to_the_device_once():
     assert t._last_input[2] is source  # the same arrays: no new copy, no new checks
     t.fit(x.copy(), y, epochs=3)
     assert t._last_input[2] is not source
+
+
+def test_a_repeated_dataset_is_one_stream_across_epochs_as_keras_reads_it():
+    """With steps_per_epoch the next epoch continues the stream (batches 3, 4, 5), it does not restart it."""
+    ids = np.repeat(np.arange(10), 4).astype("float32")
+    ds = tf.data.Dataset.from_tensor_slices((np.stack([ids] * 4, 1), np.zeros(40, int))).batch(4, drop_remainder=True)
+    seen = tf.Variable(tf.zeros(10))
+    model = mlp()
+    base = classifier_updates(model, tf.keras.optimizers.SGD(0.0), tf.keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True))[0]
+
+    def loss_fn(batch):
+        seen.assign_add(tf.one_hot(tf.cast(batch[0][0, 0], tf.int32), 10))
+        return base.loss_fn(batch)
+
+    t = Trainer([Update("model", loss_fn, base.groups)], plan(), batch_size=4, progress=False, steps_per_call=2)
+    r = t.fit(ds.repeat(), epochs=4, steps_per_epoch=3)
+    assert r.steps == 12 and r.epochs_completed == 4
+    assert seen.numpy().tolist() == [2, 2, 1, 1, 1, 1, 1, 1, 1, 1]  # 12 batches of 10, in order: a second pass begun
+
+
+def test_a_dataset_smaller_than_one_batch_is_refused():
+    x, y = data(5)
+    with pytest.raises(InputError, match="yields no batch of 8.*fewer samples than one batch"):
+        trainer(mlp()).fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True))
+
+
+def test_a_dataset_of_dicts_is_told_how_to_map_it_for_a_classifier():
+    x, y = data(32)
+    ds = tf.data.Dataset.from_tensor_slices({"image": x, "label": y}).batch(8, drop_remainder=True)
+    with pytest.raises(ValueError, match=r"yields dicts \(keys \['image', 'label'\]\).*dataset.map"):
+        trainer(mlp()).fit(ds)
+
+
+def test_labels_as_a_list_of_numpy_scalars_train():
+    x, y = data(16)
+    assert trainer(mlp()).fit(x, list(y), epochs=1).steps == 2
+
+
+def test_an_unbuilt_model_is_refused_with_the_fix():
+    model = tf.keras.Sequential([tf.keras.layers.Dense(3)])  # no Input: no variables yet
+    with pytest.raises(amp_backends.AmpConfigError, match="not built yet.*keras.Input"):
+        Trainer(classifier_updates(model, tf.keras.optimizers.SGD()), plan(), batch_size=8)
+    x = tf.Variable(1.0)
+    with pytest.raises(amp_backends.AmpConfigError, match="Update 'u' has no variables to train.*keras.Input"):
+        Trainer([Update("u", lambda b: x * 0.0, [([], tf.keras.optimizers.SGD())])], plan(), batch_size=8)
+
+
+def test_an_optimizer_that_scales_losses_itself_is_refused():
+    model = mlp()
+    opt = amp_backends.auto_configure(verbose=False, policy="float32", loss_scale="dynamic").wrap_optimizer(
+        tf.keras.optimizers.SGD())
+    with pytest.raises(amp_backends.AmpConfigError, match="scales losses itself.*scaled twice.*plain optimizer"):
+        Trainer(classifier_updates(model, opt), plan(), batch_size=8)
+
+
+def test_one_optimizer_may_serve_two_groups():
+    a, b = tf.keras.layers.Dense(4), tf.keras.layers.Dense(1)
+    a.build((None, 4))
+    b.build((None, 4))
+    opt = tf.keras.optimizers.Adam(1e-2)
+    upd = Update("u", lambda batch: tf.reduce_mean(tf.cast(b(a(batch[0])), tf.float32) ** 2),
+                 [(a.trainable_variables, opt), (b.trainable_variables, opt)])
+    r = Trainer([upd], plan(), batch_size=8, progress=False).fit(np.ones((16, 4), np.float32), epochs=1)
+    assert r.applied == {"u": 2}
+
+
+def test_resume_without_a_checkpoint_dir_is_refused():
+    with pytest.raises(amp_backends.AmpConfigError, match="resume=True.*no checkpoint_dir"):
+        trainer(mlp()).fit(*data(16), resume=True)

@@ -275,3 +275,38 @@ def test_the_trainer_logs_the_precision_check_of_its_models_once(caplog):
     assert caplog.text.count("Precision check of") == 1
     errors = [r.message for r in caplog.records if r.message.startswith("error:")]
     assert errors and "softmax" in errors[0].lower() and "bfloat16" in errors[0]
+
+
+# --------------------------------------------------------------------------- state the forward pass changes
+def test_a_skipped_step_leaves_no_nan_in_batchnorm_statistics(tmp_path):
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.BatchNormalization(),
+                                 tf.keras.layers.Dense(3)])
+    opt = tf.keras.optimizers.SGD(0.1)
+    t = Trainer(classifier_updates(model, opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)),
+                plan(), batch_size=4, progress=False, checkpoint_dir=str(tmp_path),
+                checkpoint_objects={"model": model, "optimizer": opt})
+    x = np.ones((16, 4), np.float32)
+    x[1, 0] = np.inf  # one bad input in the first batch
+    r = t.fit(x, np.zeros(16, int), epochs=1)
+    assert r.skipped == {"model": 1} and r.applied == {"model": 3}
+    assert all(np.isfinite(v.numpy()).all() for v in model.variables)  # moving mean and variance included
+    assert t.store.latest.endswith("ckpt-4")
+
+
+def test_non_finite_statistics_are_never_saved(tmp_path):
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.BatchNormalization(), tf.keras.layers.Dense(3)])
+    opt = tf.keras.optimizers.SGD(0.1)
+    t = Trainer(classifier_updates(model, opt), plan(), batch_size=4, progress=False, checkpoint_dir=str(tmp_path),
+                checkpoint_objects={"model": model, "optimizer": opt})
+    bn = model.layers[0]
+    bn.moving_mean.assign(tf.fill(bn.moving_mean.shape, np.nan))  # not trainable, still a weight
+    with pytest.raises(NonFiniteError, match="NaN or Inf"):
+        t.save()
+
+
+def test_seed_everything_seeds_the_trainers_made_afterwards():
+    seed_everything(7)
+    t = Trainer(classifier_updates(mlp(), tf.keras.optimizers.SGD()), plan(), batch_size=4)
+    assert t.seed == 7 and Trainer(classifier_updates(mlp(), tf.keras.optimizers.SGD()), plan(), batch_size=4,
+                                   seed=3).seed == 3
+    seed_everything(0)

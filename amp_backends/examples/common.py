@@ -11,7 +11,7 @@ import typer
 
 from ..commands.typer_app import make_app
 from ..errors import (AmpConfigError, BackendError, CheckpointError, DataUnavailableError, DistributedFailure,
-                      NonFiniteError)
+                      InputError, NonFiniteError)
 from ..request import option_help
 
 
@@ -201,7 +201,7 @@ def command(name: str, run: Callable[[RunOptions], Any], *, batch_size: int, lr:
         try:
             import_tensorflow(quiet_tensorflow_logs())  # TensorFlow's start-up noise filtered, unless asked for
             run(opts)
-        except (AmpConfigError, DataUnavailableError, CheckpointError, BackendError, ValueError, TypeError) as exc:
+        except (AmpConfigError, DataUnavailableError, InputError, CheckpointError, BackendError) as exc:
             fail(name, "error", exc, 2)
         except DistributedFailure as exc:
             fail(name, "error", exc, 4)
@@ -234,7 +234,10 @@ def maybe_tune(opts: RunOptions, plan: Any, build: Any, x: Any, y: Any, images_p
     from ..autotune import tune
     from ..training.tasks import mnist_batch_fn
 
-    plan = tune(build, x, y, batch_size=opts.batch_size, images_per_step=images_per_step, batch_fn=mnist_batch_fn)
+    overrides = dict(backend=opts.backend, tf32=opts.tf32, loss_scale=opts.loss_scale, fp8=opts.fp8,
+                     strict=opts.strict or None, force=opts.force or None)
+    plan = tune(build, x, y, batch_size=opts.batch_size, images_per_step=images_per_step, batch_fn=mnist_batch_fn,
+                overrides=overrides)
     print(f"autotuned plan: {plan.summary().split(' (')[0]}", flush=True)
     return plan
 

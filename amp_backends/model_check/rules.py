@@ -389,7 +389,3 @@ class Rules:
                         f"{labels.get(d, d)} {'unknown' if v is None else v}" for d, v in bad.items())
             out.append((info.path, why))
         return out
-
-    def fp8_eligible(self) -> list[str]:
-        """Dense/EinsumDense layers, neither first nor last, whose widths are multiples of 16."""
-        return [path for path, why in self.fp8_eligibility() if why is None]

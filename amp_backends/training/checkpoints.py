@@ -32,7 +32,7 @@ from typing import Any, Mapping
 
 import tensorflow as tf
 
-from ..errors import CheckpointError, CheckpointMismatchError
+from ..errors import AmpConfigError, CheckpointError, CheckpointMismatchError
 
 logger = logging.getLogger("amp_backends.train")
 
@@ -42,27 +42,27 @@ VERSION = re.compile(r"^version_(\d+)$")
 
 # ------------------------------------------------------------------------------------ directories
 def check_no_file_in_the_way(path: str | os.PathLike, what: str) -> Path:
-    """``path`` as a ``Path``; a clear ``ValueError`` if it, or the nearest existing parent, is not a directory."""
+    """``path`` as a ``Path``; :class:`AmpConfigError` if it, or the nearest existing parent, is not a directory."""
     p = Path(path)
     for parent in [p, *p.parents]:
         if parent.exists():
             if not parent.is_dir():
-                raise ValueError(f"{what} {str(p)!r} cannot be used: {str(parent)!r} is a file, not a directory. "
-                                 f"Fix: choose another {what} (or move that file).")
+                raise AmpConfigError(f"{what} {str(p)!r} cannot be used: {str(parent)!r} is a file, not a "
+                                     f"directory. Fix: choose another {what} (or move that file).")
             break
     return p
 
 
 def ensure_directory(path: str | os.PathLike, what: str) -> Path:
-    """Create ``path`` (and parents) or raise a clear ``ValueError`` (a file in the way, no permission)."""
+    """Create ``path`` (and parents) or raise :class:`AmpConfigError` (a file in the way, no permission)."""
     p = check_no_file_in_the_way(path, what)
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ValueError(f"{what} {str(p)!r} cannot be created: {exc.strerror or exc}. Fix: choose a {what} you can "
-                         "write to.") from None
+        raise AmpConfigError(f"{what} {str(p)!r} cannot be created: {exc.strerror or exc}. Fix: choose a {what} you "
+                             "can write to.") from None
     if not os.access(p, os.W_OK):
-        raise ValueError(f"{what} {str(p)!r} is not writable. Fix: choose a {what} you can write to.")
+        raise AmpConfigError(f"{what} {str(p)!r} is not writable. Fix: choose a {what} you can write to.")
     return p
 
 
@@ -174,9 +174,10 @@ def differences(stored: Mapping[str, Any], current: Mapping[str, Any], limit: in
 # ------------------------------------------------------------------------------------ the store
 @dataclass(frozen=True)
 class Restored:
+    """The checkpoint restored, and the signature it was written with (``None`` for a foreign one)."""
+
     path: str
     stored: dict[str, Any] | None
-    broken: tuple[tuple[str, str], ...]
 
 
 class CheckpointStore:
@@ -274,7 +275,7 @@ class CheckpointStore:
             self._signature_var.assign(json.dumps(self.signature))  # later saves describe this run
             self.owned = True
             self.last_saved_step = int(self.step_counter.numpy())
-            return Restored(path, stored, tuple(broken))
+            return Restored(path, stored)
         raise CheckpointError(
             f"No intact checkpoint in {self.directory!r}: " + "; ".join(f"{os.path.basename(p)}: {w}" for p, w in broken)
             + ". Fix: start a new run (without --resume, or with another --logdir).")

@@ -59,7 +59,7 @@ def _as_array_nest(structure: Any, name: str) -> Any:
             raise InputError(f"{name} as a dict must have string keys (feature names). Received keys {bad!r}.")
         return {k: _as_array_nest(v, f"{name}[{k!r}]") for k, v in structure.items()}
     if isinstance(structure, tuple) or (isinstance(structure, list) and structure and all(
-            hasattr(v, "shape") or isinstance(v, (dict, tuple)) for v in structure)):
+            np.ndim(v) >= 1 or isinstance(v, (dict, tuple)) for v in structure)):
         return type(structure)(_as_array_nest(v, f"{name}[{i}]") for i, v in enumerate(structure))
     if isinstance(structure, tf.Tensor) or isinstance(structure, tf.Variable):
         return structure
@@ -73,15 +73,13 @@ def _as_array_nest(structure: Any, name: str) -> Any:
     if arr.dtype == object or arr.dtype.kind in "USV" or arr.ndim == 0:
         raise InputError(
             f"{name} must be an array of numbers with one row per sample (a NumPy array or tensor, or a tuple, list or "
-            f"dict of them). Received: {_describe(structure)}. Fix: convert it with np.asarray(..., dtype=np.float32) "
-            "(strings: encode them, for example with a tf.keras.layers.StringLookup, before training).")
+            f"dict of them). Received: {_describe(structure)}. Fix: convert it with np.asarray(...) (strings: encode "
+            "them first, for example with a tf.keras.layers.StringLookup).")
     return arr
 
 
 class ResidentArrays:
     """Arrays copied to the device once; batches gathered on the device from a per-epoch permutation."""
-
-    kind = "arrays"
 
     def __init__(self, x: Any, y: Any, *, batch_size: int, device: str, seed: int,
                  batch_fn: BatchFn | None = None) -> None:
@@ -168,8 +166,6 @@ def _spec_nest(spec: Any) -> Any:
 class Stream:
     """A ``tf.data`` pipeline of batches, consumed by an iterator inside the compiled call."""
 
-    kind = "stream"
-
     def __init__(self, dataset: Any, *, batch_size: int, device: str, strategy: Any,
                  steps_per_epoch: int | None = None) -> None:
         dims = _batch_dims(dataset.element_spec)
@@ -199,6 +195,9 @@ class Stream:
             logger.info(f"The dataset's batches have no fixed size (batched without drop_remainder): rebatched to "
                         f"{batch_size} with drop_remainder=True, dropping a last partial batch per pass.")
         cardinality = int(dataset.cardinality().numpy())
+        if cardinality == 0:
+            raise InputError(f"The dataset yields no batch of {batch_size}: it is empty, or has fewer samples than one "
+                             "batch (batched with drop_remainder=True). Fix: check the pipeline, or lower batch_size.")
         if steps_per_epoch is not None and (not isinstance(steps_per_epoch, int) or steps_per_epoch < 1):
             raise InputError(f"steps_per_epoch must be a positive integer or None. Received: {steps_per_epoch!r}.")
         self.dataset = dataset
@@ -212,19 +211,21 @@ class Stream:
     @property
     def steps_per_epoch(self) -> int | None:
         """Batches per epoch when known (``steps_per_epoch``, or the dataset's cardinality), else ``None``."""
-        if self.fixed_steps is not None:
-            return self.fixed_steps if self.cardinality is None else min(self.fixed_steps, self.cardinality)
-        return self.cardinality
+        return self.fixed_steps if self.fixed_steps is not None else self.cardinality
 
     def steps_in_epoch(self, batches_done: int = 0) -> int | None:
         total = self.steps_per_epoch
         return None if total is None else max(0, total - batches_done)
 
+    @property
+    def continuous(self) -> bool:
+        """With ``steps_per_epoch`` the data is one stream across epochs (as Keras ``fit`` reads it): an epoch
+        ends after that many batches, and a pass that ends starts the next one."""
+        return self.fixed_steps is not None
+
     def iterator(self, skip_batches: int = 0) -> Any:
-        """A fresh pass over the pipeline (an epoch), ``skip_batches`` already consumed; prefetched to the device."""
+        """A fresh pass over the pipeline, ``skip_batches`` already consumed; prefetched to the device."""
         ds = self.dataset.skip(skip_batches) if skip_batches else self.dataset
-        if self.fixed_steps is not None:
-            ds = ds.take(self.fixed_steps - skip_batches)
         if self.strategy.num_replicas_in_sync > 1 or getattr(self.strategy, "cluster_resolver", None) is not None:
             return iter(self.strategy.experimental_distribute_dataset(ds))
         if tf.DeviceSpec.from_string(self.device).device_type in ("GPU", "XPU"):
@@ -238,6 +239,9 @@ class Stream:
         if self._sample is None:
             for batch in self.dataset.take(1):
                 self._sample = tf.nest.map_structure(lambda t: t.numpy(), batch)
+            if self._sample is None:
+                raise InputError(f"The dataset yields no batch of {self.batch_size}: it is empty, or has fewer samples "
+                                 "than one batch. Fix: check the pipeline, or lower batch_size.")
         return self._sample
 
 

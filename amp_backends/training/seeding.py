@@ -15,11 +15,23 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from ..errors import AmpConfigError
+
+_seed = {"value": 0}  # the process's seed, like the generators it seeds
+
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:
-    """Seed Python, NumPy, TensorFlow and Keras; with ``deterministic``, also use deterministic kernels."""
+    """Seed Python, NumPy, TensorFlow and Keras, and the trainers made afterwards (their shuffling and
+    :func:`~amp_backends.training.step.step_seed`, unless given ``seed=``); with ``deterministic``, also use
+    deterministic kernels."""
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer. Received: {seed!r}.")
+        raise AmpConfigError(f"seed must be a non-negative integer. Received: {seed!r}.")
     tf.keras.utils.set_random_seed(seed)
+    _seed["value"] = seed
     if deterministic:
         tf.config.experimental.enable_op_determinism()
+
+
+def current_seed() -> int:
+    """The seed last given to :func:`seed_everything` (0 before any)."""
+    return _seed["value"]

@@ -40,16 +40,20 @@ class Update:
     """One optimisation inside a training step.
 
     ``loss_fn(batch)`` runs the forward pass (with ``training=True``) and returns the loss: a scalar, or
-    per-example values, of which the trainer takes the mean. ``groups`` are ``(variables, optimizer)``
-    pairs updated from that one loss. ``validate(sample)``, if given, is called once before training with
-    the data (all of it for arrays, as ``(x, y)``; the first batch of a dataset) and raises ``ValueError``
-    with the fix for data the loss cannot use (labels outside the model's classes, say).
+    per-example values (of any shape), of which the trainer takes the mean. ``groups`` are
+    ``(variables, optimizer)`` pairs updated from that one loss. ``validate(sample)``, if given, is called
+    once before training with the data (all of it for arrays, as ``(x, y)``; the first batch of a dataset)
+    and raises ``ValueError`` with the fix for data the loss cannot use (labels outside the model's classes,
+    say). ``state`` lists variables the forward pass changes besides the trained ones (BatchNormalization's
+    moving statistics: a model's ``non_trainable_variables``): a skipped step puts them back as they were,
+    so a non-finite batch leaves no trace in them either.
     """
 
     name: str
     loss_fn: Callable[[Any], Any]
     groups: Sequence[tuple[Sequence[Any], Any]]
     validate: Callable[[Any], None] | None = None
+    state: Sequence[Any] = ()
 
     @property
     def variables(self) -> list[Any]:
@@ -126,6 +130,14 @@ class StepProgram:
         self.unroll_steps = unroll_steps
         self._calls: dict[Any, Any] = {}
         self._jitted_steps: dict[Any, Any] = {}
+        # XLA per replica needs each replica on its own accelerator: logical CPU devices share one XLA CPU device,
+        # where a replica's variables are out of reach of the compiled function
+        devices = tuple(strategy.extended.worker_devices) if self.replicas > 1 else ()
+        self.replica_jit = xla and self.replicas > 1 and bool(devices) and all(
+            tf.DeviceSpec.from_string(d).device_type in ("GPU", "XPU") for d in devices)
+        if xla and self.replicas > 1 and not self.replica_jit:
+            logger.info(f"XLA is not used for the {self.replicas} replicas on {', '.join(devices)}: compiled per "
+                        "replica it needs one accelerator per replica.")
 
     # -- one step ------------------------------------------------------------------------------
     def _replica_grads(self, u: Update, make_batch: Callable[..., Any], step: Any, *args: Any) -> Any:
@@ -153,7 +165,7 @@ class StepProgram:
 
     def _grads_fn(self, u: Update, kind: str, make_batch: Callable[..., Any]) -> Any:
         fn = lambda step, *args: self._replica_grads(u, make_batch, step, *args)  # noqa: E731
-        if self.xla and self.replicas > 1:
+        if self.replica_jit:
             # the outer step holds the all-reduces and cannot be XLA-compiled: the replica's passes are instead
             key = (u.name, kind)
             if key not in self._jitted_steps:
@@ -171,6 +183,7 @@ class StepProgram:
         """
         losses, flags = [], []
         for u in self.updates:
+            before = [tf.identity(v) for v in u.state]  # what a skipped step puts back
             loss, grads, nonfinite = self.strategy.run(self._grads_fn(u, kind, make_batch), args=(step, *replica_args))
             finite = tf.equal(self.strategy.reduce(tf.distribute.ReduceOp.SUM, nonfinite, axis=None), 0)
 
@@ -178,7 +191,12 @@ class StepProgram:
                 self.strategy.run(self._apply, args=(u, grads))
                 return tf.constant(True)
 
-            tf.cond(finite, apply, lambda: tf.constant(False))
+            def skip(u=u, before=before):
+                for v, value in zip(u.state, before):
+                    v.assign(value)
+                return tf.constant(False)
+
+            tf.cond(finite, apply, skip)
             self.scalers[u.name].update(finite)
             losses.append(self.strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None))
             flags.append(finite)
@@ -282,6 +300,3 @@ class StepProgram:
         fn = tf.function(run)
         self._calls["stream"] = fn
         return fn
-
-    def compiled(self, key: Any) -> bool:
-        return key in self._calls

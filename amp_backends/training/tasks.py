@@ -4,21 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
+from ..errors import AmpConfigError
+from ..labels import class_ids
 from .step import Update, step_seed
 
 
-def _per_example(loss: Any) -> Any:
-    """A callable ``(y_true, y_pred) -> per-example losses`` from a Keras loss object, a name or a function."""
+def _per_example(loss: Any) -> tuple[Any, bool]:
+    """``(fn, sparse)``: ``fn(y_true, y_pred)`` gives one loss per example, from a Keras loss object, a name or a
+    function; ``sparse`` says whether it takes class ids (so the labels can be checked before training)."""
     if loss is None:
-        return tf.keras.losses.SparseCategoricalCrossentropy(reduction="none"), True
-    if isinstance(loss, str):
-        fn = tf.keras.losses.get(loss)
-        return fn, "sparse_categorical" in loss
+        loss = tf.keras.losses.SparseCategoricalCrossentropy()
+    elif isinstance(loss, str):
+        loss = tf.keras.losses.get(loss)
     if isinstance(loss, tf.keras.losses.Loss):
-        # .call gives one value per example on Keras 2 and 3 alike; the trainer averages (with sample weights)
+        # .call gives one value per example on Keras 2 and 3 alike (the trainer averages, with sample weights);
+        # the object's own reduction does not apply
         return loss.call, isinstance(loss, tf.keras.losses.SparseCategoricalCrossentropy)
     if callable(loss):
         return loss, getattr(loss, "__name__", "") == "sparse_categorical_crossentropy"
@@ -35,35 +37,6 @@ def _num_classes(model: Any) -> int | None:
         return None
 
 
-def check_class_labels(y: Any, classes: int | None, where: str = "y") -> None:
-    """Integer class ids in ``[0, classes)``, one per sample; a clear ``ValueError`` otherwise."""
-    y = np.asarray(y)
-    if y.ndim == 2 and y.shape[1] == 1:
-        y = y[:, 0]
-    if y.ndim == 2 and classes and y.shape[1] == classes and classes > 1:
-        raise ValueError(
-            f"The labels {where} look one-hot (shape {y.shape}), but the loss is sparse categorical cross-entropy, which "
-            f"takes one class id per sample. Fix: pass np.argmax({where}, axis=-1), or "
-            "loss=tf.keras.losses.CategoricalCrossentropy(reduction='none') for one-hot labels.")
-    if y.ndim != 1:
-        raise ValueError(f"The labels {where} must be one class id per sample, shape (N,). Received shape {y.shape}.")
-    if y.dtype.kind not in "iuf" and y.dtype.kind != "b":
-        raise ValueError(f"The labels {where} must be integer class ids. Received dtype {y.dtype}.")
-    if y.dtype.kind == "f":
-        bad = ~np.isfinite(y) | (y != np.round(y))
-        if bad.any():
-            raise ValueError(f"The labels {where} must be whole class ids; {int(bad.sum())} are not (first: "
-                             f"{y[bad][0]!r} at index {int(np.flatnonzero(bad)[0])}). Fix: pass integer labels.")
-    low, high = (int(y.min()), int(y.max())) if y.size else (0, 0)
-    if low < 0 or (classes is not None and high >= classes):
-        outside = (y < 0) | ((y >= classes) if classes is not None else False)
-        raise ValueError(
-            f"The labels {where} must be class ids in 0..{classes - 1 if classes else 'N-1'}"
-            + (f" (the model has {classes} outputs)" if classes else "") + f"; {int(np.sum(outside))} are outside "
-            f"(range found: {low}..{high}). Fix: map the labels to 0..{(classes or 1) - 1}"
-            + (f", or give the model's last layer {high + 1} units" if high >= (classes or 0) else "") + ".")
-
-
 def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Update]:
     """One update: the mean of ``loss(y, model(x, training=True))`` over the batch (weighted, if it has weights).
 
@@ -72,14 +45,15 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
     returning one value per example. With the sparse default, the labels are checked before training:
     class ids within the model's outputs.
     """
+    _check_built(model)
     per_example, sparse = _per_example(loss)
 
     def loss_fn(batch):
-        if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3) or batch[1] is None:
-            raise ValueError("classifier_updates needs labelled batches: (x, y) or (x, y, sample_weight). Received: "
-                             f"{type(batch).__name__} of {len(batch) if isinstance(batch, (tuple, list)) else 1} "
-                             "item(s). Fix: pass the labels (fit(x, y), or a dataset of (x, y) batches).")
-        values = per_example(batch[1], model(batch[0], training=True))
+        _check_labelled(batch)
+        pred = model(batch[0], training=True)
+        # losses in float32 whatever the policy (as Keras's own Loss.__call__ does): float16 logs and sums lose digits
+        pred = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, pred)
+        values = per_example(batch[1], pred)
         values = tf.cast(values, tf.float32)
         if len(batch) == 3:
             w = tf.cast(tf.reshape(batch[2], tf.shape(values)), tf.float32)
@@ -87,13 +61,31 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
         return tf.reduce_mean(values)
 
     def validate(sample):
-        if not isinstance(sample, (tuple, list)) or len(sample) < 2 or sample[1] is None:
-            raise ValueError("classifier_updates trains on labelled data: fit(x, y), or a dataset of (x, y) batches. "
-                             "Received data without labels. Fix: pass y.")
+        _check_labelled(sample)
         if sparse and not isinstance(sample[1], (dict, tuple, list)):  # (several outputs: the loss's own checks)
-            check_class_labels(sample[1], _num_classes(model))
+            classes = _num_classes(model)
+            class_ids(sample[1], classes, "The labels y", owner=f" (the model has {classes} outputs)" if classes else "")
 
-    return [Update("model", loss_fn, [(model.trainable_variables, optimizer)], validate=validate)]
+    return [Update("model", loss_fn, [(model.trainable_variables, optimizer)], validate=validate,
+                   state=model.non_trainable_variables)]
+
+
+def _check_built(model: Any) -> None:
+    if not getattr(model, "built", True) or not model.variables:
+        raise AmpConfigError(
+            f"The model {getattr(model, 'name', model)!r} is not built yet: it has no variables to train. Fix: build it "
+            "before the Trainer (start it with keras.Input(shape), or call model.build(input_shape)).")
+
+
+def _check_labelled(batch: Any) -> None:
+    if isinstance(batch, dict):
+        raise ValueError(f"classifier_updates takes batches (x, y) or (x, y, sample_weight); the data yields dicts (keys "
+                         f"{sorted(batch)}). Fix: map them to a tuple, e.g. dataset.map(lambda d: (d['image'], "
+                         "d['label'])) with your keys.")
+    if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3) or batch[1] is None:
+        raise ValueError("classifier_updates trains on labelled batches: (x, y) or (x, y, sample_weight). Received "
+                         f"{type(batch).__name__} of {len(batch) if isinstance(batch, (tuple, list)) else 1} item(s) "
+                         "without labels. Fix: fit(x, y), or a dataset of (x, y) batches.")
 
 
 def gan_updates(generator: Any, discriminator: Any, g_opt: Any, d_opt: Any) -> list[Update]:
@@ -104,6 +96,9 @@ def gan_updates(generator: Any, discriminator: Any, g_opt: Any, d_opt: Any) -> l
     reproducible, different in every step and replica, and continued exactly by a resumed run.
     """
     from ..models import NOISE_DIM, gan_labels, sigmoid_loss
+
+    _check_built(generator)
+    _check_built(discriminator)
 
     def forward(batch, salt):
         real = batch[0] if isinstance(batch, (tuple, list)) else batch
@@ -120,9 +115,10 @@ def gan_updates(generator: Any, discriminator: Any, g_opt: Any, d_opt: Any) -> l
         g_loss = sigmoid_loss(on_fake, real_labels)
         return g_loss, d_loss
 
+    state = generator.non_trainable_variables + discriminator.non_trainable_variables  # BatchNorm statistics
     return [
-        Update("generator", lambda b: forward(b, 1)[0], [(generator.trainable_variables, g_opt)]),
-        Update("discriminator", lambda b: forward(b, 2)[1], [(discriminator.trainable_variables, d_opt)]),
+        Update("generator", lambda b: forward(b, 1)[0], [(generator.trainable_variables, g_opt)], state=state),
+        Update("discriminator", lambda b: forward(b, 2)[1], [(discriminator.trainable_variables, d_opt)], state=state),
     ]
 
 

@@ -8,6 +8,7 @@ training in :mod:`.observers`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import statistics
@@ -15,18 +16,20 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from ..errors import DistributedFailure, NonFiniteError, TrainingInterrupted
+from ..errors import AmpConfigError, DistributedFailure, InputError, NonFiniteError, TrainingInterrupted
+from ..keras_compat import build_optimizer, loss_scale_of
 from ..plan import Plan
 from .checkpoints import CheckpointStore, ensure_directory
 from .distribute import is_chief, worker_id
 from .inputs import BatchFn, ResidentArrays, Stream, make_input
 from .loss_scaling import LossScaler
 from .observers import CallRecord, LogLine, Observer, ProfilerWindow, ProgressBar, TensorBoardScalars
+from .seeding import current_seed
 from .step import StepProgram, Update
 
 logger = logging.getLogger("amp_backends.train")
@@ -71,23 +74,27 @@ def parse_profile_steps(text: str | None) -> tuple[int, int] | None:
     try:
         a, b = (int(p) for p in text.split(":"))
     except ValueError:
-        raise ValueError(f"--profile-steps must be START:STOP, such as 20:30. Received: {text!r}.") from None
+        raise AmpConfigError(f"--profile-steps must be START:STOP, such as 20:30. Received: {text!r}.") from None
     if not 0 <= a < b:
-        raise ValueError(f"--profile-steps must be START:STOP with 0 <= START < STOP, such as 20:30. Received: {text!r}.")
+        raise AmpConfigError(f"--profile-steps must be START:STOP with 0 <= START < STOP, such as 20:30. Received: "
+                             f"{text!r}.")
     return a, b
 
 
 def _checked_arguments(updates: Sequence[Update], replicas: int, *, checkpoint_every: int | None,
                        **positive: Any) -> list[Update]:
-    """The updates as a list, after checking every argument of the trainer that can be checked alone."""
+    """The updates as a list, after checking every argument of the trainer that can be checked alone.
+
+    Problems raise :class:`AmpConfigError` (a ``ValueError``), or ``TypeError`` for arguments of the wrong kind.
+    """
     for name, value in positive.items():
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1. Received: {name}={value!r}.")
+            raise AmpConfigError(f"{name} must be an integer >= 1. Received: {name}={value!r}.")
     if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
-        raise ValueError(f"checkpoint_every must be an integer >= 1 or None. Received: {checkpoint_every!r}.")
+        raise AmpConfigError(f"checkpoint_every must be an integer >= 1 or None. Received: {checkpoint_every!r}.")
     batch_size = positive["batch_size"]
     if batch_size % replicas:
-        raise ValueError(
+        raise AmpConfigError(
             f"batch_size is the global batch and must be divisible by the {replicas} replicas in sync. "
             f"Received: batch_size={batch_size}. Fix: use a multiple of {replicas}.")
     updates = list(updates)
@@ -95,8 +102,32 @@ def _checked_arguments(updates: Sequence[Update], replicas: int, *, checkpoint_e
         raise TypeError(f"updates must be a non-empty list of Update. Received: {updates!r}.")
     names = [u.name for u in updates]
     if len(set(names)) != len(names):
-        raise ValueError(f"Update names must be unique (they name losses, scales and logs). Received: {names}.")
+        raise AmpConfigError(f"Update names must be unique (they name losses, scales and logs). Received: {names}.")
+    for u in updates:
+        if not u.variables:
+            raise AmpConfigError(
+                f"Update {u.name!r} has no variables to train: its model is not built yet (or every layer is frozen). "
+                "Fix: build the model before the Trainer (start it with keras.Input(shape), or call model.build(shape)).")
+        for _, opt in u.groups:
+            mode, _ = loss_scale_of(opt)
+            if mode != "none":
+                raise AmpConfigError(
+                    f"The optimizer of update {u.name!r} scales losses itself ({mode} loss scaling: a LossScaleOptimizer "
+                    "or loss_scale_factor). The Trainer scales losses as the plan says, so they would be scaled twice. "
+                    "Fix: give the Trainer the plain optimizer (plan.wrap_optimizer is for Keras fit).")
     return updates
+
+
+def _build_optimizers(updates: Sequence[Update]) -> None:
+    """Create each optimizer's state now (before restore, outside tf.cond), once, for all the variables it updates:
+    one optimizer may serve several groups or updates."""
+    owned: dict[int, tuple[Any, list[Any]]] = {}
+    for u in updates:
+        for variables, opt in u.groups:
+            owned.setdefault(id(opt), (opt, []))[1].extend(variables)
+    for opt, variables in owned.values():
+        unique = list({id(v): v for v in variables}.values())
+        build_optimizer(opt, unique)
 
 
 def _default_observers(chief: bool, log_every: int, logdir: str | None, progress: bool | None,
@@ -124,10 +155,14 @@ class _StopSignals:
     def __enter__(self) -> "_StopSignals":
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
+                if signal.getsignal(sig) is signal.SIG_IGN:
+                    continue  # ignored on purpose (nohup, a background job): it stays ignored
                 try:
-                    self._previous[sig] = signal.signal(sig, self._handle)
+                    previous = signal.signal(sig, self._handle)
                 except (ValueError, OSError):
-                    pass
+                    continue
+                # None: a handler installed outside Python; the default is the closest we can give back
+                self._previous[sig] = signal.SIG_DFL if previous is None else previous
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -171,7 +206,7 @@ class Trainer:
         profile_steps: tuple[int, int] | None = None,
         max_consecutive_nonfinite: int = 25,
         progress: bool | None = None,
-        seed: int = 0,
+        seed: int | None = None,
         batch_fn: BatchFn | None = None,
         strategy: Any = None,
         unroll_steps: bool | None = None,
@@ -194,38 +229,40 @@ class Trainer:
         self.logdir = logdir
         self.checkpoint_every = checkpoint_every
         self.max_consecutive_nonfinite = max_consecutive_nonfinite
-        self.seed = seed
+        self.seed = current_seed() if seed is None else seed
         self.batch_fn = batch_fn
         if logdir:
             ensure_directory(logdir, "logdir")
 
         with self.strategy.scope():
             self.scalers = {u.name: LossScaler(plan.loss_scale, name=u.name) for u in self.updates}
-            for u in self.updates:  # build optimizers now: their state must exist before restore and outside tf.cond
-                for variables, opt in u.groups:
-                    if hasattr(opt, "build"):
-                        opt.build(list(variables))
+            _build_optimizers(self.updates)
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
             self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
             self.samples_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="samples_in_epoch")
             self.position_batch_size = tf.Variable(self.batch_size, dtype=tf.int64, trainable=False, name="batch_size")
-        self._weights = [v for u in self.updates for v in u.variables]
+        models = [m for m in (checkpoint_objects or {}).values() if hasattr(m, "layers")]
+        # every variable a checkpoint holds and a step can change: never saved with NaN or Inf
+        self._weights = [v for v in {id(v): v for v in [*(v for u in self.updates for v in [*u.variables, *u.state]),
+                                                       *(v for m in models for v in m.variables)]}.values()
+                         if tf.as_dtype(v.dtype).is_floating]  # (not the dropout seed generators' int state)
         self.program = StepProgram(self.updates, self.scalers, strategy=self.strategy, xla=plan.xla,
-                                   batch_size=self.batch_size, seed=seed, global_step=self.global_step,
+                                   batch_size=self.batch_size, seed=self.seed, global_step=self.global_step,
                                    samples_in_epoch=self.samples_in_epoch, unroll_steps=unroll_steps)
         self.store = self._make_store(checkpoint_dir, checkpoint_objects, keep_checkpoints) if checkpoint_dir else None
         self.observers = list(observers) + _default_observers(self.is_chief, log_every, logdir, progress, profile_steps)
-        self._called: set[int] = set()
+        self._called: set[Any] = set()
         self._last_input: tuple[Any, Any, Any] | None = None
-        self._to_check = [m for m in (checkpoint_objects or {}).values() if hasattr(m, "layers")] if check_models else []
+        self._to_check = models if check_models else []
 
     # ------------------------------------------------------------------ checkpoints
     def _make_store(self, directory: str, objects: Mapping[str, Any] | None, keep: int) -> CheckpointStore:
         """What a checkpoint holds: the given objects (default: the updates' variables and optimizers), each
         update's loss-scale state and the position (global step, epoch, sample in epoch, batch size)."""
         objects = dict(objects) if objects else {
-            f"{u.name}_{i}_{part}": obj for u in self.updates for i, (vs, opt) in enumerate(u.groups)
-            for part, obj in (("variables", list(vs)), ("optimizer", opt))}
+            **{f"{u.name}_{i}_{part}": obj for u in self.updates for i, (vs, opt) in enumerate(u.groups)
+               for part, obj in (("variables", list(vs)), ("optimizer", opt))},
+            **{f"{u.name}_state": list(u.state) for u in self.updates if u.state}}
         scaler_state = {name: tf.train.Checkpoint(**s.variables()) for name, s in self.scalers.items()}
         position = tf.train.Checkpoint(global_step=self.global_step, epoch=self.epoch,
                                        samples_in_epoch=self.samples_in_epoch, batch_size=self.position_batch_size)
@@ -249,7 +286,8 @@ class Trainer:
             raise NonFiniteError(
                 f"Not saving step {int(self.global_step.numpy())}: the weights contain NaN or Inf. The latest good "
                 f"checkpoint is {self.store.latest}. Lower the learning rate or use dynamic loss scaling.")
-        return self.store.save()
+        with self._collectives(int(self.global_step.numpy())):  # several workers save together
+            return self.store.save()
 
     def restore(self) -> int | None:
         """Restore the newest intact checkpoint, if any; returns its global step."""
@@ -298,6 +336,9 @@ class Trainer:
             if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} must be a positive integer{' or None' if name == 'max_steps' else ''}. "
                                  f"Received: {name}={value!r}.")
+        if resume and not self.store:
+            raise AmpConfigError("fit(resume=True) continues from checkpoints, but this Trainer has no checkpoint_dir. "
+                                 "Fix: build the Trainer with checkpoint_dir=..., or leave resume out.")
         source = self._input(x, y, steps_per_epoch)
         if self.store:
             if resume:
@@ -314,6 +355,8 @@ class Trainer:
         try:
             with _StopSignals() as stop:
                 self._loop(source, epochs, max_steps, progress, stop)
+                if stop.signum is not None:
+                    self._interrupted(stop.signum)
         finally:
             for o in self.observers:
                 o.close()
@@ -322,35 +365,42 @@ class Trainer:
         return self._result(source, progress)
 
     def _loop(self, source: Any, epochs: int, max_steps: int | None, progress: "_Progress", stop: _StopSignals) -> None:
-        iterator = None
-        while True:
+        iterator, fresh = None, False
+        while stop.signum is None:
             epoch, step, offset = (int(v.numpy()) for v in (self.epoch, self.global_step, self.samples_in_epoch))
             if epoch >= epochs or (max_steps is not None and step >= max_steps):
                 return
             left = self._left_in_epoch(source, offset)
             if left == 0:
                 self._next_epoch()
-                iterator = None
+                if not (isinstance(source, Stream) and source.continuous):
+                    iterator = None
                 continue
             if isinstance(source, Stream) and iterator is None:
-                iterator = source.iterator(skip_batches=offset // self.batch_size)
+                iterator, fresh = source.iterator(self._stream_position(source, epoch, offset)), True
             k = self._call_size(source, left, None if max_steps is None else max_steps - step)
             done = self._call_and_record(source, iterator, k, epoch, offset, step, progress)
-            if done == 0:  # the stream ended exactly at a call boundary
-                if offset == 0:
-                    raise ValueError(f"The dataset yielded no batch of {self.batch_size} in epoch {epoch}: it is empty "
-                                     "(or smaller than one batch). Fix: check the pipeline.")
-                self._next_epoch()
-                iterator = None
+            if isinstance(source, Stream) and done < k:  # the data ended inside this call (or at its start)
+                if done == 0 and (fresh or offset == 0):
+                    raise InputError(f"The dataset yielded no batch of {self.batch_size}: it is empty (or smaller than "
+                                     "one batch). Fix: check the pipeline.")
+                iterator = None  # a new pass: the next epoch's, or the rest of this one when steps_per_epoch is set
+                if not source.continuous:
+                    self._next_epoch()
+            fresh = fresh and done == 0
+            if done == 0:
                 continue
             self._check_nonfinite()
             if self.checkpoint_every and (step + done) // self.checkpoint_every > step // self.checkpoint_every:
                 self.save()  # at the end of the call that reached a multiple of checkpoint_every
-            if isinstance(source, Stream) and done < k:  # the data ended inside this call
-                self._next_epoch()
-                iterator = None
-            if stop.signum is not None:
-                self._interrupted(stop.signum)
+
+    def _stream_position(self, source: "Stream", epoch: int, offset: int) -> int:
+        """Batches of the current pass already trained on: a resumed run skips them."""
+        done = offset // self.batch_size
+        if not source.continuous:
+            return done
+        done += epoch * source.fixed_steps  # one stream across epochs, passes restarting at its end
+        return done % source.cardinality if source.cardinality else done
 
     def _call_and_record(self, source: Any, iterator: Any, k: int, epoch: int, offset: int, step: int,
                          progress: "_Progress") -> int:
@@ -454,13 +504,19 @@ class Trainer:
         return fn, (k if self.program.unrolled(k) else "loop")
 
     def _run(self, fn: Any, source: Any, iterator: Any, k: int, epoch: int, offset: int, step: int) -> tuple[int, Any, Any]:
-        try:
+        with self._collectives(step):
             if isinstance(source, ResidentArrays):
                 losses, finite = fn(source.x, source.y, source.permutation(epoch), tf.constant(offset, tf.int64),
                                     tf.constant(k, tf.int32))
                 return k, losses.numpy()[:k], finite.numpy()[:k]
             done, losses, finite = fn(iterator, tf.constant(k, tf.int32))
             return int(done.numpy()), losses.numpy(), finite.numpy()
+
+    @contextlib.contextmanager
+    def _collectives(self, step: int) -> Iterator[None]:
+        """Work with the other workers (a training call, a collective save): a failure says who to restart, how."""
+        try:
+            yield
         except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.CancelledError,
                 tf.errors.AbortedError, tf.errors.InternalError) as exc:
             if getattr(self.strategy, "cluster_resolver", None) is None:
