@@ -13,8 +13,7 @@ from typing import Optional
 import typer
 
 from ..errors import AmpConfigError
-from ..request import option_help
-from .typer_app import make_app, run_single
+from .typer_app import make_app, override_option, run_single
 
 app = make_app("Hardware-aware mixed precision for TensorFlow/Keras: what this machine can do, and the plan.",
                no_args_is_help=True)
@@ -37,15 +36,15 @@ def info(
         help="Import TensorFlow to list its devices, or never. Default: only when the plan depends on it (an NVIDIA "
              "GPU that TensorFlow must confirm, or Intel XPUs listed through ITEX); the rest of the report needs no "
              "TensorFlow import."),
-    backend: Optional[str] = typer.Option(None, "--backend", metavar="NAME", help=option_help("backend")),
-    policy: Optional[str] = typer.Option(None, "--policy", metavar="POLICY", help=option_help("policy")),
-    xla: Optional[str] = typer.Option(None, "--xla", metavar="auto|on|off", help=option_help("xla")),
-    tf32: Optional[str] = typer.Option(None, "--tf32", metavar="auto|on|off", help=option_help("tf32")),
-    loss_scale: Optional[str] = typer.Option(None, "--loss-scale", metavar="SCALE", help=option_help("loss_scale")),
-    itex_amp: Optional[str] = typer.Option(None, "--itex-amp", metavar="on|off", help=option_help("itex_amp")),
-    fp8: Optional[str] = typer.Option(None, "--fp8", metavar="auto|on|off", help=option_help("fp8")),
-    strict: bool = typer.Option(False, "--strict", help=option_help("strict")),
-    force: bool = typer.Option(False, "--force", help=option_help("force")),
+    backend: Optional[str] = override_option("backend"),
+    policy: Optional[str] = override_option("policy"),
+    xla: Optional[str] = override_option("xla"),
+    tf32: Optional[str] = override_option("tf32"),
+    loss_scale: Optional[str] = override_option("loss_scale"),
+    itex_amp: Optional[str] = override_option("itex_amp"),
+    fp8: Optional[str] = override_option("fp8"),
+    strict: bool = override_option("strict"),
+    force: bool = override_option("force"),
 ) -> None:
     """Report the plan with its reasons, the software and the hardware (exit 2 on an invalid override)."""
     from .quiet import quiet_tensorflow_logs

@@ -9,10 +9,9 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from ..commands.typer_app import make_app
+from ..commands.typer_app import make_app, override_option
 from ..errors import (AmpConfigError, BackendError, CheckpointError, DataUnavailableError, DistributedFailure,
                       InputError, NonFiniteError)
-from ..request import option_help
 
 
 @dataclass
@@ -156,14 +155,14 @@ def command(name: str, run: Callable[[RunOptions], Any], *, batch_size: int, lr:
         synthetic: bool = typer.Option(False, "--synthetic", help="Random MNIST-shaped data (benchmarks; nothing to learn)."),
         digits: bool = typer.Option(False, "--digits", help="scikit-learn's real handwritten digits as 28x28 images "
                                     "(1,797 images, offline; needs scikit-learn)."),
-        backend: Optional[str] = typer.Option(None, "--backend", metavar="NAME", help=option_help("backend")),
-        policy: Optional[str] = typer.Option(None, "--policy", metavar="POLICY", help=option_help("policy")),
-        xla: Optional[str] = typer.Option(None, "--xla", metavar="auto|on|off", help=option_help("xla")),
-        tf32: Optional[str] = typer.Option(None, "--tf32", metavar="auto|on|off", help=option_help("tf32")),
-        loss_scale: Optional[str] = typer.Option(None, "--loss-scale", metavar="SCALE", help=option_help("loss_scale")),
-        fp8: Optional[str] = typer.Option(None, "--fp8", metavar="auto|on|off", help=option_help("fp8")),
-        strict: bool = typer.Option(False, "--strict", help=option_help("strict")),
-        force: bool = typer.Option(False, "--force", help=option_help("force")),
+        backend: Optional[str] = override_option("backend"),
+        policy: Optional[str] = override_option("policy"),
+        xla: Optional[str] = override_option("xla"),
+        tf32: Optional[str] = override_option("tf32"),
+        loss_scale: Optional[str] = override_option("loss_scale"),
+        fp8: Optional[str] = override_option("fp8"),
+        strict: bool = override_option("strict"),
+        force: bool = override_option("force"),
         steps_per_call: int = typer.Option(1, "--steps-per-call", min=1, metavar="N",
                                            help="Training steps per compiled call (fewer host round trips)."),
         log_every: int = typer.Option(1, "--log-every", min=1, metavar="N", help="Log a line every N steps."),

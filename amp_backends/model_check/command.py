@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import typer
 
-from ..request import option_help
+from ..commands.typer_app import override_option
 
 _TARGET = re.compile(r"^(?P<module>[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*):(?P<factory>[A-Za-z_][\w]*)$")
 EXAMPLE = "amp_backends.models:mnist_cnn"
@@ -75,18 +75,14 @@ def check_command(
     batch_size: Optional[int] = typer.Option(None, "--batch-size", "--batch_size", min=1,
                                              help="The training batch size (checks Dense rows; default: not checked)."),
     json_output: bool = typer.Option(False, "--json", help="Print JSON (schema in amp_backends.model_check)."),
-    backend: Optional[str] = typer.Option(None, "--backend", metavar="NAME",
-                                          help=option_help("backend")),
-    policy: Optional[str] = typer.Option(None, "--policy", metavar="POLICY",
-                                         help=option_help("policy")),
-    xla: Optional[str] = typer.Option(None, "--xla", metavar="auto|on|off", help=option_help("xla")),
-    tf32: Optional[str] = typer.Option(None, "--tf32", metavar="auto|on|off", help=option_help("tf32")),
-    loss_scale: Optional[str] = typer.Option(None, "--loss-scale", metavar="SCALE",
-                                             help=option_help("loss_scale")),
-    itex_amp: Optional[str] = typer.Option(None, "--itex-amp", metavar="on|off",
-                                           help=option_help("itex_amp")),
-    fp8: Optional[str] = typer.Option(None, "--fp8", metavar="auto|on|off", help=option_help("fp8")),
-    strict: bool = typer.Option(False, "--strict", help=option_help("strict")),
+    backend: Optional[str] = override_option("backend"),
+    policy: Optional[str] = override_option("policy"),
+    xla: Optional[str] = override_option("xla"),
+    tf32: Optional[str] = override_option("tf32"),
+    loss_scale: Optional[str] = override_option("loss_scale"),
+    itex_amp: Optional[str] = override_option("itex_amp"),
+    fp8: Optional[str] = override_option("fp8"),
+    strict: bool = override_option("strict"),
     force: bool = typer.Option(False, "--force", help="Run a slow (emulated) request anyway, to check a model under it."),
 ) -> None:
     """Build a model from MODULE:FACTORY under the plan and check it for what makes mixed precision slow or wrong."""
