@@ -108,20 +108,15 @@ def profile_window(opts: RunOptions) -> tuple[int, int] | None:
 def prepare_run(opts: RunOptions, strategy: Any) -> Any:
     """Seed everything, then decide the run directory (a new ``version_N``, or the one ``--resume`` continues)."""
     from ..training.checkpoints import run_directory
+    from ..training.distribute import is_chief
     from ..training.seeding import seed_everything
 
     seed_everything(opts.seed, deterministic=opts.deterministic)
     run = run_directory(opts.logdir, opts.resume, strategy)
-    if strategy is None or _chief(strategy):
+    if strategy is None or is_chief(strategy):
         print(f"Run directory: {run.path} ({'resumed' if run.resumed else 'new run'}; "
               f"tensorboard --logdir {opts.logdir})", flush=True)
     return run
-
-
-def _chief(strategy: Any) -> bool:
-    from ..training.distribute import is_chief
-
-    return is_chief(strategy)
 
 
 def prepare_models(plan: Any, *models: Any) -> None:

@@ -10,9 +10,10 @@ from typing import Any
 
 import tensorflow as tf
 
+from .observers import WARMUP_CALLS
+
 logger = logging.getLogger("amp_backends.train")
 
-WARMUP_CALLS = 2  # executions left out of the median (tracing, XLA compilation)
 
 
 class ThroughputLogger(tf.keras.callbacks.Callback):

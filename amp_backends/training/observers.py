@@ -15,6 +15,9 @@ import numpy as np
 
 logger = logging.getLogger("amp_backends.train")
 
+# calls left out of a throughput median: the first ones trace and compile
+WARMUP_CALLS = 2
+
 
 @dataclass
 class CallRecord:

@@ -28,7 +28,7 @@ from .checkpoints import CheckpointStore, ensure_directory
 from .distribute import is_chief, worker_id
 from .inputs import BatchFn, ResidentArrays, Stream, make_input
 from .loss_scaling import LossScaler
-from .observers import CallRecord, LogLine, Observer, ProfilerWindow, ProgressBar, TensorBoardScalars
+from .observers import WARMUP_CALLS, CallRecord, LogLine, Observer, ProfilerWindow, ProgressBar, TensorBoardScalars
 from .seeding import current_seed
 from .step import StepProgram, Update
 
@@ -187,7 +187,7 @@ class Trainer:
     or wrong under the plan (:func:`amp_backends.check_model`), and the findings are logged.
     """
 
-    WARMUP_CALLS = 2  # calls excluded from the throughput summary (tracing, XLA compilation)
+    WARMUP_CALLS = WARMUP_CALLS  # calls excluded from the throughput summary (tracing, XLA compilation)
 
     def __init__(
         self,
@@ -226,7 +226,6 @@ class Trainer:
         self.batch_size = int(batch_size)
         self.images_per_step = images_per_step or self.batch_size
         self.steps_per_call = int(steps_per_call)
-        self.logdir = logdir
         self.checkpoint_every = checkpoint_every
         self.max_consecutive_nonfinite = max_consecutive_nonfinite
         self.seed = current_seed() if seed is None else seed
