@@ -5,7 +5,8 @@ Intel GPUs through ITEX, CPUs), picks the fastest safe plan — dtype policy, lo
 applies it and says why. ``python -m amp_backends.info`` reports the same for humans or as JSON.
 
 Importing this package does no work: it imports neither TensorFlow nor NVML, reads no environment
-variable and writes no file. Everything below is loaded on first use.
+variable and writes no file. Everything below is loaded on first use. This module is the package's
+face: the modules inside import each other (relative imports), never it (``tests/test_layout.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import os as _os
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from .version import __version__
 
 
 def _source_checkout_layout() -> None:
@@ -60,6 +61,7 @@ _LAZY = {
     "default_registry": ".registry",
     "check_model": ".model_check",
     "Preparation": ".fp8",
+    "prepare_model": ".fp8",
     "MatrixUnit": ".assessment",
     "Trainer": ".training",
     "TrainResult": ".training",
@@ -88,7 +90,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .planner import make_plan
     from .probe import probe_hardware
     from .registry import Backend, BackendRegistry, default_registry
-    from .fp8 import Preparation
+    from .fp8 import Preparation, prepare_model
     from .model_check import check_model
     from .request import LossScale, Request, build_request
     from .training import (Observer, ThroughputLogger, Trainer, TrainResult, Update, classifier_updates, gan_updates,

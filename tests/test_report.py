@@ -12,7 +12,7 @@ import pytest
 
 from conftest import NEUTRAL_CWD
 
-from amp_backends.commands.quiet import NOISE, quiet_tensorflow_logs
+from amp_backends.tf_import import NOISE, quiet_tensorflow_logs
 from amp_backends.commands.report import SCHEMA_VERSION, collect, render_text, to_json
 from amp_backends.probe import needs_tensorflow
 from amp_backends.registry import default_registry

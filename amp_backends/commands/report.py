@@ -59,7 +59,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .. import __version__
+from ..version import __version__
 from ..configure import plan_for
 from ..errors import AmpConfigError
 from ..hardware import Hardware
@@ -110,7 +110,7 @@ def _hardware(registry: BackendRegistry, use_tensorflow: bool | None, quiet: boo
     if not use_tensorflow or tensorflow_version() is None:
         return hardware, None, why, None
     try:
-        from .quiet import import_tensorflow
+        from ..tf_import import import_tensorflow
 
         tf = import_tensorflow(quiet)
     except Exception as exc:

@@ -21,14 +21,10 @@ def tf_keras() -> tuple[Any, Any]:
 
 
 def keras_version(tf: Any) -> str:
-    """``tf.keras``'s version (TF 2.15's lazy loader hides ``__version__``: read the loaded module's)."""
-    import sys
+    """``tf.keras``'s version, as :func:`amp_backends.keras_compat.keras_info` reads it (``"unknown"`` if it cannot)."""
+    from ..keras_compat import keras_info
 
-    version = getattr(tf.keras, "__version__", None)
-    for name in ("keras", "tf_keras"):
-        if not version:
-            version = getattr(sys.modules.get(name), "__version__", None)
-    return str(version or "unknown")
+    return keras_info(tf).version or "unknown"
 
 
 def is_keras_model(obj: Any) -> bool:
