@@ -30,8 +30,9 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from .errors import AmpWarning
 from .request import LossScale

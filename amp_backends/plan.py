@@ -10,8 +10,9 @@ what a plan does to a model is :func:`amp_backends.prepare_model`'s (``fp8.py``)
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .assessment import Assessment, VendorSetting
 from .request import LossScale, Request, format_value

@@ -11,8 +11,9 @@ and command-line help and metavar (every command's ``--policy``, ``--loss-scale`
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from .assessment import POLICIES
 from .errors import AmpConfigError
@@ -79,15 +80,15 @@ class LossScale:
         return {"mode": "dynamic", "initial": self.initial, "growth_interval": self.growth_interval}
 
     @classmethod
-    def dynamic(cls, initial: float = DEFAULT_INITIAL_SCALE, growth_interval: int = DEFAULT_GROWTH_INTERVAL) -> "LossScale":
+    def dynamic(cls, initial: float = DEFAULT_INITIAL_SCALE, growth_interval: int = DEFAULT_GROWTH_INTERVAL) -> LossScale:
         return cls("dynamic", float(initial), int(growth_interval))
 
     @classmethod
-    def fixed(cls, scale: float) -> "LossScale":
+    def fixed(cls, scale: float) -> LossScale:
         return cls("fixed", float(scale))
 
     @classmethod
-    def none(cls) -> "LossScale":
+    def none(cls) -> LossScale:
         return cls("none", 1.0)
 
 

@@ -26,7 +26,8 @@ import logging
 import os
 import subprocess
 import sys
-from typing import Any, Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping
+from typing import Any
 
 LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"
 

@@ -9,7 +9,6 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-
 from conftest import NEUTRAL_CWD
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,8 +51,9 @@ def test_backends_are_registered_through_entry_points(registry):
 
 def test_install_layout():
     """The backends/ folder is installed as amp_backends.backends: as a copy (pip install .) or in place (-e)."""
-    import amp_backends
     import amp_backends.backends.nvidia as nv
+
+    import amp_backends
 
     in_repo = Path(nv.__file__).resolve().is_relative_to(REPO / "backends")
     expected = os.environ.get("AMP_EXPECT_INSTALL")
@@ -136,3 +136,12 @@ def test_every_package_of_the_source_tree_is_installed():
                 continue
             found.add(".".join((prefix, *parts)))
     assert found - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
+
+
+def test_the_face_exports_prepare_model_and_its_version():
+    import amp_backends
+    from amp_backends import fp8, plan, version
+
+    assert amp_backends.prepare_model is fp8.prepare_model and "prepare_model" in dir(amp_backends)
+    assert amp_backends.__version__ == version.__version__
+    assert not hasattr(plan.Plan, "prepare_model")  # the plan is data: what it does to a model is fp8's

@@ -22,10 +22,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import amp_backends
 import amp_backends.backends
-
 from conftest import NEUTRAL_CWD
+
+import amp_backends
 
 FACE = "amp_backends"
 

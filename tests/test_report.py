@@ -9,13 +9,12 @@ import sys
 import time
 
 import pytest
-
 from conftest import NEUTRAL_CWD
 
-from amp_backends.tf_import import NOISE, quiet_tensorflow_logs
 from amp_backends.commands.report import SCHEMA_VERSION, collect, render_text, to_json
 from amp_backends.probe import needs_tensorflow
 from amp_backends.registry import default_registry
+from amp_backends.tf_import import NOISE, quiet_tensorflow_logs
 
 
 def cli(*args, env=None, timeout=180, module="amp_backends.info"):
@@ -134,7 +133,7 @@ def test_info_with_tensorflow_lists_its_devices_without_start_up_noise():
 def test_the_noise_filter_drops_start_up_chatter_and_keeps_real_errors():
     import re
 
-    noise = re.compile(NOISE, re.X)
+    noise = re.compile(NOISE, re.VERBOSE)
     chatter = [
         "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
         "I0000 00:00:1795381695.313407    3532 port.cc:153] oneDNN custom operations are on.",
@@ -209,3 +208,12 @@ def test_console_script_subcommand():
     out = subprocess.run([exe, "info", "--json", "--no-tensorflow"], capture_output=True, text=True, timeout=120, cwd=NEUTRAL_CWD)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["schema_version"] == SCHEMA_VERSION
+
+
+def test_the_plan_headline_is_the_summary_without_its_reason():
+    from amp_backends.configure import plan_for
+
+    plan = plan_for(environ={}, backend="cpu")
+    assert plan.headline.startswith("amp_backends plan: backend=cpu") and " (" not in plan.headline
+    assert plan.summary() == f"{plan.headline} ({plan.reasons['policy']})"
+    assert plan.explain().splitlines()[0] == plan.headline

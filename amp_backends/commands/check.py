@@ -15,7 +15,7 @@ import os
 import re
 import sys
 import traceback
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -72,8 +72,8 @@ def load_factory(module_name: str, factory_name: str) -> Any:
 def check_command(
     target: str = typer.Argument(..., metavar="MODULE:FACTORY",
                                  help=f"A function that builds a Keras model with no arguments, such as {EXAMPLE}."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", "--batch_size", min=1,
-                                             help="The training batch size (checks Dense rows; default: not checked)."),
+    batch_size: int | None = typer.Option(None, "--batch-size", "--batch_size", min=1,
+                                          help="The training batch size (checks Dense rows; default: not checked)."),
     json_output: bool = typer.Option(False, "--json", help="Print JSON (schema in amp_backends.model_check)."),
     overrides: Any = None,
 ) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -15,7 +15,7 @@ PROG = "amp-backends"
 @with_overrides()
 def info(
     json_output: bool = typer.Option(False, "--json", help="Print the report as JSON (schema: amp_backends.commands.report)."),
-    tensorflow: Optional[bool] = typer.Option(
+    tensorflow: bool | None = typer.Option(
         None, "--tensorflow/--no-tensorflow", show_default=False,
         help="Import TensorFlow to list its devices, or never. Default: only when the plan depends on it (an NVIDIA "
              "GPU that TensorFlow must confirm, or Intel XPUs listed through ITEX); the rest of the report needs no "

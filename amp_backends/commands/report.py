@@ -56,10 +56,10 @@ import json
 import os
 import platform
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
-from ..version import __version__
 from ..configure import plan_for
 from ..errors import AmpConfigError
 from ..hardware import Hardware
@@ -68,6 +68,7 @@ from ..probe import needs_tensorflow, probe_hardware
 from ..registry import BackendRegistry, default_registry
 from ..request import ENV_VARS
 from ..software import tensorflow_build_info, tensorflow_version
+from ..version import __version__
 
 SCHEMA_VERSION = 2
 

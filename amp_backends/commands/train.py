@@ -10,12 +10,20 @@ and the trainer's and run's flags, parsed into :class:`~amp_backends.examples.ru
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import typer
 
-from ..errors import (AmpConfigError, BackendError, CheckpointError, DataUnavailableError, DistributedFailure,
-                      InputError, NonFiniteError)
+from ..errors import (
+    AmpConfigError,
+    BackendError,
+    CheckpointError,
+    DataUnavailableError,
+    DistributedFailure,
+    InputError,
+    NonFiniteError,
+)
 from .typer_app import fail, make_app, run_single, with_overrides
 
 USAGE_ERRORS = (AmpConfigError, DataUnavailableError, InputError, CheckpointError, BackendError)
@@ -60,9 +68,9 @@ def command(name: str, train: Callable[[Any], Any], *, batch_size: int, lr: floa
         batch_size: int = typer.Option(default_batch, "--batch_size", "--batch-size", min=1, metavar="N",
                                        help="Images per step (the global batch under a distribution strategy)."),
         lr: float = typer.Option(default_lr, "--lr", min=0.0, metavar="LR", help=lr_help),
-        data: Optional[str] = typer.Option(None, "--data", metavar="PATH",
-                                           help="mnist.npz in Keras's format (uint8 or [0, 1] float images). Default: "
-                                                "Keras's cache, else its download."),
+        data: str | None = typer.Option(None, "--data", metavar="PATH",
+                                        help="mnist.npz in Keras's format (uint8 or [0, 1] float images). Default: "
+                                             "Keras's cache, else its download."),
         synthetic: bool = typer.Option(False, "--synthetic", help="Random MNIST-shaped data (benchmarks; nothing to learn)."),
         digits: bool = typer.Option(False, "--digits", help="scikit-learn's real handwritten digits as 28x28 images "
                                     "(1,797 images, offline; needs scikit-learn)."),
@@ -73,21 +81,21 @@ def command(name: str, train: Callable[[Any], Any], *, batch_size: int, lr: floa
         logdir: str = typer.Option(f"runs/{name}", "--logdir", metavar="DIR",
                                    help="Each run writes TensorBoard scalars, profiles and checkpoints into a new "
                                         "DIR/version_N; earlier runs are kept."),
-        checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", min=1, metavar="N",
-                                                       help="Checkpoint every N steps (also at the end and on Ctrl-C)."),
+        checkpoint_every: int | None = typer.Option(None, "--checkpoint-every", min=1, metavar="N",
+                                                    help="Checkpoint every N steps (also at the end and on Ctrl-C)."),
         resume: bool = typer.Option(False, "--resume", help="Continue the newest run under --logdir from its newest "
                                     "intact checkpoint (or the run --logdir points at)."),
         profile: bool = typer.Option(False, "--profile", help="Trace 10 steps after the warm-up with the TF profiler."),
-        profile_steps: Optional[str] = typer.Option(None, "--profile-steps", metavar="START:STOP",
-                                                    help="Trace the calls covering steps START:STOP, e.g. 20:30."),
-        max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, metavar="N",
-                                                help="Stop after this many steps in all."),
+        profile_steps: str | None = typer.Option(None, "--profile-steps", metavar="START:STOP",
+                                                 help="Trace the calls covering steps START:STOP, e.g. 20:30."),
+        max_steps: int | None = typer.Option(None, "--max-steps", min=1, metavar="N",
+                                             help="Stop after this many steps in all."),
         seed: int = typer.Option(0, "--seed", min=0, metavar="N", help="Seed of the weights, dropout, shuffling, noise "
                                  "and synthetic data: the same seed gives the same losses on a CPU."),
         deterministic: bool = typer.Option(False, "--deterministic", help="Deterministic TensorFlow kernels "
                                            "(reproducible on GPUs too; slower)."),
-        progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar (default: on a "
-                                                "terminal)."),
+        progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Progress bar (default: on a "
+                                             "terminal)."),
         distribute: str = typer.Option("auto", "--distribute", metavar="KIND", help="auto (TF_CONFIG: multiworker; "
                                        "several GPUs: mirrored), none, mirrored, multiworker."),
         cluster_timeout: float = typer.Option(60.0, "--cluster-timeout", min=1.0, metavar="SECONDS",

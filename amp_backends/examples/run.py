@@ -6,8 +6,9 @@ Plain library code: nothing here parses a command line or exits (``amp_backends.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from ..errors import AmpConfigError
 
@@ -24,27 +25,27 @@ class RunOptions:
     epochs: int = 1
     batch_size: int = 64
     lr: float = 0.01
-    data: Optional[str] = None
+    data: str | None = None
     synthetic: bool = False
     digits: bool = False
     overrides: Mapping[str, Any] = field(default_factory=dict)
     steps_per_call: int = 1
     log_every: int = 1
     logdir: str = "runs"
-    checkpoint_every: Optional[int] = None
+    checkpoint_every: int | None = None
     resume: bool = False
     profile: bool = False
-    profile_steps: Optional[str] = None
-    max_steps: Optional[int] = None
+    profile_steps: str | None = None
+    max_steps: int | None = None
     seed: int = 0
-    progress: Optional[bool] = None
+    progress: bool | None = None
     distribute: str = "auto"
     cluster_timeout: float = 60.0
     tune: bool = False
     deterministic: bool = False
 
     @classmethod
-    def from_parsed(cls, parsed: Mapping[str, Any]) -> "RunOptions":
+    def from_parsed(cls, parsed: Mapping[str, Any]) -> RunOptions:
         """The options among ``parsed`` (a command's parsed options, by name); other names are ignored."""
         return cls(**{f.name: parsed[f.name] for f in fields(cls) if f.name in parsed})
 

@@ -6,8 +6,9 @@ reads attributes that exist on both generations first and falls back to the gene
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 # Attributes holding the Python-side losses a layer collects when ``add_loss`` runs during a call.
 _LOSS_LISTS = ("_losses", "_eager_losses")

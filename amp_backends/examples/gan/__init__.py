@@ -11,8 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..run import (RunOptions, load_data, maybe_tune, prepare_models, prepare_run, scope, strategy_and_plan,
-                   trainer_options)
+from ..run import (
+    RunOptions,
+    load_data,
+    maybe_tune,
+    prepare_models,
+    prepare_run,
+    scope,
+    strategy_and_plan,
+    trainer_options,
+)
 
 D_LR = 1e-4
 
