@@ -26,10 +26,10 @@ def test_import_loads_no_tensorflow_and_no_nvml():
     assert mods == "[]"
 
 
-def test_import_is_fast():
-    # best of 5 fresh interpreters, import only (interpreter start excluded)
-    times = [float(run("import time; t=time.perf_counter(); import amp_backends; print(time.perf_counter()-t)")) for _ in range(5)]
-    assert min(times) < 0.05, times
+def test_import_loads_nothing_but_the_face():
+    """Importing the package does no work: of the package, only the face and its version are loaded."""
+    mods = run("import sys, amp_backends; print(sorted(m for m in sys.modules if m.startswith('amp_backends')))")
+    assert mods == "['amp_backends', 'amp_backends.version']"
 
 
 def test_import_reads_no_environment_and_writes_nothing(tmp_path):
