@@ -147,6 +147,19 @@ def test_the_graph_walk_sees_the_imports_it_must():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 
+def test_every_lazy_name_of_the_face_is_defined_where_it_points():
+    modules = package_modules()
+    for name, module in amp_backends._LAZY.items():
+        path, _ = modules[FACE + module]
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        defined |= {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+        # re-exported: imported (a lazy package names them under TYPE_CHECKING too)
+        defined |= {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert name in defined, f"amp_backends.{name} points at {FACE}{module}, which does not define it"
+
+
 def test_the_walk_counts_an_import_of_the_face(tmp_path):
     code = "def f():\n    import amp_backends\n    from amp_backends import plan_for\n    from .. import Plan\n"
     path = tmp_path / "m.py"
