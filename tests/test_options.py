@@ -181,3 +181,14 @@ def test_overrides_given_leaves_out_what_was_not_given():
 
     parsed = {"policy": None, "xla": "off", "strict": False, "force": True, "epochs": 3}
     assert overrides_given(parsed) == {"xla": "off", "force": True}
+
+
+def test_auto_configure_takes_the_overrides_of_the_table():
+    """auto_configure spells its keywords out (for readers and editors): they are the table's, in its order."""
+    import inspect
+
+    from amp_backends.configure import auto_configure
+    from amp_backends.request import OPTIONS
+
+    names = [p.name for p in inspect.signature(auto_configure).parameters.values()]
+    assert [n for n in names if n in {o.name for o in OPTIONS}] == [o.name for o in OPTIONS]
