@@ -72,7 +72,7 @@ def load_factory(module_name: str, factory_name: str) -> Any:
 def check_command(
     target: str = typer.Argument(..., metavar="MODULE:FACTORY",
                                  help=f"A function that builds a Keras model with no arguments, such as {EXAMPLE}."),
-    batch_size: int | None = typer.Option(None, "--batch-size", "--batch_size", min=1,
+    batch_size: int | None = typer.Option(None, "--batch-size", "--batch_size", min=1, metavar="N",
                                           help="The training batch size (checks Dense rows; default: not checked)."),
     json_output: bool = typer.Option(False, "--json", help="Print JSON (schema in amp_backends.model_check)."),
     overrides: Any = None,
