@@ -5,7 +5,8 @@ Intel GPUs through ITEX, CPUs), picks the fastest safe plan — dtype policy, lo
 applies it and says why. ``python -m amp_backends.info`` reports the same for humans or as JSON.
 
 Importing this package does no work: it imports neither TensorFlow nor NVML, reads no environment
-variable and writes no file. Everything below is loaded on first use.
+variable and writes no file. Everything below is loaded on first use. This module is the package's
+face: the modules inside import each other (relative imports), never it (``tests/test_layout.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import os as _os
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from .version import __version__
 
 
 def _source_checkout_layout() -> None:
@@ -28,7 +29,7 @@ def _source_checkout_layout() -> None:
     if not _os.path.isdir(_os.path.join(here, "backends")) and _os.path.isfile(
         _os.path.join(root, "backends", "cpu", "backend.py")
     ):
-        __path__.append(root)  # type: ignore[name-defined]  # noqa: F821
+        __path__.append(root)  # type: ignore[name-defined]
 
 
 _source_checkout_layout()
@@ -60,6 +61,7 @@ _LAZY = {
     "default_registry": ".registry",
     "check_model": ".model_check",
     "Preparation": ".fp8",
+    "prepare_model": ".fp8",
     "MatrixUnit": ".assessment",
     "Trainer": ".training",
     "TrainResult": ".training",
@@ -81,18 +83,35 @@ __all__ = sorted(_LAZY) + ["__version__"]
 if TYPE_CHECKING:  # pragma: no cover
     from .assessment import Assessment, MatrixUnit, Support, VendorSetting
     from .configure import auto_configure, current_plan, plan_for, reset
-    from .errors import (AmpConfigError, AmpWarning, BackendError, CheckpointError, InputError, NonFiniteError,
-                         TrainingInterrupted, UnsupportedRequestError)
+    from .errors import (
+        AmpConfigError,
+        AmpWarning,
+        BackendError,
+        CheckpointError,
+        InputError,
+        NonFiniteError,
+        TrainingInterrupted,
+        UnsupportedRequestError,
+    )
+    from .fp8 import Preparation, prepare_model
     from .hardware import Accelerator, BackendProbe, CpuInfo, Hardware
+    from .model_check import check_model
     from .plan import Plan
     from .planner import make_plan
     from .probe import probe_hardware
     from .registry import Backend, BackendRegistry, default_registry
-    from .fp8 import Preparation
-    from .model_check import check_model
     from .request import LossScale, Request, build_request
-    from .training import (Observer, ThroughputLogger, Trainer, TrainResult, Update, classifier_updates, gan_updates,
-                           seed_everything, step_seed)
+    from .training import (
+        Observer,
+        ThroughputLogger,
+        Trainer,
+        TrainResult,
+        Update,
+        classifier_updates,
+        gan_updates,
+        seed_everything,
+        step_seed,
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -119,7 +119,7 @@ def auto_configure(
     auto-clustering off when the plan has XLA off, and the backend's own settings (ITEX's math mode and
     auto mixed precision). Training code reads ``plan.xla`` (``jit_compile``) and ``plan.loss_scale``;
     the trainer does so, and Keras ``fit`` does through ``plan.wrap_optimizer`` and ``plan.compile_kwargs``.
-    ``fp8`` (off by default) trains the eligible Dense layers in float8 once ``plan.prepare_model(model)``
+    ``fp8`` (off by default) trains the eligible Dense layers in float8 once ``prepare_model(model, plan)``
     quantizes them. Calling again with the same overrides returns the same plan without re-applying
     it (:func:`reset` forgets it). ``registry`` replaces the installed backends (tests, tools).
     """

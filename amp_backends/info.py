@@ -1,6 +1,6 @@
-"""``python -m amp_backends.info``: the capability report (see ``--help``; :mod:`amp_backends.commands.report`)."""
+"""``python -m amp_backends.info``: the capability report (see ``--help``; :mod:`amp_backends.commands.info`)."""
 
 if __name__ == "__main__":
-    from .commands.cli import info_main
+    from .commands.info import main
 
-    info_main()
+    main()

@@ -30,8 +30,9 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from .errors import AmpWarning
 from .request import LossScale
@@ -94,10 +95,18 @@ def keras_info(tf: Any = None) -> KerasInfo:
 
 
 # ---------------------------------------------------------------------------------------------- dtype policy
+def _tensorflow(tf: Any) -> Any:
+    """``tf`` if given, else TensorFlow, imported now."""
+    if tf is not None:
+        return tf
+    import tensorflow
+
+    return tensorflow
+
+
 def set_global_policy(policy: str, tf: Any = None) -> None:
     """Set the global dtype policy on ``tf.keras`` and, when it is another library and imported, on ``keras``."""
-    if tf is None:
-        import tensorflow as tf
+    tf = _tensorflow(tf)
     tf.keras.mixed_precision.set_global_policy(policy)
     standalone = sys.modules.get("keras")
     if standalone is not None and hasattr(standalone, "mixed_precision"):
@@ -110,8 +119,7 @@ def set_global_policy(policy: str, tf: Any = None) -> None:
 
 def global_policy_name(tf: Any = None) -> str:
     """The name of ``tf.keras``'s global dtype policy (``"float32"``, ``"mixed_float16"``, ...)."""
-    if tf is None:
-        import tensorflow as tf
+    tf = _tensorflow(tf)
     return tf.keras.mixed_precision.global_policy().name
 
 
@@ -124,8 +132,7 @@ def build_optimizer(optimizer: Any, variables: Sequence[Any]) -> None:
 
 def dynamic_loss_scale_optimizer(optimizer: Any, tf: Any = None) -> Any:
     """``optimizer`` wrapped in Keras's dynamic ``LossScaleOptimizer`` (the only kind both generations have)."""
-    if tf is None:
-        import tensorflow as tf
+    tf = _tensorflow(tf)
     return tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
 
 

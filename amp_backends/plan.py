@@ -3,14 +3,16 @@
 :func:`~amp_backends.planner.make_plan` decides it; :func:`~amp_backends.auto_configure` applies it.
 A plan is plain frozen data: it prints (:meth:`Plan.explain`), serialises (:meth:`Plan.to_dict`) and
 carries the support table it was decided from (:attr:`Plan.assessment`), so tools that need to know
-what else the hardware runs (the benchmark, autotune) never assess again.
+what else the hardware runs (the benchmark, autotune) never assess again. It imports no model code:
+what a plan does to a model is :func:`amp_backends.prepare_model`'s (``fp8.py``), which takes the plan.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .assessment import Assessment, VendorSetting
 from .request import LossScale, Request, format_value
@@ -51,10 +53,11 @@ class Plan:
     steps are compiled with XLA (``jit_compile``); ``graph_amp`` the low-precision type (``"bfloat16"``
     or ``"float16"``) the backend rewrites the float32 graph to itself, if requested (ITEX's auto mixed
     precision; the Keras policy is then float32). ``fp8`` whether the eligible Dense layers train in float8
-    (:meth:`prepare_model` applies it); ``steps_per_execution`` how many training steps Keras ``fit`` runs
-    per compiled call (:meth:`compile_kwargs`). ``vendor_settings`` are the backend's own settings
-    (ITEX's math mode). ``reasons`` explains each choice, ``rejected`` says why the alternatives lost,
-    ``warnings`` lists every downgraded or risky request, ``backends`` every registered backend's status.
+    (``amp_backends.prepare_model(model, plan)`` applies it to a model); ``steps_per_execution`` how many
+    training steps Keras ``fit`` runs per compiled call (:meth:`compile_kwargs`). ``vendor_settings`` are the
+    backend's own settings (ITEX's math mode). ``reasons`` explains each choice, ``rejected`` says why the
+    alternatives lost, ``warnings`` lists every downgraded or risky request, ``backends`` every registered
+    backend's status.
     """
 
     backend: str
@@ -124,20 +127,6 @@ class Plan:
 
         return wrap_optimizer(optimizer, self.loss_scale, self.compute_dtype)
 
-    def prepare_model(self, model: Any) -> Any:
-        """Apply what the plan does to a built model's layers: float8 training where ``plan.fp8`` is on.
-
-        With fp8 on, the eligible layers — Dense and EinsumDense, neither the first nor the last, every
-        dimension a multiple of 16 (:func:`amp_backends.check_model`'s ``fp8_eligible_layers``) — are
-        quantized with ``layer.quantize("float8")``; the others keep the policy's precision. Call it after
-        building the model and before compiling it. Returns a :class:`~amp_backends.fp8.Preparation`: the
-        layers changed, and the layers left as they are with why. With fp8 off it changes nothing and says
-        why.
-        """
-        from .fp8 import prepare_model
-
-        return prepare_model(model, self)
-
     def vendor_setting(self, name: str) -> str | None:
         """The value of the backend setting ``name`` in this plan, or ``None``."""
         return next((s.value for s in self.vendor_settings if s.name == name), None)
@@ -155,8 +144,9 @@ class Plan:
         return "|".join(parts)
 
     # -- output --------------------------------------------------------------------------------
-    def summary(self) -> str:
-        """One line: what was chosen."""
+    @property
+    def headline(self) -> str:
+        """One line: what was chosen (``amp_backends plan: backend=cpu devices=/CPU:0 policy=...``)."""
         parts = [
             f"backend={self.backend}",
             f"devices={','.join(self.devices) or '-'}",
@@ -170,11 +160,15 @@ class Plan:
         if self.fp8:
             parts.append("fp8=on")
         parts += [f"{s.name}={s.value}" for s in self.vendor_settings]
-        return "amp_backends plan: " + " ".join(parts) + f" ({self.reasons.get('policy', '')})"
+        return "amp_backends plan: " + " ".join(parts)
+
+    def summary(self) -> str:
+        """One line: what was chosen (:attr:`headline`), and why this policy."""
+        return f"{self.headline} ({self.reasons.get('policy', '')})"
 
     def explain(self) -> str:
         """Several lines: each choice with its reason, the rejected alternatives, the warnings."""
-        lines = [self.summary().split(" (", 1)[0]]
+        lines = [self.headline]
         for key, reason in self.reasons.items():
             lines.append(f"  {key}: {reason}")
         for s in self.vendor_settings:

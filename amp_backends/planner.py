@@ -305,7 +305,7 @@ def _resolve_fp8(r: _Resolver, a: Assessment, keras: KerasInfo | None, xla: bool
     if r.request.fp8 is None:
         reasons["fp8"] = (
             f"off by default until a measurement shows float8 faster than float16, although native here ({support.why}). "
-            "Turn it on with fp8=on / AMP_FP8=on, then plan.prepare_model(model)"
+            "Turn it on with fp8=on / AMP_FP8=on, then amp_backends.prepare_model(model, plan)"
             if support.level == NATIVE else f"off: {support.why}"
         )
     return value

@@ -3,30 +3,17 @@
 Every override defaults to ``auto`` (let the plan decide). Keyword arguments win over environment
 variables. Values are validated here, once, with errors that name the accepted values.
 
-=================  ===================  ==================================================================
-keyword            environment          values
-=================  ===================  ==================================================================
-``backend``        ``AMP_BACKEND``      ``auto`` or a registered backend (``nvidia``, ``intel``, ``cpu``)
-``policy``         ``AMP_POLICY``       ``auto``, ``float32``, ``mixed_float16``, ``mixed_bfloat16``
-                                        (aliases ``fp32``, ``fp16``, ``bf16``)
-``xla``            ``AMP_XLA``          ``auto``, ``on``, ``off`` (also ``1/0``, ``true/false``)
-``tf32``           ``AMP_TF32``         ``auto``, ``on``, ``off``
-``loss_scale``     ``AMP_LOSS_SCALE``   ``auto``, ``dynamic``, ``none`` (also ``off`` and ``0``: a scale of 0
-                                        would zero every gradient, so 0 means no scaling), ``fixed:<scale>``
-                                        or a bare positive number (a fixed scale)
-``itex_amp``       ``AMP_ITEX_AMP``     ``on``/``off``: ITEX's graph-level auto mixed precision (Intel)
-``fp8``            ``AMP_FP8``          ``auto`` (off until measured faster), ``on``, ``off``: Keras float8 training of
-                                        the eligible Dense layers (``plan.prepare_model``)
-``strict``         ``AMP_STRICT``       ``on``: raise instead of downgrading a request
-``force``          ``AMP_FORCE``        ``on``: honour slow (emulated) requests; unsafe ones stay refused
-=================  ===================  ==================================================================
+:data:`OPTIONS` is the one table of the overrides: each one's keyword, environment variable
+(:data:`ENV_VARS`), parsing, accepted values (the README's "Overrides" table, :func:`overrides_markdown`)
+and command-line help and metavar (every command's ``--policy``, ``--loss-scale``...; :func:`option_help`).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from .assessment import POLICIES
 from .errors import AmpConfigError
@@ -43,38 +30,6 @@ _POLICY_ALIASES = {
 }
 _TRUE = {"1", "on", "true", "yes"}
 _FALSE = {"0", "off", "false", "no"}
-
-ENV_VARS = {
-    "backend": "AMP_BACKEND",
-    "policy": "AMP_POLICY",
-    "xla": "AMP_XLA",
-    "tf32": "AMP_TF32",
-    "loss_scale": "AMP_LOSS_SCALE",
-    "itex_amp": "AMP_ITEX_AMP",
-    "fp8": "AMP_FP8",
-    "strict": "AMP_STRICT",
-    "force": "AMP_FORCE",
-}
-
-
-def option_help(name: str, backends: Iterable[str] = ("nvidia", "intel", "cpu")) -> str:
-    """The command-line help of override ``name``: its values and the ``AMP_*`` variable it defaults to."""
-    values = {
-        "backend": f"Backend: auto or a registered one ({', '.join(backends)})",
-        "policy": f"Keras dtype policy: auto, {', '.join(POLICIES)} (aliases fp32, fp16, bf16)",
-        "xla": "XLA compilation of training steps: auto, on, off (also 1/0, true/false)",
-        "tf32": "TF32 for float32 matmuls (ITEX's math mode on Intel): auto, on, off",
-        "loss_scale": "Loss scaling: auto, dynamic, none (also off or 0: no scaling), fixed:<scale> or a bare number "
-                      "(a fixed scale)",
-        "itex_amp": "ITEX's graph-level auto mixed precision instead of a Keras policy (Intel): on, off",
-        "fp8": "float8 training of the eligible Dense layers (NVIDIA CC >= 8.9, Keras >= 3.3, XLA on): auto (off until "
-               "measured faster), on, off",
-        "strict": "Fail instead of downgrading a request the hardware cannot honour",
-        "force": "Run a slow (emulated) request anyway; an unsafe one is still refused",
-    }[name]
-    default = "off" if name in ("strict", "force", "itex_amp") else "auto"
-    return f"{values}. Default: ${ENV_VARS[name]}, else {default}."
-
 
 DEFAULT_INITIAL_SCALE = 2.0**15
 DEFAULT_GROWTH_INTERVAL = 2000
@@ -125,15 +80,15 @@ class LossScale:
         return {"mode": "dynamic", "initial": self.initial, "growth_interval": self.growth_interval}
 
     @classmethod
-    def dynamic(cls, initial: float = DEFAULT_INITIAL_SCALE, growth_interval: int = DEFAULT_GROWTH_INTERVAL) -> "LossScale":
+    def dynamic(cls, initial: float = DEFAULT_INITIAL_SCALE, growth_interval: int = DEFAULT_GROWTH_INTERVAL) -> LossScale:
         return cls("dynamic", float(initial), int(growth_interval))
 
     @classmethod
-    def fixed(cls, scale: float) -> "LossScale":
+    def fixed(cls, scale: float) -> LossScale:
         return cls("fixed", float(scale))
 
     @classmethod
-    def none(cls) -> "LossScale":
+    def none(cls) -> LossScale:
         return cls("none", 1.0)
 
 
@@ -158,7 +113,7 @@ class Request:
         out: dict[str, str] = {}
         for name in ENV_VARS:
             value = getattr(self, name)
-            if value is None or value == "auto" or (value is False and name in ("itex_amp", "strict", "force")):
+            if value is None or value == "auto" or (value is False and OPTION[name].default == "off"):
                 continue
             out[name] = format_value(value)
         return out
@@ -280,6 +235,114 @@ def parse_backend(value: Any, known: Iterable[str], source: str = "argument") ->
     return v
 
 
+# ---------------------------------------------------------------------------------------------- the table
+Parser = Callable[[str, Any, str, tuple[str, ...]], Any]  # (name, value, source, registered backends) -> value
+
+
+def _backend(name: str, value: Any, source: str, known: tuple[str, ...]) -> str:
+    return parse_backend(value, known, source)
+
+
+def _policy(name: str, value: Any, source: str, known: tuple[str, ...]) -> str:
+    return parse_policy(value, source)
+
+
+def _loss_scale(name: str, value: Any, source: str, known: tuple[str, ...]) -> LossScale | None:
+    return parse_loss_scale(value, source)
+
+
+def _switch(name: str, value: Any, source: str, known: tuple[str, ...]) -> bool | None:
+    return parse_switch(name, value, source)
+
+
+def _on_off(name: str, value: Any, source: str, known: tuple[str, ...]) -> bool:
+    return bool(parse_switch(name, value, source))
+
+
+@dataclass(frozen=True)
+class Option:
+    """One plan override: its keyword, its ``AMP_*`` variable, how it parses and how it is documented.
+
+    ``values`` is the README's description of the accepted values (Markdown); ``help`` the command-line
+    help before its default (``{backends}``: the registered backends); ``metavar`` the command line's
+    placeholder, ``None`` for a flag (``--strict``: on when given); ``default`` what unset means.
+    """
+
+    name: str
+    parse: Parser
+    values: str
+    help: str
+    metavar: str | None = None
+    default: str = "auto"
+
+    @property
+    def env(self) -> str:
+        return "AMP_" + self.name.upper()
+
+    @property
+    def flag(self) -> bool:
+        return self.metavar is None
+
+    @property
+    def flag_name(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("backend", _backend, "`auto`, `nvidia`, `intel`, `cpu` (any registered backend)",
+           "Backend: auto or a registered one ({backends})", "NAME"),
+    Option("policy", _policy,
+           "`auto`, `float32`, `mixed_float16`, `mixed_bfloat16` (aliases `fp32`, `fp16`, `bf16`)",
+           f"Keras dtype policy: auto, {', '.join(POLICIES)} (aliases fp32, fp16, bf16)", "POLICY"),
+    Option("xla", _switch, "`auto`, `on`, `off` (also `1/0`, `true/false`)",
+           "XLA compilation of training steps: auto, on, off (also 1/0, true/false)", "auto|on|off"),
+    Option("tf32", _switch,
+           "`auto`, `on`, `off` (on Intel: ITEX's `ITEX_FP32_MATH_MODE`, TF32 on XPU, BF32 on AMX CPUs)",
+           "TF32 for float32 matmuls (ITEX's math mode on Intel): auto, on, off", "auto|on|off"),
+    Option("loss_scale", _loss_scale,
+           "`auto`, `dynamic`, `none` (also `off` and `0`: a scale of 0 would zero every gradient, so it means no "
+           "scaling), `fixed:<scale>` or a bare positive number",
+           "Loss scaling: auto, dynamic, none (also off or 0: no scaling), fixed:<scale> or a bare number "
+           "(a fixed scale)", "SCALE"),
+    Option("itex_amp", _on_off, "`on`/`off`: ITEX's graph-level auto mixed precision instead of a Keras policy",
+           "ITEX's graph-level auto mixed precision instead of a Keras policy (Intel): on, off", "on|off", "off"),
+    Option("fp8", _switch,
+           "`auto` (off until a measurement shows it faster), `on`, `off`: float8 training of the eligible Dense "
+           "layers (`amp_backends.prepare_model(model, plan)`); native on NVIDIA CC ≥ 8.9 with Keras ≥ 3.3 and "
+           "XLA on",
+           "float8 training of the eligible Dense layers (NVIDIA CC >= 8.9, Keras >= 3.3, XLA on): auto (off until "
+           "measured faster), on, off", "auto|on|off"),
+    Option("strict", _on_off, "`on`: raise `UnsupportedRequestError` instead of downgrading a request",
+           "Fail instead of downgrading a request the hardware cannot honour", None, "off"),
+    Option("force", _on_off, "`on`: run a slow (emulated) request anyway; an unsafe one is still refused",
+           "Run a slow (emulated) request anyway; an unsafe one is still refused", None, "off"),
+)
+OPTION = {o.name: o for o in OPTIONS}
+ENV_VARS = {o.name: o.env for o in OPTIONS}
+
+
+def option_help(name: str, backends: Iterable[str] = ("nvidia", "intel", "cpu")) -> str:
+    """The command-line help of override ``name``: its values and the ``AMP_*`` variable it defaults to."""
+    option = OPTION[name]
+    return f"{option.help.format(backends=', '.join(backends))}. Default: ${option.env}, else {option.default}."
+
+
+def overrides_markdown() -> str:
+    """The README's "Overrides" table (Markdown), from :data:`OPTIONS`."""
+    rows = ["| keyword | environment | values |", "|---|---|---|"]
+    rows += [f"| `{o.name}` | `{o.env}` | {o.values} |" for o in OPTIONS]
+    return "\n".join(rows)
+
+
+def overrides_given(parsed: Mapping[str, Any]) -> dict[str, Any]:
+    """The overrides among a command's parsed options, as ``auto_configure``'s keywords: those given only.
+
+    An option left out (``None``) or a flag left off (``False``) is not given: the ``AMP_*`` variable, else
+    the plan, decides. ``auto_configure(**overrides_given(options))`` is the one way commands configure.
+    """
+    return {o.name: parsed[o.name] for o in OPTIONS if parsed.get(o.name) not in (None, False)}
+
+
 def build_request(
     known_backends: Iterable[str],
     environ: Mapping[str, str] | None = None,
@@ -305,18 +368,9 @@ def build_request(
 
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    known = tuple(known_backends)
     for name, (value, source) in raw.items():
-        if name == "backend":
-            values[name] = parse_backend(value, known_backends, source)
-        elif name == "policy":
-            values[name] = parse_policy(value, source)
-        elif name == "loss_scale":
-            values[name] = parse_loss_scale(value, source)
-        else:
-            parsed = parse_switch(name, value, source)
-            if name in ("itex_amp", "strict", "force"):
-                parsed = bool(parsed)
-            values[name] = parsed
+        values[name] = OPTION[name].parse(name, value, source, known)
         sources[name] = ENV_VARS[name] if source == "env" else "argument"
     request = Request(**values, sources=sources)
     if request.strict and request.force:

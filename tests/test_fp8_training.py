@@ -1,4 +1,4 @@
-"""float8 on the model: ``plan.prepare_model`` quantizes the eligible layers, and forced fp8 trains here.
+"""float8 on the model: ``amp_backends.prepare_model(model, plan)`` quantizes the eligible layers, and forced fp8 trains here.
 
 No CPU has fp8 arithmetic: with ``fp8=on`` and ``force`` the plan runs Keras's float8 layers emulated
 (quantize-dequantize around the matmuls), which is what lets this machine check float8's numerics: training
@@ -38,7 +38,7 @@ def test_prepare_model_with_fp8_off_changes_nothing_and_says_why():
     plan = amp_backends.plan_for(policy="bf16", force=True)
     kc.set_global_policy(plan.policy, tf)
     model = mlp()
-    prep = plan.prepare_model(model)
+    prep = amp_backends.prepare_model(model, plan)
     assert not prep.changed and "fp8 is off" in prep.note and plan.reasons["fp8"] in prep.note
     assert all(not str(layer.dtype_policy.name).startswith("float8") for layer in model.layers)
 
@@ -47,7 +47,7 @@ def test_prepare_model_with_fp8_off_changes_nothing_and_says_why():
 def test_keras_2_never_gets_fp8():
     plan = this_machine(fp8=True)
     assert plan.fp8 is False and "cannot train in float8" in plan.reasons["fp8"]
-    assert "fp8 is off" in plan.prepare_model(mlp()).note
+    assert "fp8 is off" in amp_backends.prepare_model(mlp(), plan).note
 
 
 @keras3_only
@@ -56,12 +56,12 @@ def test_prepare_model_quantizes_only_the_eligible_layers():
     assert plan.fp8 is True
     kc.set_global_policy(plan.policy, tf)
     model = mlp()
-    prep = plan.prepare_model(model)
+    prep = amp_backends.prepare_model(model, plan)
     assert prep.quantized == ("mlp/hidden2",)
     assert dict(prep.skipped).keys() == {"mlp/hidden1", "mlp/out"}
     assert model.get_layer("hidden2").dtype_policy.name == f"float8_from_{plan.policy}"
     assert not model.get_layer("hidden1").dtype_policy.name.startswith("float8")
-    again = plan.prepare_model(model)  # idempotent: the float8 layer is left as it is
+    again = amp_backends.prepare_model(model, plan)  # idempotent: the float8 layer is left as it is
     assert not again.changed and "already float8" in dict(again.skipped)["mlp/hidden2"]
     assert "float8: mlp/hidden2" in str(prep) and prep.to_dict()["quantized"] == ["mlp/hidden2"]
 
@@ -78,7 +78,7 @@ def test_forced_fp8_trains_the_digits_finite_and_close_to_bfloat16():
         kc.set_global_policy(plan.policy, tf)
         K.utils.set_random_seed(0)
         model = mlp()
-        prep = plan.prepare_model(model)
+        prep = amp_backends.prepare_model(model, plan)
         model.compile(optimizer=plan.wrap_optimizer(K.optimizers.Adam(1e-3)), loss="sparse_categorical_crossentropy",
                       metrics=["accuracy"], **plan.compile_kwargs())
         history = model.fit(x_train, y_train, batch_size=64, epochs=3, verbose=0)

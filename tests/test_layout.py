@@ -1,19 +1,45 @@
-"""The package's shape: no import cycle, commands above the core, vendors in their folders, a light CLI."""
+"""The package's shape: imports run one way through the layers, no cycle, vendors in their folders, a light CLI.
+
+The layers, bottom to top; a module imports modules of its own layer or of the layers below it, never
+above. Every import counts: at module level, inside functions (lazy ones), under ``TYPE_CHECKING``.
+
+    probe       the plain data the probes fill and the readers of the installed software
+    plan        the overrides (request), the support table, the plan, the backends and their registry,
+                the planner; and keras_compat, which the plan reads (Keras version, fit keywords)
+    apply       auto_configure: TensorFlow and Keras set as the plan says; TensorFlow's quiet import
+    model code  the user's model: the precision check, fp8, the trainer, autotune, data, the examples
+    commands    the command line: commands/, and the ``python -m`` entry points that start it
+    face        ``amp_backends/__init__.py``, the lazy public API: it may name any module; nothing
+                inside the package imports it
+"""
 
 from __future__ import annotations
 
 import ast
+import fnmatch
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-import amp_backends
 import amp_backends.backends
-
 from conftest import NEUTRAL_CWD
 
-FACADE = "amp_backends"  # the lazy public API re-exports everything; its imports are not dependencies
+import amp_backends
+
+FACE = "amp_backends"
+
+# Module names below amp_backends; "x.*" is everything inside package x. A module takes the first match.
+LAYERS: dict[str, tuple[str, ...]] = {
+    "commands": ("commands", "commands.*", "__main__", "info", "bench", "examples.*.__main__"),
+    "probe": ("errors", "version", "hardware", "software"),
+    "plan": ("assessment", "request", "plan", "keras_compat", "registry", "probe", "planner", "devices",
+             "backends", "backends.*"),
+    "apply": ("apply", "configure", "tf_import"),
+    "model code": ("labels", "models", "data", "zoo", "model_check", "model_check.*", "fp8", "training", "training.*",
+                   "autotune", "audit", "audit.*", "examples", "examples.*"),
+}
+ORDER = ("probe", "plan", "apply", "model code", "commands")
 
 
 def package_modules() -> dict[str, tuple[Path, bool]]:
@@ -51,14 +77,36 @@ def imports(name: str, path: Path, is_package: bool, modules: dict) -> set[str]:
         for target in targets:
             while target and target not in modules:  # a name inside a module: the module
                 target = target.rpartition(".")[0]
-            if target and target != name and target != FACADE:
+            if target and target != name:
                 found.add(target)
     return found
 
 
+def lazy_targets() -> set[str]:
+    """The modules the face loads by name on first use (``_LAZY``): its dependencies, as its imports are."""
+    return {f"{FACE}{module}" for module in amp_backends._LAZY.values()}
+
+
 def import_graph() -> dict[str, set[str]]:
+    """Every module of the package, the face included, and the package's modules it imports."""
     modules = package_modules()
-    return {name: imports(name, path, is_pkg, modules) for name, (path, is_pkg) in modules.items() if name != FACADE}
+    graph = {name: imports(name, path, is_pkg, modules) for name, (path, is_pkg) in modules.items()}
+    graph[FACE] |= lazy_targets()
+    return graph
+
+
+def layer_of(name: str) -> str:
+    if name == FACE:
+        return "face"
+    short = name.removeprefix(FACE + ".")
+    for layer, patterns in LAYERS.items():
+        if any(fnmatch.fnmatchcase(short, p) for p in patterns):
+            return layer
+    raise AssertionError(f"{name} is in no layer: add it to LAYERS in tests/test_layout.py (and to README's Layout)")
+
+
+def rank(layer: str) -> int:
+    return len(ORDER) if layer == "face" else ORDER.index(layer)
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -93,7 +141,31 @@ def test_the_graph_walk_sees_the_imports_it_must():
     assert "amp_backends.registry" in graph["amp_backends.planner"]
     assert "amp_backends.plan" in graph["amp_backends.registry"]  # under TYPE_CHECKING: counted too
     assert "amp_backends.backends.intel.itex" in graph["amp_backends.backends.cpu.backend"]
+    assert "amp_backends.tf_import" in graph["amp_backends.commands.report"]  # inside a function: counted too
+    assert "amp_backends.version" in graph["amp_backends.commands.report"]
+    assert {"amp_backends.fp8", "amp_backends.training"} <= graph[FACE]  # the face's lazy names
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_every_lazy_name_of_the_face_is_defined_where_it_points():
+    modules = package_modules()
+    for name, module in amp_backends._LAZY.items():
+        path, _ = modules[FACE + module]
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        defined |= {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+        # re-exported: imported (a lazy package names them under TYPE_CHECKING too)
+        defined |= {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert name in defined, f"amp_backends.{name} points at {FACE}{module}, which does not define it"
+
+
+def test_the_walk_counts_an_import_of_the_face(tmp_path):
+    code = "def f():\n    import amp_backends\n    from amp_backends import plan_for\n    from .. import Plan\n"
+    path = tmp_path / "m.py"
+    path.write_text(code)
+    modules = package_modules()
+    assert imports("amp_backends.model_check.m", path, False, modules) == {FACE}
 
 
 def test_the_import_graph_has_no_cycle():
@@ -101,13 +173,27 @@ def test_the_import_graph_has_no_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-def test_commands_sit_on_top_of_the_core():
-    entry_points = {"amp_backends.info", "amp_backends.bench", "amp_backends.__main__"}
-    for name, deps in import_graph().items():
-        is_command = name.startswith(("amp_backends.commands", "amp_backends.examples")) or name.endswith(".command")
-        if is_command or name in entry_points:
-            continue
-        assert not {d for d in deps if d.startswith("amp_backends.commands")}, f"{name} imports a command module"
+def test_every_module_is_in_one_layer():
+    for name in import_graph():
+        layer_of(name)
+
+
+def test_imports_run_down_the_layers():
+    """probe -> plan -> apply -> model code -> commands (-> the face): no import from a layer to one above it."""
+    graph = import_graph()
+    upward = sorted(f"{name} ({layer_of(name)}) imports {dep} ({layer_of(dep)})"
+                    for name, deps in graph.items() for dep in deps if rank(layer_of(dep)) > rank(layer_of(name)))
+    assert not upward, "imports from a lower layer to a higher one:\n" + "\n".join(upward)
+
+
+def test_nothing_inside_imports_the_face():
+    importers = sorted(name for name, deps in import_graph().items() if FACE in deps)
+    assert not importers, f"these modules import the package face {FACE!r}; import the modules they need: {importers}"
+
+
+def test_the_plan_imports_no_model_code():
+    deps = import_graph()["amp_backends.plan"]
+    assert not {d for d in deps if rank(layer_of(d)) > rank("plan")}, deps
 
 
 def test_no_vendor_names_in_core_decisions():

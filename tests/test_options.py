@@ -99,3 +99,96 @@ def test_every_override_help_names_its_variable_and_values():
 def test_strict_and_force_together_is_an_error():
     with pytest.raises(AmpConfigError, match="contradict"):
         req(strict=True, force=True)
+
+
+# -- one table: OPTIONS ---------------------------------------------------------------------------------------
+
+def test_the_table_is_what_build_request_accepts():
+    from amp_backends.request import ENV_VARS, OPTIONS, Request
+
+    assert [o.name for o in OPTIONS] == list(ENV_VARS) == [f for f in Request.__dataclass_fields__ if f != "sources"]
+    assert all(ENV_VARS[o.name] == o.env == "AMP_" + o.name.upper() for o in OPTIONS)
+    for o in OPTIONS:  # each option's parser is the one build_request uses, with the table's default
+        assert o.default in ("auto", "off")
+        assert req(**{o.name: "auto" if o.default == "auto" else "off"}) == req()
+
+
+def readme_overrides_table() -> str:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n## Overrides\n", 1)[1].split("\n## ", 1)[0]
+    return "\n".join(line for line in section.splitlines() if line.startswith("|"))
+
+
+def test_the_readme_overrides_table_is_the_table():
+    from amp_backends.request import overrides_markdown
+
+    assert readme_overrides_table() == overrides_markdown(), (
+        "README.md's Overrides table differs from amp_backends.request.OPTIONS; paste this:\n" + overrides_markdown())
+
+
+def _help(command, *args):
+    from typer.testing import CliRunner
+
+    from amp_backends.commands.typer_app import make_app
+
+    app = make_app()
+    app.command()(command)
+    result = CliRunner().invoke(app, [*args, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("which", ["info", "check", "mnist", "gan"])
+def test_every_command_takes_the_overrides_of_the_table(which):
+    from amp_backends.commands import check, info, train
+    from amp_backends.request import OPTIONS, option_help
+
+    command = {"info": info.info, "check": check.check_command, "mnist": train.mnist_command(),
+               "gan": train.gan_command()}[which]
+    text = _help(command)
+    for o in OPTIONS:
+        if which in ("mnist", "gan") and o.name == "itex_amp":
+            assert "--itex-amp" not in text  # ITEX's graph rewrite is not offered to the examples
+            continue
+        usage = o.flag_name if o.flag else f"{o.flag_name} {o.metavar}"
+        assert usage in text and " ".join(option_help(o.name).split()) in text, (o.name, text)
+
+
+def test_a_command_receives_the_overrides_given_as_keywords():
+    from typer.testing import CliRunner
+
+    from amp_backends.commands.typer_app import make_app, with_overrides
+
+    seen = {}
+
+    @with_overrides()
+    def show(name: str = "x", overrides=None) -> None:
+        seen.update(name=name, overrides=overrides)
+
+    app = make_app()
+    app.command()(show)
+    result = CliRunner().invoke(app, ["--policy", "bf16", "--strict", "--loss-scale", "0"])
+    assert result.exit_code == 0, result.output
+    # left out: not given, so AMP_* (else the plan) decides; a flag is given only when on
+    assert seen == {"name": "x", "overrides": {"policy": "bf16", "loss_scale": "0", "strict": True}}
+    assert req(**seen["overrides"]).policy == "mixed_bfloat16"
+
+
+def test_overrides_given_leaves_out_what_was_not_given():
+    from amp_backends.request import overrides_given
+
+    parsed = {"policy": None, "xla": "off", "strict": False, "force": True, "epochs": 3}
+    assert overrides_given(parsed) == {"xla": "off", "force": True}
+
+
+def test_auto_configure_takes_the_overrides_of_the_table():
+    """auto_configure spells its keywords out (for readers and editors): they are the table's, in its order."""
+    import inspect
+
+    from amp_backends.configure import auto_configure
+    from amp_backends.request import OPTIONS
+
+    names = [p.name for p in inspect.signature(auto_configure).parameters.values()]
+    assert [n for n in names if n in {o.name for o in OPTIONS}] == [o.name for o in OPTIONS]

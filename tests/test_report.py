@@ -6,16 +6,14 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
-
 from conftest import NEUTRAL_CWD
 
-from amp_backends.commands.quiet import NOISE, quiet_tensorflow_logs
 from amp_backends.commands.report import SCHEMA_VERSION, collect, render_text, to_json
 from amp_backends.probe import needs_tensorflow
 from amp_backends.registry import default_registry
+from amp_backends.tf_import import NOISE, quiet_tensorflow_logs
 
 
 def cli(*args, env=None, timeout=180, module="amp_backends.info"):
@@ -23,6 +21,12 @@ def cli(*args, env=None, timeout=180, module="amp_backends.info"):
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
                           env=full_env, timeout=timeout, cwd=NEUTRAL_CWD)
+
+
+def run_python(code):
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=NEUTRAL_CWD)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
 
 
 def test_collect_without_tensorflow_is_complete():
@@ -84,15 +88,13 @@ def test_tensorflow_is_imported_only_when_the_plan_depends_on_it():
     assert needs_tensorflow(machine(itex_waiting, cpu_of(AMD_HERE)), reg)
 
 
-def test_info_here_imports_tensorflow_only_if_needed_and_is_fast():
+def test_info_here_imports_tensorflow_only_if_needed():
     # decided as a fresh process decides it (this one may have imported TensorFlow, which changes the probes)
     code = ("from amp_backends.probe import needs_tensorflow, probe_hardware; from amp_backends.registry import "
             "default_registry; print(needs_tensorflow(probe_hardware(), default_registry()))")
     check = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=NEUTRAL_CWD)
     needed = {"True": True, "False": False}[check.stdout.strip()]
-    t0 = time.perf_counter()
     out = cli("--json")
-    elapsed = time.perf_counter() - t0
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     tf_info = d["software"]["tensorflow"]
@@ -100,8 +102,11 @@ def test_info_here_imports_tensorflow_only_if_needed_and_is_fast():
     assert d["software"]["keras"]["generation"] in (2, 3) and tf_info["version"]
     if needed:
         assert "CPU" in d["hardware"]["tensorflow_device_types"]
-    else:  # the common case on a CPU machine: no TensorFlow import, a fraction of a second
-        assert d["hardware"]["tensorflow_device_types"] is None and elapsed < 2.5, elapsed
+    else:  # the common case on a CPU machine: no TensorFlow import (seconds of the report's time once)
+        assert d["hardware"]["tensorflow_device_types"] is None
+        code = ("import sys; from amp_backends.commands.report import collect; collect(); "
+                "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))")
+        assert run_python(code) == "[]"
     assert out.stderr == ""
 
 
@@ -134,7 +139,7 @@ def test_info_with_tensorflow_lists_its_devices_without_start_up_noise():
 def test_the_noise_filter_drops_start_up_chatter_and_keeps_real_errors():
     import re
 
-    noise = re.compile(NOISE, re.X)
+    noise = re.compile(NOISE, re.VERBOSE)
     chatter = [
         "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
         "I0000 00:00:1795381695.313407    3532 port.cc:153] oneDNN custom operations are on.",
@@ -209,3 +214,12 @@ def test_console_script_subcommand():
     out = subprocess.run([exe, "info", "--json", "--no-tensorflow"], capture_output=True, text=True, timeout=120, cwd=NEUTRAL_CWD)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["schema_version"] == SCHEMA_VERSION
+
+
+def test_the_plan_headline_is_the_summary_without_its_reason():
+    from amp_backends.configure import plan_for
+
+    plan = plan_for(environ={}, backend="cpu")
+    assert plan.headline.startswith("amp_backends plan: backend=cpu") and " (" not in plan.headline
+    assert plan.summary() == f"{plan.headline} ({plan.reasons['policy']})"
+    assert plan.explain().splitlines()[0] == plan.headline

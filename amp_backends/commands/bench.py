@@ -378,7 +378,7 @@ def main(
     out: Path = typer.Option(Path("bench-results"), "--out", metavar="DIR", help="Folder for bench.json and bench.png."),
 ) -> None:
     """Time the tutorials' manual configurations against the auto plan (synthetic data, one process)."""
-    from .quiet import import_tensorflow, quiet_tensorflow_logs
+    from ..tf_import import import_tensorflow, quiet_tensorflow_logs
 
     wanted = [m.strip() for m in models.split(",") if m.strip()]
     bad = [m for m in wanted if m not in ("mnist", "gan")]

@@ -56,10 +56,10 @@ import json
 import os
 import platform
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
-from .. import __version__
 from ..configure import plan_for
 from ..errors import AmpConfigError
 from ..hardware import Hardware
@@ -68,6 +68,7 @@ from ..probe import needs_tensorflow, probe_hardware
 from ..registry import BackendRegistry, default_registry
 from ..request import ENV_VARS
 from ..software import tensorflow_build_info, tensorflow_version
+from ..version import __version__
 
 SCHEMA_VERSION = 2
 
@@ -110,7 +111,7 @@ def _hardware(registry: BackendRegistry, use_tensorflow: bool | None, quiet: boo
     if not use_tensorflow or tensorflow_version() is None:
         return hardware, None, why, None
     try:
-        from .quiet import import_tensorflow
+        from ..tf_import import import_tensorflow
 
         tf = import_tensorflow(quiet)
     except Exception as exc:

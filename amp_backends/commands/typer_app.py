@@ -1,31 +1,23 @@
-"""The typer settings every command uses: click's plain help layout, up to 120 columns, ``-h``.
+"""What every command shares: the typer settings, the plan overrides' options, and how a command fails.
 
-Plain (``rich_markup_mode=None``) because typer's rich panels cut long option names at 80 columns and add
-type markers (``<bool>``); click's layout wraps to the terminal instead.
+Help is click's plain layout (``rich_markup_mode=None``), up to 120 columns, with ``-h``: typer's rich
+panels cut long option names at 80 columns and add type markers (``<bool>``); click's layout wraps to the
+terminal instead.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, NoReturn, Optional
 
 import typer
 
+from ..request import OPTIONS, option_help, overrides_given
+
 CONTEXT = {"max_content_width": 120, "help_option_names": ["-h", "--help"]}
-
-
-_METAVARS = {"backend": "NAME", "policy": "POLICY", "xla": "auto|on|off", "tf32": "auto|on|off", "loss_scale": "SCALE",
-             "itex_amp": "on|off", "fp8": "auto|on|off"}
-
-
-def override_option(name: str) -> Any:
-    """The command-line option of plan override ``name`` (``--loss-scale`` for ``loss_scale``), the same in
-    every command: its values and the ``AMP_*`` variable it defaults to in the help."""
-    from ..request import option_help
-
-    flag = "--" + name.replace("_", "-")
-    if name in ("strict", "force"):
-        return typer.Option(False, flag, help=option_help(name))
-    return typer.Option(None, flag, metavar=_METAVARS[name], help=option_help(name))
+OVERRIDES = "overrides"  # the parameter of a command that receives the plan overrides given, as one dict
 
 
 def make_app(help: str | None = None, **kwargs: Any) -> typer.Typer:
@@ -39,3 +31,52 @@ def run_single(command: Callable[..., Any]) -> None:
     app = make_app()
     app.command()(command)
     app()
+
+
+def fail(prog: str, message: object, code: int = 2, kind: str = "error") -> NoReturn:
+    """End the command: ``<prog>: <kind>: <message>`` on stderr, exit status ``code`` (2: a usage error)."""
+    typer.echo(f"{prog}: {kind}: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def with_overrides(*, exclude: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the plan overrides' options of :data:`amp_backends.request.OPTIONS` (all but ``exclude``).
+
+    The command declares one parameter ``overrides`` where the options go in its help; it receives the
+    overrides given, as ``auto_configure`` keywords (:func:`~amp_backends.request.overrides_given`)::
+
+        @with_overrides()
+        def info(json_output: bool = ..., overrides: dict = {}) -> None:
+            plan = auto_configure(**overrides)
+    """
+    options = [o for o in OPTIONS if o.name not in exclude]
+
+    def parameter(option: Any) -> inspect.Parameter:
+        help = option_help(option.name)
+        if option.flag:
+            return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                                     default=typer.Option(False, option.flag_name, help=help))
+        return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+                                 default=typer.Option(None, option.flag_name, metavar=option.metavar, help=help))
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(command)
+        if OVERRIDES not in signature.parameters:
+            raise TypeError(f"{command.__name__} takes no {OVERRIDES!r} parameter for the plan overrides")
+        params: list[inspect.Parameter] = []
+        for p in signature.parameters.values():
+            if p.name == OVERRIDES:
+                params += [parameter(o) for o in options]
+            else:
+                params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+
+        @functools.wraps(command)
+        def wrapper(**parsed: Any) -> Any:
+            given = overrides_given({o.name: parsed.pop(o.name) for o in options})
+            return command(**parsed, **{OVERRIDES: given})
+
+        wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper
+
+    return decorate

@@ -6,8 +6,9 @@ reads attributes that exist on both generations first and falls back to the gene
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 # Attributes holding the Python-side losses a layer collects when ``add_loss`` runs during a call.
 _LOSS_LISTS = ("_losses", "_eager_losses")
@@ -21,14 +22,10 @@ def tf_keras() -> tuple[Any, Any]:
 
 
 def keras_version(tf: Any) -> str:
-    """``tf.keras``'s version (TF 2.15's lazy loader hides ``__version__``: read the loaded module's)."""
-    import sys
+    """``tf.keras``'s version, as :func:`amp_backends.keras_compat.keras_info` reads it (``"unknown"`` if it cannot)."""
+    from ..keras_compat import keras_info
 
-    version = getattr(tf.keras, "__version__", None)
-    for name in ("keras", "tf_keras"):
-        if not version:
-            version = getattr(sys.modules.get(name), "__version__", None)
-    return str(version or "unknown")
+    return keras_info(tf).version or "unknown"
 
 
 def is_keras_model(obj: Any) -> bool:

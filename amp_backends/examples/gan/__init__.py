@@ -1,4 +1,7 @@
-"""The tutorials' MNIST GAN, trained under the auto plan: ``python -m amp_backends.examples.gan --help``.
+"""The tutorials' MNIST GAN, trained under the auto plan: :func:`train_gan`.
+
+From the command line: ``python -m amp_backends.examples.gan --help`` or ``amp-backends train gan``
+(:mod:`amp_backends.commands.train`).
 
 One step updates the generator (Adam), then the discriminator (RMSprop, 1e-4), each with its own forward
 pass and its own loss scale; throughput counts 2 x batch images per step, as the tutorial did.
@@ -8,8 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import (RunOptions, app_for, command, load_data, maybe_tune, prepare_models, prepare_run, scope,
-                     strategy_and_plan, trainer_options)
+from ..run import (
+    RunOptions,
+    load_data,
+    maybe_tune,
+    prepare_models,
+    prepare_run,
+    scope,
+    strategy_and_plan,
+    trainer_options,
+)
 
 D_LR = 1e-4
 
@@ -20,8 +31,8 @@ def train_gan(opts: RunOptions) -> Any:
     (x, _), _ = load_data(opts)
     import tensorflow as tf
 
-    from ..models import gan_discriminator, gan_generator
-    from ..training import Trainer, gan_updates
+    from ...models import gan_discriminator, gan_generator
+    from ...training import Trainer, gan_updates
 
     def build():
         g, d = gan_generator(), gan_discriminator()
@@ -41,9 +52,3 @@ def train_gan(opts: RunOptions) -> Any:
         **trainer_options(opts, run, strategy))
     return trainer.fit(x, None, epochs=opts.epochs, max_steps=opts.max_steps, resume=opts.resume), generator
 
-
-gan_command = command("gan", train_gan, batch_size=4096, lr=1e-3, lr_help="Generator Adam learning rate.")
-app = app_for(gan_command)
-
-if __name__ == "__main__":
-    app()

@@ -1,11 +1,23 @@
-"""The tutorials' MNIST CNN, trained under the auto plan: ``python -m amp_backends.examples.mnist --help``."""
+"""The tutorials' MNIST CNN, trained under the auto plan: :func:`train_mnist`.
+
+From the command line: ``python -m amp_backends.examples.mnist --help`` or ``amp-backends train mnist``
+(:mod:`amp_backends.commands.train`).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .common import (RunOptions, app_for, command, load_data, maybe_tune, prepare_models, prepare_run, print_flush,
-                     scope, strategy_and_plan, trainer_options)
+from ..run import (
+    RunOptions,
+    load_data,
+    maybe_tune,
+    prepare_models,
+    prepare_run,
+    scope,
+    strategy_and_plan,
+    trainer_options,
+)
 
 
 def evaluate(model: Any, x: Any, y: Any, batch_size: int = 1024) -> float:
@@ -26,8 +38,8 @@ def train_mnist(opts: RunOptions) -> Any:
     (x, y), (xt, yt) = load_data(opts)
     import tensorflow as tf
 
-    from ..models import mnist_cnn
-    from ..training import Trainer, classifier_updates
+    from ...models import mnist_cnn
+    from ...training import Trainer, classifier_updates
 
     def build():
         m = mnist_cnn()
@@ -44,13 +56,6 @@ def train_mnist(opts: RunOptions) -> Any:
                       **trainer_options(opts, run, strategy))
     result = trainer.fit(x, y, epochs=opts.epochs, max_steps=opts.max_steps, resume=opts.resume)
     if not opts.synthetic and (strategy is None or trainer.is_chief):
-        print_flush(f"test accuracy: {evaluate(model, xt, yt):.4f} ({len(xt)} held-out images)")
+        print(f"test accuracy: {evaluate(model, xt, yt):.4f} ({len(xt)} held-out images)", flush=True)
     return result, model
 
-
-mnist_command = command("mnist", train_mnist, batch_size=64, lr=0.01,
-                        lr_help="Adam learning rate; 0.01 is the tutorial's (on the 1,797 --digits, 0.001 trains better).")
-app = app_for(mnist_command)
-
-if __name__ == "__main__":
-    app()

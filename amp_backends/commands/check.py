@@ -1,5 +1,7 @@
 """``amp-backends check MODULE:FACTORY``: build a model from a factory function and print the precision check.
 
+The check itself is :func:`amp_backends.check_model` (:mod:`amp_backends.model_check`); this is its command.
+
 The plan is applied first (``auto_configure`` with the overrides given), so the factory builds the model
 under the plan's dtype policy, as a training script that calls ``auto_configure()`` at its top would.
 The current directory is importable, as with ``python -m``: ``amp-backends check mymodels:build`` finds
@@ -13,19 +15,16 @@ import os
 import re
 import sys
 import traceback
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
-from ..commands.typer_app import override_option
+from ..errors import AmpConfigError
+from .typer_app import fail, with_overrides
 
 _TARGET = re.compile(r"^(?P<module>[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*):(?P<factory>[A-Za-z_][\w]*)$")
 EXAMPLE = "amp_backends.models:mnist_cnn"
-
-
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"amp-backends check: error: {message}", err=True)
-    raise typer.Exit(code)
+PROG = "amp-backends check"
 
 
 def parse_target(target: str) -> tuple[str, str]:
@@ -69,66 +68,51 @@ def load_factory(module_name: str, factory_name: str) -> Any:
     return factory
 
 
+@with_overrides()
 def check_command(
     target: str = typer.Argument(..., metavar="MODULE:FACTORY",
                                  help=f"A function that builds a Keras model with no arguments, such as {EXAMPLE}."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", "--batch_size", min=1,
-                                             help="The training batch size (checks Dense rows; default: not checked)."),
+    batch_size: int | None = typer.Option(None, "--batch-size", "--batch_size", min=1, metavar="N",
+                                          help="The training batch size (checks Dense rows; default: not checked)."),
     json_output: bool = typer.Option(False, "--json", help="Print JSON (schema in amp_backends.model_check)."),
-    backend: Optional[str] = override_option("backend"),
-    policy: Optional[str] = override_option("policy"),
-    xla: Optional[str] = override_option("xla"),
-    tf32: Optional[str] = override_option("tf32"),
-    loss_scale: Optional[str] = override_option("loss_scale"),
-    itex_amp: Optional[str] = override_option("itex_amp"),
-    fp8: Optional[str] = override_option("fp8"),
-    strict: bool = override_option("strict"),
-    force: bool = typer.Option(False, "--force", help="Run a slow (emulated) request anyway, to check a model under it."),
+    overrides: Any = None,
 ) -> None:
     """Build a model from MODULE:FACTORY under the plan and check it for what makes mixed precision slow or wrong."""
     try:
         module_name, factory_name = parse_target(target)
     except ValueError as exc:
-        _fail(str(exc))
-        return
-    from ..commands.quiet import import_tensorflow, quiet_tensorflow_logs
+        fail(PROG, exc)
+    from ..tf_import import import_tensorflow, quiet_tensorflow_logs
 
     import_tensorflow(quiet_tensorflow_logs())  # TensorFlow's start-up noise filtered, as in the other commands
-    import amp_backends
-    from amp_backends.errors import AmpConfigError
+    from ..configure import auto_configure
 
     try:
-        plan = amp_backends.auto_configure(backend=backend, policy=policy, xla=xla, tf32=tf32, loss_scale=loss_scale,
-                                           itex_amp=itex_amp, fp8=fp8, strict=strict or None, force=force or None,
-                                           verbose=False)
+        plan = auto_configure(**overrides, verbose=False)
     except AmpConfigError as exc:
-        _fail(str(exc))
-        return
+        fail(PROG, exc)
     try:
         factory = load_factory(module_name, factory_name)
     except ValueError as exc:
-        _fail(str(exc))
-        return
+        fail(PROG, exc)
     try:
         model = factory()
     except Exception as exc:
         traceback.print_exc()
-        _fail(f"{module_name}.{factory_name}() raised {type(exc).__name__}: {exc} (traceback above). Expected it to "
-              "build and return a Keras model with no arguments. Fix: the error in the factory, or wrap it in a "
-              "function that passes its arguments", code=1)
-        return
-    from ._keras import is_keras_model
+        fail(PROG, f"{module_name}.{factory_name}() raised {type(exc).__name__}: {exc} (traceback above). Expected it "
+                   "to build and return a Keras model with no arguments. Fix: the error in the factory, or wrap it in a "
+                   "function that passes its arguments", code=1)
+    from ..model_check import check_model
+    from ..model_check._keras import is_keras_model
 
     if not is_keras_model(model):
-        _fail(f"expected {module_name}.{factory_name}() to return a Keras model (keras.Model), but it returned "
-              f"{type(model).__module__}.{type(model).__name__} ({model!r:.80}). Fix: return the model itself "
-              "(for a layer: keras.Sequential([keras.Input(shape), layer]))")
-        return
+        fail(PROG, f"expected {module_name}.{factory_name}() to return a Keras model (keras.Model), but it returned "
+                   f"{type(model).__module__}.{type(model).__name__} ({model!r:.80}). Fix: return the model itself "
+                   "(for a layer: keras.Sequential([keras.Input(shape), layer]))")
     try:
-        result = amp_backends.check_model(model, plan=plan, batch_size=batch_size)
+        result = check_model(model, plan=plan, batch_size=batch_size)
     except (TypeError, ValueError, RuntimeError) as exc:
-        _fail(str(exc))
-        return
+        fail(PROG, exc)
     if json_output:
         typer.echo(result.to_json())
     else:

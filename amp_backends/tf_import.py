@@ -1,4 +1,4 @@
-"""Keep TensorFlow's start-up noise out of our commands, unless the user chose a log level.
+"""Import TensorFlow without its start-up noise, unless the user chose a log level (the commands use it).
 
 On a machine without a GPU, importing TensorFlow 2.21 writes about eight lines to stderr: absl's
 "All log messages before absl::InitializeLog() is called are written to STDERR", oneDNN and cudart
@@ -8,8 +8,8 @@ None of it is a problem, all of it alarms a new user. ``TF_CPP_MIN_LOG_LEVEL=2``
 TensorFlow applies it only once its logging is initialised, and the lines above come before that
 (absl then writes everything to stderr) or are errors.
 
-So our commands (``info``, ``bench``, the examples), unless ``TF_CPP_MIN_LOG_LEVEL`` is already set (the
-user's choice then stands and nothing is filtered):
+So the commands (``info``, ``check``, ``bench``, ``train``), unless ``TF_CPP_MIN_LOG_LEVEL`` is already set
+(the user's choice then stands and nothing is filtered), call:
 
 * :func:`quiet_tensorflow_logs` sets ``TF_CPP_MIN_LOG_LEVEL=2`` and absl's Python logger to ERROR, before
   TensorFlow is imported;
@@ -26,7 +26,8 @@ import logging
 import os
 import subprocess
 import sys
-from typing import Any, Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping
+from typing import Any
 
 LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"
 

@@ -1,0 +1,43 @@
+"""``amp-backends info`` (``python -m amp_backends.info``): the plan with its reasons, the software, the hardware."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from ..errors import AmpConfigError
+from .typer_app import fail, run_single, with_overrides
+
+PROG = "amp-backends"
+
+
+@with_overrides()
+def info(
+    json_output: bool = typer.Option(False, "--json", help="Print the report as JSON (schema: amp_backends.commands.report)."),
+    tensorflow: bool | None = typer.Option(
+        None, "--tensorflow/--no-tensorflow", show_default=False,
+        help="Import TensorFlow to list its devices, or never. Default: only when the plan depends on it (an NVIDIA "
+             "GPU that TensorFlow must confirm, or Intel XPUs listed through ITEX); the rest of the report needs no "
+             "TensorFlow import."),
+    overrides: Any = None,
+) -> None:
+    """Report the plan with its reasons, the software and the hardware (exit 2 on an invalid override)."""
+    from ..tf_import import quiet_tensorflow_logs
+
+    quiet = quiet_tensorflow_logs()
+    from .report import collect, render_text, to_json
+
+    try:
+        report = collect(use_tensorflow=tensorflow, quiet=quiet, **overrides)
+    except AmpConfigError as exc:
+        fail(PROG, exc)
+    if json_output:
+        typer.echo(to_json(report))
+    else:
+        render_text(report)
+
+
+def main() -> None:
+    """Entry point of ``python -m amp_backends.info``."""
+    run_single(info)

@@ -1,0 +1,150 @@
+"""``amp-backends train mnist|gan`` (``python -m amp_backends.examples.mnist|gan``): the examples' command line.
+
+The tutorials' flags (``--epochs --batch_size --lr``), the plan overrides (:data:`amp_backends.request.OPTIONS`)
+and the trainer's and run's flags, parsed into :class:`~amp_backends.examples.run.RunOptions` for
+:func:`~amp_backends.examples.mnist.train_mnist` / :func:`~amp_backends.examples.gan.train_gan`. Exit status:
+0 done; 2 a usage, data or checkpoint error; 3 stopped on non-finite gradients; 4 another worker failed;
+130/143 interrupted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import typer
+
+from ..errors import (
+    AmpConfigError,
+    BackendError,
+    CheckpointError,
+    DataUnavailableError,
+    DistributedFailure,
+    InputError,
+    NonFiniteError,
+)
+from .typer_app import fail, make_app, run_single, with_overrides
+
+USAGE_ERRORS = (AmpConfigError, DataUnavailableError, InputError, CheckpointError, BackendError)
+
+
+def configure_logging() -> None:
+    """The tutorials' log format, unless the program configured logging itself."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(levelname)s - %(message)s")
+    logging.getLogger("amp_backends").setLevel(logging.INFO)
+    for noisy in ("tensorflow", "absl"):  # checkpoint-saving chatter at INFO
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def run_example(name: str, train: Callable[[Any], Any], parsed: dict[str, Any]) -> None:
+    """Train with the parsed options; each failure the user can act on ends with its message and exit status."""
+    from ..examples.run import RunOptions
+    from ..tf_import import import_tensorflow, quiet_tensorflow_logs
+
+    configure_logging()
+    try:
+        import_tensorflow(quiet_tensorflow_logs())  # TensorFlow's start-up noise filtered, unless asked for
+        train(RunOptions.from_parsed(parsed))
+    except USAGE_ERRORS as exc:
+        fail(name, exc, 2)
+    except DistributedFailure as exc:
+        fail(name, exc, 4)
+    except NonFiniteError as exc:
+        fail(name, exc, 3, kind="stopped")
+    except KeyboardInterrupt as exc:  # TrainingInterrupted has said where it saved; a second Ctrl-C has not
+        message = getattr(exc, "message", None) or "interrupted (a second Ctrl-C: no checkpoint was written now)"
+        fail(name, message, getattr(exc, "exit_code", 130), kind="stopped")
+
+
+def command(name: str, train: Callable[[Any], Any], *, batch_size: int, lr: float, lr_help: str) -> Callable[..., None]:
+    """A typer command with the tutorials' flags (``--epochs --batch_size --lr``) plus the plan and trainer flags."""
+    default_batch, default_lr = batch_size, lr
+
+    @with_overrides(exclude=("itex_amp",))
+    def main(
+        epochs: int = typer.Option(1, "--epochs", min=1, metavar="N", help="Passes over the training set."),
+        batch_size: int = typer.Option(default_batch, "--batch_size", "--batch-size", min=1, metavar="N",
+                                       help="Images per step (the global batch under a distribution strategy)."),
+        lr: float = typer.Option(default_lr, "--lr", min=0.0, metavar="LR", help=lr_help),
+        data: str | None = typer.Option(None, "--data", metavar="PATH",
+                                        help="mnist.npz in Keras's format (uint8 or [0, 1] float images). Default: "
+                                             "Keras's cache, else its download."),
+        synthetic: bool = typer.Option(False, "--synthetic", help="Random MNIST-shaped data (benchmarks; nothing to learn)."),
+        digits: bool = typer.Option(False, "--digits", help="scikit-learn's real handwritten digits as 28x28 images "
+                                    "(1,797 images, offline; needs scikit-learn)."),
+        overrides: Any = None,
+        steps_per_call: int = typer.Option(1, "--steps-per-call", min=1, metavar="N",
+                                           help="Training steps per compiled call (fewer host round trips)."),
+        log_every: int = typer.Option(1, "--log-every", min=1, metavar="N", help="Log a line every N steps."),
+        logdir: str = typer.Option(f"runs/{name}", "--logdir", metavar="DIR",
+                                   help="Each run writes TensorBoard scalars, profiles and checkpoints into a new "
+                                        "DIR/version_N; earlier runs are kept."),
+        checkpoint_every: int | None = typer.Option(None, "--checkpoint-every", min=1, metavar="N",
+                                                    help="Checkpoint every N steps (also at the end and on Ctrl-C)."),
+        resume: bool = typer.Option(False, "--resume", help="Continue the newest run under --logdir from its newest "
+                                    "intact checkpoint (or the run --logdir points at)."),
+        profile: bool = typer.Option(False, "--profile", help="Trace 10 steps after the warm-up with the TF profiler."),
+        profile_steps: str | None = typer.Option(None, "--profile-steps", metavar="START:STOP",
+                                                 help="Trace the calls covering steps START:STOP, e.g. 20:30."),
+        max_steps: int | None = typer.Option(None, "--max-steps", min=1, metavar="N",
+                                             help="Stop after this many steps in all."),
+        seed: int = typer.Option(0, "--seed", min=0, metavar="N", help="Seed of the weights, dropout, shuffling, noise "
+                                 "and synthetic data: the same seed gives the same losses on a CPU."),
+        deterministic: bool = typer.Option(False, "--deterministic", help="Deterministic TensorFlow kernels "
+                                           "(reproducible on GPUs too; slower)."),
+        progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Progress bar (default: on a "
+                                             "terminal)."),
+        distribute: str = typer.Option("auto", "--distribute", metavar="KIND", help="auto (TF_CONFIG: multiworker; "
+                                       "several GPUs: mirrored), none, mirrored, multiworker."),
+        cluster_timeout: float = typer.Option(60.0, "--cluster-timeout", min=1.0, metavar="SECONDS",
+                                              help="Seconds a collective waits for the other workers before failing."),
+        tune: bool = typer.Option(False, "--tune", help="Time the candidate plans on this model first and train with "
+                                  "the fastest (cached per device and model; single process only)."),
+    ) -> None:
+        run_example(name, train, dict(
+            epochs=epochs, batch_size=batch_size, lr=lr, data=data, synthetic=synthetic, digits=digits,
+            overrides=overrides, steps_per_call=steps_per_call, log_every=log_every, logdir=logdir,
+            checkpoint_every=checkpoint_every, resume=resume, profile=profile, profile_steps=profile_steps,
+            max_steps=max_steps, seed=seed, deterministic=deterministic, progress=progress, distribute=distribute,
+            cluster_timeout=cluster_timeout, tune=tune))
+
+    main.__doc__ = train.__doc__
+    return main
+
+
+def mnist_command() -> Callable[..., None]:
+    from ..examples.mnist import train_mnist
+
+    return command("mnist", train_mnist, batch_size=64, lr=0.01,
+                   lr_help="Adam learning rate; 0.01 is the tutorial's (on the 1,797 --digits, 0.001 trains better).")
+
+
+def gan_command() -> Callable[..., None]:
+    from ..examples.gan import train_gan
+
+    return command("gan", train_gan, batch_size=4096, lr=1e-3, lr_help="Generator Adam learning rate.")
+
+
+def train_app() -> typer.Typer:
+    """``amp-backends train``: ``mnist`` and ``gan``."""
+    app = make_app("Train the tutorials' models under the auto plan.", no_args_is_help=True)
+
+    @app.callback()
+    def _train_group() -> None:
+        """Train the tutorials' models under the auto plan."""
+
+    app.command("mnist")(mnist_command())
+    app.command("gan")(gan_command())
+    return app
+
+
+def mnist_main() -> None:
+    """Entry point of ``python -m amp_backends.examples.mnist``."""
+    run_single(mnist_command())
+
+
+def gan_main() -> None:
+    """Entry point of ``python -m amp_backends.examples.gan``."""
+    run_single(gan_command())

@@ -1,0 +1,5 @@
+"""``python -m amp_backends.examples.mnist``: the ``amp-backends train mnist`` command (:mod:`amp_backends.commands.train`)."""
+
+from ...commands.train import mnist_main
+
+mnist_main()

@@ -1,0 +1,152 @@
+"""What the MNIST and GAN examples share: their options, the plan, the data, the run directory, the trainer.
+
+Plain library code: nothing here parses a command line or exits (``amp_backends.commands.train`` does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ..errors import AmpConfigError
+
+
+@dataclass
+class RunOptions:
+    """How an example trains: the tutorials' settings, the plan's overrides, the trainer's and the run's.
+
+    ``overrides`` are ``auto_configure`` keywords (``{"policy": "bf16", "strict": True}``); an override left
+    out is decided by its ``AMP_*`` variable, else by the plan. Build one with keywords, or from a command's
+    parsed options with :meth:`from_parsed`.
+    """
+
+    epochs: int = 1
+    batch_size: int = 64
+    lr: float = 0.01
+    data: str | None = None
+    synthetic: bool = False
+    digits: bool = False
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    steps_per_call: int = 1
+    log_every: int = 1
+    logdir: str = "runs"
+    checkpoint_every: int | None = None
+    resume: bool = False
+    profile: bool = False
+    profile_steps: str | None = None
+    max_steps: int | None = None
+    seed: int = 0
+    progress: bool | None = None
+    distribute: str = "auto"
+    cluster_timeout: float = 60.0
+    tune: bool = False
+    deterministic: bool = False
+
+    @classmethod
+    def from_parsed(cls, parsed: Mapping[str, Any]) -> RunOptions:
+        """The options among ``parsed`` (a command's parsed options, by name); other names are ignored."""
+        return cls(**{f.name: parsed[f.name] for f in fields(cls) if f.name in parsed})
+
+    @property
+    def strict(self) -> bool:
+        return bool(self.overrides.get("strict"))
+
+
+def strategy_and_plan(opts: RunOptions) -> tuple[Any, Any]:
+    """The tf.distribute strategy (created first: multi-worker collectives must be set up before any op), then
+    this worker's plan, printed (by the chief) and compared with the other workers' plans."""
+    from ..training.distribute import check_plan_agreement, is_chief, make_strategy
+
+    strategy = make_strategy(opts.distribute, timeout_s=opts.cluster_timeout)
+    if opts.tune and strategy is not None:
+        raise AmpConfigError("--tune times plans in a single process; it cannot run under a distribution strategy. "
+                             "Fix: tune once without --distribute (the choice is cached), then train distributed.")
+    plan = plan_and_print(opts, show=strategy is None or is_chief(strategy))
+    check_plan_agreement(strategy, plan, strict=opts.strict)
+    return strategy, plan
+
+
+def plan_and_print(opts: RunOptions, show: bool = True) -> Any:
+    """Apply the plan the overrides ask for (``auto_configure(**opts.overrides)``) and print it."""
+    from ..configure import auto_configure
+
+    plan = auto_configure(**opts.overrides, verbose=False)
+    if show:
+        print(plan.explain(), flush=True)
+    return plan
+
+
+def load_data(opts: RunOptions) -> Any:
+    from ..data import load_mnist, synthetic_mnist
+
+    if opts.synthetic:
+        return synthetic_mnist(seed=opts.seed)
+    if opts.digits:
+        from ..data import digits_as_mnist
+
+        return digits_as_mnist(seed=opts.seed)
+    return load_mnist(opts.data)
+
+
+def profile_window(opts: RunOptions) -> tuple[int, int] | None:
+    """``--profile-steps A:B``; ``--profile`` alone traces 10 steps after the two warm-up (compiling) calls."""
+    from ..training.trainer import parse_profile_steps
+
+    if opts.profile_steps:
+        return parse_profile_steps(opts.profile_steps)
+    if opts.profile:
+        start = 2 * opts.steps_per_call
+        return start, start + max(10, opts.steps_per_call)
+    return None
+
+
+def prepare_run(opts: RunOptions, strategy: Any) -> Any:
+    """Seed everything, then decide the run directory (a new ``version_N``, or the one ``--resume`` continues)."""
+    from ..training.checkpoints import run_directory
+    from ..training.distribute import is_chief
+    from ..training.seeding import seed_everything
+
+    seed_everything(opts.seed, deterministic=opts.deterministic)
+    run = run_directory(opts.logdir, opts.resume, strategy)
+    if strategy is None or is_chief(strategy):
+        print(f"Run directory: {run.path} ({'resumed' if run.resumed else 'new run'}; "
+              f"tensorboard --logdir {opts.logdir})", flush=True)
+    return run
+
+
+def prepare_models(plan: Any, *models: Any) -> None:
+    """Float8 for the eligible layers when the plan has fp8 on (it says what it changed, or why nothing)."""
+    if plan.fp8:
+        from ..fp8 import prepare_model
+
+        for model in models:
+            print(prepare_model(model, plan), flush=True)
+
+
+def trainer_options(opts: RunOptions, run: Any, strategy: Any) -> dict[str, Any]:
+    """The Trainer's keyword arguments the options decide."""
+    from ..training.tasks import mnist_batch_fn
+
+    return dict(batch_size=opts.batch_size, steps_per_call=opts.steps_per_call, log_every=opts.log_every,
+                logdir=str(run.path), checkpoint_dir=str(run.checkpoints), checkpoint_every=opts.checkpoint_every,
+                profile_steps=profile_window(opts), progress=opts.progress, seed=opts.seed, batch_fn=mnist_batch_fn,
+                strategy=strategy)
+
+
+def maybe_tune(opts: RunOptions, plan: Any, build: Any, x: Any, y: Any, images_per_step: int | None = None) -> Any:
+    """With ``tune``: time the candidate plans on this model (or apply the cached choice) and print the result."""
+    if not opts.tune:
+        return plan
+    from ..autotune import tune
+    from ..training.tasks import mnist_batch_fn
+
+    plan = tune(build, x, y, batch_size=opts.batch_size, images_per_step=images_per_step, batch_fn=mnist_batch_fn,
+                overrides=opts.overrides)
+    print(f"autotuned plan: {plan.headline}", flush=True)
+    return plan
+
+
+def scope(strategy: Any) -> Any:
+    return strategy.scope() if strategy is not None else contextlib.nullcontext()

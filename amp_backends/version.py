@@ -1,0 +1,3 @@
+"""The version of amp_backends (the package face re-exports it as ``amp_backends.__version__``)."""
+
+__version__ = "0.1.0"
