@@ -59,7 +59,7 @@ def test_a_trace_file_is_read_into_gpu_kernels_and_audited(tmp_path):
     with gzip.open(path, "wt", encoding="utf-8") as f:
         json.dump(trace_doc(), f)
     events = read_trace(tmp_path)  # the log directory: the trace file is found in it
-    assert [e.name for e in events][0].startswith("ampere_") and len(events) == 4
+    assert events[0].name.startswith("ampere_") and len(events) == 4
     assert events[0].op == "model/dense/MatMul:MatMul"
     d = audit_trace(path).to_dict()
     assert d["time_share_by_dtype"] == {"bfloat16": 0.6, "float32": 0.2, "unknown": 0.2}

@@ -36,8 +36,18 @@ from .onednn import parse, parse_line
 from .report import Audit
 from .runner import not_measured_on_xpu, overrides_env, run_child
 
-__all__ = ["audit", "audit_trace", "Audit", "classify", "read_trace", "parse", "parse_line", "from_onednn",
-           "from_trace", "AuditObserver"]
+__all__ = [
+    "Audit",
+    "AuditObserver",
+    "audit",
+    "audit_trace",
+    "classify",
+    "from_onednn",
+    "from_trace",
+    "parse",
+    "parse_line",
+    "read_trace",
+]
 
 DEFAULT_BATCH = 32
 DEFAULT_STEPS = 3
@@ -52,12 +62,12 @@ def _target(model_or_factory: Any) -> str:
                              f"{model_or_factory!r}. Fix: the module's dotted path and the function's name, one colon")
         return model_or_factory.strip()
     if callable(model_or_factory) and not hasattr(model_or_factory, "layers"):
-        module = getattr(model_or_factory, "__module__", None)
-        name = getattr(model_or_factory, "__qualname__", "")
-        if module and module != "__main__" and name.isidentifier():
-            return f"{module}:{name}"
+        owner = getattr(model_or_factory, "__module__", None)
+        name = str(getattr(model_or_factory, "__qualname__", ""))
+        if owner and owner != "__main__" and name.isidentifier():
+            return f"{owner}:{name}"
         raise ValueError(f"expected a factory the audit's child process can import: a top-level function of an "
-                         f"importable module. Received {model_or_factory!r} (module {module!r}, name {name!r}). Fix: "
+                         f"importable module. Received {model_or_factory!r} (module {owner!r}, name {name!r}). Fix: "
                          "move it into a module and pass it, or its 'module:function' string")
     raise TypeError(
         "audit() takes a factory (a function that builds the model, or its 'MODULE:FACTORY' string), not a model: "

@@ -12,8 +12,9 @@ weights, such as attention's, or a layer whose kernel this cannot read).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from .onednn import Record
 
@@ -29,7 +30,7 @@ class LayerKernel:
     policy: str = ""
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "LayerKernel":
+    def from_dict(cls, d: dict[str, Any]) -> LayerKernel:
         return cls(d["path"], d["class_name"], tuple(d["kernel_shape"]), d["compute_dtype"], d.get("policy", ""))
 
     def to_dict(self) -> dict[str, Any]:

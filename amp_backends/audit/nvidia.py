@@ -28,8 +28,9 @@ import gzip
 import json
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any
 
 _DT = {"h": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
        "t": "bfloat16", "bf16": "bfloat16",
@@ -127,7 +128,7 @@ def classify(name: str, hlo: str | None = None) -> KernelClass:
         if hlo:
             return _classify_hlo(name, hlo)
         return KernelClass(name, "fusion", "XLA", "unknown", None)
-    if re.search(r"gemm|gemv|conv|wgrad|dgrad|fprop|matmul", short, re.I):
+    if re.search(r"gemm|gemv|conv|wgrad|dgrad|fprop|matmul", short, re.IGNORECASE):
         return KernelClass(name, "gemm", "unknown", "unknown", None)
     return KernelClass(name, "other", "other", "unknown", False)
 

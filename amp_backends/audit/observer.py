@@ -49,7 +49,7 @@ class AuditObserver:
     def before_call(self, step: int, steps: int) -> None:
         if self.enabled and not self.done and self._saved_fd is None and step < self.stop and step + steps > self.start:
             sys.stdout.flush()
-            self._file = tempfile.TemporaryFile(mode="w+b")
+            self._file = tempfile.TemporaryFile(mode="w+b")  # noqa: SIM115  # open across calls
             self._saved_fd = os.dup(1)
             os.dup2(self._file.fileno(), 1)
 

@@ -19,8 +19,9 @@ are not execution records (``info``, ``create``) are ignored.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any
 
 PREFIXES = ("onednn_verbose", "dnnl_verbose", "mkldnn_verbose")
 # Primitives that do the matrix work (their time is "compute time"); the rest is memory-bound.

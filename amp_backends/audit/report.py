@@ -28,8 +28,9 @@ from __future__ import annotations
 import io
 import json
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 SCHEMA_VERSION = 1
 REDUCED = ("bfloat16", "float16", "float8", "int8", "tfloat32")

@@ -7,7 +7,8 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .build import from_onednn, from_trace
 from .child import BEGIN, END
@@ -54,7 +55,7 @@ def run_child(target: str, *, batch_size: int, steps: int, warmup: int, env: Map
         child_env = {**os.environ, **env, "ONEDNN_VERBOSE": "1"}
         cmd = [sys.executable, "-m", "amp_backends.audit.child", target, out, str(batch_size), str(steps), str(warmup)]
         try:
-            proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=timeout, cwd=os.getcwd())
+            proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=timeout, check=False, cwd=os.getcwd())
         except subprocess.TimeoutExpired as exc:
             raise RuntimeError(f"the audit of {target} ran past {timeout:.0f} s. Fix: fewer --steps or a smaller "
                                "--batch-size") from exc

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .report import Audit
+from typing import Any
 
 # A kind of kernel whose time is at least this share in float32 under a reduced-precision plan is reported
 # (the float32 output layer alone is expected and stays below it on the models we measured).
@@ -20,7 +17,8 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
-def contradictions(audit: "Audit") -> list[dict[str, str]]:
+def contradictions(audit: Any) -> list[dict[str, str]]:
+    """The warnings for an :class:`~.report.Audit` (its plan, compute entries and per-kind figures)."""
     plan = audit.plan
     want = plan.get("compute_dtype")
     out: list[dict[str, str]] = []

@@ -6,7 +6,7 @@ variables, so it plans as ``auto_configure()`` would with them. See :mod:`amp_ba
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any
 
 import typer
 
@@ -26,24 +26,25 @@ def audit_command(
     batch_size: int = typer.Option(32, "--batch-size", "--batch_size", min=1, help="The synthetic training batch."),
     steps: int = typer.Option(3, "--steps", min=1, help="Training steps measured, after 2 warm-up steps."),
     json_output: bool = typer.Option(False, "--json", help="Print JSON (schema in amp_backends.audit.report)."),
-    backend: Optional[str] = override_option("backend"),
-    policy: Optional[str] = override_option("policy"),
-    xla: Optional[str] = override_option("xla"),
-    tf32: Optional[str] = override_option("tf32"),
-    loss_scale: Optional[str] = override_option("loss_scale"),
-    itex_amp: Optional[str] = override_option("itex_amp"),
-    fp8: Optional[str] = override_option("fp8"),
+    backend: str | None = override_option("backend"),
+    policy: str | None = override_option("policy"),
+    xla: str | None = override_option("xla"),
+    tf32: str | None = override_option("tf32"),
+    loss_scale: str | None = override_option("loss_scale"),
+    itex_amp: str | None = override_option("itex_amp"),
+    fp8: str | None = override_option("fp8"),
     strict: bool = override_option("strict"),
     force: bool = override_option("force"),
 ) -> None:
     """Train a few steps of MODULE:FACTORY under the plan and report the kernels that ran: dtypes, float32 islands."""
     from ..audit import audit
     from ..errors import AmpConfigError
-    from ..request import build_request
     from ..registry import default_registry
+    from ..request import build_request
 
-    overrides = dict(backend=backend, policy=policy, xla=xla, tf32=tf32, loss_scale=loss_scale, itex_amp=itex_amp,
-                     fp8=fp8, strict=strict or None, force=force or None)
+    overrides: dict[str, Any] = {"backend": backend, "policy": policy, "xla": xla, "tf32": tf32,
+                                 "loss_scale": loss_scale, "itex_amp": itex_amp, "fp8": fp8,
+                                 "strict": strict or None, "force": force or None}
     try:  # invalid overrides are refused here, before the child starts
         build_request(default_registry().known_names(), **overrides)
         result = audit(target, batch_size=batch_size, steps=steps, **overrides)
