@@ -161,3 +161,18 @@ def test_a_model_object_or_an_unimportable_factory_is_refused_before_anything_ru
         audit("mymodels.py")
     with pytest.raises(ValueError, match="batch_size must be a positive int"):
         audit("amp_backends.models:mnist_cnn", batch_size=0)
+
+
+def test_the_trainer_observer_does_nothing_without_onednn_verbose(monkeypatch, caplog):
+    from types import SimpleNamespace
+
+    from amp_backends.audit.observer import AuditObserver
+
+    monkeypatch.delenv("ONEDNN_VERBOSE", raising=False)
+    obs = AuditObserver(window=(0, 1))
+    with caplog.at_level("WARNING"):
+        obs.on_fit_start(0, 10)
+    obs.before_call(0, 1)
+    obs.after_call(SimpleNamespace(step=1, steps=1, step_time=0.1))
+    obs.close()
+    assert obs.result is None and "amp-backends audit" in caplog.text

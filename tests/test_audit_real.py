@@ -80,3 +80,39 @@ def test_the_command_prints_json_and_refuses_bad_targets():
     assert bad.exit_code == 2 and "expected MODULE:FACTORY" in bad.output
     bad = runner.invoke(app, [MNIST, "--policy", "mixed_float64"])
     assert bad.exit_code == 2 and "mixed_float64" in bad.output
+
+
+OBSERVED_TRAINING = """
+import json
+import numpy as np
+import tensorflow as tf
+import amp_backends
+from amp_backends.audit.observer import AuditObserver
+from amp_backends.models import mnist_cnn
+
+plan = amp_backends.auto_configure(policy="float32", verbose=False)
+model = mnist_cnn()
+audit = AuditObserver(model, plan, window=(2, 4))
+trainer = amp_backends.Trainer(amp_backends.classifier_updates(model, tf.keras.optimizers.SGD(0.01)), plan,
+                               batch_size=16, log_every=100, progress=False, observers=[audit], check_models=False)
+trainer.fit(np.random.rand(96, 28, 28, 1).astype("float32"), np.random.randint(0, 10, 96), max_steps=5)
+print("AUDIT_JSON " + json.dumps(audit.result.to_dict() if audit.result else None))
+"""
+
+
+def test_the_trainer_observer_audits_its_window_when_onednn_verbose_was_set_at_start(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "observed.py"
+    script.write_text(OBSERVED_TRAINING)
+    env = {**os.environ, "ONEDNN_VERBOSE": "1"}
+    env.pop("TF_ENABLE_ONEDNN_OPTS", None)
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300,
+                         check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = next(line for line in out.stdout.splitlines() if line.startswith("AUDIT_JSON "))
+    d = json.loads(line[len("AUDIT_JSON "):])
+    assert d is not None and d["steps"] == 2 and d["plan"]["policy"] == "float32"
+    if not d["outside_onednn"]:
+        assert set(d["time_share_by_dtype"]) == {"float32"} and "convolution" in d["by_kind"]

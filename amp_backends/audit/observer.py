@@ -24,7 +24,7 @@ from typing import Any
 from .build import from_onednn
 from .report import Audit
 
-logger = logging.getLogger("amp_backends.audit")
+logger = logging.getLogger("amp_backends.train.audit")  # shown where the trainer's log lines are
 
 
 class AuditObserver:
@@ -38,6 +38,7 @@ class AuditObserver:
         self._saved_fd: int | None = None
         self._file: Any = None
         self._steps = 0
+        self._step_times: list[float] = []
         self.done = False
 
     def on_fit_start(self, start_step: int, total_steps: int | None) -> None:
@@ -57,6 +58,7 @@ class AuditObserver:
         if self._saved_fd is None:
             return
         self._steps += int(getattr(record, "steps", 1))
+        self._step_times.append(float(getattr(record, "step_time", 0.0)))
         if record.step >= self.stop:
             self._finish()
 
@@ -80,6 +82,8 @@ class AuditObserver:
         plan = self.plan
         doc: dict[str, Any] = {"model": getattr(self.model, "name", "?"), "steps": self._steps,
                                "onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS")}
+        if self._step_times and all(self._step_times):
+            doc["step_time_ms"] = 1000 * sum(self._step_times) / len(self._step_times)
         if plan is not None:
             doc["plan"] = {"backend": plan.backend, "policy": plan.policy, "compute_dtype": plan.compute_dtype,
                            "xla": bool(plan.xla), "graph_amp": plan.graph_amp}

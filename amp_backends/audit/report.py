@@ -180,17 +180,21 @@ class Audit:
         kinds = self.by_kind()
         if kinds:
             table = Table(show_header=True, header_style="bold")
-            for name in ("kernels", "time (ms)", "dtypes (share of time)", "executed on"):
+            steps = max(self.steps or 1, 1)
+            for name in ("kernels", "ms per step", "dtypes (share of time)", "executed on"):
                 table.add_column(name, overflow="fold")
             for kind, k in kinds.items():
-                table.add_row(escape(kind), f"{k['time_ms']:.2f}", escape(_fmt(k["dtypes"])), escape(_fmt(k["units"])))
+                table.add_row(escape(kind), f"{k['time_ms'] / steps:.2f}", escape(_fmt(k["dtypes"])),
+                              escape(_fmt(k["units"])))
             console.print(table)
         d = self.to_dict()
         if kinds:
             console.print(escape(f"compute time by dtype: {_fmt(d['time_share_by_dtype'])}; on matrix units (AMX, "
                                  f"Tensor Cores): {_pct(d['matrix_unit_share'])}; unknown: {_pct(d['unknown_share'])}"))
-            console.print(escape(f"reorders {d['reorder_time_ms']:.2f} ms, other primitives {d['other_time_ms']:.2f} ms "
-                                 f"over {self.steps} step(s); step time {_ms(self.step_time_ms)}"))
+            steps = max(self.steps or 1, 1)
+            console.print(escape(f"per step: reorders {d['reorder_time_ms'] / steps:.2f} ms, other primitives "
+                                 f"{d['other_time_ms'] / steps:.2f} ms; step time {_ms(self.step_time_ms)} "
+                                 f"({self.steps} step(s) measured, batch {self.batch_size})"))
         for island in d["float32_islands"]:
             where = ", ".join(island["layers"]) or "unmatched (no layer of that shape)"
             why = "; ".join(f"{c.get('code')}: {c.get('what')}" for c in island["check"])
