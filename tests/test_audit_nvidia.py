@@ -75,3 +75,29 @@ def test_unreadable_traces_say_what_was_expected(tmp_path):
     with pytest.raises(ValueError, match="trace-events JSON"):
         read_trace(bad)
     assert len(events_from_trace_json(trace_doc()["traceEvents"])) == 4
+
+
+@pytest.mark.tensorflow
+def test_an_xplane_protobuf_is_read_through_tensorflows_own_schema(tmp_path):
+    xplane_pb2 = pytest.importorskip("tensorflow.tsl.profiler.protobuf.xplane_pb2")
+    space = xplane_pb2.XSpace()
+    host = space.planes.add(name="/host:CPU")
+    host.event_metadata[1].name = "MatMul"
+    host.lines.add(name="TensorFlow Ops").events.add(metadata_id=1, duration_ps=9_000_000)
+    gpu = space.planes.add(name="/device:GPU:0")
+    gpu.stat_metadata[7].name = "tf_op"
+    gpu.stat_metadata[8].name = "model/dense/MatMul:MatMul"
+    gpu.event_metadata[1].name = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"
+    gpu.event_metadata[2].name = "fusion_3"
+    stream = gpu.lines.add(name="Stream #14(Compute)")
+    ev = stream.events.add(metadata_id=1, duration_ps=3_000_000)
+    ev.stats.add(metadata_id=7, ref_value=8)
+    stream.events.add(metadata_id=2, duration_ps=1_000_000)
+    gpu.lines.add(name="XLA Ops").events.add(metadata_id=2, duration_ps=1_000_000)  # not a kernel line
+    path = tmp_path / "plugins" / "profile" / "run" / "host.xplane.pb"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(space.SerializeToString())
+    events = read_trace(tmp_path)
+    assert [(e.duration_us, e.op) for e in events] == [(3.0, "model/dense/MatMul:MatMul"), (1.0, None)]
+    d = audit_trace(tmp_path).to_dict()
+    assert d["time_share_by_dtype"] == {"bfloat16": 0.75, "unknown": 0.25}

@@ -184,13 +184,52 @@ def read_trace(path: str | os.PathLike[str]) -> list[KernelEvent]:
         found.sort(key=lambda f: (not f.endswith((".json.gz", ".json")), -os.path.getmtime(f)))
         path = found[0]
     if path.endswith(".xplane.pb"):
-        return events_from_trace_json(_xplane_to_trace(path))
+        return _read_xplane(path)
     opener = gzip.open if path.endswith(".gz") else open
     try:
         with opener(path, "rt", encoding="utf-8") as f:
             return events_from_trace_json(json.load(f))
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"expected a trace-events JSON file (gzip or plain), but reading {path!r} failed: {exc}") from exc
+
+
+def events_from_xspace(space: Any) -> list[KernelEvent]:
+    """The GPU kernels of an ``XSpace`` (TensorFlow's profiler protobuf): the events on the ``Stream #`` lines of
+    the ``/device:GPU:N`` planes, with their ``hlo_op``/``tf_op`` and HLO text (``long_name``, ``hlo_text``) stats."""
+    out = []
+    for plane in space.planes:
+        if not plane.name.startswith("/device:GPU:"):
+            continue
+        stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
+
+        def stat_value(stat: Any) -> str:
+            kind = stat.WhichOneof("value")
+            if kind == "ref_value":
+                return stat_names.get(stat.ref_value, "")
+            return str(getattr(stat, kind)) if kind else ""
+
+        for line in plane.lines:
+            if not (line.name or line.display_name).startswith("Stream"):
+                continue
+            for ev in line.events:
+                meta = plane.event_metadata.get(ev.metadata_id)
+                stats = {stat_names.get(s.metadata_id, ""): stat_value(s)
+                         for s in [*(meta.stats if meta else ()), *ev.stats]}
+                out.append(KernelEvent(meta.name if meta else "", ev.duration_ps / 1e6,
+                                       stats.get("hlo_text") or stats.get("long_name") or None,
+                                       stats.get("tf_op") or stats.get("hlo_op") or None))
+    return out
+
+
+def _read_xplane(path: str) -> list[KernelEvent]:
+    try:
+        from tensorflow.tsl.profiler.protobuf import xplane_pb2  # TensorFlow ships the XSpace protobuf
+    except ImportError:
+        return events_from_trace_json(_xplane_to_trace(path))
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    return events_from_xspace(space)
 
 
 def _xplane_to_trace(path: str) -> dict[str, Any]:
