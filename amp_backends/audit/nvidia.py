@@ -201,19 +201,12 @@ def events_from_xspace(space: Any) -> list[KernelEvent]:
         if not plane.name.startswith("/device:GPU:"):
             continue
         stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
-
-        def stat_value(stat: Any) -> str:
-            kind = stat.WhichOneof("value")
-            if kind == "ref_value":
-                return stat_names.get(stat.ref_value, "")
-            return str(getattr(stat, kind)) if kind else ""
-
         for line in plane.lines:
             if not (line.name or line.display_name).startswith("Stream"):
                 continue
             for ev in line.events:
                 meta = plane.event_metadata.get(ev.metadata_id)
-                stats = {stat_names.get(s.metadata_id, ""): stat_value(s)
+                stats = {stat_names.get(s.metadata_id, ""): _stat_value(s, stat_names)
                          for s in [*(meta.stats if meta else ()), *ev.stats]}
                 out.append(KernelEvent(meta.name if meta else "", ev.duration_ps / 1e6,
                                        stats.get("hlo_text") or stats.get("long_name") or None,
@@ -221,9 +214,18 @@ def events_from_xspace(space: Any) -> list[KernelEvent]:
     return out
 
 
+def _stat_value(stat: Any, names: dict[int, str]) -> str:
+    kind = stat.WhichOneof("value")
+    if kind == "ref_value":
+        return names.get(stat.ref_value, "")
+    return str(getattr(stat, kind)) if kind else ""
+
+
 def _read_xplane(path: str) -> list[KernelEvent]:
     try:
-        from tensorflow.tsl.profiler.protobuf import xplane_pb2  # TensorFlow ships the XSpace protobuf
+        from tensorflow.tsl.profiler.protobuf import (
+            xplane_pb2,  # TensorFlow ships the XSpace protobuf
+        )
     except ImportError:
         return events_from_trace_json(_xplane_to_trace(path))
     space = xplane_pb2.XSpace()
