@@ -176,3 +176,15 @@ def test_the_trainer_observer_does_nothing_without_onednn_verbose(monkeypatch, c
     obs.after_call(SimpleNamespace(step=1, steps=1, step_time=0.1))
     obs.close()
     assert obs.result is None and "amp-backends audit" in caplog.text
+
+
+def test_the_package_name_is_also_the_function_and_imports_no_tensorflow():
+    import subprocess
+    import sys
+
+    code = ("import sys, amp_backends, amp_backends.audit\n"
+            "assert callable(amp_backends.audit) and amp_backends.audit.audit is not None\n"
+            "print('tensorflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

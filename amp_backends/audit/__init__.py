@@ -28,6 +28,8 @@ their fix, and the unknown share. JSON schema in :mod:`.report`.
 from __future__ import annotations
 
 import os
+import sys
+import types
 from typing import Any
 
 from .build import from_onednn, from_trace
@@ -115,3 +117,14 @@ def __getattr__(name: str) -> Any:
 
         return AuditObserver
     raise AttributeError(name)
+
+
+class _CallableModule(types.ModuleType):
+    """``amp_backends.audit`` is both this package and the function: once the package is imported, Python binds
+    the name ``audit`` on ``amp_backends`` to the module, so calling the module calls :func:`audit`."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Audit:
+        return audit(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
