@@ -101,3 +101,18 @@ def test_an_xplane_protobuf_is_read_through_tensorflows_own_schema(tmp_path):
     assert [(e.duration_us, e.op) for e in events] == [(3.0, "model/dense/MatMul:MatMul"), (1.0, None)]
     d = audit_trace(tmp_path).to_dict()
     assert d["time_share_by_dtype"] == {"bfloat16": 0.75, "unknown": 0.25}
+
+
+def test_gpu_kernels_are_joined_to_layers_by_their_ops_name_scopes():
+    from amp_backends.audit.build import from_trace
+    from amp_backends.audit.nvidia import KernelEvent
+
+    layers = [{"path": "mnist_cnn/dense", "class_name": "Dense", "kernel_shape": [9216, 128], "compute_dtype": "float16"},
+              {"path": "mnist_cnn/dense_1", "class_name": "Dense", "kernel_shape": [128, 10], "compute_dtype": "float32"}]
+    events = [KernelEvent("ampere_fp16_s16816gemm_fp16_64x64_sliced1x2_ldg8_relu_f2f_stages_64x5_tn", 90.0,
+                          op="mnist_cnn_1/dense/MatMul:MatMul"),
+              KernelEvent("volta_sgemm_128x64_nn", 10.0, op="gradient_tape/mnist_cnn_1/dense_1/MatMul_1:MatMul"),
+              KernelEvent("volta_sgemm_128x64_nn", 1.0, op="some/other/MatMul:MatMul")]
+    plan = {"backend": "nvidia", "policy": "mixed_float16", "compute_dtype": "float16", "xla": False}
+    islands = from_trace(events, plan, layers=layers).to_dict()["float32_islands"]
+    assert [(i["layers"], i["matched"]) for i in islands] == [(["mnist_cnn/dense_1"], "layer"), ([], "unmatched")]

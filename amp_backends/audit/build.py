@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from . import nvidia, onednn
-from .match import LayerKernel, match
+from .match import LayerKernel, match, match_op_name
 from .report import Audit, Entry
 from .verdict import outside_onednn_reason
 
@@ -48,21 +48,24 @@ def from_onednn(lines: Sequence[str], doc: Mapping[str, Any], header: Sequence[s
     return audit
 
 
-def entries_from_kernels(events: Iterable[nvidia.KernelEvent]) -> list[Entry]:
+def entries_from_kernels(events: Iterable[nvidia.KernelEvent], layers: Sequence[LayerKernel] = ()) -> list[Entry]:
     out = []
     for event, k in nvidia.classify_events(events):
         compute = k.is_compute or (k.kind == "fusion")  # a fusion without HLO may hold a dot: counted as unknown
         unit = "Tensor Cores" if k.tensor_core else ("CUDA cores" if k.tensor_core is False else "unknown")
         out.append(Entry(kind=k.kind, dtype=k.dtype, unit=unit, time_ms=event.duration_us / 1000.0,
-                         compute=compute, matrix_unit=k.tensor_core))
+                         compute=compute, matrix_unit=k.tensor_core,
+                         layers=tuple(match_op_name(event.op, layers)) if compute else ()))
     return out
 
 
 def from_trace(events: Iterable[nvidia.KernelEvent], plan: Mapping[str, Any], model: str = "?",
-               steps: int | None = None, findings: Sequence[Mapping[str, Any]] = ()) -> Audit:
-    """The audit of a GPU run from its profiler trace's kernels."""
-    entries = entries_from_kernels(events)
+               steps: int | None = None, findings: Sequence[Mapping[str, Any]] = (),
+               layers: Sequence[Mapping[str, Any]] = ()) -> Audit:
+    """The audit of a GPU run from its profiler trace's kernels (matched to ``layers`` by their ops' names)."""
+    entries = entries_from_kernels(events, [LayerKernel.from_dict(dict(d)) for d in layers])
     audit = Audit(model=model, device="nvidia", plan=dict(plan), entries=entries, source="TensorFlow profiler trace",
                   steps=steps, findings=findings)
-    audit.notes.append("GPU kernels are not matched to layers by shape; XLA fusions without HLO in the trace are unknown")
+    audit.notes.append("GPU kernels are matched to layers by their TensorFlow op's name scopes where the trace gives "
+                       "one; XLA fusions without HLO in the trace are unknown")
     return audit

@@ -103,3 +103,18 @@ def match(record: Record, layers: Sequence[LayerKernel]) -> list[str]:
     else:
         return []
     return [layer.path for layer in layers if test(shape, layer)]
+
+
+def match_op_name(op: str | None, layers: Sequence[LayerKernel]) -> list[str]:
+    """The layers a GPU kernel's TensorFlow op belongs to, by name: ``gradient_tape/mnist_cnn_1/dense_1/MatMul``
+    -> the layer whose own name (``dense_1``) is a scope of the op; the innermost scope wins, ``[]`` if none."""
+    if not op:
+        return []
+    scopes = op.split(":")[0].split("/")[:-1]
+    by_name: dict[str, list[str]] = {}
+    for layer in layers:
+        by_name.setdefault(layer.path.rsplit("/", 1)[-1], []).append(layer.path)
+    for scope in reversed(scopes):
+        if scope in by_name:
+            return by_name[scope]
+    return []

@@ -68,7 +68,7 @@ def run_child(target: str, *, batch_size: int, steps: int, warmup: int, env: Map
         header, measured = split_output(proc.stdout)
         if doc.get("gpu") and doc.get("profile_dir"):
             audit = from_trace(read_trace(doc["profile_dir"]), doc.get("plan", {}), doc.get("model", "?"),
-                               doc.get("steps"), doc.get("findings", []))
+                               doc.get("steps"), doc.get("findings", []), doc.get("layers", []))
             audit.batch_size, audit.step_time_ms = doc.get("batch_size"), doc.get("step_time_ms")
             return audit
         return from_onednn(measured, doc, header)
