@@ -1,0 +1,134 @@
+"""The audit's child process: ``python -m amp_backends.audit.child MODULE:FACTORY OUT.json [batch steps warmup]``.
+
+oneDNN reads ``ONEDNN_VERBOSE`` once, when it starts, so the model runs here, in a process started with it
+set. The plan comes from the ``AMP_*`` variables (``auto_configure()``), the model from the factory; the
+step trains on synthetic data of the model's input shapes (forward, the mean square of the outputs as the
+loss, gradients, an SGD update; ``jit_compile`` as the plan says). ``warmup`` steps run first (tracing,
+oneDNN's primitive creation), then the measured steps between two marker lines on stdout, so that the
+parent reads only their verbose records. The layers' kernel shapes, the precision check's findings and
+the step time go to ``OUT.json``. On a GPU the measured steps are traced with TensorFlow's profiler.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+from typing import Any
+
+BEGIN = "amp_backends_audit:begin"
+END = "amp_backends_audit:end"
+
+
+def _mark(text: str) -> None:
+    sys.stdout.flush()
+    os.write(1, (text + "\n").encode())
+
+
+def load_factory(target: str) -> Any:
+    module_name, _, factory_name = target.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return getattr(importlib.import_module(module_name), factory_name)
+
+
+def layer_kernels(model: Any) -> list[dict[str, Any]]:
+    from ..model_check import _keras
+
+    out = []
+    for path, layer in _keras.walk(model, model.name):
+        kernel = getattr(layer, "kernel", None) if not hasattr(layer, "layers") else None
+        shape = getattr(kernel, "shape", None)
+        if shape is None:
+            continue
+        try:
+            dims = [int(d) for d in shape]
+        except (TypeError, ValueError):
+            continue
+        out.append({"path": path, "class_name": type(layer).__name__, "kernel_shape": dims,
+                    "compute_dtype": _keras.compute_dtype(layer), "policy": _keras.policy_name(layer)})
+    return out
+
+
+def synthetic_inputs(model: Any, batch: int) -> Any:
+    import tensorflow as tf
+
+    from ..model_check import _keras
+
+    structure = _keras.input_structure(model)
+    if structure is None:
+        raise ValueError(f"cannot tell the input shape of the model {model.name!r}: build it with keras.Input")
+
+    def make(leaf: Any) -> Any:
+        shape = [batch] + [d if d is not None else 8 for d in leaf.shape[1:]]
+        if leaf.dtype.is_integer:
+            return tf.zeros(shape, leaf.dtype)
+        return tf.random.stateless_uniform(shape, seed=(1, 2), dtype=tf.float32)
+
+    return tf.nest.map_structure(make, structure)
+
+
+def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None:
+    import tensorflow as tf
+
+    from ..configure import auto_configure
+    from ..model_check import check_model
+
+    plan = auto_configure(verbose=False)
+    model = load_factory(target)()
+    x = synthetic_inputs(model, batch)
+    optimizer = tf.keras.optimizers.SGD(0.001)
+    weights = model.trainable_variables
+
+    def step(inputs: Any) -> Any:
+        with tf.GradientTape() as tape:
+            outputs = model(inputs, training=True)
+            loss = tf.add_n([tf.reduce_mean(tf.square(tf.cast(o, tf.float32))) for o in tf.nest.flatten(outputs)])
+        grads = tape.gradient(loss, weights)
+        optimizer.apply_gradients([(g, w) for g, w in zip(grads, weights) if g is not None])
+        return loss
+
+    compiled = tf.function(step, jit_compile=bool(plan.xla))
+    for _ in range(warmup):
+        float(compiled(x))
+    gpu = bool(tf.config.list_logical_devices("GPU"))
+    logdir = out_path + ".profile"
+    if gpu:
+        tf.profiler.experimental.start(logdir)
+    _mark(BEGIN)
+    start = time.perf_counter()
+    for _ in range(steps):
+        loss = compiled(x)
+    float(loss)
+    elapsed = time.perf_counter() - start
+    _mark(END)
+    if gpu:
+        tf.profiler.experimental.stop()
+    findings = []
+    try:
+        findings = [f.to_dict() for f in check_model(model, plan=plan, batch_size=batch).findings]
+    except Exception as exc:  # noqa: BLE001  # the audit stands without the check's findings
+        findings = [{"severity": "info", "code": "check-failed", "layer": model.name, "what": str(exc)}]
+    doc = {
+        "model": model.name, "plan": {"backend": plan.backend, "policy": plan.policy, "compute_dtype": plan.compute_dtype,
+                                      "xla": bool(plan.xla), "graph_amp": plan.graph_amp},
+        "batch_size": batch, "steps": steps, "step_time_ms": 1000 * elapsed / max(steps, 1),
+        "layers": layer_kernels(model), "findings": findings, "gpu": gpu,
+        "profile_dir": logdir if gpu else None, "tensorflow": tf.__version__,
+        "onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
+    }
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+
+
+def main(argv: list[str]) -> int:
+    target, out_path = argv[0], argv[1]
+    batch, steps, warmup = (int(a) for a in (argv[2:5] + ["32", "3", "2"][len(argv[2:5]):]))
+    run(target, out_path, batch, steps, warmup)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

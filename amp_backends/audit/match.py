@@ -1,0 +1,120 @@
+"""Which layer a kernel belongs to: oneDNN records carry shapes, not names, so they are matched by shape.
+
+A layer is known by its kernel's shape (``LayerKernel``): a Conv2D's ``(kh, kw, c_in, c_out)``, a Dense's
+``(in, units)``, an EinsumDense's kernel of any rank (every split of its dims into inputs and outputs is
+tried). A convolution record matches a convolution layer with the same ``kh, kw, ic, oc`` (per group); an
+inner product one with the same ``ic`` (times the source's spatial size) and ``oc``; a matmul ``MxK:KxN``
+matches a dense kernel ``(I, U)`` in any of the three directions of training: forward ``K=I, N=U``,
+gradient of the input ``K=U, N=I``, gradient of the weights ``M=I, N=U``. Several layers of the same shape
+all match: the record is then *ambiguous* and names them all. No match: *unmatched* (a matmul without
+weights, such as attention's, or a layer whose kernel this cannot read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .onednn import Record
+
+
+@dataclass(frozen=True)
+class LayerKernel:
+    """A layer with a kernel: its path in the model, its class, its kernel's shape, its compute dtype."""
+
+    path: str
+    class_name: str
+    kernel_shape: tuple[int, ...]
+    compute_dtype: str
+    policy: str = ""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LayerKernel:
+        return cls(d["path"], d["class_name"], tuple(d["kernel_shape"]), d["compute_dtype"], d.get("policy", ""))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "class_name": self.class_name, "kernel_shape": list(self.kernel_shape),
+                "compute_dtype": self.compute_dtype, "policy": self.policy}
+
+    @property
+    def is_conv(self) -> bool:
+        return "Conv" in self.class_name and len(self.kernel_shape) >= 3
+
+    def dense_splits(self) -> list[tuple[int, int]]:
+        """``(inputs, outputs)`` sizes of the kernel read as a matrix, for every split point of its dims."""
+        dims = self.kernel_shape
+        splits = []
+        for i in range(1, len(dims)):
+            a = b = 1
+            for d in dims[:i]:
+                a *= d
+            for d in dims[i:]:
+                b *= d
+            splits.append((a, b))
+        return splits
+
+
+def _conv_matches(shape: dict[str, int], layer: LayerKernel) -> bool:
+    if not layer.is_conv:
+        return False
+    k = layer.kernel_shape
+    spatial, c_in, c_out = k[:-2], k[-2], k[-1]
+    groups = shape.get("g", 1)
+    names = {1: ("kw",), 2: ("kh", "kw"), 3: ("kd", "kh", "kw")}.get(len(spatial))
+    if names is None:
+        return False
+    if any(shape.get(n, 1) != s for n, s in zip(names, spatial)):
+        return False
+    ic, oc = shape.get("ic"), shape.get("oc")
+    if "Depthwise" in layer.class_name:  # kernel (kh, kw, C, multiplier): oneDNN sees g=C groups
+        return groups == c_in and ic == c_in and oc == c_in * c_out
+    return ic == c_in * groups and oc == c_out  # Keras keeps a grouped kernel's input channels per group
+
+
+def _ip_matches(shape: dict[str, int], layer: LayerKernel) -> bool:
+    ic = shape.get("ic", 0)
+    for n in ("id", "ih", "iw"):
+        ic *= shape.get(n, 1)
+    return not layer.is_conv and (ic, shape.get("oc")) in layer.dense_splits()
+
+
+def _matmul_matches(shape: dict[str, int], layer: LayerKernel) -> bool:
+    if layer.is_conv or not {"M", "K", "N"} <= shape.keys():
+        return False
+    m, k, n = shape["M"], shape["K"], shape["N"]
+    for i, u in layer.dense_splits():
+        if (k, n) in ((i, u), (u, i)) or (m, n) == (i, u):
+            return True
+    return False
+
+
+def match(record: Record, layers: Sequence[LayerKernel]) -> list[str]:
+    """The paths of the layers whose kernel shape fits ``record`` (empty: unmatched)."""
+    shape = record.shape()
+    if not shape:
+        return []
+    if record.kind in ("convolution", "deconvolution"):
+        test = _conv_matches
+    elif record.kind == "inner_product":
+        test = _ip_matches
+    elif record.kind in ("matmul", "gemm_api", "gemm"):
+        test = _matmul_matches
+    else:
+        return []
+    return [layer.path for layer in layers if test(shape, layer)]
+
+
+def match_op_name(op: str | None, layers: Sequence[LayerKernel]) -> list[str]:
+    """The layers a GPU kernel's TensorFlow op belongs to, by name: ``gradient_tape/mnist_cnn_1/dense_1/MatMul``
+    -> the layer whose own name (``dense_1``) is a scope of the op; the innermost scope wins, ``[]`` if none."""
+    if not op:
+        return []
+    scopes = op.split(":")[0].split("/")[:-1]
+    by_name: dict[str, list[str]] = {}
+    for layer in layers:
+        by_name.setdefault(layer.path.rsplit("/", 1)[-1], []).append(layer.path)
+    for scope in reversed(scopes):
+        if scope in by_name:
+            return by_name[scope]
+    return []

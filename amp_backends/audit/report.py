@@ -1,0 +1,230 @@
+"""The audit's result: time per dtype and on the matrix units, float32 islands, contradictions with the plan.
+
+Shares are of the *compute time*: the time of the kernels that do matrix work (oneDNN convolutions,
+matmuls, inner products, gemm calls; GPU GEMM and convolution kernels, and XLA fusions whose HLO holds a
+dot or convolution). Reorders (oneDNN's layout copies) and the other primitives (pooling, eltwise) are
+listed apart. Kernels whose dtype cannot be read count as ``unknown``, never guessed.
+
+JSON (:meth:`Audit.to_dict`, ``schema_version`` 1; fields are only ever added)::
+
+    {"schema_version": 1, "model": "mnist_cnn", "device": "cpu" | "nvidia" | "xpu",
+     "source": "oneDNN v3.7.3 verbose" | "TensorFlow profiler trace" | null,
+     "measured": true, "outside_onednn": null | "why",
+     "plan": {"backend": "cpu", "policy": "mixed_bfloat16", "compute_dtype": "bfloat16", "xla": false},
+     "batch_size": 64, "steps": 3, "step_time_ms": 41.2,
+     "compute_time_ms": 30.1, "reorder_time_ms": 0.4, "other_time_ms": 2.3,
+     "time_share_by_dtype": {"bfloat16": 0.99, "float32": 0.01},
+     "time_share_by_unit": {"AVX512-BF16": 0.95, "unknown": 0.05},
+     "matrix_unit_share": 0.0, "unknown_share": 0.0,
+     "by_kind": {"convolution": {"time_ms": 25.0, "dtypes": {...}, "units": {...}}},
+     "float32_islands": [{"layers": ["mnist_cnn/dense_1"], "time_ms": 0.1, "share": 0.003,
+                          "kinds": ["inner_product", "gemm_api"], "matched": "layer" | "ambiguous" | "unmatched",
+                          "check": [{"code": "float32-compute", ...}]}],
+     "warnings": [{"what": "...", "fix": "..."}], "notes": ["..."]}
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+REDUCED = ("bfloat16", "float16", "float8", "int8", "tfloat32")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One kernel execution, as the report counts it (from a oneDNN record or a GPU kernel)."""
+
+    kind: str
+    dtype: str
+    unit: str
+    time_ms: float
+    compute: bool
+    reorder: bool = False
+    layers: tuple[str, ...] = ()
+    matrix_unit: bool | None = False
+    emulated: bool = False
+
+
+def _shares(totals: Mapping[str, float]) -> dict[str, float]:
+    total = sum(totals.values())
+    return {k: round(v / total, 6) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])} if total else {}
+
+
+@dataclass
+class Audit:
+    """What ran: see the module documentation for every field. ``str(audit)`` is a table."""
+
+    model: str
+    device: str
+    plan: Mapping[str, Any]
+    entries: Sequence[Entry] = ()
+    source: str | None = None
+    measured: bool = True
+    outside_onednn: str | None = None
+    batch_size: int | None = None
+    steps: int | None = None
+    step_time_ms: float | None = None
+    findings: Sequence[Mapping[str, Any]] = ()
+    notes: list[str] = field(default_factory=list)
+
+    # -- figures ------------------------------------------------------------------------------------------
+    @property
+    def compute(self) -> list[Entry]:
+        return [e for e in self.entries if e.compute]
+
+    def _time(self, entries: Sequence[Entry]) -> float:
+        return sum(e.time_ms for e in entries)
+
+    def time_share_by_dtype(self) -> dict[str, float]:
+        totals: dict[str, float] = defaultdict(float)
+        for e in self.compute:
+            totals[e.dtype] += e.time_ms
+        return _shares(totals)
+
+    def time_share_by_unit(self) -> dict[str, float]:
+        totals: dict[str, float] = defaultdict(float)
+        for e in self.compute:
+            totals[e.unit] += e.time_ms
+        return _shares(totals)
+
+    def matrix_unit_share(self) -> float | None:
+        total = self._time(self.compute)
+        if not total:
+            return None
+        return round(self._time([e for e in self.compute if e.matrix_unit]) / total, 6)
+
+    def unknown_share(self) -> float:
+        if self.outside_onednn or not self.measured:
+            return 1.0
+        total = self._time(self.compute)
+        unknown = self._time([e for e in self.compute if e.dtype == "unknown"])
+        return round(unknown / total, 6) if total else 0.0
+
+    def by_kind(self) -> dict[str, dict[str, Any]]:
+        kinds: dict[str, list[Entry]] = defaultdict(list)
+        for e in self.compute:
+            kinds[e.kind].append(e)
+        out = {}
+        for kind, entries in sorted(kinds.items(), key=lambda kv: -self._time(kv[1])):
+            dtypes: dict[str, float] = defaultdict(float)
+            units: dict[str, float] = defaultdict(float)
+            for e in entries:
+                dtypes[e.dtype] += e.time_ms
+                units[e.unit] += e.time_ms
+            out[kind] = {"time_ms": round(self._time(entries), 4), "dtypes": _shares(dtypes), "units": _shares(units)}
+        return out
+
+    def float32_islands(self) -> list[dict[str, Any]]:
+        """float32 compute under a reduced-precision plan, grouped by the layers it was matched to."""
+        if self.plan.get("compute_dtype") not in REDUCED or self.outside_onednn:
+            return []
+        total = self._time(self.compute)
+        groups: dict[tuple[str, ...], list[Entry]] = defaultdict(list)
+        for e in self.compute:
+            if e.dtype == "float32":
+                groups[e.layers].append(e)
+        islands = []
+        for layers, entries in sorted(groups.items(), key=lambda kv: -self._time(kv[1])):
+            t = self._time(entries)
+            matched = "unmatched" if not layers else ("layer" if len(layers) == 1 else "ambiguous")
+            check = [f for f in self.findings if f.get("layer") in layers]
+            islands.append({"layers": list(layers), "time_ms": round(t, 4), "share": round(t / total, 6) if total else 0.0,
+                            "kinds": sorted({e.kind for e in entries}), "matched": matched, "check": check})
+        return islands
+
+    def warnings(self) -> list[dict[str, str]]:
+        from .verdict import contradictions
+
+        return contradictions(self)
+
+    # -- output -------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION, "model": self.model, "device": self.device, "source": self.source,
+            "measured": self.measured, "outside_onednn": self.outside_onednn, "plan": dict(self.plan),
+            "batch_size": self.batch_size, "steps": self.steps,
+            "step_time_ms": round(self.step_time_ms, 4) if self.step_time_ms is not None else None,
+            "compute_time_ms": round(self._time(self.compute), 4),
+            "reorder_time_ms": round(self._time([e for e in self.entries if e.reorder]), 4),
+            "other_time_ms": round(self._time([e for e in self.entries if not e.compute and not e.reorder]), 4),
+            "time_share_by_dtype": self.time_share_by_dtype(), "time_share_by_unit": self.time_share_by_unit(),
+            "matrix_unit_share": self.matrix_unit_share(), "unknown_share": self.unknown_share(),
+            "by_kind": self.by_kind(), "float32_islands": self.float32_islands(),
+            "warnings": self.warnings(), "notes": list(self.notes),
+        }
+
+    def to_json(self, **kwargs: Any) -> str:
+        kwargs.setdefault("indent", 2)
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def headline(self) -> str:
+        p = self.plan
+        return (f"Audit of {self.model!r} on {self.device}, plan {p.get('backend')} {p.get('policy')}"
+                f" (xla {'on' if p.get('xla') else 'off'}): what ran, from {self.source or 'nothing measured'}")
+
+    def render_text(self, console: Any = None) -> None:
+        from rich.console import Console
+        from rich.markup import escape
+        from rich.table import Table
+
+        console = console or Console()
+        console.print(escape(self.headline()))
+        if not self.measured or self.outside_onednn:
+            console.print(escape(self.outside_onednn or "not measured"))
+        kinds = self.by_kind()
+        if kinds:
+            table = Table(show_header=True, header_style="bold")
+            steps = max(self.steps or 1, 1)
+            for name in ("kernels", "ms per step", "dtypes (share of time)", "executed on"):
+                table.add_column(name, overflow="fold")
+            for kind, k in kinds.items():
+                table.add_row(escape(kind), f"{k['time_ms'] / steps:.2f}", escape(_fmt(k["dtypes"])),
+                              escape(_fmt(k["units"])))
+            console.print(table)
+        d = self.to_dict()
+        if kinds:
+            console.print(escape(f"compute time by dtype: {_fmt(d['time_share_by_dtype'])}; on matrix units (AMX, "
+                                 f"Tensor Cores): {_pct(d['matrix_unit_share'])}; unknown: {_pct(d['unknown_share'])}"))
+            steps = max(self.steps or 1, 1)
+            console.print(escape(f"per step: reorders {d['reorder_time_ms'] / steps:.2f} ms, other primitives "
+                                 f"{d['other_time_ms'] / steps:.2f} ms; step time {_ms(self.step_time_ms)} "
+                                 f"({self.steps} step(s) measured, batch {self.batch_size})"))
+        for island in d["float32_islands"]:
+            where = ", ".join(island["layers"]) or "unmatched (no layer of that shape)"
+            why = "; ".join(f"{c.get('code')}: {c.get('what')}" for c in island["check"])
+            console.print(escape(f"float32 island: {where} ({island['matched']}): {_pct(island['share'])} of compute "
+                                 f"time in {', '.join(island['kinds'])}" + (f" [check: {why}]" if why else "")))
+        for w in d["warnings"]:
+            console.print(escape(f"warning: {w['what']}. Fix: {w['fix']}"), style="yellow")
+        for note in self.notes:
+            console.print(escape(f"note: {note}"))
+
+    def render(self, width: int = 140) -> str:
+        from rich.console import Console
+
+        buffer = io.StringIO()
+        self.render_text(Console(file=buffer, width=width, color_system=None, force_terminal=False))
+        return buffer.getvalue()
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+def _pct(share: float | None) -> str:
+    if share is None:
+        return "-"
+    return "<0.1%" if 0 < share < 0.001 else f"{100 * share:.1f}%"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} ms"
+
+
+def _fmt(shares: Mapping[str, float]) -> str:
+    return ", ".join(f"{k} {_pct(v)}" for k, v in shares.items()) or "none"

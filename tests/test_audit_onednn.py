@@ -1,0 +1,190 @@
+"""The audit's CPU side without TensorFlow: oneDNN verbose records, layer matching, the report and its verdicts.
+
+Recorded lines (tests/data): ``onednn_tf221_mnist_bf16.txt`` is one training step of the MNIST CNN under
+mixed_bfloat16, TF 2.21 (oneDNN v3.7.3) on an AMD EPYC Zen 4 (avx512_bf16), batch 64, ``ONEDNN_VERBOSE=1``;
+``onednn_itex215_mnist_f32.txt`` the same model in float32 under TF 2.15.1 + ITEX 2.15.0.0 (oneDNN v3.3.0),
+same machine. The MKL-DNN 0.x line is the example of oneDNN's v0 documentation (perf_profile.html).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from amp_backends.audit import onednn
+from amp_backends.audit.build import from_onednn
+from amp_backends.audit.match import LayerKernel, match
+from amp_backends.audit.report import Audit, Entry
+from amp_backends.audit.runner import overrides_env, split_output
+
+DATA = Path(__file__).parent / "data"
+TF221 = (DATA / "onednn_tf221_mnist_bf16.txt").read_text().splitlines()
+ITEX = (DATA / "onednn_itex215_mnist_f32.txt").read_text().splitlines()
+MNIST_LAYERS = [
+    {"path": "mnist_cnn/conv2d", "class_name": "Conv2D", "kernel_shape": [3, 3, 1, 32], "compute_dtype": "bfloat16"},
+    {"path": "mnist_cnn/conv2d_1", "class_name": "Conv2D", "kernel_shape": [3, 3, 32, 64], "compute_dtype": "bfloat16"},
+    {"path": "mnist_cnn/dense", "class_name": "Dense", "kernel_shape": [9216, 128], "compute_dtype": "bfloat16"},
+    {"path": "mnist_cnn/dense_1", "class_name": "Dense", "kernel_shape": [128, 10], "compute_dtype": "float32"},
+]
+BF16_PLAN = {"backend": "cpu", "policy": "mixed_bfloat16", "compute_dtype": "bfloat16", "xla": False}
+F32_PLAN = {"backend": "cpu", "policy": "float32", "compute_dtype": "float32", "xla": False}
+
+
+def doc(plan=BF16_PLAN, **extra):
+    return {"model": "mnist_cnn", "plan": plan, "batch_size": 64, "steps": 1, "step_time_ms": 20.0,
+            "layers": MNIST_LAYERS, "findings": [{"code": "float32-compute", "layer": "mnist_cnn/dense_1",
+                                                  "what": "pinned to float32"}], **extra}
+
+
+def test_a_v3_7_convolution_record_is_read_field_by_field():
+    r = onednn.parse_line(TF221[1])
+    assert (r.kind, r.implementation, r.isa, r.prop) == ("convolution", "brg_conv_fwd:avx512_core_bf16",
+                                                         "avx512_core_bf16", "forward_training")
+    assert r.dtypes["src"] == r.dtypes["wei"] == r.dtypes["dst"] == "bf16"
+    assert (r.dtype, r.unit, r.on_matrix_unit, r.emulated) == ("bfloat16", "AVX512-BF16", False, False)
+    assert r.shape()["ic"] == 1 and r.shape()["oc"] == 32 and r.shape()["kh"] == 3 and r.shape()["mb"] == 64
+    assert r.time_ms == pytest.approx(0.247803)
+    assert "attr-post-ops:eltwise_relu" in r.attrs
+
+
+def test_implementations_that_name_no_isa_are_unknown_never_guessed():
+    records = onednn.parse(TF221)
+    ip = next(r for r in records if r.kind == "inner_product" and r.dtype == "bfloat16")
+    assert ip.implementation == "x64:gemm:jit" and ip.isa is None and ip.unit == "unknown"
+    gemm = next(r for r in records if r.kind == "gemm_api")
+    assert gemm.implementation == "" and gemm.dtype == "float32" and gemm.unit == "unknown"
+    assert gemm.shape() == {"M": 128, "K": 64, "N": 10, "batch": 1}
+    bwd = next(r for r in records if r.prop == "backward_data" and r.kind == "convolution")
+    assert bwd.isa == "avx512_core_bf16"  # "brg_conv_bwd:avx512_core_bf16+brg_conv_fwd:avx512_core_bf16"
+
+
+def test_the_itex_oneDNN_3_3_format_and_its_header():
+    records = onednn.parse(ITEX)
+    assert len(records) == 21 and all(r.engine == "cpu" for r in records)
+    conv = next(r for r in records if r.kind == "convolution")
+    assert (conv.dtype, conv.isa, conv.unit) == ("float32", "avx512_core", "AVX-512")
+    mm = next(r for r in records if r.kind == "matmul")
+    assert mm.implementation == "brg:avx512_core" and mm.shape()["K"] == 9216
+    assert onednn.library_version(ITEX) == "oneDNN v3.3.0"
+    assert onednn.parse_line("onednn_verbose,info,cpu,isa:Intel AVX-512 with Intel DL Boost") is None
+
+
+def test_older_formats_timestamps_and_math_modes():
+    v0 = "mkldnn_verbose,exec,reorder,jit:uni,undef,in:f32_nchw out:f32_nChw8c,num:1,2x16x7x7,0.529053"
+    r = onednn.parse_line(v0)
+    assert (r.kind, r.dtype, r.problem, r.time_ms) == ("reorder", "float32", "2x16x7x7", pytest.approx(0.529053))
+    # constructed from the documented layout: a timestamp field after the marker, and fpmath:bf16
+    stamped = "onednn_verbose,v1,1700000000123.4,primitive,exec,cpu," + TF221[1].split(",exec,cpu,", 1)[1]
+    assert onednn.parse_line(stamped).dtype == "bfloat16"
+    f32 = TF221[1].replace("bf16:", "f32:").replace("attr-scratchpad:user", "attr-fpmath:bf16 attr-scratchpad:user")
+    assert onednn.parse_line(f32).dtype == "bfloat16"
+    emulated = TF221[1].replace("avx512_core_bf16", "avx512_core")
+    assert onednn.parse_line(emulated).emulated
+    assert onednn.parse_line("not a verbose line") is None
+
+
+def test_records_are_matched_to_layers_by_kernel_shape():
+    layers = [LayerKernel.from_dict(d) for d in MNIST_LAYERS]
+    records = [r for r in onednn.parse(TF221) if r.is_compute]
+    matched = {(r.kind, r.problem): match(r, layers) for r in records}
+    assert all(len(v) == 1 for v in matched.values()), matched
+    assert matched[("matmul", "9216x64:64x128")] == ["mnist_cnn/dense"]       # gradient of the weights
+    assert matched[("matmul", "64x128:128x9216")] == ["mnist_cnn/dense"]      # gradient of the input
+    assert matched[("gemm_api", "128x64:64x10")] == ["mnist_cnn/dense_1"]
+    assert matched[("inner_product", "mb64ic128oc10")] == ["mnist_cnn/dense_1"]
+    assert {m[0] for (k, _), m in matched.items() if k == "convolution"} == {"mnist_cnn/conv2d", "mnist_cnn/conv2d_1"}
+    twins = layers + [LayerKernel("m/other", "Dense", (128, 10), "float32")]
+    assert len(match(next(r for r in records if r.kind == "gemm_api"), twins)) == 2  # ambiguous: both named
+
+
+def test_the_bf16_step_reads_as_bf16_with_the_output_layer_a_float32_island():
+    audit = from_onednn(TF221, doc(), ["onednn_verbose,v1,info,oneDNN v3.7.3 (commit N/A)"])
+    d = audit.to_dict()
+    assert d["time_share_by_dtype"]["bfloat16"] > 0.9
+    assert d["by_kind"]["convolution"]["units"] == {"AVX512-BF16": 1.0}
+    islands = d["float32_islands"]
+    assert [i["layers"] for i in islands] == [["mnist_cnn/dense_1"]] and islands[0]["check"][0]["code"] == "float32-compute"
+    assert d["warnings"] == [] and d["matrix_unit_share"] == 0.0 and d["unknown_share"] == 0.0
+    assert d["source"].startswith("oneDNN v3.7.3") and d["reorder_time_ms"] > 0
+    text = str(audit)
+    assert "float32 island: mnist_cnn/dense_1" in text and "AVX512-BF16" in text
+
+
+def test_a_float32_run_has_no_bf16_time_and_no_islands():
+    d = from_onednn(ITEX, doc(F32_PLAN)).to_dict()
+    assert set(d["time_share_by_dtype"]) == {"float32"} and d["float32_islands"] == [] and d["warnings"] == []
+
+
+def test_no_onednn_matrix_primitive_means_outside_onednn_and_no_dtypes():
+    eigen_sgemm = [line for line in TF221 if ",gemm_api," in line]
+    audit = from_onednn(eigen_sgemm, doc(onednn_opts="0"))
+    d = audit.to_dict()
+    assert "outside oneDNN (Eigen)" in d["outside_onednn"] and "TF_ENABLE_ONEDNN_OPTS=0" in d["outside_onednn"]
+    assert d["time_share_by_dtype"] == {} and d["unknown_share"] == 1.0 and d["float32_islands"] == []
+    assert "no fast bfloat16 path" in d["warnings"][0]["what"]
+    assert "outside oneDNN" in from_onednn([], doc()).to_dict()["outside_onednn"]
+
+
+def test_contradictions_with_the_plan_are_warnings_with_their_fix():
+    entries = [Entry("convolution", "bfloat16", "AVX512-BF16", 60.0, True, layers=("m/conv",)),
+               Entry("convolution", "float32", "AVX-512", 40.0, True, layers=("m/conv_1",))]
+    w = Audit("m", "cpu", BF16_PLAN, entries).warnings()
+    assert w[0]["what"] == ("the plan says bfloat16; 40% of the convolution time ran in float32 kernels "
+                            "(layers: m/conv_1)") and "float32" in w[0]["fix"]
+    w = Audit("m", "cpu", F32_PLAN, entries).warnings()
+    assert w[0]["what"] == "the plan says float32; 60% of the compute time ran in bfloat16 kernels"
+    emulated = [Entry("matmul", "bfloat16", "AVX-512", 1.0, True, emulated=True)]
+    assert "emulated" in Audit("m", "cpu", BF16_PLAN, emulated).warnings()[0]["what"]
+
+
+def test_the_child_output_is_split_at_its_markers_and_overrides_become_amp_variables():
+    out = "noise\namp_backends_audit:begin\nrec1\nrec2\namp_backends_audit:end\nlater"
+    assert split_output(out) == (["noise"], ["rec1", "rec2"])
+    assert split_output("no markers") == (["no markers"], [])
+    assert overrides_env(policy="float32", xla=None, strict=True) == {"AMP_POLICY": "float32", "AMP_STRICT": "1"}
+    with pytest.raises(TypeError, match="unknown plan override"):
+        overrides_env(polcy="float32")
+
+
+def test_a_model_object_or_an_unimportable_factory_is_refused_before_anything_runs():
+    from amp_backends.audit import audit
+
+    class FakeModel:
+        layers = ()
+
+    with pytest.raises(TypeError, match="takes a factory"):
+        audit(FakeModel())
+    with pytest.raises(ValueError, match="top-level function of an importable module"):
+        audit(lambda: None)
+    with pytest.raises(ValueError, match="expected MODULE:FACTORY"):
+        audit("mymodels.py")
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        audit("amp_backends.models:mnist_cnn", batch_size=0)
+
+
+def test_the_trainer_observer_does_nothing_without_onednn_verbose(monkeypatch, caplog):
+    from types import SimpleNamespace
+
+    from amp_backends.audit.observer import AuditObserver
+
+    monkeypatch.delenv("ONEDNN_VERBOSE", raising=False)
+    obs = AuditObserver(window=(0, 1))
+    with caplog.at_level("WARNING"):
+        obs.on_fit_start(0, 10)
+    obs.before_call(0, 1)
+    obs.after_call(SimpleNamespace(step=1, steps=1, step_time=0.1))
+    obs.close()
+    assert obs.result is None and "amp-backends audit" in caplog.text
+
+
+def test_the_package_name_is_also_the_function_and_imports_no_tensorflow():
+    import subprocess
+    import sys
+
+    code = ("import sys, amp_backends, amp_backends.audit\n"
+            "assert callable(amp_backends.audit) and amp_backends.audit.audit is not None\n"
+            "print('tensorflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
