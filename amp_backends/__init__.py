@@ -60,6 +60,8 @@ _LAZY = {
     "BackendRegistry": ".registry",
     "default_registry": ".registry",
     "check_model": ".model_check",
+    "audit": ".audit",
+    "audit_trace": ".audit",
     "Preparation": ".fp8",
     "prepare_model": ".fp8",
     "MatrixUnit": ".assessment",
@@ -82,6 +84,7 @@ __all__ = sorted(_LAZY) + ["__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from .assessment import Assessment, MatrixUnit, Support, VendorSetting
+    from .audit import audit, audit_trace
     from .configure import auto_configure, current_plan, plan_for, reset
     from .errors import (
         AmpConfigError,

@@ -1,4 +1,4 @@
-"""The ``amp-backends`` command line (typer): ``info``, ``check``, ``bench`` and ``train mnist|gan``.
+"""The ``amp-backends`` command line (typer): ``info``, ``check``, ``audit``, ``bench`` and ``train mnist|gan``.
 
 Importing this module defines ``info`` only; ``check``, ``bench`` and ``train`` are registered by
 :func:`get_app` when the command line runs, so importing the CLI (or running ``info``) never loads the
@@ -26,9 +26,10 @@ _registered = False
 
 
 def get_app() -> typer.Typer:
-    """The full command line: ``info``, plus ``check``, ``bench`` and ``train`` registered on first use."""
+    """The full command line: ``info``, plus ``check``, ``audit``, ``bench`` and ``train`` registered on first use."""
     global _registered
     if not _registered:
+        from .audit import audit_command
         from .bench import main as bench_main
         from .check import check_command
         from .train import train_app
@@ -36,6 +37,8 @@ def get_app() -> typer.Typer:
         app.add_typer(train_app(), name="train", short_help="Train the tutorials' MNIST CNN or GAN under the auto plan.")
         app.command("check", short_help="Check a Keras model for what makes mixed precision slow or wrong.")(
             check_command)
+        app.command("audit", short_help="Train a few steps and report the kernels that ran: dtypes, float32 islands.")(
+            audit_command)
         app.command("bench", help=bench_main.__doc__, short_help="Time the tutorials' configurations against the auto plan.")(
             bench_main)
         _registered = True
