@@ -274,6 +274,19 @@ def test_onednn_switched_off_gives_float32_with_the_reason(registry):
     assert forced.policy == "float32" and "Eigen" in forced.warnings[0]
 
 
+def test_too_late_to_change_onednn_once_tensorflow_is_imported(registry):
+    from dataclasses import replace
+
+    from amp_backends.backends.cpu.onednn import onednn_state
+
+    for spec, arch, env in ((ZEN4, "x86_64", {"TF_ENABLE_ONEDNN_OPTS": "0"}), (GRAVITON4, "aarch64", {})):
+        probe = cpu_of(spec, arch=arch, environ=env)
+        imported = onednn_state(probe.cpu, env, system="linux", imported_answer=False)
+        p = plan(machine(replace(probe, facts=replace(probe.facts, onednn=imported))), registry)
+        assert p.policy == "float32" and "TensorFlow is already imported in this process" in p.reasons["policy"]
+        assert "TensorFlow is already imported" not in plan(machine(probe), registry).reasons["policy"]
+
+
 def test_bf16_reason_names_oneDNN_and_this_machines_figures(registry):
     p = plan(machine(cpu_of(ZEN4)), registry)
     assert "TensorFlow runs oneDNN" in p.reasons["policy"] and "avx512_bf16" in p.reasons["policy"]

@@ -37,6 +37,14 @@ def bf16_runs_fast(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> bool
     return cpu.native_bf16 and (onednn.enabled or itex_active)
 
 
+def _too_late(onednn: OneDnnState) -> str:
+    """TensorFlow reads the variable once, at import: say so when that has happened."""
+    if not onednn.tensorflow_imported:
+        return ""
+    return (f"; TensorFlow is already imported in this process, so changing {VARIABLE} now changes nothing: set it "
+            "before the program starts (or before its first `import tensorflow`)")
+
+
 def bf16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Support:
     which = bf16_flags(cpu)
     if bf16_runs_fast(cpu, onednn, itex_active):
@@ -50,11 +58,11 @@ def bf16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Suppor
             return Support(EMULATED, f"{VARIABLE}={onednn.variable}: without oneDNN, TensorFlow runs bfloat16 in Eigen, "
                                      f"{slower} slower than float32 even on a CPU with bf16 instructions ({figures}). "
                                      f"Unset {VARIABLE} (or set it to 1) before importing TensorFlow to run bfloat16 "
-                                     f"through oneDNN")
+                                     f"through oneDNN{_too_late(onednn)}")
         return Support(EMULATED, f"the CPU has bf16 instructions ({which}) but oneDNN is off ({onednn.why}): without "
                                  f"oneDNN, TensorFlow runs bfloat16 in Eigen, {slower} slower than float32 on the "
                                  f"measured bf16 CPU ({figures}). Set {VARIABLE}=1 before importing TensorFlow to run "
-                                 "it through oneDNN (not measured on this CPU)")
+                                 f"it through oneDNN (not measured on this CPU){_too_late(onednn)}")
     if itex_active:
         return Support(UNSAFE, "this CPU has no bf16 instructions (no avx512_bf16, amx_bf16) and ITEX is loaded: "
                                "ITEX's oneDNN aborts the whole process on a bf16 matmul here")
