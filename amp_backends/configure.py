@@ -94,6 +94,21 @@ def plan_for(
     return make_plan(hardware, request, registry, keras if keras is not None else keras_info())
 
 
+def configure_for_device(device: str, *, registry: BackendRegistry | None = None, environ: dict[str, str] | None = None,
+                         **overrides: Any) -> Plan:
+    """Plan for a catalogue device and set that plan's Keras dtype policy in this process, so that models built
+    next compute as they would on the device (for ``check_model`` and ``amp-backends check --device``).
+
+    Nothing else is applied: TF32, XLA and the vendor's settings belong to the device's machine, not this one,
+    and :func:`current_plan` stays this machine's. The overrides are :func:`plan_for`'s.
+    """
+    plan = plan_for(device=device, registry=registry, environ=environ, **overrides)
+    from .keras_compat import set_global_policy
+
+    set_global_policy(plan.policy)
+    return plan
+
+
 def known_devices() -> tuple[str, ...]:
     """The names :func:`plan_for` accepts as ``device`` (each has aliases; see :mod:`amp_backends.devices`)."""
     from .devices import known_devices as names

@@ -101,3 +101,21 @@ def test_overrides_apply_to_a_catalogue_plan(registry):
     assert p.policy == "mixed_bfloat16" and p.loss_scale.mode == "none" and p.warnings == ()
     v100 = plan_for(device="v100", registry=registry, environ={}, policy="bf16")
     assert v100.policy == "mixed_float16" and "CC >= 8.0" in v100.warnings[0]
+
+
+@pytest.mark.tensorflow
+def test_configure_for_device_sets_only_the_devices_dtype_policy(registry):
+    tf = pytest.importorskip("tensorflow")
+    from amp_backends import keras_compat
+    from amp_backends.configure import configure_for_device, current_plan
+
+    tf32_before, jit_before = tf.config.experimental.tensor_float_32_execution_enabled(), tf.config.optimizer.get_jit()
+    plan = configure_for_device("H100", registry=registry, environ={})
+    assert plan.policy == "mixed_float16" and keras_compat.global_policy_name(tf) == "mixed_float16"
+    layer = tf.keras.layers.Dense(2)
+    layer.build((None, 3))
+    assert layer.compute_dtype == "float16"  # built as on an H100
+    assert tf.config.experimental.tensor_float_32_execution_enabled() == tf32_before  # this machine's settings stay
+    assert tf.config.optimizer.get_jit() == jit_before and current_plan() is None
+    with pytest.raises(AmpConfigError, match="Unknown device"):
+        configure_for_device("h800", registry=registry, environ={})
