@@ -12,7 +12,9 @@ is ignored with a warning, and TensorFlow's default applies (``DefaultOneDnnPoli
 
 TensorFlow 2.9 introduced this default; older releases ran oneDNN only with ``TF_ENABLE_ONEDNN_OPTS=1``.
 Under TensorFlow 2.15 with Intel Extension for TensorFlow loaded, ITEX's CPU backend runs its own oneDNN
-kernels whatever this says; the CPU backend accounts for that separately (``CpuFacts.itex``).
+kernels (observed on a Zen 1 CPU, where TensorFlow's default leaves its oneDNN off: ITEX's oneDNN ran, and
+aborted on, a bf16 matmul); the CPU backend accounts for that separately (``CpuFacts.itex``). Whether
+``TF_ENABLE_ONEDNN_OPTS=0`` also turns ITEX's kernels off was not checked: the plan assumes it does not.
 
 Once TensorFlow is imported the answer is TensorFlow's own (``_pywrap_util_port.IsMklEnabled``) and the
 variable can no longer change it.
