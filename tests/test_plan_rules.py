@@ -40,8 +40,8 @@ TABLE = [
     ("Sapphire Rapids + ITEX: BF32", machine(cpu_of(SAPPHIRE_RAPIDS, itex=True)), "cpu", "mixed_bfloat16", "none", True, False,
      ("/CPU:0",)),
     ("Ice Lake (AVX-512, no bf16)", machine(cpu_of(ICELAKE)), "cpu", "float32", "none", False, False, ("/CPU:0",)),
-    ("this AMD EPYC", machine(HERE), "cpu", "float32", "none", False, False, ("/CPU:0",)),
-    ("this AMD EPYC with ITEX", machine(cpu_of(AMD_HERE, itex=True)), "cpu", "float32", "none", False, False, ("/CPU:0",)),
+    ("AMD EPYC Zen 1 (AVX2, oneDNN off by default)", machine(HERE), "cpu", "float32", "none", False, False, ("/CPU:0",)),
+    ("AMD EPYC Zen 1 with ITEX", machine(cpu_of(AMD_HERE, itex=True)), "cpu", "float32", "none", False, False, ("/CPU:0",)),
     ("Arm with bf16 (Graviton3)", machine(cpu_of(GRAVITON3, arch="aarch64")), "cpu", "mixed_bfloat16", "none", False, False,
      ("/CPU:0",)),
     ("Arm without bf16", machine(cpu_of(CORTEX_A72, arch="aarch64")), "cpu", "float32", "none", False, False, ("/CPU:0",)),
@@ -360,3 +360,21 @@ def test_results_files_say_how_they_were_made():
         assert doc["machine_kind"] and doc["command"].startswith("python benchmarks/") and doc["date"]
         assert doc["versions"]["tensorflow"] and doc["results"]
         assert all(isinstance(r["median"], (int, float)) for r in doc["results"].values())
+
+
+def test_the_results_the_reasons_quote_ship_in_the_wheel():
+    import fnmatch
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+
+    from amp_backends.backends.cpu.measured import FIT_STEPS, WITH_BF16, WITHOUT_BF16
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    if not pyproject.is_file():
+        pytest.skip("no pyproject.toml beside the tests (an installed copy): the files are checked where they load")
+    config = tomllib.loads(pyproject.read_text(encoding="utf-8"))["tool"]["setuptools"]
+    assert config["package-dir"]["amp_backends.results"] == "results" and "amp_backends.results" in config["packages"]
+    patterns = config["package-data"]["amp_backends.results"]
+    for file in (WITH_BF16, WITHOUT_BF16, FIT_STEPS):
+        assert any(fnmatch.fnmatch(file, p) for p in patterns), file
