@@ -92,7 +92,7 @@ def child(policy: str, jit: bool, warmup: int, steps: int) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    model, flags = platform.processor() or platform.machine(), set()
+    model, flags = platform.processor() or platform.machine(), set[str]()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             for line in fh:

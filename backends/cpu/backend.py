@@ -15,6 +15,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from amp_backends.backends.intel.itex import MATH_MODE_VARIABLE, ItexStatus, apply_math_mode, itex_status
+
 from amp_backends.assessment import (
     EMULATED,
     FUNCTIONAL,
@@ -25,7 +27,6 @@ from amp_backends.assessment import (
     Support,
     VendorSetting,
 )
-from amp_backends.backends.intel.itex import MATH_MODE_VARIABLE, ItexStatus, apply_math_mode, itex_status
 from amp_backends.hardware import BF16, FP16, Accelerator, BackendProbe, CpuInfo, Hardware
 from amp_backends.plan import Plan
 from amp_backends.registry import Backend
@@ -41,7 +42,6 @@ ARM_RELEVANT_FLAGS = ("bf16", "asimdhp", "fphp", "sve", "i8mm")
 # Arm's part numbers (/proc/cpuinfo "CPU part", implementer 0x41) for the cores a plan tells apart.
 ARM_PARTS = {"0xd40": "Neoverse-V1", "0xd4f": "Neoverse-V2", "0xd84": "Neoverse-V3", "0xd0c": "Neoverse-N1",
              "0xd49": "Neoverse-N2", "0xd08": "Cortex-A72", "0xd0b": "Cortex-A76"}
-
 
 
 def fit_steps_why() -> str:
