@@ -7,7 +7,7 @@ is ignored with a warning, and TensorFlow's default applies (``DefaultOneDnnPoli
 * Linux x86: on for CPUs with AVX512-VNNI, AVX512-BF16, AVX-VNNI or AMX (Intel Cascade Lake and later,
   AMD Zen 4 and later); off for the others (AMD Zen 1-3, Intel Skylake-SP and older, most desktops),
 * Linux aarch64: on for Arm Neoverse V1 (AWS Graviton 3), off for other Arm cores,
-* Windows x86: on (builds with oneDNN),
+* Windows x86: on (builds with oneDNN; read from the source, not checked on a Windows machine),
 * macOS and everything else: off (Apple's arm64 builds have no oneDNN at all).
 
 TensorFlow 2.9 introduced this default; older releases ran oneDNN only with ``TF_ENABLE_ONEDNN_OPTS=1``.
