@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from .errors import AmpConfigError
 from .hardware import Accelerator, BackendProbe, CpuInfo, Hardware
 
-GB = 10**9
+# Vendors' "GB" of GPU memory are binary: NVML reported 81559 MiB (79.6 GiB) on the project's lent "H100 80GB HBM3".
+GB = 2**30
 
 CUDA_GPUS = "NVIDIA, CUDA GPU compute capability list, https://developer.nvidia.com/cuda-gpus"
 

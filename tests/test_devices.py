@@ -65,7 +65,7 @@ def test_every_device_says_where_its_figures_come_from():
 
 def test_catalogue_devices_carry_the_vendor_figures():
     h100 = device_hardware("h100").get("nvidia").devices[0]
-    assert (h100.name, h100.compute_capability, h100.memory_bytes) == ("NVIDIA H100 80GB HBM3", (9, 0), 80 * 10**9)
+    assert (h100.name, h100.compute_capability, h100.memory_bytes) == ("NVIDIA H100 80GB HBM3", (9, 0), 80 * 2**30)
     assert "fp8" in h100.capabilities and "tf32" in h100.capabilities
     assert "tensor_cores" in device_hardware("t4").get("nvidia").devices[0].capabilities
     spr = device_hardware("sapphire-rapids").cpu
