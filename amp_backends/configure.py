@@ -11,7 +11,7 @@ import threading
 import warnings
 from typing import Any
 
-from .errors import AmpWarning
+from .errors import AmpConfigError, AmpWarning
 from .hardware import Hardware
 from .keras_compat import KerasInfo, keras_info
 from .plan import Plan
@@ -68,6 +68,7 @@ def _ensure_visible_logging() -> None:
 def plan_for(
     hardware: Hardware | None = None,
     *,
+    device: str | None = None,
     registry: BackendRegistry | None = None,
     environ: dict[str, str] | None = None,
     keras: KerasInfo | None = None,
@@ -75,13 +76,44 @@ def plan_for(
 ) -> Plan:
     """The plan for ``hardware`` (probed now if ``None``) under the overrides, without applying it.
 
-    ``keras`` is the Keras to plan for (float8 training needs Keras >= 3.3); by default the one ``tf.keras``
-    is, read from package metadata (or from TensorFlow, if imported).
+    ``device`` plans for a device of the catalogue instead (a name from :func:`known_devices`, such as
+    ``"h100"``, ``"a100-80gb"`` or ``"sapphire-rapids"``; any case): hardware you do not have. ``keras`` is
+    the Keras to plan for (float8 training needs Keras >= 3.3); by default the one ``tf.keras`` is, read from
+    package metadata (or from TensorFlow, if imported).
     """
+    if device is not None:
+        if hardware is not None:
+            raise AmpConfigError(f"plan_for() takes hardware or device, not both. Received: hardware and "
+                                 f"device={device!r}. Fix: pass one of them.")
+        from .devices import device_hardware
+
+        hardware = device_hardware(device)
     registry = registry or default_registry()
     request = build_request(registry.known_names(), environ=environ, **overrides)
     hardware = hardware or _probe(registry, use_tensorflow=False)
     return make_plan(hardware, request, registry, keras if keras is not None else keras_info())
+
+
+def configure_for_device(device: str, *, registry: BackendRegistry | None = None, environ: dict[str, str] | None = None,
+                         **overrides: Any) -> Plan:
+    """Plan for a catalogue device and set that plan's Keras dtype policy in this process, so that models built
+    next compute as they would on the device (for ``check_model`` and ``amp-backends check --device``).
+
+    Nothing else is applied: TF32, XLA and the vendor's settings belong to the device's machine, not this one,
+    and :func:`current_plan` stays this machine's. The overrides are :func:`plan_for`'s.
+    """
+    plan = plan_for(device=device, registry=registry, environ=environ, **overrides)
+    from .keras_compat import set_global_policy
+
+    set_global_policy(plan.policy)
+    return plan
+
+
+def known_devices() -> tuple[str, ...]:
+    """The names :func:`plan_for` accepts as ``device`` (each has aliases; see :mod:`amp_backends.devices`)."""
+    from .devices import known_devices as names
+
+    return names()
 
 
 def _probe(registry: BackendRegistry, use_tensorflow: bool) -> Hardware:

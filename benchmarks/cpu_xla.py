@@ -2,6 +2,10 @@
 
 Batch 256, median of 8 timed steps after 3 warm-up steps, one tf.function per step.
 Run: python benchmarks/cpu_xla.py   (prints one line per configuration)
+
+Superseded by benchmarks/cpu_policy.py (child process per configuration, oneDNN on and off, interleaved
+rounds, JSON); kept because results/cpu-policy-zen1.json, the Zen 1 figures the CPU plan quotes, were made
+with it.
 """
 import platform
 import time

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from amp_backends.backends.cpu import CpuFacts
 from amp_backends.backends.cpu.backend import cpu_device
+from amp_backends.backends.cpu.onednn import onednn_state
 from amp_backends.backends.intel import IntelFacts, ItexStatus, classify_xpu
 from amp_backends.backends.nvidia import derive_capabilities
 from amp_backends.hardware import Accelerator, BackendProbe, CpuInfo, Hardware
@@ -27,11 +28,14 @@ def intel(*names: str) -> BackendProbe:
                         facts=IntelFacts(ITEX_LOADED, ("gpu",)))
 
 
-def cpu(vendor: str, model: str, flags: str, arch: str = "x86_64", itex: bool = False) -> BackendProbe:
+def cpu(vendor: str, model: str, flags: str, arch: str = "x86_64", itex: bool = False,
+        environ: dict[str, str] | None = None, system: str = "linux") -> BackendProbe:
+    """A CPU probe; ``environ`` (``TF_ENABLE_ONEDNN_OPTS``) and ``system`` decide oneDNN's state as TensorFlow would."""
     info = CpuInfo(vendor, model, arch, 8, frozenset(flags.split()))
     status = ITEX_LOADED if itex else NO_ITEX
+    onednn = onednn_state(info, environ or {}, system=system, tf_version="2.15.1" if itex else "2.21.0")
     return BackendProbe("cpu", True, model, devices=(cpu_device(info),), cpu=info, details=(("itex", status.reason),),
-                        facts=CpuFacts(status))
+                        facts=CpuFacts(status, onednn))
 
 
 def machine(*probes: BackendProbe, tf_device_types: frozenset[str] | None = None) -> Hardware:
@@ -55,13 +59,17 @@ ARC_A770 = "Intel(R) Arc(TM) A770 Graphics"
 FLEX170 = "Intel(R) Data Center GPU Flex 170"
 IRIS_XE = "Intel(R) Iris(R) Xe Graphics"
 # CPUs
+# AMD EPYC Zen 1 (the earlier machines): AVX2, no AVX-512, no bf16; TensorFlow leaves oneDNN off by default
 AMD_HERE = ("AMD", "AMD EPYC", "fpu sse sse2 avx avx2 fma f16c")
+# AMD EPYC Zen 4 (the machine now): AVX-512 with avx512_bf16 and avx512_vnni, no AMX
+ZEN4 = ("AMD", "AMD EPYC", "fpu sse sse2 avx avx2 fma f16c avx512f avx512bw avx512vl avx_vnni avx512_bf16 avx512_vnni")
 SAPPHIRE_RAPIDS = ("Intel", "Intel(R) Xeon(R) Platinum 8480+",
                    "avx2 avx512f avx512bw avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8")
 ICELAKE = ("Intel", "Intel(R) Xeon(R) Platinum 8380", "avx2 avx512f avx512bw avx512vl")
 GRAVITON3 = ("ARM", "Neoverse-V1", "fp asimd sve bf16 i8mm asimdhp fphp")
+GRAVITON4 = ("ARM", "Neoverse-V2", "fp asimd sve sve2 bf16 i8mm asimdhp fphp")
 CORTEX_A72 = ("ARM", "Cortex-A72", "fp asimd evtstrm crc32 cpuid")
 
 
-def cpu_of(spec, arch="x86_64", itex=False) -> BackendProbe:
-    return cpu(*spec, arch=arch, itex=itex)
+def cpu_of(spec, arch="x86_64", itex=False, environ=None, system="linux") -> BackendProbe:
+    return cpu(*spec, arch=arch, itex=itex, environ=environ, system=system)

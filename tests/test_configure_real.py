@@ -21,6 +21,12 @@ def machine_has_native_bf16() -> bool:
     return probe_cpu().native_bf16
 
 
+def tensorflow_runs_onednn() -> bool:
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
 def test_auto_configure_applies_and_returns_the_plan(caplog):
     caplog.set_level("INFO", logger="amp_backends")
     tf.config.experimental.enable_tensor_float_32_execution(True)  # TensorFlow's default; the plan decides
@@ -37,8 +43,41 @@ def test_auto_configure_follows_the_cpu_rules_here():
     if plan.backend != "cpu":
         pytest.skip(f"this machine plans for {plan.backend}: the CPU rules do not apply")
     assert (plan.loss_scale.mode, plan.xla, plan.tf32, plan.devices) == ("none", False, False, ("/CPU:0",))
-    assert plan.policy == ("mixed_bfloat16" if machine_has_native_bf16() else "float32")
+    # bfloat16 only where the CPU has bf16 instructions and TensorFlow runs oneDNN (TF_ENABLE_ONEDNN_OPTS, its default)
+    assert plan.policy == ("mixed_bfloat16" if machine_has_native_bf16() and tensorflow_runs_onednn() else "float32")
     assert keras_compat.global_policy_name(tf) == plan.policy
+
+
+ONEDNN_OFF = """
+import json, warnings
+import amp_backends
+from tensorflow.python.util import _pywrap_util_port
+plan = amp_backends.auto_configure(verbose=False)
+print(json.dumps({"backend": plan.backend, "policy": plan.policy, "why": plan.reasons["policy"],
+                  "onednn": bool(_pywrap_util_port.IsMklEnabled())}))
+"""
+
+
+@pytest.mark.slow
+def test_with_onednn_switched_off_the_cpu_plan_is_float32_and_says_why():
+    """TF_ENABLE_ONEDNN_OPTS=0: TensorFlow runs bfloat16 in Eigen, many times slower than float32, so float32."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import NEUTRAL_CWD
+
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")
+    out = subprocess.run([sys.executable, "-c", ONEDNN_OFF], check=False, capture_output=True, text=True, timeout=300, env=env,
+                         cwd=NEUTRAL_CWD)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    if seen["backend"] != "cpu":
+        pytest.skip(f"this machine plans for {seen['backend']}: the CPU rules do not apply")
+    assert seen["onednn"] is False and seen["policy"] == "float32"
+    if machine_has_native_bf16():  # on a CPU without bf16 instructions float32 needs no oneDNN argument
+        assert "TF_ENABLE_ONEDNN_OPTS=0: without oneDNN, TensorFlow runs bfloat16 in Eigen" in seen["why"]
 
 
 def test_auto_configure_is_idempotent():

@@ -9,8 +9,8 @@ from amp_backends.assessment import NATIVE, UNSAFE
 from amp_backends.planner import make_plan
 from amp_backends.request import LossScale, build_request
 
-from fakes import (A100, AMD_HERE, ARC_A770, FLEX170, CORTEX_A72, GRAVITON3, GTX1660TI, H100, ICELAKE, IRIS_XE, MAX1550, P100,
-                   RTX4090, SAPPHIRE_RAPIDS, T4, V100, cpu_of, intel, machine, nvidia)
+from fakes import (A100, AMD_HERE, ARC_A770, FLEX170, CORTEX_A72, GRAVITON3, GRAVITON4, GTX1660TI, H100, ICELAKE, IRIS_XE,
+                   MAX1550, P100, RTX4090, SAPPHIRE_RAPIDS, T4, V100, ZEN4, cpu_of, intel, machine, nvidia)
 
 
 def plan(hw, registry, **overrides):
@@ -40,11 +40,32 @@ TABLE = [
     ("Sapphire Rapids + ITEX: BF32", machine(cpu_of(SAPPHIRE_RAPIDS, itex=True)), "cpu", "mixed_bfloat16", "none", True, False,
      ("/CPU:0",)),
     ("Ice Lake (AVX-512, no bf16)", machine(cpu_of(ICELAKE)), "cpu", "float32", "none", False, False, ("/CPU:0",)),
-    ("this AMD EPYC", machine(HERE), "cpu", "float32", "none", False, False, ("/CPU:0",)),
-    ("this AMD EPYC with ITEX", machine(cpu_of(AMD_HERE, itex=True)), "cpu", "float32", "none", False, False, ("/CPU:0",)),
+    ("AMD EPYC Zen 1 (AVX2, oneDNN off by default)", machine(HERE), "cpu", "float32", "none", False, False, ("/CPU:0",)),
+    ("AMD EPYC Zen 1 with ITEX", machine(cpu_of(AMD_HERE, itex=True)), "cpu", "float32", "none", False, False, ("/CPU:0",)),
     ("Arm with bf16 (Graviton3)", machine(cpu_of(GRAVITON3, arch="aarch64")), "cpu", "mixed_bfloat16", "none", False, False,
      ("/CPU:0",)),
     ("Arm without bf16", machine(cpu_of(CORTEX_A72, arch="aarch64")), "cpu", "float32", "none", False, False, ("/CPU:0",)),
+    # bfloat16 only where oneDNN runs it: TensorFlow's default for the CPU, or TF_ENABLE_ONEDNN_OPTS
+    ("Zen 4 (bf16, oneDNN on by default)", machine(cpu_of(ZEN4)), "cpu", "mixed_bfloat16", "none", False, False, ("/CPU:0",)),
+    ("Zen 4, TF_ENABLE_ONEDNN_OPTS=0", machine(cpu_of(ZEN4, environ={"TF_ENABLE_ONEDNN_OPTS": "0"})), "cpu", "float32",
+     "none", False, False, ("/CPU:0",)),
+    ("Zen 4, TF_ENABLE_ONEDNN_OPTS=False", machine(cpu_of(ZEN4, environ={"TF_ENABLE_ONEDNN_OPTS": "False"})), "cpu",
+     "float32", "none", False, False, ("/CPU:0",)),
+    ("Zen 4, TF_ENABLE_ONEDNN_OPTS=yes (ignored by TF)", machine(cpu_of(ZEN4, environ={"TF_ENABLE_ONEDNN_OPTS": "yes"})),
+     "cpu", "mixed_bfloat16", "none", False, False, ("/CPU:0",)),
+    ("Sapphire Rapids, TF_ENABLE_ONEDNN_OPTS=0", machine(cpu_of(SAPPHIRE_RAPIDS, environ={"TF_ENABLE_ONEDNN_OPTS": "0"})),
+     "cpu", "float32", "none", False, False, ("/CPU:0",)),
+    ("Sapphire Rapids + ITEX, TF_ENABLE_ONEDNN_OPTS=0: ITEX's own oneDNN",
+     machine(cpu_of(SAPPHIRE_RAPIDS, itex=True, environ={"TF_ENABLE_ONEDNN_OPTS": "0"})), "cpu", "mixed_bfloat16", "none",
+     True, False, ("/CPU:0",)),
+    ("Arm bf16, oneDNN off by default (Neoverse V2)", machine(cpu_of(GRAVITON4, arch="aarch64")), "cpu", "float32", "none",
+     False, False, ("/CPU:0",)),
+    ("Arm bf16, TF_ENABLE_ONEDNN_OPTS=1 (Neoverse V2)",
+     machine(cpu_of(GRAVITON4, arch="aarch64", environ={"TF_ENABLE_ONEDNN_OPTS": "1"})), "cpu", "mixed_bfloat16", "none",
+     False, False, ("/CPU:0",)),
+    ("Apple silicon: no oneDNN build", machine(cpu_of(GRAVITON3, arch="arm64", system="darwin",
+                                                      environ={"TF_ENABLE_ONEDNN_OPTS": "1"})),
+     "cpu", "float32", "none", False, False, ("/CPU:0",)),
     ("H100 beats an Intel XPU and an AMX CPU", machine(nvidia(H100), intel(MAX1550), cpu_of(SAPPHIRE_RAPIDS)), "nvidia",
      "mixed_float16", "dynamic", True, True, ("/GPU:0",)),
     ("XPU beats the CPU", machine(intel(MAX1550), HERE), "intel", "mixed_bfloat16", "none", True, False, ("/XPU:0",)),
@@ -237,3 +258,123 @@ def test_training_key_covers_every_setting_that_changes_training(registry):
                   plan(xpu, registry, policy="fp16")):
         assert other.training_key() != base.training_key()
     assert "ITEX_FP32_MATH_MODE=TF32" in base.training_key()
+
+
+# --- oneDNN: bfloat16 only where it runs, and reasons quoting committed figures ---------------------------------
+
+def test_onednn_switched_off_gives_float32_with_the_reason(registry):
+    p = plan(machine(cpu_of(ZEN4, environ={"TF_ENABLE_ONEDNN_OPTS": "0"})), registry)
+    assert p.policy == "float32" and p.warnings == ()
+    why = p.reasons["policy"]
+    assert "TF_ENABLE_ONEDNN_OPTS=0: without oneDNN, TensorFlow runs bfloat16 in Eigen" in why
+    assert "slower than float32" in why and "results/cpu-policy-zen4.json" in why
+    bf16 = next(r for r in p.rejected if r.value == "mixed_bfloat16")
+    assert bf16.why.startswith("TF_ENABLE_ONEDNN_OPTS=0") and "before importing TensorFlow" in bf16.why
+    forced = plan(machine(cpu_of(ZEN4, environ={"TF_ENABLE_ONEDNN_OPTS": "0"})), registry, policy="bf16")
+    assert forced.policy == "float32" and "Eigen" in forced.warnings[0]
+
+
+def test_too_late_to_change_onednn_once_tensorflow_is_imported(registry):
+    from dataclasses import replace
+
+    from amp_backends.backends.cpu.onednn import onednn_state
+
+    for spec, arch, env in ((ZEN4, "x86_64", {"TF_ENABLE_ONEDNN_OPTS": "0"}), (GRAVITON4, "aarch64", {})):
+        probe = cpu_of(spec, arch=arch, environ=env)
+        imported = onednn_state(probe.cpu, env, system="linux", imported_answer=False)
+        p = plan(machine(replace(probe, facts=replace(probe.facts, onednn=imported))), registry)
+        assert p.policy == "float32" and "TensorFlow is already imported in this process" in p.reasons["policy"]
+        assert "TensorFlow is already imported" not in plan(machine(probe), registry).reasons["policy"]
+
+
+def test_bf16_reason_names_oneDNN_and_this_machines_figures(registry):
+    p = plan(machine(cpu_of(ZEN4)), registry)
+    assert "TensorFlow runs oneDNN" in p.reasons["policy"] and "avx512_bf16" in p.reasons["policy"]
+    assert "AMD EPYC Zen 4" in p.reasons["policy"] and "results/cpu-policy-zen4.json" in p.reasons["policy"]
+    fp16 = next(r for r in p.rejected if r.value == "mixed_float16")
+    assert "results/cpu-policy-zen4.json" in fp16.why and "Zen 1" not in fp16.why  # this bf16 CPU's run, not Zen 1's
+
+
+def test_a_cpu_without_bf16_quotes_the_zen1_run_and_leaves_onednn_as_tensorflow_does(registry):
+    p = plan(machine(HERE), registry)
+    assert "results/cpu-policy-zen1.json" in p.reasons["xla"]
+    assert "oneDNN stays off, as TensorFlow's default has it" in p.reasons["policy"]
+    assert "no CPU without AVX-512 was measured" in p.reasons["policy"]
+    assert p.vendor_settings == ()
+
+
+def _quoted_figures(text):
+    """(file, configuration, figure) for every figure a reason quotes, and the text with those quotes taken out."""
+    import re
+
+    found = []
+    pattern = re.compile(r"results/(?P<file>[\w.-]+\.json): (?P<figs>[^;)]*?)(?=\)|;|\. |$)")
+    for m in pattern.finditer(text):
+        for item in m.group("figs").split(", "):
+            config, _, figure = item.replace(" img/s", "").rpartition(" ")
+            found.append((m.group("file"), config, figure))
+    stripped = re.sub(r"measured on [^:]*?results/[\w.-]+\.json: [^;)]*?(?=\)|;|\. |$)", "", text)
+    return found, stripped
+
+
+def _every_cpu_reason(registry):
+    cpus = [cpu_of(ZEN4), cpu_of(ZEN4, environ={"TF_ENABLE_ONEDNN_OPTS": "0"}), cpu_of(AMD_HERE),
+            cpu_of(AMD_HERE, itex=True), cpu_of(SAPPHIRE_RAPIDS), cpu_of(SAPPHIRE_RAPIDS, itex=True), cpu_of(ICELAKE),
+            cpu_of(GRAVITON3, arch="aarch64"), cpu_of(GRAVITON4, arch="aarch64"), cpu_of(CORTEX_A72, arch="aarch64")]
+    for probe in cpus:
+        a = registry.get("cpu").assess(probe, machine(probe))
+        yield from (s.why for s in a.policies.values())
+        yield from (a.xla.why, a.tf32.why, a.fp8.why, a.steps_per_execution_why)
+
+
+def test_every_figure_in_a_cpu_reason_is_in_a_committed_results_file(registry):
+    import json
+    import re
+    from pathlib import Path
+
+    from amp_backends.backends.cpu.measured import RESULTS_DIR
+
+    repo_results = Path(__file__).resolve().parents[1] / "results"
+    quoted = 0
+    for why in _every_cpu_reason(registry):
+        assert "is missing from this installation" not in why, why
+        figures, rest = _quoted_figures(why)
+        for file, config, figure in figures:
+            doc = json.loads((RESULTS_DIR / file).read_text(encoding="utf-8"))
+            assert f"{doc['results'][config]['median']:.0f}" == figure, (file, config, figure)
+            if repo_results.is_dir():  # a checkout: the shipped copy is the committed one
+                assert (repo_results / file).read_text(encoding="utf-8") == (RESULTS_DIR / file).read_text(encoding="utf-8")
+            quoted += 1
+        # a figure: three digits or more, not part of a name (AVX-512, avx512_bf16) or a version
+        assert not re.search(r"(?<![\w.-])\d{3,}(?![\w.])", rest), f"a figure outside a quoted results file: {rest}"
+    assert quoted > 10
+
+
+def test_results_files_say_how_they_were_made():
+    import json
+
+    from amp_backends.backends.cpu.measured import FIT_STEPS, RESULTS_DIR, WITH_BF16, WITHOUT_BF16
+
+    for file in (WITH_BF16, WITHOUT_BF16, FIT_STEPS):
+        doc = json.loads((RESULTS_DIR / file).read_text(encoding="utf-8"))
+        assert doc["machine_kind"] and doc["command"].startswith("python benchmarks/") and doc["date"]
+        assert doc["versions"]["tensorflow"] and doc["results"]
+        assert all(isinstance(r["median"], (int, float)) for r in doc["results"].values())
+
+
+def test_the_results_the_reasons_quote_ship_in_the_wheel():
+    import fnmatch
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+
+    from amp_backends.backends.cpu.measured import FIT_STEPS, WITH_BF16, WITHOUT_BF16
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    if not pyproject.is_file():
+        pytest.skip("no pyproject.toml beside the tests (an installed copy): the files are checked where they load")
+    config = tomllib.loads(pyproject.read_text(encoding="utf-8"))["tool"]["setuptools"]
+    assert config["package-dir"]["amp_backends.results"] == "results" and "amp_backends.results" in config["packages"]
+    patterns = config["package-data"]["amp_backends.results"]
+    for file in (WITH_BF16, WITHOUT_BF16, FIT_STEPS):
+        assert any(fnmatch.fnmatch(file, p) for p in patterns), file

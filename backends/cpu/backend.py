@@ -1,14 +1,9 @@
-"""CPU probe (``/proc/cpuinfo``, ``sysctl`` on macOS) and CPU plan rules.
+"""CPU probe (``/proc/cpuinfo``, ``sysctl`` on macOS, ``TF_ENABLE_ONEDNN_OPTS``) and the CPU backend.
 
-Measured with ``benchmarks/cpu_xla.py`` on an AMD EPYC (Zen 1, 2 cores, AVX2, no AVX-512, no bf16
-instructions), TensorFlow 2.21, the MNIST CNN training step at batch 256: float32 1139 img/s, float32 + XLA
-242, mixed_float16 216, mixed_bfloat16 123. A CPU without bf16 instructions emulates bf16 and fp16, so mixed
-precision there is 5-9x *slower*; with ITEX loaded, a bf16 matmul on such a CPU aborts the process (oneDNN
-cannot create the primitive).
-
-On a CPU with bf16 instructions the same benchmark shows the opposite: an AMD EPYC (Zen 4, 2 cores,
-avx512_bf16, no AMX), TensorFlow 2.21, batch 256: mixed_bfloat16 3655 img/s, float32 1139, float32 + XLA 368,
-mixed_float16 336 (no fp16 instructions there either).
+The rules (:mod:`~amp_backends.backends.cpu.rules`): mixed_bfloat16 where the CPU has bf16 instructions
+*and* oneDNN runs the model (:mod:`~amp_backends.backends.cpu.onednn`: TensorFlow's default for the CPU,
+``TF_ENABLE_ONEDNN_OPTS``, or ITEX), float32 elsewhere; XLA off; no loss scaling. The figures the reasons
+quote come from the committed results files (:mod:`~amp_backends.backends.cpu.measured`).
 """
 
 from __future__ import annotations
@@ -20,38 +15,44 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from amp_backends.backends.intel.itex import MATH_MODE_VARIABLE, ItexStatus, apply_math_mode, itex_status
+
 from amp_backends.assessment import (
     EMULATED,
     FUNCTIONAL,
     NATIVE,
-    UNSAFE,
     UNSUPPORTED,
     Assessment,
     MatrixUnit,
     Support,
     VendorSetting,
 )
-from amp_backends.backends.intel.itex import MATH_MODE_VARIABLE, ItexStatus, apply_math_mode, itex_status
 from amp_backends.hardware import BF16, FP16, Accelerator, BackendProbe, CpuInfo, Hardware
 from amp_backends.plan import Plan
 from amp_backends.registry import Backend
+from amp_backends.software import tensorflow_version
 
-RELEVANT_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_fp16", "avx512_fp16", "amx_tile")
+from . import rules
+from .measured import FIT_STEPS, quote
+from .onednn import OneDnnState, onednn_state, read_onednn_state
+
+RELEVANT_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_fp16", "avx512_fp16",
+                  "amx_tile")
 ARM_RELEVANT_FLAGS = ("bf16", "asimdhp", "fphp", "sve", "i8mm")
+# Arm's part numbers (/proc/cpuinfo "CPU part", implementer 0x41) for the cores a plan tells apart.
+ARM_PARTS = {"0xd40": "Neoverse-V1", "0xd4f": "Neoverse-V2", "0xd84": "Neoverse-V3", "0xd0c": "Neoverse-N1",
+             "0xd49": "Neoverse-N2", "0xd08": "Cortex-A72", "0xd0b": "Cortex-A76"}
 
-# benchmarks/cpu_xla.py on an AMD EPYC (Zen 1, 2 cores, AVX2), TF 2.21, MNIST CNN training step, batch 256.
-MEASURED_XLA = "AMD EPYC AVX2, TF 2.21, MNIST CNN batch 256: 1139 img/s without XLA, 242 with"
-FIT_STEPS_WHY = ("one training step per compiled call (Keras's default): more gained nothing for Keras fit on a CPU, "
-                 "where a step dwarfs fit's per-call overhead (benchmarks/fit_steps_per_execution.py, AMD EPYC Zen 4, TF "
-                 "2.21, MNIST CNN batch 256, mixed_bfloat16: 3146 img/s at 1, 3143 at 4, 3149 at 16 and at 64)")
-MEASURED_BF16 = ("AMD EPYC Zen 4 with avx512_bf16, TF 2.21, MNIST CNN batch 256: mixed_bfloat16 3655 img/s, "
-                 "float32 1139")
-MEASURED_HERE = "AMD EPYC AVX2 without bf16, TF 2.21, MNIST CNN batch 256: float32 1139 img/s, mixed_float16 216, mixed_bfloat16 123"
+
+def fit_steps_why() -> str:
+    return ("one training step per compiled call (Keras's default): more gained nothing for Keras fit on a CPU, where a "
+            "step dwarfs fit's per-call overhead ("
+            + quote(FIT_STEPS, *(f"mixed_bfloat16 steps_per_execution={n}" for n in (1, 4, 16, 64))) + ")")
 
 
 def parse_cpuinfo(text: str, arch: str | None = None) -> CpuInfo:
     """Parse Linux ``/proc/cpuinfo`` text (x86 ``flags`` or Arm ``Features``) into a :class:`CpuInfo`."""
-    vendor = model = ""
+    vendor = model = part = implementer = ""
     flags: set[str] = set()
     cores = 0
     for line in text.splitlines():
@@ -65,13 +66,18 @@ def parse_cpuinfo(text: str, arch: str | None = None) -> CpuInfo:
             vendor = value
         elif key in ("model name", "cpu model", "hardware") and not model:
             model = value
+        elif key == "cpu part" and not part:
+            part = value.lower()
         elif key == "cpu implementer" and not vendor:
+            implementer = value.lower()
             vendor = {"0x41": "ARM", "0x61": "Apple", "0xc0": "Ampere", "0x48": "HiSilicon", "0x46": "Fujitsu"}.get(
                 value.lower(), f"Arm implementer {value}"
             )
         elif key in ("flags", "features") and not flags:
             flags = set(value.lower().split())
     vendor = {"GenuineIntel": "Intel", "AuthenticAMD": "AMD"}.get(vendor, vendor) or "unknown"
+    if not model and implementer == "0x41":
+        model = ARM_PARTS.get(part, "")
     arch = arch or ("aarch64" if flags & {"asimd", "fp"} and "sse" not in flags else "x86_64")
     return CpuInfo(vendor=vendor, model=model or "unknown", arch=arch, logical_cores=cores or (os.cpu_count() or 1),
                    flags=frozenset(flags))
@@ -110,17 +116,27 @@ def probe_cpu() -> CpuInfo:
 
 @dataclass(frozen=True)
 class CpuFacts:
-    """What the CPU probe saw beyond the CPU itself: whether ITEX (and so its oneDNN CPU backend) is loaded.
+    """What the CPU probe saw beyond the CPU itself: ITEX, and whether TensorFlow runs oneDNN.
 
     ``itex.compatible`` means TensorFlow loads ITEX when imported: that changes what is safe (bf16 aborts
-    without bf16 instructions) and what exists (BF32 math mode on AMX).
+    without bf16 instructions) and what exists (BF32 math mode on AMX). ``onednn`` is whether TensorFlow
+    runs its oneDNN kernels (``None``: not read, as in hand-built fakes; TensorFlow's default for the CPU on
+    Linux is assumed then).
     """
 
     itex: ItexStatus
+    onednn: OneDnnState | None = None
 
     @property
     def itex_loaded(self) -> bool:
         return self.itex.compatible
+
+
+def onednn_of(probe: BackendProbe, cpu: CpuInfo) -> OneDnnState:
+    facts = probe.facts if isinstance(probe.facts, CpuFacts) else None
+    if facts is not None and facts.onednn is not None:
+        return facts.onednn
+    return onednn_state(cpu, {}, system="linux")
 
 
 def cpu_device(cpu: CpuInfo) -> Accelerator:
@@ -145,6 +161,7 @@ class CpuBackend(Backend):
     def probe(self, *, use_tensorflow: bool = False) -> BackendProbe:
         cpu = probe_cpu()
         itex = itex_status()
+        onednn = read_onednn_state(cpu, os.environ, tensorflow_version())
         bf16 = "native bf16 (" + ", ".join(sorted(cpu.flags & {"avx512_bf16", "amx_bf16", "bf16"})) + ")" if cpu.native_bf16 else "no bf16 instructions"
         return BackendProbe(
             backend=self.name,
@@ -152,8 +169,8 @@ class CpuBackend(Backend):
             reason=f"{display_name(cpu)}, {cpu.logical_cores} logical cores, {bf16}",
             devices=(cpu_device(cpu),),
             cpu=cpu,
-            details=(("itex", itex.reason),),
-            facts=CpuFacts(itex),
+            details=(("itex", itex.reason), ("oneDNN", ("on: " if onednn.enabled else "off: ") + onednn.why)),
+            facts=CpuFacts(itex, onednn),
         )
 
     def report_rows(self, probe: BackendProbe) -> list[tuple[str, str]]:
@@ -169,39 +186,27 @@ class CpuBackend(Backend):
                 ("AMX", "yes" if cpu.amx else "no"),
             ]
         facts = probe.facts if isinstance(probe.facts, CpuFacts) else None
+        if cpu:
+            onednn = onednn_of(probe, cpu)
+            rows.append(("oneDNN", ("on" if onednn.enabled else "off") + f" ({onednn.why})"))
         rows.append(("ITEX", (facts.itex.reason + ("; loaded with TensorFlow" if facts.itex_loaded else "")) if facts else "-"))
         return rows
 
     def assess(self, probe: BackendProbe, hardware: Hardware) -> Assessment:
         cpu = probe.cpu or CpuInfo("unknown", "unknown", "unknown", 1)
         itex_active = isinstance(probe.facts, CpuFacts) and probe.facts.itex_loaded
-        which = ", ".join(sorted(cpu.flags & {"avx512_bf16", "amx_bf16", "bf16"}))
-        if cpu.native_bf16:
-            bf16 = Support(NATIVE, f"the CPU has bf16 instructions ({which}): bf16 matmuls and convolutions run natively "
-                                   f"through oneDNN, without loss scaling (measured: {MEASURED_BF16})")
-        elif itex_active:
-            bf16 = Support(UNSAFE, "this CPU has no bf16 instructions (no avx512_bf16, amx_bf16) and ITEX is loaded: "
-                                   "ITEX's oneDNN aborts the whole process on a bf16 matmul here")
-        else:
-            bf16 = Support(EMULATED, "this CPU has no bf16 instructions (no avx512_bf16, amx_bf16 or Arm bf16): "
-                                     f"TensorFlow emulates bf16, far slower than float32 (measured: {MEASURED_HERE})")
-        if cpu.native_fp16:
-            fp16 = Support(FUNCTIONAL, "the CPU has fp16 instructions, but TensorFlow's CPU kernels favour bf16; "
-                                       "float16 also needs loss scaling")
-        else:
-            fp16 = Support(EMULATED, "this CPU has no fp16 arithmetic: TensorFlow emulates float16 on the CPU, "
-                                     f"far slower than float32 (measured: {MEASURED_HERE})")
-        fp32 = Support(NATIVE, "float32 is the CPU's native fast path" + (
-            "" if cpu.native_bf16 else "; without bf16 instructions mixed precision only adds casts here"))
-        preference = ("mixed_bfloat16", "float32", "mixed_float16") if cpu.native_bf16 else ("float32", "mixed_bfloat16", "mixed_float16")
+        onednn = onednn_of(probe, cpu)
+        bf16 = rules.bf16_support(cpu, onednn, itex_active)
+        fp16 = rules.fp16_support(cpu, onednn, itex_active)
+        fp32 = rules.fp32_support(cpu, onednn, itex_active, bf16)
+        preference = rules.preference(cpu, onednn, itex_active)
 
         if itex_active and cpu.amx:
             tf32 = Support(NATIVE, "ITEX's BF32 math mode lets float32 matmuls use AMX bf16 units (ITEX_FP32_MATH_MODE=BF32)")
         else:
             tf32 = Support(UNSUPPORTED, "TF32 is an NVIDIA Tensor Core format; CPUs have none"
                            + ("" if not itex_active else " (ITEX's BF32 mode needs AMX)"))
-        xla = Support(FUNCTIONAL, "TensorFlow's CPU kernels use oneDNN; XLA's CPU JIT was 4.7x slower for the MNIST CNN "
-                                  f"({MEASURED_XLA}); Keras's own jit_compile='auto' also keeps XLA off on CPUs")
+        xla = Support(FUNCTIONAL, rules.xla_why(cpu))
         fp8 = Support(EMULATED, "CPUs have no fp8 arithmetic: Keras's float8 layers run emulated (quantize-dequantize "
                                 "around bfloat16 or float32 matmuls), slower than without them")
         units = {}
@@ -221,7 +226,7 @@ class CpuBackend(Backend):
             fp8=fp8,
             matrix_units=units,
             steps_per_execution=1,
-            steps_per_execution_why=FIT_STEPS_WHY,
+            steps_per_execution_why=fit_steps_why(),
         )
 
     def vendor_settings(self, plan: Plan) -> tuple[VendorSetting, ...]:

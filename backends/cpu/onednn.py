@@ -1,0 +1,135 @@
+"""Whether TensorFlow will run its oneDNN CPU kernels, read without importing TensorFlow.
+
+TensorFlow decides once, when it is imported (``IsMklEnabled`` in ``tensorflow/core/util/port.cc``):
+``TF_ENABLE_ONEDNN_OPTS`` wins when it reads ``0``/``false`` or ``1``/``true`` (any case); any other value
+is ignored with a warning, and TensorFlow's default applies (``DefaultOneDnnPolicy``):
+
+* Linux x86: on for CPUs with AVX512-VNNI, AVX512-BF16, AVX-VNNI or AMX (Intel Cascade Lake and later,
+  AMD Zen 4 and later); off for the others (AMD Zen 1-3, Intel Skylake-SP and older, most desktops),
+* Linux aarch64: on for Arm Neoverse V1 (AWS Graviton 3), off for other Arm cores,
+* Windows x86: on (builds with oneDNN; read from the source, not checked on a Windows machine),
+* macOS and everything else: off (Apple's arm64 builds have no oneDNN at all).
+
+TensorFlow 2.9 introduced this default; older releases ran oneDNN only with ``TF_ENABLE_ONEDNN_OPTS=1``.
+Under TensorFlow 2.15 with Intel Extension for TensorFlow loaded, ITEX's CPU backend runs its own oneDNN
+kernels (observed on a Zen 1 CPU, where TensorFlow's default leaves its oneDNN off: ITEX's oneDNN ran, and
+aborted on, a bf16 matmul); the CPU backend accounts for that separately (``CpuFacts.itex``). Whether
+``TF_ENABLE_ONEDNN_OPTS=0`` also turns ITEX's kernels off was not checked: the plan assumes it does not.
+
+Once TensorFlow is imported the answer is TensorFlow's own (``_pywrap_util_port.IsMklEnabled``) and the
+variable can no longer change it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from amp_backends.hardware import CpuInfo
+from amp_backends.software import minor_version
+
+VARIABLE = "TF_ENABLE_ONEDNN_OPTS"
+# The x86 flags (Linux /proc/cpuinfo names) that make TensorFlow turn oneDNN on by default.
+DEFAULT_ON_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+NEOVERSE_V1 = "Neoverse-V1"
+
+
+@dataclass(frozen=True)
+class OneDnnState:
+    """Whether TensorFlow runs (or will run, once imported) its oneDNN CPU kernels, and why.
+
+    ``default`` is TensorFlow's default for this CPU and platform; ``variable`` the value of
+    ``TF_ENABLE_ONEDNN_OPTS`` (``None``: unset); ``enabled`` the outcome. ``tensorflow_imported`` means the
+    answer was read from TensorFlow itself and the variable can no longer change it.
+    """
+
+    enabled: bool
+    default: bool
+    why: str
+    variable: str | None = None
+    tensorflow_imported: bool = False
+
+    @property
+    def set_by_user(self) -> bool:
+        """The variable holds a value TensorFlow obeys (0/1/true/false)."""
+        return parse_variable(self.variable) is not None
+
+    @property
+    def switched_off(self) -> bool:
+        """Off because the user said so (``TF_ENABLE_ONEDNN_OPTS=0``), not by TensorFlow's default."""
+        return not self.enabled and parse_variable(self.variable) is False
+
+
+def parse_variable(value: str | None) -> bool | None:
+    """``TF_ENABLE_ONEDNN_OPTS`` as TensorFlow reads it: True, False, or None (unset or not a boolean)."""
+    if value is None:
+        return None
+    v = value.strip().lower()
+    return True if v in ("1", "true") else False if v in ("0", "false") else None
+
+
+def has_onednn_build(system: str, arch: str) -> bool:
+    """Whether TensorFlow's packages for this platform are built with oneDNN at all."""
+    arch = arch.lower()
+    if system.startswith("linux"):
+        return arch in ("x86_64", "amd64", "aarch64", "arm64")
+    if system in ("win32", "windows"):
+        return arch in ("x86_64", "amd64")
+    if system == "darwin":
+        return arch in ("x86_64", "amd64")
+    return False
+
+
+def tensorflow_default(cpu: CpuInfo, system: str = sys.platform, tf_version: str | None = None) -> tuple[bool, str]:
+    """TensorFlow's default for this CPU and platform, and why (``DefaultOneDnnPolicy``)."""
+    if tf_version is not None and (2, 0) <= minor_version(tf_version) < (2, 9):
+        return False, f"TensorFlow {tf_version} (before 2.9) runs oneDNN only when {VARIABLE}=1"
+    if not has_onednn_build(system, cpu.arch):
+        return False, f"TensorFlow's builds for {system} {cpu.arch} have no oneDNN"
+    if system.startswith("linux"):
+        if cpu.is_arm:
+            if NEOVERSE_V1.lower() in cpu.model.lower():
+                return True, "TensorFlow turns oneDNN on by default on Linux for Arm Neoverse V1 cores"
+            return False, (f"TensorFlow leaves oneDNN off by default on Linux for Arm cores other than Neoverse V1 "
+                           f"({cpu.model})")
+        found = sorted(cpu.flags & set(DEFAULT_ON_FLAGS))
+        if found:
+            return True, f"TensorFlow turns oneDNN on by default on Linux for CPUs with {', '.join(found)}"
+        return False, ("TensorFlow leaves oneDNN off by default on Linux for CPUs without AVX512-VNNI, AVX512-BF16, "
+                       "AVX-VNNI or AMX (such as AMD Zen 1-3 and Intel Skylake-SP)")
+    if system in ("win32", "windows"):
+        return True, "TensorFlow turns oneDNN on by default on Windows x86"
+    return False, f"TensorFlow leaves oneDNN off by default on {system}"
+
+
+def onednn_state(cpu: CpuInfo, environ: Mapping[str, str], *, system: str = sys.platform, tf_version: str | None = None,
+                 imported_answer: bool | None = None) -> OneDnnState:
+    """Whether TensorFlow runs oneDNN here. Pure: ``imported_answer`` is TensorFlow's own answer if imported."""
+    default, default_why = tensorflow_default(cpu, system, tf_version)
+    raw = environ.get(VARIABLE)
+    asked = parse_variable(raw)
+    if imported_answer is not None:
+        how = f"{VARIABLE}={raw}" if asked is not None else default_why
+        return OneDnnState(imported_answer, default, f"TensorFlow is imported and reports oneDNN "
+                           f"{'on' if imported_answer else 'off'} ({how})", raw, True)
+    if asked is None:
+        why = default_why if raw is None else (f"{VARIABLE}={raw!r} is not 0, 1, true or false: TensorFlow ignores it "
+                                               f"and uses its default ({default_why})")
+        return OneDnnState(default, default, why, raw)
+    if asked and not has_onednn_build(system, cpu.arch):
+        return OneDnnState(False, default, f"{VARIABLE}={raw}, but {default_why}", raw)
+    return OneDnnState(asked, default, f"{VARIABLE}={raw}", raw)
+
+
+def read_onednn_state(cpu: CpuInfo, environ: Mapping[str, str], tf_version: str | None) -> OneDnnState:
+    """:func:`onednn_state` for this process: TensorFlow's own answer if it is already imported (never imports it)."""
+    answer = None
+    if "tensorflow" in sys.modules:
+        try:
+            from tensorflow.python.util import _pywrap_util_port  # type: ignore[import-not-found]
+
+            answer = bool(_pywrap_util_port.IsMklEnabled())
+        except Exception:
+            answer = None
+    return onednn_state(cpu, environ, tf_version=tf_version, imported_answer=answer)

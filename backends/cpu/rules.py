@@ -1,0 +1,121 @@
+"""The CPU's dtype-policy rules: which policy runs fast on this CPU, given oneDNN's state and ITEX, and why.
+
+bfloat16 is fast on a CPU only where both hold: the CPU has bf16 instructions (AVX512_BF16, AMX, Arm
+BF16) and oneDNN runs the model's matmuls and convolutions — TensorFlow's oneDNN
+(:mod:`~amp_backends.backends.cpu.onednn`) or ITEX's. Without oneDNN, TensorFlow runs bfloat16 in Eigen,
+many times slower than float32 even on a bf16 CPU. Every figure quoted comes from a committed results file
+(:mod:`~amp_backends.backends.cpu.measured`), named with its machine.
+"""
+
+from __future__ import annotations
+
+from amp_backends.assessment import EMULATED, FUNCTIONAL, NATIVE, UNSAFE, Support
+from amp_backends.hardware import CpuInfo
+
+from .measured import WITH_BF16, WITHOUT_BF16, load, quote, times
+from .onednn import VARIABLE, OneDnnState
+
+OFF = " onednn=0"  # the suffix of the configurations measured with TF_ENABLE_ONEDNN_OPTS=0
+
+
+def bf16_flags(cpu: CpuInfo) -> str:
+    return ", ".join(sorted(cpu.flags & {"avx512_bf16", "amx_bf16", "bf16"}))
+
+
+def measured_file(cpu: CpuInfo) -> str:
+    """The results file that speaks for this kind of CPU: one with bf16 instructions, or one without."""
+    return WITH_BF16 if cpu.native_bf16 else WITHOUT_BF16
+
+
+def _config(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool, name: str) -> str:
+    """The measured configuration that matches this CPU's oneDNN state (the bf16 machine was measured both ways)."""
+    runs_onednn = onednn.enabled or itex_active
+    return name + OFF if cpu.native_bf16 and not runs_onednn else name
+
+
+def bf16_runs_fast(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> bool:
+    return cpu.native_bf16 and (onednn.enabled or itex_active)
+
+
+def _too_late(onednn: OneDnnState) -> str:
+    """TensorFlow reads the variable once, at import: say so when that has happened."""
+    if not onednn.tensorflow_imported:
+        return ""
+    return (f"; TensorFlow is already imported in this process, so changing {VARIABLE} now changes nothing: set it "
+            "before the program starts (or before its first `import tensorflow`)")
+
+
+def bf16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Support:
+    which = bf16_flags(cpu)
+    if bf16_runs_fast(cpu, onednn, itex_active):
+        runner = "ITEX's oneDNN runs them" if itex_active else f"TensorFlow runs oneDNN ({onednn.why})"
+        return Support(NATIVE, f"the CPU has bf16 instructions ({which}) and {runner}: bf16 matmuls and convolutions "
+                               f"run natively, without loss scaling ({quote(WITH_BF16, 'mixed_bfloat16', 'float32')})")
+    if cpu.native_bf16:
+        slower = times(WITH_BF16, "float32" + OFF, "mixed_bfloat16" + OFF)
+        figures = quote(WITH_BF16, "float32" + OFF, "mixed_bfloat16" + OFF)
+        if onednn.switched_off:
+            return Support(EMULATED, f"{VARIABLE}={onednn.variable}: without oneDNN, TensorFlow runs bfloat16 in Eigen, "
+                                     f"{slower} slower than float32 even on a CPU with bf16 instructions ({figures}). "
+                                     f"Unset {VARIABLE} (or set it to 1) before importing TensorFlow to run bfloat16 "
+                                     f"through oneDNN{_too_late(onednn)}")
+        return Support(EMULATED, f"the CPU has bf16 instructions ({which}) but oneDNN is off ({onednn.why}): without "
+                                 f"oneDNN, TensorFlow runs bfloat16 in Eigen, {slower} slower than float32 on the "
+                                 f"measured bf16 CPU ({figures}). Set {VARIABLE}=1 before importing TensorFlow to run "
+                                 f"it through oneDNN (not measured on this CPU){_too_late(onednn)}")
+    if itex_active:
+        return Support(UNSAFE, "this CPU has no bf16 instructions (no avx512_bf16, amx_bf16) and ITEX is loaded: "
+                               "ITEX's oneDNN aborts the whole process on a bf16 matmul here")
+    return Support(EMULATED, "this CPU has no bf16 instructions (no avx512_bf16, amx_bf16 or Arm bf16): TensorFlow "
+                             f"emulates bf16, far slower than float32 ({quote(WITHOUT_BF16, 'float32', 'mixed_bfloat16')})")
+
+
+def fp16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Support:
+    if cpu.native_fp16:
+        return Support(FUNCTIONAL, "the CPU has fp16 instructions, but TensorFlow's CPU kernels favour bf16; float16 "
+                                   "also needs loss scaling")
+    f32, f16 = (_config(cpu, onednn, itex_active, n) for n in ("float32", "mixed_float16"))
+    return Support(EMULATED, "this CPU has no fp16 arithmetic: TensorFlow emulates float16 on the CPU, far slower than "
+                             f"float32 ({quote(measured_file(cpu), f32, f16)})")
+
+
+def fp32_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool, bf16: Support) -> Support:
+    if bf16_runs_fast(cpu, onednn, itex_active):
+        return Support(NATIVE, "float32 is the CPU's native path, but it leaves the bf16 instructions unused")
+    if cpu.native_bf16:
+        return Support(NATIVE, f"float32, the fastest safe choice while bfloat16 cannot run through oneDNN: {bf16.why}")
+    why = "float32 is the CPU's native fast path; without bf16 instructions mixed precision only adds casts here"
+    if not onednn.enabled and not onednn.set_by_user and not itex_active and not cpu.is_arm:
+        why += "; " + onednn_left_off(onednn)
+    return Support(NATIVE, why)
+
+
+def onednn_left_off(onednn: OneDnnState) -> str:
+    """Why the plan leaves oneDNN as TensorFlow's default leaves it, on a CPU where that default is off.
+
+    The one measurement near such a CPU is oneDNN limited to AVX2 kernels on the AVX-512 machine: a proxy,
+    not a CPU without AVX-512 (other caches and clocks), so the plan keeps TensorFlow's default and says
+    what was measured.
+    """
+    avx2, eigen = "float32 onednn_isa=AVX2", "float32" + OFF
+    results = load(WITH_BF16)
+    ratio = results.ratio(avx2, eigen) if results else None
+    verdict = ("not measured" if ratio is None else
+               f"oneDNN limited to AVX2 kernels ran float32 {times(WITH_BF16, avx2, eigen)} as fast as TensorFlow's own "
+               "kernels on an AVX-512 CPU" if ratio >= 1 else
+               "oneDNN limited to AVX2 kernels was slower than TensorFlow's own float32 kernels on an AVX-512 CPU")
+    return (f"oneDNN stays off, as TensorFlow's default has it ({onednn.why}): {verdict} "
+            f"({quote(WITH_BF16, avx2, eigen)}), but no CPU without AVX-512 was measured. To try it, set "
+            f"{VARIABLE}=1 before importing TensorFlow and compare with benchmarks/cpu_policy.py")
+
+
+def preference(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> tuple[str, ...]:
+    if bf16_runs_fast(cpu, onednn, itex_active):
+        return ("mixed_bfloat16", "float32", "mixed_float16")
+    return ("float32", "mixed_bfloat16", "mixed_float16")
+
+
+def xla_why(cpu: CpuInfo) -> str:
+    file, plain, jit = measured_file(cpu), "float32", "float32+xla"
+    return (f"TensorFlow's own CPU kernels beat XLA's CPU JIT on the MNIST CNN, {times(file, plain, jit)} faster "
+            f"({quote(file, plain, jit)}); Keras's own jit_compile='auto' also keeps XLA off on CPUs")

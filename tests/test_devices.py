@@ -1,0 +1,121 @@
+"""The device catalogue: a plan for hardware this machine does not have, by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from amp_backends.configure import known_devices, plan_for
+from amp_backends.devices import CATALOGUE, device_hardware, find_device
+from amp_backends.errors import AmpConfigError
+from amp_backends.keras_compat import KerasInfo
+
+KERAS3 = KerasInfo("3.15.1", 3, "keras")
+
+# device, backend, policy, loss scale, tf32, xla, vendor settings — as the decision table (README) says
+EXPECTED = [
+    ("v100", "nvidia", "mixed_float16", "dynamic", False, True, {}),
+    ("t4", "nvidia", "mixed_float16", "dynamic", False, True, {}),
+    ("a100", "nvidia", "mixed_float16", "dynamic", True, True, {}),
+    ("a100-40gb", "nvidia", "mixed_float16", "dynamic", True, True, {}),
+    ("l4", "nvidia", "mixed_float16", "dynamic", True, True, {}),
+    ("rtx4090", "nvidia", "mixed_float16", "dynamic", True, True, {}),
+    ("h100", "nvidia", "mixed_float16", "dynamic", True, True, {}),
+    ("h200", "nvidia", "mixed_float16", "dynamic", True, True, {}),
+    ("b200", "nvidia", "mixed_float16", "dynamic", True, True, {}),
+    ("max1550", "intel", "mixed_bfloat16", "none", True, False, {"ITEX_FP32_MATH_MODE": "TF32"}),
+    ("flex170", "intel", "mixed_bfloat16", "none", False, False, {}),
+    ("arc-a770", "intel", "mixed_bfloat16", "none", False, False, {}),
+    ("sapphire-rapids", "cpu", "mixed_bfloat16", "none", False, False, {}),
+    ("zen4", "cpu", "mixed_bfloat16", "none", False, False, {}),
+    ("graviton3", "cpu", "mixed_bfloat16", "none", False, False, {}),
+]
+
+
+def test_the_catalogue_holds_the_devices_users_ask_for():
+    assert set(known_devices()) == {e[0] for e in EXPECTED}
+    assert len(set(known_devices())) == len(CATALOGUE)
+
+
+@pytest.mark.parametrize("name,backend,policy,loss,tf32,xla,settings", EXPECTED, ids=[e[0] for e in EXPECTED])
+def test_a_plan_for_each_catalogue_device(registry, name, backend, policy, loss, tf32, xla, settings):
+    p = plan_for(device=name, registry=registry, environ={}, keras=KERAS3)
+    assert (p.backend, p.policy, p.loss_scale.mode, p.tf32, p.xla) == (backend, policy, loss, tf32, xla)
+    assert {s.name: s.value for s in p.vendor_settings} == settings
+    assert p.warnings == () and p.fp8 is False and all(p.reasons.values())
+    chosen = next(b for b in p.backends if b.selected)
+    assert chosen.name == backend and "catalogue" in chosen.reason
+
+
+def test_fp8_is_native_where_the_catalogue_says_cc_8_9_or_more(registry):
+    for name in ("l4", "rtx4090", "h100", "h200", "b200"):
+        assert plan_for(device=name, registry=registry, environ={}, keras=KERAS3, fp8="on").fp8 is True, name
+    for name in ("v100", "t4", "a100"):
+        p = plan_for(device=name, registry=registry, environ={}, keras=KERAS3, fp8="on")
+        assert p.fp8 is False and "fp8=on" in p.warnings[0], name
+
+
+def test_every_device_says_where_its_figures_come_from():
+    for device in CATALOGUE:
+        assert "https://" in device.source, device.name
+        hw = device_hardware(device.name)
+        probe = hw.get(device.backend)
+        assert probe is not None and probe.available and probe.detail("catalogue") == device.source
+        assert device.to_dict()["source"] == device.source
+
+
+def test_catalogue_devices_carry_the_vendor_figures():
+    h100 = device_hardware("h100").get("nvidia").devices[0]
+    assert (h100.name, h100.compute_capability, h100.memory_bytes) == ("NVIDIA H100 80GB HBM3", (9, 0), 80 * 2**30)
+    assert "fp8" in h100.capabilities and "tf32" in h100.capabilities
+    assert "tensor_cores" in device_hardware("t4").get("nvidia").devices[0].capabilities
+    spr = device_hardware("sapphire-rapids").cpu
+    assert spr is not None and spr.amx and spr.native_bf16 and spr.native_fp16
+    assert device_hardware("graviton3").cpu.is_arm
+    assert "xmx" in device_hardware("arc-a770").get("intel").devices[0].capabilities
+
+
+@pytest.mark.parametrize("alias,name", [
+    ("H100", "h100"), ("NVIDIA H100", "h100"), ("a100-80gb", "a100"), ("A100_80GB", "a100"), ("A100-40GB", "a100-40gb"),
+    ("rtx 4090", "rtx4090"), ("RTX-4090", "rtx4090"), ("SPR", "sapphire-rapids"), ("Max 1550", "max1550"),
+    ("arc a770", "arc-a770"), ("Graviton-3", "graviton3"),
+])
+def test_names_are_case_insensitive_with_aliases(alias, name):
+    assert find_device(alias).name == name
+
+
+def test_an_unknown_device_lists_the_known_ones(registry):
+    with pytest.raises(AmpConfigError, match="Unknown device 'h800'") as err:
+        plan_for(device="h800", registry=registry, environ={})
+    assert all(name in str(err.value) for name in known_devices())
+    with pytest.raises(AmpConfigError, match="Known devices: v100"):
+        find_device("")
+
+
+def test_hardware_and_device_together_are_refused(registry):
+    with pytest.raises(AmpConfigError, match="hardware or device, not both"):
+        plan_for(device_hardware("t4"), device="h100", registry=registry, environ={})
+
+
+def test_overrides_apply_to_a_catalogue_plan(registry):
+    p = plan_for(device="h100", registry=registry, environ={}, policy="bf16")
+    assert p.policy == "mixed_bfloat16" and p.loss_scale.mode == "none" and p.warnings == ()
+    v100 = plan_for(device="v100", registry=registry, environ={}, policy="bf16")
+    assert v100.policy == "mixed_float16" and "CC >= 8.0" in v100.warnings[0]
+
+
+@pytest.mark.tensorflow
+def test_configure_for_device_sets_only_the_devices_dtype_policy(registry):
+    tf = pytest.importorskip("tensorflow")
+    from amp_backends import keras_compat
+    from amp_backends.configure import configure_for_device, current_plan
+
+    tf32_before, jit_before = tf.config.experimental.tensor_float_32_execution_enabled(), tf.config.optimizer.get_jit()
+    plan = configure_for_device("H100", registry=registry, environ={})
+    assert plan.policy == "mixed_float16" and keras_compat.global_policy_name(tf) == "mixed_float16"
+    layer = tf.keras.layers.Dense(2)
+    layer.build((None, 3))
+    assert layer.compute_dtype == "float16"  # built as on an H100
+    assert tf.config.experimental.tensor_float_32_execution_enabled() == tf32_before  # this machine's settings stay
+    assert tf.config.optimizer.get_jit() == jit_before and current_plan() is None
+    with pytest.raises(AmpConfigError, match="Unknown device"):
+        configure_for_device("h800", registry=registry, environ={})
