@@ -38,6 +38,8 @@ _LAZY = {
     "auto_configure": ".configure",
     "current_plan": ".configure",
     "plan_for": ".configure",
+    "known_devices": ".configure",
+    "configure_for_device": ".configure",
     "reset": ".configure",
     "Plan": ".plan",
     "make_plan": ".planner",
@@ -85,7 +87,7 @@ __all__ = sorted(_LAZY) + ["__version__"]
 if TYPE_CHECKING:  # pragma: no cover
     from .assessment import Assessment, MatrixUnit, Support, VendorSetting
     from .audit import audit, audit_trace
-    from .configure import auto_configure, current_plan, plan_for, reset
+    from .configure import auto_configure, configure_for_device, current_plan, known_devices, plan_for, reset
     from .errors import (
         AmpConfigError,
         AmpWarning,

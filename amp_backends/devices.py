@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from .errors import AmpConfigError
 from .hardware import Accelerator, BackendProbe, CpuInfo, Hardware
 
-# Vendors' "GB" of GPU memory are binary: NVML reported 81559 MiB (79.6 GiB) on the project's lent "H100 80GB HBM3".
+# Vendors' "GB" of GPU memory are binary: NVML reported 81559 MiB (79.6 GiB) on an "H100 80GB HBM3".
 GB = 2**30
 
 CUDA_GPUS = "NVIDIA, CUDA GPU compute capability list, https://developer.nvidia.com/cuda-gpus"
@@ -93,7 +93,7 @@ CATALOGUE: tuple[KnownDevice, ...] = (
     _nvidia("h100", ("h100-80gb", "h100-sxm", "h100-sxm5", "nvidia-h100"), "NVIDIA H100 SXM5 80 GB HBM3",
             "NVIDIA H100 80GB HBM3", (9, 0), 80,
             "NVIDIA H100 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h100/ (name and CC as NVML "
-            "reported them on the project's lent H100)"),
+            "reported them on an H100 80GB HBM3)"),
     _nvidia("h200", ("h200-141gb", "h200-sxm", "nvidia-h200"), "NVIDIA H200 SXM 141 GB HBM3e", "NVIDIA H200", (9, 0), 141,
             "NVIDIA H200 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h200/"),
     _nvidia("b200", ("hgx-b200", "nvidia-b200"), "NVIDIA B200 (HGX B200) 180 GB HBM3e", "NVIDIA B200", (10, 0), 180,

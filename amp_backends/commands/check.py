@@ -75,6 +75,9 @@ def check_command(
     batch_size: int | None = typer.Option(None, "--batch-size", "--batch_size", min=1, metavar="N",
                                           help="The training batch size (checks Dense rows; default: not checked)."),
     json_output: bool = typer.Option(False, "--json", help="Print JSON (schema in amp_backends.model_check)."),
+    device: str | None = typer.Option(None, "--device", metavar="NAME",
+                                      help="Check the model as a device of the catalogue would run it (h100, a100; "
+                                           "the list: amp_backends.known_devices()) instead of this machine."),
     overrides: Any = None,
 ) -> None:
     """Build a model from MODULE:FACTORY under the plan and check it for what makes mixed precision slow or wrong."""
@@ -85,10 +88,11 @@ def check_command(
     from ..tf_import import import_tensorflow, quiet_tensorflow_logs
 
     import_tensorflow(quiet_tensorflow_logs())  # TensorFlow's start-up noise filtered, as in the other commands
-    from ..configure import auto_configure
+    from ..configure import auto_configure, configure_for_device
 
-    try:
-        plan = auto_configure(**overrides, verbose=False)
+    try:  # a catalogue device: its plan and dtype policy, nothing else of it applied to this machine
+        plan = (configure_for_device(device, **overrides) if device is not None
+                else auto_configure(**overrides, verbose=False))
     except AmpConfigError as exc:
         fail(PROG, exc)
     try:

@@ -20,6 +20,10 @@ def info(
         help="Import TensorFlow to list its devices, or never. Default: only when the plan depends on it (an NVIDIA "
              "GPU that TensorFlow must confirm, or Intel XPUs listed through ITEX); the rest of the report needs no "
              "TensorFlow import."),
+    device: str | None = typer.Option(
+        None, "--device", metavar="NAME",
+        help="Plan for a device of the catalogue instead of this machine (h100, a100, t4, sapphire-rapids; the list: "
+             "amp_backends.known_devices())."),
     overrides: Any = None,
 ) -> None:
     """Report the plan with its reasons, the software and the hardware (exit 2 on an invalid override)."""
@@ -29,7 +33,7 @@ def info(
     from .report import collect, render_text, to_json
 
     try:
-        report = collect(use_tensorflow=tensorflow, quiet=quiet, **overrides)
+        report = collect(use_tensorflow=tensorflow, quiet=quiet, device=device, **overrides)
     except AmpConfigError as exc:
         fail(PROG, exc)
     if json_output:

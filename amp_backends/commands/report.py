@@ -132,16 +132,25 @@ def collect(
     registry: BackendRegistry | None = None,
     environ: Mapping[str, str] | None = None,
     quiet: bool = False,
+    device: str | None = None,
     **overrides: Any,
 ) -> Report:
     """Gather the plan, the software and the hardware. Never raises for broken or missing software or
     backends: they are reported. ``quiet`` filters TensorFlow's start-up noise if it is imported.
 
-    A bad override (``AMP_POLICY=bogus``) is the user's error and raises :class:`AmpConfigError`.
+    A bad override (``AMP_POLICY=bogus``) or an unknown ``device`` is the user's error and raises
+    :class:`AmpConfigError`. ``device`` plans for a device of the catalogue (:mod:`amp_backends.devices`)
+    instead of this machine.
     """
     registry = registry or default_registry()
     env = os.environ if environ is None else environ
-    hardware, tf, why, tf_error = _hardware(registry, use_tensorflow, quiet)
+    if device is not None:  # a catalogue device's description, not this machine
+        from ..devices import device_hardware
+
+        hardware, tf, tf_error = device_hardware(device), None, None
+        why = f"not imported: planned for the catalogue device {device!r}"
+    else:
+        hardware, tf, why, tf_error = _hardware(registry, use_tensorflow, quiet)
     data: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "amp_backends_version": __version__,
