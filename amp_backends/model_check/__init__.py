@@ -76,4 +76,4 @@ from __future__ import annotations
 from .check import check_model
 from .result import Finding, ModelCheck, Summary
 
-__all__ = ["check_model", "ModelCheck", "Finding", "Summary"]
+__all__ = ["Finding", "ModelCheck", "Summary", "check_model"]

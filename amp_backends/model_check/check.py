@@ -12,7 +12,7 @@ from .shapes import dynamic_dims, given_inputs, shapes_with_sequence_length
 from .target import make_target
 from .trace import trace_model
 
-__all__ = ["check_model", "shapes_with_sequence_length", "DEFAULT_TRACE_BATCH"]
+__all__ = ["DEFAULT_TRACE_BATCH", "check_model", "shapes_with_sequence_length"]
 
 DEFAULT_TRACE_BATCH = 8  # when the batch is unknown: a multiple of every alignment but fp8's
 

@@ -15,8 +15,8 @@ more: in_features <= 2048, or out_features <= 1024, or in_features <= 4096 and o
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .trace import GemmOp, ModelGraph
 

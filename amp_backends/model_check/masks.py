@@ -15,8 +15,9 @@ cast into) a reduced-precision float beyond its range, each with the layer whose
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 FLOAT16_MAX = 65504.0
 BFLOAT16_MAX = 3.3895313892515355e38

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 SCHEMA_VERSION = 1
 SEVERITIES = ("error", "warning", "info")
@@ -174,14 +175,14 @@ class ModelCheck:
         dtypes = ", ".join(f"{d} {_pct(v)}" for d, v in sorted(s.dtype_shares.items(), key=lambda kv: -kv[1]))
         counted = s.gemm_ops - s.unknown_flops_ops
         if not s.sized:
-            return [f"matmul + convolution FLOPs: not known: only {counted} of {s.gemm_ops} ops are sized "
-                    f"({_flops(s.flops_per_image)} per image over those, the rest unknown); no shares are given",
-                    f"findings: {self.counts['error']} error(s), {self.counts['warning']} warning(s), "
-                    f"{self.counts['info']} info"] + self._fp8_lines() + list(self.notes)
-        over = f" (over the {counted} of {s.gemm_ops} ops that are sized; shares below are of these)" \
-            if s.unknown_flops_ops else ""
-        lines = [f"matmul + convolution FLOPs: {_flops(s.flops_per_image)} per image (forward){over}; "
-                 f"{dtypes or 'none'}",
+            c = self.counts
+            return [(f"matmul + convolution FLOPs: not known: only {counted} of {s.gemm_ops} ops are sized "
+                     f"({_flops(s.flops_per_image)} per image over those, the rest unknown); no shares are given"),
+                    f"findings: {c['error']} error(s), {c['warning']} warning(s), {c['info']} info",
+                    *self._fp8_lines(), *self.notes]
+        over = (f" (over the {counted} of {s.gemm_ops} ops that are sized; shares below are of these)"
+                if s.unknown_flops_ops else "")
+        lines = [f"matmul + convolution FLOPs: {_flops(s.flops_per_image)} per image (forward){over}; {dtypes or 'none'}",
                  f"in reduced precision: {_pct(s.reduced_precision_share)}"]
         if s.eligible_share is None:
             lines.append(f"matrix-unit (Tensor Core) shapes: not checked: {self.plan.get('compute_dtype')} has no matrix "

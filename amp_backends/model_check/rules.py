@@ -13,11 +13,12 @@ FLOPs it concerns), and stays quiet or reports ``info`` where the cost is small 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
-from . import rules_transformer
+from . import rules_policy, rules_transformer
 from .result import Finding, Summary
-from .target import EMULATED, FUNCTIONAL, Target
+from .target import Target
 from .trace import GemmOp, ModelGraph
 
 # The sized ops (static shapes) must be this share of the matmuls/convolutions, by count, for FLOP shares to be
@@ -112,8 +113,8 @@ class Rules:
 
     def run(self) -> list[Finding]:
         self.unsized()
-        self.emulated_policy()
-        self.policy_mismatch()
+        rules_policy.emulated_policy(self)
+        rules_policy.policy_mismatch(self)
         self.outputs()
         self.float32_compute()
         self.shapes()
@@ -135,51 +136,6 @@ class Rules:
                  "would pass for the model's (none is given)",
                  "give the shapes: check_model(model, inputs=<one batch, its shapes or dataset.element_spec>), or "
                  "amp-backends check --seq-len N / --input-shape", None, unknown_ops=unknown, ops=n)
-
-    # -- emulated-policy, functional-policy: a policy the hardware emulates or runs without a speed-up ---
-    def emulated_policy(self) -> None:
-        target = self.target
-        if target.policy_level == EMULATED:
-            self.add("warning", "emulated-policy", 0, f"the plan's policy {target.policy} is emulated on this {target.backend} device",
-                     f"{target.policy_why}. Emulated {target.compute_dtype} is slower than float32 here: training will be slower, "
-                     "not faster", "use the automatic plan (remove the policy override and force); keep the forced "
-                     "policy only to test numerics", policy=target.policy)
-        elif target.policy_level == FUNCTIONAL:
-            self.add("info", "functional-policy", 0, f"the plan's policy {target.policy} runs here without a speed-up",
-                     target.policy_why, "nothing to fix; the automatic plan may be as fast", policy=target.policy)
-
-    # -- policy-mismatch: the model built under another policy than the plan's --------------------
-    def policy_mismatch(self) -> None:
-        target, graph = self.target, self.graph
-        if target.graph_amp or not graph.gemms:
-            return
-        ops = self.known if self.sized else graph.gemms  # unsized: judged by the count of ops
-        of = "of the FLOPs" if self.sized else "of the matmuls/convolutions"
-        by_dtype: dict[str, float] = defaultdict(float)
-        for op in ops:
-            by_dtype[_op_dtype(graph, op)] += self.fraction([op])
-        if target.mixed:
-            pinned = [op for op in ops if graph.layer(op.layer).compute_dtype == "float32" and op.dtype == "float32"]
-            if self.fraction(pinned) >= 0.5:
-                self.model_built_float32 = True
-                self.add("warning", "policy-mismatch", 0,
-                         f"{100 * self.fraction(pinned):.0f}% {of} are in layers whose dtype policy is float32, "
-                         f"although the plan's policy is {target.policy}",
-                         "the model was built before the plan's policy was set (a Keras dtype policy applies to layers "
-                         f"created after it): it trains in float32 and gets none of {target.policy}'s speed",
-                         "call amp_backends.auto_configure() before building the model", policy=target.policy)
-                return
-        other = {d: s for d, s in by_dtype.items() if d in ("float16", "bfloat16") and d != target.compute_dtype}
-        for dtype, share in other.items():
-            if share < SIGNIFICANT:
-                continue
-            policy = f"mixed_{dtype}"
-            why = target.rejected.get(policy, "the plan chose another policy for this hardware")
-            self.add("warning", "policy-mismatch", 0,
-                     f"{100 * share:.0f}% {of} run in {dtype}, but the plan's policy is {target.policy}",
-                     f"the model was built under {policy}; the plan rejected it here: {why}",
-                     "build the model after amp_backends.auto_configure() (or under the plan's policy)",
-                     share if self.sized else None, policy=target.policy, model_dtype=dtype)
 
     # -- final-activation, output-dtype: a final softmax/sigmoid or an output in reduced precision --
     def outputs(self) -> None:
@@ -230,7 +186,7 @@ class Rules:
                 continue
             at_output = all(op.output_to_model for op in ops)
             at_input = all(op.input_from_data for op in ops)
-            edge = pinned and (at_output or at_input)
+            edge = (pinned and at_input) or at_output  # float32 at the output is the recommended pattern
             severity = self.level(share, EDGE_SIGNIFICANT if edge else SIGNIFICANT, "info" if edge else "warning")
             op_types = ", ".join(sorted({op.op_type for op in ops}))
             if pinned:
@@ -250,12 +206,7 @@ class Rules:
                     fix = ("remove dtype='float32' from this layer so it follows the plan's policy, unless it needs "
                            "float32 for a numerical reason")
             else:
-                what = (f"{info.class_name} (dtype policy {info.policy}) computes its {op_types} in float32 inside its "
-                        "call")
-                why = (f"the traced graph shows {op_types} with T=float32 in this layer although it computes in "
-                       f"{info.compute_dtype}: its code casts to float32 (tf.cast) before the matmul; it runs {rate}")
-                fix = ("compute in self.compute_dtype (drop the tf.cast(..., tf.float32) of the matmul's inputs; cast the "
-                       "result if a float32 output is needed)")
+                what, why, fix = rules_policy.float32_in_call(info, op_types, rate, at_output)
             self.add(severity, "float32-compute", layer, what, why, fix, share, ops=op_types, pinned=pinned)
 
     # -- tensor-core-shape, batch-size, depthwise: shapes the matrix units run at full efficiency ----

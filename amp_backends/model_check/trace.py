@@ -232,7 +232,7 @@ class _Wrapped:
         self.layers = layers
         self.saved: list[tuple[Any, str, bool, Any]] = []
 
-    def __enter__(self) -> "_Wrapped":
+    def __enter__(self) -> _Wrapped:
         import tensorflow as tf
 
         def wrap(index: int, original: Any) -> Any:
@@ -256,7 +256,7 @@ class _Wrapped:
             raise
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         for layer, attr, had, value in reversed(self.saved):
             if had:
                 object.__setattr__(layer, attr, value)
