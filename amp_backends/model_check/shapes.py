@@ -103,6 +103,8 @@ def _fit(given: Any, model_struct: Any, model_name: str) -> Any:
         given = {k: given[k] for k in model_struct}  # extra keys (labels in the same dict) are not the model's
     if _matches(given, model_struct):
         return given
+    if isinstance(model_struct, (list, tuple)) and len(model_struct) == 1 and _matches(given, model_struct[0]):
+        return type(model_struct)([given])  # a model of one input listed, given that input
     if isinstance(given, (tuple, list)) and 2 <= len(given) <= 3 and _matches(given[0], model_struct):
         return given[0]  # an (x, y) or (x, y, sample_weight) element
     raise ValueError(f"inputs= does not match the inputs of the model {model_name!r}: expected {_describe(model_struct)}, "
