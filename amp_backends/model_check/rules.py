@@ -71,7 +71,7 @@ class Rules:
         self.target = target
         self.batch_size = batch_size
         self.known = [op for op in graph.gemms if op.flops is not None]
-        self.total = float(sum(op.flops for op in self.known)) or 1.0
+        self.total = float(sum(op.flops or 0 for op in self.known)) or 1.0
         # Shares are of the sized ops' FLOPs: they stand for the model only when the sized ops are most of it.
         self.sized = not graph.gemms or len(self.known) >= SIZED_MOST * len(graph.gemms)
         self.findings: list[Finding] = []
@@ -262,7 +262,8 @@ class Rules:
                      layers=[graph.layer(i).path for i in layers])
 
     def _batch_fix(self, align: int) -> str:
-        up, down = _next_multiple(self.batch_size, align), self.batch_size // align * align
+        size = self.batch_size or 0
+        up, down = _next_multiple(size, align), size // align * align
         return f"use a batch of {up}" + (f" (or {down})" if down >= align else "")
 
     def _shape_finding(self, layer: int, entry: dict[str, Any]) -> None:
@@ -340,12 +341,12 @@ class Rules:
         eligible = 0.0
         for op in self.known:
             dtype = _op_dtype(graph, op)
-            shares[dtype] += op.flops / self.total
+            shares[dtype] += (op.flops or 0) / self.total
             unit = target.unit_for(dtype, _fp8_layer(graph, target, op))
             if unit is None or op.kind == "depthwise":
                 continue
             if all(v is not None and v % unit[1] == 0 for v in self.dims(op).values()):
-                eligible += op.flops / self.total
+                eligible += (op.flops or 0) / self.total
         shown = self.sized  # shares of the sized ops stand for the model only when they are most of it
         return Summary(
             flops_per_image=(self.total if self.known else 0.0) / graph.batch,

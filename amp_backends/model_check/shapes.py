@@ -69,9 +69,9 @@ def _to_leaves(given: Any, model_struct: Any) -> Any:
         sub = model_struct if isinstance(model_struct, dict) else {}
         return {k: _to_leaves(v, sub.get(k)) for k, v in given.items()}
     if isinstance(given, (list, tuple)):
-        sub = list(model_struct) if isinstance(model_struct, (list, tuple)) else []
-        items = [_to_leaves(v, sub[i] if i < len(sub) else None) for i, v in enumerate(given)]
-        return items if isinstance(given, list) or len(sub) == len(items) or not sub else tuple(items)
+        subs = list(model_struct) if isinstance(model_struct, (list, tuple)) else []
+        items = [_to_leaves(v, subs[i] if i < len(subs) else None) for i, v in enumerate(given)]
+        return items if isinstance(given, list) or len(subs) == len(items) or not subs else tuple(items)
     raise TypeError(f"inputs= takes {SHAPE_FORMS}. Received: {given!r} (of type {type(given).__name__}). "
                     "Fix: pass one batch of the data the model is trained on, or its shapes.")
 
@@ -104,7 +104,7 @@ def _fit(given: Any, model_struct: Any, model_name: str) -> Any:
     if _matches(given, model_struct):
         return given
     if isinstance(model_struct, (list, tuple)) and len(model_struct) == 1 and _matches(given, model_struct[0]):
-        return type(model_struct)([given])  # a model of one input listed, given that input
+        return [given] if isinstance(model_struct, list) else (given,)  # one input, listed by the model
     if isinstance(given, (tuple, list)) and 2 <= len(given) <= 3 and _matches(given[0], model_struct):
         return given[0]  # an (x, y) or (x, y, sample_weight) element
     raise ValueError(f"inputs= does not match the inputs of the model {model_name!r}: expected {_describe(model_struct)}, "

@@ -166,10 +166,10 @@ def _einsum(op: Any) -> tuple[int | None, dict[str, int | None]]:
     a, b = letters
     out_letters = set(out) | {ch for ch in sizes if 0x3B1 <= ord(ch) < 0x3B1 + 26}
     contracted = [ch for ch in a if ch in b and ch not in out_letters]
-    m = [ch for ch in a if ch not in b]
-    n = [ch for ch in b if ch not in a]
+    m_letters = [ch for ch in a if ch not in b]
+    n_letters = [ch for ch in b if ch not in a]
     flops = _prod([sizes[ch] for ch in sizes])
-    dims = {"M": _prod([sizes[ch] for ch in m]), "N": _prod([sizes[ch] for ch in n]),
+    dims = {"M": _prod([sizes[ch] for ch in m_letters]), "N": _prod([sizes[ch] for ch in n_letters]),
             "K": _prod([sizes[ch] for ch in contracted])}
     return (2 * flops if flops is not None else None), dims
 
