@@ -53,8 +53,9 @@ Each finding's ``details`` carries the rule's data: ``dims``, ``expected``, ``al
 FLOPs are forward-pass matmul and convolution FLOPs per image (one sample), multiply-adds counted as two:
 ``2*M*N*K`` for a matmul, ``2*H_out*W_out*K_h*K_w*C_in*C_out`` for a convolution. Shares are of the total
 of the ops with static shapes, and given only when those are most of the ops (``summary.sized``; 75% by
-count, :data:`.rules.SIZED_MOST`): a share of part of the graph is never shown as the model's. Layer widths are checked only where the plan's precision has a matrix unit: on a CPU without AMX,
-or under float32 without TF32, they do not matter and nothing is said about them.
+count, :data:`.rules_base.SIZED_MOST`): a share of part of the graph is never shown as the model's. Layer
+widths are checked only where the plan's precision has a matrix unit: on a CPU without AMX, or under float32
+without TF32, they do not matter and nothing is said about them.
 
 JSON (:meth:`ModelCheck.to_dict`, ``schema_version`` 1; fields are only ever added)::
 

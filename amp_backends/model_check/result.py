@@ -58,7 +58,7 @@ class Summary:
     run at full efficiency (``None`` when the plan's precision has no matrix unit there).
     ``unknown_flops_ops``: matmuls/convolutions whose shapes were not static (not counted) of the
     ``gemm_ops`` in the graph. ``sized``: whether the counted ones are most of them (see
-    :data:`~amp_backends.model_check.rules.SIZED_MOST`): only then are shares given — they are of the
+    :data:`~amp_backends.model_check.rules_base.SIZED_MOST`): only then are shares given — they are of the
     counted ops' FLOPs — else ``dtype_shares`` is empty and the shares are ``None``: a share of part of
     the graph would pass for the model's.
     """

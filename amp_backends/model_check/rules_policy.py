@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING
 
+from .rules_base import SIGNIFICANT, RuleContext, op_dtype
 from .target import EMULATED, FUNCTIONAL
 from .trace import LayerInfo
 
-if TYPE_CHECKING:
-    from .rules import Rules
-
 
 # -- emulated-policy, functional-policy: a policy the hardware emulates or runs without a speed-up ---
-def emulated_policy(rules: Rules) -> None:
+def emulated_policy(rules: RuleContext) -> None:
     target = rules.target
     if target.policy_level == EMULATED:
         rules.add("warning", "emulated-policy", 0,
@@ -27,9 +24,7 @@ def emulated_policy(rules: Rules) -> None:
 
 
 # -- policy-mismatch: the model built under another policy than the plan's --------------------
-def policy_mismatch(rules: Rules) -> None:
-    from .rules import SIGNIFICANT, _op_dtype
-
+def policy_mismatch(rules: RuleContext) -> None:
     target, graph = rules.target, rules.graph
     if target.graph_amp or not graph.gemms:
         return
@@ -37,7 +32,7 @@ def policy_mismatch(rules: Rules) -> None:
     of = "of the FLOPs" if rules.sized else "of the matmuls/convolutions"
     by_dtype: dict[str, float] = defaultdict(float)
     for op in ops:
-        by_dtype[_op_dtype(graph, op)] += rules.fraction([op])
+        by_dtype[op_dtype(graph, op)] += rules.fraction([op])
     if target.mixed:
         pinned = [op for op in ops if graph.layer(op.layer).compute_dtype == "float32" and op.dtype == "float32"]
         if rules.fraction(pinned) >= 0.5:

@@ -22,12 +22,8 @@ What Keras (3.15) and keras_hub (0.32) do, read from their sources, so that noth
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .result import Finding
-
-if TYPE_CHECKING:
-    from .rules import Rules
+from .rules_base import SIGNIFICANT, RuleContext
 
 REDUCED = ("float16", "bfloat16")
 NORM_STATS_OPS = frozenset({"Mean", "SquaredDifference", "Rsqrt", "Sqrt", "Square", "Sum", "Variance"})
@@ -35,7 +31,7 @@ VOCAB_ALIGNMENT = 64  # a vocabulary padded to 64 keeps the logits GEMM aligned 
 MIN_VOCABULARY = 1000  # below this an embedding is a small categorical table, not a vocabulary
 
 
-def run(rules: Rules) -> None:
+def run(rules: RuleContext) -> None:
     """Apply every transformer rule, adding to ``rules.findings``."""
     mask_overflow(rules)
     attention_softmax(rules)
@@ -44,12 +40,12 @@ def run(rules: Rules) -> None:
     logits(rules)
 
 
-def vocabularies(rules: Rules) -> set[int]:
+def vocabularies(rules: RuleContext) -> set[int]:
     return {info.vocabulary for info in rules.graph.layers if info.vocabulary and info.vocabulary >= MIN_VOCABULARY}
 
 
 # -- mask-overflow: mask constants that are -inf in the compute dtype --------------------------------------
-def mask_overflow(rules: Rules) -> None:
+def mask_overflow(rules: RuleContext) -> None:
     by_layer: dict[int, list] = {}
     for mask in rules.graph.masks:
         by_layer.setdefault(mask.layer, []).append(mask)
@@ -70,7 +66,7 @@ def mask_overflow(rules: Rules) -> None:
 
 
 # -- attention-softmax: a softmax inside the model in float16/bfloat16 -------------------------------------
-def attention_softmax(rules: Rules) -> None:
+def attention_softmax(rules: RuleContext) -> None:
     graph = rules.graph
     at_output = {out.layer for out in graph.outputs if out.producer_type in ("Softmax", "LogSoftmax")}
     ops = [op for op in graph.others if op.op_type == "Softmax" and op.dtype in REDUCED and op.layer not in at_output]
@@ -94,7 +90,7 @@ def attention_softmax(rules: Rules) -> None:
 
 
 # -- layernorm-precision: a normalization whose statistics run in float16/bfloat16 ------------------------
-def normalization(rules: Rules) -> None:
+def normalization(rules: RuleContext) -> None:
     graph = rules.graph
     bad: dict[str, list[int]] = {}
     for op in graph.others:
@@ -118,7 +114,7 @@ def normalization(rules: Rules) -> None:
 
 
 # -- vocabulary-size: the vocabulary is the logits GEMM's width ---------------------------------------------
-def vocabulary(rules: Rules) -> None:
+def vocabulary(rules: RuleContext) -> None:
     graph, target = rules.graph, rules.target
     unit = target.unit_for(target.effective_dtype)
     if unit is None:
@@ -131,7 +127,7 @@ def vocabulary(rules: Rules) -> None:
         gemms = [op for op in graph.gemms if size in (op.dims.get("N"), op.dims.get("K"))]
         if gemms:
             share = rules.share(gemms)
-            severity = rules.level(share, 0.01) if size % unit[1] else "info"
+            severity = rules.level(share, SIGNIFICANT) if size % unit[1] else "info"
             rules.add(severity, "vocabulary-size", index,
                       f"the vocabulary of {size} is the width of {len(gemms)} matmul(s) (the logits) and not a "
                       f"multiple of {VOCAB_ALIGNMENT}",
@@ -149,7 +145,7 @@ def vocabulary(rules: Rules) -> None:
 
 
 # -- logits-dtype: logits over a vocabulary in float16/bfloat16 --------------------------------------------
-def logits(rules: Rules) -> None:
+def logits(rules: RuleContext) -> None:
     """Turn an ``output-dtype`` finding whose output is the logits over a vocabulary into ``logits-dtype``."""
     graph = rules.graph
     sizes = vocabularies(rules)
