@@ -200,6 +200,23 @@ def test_mask_constants_beyond_the_reduced_range_are_errors(h100, constant, poli
         assert f.details["dtype"] == policy_name.split("_")[1] and "-0.7 * scores.dtype.max" in f.fix
 
 
+def test_a_mask_cast_after_its_float32_math_is_a_warning(h100):
+    """(1 - keep) * -1e9 in float32, then cast: kept positions are 0, masked ones -inf (NaN on fully masked rows)."""
+
+    class CastAfter(L.Layer):
+        def call(self, scores, keep):
+            adder = tf.cast((1.0 - tf.cast(keep, tf.float32)) * -1e9, scores.dtype)
+            return tf.nn.softmax(scores + adder)
+
+    with policy("mixed_float16"):
+        x, keep = K.Input((8, 16)), K.Input((8, 16))
+        s = CastAfter(name="late_cast")(L.Dense(16)(x), keep)
+        model = K.Model([x, keep], L.Dense(4, dtype="float32")(L.Flatten()(s)), name="late")
+    (f,) = [f for f in check_model(model, plan=h100).findings if f.code == "mask-overflow"]
+    assert f.severity == "warning" and "every position masked" in f.why and "0 * -inf" not in f.why
+    assert "written in float32, cast to float16" in f.what
+
+
 def test_keras_attention_masks_and_layer_norm_are_not_reported(h100):
     with policy("mixed_float16"):
         x, mask = K.Input((16, 64)), K.Input((16, 16), dtype="bool")

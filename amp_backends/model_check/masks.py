@@ -29,7 +29,10 @@ _FOLLOW = ("Identity", "Mul", "AddV2", "Add", "Sub", "Neg", "Maximum", "Minimum"
 class MaskConstant:
     """A constant ``value`` (its most negative element) that becomes ``-inf`` in ``dtype`` in layer ``layer``.
 
-    ``stored`` is the dtype the constant is written in (float32 when a Cast carries it to ``dtype``).
+    ``stored`` is the dtype the constant is written in (float32 when a Cast carries it to ``dtype``);
+    ``direct`` says that the constant itself becomes ``-inf`` (written in ``dtype``, or cast right away), so
+    the math after it (``(1 - mask) * c``) meets ``-inf``; else it is cast after that math, which ran in
+    the wider dtype.
     """
 
     name: str
@@ -37,6 +40,7 @@ class MaskConstant:
     value: float
     stored: str
     dtype: str
+    direct: bool = True
 
 
 def _constant_min(op: Any) -> float | None:
@@ -53,11 +57,11 @@ def _constant_min(op: Any) -> float | None:
     return float(np.min(value.astype(np.float64)))
 
 
-def _reduced_dtypes_reached(op: Any, depth: int = 3) -> set[str]:
-    """The reduced-precision dtypes the constant is cast into, through a few elementwise ops."""
-    found: set[str] = set()
+def _reduced_dtypes_reached(op: Any, depth: int = 3) -> dict[str, bool]:
+    """The reduced-precision dtypes the constant is cast into, through a few elementwise ops: dtype -> direct."""
+    found: dict[str, bool] = {}
     frontier = [op]
-    for _ in range(depth):
+    for level in range(depth):
         nxt = []
         for node in frontier:
             for out in node.outputs:
@@ -65,7 +69,7 @@ def _reduced_dtypes_reached(op: Any, depth: int = 3) -> set[str]:
                     if consumer.type == "Cast":
                         name = consumer.outputs[0].dtype.name
                         if name in LIMITS:
-                            found.add(name)
+                            found[name] = found.get(name, False) or level == 0
                     elif consumer.type in _FOLLOW:
                         nxt.append(consumer)
         frontier = nxt
@@ -82,8 +86,8 @@ def large_negative_constants(ops: list[Any], layer_of: Callable[[str], int]) -> 
         if low is None or low >= -FLOAT16_MAX:
             continue
         stored = op.outputs[0].dtype.name
-        targets = {stored} & set(LIMITS) if stored in LIMITS else _reduced_dtypes_reached(op)
-        for dtype in sorted(targets):
+        targets = {stored: True} if stored in LIMITS else _reduced_dtypes_reached(op)
+        for dtype, direct in sorted(targets.items()):
             if low < -LIMITS[dtype]:
-                out.append(MaskConstant(op.name, layer_of(op.name), low, stored, dtype))
+                out.append(MaskConstant(op.name, layer_of(op.name), low, stored, dtype, direct))
     return out

@@ -54,11 +54,13 @@ def mask_overflow(rules: RuleContext) -> None:
         dtype = worst.dtype
         limit = "-65504" if dtype == "float16" else "about -3.39e38"
         via = "" if worst.stored == dtype else f" (written in {worst.stored}, cast to {dtype})"
-        rules.add("error", "mask-overflow", layer,
+        in_dtype = any(m.direct for m in masks)  # the -inf itself is multiplied: 0 * -inf = NaN at kept positions
+        rules.add("error" if in_dtype else "warning", "mask-overflow", layer,
                   f"a mask constant {worst.value:.3g}{via} is -inf in {dtype}",
-                  f"{dtype} ends at {limit}, so the constant becomes -inf: (1 - mask) * -inf is NaN at every kept "
-                  "position (0 * -inf), and a fully masked row is softmax(-inf, ..., -inf) = NaN. Keras's own masks "
-                  "stay finite (-3e4 in float16)",
+                  f"{dtype} ends at {limit}, so the constant becomes -inf: "
+                  + ("(1 - mask) * -inf is NaN at every kept position (0 * -inf), and " if in_dtype else "")
+                  + "a row with every position masked is softmax(-inf, ..., -inf) = NaN. Keras's own masks stay "
+                  "finite (-3e4 in float16)",
                   "build the mask from the scores' dtype: tf.where(mask, scores, -0.7 * scores.dtype.max) (what Keras's "
                   "dot_product_attention does), or pass the mask to keras.layers.Softmax / MultiHeadAttention("
                   "attention_mask=...), which do it for you",
