@@ -246,3 +246,11 @@ def test_a_normalization_in_float16_is_a_warning(h100):
         model = K.Model(x, L.Dense(2, dtype="float32")(L.Flatten()(h)), name="ln")
     (f,) = [f for f in check_model(model, plan=h100, batch_size=8).findings if f.code == "layernorm-precision"]
     assert f.severity == "warning" and f.layer == "ln/norm" and "LayerNormalization" in f.fix
+
+
+def test_inputs_of_another_batch_than_a_fixed_one_are_refused(h100):
+    with policy("float32"):
+        model = K.Sequential([K.Input((4,), batch_size=16), L.Dense(8)], name="fixed_batch")
+    assert check_model(model, plan=h100, inputs=(None, 4)).batch_size == 16
+    with pytest.raises(ValueError, match=r"fixed batch size of 16, but inputs= of batch 8 was given"):
+        check_model(model, plan=h100, inputs=np.zeros((8, 4), np.float32))

@@ -35,7 +35,7 @@ def _resolve_plan(plan: Any, hardware: Any) -> tuple[Any, Any]:
     return plan, hardware
 
 
-def _batch(structure: Any, batch_size: int | None) -> int | None:
+def _batch(structure: Any, batch_size: int | None, source: str = "batch_size={}") -> int | None:
     import tensorflow as tf
 
     static = {leaf.shape[0] for leaf in tf.nest.flatten(structure) if leaf.shape and leaf.shape[0] is not None}
@@ -44,9 +44,9 @@ def _batch(structure: Any, batch_size: int | None) -> int | None:
                          "together. Fix: give the inputs the same batch size (or none).")
     fixed = static.pop() if static else None
     if fixed is not None and batch_size is not None and fixed != batch_size:
-        raise ValueError(f"The model's inputs have a fixed batch size of {fixed}, but batch_size={batch_size} was "
-                         f"given. Expected batch_size={fixed} or None. Fix: pass batch_size={fixed}, or build the model "
-                         "without a fixed batch size.")
+        raise ValueError(f"The model's inputs have a fixed batch size of {fixed}, but {source.format(batch_size)} was "
+                         f"given. Expected batch_size={fixed} or None. Fix: pass batch_size={fixed} (inputs of that "
+                         "batch), or build the model without a fixed batch size.")
     return batch_size if batch_size is not None else fixed
 
 
@@ -110,7 +110,8 @@ def check_model(model: Any, plan: Any = None, batch_size: int | None = None, *, 
         given = given_inputs(model.name, structure, inputs)
         batch = batch_size or _batch(given, None)  # batch_size wins over the batch of the given inputs
         if structure is not None:
-            batch = _batch(structure, batch)  # the model's own fixed batch, unless it contradicts
+            # the model's own fixed batch, unless it contradicts
+            batch = _batch(structure, batch, "batch_size={}" if batch_size else "inputs= of batch {}")
         structure = given
     elif structure is None:
         raise ValueError(
