@@ -283,10 +283,10 @@ def test_amx_cpu_with_its_hardware_gets_shape_rules():
 def test_fp8_plans_need_multiples_of_16_on_the_middle_dense_layers(h100):
     fp8 = dataclasses.replace(h100, fp8=True)
 
-    def factory():
+    def factory():  # 2048 wide: large enough to gain from float8 (input features > 1024)
         x = K.Input((64,))
-        h = L.Dense(24, name="narrow")(L.Dense(64, name="first")(x))
-        h = L.Dense(64, name="wide")(L.Dense(64, name="mid")(h))
+        h = L.Dense(24, name="narrow")(L.Dense(2048, name="first")(x))
+        h = L.Dense(2048, name="wide")(L.Dense(2048, name="mid")(h))
         return K.Model(x, L.Dense(10, dtype="float32", name="out")(h), name="mlp")
 
     result = check_model(build(factory), plan=fp8, batch_size=256)

@@ -12,9 +12,11 @@ causes from the model alone::
     plan = amp_backends.auto_configure()
     model = build_model()
     print(amp_backends.check_model(model, batch_size=1024))   # a table; .to_json() for machines
+    amp_backends.check_model(bert, inputs=one_batch_of_x)      # shapes the model leaves open (sequence length)
 
 It traces the model's forward pass once (``tf.function(...).get_concrete_function``; nothing runs, nothing
-changes), reads every matmul and convolution of the graph — the dtype it computes in, its shapes, its
+changes) on the model's input shapes, or on the ones ``inputs=`` gives (a sample batch, a ``tf.data``
+element spec or shapes; :mod:`.shapes`), reads every matmul and convolution of the graph — the dtype it computes in, its shapes, its
 FLOPs — maps each op to the layer that created it, and judges them against the plan's device (see
 :mod:`.target`) with the rules of :mod:`.rules`. ``amp-backends check MODULE:FACTORY``
 (:func:`.command.check_command`) does the same from the command line.
@@ -31,7 +33,17 @@ Findings (``code``: when, severity)
     convolutions, which have no matrix-unit path (info). ``slow-op``: resizes (UpSampling2D) with no
     matrix-unit path, by share of the forward pass's memory traffic (bytes read and written; warning from
     5%). ``emulated-policy``: the plan's policy is emulated here, slower than float32 (warning);
-    ``functional-policy``: it runs without a speed-up (info).
+    ``functional-policy``: it runs without a speed-up (info). ``unsized-model``: most matmuls have
+    dynamic shapes (a sequence length left open): said first, in the headline too, with the fix (give
+    ``inputs=``); no FLOP share is then given (warning).
+    Transformers (:mod:`.rules_transformer`): ``mask-overflow``: a mask constant (-1e9, ``float32.min``) that
+    is -inf in float16/bfloat16, NaN after ``0 * -inf`` or a fully masked row (error);
+    ``attention-softmax``: softmaxes inside the model in float16/bfloat16, as Keras's MultiHeadAttention
+    with dropout computes them (info); ``layernorm-precision``: a normalization whose mean and variance run
+    in float16/bfloat16 (warning; Keras's LayerNormalization computes in float32); ``vocabulary-size``: a
+    vocabulary not a multiple of 64 (warning when it is the logits GEMM's width and misaligned for the
+    matrix units, info otherwise); ``logits-dtype``: logits over a vocabulary in float16/bfloat16 (warning,
+    in place of ``output-dtype``).
 
 Each finding's ``details`` carries the rule's data: ``dims``, ``expected``, ``alignment``, ``unit``
 (``tensor-core-shape``); ``pinned``, ``ops`` (``float32-compute``); ``batch_size``, ``alignment``
@@ -39,9 +51,11 @@ Each finding's ``details`` carries the rule's data: ``dims``, ``expected``, ``al
 (``depthwise``); ``output``, ``dtype`` (``final-activation``, ``output-dtype``); ``policy`` (the policy rules).
 
 FLOPs are forward-pass matmul and convolution FLOPs per image (one sample), multiply-adds counted as two:
-``2*M*N*K`` for a matmul, ``2*H_out*W_out*K_h*K_w*C_in*C_out`` for a convolution. Shares are of their
-total. Layer widths are checked only where the plan's precision has a matrix unit: on a CPU without AMX,
-or under float32 without TF32, they do not matter and nothing is said about them.
+``2*M*N*K`` for a matmul, ``2*H_out*W_out*K_h*K_w*C_in*C_out`` for a convolution. Shares are of the total
+of the ops with static shapes, and given only when those are most of the ops (``summary.sized``; 75% by
+count, :data:`.rules_base.SIZED_MOST`): a share of part of the graph is never shown as the model's. Layer
+widths are checked only where the plan's precision has a matrix unit: on a CPU without AMX, or under float32
+without TF32, they do not matter and nothing is said about them.
 
 JSON (:meth:`ModelCheck.to_dict`, ``schema_version`` 1; fields are only ever added)::
 
@@ -57,16 +71,18 @@ JSON (:meth:`ModelCheck.to_dict`, ``schema_version`` 1; fields are only ever add
       "batch_size": 1024 | null,
       "summary": {"flops_per_image": 23984896.0,
                   "dtype_shares": {"float16": 0.999893, "float32": 0.000107},
-                  "reduced_precision_share": 0.999893,
-                  "eligible_share": 0.983659 | null,  # null: no matrix unit for the plan's precision
+                  "reduced_precision_share": 0.999893 | null,  # null: the model not sized
+                  "eligible_share": 0.983659 | null,  # null: no matrix unit for the plan's precision, or not sized
                   "matrix_units": {"float16": "Tensor Cores", ...},
-                  "unknown_flops_ops": 0},
+                  "unknown_flops_ops": 0, "gemm_ops": 17, "sized": true},   # not sized: shares null/{}
       "counts": {"error": 0, "warning": 0, "info": 3},
       "findings": [{"severity": "error" | "warning" | "info", "code": "tensor-core-shape",
                     "layer": "mnist_cnn/conv2d", "what": "...", "why": "...", "fix": "...",
                     "flops_share": 0.016234 | null, "details": {...}}],   # errors first, then by share
-      "fp8_eligible_layers": ["model/dense_1"],     # may train in float8 (plan.prepare_model quantizes them)
+      "fp8_eligible_layers": ["model/dense_1"],     # may train in float8 (prepare_model quantizes them)
       "fp8_ineligible_layers": {"model/dense": "the first layer: ..."},   # the other Dense layers, and why
+      "fp8_layers": {"model/dense_2": {"eligible": false, "why": "too small to gain from float8 ...",
+                                       "small": true}},   # every Dense/EinsumDense (see .fp8_choice)
       "notes": ["..."]
     }
 """
@@ -76,4 +92,4 @@ from __future__ import annotations
 from .check import check_model
 from .result import Finding, ModelCheck, Summary
 
-__all__ = ["check_model", "ModelCheck", "Finding", "Summary"]
+__all__ = ["Finding", "ModelCheck", "Summary", "check_model"]

@@ -5,22 +5,28 @@ from __future__ import annotations
 from typing import Any
 
 from . import _keras
+from .fp8_choice import fp8_layers
 from .result import ModelCheck
 from .rules import Rules
+from .shapes import dynamic_dims, given_inputs, shapes_with_sequence_length
 from .target import make_target
 from .trace import trace_model
+
+__all__ = ["DEFAULT_TRACE_BATCH", "check_model", "shapes_with_sequence_length"]
 
 DEFAULT_TRACE_BATCH = 8  # when the batch is unknown: a multiple of every alignment but fp8's
 
 
 def _resolve_plan(plan: Any, hardware: Any) -> tuple[Any, Any]:
-    import amp_backends
+    from ..configure import current_plan, plan_for
+    from ..plan import Plan
+    from ..probe import probe_hardware
 
     if plan is None:
-        hardware = hardware if hardware is not None else amp_backends.probe_hardware(use_tensorflow=False)
-        plan = amp_backends.current_plan() or amp_backends.plan_for(hardware=hardware)
+        hardware = hardware if hardware is not None else probe_hardware(use_tensorflow=False)
+        plan = current_plan() or plan_for(hardware=hardware)
         return plan, hardware
-    if not isinstance(plan, amp_backends.Plan):
+    if not isinstance(plan, Plan):
         raise TypeError(
             "check_model(plan=...) takes an amp_backends Plan (from amp_backends.auto_configure(), "
             f"amp_backends.plan_for() or amp_backends.current_plan()), or None for this machine's. "
@@ -29,7 +35,7 @@ def _resolve_plan(plan: Any, hardware: Any) -> tuple[Any, Any]:
     return plan, hardware
 
 
-def _batch(structure: Any, batch_size: int | None) -> int | None:
+def _batch(structure: Any, batch_size: int | None, source: str = "batch_size={}") -> int | None:
     import tensorflow as tf
 
     static = {leaf.shape[0] for leaf in tf.nest.flatten(structure) if leaf.shape and leaf.shape[0] is not None}
@@ -38,13 +44,14 @@ def _batch(structure: Any, batch_size: int | None) -> int | None:
                          "together. Fix: give the inputs the same batch size (or none).")
     fixed = static.pop() if static else None
     if fixed is not None and batch_size is not None and fixed != batch_size:
-        raise ValueError(f"The model's inputs have a fixed batch size of {fixed}, but batch_size={batch_size} was "
-                         f"given. Expected batch_size={fixed} or None. Fix: pass batch_size={fixed}, or build the model "
-                         "without a fixed batch size.")
+        raise ValueError(f"The model's inputs have a fixed batch size of {fixed}, but {source.format(batch_size)} was "
+                         f"given. Expected batch_size={fixed} or None. Fix: pass batch_size={fixed} (inputs of that "
+                         "batch), or build the model without a fixed batch size.")
     return batch_size if batch_size is not None else fixed
 
 
-def check_model(model: Any, plan: Any = None, batch_size: int | None = None, *, hardware: Any = None) -> ModelCheck:
+def check_model(model: Any, plan: Any = None, batch_size: int | None = None, *, inputs: Any = None,
+                hardware: Any = None) -> ModelCheck:
     """Check a Keras model for what makes mixed precision slow or wrong on the planned device.
 
     The model's forward pass is traced once (nothing runs and nothing in the model changes) and its graph
@@ -61,7 +68,14 @@ def check_model(model: Any, plan: Any = None, batch_size: int | None = None, *, 
         plan: the :class:`~amp_backends.plan.Plan` to judge against; a plan made for other (or fake)
             hardware checks the model as that hardware would run it.
         batch_size: the training batch size. It decides whether Dense layers' rows are aligned; without
-            it FLOPs are still per image and the batch is assumed aligned.
+            it FLOPs are still per image and the batch is assumed aligned. Given, it overrides the batch of
+            ``inputs``.
+        inputs: the shapes to trace on, for a model that leaves dimensions open (every keras_hub backbone
+            takes any sequence length): one batch as the model takes it (NumPy arrays / tensors, a dict /
+            tuple / list of them), a ``tf.data.Dataset`` or its ``element_spec``, or shapes such as
+            ``(None, 128)`` (``None``: the batch, filled by ``batch_size``); see :mod:`.shapes` and
+            :func:`.shapes.shapes_with_sequence_length`. Only shapes and dtypes are read. Without it the
+            model's own input shapes are traced, and a model mostly left unsized says so first.
         hardware: the probed :class:`~amp_backends.hardware.Hardware` to plan for when ``plan`` is ``None``
             (probed here if not given). A plan carries the support table it was made from — its backend's
             matrix units (Tensor Cores, XMX, AMX) included —, so with a plan this adds nothing.
@@ -92,22 +106,33 @@ def check_model(model: Any, plan: Any = None, batch_size: int | None = None, *, 
         )
     plan, hardware = _resolve_plan(plan, hardware)
     structure = _keras.input_structure(model)
-    if structure is None:
+    if inputs is not None:
+        given = given_inputs(model.name, structure, inputs)
+        batch = batch_size or _batch(given, None)  # batch_size wins over the batch of the given inputs
+        if structure is not None:
+            # the model's own fixed batch, unless it contradicts
+            batch = _batch(structure, batch, "batch_size={}" if batch_size else "inputs= of batch {}")
+        structure = given
+    elif structure is None:
         raise ValueError(
             f"Cannot tell the input shape of the model {model.name!r} (a subclassed model built without an input "
-            "shape). Expected a model built with keras.Input, or by model.build(input_shape) / a call on a batch. "
-            "Fix: call model.build((None, ...)) or the model on one batch before checking it."
+            "shape). Expected a model built with keras.Input, or by model.build(input_shape) / a call on a batch, or "
+            "inputs= giving the shapes. Fix: pass inputs=<one batch> (or call model.build((None, ...)) first)."
         )
-    batch = _batch(structure, batch_size)
+    else:
+        batch = _batch(structure, batch_size)
+    open_dims = len(dynamic_dims(structure))
     graph = trace_model(model, batch or DEFAULT_TRACE_BATCH, structure)
     target = make_target(plan, hardware)
     rules = Rules(graph, target, batch)
     findings = rules.run()
-    fp8 = rules.fp8_eligibility()
+    fp8 = fp8_layers(graph, rules.dims)
     notes = []
     if batch is None:
         notes.append(f"batch size not given: FLOPs are per image and Dense rows are assumed aligned (traced at batch "
                      f"{DEFAULT_TRACE_BATCH}); pass batch_size= to check it")
+    if open_dims and rules.sized:
+        notes.append(f"{open_dims} input dimension(s) after the batch are open (dynamic); give inputs= to size them")
     if target.graph_amp:
         notes.append(f"the plan rewrites the float32 graph to {target.graph_amp} itself (graph-level AMP): the "
                      "float32 layers are expected and not reported")
@@ -125,7 +150,9 @@ def check_model(model: Any, plan: Any = None, batch_size: int | None = None, *, 
         batch_size=batch,
         findings=tuple(findings),
         summary=rules.summary(),
-        fp8_eligible_layers=tuple(path for path, why in fp8 if why is None),
-        fp8_ineligible_layers=tuple((path, why) for path, why in fp8 if why is not None),
+        fp8_eligible_layers=tuple(layer.path for layer in fp8 if layer.eligible),
+        fp8_ineligible_layers=tuple((layer.path, layer.why) for layer in fp8 if not layer.eligible),
         notes=tuple(notes),
+        fp8_layers=tuple(fp8),
+        open_dims=open_dims,
     )

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 SCHEMA_VERSION = 1
 SEVERITIES = ("error", "warning", "info")
@@ -55,15 +56,21 @@ class Summary:
     counted as 2. ``dtype_shares``: their share per compute dtype. ``reduced_precision_share``: the share in
     float16, bfloat16 or float8. ``eligible_share``: the share on shapes the planned device's matrix units
     run at full efficiency (``None`` when the plan's precision has no matrix unit there).
-    ``unknown_flops_ops``: matmuls/convolutions whose shapes were not static (not counted).
+    ``unknown_flops_ops``: matmuls/convolutions whose shapes were not static (not counted) of the
+    ``gemm_ops`` in the graph. ``sized``: whether the counted ones are most of them (see
+    :data:`~amp_backends.model_check.rules_base.SIZED_MOST`): only then are shares given — they are of the
+    counted ops' FLOPs — else ``dtype_shares`` is empty and the shares are ``None``: a share of part of
+    the graph would pass for the model's.
     """
 
     flops_per_image: float
     dtype_shares: Mapping[str, float]
-    reduced_precision_share: float
+    reduced_precision_share: float | None
     eligible_share: float | None
     matrix_units: Mapping[str, str]
     unknown_flops_ops: int = 0
+    gemm_ops: int = 0
+    sized: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -73,6 +80,8 @@ class Summary:
             "eligible_share": self.eligible_share,
             "matrix_units": dict(self.matrix_units),
             "unknown_flops_ops": self.unknown_flops_ops,
+            "gemm_ops": self.gemm_ops,
+            "sized": self.sized,
         }
 
 
@@ -108,6 +117,8 @@ class ModelCheck:
     fp8_eligible_layers: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     fp8_ineligible_layers: tuple[tuple[str, str], ...] = ()
+    fp8_layers: tuple[Any, ...] = ()  # model_check.fp8_choice.Fp8Layer: every Dense/EinsumDense, kept or skipped, why
+    open_dims: int = 0  # input dimensions after the batch left unknown (not given by inputs=)
 
     def of_severity(self, severity: str) -> list[Finding]:
         """The findings of one severity (``error``, ``warning`` or ``info``)."""
@@ -131,6 +142,7 @@ class ModelCheck:
             "findings": [f.to_dict() for f in self.findings],
             "fp8_eligible_layers": list(self.fp8_eligible_layers),
             "fp8_ineligible_layers": {path: why for path, why in self.fp8_ineligible_layers},
+            "fp8_layers": {layer.path: layer.to_dict() for layer in self.fp8_layers},
             "notes": list(self.notes),
         }
 
@@ -138,17 +150,39 @@ class ModelCheck:
         kwargs.setdefault("indent", 2)
         return json.dumps(self.to_dict(), **kwargs)
 
+    @property
+    def sized(self) -> bool:
+        """Whether the check could size most of the model's matmuls/convolutions (else its shares are not given)."""
+        return self.summary.sized
+
+    def unsized_line(self) -> str:
+        s = self.summary
+        return (f"could not size most of the model: {s.unknown_flops_ops} of {s.gemm_ops} matmul/convolution ops have "
+                "dynamic shapes (a sequence length or image size the model leaves open), so their FLOPs, shares and "
+                "widths are unknown. Fix: give the shapes: check_model(model, inputs=<one batch, its shapes or "
+                "dataset.element_spec>), or amp-backends check --seq-len N / --input-shape")
+
     def headline(self) -> str:
         p = self.plan
         batch = f"batch {self.batch_size}" if self.batch_size else "batch not given"
-        return (f"Precision check of {self.model!r} for the plan {p.get('backend')} {p.get('policy')} "
+        line = (f"Precision check of {self.model!r} for the plan {p.get('backend')} {p.get('policy')} "
                 f"(tf32 {'on' if p.get('tf32') else 'off'}, xla {'on' if p.get('xla') else 'off'}"
                 f"{', fp8 on' if p.get('fp8') else ''}), {batch}")
+        return line if self.sized else f"{line}: {self.unsized_line()}"
 
     def summary_lines(self) -> list[str]:
         s = self.summary
         dtypes = ", ".join(f"{d} {_pct(v)}" for d, v in sorted(s.dtype_shares.items(), key=lambda kv: -kv[1]))
-        lines = [f"matmul + convolution FLOPs: {_flops(s.flops_per_image)} per image (forward); {dtypes or 'none'}",
+        counted = s.gemm_ops - s.unknown_flops_ops
+        if not s.sized:
+            c = self.counts
+            return [(f"matmul + convolution FLOPs: not known: only {counted} of {s.gemm_ops} ops are sized "
+                     f"({_flops(s.flops_per_image)} per image over those, the rest unknown); no shares are given"),
+                    f"findings: {c['error']} error(s), {c['warning']} warning(s), {c['info']} info",
+                    *self._fp8_lines(), *self.notes]
+        over = (f" (over the {counted} of {s.gemm_ops} ops that are sized; shares below are of these)"
+                if s.unknown_flops_ops else "")
+        lines = [f"matmul + convolution FLOPs: {_flops(s.flops_per_image)} per image (forward){over}; {dtypes or 'none'}",
                  f"in reduced precision: {_pct(s.reduced_precision_share)}"]
         if s.eligible_share is None:
             lines.append(f"matrix-unit (Tensor Core) shapes: not checked: {self.plan.get('compute_dtype')} has no matrix "
@@ -161,9 +195,17 @@ class ModelCheck:
             lines.append(f"{s.unknown_flops_ops} matmul/convolution op(s) with dynamic shapes were not counted")
         c = self.counts
         lines.append(f"findings: {c['error']} error(s), {c['warning']} warning(s), {c['info']} info")
-        if self.plan.get("fp8"):
-            lines.append("fp8-eligible layers: " + (", ".join(self.fp8_eligible_layers) or "none"))
-        return lines + list(self.notes)
+        return lines + self._fp8_lines() + list(self.notes)
+
+    def _fp8_lines(self) -> list[str]:
+        if not self.plan.get("fp8"):
+            return []
+        lines = ["fp8-eligible layers: " + (", ".join(self.fp8_eligible_layers) or "none")]
+        small = [layer.path for layer in self.fp8_layers if layer.small]
+        if small:
+            lines.append(f"too small to gain from float8: {len(small)} layer(s) ({', '.join(small[:4])}"
+                         f"{', ...' if len(small) > 4 else ''})")
+        return lines
 
     def log_lines(self) -> list[str]:
         """One line per finding (severity, layer, what, FLOP share, fix), then the summary: for a training log."""

@@ -13,136 +13,64 @@ FLOPs it concerns), and stays quiet or reports ``info`` where the cost is small 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable
+from typing import Any
 
+from . import rules_policy, rules_transformer
 from .result import Finding, Summary
-from .target import EMULATED, FUNCTIONAL, Target
-from .trace import GemmOp, ModelGraph
+from .rules_base import (
+    DENSE_CLASSES,
+    EDGE_SIGNIFICANT,
+    FINAL_ACTIVATIONS,
+    REDUCED,
+    SIGNIFICANT,
+    SIZED_MOST,
+    SLOW_LAYERS,
+    SLOW_OP_SIGNIFICANT,
+    SLOW_OPS,
+    RuleContext,
+    next_multiple,
+)
+from .rules_base import fp8_layer as _fp8_layer
+from .rules_base import labels as dim_labels
+from .rules_base import op_dtype as _op_dtype
+from .trace import GemmOp
 
-SIGNIFICANT = 0.01  # share of matmul/convolution FLOPs above which a slow or misaligned layer is a warning
-# A float32 first or output layer is a deliberate, recommended pattern: a warning only when it is this large.
-EDGE_SIGNIFICANT = 0.05
-SLOW_OP_SIGNIFICANT = 0.05  # share of the forward pass's memory traffic above which a slow op is a warning
-REDUCED = ("float16", "bfloat16", "float8")
-DENSE_CLASSES = ("Dense", "EinsumDense")
-# Ops with no matrix-unit path: they only move memory, forward and (their *Grad ops) backward.
-SLOW_OPS = {"ResizeNearestNeighbor": "ResizeNearestNeighborGrad", "ResizeBilinear": "ResizeBilinearGrad",
-            "ResizeBicubic": "ResizeBicubicGrad", "ResizeArea": "(no gradient)",
-            "ScaleAndTranslate": "ScaleAndTranslateGrad"}
-SLOW_LAYERS = ("UpSampling1D", "UpSampling2D", "UpSampling3D", "Resizing")
-FINAL_ACTIVATIONS = {"Softmax": "softmax", "LogSoftmax": "log_softmax", "Sigmoid": "sigmoid"}
-
-
-def _next_multiple(value: int, align: int) -> int:
-    return -(-value // align) * align
-
-
-def _op_dtype(g: ModelGraph, op: GemmOp) -> str:
-    return "float8" if g.layer(op.layer).policy.startswith("float8") else op.dtype
+__all__ = ["DENSE_CLASSES", "SIGNIFICANT", "SIZED_MOST", "Rules"]
 
 
-def _fp8_layer(g: ModelGraph, t: Target, op: GemmOp) -> bool:
-    info = g.layer(op.layer)
-    if info.policy.startswith("float8"):
-        return True
-    return t.fp8 and info.class_name in DENSE_CLASSES and not op.input_from_data and not op.output_to_model
-
-
-def _labels(class_name: str, kind: str) -> dict[str, str]:
-    if kind in ("conv", "conv_transpose", "depthwise"):
-        return {"C_out": "filters", "C_in": "input channels"}
-    if class_name == "Dense":
-        return {"M": "rows (batch x positions)", "N": "units", "K": "input features"}
-    if class_name == "EinsumDense":
-        return {"M": "rows (batch x positions)", "N": "output width", "K": "input width"}
-    return {"M": "rows M", "N": "columns N", "K": "reduction K"}
-
-
-class Rules:
+class Rules(RuleContext):
     """Applies every rule to one traced model for one target; :meth:`run` returns the findings, worst first."""
 
-    def __init__(self, graph: ModelGraph, target: Target, batch_size: int | None) -> None:
-        self.g = graph
-        self.t = target
-        self.batch_size = batch_size
-        self.known = [op for op in graph.gemms if op.flops is not None]
-        self.total = float(sum(op.flops for op in self.known)) or 1.0
-        self.findings: list[Finding] = []
-        self.model_built_float32 = False
-
-    # -- helpers ---------------------------------------------------------------------------------
-    def dims(self, op: GemmOp) -> dict[str, int | None]:
-        """The op's dimensions that decide alignment; rows that grow with an unknown batch are left out."""
-        if op.rows_include_batch and self.batch_size is None:
-            return {d: v for d, v in op.dims.items() if d != "M"}
-        return dict(op.dims)
-
-    def share(self, ops: Iterable[GemmOp]) -> float:
-        return sum(op.flops or 0 for op in ops) / self.total
-
-    def add(self, severity: str, code: str, layer: int | str, what: str, why: str, fix: str,
-            share: float | None = None, **details: Any) -> None:
-        path = self.g.layer(layer).path if isinstance(layer, int) else layer
-        self.findings.append(Finding(severity, code, path, what, why, fix,
-                                     None if share is None else round(share, 6), details))
-
     def run(self) -> list[Finding]:
-        self.emulated_policy()
-        self.policy_mismatch()
+        self.unsized()
+        rules_policy.emulated_policy(self)
+        rules_policy.policy_mismatch(self)
         self.outputs()
         self.float32_compute()
         self.shapes()
         self.slow_ops()
+        rules_transformer.run(self)
         order = {"error": 0, "warning": 1, "info": 2}
-        return sorted(self.findings, key=lambda f: (order[f.severity], -(f.flops_share or 0)))
+        return sorted(self.findings, key=lambda f: (order[f.severity], f.code != "unsized-model",
+                                                    -(f.flops_share or 0)))
 
-    # -- 6: a policy the hardware emulates --------------------------------------------------------
-    def emulated_policy(self) -> None:
-        t = self.t
-        if t.policy_level == EMULATED:
-            self.add("warning", "emulated-policy", 0, f"the plan's policy {t.policy} is emulated on this {t.backend} device",
-                     f"{t.policy_why}. Emulated {t.compute_dtype} is slower than float32 here: training will be slower, "
-                     "not faster", "use the automatic plan (remove the policy override and force); keep the forced "
-                     "policy only to test numerics", policy=t.policy)
-        elif t.policy_level == FUNCTIONAL:
-            self.add("info", "functional-policy", 0, f"the plan's policy {t.policy} runs here without a speed-up",
-                     t.policy_why, "nothing to fix; the automatic plan may be as fast", policy=t.policy)
-
-    # -- the model built under another policy than the plan's ----------------------------------
-    def policy_mismatch(self) -> None:
-        t, g = self.t, self.g
-        if t.graph_amp or not self.known:
+    # -- unsized-model: most matmuls have dynamic shapes ---------------------------------------------
+    def unsized(self) -> None:
+        if self.sized:
             return
-        by_dtype: dict[str, float] = defaultdict(float)
-        for op in self.known:
-            by_dtype[_op_dtype(g, op)] += op.flops / self.total
-        if t.mixed:
-            pinned = [op for op in self.known if g.layer(op.layer).compute_dtype == "float32" and op.dtype == "float32"]
-            if self.share(pinned) >= 0.5:
-                self.model_built_float32 = True
-                self.add("warning", "policy-mismatch", 0,
-                         f"{100 * self.share(pinned):.0f}% of the FLOPs are in layers whose dtype policy is float32, "
-                         f"although the plan's policy is {t.policy}",
-                         "the model was built before the plan's policy was set (a Keras dtype policy applies to layers "
-                         f"created after it): it trains in float32 and gets none of {t.policy}'s speed",
-                         "call amp_backends.auto_configure() before building the model", policy=t.policy)
-                return
-        other = {d: s for d, s in by_dtype.items() if d in ("float16", "bfloat16") and d != t.compute_dtype}
-        for dtype, share in other.items():
-            if share < SIGNIFICANT:
-                continue
-            policy = f"mixed_{dtype}"
-            why = t.rejected.get(policy, "the plan chose another policy for this hardware")
-            self.add("warning", "policy-mismatch", 0,
-                     f"{100 * share:.0f}% of the FLOPs run in {dtype}, but the plan's policy is {t.policy}",
-                     f"the model was built under {policy}; the plan rejected it here: {why}",
-                     "build the model after amp_backends.auto_configure() (or under the plan's policy)",
-                     share, policy=t.policy, model_dtype=dtype)
+        n, unknown = len(self.graph.gemms), len(self.graph.gemms) - len(self.known)
+        self.add("warning", "unsized-model", 0,
+                 f"could not size most of the model: {unknown} of {n} matmul/convolution ops have dynamic shapes",
+                 "the model leaves dimensions open besides the batch (a sequence length, an image size): their ops "
+                 "have no static size, so their FLOPs, shares and widths are unknown and a share of the others "
+                 "would pass for the model's (none is given)",
+                 "give the shapes: check_model(model, inputs=<one batch, its shapes or dataset.element_spec>), or "
+                 "amp-backends check --seq-len N / --input-shape", None, unknown_ops=unknown, ops=n)
 
-    # -- 1, 2: outputs not float32; a final softmax/sigmoid in reduced precision -----------------
+    # -- final-activation, output-dtype: a final softmax/sigmoid or an output in reduced precision --
     def outputs(self) -> None:
-        n = len(self.g.outputs)
-        for out in self.g.outputs:
+        n = len(self.graph.outputs)
+        for out in self.graph.outputs:
             label = f"the model's output {out.index}" if n > 1 else "the model's output"
             act = FINAL_ACTIVATIONS.get(out.producer_type)
             if act and out.producer_dtype in ("float16", "bfloat16"):
@@ -164,78 +92,75 @@ class Rules:
                          "end the model with keras.layers.Activation('linear', dtype='float32') (or 'softmax'/'sigmoid' "
                          "there, if the last layer applied one)", output=out.index, dtype=out.dtype)
 
-    # -- 3: matmuls/convolutions in float32 under a mixed policy ---------------------------------
+    # -- float32-compute: matmuls/convolutions in float32 under a mixed policy ----------------------
     def float32_compute(self) -> None:
-        t, g = self.t, self.g
-        if not t.mixed or t.graph_amp:
+        target, graph = self.target, self.graph
+        if not target.mixed or target.graph_amp:
             return
         by_layer: dict[int, list[GemmOp]] = defaultdict(list)
-        for op in g.gemms:
+        for op in graph.gemms:
             if op.dtype == "float32":
                 by_layer[op.layer].append(op)
-        unit, low = t.unit_for("float32"), t.unit_for(t.compute_dtype)
+        unit, low = target.unit_for("float32"), target.unit_for(target.compute_dtype)
         if unit:
-            rate = f"on {unit[0]}, at about half the {t.compute_dtype} rate"
+            rate = f"on {unit[0]}, at about half the {target.compute_dtype} rate"
         elif low:
-            rate = f"without the {low[0]}, several times slower than {t.compute_dtype} on them"
+            rate = f"without the {low[0]}, several times slower than {target.compute_dtype} on them"
         else:
-            rate = f"at the float32 rate instead of the {t.compute_dtype} rate"
+            rate = f"at the float32 rate instead of the {target.compute_dtype} rate"
         for layer, ops in by_layer.items():
-            info = g.layer(layer)
+            info = graph.layer(layer)
             share = self.share(ops)
             pinned = info.compute_dtype == "float32"
             if pinned and self.model_built_float32:
                 continue
             at_output = all(op.output_to_model for op in ops)
             at_input = all(op.input_from_data for op in ops)
-            edge = pinned and (at_output or at_input)
-            severity = "warning" if share >= (EDGE_SIGNIFICANT if edge else SIGNIFICANT) else "info"
+            edge = (pinned and at_input) or at_output  # float32 at the output is the recommended pattern
+            severity = self.level(share, EDGE_SIGNIFICANT if edge else SIGNIFICANT, "info" if edge else "warning")
             op_types = ", ".join(sorted({op.op_type for op in ops}))
             if pinned:
                 place = " (the model's output layer)" if at_output else " (the model's first layer)" if at_input else ""
                 what = (f"{info.class_name}{place} is pinned to float32 (dtype policy {info.policy}) under the "
-                        f"{t.policy} plan")
+                        f"{target.policy} plan")
                 why = f"its {op_types} runs in float32, {rate}"
                 if at_output or at_input:
                     why += ("; float32 at the output keeps the loss in full precision (the recommended pattern)"
                             if at_output else "; float32 on the raw input is a deliberate choice")
-                    why += ", and" + (" at this size it costs little" if severity == "info" else " it is a large layer")
+                    why += (", and its size is unknown (dynamic shapes)" if share is None else ", and" +
+                            (" at this size it costs little" if severity == "info" else " it is a large layer"))
                     fix = ("nothing to do at this size" if severity == "info" else
-                           f"let the layer compute in {t.compute_dtype} (remove dtype='float32') and add "
+                           f"let the layer compute in {target.compute_dtype} (remove dtype='float32') and add "
                            "keras.layers.Activation('linear' or its activation, dtype='float32') after it")
                 else:
                     fix = ("remove dtype='float32' from this layer so it follows the plan's policy, unless it needs "
                            "float32 for a numerical reason")
             else:
-                what = (f"{info.class_name} (dtype policy {info.policy}) computes its {op_types} in float32 inside its "
-                        "call")
-                why = (f"the traced graph shows {op_types} with T=float32 in this layer although it computes in "
-                       f"{info.compute_dtype}: its code casts to float32 (tf.cast) before the matmul; it runs {rate}")
-                fix = ("compute in self.compute_dtype (drop the tf.cast(..., tf.float32) of the matmul's inputs; cast the "
-                       "result if a float32 output is needed)")
+                what, why, fix = rules_policy.float32_in_call(info, op_types, rate, at_output)
             self.add(severity, "float32-compute", layer, what, why, fix, share, ops=op_types, pinned=pinned)
 
-    # -- 4: shapes the matrix units run at full efficiency ---------------------------------------
+    # -- tensor-core-shape, batch-size, depthwise: shapes the matrix units run at full efficiency ----
     def shapes(self) -> None:
-        t, g = self.t, self.g
+        target, graph = self.target, self.graph
         per_layer: dict[int, dict[str, Any]] = {}
         batch_ops: list[GemmOp] = []
         batch_align = 0
         depthwise: list[GemmOp] = []
-        for op in g.gemms:
-            unit = t.unit_for(_op_dtype(g, op), _fp8_layer(g, t, op))
+        vocabularies = rules_transformer.vocabularies(self)
+        for op in graph.gemms:
+            unit = target.unit_for(_op_dtype(graph, op), _fp8_layer(graph, target, op))
             if unit is None:
                 continue
             name, align = unit
             if op.kind == "depthwise":
                 depthwise.append(op)
                 continue
-            labels = _labels(g.layer(op.layer).class_name, op.kind)
+            labels = dim_labels(graph.layer(op.layer).class_name, op.kind)
             entry = per_layer.setdefault(op.layer, {"ops": [], "dims": {}, "unit": name, "align": align, "dtype": op.dtype})
             entry["ops"].append(op)
             for dim, value in self.dims(op).items():
-                if value is None or value % align == 0:
-                    continue
+                if value is None or value % align == 0 or (dim in ("N", "K") and value in vocabularies):
+                    continue  # a vocabulary's width: the vocabulary-size rule says it
                 if dim == "M" and op.rows_include_batch:
                     batch_ops.append(op)
                     batch_align = max(batch_align, align)
@@ -250,7 +175,7 @@ class Rules:
         if batch_ops and self.batch_size:
             unique = list({op.name: op for op in batch_ops}.values())
             share = self.share(unique)
-            self.add("warning" if share >= SIGNIFICANT else "info", "batch-size", 0,
+            self.add(self.level(share, SIGNIFICANT), "batch-size", 0,
                      f"batch size {self.batch_size} is not a multiple of {batch_align}: the rows of "
                      f"{len(unique)} matmul(s) are misaligned",
                      "a Dense layer's matmul has one row per sample (per position): the matrix units run it at full "
@@ -264,14 +189,15 @@ class Rules:
                      f"{len(depthwise)} depthwise convolution(s) do not run on matrix units",
                      "a depthwise convolution has one input channel per filter: no matrix multiplication for the "
                      "matrix units, it is memory-bound", "nothing to do: expected for MobileNet-style models", share,
-                     layers=[g.layer(i).path for i in layers])
+                     layers=[graph.layer(i).path for i in layers])
 
     def _batch_fix(self, align: int) -> str:
-        up, down = _next_multiple(self.batch_size, align), self.batch_size // align * align
+        size = self.batch_size or 0
+        up, down = next_multiple(size, align), size // align * align
         return f"use a batch of {up}" + (f" (or {down})" if down >= align else "")
 
     def _shape_finding(self, layer: int, entry: dict[str, Any]) -> None:
-        info = self.g.layer(layer)
+        info = self.graph.layer(layer)
         align, unit = entry["align"], entry["unit"]
         share = self.share(entry["ops"])
         dims = entry["dims"]
@@ -282,10 +208,10 @@ class Rules:
         why = (f"the {unit} run {entry['dtype']} matmuls and convolutions at full efficiency only on multiples of "
                f"{align} (16 bytes); other widths run on padded or slower kernels")
         if avoidable:
-            severity = "warning" if share >= SIGNIFICANT else "info"
+            severity = self.level(share, SIGNIFICANT)
             fixes = []
             for label, (value, _, dim) in avoidable.items():
-                target = _next_multiple(value, align)
+                target = next_multiple(value, align)
                 if dim in ("K", "C_in"):
                     fixes.append(f"{label} {value} come from the layer before: make it {target} wide")
                 else:
@@ -303,89 +229,62 @@ class Rules:
                                        "the targets have this width" if sides == "output" else
                                        "the data and targets fix them")
             if inputs and info.class_name in DENSE_CLASSES:
-                fix += (f" (if it is a choice, such as a noise vector's size, {_next_multiple(inputs[0][0], align)} "
+                fix += (f" (if it is a choice, such as a noise vector's size, {next_multiple(inputs[0][0], align)} "
                         "would be aligned)")
         self.add(severity, "tensor-core-shape", layer, what, why, fix, share, alignment=align, unit=unit,
                  dims={label: v[0] for label, v in dims.items()}, expected=[label for label, v in dims.items() if v[1]])
 
-    # -- 5: ops with no fast reduced-precision path ----------------------------------------------
+    # -- slow-op: ops with no fast reduced-precision path -------------------------------------------
     def slow_ops(self) -> None:
-        t, g = self.t, self.g
-        unit = t.unit_for(t.effective_dtype)
-        if unit is None or t.effective_dtype == "float32":
+        target, graph = self.target, self.graph
+        unit = target.unit_for(target.effective_dtype)
+        if unit is None or target.effective_dtype == "float32":
             return
-        total_traffic = float(sum(g.layer_traffic.values())) or 1.0
-        n_ops = len(g.others) + len(g.gemms)
+        total_traffic = float(sum(graph.layer_traffic.values())) or 1.0
+        n_ops = len(graph.others) + len(graph.gemms)
         by_layer: dict[int, list[Any]] = defaultdict(list)
-        for op in g.others:
-            if op.op_type in SLOW_OPS or g.layer(op.layer).class_name in SLOW_LAYERS:
+        for op in graph.others:
+            if op.op_type in SLOW_OPS or graph.layer(op.layer).class_name in SLOW_LAYERS:
                 by_layer[op.layer].append(op)
         for layer, ops in by_layer.items():
-            share = g.layer_traffic.get(layer, 0) / total_traffic
+            share: float | None = graph.layer_traffic.get(layer, 0) / total_traffic if self.sized else None
             kinds = sorted({op.op_type for op in ops})
             resize = [k for k in kinds if k in SLOW_OPS]
             grads = ", ".join(SLOW_OPS[k] for k in resize) if resize else "a sum over the copies"
-            info = g.layer(layer)
-            self.add("warning" if share >= SLOW_OP_SIGNIFICANT else "info", "slow-op", layer,
-                     f"{info.class_name} ({', '.join(kinds)}) has no {unit[0]} path: {100 * share:.1f}% of the forward "
-                     f"pass's estimated memory traffic ({len(ops)} of {n_ops} forward ops)",
+            info = graph.layer(layer)
+            amount = "its share of the memory traffic unknown" if share is None else (
+                f"{100 * share:.1f}% of the forward pass's estimated memory traffic")
+            self.add(self.level(share, SLOW_OP_SIGNIFICANT), "slow-op", layer,
+                     f"{info.class_name} ({', '.join(kinds)}) has no {unit[0]} path: {amount} ({len(ops)} of {n_ops} "
+                     "forward ops)",
                      f"a resize only copies memory and its gradient ({grads}) adds the copies back: neither gets "
-                     f"faster in {t.effective_dtype}, the convolutions around it do (the GAN tutorial's profile had "
+                     f"faster in {target.effective_dtype}, the convolutions around it do (the GAN tutorial's profile had "
                      "ResizeNearestNeighbor and its gradient among the top GPU ops)",
                      "replace UpSampling2D + Conv2D(f, k, padding='same') by Conv2DTranspose(f, k, strides=2, "
                      f"padding='same'), a convolution the {unit[0]} run; or keep it if its share is small",
-                     None, traffic_share=round(share, 6), op_count=len(ops), forward_ops=n_ops, ops=kinds)
+                     None, traffic_share=None if share is None else round(share, 6), op_count=len(ops), forward_ops=n_ops, ops=kinds)
 
     # -- the summary -----------------------------------------------------------------------------
     def summary(self) -> Summary:
-        g, t = self.g, self.t
+        graph, target = self.graph, self.target
         shares: dict[str, float] = defaultdict(float)
         eligible = 0.0
         for op in self.known:
-            dtype = _op_dtype(g, op)
-            shares[dtype] += op.flops / self.total
-            unit = t.unit_for(dtype, _fp8_layer(g, t, op))
+            dtype = _op_dtype(graph, op)
+            shares[dtype] += (op.flops or 0) / self.total
+            unit = target.unit_for(dtype, _fp8_layer(graph, target, op))
             if unit is None or op.kind == "depthwise":
                 continue
             if all(v is not None and v % unit[1] == 0 for v in self.dims(op).values()):
-                eligible += op.flops / self.total
+                eligible += (op.flops or 0) / self.total
+        shown = self.sized  # shares of the sized ops stand for the model only when they are most of it
         return Summary(
-            flops_per_image=(self.total if self.known else 0.0) / g.batch,
-            dtype_shares={d: round(s, 6) for d, s in shares.items()},
-            reduced_precision_share=round(sum(s for d, s in shares.items() if d in REDUCED), 6),
-            eligible_share=round(eligible, 6) if t.units else None,
-            matrix_units={d: u for d, (u, _) in t.units.items()},
-            unknown_flops_ops=len(g.gemms) - len(self.known),
+            flops_per_image=(self.total if self.known else 0.0) / graph.batch,
+            dtype_shares={d: round(s, 6) for d, s in shares.items()} if shown else {},
+            reduced_precision_share=round(sum(s for d, s in shares.items() if d in REDUCED), 6) if shown else None,
+            eligible_share=round(eligible, 6) if target.units and shown else None,
+            matrix_units={d: u for d, (u, _) in target.units.items()},
+            unknown_flops_ops=len(graph.gemms) - len(self.known),
+            gemm_ops=len(graph.gemms),
+            sized=self.sized,
         )
-
-    def fp8_eligibility(self) -> list[tuple[str, str | None]]:
-        """``(layer path, why not)`` for every Dense/EinsumDense layer, ``None`` where it may train in float8.
-
-        Eligible: neither the first layer (its input is the data) nor the last (its output is the model's:
-        both stay in the policy's precision, as fp8 recipes keep them), one plain matmul, every dimension a
-        multiple of 16 (what fp8 GEMMs need; rows that grow with an unknown batch are not judged).
-        """
-        g = self.g
-        by_layer: dict[int, list[GemmOp]] = defaultdict(list)
-        for op in g.gemms:
-            by_layer[op.layer].append(op)
-        out: list[tuple[str, str | None]] = []
-        for layer, ops in by_layer.items():
-            info = g.layer(layer)
-            if info.class_name not in DENSE_CLASSES:
-                continue
-            why = None
-            if any(op.input_from_data for op in ops):
-                why = "the first layer: it reads the input data, kept in the policy's precision"
-            elif any(op.output_to_model for op in ops):
-                why = "the last layer: its output is the model's, kept in the policy's precision"
-            elif any(op.kind != "matmul" for op in ops):
-                why = "not a plain matmul"
-            else:
-                bad = {d: v for op in ops for d, v in self.dims(op).items() if v is None or v % 16}
-                if bad:
-                    labels = _labels(info.class_name, "matmul")
-                    why = "not a multiple of 16 (fp8 GEMMs need it): " + ", ".join(
-                        f"{labels.get(d, d)} {'unknown' if v is None else v}" for d, v in bad.items())
-            out.append((info.path, why))
-        return out

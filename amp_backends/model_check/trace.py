@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _keras
+from .masks import MaskConstant, large_negative_constants
 
 MATMUL_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"})
 CONV_OPS = frozenset({"Conv2D", "Conv3D", "Conv", "DepthwiseConv2dNative", "Conv2DBackpropInput",
@@ -46,6 +47,7 @@ class LayerInfo:
     class_name: str
     policy: str
     compute_dtype: str
+    vocabulary: int | None = None  # an embedding's input_dim (its vocabulary size)
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,8 @@ class GemmOp:
     units, filters), ``K`` (reduction: input features) for matmuls; ``C_in`` (per group) and ``C_out``
     for convolutions. ``input_from_data`` says that no other matmul/convolution lies between the model's
     inputs and this op (its ``K``/``C_in`` is the data's own width); ``output_to_model`` that none lies
-    between it and a model output (its ``N``/``C_out`` is the targets' width).
+    between it and a model output nor after it (its ``N``/``C_out`` is the targets' width; a block whose
+    output a residual stream carries on to later matmuls is not the last).
     """
 
     name: str
@@ -106,6 +109,7 @@ class ModelGraph:
     outputs: list[OutputInfo] = field(default_factory=list)
     # Bytes each layer reads (activations and weights) and writes at its boundary, as if its ops were fused.
     layer_traffic: dict[int, int] = field(default_factory=dict)
+    masks: list[MaskConstant] = field(default_factory=list)  # mask constants beyond float16/bfloat16's range
 
     def layer(self, index: int) -> LayerInfo:
         return self.layers[index]
@@ -162,10 +166,10 @@ def _einsum(op: Any) -> tuple[int | None, dict[str, int | None]]:
     a, b = letters
     out_letters = set(out) | {ch for ch in sizes if 0x3B1 <= ord(ch) < 0x3B1 + 26}
     contracted = [ch for ch in a if ch in b and ch not in out_letters]
-    m = [ch for ch in a if ch not in b]
-    n = [ch for ch in b if ch not in a]
+    m_letters = [ch for ch in a if ch not in b]
+    n_letters = [ch for ch in b if ch not in a]
     flops = _prod([sizes[ch] for ch in sizes])
-    dims = {"M": _prod([sizes[ch] for ch in m]), "N": _prod([sizes[ch] for ch in n]),
+    dims = {"M": _prod([sizes[ch] for ch in m_letters]), "N": _prod([sizes[ch] for ch in n_letters]),
             "K": _prod([sizes[ch] for ch in contracted])}
     return (2 * flops if flops is not None else None), dims
 
@@ -228,7 +232,7 @@ class _Wrapped:
         self.layers = layers
         self.saved: list[tuple[Any, str, bool, Any]] = []
 
-    def __enter__(self) -> "_Wrapped":
+    def __enter__(self) -> _Wrapped:
         import tensorflow as tf
 
         def wrap(index: int, original: Any) -> Any:
@@ -252,7 +256,7 @@ class _Wrapped:
             raise
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         for layer, attr, had, value in reversed(self.saved):
             if had:
                 object.__setattr__(layer, attr, value)
@@ -266,8 +270,8 @@ def trace_model(model: Any, batch: int, input_struct: Any) -> ModelGraph:
     import tensorflow as tf
 
     walked = list(_keras.walk(model, model.name))
-    layers = [LayerInfo(path, type(obj).__name__, _keras.policy_name(obj), _keras.compute_dtype(obj))
-              for path, obj in walked]
+    layers = [LayerInfo(path, type(obj).__name__, _keras.policy_name(obj), _keras.compute_dtype(obj),
+                        _vocabulary(obj)) for path, obj in walked]
     objects = [obj for _, obj in walked]
 
     def spec(leaf: _keras.InputLeaf) -> Any:
@@ -286,11 +290,16 @@ def trace_model(model: Any, batch: int, input_struct: Any) -> ModelGraph:
             f"check_model could not trace the model {model.name!r}: it calls model(inputs, training=False) on inputs "
             f"of shape {shapes}, and that raised {type(exc).__name__}: {exc}. Expected a model that runs on such "
             "inputs. Fix: build the model with keras.Input(...) of the shape it is trained on (or call it once on a "
-            "batch), and pass batch_size=..."
+            "batch), and pass batch_size=... or inputs=..."
         ) from exc
     finally:
         _keras.restore_losses(losses)
     return _read_graph(concrete, model.name, layers, batch, len(tf.nest.flatten(specs)))
+
+
+def _vocabulary(layer: Any) -> int | None:
+    size = getattr(layer, "input_dim", None) if "Embedding" in type(layer).__name__ else None
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
 def _layer_of(op_name: str) -> int:
@@ -311,7 +320,11 @@ def _read_graph(concrete: Any, name: str, layers: list[LayerInfo], batch: int, n
         if any(p.name in gemm_above or p.type in GEMM_OPS for p in producers):
             gemm_above.add(op.name)
 
-    # Matmuls/convolutions that reach an output with no other matmul/convolution in between.
+    gemm_below: set[str] = set()  # ops with a matmul/convolution downstream (a residual stream feeds the next)
+    for op in reversed(ops):
+        if any(c.type in GEMM_OPS or c.name in gemm_below for t in op.outputs for c in t.consumers()):
+            gemm_below.add(op.name)
+    # Matmuls/convolutions that reach an output with no other matmul/convolution in between, or after them.
     to_output: set[str] = set()
     stack = [t.op for t in concrete.outputs]
     seen: set[str] = set()
@@ -321,7 +334,8 @@ def _read_graph(concrete: Any, name: str, layers: list[LayerInfo], batch: int, n
             continue
         seen.add(op.name)
         if op.type in GEMM_OPS:
-            to_output.add(op.name)
+            if op.name not in gemm_below:
+                to_output.add(op.name)
             continue
         stack.extend(t.op for t in op.inputs)
 
@@ -343,6 +357,7 @@ def _read_graph(concrete: Any, name: str, layers: list[LayerInfo], batch: int, n
             result.others.append(OtherOp(op.name, op.type, layer, floating[0].dtype.name if floating else None,
                                          _traffic(op)))
     result.layer_traffic = _layer_traffic(ops, {t.name for t in concrete.outputs})
+    result.masks = large_negative_constants(ops, _layer_of)
     for i, tensor in enumerate(concrete.outputs):
         op = tensor.op
         while op.type in PASSTHROUGH_OPS and op.inputs:

@@ -1,0 +1,98 @@
+"""Which Dense/EinsumDense layers may train in float8, and why each one is kept or skipped.
+
+A layer gains from float8 only where its GEMM is large enough for the faster fp8 Tensor Core math to pay
+for the quantization around it (amax, scale, cast of the inputs, kernel and gradients): small GEMMs run
+slower in float8 than in float16/bfloat16. The size rule is torchao's, for its per-tensor ("tensorwise")
+scaling recipe, the kind of scaling Keras's float8 layers use (one delayed scale per tensor):
+``_auto_filter_for_tensorwise`` in pytorch/ao ``torchao/float8/float8_linear_utils.py`` (read at commit
+7cdd43a5, reached from ``_auto_filter_for_recipe``) skips a linear layer when ``K <= 4096 and N <= 1024``
+with ``K, N = weight.shape`` — PyTorch's weight is (out_features, in_features), so: skip when the layer's
+units (output width) are at most 4096 and its input features at most 1024. Its comment says the
+thresholds are "simple heuristics based on performance testing" on H100 GPUs. (Its row-wise recipe skips
+more: in_features <= 2048, or out_features <= 1024, or in_features <= 4096 and out_features <= 2048.)
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .trace import GemmOp, ModelGraph
+
+DENSE_CLASSES = ("Dense", "EinsumDense")
+FP8_ALIGNMENT = 16
+# torchao's tensorwise filter (see the module documentation): skip when units <= 4096 and inputs <= 1024.
+SMALL_UNITS = 4096
+SMALL_INPUTS = 1024
+
+
+@dataclass(frozen=True)
+class Fp8Layer:
+    """One Dense/EinsumDense layer and the float8 decision: ``eligible``, and ``why`` (kept or skipped).
+
+    ``small`` marks a layer eligible but for its size (too small to gain): a plan whose fp8 is forced
+    (emulated, to test float8's numerics) quantizes these too.
+    """
+
+    path: str
+    eligible: bool
+    why: str
+    small: bool = False
+    size: str = ""  # "units 256, input features 128" where the layer was sized
+
+    def to_dict(self) -> dict[str, object]:
+        return {"eligible": self.eligible, "why": self.why, "small": self.small}
+
+
+def _label(class_name: str, dim: str) -> str:
+    names = {"M": "rows (batch x positions)", "N": "units" if class_name == "Dense" else "output width",
+             "K": "input features" if class_name == "Dense" else "input width"}
+    return names.get(dim, dim)
+
+
+def fp8_layers(graph: ModelGraph, dims: Callable[[GemmOp], dict[str, int | None]]) -> list[Fp8Layer]:
+    """The decision for every Dense/EinsumDense layer with a matmul in the traced graph, in graph order.
+
+    Eligible: neither the first layer (its input is the data) nor the last (its output is the model's:
+    both stay in the policy's precision, as fp8 recipes keep them), one plain matmul, every dimension a
+    multiple of 16 (what fp8 GEMMs need; ``dims`` leaves out rows that grow with an unknown batch), and
+    large enough to gain (torchao's rule above).
+    """
+    by_layer: dict[int, list[GemmOp]] = defaultdict(list)
+    for op in graph.gemms:
+        by_layer[op.layer].append(op)
+    out: list[Fp8Layer] = []
+    for layer, ops in by_layer.items():
+        info = graph.layer(layer)
+        if info.class_name not in DENSE_CLASSES:
+            continue
+        if any(op.input_from_data for op in ops):
+            out.append(Fp8Layer(info.path, False, "the first layer: it reads the input data, kept in the policy's "
+                                "precision"))
+            continue
+        if any(op.output_to_model for op in ops):
+            out.append(Fp8Layer(info.path, False, "the last layer: its output is the model's, kept in the policy's "
+                                "precision"))
+            continue
+        if any(op.kind != "matmul" for op in ops):
+            out.append(Fp8Layer(info.path, False, "not a plain matmul"))
+            continue
+        bad = {d: v for op in ops for d, v in dims(op).items() if v is None or v % FP8_ALIGNMENT}
+        if bad:
+            why = "not a multiple of 16 (fp8 GEMMs need it): " + ", ".join(
+                f"{_label(info.class_name, d)} {'unknown' if v is None else v}" for d, v in bad.items())
+            if any(v is None for v in bad.values()):
+                why += " (dynamic shapes: give the check inputs= or a sequence length to size them)"
+            out.append(Fp8Layer(info.path, False, why))
+            continue
+        n = max((op.dims.get("N") or 0) for op in ops)
+        k = max((op.dims.get("K") or 0) for op in ops)
+        size = f"{_label(info.class_name, 'N')} {n}, {_label(info.class_name, 'K')} {k}"
+        if n <= SMALL_UNITS and k <= SMALL_INPUTS:
+            out.append(Fp8Layer(info.path, False, f"too small to gain from float8 ({size}: at most {SMALL_UNITS} and "
+                                f"{SMALL_INPUTS}, torchao's tensorwise filter): the quantization costs more than the "
+                                "fp8 GEMM saves", small=True, size=size))
+            continue
+        out.append(Fp8Layer(info.path, True, f"float8: a middle layer, multiples of 16, large enough ({size})", size=size))
+    return out

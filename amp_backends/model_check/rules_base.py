@@ -1,0 +1,105 @@
+"""What every rule shares: the thresholds, the traced model and target, and how shares and findings are made.
+
+:class:`RuleContext` holds one check's state; :class:`~.rules.Rules` (the general rules) extends it, and the
+rules by subject (:mod:`.rules_policy`, :mod:`.rules_transformer`) are functions of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .result import Finding
+from .target import Target
+from .trace import GemmOp, ModelGraph
+
+# The sized ops (static shapes) must be this share of the matmuls/convolutions, by count, for FLOP shares to be
+# given: the FLOPs of the others are unknown, so a share of the sized ones would pass for the model's.
+SIZED_MOST = 0.75
+SIGNIFICANT = 0.01  # share of matmul/convolution FLOPs above which a slow or misaligned layer is a warning
+# A float32 first or output layer is a deliberate, recommended pattern: a warning only when it is this large.
+EDGE_SIGNIFICANT = 0.05
+SLOW_OP_SIGNIFICANT = 0.05  # share of the forward pass's memory traffic above which a slow op is a warning
+REDUCED = ("float16", "bfloat16", "float8")
+DENSE_CLASSES = ("Dense", "EinsumDense")
+# Ops with no matrix-unit path: they only move memory, forward and (their *Grad ops) backward.
+SLOW_OPS = {"ResizeNearestNeighbor": "ResizeNearestNeighborGrad", "ResizeBilinear": "ResizeBilinearGrad",
+            "ResizeBicubic": "ResizeBicubicGrad", "ResizeArea": "(no gradient)",
+            "ScaleAndTranslate": "ScaleAndTranslateGrad"}
+SLOW_LAYERS = ("UpSampling1D", "UpSampling2D", "UpSampling3D", "Resizing")
+FINAL_ACTIVATIONS = {"Softmax": "softmax", "LogSoftmax": "log_softmax", "Sigmoid": "sigmoid"}
+
+
+def next_multiple(value: int, align: int) -> int:
+    return -(-value // align) * align
+
+
+def op_dtype(graph: ModelGraph, op: GemmOp) -> str:
+    return "float8" if graph.layer(op.layer).policy.startswith("float8") else op.dtype
+
+
+def fp8_layer(graph: ModelGraph, target: Target, op: GemmOp) -> bool:
+    info = graph.layer(op.layer)
+    if info.policy.startswith("float8"):
+        return True
+    return target.fp8 and info.class_name in DENSE_CLASSES and not op.input_from_data and not op.output_to_model
+
+
+def labels(class_name: str, kind: str) -> dict[str, str]:
+    if kind in ("conv", "conv_transpose", "depthwise"):
+        return {"C_out": "filters", "C_in": "input channels"}
+    if class_name == "Dense":
+        return {"M": "rows (batch x positions)", "N": "units", "K": "input features"}
+    if class_name == "EinsumDense":
+        return {"M": "rows (batch x positions)", "N": "output width", "K": "input width"}
+    return {"M": "rows M", "N": "columns N", "K": "reduction K"}
+
+
+
+class RuleContext:
+    """One traced model judged for one target: the findings so far, and the helpers every rule uses."""
+
+    def __init__(self, graph: ModelGraph, target: Target, batch_size: int | None) -> None:
+        self.graph = graph
+        self.target = target
+        self.batch_size = batch_size
+        self.known = [op for op in graph.gemms if op.flops is not None]
+        self.total = float(sum(op.flops or 0 for op in self.known)) or 1.0
+        # Shares are of the sized ops' FLOPs: they stand for the model only when the sized ops are most of it.
+        self.sized = not graph.gemms or len(self.known) >= SIZED_MOST * len(graph.gemms)
+        self.findings: list[Finding] = []
+        self.model_built_float32 = False
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def dims(self, op: GemmOp) -> dict[str, int | None]:
+        """The op's dimensions that decide alignment; rows that grow with an unknown batch are left out."""
+        if op.rows_include_batch and self.batch_size is None:
+            return {d: v for d, v in op.dims.items() if d != "M"}
+        return dict(op.dims)
+
+    def share(self, ops: Iterable[GemmOp]) -> float | None:
+        """The ops' share of the model's FLOPs; ``None`` when it cannot be told (unsized ops or model)."""
+        ops = list(ops)
+        if not self.sized or any(op.flops is None for op in ops):
+            return None
+        return sum(op.flops or 0 for op in ops) / self.total
+
+    def fraction(self, ops: Iterable[GemmOp]) -> float:
+        """The ops' share of the FLOPs when the model is sized, else their share of the matmul/convolution count."""
+        ops = list(ops)
+        if self.sized:
+            return sum(op.flops or 0 for op in ops) / self.total
+        return len(ops) / (len(self.graph.gemms) or 1)
+
+    @staticmethod
+    def level(share: float | None, threshold: float, unknown: str = "warning") -> str:
+        """``warning`` from ``threshold`` up, ``info`` below; ``unknown`` where the share cannot be told."""
+        if share is None:
+            return unknown
+        return "warning" if share >= threshold else "info"
+
+    def add(self, severity: str, code: str, layer: int | str, what: str, why: str, fix: str,
+            share: float | None = None, **details: Any) -> None:
+        path = self.graph.layer(layer).path if isinstance(layer, int) else layer
+        self.findings.append(Finding(severity, code, path, what, why, fix,
+                                     None if share is None else round(share, 6), details))

@@ -1,0 +1,73 @@
+"""The rules about the plan's policy: one the hardware emulates, a model built under another, float32 in a call."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .rules_base import SIGNIFICANT, RuleContext, op_dtype
+from .target import EMULATED, FUNCTIONAL
+from .trace import LayerInfo
+
+
+# -- emulated-policy, functional-policy: a policy the hardware emulates or runs without a speed-up ---
+def emulated_policy(rules: RuleContext) -> None:
+    target = rules.target
+    if target.policy_level == EMULATED:
+        rules.add("warning", "emulated-policy", 0,
+                  f"the plan's policy {target.policy} is emulated on this {target.backend} device",
+                  f"{target.policy_why}. Emulated {target.compute_dtype} is slower than float32 here: training will be "
+                  "slower, not faster", "use the automatic plan (remove the policy override and force); keep the forced "
+                  "policy only to test numerics", policy=target.policy)
+    elif target.policy_level == FUNCTIONAL:
+        rules.add("info", "functional-policy", 0, f"the plan's policy {target.policy} runs here without a speed-up",
+                  target.policy_why, "nothing to fix; the automatic plan may be as fast", policy=target.policy)
+
+
+# -- policy-mismatch: the model built under another policy than the plan's --------------------
+def policy_mismatch(rules: RuleContext) -> None:
+    target, graph = rules.target, rules.graph
+    if target.graph_amp or not graph.gemms:
+        return
+    ops = rules.known if rules.sized else graph.gemms  # unsized: judged by the count of ops
+    of = "of the FLOPs" if rules.sized else "of the matmuls/convolutions"
+    by_dtype: dict[str, float] = defaultdict(float)
+    for op in ops:
+        by_dtype[op_dtype(graph, op)] += rules.fraction([op])
+    if target.mixed:
+        pinned = [op for op in ops if graph.layer(op.layer).compute_dtype == "float32" and op.dtype == "float32"]
+        if rules.fraction(pinned) >= 0.5:
+            rules.model_built_float32 = True
+            rules.add("warning", "policy-mismatch", 0,
+                      f"{100 * rules.fraction(pinned):.0f}% {of} are in layers whose dtype policy is float32, "
+                      f"although the plan's policy is {target.policy}",
+                      "the model was built before the plan's policy was set (a Keras dtype policy applies to layers "
+                      f"created after it): it trains in float32 and gets none of {target.policy}'s speed",
+                      "call amp_backends.auto_configure() before building the model", policy=target.policy)
+            return
+    other = {d: s for d, s in by_dtype.items() if d in ("float16", "bfloat16") and d != target.compute_dtype}
+    for dtype, share in other.items():
+        if share < SIGNIFICANT:
+            continue
+        policy = f"mixed_{dtype}"
+        why = target.rejected.get(policy, "the plan chose another policy for this hardware")
+        rules.add("warning", "policy-mismatch", 0,
+                  f"{100 * share:.0f}% {of} run in {dtype}, but the plan's policy is {target.policy}",
+                  f"the model was built under {policy}; the plan rejected it here: {why}",
+                  "build the model after amp_backends.auto_configure() (or under the plan's policy)",
+                  share if rules.sized else None, policy=target.policy, model_dtype=dtype)
+
+
+def float32_in_call(info: LayerInfo, op_types: str, rate: str, at_output: bool) -> tuple[str, str, str]:
+    """(what, why, fix) of a layer that follows the mixed policy but runs its matmul in float32."""
+    what = f"{info.class_name} (dtype policy {info.policy}) computes its {op_types} in float32 inside its call"
+    why = (f"the traced graph shows {op_types} with T=float32 in this layer although it computes in "
+           f"{info.compute_dtype}: its code casts to float32 (tf.cast), or mixes in a float32 tensor (Keras ops promote "
+           f"{info.compute_dtype} x float32 to float32; an Embedding's weights stay float32); it runs {rate}")
+    fix = ("compute in self.compute_dtype (drop the tf.cast(..., tf.float32) of the matmul's inputs; cast the result "
+           "if a float32 output is needed)")
+    if at_output:
+        why += "; at the model's output this gives float32 logits, which is accurate (the recommended pattern)"
+        fix = ("keep it for accuracy; for speed compute the head in the policy's dtype (keras_hub ReversibleEmbedding: "
+               f"reverse_dtype='{info.compute_dtype}') and cast its output to float32 for the loss: the GEMM then runs "
+               f"on the {info.compute_dtype} matrix units, the logits are rounded to {info.compute_dtype}")
+    return what, why, fix

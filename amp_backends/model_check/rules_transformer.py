@@ -1,0 +1,174 @@
+"""The rules for transformers: attention's softmax and masks, normalization, vocabulary sizes, logits.
+
+What Keras (3.15) and keras_hub (0.32) do, read from their sources, so that nothing here cries wolf:
+
+* ``keras.layers.MultiHeadAttention`` with attention dropout (keras_hub's BERT and GPT-2 default to 0.1),
+  or asked for its scores, computes its softmax with a ``keras.layers.Softmax`` of the layer's policy: in
+  float16/bfloat16 under a mixed policy. Without dropout it calls ``ops.dot_product_attention``, which on
+  TensorFlow casts the scores to float32 and takes the softmax there.
+* Keras masks safely: the Softmax layer puts -3e4 at masked positions in float16 and -1e9 otherwise
+  (``_large_negative_number``); ``dot_product_attention`` puts -0.7 times the dtype's largest value
+  (``_get_large_negative``). A hand-written mask of -1e9, -1e10 or ``float32.min`` is not safe (see
+  :mod:`.masks`).
+* ``keras.layers.LayerNormalization`` computes in float32 whatever the policy (``ops.layer_normalization``
+  takes ``result_type(x, "float32")``) and casts its output back: nothing to report. A custom
+  normalization whose mean and variance run in float16/bfloat16 is reported.
+* An embedding is a lookup (a gather), not a matmul: its vocabulary size matters where the vocabulary is
+  also a GEMM's width, the language-model head that projects onto it (keras_hub's
+  ``ReversibleEmbedding(reverse=True)``, or a ``Dense(vocabulary_size)``).
+* That head computes its logits in the policy's dtype (``ReversibleEmbedding`` unless ``reverse_dtype`` is
+  set): float16 logits over a vocabulary reach the loss with 3 significant digits.
+"""
+
+from __future__ import annotations
+
+from .result import Finding
+from .rules_base import SIGNIFICANT, RuleContext
+
+REDUCED = ("float16", "bfloat16")
+NORM_STATS_OPS = frozenset({"Mean", "SquaredDifference", "Rsqrt", "Sqrt", "Square", "Sum", "Variance"})
+VOCAB_ALIGNMENT = 64  # a vocabulary padded to 64 keeps the logits GEMM aligned for every unit and tile
+MIN_VOCABULARY = 1000  # below this an embedding is a small categorical table, not a vocabulary
+
+
+def run(rules: RuleContext) -> None:
+    """Apply every transformer rule, adding to ``rules.findings``."""
+    mask_overflow(rules)
+    attention_softmax(rules)
+    normalization(rules)
+    vocabulary(rules)
+    logits(rules)
+
+
+def vocabularies(rules: RuleContext) -> set[int]:
+    return {info.vocabulary for info in rules.graph.layers if info.vocabulary and info.vocabulary >= MIN_VOCABULARY}
+
+
+# -- mask-overflow: mask constants that are -inf in the compute dtype --------------------------------------
+def mask_overflow(rules: RuleContext) -> None:
+    by_layer: dict[int, list] = {}
+    for mask in rules.graph.masks:
+        by_layer.setdefault(mask.layer, []).append(mask)
+    for layer, masks in by_layer.items():
+        worst = min(masks, key=lambda m: m.value)
+        dtype = worst.dtype
+        limit = "-65504" if dtype == "float16" else "about -3.39e38"
+        via = "" if worst.stored == dtype else f" (written in {worst.stored}, cast to {dtype})"
+        in_dtype = any(m.direct for m in masks)  # the -inf itself is multiplied: 0 * -inf = NaN at kept positions
+        rules.add("error" if in_dtype else "warning", "mask-overflow", layer,
+                  f"a mask constant {worst.value:.3g}{via} is -inf in {dtype}",
+                  f"{dtype} ends at {limit}, so the constant becomes -inf: "
+                  + ("(1 - mask) * -inf is NaN at every kept position (0 * -inf), and " if in_dtype else "")
+                  + "a row with every position masked is softmax(-inf, ..., -inf) = NaN. Keras's own masks stay "
+                  "finite (-3e4 in float16)",
+                  "build the mask from the scores' dtype: tf.where(mask, scores, -0.7 * scores.dtype.max) (what Keras's "
+                  "dot_product_attention does), or pass the mask to keras.layers.Softmax / MultiHeadAttention("
+                  "attention_mask=...), which do it for you",
+                  None, value=worst.value, dtype=dtype, constants=[m.name for m in masks])
+
+
+# -- attention-softmax: a softmax inside the model in float16/bfloat16 -------------------------------------
+def attention_softmax(rules: RuleContext) -> None:
+    graph = rules.graph
+    at_output = {out.layer for out in graph.outputs if out.producer_type in ("Softmax", "LogSoftmax")}
+    ops = [op for op in graph.others if op.op_type == "Softmax" and op.dtype in REDUCED and op.layer not in at_output]
+    if not ops:
+        return
+    layers = sorted({op.layer for op in ops})
+    dtype = ops[0].dtype
+    paths = [graph.layer(i).path for i in layers]
+    rules.add("info", "attention-softmax", layers[0],
+              f"{len(ops)} softmax op(s) inside the model run in {dtype} ({len(layers)} layer(s), "
+              "attention's probabilities)",
+              f"Keras's Softmax layer computes in the policy's dtype: keras.layers.MultiHeadAttention uses it when it "
+              f"has attention dropout or returns its scores. The softmax subtracts each row's maximum, so exp cannot "
+              f"overflow; the scores before it are {dtype}"
+              + (", so scores above 65504 are inf (and NaN after the softmax)" if dtype == "float16" else "")
+              + f", and the probabilities keep {3 if dtype == 'float16' else 2} significant digits",
+              "nothing to do while training is finite; if attention gives NaN or inf, compute the scores and softmax "
+              "in float32: MultiHeadAttention(dropout=0) takes ops.dot_product_attention, which does on TensorFlow "
+              "(or give the attention layer dtype='float32')",
+              None, layers=paths, dtype=dtype)
+
+
+# -- layernorm-precision: a normalization whose statistics run in float16/bfloat16 ------------------------
+def normalization(rules: RuleContext) -> None:
+    graph = rules.graph
+    bad: dict[str, list[int]] = {}
+    for op in graph.others:
+        info = graph.layer(op.layer)
+        name = info.class_name
+        if "Batch" in name or not ("Norm" in name) or op.op_type not in NORM_STATS_OPS or op.dtype not in REDUCED:
+            continue
+        bad.setdefault(name, [])
+        if op.layer not in bad[name]:
+            bad[name].append(op.layer)
+    for name, layers in bad.items():
+        dtype = graph.layer(layers[0]).compute_dtype
+        rules.add("warning", "layernorm-precision", layers[0],
+                  f"{name} computes its mean and variance in reduced precision ({len(layers)} layer(s))",
+                  "a normalization's variance of float16/bfloat16 values loses digits and, in float16, overflows "
+                  "above 65504 (squares of activations above 256); keras.layers.LayerNormalization computes in "
+                  "float32 under a mixed policy for this reason",
+                  "use keras.layers.LayerNormalization (or RMSNormalization), or cast the input to float32 before the "
+                  f"mean and variance and the result back to {dtype}",
+                  None, layers=[graph.layer(i).path for i in layers])
+
+
+# -- vocabulary-size: the vocabulary is the logits GEMM's width ---------------------------------------------
+def vocabulary(rules: RuleContext) -> None:
+    graph, target = rules.graph, rules.target
+    unit = target.unit_for(target.effective_dtype)
+    if unit is None:
+        return  # no matrix unit for the plan's precision: widths do not matter here
+    for index, info in enumerate(graph.layers):
+        size = info.vocabulary
+        if not size or size < MIN_VOCABULARY or size % VOCAB_ALIGNMENT == 0:
+            continue
+        padded = -(-size // VOCAB_ALIGNMENT) * VOCAB_ALIGNMENT
+        gemms = [op for op in graph.gemms if size in (op.dims.get("N"), op.dims.get("K"))]
+        if gemms:
+            share = rules.share(gemms)
+            severity = rules.level(share, SIGNIFICANT) if size % unit[1] else "info"
+            rules.add(severity, "vocabulary-size", index,
+                      f"the vocabulary of {size} is the width of {len(gemms)} matmul(s) (the logits) and not a "
+                      f"multiple of {VOCAB_ALIGNMENT}",
+                      f"the {unit[0]} run a GEMM at full efficiency on widths that are multiples of {unit[1]}, and "
+                      f"the largest tiles on multiples of {VOCAB_ALIGNMENT}; the logits GEMM is one of the largest of "
+                      "a language model",
+                      f"pad the vocabulary to {padded} (add unused tokens; the tokenizer never produces them)",
+                      share, vocabulary=size, padded=padded, ops=[op.name for op in gemms])
+        elif size % unit[1]:
+            rules.add("info", "vocabulary-size", index,
+                      f"the vocabulary of {size} is not a multiple of {unit[1]}; here it is only a lookup",
+                      "an embedding lookup is a gather, not a matmul: its size does not matter in this model. A head "
+                      f"that projects onto the vocabulary (masked or causal LM) runs a GEMM {size} wide",
+                      f"if you add such a head, pad the vocabulary to {padded}", None, vocabulary=size, padded=padded)
+
+
+# -- logits-dtype: logits over a vocabulary in float16/bfloat16 --------------------------------------------
+def logits(rules: RuleContext) -> None:
+    """Turn an ``output-dtype`` finding whose output is the logits over a vocabulary into ``logits-dtype``."""
+    graph = rules.graph
+    sizes = vocabularies(rules)
+    if not sizes:
+        return
+    by_path = {info.path: info for info in graph.layers}
+    heads = {graph.layer(op.layer).path: op.dims.get("N") for op in graph.gemms
+             if op.output_to_model and op.dims.get("N") in sizes}
+    for i, finding in enumerate(rules.findings):
+        if finding.code != "output-dtype" or finding.layer not in heads:
+            continue
+        size, dtype = heads[finding.layer], finding.details.get("dtype")
+        info = by_path[finding.layer]
+        fix = ("give the head reverse_dtype='float32' (keras_hub ReversibleEmbedding) or compute it as a float32 "
+               "layer" if info.vocabulary else "give the head dtype='float32' (keras.layers.Dense(..., dtype='float32'))")
+        rules.findings[i] = Finding(
+            "warning", "logits-dtype", finding.layer,
+            f"the model's logits over a vocabulary of {size} are {dtype}",
+            f"the loss reads {dtype} logits: " + ("3 significant digits and nothing above 65504"
+                                                  if dtype == "float16" else "2 to 3 significant digits")
+            + ", so close logits tie and the softmax over the vocabulary is coarse",
+            fix + f" (its GEMM, {size} wide, then runs at the float32 rate); or cast the logits to float32 before "
+            "the loss, which keeps the rounding but not the overflow",
+            None, {**finding.details, "vocabulary": size})

@@ -1,0 +1,168 @@
+"""The shapes the check traces the model on: the model's own, or the ones the caller gives (``inputs=``).
+
+Many models take inputs with dimensions left open besides the batch: every keras_hub backbone takes any
+sequence length (``token_ids`` of shape ``(None, None)``), a fully convolutional network any image size.
+Traced on such shapes, the matmuls after them have no static size and their FLOPs cannot be counted. The
+caller closes them with ``inputs=``, in any of the forms a Keras model is fed:
+
+* a sample batch: a NumPy array, a tensor, or a dict / tuple / list of them, as the model takes them
+  (the trainer passes one real batch's ``x``); an ``(x, y)`` or ``(x, y, sample_weight)`` tuple is read as
+  its ``x`` when the model's inputs tell so;
+* a ``tf.data.Dataset`` (its ``element_spec``) or such an element spec: a structure of ``tf.TensorSpec``;
+* a structure of shapes: a tuple of ints per input (``(None, 128)``: ``None`` for the batch, which
+  ``batch_size`` fills), in a dict / list when the model takes several inputs.
+
+Only the shapes are read (never the values; nothing runs). The first dimension is the batch: the batch of
+the given inputs becomes the check's batch size unless ``batch_size=`` says otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _keras
+
+SHAPE_FORMS = ("a sample batch (NumPy arrays / tensors, or a dict / tuple / list of them as the model takes them), "
+               "a tf.data.Dataset or its element_spec (tf.TensorSpec), or shapes such as (None, 128) "
+               "(in a dict / list for several inputs)")
+
+
+def _is_shape(value: Any) -> bool:
+    return (isinstance(value, (tuple, list)) and len(value) > 0
+            and all(d is None or (isinstance(d, int) and not isinstance(d, bool)) for d in value))
+
+
+def _leaf(value: Any, default_dtype: Any) -> _keras.InputLeaf | None:
+    """The :class:`InputLeaf` of one given input, or ``None`` if ``value`` is a structure, not a leaf."""
+    import tensorflow as tf
+
+    if _is_shape(value):
+        return _keras.InputLeaf(tuple(value), default_dtype or tf.float32)
+    if isinstance(value, tf.TensorShape):
+        return _keras.InputLeaf(tuple(value.as_list()), default_dtype or tf.float32)
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is None or dtype is None or isinstance(value, (dict, list, tuple)):
+        return None
+    try:
+        dims = tuple(tf.TensorShape(shape).as_list())
+        dtype = tf.as_dtype(dtype)
+    except (TypeError, ValueError):
+        return None
+    if default_dtype is not None:  # the model converts its inputs to the dtype it declares
+        dtype = default_dtype
+    elif dtype == tf.float64:  # Keras feeds NumPy's float64 as float32
+        dtype = tf.float32
+    return _keras.InputLeaf(dims, dtype)
+
+
+def _to_leaves(given: Any, model_struct: Any) -> Any:
+    """``given`` as a structure of :class:`InputLeaf`, following the model's structure where there is one."""
+    import tensorflow as tf
+
+    if isinstance(given, tf.data.Dataset):
+        given = given.element_spec
+    model_leaf = model_struct if isinstance(model_struct, _keras.InputLeaf) else None
+    leaf = _leaf(given, model_leaf.dtype if model_leaf else None)
+    if leaf is not None:
+        return leaf
+    if isinstance(given, dict):
+        sub = model_struct if isinstance(model_struct, dict) else {}
+        return {k: _to_leaves(v, sub.get(k)) for k, v in given.items()}
+    if isinstance(given, (list, tuple)):
+        subs = list(model_struct) if isinstance(model_struct, (list, tuple)) else []
+        items = [_to_leaves(v, subs[i] if i < len(subs) else None) for i, v in enumerate(given)]
+        return items if isinstance(given, list) or len(subs) == len(items) or not subs else tuple(items)
+    raise TypeError(f"inputs= takes {SHAPE_FORMS}. Received: {given!r} (of type {type(given).__name__}). "
+                    "Fix: pass one batch of the data the model is trained on, or its shapes.")
+
+
+def _describe(struct: Any) -> str:
+    import tensorflow as tf
+
+    return str(tf.nest.map_structure(lambda leaf: leaf.shape, struct))
+
+
+def _matches(given: Any, model_struct: Any) -> bool:
+    import tensorflow as tf
+
+    try:
+        tf.nest.assert_same_structure(given, model_struct, check_types=False)
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+def _fit(given: Any, model_struct: Any, model_name: str) -> Any:
+    """``given`` in the model's structure; an ``(x, y[, w])`` tuple gives its ``x``; a mismatch is an error."""
+    if model_struct is None:
+        return given
+    if isinstance(model_struct, dict) and isinstance(given, dict) and set(model_struct) - set(given):
+        raise ValueError(f"inputs= lacks the model {model_name!r}'s input(s) {sorted(set(model_struct) - set(given))}. "
+                         f"Expected the keys {sorted(model_struct)}; received {sorted(given)}. Fix: give every input.")
+    if isinstance(model_struct, dict) and isinstance(given, dict):
+        given = {k: given[k] for k in model_struct}  # extra keys (labels in the same dict) are not the model's
+    if _matches(given, model_struct):
+        return given
+    if isinstance(model_struct, (list, tuple)) and len(model_struct) == 1 and _matches(given, model_struct[0]):
+        return [given] if isinstance(model_struct, list) else (given,)  # one input, listed by the model
+    if isinstance(given, (tuple, list)) and 2 <= len(given) <= 3 and _matches(given[0], model_struct):
+        return given[0]  # an (x, y) or (x, y, sample_weight) element
+    raise ValueError(f"inputs= does not match the inputs of the model {model_name!r}: expected {_describe(model_struct)}, "
+                     f"received {_describe(given)}. Fix: pass the model's inputs (x, not (x, y) when the model takes "
+                     "a tuple), in the structure it is called with.")
+
+
+def _check_leaf(given: _keras.InputLeaf, declared: _keras.InputLeaf | None, model_name: str) -> None:
+    if declared is None or not declared.shape:
+        return
+    if len(given.shape) != len(declared.shape):
+        raise ValueError(f"inputs= gives an input of shape {given.shape} to the model {model_name!r}, whose input has "
+                         f"shape {declared.shape} (rank {len(declared.shape)}). Fix: give the batch's full shape, the "
+                         "batch first, e.g. " + str((None,) + tuple(d or 128 for d in declared.shape[1:])) + ".")
+    for i, (g, d) in enumerate(zip(given.shape[1:], declared.shape[1:], strict=True), start=1):
+        if g is not None and d is not None and g != d:
+            raise ValueError(f"inputs= gives an input of shape {given.shape} to the model {model_name!r}, whose "
+                             f"input has shape {declared.shape}: dimension {i} is {g}, the model's is {d}. Fix: give "
+                             "the shape the model takes.")
+
+
+def given_inputs(model_name: str, model_struct: Any, inputs: Any) -> Any:
+    """The structure of :class:`InputLeaf` to trace on, from ``inputs=`` (validated against the model's)."""
+    import tensorflow as tf
+
+    given = _fit(_to_leaves(inputs, model_struct), model_struct, model_name)
+    if model_struct is not None:
+        for g, d in zip(tf.nest.flatten(given), tf.nest.flatten(model_struct), strict=True):
+            _check_leaf(g, d, model_name)
+            if not g.shape:
+                raise ValueError(f"inputs= gives a scalar to the model {model_name!r}: expected a batch, the batch "
+                                 "dimension first. Fix: give one batch of inputs.")
+    return given
+
+
+def dynamic_dims(struct: Any) -> list[tuple[int, int]]:
+    """``(input index, dimension)`` of every dimension after the batch whose size is not known."""
+    import tensorflow as tf
+
+    return [(i, d) for i, leaf in enumerate(tf.nest.flatten(struct))
+            for d, size in enumerate(leaf.shape) if d > 0 and size is None]
+
+
+def shapes_with_sequence_length(model: Any, length: int, batch_size: int | None = None) -> Any:
+    """The model's input shapes with every open dimension after the batch set to ``length``.
+
+    For a keras_hub backbone (``token_ids`` ``(None, None)``) this is ``{"token_ids": (batch_size, length),
+    ...}``; pass it as ``check_model(model, inputs=...)``. A fixed dimension stays as the model has it; the
+    batch stays ``batch_size`` (``None``: filled by the check's ``batch_size``). What ``--seq-len N`` of
+    ``amp-backends check`` gives.
+    """
+    import tensorflow as tf
+
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"The sequence length must be a positive int, such as 128. Received: {length!r}.")
+    struct = _keras.input_structure(model)
+    if struct is None:
+        raise ValueError(f"Cannot tell the input shape of the model {getattr(model, 'name', model)!r}, so a sequence "
+                         "length cannot be applied to it. Fix: give the full shapes instead (inputs=...).")
+    return tf.nest.map_structure(
+        lambda leaf: (batch_size,) + tuple(length if d is None else d for d in leaf.shape[1:]), struct)
