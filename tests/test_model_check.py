@@ -17,7 +17,7 @@ tf = pytest.importorskip("tensorflow")
 
 import amp_backends  # noqa: E402
 from amp_backends.model_check import ModelCheck, check_model  # noqa: E402
-from amp_backends.commands.check import check_command, parse_target  # noqa: E402
+from amp_backends.commands.check import check_command, parse_input_shape, parse_target  # noqa: E402
 from amp_backends.model_check.target import make_target  # noqa: E402
 from amp_backends.models import gan_discriminator, gan_generator, mnist_cnn  # noqa: E402
 from fakes import A100, AMD_HERE, H100, SAPPHIRE_RAPIDS, cpu_of, machine, nvidia  # noqa: E402
@@ -447,6 +447,11 @@ def cli(tmp_path, monkeypatch):
             return [1, 2]
         def broken():
             raise RuntimeError("boom")
+        def any_length():
+            # a sequence model that takes any length: its Dense runs on (batch, length, 64) rows
+            inputs = tf.keras.Input((None, 32))
+            x = tf.keras.layers.Dense(64)(inputs)
+            return tf.keras.Model(inputs, tf.keras.layers.Dense(8, dtype="float32")(x))
         WIDTH = 3
     """))
     (tmp_path / "does_not_import.py").write_text("import no_such_module_anywhere\n")
@@ -476,7 +481,7 @@ def test_check_command_prints_a_table(cli):
     ("user_models:good:extra", 2, "expected MODULE:FACTORY"),
     ("does_not_import:good", 2, "importing it raised ModuleNotFoundError"),
     ("no_such_module_xyz:good", 2, "expected an importable module"),
-    ("user_models:missing", 2, "Functions defined there: broken, good, not_a_model"),
+    ("user_models:missing", 2, "Functions defined there: any_length, broken, good, not_a_model"),
     ("user_models:WIDTH", 2, "it is 3 (of type int)"),
     ("user_models:not_a_model", 2, "returned builtins.list"),
     ("user_models:broken", 1, "raised RuntimeError: boom"),
@@ -491,3 +496,29 @@ def test_parse_target():
     assert parse_target("pkg.mod:build") == ("pkg.mod", "build")
     with pytest.raises(ValueError, match="Received: 'pkg/mod.py:build'"):
         parse_target("pkg/mod.py:build")
+
+
+@pytest.mark.parametrize("args", [("--seq-len", "128"), ("--input-shape", "128x32")])
+def test_check_command_sizes_open_dimensions(cli, args):
+    unsized = json.loads(cli("user_models:any_length", "--batch-size", "16", "--json", "--policy", "float32").stdout)
+    assert unsized["summary"]["sized"] is False
+    result = cli("user_models:any_length", "--batch-size", "16", "--json", "--policy", "float32", *args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)["summary"]
+    assert summary["sized"] is True and summary["flops_per_image"] == 2 * 128 * (32 * 64 + 64 * 8)
+
+
+def test_check_command_refuses_both_shape_options_and_a_bad_shape(cli):
+    both = cli("user_models:any_length", "--seq-len", "8", "--input-shape", "8x32", "--policy", "float32")
+    assert both.exit_code == 2 and "at most one of --seq-len and --input-shape" in both.output
+    bad = cli("user_models:any_length", "--input-shape", "8xx32", "--policy", "float32")
+    assert bad.exit_code == 2 and "Received: '8xx32'" in bad.output and "Fix:" in bad.output
+
+
+def test_parse_input_shape():
+    assert parse_input_shape("28x28x1") == (None, 28, 28, 1)
+    assert parse_input_shape("token_ids=128, padding_mask=128") == {"token_ids": (None, 128),
+                                                                    "padding_mask": (None, 128)}
+    for text in ("", "0", "a=", "=12", "12,13"):
+        with pytest.raises(ValueError, match="Fix:"):
+            parse_input_shape(text)

@@ -68,6 +68,34 @@ def load_factory(module_name: str, factory_name: str) -> Any:
     return factory
 
 
+def parse_input_shape(text: str) -> Any:
+    """``"64x64x3"`` -> ``(None, 64, 64, 3)``; ``"token_ids=128,padding_mask=128"`` -> a dict of such shapes.
+
+    One example's shape, without the batch (the check's ``batch_size`` fills it); ValueError when malformed.
+    """
+    def dims(part: str) -> tuple[int | None, ...]:
+        try:
+            values = tuple(int(d) for d in part.strip().lower().split("x"))
+        except ValueError:
+            values = ()
+        if not values or any(d < 1 for d in values):
+            raise ValueError(
+                f"expected one example's shape as positive sizes joined by 'x', such as 28x28x1 or 128. Received: "
+                f"{part!r} in --input-shape {text!r}. Fix: leave the batch out, it comes from --batch-size")
+        return (None, *values)
+
+    if "=" not in text:
+        return dims(text)
+    shapes: dict[str, tuple[int | None, ...]] = {}
+    for item in text.split(","):
+        name, sep, shape = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"expected name=SHAPE pairs separated by commas, such as token_ids=128,padding_mask=128. "
+                             f"Received: {item!r} in --input-shape {text!r}. Fix: name every input")
+        shapes[name.strip()] = dims(shape)
+    return shapes
+
+
 @with_overrides()
 def check_command(
     target: str = typer.Argument(..., metavar="MODULE:FACTORY",
@@ -75,6 +103,11 @@ def check_command(
     batch_size: int | None = typer.Option(None, "--batch-size", "--batch_size", min=1, metavar="N",
                                           help="The training batch size (checks Dense rows; default: not checked)."),
     json_output: bool = typer.Option(False, "--json", help="Print JSON (schema in amp_backends.model_check)."),
+    seq_len: int | None = typer.Option(None, "--seq-len", min=1, metavar="N",
+                                       help="Set every open input dimension after the batch (a sequence length) to N."),
+    input_shape: str | None = typer.Option(
+        None, "--input-shape", metavar="SHAPE",
+        help="One example's input shape, without the batch: 64x64x3, or name=128,other=128 for named inputs."),
     device: str | None = typer.Option(None, "--device", metavar="NAME",
                                       help="Check the model as a device of the catalogue would run it (h100, a100; "
                                            "the list: amp_backends.known_devices()) instead of this machine."),
@@ -108,13 +141,19 @@ def check_command(
                    "function that passes its arguments", code=1)
     from ..model_check import check_model
     from ..model_check._keras import is_keras_model
+    from ..model_check.shapes import shapes_with_sequence_length
 
     if not is_keras_model(model):
         fail(PROG, f"expected {module_name}.{factory_name}() to return a Keras model (keras.Model), but it returned "
                    f"{type(model).__module__}.{type(model).__name__} ({model!r:.80}). Fix: return the model itself "
                    "(for a layer: keras.Sequential([keras.Input(shape), layer]))")
+    if seq_len is not None and input_shape is not None:
+        fail(PROG, "expected at most one of --seq-len and --input-shape, received both. Fix: give --seq-len N for "
+                   "the open dimensions, or the full shapes with --input-shape")
     try:
-        result = check_model(model, plan=plan, batch_size=batch_size)
+        inputs = (parse_input_shape(input_shape) if input_shape is not None
+                  else shapes_with_sequence_length(model, seq_len) if seq_len is not None else None)
+        result = check_model(model, plan=plan, batch_size=batch_size, inputs=inputs)
     except (TypeError, ValueError, RuntimeError) as exc:
         fail(PROG, exc)
     if json_output:
