@@ -6,15 +6,25 @@
   its CPU backend, the package installed in editable mode (``pip install -e .``); runs the tests that
   matter on the Intel path (the whole suite: it is all relevant there), with ITEX really loaded.
 
-``python3 -m nox`` runs both; ``python3 -m nox -s tests`` one.
+* ``lint``: ruff over the whole tree and mypy over the core (configured in ``pyproject.toml``); no
+  TensorFlow needed.
+
+``python3 -m nox`` runs all three; ``python3 -m nox -s tests`` one.
 """
 
 import nox
 
-nox.options.sessions = ["tests", "intel"]
+nox.options.sessions = ["lint", "tests", "intel"]
 nox.options.reuse_existing_virtualenvs = True
 
 ITEX_STACK = ["tensorflow==2.15.1", "intel-extension-for-tensorflow[cpu]==2.15.0.0"]
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff==0.17.6", "mypy==2.4.1")
+    session.run("ruff", "check", ".")
+    session.run("mypy")
 
 
 @nox.session

@@ -127,7 +127,7 @@ def read_onednn_state(cpu: CpuInfo, environ: Mapping[str, str], tf_version: str 
     answer = None
     if "tensorflow" in sys.modules:
         try:
-            from tensorflow.python.util import _pywrap_util_port  # type: ignore[import-not-found]
+            from tensorflow.python.util import _pywrap_util_port
 
             answer = bool(_pywrap_util_port.IsMklEnabled())
         except Exception:

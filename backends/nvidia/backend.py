@@ -182,7 +182,7 @@ class NvidiaBackend(Backend):
             units["float32"] = MatrixUnit("TF32 Tensor Cores", 4)
         if all_have(FP8):
             units["float8"] = MatrixUnit("fp8 Tensor Cores", 16)
-        notes = ()
+        notes: tuple[str, ...] = ()
         if mixed:
             notes = (f"GPUs of different compute capabilities ({ccs}): the plan follows the weakest",)
         return Assessment(
