@@ -295,3 +295,37 @@ class CheckpointStore:
 def _short(exc: BaseException, limit: int = 160) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
+
+
+# ------------------------------------------------------------------------------------ the trainer's store
+def trainer_store(directory: str | os.PathLike, *, updates: Any, scalers: Mapping[str, Any], position: Any,
+                  objects: Mapping[str, Any] | None, keep: int, is_chief: bool, worker: str,
+                  plan_headline: str) -> CheckpointStore:
+    """What a trainer's checkpoint holds: the given objects (default: the updates' variables and optimizers),
+    each update's loss-scale state and the position (global step, epoch, sample in epoch, batch size)."""
+    objects = dict(objects) if objects else {
+        **{f"{u.name}_{i}_{part}": obj for u in updates for i, (vs, opt) in enumerate(u.groups)
+           for part, obj in (("variables", list(vs)), ("optimizer", opt))},
+        **{f"{u.name}_state": list(u.state) for u in updates if u.state}}
+    scaler_state = {name: tf.train.Checkpoint(**s.variables()) for name, s in scalers.items()}
+    return CheckpointStore(
+        {**objects, "loss_scale": tf.train.Checkpoint(**scaler_state), "position": position.checkpoint()}, directory,
+        step_counter=position.global_step, keep=keep, is_chief=is_chief, worker=worker,
+        extra={"batch_size": position.batch_size, "plan": plan_headline})
+
+
+def log_resume(restored: Restored, at: Any, then_batch: int, batch_size: int, *, updates: Any,
+               scalers: Mapping[str, Any], plan_headline: str) -> None:
+    """The resume line: where the run continues, and what differs from the run that wrote the checkpoint."""
+    optimizers = {f"{u.name}[{i}]": int(opt.iterations.numpy()) for u in updates
+                  for i, (_, opt) in enumerate(u.groups) if hasattr(opt, "iterations")}
+    logger.info(f"Resumed from {restored.path}: global step {at.step}, epoch {at.epoch}, step in epoch "
+                f"{at.offset // then_batch}, loss scales " + ", ".join(f"{n}={s.current:g}" for n, s in scalers.items())
+                + ", optimizer iterations " + ", ".join(f"{k}={v}" for k, v in optimizers.items()))
+    if then_batch != batch_size:
+        logger.info(f"The checkpoint was written with batch size {then_batch}; this run uses {batch_size}: it "
+                    f"continues at sample {at.offset} of epoch {at.epoch} (the position is kept in samples, so no "
+                    "sample is read twice or skipped).")
+    then = (restored.stored or {}).get("plan")
+    if then and then != plan_headline:
+        logger.info(f"The checkpoint was written under another plan ({then}); this run: {plan_headline}.")

@@ -29,10 +29,24 @@ import numpy as np
 import tensorflow as tf
 
 from ..errors import InputError
+from .position import At
 
 logger = logging.getLogger("amp_backends.train")
 
 BatchFn = Callable[[Any, Any, Any], Any]
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What one compiled call did: ``done`` steps, their losses and finite flags (``[done, updates]``), the key
+    it was compiled under (a new key is a call that traced and compiled), and whether the data's pass ended
+    in it (an epoch of a stream without ``steps_per_epoch``)."""
+
+    done: int
+    losses: Any
+    finite: Any
+    key: Any
+    pass_ended: bool = False
 
 
 def _describe(value: Any) -> str:
@@ -81,6 +95,8 @@ def _as_array_nest(structure: Any, name: str) -> Any:
 class ResidentArrays:
     """Arrays copied to the device once; batches gathered on the device from a per-epoch permutation."""
 
+    reusable = True  # a later fit() on the same arrays takes this input again (no copy, no check)
+
     def __init__(self, x: Any, y: Any, *, batch_size: int, device: str, seed: int,
                  batch_fn: BatchFn | None = None) -> None:
         if x is None:
@@ -128,6 +144,36 @@ class ResidentArrays:
         """The data as the step's batch function sees it, for validating the updates before training."""
         return self.host
 
+    # -- what the loop asks every input ------------------------------------------------------------
+    def describe(self) -> str:
+        return f"{self.samples} samples resident on {self.device}"
+
+    def left_in_epoch(self, offset: int) -> int:
+        """Steps left in the epoch from sample ``offset``."""
+        return self.steps_in_epoch(offset)
+
+    def start(self) -> None:
+        """Before a ``fit`` call's loop (nothing to do: every call gathers its batches from the position)."""
+
+    def epoch_over(self) -> None:
+        """The position moved to the next epoch (the permutation follows it)."""
+
+    def call_size(self, steps_per_call: int, left: int | None, budget: int | None, program: Any) -> int:
+        """Full calls of ``steps_per_call``. Looped calls take their length as an argument; unrolled calls
+        compile per size: the epoch's regular last call gets its own, other short stretches (a resumed
+        mid-epoch start, ``max_steps``) run as single steps."""
+        room = min(v for v in (steps_per_call, left, budget) if v is not None)
+        if room == steps_per_call or not program.unrolled(steps_per_call):
+            return room
+        return room if room == self.steps_per_epoch % steps_per_call else 1
+
+    def run(self, program: Any, at: At, k: int, capacity: int) -> Ran:
+        """``k`` steps from ``at`` in one compiled call."""
+        fn = program.resident_call(k, self.batch_fn, capacity=capacity)
+        losses, finite = fn(self.x, self.y, self.permutation(at.epoch), tf.constant(at.offset, tf.int64),
+                            tf.constant(k, tf.int32))
+        return Ran(k, losses.numpy()[:k], finite.numpy()[:k], k if program.unrolled(k) else "loop")
+
 
 def gather_batch(x: Any, y: Any, idx: Any) -> Any:
     """The default batch: every array's rows at ``idx``, as ``(x, y)`` (``y`` is ``None`` without labels)."""
@@ -165,6 +211,8 @@ def _spec_nest(spec: Any) -> Any:
 
 class Stream:
     """A ``tf.data`` pipeline of batches, consumed by an iterator inside the compiled call."""
+
+    reusable = False  # a dataset may change between fit() calls (a new pass is made each time)
 
     def __init__(self, dataset: Any, *, batch_size: int, device: str, strategy: Any,
                  steps_per_epoch: int | None = None) -> None:
@@ -207,6 +255,8 @@ class Stream:
         self.cardinality = cardinality if cardinality >= 0 else None
         self.fixed_steps = steps_per_epoch
         self._sample: Any = None
+        self._iterator: Any = None
+        self._fresh = False  # the iterator has given no batch yet
 
     @property
     def steps_per_epoch(self) -> int | None:
@@ -233,6 +283,51 @@ class Stream:
         else:
             ds = ds.prefetch(tf.data.AUTOTUNE)
         return iter(ds)
+
+    def batches_before(self, at: At) -> int:
+        """Batches of the current pass already trained on at ``at``: a resumed run skips them."""
+        done = at.offset // self.batch_size
+        if not self.continuous:
+            return done
+        done += at.epoch * (self.fixed_steps or 0)  # one stream across epochs, passes restarting at its end
+        return done % self.cardinality if self.cardinality else done
+
+    # -- what the loop asks every input ------------------------------------------------------------
+    def describe(self) -> str:
+        return "a tf.data pipeline"
+
+    def left_in_epoch(self, offset: int) -> int | None:
+        """Steps left in the epoch from sample ``offset`` (``None``: a stream of unknown length)."""
+        return self.steps_in_epoch(offset // self.batch_size)
+
+    def start(self) -> None:
+        """Before a ``fit`` call's loop: the next call opens a pass at the position."""
+        self._iterator, self._fresh = None, False
+
+    def epoch_over(self) -> None:
+        """The position moved to the next epoch: a new pass, unless the stream runs across epochs."""
+        if not self.continuous:
+            self._iterator = None
+
+    def call_size(self, steps_per_call: int, left: int | None, budget: int | None, program: Any) -> int:
+        """Up to ``steps_per_call``: the call takes its length as an argument (no new compilation)."""
+        return min(v for v in (steps_per_call, left, budget) if v is not None)
+
+    def run(self, program: Any, at: At, k: int, capacity: int) -> Ran:
+        """Up to ``k`` steps from ``at`` in one compiled call, fewer where the data ends."""
+        if self._iterator is None:
+            self._iterator, self._fresh = self.iterator(self.batches_before(at)), True
+        done_t, losses, finite = program.stream_call()(self._iterator, tf.constant(k, tf.int32))
+        done = int(done_t.numpy())
+        ended = False
+        if done < k:  # the data ended inside this call (or at its start)
+            if done == 0 and (self._fresh or at.offset == 0):
+                raise InputError(f"The dataset yielded no batch of {self.batch_size}: it is empty (or smaller than "
+                                 "one batch). Fix: check the pipeline.")
+            self._iterator = None  # a new pass: the next epoch's, or the rest of this one when steps_per_epoch is set
+            ended = not self.continuous
+        self._fresh = self._fresh and done == 0
+        return Ran(done, losses.numpy(), finite.numpy(), "stream", ended)
 
     def sample_batch(self) -> Any:
         """The first batch (from a separate pass), for validating the updates before training."""
@@ -264,3 +359,16 @@ def make_input(x: Any, y: Any, *, batch_size: int, device: str, seed: int, strat
         raise InputError("steps_per_epoch applies to a tf.data.Dataset; with arrays an epoch is every sample once. "
                          f"Received steps_per_epoch={steps_per_epoch!r}. Fix: leave it out, or use max_steps.")
     return ResidentArrays(x, y, batch_size=batch_size, device=device, seed=seed, batch_fn=batch_fn)
+
+
+def input_for(last: tuple[Any, Any, Any] | None, x: Any, y: Any, updates: Any, **kwargs: Any) -> tuple[Any, Any, Any]:
+    """``(x, y, input)`` for ``fit(x, y)``, validated by the updates (``kwargs``: :func:`make_input`'s). The same
+    arrays as in the last call (``last``, the same objects) are not copied to the device or checked again:
+    calling ``fit`` once per epoch costs nothing."""
+    if last is not None and last[0] is x and last[1] is y and last[2].reusable:
+        return last
+    source = make_input(x, y, **kwargs)
+    for u in updates:
+        if u.validate is not None:
+            u.validate(source.sample_batch())
+    return x, y, source

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
+from ..errors import NonFiniteError
 from ..request import LossScale
 
 
@@ -121,6 +122,14 @@ class LossScaler:
                  "NaN or Inf")
         return (f"{cause}: check the inputs for NaN/Inf, lower the learning rate, and check the model in float32 "
                 "(--policy float32) to see whether float16 overflows in the forward pass")
+
+    def stalled_error(self, saved: str | None) -> NonFiniteError:
+        """The error that ends training when :meth:`stalled`; ``saved``: the finite state just saved."""
+        return NonFiniteError(
+            f"{int(self.consecutive.numpy())} consecutive steps of '{self.name}' had non-finite gradients "
+            f"({self.config.mode} loss scaling, scale {self.current:g}): every one was skipped, so training made no "
+            f"progress. Remedy: {self.remedy()}."
+            + (f" The last finite state was saved to {saved}; continue with --resume after the fix." if saved else ""))
 
     # -- state -----------------------------------------------------------------------------------
     def variables(self) -> dict[str, Any]:
