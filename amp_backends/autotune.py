@@ -31,10 +31,13 @@ logger = logging.getLogger("amp_backends.autotune")
 
 
 def cache_path() -> Path:
+    """The cache file, absolute (``~`` expanded, a relative path against the working directory)."""
     if os.environ.get("AMP_AUTOTUNE_CACHE"):
-        return Path(os.environ["AMP_AUTOTUNE_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "amp_backends" / "autotune.json"
+        path = os.environ["AMP_AUTOTUNE_CACHE"]
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+        path = os.path.join(base, "amp_backends", "autotune.json")
+    return Path(os.path.abspath(os.path.expanduser(path)))
 
 
 def device_signature(plan: Plan, hardware: Any) -> str:

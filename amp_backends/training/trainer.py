@@ -99,7 +99,7 @@ class Trainer:
         self.seed = current_seed() if seed is None else seed
         self.batch_fn = batch_fn
         if logdir:
-            ensure_directory(logdir, "logdir")
+            logdir = str(ensure_directory(logdir, "logdir"))  # absolute: later chdirs change nothing
 
         with self.strategy.scope():
             self.scalers = {u.name: LossScaler(plan.loss_scale, name=u.name) for u in self.updates}
