@@ -38,15 +38,26 @@ BatchFn = Callable[[Any, Any, Any], Any]
 
 @dataclass(frozen=True)
 class Ran:
-    """What one compiled call did: ``done`` steps, their losses and finite flags (``[done, updates]``), the key
-    it was compiled under (a new key is a call that traced and compiled), and whether the data's pass ended
-    in it (an epoch of a stream without ``steps_per_epoch``)."""
+    """What one compiled call did: ``done`` steps, their losses and flags (``[done, updates]``: 1 applied, 0
+    skipped for non-finite gradients, -1 a batch refused by the update's ``check``), the key it was compiled
+    under (a new key is a call that traced and compiled), and whether the data's pass ended in it (an epoch of
+    a stream without ``steps_per_epoch``)."""
 
     done: int
     losses: Any
-    finite: Any
+    flags: Any
     key: Any
     pass_ended: bool = False
+
+    @property
+    def finite(self) -> Any:
+        """Per step and update: its gradients were finite (a refused batch is not a non-finite one)."""
+        return self.flags != 0
+
+    def refused(self) -> tuple[int, int] | None:
+        """``(step in the call, update)`` of the first batch an update's ``check`` refused, if any."""
+        bad = np.argwhere(self.flags < 0)
+        return (int(bad[0][0]), int(bad[0][1])) if len(bad) else None
 
 
 def _describe(value: Any) -> str:
@@ -84,12 +95,13 @@ def _as_array_nest(structure: Any, name: str) -> Any:
             arr = np.asarray(structure)
         except Exception:
             arr = np.asarray(None, dtype=object)
-    if arr.dtype == object or arr.dtype.kind in "USV" or arr.ndim == 0:
+    if arr.dtype == object and arr.ndim >= 1 and arr.size and all(isinstance(v, (str, bytes)) for v in arr.flat):
+        arr = arr.astype(bytes if isinstance(next(iter(arr.flat)), bytes) else str)  # strings held as objects
+    if arr.dtype == object or arr.dtype.kind == "V" or arr.ndim == 0:
         raise InputError(
-            f"{name} must be an array of numbers with one row per sample (a NumPy array or tensor, or a tuple, list or "
-            f"dict of them). Received: {_describe(structure)}. Fix: convert it with np.asarray(...) (strings: encode "
-            "them first, for example with a tf.keras.layers.StringLookup).")
-    return arr
+            f"{name} must be an array of numbers or strings with one row per sample (a NumPy array or tensor, or a "
+            f"tuple, list or dict of them). Received: {_describe(structure)}. Fix: convert it with np.asarray(...).")
+    return arr  # (strings are for a model that starts with its own StringLookup or TextVectorization)
 
 
 class ResidentArrays:
@@ -122,6 +134,7 @@ class ResidentArrays:
             self.x = tf.nest.map_structure(tf.convert_to_tensor, x)
             self.y = None if y is None else tf.nest.map_structure(tf.convert_to_tensor, y)
         self.batch_fn = batch_fn or gather_batch
+        self.has_strings = any(t.dtype == tf.string for t in tf.nest.flatten((self.x, self.y)) if t is not None)
         self._perm: tuple[int, Any] | None = None
 
     def steps_in_epoch(self, samples_done: int = 0) -> int:
@@ -170,9 +183,9 @@ class ResidentArrays:
     def run(self, program: Any, at: At, k: int, capacity: int) -> Ran:
         """``k`` steps from ``at`` in one compiled call."""
         fn = program.resident_call(k, self.batch_fn, capacity=capacity)
-        losses, finite = fn(self.x, self.y, self.permutation(at.epoch), tf.constant(at.offset, tf.int64),
-                            tf.constant(k, tf.int32))
-        return Ran(k, losses.numpy()[:k], finite.numpy()[:k], k if program.unrolled(k) else "loop")
+        losses, flags = fn(self.x, self.y, self.permutation(at.epoch), tf.constant(at.offset, tf.int64),
+                           tf.constant(k, tf.int32))
+        return Ran(k, losses.numpy()[:k], flags.numpy()[:k], k if program.unrolled(k) else "loop")
 
 
 def gather_batch(x: Any, y: Any, idx: Any) -> Any:
@@ -185,20 +198,27 @@ def gather_batch(x: Any, y: Any, idx: Any) -> Any:
 class _Spec:
     leading: set[Any]
     scalars: list[str]
+    variable: list[str]  # tensors with a dimension of unknown size besides the batch (variable-length features)
+    strings: bool
 
 
 def _batch_dims(spec: Any) -> _Spec:
     leading: set[Any] = set()
     scalars: list[str] = []
+    variable: list[str] = []
+    strings = False
     for path, s in _leaf_paths(_spec_nest(spec), "element"):
         if not isinstance(s, tf.TensorSpec):
             raise InputError(f"The dataset's {path} is a {type(s).__name__}; the trainer takes datasets of dense "
                              "tensors. Fix: convert it in the pipeline (for example tf.sparse.to_dense or .to_tensor()).")
+        strings = strings or s.dtype == tf.string
         if s.shape.rank == 0:
             scalars.append(path)
         elif s.shape.rank is not None:
             leading.add(s.shape[0])
-    return _Spec(leading, scalars)
+        if s.shape.rank is None or None in s.shape[1:]:
+            variable.append(f"{path} (shape {s.shape})")
+    return _Spec(leading, scalars, variable, strings)
 
 
 def _spec_nest(spec: Any) -> Any:
@@ -236,6 +256,13 @@ class Stream:
         if int(dataset.cardinality().numpy()) == tf.data.INFINITE_CARDINALITY and steps_per_epoch is None:
             raise InputError("The dataset repeats forever, so an epoch has no end. Fix: pass steps_per_epoch=N to "
                              "fit() (batches per epoch), or drop .repeat() from the pipeline.")
+        if (None in dims.leading or not dims.leading) and dims.variable:
+            raise InputError(
+                f"The dataset's batches have no fixed size and its {dims.variable[0]} has a variable length (padded "
+                f"per batch, as padded_batch does): such batches cannot be regrouped into batches of {batch_size}. "
+                f"Fix: pad every batch to one fixed length and size: dataset.padded_batch({batch_size}, padded_shapes="
+                f"<fixed shapes, such as [64] for token ids>, drop_remainder=True) (one compiled shape for every step), "
+                f"or at least dataset.padded_batch({batch_size}, drop_remainder=True).")
         if None in dims.leading or not dims.leading:
             # batched without drop_remainder: the last batch would be partial (a new compiled shape, another
             # scale of the loss); keep exactly batch_size per step instead
@@ -254,6 +281,7 @@ class Stream:
         self.strategy = strategy
         self.cardinality = cardinality if cardinality >= 0 else None
         self.fixed_steps = steps_per_epoch
+        self.has_strings = dims.strings
         self._sample: Any = None
         self._iterator: Any = None
         self._fresh = False  # the iterator has given no batch yet
@@ -317,7 +345,7 @@ class Stream:
         """Up to ``k`` steps from ``at`` in one compiled call, fewer where the data ends."""
         if self._iterator is None:
             self._iterator, self._fresh = self.iterator(self.batches_before(at)), True
-        done_t, losses, finite = program.stream_call()(self._iterator, tf.constant(k, tf.int32))
+        done_t, losses, flags = program.stream_call()(self._iterator, tf.constant(k, tf.int32))
         done = int(done_t.numpy())
         ended = False
         if done < k:  # the data ended inside this call (or at its start)
@@ -327,7 +355,7 @@ class Stream:
             self._iterator = None  # a new pass: the next epoch's, or the rest of this one when steps_per_epoch is set
             ended = not self.continuous
         self._fresh = self._fresh and done == 0
-        return Ran(done, losses.numpy(), finite.numpy(), "stream", ended)
+        return Ran(done, losses.numpy(), flags.numpy(), "stream", ended)
 
     def sample_batch(self) -> Any:
         """The first batch (from a separate pass), for validating the updates before training."""

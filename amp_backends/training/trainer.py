@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import tensorflow as tf
 
-from ..errors import NonFiniteError, TrainingInterrupted
+from ..errors import InputError, NonFiniteError, TrainingInterrupted
 from ..plan import Plan
 from .arguments import (
     build_optimizers,
@@ -24,7 +24,7 @@ from .arguments import (
 )
 from .checkpoints import ensure_directory, log_resume, trainer_store
 from .distribute import collectives, is_chief, worker_id
-from .inputs import BatchFn, ResidentArrays, Stream, input_for
+from .inputs import BatchFn, Ran, ResidentArrays, Stream, input_for
 from .loss_scaling import LossScaler
 from .observers import (
     WARMUP_CALLS,
@@ -172,6 +172,9 @@ class Trainer:
         """
         check_fit_arguments(epochs=epochs, max_steps=max_steps, resume=resume, checkpoints=self.store is not None)
         source = self._input(x, y, steps_per_epoch)
+        if source.has_strings and self.program.xla:
+            self.program.without_xla("the data holds strings (for the model's own StringLookup or TextVectorization), "
+                                     "which XLA cannot compile")
         if self.store and not resume:
             self.store.ensure_fresh()
         elif self.store and self.restore() is None and self.is_chief:
@@ -209,19 +212,20 @@ class Trainer:
                 continue
             k = source.call_size(self.steps_per_call, left, None if max_steps is None else max_steps - at.step,
                                  self.program)
-            done = self._call_and_record(source, k, at, progress)
-            if done == 0:
+            ran = self._call_and_record(source, k, at, progress)
+            if ran.done == 0:
                 continue
+            self._check_refused(ran, at)
             self._check_nonfinite()
-            if self.checkpoint_every and (at.step + done) // self.checkpoint_every > at.step // self.checkpoint_every:
+            if self.checkpoint_every and (at.step + ran.done) // self.checkpoint_every > at.step // self.checkpoint_every:
                 self.save()  # at the end of the call that reached a multiple of checkpoint_every
 
-    def _call_and_record(self, source: Any, k: int, at: At, progress: Progress) -> int:
-        """Run one compiled call of up to ``k`` steps and tell the observers; returns the steps it ran."""
+    def _call_and_record(self, source: Any, k: int, at: At, progress: Progress) -> Ran:
+        """Run one compiled call of up to ``k`` steps and tell the observers."""
         for o in self.observers:
             o.before_call(at.step, k)
         t0 = time.perf_counter()
-        with self._together(at.step):
+        with self._together(at.step), self.program.own_errors():
             ran = source.run(self.program, at, k, self.steps_per_call)
         dt = time.perf_counter() - t0
         if ran.pass_ended:
@@ -229,7 +233,7 @@ class Trainer:
         compiling = ran.key not in self._called
         self._called.add(ran.key)
         if ran.done == 0:
-            return 0
+            return ran
         step_time = dt / ran.done
         throughput = self.images_per_step / step_time
         progress.add(at.step + ran.done, ran.losses, throughput, compiling)
@@ -239,7 +243,7 @@ class Trainer:
                             {n: int(s.skipped.numpy()) for n, s in self.scalers.items()})
         for o in self.observers:
             o.after_call(record)
-        return ran.done
+        return ran
 
     def _result(self, source: Any, progress: Progress) -> TrainResult:
         skipped = {n: int(s.skipped.numpy()) for n, s in self.scalers.items()}
@@ -263,6 +267,17 @@ class Trainer:
                                      device=self.plan.device, seed=self.seed, strategy=self.strategy,
                                      batch_fn=self.batch_fn, steps_per_epoch=steps_per_epoch)
         return self._last_input[2]
+
+    def _check_refused(self, ran: Ran, at: At) -> None:
+        """A batch that an update's check refused in the compiled step: the library's error, naming the step."""
+        refused = ran.refused()
+        if refused is not None:
+            i, j = refused
+            u = self.updates[j]
+            raise InputError(f"The batch of step {at.step + i} (epoch {at.epoch}, step {self.position.batch_in_epoch(at) + i}"
+                             f" of the epoch) {u.check_message or 'was refused by the check of update ' + repr(u.name)}"
+                             " That step was skipped (no weight changed) and training stopped; nothing was saved after "
+                             "it.")
 
     def _check_nonfinite(self) -> None:
         for name, s in self.scalers.items():
