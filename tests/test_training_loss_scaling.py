@@ -91,10 +91,13 @@ def test_fixed_scale_stops_with_the_remedy_and_saves_finite_state(tmp_path):
     (x, y), _ = synthetic_mnist(128, 8)
     _, _, t = small_classifier(p, poison=tf.Variable(True), checkpoint_dir=str(tmp_path / "ck"),
                                max_consecutive_nonfinite=3)
-    with pytest.raises(NonFiniteError, match=r"3 consecutive steps.*fixed loss scaling, scale 1024.*--loss-scale "
-                                             r"fixed:16.*dynamic"):
+    with pytest.raises(NonFiniteError, match=r"3 consecutive steps.*fixed loss scaling, scale 1024.*loss_scale="
+                                             r"'fixed:16'.*dynamic.*resume=True") as raised:
         t.fit(x, y, epochs=1)
     assert t.store.latest.endswith("ckpt-3")
+    # a Python caller is told what it can change, not command-line flags; a command line gets the same as data
+    assert "--" not in str(raised.value)
+    assert raised.value.overrides == {"loss_scale": "fixed:16"} and raised.value.resume
 
 
 def test_nonfinite_weights_are_never_saved(tmp_path):

@@ -161,6 +161,10 @@ class ResidentArrays:
     def describe(self) -> str:
         return f"{self.samples} samples resident on {self.device}"
 
+    def first_batch(self, rows: int) -> Any:
+        """The first ``rows`` samples as the step's batch function gives them to the model (for the precision check)."""
+        return self.batch_fn(self.x, self.y, tf.range(rows, dtype=tf.int64))
+
     def left_in_epoch(self, offset: int) -> int:
         """Steps left in the epoch from sample ``offset``."""
         return self.steps_in_epoch(offset)
@@ -323,6 +327,10 @@ class Stream:
     # -- what the loop asks every input ------------------------------------------------------------
     def describe(self) -> str:
         return "a tf.data pipeline"
+
+    def first_batch(self, rows: int) -> Any:
+        """The first ``rows`` samples of the first batch (for the precision check)."""
+        return tf.nest.map_structure(lambda a: a[:rows] if np.ndim(a) else a, self.sample_batch())
 
     def left_in_epoch(self, offset: int) -> int | None:
         """Steps left in the epoch from sample ``offset`` (``None``: a stream of unknown length)."""

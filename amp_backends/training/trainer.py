@@ -35,7 +35,8 @@ from .observers import (
     training_line,
 )
 from .position import At, Position
-from .precision import log_model_checks
+from .precision import check_models as check_trained_models
+from .precision import trained_models
 from .results import Progress, TrainResult
 from .seeding import current_seed
 from .signals import StopSignals, interrupted_message
@@ -52,9 +53,10 @@ class Trainer:
     ``checkpoint_objects`` names what is saved besides the loss-scale state and the position (your models
     and optimizers; by default the updates' variables and optimizers). ``images_per_step`` defaults to
     the batch size (the GAN counts ``2 * batch``). ``batch_size`` is the global batch: under a
-    ``tf.distribute`` strategy each replica takes its slice. With ``check_models`` the Keras models among
-    ``checkpoint_objects`` are checked once, before the first step, for what makes mixed precision slow
-    or wrong under the plan (:func:`amp_backends.check_model`), and the findings are logged.
+    ``tf.distribute`` strategy each replica takes its slice. With ``check_models`` the Keras models it
+    trains (those owning the updates' variables) are checked once, before the first step, at the batch it
+    trains on, for what makes mixed precision slow or wrong under the plan (:func:`amp_backends.check_model`):
+    warnings are logged as warnings and raised as :class:`~amp_backends.errors.AmpWarning` (see :mod:`.precision`).
     """
 
     WARMUP_CALLS = WARMUP_CALLS  # calls excluded from the throughput summary (tracing, XLA compilation)
@@ -118,7 +120,7 @@ class Trainer:
         self.observers = list(observers) + default_observers(self.is_chief, log_every, logdir, progress, profile_steps)
         self._called: set[Any] = set()
         self._last_input: tuple[Any, Any, Any] | None = None
-        self._to_check = models if check_models else []
+        self._to_check = trained_models(self.updates, checkpoint_objects) if check_models else []
 
     # ------------------------------------------------------------------ checkpoints
     @property
@@ -182,7 +184,10 @@ class Trainer:
         models, self._to_check = self._to_check, []
         if self.is_chief:
             logger.info(training_line(source, self.batch_size, self.steps_per_call, self.checkpoint_every))
-            log_model_checks(models, self.plan, batch_size=self.batch_size // self.replicas)
+        if self.is_chief and models:
+            batch = source.first_batch(self.batch_size // self.replicas)  # what one replica's model is given
+            check_trained_models(models, self.plan, batch_size=self.batch_size // self.replicas,
+                         x=batch[0] if isinstance(batch, (tuple, list)) else batch)
 
         progress = Progress([u.name for u in self.updates], self.WARMUP_CALLS)
         for o in self.observers:
