@@ -122,9 +122,15 @@ def model_inputs(model: Any, x: Any) -> Any:
     return x
 
 
-def check_models(models: Sequence[Any], plan: Any, *, batch_size: int, x: Any = None) -> None:
-    """Check each model and log (and warn) what it found; a check that fails never stops training."""
+def check_models(models: Sequence[Any], plan: Any, source: Any, *, batch_size: int) -> None:
+    """Check each model at one replica's batch of ``source`` (the trainer's input) and log (and warn) what it
+    found; a check that fails never stops training."""
     from .. import model_check
+
+    if not models:
+        return
+    batch = source.first_batch(batch_size)
+    x = batch[0] if isinstance(batch, (tuple, list)) else batch
 
     for model in models:
         name = getattr(model, "name", model)
@@ -150,13 +156,14 @@ def check_models(models: Sequence[Any], plan: Any, *, batch_size: int, x: Any = 
         logger.info(lines[0])
         for finding, line in zip(findings, lines[1:1 + len(findings)]):
             if finding.severity in ("warning", "error"):
-                _warn(f"{name}: {line}")
+                _warn(line, f"{name}: {line}")
             else:
                 logger.info(line)
         for line in lines[1 + len(findings):]:
             logger.info(line)
 
 
-def _warn(message: str) -> None:
-    logger.warning(message)
-    warnings.warn(message, AmpWarning, stacklevel=4)
+def _warn(line: str, message: str | None = None) -> None:
+    """``line`` logged as a warning; ``message`` (default: the line) raised as an :class:`AmpWarning`."""
+    logger.warning(line)
+    warnings.warn(message or line, AmpWarning, stacklevel=4)

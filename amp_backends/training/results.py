@@ -6,7 +6,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from .observers import WARMUP_CALLS
+from .observers import WARMUP_CALLS, CallRecord
 
 
 @dataclass
@@ -42,24 +42,32 @@ class Progress:
     last: dict[str, float] = field(default_factory=dict)
     calls: int = 0
 
-    def add(self, step: int, losses: Any, throughput: float, compiling: bool) -> None:
-        """A call that ended at global ``step``; calls that compiled or warmed up stay out of the median."""
+    def add(self, ran: Any, epoch: int, first: int, step: int, images_per_step: int, seconds: float, compiling: bool,
+            scalers: Mapping[str, Any]) -> CallRecord:
+        """A call (:class:`~.inputs.Ran`) of epoch ``epoch`` from its step ``first`` to global ``step``, which took
+        ``seconds``; calls that compiled or warmed up stay out of the median. Returns what observers are told."""
+        step_time = seconds / ran.done
+        throughput = images_per_step / step_time
         self.calls += 1
         if self.calls > self.warmup_calls and not compiling:
             self.throughputs.append(throughput)
-        self.last = {n: float(losses[-1][j]) for j, n in enumerate(self.names)}
+        self.last = {n: float(ran.losses[-1][j]) for j, n in enumerate(self.names)}
         self.history.append({"step": step, "throughput": throughput, **self.last})
+        return CallRecord(epoch, first, step, ran.done, self.names, ran.losses, ran.finite, step_time, throughput,
+                          {n: s.current for n, s in scalers.items()},
+                          {n: int(s.skipped.numpy()) for n, s in scalers.items()})
 
-    def result(self, steps: int, epochs_completed: int, skipped: Mapping[str, int],
-               loss_scales: Mapping[str, float]) -> TrainResult:
+    def result(self, steps: int, epochs_completed: int, scalers: Mapping[str, Any]) -> TrainResult:
+        """The result after ``steps`` steps, with each update's skipped steps and loss scale from its scaler."""
+        skipped = {n: int(s.skipped.numpy()) for n, s in scalers.items()}
         return TrainResult(
             steps=steps,
             epochs_completed=epochs_completed,
             median_throughput=statistics.median(self.throughputs) if self.throughputs else None,
             throughputs=self.throughputs,
             last_losses=self.last,
-            skipped=dict(skipped),
+            skipped=skipped,
             applied={n: steps - s for n, s in skipped.items()},
-            loss_scales=dict(loss_scales),
+            loss_scales={n: s.current for n, s in scalers.items()},
             history=self.history,
         )

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import tensorflow as tf
 
-from ..errors import InputError, NonFiniteError, TrainingInterrupted
+from ..errors import NonFiniteError, TrainingInterrupted
 from ..plan import Plan
 from .arguments import (
     build_optimizers,
@@ -24,11 +24,10 @@ from .arguments import (
 )
 from .checkpoints import ensure_directory, log_resume, trainer_store
 from .distribute import collectives, is_chief, worker_id
-from .inputs import BatchFn, Ran, ResidentArrays, Stream, input_for
+from .inputs import BatchFn, Ran, ResidentArrays, input_for
 from .loss_scaling import LossScaler
 from .observers import (
     WARMUP_CALLS,
-    CallRecord,
     Observer,
     default_observers,
     parse_profile_steps,
@@ -41,6 +40,7 @@ from .results import Progress, TrainResult
 from .seeding import current_seed
 from .signals import StopSignals, interrupted_message
 from .step import StepProgram, Update
+from .streams import Stream
 
 __all__ = ["Trainer", "TrainResult", "parse_profile_steps"]
 
@@ -174,9 +174,8 @@ class Trainer:
         """
         check_fit_arguments(epochs=epochs, max_steps=max_steps, resume=resume, checkpoints=self.store is not None)
         source = self._input(x, y, steps_per_epoch)
-        if source.has_strings and self.program.xla:
-            self.program.without_xla("the data holds strings (for the model's own StringLookup or TextVectorization), "
-                                     "which XLA cannot compile")
+        if source.has_strings:
+            self.program.without_xla("the data holds strings (for the model's own StringLookup or TextVectorization)")
         if self.store and not resume:
             self.store.ensure_fresh()
         elif self.store and self.restore() is None and self.is_chief:
@@ -184,10 +183,7 @@ class Trainer:
         models, self._to_check = self._to_check, []
         if self.is_chief:
             logger.info(training_line(source, self.batch_size, self.steps_per_call, self.checkpoint_every))
-        if self.is_chief and models:
-            batch = source.first_batch(self.batch_size // self.replicas)  # what one replica's model is given
-            check_trained_models(models, self.plan, batch_size=self.batch_size // self.replicas,
-                         x=batch[0] if isinstance(batch, (tuple, list)) else batch)
+            check_trained_models(models, self.plan, source, batch_size=self.batch_size // self.replicas)
 
         progress = Progress([u.name for u in self.updates], self.WARMUP_CALLS)
         for o in self.observers:
@@ -220,7 +216,7 @@ class Trainer:
             ran = self._call_and_record(source, k, at, progress)
             if ran.done == 0:
                 continue
-            self._check_refused(ran, at)
+            ran.check_refused(at, self.position.batch_in_epoch(at), self.updates)
             self._check_nonfinite()
             if self.checkpoint_every and (at.step + ran.done) // self.checkpoint_every > at.step // self.checkpoint_every:
                 self.save()  # at the end of the call that reached a multiple of checkpoint_every
@@ -239,24 +235,16 @@ class Trainer:
         self._called.add(ran.key)
         if ran.done == 0:
             return ran
-        step_time = dt / ran.done
-        throughput = self.images_per_step / step_time
-        progress.add(at.step + ran.done, ran.losses, throughput, compiling)
-        record = CallRecord(at.epoch, self.position.batch_in_epoch(at), at.step + ran.done, ran.done, progress.names,
-                            ran.losses, ran.finite, step_time, throughput,
-                            {n: s.current for n, s in self.scalers.items()},
-                            {n: int(s.skipped.numpy()) for n, s in self.scalers.items()})
+        record = progress.add(ran, at.epoch, self.position.batch_in_epoch(at), at.step + ran.done,
+                              self.images_per_step, dt, compiling, self.scalers)
         for o in self.observers:
             o.after_call(record)
         return ran
 
     def _result(self, source: Any, progress: Progress) -> TrainResult:
-        skipped = {n: int(s.skipped.numpy()) for n, s in self.scalers.items()}
         at = self.position.now()
         # an epoch whose last batch is done counts, even before the position rolls over to the next one
-        ended = source.left_in_epoch(at.offset) == 0
-        result = progress.result(at.step, at.epoch + int(ended), skipped,
-                                 {n: s.current for n, s in self.scalers.items()})
+        result = progress.result(at.step, at.epoch + int(source.left_in_epoch(at.offset) == 0), self.scalers)
         if self.is_chief:
             logger.info(result.summary())
         return result
@@ -272,17 +260,6 @@ class Trainer:
                                      device=self.plan.device, seed=self.seed, strategy=self.strategy,
                                      batch_fn=self.batch_fn, steps_per_epoch=steps_per_epoch)
         return self._last_input[2]
-
-    def _check_refused(self, ran: Ran, at: At) -> None:
-        """A batch that an update's check refused in the compiled step: the library's error, naming the step."""
-        refused = ran.refused()
-        if refused is not None:
-            i, j = refused
-            u = self.updates[j]
-            raise InputError(f"The batch of step {at.step + i} (epoch {at.epoch}, step {self.position.batch_in_epoch(at) + i}"
-                             f" of the epoch) {u.check_message or 'was refused by the check of update ' + repr(u.name)}"
-                             " That step was skipped (no weight changed) and training stopped; nothing was saved after "
-                             "it.")
 
     def _check_nonfinite(self) -> None:
         for name, s in self.scalers.items():
