@@ -169,7 +169,7 @@ def tune(
     if not ok:
         logger.warning("autotune: every candidate failed; keeping the rule-based plan")
         return auto_configure(verbose=False, registry=registry, **fixed)
-    best = max(ok, key=lambda t: t.img_per_s)
+    best = max(ok, key=lambda t: t.img_per_s or 0.0)
     store(key, {"policy": best.policy, "xla": best.xla, "img_per_s": best.img_per_s,
                 "date": time.strftime("%Y-%m-%d"), "trials": [t.__dict__ for t in trials]})
     plan = auto_configure(policy=best.policy, xla=best.xla, verbose=False, registry=registry, **fixed)

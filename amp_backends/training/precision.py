@@ -61,7 +61,7 @@ def trained_models(updates: Sequence[Any], objects: Mapping[str, Any] | None) ->
     seen: set[int] = set()
     frontier = [u for u in updates]
     for _ in range(_SEARCH_DEPTH):
-        nxt = []
+        nxt: list[Any] = []
         for obj in frontier:
             if id(obj) in seen or len(seen) > _SEARCH_LIMIT:
                 continue

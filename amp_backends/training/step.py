@@ -156,7 +156,7 @@ class StepProgram:
     def own_errors(self) -> Iterator[None]:
         """Around a call: the library's own error raised while tracing it comes out as itself, not wrapped in
         TensorFlow's staging error with a trace through the graph code."""
-        self._trace_error: InputError | None = None
+        self._trace_error = None
         try:
             yield
         except Exception:

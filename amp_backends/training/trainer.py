@@ -107,7 +107,8 @@ class Trainer:
             self.scalers = {u.name: LossScaler(plan.loss_scale, name=u.name) for u in self.updates}
             build_optimizers(self.updates)
             self.position = Position(self.batch_size)
-        self.global_step = self.position.global_step
+        self.global_step, self.epoch, self.samples_in_epoch = (self.position.global_step, self.position.epoch,
+                                                               self.position.samples_in_epoch)
         models = [m for m in (checkpoint_objects or {}).values() if hasattr(m, "layers")]
         self._weights = saved_weights(self.updates, models)  # never saved with NaN or Inf
         self.program = StepProgram(self.updates, self.scalers, strategy=self.strategy, xla=plan.xla,
