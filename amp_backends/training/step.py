@@ -167,9 +167,10 @@ class StepProgram:
 
     def without_xla(self, reason: str) -> None:
         """Compile the calls without XLA from now on (the data or the model holds what XLA cannot compile)."""
-        if self.xla:
-            logger.warning(f"XLA is not used for this training, although the plan has it on: {reason}, which XLA "
-                           "cannot compile.")
+        if not (self.xla or self.replica_jit):
+            return
+        logger.warning(f"XLA is not used for this training, although the plan has it on: {reason}, which XLA "
+                       "cannot compile.")
         self.xla = self.replica_jit = False
         self._calls.clear()
         self._jitted_steps.clear()

@@ -53,7 +53,7 @@ def _batch_dims(spec: Any) -> _Spec:
             scalars.append(path)
         elif s.shape.rank is not None:
             leading.add(s.shape[0])
-        if s.shape.rank is None or None in s.shape[1:]:
+        if s.shape.rank is not None and None in s.shape[1:]:  # (an unknown rank, from py_function: not known)
             variable.append(f"{path} (shape {s.shape})")
     return _Spec(leading, scalars, variable, strings)
 
