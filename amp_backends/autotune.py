@@ -31,10 +31,13 @@ logger = logging.getLogger("amp_backends.autotune")
 
 
 def cache_path() -> Path:
+    """The cache file, absolute (``~`` expanded, a relative path against the working directory)."""
     if os.environ.get("AMP_AUTOTUNE_CACHE"):
-        return Path(os.environ["AMP_AUTOTUNE_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "amp_backends" / "autotune.json"
+        path = os.environ["AMP_AUTOTUNE_CACHE"]
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+        path = os.path.join(base, "amp_backends", "autotune.json")
+    return Path(os.path.abspath(os.path.expanduser(path)))
 
 
 def device_signature(plan: Plan, hardware: Any) -> str:
@@ -166,7 +169,7 @@ def tune(
     if not ok:
         logger.warning("autotune: every candidate failed; keeping the rule-based plan")
         return auto_configure(verbose=False, registry=registry, **fixed)
-    best = max(ok, key=lambda t: t.img_per_s)
+    best = max(ok, key=lambda t: t.img_per_s or 0.0)
     store(key, {"policy": best.policy, "xla": best.xla, "img_per_s": best.img_per_s,
                 "date": time.strftime("%Y-%m-%d"), "trials": [t.__dict__ for t in trials]})
     plan = auto_configure(policy=best.policy, xla=best.xla, verbose=False, registry=registry, **fixed)

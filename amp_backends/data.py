@@ -29,17 +29,18 @@ CLASSES = 10
 
 def keras_cache_path() -> Path:
     """Where ``keras.datasets.mnist.load_data()`` keeps its download (``$KERAS_HOME`` or ``~/.keras``)."""
-    base = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
-    return Path(base) / "datasets" / "mnist.npz"
+    base = os.environ.get("KERAS_HOME") or os.path.join("~", ".keras")
+    return Path(os.path.abspath(os.path.expanduser(base))) / "datasets" / "mnist.npz"
 
 
 def read_mnist_npz(path: str | os.PathLike) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """Read an ``mnist.npz`` in Keras's format (arrays ``x_train, y_train, x_test, y_test``)."""
-    p = Path(path)
+    """Read an ``mnist.npz`` in Keras's format (arrays ``x_train, y_train, x_test, y_test``); ``path`` may be
+    relative (to the working directory) or start with ``~``."""
+    p = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
     if not p.is_file():
         raise DataUnavailableError(
             f"--data must be an existing mnist.npz file (Keras's format: arrays {', '.join(MNIST_KEYS)}). "
-            f"Received: {str(path)!r}, which does not exist. Fix: pass the path of a downloaded mnist.npz, or use --synthetic."
+            f"Received: {str(path)!r}{'' if str(p) == str(path) else f' ({p})'}, which does not exist. Fix: pass the path of a downloaded mnist.npz, or use --synthetic."
         )
     try:
         with np.load(p, allow_pickle=False) as f:

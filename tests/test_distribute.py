@@ -89,14 +89,13 @@ def test_port_in_use_is_named():
 
 
 def run_cli(extra_env, *args, timeout=120):
+    """The example under a cluster configuration; ``timeout`` only keeps a hanging run from hanging the suite."""
     cmd = [sys.executable, "-m", "amp_backends.examples.mnist", "--synthetic", "--no-progress", "--max-steps", "2", *args]
-    t0 = time.time()
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=NEUTRAL_CWD, env=env(**extra_env))
-    return out, time.time() - t0
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=NEUTRAL_CWD, env=env(**extra_env))
 
 
 def test_malformed_tf_config_fails_fast_and_clearly(tmp_path):
-    out, _ = run_cli({"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": '}, "--logdir", str(tmp_path))
+    out = run_cli({"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": '}, "--logdir", str(tmp_path))
     assert out.returncode == 2 and "mnist: error: TF_CONFIG must be JSON" in out.stderr
     assert "Traceback" not in out.stderr
 
@@ -106,16 +105,18 @@ def test_busy_port_fails_fast_and_clearly(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         ports = [s.getsockname()[1], free_ports(1)[0]]
-        out, _ = run_cli({"TF_CONFIG": tf_config(ports, 0)}, "--logdir", str(tmp_path))
+        out = run_cli({"TF_CONFIG": tf_config(ports, 0)}, "--logdir", str(tmp_path))
     assert out.returncode == 2 and "cannot be bound" in out.stderr and "Traceback" not in out.stderr
+    assert "Loss" not in out.stderr + out.stdout  # refused before TensorFlow formed a cluster or trained
 
 
 def test_missing_peer_times_out_with_the_documented_message(tmp_path):
     ports = free_ports(2)
-    out, took = run_cli({"TF_CONFIG": tf_config(ports, 0)}, "--logdir", str(tmp_path), "--cluster-timeout", "5")
+    out = run_cli({"TF_CONFIG": tf_config(ports, 0)}, "--logdir", str(tmp_path), "--cluster-timeout", "5")
+    # it stopped by itself (the watchdog's kill), saying why, without training or writing a checkpoint
     assert out.returncode in (-9, 137), (out.returncode, out.stderr[-1500:])
     assert f"the cluster did not form within 5 s (no answer from 127.0.0.1:{ports[1]})" in out.stderr
-    assert took < 60
+    assert "Loss" not in out.stderr + out.stdout and not list(tmp_path.rglob("ckpt-*"))
 
 
 # --------------------------------------------------------------------------- MirroredStrategy
@@ -176,10 +177,10 @@ def test_killed_worker_then_resume_from_the_last_checkpoint(tmp_path):
             break
         assert time.time() < deadline
     procs[1].send_signal(signal.SIGKILL)
-    t0 = time.time()
-    rest = procs[0].communicate(timeout=120)[0]
-    assert procs[0].returncode == 4 and time.time() - t0 < 60  # the survivor stops by itself, after the timeout
-    assert "a collective with the other workers failed" in rest and "--resume" in rest
+    rest = procs[0].communicate(timeout=120)[0]  # (the timeout only keeps a hang from hanging the suite)
+    # the survivor stopped by itself with the library's error (exit 4), naming the fix, without a traceback
+    assert procs[0].returncode == 4, rest[-2000:]
+    assert "a collective with the other workers failed" in rest and "--resume" in rest and "Traceback" not in rest
     procs[1].wait()
     import tensorflow as tf
 

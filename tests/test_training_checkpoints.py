@@ -13,8 +13,18 @@ pytestmark = pytest.mark.tensorflow
 tf = pytest.importorskip("tensorflow")
 
 import amp_backends  # noqa: E402
-from amp_backends.errors import CheckpointError, CheckpointMismatchError, TrainingInterrupted  # noqa: E402
-from amp_backends.training import Observer, Trainer, Update, classifier_updates, run_directory  # noqa: E402
+from amp_backends.errors import (  # noqa: E402
+    CheckpointError,
+    CheckpointMismatchError,
+    TrainingInterrupted,
+)
+from amp_backends.training import (  # noqa: E402
+    Observer,
+    Trainer,
+    Update,
+    classifier_updates,
+    run_directory,
+)
 from amp_backends.training.checkpoints import propose_run_directory  # noqa: E402
 
 

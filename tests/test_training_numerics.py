@@ -11,8 +11,15 @@ tf = pytest.importorskip("tensorflow")
 import amp_backends  # noqa: E402
 from amp_backends.errors import NonFiniteError  # noqa: E402
 from amp_backends.models import gan_discriminator, gan_generator  # noqa: E402
-from amp_backends.training import (Trainer, Update, classifier_updates, gan_updates, mnist_batch_fn,  # noqa: E402
-                                   seed_everything, step_seed)
+from amp_backends.training import (  # noqa: E402
+    Trainer,
+    Update,
+    classifier_updates,
+    gan_updates,
+    mnist_batch_fn,
+    seed_everything,
+    step_seed,
+)
 
 
 def plan(**kw):
@@ -179,7 +186,9 @@ def test_step_seeds_differ_per_step_and_salt_and_exist_only_inside_a_step():
 
 
 def test_deterministic_ops_can_be_switched_on():
-    from tensorflow.python.framework import config  # the public API can switch it on, not read or reset it
+    from tensorflow.python.framework import (
+        config,  # the public API can switch it on, not read or reset it
+    )
 
     try:
         seed_everything(0, deterministic=True)

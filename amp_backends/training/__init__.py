@@ -3,14 +3,21 @@
 =====================  ==========================================================================
 module                 its part
 =====================  ==========================================================================
-``trainer``            :class:`Trainer`: the loop — call sizing, position, resume, interrupts
+``trainer``            :class:`Trainer`: the loop — runs calls, saves, stops on interrupts
+``position``           where training stands: epoch, sample offset, step; resume arithmetic
 ``step``               :class:`Update` and the compiled step (replica gradients, skip, apply)
 ``loss_scaling``       :class:`LossScaler`: none / fixed / dynamic, sparse gradients kept sparse
-``inputs``             resident arrays and ``tf.data`` pipelines behind one interface
+``inputs``             resident arrays; each input kind sizes and runs its compiled call
+``streams``            ``tf.data`` pipelines of batches, behind the same interface
+``batches``            what both input kinds share: a compiled call's result, nests of arrays
 ``checkpoints``        run directories, checkpoints that never lose a run
-``observers``          log line, TensorBoard scalars, progress bar, profiler window
+``observers``          log line, TensorBoard scalars, progress bar, profiler window, the defaults
+``precision``          the precision check of the models being trained
+``signals``            Ctrl-C and SIGTERM: stop after the current call
 ``distribute``         ``tf.distribute`` strategies, cluster checks, plan agreement
 ``tasks``              ready-made updates: classifier, the tutorials' GAN, MNIST batches
+``arguments``          the trainer's arguments checked; optimizers built once
+``results``            what a ``fit`` call collects and returns (:class:`TrainResult`)
 ``callbacks``          Keras ``fit`` callbacks (:class:`ThroughputLogger`)
 ``seeding``            :func:`seed_everything`: reproducible runs
 =====================  ==========================================================================
@@ -27,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 _LAZY = {
     "Trainer": ".trainer",
     "TrainResult": ".trainer",
-    "parse_profile_steps": ".trainer",
+    "parse_profile_steps": ".observers",
     "Update": ".step",
     "step_seed": ".step",
     "LossScaler": ".loss_scaling",
@@ -47,11 +54,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from .callbacks import ThroughputLogger
     from .checkpoints import run_directory
     from .loss_scaling import LossScaler
-    from .observers import CallRecord, Observer
+    from .observers import CallRecord, Observer, parse_profile_steps
     from .seeding import seed_everything
     from .step import Update, step_seed
     from .tasks import classifier_updates, gan_updates, mnist_batch_fn
-    from .trainer import Trainer, TrainResult, parse_profile_steps
+    from .trainer import Trainer, TrainResult
 
 
 def __getattr__(name: str) -> Any:

@@ -41,9 +41,18 @@ VERSION = re.compile(r"^version_(\d+)$")
 
 
 # ------------------------------------------------------------------------------------ directories
+def absolute(path: str | os.PathLike) -> str:
+    """``path`` made absolute against the working directory now (``~`` expanded): a run keeps writing where it
+    started, and the checkpoint index never holds a path relative to a folder that is joined again. URLs
+    (``gs://...``) stay as they are."""
+    text = os.fspath(path)
+    return text if "://" in text else os.path.abspath(os.path.expanduser(text))
+
+
 def check_no_file_in_the_way(path: str | os.PathLike, what: str) -> Path:
-    """``path`` as a ``Path``; :class:`AmpConfigError` if it, or the nearest existing parent, is not a directory."""
-    p = Path(path)
+    """``path`` as an absolute ``Path``; :class:`AmpConfigError` if it, or the nearest existing parent, is not a
+    directory."""
+    p = Path(absolute(path))
     for parent in [p, *p.parents]:
         if parent.exists():
             if not parent.is_dir():
@@ -186,7 +195,7 @@ class CheckpointStore:
     def __init__(self, objects: Mapping[str, Any], directory: str | os.PathLike, *, step_counter: Any,
                  keep: int = 3, is_chief: bool = True, worker: str = "0",
                  extra: Mapping[str, Any] | None = None) -> None:
-        self.directory = str(directory)
+        self.directory = absolute(directory)
         ensure_directory(self.directory, "checkpoint directory")
         self.is_chief = is_chief
         self.signature = signature(objects, extra or {})
@@ -204,15 +213,22 @@ class CheckpointStore:
 
     @property
     def latest(self) -> str | None:
-        return tf.train.latest_checkpoint(self.directory)
+        """The newest checkpoint whose files are there, else ``None``."""
+        return next((p for p in self.paths() if tf.io.gfile.exists(p + ".index")), None)
 
     def paths(self) -> list[str]:
-        """Checkpoints in the directory, newest first."""
+        """Checkpoints in the directory, newest first.
+
+        TensorFlow has already joined the index's entries to the directory (joining them again doubled a
+        relative directory: ``runs/x/runs/x/ckpt-8``). A checkpoint of this store is always in the directory
+        itself, so each is named by its file name there, also where the index holds an absolute path that went
+        stale when the run's folder was moved.
+        """
         state = tf.train.get_checkpoint_state(self.directory)
         if state is None:
             return []
         paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
-        paths = [p if os.path.isabs(p) else os.path.join(self.directory, p) for p in paths]
+        paths = [os.path.join(self.directory, os.path.basename(p)) for p in paths]
         return sorted(set(paths), key=lambda p: int(p.rsplit("-", 1)[1]) if p.rsplit("-", 1)[1].isdigit() else -1,
                       reverse=True)
 
@@ -295,3 +311,37 @@ class CheckpointStore:
 def _short(exc: BaseException, limit: int = 160) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
+
+
+# ------------------------------------------------------------------------------------ the trainer's store
+def trainer_store(directory: str | os.PathLike, *, updates: Any, scalers: Mapping[str, Any], position: Any,
+                  objects: Mapping[str, Any] | None, keep: int, is_chief: bool, worker: str,
+                  plan_headline: str) -> CheckpointStore:
+    """What a trainer's checkpoint holds: the given objects (default: the updates' variables and optimizers),
+    each update's loss-scale state and the position (global step, epoch, sample in epoch, batch size)."""
+    objects = dict(objects) if objects else {
+        **{f"{u.name}_{i}_{part}": obj for u in updates for i, (vs, opt) in enumerate(u.groups)
+           for part, obj in (("variables", list(vs)), ("optimizer", opt))},
+        **{f"{u.name}_state": list(u.state) for u in updates if u.state}}
+    scaler_state = {name: tf.train.Checkpoint(**s.variables()) for name, s in scalers.items()}
+    return CheckpointStore(
+        {**objects, "loss_scale": tf.train.Checkpoint(**scaler_state), "position": position.checkpoint()}, directory,
+        step_counter=position.global_step, keep=keep, is_chief=is_chief, worker=worker,
+        extra={"batch_size": position.batch_size, "plan": plan_headline})
+
+
+def log_resume(restored: Restored, at: Any, then_batch: int, batch_size: int, *, updates: Any,
+               scalers: Mapping[str, Any], plan_headline: str) -> None:
+    """The resume line: where the run continues, and what differs from the run that wrote the checkpoint."""
+    optimizers = {f"{u.name}[{i}]": int(opt.iterations.numpy()) for u in updates
+                  for i, (_, opt) in enumerate(u.groups) if hasattr(opt, "iterations")}
+    logger.info(f"Resumed from {restored.path}: global step {at.step}, epoch {at.epoch}, step in epoch "
+                f"{at.offset // then_batch}, loss scales " + ", ".join(f"{n}={s.current:g}" for n, s in scalers.items())
+                + ", optimizer iterations " + ", ".join(f"{k}={v}" for k, v in optimizers.items()))
+    if then_batch != batch_size:
+        logger.info(f"The checkpoint was written with batch size {then_batch}; this run uses {batch_size}: it "
+                    f"continues at sample {at.offset} of epoch {at.epoch} (the position is kept in samples, so no "
+                    "sample is read twice or skipped).")
+    then = (restored.stored or {}).get("plan")
+    if then and then != plan_headline:
+        logger.info(f"The checkpoint was written under another plan ({then}); this run: {plan_headline}.")

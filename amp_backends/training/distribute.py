@@ -8,14 +8,15 @@ of hanging: a peer that never comes (or dies) surfaces after ``timeout_s`` secon
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import socket
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
-from ..errors import AmpConfigError, ClusterConfigError
+from ..errors import AmpConfigError, ClusterConfigError, DistributedFailure
 
 logger = logging.getLogger("amp_backends.distribute")
 
@@ -201,3 +202,23 @@ def check_plan_agreement(strategy: Any, plan: Any, *, strict: bool = False) -> l
         raise ClusterConfigError(message)
     logger.warning(message)
     return [message]
+
+
+@contextlib.contextmanager
+def collectives(strategy: Any, worker: str, step: int, latest: Callable[[], str | None]) -> Iterator[None]:
+    """Work with the other workers (a training call, a collective save): a failure says who to restart, how
+    (``latest()`` names the checkpoint to continue from)."""
+    import tensorflow as tf
+
+    try:
+        yield
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.CancelledError,
+            tf.errors.AbortedError, tf.errors.InternalError) as exc:
+        if getattr(strategy, "cluster_resolver", None) is None:
+            raise
+        raise DistributedFailure(
+            f"Worker {worker}: a collective with the other workers failed at step {step} "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0][:300]}). Another worker died, hung past the "
+            f"cluster timeout or cannot be reached. Restart every worker with --resume to continue from "
+            f"{latest() or 'the start (no checkpoint yet)'}."
+        ) from None

@@ -5,50 +5,34 @@ named features, with optional labels of the same kinds) are copied to the device
 order is a permutation derived from ``(seed, epoch)``, and every step gathers its batch from that
 permutation on the device: no host round trip between steps, several steps per compiled call, and a
 position that is simply "sample ``s`` of epoch ``e``", exact on resume whatever the batch size.
+Arrays of strings are taken (for a model that starts with its own ``StringLookup``); the steps then run
+without XLA.
 
-**A** ``tf.data.Dataset`` yields *batches* (as Keras ``fit`` expects): ``ds.batch(batch_size,
-drop_remainder=True)``. Batches of unknown size (``ds.batch(n)`` without ``drop_remainder``) are
-rebatched to exactly ``batch_size`` with the remainder dropped (a partial batch would change the
-compiled shapes and the loss's scale); an unbatched dataset, or batches of another size, is refused with
-the fix. An epoch is one pass over the dataset, or ``steps_per_epoch`` batches (required for a
-dataset that repeats forever). The compiled call pulls several batches from an iterator inside itself
-(prefetched to the accelerator). The position of a stream is "batches consumed in epoch ``e``": on
-resume the epoch's pipeline is rebuilt and that many batches are skipped, which continues the
-interrupted order exactly when the pipeline's order depends on its seed alone (no shuffle, or
-``shuffle(..., seed=s, reshuffle_each_iteration=False)``); with reshuffling, the rest of the resumed
-epoch follows a fresh order.
+**A** ``tf.data.Dataset`` of batches: see :mod:`.streams`.
+
+Each input kind answers the loop's questions itself (steps left in the epoch, the size of the next call)
+and runs its compiled call (:meth:`ResidentArrays.run`, :meth:`.streams.Stream.run`), returning a
+:class:`Ran`.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import tensorflow as tf
 
 from ..errors import InputError
+from .batches import Ran, _describe, _leaf_paths
+from .position import At
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .streams import Stream
 
 logger = logging.getLogger("amp_backends.train")
 
 BatchFn = Callable[[Any, Any, Any], Any]
-
-
-def _describe(value: Any) -> str:
-    shape = getattr(value, "shape", None)
-    dtype = getattr(value, "dtype", None)
-    return f"{type(value).__name__}" + (f" of shape {tuple(shape)}" if shape is not None else "") + (
-        f" and dtype {dtype}" if dtype is not None else "")
-
-
-def _leaf_paths(structure: Any, prefix: str) -> list[tuple[str, Any]]:
-    """``(path, leaf)`` pairs of a nest of arrays: ``x['ids']``, ``x[1]``, ``y``."""
-    if isinstance(structure, dict):
-        return [p for k, v in structure.items() for p in _leaf_paths(v, f"{prefix}[{k!r}]")]
-    if isinstance(structure, (tuple, list)):
-        return [p for i, v in enumerate(structure) for p in _leaf_paths(v, f"{prefix}[{i}]")]
-    return [(prefix, structure)]
 
 
 def _as_array_nest(structure: Any, name: str) -> Any:
@@ -70,16 +54,19 @@ def _as_array_nest(structure: Any, name: str) -> Any:
             arr = np.asarray(structure)
         except Exception:
             arr = np.asarray(None, dtype=object)
-    if arr.dtype == object or arr.dtype.kind in "USV" or arr.ndim == 0:
+    if arr.dtype == object and arr.ndim >= 1 and arr.size and all(isinstance(v, (str, bytes)) for v in arr.flat):
+        arr = arr.astype(bytes if isinstance(next(iter(arr.flat)), bytes) else str)  # strings held as objects
+    if arr.dtype == object or arr.dtype.kind == "V" or arr.ndim == 0:
         raise InputError(
-            f"{name} must be an array of numbers with one row per sample (a NumPy array or tensor, or a tuple, list or "
-            f"dict of them). Received: {_describe(structure)}. Fix: convert it with np.asarray(...) (strings: encode "
-            "them first, for example with a tf.keras.layers.StringLookup).")
-    return arr
+            f"{name} must be an array of numbers or strings with one row per sample (a NumPy array or tensor, or a "
+            f"tuple, list or dict of them). Received: {_describe(structure)}. Fix: convert it with np.asarray(...).")
+    return arr  # (strings are for a model that starts with its own StringLookup or TextVectorization)
 
 
 class ResidentArrays:
     """Arrays copied to the device once; batches gathered on the device from a per-epoch permutation."""
+
+    reusable = True  # a later fit() on the same arrays takes this input again (no copy, no check)
 
     def __init__(self, x: Any, y: Any, *, batch_size: int, device: str, seed: int,
                  batch_fn: BatchFn | None = None) -> None:
@@ -106,6 +93,7 @@ class ResidentArrays:
             self.x = tf.nest.map_structure(tf.convert_to_tensor, x)
             self.y = None if y is None else tf.nest.map_structure(tf.convert_to_tensor, y)
         self.batch_fn = batch_fn or gather_batch
+        self.has_strings = any(t.dtype == tf.string for t in tf.nest.flatten((self.x, self.y)) if t is not None)
         self._perm: tuple[int, Any] | None = None
 
     def steps_in_epoch(self, samples_done: int = 0) -> int:
@@ -128,6 +116,40 @@ class ResidentArrays:
         """The data as the step's batch function sees it, for validating the updates before training."""
         return self.host
 
+    # -- what the loop asks every input ------------------------------------------------------------
+    def describe(self) -> str:
+        return f"{self.samples} samples resident on {self.device}"
+
+    def first_batch(self, rows: int) -> Any:
+        """The first ``rows`` samples as the step's batch function gives them to the model (for the precision check)."""
+        return self.batch_fn(self.x, self.y, tf.range(rows, dtype=tf.int64))
+
+    def left_in_epoch(self, offset: int) -> int:
+        """Steps left in the epoch from sample ``offset``."""
+        return self.steps_in_epoch(offset)
+
+    def start(self) -> None:
+        """Before a ``fit`` call's loop (nothing to do: every call gathers its batches from the position)."""
+
+    def epoch_over(self) -> None:
+        """The position moved to the next epoch (the permutation follows it)."""
+
+    def call_size(self, steps_per_call: int, left: int | None, budget: int | None, program: Any) -> int:
+        """Full calls of ``steps_per_call``. Looped calls take their length as an argument; unrolled calls
+        compile per size: the epoch's regular last call gets its own, other short stretches (a resumed
+        mid-epoch start, ``max_steps``) run as single steps."""
+        room = min(v for v in (steps_per_call, left, budget) if v is not None)
+        if room == steps_per_call or not program.unrolled(steps_per_call):
+            return room
+        return room if room == self.steps_per_epoch % steps_per_call else 1
+
+    def run(self, program: Any, at: At, k: int, capacity: int) -> Ran:
+        """``k`` steps from ``at`` in one compiled call."""
+        fn = program.resident_call(k, self.batch_fn, capacity=capacity)
+        losses, flags = fn(self.x, self.y, self.permutation(at.epoch), tf.constant(at.offset, tf.int64),
+                           tf.constant(k, tf.int32))
+        return Ran(k, losses.numpy()[:k], flags.numpy()[:k], k if program.unrolled(k) else "loop")
+
 
 def gather_batch(x: Any, y: Any, idx: Any) -> Any:
     """The default batch: every array's rows at ``idx``, as ``(x, y)`` (``y`` is ``None`` without labels)."""
@@ -135,119 +157,11 @@ def gather_batch(x: Any, y: Any, idx: Any) -> Any:
     return tf.nest.map_structure(take, x), (None if y is None else tf.nest.map_structure(take, y))
 
 
-@dataclass
-class _Spec:
-    leading: set[Any]
-    scalars: list[str]
-
-
-def _batch_dims(spec: Any) -> _Spec:
-    leading: set[Any] = set()
-    scalars: list[str] = []
-    for path, s in _leaf_paths(_spec_nest(spec), "element"):
-        if not isinstance(s, tf.TensorSpec):
-            raise InputError(f"The dataset's {path} is a {type(s).__name__}; the trainer takes datasets of dense "
-                             "tensors. Fix: convert it in the pipeline (for example tf.sparse.to_dense or .to_tensor()).")
-        if s.shape.rank == 0:
-            scalars.append(path)
-        elif s.shape.rank is not None:
-            leading.add(s.shape[0])
-    return _Spec(leading, scalars)
-
-
-def _spec_nest(spec: Any) -> Any:
-    if isinstance(spec, dict):
-        return {k: _spec_nest(v) for k, v in spec.items()}
-    if isinstance(spec, (tuple, list)):
-        return tuple(_spec_nest(v) for v in spec)
-    return spec
-
-
-class Stream:
-    """A ``tf.data`` pipeline of batches, consumed by an iterator inside the compiled call."""
-
-    def __init__(self, dataset: Any, *, batch_size: int, device: str, strategy: Any,
-                 steps_per_epoch: int | None = None) -> None:
-        dims = _batch_dims(dataset.element_spec)
-        fix_unbatched = (f"batch it: dataset.batch({batch_size}, drop_remainder=True) (the trainer takes a dataset of "
-                         "batches, as Keras fit does)")
-        if dims.scalars:
-            raise InputError(f"The dataset is not batched: its {dims.scalars[0]} is a scalar, one sample per element. "
-                             f"Expected batches of {batch_size}. Fix: {fix_unbatched}.")
-        known = {d for d in dims.leading if d is not None}
-        if len(known) > 1:
-            raise InputError(f"The dataset's tensors have different leading (batch) sizes {sorted(known)}. Expected "
-                             f"batches of {batch_size} in every tensor. Fix: batch the samples together: "
-                             f"dataset.batch({batch_size}, drop_remainder=True).")
-        if known and known != {batch_size}:
-            size = known.pop()
-            raise InputError(f"The dataset yields elements of leading size {size}; the trainer's batch_size is "
-                             f"{batch_size}. Fix: if the dataset is batched, pass batch_size={size} to the Trainer or "
-                             f"rebatch it with dataset.rebatch({batch_size}, drop_remainder=True); if it is not "
-                             f"batched, {fix_unbatched}.")
-        if int(dataset.cardinality().numpy()) == tf.data.INFINITE_CARDINALITY and steps_per_epoch is None:
-            raise InputError("The dataset repeats forever, so an epoch has no end. Fix: pass steps_per_epoch=N to "
-                             "fit() (batches per epoch), or drop .repeat() from the pipeline.")
-        if None in dims.leading or not dims.leading:
-            # batched without drop_remainder: the last batch would be partial (a new compiled shape, another
-            # scale of the loss); keep exactly batch_size per step instead
-            dataset = dataset.rebatch(batch_size, drop_remainder=True)
-            logger.info(f"The dataset's batches have no fixed size (batched without drop_remainder): rebatched to "
-                        f"{batch_size} with drop_remainder=True, dropping a last partial batch per pass.")
-        cardinality = int(dataset.cardinality().numpy())
-        if cardinality == 0:
-            raise InputError(f"The dataset yields no batch of {batch_size}: it is empty, or has fewer samples than one "
-                             "batch (batched with drop_remainder=True). Fix: check the pipeline, or lower batch_size.")
-        if steps_per_epoch is not None and (not isinstance(steps_per_epoch, int) or steps_per_epoch < 1):
-            raise InputError(f"steps_per_epoch must be a positive integer or None. Received: {steps_per_epoch!r}.")
-        self.dataset = dataset
-        self.batch_size = batch_size
-        self.device = device
-        self.strategy = strategy
-        self.cardinality = cardinality if cardinality >= 0 else None
-        self.fixed_steps = steps_per_epoch
-        self._sample: Any = None
-
-    @property
-    def steps_per_epoch(self) -> int | None:
-        """Batches per epoch when known (``steps_per_epoch``, or the dataset's cardinality), else ``None``."""
-        return self.fixed_steps if self.fixed_steps is not None else self.cardinality
-
-    def steps_in_epoch(self, batches_done: int = 0) -> int | None:
-        total = self.steps_per_epoch
-        return None if total is None else max(0, total - batches_done)
-
-    @property
-    def continuous(self) -> bool:
-        """With ``steps_per_epoch`` the data is one stream across epochs (as Keras ``fit`` reads it): an epoch
-        ends after that many batches, and a pass that ends starts the next one."""
-        return self.fixed_steps is not None
-
-    def iterator(self, skip_batches: int = 0) -> Any:
-        """A fresh pass over the pipeline, ``skip_batches`` already consumed; prefetched to the device."""
-        ds = self.dataset.skip(skip_batches) if skip_batches else self.dataset
-        if self.strategy.num_replicas_in_sync > 1 or getattr(self.strategy, "cluster_resolver", None) is not None:
-            return iter(self.strategy.experimental_distribute_dataset(ds))
-        if tf.DeviceSpec.from_string(self.device).device_type in ("GPU", "XPU"):
-            ds = ds.apply(tf.data.experimental.prefetch_to_device(self.device))
-        else:
-            ds = ds.prefetch(tf.data.AUTOTUNE)
-        return iter(ds)
-
-    def sample_batch(self) -> Any:
-        """The first batch (from a separate pass), for validating the updates before training."""
-        if self._sample is None:
-            for batch in self.dataset.take(1):
-                self._sample = tf.nest.map_structure(lambda t: t.numpy(), batch)
-            if self._sample is None:
-                raise InputError(f"The dataset yields no batch of {self.batch_size}: it is empty, or has fewer samples "
-                                 "than one batch. Fix: check the pipeline, or lower batch_size.")
-        return self._sample
-
-
 def make_input(x: Any, y: Any, *, batch_size: int, device: str, seed: int, strategy: Any,
                batch_fn: BatchFn | None, steps_per_epoch: int | None) -> ResidentArrays | Stream:
-    """The trainer's input for ``fit(x, y)``: a :class:`Stream` for a dataset, else :class:`ResidentArrays`."""
+    """The trainer's input for ``fit(x, y)``: a :class:`~.streams.Stream` for a dataset, else :class:`ResidentArrays`."""
+    from .streams import Stream
+
     if isinstance(x, tf.data.Dataset):
         if y is not None:
             raise InputError("With a tf.data.Dataset, the labels come from the dataset's elements ((x, y) batches). "
@@ -264,3 +178,16 @@ def make_input(x: Any, y: Any, *, batch_size: int, device: str, seed: int, strat
         raise InputError("steps_per_epoch applies to a tf.data.Dataset; with arrays an epoch is every sample once. "
                          f"Received steps_per_epoch={steps_per_epoch!r}. Fix: leave it out, or use max_steps.")
     return ResidentArrays(x, y, batch_size=batch_size, device=device, seed=seed, batch_fn=batch_fn)
+
+
+def input_for(last: tuple[Any, Any, Any] | None, x: Any, y: Any, updates: Any, **kwargs: Any) -> tuple[Any, Any, Any]:
+    """``(x, y, input)`` for ``fit(x, y)``, validated by the updates (``kwargs``: :func:`make_input`'s). The same
+    arrays as in the last call (``last``, the same objects) are not copied to the device or checked again:
+    calling ``fit`` once per epoch costs nothing."""
+    if last is not None and last[0] is x and last[1] is y and last[2].reusable:
+        return last
+    source = make_input(x, y, **kwargs)
+    for u in updates:
+        if u.validate is not None:
+            u.validate(source.sample_batch())
+    return x, y, source

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
+from ..errors import NonFiniteError
 from ..request import LossScale
 
 
@@ -112,15 +113,36 @@ class LossScaler:
         return self.config.mode != "dynamic" or self.current <= self.min_scale
 
     def remedy(self) -> str:
-        """What to do when :meth:`stalled`: depends on the mode."""
+        """What to do when :meth:`stalled`: depends on the mode. It names what a caller changes (the plan's
+        overrides: ``auto_configure(loss_scale=...)`` or ``$AMP_LOSS_SCALE``); a command line says its own flags."""
         if self.config.mode == "fixed":
-            return (f"the fixed loss scale {self.current:g} is too high: lower it (for example --loss-scale fixed:"
-                    f"{max(self.current / 64, 1):g}) or use dynamic loss scaling (--loss-scale dynamic)")
+            lower = f"fixed:{max(self.current / 64, 1):g}"
+            return (f"the fixed loss scale {self.current:g} is too high: lower it with the plan override "
+                    f"loss_scale='{lower}' (auto_configure(loss_scale='{lower}'), or AMP_LOSS_SCALE={lower}), or use "
+                    "dynamic loss scaling (loss_scale='dynamic')")
         cause = ("the gradients stay non-finite even at loss scale 1, so the loss or the forward pass itself is NaN or "
                  "Inf" if self.config.mode == "dynamic" else "without loss scaling the loss or the forward pass itself is "
                  "NaN or Inf")
         return (f"{cause}: check the inputs for NaN/Inf, lower the learning rate, and check the model in float32 "
-                "(--policy float32) to see whether float16 overflows in the forward pass")
+                "(the plan override policy='float32', or AMP_POLICY=float32) to see whether float16 overflows in the "
+                "forward pass")
+
+    def stalled_error(self, saved: str | None) -> NonFiniteError:
+        """The error that ends training when :meth:`stalled`; ``saved``: the finite state just saved.
+
+        Besides its message, the error carries what to change as data, for a command line to say in its own
+        flags: ``overrides`` (plan overrides, such as ``{"loss_scale": "fixed:16"}``) and ``resume`` (whether
+        a saved state can be continued)."""
+        error = NonFiniteError(
+            f"{int(self.consecutive.numpy())} consecutive steps of '{self.name}' had non-finite gradients "
+            f"({self.config.mode} loss scaling, scale {self.current:g}): every one was skipped, so training made no "
+            f"progress. Remedy: {self.remedy()}."
+            + (f" The last finite state was saved to {saved}; continue from it with fit(..., resume=True) after the "
+               "fix." if saved else ""))
+        error.overrides = ({"loss_scale": f"fixed:{max(self.current / 64, 1):g}"} if self.config.mode == "fixed"  # type: ignore[attr-defined]
+                           else {"policy": "float32"})
+        error.resume = bool(saved)  # type: ignore[attr-defined]
+        return error
 
     # -- state -----------------------------------------------------------------------------------
     def variables(self) -> dict[str, Any]:

@@ -8,10 +8,13 @@ Each is an :class:`Observer`; the trainer calls them around every compiled call 
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+
+from ..errors import AmpConfigError
 
 logger = logging.getLogger("amp_backends.train")
 
@@ -125,7 +128,12 @@ class ProgressBar(Observer):
         self.progress: Any = None
 
     def on_fit_start(self, start_step: int, total_steps: int | None) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TimeRemainingColumn,
+        )
 
         self.progress = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                                  TimeRemainingColumn(), transient=True)
@@ -182,3 +190,47 @@ class ProfilerWindow(Observer):
 
             tf.profiler.experimental.stop()
             self.running = False
+
+
+# ------------------------------------------------------------------------------------ the trainer's defaults
+def parse_profile_steps(text: str | None) -> tuple[int, int] | None:
+    """``"20:30"`` -> (20, 30): steps 20..29 are traced. ``None``/``""`` -> no profiling."""
+    if not text:
+        return None
+    try:
+        a, b = (int(p) for p in text.split(":"))
+    except ValueError:
+        raise AmpConfigError(f"--profile-steps must be START:STOP, such as 20:30. Received: {text!r}.") from None
+    if not 0 <= a < b:
+        raise AmpConfigError(f"--profile-steps must be START:STOP with 0 <= START < STOP, such as 20:30. Received: "
+                             f"{text!r}.")
+    return a, b
+
+
+def default_observers(chief: bool, log_every: int, logdir: str | None, progress: bool | None,
+                      profile_steps: tuple[int, int] | None) -> list[Observer]:
+    """The log line, TensorBoard and the progress bar (on the chief), the profiler window (everywhere)."""
+    out: list[Observer] = []
+    if chief:
+        out.append(LogLine(log_every))
+        if logdir:
+            out.append(TensorBoardScalars(logdir))
+        if sys.stdout.isatty() if progress is None else progress:
+            out.append(ProgressBar())
+    if profile_steps and logdir:
+        out.append(ProfilerWindow(logdir, profile_steps))
+    return out
+
+
+def training_line(source: Any, batch_size: int, steps_per_call: int, checkpoint_every: int | None) -> str:
+    """The line that says, before training, what one epoch and one compiled call are."""
+    k, per_epoch = steps_per_call, source.steps_per_epoch
+    lines = [f"Training on {source.describe()}: batch {batch_size}, "
+             + (f"{per_epoch} steps per epoch" if per_epoch is not None else "epochs end with the data")
+             + f", {k} step{'s' if k > 1 else ''} per compiled call"]
+    if k > 1 and per_epoch is not None and per_epoch % k:
+        lines.append(f"each epoch: {per_epoch // k} full calls and one of {per_epoch % k} steps")
+    if checkpoint_every and k > 1 and checkpoint_every % k:
+        lines.append(f"checkpoints at the end of the call that reaches each multiple of {checkpoint_every} "
+                     f"steps (calls are never cut)")
+    return "; ".join(lines)

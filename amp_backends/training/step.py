@@ -14,18 +14,21 @@ not finite in *any* replica is skipped for every group of that update, in every 
 * on a ``tf.data`` iterator, up to ``k`` steps pulling batches inside the call and stopping early at the
   end of the data; under XLA each step is compiled (iterators cannot be).
 
-Every call returns each step's losses and finite flags, so the log can mark skipped steps.
+Every call returns each step's losses and flags (applied, skipped as non-finite, or refused by an update's
+``check``), so the log can mark skipped steps and the trainer can name a refused batch's step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import tensorflow as tf
 
+from ..errors import InputError
 from .loss_scaling import LossScaler
 
 logger = logging.getLogger("amp_backends.train")
@@ -47,6 +50,13 @@ class Update:
     say). ``state`` lists variables the forward pass changes besides the trained ones (BatchNormalization's
     moving statistics: a model's ``non_trainable_variables``): a skipped step puts them back as they were,
     so a non-finite batch leaves no trace in them either.
+
+    ``check(batch)``, if given, runs inside the compiled step on *every* batch (``validate`` sees one): it
+    returns ``(ok, batch)``, ``ok`` a boolean scalar tensor (the batch is usable: labels within the model's
+    classes, say) and ``batch`` a version of the batch the loss can compute on even when it is not (labels
+    replaced by 0, say). A step whose batch is not ``ok`` is skipped in every replica, and the trainer raises
+    :class:`~amp_backends.errors.InputError` after the call, naming the step and ``check_message`` (what was
+    expected, and the fix). It costs a reduction over the batch per step.
     """
 
     name: str
@@ -54,6 +64,8 @@ class Update:
     groups: Sequence[tuple[Sequence[Any], Any]]
     validate: Callable[[Any], None] | None = None
     state: Sequence[Any] = ()
+    check: Callable[[Any], tuple[Any, Any]] | None = None
+    check_message: str = ""
 
     @property
     def variables(self) -> list[Any]:
@@ -130,6 +142,7 @@ class StepProgram:
         self.unroll_steps = unroll_steps
         self._calls: dict[Any, Any] = {}
         self._jitted_steps: dict[Any, Any] = {}
+        self._trace_error: InputError | None = None
         # XLA per replica needs each replica on its own accelerator: logical CPU devices share one XLA CPU device,
         # where a replica's variables are out of reach of the compiled function
         devices = tuple(strategy.extended.worker_devices) if self.replicas > 1 else ()
@@ -139,6 +152,29 @@ class StepProgram:
             logger.info(f"XLA is not used for the {self.replicas} replicas on {', '.join(devices)}: compiled per "
                         "replica it needs one accelerator per replica.")
 
+    @contextlib.contextmanager
+    def own_errors(self) -> Iterator[None]:
+        """Around a call: the library's own error raised while tracing it comes out as itself, not wrapped in
+        TensorFlow's staging error with a trace through the graph code."""
+        self._trace_error = None
+        try:
+            yield
+        except Exception:
+            error, self._trace_error = self._trace_error, None
+            if error is not None:
+                raise error from None
+            raise
+
+    def without_xla(self, reason: str) -> None:
+        """Compile the calls without XLA from now on (the data or the model holds what XLA cannot compile)."""
+        if not (self.xla or self.replica_jit):
+            return
+        logger.warning(f"XLA is not used for this training, although the plan has it on: {reason}, which XLA "
+                       "cannot compile.")
+        self.xla = self.replica_jit = False
+        self._calls.clear()
+        self._jitted_steps.clear()
+
     # -- one step ------------------------------------------------------------------------------
     def _replica_grads(self, u: Update, make_batch: Callable[..., Any], step: Any, *args: Any) -> Any:
         """In each replica: its batch, the scaled loss, unscaled gradients and a non-finite flag."""
@@ -146,14 +182,21 @@ class StepProgram:
         n = ctx.num_replicas_in_sync
         with _StepContext(self.seed, step, ctx.replica_id_in_sync_group, n):
             batch = make_batch(*args)
+            ok = tf.constant(True)
+            if u.check is not None:
+                ok, batch = u.check(batch)
             scaler = self.scalers[u.name]
             with tf.GradientTape() as tape:
-                loss = _checked_loss(u, u.loss_fn(batch))
+                try:
+                    loss = _checked_loss(u, u.loss_fn(batch))
+                except InputError as exc:  # raised while tracing: comes out as itself (see own_errors)
+                    self._trace_error = exc
+                    raise
                 # each replica's mean loss / n: the optimizer sums gradients over replicas, giving the global mean
                 scaled = scaler.scale(loss / n if n > 1 else loss)
             grads = scaler.unscale(tape.gradient(scaled, u.variables), u.variables)
         nonfinite = tf.cast(tf.logical_not(scaler.all_finite(grads)), tf.int32)
-        return loss, grads, nonfinite
+        return loss, grads, nonfinite, tf.cast(tf.logical_not(ok), tf.int32)
 
     @staticmethod
     def _apply(u: Update, grads: Sequence[Any]) -> None:
@@ -174,7 +217,8 @@ class StepProgram:
         return fn
 
     def one_step(self, kind: str, make_batch: Callable[..., Any], step: Any, replica_args: tuple) -> tuple[Any, Any]:
-        """One training step in cross-replica context; returns ``(losses[U], finite[U])``.
+        """One training step in cross-replica context; returns ``(losses[U], flags[U])``: 1 for a step applied,
+        0 for one skipped for non-finite gradients, -1 for a batch its update's ``check`` refused (skipped too).
 
         Whether *any* replica's gradients are non-finite is reduced across all replicas (and workers) before
         deciding, so every replica applies or skips the step together and every loss scale changes identically.
@@ -184,8 +228,10 @@ class StepProgram:
         losses, flags = [], []
         for u in self.updates:
             before = [tf.identity(v) for v in u.state]  # what a skipped step puts back
-            loss, grads, nonfinite = self.strategy.run(self._grads_fn(u, kind, make_batch), args=(step, *replica_args))
+            loss, grads, nonfinite, bad = self.strategy.run(self._grads_fn(u, kind, make_batch),
+                                                            args=(step, *replica_args))
             finite = tf.equal(self.strategy.reduce(tf.distribute.ReduceOp.SUM, nonfinite, axis=None), 0)
+            usable = tf.equal(self.strategy.reduce(tf.distribute.ReduceOp.SUM, bad, axis=None), 0)
 
             def apply(u=u, grads=grads):
                 self.strategy.run(self._apply, args=(u, grads))
@@ -196,10 +242,10 @@ class StepProgram:
                     v.assign(value)
                 return tf.constant(False)
 
-            tf.cond(finite, apply, skip)
-            self.scalers[u.name].update(finite)
+            tf.cond(tf.logical_and(finite, usable), apply, skip)
+            self.scalers[u.name].update(tf.logical_or(finite, tf.logical_not(usable)))  # (a refused batch: no change)
             losses.append(self.strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None))
-            flags.append(finite)
+            flags.append(tf.where(usable, tf.cast(finite, tf.int32), -1))
         return tf.stack(losses), tf.stack(flags)
 
     # -- calls on resident arrays --------------------------------------------------------------
@@ -242,7 +288,7 @@ class StepProgram:
         def run(x, y, perm, offset, steps):
             if unroll:  # k copies of the step in one graph: longer compilation, no loop overhead
                 outs = [step_at(x, y, perm, offset, i) for i in range(k)]
-                losses, finite = tf.stack([o[0] for o in outs]), tf.stack([o[1] for o in outs])
+                losses, flags = tf.stack([o[0] for o in outs]), tf.stack([o[1] for o in outs])
             else:
                 U = len(self.updates)
 
@@ -254,13 +300,13 @@ class StepProgram:
                 _, ta_l, ta_f = tf.while_loop(
                     lambda i, *_: i < steps, body,
                     (tf.constant(0), tf.TensorArray(tf.float32, size=capacity, element_shape=[U]),
-                     tf.TensorArray(tf.bool, size=capacity, element_shape=[U])),
+                     tf.TensorArray(tf.int32, size=capacity, element_shape=[U])),
                     maximum_iterations=capacity)
-                losses, finite = ta_l.stack(), ta_f.stack()
+                losses, flags = ta_l.stack(), ta_f.stack()
             steps64 = tf.cast(steps, tf.int64)
             self.global_step.assign_add(steps64)
             self.samples_in_epoch.assign_add(steps64 * B)
-            return losses, finite
+            return losses, flags
 
         fn = tf.function(run, jit_compile=self.xla and self.replicas == 1)
         self._calls[key] = fn
@@ -268,7 +314,7 @@ class StepProgram:
 
     # -- calls on a tf.data iterator -----------------------------------------------------------
     def stream_call(self) -> Any:
-        """``call(iterator, k)``: up to ``k`` steps, fewer at the end of the data; returns ``(steps, losses, finite)``."""
+        """``call(iterator, k)``: up to ``k`` steps, fewer at the end of the data; returns ``(steps, losses, flags)``."""
         if "stream" in self._calls:
             return self._calls["stream"]
         B = self.batch_size
@@ -284,7 +330,7 @@ class StepProgram:
 
         def run(iterator, k):
             ta_l = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[U])
-            ta_f = tf.TensorArray(tf.bool, size=0, dynamic_size=True, element_shape=[U])
+            ta_f = tf.TensorArray(tf.int32, size=0, dynamic_size=True, element_shape=[U])
             done = tf.constant(0, tf.int64)
             for _ in tf.range(k):
                 optional = iterator.get_next_as_optional()

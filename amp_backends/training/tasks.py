@@ -6,7 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from ..errors import AmpConfigError
+from ..errors import AmpConfigError, InputError
 from ..labels import class_ids
 from .step import Update, step_seed
 
@@ -50,6 +50,7 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
 
     def loss_fn(batch):
         _check_labelled(batch)
+        check_model_inputs(model, batch[0])  # while tracing: before any step runs
         pred = model(batch[0], training=True)
         # losses in float32 whatever the policy (as Keras's own Loss.__call__ does): float16 logs and sums lose digits
         pred = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, pred)
@@ -66,8 +67,69 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
             classes = _num_classes(model)
             class_ids(sample[1], classes, "The labels y", owner=f" (the model has {classes} outputs)" if classes else "")
 
+    classes = _num_classes(model)
+    span = f"0..{classes - 1}" if classes else "0 and up"
+    message = (f"holds labels that are not class ids in {span} (NaN, a fraction, a negative id or one past the model's "
+               f"{classes or '?'} outputs). Expected class ids in {span} in every batch (the check before training "
+               "sees the first batch of a dataset). Fix: clean the labels in the pipeline (dataset.map, or "
+               "dataset.filter to drop such rows), or give the model's last layer as many units as there are classes.")
     return [Update("model", loss_fn, [(model.trainable_variables, optimizer)], validate=validate,
-                   state=model.non_trainable_variables)]
+                   state=model.non_trainable_variables, check=_class_id_check(classes) if sparse else None,
+                   check_message=message)]
+
+
+def _class_id_check(classes: int | None) -> Any:
+    """The compiled check of every batch's class ids (see :class:`Update`'s ``check``): whole, finite, in range."""
+
+    def check(batch):
+        if isinstance(batch, dict) or not isinstance(batch, (tuple, list)) or len(batch) < 2 or batch[1] is None \
+                or isinstance(batch[1], (dict, tuple, list)):
+            return tf.constant(True), batch  # (unlabelled or several outputs: the loss_fn says what it needs)
+        y = tf.convert_to_tensor(batch[1])
+        if not (y.dtype.is_floating or y.dtype.is_integer):
+            return tf.constant(True), batch
+        good = y >= tf.zeros([], y.dtype)
+        if classes:
+            good = tf.logical_and(good, y < tf.cast(classes, y.dtype))
+        if y.dtype.is_floating:
+            good = tf.logical_and(good, tf.logical_and(tf.math.is_finite(y), tf.equal(y, tf.round(y))))
+        safe = tf.where(good, y, tf.zeros_like(y))  # what the loss computes on in a step that is then skipped
+        return tf.reduce_all(good), (batch[0], safe, *batch[2:])
+
+    return check
+
+
+@tf.autograph.experimental.do_not_convert  # Python checks on static shapes, run while tracing
+def check_model_inputs(model: Any, x: Any) -> None:
+    """Data a one-input model cannot take, refused before training with the fix: strings for a model that takes
+    numbers (or numbers for one that takes strings), or a feature shape the model's input cannot take."""
+    inputs = getattr(model, "inputs", None)
+    if not inputs or len(inputs) != 1 or isinstance(x, (dict, tuple, list)) or not hasattr(x, "shape"):
+        return
+    spec = inputs[0]
+    wants_strings = tf.as_dtype(spec.dtype) == tf.string
+    dtype = getattr(x, "dtype", None)
+    has_strings = tf.as_dtype(dtype) == tf.string
+    if has_strings != wants_strings:
+        raise InputError(
+            f"The model {model.name!r} takes {'strings' if wants_strings else f'numbers ({tf.as_dtype(spec.dtype).name})'}"
+            f" but x holds {'strings' if has_strings else 'numbers'} ({tf.as_dtype(dtype).name}). Fix: "
+            + ("start the model with a layer that encodes them (tf.keras.layers.StringLookup or TextVectorization "
+               "after keras.Input(shape, dtype='string')), or encode them before training."
+               if has_strings else "give the model the raw strings, or drop its string input."))
+    want = list(spec.shape)[1:]
+    have = list(x.shape)[1:]
+    ones = lambda dims: [d for d in dims if d != 1]  # noqa: E731  (Keras takes (N,) for (N, 1) and back)
+    if len(want) == len(have):
+        clash = any(w is not None and h is not None and w != h for w, h in zip(want, have))
+    else:
+        clash = len(ones(want)) != len(ones(have)) or any(
+            w is not None and h is not None and w != h for w, h in zip(ones(want), ones(have)))
+    if clash:
+        raise InputError(
+            f"The model {model.name!r} takes inputs of shape {tuple(['batch', *want])}; x has rows of shape "
+            f"{tuple(have)} (x: {tuple(x.shape)}). Fix: reshape the data to the model's input (or build the model "
+            f"with keras.Input(shape={tuple(have)})).")
 
 
 def _check_built(model: Any) -> None:

@@ -1,0 +1,169 @@
+"""The precision check of the models a trainer trains, once, before the first step.
+
+The trainer knows the variables it trains, not the models: :func:`trained_models` finds the Keras models
+that own them (among ``checkpoint_objects`` and what the updates' loss functions hold). Each is checked by
+:func:`amp_backends.check_model` at the batch the trainer really trains on; findings of severity warning
+or error are logged as warnings and raised as :class:`~amp_backends.errors.AmpWarning`. A model built
+before ``auto_configure()`` (its layers compute in float32 under a mixed plan) is said so plainly.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..errors import AmpWarning
+
+logger = logging.getLogger("amp_backends.train")
+
+_SEARCH_DEPTH = 4
+_SEARCH_LIMIT = 500
+
+
+def _is_model(obj: Any) -> bool:
+    return hasattr(obj, "layers") and hasattr(obj, "variables") and hasattr(obj, "trainable_variables") \
+        and not isinstance(obj, type)
+
+
+def _referenced(obj: Any) -> Iterable[Any]:
+    """What a function, partial, bound method, update or container refers to (not inside models or tensors)."""
+    if isinstance(obj, functools.partial):
+        yield obj.func
+        yield from obj.args
+        yield from obj.keywords.values()
+        return
+    if isinstance(obj, (list, tuple, set)):
+        yield from list(obj)[:64]
+        return
+    if isinstance(obj, dict):
+        yield from list(obj.values())[:64]
+        return
+    for cell in getattr(obj, "__closure__", None) or ():
+        try:
+            yield cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+    for attr in ("__self__", "__wrapped__", "loss_fn", "groups", "state"):
+        value = getattr(obj, attr, None)
+        if value is not None and not callable(getattr(value, "numpy", None)):
+            yield value
+    module = getattr(type(obj), "__module__", "") or ""
+    if hasattr(obj, "__dict__") and not callable(obj) and not module.split(".")[0] in (
+            "tensorflow", "keras", "tf_keras", "numpy", "builtins"):
+        yield from list(vars(obj).values())[:64]  # a user's object holding its models
+
+
+def trained_models(updates: Sequence[Any], objects: Mapping[str, Any] | None) -> list[Any]:
+    """The outermost Keras models owning variables the updates train (see the module docstring)."""
+    found: dict[int, Any] = {id(m): m for m in (objects or {}).values() if _is_model(m)}
+    seen: set[int] = set()
+    frontier = [u for u in updates]
+    for _ in range(_SEARCH_DEPTH):
+        nxt: list[Any] = []
+        for obj in frontier:
+            if id(obj) in seen or len(seen) > _SEARCH_LIMIT:
+                continue
+            seen.add(id(obj))
+            if _is_model(obj):
+                found.setdefault(id(obj), obj)
+                continue
+            nxt.extend(_referenced(obj))
+        frontier = nxt
+    trained = {id(v) for u in updates for v in u.variables}
+    owners = [m for m in found.values() if trained & {id(v) for v in m.trainable_variables}]
+    variables = {id(m): {id(v) for v in m.variables} for m in owners}
+    return [m for m in owners  # a model inside another one found is checked as part of it
+            if not any(o is not m and variables[id(m)] < variables[id(o)] for o in owners)]
+
+
+def built_float32(model: Any, plan: Any) -> bool:
+    """Most of the model's weights sit in layers computing in float32 although the plan's policy is mixed."""
+    if not str(getattr(plan, "policy", "")).startswith("mixed_"):
+        return False
+    by_dtype: dict[bool, int] = {True: 0, False: 0}
+
+    def visit(layer: Any) -> None:
+        inner = [sub for sub in getattr(layer, "layers", []) or [] if sub is not layer]
+        if inner:
+            for sub in inner:
+                visit(sub)
+            return
+        params = sum(_size(v.shape) for v in getattr(layer, "trainable_weights", []))
+        by_dtype[str(getattr(layer, "compute_dtype", "float32")) == "float32"] += params
+
+    visit(model)
+    total = by_dtype[True] + by_dtype[False]
+    return total > 0 and by_dtype[True] / total >= 0.5
+
+
+def _size(shape: Any) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d or 0)
+    return n
+
+
+def model_inputs(model: Any, x: Any) -> Any:
+    """``x`` (the x part of a real batch) if it is what ``model`` takes, else ``None`` (the GAN's generator
+    takes noise, not the batch's images)."""
+    inputs = getattr(model, "inputs", None) or []
+    leaves = x if isinstance(x, (tuple, list)) else list(x.values()) if isinstance(x, dict) else [x]
+    if len(inputs) != len(leaves):
+        return None
+    if len(inputs) == 1 and not isinstance(x, (dict, tuple, list)):
+        from .tasks import check_model_inputs
+
+        try:
+            check_model_inputs(model, x)
+        except ValueError:
+            return None
+    return x
+
+
+def check_models(models: Sequence[Any], plan: Any, source: Any, *, batch_size: int) -> None:
+    """Check each model at one replica's batch of ``source`` (the trainer's input) and log (and warn) what it
+    found; a check that fails never stops training."""
+    from .. import model_check
+
+    if not models:
+        return
+    batch = source.first_batch(batch_size)
+    x = batch[0] if isinstance(batch, (tuple, list)) else batch
+
+    for model in models:
+        name = getattr(model, "name", model)
+        if built_float32(model, plan):
+            _warn(f"The model {name!r} computes in float32 under the plan's {plan.policy}: it was built before "
+                  "auto_configure() set the dtype policy (a Keras policy applies to the layers created after it), so it "
+                  f"trains without {plan.policy}'s speed. Fix: build it after auto_configure().")
+        inputs = None if x is None else model_inputs(model, x)
+        try:
+            try:
+                result = model_check.check_model(model, plan, batch_size=batch_size,
+                                                 **({} if inputs is None else {"inputs": inputs}))
+            except TypeError:
+                if inputs is None:
+                    raise
+                result = model_check.check_model(model, plan, batch_size=batch_size)  # (no inputs= keyword)
+        except Exception as exc:
+            logger.warning(f"The precision check of {name!r} failed ({type(exc).__name__}: {str(exc)[:200]}); "
+                           "training goes on.")
+            continue
+        lines = result.log_lines()
+        findings = list(result.findings)
+        logger.info(lines[0])
+        for finding, line in zip(findings, lines[1:1 + len(findings)]):
+            if finding.severity in ("warning", "error"):
+                _warn(line, f"{name}: {line}")
+            else:
+                logger.info(line)
+        for line in lines[1 + len(findings):]:
+            logger.info(line)
+
+
+def _warn(line: str, message: str | None = None) -> None:
+    """``line`` logged as a warning; ``message`` (default: the line) raised as an :class:`AmpWarning`."""
+    logger.warning(line)
+    warnings.warn(message or line, AmpWarning, stacklevel=4)

@@ -1,0 +1,73 @@
+"""What a ``fit`` call collects as it goes (:class:`Progress`) and what it returns (:class:`TrainResult`)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from .observers import WARMUP_CALLS, CallRecord
+
+
+@dataclass
+class TrainResult:
+    """What :meth:`Trainer.fit` did. ``skipped``/``applied`` count steps per update over the whole run (resumes included)."""
+
+    steps: int
+    epochs_completed: int
+    median_throughput: float | None
+    throughputs: list[float]
+    last_losses: dict[str, float]
+    skipped: dict[str, int]
+    applied: dict[str, int]
+    loss_scales: dict[str, float]
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    def summary(self) -> str:
+        tp = f"{self.median_throughput:.4g} img/s" if self.median_throughput else "n/a (too few steps after warm-up)"
+        steps = ", ".join(f"{k}: {self.applied[k]} applied, {self.skipped[k]} skipped" for k in self.applied)
+        return (f"Summary: {self.steps} steps ({steps}), median throughput {tp}, loss scales "
+                + ", ".join(f"{k}={v:g}" for k, v in self.loss_scales.items()) + ", last losses "
+                + ", ".join(f"{k}: {v:.5g}" for k, v in self.last_losses.items()))
+
+
+@dataclass
+class Progress:
+    """What one ``fit`` call collects as it goes."""
+
+    names: Sequence[str]
+    warmup_calls: int = WARMUP_CALLS
+    throughputs: list[float] = field(default_factory=list)
+    history: list[dict[str, float]] = field(default_factory=list)
+    last: dict[str, float] = field(default_factory=dict)
+    calls: int = 0
+
+    def add(self, ran: Any, epoch: int, first: int, step: int, images_per_step: int, seconds: float, compiling: bool,
+            scalers: Mapping[str, Any]) -> CallRecord:
+        """A call (:class:`~.inputs.Ran`) of epoch ``epoch`` from its step ``first`` to global ``step``, which took
+        ``seconds``; calls that compiled or warmed up stay out of the median. Returns what observers are told."""
+        step_time = seconds / ran.done
+        throughput = images_per_step / step_time
+        self.calls += 1
+        if self.calls > self.warmup_calls and not compiling:
+            self.throughputs.append(throughput)
+        self.last = {n: float(ran.losses[-1][j]) for j, n in enumerate(self.names)}
+        self.history.append({"step": step, "throughput": throughput, **self.last})
+        return CallRecord(epoch, first, step, ran.done, self.names, ran.losses, ran.finite, step_time, throughput,
+                          {n: s.current for n, s in scalers.items()},
+                          {n: int(s.skipped.numpy()) for n, s in scalers.items()})
+
+    def result(self, steps: int, epochs_completed: int, scalers: Mapping[str, Any]) -> TrainResult:
+        """The result after ``steps`` steps, with each update's skipped steps and loss scale from its scaler."""
+        skipped = {n: int(s.skipped.numpy()) for n, s in scalers.items()}
+        return TrainResult(
+            steps=steps,
+            epochs_completed=epochs_completed,
+            median_throughput=statistics.median(self.throughputs) if self.throughputs else None,
+            throughputs=self.throughputs,
+            last_losses=self.last,
+            skipped=skipped,
+            applied={n: steps - s for n, s in skipped.items()},
+            loss_scales={n: s.current for n, s in scalers.items()},
+            history=self.history,
+        )

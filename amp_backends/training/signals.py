@@ -1,0 +1,53 @@
+"""Ctrl-C and SIGTERM during training: the first asks the loop to stop after the current call, a second acts at once."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Any
+
+logger = logging.getLogger("amp_backends.train")
+
+
+class StopSignals:
+    """Turn the first Ctrl-C (or SIGTERM) into a request to stop after the current call; a second one acts at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                if signal.getsignal(sig) is signal.SIG_IGN:
+                    continue  # ignored on purpose (nohup, a background job): it stays ignored
+                try:
+                    previous = signal.signal(sig, self._handle)
+                except (ValueError, OSError):
+                    continue
+                # None: a handler installed outside Python; the default is the closest we can give back
+                self._previous[sig] = signal.SIG_DFL if previous is None else previous
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+        signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+        logger.warning(f"{signal.Signals(signum).name} received: stopping after the current call "
+                       "(again to stop at once, without a checkpoint).")
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def interrupted_message(signum: int, step: int, path: str | None, latest: str | None | bool) -> str:
+    """What an interrupted run says: where it saved (``path``), else the last checkpoint (``latest``; ``False``:
+    checkpointing is off)."""
+    name = signal.Signals(signum).name
+    if path:
+        return f"Interrupted ({name}) at step {step}: checkpoint saved to {path}. Continue with --resume."
+    if latest is not False:
+        return (f"Interrupted ({name}) at step {step}: the last checkpoint is {latest or 'none'} (several workers save "
+                "together; this one could not alone).")
+    return f"Interrupted ({name}) at step {step}: checkpointing is off, nothing was saved."

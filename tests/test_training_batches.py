@@ -1,0 +1,123 @@
+"""Every batch checked, not only the first: variable-length batches, labels in every batch, string features."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.tensorflow
+tf = pytest.importorskip("tensorflow")
+
+import amp_backends  # noqa: E402
+from amp_backends.errors import InputError  # noqa: E402
+from amp_backends.training import Trainer, classifier_updates  # noqa: E402
+
+KERAS3 = int(str(getattr(tf.keras, "__version__", None) or "2").split(".")[0]) >= 3
+
+
+def plan(**kw):
+    kw.setdefault("policy", "float32")
+    return amp_backends.auto_configure(verbose=False, **kw)
+
+
+def classifier(model, batch_size=16, **kw):
+    opt = tf.keras.optimizers.SGD(0.05)
+    return Trainer(classifier_updates(model, opt), kw.pop("plan", None) or plan(), batch_size=batch_size,
+                   progress=False, check_models=False, **kw)
+
+
+def mlp(features=4, classes=10):
+    return tf.keras.Sequential([tf.keras.Input((features,)), tf.keras.layers.Dense(classes)])
+
+
+# --------------------------------------------------------------------------- variable-length batches
+def test_variable_length_batches_of_another_size_are_refused_before_training_with_the_fix():
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(1, 50, rng.integers(3, 12)).tolist() for _ in range(64)]
+    ds = tf.data.Dataset.from_generator(lambda: ((s, i % 3) for i, s in enumerate(seqs)),
+                                        output_signature=(tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int64)))
+    model = tf.keras.Sequential([tf.keras.Input((None,), dtype="int64"), tf.keras.layers.Embedding(50, 4),
+                                 tf.keras.layers.GlobalAveragePooling1D(), tf.keras.layers.Dense(3)])
+    t = classifier(model)
+    with pytest.raises(InputError, match=r"variable length.*padded_batch\(16, padded_shapes=.*drop_remainder=True\)"):
+        t.fit(ds.padded_batch(8))
+    assert int(t.global_step.numpy()) == 0
+    # the fix trains
+    fixed = ds.padded_batch(16, padded_shapes=([12], []), drop_remainder=True)
+    assert t.fit(fixed).steps == 4
+
+
+# --------------------------------------------------------------------------- labels in every batch
+@pytest.mark.parametrize("bad", [np.nan, 10.0, -1.0, 2.5])
+def test_a_bad_label_deep_in_a_dataset_stops_at_its_step_with_the_library_error(bad):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 4)).astype("float32")
+    y = (np.arange(200) % 10).astype("float32")
+    y[150] = bad  # batch 9 of 16 rows; the check before training sees batch 0
+    model = mlp()
+    t = classifier(model, steps_per_call=4)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True)
+    with pytest.raises(InputError, match=r"The batch of step 9 \(epoch 0, step 9 of the epoch\).*class ids in 0\.\.9.*Fix"):
+        t.fit(ds, epochs=1)
+    assert t.scalers["model"].current == 1.0 and int(t.scalers["model"].skipped.numpy()) == 0
+    assert all(np.isfinite(v.numpy()).all() for v in model.variables)
+
+
+def test_a_bad_label_in_arrays_is_refused_before_training():
+    x = np.zeros((64, 4), "float32")
+    y = np.arange(64) % 10
+    y[50] = 12
+    t = classifier(mlp())
+    with pytest.raises(ValueError, match="class ids in 0..9"):
+        t.fit(x, y)
+    assert int(t.global_step.numpy()) == 0
+
+
+def test_the_label_check_is_part_of_every_compiled_call_and_good_data_trains():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 4)).astype("float32"), rng.integers(0, 10, 64)
+    r = classifier(mlp(), steps_per_call=2).fit(x, y, epochs=2)
+    assert r.steps == 8 and r.skipped == {"model": 0}
+
+
+# --------------------------------------------------------------------------- strings
+def string_model():
+    lookup = tf.keras.layers.StringLookup(vocabulary=["red", "green", "blue"])
+    return tf.keras.Sequential([tf.keras.Input((1,), dtype="string"), lookup, tf.keras.layers.Embedding(5, 4),
+                                tf.keras.layers.Flatten(), tf.keras.layers.Dense(3)])
+
+
+WORDS = np.array(["red", "green", "blue", "red"] * 16)[:, None]
+LABELS = np.arange(64) % 3
+
+
+@pytest.mark.skipif(not KERAS3, reason="StringLookup inside a compiled step as a first layer is checked on Keras 3")
+@pytest.mark.parametrize("as_objects", [False, True])
+def test_numpy_strings_train_a_model_that_looks_them_up(as_objects):
+    words = WORDS.astype(object) if as_objects else WORDS
+    r = classifier(string_model()).fit(words, LABELS, epochs=2)
+    assert r.steps == 8 and np.isfinite(r.last_losses["model"])
+
+
+@pytest.mark.skipif(not KERAS3, reason="StringLookup inside a compiled step as a first layer is checked on Keras 3")
+def test_strings_under_an_xla_plan_train_without_xla_and_say_why(caplog):
+    caplog.set_level("WARNING", logger="amp_backends.train")
+    t = classifier(string_model(), plan=plan(xla=True, force=True))
+    ds = tf.data.Dataset.from_tensor_slices((WORDS, LABELS)).batch(16, drop_remainder=True)
+    assert t.fit(ds).steps == 4
+    assert any("XLA is not used" in r.message and "strings" in r.message for r in caplog.records)
+
+
+def test_strings_for_a_model_that_takes_numbers_are_refused_with_the_fix():
+    t = classifier(mlp(1, 3))
+    with pytest.raises(InputError, match=r"takes numbers.*x holds strings.*StringLookup"):
+        t.fit(WORDS, LABELS)
+    assert int(t.global_step.numpy()) == 0
+
+
+def test_features_of_the_wrong_shape_in_a_dataset_are_refused_with_the_fix():
+    ds = tf.data.Dataset.from_tensor_slices((np.zeros((64, 5), "float32"), LABELS)).batch(16, drop_remainder=True)
+    t = classifier(mlp(4, 3))
+    with pytest.raises(InputError, match=r"takes inputs of shape \('batch', 4\); x has rows of shape \(5,\)"):
+        t.fit(ds)
+    assert int(t.global_step.numpy()) == 0

@@ -1,0 +1,145 @@
+"""The examples' command line end to end: kill -9 and resume, Ctrl-C, same seed same losses, logs, errors."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import NEUTRAL_CWD
+
+pytestmark = pytest.mark.tensorflow
+tf = pytest.importorskip("tensorflow")
+
+
+def example(*args, logdir, timeout=300, popen=False):
+    cmd = [sys.executable, "-m", "amp_backends.examples.mnist", "--logdir", str(logdir), "--no-progress", *args]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMP_")} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    if popen:  # SIGINT as in a terminal, even where the tests run as a background job (which ignores it)
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=NEUTRAL_CWD,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=NEUTRAL_CWD)
+
+
+STEP_LINE = re.compile(r"- INFO - \((\d+), (\d+)\), Loss: ([\d.]+), step_time: [\d.]+, throughput: [\d.e+]+ img/s\.")
+
+
+@pytest.mark.slow
+def test_kill_minus_9_and_resume_continue_at_the_right_step(tmp_path):
+    args = ["--synthetic", "--batch_size", "32", "--checkpoint-every", "5", "--max-steps", "400", "--seed", "3"]
+    proc = example(*args, logdir=tmp_path, popen=True)
+    last = -1
+    deadline = time.time() + 240
+    for line in proc.stdout:
+        m = STEP_LINE.search(line)
+        if m:
+            last = int(m.group(2))
+            if last >= 17:
+                break
+        assert time.time() < deadline, "the run did not reach step 17"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    ckpts = tf.train.get_checkpoint_state(str(tmp_path / "version_0" / "checkpoints"))
+    saved = int(ckpts.model_checkpoint_path.rsplit("-", 1)[1])
+    assert saved % 5 == 0 and last + 1 - saved <= 5  # lost at most the checkpoint interval
+    out = example(*args[:-4], "--max-steps", str(saved + 3), "--seed", "3", "--resume", logdir=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"Resumed from {tmp_path / 'version_0' / 'checkpoints' / f'ckpt-{saved}'}: global step {saved}" in out.stderr + out.stdout
+    steps = [int(m.group(2)) for m in STEP_LINE.finditer(out.stderr + out.stdout)]
+    assert steps == [saved, saved + 1, saved + 2]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_with_a_checkpoint_exit_130_and_resume_continues(tmp_path):
+    args = ["--synthetic", "--batch_size", "32", "--max-steps", "400", "--seed", "3"]
+    proc = example(*args, logdir=tmp_path, popen=True)
+    deadline = time.time() + 240
+    for line in proc.stdout:
+        m = STEP_LINE.search(line)
+        if m and int(m.group(2)) >= 4:
+            break
+        assert time.time() < deadline, "the run did not reach step 4"
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, rest[-2000:]
+    m = re.search(r"mnist: stopped: Interrupted \(SIGINT\) at step (\d+): checkpoint saved to (\S+)\. Continue with --resume",
+                  rest)
+    assert m and "Traceback" not in rest, rest[-2000:]
+    step, path = int(m.group(1)), m.group(2)
+    assert path.endswith(f"ckpt-{step}") and tf.train.latest_checkpoint(str(tmp_path / "version_0" / "checkpoints")) == path
+    out = example(*args[:-4], "--max-steps", str(step + 2), "--seed", "3", "--resume", logdir=tmp_path)
+    assert out.returncode == 0 and f"global step {step}" in out.stdout + out.stderr, out.stderr[-2000:]
+    assert [int(m.group(2)) for m in STEP_LINE.finditer(out.stderr + out.stdout)] == [step, step + 1]
+
+
+@pytest.mark.slow
+def test_the_same_command_gives_the_same_losses_and_a_new_run_directory(tmp_path):
+    """Same --seed, same losses on the CPU; the second run gets version_1 and leaves version_0 as it was."""
+    args = ["--synthetic", "--batch_size", "32", "--max-steps", "6", "--seed", "11"]
+    first = example(*args, logdir=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    files = {p: p.read_bytes() for p in (tmp_path / "version_0" / "checkpoints").iterdir()}
+    second = example(*args, logdir=tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    losses = [[m.group(3) for m in STEP_LINE.finditer(o.stderr + o.stdout)] for o in (first, second)]
+    assert len(losses[0]) == 6 and losses[0] == losses[1]
+    assert f"Run directory: {tmp_path / 'version_1'} (new run" in second.stdout
+    assert tf.train.latest_checkpoint(str(tmp_path / "version_1" / "checkpoints")).endswith("ckpt-6")
+    assert all(p.read_bytes() == b for p, b in files.items())
+
+
+def test_a_logdir_below_a_file_is_a_clear_error_before_training(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    out = example("--synthetic", "--max-steps", "1", logdir=tmp_path / "notes.txt" / "runs")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "is a file, not a directory" in out.stderr and "Traceback" not in out.stderr and "Loss" not in out.stderr
+
+
+@pytest.mark.slow
+def test_tensorboard_scalars_and_profiler_trace_are_written(tmp_path):
+    out = example("--synthetic", "--batch_size", "32", "--max-steps", "8", "--profile-steps", "4:6", "--log-every", "2",
+                  logdir=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = out.stdout + out.stderr
+    assert "policy: " in text.split("Loss")[0]  # the plan is printed first
+    assert len(STEP_LINE.findall(text)) == 4 and "Summary: 8 steps" in text
+    run = tmp_path / "version_0"
+    traces = list((run / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert traces, sorted(str(p) for p in tmp_path.rglob("*"))
+    events = list((run / "train").glob("events.out.tfevents.*"))
+    tags = set()
+    for e in events:
+        for ev in tf.compat.v1.train.summary_iterator(str(e)):
+            tags |= {v.tag for v in ev.summary.value}
+    assert {"loss/model", "loss_scale/model", "skipped_steps/model", "throughput_img_per_s"} <= tags
+    assert (run / "checkpoints" / "checkpoint").exists()
+
+
+def test_offline_without_data_is_a_clear_error(tmp_path):
+    env_home = tmp_path / "home"
+    cmd = [sys.executable, "-m", "amp_backends.examples.mnist", "--logdir", str(tmp_path), "--max-steps", "1"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMP_")} | {
+        "KERAS_HOME": str(env_home), "TF_CPP_MIN_LOG_LEVEL": "2",
+        # no network: point the download at a closed local port
+        "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=NEUTRAL_CWD)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "mnist: error: MNIST is not in Keras's cache" in out.stderr and "--synthetic" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_console_script_trains_the_gan(tmp_path):
+    exe = os.path.join(os.path.dirname(sys.executable), "amp-backends")
+    out = subprocess.run([exe, "train", "gan", "--synthetic", "--batch_size", "16", "--max-steps", "2", "--no-progress",
+                          "--logdir", str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=NEUTRAL_CWD,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = re.findall(r"\(0, (\d)\), G Loss: [\d.]+, D Loss: [\d.]+, step_time: [\d.]+, throughput: [\d.e+]+ img/s\.",
+                       out.stderr + out.stdout)
+    assert lines == ["0", "1"]
+    assert (tmp_path / "version_0" / "checkpoints" / "checkpoint").exists()

@@ -1,0 +1,118 @@
+"""Every path the trainer, the examples, the MNIST loader and autotune take works relative and absolute,
+and a run saved from one working directory resumes from another."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.tensorflow
+tf = pytest.importorskip("tensorflow")
+
+import amp_backends  # noqa: E402
+from amp_backends import autotune  # noqa: E402
+from amp_backends.data import load_mnist  # noqa: E402
+from amp_backends.training import Trainer, classifier_updates, run_directory  # noqa: E402
+
+
+def plan():
+    return amp_backends.auto_configure(verbose=False, policy="float32")
+
+
+def trainer(checkpoint_dir, logdir=None):
+    m = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
+    opt = tf.keras.optimizers.SGD(0.1)
+    return Trainer(classifier_updates(m, opt), plan(), batch_size=8, checkpoint_objects={"m": m, "opt": opt},
+                   checkpoint_dir=checkpoint_dir, logdir=logdir, progress=False, check_models=False)
+
+
+def data():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(32, 4)).astype("float32"), rng.integers(0, 3, 32)
+
+
+def test_a_relative_checkpoint_dir_resumes_in_the_same_and_from_another_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    x, y = data()
+    monkeypatch.chdir(tmp_path / "a")
+    first = trainer("rel/checkpoints", logdir="rel")
+    assert first.fit(x, y, max_steps=2).steps == 2
+    assert first.checkpoint_dir == str(tmp_path / "a" / "rel" / "checkpoints")
+    # the same relative path, in the same folder
+    again = trainer("rel/checkpoints")
+    assert again.fit(x, y, max_steps=3, resume=True).steps == 3
+    # and from another folder, through another relative path
+    monkeypatch.chdir(tmp_path / "b")
+    other = trainer("../a/rel/checkpoints")
+    assert other.fit(x, y, max_steps=4, resume=True).steps == 4
+    assert tf.train.latest_checkpoint(str(tmp_path / "a" / "rel" / "checkpoints")).endswith("ckpt-4")
+
+
+def test_a_trainer_keeps_writing_where_it_started_when_the_working_directory_changes(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir()
+    x, y = data()
+    monkeypatch.chdir(tmp_path / "a")
+    t = trainer("rel/checkpoints", logdir="rel")
+    t.fit(x, y, max_steps=1)
+    monkeypatch.chdir(tmp_path)
+    t.fit(x, y, max_steps=2)
+    assert sorted(p.name for p in (tmp_path / "a" / "rel" / "checkpoints").glob("ckpt-*.index")) == [
+        "ckpt-1.index", "ckpt-2.index"]
+    assert not (tmp_path / "rel").exists()
+
+
+def test_run_directories_are_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = run_directory("runs/x", resume=False)
+    assert run.path.is_absolute() and run.path == tmp_path / "runs" / "x" / "version_0"
+
+
+def test_the_mnist_file_and_the_autotune_cache_take_relative_and_home_paths(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    arrays = dict(x_train=np.zeros((16, 28, 28), np.uint8), y_train=np.arange(16) % 10,
+                  x_test=np.zeros((8, 28, 28), np.uint8), y_test=np.arange(8))
+    np.savez(tmp_path / "m.npz", **arrays)
+    assert load_mnist("~/m.npz")[0][0].shape == (16, 28, 28)
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    assert load_mnist("../m.npz")[0][0].shape == (16, 28, 28)
+    monkeypatch.setenv("AMP_AUTOTUNE_CACHE", "~/tune.json")
+    assert autotune.cache_path() == tmp_path / "tune.json"
+    monkeypatch.setenv("AMP_AUTOTUNE_CACHE", "cache/tune.json")
+    assert autotune.cache_path() == tmp_path / "sub" / "cache" / "tune.json"
+    autotune.store("k", {"policy": "float32"})
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AMP_AUTOTUNE_CACHE", "sub/cache/tune.json")
+    assert autotune.load_cache() == {"k": {"policy": "float32"}}
+
+
+def mnist(*args, cwd):
+    cmd = [sys.executable, "-m", "amp_backends.examples.mnist", "--synthetic", "--no-progress", *args]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMP_")} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=cwd)
+
+
+@pytest.mark.slow
+def test_the_example_resumes_with_its_default_relative_logdir(tmp_path):
+    """``--logdir runs/mnist`` (the default), run and resumed from a temporary working directory, then resumed
+    again from another one through another relative path."""
+    (tmp_path / "elsewhere").mkdir()
+    out = mnist("--max-steps", "8", "--checkpoint-every", "4", "--batch_size", "32", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    checkpoints = tmp_path / "runs" / "mnist" / "version_0" / "checkpoints"
+    assert tf.train.latest_checkpoint(str(checkpoints)).endswith("ckpt-8")
+    out = mnist("--max-steps", "10", "--batch_size", "32", "--resume", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"Resumed from {checkpoints / 'ckpt-8'}: global step 8" in out.stdout + out.stderr
+    out = mnist("--max-steps", "11", "--batch_size", "32", "--resume", "--logdir", "../runs/mnist",
+                cwd=tmp_path / "elsewhere")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"Resumed from {checkpoints / 'ckpt-10'}: global step 10" in out.stdout + out.stderr
+    assert Path(tf.train.latest_checkpoint(str(checkpoints))).name == "ckpt-11"
+

@@ -1,0 +1,134 @@
+"""The trainer checks the models it trains, at the batch it trains on, and says what it finds as warnings."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.tensorflow
+tf = pytest.importorskip("tensorflow")
+
+import amp_backends  # noqa: E402
+from amp_backends import model_check  # noqa: E402
+from amp_backends.data import synthetic_mnist  # noqa: E402
+from amp_backends.errors import AmpWarning  # noqa: E402
+from amp_backends.models import gan_discriminator, gan_generator, mnist_cnn  # noqa: E402
+from amp_backends.training import Trainer, Update, classifier_updates, gan_updates, mnist_batch_fn  # noqa: E402
+from amp_backends.training.precision import trained_models  # noqa: E402
+
+
+def mlp():
+    return tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(64, activation="relu"),
+                                tf.keras.layers.Dense(3)])
+
+
+def data(n=64):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(n, 4)).astype("float32"), rng.integers(0, 3, n)
+
+
+def train(model, p, x, y, **kw):
+    t = Trainer(classifier_updates(model, tf.keras.optimizers.SGD(0.1)), p, batch_size=16, progress=False, **kw)
+    return t.fit(x, y, max_steps=1)
+
+
+def test_a_model_built_before_auto_configure_is_said_plainly(caplog):
+    model = mlp()  # built under float32: before the plan's policy is set
+    p = amp_backends.auto_configure(verbose=False, policy="mixed_bfloat16", force=True)
+    caplog.set_level(logging.INFO, logger="amp_backends.train")
+    with pytest.warns(AmpWarning, match=r"computes in float32 under the plan's mixed_bfloat16.*build it after "
+                                        r"auto_configure\(\)"):
+        train(model, p, *data())  # not among checkpoint_objects: the trainer finds it through its update
+    assert any(r.levelno == logging.WARNING and "build it after auto_configure()" in r.message for r in caplog.records)
+
+
+def test_a_model_built_after_auto_configure_is_not_flagged():
+    p = amp_backends.auto_configure(verbose=False, policy="mixed_bfloat16", force=True)
+    model = mlp()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        train(model, p, *data())
+    assert not [w for w in seen if "build it after" in str(w.message)]
+
+
+class Recorder:
+    def __init__(self, with_inputs=True, findings=()):
+        self.calls, self.with_inputs, self.findings = [], with_inputs, list(findings)
+
+    def __call__(self, model, plan=None, batch_size=None, **kw):
+        if kw and not self.with_inputs:
+            raise TypeError("check_model() got an unexpected keyword argument 'inputs'")
+        self.calls.append((model.name, batch_size, kw.get("inputs")))
+        lines = ["headline"] + [f"{f.severity}: layer: {f.what}. Fix: {f.fix}" for f in self.findings] + ["summary"]
+        return SimpleNamespace(findings=self.findings, log_lines=lambda: lines)
+
+
+def test_the_check_is_given_the_batch_the_model_is_trained_on(monkeypatch):
+    rec = Recorder()
+    monkeypatch.setattr(model_check, "check_model", rec)
+    p = amp_backends.auto_configure(verbose=False, policy="float32")
+    (x, y), _ = synthetic_mnist(64, 8)
+    model = mnist_cnn()
+    Trainer(classifier_updates(model, tf.keras.optimizers.SGD(0.1)), p, batch_size=16, batch_fn=mnist_batch_fn,
+            progress=False).fit(x, y, max_steps=1)
+    (name, batch, inputs), = rec.calls
+    assert name == model.name and batch == 16
+    assert tuple(inputs.shape) == (16, 28, 28, 1) and inputs.dtype == tf.float32  # after the batch function
+    # a dataset: the x part of its first batch
+    rec.calls.clear()
+    ds = tf.data.Dataset.from_tensor_slices(data()).batch(8, drop_remainder=True)
+    model = mlp()
+    Trainer(classifier_updates(model, tf.keras.optimizers.SGD(0.1)), p, batch_size=8, progress=False).fit(
+        ds, max_steps=1)
+    (_, batch, inputs), = rec.calls
+    assert batch == 8 and np.shape(inputs) == (8, 4)
+
+
+def test_the_check_runs_without_inputs_where_check_model_does_not_take_them(monkeypatch):
+    rec = Recorder(with_inputs=False)
+    monkeypatch.setattr(model_check, "check_model", rec)
+    train(mlp(), amp_backends.auto_configure(verbose=False, policy="float32"), *data())
+    assert [c[2] for c in rec.calls] == [None]
+
+
+def test_the_gan_checks_both_models_and_gives_the_images_to_neither_generator(monkeypatch):
+    rec = Recorder()
+    monkeypatch.setattr(model_check, "check_model", rec)
+    p = amp_backends.auto_configure(verbose=False, policy="float32")
+    (x, _), _ = synthetic_mnist(32, 8)
+    g, d = gan_generator(), gan_discriminator()
+    Trainer(gan_updates(g, d, tf.keras.optimizers.Adam(), tf.keras.optimizers.Adam()), p, batch_size=16,
+            batch_fn=mnist_batch_fn, progress=False).fit(x, None, max_steps=1)
+    calls = {name: inputs for name, _, inputs in rec.calls}
+    assert set(calls) == {g.name, d.name}
+    assert calls[g.name] is None and tuple(calls[d.name].shape) == (16, 28, 28, 1)
+
+
+def test_warnings_of_the_check_are_logged_as_warnings_and_raised_as_amp_warnings(monkeypatch, caplog):
+    finding = SimpleNamespace(severity="warning", what="Dense width 10 is not a multiple of 8", fix="use 16")
+    monkeypatch.setattr(model_check, "check_model", Recorder(findings=[finding]))
+    caplog.set_level(logging.INFO, logger="amp_backends.train")
+    with pytest.warns(AmpWarning, match="not a multiple of 8"):
+        train(mlp(), amp_backends.auto_configure(verbose=False, policy="float32"), *data())
+    levels = {r.message.split(": ", 1)[-1][:9]: r.levelno for r in caplog.records if "multiple of 8" in r.message}
+    assert list(levels.values()) == [logging.WARNING]
+
+
+def test_the_models_are_found_through_the_updates():
+    a, b = mlp(), mlp()
+    outer = tf.keras.Sequential([tf.keras.Input((4,)), a])
+    opt = tf.keras.optimizers.SGD()
+
+    class Holder:
+        def __init__(self):
+            self.net = b
+
+    holder = Holder()
+    ups = [Update("a", lambda batch: tf.reduce_mean(outer(batch[0])), [(a.trainable_variables, opt)]),
+           Update("b", lambda batch: tf.reduce_mean(holder.net(batch[0])), [(b.trainable_variables, opt)])]
+    assert [m.name for m in trained_models(ups, None)] == [outer.name, b.name]
+    assert trained_models(ups[:1], {"other": mlp()}) == [outer]  # a model training nothing here is not checked
