@@ -48,7 +48,17 @@ class BackendError(RuntimeError):
 
 
 class NonFiniteError(RuntimeError):
-    """Training cannot continue: too many non-finite steps under a fixed loss scale, or non-finite weights."""
+    """Training cannot continue: too many non-finite steps under a fixed loss scale, or non-finite weights.
+
+    Besides its message it carries the remedy as data, for a command line to say in its own flags:
+    ``overrides`` (plan overrides to change, such as ``{"loss_scale": "fixed:16"}``) and ``resume``
+    (whether a saved finite state can be continued).
+    """
+
+    def __init__(self, message: str, *, overrides: dict[str, str] | None = None, resume: bool = False) -> None:
+        super().__init__(message)
+        self.overrides = dict(overrides or {})
+        self.resume = resume
 
 
 class DistributedFailure(RuntimeError):

@@ -29,6 +29,16 @@ from .typer_app import fail, make_app, run_single, with_overrides
 USAGE_ERRORS = (AmpConfigError, DataUnavailableError, InputError, CheckpointError, BackendError)
 
 
+def _in_flags(exc: NonFiniteError) -> str:
+    """The error's remedy in this command line's flags (its message names the Python API's)."""
+    from ..request import OPTIONS
+
+    flag = {o.name: o.flag_name for o in OPTIONS}
+    words = [f"{flag.get(k, '--' + k.replace('_', '-'))} {v}" for k, v in exc.overrides.items()]
+    words += ["--resume"] if exc.resume else []
+    return f" On this command line: run it again with {' '.join(words)}." if words else ""
+
+
 def configure_logging() -> None:
     """The tutorials' log format, unless the program configured logging itself."""
     if not logging.getLogger().handlers:
@@ -52,7 +62,7 @@ def run_example(name: str, train: Callable[[Any], Any], parsed: dict[str, Any]) 
     except DistributedFailure as exc:
         fail(name, exc, 4)
     except NonFiniteError as exc:
-        fail(name, exc, 3, kind="stopped")
+        fail(name, f"{exc}{_in_flags(exc)}", 3, kind="stopped")
     except KeyboardInterrupt as exc:  # TrainingInterrupted has said where it saved; a second Ctrl-C has not
         message = getattr(exc, "message", None) or "interrupted (a second Ctrl-C: no checkpoint was written now)"
         fail(name, message, getattr(exc, "exit_code", 130), kind="stopped")

@@ -133,16 +133,15 @@ class LossScaler:
         Besides its message, the error carries what to change as data, for a command line to say in its own
         flags: ``overrides`` (plan overrides, such as ``{"loss_scale": "fixed:16"}``) and ``resume`` (whether
         a saved state can be continued)."""
-        error = NonFiniteError(
+        return NonFiniteError(
             f"{int(self.consecutive.numpy())} consecutive steps of '{self.name}' had non-finite gradients "
             f"({self.config.mode} loss scaling, scale {self.current:g}): every one was skipped, so training made no "
             f"progress. Remedy: {self.remedy()}."
             + (f" The last finite state was saved to {saved}; continue from it with fit(..., resume=True) after the "
-               "fix." if saved else ""))
-        error.overrides = ({"loss_scale": f"fixed:{max(self.current / 64, 1):g}"} if self.config.mode == "fixed"  # type: ignore[attr-defined]
-                           else {"policy": "float32"})
-        error.resume = bool(saved)  # type: ignore[attr-defined]
-        return error
+               "fix." if saved else ""),
+            overrides=({"loss_scale": f"fixed:{max(self.current / 64, 1):g}"} if self.config.mode == "fixed"
+                       else {"policy": "float32"}),
+            resume=bool(saved))
 
     # -- state -----------------------------------------------------------------------------------
     def variables(self) -> dict[str, Any]:

@@ -141,12 +141,15 @@ def check_models(models: Sequence[Any], plan: Any, source: Any, *, batch_size: i
         inputs = None if x is None else model_inputs(model, x)
         try:
             try:
-                result = model_check.check_model(model, plan, batch_size=batch_size,
-                                                 **({} if inputs is None else {"inputs": inputs}))
-            except TypeError:
+                result = model_check.check_model(model, plan, batch_size=batch_size, inputs=inputs)
+            except (TypeError, ValueError) as exc:
                 if inputs is None:
                     raise
-                result = model_check.check_model(model, plan, batch_size=batch_size)  # (no inputs= keyword)
+                # The batch is not what the model's own inputs say (a loss function that reshapes it, say):
+                # check at the model's own shapes instead.
+                logger.info(f"The precision check of {name!r} could not use the training batch ({exc}); it "
+                            "checks the model at its own input shapes.")
+                result = model_check.check_model(model, plan, batch_size=batch_size)
         except Exception as exc:
             logger.warning(f"The precision check of {name!r} failed ({type(exc).__name__}: {str(exc)[:200]}); "
                            "training goes on.")

@@ -126,7 +126,7 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     @property
     def _plan_headline(self) -> str:
-        return self.plan.summary().split(" (")[0]
+        return str(self.plan.headline)
 
     @property
     def checkpoint_dir(self) -> str | None:
