@@ -26,8 +26,9 @@ def apply_plan(plan: Plan, registry: BackendRegistry) -> list[str]:
     try:
         return list(registry.get(plan.backend).apply(plan, tf))
     except Exception as exc:
+        settings = ", ".join(f"{s.name}={s.value}" for s in plan.vendor_settings) or "none"
         raise BackendError(
-            f"backend {plan.backend!r} failed to apply its settings ({', '.join(f'{s.name}={s.value}' for s in plan.vendor_settings) or 'none'}): "
+            f"backend {plan.backend!r} failed to apply its settings ({settings}): "
             f"{type(exc).__name__}: {exc}. The Keras policy ({plan.policy}), TF32 and XLA settings are applied. Fix: "
             f"choose another backend (AMP_BACKEND=...), or repair the backend's software."
         ) from exc

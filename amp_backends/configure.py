@@ -172,7 +172,8 @@ def auto_configure(
 
             notes = apply_plan(plan, registry)
             if _state.plan is not None and _state.plan.policy != plan.policy:
-                notes.append(f"the dtype policy changed from {_state.plan.policy}: layers built before keep the old one")
+                notes.append(f"the dtype policy changed from {_state.plan.policy}: "
+                             "layers built before keep the old one")
             _state.request, _state.registry, _state.plan = request, registry, plan
     for w in plan.warnings:
         warnings.warn(w, AmpWarning, stacklevel=2)

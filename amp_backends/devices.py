@@ -65,7 +65,8 @@ def _nvidia(name: str, aliases: tuple[str, ...], title: str, device_name: str, c
                        int(memory_gb * GB), note=note)
 
 
-def _intel(name: str, aliases: tuple[str, ...], title: str, device_name: str, memory_gb: float, source: str) -> KnownDevice:
+def _intel(name: str, aliases: tuple[str, ...], title: str, device_name: str, memory_gb: float,
+           source: str) -> KnownDevice:
     return KnownDevice(name, aliases, "intel", title, source, device_name, None, int(memory_gb * GB),
                        note="planned through ITEX 2.15 (end-of-life; TensorFlow 2.15, Keras 2)")
 
@@ -92,9 +93,10 @@ CATALOGUE: tuple[KnownDevice, ...] = (
             "NVIDIA GeForce RTX 4090 specifications, https://www.nvidia.com/en-us/geforce/graphics-cards/40-series/rtx-4090/"),
     _nvidia("h100", ("h100-80gb", "h100-sxm", "h100-sxm5", "nvidia-h100"), "NVIDIA H100 SXM5 80 GB HBM3",
             "NVIDIA H100 80GB HBM3", (9, 0), 80,
-            "NVIDIA H100 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h100/ (name and CC as NVML "
-            "reported them on an H100 80GB HBM3)"),
-    _nvidia("h200", ("h200-141gb", "h200-sxm", "nvidia-h200"), "NVIDIA H200 SXM 141 GB HBM3e", "NVIDIA H200", (9, 0), 141,
+            "NVIDIA H100 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h100/ "
+            "(name and CC as NVML reported them on an H100 80GB HBM3)"),
+    _nvidia("h200", ("h200-141gb", "h200-sxm", "nvidia-h200"), "NVIDIA H200 SXM 141 GB HBM3e", "NVIDIA H200",
+            (9, 0), 141,
             "NVIDIA H200 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h200/"),
     _nvidia("b200", ("hgx-b200", "nvidia-b200"), "NVIDIA B200 (HGX B200) 180 GB HBM3e", "NVIDIA B200", (10, 0), 180,
             "NVIDIA HGX B200 datasheet (180 GB per GPU), https://www.nvidia.com/en-us/data-center/hgx/",
@@ -108,17 +110,20 @@ CATALOGUE: tuple[KnownDevice, ...] = (
     _intel("arc-a770", ("a770", "arc-a770-16gb"), "Intel Arc A770 Graphics 16 GB", "Intel(R) Arc(TM) A770 Graphics", 16,
            "Intel Arc A770 Graphics (16GB) product specifications, https://ark.intel.com (Xe-HPG, XMX)"),
     _cpu("sapphire-rapids", ("spr", "xeon-8480", "xeon-platinum-8480+", "xeon-8480+"),
-         "Intel Xeon Platinum 8480+ (Sapphire Rapids), one socket", "Intel", "Intel(R) Xeon(R) Platinum 8480+", "x86_64",
-         112, "avx2 fma avx512f avx512bw avx512vl avx512_vnni avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8",
+         "Intel Xeon Platinum 8480+ (Sapphire Rapids), one socket", "Intel", "Intel(R) Xeon(R) Platinum 8480+",
+         "x86_64", 112,
+         "avx2 fma avx512f avx512bw avx512vl avx512_vnni avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8",
          "Intel Xeon Platinum 8480+ product specifications, https://ark.intel.com (56 cores, 112 threads; AMX, "
          "AVX-512 with BF16 and FP16: Intel Architecture Instruction Set Extensions Programming Reference)"),
-    _cpu("zen4", ("amd-zen4", "epyc-zen4", "genoa", "epyc-9004"), "AMD EPYC 9004 (Zen 4), 2 logical cores as measured here",
-         "AMD", "AMD EPYC", "x86_64", 2,
+    _cpu("zen4", ("amd-zen4", "epyc-zen4", "genoa", "epyc-9004"),
+         "AMD EPYC 9004 (Zen 4), 2 logical cores as measured here", "AMD", "AMD EPYC", "x86_64", 2,
          "avx2 fma avx512f avx512bw avx512vl avx_vnni avx512_vnni avx512_bf16",
          "AMD EPYC 9004 Series (Zen 4) product brief, https://www.amd.com/en/products/processors/server/epyc/"
-         "4th-generation-9004-and-8004-series.html; flags as /proc/cpuinfo lists them on the project's Zen 4 machine"),
-    _cpu("graviton3", ("graviton-3", "aws-graviton3", "neoverse-v1", "c7g"), "AWS Graviton3 (Arm Neoverse V1), 64 cores",
-         "ARM", "Neoverse-V1", "aarch64", 64, "fp asimd sve bf16 i8mm asimdhp fphp",
+         "4th-generation-9004-and-8004-series.html; "
+         "flags as /proc/cpuinfo lists them on the project's Zen 4 machine"),
+    _cpu("graviton3", ("graviton-3", "aws-graviton3", "neoverse-v1", "c7g"),
+         "AWS Graviton3 (Arm Neoverse V1), 64 cores", "ARM", "Neoverse-V1", "aarch64", 64,
+         "fp asimd sve bf16 i8mm asimdhp fphp",
          "AWS Graviton3 (Neoverse V1, SVE, BF16, I8MM), https://aws.amazon.com/ec2/graviton/"),
 )
 
@@ -201,7 +206,8 @@ def _cpu_probe(device: KnownDevice) -> BackendProbe:
                   frozenset(device.flags.split()))
     no_itex = ItexStatus(None, "2.21.0", False, "Intel Extension for TensorFlow is not installed")
     onednn = onednn_state(cpu, {}, system="linux", tf_version="2.21.0")
-    return BackendProbe("cpu", True, f"{device.title} [catalogue: {device.source}]", devices=(cpu_device(cpu),), cpu=cpu,
+    return BackendProbe("cpu", True, f"{device.title} [catalogue: {device.source}]",
+                        devices=(cpu_device(cpu),), cpu=cpu,
                         details=(("catalogue", device.source),), facts=CpuFacts(no_itex, onednn))
 
 

@@ -287,9 +287,11 @@ def float8_training(keras: KerasInfo | None) -> tuple[bool, str]:
                        "needs Keras >= 3.3")
     version = minor_version(keras.version)
     if version == (-1, -1):
-        return False, f"Keras {keras.version} is not a version this library can read: float8 training needs Keras >= 3.3"
+        return False, (f"Keras {keras.version} is not a version this library can read: "
+                       "float8 training needs Keras >= 3.3")
     if version < FLOAT8_SINCE:
         extra = (" (Keras 2 has no float8 layers; TensorFlow 2.15, which ITEX needs, comes with Keras 2)"
                  if version[0] < 3 else "")
-        return False, f"Keras {keras.version} cannot train in float8: layer.quantize('float8') needs Keras >= 3.3{extra}"
+        return False, (f"Keras {keras.version} cannot train in float8: "
+                       f"layer.quantize('float8') needs Keras >= 3.3{extra}")
     return True, f"Keras {keras.version} trains Dense and EinsumDense layers in float8 (layer.quantize('float8'))"

@@ -21,7 +21,10 @@ def _keras() -> Any:
 
 
 def mnist_cnn() -> Any:
-    """Conv(32,3)-Conv(64,3)-MaxPool-Dropout(.25)-Flatten-Dense(128)-Dropout(.5)-Dense(10, softmax). 1,199,882 params."""
+    """Conv(32,3)-Conv(64,3)-MaxPool-Dropout(.25)-Flatten-Dense(128)-Dropout(.5)-Dense(10, softmax).
+
+    1,199,882 params.
+    """
     k = _keras()
     L = k.layers
     return k.Sequential(

@@ -95,7 +95,8 @@ def _statuses(hardware: Hardware, registry: BackendRegistry) -> dict[str, Backen
         else:
             ok, reason = probe.available, probe.reason
             device_type = backend.tf_device_type
-            if ok and device_type and hardware.tf_device_types is not None and device_type not in hardware.tf_device_types:
+            if (ok and device_type and hardware.tf_device_types is not None
+                    and device_type not in hardware.tf_device_types):
                 ok = False
                 reason = (
                     f"{reason}, but TensorFlow lists no {device_type} device (a CPU-only TensorFlow build, missing "
@@ -187,7 +188,8 @@ def make_plan(hardware: Hardware, request: Request, registry: BackendRegistry, k
         if unavailable_request is not None:
             warnings.append(f"backend={requested} (from {source}) is not available ({unavailable_request}); "
                             f"using {name} instead")
-        warnings += [f"backend {s.name!r} {s.reason}; planned with {name} instead" for s in statuses.values() if s.failed]
+        warnings += [f"backend {s.name!r} {s.reason}; planned with {name} instead"
+                     for s in statuses.values() if s.failed]
         final = tuple(replace(s, selected=s.name == name) for s in statuses.values())
         return replace(plan, backends=final, vendor_settings=settings, warnings=tuple(warnings) + plan.warnings)
     raise BackendError(
@@ -211,7 +213,8 @@ def _resolve_switch(r: _Resolver, name: str, requested: bool | None, auto: bool,
     elif value == requested:
         reasons[name] = f"{state} as requested ({source}); {support.why}"
     else:
-        reasons[name] = f"{state}: the requested {'on' if requested else 'off'} ({source}) was downgraded; {support.why}"
+        reasons[name] = (f"{state}: the requested {'on' if requested else 'off'} ({source}) was downgraded; "
+                         f"{support.why}")
     return value
 
 
@@ -304,7 +307,8 @@ def _resolve_fp8(r: _Resolver, a: Assessment, keras: KerasInfo | None, xla: bool
     value = _resolve_switch(r, "fp8", r.request.fp8, False, support, reasons)
     if r.request.fp8 is None:
         reasons["fp8"] = (
-            f"off by default until a measurement shows float8 faster than float16, although native here ({support.why}). "
+            "off by default until a measurement shows float8 faster than float16, "
+            f"although native here ({support.why}). "
             "Turn it on with fp8=on / AMP_FP8=on, then amp_backends.prepare_model(model, plan)"
             if support.level == NATIVE else f"off: {support.why}"
         )

@@ -80,7 +80,9 @@ class LossScale:
         return {"mode": "dynamic", "initial": self.initial, "growth_interval": self.growth_interval}
 
     @classmethod
-    def dynamic(cls, initial: float = DEFAULT_INITIAL_SCALE, growth_interval: int = DEFAULT_GROWTH_INTERVAL) -> LossScale:
+    def dynamic(
+        cls, initial: float = DEFAULT_INITIAL_SCALE, growth_interval: int = DEFAULT_GROWTH_INTERVAL
+    ) -> LossScale:
         return cls("dynamic", float(initial), int(growth_interval))
 
     @classmethod
@@ -146,7 +148,8 @@ def _fix_hint(name: str, source: str, example: str) -> str:
 def parse_policy(value: Any, source: str = "argument") -> str:
     if not isinstance(value, str):
         raise TypeError(
-            f"policy must be a string, such as 'mixed_float16'. Received: policy={value!r} (of type {type(value).__name__})."
+            f"policy must be a string, such as 'mixed_float16'. "
+            f"Received: policy={value!r} (of type {type(value).__name__})."
         )
     v = value.strip().lower()
     if v in ("", "auto"):
@@ -212,8 +215,9 @@ def parse_loss_scale(value: Any, source: str = "argument") -> LossScale | None:
         return LossScale.none()
     if scale is None or not (0 < scale < float("inf")):
         raise AmpConfigError(
-            f"{_where('loss_scale', source)} must be one of auto, dynamic, none (or 0), fixed:<scale> (a positive number, "
-            f"such as fixed:1024) or a bare number. Received: {value!r}. Fix: {_fix_hint('loss_scale', source, 'fixed:1024')}."
+            f"{_where('loss_scale', source)} must be one of auto, dynamic, none (or 0), "
+            "fixed:<scale> (a positive number, such as fixed:1024) or a bare number. "
+            f"Received: {value!r}. Fix: {_fix_hint('loss_scale', source, 'fixed:1024')}."
         )
     return LossScale.fixed(scale)
 

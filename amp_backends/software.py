@@ -52,7 +52,8 @@ def tensorflow_build_info() -> dict[str, Any] | None:
         except (OSError, SyntaxError, ValueError):
             continue
         for node in tree.body:
-            if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "build_info" for t in node.targets)
+            if (isinstance(node, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == "build_info" for t in node.targets)
                     and isinstance(node.value, ast.Call) and node.value.args):
                 try:
                     return dict(ast.literal_eval(node.value.args[0]))

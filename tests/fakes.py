@@ -17,15 +17,16 @@ GiB = 2**30
 
 def nvidia(*gpus: tuple[str, tuple[int, int]]) -> BackendProbe:
     devices = tuple(
-        Accelerator("nvidia", i, name, "GPU", cc, 16 * GiB, derive_capabilities(name, cc)) for i, (name, cc) in enumerate(gpus)
+        Accelerator("nvidia", i, name, "GPU", cc, 16 * GiB, derive_capabilities(name, cc))
+        for i, (name, cc) in enumerate(gpus)
     )
     return BackendProbe("nvidia", True, f"{len(devices)} GPU(s)", devices=devices, details=(("driver", "580.00"),))
 
 
 def intel(*names: str) -> BackendProbe:
     devices = tuple(classify_xpu(i, n) for i, n in enumerate(names))
-    return BackendProbe("intel", True, f"{len(devices)} XPU(s)", devices=devices, details=(("itex_version", "2.15.0.0"),),
-                        facts=IntelFacts(ITEX_LOADED, ("gpu",)))
+    return BackendProbe("intel", True, f"{len(devices)} XPU(s)", devices=devices,
+                        details=(("itex_version", "2.15.0.0"),), facts=IntelFacts(ITEX_LOADED, ("gpu",)))
 
 
 def cpu(vendor: str, model: str, flags: str, arch: str = "x86_64", itex: bool = False,
@@ -41,7 +42,8 @@ def cpu(vendor: str, model: str, flags: str, arch: str = "x86_64", itex: bool = 
 def machine(*probes: BackendProbe, tf_device_types: frozenset[str] | None = None) -> Hardware:
     """A Hardware with the given probes; backends not given are 'not present'."""
     given = {p.backend for p in probes}
-    missing = tuple(BackendProbe(name, False, f"no {name} device (fake)") for name in ("nvidia", "intel", "cpu") if name not in given)
+    missing = tuple(BackendProbe(name, False, f"no {name} device (fake)")
+                    for name in ("nvidia", "intel", "cpu") if name not in given)
     return Hardware(probes=tuple(probes) + missing, tf_device_types=tf_device_types)
 
 

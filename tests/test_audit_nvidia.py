@@ -18,7 +18,8 @@ RECORDED = json.loads((Path(__file__).parent / "data" / "nvidia_kernels.json").r
 @pytest.mark.parametrize("kernel", RECORDED, ids=[k["name"][:60] for k in RECORDED])
 def test_recorded_kernel_names(kernel):
     k = classify(kernel["name"])
-    assert (k.kind, k.dtype, k.tensor_core) == (kernel["kind"], kernel["dtype"], kernel["tensor_core"]), kernel["source"]
+    expected = (kernel["kind"], kernel["dtype"], kernel["tensor_core"])
+    assert (k.kind, k.dtype, k.tensor_core) == expected, kernel["source"]
 
 
 def test_every_generation_and_library_is_covered_by_a_recorded_name():
@@ -87,7 +88,8 @@ def test_an_xplane_protobuf_is_read_through_tensorflows_own_schema(tmp_path):
     gpu = space.planes.add(name="/device:GPU:0")
     gpu.stat_metadata[7].name = "tf_op"
     gpu.stat_metadata[8].name = "model/dense/MatMul:MatMul"
-    gpu.event_metadata[1].name = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"
+    gpu.event_metadata[1].name = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_"
+                                  "execute_segment_k_off_kernel__5x_cublas")
     gpu.event_metadata[2].name = "fusion_3"
     stream = gpu.lines.add(name="Stream #14(Compute)")
     ev = stream.events.add(metadata_id=1, duration_ps=3_000_000)
@@ -107,8 +109,10 @@ def test_gpu_kernels_are_joined_to_layers_by_their_ops_name_scopes():
     from amp_backends.audit.build import from_trace
     from amp_backends.audit.nvidia import KernelEvent
 
-    layers = [{"path": "mnist_cnn/dense", "class_name": "Dense", "kernel_shape": [9216, 128], "compute_dtype": "float16"},
-              {"path": "mnist_cnn/dense_1", "class_name": "Dense", "kernel_shape": [128, 10], "compute_dtype": "float32"}]
+    layers = [{"path": "mnist_cnn/dense", "class_name": "Dense", "kernel_shape": [9216, 128],
+               "compute_dtype": "float16"},
+              {"path": "mnist_cnn/dense_1", "class_name": "Dense", "kernel_shape": [128, 10],
+               "compute_dtype": "float32"}]
     events = [KernelEvent("ampere_fp16_s16816gemm_fp16_64x64_sliced1x2_ldg8_relu_f2f_stages_64x5_tn", 90.0,
                           op="mnist_cnn_1/dense/MatMul:MatMul"),
               KernelEvent("volta_sgemm_128x64_nn", 10.0, op="gradient_tape/mnist_cnn_1/dense_1/MatMul_1:MatMul"),

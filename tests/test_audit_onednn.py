@@ -104,7 +104,8 @@ def test_the_bf16_step_reads_as_bf16_with_the_output_layer_a_float32_island():
     assert d["time_share_by_dtype"]["bfloat16"] > 0.9
     assert d["by_kind"]["convolution"]["units"] == {"AVX512-BF16": 1.0}
     islands = d["float32_islands"]
-    assert [i["layers"] for i in islands] == [["mnist_cnn/dense_1"]] and islands[0]["check"][0]["code"] == "float32-compute"
+    assert [i["layers"] for i in islands] == [["mnist_cnn/dense_1"]]
+    assert islands[0]["check"][0]["code"] == "float32-compute"
     assert d["warnings"] == [] and d["matrix_unit_share"] == 0.0 and d["unknown_share"] == 0.0
     assert d["source"].startswith("oneDNN v3.7.3") and d["reorder_time_ms"] > 0
     text = str(audit)

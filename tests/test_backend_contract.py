@@ -192,7 +192,8 @@ def test_a_backend_that_failed_to_load_is_refused_by_name_with_its_reason():
     reg.load_errors["rocm"] = "ImportError: No module named 'rocm_backend'"
     with pytest.warns(AmpWarning, match="backend 'rocm' failed to load: ImportError"):
         assert auto_configure(registry=reg, apply=False, verbose=False).backend == "cpu"
-    with pytest.raises(BackendError, match="backend=rocm .*failed to load: ImportError: No module named 'rocm_backend'"):
+    with pytest.raises(BackendError,
+                       match="backend=rocm .*failed to load: ImportError: No module named 'rocm_backend'"):
         plan_for(registry=reg, environ={"AMP_BACKEND": "rocm"})
 
 

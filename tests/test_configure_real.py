@@ -69,8 +69,8 @@ def test_with_onednn_switched_off_the_cpu_plan_is_float32_and_says_why():
     from conftest import NEUTRAL_CWD
 
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run([sys.executable, "-c", ONEDNN_OFF], check=False, capture_output=True, text=True, timeout=300, env=env,
-                         cwd=NEUTRAL_CWD)
+    out = subprocess.run([sys.executable, "-c", ONEDNN_OFF], check=False, capture_output=True, text=True, timeout=300,
+                         env=env, cwd=NEUTRAL_CWD)
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     if seen["backend"] != "cpu":
@@ -157,7 +157,8 @@ def test_a_backend_failing_to_apply_raises_naming_it():
         def apply(self, plan, tf):
             raise RuntimeError("driver went away")
 
-    with pytest.raises(BackendError, match="backend 'cpu' failed to apply its settings .*RuntimeError: driver went away"):
+    with pytest.raises(BackendError,
+                       match="backend 'cpu' failed to apply its settings .*RuntimeError: driver went away"):
         amp_backends.auto_configure(verbose=False, registry=BackendRegistry([Breaks()]))
 
 

@@ -47,7 +47,8 @@ ASKED = [
     ("this AMD EPYC", machine(HERE), KERAS_3_15, {}, False, "CPUs have no fp8"),
     ("Sapphire Rapids (AMX)", machine(cpu_of(SAPPHIRE_RAPIDS)), KERAS_3_15, {}, False, "CPUs have no fp8"),
     ("Data Center GPU Max", machine(intel(MAX1550), HERE), KERAS_2, {}, False, "cannot train in float8"),
-    ("Arc A770, hypothetically on Keras 3", machine(intel(ARC_A770), HERE), KERAS_3_15, {}, False, "no fp8 matrix path"),
+    ("Arc A770, hypothetically on Keras 3", machine(intel(ARC_A770), HERE), KERAS_3_15, {}, False,
+     "no fp8 matrix path"),
 ]
 
 
@@ -146,10 +147,12 @@ def test_the_assessment_contract_covers_matrix_units_and_steps_per_execution():
     from amp_backends.assessment import Assessment, MatrixUnit
 
     native = Support(NATIVE, "x")
-    base = dict(backend="b", devices=("/CPU:0",), policies={p: native for p in ("float32", "mixed_float16", "mixed_bfloat16")},
+    base = dict(backend="b", devices=("/CPU:0",),
+                policies={p: native for p in ("float32", "mixed_float16", "mixed_bfloat16")},
                 preference=("float32",), tf32=native, xla=native, xla_default=False)
     assert Assessment(**base, matrix_units={"float8": MatrixUnit("u", 16)}).contract_errors() == []
-    assert "matrix units for 'int8'" in Assessment(**base, matrix_units={"int8": MatrixUnit("u", 16)}).contract_errors()[0]
+    int8_units = Assessment(**base, matrix_units={"int8": MatrixUnit("u", 16)})
+    assert "matrix units for 'int8'" in int8_units.contract_errors()[0]
     assert "steps_per_execution=0" in Assessment(**base, steps_per_execution=0).contract_errors()[0]
     default = Assessment(**base)
     assert default.fp8.level == EMULATED and default.matrix_units == {} and default.steps_per_execution == 1

@@ -1,4 +1,5 @@
-"""float8 on the model: ``amp_backends.prepare_model(model, plan)`` quantizes the eligible layers, and forced fp8 trains here.
+"""float8 on the model: ``amp_backends.prepare_model(model, plan)`` quantizes the eligible layers, and forced fp8
+trains here.
 
 No CPU has fp8 arithmetic: with ``fp8=on`` and ``force`` the plan runs Keras's float8 layers emulated
 (quantize-dequantize around the matmuls), which is what lets this machine check float8's numerics: training

@@ -154,8 +154,8 @@ hw = machine(intel(MAX1550), cpu_of(AMD_HERE))
 plan = make_plan(hw, build_request(reg.names(), environ={}, itex_amp=True), reg)
 notes = apply_plan(plan, reg)
 cfg = itex.get_config()
-out = dict(plan=[plan.backend, plan.policy, plan.graph_amp, plan.vendor_setting("ITEX_FP32_MATH_MODE"), plan.xla], notes=notes,
-           amp=cfg.graph_options.auto_mixed_precision == itex.ON,
+out = dict(plan=[plan.backend, plan.policy, plan.graph_amp, plan.vendor_setting("ITEX_FP32_MATH_MODE"), plan.xla],
+           notes=notes, amp=cfg.graph_options.auto_mixed_precision == itex.ON,
            dtype=cfg.graph_options.auto_mixed_precision_options.data_type == itex.BFLOAT16,
            math=os.environ.get("ITEX_FP32_MATH_MODE"), keras=tf.keras.mixed_precision.global_policy().name)
 plain = make_plan(hw, build_request(reg.names(), environ={}), reg)
@@ -206,7 +206,8 @@ print(json.dumps(float(np.abs(tf.matmul(a, b).numpy() - ref).max() / np.abs(ref)
 
 
 @needs_itex
-@pytest.mark.skipif(not cpu_has_amx(), reason="ITEX's BF32 math mode changes float32 matmuls only on AMX CPUs; this CPU has no AMX")
+@pytest.mark.skipif(not cpu_has_amx(),
+                    reason="ITEX's BF32 math mode changes float32 matmuls only on AMX CPUs; this CPU has no AMX")
 def test_bf32_math_mode_really_runs_float32_matmuls_in_bf16():
     def error(mode):
         out = subprocess.run([sys.executable, "-c", BF32_MATMUL, os.path.dirname(__file__), mode], capture_output=True,
@@ -221,12 +222,14 @@ def test_bf32_math_mode_really_runs_float32_matmuls_in_bf16():
 @needs_itex
 @pytest.mark.skipif(cpu_has_bf16(), reason="this CPU has bf16 instructions: nothing to skip")
 def test_bench_skips_the_configuration_that_would_abort(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "amp_backends.bench", "--models", "mnist", "--configs", "fp32,bf16,bf16+XLA",
-                          "--epochs", "1", "--samples", "32", "--mnist-batch", "16", "--no-fit", "--out", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "amp_backends.bench", "--models", "mnist",
+                          "--configs", "fp32,bf16,bf16+XLA", "--epochs", "1", "--samples", "32", "--mnist-batch", "16",
+                          "--no-fit", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=600, cwd=NEUTRAL_CWD,
                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {r["config"]: r for r in json.loads((tmp_path / "bench.json").read_text())["results"]}
     assert rows["fp32"]["img_per_s"] > 0
     for c in ("bf16", "bf16+XLA"):
-        assert rows[c]["img_per_s"] is None and rows[c]["error"].startswith("skipped, unsafe here") and "aborts" in rows[c]["error"]
+        assert rows[c]["img_per_s"] is None
+        assert rows[c]["error"].startswith("skipped, unsafe here") and "aborts" in rows[c]["error"]

@@ -29,7 +29,8 @@ def test_expected_keras_follows_tensorflows_rule(tf_version, environ, versions, 
 
 
 def test_generation_and_legacy_switch():
-    assert (generation_of("3.15.1"), generation_of("2.15.0"), generation_of(None), generation_of("dev")) == (3, 2, None, None)
+    generations = (generation_of("3.15.1"), generation_of("2.15.0"), generation_of(None), generation_of("dev"))
+    assert generations == (3, 2, None, None)
     assert uses_legacy_keras({"TF_USE_LEGACY_KERAS": "true"}) and not uses_legacy_keras({})
 
 
@@ -63,5 +64,5 @@ def test_policy_and_loss_scaling_helpers_on_the_installed_keras():
         scaled = kc.scale_loss(opt, loss)
     assert float(scaled) == pytest.approx(float(loss) * 2.0**15)
     grads = kc.unscale_gradients(opt, tape.gradient(scaled, [var]))
-    opt.apply_gradients(zip(grads, [var]))
+    opt.apply_gradients(zip(grads, [var], strict=True))
     assert var.numpy().tolist() == pytest.approx([0.0, 0.0])  # w - 0.5 * 2w: the scale fully removed

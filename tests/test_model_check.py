@@ -124,7 +124,8 @@ def test_gan_generator_on_h100_flags_the_upsampling(h100):
 def test_bad_sizes_generator_is_flagged_with_its_flop_share(h100):
     good = check_model(build(gan_generator), plan=h100, batch_size=4096)
     bad = check_model(build(bad_sizes_generator), plan=h100, batch_size=4090)
-    warned = {f.layer.split("/")[-1]: f for f in bad.findings if f.code == "tensor-core-shape" and f.severity == "warning"}
+    warned = {f.layer.split("/")[-1]: f for f in bad.findings
+              if f.code == "tensor-core-shape" and f.severity == "warning"}
     dims = sorted(sorted(v for k, v in f.details["dims"].items() if k not in f.details["expected"])
                   for f in warned.values())
     assert dims == [[7, 31], [31, 63], [63, 63], [3087]]  # the Dense's 100 noise inputs are expected
@@ -243,7 +244,8 @@ def test_functional_model_with_two_inputs(h100):
 
     result = check_model(build(factory), plan=h100, batch_size=32)
     found = {f.layer: f for f in by_code(result, "tensor-core-shape")}
-    assert found["two_inputs/conv"].severity == "info" and found["two_inputs/conv"].details["expected"] == ["input channels"]
+    assert found["two_inputs/conv"].severity == "info"
+    assert found["two_inputs/conv"].details["expected"] == ["input channels"]
     assert found["two_inputs/meta_dense"].details["expected"] == ["input features"]
     assert codes(result, "warning") == [] and codes(result, "error") == []
 

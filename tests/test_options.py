@@ -16,7 +16,8 @@ def req(environ=None, **kw):
 
 @pytest.mark.parametrize("value,expected", [
     ("auto", "auto"), ("float32", "float32"), ("fp32", "float32"), ("mixed_float16", "mixed_float16"),
-    ("fp16", "mixed_float16"), ("FLOAT16", "mixed_float16"), ("bf16", "mixed_bfloat16"), (" mixed_bfloat16 ", "mixed_bfloat16"),
+    ("fp16", "mixed_float16"), ("FLOAT16", "mixed_float16"), ("bf16", "mixed_bfloat16"),
+    (" mixed_bfloat16 ", "mixed_bfloat16"),
 ])
 def test_policy_values(value, expected):
     assert req(policy=value).policy == expected

@@ -9,8 +9,8 @@ from amp_backends.assessment import NATIVE, UNSAFE
 from amp_backends.planner import make_plan
 from amp_backends.request import LossScale, build_request
 
-from fakes import (A100, AMD_HERE, ARC_A770, FLEX170, CORTEX_A72, GRAVITON3, GRAVITON4, GTX1660TI, H100, ICELAKE, IRIS_XE,
-                   MAX1550, P100, RTX4090, SAPPHIRE_RAPIDS, T4, V100, ZEN4, cpu_of, intel, machine, nvidia)
+from fakes import (A100, AMD_HERE, ARC_A770, FLEX170, CORTEX_A72, GRAVITON3, GRAVITON4, GTX1660TI, H100, ICELAKE,
+                   IRIS_XE, MAX1550, P100, RTX4090, SAPPHIRE_RAPIDS, T4, V100, ZEN4, cpu_of, intel, machine, nvidia)
 
 
 def plan(hw, registry, **overrides):
@@ -28,41 +28,50 @@ TABLE = [
     ("A100", machine(nvidia(A100), HERE), "nvidia", "mixed_float16", "dynamic", True, True, ("/GPU:0",)),
     ("RTX 4090", machine(nvidia(RTX4090), HERE), "nvidia", "mixed_float16", "dynamic", True, True, ("/GPU:0",)),
     ("H100", machine(nvidia(H100), HERE), "nvidia", "mixed_float16", "dynamic", True, True, ("/GPU:0",)),
-    ("2x H100", machine(nvidia(H100, H100), HERE), "nvidia", "mixed_float16", "dynamic", True, True, ("/GPU:0", "/GPU:1")),
-    ("A100 + V100 follows the weakest", machine(nvidia(A100, V100), HERE), "nvidia", "mixed_float16", "dynamic", False, True,
+    ("2x H100", machine(nvidia(H100, H100), HERE), "nvidia", "mixed_float16", "dynamic", True, True,
      ("/GPU:0", "/GPU:1")),
-    ("Data Center GPU Max", machine(intel(MAX1550), cpu_of(SAPPHIRE_RAPIDS)), "intel", "mixed_bfloat16", "none", True, False,
-     ("/XPU:0",)),
+    ("A100 + V100 follows the weakest", machine(nvidia(A100, V100), HERE), "nvidia", "mixed_float16", "dynamic",
+     False, True, ("/GPU:0", "/GPU:1")),
+    ("Data Center GPU Max", machine(intel(MAX1550), cpu_of(SAPPHIRE_RAPIDS)), "intel", "mixed_bfloat16", "none",
+     True, False, ("/XPU:0",)),
     ("Flex 170", machine(intel(FLEX170), HERE), "intel", "mixed_bfloat16", "none", False, False, ("/XPU:0",)),
     ("Arc A770", machine(intel(ARC_A770), HERE), "intel", "mixed_bfloat16", "none", False, False, ("/XPU:0",)),
-    ("Iris Xe (no XMX)", machine(intel(IRIS_XE), HERE), "intel", "mixed_float16", "dynamic", False, False, ("/XPU:0",)),
-    ("Sapphire Rapids (AMX)", machine(cpu_of(SAPPHIRE_RAPIDS)), "cpu", "mixed_bfloat16", "none", False, False, ("/CPU:0",)),
-    ("Sapphire Rapids + ITEX: BF32", machine(cpu_of(SAPPHIRE_RAPIDS, itex=True)), "cpu", "mixed_bfloat16", "none", True, False,
+    ("Iris Xe (no XMX)", machine(intel(IRIS_XE), HERE), "intel", "mixed_float16", "dynamic", False, False,
+     ("/XPU:0",)),
+    ("Sapphire Rapids (AMX)", machine(cpu_of(SAPPHIRE_RAPIDS)), "cpu", "mixed_bfloat16", "none", False, False,
      ("/CPU:0",)),
+    ("Sapphire Rapids + ITEX: BF32", machine(cpu_of(SAPPHIRE_RAPIDS, itex=True)), "cpu", "mixed_bfloat16", "none",
+     True, False, ("/CPU:0",)),
     ("Ice Lake (AVX-512, no bf16)", machine(cpu_of(ICELAKE)), "cpu", "float32", "none", False, False, ("/CPU:0",)),
-    ("AMD EPYC Zen 1 (AVX2, oneDNN off by default)", machine(HERE), "cpu", "float32", "none", False, False, ("/CPU:0",)),
-    ("AMD EPYC Zen 1 with ITEX", machine(cpu_of(AMD_HERE, itex=True)), "cpu", "float32", "none", False, False, ("/CPU:0",)),
-    ("Arm with bf16 (Graviton3)", machine(cpu_of(GRAVITON3, arch="aarch64")), "cpu", "mixed_bfloat16", "none", False, False,
+    ("AMD EPYC Zen 1 (AVX2, oneDNN off by default)", machine(HERE), "cpu", "float32", "none", False, False,
      ("/CPU:0",)),
-    ("Arm without bf16", machine(cpu_of(CORTEX_A72, arch="aarch64")), "cpu", "float32", "none", False, False, ("/CPU:0",)),
+    ("AMD EPYC Zen 1 with ITEX", machine(cpu_of(AMD_HERE, itex=True)), "cpu", "float32", "none", False, False,
+     ("/CPU:0",)),
+    ("Arm with bf16 (Graviton3)", machine(cpu_of(GRAVITON3, arch="aarch64")), "cpu", "mixed_bfloat16", "none",
+     False, False, ("/CPU:0",)),
+    ("Arm without bf16", machine(cpu_of(CORTEX_A72, arch="aarch64")), "cpu", "float32", "none", False, False,
+     ("/CPU:0",)),
     # bfloat16 only where oneDNN runs it: TensorFlow's default for the CPU, or TF_ENABLE_ONEDNN_OPTS
-    ("Zen 4 (bf16, oneDNN on by default)", machine(cpu_of(ZEN4)), "cpu", "mixed_bfloat16", "none", False, False, ("/CPU:0",)),
-    ("Zen 4, TF_ENABLE_ONEDNN_OPTS=0", machine(cpu_of(ZEN4, environ={"TF_ENABLE_ONEDNN_OPTS": "0"})), "cpu", "float32",
-     "none", False, False, ("/CPU:0",)),
-    ("Zen 4, TF_ENABLE_ONEDNN_OPTS=False", machine(cpu_of(ZEN4, environ={"TF_ENABLE_ONEDNN_OPTS": "False"})), "cpu",
-     "float32", "none", False, False, ("/CPU:0",)),
-    ("Zen 4, TF_ENABLE_ONEDNN_OPTS=yes (ignored by TF)", machine(cpu_of(ZEN4, environ={"TF_ENABLE_ONEDNN_OPTS": "yes"})),
+    ("Zen 4 (bf16, oneDNN on by default)", machine(cpu_of(ZEN4)), "cpu", "mixed_bfloat16", "none", False, False,
+     ("/CPU:0",)),
+    ("Zen 4, TF_ENABLE_ONEDNN_OPTS=0", machine(cpu_of(ZEN4, environ={"TF_ENABLE_ONEDNN_OPTS": "0"})),
+     "cpu", "float32", "none", False, False, ("/CPU:0",)),
+    ("Zen 4, TF_ENABLE_ONEDNN_OPTS=False", machine(cpu_of(ZEN4, environ={"TF_ENABLE_ONEDNN_OPTS": "False"})),
+     "cpu", "float32", "none", False, False, ("/CPU:0",)),
+    ("Zen 4, TF_ENABLE_ONEDNN_OPTS=yes (ignored by TF)",
+     machine(cpu_of(ZEN4, environ={"TF_ENABLE_ONEDNN_OPTS": "yes"})),
      "cpu", "mixed_bfloat16", "none", False, False, ("/CPU:0",)),
-    ("Sapphire Rapids, TF_ENABLE_ONEDNN_OPTS=0", machine(cpu_of(SAPPHIRE_RAPIDS, environ={"TF_ENABLE_ONEDNN_OPTS": "0"})),
+    ("Sapphire Rapids, TF_ENABLE_ONEDNN_OPTS=0",
+     machine(cpu_of(SAPPHIRE_RAPIDS, environ={"TF_ENABLE_ONEDNN_OPTS": "0"})),
      "cpu", "float32", "none", False, False, ("/CPU:0",)),
     ("Sapphire Rapids + ITEX, TF_ENABLE_ONEDNN_OPTS=0: ITEX's own oneDNN",
-     machine(cpu_of(SAPPHIRE_RAPIDS, itex=True, environ={"TF_ENABLE_ONEDNN_OPTS": "0"})), "cpu", "mixed_bfloat16", "none",
-     True, False, ("/CPU:0",)),
-    ("Arm bf16, oneDNN off by default (Neoverse V2)", machine(cpu_of(GRAVITON4, arch="aarch64")), "cpu", "float32", "none",
-     False, False, ("/CPU:0",)),
+     machine(cpu_of(SAPPHIRE_RAPIDS, itex=True, environ={"TF_ENABLE_ONEDNN_OPTS": "0"})),
+     "cpu", "mixed_bfloat16", "none", True, False, ("/CPU:0",)),
+    ("Arm bf16, oneDNN off by default (Neoverse V2)", machine(cpu_of(GRAVITON4, arch="aarch64")),
+     "cpu", "float32", "none", False, False, ("/CPU:0",)),
     ("Arm bf16, TF_ENABLE_ONEDNN_OPTS=1 (Neoverse V2)",
-     machine(cpu_of(GRAVITON4, arch="aarch64", environ={"TF_ENABLE_ONEDNN_OPTS": "1"})), "cpu", "mixed_bfloat16", "none",
-     False, False, ("/CPU:0",)),
+     machine(cpu_of(GRAVITON4, arch="aarch64", environ={"TF_ENABLE_ONEDNN_OPTS": "1"})),
+     "cpu", "mixed_bfloat16", "none", False, False, ("/CPU:0",)),
     ("Apple silicon: no oneDNN build", machine(cpu_of(GRAVITON3, arch="arm64", system="darwin",
                                                       environ={"TF_ENABLE_ONEDNN_OPTS": "1"})),
      "cpu", "float32", "none", False, False, ("/CPU:0",)),
@@ -75,12 +84,14 @@ TABLE = [
 @pytest.mark.parametrize("name,hw,backend,policy,loss,tf32,xla,devices", TABLE, ids=[t[0] for t in TABLE])
 def test_decision_table(registry, name, hw, backend, policy, loss, tf32, xla, devices):
     p = plan(hw, registry)
-    assert (p.backend, p.policy, p.loss_scale.mode, p.tf32, p.xla, p.devices) == (backend, policy, loss, tf32, xla, devices)
+    got = (p.backend, p.policy, p.loss_scale.mode, p.tf32, p.xla, p.devices)
+    assert got == (backend, policy, loss, tf32, xla, devices)
     assert p.warnings == ()
     assert set(p.reasons) >= {"policy", "loss_scale", "tf32", "xla"}
     assert all(p.reasons.values())
     # every rejected policy says why it lost
-    assert {r.value for r in p.rejected if r.setting == "policy"} == {"float32", "mixed_float16", "mixed_bfloat16"} - {policy}
+    rejected = {r.value for r in p.rejected if r.setting == "policy"}
+    assert rejected == {"float32", "mixed_float16", "mixed_bfloat16"} - {policy}
     assert all(r.why for r in p.rejected)
 
 
@@ -171,7 +182,8 @@ def test_loss_scale_json_carries_only_what_its_mode_uses(registry):
     h100 = machine(nvidia(H100), HERE)
     assert plan(h100, registry, loss_scale="none").to_dict()["loss_scale"] == {"mode": "none"}
     assert plan(machine(HERE), registry).to_dict()["loss_scale"] == {"mode": "none"}
-    assert plan(h100, registry).to_dict()["loss_scale"] == {"mode": "dynamic", "initial": 2.0**15, "growth_interval": 2000}
+    assert plan(h100, registry).to_dict()["loss_scale"] == {"mode": "dynamic", "initial": 2.0**15,
+                                                            "growth_interval": 2000}
 
 
 def test_tf32_on_a_cpu_reason_agrees_with_the_downgrade(registry):
@@ -343,7 +355,8 @@ def test_every_figure_in_a_cpu_reason_is_in_a_committed_results_file(registry):
             doc = json.loads((RESULTS_DIR / file).read_text(encoding="utf-8"))
             assert f"{doc['results'][config]['median']:.0f}" == figure, (file, config, figure)
             if repo_results.is_dir():  # a checkout: the shipped copy is the committed one
-                assert (repo_results / file).read_text(encoding="utf-8") == (RESULTS_DIR / file).read_text(encoding="utf-8")
+                shipped = (RESULTS_DIR / file).read_text(encoding="utf-8")
+                assert (repo_results / file).read_text(encoding="utf-8") == shipped
             quoted += 1
         # a figure: three digits or more, not part of a name (AVX-512, avx512_bf16) or a version
         assert not re.search(r"(?<![\w.-])\d{3,}(?![\w.])", rest), f"a figure outside a quoted results file: {rest}"

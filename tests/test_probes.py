@@ -12,7 +12,8 @@ from conftest import NEUTRAL_CWD
 from amp_backends.backends.cpu import parse_cpuinfo, probe_cpu
 from amp_backends.backends.cpu.backend import CpuBackend
 from amp_backends.backends.intel import classify_xpu, itex_status
-from amp_backends.backends.nvidia import NvidiaBackend, NvmlGpu, cuda_enumeration, derive_capabilities, parse_visible_devices
+from amp_backends.backends.nvidia import (NvidiaBackend, NvmlGpu, cuda_enumeration, derive_capabilities,
+                                          parse_visible_devices)
 from amp_backends.backends.nvidia.nvml import NVML_LIBRARY, explain_library_failure, library_load_error
 
 AMD_CPUINFO = """processor\t: 0
@@ -67,12 +68,14 @@ ALDER_LAKE = "avx2 fma avx_vnni"
     (SPR, "Xeon", "x86_64", "linux", None, "2.21.0", True, "amx_bf16"),
     (CASCADE_LAKE, "Xeon", "x86_64", "linux", None, "2.21.0", True, "avx512_vnni"),
     (ALDER_LAKE, "Core", "x86_64", "linux", None, "2.21.0", True, "avx_vnni"),
-    (ZEN1, "AMD EPYC", "x86_64", "linux", None, "2.21.0", False, "off by default on Linux for CPUs without AVX512-VNNI"),
+    (ZEN1, "AMD EPYC", "x86_64", "linux", None, "2.21.0", False,
+     "off by default on Linux for CPUs without AVX512-VNNI"),
     (ZEN1, "AMD EPYC", "x86_64", "linux", "1", "2.21.0", True, "TF_ENABLE_ONEDNN_OPTS=1"),
     (ZEN1, "AMD EPYC", "x86_64", "linux", "TRUE", "2.21.0", True, "TF_ENABLE_ONEDNN_OPTS=TRUE"),
     (ZEN4, "AMD EPYC", "x86_64", "linux", "0", "2.21.0", False, "TF_ENABLE_ONEDNN_OPTS=0"),
     (ZEN4, "AMD EPYC", "x86_64", "linux", "false", "2.21.0", False, "TF_ENABLE_ONEDNN_OPTS=false"),
-    (ZEN4, "AMD EPYC", "x86_64", "linux", "off", "2.21.0", True, "'off' is not 0, 1, true or false: TensorFlow ignores it"),
+    (ZEN4, "AMD EPYC", "x86_64", "linux", "off", "2.21.0", True,
+     "'off' is not 0, 1, true or false: TensorFlow ignores it"),
     (ZEN4, "AMD EPYC", "x86_64", "linux", "", "2.21.0", True, "ignores it"),
     (ZEN4, "AMD EPYC", "x86_64", "linux", None, "2.8.0", False, "before 2.9"),
     ("fp asimd sve bf16", "Neoverse-V1", "aarch64", "linux", None, "2.21.0", True, "Neoverse V1"),
@@ -97,7 +100,8 @@ def test_once_tensorflow_is_imported_its_own_answer_counts():
 
     cpu = CpuInfo("AMD", "AMD EPYC", "x86_64", 2, frozenset(ZEN4.split()))
     state = onednn_state(cpu, {"TF_ENABLE_ONEDNN_OPTS": "1"}, system="linux", imported_answer=False)
-    assert not state.enabled and state.tensorflow_imported and "TensorFlow is imported and reports oneDNN off" in state.why
+    assert not state.enabled and state.tensorflow_imported
+    assert "TensorFlow is imported and reports oneDNN off" in state.why
 
 
 def test_real_cpu_probe_reads_onednn_from_the_environment(monkeypatch):
@@ -272,7 +276,8 @@ def test_all_visible_gpus_are_listed_in_cuda_order(monkeypatch):
     ([("old-but-big", (7, 0), "0:1:0.0", 99999, 9999), ("new", (9, 0), "0:2:0.0", 1, 1)], ["new", "old-but-big"]),
 ])
 def test_fastest_first_heuristic(gpus, expected):
-    listed = [NvmlGpu(i, n, f"GPU-{i}", pci, cc, None, cores, clock) for i, (n, cc, pci, cores, clock) in enumerate(gpus)]
+    listed = [NvmlGpu(i, n, f"GPU-{i}", pci, cc, None, cores, clock)
+              for i, (n, cc, pci, cores, clock) in enumerate(gpus)]
     assert [g.name for g in cuda_enumeration(listed)] == expected
 
 

@@ -71,8 +71,8 @@ def test_text_rendering_has_every_section():
     console = Console(record=True, width=200)
     render_text(collect(use_tensorflow=False, environ={"AMP_POLICY": "bf16"}), console)
     text = console.export_text()
-    for needle in ("Hardware", "Software", "Plan", "policy", "loss_scale", "tf32", "xla", "Overrides in force: AMP_POLICY=bf16",
-                   "device", "/CPU:0"):
+    for needle in ("Hardware", "Software", "Plan", "policy", "loss_scale", "tf32", "xla",
+                   "Overrides in force: AMP_POLICY=bf16", "device", "/CPU:0"):
         assert needle in text
 
 
@@ -148,8 +148,8 @@ def test_the_noise_filter_drops_start_up_chatter_and_keeps_real_errors():
         "Failed call to cuInit: UNKNOWN ERROR (303)",
         "2026-11-22 21:12:48.972967: E external/local_xla/xla/stream_executor/cuda/cuda_dnn.cc:9261] Unable to "
         "register cuDNN factory: Attempting to register factory for plugin cuDNN when one has already been registered",
-        "2026-11-22 21:12:50.111532: I itex/core/wrapper/itex_cpu_wrapper.cc:60] Intel Extension for Tensorflow* AVX512 "
-        "CPU backend is loaded.",
+        "2026-11-22 21:12:50.111532: I itex/core/wrapper/itex_cpu_wrapper.cc:60] Intel Extension for Tensorflow* "
+        "AVX512 CPU backend is loaded.",
     ]
     real = ["E0000 00:00:1795381697.702614    3532 kernel.cc:12] could not create a primitive descriptor",
             "Traceback (most recent call last):", "terminate called after throwing an instance of 'dnnl::error'"]
@@ -211,7 +211,8 @@ def test_help_is_complete_at_80_columns(module, args):
 
 def test_console_script_subcommand():
     exe = os.path.join(os.path.dirname(sys.executable), "amp-backends")
-    out = subprocess.run([exe, "info", "--json", "--no-tensorflow"], capture_output=True, text=True, timeout=120, cwd=NEUTRAL_CWD)
+    out = subprocess.run([exe, "info", "--json", "--no-tensorflow"], capture_output=True, text=True, timeout=120,
+                         cwd=NEUTRAL_CWD)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["schema_version"] == SCHEMA_VERSION
 

@@ -43,8 +43,8 @@ def from_onednn(lines: Sequence[str], doc: Mapping[str, Any], header: Sequence[s
                                "float32 contractions use it; they are not counted as compute time")
     elif entries:
         total = sum(e.time_ms for e in entries) / max(audit.steps or 1, 1)
-        audit.notes.append(f"oneDNN's own times sum to {total:.1f} ms per step; TensorFlow runs independent ops side by "
-                           "side, so this may exceed the step time")
+        audit.notes.append(f"oneDNN's own times sum to {total:.1f} ms per step; TensorFlow runs independent ops "
+                           "side by side, so this may exceed the step time")
     return audit
 
 

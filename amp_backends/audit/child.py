@@ -87,7 +87,7 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
             outputs = model(inputs, training=True)
             loss = tf.add_n([tf.reduce_mean(tf.square(tf.cast(o, tf.float32))) for o in tf.nest.flatten(outputs)])
         grads = tape.gradient(loss, weights)
-        optimizer.apply_gradients([(g, w) for g, w in zip(grads, weights) if g is not None])
+        optimizer.apply_gradients([(g, w) for g, w in zip(grads, weights, strict=True) if g is not None])
         return loss
 
     compiled = tf.function(step, jit_compile=bool(plan.xla))
@@ -112,8 +112,9 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
     except Exception as exc:  # noqa: BLE001  # the audit stands without the check's findings
         findings = [{"severity": "info", "code": "check-failed", "layer": model.name, "what": str(exc)}]
     doc = {
-        "model": model.name, "plan": {"backend": plan.backend, "policy": plan.policy, "compute_dtype": plan.compute_dtype,
-                                      "xla": bool(plan.xla), "graph_amp": plan.graph_amp},
+        "model": model.name,
+        "plan": {"backend": plan.backend, "policy": plan.policy, "compute_dtype": plan.compute_dtype,
+                 "xla": bool(plan.xla), "graph_amp": plan.graph_amp},
         "batch_size": batch, "steps": steps, "step_time_ms": 1000 * elapsed / max(steps, 1),
         "layers": layer_kernels(model), "findings": findings, "gpu": gpu,
         "profile_dir": logdir if gpu else None, "tensorflow": tf.__version__,

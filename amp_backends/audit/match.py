@@ -64,7 +64,7 @@ def _conv_matches(shape: dict[str, int], layer: LayerKernel) -> bool:
     names = {1: ("kw",), 2: ("kh", "kw"), 3: ("kd", "kh", "kw")}.get(len(spatial))
     if names is None:
         return False
-    if any(shape.get(n, 1) != s for n, s in zip(names, spatial)):
+    if any(shape.get(n, 1) != s for n, s in zip(names, spatial, strict=True)):
         return False
     ic, oc = shape.get("ic"), shape.get("oc")
     if "Depthwise" in layer.class_name:  # kernel (kh, kw, C, multiplier): oneDNN sees g=C groups

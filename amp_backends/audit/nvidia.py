@@ -9,10 +9,12 @@ more (each rule's examples are recorded names, listed with their public sources 
 - cuBLAS/cuDNN SASS kernels ``<arch>_[<dtype>_]<acc><mma>gemm|cudnn_[<dtype>]...``: ``volta_h884gemm_64x64_nt``,
   ``turing_fp16_s1688cudnn_fp16_...``, ``ampere_bf16_s16816gemm_bf16_...``: the MMA shape (884, 1688,
   16816, 8816, 16832...) means Tensor Cores; a plain ``sgemm``/``scudnn`` is float32 on CUDA cores.
-- xmma kernels ``sm<NN>_xmma_<gemm|fprop|dgrad|wgrad>_..._<A><B>_<C><acc>_...``: ``sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_...``,
-  ``sm80_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_...``, ``sm89_xmma_gemm_e4m3e4m3_e4m3f32_f32_...``.
+- xmma kernels ``sm<NN>_xmma_<gemm|fprop|dgrad|wgrad>_..._<A><B>_<C><acc>_...``:
+  ``sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_...``, ``sm80_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_...``,
+  ``sm89_xmma_gemm_e4m3e4m3_e4m3f32_f32_...``.
 - cuBLAS >= 12.8 ``nvjet_[sm<NN>_]<A><compute><D>_...``: ``h`` float16, ``t`` bfloat16, ``s`` float32.
-- CUTLASS ``cutlass_[<sm>_]tensorop|simt_[<dtype>_]<acc><mma>gemm_...``: ``cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_...``.
+- CUTLASS ``cutlass_[<sm>_]tensorop|simt_[<dtype>_]<acc><mma>gemm_...``:
+  ``cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_...``.
 - cuDNN's CUDA-core convolutions: ``implicit_convolve_sgemm`` (float32), ``implicit_convolveNd_hhgemm`` (float16).
 - XLA fusions (``fusion_12``, ``loop_fusion``, ``input_reduce_fusion``, ``gemm_fusion_dot.3``,
   ``triton_gemm_dot``): the name says nothing about the dtype; the HLO the trace attaches (``long_name``,
@@ -40,11 +42,20 @@ _DT = {"h": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
        "d": "float64", "f64": "float64", "c": "complex64", "z": "complex128"}
 _MMA_SHAPES = ("884", "1688", "16816", "8816", "16832", "1684", "16864", "88128", "8832")
 _ARCH = r"(?:maxwell|pascal|volta|turing|ampere|ada|hopper|blackwell|sm\d+a?)"
-_LEGACY = re.compile(rf"^{_ARCH}_(?:(?P<dt>fp16|bf16|int8|tf32|fp32)_)?(?P<acc>[a-z]{{0,2}}?)(?P<mma>\d+)?(?P<op>gemm|cudnn)(?:_(?P<dt2>fp16|bf16|int8|tf32|fp32))?")
-_XMMA = re.compile(r"\bsm\d+a?_xmma_(?P<op>gemm|fprop|dgrad|wgrad|conv)\w*?_(?P<a>bf16|f16|tf32|f32|e4m3|e5m2|s8|i8|f64)(?P<b>bf16|f16|tf32|f32|e4m3|e5m2|s8|i8|f64)_(?P<rest>[a-z0-9]+)")
+_LEGACY = re.compile(
+    rf"^{_ARCH}_(?:(?P<dt>fp16|bf16|int8|tf32|fp32)_)?(?P<acc>[a-z]{{0,2}}?)(?P<mma>\d+)?(?P<op>gemm|cudnn)"
+    r"(?:_(?P<dt2>fp16|bf16|int8|tf32|fp32))?")
+_XMMA = re.compile(
+    r"\bsm\d+a?_xmma_(?P<op>gemm|fprop|dgrad|wgrad|conv)\w*?_"
+    r"(?P<a>bf16|f16|tf32|f32|e4m3|e5m2|s8|i8|f64)(?P<b>bf16|f16|tf32|f32|e4m3|e5m2|s8|i8|f64)_(?P<rest>[a-z0-9]+)")
 _NVJET = re.compile(r"^nvjet_(?:sm\d+_)?(?P<a>[a-z])(?P<c>[a-z])(?P<d>[a-z])_")
-_CUTLASS = re.compile(r"cutlass_(?:\d+_)?(?P<cls>tensorop|simt|wmma_tensorop)_(?:(?P<dt>bf16|f16|tf32|f32|s8|u8|i8|f64|e4m3|e5m2)_)?(?P<acc>[a-z]*?)(?P<mma>\d+)?(?P<extra>tf32|bf16|f16)?gemm(?:_[a-z]+)*?(?:_(?P<dt2>bf16|f16|s8|u8|f32|tf32))?_")
-_XLA_FUSION = re.compile(r"^(?:%?)(?:(?:loop|input|output)_)?(?:[a-z_]+_)?fusion(?:[._]\d+)*$|^(?:gemm_fusion_dot|triton_gemm|triton_softmax|triton_)[\w.]*$|^(?:fusion|wrapped_)[\w.]*$")
+_CUTLASS = re.compile(
+    r"cutlass_(?:\d+_)?(?P<cls>tensorop|simt|wmma_tensorop)_(?:(?P<dt>bf16|f16|tf32|f32|s8|u8|i8|f64|e4m3|e5m2)_)?"
+    r"(?P<acc>[a-z]*?)(?P<mma>\d+)?(?P<extra>tf32|bf16|f16)?gemm(?:_[a-z]+)*?(?:_(?P<dt2>bf16|f16|s8|u8|f32|tf32))?_")
+_XLA_FUSION = re.compile(
+    r"^(?:%?)(?:(?:loop|input|output)_)?(?:[a-z_]+_)?fusion(?:[._]\d+)*$"
+    r"|^(?:gemm_fusion_dot|triton_gemm|triton_softmax|triton_)[\w.]*$"
+    r"|^(?:fusion|wrapped_)[\w.]*$")
 _HLO_TYPE = re.compile(r"=\s*\(?(?P<t>bf16|f16|f32|f64|f8e4m3fn|f8e5m2|f8e4m3|s8|u8|s32|pred)\[")
 
 
@@ -180,7 +191,8 @@ def read_trace(path: str | os.PathLike[str]) -> list[KernelEvent]:
                  if f.endswith((".trace.json.gz", ".trace.json", ".xplane.pb"))]
         if not found:
             raise ValueError(f"expected a TensorFlow profiler log directory holding *.trace.json.gz or *.xplane.pb "
-                             f"files, but {path!r} has none. Fix: give the logdir passed to tf.profiler.experimental.start")
+                             f"files, but {path!r} has none. "
+                             "Fix: give the logdir passed to tf.profiler.experimental.start")
         found.sort(key=lambda f: (not f.endswith((".json.gz", ".json")), -os.path.getmtime(f)))
         path = found[0]
     if path.endswith(".xplane.pb"):
@@ -190,7 +202,8 @@ def read_trace(path: str | os.PathLike[str]) -> list[KernelEvent]:
         with opener(path, "rt", encoding="utf-8") as f:
             return events_from_trace_json(json.load(f))
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"expected a trace-events JSON file (gzip or plain), but reading {path!r} failed: {exc}") from exc
+        raise ValueError(
+            f"expected a trace-events JSON file (gzip or plain), but reading {path!r} failed: {exc}") from exc
 
 
 def events_from_xspace(space: Any) -> list[KernelEvent]:

@@ -126,7 +126,8 @@ class Record:
         """A reduced-precision primitive on an ISA without instructions for it (bf16 on plain AVX-512 or AVX2)."""
         dtype, isa = self.dtype, self.isa or ""
         if dtype == "bfloat16":
-            return bool(isa) and isa not in ("uni", "any") and not any(s in isa for s in ("bf16", "amx", "fp16", "avx10"))
+            return (bool(isa) and isa not in ("uni", "any")
+                    and not any(s in isa for s in ("bf16", "amx", "fp16", "avx10")))
         if dtype == "float16":
             return bool(isa) and isa not in ("uni", "any") and not any(s in isa for s in ("fp16", "amx_fp16", "avx10"))
         return False

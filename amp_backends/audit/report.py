@@ -134,7 +134,8 @@ class Audit:
             t = self._time(entries)
             matched = "unmatched" if not layers else ("layer" if len(layers) == 1 else "ambiguous")
             check = [f for f in self.findings if f.get("layer") in layers]
-            islands.append({"layers": list(layers), "time_ms": round(t, 4), "share": round(t / total, 6) if total else 0.0,
+            islands.append({"layers": list(layers), "time_ms": round(t, 4),
+                            "share": round(t / total, 6) if total else 0.0,
                             "kinds": sorted({e.kind for e in entries}), "matched": matched, "check": check})
         return islands
 

@@ -16,8 +16,9 @@ from .nvidia import read_trace
 from .report import Audit
 
 XPU_REASON = ("not measured on XPU: what ran on an Intel GPU is not read. ITEX routes its matmuls and convolutions "
-              "through oneDNN's GPU engine and TensorFlow's profiler, but no Intel GPU was at hand to check what either "
-              "prints there, and ITEX is end-of-life (TensorFlow <= 2.16); `amp-backends check` still reads the graph")
+              "through oneDNN's GPU engine and TensorFlow's profiler, but no Intel GPU was at hand to check what "
+              "either prints there, and ITEX is end-of-life (TensorFlow <= 2.16); "
+              "`amp-backends check` still reads the graph")
 
 
 def overrides_env(plan: Any = None, **overrides: Any) -> dict[str, str]:
@@ -55,14 +56,16 @@ def run_child(target: str, *, batch_size: int, steps: int, warmup: int, env: Map
         child_env = {**os.environ, **env, "ONEDNN_VERBOSE": "1"}
         cmd = [sys.executable, "-m", "amp_backends.audit.child", target, out, str(batch_size), str(steps), str(warmup)]
         try:
-            proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=timeout, check=False, cwd=os.getcwd())
+            proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=timeout, check=False,
+                                  cwd=os.getcwd())
         except subprocess.TimeoutExpired as exc:
             raise RuntimeError(f"the audit of {target} ran past {timeout:.0f} s. Fix: fewer --steps or a smaller "
                                "--batch-size") from exc
         if proc.returncode != 0 or not os.path.exists(out):
             tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-            raise RuntimeError(f"the audit's child process for {target} failed (exit {proc.returncode}). Expected it to "
-                               f"build the model and train {warmup + steps} steps. Its last lines:\n{tail}")
+            raise RuntimeError(f"the audit's child process for {target} failed (exit {proc.returncode}). "
+                               f"Expected it to build the model and train {warmup + steps} steps. "
+                               f"Its last lines:\n{tail}")
         with open(out, encoding="utf-8") as f:
             doc = json.load(f)
         header, measured = split_output(proc.stdout)

@@ -66,4 +66,5 @@ def outside_onednn_reason(doc: dict[str, Any], has_compute_records: bool) -> str
     if (doc.get("plan") or {}).get("xla"):
         return "ran outside oneDNN: XLA compiled the step (its CPU kernels are its own), so oneDNN reports nothing"
     return ("ran outside oneDNN (Eigen): no oneDNN matmul or convolution was executed; TensorFlow leaves oneDNN off "
-            "by default on CPUs without AVX512-VNNI, AVX512-BF16, AVX-VNNI or AMX (TF_ENABLE_ONEDNN_OPTS=1 turns it on)")
+            "by default on CPUs without AVX512-VNNI, AVX512-BF16, AVX-VNNI or AMX "
+            "(TF_ENABLE_ONEDNN_OPTS=1 turns it on)")

@@ -63,7 +63,8 @@ def load_factory(module_name: str, factory_name: str) -> Any:
     if not callable(factory):
         raise ValueError(
             f"expected {module_name}.{factory_name} to be a function that returns a Keras model, but it is "
-            f"{factory!r:.80} (of type {type(factory).__name__}). Fix: name a function taking no arguments after the colon"
+            f"{factory!r:.80} (of type {type(factory).__name__}). "
+            "Fix: name a function taking no arguments after the colon"
         )
     return factory
 
@@ -136,9 +137,9 @@ def check_command(
         model = factory()
     except Exception as exc:
         traceback.print_exc()
-        fail(PROG, f"{module_name}.{factory_name}() raised {type(exc).__name__}: {exc} (traceback above). Expected it "
-                   "to build and return a Keras model with no arguments. Fix: the error in the factory, or wrap it in a "
-                   "function that passes its arguments", code=1)
+        fail(PROG, f"{module_name}.{factory_name}() raised {type(exc).__name__}: {exc} (traceback above). "
+                   "Expected it to build and return a Keras model with no arguments. "
+                   "Fix: the error in the factory, or wrap it in a function that passes its arguments", code=1)
     from ..model_check import check_model
     from ..model_check._keras import is_keras_model
     from ..model_check.shapes import shapes_with_sequence_length

@@ -34,13 +34,14 @@ def get_app() -> typer.Typer:
         from .check import check_command
         from .train import train_app
 
-        app.add_typer(train_app(), name="train", short_help="Train the tutorials' MNIST CNN or GAN under the auto plan.")
+        app.add_typer(train_app(), name="train",
+                      short_help="Train the tutorials' MNIST CNN or GAN under the auto plan.")
         app.command("check", short_help="Check a Keras model for what makes mixed precision slow or wrong.")(
             check_command)
         app.command("audit", short_help="Train a few steps and report the kernels that ran: dtypes, float32 islands.")(
             audit_command)
-        app.command("bench", help=bench_main.__doc__, short_help="Time the tutorials' configurations against the auto plan.")(
-            bench_main)
+        app.command("bench", help=bench_main.__doc__,
+                    short_help="Time the tutorials' configurations against the auto plan.")(bench_main)
         _registered = True
     return app
 

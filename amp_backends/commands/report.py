@@ -83,7 +83,8 @@ class Report:
 
 
 def _tensorflow_section(imported: Any, why: str, error: str | None) -> dict[str, Any]:
-    info: dict[str, Any] = {"version": tensorflow_version(), "imported": imported is not None, "why": why, "error": error}
+    info: dict[str, Any] = {"version": tensorflow_version(), "imported": imported is not None,
+                            "why": why, "error": error}
     build = tensorflow_build_info() or {}
     if imported is not None:
         info["version"] = imported.__version__
@@ -99,7 +100,9 @@ def _tensorflow_section(imported: Any, why: str, error: str | None) -> dict[str,
     return info
 
 
-def _hardware(registry: BackendRegistry, use_tensorflow: bool | None, quiet: bool) -> tuple[Hardware, Any, str, str | None]:
+def _hardware(
+    registry: BackendRegistry, use_tensorflow: bool | None, quiet: bool
+) -> tuple[Hardware, Any, str, str | None]:
     """Probe, importing TensorFlow when asked or (``None``) when it can change the plan."""
     hardware = probe_hardware(registry, use_tensorflow=False)
     if use_tensorflow is None:
@@ -124,6 +127,10 @@ def _rows(call: Any) -> list[list[str]]:
         return [[str(label), str(value)] for label, value in call()]
     except Exception as exc:  # a backend's bug is shown, never raised
         return [["error", f"{type(exc).__name__}: {exc}"]]
+
+
+def _backend_rows(backend: Any, probe: Any) -> list[list[str]]:
+    return _rows(lambda: backend.report_rows(probe))
 
 
 def collect(
@@ -171,7 +178,7 @@ def collect(
     for backend in registry:
         probe = hardware.get(backend.name)
         if probe is not None:
-            data["backend_rows"][backend.name] = _rows(lambda: backend.report_rows(probe))
+            data["backend_rows"][backend.name] = _backend_rows(backend, probe)
     for name, err in registry.load_errors.items():
         data["backend_rows"][name] = [["status", f"failed to load: {err}"]]
     try:
@@ -236,7 +243,8 @@ def render_text(report: Report, console: Any = None) -> None:
         tf_text += f" [{tf['error']}]"
     st.add_row("TensorFlow", escape(tf_text))
     k = sw["keras"]
-    st.add_row("Keras", f"{k['version'] or 'not installed'}" + (f" (Keras {k['generation']} API)" if k.get("generation") else ""))
+    generation = f" (Keras {k['generation']} API)" if k.get("generation") else ""
+    st.add_row("Keras", f"{k['version'] or 'not installed'}" + generation)
     for rows in sw["backends"].values():
         for label, value in rows:
             st.add_row(escape(label), escape(value))
@@ -257,7 +265,8 @@ def render_text(report: Report, console: Any = None) -> None:
                                 "available" if b["available"] else "unavailable")
             for b in plan["backends"])))
         pt.add_row("devices", ", ".join(plan["devices"]), "")
-        for key, value in (("policy", plan["policy"]), ("loss_scale", ls_text), ("tf32", "on" if plan["tf32"] else "off"),
+        for key, value in (("policy", plan["policy"]), ("loss_scale", ls_text),
+                           ("tf32", "on" if plan["tf32"] else "off"),
                            ("xla", "on" if plan["xla"] else "off"), ("fp8", "on" if plan.get("fp8") else "off"),
                            ("steps_per_execution", str(plan.get("steps_per_execution", 1)))):
             pt.add_row(key, value, escape(plan["reasons"].get(key, "")))
@@ -266,7 +275,8 @@ def render_text(report: Report, console: Any = None) -> None:
         for s in plan["vendor_settings"]:
             pt.add_row(escape(s["name"]), escape(s["value"]), escape(s["why"]))
         for r in plan["rejected"]:
-            pt.add_row(f"[dim]rejected {r['setting']}[/dim]", f"[dim]{r['value']}[/dim]", f"[dim]{escape(r['why'])}[/dim]")
+            pt.add_row(f"[dim]rejected {r['setting']}[/dim]", f"[dim]{r['value']}[/dim]",
+                       f"[dim]{escape(r['why'])}[/dim]")
         for w in plan["warnings"]:
             pt.add_row("[yellow]warning[/yellow]", "", escape(w))
         for n in plan["notes"]:
@@ -278,4 +288,5 @@ def render_text(report: Report, console: Any = None) -> None:
             f"model {k.split('#')[-1]}: policy={v['policy']} xla={'on' if v['xla'] else 'off'} "
             f"({v['img_per_s']:.4g} img/s, {v['date']})" for k, v in tuned.items())))
     overrides = d["overrides"]
-    console.print(escape("Overrides in force: " + (", ".join(f"{k}={v}" for k, v in overrides.items()) if overrides else "none (all automatic)")))
+    in_force = ", ".join(f"{k}={v}" for k, v in overrides.items()) if overrides else "none (all automatic)"
+    console.print(escape("Overrides in force: " + in_force))

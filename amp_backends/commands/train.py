@@ -81,7 +81,8 @@ def command(name: str, train: Callable[[Any], Any], *, batch_size: int, lr: floa
         data: str | None = typer.Option(None, "--data", metavar="PATH",
                                         help="mnist.npz in Keras's format (uint8 or [0, 1] float images). Default: "
                                              "Keras's cache, else its download."),
-        synthetic: bool = typer.Option(False, "--synthetic", help="Random MNIST-shaped data (benchmarks; nothing to learn)."),
+        synthetic: bool = typer.Option(False, "--synthetic",
+                                       help="Random MNIST-shaped data (benchmarks; nothing to learn)."),
         digits: bool = typer.Option(False, "--digits", help="scikit-learn's real handwritten digits as 28x28 images "
                                     "(1,797 images, offline; needs scikit-learn)."),
         overrides: Any = None,

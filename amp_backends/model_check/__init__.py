@@ -16,9 +16,9 @@ causes from the model alone::
 
 It traces the model's forward pass once (``tf.function(...).get_concrete_function``; nothing runs, nothing
 changes) on the model's input shapes, or on the ones ``inputs=`` gives (a sample batch, a ``tf.data``
-element spec or shapes; :mod:`.shapes`), reads every matmul and convolution of the graph — the dtype it computes in, its shapes, its
-FLOPs — maps each op to the layer that created it, and judges them against the plan's device (see
-:mod:`.target`) with the rules of :mod:`.rules`. ``amp-backends check MODULE:FACTORY``
+element spec or shapes; :mod:`.shapes`), reads every matmul and convolution of the graph — the dtype it
+computes in, its shapes, its FLOPs — maps each op to the layer that created it, and judges them against the
+plan's device (see :mod:`.target`) with the rules of :mod:`.rules`. ``amp-backends check MODULE:FACTORY``
 (:func:`.command.check_command`) does the same from the command line.
 
 Findings (``code``: when, severity)

@@ -94,5 +94,6 @@ def fp8_layers(graph: ModelGraph, dims: Callable[[GemmOp], dict[str, int | None]
                                 f"{SMALL_INPUTS}, torchao's tensorwise filter): the quantization costs more than the "
                                 "fp8 GEMM saves", small=True, size=size))
             continue
-        out.append(Fp8Layer(info.path, True, f"float8: a middle layer, multiples of 16, large enough ({size})", size=size))
+        out.append(Fp8Layer(info.path, True, f"float8: a middle layer, multiples of 16, large enough ({size})",
+                            size=size))
     return out

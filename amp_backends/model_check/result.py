@@ -182,12 +182,13 @@ class ModelCheck:
                     *self._fp8_lines(), *self.notes]
         over = (f" (over the {counted} of {s.gemm_ops} ops that are sized; shares below are of these)"
                 if s.unknown_flops_ops else "")
-        lines = [f"matmul + convolution FLOPs: {_flops(s.flops_per_image)} per image (forward){over}; {dtypes or 'none'}",
+        lines = [f"matmul + convolution FLOPs: {_flops(s.flops_per_image)} per image (forward){over}; "
+                 f"{dtypes or 'none'}",
                  f"in reduced precision: {_pct(s.reduced_precision_share)}"]
         if s.eligible_share is None:
-            lines.append(f"matrix-unit (Tensor Core) shapes: not checked: {self.plan.get('compute_dtype')} has no matrix "
-                         f"unit on this {self.plan.get('backend')} device, so layer widths do not matter here (they would "
-                         "on a GPU with Tensor Cores: check with a plan for one)")
+            lines.append(f"matrix-unit (Tensor Core) shapes: not checked: {self.plan.get('compute_dtype')} has no "
+                         f"matrix unit on this {self.plan.get('backend')} device, so layer widths do not matter here "
+                         "(they would on a GPU with Tensor Cores: check with a plan for one)")
         else:
             units = ", ".join(f"{u} for {d}" for d, u in s.matrix_units.items() if d in s.dtype_shares)
             lines.append(f"on shapes the matrix units run at full efficiency: {_pct(s.eligible_share)} ({units})")

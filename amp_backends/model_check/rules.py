@@ -77,7 +77,8 @@ class Rules(RuleContext):
                 also = f", and {label} is {out.dtype}" if out.dtype in ("float16", "bfloat16") else ""
                 self.add("error", "final-activation", out.layer,
                          f"{label} is a {act} computed in {out.producer_dtype}{also}",
-                         f"{out.producer_dtype} keeps about {3 if out.producer_dtype == 'float16' else 2} significant digits"
+                         f"{out.producer_dtype} keeps about {3 if out.producer_dtype == 'float16' else 2} "
+                         "significant digits"
                          + (" and nothing below 6e-8" if out.producer_dtype == "float16" else "")
                          + ": probabilities near 0 and 1 round off, and the loss's log(p) reads the rounded values "
                          "(Keras's mixed precision guide computes the final activation in float32)",
@@ -89,8 +90,9 @@ class Rules(RuleContext):
                          f"the loss and its gradient then start from {out.dtype} values"
                          + (" (float16 overflows above 65504 and keeps about 3 significant digits)"
                             if out.dtype == "float16" else " (bfloat16 keeps about 2 significant digits)"),
-                         "end the model with keras.layers.Activation('linear', dtype='float32') (or 'softmax'/'sigmoid' "
-                         "there, if the last layer applied one)", output=out.index, dtype=out.dtype)
+                         "end the model with keras.layers.Activation('linear', dtype='float32') "
+                         "(or 'softmax'/'sigmoid' there, if the last layer applied one)",
+                         output=out.index, dtype=out.dtype)
 
     # -- float32-compute: matmuls/convolutions in float32 under a mixed policy ----------------------
     def float32_compute(self) -> None:
@@ -156,7 +158,8 @@ class Rules(RuleContext):
                 depthwise.append(op)
                 continue
             labels = dim_labels(graph.layer(op.layer).class_name, op.kind)
-            entry = per_layer.setdefault(op.layer, {"ops": [], "dims": {}, "unit": name, "align": align, "dtype": op.dtype})
+            entry = per_layer.setdefault(op.layer,
+                                         {"ops": [], "dims": {}, "unit": name, "align": align, "dtype": op.dtype})
             entry["ops"].append(op)
             for dim, value in self.dims(op).items():
                 if value is None or value % align == 0 or (dim in ("N", "K") and value in vocabularies):
@@ -258,11 +261,12 @@ class Rules(RuleContext):
                      f"{info.class_name} ({', '.join(kinds)}) has no {unit[0]} path: {amount} ({len(ops)} of {n_ops} "
                      "forward ops)",
                      f"a resize only copies memory and its gradient ({grads}) adds the copies back: neither gets "
-                     f"faster in {target.effective_dtype}, the convolutions around it do (the GAN tutorial's profile had "
-                     "ResizeNearestNeighbor and its gradient among the top GPU ops)",
+                     f"faster in {target.effective_dtype}, the convolutions around it do "
+                     "(the GAN tutorial's profile had ResizeNearestNeighbor and its gradient among the top GPU ops)",
                      "replace UpSampling2D + Conv2D(f, k, padding='same') by Conv2DTranspose(f, k, strides=2, "
                      f"padding='same'), a convolution the {unit[0]} run; or keep it if its share is small",
-                     None, traffic_share=None if share is None else round(share, 6), op_count=len(ops), forward_ops=n_ops, ops=kinds)
+                     None, traffic_share=None if share is None else round(share, 6), op_count=len(ops),
+                     forward_ops=n_ops, ops=kinds)
 
     # -- the summary -----------------------------------------------------------------------------
     def summary(self) -> Summary:

@@ -15,9 +15,10 @@ def emulated_policy(rules: RuleContext) -> None:
     if target.policy_level == EMULATED:
         rules.add("warning", "emulated-policy", 0,
                   f"the plan's policy {target.policy} is emulated on this {target.backend} device",
-                  f"{target.policy_why}. Emulated {target.compute_dtype} is slower than float32 here: training will be "
-                  "slower, not faster", "use the automatic plan (remove the policy override and force); keep the forced "
-                  "policy only to test numerics", policy=target.policy)
+                  f"{target.policy_why}. Emulated {target.compute_dtype} is slower than float32 here: "
+                  "training will be slower, not faster",
+                  "use the automatic plan (remove the policy override and force); "
+                  "keep the forced policy only to test numerics", policy=target.policy)
     elif target.policy_level == FUNCTIONAL:
         rules.add("info", "functional-policy", 0, f"the plan's policy {target.policy} runs here without a speed-up",
                   target.policy_why, "nothing to fix; the automatic plan may be as fast", policy=target.policy)
@@ -61,8 +62,9 @@ def float32_in_call(info: LayerInfo, op_types: str, rate: str, at_output: bool) 
     """(what, why, fix) of a layer that follows the mixed policy but runs its matmul in float32."""
     what = f"{info.class_name} (dtype policy {info.policy}) computes its {op_types} in float32 inside its call"
     why = (f"the traced graph shows {op_types} with T=float32 in this layer although it computes in "
-           f"{info.compute_dtype}: its code casts to float32 (tf.cast), or mixes in a float32 tensor (Keras ops promote "
-           f"{info.compute_dtype} x float32 to float32; an Embedding's weights stay float32); it runs {rate}")
+           f"{info.compute_dtype}: its code casts to float32 (tf.cast), or mixes in a float32 tensor "
+           f"(Keras ops promote {info.compute_dtype} x float32 to float32; an Embedding's weights stay float32); "
+           f"it runs {rate}")
     fix = ("compute in self.compute_dtype (drop the tf.cast(..., tf.float32) of the matmul's inputs; cast the result "
            "if a float32 output is needed)")
     if at_output:

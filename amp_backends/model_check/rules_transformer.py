@@ -61,9 +61,9 @@ def mask_overflow(rules: RuleContext) -> None:
                   + ("(1 - mask) * -inf is NaN at every kept position (0 * -inf), and " if in_dtype else "")
                   + "a row with every position masked is softmax(-inf, ..., -inf) = NaN. Keras's own masks stay "
                   "finite (-3e4 in float16)",
-                  "build the mask from the scores' dtype: tf.where(mask, scores, -0.7 * scores.dtype.max) (what Keras's "
-                  "dot_product_attention does), or pass the mask to keras.layers.Softmax / MultiHeadAttention("
-                  "attention_mask=...), which do it for you",
+                  "build the mask from the scores' dtype: tf.where(mask, scores, -0.7 * scores.dtype.max) "
+                  "(what Keras's dot_product_attention does), or pass the mask to keras.layers.Softmax / "
+                  "MultiHeadAttention(attention_mask=...), which do it for you",
                   None, value=worst.value, dtype=dtype, constants=[m.name for m in masks])
 
 
@@ -98,7 +98,7 @@ def normalization(rules: RuleContext) -> None:
     for op in graph.others:
         info = graph.layer(op.layer)
         name = info.class_name
-        if "Batch" in name or not ("Norm" in name) or op.op_type not in NORM_STATS_OPS or op.dtype not in REDUCED:
+        if "Batch" in name or "Norm" not in name or op.op_type not in NORM_STATS_OPS or op.dtype not in REDUCED:
             continue
         bad.setdefault(name, [])
         if op.layer not in bad[name]:
@@ -162,7 +162,8 @@ def logits(rules: RuleContext) -> None:
         size, dtype = heads[finding.layer], finding.details.get("dtype")
         info = by_path[finding.layer]
         fix = ("give the head reverse_dtype='float32' (keras_hub ReversibleEmbedding) or compute it as a float32 "
-               "layer" if info.vocabulary else "give the head dtype='float32' (keras.layers.Dense(..., dtype='float32'))")
+               "layer" if info.vocabulary
+               else "give the head dtype='float32' (keras.layers.Dense(..., dtype='float32'))")
         rules.findings[i] = Finding(
             "warning", "logits-dtype", finding.layer,
             f"the model's logits over a vocabulary of {size} are {dtype}",

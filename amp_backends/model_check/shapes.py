@@ -107,9 +107,10 @@ def _fit(given: Any, model_struct: Any, model_name: str) -> Any:
         return [given] if isinstance(model_struct, list) else (given,)  # one input, listed by the model
     if isinstance(given, (tuple, list)) and 2 <= len(given) <= 3 and _matches(given[0], model_struct):
         return given[0]  # an (x, y) or (x, y, sample_weight) element
-    raise ValueError(f"inputs= does not match the inputs of the model {model_name!r}: expected {_describe(model_struct)}, "
-                     f"received {_describe(given)}. Fix: pass the model's inputs (x, not (x, y) when the model takes "
-                     "a tuple), in the structure it is called with.")
+    raise ValueError(f"inputs= does not match the inputs of the model {model_name!r}: "
+                     f"expected {_describe(model_struct)}, received {_describe(given)}. "
+                     "Fix: pass the model's inputs (x, not (x, y) when the model takes a tuple), "
+                     "in the structure it is called with.")
 
 
 def _check_leaf(given: _keras.InputLeaf, declared: _keras.InputLeaf | None, model_name: str) -> None:

@@ -211,7 +211,8 @@ def _gemm(op: Any) -> tuple[str, int | None, dict[str, int | None], Any]:
         return "depthwise", flops, {"C_in": c_in, "C_out": _prod([c_in, kernel[-1]]) if kernel else None}, op.inputs[0]
     window = _prod(kernel[:-1]) if kernel else None
     flops = _prod([2, numel, window])
-    return "conv", flops, {"C_in": kernel[-2] if kernel else None, "C_out": kernel[-1] if kernel else None}, op.inputs[0]
+    channels = {"C_in": kernel[-2] if kernel else None, "C_out": kernel[-1] if kernel else None}
+    return "conv", flops, channels, op.inputs[0]
 
 
 def _traffic(op: Any) -> int | None:

@@ -68,7 +68,8 @@ class IntelBackend(Backend):
         itex = itex_status()
         details: list[tuple[str, str]] = []
         if not itex.installed:
-            return BackendProbe(self.name, False, "no Intel GPU: " + itex.reason + " (pip install 'amp-backends[intel]')",
+            return BackendProbe(self.name, False,
+                                "no Intel GPU: " + itex.reason + " (pip install 'amp-backends[intel]')",
                                 facts=IntelFacts(itex))
         native = tuple(itex_libraries())
         facts = IntelFacts(itex, native)
@@ -79,8 +80,8 @@ class IntelBackend(Backend):
                                 facts=facts)
         if not use_tensorflow and "tensorflow" not in sys.modules:
             return BackendProbe(self.name, False, "not probed: Intel XPUs are listed through TensorFlow, which is not "
-                                "imported yet (auto_configure() and `amp-backends info` probe them)", details=tuple(details),
-                                facts=facts, needs_tensorflow=True)
+                                "imported yet (auto_configure() and `amp-backends info` probe them)",
+                                details=tuple(details), facts=facts, needs_tensorflow=True)
         try:
             import tensorflow as tf
 
@@ -103,15 +104,17 @@ class IntelBackend(Backend):
                     name = "Intel XPU"
                 devices.append(classify_xpu(i, name, has_xmx, is_xehpc))
         except Exception as exc:
-            return BackendProbe(self.name, False, f"no Intel GPU: probing through TensorFlow failed ({type(exc).__name__}: {exc})",
+            return BackendProbe(self.name, False,
+                                f"no Intel GPU: probing through TensorFlow failed ({type(exc).__name__}: {exc})",
                                 details=tuple(details), facts=facts)
         if not devices:
             return BackendProbe(self.name, False, "no Intel GPU: TensorFlow with ITEX lists no XPU device "
                                 "(ITEX's CPU backend only)" if "gpu" not in native else
-                                "no Intel GPU: TensorFlow with ITEX lists no XPU device", details=tuple(details), facts=facts)
+                                "no Intel GPU: TensorFlow with ITEX lists no XPU device",
+                                details=tuple(details), facts=facts)
         names = ", ".join(d.name for d in devices)
-        return BackendProbe(self.name, True, f"{len(devices)} XPU(s): {names}", devices=tuple(devices), details=tuple(details),
-                            facts=facts)
+        return BackendProbe(self.name, True, f"{len(devices)} XPU(s): {names}", devices=tuple(devices),
+                            details=tuple(details), facts=facts)
 
     def report_rows(self, probe: BackendProbe) -> list[tuple[str, str]]:
         rows = super().report_rows(probe)[:1]
@@ -142,8 +145,8 @@ class IntelBackend(Backend):
         else:
             tf32 = Support(UNSUPPORTED, f"{names}: no TF32 on this XPU (only Data Center GPU Max has it)")
         xla = Support(UNSUPPORTED, "ITEX's XPU plugin does not run XLA jit_compile clusters; it fuses graphs itself")
-        fp8 = Support(EMULATED, f"{names}: ITEX has no fp8 matrix path (and needs TensorFlow 2.15, whose Keras 2 has no "
-                                "float8 layers)")
+        fp8 = Support(EMULATED, f"{names}: ITEX has no fp8 matrix path "
+                                "(and needs TensorFlow 2.15, whose Keras 2 has no float8 layers)")
         units = {}
         if all_have(XMX):
             units = {"float16": MatrixUnit("XMX engines", 8), "bfloat16": MatrixUnit("XMX engines", 8)}
@@ -165,7 +168,8 @@ class IntelBackend(Backend):
     def vendor_settings(self, plan: Plan) -> tuple[VendorSetting, ...]:
         settings = []
         if plan.tf32:
-            settings.append(VendorSetting(MATH_MODE_VARIABLE, "TF32", "ITEX's TF32 math mode is how an XPU runs float32 "
+            settings.append(VendorSetting(MATH_MODE_VARIABLE, "TF32",
+                                          "ITEX's TF32 math mode is how an XPU runs float32 "
                                           "matmuls on its XMX engines (the plan's tf32=on)"))
         if plan.graph_amp:
             settings.append(VendorSetting(AMP_SETTING, plan.graph_amp.upper(), "ITEX rewrites the float32 graph to "

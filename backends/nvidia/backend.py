@@ -79,12 +79,14 @@ class NvidiaBackend(Backend):
         try:
             import pynvml  # from nvidia-ml-py
         except ImportError:
-            return BackendProbe(self.name, False, "no NVIDIA GPU: nvidia-ml-py is not installed (pip install nvidia-ml-py)")
+            return BackendProbe(self.name, False,
+                                "no NVIDIA GPU: nvidia-ml-py is not installed (pip install nvidia-ml-py)")
         details: list[tuple[str, str]] = []
         try:
             pynvml.nvmlInit()
         except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-            return BackendProbe(self.name, False, f"no NVIDIA GPU: NVML could not start ({nvml_start_failure(pynvml, exc)})")
+            return BackendProbe(self.name, False,
+                                f"no NVIDIA GPU: NVML could not start ({nvml_start_failure(pynvml, exc)})")
         try:
             driver = as_text(pynvml.nvmlSystemGetDriverVersion())
             details.append(("driver", driver))
@@ -143,11 +145,14 @@ class NvidiaBackend(Backend):
             fp16 = Support(NATIVE, f"{who} has float16 Tensor Cores; float16 with dynamic loss scaling"
                            + (f" is the fastest configuration ({H100_MEASURED})" if all_have(BF16) else ""))
         elif all_have(FP16):
-            fp16 = Support(FUNCTIONAL, f"{who} has fast float16 arithmetic but no Tensor Cores: little speed-up over float32")
+            fp16 = Support(FUNCTIONAL, f"{who} has fast float16 arithmetic but no Tensor Cores: "
+                                       "little speed-up over float32")
         else:
-            fp16 = Support(EMULATED, f"{who} has no Tensor Cores and slow float16 arithmetic: float16 is slower than float32")
+            fp16 = Support(EMULATED, f"{who} has no Tensor Cores and slow float16 arithmetic: "
+                                     "float16 is slower than float32")
         if all_have(BF16):
-            bf16 = Support(NATIVE, f"{who} has bfloat16 Tensor Cores, but bfloat16 was slower than float16 ({H100_MEASURED})")
+            bf16 = Support(NATIVE, f"{who} has bfloat16 Tensor Cores, "
+                                   f"but bfloat16 was slower than float16 ({H100_MEASURED})")
         else:
             bf16 = Support(EMULATED, f"{who} has no bfloat16 arithmetic (needs CC >= 8.0): TensorFlow emulates it, "
                                      "slower than float32")
@@ -166,10 +171,12 @@ class NvidiaBackend(Backend):
         else:
             tf32 = Support(UNSUPPORTED, f"TF32 needs CC >= 8.0 (Ampere); {who} has none")
         xla = Support(NATIVE, "XLA fuses the many small element-wise ops of mixed precision and doubled throughput in "
-                              "every configuration measured on an H100 (TF 2.21); on an unfamiliar chip, check with autotune")
+                              "every configuration measured on an H100 (TF 2.21); "
+                              "on an unfamiliar chip, check with autotune")
         if all_have(FP8):
-            fp8 = Support(NATIVE, f"{who} has fp8 Tensor Cores (CC >= 8.9): with XLA, Keras's float8 Dense and EinsumDense "
-                                  "layers run as fp8 GEMMs (e4m3 forward, e5m2 gradients, delayed scaling)")
+            fp8 = Support(NATIVE, f"{who} has fp8 Tensor Cores (CC >= 8.9): "
+                                  "with XLA, Keras's float8 Dense and EinsumDense layers run as fp8 GEMMs "
+                                  "(e4m3 forward, e5m2 gradients, delayed scaling)")
         else:
             fp8 = Support(EMULATED, f"{who} has no fp8 Tensor Cores (they need CC >= 8.9: RTX 4090, L4, H100): Keras's "
                                     "float8 layers would only be emulated, slower than without them")

@@ -105,7 +105,8 @@ def visible_gpus(gpus: Sequence[NvmlGpu], environ: Mapping[str, str]) -> tuple[l
     its device order (index 0 is TensorFlow's ``/GPU:0``), and the order used."""
     order = device_order(environ.get("CUDA_DEVICE_ORDER"))
     enumerated = cuda_enumeration(gpus, order)
-    positions = parse_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"), len(enumerated), [g.uuid for g in enumerated])
+    positions = parse_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"), len(enumerated),
+                                      [g.uuid for g in enumerated])
     return [enumerated[i] for i in positions], order
 
 
@@ -150,19 +151,20 @@ def optional(call: Callable[[], Any]) -> Any:
 
 def read_nvml_gpus(pynvml: Any) -> list[NvmlGpu]:
     """Every GPU NVML lists, in NVML's order, with name, UUID, PCI bus id, CC, memory, cores and clock."""
-    gpus = []
-    for i in range(pynvml.nvmlDeviceGetCount()):
-        h = pynvml.nvmlDeviceGetHandleByIndex(i)
-        pci = optional(lambda: pynvml.nvmlDeviceGetPciInfo(h))
-        clock_type = getattr(pynvml, "NVML_CLOCK_SM", 1)
-        gpus.append(NvmlGpu(
-            nvml_index=i,
-            name=as_text(pynvml.nvmlDeviceGetName(h)),
-            uuid=as_text(pynvml.nvmlDeviceGetUUID(h)),
-            pci_bus_id=as_text(pci.busId) if pci is not None else None,
-            compute_capability=tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)),
-            memory_bytes=optional(lambda: int(pynvml.nvmlDeviceGetMemoryInfo(h).total)),
-            cores=optional(lambda: int(pynvml.nvmlDeviceGetNumGpuCores(h))),
-            max_sm_clock_mhz=optional(lambda: int(pynvml.nvmlDeviceGetMaxClockInfo(h, clock_type))),
-        ))
-    return gpus
+    return [_read_nvml_gpu(pynvml, i) for i in range(pynvml.nvmlDeviceGetCount())]
+
+
+def _read_nvml_gpu(pynvml: Any, i: int) -> NvmlGpu:
+    h = pynvml.nvmlDeviceGetHandleByIndex(i)
+    pci = optional(lambda: pynvml.nvmlDeviceGetPciInfo(h))
+    clock_type = getattr(pynvml, "NVML_CLOCK_SM", 1)
+    return NvmlGpu(
+        nvml_index=i,
+        name=as_text(pynvml.nvmlDeviceGetName(h)),
+        uuid=as_text(pynvml.nvmlDeviceGetUUID(h)),
+        pci_bus_id=as_text(pci.busId) if pci is not None else None,
+        compute_capability=tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)),
+        memory_bytes=optional(lambda: int(pynvml.nvmlDeviceGetMemoryInfo(h).total)),
+        cores=optional(lambda: int(pynvml.nvmlDeviceGetNumGpuCores(h))),
+        max_sm_clock_mhz=optional(lambda: int(pynvml.nvmlDeviceGetMaxClockInfo(h, clock_type))),
+    )

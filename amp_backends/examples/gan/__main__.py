@@ -1,4 +1,7 @@
-"""``python -m amp_backends.examples.gan``: the ``amp-backends train gan`` command (:mod:`amp_backends.commands.train`)."""
+"""``python -m amp_backends.examples.gan``: the ``amp-backends train gan`` command.
+
+See :mod:`amp_backends.commands.train`.
+"""
 
 from ...commands.train import gan_main
 

@@ -1,4 +1,7 @@
-"""``python -m amp_backends.examples.mnist``: the ``amp-backends train mnist`` command (:mod:`amp_backends.commands.train`)."""
+"""``python -m amp_backends.examples.mnist``: the ``amp-backends train mnist`` command.
+
+See :mod:`amp_backends.commands.train`.
+"""
 
 from ...commands.train import mnist_main
 
