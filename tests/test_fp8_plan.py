@@ -129,7 +129,7 @@ def test_float8_training_needs_keras_3_3(version, able):
 # -- steps_per_execution -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("hw,words", [
-    (machine(HERE), "benchmarks/fit_steps_per_execution.py, AMD EPYC"),
+    (machine(HERE), "AMD EPYC Zen 4 (avx512_bf16, no AMX), TF 2.21.0, benchmarks/fit_steps_per_execution.py"),
     (machine(cpu_of(SAPPHIRE_RAPIDS)), "gained nothing"),
     (machine(nvidia(H100), HERE), "benchmarks/fit_steps_per_execution.py on the GPU"),
     (machine(nvidia(V100), HERE), "benchmarks/fit_steps_per_execution.py on the GPU"),
