@@ -1,13 +1,16 @@
-"""The audit as a trainer observer: ``Trainer(observers=[AuditObserver(model, plan)])``.
+"""The audit as a trainer observer: ``Trainer(audit=True)`` or ``Trainer(observers=[AuditObserver(models, plan)])``.
 
 In the training process itself oneDNN has started long before the first step, so it prints its records
-only if ``ONEDNN_VERBOSE=1`` was in the environment when the program started. Then this observer
-captures them for the calls covering steps ``start:stop`` (the process's standard output is redirected to
-a file for those calls only: oneDNN writes there, not through Python) and builds the audit when the window
-closes (``self.result``; also logged). Without ``ONEDNN_VERBOSE`` it logs how to get an audit and does
-nothing: run ``amp-backends audit MODULE:FACTORY``, which starts its own child process, or start the
-training program with ``ONEDNN_VERBOSE=1``. On a GPU, use the trainer's profiler window and
-:func:`amp_backends.audit.audit_trace` on its logdir.
+only if ``ONEDNN_VERBOSE=1`` was in the environment before TensorFlow ran its first oneDNN primitive
+(``amp-backends train ... --audit`` sets it before importing TensorFlow). oneDNN writes a record for every
+primitive it runs to the process's standard output, not through Python: from the observer's creation to
+the process's end a pipe stands in front of standard output, whose reader drops those records, except in
+the window of calls covering steps ``start:stop``, which it keeps; everything else goes through to the
+terminal unchanged. The
+audit is built when the window closes (``self.result``; also logged). Without ``ONEDNN_VERBOSE`` it logs
+how to get an audit and does nothing: run ``amp-backends audit MODULE:FACTORY``, which starts its own child
+process, or start the training program with ``ONEDNN_VERBOSE=1``. On a GPU, use the trainer's profiler
+window and :func:`amp_backends.audit.audit_trace` on its logdir.
 
 It has the methods of :class:`amp_backends.training.observers.Observer` (``on_fit_start``,
 ``before_call``, ``after_call``, ``close``) without importing the trainer.
@@ -15,10 +18,12 @@ It has the methods of :class:`amp_backends.training.observers.Observer` (``on_fi
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
-import tempfile
+import threading
+from collections.abc import Sequence
 from typing import Any
 
 from .build import from_onednn
@@ -26,36 +31,126 @@ from .report import Audit
 
 logger = logging.getLogger("amp_backends.train.audit")  # shown where the trainer's log lines are
 
+_RECORD = b"onednn_verbose"
+_OPEN, _CLOSE = b"\x00amp-audit-open\n", b"\x00amp-audit-close\n"
+
+
+def verbose_records_on(environ: Any = None) -> bool:
+    """Whether oneDNN prints its records in this process (``ONEDNN_VERBOSE``, or the older ``DNNL_VERBOSE``)."""
+    env = os.environ if environ is None else environ
+    return any(env.get(name, "0").strip().lower() not in ("", "0", "none") for name in ("ONEDNN_VERBOSE",
+                                                                                      "DNNL_VERBOSE"))
+
+
+class _RecordTap:
+    """Standard output (file descriptor 1) through a pipe: oneDNN's records are dropped, or kept between
+    :meth:`open_window` and :meth:`close_window`; every other line goes on to the real standard output.
+
+    The window's edges are marker lines written into the same stream, so the records kept are exactly
+    those written between them, whatever the reader thread's lag."""
+
+    def __init__(self) -> None:
+        sys.stdout.flush()
+        self._out = os.dup(1)
+        read, write = os.pipe()
+        os.dup2(write, 1)
+        os.close(write)
+        self.records: list[str] = []
+        self._keeping = False
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._pump, args=(read,), name="amp-audit-tap", daemon=True)
+        self._thread.start()
+
+    def _pump(self, read: int) -> None:
+        with os.fdopen(read, "rb") as stream:
+            for line in stream:
+                if line == _OPEN:
+                    self._keeping = True
+                elif line == _CLOSE:
+                    self._keeping = False
+                    self._closed.set()
+                elif line.startswith(_RECORD):
+                    if self._keeping:
+                        self.records.append(line.decode("utf-8", "replace").rstrip("\n"))
+                else:
+                    os.write(self._out, line)
+
+    def open_window(self) -> None:
+        sys.stdout.flush()
+        os.write(1, _OPEN)
+
+    def close_window(self) -> list[str]:
+        sys.stdout.flush()
+        self._closed.clear()
+        os.write(1, _CLOSE)
+        self._closed.wait(timeout=30)
+        return list(self.records)
+
+    def close(self) -> None:
+        global _TAP
+        if _TAP is not self:
+            return
+        _TAP = None
+        sys.stdout.flush()
+        os.dup2(self._out, 1)  # the pipe's last writer closes: the reader ends
+        self._thread.join(timeout=30)
+        os.close(self._out)
+
+
+_TAP: _RecordTap | None = None
+
+
+def record_tap() -> _RecordTap:
+    """The process's one tap, made on first use and closed at exit (it passes on what is left to print)."""
+    global _TAP
+    if _TAP is None:
+        _TAP = _RecordTap()
+        atexit.register(_TAP.close)
+    return _TAP
+
 
 class AuditObserver:
-    """Audit the training calls that cover global steps ``start:stop`` (after the warm-up by default)."""
+    """Audit the training calls that cover global steps ``start:stop`` (after the warm-up by default).
 
-    def __init__(self, model: Any = None, plan: Any = None, window: tuple[int, int] = (3, 6)) -> None:
-        self.model, self.plan = model, plan
+    ``models``: the Keras model (or models) trained, whose layers name the kernels' float32 islands.
+    """
+
+    def __init__(self, models: Any = None, plan: Any = None, window: tuple[int, int] = (3, 6)) -> None:
+        if models is None:
+            models = []
+        self.models = list(models) if isinstance(models, Sequence) else [models]
+        self.plan = plan
         self.start, self.stop = window
+        if not (0 <= self.start < self.stop):
+            raise ValueError(f"The audit window must be (start, stop) steps with 0 <= start < stop, such as (3, 6). "
+                             f"Received: {window!r}.")
         self.result: Audit | None = None
-        self.enabled = os.environ.get("ONEDNN_VERBOSE", "0") not in ("", "0", "none")
-        self._saved_fd: int | None = None
-        self._file: Any = None
+        self.enabled = verbose_records_on()
+        # From now on oneDNN's records leave standard output: before fit, TensorFlow already runs primitives.
+        self._tap: _RecordTap | None = record_tap() if self.enabled else None
+        self._open = False
         self._steps = 0
         self._step_times: list[float] = []
         self.done = False
 
+    @property
+    def model(self) -> Any:
+        return self.models[0] if self.models else None
+
     def on_fit_start(self, start_step: int, total_steps: int | None) -> None:
         if not self.enabled:
             logger.warning("audit: oneDNN's verbose records are off in this process (ONEDNN_VERBOSE was not set when "
-                           "it started), so no audit is taken. Fix: run `amp-backends audit MODULE:FACTORY`, or start "
-                           "the training program with ONEDNN_VERBOSE=1")
+                           "it started), so no audit is taken. Fix: run `amp-backends audit MODULE:FACTORY`, start "
+                           "the training program with ONEDNN_VERBOSE=1, or use `amp-backends train ... --audit`")
 
     def before_call(self, step: int, steps: int) -> None:
-        if self.enabled and not self.done and self._saved_fd is None and step < self.stop and step + steps > self.start:
-            sys.stdout.flush()
-            self._file = tempfile.TemporaryFile(mode="w+b")  # noqa: SIM115  # open across calls
-            self._saved_fd = os.dup(1)
-            os.dup2(self._file.fileno(), 1)
+        in_window = step < self.stop and step + steps > self.start
+        if self._tap is not None and not self.done and not self._open and in_window:
+            self._tap.open_window()
+            self._open = True
 
     def after_call(self, record: Any) -> None:
-        if self._saved_fd is None:
+        if not self._open:
             return
         self._steps += int(getattr(record, "steps", 1))
         self._step_times.append(float(getattr(record, "step_time", 0.0)))
@@ -63,14 +158,9 @@ class AuditObserver:
             self._finish()
 
     def _finish(self) -> None:
-        assert self._saved_fd is not None and self._file is not None
-        sys.stdout.flush()
-        os.dup2(self._saved_fd, 1)
-        os.close(self._saved_fd)
-        self._saved_fd = None
-        self._file.seek(0)
-        lines = self._file.read().decode("utf-8", "replace").splitlines()
-        self._file.close()
+        assert self._tap is not None
+        lines = self._tap.close_window()  # the tap stays: later records are dropped too, until the process ends
+        self._open = False
         self.done = True
         self.result = from_onednn(lines, self._doc())
         for line in self.result.render().splitlines():
@@ -80,17 +170,18 @@ class AuditObserver:
         from .child import layer_kernels
 
         plan = self.plan
-        doc: dict[str, Any] = {"model": getattr(self.model, "name", "?"), "steps": self._steps,
+        names = ", ".join(str(getattr(m, "name", "?")) for m in self.models) or "?"
+        doc: dict[str, Any] = {"model": names, "steps": self._steps,
                                "onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS")}
         if self._step_times and all(self._step_times):
             doc["step_time_ms"] = 1000 * sum(self._step_times) / len(self._step_times)
         if plan is not None:
             doc["plan"] = {"backend": plan.backend, "policy": plan.policy, "compute_dtype": plan.compute_dtype,
                            "xla": bool(plan.xla), "graph_amp": plan.graph_amp}
-        if self.model is not None:
-            doc["layers"] = layer_kernels(self.model)
+        if self.models:
+            doc["layers"] = [kernel for m in self.models for kernel in layer_kernels(m)]
         return doc
 
     def close(self) -> None:
-        if self._saved_fd is not None:
-            self._finish()
+        if self._open:
+            self._finish()  # the window was still open: audit the steps it saw

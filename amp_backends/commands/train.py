@@ -10,6 +10,7 @@ and the trainer's and run's flags, parsed into :class:`~amp_backends.examples.ru
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -54,6 +55,8 @@ def run_example(name: str, train: Callable[[Any], Any], parsed: dict[str, Any]) 
     from ..tf_import import import_tensorflow, quiet_tensorflow_logs
 
     configure_logging()
+    if parsed.get("audit"):  # oneDNN reads it once, when it starts: before TensorFlow is imported
+        os.environ.setdefault("ONEDNN_VERBOSE", "1")
     try:
         import_tensorflow(quiet_tensorflow_logs())  # TensorFlow's start-up noise filtered, unless asked for
         train(RunOptions.from_parsed(parsed))
@@ -113,13 +116,15 @@ def command(name: str, train: Callable[[Any], Any], *, batch_size: int, lr: floa
                                               help="Seconds a collective waits for the other workers before failing."),
         tune: bool = typer.Option(False, "--tune", help="Time the candidate plans on this model first and train with "
                                   "the fastest (cached per device and model; single process only)."),
+        audit: bool = typer.Option(False, "--audit", help="Report the kernels that ran in the steps after the warm-up: "
+                                   "dtypes, float32 islands (on a CPU from oneDNN's records)."),
     ) -> None:
         run_example(name, train, dict(
             epochs=epochs, batch_size=batch_size, lr=lr, data=data, synthetic=synthetic, digits=digits,
             overrides=overrides, steps_per_call=steps_per_call, log_every=log_every, logdir=logdir,
             checkpoint_every=checkpoint_every, resume=resume, profile=profile, profile_steps=profile_steps,
             max_steps=max_steps, seed=seed, deterministic=deterministic, progress=progress, distribute=distribute,
-            cluster_timeout=cluster_timeout, tune=tune))
+            cluster_timeout=cluster_timeout, tune=tune, audit=audit))
 
     main.__doc__ = train.__doc__
     return main

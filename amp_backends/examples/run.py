@@ -43,6 +43,7 @@ class RunOptions:
     cluster_timeout: float = 60.0
     tune: bool = False
     deterministic: bool = False
+    audit: bool = False
 
     @classmethod
     def from_parsed(cls, parsed: Mapping[str, Any]) -> RunOptions:
@@ -132,7 +133,7 @@ def trainer_options(opts: RunOptions, run: Any, strategy: Any) -> dict[str, Any]
     return dict(batch_size=opts.batch_size, steps_per_call=opts.steps_per_call, log_every=opts.log_every,
                 logdir=str(run.path), checkpoint_dir=str(run.checkpoints), checkpoint_every=opts.checkpoint_every,
                 profile_steps=profile_window(opts), progress=opts.progress, seed=opts.seed, batch_fn=mnist_batch_fn,
-                strategy=strategy)
+                strategy=strategy, audit=opts.audit)
 
 
 def maybe_tune(opts: RunOptions, plan: Any, build: Any, x: Any, y: Any, images_per_step: int | None = None) -> Any:

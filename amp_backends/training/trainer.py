@@ -57,6 +57,9 @@ class Trainer:
     trains (those owning the updates' variables) are checked once, before the first step, at the batch it
     trains on, for what makes mixed precision slow or wrong under the plan (:func:`amp_backends.check_model`):
     warnings are logged as warnings and raised as :class:`~amp_backends.errors.AmpWarning` (see :mod:`.precision`).
+    ``audit`` (``True``: the steps after the warm-up calls, or ``(start, stop)``) reports the kernels that ran
+    in that window, on a CPU from oneDNN's records when the program started with ``ONEDNN_VERBOSE=1``
+    (:class:`amp_backends.audit.AuditObserver`; the result is ``trainer.audit.result``).
     """
 
     WARMUP_CALLS = WARMUP_CALLS  # calls excluded from the throughput summary (tracing, XLA compilation)
@@ -84,6 +87,7 @@ class Trainer:
         unroll_steps: bool | None = None,
         observers: Sequence[Observer] = (),
         check_models: bool = True,
+        audit: bool | tuple[int, int] = False,
     ) -> None:
         self.strategy = strategy or tf.distribute.get_strategy()
         self.replicas = int(self.strategy.num_replicas_in_sync)
@@ -122,6 +126,13 @@ class Trainer:
         self._called: set[Any] = set()
         self._last_input: tuple[Any, Any, Any] | None = None
         self._to_check = trained_models(self.updates, checkpoint_objects) if check_models else []
+        if audit and self.is_chief:  # what ran in the window of steps (after the warm-up calls by default)
+            from ..audit.observer import AuditObserver
+
+            first = WARMUP_CALLS * self.steps_per_call
+            window = (first, first + max(3, self.steps_per_call)) if audit is True else audit
+            self.audit = AuditObserver(trained_models(self.updates, checkpoint_objects), plan, window)
+            self.observers.append(self.audit)
 
     # ------------------------------------------------------------------ checkpoints
     @property
