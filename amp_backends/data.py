@@ -38,9 +38,11 @@ def read_mnist_npz(path: str | os.PathLike) -> tuple[tuple[np.ndarray, np.ndarra
     relative (to the working directory) or start with ``~``."""
     p = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
     if not p.is_file():
+        resolved = "" if str(p) == str(path) else f" ({p})"
         raise DataUnavailableError(
             f"--data must be an existing mnist.npz file (Keras's format: arrays {', '.join(MNIST_KEYS)}). "
-            f"Received: {str(path)!r}{'' if str(p) == str(path) else f' ({p})'}, which does not exist. Fix: pass the path of a downloaded mnist.npz, or use --synthetic."
+            f"Received: {str(path)!r}{resolved}, which does not exist. "
+            "Fix: pass the path of a downloaded mnist.npz, or use --synthetic."
         )
     try:
         with np.load(p, allow_pickle=False) as f:
@@ -59,8 +61,8 @@ def read_mnist_npz(path: str | os.PathLike) -> tuple[tuple[np.ndarray, np.ndarra
     test = normalize_images(x_test, f"{p}: x_test"), normalize_labels(y_test, f"{p}: y_test")
     for name, (x, y) in (("train", train), ("test", test)):
         if len(x) != len(y):
-            raise DataUnavailableError(f"{str(p)!r}: x_{name} has {len(x)} images but y_{name} {len(y)} labels: expected "
-                                       "one label per image.")
+            raise DataUnavailableError(f"{str(p)!r}: x_{name} has {len(x)} images but y_{name} {len(y)} labels: "
+                                       "expected one label per image.")
     return train, test
 
 
@@ -77,21 +79,25 @@ def normalize_images(x: np.ndarray, where: str) -> np.ndarray:
     if x.dtype == np.uint8:
         return x
     if x.dtype.kind not in "iuf":
-        raise DataUnavailableError(f"{where} must hold numbers (uint8 0..255 or floats in [0, 1]). Received dtype {x.dtype}.")
+        raise DataUnavailableError(f"{where} must hold numbers (uint8 0..255 or floats in [0, 1]). "
+                                   f"Received dtype {x.dtype}.")
     if x.size and not np.isfinite(x).all():
-        raise DataUnavailableError(f"{where} contains NaN or Inf ({int((~np.isfinite(x)).sum())} values). Fix: clean the "
-                                   "file; MNIST images are 0..255 or 0..1.")
+        raise DataUnavailableError(f"{where} contains NaN or Inf ({int((~np.isfinite(x)).sum())} values). "
+                                   "Fix: clean the file; MNIST images are 0..255 or 0..1.")
     low, high = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
     if low < 0 or high > 255:
         raise DataUnavailableError(
-            f"{where} has values in [{low:g}, {high:g}]; expected MNIST pixels in [0, 255] (uint8) or [0, 1] (floats). "
-            "Standardised or otherwise transformed images cannot be reused as MNIST. Fix: save the raw pixels.")
+            f"{where} has values in [{low:g}, {high:g}]; expected MNIST pixels in [0, 255] (uint8) "
+            "or [0, 1] (floats). Standardised or otherwise transformed images cannot be reused as MNIST. "
+            "Fix: save the raw pixels.")
     if x.dtype.kind == "f" and high <= 1.0:
-        logger.info(f"{where}: float pixels in [0, 1], converted to uint8 0..255 (the trainer scales them back by /255).")
+        logger.info(f"{where}: float pixels in [0, 1], converted to uint8 0..255 "
+                    "(the trainer scales them back by /255).")
         return np.round(x * 255.0).astype(np.uint8)
     if x.dtype.kind == "f" and not np.array_equal(x, np.round(x)):
-        raise DataUnavailableError(f"{where}: float pixels in [{low:g}, {high:g}] that are not whole numbers: expected "
-                                   "[0, 1] floats or 0..255 values. Fix: save them as uint8 0..255 or floats in [0, 1].")
+        raise DataUnavailableError(f"{where}: float pixels in [{low:g}, {high:g}] that are not whole numbers: "
+                                   "expected [0, 1] floats or 0..255 values. "
+                                   "Fix: save them as uint8 0..255 or floats in [0, 1].")
     return x.astype(np.uint8)
 
 

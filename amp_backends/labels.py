@@ -38,14 +38,16 @@ def class_ids(y: Any, classes: int | None, where: str, *, one_hot: str = "refuse
     if y.dtype.kind == "f":
         bad = ~np.isfinite(y) | (y != np.round(y))
         if bad.any():
-            raise error(f"{where} must be whole class ids; {int(bad.sum())} are not (first: {y[bad][0].item()!r} at index "
-                        f"{int(np.flatnonzero(bad)[0])}). Fix: pass integer labels.")
+            raise error(f"{where} must be whole class ids; {int(bad.sum())} are not "
+                        f"(first: {y[bad][0].item()!r} at index {int(np.flatnonzero(bad)[0])}). "
+                        "Fix: pass integer labels.")
     outside = (y < 0) | ((y >= classes) if classes is not None else False)
     if outside.any():
         low, high = int(y.min()), int(y.max())
         span = f"0..{classes - 1}" if classes is not None else "0 and up"
-        grow = f", or give the model's last layer {high + 1} units" if classes is not None and high >= classes and owner else ""
+        too_few_units = classes is not None and high >= classes and bool(owner)
+        grow = f", or give the model's last layer {high + 1} units" if too_few_units else ""
         raise error(f"{where} must hold class ids in {span}{owner}; {int(outside.sum())} are outside (range found "
-                    f"{low}..{high}; for example {y[outside][:3].tolist()} at index {int(np.flatnonzero(outside)[0])}). "
-                    f"Fix: map them to {span}{grow}.")
+                    f"{low}..{high}; for example {y[outside][:3].tolist()} "
+                    f"at index {int(np.flatnonzero(outside)[0])}). Fix: map them to {span}{grow}.")
     return y.astype(np.int64)

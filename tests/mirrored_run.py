@@ -64,9 +64,10 @@ e_rows = emb.embeddings.numpy()[[0, 1]].copy()
 Trainer([Update("emb", emb_loss, [(emb.trainable_variables, e_opt)])], plan, batch_size=16, progress=False,
         strategy=strategy).fit(np.arange(32) * 600, epochs=1)
 sparse = bool(seen) and set(seen) == {"IndexedSlices"}
-rows_ok = (not np.array_equal(emb.embeddings.numpy()[0], e_rows[0])) and np.array_equal(emb.embeddings.numpy()[1], e_rows[1])
+rows = emb.embeddings.numpy()
+rows_ok = (not np.array_equal(rows[0], e_rows[0])) and np.array_equal(rows[1], e_rows[1])
 first = trainer.fit(x, y, epochs=1, max_steps=1)
-unchanged = all(np.array_equal(a, v.numpy()) for a, v in zip(w0, model.trainable_variables))
+unchanged = all(np.array_equal(a, v.numpy()) for a, v in zip(w0, model.trainable_variables, strict=True))
 poison.assign(False)
 rest = trainer.fit(x, y, epochs=1)
 # XLA asked for with two replicas on logical CPUs (one XLA device): trains, without per-replica compilation;
@@ -74,7 +75,8 @@ rest = trainer.fit(x, y, epochs=1)
 amp_backends.reset()
 xla_plan = amp_backends.auto_configure(xla="on", policy="float32", verbose=False)
 with strategy.scope():
-    bn_model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.BatchNormalization(), tf.keras.layers.Dense(3)])
+    bn_model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.BatchNormalization(),
+                                    tf.keras.layers.Dense(3)])
     bn_opt = tf.keras.optimizers.SGD(0.1)
 bn_base = classifier_updates(bn_model, bn_opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))[0]
 bn_x = np.ones((16, 4), np.float32)
@@ -93,7 +95,8 @@ print(json.dumps({
     "skipped": rest.skipped["model"],
     "optimizer_iterations": int(opt.iterations.numpy()),
     "finite": bool(all(np.isfinite(v.numpy()).all() for v in model.trainable_variables)),
-    "changed_after": not all(np.array_equal(a, v.numpy()) for a, v in zip(w0, model.trainable_variables)),
+    "changed_after": not all(np.array_equal(a, v.numpy())
+                             for a, v in zip(w0, model.trainable_variables, strict=True)),
     "sparse_gradients": sparse,
     "only_looked_up_rows_changed": rows_ok,
 }))

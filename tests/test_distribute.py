@@ -37,7 +37,8 @@ def free_ports(n: int) -> list[int]:
 
 
 def tf_config(ports, index):
-    return json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}})
+    return json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                       "task": {"type": "worker", "index": index}})
 
 
 def env(**extra):
@@ -60,7 +61,7 @@ def finish(procs, timeout=240):
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            raise AssertionError("a worker did not finish in time")
+            raise AssertionError("a worker did not finish in time") from None
         outs.append(out)
     return outs
 
@@ -90,7 +91,8 @@ def test_port_in_use_is_named():
 
 def run_cli(extra_env, *args, timeout=120):
     """The example under a cluster configuration; ``timeout`` only keeps a hanging run from hanging the suite."""
-    cmd = [sys.executable, "-m", "amp_backends.examples.mnist", "--synthetic", "--no-progress", "--max-steps", "2", *args]
+    cmd = [sys.executable, "-m", "amp_backends.examples.mnist", "--synthetic", "--no-progress", "--max-steps", "2",
+           *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=NEUTRAL_CWD, env=env(**extra_env))
 
 
@@ -141,14 +143,16 @@ def test_mirrored_two_replicas_skip_together():
 @pytest.mark.slow
 def test_two_workers_train_and_only_the_chief_logs_and_keeps_checkpoints(tmp_path):
     ports = free_ports(2)
-    procs = [worker(ports, i, tmp_path, "--batch_size", "16", "--max-steps", "6", "--checkpoint-every", "3") for i in (0, 1)]
+    procs = [worker(ports, i, tmp_path, "--batch_size", "16", "--max-steps", "6", "--checkpoint-every", "3")
+             for i in (0, 1)]
     chief, other = finish(procs)
     assert [p.returncode for p in procs] == [0, 0], (chief[-2000:], other[-2000:])
     assert [int(m.group(2)) for m in STEP.finditer(chief)] == [0, 1, 2, 3, 4, 5]
     assert not STEP.search(other) and "Summary" not in other and "policy:" not in other
     assert "Summary: 6 steps" in chief and "policy: " in chief
     ck = tmp_path / "version_0" / "checkpoints"
-    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("ckpt-6")) == ["ckpt-6.data-00000-of-00001", "ckpt-6.index"]
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("ckpt-6")) == [
+        "ckpt-6.data-00000-of-00001", "ckpt-6.index"]
     assert not [p for p in ck.iterdir() if p.name.startswith(".worker")]
 
 
@@ -156,7 +160,8 @@ def test_two_workers_train_and_only_the_chief_logs_and_keeps_checkpoints(tmp_pat
 def test_plan_mismatch_between_workers_is_reported(tmp_path):
     ports = free_ports(2)
     procs = [worker(ports, 0, tmp_path, "--batch_size", "16", "--max-steps", "1"),
-             worker(ports, 1, tmp_path, "--batch_size", "16", "--max-steps", "1", extra_env={"AMP_LOSS_SCALE": "fixed:8"})]
+             worker(ports, 1, tmp_path, "--batch_size", "16", "--max-steps", "1",
+                    extra_env={"AMP_LOSS_SCALE": "fixed:8"})]
     outs = finish(procs)
     for out in outs:
         assert "The workers' plans differ" in out and "same overrides" in out
@@ -204,7 +209,7 @@ def test_kill_during_checkpoint_writes_never_corrupts_the_latest(tmp_path):
     from amp_backends.models import mnist_cnn
 
     rng = random.Random(7)
-    for round_ in range(3):
+    for _ in range(3):
         proc = subprocess.Popen([sys.executable, str(HERE / "ckpt_saver.py"), str(tmp_path)], stdout=subprocess.PIPE,
                                 text=True, cwd=NEUTRAL_CWD, env=env())
         assert proc.stdout.readline().startswith("saved")

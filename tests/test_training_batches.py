@@ -57,7 +57,8 @@ def test_a_bad_label_deep_in_a_dataset_stops_at_its_step_with_the_library_error(
     model = mlp()
     t = classifier(model, steps_per_call=4)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True)
-    with pytest.raises(InputError, match=r"The batch of step 9 \(epoch 0, step 9 of the epoch\).*class ids in 0\.\.9.*Fix"):
+    with pytest.raises(InputError,
+                       match=r"The batch of step 9 \(epoch 0, step 9 of the epoch\).*class ids in 0\.\.9.*Fix"):
         t.fit(ds, epochs=1)
     assert t.scalers["model"].current == 1.0 and int(t.scalers["model"].skipped.numpy()) == 0
     assert all(np.isfinite(v.numpy()).all() for v in model.variables)

@@ -20,8 +20,8 @@ def example(*args, logdir, timeout=300, popen=False):
     cmd = [sys.executable, "-m", "amp_backends.examples.mnist", "--logdir", str(logdir), "--no-progress", *args]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMP_")} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
     if popen:  # SIGINT as in a terminal, even where the tests run as a background job (which ignores it)
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=NEUTRAL_CWD,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                cwd=NEUTRAL_CWD, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=NEUTRAL_CWD)
 
 
@@ -48,7 +48,8 @@ def test_kill_minus_9_and_resume_continue_at_the_right_step(tmp_path):
     assert saved % 5 == 0 and last + 1 - saved <= 5  # lost at most the checkpoint interval
     out = example(*args[:-4], "--max-steps", str(saved + 3), "--seed", "3", "--resume", logdir=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert f"Resumed from {tmp_path / 'version_0' / 'checkpoints' / f'ckpt-{saved}'}: global step {saved}" in out.stderr + out.stdout
+    checkpoint = tmp_path / "version_0" / "checkpoints" / f"ckpt-{saved}"
+    assert f"Resumed from {checkpoint}: global step {saved}" in out.stderr + out.stdout
     steps = [int(m.group(2)) for m in STEP_LINE.finditer(out.stderr + out.stdout)]
     assert steps == [saved, saved + 1, saved + 2]
 
@@ -66,11 +67,12 @@ def test_ctrl_c_stops_with_a_checkpoint_exit_130_and_resume_continues(tmp_path):
     proc.send_signal(signal.SIGINT)
     rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, rest[-2000:]
-    m = re.search(r"mnist: stopped: Interrupted \(SIGINT\) at step (\d+): checkpoint saved to (\S+)\. Continue with --resume",
-                  rest)
+    m = re.search(r"mnist: stopped: Interrupted \(SIGINT\) at step (\d+): checkpoint saved to (\S+)\. "
+                  r"Continue with --resume", rest)
     assert m and "Traceback" not in rest, rest[-2000:]
     step, path = int(m.group(1)), m.group(2)
-    assert path.endswith(f"ckpt-{step}") and tf.train.latest_checkpoint(str(tmp_path / "version_0" / "checkpoints")) == path
+    assert path.endswith(f"ckpt-{step}")
+    assert tf.train.latest_checkpoint(str(tmp_path / "version_0" / "checkpoints")) == path
     out = example(*args[:-4], "--max-steps", str(step + 2), "--seed", "3", "--resume", logdir=tmp_path)
     assert out.returncode == 0 and f"global step {step}" in out.stdout + out.stderr, out.stderr[-2000:]
     assert [int(m.group(2)) for m in STEP_LINE.finditer(out.stderr + out.stdout)] == [step, step + 1]

@@ -63,7 +63,8 @@ def test_a_dataset_of_unknown_length_ends_its_epoch_with_the_data():
 
 
 @pytest.mark.parametrize("make,needle", [
-    (lambda x, y: tf.data.Dataset.from_tensor_slices((x, y)), "not batched.*scalar.*dataset.batch\\(8, drop_remainder=True\\)"),
+    (lambda x, y: tf.data.Dataset.from_tensor_slices((x, y)),
+     "not batched.*scalar.*dataset.batch\\(8, drop_remainder=True\\)"),
     (lambda x, y: tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True),
      "leading size 16.*batch_size is 8.*batch_size=16.*rebatch"),
     (lambda x, y: tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat(), "repeats forever.*steps_per_epoch"),
@@ -76,7 +77,7 @@ def test_datasets_the_trainer_cannot_use_are_refused_before_training(make, needl
     with pytest.raises(InputError, match=needle):
         t.fit(make(x, y))
     assert int(t.global_step.numpy()) == 0
-    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.trainable_variables))
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.trainable_variables, strict=True))
 
 
 def test_a_repeated_dataset_trains_with_steps_per_epoch():
@@ -176,7 +177,7 @@ def test_a_loss_that_is_not_a_float_tensor_is_refused_before_any_step():
     t = Trainer([upd], plan(), batch_size=8, progress=False)
     with pytest.raises(TypeError, match="update 'model' returned a int64 tensor.*floating-point"):
         t.fit(*data(32), epochs=1)
-    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.trainable_variables))
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.trainable_variables, strict=True))
 
 
 def test_labels_outside_the_models_classes_fail_before_training():
@@ -184,7 +185,8 @@ def test_labels_outside_the_models_classes_fail_before_training():
     y[5] = 12
     model = mlp()
     t = trainer(model)
-    with pytest.raises(ValueError, match=r"class ids in 0..2 \(the model has 3 outputs\); 1 are outside \(range found 0..12.*last layer 13 units"):
+    with pytest.raises(ValueError, match=r"class ids in 0..2 \(the model has 3 outputs\); 1 are outside "
+                                         r"\(range found 0..12.*last layer 13 units"):
         t.fit(x, y)
     assert int(t.global_step.numpy()) == 0
 

@@ -1,4 +1,5 @@
-"""Loss scaling: the scaler's states, skipped non-finite steps, the stop with a remedy, weights never saved non-finite."""
+"""Loss scaling: the scaler's states, skipped non-finite steps, the stop with a remedy, weights never saved
+non-finite."""
 
 from __future__ import annotations
 
@@ -79,11 +80,12 @@ def test_nonfinite_steps_are_skipped_and_dynamic_recovers(tmp_path):
     before = [v.numpy().copy() for v in m.trainable_variables]
     r = t.fit(x, y, epochs=1, max_steps=2)
     assert r.skipped == {"model": 2} and r.loss_scales == {"model": 2.0**13}
-    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, m.trainable_variables))  # nothing applied
+    assert all(np.array_equal(a, v.numpy())
+               for a, v in zip(before, m.trainable_variables, strict=True))  # nothing applied
     flag.assign(False)
     r = t.fit(x, y, epochs=1)
     assert r.steps == 4 and r.skipped == {"model": 2}
-    assert not all(np.array_equal(a, v.numpy()) for a, v in zip(before, m.trainable_variables))
+    assert not all(np.array_equal(a, v.numpy()) for a, v in zip(before, m.trainable_variables, strict=True))
 
 
 def test_fixed_scale_stops_with_the_remedy_and_saves_finite_state(tmp_path):

@@ -101,7 +101,7 @@ def test_a_model_whose_gradients_are_never_finite_stops_with_the_remedy(mode, st
     with pytest.raises(NonFiniteError, match=needle):
         t.fit(x, np.zeros(400, int), epochs=1)
     assert int(t.global_step.numpy()) == stop_at  # bounded, not 100 silently skipped steps
-    assert all(np.array_equal(a, v.numpy()) for a, v in zip(w0, model.weights))
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(w0, model.weights, strict=True))
     assert caplog.text.count("[skipped: non-finite gradients in model]") == stop_at
 
 
@@ -231,7 +231,8 @@ def test_looped_calls_take_any_length_with_one_compiled_function(xla):
     (fn,) = t.program._calls.values()
     assert fn.experimental_get_tracing_count() == 1
     # seconds per call: the first compiles; a call of a new length (2 steps at step 10, 1 at 19) must not
-    seconds = [(h["step"] - prev) * 4 / h["throughput"] for prev, h in zip([0] + [h["step"] for h in r.history], r.history)]
+    starts = [0] + [h["step"] for h in r.history]  # each call's first step (the last entry starts no call)
+    seconds = [(h["step"] - prev) * 4 / h["throughput"] for prev, h in zip(starts, r.history, strict=False)]
     assert max(seconds[2], seconds[5]) < seconds[0] / 5, seconds
 
 
@@ -247,7 +248,8 @@ def test_a_profile_window_is_traced_by_whole_calls(tmp_path, caplog):
 # --------------------------------------------------------------------------- float8 layers
 @pytest.mark.skipif(not hasattr(tf.keras.layers.Dense, "quantize"), reason="float8 training needs Keras >= 3.3")
 def test_float8_layers_train_and_their_scales_are_not_unscaled():
-    """A float8 Dense's scales and amax history are overwritten with their "gradients": loss scaling leaves them alone."""
+    """A float8 Dense's scales and amax history are overwritten with their "gradients": loss scaling leaves them
+    alone."""
     states = {}
     for mode in ("none", "fixed:1024"):
         seed_everything(2)
@@ -260,7 +262,8 @@ def test_float8_layers_train_and_their_scales_are_not_unscaled():
         rng = np.random.default_rng(0)
         r = t.fit(rng.normal(size=(64, 16)).astype("float32"), rng.integers(0, 4, 64), epochs=1)
         assert r.skipped == {"model": 0} and all(np.isfinite(h["model"]) for h in r.history)
-        states[mode] = {v.name: v.numpy() for v in model.layers[1].weights if getattr(v, "overwrite_with_gradient", False)}
+        states[mode] = {v.name: v.numpy() for v in model.layers[1].weights
+                        if getattr(v, "overwrite_with_gradient", False)}
     assert {"inputs_scale", "kernel_scale", "outputs_grad_scale"} <= set(states["none"])
     for name in ("inputs_scale", "kernel_scale", "inputs_amax_history", "kernel_amax_history"):
         np.testing.assert_allclose(states["none"][name], states["fixed:1024"][name], rtol=1e-3)  # forward: untouched

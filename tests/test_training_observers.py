@@ -31,7 +31,8 @@ def test_keras_fit_callback_logs_the_tutorial_line_and_says_the_loss_is_the_epoc
     cb = ThroughputLogger(batch_size=8)
     m.fit(np.ones((32, 4)), np.ones((32, 1)), batch_size=8, epochs=1, verbose=0, callbacks=[cb])
     lines = [r.message for r in caplog.records if r.name == "amp_backends.train"]
-    assert re.match(r"\(0, 0\), Loss \(epoch mean\): \d+\.\d{5}, step_time: \d+\.\d{5}, throughput: .* img/s\.", lines[0])
+    assert re.match(r"\(0, 0\), Loss \(epoch mean\): \d+\.\d{5}, step_time: \d+\.\d{5}, throughput: .* img/s\.",
+                    lines[0])
     assert len(cb.throughputs) == 4
 
 

@@ -48,7 +48,11 @@ _LAZY = {
     "seed_everything": ".seeding",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "CallRecord", "LossScaler", "Observer", "ThroughputLogger", "TrainResult", "Trainer", "Update",
+    "classifier_updates", "gan_updates", "mnist_batch_fn", "parse_profile_steps", "run_directory",
+    "seed_everything", "step_seed",
+]
 
 if TYPE_CHECKING:  # pragma: no cover
     from .callbacks import ThroughputLogger

@@ -36,14 +36,16 @@ def checked_arguments(updates: Sequence[Update], replicas: int, *, checkpoint_ev
     for u in updates:
         if not u.variables:
             raise AmpConfigError(
-                f"Update {u.name!r} has no variables to train: its model is not built yet (or every layer is frozen). "
-                "Fix: build the model before the Trainer (start it with keras.Input(shape), or call model.build(shape)).")
+                f"Update {u.name!r} has no variables to train: its model is not built yet "
+                "(or every layer is frozen). Fix: build the model before the Trainer "
+                "(start it with keras.Input(shape), or call model.build(shape)).")
         for _, opt in u.groups:
             mode, _ = loss_scale_of(opt)
             if mode != "none":
                 raise AmpConfigError(
-                    f"The optimizer of update {u.name!r} scales losses itself ({mode} loss scaling: a LossScaleOptimizer "
-                    "or loss_scale_factor). The Trainer scales losses as the plan says, so they would be scaled twice. "
+                    f"The optimizer of update {u.name!r} scales losses itself "
+                    f"({mode} loss scaling: a LossScaleOptimizer or loss_scale_factor). "
+                    "The Trainer scales losses as the plan says, so they would be scaled twice. "
                     "Fix: give the Trainer the plain optimizer (plan.wrap_optimizer is for Keras fit).")
     return updates
 

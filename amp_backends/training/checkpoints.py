@@ -173,7 +173,7 @@ def differences(stored: Mapping[str, Any], current: Mapping[str, Any], limit: in
         elif len(a[key]) != len(b[key]):
             out.append(f"{key!r} has {len(a[key])} variables in the checkpoint, {len(b[key])} here")
         else:
-            for (na, sa, da), (nb, sb, db) in zip(a[key], b[key]):
+            for (na, sa, da), (nb, sb, db) in zip(a[key], b[key], strict=True):
                 if sa != sb or da != db:
                     out.append(f"{key!r} variable {nb}: the checkpoint has shape {tuple(sa)} {da} ({na}), this run "
                                f"{tuple(sb)} {db}")
@@ -292,9 +292,10 @@ class CheckpointStore:
             self.owned = True
             self.last_saved_step = int(self.step_counter.numpy())
             return Restored(path, stored)
+        reasons = "; ".join(f"{os.path.basename(p)}: {w}" for p, w in broken)
         raise CheckpointError(
-            f"No intact checkpoint in {self.directory!r}: " + "; ".join(f"{os.path.basename(p)}: {w}" for p, w in broken)
-            + ". Fix: start a new run (without --resume, or with another --logdir).")
+            f"No intact checkpoint in {self.directory!r}: {reasons}. "
+            "Fix: start a new run (without --resume, or with another --logdir).")
 
     def save(self) -> str | None:
         """Write a checkpoint at the current step; returns its path (``None`` on non-chief workers)."""

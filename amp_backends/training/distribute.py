@@ -39,10 +39,11 @@ def parse_tf_config(text: str) -> dict[str, Any]:
     cluster, task = cfg["cluster"], cfg["task"]
     for job, addresses in cluster.items():
         if job not in ("chief", "worker", "evaluator"):
-            raise ClusterConfigError(f"TF_CONFIG cluster jobs for MultiWorkerMirroredStrategy are 'chief' and 'worker'. "
-                                     f"Received job {job!r}.")
+            raise ClusterConfigError("TF_CONFIG cluster jobs for MultiWorkerMirroredStrategy are 'chief' and "
+                                     f"'worker'. Received job {job!r}.")
         if not isinstance(addresses, list) or not addresses:
-            raise ClusterConfigError(f"TF_CONFIG cluster[{job!r}] must be a non-empty list of 'host:port'. Received: {addresses!r}.")
+            raise ClusterConfigError(f"TF_CONFIG cluster[{job!r}] must be a non-empty list of 'host:port'. "
+                                     f"Received: {addresses!r}.")
         for a in addresses:
             host, _, port = str(a).rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -77,7 +78,8 @@ def check_port_free(address: str) -> None:
             ) from None
 
 
-def make_strategy(kind: str = "auto", *, timeout_s: float = DEFAULT_TIMEOUT_S, environ: Mapping[str, str] | None = None) -> Any:
+def make_strategy(kind: str = "auto", *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                  environ: Mapping[str, str] | None = None) -> Any:
     """The strategy for ``kind``: auto (TF_CONFIG -> multiworker, several GPUs -> mirrored, else none)."""
     if kind not in STRATEGIES:
         raise AmpConfigError(f"--distribute must be one of {', '.join(STRATEGIES)}. Received: {kind!r}.")
@@ -143,8 +145,9 @@ def create_with_deadline(factory: Callable[[], Any], timeout_s: float, peers: li
         "listed in TF_CONFIG (the same cluster, each with its own task index) within the timeout, or raise "
         "--cluster-timeout."
     )
-    watchdog = subprocess.Popen([sys.executable, "-I", "-c", _WATCHDOG, str(timeout_s), str(os.getpid()), message, *peers],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    watchdog = subprocess.Popen(
+        [sys.executable, "-I", "-c", _WATCHDOG, str(timeout_s), str(os.getpid()), message, *peers],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     try:
         return factory()
     finally:

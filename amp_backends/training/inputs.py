@@ -71,8 +71,8 @@ class ResidentArrays:
     def __init__(self, x: Any, y: Any, *, batch_size: int, device: str, seed: int,
                  batch_fn: BatchFn | None = None) -> None:
         if x is None:
-            raise InputError("fit() needs training data: x as arrays (or a tuple/dict of arrays), or a tf.data.Dataset. "
-                             "Received: x=None.")
+            raise InputError("fit() needs training data: x as arrays (or a tuple/dict of arrays), "
+                             "or a tf.data.Dataset. Received: x=None.")
         x = _as_array_nest(x, "x")
         y = None if y is None else _as_array_nest(y, "y")
         leaves = _leaf_paths(x, "x") + ([] if y is None else _leaf_paths(y, "y"))
@@ -159,7 +159,8 @@ def gather_batch(x: Any, y: Any, idx: Any) -> Any:
 
 def make_input(x: Any, y: Any, *, batch_size: int, device: str, seed: int, strategy: Any,
                batch_fn: BatchFn | None, steps_per_epoch: int | None) -> ResidentArrays | Stream:
-    """The trainer's input for ``fit(x, y)``: a :class:`~.streams.Stream` for a dataset, else :class:`ResidentArrays`."""
+    """The trainer's input for ``fit(x, y)``: a :class:`~.streams.Stream` for a dataset, else
+    :class:`ResidentArrays`."""
     from .streams import Stream
 
     if isinstance(x, tf.data.Dataset):

@@ -72,8 +72,12 @@ class LossScaler:
         if self.config.mode == "none":
             return list(grads)
         inv = 1.0 / self.scale_var
-        keep = [bool(getattr(v, "overwrite_with_gradient", False)) for v in variables] if variables else [False] * len(grads)
-        return [g if k else _map_values(g, lambda t: t * tf.cast(inv, t.dtype)) for g, k in zip(grads, keep)]
+        if variables:
+            keep = [bool(getattr(v, "overwrite_with_gradient", False)) for v in variables]
+        else:
+            keep = [False] * len(grads)
+        return [g if k else _map_values(g, lambda t: t * tf.cast(inv, t.dtype))
+                for g, k in zip(grads, keep, strict=True)]
 
     @staticmethod
     def all_finite(grads: Sequence[Any]) -> Any:
@@ -120,9 +124,11 @@ class LossScaler:
             return (f"the fixed loss scale {self.current:g} is too high: lower it with the plan override "
                     f"loss_scale='{lower}' (auto_configure(loss_scale='{lower}'), or AMP_LOSS_SCALE={lower}), or use "
                     "dynamic loss scaling (loss_scale='dynamic')")
-        cause = ("the gradients stay non-finite even at loss scale 1, so the loss or the forward pass itself is NaN or "
-                 "Inf" if self.config.mode == "dynamic" else "without loss scaling the loss or the forward pass itself is "
-                 "NaN or Inf")
+        if self.config.mode == "dynamic":
+            cause = ("the gradients stay non-finite even at loss scale 1, so the loss or the forward pass itself is "
+                     "NaN or Inf")
+        else:
+            cause = "without loss scaling the loss or the forward pass itself is NaN or Inf"
         return (f"{cause}: check the inputs for NaN/Inf, lower the learning rate, and check the model in float32 "
                 "(the plan override policy='float32', or AMP_POLICY=float32) to see whether float16 overflows in the "
                 "forward pass")

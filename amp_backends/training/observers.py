@@ -65,7 +65,8 @@ def short_name(name: str) -> str:
 
 
 class LogLine(Observer):
-    """The tutorials' line every ``every`` steps: ``(epoch, step), Loss: 0.08706, step_time: 0.00100, throughput: 1.02e+06 img/s.``
+    """The tutorials' line every ``every`` steps:
+    ``(epoch, step), Loss: 0.08706, step_time: 0.00100, throughput: 1.02e+06 img/s.``
 
     Several updates log each loss (the GAN: ``G Loss``, ``D Loss``). A skipped step ends with
     ``[skipped: non-finite gradients in <update>]``.
@@ -90,7 +91,8 @@ class LogLine(Observer):
 
 
 class TensorBoardScalars(Observer):
-    """Scalars ``loss/<update>``, ``loss_scale/<update>``, ``skipped_steps/<update>``, ``throughput_img_per_s`` in ``logdir/train``."""
+    """Scalars ``loss/<update>``, ``loss_scale/<update>``, ``skipped_steps/<update>``, ``throughput_img_per_s``
+    in ``logdir/train``."""
 
     def __init__(self, logdir: str) -> None:
         import importlib.util
@@ -98,7 +100,8 @@ class TensorBoardScalars(Observer):
 
         self.writer = None
         if importlib.util.find_spec("tensorboard") is None:
-            logger.warning("TensorBoard is not installed: no scalars are written to %s (pip install tensorboard)", logdir)
+            logger.warning("TensorBoard is not installed: no scalars are written to %s (pip install tensorboard)",
+                           logdir)
             return
         import tensorflow as tf
 
@@ -181,7 +184,8 @@ class ProfilerWindow(Observer):
 
         tf.profiler.experimental.stop()
         self.running, self.done = False, True
-        asked = f" (asked: {self.start}:{self.stop}; calls are traced whole)" if (self.first, last) != (self.start, self.stop) else ""
+        whole_calls = (self.first, last) != (self.start, self.stop)
+        asked = f" (asked: {self.start}:{self.stop}; calls are traced whole)" if whole_calls else ""
         logger.info(f"Profiler trace of steps {self.first}:{last}{asked} written to {self.logdir}")
 
     def close(self) -> None:

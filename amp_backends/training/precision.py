@@ -50,7 +50,7 @@ def _referenced(obj: Any) -> Iterable[Any]:
         if value is not None and not callable(getattr(value, "numpy", None)):
             yield value
     module = getattr(type(obj), "__module__", "") or ""
-    if hasattr(obj, "__dict__") and not callable(obj) and not module.split(".")[0] in (
+    if hasattr(obj, "__dict__") and not callable(obj) and module.split(".")[0] not in (
             "tensorflow", "keras", "tf_keras", "numpy", "builtins"):
         yield from list(vars(obj).values())[:64]  # a user's object holding its models
 
@@ -136,8 +136,8 @@ def check_models(models: Sequence[Any], plan: Any, source: Any, *, batch_size: i
         name = getattr(model, "name", model)
         if built_float32(model, plan):
             _warn(f"The model {name!r} computes in float32 under the plan's {plan.policy}: it was built before "
-                  "auto_configure() set the dtype policy (a Keras policy applies to the layers created after it), so it "
-                  f"trains without {plan.policy}'s speed. Fix: build it after auto_configure().")
+                  "auto_configure() set the dtype policy (a Keras policy applies to the layers created after it), "
+                  f"so it trains without {plan.policy}'s speed. Fix: build it after auto_configure().")
         inputs = None if x is None else model_inputs(model, x)
         try:
             try:
@@ -157,7 +157,7 @@ def check_models(models: Sequence[Any], plan: Any, source: Any, *, batch_size: i
         lines = result.log_lines()
         findings = list(result.findings)
         logger.info(lines[0])
-        for finding, line in zip(findings, lines[1:1 + len(findings)]):
+        for finding, line in zip(findings, lines[1:1 + len(findings)], strict=True):
             if finding.severity in ("warning", "error"):
                 _warn(line, f"{name}: {line}")
             else:

@@ -11,7 +11,8 @@ from .observers import WARMUP_CALLS, CallRecord
 
 @dataclass
 class TrainResult:
-    """What :meth:`Trainer.fit` did. ``skipped``/``applied`` count steps per update over the whole run (resumes included)."""
+    """What :meth:`Trainer.fit` did. ``skipped``/``applied`` count steps per update over the whole run
+    (resumes included)."""
 
     steps: int
     epochs_completed: int

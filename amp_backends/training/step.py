@@ -77,7 +77,8 @@ _context = threading.local()
 
 
 def step_seed(salt: int = 0) -> Any:
-    """A seed for stateless random ops inside a training step: ``tf.random.stateless_uniform(shape, seed=step_seed(1))``.
+    """A seed for stateless random ops inside a training step:
+    ``tf.random.stateless_uniform(shape, seed=step_seed(1))``.
 
     It depends on the trainer's seed, the global step, the replica and ``salt`` (use a different salt per
     random draw in a step) — so random draws are reproducible from the seed, different in every step and
@@ -203,7 +204,7 @@ class StepProgram:
         offset = 0
         for vs, opt in u.groups:
             n = len(vs)
-            opt.apply_gradients([(g, v) for g, v in zip(grads[offset:offset + n], vs) if g is not None])
+            opt.apply_gradients([(g, v) for g, v in zip(grads[offset:offset + n], vs, strict=True) if g is not None])
             offset += n
 
     def _grads_fn(self, u: Update, kind: str, make_batch: Callable[..., Any]) -> Any:
@@ -238,7 +239,7 @@ class StepProgram:
                 return tf.constant(True)
 
             def skip(u=u, before=before):
-                for v, value in zip(u.state, before):
+                for v, value in zip(u.state, before, strict=True):
                     v.assign(value)
                 return tf.constant(False)
 
@@ -293,8 +294,8 @@ class StepProgram:
                 U = len(self.updates)
 
                 def body(i, ta_l, ta_f):
-                    l, f = step_at(x, y, perm, offset, i)
-                    return i + 1, ta_l.write(i, l), ta_f.write(i, f)
+                    step_losses, step_flags = step_at(x, y, perm, offset, i)
+                    return i + 1, ta_l.write(i, step_losses), ta_f.write(i, step_flags)
 
                 # the bound is the constant capacity (XLA needs one); the condition stops after ``steps``
                 _, ta_l, ta_f = tf.while_loop(
@@ -314,7 +315,8 @@ class StepProgram:
 
     # -- calls on a tf.data iterator -----------------------------------------------------------
     def stream_call(self) -> Any:
-        """``call(iterator, k)``: up to ``k`` steps, fewer at the end of the data; returns ``(steps, losses, flags)``."""
+        """``call(iterator, k)``: up to ``k`` steps, fewer at the end of the data; returns
+        ``(steps, losses, flags)``."""
         if "stream" in self._calls:
             return self._calls["stream"]
         B = self.batch_size
@@ -336,8 +338,9 @@ class StepProgram:
                 optional = iterator.get_next_as_optional()
                 if not optional.has_value():
                     break
-                l, f = step_fn(optional.get_value(), self.global_step + done)
-                ta_l, ta_f = ta_l.write(tf.cast(done, tf.int32), l), ta_f.write(tf.cast(done, tf.int32), f)
+                step_losses, step_flags = step_fn(optional.get_value(), self.global_step + done)
+                ta_l = ta_l.write(tf.cast(done, tf.int32), step_losses)
+                ta_f = ta_f.write(tf.cast(done, tf.int32), step_flags)
                 done += 1
             self.global_step.assign_add(done)
             self.samples_in_epoch.assign_add(done * B)

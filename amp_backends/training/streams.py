@@ -6,13 +6,13 @@ rebatched to exactly ``batch_size`` with the remainder dropped (a partial batch 
 compiled shapes and the loss's scale); an unbatched dataset, or batches of another size, is refused with
 the fix, and so are batches of unknown size with a variable-length feature (``padded_batch(8)`` for a
 batch of 16: rows padded to different lengths cannot be regrouped), with the fix: pad to a fixed length,
-``padded_batch(16, padded_shapes=..., drop_remainder=True)``. An epoch is one pass over the dataset, or ``steps_per_epoch`` batches (required for a
-dataset that repeats forever). The compiled call pulls several batches from an iterator inside itself
-(prefetched to the accelerator). The position of a stream is "batches consumed in epoch ``e``": on
-resume the epoch's pipeline is rebuilt and that many batches are skipped, which continues the
-interrupted order exactly when the pipeline's order depends on its seed alone (no shuffle, or
-``shuffle(..., seed=s, reshuffle_each_iteration=False)``); with reshuffling, the rest of the resumed
-epoch follows a fresh order.
+``padded_batch(16, padded_shapes=..., drop_remainder=True)``. An epoch is one pass over the dataset, or
+``steps_per_epoch`` batches (required for a dataset that repeats forever). The compiled call pulls several
+batches from an iterator inside itself (prefetched to the accelerator). The position of a stream is
+"batches consumed in epoch ``e``": on resume the epoch's pipeline is rebuilt and that many batches are
+skipped, which continues the interrupted order exactly when the pipeline's order depends on its seed alone
+(no shuffle, or ``shuffle(..., seed=s, reshuffle_each_iteration=False)``); with reshuffling, the rest of
+the resumed epoch follows a fresh order.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def _batch_dims(spec: Any) -> _Spec:
     for path, s in _leaf_paths(_spec_nest(spec), "element"):
         if not isinstance(s, tf.TensorSpec):
             raise InputError(f"The dataset's {path} is a {type(s).__name__}; the trainer takes datasets of dense "
-                             "tensors. Fix: convert it in the pipeline (for example tf.sparse.to_dense or .to_tensor()).")
+                             "tensors. Fix: convert it in the pipeline "
+                             "(for example tf.sparse.to_dense or .to_tensor()).")
         strings = strings or s.dtype == tf.string
         if s.shape.rank == 0:
             scalars.append(path)
@@ -98,8 +99,9 @@ class Stream:
                 f"The dataset's batches have no fixed size and its {dims.variable[0]} has a variable length (padded "
                 f"per batch, as padded_batch does): such batches cannot be regrouped into batches of {batch_size}. "
                 f"Fix: pad every batch to one fixed length and size: dataset.padded_batch({batch_size}, padded_shapes="
-                f"<fixed shapes, such as [64] for token ids>, drop_remainder=True) (one compiled shape for every step), "
-                f"or at least dataset.padded_batch({batch_size}, drop_remainder=True).")
+                f"<fixed shapes, such as [64] for token ids>, drop_remainder=True) "
+                f"(one compiled shape for every step), or at least dataset.padded_batch({batch_size}, "
+                "drop_remainder=True).")
         if None in dims.leading or not dims.leading:
             # batched without drop_remainder: the last batch would be partial (a new compiled shape, another
             # scale of the loss); keep exactly batch_size per step instead

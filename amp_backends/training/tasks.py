@@ -65,7 +65,8 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
         _check_labelled(sample)
         if sparse and not isinstance(sample[1], (dict, tuple, list)):  # (several outputs: the loss's own checks)
             classes = _num_classes(model)
-            class_ids(sample[1], classes, "The labels y", owner=f" (the model has {classes} outputs)" if classes else "")
+            owner = f" (the model has {classes} outputs)" if classes else ""
+            class_ids(sample[1], classes, "The labels y", owner=owner)
 
     classes = _num_classes(model)
     span = f"0..{classes - 1}" if classes else "0 and up"
@@ -112,7 +113,8 @@ def check_model_inputs(model: Any, x: Any) -> None:
     has_strings = tf.as_dtype(dtype) == tf.string
     if has_strings != wants_strings:
         raise InputError(
-            f"The model {model.name!r} takes {'strings' if wants_strings else f'numbers ({tf.as_dtype(spec.dtype).name})'}"
+            f"The model {model.name!r} takes "
+            f"{'strings' if wants_strings else f'numbers ({tf.as_dtype(spec.dtype).name})'}"
             f" but x holds {'strings' if has_strings else 'numbers'} ({tf.as_dtype(dtype).name}). Fix: "
             + ("start the model with a layer that encodes them (tf.keras.layers.StringLookup or TextVectorization "
                "after keras.Input(shape, dtype='string')), or encode them before training."
@@ -121,10 +123,10 @@ def check_model_inputs(model: Any, x: Any) -> None:
     have = list(x.shape)[1:]
     ones = lambda dims: [d for d in dims if d != 1]  # noqa: E731  (Keras takes (N,) for (N, 1) and back)
     if len(want) == len(have):
-        clash = any(w is not None and h is not None and w != h for w, h in zip(want, have))
+        clash = any(w is not None and h is not None and w != h for w, h in zip(want, have, strict=True))
     else:
         clash = len(ones(want)) != len(ones(have)) or any(
-            w is not None and h is not None and w != h for w, h in zip(ones(want), ones(have)))
+            w is not None and h is not None and w != h for w, h in zip(ones(want), ones(have), strict=True))
     if clash:
         raise InputError(
             f"The model {model.name!r} takes inputs of shape {tuple(['batch', *want])}; x has rows of shape "
@@ -135,14 +137,14 @@ def check_model_inputs(model: Any, x: Any) -> None:
 def _check_built(model: Any) -> None:
     if not getattr(model, "built", True) or not model.variables:
         raise AmpConfigError(
-            f"The model {getattr(model, 'name', model)!r} is not built yet: it has no variables to train. Fix: build it "
-            "before the Trainer (start it with keras.Input(shape), or call model.build(input_shape)).")
+            f"The model {getattr(model, 'name', model)!r} is not built yet: it has no variables to train. "
+            "Fix: build it before the Trainer (start it with keras.Input(shape), or call model.build(input_shape)).")
 
 
 def _check_labelled(batch: Any) -> None:
     if isinstance(batch, dict):
-        raise ValueError(f"classifier_updates takes batches (x, y) or (x, y, sample_weight); the data yields dicts (keys "
-                         f"{sorted(batch)}). Fix: map them to a tuple, e.g. dataset.map(lambda d: (d['image'], "
+        raise ValueError(f"classifier_updates takes batches (x, y) or (x, y, sample_weight); the data yields dicts "
+                         f"(keys {sorted(batch)}). Fix: map them to a tuple, e.g. dataset.map(lambda d: (d['image'], "
                          "d['label'])) with your keys.")
     if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3) or batch[1] is None:
         raise ValueError("classifier_updates trains on labelled batches: (x, y) or (x, y, sample_weight). Received "

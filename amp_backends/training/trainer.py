@@ -230,7 +230,8 @@ class Trainer:
                 continue
             ran.check_refused(at, self.position.batch_in_epoch(at), self.updates)
             self._check_nonfinite()
-            if self.checkpoint_every and (at.step + ran.done) // self.checkpoint_every > at.step // self.checkpoint_every:
+            every = self.checkpoint_every
+            if every and (at.step + ran.done) // every > at.step // every:
                 self.save()  # at the end of the call that reached a multiple of checkpoint_every
 
     def _call_and_record(self, source: Any, k: int, at: At, progress: Progress) -> Ran:
@@ -274,7 +275,7 @@ class Trainer:
         return self._last_input[2]
 
     def _check_nonfinite(self) -> None:
-        for name, s in self.scalers.items():
+        for s in self.scalers.values():
             if not s.stalled(self.max_consecutive_nonfinite):
                 continue
             saved = None
