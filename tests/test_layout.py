@@ -212,3 +212,9 @@ def test_the_command_line_module_imports_no_benchmark_examples_numpy_or_tensorfl
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=NEUTRAL_CWD)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_the_training_package_lists_every_lazy_name_once():
+    import amp_backends.training as training
+
+    assert training.__all__ == sorted(training._LAZY)
