@@ -162,7 +162,9 @@ def _gan() -> Any:
     tf = _tf()
     keras = tf.keras
 
-    class GanPair(keras.Model):
+    model_base: Any = keras.Model
+
+    class GanPair(model_base):
         """The tutorials' GAN for ``fit``: ``compile(optimizer=...)`` trains the generator; the
         discriminator has its own RMSprop(1e-4). Batches are real images; the loss is the discriminator's."""
 

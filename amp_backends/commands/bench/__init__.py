@@ -27,6 +27,7 @@ import typer
 
 from .loops import MANUAL
 
+MANUAL_NAMES = ", ".join(c[0] for c in MANUAL)
 GPU_OPTIONS = "GPU suite"
 ZOO_OPTIONS = "Model zoo"
 
@@ -45,7 +46,7 @@ def main(
                                          help="Comma-separated: mnist, gan (default both); with --zoo, zoo models "
                                               "(default all: see amp_backends.zoo)."),
     configs: Optional[str] = typer.Option(None, "--configs", metavar="CONFIGS", help="Comma-separated manual configurations "
-                                          f"(default all: {', '.join(c[0] for c in MANUAL)}); with --zoo, the zoo's "
+                                          f"(default all: {MANUAL_NAMES}); with --zoo, the zoo's "
                                           "configurations (baseline and auto are shorthands)."),
     epochs: int = typer.Option(3, "--epochs", metavar="N", min=1, help="Timed epochs per configuration (after 1 warm-up epoch)."),
     samples: int = typer.Option(60000, "--samples", metavar="N", min=1, help="Synthetic MNIST-shaped images per epoch."),
@@ -97,18 +98,18 @@ def main(
         from ...zoo import ZOO
         from .zoo import run_zoo
 
-        wanted = _names(models) or list(ZOO)
-        bad = [m for m in wanted if m not in ZOO]
+        zoo_models = _names(models) or list(ZOO)
+        bad = [m for m in zoo_models if m not in ZOO]
         if bad:
             raise _fail(f"--zoo --models takes {', '.join(ZOO)}. Received: {models!r}.")
         try:
-            run_zoo(wanted, _names(configs), reps, steps, batch, out)
+            run_zoo(zoo_models, _names(configs), reps, steps, batch, out)
         except ValueError as exc:
             raise _fail(str(exc)) from None
         return
     from .loops import run
 
-    wanted = _names(models) if models is not None else ["mnist", "gan"]
+    wanted: list[str] | None = _names(models) if models is not None else ["mnist", "gan"]
     bad = [m for m in wanted or [] if m not in ("mnist", "gan")]
     if bad or not wanted:
         raise _fail(f"--models takes mnist and/or gan (or zoo models with --zoo). Received: {models!r}.")

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from .gpu_suite import BY_NAME
 from .gpu_worker import Worker, plan_line
+from .supervisor import exit_with_parent
 from .trace import summarize_trace
 
 
@@ -148,7 +149,7 @@ class Experiments(Worker):
             idx = [tf.constant(i, tf.int32) for i in range(E)]
 
             def epoch() -> None:
-                loss = None
+                loss: Any = None
                 for i in idx:
                     loss = step(i)
                     if fetch:
@@ -204,7 +205,9 @@ class Experiments(Worker):
         yy = self.y[:n]
         worker = self
 
-        class EpochTimes(tf.keras.callbacks.Callback):
+        callback_base: Any = tf.keras.callbacks.Callback
+
+        class EpochTimes(callback_base):
             def __init__(self) -> None:
                 super().__init__()
                 self.times: list[float] = []
@@ -312,7 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline", required=True)
     p.add_argument("--only", type=lambda s: [n for n in s.split(",") if n in BY_NAME], required=True)
     p.add_argument("--tiny", action="store_true")
-    return Experiments(p.parse_args(argv)).main()
+    args = p.parse_args(argv)
+    exit_with_parent()
+    return Experiments(args).main()
 
 
 if __name__ == "__main__":

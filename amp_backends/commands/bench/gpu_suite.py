@@ -65,8 +65,8 @@ BY_NAME = {e.name: e for e in EXPERIMENTS}
 KILL_GRACE_S = 20.0  # a worker still in an experiment this long past its limit is stopped (XLA compiles cannot be cut)
 FINAL_MARGIN_S = 4.0  # kept at the end of the budget for the last writes
 
-FULL = dict(samples=60000, mnist_batch=1024, gan_batch=4096, timed_epochs=5, profiled_epochs=2, lr=0.01)
-TINY = dict(samples=8, mnist_batch=4, gan_batch=4, timed_epochs=2, profiled_epochs=1, lr=0.01)
+FULL: dict[str, Any] = dict(samples=60000, mnist_batch=1024, gan_batch=4096, timed_epochs=5, profiled_epochs=2, lr=0.01)
+TINY: dict[str, Any] = dict(samples=8, mnist_batch=4, gan_batch=4, timed_epochs=2, profiled_epochs=1, lr=0.01)
 
 
 class Clock:
@@ -305,7 +305,7 @@ class Suite:
     def event(self, ev: dict[str, Any], current: dict[str, Any], pending: list[str], progress: dict[str, int]) -> None:
         kind = ev.get("event")
         name = ev.get("name")
-        rec = self.state["experiments"].get(name) if name else None
+        rec: Any = self.state["experiments"].get(name) if name else None
         if kind == "software":
             self.state["software"] = ev["data"]
         elif kind == "plan":

@@ -133,6 +133,7 @@ class Worker:
 
         ``smoke=False``: left out of a --tiny run (another row there runs the same code path).
         """
+        r: dict[str, Any]
         if self.args.tiny and not smoke:
             r = {"label": label, "config": config, "status": "skipped", "img_per_s": None,
                  "error": "left out of the tiny run (another row runs the same code)"}
@@ -182,10 +183,10 @@ class Worker:
             def stats(self, steps_per_epoch: int) -> dict[str, Any]:
                 ends: dict[int, list[float]] = {}
                 per_call: dict[int, list[float]] = {}
-                for t, e, steps, step_time in self.calls:
+                for t, e, n_steps, step_time in self.calls:
                     ends.setdefault(e, [t, 0])
                     ends[e][0] = t
-                    ends[e][1] += steps
+                    ends[e][1] += n_steps
                     per_call.setdefault(e, []).append(per_step / step_time)
                 epochs = sorted(ends)
                 if not epochs:

@@ -18,6 +18,7 @@ writes ``bench.json`` (device, driver, versions, command, date) and ``bench.png`
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -240,12 +241,12 @@ def run(models: list[str], configs: list[str] | None, epochs: int, samples: int,
         batch = mnist_batch if model == "mnist" else gan_batch
         if len(x) // batch < 1:
             raise ValueError(f"--samples {samples} is smaller than one {model} batch of {batch}.")
-        jobs: list[tuple[str, Callable[[], Result]]] = []
+        jobs: list[tuple[str, Callable[..., Result]]] = []
         for c in chosen:
             if c[1] in unsafe:  # e.g. bf16 with ITEX on a CPU without bf16: it would abort the whole process
                 results.append(Result(model, c[0], "manual", None, error=f"skipped, unsafe here: {unsafe[c[1]]}"))
                 continue
-            jobs.append((c[0], (lambda c=c: bench_manual(model, c, x, y, batch, epochs, 0.01))))
+            jobs.append((c[0], functools.partial(bench_manual, model, c, x, y, batch, epochs, 0.01)))
         if with_fit and model == "mnist":
             jobs.append(("Keras fit", lambda: bench_fit(x, y, batch, epochs, 0.01)))
         jobs.append(("auto plan", lambda: bench_auto(model, x, y, batch, epochs, 0.01, steps_per_call)))

@@ -126,10 +126,10 @@ def _f(v: Any, spec: str, none: str = "-") -> str:
 
 def zoo_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
     """One row per model: baseline, best manual, auto fit, trainer, speed-up, ratio to best manual, share of peak."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for m in report["models"]:
         if m.get("skipped"):
-            rows.append((m["model"], f"skipped: {m['skipped']}", "", "", "", "", "", "", ""))
+            rows.append((str(m["model"]), f"skipped: {m['skipped']}", "", "", "", "", "", "", ""))
             continue
         c = m["configs"]
 
@@ -139,7 +139,7 @@ def zoo_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
 
         fit, tr = c.get("auto plan, fit", {}), c.get("auto plan, trainer", {})
         best = m.get("best_manual")
-        rows.append((m["model"], f"{m['batch']}", rate("float32 fit (defaults)"),
+        rows.append((str(m["model"]), f"{m['batch']}", rate("float32 fit (defaults)"),
                      f"{rate(best)} ({best})" if best else "-", rate("auto plan, fit"), rate("auto plan, trainer"),
                      f"{_f(fit.get('x_baseline'), '.2f')} / {_f(tr.get('x_baseline'), '.2f')}",
                      f"{_f(fit.get('x_best_manual'), '.2f')} / {_f(tr.get('x_best_manual'), '.2f')}",

@@ -184,6 +184,27 @@ class JsonWorker:
         self.sel.close()
 
 
+def exit_with_parent() -> None:
+    """In a worker: end this process when the process that started it ends (however it ended)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(3)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
+def terminate_as_exit() -> None:
+    """SIGTERM ends this process through ``SystemExit``: ``finally`` blocks run, workers are stopped, files written."""
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(f"stopped by {signal.Signals(signum).name}")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
 def answer(data: dict[str, Any]) -> None:
     """In a worker: write one answer line."""
     sys.stdout.write(PROTOCOL + json.dumps(data, default=str) + "\n")

@@ -24,7 +24,7 @@ from typing import Any
 from ...configure import plan_for
 from ...zoo import ZOO, unavailable
 from .report import environment, run_header, write_json, zoo_markdown, zoo_table
-from .supervisor import JsonWorker, WorkerFailed, child_env
+from .supervisor import JsonWorker, WorkerFailed, child_env, terminate_as_exit
 
 
 @dataclass(frozen=True)
@@ -78,23 +78,39 @@ class ZooRun:
     def say(self, text: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
-    def start(self, cfg: ZooConfig) -> JsonWorker | None:
+    def spawn(self, cfg: ZooConfig) -> JsonWorker | None:
         cmd = [sys.executable, "-m", "amp_backends.commands.bench.zoo_worker", "--config", json.dumps(asdict(cfg))]
         try:
-            w = JsonWorker(cmd, self.log, cfg.name, env=child_env())
-            ready = w.receive(self.timeout_s)
-            if not ready.get("ok"):
-                raise WorkerFailed(f"the {cfg.name} worker could not start: {ready.get('error')}")
+            return JsonWorker(cmd, self.log, cfg.name, env=child_env())
+        except OSError as exc:
+            self.errors[cfg.name] = f"the {cfg.name} worker could not start: {exc}"
+            return None
+
+    def ready(self, cfg: ZooConfig, w: JsonWorker | None) -> JsonWorker | None:
+        """``w`` once it has imported TensorFlow and set its configuration up, else None (the error kept)."""
+        if w is None:
+            return None
+        try:
+            r = w.receive(self.timeout_s)
+            if not r.get("ok"):
+                raise WorkerFailed(f"the {cfg.name} worker could not start: {r.get('error')}")
             return w
         except WorkerFailed as exc:
             self.errors[cfg.name] = str(exc)
             self.say(f"  {cfg.name}: {exc}")
+            w.close()
             return None
+
+    def start_all(self) -> None:
+        """All workers at once: their start-up (importing TensorFlow) overlaps."""
+        spawned = {c.name: self.spawn(c) for c in self.configs}
+        for c in self.configs:
+            self.workers[c.name] = self.ready(c, spawned[c.name])
 
     def worker(self, cfg: ZooConfig) -> JsonWorker | None:
         w = self.workers.get(cfg.name)
-        if w is None or not w.alive():
-            w = self.workers[cfg.name] = self.start(cfg)
+        if w is None or not w.alive():  # a worker that failed: a fresh one for the next request
+            w = self.workers[cfg.name] = self.ready(cfg, self.spawn(cfg))
         return w
 
     def ask(self, cfg: ZooConfig, timeout_s: float, **req: Any) -> dict[str, Any]:
@@ -139,6 +155,7 @@ class ZooRun:
                     rec["flops_per_sample"], rec["flops_note"] = r["flops_per_sample"], r["flops_note"]
             self.say(f"  {cfg.name:24s} " + (f"ready (warm-up {r['warmup_s']} s)" if r.get("ok") else f"failed: {c['error']}"))
         rates: dict[str, list[float]] = {c.name: [] for c in live}
+        calls: dict[str, list[float]] = {c.name: [] for c in live}
         for rep in range(self.reps):
             order = live[rep % len(live):] + live[:rep % len(live)] if live else []
             for cfg in order:
@@ -147,6 +164,7 @@ class ZooRun:
                 r = self.ask(cfg, self.timeout_s, op="rep")
                 if r.get("ok"):
                     rates[cfg.name].append(r["samples"] / r["seconds"])
+                    calls[cfg.name].append(r["samples"] / r["call_seconds"])
                 else:
                     rec["configs"][cfg.name]["error"] = r["error"]
                     live.remove(cfg)
@@ -154,6 +172,7 @@ class ZooRun:
         for cfg in live:
             c = rec["configs"][cfg.name]
             c["samples_per_s"] = _spread(rates[cfg.name])
+            c["call_samples_per_s"] = _spread(calls[cfg.name])  # the whole fit() call, its set-up included
             r = self.ask(cfg, self.timeout_s, op="loss")
             c["loss"] = r.get("loss") if r.get("ok") else None
             if not r.get("ok"):
@@ -183,15 +202,18 @@ def run_zoo(models: list[str], config_names: list[str] | None, reps: int, steps:
     dtypes = sorted({c.compute_dtype for c in configs} | {"float32"})
     runner = ZooRun(models, configs, reps, steps, batch, out, timeout_s, peak_n or (8192 if gpu else 2048), gpu)
     t0 = time.time()
+    terminate_as_exit()
     report: dict[str, Any] = {**run_header(), "what": "model zoo", "plan": plan.summary(),
                               "settings": {"reps": reps, "steps_per_rep": steps, "batch": batch or "per model",
                                            "warmup_reps": 1, "configs": [asdict(c) for c in configs],
-                                           "figure": "median repetition, samples/s (min-max over repetitions); "
-                                                     "one fit()/Trainer.fit() call per repetition"},
+                                           "figure": "median repetition, samples/s (min-max over repetitions); a "
+                                                     "repetition is one fit()/Trainer.fit() call, timed from the start "
+                                                     "of its training to its end (call_samples_per_s: the whole call)"},
                               "models": []}
     try:
         runner.say(f"zoo: {len(models)} model(s) x {len(configs)} configuration(s), {reps} interleaved repetitions of "
                    f"{steps} steps; plan: {plan.summary()}")
+        runner.start_all()
         report["peak_gflops"] = runner.peaks(dtypes)
         for name in models:
             report["models"].append(runner.model(name))

@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Any
 
-from .supervisor import answer
+from .supervisor import answer, exit_with_parent
 
 
 class ZooWorker:
@@ -45,14 +45,17 @@ class ZooWorker:
                 tf.config.experimental.enable_tensor_float_32_execution(bool(cfg["tf32"]))
             set_global_policy(cfg["policy"], tf)
         self.model: Any = None
+        self.window: dict[str, float] = {}  # start and end of the last repetition's training, set by hooks
+        self.trainer: Any = None
 
     def describe(self) -> str:
         if self.plan is not None:
             p = self.plan
             return (f"{p.policy}, XLA {'on' if p.xla else 'off'}, TF32 {'on' if p.tf32 else 'off'}, "
                     f"loss scale {p.loss_scale.mode}, compile{self.plan.compile_kwargs()}")
-        xla = {None: "compile() default (jit_compile='auto')", True: "XLA on", False: "XLA off"}[self.cfg.get("xla")]
-        return f"{self.cfg['policy']}, {xla}"
+        xla = {None: "compile() defaults", True: "XLA on", False: "XLA off"}[self.cfg.get("xla")]
+        resolved = getattr(self.model, "jit_compile", None)  # what Keras made of jit_compile
+        return f"{self.cfg['policy']}, {xla}" + (f" (jit_compile={resolved})" if self.cfg.get("xla") is None else "")
 
     # -- requests --------------------------------------------------------------------------------
     def prepare(self, model: str, batch: int, steps: int, flops: bool) -> dict[str, Any]:
@@ -84,6 +87,7 @@ class ZooWorker:
                 kwargs["jit_compile"] = bool(self.cfg["xla"])
             self.model.compile(optimizer=opt, loss=self.entry.loss(), **kwargs)
         self.fits = 0
+        self.callbacks = [] if kind == "trainer" else [_fit_window(tf, self.window)]
         t0 = time.perf_counter()
         self.rep()
         warmup = time.perf_counter() - t0
@@ -106,17 +110,22 @@ class ZooWorker:
         assert self.plan is not None
         self.trainer = Trainer(updates, self.plan, batch_size=self.batch, steps_per_call=self.steps,
                                images_per_step=self.batch * self.entry.per_sample, log_every=10**9, progress=False,
-                               seed=0)
+                               seed=0, observers=[_trainer_window(self.window)])
 
     def rep(self) -> dict[str, Any]:
+        """One ``fit`` call of ``steps`` steps, timed from the start of its training to its end (hooks): the call's
+        set-up (Keras's data adapter, the trainer's upload and checks) is left out, as it is paid once per call."""
+        self.window.clear()
         t0 = time.perf_counter()
         if self.trainer is not None:
             self.fits += 1
             self.trainer.fit(self.x, self.y, epochs=self.fits)
         else:
-            self.model.fit(self.x, self.y, batch_size=self.batch, epochs=1, verbose=0, shuffle=False)
-        dt = time.perf_counter() - t0
-        return {"seconds": dt, "samples": self.steps * self.batch * self.entry.per_sample}
+            self.model.fit(self.x, self.y, batch_size=self.batch, epochs=1, verbose=0, shuffle=False,
+                           callbacks=self.callbacks)
+        t1 = time.perf_counter()
+        dt = self.window.get("end", t1) - self.window.get("start", t0)
+        return {"seconds": dt, "call_seconds": t1 - t0, "samples": self.steps * self.batch * self.entry.per_sample}
 
     def loss(self) -> dict[str, Any]:
         return {"loss": self.entry.evaluate(self.model, self.x_eval, self.y_eval)}
@@ -173,10 +182,37 @@ class ZooWorker:
         return out
 
 
+def _fit_window(tf: Any, window: dict[str, float]) -> Any:
+    base: Any = tf.keras.callbacks.Callback
+
+    class Window(base):
+        def on_train_begin(self, logs: Any = None) -> None:
+            window["start"] = time.perf_counter()
+
+        def on_train_end(self, logs: Any = None) -> None:
+            window["end"] = time.perf_counter()
+
+    return Window()
+
+
+def _trainer_window(window: dict[str, float]) -> Any:
+    from ...training import Observer
+
+    class Window(Observer):
+        def on_fit_start(self, start_step: int, total_steps: int | None) -> None:
+            window["start"] = time.perf_counter()
+
+        def after_call(self, record: Any) -> None:
+            window["end"] = time.perf_counter()
+
+    return Window()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--config", required=True, help="the configuration, as JSON")
     cfg = json.loads(p.parse_args().config)
+    exit_with_parent()
     try:
         worker = ZooWorker(cfg)
     except Exception as exc:
