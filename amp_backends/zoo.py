@@ -277,7 +277,7 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              _hub_causal_lm, _gpt2_data, _sparse(True), _sparse_per_example(True), requires=("keras_hub",)),
     ZooModel("mobilenet_v3", "MobileNetV3Small 96x96, 10 classes", "images", 64, 512, _application("MobileNetV3Small", 96),
              _images((96, 96, 3), 10, 255.0), _sparse(), _sparse_per_example()),
-    ZooModel("resnet50", "ResNet50 64x64, 10 classes", "images", 32, 512, _application("ResNet50", 64),
+    ZooModel("resnet50", "ResNet50 64x64, 10 classes", "images", 16, 512, _application("ResNet50", 64),
              _images((64, 64, 3), 10, 255.0), _sparse(), _sparse_per_example()),
     ZooModel("efficientnet", "EfficientNetB0 64x64, 10 classes", "images", 32, 512, _application("EfficientNetB0", 64),
              _images((64, 64, 3), 10, 255.0), _sparse(), _sparse_per_example()),

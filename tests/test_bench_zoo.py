@@ -81,7 +81,10 @@ def test_zoo_smoke(tmp_path):
     (m,) = report["models"]
     assert m["flops_per_sample"] > 1e6 and m["best_manual"] == "fp32"
     assert set(m["configs"]) == {"float32 fit (defaults)", "fp32", "auto plan, fit", "auto plan, trainer"}
+    policies = {c["name"]: c["policy"] for c in report["settings"]["configs"]}
+    assert policies["fp32"] == "float32" and policies["auto plan, trainer"] == report["plan_policy"]
     for name, c in m["configs"].items():
+        assert c["policy"] == policies[name], (name, c)  # each worker's model was built under its own policy
         assert c["samples_per_s"]["median"] > 0 and len(c["samples_per_s"]["reps"]) == 2, (name, c)
         assert c["loss"] > 0 and c["x_baseline"] > 0 and c["share_of_peak"] > 0, (name, c)
     assert m["configs"]["float32 fit (defaults)"]["loss_vs_baseline"] == 0

@@ -60,7 +60,7 @@ def main(
                              rich_help_panel=ZOO_OPTIONS),
     reps: int = typer.Option(5, "--reps", metavar="N", min=1, help="Zoo: interleaved timed repetitions per configuration.",
                              rich_help_panel=ZOO_OPTIONS),
-    steps: int = typer.Option(8, "--steps", metavar="N", min=1, help="Zoo: training steps per repetition.",
+    steps: int = typer.Option(4, "--steps", metavar="N", min=1, help="Zoo: training steps per repetition.",
                               rich_help_panel=ZOO_OPTIONS),
     batch: Optional[int] = typer.Option(None, "--batch", metavar="N", min=1,
                                         help="Zoo: one batch size for every model (default: each model's own; "

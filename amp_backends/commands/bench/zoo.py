@@ -123,6 +123,29 @@ class ZooRun:
             self.workers[cfg.name] = None
             return {"ok": False, "error": str(exc)}
 
+    def post(self, cfg: ZooConfig, **req: Any) -> dict[str, Any] | None:
+        """Send a request without waiting: None when sent, else the failure."""
+        w = self.worker(cfg)
+        if w is None:
+            return {"ok": False, "error": self.errors.get(cfg.name, "the worker could not start")}
+        try:
+            w.send(**req)
+            return None
+        except WorkerFailed as exc:
+            self.workers[cfg.name] = None
+            return {"ok": False, "error": str(exc)}
+
+    def collect(self, cfg: ZooConfig, failure: dict[str, Any] | None) -> dict[str, Any]:
+        """The answer to a request :meth:`post` sent."""
+        w = self.workers.get(cfg.name)
+        if failure is not None or w is None:
+            return failure or {"ok": False, "error": self.errors.get(cfg.name, "the worker could not start")}
+        try:
+            return w.receive(self.timeout_s)
+        except WorkerFailed as exc:
+            self.workers[cfg.name] = None
+            return {"ok": False, "error": str(exc)}
+
     def peaks(self, dtypes: list[str]) -> dict[str, Any]:
         ref = next((c for c in self.configs if c.kind == "manual" and c.policy == "float32" and not c.tf32), self.configs[0])
         r = self.ask(ref, self.timeout_s, op="peak", dtypes=dtypes, n=self.peak_n, repeats=5)
@@ -145,8 +168,11 @@ class ZooRun:
                                "steps_per_rep": self.steps, "configs": {}}
         self.say(f"{name}: {entry.title}, batch {batch}: building and compiling in every configuration")
         live = []
-        for i, cfg in enumerate(self.configs):  # prepared one after another: compilations do not share the cores
-            r = self.ask(cfg, self.timeout_s, op="prepare", model=name, batch=batch, steps=self.steps, flops=i == 0)
+        # every worker prepares at once (untimed: XLA compiles mostly on one core, so they overlap well)
+        sent = {cfg.name: self.post(cfg, op="prepare", model=name, batch=batch, steps=self.steps, flops=i == 0)
+                for i, cfg in enumerate(self.configs)}
+        for cfg in self.configs:
+            r = self.collect(cfg, sent[cfg.name])
             c = rec["configs"][cfg.name] = {"kind": cfg.kind, "compute_dtype": cfg.compute_dtype,
                                             **{k: v for k, v in r.items() if k != "ok"}}
             if r.get("ok"):
@@ -203,7 +229,7 @@ def run_zoo(models: list[str], config_names: list[str] | None, reps: int, steps:
     runner = ZooRun(models, configs, reps, steps, batch, out, timeout_s, peak_n or (8192 if gpu else 2048), gpu)
     t0 = time.time()
     terminate_as_exit()
-    report: dict[str, Any] = {**run_header(), "what": "model zoo", "plan": plan.summary(),
+    report: dict[str, Any] = {**run_header(), "what": "model zoo", "plan": plan.summary(), "plan_policy": plan.policy,
                               "settings": {"reps": reps, "steps_per_rep": steps, "batch": batch or "per model",
                                            "warmup_reps": 1, "configs": [asdict(c) for c in configs],
                                            "figure": "median repetition, samples/s (min-max over repetitions); a "
@@ -214,11 +240,16 @@ def run_zoo(models: list[str], config_names: list[str] | None, reps: int, steps:
         runner.say(f"zoo: {len(models)} model(s) x {len(configs)} configuration(s), {reps} interleaved repetitions of "
                    f"{steps} steps; plan: {plan.summary()}")
         runner.start_all()
-        report["peak_gflops"] = runner.peaks(dtypes)
+        report["peak_gflops_start"] = report["peak_gflops"] = runner.peaks(dtypes)
         for name in models:
             report["models"].append(runner.model(name))
             report["elapsed_s"] = round(time.time() - t0, 1)
             write_json(out / "zoo.json", report)
+        # once more at the end: a machine busy at one moment does not lower the peak the models are held against
+        report["peak_gflops_end"] = runner.peaks(dtypes)
+        report["peak_gflops"] = {k: max((p.get(k) for p in (report["peak_gflops_start"], report["peak_gflops_end"])
+                                         if isinstance(p.get(k), (int, float))), default=None)
+                                 for k in report["peak_gflops_start"]}
     finally:
         runner.close()
     report["environment"] = environment()

@@ -40,10 +40,12 @@ class ZooWorker:
         self.plan = None
         if cfg["kind"] in ("auto_fit", "trainer"):
             self.plan = auto_configure(verbose=False)
+            self.policy = self.plan.policy
         else:
             if cfg.get("tf32") is not None:
                 tf.config.experimental.enable_tensor_float_32_execution(bool(cfg["tf32"]))
-            set_global_policy(cfg["policy"], tf)
+            self.policy = cfg["policy"]
+        set_global_policy(self.policy, tf)
         self.model: Any = None
         self.window: dict[str, float] = {}  # start and end of the last repetition's training, set by hooks
         self.trainer: Any = None
@@ -66,8 +68,11 @@ class ZooWorker:
         from ...zoo import get
 
         tf = self.tf
+        from ...keras_compat import set_global_policy
+
         self.model = self.trainer = None
-        tf.keras.backend.clear_session()
+        tf.keras.backend.clear_session()  # which also sets Keras's global dtype policy back to float32:
+        set_global_policy(self.policy, tf)  # the configuration's policy again
         gc.collect()
         self.entry, self.batch, self.steps = get(model), batch, steps
         self.x, self.y = self.entry.data(steps * batch, 0)
@@ -91,7 +96,11 @@ class ZooWorker:
         t0 = time.perf_counter()
         self.rep()
         warmup = time.perf_counter() - t0
-        out: dict[str, Any] = {"warmup_s": round(warmup, 2), "setup": self.describe(),
+        policy: Any = getattr(self.model, "dtype_policy", None) or getattr(self.model, "_dtype_policy", None)
+        built_under = str(getattr(policy, "name", self.policy))
+        if built_under != self.policy:
+            raise RuntimeError(f"the model was built under {built_under}, not {self.policy}")
+        out: dict[str, Any] = {"warmup_s": round(warmup, 2), "setup": self.describe(), "policy": built_under,
                                "params": int(sum(np.prod(v.shape) for v in self.model.weights))}
         if flops:
             out["flops_per_sample"], out["flops_note"] = self.flops()
@@ -167,7 +176,7 @@ class ZooWorker:
                 c = a
                 for _ in range(4):
                     c = tf.matmul(c, b) * tf.constant(1.0 / n, dtype)
-                return tf.reduce_sum(tf.cast(c[:1, :1], tf.float32))
+                return tf.reduce_sum(tf.cast(c, tf.float32))  # all of c: no part of the work can be left out
 
             try:
                 float(chain(a, b))
