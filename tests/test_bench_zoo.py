@@ -49,7 +49,7 @@ def test_each_zoo_model_builds_and_gives_a_finite_float32_loss(name):
 
     from amp_backends.keras_compat import set_global_policy
 
-    set_global_policy("mixed_bfloat16", tf)
+    set_global_policy("mixed_float16", tf)  # runs on every CPU (bf16 aborts ITEX on CPUs without bf16)
     model = entry.build()
     x, y = entry.data(4, 0)
     assert len(tf.nest.flatten(x)[0]) == 4
