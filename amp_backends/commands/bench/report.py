@@ -171,7 +171,7 @@ def zoo_markdown(report: dict[str, Any]) -> str:
                   f"batch {m['batch']}, {m['steps_per_rep']} steps per repetition; "
                   f"{_f(flops and flops / 1e6, ',.1f')} MFLOP per {m['unit'][:-1]} per training step "
                   f"({m.get('flops_note', '')})", "",
-                  f"| configuration | {m['unit']}/s | min-max | x baseline | x best manual | % of peak | loss | "
+                  f"| configuration | {m['unit']}/s | min-max | x baseline | x best manual | % of peak | train loss | "
                   "loss - baseline | set-up | note |", "|---|---:|---|---:|---:|---:|---:|---:|---|---|"]
         for name, c in m["configs"].items():
             s = c.get("samples_per_s")

@@ -14,6 +14,7 @@ dtype is measured at the start, in the float32 worker.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -68,6 +69,7 @@ class ZooRun:
     def __init__(self, models: list[str], configs: list[ZooConfig], reps: int, steps: int, batch: int | None,
                  out: Path, timeout_s: float, peak_n: int, gpu: bool) -> None:
         self.gpu = gpu
+        self.parallel = max(1, min(len(configs), os.cpu_count() or 1))
         self.models, self.configs, self.reps, self.steps, self.batch = models, configs, reps, steps, batch
         self.out, self.timeout_s, self.peak_n = out, timeout_s, peak_n
         out.mkdir(parents=True, exist_ok=True)
@@ -168,11 +170,19 @@ class ZooRun:
                                "steps_per_rep": self.steps, "configs": {}}
         self.say(f"{name}: {entry.title}, batch {batch}: building and compiling in every configuration")
         live = []
-        # every worker prepares at once (untimed: XLA compiles mostly on one core, so they overlap well)
-        sent = {cfg.name: self.post(cfg, op="prepare", model=name, batch=batch, steps=self.steps, flops=i == 0)
-                for i, cfg in enumerate(self.configs)}
-        for cfg in self.configs:
+        # workers prepare side by side, as many at a time as there are cores (untimed: XLA compiles mostly on one)
+        sent: dict[str, dict[str, Any] | None] = {}
+
+        def post(i: int) -> None:
+            if i < len(self.configs):
+                cfg = self.configs[i]
+                sent[cfg.name] = self.post(cfg, op="prepare", model=name, batch=batch, steps=self.steps, flops=i == 0)
+
+        for i in range(self.parallel):
+            post(i)
+        for i, cfg in enumerate(self.configs):
             r = self.collect(cfg, sent[cfg.name])
+            post(i + self.parallel)
             c = rec["configs"][cfg.name] = {"kind": cfg.kind, "compute_dtype": cfg.compute_dtype,
                                             **{k: v for k, v in r.items() if k != "ok"}}
             if r.get("ok"):
@@ -201,6 +211,7 @@ class ZooRun:
             c["call_samples_per_s"] = _spread(calls[cfg.name])  # the whole fit() call, its set-up included
             r = self.ask(cfg, self.timeout_s, op="loss")
             c["loss"] = r.get("loss") if r.get("ok") else None
+            c["eval_loss"] = r.get("eval_loss") if r.get("ok") else None
             if not r.get("ok"):
                 c["loss_error"] = r.get("error")
         return rec

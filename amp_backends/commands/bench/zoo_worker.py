@@ -130,14 +130,20 @@ class ZooWorker:
             self.fits += 1
             self.trainer.fit(self.x, self.y, epochs=self.fits)
         else:
-            self.model.fit(self.x, self.y, batch_size=self.batch, epochs=1, verbose=0, shuffle=False,
-                           callbacks=self.callbacks)
+            h = self.model.fit(self.x, self.y, batch_size=self.batch, epochs=1, verbose=0, shuffle=False,
+                               callbacks=self.callbacks)
+            self.window["loss_sum"], self.window["loss_n"] = float(h.history["loss"][-1]), 1.0
         t1 = time.perf_counter()
         dt = self.window.get("end", t1) - self.window.get("start", t0)
         return {"seconds": dt, "call_seconds": t1 - t0, "samples": self.steps * self.batch * self.entry.per_sample}
 
     def loss(self) -> dict[str, Any]:
-        return {"loss": self.entry.evaluate(self.model, self.x_eval, self.y_eval)}
+        """``loss``: the mean training loss of the last repetition (the discriminator's for the GAN; every
+        configuration has then made the same steps on the same data from the same weights); ``eval_loss``: the
+        loss on a fixed batch in inference mode (far off for BatchNormalization after a few steps)."""
+        n = self.window.get("loss_n", 0.0)
+        return {"loss": self.window["loss_sum"] / n if n else None,
+                "eval_loss": self.entry.evaluate(self.model, self.x_eval, self.y_eval)}
 
     def flops(self) -> tuple[float | None, str]:
         """FLOPs of one training step (``model.train_step``: forward, gradients, update) per sample, from
@@ -205,6 +211,8 @@ def _fit_window(tf: Any, window: dict[str, float]) -> Any:
 
 
 def _trainer_window(window: dict[str, float]) -> Any:
+    import numpy as np
+
     from ...training import Observer
 
     class Window(Observer):
@@ -213,6 +221,10 @@ def _trainer_window(window: dict[str, float]) -> Any:
 
         def after_call(self, record: Any) -> None:
             window["end"] = time.perf_counter()
+            last = np.asarray(record.losses, dtype="float64")[:, -1]  # the last update's loss (the discriminator's)
+            last = last[np.isfinite(last)]
+            window["loss_sum"] = window.get("loss_sum", 0.0) + float(last.sum())
+            window["loss_n"] = window.get("loss_n", 0.0) + float(last.size)
 
     return Window()
 
