@@ -166,7 +166,7 @@ def _gan() -> Any:
 
     class GanPair(model_base):
         """The tutorials' GAN for ``fit``: ``compile(optimizer=...)`` trains the generator; the
-        discriminator has its own RMSprop(1e-4). Batches are real images; the loss is the discriminator's."""
+        discriminator has its own RMSprop(1e-4). Batches are real images; ``fit`` logs ``g_loss`` and ``d_loss``."""
 
         def __init__(self) -> None:
             super().__init__(name="gan")
@@ -189,13 +189,15 @@ def _gan() -> Any:
                 on_fake = self.discriminator(fake, training=True)
                 return sigmoid_loss(on_fake, real_l), 0.5 * (sigmoid_loss(on_fake, fake_l) + sigmoid_loss(on_real, real_l))
 
+            logs = {}
             for i, (model, opt) in enumerate(((self.generator, self.optimizer), (self.discriminator, self.d_optimizer))):
                 with tf.GradientTape() as tape:
                     loss = losses()[i]
                     scaled = opt.scale_loss(loss) if hasattr(opt, "scale_loss") else loss
                 grads = tape.gradient(scaled, model.trainable_variables)
                 opt.apply_gradients(zip(grads, model.trainable_variables))
-            return {"loss": loss}
+                logs[("g_loss", "d_loss")[i]] = loss
+            return logs  # not "loss": Keras 3 would report its own (unused) loss tracker under that name
 
     return GanPair()
 

@@ -90,3 +90,18 @@ def test_zoo_smoke(tmp_path):
     assert m["configs"]["float32 fit (defaults)"]["loss_vs_baseline"] == 0
     md = (tmp_path / "zoo" / "zoo.md").read_text()
     assert "| mnist_cnn |" in md and "x best manual" in out.stdout
+
+
+@pytest.mark.tensorflow
+def test_the_gan_trains_under_keras_fit_and_logs_both_losses():
+    import tensorflow as tf
+
+    entry = zoo.get("gan")
+    x, y = entry.data(16, 0)
+    assert y is None
+    model = entry.build()
+    model.compile(optimizer=tf.keras.optimizers.Adam(1e-3))
+    before = [w.numpy().copy() for w in model.discriminator.trainable_weights[:1]]
+    logs = model.fit(x, batch_size=8, epochs=1, verbose=0).history
+    assert logs["d_loss"][0] > 0 and logs["g_loss"][0] > 0, logs
+    assert not (model.discriminator.trainable_weights[0].numpy() == before[0]).all()

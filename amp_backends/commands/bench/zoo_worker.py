@@ -132,7 +132,8 @@ class ZooWorker:
         else:
             h = self.model.fit(self.x, self.y, batch_size=self.batch, epochs=1, verbose=0, shuffle=False,
                                callbacks=self.callbacks)
-            self.window["loss_sum"], self.window["loss_n"] = float(h.history["loss"][-1]), 1.0
+            self.window["loss_sum"] = float(h.history["d_loss" if self.entry.gan else "loss"][-1])
+            self.window["loss_n"] = 1.0
         t1 = time.perf_counter()
         dt = self.window.get("end", t1) - self.window.get("start", t0)
         return {"seconds": dt, "call_seconds": t1 - t0, "samples": self.steps * self.batch * self.entry.per_sample}
