@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
-import selectors
 import signal
 import subprocess
 import sys
@@ -130,9 +130,15 @@ class JsonWorker:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
                                      bufsize=1, env=env or child_env(), errors="replace", **_group())
         self.tail: list[str] = []
-        self.sel = selectors.DefaultSelector()
+        # a thread reads the lines (waiting on the pipe itself would miss lines already in the stream's buffer)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True, name=f"worker-{name}").start()
+
+    def _read(self) -> None:
         assert self.proc.stdout is not None
-        self.sel.register(self.proc.stdout, selectors.EVENT_READ)
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
 
     def send(self, **request: Any) -> None:
         assert self.proc.stdin is not None
@@ -143,19 +149,18 @@ class JsonWorker:
             raise self._failed("it ended before the request") from None
 
     def receive(self, timeout_s: float) -> dict[str, Any]:
-        assert self.proc.stdout is not None
         deadline = time.time() + timeout_s
         while True:
             left = deadline - time.time()
             if left <= 0:
                 stop(self.proc)
                 raise self._failed(f"no answer within {timeout_s:.0f} s: stopped")
-            if not self.sel.select(timeout=min(left, 1.0)):
-                if self.proc.poll() is not None:
-                    raise self._failed(f"it ended ({exit_reason(self.proc.returncode)})")
+            try:
+                line = self.lines.get(timeout=min(left, 1.0))
+            except queue.Empty:
                 continue
-            line = self.proc.stdout.readline()
-            if not line:
+            if line is None:
+                self.lines.put(None)  # it stays ended for later requests
                 self.proc.wait()
                 raise self._failed(f"it ended ({exit_reason(self.proc.returncode)})")
             if line.startswith(PROTOCOL):
@@ -181,7 +186,6 @@ class JsonWorker:
                 self.proc.wait(timeout=15)
             except (WorkerFailed, subprocess.TimeoutExpired):
                 stop(self.proc)
-        self.sel.close()
 
 
 def exit_with_parent() -> None:
