@@ -1,4 +1,4 @@
-"""Benchmark: the tutorials' hand-written loops under their manual configurations vs. our auto-configured trainer.
+"""The tutorials' hand-written loops under their manual configurations against the auto plan (the default benchmark).
 
 ``python -m amp_backends.bench`` (or ``amp-backends bench``) times, in one process and on the same data:
 
@@ -11,28 +11,23 @@
 
 Each configuration runs one warm-up epoch (tracing, compilation), then ``--epochs`` timed epochs; the
 figure is the median epoch's images per second, images counted as the tutorials counted them (MNIST: the
-batch; GAN: 2 x batch per step). It prints a table with the ratio to the best manual configuration, and
-writes JSON (device, driver, versions, command, date) and a PNG bar chart.
+batch; GAN: 2 x batch per step). Between configurations the process is reset (Keras session, dtype
+policy, TF32, the applied plan). It prints a table with the ratio to the best manual configuration, and
+writes ``bench.json`` (device, driver, versions, command, date) and ``bench.png`` (bar chart).
 """
 
 from __future__ import annotations
 
-import datetime
-import json
-import platform
+import functools
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable
 
-import typer
-
-from ..assessment import UNSAFE
-from ..configure import auto_configure, plan_for, reset
-from ..keras_compat import dynamic_loss_scale_optimizer, scale_loss, set_global_policy, unscale_gradients
-from ..plan import Plan
+from ...configure import auto_configure, plan_for, reset
+from ...keras_compat import dynamic_loss_scale_optimizer, scale_loss, set_global_policy, unscale_gradients
+from .report import environment, loops_chart, loops_table, run_header, unsafe_policies, write_json
 
 if TYPE_CHECKING:  # numpy is imported by the data helpers when a run starts, not by the command line
     import numpy as np
@@ -95,7 +90,7 @@ class _Scaling:
 
 def _mnist_manual(policy: str, xla: bool, scaling: str, lr: float, batch: int) -> tuple[Callable, Callable]:
     tf = _tf()
-    from ..models import mnist_cnn
+    from ...models import mnist_cnn
 
     set_global_policy(policy, tf)
     model = mnist_cnn()
@@ -116,7 +111,7 @@ def _mnist_manual(policy: str, xla: bool, scaling: str, lr: float, batch: int) -
 
 def _gan_manual(policy: str, xla: bool, scaling: str, lr: float, batch: int) -> tuple[Callable, Callable]:
     tf = _tf()
-    from ..models import NOISE_DIM, gan_discriminator, gan_generator, gan_labels, sigmoid_loss
+    from ...models import NOISE_DIM, gan_discriminator, gan_generator, gan_labels, sigmoid_loss
 
     set_global_policy(policy, tf)
     g, d = gan_generator(), gan_discriminator()
@@ -184,7 +179,7 @@ def bench_manual(model: str, config: tuple, x: np.ndarray, y: np.ndarray, batch:
 
 def bench_fit(x: np.ndarray, y: np.ndarray, batch: int, epochs: int, lr: float) -> Result:
     tf = _tf()
-    from ..models import mnist_cnn
+    from ...models import mnist_cnn
 
     plan = auto_configure(verbose=False)
     model = mnist_cnn()
@@ -204,8 +199,8 @@ def bench_fit(x: np.ndarray, y: np.ndarray, batch: int, epochs: int, lr: float) 
 def bench_auto(model: str, x: np.ndarray, y: np.ndarray, batch: int, epochs: int, lr: float,
                steps_per_call: int | None, loss_scale: str | None = None, label: str = "auto plan (trainer)") -> Result:
     tf = _tf()
-    from ..models import gan_discriminator, gan_generator, mnist_cnn
-    from ..training import Trainer, classifier_updates, gan_updates, mnist_batch_fn
+    from ...models import gan_discriminator, gan_generator, mnist_cnn
+    from ...training import Trainer, classifier_updates, gan_updates, mnist_batch_fn
 
     plan = auto_configure(loss_scale=loss_scale, verbose=False)
     steps = len(x) // batch
@@ -233,43 +228,10 @@ def bench_auto(model: str, x: np.ndarray, y: np.ndarray, batch: int, epochs: int
 
 
 # --------------------------------------------------------------------------- the run
-def unsafe_policies(plan: Plan) -> dict[str, str]:
-    """Policies known to crash this machine (from the plan's support table), with the reason."""
-    if plan.assessment is None:
-        return {}
-    return {p: s.why for p, s in plan.assessment.policies.items() if s.level == UNSAFE}
-
-
-def environment(report: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What the figures were measured on: the planned backend's devices and details, the software, the plan."""
-    if report is None:
-        from .report import collect
-
-        try:
-            report = collect(use_tensorflow=True).data
-        except Exception as exc:  # the benchmark still runs
-            return {"error": f"{type(exc).__name__}: {exc}"}
-    plan = report["plan"] or {}
-    chosen = next((b for b in report["hardware"]["backends"] if b["backend"] == plan.get("backend")), None)
-    cpu = next((b["cpu"] for b in report["hardware"]["backends"] if b["cpu"]), None)
-    return {
-        "backend": plan.get("backend"),
-        "devices": [f"{d['name']} (CC {d['compute_capability']})" if d.get("compute_capability") else d["name"]
-                    for d in (chosen or {}).get("devices", [])],
-        "backend_details": (chosen or {}).get("details", {}),
-        "cpu": f"{cpu['model']} ({cpu['logical_cores']} logical cores)" if cpu else None,
-        "python": report["software"]["python"],
-        "tensorflow": report["software"]["tensorflow"]["version"],
-        "cuda_build": report["software"]["tensorflow"].get("cuda_version"),
-        "keras": report["software"]["keras"]["version"],
-        "plan": plan and {k: plan[k] for k in ("backend", "policy", "loss_scale", "tf32", "xla")},
-    }
-
-
 def run(models: list[str], configs: list[str] | None, epochs: int, samples: int, mnist_batch: int, gan_batch: int,
         steps_per_call: int | None, out: Path, with_fit: bool = True) -> dict[str, Any]:
     tf = _tf()
-    from ..data import synthetic_mnist
+    from ...data import synthetic_mnist
 
     (x, y), _ = synthetic_mnist(samples, 8)
     chosen = [c for c in MANUAL if configs is None or c[0] in configs]
@@ -279,12 +241,12 @@ def run(models: list[str], configs: list[str] | None, epochs: int, samples: int,
         batch = mnist_batch if model == "mnist" else gan_batch
         if len(x) // batch < 1:
             raise ValueError(f"--samples {samples} is smaller than one {model} batch of {batch}.")
-        jobs: list[tuple[str, Callable[[], Result]]] = []
+        jobs: list[tuple[str, Callable[..., Result]]] = []
         for c in chosen:
             if c[1] in unsafe:  # e.g. bf16 with ITEX on a CPU without bf16: it would abort the whole process
                 results.append(Result(model, c[0], "manual", None, error=f"skipped, unsafe here: {unsafe[c[1]]}"))
                 continue
-            jobs.append((c[0], (lambda c=c: bench_manual(model, c, x, y, batch, epochs, 0.01))))
+            jobs.append((c[0], functools.partial(bench_manual, model, c, x, y, batch, epochs, 0.01)))
         if with_fit and model == "mnist":
             jobs.append(("Keras fit", lambda: bench_fit(x, y, batch, epochs, 0.01)))
         jobs.append(("auto plan", lambda: bench_auto(model, x, y, batch, epochs, 0.01, steps_per_call)))
@@ -305,9 +267,7 @@ def run(models: list[str], configs: list[str] | None, epochs: int, samples: int,
             print(f"  {model:5s} {r.config:32s} " + (f"{r.img_per_s:12,.0f} img/s" if r.img_per_s else f"failed: {r.error}"),
                   flush=True)
     report = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, "-m", "amp_backends.bench", *sys.argv[1:]]),
-        "host": platform.node(),
+        **run_header(),
         "environment": environment(),
         "settings": {"epochs_timed": epochs, "warmup_epochs": 1, "samples": samples, "mnist_batch": mnist_batch,
                      "gan_batch": gan_batch, "steps_per_call": steps_per_call or "one epoch", "data": "synthetic"},
@@ -318,92 +278,7 @@ def run(models: list[str], configs: list[str] | None, epochs: int, samples: int,
         for r in report["results"]:
             if r["model"] == model:
                 r["ratio_to_best_manual"] = (r["img_per_s"] / best) if (best and r["img_per_s"]) else None
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(report, indent=2))
-    _table(report)
-    _chart(report, out / "bench.png")
+    write_json(out / "bench.json", report)
+    loops_table(report)
+    loops_chart(report, out / "bench.png")
     return report
-
-
-def _table(report: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=f"img/s, median of {report['settings']['epochs_timed']} epochs after 1 warm-up "
-                    f"({', '.join(report['environment'].get('devices') or []) or report['environment'].get('cpu')})")
-    for col in ("model", "configuration", "img/s", "x best manual", "note"):
-        t.add_column(col, justify="right" if col in ("img/s", "x best manual") else "left")
-    for r in report["results"]:
-        t.add_row(r["model"], r["config"], f"{r['img_per_s']:,.0f}" if r["img_per_s"] else "-",
-                  f"{r['ratio_to_best_manual']:.2f}" if r.get("ratio_to_best_manual") else "-", r["error"] or r["detail"])
-    Console(width=160).print(t)
-
-
-def _chart(report: dict[str, Any], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no chart (pip install 'amp-backends[bench]')", file=sys.stderr)
-        return
-    models = sorted({r["model"] for r in report["results"]})
-    fig, axes = plt.subplots(len(models), 1, figsize=(10, 4.5 * len(models)), squeeze=False)
-    for ax, model in zip(axes[:, 0], models):
-        rows = [r for r in report["results"] if r["model"] == model and r["img_per_s"]]
-        colors = {"manual": "#8c8c8c", "keras_fit": "#4c72b0", "auto": "#dd8452"}
-        ax.barh([r["config"] for r in rows], [r["img_per_s"] for r in rows], color=[colors[r["kind"]] for r in rows])
-        ax.set_title(f"{model}: images/s (grey: tutorials' manual loops, blue: Keras fit, orange: auto plan)")
-        ax.invert_yaxis()
-        ax.set_xlabel("images per second")
-    env = report["environment"]
-    fig.suptitle(f"{', '.join(env.get('devices') or []) or env.get('cpu')} - TF {env.get('tensorflow')} - {report['date'][:10]}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def main(
-    models: str = typer.Option("mnist,gan", "--models", metavar="MODELS", help="Comma-separated: mnist, gan."),
-    configs: Optional[str] = typer.Option(None, "--configs", metavar="CONFIGS", help="Comma-separated manual configurations "
-                                          f"(default all: {', '.join(c[0] for c in MANUAL)})."),
-    epochs: int = typer.Option(3, "--epochs", metavar="N", min=1, help="Timed epochs per configuration (after 1 warm-up epoch)."),
-    samples: int = typer.Option(60000, "--samples", metavar="N", min=1, help="Synthetic MNIST-shaped images per epoch."),
-    mnist_batch: int = typer.Option(1024, "--mnist-batch", metavar="N", min=1, help="MNIST CNN batch size."),
-    gan_batch: int = typer.Option(4096, "--gan-batch", metavar="N", min=1, help="GAN batch size."),
-    steps_per_call: Optional[int] = typer.Option(None, "--steps-per-call", metavar="N", min=1,
-                                                 help="Trainer steps per compiled call (default: one epoch)."),
-    no_fit: bool = typer.Option(False, "--no-fit", help="Skip the Keras fit configuration."),
-    out: Path = typer.Option(Path("bench-results"), "--out", metavar="DIR", help="Folder for bench.json and bench.png."),
-) -> None:
-    """Time the tutorials' manual configurations against the auto plan (synthetic data, one process)."""
-    from ..tf_import import import_tensorflow, quiet_tensorflow_logs
-
-    wanted = [m.strip() for m in models.split(",") if m.strip()]
-    bad = [m for m in wanted if m not in ("mnist", "gan")]
-    if bad or not wanted:
-        typer.echo(f"bench: error: --models takes mnist and/or gan. Received: {models!r}.", err=True)
-        raise typer.Exit(2)
-    chosen = [c.strip() for c in configs.split(",")] if configs else None
-    unknown = [c for c in chosen or [] if c not in [m[0] for m in MANUAL]]
-    if unknown:
-        typer.echo(f"bench: error: unknown configuration(s) {unknown}; valid: {', '.join(m[0] for m in MANUAL)}.", err=True)
-        raise typer.Exit(2)
-    import_tensorflow(quiet_tensorflow_logs())
-    try:
-        run(wanted, chosen, epochs, samples, mnist_batch, gan_batch, steps_per_call, out, with_fit=not no_fit)
-    except ValueError as exc:
-        typer.echo(f"bench: error: {exc}", err=True)
-        raise typer.Exit(2)
-
-
-def cli_main() -> None:
-    """Entry point of ``python -m amp_backends.bench``."""
-    from .typer_app import run_single
-
-    run_single(main)
-
-
-if __name__ == "__main__":
-    cli_main()

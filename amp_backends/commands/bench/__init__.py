@@ -1,0 +1,131 @@
+"""The benchmark command: ``python -m amp_backends.bench`` / ``amp-backends bench``.
+
+Three suites, one command, results in one folder (``--out``):
+
+================  ==============================================================================
+suite             module
+================  ==============================================================================
+(default)         :mod:`.loops`: the tutorials' hand-written loops under their manual configurations,
+                  Keras ``fit`` and the trainer under the auto plan (``bench.json``, ``bench.png``)
+``--zoo``         :mod:`.zoo` (workers: :mod:`.zoo_worker`): reference models under the float32 ``fit``
+                  baseline, the manual configurations, ``fit`` and the trainer under the auto plan
+                  (``zoo.json``, ``zoo.md``)
+``--gpu-suite``   :mod:`.gpu_suite` (workers: :mod:`.gpu_worker`): the benchmark, then the experiments
+                  that decide how the trainer's compiled call runs on a GPU, and a profile
+                  (:mod:`.trace`), under a time budget (``gpu_suite.json``, ``gpu_suite.md``, ...)
+================  ==============================================================================
+
+:mod:`.supervisor` runs worker processes with time limits; :mod:`.report` writes tables, JSON and charts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .loops import MANUAL
+
+MANUAL_NAMES = ", ".join(c[0] for c in MANUAL)
+GPU_OPTIONS = "GPU suite"
+ZOO_OPTIONS = "Model zoo"
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"bench: error: {message}", err=True)
+    return typer.Exit(2)
+
+
+def _names(text: Optional[str]) -> list[str] | None:
+    return [n.strip() for n in text.split(",") if n.strip()] if text else None
+
+
+def main(
+    models: Optional[str] = typer.Option(None, "--models", metavar="MODELS",
+                                         help="Comma-separated: mnist, gan (default both); with --zoo, zoo models "
+                                              "(default all: see amp_backends.zoo)."),
+    configs: Optional[str] = typer.Option(None, "--configs", metavar="CONFIGS", help="Comma-separated manual configurations "
+                                          f"(default all: {MANUAL_NAMES}); with --zoo, the zoo's "
+                                          "configurations (baseline and auto are shorthands)."),
+    epochs: int = typer.Option(3, "--epochs", metavar="N", min=1, help="Timed epochs per configuration (after 1 warm-up epoch)."),
+    samples: int = typer.Option(60000, "--samples", metavar="N", min=1, help="Synthetic MNIST-shaped images per epoch."),
+    mnist_batch: int = typer.Option(1024, "--mnist-batch", metavar="N", min=1, help="MNIST CNN batch size."),
+    gan_batch: int = typer.Option(4096, "--gan-batch", metavar="N", min=1, help="GAN batch size."),
+    steps_per_call: Optional[int] = typer.Option(None, "--steps-per-call", metavar="N", min=1,
+                                                 help="Trainer steps per compiled call (default: one epoch)."),
+    no_fit: bool = typer.Option(False, "--no-fit", help="Skip the Keras fit configuration."),
+    out: Path = typer.Option(Path("bench-results"), "--out", metavar="DIR", help="Folder for the results (made if missing)."),
+    zoo: bool = typer.Option(False, "--zoo", help="Run the model zoo instead of the tutorials' loops.",
+                             rich_help_panel=ZOO_OPTIONS),
+    reps: int = typer.Option(5, "--reps", metavar="N", min=1, help="Zoo: interleaved timed repetitions per configuration.",
+                             rich_help_panel=ZOO_OPTIONS),
+    steps: int = typer.Option(4, "--steps", metavar="N", min=1, help="Zoo: training steps per repetition.",
+                              rich_help_panel=ZOO_OPTIONS),
+    batch: Optional[int] = typer.Option(None, "--batch", metavar="N", min=1,
+                                        help="Zoo: one batch size for every model (default: each model's own; "
+                                             "larger on a GPU).", rich_help_panel=ZOO_OPTIONS),
+    gpu_suite: bool = typer.Option(False, "--gpu-suite", help="Run the GPU suite: the benchmark, the trainer's call "
+                                   "experiments and a profile, under --budget-s.", rich_help_panel=GPU_OPTIONS),
+    budget_s: float = typer.Option(520.0, "--budget-s", metavar="S", min=10, help="GPU suite: wall-clock budget; what "
+                                   "no longer fits is recorded as skipped.", rich_help_panel=GPU_OPTIONS),
+    only: Optional[str] = typer.Option(None, "--only", metavar="NAMES", help="GPU suite: experiments to run.",
+                                       rich_help_panel=GPU_OPTIONS),
+    skip: Optional[str] = typer.Option(None, "--skip", metavar="NAMES", help="GPU suite: experiments to leave out.",
+                                       rich_help_panel=GPU_OPTIONS),
+    tiny: bool = typer.Option(False, "--tiny", help="GPU suite: tiny sizes (a smoke run on a CPU).",
+                              rich_help_panel=GPU_OPTIONS),
+    list_experiments: bool = typer.Option(False, "--list", help="GPU suite: list the experiments and exit.",
+                                          rich_help_panel=GPU_OPTIONS),
+) -> None:
+    """Time the tutorials' configurations against the auto plan (default), the model zoo (--zoo), or the GPU suite."""
+    if zoo and gpu_suite:
+        raise _fail("--zoo and --gpu-suite are two runs: choose one.")
+    if gpu_suite or list_experiments:
+        from .gpu_suite import EXPERIMENTS, run_suite
+
+        if list_experiments:
+            for e in EXPERIMENTS:
+                typer.echo(f"{e.name:22s} limit {e.limit_s:4.0f} s (tiny {e.tiny_limit_s:3.0f} s)  {e.title}")
+            return
+        unknown = [n for n in (_names(only) or []) + (_names(skip) or []) if n not in {e.name for e in EXPERIMENTS}]
+        if unknown:
+            raise _fail(f"unknown experiment(s) {unknown}; valid: {', '.join(e.name for e in EXPERIMENTS)}.")
+        raise typer.Exit(run_suite(out, budget_s, tiny, _names(only), _names(skip)))
+    from ...tf_import import import_tensorflow, quiet_tensorflow_logs
+
+    if zoo:
+        from ...zoo import ZOO
+        from .zoo import run_zoo
+
+        zoo_models = _names(models) or list(ZOO)
+        bad = [m for m in zoo_models if m not in ZOO]
+        if bad:
+            raise _fail(f"--zoo --models takes {', '.join(ZOO)}. Received: {models!r}.")
+        try:
+            run_zoo(zoo_models, _names(configs), reps, steps, batch, out)
+        except ValueError as exc:
+            raise _fail(str(exc)) from None
+        return
+    from .loops import run
+
+    wanted: list[str] | None = _names(models) if models is not None else ["mnist", "gan"]
+    bad = [m for m in wanted or [] if m not in ("mnist", "gan")]
+    if bad or not wanted:
+        raise _fail(f"--models takes mnist and/or gan (or zoo models with --zoo). Received: {models!r}.")
+    chosen = _names(configs)
+    unknown = [c for c in chosen or [] if c not in [m[0] for m in MANUAL]]
+    if unknown:
+        raise _fail(f"unknown configuration(s) {unknown}; valid: {', '.join(m[0] for m in MANUAL)}.")
+    import_tensorflow(quiet_tensorflow_logs())
+    try:
+        run(wanted, chosen, epochs, samples, mnist_batch, gan_batch, steps_per_call, out, with_fit=not no_fit)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+
+
+def cli_main() -> None:
+    """Entry point of ``python -m amp_backends.bench``."""
+    from ..typer_app import run_single
+
+    run_single(main)

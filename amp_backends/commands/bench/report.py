@@ -1,0 +1,249 @@
+"""What the benchmarks write: the run's header (date, command, machine, versions), tables, JSON and charts."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ...assessment import UNSAFE
+
+if TYPE_CHECKING:
+    from ...plan import Plan
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def run_header() -> dict[str, Any]:
+    """``date`` (UTC), ``command`` (as typed, module form) and ``host`` of this run."""
+    return {"date": now_iso(),
+            "command": " ".join([Path(sys.executable).name, "-m", "amp_backends.bench", *sys.argv[1:]]),
+            "host": platform.node()}
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` to ``path`` whole or not at all (a stopped run never leaves half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def unsafe_policies(plan: Plan) -> dict[str, str]:
+    """Policies known to crash this machine (from the plan's support table), with the reason."""
+    if plan.assessment is None:
+        return {}
+    return {p: s.why for p, s in plan.assessment.policies.items() if s.level == UNSAFE}
+
+
+def environment(report: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the figures were measured on: the planned backend's devices and details, the software, the plan."""
+    if report is None:
+        from ..report import collect
+
+        try:
+            report = collect(use_tensorflow=True).data
+        except Exception as exc:  # the benchmark still runs
+            return {"error": f"{type(exc).__name__}: {exc}"}
+    plan = report["plan"] or {}
+    chosen = next((b for b in report["hardware"]["backends"] if b["backend"] == plan.get("backend")), None)
+    cpu = next((b["cpu"] for b in report["hardware"]["backends"] if b["cpu"]), None)
+    return {
+        "backend": plan.get("backend"),
+        "devices": [f"{d['name']} (CC {d['compute_capability']})" if d.get("compute_capability") else d["name"]
+                    for d in (chosen or {}).get("devices", [])],
+        "backend_details": (chosen or {}).get("details", {}),
+        "cpu": f"{cpu['model']} ({cpu['logical_cores']} logical cores)" if cpu else None,
+        "python": report["software"]["python"],
+        "tensorflow": report["software"]["tensorflow"]["version"],
+        "cuda_build": report["software"]["tensorflow"].get("cuda_version"),
+        "keras": report["software"]["keras"]["version"],
+        "plan": plan and {k: plan[k] for k in ("backend", "policy", "loss_scale", "tf32", "xla")},
+    }
+
+
+def machine_line(env: dict[str, Any]) -> str:
+    return ", ".join(env.get("devices") or []) or str(env.get("cpu"))
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no chart (pip install 'amp-backends[bench]')", file=sys.stderr)
+        return None
+    return plt
+
+
+# --------------------------------------------------------------------------- the tutorials' loops
+def loops_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"img/s, median of {report['settings']['epochs_timed']} epochs after 1 warm-up "
+                    f"({machine_line(report['environment'])})")
+    for col in ("model", "configuration", "img/s", "x best manual", "note"):
+        t.add_column(col, justify="right" if col in ("img/s", "x best manual") else "left")
+    for r in report["results"]:
+        t.add_row(r["model"], r["config"], f"{r['img_per_s']:,.0f}" if r["img_per_s"] else "-",
+                  f"{r['ratio_to_best_manual']:.2f}" if r.get("ratio_to_best_manual") else "-", r["error"] or r["detail"])
+    Console(width=160).print(t)
+
+
+def loops_chart(report: dict[str, Any], path: Path) -> None:
+    plt = _pyplot()
+    if plt is None:
+        return
+    models = sorted({r["model"] for r in report["results"]})
+    fig, axes = plt.subplots(len(models), 1, figsize=(10, 4.5 * len(models)), squeeze=False)
+    for ax, model in zip(axes[:, 0], models):
+        rows = [r for r in report["results"] if r["model"] == model and r["img_per_s"]]
+        colors = {"manual": "#8c8c8c", "keras_fit": "#4c72b0", "auto": "#dd8452"}
+        ax.barh([r["config"] for r in rows], [r["img_per_s"] for r in rows], color=[colors[r["kind"]] for r in rows])
+        ax.set_title(f"{model}: images/s (grey: tutorials' manual loops, blue: Keras fit, orange: auto plan)")
+        ax.invert_yaxis()
+        ax.set_xlabel("images per second")
+    env = report["environment"]
+    fig.suptitle(f"{machine_line(env)} - TF {env.get('tensorflow')} - {report['date'][:10]}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- the model zoo
+def _f(v: Any, spec: str, none: str = "-") -> str:
+    return format(v, spec) if isinstance(v, (int, float)) else none
+
+
+def zoo_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
+    """One row per model: baseline, best manual, auto fit, trainer, speed-up, ratio to best manual, share of peak."""
+    rows: list[tuple[str, ...]] = []
+    for m in report["models"]:
+        if m.get("skipped"):
+            rows.append((str(m["model"]), f"skipped: {m['skipped']}", "", "", "", "", "", "", ""))
+            continue
+        c = m["configs"]
+
+        def rate(name: str | None) -> str:
+            s = (c.get(name) or {}).get("samples_per_s") if name else None
+            return _f(s["median"], ",.0f") if s else "failed"
+
+        fit, tr = c.get("auto plan, fit", {}), c.get("auto plan, trainer", {})
+        best = m.get("best_manual")
+        rows.append((str(m["model"]), f"{m['batch']}", rate("float32 fit (defaults)"),
+                     f"{rate(best)} ({best})" if best else "-", rate("auto plan, fit"), rate("auto plan, trainer"),
+                     f"{_f(fit.get('x_baseline'), '.2f')} / {_f(tr.get('x_baseline'), '.2f')}",
+                     f"{_f(fit.get('x_best_manual'), '.2f')} / {_f(tr.get('x_best_manual'), '.2f')}",
+                     f"{_f(tr.get('share_of_peak'), '.0%')}"))
+    return rows
+
+
+ZOO_HEAD = ("model", "batch", "fp32 fit", "best manual", "auto fit", "auto trainer", "x baseline (fit / trainer)",
+            "x best manual (fit / trainer)", "trainer % of peak")
+
+
+def zoo_markdown(report: dict[str, Any]) -> str:
+    env = report.get("environment") or {}
+    peaks = report.get("peak_gflops") or {}
+    lines = [f"# Model zoo: {machine_line(env)}", "",
+             f"{report['date']} - TensorFlow {env.get('tensorflow')}, Keras {env.get('keras')} - `{report['command']}` - "
+             f"{report.get('elapsed_s')} s", "", f"- plan: {report.get('plan')}",
+             "- matmul peak measured in this run, GFLOP/s: " + ", ".join(f"{k} {v}" for k, v in peaks.items()),
+             f"- figures: samples/s of the median of {report['settings']['reps']} interleaved repetitions of "
+             f"{report['settings']['steps_per_rep']} steps, after one warm-up repetition; speed-ups are of the "
+             "auto plan over the float32 fit baseline (compile defaults)", "",
+             "| " + " | ".join(ZOO_HEAD) + " |", "|" + "---|" * len(ZOO_HEAD)]
+    lines += ["| " + " | ".join(r) + " |" for r in zoo_rows(report)]
+    for m in report["models"]:
+        if m.get("skipped"):
+            continue
+        flops = m.get("flops_per_sample")
+        lines += ["", f"## {m['model']}: {m['title']}", "",
+                  f"batch {m['batch']}, {m['steps_per_rep']} steps per repetition; "
+                  f"{_f(flops and flops / 1e6, ',.1f')} MFLOP per {m['unit'][:-1]} per training step "
+                  f"({m.get('flops_note', '')})", "",
+                  f"| configuration | {m['unit']}/s | min-max | x baseline | x best manual | % of peak | train loss | "
+                  "loss - baseline | set-up | note |", "|---|---:|---|---:|---:|---:|---:|---:|---|---|"]
+        for name, c in m["configs"].items():
+            s = c.get("samples_per_s")
+            lines.append(
+                f"| {name} | {_f(s and s['median'], ',.0f')} | {_f(s and s['min'], ',.0f')}-{_f(s and s['max'], ',.0f')} | "
+                f"{_f(c.get('x_baseline'), '.2f')} | {_f(c.get('x_best_manual'), '.2f')} | "
+                f"{_f(c.get('share_of_peak'), '.0%')} | {_f(c.get('loss'), '.4f')} | {_f(c.get('loss_vs_baseline'), '+.4f')} | "
+                f"{c.get('setup', '')} | {str(c.get('error') or '').replace('|', '/')[:200]} |")
+    return "\n".join(lines) + "\n"
+
+
+def zoo_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"model zoo, samples/s ({machine_line(report.get('environment') or {})}); details in zoo.md")
+    for col in ZOO_HEAD:
+        t.add_column(col, justify="left" if col in ("model", "best manual") else "right")
+    for r in zoo_rows(report):
+        t.add_row(*r)
+    Console(width=200).print(t)
+
+
+# --------------------------------------------------------------------------- the GPU suite
+def fmt_rate(v: Any) -> str:
+    return f"{v:,.0f}" if isinstance(v, (int, float)) and v else "-"
+
+
+def gpu_markdown(state: dict[str, Any], brief: bool = False) -> str:
+    sw = state.get("software") or {}
+    dev = state.get("device") or {}
+    smi = dev.get("nvidia_smi")
+    gpu = (f"{smi[0].get('name')}, driver {smi[0].get('driver_version')}" if isinstance(smi, list) and smi
+           else ", ".join(sw.get("gpus_tf") or []) or "no GPU")
+    lines = [f"# GPU suite: {gpu}", "",
+             f"{state['date']} - TensorFlow {sw.get('tensorflow', '?')}, Keras {sw.get('keras', '?')}, "
+             f"CUDA build {sw.get('cuda_build', '?')}, cuDNN {sw.get('cudnn_build', '?')} - "
+             f"`{state['command']}` - {state['elapsed_s']} s of {state['settings']['budget_s']} s"
+             + (" - TINY SIZES (smoke run)" if state["settings"]["tiny"] else ""), ""]
+    for label, plan in (state.get("plans") or {}).items():
+        lines.append(f"- plan {label}: {plan}")
+    lines += ["", "Images/s of the median timed epoch (after one warm-up epoch); 'x ref' against the "
+              "experiment's first row; 'per call': the median call's own rate.", "",
+              "| experiment | configuration | img/s | x ref | per call img/s | warm-up s | note |",
+              "|---|---|---:|---:|---:|---:|---|"]
+    for name, rec in state["experiments"].items():
+        if rec["status"] == "not selected":
+            continue
+        rows = rec["rows"]
+        ref = next((r.get("img_per_s") for r in rows if r.get("img_per_s")), None)
+        if not rows or rec["status"] not in ("done",):
+            error = str(rec.get("error") or "").replace("|", "/").replace("\n", " ")
+            lines.append(f"| {name} | ({rec['status']}) | | | | | {error[:200]} |")
+        for r in rows:
+            rate = r.get("img_per_s")
+            ratio = f"{rate / ref:.2f}" if rate and ref else "-"
+            note = r.get("error") or r.get("note") or ""
+            if r.get("status") not in (None, "ok"):
+                note = f"{r.get('status')}: {note}"
+            warm = r.get("warmup_s")
+            lines.append(f"| {name} | {r.get('label')} | {fmt_rate(rate)} | {ratio} | {fmt_rate(r.get('call_img_per_s'))} "
+                         f"| {warm if warm is not None else '-'} | {str(note).replace('|', '/').replace(chr(10), ' ')[:160]} |")
+    if brief:
+        return "\n".join(lines)
+    lines += ["", "## Experiments", "", "| experiment | status | time s | limit s | what |", "|---|---|---:|---:|---|"]
+    for name, rec in state["experiments"].items():
+        lines.append(f"| {name} | {rec['status']} | {rec.get('elapsed_s', '-')} | {rec.get('effective_limit_s', rec['limit_s'])}"
+                     f" | {rec['title']} |")
+    for name, rec in state["experiments"].items():
+        for note in rec.get("notes", []):
+            lines.append(f"- {name}: {note}")
+    prof = state["experiments"].get("profile", {})
+    if prof.get("op_summary"):
+        lines += ["", "## Profile", "", "```", prof["op_summary"], "```"]
+    return "\n".join(lines) + "\n"

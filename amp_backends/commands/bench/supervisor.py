@@ -1,0 +1,215 @@
+"""Worker processes with time limits: a child that crashes or overruns is stopped and reported, never waited on.
+
+* :func:`run_child`: run a command to its end, its output echoed and kept, stopped when a deadline passes
+  (the GPU suite's benchmark and experiment workers).
+* :class:`JsonWorker`: a long-lived child answering one JSON request per line (the model zoo's
+  configuration workers), each request with its own time limit.
+
+Children run in their own process group, so stopping one stops what it started, and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any, Callable
+
+PROTOCOL = "@@json "  # a worker's answer lines start with this; anything else it prints is log
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for a child ``python -m amp_backends...``: this package importable, output unbuffered."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[3])  # the folder holding amp_backends/
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def _group() -> dict[str, Any]:
+    # its own process group, not a new session: whatever ends this run ends the child too
+    return {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the child's process group, SIGKILL after 5 s (the child leads its own group: nothing else is hit)."""
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def exit_reason(rc: int | None) -> str:
+    if rc is not None and rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit code {rc}"
+
+
+def last_words(tail: list[str], n: int = 8) -> str:
+    """A dead worker's last lines, without its own progress lines."""
+    lines = [t.strip() for t in tail if t.strip() and not re.match(r"^\[\d\d:\d\d:\d\d ", t.strip())]
+    return " / ".join(lines[-n:])[-1200:] or "(no output)"
+
+
+def run_child(cmd: list[str], echo: Callable[[str], None], kill_at: Callable[[], float], on_poll: Callable[[], None],
+              extra_log: Path | None = None, env: dict[str, str] | None = None) -> tuple[int | None, list[str]]:
+    """Run ``cmd`` with its output echoed (and kept); stop its process group when ``kill_at()`` passes.
+
+    Returns ``(returncode, last lines)``; the return code is ``None`` when it was stopped.
+    """
+    tail: list[str] = []
+    side = open(extra_log, "a", buffering=1, encoding="utf-8") if extra_log else None
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            env=env or child_env(), errors="replace", **_group())
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            del tail[:-40]
+            echo(line)
+            if side:
+                side.write(line + "\n")
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    stopped = False
+    try:
+        while proc.poll() is None:
+            on_poll()
+            if time.time() > kill_at():
+                stopped = True
+                stop(proc)
+                break
+            time.sleep(0.25)
+        proc.wait()
+        reader.join(timeout=5)
+        on_poll()
+    except BaseException:  # interrupted (SIGTERM, Ctrl-C): the child goes too
+        stop(proc)
+        raise
+    finally:
+        if side:
+            side.close()
+    return (None if stopped else proc.returncode), list(tail)
+
+
+class WorkerFailed(RuntimeError):
+    """A worker died, overran a request's time limit, or could not start; it has been stopped."""
+
+
+class JsonWorker:
+    """A child process that answers JSON requests, one per line, on its standard output.
+
+    Lines it prints without :data:`PROTOCOL` (and its standard error) go to ``log``. A request that gets
+    no answer within its time limit stops the child and raises :class:`WorkerFailed`.
+    """
+
+    def __init__(self, cmd: list[str], log: IO[str], name: str, env: dict[str, str] | None = None) -> None:
+        self.name, self.log = name, log
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                                     bufsize=1, env=env or child_env(), errors="replace", **_group())
+        self.tail: list[str] = []
+        # a thread reads the lines (waiting on the pipe itself would miss lines already in the stream's buffer)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True, name=f"worker-{name}").start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def send(self, **request: Any) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._failed("it ended before the request") from None
+
+    def receive(self, timeout_s: float) -> dict[str, Any]:
+        deadline = time.time() + timeout_s
+        while True:
+            left = deadline - time.time()
+            if left <= 0:
+                stop(self.proc)
+                raise self._failed(f"no answer within {timeout_s:.0f} s: stopped")
+            try:
+                line = self.lines.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                continue
+            if line is None:
+                self.lines.put(None)  # it stays ended for later requests
+                self.proc.wait()
+                raise self._failed(f"it ended ({exit_reason(self.proc.returncode)})")
+            if line.startswith(PROTOCOL):
+                return dict(json.loads(line[len(PROTOCOL):]))
+            self.tail = (self.tail + [line.rstrip()])[-20:]
+            self.log.write(f"[{self.name}] {line}")
+
+    def request(self, timeout_s: float, **request: Any) -> dict[str, Any]:
+        self.send(**request)
+        return self.receive(timeout_s)
+
+    def _failed(self, why: str) -> WorkerFailed:
+        return WorkerFailed(f"the {self.name} worker failed: {why}" + (f"; last output: {last_words(self.tail)}"
+                                                                        if self.tail else ""))
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        if self.alive():
+            try:
+                self.send(op="quit")
+                self.proc.wait(timeout=15)
+            except (WorkerFailed, subprocess.TimeoutExpired):
+                stop(self.proc)
+
+
+def exit_with_parent() -> None:
+    """In a worker: end this process when the process that started it ends (however it ended)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(3)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
+def terminate_as_exit() -> None:
+    """SIGTERM ends this process through ``SystemExit``: ``finally`` blocks run, workers are stopped, files written."""
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(f"stopped by {signal.Signals(signum).name}")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
+def answer(data: dict[str, Any]) -> None:
+    """In a worker: write one answer line."""
+    sys.stdout.write(PROTOCOL + json.dumps(data, default=str) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,294 @@
+"""The model-zoo benchmark: every zoo model under the float32 ``fit`` baseline, the manual configurations
+this hardware runs, ``fit`` under the auto plan and the trainer under the plan.
+
+Each configuration runs in a worker process of its own (:mod:`.zoo_worker`; a dtype policy, XLA and an
+applied plan are process-wide), started once and kept for all models. Per model, every worker builds
+the model from the same seed and warms up (compilation), then the repetitions are interleaved: one
+repetition of each configuration in turn, the order rotated each round, so that a machine getting
+busier or quieter hits every configuration alike. Each configuration's figure is the median
+repetition, with its min-max spread; after the last repetition every worker reports the loss on one
+fixed batch (every configuration has then made the same steps on the same data). The matmul peak per
+dtype is measured at the start, in the float32 worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ...configure import plan_for
+from ...zoo import ZOO, unavailable
+from .report import environment, run_header, write_json, zoo_markdown, zoo_table
+from .supervisor import JsonWorker, WorkerFailed, child_env, terminate_as_exit
+
+
+@dataclass(frozen=True)
+class ZooConfig:
+    name: str
+    kind: str  # "baseline" (fit, compile defaults), "manual" (fit, policy and XLA by hand), "auto_fit", "trainer"
+    policy: str = "float32"
+    xla: bool | None = None
+    tf32: bool | None = None
+
+    @property
+    def compute_dtype(self) -> str:
+        return {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}.get(self.policy, "float32")
+
+
+BASELINE = ZooConfig("float32 fit (defaults)", "baseline")
+
+
+def configurations(plan: Any) -> list[ZooConfig]:
+    """The baseline, the manual configurations this hardware runs natively (from the plan's support table),
+    each without and with XLA, TF32 variants where the plan uses TF32, ``fit`` under the plan, the trainer."""
+    native = [p for p, s in (plan.assessment.policies.items() if plan.assessment else []) if s.level == "native"]
+    manual: list[ZooConfig] = []
+    for policy, short in (("float32", "fp32"), ("mixed_float16", "fp16"), ("mixed_bfloat16", "bf16")):
+        if policy != "float32" and policy not in native:
+            continue
+        for xla in (False, True):
+            tf32 = False if policy == "float32" else None
+            manual.append(ZooConfig(short + ("+XLA" if xla else ""), "manual", policy, xla, tf32))
+            if policy == "float32" and plan.tf32:
+                manual.append(ZooConfig("TF32" + ("+XLA" if xla else ""), "manual", policy, xla, True))
+    auto = plan.policy
+    return [BASELINE, *manual, ZooConfig("auto plan, fit", "auto_fit", auto), ZooConfig("auto plan, trainer", "trainer", auto)]
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "reps": [round(v, 2) for v in values]}
+
+
+class ZooRun:
+    def __init__(self, models: list[str], configs: list[ZooConfig], reps: int, steps: int, batch: int | None,
+                 out: Path, timeout_s: float, peak_n: int, gpu: bool) -> None:
+        self.gpu = gpu
+        self.parallel = max(1, min(len(configs), os.cpu_count() or 1))
+        self.models, self.configs, self.reps, self.steps, self.batch = models, configs, reps, steps, batch
+        self.out, self.timeout_s, self.peak_n = out, timeout_s, peak_n
+        out.mkdir(parents=True, exist_ok=True)
+        self.log = open(out / "zoo_workers.log", "a", buffering=1, encoding="utf-8")
+        self.workers: dict[str, JsonWorker | None] = {}
+        self.errors: dict[str, str] = {}
+
+    def say(self, text: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+    def spawn(self, cfg: ZooConfig) -> JsonWorker | None:
+        cmd = [sys.executable, "-m", "amp_backends.commands.bench.zoo_worker", "--config", json.dumps(asdict(cfg))]
+        try:
+            return JsonWorker(cmd, self.log, cfg.name, env=child_env())
+        except OSError as exc:
+            self.errors[cfg.name] = f"the {cfg.name} worker could not start: {exc}"
+            return None
+
+    def ready(self, cfg: ZooConfig, w: JsonWorker | None) -> JsonWorker | None:
+        """``w`` once it has imported TensorFlow and set its configuration up, else None (the error kept)."""
+        if w is None:
+            return None
+        try:
+            r = w.receive(self.timeout_s)
+            if not r.get("ok"):
+                raise WorkerFailed(f"the {cfg.name} worker could not start: {r.get('error')}")
+            return w
+        except WorkerFailed as exc:
+            self.errors[cfg.name] = str(exc)
+            self.say(f"  {cfg.name}: {exc}")
+            w.close()
+            return None
+
+    def start_all(self) -> None:
+        """All workers at once: their start-up (importing TensorFlow) overlaps."""
+        spawned = {c.name: self.spawn(c) for c in self.configs}
+        for c in self.configs:
+            self.workers[c.name] = self.ready(c, spawned[c.name])
+
+    def worker(self, cfg: ZooConfig) -> JsonWorker | None:
+        w = self.workers.get(cfg.name)
+        if w is None or not w.alive():  # a worker that failed: a fresh one for the next request
+            w = self.workers[cfg.name] = self.ready(cfg, self.spawn(cfg))
+        return w
+
+    def ask(self, cfg: ZooConfig, timeout_s: float, **req: Any) -> dict[str, Any]:
+        w = self.worker(cfg)
+        if w is None:
+            return {"ok": False, "error": self.errors.get(cfg.name, "the worker could not start")}
+        try:
+            return w.request(timeout_s, **req)
+        except WorkerFailed as exc:
+            self.workers[cfg.name] = None
+            return {"ok": False, "error": str(exc)}
+
+    def post(self, cfg: ZooConfig, **req: Any) -> dict[str, Any] | None:
+        """Send a request without waiting: None when sent, else the failure."""
+        w = self.worker(cfg)
+        if w is None:
+            return {"ok": False, "error": self.errors.get(cfg.name, "the worker could not start")}
+        try:
+            w.send(**req)
+            return None
+        except WorkerFailed as exc:
+            self.workers[cfg.name] = None
+            return {"ok": False, "error": str(exc)}
+
+    def collect(self, cfg: ZooConfig, failure: dict[str, Any] | None) -> dict[str, Any]:
+        """The answer to a request :meth:`post` sent."""
+        w = self.workers.get(cfg.name)
+        if failure is not None or w is None:
+            return failure or {"ok": False, "error": self.errors.get(cfg.name, "the worker could not start")}
+        try:
+            return w.receive(self.timeout_s)
+        except WorkerFailed as exc:
+            self.workers[cfg.name] = None
+            return {"ok": False, "error": str(exc)}
+
+    def peaks(self, dtypes: list[str]) -> dict[str, Any]:
+        ref = next((c for c in self.configs if c.kind == "manual" and c.policy == "float32" and not c.tf32), self.configs[0])
+        r = self.ask(ref, self.timeout_s, op="peak", dtypes=dtypes, n=self.peak_n, repeats=5)
+        peaks = {k: v for k, v in r.items() if k != "ok"} if r.get("ok") else {"error": r.get("error")}
+        tf32 = next((c for c in self.configs if c.tf32), None)
+        if tf32 is not None:
+            r = self.ask(tf32, self.timeout_s, op="peak", dtypes=["float32"], n=self.peak_n, repeats=5)
+            peaks["tf32"] = r.get("float32") if r.get("ok") else r.get("error")
+        self.say("matmul peak, GFLOP/s: " + json.dumps(peaks))
+        return peaks
+
+    def model(self, name: str) -> dict[str, Any]:
+        entry = ZOO[name]
+        why = unavailable(entry)
+        if why:
+            self.say(f"{name}: skipped: {why}")
+            return {"model": name, "title": entry.title, "skipped": why}
+        batch = self.batch or (entry.gpu_batch if self.gpu else entry.batch)
+        rec: dict[str, Any] = {"model": name, "title": entry.title, "unit": entry.unit, "batch": batch,
+                               "steps_per_rep": self.steps, "configs": {}}
+        self.say(f"{name}: {entry.title}, batch {batch}: building and compiling in every configuration")
+        live = []
+        # workers prepare side by side, as many at a time as there are cores (untimed: XLA compiles mostly on one)
+        sent: dict[str, dict[str, Any] | None] = {}
+
+        def post(i: int) -> None:
+            if i < len(self.configs):
+                cfg = self.configs[i]
+                sent[cfg.name] = self.post(cfg, op="prepare", model=name, batch=batch, steps=self.steps, flops=i == 0)
+
+        for i in range(self.parallel):
+            post(i)
+        for i, cfg in enumerate(self.configs):
+            r = self.collect(cfg, sent[cfg.name])
+            post(i + self.parallel)
+            c = rec["configs"][cfg.name] = {"kind": cfg.kind, "compute_dtype": cfg.compute_dtype,
+                                            **{k: v for k, v in r.items() if k != "ok"}}
+            if r.get("ok"):
+                live.append(cfg)
+                if "flops_per_sample" in r:
+                    rec["flops_per_sample"], rec["flops_note"] = r["flops_per_sample"], r["flops_note"]
+            self.say(f"  {cfg.name:24s} " + (f"ready (warm-up {r['warmup_s']} s)" if r.get("ok") else f"failed: {c['error']}"))
+        rates: dict[str, list[float]] = {c.name: [] for c in live}
+        calls: dict[str, list[float]] = {c.name: [] for c in live}
+        for rep in range(self.reps):
+            order = live[rep % len(live):] + live[:rep % len(live)] if live else []
+            for cfg in order:
+                if cfg not in live:
+                    continue
+                r = self.ask(cfg, self.timeout_s, op="rep")
+                if r.get("ok"):
+                    rates[cfg.name].append(r["samples"] / r["seconds"])
+                    calls[cfg.name].append(r["samples"] / r["call_seconds"])
+                else:
+                    rec["configs"][cfg.name]["error"] = r["error"]
+                    live.remove(cfg)
+            self.say(f"  round {rep + 1}/{self.reps}: " + ", ".join(f"{c.name} {rates[c.name][-1]:,.0f}" for c in live))
+        for cfg in live:
+            c = rec["configs"][cfg.name]
+            c["samples_per_s"] = _spread(rates[cfg.name])
+            c["call_samples_per_s"] = _spread(calls[cfg.name])  # the whole fit() call, its set-up included
+            r = self.ask(cfg, self.timeout_s, op="loss")
+            c["loss"] = r.get("loss") if r.get("ok") else None
+            c["eval_loss"] = r.get("eval_loss") if r.get("ok") else None
+            if not r.get("ok"):
+                c["loss_error"] = r.get("error")
+        return rec
+
+    def close(self) -> None:
+        for w in self.workers.values():
+            if w is not None:
+                w.close()
+        self.log.close()
+
+
+def run_zoo(models: list[str], config_names: list[str] | None, reps: int, steps: int, batch: int | None, out: Path,
+            timeout_s: float = 900.0, peak_n: int | None = None) -> dict[str, Any]:
+    """Run the zoo benchmark; write ``zoo.json`` and ``zoo.md`` into ``out``; return the report."""
+    plan = plan_for()  # the environment's overrides too, as the workers' auto_configure() reads them
+    configs = configurations(plan)
+    if config_names:
+        unknown = [n for n in config_names if n not in {c.name for c in configs} | {"baseline", "auto"}]
+        if unknown:
+            raise ValueError(f"unknown zoo configuration(s) {unknown}; on this machine: "
+                             f"{', '.join(c.name for c in configs)} (and the shorthands baseline, auto).")
+        configs = [c for c in configs if c.name in config_names or (c.kind == "baseline" and "baseline" in config_names)
+                   or (c.kind in ("auto_fit", "trainer") and "auto" in config_names)]
+    gpu = not str(plan.device).upper().startswith("/CPU")
+    dtypes = sorted({c.compute_dtype for c in configs} | {"float32"})
+    runner = ZooRun(models, configs, reps, steps, batch, out, timeout_s, peak_n or (8192 if gpu else 2048), gpu)
+    t0 = time.time()
+    terminate_as_exit()
+    report: dict[str, Any] = {**run_header(), "what": "model zoo", "plan": plan.summary(), "plan_policy": plan.policy,
+                              "settings": {"reps": reps, "steps_per_rep": steps, "batch": batch or "per model",
+                                           "warmup_reps": 1, "configs": [asdict(c) for c in configs],
+                                           "figure": "median repetition, samples/s (min-max over repetitions); a "
+                                                     "repetition is one fit()/Trainer.fit() call, timed from the start "
+                                                     "of its training to its end (call_samples_per_s: the whole call)"},
+                              "models": []}
+    try:
+        runner.say(f"zoo: {len(models)} model(s) x {len(configs)} configuration(s), {reps} interleaved repetitions of "
+                   f"{steps} steps; plan: {plan.summary()}")
+        runner.start_all()
+        report["peak_gflops_start"] = report["peak_gflops"] = runner.peaks(dtypes)
+        for name in models:
+            report["models"].append(runner.model(name))
+            report["elapsed_s"] = round(time.time() - t0, 1)
+            write_json(out / "zoo.json", report)
+        # once more at the end: a machine busy at one moment does not lower the peak the models are held against
+        report["peak_gflops_end"] = runner.peaks(dtypes)
+        report["peak_gflops"] = {k: max((p.get(k) for p in (report["peak_gflops_start"], report["peak_gflops_end"])
+                                         if isinstance(p.get(k), (int, float))), default=None)
+                                 for k in report["peak_gflops_start"]}
+    finally:
+        runner.close()
+    report["environment"] = environment()
+    report["elapsed_s"] = round(time.time() - t0, 1)
+    summarize(report)
+    write_json(out / "zoo.json", report)
+    (out / "zoo.md").write_text(zoo_markdown(report))
+    zoo_table(report)
+    return report
+
+
+def summarize(report: dict[str, Any]) -> None:
+    """Per model: speed-up of the auto plan over the baseline, ratio to the best manual configuration, share of
+    the measured peak of each configuration's compute dtype, loss difference to the baseline."""
+    peaks = report.get("peak_gflops") or {}
+    for m in report["models"]:
+        cfgs = m.get("configs") or {}
+        rate = {n: c["samples_per_s"]["median"] for n, c in cfgs.items() if c.get("samples_per_s")}
+        base = rate.get(BASELINE.name)
+        manual = {n: r for n, r in rate.items() if cfgs[n]["kind"] == "manual"}
+        best = max(manual, key=lambda n: manual[n]) if manual else None
+        m["best_manual"] = best
+        base_loss = (cfgs.get(BASELINE.name) or {}).get("loss")
+        for n, c in cfgs.items():
+            r = rate.get(n)
+            c["x_baseline"] = r / base if r and base else None
+            c["x_best_manual"] = r / manual[best] if r and best else None
+            peak = peaks.get("tf32" if n.startswith("TF32") else c["compute_dtype"])
+            flops = m.get("flops_per_sample")
+            c["share_of_peak"] = (flops * r / 1e9 / peak) if r and flops and isinstance(peak, (int, float)) else None
+            c["loss_vs_baseline"] = (c["loss"] - base_loss) if c.get("loss") is not None and base_loss is not None else None

@@ -1,0 +1,259 @@
+"""One configuration of the model zoo, in a process of its own (``python -m amp_backends.commands.bench.zoo_worker``).
+
+A dtype policy, XLA and an applied plan are process-wide and cannot be changed back completely in one
+process, so each configuration gets its own worker, set up once at start. The coordinator
+(:mod:`.zoo`) sends one JSON request per line on standard input; the worker answers each on standard
+output (:func:`.supervisor.answer`):
+
+* ``prepare``: build the model (seed 0: the same weights in every configuration), compile, one
+  untimed warm-up repetition (tracing, XLA compilation); with ``flops``, FLOPs per sample.
+* ``rep``: one timed repetition of ``steps`` training steps; seconds and samples.
+* ``loss``: the model's loss on a fixed batch in inference mode (parity with float32).
+* ``peak``: 2 x n^3 matmul rates for the dtypes asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+from typing import Any
+
+from .supervisor import answer, exit_with_parent
+
+
+class ZooWorker:
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg = cfg
+        from ...tf_import import import_tensorflow, quiet_tensorflow_logs
+
+        import_tensorflow(quiet_tensorflow_logs())
+        import tensorflow as tf
+
+        from ...configure import auto_configure
+        from ...keras_compat import set_global_policy
+
+        self.tf = tf
+        self.plan = None
+        if cfg["kind"] in ("auto_fit", "trainer"):
+            self.plan = auto_configure(verbose=False)
+            self.policy = self.plan.policy
+        else:
+            if cfg.get("tf32") is not None:
+                tf.config.experimental.enable_tensor_float_32_execution(bool(cfg["tf32"]))
+            self.policy = cfg["policy"]
+        set_global_policy(self.policy, tf)
+        self.model: Any = None
+        self.window: dict[str, float] = {}  # start and end of the last repetition's training, set by hooks
+        self.trainer: Any = None
+
+    def describe(self) -> str:
+        if self.plan is not None:
+            p = self.plan
+            return (f"{p.policy}, XLA {'on' if p.xla else 'off'}, TF32 {'on' if p.tf32 else 'off'}, "
+                    f"loss scale {p.loss_scale.mode}, compile{self.plan.compile_kwargs()}")
+        xla = {None: "compile() defaults", True: "XLA on", False: "XLA off"}[self.cfg.get("xla")]
+        resolved = getattr(self.model, "jit_compile", None)  # what Keras made of jit_compile
+        return f"{self.cfg['policy']}, {xla}" + (f" (jit_compile={resolved})" if self.cfg.get("xla") is None else "")
+
+    # -- requests --------------------------------------------------------------------------------
+    def prepare(self, model: str, batch: int, steps: int, flops: bool) -> dict[str, Any]:
+        import gc
+
+        import numpy as np
+
+        from ...zoo import get
+
+        tf = self.tf
+        from ...keras_compat import set_global_policy
+
+        self.model = self.trainer = None
+        tf.keras.backend.clear_session()  # which also sets Keras's global dtype policy back to float32:
+        set_global_policy(self.policy, tf)  # the configuration's policy again
+        gc.collect()
+        self.entry, self.batch, self.steps = get(model), batch, steps
+        self.x, self.y = self.entry.data(steps * batch, 0)
+        self.x_eval, self.y_eval = self.entry.data(batch, 1)
+        tf.keras.utils.set_random_seed(0)
+        self.model = self.entry.build()
+        kind = self.cfg["kind"]
+        if kind == "trainer":
+            self._trainer()
+        else:
+            opt = tf.keras.optimizers.Adam(1e-3)
+            kwargs: dict[str, Any] = {}
+            if kind == "auto_fit":
+                assert self.plan is not None
+                opt, kwargs = self.plan.wrap_optimizer(opt), dict(self.plan.compile_kwargs())
+            elif self.cfg.get("xla") is not None:
+                kwargs["jit_compile"] = bool(self.cfg["xla"])
+            self.model.compile(optimizer=opt, loss=self.entry.loss(), **kwargs)
+        self.fits = 0
+        self.callbacks = [] if kind == "trainer" else [_fit_window(tf, self.window)]
+        t0 = time.perf_counter()
+        self.rep()
+        warmup = time.perf_counter() - t0
+        policy: Any = getattr(self.model, "dtype_policy", None) or getattr(self.model, "_dtype_policy", None)
+        built_under = str(getattr(policy, "name", self.policy))
+        if built_under != self.policy:
+            raise RuntimeError(f"the model was built under {built_under}, not {self.policy}")
+        out: dict[str, Any] = {"warmup_s": round(warmup, 2), "setup": self.describe(), "policy": built_under,
+                               "params": int(sum(np.prod(v.shape) for v in self.model.weights))}
+        if flops:
+            out["flops_per_sample"], out["flops_note"] = self.flops()
+        return out
+
+    def _trainer(self) -> None:
+        tf = self.tf
+        from ...training import Trainer, classifier_updates, gan_updates
+
+        if self.entry.gan:
+            m = self.model
+            updates = gan_updates(m.generator, m.discriminator, tf.keras.optimizers.Adam(1e-3),
+                                  tf.keras.optimizers.RMSprop(1e-4))
+        else:
+            updates = classifier_updates(self.model, tf.keras.optimizers.Adam(1e-3), loss=self.entry.example_loss())
+        assert self.plan is not None
+        self.trainer = Trainer(updates, self.plan, batch_size=self.batch, steps_per_call=self.steps,
+                               images_per_step=self.batch * self.entry.per_sample, log_every=10**9, progress=False,
+                               seed=0, observers=[_trainer_window(self.window)])
+
+    def rep(self) -> dict[str, Any]:
+        """One ``fit`` call of ``steps`` steps, timed from the start of its training to its end (hooks): the call's
+        set-up (Keras's data adapter, the trainer's upload and checks) is left out, as it is paid once per call."""
+        self.window.clear()
+        t0 = time.perf_counter()
+        if self.trainer is not None:
+            self.fits += 1
+            self.trainer.fit(self.x, self.y, epochs=self.fits)
+        else:
+            h = self.model.fit(self.x, self.y, batch_size=self.batch, epochs=1, verbose=0, shuffle=False,
+                               callbacks=self.callbacks)
+            self.window["loss_sum"] = float(h.history["d_loss" if self.entry.gan else "loss"][-1])
+            self.window["loss_n"] = 1.0
+        t1 = time.perf_counter()
+        dt = self.window.get("end", t1) - self.window.get("start", t0)
+        return {"seconds": dt, "call_seconds": t1 - t0, "samples": self.steps * self.batch * self.entry.per_sample}
+
+    def loss(self) -> dict[str, Any]:
+        """``loss``: the mean training loss of the last repetition (the discriminator's for the GAN; every
+        configuration has then made the same steps on the same data from the same weights); ``eval_loss``: the
+        loss on a fixed batch in inference mode (far off for BatchNormalization after a few steps)."""
+        n = self.window.get("loss_n", 0.0)
+        return {"loss": self.window["loss_sum"] / n if n else None,
+                "eval_loss": self.entry.evaluate(self.model, self.x_eval, self.y_eval)}
+
+    def flops(self) -> tuple[float | None, str]:
+        """FLOPs of one training step (``model.train_step``: forward, gradients, update) per sample, from
+        TensorFlow's graph profiler (the ``flops`` statistics registered for MatMul, Conv2D and their
+        gradients, BatchMatMul, element-wise ops). Ops inside loop bodies (recurrent layers) are not seen."""
+        tf = self.tf
+        from tensorflow.python.profiler import model_analyzer, option_builder
+
+        try:
+            xb, yb = self.entry.data(self.batch, 2)
+            spec = tf.nest.map_structure(lambda a: tf.TensorSpec(a.shape, tf.as_dtype(a.dtype)), (xb, yb) if
+                                         yb is not None else (xb,))
+            graph = tf.function(self.model.train_step).get_concrete_function(spec).graph
+            opts = option_builder.ProfileOptionBuilder.float_operation()
+            opts["output"] = "none"
+            total = model_analyzer.profile(graph, options=opts).total_float_ops
+            loops = sum(op.type in ("While", "StatelessWhile") for op in graph.get_operations())
+            note = "train_step graph, TF profiler float_ops"
+            if loops:
+                note += f"; {loops} while loop(s) not counted: a lower bound"
+            return total / (self.batch * self.entry.per_sample), note
+        except Exception as exc:
+            return None, f"not counted: {type(exc).__name__}: {str(exc)[:200]}"
+
+    def peak(self, dtypes: list[str], n: int, repeats: int) -> dict[str, Any]:
+        """GFLOP/s of an n x n matmul per dtype: median of ``repeats`` timed calls, each of 4 chained matmuls."""
+        tf = self.tf
+        out: dict[str, Any] = {}
+        for name in dtypes:
+            dtype = tf.as_dtype(name)
+            a = tf.random.uniform([n, n], dtype=tf.float32)
+            a, b = tf.cast(a, dtype), tf.cast(tf.transpose(a), dtype)
+
+            @tf.function
+            def chain(a: Any, b: Any) -> Any:
+                c = a
+                for _ in range(4):
+                    c = tf.matmul(c, b) * tf.constant(1.0 / n, dtype)
+                return tf.reduce_sum(tf.cast(c, tf.float32))  # all of c: no part of the work can be left out
+
+            try:
+                float(chain(a, b))
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    float(chain(a, b))
+                    times.append(time.perf_counter() - t0)
+                out[name] = round(4 * 2 * n**3 / statistics.median(times) / 1e9, 1)
+            except Exception as exc:
+                out[name] = f"failed: {type(exc).__name__}: {str(exc)[:200]}"
+        return out
+
+
+def _fit_window(tf: Any, window: dict[str, float]) -> Any:
+    base: Any = tf.keras.callbacks.Callback
+
+    class Window(base):
+        def on_train_begin(self, logs: Any = None) -> None:
+            window["start"] = time.perf_counter()
+
+        def on_train_end(self, logs: Any = None) -> None:
+            window["end"] = time.perf_counter()
+
+    return Window()
+
+
+def _trainer_window(window: dict[str, float]) -> Any:
+    import numpy as np
+
+    from ...training import Observer
+
+    class Window(Observer):
+        def on_fit_start(self, start_step: int, total_steps: int | None) -> None:
+            window["start"] = time.perf_counter()
+
+        def after_call(self, record: Any) -> None:
+            window["end"] = time.perf_counter()
+            last = np.asarray(record.losses, dtype="float64")[:, -1]  # the last update's loss (the discriminator's)
+            last = last[np.isfinite(last)]
+            window["loss_sum"] = window.get("loss_sum", 0.0) + float(last.sum())
+            window["loss_n"] = window.get("loss_n", 0.0) + float(last.size)
+
+    return Window()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--config", required=True, help="the configuration, as JSON")
+    cfg = json.loads(p.parse_args().config)
+    exit_with_parent()
+    try:
+        worker = ZooWorker(cfg)
+    except Exception as exc:
+        answer({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    answer({"ok": True, "ready": True})
+    for line in sys.stdin:
+        req = json.loads(line)
+        op = req.pop("op")
+        if op == "quit":
+            return 0
+        try:
+            answer({"ok": True, **getattr(worker, op)(**req)})
+        except Exception as exc:
+            tb = traceback.format_exc().strip().splitlines()
+            print("\n".join(tb), file=sys.stderr, flush=True)
+            answer({"ok": False, "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:400] if str(exc).strip() else ''}"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

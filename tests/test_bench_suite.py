@@ -1,0 +1,63 @@
+"""The benchmark's worker processes and the GPU suite: a crash or an overrun is stopped and reported, the rest goes on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from amp_backends.commands.bench.supervisor import JsonWorker, WorkerFailed, child_env
+from conftest import NEUTRAL_CWD
+
+ANSWERING = ("import sys, json, time\n"
+             "for line in sys.stdin:\n"
+             "    req = json.loads(line)\n"
+             "    if req['op'] == 'hang': time.sleep(600)\n"
+             "    if req['op'] == 'die': sys.exit(3)\n"
+             "    print('some log line', flush=True)\n"
+             "    print('@@json ' + json.dumps({'ok': True, 'echo': req}), flush=True)\n")
+
+
+def test_a_json_worker_answers_and_is_stopped_when_it_overruns(tmp_path):
+    with open(tmp_path / "log", "w") as log:
+        w = JsonWorker([sys.executable, "-c", ANSWERING], log, "fake", env=child_env())
+        assert w.request(30, op="ping", x=1) == {"ok": True, "echo": {"op": "ping", "x": 1}}
+        t0 = time.time()
+        with pytest.raises(WorkerFailed, match="no answer within 1 s"):
+            w.request(1, op="hang")
+        assert time.time() - t0 < 15 and not w.alive()
+        w = JsonWorker([sys.executable, "-c", ANSWERING], log, "fake", env=child_env())
+        with pytest.raises(WorkerFailed, match="exit code 3"):
+            w.request(30, op="die")
+        w.close()
+    assert "[fake] some log line" in (tmp_path / "log").read_text()
+
+
+def _bench(args, env=None, timeout=600):
+    return subprocess.run([sys.executable, "-m", "amp_backends.bench", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=NEUTRAL_CWD, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
+
+
+def test_the_gpu_suite_lists_its_experiments_and_refuses_unknown_ones(tmp_path):
+    out = _bench(["--list"], timeout=120)
+    assert out.returncode == 0 and "mnist_steps_per_call" in out.stdout and "profile" in out.stdout
+    out = _bench(["--gpu-suite", "--only", "warp", "--out", str(tmp_path)], timeout=120)
+    assert out.returncode == 2 and "unknown experiment" in out.stderr and not any(tmp_path.iterdir())
+
+
+@pytest.mark.tensorflow
+@pytest.mark.slow
+def test_gpu_suite_smoke_a_crashed_worker_is_recorded_and_a_fresh_one_goes_on(tmp_path):
+    out = _bench(["--gpu-suite", "--tiny", "--only", "loss_fetch,keras_fit", "--out", str(tmp_path)],
+                 env={"GPU_SUITE_FAULTS": "loss_fetch:crash"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    state = json.loads((tmp_path / "gpu_suite.json").read_text())
+    exps = state["experiments"]
+    assert exps["loss_fetch"]["status"] == "failed" and "SIGABRT" in exps["loss_fetch"]["error"]
+    assert exps["keras_fit"]["status"] == "done" and any(r["img_per_s"] for r in exps["keras_fit"]["rows"])
+    assert exps["bench"]["status"] == "not selected" and state["finished"] and state["software"]["tensorflow"]
+    assert "| keras_fit |" in (tmp_path / "gpu_suite.md").read_text()

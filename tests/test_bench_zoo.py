@@ -1,0 +1,107 @@
+"""The model zoo: its models build cheaply under any policy, and the zoo benchmark runs end to end (tiny sizes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from amp_backends import zoo
+from conftest import NEUTRAL_CWD
+
+
+def _run(args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "amp_backends.bench", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=NEUTRAL_CWD, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+
+def test_importing_the_zoo_imports_no_framework():
+    code = ("import sys, amp_backends.zoo as z; print(len(z.ZOO), sorted(m for m in sys.modules "
+            "if m.split('.')[0] in ('tensorflow', 'keras', 'keras_hub')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=NEUTRAL_CWD)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split(" ", 1)[1].strip() == "[]" and int(out.stdout.split()[0]) >= 9
+
+
+def test_a_model_needing_keras_hub_says_why_it_cannot_be_built(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "keras_hub" else real(name, *a))
+    assert "keras_hub is not installed" in zoo.unavailable(zoo.get("bert"))
+    assert zoo.unavailable(zoo.get("mnist_cnn")) is None
+    with pytest.raises(KeyError, match="Known: mnist_cnn"):
+        zoo.get("resnet")
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("name", [n for n in zoo.ZOO if n not in ("resnet50", "efficientnet")])
+def test_each_zoo_model_builds_and_gives_a_finite_float32_loss(name):
+    entry = zoo.get(name)
+    why = zoo.unavailable(entry)
+    if why:
+        pytest.skip(why)
+    import numpy as np
+    import tensorflow as tf
+
+    from amp_backends.keras_compat import set_global_policy
+
+    set_global_policy("mixed_float16", tf)  # runs on every CPU (bf16 aborts ITEX on CPUs without bf16)
+    model = entry.build()
+    x, y = entry.data(4, 0)
+    assert len(tf.nest.flatten(x)[0]) == 4
+    loss = entry.evaluate(model, x, y)
+    assert np.isfinite(loss), loss
+    if not entry.gan:  # outputs in float32 under a mixed policy
+        assert all(t.dtype == tf.float32 for t in tf.nest.flatten(model(x, training=False)))
+
+
+def test_zoo_bad_input_is_refused_before_any_work(tmp_path):
+    out = _run(["--zoo", "--models", "resnet", "--out", str(tmp_path)], timeout=120)
+    assert out.returncode == 2 and "--zoo --models takes mnist_cnn" in out.stderr
+    out = _run(["--zoo", "--configs", "fp8", "--out", str(tmp_path)], timeout=120)
+    assert out.returncode == 2 and "unknown zoo configuration" in out.stderr and "baseline" in out.stderr
+    out = _run(["--zoo", "--gpu-suite", "--out", str(tmp_path)], timeout=120)
+    assert out.returncode == 2 and "choose one" in out.stderr
+
+
+@pytest.mark.tensorflow
+@pytest.mark.slow
+def test_zoo_smoke(tmp_path):
+    """One model, the baseline, one manual configuration, fit and the trainer under the plan: every figure lands."""
+    out = _run(["--zoo", "--models", "mnist_cnn", "--configs", "baseline,fp32,auto", "--reps", "2", "--steps", "2",
+                "--batch", "8", "--out", str(tmp_path / "rel" / ".." / "zoo")])
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    report = json.loads((tmp_path / "zoo" / "zoo.json").read_text())
+    assert report["environment"]["tensorflow"] and report["command"].endswith("zoo") and report["date"]
+    assert report["peak_gflops"]["float32"] > 0
+    (m,) = report["models"]
+    assert m["flops_per_sample"] > 1e6 and m["best_manual"] == "fp32"
+    assert set(m["configs"]) == {"float32 fit (defaults)", "fp32", "auto plan, fit", "auto plan, trainer"}
+    policies = {c["name"]: c["policy"] for c in report["settings"]["configs"]}
+    assert policies["fp32"] == "float32" and policies["auto plan, trainer"] == report["plan_policy"]
+    for name, c in m["configs"].items():
+        assert c["policy"] == policies[name], (name, c)  # each worker's model was built under its own policy
+        assert c["samples_per_s"]["median"] > 0 and len(c["samples_per_s"]["reps"]) == 2, (name, c)
+        assert c["loss"] > 0 and c["x_baseline"] > 0 and c["share_of_peak"] > 0, (name, c)
+    assert m["configs"]["float32 fit (defaults)"]["loss_vs_baseline"] == 0
+    md = (tmp_path / "zoo" / "zoo.md").read_text()
+    assert "| mnist_cnn |" in md and "x best manual" in out.stdout
+
+
+@pytest.mark.tensorflow
+def test_the_gan_trains_under_keras_fit_and_logs_both_losses():
+    import tensorflow as tf
+
+    entry = zoo.get("gan")
+    x, y = entry.data(16, 0)
+    assert y is None
+    model = entry.build()
+    model.compile(optimizer=tf.keras.optimizers.Adam(1e-3))
+    before = [w.numpy().copy() for w in model.discriminator.trainable_weights[:1]]
+    logs = model.fit(x, batch_size=8, epochs=1, verbose=0).history
+    assert logs["d_loss"][0] > 0 and logs["g_loss"][0] > 0, logs
+    assert not (model.discriminator.trainable_weights[0].numpy() == before[0]).all()
