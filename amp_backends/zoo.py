@@ -187,15 +187,18 @@ def _gan() -> Any:
                 fake = self.generator(tf.random.uniform([batch, NOISE_DIM], -1.0, 1.0), training=True)
                 on_real = self.discriminator(real, training=True)
                 on_fake = self.discriminator(fake, training=True)
-                return sigmoid_loss(on_fake, real_l), 0.5 * (sigmoid_loss(on_fake, fake_l) + sigmoid_loss(on_real, real_l))
+                g_loss = sigmoid_loss(on_fake, real_l)
+                d_loss = 0.5 * (sigmoid_loss(on_fake, fake_l) + sigmoid_loss(on_real, real_l))
+                return g_loss, d_loss
 
             logs = {}
-            for i, (model, opt) in enumerate(((self.generator, self.optimizer), (self.discriminator, self.d_optimizer))):
+            pairs = ((self.generator, self.optimizer), (self.discriminator, self.d_optimizer))
+            for i, (model, opt) in enumerate(pairs):
                 with tf.GradientTape() as tape:
                     loss = losses()[i]
                     scaled = opt.scale_loss(loss) if hasattr(opt, "scale_loss") else loss
                 grads = tape.gradient(scaled, model.trainable_variables)
-                opt.apply_gradients(zip(grads, model.trainable_variables))
+                opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
                 logs[("g_loss", "d_loss")[i]] = loss
             return logs  # not "loss": Keras 3 would report its own (unused) loss tracker under that name
 
@@ -277,8 +280,8 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              _bert_data, _sparse(True), _sparse_per_example(True), requires=("keras_hub",)),
     ZooModel("gpt2", "keras_hub GPT2Backbone 2x128, seq 128, + LM head (vocabulary 8192)", "sequences", 16, 256,
              _hub_causal_lm, _gpt2_data, _sparse(True), _sparse_per_example(True), requires=("keras_hub",)),
-    ZooModel("mobilenet_v3", "MobileNetV3Small 96x96, 10 classes", "images", 64, 512, _application("MobileNetV3Small", 96),
-             _images((96, 96, 3), 10, 255.0), _sparse(), _sparse_per_example()),
+    ZooModel("mobilenet_v3", "MobileNetV3Small 96x96, 10 classes", "images", 64, 512,
+             _application("MobileNetV3Small", 96), _images((96, 96, 3), 10, 255.0), _sparse(), _sparse_per_example()),
     ZooModel("resnet50", "ResNet50 64x64, 10 classes", "images", 16, 512, _application("ResNet50", 64),
              _images((64, 64, 3), 10, 255.0), _sparse(), _sparse_per_example()),
     ZooModel("efficientnet", "EfficientNetB0 64x64, 10 classes", "images", 32, 512, _application("EfficientNetB0", 64),

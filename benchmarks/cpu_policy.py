@@ -72,7 +72,7 @@ def child(policy: str, jit: bool, warmup: int, steps: int) -> dict[str, Any]:
         with tf.GradientTape() as tape:
             loss = lossf(y, model(x, training=True))
         grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
     for _ in range(warmup):
@@ -165,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, rs in runs.items():
         policy, jit, onednn, isa = CONFIGS[name]
         speeds = [x["img_per_s"] for x in rs if "img_per_s" in x]
-        entry: dict[str, Any] = {"policy": policy, "xla": jit, "TF_ENABLE_ONEDNN_OPTS": onednn, "ONEDNN_MAX_CPU_ISA": isa,
-                                 "rounds": speeds, "onednn_enabled": sorted({str(x.get("onednn_enabled")) for x in rs})}
+        entry: dict[str, Any] = {"policy": policy, "xla": jit, "TF_ENABLE_ONEDNN_OPTS": onednn,
+                                 "ONEDNN_MAX_CPU_ISA": isa, "rounds": speeds,
+                                 "onednn_enabled": sorted({str(x.get("onednn_enabled")) for x in rs})}
         if speeds:
             entry.update(median=round(statistics.median(speeds)), min=round(min(speeds)), max=round(max(speeds)))
         errors = [x["error"] for x in rs if "error" in x]

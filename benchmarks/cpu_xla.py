@@ -44,7 +44,7 @@ def measure(policy, jit):
         with tf.GradientTape() as tape:
             loss = lossf(y, m(x, training=True))
         grads = tape.gradient(loss, m.trainable_variables)
-        opt.apply_gradients(zip(grads, m.trainable_variables))
+        opt.apply_gradients(zip(grads, m.trainable_variables, strict=True))
         return loss
 
     for _ in range(3):
@@ -58,6 +58,7 @@ def measure(policy, jit):
 
 
 if __name__ == "__main__":
-    print(f"# {platform.processor() or platform.machine()}, TF {tf.__version__}, Keras {keras.__version__ if hasattr(keras, '__version__') else ''}")
+    keras_version = keras.__version__ if hasattr(keras, "__version__") else ""
+    print(f"# {platform.processor() or platform.machine()}, TF {tf.__version__}, Keras {keras_version}")
     for policy, jit in [("float32", False), ("float32", True), ("mixed_float16", False), ("mixed_bfloat16", False)]:
         print(f"policy={policy} jit_compile={jit}: {measure(policy, jit):.0f} img/s", flush=True)

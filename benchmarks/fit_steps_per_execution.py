@@ -59,7 +59,8 @@ def main() -> None:
     y = rng.integers(0, 10, args.samples)
     values = [int(v) for v in args.values.split(",")]
     print(f"# {platform.processor() or platform.machine()}, TF {tf.__version__}, Keras {keras_info(tf).version}, "
-          f"batch {args.batch}, {args.samples // args.batch} steps per epoch, median of {args.rounds} interleaved epochs")
+          f"batch {args.batch}, {args.samples // args.batch} steps per epoch, "
+          f"median of {args.rounds} interleaved epochs")
     for policy_arg in args.policies.split(","):
         amp_backends.reset()
         plan = amp_backends.auto_configure(verbose=False, **({} if policy_arg == "auto" else {"policy": policy_arg}))

@@ -15,8 +15,9 @@ pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 
 
 def test_bench_smoke(tmp_path):
-    cmd = [sys.executable, "-m", "amp_backends.bench", "--models", "mnist,gan", "--configs", "fp32,fp32+XLA,fp16 dynamic",
-           "--epochs", "1", "--samples", "32", "--mnist-batch", "16", "--gan-batch", "16", "--out", str(tmp_path)]
+    cmd = [sys.executable, "-m", "amp_backends.bench", "--models", "mnist,gan",
+           "--configs", "fp32,fp32+XLA,fp16 dynamic", "--epochs", "1", "--samples", "32",
+           "--mnist-batch", "16", "--gan-batch", "16", "--out", str(tmp_path)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=NEUTRAL_CWD,
                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert out.returncode == 0, out.stderr[-3000:]

@@ -1,4 +1,7 @@
-"""The benchmark's worker processes and the GPU suite: a crash or an overrun is stopped and reported, the rest goes on."""
+"""The benchmark's worker processes and the GPU suite.
+
+A crash or an overrun is stopped and reported, the rest goes on.
+"""
 
 from __future__ import annotations
 
@@ -38,8 +41,9 @@ def test_a_json_worker_answers_and_is_stopped_when_it_overruns(tmp_path):
 
 
 def _bench(args, env=None, timeout=600):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
     return subprocess.run([sys.executable, "-m", "amp_backends.bench", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=NEUTRAL_CWD, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
+                          timeout=timeout, cwd=NEUTRAL_CWD, env=env)
 
 
 def test_the_gpu_suite_lists_its_experiments_and_refuses_unknown_ones(tmp_path):

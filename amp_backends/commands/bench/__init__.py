@@ -45,21 +45,25 @@ def main(
     models: Optional[str] = typer.Option(None, "--models", metavar="MODELS",
                                          help="Comma-separated: mnist, gan (default both); with --zoo, zoo models "
                                               "(default all: see amp_backends.zoo)."),
-    configs: Optional[str] = typer.Option(None, "--configs", metavar="CONFIGS", help="Comma-separated manual configurations "
-                                          f"(default all: {MANUAL_NAMES}); with --zoo, the zoo's "
-                                          "configurations (baseline and auto are shorthands)."),
-    epochs: int = typer.Option(3, "--epochs", metavar="N", min=1, help="Timed epochs per configuration (after 1 warm-up epoch)."),
-    samples: int = typer.Option(60000, "--samples", metavar="N", min=1, help="Synthetic MNIST-shaped images per epoch."),
+    configs: Optional[str] = typer.Option(None, "--configs", metavar="CONFIGS",
+                                          help="Comma-separated manual configurations "
+                                               f"(default all: {MANUAL_NAMES}); with --zoo, the zoo's "
+                                               "configurations (baseline and auto are shorthands)."),
+    epochs: int = typer.Option(3, "--epochs", metavar="N", min=1,
+                               help="Timed epochs per configuration (after 1 warm-up epoch)."),
+    samples: int = typer.Option(60000, "--samples", metavar="N", min=1,
+                                help="Synthetic MNIST-shaped images per epoch."),
     mnist_batch: int = typer.Option(1024, "--mnist-batch", metavar="N", min=1, help="MNIST CNN batch size."),
     gan_batch: int = typer.Option(4096, "--gan-batch", metavar="N", min=1, help="GAN batch size."),
     steps_per_call: Optional[int] = typer.Option(None, "--steps-per-call", metavar="N", min=1,
                                                  help="Trainer steps per compiled call (default: one epoch)."),
     no_fit: bool = typer.Option(False, "--no-fit", help="Skip the Keras fit configuration."),
-    out: Path = typer.Option(Path("bench-results"), "--out", metavar="DIR", help="Folder for the results (made if missing)."),
+    out: Path = typer.Option(Path("bench-results"), "--out", metavar="DIR",
+                             help="Folder for the results (made if missing)."),
     zoo: bool = typer.Option(False, "--zoo", help="Run the model zoo instead of the tutorials' loops.",
                              rich_help_panel=ZOO_OPTIONS),
-    reps: int = typer.Option(5, "--reps", metavar="N", min=1, help="Zoo: interleaved timed repetitions per configuration.",
-                             rich_help_panel=ZOO_OPTIONS),
+    reps: int = typer.Option(5, "--reps", metavar="N", min=1,
+                             help="Zoo: interleaved timed repetitions per configuration.", rich_help_panel=ZOO_OPTIONS),
     steps: int = typer.Option(4, "--steps", metavar="N", min=1, help="Zoo: training steps per repetition.",
                               rich_help_panel=ZOO_OPTIONS),
     batch: Optional[int] = typer.Option(None, "--batch", metavar="N", min=1,

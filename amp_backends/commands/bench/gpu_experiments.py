@@ -89,7 +89,8 @@ class Experiments(Worker):
             trainer = Trainer(self.mnist_updates()(), plan, batch_size=B, steps_per_call=k, log_every=10**9,
                               progress=False, batch_fn=mnist_batch_fn, check_models=False)
             chunk = k * B
-            chunks = [(self.x[i:i + chunk], self.y[i:i + chunk]) for i in range(0, (len(self.x) // chunk) * chunk, chunk)]
+            chunks = [(self.x[i:i + chunk], self.y[i:i + chunk])
+                      for i in range(0, (len(self.x) // chunk) * chunk, chunk)]
             fits = 0
             rates = []
             for epoch in range(1 + self.sizes["timed_epochs"]):
@@ -143,7 +144,8 @@ class Experiments(Worker):
                 xb = tf.reshape(tf.cast(tf.gather(xd, idx), tf.float32) / 255.0, [-1, 28, 28, 1])
                 with tf.GradientTape() as tape:
                     loss = loss_obj(tf.gather(yd, idx), model(xb, training=True))
-                opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+                grads = tape.gradient(loss, model.trainable_variables)
+                opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
                 return loss
 
             idx = [tf.constant(i, tf.int32) for i in range(E)]
@@ -303,13 +305,15 @@ class Experiments(Worker):
             r["note"] = f"{window.calls} call(s), {traced * E} steps traced (timing includes the profiler)"
             return r
 
-        self.row(f"auto plan, {E} steps/call, trace of {traced} epoch(s)", run, model="mnist", batch=B, steps_per_call=E)
+        self.row(f"auto plan, {E} steps/call, trace of {traced} epoch(s)", run, model="mnist", batch=B,
+                 steps_per_call=E)
         shutil.rmtree(logdir, ignore_errors=True)
         return extra
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="The GPU suite's worker (started by python -m amp_backends.bench --gpu-suite).")
+    p = argparse.ArgumentParser(
+        description="The GPU suite's worker (started by python -m amp_backends.bench --gpu-suite).")
     p.add_argument("--out", required=True)
     p.add_argument("--events", required=True)
     p.add_argument("--deadline", required=True)

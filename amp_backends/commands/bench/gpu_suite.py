@@ -20,6 +20,7 @@ Written under ``--out``: ``gpu_suite.json`` (rewritten after every event), ``gpu
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -143,7 +144,7 @@ class Suite:
         try:
             r = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True,
                                text=True, timeout=20)
-            facts["nvidia_smi"] = [dict(zip(query.split(","), (v.strip() for v in line.split(","))))
+            facts["nvidia_smi"] = [dict(zip(query.split(","), (v.strip() for v in line.split(",")), strict=True))
                                    for line in r.stdout.strip().splitlines()] if r.returncode == 0 else \
                 f"rc {r.returncode}: {(r.stderr or r.stdout).strip()[:300]}"
         except Exception as exc:
@@ -160,8 +161,9 @@ class Suite:
                     gpus = []
                     for i in range(pynvml.nvmlDeviceGetCount()):
                         h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                        capability = pynvml.nvmlDeviceGetCudaComputeCapability(h)
                         gpus.append({"name": s(pynvml.nvmlDeviceGetName(h)),
-                                     "compute_capability": ".".join(map(str, pynvml.nvmlDeviceGetCudaComputeCapability(h))),
+                                     "compute_capability": ".".join(map(str, capability)),
                                      "memory_gib": round(pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**30, 1)})
                     cuda = pynvml.nvmlSystemGetCudaDriverVersion()
                     facts["nvml"] = {"driver": s(pynvml.nvmlSystemGetDriverVersion()),
@@ -249,25 +251,9 @@ class Suite:
                    "--only", ",".join(pending)] + (["--tiny"] if self.args.tiny else [])
             self.say(f"-- worker for: {', '.join(pending)}")
 
-            def poll() -> None:
-                with open(events, "rb") as f:
-                    f.seek(offset["pos"])
-                    chunk = f.read()
-                complete = chunk[:chunk.rfind(b"\n") + 1]
-                offset["pos"] += len(complete)
-                for line in complete.decode("utf-8", "replace").splitlines():
-                    try:
-                        ev = json.loads(line)
-                    except ValueError:  # a line cut short by a stopped worker
-                        continue
-                    self.event(ev, current, pending, progress)
-
-            def kill_at() -> float:
-                at = self.deadline
-                if current["kill_at"] is not None:
-                    at = min(at, current["kill_at"])
-                return at
-
+            # Bound to this worker's own state (not closures over the loop's variables).
+            poll = functools.partial(self.read_events, events, offset, current, pending, progress)
+            kill_at = functools.partial(self.kill_time, current)
             rc, tail = run_child(cmd, lambda line: self.echo(line, "  | "), kill_at, poll, env=env)
             name = current["name"]
             if name is not None:  # it was inside an experiment when it ended
@@ -301,6 +287,28 @@ class Suite:
                     self.save()
                     return
                 continue  # some ran: a fresh worker takes the rest
+
+    def read_events(self, events: Path, offset: dict[str, int], current: dict[str, Any], pending: list[str],
+                    progress: dict[str, int]) -> None:
+        """Hand the worker's complete event lines written since ``offset["pos"]`` to :meth:`event`."""
+        with open(events, "rb") as f:
+            f.seek(offset["pos"])
+            chunk = f.read()
+        complete = chunk[:chunk.rfind(b"\n") + 1]
+        offset["pos"] += len(complete)
+        for line in complete.decode("utf-8", "replace").splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:  # a line cut short by a stopped worker
+                continue
+            self.event(ev, current, pending, progress)
+
+    def kill_time(self, current: dict[str, Any]) -> float:
+        """When to stop the worker: the budget's end, or sooner the running experiment's own limit."""
+        at = self.deadline
+        if current["kill_at"] is not None:
+            at = min(at, current["kill_at"])
+        return at
 
     def event(self, ev: dict[str, Any], current: dict[str, Any], pending: list[str], progress: dict[str, int]) -> None:
         kind = ev.get("event")

@@ -81,7 +81,8 @@ class Worker:
         for g in gpus:
             try:
                 d = tf.config.experimental.get_device_details(g)
-                details.append(f"{d.get('device_name', g.name)} (CC {'.'.join(map(str, d.get('compute_capability', ())))})")
+                capability = ".".join(map(str, d.get("compute_capability", ())))
+                details.append(f"{d.get('device_name', g.name)} (CC {capability})")
             except Exception:
                 details.append(g.name)
         sw["gpus_tf"] = details
@@ -149,8 +150,9 @@ class Worker:
                 r = {"label": label, "config": config, "status": "partial", "img_per_s": None, "error": str(exc)}
             except Exception as exc:
                 tb = traceback.format_exc().strip().splitlines()
+                message = str(exc).strip().splitlines()[0][:400] if str(exc).strip() else ""
                 r = {"label": label, "config": config, "status": "failed", "img_per_s": None,
-                     "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:400] if str(exc).strip() else ''}",
+                     "error": f"{type(exc).__name__}: {message}",
                      "traceback": tb[-12:]}
             r["seconds"] = round(time.time() - t0, 1)
         if r.get("status") == "partial" and r.get("epoch_img_per_s"):
@@ -321,7 +323,8 @@ class Worker:
 
 def plan_line(plan: Any) -> str:
     ls = getattr(plan.loss_scale, "mode", plan.loss_scale)
-    return f"{plan.policy}, XLA {'on' if plan.xla else 'off'}, TF32 {'on' if plan.tf32 else 'off'}, loss scale {ls}, {plan.device}"
+    return (f"{plan.policy}, XLA {'on' if plan.xla else 'off'}, TF32 {'on' if plan.tf32 else 'off'}, "
+            f"loss scale {ls}, {plan.device}")
 
 
 def mnist_cnn_without_dropout(tf: Any) -> Any:

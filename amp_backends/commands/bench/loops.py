@@ -85,7 +85,7 @@ class _Scaling:
             grads = [g / FIXED_SCALE for g in grads]
         elif self.mode == "dynamic":
             grads = unscale_gradients(self.optimizer, grads)
-        self.optimizer.apply_gradients(zip(grads, variables))
+        self.optimizer.apply_gradients(zip(grads, variables, strict=True))
 
 
 def _mnist_manual(policy: str, xla: bool, scaling: str, lr: float, batch: int) -> tuple[Callable, Callable]:
@@ -142,7 +142,8 @@ def _gan_manual(policy: str, xla: bool, scaling: str, lr: float, batch: int) -> 
 def _dataset(x: np.ndarray, y: np.ndarray, batch: int) -> Any:
     tf = _tf()
     ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0)
-    ds = ds.batch(batch, drop_remainder=True).map(lambda a, b: (tf.reshape(tf.cast(a, tf.float32) / 255.0, [-1, 28, 28, 1]), b))
+    ds = ds.batch(batch, drop_remainder=True).map(
+        lambda a, b: (tf.reshape(tf.cast(a, tf.float32) / 255.0, [-1, 28, 28, 1]), b))
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
@@ -248,24 +249,25 @@ def run(models: list[str], configs: list[str] | None, epochs: int, samples: int,
                 continue
             jobs.append((c[0], functools.partial(bench_manual, model, c, x, y, batch, epochs, 0.01)))
         if with_fit and model == "mnist":
-            jobs.append(("Keras fit", lambda: bench_fit(x, y, batch, epochs, 0.01)))
-        jobs.append(("auto plan", lambda: bench_auto(model, x, y, batch, epochs, 0.01, steps_per_call)))
+            jobs.append(("Keras fit", functools.partial(bench_fit, x, y, batch, epochs, 0.01)))
+        jobs.append(("auto plan", functools.partial(bench_auto, model, x, y, batch, epochs, 0.01, steps_per_call)))
         jobs.append(("auto plan, no loss scaling",
-                     lambda: bench_auto(model, x, y, batch, epochs, 0.01, steps_per_call, loss_scale="none",
-                                        label="auto plan, loss scaling off")))
+                     functools.partial(bench_auto, model, x, y, batch, epochs, 0.01, steps_per_call, loss_scale="none",
+                                       label="auto plan, loss scaling off")))
         for label, job in jobs:
             saved_tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
             try:
                 r = job()
             except Exception as exc:  # one broken configuration must not lose the others
-                r = Result(model, label, "manual", None, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+                error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                r = Result(model, label, "manual", None, error=error)
             finally:
                 tf.config.experimental.enable_tensor_float_32_execution(saved_tf32)
                 reset()
                 set_global_policy("float32", tf)
             results.append(r)
-            print(f"  {model:5s} {r.config:32s} " + (f"{r.img_per_s:12,.0f} img/s" if r.img_per_s else f"failed: {r.error}"),
-                  flush=True)
+            outcome = f"{r.img_per_s:12,.0f} img/s" if r.img_per_s else f"failed: {r.error}"
+            print(f"  {model:5s} {r.config:32s} {outcome}", flush=True)
     report = {
         **run_header(),
         "environment": environment(),

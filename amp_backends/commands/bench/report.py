@@ -95,7 +95,8 @@ def loops_table(report: dict[str, Any]) -> None:
         t.add_column(col, justify="right" if col in ("img/s", "x best manual") else "left")
     for r in report["results"]:
         t.add_row(r["model"], r["config"], f"{r['img_per_s']:,.0f}" if r["img_per_s"] else "-",
-                  f"{r['ratio_to_best_manual']:.2f}" if r.get("ratio_to_best_manual") else "-", r["error"] or r["detail"])
+                  f"{r['ratio_to_best_manual']:.2f}" if r.get("ratio_to_best_manual") else "-",
+                  r["error"] or r["detail"])
     Console(width=160).print(t)
 
 
@@ -105,7 +106,7 @@ def loops_chart(report: dict[str, Any], path: Path) -> None:
         return
     models = sorted({r["model"] for r in report["results"]})
     fig, axes = plt.subplots(len(models), 1, figsize=(10, 4.5 * len(models)), squeeze=False)
-    for ax, model in zip(axes[:, 0], models):
+    for ax, model in zip(axes[:, 0], models, strict=True):
         rows = [r for r in report["results"] if r["model"] == model and r["img_per_s"]]
         colors = {"manual": "#8c8c8c", "keras_fit": "#4c72b0", "auto": "#dd8452"}
         ax.barh([r["config"] for r in rows], [r["img_per_s"] for r in rows], color=[colors[r["kind"]] for r in rows])
@@ -124,6 +125,12 @@ def _f(v: Any, spec: str, none: str = "-") -> str:
     return format(v, spec) if isinstance(v, (int, float)) else none
 
 
+def _rate(configs: dict[str, Any], name: str | None) -> str:
+    """The median samples/s of the configuration ``name`` of one model ("failed" when it has none)."""
+    s = (configs.get(name) or {}).get("samples_per_s") if name else None
+    return _f(s["median"], ",.0f") if s else "failed"
+
+
 def zoo_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
     """One row per model: baseline, best manual, auto fit, trainer, speed-up, ratio to best manual, share of peak."""
     rows: list[tuple[str, ...]] = []
@@ -132,15 +139,11 @@ def zoo_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
             rows.append((str(m["model"]), f"skipped: {m['skipped']}", "", "", "", "", "", "", ""))
             continue
         c = m["configs"]
-
-        def rate(name: str | None) -> str:
-            s = (c.get(name) or {}).get("samples_per_s") if name else None
-            return _f(s["median"], ",.0f") if s else "failed"
-
         fit, tr = c.get("auto plan, fit", {}), c.get("auto plan, trainer", {})
         best = m.get("best_manual")
-        rows.append((str(m["model"]), f"{m['batch']}", rate("float32 fit (defaults)"),
-                     f"{rate(best)} ({best})" if best else "-", rate("auto plan, fit"), rate("auto plan, trainer"),
+        rows.append((str(m["model"]), f"{m['batch']}", _rate(c, "float32 fit (defaults)"),
+                     f"{_rate(c, best)} ({best})" if best else "-",
+                     _rate(c, "auto plan, fit"), _rate(c, "auto plan, trainer"),
                      f"{_f(fit.get('x_baseline'), '.2f')} / {_f(tr.get('x_baseline'), '.2f')}",
                      f"{_f(fit.get('x_best_manual'), '.2f')} / {_f(tr.get('x_best_manual'), '.2f')}",
                      f"{_f(tr.get('share_of_peak'), '.0%')}"))
@@ -155,8 +158,8 @@ def zoo_markdown(report: dict[str, Any]) -> str:
     env = report.get("environment") or {}
     peaks = report.get("peak_gflops") or {}
     lines = [f"# Model zoo: {machine_line(env)}", "",
-             f"{report['date']} - TensorFlow {env.get('tensorflow')}, Keras {env.get('keras')} - `{report['command']}` - "
-             f"{report.get('elapsed_s')} s", "", f"- plan: {report.get('plan')}",
+             f"{report['date']} - TensorFlow {env.get('tensorflow')}, Keras {env.get('keras')} - "
+             f"`{report['command']}` - {report.get('elapsed_s')} s", "", f"- plan: {report.get('plan')}",
              "- matmul peak measured in this run, GFLOP/s: " + ", ".join(f"{k} {v}" for k, v in peaks.items()),
              f"- figures: samples/s of the median of {report['settings']['reps']} interleaved repetitions of "
              f"{report['settings']['steps_per_rep']} steps, after one warm-up repetition; speed-ups are of the "
@@ -176,9 +179,11 @@ def zoo_markdown(report: dict[str, Any]) -> str:
         for name, c in m["configs"].items():
             s = c.get("samples_per_s")
             lines.append(
-                f"| {name} | {_f(s and s['median'], ',.0f')} | {_f(s and s['min'], ',.0f')}-{_f(s and s['max'], ',.0f')} | "
+                f"| {name} | {_f(s and s['median'], ',.0f')} | "
+                f"{_f(s and s['min'], ',.0f')}-{_f(s and s['max'], ',.0f')} | "
                 f"{_f(c.get('x_baseline'), '.2f')} | {_f(c.get('x_best_manual'), '.2f')} | "
-                f"{_f(c.get('share_of_peak'), '.0%')} | {_f(c.get('loss'), '.4f')} | {_f(c.get('loss_vs_baseline'), '+.4f')} | "
+                f"{_f(c.get('share_of_peak'), '.0%')} | {_f(c.get('loss'), '.4f')} | "
+                f"{_f(c.get('loss_vs_baseline'), '+.4f')} | "
                 f"{c.get('setup', '')} | {str(c.get('error') or '').replace('|', '/')[:200]} |")
     return "\n".join(lines) + "\n"
 
@@ -232,14 +237,15 @@ def gpu_markdown(state: dict[str, Any], brief: bool = False) -> str:
             if r.get("status") not in (None, "ok"):
                 note = f"{r.get('status')}: {note}"
             warm = r.get("warmup_s")
-            lines.append(f"| {name} | {r.get('label')} | {fmt_rate(rate)} | {ratio} | {fmt_rate(r.get('call_img_per_s'))} "
-                         f"| {warm if warm is not None else '-'} | {str(note).replace('|', '/').replace(chr(10), ' ')[:160]} |")
+            note = str(note).replace("|", "/").replace("\n", " ")[:160]
+            lines.append(f"| {name} | {r.get('label')} | {fmt_rate(rate)} | {ratio} | "
+                         f"{fmt_rate(r.get('call_img_per_s'))} | {warm if warm is not None else '-'} | {note} |")
     if brief:
         return "\n".join(lines)
     lines += ["", "## Experiments", "", "| experiment | status | time s | limit s | what |", "|---|---|---:|---:|---|"]
     for name, rec in state["experiments"].items():
-        lines.append(f"| {name} | {rec['status']} | {rec.get('elapsed_s', '-')} | {rec.get('effective_limit_s', rec['limit_s'])}"
-                     f" | {rec['title']} |")
+        limit = rec.get("effective_limit_s", rec["limit_s"])
+        lines.append(f"| {name} | {rec['status']} | {rec.get('elapsed_s', '-')} | {limit} | {rec['title']} |")
     for name, rec in state["experiments"].items():
         for note in rec.get("notes", []):
             lines.append(f"- {name}: {note}")

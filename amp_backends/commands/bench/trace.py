@@ -85,8 +85,9 @@ def summarize_trace(logdir: str, dest: Path, steps: int, say: Callable[[str], No
                 lines.append(f"if the GPU were never idle: {bound:,.0f} img/s at batch {batch} (1.5 M img/s needs "
                              f"{batch / 1.5e6 * 1e6:.0f} us per step)")
             total = sum(us for _, us in streams.values()) or 1.0
-            result["top_kernels"] = [{"name": n[:160], "count": int(c), "us": round(us, 1), "share": round(us / total, 3)}
-                                     for n, (c, us) in sorted(streams.items(), key=lambda kv: -kv[1][1])[:25]]
+            result["top_kernels"] = [
+                {"name": n[:160], "count": int(c), "us": round(us, 1), "share": round(us / total, 3)}
+                for n, (c, us) in sorted(streams.items(), key=lambda kv: -kv[1][1])[:25]]
             lines += ["top GPU kernels, all streams:   share    total us   count  name"] + table(streams, 25)
         else:
             lines.append("no GPU kernels in the trace (a CPU run)")

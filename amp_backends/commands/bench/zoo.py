@@ -58,11 +58,13 @@ def configurations(plan: Any) -> list[ZooConfig]:
             if policy == "float32" and plan.tf32:
                 manual.append(ZooConfig("TF32" + ("+XLA" if xla else ""), "manual", policy, xla, True))
     auto = plan.policy
-    return [BASELINE, *manual, ZooConfig("auto plan, fit", "auto_fit", auto), ZooConfig("auto plan, trainer", "trainer", auto)]
+    return [BASELINE, *manual, ZooConfig("auto plan, fit", "auto_fit", auto),
+            ZooConfig("auto plan, trainer", "trainer", auto)]
 
 
 def _spread(values: list[float]) -> dict[str, Any]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "reps": [round(v, 2) for v in values]}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "reps": [round(v, 2) for v in values]}
 
 
 class ZooRun:
@@ -149,7 +151,8 @@ class ZooRun:
             return {"ok": False, "error": str(exc)}
 
     def peaks(self, dtypes: list[str]) -> dict[str, Any]:
-        ref = next((c for c in self.configs if c.kind == "manual" and c.policy == "float32" and not c.tf32), self.configs[0])
+        ref = next((c for c in self.configs if c.kind == "manual" and c.policy == "float32" and not c.tf32),
+                   self.configs[0])
         r = self.ask(ref, self.timeout_s, op="peak", dtypes=dtypes, n=self.peak_n, repeats=5)
         peaks = {k: v for k, v in r.items() if k != "ok"} if r.get("ok") else {"error": r.get("error")}
         tf32 = next((c for c in self.configs if c.tf32), None)
@@ -189,7 +192,8 @@ class ZooRun:
                 live.append(cfg)
                 if "flops_per_sample" in r:
                     rec["flops_per_sample"], rec["flops_note"] = r["flops_per_sample"], r["flops_note"]
-            self.say(f"  {cfg.name:24s} " + (f"ready (warm-up {r['warmup_s']} s)" if r.get("ok") else f"failed: {c['error']}"))
+            outcome = f"ready (warm-up {r['warmup_s']} s)" if r.get("ok") else f"failed: {c['error']}"
+            self.say(f"  {cfg.name:24s} {outcome}")
         rates: dict[str, list[float]] = {c.name: [] for c in live}
         calls: dict[str, list[float]] = {c.name: [] for c in live}
         for rep in range(self.reps):
@@ -291,4 +295,5 @@ def summarize(report: dict[str, Any]) -> None:
             peak = peaks.get("tf32" if n.startswith("TF32") else c["compute_dtype"])
             flops = m.get("flops_per_sample")
             c["share_of_peak"] = (flops * r / 1e9 / peak) if r and flops and isinstance(peak, (int, float)) else None
-            c["loss_vs_baseline"] = (c["loss"] - base_loss) if c.get("loss") is not None and base_loss is not None else None
+            c["loss_vs_baseline"] = ((c["loss"] - base_loss) if c.get("loss") is not None and base_loss is not None
+                                     else None)

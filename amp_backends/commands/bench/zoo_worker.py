@@ -182,7 +182,7 @@ class ZooWorker:
             def chain(a: Any, b: Any) -> Any:
                 c = a
                 for _ in range(4):
-                    c = tf.matmul(c, b) * tf.constant(1.0 / n, dtype)
+                    c = tf.matmul(c, b) * tf.constant(1.0 / n, a.dtype)  # a.dtype, not the loop variable
                 return tf.reduce_sum(tf.cast(c, tf.float32))  # all of c: no part of the work can be left out
 
             try:
@@ -251,7 +251,8 @@ def main() -> int:
         except Exception as exc:
             tb = traceback.format_exc().strip().splitlines()
             print("\n".join(tb), file=sys.stderr, flush=True)
-            answer({"ok": False, "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:400] if str(exc).strip() else ''}"})
+            message = str(exc).strip().splitlines()[0][:400] if str(exc).strip() else ""
+            answer({"ok": False, "error": f"{type(exc).__name__}: {message}"})
     return 0
 
 
