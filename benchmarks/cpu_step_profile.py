@@ -9,8 +9,9 @@ tutorials' MNIST CNN (``amp_backends.models.mnist_cnn``), batch 256, resident ui
 * ``inproc``: variants built in one process and run interleaved (A B C ... per round), each call of
   ``--spc`` steps timed: the trainer; a hand-written step (same loop, no loss-scale / finite check);
   gradients only (no optimizer update); the forward pass only; the trainer on the model without its two
-  Dropout layers (a diagnostic: not the tutorial's model); the trainer with one step per call (the
-  call and loss-fetch overhead);
+  Dropout layers (a diagnostic: not the tutorial's model); the trainer with a byte-wise Dropout (a prototype
+  drawing a quarter of the random words); the trainer with the first Conv2D in float32; the trainer with one
+  step per call (the call and loss-fetch overhead);
 * ``env``: settings read when TensorFlow starts, each in its own child process, alternating
   (``TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1``, one inter-op thread), with each round's ratio to the default;
 * ``onednn``: one call under ``ONEDNN_VERBOSE=1``: every oneDNN primitive's implementation and time, per step;
@@ -22,8 +23,10 @@ The machine may be busy with other work: every A/B keeps each call's figure (med
 
 Run (writes JSON with the machine, versions, command and date)::
 
-    python benchmarks/cpu_step_profile.py --rounds 4 --calls 3 --machine-kind "AMD EPYC Zen 4" \\
+    python benchmarks/cpu_step_profile.py --rounds 10 --calls 1 --machine-kind "AMD EPYC Zen 4" \\
         --out results/mnist-step-profile-zen4.json --note "..."
+    python benchmarks/cpu_step_profile.py --parts share --pairs 40 --machine-kind "AMD EPYC Zen 4" \\
+        --out results/mnist-step-profile-zen4-share.json --note "..."
 """
 
 from __future__ import annotations
