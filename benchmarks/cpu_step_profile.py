@@ -1,79 +1,518 @@
-#!/usr/bin/env python
-"""Where the MNIST CNN training step goes on a CPU, op by op: the trainer under the auto plan, a TensorFlow
-profiler trace of its steady state, and each op's time per step summed over the host's threads (ops run
-side by side on the cores, so the sum exceeds the wall time of a step).
+"""Where the MNIST CNN training step goes on a CPU under the auto plan, and what the things tried change.
 
-    python benchmarks/cpu_step_profile.py [--batch 256] [--steps 16]
+The step profiled is the one users get: ``amp_backends.Trainer`` with ``classifier_updates`` (Adam), the
+tutorials' MNIST CNN (``amp_backends.models.mnist_cnn``), batch 256, resident uint8 data gathered per step
+(``mnist_batch_fn``), under ``auto_configure()`` (on a bf16 CPU: mixed_bfloat16, XLA off). Parts:
 
-Measured on the development machine (AMD EPYC Zen 4 with avx512_bf16, 2 cores, TF 2.21, Keras 3.15,
-2026-11-23, a machine shared with other work; the auto plan: mixed_bfloat16, XLA off), batch 256,
-16 steps per call: 44.3 ms per step (5,780 img/s), op time per step: convolution backward-weights
-(``_MklNativeConv2DBackpropFilterWithBias``, oneDNN ``jit_bf16``, not the brgemm kernel the other two
-directions use) 19.4 ms, backward-data 14.8, forward 10.6; Dropout's random numbers
-(``StatelessRandomUniformV2``, float32, two layers) 8.0 ms, with its mask (``GreaterEqual``, ``SelectV2``)
-1.7 more; ``ReluGrad`` 5.1; the Dense matmuls 4.3; ``Mul`` (Adam and Dropout's scaling, 39 ops) 3.4;
-pooling 2.1; ``Cast`` 1.1 (28 ops); the rest of Adam (``Sub``, ``Square``, ``Sqrt``, ``RealDiv``,
-assignments) about 2.3; the loss fetch nothing measurable (one per call). ``ONEDNN_VERBOSE=1`` on the same
-run agrees on the convolutions (backward-weights 19.5, backward-data 14.7, forward 10.5 ms per step;
-reorders 0.8 ms).
+* ``peak``: 2048x2048 matmul GFLOP/s, bfloat16 and float32, measured in every round of the in-process A/B
+  (bfloat16 before and after the round's variants): each share of peak uses its own round's peak;
+* ``inproc``: variants built in one process and run interleaved (A B C ... per round), each call of
+  ``--spc`` steps timed: the trainer; a hand-written step (same loop, no loss-scale / finite check);
+  gradients only (no optimizer update); the forward pass only; the trainer on the model without its two
+  Dropout layers (a diagnostic: not the tutorial's model); the trainer with a byte-wise Dropout (a prototype
+  drawing a quarter of the random words); the trainer with the first Conv2D in float32; the trainer with one
+  step per call (the call and loss-fetch overhead);
+* ``env``: settings read when TensorFlow starts, each in its own child process, alternating
+  (``TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1``, one inter-op thread), with each round's ratio to the default;
+* ``onednn``: one call under ``ONEDNN_VERBOSE=1``: every oneDNN primitive's implementation and time, per step;
+* ``trace``: one call under the TensorFlow profiler: time per TensorFlow op type on the executor threads;
+* ``share`` (not in the default parts): the trainer's share of the bf16 matmul peak from tightly interleaved
+  pairs (one call, one matmul timing), for a machine whose load changes from second to second.
+
+The machine may be busy with other work: every A/B keeps each call's figure (median, min, max reported).
+
+Run (writes JSON with the machine, versions, command and date)::
+
+    python benchmarks/cpu_step_profile.py --rounds 10 --calls 1 --machine-kind "AMD EPYC Zen 4" \\
+        --out results/mnist-step-profile-zen4.json --note "..."
+    python benchmarks/cpu_step_profile.py --parts share --pairs 40 --machine-kind "AMD EPYC Zen 4" \\
+        --out results/mnist-step-profile-zen4-share.json --note "..."
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import datetime
+import glob
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from pathlib import Path
+from typing import Any
+
+BATCH = 256
+MARK = "@@CPU_STEP_PROFILE@@"
+# FLOPs of one training step per image: forward 2*MACs (conv1 0.39 M, conv2 21.23 M, dense 2.36 M, out 0.003 M),
+# backward twice the forward except conv1's data gradient (its input is the image, no gradient needed)
+FWD_MFLOP = {"conv1": 26 * 26 * 32 * 9 * 2 / 1e6, "conv2": 24 * 24 * 64 * 9 * 32 * 2 / 1e6,
+             "dense": 9216 * 128 * 2 / 1e6, "out": 128 * 10 * 2 / 1e6}
+STEP_MFLOP = 3 * sum(FWD_MFLOP.values()) - FWD_MFLOP["conv1"]
+
+ENV_CONFIGS: dict[str, dict[str, str]] = {
+    "default": {},
+    "TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1": {"TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "1"},
+    "inter_op_threads=1": {"CPU_STEP_PROFILE_INTER": "1"},
+}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--steps", type=int, default=16, help="steps per compiled call; one call is traced")
-    p.add_argument("--top", type=int, default=30)
-    args = p.parse_args()
+# ----------------------------------------------------------------------------------- child side
+def _setup() -> Any:
+    sys.path.insert(0, os.getcwd())
     import tensorflow as tf
 
-    from amp_backends.configure import auto_configure
-    from amp_backends.data import synthetic_mnist
+    inter = os.environ.get("CPU_STEP_PROFILE_INTER")
+    if inter:
+        tf.config.threading.set_inter_op_parallelism_threads(int(inter))
+    return tf
+
+
+def _data(spc: int, calls: int) -> tuple[Any, Any]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    n = BATCH * spc * calls
+    return rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), rng.integers(0, 10, (n,)).astype(np.int64)
+
+
+def byte_dropout_class(tf: Any) -> Any:
+    """A prototype Dropout drawing one random byte per element (four per 32-bit Philox output) instead of one
+    float: the same keep probability when ``rate * 256`` is whole (0.25 and 0.5 are), a quarter of the draws."""
+
+    class ByteDropout(tf.keras.layers.Dropout):
+        def call(self, inputs, training=False):  # type: ignore[override]
+            if not training or self.rate <= 0:
+                return inputs
+            seed = tf.cast(tf.math.floormod(self.seed_generator.next(), 2**31 - 2), tf.int32)
+            n = tf.size(inputs)
+            words = tf.random.stateless_uniform([(n + 3) // 4], seed=seed, minval=None, maxval=None, dtype=tf.uint32)
+            byte = tf.reshape(tf.bitcast(words, tf.uint8), [-1])[:n]
+            keep = tf.reshape(byte >= tf.constant(round(self.rate * 256), tf.uint8), tf.shape(inputs))
+            scaled = inputs * tf.cast(1.0 / (1.0 - self.rate), inputs.dtype)
+            return tf.where(keep, scaled, tf.zeros_like(inputs))
+
+    return ByteDropout
+
+
+def _model(tf: Any, dropout: str = "keras", conv1_dtype: str | None = None) -> Any:
+    """The tutorials' CNN; ``dropout`` "none" drops the Dropout layers (a diagnostic), "byte" uses the prototype."""
     from amp_backends.models import mnist_cnn
-    from amp_backends.training import Trainer, classifier_updates, mnist_batch_fn
+
+    m = mnist_cnn()
+    if dropout == "keras" and conv1_dtype is None:
+        return m
+    L = tf.keras.layers
+    layers: list[Any] = []
+    for layer in m.layers:
+        if isinstance(layer, L.Dropout):
+            if dropout == "byte":
+                layers.append(byte_dropout_class(tf)(layer.rate))
+            elif dropout == "keras":
+                layers.append(L.Dropout(layer.rate))
+        elif isinstance(layer, L.Conv2D) and layer.filters == 32 and conv1_dtype:
+            layers.append(L.Conv2D(32, 3, activation="relu", dtype=conv1_dtype))
+        else:
+            layers.append(layer.__class__.from_config(layer.get_config()))
+    return tf.keras.Sequential([tf.keras.Input((28, 28, 1)), *layers], name=f"mnist_cnn_{dropout}_{conv1_dtype}")
+
+
+class TrainerRun:
+    """The trainer under the plan; ``run()`` trains one call of ``spc`` steps and returns img/s."""
+
+    def __init__(self, tf: Any, plan: Any, spc: int, dropout: str = "keras", group: int = 1,
+                 conv1_dtype: str | None = None) -> None:
+        from amp_backends.training import Trainer, classifier_updates, mnist_batch_fn
+
+        self.x, self.y = _data(spc * group, 64)
+        self.spc, self.group = spc, group
+        m = _model(tf, dropout, conv1_dtype)
+        opt = tf.keras.optimizers.Adam(1e-3)
+        self.trainer = Trainer(classifier_updates(m, opt), plan, batch_size=BATCH, steps_per_call=spc,
+                               log_every=10**9, progress=False, batch_fn=mnist_batch_fn, check_models=False)
+        self.steps = 0
+
+    def run(self) -> float:
+        """One ``fit`` of ``group`` calls (wall clock: the trainer's loop between calls included)."""
+        self.steps += self.spc * self.group
+        t0 = time.perf_counter()
+        self.trainer.fit(self.x, self.y, epochs=10**6, max_steps=self.steps)
+        return self.spc * self.group * BATCH / (time.perf_counter() - t0)
+
+
+class RawRun:
+    """A hand-written compiled call of ``spc`` steps: ``mode`` "step" (forward, backward, Adam), "grads"
+    (no update), "forward" (loss only). Same batch gather as the trainer; the losses fetched once per call."""
+
+    def __init__(self, tf: Any, spc: int, mode: str) -> None:
+        from amp_backends.training import mnist_batch_fn
+
+        x, y = _data(spc, 64)
+        self.x, self.y = tf.constant(x), tf.constant(y)
+        self.spc, self.mode = spc, mode
+        m = _model(tf)
+        opt = tf.keras.optimizers.Adam(1e-3)
+        opt.build(m.trainable_variables)
+        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy()
+        n = len(x)
+
+        def one(i: Any) -> Any:
+            idx = tf.math.floormod(i * BATCH + tf.range(BATCH, dtype=tf.int64), n)
+            xb, yb = mnist_batch_fn(self.x, self.y, idx)
+            if mode == "forward":
+                return loss_fn(yb, tf.cast(m(xb, training=True), tf.float32))
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, tf.cast(m(xb, training=True), tf.float32))
+            grads = tape.gradient(loss, m.trainable_variables)
+            if mode == "step":
+                opt.apply_gradients(zip(grads, m.trainable_variables))
+            else:  # every gradient is used (summed into the returned value), so none is pruned
+                loss = tf.add_n([tf.reduce_sum(tf.cast(g, tf.float32)) for g in grads])
+            return loss
+
+        @tf.function
+        def call(start: Any) -> Any:
+            ta = tf.TensorArray(tf.float32, size=spc)
+            for i in tf.range(spc, dtype=tf.int64):
+                ta = ta.write(tf.cast(i, tf.int32), one(start + i))
+            return ta.stack()
+
+        self.call = call
+        self.start = 0
+
+    def run(self) -> float:
+        import tensorflow as tf
+
+        t0 = time.perf_counter()
+        self.call(tf.constant(self.start, tf.int64)).numpy()
+        self.start += self.spc
+        return self.spc * BATCH / (time.perf_counter() - t0)
+
+
+def matmul_peak(tf: Any, dtype: str, n: int = 2048, reps: int = 10) -> float:
+    a = tf.random.uniform((n, n), dtype=tf.float32)
+    a = tf.cast(a, dtype)
+
+    @tf.function
+    def mm(a: Any) -> Any:
+        return tf.reduce_sum(tf.cast(tf.matmul(a, a)[:1, :1], tf.float32))
+
+    mm(a).numpy()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        mm(a).numpy()
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def child_inproc(spc: int, rounds: int, calls: int) -> dict[str, Any]:
+    tf = _setup()
+    from amp_backends import auto_configure
 
     plan = auto_configure(verbose=False)
-    (x, y), _ = synthetic_mnist(args.batch * args.steps, 8)
-    trainer = Trainer(classifier_updates(mnist_cnn(), tf.keras.optimizers.Adam(1e-3)), plan, batch_size=args.batch,
-                      steps_per_call=args.steps, log_every=10**9, progress=False, batch_fn=mnist_batch_fn,
-                      check_models=False)
-    trainer.fit(x, y, epochs=2)  # compile, warm up
-    logdir = tempfile.mkdtemp(prefix="cpu-step-profile-")
+    variants: dict[str, Any] = {
+        "trainer (auto plan)": TrainerRun(tf, plan, spc),
+        "hand-written step (no finite check)": RawRun(tf, spc, "step"),
+        "gradients only (no optimizer update)": RawRun(tf, spc, "grads"),
+        "forward only": RawRun(tf, spc, "forward"),
+        "trainer, model without Dropout (diagnostic)": TrainerRun(tf, plan, spc, dropout="none"),
+        "trainer, byte-wise Dropout (prototype)": TrainerRun(tf, plan, spc, dropout="byte"),
+        "trainer, first Conv2D in float32 (prototype)": TrainerRun(tf, plan, spc, conv1_dtype="float32"),
+        "trainer, 1 step per call": TrainerRun(tf, plan, 1, group=spc),
+    }
+    rates: dict[str, list[float]] = {k: [] for k in variants}
+    for v in variants.values():  # warm-up: tracing, primitive creation
+        v.run()
+        v.run()
+    peak: list[float] = []
+    f32_peak: list[float] = []
+    for r in range(rounds):
+        # each round: the bf16 peak, then every variant (order reversed every other round), then the peak again;
+        # a variant's share of peak and its ratio to the trainer are taken within its round
+        before = matmul_peak(tf, "bfloat16", reps=5)
+        order = list(variants) if r % 2 == 0 else list(reversed(variants))
+        for name in order:
+            rates[name].append(statistics.median(variants[name].run() for _ in range(calls)))
+        peak.append(statistics.median([before, matmul_peak(tf, "bfloat16", reps=5)]))
+        f32_peak.append(matmul_peak(tf, "float32", reps=3))
+    return {"plan": plan.summary().split(" (")[0], "rates": rates, "peak_gflops": {"bfloat16": peak, "float32": f32_peak}}
+
+
+def child_share(spc: int, pairs: int) -> dict[str, Any]:
+    """The trainer's share of the bf16 matmul peak from tightly interleaved pairs: one call, one peak measurement."""
+    tf = _setup()
+    from amp_backends import auto_configure
+
+    plan = auto_configure(verbose=False)
+    run = TrainerRun(tf, plan, spc)
+    run.run()
+    run.run()
+    matmul_peak(tf, "bfloat16", reps=2)
+    rates, peaks = [], []
+    for i in range(pairs):
+        if i % 2:
+            peaks.append(matmul_peak(tf, "bfloat16", reps=3))
+            rates.append(run.run())
+        else:
+            rates.append(run.run())
+            peaks.append(matmul_peak(tf, "bfloat16", reps=3))
+    return {"rates": rates, "peaks": peaks}
+
+
+def child_env(spc: int, calls: int) -> dict[str, Any]:
+    tf = _setup()
+    from amp_backends import auto_configure
+
+    plan = auto_configure(verbose=False)
+    run = TrainerRun(tf, plan, spc)
+    run.run()
+    run.run()
+    return {"rates": [run.run() for _ in range(calls)]}
+
+
+def child_onednn(spc: int) -> dict[str, Any]:
+    tf = _setup()
+    from amp_backends import auto_configure
+
+    plan = auto_configure(verbose=False)
+    run = TrainerRun(tf, plan, spc)
+    run.run()
+    run.run()
+    sys.stdout.flush()
+    print(MARK, flush=True)
+    rate = run.run()
+    sys.stdout.flush()
+    print(MARK, flush=True)
+    return {"rate": rate}
+
+
+def category(name: str, kind: str) -> str:
+    """What a TensorFlow op of the step is for (its type first, then the layer or optimizer in its name)."""
+    if "BackpropFilter" in kind:
+        return "convolution backward-weights (oneDNN)"
+    if "BackpropInput" in kind:
+        return "convolution backward-data (oneDNN)"
+    if "Conv2D" in kind:
+        return "convolution forward, bias and ReLU fused (oneDNN)"
+    if "MatMul" in kind:
+        return "Dense matmuls (oneDNN)"
+    if "MaxPool" in kind:
+        return "max pooling and its gradient (oneDNN)"
+    if "dropout" in name:
+        return "Dropout: random numbers, mask, select, scale (forward and backward)"
+    if "/adam/" in name or "VariableOp" in kind:
+        return "Adam update (elementwise, float32)"
+    if kind == "ReluGrad":
+        return "ReluGrad of the convolutions (Eigen, bfloat16)"
+    if kind == "Cast":
+        return "casts bfloat16 <-> float32"
+    if kind in ("GatherV2", "RealDiv") and "mnist_cnn" not in name:
+        return "batch gather and /255 (input)"
+    if kind in ("IsFinite", "All", "LogicalAnd", "LogicalNot"):
+        return "finite check of the gradients"
+    return "other"
+
+
+def child_trace(spc: int) -> dict[str, Any]:
+    tf = _setup()
+    from amp_backends import auto_configure
+
+    plan = auto_configure(verbose=False)
+    run = TrainerRun(tf, plan, spc)
+    run.run()
+    run.run()
+    logdir = tempfile.mkdtemp(prefix="step_trace_")
     tf.profiler.experimental.start(logdir)
-    t0 = time.perf_counter()
-    trainer.fit(x, y, epochs=3)
-    dt = time.perf_counter() - t0
+    rate = run.run()
     tf.profiler.experimental.stop()
-    print(f"plan: {plan.policy}, XLA {'on' if plan.xla else 'off'}; {dt / args.steps * 1e3:.1f} ms per step "
-          f"({args.steps * args.batch / dt:,.0f} img/s, profiler on)")
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    path = sorted(Path(logdir).glob("plugins/profile/*/*.xplane.pb"))[-1]
+    path = max(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True))
     space = xplane_pb2.XSpace()
-    space.ParseFromString(path.read_bytes())
-    agg: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    by_type: dict[str, float] = collections.defaultdict(float)
+    by_op: dict[str, float] = collections.defaultdict(float)
+    by_category: dict[str, float] = collections.defaultdict(float)
+    first, last = float("inf"), 0.0
     for plane in space.planes:
-        if not plane.name.startswith("/host:CPU"):
+        if plane.name != "/host:CPU":
             continue
-        meta = {k: v.name for k, v in plane.event_metadata.items()}
         for line in plane.lines:
+            if not line.name.startswith("tf_Compute"):
+                continue
             for ev in line.events:
-                name = meta.get(ev.metadata_id, "?")
-                a = agg[name.split(":")[-1] if ":" in name else name]
-                a[0] += 1
-                a[1] += ev.duration_ps / 1e9
-    print("  ms/step  ops/step  op (enclosing events such as Process, run, ParallelFor include the ops inside them)")
-    for name, (n, ms) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:args.top]:
-        print(f"{ms / args.steps:9.2f} {n / args.steps:9.1f}  {name[:100]}")
+                meta = plane.event_metadata.get(ev.metadata_id)
+                if meta is None or ":" not in meta.name or "::" in meta.name:
+                    continue
+                name, _, kind = meta.name.rpartition(":")
+                start = (line.timestamp_ns * 1000 + ev.offset_ps) / 1e9
+                first, last = min(first, start), max(last, start + ev.duration_ps / 1e9)
+                by_type[kind] += ev.duration_ps / 1e9
+                by_op[name] += ev.duration_ps / 1e9
+                by_category[category(name, kind)] += ev.duration_ps / 1e9
+    return {"rate": rate, "steps": spc, "span_ms": last - first, "ms_by_type": dict(by_type), "ms_by_op": dict(by_op),
+            "ms_by_category": dict(by_category)}
+
+
+# ----------------------------------------------------------------------------------- parent side
+def _child(args: list[str], env: dict[str, str] | None = None, timeout: int = 900) -> tuple[dict[str, Any], str]:
+    full = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": os.getcwd(), **(env or {})}
+    p = subprocess.run([sys.executable, __file__, *args], check=False, capture_output=True, text=True, env=full,
+                       timeout=timeout)
+    last = [line for line in p.stdout.splitlines() if line.startswith("{")]
+    if p.returncode or not last:
+        raise RuntimeError(f"child {args} failed ({p.returncode}): {p.stderr[-2000:]}")
+    return json.loads(last[-1]), p.stdout
+
+
+def _stats(values: list[float]) -> dict[str, Any]:
+    return {"median": round(statistics.median(values), 1), "min": round(min(values), 1),
+            "max": round(max(values), 1), "n": len(values)}
+
+
+def onednn_breakdown(stdout: str, steps: int) -> dict[str, Any]:
+    from amp_backends.audit import onednn
+
+    inside, lines = False, []
+    for line in stdout.splitlines():
+        if line.strip() == MARK:
+            inside = not inside
+            continue
+        if inside:
+            lines.append(line)
+    records = onednn.parse(lines)
+    rows: dict[tuple[str, str, str, str], list[float]] = collections.defaultdict(list)
+    for r in records:
+        shape = r.problem if r.kind != "reorder" else ""
+        rows[(r.kind, r.implementation, r.prop, shape)].append(r.time_ms)
+    table = sorted(({"kind": k[0], "implementation": k[1], "prop": k[2], "problem": k[3],
+                     "ms_per_step": round(sum(v) / steps, 3), "calls_per_step": len(v) / steps}
+                    for k, v in rows.items()), key=lambda d: -d["ms_per_step"])
+    return {"library": onednn.library_version(stdout.splitlines()), "records": len(records),
+            "ms_per_step_total": round(sum(r.time_ms for r in records) / steps, 2), "primitives": table}
+
+
+def environment() -> dict[str, Any]:
+    import tensorflow as tf
+
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    model = f"{fields.get('model name', platform.processor())}, cpu family {fields.get('cpu family', '?')}"
+    return {"machine": platform.node(), "cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
+            "tensorflow": tf.__version__, "keras": tf.keras.__version__,
+            "load_average_at_start": os.getloadavg()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--child", choices=["inproc", "env", "onednn", "trace", "share"])
+    ap.add_argument("--spc", type=int, default=8, help="steps per compiled call (default 8)")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--calls", type=int, default=3, help="timed calls per variant per round")
+    ap.add_argument("--parts", default="inproc,env,onednn,trace", help="any of inproc,env,onednn,trace,share")
+    ap.add_argument("--pairs", type=int, default=30, help="share: trainer call / matmul pairs (default 30)")
+    ap.add_argument("--out")
+    ap.add_argument("--note", default="")
+    ap.add_argument("--machine-kind", default="", help="what the results file calls the machine (\"AMD EPYC Zen 4\")")
+    a = ap.parse_args(argv)
+    if a.child:
+        fn = {"inproc": lambda: child_inproc(a.spc, a.rounds, a.calls), "env": lambda: child_env(a.spc, a.calls),
+              "onednn": lambda: child_onednn(a.spc), "trace": lambda: child_trace(a.spc),
+              "share": lambda: child_share(a.spc, a.pairs)}[a.child]
+        print(json.dumps(fn()), flush=True)
+        return 0
+
+    parts = a.parts.split(",")
+    env = environment()
+    out: dict[str, Any] = {"benchmark": "where the MNIST CNN training step goes under the auto plan (see the "
+                                        "script's docstring and benchmarks/cpu_step_profile.md)",
+                           "machine_kind": a.machine_kind, "machine": {k: env.pop(k) for k in ("machine", "cpu", "cores")},
+                           "versions": {k: env.pop(k) for k in ("python", "tensorflow", "keras")},
+                           "command": "python " + shlex.join(sys.argv),
+                           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                           "note": a.note, "environment": env, "batch": BATCH, "steps_per_call": a.spc,
+                           "mflop_per_image_step": round(STEP_MFLOP, 2)}
+    if "onednn" in parts:
+        res, stdout = _child(["--child", "onednn", "--spc", str(a.spc)], {"ONEDNN_VERBOSE": "1"})
+        out["onednn"] = {"img_per_s_under_verbose": round(res["rate"], 1), **onednn_breakdown(stdout, a.spc)}
+        print(json.dumps(out["onednn"]["primitives"][:12], indent=1), flush=True)
+    if "trace" in parts:
+        res, _ = _child(["--child", "trace", "--spc", str(a.spc)])
+        top = sorted(res["ms_by_type"].items(), key=lambda kv: -kv[1])
+        out["trace"] = {"img_per_s_under_profiler": round(res["rate"], 1),
+                        "ms_per_step_wall_in_trace": round(res["span_ms"] / a.spc, 2),
+                        "ms_per_step_all_ops": round(sum(res["ms_by_type"].values()) / a.spc, 2),
+                        "ms_per_step_by_category": {k: round(v / a.spc, 2) for k, v in
+                                                    sorted(res["ms_by_category"].items(), key=lambda kv: -kv[1])},
+                        "ms_per_step_by_op_type": {k: round(v / a.spc, 3) for k, v in top[:40]},
+                        "ms_per_step_by_op": {k: round(v / a.spc, 3)
+                                              for k, v in sorted(res["ms_by_op"].items(), key=lambda kv: -kv[1])[:40]}}
+        print(json.dumps(out["trace"]["ms_per_step_by_op_type"], indent=1), flush=True)
+    if "inproc" in parts:
+        res, _ = _child(["--child", "inproc", "--spc", str(a.spc), "--rounds", str(a.rounds), "--calls", str(a.calls)])
+        peaks = res["peak_gflops"]["bfloat16"]
+        base = res["rates"]["trainer (auto plan)"]
+        out["plan"] = res["plan"]
+        out["matmul_2048_gflops"] = {k: _stats(v) for k, v in res["peak_gflops"].items()}
+        out["inproc_img_per_s"] = {}
+        for name, rates in res["rates"].items():
+            mflop = sum(FWD_MFLOP.values()) if name == "forward only" else STEP_MFLOP
+            shares = [rate * mflop / 1e3 / pk for rate, pk in zip(rates, peaks)]
+            ratios = [rate / b for rate, b in zip(rates, base)]
+            out["inproc_img_per_s"][name] = {
+                **_stats(rates), "mflop_per_image": round(mflop, 2),
+                "share_of_bf16_peak_per_round": [round(x, 3) for x in shares],
+                "share_of_bf16_peak_median": round(statistics.median(shares), 3),
+                "ratio_to_trainer_per_round": [round(x, 3) for x in ratios],
+                "ratio_to_trainer_median": round(statistics.median(ratios), 3)}
+        print(json.dumps({"peak": out["matmul_2048_gflops"], "inproc": out["inproc_img_per_s"]}, indent=1), flush=True)
+    if "env" in parts:
+        rates: dict[str, list[float]] = {k: [] for k in ENV_CONFIGS}
+        paired: dict[str, list[float]] = {k: [] for k in ENV_CONFIGS}  # per round: median / default's median
+        for r in range(a.rounds):
+            order = list(ENV_CONFIGS) if r % 2 == 0 else list(reversed(ENV_CONFIGS))
+            this: dict[str, float] = {}
+            for name in order:
+                res, _ = _child(["--child", "env", "--spc", str(a.spc), "--calls", str(a.calls)], ENV_CONFIGS[name])
+                rates[name] += res["rates"]
+                this[name] = statistics.median(res["rates"])
+            for name in ENV_CONFIGS:
+                paired[name].append(this[name] / this["default"])
+        out["env_img_per_s"] = {k: {**_stats(v), "ratio_to_default_per_round": [round(x, 3) for x in paired[k]],
+                                    "ratio_to_default_median": round(statistics.median(paired[k]), 3)}
+                                for k, v in rates.items()}
+        print(json.dumps(out["env_img_per_s"], indent=1), flush=True)
+    if "share" in parts:
+        res, _ = _child(["--child", "share", "--spc", str(a.spc), "--pairs", str(a.pairs)])
+        shares = sorted(r * STEP_MFLOP / 1e3 / pk for r, pk in zip(res["rates"], res["peaks"]))
+        q = statistics.quantiles(shares, n=4)
+        out["share_of_bf16_peak_pairs"] = {
+            "how": "each pair: one trainer call of --spc steps and one 2048^3 bf16 matmul timing (median of 3), "
+                   "in alternating order; share = img/s * MFLOP per image / that pair's GFLOP/s",
+            "trainer_img_per_s": _stats(res["rates"]), "bf16_gflops": _stats(res["peaks"]),
+            "share_median": round(statistics.median(shares), 3), "share_quartiles": [round(q[0], 3), round(q[2], 3)],
+            "share_best_against_best": round(max(res["rates"]) * STEP_MFLOP / 1e3 / max(res["peaks"]), 3)}
+        print(json.dumps(out["share_of_bf16_peak_pairs"], indent=1), flush=True)
+    out["environment"]["load_average_at_end"] = os.getloadavg()
+    if a.out:
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+        with open(a.out, "w", encoding="utf-8") as f:
+            json.dump(out, f, indent=1)
+            f.write("\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
