@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from ..errors import AmpConfigError, InputError
@@ -37,6 +38,17 @@ def _num_classes(model: Any) -> int | None:
         return None
 
 
+def _per_position(model: Any, y: Any) -> Any:
+    """Labels of a model that classifies every position (a language model's (N, T, vocabulary) logits, a tagger): one
+    class id per position, (N, T), checked as the flat list of ids they are; other labels as they are."""
+    try:
+        rank = len(model.outputs[0].shape) if getattr(model, "outputs", None) else len(model.output_shape)
+    except Exception:  # a subclassed model that was not built yet
+        return y
+    y = np.asarray(y)
+    return y.reshape(-1) if rank > 2 and y.ndim == rank - 1 else y
+
+
 def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Update]:
     """One update: the mean of ``loss(y, model(x, training=True))`` over the batch (weighted, if it has weights).
 
@@ -65,7 +77,8 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
         _check_labelled(sample)
         if sparse and not isinstance(sample[1], (dict, tuple, list)):  # (several outputs: the loss's own checks)
             classes = _num_classes(model)
-            class_ids(sample[1], classes, "The labels y", owner=f" (the model has {classes} outputs)" if classes else "")
+            class_ids(_per_position(model, sample[1]), classes, "The labels y",
+                      owner=f" (the model has {classes} outputs)" if classes else "")
 
     classes = _num_classes(model)
     span = f"0..{classes - 1}" if classes else "0 and up"
