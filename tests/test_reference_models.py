@@ -74,6 +74,12 @@ def here():
     return amp_backends.auto_configure(verbose=False)
 
 
+def float32_head(model, plan) -> bool:
+    """Whether the model's output layer computes its matmul in float32 under a mixed plan (the zoo's GPT-2 LM head)."""
+    last = [layer for _, layer in walk(model, model.name) if type(layer).__name__ in ("Dense", "EinsumDense")][-1]
+    return plan.policy != "float32" and tf.as_dtype(last.compute_dtype).name == "float32"
+
+
 def codes(result, severity=None):
     return [f.code for f in result.findings if severity is None or f.severity == severity]
 
@@ -100,7 +106,7 @@ def _common_check(model, plan, result, name):
     assert all(layer.why for layer in result.fp8_layers)
     if name in ("bert", "gpt2"):
         assert "attention-softmax" in codes(result)
-    if name == "gpt2" and plan.policy != "float32":
+    if name == "gpt2" and float32_head(model, plan):
         # the float32 LM head is most of a small GPT-2's FLOPs: said as such, with the fix, not as a model built
         # before the plan
         (head,) = [f for f in result.findings if f.code == "float32-compute"]
@@ -118,7 +124,7 @@ def test_check_under_this_machines_plan(name):
     result = amp_backends.check_model(model, inputs=x)  # the applied plan
     assert result.plan["policy"] == plan.policy
     _common_check(model, plan, result, name)
-    assert codes(result, "warning") == ([] if name != "gpt2" or plan.policy == "float32" else ["float32-compute"])
+    assert codes(result, "warning") == (["float32-compute"] if name == "gpt2" and float32_head(model, plan) else [])
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -133,7 +139,7 @@ def test_check_under_an_h100_plan(name):
     assert "emulated-policy" not in codes(result)
     if name in ("mobilenet_v3", "efficientnet"):
         assert "depthwise" in codes(result)  # no Tensor Core path for them
-    if name != "gpt2":
+    if not (name == "gpt2" and float32_head(model, h100)):
         assert codes(result, "warning") == [], result.render()
 
 
@@ -369,6 +375,8 @@ def test_a_model_built_before_auto_configure_is_warned_about():
 
 def test_token_ids_past_the_vocabulary_are_the_datas_fault_with_the_fix():
     plan = here()
+    if plan.backend != "cpu":
+        pytest.skip("a GPU's gather gives zeros for an id past its table, with no error to translate")
     model = built("lstm", plan.policy)  # Embedding(5000, 64)
     x, y = data("lstm", 3 * STEP_BATCH, seed=5)
     x = x.copy()
