@@ -99,6 +99,12 @@ def _fit(given: Any, model_struct: Any, model_name: str) -> Any:
     if isinstance(model_struct, dict) and isinstance(given, dict) and set(model_struct) - set(given):
         raise ValueError(f"inputs= lacks the model {model_name!r}'s input(s) {sorted(set(model_struct) - set(given))}. "
                          f"Expected the keys {sorted(model_struct)}; received {sorted(given)}. Fix: give every input.")
+    if isinstance(model_struct, dict) and isinstance(given, (list, tuple)) and len(given) == len(model_struct) \
+            and not any(isinstance(g, (dict, list, tuple)) for g in given):
+        example = ", ".join(f"{k!r}: ..." for k in model_struct)
+        raise ValueError(f"inputs= gives the model {model_name!r} a {type(given).__name__} of {len(given)} inputs, but "
+                         f"it takes a dict of named inputs {sorted(model_struct)} (a list's order is not theirs). Fix: "
+                         f"pass a dict: {{{example}}}.")
     if isinstance(model_struct, dict) and isinstance(given, dict):
         given = {k: given[k] for k in model_struct}  # extra keys (labels in the same dict) are not the model's
     if _matches(given, model_struct):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from ..errors import AmpConfigError, InputError
@@ -24,8 +25,11 @@ def _per_example(loss: Any) -> tuple[Any, bool]:
         return loss.call, isinstance(loss, tf.keras.losses.SparseCategoricalCrossentropy)
     if callable(loss):
         return loss, getattr(loss, "__name__", "") == "sparse_categorical_crossentropy"
+    several = (" For a model of several outputs, one function that adds the outputs' losses, e.g. lambda y, pred: "
+               "ce(y['class'], pred['class']) + mse(y['value'], pred['value']), with Keras losses' .call (one value "
+               "per example).") if isinstance(loss, (dict, list, tuple)) else ""
     raise TypeError(f"loss must be a Keras loss (object or name) or a function (y_true, y_pred) -> losses. "
-                    f"Received: {loss!r} (of type {type(loss).__name__}).")
+                    f"Received: {loss!r} (of type {type(loss).__name__}).{several}")
 
 
 def _num_classes(model: Any) -> int | None:
@@ -35,6 +39,17 @@ def _num_classes(model: Any) -> int | None:
         return int(n) if n is not None else None
     except Exception:  # a subclassed model that was not built yet
         return None
+
+
+def _per_position(model: Any, y: Any) -> Any:
+    """Labels of a model that classifies every position (a language model's (N, T, vocabulary) logits, a tagger): one
+    class id per position, (N, T), checked as the flat list of ids they are; other labels as they are."""
+    try:
+        rank = len(model.outputs[0].shape) if getattr(model, "outputs", None) else len(model.output_shape)
+    except Exception:  # a subclassed model that was not built yet
+        return y
+    y = np.asarray(y)
+    return y.reshape(-1) if rank > 2 and y.ndim == rank - 1 else y
 
 
 def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Update]:
@@ -47,6 +62,13 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
     """
     _check_built(model)
     per_example, sparse = _per_example(loss)
+    outputs = getattr(model, "outputs", None) or []
+    if len(outputs) > 1 and (loss is None or isinstance(loss, (str, tf.keras.losses.Loss))):
+        one = loss or "the default sparse categorical cross-entropy"
+        raise AmpConfigError(
+            f"The model {model.name!r} has {len(outputs)} outputs, and one Keras loss ({one}) takes one. Fix: give "
+            "loss= a function (y, pred) -> one loss per example that combines the outputs' losses (y and pred are "
+            "the model's structure: dicts for named outputs), or write an amp_backends.Update of your own.")
 
     def loss_fn(batch):
         _check_labelled(batch)
@@ -66,7 +88,7 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
         if sparse and not isinstance(sample[1], (dict, tuple, list)):  # (several outputs: the loss's own checks)
             classes = _num_classes(model)
             owner = f" (the model has {classes} outputs)" if classes else ""
-            class_ids(sample[1], classes, "The labels y", owner=owner)
+            class_ids(_per_position(model, sample[1]), classes, "The labels y", owner=owner)
 
     classes = _num_classes(model)
     span = f"0..{classes - 1}" if classes else "0 and up"
@@ -104,6 +126,7 @@ def _class_id_check(classes: int | None) -> Any:
 def check_model_inputs(model: Any, x: Any) -> None:
     """Data a one-input model cannot take, refused before training with the fix: strings for a model that takes
     numbers (or numbers for one that takes strings), or a feature shape the model's input cannot take."""
+    _check_named_inputs(model, x)
     inputs = getattr(model, "inputs", None)
     if not inputs or len(inputs) != 1 or isinstance(x, (dict, tuple, list)) or not hasattr(x, "shape"):
         return
@@ -132,6 +155,25 @@ def check_model_inputs(model: Any, x: Any) -> None:
             f"The model {model.name!r} takes inputs of shape {tuple(['batch', *want])}; x has rows of shape "
             f"{tuple(have)} (x: {tuple(x.shape)}). Fix: reshape the data to the model's input (or build the model "
             f"with keras.Input(shape={tuple(have)})).")
+
+
+def _check_named_inputs(model: Any, x: Any) -> None:
+    """A model of named inputs (a dict, as keras_hub's backbones take) given other names, or a list."""
+    try:
+        names = model.input if isinstance(getattr(model, "input", None), dict) else None
+    except Exception:  # a subclassed model: Keras knows its inputs only once called
+        return
+    if not names:
+        return
+    if isinstance(x, dict):
+        missing = sorted(set(names) - set(x))
+        if missing:
+            raise InputError(f"The model {model.name!r} takes the inputs {sorted(names)}; x lacks {missing} (its keys: "
+                             f"{sorted(x)}). Fix: give x a dict with the model's input names (rename the features in "
+                             "the pipeline, e.g. dataset.map(lambda x, y: ({'token_ids': x['input_ids'], ...}, y))).")
+    elif isinstance(x, (list, tuple)) or hasattr(x, "shape"):
+        raise InputError(f"The model {model.name!r} takes a dict of named inputs {sorted(names)}; x is a "
+                         f"{type(x).__name__}. Fix: give x a dict with those keys.")
 
 
 def _check_built(model: Any) -> None:

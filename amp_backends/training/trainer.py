@@ -239,7 +239,7 @@ class Trainer:
         for o in self.observers:
             o.before_call(at.step, k)
         t0 = time.perf_counter()
-        with self._together(at.step), self.program.own_errors():
+        with self._together(at.step), self.program.own_errors(at.step, k):
             ran = source.run(self.program, at, k, self.steps_per_call)
         dt = time.perf_counter() - t0
         if ran.pass_ended:
