@@ -169,7 +169,7 @@ class RawRun:
                 loss = loss_fn(yb, tf.cast(m(xb, training=True), tf.float32))
             grads = tape.gradient(loss, m.trainable_variables)
             if mode == "step":
-                opt.apply_gradients(zip(grads, m.trainable_variables))
+                opt.apply_gradients(zip(grads, m.trainable_variables, strict=True))
             else:  # every gradient is used (summed into the returned value), so none is pruned
                 loss = tf.add_n([tf.reduce_sum(tf.cast(g, tf.float32)) for g in grads])
             return loss
@@ -240,7 +240,7 @@ def child_inproc(spc: int, rounds: int, calls: int) -> dict[str, Any]:
             rates[name].append(statistics.median(variants[name].run() for _ in range(calls)))
         peak.append(statistics.median([before, matmul_peak(tf, "bfloat16", reps=5)]))
         f32_peak.append(matmul_peak(tf, "float32", reps=3))
-    return {"plan": plan.summary().split(" (")[0], "rates": rates, "peak_gflops": {"bfloat16": peak, "float32": f32_peak}}
+    return {"plan": plan.headline, "rates": rates, "peak_gflops": {"bfloat16": peak, "float32": f32_peak}}
 
 
 def child_share(spc: int, pairs: int) -> dict[str, Any]:
@@ -438,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     env = environment()
     out: dict[str, Any] = {"benchmark": "where the MNIST CNN training step goes under the auto plan (see the "
                                         "script's docstring and benchmarks/cpu_step_profile.md)",
-                           "machine_kind": a.machine_kind, "machine": {k: env.pop(k) for k in ("machine", "cpu", "cores")},
+                           "machine_kind": a.machine_kind,
+                           "machine": {k: env.pop(k) for k in ("machine", "cpu", "cores")},
                            "versions": {k: env.pop(k) for k in ("python", "tensorflow", "keras")},
                            "command": "python " + shlex.join(sys.argv),
                            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -469,8 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         out["inproc_img_per_s"] = {}
         for name, rates in res["rates"].items():
             mflop = sum(FWD_MFLOP.values()) if name == "forward only" else STEP_MFLOP
-            shares = [rate * mflop / 1e3 / pk for rate, pk in zip(rates, peaks)]
-            ratios = [rate / b for rate, b in zip(rates, base)]
+            shares = [rate * mflop / 1e3 / pk for rate, pk in zip(rates, peaks, strict=True)]
+            ratios = [rate / b for rate, b in zip(rates, base, strict=True)]
             out["inproc_img_per_s"][name] = {
                 **_stats(rates), "mflop_per_image": round(mflop, 2),
                 "share_of_bf16_peak_per_round": [round(x, 3) for x in shares],
@@ -496,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out["env_img_per_s"], indent=1), flush=True)
     if "share" in parts:
         res, _ = _child(["--child", "share", "--spc", str(a.spc), "--pairs", str(a.pairs)])
-        shares = sorted(r * STEP_MFLOP / 1e3 / pk for r, pk in zip(res["rates"], res["peaks"]))
+        shares = sorted(r * STEP_MFLOP / 1e3 / pk for r, pk in zip(res["rates"], res["peaks"], strict=True))
         q = statistics.quantiles(shares, n=4)
         out["share_of_bf16_peak_pairs"] = {
             "how": "each pair: one trainer call of --spc steps and one 2048^3 bf16 matmul timing (median of 3), "

@@ -226,6 +226,15 @@ def default_observers(chief: bool, log_every: int, logdir: str | None, progress:
     return out
 
 
+def audit_observer(audit: bool | tuple[int, int], models: Sequence[Any], plan: Any, steps_per_call: int) -> Any:
+    """``Trainer(audit=...)``: the audit of the steps after the warm-up calls (``True``) or of ``(start, stop)``."""
+    from ..audit.observer import AuditObserver
+
+    first = WARMUP_CALLS * steps_per_call
+    window = (first, first + max(3, steps_per_call)) if audit is True else audit
+    return AuditObserver(list(models), plan, window)
+
+
 def training_line(source: Any, batch_size: int, steps_per_call: int, checkpoint_every: int | None) -> str:
     """The line that says, before training, what one epoch and one compiled call are."""
     k, per_epoch = steps_per_call, source.steps_per_epoch

@@ -28,6 +28,7 @@ from .inputs import BatchFn, Ran, ResidentArrays, input_for
 from .loss_scaling import LossScaler
 from .observers import (
     WARMUP_CALLS,
+    audit_observer,
     Observer,
     default_observers,
     parse_profile_steps,
@@ -126,12 +127,8 @@ class Trainer:
         self._called: set[Any] = set()
         self._last_input: tuple[Any, Any, Any] | None = None
         self._to_check = trained_models(self.updates, checkpoint_objects) if check_models else []
-        if audit and self.is_chief:  # what ran in the window of steps (after the warm-up calls by default)
-            from ..audit.observer import AuditObserver
-
-            first = WARMUP_CALLS * self.steps_per_call
-            window = (first, first + max(3, self.steps_per_call)) if audit is True else audit
-            self.audit = AuditObserver(trained_models(self.updates, checkpoint_objects), plan, window)
+        if audit and self.is_chief:  # what ran in a window of steps
+            self.audit = audit_observer(audit, trained_models(self.updates, checkpoint_objects), plan, steps_per_call)
             self.observers.append(self.audit)
 
     # ------------------------------------------------------------------ checkpoints

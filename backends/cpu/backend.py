@@ -45,8 +45,8 @@ ARM_PARTS = {"0xd40": "Neoverse-V1", "0xd4f": "Neoverse-V2", "0xd84": "Neoverse-
 
 
 def fit_steps_why() -> str:
-    return ("one training step per compiled call (Keras's default): more gained nothing for Keras fit on a CPU, where a "
-            "step dwarfs fit's per-call overhead ("
+    return ("one training step per compiled call (Keras's default): more gained nothing for Keras fit on a CPU, "
+            "where a step dwarfs fit's per-call overhead ("
             + quote(FIT_STEPS, *(f"mixed_bfloat16 steps_per_execution={n}" for n in (1, 4, 16, 64))) + ")")
 
 
@@ -162,7 +162,8 @@ class CpuBackend(Backend):
         cpu = probe_cpu()
         itex = itex_status()
         onednn = read_onednn_state(cpu, os.environ, tensorflow_version())
-        bf16 = "native bf16 (" + ", ".join(sorted(cpu.flags & {"avx512_bf16", "amx_bf16", "bf16"})) + ")" if cpu.native_bf16 else "no bf16 instructions"
+        bf16_flags = ", ".join(sorted(cpu.flags & {"avx512_bf16", "amx_bf16", "bf16"}))
+        bf16 = f"native bf16 ({bf16_flags})" if cpu.native_bf16 else "no bf16 instructions"
         return BackendProbe(
             backend=self.name,
             available=True,
@@ -180,7 +181,8 @@ class CpuBackend(Backend):
         if cpu:
             rows += [
                 ("architecture", f"{cpu.arch}, {cpu.logical_cores} logical cores"),
-                ("flags that matter", ", ".join(sorted(cpu.flags & set(RELEVANT_FLAGS + ARM_RELEVANT_FLAGS))) or "none"),
+                ("flags that matter",
+                 ", ".join(sorted(cpu.flags & set(RELEVANT_FLAGS + ARM_RELEVANT_FLAGS))) or "none"),
                 ("native bf16", "yes" if cpu.native_bf16 else "no (no avx512_bf16 / amx_bf16 / Arm bf16)"),
                 ("native fp16", "yes" if cpu.native_fp16 else "no"),
                 ("AMX", "yes" if cpu.amx else "no"),
@@ -189,7 +191,8 @@ class CpuBackend(Backend):
         if cpu:
             onednn = onednn_of(probe, cpu)
             rows.append(("oneDNN", ("on" if onednn.enabled else "off") + f" ({onednn.why})"))
-        rows.append(("ITEX", (facts.itex.reason + ("; loaded with TensorFlow" if facts.itex_loaded else "")) if facts else "-"))
+        itex = (facts.itex.reason + ("; loaded with TensorFlow" if facts.itex_loaded else "")) if facts else "-"
+        rows.append(("ITEX", itex))
         return rows
 
     def assess(self, probe: BackendProbe, hardware: Hardware) -> Assessment:
@@ -202,7 +205,8 @@ class CpuBackend(Backend):
         preference = rules.preference(cpu, onednn, itex_active)
 
         if itex_active and cpu.amx:
-            tf32 = Support(NATIVE, "ITEX's BF32 math mode lets float32 matmuls use AMX bf16 units (ITEX_FP32_MATH_MODE=BF32)")
+            tf32 = Support(NATIVE, "ITEX's BF32 math mode lets float32 matmuls use AMX bf16 units "
+                                   "(ITEX_FP32_MATH_MODE=BF32)")
         else:
             tf32 = Support(UNSUPPORTED, "TF32 is an NVIDIA Tensor Core format; CPUs have none"
                            + ("" if not itex_active else " (ITEX's BF32 mode needs AMX)"))

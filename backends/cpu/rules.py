@@ -55,19 +55,21 @@ def bf16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Suppor
         slower = times(WITH_BF16, "float32" + OFF, "mixed_bfloat16" + OFF)
         figures = quote(WITH_BF16, "float32" + OFF, "mixed_bfloat16" + OFF)
         if onednn.switched_off:
-            return Support(EMULATED, f"{VARIABLE}={onednn.variable}: without oneDNN, TensorFlow runs bfloat16 in Eigen, "
-                                     f"{slower} slower than float32 even on a CPU with bf16 instructions ({figures}). "
+            return Support(EMULATED, f"{VARIABLE}={onednn.variable}: without oneDNN, TensorFlow runs bfloat16 in "
+                                     f"Eigen, {slower} slower than float32 even on a CPU with bf16 instructions "
+                                     f"({figures}). "
                                      f"Unset {VARIABLE} (or set it to 1) before importing TensorFlow to run bfloat16 "
                                      f"through oneDNN{_too_late(onednn)}")
-        return Support(EMULATED, f"the CPU has bf16 instructions ({which}) but oneDNN is off ({onednn.why}): without "
-                                 f"oneDNN, TensorFlow runs bfloat16 in Eigen, {slower} slower than float32 on the "
-                                 f"measured bf16 CPU ({figures}). Set {VARIABLE}=1 before importing TensorFlow to run "
-                                 f"it through oneDNN (not measured on this CPU){_too_late(onednn)}")
+        return Support(EMULATED, f"the CPU has bf16 instructions ({which}) but oneDNN is off ({onednn.why}): "
+                                 f"without oneDNN, TensorFlow runs bfloat16 in Eigen, {slower} slower than float32 on "
+                                 f"the measured bf16 CPU ({figures}). Set {VARIABLE}=1 before importing TensorFlow to "
+                                 f"run it through oneDNN (not measured on this CPU){_too_late(onednn)}")
     if itex_active:
         return Support(UNSAFE, "this CPU has no bf16 instructions (no avx512_bf16, amx_bf16) and ITEX is loaded: "
                                "ITEX's oneDNN aborts the whole process on a bf16 matmul here")
+    figures = quote(WITHOUT_BF16, "float32", "mixed_bfloat16")
     return Support(EMULATED, "this CPU has no bf16 instructions (no avx512_bf16, amx_bf16 or Arm bf16): TensorFlow "
-                             f"emulates bf16, far slower than float32 ({quote(WITHOUT_BF16, 'float32', 'mixed_bfloat16')})")
+                             f"emulates bf16, far slower than float32 ({figures})")
 
 
 def fp16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Support:
@@ -101,8 +103,8 @@ def onednn_left_off(onednn: OneDnnState) -> str:
     results = load(WITH_BF16)
     ratio = results.ratio(avx2, eigen) if results else None
     verdict = ("not measured" if ratio is None else
-               f"oneDNN limited to AVX2 kernels ran float32 {times(WITH_BF16, avx2, eigen)} as fast as TensorFlow's own "
-               "kernels on an AVX-512 CPU" if ratio >= 1 else
+               f"oneDNN limited to AVX2 kernels ran float32 {times(WITH_BF16, avx2, eigen)} as fast as TensorFlow's "
+               "own kernels on an AVX-512 CPU" if ratio >= 1 else
                "oneDNN limited to AVX2 kernels was slower than TensorFlow's own float32 kernels on an AVX-512 CPU")
     return (f"oneDNN stays off, as TensorFlow's default has it ({onednn.why}): {verdict} "
             f"({quote(WITH_BF16, avx2, eigen)}), but no CPU without AVX-512 was measured. To try it, set "
