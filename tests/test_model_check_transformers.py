@@ -51,14 +51,14 @@ def h100():
 @pytest.fixture(scope="module")
 def bert():
     with policy("mixed_float16"):
-        return keras_hub.models.BertBackbone(**BERT)
+        return keras_hub.models.BertBackbone(**BERT, name="bert_backbone")  # named: auto-names count earlier models
 
 
 @pytest.fixture(scope="module")
 def odd_bert():
     """A feed-forward width of 250 (not a multiple of 8): the feed-forward layers have something to report."""
     with policy("mixed_float16"):
-        return keras_hub.models.BertBackbone(**{**BERT, "intermediate_dim": 250})
+        return keras_hub.models.BertBackbone(**{**BERT, "intermediate_dim": 250}, name="odd_bert_backbone")
 
 
 def test_bert_without_inputs_says_first_that_it_could_not_size_it(h100, bert):
@@ -124,7 +124,7 @@ def test_bert_fp8_layers_are_sized_by_inputs_and_the_small_ones_skipped(h100, be
 def gpt2():
     with policy("mixed_float16"):
         backbone = keras_hub.models.GPT2Backbone(vocabulary_size=50257, num_layers=2, num_heads=2, hidden_dim=128,
-                                                 intermediate_dim=256, max_sequence_length=SEQ)
+                                                 intermediate_dim=256, max_sequence_length=SEQ, name="gpt2_backbone")
         hidden = backbone(backbone.input)
         tied = K.Model(backbone.input, backbone.token_embedding(hidden, reverse=True), name="gpt2_tied")
         head = K.layers.Dense(50257, name="lm_head")
