@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
 
@@ -41,3 +42,16 @@ def restore_global_state(monkeypatch):
 # Subprocesses start here, not in the repository root, so that they import the installed package
 # (a wheel in the nox 'tests' session) rather than the checkout beside them.
 NEUTRAL_CWD = tempfile.mkdtemp(prefix="amp_backends_tests_")
+
+
+@contextlib.contextmanager
+def policy(name):
+    """Build under the Keras dtype policy ``name`` inside the block; the policy before it is restored after."""
+    import tensorflow as tf
+
+    before = keras_compat.global_policy_name(tf)
+    keras_compat.set_global_policy(name, tf)
+    try:
+        yield
+    finally:
+        keras_compat.set_global_policy(before, tf)

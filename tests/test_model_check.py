@@ -6,7 +6,6 @@ judges a model for the plan's device, wherever it runs.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import textwrap
@@ -23,18 +22,9 @@ from amp_backends.models import gan_discriminator, gan_generator, mnist_cnn  # n
 from fakes import A100, AMD_HERE, H100, SAPPHIRE_RAPIDS, cpu_of, machine, nvidia  # noqa: E402
 
 K = tf.keras
+from conftest import policy  # noqa: E402
 L = K.layers
 KERAS3 = int(str(getattr(K, "__version__", "2")).split(".")[0] or 2) >= 3
-
-
-@contextlib.contextmanager
-def policy(name):
-    before = K.mixed_precision.global_policy().name
-    K.mixed_precision.set_global_policy(name)
-    try:
-        yield
-    finally:
-        K.mixed_precision.set_global_policy(before)
 
 
 def build(factory, name="mixed_float16"):

@@ -6,7 +6,6 @@ float16, Keras's own attention (which must give neither). Plain tf.keras: runs u
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import numpy as np
@@ -21,18 +20,9 @@ from amp_backends.model_check.check import shapes_with_sequence_length  # noqa: 
 from fakes import H100, machine, nvidia  # noqa: E402
 
 K = tf.keras
+from conftest import policy  # noqa: E402
 L = K.layers
 SEQ = 128
-
-
-@contextlib.contextmanager
-def policy(name):
-    before = K.mixed_precision.global_policy().name
-    K.mixed_precision.set_global_policy(name)
-    try:
-        yield
-    finally:
-        K.mixed_precision.set_global_policy(before)
 
 
 @pytest.fixture(scope="module")

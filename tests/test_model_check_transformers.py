@@ -7,7 +7,6 @@ and keras_hub (the TensorFlow 2.15 + Keras 2 environment has neither: skipped th
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import numpy as np
@@ -25,22 +24,13 @@ from amp_backends.model_check.check import shapes_with_sequence_length  # noqa: 
 from fakes import H100, machine, nvidia  # noqa: E402
 
 K = tf.keras
+from conftest import policy  # noqa: E402
 SEQ = 64
 BERT = {"vocabulary_size": 30522, "num_layers": 2, "num_heads": 2, "hidden_dim": 128, "intermediate_dim": 256,
         "max_sequence_length": SEQ}
 # Per sample at 64 tokens: per layer Q, K, V and output projections 4 x 2*64*128*128, scores and weighted
 # values 2 x 2*64*64*128, feed-forward 2 x 2*64*128*256; two layers; the pooled Dense 2*128*128.
 BERT_FLOPS = 2 * (4 * 2 * SEQ * 128 * 128 + 2 * 2 * SEQ * SEQ * 128 + 2 * 2 * SEQ * 128 * 256) + 2 * 128 * 128
-
-
-@contextlib.contextmanager
-def policy(name):
-    before = K.mixed_precision.global_policy().name
-    K.mixed_precision.set_global_policy(name)
-    try:
-        yield
-    finally:
-        K.mixed_precision.set_global_policy(before)
 
 
 @pytest.fixture(scope="module")
