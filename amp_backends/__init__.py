@@ -64,8 +64,9 @@ _LAZY = {
     "check_model": ".model_check",
     "audit": ".audit",
     "audit_trace": ".audit",
-    "Preparation": ".fp8",
-    "prepare_model": ".fp8",
+    "Preparation": ".prepare",
+    "prepare_model": ".prepare",
+    "Float32Layer": ".assessment",
     "MatrixUnit": ".assessment",
     "Trainer": ".training",
     "TrainResult": ".training",
@@ -85,7 +86,7 @@ _LAZY = {
 __all__ = sorted(_LAZY) + ["__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .assessment import Assessment, MatrixUnit, Support, VendorSetting
+    from .assessment import Assessment, Float32Layer, MatrixUnit, Support, VendorSetting
     from .audit import audit, audit_trace
     from .configure import auto_configure, configure_for_device, current_plan, known_devices, plan_for, reset
     from .errors import (
@@ -98,7 +99,7 @@ if TYPE_CHECKING:  # pragma: no cover
         TrainingInterrupted,
         UnsupportedRequestError,
     )
-    from .fp8 import Preparation, prepare_model
+    from .prepare import Preparation, prepare_model
     from .hardware import Accelerator, BackendProbe, CpuInfo, Hardware
     from .model_check import check_model
     from .plan import Plan

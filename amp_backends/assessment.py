@@ -15,7 +15,7 @@ what they mean.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 # How well a device supports a setting. Only "native" is chosen automatically.
 NATIVE = "native"  # fast hardware support
@@ -68,6 +68,63 @@ class MatrixUnit:
 
 
 @dataclass(frozen=True)
+class Float32Layer:
+    """Keras layers that train slower in a low-precision compute dtype than in float32 on this hardware, with
+    the casts into and out of them counted: a plan under one of ``dtypes`` keeps them in float32.
+
+    ``layer`` is a Keras class name (``"DepthwiseConv2D"``); layers of a subclass match too. Without
+    conditions every such layer matches; with ``strides_over`` / ``kernel_over`` only those with a stride above
+    it or a kernel dimension above it (either suffices). ``dtypes`` are compute dtypes (``"bfloat16"``,
+    ``"float16"``); ``why`` quotes the measurement.
+    """
+
+    layer: str
+    dtypes: tuple[str, ...]
+    why: str
+    strides_over: int | None = None
+    kernel_over: int | None = None
+
+    def matches(self, classes: Iterable[str], strides: Sequence[int] = (), kernel: Sequence[int] = ()) -> bool:
+        """Whether a layer with these class names (its class and bases), strides and kernel size matches."""
+        if self.layer not in set(classes):
+            return False
+        if self.strides_over is None and self.kernel_over is None:
+            return True
+        return ((self.strides_over is not None and max(strides, default=1) > self.strides_over)
+                or (self.kernel_over is not None and max(kernel, default=1) > self.kernel_over))
+
+    def describe(self) -> str:
+        """``DepthwiseConv2D`` or ``DepthwiseConv2D (stride > 1 or kernel > 3)``."""
+        conditions = ([f"stride > {self.strides_over}"] if self.strides_over is not None else []) + (
+            [f"kernel > {self.kernel_over}"] if self.kernel_over is not None else [])
+        return self.layer + (f" ({' or '.join(conditions)})" if conditions else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layer": self.layer, "dtypes": list(self.dtypes), "why": self.why,
+                "strides_over": self.strides_over, "kernel_over": self.kernel_over}
+
+
+def layer_geometry(layer: Any) -> tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
+    """A Keras layer's class names (its class and bases), strides and kernel size, as :class:`Float32Layer`
+    matches them (``()`` where it has none)."""
+
+    def ints(value: Any) -> tuple[int, ...]:
+        if value is None:
+            return ()
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        return tuple(int(v) for v in values if isinstance(v, int))
+
+    return (tuple(c.__name__ for c in type(layer).__mro__), ints(getattr(layer, "strides", None)),
+            ints(getattr(layer, "kernel_size", None)))
+
+
+def kept_in_float32(rules: Iterable[Float32Layer], layer: Any) -> bool:
+    """Whether one of ``rules`` keeps this Keras layer in float32."""
+    classes, strides, kernel = layer_geometry(layer)
+    return any(r.matches(classes, strides, kernel) for r in rules)
+
+
+@dataclass(frozen=True)
 class Assessment:
     """A backend's judgement of its probe, from which the planner builds a :class:`~amp_backends.plan.Plan`.
 
@@ -81,7 +138,9 @@ class Assessment:
     ``float32`` (its TF32-like mode, in effect when the plan's ``tf32`` is on), ``float8`` (in effect when the
     plan's ``fp8`` is on) — to the :class:`MatrixUnit` that runs its matmuls; a dtype without one runs on the
     ordinary cores. ``steps_per_execution`` is the number of training steps Keras ``fit`` runs per compiled
-    call on this hardware, with ``steps_per_execution_why``.
+    call on this hardware, with ``steps_per_execution_why``. ``float32_layers`` are the layer kinds that
+    train faster kept in float32 inside a low-precision model here (:class:`Float32Layer`), and
+    ``float32_layers_why`` says why there are none, when there are none.
     """
 
     backend: str
@@ -98,6 +157,8 @@ class Assessment:
     matrix_units: Mapping[str, MatrixUnit] = field(default_factory=dict)
     steps_per_execution: int = 1
     steps_per_execution_why: str = DEFAULT_STEPS_WHY
+    float32_layers: tuple[Float32Layer, ...] = ()
+    float32_layers_why: str = "no layer kind was measured slower in low precision than in float32 on this backend"
 
     def contract_errors(self) -> list[str]:
         """What this assessment gets wrong about the contract above (empty when it is sound)."""
@@ -119,6 +180,11 @@ class Assessment:
         if isinstance(self.steps_per_execution, bool) or not isinstance(self.steps_per_execution, int) \
                 or self.steps_per_execution < 1:
             errors.append(f"steps_per_execution={self.steps_per_execution!r} (expected an int >= 1)")
+        bad_layers = [k for k in self.float32_layers
+                      if not isinstance(k, Float32Layer) or not k.layer.isidentifier() or not k.dtypes]
+        if bad_layers:
+            errors.append(f"float32 layers {bad_layers!r} (expected Float32Layer entries naming a Keras class and at "
+                          "least one compute dtype)")
         return errors
 
     def to_dict(self) -> dict[str, Any]:
@@ -132,6 +198,7 @@ class Assessment:
             "fp8": self.fp8.to_dict(),
             "matrix_units": {d: u.to_dict() for d, u in self.matrix_units.items()},
             "steps_per_execution": {"value": self.steps_per_execution, "why": self.steps_per_execution_why},
+            "float32_layers": [k.to_dict() for k in self.float32_layers] or self.float32_layers_why,
         }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from typing import Any
+from typing import Any, Sequence
 
 from .errors import AmpConfigError, AmpWarning
 from .hardware import Hardware
@@ -131,6 +131,7 @@ def auto_configure(
     loss_scale: str | float | LossScale | None = None,
     itex_amp: bool | str | None = None,
     fp8: bool | str | None = None,
+    float32_layers: str | Sequence[str] | None = None,
     strict: bool | None = None,
     force: bool | None = None,
     apply: bool = True,
@@ -152,14 +153,16 @@ def auto_configure(
     auto mixed precision). Training code reads ``plan.xla`` (``jit_compile``) and ``plan.loss_scale``;
     the trainer does so, and Keras ``fit`` does through ``plan.wrap_optimizer`` and ``plan.compile_kwargs``.
     ``fp8`` (off by default) trains the eligible Dense layers in float8 once ``prepare_model(model, plan)``
-    quantizes them. Calling again with the same overrides returns the same plan without re-applying
+    quantizes them; ``float32_layers`` (``auto``: those measured slower in the policy's low precision here,
+    ``none``, or Keras class names) are the layers ``prepare_model`` and the trainer keep in float32.
+    Calling again with the same overrides returns the same plan without re-applying
     it (:func:`reset` forgets it). ``registry`` replaces the installed backends (tests, tools).
     """
     registry = registry or default_registry()
     request = build_request(
         registry.known_names(),
         backend=backend, policy=policy, xla=xla, tf32=tf32, loss_scale=loss_scale,
-        itex_amp=itex_amp, fp8=fp8, strict=strict, force=force,
+        itex_amp=itex_amp, fp8=fp8, float32_layers=float32_layers, strict=strict, force=force,
     )
     with _state.lock:
         if apply and _state.plan is not None and _state.request == request and _state.registry is registry:

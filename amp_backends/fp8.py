@@ -1,4 +1,4 @@
-"""float8 training of a model's eligible layers: :func:`prepare_model`, behind ``plan.prepare_model(model)``.
+"""float8 training of a model's eligible layers: :func:`quantize`, which :func:`amp_backends.prepare_model` calls.
 
 Keras 3 (3.3 and later) trains a Dense or EinsumDense layer in float8 once ``layer.quantize("float8")``
 has given it a ``float8_from_<policy>`` dtype policy: its inputs, kernel and output gradients are
@@ -29,37 +29,13 @@ FLOAT8 = "float8"
 
 
 @dataclass(frozen=True)
-class Preparation:
-    """What :func:`prepare_model` did to a model: the layers quantized to float8, and the others with why.
-
-    ``quantized`` and the paths in ``skipped`` are layer paths from the model (``model/block/dense``), as
-    the precision check names them; ``skipped`` holds the model's other Dense/EinsumDense layers with the
-    reason each keeps the policy's precision. ``layers`` lists every Dense/EinsumDense layer in the
-    model's graph order as ``(path, quantized, why)``. ``note`` says why nothing was done, when nothing was.
-    """
+class Float8Result:
+    """What :func:`quantize` did: the layers quantized, the others with why, every decision, or a note."""
 
     quantized: tuple[str, ...] = ()
     skipped: tuple[tuple[str, str], ...] = ()
     note: str = ""
     layers: tuple[tuple[str, bool, str], ...] = ()
-
-    @property
-    def changed(self) -> bool:
-        return bool(self.quantized)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"quantized": list(self.quantized), "skipped": {path: why for path, why in self.skipped},
-                "note": self.note,
-                "layers": [{"layer": path, "quantized": done, "why": why} for path, done, why in self.layers]}
-
-    def __str__(self) -> str:
-        lines = []
-        if self.note:
-            lines.append(self.note)
-        if self.quantized:
-            lines.append("float8: " + ", ".join(self.quantized))
-        lines += [f"kept: {path}: {why}" for path, why in self.skipped]
-        return "\n".join(lines) or "nothing to do"
 
 
 def fp8_forced(plan: Any) -> bool:
@@ -67,36 +43,27 @@ def fp8_forced(plan: Any) -> bool:
     return any(w.startswith("fp8=") and "because force is on" in w for w in getattr(plan, "warnings", ()))
 
 
-def prepare_model(model: Any, plan: Any, *, inputs: Any = None, skip_small: bool | None = None) -> Preparation:
-    """Quantize ``model``'s float8-eligible layers as ``plan`` says (``plan.fp8``), in place.
+def quantize(model: Any, plan: Any, *, inputs: Any = None, skip_small: bool | None = None) -> Float8Result:
+    """Quantize ``model``'s float8-eligible layers as ``plan`` says (``plan.fp8``), in place: the float8 part
+    of :func:`amp_backends.prepare_model`, whose arguments it takes.
 
-    Call it on a built model, before ``model.compile``. With ``plan.fp8`` off — the default — or on a
-    Keras without float8 layers (Keras 2, Keras < 3.3) nothing changes and :attr:`Preparation.note` says
-    why. Layers already in float8 are left as they are.
-
-    Args:
-        model: a built Keras model.
-        plan: the :class:`~amp_backends.plan.Plan`.
-        inputs: the shapes to size the model's layers by, as :func:`amp_backends.check_model` takes them
-            (one batch, a ``tf.data`` element spec or shapes): needed where the model leaves dimensions
-            open (a keras_hub backbone's sequence length), else its Dense rows are unknown and nothing is
-            quantized.
-        skip_small: skip layers too small to gain from float8. ``None``: yes, unless the plan's fp8 is
-            forced where float8 is emulated (there no layer gains, and the point is to test float8's numerics).
+    With ``plan.fp8`` off — the default — or on a Keras without float8 layers (Keras 2, Keras < 3.3) nothing
+    changes and the note says why. Layers already in float8 are left as they are.
     """
     if not getattr(plan, "fp8", False):
         why = getattr(plan, "reasons", {}).get("fp8", "")
-        return Preparation(note=f"fp8 is off in this plan, nothing changed{': ' + why if why else ''}")
+        return Float8Result(note=f"fp8 is off in this plan, nothing changed{': ' + why if why else ''}")
     from .keras_compat import KerasInfo, float8_training, generation_of, keras_of
 
     keras = keras_of(model)
     version = str(getattr(keras, "__version__", "") or "") or None
     able, why = float8_training(KerasInfo(version, generation_of(version), keras.__name__))
     if not able:
-        return Preparation(note=f"nothing changed: the model's {why}")
+        return Float8Result(note=f"nothing changed: the model's {why}")
     if not getattr(model, "built", False):
         raise ValueError(
-            f"prepare_model() needs a built model: float8 quantization replaces the layers' weights. The model "
+            "prepare_model() needs a built model when the plan's fp8 is on: float8 quantization replaces the "
+            f"layers' weights. The model "
             f"{getattr(model, 'name', model)!r} is not built. Fix: build it with keras.Input(...), or call "
             "model.build(input_shape) first, then prepare_model(), then compile()."
         )
@@ -131,4 +98,4 @@ def prepare_model(model: Any, plan: Any, *, inputs: Any = None, skip_small: bool
         note = "no layer is eligible for float8"
         if not check.sized:
             note += f": {check.unsized_line()}"
-    return Preparation(tuple(quantized), tuple(skipped), note, tuple(decisions))
+    return Float8Result(tuple(quantized), tuple(skipped), note, tuple(decisions))

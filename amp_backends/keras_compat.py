@@ -123,6 +123,18 @@ def global_policy_name(tf: Any = None) -> str:
     return tf.keras.mixed_precision.global_policy().name
 
 
+def set_layer_policy(layer: Any, policy: str) -> None:
+    """Give one built or unbuilt layer another dtype policy (its later calls compute in it): Keras 3's
+    ``dtype_policy`` setter, Keras 2's ``_set_dtype_policy`` (the method its constructor uses)."""
+    if hasattr(type(layer), "dtype_policy") and getattr(type(layer).dtype_policy, "fset", None) is not None:
+        layer.dtype_policy = policy
+    elif hasattr(layer, "_set_dtype_policy"):
+        layer._set_dtype_policy(policy)
+    else:
+        raise TypeError(f"{type(layer).__name__} has no dtype policy to set (neither Keras 3's dtype_policy setter "
+                        "nor Keras 2's _set_dtype_policy)")
+
+
 # ---------------------------------------------------------------------------------------------- optimizers
 def build_optimizer(optimizer: Any, variables: Sequence[Any]) -> None:
     """Create the optimizer's slot variables now (both generations' optimizers have ``build``)."""

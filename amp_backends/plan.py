@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .assessment import Assessment, VendorSetting
+from .assessment import Assessment, Float32Layer, VendorSetting
 from .request import LossScale, Request, format_value
 
 COMPUTE_DTYPES = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
@@ -54,7 +54,11 @@ class Plan:
     or ``"float16"``) the backend rewrites the float32 graph to itself, if requested (ITEX's auto mixed
     precision; the Keras policy is then float32). ``fp8`` whether the eligible Dense layers train in float8
     (``amp_backends.prepare_model(model, plan)`` applies it to a model); ``steps_per_execution`` how many
-    training steps Keras ``fit`` runs per compiled call (:meth:`compile_kwargs`). ``vendor_settings`` are the
+    training steps Keras ``fit`` runs per compiled call (:meth:`compile_kwargs`). ``float32_layers`` are the
+    Keras layers kept in float32 inside the low-precision model, because they train slower in the policy's
+    dtype here (:class:`~amp_backends.assessment.Float32Layer`: a class, maybe with conditions on its strides
+    or kernel; ``amp_backends.prepare_model(model, plan)`` and the trainer apply them to a model).
+    ``vendor_settings`` are the
     backend's own settings (ITEX's math mode). ``reasons`` explains each choice, ``rejected`` says why the
     alternatives lost, ``warnings`` lists every downgraded or risky request, ``backends`` every registered
     backend's status.
@@ -77,6 +81,7 @@ class Plan:
     assessment: Assessment | None = field(default=None, compare=False, repr=False)
     fp8: bool = False
     steps_per_execution: int = 1
+    float32_layers: tuple[Float32Layer, ...] = ()
 
     # -- convenience for training code ---------------------------------------------------------
     @property
@@ -139,7 +144,8 @@ class Plan:
         """
         ls = self.loss_scale
         parts = [f"policy={self.policy}", f"loss_scale={ls.mode}:{ls.initial:g}:{ls.growth_interval}",
-                 f"xla={self.xla}", f"tf32={self.tf32}", f"graph_amp={self.graph_amp}", f"fp8={self.fp8}"]
+                 f"xla={self.xla}", f"tf32={self.tf32}", f"graph_amp={self.graph_amp}", f"fp8={self.fp8}",
+                 f"float32_layers={';'.join(k.describe() for k in self.float32_layers)}"]
         parts += [f"{s.name}={s.value}" for s in sorted(self.vendor_settings, key=lambda s: s.name)]
         return "|".join(parts)
 
@@ -159,6 +165,8 @@ class Plan:
             parts.append(f"graph_amp={self.graph_amp}")
         if self.fp8:
             parts.append("fp8=on")
+        if self.float32_layers:
+            parts.append(f"float32_layers={','.join(k.layer for k in self.float32_layers)}")
         parts += [f"{s.name}={s.value}" for s in self.vendor_settings]
         return "amp_backends plan: " + " ".join(parts)
 
@@ -195,6 +203,7 @@ class Plan:
             "graph_amp": self.graph_amp,
             "fp8": self.fp8,
             "steps_per_execution": self.steps_per_execution,
+            "float32_layers": [k.to_dict() for k in self.float32_layers],
             "vendor_settings": [s.to_dict() for s in self.vendor_settings],
             "reasons": dict(self.reasons),
             "rejected": [r.__dict__ for r in self.rejected],

@@ -30,7 +30,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .assessment import EMULATED, FUNCTIONAL, NATIVE, UNSAFE, UNSUPPORTED, Assessment, Support, VendorSetting
+from .assessment import (
+    EMULATED,
+    FUNCTIONAL,
+    NATIVE,
+    UNSAFE,
+    UNSUPPORTED,
+    Assessment,
+    Float32Layer,
+    Support,
+    VendorSetting,
+)
 from .errors import BackendError, UnsupportedRequestError
 from .hardware import BackendProbe, Hardware
 from .keras_compat import KerasInfo, float8_training
@@ -315,6 +325,31 @@ def _resolve_fp8(r: _Resolver, a: Assessment, keras: KerasInfo | None, xla: bool
     return value
 
 
+def _resolve_float32_layers(a: Assessment, request: Request, policy: str,
+                            reasons: dict[str, str]) -> tuple[Float32Layer, ...]:
+    """The Keras layer classes kept in float32 inside the low-precision model: those the backend measured slower
+    in the policy's compute dtype (with the casts an island costs), or the request's own list."""
+    dtype = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}.get(policy)
+    requested = request.float32_layers
+    if dtype is None:
+        reasons["float32_layers"] = "none: the policy computes every layer in float32" + (
+            f" (float32_layers={','.join(requested) or 'none'} changes nothing)" if requested else "")
+        return ()
+    if requested is not None:
+        reasons["float32_layers"] = (f"{', '.join(requested)}: requested (float32_layers)" if requested else
+                                     "none: requested (float32_layers=none)")
+        return tuple(Float32Layer(name, (dtype,), "requested (float32_layers)") for name in requested)
+    kept = tuple(k for k in a.float32_layers if dtype in k.dtypes)
+    if not kept:
+        reasons["float32_layers"] = f"none: {a.float32_layers_why}"
+        return ()
+    by_why: dict[str, list[str]] = {}
+    for k in kept:
+        by_why.setdefault(k.why, []).append(k.describe())
+    reasons["float32_layers"] = "; ".join(f"{', '.join(names)}: {why}" for why, names in by_why.items())
+    return kept
+
+
 def _resolve(a: Assessment, request: Request, chosen: str, keras: KerasInfo | None = None) -> Plan:
     """Resolve every setting of the request against one backend's assessment."""
     r = _Resolver(request, chosen)
@@ -330,6 +365,7 @@ def _resolve(a: Assessment, request: Request, chosen: str, keras: KerasInfo | No
     xla = _resolve_switch(r, "xla", request.xla, a.xla_default and a.xla.level == NATIVE, a.xla, reasons)
     fp8 = _resolve_fp8(r, a, keras, xla, reasons)
     reasons["steps_per_execution"] = f"{a.steps_per_execution}: {a.steps_per_execution_why}"
+    float32_layers = _resolve_float32_layers(a, request, policy, reasons)
 
     return Plan(
         backend=chosen,
@@ -348,4 +384,5 @@ def _resolve(a: Assessment, request: Request, chosen: str, keras: KerasInfo | No
         assessment=a,
         fp8=fp8,
         steps_per_execution=a.steps_per_execution,
+        float32_layers=float32_layers,
     )

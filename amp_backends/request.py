@@ -105,6 +105,7 @@ class Request:
     loss_scale: LossScale | None = None
     itex_amp: bool = False
     fp8: bool | None = None
+    float32_layers: tuple[str, ...] | None = None
     strict: bool = False
     force: bool = False
     # where each non-default value came from, e.g. {"policy": "AMP_POLICY"} or {"policy": "argument"}
@@ -132,6 +133,8 @@ def format_value(value: Any) -> str:
         return "on"
     if value is False:
         return "off"
+    if isinstance(value, tuple):
+        return ",".join(value) or "none"
     return str(value)
 
 
@@ -160,6 +163,35 @@ def parse_policy(value: Any, source: str = "argument") -> str:
             f"Received: {value!r}. Fix: {_fix_hint('policy', source, 'mixed_float16')}."
         )
     return _POLICY_ALIASES[v]
+
+
+def parse_float32_layers(value: Any, source: str = "argument") -> tuple[str, ...] | None:
+    """``None`` (auto: the plan's measured list), ``()`` (none) or Keras layer class names."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        names = [str(v).strip() for v in value]
+    elif isinstance(value, str):
+        v = value.strip()
+        if v.lower() in ("", "auto"):
+            return None
+        if v.lower() in ("none", "off"):
+            return ()
+        names = [n.strip() for n in v.split(",")]
+    else:
+        raise TypeError(
+            "float32_layers must be 'auto', 'none', a comma-separated string or a list of Keras layer class names. "
+            f"Received: float32_layers={value!r} (of type {type(value).__name__})."
+        )
+    bad = [n for n in names if not n.isidentifier()]
+    if bad or not names:
+        raise AmpConfigError(
+            f"{_where('float32_layers', source)} must be auto, none or Keras layer class names separated by commas, "
+            f"such as DepthwiseConv2D,Conv1D. Received: {value!r}"
+            f"{' (not class names: ' + ', '.join(map(repr, bad)) + ')' if bad else ''}. "
+            f"Fix: {_fix_hint('float32_layers', source, 'DepthwiseConv2D')}."
+        )
+    return tuple(dict.fromkeys(names))
 
 
 def parse_switch(name: str, value: Any, source: str = "argument") -> bool | None:
@@ -255,6 +287,10 @@ def _loss_scale(name: str, value: Any, source: str, known: tuple[str, ...]) -> L
     return parse_loss_scale(value, source)
 
 
+def _float32_layers(name: str, value: Any, source: str, known: tuple[str, ...]) -> tuple[str, ...] | None:
+    return parse_float32_layers(value, source)
+
+
 def _switch(name: str, value: Any, source: str, known: tuple[str, ...]) -> bool | None:
     return parse_switch(name, value, source)
 
@@ -316,6 +352,13 @@ OPTIONS: tuple[Option, ...] = (
            "XLA on",
            "float8 training of the eligible Dense layers (NVIDIA CC >= 8.9, Keras >= 3.3, XLA on): auto (off until "
            "measured faster), on, off", "auto|on|off"),
+    Option("float32_layers", _float32_layers,
+           "`auto` (the layer kinds measured slower in the policy's low precision than in float32 on this hardware), "
+           "`none`, or Keras layer class names separated by commas (`DepthwiseConv2D,Conv1D`; subclasses match): "
+           "kept in float32 inside the mixed-precision model by `amp_backends.prepare_model(model, plan)` and the "
+           "trainer",
+           "Keras layer classes kept in float32 inside a mixed-precision model: auto (those measured slower in low "
+           "precision here), none, or class names separated by commas", "auto|none|NAMES"),
     Option("strict", _on_off, "`on`: raise `UnsupportedRequestError` instead of downgrading a request",
            "Fail instead of downgrading a request the hardware cannot honour", None, "off"),
     Option("force", _on_off, "`on`: run a slow (emulated) request anyway; an unsafe one is still refused",

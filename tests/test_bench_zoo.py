@@ -80,7 +80,8 @@ def test_zoo_smoke(tmp_path):
     assert report["peak_gflops"]["float32"] > 0
     (m,) = report["models"]
     assert m["flops_per_sample"] > 1e6 and m["best_manual"] == "fp32"
-    assert set(m["configs"]) == {"float32 fit (defaults)", "fp32", "auto plan, fit", "auto plan, trainer"}
+    assert set(m["configs"]) == {"float32 fit (defaults)", "float32 fit (defaults), seed 1", "fp32", "auto plan, fit",
+                                 "auto plan, trainer"}
     policies = {c["name"]: c["policy"] for c in report["settings"]["configs"]}
     assert policies["fp32"] == "float32" and policies["auto plan, trainer"] == report["plan_policy"]
     for name, c in m["configs"].items():
@@ -88,8 +89,16 @@ def test_zoo_smoke(tmp_path):
         assert c["samples_per_s"]["median"] > 0 and len(c["samples_per_s"]["reps"]) == 2, (name, c)
         assert c["loss"] > 0 and c["x_baseline"] > 0 and c["share_of_peak"] > 0, (name, c)
     assert m["configs"]["float32 fit (defaults)"]["loss_vs_baseline"] == 0
+    # the float32 run-to-run spread: the baseline from other initial weights, and each loss judged against it
+    spread = m["float32_loss_spread"]
+    seed1 = m["configs"]["float32 fit (defaults), seed 1"]
+    assert spread == pytest.approx(abs(seed1["loss_vs_baseline"])) and spread > 0
+    assert m["configs"]["fp32"]["loss_within_spread"] is True  # the same float32 steps as the baseline
+    for c in m["configs"].values():
+        assert c["loss_within_spread"] == (abs(c["loss_vs_baseline"]) <= spread)
     md = (tmp_path / "zoo" / "zoo.md").read_text()
     assert "| mnist_cnn |" in md and "x best manual" in out.stdout
+    assert "float32 run-to-run spread of the training loss" in md and "loss parity" in md
 
 
 @pytest.mark.tensorflow

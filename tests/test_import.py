@@ -140,8 +140,8 @@ def test_every_package_of_the_source_tree_is_installed():
 
 def test_the_face_exports_prepare_model_and_its_version():
     import amp_backends
-    from amp_backends import fp8, plan, version
+    from amp_backends import plan, prepare, version
 
-    assert amp_backends.prepare_model is fp8.prepare_model and "prepare_model" in dir(amp_backends)
+    assert amp_backends.prepare_model is prepare.prepare_model and "prepare_model" in dir(amp_backends)
     assert amp_backends.__version__ == version.__version__
-    assert not hasattr(plan.Plan, "prepare_model")  # the plan is data: what it does to a model is fp8's
+    assert not hasattr(plan.Plan, "prepare_model")  # the plan is data: what it does to a model is prepare's

@@ -36,8 +36,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "plan": ("assessment", "request", "plan", "keras_compat", "registry", "probe", "planner", "devices",
              "backends", "backends.*"),
     "apply": ("apply", "configure", "tf_import"),
-    "model code": ("labels", "models", "data", "zoo", "model_check", "model_check.*", "fp8", "training", "training.*",
-                   "autotune", "audit", "audit.*", "examples", "examples.*"),
+    "model code": ("labels", "models", "data", "zoo", "model_check", "model_check.*", "fp8", "prepare", "training",
+                   "training.*", "autotune", "audit", "audit.*", "examples", "examples.*"),
 }
 ORDER = ("probe", "plan", "apply", "model code", "commands")
 
@@ -143,7 +143,7 @@ def test_the_graph_walk_sees_the_imports_it_must():
     assert "amp_backends.backends.intel.itex" in graph["amp_backends.backends.cpu.backend"]
     assert "amp_backends.tf_import" in graph["amp_backends.commands.report"]  # inside a function: counted too
     assert "amp_backends.version" in graph["amp_backends.commands.report"]
-    assert {"amp_backends.fp8", "amp_backends.training"} <= graph[FACE]  # the face's lazy names
+    assert {"amp_backends.prepare", "amp_backends.training"} <= graph[FACE]  # the face's lazy names
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 

@@ -18,7 +18,7 @@ if int(str(getattr(tf.keras, "__version__", "2")).split(".")[0] or 2) < 3:
 keras_hub = pytest.importorskip("keras_hub", reason="keras_hub is not installed (it needs Keras 3)")
 
 import amp_backends  # noqa: E402
-from amp_backends.fp8 import prepare_model  # noqa: E402
+from amp_backends.prepare import prepare_model  # noqa: E402
 from amp_backends.model_check import check_model  # noqa: E402
 from amp_backends.model_check.check import shapes_with_sequence_length  # noqa: E402
 from fakes import H100, machine, nvidia  # noqa: E402

@@ -336,7 +336,8 @@ def _every_cpu_reason(registry):
     for probe in cpus:
         a = registry.get("cpu").assess(probe, machine(probe))
         yield from (s.why for s in a.policies.values())
-        yield from (a.xla.why, a.tf32.why, a.fp8.why, a.steps_per_execution_why)
+        yield from (a.xla.why, a.tf32.why, a.fp8.why, a.steps_per_execution_why, a.float32_layers_why)
+        yield from (k.why for k in a.float32_layers)
 
 
 def test_every_figure_in_a_cpu_reason_is_in_a_committed_results_file(registry):
@@ -366,9 +367,9 @@ def test_every_figure_in_a_cpu_reason_is_in_a_committed_results_file(registry):
 def test_results_files_say_how_they_were_made():
     import json
 
-    from amp_backends.backends.cpu.measured import FIT_STEPS, RESULTS_DIR, WITH_BF16, WITHOUT_BF16
+    from amp_backends.backends.cpu.measured import FIT_STEPS, LAYERS, RESULTS_DIR, WITH_BF16, WITHOUT_BF16
 
-    for file in (WITH_BF16, WITHOUT_BF16, FIT_STEPS):
+    for file in (WITH_BF16, WITHOUT_BF16, FIT_STEPS, LAYERS):
         doc = json.loads((RESULTS_DIR / file).read_text(encoding="utf-8"))
         assert doc["machine_kind"] and doc["command"].startswith("python benchmarks/") and doc["date"]
         assert doc["versions"]["tensorflow"] and doc["results"]
@@ -381,7 +382,7 @@ def test_the_results_the_reasons_quote_ship_in_the_wheel():
 
     tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
 
-    from amp_backends.backends.cpu.measured import FIT_STEPS, WITH_BF16, WITHOUT_BF16
+    from amp_backends.backends.cpu.measured import FIT_STEPS, LAYERS, WITH_BF16, WITHOUT_BF16
 
     pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
     if not pyproject.is_file():
@@ -389,5 +390,5 @@ def test_the_results_the_reasons_quote_ship_in_the_wheel():
     config = tomllib.loads(pyproject.read_text(encoding="utf-8"))["tool"]["setuptools"]
     assert config["package-dir"]["amp_backends.results"] == "results" and "amp_backends.results" in config["packages"]
     patterns = config["package-data"]["amp_backends.results"]
-    for file in (WITH_BF16, WITHOUT_BF16, FIT_STEPS):
+    for file in (WITH_BF16, WITHOUT_BF16, FIT_STEPS, LAYERS):
         assert any(fnmatch.fnmatch(file, p) for p in patterns), file

@@ -23,6 +23,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import amp_backends  # noqa: E402
+from amp_backends.policy_choice import worth_measuring  # noqa: E402
 from amp_backends import keras_compat as kc  # noqa: E402
 from amp_backends import zoo  # noqa: E402
 from amp_backends.errors import AmpWarning, InputError  # noqa: E402
@@ -131,7 +132,14 @@ def test_check_under_this_machines_plan(name):
     result = amp_backends.check_model(model, inputs=x)  # the applied plan
     assert result.plan["policy"] == plan.policy
     _common_check(model, plan, result, name)
-    assert codes(result, "warning") == (["float32-compute"] if name == "gpt2" and float32_head(model, plan) else [])
+    # on a CPU with AVX512-BF16 and no AMX the depthwise models have layers the plan keeps in float32, not yet
+    # set (prepare_model, or the trainer, sets them)
+    expected = ["float32-layers"] if worth_measuring(model, plan) else []
+    assert codes(result, "warning") == (["float32-compute"] if name == "gpt2" and float32_head(model, plan)
+                                        else expected)
+    if expected:
+        amp_backends.prepare_model(model, plan, measure_float32=False)
+        assert codes(amp_backends.check_model(model, inputs=x), "warning") == []
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -118,12 +118,14 @@ def prepare_run(opts: RunOptions, strategy: Any) -> Any:
 
 
 def prepare_models(plan: Any, *models: Any) -> None:
-    """Float8 for the eligible layers when the plan has fp8 on (it says what it changed, or why nothing)."""
-    if plan.fp8:
-        from ..fp8 import prepare_model
+    """The plan applied to each model (its float32 layers, float8 when the plan has fp8 on): said when it
+    changed something, or with fp8 on, why nothing."""
+    from ..prepare import prepare_model
 
-        for model in models:
-            print(prepare_model(model, plan), flush=True)
+    for model in models:
+        prep = prepare_model(model, plan)
+        if prep.changed or plan.fp8:
+            print(prep, flush=True)
 
 
 def trainer_options(opts: RunOptions, run: Any, strategy: Any) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..policy_choice import float32_choice
 from . import _keras
 from .fp8_choice import fp8_layers
 from .result import ModelCheck
@@ -125,6 +126,7 @@ def check_model(model: Any, plan: Any = None, batch_size: int | None = None, *, 
     graph = trace_model(model, batch or DEFAULT_TRACE_BATCH, structure)
     target = make_target(plan, hardware)
     rules = Rules(graph, target, batch)
+    rules.measured_float32 = float32_choice(model)
     findings = rules.run()
     fp8 = fp8_layers(graph, rules.dims)
     notes = []

@@ -45,6 +45,7 @@ class Rules(RuleContext):
         self.unsized()
         rules_policy.emulated_policy(self)
         rules_policy.policy_mismatch(self)
+        rules_policy.float32_layers(self)
         self.outputs()
         self.float32_compute()
         self.shapes()
@@ -114,8 +115,8 @@ class Rules(RuleContext):
             info = graph.layer(layer)
             share = self.share(ops)
             pinned = info.compute_dtype == "float32"
-            if pinned and self.model_built_float32:
-                continue
+            if (pinned and self.model_built_float32) or info.kept_by(target.float32_layers):
+                continue  # the plan's own float32 layers: the float32-layers finding speaks of them
             at_output = all(op.output_to_model for op in ops)
             at_input = all(op.input_from_data for op in ops)
             edge = (pinned and at_input) or at_output  # float32 at the output is the recommended pattern

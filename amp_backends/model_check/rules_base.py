@@ -69,6 +69,7 @@ class RuleContext:
         self.sized = not graph.gemms or len(self.known) >= SIZED_MOST * len(graph.gemms)
         self.findings: list[Finding] = []
         self.model_built_float32 = False
+        self.measured_float32: Any = None  # the PolicyChoice that set every layer to float32, if one did
 
     # -- helpers ---------------------------------------------------------------------------------
     def dims(self, op: GemmOp) -> dict[str, int | None]:

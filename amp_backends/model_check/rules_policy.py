@@ -27,6 +27,13 @@ def emulated_policy(rules: RuleContext) -> None:
 # -- policy-mismatch: the model built under another policy than the plan's --------------------
 def policy_mismatch(rules: RuleContext) -> None:
     target, graph = rules.target, rules.graph
+    if rules.measured_float32 is not None and target.mixed:
+        rules.model_built_float32 = True  # float32 on purpose: the float32 rules below stay quiet
+        rules.add("info", "measured-float32", 0,
+                  f"every layer computes in float32 under the {target.policy} plan: measured faster on this model",
+                  str(rules.measured_float32), "nothing to do (prepare_model(..., measure_float32=False) or the "
+                  "trainer's measure_float32=False keeps the plan's policy)", None)
+        return
     if target.graph_amp or not graph.gemms:
         return
     ops = rules.known if rules.sized else graph.gemms  # unsized: judged by the count of ops
@@ -39,7 +46,8 @@ def policy_mismatch(rules: RuleContext) -> None:
         # (a GPT-2's float32 LM head is most of its FLOPs): the layers inside the model decide, where it has any.
         inner = [op for op in ops if not op.output_to_model]
         if inner:
-            pinned = [op for op in inner if graph.layer(op.layer).compute_dtype == "float32" and op.dtype == "float32"]
+            pinned = [op for op in inner if graph.layer(op.layer).compute_dtype == "float32" and op.dtype == "float32"
+                      and not graph.layer(op.layer).kept_by(target.float32_layers)]
             share = rules.fraction(pinned) / (rules.fraction(inner) or 1.0)
         else:
             # Only the output layers' matmuls are seen (an LSTM's run inside a loop): the other layers' policies
@@ -87,3 +95,34 @@ def float32_in_call(info: LayerInfo, op_types: str, rate: str, at_output: bool) 
                f"reverse_dtype='{info.compute_dtype}') and cast its output to float32 for the loss: the GEMM then runs "
                f"on the {info.compute_dtype} matrix units, the logits are rounded to {info.compute_dtype}")
     return what, why, fix
+
+
+# -- float32-layers: the layer kinds the plan keeps in float32, in the model ---------------------------
+def float32_layers(rules: RuleContext) -> None:
+    """Layers of the kinds the plan keeps in float32: still in the low dtype (prepare_model not called), a
+    warning with their share; kept in float32 as planned, an info line."""
+    target, graph = rules.target, rules.graph
+    if not target.mixed or target.graph_amp or not target.float32_layers or rules.model_built_float32:
+        return
+    matched = [(i, info) for i, info in enumerate(graph.layers) if i and info.kept_by(target.float32_layers)]
+    if not matched:
+        return
+    low = [i for i, info in matched if info.compute_dtype == target.compute_dtype]
+    kept = [i for i, info in matched if info.compute_dtype == "float32"]
+    kinds = ", ".join(sorted({graph.layer(i).class_name for i, _ in matched}))
+    ops = [op for op in graph.gemms if op.layer in low]
+    share = rules.share(ops) if ops else None
+    amount = "" if share is None else f" ({100 * share:.1f}% of the FLOPs)"
+    if low:
+        rules.add("warning", "float32-layers", low[0],
+                  f"{len(low)} {kinds} layers{amount} compute in {target.compute_dtype}, which the plan keeps in "
+                  "float32 on this hardware",
+                  f"they train slower in {target.compute_dtype} than in float32 here: {target.float32_layers_why}",
+                  "call amp_backends.prepare_model(model, plan) after building the model and before compile() (the "
+                  "Trainer does it itself); or float32_layers=none to keep them as they are",
+                  share, layers=[graph.layer(i).path for i in low])
+    elif kept:
+        rules.add("info", "float32-layers", kept[0],
+                  f"{len(kept)} {kinds} layers compute in float32 inside the {target.policy} model, as the plan keeps "
+                  "them", target.float32_layers_why, "nothing to do", None,
+                  layers=[graph.layer(i).path for i in kept])

@@ -41,6 +41,8 @@ class Target:
     fp8: bool = False
     graph_amp: str | None = None
     rejected: dict[str, str] = field(default_factory=dict)
+    float32_layers: tuple[Any, ...] = ()  # the plan's Float32Layer entries: the layers it keeps in float32
+    float32_layers_why: str = ""
 
     @property
     def mixed(self) -> bool:
@@ -142,4 +144,6 @@ def make_target(plan: Any, hardware: Any = None) -> Target:
         fp8=fp8_enabled(plan),
         graph_amp=_graph_amp(plan),
         rejected=rejected,
+        float32_layers=tuple(getattr(plan, "float32_layers", ()) or ()),
+        float32_layers_why=str(getattr(plan, "reasons", {}).get("float32_layers", "")),
     )

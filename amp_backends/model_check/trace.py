@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
+from ..assessment import layer_geometry
 from . import _keras
 from .masks import MaskConstant, large_negative_constants
 
@@ -48,6 +49,14 @@ class LayerInfo:
     policy: str
     compute_dtype: str
     vocabulary: int | None = None  # an embedding's input_dim (its vocabulary size)
+    bases: tuple[str, ...] = ()  # the names of its class and base classes
+    strides: tuple[int, ...] = ()
+    kernel: tuple[int, ...] = ()
+
+    def kept_by(self, rules: Iterable[Any]) -> bool:
+        """Whether one of ``rules`` (the plan's :class:`~amp_backends.assessment.Float32Layer` entries) keeps
+        it in float32."""
+        return any(r.matches(self.bases or (self.class_name,), self.strides, self.kernel) for r in rules)
 
 
 @dataclass(frozen=True)
@@ -272,7 +281,7 @@ def trace_model(model: Any, batch: int, input_struct: Any) -> ModelGraph:
 
     walked = list(_keras.walk(model, model.name))
     layers = [LayerInfo(path, type(obj).__name__, _keras.policy_name(obj), _keras.compute_dtype(obj),
-                        _vocabulary(obj)) for path, obj in walked]
+                        _vocabulary(obj), *layer_geometry(obj)) for path, obj in walked]
     objects = [obj for _, obj in walked]
 
     def spec(leaf: _keras.InputLeaf) -> Any:

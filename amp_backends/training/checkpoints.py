@@ -243,6 +243,12 @@ class CheckpointStore:
                 "Starting over there would overwrite them. Fix: continue that run with resume=True (--resume), or "
                 "give this run its own directory (a new --logdir; the examples make a new version_N per run).")
 
+    def annotate(self, key: str, value: Any) -> None:
+        """Record ``key: value`` in the signature the next checkpoints are written with (a run's own decision,
+        such as the measured precision, for its resume to follow)."""
+        self.signature[key] = value
+        self._signature_var.assign(json.dumps(self.signature))
+
     def read_signature(self, path: str) -> dict[str, Any] | None:
         reader = tf.train.load_checkpoint(path)
         if not reader.has_tensor(SIGNATURE_KEY):

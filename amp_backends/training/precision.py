@@ -14,6 +14,7 @@ import logging
 import warnings
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..assessment import kept_in_float32
 from ..errors import AmpWarning
 
 logger = logging.getLogger("amp_backends.train")
@@ -79,16 +80,22 @@ def trained_models(updates: Sequence[Any], objects: Mapping[str, Any] | None) ->
 
 
 def built_float32(model: Any, plan: Any) -> bool:
-    """Most of the model's weights sit in layers computing in float32 although the plan's policy is mixed."""
-    if not str(getattr(plan, "policy", "")).startswith("mixed_"):
+    """Most of the model's weights sit in layers computing in float32 although the plan's policy is mixed
+    (the layers the plan itself keeps in float32 are not counted)."""
+    from ..policy_choice import float32_choice
+
+    if not str(getattr(plan, "policy", "")).startswith("mixed_") or float32_choice(model) is not None:
         return False
     by_dtype: dict[bool, int] = {True: 0, False: 0}
+    kept = tuple(getattr(plan, "float32_layers", ()) or ())
 
     def visit(layer: Any) -> None:
         inner = [sub for sub in getattr(layer, "layers", []) or [] if sub is not layer]
         if inner:
             for sub in inner:
                 visit(sub)
+            return
+        if kept and kept_in_float32(kept, layer):
             return
         params = sum(_size(v.shape) for v in getattr(layer, "trainable_weights", []))
         by_dtype[str(getattr(layer, "compute_dtype", "float32")) == "float32"] += params
@@ -164,6 +171,59 @@ def check_models(models: Sequence[Any], plan: Any, source: Any, *, batch_size: i
                 logger.info(line)
         for line in lines[1 + len(findings):]:
             logger.info(line)
+
+
+def keep_float32_layers(models: Sequence[Any], plan: Any, say: bool) -> None:
+    """The plan's float32 layer kinds set to float32 in each model before its first step (as
+    :func:`amp_backends.prepare_model` does for ``fit``), and said once when any changed."""
+    from ..prepare import float32_layers
+
+    for model in models:
+        kept = float32_layers(model, plan)
+        if kept and say:
+            logger.info(f"{getattr(model, 'name', model)}: {len(kept)} layers kept in float32 "
+                        f"(plan.float32_layers: {', '.join(k.describe() for k in plan.float32_layers)}): "
+                        f"{', '.join(kept)}")
+
+
+def choose_float32(models: Sequence[Any], plan: Any, source: Any, *, batch_size: int,
+                   stored: Mapping[str, Any] | None, say: bool, always: bool = False) -> dict[str, bool]:
+    """For each model with layers the plan keeps in float32: every layer float32 or not, as its checkpoint
+    says (a resumed run follows the run it continues) or measured on the first batch (said once). Returns the
+    choices by model name, for the checkpoints; a measurement that fails keeps the plan and training goes on."""
+    from ..policy_choice import MARK, PolicyChoice, low_precision_layers, measure, set_float32, worth_measuring
+
+    choices: dict[str, bool] = {}
+    x: Any = None
+    for model in models:
+        name = str(getattr(model, "name", model))
+        if not (worth_measuring(model, plan) or (always and plan.compute_dtype != "float32")):
+            continue
+        if stored is not None and name in stored:
+            if stored[name]:
+                layers = set_float32(low_precision_layers(model, plan))
+                object.__setattr__(model, MARK, PolicyChoice(True, 0.0, 0.0, layers, 0, 0, plan.policy))
+            choices[name] = bool(stored[name])
+            if say:
+                logger.info(f"{name}: {'every layer float32' if stored[name] else 'the plan kept'}, as measured by "
+                            "the run this one resumes")
+            continue
+        if x is None:
+            batch = source.first_batch(batch_size)
+            x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        inputs = model_inputs(model, x)
+        if inputs is None:
+            continue
+        try:
+            choice = measure(model, plan, inputs)
+        except Exception as exc:
+            logger.warning(f"{name}: could not measure whether float32 trains faster ({type(exc).__name__}: "
+                           f"{str(exc)[:200]}); the plan is kept.")
+            continue
+        choices[name] = choice.float32
+        if say:
+            logger.info(f"{name}: {choice}")
+    return choices
 
 
 def _warn(line: str, message: str | None = None) -> None:

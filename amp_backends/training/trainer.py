@@ -36,7 +36,7 @@ from .observers import (
 )
 from .position import At, Position
 from .precision import check_models as check_trained_models
-from .precision import trained_models
+from .precision import choose_float32, keep_float32_layers, trained_models
 from .results import Progress, TrainResult
 from .seeding import current_seed
 from .signals import StopSignals, interrupted_message
@@ -60,7 +60,11 @@ class Trainer:
     warnings are logged as warnings and raised as :class:`~amp_backends.errors.AmpWarning` (see :mod:`.precision`).
     ``audit`` (``True``: the steps after the warm-up calls, or ``(start, stop)``) reports the kernels that ran
     in that window, on a CPU from oneDNN's records when the program started with ``ONEDNN_VERBOSE=1``
-    (:class:`amp_backends.audit.AuditObserver`; the result is ``trainer.audit.result``).
+    (:class:`amp_backends.audit.AuditObserver`; the result is ``trainer.audit.result``). The plan's float32
+    layers (``plan.float32_layers``) are set to float32 in the trained models at once; where a model has such
+    layers, its first batch also measures whether it trains faster with every layer in float32
+    (:mod:`amp_backends.policy_choice`; ``measure_float32=False`` never, ``True`` for any model under a mixed
+    plan), a choice its checkpoints keep for a resumed run.
     """
 
     WARMUP_CALLS = WARMUP_CALLS  # calls excluded from the throughput summary (tracing, XLA compilation)
@@ -89,6 +93,7 @@ class Trainer:
         observers: Sequence[Observer] = (),
         check_models: bool = True,
         audit: bool | tuple[int, int] = False,
+        measure_float32: bool | None = None,
     ) -> None:
         self.strategy = strategy or tf.distribute.get_strategy()
         self.replicas = int(self.strategy.num_replicas_in_sync)
@@ -126,9 +131,16 @@ class Trainer:
         self.observers = list(observers) + default_observers(self.is_chief, log_every, logdir, progress, profile_steps)
         self._called: set[Any] = set()
         self._last_input: tuple[Any, Any, Any] | None = None
-        self._to_check = trained_models(self.updates, checkpoint_objects) if check_models else []
+        trained = trained_models(self.updates, checkpoint_objects)
+        keep_float32_layers(trained, plan, self.is_chief)
+        self._to_check = list(trained) if check_models else []
+        # whether a model trains faster all in float32, measured on its first batch (one replica only: workers
+        # measuring apart could choose apart)
+        self._to_measure = list(trained) if measure_float32 is not False and self.replicas == 1 else []
+        self._measure_always = measure_float32 is True
+        self._stored_precision: dict[str, Any] | None = None
         if audit and self.is_chief:  # what ran in a window of steps
-            self.audit = audit_observer(audit, trained_models(self.updates, checkpoint_objects), plan, steps_per_call)
+            self.audit = audit_observer(audit, trained, plan, steps_per_call)
             self.observers.append(self.audit)
 
     # ------------------------------------------------------------------ checkpoints
@@ -161,6 +173,7 @@ class Trainer:
         if restored is None:
             return None
         at, then_batch = self.position.restored()
+        self._stored_precision = (restored.stored or {}).get("float32_choice")
         if self.is_chief:
             log_resume(restored, at, then_batch, self.batch_size, updates=self.updates, scalers=self.scalers,
                        plan_headline=self._plan_headline)
@@ -189,6 +202,12 @@ class Trainer:
             self.store.ensure_fresh()
         elif self.store and self.restore() is None and self.is_chief:
             logger.info(f"Nothing to resume in {self.store.directory}: starting from the beginning.")
+        measured, self._to_measure = self._to_measure, []
+        if measured:
+            choices = choose_float32(measured, self.plan, source, batch_size=self.batch_size,
+                                     stored=self._stored_precision, say=self.is_chief, always=self._measure_always)
+            if self.store and choices:
+                self.store.annotate("float32_choice", choices)
         models, self._to_check = self._to_check, []
         if self.is_chief:
             logger.info(training_line(source, self.batch_size, self.steps_per_call, self.checkpoint_every))

@@ -218,6 +218,7 @@ class CpuBackend(Backend):
             units["bfloat16"] = MatrixUnit("AMX tiles", 8)
             if itex_active:
                 units["float32"] = MatrixUnit("AMX tiles (BF32)", 8)
+        kept, kept_why = rules.float32_layers(cpu, onednn, itex_active)
         return Assessment(
             backend=self.name,
             devices=tuple(d.tf_name for d in probe.devices) or ("/CPU:0",),
@@ -231,6 +232,8 @@ class CpuBackend(Backend):
             matrix_units=units,
             steps_per_execution=1,
             steps_per_execution_why=fit_steps_why(),
+            float32_layers=kept,
+            float32_layers_why=kept_why or "no layer was measured slower in bfloat16 than in float32 here",
         )
 
     def vendor_settings(self, plan: Plan) -> tuple[VendorSetting, ...]:

@@ -24,6 +24,7 @@ RESULTS_DIR = Path(__file__).resolve().parents[2] / "results"
 WITH_BF16 = "cpu-policy-zen4.json"  # AMD EPYC Zen 4: avx512_bf16, oneDNN on by TensorFlow's default
 WITHOUT_BF16 = "cpu-policy-zen1.json"  # AMD EPYC Zen 1: AVX2 only, oneDNN off by TensorFlow's default
 FIT_STEPS = "cpu-fit-steps-zen4.json"
+LAYERS = "cpu-layers-zen4.json"  # AMD EPYC Zen 4: which layers train slower in bfloat16 (benchmarks/cpu_layers.py)
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ many times slower than float32 even on a bf16 CPU. Every figure quoted comes fro
 
 from __future__ import annotations
 
-from amp_backends.assessment import EMULATED, FUNCTIONAL, NATIVE, UNSAFE, Support
+from amp_backends.assessment import EMULATED, FUNCTIONAL, NATIVE, UNSAFE, Float32Layer, Support
 from amp_backends.hardware import CpuInfo
 
-from .measured import WITH_BF16, WITHOUT_BF16, load, quote, times
+from .measured import LAYERS, WITH_BF16, WITHOUT_BF16, load, quote, times
 from .onednn import VARIABLE, OneDnnState
 
 OFF = " onednn=0"  # the suffix of the configurations measured with TF_ENABLE_ONEDNN_OPTS=0
@@ -121,3 +121,46 @@ def xla_why(cpu: CpuInfo) -> str:
     file, plain, jit = measured_file(cpu), "float32", "float32+xla"
     return (f"TensorFlow's own CPU kernels beat XLA's CPU JIT on the MNIST CNN, {times(file, plain, jit)} faster "
             f"({quote(file, plain, jit)}); Keras's own jit_compile='auto' also keeps XLA off on CPUs")
+
+
+# The depthwise layers whose bfloat16 gradients oneDNN runs with slow kernels on AVX512-BF16 CPUs without AMX,
+# and the measured cases that show it (benchmarks/cpu_layers.py: the layer between two Dense layers, in
+# bfloat16 and kept in float32 inside the bfloat16 model).
+DEPTHWISE_CLASSES = ("DepthwiseConv2D", "DepthwiseConv1D", "SeparableConv2D")
+SLOW_DEPTHWISE = ("DepthwiseConv2D 3x3 stride 2 at 24x24x96", "DepthwiseConv2D 5x5 at 12x12x288",
+                  "DepthwiseConv2D 5x5 stride 2 at 12x12x288", "DepthwiseConv1D 5 stride 2 at 128x128",
+                  "SeparableConv2D 3x3 stride 2 at 24x24x96")
+FAST_DEPTHWISE = "DepthwiseConv2D 3x3 at 24x24x96"
+ISLAND = " mixed_bfloat16 + layer float32"
+MODEL = "MobileNetV3Small 96x96"
+MODEL_VARIANTS = ("float32", "mixed_bfloat16", "mixed_bfloat16 + float32 strided or large-kernel depthwise")
+
+
+def float32_layers(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> tuple[tuple[Float32Layer, ...], str]:
+    """The layers a bfloat16 plan keeps in float32 on this CPU, or none and why.
+
+    On a CPU with AVX512-BF16 and no AMX, TensorFlow's oneDNN runs a depthwise convolution's bfloat16
+    gradients with a grouped ``brgconv_strided`` kernel (backward data, at a stride above 1) and the old
+    ``jit_bf16`` kernel (backward weights, at a kernel above 3), several times slower than float32's ``jit_dw``
+    and ``jit`` kernels (``ONEDNN_VERBOSE=1`` names them); a 3x3 depthwise convolution at stride 1 keeps its
+    ``jit_dw`` kernels and is faster in bfloat16. Elsewhere nothing was measured.
+    """
+    if not bf16_runs_fast(cpu, onednn, itex_active):
+        return (), "the plan computes in float32 here"
+    if itex_active:
+        return (), "ITEX runs the bfloat16 ops with its own oneDNN, whose depthwise kernels were not measured"
+    if cpu.amx or cpu.is_arm or "avx512_bf16" not in cpu.flags:
+        return (), ("no layer was measured slower in bfloat16 on a CPU like this one (the measured CPU has "
+                    "AVX512-BF16 without AMX; oneDNN has other bfloat16 kernels on AMX and Arm CPUs)")
+    results = load(LAYERS)
+    slow = [(c, results.ratio(c + ISLAND, c + " mixed_bfloat16")) for c in SLOW_DEPTHWISE] if results else []
+    figures = "; ".join(f"{c}: {r:.1f}x" for c, r in slow if r is not None) or "not measured"
+    fast = results.ratio(FAST_DEPTHWISE + ISLAND, FAST_DEPTHWISE + " mixed_bfloat16") if results else None
+    why = ("on CPUs with AVX512-BF16 and no AMX oneDNN runs a depthwise convolution's bfloat16 gradients with slow "
+           "kernels at a stride above 1 (backward data: brgconv_strided) or a kernel above 3 (backward weights: "
+           "jit_bf16); kept in float32 inside the bfloat16 model, casts included, such a layer trained faster "
+           f"(times the bfloat16 speed: {figures}"
+           + (f"; a 3x3 one at stride 1 stays in bfloat16, where float32 ran at {fast:.2f}x" if fast else "")
+           + "; " + quote(LAYERS, *(f"{MODEL} {v}" for v in MODEL_VARIANTS), unit="img/s") + ")")
+    return tuple(Float32Layer(name, ("bfloat16",), why, strides_over=1, kernel_over=3)
+                 for name in DEPTHWISE_CLASSES), ""

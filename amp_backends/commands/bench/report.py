@@ -136,7 +136,7 @@ def zoo_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for m in report["models"]:
         if m.get("skipped"):
-            rows.append((str(m["model"]), f"skipped: {m['skipped']}", "", "", "", "", "", "", ""))
+            rows.append((str(m["model"]), f"skipped: {m['skipped']}", "", "", "", "", "", "", "", ""))
             continue
         c = m["configs"]
         fit, tr = c.get("auto plan, fit", {}), c.get("auto plan, trainer", {})
@@ -146,12 +146,21 @@ def zoo_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
                      _rate(c, "auto plan, fit"), _rate(c, "auto plan, trainer"),
                      f"{_f(fit.get('x_baseline'), '.2f')} / {_f(tr.get('x_baseline'), '.2f')}",
                      f"{_f(fit.get('x_best_manual'), '.2f')} / {_f(tr.get('x_best_manual'), '.2f')}",
-                     f"{_f(tr.get('share_of_peak'), '.0%')}"))
+                     f"{_f(tr.get('share_of_peak'), '.0%')}",
+                     f"{_parity(fit)} / {_parity(tr)} ({_f(m.get('float32_loss_spread'), '.4f')})"))
     return rows
 
 
+def _parity(c: dict[str, Any]) -> str:
+    """``ok`` when the loss lies within the float32 run-to-run spread of the baseline's, else the difference."""
+    within = c.get("loss_within_spread")
+    if within is None:
+        return "-"
+    return "ok" if within else _f(c.get("loss_vs_baseline"), "+.4f")
+
+
 ZOO_HEAD = ("model", "batch", "fp32 fit", "best manual", "auto fit", "auto trainer", "x baseline (fit / trainer)",
-            "x best manual (fit / trainer)", "trainer % of peak")
+            "x best manual (fit / trainer)", "trainer % of peak", "loss parity (fit / trainer) (float32 spread)")
 
 
 def zoo_markdown(report: dict[str, Any]) -> str:
@@ -163,7 +172,9 @@ def zoo_markdown(report: dict[str, Any]) -> str:
              "- matmul peak measured in this run, GFLOP/s: " + ", ".join(f"{k} {v}" for k, v in peaks.items()),
              f"- figures: samples/s of the median of {report['settings']['reps']} interleaved repetitions of "
              f"{report['settings']['steps_per_rep']} steps, after one warm-up repetition; speed-ups are of the "
-             "auto plan over the float32 fit baseline (compile defaults)", "",
+             "auto plan over the float32 fit baseline (compile defaults); loss parity: `ok` when a configuration's "
+             "training loss after the same steps differs from the baseline's by no more than two float32 runs "
+             "from other initial weights differ (seed 0 and seed 1: the float32 spread), else the difference", "",
              "| " + " | ".join(ZOO_HEAD) + " |", "|" + "---|" * len(ZOO_HEAD)]
     lines += ["| " + " | ".join(r) + " |" for r in zoo_rows(report)]
     for m in report["models"]:
@@ -173,7 +184,8 @@ def zoo_markdown(report: dict[str, Any]) -> str:
         lines += ["", f"## {m['model']}: {m['title']}", "",
                   f"batch {m['batch']}, {m['steps_per_rep']} steps per repetition; "
                   f"{_f(flops and flops / 1e6, ',.1f')} MFLOP per {m['unit'][:-1]} per training step "
-                  f"({m.get('flops_note', '')})", "",
+                  f"({m.get('flops_note', '')}); float32 run-to-run spread of the training loss (seed 0 against "
+                  f"seed 1): {_f(m.get('float32_loss_spread'), '.4f')}", "",
                   f"| configuration | {m['unit']}/s | min-max | x baseline | x best manual | % of peak | train loss | "
                   "loss - baseline | set-up | note |", "|---|---:|---|---:|---:|---:|---:|---:|---|---|"]
         for name, c in m["configs"].items():
@@ -183,8 +195,9 @@ def zoo_markdown(report: dict[str, Any]) -> str:
                 f"{_f(s and s['min'], ',.0f')}-{_f(s and s['max'], ',.0f')} | "
                 f"{_f(c.get('x_baseline'), '.2f')} | {_f(c.get('x_best_manual'), '.2f')} | "
                 f"{_f(c.get('share_of_peak'), '.0%')} | {_f(c.get('loss'), '.4f')} | "
-                f"{_f(c.get('loss_vs_baseline'), '+.4f')} | "
-                f"{c.get('setup', '')} | {str(c.get('error') or '').replace('|', '/')[:200]} |")
+                f"{_f(c.get('loss_vs_baseline'), '+.4f')}"
+                f"{'' if c.get('loss_within_spread') is None else ' (ok)' if c['loss_within_spread'] else ' (outside)'}"
+                f" | {c.get('setup', '')} | {str(c.get('error') or '').replace('|', '/')[:200]} |")
     return "\n".join(lines) + "\n"
 
 

@@ -35,6 +35,7 @@ class ZooConfig:
     policy: str = "float32"
     xla: bool | None = None
     tf32: bool | None = None
+    seed: int = 0  # the initial weights' and the step's random seed (the data are the same in every configuration)
 
     @property
     def compute_dtype(self) -> str:
@@ -42,6 +43,9 @@ class ZooConfig:
 
 
 BASELINE = ZooConfig("float32 fit (defaults)", "baseline")
+# The same from other initial weights: how far two float32 runs' losses lie apart, the spread a loss parity is
+# judged against.
+BASELINE_SEED1 = ZooConfig("float32 fit (defaults), seed 1", "baseline", seed=1)
 
 
 def configurations(plan: Any) -> list[ZooConfig]:
@@ -58,7 +62,7 @@ def configurations(plan: Any) -> list[ZooConfig]:
             if policy == "float32" and plan.tf32:
                 manual.append(ZooConfig("TF32" + ("+XLA" if xla else ""), "manual", policy, xla, True))
     auto = plan.policy
-    return [BASELINE, *manual, ZooConfig("auto plan, fit", "auto_fit", auto),
+    return [BASELINE, BASELINE_SEED1, *manual, ZooConfig("auto plan, fit", "auto_fit", auto),
             ZooConfig("auto plan, trainer", "trainer", auto)]
 
 
@@ -288,6 +292,9 @@ def summarize(report: dict[str, Any]) -> None:
         best = max(manual, key=lambda n: manual[n]) if manual else None
         m["best_manual"] = best
         base_loss = (cfgs.get(BASELINE.name) or {}).get("loss")
+        other = (cfgs.get(BASELINE_SEED1.name) or {}).get("loss")
+        spread = abs(other - base_loss) if other is not None and base_loss is not None else None
+        m["float32_loss_spread"] = spread
         for n, c in cfgs.items():
             r = rate.get(n)
             c["x_baseline"] = r / base if r and base else None
@@ -297,3 +304,5 @@ def summarize(report: dict[str, Any]) -> None:
             c["share_of_peak"] = (flops * r / 1e9 / peak) if r and flops and isinstance(peak, (int, float)) else None
             c["loss_vs_baseline"] = ((c["loss"] - base_loss) if c.get("loss") is not None and base_loss is not None
                                      else None)
+            c["loss_within_spread"] = (abs(c["loss_vs_baseline"]) <= spread if c["loss_vs_baseline"] is not None
+                                       and spread is not None else None)

@@ -5,7 +5,8 @@ process, so each configuration gets its own worker, set up once at start. The co
 (:mod:`.zoo`) sends one JSON request per line on standard input; the worker answers each on standard
 output (:func:`.supervisor.answer`):
 
-* ``prepare``: build the model (seed 0: the same weights in every configuration), compile, one
+* ``prepare``: build the model (seed 0: the same weights in every configuration; the second float32
+  baseline seed 1, for the float32 run-to-run spread), compile, one
   untimed warm-up repetition (tracing, XLA compilation); with ``flops``, FLOPs per sample.
 * ``rep``: one timed repetition of ``steps`` training steps; seconds and samples.
 * ``loss``: the model's loss on a fixed batch in inference mode (parity with float32).
@@ -65,6 +66,7 @@ class ZooWorker:
 
         import numpy as np
 
+        from ...model_check._keras import policy_name, walk
         from ...zoo import get
 
         tf = self.tf
@@ -77,16 +79,29 @@ class ZooWorker:
         self.entry, self.batch, self.steps = get(model), batch, steps
         self.x, self.y = self.entry.data(steps * batch, 0)
         self.x_eval, self.y_eval = self.entry.data(batch, 1)
-        tf.keras.utils.set_random_seed(0)
+        seed = int(self.cfg.get("seed", 0))
+        tf.keras.utils.set_random_seed(seed)
         self.model = self.entry.build()
         kind = self.cfg["kind"]
+
+        def float32_layers() -> int:
+            return sum(policy_name(layer) == "float32" for _, layer in walk(self.model, self.model.name)
+                       if layer is not self.model)
+
+        built_float32 = float32_layers()
         if kind == "trainer":
             self._trainer()
         else:
             opt = tf.keras.optimizers.Adam(1e-3)
             kwargs: dict[str, Any] = {}
-            if kind == "auto_fit":
+            if kind == "auto_fit":  # as the README tells fit users: prepare_model, then compile with the plan's
                 assert self.plan is not None
+                from ...prepare import prepare_model
+
+                first = tf.nest.map_structure(lambda a: a[:batch], self.x)
+                prep = prepare_model(self.model, self.plan, inputs=None if self.entry.gan else first)
+                if prep.choice:
+                    print(f"zoo worker: {prep.choice}", file=sys.stderr, flush=True)
                 opt, kwargs = self.plan.wrap_optimizer(opt), dict(self.plan.compile_kwargs())
             elif self.cfg.get("xla") is not None:
                 kwargs["jit_compile"] = bool(self.cfg["xla"])
@@ -100,7 +115,9 @@ class ZooWorker:
         built_under = str(getattr(policy, "name", self.policy))
         if built_under != self.policy:
             raise RuntimeError(f"the model was built under {built_under}, not {self.policy}")
-        out: dict[str, Any] = {"warmup_s": round(warmup, 2), "setup": self.describe(), "policy": built_under,
+        self.kept = float32_layers() - built_float32  # the plan's float32 layers, or all (measured)
+        setup = self.describe() + (f", {self.kept} layers set to float32 by the plan" if self.kept else "")
+        out: dict[str, Any] = {"warmup_s": round(warmup, 2), "setup": setup, "policy": built_under,
                                "params": int(sum(np.prod(v.shape) for v in self.model.weights))}
         if flops:
             out["flops_per_sample"], out["flops_note"] = self.flops()
@@ -119,7 +136,7 @@ class ZooWorker:
         assert self.plan is not None
         self.trainer = Trainer(updates, self.plan, batch_size=self.batch, steps_per_call=self.steps,
                                images_per_step=self.batch * self.entry.per_sample, log_every=10**9, progress=False,
-                               seed=0, observers=[_trainer_window(self.window)])
+                               seed=int(self.cfg.get("seed", 0)), observers=[_trainer_window(self.window)])
 
     def rep(self) -> dict[str, Any]:
         """One ``fit`` call of ``steps`` steps, timed from the start of its training to its end (hooks): the call's

@@ -1,0 +1,295 @@
+"""Layers a plan keeps in float32 inside a mixed-precision model (``plan.float32_layers``).
+
+On CPUs with AVX512-BF16 and no AMX, oneDNN runs the bfloat16 gradients of a depthwise convolution with a
+stride or a kernel above 3 several times slower than float32's (MobileNetV3Small and EfficientNetB0 trained
+slower under mixed_bfloat16 than in float32). The CPU backend names those layers, the planner puts them in
+the plan, ``prepare_model`` and the trainer set them to float32, the precision check says whether they are.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from amp_backends.assessment import Float32Layer, layer_geometry
+from amp_backends.errors import AmpConfigError
+from amp_backends.planner import make_plan
+from amp_backends.request import build_request
+from fakes import AMD_HERE, SAPPHIRE_RAPIDS, ZEN4, cpu_of, machine
+
+
+def plan(hw, registry, environ=None, **overrides):
+    return make_plan(hw, build_request(registry.names(), environ=environ or {}, **overrides), registry)
+
+
+# ------------------------------------------------------------------------------------- the rule (fake hardware)
+def test_a_bf16_cpu_without_amx_keeps_strided_and_large_depthwise_layers_in_float32(registry):
+    p = plan(machine(cpu_of(ZEN4)), registry)
+    assert p.policy == "mixed_bfloat16"
+    assert [(k.layer, k.strides_over, k.kernel_over, k.dtypes) for k in p.float32_layers] == [
+        ("DepthwiseConv2D", 1, 3, ("bfloat16",)), ("DepthwiseConv1D", 1, 3, ("bfloat16",)),
+        ("SeparableConv2D", 1, 3, ("bfloat16",))]
+    why = p.reasons["float32_layers"]
+    assert "brgconv_strided" in why and "jit_bf16" in why and "results/cpu-layers-zen4.json" in why
+    assert "a 3x3 one at stride 1 stays in bfloat16" in why
+    assert "float32_layers=DepthwiseConv2D,DepthwiseConv1D,SeparableConv2D" in p.headline
+    assert why.count("brgconv_strided") == 1  # one reason for the three classes
+    assert p.to_dict()["float32_layers"][0]["layer"] == "DepthwiseConv2D"
+
+
+@pytest.mark.parametrize("probe, why", [
+    (cpu_of(SAPPHIRE_RAPIDS), "AMX"),
+    (cpu_of(ZEN4, itex=True), "ITEX"),
+    (cpu_of(ZEN4, environ={"TF_ENABLE_ONEDNN_OPTS": "0"}), "computes every layer in float32"),
+    (cpu_of(AMD_HERE), "computes every layer in float32"),
+])
+def test_elsewhere_nothing_is_kept_and_the_plan_says_why(registry, probe, why):
+    p = plan(machine(probe), registry)
+    assert p.float32_layers == ()
+    assert p.reasons["float32_layers"].startswith("none: ") and why in p.reasons["float32_layers"]
+    assert "float32_layers" not in p.headline
+
+
+def test_the_user_overrides_the_list_by_keyword_or_environment(registry):
+    hw = machine(cpu_of(ZEN4))
+    assert plan(hw, registry, float32_layers="none").float32_layers == ()
+    mine = plan(hw, registry, float32_layers="Conv1D, LayerNormalization")
+    assert [k.layer for k in mine.float32_layers] == ["Conv1D", "LayerNormalization"]
+    assert all(k.strides_over is None and k.kernel_over is None for k in mine.float32_layers)  # every such layer
+    assert mine.reasons["float32_layers"] == "Conv1D, LayerNormalization: requested (float32_layers)"
+    env = plan(hw, registry, environ={"AMP_FLOAT32_LAYERS": "none"})
+    assert env.float32_layers == () and env.request.sources["float32_layers"] == "AMP_FLOAT32_LAYERS"
+    assert plan(hw, registry, float32_layers=["Dense"]).float32_layers[0].layer == "Dense"
+    assert plan(hw, registry).training_key() != plan(hw, registry, float32_layers="none").training_key()
+    # under a float32 policy there is nothing to keep, and the reason says the request changes nothing
+    f32 = plan(hw, registry, policy="float32", float32_layers="Dense")
+    assert f32.float32_layers == () and "changes nothing" in f32.reasons["float32_layers"]
+
+
+@pytest.mark.parametrize("value, source", [("Depthwise-Conv2D", "argument"), ("Dense,,", "env"), (3, "argument")])
+def test_a_bad_list_is_refused_with_what_was_expected_and_the_fix(registry, value, source):
+    kwargs = {"float32_layers": value} if source == "argument" else {}
+    environ = {"AMP_FLOAT32_LAYERS": value} if source == "env" else {}
+    with pytest.raises((AmpConfigError, TypeError)) as err:
+        build_request(registry.names(), environ=environ, **kwargs)
+    text = str(err.value)
+    assert "float32_layers" in text or "AMP_FLOAT32_LAYERS" in text
+    assert repr(value) in text or str(value) in text
+    if isinstance(err.value, AmpConfigError):
+        assert "Fix:" in text
+
+
+def test_conditions_match_by_class_base_class_stride_and_kernel():
+    rule = Float32Layer("DepthwiseConv2D", ("bfloat16",), "why", strides_over=1, kernel_over=3)
+    assert rule.matches(("DepthwiseConv2D", "BaseDepthwiseConv"), (2, 2), (3, 3))
+    assert rule.matches(("MyDepthwise", "DepthwiseConv2D"), (1, 1), (5, 5))  # a subclass, a large kernel
+    assert not rule.matches(("DepthwiseConv2D",), (1, 1), (3, 3))
+    assert not rule.matches(("Conv2D",), (2, 2), (5, 5))
+    every = Float32Layer("Conv1D", ("bfloat16",), "why")
+    assert every.matches(("Conv1D",)) and every.describe() == "Conv1D"
+    assert rule.describe() == "DepthwiseConv2D (stride > 1 or kernel > 3)"
+
+
+# ------------------------------------------------------------------------------------- the committed measurement
+def test_the_committed_measurement_supports_the_rule():
+    from amp_backends.backends.cpu import rules
+    from amp_backends.backends.cpu.measured import LAYERS, RESULTS_DIR
+
+    doc = json.loads((RESULTS_DIR / LAYERS).read_text(encoding="utf-8"))
+    res = doc["results"]
+    assert doc["machine_kind"] and doc["command"].startswith("python benchmarks/cpu_layers.py") and doc["date"]
+    for case in rules.SLOW_DEPTHWISE:  # kept in float32, faster
+        assert res[case + rules.ISLAND]["median"] > res[case + " mixed_bfloat16"]["median"], case
+    fast = rules.FAST_DEPTHWISE  # a 3x3 at stride 1: bfloat16 is faster, the rule leaves it
+    assert res[fast + " mixed_bfloat16"]["median"] > res[fast + rules.ISLAND]["median"]
+    planned, bf16, f32 = (res[f"{rules.MODEL} {v}"]["median"] for v in (rules.MODEL_VARIANTS[2], "mixed_bfloat16",
+                                                                         "float32"))
+    assert planned > bf16
+
+
+# ------------------------------------------------------------------------------------- on a real model
+tf = pytest.importorskip("tensorflow")
+
+
+@pytest.fixture
+def zen4_plan(registry):
+    return plan(machine(cpu_of(ZEN4)), registry)
+
+
+def depthwise_model():
+    from conftest import policy
+
+    keras = tf.keras
+    with policy("mixed_bfloat16"):
+        inp = keras.Input((16, 16, 8))
+        h = keras.layers.DepthwiseConv2D(3, strides=2, padding="same", name="dw_strided")(inp)
+        h = keras.layers.DepthwiseConv2D(3, padding="same", name="dw_3x3")(h)
+        h = keras.layers.DepthwiseConv2D(5, padding="same", name="dw_5x5")(h)
+        h = keras.layers.DepthwiseConv2D(3, strides=2, padding="same", dtype="float16", name="dw_user")(h)
+        h = keras.layers.Conv2D(16, 1, name="pointwise")(h)
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        out = keras.layers.Dense(4, dtype="float32", name="head")(h)
+        return keras.Model(inp, out, name="dw")
+
+
+def dtypes(model):
+    return {layer.name: str(layer.compute_dtype) for layer in model.layers if layer.name.startswith(("dw", "point"))}
+
+
+def test_prepare_model_sets_the_planned_layers_to_float32_and_leaves_the_rest(zen4_plan):
+    import amp_backends
+
+    model = depthwise_model()
+    prep = amp_backends.prepare_model(model, zen4_plan)
+    assert prep.float32 == ("dw/dw_strided", "dw/dw_5x5") and prep.changed
+    assert dtypes(model) == {"dw_strided": "float32", "dw_3x3": "bfloat16", "dw_5x5": "float32",
+                             "dw_user": "float16", "pointwise": "bfloat16"}
+    assert "float32 (2 layers" in str(prep) and "dw/dw_strided" in str(prep)
+    assert prep.to_dict()["float32"] == ["dw/dw_strided", "dw/dw_5x5"]
+    again = amp_backends.prepare_model(model, zen4_plan)
+    assert again.float32 == () and not again.changed  # idempotent
+    out = model(tf.random.normal((2, 16, 16, 8)), training=True)
+    assert out.dtype == tf.float32 and bool(tf.reduce_all(tf.math.is_finite(out)))
+
+
+def test_nothing_changes_under_a_plan_without_float32_layers(registry, zen4_plan):
+    import amp_backends
+
+    model = depthwise_model()
+    none = plan(machine(cpu_of(ZEN4)), registry, float32_layers="none")
+    assert amp_backends.prepare_model(model, none).float32 == ()
+    assert dtypes(model)["dw_strided"] == "bfloat16"
+
+
+def test_the_check_warns_until_the_model_is_prepared(zen4_plan):
+    import amp_backends
+
+    model = depthwise_model()
+    before = amp_backends.check_model(model, zen4_plan)
+    warning = next(f for f in before.findings if f.code == "float32-layers")
+    assert warning.severity == "warning" and "prepare_model" in warning.fix
+    assert warning.details["layers"] == ["dw/dw_strided", "dw/dw_5x5"]
+    amp_backends.prepare_model(model, zen4_plan)
+    after = amp_backends.check_model(model, zen4_plan)
+    kept = next(f for f in after.findings if f.code == "float32-layers")
+    assert kept.severity == "info"
+    # the planned float32 layers are not reported as float32 islands or as a model built before the plan
+    assert not [f for f in after.findings if f.code in ("policy-mismatch", "float32-compute")
+                and f.layer in ("dw/dw_strided", "dw/dw_5x5")]
+
+
+def test_the_trainer_keeps_the_planned_layers_in_float32_before_its_first_step(zen4_plan, tmp_path):
+    import amp_backends
+
+    model = depthwise_model()
+    updates = amp_backends.classifier_updates(model, tf.keras.optimizers.SGD(0.01),
+                                              tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    trainer = amp_backends.Trainer(updates, zen4_plan, batch_size=8, log_every=100, progress=False)
+    assert dtypes(model)["dw_strided"] == "float32" and dtypes(model)["dw_3x3"] == "bfloat16"
+    x = tf.random.normal((16, 16, 16, 8)).numpy()
+    y = (tf.range(16) % 4).numpy()
+    result = trainer.fit(x, y, epochs=1)
+    assert result.steps == 2 and all(v == v for v in result.last_losses.values())
+
+
+def test_layer_geometry_reads_keras_layers():
+    layer = tf.keras.layers.DepthwiseConv2D((5, 3), strides=(2, 1))
+    classes, strides, kernel = layer_geometry(layer)
+    assert "DepthwiseConv2D" in classes and strides == (2, 1) and kernel == (5, 3)
+    assert layer_geometry(tf.keras.layers.Dense(3))[1:] == ((), ())
+
+
+# ------------------------------------------------------------------------------------- every layer float32, measured
+def bn_depthwise_model():
+    from conftest import policy
+
+    keras = tf.keras
+    with policy("mixed_bfloat16"):
+        inp = keras.Input((16, 16, 8))
+        h = keras.layers.DepthwiseConv2D(3, strides=2, padding="same", name="dw_strided")(inp)
+        h = keras.layers.BatchNormalization(name="bn")(h)
+        h = keras.layers.Conv2D(16, 1, activation="relu", name="pointwise")(h)
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        out = keras.layers.Dense(4, dtype="float32", name="head")(h)
+        return keras.Model(inp, out, name="bn_dw")
+
+
+@pytest.mark.parametrize("faster", [True, False])
+def test_measuring_keeps_the_faster_and_puts_the_model_state_back(zen4_plan, monkeypatch, faster):
+    import amp_backends
+    from amp_backends import policy_choice
+
+    monkeypatch.setattr(policy_choice, "MARGIN", 0.0 if faster else 1e9)  # float32 always / never faster enough
+    model = bn_depthwise_model()
+    stats = [v.numpy().copy() for v in model.non_trainable_variables]
+    x = tf.random.normal((8, 16, 16, 8)).numpy()
+    prep = amp_backends.prepare_model(model, zen4_plan, inputs=x)
+    assert prep.float32 == ("bn_dw/dw_strided",) and prep.choice is not None
+    assert prep.choice.float32 is faster and prep.choice.plan_rate > 0 and prep.choice.float32_rate > 0
+    assert all((a == b.numpy()).all() for a, b in zip(stats, model.non_trainable_variables, strict=True))
+    pointwise = model.get_layer("pointwise").compute_dtype
+    assert pointwise == ("float32" if faster else "bfloat16")
+    assert ("every layer float32" if faster else "kept") in str(prep)
+    codes = {f.code: f.severity for f in amp_backends.check_model(model, zen4_plan).findings}
+    if faster:  # float32 on purpose: said once, not as a model built before the plan
+        assert codes.get("measured-float32") == "info" and "policy-mismatch" not in codes
+    else:
+        assert "measured-float32" not in codes and codes.get("float32-layers") == "info"
+
+
+def test_without_a_batch_it_says_how_to_measure_and_refuses_a_forced_measurement(zen4_plan):
+    import amp_backends
+
+    model = bn_depthwise_model()
+    prep = amp_backends.prepare_model(model, zen4_plan)
+    assert prep.choice is None and "give one batch as inputs=" in prep.choice_note
+    with pytest.raises(ValueError, match="needs one batch of the model's inputs"):
+        amp_backends.prepare_model(model, zen4_plan, inputs=(None, 16, 16, 8), measure_float32=True)
+    assert amp_backends.prepare_model(depthwise_model(), zen4_plan, inputs=tf.zeros((2, 16, 16, 8)),
+                                      measure_float32=False).choice is None
+
+
+def test_a_model_without_such_layers_is_not_measured(zen4_plan):
+    import amp_backends
+    from conftest import policy
+
+    with policy("mixed_bfloat16"):
+        model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(4)])
+    prep = amp_backends.prepare_model(model, zen4_plan, inputs=tf.zeros((2, 8)))
+    assert prep.choice is None and prep.choice_note == "" and not prep.changed
+    assert str(prep).startswith("fp8 is off in this plan, nothing changed")
+
+
+def test_the_trainer_measures_once_and_a_resumed_run_follows_the_checkpoint(zen4_plan, monkeypatch, tmp_path):
+    import amp_backends
+    from amp_backends import policy_choice
+
+    monkeypatch.setattr(policy_choice, "MARGIN", 0.0)
+    x = tf.random.normal((16, 16, 16, 8)).numpy()
+    y = (tf.range(16) % 4).numpy()
+
+    def trainer(model, **kw):
+        updates = amp_backends.classifier_updates(model, tf.keras.optimizers.SGD(0.01),
+                                                  tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return amp_backends.Trainer(updates, zen4_plan, batch_size=8, log_every=100, progress=False,
+                                    checkpoint_dir=str(tmp_path / "ckpt"), check_models=False, **kw)
+
+    model = bn_depthwise_model()
+    trainer(model).fit(x, y, epochs=1)
+    assert model.get_layer("pointwise").compute_dtype == "float32"  # measured: every layer float32
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("a resumed run follows its checkpoint, without measuring")
+
+    monkeypatch.setattr(policy_choice, "measure", no_measuring)
+    again = bn_depthwise_model()
+    trainer(again).fit(x, y, epochs=2, resume=True)
+    assert again.get_layer("pointwise").compute_dtype == "float32"
+    off = bn_depthwise_model()
+    updates = amp_backends.classifier_updates(off, tf.keras.optimizers.SGD(0.01),
+                                              tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    amp_backends.Trainer(updates, zen4_plan, batch_size=8, log_every=100, progress=False,
+                         measure_float32=False).fit(x, y, epochs=1)
+    assert off.get_layer("pointwise").compute_dtype == "bfloat16"
+    assert off.get_layer("dw_strided").compute_dtype == "float32"  # the plan's float32 layers all the same
