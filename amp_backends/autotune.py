@@ -154,7 +154,7 @@ def tune(
             models, updates, objs = build()
             trainer = Trainer(updates, plan, batch_size=batch_size, images_per_step=images_per_step,
                               checkpoint_objects=objs, steps_per_call=steps, log_every=10**9, progress=False,
-                              batch_fn=batch_fn, check_models=False)
+                              batch_fn=batch_fn, check_models=False, measure_float32=False)
             total = (Trainer.WARMUP_CALLS + 1) * steps
             reps = max(1, -(-total * batch_size // len(x)))
             result = trainer.fit(x, y, epochs=reps, max_steps=total)

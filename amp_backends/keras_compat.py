@@ -126,7 +126,8 @@ def global_policy_name(tf: Any = None) -> str:
 def set_layer_policy(layer: Any, policy: str) -> None:
     """Give one built or unbuilt layer another dtype policy (its later calls compute in it): Keras 3's
     ``dtype_policy`` setter, Keras 2's ``_set_dtype_policy`` (the method its constructor uses)."""
-    if hasattr(type(layer), "dtype_policy") and getattr(type(layer).dtype_policy, "fset", None) is not None:
+    prop = getattr(type(layer), "dtype_policy", None)
+    if isinstance(prop, property) and prop.fset is not None:
         layer.dtype_policy = policy
     elif hasattr(layer, "_set_dtype_policy"):
         layer._set_dtype_policy(policy)

@@ -4,7 +4,7 @@
 A plan is plain frozen data: it prints (:meth:`Plan.explain`), serialises (:meth:`Plan.to_dict`) and
 carries the support table it was decided from (:attr:`Plan.assessment`), so tools that need to know
 what else the hardware runs (the benchmark, autotune) never assess again. It imports no model code:
-what a plan does to a model is :func:`amp_backends.prepare_model`'s (``fp8.py``), which takes the plan.
+what a plan does to a model is :func:`amp_backends.prepare_model`'s (``prepare.py``), which takes the plan.
 """
 
 from __future__ import annotations

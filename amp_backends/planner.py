@@ -341,7 +341,10 @@ def _resolve_float32_layers(a: Assessment, request: Request, policy: str,
         return tuple(Float32Layer(name, (dtype,), "requested (float32_layers)") for name in requested)
     kept = tuple(k for k in a.float32_layers if dtype in k.dtypes)
     if not kept:
-        reasons["float32_layers"] = f"none: {a.float32_layers_why}"
+        measured = sorted({d for k in a.float32_layers for d in k.dtypes})
+        reasons["float32_layers"] = (f"none: no layer was measured slower in {dtype} than in float32 here (the "
+                                     f"measured float32 layers are for {', '.join(measured)})" if measured
+                                     else f"none: {a.float32_layers_why}")
         return ()
     by_why: dict[str, list[str]] = {}
     for k in kept:

@@ -45,12 +45,17 @@ class PolicyChoice:
     rounds: int = 0
     steps: int = 0
     policy: str = ""
+    resumed: bool = False  # taken from the checkpoint of the run this one continues, not measured again
 
     @property
     def ratio(self) -> float:
         return self.float32_rate / self.plan_rate if self.plan_rate else 0.0
 
     def __str__(self) -> str:
+        if self.resumed:
+            return (f"every layer float32 ({len(self.layers)} layers changed), as measured by the run this one "
+                    "resumes (kept in its checkpoint)" if self.float32 else
+                    f"the plan's {self.policy} kept, as measured by the run this one resumes")
         figures = (f"forward and backward on one batch, median of {self.rounds} interleaved rounds of {self.steps} "
                    f"steps: {self.policy} as planned {self.plan_rate:.4g} samples/s, every layer float32 "
                    f"{self.float32_rate:.4g} ({self.ratio:.2f}x)")
@@ -62,7 +67,7 @@ class PolicyChoice:
     def to_dict(self) -> dict[str, Any]:
         return {"float32": self.float32, "plan_rate": round(self.plan_rate, 2),
                 "float32_rate": round(self.float32_rate, 2), "rounds": self.rounds, "steps": self.steps,
-                "policy": self.policy, "layers": list(self.layers)}
+                "policy": self.policy, "layers": list(self.layers), "resumed": self.resumed}
 
 
 def worth_measuring(model: Any, plan: Any) -> bool:
@@ -75,6 +80,33 @@ def worth_measuring(model: Any, plan: Any) -> bool:
         return False
     return any(layer is not model and kept_in_float32(rules, layer)
                for _, layer in walk(model, getattr(model, "name", "model")))
+
+
+def not_measurable(model: Any, plan: Any) -> str:
+    """Why :func:`measure` has nothing to compare on ``model`` ("" when it has)."""
+    if float32_choice(model) is not None:
+        return "already measured: every layer is float32"
+    if not low_precision_layers(model, plan):
+        return f"no layer computes in {plan.policy}'s low precision"
+    try:
+        import tensorflow as tf
+
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync if tf.distribute.has_strategy() else 1
+    except Exception:
+        replicas = 1
+    if replicas > 1:
+        return (f"not measured under a distribution strategy of {replicas} replicas: each could choose apart "
+                "(measure before entering its scope, or set the layers' dtypes yourself)")
+    return ""
+
+
+def apply_float32(model: Any, plan: Any, float32: bool) -> PolicyChoice:
+    """A choice taken from elsewhere (a resumed run's checkpoint): every layer float32, or the plan kept."""
+    layers = set_float32(low_precision_layers(model, plan)) if float32 else ()
+    choice = PolicyChoice(float32, 0.0, 0.0, layers, policy=plan.policy, resumed=True)
+    if float32:
+        object.__setattr__(model, MARK, choice)
+    return choice
 
 
 def low_precision_layers(model: Any, plan: Any) -> list[tuple[str, Any]]:
@@ -105,9 +137,11 @@ def measure(model: Any, plan: Any, x: Any, *, rounds: int = 3, steps: int = 2) -
 
     from .keras_compat import set_layer_policy
 
+    x = tf.nest.map_structure(tf.convert_to_tensor, x)
+    if not getattr(model, "built", True):
+        model(x, training=False)  # its variables exist before their values are kept
     low = low_precision_layers(model, plan)
     saved = [(v, v.numpy()) for v in model.non_trainable_variables]
-    x = tf.nest.map_structure(tf.convert_to_tensor, x)
 
     def traced() -> Any:
         @tf.function

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .fp8 import quantize
-from .policy_choice import PolicyChoice, measure, worth_measuring
+from .policy_choice import PolicyChoice, measure, not_measurable, worth_measuring
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,15 @@ def prepare_model(model: Any, plan: Any, *, inputs: Any = None, skip_small: bool
                 )
             note = ("not measured whether every layer in float32 is faster for this model (it has layers the plan "
                     "keeps in float32): give one batch as inputs= to let it measure")
+        elif not_measurable(model, plan):
+            note = f"not measured whether every layer in float32 is faster: {not_measurable(model, plan)}"
         else:
-            choice = measure(model, plan, inputs)
+            try:
+                choice = measure(model, plan, inputs)
+            except Exception as exc:
+                if measure_float32:
+                    raise
+                note = (f"could not measure whether every layer in float32 is faster ({type(exc).__name__}: "
+                        f"{str(exc)[:200]}): the plan is kept")
     f8 = quantize(model, plan, inputs=inputs, skip_small=skip_small)
     return Preparation(f8.quantized, f8.skipped, f8.note, f8.layers, kept, why, choice, note)

@@ -103,8 +103,7 @@ def test_the_committed_measurement_supports_the_rule():
         assert res[case + rules.ISLAND]["median"] > res[case + " mixed_bfloat16"]["median"], case
     fast = rules.FAST_DEPTHWISE  # a 3x3 at stride 1: bfloat16 is faster, the rule leaves it
     assert res[fast + " mixed_bfloat16"]["median"] > res[fast + rules.ISLAND]["median"]
-    planned, bf16, f32 = (res[f"{rules.MODEL} {v}"]["median"] for v in (rules.MODEL_VARIANTS[2], "mixed_bfloat16",
-                                                                         "float32"))
+    planned, bf16 = (res[f"{rules.MODEL} {v}"]["median"] for v in (rules.MODEL_VARIANTS[2], "mixed_bfloat16"))
     assert planned > bf16
 
 
@@ -284,8 +283,11 @@ def test_the_trainer_measures_once_and_a_resumed_run_follows_the_checkpoint(zen4
 
     monkeypatch.setattr(policy_choice, "measure", no_measuring)
     again = bn_depthwise_model()
-    trainer(again).fit(x, y, epochs=2, resume=True)
+    trainer(again, measure_float32=False).fit(x, y, epochs=2, resume=True)  # the checkpoint's choice wins
     assert again.get_layer("pointwise").compute_dtype == "float32"
+    third = bn_depthwise_model()
+    trainer(third).fit(x, y, epochs=3, resume=True)  # and is kept in the checkpoints written after a resume
+    assert third.get_layer("pointwise").compute_dtype == "float32"
     off = bn_depthwise_model()
     updates = amp_backends.classifier_updates(off, tf.keras.optimizers.SGD(0.01),
                                               tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -293,3 +295,45 @@ def test_the_trainer_measures_once_and_a_resumed_run_follows_the_checkpoint(zen4
                          measure_float32=False).fit(x, y, epochs=1)
     assert off.get_layer("pointwise").compute_dtype == "bfloat16"
     assert off.get_layer("dw_strided").compute_dtype == "float32"  # the plan's float32 layers all the same
+
+
+def test_a_measurement_that_fails_puts_the_policies_back(zen4_plan):
+    import amp_backends
+    from conftest import policy
+
+    class BreaksInFloat32(tf.keras.layers.Layer):
+        def call(self, x):
+            if self.compute_dtype == "float32":
+                raise RuntimeError("this layer cannot run in float32")
+            return x
+
+    with policy("mixed_bfloat16"):
+        inp = tf.keras.Input((16, 16, 8))
+        h = tf.keras.layers.DepthwiseConv2D(3, strides=2, padding="same")(inp)
+        h = BreaksInFloat32(name="breaks")(h)
+        model = tf.keras.Model(inp, tf.keras.layers.GlobalAveragePooling2D()(h))
+    x = tf.zeros((2, 16, 16, 8))
+    prep = amp_backends.prepare_model(model, zen4_plan, inputs=x)  # measuring is optional: said, not raised
+    assert prep.choice is None and "could not measure" in prep.choice_note and "RuntimeError" in prep.choice_note
+    assert model.get_layer("breaks").compute_dtype == "bfloat16"
+    with pytest.raises(RuntimeError, match="cannot run in float32"):
+        amp_backends.prepare_model(model, zen4_plan, inputs=x, measure_float32=True)
+    assert model.get_layer("breaks").compute_dtype == "bfloat16"
+
+
+def test_a_model_measured_once_is_not_measured_again(zen4_plan, monkeypatch):
+    import amp_backends
+    from amp_backends import policy_choice
+
+    monkeypatch.setattr(policy_choice, "MARGIN", 0.0)
+    model = bn_depthwise_model()
+    x = tf.zeros((4, 16, 16, 8))
+    assert amp_backends.prepare_model(model, zen4_plan, inputs=x).choice.float32
+    again = amp_backends.prepare_model(model, zen4_plan, inputs=x)
+    assert again.choice is None and "already measured" in again.choice_note
+
+
+def test_the_fp8_module_still_answers_for_prepare_model():
+    from amp_backends import fp8, prepare
+
+    assert fp8.prepare_model is prepare.prepare_model and fp8.Preparation is prepare.Preparation

@@ -109,7 +109,7 @@ def float32_layers(rules: RuleContext) -> None:
         return
     low = [i for i, info in matched if info.compute_dtype == target.compute_dtype]
     kept = [i for i, info in matched if info.compute_dtype == "float32"]
-    kinds = ", ".join(sorted({graph.layer(i).class_name for i, _ in matched}))
+    kinds = ", ".join(sorted({graph.layer(i).class_name for i in (low or kept)}))
     ops = [op for op in graph.gemms if op.layer in low]
     share = rules.share(ops) if ops else None
     amount = "" if share is None else f" ({100 * share:.1f}% of the FLOPs)"

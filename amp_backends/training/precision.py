@@ -179,7 +179,12 @@ def keep_float32_layers(models: Sequence[Any], plan: Any, say: bool) -> None:
     from ..prepare import float32_layers
 
     for model in models:
-        kept = float32_layers(model, plan)
+        try:
+            kept = float32_layers(model, plan)
+        except TypeError as exc:  # a Keras whose layers take no new dtype policy
+            logger.warning(f"{getattr(model, 'name', model)}: the plan's float32 layers could not be set ({exc}); "
+                           "they train in the plan's policy.")
+            continue
         if kept and say:
             logger.info(f"{getattr(model, 'name', model)}: {len(kept)} layers kept in float32 "
                         f"(plan.float32_layers: {', '.join(k.describe() for k in plan.float32_layers)}): "
@@ -187,26 +192,31 @@ def keep_float32_layers(models: Sequence[Any], plan: Any, say: bool) -> None:
 
 
 def choose_float32(models: Sequence[Any], plan: Any, source: Any, *, batch_size: int,
-                   stored: Mapping[str, Any] | None, say: bool, always: bool = False) -> dict[str, bool]:
-    """For each model with layers the plan keeps in float32: every layer float32 or not, as its checkpoint
-    says (a resumed run follows the run it continues) or measured on the first batch (said once). Returns the
-    choices by model name, for the checkpoints; a measurement that fails keeps the plan and training goes on."""
-    from ..policy_choice import MARK, PolicyChoice, low_precision_layers, measure, set_float32, worth_measuring
+                   stored: Mapping[str, Any] | None, say: bool, allowed: bool = True,
+                   always: bool = False) -> dict[str, bool]:
+    """For each model: every layer float32 or not, as the checkpoint of the run this one resumes says (whatever
+    the flags: a resumed run trains as the run it continues), or, where ``allowed`` and the model has layers the
+    plan keeps in float32 (``always``: any model under a mixed plan), measured on the first batch. Each choice
+    is said once; a measurement that fails keeps the plan, recorded as such. Returns the choices by model
+    name, for the checkpoints."""
+    from ..policy_choice import apply_float32, measure, not_measurable, worth_measuring
 
     choices: dict[str, bool] = {}
     x: Any = None
     for model in models:
         name = str(getattr(model, "name", model))
-        if not (worth_measuring(model, plan) or (always and plan.compute_dtype != "float32")):
-            continue
         if stored is not None and name in stored:
-            if stored[name]:
-                layers = set_float32(low_precision_layers(model, plan))
-                object.__setattr__(model, MARK, PolicyChoice(True, 0.0, 0.0, layers, 0, 0, plan.policy))
-            choices[name] = bool(stored[name])
+            choice = apply_float32(model, plan, bool(stored[name]))
+            choices[name] = choice.float32
             if say:
-                logger.info(f"{name}: {'every layer float32' if stored[name] else 'the plan kept'}, as measured by "
-                            "the run this one resumes")
+                logger.info(f"{name}: {choice}")
+            continue
+        if not allowed or not (worth_measuring(model, plan) or (always and plan.compute_dtype != "float32")):
+            continue
+        why_not = not_measurable(model, plan)
+        if why_not:
+            if say:
+                logger.info(f"{name}: whether every layer in float32 is faster was not measured: {why_not}")
             continue
         if x is None:
             batch = source.first_batch(batch_size)
@@ -215,14 +225,15 @@ def choose_float32(models: Sequence[Any], plan: Any, source: Any, *, batch_size:
         if inputs is None:
             continue
         try:
-            choice = measure(model, plan, inputs)
+            measured = measure(model, plan, inputs)
         except Exception as exc:
+            choices[name] = False
             logger.warning(f"{name}: could not measure whether float32 trains faster ({type(exc).__name__}: "
                            f"{str(exc)[:200]}); the plan is kept.")
             continue
-        choices[name] = choice.float32
+        choices[name] = measured.float32
         if say:
-            logger.info(f"{name}: {choice}")
+            logger.info(f"{name}: {measured}")
     return choices
 
 

@@ -64,7 +64,8 @@ class Trainer:
     layers (``plan.float32_layers``) are set to float32 in the trained models at once; where a model has such
     layers, its first batch also measures whether it trains faster with every layer in float32
     (:mod:`amp_backends.policy_choice`; ``measure_float32=False`` never, ``True`` for any model under a mixed
-    plan), a choice its checkpoints keep for a resumed run.
+    plan; never across several replicas, which could choose apart), a choice its checkpoints keep: a resumed
+    run follows it.
     """
 
     WARMUP_CALLS = WARMUP_CALLS  # calls excluded from the throughput summary (tracing, XLA compilation)
@@ -136,7 +137,8 @@ class Trainer:
         self._to_check = list(trained) if check_models else []
         # whether a model trains faster all in float32, measured on its first batch (one replica only: workers
         # measuring apart could choose apart)
-        self._to_measure = list(trained) if measure_float32 is not False and self.replicas == 1 else []
+        self._to_measure = list(trained)
+        self._measure_allowed = measure_float32 is not False and self.replicas == 1
         self._measure_always = measure_float32 is True
         self._stored_precision: dict[str, Any] | None = None
         if audit and self.is_chief:  # what ran in a window of steps
@@ -205,7 +207,8 @@ class Trainer:
         measured, self._to_measure = self._to_measure, []
         if measured:
             choices = choose_float32(measured, self.plan, source, batch_size=self.batch_size,
-                                     stored=self._stored_precision, say=self.is_chief, always=self._measure_always)
+                                     stored=self._stored_precision, say=self.is_chief,
+                                     allowed=self._measure_allowed, always=self._measure_always)
             if self.store and choices:
                 self.store.annotate("float32_choice", choices)
         models, self._to_check = self._to_check, []

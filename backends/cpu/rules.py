@@ -146,7 +146,8 @@ def float32_layers(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> tupl
     ``jit_dw`` kernels and is faster in bfloat16. Elsewhere nothing was measured.
     """
     if not bf16_runs_fast(cpu, onednn, itex_active):
-        return (), "the plan computes in float32 here"
+        return (), ("bfloat16 does not run through oneDNN's bf16 kernels on this CPU, so no layer was measured "
+                    "against float32 in it")
     if itex_active:
         return (), "ITEX runs the bfloat16 ops with its own oneDNN, whose depthwise kernels were not measured"
     if cpu.amx or cpu.is_arm or "avx512_bf16" not in cpu.flags:

@@ -67,6 +67,7 @@ class ZooWorker:
         import numpy as np
 
         from ...model_check._keras import policy_name, walk
+        from ...policy_choice import float32_choice
         from ...zoo import get
 
         tf = self.tf
@@ -115,10 +116,16 @@ class ZooWorker:
         built_under = str(getattr(policy, "name", self.policy))
         if built_under != self.policy:
             raise RuntimeError(f"the model was built under {built_under}, not {self.policy}")
-        self.kept = float32_layers() - built_float32  # the plan's float32 layers, or all (measured)
-        setup = self.describe() + (f", {self.kept} layers set to float32 by the plan" if self.kept else "")
+        choice = float32_choice(self.model)
+        kept = float32_layers() - built_float32
+        setup = self.describe() + (
+            f", every layer float32 (measured {choice.ratio:.2f}x as fast as {choice.policy} on this model)"
+            if choice is not None and not choice.resumed else
+            f", {kept} layers kept in float32 (plan.float32_layers)" if kept else "")
         out: dict[str, Any] = {"warmup_s": round(warmup, 2), "setup": setup, "policy": built_under,
                                "params": int(sum(np.prod(v.shape) for v in self.model.weights))}
+        if choice is not None:
+            out["compute_dtype"] = "float32"  # its share of peak is of the float32 peak
         if flops:
             out["flops_per_sample"], out["flops_note"] = self.flops()
         return out
