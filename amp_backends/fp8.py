@@ -100,11 +100,3 @@ def quantize(model: Any, plan: Any, *, inputs: Any = None, skip_small: bool | No
             note += f": {check.unsized_line()}"
     return Float8Result(tuple(quantized), tuple(skipped), note, tuple(decisions))
 
-
-def __getattr__(name: str) -> Any:
-    """``prepare_model`` and ``Preparation`` lived here before :mod:`amp_backends.prepare` took them."""
-    if name in ("prepare_model", "Preparation"):
-        from . import prepare
-
-        return getattr(prepare, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -332,8 +332,3 @@ def test_a_model_measured_once_is_not_measured_again(zen4_plan, monkeypatch):
     again = amp_backends.prepare_model(model, zen4_plan, inputs=x)
     assert again.choice is None and "already measured" in again.choice_note
 
-
-def test_the_fp8_module_still_answers_for_prepare_model():
-    from amp_backends import fp8, prepare
-
-    assert fp8.prepare_model is prepare.prepare_model and fp8.Preparation is prepare.Preparation
