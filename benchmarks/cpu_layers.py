@@ -14,12 +14,16 @@ round), each configuration's figure the median over rounds with its min and max:
 * ``layers``: one layer alone, at a shape from the zoo's models, forward and backward (input and weight
   gradients) and an SGD update, under float32 and under mixed_bfloat16;
 * ``models``: Keras ``applications`` with depthwise convolutions (MobileNetV3Small, EfficientNetB0) trained
-  under float32, mixed_bfloat16, and mixed_bfloat16 with the depthwise layers kept in float32.
+  under float32, mixed_bfloat16, and mixed_bfloat16 with the depthwise layers kept in float32;
+* ``activations`` (not in the default parts): the activations of those models (sigmoid, swish, hard_swish)
+  and relu, as layers, the same way as ``layers``: TensorFlow has no oneDNN kernel for them, Eigen runs them.
 
 Run (writes JSON with the machine, versions, command and date; the CPU backend quotes it)::
 
     python benchmarks/cpu_layers.py --rounds 5 --steps 6 --machine-kind "AMD EPYC Zen 4" \\
         --out results/cpu-layers-zen4.json
+    python benchmarks/cpu_layers.py --parts activations --rounds 5 --steps 6 --machine-kind "AMD EPYC Zen 4" \\
+        --out results/cpu-activations-zen4.json
 """
 
 from __future__ import annotations
@@ -101,6 +105,11 @@ def _SelfAttention(keras: Any) -> Any:
 
     return SelfAttention()
 
+
+ACTIVATIONS = tuple(
+    LayerCase(f"Activation {name} at 32x32x96", "Activation", 32, (32, 32, 96),
+              (lambda n: lambda k: k.layers.Activation(n))(name))
+    for name in ("sigmoid", "swish", "hard_swish", "relu"))
 
 MODELS = {  # name -> (keras.applications class, image size, batch)
     "MobileNetV3Small 96x96": ("MobileNetV3Small", 96, 64),
@@ -220,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=6, help="timed steps per configuration and round")
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--parts", default="layers,models", help="comma-separated: layers, models")
+    p.add_argument("--parts", default="layers,models", help="comma-separated: layers, models, activations")
     p.add_argument("--out", help="write the JSON here")
     p.add_argument("--machine-kind", default="", help="a short name for the machine, e.g. 'AMD EPYC Zen 4'")
     p.add_argument("--note", default="")
@@ -232,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     runners: list[Runner] = []
     meta: dict[str, dict[str, Any]] = {}
     started = datetime.datetime.now(datetime.timezone.utc)
-    if "layers" in parts:
-        for case in CASES:
+    cases = (CASES if "layers" in parts else ()) + (ACTIVATIONS if "activations" in parts else ())
+    if cases:
+        for case in cases:
             for variant in LAYER_VARIANTS:
                 r = layer_runner(case, variant)
                 runners.append(r)
@@ -257,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         results[r.name] = dict(meta[r.name], median=round(statistics.median(r.rates), 1),
                                min=round(min(r.rates), 1), max=round(max(r.rates), 1),
                                rounds=[round(v, 1) for v in r.rates])
-    for case in CASES if "layers" in parts else ():
+    for case in cases:
         f32, bf16, island = (results[f"{case.name} {v}"] for v in LAYER_VARIANTS)
         ratio = island["median"] / bf16["median"]
         faster = island["min"] > bf16["max"]
