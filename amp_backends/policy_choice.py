@@ -4,7 +4,8 @@ A plan is decided from the hardware, before the model exists; a few models run a
 AVX512-BF16 and no AMX, a model built from depthwise convolutions and sigmoid-type activations (MobileNetV3,
 EfficientNet) spends most of its step in ops bfloat16 does not speed up — TensorFlow runs sigmoid and swish
 in Eigen, slower in bfloat16 than in float32 (``results/cpu-activations-zen4.json``) — and the plan's float32
-layers take away only the worst of it (``plan.float32_layers``): such a model can still train slower under mixed_bfloat16 than in float32.
+layers take away only the worst of it (``plan.float32_layers``): such a model can still train slower under
+mixed_bfloat16 than in float32.
 
 So where the plan keeps layers in float32 and the model has such layers (:func:`worth_measuring`), the
 choice is measured on the model itself (:func:`measure`): its forward and backward pass on one real batch,
