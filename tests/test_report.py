@@ -123,6 +123,10 @@ def test_info_plan_here_follows_the_cpu_rules():
         assert d["plan"]["policy"] == "mixed_bfloat16" and "bf16 instructions" in d["plan"]["reasons"]["policy"]
     else:
         assert d["plan"]["policy"] == "float32" and "no bf16 instructions" in rejected["mixed_bfloat16"]
+    # the layers kept in float32 are in the JSON and in the table, with their reason, whatever they are here
+    assert isinstance(d["plan"]["float32_layers"], list) and d["plan"]["reasons"]["float32_layers"]
+    table = cli()
+    assert table.returncode == 0 and "float32_layers" in table.stdout
 
 
 @pytest.mark.tensorflow

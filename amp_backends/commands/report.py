@@ -18,13 +18,15 @@ are only ever added)::
                                                    # loss_scale {"mode": "none"} | {"mode": "fixed", "scale"}
                                                    #   | {"mode": "dynamic", "initial", "growth_interval"},
                                                    # tf32, xla, graph_amp, fp8 (bool), steps_per_execution (int),
+                                                   # float32_layers [{layer, dtypes, why, strides_over, kernel_over}],
                                                    # vendor_settings [{name, value, why}],
                                                    # reasons (fp8 and steps_per_execution included),
                                                    # rejected, warnings, notes, overrides,
                                                    # backends [{name, available, reason, selected, failed}],
                                                    # support {policies, preference, tf32, xla, graph_amp, fp8,
                                                    #   matrix_units {dtype: {unit, alignment}},
-                                                   #   steps_per_execution {value, why}}
+                                                   #   steps_per_execution {value, why},
+                                                   #   float32_layers [{...}] | "<why none>"}
       "plan_error": "<message>" | null,
       "overrides": {"AMP_POLICY": "bf16", ...},
       "autotune": {"cache": "<path>", "device": "<signature>", "choices": {"<device>#<model>": {...}}} | null,
@@ -46,8 +48,8 @@ Changes from version 1: ``plan`` first and ``hardware`` last; ``software.itex`` 
 ``software.nvidia_ml_py`` became rows of their backends in ``software.backends``; the plan's ``itex_amp``
 and ``math_mode`` became ``graph_amp`` and ``vendor_settings``; a ``none`` loss scale carries only its
 mode and a ``fixed`` one only its ``scale``; the plan carries its ``support`` table.
-Added within version 2: the plan's ``fp8`` and ``steps_per_execution`` (with their reasons), and the support
-table's ``fp8``, ``matrix_units`` and ``steps_per_execution``.
+Added within version 2: the plan's ``fp8``, ``steps_per_execution`` and ``float32_layers`` (with their
+reasons), and the support table's ``fp8``, ``matrix_units``, ``steps_per_execution`` and ``float32_layers``.
 """
 
 from __future__ import annotations
@@ -268,7 +270,9 @@ def render_text(report: Report, console: Any = None) -> None:
         for key, value in (("policy", plan["policy"]), ("loss_scale", ls_text),
                            ("tf32", "on" if plan["tf32"] else "off"),
                            ("xla", "on" if plan["xla"] else "off"), ("fp8", "on" if plan.get("fp8") else "off"),
-                           ("steps_per_execution", str(plan.get("steps_per_execution", 1)))):
+                           ("steps_per_execution", str(plan.get("steps_per_execution", 1))),
+                           ("float32_layers", ", ".join(k["layer"] for k in plan.get("float32_layers") or [])
+                            or "none")):
             pt.add_row(key, value, escape(plan["reasons"].get(key, "")))
         if plan.get("graph_amp"):
             pt.add_row("graph_amp", plan["graph_amp"], escape(plan["reasons"].get("graph_amp", "")))
