@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -40,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cpu_policy import machine, versions  # noqa: E402  (the sibling script's machine and version readers)
+from cpu_policy import document, write  # noqa: E402  (the sibling script's results file)
 
 DEPTHWISE = ("DepthwiseConv2D", "SeparableConv2D", "DepthwiseConv1D", "SeparableConv1D")
 
@@ -276,24 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, entry in results.items():
         if entry["part"] == "models":
             print(f"{name:60s} {entry['median']:8.1f} ({entry['min']}-{entry['max']})")
-    doc = {
-        "benchmark": "training step (forward, backward with input and weight gradients, SGD update) per layer kind "
-                     "and per model, float32 against mixed_bfloat16; one process, configurations interleaved "
-                     f"({a.rounds} rounds of {a.steps} timed steps after {a.warmup} warm-up steps); samples/s",
-        "machine_kind": a.machine_kind,
-        "machine": machine(),
-        "versions": versions() | {"onednn_enabled": _onednn(tf)},
-        "command": shlex.join(["python", "benchmarks/cpu_layers.py", *(argv if argv is not None else sys.argv[1:])]),
-        "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "note": a.note,
-        "unit": "samples/s",
-        "results": results,
-    }
-    text = json.dumps(doc, indent=2)
-    if a.out:
-        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-        with open(a.out, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
+    doc = document("training step (forward, backward with input and weight gradients, SGD update) per layer kind "
+                   "and per model, float32 against mixed_bfloat16; one process, configurations interleaved "
+                   f"({a.rounds} rounds of {a.steps} timed steps after {a.warmup} warm-up steps); samples/s",
+                   "cpu_layers.py", argv, started, a, "samples/s", results, onednn_enabled=_onednn(tf))
+    write(doc, a.out)
     return 0
 
 

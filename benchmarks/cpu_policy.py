@@ -122,6 +122,33 @@ def versions() -> dict[str, str | None]:
             "keras": v("keras"), "numpy": v("numpy")}
 
 
+def document(benchmark: str, script: str, argv: list[str] | None, started: datetime.datetime, a: Any, unit: str,
+             results: dict[str, Any], **versions_extra: Any) -> dict[str, Any]:
+    """A results file's contents: what was measured, the machine, versions, command, date, note and results
+    (the form ``backends/cpu/measured.py`` reads)."""
+    return {
+        "benchmark": benchmark,
+        "machine_kind": a.machine_kind,
+        "machine": machine(),
+        "versions": versions() | versions_extra,
+        "command": shlex.join(["python", f"benchmarks/{script}", *(argv if argv is not None else sys.argv[1:])]),
+        "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "note": a.note,
+        "unit": unit,
+        "results": results,
+    }
+
+
+def write(doc: dict[str, Any], out: str | None) -> str:
+    """The document as JSON, written to ``out`` when given."""
+    text = json.dumps(doc, indent=2)
+    if out:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+    return text
+
+
 def run_child(name: str, warmup: int, steps: int) -> dict[str, Any]:
     policy, jit, onednn, isa = CONFIGS[name]
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=onednn, TF_CPP_MIN_LOG_LEVEL="2")
@@ -174,25 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         if errors:
             entry["errors"] = errors
         results[name] = entry
-    doc = {
-        "benchmark": "MNIST CNN training step (the tutorials' model), one tf.function per step, batch "
-                     f"{BATCH}: median img/s of {a.steps} timed steps after {a.warmup} warm-up steps, one child "
-                     f"process per configuration and round, {a.rounds} interleaved rounds",
-        "machine_kind": a.machine_kind,
-        "machine": machine(),
-        "versions": versions(),
-        "command": shlex.join(["python", "benchmarks/cpu_policy.py", *(argv if argv is not None else sys.argv[1:])]),
-        "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "note": a.note,
-        "unit": "img/s",
-        "results": results,
-    }
-    text = json.dumps(doc, indent=2)
-    if a.out:
-        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-        with open(a.out, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
-    print(text)
+    doc = document("MNIST CNN training step (the tutorials' model), one tf.function per step, batch "
+                   f"{BATCH}: median img/s of {a.steps} timed steps after {a.warmup} warm-up steps, one child "
+                   f"process per configuration and round, {a.rounds} interleaved rounds",
+                   "cpu_policy.py", argv, started, a, "img/s", results)
+    print(write(doc, a.out))
     return 0
 
 
