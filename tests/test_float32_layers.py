@@ -29,12 +29,13 @@ def test_a_bf16_cpu_without_amx_keeps_strided_and_large_depthwise_layers_in_floa
     assert p.policy == "mixed_bfloat16"
     assert [(k.layer, k.strides_over, k.kernel_over, k.dtypes) for k in p.float32_layers] == [
         ("DepthwiseConv2D", 1, 3, ("bfloat16",)), ("DepthwiseConv1D", 1, 3, ("bfloat16",)),
-        ("SeparableConv2D", 1, 3, ("bfloat16",))]
+        ("SeparableConv2D", 1, 3, ("bfloat16",)), ("LSTM", None, None, ("bfloat16",))]
     why = p.reasons["float32_layers"]
     assert "brgconv_strided" in why and "jit_bf16" in why and "results/cpu-layers-zen4.json" in why
     assert "a 3x3 one at stride 1 stays in bfloat16" in why
-    assert "float32_layers=DepthwiseConv2D,DepthwiseConv1D,SeparableConv2D" in p.headline
-    assert why.count("brgconv_strided") == 1  # one reason for the three classes
+    assert "float32_layers=DepthwiseConv2D,DepthwiseConv1D,SeparableConv2D,LSTM" in p.headline
+    assert why.count("brgconv_strided") == 1  # one reason for the three depthwise classes
+    assert "LSTM: TensorFlow runs an LSTM's recurrent loop" in why
     assert p.to_dict()["float32_layers"][0]["layer"] == "DepthwiseConv2D"
 
 
@@ -101,6 +102,8 @@ def test_the_committed_measurement_supports_the_rule():
     assert doc["machine_kind"] and doc["command"].startswith("python benchmarks/cpu_layers.py") and doc["date"]
     for case in rules.SLOW_DEPTHWISE:  # kept in float32, faster
         assert res[case + rules.ISLAND]["median"] > res[case + " mixed_bfloat16"]["median"], case
+    recurrent = res[rules.RECURRENT + rules.ISLAND]["median"], res[rules.RECURRENT + " mixed_bfloat16"]["median"]
+    assert recurrent[0] > recurrent[1]
     fast = rules.FAST_DEPTHWISE  # a 3x3 at stride 1: bfloat16 is faster, the rule leaves it
     assert res[fast + " mixed_bfloat16"]["median"] > res[fast + rules.ISLAND]["median"]
     planned, bf16 = (res[f"{rules.MODEL} {v}"]["median"] for v in (rules.MODEL_VARIANTS[2], "mixed_bfloat16"))

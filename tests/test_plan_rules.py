@@ -323,7 +323,7 @@ def _quoted_figures(text):
     pattern = re.compile(r"results/(?P<file>[\w.-]+\.json): (?P<figs>[^;)]*?)(?=\)|;|\. |$)")
     for m in pattern.finditer(text):
         for item in m.group("figs").split(", "):
-            config, _, figure = item.replace(" img/s", "").rpartition(" ")
+            config, _, figure = re.sub(r" (img|samples)/s$", "", item).rpartition(" ")
             found.append((m.group("file"), config, figure))
     stripped = re.sub(r"measured on [^:]*?results/[\w.-]+\.json: [^;)]*?(?=\)|;|\. |$)", "", text)
     return found, stripped

@@ -115,7 +115,7 @@ class Rules(RuleContext):
             info = graph.layer(layer)
             share = self.share(ops)
             pinned = info.compute_dtype == "float32"
-            if (pinned and self.model_built_float32) or info.kept_by(target.float32_layers):
+            if (pinned and self.model_built_float32) or self.kept_float32(info):
                 continue  # the plan's own float32 layers: the float32-layers finding speaks of them
             at_output = all(op.output_to_model for op in ops)
             at_input = all(op.input_from_data for op in ops)

@@ -47,14 +47,15 @@ def policy_mismatch(rules: RuleContext) -> None:
         inner = [op for op in ops if not op.output_to_model]
         if inner:
             pinned = [op for op in inner if graph.layer(op.layer).compute_dtype == "float32" and op.dtype == "float32"
-                      and not graph.layer(op.layer).kept_by(target.float32_layers)]
+                      and not rules.kept_float32(graph.layer(op.layer))]
             share = rules.fraction(pinned) / (rules.fraction(inner) or 1.0)
         else:
             # Only the output layers' matmuls are seen (an LSTM's run inside a loop): the other layers' policies
             # decide, so that a float32 output layer alone never reads as a model built before the plan.
             seen = {graph.layer(op.layer).path for op in ops}
             others = [info for info in graph.layers[1:]  # (the first is the model itself)
-                      if info.policy and info.class_name != "InputLayer" and info.path not in seen]
+                      if info.policy and info.class_name != "InputLayer" and info.path not in seen
+                      and not rules.kept_float32(info)]
             pinned = [op for op in ops if graph.layer(op.layer).compute_dtype == "float32" and op.dtype == "float32"]
             share = ((sum(info.compute_dtype == "float32" for info in others) / len(others)) if others
                      else rules.fraction(pinned) / (rules.fraction(ops) or 1.0))
