@@ -5,10 +5,10 @@ Two things a global Keras dtype policy cannot say layer by layer:
 * **float32 layers** (``plan.float32_layers``): layers this hardware trains slower in the policy's low
   precision than in float32, with the casts into and out of them counted — on CPUs with AVX512-BF16 and no
   AMX, depthwise convolutions with a stride or a kernel above 3, whose bfloat16 gradients oneDNN runs with
-  slow kernels (see ``benchmarks/cpu_layers.py`` and the plan's reason). Every such layer that computes in
-  the policy's dtype gets the
-  ``float32`` policy: its variables were float32 already (mixed policies keep them so), so only its
-  arithmetic changes, from its next call on. Layers the user set to another dtype are left alone.
+  slow kernels, and LSTM layers (see ``benchmarks/cpu_layers.py`` and the plan's reason). Every such layer
+  that computes in the policy's dtype gets the ``float32`` policy: its variables were float32 already (mixed
+  policies keep them so), so only its arithmetic changes, from its next call on. Layers the user set to
+  another dtype are left alone.
 * **float8** (``plan.fp8``, off by default): the eligible Dense/EinsumDense layers quantized
   (:mod:`amp_backends.fp8`).
 
@@ -152,8 +152,8 @@ def prepare_model(model: Any, plan: Any, *, inputs: Any = None, skip_small: bool
                 )
             note = ("not measured whether every layer in float32 is faster for this model (it has layers the plan "
                     "keeps in float32): give one batch as inputs= to let it measure")
-        elif not_measurable(model, plan):
-            note = f"not measured whether every layer in float32 is faster: {not_measurable(model, plan)}"
+        elif why_not := not_measurable(model, plan):
+            note = f"not measured whether every layer in float32 is faster: {why_not}"
         else:
             try:
                 choice = measure(model, plan, inputs)

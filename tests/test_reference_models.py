@@ -13,7 +13,6 @@ reason; float8 needs Keras >= 3.3.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
 
@@ -28,6 +27,7 @@ from amp_backends import keras_compat as kc  # noqa: E402
 from amp_backends import zoo  # noqa: E402
 from amp_backends.errors import AmpWarning, InputError  # noqa: E402
 from amp_backends.model_check._keras import walk  # noqa: E402
+from conftest import policy  # noqa: E402
 
 pytestmark = pytest.mark.tensorflow
 
@@ -45,16 +45,6 @@ def entry(name: str) -> zoo.ZooModel:
     if why:
         pytest.skip(f"{name}: {why}")
     return e
-
-
-@contextlib.contextmanager
-def policy(name: str):
-    before = kc.global_policy_name(tf)
-    kc.set_global_policy(name, tf)
-    try:
-        yield
-    finally:
-        kc.set_global_policy(before, tf)
 
 
 def built(name: str, policy_name: str):

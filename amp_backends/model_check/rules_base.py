@@ -70,17 +70,13 @@ class RuleContext:
         self.findings: list[Finding] = []
         self.model_built_float32 = False
         self.measured_float32: Any = None  # the PolicyChoice that set every layer to float32, if one did
+        # the layers the plan keeps in float32 (their sublayers, an LSTM's cell, go with them)
+        self.kept_paths = [i.path for i in graph.layers[1:] if i.kept_by(target.float32_layers)]
 
     # -- helpers ---------------------------------------------------------------------------------
     def kept_float32(self, info: Any) -> bool:
         """Whether the plan keeps this layer in float32: it, or a layer it belongs to (an LSTM's cell)."""
-        rules = self.target.float32_layers
-        if not rules:
-            return False
-        kept = self.__dict__.get("_kept_paths")
-        if kept is None:
-            kept = self.__dict__["_kept_paths"] = [i.path for i in self.graph.layers[1:] if i.kept_by(rules)]
-        return any(info.path == p or info.path.startswith(p + "/") for p in kept)
+        return any(info.path == p or info.path.startswith(p + "/") for p in self.kept_paths)
 
     def dims(self, op: GemmOp) -> dict[str, int | None]:
         """The op's dimensions that decide alignment; rows that grow with an unknown batch are left out."""
