@@ -4,15 +4,14 @@ The planner's rules come from measurements on chips we have seen; on another chi
 (the tutorials found XLA slower on an A100 for the MNIST CNN). :func:`tune` builds the model once per
 candidate plan — each dtype policy the hardware runs natively, with XLA on and off where XLA exists —,
 trains a few steps with the trainer, and applies the fastest. The choice is cached in a JSON file
-(``$AMP_AUTOTUNE_CACHE``, else ``$XDG_CACHE_HOME/amp_backends/autotune.json``, else
-``~/.cache/amp_backends/autotune.json``) under the device's and the model's signatures, so the next run
+(``$AMP_AUTOTUNE_CACHE``, else ``autotune.json`` in ``$AMP_CACHE_DIR``, ``$XDG_CACHE_HOME/amp_backends`` or
+``~/.cache/amp_backends``) under the device's and the model's signatures, so the next run
 applies it without timing; ``python -m amp_backends.info`` lists the cached choices for this machine.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import statistics
@@ -21,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from . import cache
 from .assessment import FUNCTIONAL, NATIVE
+from .cache import cache_dir
 from .configure import auto_configure, reset
 from .plan import Plan
 from .probe import probe_hardware
@@ -31,13 +32,11 @@ logger = logging.getLogger("amp_backends.autotune")
 
 
 def cache_path() -> Path:
-    """The cache file, absolute (``~`` expanded, a relative path against the working directory)."""
+    """The cache file, absolute: ``$AMP_AUTOTUNE_CACHE``, else ``autotune.json`` in the package's cache folder
+    (:func:`amp_backends.cache.cache_dir`)."""
     if os.environ.get("AMP_AUTOTUNE_CACHE"):
-        path = os.environ["AMP_AUTOTUNE_CACHE"]
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
-        path = os.path.join(base, "amp_backends", "autotune.json")
-    return Path(os.path.abspath(os.path.expanduser(path)))
+        return Path(os.path.abspath(os.path.expanduser(os.environ["AMP_AUTOTUNE_CACHE"])))
+    return cache_dir() / "autotune.json"
 
 
 def device_signature(plan: Plan, hardware: Any) -> str:
@@ -66,20 +65,11 @@ def model_signature(models: Sequence[Any], batch_size: int) -> str:
 
 
 def load_cache() -> dict[str, Any]:
-    try:
-        return json.loads(cache_path().read_text())
-    except (OSError, ValueError):
-        return {}
+    return cache.load(cache_path())
 
 
 def store(key: str, entry: Mapping[str, Any]) -> None:
-    path = cache_path()
-    data = load_cache()
-    data[key] = dict(entry)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)  # atomic: a crash never leaves half a cache
+    cache.store(cache_path(), key, dict(entry))  # atomic: a crash never leaves half a cache
 
 
 def cached_for_device(signature: str) -> dict[str, Any]:

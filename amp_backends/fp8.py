@@ -1,4 +1,4 @@
-"""float8 training of a model's eligible layers: :func:`quantize`, which :func:`amp_backends.prepare_model` calls.
+"""float8 training of a model's eligible layers: :func:`float8_decisions`, part of a model's layer plan.
 
 Keras 3 (3.3 and later) trains a Dense or EinsumDense layer in float8 once ``layer.quantize("float8")``
 has given it a ``float8_from_<policy>`` dtype policy: its inputs, kernel and output gradients are
@@ -30,7 +30,7 @@ FLOAT8 = "float8"
 
 @dataclass(frozen=True)
 class Float8Result:
-    """What :func:`quantize` did: the layers quantized, the others with why, every decision, or a note."""
+    """What :func:`float8_decisions` chose: the layers to quantize, the others with why, every decision, or a note."""
 
     quantized: tuple[str, ...] = ()
     skipped: tuple[tuple[str, str], ...] = ()
@@ -43,12 +43,13 @@ def fp8_forced(plan: Any) -> bool:
     return any(w.startswith("fp8=") and "because force is on" in w for w in getattr(plan, "warnings", ()))
 
 
-def quantize(model: Any, plan: Any, *, inputs: Any = None, skip_small: bool | None = None) -> Float8Result:
-    """Quantize ``model``'s float8-eligible layers as ``plan`` says (``plan.fp8``), in place: the float8 part
-    of :func:`amp_backends.prepare_model`, whose arguments it takes.
+def float8_decisions(model: Any, plan: Any, *, inputs: Any = None, skip_small: bool | None = None) -> Float8Result:
+    """Which of ``model``'s layers train in float8 as ``plan`` says (``plan.fp8``): the float8 part of a model's
+    layer plan (:func:`amp_backends.layer_plan.decide`, which :func:`amp_backends.layer_plan.apply` quantizes).
+    Nothing in the model changes here.
 
-    With ``plan.fp8`` off — the default — or on a Keras without float8 layers (Keras 2, Keras < 3.3) nothing
-    changes and the note says why. Layers already in float8 are left as they are.
+    With ``plan.fp8`` off — the default — or on a Keras without float8 layers (Keras 2, Keras < 3.3) no layer is
+    chosen and the note says why. Layers already in float8 are listed as such.
     """
     if not getattr(plan, "fp8", False):
         why = getattr(plan, "reasons", {}).get("fp8", "")
@@ -90,7 +91,6 @@ def quantize(model: Any, plan: Any, *, inputs: Any = None, skip_small: bool | No
             skipped.append((choice.path, why))
             decisions.append((choice.path, False, why))
             continue
-        layer.quantize(FLOAT8)
         quantized.append(choice.path)
         decisions.append((choice.path, True, why))
     note = ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import tempfile
 
@@ -22,6 +23,8 @@ def restore_global_state(monkeypatch):
     """Every test leaves the Keras dtype policy, TF32, JIT setting and applied plan as it found them."""
     for var in request.ENV_VARS.values():
         monkeypatch.delenv(var, raising=False)
+    # answers cached by one test (a measured layer plan, an autotune choice) are not another test's
+    monkeypatch.setenv("AMP_CACHE_DIR", tempfile.mkdtemp(prefix="amp_cache_", dir=CACHE_ROOT))
     tf = sys.modules.get("tensorflow")
     saved = None
     if tf is not None:
@@ -38,6 +41,10 @@ def restore_global_state(monkeypatch):
         tf.config.experimental.enable_tensor_float_32_execution(tf32)
         tf.config.optimizer.set_jit(jit or False)
 
+
+# Caches of this test session, never the user's (subprocesses inherit it; each test gets a folder of its own).
+CACHE_ROOT = tempfile.mkdtemp(prefix="amp_backends_cache_")
+os.environ["AMP_CACHE_DIR"] = CACHE_ROOT
 
 # Subprocesses start here, not in the repository root, so that they import the installed package
 # (a wheel in the nox 'tests' session) rather than the checkout beside them.

@@ -32,11 +32,12 @@ FACE = "amp_backends"
 # Module names below amp_backends; "x.*" is everything inside package x. A module takes the first match.
 LAYERS: dict[str, tuple[str, ...]] = {
     "commands": ("commands", "commands.*", "__main__", "info", "bench", "examples.*.__main__"),
-    "probe": ("errors", "version", "hardware", "software"),
+    "probe": ("errors", "version", "hardware", "software", "timing", "cache"),
     "plan": ("assessment", "request", "plan", "keras_compat", "registry", "probe", "planner", "devices",
              "backends", "backends.*"),
     "apply": ("apply", "configure", "tf_import"),
     "model code": ("labels", "models", "data", "zoo", "model_check", "model_check.*", "fp8", "policy_choice", "prepare",
+                   "layer_plan", "measurement",
                    "training", "training.*", "autotune", "audit", "audit.*", "examples", "examples.*"),
 }
 ORDER = ("probe", "plan", "apply", "model code", "commands")

@@ -2,6 +2,7 @@
 
 oneDNN reads ``ONEDNN_VERBOSE`` once, when it starts, so the model runs here, in a process started with it
 set. The plan comes from the ``AMP_*`` variables (``auto_configure()``), the model from the factory; the
+model is prepared as the trainer prepares it (:func:`amp_backends.prepare_model`: its layer plan), and the
 step trains on synthetic data of the model's input shapes (forward, the mean square of the outputs as the
 loss, gradients, an SGD update; ``jit_compile`` as the plan says). ``warmup`` steps run first (tracing,
 oneDNN's primitive creation), then the measured steps between two marker lines on stdout, so that the
@@ -76,9 +77,14 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
     from ..configure import auto_configure
     from ..model_check import check_model
 
+    from ..prepare import prepare_model
+
     plan = auto_configure(verbose=False)
     model = load_factory(target)()
     x = synthetic_inputs(model, batch)
+    # prepared exactly as training prepares it: the same layer plan (float32 layers, classifier head, the
+    # measured all-float32 choice, float8), measured or cached as the trainer would
+    layer_plan = prepare_model(model, plan, inputs=x).layer_plan
     optimizer = tf.keras.optimizers.SGD(0.001)
     weights = model.trainable_variables
 
@@ -108,13 +114,16 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
         tf.profiler.experimental.stop()
     findings = []
     try:
-        findings = [f.to_dict() for f in check_model(model, plan=plan, batch_size=batch).findings]
+        findings = [f.to_dict() for f in check_model(model, plan=plan, batch_size=batch,
+                                                     layer_plan=layer_plan).findings]
     except Exception as exc:  # noqa: BLE001  # the audit stands without the check's findings
         findings = [{"severity": "info", "code": "check-failed", "layer": model.name, "what": str(exc)}]
     doc = {
         "model": model.name,
         "plan": {"backend": plan.backend, "policy": plan.policy, "compute_dtype": plan.compute_dtype,
-                 "xla": bool(plan.xla), "graph_amp": plan.graph_amp},
+                 "xla": bool(plan.xla), "graph_amp": plan.graph_amp,
+                 "float32_layers": list(layer_plan.float32) if layer_plan else []},
+        "layer_plan": layer_plan.to_dict() if layer_plan else None,
         "batch_size": batch, "steps": steps, "step_time_ms": 1000 * elapsed / max(steps, 1),
         "layers": layer_kernels(model), "findings": findings, "gpu": gpu,
         "profile_dir": logdir if gpu else None, "tensorflow": tf.__version__,

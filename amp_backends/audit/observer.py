@@ -120,6 +120,7 @@ class AuditObserver:
             models = []
         self.models = list(models) if isinstance(models, Sequence) else [models]
         self.plan = plan
+        self.layer_plans: dict[str, Any] | None = None  # by model name: the trainer sets the ones it applied
         self.start, self.stop = window
         if not (0 <= self.start < self.stop):
             raise ValueError(f"The audit window must be (start, stop) steps with 0 <= start < stop, such as (3, 6). "
@@ -177,10 +178,18 @@ class AuditObserver:
             doc["step_time_ms"] = 1000 * sum(self._step_times) / len(self._step_times)
         if plan is not None:
             doc["plan"] = {"backend": plan.backend, "policy": plan.policy, "compute_dtype": plan.compute_dtype,
-                           "xla": bool(plan.xla), "graph_amp": plan.graph_amp}
+                           "xla": bool(plan.xla), "graph_amp": plan.graph_amp,
+                           "float32_layers": [p for lp in self._layer_plans() for p in lp.float32]}
         if self.models:
             doc["layers"] = [kernel for m in self.models for kernel in layer_kernels(m)]
         return doc
+
+    def _layer_plans(self) -> list[Any]:
+        """The trained models' layer plans: those the trainer applied (``layer_plans``), else as decided now."""
+        from ..layer_plan import decide
+
+        given = self.layer_plans or {}
+        return [given.get(str(getattr(m, "name", ""))) or decide(m, self.plan) for m in self.models]
 
     def close(self) -> None:
         if self._open:

@@ -120,6 +120,12 @@ class Audit:
             out[kind] = {"time_ms": round(self._time(entries), 4), "dtypes": _shares(dtypes), "units": _shares(units)}
         return out
 
+    def planned_float32(self, layers: Sequence[str]) -> bool:
+        """Whether the model's layer plan keeps every one of ``layers`` in float32 (``plan["float32_layers"]``:
+        the layer plan's float32 paths; a sublayer goes with its layer)."""
+        kept = tuple(self.plan.get("float32_layers") or ())
+        return bool(layers) and all(any(path == k or path.startswith(k + "/") for k in kept) for path in layers)
+
     def float32_islands(self) -> list[dict[str, Any]]:
         """float32 compute under a reduced-precision plan, grouped by the layers it was matched to."""
         if self.plan.get("compute_dtype") not in REDUCED or self.outside_onednn:
@@ -134,7 +140,7 @@ class Audit:
             t = self._time(entries)
             matched = "unmatched" if not layers else ("layer" if len(layers) == 1 else "ambiguous")
             check = [f for f in self.findings if f.get("layer") in layers]
-            islands.append({"layers": list(layers), "time_ms": round(t, 4),
+            islands.append({"layers": list(layers), "planned": self.planned_float32(layers), "time_ms": round(t, 4),
                             "share": round(t / total, 6) if total else 0.0,
                             "kinds": sorted({e.kind for e in entries}), "matched": matched, "check": check})
         return islands
@@ -199,8 +205,9 @@ class Audit:
         for island in d["float32_islands"]:
             where = ", ".join(island["layers"]) or "unmatched (no layer of that shape)"
             why = "; ".join(f"{c.get('code')}: {c.get('what')}" for c in island["check"])
-            console.print(escape(f"float32 island: {where} ({island['matched']}): {_pct(island['share'])} of compute "
-                                 f"time in {', '.join(island['kinds'])}" + (f" [check: {why}]" if why else "")))
+            planned = ", as the layer plan keeps them" if island.get("planned") else ""
+            console.print(escape(f"float32 island: {where} ({island['matched']}{planned}): {_pct(island['share'])} of "
+                                 f"compute time in {', '.join(island['kinds'])}" + (f" [check: {why}]" if why else "")))
         for w in d["warnings"]:
             console.print(escape(f"warning: {w['what']}. Fix: {w['fix']}"), style="yellow")
         for note in self.notes:

@@ -31,7 +31,8 @@ def contradictions(audit: Any) -> list[dict[str, str]]:
         for family in ("convolution", "matmul"):
             entries = [e for e in audit.compute if FAMILY.get(e.kind, e.kind) == family]
             family_time = sum(e.time_ms for e in entries)
-            f32 = [e for e in entries if e.dtype == "float32"]
+            # float32 in a layer the layer plan keeps in float32 is as planned, never a contradiction
+            f32 = [e for e in entries if e.dtype == "float32" and not audit.planned_float32(e.layers)]
             f32_time = sum(e.time_ms for e in f32)
             if not family_time or f32_time / family_time < FLOAT32_KIND_SHARE or f32_time / total < MIN_TOTAL_SHARE:
                 continue
@@ -39,7 +40,8 @@ def contradictions(audit: Any) -> list[dict[str, str]]:
             where = f" (layers: {', '.join(layers)})" if layers else " (not matched to a layer)"
             out.append({"what": f"the plan says {want}; {_pct(f32_time / family_time)} of the {family} time ran in "
                                 f"float32 kernels{where}",
-                        "fix": "leave only the output layer in float32: the layers named are pinned to float32 "
+                        "fix": "leave in float32 only the layers the layer plan keeps there (prepare_model: the output "
+                               "layer, the plan's float32 layer kinds): the layers named are pinned to float32 "
                                "(dtype=\"float32\") or cast inside; `amp-backends check` names why"})
     if want == "float32":
         reduced = {d: s for d, s in audit.time_share_by_dtype().items() if d in ("bfloat16", "float16", "float8")}

@@ -118,8 +118,9 @@ def prepare_run(opts: RunOptions, strategy: Any) -> Any:
 
 
 def prepare_models(plan: Any, *models: Any) -> None:
-    """The plan applied to each model (its float32 layers, float8 when the plan has fp8 on): said when it
-    changed something, or with fp8 on, why nothing."""
+    """Each model's layer plan applied, as :func:`amp_backends.prepare_model` decides it (its float32 layers, a
+    classifier head, float8 when the plan has fp8 on): said when it changed something, or with fp8 on, why
+    nothing. (The trainer applies the same layer plan again, measured on the first batch where that is due.)"""
     from ..prepare import prepare_model
 
     for model in models:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..policy_choice import float32_choice
 from . import _keras
 from .fp8_choice import fp8_layers
 from .result import ModelCheck
@@ -52,7 +51,7 @@ def _batch(structure: Any, batch_size: int | None, source: str = "batch_size={}"
 
 
 def check_model(model: Any, plan: Any = None, batch_size: int | None = None, *, inputs: Any = None,
-                hardware: Any = None) -> ModelCheck:
+                hardware: Any = None, layer_plan: Any = None) -> ModelCheck:
     """Check a Keras model for what makes mixed precision slow or wrong on the planned device.
 
     The model's forward pass is traced once (nothing runs and nothing in the model changes) and its graph
@@ -80,6 +79,10 @@ def check_model(model: Any, plan: Any = None, batch_size: int | None = None, *, 
         hardware: the probed :class:`~amp_backends.hardware.Hardware` to plan for when ``plan`` is ``None``
             (probed here if not given). A plan carries the support table it was made from — its backend's
             matrix units (Tensor Cores, XMX, AMX) included —, so with a plan this adds nothing.
+        layer_plan: the model's :class:`~amp_backends.layer_plan.LayerPlan` to compare it with (a trainer's, a
+            checkpoint's); by default the one :func:`amp_backends.layer_plan.decide` gives it (with the measured
+            choice cached for this model on this machine): layers the layer plan keeps in float32 are as planned,
+            layers it keeps in float32 that compute in low precision are reported.
 
     Returns:
         A :class:`~amp_backends.model_check.ModelCheck`: findings (errors first), a summary, JSON.
@@ -125,8 +128,11 @@ def check_model(model: Any, plan: Any = None, batch_size: int | None = None, *, 
     open_dims = len(dynamic_dims(structure))
     graph = trace_model(model, batch or DEFAULT_TRACE_BATCH, structure)
     target = make_target(plan, hardware)
-    rules = Rules(graph, target, batch)
-    rules.measured_float32 = float32_choice(model)
+    if layer_plan is None:
+        from ..layer_plan import decide
+
+        layer_plan = decide(model, plan)
+    rules = Rules(graph, target, batch, layer_plan)
     findings = rules.run()
     fp8 = fp8_layers(graph, rules.dims)
     notes = []

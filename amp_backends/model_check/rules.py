@@ -83,8 +83,10 @@ class Rules(RuleContext):
                          + (" and nothing below 6e-8" if out.producer_dtype == "float16" else "")
                          + ": probabilities near 0 and 1 round off, and the loss's log(p) reads the rounded values "
                          "(Keras's mixed precision guide computes the final activation in float32)",
-                         f"give this layer activation=None and add keras.layers.Activation('{act}', dtype='float32') "
-                         "after it (keras.applications: classifier_activation=None, then that Activation)",
+                         "call amp_backends.prepare_model(model, plan) after building the model and before compile(): "
+                         "it computes the output layer in float32 (the Trainer does it itself); or give this layer "
+                         f"dtype='float32' (or activation=None and a keras.layers.Activation('{act}', dtype='float32') "
+                         "after it)",
                          output=out.index, dtype=out.producer_dtype)
             elif out.dtype in ("float16", "bfloat16"):
                 self.add("warning", "output-dtype", out.layer, f"{label} is {out.dtype}, not float32",

@@ -59,7 +59,7 @@ def labels(class_name: str, kind: str) -> dict[str, str]:
 class RuleContext:
     """One traced model judged for one target: the findings so far, and the helpers every rule uses."""
 
-    def __init__(self, graph: ModelGraph, target: Target, batch_size: int | None) -> None:
+    def __init__(self, graph: ModelGraph, target: Target, batch_size: int | None, layer_plan: Any = None) -> None:
         self.graph = graph
         self.target = target
         self.batch_size = batch_size
@@ -69,9 +69,13 @@ class RuleContext:
         self.sized = not graph.gemms or len(self.known) >= SIZED_MOST * len(graph.gemms)
         self.findings: list[Finding] = []
         self.model_built_float32 = False
-        self.measured_float32: Any = None  # the PolicyChoice that set every layer to float32, if one did
-        # the layers the plan keeps in float32 (their sublayers, an LSTM's cell, go with them)
-        self.kept_paths = [i.path for i in graph.layers[1:] if i.kept_by(target.float32_layers)]
+        self.layer_plan = layer_plan  # the model's LayerPlan: the layers it computes in float32 on purpose
+        # the measurement that set every layer to float32, if one did
+        self.measured_float32: Any = layer_plan.measurement if layer_plan is not None and layer_plan.all_float32 \
+            else None
+        # the layers the layer plan keeps in float32 (their sublayers, an LSTM's cell, go with them)
+        self.kept_paths = list(layer_plan.float32) if layer_plan is not None else [
+            i.path for i in graph.layers[1:] if i.kept_by(target.float32_layers)]
 
     # -- helpers ---------------------------------------------------------------------------------
     def kept_float32(self, info: Any) -> bool:

@@ -66,7 +66,10 @@ def policy_mismatch(rules: RuleContext) -> None:
                       f"although the plan's policy is {target.policy}",
                       "the model was built before the plan's policy was set (a Keras dtype policy applies to layers "
                       f"created after it): it trains in float32 and gets none of {target.policy}'s speed",
-                      "call amp_backends.auto_configure() before building the model", policy=target.policy)
+                      "call amp_backends.auto_configure() before building the model; a model saved after a "
+                      "measurement set every layer to float32 elsewhere gets its layer plan back here from "
+                      "amp_backends.prepare_model(model, plan, inputs=<one batch>), which measures it on this machine",
+                      policy=target.policy)
             return
     other = {d: s for d, s in by_dtype.items() if d in ("float16", "bfloat16") and d != target.compute_dtype}
     for dtype, share in other.items():
@@ -105,7 +108,9 @@ def float32_layers(rules: RuleContext) -> None:
     target, graph = rules.target, rules.graph
     if not target.mixed or target.graph_amp or not target.float32_layers or rules.model_built_float32:
         return
-    matched = [(i, info) for i, info in enumerate(graph.layers) if i and info.kept_by(target.float32_layers)]
+    planned = set(rules.layer_plan.paths("float32", "float32_layers")) if rules.layer_plan is not None else None
+    matched = [(i, info) for i, info in enumerate(graph.layers) if i and info.kept_by(target.float32_layers)
+               and (planned is None or info.path in planned)]
     if not matched:
         return
     low = [i for i, info in matched if info.compute_dtype == target.compute_dtype]

@@ -10,6 +10,7 @@ before ``auto_configure()`` (its layers compute in float32 under a mixed plan) i
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 import logging
 import warnings
 from typing import Any, Iterable, Mapping, Sequence
@@ -79,12 +80,11 @@ def trained_models(updates: Sequence[Any], objects: Mapping[str, Any] | None) ->
             if not any(o is not m and variables[id(m)] < variables[id(o)] for o in owners)]
 
 
-def built_float32(model: Any, plan: Any) -> bool:
+def built_float32(model: Any, plan: Any, layer_plan: Any = None) -> bool:
     """Most of the model's weights sit in layers computing in float32 although the plan's policy is mixed
-    (the layers the plan itself keeps in float32 are not counted)."""
-    from ..policy_choice import float32_choice
-
-    if not str(getattr(plan, "policy", "")).startswith("mixed_") or float32_choice(model) is not None:
+    (the layers its layer plan keeps in float32 are not counted; a layer plan that keeps every layer in float32
+    is as planned)."""
+    if not str(getattr(plan, "policy", "")).startswith("mixed_") or (layer_plan is not None and layer_plan.all_float32):
         return False
     by_dtype: dict[bool, int] = {True: 0, False: 0}
     kept = tuple(getattr(plan, "float32_layers", ()) or ())
@@ -129,9 +129,10 @@ def model_inputs(model: Any, x: Any) -> Any:
     return x
 
 
-def check_models(models: Sequence[Any], plan: Any, source: Any, *, batch_size: int) -> None:
-    """Check each model at one replica's batch of ``source`` (the trainer's input) and log (and warn) what it
-    found; a check that fails never stops training."""
+def check_models(models: Sequence[Any], plan: Any, source: Any, *, batch_size: int,
+                 layer_plans: Mapping[str, Any] | None = None) -> None:
+    """Check each model against its layer plan at one replica's batch of ``source`` (the trainer's input) and log
+    (and warn) what it found; a check that fails never stops training."""
     from .. import model_check
 
     if not models:
@@ -141,14 +142,16 @@ def check_models(models: Sequence[Any], plan: Any, source: Any, *, batch_size: i
 
     for model in models:
         name = getattr(model, "name", model)
-        if built_float32(model, plan):
+        layer_plan = (layer_plans or {}).get(str(name))
+        if built_float32(model, plan, layer_plan):
             _warn(f"The model {name!r} computes in float32 under the plan's {plan.policy}: it was built before "
                   "auto_configure() set the dtype policy (a Keras policy applies to the layers created after it), "
                   f"so it trains without {plan.policy}'s speed. Fix: build it after auto_configure().")
         inputs = None if x is None else model_inputs(model, x)
         try:
             try:
-                result = model_check.check_model(model, plan, batch_size=batch_size, inputs=inputs)
+                result = model_check.check_model(model, plan, batch_size=batch_size, inputs=inputs,
+                                                 layer_plan=layer_plan)
             except (TypeError, ValueError) as exc:
                 if inputs is None:
                     raise
@@ -156,7 +159,7 @@ def check_models(models: Sequence[Any], plan: Any, source: Any, *, batch_size: i
                 # check at the model's own shapes instead.
                 logger.info(f"The precision check of {name!r} could not use the training batch ({exc}); it "
                             "checks the model at its own input shapes.")
-                result = model_check.check_model(model, plan, batch_size=batch_size)
+                result = model_check.check_model(model, plan, batch_size=batch_size, layer_plan=layer_plan)
         except Exception as exc:
             logger.warning(f"The precision check of {name!r} failed ({type(exc).__name__}: {str(exc)[:200]}); "
                            "training goes on.")
@@ -173,68 +176,58 @@ def check_models(models: Sequence[Any], plan: Any, source: Any, *, batch_size: i
             logger.info(line)
 
 
-def keep_float32_layers(models: Sequence[Any], plan: Any, say: bool) -> None:
-    """The plan's float32 layer kinds set to float32 in each model before its first step (as
-    :func:`amp_backends.prepare_model` does for ``fit``), and said once when any changed."""
-    from ..prepare import float32_layers
+def prepare_models(models: Sequence[Any], plan: Any, source: Any, *, batch_size: int,
+                   stored: Mapping[str, Any] | None, say: bool, measure: bool | None) -> dict[str, Any]:
+    """Each model's layer plan applied before its first step, as :func:`amp_backends.prepare_model` applies it
+    for ``fit``: the checkpoint's for a resumed run (whatever the flags: a resumed run trains as the run it
+    continues), else decided on the first batch — measured where ``measure`` allows it and nothing is cached
+    (``None``: where the model has layers the plan keeps in float32; ``True``: any model under a mixed plan;
+    ``False``: never). Each layer plan is said once. Returns the layer plans by model name (for the
+    checkpoints, the check and the audit)."""
+    from ..layer_plan import LayerPlan, decide
+    from ..policy_choice import FLOAT32, Measurement
+    from ..prepare import prepare_model
 
-    for model in models:
-        try:
-            kept = float32_layers(model, plan)
-        except TypeError as exc:  # a Keras whose layers take no new dtype policy
-            logger.warning(f"{getattr(model, 'name', model)}: the plan's float32 layers could not be set ({exc}); "
-                           "they train in the plan's policy.")
-            continue
-        if kept and say:
-            logger.info(f"{getattr(model, 'name', model)}: {len(kept)} layers kept in float32 "
-                        f"(plan.float32_layers: {', '.join(k.describe() for k in plan.float32_layers)}): "
-                        f"{', '.join(kept)}")
-
-
-def choose_float32(models: Sequence[Any], plan: Any, source: Any, *, batch_size: int,
-                   stored: Mapping[str, Any] | None, say: bool, allowed: bool = True,
-                   always: bool = False) -> dict[str, bool]:
-    """For each model: every layer float32 or not, as the checkpoint of the run this one resumes says (whatever
-    the flags: a resumed run trains as the run it continues), or, where ``allowed`` and the model has layers the
-    plan keeps in float32 (``always``: any model under a mixed plan), measured on the first batch. Each choice
-    is said once; a measurement that fails keeps the plan, recorded as such. Returns the choices by model
-    name, for the checkpoints."""
-    from ..policy_choice import apply_float32, measure, not_measurable, worth_measuring
-
-    choices: dict[str, bool] = {}
+    plans: dict[str, Any] = {}
     x: Any = None
     for model in models:
         name = str(getattr(model, "name", model))
-        if stored is not None and name in stored:
-            choice = apply_float32(model, plan, bool(stored[name]))
-            choices[name] = choice.float32
-            if say:
-                logger.info(f"{name}: {choice}")
-            continue
-        if not allowed or not (worth_measuring(model, plan) or (always and plan.compute_dtype != "float32")):
-            continue
-        why_not = not_measurable(model, plan)
-        if why_not:
-            if say:
-                logger.info(f"{name}: whether every layer in float32 is faster was not measured: {why_not}")
-            continue
-        if x is None:
-            batch = source.first_batch(batch_size)
-            x = batch[0] if isinstance(batch, (tuple, list)) else batch
-        inputs = model_inputs(model, x)
-        if inputs is None:
-            continue
+        kept = (stored or {}).get(name)
+        if kept is None and stored and len(stored) == 1 and len(models) == 1:
+            kept = next(iter(stored.values()))  # the one model, named anew (Keras's automatic names count up)
         try:
-            measured = measure(model, plan, inputs)
+            if kept is not None:
+                # the checkpoint's choice, whatever the flags; the layers follow from the model's structure
+                measured = LayerPlan.from_dict(kept).measurement if isinstance(kept, Mapping) else Measurement(
+                    FLOAT32 if kept else "plan", plan.policy)  # (an earlier release kept the choice alone)
+                if measured is not None:
+                    measured = replace(measured, origin="checkpoint")
+                prep = prepare_model(model, plan, layer_plan=decide(model, plan, measurement=measured, use_cache=False))
+                origin = "the checkpoint's layer plan"
+            else:
+                if x is None and measure is not False:
+                    batch = source.first_batch(batch_size)
+                    x = batch[0] if isinstance(batch, (tuple, list)) else batch
+                inputs = model_inputs(model, x) if x is not None else None
+                wanted = measure if inputs is not None else (False if measure is False else None)
+                prep = prepare_model(model, plan, inputs=inputs, measure_float32=wanted)
+                origin = ""
+        except TypeError as exc:  # a Keras whose layers take no new dtype policy
+            logger.warning(f"{name}: the layer plan could not be applied ({exc}); it trains in the plan's policy.")
+            continue
         except Exception as exc:
-            choices[name] = False
-            logger.warning(f"{name}: could not measure whether float32 trains faster ({type(exc).__name__}: "
+            logger.warning(f"{name}: whether float32 trains faster could not be measured ({type(exc).__name__}: "
                            f"{str(exc)[:200]}); the plan is kept.")
             continue
-        choices[name] = measured.float32
-        if say:
-            logger.info(f"{name}: {measured}")
-    return choices
+        layer_plan = prep.layer_plan
+        plans[name] = layer_plan
+        if say and layer_plan is not None and (layer_plan.decisions or layer_plan.measurement or prep.choice_note):
+            logger.info(f"{layer_plan.summary()}{' (' + origin + ')' if origin else ''}")
+            if layer_plan.measurement is not None:
+                logger.info(f"{name}: {layer_plan.measurement}")
+            elif prep.choice_note:
+                logger.info(f"{name}: {prep.choice_note}")
+    return plans
 
 
 def _warn(line: str, message: str | None = None) -> None:

@@ -36,7 +36,7 @@ from .observers import (
 )
 from .position import At, Position
 from .precision import check_models as check_trained_models
-from .precision import choose_float32, keep_float32_layers, trained_models
+from .precision import prepare_models, trained_models
 from .results import Progress, TrainResult
 from .seeding import current_seed
 from .signals import StopSignals, interrupted_message
@@ -60,12 +60,13 @@ class Trainer:
     warnings are logged as warnings and raised as :class:`~amp_backends.errors.AmpWarning` (see :mod:`.precision`).
     ``audit`` (``True``: the steps after the warm-up calls, or ``(start, stop)``) reports the kernels that ran
     in that window, on a CPU from oneDNN's records when the program started with ``ONEDNN_VERBOSE=1``
-    (:class:`amp_backends.audit.AuditObserver`; the result is ``trainer.audit.result``). The plan's float32
-    layers (``plan.float32_layers``) are set to float32 in the trained models at once; where a model has such
-    layers, its first batch also measures whether it trains faster with every layer in float32
-    (:mod:`amp_backends.policy_choice`; ``measure_float32=False`` never, ``True`` for any model under a mixed
-    plan; never across several replicas, which could choose apart), a choice its checkpoints keep: a resumed
-    run follows it.
+    (:class:`amp_backends.audit.AuditObserver`; the result is ``trainer.audit.result``). Before the first step
+    each trained model gets its layer plan (:func:`amp_backends.prepare_model`: the plan's float32 layers, a
+    classifier head in float32, float8 where on, and — where a model has layers the plan keeps in float32 — whether
+    it trains faster with every layer in float32, cached for the model on this machine or measured on the first
+    batch: ``measure_float32=False`` never, ``True`` for any model under a mixed plan; never across several
+    replicas, which could choose apart). The layer plans are ``trainer.layer_plans``; the checkpoints keep them
+    and a resumed run applies them as they were.
     """
 
     WARMUP_CALLS = WARMUP_CALLS  # calls excluded from the throughput summary (tracing, XLA compilation)
@@ -133,13 +134,12 @@ class Trainer:
         self._called: set[Any] = set()
         self._last_input: tuple[Any, Any, Any] | None = None
         trained = trained_models(self.updates, checkpoint_objects)
-        keep_float32_layers(trained, plan, self.is_chief)
         self._to_check = list(trained) if check_models else []
-        # whether a model trains faster all in float32, measured on its first batch (one replica only: workers
-        # measuring apart could choose apart)
-        self._to_measure = list(trained)
-        self._measure_allowed = measure_float32 is not False and self.replicas == 1
-        self._measure_always = measure_float32 is True
+        # each model's layer plan, applied before its first step (measured on one replica only: workers measuring
+        # apart could choose apart)
+        self._to_prepare = list(trained)
+        self._measure = False if self.replicas > 1 else measure_float32
+        self.layer_plans: dict[str, Any] = {}
         self._stored_precision: dict[str, Any] | None = None
         if audit and self.is_chief:  # what ran in a window of steps
             self.audit = audit_observer(audit, trained, plan, steps_per_call)
@@ -175,7 +175,8 @@ class Trainer:
         if restored is None:
             return None
         at, then_batch = self.position.restored()
-        self._stored_precision = (restored.stored or {}).get("float32_choice")
+        stored = restored.stored or {}
+        self._stored_precision = stored.get("layer_plans") or stored.get("float32_choice")
         if self.is_chief:
             log_resume(restored, at, then_batch, self.batch_size, updates=self.updates, scalers=self.scalers,
                        plan_headline=self._plan_headline)
@@ -204,17 +205,20 @@ class Trainer:
             self.store.ensure_fresh()
         elif self.store and self.restore() is None and self.is_chief:
             logger.info(f"Nothing to resume in {self.store.directory}: starting from the beginning.")
-        measured, self._to_measure = self._to_measure, []
-        if measured:
-            choices = choose_float32(measured, self.plan, source, batch_size=self.batch_size,
-                                     stored=self._stored_precision, say=self.is_chief,
-                                     allowed=self._measure_allowed, always=self._measure_always)
-            if self.store and choices:
-                self.store.annotate("float32_choice", choices)
+        prepared, self._to_prepare = self._to_prepare, []
+        if prepared:
+            self.layer_plans.update(prepare_models(prepared, self.plan, source, batch_size=self.batch_size,
+                                                   stored=self._stored_precision, say=self.is_chief,
+                                                   measure=self._measure))
+            if self.store and self.layer_plans:
+                self.store.annotate("layer_plans", {n: lp.to_dict() for n, lp in self.layer_plans.items()})
+            if getattr(self, "audit", None) is not None:
+                self.audit.layer_plans = self.layer_plans
         models, self._to_check = self._to_check, []
         if self.is_chief:
             logger.info(training_line(source, self.batch_size, self.steps_per_call, self.checkpoint_every))
-            check_trained_models(models, self.plan, source, batch_size=self.batch_size // self.replicas)
+            check_trained_models(models, self.plan, source, batch_size=self.batch_size // self.replicas,
+                                 layer_plans=self.layer_plans)
 
         progress = Progress([u.name for u in self.updates], self.WARMUP_CALLS)
         for o in self.observers:

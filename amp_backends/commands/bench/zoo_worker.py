@@ -67,7 +67,6 @@ class ZooWorker:
         import numpy as np
 
         from ...model_check._keras import policy_name, walk
-        from ...policy_choice import float32_choice
         from ...zoo import get
 
         tf = self.tf
@@ -90,6 +89,7 @@ class ZooWorker:
                        if layer is not self.model)
 
         built_float32 = float32_layers()
+        layer_plan = None
         if kind == "trainer":
             self._trainer()
         else:
@@ -101,6 +101,7 @@ class ZooWorker:
 
                 first = tf.nest.map_structure(lambda a: a[:batch], self.x)
                 prep = prepare_model(self.model, self.plan, inputs=None if self.entry.gan else first)
+                layer_plan = prep.layer_plan
                 if prep.choice:
                     print(f"zoo worker: {prep.choice}", file=sys.stderr, flush=True)
                 opt, kwargs = self.plan.wrap_optimizer(opt), dict(self.plan.compile_kwargs())
@@ -116,11 +117,13 @@ class ZooWorker:
         built_under = str(getattr(policy, "name", self.policy))
         if built_under != self.policy:
             raise RuntimeError(f"the model was built under {built_under}, not {self.policy}")
-        choice = float32_choice(self.model)
+        if kind == "trainer" and self.trainer is not None:
+            layer_plan = self.trainer.layer_plans.get(self.model.name)
+        choice = layer_plan.measurement if layer_plan is not None and layer_plan.all_float32 else None
         kept = float32_layers() - built_float32
         setup = self.describe() + (
             f", every layer float32 (measured {choice.ratio:.2f}x as fast as {choice.policy} on this model)"
-            if choice is not None and not choice.resumed else
+            if choice is not None and choice.rounds else
             f", {kept} layers kept in float32 (plan.float32_layers)" if kept else "")
         out: dict[str, Any] = {"warmup_s": round(warmup, 2), "setup": setup, "policy": built_under,
                                "params": int(sum(np.prod(v.shape) for v in self.model.weights))}

@@ -1,0 +1,88 @@
+"""The package's answers kept between runs: one JSON file per kind, written atomically, read tolerantly.
+
+Autotune's choices and the measured per-layer precision choices are cached, so that the same model on the
+same machine gets the same answer every run without timing again. The folder is ``$AMP_CACHE_DIR``, else
+``$XDG_CACHE_HOME/amp_backends``, else ``~/.cache/amp_backends`` (a relative path is taken against the
+working directory). A damaged file is read as empty (and rewritten on the next store); a file that cannot
+be written is skipped with a warning: a cache never stops training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("amp_backends")
+
+
+def cache_dir() -> Path:
+    """The cache folder, absolute (``~`` expanded)."""
+    if os.environ.get("AMP_CACHE_DIR"):
+        path = os.environ["AMP_CACHE_DIR"]
+    else:
+        path = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "amp_backends")
+    return Path(os.path.abspath(os.path.expanduser(path)))
+
+
+def digest(text: str) -> str:
+    """A short stable hash of ``text`` (cache keys)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def load(path: Path) -> dict[str, Any]:
+    """The cache file's entries; ``{}`` when it is missing or damaged."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def store(path: Path, key: str, value: Any) -> bool:
+    """Add ``key: value`` to the file, atomically (a temporary file renamed over it); whether it was written."""
+    entries = load(path)
+    entries[key] = value
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(entries, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as exc:
+        logger.warning(f"Could not write the cache {path} ({exc}); the answer is not kept for the next run.")
+        return False
+    return True
+
+
+_MACHINE: list[str] = []
+
+
+def host_machine() -> str:
+    """This machine's CPU as the OS names it (``/proc/cpuinfo``'s model name, family and model; else the
+    platform's processor string): part of every cache key, so that a cache copied to another machine is not
+    taken for its own."""
+    if _MACHINE:
+        return _MACHINE[0]
+    import platform
+
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "cpu family", "model", "CPU part") and key not in fields:
+                    fields[key] = value.strip()
+                if not line.strip() and fields:
+                    break
+    except OSError:
+        pass
+    name = fields.get("model name") or platform.processor() or platform.machine() or "unknown"
+    extra = "/".join(fields[k] for k in ("cpu family", "model", "CPU part") if k in fields)
+    _MACHINE.append(f"{name}{' (' + extra + ')' if extra else ''}")
+    return _MACHINE[0]

@@ -1,0 +1,378 @@
+"""A model's layer plan: which layers compute in another dtype than the plan's policy, each with its reason.
+
+A :class:`~amp_backends.plan.Plan` is decided from the hardware, before the model exists. What it means for
+one model is a :class:`LayerPlan`, a frozen value — layer path -> dtype policy (``float32``, ``float8``), with
+the reason and where the decision came from — decided by :func:`decide` from the model's structure and the
+plan, and applied by :func:`apply`, the only code in the package that sets a layer's dtype policy or
+quantizes one. :func:`amp_backends.prepare_model`, the trainer, the examples, the model zoo, the audit's child
+process and the precision check all go through it, so the model that trains, the model that is audited and
+the model that is checked are one model.
+
+The decisions, in order:
+
+* **float32 layers** (``plan.float32_layers``): the layer kinds this hardware trains slower in the policy's
+  low precision than in float32 (depthwise convolutions with a stride or a large kernel, LSTMs, on CPUs with
+  AVX512-BF16 and no AMX); their sublayers (an LSTM's cell) follow them.
+* **classifier heads**: a model output produced by a softmax or sigmoid (a layer's ``activation`` or a
+  ``Softmax``/``Activation`` layer) in float16 or bfloat16 is computed in float32, as Keras's mixed precision
+  guide does it: the low-precision probabilities round near 0 and 1, where the loss reads them.
+* **every layer float32, measured** (:mod:`amp_backends.policy_choice`): where the plan keeps layers in
+  float32 and the model has such layers, a model can still train faster all in float32; it is timed only
+  where asked, decided only when one side wins every interleaved round, and cached per model architecture,
+  input shapes, device and TensorFlow/Keras version: the same model on the same machine gets the same layer
+  plan every run, and a saved and reloaded model gets it back from :func:`decide`.
+* **float8** (``plan.fp8``): the eligible Dense/EinsumDense layers (:mod:`amp_backends.fp8`).
+
+A layer the user gave another dtype keeps it. The trainer keeps each model's layer plan in its checkpoints,
+and a resumed run applies the checkpoint's (:meth:`LayerPlan.from_dict`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .plan import Plan
+
+FLOAT32 = "float32"
+FLOAT8 = "float8"
+# where a decision came from
+RULE = "float32_layers"  # the plan's float32 layer kinds
+HEAD = "head"  # a classifier's final softmax or sigmoid
+MEASURED = "measured"  # every layer float32: measured faster on this model
+FP8 = "fp8"  # the plan's float8
+SOURCES = (RULE, HEAD, MEASURED, FP8)
+
+HEAD_ACTIVATIONS = {"softmax": "softmax", "sigmoid": "sigmoid", "log_softmax": "log_softmax"}
+HEAD_LAYERS = {"Softmax": "softmax"}
+
+
+@dataclass(frozen=True)
+class LayerDecision:
+    """One layer's dtype policy where it differs from the plan's: its path (``model/block/dense``), the policy
+    (``float32`` or ``float8``), why, and which rule decided it (:data:`SOURCES`)."""
+
+    path: str
+    dtype: str
+    reason: str
+    source: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"path": self.path, "dtype": self.dtype, "reason": self.reason, "source": self.source}
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """One model's per-layer precision under a plan (see the module docstring).
+
+    ``policy`` is the plan's dtype policy, which every layer not in ``decisions`` follows (or keeps the dtype it
+    was given). ``considered`` lists the float8 candidates in graph order as ``(path, quantized, why)``, and
+    ``float8_note`` says why none is, where none is. ``measurement`` is the measured all-float32 choice
+    (:class:`~amp_backends.policy_choice.Measurement`) where one was made, cached or restored; ``notes`` say what was
+    not decided and why.
+    """
+
+    model: str
+    policy: str
+    decisions: tuple[LayerDecision, ...] = ()
+    measurement: Any = None
+    notes: tuple[str, ...] = ()
+    considered: tuple[tuple[str, bool, str], ...] = ()
+    float8_note: str = ""
+
+    def dtype(self, path: str) -> str:
+        """The dtype policy the plan gives the layer at ``path`` (its own, or that of a layer it belongs to)."""
+        for decision in self.decisions:
+            if path == decision.path or path.startswith(decision.path + "/"):
+                return decision.dtype
+        return self.policy
+
+    def paths(self, dtype: str, source: str | None = None) -> tuple[str, ...]:
+        return tuple(d.path for d in self.decisions if d.dtype == dtype and source in (None, d.source))
+
+    @property
+    def float32(self) -> tuple[str, ...]:
+        """The layers planned in float32."""
+        return self.paths(FLOAT32)
+
+    @property
+    def float8(self) -> tuple[str, ...]:
+        return self.paths(FLOAT8)
+
+    @property
+    def all_float32(self) -> bool:
+        """Whether a measurement set every layer to float32."""
+        return bool(self.measurement is not None and self.measurement.float32)
+
+    def keeps_float32(self, path: str) -> bool:
+        return self.dtype(path) == FLOAT32
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "policy": self.policy, "layers": [d.to_dict() for d in self.decisions],
+                "measured": self.measurement.to_dict() if self.measurement is not None else None,
+                "notes": list(self.notes)}  # (the float8 candidates are the report's, not the plan's)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LayerPlan:
+        """The layer plan :meth:`to_dict` wrote (a checkpoint's, a report's)."""
+        from .measurement import Measurement
+
+        try:
+            decisions = tuple(LayerDecision(str(d["path"]), str(d["dtype"]), str(d.get("reason", "")),
+                                            str(d.get("source", ""))) for d in data.get("layers", ()))
+            measured = data.get("measured")
+            return cls(str(data["model"]), str(data["policy"]), decisions,
+                       Measurement.from_dict(measured) if isinstance(measured, Mapping) else None,
+                       tuple(str(n) for n in data.get("notes", ())))
+        except (KeyError, TypeError, ValueError) as exc:
+            from .errors import AmpConfigError
+
+            raise AmpConfigError(
+                f"A stored layer plan could not be read ({type(exc).__name__}: {exc}). Expected the dictionary "
+                "LayerPlan.to_dict() writes. Fix: start the run afresh, or pass the layer plan as it was saved."
+            ) from exc
+
+    def summary(self) -> str:
+        """One line: how many layers in each dtype, and from which rule."""
+        if not self.decisions:
+            return f"{self.model}: every layer follows {self.policy}"
+        counts: dict[tuple[str, str], int] = {}
+        for d in self.decisions:
+            counts[(d.dtype, d.source)] = counts.get((d.dtype, d.source), 0) + 1
+        parts = [f"{n} {dtype} ({source})" for (dtype, source), n in counts.items()]
+        return f"{self.model}: {', '.join(parts)}; the other layers follow {self.policy}"
+
+    def __str__(self) -> str:
+        lines = [self.summary()]
+        reasons: dict[str, list[str]] = {}
+        for d in self.decisions:
+            reasons.setdefault(d.reason, []).append(d.path)
+        for reason, paths in reasons.items():
+            shown = ", ".join(paths[:6]) + (f" and {len(paths) - 6} more" if len(paths) > 6 else "")
+            lines.append(f"  {shown}: {reason}")
+        if self.measurement is not None:
+            lines.append(f"  measured: {self.measurement}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- deciding
+def worth_measuring(model: Any, plan: Plan) -> bool:
+    """Whether the plan keeps some layers in float32 and ``model`` has such layers (in either dtype)."""
+    from .assessment import kept_in_float32
+    from .model_check._keras import walk
+
+    rules = tuple(getattr(plan, "float32_layers", ()) or ())
+    if not rules or getattr(plan, "compute_dtype", "float32") == "float32":
+        return False
+    return any(layer is not model and kept_in_float32(rules, layer)
+               for _, layer in walk(model, getattr(model, "name", "model")))
+
+
+
+def _walk(model: Any) -> Iterator[tuple[str, Any]]:
+    from .model_check._keras import walk
+
+    for path, layer in walk(model, getattr(model, "name", "model")):
+        if layer is not model:
+            yield path, layer
+
+
+def _low_dtype(plan: Plan) -> str | None:
+    dtype = getattr(plan, "compute_dtype", FLOAT32)
+    return None if dtype == FLOAT32 or getattr(plan, "graph_amp", None) else str(dtype)
+
+
+def _follows(layer: Any, plan: Plan, float32_too: bool = True) -> bool:
+    """Whether the layer computes as the plan's policy has it (or in float32 where the plan may have set it)."""
+    from .model_check._keras import policy_name
+
+    name = policy_name(layer)
+    return name == plan.policy or (float32_too and name == FLOAT32)
+
+
+def _rule_decisions(model: Any, plan: Plan) -> list[LayerDecision]:
+    from .assessment import kept_in_float32
+
+    rules = tuple(getattr(plan, "float32_layers", ()) or ())
+    if not rules:
+        return []
+    why = short_reason(plan)
+    out: list[LayerDecision] = []
+    done: set[int] = set()
+    from .model_check._keras import walk
+
+    for path, layer in _walk(model):
+        if id(layer) in done or not kept_in_float32(rules, layer) or not _follows(layer, plan):
+            continue
+        for sub_path, sub in walk(layer, path):
+            done.add(id(sub))
+            if _follows(sub, plan):
+                out.append(LayerDecision(sub_path, FLOAT32, why, RULE))
+    return out
+
+
+def short_reason(plan: Plan) -> str:
+    """The float32 layers' reason in one short clause (the plan's reason holds the figures)."""
+    kinds = ", ".join(k.describe() for k in getattr(plan, "float32_layers", ()) or ())
+    return (f"the plan keeps {kinds} in float32 here: faster than {plan.compute_dtype} on this hardware "
+            "(plan.explain() has the figures)")
+
+
+def output_layers(model: Any) -> list[tuple[str, Any]]:
+    """``(path, layer)`` of the layers that produce the model's outputs (through nested models), where the model
+    tells (functional and Sequential models)."""
+    paths = {id(layer): path for path, layer in _walk(model)}
+    found: list[tuple[str, Any]] = []
+
+    def producers(m: Any) -> list[Any]:
+        out = []
+        try:
+            outputs = list(getattr(m, "outputs", None) or [])
+        except (AttributeError, ValueError):
+            outputs = []
+        for t in outputs:
+            history = getattr(t, "_keras_history", None)
+            layer = history[0] if history else None
+            if layer is not None:
+                out.append(layer)
+        if not out and type(m).__name__ == "Sequential" and getattr(m, "layers", None):
+            out.append(m.layers[-1])
+        return out
+
+    stack = producers(model)
+    seen: set[int] = set()
+    while stack:
+        layer = stack.pop()
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        inner = producers(layer) if hasattr(layer, "layers") and layer is not model else []
+        if inner:
+            stack.extend(inner)
+        elif id(layer) in paths:
+            found.append((paths[id(layer)], layer))
+    return found
+
+
+def head_activation(layer: Any) -> str | None:
+    """``softmax``/``sigmoid``/``log_softmax`` where the layer ends in one, else ``None``."""
+    if type(layer).__name__ in HEAD_LAYERS:
+        return HEAD_LAYERS[type(layer).__name__]
+    activation = getattr(layer, "activation", None)
+    name = getattr(activation, "__name__", None) or (activation if isinstance(activation, str) else None)
+    return HEAD_ACTIVATIONS.get(str(name)) if name else None
+
+
+def _head_decisions(model: Any, plan: Plan) -> list[LayerDecision]:
+    low = _low_dtype(plan)
+    if low is None:
+        return []
+    out = []
+    for path, layer in output_layers(model):
+        act = head_activation(layer)
+        if act and _follows(layer, plan):
+            out.append(LayerDecision(path, FLOAT32, f"the model's output is a {act}: computed in float32, as Keras's "
+                                     f"mixed precision guide does (in {low} its probabilities round off near 0 and 1)",
+                                     HEAD))
+    return out
+
+
+def low_precision_paths(model: Any, plan: Plan) -> list[str]:
+    """The layers that compute as the plan's policy has it (or in float32 where the plan set them)."""
+    return [path for path, layer in _walk(model) if _follows(layer, plan)]
+
+
+def decide(model: Any, plan: Plan, *, measurement: Any = None, use_cache: bool = True) -> LayerPlan:
+    """The float32 part of ``model``'s layer plan under ``plan``, from the model's structure (nothing in the model
+    changes; float8 joins it through :func:`with_float8`).
+
+    ``measurement``: an all-float32 choice to follow (from a checkpoint); else the cached one for this model,
+    machine and versions, if any (:func:`amp_backends.measurement.cached`; not with ``use_cache=False``).
+    Nothing is timed here: measuring is :func:`amp_backends.prepare_model`'s and the trainer's, where asked.
+    """
+    from .measurement import cached
+
+    name = str(getattr(model, "name", "model"))
+    decisions: list[LayerDecision] = []
+    if _low_dtype(plan) is not None:
+        decisions = _rule_decisions(model, plan)
+        taken = {d.path for d in decisions}
+        decisions += [d for d in _head_decisions(model, plan) if d.path not in taken]
+        if measurement is None and use_cache and worth_measuring(model, plan):
+            measurement = cached(model, plan)
+        decisions += _measured(model, plan, measurement, {d.path for d in decisions})
+    return LayerPlan(name, str(plan.policy), tuple(decisions), measurement)
+
+
+def with_float8(layer_plan: LayerPlan, layers: tuple[tuple[str, bool, str], ...], note: str) -> LayerPlan:
+    """``layer_plan`` with the float8 decisions of :func:`amp_backends.fp8.float8_decisions` (``layers``: every
+    candidate as ``(path, quantized, why)``; ``note``: why none is)."""
+    taken = {d.path for d in layer_plan.decisions}
+    extra = tuple(LayerDecision(p, FLOAT8, why, FP8) for p, done, why in layers if done and p not in taken)
+    return replace(layer_plan, decisions=layer_plan.decisions + extra, considered=layers, float8_note=note)
+
+
+def _measured(model: Any, plan: Plan, measurement: Any, taken: set[str]) -> list[LayerDecision]:
+    if measurement is None or not measurement.float32:
+        return []
+    why = f"every layer float32: this model trained faster in float32 here ({measurement.brief()})"
+    return [LayerDecision(p, FLOAT32, why, MEASURED) for p in low_precision_paths(model, plan) if p not in taken]
+
+
+def with_measurement(layer_plan: LayerPlan, model: Any, plan: Plan, measurement: Any) -> LayerPlan:
+    """``layer_plan`` with ``measurement``'s choice added (every layer float32, where it chose so)."""
+    extra = _measured(model, plan, measurement, {d.path for d in layer_plan.decisions})
+    return replace(layer_plan, decisions=layer_plan.decisions + tuple(extra), measurement=measurement)
+
+
+# ---------------------------------------------------------------------------------------------- applying
+def apply(model: Any, layer_plan: LayerPlan) -> tuple[str, ...]:
+    """Give each layer of ``model`` its policy in ``layer_plan``, in place; the paths of the layers changed.
+
+    float32 (or any other policy name) is set on the layer (Keras 3's ``dtype_policy`` setter, Keras 2's
+    ``_set_dtype_policy``); its variables were float32 already under a mixed policy, so only its arithmetic
+    changes, from its next call on (compile after this: a traced step keeps the dtypes it was traced with).
+    float8 quantizes the layer (``layer.quantize("float8")``, Keras >= 3.3). A path the model does not have is
+    an error naming it; applying the same plan again changes nothing.
+    """
+    from .keras_compat import set_layer_policy
+    from .model_check._keras import policy_name
+
+    layers = dict(_walk(model))
+    missing = [d.path for d in layer_plan.decisions if d.path not in layers]
+    if missing:
+        from .errors import AmpConfigError
+
+        raise AmpConfigError(
+            f"The layer plan names layers the model {getattr(model, 'name', model)!r} does not have: "
+            f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}. Expected the layer plan of this model "
+            "(layer paths as model/block/layer). Fix: decide it for this model (amp_backends.prepare_model(model, "
+            "plan)), or build the model with the names it was saved with.")
+    changed = []
+    for d in layer_plan.decisions:
+        layer = layers[d.path]
+        current = policy_name(layer)
+        if d.dtype == FLOAT8:
+            if not current.startswith(FLOAT8):
+                layer.quantize(FLOAT8)
+                changed.append(d.path)
+        elif current != d.dtype:
+            set_layer_policy(layer, d.dtype)
+            changed.append(d.path)
+    return tuple(changed)
+
+
+def restore(model: Any, policies: Mapping[str, str]) -> None:
+    """Put back the policies of :func:`policies` (a measurement's variants): the inverse of :func:`apply`."""
+    apply(model, LayerPlan(str(getattr(model, "name", "model")), "",
+                           tuple(LayerDecision(p, dtype, "restored", "") for p, dtype in policies.items())))
+
+
+def policies(model: Any) -> dict[str, str]:
+    """Each layer's dtype policy name, by path (what :func:`restore` puts back)."""
+    from .model_check._keras import policy_name
+
+    return {path: policy_name(layer) for path, layer in _walk(model) if not policy_name(layer).startswith(FLOAT8)}

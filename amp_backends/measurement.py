@@ -1,0 +1,158 @@
+"""A measured choice — every layer in float32, or the plan's policy kept — as data, and where it is cached.
+
+:class:`Measurement` is what :func:`amp_backends.policy_choice.measure` found: the two sides' rates and the
+verdict, decided only when one side won every interleaved round by :data:`MARGIN` (:func:`verdict_of`). It is
+kept per model architecture, machine, and TensorFlow and Keras versions (:func:`cached`, :func:`remember`,
+in ``layer_plans.json`` of :func:`amp_backends.cache.cache_dir`), so the same model on the same machine gets
+the same layer plan every run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .cache import cache_dir, digest, host_machine, load, store
+
+if TYPE_CHECKING:
+    from .plan import Plan
+
+MARGIN = 1.05  # a side must be this much faster in every round: closer than that is noise on these machines
+FLOAT32, PLAN, NOISE = "float32", "plan", "within noise"
+CACHE_FILE = "layer_plans.json"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What :func:`measure` found: samples/s (forward and backward; medians and min-max over the rounds) as the
+    layer plan has it and with every layer in float32, and the verdict: ``float32`` (every layer float32),
+    ``plan`` (the plan won every round) or ``within noise`` (the plan stays). ``origin`` says whether it was
+    measured now, read from the cache, or taken from the checkpoint of the run this one resumes."""
+
+    verdict: str
+    policy: str
+    plan_rate: float = 0.0
+    float32_rate: float = 0.0
+    plan_spread: tuple[float, float] = (0.0, 0.0)
+    float32_spread: tuple[float, float] = (0.0, 0.0)
+    rounds: int = 0
+    steps: int = 0
+    margin: float = MARGIN
+    origin: str = "measured"
+
+    @property
+    def float32(self) -> bool:
+        return self.verdict == FLOAT32
+
+    @property
+    def ratio(self) -> float:
+        return self.float32_rate / self.plan_rate if self.plan_rate else 0.0
+
+    def brief(self) -> str:
+        where = {"cached": ", cached", "checkpoint": ", from the checkpoint"}.get(self.origin, "")
+        if not self.rounds:
+            return f"{self.verdict}{where}"
+        return f"float32 at {self.ratio:.2f}x the {self.policy} speed, {self.rounds} interleaved rounds{where}"
+
+    def __str__(self) -> str:
+        origin = {"cached": " (cached: measured on this machine before)",
+                  "checkpoint": " (as the run this one resumes measured it, kept in its checkpoint)",
+                  }.get(self.origin, "")
+        figures = ""
+        if self.rounds:
+            figures = (f": forward and backward on one batch, {self.rounds} interleaved rounds of {self.steps} steps, "
+                       f"{self.policy} as planned {self.plan_rate:.4g} samples/s (min-max {self.plan_spread[0]:.4g}-"
+                       f"{self.plan_spread[1]:.4g}), every layer float32 {self.float32_rate:.4g} "
+                       f"({self.float32_spread[0]:.4g}-{self.float32_spread[1]:.4g}), {self.ratio:.2f}x")
+        if self.verdict == FLOAT32:
+            head = f"every layer float32: faster than {self.policy} in every round by more than {self.margin - 1:.0%}"
+        elif self.verdict == PLAN:
+            head = f"the plan's {self.policy} kept: faster than float32 in every round"
+        else:
+            head = (f"the plan's {self.policy} kept: within noise (neither side won every round by more than "
+                    f"{self.margin - 1:.0%})")
+        return head + origin + figures
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "policy": self.policy, "plan_rate": round(self.plan_rate, 3),
+                "float32_rate": round(self.float32_rate, 3), "plan_spread": [round(v, 3) for v in self.plan_spread],
+                "float32_spread": [round(v, 3) for v in self.float32_spread], "rounds": self.rounds,
+                "steps": self.steps, "margin": self.margin, "origin": self.origin}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Measurement:
+        return cls(str(data["verdict"]), str(data["policy"]), float(data.get("plan_rate", 0.0)),
+                   float(data.get("float32_rate", 0.0)), _pair(data.get("plan_spread")),
+                   _pair(data.get("float32_spread")), int(data.get("rounds", 0)), int(data.get("steps", 0)),
+                   float(data.get("margin", MARGIN)), str(data.get("origin", "measured")))
+
+
+def _pair(value: Any) -> tuple[float, float]:
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return float(value[0]), float(value[1])
+    return 0.0, 0.0
+
+
+def verdict_of(plan_rates: Any, float32_rates: Any, margin: float = MARGIN) -> str:
+    """``float32``/``plan`` where that side won every round by ``margin``, else ``within noise`` (pure)."""
+    from .timing import Timings
+
+    timings = Timings({PLAN: tuple(plan_rates), FLOAT32: tuple(float32_rates)})
+    return {FLOAT32: FLOAT32, PLAN: PLAN}.get(timings.winner(margin) or "", NOISE)
+
+
+def cache_key(model: Any, plan: Plan) -> str:
+    """The model's architecture (layer kinds, weight shapes, strides, kernels, activations, input shapes — not
+    its names, not its dtypes), the machine, the TensorFlow and Keras versions, and the plan's policy and float32
+    layer kinds."""
+    from .keras_compat import keras_info
+    from .model_check._keras import input_structure, walk
+    from .software import tensorflow_version
+
+    parts = []
+    for _, layer in walk(model, "m"):
+        shapes = [tuple(int(d) for d in getattr(w, "shape", ())) for w in getattr(layer, "weights", [])[:8]]
+        activation = getattr(getattr(layer, "activation", None), "__name__", "")
+        parts.append(f"{type(layer).__name__}:{shapes}:{getattr(layer, 'strides', '')}:"
+                     f"{getattr(layer, 'kernel_size', '')}:{activation}")
+    try:
+        inputs = str(input_structure(model))
+    except Exception:
+        inputs = "?"
+    import tensorflow as tf
+
+    rules = ",".join(k.describe() for k in getattr(plan, "float32_layers", ()) or ())
+    return "|".join([digest("/".join(parts) + inputs), plan.backend, host_machine(), ",".join(plan.devices),
+                     f"tf{tensorflow_version()}", f"keras{keras_info(tf).version}", plan.policy, rules])
+
+
+def cache_file() -> Path:
+    return cache_dir() / CACHE_FILE
+
+
+def cached(model: Any, plan: Plan, inputs: Any = None) -> Measurement | None:
+    """The measurement cached for this model on this machine, if one was made (``origin="cached"``)."""
+    try:
+        key = cache_key(model, plan)
+    except Exception:  # a model whose structure cannot be read has no key
+        return None
+    entry = load(cache_file()).get(key)
+    if not isinstance(entry, Mapping):
+        return None
+    try:
+        return replace(Measurement.from_dict(entry), origin="cached")
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def remember(model: Any, plan: Plan, measurement: Measurement) -> None:
+    """Keep ``measurement`` for the next run of this model on this machine."""
+    try:
+        key = cache_key(model, plan)
+    except Exception:
+        return
+    store(cache_file(), key, measurement.to_dict())
+
+

@@ -1,0 +1,91 @@
+"""One interleaved timing harness: every comparison of configurations in the package runs through it.
+
+Absolute speeds vary between machines of one kind and within one machine over minutes, so configurations
+are only compared inside one run, interleaved: each round times every variant once, in an order that
+rotates from round to round, and a variant *wins* only when it beats every other one in every round by the
+margin (:meth:`Timings.winner`). Anything less is within noise, and the caller keeps its default. Medians
+and their spread (min, max) are what reports quote.
+
+The harness touches no framework: a variant is a callable; ``sync(result)`` waits for its work to finish
+(``float(loss)`` for a TensorFlow step); ``clock`` is injectable, so the rule is tested without timing.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Rates (``units`` per second) of each variant, one per round, in the rounds' order."""
+
+    rates: Mapping[str, tuple[float, ...]]
+    steps: int = 1
+    units: float = 1.0
+
+    @property
+    def rounds(self) -> int:
+        return min((len(r) for r in self.rates.values()), default=0)
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.rates[name]) if self.rates[name] else 0.0
+
+    def spread(self, name: str) -> tuple[float, float]:
+        values = self.rates[name]
+        return (min(values), max(values)) if values else (0.0, 0.0)
+
+    def ratio(self, name: str, over: str) -> float:
+        """The median of ``name`` over the median of ``over`` (0 when ``over`` has none)."""
+        base = self.median(over)
+        return self.median(name) / base if base else 0.0
+
+    def wins(self, name: str, over: str, margin: float) -> bool:
+        """Whether ``name`` was faster than ``over`` by more than ``margin`` (1.05: 5%) in every round."""
+        pairs = list(zip(self.rates[name], self.rates[over], strict=False))
+        return bool(pairs) and all(a > b * margin for a, b in pairs)
+
+    def winner(self, margin: float) -> str | None:
+        """The variant that beat every other one in every round by ``margin``, or ``None`` (within noise)."""
+        for name in self.rates:
+            if all(self.wins(name, other, margin) for other in self.rates if other != name):
+                return name
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: {"median": round(self.median(name), 3), "min": round(self.spread(name)[0], 3),
+                       "max": round(self.spread(name)[1], 3), "rates": [round(r, 3) for r in values]}
+                for name, values in self.rates.items()}
+
+
+def interleaved(variants: Mapping[str, Callable[[], Any]], *, rounds: int = 5, steps: int = 1, units: float = 1.0,
+                sync: Callable[[Any], Any] | None = None, clock: Callable[[], float] = time.perf_counter,
+                between: Callable[[str], Any] | None = None) -> Timings:
+    """Time each variant ``steps`` times per round for ``rounds`` rounds, interleaved.
+
+    Round ``r`` starts at variant ``r mod n`` (a rotation), so no variant always runs first or right after
+    another one. ``units`` is what one call processes (samples, images), ``sync`` is applied to the last
+    call's result before the clock stops, and ``between(name)`` runs untimed before each variant's turn
+    (switching a model's layer policies, say). Raises what a variant raises.
+    """
+    if rounds < 1 or steps < 1:
+        raise ValueError(f"interleaved() needs rounds >= 1 and steps >= 1. Received: rounds={rounds}, steps={steps}.")
+    names = list(variants)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            if between is not None:
+                between(name)
+            run = variants[name]
+            start = clock()
+            result = None
+            for _ in range(steps):
+                result = run()
+            if sync is not None:
+                sync(result)
+            elapsed = max(clock() - start, 1e-12)
+            rates[name].append(units * steps / elapsed)
+    return Timings({name: tuple(values) for name, values in rates.items()}, steps, units)

@@ -1,0 +1,215 @@
+"""One precision decision per layer: the layer plan decided, applied, measured reproducibly, kept and compared.
+
+Decisions are checked on fake hardware (a Zen 4-like CPU plan with AVX512-BF16 and no AMX, whose plan keeps
+strided depthwise convolutions in float32) and for real with TensorFlow on this machine. The timing harness's
+rule is checked with an injected clock and with noisy rates: never with a timed assertion.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from amp_backends.measurement import FLOAT32, NOISE, PLAN, Measurement, verdict_of
+from amp_backends.timing import Timings, interleaved
+
+# -- the harness and the verdict: pure ---------------------------------------------------------------------
+
+
+def test_interleaved_rotates_the_order_and_times_each_variant_per_round():
+    order = []
+    ticks = iter(range(1000))
+    t = interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b"), "c": lambda: order.append("c")},
+                    rounds=3, steps=2, units=10, clock=lambda: float(next(ticks)))
+    assert order == ["a", "a", "b", "b", "c", "c", "b", "b", "c", "c", "a", "a", "c", "c", "a", "a", "b", "b"]
+    assert t.rounds == 3 and t.rates["a"] == (20.0, 20.0, 20.0)  # 10 units x 2 steps in one tick
+    with pytest.raises(ValueError, match="rounds >= 1"):
+        interleaved({"a": lambda: None}, rounds=0)
+
+
+def test_a_side_wins_only_when_it_wins_every_round_by_the_margin():
+    assert Timings({"x": (120, 121, 119), "y": (100, 100, 100)}).winner(1.05) == "x"
+    assert Timings({"x": (120, 103, 119), "y": (100, 100, 100)}).winner(1.05) is None  # one round within 5%
+    assert verdict_of((100, 100, 100), (110, 111, 112)) == FLOAT32
+    assert verdict_of((110, 111, 112), (100, 100, 100)) == PLAN
+    assert verdict_of((100, 120, 90), (110, 100, 100)) == NOISE
+
+
+def test_ten_noisy_measurements_of_equal_sides_give_one_answer():
+    # This machine's speed moves by up to 13% between identical configurations within one run: two equal sides
+    # under that noise must never decide the layer plan.
+    answers = set()
+    for seed in range(10):
+        rng = random.Random(seed)
+        noisy = [tuple(100 * rng.uniform(0.87, 1.13) for _ in range(5)) for _ in range(2)]
+        answers.add(verdict_of(*noisy))
+    assert answers == {NOISE}
+
+
+def test_a_measurement_round_trips_through_its_dict():
+    m = Measurement(FLOAT32, "mixed_bfloat16", 100.0, 130.0, (95.0, 104.0), (120.0, 140.0), 5, 2)
+    again = Measurement.from_dict(m.to_dict())
+    assert again == m and again.float32 and round(again.ratio, 2) == 1.3
+    assert "every round" in str(m) and "within noise" in str(Measurement(NOISE, "mixed_bfloat16"))
+
+
+# -- decided and applied for real ----------------------------------------------------------------------------
+tf = pytest.importorskip("tensorflow")
+pytestmark = pytest.mark.tensorflow
+
+
+@pytest.fixture
+def zen4_plan(registry):
+    from amp_backends.planner import make_plan
+    from amp_backends.request import build_request
+    from fakes import ZEN4, cpu_of, machine
+
+    return make_plan(machine(cpu_of(ZEN4)), build_request(registry.names(), environ={}), registry)
+
+
+def keras3() -> bool:
+    return str(getattr(tf.keras, "__version__", "2")).startswith("3")
+
+
+def dw_model(name="dw", head="softmax"):
+    from conftest import policy
+
+    keras = tf.keras
+    with policy("mixed_bfloat16"):
+        inp = keras.Input((16, 16, 8))
+        h = keras.layers.DepthwiseConv2D(3, strides=2, padding="same", name="dw_strided")(inp)
+        h = keras.layers.Conv2D(32, 1, activation="relu", name="pointwise")(h)
+        h = keras.layers.GlobalAveragePooling2D(name="pool")(h)
+        out = keras.layers.Dense(4, activation=head, name="predictions")(h)
+        return keras.Model(inp, out, name=name)
+
+
+def test_the_layer_plan_names_each_layer_with_its_reason_and_apply_is_the_one_setter(zen4_plan):
+    from amp_backends import layer_plan as lp
+
+    model = dw_model()
+    decided = lp.decide(model, zen4_plan)
+    assert decided.float32 == ("dw/dw_strided", "dw/predictions")
+    reasons = {d.path: (d.source, d.reason) for d in decided.decisions}
+    assert reasons["dw/dw_strided"][0] == lp.RULE and "DepthwiseConv2D" in reasons["dw/dw_strided"][1]
+    assert reasons["dw/predictions"][0] == lp.HEAD and "softmax" in reasons["dw/predictions"][1]
+    assert model.get_layer("dw_strided").compute_dtype == "bfloat16"  # deciding changes nothing
+    assert lp.apply(model, decided) == ("dw/dw_strided", "dw/predictions")
+    assert lp.apply(model, decided) == ()  # applying again changes nothing
+    assert model.get_layer("pointwise").compute_dtype == "bfloat16"
+    assert lp.LayerPlan.from_dict(decided.to_dict()) == decided
+    with pytest.raises(Exception, match="does not have: dw/nope"):
+        lp.apply(model, lp.LayerPlan("dw", "mixed_bfloat16", (lp.LayerDecision("dw/nope", "float32", "", ""),)))
+
+
+@pytest.mark.parametrize("head", ["softmax", "sigmoid"])
+def test_a_classifier_head_in_bfloat16_is_set_to_float32_and_the_check_has_nothing_to_say(zen4_plan, head):
+    import amp_backends
+
+    model = dw_model(head=head)
+    before = {f.code for f in amp_backends.check_model(model, zen4_plan, batch_size=8).findings}
+    assert "final-activation" in before  # an unprepared classifier: the check's error, with prepare_model as fix
+    prep = amp_backends.prepare_model(model, zen4_plan)
+    assert "dw/predictions" in prep.float32 and head in prep.float32_why
+    assert model.get_layer("predictions").compute_dtype == "float32"
+    after = amp_backends.check_model(model, zen4_plan, batch_size=8).findings
+    assert not [f for f in after if f.code in ("final-activation", "output-dtype") or f.layer == "dw/predictions"]
+
+
+def test_a_keras_applications_classifier_is_prepared_to_a_float32_softmax(zen4_plan):
+    import amp_backends
+    from conftest import policy
+
+    with policy("mixed_bfloat16"):
+        model = tf.keras.applications.MobileNetV3Small(input_shape=(32, 32, 3), weights=None, classes=5,
+                                                       include_preprocessing=False)
+    errors = [f.code for f in amp_backends.check_model(model, zen4_plan, batch_size=8).findings
+              if f.severity == "error"]
+    assert "final-activation" in errors
+    prep = amp_backends.prepare_model(model, zen4_plan)
+    heads = [d for d in prep.layer_plan.decisions if d.source == "head"]
+    assert len(heads) == 1 and model.get_layer(heads[0].path.split("/")[-1]).compute_dtype == "float32"
+    codes = {f.code for f in amp_backends.check_model(model, zen4_plan, batch_size=8).findings}
+    assert "final-activation" not in codes and "output-dtype" not in codes
+
+
+def test_the_same_model_gets_the_same_measured_layer_plan_ten_times(zen4_plan, monkeypatch):
+    import amp_backends
+    from amp_backends import policy_choice
+
+    calls = []
+    real = policy_choice.measure
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(policy_choice, "measure", counted)
+    x = tf.random.normal((8, 16, 16, 8)).numpy()
+    answers = set()
+    for _ in range(10):  # ten runs of one script: each builds the model anew and prepares it
+        prep = amp_backends.prepare_model(dw_model(), zen4_plan, inputs=x)
+        answers.add((prep.choice.verdict, prep.layer_plan.all_float32, len(prep.layer_plan.float32)))
+    assert len(answers) == 1 and len(calls) == 1  # measured once, then read from the cache
+
+
+def test_a_saved_reloaded_or_cloned_model_keeps_its_measured_layer_plan(zen4_plan, monkeypatch, tmp_path):
+    if not keras3():
+        pytest.skip("Keras 2 saves no per-layer dtype policy in a .keras file's config")
+    import amp_backends
+    from amp_backends import policy_choice
+
+    monkeypatch.setattr(policy_choice, "verdict_of", lambda *a: "float32")  # this model measured faster in float32
+    model = dw_model()
+    prep = amp_backends.prepare_model(model, zen4_plan, inputs=tf.zeros((4, 16, 16, 8)))
+    assert prep.layer_plan.all_float32
+    path = tmp_path / "m.keras"
+    model.save(path)
+    for other in (tf.keras.models.load_model(path), tf.keras.models.clone_model(model)):
+        codes = {f.code: f.severity for f in amp_backends.check_model(other, zen4_plan, batch_size=8).findings}
+        assert "policy-mismatch" not in codes and codes.get("measured-float32") == "info"
+
+
+def test_without_its_cache_a_reloaded_all_float32_model_is_told_how_to_get_its_plan_back(zen4_plan, monkeypatch,
+                                                                                         tmp_path):
+    if not keras3():
+        pytest.skip("Keras 2 saves no per-layer dtype policy in a .keras file's config")
+    import amp_backends
+    from amp_backends import policy_choice
+
+    monkeypatch.setattr(policy_choice, "verdict_of", lambda *a: "float32")
+    model = dw_model()
+    amp_backends.prepare_model(model, zen4_plan, inputs=tf.zeros((4, 16, 16, 8)))
+    model.save(tmp_path / "m.keras")
+    monkeypatch.setenv("AMP_CACHE_DIR", str(tmp_path / "another-machine"))
+    reloaded = tf.keras.models.load_model(tmp_path / "m.keras")
+    (finding,) = [f for f in amp_backends.check_model(reloaded, zen4_plan, batch_size=8).findings
+                  if f.code == "policy-mismatch"]
+    assert "prepare_model(model, plan, inputs=<one batch>)" in finding.fix
+
+
+def test_the_trainer_checkpoints_the_layer_plan_and_a_resume_applies_it(zen4_plan, monkeypatch, tmp_path):
+    import amp_backends
+    from amp_backends import policy_choice
+
+    monkeypatch.setattr(policy_choice, "verdict_of", lambda *a: "float32")
+    x = tf.random.normal((16, 16, 16, 8)).numpy()
+    y = (tf.range(16) % 4).numpy()
+
+    def run(epochs, resume):
+        model = dw_model(head=None)
+        updates = amp_backends.classifier_updates(model, tf.keras.optimizers.SGD(0.01),
+                                                  tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        trainer = amp_backends.Trainer(updates, zen4_plan, batch_size=8, log_every=100, progress=False,
+                                       checkpoint_dir=str(tmp_path / "ckpt"), check_models=False)
+        trainer.fit(x, y, epochs=epochs, resume=resume)
+        return model, trainer
+
+    model, trainer = run(1, False)
+    assert trainer.layer_plans["dw"].all_float32
+    monkeypatch.setenv("AMP_CACHE_DIR", str(tmp_path / "empty"))  # nothing cached: the checkpoint decides
+    monkeypatch.setattr(policy_choice, "verdict_of", lambda *a: "plan")
+    again, resumed = run(2, True)
+    assert resumed.layer_plans["dw"].measurement.origin == "checkpoint"
+    assert again.get_layer("pointwise").compute_dtype == "float32"
