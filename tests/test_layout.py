@@ -36,8 +36,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "plan": ("assessment", "request", "plan", "keras_compat", "registry", "probe", "planner", "devices",
              "backends", "backends.*"),
     "apply": ("apply", "configure", "tf_import"),
-    "model code": ("labels", "models", "data", "zoo", "model_check", "model_check.*", "fp8", "policy_choice", "prepare",
-                   "training", "training.*", "autotune", "audit", "audit.*", "examples", "examples.*"),
+    "model code": ("factory", "labels", "models", "data", "zoo", "model_check", "model_check.*", "fp8",
+                   "policy_choice", "prepare", "training", "training.*", "autotune", "audit", "audit.*", "examples",
+                   "examples.*"),
 }
 ORDER = ("probe", "plan", "apply", "model code", "commands")
 

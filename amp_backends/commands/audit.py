@@ -10,9 +10,9 @@ from typing import Any
 
 import typer
 
+from ..factory import EXAMPLE
 from .typer_app import fail, with_overrides
 
-EXAMPLE = "amp_backends.models:mnist_cnn"
 PROG = "amp-backends audit"
 
 
