@@ -34,7 +34,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "commands": ("commands", "commands.*", "__main__", "info", "bench", "examples.*.__main__"),
     "probe": ("errors", "version", "hardware", "software"),
     "plan": ("assessment", "request", "plan", "keras_compat", "registry", "probe", "planner", "devices",
-             "backends", "backends.*"),
+             "backend_api", "backends", "backends.*"),
     "apply": ("apply", "configure", "tf_import"),
     "model code": ("factory", "labels", "models", "data", "zoo", "model_check", "model_check.*", "fp8",
                    "policy_choice", "prepare", "training", "training.*", "autotune", "audit", "audit.*", "examples",
