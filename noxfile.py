@@ -6,7 +6,7 @@
   its CPU backend, the package installed in editable mode (``pip install -e .``); runs the tests that
   matter on the Intel path (the whole suite: it is all relevant there), with ITEX really loaded.
 
-* ``lint``: ruff over the whole tree and mypy over the core (configured in ``pyproject.toml``); no
+* ``lint``: ruff over the whole tree and mypy over the whole package (configured in ``pyproject.toml``); no
   TensorFlow needed.
 
 ``python3 -m nox`` runs all three; ``python3 -m nox -s tests`` one.
