@@ -56,7 +56,8 @@ def check_command(
                                  help=f"A function that builds a Keras model with no arguments, such as {EXAMPLE}."),
     batch_size: int | None = typer.Option(None, "--batch-size", "--batch_size", min=1, metavar="N",
                                           help="The training batch size (checks Dense rows; default: not checked)."),
-    json_output: bool = typer.Option(False, "--json", help="Print JSON (schema in amp_backends.model_check)."),
+    json_output: bool = typer.Option(False, "--json",
+                                     help="Print JSON (schema: amp_backends/schemas/check.schema.json)."),
     seq_len: int | None = typer.Option(None, "--seq-len", min=1, metavar="N",
                                        help="Set every open input dimension after the batch (a sequence length) to N."),
     input_shape: str | None = typer.Option(
