@@ -6,7 +6,7 @@
   its CPU backend, the package installed in editable mode (``pip install -e .``); runs the tests that
   matter on the Intel path (the whole suite: it is all relevant there), with ITEX really loaded.
 
-* ``lint``: ruff over the whole tree and mypy over the core (configured in ``pyproject.toml``); no
+* ``lint``: ruff over the whole tree and mypy over the whole package (configured in ``pyproject.toml``); no
   TensorFlow needed.
 
 ``python3 -m nox`` runs all three; ``python3 -m nox -s tests`` one.
@@ -36,7 +36,7 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def intel(session: nox.Session) -> None:
-    session.install(*ITEX_STACK, "pytest>=8", "scikit-learn>=1.3", "matplotlib>=3.7")
+    session.install(*ITEX_STACK, "pytest>=8", "scikit-learn>=1.3", "matplotlib>=3.7", "jsonschema>=4.18")
     session.install("-e", ".", *ITEX_STACK)
     session.run("python", "-m", "amp_backends.info")
     session.run("pytest", *(session.posargs or ["-q", "-ra"]),

@@ -29,12 +29,14 @@ def _source_checkout_layout() -> None:
     if not _os.path.isdir(_os.path.join(here, "backends")) and _os.path.isfile(
         _os.path.join(root, "backends", "cpu", "backend.py")
     ):
-        __path__.append(root)  # type: ignore[name-defined]
+        __path__.append(root)
 
 
 _source_checkout_layout()
 
+# What a training script uses; a backend author's names are in amp_backends.backend_api.
 _LAZY = {
+    # the plan: chosen and applied for this machine, or planned for another
     "auto_configure": ".configure",
     "current_plan": ".configure",
     "plan_for": ".configure",
@@ -42,71 +44,67 @@ _LAZY = {
     "configure_for_device": ".configure",
     "reset": ".configure",
     "Plan": ".plan",
-    "make_plan": ".planner",
-    "LossScale": ".request",
-    "Request": ".request",
-    "build_request": ".request",
-    "Support": ".assessment",
-    "Assessment": ".assessment",
-    "VendorSetting": ".assessment",
-    "probe_hardware": ".probe",
-    "Hardware": ".hardware",
-    "Accelerator": ".hardware",
-    "CpuInfo": ".hardware",
-    "BackendProbe": ".hardware",
-    "AmpConfigError": ".errors",
-    "UnsupportedRequestError": ".errors",
-    "AmpWarning": ".errors",
-    "BackendError": ".errors",
-    "Backend": ".registry",
-    "BackendRegistry": ".registry",
-    "default_registry": ".registry",
+    # a model under the plan: prepared, checked (what should run), audited (what did run)
+    "prepare_model": ".prepare",
+    "Preparation": ".prepare",
+    "LayerPlan": ".layer_plan",
     "check_model": ".model_check",
+    "ModelCheck": ".model_check",
     "audit": ".audit",
     "audit_trace": ".audit",
-    "Preparation": ".prepare",
-    "prepare_model": ".prepare",
-    "Float32Layer": ".assessment",
-    "MatrixUnit": ".assessment",
+    "Audit": ".audit",
+    # training
     "Trainer": ".training",
     "TrainResult": ".training",
     "Update": ".training",
     "classifier_updates": ".training",
     "gan_updates": ".training",
-    "ThroughputLogger": ".training",
     "Observer": ".training",
+    "ThroughputLogger": ".training",
     "seed_everything": ".training",
     "step_seed": ".training",
+    # every error (AmpError and its subclasses), the interruption and the warning
+    "AmpError": ".errors",
+    "AmpConfigError": ".errors",
+    "UnsupportedRequestError": ".errors",
+    "ClusterConfigError": ".errors",
+    "FactoryError": ".errors",
+    "BackendError": ".errors",
     "NonFiniteError": ".errors",
+    "DistributedFailure": ".errors",
+    "DataUnavailableError": ".errors",
     "InputError": ".errors",
     "CheckpointError": ".errors",
+    "CheckpointMismatchError": ".errors",
     "TrainingInterrupted": ".errors",
+    "AmpWarning": ".errors",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .assessment import Assessment, Float32Layer, MatrixUnit, Support, VendorSetting
-    from .audit import audit, audit_trace
+    from .audit import Audit, audit, audit_trace
+    from .layer_plan import LayerPlan
     from .configure import auto_configure, configure_for_device, current_plan, known_devices, plan_for, reset
     from .errors import (
         AmpConfigError,
+        AmpError,
         AmpWarning,
         BackendError,
         CheckpointError,
+        CheckpointMismatchError,
+        ClusterConfigError,
+        DataUnavailableError,
+        DistributedFailure,
+        FactoryError,
         InputError,
         NonFiniteError,
         TrainingInterrupted,
         UnsupportedRequestError,
     )
-    from .prepare import Preparation, prepare_model
-    from .hardware import Accelerator, BackendProbe, CpuInfo, Hardware
-    from .model_check import check_model
+    from .model_check import ModelCheck, check_model
     from .plan import Plan
-    from .planner import make_plan
-    from .probe import probe_hardware
-    from .registry import Backend, BackendRegistry, default_registry
-    from .request import LossScale, Request, build_request
+    from .prepare import Preparation, prepare_model
     from .training import (
         Observer,
         ThroughputLogger,
@@ -121,11 +119,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'amp_backends' has no attribute {name!r}")
     import importlib
 
+    module = _LAZY.get(name)
+    if module is None:
+        authors = importlib.import_module(".backend_api", __name__).__all__ if not name.startswith("_") else ()
+        where = ": it is a backend author's name, import it from amp_backends.backend_api" if name in authors else ""
+        raise AttributeError(f"module 'amp_backends' has no attribute {name!r}{where}")
     value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value
     return value

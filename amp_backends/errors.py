@@ -1,23 +1,36 @@
 """Every exception and warning amp_backends raises, in one place.
 
-=========================  ====================  ================================================================
-class                      base                  raised when
-=========================  ====================  ================================================================
-``AmpConfigError``         ``ValueError``        an override (keyword or ``AMP_*`` variable) has an invalid value
-``UnsupportedRequestError``  ``AmpConfigError``  a valid request this hardware cannot honour, with ``strict``
-``ClusterConfigError``     ``AmpConfigError``    ``TF_CONFIG`` or the cluster it describes is unusable
-``BackendError``           ``RuntimeError``      a backend failed (load, probe, assess, apply) where it was
-                                                 needed: asked for by name, or no backend is left at all
-``NonFiniteError``         ``RuntimeError``      training cannot continue: too many non-finite steps, or
-                                                 non-finite weights
-``DistributedFailure``     ``RuntimeError``      a collective failed or timed out (a worker died or hangs)
-``DataUnavailableError``   ``RuntimeError``      a dataset could not be found or read
-``InputError``             ``ValueError``        data given to the trainer cannot be trained on as given
-``CheckpointError``        ``RuntimeError``      checkpoints cannot be used as asked: another run's, none intact
-``CheckpointMismatchError``  ``CheckpointError``  a checkpoint of other models than the ones being trained
-``TrainingInterrupted``    ``KeyboardInterrupt``  Ctrl-C or SIGTERM stopped training (after saving, when it can)
-``AmpWarning``             ``UserWarning``       a request was downgraded, or honoured although known to be slow
-=========================  ====================  ================================================================
+Every error the library raises on purpose is an :class:`AmpError` (``except amp_backends.AmpError``), and
+also the builtin a caller would catch without knowing the library (``ValueError`` for bad input,
+``RuntimeError`` for a failure). :class:`TrainingInterrupted` is the one exception that is no ``AmpError``:
+it is a ``KeyboardInterrupt``, so that ``except Exception`` (and ``except AmpError``) never swallows a stop.
+
+===========================  =====================  ==============================================================
+class                        bases                  raised when
+===========================  =====================  ==============================================================
+``AmpError``                 ``Exception``          (the base; never raised itself)
+``AmpConfigError``           ``AmpError``,          an override (keyword or ``AMP_*`` variable) has an invalid value
+                             ``ValueError``
+``UnsupportedRequestError``  ``AmpConfigError``     a valid request this hardware cannot honour, with ``strict``
+``ClusterConfigError``       ``AmpConfigError``     ``TF_CONFIG`` or the cluster it describes is unusable
+``FactoryError``             ``AmpError``,          a ``MODULE:FACTORY`` model factory is malformed, cannot be
+                             ``ValueError``         imported or is not a function (``check``, ``audit``)
+``BackendError``             ``AmpError``,          a backend failed (load, probe, assess, apply) where it was
+                             ``RuntimeError``       needed: asked for by name, or no backend is left at all
+``NonFiniteError``           ``AmpError``,          training cannot continue: too many non-finite steps, or
+                             ``RuntimeError``       non-finite weights
+``DistributedFailure``       ``AmpError``,          a collective failed or timed out (a worker died or hangs)
+                             ``RuntimeError``
+``DataUnavailableError``     ``AmpError``,          a dataset could not be found or read
+                             ``RuntimeError``
+``InputError``               ``AmpError``,          data given to the trainer cannot be trained on as given
+                             ``ValueError``
+``CheckpointError``          ``AmpError``,          checkpoints cannot be used as asked: another run's, none intact
+                             ``RuntimeError``
+``CheckpointMismatchError``  ``CheckpointError``    a checkpoint of other models than the ones being trained
+``TrainingInterrupted``      ``KeyboardInterrupt``  Ctrl-C or SIGTERM stopped training (after saving, when it can)
+``AmpWarning``               ``UserWarning``        a request was downgraded, or honoured although known to be slow
+===========================  =====================  ==============================================================
 
 Each message says what was expected, what was received and how to fix it.
 """
@@ -25,7 +38,11 @@ Each message says what was expected, what was received and how to fix it.
 from __future__ import annotations
 
 
-class AmpConfigError(ValueError):
+class AmpError(Exception):
+    """The base of every error amp_backends raises on purpose; each also derives from the builtin it stands for."""
+
+
+class AmpConfigError(AmpError, ValueError):
     """A configuration value is not one of the accepted ones (bad keyword argument or env variable)."""
 
 
@@ -37,7 +54,11 @@ class ClusterConfigError(AmpConfigError):
     """TF_CONFIG or the cluster it describes is unusable; the message says what was expected."""
 
 
-class BackendError(RuntimeError):
+class FactoryError(AmpError, ValueError):
+    """A model factory given as ``MODULE:FACTORY`` is malformed, cannot be imported, or names no function."""
+
+
+class BackendError(AmpError, RuntimeError):
     """A backend failed to load, probe, assess or apply where it was needed; the message names it and why.
 
     A failing backend never breaks the others: :func:`~amp_backends.auto_configure` records the failure
@@ -47,7 +68,7 @@ class BackendError(RuntimeError):
     """
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(AmpError, RuntimeError):
     """Training cannot continue: too many non-finite steps under a fixed loss scale, or non-finite weights.
 
     Besides its message it carries the remedy as data, for a command line to say in its own flags:
@@ -61,19 +82,19 @@ class NonFiniteError(RuntimeError):
         self.resume = resume
 
 
-class DistributedFailure(RuntimeError):
+class DistributedFailure(AmpError, RuntimeError):
     """A collective failed or timed out: another worker died, hung or cannot be reached."""
 
 
-class DataUnavailableError(RuntimeError):
+class DataUnavailableError(AmpError, RuntimeError):
     """The dataset could not be found or read; the message says how to provide it."""
 
 
-class InputError(ValueError):
+class InputError(AmpError, ValueError):
     """The data given to the trainer cannot be trained on as given; the message says how to fix it."""
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(AmpError, RuntimeError):
     """Checkpoints cannot be used as asked (another run's, none intact, another model's); the message says why."""
 
 
@@ -84,8 +105,9 @@ class CheckpointMismatchError(CheckpointError):
 class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C (SIGINT) or SIGTERM stopped training after the current call; ``checkpoint`` is where it was saved.
 
-    A ``KeyboardInterrupt``, so a program that does not catch it ends as Ctrl-C ends it; ``exit_code`` is the
-    shell's convention (130 for SIGINT, 143 for SIGTERM).
+    A ``KeyboardInterrupt`` and no :class:`AmpError`, so a program that does not catch it by name ends as
+    Ctrl-C ends it (``except Exception`` does not catch it); ``exit_code`` is the shell's convention (130 for
+    SIGINT, 143 for SIGTERM).
     """
 
     def __init__(self, signum: int, step: int, checkpoint: str | None, message: str) -> None:

@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+from schema_check import assert_valid
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 MNIST = "amp_backends.models:mnist_cnn"
@@ -31,6 +32,7 @@ def test_the_auto_plan_runs_its_convolutions_in_bf16_kernels_with_the_output_lay
 
     d = audit(MNIST, batch_size=32, steps=2).to_dict()
     assert d["plan"]["compute_dtype"] == "bfloat16" and d["outside_onednn"] is None
+    assert_valid("audit", d)
     conv = d["by_kind"]["convolution"]
     assert conv["dtypes"].get("bfloat16", 0) > 0.5
     assert max(conv["units"], key=conv["units"].get) in ("AVX512-BF16", "AMX")
@@ -77,6 +79,7 @@ def test_the_command_prints_json_and_refuses_bad_targets():
     assert result.exit_code == 0, result.output
     d = json.loads(result.stdout[result.stdout.index("{"):])
     assert d["model"] == "mnist_cnn" and "time_share_by_dtype" in d
+    assert_valid("audit", d)
     bad = runner.invoke(app, ["mymodels.py"])
     assert bad.exit_code == 2 and "expected MODULE:FACTORY" in bad.output
     bad = runner.invoke(app, [MNIST, "--policy", "mixed_float64"])
@@ -120,5 +123,6 @@ def test_the_trainer_observer_audits_its_window_when_onednn_verbose_was_set_at_s
     line = next(line for line in out.stdout.splitlines() if line.startswith("AUDIT_JSON "))
     d = json.loads(line[len("AUDIT_JSON "):])
     assert d is not None and d["steps"] == 2 and d["plan"]["policy"] == "float32"
+    assert_valid("audit", d)
     if not d["outside_onednn"]:
         assert set(d["time_share_by_dtype"]) == {"float32"} and "convolution" in d["by_kind"]

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from conftest import NEUTRAL_CWD
+from schema_check import assert_valid
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 
@@ -22,6 +23,7 @@ def test_bench_smoke(tmp_path):
                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads((tmp_path / "bench.json").read_text())
+    assert_valid("bench", report)
     env = report["environment"]
     assert env["tensorflow"] and report["command"].endswith("--out " + str(tmp_path))
     # the planned backend's own devices and details, whatever the vendor (the CPU lists itself)

@@ -11,6 +11,7 @@ import pytest
 
 from amp_backends import zoo
 from conftest import NEUTRAL_CWD
+from schema_check import assert_valid
 
 
 def _run(args, timeout=600):
@@ -76,6 +77,7 @@ def test_zoo_smoke(tmp_path):
                 "--batch", "8", "--out", str(tmp_path / "rel" / ".." / "zoo")])
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     report = json.loads((tmp_path / "zoo" / "zoo.json").read_text())
+    assert_valid("zoo", report)
     assert report["environment"]["tensorflow"] and report["command"].endswith("zoo") and report["date"]
     assert report["peak_gflops"]["float32"] > 0
     (m,) = report["models"]

@@ -34,11 +34,11 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "commands": ("commands", "commands.*", "__main__", "info", "bench", "examples.*.__main__"),
     "probe": ("errors", "version", "hardware", "software", "timing", "cache"),
     "plan": ("assessment", "request", "plan", "keras_compat", "registry", "probe", "planner", "devices",
-             "backends", "backends.*"),
+             "backend_api", "backends", "backends.*"),
     "apply": ("apply", "configure", "tf_import"),
-    "model code": ("labels", "models", "data", "zoo", "model_check", "model_check.*", "fp8", "policy_choice", "prepare",
-                   "layer_plan", "measurement",
-                   "training", "training.*", "autotune", "audit", "audit.*", "examples", "examples.*"),
+    "model code": ("factory", "labels", "models", "data", "zoo", "model_check", "model_check.*", "fp8",
+                   "policy_choice", "prepare", "layer_plan", "measurement", "training", "training.*", "autotune",
+                   "audit", "audit.*", "examples", "examples.*"),
 }
 ORDER = ("probe", "plan", "apply", "model code", "commands")
 

@@ -16,7 +16,7 @@ tf = pytest.importorskip("tensorflow")
 
 import amp_backends  # noqa: E402
 from amp_backends.model_check import ModelCheck, check_model  # noqa: E402
-from amp_backends.commands.check import check_command, parse_input_shape, parse_target  # noqa: E402
+from amp_backends.commands.check import check_command, parse_input_shape  # noqa: E402
 from amp_backends.model_check.target import make_target  # noqa: E402
 from amp_backends.models import gan_discriminator, gan_generator, mnist_cnn  # noqa: E402
 from fakes import A100, AMD_HERE, H100, SAPPHIRE_RAPIDS, cpu_of, machine, nvidia  # noqa: E402
@@ -482,12 +482,6 @@ def test_check_command_errors_say_what_was_expected(cli, target, code, message):
     result = cli(target, "--policy", "float32")
     assert result.exit_code == code
     assert message in result.output and "Fix:" in result.output
-
-
-def test_parse_target():
-    assert parse_target("pkg.mod:build") == ("pkg.mod", "build")
-    with pytest.raises(ValueError, match="Received: 'pkg/mod.py:build'"):
-        parse_target("pkg/mod.py:build")
 
 
 @pytest.mark.parametrize("args", [("--seq-len", "128"), ("--input-shape", "128x32")])

@@ -30,8 +30,9 @@ from __future__ import annotations
 import os
 import sys
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..factory import factory_spec
 from .build import from_onednn, from_trace
 from .nvidia import classify, read_trace
 from .onednn import parse, parse_line
@@ -51,35 +52,26 @@ __all__ = [
     "read_trace",
 ]
 
+if TYPE_CHECKING:
+    from ..plan import Plan
+
 DEFAULT_BATCH = 32
 DEFAULT_STEPS = 3
 DEFAULT_WARMUP = 2
 
 
 def _target(model_or_factory: Any) -> str:
-    if isinstance(model_or_factory, str):
-        module, sep, factory = model_or_factory.strip().partition(":")
-        if not sep or not module or not factory.isidentifier():
-            raise ValueError(f"expected MODULE:FACTORY, such as amp_backends.models:mnist_cnn. Received: "
-                             f"{model_or_factory!r}. Fix: the module's dotted path and the function's name, one colon")
-        return model_or_factory.strip()
-    if callable(model_or_factory) and not hasattr(model_or_factory, "layers"):
-        owner = getattr(model_or_factory, "__module__", None)
-        name = str(getattr(model_or_factory, "__qualname__", ""))
-        if owner and owner != "__main__" and name.isidentifier():
-            return f"{owner}:{name}"
-        raise ValueError(f"expected a factory the audit's child process can import: a top-level function of an "
-                         f"importable module. Received {model_or_factory!r} (module {owner!r}, name {name!r}). Fix: "
-                         "move it into a module and pass it, or its 'module:function' string")
-    raise TypeError(
-        "audit() takes a factory (a function that builds the model, or its 'MODULE:FACTORY' string), not a model: "
-        "oneDNN reads ONEDNN_VERBOSE once, when it starts, so the model must be built in a fresh child process. "
-        f"Received {type(model_or_factory).__name__}. Fix: pass the function that builds it, such as "
-        "audit(build_model) or audit('mymodels:build')")
+    if hasattr(model_or_factory, "layers") or not (callable(model_or_factory) or isinstance(model_or_factory, str)):
+        raise TypeError(
+            "audit() takes a factory (a function that builds the model, or its 'MODULE:FACTORY' string), not a model: "
+            "oneDNN reads ONEDNN_VERBOSE once, when it starts, so the model must be built in a fresh child process. "
+            f"Received {type(model_or_factory).__name__}. Fix: pass the function that builds it, such as "
+            "audit(build_model) or audit('mymodels:build')")
+    return factory_spec(model_or_factory)
 
 
-def audit(model_or_factory: Any, plan: Any = None, *, batch_size: int = DEFAULT_BATCH, steps: int = DEFAULT_STEPS,
-          warmup: int = DEFAULT_WARMUP, timeout: float = 600.0, **overrides: Any) -> Audit:
+def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = DEFAULT_BATCH,
+          steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP, timeout: float = 600.0, **overrides: Any) -> Audit:
     """Train ``steps`` steps of the model after ``warmup`` in a child process and report what ran.
 
     Args:
@@ -90,7 +82,9 @@ def audit(model_or_factory: Any, plan: Any = None, *, batch_size: int = DEFAULT_
         batch_size, steps, warmup: the synthetic batch, the measured steps, the steps run before them.
         overrides: plan overrides as in :func:`amp_backends.auto_configure` (``policy="float32"``...).
 
-    Raises ValueError/TypeError on bad input before anything runs; RuntimeError if the child fails.
+    Raises on bad input before anything runs: :class:`~amp_backends.errors.FactoryError` (a ``ValueError``)
+    for a factory that is not ``MODULE:FACTORY`` or an importable function, ``TypeError`` for a model object,
+    ``ValueError`` for the sizes; ``RuntimeError`` if the child fails.
     """
     for name, value in (("batch_size", batch_size), ("steps", steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -104,7 +98,7 @@ def audit(model_or_factory: Any, plan: Any = None, *, batch_size: int = DEFAULT_
     return run_child(target, batch_size=batch_size, steps=steps, warmup=warmup, env=env, timeout=timeout)
 
 
-def audit_trace(path: str | os.PathLike[str], plan: Any = None, *, model: str = "?") -> Audit:
+def audit_trace(path: str | os.PathLike[str], plan: Plan | None = None, *, model: str = "?") -> Audit:
     """Classify the GPU kernels of a TensorFlow profiler trace (a ``*.trace.json.gz``, ``*.xplane.pb`` or logdir)."""
     plan_dict = {} if plan is None else {"backend": plan.backend, "policy": plan.policy,
                                          "compute_dtype": plan.compute_dtype, "xla": bool(plan.xla)}

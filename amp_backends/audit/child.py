@@ -12,12 +12,13 @@ the step time go to ``OUT.json``. On a GPU the measured steps are traced with Te
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
 import time
 from typing import Any
+
+from ..factory import load_factory
 
 BEGIN = "amp_backends_audit:begin"
 END = "amp_backends_audit:end"
@@ -26,13 +27,6 @@ END = "amp_backends_audit:end"
 def _mark(text: str) -> None:
     sys.stdout.flush()
     os.write(1, (text + "\n").encode())
-
-
-def load_factory(target: str) -> Any:
-    module_name, _, factory_name = target.partition(":")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    return getattr(importlib.import_module(module_name), factory_name)
 
 
 def layer_kernels(model: Any) -> list[dict[str, Any]]:

@@ -24,10 +24,13 @@ import os
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .build import from_onednn
 from .report import Audit
+
+if TYPE_CHECKING:
+    from ..plan import Plan
 
 logger = logging.getLogger("amp_backends.train.audit")  # shown where the trainer's log lines are
 
@@ -115,7 +118,7 @@ class AuditObserver:
     ``models``: the Keras model (or models) trained, whose layers name the kernels' float32 islands.
     """
 
-    def __init__(self, models: Any = None, plan: Any = None, window: tuple[int, int] = (3, 6)) -> None:
+    def __init__(self, models: Any = None, plan: Plan | None = None, window: tuple[int, int] = (3, 6)) -> None:
         if models is None:
             models = []
         self.models = list(models) if isinstance(models, Sequence) else [models]
@@ -188,8 +191,10 @@ class AuditObserver:
         """The trained models' layer plans: those the trainer applied (``layer_plans``), else as decided now."""
         from ..layer_plan import decide
 
-        given = self.layer_plans or {}
-        return [given.get(str(getattr(m, "name", ""))) or decide(m, self.plan) for m in self.models]
+        given, plan = self.layer_plans or {}, self.plan
+        if plan is None:
+            return list(given.values())
+        return [given.get(str(getattr(m, "name", ""))) or decide(m, plan) for m in self.models]
 
     def close(self) -> None:
         if self._open:

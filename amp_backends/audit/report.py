@@ -5,22 +5,11 @@ matmuls, inner products, gemm calls; GPU GEMM and convolution kernels, and XLA f
 dot or convolution). Reorders (oneDNN's layout copies) and the other primitives (pooling, eltwise) are
 listed apart. Kernels whose dtype cannot be read count as ``unknown``, never guessed.
 
-JSON (:meth:`Audit.to_dict`, ``schema_version`` 1; fields are only ever added)::
-
-    {"schema_version": 1, "model": "mnist_cnn", "device": "cpu" | "nvidia" | "xpu",
-     "source": "oneDNN v3.7.3 verbose" | "TensorFlow profiler trace" | null,
-     "measured": true, "outside_onednn": null | "why",
-     "plan": {"backend": "cpu", "policy": "mixed_bfloat16", "compute_dtype": "bfloat16", "xla": false},
-     "batch_size": 64, "steps": 3, "step_time_ms": 41.2,
-     "compute_time_ms": 30.1, "reorder_time_ms": 0.4, "other_time_ms": 2.3,
-     "time_share_by_dtype": {"bfloat16": 0.99, "float32": 0.01},
-     "time_share_by_unit": {"AVX512-BF16": 0.95, "unknown": 0.05},
-     "matrix_unit_share": 0.0, "unknown_share": 0.0,
-     "by_kind": {"convolution": {"time_ms": 25.0, "dtypes": {...}, "units": {...}}},
-     "float32_islands": [{"layers": ["mnist_cnn/dense_1"], "time_ms": 0.1, "share": 0.003,
-                          "kinds": ["inner_product", "gemm_api"], "matched": "layer" | "ambiguous" | "unmatched",
-                          "check": [{"code": "float32-compute", ...}]}],
-     "warnings": [{"what": "...", "fix": "..."}], "notes": ["..."]}
+JSON (:meth:`Audit.to_dict`, ``schema_version`` 1; fields are only ever added): the model, the device, the
+source of the records, the plan, the times (compute, reorders, other), the shares by dtype and by unit, the
+matrix-unit and unknown shares, the figures by kernel kind, the float32 islands with the check's findings for
+their layers, the warnings with their fix, notes. Its JSON Schema is ``amp_backends/schemas/audit.schema.json``
+(shipped with the package).
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from typing import Any
 
 import typer
 
+from ..factory import EXAMPLE
 from .typer_app import fail, with_overrides
 
-EXAMPLE = "amp_backends.models:mnist_cnn"
 PROG = "amp-backends audit"
 
 
@@ -23,7 +23,8 @@ def audit_command(
     batch_size: int = typer.Option(32, "--batch-size", "--batch_size", min=1, metavar="N",
                                    help="The synthetic training batch."),
     steps: int = typer.Option(3, "--steps", min=1, metavar="N", help="Training steps measured, after 2 warm-up steps."),
-    json_output: bool = typer.Option(False, "--json", help="Print JSON (schema in amp_backends.audit.report)."),
+    json_output: bool = typer.Option(False, "--json",
+                                     help="Print JSON (schema: amp_backends/schemas/audit.schema.json)."),
     overrides: Any = None,
 ) -> None:
     """Train a few steps of MODULE:FACTORY under the plan and report the kernels that ran: dtypes, float32 islands."""

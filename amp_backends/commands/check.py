@@ -10,63 +10,16 @@ The current directory is importable, as with ``python -m``: ``amp-backends check
 
 from __future__ import annotations
 
-import importlib
-import os
-import re
-import sys
 import traceback
 from typing import Any
 
 import typer
 
-from ..errors import AmpConfigError
+from ..errors import AmpConfigError, FactoryError
+from ..factory import EXAMPLE, load_factory, parse_factory
 from .typer_app import fail, with_overrides
 
-_TARGET = re.compile(r"^(?P<module>[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*):(?P<factory>[A-Za-z_][\w]*)$")
-EXAMPLE = "amp_backends.models:mnist_cnn"
 PROG = "amp-backends check"
-
-
-def parse_target(target: str) -> tuple[str, str]:
-    """``"package.module:factory"`` -> ``("package.module", "factory")``; ValueError when malformed."""
-    match = _TARGET.match(target.strip()) if isinstance(target, str) else None
-    if match is None:
-        raise ValueError(
-            f"expected MODULE:FACTORY, a module's dotted import path and the name of a function in it that returns a "
-            f"Keras model, such as {EXAMPLE}. Received: {target!r}. Fix: write the module and the function name "
-            "separated by one colon, with no file extension or path (mymodels:build for ./mymodels.py)"
-        )
-    return match.group("module"), match.group("factory")
-
-
-def load_factory(module_name: str, factory_name: str) -> Any:
-    """Import ``module_name`` and return its callable ``factory_name``; ValueError saying what went wrong."""
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # ImportError, or anything the module raises while it is imported
-        raise ValueError(
-            f"expected an importable module {module_name!r}, but importing it raised {type(exc).__name__}: {exc}. "
-            "Fix: run from the directory that holds it (or put it on PYTHONPATH), and check that "
-            f"`python -c 'import {module_name}'` works"
-        ) from exc
-    factory = getattr(module, factory_name, None)
-    if factory is None:
-        callables = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
-                           and getattr(v, "__module__", None) == module.__name__)
-        raise ValueError(
-            f"expected a function {factory_name!r} in module {module_name!r} ({getattr(module, '__file__', '?')}), "
-            f"but it has none. Functions defined there: {', '.join(callables) or 'none'}. Fix: name one of them "
-            f"after the colon ({module_name}:<function>)"
-        )
-    if not callable(factory):
-        raise ValueError(
-            f"expected {module_name}.{factory_name} to be a function that returns a Keras model, but it is "
-            f"{factory!r:.80} (of type {type(factory).__name__}). "
-            "Fix: name a function taking no arguments after the colon"
-        )
-    return factory
 
 
 def parse_input_shape(text: str) -> Any:
@@ -103,7 +56,8 @@ def check_command(
                                  help=f"A function that builds a Keras model with no arguments, such as {EXAMPLE}."),
     batch_size: int | None = typer.Option(None, "--batch-size", "--batch_size", min=1, metavar="N",
                                           help="The training batch size (checks Dense rows; default: not checked)."),
-    json_output: bool = typer.Option(False, "--json", help="Print JSON (schema in amp_backends.model_check)."),
+    json_output: bool = typer.Option(False, "--json",
+                                     help="Print JSON (schema: amp_backends/schemas/check.schema.json)."),
     seq_len: int | None = typer.Option(None, "--seq-len", min=1, metavar="N",
                                        help="Set every open input dimension after the batch (a sequence length) to N."),
     input_shape: str | None = typer.Option(
@@ -116,8 +70,8 @@ def check_command(
 ) -> None:
     """Build a model from MODULE:FACTORY under the plan and check it for what makes mixed precision slow or wrong."""
     try:
-        module_name, factory_name = parse_target(target)
-    except ValueError as exc:
+        module_name, factory_name = parse_factory(target)
+    except FactoryError as exc:
         fail(PROG, exc)
     from ..tf_import import import_tensorflow, quiet_tensorflow_logs
 
@@ -130,8 +84,8 @@ def check_command(
     except AmpConfigError as exc:
         fail(PROG, exc)
     try:
-        factory = load_factory(module_name, factory_name)
-    except ValueError as exc:
+        factory = load_factory(target)
+    except FactoryError as exc:
         fail(PROG, exc)
     try:
         model = factory()

@@ -15,7 +15,7 @@ PROG = "amp-backends"
 @with_overrides()
 def info(
     json_output: bool = typer.Option(
-        False, "--json", help="Print the report as JSON (schema: amp_backends.commands.report)."),
+        False, "--json", help="Print the report as JSON (schema: amp_backends/schemas/report.schema.json)."),
     tensorflow: bool | None = typer.Option(
         None, "--tensorflow/--no-tensorflow", show_default=False,
         help="Import TensorFlow to list its devices, or never. Default: only when the plan depends on it (an NVIDIA "

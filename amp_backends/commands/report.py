@@ -8,48 +8,11 @@ reports (a CPU-only build does not). By default (``use_tensorflow=None``) the re
 then — an available backend with TensorFlow devices, or a probe that needs TensorFlow — and says why;
 ``True`` always imports it (TensorFlow's own device list), ``False`` never.
 
-JSON schema (``schema_version`` 2; what a reader looks for first comes first; within a version, fields
-are only ever added)::
-
-    {
-      "schema_version": 2,
-      "amp_backends_version": "0.1.0",
-      "plan": {...Plan.to_dict()...} | null,       # backend, devices, policy, compute_dtype,
-                                                   # loss_scale {"mode": "none"} | {"mode": "fixed", "scale"}
-                                                   #   | {"mode": "dynamic", "initial", "growth_interval"},
-                                                   # tf32, xla, graph_amp, fp8 (bool), steps_per_execution (int),
-                                                   # float32_layers [{layer, dtypes, why, strides_over, kernel_over}],
-                                                   # vendor_settings [{name, value, why}],
-                                                   # reasons (fp8 and steps_per_execution included),
-                                                   # rejected, warnings, notes, overrides,
-                                                   # backends [{name, available, reason, selected, failed}],
-                                                   # support {policies, preference, tf32, xla, graph_amp, fp8,
-                                                   #   matrix_units {dtype: {unit, alignment}},
-                                                   #   steps_per_execution {value, why},
-                                                   #   float32_layers [{...}] | "<why none>"}
-      "plan_error": "<message>" | null,
-      "overrides": {"AMP_POLICY": "bf16", ...},
-      "autotune": {"cache": "<path>", "device": "<signature>", "choices": {"<device>#<model>": {...}}} | null,
-      "software": {
-        "python", "platform",
-        "tensorflow": {"version", "imported", "why", "error", "is_cuda_build", "cuda_version", "cudnn_version"},
-        "keras": {"version", "generation", "distribution"},
-        "backends": {"<backend>": [["label", "value"], ...]}      # nvidia-ml-py, ITEX, ...
-      },
-      "backend_rows": {"<backend>": [["label", "value"], ...]},
-      "hardware": {
-        "backends": [{"backend", "available", "reason", "devices": [...], "details": {...}, "facts": {...} | null,
-                      "needs_tensorflow", "error", "cpu": {... "flags": [...]} | null}],
-        "tensorflow_device_types": ["CPU", ...] | null
-      }
-    }
-
-Changes from version 1: ``plan`` first and ``hardware`` last; ``software.itex`` and
-``software.nvidia_ml_py`` became rows of their backends in ``software.backends``; the plan's ``itex_amp``
-and ``math_mode`` became ``graph_amp`` and ``vendor_settings``; a ``none`` loss scale carries only its
-mode and a ``fixed`` one only its ``scale``; the plan carries its ``support`` table.
-Added within version 2: the plan's ``fp8``, ``steps_per_execution`` and ``float32_layers`` (with their
-reasons), and the support table's ``fp8``, ``matrix_units``, ``steps_per_execution`` and ``float32_layers``.
+JSON (:func:`to_json`, ``schema_version`` 2; within a version fields are only ever added): the plan first
+(``Plan.to_dict()`` with its support table), then ``plan_error``, the overrides in force, the autotune cache,
+the software, each backend's rows, and the hardware (with the CPU flags) last. Its JSON Schema, every field
+described, is ``amp_backends/schemas/report.schema.json`` (shipped with the package), with the changes
+from version 1.
 """
 
 from __future__ import annotations

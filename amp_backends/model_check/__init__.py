@@ -57,34 +57,11 @@ count, :data:`.rules_base.SIZED_MOST`): a share of part of the graph is never sh
 widths are checked only where the plan's precision has a matrix unit: on a CPU without AMX, or under float32
 without TF32, they do not matter and nothing is said about them.
 
-JSON (:meth:`ModelCheck.to_dict`, ``schema_version`` 1; fields are only ever added)::
-
-    {
-      "schema_version": 1,
-      "model": "mnist_cnn",
-      "keras_version": "3.15.1",
-      "plan": {"backend": "nvidia", "devices": ["/GPU:0"], "tf32": true, "xla": true,
-               "policy": "mixed_float16", "compute_dtype": "float16",
-               "policy_support": "native" | "functional" | "emulated",
-               "graph_amp": null | "bfloat16" | "float16", "fp8": false,
-               "matrix_units": {"float16": {"unit": "Tensor Cores", "alignment": 8}, "float32": {...}}},
-      "batch_size": 1024 | null,
-      "summary": {"flops_per_image": 23984896.0,
-                  "dtype_shares": {"float16": 0.999893, "float32": 0.000107},
-                  "reduced_precision_share": 0.999893 | null,  # null: the model not sized
-                  "eligible_share": 0.983659 | null,  # null: no matrix unit for the plan's precision, or not sized
-                  "matrix_units": {"float16": "Tensor Cores", ...},
-                  "unknown_flops_ops": 0, "gemm_ops": 17, "sized": true},   # not sized: shares null/{}
-      "counts": {"error": 0, "warning": 0, "info": 3},
-      "findings": [{"severity": "error" | "warning" | "info", "code": "tensor-core-shape",
-                    "layer": "mnist_cnn/conv2d", "what": "...", "why": "...", "fix": "...",
-                    "flops_share": 0.016234 | null, "details": {...}}],   # errors first, then by share
-      "fp8_eligible_layers": ["model/dense_1"],     # may train in float8 (prepare_model quantizes them)
-      "fp8_ineligible_layers": {"model/dense": "the first layer: ..."},   # the other Dense layers, and why
-      "fp8_layers": {"model/dense_2": {"eligible": false, "why": "too small to gain from float8 ...",
-                                       "small": true}},   # every Dense/EinsumDense (see .fp8_choice)
-      "notes": ["..."]
-    }
+JSON (:meth:`ModelCheck.to_dict`, ``schema_version`` 1; fields are only ever added): the model, the Keras
+version, the plan it was judged against (with its matrix units), the batch size, the summary above, the counts
+per severity, the findings (errors first, then by share), the fp8 choice of every Dense/EinsumDense layer
+(:mod:`.fp8_choice`) and notes. Its JSON Schema is ``amp_backends/schemas/check.schema.json`` (shipped with
+the package).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _keras
 from .fp8_choice import fp8_layers
@@ -11,6 +11,11 @@ from .rules import Rules
 from .shapes import dynamic_dims, given_inputs, shapes_with_sequence_length
 from .target import make_target
 from .trace import trace_model
+
+if TYPE_CHECKING:
+    from ..hardware import Hardware
+    from ..plan import Plan
+    from ..layer_plan import LayerPlan
 
 __all__ = ["DEFAULT_TRACE_BATCH", "check_model", "shapes_with_sequence_length"]
 
@@ -50,8 +55,8 @@ def _batch(structure: Any, batch_size: int | None, source: str = "batch_size={}"
     return batch_size if batch_size is not None else fixed
 
 
-def check_model(model: Any, plan: Any = None, batch_size: int | None = None, *, inputs: Any = None,
-                hardware: Any = None, layer_plan: Any = None) -> ModelCheck:
+def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = None, *, inputs: Any = None,
+                hardware: Hardware | None = None, layer_plan: LayerPlan | None = None) -> ModelCheck:
     """Check a Keras model for what makes mixed precision slow or wrong on the planned device.
 
     The model's forward pass is traced once (nothing runs and nothing in the model changes) and its graph

@@ -231,7 +231,7 @@ def audit_observer(audit: bool | tuple[int, int], models: Sequence[Any], plan: A
     from ..audit.observer import AuditObserver
 
     first = WARMUP_CALLS * steps_per_call
-    window = (first, first + max(3, steps_per_call)) if audit is True else audit
+    window = audit if isinstance(audit, tuple) else (first, first + max(3, steps_per_call))
     return AuditObserver(list(models), plan, window)
 
 

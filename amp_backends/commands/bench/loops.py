@@ -13,7 +13,8 @@ Each configuration runs one warm-up epoch (tracing, compilation), then ``--epoch
 figure is the median epoch's images per second, images counted as the tutorials counted them (MNIST: the
 batch; GAN: 2 x batch per step). Between configurations the process is reset (Keras session, dtype
 policy, TF32, the applied plan). It prints a table with the ratio to the best manual configuration, and
-writes ``bench.json`` (device, driver, versions, command, date) and ``bench.png`` (bar chart).
+writes ``bench.json`` (device, driver, versions, command, date; its JSON Schema is
+``amp_backends/schemas/bench.schema.json``) and ``bench.png`` (bar chart).
 """
 
 from __future__ import annotations

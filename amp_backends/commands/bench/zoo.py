@@ -8,7 +8,8 @@ repetition of each configuration in turn, the order rotated each round, so that 
 busier or quieter hits every configuration alike. Each configuration's figure is the median
 repetition, with its min-max spread; after the last repetition every worker reports the loss on one
 fixed batch (every configuration has then made the same steps on the same data). The matmul peak per
-dtype is measured at the start, in the float32 worker.
+dtype is measured at the start, in the float32 worker. ``zoo.json``'s JSON Schema is
+``amp_backends/schemas/zoo.schema.json``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,53 @@
+"""What a backend author needs: the interface a vendor backend implements and the data it fills and reads.
+
+A backend (``backends/nvidia``, ``backends/intel``, ``backends/cpu``, or a third party's distribution) is a
+:class:`Backend` registered in the ``amp_backends.backends`` entry point group. The planner asks each one to
+probe its hardware (a :class:`BackendProbe` of :class:`Accelerator` devices, or the host's
+:class:`CpuInfo`), to assess what that hardware runs (an :class:`Assessment`: a :class:`Support` level per
+policy and setting, the :class:`MatrixUnit` per dtype, the :class:`Float32Layer` kinds it keeps in
+float32), to name its own :class:`VendorSetting` values for a plan, and to apply them. :func:`make_plan`
+decides the :class:`Plan` from a :class:`Hardware` description and a :class:`Request`
+(:func:`build_request`), with a :class:`BackendRegistry` (:func:`default_registry`: the installed ones).
+
+A training script needs none of this: it uses ``amp_backends`` itself (``auto_configure``, ``plan_for``,
+``Trainer``, ...). Everything here is plain data and pure functions: importing this module imports no
+TensorFlow.
+"""
+
+from __future__ import annotations
+
+from .assessment import (
+    EMULATED,
+    FUNCTIONAL,
+    LEVELS,
+    NATIVE,
+    UNSAFE,
+    UNSUPPORTED,
+    Assessment,
+    Float32Layer,
+    MatrixUnit,
+    Support,
+    VendorSetting,
+)
+from .hardware import BF16, FP8, FP16, TENSOR_CORES, TF32, XMX, Accelerator, BackendProbe, CpuInfo, Hardware
+from .plan import BackendStatus, Plan, Rejected
+from .planner import make_plan
+from .probe import probe_hardware
+from .registry import Backend, BackendRegistry, default_registry
+from .request import LossScale, Request, build_request
+from .software import installed_version, minor_version, tensorflow_version
+
+__all__ = [
+    # the interface and its registry
+    "Backend", "BackendRegistry", "default_registry",
+    # what a probe fills: the devices and the capability tags they carry
+    "Accelerator", "BackendProbe", "CpuInfo", "Hardware", "probe_hardware",
+    "BF16", "FP8", "FP16", "TENSOR_CORES", "TF32", "XMX",
+    # what an assessment says, and its support levels
+    "Assessment", "Float32Layer", "MatrixUnit", "Support", "VendorSetting",
+    "EMULATED", "FUNCTIONAL", "LEVELS", "NATIVE", "UNSAFE", "UNSUPPORTED",
+    # planning: the request, the planner, the plan and its parts
+    "BackendStatus", "LossScale", "Plan", "Rejected", "Request", "build_request", "make_plan",
+    # the installed software, read without importing it
+    "installed_version", "minor_version", "tensorflow_version",
+]

@@ -1,0 +1,82 @@
+"""Model factories named ``MODULE:FACTORY``: the one parser and loader of ``check``, ``audit`` and its child.
+
+A factory is a function that builds a Keras model with no arguments; ``amp-backends check`` and ``audit``
+name it ``package.module:function`` (``amp_backends.models:mnist_cnn``; ``mymodels:build`` for
+``./mymodels.py``: the current directory is importable, as with ``python -m``). Every way such a name can
+be wrong raises one error, :class:`~amp_backends.errors.FactoryError` (a ``ValueError``), saying the
+expected form, the value received and the fix.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+from typing import Any, Callable
+
+from .errors import FactoryError
+
+FORM = "MODULE:FACTORY"
+EXAMPLE = "amp_backends.models:mnist_cnn"
+_SPEC = re.compile(r"^(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<factory>[A-Za-z_]\w*)$")
+
+
+def parse_factory(spec: Any) -> tuple[str, str]:
+    """``"package.module:factory"`` -> ``("package.module", "factory")``; :class:`FactoryError` when malformed."""
+    match = _SPEC.match(spec.strip()) if isinstance(spec, str) else None
+    if match is None:
+        raise FactoryError(
+            f"expected {FORM}: a module's dotted import path and the name of a function in it that returns a Keras "
+            f"model, such as {EXAMPLE}. Received: {spec!r}. Fix: write the module and the function name separated "
+            "by one colon, with no file extension or path (mymodels:build for ./mymodels.py)")
+    return match.group("module"), match.group("factory")
+
+
+def factory_spec(factory: Any) -> str:
+    """The ``MODULE:FACTORY`` of a factory given as that string or as a top-level function of an importable module.
+
+    Checks the form only, importing nothing (for a process that builds the model elsewhere: the audit's child).
+    """
+    if isinstance(factory, str):
+        module, name = parse_factory(factory)
+        return f"{module}:{name}"
+    owner = getattr(factory, "__module__", None)
+    name = str(getattr(factory, "__qualname__", ""))
+    if callable(factory) and owner and owner != "__main__" and name.isidentifier():
+        return f"{owner}:{name}"
+    raise FactoryError(
+        f"expected a factory another process can import: a top-level function of an importable module, or its "
+        f"{FORM} string. Received {factory!r:.80} (module {owner!r}, name {name!r}). Fix: move it into a module "
+        "(a lambda, a nested function or one defined in __main__ cannot be imported) and pass it, or its "
+        "'module:function' string")
+
+
+def load_factory(factory: Any) -> Callable[[], Any]:
+    """The function a ``MODULE:FACTORY`` string names (imported, the current directory importable), or ``factory``
+    itself when it is already a function; :class:`FactoryError` saying what went wrong."""
+    if callable(factory) and not isinstance(factory, str):
+        return factory
+    module_name, factory_name = parse_factory(factory)
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, or anything the module raises while it is imported
+        raise FactoryError(
+            f"expected an importable module {module_name!r} ({FORM} {factory!r}), but importing it raised "
+            f"{type(exc).__name__}: {exc}. Fix: run from the directory that holds it (or put it on PYTHONPATH), and "
+            f"check that `python -c 'import {module_name}'` works") from exc
+    value = getattr(module, factory_name, None)
+    if value is None:
+        defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                         and getattr(v, "__module__", None) == module.__name__)
+        raise FactoryError(
+            f"expected a function {factory_name!r} in module {module_name!r} ({getattr(module, '__file__', '?')}), "
+            f"but it has none. Functions defined there: {', '.join(defined) or 'none'}. Fix: name one of them after "
+            f"the colon ({module_name}:<function>)")
+    if not callable(value):
+        raise FactoryError(
+            f"expected {module_name}.{factory_name} to be a function that returns a Keras model, but it is "
+            f"{value!r:.80} (of type {type(value).__name__}). Fix: name a function taking no arguments after the colon")
+    return value

@@ -1,0 +1,153 @@
+"""The public face: the names a training script uses (a deliberate list), every error under ``AmpError``, and
+the backend author's names in ``amp_backends.backend_api``."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+from conftest import NEUTRAL_CWD
+
+import amp_backends
+from amp_backends import backend_api, errors
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Adding a name here is a decision: it becomes a promise to every training script.
+TOP_LEVEL = [
+    "LayerPlan",
+    # the plan
+    "Plan", "auto_configure", "configure_for_device", "current_plan", "known_devices", "plan_for", "reset",
+    # a model under the plan, and what the calls return
+    "Audit", "ModelCheck", "Preparation", "audit", "audit_trace", "check_model", "prepare_model",
+    # training
+    "Observer", "ThroughputLogger", "TrainResult", "Trainer", "Update", "classifier_updates", "gan_updates",
+    "seed_everything", "step_seed",
+    # errors, the interruption, the warning
+    "AmpConfigError", "AmpError", "AmpWarning", "BackendError", "CheckpointError", "CheckpointMismatchError",
+    "ClusterConfigError", "DataUnavailableError", "DistributedFailure", "FactoryError", "InputError",
+    "NonFiniteError", "TrainingInterrupted", "UnsupportedRequestError",
+    "__version__",
+]
+
+BACKEND_AUTHORS = ["Accelerator", "Assessment", "Backend", "BackendProbe", "BackendRegistry", "CpuInfo", "Float32Layer",
+                   "Hardware", "LossScale", "MatrixUnit", "Request", "Support", "VendorSetting", "build_request",
+                   "default_registry", "make_plan", "probe_hardware"]
+
+
+def exception_classes(module) -> dict[str, type]:
+    return {n: v for n, v in vars(module).items()
+            if inspect.isclass(v) and issubclass(v, BaseException) and v.__module__ == module.__name__}
+
+
+def test_the_top_level_names_are_the_listed_ones():
+    assert sorted(amp_backends.__all__) == sorted(TOP_LEVEL)
+    assert sorted(dir(amp_backends)) == sorted(TOP_LEVEL)
+
+
+@pytest.mark.tensorflow
+def test_every_top_level_name_resolves():
+    for name in TOP_LEVEL:
+        assert getattr(amp_backends, name) is not None, name
+    assert callable(amp_backends.audit) and amp_backends.Audit.__name__ == "Audit"
+    assert amp_backends.ModelCheck.__name__ == "ModelCheck" and amp_backends.TrainResult.__name__ == "TrainResult"
+
+
+def test_every_error_the_library_defines_is_an_amp_error_exported_at_the_top():
+    classes = exception_classes(errors)
+    assert {"AmpError", "FactoryError", "ClusterConfigError", "DistributedFailure", "DataUnavailableError",
+            "CheckpointMismatchError"} <= set(classes)
+    for name, cls in classes.items():
+        assert name in amp_backends.__all__ and getattr(amp_backends, name) is cls, name
+        if issubclass(cls, Warning):
+            assert issubclass(cls, UserWarning)
+        elif cls is errors.TrainingInterrupted:
+            # a stop, not an error: ``except Exception`` (and ``except AmpError``) must never swallow Ctrl-C
+            assert issubclass(cls, KeyboardInterrupt) and not issubclass(cls, Exception)
+        else:
+            assert issubclass(cls, errors.AmpError), f"{name} is not an AmpError"
+
+
+@pytest.mark.parametrize("name, builtin", [
+    ("AmpConfigError", ValueError), ("UnsupportedRequestError", ValueError), ("ClusterConfigError", ValueError),
+    ("FactoryError", ValueError), ("InputError", ValueError), ("BackendError", RuntimeError),
+    ("NonFiniteError", RuntimeError), ("DistributedFailure", RuntimeError), ("DataUnavailableError", RuntimeError),
+    ("CheckpointError", RuntimeError), ("CheckpointMismatchError", RuntimeError),
+])
+def test_errors_keep_the_builtin_base_callers_catch(name, builtin):
+    cls = getattr(amp_backends, name)
+    with pytest.raises(builtin):
+        raise cls("message")
+    with pytest.raises(amp_backends.AmpError):
+        raise cls("message")
+
+
+def test_no_module_defines_an_exception_outside_errors_py_that_users_can_get():
+    """Exception classes elsewhere are private (``_Name``) or internal to the benchmark's processes."""
+    internal = {"WorkerFailed", "TimeUp"}  # caught inside the benchmark's supervisor and GPU worker
+    found = []
+    for root in (REPO / "amp_backends", REPO / "backends"):
+        for path in root.rglob("*.py"):
+            if path.name == "errors.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ClassDef) and any(
+                        isinstance(b, ast.Name) and b.id.endswith(("Error", "Exception", "Failure", "Interrupt"))
+                        for b in node.bases):
+                    if not node.name.startswith("_") and node.name not in internal:
+                        found.append(f"{path.relative_to(REPO)}: {node.name}")
+    assert not found, "define users' errors in amp_backends/errors.py, under AmpError: " + ", ".join(found)
+
+
+def test_backend_authors_names_live_in_backend_api_not_at_the_top():
+    for name in BACKEND_AUTHORS:
+        assert name in backend_api.__all__ and getattr(backend_api, name) is not None, name
+        assert name not in amp_backends.__all__, name
+        with pytest.raises(AttributeError, match="import it from amp_backends.backend_api"):
+            getattr(amp_backends, name)
+    assert sorted(backend_api.__all__) == sorted(set(backend_api.__all__))
+    with pytest.raises(AttributeError, match="has no attribute 'nothing_of_the_kind'$"):
+        amp_backends.nothing_of_the_kind  # noqa: B018
+
+
+def test_backend_api_offers_everything_the_builtin_backends_import_from_the_core():
+    """A backend needs nothing but amp_backends.backend_api: what the built-in backends take from the core is in it."""
+    needed = set()
+    for path in (REPO / "backends").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("amp_backends.") \
+                    and not node.module.startswith("amp_backends.backends"):
+                needed |= {a.name for a in node.names}
+    assert needed and needed <= set(backend_api.__all__), sorted(needed - set(backend_api.__all__))
+
+
+def test_backend_api_imports_no_tensorflow():
+    code = ("import sys, amp_backends.backend_api; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'numpy')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=NEUTRAL_CWD)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_public_functions_that_take_a_plan_say_so_in_their_types():
+    from amp_backends import audit as audit_module
+    from amp_backends.audit.observer import AuditObserver
+    from amp_backends.model_check import check as check_module
+    from amp_backends import layer_plan
+    from amp_backends.layer_plan import LayerPlan
+    from amp_backends.plan import Plan
+
+    for function in (check_module.check_model, audit_module.audit, audit_module.audit_trace, AuditObserver.__init__):
+        hints = typing.get_type_hints(function, {**vars(sys.modules[function.__module__]), "Plan": Plan,
+                                                 "Hardware": backend_api.Hardware, "LayerPlan": LayerPlan})
+        assert hints["plan"] == Plan | None, function.__qualname__
+    from amp_backends import prepare
+
+    for function in (prepare.prepare_model, layer_plan.decide, layer_plan.apply):
+        hints = typing.get_type_hints(function, {**vars(sys.modules[function.__module__]), "Plan": Plan})
+        assert hints.get("plan", Plan) == Plan and "Any" not in str(hints.get("layer_plan", "")), function.__qualname__

@@ -1,0 +1,108 @@
+"""MODULE:FACTORY: one parser and loader for ``check``, ``audit`` and the audit's child, one error for a bad one."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from amp_backends.errors import AmpError, FactoryError
+from amp_backends.factory import factory_spec, load_factory, parse_factory
+
+BAD = ["mymodels.py", "pkg/mod.py:build", "pkg.mod:build:extra", "pkg.mod:", ":build", "pkg.mod:build()", "", 42]
+
+
+def top_level_factory():
+    return "built"
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    (tmp_path / "user_factories.py").write_text(textwrap.dedent("""
+        def good():
+            return "model"
+        WIDTH = 3
+    """))
+    (tmp_path / "does_not_import.py").write_text("import no_such_module_anywhere\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def test_a_well_formed_spec_is_split_into_module_and_function():
+    assert parse_factory("pkg.mod:build") == ("pkg.mod", "build")
+    assert parse_factory("  amp_backends.models:mnist_cnn \n") == ("amp_backends.models", "mnist_cnn")
+
+
+@pytest.mark.parametrize("spec", BAD)
+def test_a_malformed_spec_is_one_error_with_the_form_the_value_and_the_fix(spec):
+    with pytest.raises(FactoryError) as caught:
+        parse_factory(spec)
+    message = str(caught.value)
+    assert message.startswith("expected MODULE:FACTORY") and f"Received: {spec!r}" in message and "Fix:" in message
+    assert isinstance(caught.value, ValueError) and isinstance(caught.value, AmpError)
+
+
+@pytest.mark.parametrize("spec", BAD[:4])
+def test_check_audit_and_the_childs_loader_refuse_a_bad_spec_with_the_same_message(spec):
+    """The audit (before its child starts) and the check's loader say exactly what the parser says."""
+    from amp_backends.audit import audit
+
+    with pytest.raises(FactoryError) as parsed:
+        parse_factory(spec)
+    with pytest.raises(FactoryError) as audited:
+        audit(spec)
+    with pytest.raises(FactoryError) as loaded:
+        load_factory(spec)
+    assert str(audited.value) == str(loaded.value) == str(parsed.value)
+
+
+def test_the_check_command_reports_the_loaders_error(user_module):
+    import typer
+    from typer.testing import CliRunner
+
+    from amp_backends.commands.check import check_command
+
+    app = typer.Typer()
+    app.command()(check_command)
+    result = CliRunner().invoke(app, ["pkg/mod.py:build"])
+    assert result.exit_code == 2
+    with pytest.raises(FactoryError) as parsed:
+        parse_factory("pkg/mod.py:build")
+    assert " ".join(str(parsed.value).split()[:8]) in " ".join(result.output.split())
+
+
+def test_load_factory_imports_the_module_from_the_current_directory(user_module):
+    assert load_factory("user_factories:good")() == "model"
+    assert load_factory(top_level_factory) is top_level_factory
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("does_not_import:good", "importing it raised ModuleNotFoundError"),
+    ("no_such_module_xyz:good", "expected an importable module 'no_such_module_xyz'"),
+    ("user_factories:missing", "Functions defined there: good"),
+    ("user_factories:WIDTH", "it is 3 (of type int)"),
+])
+def test_load_factory_says_what_went_wrong(user_module, spec, message):
+    with pytest.raises(FactoryError, match="Fix:") as caught:
+        load_factory(spec)
+    assert message in str(caught.value)
+
+
+def test_the_audits_child_loads_through_the_same_loader(user_module):
+    from amp_backends.audit import child
+
+    assert child.load_factory("user_factories:good")() == "model"
+    with pytest.raises(FactoryError, match="Functions defined there: good"):
+        child.load_factory("user_factories:missing")
+
+
+def test_a_factory_function_is_named_for_another_process_or_refused():
+    assert factory_spec(top_level_factory) == f"{__name__}:top_level_factory"
+    assert factory_spec(" pkg.mod:build ") == "pkg.mod:build"
+    def nested():
+        return "built"
+
+    for unimportable in (lambda: None, nested):
+        with pytest.raises(FactoryError, match="top-level function of an importable module"):
+            factory_spec(unimportable)
