@@ -126,3 +126,39 @@ def test_the_trainer_observer_audits_its_window_when_onednn_verbose_was_set_at_s
     assert_valid("audit", d)
     if not d["outside_onednn"]:
         assert set(d["time_share_by_dtype"]) == {"float32"} and "convolution" in d["by_kind"]
+
+
+DEPTHWISE_FACTORY = '''
+import tensorflow as tf
+
+
+def build():
+    keras = tf.keras
+    inp = keras.Input((24, 24, 32))
+    h = keras.layers.Conv2D(64, 3, padding="same", name="stem")(inp)
+    h = keras.layers.DepthwiseConv2D(3, strides=2, padding="same", name="dw_strided")(h)
+    h = keras.layers.Conv2D(64, 1, name="pointwise")(h)
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    return keras.Model(inp, keras.layers.Dense(10, activation="softmax", name="predictions")(h), name="dwnet")
+'''
+
+
+def test_the_audit_runs_the_model_as_training_prepares_it_and_its_float32_layers_are_as_planned(
+        monkeypatch, tmp_path):
+    if not cpu_has_bf16():
+        pytest.skip("this CPU has no bf16 instructions: the auto plan is float32 here, no layer is kept in float32")
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    from amp_backends.audit import audit
+    from amp_backends.configure import plan_for
+
+    if not any(k.layer == "DepthwiseConv2D" for k in plan_for().float32_layers):
+        pytest.skip("this machine's plan keeps no depthwise convolution in float32 (AMX, Arm, ITEX or oneDNN off)")
+    (tmp_path / "dwmodels.py").write_text(DEPTHWISE_FACTORY, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    d = audit("dwmodels:build", batch_size=16, steps=2).to_dict()
+    assert d["plan"]["compute_dtype"] == "bfloat16"
+    assert set(d["plan"]["float32_layers"]) == {"dwnet/dw_strided", "dwnet/predictions"}  # the layer plan
+    kept = [i for i in d["float32_islands"] if "dwnet/dw_strided" in i["layers"]]
+    assert kept and all(i["planned"] for i in kept)  # it ran in float32, as the layer plan keeps it
+    # never told to undo the plan
+    assert not [w for w in d["warnings"] if "dw_strided" in w["what"] or "convolution time ran in float32" in w["what"]]
