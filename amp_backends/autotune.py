@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from .configure import auto_configure, reset
 from .plan import Plan
 from .probe import probe_hardware
 from .registry import BackendRegistry, default_registry
+from .timing import interleaved
 
 logger = logging.getLogger("amp_backends.autotune")
 
@@ -99,6 +99,22 @@ def candidates(plan: Plan) -> list[dict[str, Any]]:
     return out
 
 
+ROUNDS = 5
+MARGIN = 1.05
+
+
+def _continue(trainer: Any, x: Any, y: Any, steps: int) -> Callable[[], Any]:
+    """One more compiled call of ``steps`` steps of ``trainer`` each time it is called (``max_steps`` ends each
+    ``fit``; the epochs never do)."""
+    done = [0]
+
+    def run() -> Any:
+        done[0] += steps
+        return trainer.fit(x, y, epochs=10**9, max_steps=done[0])
+
+    return run
+
+
 def tune(
     build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]],
     x: Any,
@@ -116,8 +132,10 @@ def tune(
 
     ``build()`` is called once per candidate, after that candidate's dtype policy is set, and returns
     ``(models, updates, checkpoint_objects)`` for a :class:`~amp_backends.trainer.Trainer`. Each candidate
-    trains ``steps`` steps after two warm-up (compiling) calls, ``steps`` per call. A cached choice for
-    the same device and model is applied without timing unless ``refresh``. ``registry`` replaces the
+    is built and warmed up (its compiling calls), then all are timed interleaved, one call of ``steps`` steps each
+    per round for :data:`ROUNDS` rounds (:func:`amp_backends.timing.interleaved`): a candidate is chosen only when
+    it beat every other one in every round by :data:`MARGIN`; otherwise the rules' plan stays (within noise). A
+    cached choice for the same device and model is applied without timing unless ``refresh``. ``registry`` replaces the
     installed backends. ``overrides`` are ``auto_configure`` keywords kept in every candidate and in the
     plan chosen (``loss_scale``, ``tf32``, ``fp8``, ``force``...); the candidates set ``policy`` and ``xla``.
     """
@@ -137,31 +155,54 @@ def tune(
                     f"({cached['img_per_s']:.4g} img/s when measured on {cached['date']})")
         return plan
     trials: list[Trial] = []
-    for cand in candidates(base):
+    runs: dict[str, Callable[[], Any]] = {}
+    labels: dict[str, dict[str, Any]] = {}
+    for cand in candidates(base):  # each built, traced and warmed up first; then timed interleaved, below
         reset()
         plan = auto_configure(**cand, verbose=False, registry=registry, **fixed)
+        label = f"policy={cand['policy']} xla={cand['xla']}"
         try:
             models, updates, objs = build()
             trainer = Trainer(updates, plan, batch_size=batch_size, images_per_step=images_per_step,
                               checkpoint_objects=objs, steps_per_call=steps, log_every=10**9, progress=False,
                               batch_fn=batch_fn, check_models=False, measure_float32=False)
-            total = (Trainer.WARMUP_CALLS + 1) * steps
-            reps = max(1, -(-total * batch_size // len(x)))
-            result = trainer.fit(x, y, epochs=reps, max_steps=total)
-            rate = result.median_throughput or (statistics.median(result.throughputs) if result.throughputs else None)
-            trials.append(Trial(cand["policy"], cand["xla"], rate))
+            runs[label] = _continue(trainer, x, y, steps)
+            for _ in range(Trainer.WARMUP_CALLS):
+                runs[label]()
+            labels[label] = cand
         except Exception as exc:  # a candidate that fails to compile or run simply loses
             trials.append(Trial(cand["policy"], cand["xla"], None, f"{type(exc).__name__}: {str(exc)[:200]}"))
-        logger.info(f"autotune: policy={cand['policy']} xla={cand['xla']}: "
-                    + (f"{trials[-1].img_per_s:.4g} img/s" if trials[-1].img_per_s else f"failed ({trials[-1].error})"))
-    ok = [t for t in trials if t.img_per_s]
+            logger.info(f"autotune: {label}: failed ({trials[-1].error})")
     reset()
-    if not ok:
+    timings = None
+    if runs:
+        try:
+            timings = interleaved(runs, rounds=ROUNDS, units=steps * (images_per_step or batch_size))
+        except Exception as exc:
+            logger.warning(f"autotune: timing the candidates failed ({type(exc).__name__}: {str(exc)[:200]})")
+    if timings is not None:
+        for label, cand in labels.items():
+            trials.append(Trial(cand["policy"], cand["xla"], timings.median(label)))
+            low, high = timings.spread(label)
+            logger.info(f"autotune: {label}: {timings.median(label):.4g} img/s (min-max {low:.4g}-{high:.4g})")
+    ok = [t for t in trials if t.img_per_s]
+    if not ok or timings is None:
         logger.warning("autotune: every candidate failed; keeping the rule-based plan")
         return auto_configure(verbose=False, registry=registry, **fixed)
-    best = max(ok, key=lambda t: t.img_per_s or 0.0)
+    rules_label = f"policy={base.policy} xla={base.xla}"
+    winner = timings.winner(MARGIN)
+    if winner is None and rules_label in labels:
+        # within noise: no candidate beat all the others in every round; the rules' plan stays
+        best = next(t for t in ok if t.policy == base.policy and t.xla == base.xla)
+        logger.info(f"autotune: no candidate was faster than every other in every one of {ROUNDS} interleaved rounds "
+                    f"by more than {MARGIN - 1:.0%}: within noise, the rules' plan stays")
+    else:
+        chosen = labels[winner] if winner else max(labels.values(), key=lambda c: timings.median(
+            f"policy={c['policy']} xla={c['xla']}"))
+        best = next(t for t in ok if t.policy == chosen["policy"] and t.xla == chosen["xla"])
     store(key, {"policy": best.policy, "xla": best.xla, "img_per_s": best.img_per_s,
-                "date": time.strftime("%Y-%m-%d"), "trials": [t.__dict__ for t in trials]})
+                "date": time.strftime("%Y-%m-%d"), "trials": [t.__dict__ for t in trials],
+                "within_noise": winner is None, "timings": timings.to_dict()})
     plan = auto_configure(policy=best.policy, xla=best.xla, verbose=False, registry=registry, **fixed)
     rule = next((t for t in ok if t.policy == base.policy and t.xla == base.xla), None)
     logger.info(f"autotune: chose policy={best.policy} xla={best.xla} at {best.img_per_s:.4g} img/s"
