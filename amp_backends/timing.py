@@ -61,31 +61,58 @@ class Timings:
                 for name, values in self.rates.items()}
 
 
+@dataclass(frozen=True)
+class Sample:
+    """What a variant that times itself returns (a worker process timing its own steps): ``units`` processed in
+    ``seconds``. The harness then takes this instead of its own clock's reading."""
+
+    units: float
+    seconds: float
+
+
 def interleaved(variants: Mapping[str, Callable[[], Any]], *, rounds: int = 5, steps: int = 1, units: float = 1.0,
                 sync: Callable[[Any], Any] | None = None, clock: Callable[[], float] = time.perf_counter,
-                between: Callable[[str], Any] | None = None) -> Timings:
+                between: Callable[[str], Any] | None = None,
+                on_error: Callable[[str, Exception], Any] | None = None,
+                after_round: Callable[[int, Timings], Any] | None = None) -> Timings:
     """Time each variant ``steps`` times per round for ``rounds`` rounds, interleaved.
 
     Round ``r`` starts at variant ``r mod n`` (a rotation), so no variant always runs first or right after
     another one. ``units`` is what one call processes (samples, images), ``sync`` is applied to the last
     call's result before the clock stops, and ``between(name)`` runs untimed before each variant's turn
-    (switching a model's layer policies, say). Raises what a variant raises.
+    (switching a model's layer policies, say). A variant that returns a :class:`Sample` times itself. A variant
+    that raises ends the timing, unless ``on_error(name, exc)`` is given: then it is told and the variant sits
+    out the remaining rounds (its rates so far kept). ``after_round(r, timings_so_far)`` runs after each round.
     """
     if rounds < 1 or steps < 1:
         raise ValueError(f"interleaved() needs rounds >= 1 and steps >= 1. Received: rounds={rounds}, steps={steps}.")
     names = list(variants)
+    live = list(names)
     rates: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
+            if name not in live:
+                continue
             if between is not None:
                 between(name)
             run = variants[name]
             start = clock()
             result = None
-            for _ in range(steps):
-                result = run()
-            if sync is not None:
-                sync(result)
-            elapsed = max(clock() - start, 1e-12)
-            rates[name].append(units * steps / elapsed)
+            try:
+                for _ in range(steps):
+                    result = run()
+                if sync is not None:
+                    sync(result)
+            except Exception as exc:
+                if on_error is None:
+                    raise
+                on_error(name, exc)
+                live.remove(name)
+                continue
+            if isinstance(result, Sample):
+                rates[name].append(result.units / max(result.seconds, 1e-12))
+            else:
+                rates[name].append(units * steps / max(clock() - start, 1e-12))
+        if after_round is not None:
+            after_round(r, Timings({n: tuple(v) for n, v in rates.items()}, steps, units))
     return Timings({name: tuple(values) for name, values in rates.items()}, steps, units)

@@ -8,8 +8,9 @@ kernels (``ONEDNN_VERBOSE=1`` shows each). The CPU backend reads this file: a la
 training step is slower than its float32 one in every round is kept in float32 by the plan
 (``Plan.float32_layers``, applied by ``amp_backends.prepare_model`` and the trainer).
 
-Two parts, in one process, interleaved (every configuration once per round, the order reversed every other
-round), each configuration's figure the median over rounds with its min and max:
+Two parts, in one process, interleaved (every configuration once per round, the order rotated every round:
+:func:`amp_backends.timing.interleaved`), each configuration's figure the median over rounds with its min and
+max:
 
 * ``layers``: one layer alone, at a shape from the zoo's models, forward and backward (input and weight
   gradients) and an SGD update, under float32 and under mixed_bfloat16;
@@ -30,8 +31,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import os
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cpu_policy import document, write  # noqa: E402  (the sibling script's results file)
+
+from amp_backends.timing import Sample, interleaved  # noqa: E402  (the package's one interleaved harness)
 
 DEPTHWISE = ("DepthwiseConv2D", "SeparableConv2D", "DepthwiseConv1D", "SeparableConv1D")
 
@@ -158,16 +161,14 @@ class Runner:
             return loss
 
         self.step = step
-        self.rates: list[float] = []
 
-    def run(self, steps: int) -> float:
+    def run(self, steps: int) -> Sample:
+        """``steps`` steps, timed to the last one's result: one round's sample for the harness."""
         start = time.perf_counter()
         for _ in range(steps):
             loss = self.step()
         float(loss)
-        rate = self.batch * steps / (time.perf_counter() - start)
-        self.rates.append(rate)
-        return rate
+        return Sample(self.batch * steps, time.perf_counter() - start)
 
 
 LAYER_VARIANTS = ("float32", "mixed_bfloat16", "mixed_bfloat16 + layer float32")
@@ -256,15 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     for r in runners:  # compile and warm up
         for _ in range(a.warmup):
             r.step()
-    for n in range(a.rounds):
-        for r in (runners if n % 2 == 0 else runners[::-1]):
-            r.run(a.steps)
-        print(f"round {n + 1}/{a.rounds} done", flush=True)
+    timings = interleaved({r.name: functools.partial(r.run, a.steps) for r in runners}, rounds=a.rounds,
+                          after_round=lambda n, _: print(f"round {n + 1}/{a.rounds} done", flush=True))
     results: dict[str, Any] = {}
     for r in runners:
-        results[r.name] = dict(meta[r.name], median=round(statistics.median(r.rates), 1),
-                               min=round(min(r.rates), 1), max=round(max(r.rates), 1),
-                               rounds=[round(v, 1) for v in r.rates])
+        low, high = timings.spread(r.name)
+        results[r.name] = dict(meta[r.name], median=round(timings.median(r.name), 1), min=round(low, 1),
+                               max=round(high, 1), rounds=[round(v, 1) for v in timings.rates[r.name]])
     for case in cases:
         f32, bf16, island = (results[f"{case.name} {v}"] for v in LAYER_VARIANTS)
         ratio = island["median"] / bf16["median"]

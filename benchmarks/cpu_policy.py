@@ -3,7 +3,7 @@
 Each configuration runs in its own child process (``TF_ENABLE_ONEDNN_OPTS`` is read when TensorFlow is
 imported, so it cannot change inside one process): the tutorials' MNIST CNN, one ``tf.function`` per
 training step, batch 256, a few warm-up steps, then the median of the timed steps. Rounds interleave the
-configurations (A B C ... then ... C B A), and the result keeps every round: median, min and max over rounds.
+configurations (the order rotated every round: :func:`amp_backends.timing.interleaved`), and the result keeps every round: median, min and max over rounds.
 
 ``onednn_isa=AVX2`` limits oneDNN to AVX2 kernels (``ONEDNN_MAX_CPU_ISA=AVX2``): the nearest this machine
 comes to the oneDNN path of a CPU without AVX-512 (Zen 2/3, older Xeons). It is not such a CPU (caches,
@@ -27,6 +27,8 @@ import subprocess
 import sys
 import time
 from typing import Any
+
+from amp_backends.timing import Sample, interleaved
 
 BATCH = 256
 
@@ -183,11 +185,19 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown configurations {unknown}; expected some of: {', '.join(CONFIGS)}")
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     started = datetime.datetime.now(datetime.timezone.utc)
-    for r in range(a.rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
+
+    def configuration(name: str) -> Any:
+        def run() -> Sample:
             result = run_child(name, a.warmup, a.steps)
             runs[name].append(result)
-            print(f"round {r + 1} {name}: {result}", flush=True)
+            print(f"{name}: {result}", flush=True)
+            if "error" in result:
+                raise RuntimeError(result["error"])
+            return Sample(result["img_per_s"], 1.0)  # the child's own rate over its timed steps
+        return run
+
+    # a configuration that fails sits out the remaining rounds; its error is kept in the results
+    interleaved({n: configuration(n) for n in names}, rounds=a.rounds, on_error=lambda name, exc: None)
     results = {}
     for name, rs in runs.items():
         policy, jit, onednn, isa = CONFIGS[name]

@@ -21,9 +21,11 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from ...configure import plan_for
+from ...timing import Sample, Timings, interleaved
 from ...zoo import ZOO, unavailable
 from .report import environment, run_header, write_json, zoo_markdown, zoo_table
 from .supervisor import JsonWorker, WorkerFailed, child_env, terminate_as_exit
@@ -199,24 +201,30 @@ class ZooRun:
                     rec["flops_per_sample"], rec["flops_note"] = r["flops_per_sample"], r["flops_note"]
             outcome = f"ready (warm-up {r['warmup_s']} s)" if r.get("ok") else f"failed: {c['error']}"
             self.say(f"  {cfg.name:24s} {outcome}")
-        rates: dict[str, list[float]] = {c.name: [] for c in live}
         calls: dict[str, list[float]] = {c.name: [] for c in live}
-        for rep in range(self.reps):
-            order = live[rep % len(live):] + live[:rep % len(live)] if live else []
-            for cfg in order:
-                if cfg not in live:
-                    continue
+
+        def rep(cfg: ZooConfig) -> Callable[[], Sample]:
+            def run() -> Sample:  # the worker times its own steps; the whole fit() call is kept beside
                 r = self.ask(cfg, self.timeout_s, op="rep")
-                if r.get("ok"):
-                    rates[cfg.name].append(r["samples"] / r["seconds"])
-                    calls[cfg.name].append(r["samples"] / r["call_seconds"])
-                else:
-                    rec["configs"][cfg.name]["error"] = r["error"]
-                    live.remove(cfg)
-            self.say(f"  round {rep + 1}/{self.reps}: " + ", ".join(f"{c.name} {rates[c.name][-1]:,.0f}" for c in live))
+                if not r.get("ok"):
+                    raise WorkerFailed(r["error"])
+                calls[cfg.name].append(r["samples"] / r["call_seconds"])
+                return Sample(r["samples"], r["seconds"])
+            return run
+
+        def failed(name: str, exc: Exception) -> None:
+            rec["configs"][name]["error"] = str(exc)
+            live[:] = [c for c in live if c.name != name]
+
+        def said(r: int, t: Timings) -> None:
+            self.say(f"  round {r + 1}/{self.reps}: " + ", ".join(f"{c.name} {t.rates[c.name][-1]:,.0f}" for c in live
+                                                                   if t.rates[c.name]))
+
+        timings = interleaved({c.name: rep(c) for c in live}, rounds=self.reps, on_error=failed, after_round=said) \
+            if live else Timings({})
         for cfg in live:
             c = rec["configs"][cfg.name]
-            c["samples_per_s"] = _spread(rates[cfg.name])
+            c["samples_per_s"] = _spread(list(timings.rates[cfg.name]))
             c["call_samples_per_s"] = _spread(calls[cfg.name])  # the whole fit() call, its set-up included
             r = self.ask(cfg, self.timeout_s, op="loss")
             c["loss"] = r.get("loss") if r.get("ok") else None
