@@ -12,9 +12,7 @@ duration of the trace each layer's ``call`` is wrapped in a name scope carrying 
 an op belongs to the innermost layer whose scope it was created in. The wrappers are instance
 attributes, removed again before :func:`trace_model` returns, as are any losses the call collected.
 
-FLOPs are counted per batch here (multiply-adds count 2): ``2*M*N*K`` for a matmul, ``2*H_out*W_out*K_h*
-K_w*C_in*C_out`` per image for a convolution (times the batch), ``2*H_out*W_out*K_h*K_w*C`` (times the
-depth multiplier) for a depthwise one.
+What each matmul and convolution computes (kind, FLOPs, rows as the GEMM sees them) is read by :mod:`.gemm`.
 """
 
 from __future__ import annotations
@@ -25,12 +23,12 @@ from typing import Any, Iterable
 
 from ..assessment import layer_geometry
 from . import _keras
+from .gemm import GEMM_OPS, read_gemm
+from .gemm import dims_of as _dims
+from .gemm import float_dtype as _float_dtype
+from .gemm import prod as _prod
 from .masks import MaskConstant, large_negative_constants
 
-MATMUL_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"})
-CONV_OPS = frozenset({"Conv2D", "Conv3D", "Conv", "DepthwiseConv2dNative", "Conv2DBackpropInput",
-                      "Conv3DBackpropInputV2"})
-GEMM_OPS = MATMUL_OPS | CONV_OPS
 # Ops that only move or relabel a tensor: a model output produced through them comes from the op before.
 PASSTHROUGH_OPS = frozenset({"Identity", "IdentityN", "Cast", "Reshape", "Squeeze", "ExpandDims", "Transpose",
                              "StopGradient", "EnsureShape", "CheckNumerics"})
@@ -122,106 +120,6 @@ class ModelGraph:
 
     def layer(self, index: int) -> LayerInfo:
         return self.layers[index]
-
-
-def _dims(tensor: Any) -> list[int | None]:
-    try:
-        return list(tensor.shape.as_list())
-    except ValueError:  # unknown rank
-        return []
-
-
-def _prod(values: list[int | None]) -> int | None:
-    out = 1
-    for v in values:
-        if v is None:
-            return None
-        out *= v
-    return out
-
-
-def _attr(op: Any, name: str, default: Any = None) -> Any:
-    try:
-        return op.get_attr(name)
-    except (ValueError, TypeError):
-        return default
-
-
-def _float_dtype(op: Any) -> str:
-    for t in list(op.inputs) + list(op.outputs):
-        if t.dtype.is_floating:
-            return t.dtype.name
-    return op.inputs[0].dtype.name if op.inputs else "unknown"
-
-
-def _einsum(op: Any) -> tuple[int | None, dict[str, int | None]]:
-    equation = _attr(op, "equation", b"")
-    equation = equation.decode() if isinstance(equation, bytes) else str(equation)
-    if "->" not in equation or len(op.inputs) != 2:
-        return None, {}
-    lhs, out = equation.replace(" ", "").split("->")
-    terms = lhs.split(",")
-    sizes: dict[str, int | None] = {}
-    letters = []
-    for term, tensor in zip(terms, op.inputs, strict=True):
-        shape = _dims(tensor)
-        if "..." in term:  # name the ellipsis dimensions, aligned from the right as broadcasting does
-            n = len(shape) - (len(term) - 3)
-            term = term.replace("...", "".join(chr(0x3B1 + i) for i in range(max(n, 0))))
-        letters.append(term)
-        for ch, size in zip(term, shape, strict=False):
-            if sizes.get(ch) is None:
-                sizes[ch] = size
-    a, b = letters
-    out_letters = set(out) | {ch for ch in sizes if 0x3B1 <= ord(ch) < 0x3B1 + 26}
-    contracted = [ch for ch in a if ch in b and ch not in out_letters]
-    m_letters = [ch for ch in a if ch not in b]
-    n_letters = [ch for ch in b if ch not in a]
-    flops = _prod([sizes[ch] for ch in sizes])
-    dims = {"M": _prod([sizes[ch] for ch in m_letters]), "N": _prod([sizes[ch] for ch in n_letters]),
-            "K": _prod([sizes[ch] for ch in contracted])}
-    return (2 * flops if flops is not None else None), dims
-
-
-def _gemm(op: Any) -> tuple[str, int | None, dict[str, int | None], Any]:
-    """(kind, flops per batch, dims, data operand) of a matmul/convolution op."""
-    t = op.type
-    if t == "MatMul":
-        a, b = _dims(op.inputs[0]), _dims(op.inputs[1])
-        m, k = (a[1], a[0]) if _attr(op, "transpose_a") else (a[0], a[1])
-        n = b[0] if _attr(op, "transpose_b") else b[1]
-        flops = _prod([2, m, n, k])
-        return "matmul", flops, {"M": m, "N": n, "K": k}, op.inputs[0]
-    if t in ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"):
-        a, b, out = _dims(op.inputs[0]), _dims(op.inputs[1]), _dims(op.outputs[0])
-        if len(a) < 2 or len(b) < 2:
-            return "matmul", None, {"M": None, "N": None, "K": None}, op.inputs[0]
-        m, k = (a[-1], a[-2]) if _attr(op, "adj_x") else (a[-2], a[-1])
-        n = b[-2] if _attr(op, "adj_y") else b[-1]
-        numel = _prod(out)
-        flops = 2 * numel * k if numel is not None and k is not None else None
-        return "matmul", flops, {"M": m, "N": n, "K": k}, op.inputs[0]
-    if t == "Einsum":
-        flops, dims = _einsum(op)
-        return "matmul", flops, dims, op.inputs[0]
-    if t == "Conv2DBackpropInput" or t == "Conv3DBackpropInputV2":
-        kernel, grad = _dims(op.inputs[1]), _dims(op.inputs[2])
-        numel = _prod(grad)
-        window = _prod(kernel[:-2]) if kernel else None
-        c_out = kernel[-2] if kernel else None
-        flops = _prod([2, numel, window, c_out]) if numel is not None else None
-        return "conv_transpose", flops, {"C_in": kernel[-1] if kernel else None, "C_out": c_out}, op.inputs[2]
-    kernel, out = _dims(op.inputs[1]), _dims(op.outputs[0])
-    numel = _prod(out)
-    if t == "DepthwiseConv2dNative":
-        window = _prod(kernel[:-2]) if kernel else None
-        flops = _prod([2, numel, window])
-        c_in = kernel[-2] if kernel else None
-        return "depthwise", flops, {"C_in": c_in, "C_out": _prod([c_in, kernel[-1]]) if kernel else None}, op.inputs[0]
-    window = _prod(kernel[:-1]) if kernel else None
-    flops = _prod([2, numel, window])
-    channels = {"C_in": kernel[-2] if kernel else None, "C_out": kernel[-1] if kernel else None}
-    return "conv", flops, channels, op.inputs[0]
 
 
 def _traffic(op: Any) -> int | None:
@@ -355,12 +253,13 @@ def _read_graph(concrete: Any, name: str, layers: list[LayerInfo], batch: int, n
             continue
         layer = _layer_of(op.name)
         if op.type in GEMM_OPS:
-            kind, flops, dims, data = _gemm(op)
-            data_op = data.op
+            shape = read_gemm(op)
+            data_op = shape.data.op
             from_data = data_op.name not in gemm_above and data_op.type not in GEMM_OPS
-            m = dims.get("M")
-            result.gemms.append(GemmOp(op.name, op.type, kind, layer, _float_dtype(op), flops, dims, from_data,
-                                       op.name in to_output, rows_include_batch=bool(m and m % batch == 0),
+            m = shape.dims.get("M")
+            rows_include_batch = bool(m and m % batch == 0) and not shape.batched  # a batched GEMM's M is its own
+            result.gemms.append(GemmOp(op.name, op.type, shape.kind, layer, _float_dtype(op), shape.flops, shape.dims,
+                                       from_data, op.name in to_output, rows_include_batch=rows_include_batch,
                                        traffic_bytes=_traffic(op)))
         elif op.type not in BOOKKEEPING_OPS:
             floating = [t for t in op.outputs if t.dtype.is_floating]
