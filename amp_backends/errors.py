@@ -13,6 +13,8 @@ class                      base                  raised when
 ``DistributedFailure``     ``RuntimeError``      a collective failed or timed out (a worker died or hangs)
 ``DataUnavailableError``   ``RuntimeError``      a dataset could not be found or read
 ``InputError``             ``ValueError``        data given to the trainer cannot be trained on as given
+``ModelCallError``         ``RuntimeError``      a model given to the precision check does not run on its inputs
+                                                 (names the layer whose own code raised, and its inputs)
 ``CheckpointError``        ``RuntimeError``      checkpoints cannot be used as asked: another run's, none intact
 ``CheckpointMismatchError``  ``CheckpointError``  a checkpoint of other models than the ones being trained
 ``TrainingInterrupted``    ``KeyboardInterrupt``  Ctrl-C or SIGTERM stopped training (after saving, when it can)
@@ -71,6 +73,10 @@ class DataUnavailableError(RuntimeError):
 
 class InputError(ValueError):
     """The data given to the trainer cannot be trained on as given; the message says how to fix it."""
+
+
+class ModelCallError(RuntimeError):
+    """The model does not run on the inputs it is checked on; the message names the layer whose call raised."""
 
 
 class CheckpointError(RuntimeError):
