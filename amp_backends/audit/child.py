@@ -5,8 +5,9 @@ set. The plan comes from the ``AMP_*`` variables (``auto_configure()``), the mod
 step trains on synthetic data of the model's input shapes (forward, the mean square of the outputs as the
 loss, gradients, an SGD update; ``jit_compile`` as the plan says). ``warmup`` steps run first (tracing,
 oneDNN's primitive creation), then the measured steps between two marker lines on stdout, so that the
-parent reads only their verbose records. The layers' kernel shapes, the precision check's findings and
-the step time go to ``OUT.json``. On a GPU the measured steps are traced with TensorFlow's profiler.
+parent reads only their verbose records. The layers' kernel shapes, the step's matrix ops with the layers
+that created them (:mod:`.step_ops`), the precision check's findings and the step time go to ``OUT.json``.
+On a GPU the measured steps are traced with TensorFlow's profiler.
 """
 
 from __future__ import annotations
@@ -52,6 +53,23 @@ def layer_kernels(model: Any) -> list[dict[str, Any]]:
     return out
 
 
+def trace_step_ops(model: Any, compiled: Any, inputs: Any) -> list[dict[str, Any]] | None:
+    """Trace the step (the one trace its calls then reuse) with each layer's call in a scope naming it, and list
+    its matrix ops with their layers (:mod:`.step_ops`); ``None`` when it cannot be traced so (the first call
+    then traces it as usual, and records are matched by kernel shape)."""
+    from ..model_check import _keras
+    from ..model_check.scopes import LayerScopes
+    from .step_ops import step_ops
+
+    walked = list(_keras.walk(model, model.name))
+    try:
+        with LayerScopes([layer for _, layer in walked]):
+            concrete = compiled.get_concrete_function(inputs)
+    except Exception:  # noqa: BLE001  # the audit stands without it: kernel shapes still match most records
+        return None
+    return step_ops(concrete.graph, [path for path, _ in walked])
+
+
 def synthetic_inputs(model: Any, batch: int) -> Any:
     import tensorflow as tf
 
@@ -91,6 +109,7 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
         return loss
 
     compiled = tf.function(step, jit_compile=bool(plan.xla))
+    ops = trace_step_ops(model, compiled, x)
     for _ in range(warmup):
         float(compiled(x))
     gpu = bool(tf.config.list_logical_devices("GPU"))
@@ -116,7 +135,7 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
         "plan": {"backend": plan.backend, "policy": plan.policy, "compute_dtype": plan.compute_dtype,
                  "xla": bool(plan.xla), "graph_amp": plan.graph_amp},
         "batch_size": batch, "steps": steps, "step_time_ms": 1000 * elapsed / max(steps, 1),
-        "layers": layer_kernels(model), "findings": findings, "gpu": gpu,
+        "layers": layer_kernels(model), "ops": ops, "findings": findings, "gpu": gpu,
         "profile_dir": logdir if gpu else None, "tensorflow": tf.__version__,
         "onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
     }
