@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Adding a name here is a decision: it becomes a promise to every training script.
 TOP_LEVEL = [
+    "ModelCallError",
     "LayerPlan",
     # the plan
     "Plan", "auto_configure", "configure_for_device", "current_plan", "known_devices", "plan_for", "reset",

@@ -98,6 +98,33 @@ def test_records_are_matched_to_layers_by_kernel_shape():
     assert len(match(next(r for r in records if r.kind == "gemm_api"), twins)) == 2  # ambiguous: both named
 
 
+def test_records_go_to_the_step_ops_of_their_dtype_and_shape_before_any_kernel_shape():
+    """Four Dense layers of one 64x64 kernel, the third pinned to float32: by kernel shape its float32 records
+    were "ambiguous" over all four; the step's ops (from the child's trace) name the float32 one. A matmul
+    without a kernel (a tied head: hidden x embeddings^T) is named by the layer that ran it."""
+    f32 = "src:f32::blocked:ab::f0 wei:f32::blocked:ba::f0 dst:f32::blocked:ab::f0"
+    lines = [f"onednn_verbose,v1,primitive,exec,cpu,inner_product,x64:gemm:jit,forward_training,{f32},,,"
+             "mb16ic64oc64,0.02",  # the pinned layer's forward
+             "onednn_verbose,v1,primitive,exec,cpu,gemm_api,,undef,src_f32::blocked:ba:f0 wei_f32::blocked:ab:f0 "
+             "dst_f32::blocked:ab:f0,,,64x16:16x64,0.01",  # its gradient of the weights
+             "onednn_verbose,v1,primitive,exec,cpu,matmul,brg_matmul:avx512_core_bf16,undef,src:bf16::blocked:ab::f0 "
+             "wei:bf16::blocked:ba::f0 dst:bf16::blocked:ab::f0,,,16x64:64x64,0.05",  # a bfloat16 layer's forward
+             f"onednn_verbose,v1,primitive,exec,cpu,matmul,brg_matmul:avx512_core,undef,{f32},,,2x8x64:1x64x1000,0.3"]
+    dtypes = {"a": "bfloat16", "b": "bfloat16", "pinned": "float32", "c": "bfloat16"}
+    layers = [{"path": f"four/{n}", "class_name": "Dense", "kernel_shape": [64, 64], "compute_dtype": d}
+              for n, d in dtypes.items()]
+    ops = [op for n, d in dtypes.items() for op in (
+        {"layer": f"four/{n}", "op": "MatMul", "dtype": d, "M": 16, "K": 64, "N": 64, "batch": 1},
+        {"layer": f"four/{n}", "op": "MatMul", "dtype": d, "M": 64, "K": 16, "N": 64, "batch": 1})]
+    ops.append({"layer": "four/embedding", "op": "BatchMatMulV2", "dtype": "float32", "M": 8, "K": 64, "N": 1000,
+                "batch": 2})
+    by_shape = from_onednn(lines, {**doc(), "layers": layers}).to_dict()["float32_islands"]
+    assert ["four/a", "four/b", "four/pinned", "four/c"] in [i["layers"] for i in by_shape]  # the fallback
+    islands = from_onednn(lines, {**doc(), "layers": layers, "ops": ops}).to_dict()["float32_islands"]
+    assert sorted((i["layers"], i["matched"]) for i in islands) == [(["four/embedding"], "layer"),
+                                                                    (["four/pinned"], "layer")]
+
+
 def test_the_bf16_step_reads_as_bf16_with_the_output_layer_a_float32_island():
     audit = from_onednn(TF221, doc(), ["onednn_verbose,v1,info,oneDNN v3.7.3 (commit N/A)"])
     d = audit.to_dict()

@@ -162,3 +162,53 @@ def test_the_audit_runs_the_model_as_training_prepares_it_and_its_float32_layers
     assert kept and all(i["planned"] for i in kept)  # it ran in float32, as the layer plan keeps it
     # never told to undo the plan
     assert not [w for w in d["warnings"] if "dw_strided" in w["what"] or "convolution time ran in float32" in w["what"]]
+
+
+AUDIT_MODELS = """
+import tensorflow as tf
+
+K, L = tf.keras, tf.keras.layers
+
+
+def four_dense():
+    # four hidden Dense layers with the same 64x64 kernel, the third pinned to float32
+    x = K.Input((64,))
+    h = L.Dense(64, activation="relu", name="a")(x)
+    h = L.Dense(64, activation="relu", name="b")(h)
+    h = L.Dense(64, activation="relu", name="pinned", dtype="float32")(h)
+    h = L.Dense(64, activation="relu", name="c")(h)
+    return K.Model(x, L.Dense(10, dtype="float32", name="head")(h), name="four")
+
+
+def tiny_gpt2():
+    import keras_hub
+
+    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=1000, num_layers=1, num_heads=2, hidden_dim=64,
+                                             intermediate_dim=128, max_sequence_length=16, name="gpt2")
+    return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None, name="lm")
+"""
+
+
+@pytest.mark.parametrize("factory, island", [
+    ("four_dense", "four/pinned"),  # not "ambiguous" over the three bfloat16 layers of its kernel shape
+    ("tiny_gpt2", "lm/gpt2/token_embedding"),  # the tied head's matmul has no kernel: it was "unmatched"
+])
+def test_a_float32_island_is_named_by_the_layer_whose_call_ran_it(tmp_path, monkeypatch, factory, island):
+    if not cpu_has_bf16():
+        pytest.skip("this CPU has no bf16 instructions: the auto plan is float32 here, with no float32 islands")
+    if factory == "tiny_gpt2":
+        if not keras3():
+            pytest.skip("keras_hub needs Keras 3; this tf.keras is Keras 2")
+        pytest.importorskip("keras_hub", reason="keras_hub is not installed (it needs Keras 3)")
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    (tmp_path / "audit_models.py").write_text(AUDIT_MODELS)
+    monkeypatch.chdir(tmp_path)
+    from amp_backends.audit import audit
+
+    d = audit(f"audit_models:{factory}", batch_size=16, steps=1, warmup=1).to_dict()
+    assert d["plan"]["compute_dtype"] == "bfloat16" and d["outside_onednn"] is None
+    islands = {tuple(i["layers"]): i for i in d["float32_islands"]}
+    assert islands[(island,)]["matched"] == "layer"
+    assert all(i["matched"] == "layer" for i in islands.values()), islands
+    if factory == "four_dense":  # and only the two float32 layers have float32 islands
+        assert set(islands) == {("four/pinned",), ("four/head",)}

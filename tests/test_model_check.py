@@ -10,16 +10,18 @@ import dataclasses
 import json
 import textwrap
 
+import numpy as np
 import pytest
 
 tf = pytest.importorskip("tensorflow")
 
 import amp_backends  # noqa: E402
+import amp_backends.errors  # noqa: E402
 from amp_backends.model_check import ModelCheck, check_model  # noqa: E402
 from amp_backends.commands.check import check_command, parse_input_shape  # noqa: E402
 from amp_backends.model_check.target import make_target  # noqa: E402
 from amp_backends.models import gan_discriminator, gan_generator, mnist_cnn  # noqa: E402
-from fakes import A100, AMD_HERE, H100, SAPPHIRE_RAPIDS, cpu_of, machine, nvidia  # noqa: E402
+from fakes import A100, AMD_HERE, H100, SAPPHIRE_RAPIDS, ZEN4, cpu_of, machine, nvidia  # noqa: E402
 
 K = tf.keras
 from conftest import policy  # noqa: E402
@@ -164,6 +166,39 @@ def test_custom_layer_casting_to_float32_is_read_from_the_graph(h100):
     (f,) = [f for f in by_code(result, "float32-compute") if f.layer == "custom/sneaky"]
     assert f.severity == "warning" and not f.details["pinned"] and f.flops_share > 0.4
     assert "tf.cast" in f.why and "MatMul" in f.details["ops"]
+
+
+def lambda_matmul_model():
+    """A Lambda multiplying by a float32 constant with tf.matmul: given output_shape=, Keras 3 builds it without
+    calling the function, so under mixed_float16 the first call is where float16 x float32 fails."""
+    weight = tf.constant(np.random.default_rng(0).normal(size=(64, 32)).astype(np.float32))
+    x = K.Input((64,))
+    h = L.Lambda(lambda t: tf.matmul(t, weight), output_shape=(32,), name="matmul_lambda")(L.Dense(64)(x))
+    return K.Model(x, L.Dense(10, dtype="float32")(h), name="lam")
+
+
+def test_a_lambda_that_cannot_run_is_named_with_its_own_error(h100):
+    """The issue: a RuntimeError about the model's input shapes, its fix "build the model with keras.Input"."""
+    if not KERAS3:
+        pytest.skip("Keras 2 calls a Lambda's function when the model is built: the model cannot be built to check")
+    model = build(lambda_matmul_model)
+    with pytest.raises(amp_backends.errors.ModelCallError) as raised:
+        check_model(model, plan=h100, batch_size=8)
+    message = str(raised.value)
+    assert "its layer 'lam/matmul_lambda' (Lambda" in message and "when called on float16 (8, 64)" in message
+    assert "TypeError: " in message and "'MatMul'" in message and "the Lambda's own" in message
+    assert "output_shape=" in message and "Fix: make the function work on them" in message
+    assert "keras.Input" not in message  # not the model's input shape
+
+
+def test_a_lambda_matmul_of_bfloat16_by_float32_is_a_float32_matmul():
+    """Under this CPU's bfloat16 plan the same Lambda runs: tf.matmul(bfloat16, float32) is a SparseMatMul, which
+    computes in float32, and the check said nothing of it."""
+    plan = amp_backends.plan_for(machine(cpu_of(ZEN4)))
+    assert plan.policy == "mixed_bfloat16"
+    result = check_model(build(lambda_matmul_model, "mixed_bfloat16"), plan=plan, batch_size=8)
+    (f,) = [f for f in by_code(result, "float32-compute") if f.layer == "lam/matmul_lambda"]
+    assert f.details["ops"] == "SparseMatMul" and not f.details["pinned"] and f.flops_share > 0.3
 
 
 def test_float16_softmax_head_is_an_error(h100):

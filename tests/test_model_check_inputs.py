@@ -17,7 +17,7 @@ import amp_backends  # noqa: E402
 from amp_backends.prepare import prepare_model  # noqa: E402
 from amp_backends.model_check import check_model  # noqa: E402
 from amp_backends.model_check.check import shapes_with_sequence_length  # noqa: E402
-from fakes import H100, machine, nvidia  # noqa: E402
+from fakes import H100, ZEN4, cpu_of, machine, nvidia  # noqa: E402
 
 K = tf.keras
 from conftest import policy  # noqa: E402
@@ -189,6 +189,40 @@ def test_mask_constants_beyond_the_reduced_range_are_errors(h100, constant, poli
         (f,) = found
         assert f.severity == "error" and f.layer == "masked/masked_softmax" and "NaN" in f.why
         assert f.details["dtype"] == policy_name.split("_")[1] and "-0.7 * scores.dtype.max" in f.fix
+
+
+class NumberMaskSoftmax(L.Layer):
+    """scores + (1 - keep) * <a Python/NumPy number>: TensorFlow writes the number in the scores' dtype."""
+
+    def __init__(self, number, **kwargs):
+        super().__init__(**kwargs)
+        self.number = number
+
+    def call(self, scores, keep):
+        return tf.nn.softmax(scores + (1.0 - tf.cast(keep, scores.dtype)) * self.number)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # TensorFlow writing the number, as it warns
+@pytest.mark.parametrize("number", [float(np.finfo(np.float32).min), tf.float32.min], ids=["np_finfo", "tf_float32"])
+@pytest.mark.parametrize("policy_name", ["mixed_bfloat16", "mixed_float16"])
+def test_a_float32_min_number_written_in_the_compute_dtype_is_an_error_in_bfloat16_too(h100, number, policy_name):
+    """float32.min as a number is written as a bfloat16 constant, -inf already (not a float32 one cast later):
+    the check read only NumPy's own float types and missed it. The model really gives NaN, kept rows too."""
+    plan = amp_backends.plan_for(machine(cpu_of(ZEN4))) if policy_name == "mixed_bfloat16" else h100
+    assert plan.policy == policy_name
+    with policy(policy_name):
+        x, keep = K.Input((8, 16)), K.Input((8, 16))
+        s = NumberMaskSoftmax(number, name="masked_softmax")(L.Dense(16)(x), keep)
+        model = K.Model([x, keep], L.Dense(4, dtype="float32")(L.Flatten()(s)), name="masked")
+    keep_rows = np.ones((2, 8, 16), np.float32)
+    keep_rows[0, :, 8:] = 0  # half of each row masked
+    keep_rows[1] = 0  # every position masked
+    out = model([np.random.default_rng(0).normal(size=(2, 8, 16)).astype(np.float32), keep_rows]).numpy()
+    assert np.isnan(out).all()  # 0 * -inf at the kept positions: both samples are NaN
+    (f,) = [f for f in check_model(model, plan=plan, batch_size=8).findings if f.code == "mask-overflow"]
+    dtype = policy_name.split("_")[1]
+    assert f.severity == "error" and f.layer == "masked/masked_softmax" and f.details["dtype"] == dtype
+    assert f"written as -inf in {dtype}" in f.what and "0 * -inf" in f.why
 
 
 def test_a_mask_cast_after_its_float32_math_is_a_warning(h100):

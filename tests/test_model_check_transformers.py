@@ -139,3 +139,26 @@ def test_gpt2_logits_and_vocabulary(h100, gpt2):
     assert logits.severity == "warning" and logits.layer == "gpt2_dense_head/lm_head"
     assert logits.details["vocabulary"] == 50257 and "dtype='float32'" in logits.fix
     assert "output-dtype" not in {f.code for f in result.findings}
+
+
+@pytest.fixture(scope="module")
+def vit():
+    """16 patches and a class token: 17 positions; at batch 16 its Dense and EinsumDense layers run 272 rows."""
+    with policy("mixed_float16"):
+        return keras_hub.models.ViTBackbone(image_shape=(32, 32, 3), patch_size=8, num_layers=2, num_heads=2,
+                                            hidden_dim=64, mlp_dim=128, name="vit_backbone")
+
+
+def test_vit_rows_are_batch_times_positions_in_attention_projections_as_in_the_mlp(h100, vit):
+    """The issue: Keras 3's EinsumDense is a BatchMatMulV2 of (16, 17, 64) activations by one (64, 64) weight,
+    read as 16 GEMMs of 17 rows: 8 warnings "rows 17 -> 24", while the MLP's Dense layers passed the same 272."""
+    aligned = check_model(vit, plan=h100, batch_size=16)
+    rows = [f for f in aligned.findings
+            if f.code == "tensor-core-shape" and "rows (batch x positions)" in f.details["dims"]]
+    assert rows == [] and "batch-size" not in {f.code for f in aligned.findings}
+    # at batch 15 (255 rows) the projections and the MLP are misaligned alike: one finding for the 12 matmuls
+    (batch,) = [f for f in check_model(vit, plan=h100, batch_size=15).findings if f.code == "batch-size"]
+    assert "rows of 12 matmul(s)" in batch.what and batch.fix.startswith("use a batch of 16")
+    # attention's own matmuls are batched over batch and heads: one GEMM has the 17 positions as its rows
+    attention = [f for f in aligned.findings if f.code == "tensor-core-shape" and f.layer.endswith("/mha")]
+    assert len(attention) == 2 and all(f.details["dims"]["rows M"] == 17 for f in attention)

@@ -103,7 +103,7 @@ def test_the_check_of_a_model_matches_its_schema(device):
     try:
         inputs = tf.keras.Input((30,))
         x = tf.keras.layers.Dense(63, activation="relu")(inputs)  # misaligned widths: findings with details
-        outputs = tf.keras.layers.Dense(10, activation="softmax", dtype="float32")(x)
+        outputs = tf.keras.layers.Dense(10, activation="softmax")(x)  # an unprepared head: a finding on every plan
         result = amp_backends.check_model(tf.keras.Model(inputs, outputs), plan=plan, batch_size=100)
     finally:
         set_global_policy("float32", tf)

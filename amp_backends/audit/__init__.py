@@ -20,9 +20,10 @@ few training steps and reads what *did*::
 - **Intel XPU**: not measured (the reason is in the result's notes).
 
 The result (:class:`.report.Audit`): ``time_share_by_dtype``, the share on matrix units, the float32
-islands with the layers they belong to (oneDNN records carry shapes, not names: matched by kernel shape,
-:mod:`.match`) joined with the precision check's findings, contradictions with the plan as warnings with
-their fix, and the unknown share. JSON schema in :mod:`.report`.
+islands with the layers they belong to (oneDNN records carry shapes and dtypes, not names: matched to the
+ops of the child's traced step of their dtype and shape, each owned by the layer whose call created it,
+else by kernel shape; :mod:`.match`) joined with the precision check's findings, contradictions with the
+plan as warnings with their fix, and the unknown share. JSON schema in :mod:`.report`.
 """
 
 from __future__ import annotations

@@ -7,22 +7,32 @@ from dataclasses import replace
 from typing import Any
 
 from . import nvidia, onednn
-from .match import LayerKernel, match, match_op_name
+from .match import LayerKernel, match, match_op_name, match_ops
 from .report import Audit, Entry
 from .verdict import outside_onednn_reason
 
 
-def entries_from_records(records: Iterable[onednn.Record], layers: Sequence[LayerKernel]) -> list[Entry]:
+def entries_from_records(records: Iterable[onednn.Record], layers: Sequence[LayerKernel],
+                         ops: Sequence[Mapping[str, Any]] = ()) -> list[Entry]:
+    """One entry a record; a compute record names the layers of the step's ops it fits (``ops``, from the
+    child's traced step), else the layers whose kernel shape it fits."""
+    step = [dict(op) for op in ops]
+
+    def owners(r: onednn.Record) -> tuple[str, ...]:
+        if not r.is_compute:
+            return ()
+        return tuple(match_ops(r, step) or match(r, layers))
+
     return [Entry(kind=r.kind, dtype=r.dtype, unit=r.unit, time_ms=r.time_ms, compute=r.is_compute,
-                  reorder=r.is_reorder, layers=tuple(match(r, layers)) if r.is_compute else (),
-                  matrix_unit=r.on_matrix_unit, emulated=r.emulated) for r in records]
+                  reorder=r.is_reorder, layers=owners(r), matrix_unit=r.on_matrix_unit, emulated=r.emulated)
+            for r in records]
 
 
 def from_onednn(lines: Sequence[str], doc: Mapping[str, Any], header: Sequence[str] = ()) -> Audit:
     """The audit of a CPU run: ``lines`` are the measured steps' verbose output, ``doc`` the child's JSON."""
     records = onednn.parse(lines)
     layers = [LayerKernel.from_dict(d) for d in doc.get("layers", [])]
-    entries = entries_from_records(records, layers)
+    entries = entries_from_records(records, layers, doc.get("ops") or ())
     # Eigen's float32 contractions call oneDNN's sgemm (``gemm_api``) even with TensorFlow's oneDNN ops off:
     # only a oneDNN convolution/matmul/inner-product primitive shows that TensorFlow's matrix ops ran in oneDNN.
     has_compute = any(e.compute and e.kind != "gemm_api" for e in entries)

@@ -6,8 +6,9 @@ model is prepared as the trainer prepares it (:func:`amp_backends.prepare_model`
 step trains on synthetic data of the model's input shapes (forward, the mean square of the outputs as the
 loss, gradients, an SGD update; ``jit_compile`` as the plan says). ``warmup`` steps run first (tracing,
 oneDNN's primitive creation), then the measured steps between two marker lines on stdout, so that the
-parent reads only their verbose records. The layers' kernel shapes, the precision check's findings and
-the step time go to ``OUT.json``. On a GPU the measured steps are traced with TensorFlow's profiler.
+parent reads only their verbose records. The layers' kernel shapes, the step's matrix ops with the layers
+that created them (:mod:`.step_ops`), the precision check's findings and the step time go to ``OUT.json``.
+On a GPU the measured steps are traced with TensorFlow's profiler.
 """
 
 from __future__ import annotations
@@ -45,6 +46,23 @@ def layer_kernels(model: Any) -> list[dict[str, Any]]:
         out.append({"path": path, "class_name": type(layer).__name__, "kernel_shape": dims,
                     "compute_dtype": _keras.compute_dtype(layer), "policy": _keras.policy_name(layer)})
     return out
+
+
+def trace_step_ops(model: Any, compiled: Any, inputs: Any) -> list[dict[str, Any]] | None:
+    """Trace the step (the one trace its calls then reuse) with each layer's call in a scope naming it, and list
+    its matrix ops with their layers (:mod:`.step_ops`); ``None`` when it cannot be traced so (the first call
+    then traces it as usual, and records are matched by kernel shape)."""
+    from ..model_check import _keras
+    from ..model_check.scopes import LayerScopes
+    from .step_ops import step_ops
+
+    walked = list(_keras.walk(model, model.name))
+    try:
+        with LayerScopes([layer for _, layer in walked]):
+            concrete = compiled.get_concrete_function(inputs)
+    except Exception:  # noqa: BLE001  # the audit stands without it: kernel shapes still match most records
+        return None
+    return step_ops(concrete.graph, [path for path, _ in walked])
 
 
 def synthetic_inputs(model: Any, batch: int) -> Any:
@@ -91,6 +109,7 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
         return loss
 
     compiled = tf.function(step, jit_compile=bool(plan.xla))
+    ops = trace_step_ops(model, compiled, x)
     for _ in range(warmup):
         float(compiled(x))
     gpu = bool(tf.config.list_logical_devices("GPU"))
@@ -119,7 +138,7 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
                  "float32_layers": list(layer_plan.float32) if layer_plan else []},
         "layer_plan": layer_plan.to_dict() if layer_plan else None,
         "batch_size": batch, "steps": steps, "step_time_ms": 1000 * elapsed / max(steps, 1),
-        "layers": layer_kernels(model), "findings": findings, "gpu": gpu,
+        "layers": layer_kernels(model), "ops": ops, "findings": findings, "gpu": gpu,
         "profile_dir": logdir if gpu else None, "tensorflow": tf.__version__,
         "onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
     }

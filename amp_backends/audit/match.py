@@ -1,4 +1,10 @@
-"""Which layer a kernel belongs to: oneDNN records carry shapes, not names, so they are matched by shape.
+"""Which layer a kernel belongs to: oneDNN records carry shapes and dtypes, not names.
+
+Where the child traced its step (:mod:`.step_ops`), a record is matched to the step's ops of its dtype and
+shape, and named by the layers that created them (:func:`match_ops`): the layer whose call produced the op,
+whatever its kernel (a tied language-model head has none) and whatever other layers share its shape in
+another dtype. Where no op fits (the trainer's observer has no traced step; oneDNN math modes compute
+float32 ops in bfloat16), the record is matched by kernel shape (:func:`match`).
 
 A layer is known by its kernel's shape (``LayerKernel``): a Conv2D's ``(kh, kw, c_in, c_out)``, a Dense's
 ``(in, units)``, an EinsumDense's kernel of any rank (every split of its dims into inputs and outputs is
@@ -103,6 +109,37 @@ def match(record: Record, layers: Sequence[LayerKernel]) -> list[str]:
     else:
         return []
     return [layer.path for layer in layers if test(shape, layer)]
+
+
+def _op_fits(shape: dict[str, int], kind: str, op: dict[str, Any]) -> bool:
+    """Whether a record of ``kind`` with problem ``shape`` can be the step's op ``op`` (any direction's)."""
+    if "kernel" in op:
+        if kind not in ("convolution", "deconvolution"):
+            return False
+        layer = LayerKernel("", "DepthwiseConv2D" if op.get("depthwise") else "Conv2D", tuple(op["kernel"]), "")
+        return _conv_matches(shape, layer)
+    m, k, n, batch = op["M"], op["K"], op["N"], op.get("batch", 1)
+    if kind == "inner_product":
+        ic = shape.get("ic", 0)
+        for d in ("id", "ih", "iw"):
+            ic *= shape.get(d, 1)
+        return shape.get("mb") in (m, m * batch) and {ic, shape.get("oc")} == {k, n}
+    if kind not in ("matmul", "gemm_api", "gemm") or not {"M", "K", "N"} <= shape.keys():
+        return False
+    rows, rec_batch = shape["M"], shape.get("batch", 1)
+    if (shape["K"], shape["N"]) != (k, n):
+        return False
+    return (rows, rec_batch) == (m, batch) or rows * rec_batch == m * batch  # batches folded into rows, or not
+
+
+def match_ops(record: Record, ops: Sequence[dict[str, Any]]) -> list[str]:
+    """The layers that created the step's ops of ``record``'s dtype and shape (empty: none fits)."""
+    shape = record.shape()
+    if not shape:
+        return []
+    dtype = record.dtype
+    return sorted({op["layer"] for op in ops
+                   if op.get("layer") and op.get("dtype") == dtype and _op_fits(shape, record.kind, op)})
 
 
 def match_op_name(op: str | None, layers: Sequence[LayerKernel]) -> list[str]:

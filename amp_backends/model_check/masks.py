@@ -1,13 +1,18 @@
-"""Large negative constants in the traced graph: the attention masks that overflow float16 (or bfloat16).
+"""Large negative constants in the traced graph: the attention masks that overflow float16, bfloat16 or float8.
 
 Attention code masks positions by adding (or ``where``-ing in) a large negative number before the softmax:
-``-1e9``, ``-1e10``, ``tf.float32.min``. float16 ends at -65504, so in float16 such a constant is ``-inf``;
-bfloat16 ends at about -3.39e38, so ``float32.min`` rounds to ``-inf`` there. ``-inf`` is worse than
-large: ``0 * -inf`` is NaN (the ``(1 - mask) * -1e9`` pattern then turns every *kept* position into NaN),
-and a row with every position masked is ``softmax(-inf, ..., -inf)`` = NaN. Keras itself is safe: its
+``-1e9``, ``-1e10``, ``tf.float32.min``, ``np.finfo(np.float32).min``. float16 ends at -65504, so in float16
+such a constant is ``-inf``; bfloat16 ends at about -3.39e38, so ``float32.min`` rounds to ``-inf`` there
+(float8 types end sooner still, some at NaN: they have no infinity). ``-inf`` is worse than large:
+``0 * -inf`` is NaN (the ``(1 - mask) * c`` and ``mask * c`` patterns then turn every *kept* position into
+NaN), and a row with every position masked is ``softmax(-inf, ..., -inf)`` = NaN. Keras itself is safe: its
 Softmax layer masks with -3e4 in float16 and -1e9 otherwise (``_large_negative_number``), its TensorFlow
-``dot_product_attention`` with -0.7 times the dtype's largest value (``_get_large_negative``), so both
-stay finite.
+``dot_product_attention`` with -0.7 times the dtype's largest value (``_get_large_negative``), so both stay
+finite.
+
+A Python or NumPy number mixed into a bfloat16 tensor (``scores + mask * np.finfo(np.float32).min``) is
+written into the graph as a bfloat16 constant, already ``-inf``: such constants are read in every reduced
+float dtype (NumPy's own float types, and ml_dtypes' bfloat16 and float8 that TensorFlow uses).
 
 :func:`large_negative_constants` finds, among the ops on a model's graph, the constants that are (or are
 cast into) a reduced-precision float beyond its range, each with the layer whose scope created it.
@@ -21,8 +26,8 @@ from typing import Any
 
 FLOAT16_MAX = 65504.0
 BFLOAT16_MAX = 3.3895313892515355e38
-LIMITS = {"float16": FLOAT16_MAX, "bfloat16": BFLOAT16_MAX}
 _FOLLOW = ("Identity", "Mul", "AddV2", "Add", "Sub", "Neg", "Maximum", "Minimum", "SelectV2", "Select")
+_MAX_ELEMENTS = 4096  # larger constants are weights or tables, not masks
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,8 @@ class MaskConstant:
     ``stored`` is the dtype the constant is written in (float32 when a Cast carries it to ``dtype``);
     ``direct`` says that the constant itself becomes ``-inf`` (written in ``dtype``, or cast right away), so
     the math after it (``(1 - mask) * c``) meets ``-inf``; else it is cast after that math, which ran in
-    the wider dtype.
+    the wider dtype. A constant written in ``dtype`` has ``value`` ``-inf`` (or NaN) already: the number in
+    the code was beyond the range when TensorFlow wrote it.
     """
 
     name: str
@@ -43,18 +49,52 @@ class MaskConstant:
     direct: bool = True
 
 
+def reduced_float(name: str) -> bool:
+    """Whether ``name`` is a floating dtype narrower than float32: float16, bfloat16, the float8 types."""
+    import tensorflow as tf
+
+    try:
+        dtype = tf.as_dtype(name)
+    except (TypeError, ValueError):
+        return False
+    return bool(dtype.is_floating) and dtype.size < 4
+
+
+def overflows(value: float, dtype: str) -> bool:
+    """Whether ``value`` is not finite once written in ``dtype`` (rounded as TensorFlow's Cast rounds)."""
+    import numpy as np
+    import tensorflow as tf
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        written = np.asarray(value, np.float64).astype(tf.as_dtype(dtype).as_numpy_dtype).astype(np.float64)
+    return not bool(np.isfinite(written))
+
+
+def limit(dtype: str) -> float:
+    """The largest finite value of ``dtype`` (65504 for float16)."""
+    import tensorflow as tf
+
+    return float(tf.as_dtype(dtype).max)
+
+
 def _constant_min(op: Any) -> float | None:
+    """The most negative element of a floating constant, whatever its float type (NaN counts as -inf)."""
     import numpy as np
     import tensorflow as tf
 
     try:
-        proto = op.get_attr("value")
-        value = tf.make_ndarray(proto)
+        value = tf.make_ndarray(op.get_attr("value"))
     except (ValueError, TypeError):
         return None
-    if value.size == 0 or value.size > 4096 or not np.issubdtype(value.dtype, np.floating):
+    if value.size == 0 or value.size > _MAX_ELEMENTS:
         return None
-    return float(np.min(value.astype(np.float64)))
+    try:  # np.issubdtype(..., np.floating) is False for ml_dtypes' bfloat16 and float8: convert instead
+        wide = value.astype(np.float64)
+    except (TypeError, ValueError):
+        return None
+    if np.isnan(wide).any():
+        return float("-inf")  # a float8 type without infinity stores an overflow as NaN
+    return float(np.min(wide))
 
 
 def _reduced_dtypes_reached(op: Any, depth: int = 3) -> dict[str, bool]:
@@ -68,7 +108,7 @@ def _reduced_dtypes_reached(op: Any, depth: int = 3) -> dict[str, bool]:
                 for consumer in out.consumers():
                     if consumer.type == "Cast":
                         name = consumer.outputs[0].dtype.name
-                        if name in LIMITS:
+                        if reduced_float(name):
                             found[name] = found.get(name, False) or level == 0
                     elif consumer.type in _FOLLOW:
                         nxt.append(consumer)
@@ -77,17 +117,27 @@ def _reduced_dtypes_reached(op: Any, depth: int = 3) -> dict[str, bool]:
 
 
 def large_negative_constants(ops: list[Any], layer_of: Callable[[str], int]) -> list[MaskConstant]:
-    """Constants beyond -65504 in float16 (or beyond bfloat16's range in bfloat16), stored or cast so."""
+    """Constants that are -inf (or NaN) in the reduced float dtype they are written in or cast into."""
     out: list[MaskConstant] = []
     for op in ops:
         if op.type != "Const" or not op.outputs or not op.outputs[0].dtype.is_floating:
             continue
         low = _constant_min(op)
-        if low is None or low >= -FLOAT16_MAX:
+        if low is None or low >= 0:
             continue
         stored = op.outputs[0].dtype.name
-        targets = {stored: True} if stored in LIMITS else _reduced_dtypes_reached(op)
+        targets = {stored: True} if reduced_float(stored) else _reduced_dtypes_reached(op)
         for dtype, direct in sorted(targets.items()):
-            if low < -LIMITS[dtype]:
+            if overflows(low, dtype):
                 out.append(MaskConstant(op.name, layer_of(op.name), low, stored, dtype, direct))
     return out
+
+
+def overflow_result(dtype: str) -> str:
+    """What a number beyond ``dtype``'s range becomes there: ``-inf``, or ``NaN`` in a type with no infinity."""
+    import numpy as np
+    import tensorflow as tf
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        written = float(np.asarray(-1e300, np.float64).astype(tf.as_dtype(dtype).as_numpy_dtype).astype(np.float64))
+    return "NaN" if written != written else "-inf"

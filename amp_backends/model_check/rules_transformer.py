@@ -22,6 +22,7 @@ What Keras (3.15) and keras_hub (0.32) do, read from their sources, so that noth
 
 from __future__ import annotations
 
+from .masks import limit, overflow_result
 from .result import Finding
 from .rules_base import SIGNIFICANT, RuleContext
 
@@ -52,14 +53,19 @@ def mask_overflow(rules: RuleContext) -> None:
     for layer, masks in by_layer.items():
         worst = min(masks, key=lambda m: m.value)
         dtype = worst.dtype
-        limit = "-65504" if dtype == "float16" else "about -3.39e38"
-        via = "" if worst.stored == dtype else f" (written in {worst.stored}, cast to {dtype})"
+        bound = "-65504" if dtype == "float16" else f"about {-limit(dtype):.3g}"
+        inf = overflow_result(dtype)  # "-inf", or "NaN" in the float8 types that have no infinity
+        if worst.stored == dtype and worst.value == float("-inf"):
+            such = "-1e9 or float32.min" if limit(dtype) < 1e9 else "float32.min"
+            what = f"a mask constant beyond {dtype}'s range (such as {such}) is written as {inf} in {dtype}"
+        else:
+            via = "" if worst.stored == dtype else f" (written in {worst.stored}, cast to {dtype})"
+            what = f"a mask constant {worst.value:.3g}{via} is {inf} in {dtype}"
         in_dtype = any(m.direct for m in masks)  # the -inf itself is multiplied: 0 * -inf = NaN at kept positions
-        rules.add("error" if in_dtype else "warning", "mask-overflow", layer,
-                  f"a mask constant {worst.value:.3g}{via} is -inf in {dtype}",
-                  f"{dtype} ends at {limit}, so the constant becomes -inf: "
-                  + ("(1 - mask) * -inf is NaN at every kept position (0 * -inf), and " if in_dtype else "")
-                  + "a row with every position masked is softmax(-inf, ..., -inf) = NaN. Keras's own masks stay "
+        rules.add("error" if in_dtype else "warning", "mask-overflow", layer, what,
+                  f"{dtype} ends at {bound}, so the constant becomes {inf}: "
+                  + (f"(1 - mask) * {inf} is NaN at every kept position (0 * {inf}), and " if in_dtype else "")
+                  + f"a row with every position masked is softmax({inf}, ..., {inf}) = NaN. Keras's own masks stay "
                   "finite (-3e4 in float16)",
                   "build the mask from the scores' dtype: tf.where(mask, scores, -0.7 * scores.dtype.max) "
                   "(what Keras's dot_product_attention does), or pass the mask to keras.layers.Softmax / "

@@ -6,38 +6,32 @@ called once inside ``tf.function(...).get_concrete_function(TensorSpec...)`` (no
 changes) with ``training=False``, and every op of the graph is read: its type, its dtype, its input and
 output shapes.
 
-Ops are mapped back to layers exactly, not by guessing from name scopes (Keras 3 enters a layer's scope
-twice, so TensorFlow renames the second ``dense`` scope ``dense_1``, the name of another layer): for the
-duration of the trace each layer's ``call`` is wrapped in a name scope carrying the layer's index, and
-an op belongs to the innermost layer whose scope it was created in. The wrappers are instance
-attributes, removed again before :func:`trace_model` returns, as are any losses the call collected.
+Ops are mapped back to layers exactly, by the layer whose call created them (:mod:`.scopes`); any losses
+the call collected are removed again before :func:`trace_model` returns.
 
-FLOPs are counted per batch here (multiply-adds count 2): ``2*M*N*K`` for a matmul, ``2*H_out*W_out*K_h*
-K_w*C_in*C_out`` per image for a convolution (times the batch), ``2*H_out*W_out*K_h*K_w*C`` (times the
-depth multiplier) for a depthwise one.
+What each matmul and convolution computes (kind, FLOPs, rows as the GEMM sees them) is read by :mod:`.gemm`.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from ..assessment import layer_geometry
 from . import _keras
+from .gemm import GEMM_OPS, read_gemm
+from .gemm import dims_of as _dims
+from .gemm import float_dtype as _float_dtype
+from .gemm import prod as _prod
 from .masks import MaskConstant, large_negative_constants
+from ..errors import ModelCallError
+from .scopes import LayerFailure, LayerScopes, layer_of
 
-MATMUL_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"})
-CONV_OPS = frozenset({"Conv2D", "Conv3D", "Conv", "DepthwiseConv2dNative", "Conv2DBackpropInput",
-                      "Conv3DBackpropInputV2"})
-GEMM_OPS = MATMUL_OPS | CONV_OPS
 # Ops that only move or relabel a tensor: a model output produced through them comes from the op before.
 PASSTHROUGH_OPS = frozenset({"Identity", "IdentityN", "Cast", "Reshape", "Squeeze", "ExpandDims", "Transpose",
                              "StopGradient", "EnsureShape", "CheckNumerics"})
 BOOKKEEPING_OPS = frozenset({"Const", "Placeholder", "ReadVariableOp", "Identity", "IdentityN", "NoOp", "Shape",
                              "ShapeN", "Size", "Rank", "VarHandleOp", "StopGradient", "EnsureShape"})
-_TOKEN = "ampchk"
-_TOKEN_RE = re.compile(_TOKEN + r"(\d+)")
 
 
 @dataclass(frozen=True)
@@ -124,106 +118,6 @@ class ModelGraph:
         return self.layers[index]
 
 
-def _dims(tensor: Any) -> list[int | None]:
-    try:
-        return list(tensor.shape.as_list())
-    except ValueError:  # unknown rank
-        return []
-
-
-def _prod(values: list[int | None]) -> int | None:
-    out = 1
-    for v in values:
-        if v is None:
-            return None
-        out *= v
-    return out
-
-
-def _attr(op: Any, name: str, default: Any = None) -> Any:
-    try:
-        return op.get_attr(name)
-    except (ValueError, TypeError):
-        return default
-
-
-def _float_dtype(op: Any) -> str:
-    for t in list(op.inputs) + list(op.outputs):
-        if t.dtype.is_floating:
-            return t.dtype.name
-    return op.inputs[0].dtype.name if op.inputs else "unknown"
-
-
-def _einsum(op: Any) -> tuple[int | None, dict[str, int | None]]:
-    equation = _attr(op, "equation", b"")
-    equation = equation.decode() if isinstance(equation, bytes) else str(equation)
-    if "->" not in equation or len(op.inputs) != 2:
-        return None, {}
-    lhs, out = equation.replace(" ", "").split("->")
-    terms = lhs.split(",")
-    sizes: dict[str, int | None] = {}
-    letters = []
-    for term, tensor in zip(terms, op.inputs, strict=True):
-        shape = _dims(tensor)
-        if "..." in term:  # name the ellipsis dimensions, aligned from the right as broadcasting does
-            n = len(shape) - (len(term) - 3)
-            term = term.replace("...", "".join(chr(0x3B1 + i) for i in range(max(n, 0))))
-        letters.append(term)
-        for ch, size in zip(term, shape, strict=False):
-            if sizes.get(ch) is None:
-                sizes[ch] = size
-    a, b = letters
-    out_letters = set(out) | {ch for ch in sizes if 0x3B1 <= ord(ch) < 0x3B1 + 26}
-    contracted = [ch for ch in a if ch in b and ch not in out_letters]
-    m_letters = [ch for ch in a if ch not in b]
-    n_letters = [ch for ch in b if ch not in a]
-    flops = _prod([sizes[ch] for ch in sizes])
-    dims = {"M": _prod([sizes[ch] for ch in m_letters]), "N": _prod([sizes[ch] for ch in n_letters]),
-            "K": _prod([sizes[ch] for ch in contracted])}
-    return (2 * flops if flops is not None else None), dims
-
-
-def _gemm(op: Any) -> tuple[str, int | None, dict[str, int | None], Any]:
-    """(kind, flops per batch, dims, data operand) of a matmul/convolution op."""
-    t = op.type
-    if t == "MatMul":
-        a, b = _dims(op.inputs[0]), _dims(op.inputs[1])
-        m, k = (a[1], a[0]) if _attr(op, "transpose_a") else (a[0], a[1])
-        n = b[0] if _attr(op, "transpose_b") else b[1]
-        flops = _prod([2, m, n, k])
-        return "matmul", flops, {"M": m, "N": n, "K": k}, op.inputs[0]
-    if t in ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"):
-        a, b, out = _dims(op.inputs[0]), _dims(op.inputs[1]), _dims(op.outputs[0])
-        if len(a) < 2 or len(b) < 2:
-            return "matmul", None, {"M": None, "N": None, "K": None}, op.inputs[0]
-        m, k = (a[-1], a[-2]) if _attr(op, "adj_x") else (a[-2], a[-1])
-        n = b[-2] if _attr(op, "adj_y") else b[-1]
-        numel = _prod(out)
-        flops = 2 * numel * k if numel is not None and k is not None else None
-        return "matmul", flops, {"M": m, "N": n, "K": k}, op.inputs[0]
-    if t == "Einsum":
-        flops, dims = _einsum(op)
-        return "matmul", flops, dims, op.inputs[0]
-    if t == "Conv2DBackpropInput" or t == "Conv3DBackpropInputV2":
-        kernel, grad = _dims(op.inputs[1]), _dims(op.inputs[2])
-        numel = _prod(grad)
-        window = _prod(kernel[:-2]) if kernel else None
-        c_out = kernel[-2] if kernel else None
-        flops = _prod([2, numel, window, c_out]) if numel is not None else None
-        return "conv_transpose", flops, {"C_in": kernel[-1] if kernel else None, "C_out": c_out}, op.inputs[2]
-    kernel, out = _dims(op.inputs[1]), _dims(op.outputs[0])
-    numel = _prod(out)
-    if t == "DepthwiseConv2dNative":
-        window = _prod(kernel[:-2]) if kernel else None
-        flops = _prod([2, numel, window])
-        c_in = kernel[-2] if kernel else None
-        return "depthwise", flops, {"C_in": c_in, "C_out": _prod([c_in, kernel[-1]]) if kernel else None}, op.inputs[0]
-    window = _prod(kernel[:-1]) if kernel else None
-    flops = _prod([2, numel, window])
-    channels = {"C_in": kernel[-2] if kernel else None, "C_out": kernel[-1] if kernel else None}
-    return "conv", flops, channels, op.inputs[0]
-
-
 def _traffic(op: Any) -> int | None:
     total = 0
     for t in list(op.inputs) + list(op.outputs):
@@ -233,46 +127,6 @@ def _traffic(op: Any) -> int | None:
                 return None
             total += n * t.dtype.size
     return total
-
-
-class _Wrapped:
-    """Each layer's ``call`` (and ``quantized_call``) wrapped in a name scope naming the layer, for one trace."""
-
-    def __init__(self, layers: list[Any]) -> None:
-        self.layers = layers
-        self.saved: list[tuple[Any, str, bool, Any]] = []
-
-    def __enter__(self) -> _Wrapped:
-        import tensorflow as tf
-
-        def wrap(index: int, original: Any) -> Any:
-            def call(*args: Any, **kwargs: Any) -> Any:
-                with tf.name_scope(f"{_TOKEN}{index}"):
-                    return original(*args, **kwargs)
-
-            return call
-
-        try:
-            for index, layer in enumerate(self.layers):
-                for attr in ("call", "quantized_call"):  # Keras 3 calls quantized_call for quantized layers
-                    if not callable(getattr(layer, attr, None)):
-                        continue
-                    had = attr in layer.__dict__
-                    self.saved.append((layer, attr, had, layer.__dict__.get(attr)))
-                    # object.__setattr__: Keras's own __setattr__ would track the function as layer state.
-                    object.__setattr__(layer, attr, wrap(index, getattr(layer, attr)))
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for layer, attr, had, value in reversed(self.saved):
-            if had:
-                object.__setattr__(layer, attr, value)
-            else:
-                object.__delattr__(layer, attr)
-        self.saved.clear()
 
 
 def trace_model(model: Any, batch: int, input_struct: Any) -> ModelGraph:
@@ -291,30 +145,59 @@ def trace_model(model: Any, batch: int, input_struct: Any) -> ModelGraph:
     specs = tf.nest.map_structure(spec, input_struct)
     fn = tf.function(lambda inputs: model(inputs, training=False))
     losses = _keras.snapshot_losses(objects)
+    scopes = LayerScopes(objects)
     try:
-        with _Wrapped(objects):
+        with scopes:
             concrete = fn.get_concrete_function(specs)
     except Exception as exc:
-        shapes = tf.nest.map_structure(lambda s: tuple(s.shape.as_list()), specs)
-        raise RuntimeError(
-            f"check_model could not trace the model {model.name!r}: it calls model(inputs, training=False) on inputs "
-            f"of shape {shapes}, and that raised {type(exc).__name__}: {exc}. Expected a model that runs on such "
-            "inputs. Fix: build the model with keras.Input(...) of the shape it is trained on (or call it once on a "
-            "batch), and pass batch_size=... or inputs=..."
-        ) from exc
+        raise _trace_error(model.name, layers, objects, specs, exc, scopes.culprit(exc)) from exc
     finally:
         _keras.restore_losses(losses)
     return _read_graph(concrete, model.name, layers, batch, len(tf.nest.flatten(specs)))
 
 
+def _describe(inputs: Any) -> str:
+    import tensorflow as tf
+
+    leaves = [f"{t.dtype.name} {tuple(t.shape.as_list())}" for t in tf.nest.flatten(inputs)
+              if hasattr(t, "dtype") and hasattr(t, "shape") and hasattr(t.shape, "as_list")]
+    return ", ".join(leaves) or "nothing it could read"
+
+
+def _trace_error(name: str, layers: list[LayerInfo], objects: list[Any], specs: Any, exc: Exception,
+                 failure: LayerFailure | None) -> Exception:
+    """The error for a model whose call raised: the layer whose own code raised, when one did, and its inputs."""
+    import tensorflow as tf
+
+    shapes = tf.nest.map_structure(lambda s: tuple(s.shape.as_list()), specs)
+    if failure is None or failure.index == 0:
+        return ModelCallError(
+            f"check_model could not trace the model {name!r}: it calls model(inputs, training=False) on inputs of "
+            f"shape {shapes}, and that raised {type(exc).__name__}: {exc}. Expected a model that runs on such "
+            "inputs. Fix: build the model with keras.Input(...) of the shape it is trained on (or call it once on a "
+            "batch), and pass batch_size=... or inputs=...")
+    info, error = layers[failure.index], failure.error
+    message = f"{type(error).__name__}: {str(error).strip().rstrip('.')}"
+    where = (f"check_model could not trace the model {name!r}: its layer {info.path!r} ({info.class_name}, dtype "
+             f"policy {info.policy}) raised {message} when called on {_describe(failure.inputs)} (the model on inputs "
+             f"of shape {shapes}, training=False).")
+    if info.class_name == "Lambda":
+        unseen = (" (Keras builds a Lambda given output_shape= without calling its function, so building the model "
+                  "did not show it)" if getattr(objects[failure.index], "_output_shape", None) is not None else "")
+        return ModelCallError(
+            f"{where} The error is the Lambda's own: its function does not run on these tensors, so neither does the "
+            f"model{unseen}. Expected a function that takes the tensors the layer receives, in its compute dtype "
+            f"{info.compute_dtype}. Fix: make the function work on them: cast what it mixes in to their dtype "
+            "(tf.cast(w, x.dtype)), or write it as a Layer subclass; model(one_batch) raises the same error")
+    return ModelCallError(
+        f"{where} The error is the layer's own: its call does not run on these tensors, so neither does the model. "
+        f"Expected a call that takes them (in its compute dtype {info.compute_dtype}). Fix: the error in the "
+        f"layer's call; model(one_batch) raises the same error")
+
+
 def _vocabulary(layer: Any) -> int | None:
     size = getattr(layer, "input_dim", None) if "Embedding" in type(layer).__name__ else None
     return size if isinstance(size, int) and not isinstance(size, bool) else None
-
-
-def _layer_of(op_name: str) -> int:
-    found = _TOKEN_RE.findall(op_name)
-    return int(found[-1]) if found else 0
 
 
 def _read_graph(concrete: Any, name: str, layers: list[LayerInfo], batch: int, n_inputs: int) -> ModelGraph:
@@ -353,33 +236,34 @@ def _read_graph(concrete: Any, name: str, layers: list[LayerInfo], batch: int, n
     for op in ops:
         if op.name not in on_path or op.name in data_inputs:
             continue
-        layer = _layer_of(op.name)
+        layer = layer_of(op.name)
         if op.type in GEMM_OPS:
-            kind, flops, dims, data = _gemm(op)
-            data_op = data.op
+            shape = read_gemm(op)
+            data_op = shape.data.op
             from_data = data_op.name not in gemm_above and data_op.type not in GEMM_OPS
-            m = dims.get("M")
-            result.gemms.append(GemmOp(op.name, op.type, kind, layer, _float_dtype(op), flops, dims, from_data,
-                                       op.name in to_output, rows_include_batch=bool(m and m % batch == 0),
+            m = shape.dims.get("M")
+            rows_include_batch = bool(m and m % batch == 0) and not shape.batched  # a batched GEMM's M is its own
+            result.gemms.append(GemmOp(op.name, op.type, shape.kind, layer, _float_dtype(op), shape.flops, shape.dims,
+                                       from_data, op.name in to_output, rows_include_batch=rows_include_batch,
                                        traffic_bytes=_traffic(op)))
         elif op.type not in BOOKKEEPING_OPS:
             floating = [t for t in op.outputs if t.dtype.is_floating]
             result.others.append(OtherOp(op.name, op.type, layer, floating[0].dtype.name if floating else None,
                                          _traffic(op)))
     result.layer_traffic = _layer_traffic(ops, {t.name for t in concrete.outputs})
-    result.masks = large_negative_constants(ops, _layer_of)
+    result.masks = large_negative_constants(ops, layer_of)
     for i, tensor in enumerate(concrete.outputs):
         op = tensor.op
         while op.type in PASSTHROUGH_OPS and op.inputs:
             op = op.inputs[0].op
         producer_dtype = _float_dtype(op) if op.inputs or op.outputs else None
-        result.outputs.append(OutputInfo(i, tensor.dtype.name, op.type, producer_dtype, _layer_of(op.name)))
+        result.outputs.append(OutputInfo(i, tensor.dtype.name, op.type, producer_dtype, layer_of(op.name)))
     return result
 
 
 def _layer_traffic(ops: list[Any], outputs: set[str]) -> dict[int, int]:
     """Bytes read and written at each layer's boundary: the memory a fused implementation of it moves."""
-    owner = {op.name: _layer_of(op.name) for op in ops}
+    owner = {op.name: layer_of(op.name) for op in ops}
     counted: set[tuple[int, str]] = set()
     traffic: dict[int, int] = {}
 

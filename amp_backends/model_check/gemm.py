@@ -1,0 +1,150 @@
+"""What one matmul or convolution op of a TensorFlow graph computes: its kind, FLOPs and dimensions.
+
+Dimensions are counted as the GEMM sees them. ``M`` (rows), ``N`` (columns: units, filters), ``K``
+(reduction) for matmuls; ``C_in`` (per group) and ``C_out`` for convolutions. A layer applied at every
+position of a sequence is one GEMM of batch x positions rows, however the graph writes it: Keras's
+Tensordot reshapes to a 2-D ``MatMul``, an einsum ``abc,cd->abd`` (Keras 2's EinsumDense) names the rows
+``a`` and ``b``, and a ``BatchMatMulV2`` whose second operand has no batch of its own (Keras 3's EinsumDense:
+activations times one weight) folds its first operand's leading dimensions into the rows, as XLA compiles
+it (its dot canonicalization makes those dimensions rows) — so the rows are batch x positions there too.
+A matmul whose two operands share batch dimensions (attention's ``aecd,abcd->acbe``: batch and heads) is a
+*batched* GEMM: those dimensions are batches of small GEMMs, not rows, and ``M`` is one GEMM's rows.
+
+FLOPs are per batch (multiply-adds count 2): ``2*M*N*K`` for a matmul (times its batches),
+``2*H_out*W_out*K_h*K_w*C_in*C_out`` per image for a convolution (times the batch),
+``2*H_out*W_out*K_h*K_w*C`` (times the depth multiplier) for a depthwise one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# SparseMatMul: what tf.matmul of a bfloat16 and a float32 tensor becomes; it computes in float32.
+MATMUL_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "SparseMatMul"})
+CONV_OPS = frozenset({"Conv2D", "Conv3D", "Conv", "DepthwiseConv2dNative", "Conv2DBackpropInput",
+                      "Conv3DBackpropInputV2"})
+GEMM_OPS = MATMUL_OPS | CONV_OPS
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """``kind`` (``matmul``, ``conv``, ``depthwise``, ``conv_transpose``), ``flops`` per batch, ``dims``, the
+    ``data`` operand (the activations' tensor), and whether the op is a batch of GEMMs (``batched``: its
+    ``M`` is one GEMM's rows, not the batch's)."""
+
+    kind: str
+    flops: int | None
+    dims: dict[str, int | None]
+    data: Any
+    batched: bool = False
+
+
+def dims_of(tensor: Any) -> list[int | None]:
+    try:
+        return list(tensor.shape.as_list())
+    except ValueError:  # unknown rank
+        return []
+
+
+def prod(values: list[int | None]) -> int | None:
+    out = 1
+    for v in values:
+        if v is None:
+            return None
+        out *= v
+    return out
+
+
+def attr(op: Any, name: str, default: Any = None) -> Any:
+    try:
+        return op.get_attr(name)
+    except (ValueError, TypeError):
+        return default
+
+
+def float_dtype(op: Any) -> str:
+    """The dtype the op computes in: its first floating input's, its output's for ``SparseMatMul`` (float32)."""
+    tensors = list(op.outputs) if op.type == "SparseMatMul" else list(op.inputs) + list(op.outputs)
+    for t in tensors:
+        if t.dtype.is_floating:
+            return t.dtype.name
+    return op.inputs[0].dtype.name if op.inputs else "unknown"
+
+
+def _einsum(op: Any) -> tuple[int | None, dict[str, int | None], bool]:
+    equation = attr(op, "equation", b"")
+    equation = equation.decode() if isinstance(equation, bytes) else str(equation)
+    if "->" not in equation or len(op.inputs) != 2:
+        return None, {}, False
+    lhs, out = equation.replace(" ", "").split("->")
+    terms = lhs.split(",")
+    sizes: dict[str, int | None] = {}
+    letters = []
+    for term, tensor in zip(terms, op.inputs, strict=True):
+        shape = dims_of(tensor)
+        if "..." in term:  # name the ellipsis dimensions, aligned from the right as broadcasting does
+            n = len(shape) - (len(term) - 3)
+            term = term.replace("...", "".join(chr(0x3B1 + i) for i in range(max(n, 0))))
+        letters.append(term)
+        for ch, size in zip(term, shape, strict=False):
+            if sizes.get(ch) is None:
+                sizes[ch] = size
+    a, b = letters
+    out_letters = set(out) | {ch for ch in sizes if 0x3B1 <= ord(ch) < 0x3B1 + 26}
+    contracted = [ch for ch in a if ch in b and ch not in out_letters]
+    m_letters = [ch for ch in a if ch not in b]
+    n_letters = [ch for ch in b if ch not in a]
+    batched = any(ch in b and ch in out_letters and sizes[ch] != 1 for ch in a)
+    flops = prod([sizes[ch] for ch in sizes])
+    dims = {"M": prod([sizes[ch] for ch in m_letters]), "N": prod([sizes[ch] for ch in n_letters]),
+            "K": prod([sizes[ch] for ch in contracted])}
+    return (2 * flops if flops is not None else None), dims, batched
+
+
+def _batch_matmul(op: Any) -> GemmShape:
+    a, b, out = dims_of(op.inputs[0]), dims_of(op.inputs[1]), dims_of(op.outputs[0])
+    if len(a) < 2 or len(b) < 2:
+        return GemmShape("matmul", None, {"M": None, "N": None, "K": None}, op.inputs[0])
+    adj_x = attr(op, "adj_x")
+    m, k = (a[-1], a[-2]) if adj_x else (a[-2], a[-1])
+    n = b[-2] if attr(op, "adj_y") else b[-1]
+    numel = prod(out)
+    flops = 2 * numel * k if numel is not None and k is not None else None
+    own_batch = prod(b[:-2])
+    if own_batch == 1 and not adj_x:  # one weight for every batch: a single GEMM over all the rows
+        return GemmShape("matmul", flops, {"M": prod(a[:-2] + [m]), "N": n, "K": k}, op.inputs[0])
+    return GemmShape("matmul", flops, {"M": m, "N": n, "K": k}, op.inputs[0], batched=prod(a[:-2]) != 1)
+
+
+def read_gemm(op: Any) -> GemmShape:
+    """The :class:`GemmShape` of a matmul/convolution op (one of :data:`GEMM_OPS`)."""
+    t = op.type
+    if t in ("MatMul", "SparseMatMul"):
+        a, b = dims_of(op.inputs[0]), dims_of(op.inputs[1])
+        m, k = (a[1], a[0]) if attr(op, "transpose_a") else (a[0], a[1])
+        n = b[0] if attr(op, "transpose_b") else b[1]
+        return GemmShape("matmul", prod([2, m, n, k]), {"M": m, "N": n, "K": k}, op.inputs[0])
+    if t in ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"):
+        return _batch_matmul(op)
+    if t == "Einsum":
+        flops, dims, batched = _einsum(op)
+        return GemmShape("matmul", flops, dims, op.inputs[0], batched)
+    if t == "Conv2DBackpropInput" or t == "Conv3DBackpropInputV2":
+        kernel, grad = dims_of(op.inputs[1]), dims_of(op.inputs[2])
+        numel = prod(grad)
+        window = prod(kernel[:-2]) if kernel else None
+        c_out = kernel[-2] if kernel else None
+        flops = prod([2, numel, window, c_out]) if numel is not None else None
+        return GemmShape("conv_transpose", flops, {"C_in": kernel[-1] if kernel else None, "C_out": c_out},
+                         op.inputs[2])
+    kernel, out = dims_of(op.inputs[1]), dims_of(op.outputs[0])
+    numel = prod(out)
+    if t == "DepthwiseConv2dNative":
+        window = prod(kernel[:-2]) if kernel else None
+        c_in = kernel[-2] if kernel else None
+        return GemmShape("depthwise", prod([2, numel, window]),
+                         {"C_in": c_in, "C_out": prod([c_in, kernel[-1]]) if kernel else None}, op.inputs[0])
+    window = prod(kernel[:-1]) if kernel else None
+    channels = {"C_in": kernel[-2] if kernel else None, "C_out": kernel[-1] if kernel else None}
+    return GemmShape("conv", prod([2, numel, window]), channels, op.inputs[0])
