@@ -222,3 +222,66 @@ def test_kill_during_checkpoint_writes_never_corrupts_the_latest(tmp_path):
         n = int(step.numpy())
         assert latest.endswith(f"ckpt-{n}") and n >= 1
         assert all(np.all(v.numpy() == n) for v in model.trainable_variables)  # complete, not torn
+
+
+# --------------------------------------------------------------------------- preemption: SIGTERM to one worker
+@pytest.mark.slow
+def test_sigterm_to_the_chief_or_another_worker_saves_all_at_one_step_and_resume_repeats_nothing(tmp_path):
+    """The Trainer under MultiWorkerMirroredStrategy: the chief gets a SIGTERM, the resumed run's other worker gets
+    one, a third run finishes. Each stop is one step on every worker, saved; the three runs' per-step losses, put
+    together, are the uninterrupted run's: no step twice, none missing (see preempt_run.py)."""
+    ports = free_ports(2)
+    procs = [subprocess.Popen([sys.executable, str(HERE / "preempt_run.py"), str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, cwd=NEUTRAL_CWD,
+                              env=env(TF_CONFIG=tf_config(ports, i))) for i in (0, 1)]
+    outs = finish(procs)
+    assert [p.returncode for p in procs] == [0, 0], (outs[0][-3000:], outs[1][-3000:])
+    chief, other = (json.loads(out.strip().splitlines()[-1]) for out in outs)
+    checkpoints = tmp_path / "run"
+    for i, who, stop in ((0, "worker-0", 9), (1, "worker-1", 18)):  # run i: (exit code, step, path, message)
+        for w in (chief, other):
+            code, step, path, message = w["runs"][i]["ended"]
+            # every worker stopped after the same call (3 steps a call: the one where the signal came), saved there
+            assert (code, step, path) == (143, stop, str(checkpoints / f"ckpt-{stop}")), message
+            assert message == (f"Interrupted (SIGTERM to {who}) at step {stop}: checkpoint saved to {path} (every "
+                               "worker stopped at this step). Continue with --resume on every worker.")
+    assert chief["runs"][2]["ended"] is None
+    expected = [tuple(s) for s in chief["whole"]["losses"]]
+    assert [s for s, _ in expected] == list(range(24))
+    for w in (chief, other):
+        pieces = [tuple(s) for run in w["runs"] for s in run["losses"]]
+        assert [s for s, _ in pieces] == list(range(24))  # none twice, none missing
+        assert pieces == expected  # the same losses, exactly
+
+
+STOPPED = re.compile(r"mnist: stopped: Interrupted \(SIGTERM to worker-1\) at step (\d+): checkpoint saved to (\S+) "
+                     r"\(every worker stopped at this step\)\. Continue with --resume on every worker\.")
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_worker_of_the_command_ends_both_with_143_after_saving_the_step_they_stopped_at(tmp_path):
+    """The command line, the signal from outside at any moment: both workers stop after the same call, the chief has
+    logged every step before it and the checkpoint holds it (resuming is counted step by step above)."""
+    ports = free_ports(2)
+    procs = [worker(ports, i, tmp_path, "--batch_size", "16", "--steps-per-call", "3", "--checkpoint-every", "5",
+                    "--max-steps", "60") for i in (0, 1)]
+    lines, deadline = [], time.time() + 240
+    for line in procs[0].stdout:  # to its end: the chief ends by itself once the other worker has its SIGTERM
+        lines.append(line)
+        m = STEP.search(line)
+        if m and int(m.group(2)) == 4:
+            procs[1].send_signal(signal.SIGTERM)  # a worker, not the chief
+        assert time.time() < deadline, "the run did not end in time"
+    outs = ["".join(lines), finish(procs[1:], timeout=120)[0]]
+    procs[0].wait(timeout=60)
+    assert [p.returncode for p in procs] == [143, 143], (outs[0][-2000:], outs[1][-2000:])
+    stops = [STOPPED.search(out) for out in outs]
+    assert all(stops) and stops[0].groups() == stops[1].groups(), (outs[0][-2000:], outs[1][-2000:])
+    assert "Traceback" not in outs[0] + outs[1]
+    step, path = int(stops[0].group(1)), stops[0].group(2)
+    assert step % 3 == 0 and step < 60, step  # at a call boundary, before the end
+    assert [int(m.group(2)) for m in STEP.finditer(outs[0])] == list(range(step))
+    import tensorflow as tf
+
+    assert path == str(tmp_path / "version_0" / "checkpoints" / f"ckpt-{step}")
+    assert tf.train.latest_checkpoint(str(tmp_path / "version_0" / "checkpoints")) == path

@@ -14,7 +14,7 @@ module                 its part
 ``observers``          log line, TensorBoard scalars, progress bar, profiler window, the defaults
 ``precision``          the precision check of the models being trained
 ``signals``            Ctrl-C and SIGTERM: stop after the current call
-``distribute``         ``tf.distribute`` strategies, cluster checks, plan agreement
+``distribute``         ``tf.distribute`` strategies, cluster checks, plan agreement, agreeing to stop
 ``tasks``              ready-made updates: classifier, the tutorials' GAN, MNIST batches
 ``arguments``          the trainer's arguments checked; optimizers built once
 ``results``            what a ``fit`` call collects and returns (:class:`TrainResult`)

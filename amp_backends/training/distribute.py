@@ -173,6 +173,60 @@ def worker_id(strategy: Any) -> str:
     return f"{resolver.task_type}-{resolver.task_id}"
 
 
+def worker_names(strategy: Any) -> list[str]:
+    """Every worker of the cluster, in the order of its number (chief first): ``chief-0``, ``worker-0``, ..."""
+    jobs = strategy.cluster_resolver.cluster_spec().as_dict() or {}
+    return [f"{job}-{i}" for job in ("chief", "worker") for i in range(len(jobs.get(job, [])))]
+
+
+class StopAgreement:
+    """Whether to stop (Ctrl-C, SIGTERM) at this call boundary: the same answer on every worker.
+
+    In one process the local signal decides. Under several workers a signal reaches one of them, so at every
+    call boundary each worker's signal (or none) is gathered from all: every worker sees the same list at the
+    same step and stops, and saves, together. The cost is one small gather per compiled call.
+    """
+
+    def __init__(self, strategy: Any) -> None:
+        self.strategy = strategy
+        resolver = getattr(strategy, "cluster_resolver", None)
+        self.several = bool(getattr(resolver, "task_type", None))  # (a local MultiWorkerMirroredStrategy: one process)
+        self._gather: Any = None
+        self.by: str | None = None  # the worker the signal reached (``None`` in one process)
+
+    def __call__(self, signum: int | None) -> int | None:
+        """The signal every worker stops on (the first worker's that got one, in worker order), else ``None``."""
+        if not self.several:
+            return signum
+        import tensorflow as tf
+
+        if self._gather is None:
+            names = worker_names(self.strategy)
+            me = names.index(worker_id(self.strategy))
+            strategy = self.strategy
+
+            @tf.function(input_signature=[tf.TensorSpec([], tf.int64)])
+            def gather(sig: Any) -> Any:
+                mine = tf.stack([sig, tf.constant(me, tf.int64)])[None]
+                return strategy.gather(strategy.run(lambda: mine), axis=0)
+
+            self._gather = gather
+        rows = self._gather(tf.constant(signum or 0, tf.int64)).numpy().tolist()
+        got = [(s, w) for s, w in rows if s]
+        self.by = worker_names(self.strategy)[got[0][1]] if got else None
+        return int(got[0][0]) if got else None
+
+    def saved(self, step: int) -> None:
+        """After the save on stopping: wait for every worker's (so the chief's checkpoint is whole when any worker
+        ends), and check that all stopped at ``step``."""
+        if not self.several:
+            return
+        steps = gather_numbers(self.strategy, step)
+        if len(set(steps)) > 1:
+            raise DistributedFailure(f"The workers stopped at different steps ({steps} by replica); their checkpoints "
+                                     "do not match. Restart every worker with --resume from an earlier checkpoint.")
+
+
 def plan_fingerprint(plan: Any) -> int:
     """A 31-bit number that two workers share exactly when their plans train alike (``Plan.training_key``)."""
     return int(hashlib.sha256(plan.training_key().encode()).hexdigest()[:7], 16)

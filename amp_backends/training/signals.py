@@ -1,4 +1,7 @@
-"""Ctrl-C and SIGTERM during training: the first asks the loop to stop after the current call, a second acts at once."""
+"""Ctrl-C and SIGTERM during training: the first asks the loop to stop after the current call, a second acts at once.
+
+Under several workers the signal reaches one of them; every worker stops after the same call
+(:class:`~amp_backends.training.distribute.StopAgreement`) and they save together."""
 
 from __future__ import annotations
 
@@ -41,13 +44,14 @@ class StopSignals:
             signal.signal(sig, handler)
 
 
-def interrupted_message(signum: int, step: int, path: str | None, latest: str | None | bool) -> str:
-    """What an interrupted run says: where it saved (``path``), else the last checkpoint (``latest``; ``False``:
-    checkpointing is off)."""
-    name = signal.Signals(signum).name
-    if path:
-        return f"Interrupted ({name}) at step {step}: checkpoint saved to {path}. Continue with --resume."
-    if latest is not False:
-        return (f"Interrupted ({name}) at step {step}: the last checkpoint is {latest or 'none'} (several workers save "
-                "together; this one could not alone).")
-    return f"Interrupted ({name}) at step {step}: checkpointing is off, nothing was saved."
+def interrupted_message(signum: int, step: int, path: str | None, *, checkpointing: bool, by: str | None = None) -> str:
+    """What an interrupted run says: where it saved (``path``); ``by``: the worker the signal reached, when several
+    workers stopped together."""
+    name = signal.Signals(signum).name if by is None else f"{signal.Signals(signum).name} to {by}"
+    if not checkpointing:
+        return f"Interrupted ({name}) at step {step}: checkpointing is off, nothing was saved."
+    where = f"checkpoint saved to {path}" if path else "checkpoint saved in the chief's checkpoint directory"
+    if by is None:
+        return f"Interrupted ({name}) at step {step}: {where}. Continue with --resume."
+    return (f"Interrupted ({name}) at step {step}: {where} (every worker stopped at this step). Continue with "
+            "--resume on every worker.")

@@ -23,7 +23,7 @@ from .arguments import (
     saved_weights,
 )
 from .checkpoints import ensure_directory, log_resume, trainer_store
-from .distribute import collectives, is_chief, worker_id
+from .distribute import StopAgreement, collectives, is_chief, worker_id
 from .inputs import BatchFn, Ran, ResidentArrays, input_for
 from .loss_scaling import LossScaler
 from .observers import (
@@ -104,6 +104,7 @@ class Trainer:
                                      max_consecutive_nonfinite=max_consecutive_nonfinite,
                                      checkpoint_every=checkpoint_every)
         self.is_chief, self.worker = is_chief(self.strategy), worker_id(self.strategy)
+        self._agree = StopAgreement(self.strategy)  # every worker stops after the same call
         self.updates, self.plan = updates, plan
         self.batch_size = int(batch_size)
         self.images_per_step = images_per_step or self.batch_size
@@ -195,7 +196,8 @@ class Trainer:
         continues where the last call stopped.
 
         Ctrl-C (or SIGTERM) stops after the current call, saves a checkpoint when checkpointing is on, and
-        raises :class:`TrainingInterrupted` (a ``KeyboardInterrupt``) saying where.
+        raises :class:`TrainingInterrupted` (a ``KeyboardInterrupt``) saying where. Under several workers, a
+        signal to any of them stops every worker after the same call; they save together and each raises it.
         """
         check_fit_arguments(epochs=epochs, max_steps=max_steps, resume=resume, checkpoints=self.store is not None)
         source = self._input(x, y, steps_per_epoch)
@@ -225,9 +227,9 @@ class Trainer:
             o.on_fit_start(self.position.step, self.position.total_steps(source.steps_per_epoch, epochs, max_steps))
         try:
             with StopSignals() as stop:
-                self._loop(source, epochs, max_steps, progress, stop)
-                if stop.signum is not None:
-                    self._interrupted(stop.signum)
+                signum = self._loop(source, epochs, max_steps, progress, stop)
+                if signum is not None:
+                    self._interrupted(signum)
         finally:
             for o in self.observers:
                 o.close()
@@ -235,12 +237,14 @@ class Trainer:
             self.save()
         return self._result(source, progress)
 
-    def _loop(self, source: Any, epochs: int, max_steps: int | None, progress: Progress, stop: StopSignals) -> None:
+    def _loop(self, source: Any, epochs: int, max_steps: int | None, progress: Progress,
+              stop: StopSignals) -> int | None:
+        """Calls until training is done (``None``) or every worker agreed to stop on a signal (returned)."""
         source.start()
-        while stop.signum is None:
+        while (signum := self._agreed_stop(stop)) is None:
             at = self.position.now()
             if at.epoch >= epochs or (max_steps is not None and at.step >= max_steps):
-                return
+                return None
             left = source.left_in_epoch(at.offset)
             if left == 0:
                 self.position.next_epoch()
@@ -256,6 +260,7 @@ class Trainer:
             every = self.checkpoint_every
             if every and (at.step + ran.done) // every > at.step // every:
                 self.save()  # at the end of the call that reached a multiple of checkpoint_every
+        return signum
 
     def _call_and_record(self, source: Any, k: int, at: At, progress: Progress) -> Ran:
         """Run one compiled call of up to ``k`` steps and tell the observers."""
@@ -286,6 +291,11 @@ class Trainer:
         return result
 
     # ------------------------------------------------------------------ helpers of the loop
+    def _agreed_stop(self, stop: StopSignals) -> int | None:
+        """The signal to stop on at this call boundary, the same on every worker (one gather among several)."""
+        with self._together(self.position.step):
+            return self._agree(stop.signum)
+
     def _together(self, step: int) -> Any:
         """A call or save made with the other workers: a failure says who to restart and from where."""
         return collectives(self.strategy, self.worker, step, lambda: self.store.latest if self.store else None)
@@ -307,12 +317,16 @@ class Trainer:
             raise s.stalled_error(saved)
 
     def _interrupted(self, signum: int) -> None:
+        """Every worker stopped at this step (agreed): save (together, under several workers) and say where."""
         step = self.position.step
         path = None
-        if self.store and getattr(self.strategy, "cluster_resolver", None) is None:
-            # (several workers save collectively: one interrupted worker cannot; their last checkpoint stands)
+        if self.store:
             path = self.save() if self.store.last_saved_step != step else self.store.latest
-        message = interrupted_message(signum, step, path, self.store.latest if self.store else False)
+            with self._together(step):
+                self._agree.saved(step)
+            if self._agree.by is not None:  # the chief's checkpoint (a non-chief's save returns None)
+                path = self.store.latest
+        message = interrupted_message(signum, step, path, checkpointing=self.store is not None, by=self._agree.by)
         if self.is_chief:
             logger.warning(message)
         raise TrainingInterrupted(signum, step, path, message)
