@@ -32,22 +32,24 @@ Run (writes JSON with the machine, versions, command and date)::
 from __future__ import annotations
 
 import argparse
-import collections
 import datetime
-import glob
+import functools
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Any
 
-BATCH = 256
-MARK = "@@CPU_STEP_PROFILE@@"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cpu_policy import machine, versions, write  # noqa: E402  (how every CPU benchmark records itself)
+from cpu_step_breakdown import MARK, onednn_breakdown, trace_breakdown  # noqa: E402  (the sibling module)
+from cpu_step_variants import BATCH, RawRun, TrainerRun, _setup, matmul_peak  # noqa: E402  (what is measured)
+
+from amp_backends.timing import Sample, interleaved  # noqa: E402
+
 # FLOPs of one training step per image: forward 2*MACs (conv1 0.39 M, conv2 21.23 M, dense 2.36 M, out 0.003 M),
 # backward twice the forward except conv1's data gradient (its input is the image, no gradient needed)
 FWD_MFLOP = {"conv1": 26 * 26 * 32 * 9 * 2 / 1e6, "conv2": 24 * 24 * 64 * 9 * 32 * 2 / 1e6,
@@ -62,152 +64,9 @@ ENV_CONFIGS: dict[str, dict[str, str]] = {
 
 
 # ----------------------------------------------------------------------------------- child side
-def _setup() -> Any:
-    sys.path.insert(0, os.getcwd())
-    import tensorflow as tf
-
-    inter = os.environ.get("CPU_STEP_PROFILE_INTER")
-    if inter:
-        tf.config.threading.set_inter_op_parallelism_threads(int(inter))
-    return tf
-
-
-def _data(spc: int, calls: int) -> tuple[Any, Any]:
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    n = BATCH * spc * calls
-    return rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), rng.integers(0, 10, (n,)).astype(np.int64)
-
-
-def byte_dropout_class(tf: Any) -> Any:
-    """A prototype Dropout drawing one random byte per element (four per 32-bit Philox output) instead of one
-    float: the same keep probability when ``rate * 256`` is whole (0.25 and 0.5 are), a quarter of the draws."""
-
-    class ByteDropout(tf.keras.layers.Dropout):
-        def call(self, inputs, training=False):  # type: ignore[override]
-            if not training or self.rate <= 0:
-                return inputs
-            seed = tf.cast(tf.math.floormod(self.seed_generator.next(), 2**31 - 2), tf.int32)
-            n = tf.size(inputs)
-            words = tf.random.stateless_uniform([(n + 3) // 4], seed=seed, minval=None, maxval=None, dtype=tf.uint32)
-            byte = tf.reshape(tf.bitcast(words, tf.uint8), [-1])[:n]
-            keep = tf.reshape(byte >= tf.constant(round(self.rate * 256), tf.uint8), tf.shape(inputs))
-            scaled = inputs * tf.cast(1.0 / (1.0 - self.rate), inputs.dtype)
-            return tf.where(keep, scaled, tf.zeros_like(inputs))
-
-    return ByteDropout
-
-
-def _model(tf: Any, dropout: str = "keras", conv1_dtype: str | None = None) -> Any:
-    """The tutorials' CNN; ``dropout`` "none" drops the Dropout layers (a diagnostic), "byte" uses the prototype."""
-    from amp_backends.models import mnist_cnn
-
-    m = mnist_cnn()
-    if dropout == "keras" and conv1_dtype is None:
-        return m
-    L = tf.keras.layers
-    layers: list[Any] = []
-    for layer in m.layers:
-        if isinstance(layer, L.Dropout):
-            if dropout == "byte":
-                layers.append(byte_dropout_class(tf)(layer.rate))
-            elif dropout == "keras":
-                layers.append(L.Dropout(layer.rate))
-        elif isinstance(layer, L.Conv2D) and layer.filters == 32 and conv1_dtype:
-            layers.append(L.Conv2D(32, 3, activation="relu", dtype=conv1_dtype))
-        else:
-            layers.append(layer.__class__.from_config(layer.get_config()))
-    return tf.keras.Sequential([tf.keras.Input((28, 28, 1)), *layers], name=f"mnist_cnn_{dropout}_{conv1_dtype}")
-
-
-class TrainerRun:
-    """The trainer under the plan; ``run()`` trains one call of ``spc`` steps and returns img/s."""
-
-    def __init__(self, tf: Any, plan: Any, spc: int, dropout: str = "keras", group: int = 1,
-                 conv1_dtype: str | None = None) -> None:
-        from amp_backends.training import Trainer, classifier_updates, mnist_batch_fn
-
-        self.x, self.y = _data(spc * group, 64)
-        self.spc, self.group = spc, group
-        m = _model(tf, dropout, conv1_dtype)
-        opt = tf.keras.optimizers.Adam(1e-3)
-        self.trainer = Trainer(classifier_updates(m, opt), plan, batch_size=BATCH, steps_per_call=spc,
-                               log_every=10**9, progress=False, batch_fn=mnist_batch_fn, check_models=False)
-        self.steps = 0
-
-    def run(self) -> float:
-        """One ``fit`` of ``group`` calls (wall clock: the trainer's loop between calls included)."""
-        self.steps += self.spc * self.group
-        t0 = time.perf_counter()
-        self.trainer.fit(self.x, self.y, epochs=10**6, max_steps=self.steps)
-        return self.spc * self.group * BATCH / (time.perf_counter() - t0)
-
-
-class RawRun:
-    """A hand-written compiled call of ``spc`` steps: ``mode`` "step" (forward, backward, Adam), "grads"
-    (no update), "forward" (loss only). Same batch gather as the trainer; the losses fetched once per call."""
-
-    def __init__(self, tf: Any, spc: int, mode: str) -> None:
-        from amp_backends.training import mnist_batch_fn
-
-        x, y = _data(spc, 64)
-        self.x, self.y = tf.constant(x), tf.constant(y)
-        self.spc, self.mode = spc, mode
-        m = _model(tf)
-        opt = tf.keras.optimizers.Adam(1e-3)
-        opt.build(m.trainable_variables)
-        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy()
-        n = len(x)
-
-        def one(i: Any) -> Any:
-            idx = tf.math.floormod(i * BATCH + tf.range(BATCH, dtype=tf.int64), n)
-            xb, yb = mnist_batch_fn(self.x, self.y, idx)
-            if mode == "forward":
-                return loss_fn(yb, tf.cast(m(xb, training=True), tf.float32))
-            with tf.GradientTape() as tape:
-                loss = loss_fn(yb, tf.cast(m(xb, training=True), tf.float32))
-            grads = tape.gradient(loss, m.trainable_variables)
-            if mode == "step":
-                opt.apply_gradients(zip(grads, m.trainable_variables, strict=True))
-            else:  # every gradient is used (summed into the returned value), so none is pruned
-                loss = tf.add_n([tf.reduce_sum(tf.cast(g, tf.float32)) for g in grads])
-            return loss
-
-        @tf.function
-        def call(start: Any) -> Any:
-            ta = tf.TensorArray(tf.float32, size=spc)
-            for i in tf.range(spc, dtype=tf.int64):
-                ta = ta.write(tf.cast(i, tf.int32), one(start + i))
-            return ta.stack()
-
-        self.call = call
-        self.start = 0
-
-    def run(self) -> float:
-        import tensorflow as tf
-
-        t0 = time.perf_counter()
-        self.call(tf.constant(self.start, tf.int64)).numpy()
-        self.start += self.spc
-        return self.spc * BATCH / (time.perf_counter() - t0)
-
-
-def matmul_peak(tf: Any, dtype: str, n: int = 2048, reps: int = 10) -> float:
-    a = tf.random.uniform((n, n), dtype=tf.float32)
-    a = tf.cast(a, dtype)
-
-    @tf.function
-    def mm(a: Any) -> Any:
-        return tf.reduce_sum(tf.cast(tf.matmul(a, a)[:1, :1], tf.float32))
-
-    mm(a).numpy()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        mm(a).numpy()
-        times.append(time.perf_counter() - t0)
-    return 2 * n**3 / statistics.median(times) / 1e9
+def _median_call(variant: Any, calls: int) -> Sample:
+    """The median img/s of ``calls`` calls of the variant, as one self-timed sample of the harness."""
+    return Sample(statistics.median(variant.run() for _ in range(calls)), 1.0)
 
 
 def child_inproc(spc: int, rounds: int, calls: int) -> dict[str, Any]:
@@ -225,21 +84,24 @@ def child_inproc(spc: int, rounds: int, calls: int) -> dict[str, Any]:
         "trainer, first Conv2D in float32 (prototype)": TrainerRun(tf, plan, spc, conv1_dtype="float32"),
         "trainer, 1 step per call": TrainerRun(tf, plan, 1, group=spc),
     }
-    rates: dict[str, list[float]] = {k: [] for k in variants}
     for v in variants.values():  # warm-up: tracing, primitive creation
         v.run()
         v.run()
+    # each round: every variant (the order rotated each round), between two bf16 peaks (a round's closing peak is
+    # the next one's opening peak); a variant's share of peak and its ratio to the trainer are taken within its round
     peak: list[float] = []
     f32_peak: list[float] = []
-    for r in range(rounds):
-        # each round: the bf16 peak, then every variant (order reversed every other round), then the peak again;
-        # a variant's share of peak and its ratio to the trainer are taken within its round
-        before = matmul_peak(tf, "bfloat16", reps=5)
-        order = list(variants) if r % 2 == 0 else list(reversed(variants))
-        for name in order:
-            rates[name].append(statistics.median(variants[name].run() for _ in range(calls)))
-        peak.append(statistics.median([before, matmul_peak(tf, "bfloat16", reps=5)]))
+    opening = [matmul_peak(tf, "bfloat16", reps=5)]
+
+    def round_done(r: int, _: Any) -> None:
+        closing = matmul_peak(tf, "bfloat16", reps=5)
+        peak.append(statistics.median([opening[0], closing]))
+        opening[0] = closing
         f32_peak.append(matmul_peak(tf, "float32", reps=3))
+
+    timings = interleaved({name: functools.partial(_median_call, v, calls) for name, v in variants.items()},
+                          rounds=rounds, after_round=round_done)
+    rates = {name: list(values) for name, values in timings.rates.items()}
     return {"plan": plan.headline, "rates": rates, "peak_gflops": {"bfloat16": peak, "float32": f32_peak}}
 
 
@@ -291,33 +153,6 @@ def child_onednn(spc: int) -> dict[str, Any]:
     return {"rate": rate}
 
 
-def category(name: str, kind: str) -> str:
-    """What a TensorFlow op of the step is for (its type first, then the layer or optimizer in its name)."""
-    if "BackpropFilter" in kind:
-        return "convolution backward-weights (oneDNN)"
-    if "BackpropInput" in kind:
-        return "convolution backward-data (oneDNN)"
-    if "Conv2D" in kind:
-        return "convolution forward, bias and ReLU fused (oneDNN)"
-    if "MatMul" in kind:
-        return "Dense matmuls (oneDNN)"
-    if "MaxPool" in kind:
-        return "max pooling and its gradient (oneDNN)"
-    if "dropout" in name:
-        return "Dropout: random numbers, mask, select, scale (forward and backward)"
-    if "/adam/" in name or "VariableOp" in kind:
-        return "Adam update (elementwise, float32)"
-    if kind == "ReluGrad":
-        return "ReluGrad of the convolutions (Eigen, bfloat16)"
-    if kind == "Cast":
-        return "casts bfloat16 <-> float32"
-    if kind in ("GatherV2", "RealDiv") and "mnist_cnn" not in name:
-        return "batch gather and /255 (input)"
-    if kind in ("IsFinite", "All", "LogicalAnd", "LogicalNot"):
-        return "finite check of the gradients"
-    return "other"
-
-
 def child_trace(spc: int) -> dict[str, Any]:
     tf = _setup()
     from amp_backends import auto_configure
@@ -330,37 +165,9 @@ def child_trace(spc: int) -> dict[str, Any]:
     tf.profiler.experimental.start(logdir)
     rate = run.run()
     tf.profiler.experimental.stop()
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    path = max(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True))
-    space = xplane_pb2.XSpace()
-    with open(path, "rb") as f:
-        space.ParseFromString(f.read())
-    by_type: dict[str, float] = collections.defaultdict(float)
-    by_op: dict[str, float] = collections.defaultdict(float)
-    by_category: dict[str, float] = collections.defaultdict(float)
-    first, last = float("inf"), 0.0
-    for plane in space.planes:
-        if plane.name != "/host:CPU":
-            continue
-        for line in plane.lines:
-            if not line.name.startswith("tf_Compute"):
-                continue
-            for ev in line.events:
-                meta = plane.event_metadata.get(ev.metadata_id)
-                if meta is None or ":" not in meta.name or "::" in meta.name:
-                    continue
-                name, _, kind = meta.name.rpartition(":")
-                start = (line.timestamp_ns * 1000 + ev.offset_ps) / 1e9
-                first, last = min(first, start), max(last, start + ev.duration_ps / 1e9)
-                by_type[kind] += ev.duration_ps / 1e9
-                by_op[name] += ev.duration_ps / 1e9
-                by_category[category(name, kind)] += ev.duration_ps / 1e9
-    return {"rate": rate, "steps": spc, "span_ms": last - first, "ms_by_type": dict(by_type), "ms_by_op": dict(by_op),
-            "ms_by_category": dict(by_category)}
+    return {"rate": rate, "steps": spc, **trace_breakdown(logdir)}
 
 
-# ----------------------------------------------------------------------------------- parent side
 def _child(args: list[str], env: dict[str, str] | None = None, timeout: int = 900) -> tuple[dict[str, Any], str]:
     full = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": os.getcwd(), **(env or {})}
     p = subprocess.run([sys.executable, __file__, *args], check=False, capture_output=True, text=True, env=full,
@@ -376,43 +183,9 @@ def _stats(values: list[float]) -> dict[str, Any]:
             "max": round(max(values), 1), "n": len(values)}
 
 
-def onednn_breakdown(stdout: str, steps: int) -> dict[str, Any]:
-    from amp_backends.audit import onednn
-
-    inside, lines = False, []
-    for line in stdout.splitlines():
-        if line.strip() == MARK:
-            inside = not inside
-            continue
-        if inside:
-            lines.append(line)
-    records = onednn.parse(lines)
-    rows: dict[tuple[str, str, str, str], list[float]] = collections.defaultdict(list)
-    for r in records:
-        shape = r.problem if r.kind != "reorder" else ""
-        rows[(r.kind, r.implementation, r.prop, shape)].append(r.time_ms)
-    table = sorted(({"kind": k[0], "implementation": k[1], "prop": k[2], "problem": k[3],
-                     "ms_per_step": round(sum(v) / steps, 3), "calls_per_step": len(v) / steps}
-                    for k, v in rows.items()), key=lambda d: -d["ms_per_step"])
-    return {"library": onednn.library_version(stdout.splitlines()), "records": len(records),
-            "ms_per_step_total": round(sum(r.time_ms for r in records) / steps, 2), "primitives": table}
-
-
 def environment() -> dict[str, Any]:
-    import tensorflow as tf
-
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    model = f"{fields.get('model name', platform.processor())}, cpu family {fields.get('cpu family', '?')}"
-    return {"machine": platform.node(), "cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
-            "tensorflow": tf.__version__, "keras": tf.keras.__version__,
-            "load_average_at_start": os.getloadavg()}
+    """The machine and versions as every CPU benchmark records them (``cpu_policy.py``'s), and the load."""
+    return {"machine": machine(), "versions": versions(), "load_average_at_start": os.getloadavg()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -507,11 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             "share_best_against_best": round(max(res["rates"]) * STEP_MFLOP / 1e3 / max(res["peaks"]), 3)}
         print(json.dumps(out["share_of_bf16_peak_pairs"], indent=1), flush=True)
     out["environment"]["load_average_at_end"] = os.getloadavg()
-    if a.out:
-        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-        with open(a.out, "w", encoding="utf-8") as f:
-            json.dump(out, f, indent=1)
-            f.write("\n")
+    write(out, a.out)
     return 0
 
 
