@@ -23,9 +23,9 @@ The machine may be busy with other work: every A/B keeps each call's figure (med
 
 Run (writes JSON with the machine, versions, command and date)::
 
-    python benchmarks/cpu_step_profile.py --rounds 10 --calls 1 --machine-kind "AMD EPYC Zen 4" \\
+    python benchmarks/cpu_step_profile.py --rounds 10 --calls 1 \\
         --out results/mnist-step-profile-zen4.json --note "..."
-    python benchmarks/cpu_step_profile.py --parts share --pairs 40 --machine-kind "AMD EPYC Zen 4" \\
+    python benchmarks/cpu_step_profile.py --parts share --pairs 40 \\
         --out results/mnist-step-profile-zen4-share.json --note "..."
 """
 
@@ -401,21 +401,13 @@ def onednn_breakdown(stdout: str, steps: int) -> dict[str, Any]:
 def environment() -> dict[str, Any]:
     import tensorflow as tf
 
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    model = f"{fields.get('model name', platform.processor())}, cpu family {fields.get('cpu family', '?')}"
-    return {"machine": platform.node(), "cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
-            "tensorflow": tf.__version__, "keras": tf.keras.__version__,
+    return {"python": platform.python_version(), "tensorflow": tf.__version__, "keras": tf.keras.__version__,
             "load_average_at_start": os.getloadavg()}
 
 
 def main(argv: list[str] | None = None) -> int:
+    from amp_backends.backends.cpu.backend import machine_record
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--child", choices=["inproc", "env", "onednn", "trace", "share"])
     ap.add_argument("--spc", type=int, default=8, help="steps per compiled call (default 8)")
@@ -425,7 +417,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=30, help="share: trainer call / matmul pairs (default 30)")
     ap.add_argument("--out")
     ap.add_argument("--note", default="")
-    ap.add_argument("--machine-kind", default="", help="what the results file calls the machine (\"AMD EPYC Zen 4\")")
     a = ap.parse_args(argv)
     if a.child:
         fn = {"inproc": lambda: child_inproc(a.spc, a.rounds, a.calls), "env": lambda: child_env(a.spc, a.calls),
@@ -438,8 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     env = environment()
     out: dict[str, Any] = {"benchmark": "where the MNIST CNN training step goes under the auto plan (see the "
                                         "script's docstring and benchmarks/cpu_step_profile.md)",
-                           "machine_kind": a.machine_kind,
-                           "machine": {k: env.pop(k) for k in ("machine", "cpu", "cores")},
+                           **machine_record(),  # machine_kind and machine, as the CPU probe names them
                            "versions": {k: env.pop(k) for k in ("python", "tensorflow", "keras")},
                            "command": "python " + shlex.join(sys.argv),
                            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
