@@ -30,18 +30,68 @@ MATRIX_DTYPES = ("float16", "bfloat16", "float32", "float8")
 
 
 @dataclass(frozen=True)
+class Evidence:
+    """A measurement a decision rests on: the results file, the machine as the file records it, the figures.
+
+    ``figures`` are ``(configuration, value)`` pairs in ``unit``; ``run`` says how they were made (TensorFlow
+    version, script, date). :meth:`describe` is the sentence the reasons quote.
+    """
+
+    file: str
+    machine: str
+    figures: tuple[tuple[str, float], ...]
+    unit: str = ""
+    run: str = ""
+
+    def describe(self) -> str:
+        """``"measured on AMD EPYC Zen 4, TF 2.21.0, benchmarks/cpu_policy.py, 2026-11-23, results/x.json:
+        mixed_bfloat16 4949 img/s, float32 2296"``."""
+        figures = ", ".join(f"{c} {v:.0f}" + (f" {self.unit}" if i == 0 and self.unit else "")
+                            for i, (c, v) in enumerate(self.figures))
+        where = ", ".join(p for p in (self.machine, self.run, self.file) if p)
+        return f"measured on {where}: {figures}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "machine": self.machine, "figures": dict(self.figures), "unit": self.unit,
+                "run": self.run}
+
+
+@dataclass(frozen=True)
 class Support:
-    """How a device supports one setting, and why."""
+    """How a device supports one setting, and why.
+
+    ``why`` is the whole reason (the figures it quotes included); ``brief`` the same in a few words, for a
+    one-line summary (:attr:`short`); ``evidence`` the measurements it quotes (:class:`Evidence`).
+    """
 
     level: str
     why: str
+    brief: str = field(default="", compare=False)
+    evidence: tuple[Evidence, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
             raise ValueError(f"Support level must be one of {LEVELS}. Received: {self.level!r}.")
 
-    def to_dict(self) -> dict[str, str]:
-        return {"level": self.level, "why": self.why}
+    @property
+    def short(self) -> str:
+        """:attr:`brief`, or where a backend gave none, the first clause of :attr:`why`."""
+        return self.brief or first_clause(self.why)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"level": self.level, "why": self.why}
+        if self.brief:
+            d["brief"] = self.brief
+        if self.evidence:
+            d["evidence"] = [e.to_dict() for e in self.evidence]
+        return d
+
+
+def first_clause(text: str, limit: int = 90) -> str:
+    """The text up to its first colon, semicolon or opening parenthesis, at most ``limit`` characters."""
+    cut = min((i for i in (text.find(": "), text.find("; "), text.find(" (")) if i > 0), default=len(text))
+    head = text[:cut].rstrip(" .,")
+    return head if len(head) <= limit else head[: limit - 3].rstrip() + "..."
 
 
 NO_GRAPH_AMP = Support(UNSUPPORTED, "this backend has no graph-level automatic mixed precision (ITEX's, on Intel XPUs)")
@@ -83,6 +133,7 @@ class Float32Layer:
     why: str
     strides_over: int | None = None
     kernel_over: int | None = None
+    evidence: tuple[Evidence, ...] = field(default=(), compare=False)
 
     def matches(self, classes: Iterable[str], strides: Sequence[int] = (), kernel: Sequence[int] = ()) -> bool:
         """Whether a layer with these class names (its class and bases), strides and kernel size matches."""
@@ -101,7 +152,21 @@ class Float32Layer:
 
     def to_dict(self) -> dict[str, Any]:
         return {"layer": self.layer, "dtypes": list(self.dtypes), "why": self.why,
-                "strides_over": self.strides_over, "kernel_over": self.kernel_over}
+                "strides_over": self.strides_over, "kernel_over": self.kernel_over,
+                "evidence": [e.to_dict() for e in self.evidence]}
+
+
+def describe_layers(rules: Iterable[Float32Layer]) -> str:
+    """``"DepthwiseConv2D, SeparableConv2D (stride>1 or kernel>3), LSTM"``: the kinds, each condition said once
+    after the run of kinds that share it."""
+    groups: list[tuple[str, list[str]]] = []
+    for rule in rules:
+        condition = rule.describe()[len(rule.layer):]
+        if groups and groups[-1][0] == condition:
+            groups[-1][1].append(rule.layer)
+        else:
+            groups.append((condition, [rule.layer]))
+    return ", ".join(", ".join(names) + condition.replace(" > ", ">") for condition, names in groups) or "none"
 
 
 def layer_geometry(layer: Any) -> tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
@@ -157,6 +222,7 @@ class Assessment:
     matrix_units: Mapping[str, MatrixUnit] = field(default_factory=dict)
     steps_per_execution: int = 1
     steps_per_execution_why: str = DEFAULT_STEPS_WHY
+    steps_per_execution_evidence: tuple[Evidence, ...] = ()
     float32_layers: tuple[Float32Layer, ...] = ()
     float32_layers_why: str = "no layer kind was measured slower in low precision than in float32 on this backend"
 
@@ -197,7 +263,8 @@ class Assessment:
             "graph_amp": self.graph_amp.to_dict(),
             "fp8": self.fp8.to_dict(),
             "matrix_units": {d: u.to_dict() for d, u in self.matrix_units.items()},
-            "steps_per_execution": {"value": self.steps_per_execution, "why": self.steps_per_execution_why},
+            "steps_per_execution": {"value": self.steps_per_execution, "why": self.steps_per_execution_why,
+                                    "evidence": [e.to_dict() for e in self.steps_per_execution_evidence]},
             "float32_layers": [k.to_dict() for k in self.float32_layers] or self.float32_layers_why,
         }
 

@@ -18,6 +18,7 @@ from .plan import Plan
 from .planner import make_plan
 from .registry import BackendRegistry, default_registry
 from .request import LossScale, Request, build_request
+from .software import tensorflow_version
 
 logger = logging.getLogger("amp_backends")
 
@@ -91,7 +92,7 @@ def plan_for(
     registry = registry or default_registry()
     request = build_request(registry.known_names(), environ=environ, **overrides)
     hardware = hardware or _probe(registry, use_tensorflow=False)
-    return make_plan(hardware, request, registry, keras if keras is not None else keras_info())
+    return make_plan(hardware, request, registry, keras if keras is not None else keras_info(), tensorflow_version())
 
 
 def configure_for_device(device: str, *, registry: BackendRegistry | None = None, environ: dict[str, str] | None = None,
@@ -168,7 +169,7 @@ def auto_configure(
         if apply and _state.plan is not None and _state.request == request and _state.registry is registry:
             return _state.plan
         hardware = _probe(registry, use_tensorflow=apply)
-        plan = make_plan(hardware, request, registry, keras_info())
+        plan = make_plan(hardware, request, registry, keras_info(), tensorflow_version())
         notes: list[str] = []
         if apply:
             from .apply import apply_plan

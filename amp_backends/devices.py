@@ -49,6 +49,8 @@ class KnownDevice:
     logical_cores: int = 0
     flags: str = ""
     note: str = ""
+    family: int | None = None  # CPUID's family and model, from which the probe names the microarchitecture
+    model_number: int | None = None
 
     def hardware(self) -> Hardware:
         """The machine as the probes would describe it: this device alone, TensorFlow's usual software."""
@@ -72,9 +74,10 @@ def _intel(name: str, aliases: tuple[str, ...], title: str, device_name: str, me
 
 
 def _cpu(name: str, aliases: tuple[str, ...], title: str, vendor: str, model: str, arch: str, cores: int, flags: str,
-         source: str, note: str = "") -> KnownDevice:
+         source: str, note: str = "", cpuid: tuple[int, int] | None = None) -> KnownDevice:
     return KnownDevice(name, aliases, "cpu", title, source, model, cpu_vendor=vendor, arch=arch, logical_cores=cores,
-                       flags=flags, note=note)
+                       flags=flags, note=note, family=cpuid[0] if cpuid else None,
+                       model_number=cpuid[1] if cpuid else None)
 
 
 CATALOGUE: tuple[KnownDevice, ...] = (
@@ -114,13 +117,15 @@ CATALOGUE: tuple[KnownDevice, ...] = (
          "x86_64", 112,
          "avx2 fma avx512f avx512bw avx512vl avx512_vnni avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8",
          "Intel Xeon Platinum 8480+ product specifications, https://ark.intel.com (56 cores, 112 threads; AMX, "
-         "AVX-512 with BF16 and FP16: Intel Architecture Instruction Set Extensions Programming Reference)"),
+         "AVX-512 with BF16 and FP16: Intel Architecture Instruction Set Extensions Programming Reference); "
+         "family 6 model 0x8F: Linux's intel-family.h", cpuid=(6, 0x8F)),
     _cpu("zen4", ("amd-zen4", "epyc-zen4", "genoa", "epyc-9004"),
          "AMD EPYC 9004 (Zen 4), 2 logical cores as measured here", "AMD", "AMD EPYC", "x86_64", 2,
          "avx2 fma avx512f avx512bw avx512vl avx_vnni avx512_vnni avx512_bf16",
          "AMD EPYC 9004 Series (Zen 4) product brief, https://www.amd.com/en/products/processors/server/epyc/"
          "4th-generation-9004-and-8004-series.html; "
-         "flags as /proc/cpuinfo lists them on the project's Zen 4 machine"),
+         "flags as /proc/cpuinfo lists them on the project's AVX512-BF16 machine; family 0x19 model 0x11: AMD's "
+         "Processor Programming Reference for Family 19h Model 11h (EPYC 9004)", cpuid=(0x19, 0x11)),
     _cpu("graviton3", ("graviton-3", "aws-graviton3", "neoverse-v1", "c7g"),
          "AWS Graviton3 (Arm Neoverse V1), 64 cores", "ARM", "Neoverse-V1", "aarch64", 64,
          "fp asimd sve bf16 i8mm asimdhp fphp",
@@ -203,7 +208,7 @@ def _cpu_probe(device: KnownDevice) -> BackendProbe:
     from .backends.intel import ItexStatus
 
     cpu = CpuInfo(device.cpu_vendor, device.device_name, device.arch, device.logical_cores,
-                  frozenset(device.flags.split()))
+                  frozenset(device.flags.split()), device.family, device.model_number)
     no_itex = ItexStatus(None, "2.21.0", False, "Intel Extension for TensorFlow is not installed")
     onednn = onednn_state(cpu, {}, system="linux", tf_version="2.21.0")
     return BackendProbe("cpu", True, f"{device.title} [catalogue: {device.source}]",

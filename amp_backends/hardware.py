@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
+from .microarch import microarchitecture
+
 # Capability names used in ``Accelerator.capabilities`` and ``CpuInfo`` derivations.
 TENSOR_CORES = "tensor_cores"
 FP16 = "fp16"
@@ -59,13 +61,21 @@ class Accelerator:
 
 @dataclass(frozen=True)
 class CpuInfo:
-    """The host CPU: vendor, model and the instruction-set flags that matter for mixed precision."""
+    """The host CPU: vendor, model and the instruction-set flags that matter for mixed precision.
+
+    ``model`` is the model name (``"AMD EPYC"``); ``family``, ``model_number`` and ``stepping`` are CPUID's
+    display family, model and stepping as ``/proc/cpuinfo`` gives them (``None`` where the probe cannot read
+    them), from which :attr:`microarchitecture` is named.
+    """
 
     vendor: str
     model: str
     arch: str
     logical_cores: int
     flags: frozenset[str] = frozenset()
+    family: int | None = None
+    model_number: int | None = None
+    stepping: int | None = None
 
     @property
     def is_arm(self) -> bool:
@@ -88,6 +98,23 @@ class CpuInfo:
     def amx(self) -> bool:
         return "amx_bf16" in self.flags
 
+    @property
+    def microarchitecture(self) -> str | None:
+        """``"Zen 5"``, ``"Sapphire Rapids"``: named from the vendor, family and model (``None`` if unknown)."""
+        return microarchitecture(self.vendor, self.family, self.model_number, self.stepping)
+
+    @property
+    def name(self) -> str:
+        """The CPU as reasons and results files name it: ``"AMD EPYC (Zen 5)"``; where the microarchitecture is
+        unknown, the family and model numbers stand in (``"AMD EPYC (family 26, model 200)"``)."""
+        base = self.model if self.vendor.lower() in self.model.lower() else f"{self.vendor} {self.model}"
+        uarch = self.microarchitecture
+        if uarch:
+            return base if uarch.lower() in base.lower() else f"{base} ({uarch})"
+        if self.family is not None and self.model_number is not None:
+            return f"{base} (family {self.family}, model {self.model_number})"
+        return base
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "vendor": self.vendor,
@@ -97,6 +124,10 @@ class CpuInfo:
             "native_bf16": self.native_bf16,
             "native_fp16": self.native_fp16,
             "amx": self.amx,
+            "family": self.family,
+            "model_number": self.model_number,
+            "stepping": self.stepping,
+            "microarchitecture": self.microarchitecture,
             "flags": sorted(self.flags),
         }
 

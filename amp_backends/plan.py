@@ -1,7 +1,10 @@
 """The :class:`Plan`: the mixed-precision configuration chosen for a machine, with its reasons.
 
 :func:`~amp_backends.planner.make_plan` decides it; :func:`~amp_backends.auto_configure` applies it.
-A plan is plain frozen data: it prints (:meth:`Plan.explain`), serialises (:meth:`Plan.to_dict`) and
+Each setting is a :class:`Decision`: its value, a short reason, the whole reason and the measurements it
+rests on (:class:`~amp_backends.assessment.Evidence`: results file, machine, figures) — data, not sentences.
+A plan is plain frozen data: it prints short (``str(plan)``: one line a setting) or whole
+(:meth:`Plan.explain`, with the measurements), serialises (:meth:`Plan.to_dict`) and
 carries the support table it was decided from (:attr:`Plan.assessment`), so tools that need to know
 what else the hardware runs (the benchmark, autotune) never assess again. It imports no model code:
 what a plan does to a model is :func:`amp_backends.prepare_model`'s (``prepare.py``), which takes the plan.
@@ -10,14 +13,44 @@ what a plan does to a model is :func:`amp_backends.prepare_model`'s (``prepare.p
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .assessment import Assessment, Float32Layer, VendorSetting
+from .assessment import Assessment, Evidence, Float32Layer, Support, VendorSetting, first_clause
 from .request import LossScale, Request, format_value
 
 COMPUTE_DTYPES = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
+WIDTH = 120  # the longest line str(plan) prints
+WHERE_THE_EVIDENCE_IS = "  the reasons in full, with their measurements: plan.explain(), or amp-backends info --why"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One setting of the plan: its ``value`` (as text), ``reason`` (a few words, for one line), ``detail`` (the
+    whole reason, what ``plan.reasons[setting]`` says) and ``evidence`` (the measurements the reason quotes)."""
+
+    setting: str
+    value: str
+    reason: str
+    detail: str
+    evidence: tuple[Evidence, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"setting": self.setting, "value": self.value, "reason": self.reason, "detail": self.detail,
+                "evidence": [e.to_dict() for e in self.evidence]}
+
+
+class Decisions(dict[str, Decision]):
+    """A plan's decisions as the planner makes them, by setting."""
+
+    def add(self, setting: str, value: str, detail: str, reason: str = "", evidence: tuple[Evidence, ...] = ()) -> None:
+        self[setting] = Decision(setting, value, reason or first_clause(detail), detail, evidence)
+
+    def supported(self, setting: str, value: str, support: Support, prefix: str = "", said: str = "") -> None:
+        """A value the support table explains: its whole reason, its short one, its evidence (``said``, when given,
+        says the short reason instead, such as ``requested (AMP_XLA)``)."""
+        self.add(setting, value, prefix + support.why, said or support.short, support.evidence)
 
 
 @dataclass(frozen=True)
@@ -59,9 +92,11 @@ class Plan:
     dtype here (:class:`~amp_backends.assessment.Float32Layer`: a class, maybe with conditions on its strides
     or kernel; ``amp_backends.prepare_model(model, plan)`` and the trainer apply them to a model).
     ``vendor_settings`` are the
-    backend's own settings (ITEX's math mode). ``reasons`` explains each choice, ``rejected`` says why the
+    backend's own settings (ITEX's math mode). ``decisions`` holds each choice with its reasons and evidence
+    (:class:`Decision`; :attr:`reasons` maps each setting to its whole reason), ``rejected`` says why the
     alternatives lost, ``warnings`` lists every downgraded or risky request, ``backends`` every registered
-    backend's status.
+    backend's status. ``device_names`` are the devices' names as the probe read them (``"AMD EPYC (Zen 5)"``),
+    ``tensorflow`` and ``keras`` the versions planned for.
     """
 
     backend: str
@@ -70,7 +105,7 @@ class Plan:
     loss_scale: LossScale
     tf32: bool
     xla: bool
-    reasons: Mapping[str, str]
+    decisions: tuple[Decision, ...]
     rejected: tuple[Rejected, ...]
     warnings: tuple[str, ...]
     backends: tuple[BackendStatus, ...]
@@ -82,6 +117,17 @@ class Plan:
     fp8: bool = False
     steps_per_execution: int = 1
     float32_layers: tuple[Float32Layer, ...] = ()
+    device_names: tuple[str, ...] = ()
+    tensorflow: str | None = None
+    keras: str | None = None
+
+    @property
+    def reasons(self) -> Mapping[str, str]:
+        """Each setting's whole reason (:attr:`Decision.detail`), by setting."""
+        return {d.setting: d.detail for d in self.decisions}
+
+    def decision(self, setting: str) -> Decision | None:
+        return next((d for d in self.decisions if d.setting == setting), None)
 
     # -- convenience for training code ---------------------------------------------------------
     @property
@@ -171,14 +217,48 @@ class Plan:
         return "amp_backends plan: " + " ".join(parts)
 
     def summary(self) -> str:
-        """One line: what was chosen (:attr:`headline`), and why this policy."""
-        return f"{self.headline} ({self.reasons.get('policy', '')})"
+        """One line: what was chosen (:attr:`headline`), and why this policy, in a few words."""
+        policy = self.decision("policy")
+        return f"{self.headline} ({policy.reason if policy else ''})"
+
+    def target(self) -> str:
+        """``"/CPU:0 AMD EPYC (Zen 5), TensorFlow 2.21.0, Keras 3.15.1"``: what the plan is for."""
+        names = self.device_names
+        if len(self.devices) == 1:
+            device = f"{self.devices[0]} {names[0]}" if names else self.devices[0]
+        elif names and len(set(names)) == 1:
+            device = f"{len(self.devices)}x {names[0]} ({self.devices[0]} to {self.devices[-1]})"
+        else:
+            device = ", ".join(self.devices) or "-"
+        return f"{device}, TensorFlow {self.tensorflow or '?'}, Keras {self.keras or '?'}"
+
+    def brief(self, model_float32: Sequence[str] | None = None) -> str:
+        """At most a dozen lines of at most 120 characters: what the plan is for, each setting with its short
+        reason, the first warning. ``model_float32``, the paths of a model's layers the plan keeps in float32,
+        makes the float32 layers line about that model (its layers, or none) instead of the kinds kept."""
+        lines = [f"amp_backends plan ({self.backend}) for {self.target()}"]
+        for d in self.decisions:
+            value, reason = d.value, d.reason
+            if d.setting == "float32_layers" and model_float32 is not None:
+                value = (f"{len(model_float32)} of this model's layers: {', '.join(model_float32)}" if model_float32
+                         else "none in this model")
+                reason = d.reason if model_float32 or not self.float32_layers else ""
+            lines.append(_fit(f"  {d.setting}: {value}", reason))
+        lines += [_fit(f"  {s.name}={s.value}", first_clause(s.why)) for s in self.vendor_settings]
+        if self.warnings:
+            more = f" (+{len(self.warnings) - 1} more)" if len(self.warnings) > 1 else ""
+            lines.append(_fit(f"  warning{more}:", self.warnings[0], sep=" "))
+        return "\n".join(lines + [WHERE_THE_EVIDENCE_IS])
+
+    def __str__(self) -> str:
+        return self.brief()
 
     def explain(self) -> str:
-        """Several lines: each choice with its reason, the rejected alternatives, the warnings."""
-        lines = [self.headline]
-        for key, reason in self.reasons.items():
-            lines.append(f"  {key}: {reason}")
+        """Several lines: each choice with its whole reason and the figures it quotes, the rejected alternatives,
+        the warnings."""
+        lines = [self.headline, f"  for: {self.target()}"]
+        for d in self.decisions:
+            lines.append(f"  {d.setting}: {d.detail}")
         for s in self.vendor_settings:
             lines.append(f"  {s.name}={s.value}: {s.why}")
         if self.rejected:
@@ -188,8 +268,6 @@ class Plan:
             lines.append("  warnings:")
             lines += [f"    {w}" for w in self.warnings]
         return "\n".join(lines)
-
-    __str__ = explain
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -206,6 +284,10 @@ class Plan:
             "float32_layers": [k.to_dict() for k in self.float32_layers],
             "vendor_settings": [s.to_dict() for s in self.vendor_settings],
             "reasons": dict(self.reasons),
+            "decisions": [d.to_dict() for d in self.decisions],
+            "device_names": list(self.device_names),
+            "tensorflow": self.tensorflow,
+            "keras": self.keras,
             "rejected": [r.__dict__ for r in self.rejected],
             "warnings": list(self.warnings),
             "notes": list(self.notes),
@@ -216,3 +298,13 @@ class Plan:
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
+
+
+def _fit(head: str, reason: str, sep: str = " - ", width: int = WIDTH) -> str:
+    """``head`` and ``reason`` on one line of at most ``width`` characters: the reason cut first, then the head."""
+    line = f"{head}{sep}{reason}" if reason else head
+    if len(line) <= width:
+        return line
+    if reason and len(head) + len(sep) + 16 <= width:
+        return line[: width - 3].rsplit(" ", 1)[0].rstrip(" ,;:") + "..."
+    return head if len(head) <= width else head[: width - 3].rstrip() + "..."

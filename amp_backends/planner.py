@@ -40,11 +40,13 @@ from .assessment import (
     Float32Layer,
     Support,
     VendorSetting,
+    describe_layers,
+    first_clause,
 )
 from .errors import BackendError, UnsupportedRequestError
 from .hardware import BackendProbe, Hardware
 from .keras_compat import KerasInfo, float8_training
-from .plan import BackendStatus, Plan, Rejected
+from .plan import BackendStatus, Decisions, Plan, Rejected
 from .registry import Backend, BackendRegistry
 from .request import LossScale, Request
 
@@ -165,10 +167,12 @@ def _order(statuses: dict[str, BackendStatus], request: Request) -> tuple[list[s
     return order, why
 
 
-def make_plan(hardware: Hardware, request: Request, registry: BackendRegistry, keras: KerasInfo | None = None) -> Plan:
+def make_plan(hardware: Hardware, request: Request, registry: BackendRegistry, keras: KerasInfo | None = None,
+              tensorflow: str | None = None) -> Plan:
     """Decide the plan for ``hardware`` under ``request``. Pure: no TensorFlow, no I/O.
 
-    ``keras`` is the Keras ``tf.keras`` is (``None``: unknown, so no float8 training).
+    ``keras`` is the Keras ``tf.keras`` is (``None``: unknown, so no float8 training); ``tensorflow`` the
+    TensorFlow version the plan is for (shown with it).
 
     Raises :class:`~amp_backends.errors.UnsupportedRequestError` for a request ``strict`` refuses, and
     :class:`~amp_backends.errors.BackendError` when the backend asked for by name failed, or when no
@@ -201,7 +205,9 @@ def make_plan(hardware: Hardware, request: Request, registry: BackendRegistry, k
         warnings += [f"backend {s.name!r} {s.reason}; planned with {name} instead"
                      for s in statuses.values() if s.failed]
         final = tuple(replace(s, selected=s.name == name) for s in statuses.values())
-        return replace(plan, backends=final, vendor_settings=settings, warnings=tuple(warnings) + plan.warnings)
+        return replace(plan, backends=final, vendor_settings=settings, warnings=tuple(warnings) + plan.warnings,
+                       device_names=tuple(d.name for d in probe.devices), tensorflow=tensorflow,
+                       keras=keras.version if keras else None)
     raise BackendError(
         "No backend is available, not even the CPU: "
         + "; ".join(f"{s.name}: {s.reason}" for s in statuses.values())
@@ -211,7 +217,7 @@ def make_plan(hardware: Hardware, request: Request, registry: BackendRegistry, k
 
 # ---------------------------------------------------------------------------------------------- settings
 def _resolve_switch(r: _Resolver, name: str, requested: bool | None, auto: bool, support: Support,
-                    reasons: dict[str, str]) -> bool:
+                    decide: Decisions) -> bool:
     """An on/off setting: the automatic value, or the request if the hardware honours it (off always can)."""
     value = auto
     if requested is not None and requested != auto:
@@ -219,16 +225,16 @@ def _resolve_switch(r: _Resolver, name: str, requested: bool | None, auto: bool,
     state = "on" if value else "off"
     source = r.request.sources.get(name, "argument")
     if requested is None:
-        reasons[name] = f"{state}: {support.why}"
+        decide.supported(name, state, support, f"{state}: ")
     elif value == requested:
-        reasons[name] = f"{state} as requested ({source}); {support.why}"
+        decide.supported(name, state, support, f"{state} as requested ({source}); ", f"as requested ({source})")
     else:
-        reasons[name] = (f"{state}: the requested {'on' if requested else 'off'} ({source}) was downgraded; "
-                         f"{support.why}")
+        asked = f"the requested {'on' if requested else 'off'} ({source}) was downgraded"
+        decide.supported(name, state, support, f"{state}: {asked}; ", f"{asked}: {support.short}")
     return value
 
 
-def _resolve_policy(r: _Resolver, a: Assessment, reasons: dict[str, str],
+def _resolve_policy(r: _Resolver, a: Assessment, decide: Decisions,
                     rejected: list[Rejected]) -> tuple[str, str | None]:
     """The Keras dtype policy, and the type a graph-level rewrite (ITEX's) targets if one was requested."""
     request = r.request
@@ -238,9 +244,10 @@ def _resolve_policy(r: _Resolver, a: Assessment, reasons: dict[str, str],
         if r.check("policy", request.policy, a.policies[request.policy], auto_policy):
             policy = request.policy
     if policy == request.policy and request.policy != "auto":
-        reasons["policy"] = f"requested ({request.sources.get('policy', 'argument')}); {a.policies[policy].why}"
+        asked = f"requested ({request.sources.get('policy', 'argument')})"
+        decide.supported("policy", policy, a.policies[policy], f"{asked}; ", asked)
     else:
-        reasons["policy"] = a.policies[policy].why
+        decide.supported("policy", policy, a.policies[policy])
     for p in a.preference:
         if p != policy:
             rejected.append(Rejected("policy", p, a.policies[p].why))
@@ -254,33 +261,34 @@ def _resolve_policy(r: _Resolver, a: Assessment, reasons: dict[str, str],
         r.warnings.append("itex_amp=on ignored: this device has no native float16 or bfloat16")
         return policy, None
     graph_amp = "bfloat16" if target == "mixed_bfloat16" else "float16"
-    reasons["graph_amp"] = (
+    decide.add("graph_amp", graph_amp, (
         f"{graph_amp} as requested (itex_amp): the backend rewrites the float32 graph to {graph_amp}; the Keras "
         f"policy stays float32 so the two do not cast twice. {a.graph_amp.why}"
-    )
-    reasons["policy"] = "float32 for Keras: the backend's graph rewrite does the casting (itex_amp=on)"
+    ), f"as requested (itex_amp): the backend rewrites the float32 graph to {graph_amp}", a.graph_amp.evidence)
+    decide.add("policy", "float32", "float32 for Keras: the backend's graph rewrite does the casting (itex_amp=on)",
+               "for Keras; the backend's graph rewrite does the casting (itex_amp=on)")
     return "float32", graph_amp
 
 
-def _resolve_loss_scale(r: _Resolver, effective: str, reasons: dict[str, str], rejected: list[Rejected]) -> LossScale:
+def _resolve_loss_scale(r: _Resolver, effective: str, decide: Decisions, rejected: list[Rejected]) -> LossScale:
     """Loss scaling for the effective compute type: dynamic for float16, none otherwise, or as requested."""
     request = r.request
     if request.loss_scale is None:
         if effective == "mixed_float16":
-            reasons["loss_scale"] = (
+            decide.add("loss_scale", "dynamic", (
                 "dynamic: float16 gradients underflow without scaling; dynamic scaling finds the largest safe "
                 "scale and skips overflowing steps"
-            )
+            ), "float16 gradients underflow without scaling")
             rejected.append(Rejected("loss_scale", "fixed", "a fixed scale can overflow (every step skipped) or "
                                      "underflow; dynamic adapts at no measurable cost in the trainer"))
             return LossScale.dynamic()
-        reasons["loss_scale"] = (
-            f"none: {'bfloat16 has float32' if effective == 'mixed_bfloat16' else 'float32 has its full'} exponent "
-            "range, so gradients do not underflow"
-        )
+        range_ = "bfloat16 has float32's" if effective == "mixed_bfloat16" else "float32 has its full"
+        decide.add("loss_scale", "none", f"none: {range_} exponent range, so gradients do not underflow",
+                   f"{range_} exponent range")
         return LossScale.none()
     loss_scale = request.loss_scale
-    reasons["loss_scale"] = f"requested ({request.sources.get('loss_scale', 'argument')})"
+    asked = f"requested ({request.sources.get('loss_scale', 'argument')})"
+    decide.add("loss_scale", str(loss_scale.mode if loss_scale.mode != "fixed" else loss_scale), asked, asked)
     if loss_scale.mode == "none" and effective == "mixed_float16":
         r.warnings.append(
             "loss_scale=none with float16: small gradients may flush to zero and training may stall; "
@@ -311,64 +319,68 @@ def fp8_support(hardware: Support, keras: KerasInfo | None, xla: bool) -> Suppor
     return Support(NATIVE, f"{hardware.why}; {keras_why}")
 
 
-def _resolve_fp8(r: _Resolver, a: Assessment, keras: KerasInfo | None, xla: bool, reasons: dict[str, str]) -> bool:
+def _resolve_fp8(r: _Resolver, a: Assessment, keras: KerasInfo | None, xla: bool, decide: Decisions) -> bool:
     """float8 training: off unless asked for (not measured faster yet), on where native, forced, or refused."""
     support = fp8_support(a.fp8, keras, xla)
-    value = _resolve_switch(r, "fp8", r.request.fp8, False, support, reasons)
-    if r.request.fp8 is None:
-        reasons["fp8"] = (
-            "off by default until a measurement shows float8 faster than float16, "
-            f"although native here ({support.why}). "
-            "Turn it on with fp8=on / AMP_FP8=on, then amp_backends.prepare_model(model, plan)"
-            if support.level == NATIVE else f"off: {support.why}"
-        )
+    value = _resolve_switch(r, "fp8", r.request.fp8, False, support, decide)
+    if r.request.fp8 is None and support.level == NATIVE:
+        decide.add("fp8", "off", "off by default until a measurement shows float8 faster than float16, "
+                   f"although native here ({support.why}). "
+                   "Turn it on with fp8=on / AMP_FP8=on, then amp_backends.prepare_model(model, plan)",
+                   "native here, but off until measured faster than float16 (fp8=on to try it)")
     return value
 
 
 def _resolve_float32_layers(a: Assessment, request: Request, policy: str,
-                            reasons: dict[str, str]) -> tuple[Float32Layer, ...]:
+                            decide: Decisions) -> tuple[Float32Layer, ...]:
     """The Keras layer classes kept in float32 inside the low-precision model: those the backend measured slower
     in the policy's compute dtype (with the casts an island costs), or the request's own list."""
     dtype = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}.get(policy)
     requested = request.float32_layers
+    name = "float32_layers"
     if dtype is None:
-        reasons["float32_layers"] = "none: the policy computes every layer in float32" + (
-            f" (float32_layers={','.join(requested) or 'none'} changes nothing)" if requested else "")
+        decide.add(name, "none", "none: the policy computes every layer in float32" + (
+            f" (float32_layers={','.join(requested) or 'none'} changes nothing)" if requested else ""),
+            "the policy computes every layer in float32")
         return ()
     if requested is not None:
-        reasons["float32_layers"] = (f"{', '.join(requested)}: requested (float32_layers)" if requested else
-                                     "none: requested (float32_layers=none)")
-        return tuple(Float32Layer(name, (dtype,), "requested (float32_layers)") for name in requested)
+        decide.add(name, ", ".join(requested) or "none", f"{', '.join(requested)}: requested (float32_layers)"
+                   if requested else "none: requested (float32_layers=none)", "requested (float32_layers)")
+        return tuple(Float32Layer(layer, (dtype,), "requested (float32_layers)") for layer in requested)
     kept = tuple(k for k in a.float32_layers if dtype in k.dtypes)
     if not kept:
         measured = sorted({d for k in a.float32_layers for d in k.dtypes})
-        reasons["float32_layers"] = (f"none: no layer was measured slower in {dtype} than in float32 here (the "
-                                     f"measured float32 layers are for {', '.join(measured)})" if measured
-                                     else f"none: {a.float32_layers_why}")
+        why = (f"no layer was measured slower in {dtype} than in float32 here (the measured float32 layers are for "
+               f"{', '.join(measured)})" if measured else a.float32_layers_why)
+        decide.add(name, "none", f"none: {why}", first_clause(why))
         return ()
     by_why: dict[str, list[str]] = {}
     for k in kept:
         by_why.setdefault(k.why, []).append(k.describe())
-    reasons["float32_layers"] = "; ".join(f"{', '.join(names)}: {why}" for why, names in by_why.items())
+    evidence = tuple(dict.fromkeys(e for k in kept for e in k.evidence))
+    decide.add(name, describe_layers(kept), "; ".join(f"{', '.join(names)}: {why}" for why, names in by_why.items()),
+               f"slower in {dtype}", evidence)
     return kept
 
 
 def _resolve(a: Assessment, request: Request, chosen: str, keras: KerasInfo | None = None) -> Plan:
     """Resolve every setting of the request against one backend's assessment."""
     r = _Resolver(request, chosen)
-    reasons: dict[str, str] = {}
+    decide = Decisions()
     rejected: list[Rejected] = []
 
-    policy, graph_amp = _resolve_policy(r, a, reasons, rejected)
+    policy, graph_amp = _resolve_policy(r, a, decide, rejected)
     effective = {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}.get(graph_amp or "", policy)
-    loss_scale = _resolve_loss_scale(r, effective, reasons, rejected)
+    loss_scale = _resolve_loss_scale(r, effective, decide, rejected)
 
     # --- TF32 and XLA -------------------------------------------------------------------------
-    tf32 = _resolve_switch(r, "tf32", request.tf32, a.tf32.level == NATIVE and a.tf32_default, a.tf32, reasons)
-    xla = _resolve_switch(r, "xla", request.xla, a.xla_default and a.xla.level == NATIVE, a.xla, reasons)
-    fp8 = _resolve_fp8(r, a, keras, xla, reasons)
-    reasons["steps_per_execution"] = f"{a.steps_per_execution}: {a.steps_per_execution_why}"
-    float32_layers = _resolve_float32_layers(a, request, policy, reasons)
+    tf32 = _resolve_switch(r, "tf32", request.tf32, a.tf32.level == NATIVE and a.tf32_default, a.tf32, decide)
+    xla = _resolve_switch(r, "xla", request.xla, a.xla_default and a.xla.level == NATIVE, a.xla, decide)
+    fp8 = _resolve_fp8(r, a, keras, xla, decide)
+    decide.add("steps_per_execution", str(a.steps_per_execution),
+               f"{a.steps_per_execution}: {a.steps_per_execution_why}", first_clause(a.steps_per_execution_why),
+               a.steps_per_execution_evidence)
+    float32_layers = _resolve_float32_layers(a, request, policy, decide)
 
     return Plan(
         backend=chosen,
@@ -377,7 +389,7 @@ def _resolve(a: Assessment, request: Request, chosen: str, keras: KerasInfo | No
         loss_scale=loss_scale,
         tf32=tf32,
         xla=xla,
-        reasons=reasons,
+        decisions=tuple(decide.values()),
         rejected=tuple(rejected),
         warnings=tuple(r.warnings),
         backends=(),

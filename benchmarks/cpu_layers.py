@@ -21,9 +21,9 @@ max:
 
 Run (writes JSON with the machine, versions, command and date; the CPU backend quotes it)::
 
-    python benchmarks/cpu_layers.py --rounds 5 --steps 6 --machine-kind "AMD EPYC Zen 4" \\
+    python benchmarks/cpu_layers.py --rounds 5 --steps 6 \\
         --out results/cpu-layers-zen4.json
-    python benchmarks/cpu_layers.py --parts activations --rounds 5 --steps 6 --machine-kind "AMD EPYC Zen 4" \\
+    python benchmarks/cpu_layers.py --parts activations --rounds 5 --steps 6 \\
         --out results/cpu-activations-zen4.json
 """
 
@@ -230,7 +230,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--parts", default="layers,models", help="comma-separated: layers, models, activations")
     p.add_argument("--out", help="write the JSON here")
-    p.add_argument("--machine-kind", default="", help="a short name for the machine, e.g. 'AMD EPYC Zen 4'")
     p.add_argument("--note", default="")
     a = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -94,24 +94,6 @@ def child(policy: str, jit: bool, warmup: int, steps: int) -> dict[str, Any]:
     return {"img_per_s": round(BATCH / float(np.median(times)), 1), "onednn_enabled": onednn}
 
 
-def machine() -> dict[str, Any]:
-    model, flags = platform.processor() or platform.machine(), set[str]()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and model in ("", platform.machine(), platform.processor()):
-                    model = value.strip()
-                if key.strip() in ("flags", "Features") and not flags:
-                    flags = set(value.split())
-    except OSError:
-        pass
-    wanted = {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_bf16", "amx_tile", "avx512_fp16",
-              "bf16"}
-    return {"cpu": model, "arch": platform.machine(), "logical_cores": os.cpu_count(),
-            "flags": sorted(flags & wanted), "os": platform.platform()}
-
-
 def versions() -> dict[str, str | None]:
     from importlib import metadata
 
@@ -127,12 +109,13 @@ def versions() -> dict[str, str | None]:
 
 def document(benchmark: str, script: str, argv: list[str] | None, started: datetime.datetime, a: Any, unit: str,
              results: dict[str, Any], **versions_extra: Any) -> dict[str, Any]:
-    """A results file's contents: what was measured, the machine, versions, command, date, note and results
-    (the form ``backends/cpu/measured.py`` reads)."""
+    """A results file's contents: what was measured, the machine (named by the CPU probe, never by hand), versions,
+    command, date, note and results (the form ``backends/cpu/measured.py`` reads)."""
+    from amp_backends.backends.cpu.backend import machine_record
+
     return {
         "benchmark": benchmark,
-        "machine_kind": a.machine_kind,
-        "machine": machine(),
+        **machine_record(),  # machine_kind ("AMD EPYC (Zen 5)") and machine, as the CPU probe names them
         "versions": versions() | versions_extra,
         "command": shlex.join(["python", f"benchmarks/{script}", *(argv if argv is not None else sys.argv[1:])]),
         "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -172,7 +155,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from: {', '.join(CONFIGS)}")
     p.add_argument("--out", help="write the JSON here")
-    p.add_argument("--machine-kind", default="", help="a short name for the machine, e.g. 'AMD EPYC Zen 4'")
     p.add_argument("--note", default="")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)

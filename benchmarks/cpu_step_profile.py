@@ -23,9 +23,9 @@ The machine may be busy with other work: every A/B keeps each call's figure (med
 
 Run (writes JSON with the machine, versions, command and date)::
 
-    python benchmarks/cpu_step_profile.py --rounds 10 --calls 1 --machine-kind "AMD EPYC Zen 4" \\
+    python benchmarks/cpu_step_profile.py --rounds 10 --calls 1 \\
         --out results/mnist-step-profile-zen4.json --note "..."
-    python benchmarks/cpu_step_profile.py --parts share --pairs 40 --machine-kind "AMD EPYC Zen 4" \\
+    python benchmarks/cpu_step_profile.py --parts share --pairs 40 \\
         --out results/mnist-step-profile-zen4-share.json --note "..."
 """
 
@@ -36,6 +36,7 @@ import datetime
 import functools
 import json
 import os
+import platform
 import shlex
 import statistics
 import subprocess
@@ -44,7 +45,7 @@ import tempfile
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cpu_policy import machine, versions, write  # noqa: E402  (how every CPU benchmark records itself)
+from cpu_policy import write  # noqa: E402  (how every CPU benchmark writes its results file)
 from cpu_step_breakdown import MARK, onednn_breakdown, trace_breakdown  # noqa: E402  (the sibling module)
 from cpu_step_variants import BATCH, RawRun, TrainerRun, _setup, matmul_peak  # noqa: E402  (what is measured)
 
@@ -184,11 +185,15 @@ def _stats(values: list[float]) -> dict[str, Any]:
 
 
 def environment() -> dict[str, Any]:
-    """The machine and versions as every CPU benchmark records them (``cpu_policy.py``'s), and the load."""
-    return {"machine": machine(), "versions": versions(), "load_average_at_start": os.getloadavg()}
+    import tensorflow as tf
+
+    return {"python": platform.python_version(), "tensorflow": tf.__version__, "keras": tf.keras.__version__,
+            "load_average_at_start": os.getloadavg()}
 
 
 def main(argv: list[str] | None = None) -> int:
+    from amp_backends.backends.cpu.backend import machine_record
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--child", choices=["inproc", "env", "onednn", "trace", "share"])
     ap.add_argument("--spc", type=int, default=8, help="steps per compiled call (default 8)")
@@ -198,7 +203,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=30, help="share: trainer call / matmul pairs (default 30)")
     ap.add_argument("--out")
     ap.add_argument("--note", default="")
-    ap.add_argument("--machine-kind", default="", help="what the results file calls the machine (\"AMD EPYC Zen 4\")")
     a = ap.parse_args(argv)
     if a.child:
         fn = {"inproc": lambda: child_inproc(a.spc, a.rounds, a.calls), "env": lambda: child_env(a.spc, a.calls),
@@ -211,8 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     env = environment()
     out: dict[str, Any] = {"benchmark": "where the MNIST CNN training step goes under the auto plan (see the "
                                         "script's docstring and benchmarks/cpu_step_profile.md)",
-                           "machine_kind": a.machine_kind,
-                           "machine": {k: env.pop(k) for k in ("machine", "cpu", "cores")},
+                           **machine_record(),  # machine_kind and machine, as the CPU probe names them
                            "versions": {k: env.pop(k) for k in ("python", "tensorflow", "keras")},
                            "command": "python " + shlex.join(sys.argv),
                            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

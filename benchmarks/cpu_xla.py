@@ -7,7 +7,6 @@ Superseded by benchmarks/cpu_policy.py (child process per configuration, oneDNN 
 rounds, JSON); kept because results/cpu-policy-zen1.json, the Zen 1 figures the CPU plan quotes, were made
 with it.
 """
-import platform
 import time
 
 import numpy as np
@@ -59,6 +58,8 @@ def measure(policy, jit):
 
 if __name__ == "__main__":
     keras_version = keras.__version__ if hasattr(keras, "__version__") else ""
-    print(f"# {platform.processor() or platform.machine()}, TF {tf.__version__}, Keras {keras_version}")
+    from amp_backends.backends.cpu.backend import machine_record
+
+    print(f"# {machine_record()['machine_kind']}, TF {tf.__version__}, Keras {keras_version}")
     for policy, jit in [("float32", False), ("float32", True), ("mixed_float16", False), ("mixed_bfloat16", False)]:
         print(f"policy={policy} jit_compile={jit}: {measure(policy, jit):.0f} img/s", flush=True)

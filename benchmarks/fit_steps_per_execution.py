@@ -32,7 +32,6 @@ the progress bar per step.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
 
@@ -58,7 +57,9 @@ def main() -> None:
     x = rng.random((args.samples, 28, 28, 1), dtype=np.float32)
     y = rng.integers(0, 10, args.samples)
     values = [int(v) for v in args.values.split(",")]
-    print(f"# {platform.processor() or platform.machine()}, TF {tf.__version__}, Keras {keras_info(tf).version}, "
+    from amp_backends.backends.cpu.backend import machine_record
+
+    print(f"# {machine_record()['machine_kind']}, TF {tf.__version__}, Keras {keras_info(tf).version}, "
           f"batch {args.batch}, {args.samples // args.batch} steps per epoch, "
           f"median of {args.rounds} interleaved epochs")
     for policy_arg in args.policies.split(","):

@@ -32,7 +32,7 @@ FACE = "amp_backends"
 # Module names below amp_backends; "x.*" is everything inside package x. A module takes the first match.
 LAYERS: dict[str, tuple[str, ...]] = {
     "commands": ("commands", "commands.*", "__main__", "info", "bench", "examples.*.__main__"),
-    "probe": ("errors", "version", "hardware", "software", "timing", "cache"),
+    "probe": ("errors", "version", "hardware", "software", "timing", "cache", "microarch", "terminal"),
     "plan": ("assessment", "request", "plan", "keras_compat", "registry", "probe", "planner", "devices",
              "backend_api", "backends", "backends.*"),
     "apply": ("apply", "configure", "tf_import"),

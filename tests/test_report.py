@@ -221,10 +221,10 @@ def test_console_script_subcommand():
     assert json.loads(out.stdout)["schema_version"] == SCHEMA_VERSION
 
 
-def test_the_plan_headline_is_the_summary_without_its_reason():
+def test_the_plan_headline_is_the_summary_without_its_short_reason():
     from amp_backends.configure import plan_for
 
     plan = plan_for(environ={}, backend="cpu")
     assert plan.headline.startswith("amp_backends plan: backend=cpu") and " (" not in plan.headline
-    assert plan.summary() == f"{plan.headline} ({plan.reasons['policy']})"
+    assert plan.summary() == f"{plan.headline} ({plan.decision('policy').reason})"
     assert plan.explain().splitlines()[0] == plan.headline

@@ -165,42 +165,40 @@ class Audit:
                 f" (xla {'on' if p.get('xla') else 'off'}): what ran, from {self.source or 'nothing measured'}")
 
     def render_text(self, console: Any = None) -> None:
-        from rich.console import Console
-        from rich.markup import escape
-        from rich.table import Table
+        """Print what ran: the kernels by kind (a table on a terminal, else one line a kind), the shares, the float32
+        islands with their layer paths whole, the warnings (:mod:`amp_backends.terminal`)."""
+        from ..terminal import make_console, say, show_rows
 
-        console = console or Console()
-        console.print(escape(self.headline()))
+        console = console or make_console()
+        say(console, self.headline())
         if not self.measured or self.outside_onednn:
-            console.print(escape(self.outside_onednn or "not measured"))
+            say(console, self.outside_onednn or "not measured")
         kinds = self.by_kind()
+        steps = max(self.steps or 1, 1)
         if kinds:
-            table = Table(show_header=True, header_style="bold")
-            steps = max(self.steps or 1, 1)
-            for name in ("kernels", "ms per step", "dtypes (share of time)", "executed on"):
-                table.add_column(name, overflow="fold")
-            for kind, k in kinds.items():
-                table.add_row(escape(kind), f"{k['time_ms'] / steps:.2f}", escape(_fmt(k["dtypes"])),
-                              escape(_fmt(k["units"])))
-            console.print(table)
+            rows = [(kind, f"{k['time_ms'] / steps:.2f}", _fmt(k["dtypes"]), _fmt(k["units"]))
+                    for kind, k in kinds.items()]
+            show_rows(console, [(name, {"overflow": "fold"}) for name in
+                                ("kernels", "ms per step", "dtypes (share of time)", "executed on")], rows,
+                      show_header=True, header_style="bold",
+                      plain=lambda c: f"kernels {c[0]}: {c[1]} ms per step; dtypes {c[2]}; executed on {c[3]}")
         d = self.to_dict()
         if kinds:
-            console.print(escape(f"compute time by dtype: {_fmt(d['time_share_by_dtype'])}; on matrix units (AMX, "
-                                 f"Tensor Cores): {_pct(d['matrix_unit_share'])}; unknown: {_pct(d['unknown_share'])}"))
-            steps = max(self.steps or 1, 1)
-            console.print(escape(f"per step: reorders {d['reorder_time_ms'] / steps:.2f} ms, other primitives "
-                                 f"{d['other_time_ms'] / steps:.2f} ms; step time {_ms(self.step_time_ms)} "
-                                 f"({self.steps} step(s) measured, batch {self.batch_size})"))
+            say(console, f"compute time by dtype: {_fmt(d['time_share_by_dtype'])}; on matrix units (AMX, "
+                         f"Tensor Cores): {_pct(d['matrix_unit_share'])}; unknown: {_pct(d['unknown_share'])}")
+            say(console, f"per step: reorders {d['reorder_time_ms'] / steps:.2f} ms, other primitives "
+                         f"{d['other_time_ms'] / steps:.2f} ms; step time {_ms(self.step_time_ms)} "
+                         f"({self.steps} step(s) measured, batch {self.batch_size})")
         for island in d["float32_islands"]:
             where = ", ".join(island["layers"]) or "unmatched (no layer of that shape)"
             why = "; ".join(f"{c.get('code')}: {c.get('what')}" for c in island["check"])
             planned = ", as the layer plan keeps them" if island.get("planned") else ""
-            console.print(escape(f"float32 island: {where} ({island['matched']}{planned}): {_pct(island['share'])} of "
-                                 f"compute time in {', '.join(island['kinds'])}" + (f" [check: {why}]" if why else "")))
+            say(console, f"float32 island: {where} ({island['matched']}{planned}): {_pct(island['share'])} of "
+                         f"compute time in {', '.join(island['kinds'])}" + (f" [check: {why}]" if why else ""))
         for w in d["warnings"]:
-            console.print(escape(f"warning: {w['what']}. Fix: {w['fix']}"), style="yellow")
+            say(console, f"warning: {w['what']}. Fix: {w['fix']}", style="yellow")
         for note in self.notes:
-            console.print(escape(f"note: {note}"))
+            say(console, f"note: {note}")
 
     def render(self, width: int = 140) -> str:
         from rich.console import Console

@@ -1,4 +1,8 @@
-"""``amp-backends info`` (``python -m amp_backends.info``): the plan with its reasons, the software, the hardware."""
+"""``amp-backends info`` (``python -m amp_backends.info``): the plan with its reasons, the software, the hardware.
+
+Short by default (a few words a setting); ``--why`` gives each whole reason with its measurements, ``--json``
+everything. On a terminal the report is tables; piped, one plain line a row.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,9 @@ PROG = "amp-backends"
 def info(
     json_output: bool = typer.Option(
         False, "--json", help="Print the report as JSON (schema: amp_backends/schemas/report.schema.json)."),
+    why: bool = typer.Option(
+        False, "--why", help="Each setting's whole reason, with the measurements it quotes (results file, machine, "
+                             "figures), and the rejected alternatives; without it, a few words each."),
     tensorflow: bool | None = typer.Option(
         None, "--tensorflow/--no-tensorflow", show_default=False,
         help="Import TensorFlow to list its devices, or never. Default: only when the plan depends on it (an NVIDIA "
@@ -40,7 +47,7 @@ def info(
     if json_output:
         typer.echo(to_json(report))
     else:
-        render_text(report)
+        render_text(report, why=why)
 
 
 def main() -> None:

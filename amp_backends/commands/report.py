@@ -13,6 +13,11 @@ JSON (:func:`to_json`, ``schema_version`` 2; within a version fields are only ev
 the software, each backend's rows, and the hardware (with the CPU flags) last. Its JSON Schema, every field
 described, is ``amp_backends/schemas/report.schema.json`` (shipped with the package), with the changes
 from version 1.
+Added within version 2: the plan's ``fp8``, ``steps_per_execution`` and ``float32_layers`` (with their
+reasons), and the support table's ``fp8``, ``matrix_units``, ``steps_per_execution`` and ``float32_layers``;
+then the plan's ``decisions``, ``device_names``, ``tensorflow`` and ``keras``, the evidence of the float32
+layers and of ``steps_per_execution``, a support level's ``brief`` and ``evidence`` where it has them, and the
+CPU's ``family``, ``model_number``, ``stepping`` and ``microarchitecture``.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -171,33 +175,30 @@ def to_json(report: Report) -> str:
     return json.dumps(report.data, indent=2, sort_keys=False, default=str)
 
 
-def render_text(report: Report, console: Any = None) -> None:
-    """Print the report as tables (rich); plain text when not on a terminal."""
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+def render_text(report: Report, console: Any = None, why: bool = False) -> None:
+    """Print the report: tables on a terminal, one plain line a row elsewhere (:mod:`amp_backends.terminal`).
 
-    console = console or Console(width=None if sys.stdout.isatty() else 120)
+    The plan's settings come with their short reasons, or with ``why`` their whole reasons and the measurements
+    they quote, with the rejected alternatives.
+    """
+    from ..terminal import make_console, say, show_rows
+
+    console = console or make_console()
     d = report.data
-    hw = Table(title="Hardware", show_header=True, header_style="bold", expand=False)
-    hw.add_column("backend")
-    hw.add_column("item")
-    hw.add_column("value", overflow="fold")
-    for name, rows in d["backend_rows"].items():
-        for i, (label, value) in enumerate(rows):
-            hw.add_row(name if i == 0 else "", escape(label), escape(str(value)))
-        hw.add_section()
+    rows = [(name if i == 0 else "", str(label), str(value))
+            for name, backend_rows in d["backend_rows"].items() for i, (label, value) in enumerate(backend_rows)]
     tf_types = d["hardware"]["tensorflow_device_types"]
-    hw.add_row("tensorflow", "devices listed", ", ".join(tf_types) if tf_types is not None else "not consulted")
-    console.print(hw)
+    rows.append(("tensorflow", "devices listed", ", ".join(tf_types) if tf_types is not None else "not consulted"))
+    backend = [""]
 
+    def hardware_line(cells: Any) -> str:  # a plain line names its backend, which the table shows once
+        backend[0] = cells[0] or backend[0]
+        return f"{backend[0]} {cells[1]}: {cells[2]}"
+
+    show_rows(console, ["backend", "item", ("value", {"overflow": "fold"})], rows, title="Hardware",
+              show_header=True, header_style="bold", plain=hardware_line)
     sw = d["software"]
-    st = Table(title="Software", show_header=False)
-    st.add_column("item")
-    st.add_column("value", overflow="fold")
     tf = sw["tensorflow"]
-    st.add_row("amp_backends", d["amp_backends_version"])
-    st.add_row("Python", f"{sw['python']} ({sw['platform']})")
     tf_text = tf["version"] or "not installed"
     if tf.get("is_cuda_build") is not None:
         build = "CUDA build" if tf.get("is_cuda_build") else "CPU-only build"
@@ -206,54 +207,48 @@ def render_text(report: Report, console: Any = None) -> None:
     tf_text += f"; {tf['why']}"
     if tf.get("error"):
         tf_text += f" [{tf['error']}]"
-    st.add_row("TensorFlow", escape(tf_text))
     k = sw["keras"]
     generation = f" (Keras {k['generation']} API)" if k.get("generation") else ""
-    st.add_row("Keras", f"{k['version'] or 'not installed'}" + generation)
-    for rows in sw["backends"].values():
-        for label, value in rows:
-            st.add_row(escape(label), escape(value))
-    console.print(st)
-
-    pt = Table(title="Plan", show_header=True, header_style="bold")
-    pt.add_column("setting")
-    pt.add_column("choice")
-    pt.add_column("why", overflow="fold")
-    plan = d["plan"]
-    if plan is None:
-        pt.add_row("error", "-", escape(d["plan_error"] or "no plan"))
-    else:
-        ls = plan["loss_scale"]
-        ls_text = ls["mode"] + (f" ({ls['scale']:g})" if ls["mode"] == "fixed" else "")
-        pt.add_row("backend", plan["backend"], escape(", ".join(
-            f"{b['name']}: " + ("selected" if b["selected"] else "failed" if b.get("failed") else
-                                "available" if b["available"] else "unavailable")
-            for b in plan["backends"])))
-        pt.add_row("devices", ", ".join(plan["devices"]), "")
-        for key, value in (("policy", plan["policy"]), ("loss_scale", ls_text),
-                           ("tf32", "on" if plan["tf32"] else "off"),
-                           ("xla", "on" if plan["xla"] else "off"), ("fp8", "on" if plan.get("fp8") else "off"),
-                           ("steps_per_execution", str(plan.get("steps_per_execution", 1))),
-                           ("float32_layers", ", ".join(k["layer"] for k in plan.get("float32_layers") or [])
-                            or "none")):
-            pt.add_row(key, value, escape(plan["reasons"].get(key, "")))
-        if plan.get("graph_amp"):
-            pt.add_row("graph_amp", plan["graph_amp"], escape(plan["reasons"].get("graph_amp", "")))
-        for s in plan["vendor_settings"]:
-            pt.add_row(escape(s["name"]), escape(s["value"]), escape(s["why"]))
-        for r in plan["rejected"]:
-            pt.add_row(f"[dim]rejected {r['setting']}[/dim]", f"[dim]{r['value']}[/dim]",
-                       f"[dim]{escape(r['why'])}[/dim]")
-        for w in plan["warnings"]:
-            pt.add_row("[yellow]warning[/yellow]", "", escape(w))
-        for n in plan["notes"]:
-            pt.add_row("note", "", escape(n))
-    console.print(pt)
+    software = [("amp_backends", d["amp_backends_version"]), ("Python", f"{sw['python']} ({sw['platform']})"),
+                ("TensorFlow", tf_text), ("Keras", f"{k['version'] or 'not installed'}" + generation)]
+    software += [(str(label), str(value)) for backend_rows in sw["backends"].values() for label, value in backend_rows]
+    show_rows(console, ["item", ("value", {"overflow": "fold"})], software, title="Software", show_header=False,
+              plain=lambda c: f"{c[0]}: {c[1]}")
+    plan_rows, styles = _plan_rows(d, why)
+    show_rows(console, ["setting", "choice", ("why", {"overflow": "fold"})], plan_rows, title="Plan", styles=styles,
+              show_header=True, header_style="bold", plain=lambda c: f"{c[0]}: {c[1]}" + (f" - {c[2]}" if c[2] else ""))
     tuned = (d.get("autotune") or {}).get("choices") or {}
     if tuned:
-        console.print(escape(f"Autotuned choices for this device ({d['autotune']['cache']}): " + "; ".join(
+        say(console, f"Autotuned choices for this device ({d['autotune']['cache']}): " + "; ".join(
             f"model {k.split('#')[-1]}: policy={v['policy']} xla={'on' if v['xla'] else 'off'} "
-            f"({v['img_per_s']:.4g} img/s, {v['date']})" for k, v in tuned.items())))
+            f"({v['img_per_s']:.4g} img/s, {v['date']})" for k, v in tuned.items()))
     overrides = d["overrides"]
     in_force = ", ".join(f"{k}={v}" for k, v in overrides.items()) if overrides else "none (all automatic)"
-    console.print(escape("Overrides in force: " + in_force))
+    say(console, "Overrides in force: " + in_force)
+    if d["plan"] is not None and not why:
+        say(console, "The reasons in full, with the measurements they quote: amp-backends info --why")
+
+
+def _plan_rows(d: dict[str, Any], why: bool) -> tuple[list[tuple[str, str, str]], list[str | None]]:
+    """The plan table's rows (setting, choice, reason: short, or whole with ``why``) and their styles."""
+    plan = d["plan"]
+    if plan is None:
+        return [("error", "-", d["plan_error"] or "no plan")], [None]
+    rows: list[tuple[str, str, str]] = [("backend", plan["backend"], ", ".join(
+        f"{b['name']}: " + ("selected" if b["selected"] else "failed" if b.get("failed") else
+                            "available" if b["available"] else "unavailable") for b in plan["backends"]))]
+    names = plan.get("device_names") or []
+    rows.append(("devices", ", ".join(plan["devices"]), ", ".join(dict.fromkeys(names))))
+    for decision in plan["decisions"]:  # the whole reason quotes its evidence (file, machine, figures)
+        reason, value = (decision["detail"], decision["value"]) if why else (decision["reason"], "")
+        rows.append((decision["setting"], decision["value"], reason.removeprefix(f"{value}: ")))
+    rows += [(s["name"], s["value"], s["why"]) for s in plan["vendor_settings"]]
+    styles: list[str | None] = [None] * len(rows)
+    if why:
+        rows += [(f"rejected {r['setting']}", r["value"], r["why"]) for r in plan["rejected"]]
+        styles += ["dim"] * len(plan["rejected"])
+    rows += [("warning", "", w) for w in plan["warnings"]]
+    styles += ["yellow"] * len(plan["warnings"])
+    rows += [("note", "", n) for n in plan["notes"]]
+    styles += [None] * len(plan["notes"])
+    return rows, styles

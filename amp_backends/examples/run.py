@@ -57,26 +57,18 @@ class RunOptions:
 
 def strategy_and_plan(opts: RunOptions) -> tuple[Any, Any]:
     """The tf.distribute strategy (created first: multi-worker collectives must be set up before any op), then
-    this worker's plan, printed (by the chief) and compared with the other workers' plans."""
-    from ..training.distribute import check_plan_agreement, is_chief, make_strategy
+    this worker's plan (``auto_configure(**opts.overrides)``), compared with the other workers' plans. The plan
+    is printed with the models it prepares (:func:`prepare_models`)."""
+    from ..configure import auto_configure
+    from ..training.distribute import check_plan_agreement, make_strategy
 
     strategy = make_strategy(opts.distribute, timeout_s=opts.cluster_timeout)
     if opts.tune and strategy is not None:
         raise AmpConfigError("--tune times plans in a single process; it cannot run under a distribution strategy. "
                              "Fix: tune once without --distribute (the choice is cached), then train distributed.")
-    plan = plan_and_print(opts, show=strategy is None or is_chief(strategy))
+    plan = auto_configure(**opts.overrides, verbose=False)
     check_plan_agreement(strategy, plan, strict=opts.strict)
     return strategy, plan
-
-
-def plan_and_print(opts: RunOptions, show: bool = True) -> Any:
-    """Apply the plan the overrides ask for (``auto_configure(**opts.overrides)``) and print it."""
-    from ..configure import auto_configure
-
-    plan = auto_configure(**opts.overrides, verbose=False)
-    if show:
-        print(plan.explain(), flush=True)
-    return plan
 
 
 def load_data(opts: RunOptions) -> Any:
@@ -117,15 +109,20 @@ def prepare_run(opts: RunOptions, strategy: Any) -> Any:
     return run
 
 
-def prepare_models(plan: Any, *models: Any) -> None:
-    """Each model's layer plan applied, as :func:`amp_backends.prepare_model` decides it (its float32 layers, a
-    classifier head, float8 when the plan has fp8 on): said when it changed something, or with fp8 on, why
-    nothing. (The trainer applies the same layer plan again, measured on the first batch where that is due.)"""
+def prepare_models(plan: Any, *models: Any, strategy: Any = None) -> None:
+    """The plan applied to each model (its float32 layers, float8 when the plan has fp8 on), then printed (by the
+    chief) as it stands for these models: a line a setting, the float32 layers naming the models' own layers
+    (or none); with fp8 on, what float8 did to each model. (The trainer applies the same layer plan again,
+    measured on the first batch where that is due.)"""
     from ..prepare import prepare_model
+    from ..training.distribute import is_chief
 
-    for model in models:
-        prep = prepare_model(model, plan)
-        if prep.changed or plan.fp8:
+    preps = [prepare_model(model, plan) for model in models]
+    if strategy is not None and not is_chief(strategy):
+        return
+    print(plan.brief(model_float32=[path for prep in preps for path in prep.float32]), flush=True)
+    for prep in preps:
+        if plan.fp8:
             print(prep, flush=True)
 
 

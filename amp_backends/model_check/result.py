@@ -85,6 +85,10 @@ class Summary:
         }
 
 
+def _share(f: Finding) -> str:
+    return f" ({_pct(f.flops_share)} of FLOPs)" if f.flops_share is not None else ""
+
+
 def _pct(share: float | None) -> str:
     if share is None:
         return "-"
@@ -212,35 +216,33 @@ class ModelCheck:
         """One line per finding (severity, layer, what, FLOP share, fix), then the summary: for a training log."""
         lines = [self.headline()]
         for f in self.findings:
-            share = f" ({_pct(f.flops_share)} of FLOPs)" if f.flops_share is not None else ""
-            lines.append(f"{f.severity}: {f.layer}: {f.what}{share}. Fix: {f.fix}")
+            lines.append(f"{f.severity}: {f.layer}: {f.what}{_share(f)}. Fix: {f.fix}")
         return lines + self.summary_lines()
 
     def render_text(self, console: Any = None) -> None:
-        """Print the findings as a table and the summary below it (rich; plain text off a terminal)."""
-        from rich.console import Console
-        from rich.markup import escape
-        from rich.table import Table
+        """Print the findings and the summary below them: a table on a terminal, else one line a finding
+        (severity, layer path, what, why, fix), whole (:mod:`amp_backends.terminal`)."""
+        from rich.text import Text
 
-        console = console or Console()
-        console.print(escape(self.headline()))
+        from ..terminal import make_console, say, show_rows
+
+        console = console or make_console()
+        say(console, self.headline())
         if self.findings:
-            table = Table(show_header=True, header_style="bold", show_lines=True)
-            for name, ratio in (("severity", 1), ("layer", 2), ("finding", 4), ("why", 4), ("fix", 4)):
-                table.add_column(name, ratio=ratio, overflow="fold")
             style = {"error": "bold red", "warning": "yellow", "info": "dim"}
-            for f in self.findings:
-                share = f" ({_pct(f.flops_share)} of FLOPs)" if f.flops_share is not None else ""
-                table.add_row(f"[{style[f.severity]}]{f.severity}[/]", escape(f.layer), escape(f.what + share),
-                              escape(f.why), escape(f.fix))
-            console.print(table)
+            rows = [(Text(f.severity, style=style[f.severity]), f.layer, f.what + _share(f), f.why, f.fix)
+                    for f in self.findings]
+            columns = [(name, {"ratio": ratio, "overflow": "fold"})
+                       for name, ratio in (("severity", 1), ("layer", 2), ("finding", 4), ("why", 4), ("fix", 4))]
+            show_rows(console, columns, rows, show_header=True, header_style="bold", show_lines=True,
+                      plain=lambda c: f"{c[0]}: {c[1]}: {c[2]}. Why: {c[3].rstrip('.')}. Fix: {c[4]}")
         else:
-            console.print("No findings.")
+            say(console, "No findings.")
         for line in self.summary_lines():
-            console.print(escape(line))
+            say(console, line)
 
     def render(self, width: int = 140) -> str:
-        """The table as plain text (no colours), ``width`` characters wide."""
+        """The findings and summary as plain text: one line a finding (no colours, no table)."""
         from rich.console import Console
 
         buffer = io.StringIO()

@@ -19,7 +19,6 @@ from amp_backends.backends.intel.itex import MATH_MODE_VARIABLE, ItexStatus, app
 
 from amp_backends.assessment import (
     EMULATED,
-    FUNCTIONAL,
     NATIVE,
     UNSUPPORTED,
     Assessment,
@@ -33,7 +32,7 @@ from amp_backends.registry import Backend
 from amp_backends.software import tensorflow_version
 
 from . import rules
-from .measured import FIT_STEPS, quote
+from .measured import FIT_STEPS, evidence, quote
 from .onednn import OneDnnState, onednn_state, read_onednn_state
 
 RELEVANT_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_fp16", "avx512_fp16",
@@ -44,16 +43,19 @@ ARM_PARTS = {"0xd40": "Neoverse-V1", "0xd4f": "Neoverse-V2", "0xd84": "Neoverse-
              "0xd49": "Neoverse-N2", "0xd08": "Cortex-A72", "0xd0b": "Cortex-A76"}
 
 
+FIT_STEPS_CONFIGS = tuple(f"mixed_bfloat16 steps_per_execution={n}" for n in (1, 4, 16, 64))
+
+
 def fit_steps_why() -> str:
     return ("one training step per compiled call (Keras's default): more gained nothing for Keras fit on a CPU, "
-            "where a step dwarfs fit's per-call overhead ("
-            + quote(FIT_STEPS, *(f"mixed_bfloat16 steps_per_execution={n}" for n in (1, 4, 16, 64))) + ")")
+            "where a step dwarfs fit's per-call overhead (" + quote(FIT_STEPS, *FIT_STEPS_CONFIGS) + ")")
 
 
 def parse_cpuinfo(text: str, arch: str | None = None) -> CpuInfo:
     """Parse Linux ``/proc/cpuinfo`` text (x86 ``flags`` or Arm ``Features``) into a :class:`CpuInfo`."""
     vendor = model = part = implementer = ""
     flags: set[str] = set()
+    numbers: dict[str, int] = {}  # "cpu family", "model", "stepping" of the first processor
     cores = 0
     for line in text.splitlines():
         key, sep, value = line.partition(":")
@@ -75,12 +77,15 @@ def parse_cpuinfo(text: str, arch: str | None = None) -> CpuInfo:
             )
         elif key in ("flags", "features") and not flags:
             flags = set(value.lower().split())
+        elif key in ("cpu family", "model", "stepping") and key not in numbers and value.isdigit():
+            numbers[key] = int(value)
     vendor = {"GenuineIntel": "Intel", "AuthenticAMD": "AMD"}.get(vendor, vendor) or "unknown"
     if not model and implementer == "0x41":
         model = ARM_PARTS.get(part, "")
     arch = arch or ("aarch64" if flags & {"asimd", "fp"} and "sse" not in flags else "x86_64")
     return CpuInfo(vendor=vendor, model=model or "unknown", arch=arch, logical_cores=cores or (os.cpu_count() or 1),
-                   flags=frozenset(flags))
+                   flags=frozenset(flags), family=numbers.get("cpu family"), model_number=numbers.get("model"),
+                   stepping=numbers.get("stepping"))
 
 
 def _macos_cpu() -> CpuInfo:
@@ -148,7 +153,21 @@ def cpu_device(cpu: CpuInfo) -> Accelerator:
 
 
 def display_name(cpu: CpuInfo) -> str:
-    return cpu.model if cpu.vendor.lower() in cpu.model.lower() else f"{cpu.vendor} {cpu.model}"
+    """The CPU as the plan and the report name it, its microarchitecture included (:attr:`CpuInfo.name`)."""
+    return cpu.name
+
+
+def machine_record(cpu: CpuInfo | None = None) -> dict[str, Any]:
+    """The machine as a results file records it: ``machine_kind`` (``"AMD EPYC (Zen 5)"``, named by the probe,
+    never typed by hand) and ``machine`` (the CPU's vendor, model name, family, model, stepping, microarchitecture,
+    cores and the flags that matter). ``cpu`` defaults to this machine's."""
+    cpu = cpu or probe_cpu()
+    wanted = set(RELEVANT_FLAGS + ARM_RELEVANT_FLAGS) | {"fma"}
+    return {"machine_kind": cpu.name,
+            "machine": {"cpu": cpu.model, "vendor": cpu.vendor, "family": cpu.family, "model": cpu.model_number,
+                        "stepping": cpu.stepping, "microarchitecture": cpu.microarchitecture, "arch": cpu.arch,
+                        "logical_cores": cpu.logical_cores, "flags": sorted(cpu.flags & wanted),
+                        "os": platform.platform()}}
 
 
 class CpuBackend(Backend):
@@ -209,10 +228,12 @@ class CpuBackend(Backend):
                                    "(ITEX_FP32_MATH_MODE=BF32)")
         else:
             tf32 = Support(UNSUPPORTED, "TF32 is an NVIDIA Tensor Core format; CPUs have none"
-                           + ("" if not itex_active else " (ITEX's BF32 mode needs AMX)"))
-        xla = Support(FUNCTIONAL, rules.xla_why(cpu))
+                           + ("" if not itex_active else " (ITEX's BF32 mode needs AMX)"),
+                           "an NVIDIA Tensor Core format; CPUs have none")
+        xla = rules.xla_support(cpu)
         fp8 = Support(EMULATED, "CPUs have no fp8 arithmetic: Keras's float8 layers run emulated (quantize-dequantize "
-                                "around bfloat16 or float32 matmuls), slower than without them")
+                                "around bfloat16 or float32 matmuls), slower than without them",
+                      "CPUs have no fp8 arithmetic: emulated, slower")
         units = {}
         if cpu.amx:
             units["bfloat16"] = MatrixUnit("AMX tiles", 8)
@@ -232,6 +253,7 @@ class CpuBackend(Backend):
             matrix_units=units,
             steps_per_execution=1,
             steps_per_execution_why=fit_steps_why(),
+            steps_per_execution_evidence=evidence(FIT_STEPS, *FIT_STEPS_CONFIGS),
             float32_layers=kept,
             float32_layers_why=kept_why or "no layer was measured slower in bfloat16 than in float32 here",
         )

@@ -9,10 +9,10 @@ many times slower than float32 even on a bf16 CPU. Every figure quoted comes fro
 
 from __future__ import annotations
 
-from amp_backends.assessment import EMULATED, FUNCTIONAL, NATIVE, UNSAFE, Float32Layer, Support
+from amp_backends.assessment import EMULATED, FUNCTIONAL, NATIVE, UNSAFE, Evidence, Float32Layer, Support
 from amp_backends.hardware import CpuInfo
 
-from .measured import LAYERS, WITH_BF16, WITHOUT_BF16, load, quote, times
+from .measured import LAYERS, WITH_BF16, WITHOUT_BF16, evidence, load, quote, times
 from .onednn import VARIABLE, OneDnnState
 
 OFF = " onednn=0"  # the suffix of the configurations measured with TF_ENABLE_ONEDNN_OPTS=0
@@ -50,46 +50,64 @@ def bf16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Suppor
     if bf16_runs_fast(cpu, onednn, itex_active):
         runner = "ITEX's oneDNN runs them" if itex_active else f"TensorFlow runs oneDNN ({onednn.why})"
         return Support(NATIVE, f"the CPU has bf16 instructions ({which}) and {runner}: bf16 matmuls and convolutions "
-                               f"run natively, without loss scaling ({quote(WITH_BF16, 'mixed_bfloat16', 'float32')})")
+                               f"run natively, without loss scaling ({quote(WITH_BF16, 'mixed_bfloat16', 'float32')})",
+                       f"bf16 instructions ({which}) with oneDNN"
+                       + ("" if (x := times(WITH_BF16, "mixed_bfloat16", "float32")) == "much" else
+                          f": {x} float32's speed where measured"),
+                       evidence(WITH_BF16, "mixed_bfloat16", "float32"))
     if cpu.native_bf16:
         slower = times(WITH_BF16, "float32" + OFF, "mixed_bfloat16" + OFF)
         figures = quote(WITH_BF16, "float32" + OFF, "mixed_bfloat16" + OFF)
+        measured = evidence(WITH_BF16, "float32" + OFF, "mixed_bfloat16" + OFF)
+        brief = f"oneDNN is off: TensorFlow's own bfloat16 kernels ran {slower} slower than float32"
         if onednn.switched_off:
             return Support(EMULATED, f"{VARIABLE}={onednn.variable}: without oneDNN, TensorFlow runs bfloat16 in "
                                      f"Eigen, {slower} slower than float32 even on a CPU with bf16 instructions "
                                      f"({figures}). "
                                      f"Unset {VARIABLE} (or set it to 1) before importing TensorFlow to run bfloat16 "
-                                     f"through oneDNN{_too_late(onednn)}")
+                                     f"through oneDNN{_too_late(onednn)}", f"{VARIABLE}={onednn.variable}: " + brief,
+                           measured)
         return Support(EMULATED, f"the CPU has bf16 instructions ({which}) but oneDNN is off ({onednn.why}): "
                                  f"without oneDNN, TensorFlow runs bfloat16 in Eigen, {slower} slower than float32 on "
                                  f"the measured bf16 CPU ({figures}). Set {VARIABLE}=1 before importing TensorFlow to "
-                                 f"run it through oneDNN (not measured on this CPU){_too_late(onednn)}")
+                                 f"run it through oneDNN (not measured on this CPU){_too_late(onednn)}",
+                       brief, measured)
     if itex_active:
         return Support(UNSAFE, "this CPU has no bf16 instructions (no avx512_bf16, amx_bf16) and ITEX is loaded: "
-                               "ITEX's oneDNN aborts the whole process on a bf16 matmul here")
+                               "ITEX's oneDNN aborts the whole process on a bf16 matmul here",
+                       "no bf16 instructions, and ITEX's oneDNN aborts on a bf16 matmul here")
     figures = quote(WITHOUT_BF16, "float32", "mixed_bfloat16")
     return Support(EMULATED, "this CPU has no bf16 instructions (no avx512_bf16, amx_bf16 or Arm bf16): TensorFlow "
-                             f"emulates bf16, far slower than float32 ({figures})")
+                             f"emulates bf16, far slower than float32 ({figures})",
+                   f"no bf16 instructions: emulated, {times(WITHOUT_BF16, 'float32', 'mixed_bfloat16')} slower than "
+                   "float32 where measured", evidence(WITHOUT_BF16, "float32", "mixed_bfloat16"))
 
 
 def fp16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Support:
     if cpu.native_fp16:
         return Support(FUNCTIONAL, "the CPU has fp16 instructions, but TensorFlow's CPU kernels favour bf16; float16 "
-                                   "also needs loss scaling")
+                                   "also needs loss scaling", "TensorFlow's CPU kernels favour bf16")
     f32, f16 = (_config(cpu, onednn, itex_active, n) for n in ("float32", "mixed_float16"))
     return Support(EMULATED, "this CPU has no fp16 arithmetic: TensorFlow emulates float16 on the CPU, far slower than "
-                             f"float32 ({quote(measured_file(cpu), f32, f16)})")
+                             f"float32 ({quote(measured_file(cpu), f32, f16)})",
+                   f"no fp16 arithmetic: emulated, {times(measured_file(cpu), f32, f16)} slower than float32 where "
+                   "measured",
+                   evidence(measured_file(cpu), f32, f16))
 
 
 def fp32_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool, bf16: Support) -> Support:
     if bf16_runs_fast(cpu, onednn, itex_active):
-        return Support(NATIVE, "float32 is the CPU's native path, but it leaves the bf16 instructions unused")
+        return Support(NATIVE, "float32 is the CPU's native path, but it leaves the bf16 instructions unused",
+                       "leaves the bf16 instructions unused")
     if cpu.native_bf16:
-        return Support(NATIVE, f"float32, the fastest safe choice while bfloat16 cannot run through oneDNN: {bf16.why}")
+        return Support(NATIVE, f"float32, the fastest safe choice while bfloat16 cannot run through oneDNN: {bf16.why}",
+                       f"the fastest safe choice here; bfloat16: {bf16.short}", bf16.evidence)
     why = "float32 is the CPU's native fast path; without bf16 instructions mixed precision only adds casts here"
+    measured: tuple[Evidence, ...] = ()
     if not onednn.enabled and not onednn.set_by_user and not itex_active and not cpu.is_arm:
         why += "; " + onednn_left_off(onednn)
-    return Support(NATIVE, why)
+        measured = evidence(WITH_BF16, "float32 onednn_isa=AVX2", "float32" + OFF)
+    return Support(NATIVE, why, "no bf16 instructions: mixed precision would only add casts", measured)
 
 
 def onednn_left_off(onednn: OneDnnState) -> str:
@@ -117,10 +135,14 @@ def preference(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> tuple[st
     return ("float32", "mixed_bfloat16", "mixed_float16")
 
 
-def xla_why(cpu: CpuInfo) -> str:
+def xla_support(cpu: CpuInfo) -> Support:
     file, plain, jit = measured_file(cpu), "float32", "float32+xla"
-    return (f"TensorFlow's own CPU kernels beat XLA's CPU JIT on the MNIST CNN, {times(file, plain, jit)} faster "
-            f"({quote(file, plain, jit)}); Keras's own jit_compile='auto' also keeps XLA off on CPUs")
+    faster = times(file, plain, jit)
+    return Support(FUNCTIONAL, f"TensorFlow's own CPU kernels beat XLA's CPU JIT on the MNIST CNN, {faster} faster "
+                               f"({quote(file, plain, jit)}); Keras's own jit_compile='auto' also keeps XLA off on "
+                               "CPUs",
+                   f"TensorFlow's CPU kernels ran {faster} faster than XLA's where measured (MNIST CNN)",
+                   evidence(file, plain, jit))
 
 
 # The depthwise layers whose bfloat16 gradients oneDNN runs with slow kernels on AVX512-BF16 CPUs without AMX,
@@ -164,7 +186,10 @@ def float32_layers(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> tupl
            f"(times the bfloat16 speed: {figures}"
            + (f"; a 3x3 one at stride 1 stays in bfloat16, where float32 ran at {fast:.2f}x" if fast else "")
            + "; " + quote(LAYERS, *(f"{MODEL} {v}" for v in MODEL_VARIANTS), unit="img/s") + ")")
-    kept = tuple(Float32Layer(name, ("bfloat16",), why, strides_over=1, kernel_over=3) for name in DEPTHWISE_CLASSES)
+    cases = [c + v for c in (*SLOW_DEPTHWISE, FAST_DEPTHWISE) for v in (" mixed_bfloat16", ISLAND)]
+    measured = evidence(LAYERS, *cases, *(f"{MODEL} {v}" for v in MODEL_VARIANTS), unit="samples/s")
+    kept = tuple(Float32Layer(name, ("bfloat16",), why, strides_over=1, kernel_over=3, evidence=measured)
+                 for name in DEPTHWISE_CLASSES)
     lstm = results.ratio(RECURRENT + ISLAND, RECURRENT + " mixed_bfloat16") if results else None
     lstm_why = ("TensorFlow runs an LSTM's recurrent loop on this CPU without a faster bfloat16 path, and its state "
                 "in bfloat16 moves the loss: kept in float32 inside the bfloat16 model, casts included, it trained "
@@ -173,4 +198,6 @@ def float32_layers(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> tupl
                               unit="samples/s")
                 + "), and the model zoo's LSTM then ends the benchmark's steps within the float32 run-to-run "
                   "spread of the loss, which it leaves in bfloat16 (results/zoo-cpu)")
-    return kept + (Float32Layer("LSTM", ("bfloat16",), lstm_why),), ""
+    lstm_measured = evidence(LAYERS, *(f"{RECURRENT} {v}" for v in ("float32", "mixed_bfloat16", ISLAND.strip())),
+                             unit="samples/s")
+    return kept + (Float32Layer("LSTM", ("bfloat16",), lstm_why, evidence=lstm_measured),), ""

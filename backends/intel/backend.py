@@ -132,21 +132,28 @@ class IntelBackend(Backend):
         names = ", ".join(sorted({d.name for d in devices}))
         if all_have(XMX) and all_have(BF16):
             bf16 = Support(NATIVE, f"{names}: XMX engines run bfloat16 at the float16 rate and bfloat16 needs no loss "
-                                   "scaling (Intel's recommended type for ITEX)")
-            fp16 = Support(NATIVE, f"{names}: XMX runs float16 too, but it needs loss scaling for the same speed")
+                                   "scaling (Intel's recommended type for ITEX)",
+                           "XMX engines run bfloat16 at float16's rate, without loss scaling")
+            fp16 = Support(NATIVE, f"{names}: XMX runs float16 too, but it needs loss scaling for the same speed",
+                           "XMX runs float16 too, but it needs loss scaling")
             preference = ("mixed_bfloat16", "mixed_float16", "float32")
         else:
-            bf16 = Support(EMULATED, f"{names}: no XMX engines, so no bfloat16 arithmetic")
-            fp16 = Support(NATIVE, f"{names}: native float16 arithmetic (no XMX); with dynamic loss scaling")
+            bf16 = Support(EMULATED, f"{names}: no XMX engines, so no bfloat16 arithmetic",
+                           "no XMX engines, so no bfloat16 arithmetic")
+            fp16 = Support(NATIVE, f"{names}: native float16 arithmetic (no XMX); with dynamic loss scaling",
+                           "native float16 arithmetic (no XMX), with dynamic loss scaling")
             preference = ("mixed_float16", "float32", "mixed_bfloat16")
         fp32 = Support(NATIVE, "float32 leaves the XPU's low-precision throughput unused")
         if all_have(TF32):
-            tf32 = Support(NATIVE, "ITEX_FP32_MATH_MODE=TF32 lets float32 matmuls use the Xe-HPC XMX engines")
+            tf32 = Support(NATIVE, "ITEX_FP32_MATH_MODE=TF32 lets float32 matmuls use the Xe-HPC XMX engines",
+                           "ITEX's TF32 math mode runs float32 matmuls on the XMX engines")
         else:
-            tf32 = Support(UNSUPPORTED, f"{names}: no TF32 on this XPU (only Data Center GPU Max has it)")
+            tf32 = Support(UNSUPPORTED, f"{names}: no TF32 on this XPU (only Data Center GPU Max has it)",
+                           "no TF32 on this XPU (only Data Center GPU Max has it)")
         xla = Support(UNSUPPORTED, "ITEX's XPU plugin does not run XLA jit_compile clusters; it fuses graphs itself")
         fp8 = Support(EMULATED, f"{names}: ITEX has no fp8 matrix path "
-                                "(and needs TensorFlow 2.15, whose Keras 2 has no float8 layers)")
+                                "(and needs TensorFlow 2.15, whose Keras 2 has no float8 layers)",
+                      "ITEX has no fp8 matrix path")
         units = {}
         if all_have(XMX):
             units = {"float16": MatrixUnit("XMX engines", 8), "bfloat16": MatrixUnit("XMX engines", 8)}

@@ -59,7 +59,8 @@ def environment(report: dict[str, Any] | None = None) -> dict[str, Any]:
         "devices": [f"{d['name']} (CC {d['compute_capability']})" if d.get("compute_capability") else d["name"]
                     for d in (chosen or {}).get("devices", [])],
         "backend_details": (chosen or {}).get("details", {}),
-        "cpu": f"{cpu['model']} ({cpu['logical_cores']} logical cores)" if cpu else None,
+        "cpu": (f"{cpu['model']}" + (f" ({cpu['microarchitecture']})" if cpu.get("microarchitecture") else "")
+                + f", {cpu['logical_cores']} logical cores") if cpu else None,
         "python": report["software"]["python"],
         "tensorflow": report["software"]["tensorflow"]["version"],
         "cuda_build": report["software"]["tensorflow"].get("cuda_version"),
@@ -85,19 +86,19 @@ def _pyplot() -> Any:
 
 
 # --------------------------------------------------------------------------- the tutorials' loops
-def loops_table(report: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def loops_table(report: dict[str, Any], console: Any = None) -> None:
+    """The loops' rates: a table on a terminal, else one line a configuration (:mod:`amp_backends.terminal`)."""
+    from ...terminal import make_console, show_rows
 
-    t = Table(title=f"img/s, median of {report['settings']['epochs_timed']} epochs after 1 warm-up "
-                    f"({machine_line(report['environment'])})")
-    for col in ("model", "configuration", "img/s", "x best manual", "note"):
-        t.add_column(col, justify="right" if col in ("img/s", "x best manual") else "left")
-    for r in report["results"]:
-        t.add_row(r["model"], r["config"], f"{r['img_per_s']:,.0f}" if r["img_per_s"] else "-",
-                  f"{r['ratio_to_best_manual']:.2f}" if r.get("ratio_to_best_manual") else "-",
-                  r["error"] or r["detail"])
-    Console(width=160).print(t)
+    rows = [(r["model"], r["config"], f"{r['img_per_s']:,.0f}" if r["img_per_s"] else "-",
+             f"{r['ratio_to_best_manual']:.2f}" if r.get("ratio_to_best_manual") else "-", r["error"] or r["detail"])
+            for r in report["results"]]
+    columns = [(c, {"justify": "right" if c in ("img/s", "x best manual") else "left"})
+               for c in ("model", "configuration", "img/s", "x best manual", "note")]
+    show_rows(console or make_console(width=160), columns, rows,
+              title=f"img/s, median of {report['settings']['epochs_timed']} epochs after 1 warm-up "
+                    f"({machine_line(report['environment'])})",
+              plain=lambda c: f"{c[0]} {c[1]}: {c[2]} img/s, x best manual {c[3]}" + (f"; {c[4]}" if c[4] else ""))
 
 
 def loops_chart(report: dict[str, Any], path: Path) -> None:
@@ -201,16 +202,14 @@ def zoo_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def zoo_table(report: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def zoo_table(report: dict[str, Any], console: Any = None) -> None:
+    """The model zoo's rates: a table on a terminal, else one line a model (:mod:`amp_backends.terminal`)."""
+    from ...terminal import make_console, plain_row, show_rows
 
-    t = Table(title=f"model zoo, samples/s ({machine_line(report.get('environment') or {})}); details in zoo.md")
-    for col in ZOO_HEAD:
-        t.add_column(col, justify="left" if col in ("model", "best manual") else "right")
-    for r in zoo_rows(report):
-        t.add_row(*r)
-    Console(width=200).print(t)
+    columns = [(c, {"justify": "left" if c in ("model", "best manual") else "right"}) for c in ZOO_HEAD]
+    show_rows(console or make_console(width=200), columns, zoo_rows(report),
+              title=f"model zoo, samples/s ({machine_line(report.get('environment') or {})}); details in zoo.md",
+              plain=lambda c: f"{c[0]}: {c[1]}" if c[1].startswith("skipped") else plain_row(ZOO_HEAD, c))
 
 
 # --------------------------------------------------------------------------- the GPU suite

@@ -43,7 +43,7 @@ def train_gan(opts: RunOptions) -> Any:
     run = prepare_run(opts, strategy)
     with scope(strategy):
         generator, discriminator = gan_generator(), gan_discriminator()
-        prepare_models(plan, generator, discriminator)
+        prepare_models(plan, generator, discriminator, strategy=strategy)
         g_opt, d_opt = tf.keras.optimizers.Adam(opts.lr), tf.keras.optimizers.RMSprop(D_LR)
     trainer = Trainer(
         gan_updates(generator, discriminator, g_opt, d_opt), plan, images_per_step=2 * opts.batch_size,

@@ -49,7 +49,7 @@ def train_mnist(opts: RunOptions) -> Any:
     run = prepare_run(opts, strategy)
     with scope(strategy):
         model = mnist_cnn()
-        prepare_models(plan, model)
+        prepare_models(plan, model, strategy=strategy)
         optimizer = tf.keras.optimizers.Adam(opts.lr)
     trainer = Trainer(classifier_updates(model, optimizer), plan,
                       checkpoint_objects={"model": model, "optimizer": optimizer},

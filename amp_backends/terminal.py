@@ -1,0 +1,63 @@
+"""How the commands show rows: rich's tables on a terminal, one plain line a row everywhere else.
+
+A table wraps long cells inside its boxes, at the width rich assumes for output that is no terminal (80
+columns): a layer path broken over three lines is found by no ``grep``. So one rule, decided by rich's
+``Console.is_terminal``, for ``check``, ``audit``, ``info`` and ``bench``: on a terminal, the table; piped or
+redirected, each row on one line with its values whole (no box, no wrapping, no colour). Lines printed
+beside the tables (:func:`say`) never wrap off a terminal either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+Column = str | tuple[str, dict[str, Any]]  # a name, or a name and rich's add_column options
+
+
+def make_console(**kwargs: Any) -> Any:
+    """A rich ``Console`` for command output (its keyword arguments as rich's)."""
+    from rich.console import Console
+
+    return Console(**kwargs)
+
+
+def is_terminal(console: Any) -> bool:
+    """Whether ``console`` writes to a terminal: the one test of whether to draw tables."""
+    return bool(console.is_terminal)
+
+
+def say(console: Any, text: str, style: str | None = None) -> None:
+    """One line of text as it is: no markup read in it; not wrapped off a terminal (a pipe gets it whole)."""
+    console.print(text, style=style, markup=False, highlight=False, soft_wrap=not is_terminal(console))
+
+
+def plain_row(columns: Sequence[str], row: Sequence[Any]) -> str:
+    """``"kernels: convolution; ms per step: 1.20; ..."``: a row's non-empty cells, each after its column's name."""
+    return "; ".join(f"{name}: {cell}" for name, cell in zip(columns, map(str, row), strict=False) if cell)
+
+
+def show_rows(console: Any, columns: Sequence[Column], rows: Sequence[Sequence[Any]], *, title: str | None = None,
+              plain: Callable[[Sequence[str]], str] | None = None, styles: Sequence[str | None] | None = None,
+              **table: Any) -> None:
+    """``rows`` under ``columns``: a rich table on a terminal, else one line a row (``plain(cells)``, by default
+    :func:`plain_row`) after the title. Cells are plain text (rich ``Text`` keeps its style on a terminal);
+    ``styles`` gives a row's style, ``table`` rich's ``Table`` options."""
+    names = [c if isinstance(c, str) else c[0] for c in columns]
+    if not is_terminal(console):
+        if title:
+            say(console, title)
+        for row in rows:
+            cells = [str(c) for c in row]
+            say(console, plain(cells) if plain else plain_row(names, cells))
+        return
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=title, **table)
+    for column in columns:
+        name, options = (column, {}) if isinstance(column, str) else column
+        t.add_column(name, **options)
+    for i, row in enumerate(rows):
+        t.add_row(*(escape(c) if isinstance(c, str) else c for c in row), style=styles[i] if styles else None)
+    console.print(t)
