@@ -120,7 +120,8 @@ def prepare_models(plan: Any, *models: Any, strategy: Any = None) -> None:
     preps = [prepare_model(model, plan) for model in models]
     if strategy is not None and not is_chief(strategy):
         return
-    print(plan.brief(model_float32=[path for prep in preps for path in prep.float32]), flush=True)
+    kept = [path for prep in preps if prep.layer_plan for path in prep.layer_plan.paths("float32", "float32_layers")]
+    print(plan.brief(model_float32=kept), flush=True)  # (the plan's float32 layer kinds; a head is the layer plan's)
     for prep in preps:
         if plan.fp8:
             print(prep, flush=True)
