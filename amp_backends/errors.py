@@ -13,7 +13,8 @@ class                      base                  raised when
 ``DistributedFailure``     ``RuntimeError``      a collective failed or timed out (a worker died or hangs)
 ``DataUnavailableError``   ``RuntimeError``      a dataset could not be found or read
 ``InputError``             ``ValueError``        data given to the trainer cannot be trained on as given
-``CheckpointError``        ``RuntimeError``      checkpoints cannot be used as asked: another run's, none intact
+``CheckpointError``        ``RuntimeError``      checkpoints cannot be used as asked (another run's, none intact)
+                                                 or written (a full disk, no permission, a read-only file system)
 ``CheckpointMismatchError``  ``CheckpointError``  a checkpoint of other models than the ones being trained
 ``TrainingInterrupted``    ``KeyboardInterrupt``  Ctrl-C or SIGTERM stopped training (after saving, when it can)
 ``AmpWarning``             ``UserWarning``       a request was downgraded, or honoured although known to be slow
@@ -74,7 +75,8 @@ class InputError(ValueError):
 
 
 class CheckpointError(RuntimeError):
-    """Checkpoints cannot be used as asked (another run's, none intact, another model's); the message says why."""
+    """Checkpoints cannot be used as asked (another run's, none intact, another model's) or written (a full disk,
+    no permission, a read-only file system); the message says why and how to fix it."""
 
 
 class CheckpointMismatchError(CheckpointError):
