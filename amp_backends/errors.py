@@ -73,7 +73,8 @@ class ModelCallError(AmpError, RuntimeError):
 
 
 class CheckpointError(AmpError, RuntimeError):
-    """Checkpoints cannot be used as asked (another run's, none intact, another model's); the message says why."""
+    """Checkpoints cannot be used as asked (another run's, none intact, another model's) or written (a full disk,
+    no permission, a read-only file system); the message says why and how to fix it."""
 
 
 class CheckpointMismatchError(CheckpointError):

@@ -92,24 +92,54 @@ class LogLine(Observer):
 
 class TensorBoardScalars(Observer):
     """Scalars ``loss/<update>``, ``loss_scale/<update>``, ``skipped_steps/<update>``, ``throughput_img_per_s``
-    in ``logdir/train``."""
+    in ``logdir/train``.
+
+    Each ``fit`` first writes TensorBoard's restart marker, an event with ``SessionLog.START`` at the step after
+    the one it starts from: a run resumed from its step-4 checkpoint runs steps 5, 6, ... again, which the
+    interrupted run may have logged already, and TensorBoard drops what earlier event files hold from the
+    marker's step on (its fast data server ignores the marker but replaces any step logged again), so each step
+    is drawn once, with the values of the run that went on. Scalars that cannot be written (the writer cannot
+    start, a write fails: a full disk, no permission) are a warning; training goes on without them.
+    """
 
     def __init__(self, logdir: str) -> None:
         import importlib.util
         import os
 
-        self.writer = None
+        self.writer: Any = None
+        self.path = os.path.join(logdir, "train")
         if importlib.util.find_spec("tensorboard") is None:
             logger.warning("TensorBoard is not installed: no scalars are written to %s (pip install tensorboard)",
                            logdir)
             return
         import tensorflow as tf
 
-        self.writer = tf.summary.create_file_writer(os.path.join(logdir, "train"))
+        try:
+            self.writer = tf.summary.create_file_writer(self.path)
+        except (tf.errors.OpError, OSError) as exc:
+            self._failed("cannot be written", exc)
+            _remove_empty_event_files(self.path)
 
-    def after_call(self, r: CallRecord) -> None:
+    def on_fit_start(self, start_step: int, total_steps: int | None) -> None:
         if self.writer is None:
             return
+        import time
+
+        import tensorflow as tf
+
+        # the marker goes into the writer's own file, ahead of the scalars; tf.summary has no call for a raw event
+        resource = getattr(self.writer, "_resource", None)
+        if resource is None:
+            return
+        start = tf.compat.v1.Event(wall_time=time.time(), step=start_step + 1,
+                                   session_log=tf.compat.v1.SessionLog(status=tf.compat.v1.SessionLog.START))
+        self._guarded(lambda: tf.raw_ops.ImportEvent(writer=resource, event=start.SerializeToString()))
+
+    def after_call(self, r: CallRecord) -> None:
+        if self.writer is not None:
+            self._guarded(lambda: self._write(r))
+
+    def _write(self, r: CallRecord) -> None:
         import tensorflow as tf
 
         with self.writer.as_default():
@@ -121,7 +151,41 @@ class TensorBoardScalars(Observer):
 
     def close(self) -> None:
         if self.writer is not None:
-            self.writer.flush()
+            self._guarded(self.writer.flush)
+
+    def _guarded(self, write: Any) -> None:
+        import tensorflow as tf
+
+        try:
+            write()
+        except (tf.errors.OpError, OSError) as exc:
+            self._failed("can no longer be written", exc)
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        logger.warning(f"TensorBoard scalars {what} to {self.path} ({_write_failure(exc)}); training goes on "
+                       "without them.")
+        self.writer = None
+
+
+def _write_failure(exc: BaseException) -> str:
+    """Why a write failed, in a few words (the operating system's, where it gave them)."""
+    text = " ".join(str(exc).split())
+    return next((r for r in ("No space left on device", "Read-only file system", "Permission denied") if r in text),
+                f"{type(exc).__name__}: {text[:200]}")
+
+
+def _remove_empty_event_files(folder: str) -> None:
+    """The empty event file a writer that failed to start left (this process's), and its folder if now empty."""
+    import os
+
+    try:
+        for name in os.listdir(folder):
+            path = os.path.join(folder, name)
+            if f".{os.getpid()}." in name and name.startswith("events.out.tfevents") and not os.path.getsize(path):
+                os.remove(path)
+        os.rmdir(folder)
+    except OSError:
+        pass
 
 
 class ProgressBar(Observer):
@@ -158,7 +222,7 @@ class ProfilerWindow(Observer):
 
     Calls are never cut at the window's edges (that would compile other call sizes): the trace starts
     with the call that contains step ``start`` and ends after the call that reaches ``stop``; the log says
-    which steps were traced.
+    which steps were traced. A trace that cannot be written (a full disk, no permission) is a warning.
     """
 
     def __init__(self, logdir: str, window: tuple[int, int]) -> None:
@@ -172,8 +236,8 @@ class ProfilerWindow(Observer):
         if not self.running and not self.done and step < self.stop and step + steps > self.start:
             import tensorflow as tf
 
-            tf.profiler.experimental.start(self.logdir)
-            self.running, self.first = True, step
+            if self._guarded(lambda: tf.profiler.experimental.start(self.logdir)):
+                self.running, self.first = True, step
 
     def after_call(self, r: CallRecord) -> None:
         if self.running and r.step >= self.stop:
@@ -182,8 +246,10 @@ class ProfilerWindow(Observer):
     def _stop(self, last: int) -> None:
         import tensorflow as tf
 
-        tf.profiler.experimental.stop()
+        written = self._guarded(tf.profiler.experimental.stop)
         self.running, self.done = False, True
+        if not written:
+            return
         whole_calls = (self.first, last) != (self.start, self.stop)
         asked = f" (asked: {self.start}:{self.stop}; calls are traced whole)" if whole_calls else ""
         logger.info(f"Profiler trace of steps {self.first}:{last}{asked} written to {self.logdir}")
@@ -192,8 +258,21 @@ class ProfilerWindow(Observer):
         if self.running:
             import tensorflow as tf
 
-            tf.profiler.experimental.stop()
+            self._guarded(tf.profiler.experimental.stop)
             self.running = False
+
+    def _guarded(self, call: Any) -> bool:
+        """``call()``; a failure to write the trace ends the window with a warning. Returns whether it worked."""
+        import tensorflow as tf
+
+        try:
+            call()
+            return True
+        except (tf.errors.OpError, OSError) as exc:
+            logger.warning(f"The profiler trace cannot be written to {self.logdir} ({_write_failure(exc)}); "
+                           "training goes on without it.")
+            self.running, self.done = False, True
+            return False
 
 
 # ------------------------------------------------------------------------------------ the trainer's defaults

@@ -38,6 +38,7 @@ from .position import At, Position
 from .precision import check_models as check_trained_models
 from .precision import prepare_models, trained_models
 from .results import Progress, TrainResult
+from .saving import ready_to_save, save_checkpoint
 from .seeding import current_seed
 from .signals import StopSignals, interrupted_message
 from .step import StepProgram, Update
@@ -159,7 +160,9 @@ class Trainer:
         return bool(tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in self._weights]).numpy())
 
     def save(self) -> str | None:
-        """Write a checkpoint now (atomically). Non-finite weights are never written: :class:`NonFiniteError`."""
+        """Write a checkpoint now (atomically). Non-finite weights are never written: :class:`NonFiniteError`; a
+        checkpoint that cannot be written (a full disk, no permission) raises
+        :class:`~amp_backends.errors.CheckpointError`."""
         if not self.store:
             return None
         step = self.position.step
@@ -168,7 +171,7 @@ class Trainer:
                 f"Not saving step {step}: the weights contain NaN or Inf. The latest good checkpoint is "
                 f"{self.store.latest}. Lower the learning rate or use dynamic loss scaling.")
         with self._together(step):  # several workers save together
-            return self.store.save()
+            return save_checkpoint(self.store)
 
     def restore(self) -> int | None:
         """Restore the newest intact checkpoint, if any; returns its global step."""
@@ -207,6 +210,8 @@ class Trainer:
             self.store.ensure_fresh()
         elif self.store and self.restore() is None and self.is_chief:
             logger.info(f"Nothing to resume in {self.store.directory}: starting from the beginning.")
+        if self.store:
+            ready_to_save(self.store)  # an interrupted run's unfinished saves removed; room for a checkpoint
         prepared, self._to_prepare = self._to_prepare, []
         if prepared:
             self.layer_plans.update(prepare_models(prepared, self.plan, source, batch_size=self.batch_size,
