@@ -24,6 +24,7 @@ from .assessment import (
     UNSAFE,
     UNSUPPORTED,
     Assessment,
+    Evidence,
     Float32Layer,
     MatrixUnit,
     Support,
@@ -44,7 +45,7 @@ __all__ = [
     "Accelerator", "BackendProbe", "CpuInfo", "Hardware", "probe_hardware",
     "BF16", "FP8", "FP16", "TENSOR_CORES", "TF32", "XMX",
     # what an assessment says, and its support levels
-    "Assessment", "Float32Layer", "MatrixUnit", "Support", "VendorSetting",
+    "Assessment", "Evidence", "Float32Layer", "MatrixUnit", "Support", "VendorSetting",
     "EMULATED", "FUNCTIONAL", "LEVELS", "NATIVE", "UNSAFE", "UNSUPPORTED",
     # planning: the request, the planner, the plan and its parts
     "BackendStatus", "LossScale", "Plan", "Rejected", "Request", "build_request", "make_plan",
