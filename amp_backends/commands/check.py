@@ -20,7 +20,7 @@ from typing import Any
 import typer
 
 from ..errors import AmpConfigError
-from .typer_app import fail, with_overrides
+from .typer_app import fail, number_option, with_overrides
 
 _TARGET = re.compile(r"^(?P<module>[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*):(?P<factory>[A-Za-z_][\w]*)$")
 EXAMPLE = "amp_backends.models:mnist_cnn"
@@ -101,11 +101,12 @@ def parse_input_shape(text: str) -> Any:
 def check_command(
     target: str = typer.Argument(..., metavar="MODULE:FACTORY",
                                  help=f"A function that builds a Keras model with no arguments, such as {EXAMPLE}."),
-    batch_size: int | None = typer.Option(None, "--batch-size", "--batch_size", min=1, metavar="N",
-                                          help="The training batch size (checks Dense rows; default: not checked)."),
+    batch_size: int | None = number_option(None, "--batch-size", "--batch_size", prog=PROG, example=64, metavar="N",
+                                           help="The training batch size (checks Dense rows; default: not checked)."),
     json_output: bool = typer.Option(False, "--json", help="Print JSON (schema in amp_backends.model_check)."),
-    seq_len: int | None = typer.Option(None, "--seq-len", min=1, metavar="N",
-                                       help="Set every open input dimension after the batch (a sequence length) to N."),
+    seq_len: int | None = number_option(
+        None, "--seq-len", prog=PROG, example=128, metavar="N",
+        help="Set every open input dimension after the batch (a sequence length) to N."),
     input_shape: str | None = typer.Option(
         None, "--input-shape", metavar="SHAPE",
         help="One example's input shape, without the batch: 64x64x3, or name=128,other=128 for named inputs."),
