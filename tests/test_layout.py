@@ -33,7 +33,7 @@ FACE = "amp_backends"
 LAYERS: dict[str, tuple[str, ...]] = {
     "commands": ("commands", "commands.*", "__main__", "info", "bench", "examples.*.__main__"),
     "probe": ("errors", "version", "hardware", "software"),
-    "plan": ("assessment", "request", "plan", "keras_compat", "registry", "probe", "planner", "devices",
+    "plan": ("assessment", "request", "layer_names", "plan", "keras_compat", "registry", "probe", "planner", "devices",
              "backends", "backends.*"),
     "apply": ("apply", "configure", "tf_import"),
     "model code": ("labels", "models", "data", "zoo", "model_check", "model_check.*", "fp8", "policy_choice", "prepare",
