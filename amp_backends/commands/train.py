@@ -106,9 +106,10 @@ def command(name: str, train: Callable[[Any], Any], *, batch_size: int, lr: floa
         max_steps: int | None = number_option(None, "--max-steps", prog=name, example=100, metavar="N",
                                               help="Stop once the run has made this many steps in all (a resumed run "
                                                    "counts its earlier steps)."),
-        seed: int = number_option(0, "--seed", prog=name, minimum=0, metavar="N",
+        seed: int | None = number_option(None, "--seed", prog=name, minimum=0, example=0, metavar="N",
                                          help="Seed of the weights, dropout, shuffling, noise, synthetic data and the "
-                                              "--digits split: the same seed gives the same losses on a CPU."),
+                                              "--digits split: the same seed gives the same losses on a CPU. "
+                                              "Default: 0; --resume keeps the run's own seed."),
         deterministic: bool = typer.Option(False, "--deterministic", help="Deterministic TensorFlow kernels "
                                            "(reproducible on GPUs too; slower)."),
         progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Progress bar (default: on a "

@@ -92,26 +92,26 @@ class LogLine(Observer):
 
 class TensorBoardScalars(Observer):
     """Scalars ``loss/<update>``, ``loss_scale/<update>``, ``skipped_steps/<update>``, ``throughput_img_per_s``
-    in ``logdir/train``."""
+    in ``logdir/train``, written from the first call on (a run that fails before it leaves no events file)."""
 
     def __init__(self, logdir: str) -> None:
         import importlib.util
         import os
 
-        self.writer = None
-        if importlib.util.find_spec("tensorboard") is None:
+        self.writer: Any = None
+        self.path = os.path.join(logdir, "train")
+        self.installed = importlib.util.find_spec("tensorboard") is not None
+        if not self.installed:
             logger.warning("TensorBoard is not installed: no scalars are written to %s (pip install tensorboard)",
                            logdir)
-            return
-        import tensorflow as tf
-
-        self.writer = tf.summary.create_file_writer(os.path.join(logdir, "train"))
 
     def after_call(self, r: CallRecord) -> None:
-        if self.writer is None:
+        if not self.installed:
             return
         import tensorflow as tf
 
+        if self.writer is None:
+            self.writer = tf.summary.create_file_writer(self.path)
         with self.writer.as_default():
             for j, n in enumerate(r.names):
                 tf.summary.scalar(f"loss/{n}", float(r.losses[-1][j]), step=r.step)
