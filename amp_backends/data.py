@@ -38,12 +38,7 @@ def read_mnist_npz(path: str | os.PathLike) -> tuple[tuple[np.ndarray, np.ndarra
     relative (to the working directory) or start with ``~``."""
     p = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
     if not p.is_file():
-        resolved = "" if str(p) == str(path) else f" ({p})"
-        raise DataUnavailableError(
-            f"--data must be an existing mnist.npz file (Keras's format: arrays {', '.join(MNIST_KEYS)}). "
-            f"Received: {str(path)!r}{resolved}, which does not exist. "
-            "Fix: pass the path of a downloaded mnist.npz, or use --synthetic."
-        )
+        raise _not_a_file(path, p)
     try:
         with np.load(p, allow_pickle=False) as f:
             missing = [k for k in MNIST_KEYS if k not in f.files]
@@ -55,8 +50,17 @@ def read_mnist_npz(path: str | os.PathLike) -> tuple[tuple[np.ndarray, np.ndarra
             x_train, y_train, x_test, y_test = (f[k] for k in MNIST_KEYS)
     except DataUnavailableError:
         raise
-    except Exception as exc:
-        raise DataUnavailableError(f"Could not read {str(p)!r} as an .npz file: {type(exc).__name__}: {exc}.") from exc
+    except ValueError as exc:
+        if "allow_pickle" not in str(exc):
+            raise _damaged(p, exc) from None
+        raise DataUnavailableError(f"{str(p)!r} holds Python objects (pickled arrays), which are not loaded: loading "
+                                   "them could run code. Fix: save the arrays as plain numbers (np.savez with "
+                                   "numeric arrays).") from None
+    except PermissionError as exc:
+        raise DataUnavailableError(f"{str(p)!r} cannot be read: {exc.strerror}. Fix: make the file readable "
+                                   "(chmod u+r), or pass a copy you can read.") from None
+    except Exception as exc:  # a truncated or overwritten file: BadZipFile, zlib.error, EOFError
+        raise _damaged(p, exc) from None
     train = normalize_images(x_train, f"{p}: x_train"), normalize_labels(y_train, f"{p}: y_train")
     test = normalize_images(x_test, f"{p}: x_test"), normalize_labels(y_test, f"{p}: y_test")
     for name, (x, y) in (("train", train), ("test", test)):
@@ -64,6 +68,30 @@ def read_mnist_npz(path: str | os.PathLike) -> tuple[tuple[np.ndarray, np.ndarra
             raise DataUnavailableError(f"{str(p)!r}: x_{name} has {len(x)} images but y_{name} {len(y)} labels: "
                                        "expected one label per image.")
     return train, test
+
+
+def _not_a_file(given: str | os.PathLike, p: Path) -> DataUnavailableError:
+    """The error for a ``--data`` that is missing, a directory (naming the ``.npz`` files in it) or no file."""
+    resolved = "" if str(p) == str(given) else f" ({p})"
+    inside = sorted(c.name for c in p.glob("*.npz")) if p.is_dir() else []
+    if p.is_dir():
+        what = "is a directory, not a file" + (f" (it holds {', '.join(inside[:5])})" if inside else "")
+    else:
+        what = "is not a regular file" if p.exists() else "does not exist"
+    such_as = f", such as {str(Path(given) / inside[0])!r}" if inside else ""
+    return DataUnavailableError(
+        f"--data must be an existing mnist.npz file (Keras's format: arrays {', '.join(MNIST_KEYS)}). "
+        f"Received: {str(given)!r}{resolved}, which {what}. "
+        f"Fix: pass the path of a downloaded mnist.npz{such_as}, or use --synthetic.")
+
+
+def _damaged(p: Path, exc: BaseException) -> DataUnavailableError:
+    again = (f"delete it ({str(p)!r}) and let Keras download it again" if p == keras_cache_path()
+             else "download or copy it again")
+    return DataUnavailableError(
+        f"{str(p)!r} is damaged: it cannot be read as an .npz file ({type(exc).__name__}: {exc}); a download or "
+        f"copy that stopped part-way leaves such a file. Fix: {again}, or use --synthetic (random data) or "
+        "--digits (scikit-learn's digits) meanwhile.")
 
 
 def normalize_images(x: np.ndarray, where: str) -> np.ndarray:

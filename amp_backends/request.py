@@ -17,6 +17,7 @@ from typing import Any
 
 from .assessment import POLICIES
 from .errors import AmpConfigError
+from .layer_names import corrected, describe_unknown, unknown_layers
 
 _POLICY_ALIASES = {
     "float32": "float32",
@@ -184,12 +185,13 @@ def parse_float32_layers(value: Any, source: str = "argument") -> tuple[str, ...
             f"Received: float32_layers={value!r} (of type {type(value).__name__})."
         )
     bad = [n for n in names if not n.isidentifier()]
-    if bad or not names:
+    unknown = {} if bad else unknown_layers(names)  # a typo would keep no layer in float32, silently
+    if bad or unknown or not names:
         raise AmpConfigError(
             f"{_where('float32_layers', source)} must be auto, none or Keras layer class names separated by commas, "
             f"such as DepthwiseConv2D,Conv1D. Received: {value!r}"
-            f"{' (not class names: ' + ', '.join(map(repr, bad)) + ')' if bad else ''}. "
-            f"Fix: {_fix_hint('float32_layers', source, 'DepthwiseConv2D')}."
+            f"{' (not class names: ' + ', '.join(map(repr, bad)) + ')' if bad else ''}{describe_unknown(unknown)}. "
+            f"Fix: {_fix_hint('float32_layers', source, corrected(names, unknown) or 'DepthwiseConv2D')}."
         )
     return tuple(dict.fromkeys(names))
 

@@ -44,3 +44,37 @@ def test_mnist_errors_say_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setattr(tf.keras.datasets.mnist, "load_data", offline)
     with pytest.raises(DataUnavailableError, match="download failed.*--data /path/to/mnist.npz.*--synthetic"):
         load_mnist()
+
+
+def test_a_directory_is_named_as_one_and_the_npz_inside_is_offered(tmp_path):
+    with pytest.raises(DataUnavailableError, match=r"which is a directory, not a file\. Fix: .*--synthetic"):
+        load_mnist(tmp_path)
+    write_npz(tmp_path / "mnist.npz")
+    with pytest.raises(DataUnavailableError, match=r"is a directory, not a file \(it holds mnist\.npz\)\. Fix: pass "
+                                                   r"the path of a downloaded mnist\.npz, such as '.*mnist\.npz'"):
+        load_mnist(tmp_path)
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.999, 0.0])
+def test_a_truncated_file_is_named_damaged_with_what_to_do(tmp_path, keep):
+    whole = write_npz(tmp_path / "whole.npz").read_bytes()
+    cut = tmp_path / "mnist.npz"
+    cut.write_bytes(whole[: int(len(whole) * keep)])
+    with pytest.raises(DataUnavailableError) as err:
+        load_mnist(cut)
+    text = str(err.value)
+    assert f"{str(cut)!r} is damaged" in text and "Fix: download or copy it again" in text and "--synthetic" in text
+
+
+def test_a_damaged_file_in_keras_cache_says_to_delete_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    (tmp_path / "datasets").mkdir()
+    (tmp_path / "datasets" / "mnist.npz").write_bytes(b"PK\x03\x04 half a download")
+    with pytest.raises(DataUnavailableError, match=r"is damaged.*Fix: delete it .* and let Keras download it again"):
+        load_mnist()
+
+
+def test_pickled_arrays_are_refused_with_the_reason(tmp_path):
+    path = write_npz(tmp_path / "objects.npz", y_test=np.array([object()] * 8))
+    with pytest.raises(DataUnavailableError, match="holds Python objects"):
+        load_mnist(path)

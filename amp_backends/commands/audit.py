@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from ..factory import EXAMPLE
-from .typer_app import fail, with_overrides
+from .typer_app import fail, number_option, with_overrides
 
 PROG = "amp-backends audit"
 
@@ -20,9 +20,10 @@ PROG = "amp-backends audit"
 def audit_command(
     target: str = typer.Argument(..., metavar="MODULE:FACTORY",
                                  help=f"A function that builds a Keras model with no arguments, such as {EXAMPLE}."),
-    batch_size: int = typer.Option(32, "--batch-size", "--batch_size", min=1, metavar="N",
-                                   help="The synthetic training batch."),
-    steps: int = typer.Option(3, "--steps", min=1, metavar="N", help="Training steps measured, after 2 warm-up steps."),
+    batch_size: int = number_option(32, "--batch-size", "--batch_size", prog=PROG, metavar="N",
+                                    help="The synthetic training batch."),
+    steps: int = number_option(3, "--steps", prog=PROG, metavar="N",
+                               help="Training steps measured, after 2 warm-up steps."),
     json_output: bool = typer.Option(False, "--json",
                                      help="Print JSON (schema: amp_backends/schemas/audit.schema.json)."),
     overrides: Any = None,

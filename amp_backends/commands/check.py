@@ -17,7 +17,7 @@ import typer
 
 from ..errors import AmpConfigError, FactoryError
 from ..factory import EXAMPLE, load_factory, parse_factory
-from .typer_app import fail, with_overrides
+from .typer_app import fail, number_option, with_overrides
 
 PROG = "amp-backends check"
 
@@ -54,12 +54,13 @@ def parse_input_shape(text: str) -> Any:
 def check_command(
     target: str = typer.Argument(..., metavar="MODULE:FACTORY",
                                  help=f"A function that builds a Keras model with no arguments, such as {EXAMPLE}."),
-    batch_size: int | None = typer.Option(None, "--batch-size", "--batch_size", min=1, metavar="N",
-                                          help="The training batch size (checks Dense rows; default: not checked)."),
+    batch_size: int | None = number_option(None, "--batch-size", "--batch_size", prog=PROG, example=64, metavar="N",
+                                           help="The training batch size (checks Dense rows; default: not checked)."),
     json_output: bool = typer.Option(False, "--json",
                                      help="Print JSON (schema: amp_backends/schemas/check.schema.json)."),
-    seq_len: int | None = typer.Option(None, "--seq-len", min=1, metavar="N",
-                                       help="Set every open input dimension after the batch (a sequence length) to N."),
+    seq_len: int | None = number_option(
+        None, "--seq-len", prog=PROG, example=128, metavar="N",
+        help="Set every open input dimension after the batch (a sequence length) to N."),
     input_shape: str | None = typer.Option(
         None, "--input-shape", metavar="SHAPE",
         help="One example's input shape, without the batch: 64x64x3, or name=128,other=128 for named inputs."),

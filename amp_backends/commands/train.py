@@ -25,7 +25,7 @@ from ..errors import (
     InputError,
     NonFiniteError,
 )
-from .typer_app import fail, make_app, run_single, with_overrides
+from .typer_app import fail, make_app, number_option, run_single, with_overrides
 
 USAGE_ERRORS = (AmpConfigError, DataUnavailableError, InputError, CheckpointError, BackendError)
 
@@ -77,10 +77,10 @@ def command(name: str, train: Callable[[Any], Any], *, batch_size: int, lr: floa
 
     @with_overrides(exclude=("itex_amp",))
     def main(
-        epochs: int = typer.Option(1, "--epochs", min=1, metavar="N", help="Passes over the training set."),
-        batch_size: int = typer.Option(default_batch, "--batch_size", "--batch-size", min=1, metavar="N",
-                                       help="Images per step (the global batch under a distribution strategy)."),
-        lr: float = typer.Option(default_lr, "--lr", min=0.0, metavar="LR", help=lr_help),
+        epochs: int = number_option(1, "--epochs", prog=name, metavar="N", help="Passes over the training set."),
+        batch_size: int = number_option(default_batch, "--batch_size", "--batch-size", prog=name, metavar="N",
+                                        help="Images per step (the global batch under a distribution strategy)."),
+        lr: float = number_option(default_lr, "--lr", prog=name, kind=float, minimum=0, metavar="LR", help=lr_help),
         data: str | None = typer.Option(None, "--data", metavar="PATH",
                                         help="mnist.npz in Keras's format (uint8 or [0, 1] float images). Default: "
                                              "Keras's cache, else its download."),
@@ -89,31 +89,36 @@ def command(name: str, train: Callable[[Any], Any], *, batch_size: int, lr: floa
         digits: bool = typer.Option(False, "--digits", help="scikit-learn's real handwritten digits as 28x28 images "
                                     "(1,797 images, offline; needs scikit-learn)."),
         overrides: Any = None,
-        steps_per_call: int = typer.Option(1, "--steps-per-call", min=1, metavar="N",
-                                           help="Training steps per compiled call (fewer host round trips)."),
-        log_every: int = typer.Option(1, "--log-every", min=1, metavar="N", help="Log a line every N steps."),
+        steps_per_call: int = number_option(1, "--steps-per-call", prog=name, metavar="N",
+                                            help="Training steps per compiled call (fewer host round trips)."),
+        log_every: int = number_option(1, "--log-every", prog=name, example=10, metavar="N",
+                                       help="Log a line every N steps."),
         logdir: str = typer.Option(f"runs/{name}", "--logdir", metavar="DIR",
                                    help="Each run writes TensorBoard scalars, profiles and checkpoints into a new "
                                         "DIR/version_N; earlier runs are kept."),
-        checkpoint_every: int | None = typer.Option(None, "--checkpoint-every", min=1, metavar="N",
-                                                    help="Checkpoint every N steps (also at the end and on Ctrl-C)."),
+        checkpoint_every: int | None = number_option(None, "--checkpoint-every", prog=name, example=100, metavar="N",
+                                                     help="Checkpoint every N steps (also at the end and on Ctrl-C)."),
         resume: bool = typer.Option(False, "--resume", help="Continue the newest run under --logdir from its newest "
                                     "intact checkpoint (or the run --logdir points at)."),
         profile: bool = typer.Option(False, "--profile", help="Trace 10 steps after the warm-up with the TF profiler."),
         profile_steps: str | None = typer.Option(None, "--profile-steps", metavar="START:STOP",
                                                  help="Trace the calls covering steps START:STOP, e.g. 20:30."),
-        max_steps: int | None = typer.Option(None, "--max-steps", min=1, metavar="N",
-                                             help="Stop after this many steps in all."),
-        seed: int = typer.Option(0, "--seed", min=0, metavar="N", help="Seed of the weights, dropout, shuffling, noise "
-                                 "and synthetic data: the same seed gives the same losses on a CPU."),
+        max_steps: int | None = number_option(None, "--max-steps", prog=name, example=100, metavar="N",
+                                              help="Stop once the run has made this many steps in all (a resumed run "
+                                                   "counts its earlier steps)."),
+        seed: int | None = number_option(None, "--seed", prog=name, minimum=0, example=0, metavar="N",
+                                         help="Seed of the weights, dropout, shuffling, noise, synthetic data and the "
+                                              "--digits split: the same seed gives the same losses on a CPU. "
+                                              "Default: 0; --resume keeps the run's own seed."),
         deterministic: bool = typer.Option(False, "--deterministic", help="Deterministic TensorFlow kernels "
                                            "(reproducible on GPUs too; slower)."),
         progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Progress bar (default: on a "
                                              "terminal)."),
         distribute: str = typer.Option("auto", "--distribute", metavar="KIND", help="auto (TF_CONFIG: multiworker; "
                                        "several GPUs: mirrored), none, mirrored, multiworker."),
-        cluster_timeout: float = typer.Option(60.0, "--cluster-timeout", min=1.0, metavar="SECONDS",
-                                              help="Seconds a collective waits for the other workers before failing."),
+        cluster_timeout: float = number_option(60.0, "--cluster-timeout", prog=name, kind=float, minimum=1,
+                                               metavar="SECONDS",
+                                               help="Seconds a collective waits for the other workers before failing."),
         tune: bool = typer.Option(False, "--tune", help="Time the candidate plans on this model first and train with "
                                   "the fastest (cached per device and model; single process only)."),
         audit: bool = typer.Option(False, "--audit", help="Report the kernels that ran in the steps after the warm-up: "

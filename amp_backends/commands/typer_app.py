@@ -1,4 +1,4 @@
-"""What every command shares: the typer settings, the plan overrides' options, and how a command fails.
+"""What every command shares: the typer settings, the plan overrides' options, numbers, and how a command fails.
 
 Help is click's plain layout (``rich_markup_mode=None``), up to 120 columns, with ``-h``: typer's rich
 panels cut long option names at 80 columns and add type markers (``<bool>``); click's layout wraps to the
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
+import shlex
 from collections.abc import Callable
 from typing import Any, NoReturn, Optional
 
@@ -37,6 +39,31 @@ def fail(prog: str, message: object, code: int = 2, kind: str = "error") -> NoRe
     """End the command: ``<prog>: <kind>: <message>`` on stderr, exit status ``code`` (2: a usage error)."""
     typer.echo(f"{prog}: {kind}: {message}", err=True)
     raise typer.Exit(code)
+
+
+def number_option(default: Any, *flags: str, prog: str, kind: type = int, minimum: float = 1,
+                  example: Any = None, **kwargs: Any) -> Any:
+    """A typer option taking a number (``int`` or a finite ``float``) of at least ``minimum``.
+
+    Anything else ends the command the library's way, before any work: ``<prog>: error: --batch_size must be
+    an integer >= 1. Received: --batch_size 0. Fix: ...``, exit status 2 (not typer's "Input should be
+    greater than or equal to 1", which names neither the value nor a fix). ``example`` is the value the fix
+    offers (default: ``default``)."""
+    flag, expected = flags[0], f"{'an integer' if kind is int else 'a number'} >= {minimum:g}"
+    offer = example if example is not None else default
+
+    def parse(value: Any) -> Any:
+        try:
+            number = kind(value) if not isinstance(value, bool) else None
+        except (TypeError, ValueError):
+            number = None
+        if number is None or not math.isfinite(number) or number < minimum:
+            typer.echo(f"{prog}: error: {flag} must be {expected}. Received: {flag} {shlex.quote(str(value))}. "
+                       f"Fix: pass {expected}" + (f", such as {flag} {offer}." if offer is not None else "."), err=True)
+            raise typer.Exit(2)
+        return number
+
+    return typer.Option(default, *flags, parser=parse, **kwargs)
 
 
 def with_overrides(*, exclude: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

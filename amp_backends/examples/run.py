@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from ..errors import AmpConfigError
+from ..errors import AmpConfigError, CheckpointMismatchError
 
 
 @dataclass
@@ -37,7 +37,7 @@ class RunOptions:
     profile: bool = False
     profile_steps: str | None = None
     max_steps: int | None = None
-    seed: int = 0
+    seed: int | None = None  # None: 0 for a new run; a resumed run keeps its own
     progress: bool | None = None
     distribute: str = "auto"
     cluster_timeout: float = 60.0
@@ -74,12 +74,13 @@ def strategy_and_plan(opts: RunOptions) -> tuple[Any, Any]:
 def load_data(opts: RunOptions) -> Any:
     from ..data import load_mnist, synthetic_mnist
 
+    seed = 0 if opts.seed is None else opts.seed
     if opts.synthetic:
-        return synthetic_mnist(seed=opts.seed)
+        return synthetic_mnist(seed=seed)
     if opts.digits:
         from ..data import digits_as_mnist
 
-        return digits_as_mnist(seed=opts.seed)
+        return digits_as_mnist(seed=seed)
     return load_mnist(opts.data)
 
 
@@ -95,18 +96,45 @@ def profile_window(opts: RunOptions) -> tuple[int, int] | None:
     return None
 
 
-def prepare_run(opts: RunOptions, strategy: Any) -> Any:
-    """Seed everything, then decide the run directory (a new ``version_N``, or the one ``--resume`` continues)."""
+def choose_run(opts: RunOptions, strategy: Any) -> tuple[RunOptions, Any]:
+    """The run directory (a new ``version_N``, made by the run's first write, or the one ``--resume``
+    continues) and the options with the run's seed, decided before the data is loaded: the seed also draws
+    ``--synthetic`` and splits ``--digits``.
+
+    A resumed run keeps the seed its checkpoints record; another ``--seed`` is refused
+    (:class:`CheckpointMismatchError`: the epoch in progress would be reshuffled), and so is a run another process
+    is training now (:class:`CheckpointError`, from :mod:`amp_backends.training.run_lock`).
+    """
     from ..training.checkpoints import run_directory
     from ..training.distribute import is_chief
+    from ..training.resume import run_seed
+    from ..training.run_lock import refuse_if_held
+
+    run = run_directory(opts.logdir, opts.resume, strategy)
+    seed = 0 if opts.seed is None else opts.seed
+    chief = strategy is None or is_chief(strategy)
+    if run.resumed:
+        if chief:  # (the chief holds the lock while it trains: another worker would find it held by its chief)
+            refuse_if_held(run.checkpoints)
+        theirs = run_seed(run.checkpoints)
+        if theirs is not None and opts.seed is not None and opts.seed != theirs:
+            raise CheckpointMismatchError(
+                f"--seed {opts.seed}: the run in {str(run.path)!r} was started with seed {theirs}, and it orders each "
+                "epoch's samples (and splits --digits, draws --synthetic): continuing it with another seed would "
+                "read samples of the epoch in progress twice and skip others. Fix: drop --seed (a resumed run keeps "
+                f"its own), or start a new run with --seed {opts.seed} (without --resume, or with another --logdir).")
+        seed = seed if theirs is None else theirs
+    if chief:
+        kind = f"resumed, its seed {seed}" if run.resumed else "new run"
+        print(f"Run directory: {run.path} ({kind}; tensorboard --logdir {opts.logdir})", flush=True)
+    return replace(opts, seed=seed), run
+
+
+def seed_models(opts: RunOptions) -> None:
+    """Seed everything before the models are built (after any tuning, whose draws would move their weights)."""
     from ..training.seeding import seed_everything
 
-    seed_everything(opts.seed, deterministic=opts.deterministic)
-    run = run_directory(opts.logdir, opts.resume, strategy)
-    if strategy is None or is_chief(strategy):
-        print(f"Run directory: {run.path} ({'resumed' if run.resumed else 'new run'}; "
-              f"tensorboard --logdir {opts.logdir})", flush=True)
-    return run
+    seed_everything(0 if opts.seed is None else opts.seed, deterministic=opts.deterministic)
 
 
 def prepare_models(plan: Any, *models: Any, strategy: Any = None) -> None:

@@ -75,6 +75,18 @@ def ensure_directory(path: str | os.PathLike, what: str) -> Path:
     return p
 
 
+def check_directory(path: str | os.PathLike, what: str) -> Path:
+    """``path`` as an absolute ``Path``, checked as :func:`ensure_directory` would be but not created (the first
+    write makes it, so a run that fails before writing leaves no folder): no file in the way, the nearest
+    existing folder writable; else :class:`AmpConfigError`."""
+    p = check_no_file_in_the_way(path, what)
+    existing = next((q for q in [p, *p.parents] if q.exists()), None)
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise AmpConfigError(f"{what} {str(p)!r} cannot be written: {str(existing)!r} is not writable. Fix: choose a "
+                             f"{what} you can write to.")
+    return p
+
+
 def has_checkpoints(directory: str | os.PathLike) -> bool:
     return tf.train.get_checkpoint_state(str(directory)) is not None
 
@@ -131,7 +143,7 @@ def run_directory(logdir: str | os.PathLike, resume: bool, strategy: Any = None)
             raise CheckpointError(
                 f"The workers chose different run directories under {str(logdir)!r} (versions {seen}): their --logdir "
                 "views differ. Fix: give every worker the same --logdir on storage they all share.")
-    ensure_directory(run.path, "--logdir")
+    check_directory(run.path, "--logdir")  # made by the run's first write
     return run
 
 
@@ -196,7 +208,7 @@ class CheckpointStore:
                  keep: int = 3, is_chief: bool = True, worker: str = "0",
                  extra: Mapping[str, Any] | None = None) -> None:
         self.directory = absolute(directory)
-        ensure_directory(self.directory, "checkpoint directory")
+        check_directory(self.directory, "checkpoint directory")  # made by the first save (or the run's lock)
         self.is_chief = is_chief
         self.signature = signature(objects, extra or {})
         self._signature_var = tf.Variable(json.dumps(self.signature), dtype=tf.string, trainable=False,
@@ -323,9 +335,10 @@ def _short(exc: BaseException, limit: int = 160) -> str:
 # ------------------------------------------------------------------------------------ the trainer's store
 def trainer_store(directory: str | os.PathLike, *, updates: Any, scalers: Mapping[str, Any], position: Any,
                   objects: Mapping[str, Any] | None, keep: int, is_chief: bool, worker: str,
-                  plan_headline: str) -> CheckpointStore:
+                  plan_headline: str, settings: Mapping[str, Any] | None = None) -> CheckpointStore:
     """What a trainer's checkpoint holds: the given objects (default: the updates' variables and optimizers),
-    each update's loss-scale state and the position (global step, epoch, sample in epoch, batch size)."""
+    each update's loss-scale state and the position (global step, epoch, sample in epoch, batch size); the
+    signature also records ``settings`` (the run's seed and loss scaling, for a resume to compare)."""
     objects = dict(objects) if objects else {
         **{f"{u.name}_{i}_{part}": obj for u in updates for i, (vs, opt) in enumerate(u.groups)
            for part, obj in (("variables", list(vs)), ("optimizer", opt))},
@@ -334,7 +347,7 @@ def trainer_store(directory: str | os.PathLike, *, updates: Any, scalers: Mappin
     return CheckpointStore(
         {**objects, "loss_scale": tf.train.Checkpoint(**scaler_state), "position": position.checkpoint()}, directory,
         step_counter=position.global_step, keep=keep, is_chief=is_chief, worker=worker,
-        extra={"batch_size": position.batch_size, "plan": plan_headline})
+        extra={"batch_size": position.batch_size, "plan": plan_headline, **dict(settings or {})})
 
 
 def log_resume(restored: Restored, at: Any, then_batch: int, batch_size: int, *, updates: Any,

@@ -150,6 +150,13 @@ class LossScaler:
             resume=bool(saved))
 
     # -- state -----------------------------------------------------------------------------------
+    def restart(self) -> None:
+        """Back to the state a new run starts in: the config's initial scale (1 for ``none``), no good steps in a
+        row. For a state restored from a checkpoint written under other loss scaling (:mod:`.resume`)."""
+        self.scale_var.assign(1.0 if self.config.mode == "none" else float(self.config.initial))
+        self.good_steps.assign(0)
+        self.consecutive.assign(0)
+
     def variables(self) -> dict[str, Any]:
         return {"scale": self.scale_var, "good_steps": self.good_steps, "skipped": self.skipped,
                 "consecutive": self.consecutive}

@@ -92,10 +92,10 @@ class LogLine(Observer):
 
 class TensorBoardScalars(Observer):
     """Scalars ``loss/<update>``, ``loss_scale/<update>``, ``skipped_steps/<update>``, ``throughput_img_per_s``
-    in ``logdir/train``.
+    in ``logdir/train``, written from the first call on (a run that fails before it leaves no events file).
 
-    Each ``fit`` first writes TensorBoard's restart marker, an event with ``SessionLog.START`` at the step after
-    the one it starts from: a run resumed from its step-4 checkpoint runs steps 5, 6, ... again, which the
+    Each ``fit``'s first write is TensorBoard's restart marker, an event with ``SessionLog.START`` at the step
+    after the one it starts from: a run resumed from its step-4 checkpoint runs steps 5, 6, ... again, which the
     interrupted run may have logged already, and TensorBoard drops what earlier event files hold from the
     marker's step on (its fast data server ignores the marker but replaces any step logged again), so each step
     is drawn once, with the values of the run that went on. Scalars that cannot be written (the writer cannot
@@ -108,21 +108,34 @@ class TensorBoardScalars(Observer):
 
         self.writer: Any = None
         self.path = os.path.join(logdir, "train")
-        if importlib.util.find_spec("tensorboard") is None:
+        self.usable = importlib.util.find_spec("tensorboard") is not None
+        self.start_step: int | None = None
+        if not self.usable:
             logger.warning("TensorBoard is not installed: no scalars are written to %s (pip install tensorboard)",
                            logdir)
+
+    def on_fit_start(self, start_step: int, total_steps: int | None) -> None:
+        self.start_step = start_step  # its marker goes ahead of this fit's first scalars
+
+    def after_call(self, r: CallRecord) -> None:
+        if not self.usable:
             return
         import tensorflow as tf
 
-        try:
-            self.writer = tf.summary.create_file_writer(self.path)
-        except (tf.errors.OpError, OSError) as exc:
-            self._failed("cannot be written", exc)
-            _remove_empty_event_files(self.path)
-
-    def on_fit_start(self, start_step: int, total_steps: int | None) -> None:
         if self.writer is None:
-            return
+            try:
+                self.writer = tf.summary.create_file_writer(self.path)
+            except (tf.errors.OpError, OSError) as exc:
+                self._failed("cannot be written", exc)
+                _remove_empty_event_files(self.path)
+                return
+        if self.start_step is not None:
+            start, self.start_step = self.start_step, None
+            self._guarded(lambda: self._mark_start(start))
+        if self.writer is not None:
+            self._guarded(lambda: self._write(r))
+
+    def _mark_start(self, start_step: int) -> None:
         import time
 
         import tensorflow as tf
@@ -133,11 +146,7 @@ class TensorBoardScalars(Observer):
             return
         start = tf.compat.v1.Event(wall_time=time.time(), step=start_step + 1,
                                    session_log=tf.compat.v1.SessionLog(status=tf.compat.v1.SessionLog.START))
-        self._guarded(lambda: tf.raw_ops.ImportEvent(writer=resource, event=start.SerializeToString()))
-
-    def after_call(self, r: CallRecord) -> None:
-        if self.writer is not None:
-            self._guarded(lambda: self._write(r))
+        tf.raw_ops.ImportEvent(writer=resource, event=start.SerializeToString())
 
     def _write(self, r: CallRecord) -> None:
         import tensorflow as tf
@@ -164,7 +173,7 @@ class TensorBoardScalars(Observer):
     def _failed(self, what: str, exc: BaseException) -> None:
         logger.warning(f"TensorBoard scalars {what} to {self.path} ({_write_failure(exc)}); training goes on "
                        "without them.")
-        self.writer = None
+        self.writer, self.usable = None, False
 
 
 def _write_failure(exc: BaseException) -> str:

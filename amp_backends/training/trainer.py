@@ -22,7 +22,7 @@ from .arguments import (
     checked_arguments,
     saved_weights,
 )
-from .checkpoints import ensure_directory, log_resume, trainer_store
+from .checkpoints import check_directory, log_resume, trainer_store
 from .distribute import StopAgreement, collectives, is_chief, worker_id
 from .inputs import BatchFn, Ran, ResidentArrays, input_for
 from .loss_scaling import LossScaler
@@ -38,6 +38,8 @@ from .position import At, Position
 from .precision import check_models as check_trained_models
 from .precision import prepare_models, trained_models
 from .results import Progress, TrainResult
+from .resume import check_seed, follow_loss_scaling, nothing_left, settings
+from .run_lock import holding
 from .saving import ready_to_save, save_checkpoint
 from .seeding import current_seed
 from .signals import StopSignals, interrupted_message
@@ -115,7 +117,7 @@ class Trainer:
         self.seed = current_seed() if seed is None else seed
         self.batch_fn = batch_fn
         if logdir:
-            logdir = str(ensure_directory(logdir, "logdir"))  # absolute: later chdirs change nothing
+            logdir = str(check_directory(logdir, "logdir"))  # absolute: later chdirs change nothing; made when written
 
         with self.strategy.scope():
             self.scalers = {u.name: LossScaler(plan.loss_scale, name=u.name) for u in self.updates}
@@ -131,7 +133,7 @@ class Trainer:
         self.store = trainer_store(
             checkpoint_dir, updates=self.updates, scalers=self.scalers, position=self.position,
             objects=checkpoint_objects, keep=keep_checkpoints, is_chief=self.is_chief, worker=self.worker,
-            plan_headline=self._plan_headline) if checkpoint_dir else None
+            plan_headline=self._plan_headline, settings=settings(self.seed, self.scalers)) if checkpoint_dir else None
         self.observers = list(observers) + default_observers(self.is_chief, log_every, logdir, progress, profile_steps)
         self._called: set[Any] = set()
         self._last_input: tuple[Any, Any, Any] | None = None
@@ -178,12 +180,14 @@ class Trainer:
         restored = self.store.restore() if self.store else None
         if restored is None:
             return None
+        check_seed(restored.stored, self.seed, restored.path)
         at, then_batch = self.position.restored()
         stored = restored.stored or {}
         self._stored_precision = stored.get("layer_plans") or stored.get("float32_choice")
         if self.is_chief:
             log_resume(restored, at, then_batch, self.batch_size, updates=self.updates, scalers=self.scalers,
                        plan_headline=self._plan_headline)
+        follow_loss_scaling(restored.stored, self.scalers, say=self.is_chief)
         return at.step
 
     # ------------------------------------------------------------------ the loop
@@ -194,9 +198,12 @@ class Trainer:
         ``x`` is an array, a tuple/list or dict of arrays (several inputs, named features), with optional
         labels ``y`` of the same kinds — kept on the device, each step gathering its batch — or a
         ``tf.data.Dataset`` of batches (``steps_per_epoch`` for one that repeats forever); see
-        :mod:`amp_backends.training.inputs`. ``resume`` continues from the newest intact checkpoint; without
-        it, a checkpoint directory holding another run's checkpoints is refused. Calling ``fit`` again
-        continues where the last call stopped.
+        :mod:`amp_backends.training.inputs`. ``resume`` continues from the newest intact checkpoint (under its
+        seed; loss scaling that differs from the checkpoint's starts afresh and is logged: :mod:`.resume`);
+        without it, a checkpoint directory holding another run's checkpoints is refused. While it trains, no
+        other process may train in the checkpoint directory (:mod:`.run_lock`). Calling ``fit`` again
+        continues where the last call stopped; a run already at ``max_steps`` or ``epochs`` trains nothing and
+        warns.
 
         Ctrl-C (or SIGTERM) stops after the current call, saves a checkpoint when checkpointing is on, and
         raises :class:`TrainingInterrupted` (a ``KeyboardInterrupt``) saying where. Under several workers, a
@@ -206,12 +213,37 @@ class Trainer:
         source = self._input(x, y, steps_per_epoch)
         if source.has_strings:
             self.program.without_xla("the data holds strings (for the model's own StringLookup or TextVectorization)")
-        if self.store and not resume:
-            self.store.ensure_fresh()
-        elif self.store and self.restore() is None and self.is_chief:
-            logger.info(f"Nothing to resume in {self.store.directory}: starting from the beginning.")
-        if self.store:
-            ready_to_save(self.store)  # an interrupted run's unfinished saves removed; room for a checkpoint
+        with holding(self.store.directory if self.store and self.is_chief else None):  # one run at a time there
+            if self.store and not resume:
+                self.store.ensure_fresh()
+            elif self.store and self.restore() is None and self.is_chief:
+                logger.info(f"Nothing to resume in {self.store.directory}: starting from the beginning.")
+            if self.store:
+                ready_to_save(self.store)  # an interrupted run's unfinished saves removed; room for a checkpoint
+            at = self.position.now()
+            left = nothing_left(at, source.left_in_epoch(at.offset) == 0, epochs, max_steps)
+            if left and self.is_chief:
+                logger.warning(left)
+            elif not left:
+                self._before_first_step(source)
+            progress = Progress([u.name for u in self.updates], self.WARMUP_CALLS)
+            for o in self.observers:
+                o.on_fit_start(at.step, self.position.total_steps(source.steps_per_epoch, epochs, max_steps))
+            try:
+                with StopSignals() as stop:
+                    signum = self._loop(source, epochs, max_steps, progress, stop)
+                    if signum is not None:
+                        self._interrupted(signum)
+            finally:
+                for o in self.observers:
+                    o.close()
+            if self.store and self.store.last_saved_step != self.position.step:
+                self.save()
+        return self._result(source, progress)
+
+    def _before_first_step(self, source: Any) -> None:
+        """Each trained model's layer plan (the checkpoint's, cached or measured once; kept by the checkpoints),
+        then the precision check and the line that says what a call is."""
         prepared, self._to_prepare = self._to_prepare, []
         if prepared:
             self.layer_plans.update(prepare_models(prepared, self.plan, source, batch_size=self.batch_size,
@@ -226,21 +258,6 @@ class Trainer:
             logger.info(training_line(source, self.batch_size, self.steps_per_call, self.checkpoint_every))
             check_trained_models(models, self.plan, source, batch_size=self.batch_size // self.replicas,
                                  layer_plans=self.layer_plans)
-
-        progress = Progress([u.name for u in self.updates], self.WARMUP_CALLS)
-        for o in self.observers:
-            o.on_fit_start(self.position.step, self.position.total_steps(source.steps_per_epoch, epochs, max_steps))
-        try:
-            with StopSignals() as stop:
-                signum = self._loop(source, epochs, max_steps, progress, stop)
-                if signum is not None:
-                    self._interrupted(signum)
-        finally:
-            for o in self.observers:
-                o.close()
-        if self.store and self.store.last_saved_step != self.position.step:
-            self.save()
-        return self._result(source, progress)
 
     def _loop(self, source: Any, epochs: int, max_steps: int | None, progress: Progress,
               stop: StopSignals) -> int | None:

@@ -25,15 +25,17 @@ from typing import Optional
 
 import typer
 
+from ..typer_app import number_option
 from .loops import MANUAL
 
 MANUAL_NAMES = ", ".join(c[0] for c in MANUAL)
 GPU_OPTIONS = "GPU suite"
 ZOO_OPTIONS = "Model zoo"
+PROG = "bench"
 
 
 def _fail(message: str) -> typer.Exit:
-    typer.echo(f"bench: error: {message}", err=True)
+    typer.echo(f"{PROG}: error: {message}", err=True)
     return typer.Exit(2)
 
 
@@ -49,30 +51,31 @@ def main(
                                           help="Comma-separated manual configurations "
                                                f"(default all: {MANUAL_NAMES}); with --zoo, the zoo's "
                                                "configurations (baseline and auto are shorthands)."),
-    epochs: int = typer.Option(3, "--epochs", metavar="N", min=1,
-                               help="Timed epochs per configuration (after 1 warm-up epoch)."),
-    samples: int = typer.Option(60000, "--samples", metavar="N", min=1,
-                                help="Synthetic MNIST-shaped images per epoch."),
-    mnist_batch: int = typer.Option(1024, "--mnist-batch", metavar="N", min=1, help="MNIST CNN batch size."),
-    gan_batch: int = typer.Option(4096, "--gan-batch", metavar="N", min=1, help="GAN batch size."),
-    steps_per_call: Optional[int] = typer.Option(None, "--steps-per-call", metavar="N", min=1,
-                                                 help="Trainer steps per compiled call (default: one epoch)."),
+    epochs: int = number_option(3, "--epochs", prog=PROG, metavar="N",
+                                help="Timed epochs per configuration (after 1 warm-up epoch)."),
+    samples: int = number_option(60000, "--samples", prog=PROG, metavar="N",
+                                 help="Synthetic MNIST-shaped images per epoch."),
+    mnist_batch: int = number_option(1024, "--mnist-batch", prog=PROG, metavar="N", help="MNIST CNN batch size."),
+    gan_batch: int = number_option(4096, "--gan-batch", prog=PROG, metavar="N", help="GAN batch size."),
+    steps_per_call: Optional[int] = number_option(None, "--steps-per-call", prog=PROG, example=32, metavar="N",
+                                                  help="Trainer steps per compiled call (default: one epoch)."),
     no_fit: bool = typer.Option(False, "--no-fit", help="Skip the Keras fit configuration."),
     out: Path = typer.Option(Path("bench-results"), "--out", metavar="DIR",
                              help="Folder for the results (made if missing)."),
     zoo: bool = typer.Option(False, "--zoo", help="Run the model zoo instead of the tutorials' loops.",
                              rich_help_panel=ZOO_OPTIONS),
-    reps: int = typer.Option(5, "--reps", metavar="N", min=1,
-                             help="Zoo: interleaved timed repetitions per configuration.", rich_help_panel=ZOO_OPTIONS),
-    steps: int = typer.Option(4, "--steps", metavar="N", min=1, help="Zoo: training steps per repetition.",
-                              rich_help_panel=ZOO_OPTIONS),
-    batch: Optional[int] = typer.Option(None, "--batch", metavar="N", min=1,
-                                        help="Zoo: one batch size for every model (default: each model's own; "
+    reps: int = number_option(5, "--reps", prog=PROG, metavar="N", rich_help_panel=ZOO_OPTIONS,
+                              help="Zoo: interleaved timed repetitions per configuration."),
+    steps: int = number_option(4, "--steps", prog=PROG, metavar="N", help="Zoo: training steps per repetition.",
+                               rich_help_panel=ZOO_OPTIONS),
+    batch: Optional[int] = number_option(None, "--batch", prog=PROG, example=256, metavar="N",
+                                         help="Zoo: one batch size for every model (default: each model's own; "
                                              "larger on a GPU).", rich_help_panel=ZOO_OPTIONS),
     gpu_suite: bool = typer.Option(False, "--gpu-suite", help="Run the GPU suite: the benchmark, the trainer's call "
                                    "experiments and a profile, under --budget-s.", rich_help_panel=GPU_OPTIONS),
-    budget_s: float = typer.Option(520.0, "--budget-s", metavar="S", min=10, help="GPU suite: wall-clock budget; what "
-                                   "no longer fits is recorded as skipped.", rich_help_panel=GPU_OPTIONS),
+    budget_s: float = number_option(520.0, "--budget-s", prog=PROG, kind=float, minimum=10, metavar="S",
+                                    rich_help_panel=GPU_OPTIONS,
+                                    help="GPU suite: wall-clock budget; what no longer fits is recorded as skipped."),
     only: Optional[str] = typer.Option(None, "--only", metavar="NAMES", help="GPU suite: experiments to run.",
                                        rich_help_panel=GPU_OPTIONS),
     skip: Optional[str] = typer.Option(None, "--skip", metavar="NAMES", help="GPU suite: experiments to leave out.",

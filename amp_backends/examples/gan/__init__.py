@@ -13,11 +13,12 @@ from typing import Any
 
 from ..run import (
     RunOptions,
+    choose_run,
     load_data,
     maybe_tune,
     prepare_models,
-    prepare_run,
     scope,
+    seed_models,
     strategy_and_plan,
     trainer_options,
 )
@@ -28,6 +29,7 @@ D_LR = 1e-4
 def train_gan(opts: RunOptions) -> Any:
     """Train the GAN (generator Adam(--lr), discriminator RMSprop(1e-4)) with the auto plan."""
     strategy, plan = strategy_and_plan(opts)
+    opts, run = choose_run(opts, strategy)  # a resumed run's own seed, before the data it draws or splits
     (x, _), _ = load_data(opts)
     import tensorflow as tf
 
@@ -40,7 +42,7 @@ def train_gan(opts: RunOptions) -> Any:
         return [g, d], gan_updates(g, d, *opts_), {"g": g, "d": d}
 
     plan = maybe_tune(opts, plan, build, x, None, images_per_step=2 * opts.batch_size)
-    run = prepare_run(opts, strategy)
+    seed_models(opts)
     with scope(strategy):
         generator, discriminator = gan_generator(), gan_discriminator()
         prepare_models(plan, generator, discriminator, strategy=strategy)

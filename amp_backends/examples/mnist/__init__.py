@@ -10,11 +10,12 @@ from typing import Any
 
 from ..run import (
     RunOptions,
+    choose_run,
     load_data,
     maybe_tune,
     prepare_models,
-    prepare_run,
     scope,
+    seed_models,
     strategy_and_plan,
     trainer_options,
 )
@@ -35,6 +36,7 @@ def evaluate(model: Any, x: Any, y: Any, batch_size: int = 1024) -> float:
 def train_mnist(opts: RunOptions) -> Any:
     """Train the MNIST CNN (Adam, sparse categorical cross-entropy) with the auto plan."""
     strategy, plan = strategy_and_plan(opts)
+    opts, run = choose_run(opts, strategy)  # a resumed run's own seed, before the data it draws or splits
     (x, y), (xt, yt) = load_data(opts)
     import tensorflow as tf
 
@@ -46,7 +48,7 @@ def train_mnist(opts: RunOptions) -> Any:
         return [m], classifier_updates(m, tf.keras.optimizers.Adam(opts.lr)), {"model": m}
 
     plan = maybe_tune(opts, plan, build, x, y)
-    run = prepare_run(opts, strategy)
+    seed_models(opts)
     with scope(strategy):
         model = mnist_cnn()
         prepare_models(plan, model, strategy=strategy)

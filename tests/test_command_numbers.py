@@ -1,0 +1,58 @@
+"""Every number a command takes: a bad one ends the command with the library's message (the flag, what was
+received, what is expected, a fix) and exit status 2, before any work; a good one reaches the command."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from amp_backends.commands.cli import get_app
+
+CASES = [
+    (["train", "mnist"], "--batch_size", "0", "an integer >= 1", "mnist"),
+    (["train", "mnist"], "--batch-size", "-5", "an integer >= 1", "mnist"),
+    (["train", "gan"], "--epochs", "0", "an integer >= 1", "gan"),
+    (["train", "mnist"], "--epochs", "two", "an integer >= 1", "mnist"),
+    (["train", "mnist"], "--max-steps", "0", "an integer >= 1", "mnist"),
+    (["train", "mnist"], "--log-every", "-1", "an integer >= 1", "mnist"),
+    (["train", "mnist"], "--checkpoint-every", "1.5", "an integer >= 1", "mnist"),
+    (["train", "mnist"], "--steps-per-call", "0", "an integer >= 1", "mnist"),
+    (["train", "mnist"], "--seed", "-1", "an integer >= 0", "mnist"),
+    (["train", "mnist"], "--lr", "-0.1", "a number >= 0", "mnist"),
+    (["train", "mnist", "--data", "missing.npz"], "--lr", "nan", "a number >= 0", "mnist"),
+    (["train", "mnist"], "--cluster-timeout", "0", "a number >= 1", "mnist"),
+    (["check", "amp_backends.models:mnist_cnn"], "--batch-size", "0", "an integer >= 1", "amp-backends check"),
+    (["check", "amp_backends.models:mnist_cnn"], "--seq-len", "0", "an integer >= 1", "amp-backends check"),
+    (["audit", "amp_backends.models:mnist_cnn"], "--steps", "0", "an integer >= 1", "amp-backends audit"),
+    (["bench"], "--samples", "0", "an integer >= 1", "bench"),
+    (["bench"], "--mnist-batch", "-5", "an integer >= 1", "bench"),
+    (["bench"], "--budget-s", "5", "a number >= 10", "bench"),
+    (["bench", "--models", "nothing"], "--budget-s", "inf", "a number >= 10", "bench"),
+]
+
+
+@pytest.mark.parametrize("command, flag, value, expected, prog", CASES)
+def test_a_bad_number_gets_the_librarys_message_and_exit_2(command, flag, value, expected, prog):
+    result = CliRunner().invoke(get_app(), [*command, flag, value])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    if command[0] == "train" and flag == "--batch-size":
+        flag = "--batch_size"  # the tutorials' spelling, the option's first name
+    message = f"{prog}: error: {flag} must be {expected}. Received: {flag} {value}. Fix: pass {expected}, such as "
+    assert message in text, text
+    assert "Input should be" not in text and "Traceback" not in text
+
+
+def test_a_good_number_reaches_the_command(monkeypatch):
+    from amp_backends.commands import train
+
+    seen = {}
+    monkeypatch.setattr(train, "run_example", lambda name, fn, parsed: seen.update(parsed))
+    app = get_app()
+    monkeypatch.setattr(app, "registered_groups", [])  # rebuild train's commands with run_example replaced
+    app.add_typer(train.train_app(), name="train")
+    result = CliRunner().invoke(app, ["train", "mnist", "--batch_size", "32", "--lr", "1e-3", "--max-steps", "7",
+                                      "--seed", "0"])
+    assert result.exit_code == 0, result.output
+    assert (seen["batch_size"], seen["lr"], seen["max_steps"], seen["seed"], seen["epochs"]) == (32, 1e-3, 7, 0, 1)
+    assert isinstance(seen["batch_size"], int) and isinstance(seen["lr"], float)
