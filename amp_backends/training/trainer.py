@@ -4,6 +4,25 @@ The model code stays the same everywhere; the :class:`~amp_backends.plan.Plan` d
 (set before the models are built), whether the step is XLA-compiled and how losses are scaled. The step
 itself is in :mod:`.step`, the input in :mod:`.inputs`, checkpoints in :mod:`.checkpoints`, what watches
 training in :mod:`.observers`.
+
+The :class:`Trainer`'s arguments:
+
+``checkpoint_objects`` names what is saved besides the loss-scale state and the position (your models
+and optimizers; by default the updates' variables and optimizers). ``images_per_step`` defaults to
+the batch size (the GAN counts ``2 * batch``). ``batch_size`` is the global batch: under a
+``tf.distribute`` strategy each replica takes its slice. With ``check_models`` the Keras models it
+trains (those owning the updates' variables) are checked once, before the first step, at the batch it
+trains on, for what makes mixed precision slow or wrong under the plan (:func:`amp_backends.check_model`):
+warnings are logged as warnings and raised as :class:`~amp_backends.errors.AmpWarning` (see :mod:`.precision`).
+``audit`` (``True``: the steps after the warm-up calls, or ``(start, stop)``) reports the kernels that ran
+in that window, on a CPU from oneDNN's records when the program started with ``ONEDNN_VERBOSE=1``
+(:class:`amp_backends.audit.AuditObserver`; the result is ``trainer.audit.result``). Before the first step
+each trained model gets its layer plan (:func:`amp_backends.prepare_model`: the plan's float32 layers, a
+classifier head in float32, float8 where on, and — where a model has layers the plan keeps in float32 — whether
+it trains faster with every layer in float32, cached for the model on this machine or measured on the first
+batch: ``measure_float32=False`` never, ``True`` for any model under a mixed plan; never across several
+replicas, which could choose apart). The layer plans are ``trainer.layer_plans``; the checkpoints keep them
+and a resumed run applies them as they were.
 """
 
 from __future__ import annotations
@@ -52,25 +71,8 @@ logger = logging.getLogger("amp_backends.train")
 
 
 class Trainer:
-    """Train ``updates`` under a plan, on arrays or a ``tf.data`` pipeline (see :meth:`fit`).
-
-    ``checkpoint_objects`` names what is saved besides the loss-scale state and the position (your models
-    and optimizers; by default the updates' variables and optimizers). ``images_per_step`` defaults to
-    the batch size (the GAN counts ``2 * batch``). ``batch_size`` is the global batch: under a
-    ``tf.distribute`` strategy each replica takes its slice. With ``check_models`` the Keras models it
-    trains (those owning the updates' variables) are checked once, before the first step, at the batch it
-    trains on, for what makes mixed precision slow or wrong under the plan (:func:`amp_backends.check_model`):
-    warnings are logged as warnings and raised as :class:`~amp_backends.errors.AmpWarning` (see :mod:`.precision`).
-    ``audit`` (``True``: the steps after the warm-up calls, or ``(start, stop)``) reports the kernels that ran
-    in that window, on a CPU from oneDNN's records when the program started with ``ONEDNN_VERBOSE=1``
-    (:class:`amp_backends.audit.AuditObserver`; the result is ``trainer.audit.result``). Before the first step
-    each trained model gets its layer plan (:func:`amp_backends.prepare_model`: the plan's float32 layers, a
-    classifier head in float32, float8 where on, and — where a model has layers the plan keeps in float32 — whether
-    it trains faster with every layer in float32, cached for the model on this machine or measured on the first
-    batch: ``measure_float32=False`` never, ``True`` for any model under a mixed plan; never across several
-    replicas, which could choose apart). The layer plans are ``trainer.layer_plans``; the checkpoints keep them
-    and a resumed run applies them as they were.
-    """
+    """Train ``updates`` under a plan, on arrays or a ``tf.data`` pipeline (see :meth:`fit`); its arguments are
+    described in the module docstring."""
 
     WARMUP_CALLS = WARMUP_CALLS  # calls excluded from the throughput summary (tracing, XLA compilation)
 
