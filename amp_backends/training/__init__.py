@@ -11,6 +11,7 @@ module                 its part
 ``streams``            ``tf.data`` pipelines of batches, behind the same interface
 ``batches``            what both input kinds share: a compiled call's result, nests of arrays
 ``checkpoints``        run directories, checkpoints that never lose a run
+``random_state``       the random layers' generators, kept in checkpoints: resumes draw on exactly
 ``observers``          log line, TensorBoard scalars, progress bar, profiler window, the defaults
 ``precision``          the precision check of the models being trained
 ``signals``            Ctrl-C and SIGTERM: stop after the current call
