@@ -159,13 +159,12 @@ def test_the_default_checkpoint_objects_resume_random_layers_exactly_too(tmp_pat
 
 def test_a_checkpoint_without_the_random_state_resumes_with_a_warning(tmp_path, monkeypatch, caplog):
     """A checkpoint written before checkpoints kept the random layers' state still resumes (at its step)."""
-    from amp_backends.training import trainer as trainer_module
+    from amp_backends.training import checkpoints
 
     build, data = MODELS["Dropout"]
-    real = trainer_module.saved_random_state
-    monkeypatch.setattr(trainer_module, "saved_random_state", lambda *a: None)
+    monkeypatch.setattr(checkpoints, "saved_random_state", lambda *a: tf.train.Checkpoint())  # as before: none
     train(tmp_path, build, data, CUT)
-    monkeypatch.setattr(trainer_module, "saved_random_state", real)
+    monkeypatch.undo()
     caplog.set_level(logging.INFO, logger="amp_backends.train")
     resumed = train(tmp_path, build, data, STEPS, resume=True)
     assert sorted(resumed) == list(range(CUT, STEPS))

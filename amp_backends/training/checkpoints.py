@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from ..errors import AmpConfigError, CheckpointError, CheckpointMismatchError
 from .random_state import KEY as RANDOM_STATE
+from .random_state import saved_random_state
 
 logger = logging.getLogger("amp_backends.train")
 
@@ -341,10 +342,10 @@ def _short(exc: BaseException, limit: int = 160) -> str:
 # ------------------------------------------------------------------------------------ the trainer's store
 def trainer_store(directory: str | os.PathLike, *, updates: Any, scalers: Mapping[str, Any], position: Any,
                   objects: Mapping[str, Any] | None, keep: int, is_chief: bool, worker: str,
-                  plan_headline: str, random_state: Any = None) -> CheckpointStore:
+                  plan_headline: str, models: Any = ()) -> CheckpointStore:
     """What a trainer's checkpoint holds: the given objects (default: the updates' variables and optimizers),
     each update's loss-scale state, the position (global step, epoch, sample in epoch, batch size) and the
-    random layers' state (:mod:`.random_state`)."""
+    state of the random layers of ``models`` (:mod:`.random_state`)."""
     objects = dict(objects) if objects else {
         **{f"{u.name}_{i}_{part}": obj for u in updates for i, (vs, opt) in enumerate(u.groups)
            for part, obj in (("variables", list(vs)), ("optimizer", opt))},
@@ -354,7 +355,7 @@ def trainer_store(directory: str | os.PathLike, *, updates: Any, scalers: Mappin
         {**objects, "loss_scale": tf.train.Checkpoint(**scaler_state), "position": position.checkpoint()}, directory,
         step_counter=position.global_step, keep=keep, is_chief=is_chief, worker=worker,
         extra={"batch_size": position.batch_size, "plan": plan_headline},
-        optional={RANDOM_STATE: random_state} if random_state is not None else None)
+        optional={RANDOM_STATE: saved_random_state(models, is_chief)})
 
 
 def log_resume(restored: Restored, at: Any, then_batch: int, batch_size: int, *, updates: Any,

@@ -3,9 +3,9 @@
 Dropout, SpatialDropout, GaussianDropout and GaussianNoise, the augmentation layers (RandomFlip,
 RandomRotation, RandomCrop, RandomZoom, ...), keras_hub's layers with dropout and a layer's own generator
 each draw from a generator whose state moves at every step. A model's checkpoint
-(``tf.train.Checkpoint(model=...)``) leaves that state out, so a resumed run drew other masks than the
-uninterrupted run: every loss after the resume differed. :func:`random_state` finds it, for the trainer's
-checkpoints to carry:
+(``tf.train.Checkpoint(model=...)``) leaves that state out: without it a resumed run draws other masks than
+the uninterrupted run, and every loss after the resume differs. :func:`random_state` finds it, for the
+trainer's checkpoints to carry:
 
 * Keras 3: each ``keras.random.SeedGenerator`` keeps its state in a variable that ``model.variables``
   lists and ``model.weights`` does not (a SeedGenerator is no trackable object). ``keras.random`` ops given
@@ -15,8 +15,8 @@ checkpoints to carry:
 * Keras 2: a random layer draws through its ``RandomGenerator``: from a ``tf.random.Generator`` (the
   augmentation layers always; Dropout, GaussianNoise and GaussianDropout once Keras's
   ``enable_tf_random_generator`` is on, which ``seed_everything`` does), whose state is a variable; or from
-  TensorFlow's stateful random ops, whose state lives inside the op where no checkpoint reaches. Such
-  layers are returned by name for the trainer to warn about.
+  TensorFlow's stateful random ops, whose state lives inside the op where no checkpoint reaches: such
+  layers are named in a warning (:func:`saved_random_state`).
 
 The trainer's own draws need nothing saved: shuffling is a function of ``(seed, epoch)`` and
 :func:`~amp_backends.training.step.step_seed` of ``(seed, global step)``, both restored with the position.

@@ -37,7 +37,6 @@ from .observers import (
 from .position import At, Position
 from .precision import check_models as check_trained_models
 from .precision import choose_float32, keep_float32_layers, trained_models
-from .random_state import saved_random_state
 from .results import Progress, TrainResult
 from .seeding import current_seed
 from .signals import StopSignals, interrupted_message
@@ -130,8 +129,7 @@ class Trainer:
         self.store = trainer_store(
             checkpoint_dir, updates=self.updates, scalers=self.scalers, position=self.position,
             objects=checkpoint_objects, keep=keep_checkpoints, is_chief=self.is_chief, worker=self.worker,
-            plan_headline=self._plan_headline, random_state=saved_random_state([*models, *trained], self.is_chief),
-        ) if checkpoint_dir else None
+            plan_headline=self._plan_headline, models=[*models, *trained]) if checkpoint_dir else None
         self.observers = list(observers) + default_observers(self.is_chief, log_every, logdir, progress, profile_steps)
         self._called: set[Any] = set()
         self._last_input: tuple[Any, Any, Any] | None = None
