@@ -11,6 +11,9 @@ module                 its part
 ``streams``            ``tf.data`` pipelines of batches, behind the same interface
 ``batches``            what both input kinds share: a compiled call's result, nests of arrays
 ``checkpoints``        run directories, checkpoints that never lose a run
+``random_state``       the random layers' generators, kept in checkpoints: a resume draws on exactly
+``resume``             what a resumed run keeps or says: its seed, loss scaling, the steps left
+``run_lock``           one run at a time in a checkpoint folder
 ``saving``             checkpoint saves on a disk that fails: full, read-only, a killed save's leftovers
 ``observers``          log line, TensorBoard scalars, progress bar, profiler window, the defaults
 ``precision``          the precision check of the models being trained

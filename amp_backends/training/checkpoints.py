@@ -16,7 +16,9 @@ version before any of them creates it.
   differs, not an assertion with hundreds of variables;
 * restoring falls back to the newest intact checkpoint when the latest is unreadable (truncated, say),
   with a warning naming the broken one;
-* non-finite weights are never saved.
+* non-finite weights are never saved;
+* an object added to what a store saves (``optional``: the random layers' state) may be missing from a
+  checkpoint written before: that checkpoint is restored without it, and :class:`Restored` names it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from typing import Any, Mapping
 import tensorflow as tf
 
 from ..errors import AmpConfigError, CheckpointError, CheckpointMismatchError
+from .random_state import KEY as RANDOM_STATE
+from .random_state import saved_random_state
 
 logger = logging.getLogger("amp_backends.train")
 
@@ -199,6 +203,7 @@ class Restored:
 
     path: str
     stored: dict[str, Any] | None
+    lacking: tuple[str, ...] = ()  # optional objects with variables the checkpoint does not hold (they keep theirs)
 
 
 class CheckpointStore:
@@ -206,14 +211,16 @@ class CheckpointStore:
 
     def __init__(self, objects: Mapping[str, Any], directory: str | os.PathLike, *, step_counter: Any,
                  keep: int = 3, is_chief: bool = True, worker: str = "0",
-                 extra: Mapping[str, Any] | None = None) -> None:
+                 extra: Mapping[str, Any] | None = None, optional: Mapping[str, Any] | None = None) -> None:
         self.directory = absolute(directory)
         check_directory(self.directory, "checkpoint directory")  # made by the first save (or the run's lock)
         self.is_chief = is_chief
-        self.signature = signature(objects, extra or {})
+        self._objects = {**dict(objects), **dict(optional or {})}
+        self._optional = set(optional or {})
+        self.signature = signature(self._objects, extra or {})
         self._signature_var = tf.Variable(json.dumps(self.signature), dtype=tf.string, trainable=False,
                                           name="signature")
-        self.checkpoint = tf.train.Checkpoint(**dict(objects), signature=self._signature_var)
+        self.checkpoint = tf.train.Checkpoint(**self._objects, signature=self._signature_var)
         self.step_counter = step_counter
         # Under MultiWorkerMirroredStrategy every worker saves (saving is collective); only the chief's
         # files are kept, the others write to a scratch folder removed after each save.
@@ -284,15 +291,16 @@ class CheckpointStore:
             except Exception as exc:  # missing or truncated files
                 broken.append((path, _short(exc)))
                 continue
+            absent, current, checkpoint = self._without_absent(stored)
             if stored is not None:
-                diff = differences(stored, self.signature)
+                diff = differences(stored, current)
                 if diff:
                     raise CheckpointMismatchError(
                         f"The checkpoint {path} was written for other models than the ones being trained: "
                         + "; ".join(diff) + ". Fix: resume with the same model code and arguments, or start a new run "
                         "(without --resume, or with another --logdir).")
             try:
-                self.checkpoint.restore(path).assert_existing_objects_matched()
+                checkpoint.restore(path).assert_existing_objects_matched()
             except (AssertionError, ValueError) as exc:
                 if stored is None:
                     raise CheckpointMismatchError(
@@ -309,11 +317,22 @@ class CheckpointStore:
             self._signature_var.assign(json.dumps(self.signature))  # later saves describe this run
             self.owned = True
             self.last_saved_step = int(self.step_counter.numpy())
-            return Restored(path, stored)
+            return Restored(path, stored, tuple(sorted(k for k in absent if self.signature["objects"].get(k))))
         reasons = "; ".join(f"{os.path.basename(p)}: {w}" for p, w in broken)
         raise CheckpointError(
             f"No intact checkpoint in {self.directory!r}: {reasons}. "
             "Fix: start a new run (without --resume, or with another --logdir).")
+
+    def _without_absent(self, stored: dict[str, Any] | None) -> tuple[set[str], dict[str, Any], Any]:
+        """The optional objects a checkpoint written before they were added does not hold, and this store's
+        signature and checkpoint without them (to compare with and restore that checkpoint)."""
+        absent = {k for k in self._optional if stored is not None and k not in stored.get("objects", {})}
+        if not absent:
+            return absent, self.signature, self.checkpoint
+        kept = {k: v for k, v in self._objects.items() if k not in absent}
+        return (absent, {**self.signature, "objects": {k: v for k, v in self.signature["objects"].items()
+                                                       if k not in absent}},
+                tf.train.Checkpoint(**kept, signature=self._signature_var))
 
     def save(self) -> str | None:
         """Write a checkpoint at the current step; returns its path (``None`` on non-chief workers)."""
@@ -335,10 +354,11 @@ def _short(exc: BaseException, limit: int = 160) -> str:
 # ------------------------------------------------------------------------------------ the trainer's store
 def trainer_store(directory: str | os.PathLike, *, updates: Any, scalers: Mapping[str, Any], position: Any,
                   objects: Mapping[str, Any] | None, keep: int, is_chief: bool, worker: str,
-                  plan_headline: str, settings: Mapping[str, Any] | None = None) -> CheckpointStore:
+                  plan_headline: str, settings: Mapping[str, Any] | None = None, models: Any = ()) -> CheckpointStore:
     """What a trainer's checkpoint holds: the given objects (default: the updates' variables and optimizers),
-    each update's loss-scale state and the position (global step, epoch, sample in epoch, batch size); the
-    signature also records ``settings`` (the run's seed and loss scaling, for a resume to compare)."""
+    each update's loss-scale state, the position (global step, epoch, sample in epoch, batch size) and the
+    state of the random layers of ``models`` (:mod:`.random_state`); the signature also records ``settings``
+    (the run's seed and loss scaling, for a resume to compare)."""
     objects = dict(objects) if objects else {
         **{f"{u.name}_{i}_{part}": obj for u in updates for i, (vs, opt) in enumerate(u.groups)
            for part, obj in (("variables", list(vs)), ("optimizer", opt))},
@@ -347,7 +367,8 @@ def trainer_store(directory: str | os.PathLike, *, updates: Any, scalers: Mappin
     return CheckpointStore(
         {**objects, "loss_scale": tf.train.Checkpoint(**scaler_state), "position": position.checkpoint()}, directory,
         step_counter=position.global_step, keep=keep, is_chief=is_chief, worker=worker,
-        extra={"batch_size": position.batch_size, "plan": plan_headline, **dict(settings or {})})
+        extra={"batch_size": position.batch_size, "plan": plan_headline, **dict(settings or {})},
+        optional={RANDOM_STATE: saved_random_state(models, is_chief)})
 
 
 def log_resume(restored: Restored, at: Any, then_batch: int, batch_size: int, *, updates: Any,
@@ -362,6 +383,10 @@ def log_resume(restored: Restored, at: Any, then_batch: int, batch_size: int, *,
         logger.info(f"The checkpoint was written with batch size {then_batch}; this run uses {batch_size}: it "
                     f"continues at sample {at.offset} of epoch {at.epoch} (the position is kept in samples, so no "
                     "sample is read twice or skipped).")
+    if RANDOM_STATE in restored.lacking:
+        logger.warning(f"{restored.path} holds no state of the random layers (Dropout, noise, augmentation; it was "
+                       "written before checkpoints kept it): they draw from the start of their sequences again, so "
+                       "the losses from here on differ from an uninterrupted run's.")
     then = (restored.stored or {}).get("plan")
     if then and then != plan_headline:
         logger.info(f"The checkpoint was written under another plan ({then}); this run: {plan_headline}.")

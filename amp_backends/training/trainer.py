@@ -132,14 +132,15 @@ class Trainer:
         self.program = StepProgram(self.updates, self.scalers, strategy=self.strategy, xla=plan.xla,
                                    batch_size=self.batch_size, seed=self.seed, global_step=self.global_step,
                                    samples_in_epoch=self.position.samples_in_epoch, unroll_steps=unroll_steps)
+        trained = trained_models(self.updates, checkpoint_objects)
         self.store = trainer_store(
             checkpoint_dir, updates=self.updates, scalers=self.scalers, position=self.position,
             objects=checkpoint_objects, keep=keep_checkpoints, is_chief=self.is_chief, worker=self.worker,
-            plan_headline=self._plan_headline, settings=settings(self.seed, self.scalers)) if checkpoint_dir else None
+            plan_headline=self._plan_headline, settings=settings(self.seed, self.scalers),
+            models=[*models, *trained]) if checkpoint_dir else None
         self.observers = list(observers) + default_observers(self.is_chief, log_every, logdir, progress, profile_steps)
         self._called: set[Any] = set()
         self._last_input: tuple[Any, Any, Any] | None = None
-        trained = trained_models(self.updates, checkpoint_objects)
         self._to_check = list(trained) if check_models else []
         # each model's layer plan, applied before its first step (measured on one replica only: workers measuring
         # apart could choose apart)
