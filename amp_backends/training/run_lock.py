@@ -64,7 +64,7 @@ def refuse_if_held(directory: str | os.PathLike) -> None:
     if fcntl is None or not path.is_file():
         return
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return
     try:
@@ -93,7 +93,8 @@ def _acquire(folder: Path) -> int | None:
     for _ in range(5):
         ensure_directory(folder, "checkpoint directory")
         path = folder / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        # held open for reading only: a file open for writing would keep its disk from being remounted read-only
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -110,8 +111,8 @@ def _acquire(folder: Path) -> int | None:
         except FileNotFoundError:
             same = False
         if same:  # (else the file was removed by a run that ended meanwhile: lock the one there now)
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+            with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as holder:  # who holds it
+                holder.write(f"{os.getpid()} {socket.gethostname()}\n")
             return fd
         os.close(fd)
     return None
