@@ -234,3 +234,31 @@ def _warn(line: str, message: str | None = None) -> None:
     """``line`` logged as a warning; ``message`` (default: the line) raised as an :class:`AmpWarning`."""
     logger.warning(line)
     warnings.warn(message or line, AmpWarning, stacklevel=4)
+
+
+class TrainedModels:
+    """The Keras models a trainer trains: each gets its layer plan before the first step (the checkpoint's for a
+    resumed run, ``stored``; else decided, cached or measured on the first batch: measured on one replica only,
+    since workers measuring apart could choose apart), then the precision check once. ``layer_plans``: by name."""
+
+    def __init__(self, models: Sequence[Any], plan: Any, *, check: bool, measure: bool | None, replicas: int) -> None:
+        self.plan = plan
+        self.to_prepare, self.to_check = list(models), list(models) if check else []
+        self.measure = False if replicas > 1 else measure
+        self.layer_plans: dict[str, Any] = {}
+        self.stored: Any = None  # the layer plans of the checkpoint a run resumes
+
+    def before_first_step(self, source: Any, *, batch_size: int, replicas: int, is_chief: bool, store: Any,
+                          audit: Any) -> None:
+        prepared, self.to_prepare = self.to_prepare, []
+        if prepared:
+            self.layer_plans.update(prepare_models(prepared, self.plan, source, batch_size=batch_size,
+                                                   stored=self.stored, say=is_chief, measure=self.measure))
+            if store and self.layer_plans:
+                store.annotate("layer_plans", {n: lp.to_dict() for n, lp in self.layer_plans.items()})
+            if audit is not None:
+                audit.layer_plans = self.layer_plans
+        checked, self.to_check = self.to_check, []
+        if is_chief:
+            check_models(checked, self.plan, source, batch_size=batch_size // replicas, layer_plans=self.layer_plans)
+

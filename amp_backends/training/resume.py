@@ -113,3 +113,23 @@ def run_seed(checkpoints: str | os.PathLike) -> int | None:
         seed = json.loads(raw.decode() if isinstance(raw, bytes) else str(raw)).get("seed") if raw else None
         return None if seed is None else int(seed)
     return None
+
+
+def restore_run(store: Any, position: Any, *, seed: int, scalers: Mapping[str, Any], updates: Any, batch_size: int,
+                plan_headline: str, is_chief: bool) -> tuple[int, Any] | None:
+    """Restore ``store``'s newest intact checkpoint, if any: its seed checked, the resume said (by the chief),
+    loss scaling followed; ``(its global step, the layer plans it keeps)``."""
+    from .checkpoints import log_resume
+
+    restored = store.restore()
+    if restored is None:
+        return None
+    check_seed(restored.stored, seed, restored.path)
+    at, then_batch = position.restored()
+    stored = restored.stored or {}
+    if is_chief:
+        log_resume(restored, at, then_batch, batch_size, updates=updates, scalers=scalers,
+                   plan_headline=plan_headline)
+    follow_loss_scaling(restored.stored, scalers, say=is_chief)
+    return at.step, stored.get("layer_plans") or stored.get("float32_choice")
+

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, NonFiniteError
 
 logger = logging.getLogger("amp_backends.train")
 
@@ -37,6 +37,22 @@ GRAPH_BYTES_PER_OBJECT = 72
 # a failed write; collective failures (a worker gone) are the distribution layer's to report
 WRITE_ERRORS = (OSError, tf.errors.ResourceExhaustedError, tf.errors.PermissionDeniedError,
                 tf.errors.FailedPreconditionError, tf.errors.NotFoundError, tf.errors.UnknownError)
+
+
+def weights_finite(weights: Any) -> bool:
+    return bool(tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in weights]).numpy())
+
+
+def save_finite(store: Any, weights: Any, together: Any) -> str | None:
+    """A checkpoint now, written inside ``together`` (with the other workers). Non-finite weights are never
+    written: :class:`NonFiniteError`; a checkpoint that cannot be written (a full disk, no permission) raises
+    :class:`CheckpointError`."""
+    if not weights_finite(weights):
+        raise NonFiniteError(
+            f"Not saving step {int(store.step_counter.numpy())}: the weights contain NaN or Inf. The latest good "
+            f"checkpoint is {store.latest}. Lower the learning rate or use dynamic loss scaling.")
+    with together:
+        return save_checkpoint(store)
 
 
 def save_checkpoint(store: Any) -> str | None:

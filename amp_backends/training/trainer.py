@@ -33,7 +33,7 @@ from typing import Any, Mapping, Sequence
 
 import tensorflow as tf
 
-from ..errors import NonFiniteError, TrainingInterrupted
+from ..errors import TrainingInterrupted
 from ..plan import Plan
 from .arguments import (
     build_optimizers,
@@ -41,7 +41,7 @@ from .arguments import (
     checked_arguments,
     saved_weights,
 )
-from .checkpoints import check_directory, log_resume, trainer_store
+from .checkpoints import check_directory, trainer_store
 from .distribute import StopAgreement, collectives, is_chief, worker_id
 from .inputs import BatchFn, Ran, ResidentArrays, input_for
 from .loss_scaling import LossScaler
@@ -54,12 +54,11 @@ from .observers import (
     training_line,
 )
 from .position import At, Position
-from .precision import check_models as check_trained_models
-from .precision import prepare_models, trained_models
+from .precision import TrainedModels, trained_models
 from .results import Progress, TrainResult
-from .resume import check_seed, follow_loss_scaling, nothing_left, settings
+from .resume import nothing_left, restore_run, settings
 from .run_lock import holding
-from .saving import ready_to_save, save_checkpoint
+from .saving import ready_to_save, save_finite, weights_finite
 from .seeding import current_seed
 from .signals import StopSignals, interrupted_message
 from .step import StepProgram, Update
@@ -141,16 +140,10 @@ class Trainer:
         self.observers = list(observers) + default_observers(self.is_chief, log_every, logdir, progress, profile_steps)
         self._called: set[Any] = set()
         self._last_input: tuple[Any, Any, Any] | None = None
-        self._to_check = list(trained) if check_models else []
-        # each model's layer plan, applied before its first step (measured on one replica only: workers measuring
-        # apart could choose apart)
-        self._to_prepare = list(trained)
-        self._measure = False if self.replicas > 1 else measure_float32
-        self.layer_plans: dict[str, Any] = {}
-        self._stored_precision: dict[str, Any] | None = None
-        if audit and self.is_chief:  # what ran in a window of steps
-            self.audit = audit_observer(audit, trained, plan, steps_per_call)
-            self.observers.append(self.audit)
+        self.models = TrainedModels(trained, plan, check=check_models, measure=measure_float32, replicas=self.replicas)
+        self.layer_plans = self.models.layer_plans
+        self.audit = audit_observer(audit, trained, plan, steps_per_call) if audit and self.is_chief else None
+        self.observers += [self.audit] if self.audit else []  # what ran in a window of steps
 
     # ------------------------------------------------------------------ checkpoints
     @property
@@ -161,37 +154,19 @@ class Trainer:
     def checkpoint_dir(self) -> str | None:
         return self.store.directory if self.store else None
 
-    def weights_finite(self) -> bool:
-        return bool(tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in self._weights]).numpy())
-
     def save(self) -> str | None:
-        """Write a checkpoint now (atomically). Non-finite weights are never written: :class:`NonFiniteError`; a
-        checkpoint that cannot be written (a full disk, no permission) raises
-        :class:`~amp_backends.errors.CheckpointError`."""
-        if not self.store:
-            return None
-        step = self.position.step
-        if not self.weights_finite():
-            raise NonFiniteError(
-                f"Not saving step {step}: the weights contain NaN or Inf. The latest good checkpoint is "
-                f"{self.store.latest}. Lower the learning rate or use dynamic loss scaling.")
-        with self._together(step):  # several workers save together
-            return save_checkpoint(self.store)
+        """Write a checkpoint now (atomically; with the other workers): :func:`.saving.save_finite`."""
+        return save_finite(self.store, self._weights, self._together(self.position.step)) if self.store else None
 
     def restore(self) -> int | None:
-        """Restore the newest intact checkpoint, if any; returns its global step."""
-        restored = self.store.restore() if self.store else None
+        """Restore the newest intact checkpoint, if any; returns its global step (:func:`.resume.restore_run`)."""
+        restored = restore_run(self.store, self.position, seed=self.seed, scalers=self.scalers, updates=self.updates,
+                               batch_size=self.batch_size, plan_headline=self._plan_headline,
+                               is_chief=self.is_chief) if self.store else None
         if restored is None:
             return None
-        check_seed(restored.stored, self.seed, restored.path)
-        at, then_batch = self.position.restored()
-        stored = restored.stored or {}
-        self._stored_precision = stored.get("layer_plans") or stored.get("float32_choice")
-        if self.is_chief:
-            log_resume(restored, at, then_batch, self.batch_size, updates=self.updates, scalers=self.scalers,
-                       plan_headline=self._plan_headline)
-        follow_loss_scaling(restored.stored, self.scalers, say=self.is_chief)
-        return at.step
+        step, self.models.stored = restored
+        return step
 
     # ------------------------------------------------------------------ the loop
     def fit(self, x: Any, y: Any = None, *, epochs: int = 1, max_steps: int | None = None, resume: bool = False,
@@ -245,22 +220,11 @@ class Trainer:
         return self._result(source, progress)
 
     def _before_first_step(self, source: Any) -> None:
-        """Each trained model's layer plan (the checkpoint's, cached or measured once; kept by the checkpoints),
-        then the precision check and the line that says what a call is."""
-        prepared, self._to_prepare = self._to_prepare, []
-        if prepared:
-            self.layer_plans.update(prepare_models(prepared, self.plan, source, batch_size=self.batch_size,
-                                                   stored=self._stored_precision, say=self.is_chief,
-                                                   measure=self._measure))
-            if self.store and self.layer_plans:
-                self.store.annotate("layer_plans", {n: lp.to_dict() for n, lp in self.layer_plans.items()})
-            if getattr(self, "audit", None) is not None:
-                self.audit.layer_plans = self.layer_plans
-        models, self._to_check = self._to_check, []
+        """Each trained model's layer plan, the precision check, and the line that says what a call is."""
         if self.is_chief:
             logger.info(training_line(source, self.batch_size, self.steps_per_call, self.checkpoint_every))
-            check_trained_models(models, self.plan, source, batch_size=self.batch_size // self.replicas,
-                                 layer_plans=self.layer_plans)
+        self.models.before_first_step(source, batch_size=self.batch_size, replicas=self.replicas,
+                                      is_chief=self.is_chief, store=self.store, audit=self.audit)
 
     def _loop(self, source: Any, epochs: int, max_steps: int | None, progress: Progress,
               stop: StopSignals) -> int | None:
@@ -336,9 +300,8 @@ class Trainer:
         for s in self.scalers.values():
             if not s.stalled(self.max_consecutive_nonfinite):
                 continue
-            saved = None
-            if self.store and self.weights_finite() and getattr(self.strategy, "cluster_resolver", None) is None:
-                saved = self.save()
+            single = getattr(self.strategy, "cluster_resolver", None) is None  # (several workers save together)
+            saved = self.save() if self.store and single and weights_finite(self._weights) else None
             raise s.stalled_error(saved)
 
     def _interrupted(self, signum: int) -> None:
