@@ -1,0 +1,70 @@
+"""How a plan scales losses: :class:`LossScale` (none, fixed or dynamic), plain frozen data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import AmpConfigError
+
+DEFAULT_INITIAL_SCALE = 2.0**15
+DEFAULT_GROWTH_INTERVAL = 2000
+
+
+@dataclass(frozen=True)
+class LossScale:
+    """How the loss is scaled before differentiation.
+
+    Loss scaling multiplies the loss by ``scale`` before computing gradients so that small float16
+    gradients do not flush to zero, then divides the gradients by the same factor before applying
+    them. ``dynamic`` halves the scale (``backoff``) whenever gradients overflow, skipping that step,
+    and doubles it (``growth``) after ``growth_interval`` finite steps. ``fixed`` keeps one scale;
+    ``none`` does not scale (right for float32 and bfloat16).
+    """
+
+    mode: str = "none"  # "dynamic" | "fixed" | "none"
+    initial: float = DEFAULT_INITIAL_SCALE
+    growth_interval: int = DEFAULT_GROWTH_INTERVAL
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("dynamic", "fixed", "none"):
+            raise AmpConfigError(
+                f"LossScale mode must be 'dynamic', 'fixed' or 'none'. Received: mode={self.mode!r}."
+            )
+        if not (self.initial > 0 and self.initial < float("inf")):
+            raise AmpConfigError(
+                f"A loss scale must be a positive finite number, such as 1024. Received: {self.initial!r}."
+            )
+        if self.growth_interval < 1:
+            raise AmpConfigError(
+                f"growth_interval must be >= 1. Received: growth_interval={self.growth_interval!r}."
+            )
+
+    def __str__(self) -> str:
+        if self.mode == "fixed":
+            return f"fixed:{self.initial:g}"
+        if self.mode == "dynamic":
+            return f"dynamic (initial {self.initial:g}, growth every {self.growth_interval} steps)"
+        return "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"mode": "none"}``, ``{"mode": "fixed", "scale": 1024.0}`` or the dynamic mode's parameters."""
+        if self.mode == "none":
+            return {"mode": "none"}
+        if self.mode == "fixed":
+            return {"mode": "fixed", "scale": self.initial}
+        return {"mode": "dynamic", "initial": self.initial, "growth_interval": self.growth_interval}
+
+    @classmethod
+    def dynamic(
+        cls, initial: float = DEFAULT_INITIAL_SCALE, growth_interval: int = DEFAULT_GROWTH_INTERVAL
+    ) -> LossScale:
+        return cls("dynamic", float(initial), int(growth_interval))
+
+    @classmethod
+    def fixed(cls, scale: float) -> LossScale:
+        return cls("fixed", float(scale))
+
+    @classmethod
+    def none(cls) -> LossScale:
+        return cls("none", 1.0)
