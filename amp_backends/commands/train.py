@@ -110,8 +110,8 @@ def command(name: str, train: Callable[[Any], Any], *, batch_size: int, lr: floa
                                            "(reproducible on GPUs too; slower)."),
         progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Progress bar (default: on a "
                                              "terminal)."),
-        distribute: str = typer.Option("auto", "--distribute", metavar="KIND", help="auto (TF_CONFIG: multiworker; "
-                                       "several GPUs: mirrored), none, mirrored, multiworker."),
+        distribute: str = typer.Option("auto", "--distribute", metavar="KIND", help="auto (TF_CONFIG, mpiexec or "
+                                       "srun: multiworker; several GPUs: mirrored), none, mirrored, multiworker."),
         cluster_timeout: float = typer.Option(60.0, "--cluster-timeout", min=1.0, metavar="SECONDS",
                                               help="Seconds a collective waits for the other workers before failing."),
         tune: bool = typer.Option(False, "--tune", help="Time the candidate plans on this model first and train with "
