@@ -67,11 +67,16 @@ def test_slurm_layout_is_slurm_cluster_resolvers():
 
 def test_slurm_minimal_variables_and_job_nodelist():
     launch = launcher_cluster({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "n[1-2]",
-                               "AMP_CLUSTER_PORT": "5000"})
+                               "SLURM_STEP_ID": "0", "AMP_CLUSTER_PORT": "5000"})
     assert launch.workers == ("n1:5000", "n2:5000") and launch.rank == 1  # one task a node, no tasks-per-node
-    one = launcher_cluster({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "n1"})
-    assert one.size == 1 and cluster_config({"SLURM_PROCID": "0", "SLURM_NTASKS": "1",
-                                             "SLURM_JOB_NODELIST": "n1"}) is None  # one task: no cluster
+    one = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "n1", "SLURM_STEP_ID": "0"}
+    assert launcher_cluster(one).size == 1 and cluster_config(one) is None  # one task: no cluster
+
+
+def test_a_batch_scripts_own_process_is_alone():
+    # sbatch -n 4 sets SLURM_PROCID=0 and SLURM_NTASKS=4 for the script, but only srun starts the 4 tasks
+    batch = {"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    assert launcher_cluster(batch) is None and cluster_config(batch) is None
 
 
 @pytest.mark.parametrize("text,hosts", [
@@ -115,9 +120,11 @@ def test_tasks_per_node():
     (SLURM | {"SLURM_STEP_NUM_TASKS": "5"}, "SLURM_STEP_NUM_TASKS=5 tasks must be spread"),
     (SLURM | {"SLURM_PROCID": "4"}, "expected 0 <= SLURM_PROCID < SLURM_STEP_NUM_TASKS"),
     (SLURM | {"SLURM_LOCALID": "0"}, r"rank 3 should be local rank 1.*SLURM_LOCALID=0.*--distribution=block"),
-    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, "no node list: expected SLURM_STEP_NODELIST or SLURM_JOB_NODELIST"),
-    ({"SLURM_PROCID": "0"}, "SLURM_PROCID is set but SLURM_NTASKS is not"),
-    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "3", "SLURM_JOB_NODELIST": "a,b"}, "no SLURM_STEP_TASKS_PER_NODE"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0"},
+     "no node list: expected SLURM_STEP_NODELIST or SLURM_JOB_NODELIST"),
+    ({"SLURM_PROCID": "0", "SLURM_STEP_ID": "0"}, "SLURM_PROCID is set but SLURM_NTASKS is not"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "3", "SLURM_JOB_NODELIST": "a,b", "SLURM_STEP_ID": "0"},
+     "no SLURM_STEP_TASKS_PER_NODE"),
 ])
 def test_malformed_launcher_environments(environ, needle):
     with pytest.raises(ClusterConfigError, match=needle):

@@ -5,7 +5,8 @@ or partial launcher environment is refused with a :class:`ClusterConfigError` be
 
 Precedence: ``TF_CONFIG`` when set (it names the cluster exactly), then an MPI launcher (Open MPI's
 ``OMPI_COMM_WORLD_*``, MPICH/Hydra's ``PMI_RANK``/``PMI_SIZE``: set per process by the ``mpiexec`` that started
-this one, even inside a Slurm allocation), then Slurm's ``srun`` (``SLURM_PROCID`` with the step's variables).
+this one, even inside a Slurm allocation), then Slurm's ``srun`` (``SLURM_PROCID`` with the step's variables; a
+batch script's own process has ``SLURM_PROCID`` and ``SLURM_NTASKS`` but no step: it runs alone).
 Every worker is a ``worker``; worker 0 is the chief.
 
 Ports: worker ``r`` listens on ``base + its local rank`` (its rank among the workers on its host), so on one
@@ -232,6 +233,6 @@ def launcher_cluster(env: Mapping[str, str]) -> Launch | None:
     if "PMI_RANK" in env or "PMI_SIZE" in env:
         return _mpi(env, "MPICH/Hydra (mpiexec)", ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
                     env.get("PMI_JOBID") or env.get("PMIX_NAMESPACE"))
-    if "SLURM_PROCID" in env:
-        return _slurm(env)
+    if "SLURM_PROCID" in env and ("SLURM_STEP_ID" in env or "SLURM_STEP_NUM_TASKS" in env):
+        return _slurm(env)  # (a batch script's own process has SLURM_PROCID too, but no step: it is alone)
     return None
