@@ -114,8 +114,8 @@ def command(name: str, train: Callable[[Any], Any], *, batch_size: int, lr: floa
                                            "(reproducible on GPUs too; slower)."),
         progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Progress bar (default: on a "
                                              "terminal)."),
-        distribute: str = typer.Option("auto", "--distribute", metavar="KIND", help="auto (TF_CONFIG: multiworker; "
-                                       "several GPUs: mirrored), none, mirrored, multiworker."),
+        distribute: str = typer.Option("auto", "--distribute", metavar="KIND", help="auto (TF_CONFIG, mpiexec or "
+                                       "srun: multiworker; several GPUs: mirrored), none, mirrored, multiworker."),
         cluster_timeout: float = number_option(60.0, "--cluster-timeout", prog=name, kind=float, minimum=1,
                                                metavar="SECONDS",
                                                help="Seconds a collective waits for the other workers before failing."),

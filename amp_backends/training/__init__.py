@@ -19,6 +19,7 @@ module                 its part
 ``precision``          the precision check of the models being trained
 ``signals``            Ctrl-C and SIGTERM: stop after the current call
 ``distribute``         ``tf.distribute`` strategies, cluster checks, plan agreement, agreeing to stop
+``launchers``          the cluster from ``mpiexec`` (Open MPI, MPICH) or ``srun`` (Slurm) when no TF_CONFIG
 ``tasks``              ready-made updates: classifier, the tutorials' GAN, MNIST batches
 ``arguments``          the trainer's arguments checked; optimizers built once
 ``results``            what a ``fit`` call collects and returns (:class:`TrainResult`)
@@ -27,7 +28,7 @@ module                 its part
 =====================  ==========================================================================
 
 Importing this package is cheap; TensorFlow is imported with the first name used from it (except
-``distribute``'s cluster checks, which run before TensorFlow starts).
+``distribute``'s and ``launchers``' cluster checks, which run before TensorFlow starts).
 """
 
 from __future__ import annotations

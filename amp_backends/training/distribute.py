@@ -1,9 +1,10 @@
 """tf.distribute for the trainer: choosing a strategy, validating the cluster, roles, plan agreement.
 
-Several local devices -> ``MirroredStrategy``; several processes or hosts (``TF_CONFIG`` set) ->
-``MultiWorkerMirroredStrategy``. ``TF_CONFIG`` is validated before TensorFlow sees it, this worker's
-own port is checked, and collectives get a timeout, so a bad cluster fails with a clear error instead
-of hanging: a peer that never comes (or dies) surfaces after ``timeout_s`` seconds (default 60).
+Several local devices -> ``MirroredStrategy``; several processes or hosts (``TF_CONFIG`` set, or several
+workers started by ``mpiexec`` or ``srun``: :mod:`.launchers`) -> ``MultiWorkerMirroredStrategy``. The cluster is
+validated before TensorFlow sees it, this worker's own port is checked, and collectives get a timeout, so a
+bad cluster fails with a clear error instead of hanging: a peer that never comes (or dies) surfaces after
+``timeout_s`` seconds (default 60).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import socket
 from typing import Any, Callable, Iterator, Mapping
 
 from ..errors import AmpConfigError, ClusterConfigError, DistributedFailure
+from .launchers import PORT_VARIABLE, launcher_cluster
 
 logger = logging.getLogger("amp_backends.distribute")
 
@@ -63,7 +65,8 @@ def own_address(cfg: Mapping[str, Any]) -> str:
     return cfg["cluster"][cfg["task"]["type"]][cfg["task"]["index"]]
 
 
-def check_port_free(address: str) -> None:
+def check_port_free(address: str, source: str = "TF_CONFIG",
+                    fix: str = "choose a free port in TF_CONFIG for this task") -> None:
     """Raise :class:`ClusterConfigError` if this worker's own port is taken (TensorFlow would abort)."""
     host, _, port = address.rpartition(":")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -72,10 +75,21 @@ def check_port_free(address: str) -> None:
             s.bind(("" if host in ("localhost", "0.0.0.0") else host, int(port)))
         except OSError as exc:
             raise ClusterConfigError(
-                f"This worker's address {address} (from TF_CONFIG) cannot be bound: {exc.strerror or exc}. Another "
-                "process uses the port, or the host is not this machine. Fix: stop that process or choose a free port "
-                "in TF_CONFIG for this task."
+                f"This worker's address {address} (from {source}) cannot be bound: {exc.strerror or exc}. Another "
+                f"process uses the port, or the host is not this machine. Fix: stop that process or {fix}."
             ) from None
+
+
+def cluster_config(env: Mapping[str, str]) -> tuple[dict[str, Any], str] | None:
+    """The cluster as a parsed ``TF_CONFIG`` and where it came from: ``TF_CONFIG`` when set (it wins), else the
+    launcher (``mpiexec``, ``srun``: :mod:`.launchers`) when it started several workers, else ``None``."""
+    tf_config = env.get("TF_CONFIG", "").strip()
+    if tf_config:
+        return parse_tf_config(tf_config), "TF_CONFIG"
+    launch = launcher_cluster(env)
+    if launch is None or launch.size < 2:
+        return None
+    return launch.tf_config(), launch.source
 
 
 def make_strategy(kind: str = "auto", *, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -86,9 +100,9 @@ def make_strategy(kind: str = "auto", *, timeout_s: float = DEFAULT_TIMEOUT_S,
     if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
         raise AmpConfigError(f"The cluster timeout must be a positive number of seconds. Received: {timeout_s!r}.")
     env = os.environ if environ is None else environ
-    tf_config = env.get("TF_CONFIG", "").strip()
+    found = cluster_config(env) if kind in ("auto", "multiworker") else None  # refused here, before TensorFlow
     if kind == "auto":
-        kind = "multiworker" if tf_config else "none"
+        kind = "multiworker" if found else "none"
         if kind == "none":
             import tensorflow as tf
 
@@ -100,16 +114,26 @@ def make_strategy(kind: str = "auto", *, timeout_s: float = DEFAULT_TIMEOUT_S,
         return None
     if kind == "mirrored":
         return tf.distribute.MirroredStrategy()
-    if not tf_config:
-        raise ClusterConfigError("--distribute multiworker needs TF_CONFIG describing the cluster, such as "
+    if found is None:
+        raise ClusterConfigError("--distribute multiworker needs a cluster: TF_CONFIG, such as "
                                  '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", '
-                                 '"index": 0}}. Received: TF_CONFIG is not set.')
-    cfg = parse_tf_config(tf_config)
-    check_port_free(own_address(cfg))
+                                 '"index": 0}}, or several workers started by mpiexec or srun. Received: TF_CONFIG is '
+                                 "not set and no launcher started several workers.")
+    cfg, source = found
+    fix = ("choose a free port in TF_CONFIG for this task" if source == "TF_CONFIG" else
+           f"set {PORT_VARIABLE} to a free base port for every worker (worker r on a host uses base + its local rank)")
+    check_port_free(own_address(cfg), source, fix)
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=float(timeout_s))
     peers = [a for job in cfg["cluster"].values() for a in job if a != own_address(cfg)]
-    return create_with_deadline(lambda: tf.distribute.MultiWorkerMirroredStrategy(communication_options=options),
-                                timeout_s, peers)
+    if source == "TF_CONFIG":
+        resolver = None  # TensorFlow reads TF_CONFIG itself
+    else:
+        logger.info("Cluster from %s: worker %d of %s", source, cfg["task"]["index"], cfg["cluster"]["worker"])
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec(cfg["cluster"]), task_type="worker", task_id=cfg["task"]["index"], rpc_layer="grpc")
+    return create_with_deadline(
+        lambda: tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options),
+        timeout_s, peers, source)
 
 
 _WATCHDOG = r"""
@@ -130,7 +154,8 @@ os.kill(pid, signal.SIGKILL)
 """
 
 
-def create_with_deadline(factory: Callable[[], Any], timeout_s: float, peers: list[str]) -> Any:
+def create_with_deadline(factory: Callable[[], Any], timeout_s: float, peers: list[str],
+                         source: str = "TF_CONFIG") -> Any:
     """Build the strategy, but end the process after ``timeout_s`` with a clear message if it has not formed.
 
     MultiWorkerMirroredStrategy's constructor waits for every worker to join, holding Python's global lock
@@ -142,8 +167,9 @@ def create_with_deadline(factory: Callable[[], Any], timeout_s: float, peers: li
 
     message = (
         f"amp_backends: error: the cluster did not form within {timeout_s:g} s ({{detail}}). Fix: start every worker "
-        "listed in TF_CONFIG (the same cluster, each with its own task index) within the timeout, or raise "
-        "--cluster-timeout."
+        + ("listed in TF_CONFIG (the same cluster, each with its own task index)" if source == "TF_CONFIG" else
+           f"of the cluster {source} describes (every rank of the same launch)")
+        + " within the timeout, or raise --cluster-timeout."
     )
     watchdog = subprocess.Popen(
         [sys.executable, "-I", "-c", _WATCHDOG, str(timeout_s), str(os.getpid()), message, *peers],
