@@ -144,19 +144,29 @@ def test_a_save_that_cannot_write_stops_with_a_checkpoint_error(tmp_path, fault)
         assert tf.train.latest_checkpoint(str(folder)) == str(folder / "ckpt-2") and leftovers(folder) == []
 
 
-def test_a_disk_too_full_for_one_checkpoint_stops_before_training_and_tensorboard_only_warns(tmp_path, caplog):
+def test_a_disk_too_full_for_one_checkpoint_stops_before_training_and_leaves_no_event_file(tmp_path, caplog):
     caplog.set_level("WARNING", logger="amp_backends.train")
     steps = []
     with small_disk(tmp_path / "disk", "256k") as disk:
         fill(disk)
         t = trainer(disk / "checkpoints", logdir=disk, observers=[At(1, lambda: steps.append(1))])
-        assert "TensorBoard scalars cannot be written to" in caplog.text and "No space left on device" in caplog.text
+        # (TensorBoard's writer starts with the first scalars: a run refused before its first step writes none)
         with pytest.raises(CheckpointError, match=r"has \d+ bytes free; a checkpoint of this run needs about "
                                                   r"[\d.]+ KB, so the next save would fail\. No checkpoint .*Fix: "
                                                   r"free at least"):
             t.fit(*data(), epochs=1)
         assert steps == []  # refused before the first step
         assert not (disk / "train").exists()  # no empty event file left behind
+
+
+def test_a_full_disk_for_tensorboard_alone_is_a_warning_and_training_goes_on(tmp_path, caplog):
+    caplog.set_level("WARNING", logger="amp_backends.train")
+    with small_disk(tmp_path / "disk", "256k") as disk:
+        fill(disk)
+        result = trainer(tmp_path / "checkpoints", logdir=disk).fit(*data(), epochs=1)  # checkpoints elsewhere
+        assert result.steps == 8
+        assert "TensorBoard scalars cannot be written to" in caplog.text and "No space left on device" in caplog.text
+        assert not list((disk / "train").glob("events.out.tfevents*")) if (disk / "train").exists() else True
 
 
 def test_unfinished_saves_of_a_killed_process_are_removed_when_the_run_resumes(tmp_path, caplog):
