@@ -63,6 +63,7 @@ _LAZY = {
     "ThroughputLogger": ".training",
     "seed_everything": ".training",
     "step_seed": ".training",
+    "LossScaler": ".training",
     # every error (AmpError and its subclasses), the interruption and the warning
     "AmpError": ".errors",
     "AmpConfigError": ".errors",
@@ -108,6 +109,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .plan import Plan
     from .prepare import Preparation, prepare_model
     from .training import (
+        LossScaler,
         Observer,
         ThroughputLogger,
         Trainer,

@@ -27,8 +27,8 @@ TOP_LEVEL = [
     # a model under the plan, and what the calls return
     "Audit", "ModelCheck", "Preparation", "audit", "audit_trace", "check_model", "prepare_model",
     # training
-    "Observer", "ThroughputLogger", "TrainResult", "Trainer", "Update", "classifier_updates", "gan_updates",
-    "seed_everything", "step_seed",
+    "LossScaler", "Observer", "ThroughputLogger", "TrainResult", "Trainer", "Update", "classifier_updates",
+    "gan_updates", "seed_everything", "step_seed",
     # errors, the interruption, the warning
     "AmpConfigError", "AmpError", "AmpWarning", "BackendError", "CheckpointError", "CheckpointMismatchError",
     "ClusterConfigError", "DataUnavailableError", "DistributedFailure", "FactoryError", "InputError",

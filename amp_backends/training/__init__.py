@@ -7,6 +7,7 @@ module                 its part
 ``position``           where training stands: epoch, sample offset, step; resume arithmetic
 ``step``               :class:`Update` and the compiled step (replica gradients, skip, apply)
 ``loss_scaling``       :class:`LossScaler`: none / fixed / dynamic, sparse gradients kept sparse
+``custom_loop``        the same scaling in a ``tf.GradientTape`` loop of your own (``LossScaler.apply``)
 ``inputs``             resident arrays; each input kind sizes and runs its compiled call
 ``streams``            ``tf.data`` pipelines of batches, behind the same interface
 ``batches``            what both input kinds share: a compiled call's result, nests of arrays

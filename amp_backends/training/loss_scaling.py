@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from ..errors import NonFiniteError
 from ..request import LossScale
+from .custom_loop import apply_step, plan_loss_scale
 
 
 def _map_values(g: Any, fn: Any) -> Any:
@@ -47,9 +48,22 @@ def _values(g: Any) -> Any:
 
 
 class LossScaler:
-    """The loss-scale state of one update (one loss, one or several optimizers)."""
+    """The loss-scale state of one update (one loss, one or several optimizers).
 
-    def __init__(self, config: LossScale, name: str = "loss_scale", min_scale: float = 1.0) -> None:
+    In a loop of your own (``tf.GradientTape``), make it from the optimizer: ``LossScaler(optimizer)`` scales
+    as the applied plan says (``plan=`` another plan), then per step ``scaled = scaler.scale(loss)`` inside the
+    tape and ``scaler.apply(tape.gradient(scaled, variables), variables)`` after it — in place of Keras 2's
+    ``get_scaled_loss`` / ``get_unscaled_gradients`` / ``apply_gradients`` (see ``custom_loop``). The trainer
+    makes it from a :class:`~amp_backends.request.LossScale` instead, and drives the steps below itself.
+    """
+
+    def __init__(self, optimizer: Any = None, name: str = "loss_scale", min_scale: float = 1.0, *,
+                 plan: Any = None) -> None:
+        if isinstance(optimizer, LossScale):  # the trainer's form: the loss scaling itself
+            config, self.optimizer = optimizer, None
+        else:
+            config, self.optimizer = plan_loss_scale(optimizer, plan), optimizer
+        self._built_optimizers: set[int] = set()
         self.config = config
         self.name = name
         self.min_scale = float(min_scale)
@@ -64,7 +78,21 @@ class LossScaler:
     def scale(self, loss: Any) -> Any:
         if self.config.mode == "none":
             return loss
+        loss = tf.convert_to_tensor(loss)
+        if loss.dtype in (tf.float16, tf.bfloat16):  # a float16 loss times 65536 would be Inf
+            loss = tf.cast(loss, tf.float32)
         return loss * tf.cast(self.scale_var, loss.dtype)
+
+    def apply(self, grads: Any, variables: Any, optimizer: Any = None) -> Any:
+        """One step of a loop of your own, after :meth:`scale`: unscale ``grads`` (``tape.gradient`` of the scaled
+        loss), apply them to ``variables`` with ``optimizer`` (by default the one this scaler was made with) if
+        all are finite in every replica, else skip the step; then update the scale. Returns whether the step was
+        applied (a boolean tensor). Works in ``tf.function`` (with ``jit_compile`` too) and ``strategy.run``."""
+        optimizer = optimizer if optimizer is not None else self.optimizer
+        if optimizer is None:
+            raise TypeError("LossScaler.apply() needs the optimizer: make the scaler with it (LossScaler(optimizer)) "
+                            "or pass apply(grads, variables, optimizer=...).")
+        return apply_step(self, grads, variables, optimizer)
 
     def unscale(self, grads: Sequence[Any], variables: Sequence[Any] | None = None) -> list[Any]:
         """Gradients divided by the scale; those of ``variables`` that Keras overwrites with their "gradient"
