@@ -32,8 +32,10 @@ the progress bar per step.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
-import time
+
+from amp_backends.timing import interleaved
 
 
 def main() -> None:
@@ -74,14 +76,10 @@ def main() -> None:
                           **{**plan.compile_kwargs(), "steps_per_execution": spe})
             model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0)  # warm-up: tracing, compilation
             models[spe] = model
-        rates: dict[int, list[float]] = {spe: [] for spe in values}
-        for _ in range(args.rounds):
-            for spe, model in models.items():
-                start = time.perf_counter()
-                model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0)
-                rates[spe].append(args.samples / (time.perf_counter() - start))
+        timings = interleaved({str(spe): functools.partial(model.fit, x, y, batch_size=args.batch, epochs=1, verbose=0)
+                               for spe, model in models.items()}, rounds=args.rounds, units=args.samples)
         for spe in values:
-            r = rates[spe]
+            r = timings.rates[str(spe)]
             print(f"policy={plan.policy} xla={'on' if plan.xla else 'off'} steps_per_execution={spe}: "
                   f"{statistics.median(r):.0f} img/s (range {min(r):.0f}-{max(r):.0f})", flush=True)
 
