@@ -44,6 +44,7 @@ _LAZY = {
     "configure_for_device": ".configure",
     "reset": ".configure",
     "Plan": ".plan",
+    "LossScale": ".loss_scale",
     # a model under the plan: prepared, checked (what should run), audited (what did run)
     "prepare_model": ".prepare",
     "Preparation": ".prepare",
@@ -87,6 +88,7 @@ __all__ = sorted(_LAZY) + ["__version__"]
 if TYPE_CHECKING:  # pragma: no cover
     from .audit import Audit, audit, audit_trace
     from .layer_plan import LayerPlan
+    from .loss_scale import LossScale
     from .configure import auto_configure, configure_for_device, current_plan, known_devices, plan_for, reset
     from .errors import (
         AmpConfigError,

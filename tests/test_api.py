@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Adding a name here is a decision: it becomes a promise to every training script.
 TOP_LEVEL = [
+    "LossScale",
     "ModelCallError",
     "LayerPlan",
     # the plan
@@ -37,7 +38,7 @@ TOP_LEVEL = [
 ]
 
 BACKEND_AUTHORS = ["Accelerator", "Assessment", "Backend", "BackendProbe", "BackendRegistry", "CpuInfo", "Float32Layer",
-                   "Hardware", "LossScale", "MatrixUnit", "Request", "Support", "VendorSetting", "build_request",
+                   "Hardware", "MatrixUnit", "Request", "Support", "VendorSetting", "build_request",
                    "default_registry", "make_plan", "probe_hardware"]
 
 

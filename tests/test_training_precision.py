@@ -60,7 +60,7 @@ class Recorder:
         self.calls, self.with_inputs, self.findings = [], with_inputs, list(findings)
 
     def __call__(self, model, plan=None, batch_size=None, **kw):
-        if kw and not self.with_inputs:
+        if "inputs" in kw and not self.with_inputs:
             raise TypeError("check_model() got an unexpected keyword argument 'inputs'")
         self.calls.append((model.name, batch_size, kw.get("inputs")))
         lines = ["headline"] + [f"{f.severity}: layer: {f.what}. Fix: {f.fix}" for f in self.findings] + ["summary"]
