@@ -12,6 +12,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.intel
+
 tf = pytest.importorskip("tensorflow")
 
 import amp_backends  # noqa: E402
