@@ -8,13 +8,13 @@
   trainer's loss scaling, checkpoints and resume, the precision check), with ITEX really loaded.
   ``tests/test_markers.py`` keeps the marker honest.
 
-Both test sessions list their 25 slowest tests. Arguments after ``--`` replace the default pytest
-arguments (``python3 -m nox -s intel -- -q -x tests/test_intel.py``).
-
 * ``lint``: ruff over the whole tree and mypy over the core (configured in ``pyproject.toml``); no
   TensorFlow needed.
 
 ``python3 -m nox`` runs all three; ``python3 -m nox -s tests`` one.
+
+Both test sessions list their 25 slowest tests. Arguments after ``--`` replace the default pytest
+arguments (``python3 -m nox -s intel -- -q -x tests/test_intel.py``).
 """
 
 import nox
