@@ -1,15 +1,20 @@
 """Test environments (nox).
 
 * ``tests``: the primary stack — the interpreter running nox, TensorFlow 2.21 (Keras 3) — with the
-  package installed as a wheel (``pip install .``).
+  package installed as a wheel (``pip install .``); the whole suite.
 * ``intel``: Python 3.11, TensorFlow 2.15.1 (Keras 2) and Intel Extension for TensorFlow 2.15.0.0 with
-  its CPU backend, the package installed in editable mode (``pip install -e .``); runs the tests that
-  matter on the Intel path (the whole suite: it is all relevant there), with ITEX really loaded.
+  its CPU backend, the package installed in editable mode (``pip install -e .``); runs the tests marked
+  ``intel`` (``-m intel``: what that stack changes — probes, plan, apply, the Keras 2 paths, ITEX, the
+  trainer's loss scaling, checkpoints and resume, the precision check), with ITEX really loaded.
+  ``tests/test_markers.py`` keeps the marker honest.
 
 * ``lint``: ruff over the whole tree and mypy over the whole package (configured in ``pyproject.toml``); no
   TensorFlow needed.
 
 ``python3 -m nox`` runs all three; ``python3 -m nox -s tests`` one.
+
+Both test sessions list their 25 slowest tests. Arguments after ``--`` replace the default pytest
+arguments (``python3 -m nox -s intel -- -q -x tests/test_intel.py``).
 """
 
 import nox
@@ -30,7 +35,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     session.install(".[test]")
-    session.run("pytest", *(session.posargs or ["-q", "-ra"]),
+    session.run("pytest", "--durations=25", *(session.posargs or ["-q", "-ra"]),
                 env={"AMP_EXPECT_INSTALL": "wheel", "TF_CPP_MIN_LOG_LEVEL": "2"})
 
 
@@ -39,5 +44,5 @@ def intel(session: nox.Session) -> None:
     session.install(*ITEX_STACK, "pytest>=8", "scikit-learn>=1.3", "matplotlib>=3.7", "jsonschema>=4.18")
     session.install("-e", ".", *ITEX_STACK)
     session.run("python", "-m", "amp_backends.info")
-    session.run("pytest", *(session.posargs or ["-q", "-ra"]),
+    session.run("pytest", "--durations=25", *(session.posargs or ["-q", "-ra", "-m", "intel"]),
                 env={"AMP_EXPECT_INSTALL": "editable", "TF_CPP_MIN_LOG_LEVEL": "2"})

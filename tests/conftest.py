@@ -62,3 +62,71 @@ def policy(name):
         yield
     finally:
         keras_compat.set_global_policy(before, tf)
+
+
+def _fingerprint(model) -> tuple:
+    """What a test could change in a built model: its layers' dtype policies, its weights, a compiled optimizer."""
+    import numpy as np
+
+    from amp_backends.model_check._keras import policy_name, walk
+
+    policies = tuple(policy_name(layer) for _, layer in walk(model, model.name))
+    weights = tuple(float(np.sum(np.abs(v.numpy()), dtype=np.float64)) for v in model.weights)
+    return policies, weights, getattr(model, "optimizer", None) is None
+
+
+class ZooModels:
+    """The zoo's models (:mod:`amp_backends.zoo`), built once per session under a dtype policy and shared by the
+    tests that only read them (the precision check, inference); ``fresh`` builds one a test may change (train,
+    compile, prepare). A shared model that a test changed fails that test at teardown."""
+
+    def __init__(self) -> None:
+        self._built: dict[tuple[str, str], tuple[object, tuple]] = {}
+        self._used: set[tuple[str, str]] = set()
+
+    @staticmethod
+    def entry(name: str):
+        """The zoo's entry ``name``; the test skips where it cannot be built (keras_hub missing, Keras 2)."""
+        from amp_backends import zoo
+
+        e = zoo.get(name)
+        why = zoo.unavailable(e)
+        if why:
+            pytest.skip(f"{name}: {why}")
+        return e
+
+    def fresh(self, name: str, policy_name: str):
+        """A new build of ``name`` under ``policy_name``, the test's own."""
+        with policy(policy_name):
+            return self.entry(name).build()
+
+    def shared(self, name: str, policy_name: str):
+        """The session's build of ``name`` under ``policy_name``: read it, never change it."""
+        key = (name, policy_name)
+        if key not in self._built:
+            model = self.fresh(name, policy_name)
+            self._built[key] = (model, _fingerprint(model))
+        self._used.add(key)
+        return self._built[key][0]
+
+    def changed(self) -> list[tuple[str, str]]:
+        """The shared models used since the last call that are no longer as built (dropped: rebuilt on next use)."""
+        used, self._used = self._used, set()
+        bad = sorted(k for k in used if _fingerprint(self._built[k][0]) != self._built[k][1])
+        for key in bad:
+            del self._built[key]
+        return bad
+
+
+@pytest.fixture(scope="session")
+def _zoo_session() -> ZooModels:
+    return ZooModels()
+
+
+@pytest.fixture
+def zoo_models(_zoo_session):
+    """The session's :class:`ZooModels`; after the test, the shared models it used must be as they were built."""
+    yield _zoo_session
+    changed = _zoo_session.changed()
+    assert not changed, (f"this test changed the shared models {changed}: build its own with zoo_models.fresh(name, "
+                         "policy) to train, compile or prepare one")

@@ -24,6 +24,7 @@ def keras3() -> bool:
     return str(getattr(tf.keras, "__version__", "2")).startswith("3")
 
 
+@pytest.mark.intel
 def test_the_auto_plan_runs_its_convolutions_in_bf16_kernels_with_the_output_layer_a_float32_island(monkeypatch):
     if not cpu_has_bf16():
         pytest.skip("this CPU has no bf16 instructions: the auto plan is float32 here, nothing runs in bf16 kernels")

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
+pytestmark = [pytest.mark.tensorflow, pytest.mark.slow, pytest.mark.intel]
 tf = pytest.importorskip("tensorflow")
 
 from amp_backends import autotune, keras_compat  # noqa: E402

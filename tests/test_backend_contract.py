@@ -23,6 +23,8 @@ from amp_backends.planner import make_plan
 from amp_backends.registry import Backend, BackendRegistry, default_registry
 from amp_backends.request import build_request
 
+pytestmark = pytest.mark.intel
+
 # Hardware on which each shipped backend is available (a backend of another distribution uses the real machine).
 SAMPLES = {
     "nvidia": machine(nvidia(H100), cpu_of(AMD_HERE)),

@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-pytestmark = pytest.mark.tensorflow
+pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
 
 tf = pytest.importorskip("tensorflow")
 

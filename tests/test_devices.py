@@ -9,6 +9,8 @@ from amp_backends.devices import CATALOGUE, device_hardware, find_device
 from amp_backends.errors import AmpConfigError
 from amp_backends.keras_compat import KerasInfo
 
+pytestmark = pytest.mark.intel
+
 KERAS3 = KerasInfo("3.15.1", 3, "keras")
 
 # device, backend, policy, loss scale, tf32, xla, vendor settings — as the decision table (README) says

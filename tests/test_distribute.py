@@ -122,6 +122,7 @@ def test_missing_peer_times_out_with_the_documented_message(tmp_path):
 
 
 # --------------------------------------------------------------------------- MirroredStrategy
+@pytest.mark.intel
 def test_mirrored_two_replicas_skip_together():
     out = subprocess.run([sys.executable, str(HERE / "mirrored_run.py")], capture_output=True, text=True, timeout=300,
                          cwd=NEUTRAL_CWD, env=env())

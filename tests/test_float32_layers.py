@@ -18,6 +18,8 @@ from amp_backends.planner import make_plan
 from amp_backends.request import build_request
 from fakes import AMD_HERE, SAPPHIRE_RAPIDS, ZEN4, cpu_of, machine
 
+pytestmark = pytest.mark.intel
+
 
 def plan(hw, registry, environ=None, **overrides):
     return make_plan(hw, build_request(registry.names(), environ=environ or {}, **overrides), registry)

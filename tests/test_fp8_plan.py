@@ -20,6 +20,8 @@ from amp_backends.request import build_request
 from fakes import (A100, AMD_HERE, ARC_A770, H100, MAX1550, RTX4090, SAPPHIRE_RAPIDS, V100, cpu_of, intel, machine,
                    nvidia)
 
+pytestmark = pytest.mark.intel
+
 KERAS_3_15 = KerasInfo("3.15.1", 3, "keras")
 KERAS_3_2 = KerasInfo("3.2.1", 3, "keras")
 KERAS_2 = KerasInfo("2.15.0", 2, "keras")

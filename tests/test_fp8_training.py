@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.intel
+
 tf = pytest.importorskip("tensorflow")
 
 import amp_backends  # noqa: E402

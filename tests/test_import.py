@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import NEUTRAL_CWD
 
+pytestmark = pytest.mark.intel
+
 REPO = Path(__file__).resolve().parents[1]
 
 

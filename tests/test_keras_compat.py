@@ -12,6 +12,8 @@ from conftest import NEUTRAL_CWD
 
 from amp_backends.keras_compat import KerasInfo, expected_keras, generation_of, uses_legacy_keras
 
+pytestmark = pytest.mark.intel
+
 INSTALLED = {"keras": "3.15.1", "tf-keras": "2.21.0"}.get
 OLD = {"keras": "2.15.0"}.get
 

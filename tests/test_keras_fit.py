@@ -15,6 +15,8 @@ import warnings
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.intel
+
 tf = pytest.importorskip("tensorflow")
 
 import amp_backends  # noqa: E402

@@ -13,6 +13,8 @@ import textwrap
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.intel
+
 tf = pytest.importorskip("tensorflow")
 
 import amp_backends  # noqa: E402

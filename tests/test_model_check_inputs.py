@@ -11,6 +11,8 @@ import dataclasses
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.intel
+
 tf = pytest.importorskip("tensorflow")
 
 import amp_backends  # noqa: E402

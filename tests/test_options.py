@@ -7,6 +7,8 @@ import pytest
 from amp_backends.errors import AmpConfigError
 from amp_backends.request import LossScale, build_request
 
+pytestmark = pytest.mark.intel
+
 NAMES = ("nvidia", "intel", "cpu")
 
 

@@ -12,6 +12,8 @@ from amp_backends.request import LossScale, build_request
 from fakes import (A100, AMD_HERE, ARC_A770, FLEX170, CORTEX_A72, GRAVITON3, GRAVITON4, GTX1660TI, H100, ICELAKE,
                    IRIS_XE, MAX1550, P100, RTX4090, SAPPHIRE_RAPIDS, T4, V100, ZEN4, cpu_of, intel, machine, nvidia)
 
+pytestmark = pytest.mark.intel
+
 
 def plan(hw, registry, **overrides):
     return make_plan(hw, build_request(registry.names(), environ={}, **overrides), registry)

@@ -16,6 +16,8 @@ from amp_backends.backends.nvidia import (NvidiaBackend, NvmlGpu, cuda_enumerati
                                           parse_visible_devices)
 from amp_backends.backends.nvidia.nvml import NVML_LIBRARY, explain_library_failure, library_load_error
 
+pytestmark = pytest.mark.intel
+
 AMD_CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD
 model name\t: AMD EPYC

@@ -8,7 +8,8 @@ with the plan's optimizer and compile arguments; then the mistakes a new user ma
 with the library's own error. Batches of 4, two to four steps: quick on 2 cores.
 
 Models needing keras_hub (Keras 3) skip under TensorFlow 2.15 + Keras 2 with :func:`amp_backends.zoo.unavailable`'s
-reason; float8 needs Keras >= 3.3.
+reason; float8 needs Keras >= 3.3. The check reads models built once per session (conftest's ``zoo_models``); a
+test that trains, compiles or prepares a model builds its own.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from amp_backends import keras_compat as kc  # noqa: E402
 from amp_backends import zoo  # noqa: E402
 from amp_backends.errors import AmpWarning, InputError  # noqa: E402
 from amp_backends.model_check._keras import walk  # noqa: E402
-from conftest import policy  # noqa: E402
+from conftest import ZooModels, policy  # noqa: E402
 
 pytestmark = pytest.mark.tensorflow
 
@@ -36,24 +37,7 @@ KERAS3 = (kc.keras_info(tf).generation or 2) >= 3
 NAMES = ("bert", "gpt2", "mobilenet_v3", "resnet50", "efficientnet", "lstm", "two_heads")
 BATCH = 8  # the check's batch: a multiple of every alignment but fp8's
 STEP_BATCH = 4  # training: 2 to 4 steps of 4 samples
-_built: dict[tuple[str, str], object] = {}
-
-
-def entry(name: str) -> zoo.ZooModel:
-    e = zoo.get(name)
-    why = zoo.unavailable(e)
-    if why:
-        pytest.skip(f"{name}: {why}")
-    return e
-
-
-def built(name: str, policy_name: str):
-    """The zoo model built under ``policy_name``, once per module (check, trainer and fit share it)."""
-    key = (name, policy_name)
-    if key not in _built:
-        with policy(policy_name):
-            _built[key] = entry(name).build()
-    return _built[key]
+entry = ZooModels.entry
 
 
 def data(name: str, n: int = BATCH, seed: int = 0):
@@ -113,11 +97,12 @@ def skip_keras2_lstm(name: str) -> None:
                     "float32 output layer is counted there")
 
 
+@pytest.mark.intel
 @pytest.mark.parametrize("name", NAMES)
-def test_check_under_this_machines_plan(name):
+def test_check_under_this_machines_plan(name, zoo_models):
     skip_keras2_lstm(name)
     plan = here()
-    model = built(name, plan.policy)
+    model = zoo_models.shared(name, plan.policy)
     x, _ = data(name)
     result = amp_backends.check_model(model, inputs=x)  # the applied plan
     assert result.plan["policy"] == plan.policy
@@ -128,16 +113,17 @@ def test_check_under_this_machines_plan(name):
     assert codes(result, "warning") == (["float32-compute"] if name == "gpt2" and float32_head(model, plan)
                                         else expected)
     if expected:
-        amp_backends.prepare_model(model, plan, measure_float32=False)
-        assert codes(amp_backends.check_model(model, inputs=x), "warning") == []
+        prepared = zoo_models.fresh(name, plan.policy)
+        amp_backends.prepare_model(prepared, plan, measure_float32=False)
+        assert codes(amp_backends.check_model(prepared, inputs=x), "warning") == []
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_check_under_an_h100_plan(name):
+def test_check_under_an_h100_plan(name, zoo_models):
     skip_keras2_lstm(name)
     h100 = amp_backends.configure_for_device("h100")
     assert h100.backend == "nvidia" and h100.policy == "mixed_float16" and amp_backends.current_plan() is None
-    model = built(name, h100.policy)
+    model = zoo_models.shared(name, h100.policy)
     x, _ = data(name)
     result = amp_backends.check_model(model, plan=h100, inputs=x)
     assert result.plan["backend"] == "nvidia" and result.plan["compute_dtype"] == "float16"
@@ -149,9 +135,9 @@ def test_check_under_an_h100_plan(name):
         assert codes(result, "warning") == [], result.render()
 
 
-def test_check_without_inputs_says_bert_is_unsized_and_how_to_fix_it():
+def test_check_without_inputs_says_bert_is_unsized_and_how_to_fix_it(zoo_models):
     plan = here()
-    model = built("bert", plan.policy)
+    model = zoo_models.shared("bert", plan.policy)
     result = amp_backends.check_model(model)
     assert not result.sized and result.findings[0].code == "unsized-model" and "inputs=" in result.findings[0].fix
 
@@ -184,7 +170,8 @@ def test_fp8_preparation_lists_every_dense_layer_and_the_quantized_ones_train(na
     assert any("because force is on" in str(w.message) for w in caught)  # no fp8 arithmetic here: emulated
     model = e.build()  # under the forced plan's policy (applied)
     x, y = data(name, 16)  # sized at a batch of 16, fp8's alignment; trained on 4
-    prep = amp_backends.prepare_model(model, plan, inputs=x)
+    # (whether every layer in float32 trains faster is measured in test_float32_layers, not here)
+    prep = amp_backends.prepare_model(model, plan, inputs=x, measure_float32=False)
     x, y = tf.nest.map_structure(lambda a: a[:STEP_BATCH], (x, y))
     assert [path for path, _, _ in prep.layers] and {path for path, _, _ in prep.layers} == dense_paths(model)
     assert all(why for _, _, why in prep.layers)
@@ -228,15 +215,19 @@ def updates_for(name, model):
 
 
 HEAVY = ("mobilenet_v3", "resnet50", "efficientnet")  # 15-60 s each to compile a training step on a busy 2-core CPU
-TRAINED = [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n for n in NAMES]
+# the light models take the same Keras 2 paths under TensorFlow 2.15 (session 'intel') at a fraction of the cost
+TRAINED = [pytest.param(n, marks=pytest.mark.slow if n in HEAVY else pytest.mark.intel) for n in NAMES]
 
 
 @pytest.mark.parametrize("name", TRAINED)
-def test_trainer_trains_a_few_finite_steps(name):
+def test_trainer_trains_a_few_finite_steps(name, zoo_models):
     plan = here()
-    model = built(name, plan.policy)
+    model = zoo_models.fresh(name, plan.policy)
     x, y = data(name, 3 * STEP_BATCH, seed=1)
-    trainer = amp_backends.Trainer(updates_for(name, model), plan, batch_size=STEP_BATCH, progress=False, seed=0)
+    # trains under the plan as it is: whether all-float32 is faster is a timing (test_float32_layers measures), which
+    # here would let the machine's load pick the precision trained in, at the cost of two more compiled passes
+    trainer = amp_backends.Trainer(updates_for(name, model), plan, batch_size=STEP_BATCH, progress=False, seed=0,
+                                   measure_float32=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AmpWarning)  # (GPT-2's float32 head is a warning; said above)
         result = trainer.fit(x, y, max_steps=3)
@@ -245,15 +236,15 @@ def test_trainer_trains_a_few_finite_steps(name):
     assert losses and finite(losses) and finite(result.last_losses.values())
 
 
+@pytest.mark.intel
 @pytest.mark.parametrize("name", ["two_heads", "lstm"])
-def test_trainer_resumes_from_a_relative_checkpoint_directory(name, tmp_path, monkeypatch):
+def test_trainer_resumes_from_a_relative_checkpoint_directory(name, tmp_path, monkeypatch, zoo_models):
     plan = here()
     monkeypatch.chdir(tmp_path)
     x, y = data(name, 4 * STEP_BATCH, seed=2)
 
     def trainer():
-        with policy(plan.policy):
-            model = entry(name).build()
+        model = zoo_models.fresh(name, plan.policy)
         return model, amp_backends.Trainer(updates_for(name, model), plan, batch_size=STEP_BATCH, progress=False,
                                            seed=0, checkpoint_dir="runs/ck", checkpoint_every=2, check_models=False)
 
@@ -272,10 +263,10 @@ def test_trainer_resumes_from_a_relative_checkpoint_directory(name, tmp_path, mo
 
 # ------------------------------------------------------------------------------------ Keras fit
 @pytest.mark.parametrize("name", TRAINED)
-def test_keras_fit_with_the_plans_optimizer_and_compile_arguments(name):
+def test_keras_fit_with_the_plans_optimizer_and_compile_arguments(name, zoo_models):
     e = entry(name)
     plan = here()
-    model = built(name, plan.policy)
+    model = zoo_models.fresh(name, plan.policy)
     x, y = data(name, 2 * STEP_BATCH, seed=3)
     model.compile(optimizer=plan.wrap_optimizer(K.optimizers.Adam(1e-3)), loss=e.loss(), **plan.compile_kwargs())
     history = model.fit(x, y, batch_size=STEP_BATCH, epochs=2, verbose=0)
@@ -283,9 +274,9 @@ def test_keras_fit_with_the_plans_optimizer_and_compile_arguments(name):
 
 
 # ------------------------------------------------------------------------------------ a new user's mistakes
-def test_check_model_with_wrong_input_keys_for_bert_names_the_expected_ones():
+def test_check_model_with_wrong_input_keys_for_bert_names_the_expected_ones(zoo_models):
     plan = here()
-    model = built("bert", plan.policy)
+    model = zoo_models.shared("bert", plan.policy)
     ids = np.ones((BATCH, 64), "int32")
     with pytest.raises(ValueError) as err:
         amp_backends.check_model(model, inputs={"input_ids": ids, "attention_mask": ids})
@@ -293,18 +284,18 @@ def test_check_model_with_wrong_input_keys_for_bert_names_the_expected_ones():
     assert "token_ids" in message and "input_ids" in message and "Fix" in message
 
 
-def test_bert_inputs_as_a_list_are_refused_with_the_names_it_takes():
+def test_bert_inputs_as_a_list_are_refused_with_the_names_it_takes(zoo_models):
     plan = here()
-    model = built("bert", plan.policy)
+    model = zoo_models.shared("bert", plan.policy)
     x, _ = data("bert")
     as_list = [x["token_ids"], x["segment_ids"], x["padding_mask"]]
     with pytest.raises(ValueError, match=r"dict of named inputs .*padding_mask.*Fix: pass a dict"):
         amp_backends.check_model(model, inputs=as_list)  # was: a RuntimeError around Keras's traceback
 
 
-def test_trainer_refuses_bert_features_under_other_names_before_any_step():
+def test_trainer_refuses_bert_features_under_other_names_before_any_step(zoo_models):
     plan = here()
-    model = built("bert", plan.policy)
+    model = zoo_models.shared("bert", plan.policy)
     x, y = data("bert", STEP_BATCH)
     renamed = {"input_ids": x["token_ids"], "token_type_ids": x["segment_ids"], "attention_mask": x["padding_mask"]}
     trainer = amp_backends.Trainer(updates_for("bert", model), plan, batch_size=STEP_BATCH, progress=False,
@@ -314,9 +305,10 @@ def test_trainer_refuses_bert_features_under_other_names_before_any_step():
     assert trainer.position.step == 0
 
 
-def test_two_heads_with_one_keras_loss_is_refused_with_the_fix():
+@pytest.mark.intel
+def test_two_heads_with_one_keras_loss_is_refused_with_the_fix(zoo_models):
     plan = here()
-    model = built("two_heads", plan.policy)
+    model = zoo_models.fresh("two_heads", plan.policy)
     with pytest.raises(amp_backends.AmpConfigError, match=r"2 outputs.*Fix: give loss= a function"):
         amp_backends.classifier_updates(model, K.optimizers.Adam())  # was: AttributeError inside the traced step
     with pytest.raises(TypeError, match="several outputs"):
@@ -329,9 +321,10 @@ def test_two_heads_with_one_keras_loss_is_refused_with_the_fix():
     assert finite(result.last_losses.values())
 
 
-def test_variable_length_padded_batches_are_refused_before_training():
+@pytest.mark.intel
+def test_variable_length_padded_batches_are_refused_before_training(zoo_models):
     plan = here()
-    model = built("lstm", plan.policy)
+    model = zoo_models.fresh("lstm", plan.policy)
     lengths = [40, 64, 50, 64, 30, 64, 64, 20]
     rows = [np.arange(1, n + 1, dtype="int32") for n in lengths]
     ds = tf.data.Dataset.from_generator(lambda: ((r, np.int32(i % 2)) for i, r in enumerate(rows)),
@@ -347,10 +340,11 @@ def test_variable_length_padded_batches_are_refused_before_training():
     assert finite(trainer.fit(fixed, max_steps=2).last_losses.values())
 
 
+@pytest.mark.intel
 @pytest.mark.parametrize("name", ["lstm", "gpt2"])
-def test_labels_out_of_range_in_a_later_batch_stop_at_that_step(name):
+def test_labels_out_of_range_in_a_later_batch_stop_at_that_step(name, zoo_models):
     plan = here()
-    model = built(name, plan.policy)
+    model = zoo_models.fresh(name, plan.policy)
     x, y = data(name, 3 * STEP_BATCH, seed=4)
     y = y.copy()  # (GPT-2's labels are a view of its token ids)
     classes = 2 if name == "lstm" else zoo.VOCAB
@@ -367,11 +361,12 @@ def test_labels_out_of_range_in_a_later_batch_stop_at_that_step(name):
     assert any(changed)  # the two good steps ran
 
 
-def test_a_model_built_before_auto_configure_is_warned_about():
+@pytest.mark.intel
+def test_a_model_built_before_auto_configure_is_warned_about(zoo_models):
     plan = amp_backends.plan_for()
     if plan.policy == "float32":
         pytest.skip("this machine's plan is float32: a model built before it computes as the plan says")
-    model = built("two_heads", "float32")  # built first ...
+    model = zoo_models.fresh("two_heads", "float32")  # built first ...
     plan = here()  # ... then the plan
     x, y = data("two_heads", STEP_BATCH)
     trainer = amp_backends.Trainer(updates_for("two_heads", model), plan, batch_size=STEP_BATCH, progress=False)
@@ -383,11 +378,12 @@ def test_a_model_built_before_auto_configure_is_warned_about():
     assert any("policy-mismatch" in m or "before building the model" in m for m in said), said
 
 
-def test_token_ids_past_the_vocabulary_are_the_datas_fault_with_the_fix():
+@pytest.mark.intel
+def test_token_ids_past_the_vocabulary_are_the_datas_fault_with_the_fix(zoo_models):
     plan = here()
     if plan.backend != "cpu":
         pytest.skip("a GPU's gather gives zeros for an id past its table, with no error to translate")
-    model = built("lstm", plan.policy)  # Embedding(5000, 64)
+    model = zoo_models.fresh("lstm", plan.policy)  # Embedding(5000, 64)
     x, y = data("lstm", 3 * STEP_BATCH, seed=5)
     x = x.copy()
     x[2 * STEP_BATCH, 7] = 5000  # a tokenizer with a larger vocabulary than the model's
@@ -402,6 +398,7 @@ def test_token_ids_past_the_vocabulary_are_the_datas_fault_with_the_fix():
 
 
 # ------------------------------------------------------------------------------------ what these models showed
+@pytest.mark.intel
 def test_a_float32_output_head_that_is_most_of_the_flops_is_not_a_model_built_before_the_plan():
     """A small LM's float32 logits head is most of its FLOPs: the check said 'built before the plan' (it was not)."""
     h100 = amp_backends.configure_for_device("h100")
@@ -417,6 +414,7 @@ def test_a_float32_output_head_that_is_most_of_the_flops_is_not_a_model_built_be
     assert codes(amp_backends.check_model(before, plan=h100, batch_size=BATCH))[0] == "policy-mismatch"
 
 
+@pytest.mark.intel
 def test_classifier_updates_take_one_class_id_per_position():
     """A tagger or language model: (N, T, classes) outputs, (N, T) labels — refused before as 'shape (N,)'."""
     plan = here()

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.tensorflow
+pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
 tf = pytest.importorskip("tensorflow")
 
 from amp_backends.training import ThroughputLogger, parse_profile_steps  # noqa: E402

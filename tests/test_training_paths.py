@@ -36,6 +36,7 @@ def data():
     return rng.normal(size=(32, 4)).astype("float32"), rng.integers(0, 3, 32)
 
 
+@pytest.mark.intel
 def test_a_relative_checkpoint_dir_resumes_in_the_same_and_from_another_working_directory(tmp_path, monkeypatch):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -54,6 +55,7 @@ def test_a_relative_checkpoint_dir_resumes_in_the_same_and_from_another_working_
     assert tf.train.latest_checkpoint(str(tmp_path / "a" / "rel" / "checkpoints")).endswith("ckpt-4")
 
 
+@pytest.mark.intel
 def test_a_trainer_keeps_writing_where_it_started_when_the_working_directory_changes(tmp_path, monkeypatch):
     (tmp_path / "a").mkdir()
     x, y = data()
@@ -67,12 +69,14 @@ def test_a_trainer_keeps_writing_where_it_started_when_the_working_directory_cha
     assert not (tmp_path / "rel").exists()
 
 
+@pytest.mark.intel
 def test_run_directories_are_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run = run_directory("runs/x", resume=False)
     assert run.path.is_absolute() and run.path == tmp_path / "runs" / "x" / "version_0"
 
 
+@pytest.mark.intel
 def test_the_mnist_file_and_the_autotune_cache_take_relative_and_home_paths(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     arrays = dict(x_train=np.zeros((16, 28, 28), np.uint8), y_train=np.arange(16) % 10,
