@@ -21,7 +21,7 @@ import amp_backends  # noqa: E402
 from amp_backends import AmpConfigError, LossScaler  # noqa: E402
 from amp_backends.request import LossScale  # noqa: E402
 
-pytestmark = pytest.mark.tensorflow
+pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
 HERE = Path(__file__).parent
 X = tf.random.stateless_normal((16, 8), seed=(1, 2))
 Y = tf.random.stateless_normal((16, 4), seed=(3, 4))

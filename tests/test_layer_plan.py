@@ -78,7 +78,7 @@ def test_a_measurement_round_trips_through_its_dict():
 
 # -- decided and applied for real ----------------------------------------------------------------------------
 tf = pytest.importorskip("tensorflow")
-pytestmark = pytest.mark.tensorflow
+pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
 
 
 @pytest.fixture

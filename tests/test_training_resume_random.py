@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import NEUTRAL_CWD
 
-pytestmark = pytest.mark.tensorflow
+pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
 tf = pytest.importorskip("tensorflow")
 
 import amp_backends  # noqa: E402
