@@ -47,6 +47,10 @@ PARTLY = {
                               "test_training_cli's",
     "test_audit_real.py": "one audit under ITEX's oneDNN (the plan's kernels really run in it); the others start more "
                           "audited subprocesses of the same code",
+    "test_training_cli.py": "one run of the example under Keras 2 (its TensorBoard scalars, the profiler); the others "
+                            "start the command again (20-30 s each with ITEX) for kill, Ctrl-C, seeds and the GAN, "
+                            "whose Keras 2 parts are test_training_checkpoints', test_training_numerics' and "
+                            "test_intel's",
     "test_distribute.py": "MirroredStrategy's shared loss scale runs under Keras 2; the multi-worker runs are process "
                           "clusters (minutes under ITEX) whose Keras 2 parts, loss scaling and resume, are tested in "
                           "process",
@@ -62,8 +66,6 @@ LEFT_OUT = {
     "test_model_check_transformers.py": "keras_hub needs Keras 3: the module skips under Keras 2",
     "test_report.py": "the report with ITEX loaded is test_intel's; the rest renders fake hardware or starts the same "
                       "command again",
-    "test_training_cli.py": "the example's command line in subprocesses (~20 s each to load ITEX); resume and Ctrl-C "
-                            "under Keras 2 are test_training_checkpoints'",
     "test_training_fidelity.py": "skips under ITEX (its CPU float16 kernels are ~10x slower): runs in the TF 2.21 "
                                  "session",
 }

@@ -102,6 +102,7 @@ def test_a_logdir_below_a_file_is_a_clear_error_before_training(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.intel
 def test_tensorboard_scalars_and_profiler_trace_are_written(tmp_path):
     out = example("--synthetic", "--batch_size", "32", "--max-steps", "8", "--profile-steps", "4:6", "--log-every", "2",
                   logdir=tmp_path)
