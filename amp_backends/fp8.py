@@ -40,7 +40,9 @@ class Float8Result:
 
 def fp8_forced(plan: Any) -> bool:
     """Whether the plan's fp8 is on only because ``force`` honoured it where float8 is emulated."""
-    return any(w.startswith("fp8=") and "because force is on" in w for w in getattr(plan, "warnings", ()))
+    from .assessment import EMULATED
+
+    return bool(getattr(plan, "fp8", False)) and dict(getattr(plan, "honoured", {}) or {}).get("fp8") == EMULATED
 
 
 def float8_decisions(model: Any, plan: Any, *, inputs: Any = None, skip_small: bool | None = None) -> Float8Result:

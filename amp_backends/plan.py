@@ -118,6 +118,9 @@ class Plan:
     steps_per_execution: int = 1
     float32_layers: tuple[Float32Layer, ...] = ()
     device_names: tuple[str, ...] = ()
+    # the requested settings honoured below native support, with the level they run at (functional: little or no
+    # speed-up; emulated: honoured only because force is on): data, where the warnings say it in words
+    honoured: Mapping[str, str] = field(default_factory=dict, compare=False)
     tensorflow: str | None = None
     keras: str | None = None
 

@@ -62,6 +62,7 @@ class _Resolver:
         self.request = request
         self.backend = backend
         self.warnings: list[str] = []
+        self.honoured: dict[str, str] = {}  # setting -> support level, for those honoured below native
 
     def check(self, setting: str, value: str, support: Support, fallback: str) -> bool:
         """True if ``value`` is honoured; otherwise a warning is recorded (or strict raises)."""
@@ -71,9 +72,11 @@ class _Resolver:
             return True
         if support.level == FUNCTIONAL:
             self.warnings.append(f"{asked} honoured, but expect little or no speed-up: {support.why}")
+            self.honoured[setting] = FUNCTIONAL
             return True
         if support.level == EMULATED and self.request.force:
             self.warnings.append(f"{asked} honoured because force is on, although it is slow here: {support.why}")
+            self.honoured[setting] = EMULATED
             return True
         kind = "unsafe" if support.level == UNSAFE else "not supported" if support.level == UNSUPPORTED else "slow"
         fix = (
@@ -392,6 +395,7 @@ def _resolve(a: Assessment, request: Request, chosen: str, keras: KerasInfo | No
         decisions=tuple(decide.values()),
         rejected=tuple(rejected),
         warnings=tuple(r.warnings),
+        honoured=dict(r.honoured),
         backends=(),
         request=request,
         notes=a.notes,

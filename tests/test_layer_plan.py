@@ -235,3 +235,19 @@ def test_the_trainer_checkpoints_the_layer_plan_and_a_resume_applies_it(zen4_pla
     again, resumed = run(2, True)
     assert resumed.layer_plans["dw"].measurement.origin == "checkpoint"
     assert again.get_layer("pointwise").compute_dtype == "float32"
+
+
+def test_plan_facts_are_read_from_data_never_parsed_back_out_of_warnings(zen4_plan):
+    import dataclasses
+
+    from amp_backends.fp8 import fp8_forced
+    from amp_backends.model_check.target import EMULATED, NATIVE, policy_support
+
+    forced = dataclasses.replace(zen4_plan, fp8=True, warnings=(), honoured={"fp8": "emulated"})
+    assert fp8_forced(forced)
+    worded = dataclasses.replace(zen4_plan, fp8=True, honoured={},
+                                 warnings=("fp8=on (from argument) honoured because force is on, although it is slow",))
+    assert not fp8_forced(worded)  # a sentence is no fact
+    bare = dataclasses.replace(zen4_plan, assessment=None, honoured={"policy": "emulated"}, warnings=())
+    assert policy_support(bare, bare.policy)[0] == EMULATED
+    assert policy_support(dataclasses.replace(bare, honoured={}), bare.policy)[0] == NATIVE

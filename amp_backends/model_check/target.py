@@ -100,14 +100,10 @@ def policy_support(plan: Any, policy: str) -> tuple[str, str] | None:
             return support.level, support.why
     if policy != plan.policy:
         return None
-    # Without a support table, the plan's warnings record every policy it honoured below native.
-    for warning in plan.warnings:
-        if warning.startswith(f"policy={policy} "):
-            if "force" in warning:
-                return EMULATED, warning
-            if "little or no speed-up" in warning:
-                return FUNCTIONAL, warning
-    return NATIVE, plan.reasons.get("policy", "")
+    # Without a support table, the plan records every setting it honoured below native, with its level.
+    level = dict(getattr(plan, "honoured", {}) or {}).get("policy")
+    why = next((w for w in plan.warnings if w.startswith(f"policy={policy} ")), plan.reasons.get("policy", ""))
+    return (level, why) if level in (EMULATED, FUNCTIONAL) else (NATIVE, plan.reasons.get("policy", ""))
 
 
 def matrix_units(plan: Any) -> dict[str, tuple[str, int]]:
