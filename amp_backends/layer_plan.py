@@ -185,12 +185,12 @@ def _low_dtype(plan: Plan) -> str | None:
     return None if dtype == FLOAT32 or getattr(plan, "graph_amp", None) else str(dtype)
 
 
-def _follows(layer: Any, plan: Plan, float32_too: bool = True) -> bool:
+def _follows(layer: Any, plan: Plan) -> bool:
     """Whether the layer computes as the plan's policy has it (or in float32 where the plan may have set it)."""
     from .model_check._keras import policy_name
 
     name = policy_name(layer)
-    return name == plan.policy or (float32_too and name == FLOAT32)
+    return name in (plan.policy, FLOAT32)
 
 
 def _rule_decisions(model: Any, plan: Plan) -> list[LayerDecision]:

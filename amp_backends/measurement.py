@@ -132,7 +132,7 @@ def cache_file() -> Path:
     return cache_dir() / CACHE_FILE
 
 
-def cached(model: Any, plan: Plan, inputs: Any = None) -> Measurement | None:
+def cached(model: Any, plan: Plan) -> Measurement | None:
     """The measurement cached for this model on this machine, if one was made (``origin="cached"``)."""
     try:
         key = cache_key(model, plan)
