@@ -30,8 +30,6 @@ def test_fp16_reaches_the_float32_accuracy_on_real_digits():
     """The MNIST CNN on scikit-learn's real handwritten digits: float32 vs forced mixed_float16 + dynamic scaling."""
     if "intel_extension_for_tensorflow" in sys.modules or _itex_loaded():
         pytest.skip("ITEX's CPU float16 kernels are ~10x slower than TF's: fidelity runs in the TF 2.21 session")
-    from amp_backends.examples.mnist import evaluate
-
     (x, y), (xt, yt) = digits_as_mnist()
     accs = {}
     for policy in ("float32", "mixed_float16"):
@@ -40,9 +38,9 @@ def test_fp16_reaches_the_float32_accuracy_on_real_digits():
         m = mnist_cnn()
         opt = tf.keras.optimizers.Adam(1e-3)
         t = Trainer(classifier_updates(m, opt), p, batch_size=64, checkpoint_objects={"m": m}, batch_fn=mnist_batch_fn,
-                    progress=False, steps_per_call=4, seed=1)
+                    progress=False, steps_per_call=4, seed=1, metrics=["accuracy"])
         t.fit(x, y, epochs=6)
-        accs[policy] = evaluate(m, xt, yt)
+        accs[policy] = t.evaluate(xt, yt)["accuracy"]
     print(f"digits test accuracy: {accs}")
     assert accs["float32"] > 0.9, accs
     assert abs(accs["float32"] - accs["mixed_float16"]) <= 0.01, accs

@@ -132,3 +132,18 @@ def test_the_models_are_found_through_the_updates():
            Update("b", lambda batch: tf.reduce_mean(holder.net(batch[0])), [(b.trainable_variables, opt)])]
     assert [m.name for m in trained_models(ups, None)] == [outer.name, b.name]
     assert trained_models(ups[:1], {"other": mlp()}) == [outer]  # a model training nothing here is not checked
+
+
+def test_a_classifier_head_holding_most_weights_is_not_called_built_before_the_plan():
+    """The layer plan keeps the softmax head in float32; where that head holds most of the weights (a small
+    convolution, then Dense(10) over its flattened maps), the model is still the plan's, not one built before it."""
+    p = amp_backends.auto_configure(verbose=False, policy="mixed_bfloat16", force=True)
+    m = tf.keras.Sequential([tf.keras.Input((28, 28, 1)), tf.keras.layers.Conv2D(8, 3), tf.keras.layers.Flatten(),
+                             tf.keras.layers.Dense(10, activation="softmax")])
+    t = Trainer(classifier_updates(m, tf.keras.optimizers.Adam()), p, batch_size=16, progress=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", AmpWarning)
+        t.fit(np.zeros((32, 28, 28, 1), "float32"), np.zeros(32, "int64"), epochs=1)
+    assert t.layer_plans[m.name].float32 == (f"{m.name}/{m.layers[-1].name}",)  # the head, in float32 as planned
+    said = [str(w.message) for w in caught if issubclass(w.category, AmpWarning)]
+    assert not [s for s in said if "auto_configure()" in s], said

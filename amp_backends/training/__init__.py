@@ -24,6 +24,10 @@ module                 its part
 ``tasks``              ready-made updates: classifier, the tutorials' GAN, MNIST batches
 ``arguments``          the trainer's arguments checked; optimizers built once
 ``results``            what a ``fit`` call collects and returns (:class:`TrainResult`)
+``metrics``            Keras metrics by name or object, updated in the step, one number across workers
+``evaluation``         evaluate and predict under the plan: every sample, every batch checked
+``monitor``            per-epoch history, validation schedule, best value, early stopping; resumed
+``validation``         the trainer's metrics and validation together; the best checkpoint
 ``callbacks``          Keras ``fit`` callbacks (:class:`ThroughputLogger`)
 ``seeding``            :func:`seed_everything`: reproducible runs
 =====================  ==========================================================================
@@ -42,7 +46,9 @@ _LAZY = {
     "TrainResult": ".trainer",
     "parse_profile_steps": ".observers",
     "Update": ".step",
+    "Evaluation": ".step",
     "step_seed": ".step",
+    "record_predictions": ".metrics",
     "LossScaler": ".loss_scaling",
     "run_directory": ".checkpoints",
     "Observer": ".observers",
@@ -55,18 +61,19 @@ _LAZY = {
 }
 
 __all__ = [
-    "CallRecord", "LossScaler", "Observer", "ThroughputLogger", "TrainResult", "Trainer", "Update",
-    "classifier_updates", "gan_updates", "mnist_batch_fn", "parse_profile_steps", "run_directory",
-    "seed_everything", "step_seed",
+    "CallRecord", "Evaluation", "LossScaler", "Observer", "ThroughputLogger", "TrainResult", "Trainer", "Update",
+    "classifier_updates", "gan_updates", "mnist_batch_fn", "parse_profile_steps", "record_predictions",
+    "run_directory", "seed_everything", "step_seed",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
     from .callbacks import ThroughputLogger
     from .checkpoints import run_directory
     from .loss_scaling import LossScaler
+    from .metrics import record_predictions
     from .observers import CallRecord, Observer, parse_profile_steps
     from .seeding import seed_everything
-    from .step import Update, step_seed
+    from .step import Evaluation, Update, step_seed
     from .tasks import classifier_updates, gan_updates, mnist_batch_fn
     from .trainer import Trainer, TrainResult
 

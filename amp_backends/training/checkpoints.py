@@ -214,7 +214,7 @@ class CheckpointStore:
                  extra: Mapping[str, Any] | None = None, optional: Mapping[str, Any] | None = None) -> None:
         self.directory = absolute(directory)
         check_directory(self.directory, "checkpoint directory")  # made by the first save (or the run's lock)
-        self.is_chief = is_chief
+        self.is_chief, self.worker, self.keep = is_chief, worker, keep
         self._objects = {**dict(objects), **dict(optional or {})}
         self._optional = set(optional or {})
         self.signature = signature(self._objects, extra or {})
@@ -229,6 +229,14 @@ class CheckpointStore:
                                                   step_counter=step_counter)
         self.owned = False  # True once this store wrote or restored: its directory is this run's
         self.last_saved_step: int | None = None
+
+    def sibling(self, name: str, keep: int = 1) -> CheckpointStore:
+        """A store of the same objects in the folder ``name`` inside this one (the best checkpoint's)."""
+        extra = {k: v for k, v in self.signature.items() if k not in ("format", "objects")}
+        return CheckpointStore({k: v for k, v in self._objects.items() if k not in self._optional},
+                               os.path.join(self.directory, name), step_counter=self.step_counter, keep=keep,
+                               is_chief=self.is_chief, worker=self.worker, extra=extra,
+                               optional={k: self._objects[k] for k in self._optional})
 
     @property
     def latest(self) -> str | None:
@@ -354,11 +362,13 @@ def _short(exc: BaseException, limit: int = 160) -> str:
 # ------------------------------------------------------------------------------------ the trainer's store
 def trainer_store(directory: str | os.PathLike, *, updates: Any, scalers: Mapping[str, Any], position: Any,
                   objects: Mapping[str, Any] | None, keep: int, is_chief: bool, worker: str,
-                  plan_headline: str, settings: Mapping[str, Any] | None = None, models: Any = ()) -> CheckpointStore:
+                  plan_headline: str, settings: Mapping[str, Any] | None = None, models: Any = (),
+                  metrics: Any = ()) -> CheckpointStore:
     """What a trainer's checkpoint holds: the given objects (default: the updates' variables and optimizers),
     each update's loss-scale state, the position (global step, epoch, sample in epoch, batch size) and the
-    state of the random layers of ``models`` (:mod:`.random_state`); the signature also records ``settings``
-    (the run's seed and loss scaling, for a resume to compare)."""
+    state of the random layers of ``models`` (:mod:`.random_state`) and the training metrics' state (``metrics``:
+    their variables); the signature also records ``settings`` (the run's seed and loss scaling, for a resume to
+    compare)."""
     objects = dict(objects) if objects else {
         **{f"{u.name}_{i}_{part}": obj for u in updates for i, (vs, opt) in enumerate(u.groups)
            for part, obj in (("variables", list(vs)), ("optimizer", opt))},
@@ -368,7 +378,16 @@ def trainer_store(directory: str | os.PathLike, *, updates: Any, scalers: Mappin
         {**objects, "loss_scale": tf.train.Checkpoint(**scaler_state), "position": position.checkpoint()}, directory,
         step_counter=position.global_step, keep=keep, is_chief=is_chief, worker=worker,
         extra={"batch_size": position.batch_size, "plan": plan_headline, **dict(settings or {})},
-        optional={RANDOM_STATE: saved_random_state(models, is_chief)})
+        optional={RANDOM_STATE: saved_random_state(models, is_chief),
+                  **({"metrics": _Variables(metrics)} if metrics else {})})
+
+
+class _Variables(tf.Module):
+    """Variables a checkpoint holds as one object (the training metrics' state)."""
+
+    def __init__(self, variables: Any) -> None:
+        super().__init__(name="metrics")
+        self.state = list(variables)
 
 
 def log_resume(restored: Restored, at: Any, then_batch: int, batch_size: int, *, updates: Any,

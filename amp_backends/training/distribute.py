@@ -242,6 +242,11 @@ class StopAgreement:
         self.by = worker_names(self.strategy)[got[0][1]] if got else None
         return int(got[0][0]) if got else None
 
+    def at(self, signum: int | None, together: Any) -> int | None:
+        """:meth:`__call__` at a call boundary, inside ``together`` (a failure of the gather says who to restart)."""
+        with together:
+            return self(signum)
+
     def saved(self, step: int) -> None:
         """After the save on stopping: wait for every worker's (so the chief's checkpoint is whole when any worker
         ends), and check that all stopped at ``step``."""

@@ -25,7 +25,7 @@ as the rows the batch touched, never as a dense table.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import tensorflow as tf
 
@@ -195,3 +195,11 @@ class LossScaler:
 
     def __repr__(self) -> str:
         return f"LossScaler({self.name}: {self.config}, scale={self.current:g}, skipped={int(self.skipped.numpy())})"
+
+
+def check_stalled(scalers: Mapping[str, Any], limit: int, save: Callable[[], str | None]) -> None:
+    """The error of the first update whose steps were all skipped ``limit`` times in a row, after ``save()`` (which
+    writes a checkpoint where it can and returns its path)."""
+    for s in scalers.values():
+        if s.stalled(limit):
+            raise s.stalled_error(save())

@@ -56,6 +56,10 @@ class Observer:
     def after_call(self, record: CallRecord) -> None:
         """After each call."""
 
+    def after_evaluation(self, epoch: int, step: int, values: dict[str, float]) -> None:
+        """At the end of epoch ``epoch`` (its mean loss, training metrics and, when it validated, ``val_*``
+        values) and after a validation between epochs (``val_*`` values), at global step ``step``."""
+
     def close(self) -> None:
         """At the end of ``fit``, also when it fails or is interrupted."""
 
@@ -67,6 +71,10 @@ def short_name(name: str) -> str:
 class LogLine(Observer):
     """The tutorials' line every ``every`` steps:
     ``(epoch, step), Loss: 0.08706, step_time: 0.00100, throughput: 1.02e+06 img/s.``
+
+    At each epoch's end: ``Epoch 0 (global step 22): loss: 0.21503, accuracy: 0.93510, val_loss: 0.08012,
+    val_accuracy: 0.97400.`` (the epoch's mean loss and metrics, and its validation); a validation between epochs:
+    ``Validation at global step 500 (epoch 1): val_loss: ..., val_accuracy: ....``
 
     Several updates log each loss (the GAN: ``G Loss``, ``D Loss``). A skipped step ends with
     ``[skipped: non-finite gradients in <update>]``.
@@ -90,9 +98,17 @@ class LogLine(Observer):
                         f"throughput: {r.throughput:.3e} img/s.{mark}")
 
 
+    def after_evaluation(self, epoch: int, step: int, values: dict[str, float]) -> None:
+        what = (f"Epoch {epoch} (global step {step})" if any(not k.startswith("val_") for k in values)
+                else f"Validation at global step {step} (epoch {epoch})")
+        logger.info(f"{what}: " + ", ".join(f"{k}: {v:.5f}" for k, v in values.items()) + ".")
+
+
 class TensorBoardScalars(Observer):
     """Scalars ``loss/<update>``, ``loss_scale/<update>``, ``skipped_steps/<update>``, ``throughput_img_per_s``
-    in ``logdir/train``, written from the first call on (a run that fails before it leaves no events file).
+    in ``logdir/train``, written from the first call on (a run that fails before it leaves no events file);
+    at each epoch's end ``epoch/<name>`` (the epoch's mean loss, training metrics) and at each validation
+    ``val/<name>`` (``val/loss``, ``val/accuracy``, ...), at the global step they were computed.
 
     Each ``fit``'s first write is TensorBoard's restart marker, an event with ``SessionLog.START`` at the step
     after the one it starts from: a run resumed from its step-4 checkpoint runs steps 5, 6, ... again, which the
@@ -134,6 +150,19 @@ class TensorBoardScalars(Observer):
             self._guarded(lambda: self._mark_start(start))
         if self.writer is not None:
             self._guarded(lambda: self._write(r))
+
+    def after_evaluation(self, epoch: int, step: int, values: dict[str, float]) -> None:
+        if self.writer is None:
+            return
+        import tensorflow as tf
+
+        def write() -> None:
+            with self.writer.as_default():
+                for name, value in values.items():
+                    tag = f"val/{name[4:]}" if name.startswith("val_") else f"epoch/{name}"
+                    tf.summary.scalar(tag, value, step=step)
+
+        self._guarded(write)
 
     def _mark_start(self, start_step: int) -> None:
         import time

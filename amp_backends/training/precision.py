@@ -82,25 +82,22 @@ def trained_models(updates: Sequence[Any], objects: Mapping[str, Any] | None) ->
 
 def built_float32(model: Any, plan: Any, layer_plan: Any = None) -> bool:
     """Most of the model's weights sit in layers computing in float32 although the plan's policy is mixed
-    (the layers its layer plan keeps in float32 are not counted; a layer plan that keeps every layer in float32
-    is as planned)."""
+    (the layers the plan's rules or the model's layer plan keep in float32 — its classifier head, say — are not
+    counted; a layer plan that keeps every layer in float32 is as planned)."""
     if not str(getattr(plan, "policy", "")).startswith("mixed_") or (layer_plan is not None and layer_plan.all_float32):
         return False
+    from ..model_check._keras import children, walk
+
     by_dtype: dict[bool, int] = {True: 0, False: 0}
     kept = tuple(getattr(plan, "float32_layers", ()) or ())
-
-    def visit(layer: Any) -> None:
-        inner = [sub for sub in getattr(layer, "layers", []) or [] if sub is not layer]
-        if inner:
-            for sub in inner:
-                visit(sub)
-            return
-        if kept and kept_in_float32(kept, layer):
-            return
+    planned = set(layer_plan.float32) if layer_plan is not None else set()
+    for path, layer in walk(model, getattr(model, "name", "model")):
+        if layer is model or list(children(layer)):
+            continue  # (the weights are counted in the leaves)
+        if path in planned or (kept and kept_in_float32(kept, layer)):
+            continue
         params = sum(_size(v.shape) for v in getattr(layer, "trainable_weights", []))
         by_dtype[str(getattr(layer, "compute_dtype", "float32")) == "float32"] += params
-
-    visit(model)
     total = by_dtype[True] + by_dtype[False]
     return total > 0 and by_dtype[True] / total >= 0.5
 

@@ -12,7 +12,14 @@ from .observers import WARMUP_CALLS, CallRecord
 @dataclass
 class TrainResult:
     """What :meth:`Trainer.fit` did. ``skipped``/``applied`` count steps per update over the whole run
-    (resumes included)."""
+    (resumes included); ``history`` has a row per compiled call of this ``fit``.
+
+    Over the whole run, resumes included (:mod:`.monitor`): ``epochs`` has a row per completed epoch (``epoch``,
+    ``step``, the mean training ``loss``, the training metrics, and ``val_*`` when the epoch ended with a
+    validation), ``validations`` a row per validation; ``best`` is the best value of the monitored name
+    (``monitor``, ``mode``, ``value``, ``epoch``, ``step``, and ``path``: the best checkpoint, with ``keep_best``);
+    ``stopped_early`` says why training stopped before its end (``patience``), else ``None``.
+    """
 
     steps: int
     epochs_completed: int
@@ -23,13 +30,20 @@ class TrainResult:
     applied: dict[str, int]
     loss_scales: dict[str, float]
     history: list[dict[str, float]] = field(default_factory=list)
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    validations: list[dict[str, Any]] = field(default_factory=list)
+    best: dict[str, Any] | None = None
+    stopped_early: str | None = None
 
     def summary(self) -> str:
         tp = f"{self.median_throughput:.4g} img/s" if self.median_throughput else "n/a (too few steps after warm-up)"
         steps = ", ".join(f"{k}: {self.applied[k]} applied, {self.skipped[k]} skipped" for k in self.applied)
+        best = (f", best {self.best['monitor']} {self.best['value']:.5g} (epoch {self.best['epoch']}, step "
+                f"{self.best['step']})" if self.best else "")
         return (f"Summary: {self.steps} steps ({steps}), median throughput {tp}, loss scales "
                 + ", ".join(f"{k}={v:g}" for k, v in self.loss_scales.items()) + ", last losses "
-                + ", ".join(f"{k}: {v:.5g}" for k, v in self.last_losses.items()))
+                + ", ".join(f"{k}: {v:.5g}" for k, v in self.last_losses.items()) + best
+                + (f"; stopped early: {self.stopped_early}" if self.stopped_early else ""))
 
 
 @dataclass

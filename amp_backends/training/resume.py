@@ -116,9 +116,10 @@ def run_seed(checkpoints: str | os.PathLike) -> int | None:
 
 
 def restore_run(store: Any, position: Any, *, seed: int, scalers: Mapping[str, Any], updates: Any, batch_size: int,
-                plan_headline: str, is_chief: bool) -> tuple[int, Any] | None:
+                plan_headline: str, is_chief: bool) -> tuple[int, dict[str, Any]] | None:
     """Restore ``store``'s newest intact checkpoint, if any: its seed checked, the resume said (by the chief),
-    loss scaling followed; ``(its global step, the layer plans it keeps)``."""
+    loss scaling followed; ``(its global step, its signature)``: the signature holds what the run decided and
+    learnt (``layer_plans``, ``monitor``: its history and best value)."""
     from .checkpoints import log_resume
 
     restored = store.restore()
@@ -131,5 +132,5 @@ def restore_run(store: Any, position: Any, *, seed: int, scalers: Mapping[str, A
         log_resume(restored, at, then_batch, batch_size, updates=updates, scalers=scalers,
                    plan_headline=plan_headline)
     follow_loss_scaling(restored.stored, scalers, say=is_chief)
-    return at.step, stored.get("layer_plans") or stored.get("float32_choice")
+    return at.step, stored
 

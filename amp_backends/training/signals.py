@@ -1,5 +1,9 @@
 """Ctrl-C and SIGTERM during training: the first asks the loop to stop after the current call, a second acts at once.
 
+The trainer then saves a checkpoint when checkpointing is on, and raises
+:class:`~amp_backends.errors.TrainingInterrupted` (a ``KeyboardInterrupt``) saying at which step and where the
+checkpoint is.
+
 Under several workers the signal reaches one of them; every worker stops after the same call
 (:class:`~amp_backends.training.distribute.StopAgreement`) and they save together."""
 
@@ -55,3 +59,21 @@ def interrupted_message(signum: int, step: int, path: str | None, *, checkpointi
         return f"Interrupted ({name}) at step {step}: {where}. Continue with --resume."
     return (f"Interrupted ({name}) at step {step}: {where} (every worker stopped at this step). Continue with "
             "--resume on every worker.")
+
+
+def raise_interrupted(signum: int, step: int, store: Any, save: Any, together: Any, agree: Any, is_chief: bool) -> None:
+    """Every worker stopped at ``step`` (agreed): save (``save()``, inside ``together(step)`` with the other workers)
+    unless that step is saved already, and raise :class:`~amp_backends.errors.TrainingInterrupted` saying where."""
+    from ..errors import TrainingInterrupted
+
+    path = None
+    if store:
+        path = save() if store.last_saved_step != step else store.latest
+        with together(step):
+            agree.saved(step)
+        if agree.by is not None:  # the chief's checkpoint (a non-chief's save returns None)
+            path = store.latest
+    message = interrupted_message(signum, step, path, checkpointing=store is not None, by=agree.by)
+    if is_chief:
+        logger.warning(message)
+    raise TrainingInterrupted(signum, step, path, message)

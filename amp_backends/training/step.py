@@ -39,6 +39,23 @@ logger = logging.getLogger("amp_backends.train")
 UNROLL_LIMIT = 16
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """How an update's model is evaluated and asked for predictions (validation, metrics, ``evaluate``, ``predict``).
+
+    ``predict(x)`` runs the forward pass for inference (``training=False``) and returns the outputs;
+    ``loss(y_true, y_pred)`` gives one float32 loss per example, the same loss the update trains on. ``accuracy``
+    is what the metric name ``"accuracy"`` means for this model (``sparse``, ``categorical`` or ``binary``, as
+    Keras's ``compile`` picks it from the loss and the output width).
+    :func:`~amp_backends.training.classifier_updates` sets it; an update without one (the GAN's) has nothing
+    to validate.
+    """
+
+    predict: Callable[[Any], Any]
+    loss: Callable[[Any, Any], Any]
+    accuracy: str = "sparse"
+
+
 @dataclass
 class Update:
     """One optimisation inside a training step.
@@ -58,6 +75,10 @@ class Update:
     replaced by 0, say). A step whose batch is not ``ok`` is skipped in every replica, and the trainer raises
     :class:`~amp_backends.errors.InputError` after the call, naming the step and ``check_message`` (what was
     expected, and the fix). It costs a reduction over the batch per step.
+
+    ``evaluation`` (an :class:`Evaluation`), if given, is what validation, metrics, ``Trainer.evaluate`` and
+    ``Trainer.predict`` use; a ``loss_fn`` that reports its predictions with
+    :func:`~amp_backends.training.metrics.record_predictions` gets the trainer's metrics on training batches too.
     """
 
     name: str
@@ -67,6 +88,7 @@ class Update:
     state: Sequence[Any] = ()
     check: Callable[[Any], tuple[Any, Any]] | None = None
     check_message: str = ""
+    evaluation: Evaluation | None = None
 
     @property
     def variables(self) -> list[Any]:

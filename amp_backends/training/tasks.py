@@ -9,7 +9,8 @@ import tensorflow as tf
 
 from ..errors import AmpConfigError, InputError
 from ..labels import class_ids
-from .step import Update, step_seed
+from .metrics import record_predictions
+from .step import Evaluation, Update, step_seed
 
 
 def _per_example(loss: Any) -> tuple[Any, bool]:
@@ -70,14 +71,16 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
             "loss= a function (y, pred) -> one loss per example that combines the outputs' losses (y and pred are "
             "the model's structure: dicts for named outputs), or write an amp_backends.Update of your own.")
 
+    def losses(y, pred):
+        # losses in float32 whatever the policy (as Keras's own Loss.__call__ does): float16 logs and sums lose digits
+        return tf.cast(per_example(y, _float32(pred)), tf.float32)
+
     def loss_fn(batch):
         _check_labelled(batch)
         check_model_inputs(model, batch[0])  # while tracing: before any step runs
         pred = model(batch[0], training=True)
-        # losses in float32 whatever the policy (as Keras's own Loss.__call__ does): float16 logs and sums lose digits
-        pred = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, pred)
-        values = per_example(batch[1], pred)
-        values = tf.cast(values, tf.float32)
+        values = losses(batch[1], pred)
+        record_predictions("model", batch[1], _float32(pred), batch[2] if len(batch) == 3 else None)
         if len(batch) == 3:
             w = tf.cast(tf.reshape(batch[2], tf.shape(values)), tf.float32)
             return tf.reduce_sum(values * w) / tf.maximum(tf.reduce_sum(w), 1e-12)
@@ -88,7 +91,7 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
         if sparse and not isinstance(sample[1], (dict, tuple, list)):  # (several outputs: the loss's own checks)
             classes = _num_classes(model)
             owner = f" (the model has {classes} outputs)" if classes else ""
-            class_ids(_per_position(model, sample[1]), classes, "The labels y", owner=owner)
+            class_ids(_per_position(model, sample[1]), classes, "The labels y", owner=owner, error=InputError)
 
     classes = _num_classes(model)
     span = f"0..{classes - 1}" if classes else "0 and up"
@@ -96,9 +99,25 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
                f"{classes or '?'} outputs). Expected class ids in {span} in every batch (the check before training "
                "sees the first batch of a dataset). Fix: clean the labels in the pipeline (dataset.map, or "
                "dataset.filter to drop such rows), or give the model's last layer as many units as there are classes.")
+    evaluation = Evaluation(predict=lambda x: model(x, training=False), loss=losses,
+                            accuracy=_accuracy_kind(loss, sparse, classes))
     return [Update("model", loss_fn, [(model.trainable_variables, optimizer)], validate=validate,
                    state=model.non_trainable_variables, check=_class_id_check(classes) if sparse else None,
-                   check_message=message)]
+                   check_message=message, evaluation=evaluation)]
+
+
+def _float32(pred: Any) -> Any:
+    return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, pred)
+
+
+def _accuracy_kind(loss: Any, sparse: bool, classes: int | None) -> str:
+    """What ``metrics=["accuracy"]`` means for this loss and output width, as Keras's ``compile`` decides."""
+    if sparse or loss is None:
+        return "sparse"
+    name = (loss if isinstance(loss, str) else getattr(loss, "__name__", "") or type(loss).__name__).lower()
+    if "sparse" in name:
+        return "sparse"
+    return "binary" if "binary" in name or classes == 1 else "categorical"
 
 
 def _class_id_check(classes: int | None) -> Any:

@@ -33,7 +33,6 @@ from typing import Any, Mapping, Sequence
 
 import tensorflow as tf
 
-from ..errors import TrainingInterrupted
 from ..plan import Plan
 from .arguments import (
     build_optimizers,
@@ -43,8 +42,8 @@ from .arguments import (
 )
 from .checkpoints import check_directory, trainer_store
 from .distribute import StopAgreement, collectives, is_chief, worker_id
-from .inputs import BatchFn, Ran, ResidentArrays, input_for
-from .loss_scaling import LossScaler
+from .inputs import BatchFn, Ran, input_for
+from .loss_scaling import LossScaler, check_stalled
 from .observers import (
     WARMUP_CALLS,
     audit_observer,
@@ -60,9 +59,10 @@ from .resume import nothing_left, restore_run, settings
 from .run_lock import holding
 from .saving import ready_to_save, save_finite, weights_finite
 from .seeding import current_seed
-from .signals import StopSignals, interrupted_message
+from .signals import StopSignals, raise_interrupted
 from .step import StepProgram, Update
-from .streams import Stream
+from .metrics import variables
+from .validation import Validation, save_with
 
 __all__ = ["Trainer", "TrainResult", "parse_profile_steps"]
 
@@ -100,6 +100,12 @@ class Trainer:
         check_models: bool = True,
         audit: bool | tuple[int, int] = False,
         measure_float32: bool | None = None,
+        metrics: Sequence[Any] | None = None,
+        keep_best: str | bool | None = None,
+        monitor: str | None = None,
+        mode: str = "auto",
+        patience: int | None = None,
+        min_delta: float = 0.0,
     ) -> None:
         self.strategy = strategy or tf.distribute.get_strategy()
         self.replicas = int(self.strategy.num_replicas_in_sync)
@@ -124,21 +130,26 @@ class Trainer:
             self.scalers = {u.name: LossScaler(plan.loss_scale, name=u.name) for u in self.updates}
             build_optimizers(self.updates)
             self.position = Position(self.batch_size)
-        self.global_step, self.epoch, self.samples_in_epoch = (self.position.global_step, self.position.epoch,
-                                                               self.position.samples_in_epoch)
+        self.global_step = self.position.global_step
         models = [m for m in (checkpoint_objects or {}).values() if hasattr(m, "layers")]
         self._weights = saved_weights(self.updates, models)  # never saved with NaN or Inf
         self.program = StepProgram(self.updates, self.scalers, strategy=self.strategy, xla=plan.xla,
                                    batch_size=self.batch_size, seed=self.seed, global_step=self.global_step,
                                    samples_in_epoch=self.position.samples_in_epoch, unroll_steps=unroll_steps)
         trained = trained_models(self.updates, checkpoint_objects)
+        self.observers: list[Observer] = list(observers)
+        self.validation = Validation(self.updates, metrics=metrics, keep_best=keep_best, monitor=monitor, mode=mode,
+                                     patience=patience, min_delta=min_delta, strategy=self.strategy,
+                                     batch_size=self.batch_size, device=plan.device, xla=plan.xla, batch_fn=batch_fn,
+                                     observers=self.observers, checkpointing=checkpoint_dir is not None)
         self.store = trainer_store(
             checkpoint_dir, updates=self.updates, scalers=self.scalers, position=self.position,
             objects=checkpoint_objects, keep=keep_checkpoints, is_chief=self.is_chief, worker=self.worker,
-            plan_headline=self._plan_headline, settings=settings(self.seed, self.scalers),
-            models=[*models, *trained]) if checkpoint_dir else None
-        self.observers = list(observers) + default_observers(self.is_chief, log_every, logdir, progress, profile_steps)
-        self._called: set[Any] = set()
+            plan_headline=str(self.plan.headline), settings=settings(self.seed, self.scalers),
+            models=[*models, *trained], metrics=variables(self.validation.train_metrics)) if checkpoint_dir else None
+        self.observers += [self.validation.monitor, *default_observers(self.is_chief, log_every, logdir, progress,
+                                                                       profile_steps)]
+        self._called: set[Any] = set()  # the calls compiled so far; the last input (reused when fit gets it again)
         self._last_input: tuple[Any, Any, Any] | None = None
         self.models = TrainedModels(trained, plan, check=check_models, measure=measure_float32, replicas=self.replicas)
         self.layer_plans = self.models.layer_plans
@@ -147,48 +158,54 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     @property
-    def _plan_headline(self) -> str:
-        return str(self.plan.headline)
-
-    @property
     def checkpoint_dir(self) -> str | None:
         return self.store.directory if self.store else None
 
     def save(self) -> str | None:
         """Write a checkpoint now (atomically; with the other workers): :func:`.saving.save_finite`."""
-        return save_finite(self.store, self._weights, self._together(self.position.step)) if self.store else None
+        if self.store is None:
+            return None
+        self.store.annotate("monitor", self.validation.monitor.state())  # the history, best value, waiting
+        return save_finite(self.store, self._weights, self._together(self.position.step))
 
     def restore(self) -> int | None:
         """Restore the newest intact checkpoint, if any; returns its global step (:func:`.resume.restore_run`)."""
         restored = restore_run(self.store, self.position, seed=self.seed, scalers=self.scalers, updates=self.updates,
-                               batch_size=self.batch_size, plan_headline=self._plan_headline,
+                               batch_size=self.batch_size, plan_headline=str(self.plan.headline),
                                is_chief=self.is_chief) if self.store else None
         if restored is None:
             return None
-        step, self.models.stored = restored
+        step, stored = restored
+        self.models.stored = stored.get("layer_plans") or stored.get("float32_choice")
+        self.validation.monitor.load(stored.get("monitor"))
         return step
 
     # ------------------------------------------------------------------ the loop
     def fit(self, x: Any, y: Any = None, *, epochs: int = 1, max_steps: int | None = None, resume: bool = False,
-            steps_per_epoch: int | None = None) -> TrainResult:
+            steps_per_epoch: int | None = None, validation_data: Any = None,
+            validation_every: int | str = 1) -> TrainResult:
         """Train until ``epochs`` epochs are complete (counted over the whole run) or ``max_steps`` steps.
 
         ``x`` is an array, a tuple/list or dict of arrays (several inputs, named features), with optional
         labels ``y`` of the same kinds — kept on the device, each step gathering its batch — or a
         ``tf.data.Dataset`` of batches (``steps_per_epoch`` for one that repeats forever); see
-        :mod:`amp_backends.training.inputs`. ``resume`` continues from the newest intact checkpoint (under its
-        seed; loss scaling that differs from the checkpoint's starts afresh and is logged: :mod:`.resume`);
-        without it, a checkpoint directory holding another run's checkpoints is refused. While it trains, no
-        other process may train in the checkpoint directory (:mod:`.run_lock`). Calling ``fit`` again
-        continues where the last call stopped; a run already at ``max_steps`` or ``epochs`` trains nothing and
-        warns.
-
-        Ctrl-C (or SIGTERM) stops after the current call, saves a checkpoint when checkpointing is on, and
-        raises :class:`TrainingInterrupted` (a ``KeyboardInterrupt``) saying where. Under several workers, a
-        signal to any of them stops every worker after the same call; they save together and each raises it.
+        :mod:`amp_backends.training.inputs`. ``validation_data`` (``(x_val, y_val)`` arrays or a dataset of
+        batches) is evaluated with the trainer's metrics every ``validation_every`` epochs (or ``"500 steps"``);
+        see :mod:`.monitor` for the history, ``keep_best`` and ``patience``. ``resume`` continues from the newest
+        intact checkpoint (under its seed; loss scaling that differs from the checkpoint's starts afresh and is
+        logged: :mod:`.resume`); without it, a checkpoint directory holding another run's checkpoints is refused.
+        While it trains, no other process may train in the checkpoint directory (:mod:`.run_lock`). Calling
+        ``fit`` again continues where the last call stopped; a run already at ``max_steps`` or ``epochs`` trains
+        nothing and warns.
+        Ctrl-C (or SIGTERM): see :mod:`.signals`.
         """
         check_fit_arguments(epochs=epochs, max_steps=max_steps, resume=resume, checkpoints=self.store is not None)
-        source = self._input(x, y, steps_per_epoch)
+        # the same arrays as in the last call are reused (not copied or checked again)
+        self._last_input = input_for(self._last_input, x, y, self.updates, batch_size=self.batch_size,
+                                     device=self.plan.device, seed=self.seed, strategy=self.strategy,
+                                     batch_fn=self.batch_fn, steps_per_epoch=steps_per_epoch)
+        source = self._last_input[2]
+        self.validation.start(validation_data, validation_every, self.store, save_with(self._weights, self._together))
         if source.has_strings:
             self.program.without_xla("the data holds strings (for the model's own StringLookup or TextVectorization)")
         with holding(self.store.directory if self.store and self.is_chief else None):  # one run at a time there
@@ -210,8 +227,9 @@ class Trainer:
             try:
                 with StopSignals() as stop:
                     signum = self._loop(source, epochs, max_steps, progress, stop)
-                    if signum is not None:
-                        self._interrupted(signum)
+                    if signum is not None:  # every worker stopped here: save together, say where
+                        raise_interrupted(signum, self.position.step, self.store, self.save, self._together,
+                                          self._agree, self.is_chief)
             finally:
                 for o in self.observers:
                     o.close()
@@ -230,13 +248,13 @@ class Trainer:
               stop: StopSignals) -> int | None:
         """Calls until training is done (``None``) or every worker agreed to stop on a signal (returned)."""
         source.start()
-        while (signum := self._agreed_stop(stop)) is None:
+        while (signum := self._agree.at(stop.signum, self._together(self.position.step))) is None:
             at = self.position.now()
-            if at.epoch >= epochs or (max_steps is not None and at.step >= max_steps):
+            if at.epoch >= epochs or (max_steps is not None and at.step >= max_steps) or self.validation.stop:
                 return None
             left = source.left_in_epoch(at.offset)
             if left == 0:
-                self.position.next_epoch()
+                self._epoch_over(at.epoch)
                 source.epoch_over()
                 continue
             k = source.call_size(self.steps_per_call, left, None if max_steps is None else max_steps - at.step,
@@ -245,7 +263,8 @@ class Trainer:
             if ran.done == 0:
                 continue
             ran.check_refused(at, self.position.batch_in_epoch(at), self.updates)
-            self._check_nonfinite()
+            check_stalled(self.scalers, self.max_consecutive_nonfinite, self._save_if_finite)
+            self.validation.after_call(at.epoch, at.step, ran.done)
             every = self.checkpoint_every
             if every and (at.step + ran.done) // every > at.step // every:
                 self.save()  # at the end of the call that reached a multiple of checkpoint_every
@@ -256,65 +275,47 @@ class Trainer:
         for o in self.observers:
             o.before_call(at.step, k)
         t0 = time.perf_counter()
-        with self._together(at.step), self.program.own_errors(at.step, k):
+        with self._together(at.step), self.program.own_errors(at.step, k), self.validation.recording:
             ran = source.run(self.program, at, k, self.steps_per_call)
         dt = time.perf_counter() - t0
-        if ran.pass_ended:
-            self.position.next_epoch()
         compiling = ran.key not in self._called
         self._called.add(ran.key)
-        if ran.done == 0:
-            return ran
-        record = progress.add(ran, at.epoch, self.position.batch_in_epoch(at), at.step + ran.done,
-                              self.images_per_step, dt, compiling, self.scalers)
-        for o in self.observers:
-            o.after_call(record)
+        if ran.done:
+            record = progress.add(ran, at.epoch, self.position.batch_in_epoch(at), at.step + ran.done,
+                                  self.images_per_step, dt, compiling, self.scalers)
+            for o in self.observers:
+                o.after_call(record)
+        if ran.pass_ended:
+            self._epoch_over(at.epoch)
         return ran
+
+    def _epoch_over(self, epoch: int) -> None:  # the position moves on; the epoch's values, validated when due
+        self.position.next_epoch()
+        self.validation.epoch_end(epoch, self.position.step)
 
     def _result(self, source: Any, progress: Progress) -> TrainResult:
         at = self.position.now()
         # an epoch whose last batch is done counts, even before the position rolls over to the next one
-        result = progress.result(at.step, at.epoch + int(source.left_in_epoch(at.offset) == 0), self.scalers)
+        result = self.validation.fill(progress.result(at.step, at.epoch + int(source.left_in_epoch(at.offset) == 0),
+                                                      self.scalers))
         if self.is_chief:
             logger.info(result.summary())
         return result
 
+    def evaluate(self, x: Any, y: Any = None) -> dict[str, float]:
+        """``{"loss": ..., <metric>: ...}`` over every sample of ``x``/``y`` or a dataset (:mod:`.evaluation`)."""
+        return self.validation.evaluator_for("evaluate()").evaluate(x, y)
+
+    def predict(self, x: Any) -> Any:
+        """The model's outputs for every sample of ``x`` (arrays, or a dataset of batches), as NumPy arrays."""
+        return self.validation.evaluator_for("predict()").predict(x)
+
     # ------------------------------------------------------------------ helpers of the loop
-    def _agreed_stop(self, stop: StopSignals) -> int | None:
-        """The signal to stop on at this call boundary, the same on every worker (one gather among several)."""
-        with self._together(self.position.step):
-            return self._agree(stop.signum)
+    def _save_if_finite(self) -> str | None:
+        single = getattr(self.strategy, "cluster_resolver", None) is None  # (several workers save together)
+        return self.save() if self.store and single and weights_finite(self._weights) else None
 
     def _together(self, step: int) -> Any:
         """A call or save made with the other workers: a failure says who to restart and from where."""
         return collectives(self.strategy, self.worker, step, lambda: self.store.latest if self.store else None)
 
-    def _input(self, x: Any, y: Any, steps_per_epoch: int | None) -> ResidentArrays | Stream:
-        """The input for ``fit(x, y)``, validated by the updates; the same arrays as in the last call are reused."""
-        self._last_input = input_for(self._last_input, x, y, self.updates, batch_size=self.batch_size,
-                                     device=self.plan.device, seed=self.seed, strategy=self.strategy,
-                                     batch_fn=self.batch_fn, steps_per_epoch=steps_per_epoch)
-        return self._last_input[2]
-
-    def _check_nonfinite(self) -> None:
-        for s in self.scalers.values():
-            if not s.stalled(self.max_consecutive_nonfinite):
-                continue
-            single = getattr(self.strategy, "cluster_resolver", None) is None  # (several workers save together)
-            saved = self.save() if self.store and single and weights_finite(self._weights) else None
-            raise s.stalled_error(saved)
-
-    def _interrupted(self, signum: int) -> None:
-        """Every worker stopped at this step (agreed): save (together, under several workers) and say where."""
-        step = self.position.step
-        path = None
-        if self.store:
-            path = self.save() if self.store.last_saved_step != step else self.store.latest
-            with self._together(step):
-                self._agree.saved(step)
-            if self._agree.by is not None:  # the chief's checkpoint (a non-chief's save returns None)
-                path = self.store.latest
-        message = interrupted_message(signum, step, path, checkpointing=self.store is not None, by=self._agree.by)
-        if self.is_chief:
-            logger.warning(message)
-        raise TrainingInterrupted(signum, step, path, message)

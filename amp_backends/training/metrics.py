@@ -1,0 +1,130 @@
+"""Keras metrics in the trainer: resolved from names as ``model.compile`` does, updated on training batches inside the
+compiled step, read as one number across replicas and workers.
+
+``metrics=["accuracy", keras.metrics.AUC()]``: a name is resolved as Keras resolves it (``"accuracy"`` is sparse
+categorical, categorical or binary accuracy after the loss and the model's output), an object is taken as it is
+(rebuilt from its config inside the strategy's scope when there are several replicas, so its state is kept per
+replica). Every metric is created twice: once for the training batches (reset at each epoch's start) and once for
+validation (reset at each evaluation).
+
+Keras keeps a metric's state in variables synchronised on read with a sum: each replica adds its batches, and
+reading the result outside the replicas adds them up across replicas and workers — every worker reads the same
+number.
+
+On training batches, an update's ``loss_fn`` reports its predictions with :func:`record_predictions` (the
+classifier's does); the metrics the trainer is recording for that update are then updated inside the step.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, Mapping, Sequence
+
+import tensorflow as tf
+
+from ..errors import AmpConfigError
+
+_recording = threading.local()
+
+ACCURACY_NAMES = ("accuracy", "acc")
+
+
+def record_predictions(update: str, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+    """Inside a training step: update the trainer's training metrics of ``update`` with this batch (nothing
+    happens outside a trainer's step, or when it has no metrics)."""
+    metrics = getattr(_recording, "current", {}).get(update)
+    for m in metrics or ():
+        m.update_state(y_true, y_pred, sample_weight)
+
+
+class Recording:
+    """While tracing a training call: :func:`record_predictions` updates these metrics (per update name)."""
+
+    def __init__(self, metrics: Mapping[str, Sequence[Any]]) -> None:
+        self.metrics = {k: list(v) for k, v in metrics.items() if v}
+
+    def __enter__(self) -> None:
+        self.saved = getattr(_recording, "current", {})
+        _recording.current = self.metrics
+
+    def __exit__(self, *exc: Any) -> None:
+        _recording.current = self.saved
+
+
+ACCURACIES = {"sparse": "SparseCategoricalAccuracy", "categorical": "CategoricalAccuracy", "binary": "BinaryAccuracy"}
+
+
+def _one(spec: Any, accuracy: str, replicas: int) -> Any:
+    if isinstance(spec, str):
+        if spec.lower() in ACCURACY_NAMES:  # as Keras's compile picks it, after the loss and the output width
+            return getattr(tf.keras.metrics, ACCURACIES[accuracy])(name="accuracy")
+        try:
+            found = tf.keras.metrics.get(spec)
+        except (ValueError, TypeError):
+            raise AmpConfigError(f"Unknown metric {spec!r}. Expected a Keras metric name (such as 'accuracy', "
+                                 "'sparse_top_k_categorical_accuracy', 'mae') or a keras.metrics.Metric object. Fix: "
+                                 "check the spelling, or pass the metric object.") from None
+        return found if isinstance(found, tf.keras.metrics.Metric) else tf.keras.metrics.MeanMetricWrapper(found,
+                                                                                                          name=spec)
+    if isinstance(spec, tf.keras.metrics.Metric):
+        if replicas == 1:
+            return spec
+        try:  # its state kept per replica: rebuilt inside the strategy's scope
+            return type(spec).from_config(spec.get_config())
+        except Exception as exc:
+            raise AmpConfigError(f"The metric {spec.name!r} ({type(spec).__name__}) cannot be rebuilt from its config "
+                                 f"({type(exc).__name__}: {exc}); under several replicas each keeps its own state, so "
+                                 "the trainer builds it inside the strategy's scope. Fix: give the metric a "
+                                 "get_config() that from_config() takes, or pass its name.") from None
+    if callable(spec):
+        return tf.keras.metrics.MeanMetricWrapper(spec, name=getattr(spec, "__name__", "metric"))
+    raise TypeError(f"metrics must be a list of Keras metric names, keras.metrics.Metric objects or functions "
+                    f"(y_true, y_pred) -> values. Received: {spec!r} (of type {type(spec).__name__}).")
+
+
+def build_metrics(specs: Sequence[Any] | None, *, accuracy: str, strategy: Any) -> list[Any]:
+    """Metric objects for ``specs``, created inside ``strategy``'s scope; names must be unique and not ``loss``.
+    ``accuracy`` (``sparse``, ``categorical`` or ``binary``) is what the name ``"accuracy"`` means for the model."""
+    if specs is None:
+        return []
+    if isinstance(specs, (str, tf.keras.metrics.Metric)) or not isinstance(specs, (list, tuple)):
+        raise TypeError(f"metrics must be a list, such as metrics=['accuracy']. Received: {specs!r}.")
+    replicas = int(strategy.num_replicas_in_sync)
+    with strategy.scope():
+        out = [_one(s, accuracy, replicas) for s in specs]
+    names = [m.name for m in out]
+    clash = sorted({n for n in names if names.count(n) > 1 or n == "loss"})
+    if clash:
+        raise AmpConfigError(f"Metric names must be unique and not 'loss' (they name the logged values). Received "
+                             f"names {names}. Fix: give each metric its own name=...")
+    return out
+
+
+def results(metrics: Sequence[Any], prefix: str = "") -> dict[str, float]:
+    """Each metric's value (one number, added up across replicas and workers) under ``prefix + name``."""
+    out = {}
+    for m in metrics:
+        value = m.result()
+        if isinstance(value, dict):
+            out.update({f"{prefix}{k}": _number(v) for k, v in value.items()})
+        else:
+            out[f"{prefix}{m.name}"] = _number(value)
+    return out
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(tf.reduce_mean(tf.cast(value, tf.float32)).numpy())
+    except Exception:
+        return math.nan
+
+
+def reset(metrics: Sequence[Any]) -> None:
+    for m in metrics:
+        m.reset_state()
+
+
+def variables(metrics: Sequence[Any]) -> list[Any]:
+    """The metrics' state, for a checkpoint (a resumed epoch's training metrics continue from it)."""
+    return [v for m in metrics for v in m.variables]

@@ -1,0 +1,256 @@
+"""Validation and metrics in the trainer: every sample counted, the numbers Keras would give, a per-epoch history,
+the best checkpoint, early stopping, validation between epochs, TensorBoard's val/ scalars — and all of it resumed
+exactly; learning-rate schedules resume exactly; wrong arguments refused before any step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import NEUTRAL_CWD
+
+pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
+tf = pytest.importorskip("tensorflow")
+
+import amp_backends  # noqa: E402
+from amp_backends.errors import AmpConfigError, InputError  # noqa: E402
+from amp_backends.training import Trainer, classifier_updates, gan_updates  # noqa: E402
+
+HERE = Path(__file__).parent
+
+
+def plan():
+    return amp_backends.auto_configure(verbose=False, policy="float32")
+
+
+def data(n, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 6)).astype("float32")
+    return x, (x[:, 0] + 0.5 * x[:, 1] > 0).astype("int64") + (x[:, 2] > 1).astype("int64")
+
+
+def model(dropout=0.0):
+    layers = [tf.keras.Input((6,)), tf.keras.layers.Dense(16, activation="relu")]
+    if dropout:
+        layers.append(tf.keras.layers.Dropout(dropout))
+    return tf.keras.Sequential([*layers, tf.keras.layers.Dense(3, activation="softmax")])
+
+
+def trainer(m=None, lr=0.01, **kw):
+    amp_backends.seed_everything(0)
+    m = m or model()
+    kw.setdefault("progress", False)
+    return Trainer(classifier_updates(m, tf.keras.optimizers.Adam(lr)), plan(), batch_size=16, seed=0,
+                   check_models=False, **kw), m
+
+
+def test_validation_counts_every_sample_and_matches_a_hand_computation():
+    amp_backends.seed_everything(0)
+    t, m = trainer(metrics=["accuracy", tf.keras.metrics.SparseTopKCategoricalAccuracy(k=2, name="top2")])
+    x, y = data(96)
+    xv, yv = data(37, seed=1)  # 2 full batches of 16 and a last one of 5
+    result = t.fit(x, y, epochs=2, validation_data=(xv, yv))
+    probs = m(xv, training=False).numpy()
+    by_hand = {"val_loss": float(np.mean(-np.log(probs[np.arange(37), yv]))),
+               "val_accuracy": float(np.mean(probs.argmax(-1) == yv)),
+               "val_top2": float(np.mean((np.argsort(-probs, -1)[:, :2] == yv[:, None]).any(-1)))}
+    last = result.epochs[-1]
+    assert [e["epoch"] for e in result.epochs] == [0, 1] and [e["step"] for e in result.epochs] == [6, 12]
+    for k, v in by_hand.items():
+        assert last[k] == pytest.approx(v, abs=1e-5), k
+    assert {"loss", "accuracy", "top2"} <= set(last)  # the epoch's training loss and metrics beside
+    assert [v["step"] for v in result.validations] == [6, 12]
+    # evaluate(): the same numbers, on arrays and on a dataset batched with a partial last batch (nothing dropped)
+    assert t.evaluate(xv, yv) == pytest.approx({k[4:]: v for k, v in by_hand.items()}, abs=1e-5)
+    ds = tf.data.Dataset.from_tensor_slices((xv, yv)).batch(10)
+    assert t.evaluate(ds) == pytest.approx({k[4:]: v for k, v in by_hand.items()}, abs=1e-5)
+    np.testing.assert_allclose(t.predict(xv), probs, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(t.predict(ds), probs, rtol=1e-5, atol=1e-6)
+
+
+def test_sample_weights_weigh_the_validation_loss():
+    t, m = trainer(metrics=["accuracy"])
+    xv, yv = data(20, seed=2)
+    w = np.linspace(0.0, 2.0, 20).astype("float32")
+    probs = m(xv, training=False).numpy()
+    got = t.evaluate(tf.data.Dataset.from_tensor_slices((xv, yv, w)).batch(8))
+    per = -np.log(probs[np.arange(20), yv])
+    assert got["loss"] == pytest.approx(float((per * w).sum() / w.sum()), rel=1e-5)
+    assert got["accuracy"] == pytest.approx(float(((probs.argmax(-1) == yv) * w).sum() / w.sum()), rel=1e-5)
+
+
+def run_history(tmp_path, name, stops, epochs=4):
+    """Train ``epochs`` epochs in one fit or in pieces ending at ``stops`` (global steps), each piece a new process-
+    like Trainer resuming from the checkpoints; returns the last result."""
+    x, y = data(80)
+    xv, yv = data(30, seed=1)
+    result = None
+    for i, stop in enumerate([*stops, None]):
+        amp_backends.seed_everything(0)
+        t, _ = trainer(model(dropout=0.3), metrics=["accuracy"], keep_best="val_accuracy", patience=10,
+                       checkpoint_dir=str(tmp_path / name))
+        result = t.fit(x, y, epochs=epochs, max_steps=stop, validation_data=(xv, yv), resume=i > 0)
+    return result
+
+
+def test_history_best_and_epoch_values_resume_exactly_mid_epoch(tmp_path):
+    whole = run_history(tmp_path, "whole", [])
+    pieces = run_history(tmp_path, "pieces", [7, 12])  # 5 steps per epoch: stops inside epochs 1 and 2
+    assert len(whole.epochs) == len(pieces.epochs) == 4
+    for a, b in zip(whole.epochs, pieces.epochs, strict=True):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)  # the epoch's mean loss and accuracy, across the resume too
+    assert [v["step"] for v in pieces.validations] == [5, 10, 15, 20]
+    assert pieces.best["value"] == pytest.approx(whole.best["value"]) and pieces.best["step"] == whole.best["step"]
+    best = Path(pieces.best["path"])
+    assert best.parent == tmp_path / "pieces" / "best" and Path(f"{best}.index").exists()
+    assert len(list(best.parent.glob("ckpt-*.index"))) == 1  # one best checkpoint kept, beside the latest ones
+    assert (tmp_path / "pieces" / "checkpoint").exists()
+
+
+def test_best_checkpoint_restores_the_best_weights(tmp_path):
+    t, m = trainer(metrics=["accuracy"], keep_best="val_loss", checkpoint_dir=str(tmp_path / "run"))
+    x, y = data(64)
+    xv, yv = data(30, seed=1)
+    result = t.fit(x, y, epochs=3, validation_data=(xv, yv))
+    best = result.best
+    assert best["monitor"] == "val_loss" and best["mode"] == "min"
+    assert best["value"] == pytest.approx(min(e["val_loss"] for e in result.epochs))
+    tf.train.Checkpoint(model_0_variables=list(m.trainable_variables)).restore(best["path"]).expect_partial()
+    assert t.evaluate(xv, yv)["loss"] == pytest.approx(best["value"], rel=1e-5)
+
+
+def test_early_stopping_stops_says_why_and_a_resumed_run_knows(tmp_path, caplog):
+    x, y = data(64)
+    xv, yv = data(30, seed=1)
+    t, _ = trainer(lr=0.0, patience=2, checkpoint_dir=str(tmp_path / "run"))  # nothing changes: no improvement
+    with caplog.at_level("WARNING", logger="amp_backends.train"):
+        result = t.fit(x, y, epochs=10, validation_data=(xv, yv))
+    assert result.steps == 3 * 4 and len(result.epochs) == 3
+    assert "patience=2" in result.stopped_early and "val_loss" in result.stopped_early
+    assert any("Stopping early at step 12" in r.message for r in caplog.records)
+    again, _ = trainer(lr=0.0, patience=2, checkpoint_dir=str(tmp_path / "run"))
+    assert again.fit(x, y, epochs=10, validation_data=(xv, yv), resume=True).steps == 12  # stopped, knows it
+    more, _ = trainer(lr=0.0, patience=3, checkpoint_dir=str(tmp_path / "run"))
+    assert more.fit(x, y, epochs=10, validation_data=(xv, yv), resume=True).steps == 16  # more patience: one more
+
+
+def test_validation_every_steps_runs_at_the_end_of_the_call_that_reaches_it():
+    t, _ = trainer(metrics=["accuracy"], steps_per_call=2)
+    x, y = data(96)  # 6 steps per epoch
+    xv, yv = data(20, seed=1)
+    result = t.fit(x, y, epochs=2, validation_data=(xv, yv), validation_every="5 steps")
+    assert [v["step"] for v in result.validations] == [6, 10]
+    assert all("val_loss" not in e for e in result.epochs)  # the epochs' own records: training values only
+
+
+def test_tensorboard_gets_val_and_epoch_scalars(tmp_path):
+    t, _ = trainer(metrics=["accuracy"], logdir=str(tmp_path / "tb"))
+    x, y = data(64)
+    t.fit(x, y, epochs=2, validation_data=data(20, seed=1))
+    tags: dict[str, list[int]] = {}
+    for f in (tmp_path / "tb" / "train").iterdir():
+        for event in tf.compat.v1.train.summary_iterator(str(f)):
+            for v in event.summary.value:
+                tags.setdefault(v.tag, []).append(event.step)
+    assert tags["val/loss"] == [4, 8] and tags["val/accuracy"] == [4, 8]
+    assert tags["epoch/loss"] == [4, 8] and tags["epoch/accuracy"] == [4, 8]
+
+
+def test_learning_rate_schedule_resumes_exactly(tmp_path):
+    def run(stops):
+        for i, stop in enumerate([*stops, None]):
+            amp_backends.seed_everything(0)
+            m = model()
+            lr = tf.keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=3, decay_rate=0.5)
+            opt = tf.keras.optimizers.SGD(lr)
+            t = Trainer(classifier_updates(m, opt), plan(), batch_size=16, seed=0, progress=False,
+                        check_models=False, checkpoint_dir=str(tmp_path / str(len(stops))))
+            t.fit(*data(64), epochs=3, max_steps=stop, resume=i > 0)
+        return [v.numpy() for v in m.trainable_variables], float(opt.learning_rate.numpy())
+
+    (whole, lr_whole), (pieces, lr_pieces) = run([]), run([5])
+    assert lr_pieces == lr_whole == pytest.approx(0.05 * 0.5 ** (12 / 3))
+    for a, b in zip(whole, pieces, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kwargs, fit_kwargs, needle", [
+    ({"keep_best": "val_accuracy"}, {}, "no checkpoint_dir"),
+    ({"keep_best": "val_accuracy", "checkpoint_dir": "ck"}, {"validation_data": data(8)}, "'val_accuracy', which"),
+    ({"patience": 2}, {}, "no validation_data"),
+    ({"patience": 0}, {}, "patience must be an integer >= 1"),
+    ({"mode": "up"}, {}, "mode must be 'auto', 'min' or 'max'"),
+    ({"metrics": ["acuracy"]}, {}, "Unknown metric 'acuracy'"),
+    ({"metrics": "accuracy"}, {}, "metrics must be a list"),
+    ({}, {"validation_every": "3 weeks"}, "'2 epochs' or '500 steps'"),
+    ({}, {"validation_data": (np.zeros((4, 6), "float32"),)}, "validation_data must be (x_val, y_val)"),
+    ({}, {"validation_data": (np.zeros((4, 6), "float32"), np.array([0, 1, 2, 7]))}, "class ids"),
+])
+def test_wrong_arguments_are_refused_before_any_step(tmp_path, monkeypatch, kwargs, fit_kwargs, needle):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises((AmpConfigError, InputError, TypeError, ValueError)) as err:
+        t, _ = trainer(**kwargs)
+        t.fit(*data(32), epochs=1, **fit_kwargs)
+        raise AssertionError("not refused")
+    assert needle in str(err.value)
+    assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").glob("ckpt-*"))
+
+
+def test_a_bad_label_in_a_later_validation_batch_is_named():
+    t, _ = trainer()
+    xv, yv = data(40, seed=1)
+    yv[35] = 9  # in the third batch of 16: the check before training sees the first batch of a dataset only
+    with pytest.raises(InputError, match="Batch 2 of the data given to validation_data holds labels"):
+        t.fit(*data(32), epochs=1, validation_data=tf.data.Dataset.from_tensor_slices((xv, yv)).batch(16))
+
+
+def test_updates_without_a_model_to_evaluate_say_so():
+    g = tf.keras.Sequential([tf.keras.Input((100,)), tf.keras.layers.Dense(784), tf.keras.layers.Reshape((28, 28, 1))])
+    d = tf.keras.Sequential([tf.keras.Input((28, 28, 1)), tf.keras.layers.Flatten(), tf.keras.layers.Dense(1)])
+    updates = gan_updates(g, d, tf.keras.optimizers.Adam(), tf.keras.optimizers.Adam())
+    with pytest.raises(AmpConfigError, match="Update.evaluation is not set"):
+        Trainer(updates, plan(), batch_size=8, metrics=["accuracy"])
+    t = Trainer(updates, plan(), batch_size=8, progress=False, check_models=False)
+    with pytest.raises(AmpConfigError, match="the GAN's updates have no labels"):
+        t.evaluate(np.zeros((8, 28, 28, 1), "float32"), np.zeros(8))
+    result = t.fit(np.zeros((16, 28, 28, 1), "float32"), epochs=1)  # its per-epoch history: each update's loss
+    assert set(result.epochs[0]) == {"epoch", "step", "loss/generator", "loss/discriminator"}
+
+
+@pytest.mark.slow
+def test_two_replicas_give_one_number_equal_to_one_device():
+    """MirroredStrategy over 2 logical CPUs: validation batches split across the replicas (the last one gives
+    replica 1 nothing), metrics and loss reduced: the numbers of one device."""
+    out = subprocess.run([sys.executable, str(HERE / "validation_replicas.py")], capture_output=True, text=True,
+                         timeout=300, cwd=NEUTRAL_CWD, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    assert d["replicas"] == 2
+    for key in ("arrays", "dataset", "last_epoch"):
+        assert d[key] == pytest.approx(d["one_device"], abs=1e-5), key
+    assert d["train_accuracy_finite"]
+
+
+@pytest.mark.slow
+def test_two_workers_read_the_same_numbers_as_one_device():
+    """MultiWorkerMirroredStrategy, two processes: validation and evaluate() are reduced across the workers — every
+    worker reads the same numbers, those of the whole validation set on one device; training metrics too."""
+    from test_distribute import env, finish, free_ports, tf_config
+
+    ports = free_ports(2)
+    procs = [subprocess.Popen([sys.executable, str(HERE / "validation_workers.py")], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, cwd=NEUTRAL_CWD,
+                              env=env(TF_CONFIG=tf_config(ports, i))) for i in (0, 1)]
+    outs = finish(procs)
+    assert [p.returncode for p in procs] == [0, 0], [o[-2000:] for o in outs]
+    a, b = (json.loads(o.strip().splitlines()[-1]) for o in outs)
+    assert a["last_epoch"] == b["last_epoch"] and a["evaluate"] == b["evaluate"]
+    assert a["train_accuracy"] == b["train_accuracy"]
+    for d in (a, b):
+        assert d["evaluate"] == pytest.approx(d["one_device"], abs=1e-5)
+        assert d["last_epoch"] == pytest.approx(d["one_device"], abs=1e-5)
