@@ -292,7 +292,7 @@ def chart_data() -> dict[str, list[tuple[str, float | None, float | None]]]:
 def benchmarks_page() -> str:
     from amp_backends.commands.bench.report import ZOO_HEAD, zoo_rows
 
-    out = [HEADER.rstrip("\n"), "", "## The model zoo"]
+    out = [HEADER.rstrip("\n"), "", "## The committed zoo runs"]
     for path, report in _zoo_runs():
         env = report.get("environment") or {}
         peaks = ", ".join(f"{k} {v}" for k, v in (report.get("peak_gflops") or {}).items())
@@ -305,7 +305,7 @@ def benchmarks_page() -> str:
     out += ["", "## Speed-up over float32 per model", ""]
     for device, rows in chart_data().items():
         out += [f"### {device}", "", f"![speed-up of the auto plan over float32 fit on {device}]"
-                f"(../assets/zoo-{_slug(device)}.svg)", "", "Chart data (x float32 fit baseline):", "",
+                f"(assets/zoo-{_slug(device)}.svg)", "", "Chart data (x float32 fit baseline):", "",
                 _table(["model", "auto plan, fit", "auto plan, trainer"],
                        [[m, f"{a:.2f}" if a else "-", f"{b:.2f}" if b else "-"] for m, a, b in rows]).rstrip("\n"),
                 ""]
@@ -397,14 +397,17 @@ def support_matrix() -> str:
 # --------------------------------------------------------------------------- finding codes
 def finding_codes() -> dict[str, set[str]]:
     """Every finding code the library emits, read from its code: the precision check's rules
-    (``.add(severity, "code", ...)`` in ``amp_backends/model_check``) and the audit's (``"code": "..."``)."""
+    (``.add(severity, "code", ...)`` and ``Finding(severity, "code", ...)`` in ``amp_backends/model_check``) and
+    the audit's (``"code": "..."``)."""
     codes: dict[str, set[str]] = {"check": set(), "audit": set()}
     for part, folder in (("check", "model_check"), ("audit", "audit")):
         for path in (ROOT / "amp_backends" / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add"
-                        and len(node.args) >= 3 and isinstance(node.args[1], ast.Constant)
-                        and isinstance(node.args[1].value, str)):
+                # rules.add(severity, "code", ...) and Finding(severity, "code", ...)
+                func = getattr(node, "func", None)
+                called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                if (isinstance(node, ast.Call) and called in ("add", "Finding") and len(node.args) >= 3
+                        and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
                     codes["check"].add(node.args[1].value)
                 if isinstance(node, ast.Dict):
                     for key, value in zip(node.keys, node.values, strict=True):
