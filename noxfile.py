@@ -8,8 +8,10 @@
   trainer's loss scaling, checkpoints and resume, the precision check), with ITEX really loaded.
   ``tests/test_markers.py`` keeps the marker honest.
 
-* ``lint``: ruff over the whole tree and mypy over the whole package (configured in ``pyproject.toml``); no
-  TensorFlow needed.
+* ``lint``: ruff over the whole tree, mypy over the whole package (configured in ``pyproject.toml``) and the
+  documentation site built with ``mkdocs build --strict`` (``mkdocs.yml``; the ``docs`` extra): a broken link,
+  a missing page or snippet, or a docstring the API reference cannot render fails it. The site goes to
+  ``site/`` (git-ignored); ``mkdocs serve`` shows it while writing. No TensorFlow needed.
 
 ``python3 -m nox`` runs all three; ``python3 -m nox -s tests`` one.
 
@@ -17,19 +19,31 @@ Both test sessions list their 25 slowest tests. Arguments after ``--`` replace t
 arguments (``python3 -m nox -s intel -- -q -x tests/test_intel.py``).
 """
 
+from pathlib import Path
+
 import nox
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: nox and pytest bring tomli
+    import tomli as tomllib
 
 nox.options.sessions = ["lint", "tests", "intel"]
 nox.options.reuse_existing_virtualenvs = True
 
+# The documentation site's libraries: pyproject.toml's ``docs`` extra (without the package: mkdocstrings reads the
+# source, and the generated pages are committed).
+DOCS_STACK = tomllib.loads(Path(__file__).with_name("pyproject.toml").read_text(encoding="utf-8"))[
+    "project"]["optional-dependencies"]["docs"]
 ITEX_STACK = ["tensorflow==2.15.1", "intel-extension-for-tensorflow[cpu]==2.15.0.0"]
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff==0.17.6", "mypy==2.4.1")
+    session.install("ruff==0.17.6", "mypy==2.4.1", *DOCS_STACK)
     session.run("ruff", "check", ".")
     session.run("mypy")
+    session.run("mkdocs", "build", "--strict", env={"NO_MKDOCS_2_WARNING": "1"})
 
 
 @nox.session

@@ -4,7 +4,7 @@ Every override defaults to ``auto`` (let the plan decide). Keyword arguments win
 variables. Values are validated here, once, with errors that name the accepted values.
 
 :data:`OPTIONS` is the one table of the overrides: each one's keyword, environment variable
-(:data:`ENV_VARS`), parsing, accepted values (the README's "Overrides" table, :func:`overrides_markdown`)
+(:data:`ENV_VARS`), parsing, accepted values (the documentation's Options table, :func:`overrides_markdown`)
 and command-line help and metavar (every command's ``--policy``, ``--loss-scale``...; :func:`option_help`).
 """
 
@@ -243,7 +243,7 @@ def _on_off(name: str, value: Any, source: str, known: tuple[str, ...]) -> bool:
 class Option:
     """One plan override: its keyword, its ``AMP_*`` variable, how it parses and how it is documented.
 
-    ``values`` is the README's description of the accepted values (Markdown); ``help`` the command-line
+    ``values`` is the documentation's description of the accepted values (Markdown); ``help`` the command-line
     help before its default (``{backends}``: the registered backends); ``metavar`` the command line's
     placeholder, ``None`` for a flag (``--strict``: on when given); ``default`` what unset means.
     """
@@ -315,7 +315,7 @@ def option_help(name: str, backends: Iterable[str] = ("nvidia", "intel", "cpu"))
 
 
 def overrides_markdown() -> str:
-    """The README's "Overrides" table (Markdown), from :data:`OPTIONS`."""
+    """The documentation's overrides table (Markdown, docs/reference/options.md), from :data:`OPTIONS`."""
     rows = ["| keyword | environment | values |", "|---|---|---|"]
     rows += [f"| `{o.name}` | `{o.env}` | {o.values} |" for o in OPTIONS]
     return "\n".join(rows)

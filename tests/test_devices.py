@@ -13,7 +13,7 @@ pytestmark = pytest.mark.intel
 
 KERAS3 = KerasInfo("3.15.1", 3, "keras")
 
-# device, backend, policy, loss scale, tf32, xla, vendor settings — as the decision table (README) says
+# device, backend, policy, loss scale, tf32, xla, vendor settings — as the decision table (docs/concepts.md) says
 EXPECTED = [
     ("v100", "nvidia", "mixed_float16", "dynamic", False, True, {}),
     ("t4", "nvidia", "mixed_float16", "dynamic", False, True, {}),

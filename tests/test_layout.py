@@ -103,7 +103,8 @@ def layer_of(name: str) -> str:
     for layer, patterns in LAYERS.items():
         if any(fnmatch.fnmatchcase(short, p) for p in patterns):
             return layer
-    raise AssertionError(f"{name} is in no layer: add it to LAYERS in tests/test_layout.py (and to README's Layout)")
+    raise AssertionError(f"{name} is in no layer: add it to LAYERS in tests/test_layout.py (and to "
+                         "docs/reference/layout.md)")
 
 
 def rank(layer: str) -> int:
@@ -219,3 +220,19 @@ def test_the_training_package_lists_every_lazy_name_once():
     import amp_backends.training as training
 
     assert training.__all__ == sorted(training._LAZY)
+
+
+def test_the_layout_page_names_every_layer_and_module():
+    """docs/reference/layout.md describes the layers and names every module and subpackage of the package."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "layout.md").read_text(encoding="utf-8")
+    for layer in ORDER:
+        assert f"- {layer}:" in page, f"docs/reference/layout.md has no '- {layer}:' item"
+    missing = []
+    for name, (_, is_package) in package_modules().items():
+        parts = name.split(".")
+        if len(parts) != 2 or parts[1] in ("backends",):
+            continue  # top-level modules and subpackages; the vendors' folders are named as backends/<vendor>
+        shown = f"{parts[1]}/" if is_package else f"{parts[1]}.py"
+        if shown not in page:
+            missing.append(shown)
+    assert not missing, f"docs/reference/layout.md does not name these modules of amp_backends: {sorted(missing)}"

@@ -1,4 +1,8 @@
-"""Contradictions between what ran and the plan, each as a warning with its fix (pure functions)."""
+"""Contradictions between what ran and the plan, each as a warning with a stable ``code`` and its fix (pure functions).
+
+The codes (``eigen-bfloat16``, ``float32-kernels``, ``reduced-precision-kernels``, ``emulated-kernels``) are
+explained, with cause and fix, on the documentation's Troubleshooting page.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +27,8 @@ def contradictions(audit: Any) -> list[dict[str, str]]:
     want = plan.get("compute_dtype")
     out: list[dict[str, str]] = []
     if audit.outside_onednn and want == "bfloat16":
-        out.append({"what": f"the plan says bfloat16, but the matrix kernels {audit.outside_onednn}; "
+        out.append({"code": "eigen-bfloat16",
+                    "what": f"the plan says bfloat16, but the matrix kernels {audit.outside_onednn}; "
                             "TensorFlow's own (Eigen) kernels have no fast bfloat16 path",
                     "fix": "unset TF_ENABLE_ONEDNN_OPTS=0 (or set it to 1), or plan float32 (--policy float32)"})
     if want in ("bfloat16", "float16", "float8"):
@@ -38,7 +43,8 @@ def contradictions(audit: Any) -> list[dict[str, str]]:
                 continue
             layers = sorted({layer for e in f32 for layer in e.layers})
             where = f" (layers: {', '.join(layers)})" if layers else " (not matched to a layer)"
-            out.append({"what": f"the plan says {want}; {_pct(f32_time / family_time)} of the {family} time ran in "
+            out.append({"code": "float32-kernels",
+                        "what": f"the plan says {want}; {_pct(f32_time / family_time)} of the {family} time ran in "
                                 f"float32 kernels{where}",
                         "fix": "leave in float32 only the layers the layer plan keeps there (prepare_model: the output "
                                "layer, the plan's float32 layer kinds): the layers named are pinned to float32 "
@@ -47,13 +53,15 @@ def contradictions(audit: Any) -> list[dict[str, str]]:
         reduced = {d: s for d, s in audit.time_share_by_dtype().items() if d in ("bfloat16", "float16", "float8")}
         if reduced:
             d, s = max(reduced.items(), key=lambda kv: kv[1])
-            out.append({"what": f"the plan says float32; {_pct(s)} of the compute time ran in {d} kernels",
+            out.append({"code": "reduced-precision-kernels",
+                        "what": f"the plan says float32; {_pct(s)} of the compute time ran in {d} kernels",
                         "fix": "unset ONEDNN_DEFAULT_FPMATH_MODE (or other reduced-precision math modes) and build the "
                                "model after auto_configure(), so that no layer keeps a mixed policy"})
     emulated = sum(e.time_ms for e in audit.compute if e.emulated)
     total = sum(e.time_ms for e in audit.compute)
     if total and emulated / total >= 0.01:
-        out.append({"what": f"{_pct(emulated / total)} of the compute time ran reduced-precision kernels on an ISA "
+        out.append({"code": "emulated-kernels",
+                    "what": f"{_pct(emulated / total)} of the compute time ran reduced-precision kernels on an ISA "
                             "without instructions for them (emulated: slower than float32)",
                     "fix": "plan float32 on this CPU (--policy float32)"})
     return out

@@ -95,7 +95,7 @@ class ZooWorker:
         else:
             opt = tf.keras.optimizers.Adam(1e-3)
             kwargs: dict[str, Any] = {}
-            if kind == "auto_fit":  # as the README tells fit users: prepare_model, then compile with the plan's
+            if kind == "auto_fit":  # as the documentation tells fit users: prepare_model, then compile with the plan's
                 assert self.plan is not None
                 from ...prepare import prepare_model
 

@@ -1,0 +1,239 @@
+"""The documentation is checked like code: every page's code blocks run, the generated parts are current, and
+every public name, command, option, environment variable, error class and finding code has its place.
+
+Each page's ``python`` blocks run in order in one fresh namespace, in a process of their own (they set global
+TensorFlow state: ``auto_configure()`` sets the Keras dtype policy); the pages run side by side. ``bash``,
+``text`` and ``console`` blocks are shown, not run; a ``json`` block must parse, and a ``diff`` block's new side
+must compile. The site itself (``mkdocs build --strict``) is built by nox's ``lint`` session.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+GENERATED = DOCS / "generated"
+README = ROOT / "README.md"
+
+SHOWN = {"bash", "text", "console"}  # shown, never run
+CHECKED = {"python", "json", "diff"}  # run, parsed, compiled
+FENCE = re.compile(r"^```([\w+-]*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
+SNIPPET = re.compile(r'^--8<-- "([^"]+)"$', re.M)
+
+SETUP_COMMANDS = [
+    "python3 -m pip install '.[examples]' && python3 -m amp_backends.examples.mnist --digits --epochs 3 --lr 0.001 "
+    "--log-every 10",
+    "python3 -m pip install nox && python3 -m nox",
+]
+
+
+def pages() -> list[Path]:
+    """Every page of the site (the generated parts are read through the pages that include them)."""
+    return sorted(p for p in DOCS.rglob("*.md") if GENERATED not in p.parents)
+
+
+def text_of(page: Path) -> str:
+    """The page as the site shows it: its ``--8<--`` snippets included."""
+    text = page.read_text(encoding="utf-8")
+    return SNIPPET.sub(lambda m: (GENERATED / m.group(1)).read_text(encoding="utf-8"), text)
+
+
+def blocks(page: Path) -> list[tuple[str, str, int]]:
+    """(language, code, line) of each fenced block."""
+    text = text_of(page)
+    return [(m.group(1), m.group(2), text.count("\n", 0, m.start()) + 1) for m in FENCE.finditer(text)]
+
+
+def name(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+@cache
+def generator():
+    spec = importlib.util.spec_from_file_location("docs_generate", DOCS / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# -- the code blocks --------------------------------------------------------------------------------------------
+
+def test_every_block_says_its_language_and_is_run_or_shown():
+    wrong = [f"{name(p)}:{line}: ```{lang or '(none)'}" for p in [*pages(), README] for lang, _, line in blocks(p)
+             if lang not in SHOWN | CHECKED]
+    assert not wrong, ("code blocks must be ```python (run by this test), ```json, ```diff (checked) or "
+                       "```bash/```text/```console (shown): " + ", ".join(wrong))
+
+
+RUNNER = r"""
+import json, sys, traceback
+page, blocks = json.load(sys.stdin)
+namespace = {"__name__": "__main__"}
+for number, (code, line) in enumerate(blocks, 1):
+    try:
+        exec(compile(code, f"{page}:{line}", "exec"), namespace)
+    except BaseException:
+        print(f"\n{page}: python block {number} (line {line}) failed:", file=sys.stderr)
+        traceback.print_exc()
+        sys.exit(1)
+"""
+
+
+def python_pages() -> list[Path]:
+    return [p for p in pages() if any(lang == "python" for lang, _, _ in blocks(p))]
+
+
+@pytest.fixture(scope="module")
+def page_runs():
+    """Start every page's python blocks at once, each page in a process of its own: page -> Popen."""
+    scratch = tempfile.mkdtemp(prefix="amp_backends_docs_")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "AMP_CACHE_DIR": os.path.join(scratch, "cache"),
+           "AMP_AUTOTUNE_CACHE": os.path.join(scratch, "autotune.json"), "PYTHONWARNINGS": "ignore"}
+    runs = {}
+    for page in python_pages():
+        cwd = tempfile.mkdtemp(dir=scratch)  # what a page writes (runs/, checkpoints) stays out of the checkout
+        proc = subprocess.Popen([sys.executable, "-c", RUNNER], cwd=cwd, env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        code = [(c, line) for lang, c, line in blocks(page) if lang == "python"]
+        proc.stdin.write(json.dumps([name(page), code]))
+        proc.stdin.close()
+        runs[name(page)] = proc
+    yield runs
+    for proc in runs.values():
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("page", [name(p) for p in python_pages()])
+def test_the_python_blocks_of_each_page_run_in_order(page_runs, page):
+    proc = page_runs[page]
+    try:
+        proc.wait(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"{page}: its python blocks ran past 240 s: keep a page's examples small (tiny epochs, steps)")
+    err = proc.stderr.read()
+    assert proc.returncode == 0, f"{page}: python blocks failed (exit {proc.returncode}):\n{err[-4000:]}"
+
+
+def test_json_blocks_parse_and_diff_blocks_compile():
+    for page in pages():
+        for lang, code, line in blocks(page):
+            if lang == "json":
+                json.loads(code)
+            elif lang == "diff":
+                new = "\n".join(ln[1:] for ln in code.splitlines() if not ln.startswith("-"))
+                ast.parse(new, filename=f"{name(page)}:{line}")
+
+
+def test_the_readme_keeps_the_set_up_commands_and_runs_only_what_the_site_runs():
+    found = blocks(README)
+    bash = [code.strip() for lang, code, _ in found if lang == "bash"]
+    for command in SETUP_COMMANDS:
+        assert command in bash, f"README.md must keep this set-up command, alone in a ```bash block:\n{command}"
+    site = {code for p in pages() for lang, code, _ in blocks(p) if lang == "python"}
+    for lang, code, line in found:
+        if lang == "python":
+            assert code in site, f"README.md:{line}: a python block must be a page's own (which this test runs)"
+
+
+# -- generated parts --------------------------------------------------------------------------------------------
+
+def test_the_generated_pages_are_current():
+    stale = [n for n, text in generator().generate().items()
+             if not (GENERATED / n).exists() or (GENERATED / n).read_text(encoding="utf-8") != text]
+    assert not stale, (f"docs/generated/{', '.join(stale)} differ from what the code and results/ give now. "
+                       "Fix: run `python docs/generate.py` and commit what it writes")
+
+
+def test_every_generated_part_is_shown_on_a_page_and_every_chart_exists():
+    included = {m.group(1) for p in pages() for m in SNIPPET.finditer(p.read_text(encoding="utf-8"))}
+    assert set(generator().PAGES) <= included, set(generator().PAGES) - included
+    charts = re.findall(r"\]\(assets/([^)]+)\)", (GENERATED / "benchmarks.md").read_text(encoding="utf-8"))
+    assert charts and all((DOCS / "assets" / c).exists() for c in charts), charts
+    assert len(charts) == len(generator().chart_data())  # one chart per device
+
+
+def test_the_options_page_holds_the_overrides_table():
+    from amp_backends.request import overrides_markdown
+
+    assert overrides_markdown() in (GENERATED / "options.md").read_text(encoding="utf-8")
+
+
+def test_every_environment_variable_the_package_reads_is_documented():
+    page = text_of(DOCS / "reference" / "options.md")
+    missing = sorted(v for v in generator().environment_variables_read() if f"`{v}`" not in page)
+    assert not missing, f"document these in ENVIRONMENT of docs/generate.py (then run it): {missing}"
+
+
+def test_every_command_is_on_the_command_line_page():
+    page = text_of(DOCS / "reference" / "cli.md")
+    commands = generator().cli_commands()
+    assert {"amp-backends info", "amp-backends check", "amp-backends audit", "amp-backends bench",
+            "amp-backends train mnist", "amp-backends train gan"} <= set(commands)
+    assert all(f"## `{c}`" in page for c in commands)
+
+
+# -- names, errors, codes ---------------------------------------------------------------------------------------
+
+def test_every_public_name_is_in_the_api_reference():
+    import amp_backends
+
+    page = (DOCS / "reference" / "api.md").read_text(encoding="utf-8")
+    documented = {m.group(1).rsplit(".", 1)[-1] for m in re.finditer(r"^::: (amp_backends[\w.]*)$", page, re.M)}
+    missing = sorted(set(amp_backends.__all__) - documented)
+    assert not missing, f"docs/reference/api.md has no '::: amp_backends.NAME' for {missing}"
+
+
+def troubleshooting_entries() -> dict[str, str]:
+    """``### `name``` heading -> its text."""
+    text = (DOCS / "troubleshooting.md").read_text(encoding="utf-8")
+    parts = re.split(r"^### `([^`]+)`.*$", text, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def test_every_error_class_and_finding_code_has_a_troubleshooting_entry_with_cause_and_fix():
+    from amp_backends import errors
+
+    classes = {n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, BaseException)
+               and v.__module__ == errors.__name__}
+    codes = generator().finding_codes()
+    assert {"final-activation", "mask-overflow", "float32-compute"} <= codes["check"]  # the scan sees the rules
+    assert {"float32-kernels", "eigen-bfloat16"} <= codes["audit"]
+    entries = troubleshooting_entries()
+    wanted = classes | codes["check"] | codes["audit"]
+    missing = sorted(wanted - set(entries))
+    assert not missing, f"docs/troubleshooting.md needs a '### `NAME`' entry (cause and fix) for {missing}"
+    thin = sorted(n for n in wanted if "**Cause**" not in entries[n] or "**Fix**" not in entries[n])
+    assert not thin, f"these troubleshooting entries lack a **Cause** or a **Fix**: {thin}"
+
+
+# -- the site's shape -------------------------------------------------------------------------------------------
+
+def test_the_navigation_reaches_the_quickstart_exit_codes_and_mpiexec_in_one_click():
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8").split("\nnav:\n", 1)[1]
+    entries = dict(re.findall(r"^\s*- ([^:\n]+): (\S+\.md)$", nav, re.M))
+    assert "#" not in "".join(entries.values())
+    assert "quickstart" in text_of(DOCS / entries["Keras fit quickstart"]).lower()
+    assert "## Exit codes" in text_of(DOCS / entries["Faults and exit codes"])
+    assert "mpiexec -np" in text_of(DOCS / entries["Several machines"])
+    listed = {DOCS / p for p in entries.values()}
+    assert set(pages()) == listed, f"pages outside the navigation, or missing: {set(pages()) ^ listed}"
+
+
+def test_training_leaves_the_validation_section_to_be_written():
+    text = (DOCS / "training.md").read_text(encoding="utf-8")
+    assert "\n## Validation and metrics\n<!-- validation -->\n\n## " in text
