@@ -15,8 +15,9 @@
 
 ``python3 -m nox`` runs all three; ``python3 -m nox -s tests`` one.
 
-Both test sessions list their 25 slowest tests. Arguments after ``--`` replace the default pytest
-arguments (``python3 -m nox -s intel -- -q -x tests/test_intel.py``).
+Both test sessions run the tests in a worker process per core (pytest-xdist's ``-n auto``, at most 4: each
+worker starts its own TensorFlow) and list their 25 slowest tests. Arguments after ``--`` replace the default
+pytest arguments (``python3 -m nox -s intel -- -q -x tests/test_intel.py`` runs in one process).
 """
 
 from pathlib import Path
@@ -36,6 +37,7 @@ nox.options.reuse_existing_virtualenvs = True
 DOCS_STACK = tomllib.loads(Path(__file__).with_name("pyproject.toml").read_text(encoding="utf-8"))[
     "project"]["optional-dependencies"]["docs"]
 ITEX_STACK = ["tensorflow==2.15.1", "intel-extension-for-tensorflow[cpu]==2.15.0.0"]
+WORKERS = ["-n", "auto", "--maxprocesses", "4"]  # a worker per core, each with its own TensorFlow
 
 
 @nox.session
@@ -49,14 +51,15 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     session.install(".[test]")
-    session.run("pytest", "--durations=25", *(session.posargs or ["-q", "-ra"]),
+    session.run("pytest", "--durations=25", *(session.posargs or ["-q", "-ra", *WORKERS]),
                 env={"AMP_EXPECT_INSTALL": "wheel", "TF_CPP_MIN_LOG_LEVEL": "2"})
 
 
 @nox.session(python="3.11")
 def intel(session: nox.Session) -> None:
-    session.install(*ITEX_STACK, "pytest>=8", "scikit-learn>=1.3", "matplotlib>=3.7", "jsonschema>=4.18")
+    session.install(*ITEX_STACK, "pytest>=8", "pytest-xdist>=3.5", "scikit-learn>=1.3", "matplotlib>=3.7",
+                    "jsonschema>=4.18")
     session.install("-e", ".", *ITEX_STACK)
     session.run("python", "-m", "amp_backends.info")
-    session.run("pytest", "--durations=25", *(session.posargs or ["-q", "-ra", "-m", "intel"]),
+    session.run("pytest", "--durations=25", *(session.posargs or ["-q", "-ra", "-m", "intel", *WORKERS]),
                 env={"AMP_EXPECT_INSTALL": "editable", "TF_CPP_MIN_LOG_LEVEL": "2"})

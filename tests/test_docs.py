@@ -233,7 +233,3 @@ def test_the_navigation_reaches_the_quickstart_exit_codes_and_mpiexec_in_one_cli
     listed = {DOCS / p for p in entries.values()}
     assert set(pages()) == listed, f"pages outside the navigation, or missing: {set(pages()) ^ listed}"
 
-
-def test_training_leaves_the_validation_section_to_be_written():
-    text = (DOCS / "training.md").read_text(encoding="utf-8")
-    assert "\n## Validation and metrics\n<!-- validation -->\n\n## " in text
