@@ -37,7 +37,8 @@ nox.options.reuse_existing_virtualenvs = True
 DOCS_STACK = tomllib.loads(Path(__file__).with_name("pyproject.toml").read_text(encoding="utf-8"))[
     "project"]["optional-dependencies"]["docs"]
 ITEX_STACK = ["tensorflow==2.15.1", "intel-extension-for-tensorflow[cpu]==2.15.0.0"]
-WORKERS = ["-n", "auto", "--maxprocesses", "4"]  # a worker per core, each with its own TensorFlow
+# a worker per core, each with its own TensorFlow; idle workers take queued tests from busy ones
+WORKERS = ["-n", "auto", "--maxprocesses", "4", "--dist", "worksteal"]
 
 
 @nox.session

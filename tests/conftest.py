@@ -42,6 +42,14 @@ def restore_global_state(monkeypatch):
         tf.config.optimizer.set_jit(jit or False)
 
 
+# Under pytest-xdist each worker runs its own TensorFlow: each takes its share of the cores for its thread pools
+# (rather than every worker spreading over every core and all of them switching among more threads than cores).
+# Subprocesses inherit the share. Numerics never depend on it: what a test compares runs under one setting.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "").isdigit() and "TF_NUM_INTRAOP_THREADS" not in os.environ:
+    _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["TF_NUM_INTRAOP_THREADS"] = str(_share)
+    os.environ.setdefault("TF_NUM_INTEROP_THREADS", str(_share))
+
 # Caches of this test session, never the user's (subprocesses inherit it; each test gets a folder of its own).
 CACHE_ROOT = tempfile.mkdtemp(prefix="amp_backends_cache_")
 os.environ["AMP_CACHE_DIR"] = CACHE_ROOT
