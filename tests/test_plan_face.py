@@ -6,6 +6,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -182,12 +183,19 @@ def test_the_float32_layers_line_says_the_kinds_kept_or_a_models_own_layers():
 
 
 @pytest.mark.slow
-def test_the_mnist_main_jobs_plan_names_no_layer_kind_the_model_lacks(tmp_path):
+def test_the_mnist_main_job_names_no_layer_kind_the_model_lacks_and_validates_every_epoch(tmp_path):
     pytest.importorskip("sklearn")
-    out = subprocess.run([sys.executable, "-m", "amp_backends.examples.mnist", "--digits", "--epochs", "1",
-                          "--max-steps", "2", "--lr", "0.001", "--log-every", "10", "--logdir", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "amp_backends.examples.mnist", "--digits", "--epochs", "2",
+                          "--lr", "0.001", "--log-every", "10", "--logdir", str(tmp_path)],
                          capture_output=True, text=True, timeout=300, cwd=NEUTRAL_CWD)
     assert out.returncode == 0, out.stderr[-2000:]
+    # the held-out digits validate every epoch; the best checkpoint by validation accuracy is kept
+    epochs = re.findall(r"Epoch (\d) \(global step \d+\): loss: [\d.]+, accuracy: [\d.]+, val_loss: [\d.]+, "
+                        r"val_accuracy: ([\d.]+)\.", out.stdout + out.stderr)
+    assert [e for e, _ in epochs] == ["0", "1"], out.stderr[-3000:]
+    assert list((tmp_path / "version_0" / "checkpoints" / "best").glob("ckpt-*.index"))
+    tested = re.search(r"test accuracy: ([\d.]+) \(359 held-out images\)", out.stdout)
+    assert tested and float(tested.group(1)) == pytest.approx(float(epochs[-1][1]), abs=1e-4)
     assert "LSTM" not in out.stdout and "Depthwise" not in out.stdout, out.stdout  # the MNIST CNN has neither
     plan = [line for line in out.stdout.splitlines() if line.startswith(("amp_backends plan", "  "))]
     assert plan[0].startswith("amp_backends plan") and "TensorFlow " in plan[0] and "Keras " in plan[0], out.stdout

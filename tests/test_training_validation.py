@@ -254,3 +254,12 @@ def test_two_workers_read_the_same_numbers_as_one_device():
     for d in (a, b):
         assert d["evaluate"] == pytest.approx(d["one_device"], abs=1e-5)
         assert d["last_epoch"] == pytest.approx(d["one_device"], abs=1e-5)
+
+
+def test_an_epoch_that_max_steps_ends_is_recorded_and_validated():
+    t, _ = trainer(metrics=["accuracy"])
+    x, y = data(64)  # 4 steps per epoch
+    result = t.fit(x, y, epochs=5, max_steps=8, validation_data=data(20, seed=1))
+    assert result.steps == 8 and result.epochs_completed == 2
+    assert [(e["epoch"], e["step"], "val_accuracy" in e) for e in result.epochs] == [(0, 4, True), (1, 8, True)]
+    assert t.fit(x, y, epochs=5, max_steps=10).steps == 10  # and the next call goes on from epoch 2

@@ -250,13 +250,13 @@ class Trainer:
         source.start()
         while (signum := self._agree.at(stop.signum, self._together(self.position.step))) is None:
             at = self.position.now()
-            if at.epoch >= epochs or (max_steps is not None and at.step >= max_steps) or self.validation.stop:
-                return None
             left = source.left_in_epoch(at.offset)
-            if left == 0:
+            if left == 0 and at.epoch < epochs:  # (also where max_steps ends an epoch: it is recorded, validated)
                 self._epoch_over(at.epoch)
                 source.epoch_over()
                 continue
+            if at.epoch >= epochs or (max_steps is not None and at.step >= max_steps) or self.validation.stop:
+                return None
             k = source.call_size(self.steps_per_call, left, None if max_steps is None else max_steps - at.step,
                                  self.program)
             ran = self._call_and_record(source, k, at, progress)
