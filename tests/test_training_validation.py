@@ -171,10 +171,13 @@ def test_learning_rate_schedule_resumes_exactly(tmp_path):
             t = Trainer(classifier_updates(m, opt), plan(), batch_size=16, seed=0, progress=False,
                         check_models=False, checkpoint_dir=str(tmp_path / str(len(stops))))
             t.fit(*data(64), epochs=3, max_steps=stop, resume=i > 0)
-        return [v.numpy() for v in m.trainable_variables], float(opt.learning_rate.numpy())
+        return [v.numpy() for v in m.trainable_variables], float(opt.learning_rate.numpy()), int(opt.iterations)
 
-    (whole, lr_whole), (pieces, lr_pieces) = run([]), run([5])
-    assert lr_pieces == lr_whole == pytest.approx(0.05 * 0.5 ** (12 / 3))
+    (whole, lr_whole, n_whole), (pieces, lr_pieces, n_pieces) = run([]), run([5])
+    assert n_whole == n_pieces == 12
+    # (Keras 3 reports the rate of the next step, Keras 2 that of the last one)
+    assert lr_pieces == lr_whole and lr_whole in (pytest.approx(0.05 * 0.5 ** (12 / 3)),
+                                                  pytest.approx(0.05 * 0.5 ** (11 / 3)))
     for a, b in zip(whole, pieces, strict=True):
         np.testing.assert_array_equal(a, b)
 
@@ -237,13 +240,16 @@ def test_two_replicas_give_one_number_equal_to_one_device():
 
 
 @pytest.mark.slow
-def test_two_workers_read_the_same_numbers_as_one_device():
+def test_two_workers_read_the_same_numbers_as_one_device(tmp_path):
     """MultiWorkerMirroredStrategy, two processes: validation and evaluate() are reduced across the workers — every
-    worker reads the same numbers, those of the whole validation set on one device; training metrics too."""
+    worker reads the same numbers, those of the whole validation set on one device; training metrics too. They
+    agree on the best value and save its checkpoint together (the chief's files kept)."""
     from test_distribute import env, finish, free_ports, tf_config
 
     ports = free_ports(2)
-    procs = [subprocess.Popen([sys.executable, str(HERE / "validation_workers.py")], stdout=subprocess.PIPE,
+    checkpoints = tmp_path / "checkpoints"
+    procs = [subprocess.Popen([sys.executable, str(HERE / "validation_workers.py"), str(checkpoints)],
+                              stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, cwd=NEUTRAL_CWD,
                               env=env(TF_CONFIG=tf_config(ports, i))) for i in (0, 1)]
     outs = finish(procs)
@@ -254,6 +260,10 @@ def test_two_workers_read_the_same_numbers_as_one_device():
     for d in (a, b):
         assert d["evaluate"] == pytest.approx(d["one_device"], abs=1e-5)
         assert d["last_epoch"] == pytest.approx(d["one_device"], abs=1e-5)
+    assert a["best"] == b["best"] and a["best"]["monitor"] == "val_accuracy"
+    best = checkpoints / "best"
+    assert [p.name for p in best.glob("ckpt-*.index")] == [Path(a["best"]["path"]).name + ".index"]
+    assert not list(best.glob(".worker-*")) and not list(checkpoints.glob(".worker-*"))
 
 
 def test_an_epoch_that_max_steps_ends_is_recorded_and_validated():

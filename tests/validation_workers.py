@@ -22,7 +22,8 @@ with strategy.scope():
                                  tf.keras.layers.Dense(3, activation="softmax")])
     opt = tf.keras.optimizers.Adam(0.01)
 trainer = Trainer(classifier_updates(model, opt), plan, batch_size=16, strategy=strategy, progress=False,
-                  check_models=False, metrics=["accuracy"], seed=0)
+                  check_models=False, metrics=["accuracy"], seed=0, keep_best="val_accuracy",
+                  checkpoint_dir=sys.argv[1])
 result = trainer.fit(x, y, epochs=2, validation_data=(xv, yv))
 probs = model(xv, training=False).numpy()
 print(json.dumps({
@@ -32,5 +33,6 @@ print(json.dumps({
     "last_epoch": {k[4:]: v for k, v in result.epochs[-1].items() if k.startswith("val_")},
     "evaluate": trainer.evaluate(xv, yv),
     "train_accuracy": result.epochs[-1]["accuracy"],
+    "best": result.best,
 }))
 sys.stdout.flush()

@@ -134,6 +134,9 @@ class Evaluator:
         with tf.device(self.device):
             xs = tf.nest.map_structure(tf.convert_to_tensor, x)
             ys = None if y is None else tf.nest.map_structure(tf.convert_to_tensor, y)
+        if self.xla and any(t.dtype == tf.string for t in tf.nest.flatten((xs, ys)) if t is not None):
+            self.xla = False  # strings (for the model's own StringLookup): XLA cannot compile them, as in training
+            self._calls.pop("arrays", None)
         return xs, ys, counts.pop()
 
     def _call(self, key: str, replica_fn: Callable[..., Any]) -> Any:

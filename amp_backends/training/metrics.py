@@ -61,6 +61,8 @@ def _one(spec: Any, accuracy: str, replicas: int) -> Any:
             return getattr(tf.keras.metrics, ACCURACIES[accuracy])(name="accuracy")
         try:
             found = tf.keras.metrics.get(spec)
+            if not callable(found):  # (Keras 2 hands an unknown name back as it is)
+                raise ValueError(spec)
         except (ValueError, TypeError):
             raise AmpConfigError(f"Unknown metric {spec!r}. Expected a Keras metric name (such as 'accuracy', "
                                  "'sparse_top_k_categorical_accuracy', 'mae') or a keras.metrics.Metric object. Fix: "

@@ -141,7 +141,8 @@ class Trainer:
         self.validation = Validation(self.updates, metrics=metrics, keep_best=keep_best, monitor=monitor, mode=mode,
                                      patience=patience, min_delta=min_delta, strategy=self.strategy,
                                      batch_size=self.batch_size, device=plan.device, xla=plan.xla, batch_fn=batch_fn,
-                                     observers=self.observers, checkpointing=checkpoint_dir is not None)
+                                     observers=self.observers, checkpointing=checkpoint_dir is not None,
+                                     chief=self.is_chief)
         self.store = trainer_store(
             checkpoint_dir, updates=self.updates, scalers=self.scalers, position=self.position,
             objects=checkpoint_objects, keep=keep_checkpoints, is_chief=self.is_chief, worker=self.worker,

@@ -31,7 +31,7 @@ class Validation:
     def __init__(self, updates: Sequence[Update], *, metrics: Sequence[Any] | None, keep_best: str | bool | None,
                  monitor: str | None, mode: str, patience: int | None, min_delta: float, strategy: Any,
                  batch_size: int, device: str, xla: bool, batch_fn: Any, observers: list[Any],
-                 checkpointing: bool) -> None:
+                 checkpointing: bool, chief: bool = True) -> None:
         self.updates = list(updates)
         self.update = next((u for u in updates if u.evaluation is not None), None)
         if metrics and self.update is None:
@@ -50,6 +50,7 @@ class Validation:
         self.evaluator = Evaluator(self.update, self.val_metrics, strategy=strategy, batch_size=batch_size,
                                    device=device, xla=xla, batch_fn=batch_fn) if self.update else None
         self.observers = observers
+        self.chief = chief
         self.every: Every | None = None
         self.data: tuple[Any, Any] | None = None
         self.best_store: Any = None
@@ -111,7 +112,7 @@ class Validation:
             if path:
                 assert best is not None
                 logger.info(f"Best {best['monitor']} so far ({best['value']:.5g}): checkpoint {path}")
-        if self.monitor.stopped_early and self.monitor.wait == self.monitor.patience:
+        if self.monitor.stopped_early and self.monitor.wait == self.monitor.patience and self.chief:
             kept = f" The best checkpoint is in {self.best_store.directory}." if self.best_store else ""
             logger.warning(f"Stopping early at step {step}: {self.monitor.stopped_early}.{kept}")
 
