@@ -95,37 +95,28 @@ def python_pages() -> list[Path]:
     return [p for p in pages() if any(lang == "python" for lang, _, _ in blocks(p))]
 
 
-@pytest.fixture(scope="module")
-def page_runs():
-    """Start every page's python blocks at once, each page in a process of its own: page -> Popen."""
+def start_page(page: str) -> tuple[subprocess.Popen, str]:
+    """The page's python blocks, in order, in a process of their own and a scratch folder (what a page writes —
+    runs/, checkpoints — stays out of the checkout). (Under pytest-xdist the pages are spread over the workers.)"""
     scratch = tempfile.mkdtemp(prefix="amp_backends_docs_")
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "AMP_CACHE_DIR": os.path.join(scratch, "cache"),
            "AMP_AUTOTUNE_CACHE": os.path.join(scratch, "autotune.json"), "PYTHONWARNINGS": "ignore"}
-    runs = {}
-    for page in python_pages():
-        cwd = tempfile.mkdtemp(dir=scratch)  # what a page writes (runs/, checkpoints) stays out of the checkout
-        proc = subprocess.Popen([sys.executable, "-c", RUNNER], cwd=cwd, env=env, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        code = [(c, line) for lang, c, line in blocks(page) if lang == "python"]
-        proc.stdin.write(json.dumps([name(page), code]))
-        proc.stdin.close()
-        runs[name(page)] = proc
-    yield runs
-    for proc in runs.values():
-        if proc.poll() is None:
-            proc.kill()
+    path = next(p for p in python_pages() if name(p) == page)
+    proc = subprocess.Popen([sys.executable, "-c", RUNNER], cwd=scratch, env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    code = [(c, line) for lang, c, line in blocks(path) if lang == "python"]
+    return proc, json.dumps([page, code])
 
 
 @pytest.mark.tensorflow
 @pytest.mark.parametrize("page", [name(p) for p in python_pages()])
-def test_the_python_blocks_of_each_page_run_in_order(page_runs, page):
-    proc = page_runs[page]
+def test_the_python_blocks_of_each_page_run_in_order(page):
+    proc, blocks_in_order = start_page(page)
     try:
-        proc.wait(timeout=240)
+        _, err = proc.communicate(blocks_in_order, timeout=240)
     except subprocess.TimeoutExpired:
         proc.kill()
         pytest.fail(f"{page}: its python blocks ran past 240 s: keep a page's examples small (tiny epochs, steps)")
-    err = proc.stderr.read()
     assert proc.returncode == 0, f"{page}: python blocks failed (exit {proc.returncode}):\n{err[-4000:]}"
 
 
