@@ -220,7 +220,8 @@ def test_the_navigation_reaches_the_quickstart_exit_codes_and_mpiexec_in_one_cli
     assert "#" not in "".join(entries.values())
     assert "quickstart" in text_of(DOCS / entries["Keras fit quickstart"]).lower()
     assert "## Exit codes" in text_of(DOCS / entries["Faults and exit codes"])
-    assert "mpiexec -np" in text_of(DOCS / entries["Several machines"])
+    several = text_of(DOCS / entries["Several machines (TF_CONFIG, mpiexec, srun)"])
+    assert "mpiexec -np" in several and "\n### mpiexec (Open MPI, MPICH)\n" in several
     listed = {DOCS / p for p in entries.values()}
     assert set(pages()) == listed, f"pages outside the navigation, or missing: {set(pages()) ^ listed}"
 

@@ -201,7 +201,7 @@ def bad_inputs(tmp_path):
     (tmp_path / "cut.npz").write_bytes(b"PK\x03\x04 the first bytes of a download")
     return {
         "batch over the data": (["--digits", "--batch_size", "5000"], None,
-                                "The data has 1438 samples, fewer than one batch of 5000. Fix:"),
+                                "The data has 1295 samples, fewer than one batch of 5000. Fix:"),
         "unknown layer": (["--synthetic", "--max-steps", "1", "--float32-layers", "NoSuchLayer"], None,
                           "no layer class is named 'NoSuchLayer' (nor anything like it)"),
         "layer typo in the environment": (["--synthetic", "--max-steps", "1"], {"AMP_FLOAT32_LAYERS": "Conv2d"},

@@ -120,8 +120,9 @@ def test_best_checkpoint_restores_the_best_weights(tmp_path):
     best = result.best
     assert best["monitor"] == "val_loss" and best["mode"] == "min"
     assert best["value"] == pytest.approx(min(e["val_loss"] for e in result.epochs))
-    tf.train.Checkpoint(model_0_variables=list(m.trainable_variables)).restore(best["path"]).expect_partial()
+    assert t.restore_best() == best["path"]
     assert t.evaluate(xv, yv)["loss"] == pytest.approx(best["value"], rel=1e-5)
+    assert int(t.global_step.numpy()) == best["step"]  # everything the checkpoint holds: the position too
 
 
 def test_early_stopping_stops_says_why_and_a_resumed_run_knows(tmp_path, caplog):
@@ -134,7 +135,10 @@ def test_early_stopping_stops_says_why_and_a_resumed_run_knows(tmp_path, caplog)
     assert "patience=2" in result.stopped_early and "val_loss" in result.stopped_early
     assert any("Stopping early at step 12" in r.message for r in caplog.records)
     again, _ = trainer(lr=0.0, patience=2, checkpoint_dir=str(tmp_path / "run"))
-    assert again.fit(x, y, epochs=10, validation_data=(xv, yv), resume=True).steps == 12  # stopped, knows it
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="amp_backends.train"):
+        assert again.fit(x, y, epochs=10, validation_data=(xv, yv), resume=True).steps == 12  # stopped, knows it
+    assert any("This run stopped early" in r.message and "larger patience" in r.message for r in caplog.records)
     more, _ = trainer(lr=0.0, patience=3, checkpoint_dir=str(tmp_path / "run"))
     assert more.fit(x, y, epochs=10, validation_data=(xv, yv), resume=True).steps == 16  # more patience: one more
 
@@ -273,3 +277,57 @@ def test_an_epoch_that_max_steps_ends_is_recorded_and_validated():
     assert result.steps == 8 and result.epochs_completed == 2
     assert [(e["epoch"], e["step"], "val_accuracy" in e) for e in result.epochs] == [(0, 4, True), (1, 8, True)]
     assert t.fit(x, y, epochs=5, max_steps=10).steps == 10  # and the next call goes on from epoch 2
+
+
+def test_a_metric_object_trains_and_validation_has_its_own_copy():
+    top2 = tf.keras.metrics.SparseTopKCategoricalAccuracy(k=2, name="top2")
+    t, _ = trainer(metrics=[top2])
+    xv, yv = data(20, seed=1)
+    t.fit(*data(64), epochs=1, validation_data=(xv, yv))
+    assert t.validation.train_metrics == [top2] and t.validation.val_metrics[0] is not top2
+    before = [float(v.numpy()) for v in top2.variables]
+    t.evaluate(xv, yv)
+    assert [float(v.numpy()) for v in top2.variables] == before  # validation never counts in the training metric
+
+
+@pytest.mark.parametrize("case", ["sparse function", "one-hot", "binary by name, labels (N,)"])
+def test_accuracy_follows_the_shapes_as_keras_compile_decides(case):
+    x, y = data(40, seed=3)
+    if case == "binary by name, labels (N,)":
+        y = (y > 0).astype("int64")
+        m = tf.keras.Sequential([tf.keras.Input((6,)), tf.keras.layers.Dense(1, activation="sigmoid")])
+        loss = "binary_crossentropy"
+    else:
+        m = model()
+        loss = (lambda a, b: tf.keras.losses.sparse_categorical_crossentropy(a, b)) if case == "sparse function" \
+            else tf.keras.losses.CategoricalCrossentropy()
+        y = y if case == "sparse function" else np.eye(3, dtype="float32")[y]
+    t = Trainer(classifier_updates(m, tf.keras.optimizers.Adam(0.01), loss), plan(), batch_size=8, progress=False,
+                check_models=False, metrics=["accuracy"])
+    t.fit(x, y, epochs=1)  # trains: a (N,) label against a (N, 1) sigmoid is brought to its rank, as Keras does
+    probs = t.predict(x)
+    labels = y.argmax(-1) if y.ndim == 2 else y
+    hand = np.mean((probs[:, 0] > 0.5) == labels) if probs.shape[-1] == 1 else np.mean(probs.argmax(-1) == labels)
+    assert t.evaluate(x, y)["accuracy"] == pytest.approx(hand, abs=1e-6)
+
+
+def test_validation_data_that_never_ends_or_starts_badly_is_refused_before_any_step():
+    t, m = trainer()
+    w0 = [v.numpy().copy() for v in m.trainable_variables]
+    xv, yv = data(32, seed=1)
+    with pytest.raises(InputError, match="repeats forever"):
+        t.fit(*data(32), epochs=1, validation_data=tf.data.Dataset.from_tensor_slices((xv, yv)).batch(8).repeat())
+    yv[3] = 7  # in the first batch
+    with pytest.raises(InputError, match="class ids"):
+        t.fit(*data(32), epochs=1, validation_data=tf.data.Dataset.from_tensor_slices((xv, yv)).batch(8))
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(w0, m.trainable_variables, strict=True))
+
+
+def test_metrics_by_name_for_a_model_of_several_outputs_are_refused_with_the_fix():
+    inp = tf.keras.Input((6,))
+    m = tf.keras.Model(inp, {"a": tf.keras.layers.Dense(3, activation="softmax")(inp),
+                             "b": tf.keras.layers.Dense(1)(inp)})
+    updates = classifier_updates(m, tf.keras.optimizers.Adam(),
+                                 lambda y, p: tf.keras.losses.sparse_categorical_crossentropy(y["a"], p["a"]))
+    with pytest.raises(AmpConfigError, match="has 2 outputs, and the metrics \\['accuracy'\\]"):
+        Trainer(updates, plan(), batch_size=8, metrics=["accuracy"])

@@ -109,6 +109,17 @@ class Evaluator:
         for start in range(0, n, self.batch_size):
             yield call, (xs, ys, tf.range(start, min(start + self.batch_size, n), dtype=tf.int64))
 
+    def check_first_batch(self, dataset: Any) -> None:
+        """A validation dataset's first batch checked before training (its labels, as the update validates them);
+        later batches are checked as each validation reads them."""
+        for batch in dataset.take(1):
+            batch = tf.nest.map_structure(lambda t: t.numpy(), batch)
+            _labelled(batch, "validation_data")
+            if self.update.validate is not None:
+                self.update.validate(batch)
+            return
+        raise InputError("The validation dataset yields no batch: it is empty. Fix: check the pipeline.")
+
     def evaluate_check(self, x: Any, y: Any) -> None:
         """Validation arrays checked (and copied to the device) before training: shapes, labels."""
         self._resident(x, y, "validation_data")

@@ -2,10 +2,11 @@
 compiled step, read as one number across replicas and workers.
 
 ``metrics=["accuracy", keras.metrics.AUC()]``: a name is resolved as Keras resolves it (``"accuracy"`` is sparse
-categorical, categorical or binary accuracy after the loss and the model's output), an object is taken as it is
-(rebuilt from its config inside the strategy's scope when there are several replicas, so its state is kept per
-replica). Every metric is created twice: once for the training batches (reset at each epoch's start) and once for
-validation (reset at each evaluation).
+categorical, categorical or binary accuracy after the shapes of the labels and the predictions, binary after a
+binary cross-entropy), an object is taken as it is for training batches (rebuilt from its config inside the
+strategy's scope when there are several replicas, so its state is kept per replica) and copied for validation:
+each metric has one object for the training batches (reset at each epoch's start) and one for validation (reset
+at each evaluation).
 
 Keras keeps a metric's state in variables synchronised on read with a sum: each replica adds its batches, and
 reading the result outside the replicas adds them up across replicas and workers — every worker reads the same
@@ -52,13 +53,40 @@ class Recording:
         _recording.current = self.saved
 
 
-ACCURACIES = {"sparse": "SparseCategoricalAccuracy", "categorical": "CategoricalAccuracy", "binary": "BinaryAccuracy"}
+class Accuracy(tf.keras.metrics.Mean):
+    """``"accuracy"`` as Keras's ``compile`` resolves it, from the shapes it is given: sparse categorical accuracy
+    for class ids (labels of one rank less than the predictions, or a last axis of 1 against several classes),
+    binary accuracy for one output per sample (threshold 0.5; ``binary=True`` whatever the shapes: the loss is a
+    binary cross-entropy), categorical accuracy for one-hot labels."""
+
+    def __init__(self, name: str = "accuracy", binary: bool = False, **kwargs: Any) -> None:
+        super().__init__(name=name, **kwargs)
+        self.binary = binary
+
+    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
+        y_pred = tf.convert_to_tensor(y_pred)
+        y_true = tf.convert_to_tensor(y_true)
+        m = tf.keras.metrics
+        width, rank, label_rank = y_pred.shape[-1], y_pred.shape.rank, y_true.shape.rank
+        if self.binary or width == 1 or rank == 1:
+            if label_rank is not None and rank is not None and label_rank == rank - 1:
+                y_true = tf.expand_dims(y_true, -1)
+            matches = m.binary_accuracy(tf.cast(y_true, y_pred.dtype), y_pred)
+        elif label_rank == rank - 1 or (label_rank == rank and y_true.shape[-1] == 1):
+            matches = m.sparse_categorical_accuracy(y_true, y_pred)
+        else:
+            matches = m.categorical_accuracy(y_true, y_pred)
+        return super().update_state(matches, sample_weight)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "binary": self.binary}
 
 
-def _one(spec: Any, accuracy: str, replicas: int) -> Any:
+def _one(spec: Any, binary: bool, replicas: int, own: bool) -> Any:
+    """The metric for ``spec``; ``own``: a new object even for a metric object given (the validation's copy)."""
     if isinstance(spec, str):
-        if spec.lower() in ACCURACY_NAMES:  # as Keras's compile picks it, after the loss and the output width
-            return getattr(tf.keras.metrics, ACCURACIES[accuracy])(name="accuracy")
+        if spec.lower() in ACCURACY_NAMES:
+            return Accuracy(binary=binary)
         try:
             found = tf.keras.metrics.get(spec)
             if not callable(found):  # (Keras 2 hands an unknown name back as it is)
@@ -67,17 +95,19 @@ def _one(spec: Any, accuracy: str, replicas: int) -> Any:
             raise AmpConfigError(f"Unknown metric {spec!r}. Expected a Keras metric name (such as 'accuracy', "
                                  "'sparse_top_k_categorical_accuracy', 'mae') or a keras.metrics.Metric object. Fix: "
                                  "check the spelling, or pass the metric object.") from None
+        if isinstance(found, type):
+            found = found()
         return found if isinstance(found, tf.keras.metrics.Metric) else tf.keras.metrics.MeanMetricWrapper(found,
                                                                                                           name=spec)
     if isinstance(spec, tf.keras.metrics.Metric):
-        if replicas == 1:
+        if replicas == 1 and not own:
             return spec
-        try:  # its state kept per replica: rebuilt inside the strategy's scope
+        try:  # a copy of its own: the validation's, or one whose state is kept per replica (in the strategy's scope)
             return type(spec).from_config(spec.get_config())
         except Exception as exc:
             raise AmpConfigError(f"The metric {spec.name!r} ({type(spec).__name__}) cannot be rebuilt from its config "
-                                 f"({type(exc).__name__}: {exc}); under several replicas each keeps its own state, so "
-                                 "the trainer builds it inside the strategy's scope. Fix: give the metric a "
+                                 f"({type(exc).__name__}: {exc}); the trainer keeps a copy for validation (and, under "
+                                 "several replicas, builds it inside the strategy's scope). Fix: give the metric a "
                                  "get_config() that from_config() takes, or pass its name.") from None
     if callable(spec):
         return tf.keras.metrics.MeanMetricWrapper(spec, name=getattr(spec, "__name__", "metric"))
@@ -85,16 +115,17 @@ def _one(spec: Any, accuracy: str, replicas: int) -> Any:
                     f"(y_true, y_pred) -> values. Received: {spec!r} (of type {type(spec).__name__}).")
 
 
-def build_metrics(specs: Sequence[Any] | None, *, accuracy: str, strategy: Any) -> list[Any]:
+def build_metrics(specs: Sequence[Any] | None, *, binary: bool, strategy: Any, own: bool = False) -> list[Any]:
     """Metric objects for ``specs``, created inside ``strategy``'s scope; names must be unique and not ``loss``.
-    ``accuracy`` (``sparse``, ``categorical`` or ``binary``) is what the name ``"accuracy"`` means for the model."""
+    ``binary``: the loss is a binary cross-entropy (``"accuracy"`` is then binary accuracy); ``own``: metric
+    objects given are copied (the validation's copies), not used themselves."""
     if specs is None:
         return []
     if isinstance(specs, (str, tf.keras.metrics.Metric)) or not isinstance(specs, (list, tuple)):
         raise TypeError(f"metrics must be a list, such as metrics=['accuracy']. Received: {specs!r}.")
     replicas = int(strategy.num_replicas_in_sync)
     with strategy.scope():
-        out = [_one(s, accuracy, replicas) for s in specs]
+        out = [_one(s, binary, replicas, own) for s in specs]
     names = [m.name for m in out]
     clash = sorted({n for n in names if names.count(n) > 1 or n == "loss"})
     if clash:

@@ -44,16 +44,18 @@ class Evaluation:
     """How an update's model is evaluated and asked for predictions (validation, metrics, ``evaluate``, ``predict``).
 
     ``predict(x)`` runs the forward pass for inference (``training=False``) and returns the outputs;
-    ``loss(y_true, y_pred)`` gives one float32 loss per example, the same loss the update trains on. ``accuracy``
-    is what the metric name ``"accuracy"`` means for this model (``sparse``, ``categorical`` or ``binary``, as
-    Keras's ``compile`` picks it from the loss and the output width).
+    ``loss(y_true, y_pred)`` gives one float32 loss per example, the same loss the update trains on. ``binary``:
+    the loss is a binary cross-entropy (the metric ``"accuracy"`` is then binary accuracy; otherwise it follows the
+    shapes, as Keras's ``compile`` decides); ``outputs``: how many outputs the model has (a metric by name takes
+    one).
     :func:`~amp_backends.training.classifier_updates` sets it; an update without one (the GAN's) has nothing
     to validate.
     """
 
     predict: Callable[[Any], Any]
     loss: Callable[[Any, Any], Any]
-    accuracy: str = "sparse"
+    binary: bool = False
+    outputs: int = 1
 
 
 @dataclass

@@ -73,7 +73,10 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
 
     def losses(y, pred):
         # losses in float32 whatever the policy (as Keras's own Loss.__call__ does): float16 logs and sums lose digits
-        return tf.cast(per_example(y, _float32(pred)), tf.float32)
+        pred = _float32(pred)
+        if not isinstance(loss, tf.keras.losses.Loss) and not sparse:  # a function: ranks as a Loss object matches
+            y = y if isinstance(y, (dict, tuple, list)) else _same_rank(y, pred)
+        return tf.cast(per_example(y, pred), tf.float32)
 
     def loss_fn(batch):
         _check_labelled(batch)
@@ -99,8 +102,8 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
                f"{classes or '?'} outputs). Expected class ids in {span} in every batch (the check before training "
                "sees the first batch of a dataset). Fix: clean the labels in the pipeline (dataset.map, or "
                "dataset.filter to drop such rows), or give the model's last layer as many units as there are classes.")
-    evaluation = Evaluation(predict=lambda x: model(x, training=False), loss=losses,
-                            accuracy=_accuracy_kind(loss, sparse, classes))
+    evaluation = Evaluation(predict=lambda x: model(x, training=False), loss=losses, binary=_binary(loss),
+                            outputs=max(1, len(outputs)))
     return [Update("model", loss_fn, [(model.trainable_variables, optimizer)], validate=validate,
                    state=model.non_trainable_variables, check=_class_id_check(classes) if sparse else None,
                    check_message=message, evaluation=evaluation)]
@@ -110,14 +113,23 @@ def _float32(pred: Any) -> Any:
     return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, pred)
 
 
-def _accuracy_kind(loss: Any, sparse: bool, classes: int | None) -> str:
-    """What ``metrics=["accuracy"]`` means for this loss and output width, as Keras's ``compile`` decides."""
-    if sparse or loss is None:
-        return "sparse"
-    name = (loss if isinstance(loss, str) else getattr(loss, "__name__", "") or type(loss).__name__).lower()
-    if "sparse" in name:
-        return "sparse"
-    return "binary" if "binary" in name or classes == 1 else "categorical"
+def _binary(loss: Any) -> bool:
+    """The loss is a binary cross-entropy (by name, function or class): ``metrics=["accuracy"]`` is then binary."""
+    name = loss if isinstance(loss, str) else getattr(loss, "__name__", "") or type(loss).__name__
+    return "binary" in str(name).lower()
+
+
+def _same_rank(y: Any, pred: Any) -> Any:
+    """Labels of one rank more or less than a single-output prediction, brought to its rank, as Keras's Loss
+    objects do before calling their function ((N,) labels for a sigmoid's (N, 1), say)."""
+    if not hasattr(y, "shape") or not hasattr(pred, "shape") or pred.shape.rank is None or pred.shape[-1] != 1:
+        return y
+    y = tf.convert_to_tensor(y)
+    if y.shape.rank == pred.shape.rank - 1:
+        return tf.expand_dims(y, -1)
+    if y.shape.rank == pred.shape.rank + 1 and y.shape[-1] == 1:
+        return tf.squeeze(y, -1)
+    return y
 
 
 def _class_id_check(classes: int | None) -> Any:

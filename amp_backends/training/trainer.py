@@ -157,7 +157,6 @@ class Trainer:
         self.audit = audit_observer(audit, trained, plan, steps_per_call) if audit and self.is_chief else None
         self.observers += [self.audit] if self.audit else []  # what ran in a window of steps
 
-    # ------------------------------------------------------------------ checkpoints
     @property
     def checkpoint_dir(self) -> str | None:
         return self.store.directory if self.store else None
@@ -178,7 +177,7 @@ class Trainer:
             return None
         step, stored = restored
         self.models.stored = stored.get("layer_plans") or stored.get("float32_choice")
-        self.validation.monitor.load(stored.get("monitor"))
+        self.validation.load(stored.get("monitor"))
         return step
 
     # ------------------------------------------------------------------ the loop
@@ -264,7 +263,8 @@ class Trainer:
             if ran.done == 0:
                 continue
             ran.check_refused(at, self.position.batch_in_epoch(at), self.updates)
-            check_stalled(self.scalers, self.max_consecutive_nonfinite, self._save_if_finite)
+            check_stalled(self.scalers, self.max_consecutive_nonfinite, lambda: self.save() if self.store and getattr(
+                self.strategy, "cluster_resolver", None) is None and weights_finite(self._weights) else None)
             self.validation.after_call(at.epoch, at.step, ran.done)
             every = self.checkpoint_every
             if every and (at.step + ran.done) // every > at.step // every:
@@ -311,10 +311,9 @@ class Trainer:
         """The model's outputs for every sample of ``x`` (arrays, or a dataset of batches), as NumPy arrays."""
         return self.validation.evaluator_for("predict()").predict(x)
 
-    # ------------------------------------------------------------------ helpers of the loop
-    def _save_if_finite(self) -> str | None:
-        single = getattr(self.strategy, "cluster_resolver", None) is None  # (several workers save together)
-        return self.save() if self.store and single and weights_finite(self._weights) else None
+    def restore_best(self) -> str:
+        """Load the best checkpoint (``keep_best``) into what checkpoints hold; returns its path."""
+        return self.validation.restore_best()
 
     def _together(self, step: int) -> Any:
         """A call or save made with the other workers: a failure says who to restart and from where."""

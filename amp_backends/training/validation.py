@@ -36,9 +36,18 @@ class Validation:
         self.update = next((u for u in updates if u.evaluation is not None), None)
         if metrics and self.update is None:
             evaluated_update(updates, "metrics=")  # raises, saying why
-        accuracy = self.update.evaluation.accuracy if self.update and self.update.evaluation else "sparse"
-        self.train_metrics = metric_lib.build_metrics(metrics, accuracy=accuracy, strategy=strategy)
-        self.val_metrics = metric_lib.build_metrics(metrics, accuracy=accuracy, strategy=strategy)
+        evaluation = self.update.evaluation if self.update else None
+        if metrics and evaluation is not None and evaluation.outputs > 1:
+            named = [m for m in metrics if not isinstance(m, tf.keras.metrics.Metric)]
+            if named:
+                raise AmpConfigError(
+                    f"The model has {evaluation.outputs} outputs, and the metrics {named!r} (names or functions) take "
+                    "one. Expected, for a model of several outputs, keras.metrics.Metric objects whose update_state "
+                    "takes its structures (dicts for named outputs). Fix: write such a metric (e.g. one that reads "
+                    "y['class'] and pred['class']), or leave metrics out: validation then reports the loss.")
+        binary = bool(evaluation and evaluation.binary)
+        self.train_metrics = metric_lib.build_metrics(metrics, binary=binary, strategy=strategy)
+        self.val_metrics = metric_lib.build_metrics(metrics, binary=binary, strategy=strategy, own=True)
         self.recording = metric_lib.Recording({self.update.name: self.train_metrics} if self.update else {})
         self.monitor = Monitor([u.name for u in updates], [m.name for m in self.train_metrics], keep_best=keep_best,
                                monitor=monitor, mode=mode, patience=patience, min_delta=min_delta)
@@ -63,6 +72,7 @@ class Validation:
         self.every = parse_every(validation_every)
         self.data = None if validation_data is None else self._split(validation_data)
         self.monitor.check_name(validating=self.data is not None)
+        self._say_stopped()
         if self.monitor.keep_best and self.best_store is None:
             self.best_store = store.sibling(BEST, keep=1)
         self._save = save
@@ -70,6 +80,12 @@ class Validation:
     def _split(self, data: Any) -> tuple[Any, Any]:
         evaluated_update(self.updates, "validation_data")
         if isinstance(data, tf.data.Dataset):
+            if int(data.cardinality().numpy()) == tf.data.INFINITE_CARDINALITY:
+                raise InputError("The validation dataset repeats forever, so a validation would never end. Expected a "
+                                 "dataset that ends (every sample once). Fix: drop .repeat() from the validation "
+                                 "pipeline (or end it with .take(N) batches).")
+            assert self.evaluator is not None
+            self.evaluator.check_first_batch(data)  # the rest is checked batch by batch as validation runs
             return data, None
         if isinstance(data, (tuple, list)) and len(data) == 2:
             x, y = data
@@ -115,6 +131,27 @@ class Validation:
         if self.monitor.stopped_early and self.monitor.wait == self.monitor.patience and self.chief:
             kept = f" The best checkpoint is in {self.best_store.directory}." if self.best_store else ""
             logger.warning(f"Stopping early at step {step}: {self.monitor.stopped_early}.{kept}")
+
+    def load(self, state: Any) -> None:
+        """A resumed run's history, best value and waiting (:meth:`.monitor.Monitor.load`)."""
+        self.monitor.load(state)
+        self._say_stopped()
+
+    def _say_stopped(self) -> None:
+        if self.stop and self.chief:
+            logger.warning(f"This run stopped early ({self.monitor.stopped_early}): nothing is trained. Fix: to go on, "
+                           f"resume with a larger patience (now {self.monitor.patience}), or start a new run.")
+
+    def restore_best(self) -> str:
+        """The best checkpoint loaded into the objects checkpoints hold (models, optimizers, ...); its path."""
+        path = self.best_store.latest if self.best_store is not None else None
+        if path is None:
+            raise AmpConfigError("No best checkpoint to restore: " + (
+                "this Trainer keeps none (build it with keep_best=..., and checkpoint_dir=...)."
+                if self.best_store is None else f"{self.best_store.directory} holds none yet (no value of "
+                f"{self.monitor.monitor} has been recorded). Fix: train with validation_data first."))
+        self.best_store.checkpoint.restore(path).expect_partial()
+        return str(path)
 
     @property
     def stop(self) -> bool:

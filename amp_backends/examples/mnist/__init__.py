@@ -1,8 +1,10 @@
 """The tutorials' MNIST CNN, trained under the auto plan: :func:`train_mnist`.
 
-On real images (MNIST, or ``--digits``) the held-out images validate every epoch (``val_loss``,
-``val_accuracy`` in the log and TensorBoard) and the best checkpoint by validation accuracy is kept in
-``<run>/checkpoints/best``; synthetic images (``--synthetic``, for throughput) have nothing to validate.
+On real images (MNIST, or ``--digits``) the last tenth of the training images is held out and validates every
+epoch (``val_loss``, ``val_accuracy`` in the log and TensorBoard); the best checkpoint by validation accuracy is
+kept in ``<run>/checkpoints/best``, and the test accuracy at the end is that checkpoint's, on the test images (never
+seen in training or in the choice of the checkpoint). Synthetic images (``--synthetic``, for throughput) have
+nothing to validate.
 
 From the command line: ``python -m amp_backends.examples.mnist --help`` or ``amp-backends train mnist``
 (:mod:`amp_backends.commands.train`).
@@ -30,6 +32,10 @@ def train_mnist(opts: RunOptions) -> Any:
     strategy, plan = strategy_and_plan(opts)
     opts, run = choose_run(opts, strategy)  # a resumed run's own seed, before the data it draws or splits
     (x, y), (xt, yt) = load_data(opts)
+    validate = not opts.synthetic
+    if validate:  # the last tenth of the training images validates (as Keras's validation_split=0.1 takes it)
+        held = max(1, len(x) // 10)
+        x, y, xv, yv = x[:-held], y[:-held], x[-held:], y[-held:]
     import tensorflow as tf
 
     from ...models import mnist_cnn
@@ -45,16 +51,17 @@ def train_mnist(opts: RunOptions) -> Any:
         model = mnist_cnn()
         prepare_models(plan, model, strategy=strategy)
         optimizer = tf.keras.optimizers.Adam(opts.lr)
-    validate = not opts.synthetic
     trainer = Trainer(classifier_updates(model, optimizer), plan,
                       checkpoint_objects={"model": model, "optimizer": optimizer},
                       metrics=["accuracy"], keep_best="val_accuracy" if validate else None,
                       **trainer_options(opts, run, strategy))
     result = trainer.fit(x, y, epochs=opts.epochs, max_steps=opts.max_steps, resume=opts.resume,
-                         validation_data=(xt, yt) if validate else None)
+                         validation_data=(xv, yv) if validate else None)
     if validate:
-        accuracy = trainer.evaluate(xt, yt)["accuracy"]  # (every worker evaluates its share; the chief says it)
+        best = result.best is not None and trainer.restore_best()  # (every worker: they restore and evaluate together)
+        accuracy = trainer.evaluate(xt, yt)["accuracy"]
         if strategy is None or trainer.is_chief:
-            print(f"test accuracy: {accuracy:.4f} ({len(xt)} held-out images)", flush=True)
+            which = f"the best checkpoint's, step {result.best['step']}" if best and result.best else "the last weights"
+            print(f"test accuracy: {accuracy:.4f} ({len(xt)} test images, {which})", flush=True)
     return result, model
 
