@@ -1,6 +1,7 @@
 """Run by test_distribute.py in a fresh process: the trainer under MirroredStrategy over 2 logical CPUs.
 
-Replica 1 alone gets a non-finite loss on the first step; prints a JSON summary.
+Replica 1 alone gets a non-finite loss on the first step; validation batches split across the replicas (the last
+one leaves replica 1 few rows or none) against the same model's numbers on one device. Prints JSON summaries.
 """
 import json
 import sys
@@ -99,5 +100,32 @@ print(json.dumps({
                              for a, v in zip(w0, model.trainable_variables, strict=True)),
     "sparse_gradients": sparse,
     "only_looked_up_rows_changed": rows_ok,
+}))
+sys.stdout.flush()
+
+# validation: each replica evaluates its slice of every batch; losses and metrics reduced to the one-device numbers
+amp_backends.reset()
+amp_backends.seed_everything(0)
+val_plan = amp_backends.auto_configure(policy="float32", verbose=False)
+rng = np.random.default_rng(0)
+vx = rng.normal(size=(64, 6)).astype("float32")
+vy = (vx[:, 0] > 0).astype("int64") + (vx[:, 1] > 1).astype("int64")
+xv = rng.normal(size=(37, 6)).astype("float32")  # batches of 16, 16 and 5
+yv = (xv[:, 0] > 0).astype("int64") + (xv[:, 1] > 1).astype("int64")
+with strategy.scope():
+    v_model = tf.keras.Sequential([tf.keras.Input((6,)), tf.keras.layers.Dense(16, activation="relu"),
+                                   tf.keras.layers.Dense(3, activation="softmax")])
+    v_opt = tf.keras.optimizers.Adam(0.01)
+v_trainer = Trainer(classifier_updates(v_model, v_opt), val_plan, batch_size=16, strategy=strategy, progress=False,
+                    check_models=False, metrics=["accuracy"], seed=0)
+v_result = v_trainer.fit(vx, vy, epochs=2, validation_data=(xv, yv))
+probs = v_model(xv, training=False).numpy()
+print(json.dumps({
+    "one_device": {"loss": float(np.mean(-np.log(probs[np.arange(37), yv]))),
+                   "accuracy": float(np.mean(probs.argmax(-1) == yv))},
+    "arrays": v_trainer.evaluate(xv, yv),
+    "dataset": v_trainer.evaluate(tf.data.Dataset.from_tensor_slices((xv, yv)).batch(16)),
+    "last_epoch": {k[4:]: v for k, v in v_result.epochs[-1].items() if k.startswith("val_")},
+    "train_accuracy_finite": bool(np.isfinite(v_result.epochs[-1]["accuracy"])),
 }))
 sys.stdout.flush()

@@ -127,7 +127,7 @@ def test_mirrored_two_replicas_skip_together():
     out = subprocess.run([sys.executable, str(HERE / "mirrored_run.py")], capture_output=True, text=True, timeout=300,
                          cwd=NEUTRAL_CWD, env=env())
     assert out.returncode == 0, out.stderr[-2000:]
-    xla, d = (json.loads(line) for line in out.stdout.strip().splitlines()[-2:])
+    xla, d, validation = (json.loads(line) for line in out.stdout.strip().splitlines()[-3:])
     # XLA with replicas on one CPU: no per-replica compilation (it cannot reach replica 1's variables), training runs;
     # a batch with inf in one replica is skipped everywhere and leaves no trace in BatchNormalization's statistics
     assert xla == {"xla_replica_jit": False, "xla_steps": 2, "bn_skipped": 2, "bn_finite": True}
@@ -138,6 +138,11 @@ def test_mirrored_two_replicas_skip_together():
     assert d["finite"] and d["changed_after"]
     # an Embedding's gradient reaches the optimizer in each replica as IndexedSlices, never densified
     assert d["sparse_gradients"] and d["only_looked_up_rows_changed"]
+    # validation batches split across the replicas (the last gives replica 1 few rows or none), metrics and loss
+    # reduced: the numbers of one device, from arrays and from a dataset, in the epoch's row and from evaluate()
+    for key in ("arrays", "dataset", "last_epoch"):
+        assert validation[key] == pytest.approx(validation["one_device"], abs=1e-5), key
+    assert validation["train_accuracy_finite"]
 
 
 # --------------------------------------------------------------------------- MultiWorkerMirroredStrategy
