@@ -23,6 +23,12 @@ it trains faster with every layer in float32, cached for the model on this machi
 batch: ``measure_float32=False`` never, ``True`` for any model under a mixed plan; never across several
 replicas, which could choose apart). The layer plans are ``trainer.layer_plans``; the checkpoints keep them
 and a resumed run applies them as they were.
+
+``metrics`` (Keras metric names or objects: :mod:`.metrics`) are reported per epoch on the training batches
+and on ``fit``'s ``validation_data``; ``keep_best`` (the name of a logged value, such as ``"val_accuracy"``)
+keeps the best checkpoint in ``<checkpoint_dir>/best`` (``mode``: ``"auto"``, ``"min"``, ``"max"``);
+``patience`` stops training after that many values of ``monitor`` (else ``keep_best``'s, else ``val_loss``)
+without an improvement of more than ``min_delta``: :mod:`.monitor`.
 """
 
 from __future__ import annotations
