@@ -142,7 +142,7 @@ def test_mirrored_two_replicas_skip_together():
     # reduced: the numbers of one device, from arrays and from a dataset, in the epoch's row and from evaluate()
     for key in ("arrays", "dataset", "last_epoch"):
         assert validation[key] == pytest.approx(validation["one_device"], abs=1e-5), key
-    assert validation["train_accuracy_finite"]
+    assert 0.2 < validation["train_accuracy"] <= 1  # the training batches counted in both replicas
 
 
 # --------------------------------------------------------------------------- MultiWorkerMirroredStrategy

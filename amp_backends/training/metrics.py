@@ -19,14 +19,15 @@ classifier's does); the metrics the trainer is recording for that update are the
 from __future__ import annotations
 
 import math
-import threading
 from typing import Any, Mapping, Sequence
 
 import tensorflow as tf
 
 from ..errors import AmpConfigError
 
-_recording = threading.local()
+# What the training call being traced records, process-wide: under a tf.distribute strategy the replicas' functions
+# are traced in threads of their own, which a thread-local value set around the call would not reach.
+_recording: dict[str, dict[str, list[Any]]] = {"current": {}}
 
 ACCURACY_NAMES = ("accuracy", "acc")
 
@@ -34,7 +35,7 @@ ACCURACY_NAMES = ("accuracy", "acc")
 def record_predictions(update: str, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
     """Inside a training step: update the trainer's training metrics of ``update`` with this batch (nothing
     happens outside a trainer's step, or when it has no metrics)."""
-    metrics = getattr(_recording, "current", {}).get(update)
+    metrics = _recording["current"].get(update)
     for m in metrics or ():
         m.update_state(y_true, y_pred, sample_weight)
 
@@ -46,11 +47,11 @@ class Recording:
         self.metrics = {k: list(v) for k, v in metrics.items() if v}
 
     def __enter__(self) -> None:
-        self.saved = getattr(_recording, "current", {})
-        _recording.current = self.metrics
+        self.saved = _recording["current"]
+        _recording["current"] = self.metrics
 
     def __exit__(self, *exc: Any) -> None:
-        _recording.current = self.saved
+        _recording["current"] = self.saved
 
 
 class Accuracy(tf.keras.metrics.Mean):
