@@ -13,6 +13,7 @@ cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
 import amp_backends  # noqa: E402
+import validation_case  # noqa: E402  (beside this script)
 from amp_backends.data import synthetic_mnist  # noqa: E402
 from amp_backends.models import mnist_cnn  # noqa: E402
 from amp_backends.training import Trainer, Update, classifier_updates, mnist_batch_fn  # noqa: E402
@@ -107,25 +108,16 @@ sys.stdout.flush()
 amp_backends.reset()
 amp_backends.seed_everything(0)
 val_plan = amp_backends.auto_configure(policy="float32", verbose=False)
-rng = np.random.default_rng(0)
-vx = rng.normal(size=(64, 6)).astype("float32")
-vy = (vx[:, 0] > 0).astype("int64") + (vx[:, 1] > 1).astype("int64")
-xv = rng.normal(size=(37, 6)).astype("float32")  # batches of 16, 16 and 5
-yv = (xv[:, 0] > 0).astype("int64") + (xv[:, 1] > 1).astype("int64")
-with strategy.scope():
-    v_model = tf.keras.Sequential([tf.keras.Input((6,)), tf.keras.layers.Dense(16, activation="relu"),
-                                   tf.keras.layers.Dense(3, activation="softmax")])
-    v_opt = tf.keras.optimizers.Adam(0.01)
+vx, vy, xv, yv = validation_case.data()
+v_model, v_opt = validation_case.model_and_optimizer(strategy)
 v_trainer = Trainer(classifier_updates(v_model, v_opt), val_plan, batch_size=16, strategy=strategy, progress=False,
                     check_models=False, metrics=["accuracy"], seed=0)
 v_result = v_trainer.fit(vx, vy, epochs=2, validation_data=(xv, yv))
-probs = v_model(xv, training=False).numpy()
 print(json.dumps({
-    "one_device": {"loss": float(np.mean(-np.log(probs[np.arange(37), yv]))),
-                   "accuracy": float(np.mean(probs.argmax(-1) == yv))},
+    "one_device": validation_case.one_device(v_model, xv, yv),
     "arrays": v_trainer.evaluate(xv, yv),
     "dataset": v_trainer.evaluate(tf.data.Dataset.from_tensor_slices((xv, yv)).batch(16)),
-    "last_epoch": {k[4:]: v for k, v in v_result.epochs[-1].items() if k.startswith("val_")},
+    "last_epoch": validation_case.validation_values(v_result),
     "train_accuracy": v_result.epochs[-1]["accuracy"],
 }))
 sys.stdout.flush()

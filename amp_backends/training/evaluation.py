@@ -21,10 +21,9 @@ import numpy as np
 import tensorflow as tf
 
 from ..errors import AmpConfigError, InputError
-from .batches import _describe
-from .inputs import BatchFn, _as_array_nest, gather_batch
+from .inputs import BatchFn, _as_array_nest, gather_batch, refuse_labels_beside, rows
 from .metrics import reset, results
-from .step import Update
+from .step import Update, float32_outputs
 
 
 def evaluated_update(updates: Sequence[Update], what: str) -> Update:
@@ -37,10 +36,6 @@ def evaluated_update(updates: Sequence[Update], what: str) -> Update:
         "to run one: Update.evaluation is not set (classifier_updates sets it; the GAN's updates have no labels to "
         "evaluate). Fix: train with classifier_updates(model, optimizer, loss), or give your Update an "
         "evaluation=amp_backends.training.Evaluation(predict=..., loss=...).")
-
-
-def _float32(t: Any) -> Any:
-    return tf.cast(t, tf.float32) if t.dtype.is_floating else t
 
 
 def _labelled(batch: Any, what: str) -> None:
@@ -83,10 +78,8 @@ class Evaluator:
 
     def _batches(self, x: Any, y: Any, what: str) -> Any:
         """``(compiled call, its arguments)`` for each batch of the data."""
+        refuse_labels_beside(x, y)
         if isinstance(x, tf.data.Dataset):
-            if y is not None:
-                raise InputError(f"With a tf.data.Dataset, {what} takes the labels from its elements ((x, y) batches). "
-                                 f"Received y={_describe(y)} as well. Fix: zip them into the dataset and pass y=None.")
             call = self._call("dataset", self._replica_eval)
             dataset = x
             if self.replicas > 1 or getattr(self.strategy, "cluster_resolver", None) is not None:
@@ -135,11 +128,10 @@ class Evaluator:
     def _copied(self, x: Any, y: Any, what: str) -> tuple[Any, Any, int]:
         x = _as_array_nest(x, "x")
         y = None if y is None else _as_array_nest(y, "y")
-        counts = {int(np.shape(a)[0]) for a in tf.nest.flatten((x, y)) if a is not None}
-        if len(counts) != 1 or 0 in counts:
-            raise InputError(f"The data given to {what} must have one row per sample, the same number of rows in every "
-                             f"array, and at least one. Received row counts {sorted(counts)}. Fix: make the arrays "
-                             "the same length.")
+        n = rows(x, y)
+        if n == 0:
+            raise InputError(f"The data given to {what} has no rows. Expected at least one sample. Fix: pass the "
+                             "samples to evaluate.")
         if self.update.validate is not None and y is not None:
             self.update.validate((x, y))
         with tf.device(self.device):
@@ -148,7 +140,7 @@ class Evaluator:
         if self.xla and any(t.dtype == tf.string for t in tf.nest.flatten((xs, ys)) if t is not None):
             self.xla = False  # strings (for the model's own StringLookup): XLA cannot compile them, as in training
             self._calls.pop("arrays", None)
-        return xs, ys, counts.pop()
+        return xs, ys, n
 
     def _call(self, key: str, replica_fn: Callable[..., Any]) -> Any:
         if key not in self._calls:
@@ -170,7 +162,7 @@ class Evaluator:
             ok, batch = self.update.check(batch)
         x, y = batch[0], batch[1]
         weights = batch[2] if len(batch) == 3 else None
-        pred = tf.nest.map_structure(_float32, self.evaluation.predict(x))
+        pred = float32_outputs(self.evaluation.predict(x))
         values = tf.cast(self.evaluation.loss(y, pred), tf.float32)
         w = tf.ones_like(values) if weights is None else tf.cast(tf.reshape(weights, tf.shape(values)), tf.float32)
         for m in self.metrics:
@@ -186,8 +178,10 @@ class Evaluator:
         else:
             xs, _, n = self._resident(x, None, "predict()")
             batches = (self._gathered(xs, start, n) for start in range(0, n, self.batch_size))
-        call = self._calls.setdefault("predict", tf.function(
-            lambda xb: tf.nest.map_structure(_float32, self.evaluation.predict(xb)), reduce_retracing=True))
+        if "predict" not in self._calls:
+            self._calls["predict"] = tf.function(lambda xb: float32_outputs(self.evaluation.predict(xb)),
+                                                 reduce_retracing=True)
+        call = self._calls["predict"]
         outs = [tf.nest.map_structure(lambda t: t.numpy(), call(xb)) for xb in batches]
         if not outs:
             raise InputError("predict() was given no samples. Fix: pass at least one row.")

@@ -75,13 +75,7 @@ class ResidentArrays:
                              "or a tf.data.Dataset. Received: x=None.")
         x = _as_array_nest(x, "x")
         y = None if y is None else _as_array_nest(y, "y")
-        leaves = _leaf_paths(x, "x") + ([] if y is None else _leaf_paths(y, "y"))
-        counts = {path: int(leaf.shape[0]) for path, leaf in leaves}
-        if len(set(counts.values())) > 1:
-            raise InputError("Every input and label array must have one row per sample, the same number of rows. "
-                             f"Received: {', '.join(f'{p}: {n}' for p, n in counts.items())}. Fix: make the arrays the "
-                             "same length (x and y describe the same samples).")
-        self.samples = next(iter(counts.values()))
+        self.samples = rows(x, y)
         if self.samples < batch_size:
             raise InputError(f"The data has {self.samples} samples, fewer than one batch of {batch_size}. Fix: lower "
                              f"batch_size to at most {self.samples}, or train on more data.")
@@ -151,6 +145,25 @@ class ResidentArrays:
         return Ran(k, losses.numpy()[:k], flags.numpy()[:k], k if program.unrolled(k) else "loop")
 
 
+def rows(x: Any, y: Any) -> int:
+    """The number of samples in arrays ``x`` and labels ``y`` (nests of arrays from :func:`_as_array_nest`): one row
+    per sample in every array, or :class:`InputError` naming each array's rows."""
+    leaves = _leaf_paths(x, "x") + ([] if y is None else _leaf_paths(y, "y"))
+    counts = {path: int(leaf.shape[0]) for path, leaf in leaves}
+    if len(set(counts.values())) > 1:
+        raise InputError("Every input and label array must have one row per sample, the same number of rows. "
+                         f"Received: {', '.join(f'{p}: {n}' for p, n in counts.items())}. Fix: make the arrays the "
+                         "same length (x and y describe the same samples).")
+    return next(iter(counts.values()))
+
+
+def refuse_labels_beside(dataset: Any, y: Any) -> None:
+    """Labels given beside a ``tf.data.Dataset``, whose elements carry them: :class:`InputError` with the fix."""
+    if isinstance(dataset, tf.data.Dataset) and y is not None:
+        raise InputError("With a tf.data.Dataset, the labels come from the dataset's elements ((x, y) batches). "
+                         f"Received y={_describe(y)} as well. Fix: zip them into the dataset and pass y=None.")
+
+
 def gather_batch(x: Any, y: Any, idx: Any) -> Any:
     """The default batch: every array's rows at ``idx``, as ``(x, y)`` (``y`` is ``None`` without labels)."""
     take = lambda a: tf.gather(a, idx)  # noqa: E731
@@ -163,10 +176,8 @@ def make_input(x: Any, y: Any, *, batch_size: int, device: str, seed: int, strat
     :class:`ResidentArrays`."""
     from .streams import Stream
 
+    refuse_labels_beside(x, y)
     if isinstance(x, tf.data.Dataset):
-        if y is not None:
-            raise InputError("With a tf.data.Dataset, the labels come from the dataset's elements ((x, y) batches). "
-                             f"Received y={_describe(y)} as well. Fix: zip them into the dataset and pass y=None.")
         if batch_fn is not None:
             raise InputError("batch_fn transforms resident arrays on the device; a tf.data.Dataset transforms its "
                              "batches itself. Fix: do that work in the pipeline (dataset.map(...)) and build the "

@@ -135,15 +135,15 @@ def build_metrics(specs: Sequence[Any] | None, *, binary: bool, strategy: Any, o
     return out
 
 
-def results(metrics: Sequence[Any], prefix: str = "") -> dict[str, float]:
-    """Each metric's value (one number, added up across replicas and workers) under ``prefix + name``."""
+def results(metrics: Sequence[Any]) -> dict[str, float]:
+    """Each metric's value (one number, added up across replicas and workers) under its name."""
     out = {}
     for m in metrics:
         value = m.result()
         if isinstance(value, dict):
-            out.update({f"{prefix}{k}": _number(v) for k, v in value.items()})
+            out.update({k: _number(v) for k, v in value.items()})
         else:
-            out[f"{prefix}{m.name}"] = _number(value)
+            out[m.name] = _number(value)
     return out
 
 

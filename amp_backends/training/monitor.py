@@ -38,9 +38,6 @@ class Every:
     n: int
     unit: str  # "epochs" or "steps"
 
-    def __str__(self) -> str:
-        return f"every {self.n} {self.unit[:-1] if self.n == 1 else self.unit}"
-
 
 def parse_every(value: Any) -> Every:
     """``validation_every``: ``1``, ``"2 epochs"``, ``"500 steps"``."""
@@ -98,9 +95,13 @@ class Monitor(Observer):
         self.stopped_early: str | None = None
         self._sums = {u: [0.0, 0] for u in self.updates}  # the current epoch's applied losses
 
+    def _loss_name(self, update: str) -> str:
+        """An update's epoch loss: ``loss``, or ``loss/<update>`` among several."""
+        return "loss" if len(self.updates) == 1 else f"loss/{update}"
+
     def names(self, validating: bool) -> list[str]:
         """The names a run logs: training loss(es) and metrics per epoch, ``val_*`` with validation."""
-        train = (["loss"] if len(self.updates) == 1 else [f"loss/{u}" for u in self.updates]) + self.metric_names
+        train = [self._loss_name(u) for u in self.updates] + self.metric_names
         return train + ([f"val_{n}" for n in ["loss", *self.metric_names]] if validating else [])
 
     def check_name(self, validating: bool | None) -> None:
@@ -128,8 +129,7 @@ class Monitor(Observer):
     # ------------------------------------------------------------------ records
     def epoch_values(self) -> dict[str, float]:
         """The finished epoch's mean training loss(es); the running sums start again."""
-        single = len(self.updates) == 1
-        out = {("loss" if single else f"loss/{u}"): (s / n if n else math.nan) for u, (s, n) in self._sums.items()}
+        out = {self._loss_name(u): (s / n if n else math.nan) for u, (s, n) in self._sums.items()}
         self._sums = {u: [0.0, 0] for u in self.updates}
         return out
 
@@ -191,6 +191,3 @@ class Monitor(Observer):
         sums = state.get("epoch_sums") or {}
         self._sums = {u: list(sums.get(u, [0.0, 0])) for u in self.updates}
 
-
-def describe(values: dict[str, float]) -> str:
-    return ", ".join(f"{k}: {v:.5f}" for k, v in values.items())

@@ -39,6 +39,12 @@ logger = logging.getLogger("amp_backends.train")
 UNROLL_LIMIT = 16
 
 
+def float32_outputs(outputs: Any) -> Any:
+    """A model's outputs with their floating-point tensors in float32 (losses and metrics computed on them keep their
+    digits whatever the policy, as Keras's own ``Loss.__call__`` does); other tensors as they are."""
+    return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, outputs)
+
+
 @dataclass(frozen=True)
 class Evaluation:
     """How an update's model is evaluated and asked for predictions (validation, metrics, ``evaluate``, ``predict``).

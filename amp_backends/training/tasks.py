@@ -10,7 +10,7 @@ import tensorflow as tf
 from ..errors import AmpConfigError, InputError
 from ..labels import class_ids
 from .metrics import record_predictions
-from .step import Evaluation, Update, step_seed
+from .step import Evaluation, Update, float32_outputs, step_seed
 
 
 def _per_example(loss: Any) -> tuple[Any, bool]:
@@ -72,8 +72,7 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
             "the model's structure: dicts for named outputs), or write an amp_backends.Update of your own.")
 
     def losses(y, pred):
-        # losses in float32 whatever the policy (as Keras's own Loss.__call__ does): float16 logs and sums lose digits
-        pred = _float32(pred)
+        pred = float32_outputs(pred)  # (float16 logs and sums lose digits)
         if not isinstance(loss, tf.keras.losses.Loss) and not sparse:  # a function: ranks as a Loss object matches
             y = y if isinstance(y, (dict, tuple, list)) else _same_rank(y, pred)
         return tf.cast(per_example(y, pred), tf.float32)
@@ -81,9 +80,9 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
     def loss_fn(batch):
         _check_labelled(batch)
         check_model_inputs(model, batch[0])  # while tracing: before any step runs
-        pred = model(batch[0], training=True)
+        pred = float32_outputs(model(batch[0], training=True))
         values = losses(batch[1], pred)
-        record_predictions("model", batch[1], _float32(pred), batch[2] if len(batch) == 3 else None)
+        record_predictions("model", batch[1], pred, batch[2] if len(batch) == 3 else None)
         if len(batch) == 3:
             w = tf.cast(tf.reshape(batch[2], tf.shape(values)), tf.float32)
             return tf.reduce_sum(values * w) / tf.maximum(tf.reduce_sum(w), 1e-12)
@@ -107,10 +106,6 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
     return [Update("model", loss_fn, [(model.trainable_variables, optimizer)], validate=validate,
                    state=model.non_trainable_variables, check=_class_id_check(classes) if sparse else None,
                    check_message=message, evaluation=evaluation)]
-
-
-def _float32(pred: Any) -> Any:
-    return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, pred)
 
 
 def _binary(loss: Any) -> bool:
