@@ -213,6 +213,22 @@ def test_tensorboard_and_profile_writes_that_fail_mid_run_are_warnings_and_train
     assert sum(f"The profiler trace cannot be written to {disk}" in w for w in warnings) == 1
 
 
+def test_a_best_checkpoint_that_cannot_be_written_names_the_runs_latest_checkpoint_to_resume_from(tmp_path):
+    """The best checkpoint sits beside the run's own: when its save meets a full disk, what the run can resume from
+    is the latest of the run's checkpoints (ckpt-6), not the previous best (ckpt-4)."""
+    x, y = data(32)  # 4 steps per epoch at batch 8: best checkpoints at 4 and 8, the run's own at 3 and 6
+    with small_disk(tmp_path / "disk", "256k") as disk:
+        t = trainer(disk / "checkpoints", keep_best="val_loss", checkpoint_every=3,
+                    observers=[At(7, lambda: fill(disk))])
+        with pytest.raises(CheckpointError) as err:
+            t.fit(x, y, epochs=3, validation_data=(x, y))
+        message = str(err.value)
+        assert f"could not be written to {str(disk / 'checkpoints' / 'best')!r}: no space left on device" in message
+        assert "The latest checkpoint is still ckpt-6; training can continue from it." in message
+        assert "then run again with --resume" in message
+        assert leftovers(disk / "checkpoints" / "best") == []
+
+
 def scalar_steps(logdir: Path, tag: str) -> list[tuple[int, float]]:
     """What TensorBoard shows of ``tag``: its event reader over every event file of the run, in order."""
     from tensorboard.backend.event_processing import plugin_event_accumulator as pea

@@ -229,14 +229,18 @@ class CheckpointStore:
                                                   step_counter=step_counter)
         self.owned = False  # True once this store wrote or restored: its directory is this run's
         self.last_saved_step: int | None = None
+        self.resumes_from = self  # the store a resumed run continues from (a sibling's: the store it sits in)
 
     def sibling(self, name: str, keep: int = 1) -> CheckpointStore:
-        """A store of the same objects in the folder ``name`` inside this one (the best checkpoint's)."""
+        """A store of the same objects in the folder ``name`` inside this one (the best checkpoint's); a run resumes
+        from this one, not from it."""
         extra = {k: v for k, v in self.signature.items() if k not in ("format", "objects")}
-        return CheckpointStore({k: v for k, v in self._objects.items() if k not in self._optional},
-                               os.path.join(self.directory, name), step_counter=self.step_counter, keep=keep,
-                               is_chief=self.is_chief, worker=self.worker, extra=extra,
-                               optional={k: self._objects[k] for k in self._optional})
+        store = CheckpointStore({k: v for k, v in self._objects.items() if k not in self._optional},
+                                os.path.join(self.directory, name), step_counter=self.step_counter, keep=keep,
+                                is_chief=self.is_chief, worker=self.worker, extra=extra,
+                                optional={k: self._objects[k] for k in self._optional})
+        store.resumes_from = self
+        return store
 
     @property
     def latest(self) -> str | None:

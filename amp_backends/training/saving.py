@@ -203,7 +203,7 @@ def _reason(exc: BaseException) -> str:
 
 
 def _kept(store: Any) -> str:
-    latest = store.latest
+    latest = getattr(store, "resumes_from", store).latest  # (a best checkpoint's save: the run's own checkpoints)
     if latest:
         return f"The latest checkpoint is still {os.path.basename(latest)}; training can continue from it."
     return "No checkpoint of this run has been written yet."
@@ -211,7 +211,7 @@ def _kept(store: Any) -> str:
 
 def _again(store: Any) -> str:
     return ("then run again with --resume (fit(..., resume=True)) to continue from the latest checkpoint"
-            if store.latest else "then run again")
+            if getattr(store, "resumes_from", store).latest else "then run again")
 
 
 def _space_fix(store: Any, missing: int | None) -> str:
