@@ -126,6 +126,25 @@ CATALOGUE: tuple[KnownDevice, ...] = (
          "4th-generation-9004-and-8004-series.html; "
          "flags as /proc/cpuinfo lists them on the project's AVX512-BF16 machine; family 0x19 model 0x11: AMD's "
          "Processor Programming Reference for Family 19h Model 11h (EPYC 9004)", cpuid=(0x19, 0x11)),
+    _cpu("zen1", ("amd-zen1", "epyc-zen1", "naples", "epyc-7001"),
+         "AMD EPYC 7001 (Zen 1): AVX2, no AVX-512, no bf16 instructions, 2 logical cores",
+         "AMD", "AMD EPYC", "x86_64", 2, "avx2 fma f16c",
+         "AMD EPYC 7001 Series (Zen 1) product brief, https://www.amd.com/en/products/processors/server/epyc/"
+         "7001-series.html; flags as /proc/cpuinfo lists them on the project's Zen 1 machines; family 0x17 model "
+         "0x01: Linux's arch/x86/kernel/cpu/amd.c", cpuid=(0x17, 0x01)),
+    _cpu("zen3", ("amd-zen3", "epyc-zen3", "milan", "epyc-7003"),
+         "AMD EPYC 7003 (Zen 3): AVX2, no AVX-512, no bf16 instructions, 2 logical cores",
+         "AMD", "AMD EPYC", "x86_64", 2, "avx2 fma f16c",
+         "AMD EPYC 7003 Series (Zen 3) product brief, https://www.amd.com/en/products/processors/server/epyc/"
+         "7003-series.html; flags as /proc/cpuinfo lists them on the project's Zen 3 machine; family 0x19 model "
+         "0x01: Linux's arch/x86/kernel/cpu/amd.c", cpuid=(0x19, 0x01)),
+    _cpu("zen5", ("amd-zen5", "epyc-zen5", "turin", "epyc-9005"),
+         "AMD EPYC 9005 (Zen 5): AVX-512 with BF16, no AMX, 2 logical cores",
+         "AMD", "AMD EPYC", "x86_64", 2,
+         "avx2 fma f16c avx512f avx512bw avx512vl avx_vnni avx512_vnni avx512_bf16 avx512_vp2intersect",
+         "AMD EPYC 9005 Series (Zen 5) product brief, https://www.amd.com/en/products/processors/server/epyc/"
+         "9005-series.html; flags as /proc/cpuinfo lists them on the project's AVX512-BF16 machine; family 0x1A "
+         "model 0x02: Linux's arch/x86/kernel/cpu/amd.c", cpuid=(0x1A, 0x02)),
     _cpu("graviton3", ("graviton-3", "aws-graviton3", "neoverse-v1", "c7g"),
          "AWS Graviton3 (Arm Neoverse V1), 64 cores", "ARM", "Neoverse-V1", "aarch64", 64,
          "fp asimd sve bf16 i8mm asimdhp fphp",

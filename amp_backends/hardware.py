@@ -7,6 +7,8 @@ hardware built from these classes.
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
@@ -101,13 +103,15 @@ class CpuInfo:
     @property
     def microarchitecture(self) -> str | None:
         """``"Zen 5"``, ``"Sapphire Rapids"``: named from the vendor, family and model (``None`` if unknown)."""
-        return microarchitecture(self.vendor, self.family, self.model_number, self.stepping)
+        return microarchitecture(self.vendor, self.family, self.model_number, self.stepping, self.flags)
 
     @property
     def name(self) -> str:
-        """The CPU as reasons and results files name it: ``"AMD EPYC (Zen 5)"``; where the microarchitecture is
-        unknown, the family and model numbers stand in (``"AMD EPYC (family 26, model 200)"``)."""
-        base = self.model if self.vendor.lower() in self.model.lower() else f"{self.vendor} {self.model}"
+        """The CPU as reasons and results files name it: ``"AMD EPYC (Zen 5)"``, ``"Intel Xeon Platinum 8480+
+        (Sapphire Rapids)"`` (trademark signs left out); where the microarchitecture is unknown, the family and
+        model numbers stand in (``"AMD EPYC (family 26, model 200)"``)."""
+        model = re.sub(r"\s*\((R|TM)\)", "", self.model, flags=re.IGNORECASE)  # "Intel(R) Xeon(R)" -> "Intel Xeon"
+        base = model if self.vendor.lower() in model.lower() else f"{self.vendor} {model}"
         uarch = self.microarchitecture
         if uarch:
             return base if uarch.lower() in base.lower() else f"{base} ({uarch})"

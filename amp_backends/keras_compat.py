@@ -136,6 +136,19 @@ def set_layer_policy(layer: Any, policy: str) -> None:
                         "nor Keras 2's _set_dtype_policy)")
 
 
+def forget_compiled_functions(model: Any) -> None:
+    """Drop the train, test and predict functions Keras compiled for ``model`` (both generations keep them as
+    ``train_function``, ``test_function`` and ``predict_function`` and rebuild one that is ``None``): a function
+    traced before a layer's policy changed keeps the dtypes it was traced with.
+
+    Args:
+        model: a Keras model (anything else is left alone).
+    """
+    for attr in ("train_function", "test_function", "predict_function"):
+        if getattr(model, attr, None) is not None:
+            setattr(model, attr, None)
+
+
 # ---------------------------------------------------------------------------------------------- optimizers
 def build_optimizer(optimizer: Any, variables: Sequence[Any]) -> None:
     """Create the optimizer's slot variables now (both generations' optimizers have ``build``)."""

@@ -336,7 +336,8 @@ def apply(model: Any, layer_plan: LayerPlan) -> tuple[str, ...]:
     ``_set_dtype_policy``); its variables were float32 already under a mixed policy, so only its arithmetic
     changes, from its next call on (compile after this: a traced step keeps the dtypes it was traced with).
     float8 quantizes the layer (``layer.quantize("float8")``, Keras >= 3.3). A path the model does not have is
-    an error naming it; applying the same plan again changes nothing.
+    an error naming it; applying the same plan again changes nothing. Where a layer changed, the functions Keras
+    compiled for the model (``fit``, ``evaluate``, ``predict``) are dropped and rebuilt at their next call.
     """
     from .keras_compat import set_layer_policy
     from .model_check._keras import policy_name
@@ -362,6 +363,10 @@ def apply(model: Any, layer_plan: LayerPlan) -> tuple[str, ...]:
         elif current != d.dtype:
             set_layer_policy(layer, d.dtype)
             changed.append(d.path)
+    if changed:  # Keras's own compiled functions were traced under the old policies: rebuilt at their next call
+        from .keras_compat import forget_compiled_functions
+
+        forget_compiled_functions(model)
     return tuple(changed)
 
 

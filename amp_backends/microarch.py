@@ -35,13 +35,27 @@ _INTEL_6: dict[int, str] = {
 }
 # model 0x55 by stepping, as intel-family.h's comments name them
 _SKYLAKE_X_STEPPINGS = {7: "Cascade Lake", 11: "Cooper Lake"}
+# Intel's cores with AMX (Intel's ISA extensions reference: Sapphire Rapids first, then its successors); AMX-FP16
+# first came with Granite Rapids. A virtual machine may report another core's model number with the host's
+# flags (seen: model 0xA7, Rocket Lake, with AMX and AVX512-FP16): the flags then name the generation.
+_INTEL_AMX = frozenset({"Sapphire Rapids", "Emerald Rapids", "Granite Rapids", "Granite Rapids-D"})
 
 
-def microarchitecture(vendor: str, family: int | None, model: int | None, stepping: int | None = None) -> str | None:
+def microarchitecture(vendor: str, family: int | None, model: int | None, stepping: int | None = None,
+                      flags: frozenset[str] | None = None) -> str | None:
     """``("AMD", 26, 2)`` -> ``"Zen 5"``; ``("Intel", 6, 0x8F)`` -> ``"Sapphire Rapids"``; ``None`` when unknown.
 
-    ``vendor`` as the probe names it (``"AMD"``, ``"Intel"``, or CPUID's ``"AuthenticAMD"`` /
-    ``"GenuineIntel"``); ``family`` and ``model`` are the display family and model ``/proc/cpuinfo`` prints.
+    Args:
+        vendor: as the probe names it (``"AMD"``, ``"Intel"``, or CPUID's ``"AuthenticAMD"`` / ``"GenuineIntel"``).
+        family: the display family ``/proc/cpuinfo`` prints.
+        model: the display model ``/proc/cpuinfo`` prints.
+        stepping: the stepping (it tells Cascade Lake and Cooper Lake from Skylake-X).
+        flags: the CPU's ``/proc/cpuinfo`` flags, if known: an Intel model number whose core has no AMX, on a CPU
+            that has AMX (a virtual machine's made-up model), is named from the flags instead
+            (``"Sapphire Rapids or later, AMX"``; the model number stays in the probe's record).
+
+    Returns:
+        The microarchitecture's name, or ``None`` when the tables do not know the CPU (never a guess).
     """
     if family is None or model is None:
         return None
@@ -49,7 +63,10 @@ def microarchitecture(vendor: str, family: int | None, model: int | None, steppi
     if v in ("amd", "authenticamd"):
         return next((name for first, last, name in _AMD.get(family, ()) if first <= model <= last), None)
     if v in ("intel", "genuineintel") and family == 6:
-        if model == 0x55 and stepping is not None:
-            return _SKYLAKE_X_STEPPINGS.get(stepping, "Skylake-X")
-        return _INTEL_6.get(model)
+        name: str | None = (_SKYLAKE_X_STEPPINGS.get(stepping, "Skylake-X") if model == 0x55 and stepping is not None
+                            else _INTEL_6.get(model))
+        if flags and "amx_tile" in flags and name not in _INTEL_AMX:
+            first = "Granite Rapids" if "amx_fp16" in flags else "Sapphire Rapids"
+            return f"{first} or later, AMX"
+        return name
     return None

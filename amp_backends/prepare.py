@@ -90,7 +90,8 @@ def is_batch(inputs: Any) -> bool:
 
 
 def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: bool | None = None,
-                  measure_float32: bool | None = None, layer_plan: lp.LayerPlan | None = None) -> Preparation:
+                  measure_float32: bool | None = None, layer_plan: lp.LayerPlan | None = None,
+                  reset_policies: bool = False) -> Preparation:
     """Decide ``model``'s layer plan under ``plan`` and apply it, in place (:mod:`amp_backends.layer_plan`).
 
     Call it after building the model and before ``model.compile`` (a compiled step keeps the dtypes it was
@@ -114,17 +115,49 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
             ``inputs`` is a batch; ``True`` requires a batch; ``False`` never, and no cached answer either.
         layer_plan: a layer plan to apply as it is (a checkpoint's: :meth:`LayerPlan.from_dict`), instead of
             deciding one.
+        reset_policies: first give every layer the plan's policy — for a model built or saved under another
+            plan (a ``.keras`` file saved under ``mixed_bfloat16`` and loaded where the plan is ``float32``
+            keeps its layers' saved policies) —, then apply the layer plan. Layers set to a policy on purpose
+            (a head given ``dtype="float32"``) take the plan's policy too, unless the layer plan keeps them.
+            float8-quantized layers keep their quantization.
+
+    Returns:
+        The :class:`Preparation`: the layer plan applied, the layers it changed, and a note.
+
+    Raises:
+        AmpConfigError: ``layer_plan`` names layers the model does not have.
     """
+    reset = _reset_policies(model, plan) if reset_policies else ()
+    if reset:
+        from .keras_compat import forget_compiled_functions
+
+        forget_compiled_functions(model)
     if layer_plan is not None:
-        return preparation(layer_plan, applied=lp.apply(model, layer_plan))
+        return preparation(layer_plan, applied=tuple(dict.fromkeys(reset + lp.apply(model, layer_plan))))
     f8 = float8_decisions(model, plan, inputs=inputs, skip_small=skip_small)
     decided = lp.with_float8(lp.decide(model, plan, use_cache=measure_float32 is not False), f8.layers, f8.note)
-    applied = lp.apply(model, decided)
+    applied = reset + lp.apply(model, decided)
     note = ""
     if decided.measurement is None and (measure_float32 or (measure_float32 is None and worth_measuring(model, plan))):
         decided, note = _measured(model, plan, decided, inputs, forced=bool(measure_float32))
         applied += lp.apply(model, decided)
-    return preparation(decided, note, applied)
+    return preparation(decided, note, tuple(dict.fromkeys(applied)))
+
+
+def _reset_policies(model: Any, plan: Plan) -> tuple[str, ...]:
+    """Every layer of ``model`` (the model itself included, input layers and float8 layers left out) set to the
+    plan's policy; the paths of the layers changed."""
+    from .keras_compat import set_layer_policy
+    from .model_check._keras import policy_name, walk
+
+    changed = []
+    for path, layer in walk(model, getattr(model, "name", "model")):
+        current = policy_name(layer)
+        if type(layer).__name__ == "InputLayer" or current.startswith(lp.FLOAT8) or current == plan.policy:
+            continue
+        set_layer_policy(layer, plan.policy)
+        changed.append(path)
+    return tuple(changed)
 
 
 def _measured(model: Any, plan: Plan, decided: lp.LayerPlan, inputs: Any,

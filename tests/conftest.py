@@ -13,6 +13,91 @@ from amp_backends import configure, keras_compat, request
 from amp_backends.registry import default_registry
 
 
+# ----------------------------------------------------------------------------- the CPU the tests plan for
+# Our machines are not one CPU generation: a test that depends on this machine's plan either takes ``cpu_plan``
+# (it then runs under a float32 CPU plan and a bfloat16 CPU plan on every machine) or reads the plan and asserts
+# what that plan implies. ``--as-cpu NAME`` (or AMP_TEST_AS_CPU=NAME) runs the whole suite as if on the
+# catalogue's CPU NAME (zen1, zen3, zen5, sapphire-rapids, ...): the probes of the tests' own process see that CPU,
+# and TensorFlow's kernels follow it as far as one variable can (TF_ENABLE_ONEDNN_OPTS=0 where TensorFlow leaves
+# oneDNN off on that CPU). Programs the tests start probe the real CPU (under that variable): those tests read
+# the plan the program prints.
+# The catalogue's CPU whose plan has each policy, for the plan this machine does not make.
+CPU_OF_POLICY = {"float32": "zen3", "mixed_bfloat16": "zen5"}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--as-cpu", default=os.environ.get("AMP_TEST_AS_CPU") or None, metavar="NAME",
+                     help="run the tests as if on the device catalogue's CPU NAME (zen1, zen3, zen5, "
+                          "sapphire-rapids, ...): this process's CPU probe sees that CPU")
+
+
+def _as_cpu(name: str):
+    """The catalogue CPU ``name``'s CpuInfo; TF_ENABLE_ONEDNN_OPTS set as TensorFlow would decide on it."""
+    from amp_backends.backends.cpu.onednn import tensorflow_default
+    from amp_backends.devices import find_device
+
+    device = find_device(name)
+    if device.backend != "cpu":
+        raise pytest.UsageError(f"--as-cpu takes a CPU of the device catalogue, such as zen3 or zen5. Received: "
+                                f"{name!r} (a {device.backend} device).")
+    cpu = device.hardware().probe("cpu").cpu
+    onednn_on, _ = tensorflow_default(cpu, "linux", "2.21.0")
+    if not onednn_on and "tensorflow" not in sys.modules:
+        os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    return cpu
+
+
+def pytest_configure(config):
+    name = config.getoption("--as-cpu")
+    if name:
+        import amp_backends.backends.cpu as cpu_package
+        from amp_backends.backends.cpu import backend as cpu_backend
+
+        cpu = _as_cpu(name)
+        cpu_package.probe_cpu = cpu_backend.probe_cpu = lambda: cpu  # type: ignore[assignment]
+        os.environ["AMP_TEST_AS_CPU"] = name  # xdist's workers configure themselves from it too
+
+
+def pytest_report_header(config):
+    name = config.getoption("--as-cpu")
+    from amp_backends.backends.cpu import probe_cpu
+
+    return f"CPU the tests plan for: {probe_cpu().name}" + (f" (--as-cpu {name})" if name else " (this machine)")
+
+
+def float16_reaches_onednn() -> bool:
+    """Whether this process's TensorFlow sends float16 to oneDNN, whose float16 training kernels are reference code
+    (an AVX512-FP16 CPU with oneDNN on: a float16 training step a hundred times slower than float32's). A test that
+    forces float16 for its numerics then runs its program with :data:`EIGEN_FLOAT16` in the environment."""
+    from amp_backends.backends.cpu import probe_cpu
+    from amp_backends.backends.cpu.onednn import onednn_takes_float16, read_onednn_state
+    from amp_backends.software import tensorflow_version
+
+    cpu = probe_cpu()
+    return onednn_takes_float16(cpu, read_onednn_state(cpu, os.environ, tensorflow_version()))
+
+
+# TensorFlow's Eigen kernels for every dtype (read once, when TensorFlow is imported): float16 as on CPUs without
+# fp16 instructions
+EIGEN_FLOAT16 = {"TF_ENABLE_ONEDNN_OPTS": "0"}
+
+
+@pytest.fixture(params=["float32", "mixed_bfloat16"], ids=["float32-cpu", "bf16-cpu"])
+def cpu_plan(request):
+    """A CPU plan of each kind, on every machine: this machine's own plan, applied by ``auto_configure()``, where
+    it has that policy; otherwise the plan for the catalogue's CPU that makes it (a Zen 3 for float32, a Zen 5 for
+    bfloat16), with only its Keras policy set here (``configure_for_device``: ``current_plan()`` stays None).
+    Models built in the test follow the plan's policy; pass the plan to what takes one. On a CPU without bf16
+    instructions the bfloat16 plan computes correctly but in emulated kernels: what it shows is the library's
+    logic, not this CPU's kernels."""
+    import amp_backends
+
+    here = amp_backends.plan_for(environ={})
+    if here.backend == "cpu" and here.policy == request.param:
+        return amp_backends.auto_configure(verbose=False)
+    return amp_backends.configure_for_device(CPU_OF_POLICY[request.param], environ={})
+
+
 @pytest.fixture
 def registry():
     return default_registry()

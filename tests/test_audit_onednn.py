@@ -216,3 +216,21 @@ def test_the_package_name_is_also_the_function_and_imports_no_tensorflow():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_outside_onednn_names_the_real_cause():
+    """With TF_ENABLE_ONEDNN_OPTS=1 already set, a forced bfloat16 plan on a CPU without AVX-512 still runs Eigen:
+    TensorFlow sends bfloat16 to oneDNN only on CPUs with AVX-512. Telling the user to set the variable is wrong."""
+    from amp_backends.audit.verdict import outside_onednn_reason
+
+    bf16 = {"plan": {"compute_dtype": "bfloat16", "xla": False}}
+    why = outside_onednn_reason({**bf16, "onednn_opts": "1", "cpu_avx512": False}, False)
+    assert "only on CPUs with AVX-512" in why and "although TF_ENABLE_ONEDNN_OPTS=1 is set" in why
+    assert "--policy float32" in why and "set TF_ENABLE_ONEDNN_OPTS=1" not in why and "(TF_ENABLE" not in why
+    assert "only on CPUs with AVX-512" in outside_onednn_reason({**bf16, "cpu_avx512": False}, False)
+    f32 = {"plan": {"compute_dtype": "float32", "xla": False}}
+    set_already = outside_onednn_reason({**f32, "onednn_opts": "1", "cpu_avx512": False}, False)
+    assert "although TF_ENABLE_ONEDNN_OPTS=1 is set" in set_already and "turns it on" not in set_already
+    assert "TF_ENABLE_ONEDNN_OPTS=1 turns it on" in outside_onednn_reason({**f32, "cpu_avx512": False}, False)
+    assert "turns TensorFlow's oneDNN kernels off" in outside_onednn_reason({**bf16, "onednn_opts": "0"}, False)
+    assert outside_onednn_reason({**bf16, "onednn_opts": "1"}, True) is None

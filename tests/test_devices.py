@@ -28,7 +28,10 @@ EXPECTED = [
     ("flex170", "intel", "mixed_bfloat16", "none", False, False, {}),
     ("arc-a770", "intel", "mixed_bfloat16", "none", False, False, {}),
     ("sapphire-rapids", "cpu", "mixed_bfloat16", "none", False, False, {}),
+    ("zen1", "cpu", "float32", "none", False, False, {}),
+    ("zen3", "cpu", "float32", "none", False, False, {}),
     ("zen4", "cpu", "mixed_bfloat16", "none", False, False, {}),
+    ("zen5", "cpu", "mixed_bfloat16", "none", False, False, {}),
     ("graviton3", "cpu", "mixed_bfloat16", "none", False, False, {}),
 ]
 

@@ -142,3 +142,32 @@ def test_wrapping_is_idempotent_and_refuses_other_scaling():
             plan.wrap_optimizer(dynamic)
     with pytest.raises(TypeError, match="takes a Keras optimizer.*Received: 0.1"):
         plan.wrap_optimizer(0.1)
+
+
+def test_a_model_saved_under_bfloat16_trains_in_float32_under_a_float32_plan_after_the_documented_call(tmp_path):
+    """A .keras file keeps each layer's policy: loaded where the plan is float32 it stays bfloat16. The check says
+    so and names the call; prepare_model(..., reset_policies=True) brings it to the plan, and it trains there."""
+    kc.set_global_policy("mixed_bfloat16", tf)
+    try:
+        saved = K.Sequential([K.Input((6,)), K.layers.Dense(16, activation="relu", name="hidden"),
+                              K.layers.Dense(3, activation="softmax", dtype="float32", name="head")], name="saved")
+    finally:
+        kc.set_global_policy("float32", tf)
+    saved.save(tmp_path / "m.keras")
+    plan = amp_backends.auto_configure(policy="float32", verbose=False)
+    loaded = K.models.load_model(tmp_path / "m.keras")
+    assert loaded.get_layer("hidden").compute_dtype == "bfloat16"  # as saved
+    x = np.random.default_rng(0).normal(size=(32, 6)).astype("float32")
+    y = np.random.default_rng(1).integers(0, 3, 32)
+    found = [f for f in amp_backends.check_model(loaded, plan=plan, inputs=x[:8]).findings
+             if f.code == "policy-mismatch"]
+    assert found and "reset_policies=True" in found[0].fix, found
+    prep = amp_backends.prepare_model(loaded, plan, reset_policies=True)
+    assert "saved/hidden" in prep.applied
+    assert {layer.compute_dtype for layer in loaded.layers} == {"float32"}
+    assert not [f for f in amp_backends.check_model(loaded, plan=plan, inputs=x[:8]).findings
+                if f.code == "policy-mismatch"]
+    loaded.compile(optimizer=plan.wrap_optimizer(K.optimizers.Adam(1e-2)), loss="sparse_categorical_crossentropy",
+                   **plan.compile_kwargs())
+    history = loaded.fit(x, y, epochs=2, batch_size=16, verbose=0).history["loss"]
+    assert all(np.isfinite(history)) and loaded.get_layer("hidden").compute_dtype == "float32"

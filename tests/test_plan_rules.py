@@ -369,9 +369,9 @@ def test_every_figure_in_a_cpu_reason_is_in_a_committed_results_file(registry):
 def test_results_files_say_how_they_were_made():
     import json
 
-    from amp_backends.backends.cpu.measured import FIT_STEPS, LAYERS, RESULTS_DIR, WITH_BF16, WITHOUT_BF16
+    from amp_backends.backends.cpu.measured import FIT_STEPS, LAYERS, RESULTS_DIR, WITH_BF16, WITH_FP16, WITHOUT_BF16
 
-    for file in (WITH_BF16, WITHOUT_BF16, FIT_STEPS, LAYERS):
+    for file in (WITH_BF16, WITHOUT_BF16, WITH_FP16, FIT_STEPS, LAYERS):
         doc = json.loads((RESULTS_DIR / file).read_text(encoding="utf-8"))
         assert doc["machine_kind"] and doc["command"].startswith("python benchmarks/") and doc["date"]
         assert doc["versions"]["tensorflow"] and doc["results"]
@@ -384,7 +384,7 @@ def test_the_results_the_reasons_quote_ship_in_the_wheel():
 
     tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
 
-    from amp_backends.backends.cpu.measured import FIT_STEPS, LAYERS, WITH_BF16, WITHOUT_BF16
+    from amp_backends.backends.cpu.measured import FIT_STEPS, LAYERS, WITH_BF16, WITH_FP16, WITHOUT_BF16
 
     pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
     if not pyproject.is_file():
@@ -392,5 +392,26 @@ def test_the_results_the_reasons_quote_ship_in_the_wheel():
     config = tomllib.loads(pyproject.read_text(encoding="utf-8"))["tool"]["setuptools"]
     assert config["package-dir"]["amp_backends.results"] == "results" and "amp_backends.results" in config["packages"]
     patterns = config["package-data"]["amp_backends.results"]
-    for file in (WITH_BF16, WITHOUT_BF16, FIT_STEPS, LAYERS):
+    for file in (WITH_BF16, WITHOUT_BF16, WITH_FP16, FIT_STEPS, LAYERS):
         assert any(fnmatch.fnmatch(file, p) for p in patterns), file
+
+
+def test_float16_on_a_cpu_whose_onednn_takes_it_is_emulated_and_a_request_for_it_downgraded(registry):
+    """An AVX512-FP16 Xeon with oneDNN on: TensorFlow sends float16 to oneDNN, which trains it in reference kernels."""
+    from amp_backends.backends.cpu.measured import WITH_FP16
+
+    spr = machine(cpu_of(SAPPHIRE_RAPIDS))
+    p = plan(spr, registry)
+    fp16 = next(r for r in p.rejected if r.value == "mixed_float16")
+    assert "reference kernels" in fp16.why and f"results/{WITH_FP16}" in fp16.why, fp16.why
+    asked = plan(spr, registry, policy="mixed_float16")
+    assert asked.policy == "mixed_bfloat16" and any("downgraded" in w and "reference kernels" in w
+                                                    for w in asked.warnings), asked.warnings
+    with pytest.raises(UnsupportedRequestError):
+        plan(spr, registry, policy="mixed_float16", strict=True)
+    # with oneDNN off the same CPU runs float16 in Eigen: not this rule
+    off = plan(machine(cpu_of(SAPPHIRE_RAPIDS, environ={"TF_ENABLE_ONEDNN_OPTS": "0"})), registry)
+    assert "reference kernels" not in next(r for r in off.rejected if r.value == "mixed_float16").why
+    # a CPU without fp16 instructions keeps float16 in Eigen: not this rule either
+    assert "reference kernels" not in next(r for r in plan(machine(cpu_of(ZEN4)), registry).rejected
+                                           if r.value == "mixed_float16").why

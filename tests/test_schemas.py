@@ -91,24 +91,35 @@ def test_audits_from_onednn_records_a_trace_and_an_xpu_match_their_schema(tmp_pa
 
 
 # -- the check -------------------------------------------------------------------------------------------
-@pytest.mark.tensorflow
-@pytest.mark.parametrize("device", [None, "h100"])
-def test_the_check_of_a_model_matches_its_schema(device):
+def _check_of_a_small_model(plan):
     import tensorflow as tf
 
     from amp_backends.keras_compat import set_global_policy
 
-    plan = amp_backends.plan_for(device=device, environ={})
     set_global_policy(plan.policy, tf)
     try:
         inputs = tf.keras.Input((30,))
         x = tf.keras.layers.Dense(63, activation="relu")(inputs)  # misaligned widths: findings with details
-        outputs = tf.keras.layers.Dense(10, activation="softmax")(x)  # an unprepared head: a finding on every plan
+        outputs = tf.keras.layers.Dense(10, activation="softmax")(x)  # a head in the policy's dtype
         result = amp_backends.check_model(tf.keras.Model(inputs, outputs), plan=plan, batch_size=100)
     finally:
         set_global_policy("float32", tf)
-    data = result.to_dict()
-    assert data["findings"] and data["fp8_layers"]
+    return result.to_dict()
+
+
+@pytest.mark.tensorflow
+def test_the_check_of_a_model_under_an_h100_plan_matches_its_schema():
+    data = _check_of_a_small_model(amp_backends.plan_for(device="h100", environ={}))
+    assert {f["code"] for f in data["findings"]} >= {"tensor-core-shape"} and data["fp8_layers"]
+    assert_valid("check", data)
+
+
+@pytest.mark.tensorflow
+def test_the_check_of_a_model_under_a_cpu_plan_matches_its_schema(cpu_plan):
+    data = _check_of_a_small_model(cpu_plan)
+    # a float32 plan has nothing to say of this model; under bfloat16 its softmax head is a finding
+    assert bool(data["findings"]) == (cpu_plan.policy != "float32"), data["findings"]
+    assert data["fp8_layers"]
     assert_valid("check", data)
 
 

@@ -80,7 +80,7 @@ def test_a_second_run_gets_its_own_directory_and_saves_its_own_final_state(tmp_p
 def test_run_directories_are_versioned_and_resume_picks_the_newest(tmp_path):
     first = run_directory(tmp_path / "runs", resume=False)
     assert first.path == tmp_path / "runs" / "version_0" and not first.resumed
-    assert not (tmp_path / "runs").exists()  # made by the run's first write
+    assert first.path.is_dir()  # reserved at once: a run started beside it takes the next number
     _, t = trainer(first.checkpoints)
     t.fit(*data(16), epochs=1)
     second = run_directory(tmp_path / "runs", resume=False)

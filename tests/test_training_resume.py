@@ -90,7 +90,7 @@ def test_the_examples_follow_a_resumed_runs_seed_and_refuse_another(tmp_path):
     with pytest.raises(CheckpointError, match=r"--seed 7: the run in .* was started with seed 3.*Fix: drop --seed"):
         choose_run(RunOptions(logdir=str(tmp_path), resume=True, seed=7), None)
     fresh, new = choose_run(RunOptions(logdir=str(tmp_path)), None)
-    assert fresh.seed == 0 and new.path.name == "version_1" and not new.path.exists()
+    assert fresh.seed == 0 and new.path.name == "version_1" and new.path.is_dir()  # reserved, still empty
 
 
 # --------------------------------------------------------------------------- nothing left to train

@@ -317,3 +317,48 @@ def test_metrics_by_name_for_a_model_of_several_outputs_are_refused_with_the_fix
                                  lambda y, p: tf.keras.losses.sparse_categorical_crossentropy(y["a"], p["a"]))
     with pytest.raises(AmpConfigError, match="has 2 outputs, and the metrics \\['accuracy'\\]"):
         Trainer(updates, plan(), batch_size=8, metrics=["accuracy"])
+
+
+# ------------------------------------------------------------------ the layer plan in force before fit
+def _bf16_run(first):
+    """A classifier under a forced bfloat16 plan (the layer plan keeps its head in float32), with ``first`` called
+    before fit; its validation losses, and after fit: evaluate, predict, Keras's own predict and the model's own
+    compiled call on the validation data."""
+    import warnings
+
+    with warnings.catch_warnings():  # forced where this CPU has no bf16 instructions: the logic, not the speed
+        warnings.simplefilter("ignore")
+        p = amp_backends.auto_configure(verbose=False, policy="mixed_bfloat16", force=True)
+    amp_backends.seed_everything(0)
+    m = model()  # built under mixed_bfloat16: the head computes in bfloat16 until the layer plan applies
+    t = Trainer(classifier_updates(m, tf.keras.optimizers.Adam(0.01)), p, batch_size=16, seed=0, check_models=False,
+                progress=False, metrics=["accuracy"])
+    x, y = data(96)
+    xv, yv = data(37, seed=1)
+    if first == "evaluate":
+        t.evaluate(xv, yv)
+    elif first == "predict":
+        t.predict(xv)
+    elif first == "keras predict":
+        m.predict(xv, verbose=0)  # Keras's own, compiled before the trainer's first step
+    head = m.layers[-1].compute_dtype  # before fit
+    result = t.fit(x, y, epochs=2, validation_data=(xv, yv))
+    probs = tf.function(lambda a: m(a, training=False))(xv).numpy()  # the model's own, compiled now
+    own = float(np.mean(-np.log(probs.astype("float64")[np.arange(37), yv])))
+    return {"head": head, "val_loss": [v["val_loss"] for v in result.validations], "evaluate": t.evaluate(xv, yv),
+            "predict": t.predict(xv), "keras": m.predict(xv, verbose=0), "own": own, "probs": probs,
+            "head_after": m.layers[-1].compute_dtype}
+
+
+@pytest.mark.parametrize("first", ["evaluate", "predict", "keras predict"])
+def test_what_runs_before_fit_computes_under_the_layer_plan_and_every_later_number_agrees(first):
+    """An evaluate() or predict() before fit used to compile under the policies of the model as built (the head in
+    bfloat16) and keep those functions; Keras's own predict too. Every number must be what a run without it gives,
+    and the model's own."""
+    plain, run = _bf16_run(None), _bf16_run(first)
+    # the trainer's evaluate/predict apply the layer plan before they compute (Keras's own predict is not the trainer)
+    assert run["head"] == ("bfloat16" if first == "keras predict" else "float32") and run["head_after"] == "float32"
+    np.testing.assert_allclose(run["val_loss"], plain["val_loss"], rtol=1e-6)
+    assert run["evaluate"]["loss"] == pytest.approx(run["own"], rel=1e-5)
+    np.testing.assert_allclose(run["predict"], run["probs"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(run["keras"], run["probs"], rtol=1e-5, atol=1e-7)  # Keras's own predict, after fit

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from ..factory import load_factory
+from .onednn import cpu_has_avx512
 
 BEGIN = "amp_backends_audit:begin"
 END = "amp_backends_audit:end"
@@ -140,7 +141,7 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
         "batch_size": batch, "steps": steps, "step_time_ms": 1000 * elapsed / max(steps, 1),
         "layers": layer_kernels(model), "ops": ops, "findings": findings, "gpu": gpu,
         "profile_dir": logdir if gpu else None, "tensorflow": tf.__version__,
-        "onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
+        "onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS"), "cpu_avx512": cpu_has_avx512(),
     }
     with open(out_path, "w", encoding="utf-8") as f:
         json.dump(doc, f)

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .build import from_onednn
+from .onednn import cpu_has_avx512
 from .report import Audit
 
 if TYPE_CHECKING:
@@ -176,7 +177,7 @@ class AuditObserver:
         plan = self.plan
         names = ", ".join(str(getattr(m, "name", "?")) for m in self.models) or "?"
         doc: dict[str, Any] = {"model": names, "steps": self._steps,
-                               "onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS")}
+                               "onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS"), "cpu_avx512": cpu_has_avx512()}
         if self._step_times and all(self._step_times):
             doc["step_time_ms"] = 1000 * sum(self._step_times) / len(self._step_times)
         if plan is not None:

@@ -210,3 +210,18 @@ def library_version(lines: Iterable[str]) -> str | None:
         if m and line.startswith(PREFIXES):
             return f"{m.group(1)} v{m.group(2)}"
     return None
+
+
+def cpu_has_avx512() -> bool | None:
+    """Whether this machine's CPU has AVX-512 (TensorFlow sends bfloat16 to oneDNN only there); None on Arm.
+
+    Returns:
+        True or False on x86, ``None`` where the question does not apply (Arm) or the CPU cannot be read.
+    """
+    from ..backends.cpu import probe_cpu
+
+    try:
+        cpu = probe_cpu()
+    except Exception:  # noqa: BLE001  # a fact for a message: never worth failing the audit
+        return None
+    return None if cpu.is_arm else "avx512f" in cpu.flags

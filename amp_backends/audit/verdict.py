@@ -71,8 +71,18 @@ def outside_onednn_reason(doc: dict[str, Any], has_compute_records: bool) -> str
     """Why no oneDNN matrix kernel was seen, or None when some were."""
     if has_compute_records:
         return None
-    if doc.get("onednn_opts") == "0":
+    opts = str(doc.get("onednn_opts") or "").strip().lower()
+    if opts in ("0", "false"):
         return "ran outside oneDNN (Eigen): TF_ENABLE_ONEDNN_OPTS=0 turns TensorFlow's oneDNN kernels off"
+    low = (doc.get("plan") or {}).get("compute_dtype")
+    if low == "bfloat16" and doc.get("cpu_avx512") is False:
+        return ("ran outside oneDNN (Eigen): TensorFlow sends bfloat16 ops to oneDNN only on CPUs with AVX-512, and "
+                "this CPU has none, so they ran in Eigen's emulated bfloat16 kernels"
+                + (" although TF_ENABLE_ONEDNN_OPTS=1 is set" if opts in ("1", "true") else "")
+                + "; plan float32 on this CPU (--policy float32, or drop the forced bfloat16 policy)")
+    if opts in ("1", "true"):
+        return ("ran outside oneDNN: no oneDNN matmul or convolution was executed although TF_ENABLE_ONEDNN_OPTS=1 "
+                "is set (TensorFlow read it at import: was it set after the program started?)")
     if (doc.get("plan") or {}).get("xla"):
         return "ran outside oneDNN: XLA compiled the step (its CPU kernels are its own), so oneDNN reports nothing"
     return ("ran outside oneDNN (Eigen): no oneDNN matmul or convolution was executed; TensorFlow leaves oneDNN off "

@@ -141,7 +141,8 @@ class Rules(RuleContext):
                     fix = ("remove dtype='float32' from this layer so it follows the plan's policy, unless it needs "
                            "float32 for a numerical reason")
             else:
-                what, why, fix = rules_policy.float32_in_call(info, op_types, rate, at_output)
+                what, why, fix = rules_policy.float32_in_call(info, op_types, rate, at_output,
+                                                              any(op.constant_operand for op in ops))
             self.add(severity, "float32-compute", layer, what, why, fix, share, ops=op_types, pinned=pinned)
 
     # -- tensor-core-shape, batch-size, depthwise: shapes the matrix units run at full efficiency ----

@@ -66,7 +66,9 @@ def policy_mismatch(rules: RuleContext) -> None:
                       f"although the plan's policy is {target.policy}",
                       "the model was built before the plan's policy was set (a Keras dtype policy applies to layers "
                       f"created after it): it trains in float32 and gets none of {target.policy}'s speed",
-                      "call amp_backends.auto_configure() before building the model; a model saved after a "
+                      "call amp_backends.auto_configure() before building the model (a model loaded from a file "
+                      "saved under another plan: amp_backends.prepare_model(model, plan, reset_policies=True)); a "
+                      "model saved after a "
                       "measurement set every layer to float32 elsewhere gets its layer plan back here from "
                       "amp_backends.prepare_model(model, plan, inputs=<one batch>), which measures it on this machine",
                       policy=target.policy)
@@ -80,19 +82,32 @@ def policy_mismatch(rules: RuleContext) -> None:
         rules.add("warning", "policy-mismatch", 0,
                   f"{100 * share:.0f}% {of} run in {dtype}, but the plan's policy is {target.policy}",
                   f"the model was built under {policy}; the plan rejected it here: {why}",
-                  "build the model after amp_backends.auto_configure() (or under the plan's policy)",
+                  "build the model after amp_backends.auto_configure() (or under the plan's policy); a model "
+                  "loaded from a file saved under another plan: amp_backends.prepare_model(model, plan, "
+                  "reset_policies=True) gives its layers this plan's policy and layer plan",
                   share if rules.sized else None, policy=target.policy, model_dtype=dtype)
 
 
-def float32_in_call(info: LayerInfo, op_types: str, rate: str, at_output: bool) -> tuple[str, str, str]:
-    """(what, why, fix) of a layer that follows the mixed policy but runs its matmul in float32."""
+def float32_in_call(info: LayerInfo, op_types: str, rate: str, at_output: bool,
+                    constant: bool = False) -> tuple[str, str, str]:
+    """(what, why, fix) of a layer that follows the mixed policy but runs its matmul in float32; ``constant``: an
+    operand is a float32 constant (a NumPy array or Python numbers the layer's code passed in)."""
     what = f"{info.class_name} (dtype policy {info.policy}) computes its {op_types} in float32 inside its call"
-    why = (f"the traced graph shows {op_types} with T=float32 in this layer although it computes in "
-           f"{info.compute_dtype}: its code casts to float32 (tf.cast), or mixes in a float32 tensor "
-           f"(Keras ops promote {info.compute_dtype} x float32 to float32; an Embedding's weights stay float32); "
-           f"it runs {rate}")
-    fix = ("compute in self.compute_dtype (drop the tf.cast(..., tf.float32) of the matmul's inputs; cast the result "
-           "if a float32 output is needed)")
+    if constant:
+        why = (f"the traced graph shows {op_types} with T=float32 in this layer although it computes in "
+               f"{info.compute_dtype}: one operand is a float32 constant (a NumPy array or Python numbers in the "
+               f"layer's code become a float32 tensor, and Keras ops promote {info.compute_dtype} x float32 to "
+               f"float32); it runs {rate}")
+        fix = ("make the constant in the layer's compute dtype: keras.ops.convert_to_tensor(value, "
+               "dtype=self.compute_dtype) (or tf.constant(value, dtype=self.compute_dtype)), or a NumPy array of "
+               "that dtype")
+    else:
+        why = (f"the traced graph shows {op_types} with T=float32 in this layer although it computes in "
+               f"{info.compute_dtype}: its code casts to float32 (tf.cast), or mixes in a float32 tensor "
+               f"(Keras ops promote {info.compute_dtype} x float32 to float32; an Embedding's weights stay float32); "
+               f"it runs {rate}")
+        fix = ("compute in self.compute_dtype (drop any tf.cast(..., tf.float32) of the matmul's inputs, and cast "
+               "float32 tensors it mixes in to self.compute_dtype; cast the result if a float32 output is needed)")
     if at_output:
         why += "; at the model's output this gives float32 logits, which is accurate (the recommended pattern)"
         fix = ("keep it for accuracy; for speed compute the head in the policy's dtype (keras_hub ReversibleEmbedding: "

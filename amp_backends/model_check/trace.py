@@ -76,6 +76,18 @@ class GemmOp:
     output_to_model: bool
     rows_include_batch: bool = False
     traffic_bytes: int | None = None
+    constant_operand: bool = False  # an operand is a float32 constant (a NumPy array the layer's code passed in)
+
+
+def _constant_operand(op: Any) -> bool:
+    """Whether one of ``op``'s operands is a float32 constant (through casts, reshapes and identities)."""
+    for tensor in op.inputs:
+        source = tensor.op
+        while source.type in PASSTHROUGH_OPS and source.inputs:
+            source = source.inputs[0].op
+        if source.type == "Const" and source.outputs and source.outputs[0].dtype.name == "float32":
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -245,7 +257,7 @@ def _read_graph(concrete: Any, name: str, layers: list[LayerInfo], batch: int, n
             rows_include_batch = bool(m and m % batch == 0) and not shape.batched  # a batched GEMM's M is its own
             result.gemms.append(GemmOp(op.name, op.type, shape.kind, layer, _float_dtype(op), shape.flops, shape.dims,
                                        from_data, op.name in to_output, rows_include_batch=rows_include_batch,
-                                       traffic_bytes=_traffic(op)))
+                                       traffic_bytes=_traffic(op), constant_operand=_constant_operand(op)))
         elif op.type not in BOOKKEEPING_OPS:
             floating = [t for t in op.outputs if t.dtype.is_floating]
             result.others.append(OtherOp(op.name, op.type, layer, floating[0].dtype.name if floating else None,

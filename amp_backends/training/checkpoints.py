@@ -23,6 +23,7 @@ version before any of them creates it.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -135,10 +136,81 @@ def propose_run_directory(logdir: str | os.PathLike, resume: bool) -> RunDirecto
     return RunDirectory(root / f"version_{max(found, default=-1) + 1}", False)
 
 
+# The run directories this process reserved, each with the folders above it that the reservation created.
+_RESERVED: list[tuple[Path, tuple[Path, ...]]] = []
+
+
+def release_unused_run_directories() -> None:
+    """Remove each run directory this process reserved and never wrote into, and the folders above it that the
+    reservation made, if they are still empty (a full folder stays: ``rmdir`` refuses it). The examples call it
+    when they end, by error or not; it also runs at exit.
+    """
+    while _RESERVED:
+        path, made = _RESERVED.pop()
+        for folder in (path, *made):
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+
+atexit.register(release_unused_run_directories)
+
+
+def reserve_run_directory(logdir: str | os.PathLike) -> RunDirectory:
+    """A new ``version_N`` under ``logdir``, reserved by creating it: ``mkdir`` fails for every process but one, so
+    runs started together in one logdir each get their own number (the next free one). A reserved folder the run
+    never writes into is removed when the program ends (:func:`release_unused_run_directories`).
+
+    Args:
+        logdir: the folder that holds the runs' ``version_N`` folders (made if missing).
+
+    Returns:
+        The new run's :class:`RunDirectory` (not resumed).
+
+    Raises:
+        AmpConfigError: ``logdir`` cannot be created or written.
+    """
+    wanted = check_no_file_in_the_way(logdir, "--logdir")
+    made = tuple(p for p in [wanted, *wanted.parents] if not p.exists())
+    root = ensure_directory(wanted, "--logdir")
+    n = max(versions(root), default=-1) + 1
+    while True:
+        path = root / f"version_{n}"
+        try:
+            path.mkdir()
+        except FileExistsError:
+            n += 1
+            continue
+        except OSError as exc:
+            raise AmpConfigError(f"--logdir {str(root)!r}: the run directory {str(path)!r} cannot be created: "
+                                 f"{exc.strerror or exc}. Fix: choose a --logdir you can write to.") from None
+        _RESERVED.append((path, made))
+        return RunDirectory(path, False)
+
+
 def run_directory(logdir: str | os.PathLike, resume: bool, strategy: Any = None) -> RunDirectory:
-    """Decide and create the run's directory; under several workers, only after all of them agree on it."""
+    """Decide the run's directory: a new ``version_N``, reserved at once (:func:`reserve_run_directory`), or under
+    ``resume`` the newest run holding checkpoints. Under several workers they agree on it first (and the first write
+    makes it).
+
+    Args:
+        logdir: the folder of the runs (``--logdir``), relative or absolute.
+        resume: continue the newest run that holds checkpoints instead of starting a new one.
+        strategy: the ``tf.distribute`` strategy of a run over several workers, or ``None``.
+
+    Returns:
+        The :class:`RunDirectory`.
+
+    Raises:
+        CheckpointError: ``resume`` and no run to resume, or workers that chose different directories.
+        AmpConfigError: ``logdir`` cannot be created or written.
+    """
+    several = strategy is not None and getattr(strategy, "cluster_resolver", None) is not None
+    if not resume and not several:
+        return reserve_run_directory(logdir)
     run = propose_run_directory(logdir, resume)
-    if strategy is not None and getattr(strategy, "cluster_resolver", None) is not None:
+    if several:
         from .distribute import gather_numbers
 
         mine = int(run.path.name.split("_")[1]) if VERSION.match(run.path.name) else -1

@@ -64,6 +64,11 @@ class Evaluator:
         self._calls: dict[str, Any] = {}
         self._last: tuple[Any, Any, tuple[Any, Any, int]] | None = None  # the last arrays, on the device
 
+    def forget_compiled(self) -> None:
+        """Trace the evaluation and prediction functions anew at their next call: a function traced before a layer's
+        policy changed keeps the dtypes it was traced with."""
+        self._calls.clear()
+
     # ------------------------------------------------------------------ evaluate
     def evaluate(self, x: Any, y: Any = None, *, what: str = "evaluate()") -> dict[str, float]:
         """``{"loss": ..., <metric>: ...}`` over all of ``x``/``y`` (or a dataset of batches)."""

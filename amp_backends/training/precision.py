@@ -240,22 +240,53 @@ class TrainedModels:
 
     def __init__(self, models: Sequence[Any], plan: Any, *, check: bool, measure: bool | None, replicas: int) -> None:
         self.plan = plan
+        self.models = list(models)
         self.to_prepare, self.to_check = list(models), list(models) if check else []
         self.measure = False if replicas > 1 else measure
         self.layer_plans: dict[str, Any] = {}
         self.stored: Any = None  # the layer plans of the checkpoint a run resumes
 
-    def before_first_step(self, source: Any, *, batch_size: int, replicas: int, is_chief: bool, store: Any,
-                          audit: Any) -> None:
+    def restored(self, stored: Any) -> None:
+        """A resumed run's layer plans (``stored``): applied before the next step, over any decided before."""
+        self.stored = stored
+        if stored:
+            self.to_prepare = list(self.models)
+
+    def prepare(self, source: Any, *, batch_size: int, is_chief: bool, store: Any, audit: Any) -> bool:
+        """Apply the layer plan of each model not yet prepared (decided on ``source``'s first batch); whether any
+        was applied now (what was compiled before computed under the old policies)."""
         prepared, self.to_prepare = self.to_prepare, []
-        if prepared:
-            self.layer_plans.update(prepare_models(prepared, self.plan, source, batch_size=batch_size,
-                                                   stored=self.stored, say=is_chief, measure=self.measure))
-            if store and self.layer_plans:
-                store.annotate("layer_plans", {n: lp.to_dict() for n, lp in self.layer_plans.items()})
-            if audit is not None:
-                audit.layer_plans = self.layer_plans
+        if not prepared:
+            return False
+        self.layer_plans.update(prepare_models(prepared, self.plan, source, batch_size=batch_size,
+                                               stored=self.stored, say=is_chief, measure=self.measure))
+        if store and self.layer_plans:
+            store.annotate("layer_plans", {n: lp.to_dict() for n, lp in self.layer_plans.items()})
+        if audit is not None:
+            audit.layer_plans = self.layer_plans
+        return True
+
+    def before_first_step(self, source: Any, *, batch_size: int, replicas: int, is_chief: bool, store: Any,
+                          audit: Any) -> bool:
+        """The layer plans (:meth:`prepare`), then the precision check, once; whether a layer plan was applied now."""
+        applied = self.prepare(source, batch_size=batch_size, is_chief=is_chief, store=store, audit=audit)
         checked, self.to_check = self.to_check, []
         if is_chief:
             check_models(checked, self.plan, source, batch_size=batch_size // replicas, layer_plans=self.layer_plans)
+        return applied
+
+
+class FirstBatch:
+    """What :meth:`TrainedModels.prepare` needs of a source, for data given to ``evaluate`` or ``predict``: its first
+    batch (arrays, a tuple or dict of arrays, or a ``tf.data.Dataset`` of batches)."""
+
+    def __init__(self, x: Any) -> None:
+        self.x = x
+
+    def first_batch(self, batch_size: int) -> Any:
+        import tensorflow as tf
+
+        if isinstance(self.x, tf.data.Dataset):
+            return next(iter(self.x))
+        return (tf.nest.map_structure(lambda a: a[:batch_size], self.x), None)
 

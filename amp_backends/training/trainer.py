@@ -59,7 +59,7 @@ from .observers import (
     training_line,
 )
 from .position import At, Position
-from .precision import TrainedModels, trained_models
+from .precision import FirstBatch, TrainedModels, trained_models
 from .results import Progress, TrainResult
 from .resume import nothing_left, restore_run, settings
 from .run_lock import holding
@@ -182,7 +182,7 @@ class Trainer:
         if restored is None:
             return None
         step, stored = restored
-        self.models.stored = stored.get("layer_plans") or stored.get("float32_choice")
+        self.models.restored(stored.get("layer_plans") or stored.get("float32_choice"))
         self.validation.load(stored.get("monitor"))
         return step
 
@@ -247,8 +247,9 @@ class Trainer:
         """Each trained model's layer plan, the precision check, and the line that says what a call is."""
         if self.is_chief:
             logger.info(training_line(source, self.batch_size, self.steps_per_call, self.checkpoint_every))
-        self.models.before_first_step(source, batch_size=self.batch_size, replicas=self.replicas,
-                                      is_chief=self.is_chief, store=self.store, audit=self.audit)
+        if self.models.before_first_step(source, batch_size=self.batch_size, replicas=self.replicas,
+                                         is_chief=self.is_chief, store=self.store, audit=self.audit):
+            self.validation.forget_compiled()  # evaluated before: compiled under the policies before the plan
 
     def _loop(self, source: Any, epochs: int, max_steps: int | None, progress: Progress,
               stop: StopSignals) -> int | None:
@@ -310,12 +311,26 @@ class Trainer:
         return result
 
     def evaluate(self, x: Any, y: Any = None) -> dict[str, float]:
-        """``{"loss": ..., <metric>: ...}`` over every sample of ``x``/``y`` or a dataset (:mod:`.evaluation`)."""
-        return self.validation.evaluator_for("evaluate()").evaluate(x, y)
+        """``{"loss": ..., <metric>: ...}`` over every sample of ``x``/``y`` or a dataset (:mod:`.evaluation`).
+
+        Before the first ``fit`` it applies the models' layer plans first, decided on ``x``'s first batch: what
+        it computes is what training and validation will compute."""
+        evaluator = self.validation.evaluator_for("evaluate()")
+        self._layer_plans_in_force(x)
+        return evaluator.evaluate(x, y)
 
     def predict(self, x: Any) -> Any:
-        """The model's outputs for every sample of ``x`` (arrays, or a dataset of batches), as NumPy arrays."""
-        return self.validation.evaluator_for("predict()").predict(x)
+        """The model's outputs for every sample of ``x`` (arrays, or a dataset of batches), as NumPy arrays
+        (under the models' layer plans, as :meth:`evaluate`)."""
+        evaluator = self.validation.evaluator_for("predict()")
+        self._layer_plans_in_force(x)
+        return evaluator.predict(x)
+
+    def _layer_plans_in_force(self, x: Any) -> None:
+        """The models' layer plans applied before anything computes (``evaluate`` or ``predict`` before ``fit``)."""
+        if self.models.prepare(FirstBatch(x), batch_size=self.batch_size, is_chief=self.is_chief, store=self.store,
+                               audit=self.audit):
+            self.validation.forget_compiled()
 
     def restore_best(self) -> str:
         """Load the best checkpoint (``keep_best``) into what checkpoints hold; returns its path."""

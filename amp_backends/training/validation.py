@@ -166,6 +166,11 @@ class Validation:
         result.stopped_early = self.monitor.stopped_early
         return result
 
+    def forget_compiled(self) -> None:
+        """Drop the evaluator's compiled functions (a model's layer policies changed since they were traced)."""
+        if self.evaluator is not None:
+            self.evaluator.forget_compiled()
+
     def evaluator_for(self, what: str) -> Evaluator:
         if self.evaluator is None:
             evaluated_update(self.updates, what)

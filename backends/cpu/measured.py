@@ -28,6 +28,8 @@ RESULTS_DIR = Path(__file__).resolve().parents[2] / "results"
 # ("AMD EPYC Zen 4", typed by hand) is quoted as recorded. Files written since record the probe's name.
 WITH_BF16 = "cpu-policy-zen4.json"  # avx512_bf16, oneDNN on by TensorFlow's default
 WITHOUT_BF16 = "cpu-policy-zen1.json"  # AMD EPYC Zen 1: AVX2 only, oneDNN off by TensorFlow's default
+# An Intel Xeon with AMX and AVX512-FP16, where TensorFlow's oneDNN takes float16 (and trains it in reference kernels)
+WITH_FP16 = "cpu-policy-xeon-amx.json"
 FIT_STEPS = "cpu-fit-steps-zen4.json"
 LAYERS = "cpu-layers-zen4.json"  # which layers train slower in bfloat16 (benchmarks/cpu_layers.py)
 

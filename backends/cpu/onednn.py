@@ -33,6 +33,9 @@ VARIABLE = "TF_ENABLE_ONEDNN_OPTS"
 # The x86 flags (Linux /proc/cpuinfo names) that make TensorFlow turn oneDNN on by default.
 DEFAULT_ON_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
 NEOVERSE_V1 = "Neoverse-V1"
+# The x86 flags with which TensorFlow sends float16 ops to oneDNN (seen with ONEDNN_VERBOSE under TF 2.21: f16
+# convolutions and matmuls on an AVX512-FP16 Xeon; on CPUs without these flags float16 stays in Eigen).
+FLOAT16_FLAGS = ("avx512_fp16", "amx_fp16")
 
 
 @dataclass(frozen=True)
@@ -133,3 +136,16 @@ def read_onednn_state(cpu: CpuInfo, environ: Mapping[str, str], tf_version: str 
         except Exception:
             answer = None
     return onednn_state(cpu, environ, tf_version=tf_version, imported_answer=answer)
+
+
+def onednn_takes_float16(cpu: CpuInfo, onednn: OneDnnState) -> bool:
+    """Whether TensorFlow runs float16 ops through oneDNN here: oneDNN on, and an x86 CPU with AVX512-FP16 or AMX-FP16.
+
+    Args:
+        cpu: the CPU as the probe read it.
+        onednn: whether TensorFlow runs oneDNN (:func:`onednn_state`).
+
+    Returns:
+        True where float16 convolutions and matmuls reach oneDNN's kernels rather than Eigen's.
+    """
+    return onednn.enabled and not cpu.is_arm and bool(cpu.flags & set(FLOAT16_FLAGS))

@@ -12,8 +12,8 @@ from __future__ import annotations
 from amp_backends.assessment import EMULATED, FUNCTIONAL, NATIVE, UNSAFE, Evidence, Float32Layer, Support
 from amp_backends.hardware import CpuInfo
 
-from .measured import LAYERS, WITH_BF16, WITHOUT_BF16, evidence, load, quote, times
-from .onednn import VARIABLE, OneDnnState
+from .measured import LAYERS, WITH_BF16, WITH_FP16, WITHOUT_BF16, evidence, load, quote, times
+from .onednn import VARIABLE, OneDnnState, onednn_takes_float16
 
 OFF = " onednn=0"  # the suffix of the configurations measured with TF_ENABLE_ONEDNN_OPTS=0
 
@@ -84,6 +84,15 @@ def bf16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Suppor
 
 
 def fp16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Support:
+    if not itex_active and onednn_takes_float16(cpu, onednn):
+        flags = ", ".join(sorted(cpu.flags & {"avx512_fp16", "amx_fp16"}))
+        slower = times(WITH_FP16, "float32", "mixed_float16")
+        return Support(EMULATED, f"TensorFlow sends float16 to oneDNN on this CPU ({flags}), which trains it in "
+                                 "reference kernels (ref:any in ONEDNN_VERBOSE: the convolutions' weight gradients, "
+                                 f"the Dense layers' matmuls): far slower than float32 "
+                                 f"({quote(WITH_FP16, 'float32', 'mixed_float16', 'mixed_float16' + OFF)})",
+                       f"oneDNN trains float16 in reference kernels here: {slower} slower than float32 where measured",
+                       evidence(WITH_FP16, "float32", "mixed_float16", "mixed_float16" + OFF))
     if cpu.native_fp16:
         return Support(FUNCTIONAL, "the CPU has fp16 instructions, but TensorFlow's CPU kernels favour bf16; float16 "
                                    "also needs loss scaling", "TensorFlow's CPU kernels favour bf16")
