@@ -97,7 +97,18 @@ class InputError(AmpError, ValueError):
 
 
 class ModelCallError(AmpError, RuntimeError):
-    """The model does not run on the inputs it is checked on; the message names the layer whose call raised."""
+    """The model does not run on the inputs it is checked on; the message names the layer whose call raised.
+
+    Attributes:
+        layer: the path of the layer whose own call raised (``model/block/layer``), or ``None`` when the model
+            as a whole does not run on the inputs.
+        fix: how to fix that layer, when ``layer`` is set.
+    """
+
+    def __init__(self, message: str, *, layer: str | None = None, fix: str = "") -> None:
+        super().__init__(message)
+        self.layer = layer
+        self.fix = fix
 
 
 class CheckpointError(AmpError, RuntimeError):

@@ -25,6 +25,16 @@ from amp_backends.registry import default_registry
 CPU_OF_POLICY = {"float32": "zen3", "mixed_bfloat16": "zen5"}
 
 
+def _real_probe_cpu():
+    from amp_backends.backends.cpu import backend
+
+    return backend.probe_cpu()
+
+
+# The CPU probe that reads this machine, whatever --as-cpu makes the others see (the test of the probe itself).
+REAL_PROBE_CPU = _real_probe_cpu
+
+
 def pytest_addoption(parser):
     parser.addoption("--as-cpu", default=os.environ.get("AMP_TEST_AS_CPU") or None, metavar="NAME",
                      help="run the tests as if on the device catalogue's CPU NAME (zen1, zen3, zen5, "
@@ -40,7 +50,7 @@ def _as_cpu(name: str):
     if device.backend != "cpu":
         raise pytest.UsageError(f"--as-cpu takes a CPU of the device catalogue, such as zen3 or zen5. Received: "
                                 f"{name!r} (a {device.backend} device).")
-    cpu = device.hardware().probe("cpu").cpu
+    cpu = device.hardware().cpu
     onednn_on, _ = tensorflow_default(cpu, "linux", "2.21.0")
     if not onednn_on and "tensorflow" not in sys.modules:
         os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
@@ -54,6 +64,8 @@ def pytest_configure(config):
         from amp_backends.backends.cpu import backend as cpu_backend
 
         cpu = _as_cpu(name)
+        global REAL_PROBE_CPU
+        REAL_PROBE_CPU = cpu_backend.probe_cpu
         cpu_package.probe_cpu = cpu_backend.probe_cpu = lambda: cpu  # type: ignore[assignment]
         os.environ["AMP_TEST_AS_CPU"] = name  # xdist's workers configure themselves from it too
 
@@ -103,6 +115,9 @@ def registry():
     return default_registry()
 
 
+VENDOR_VARIABLES = ("ITEX_FP32_MATH_MODE",)
+
+
 @pytest.fixture(autouse=True)
 def restore_global_state(monkeypatch):
     """Every test leaves the Keras dtype policy, TF32, JIT setting and applied plan as it found them."""
@@ -110,6 +125,13 @@ def restore_global_state(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     # answers cached by one test (a measured layer plan, an autotune choice) are not another test's
     monkeypatch.setenv("AMP_CACHE_DIR", tempfile.mkdtemp(prefix="amp_cache_", dir=CACHE_ROOT))
+    # the vendor variables a plan applies (ITEX's math mode on an AMX CPU): no test sees another's
+    for var in VENDOR_VARIABLES:
+        if var in os.environ:
+            monkeypatch.setenv(var, os.environ[var])
+        else:  # (set, then deleted: the teardown deletes what the test set)
+            monkeypatch.setenv(var, "")
+            monkeypatch.delenv(var)
     tf = sys.modules.get("tensorflow")
     saved = None
     if tf is not None:

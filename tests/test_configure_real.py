@@ -42,7 +42,13 @@ def test_auto_configure_follows_the_cpu_rules_here():
     plan = amp_backends.auto_configure(verbose=False)
     if plan.backend != "cpu":
         pytest.skip(f"this machine plans for {plan.backend}: the CPU rules do not apply")
-    assert (plan.loss_scale.mode, plan.xla, plan.tf32, plan.devices) == ("none", False, False, ("/CPU:0",))
+    from amp_backends.backends.cpu import probe_cpu
+    from amp_backends.backends.intel import itex_status
+
+    # TF32 stands for ITEX's BF32 math mode on an AMX CPU with ITEX loaded (float32 matmuls on the AMX tiles)
+    bf32 = itex_status().compatible and probe_cpu().amx
+    assert (plan.loss_scale.mode, plan.xla, plan.tf32, plan.devices) == ("none", False, bf32, ("/CPU:0",))
+    assert plan.vendor_setting("ITEX_FP32_MATH_MODE") == ("BF32" if bf32 else None)
     # bfloat16 only where the CPU has bf16 instructions and TensorFlow runs oneDNN (TF_ENABLE_ONEDNN_OPTS, its default)
     assert plan.policy == ("mixed_bfloat16" if machine_has_native_bf16() and tensorflow_runs_onednn() else "float32")
     assert keras_compat.global_policy_name(tf) == plan.policy

@@ -12,6 +12,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from schema_check import assert_valid
 
 pytestmark = pytest.mark.intel
 
@@ -179,18 +180,20 @@ def lambda_matmul_model():
     return K.Model(x, L.Dense(10, dtype="float32")(h), name="lam")
 
 
-def test_a_lambda_that_cannot_run_is_named_with_its_own_error(h100):
-    """The issue: a RuntimeError about the model's input shapes, its fix "build the model with keras.Input"."""
+def test_a_lambda_that_cannot_run_under_the_plan_is_an_error_finding_naming_it(h100):
+    """A Lambda that mixes a float32 tensor into float16 ones raises under the plan's policy: that is the check's
+    finding about the model (an error with the layer's path and the fix), not an exception from the check."""
     if not KERAS3:
         pytest.skip("Keras 2 calls a Lambda's function when the model is built: the model cannot be built to check")
     model = build(lambda_matmul_model)
-    with pytest.raises(amp_backends.errors.ModelCallError) as raised:
-        check_model(model, plan=h100, batch_size=8)
-    message = str(raised.value)
-    assert "its layer 'lam/matmul_lambda' (Lambda" in message and "when called on float16 (8, 64)" in message
-    assert "TypeError: " in message and "'MatMul'" in message and "the Lambda's own" in message
-    assert "output_shape=" in message and "Fix: make the function work on them" in message
-    assert "keras.Input" not in message  # not the model's input shape
+    result = check_model(model, plan=h100, batch_size=8)
+    (f,) = result.findings
+    assert (f.severity, f.code, f.layer) == ("error", "layer-call-fails", "lam/matmul_lambda")
+    assert "(Lambda" in f.what and "when called on float16 (8, 64)" in f.what and "'MatMul'" in f.what
+    assert "the Lambda's own" in f.why and "output_shape=" in f.why
+    assert f.fix.startswith("make the function work on them") and "keras.Input" not in f.fix
+    assert not result.sized and result.notes
+    assert_valid("check", result.to_dict())
 
 
 def test_a_lambda_matmul_of_bfloat16_by_float32_is_a_float32_matmul():

@@ -415,3 +415,18 @@ def test_float16_on_a_cpu_whose_onednn_takes_it_is_emulated_and_a_request_for_it
     # a CPU without fp16 instructions keeps float16 in Eigen: not this rule either
     assert "reference kernels" not in next(r for r in plan(machine(cpu_of(ZEN4)), registry).rejected
                                            if r.value == "mixed_float16").why
+
+
+def test_float16_under_itex_on_a_cpu_with_fp16_instructions_is_unsafe_even_forced(registry):
+    """ITEX 2.15 on an AVX512-FP16 Xeon sends float16 to its oneDNN ops; its max-pooling gradient has no float16
+    kernel, so float16 training fails: refused, and force cannot enable it."""
+    spr_itex = machine(cpu_of(SAPPHIRE_RAPIDS, itex=True))
+    forced = plan(spr_itex, registry, policy="mixed_float16", force=True)
+    assert forced.policy == "mixed_bfloat16" and any("is unsafe here and was downgraded" in w for w in forced.warnings)
+    with pytest.raises(UnsupportedRequestError, match="is unsafe on backend 'cpu'"):
+        plan(spr_itex, registry, policy="mixed_float16", strict=True)
+    fp16 = next(r for r in forced.rejected if r.value == "mixed_float16")
+    assert "_ITEXMaxPoolGrad" in fp16.why
+    # ITEX on a CPU without fp16 instructions keeps float16 out of its oneDNN ops: not this rule
+    assert "_ITEXMaxPoolGrad" not in next(r for r in plan(machine(cpu_of(ZEN4, itex=True)), registry).rejected
+                                          if r.value == "mixed_float16").why

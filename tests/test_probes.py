@@ -9,7 +9,7 @@ import pytest
 
 from conftest import NEUTRAL_CWD
 
-from amp_backends.backends.cpu import parse_cpuinfo, probe_cpu
+from amp_backends.backends.cpu import parse_cpuinfo
 from amp_backends.backends.cpu.backend import CpuBackend
 from amp_backends.backends.intel import classify_xpu, itex_status
 from amp_backends.backends.nvidia import (NvidiaBackend, NvmlGpu, cuda_enumeration, derive_capabilities,
@@ -329,7 +329,9 @@ def test_real_cpu_probe_here():
     text = open("/proc/cpuinfo").read()
     lines = [line.partition(":") for line in text.splitlines()]
     flags = next((set(v.split()) for k, _, v in lines if k.strip() in ("flags", "Features")), set())
-    cpu = probe_cpu()
+    from conftest import REAL_PROBE_CPU  # this machine's CPU, also under --as-cpu
+
+    cpu = REAL_PROBE_CPU()
     assert cpu.flags == flags and cpu.logical_cores == sum(1 for k, _, _ in lines if k.strip() == "processor")
     expected_bf16 = "bf16" in flags if cpu.is_arm else bool(flags & {"avx512_bf16", "amx_bf16"})
     assert cpu.native_bf16 is expected_bf16 and cpu.amx is ("amx_bf16" in flags)

@@ -116,7 +116,7 @@ def test_check_under_a_cpu_plan(name, zoo_models, cpu_plan):
     if expected:
         prepared = zoo_models.fresh(name, plan.policy)
         amp_backends.prepare_model(prepared, plan, measure_float32=False)
-        assert codes(amp_backends.check_model(prepared, inputs=x), "warning") == []
+        assert codes(amp_backends.check_model(prepared, inputs=x, plan=plan), "warning") == []
 
 
 @pytest.mark.parametrize("name", NAMES)

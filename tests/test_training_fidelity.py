@@ -87,7 +87,7 @@ def gan_under_fp16() -> dict[str, object]:
     (x, _), _ = digits_as_mnist()
     g, d = gan_generator(), gan_discriminator()
     go, do = tf.keras.optimizers.Adam(1e-3), tf.keras.optimizers.RMSprop(1e-4)
-    t = Trainer(gan_updates(g, d, go, do), p, batch_size=64, images_per_step=128, checkpoint_objects={"g": g},
+    t = Trainer(gan_updates(g, d, go, do), p, batch_size=32, images_per_step=64, checkpoint_objects={"g": g},
                 batch_fn=mnist_batch_fn, progress=False, steps_per_call=4)
     r = t.fit(x, None, epochs=1, max_steps=12)
     return {"steps": r.steps,

@@ -26,7 +26,8 @@ Findings (``code``: when, severity)
     bfloat16 (error). ``output-dtype``: an output is float16/bfloat16 (warning). ``float32-compute``: a
     layer's matmul/convolution runs in float32 under a mixed plan, pinned or cast inside (warning from 1%
     of the FLOPs, info below). ``policy-mismatch``: the model was built under another policy than the
-    plan's (warning). ``tensor-core-shape``: a layer's widths are not multiples of the matrix units'
+    plan's (warning). ``layer-call-fails``: a layer's own call raises under the plan's policy, the check
+    stops there (error). ``tensor-core-shape``: a layer's widths are not multiples of the matrix units'
     alignment (8 for float16/bfloat16, 4 for TF32, 16 for fp8; warning from 1% of the FLOPs, info below
     or when fixed by the data: a first layer's input channels, an output layer's classes).
     ``batch-size``: the batch misaligns Dense rows (warning from 1%). ``depthwise``: depthwise

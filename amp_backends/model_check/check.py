@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import _keras
 from .fp8_choice import fp8_layers
-from .result import ModelCheck
+from ..errors import ModelCallError
+from .result import Finding, ModelCheck, Summary
 from .rules import Rules
 from .shapes import dynamic_dims, given_inputs, shapes_with_sequence_length
 from .target import make_target
@@ -131,8 +132,13 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
     else:
         batch = _batch(structure, batch_size)
     open_dims = len(dynamic_dims(structure))
-    graph = trace_model(model, batch or DEFAULT_TRACE_BATCH, structure)
     target = make_target(plan, hardware)
+    try:
+        graph = trace_model(model, batch or DEFAULT_TRACE_BATCH, structure)
+    except ModelCallError as exc:
+        if exc.layer is None:  # the model as a whole does not run on these inputs: the caller's error
+            raise
+        return _layer_fails(model, plan, target, batch, exc, _keras.keras_version(tf))
     if layer_plan is None:
         from ..layer_plan import decide
 
@@ -169,3 +175,22 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
         fp8_layers=tuple(fp8),
         open_dims=open_dims,
     )
+
+
+def _layer_fails(model: Any, plan: Any, target: Any, batch: int | None, exc: ModelCallError,
+                 keras_version: str) -> ModelCheck:
+    """The check of a model one of whose layers raises under the plan's policy: that layer, as an error finding
+    (nothing after it could be traced, so the model is unsized)."""
+    message = str(exc)
+    what = message.split(" The error is ", 1)[0].replace("check_model could not trace the model", "the model", 1)
+    why = ("the layer's own code raises under the plan's dtype policy (a float32 tensor mixed into "
+           f"{target.compute_dtype} ones, say), so the model cannot train under this plan: "
+           + message.split(" The error is ", 1)[-1].split(" Fix: ", 1)[0])
+    finding = Finding("error", "layer-call-fails", exc.layer or model.name, what, why, exc.fix)
+    plan_dict = {"backend": plan.backend, "devices": list(getattr(plan, "devices", ())), "tf32": bool(plan.tf32),
+                 "xla": bool(plan.xla), **target.to_dict()}
+    summary = Summary(0.0, {}, None, None, {d: u for d, (u, _) in target.units.items()}, sized=False)
+    return ModelCheck(model=model.name, keras_version=keras_version, plan=plan_dict, batch_size=batch,
+                      findings=(finding,), summary=summary, fp8_eligible_layers=(), fp8_ineligible_layers=(),
+                      notes=("the model was traced up to the layer that raised: nothing after it is checked",),
+                      fp8_layers=(), open_dims=0)

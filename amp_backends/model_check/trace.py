@@ -196,15 +196,17 @@ def _trace_error(name: str, layers: list[LayerInfo], objects: list[Any], specs: 
     if info.class_name == "Lambda":
         unseen = (" (Keras builds a Lambda given output_shape= without calling its function, so building the model "
                   "did not show it)" if getattr(objects[failure.index], "_output_shape", None) is not None else "")
+        fix = ("make the function work on them: cast what it mixes in to their dtype (tf.cast(w, x.dtype)), or write "
+               "it as a Layer subclass; model(one_batch) raises the same error")
         return ModelCallError(
             f"{where} The error is the Lambda's own: its function does not run on these tensors, so neither does the "
             f"model{unseen}. Expected a function that takes the tensors the layer receives, in its compute dtype "
-            f"{info.compute_dtype}. Fix: make the function work on them: cast what it mixes in to their dtype "
-            "(tf.cast(w, x.dtype)), or write it as a Layer subclass; model(one_batch) raises the same error")
+            f"{info.compute_dtype}. Fix: {fix}", layer=info.path, fix=fix)
+    fix = "the error in the layer's call; model(one_batch) raises the same error"
     return ModelCallError(
         f"{where} The error is the layer's own: its call does not run on these tensors, so neither does the model. "
-        f"Expected a call that takes them (in its compute dtype {info.compute_dtype}). Fix: the error in the "
-        f"layer's call; model(one_batch) raises the same error")
+        f"Expected a call that takes them (in its compute dtype {info.compute_dtype}). Fix: {fix}",
+        layer=info.path, fix=fix)
 
 
 def _vocabulary(layer: Any) -> int | None:

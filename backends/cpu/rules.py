@@ -84,6 +84,13 @@ def bf16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Suppor
 
 
 def fp16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Support:
+    if itex_active and cpu.native_fp16 and not cpu.is_arm:
+        flags = ", ".join(sorted(cpu.flags & {"avx512_fp16", "amx_fp16"}))
+        return Support(UNSAFE, f"ITEX is loaded and this CPU has fp16 instructions ({flags}): ITEX sends float16 to "
+                               "its own oneDNN ops, some of which have no float16 kernel (the max-pooling gradient, "
+                               "_ITEXMaxPoolGrad, takes bfloat16 and float32 only), so float16 training fails (seen "
+                               "with ITEX 2.15.0.0 on an AMX Xeon)",
+                       "ITEX has no float16 kernel for some training ops on this CPU: training fails")
     if not itex_active and onednn_takes_float16(cpu, onednn):
         flags = ", ".join(sorted(cpu.flags & {"avx512_fp16", "amx_fp16"}))
         slower = times(WITH_FP16, "float32", "mixed_float16")
