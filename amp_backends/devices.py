@@ -119,13 +119,6 @@ CATALOGUE: tuple[KnownDevice, ...] = (
          "Intel Xeon Platinum 8480+ product specifications, https://ark.intel.com (56 cores, 112 threads; AMX, "
          "AVX-512 with BF16 and FP16: Intel Architecture Instruction Set Extensions Programming Reference); "
          "family 6 model 0x8F: Linux's intel-family.h", cpuid=(6, 0x8F)),
-    _cpu("zen4", ("amd-zen4", "epyc-zen4", "genoa", "epyc-9004"),
-         "AMD EPYC 9004 (Zen 4), 2 logical cores as measured here", "AMD", "AMD EPYC", "x86_64", 2,
-         "avx2 fma avx512f avx512bw avx512vl avx_vnni avx512_vnni avx512_bf16",
-         "AMD EPYC 9004 Series (Zen 4) product brief, https://www.amd.com/en/products/processors/server/epyc/"
-         "4th-generation-9004-and-8004-series.html; "
-         "flags as /proc/cpuinfo lists them on the project's AVX512-BF16 machine; family 0x19 model 0x11: AMD's "
-         "Processor Programming Reference for Family 19h Model 11h (EPYC 9004)", cpuid=(0x19, 0x11)),
     _cpu("zen1", ("amd-zen1", "epyc-zen1", "naples", "epyc-7001"),
          "AMD EPYC 7001 (Zen 1): AVX2, no AVX-512, no bf16 instructions, 2 logical cores",
          "AMD", "AMD EPYC", "x86_64", 2, "avx2 fma f16c",
@@ -138,6 +131,13 @@ CATALOGUE: tuple[KnownDevice, ...] = (
          "AMD EPYC 7003 Series (Zen 3) product brief, https://www.amd.com/en/products/processors/server/epyc/"
          "7003-series.html; flags as /proc/cpuinfo lists them on the project's Zen 3 machine; family 0x19 model "
          "0x01: Linux's arch/x86/kernel/cpu/amd.c", cpuid=(0x19, 0x01)),
+    _cpu("zen4", ("amd-zen4", "epyc-zen4", "genoa", "epyc-9004"),
+         "AMD EPYC 9004 (Zen 4), 2 logical cores as measured here", "AMD", "AMD EPYC", "x86_64", 2,
+         "avx2 fma avx512f avx512bw avx512vl avx_vnni avx512_vnni avx512_bf16",
+         "AMD EPYC 9004 Series (Zen 4) product brief, https://www.amd.com/en/products/processors/server/epyc/"
+         "4th-generation-9004-and-8004-series.html; "
+         "flags as /proc/cpuinfo lists them on the project's AVX512-BF16 machine; family 0x19 model 0x11: AMD's "
+         "Processor Programming Reference for Family 19h Model 11h (EPYC 9004)", cpuid=(0x19, 0x11)),
     _cpu("zen5", ("amd-zen5", "epyc-zen5", "turin", "epyc-9005"),
          "AMD EPYC 9005 (Zen 5): AVX-512 with BF16, no AMX, 2 logical cores",
          "AMD", "AMD EPYC", "x86_64", 2,

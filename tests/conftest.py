@@ -46,7 +46,12 @@ def _as_cpu(name: str):
     from amp_backends.backends.cpu.onednn import tensorflow_default
     from amp_backends.devices import find_device
 
-    device = find_device(name)
+    from amp_backends.errors import AmpConfigError
+
+    try:
+        device = find_device(name)
+    except AmpConfigError as exc:
+        raise pytest.UsageError(f"--as-cpu: {exc}") from None
     if device.backend != "cpu":
         raise pytest.UsageError(f"--as-cpu takes a CPU of the device catalogue, such as zen3 or zen5. Received: "
                                 f"{name!r} (a {device.backend} device).")
