@@ -102,12 +102,17 @@ class ModelCallError(AmpError, RuntimeError):
     Attributes:
         layer: the path of the layer whose own call raised (``model/block/layer``), or ``None`` when the model
             as a whole does not run on the inputs.
+        what: which layer raised what, on which tensors, when ``layer`` is set.
+        why: whose error it is and what the layer was expected to take, when ``layer`` is set.
         fix: how to fix that layer, when ``layer`` is set.
     """
 
-    def __init__(self, message: str, *, layer: str | None = None, fix: str = "") -> None:
+    def __init__(self, message: str, *, layer: str | None = None, what: str = "", why: str = "",
+                 fix: str = "") -> None:
         super().__init__(message)
         self.layer = layer
+        self.what = what
+        self.why = why
         self.fix = fix
 
 

@@ -128,10 +128,6 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
         AmpConfigError: ``layer_plan`` names layers the model does not have.
     """
     reset = _reset_policies(model, plan) if reset_policies else ()
-    if reset:
-        from .keras_compat import forget_compiled_functions
-
-        forget_compiled_functions(model)
     if layer_plan is not None:
         return preparation(layer_plan, applied=tuple(dict.fromkeys(reset + lp.apply(model, layer_plan))))
     f8 = float8_decisions(model, plan, inputs=inputs, skip_small=skip_small)
@@ -146,8 +142,8 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
 
 def _reset_policies(model: Any, plan: Plan) -> tuple[str, ...]:
     """Every layer of ``model`` (the model itself included, input layers and float8 layers left out) set to the
-    plan's policy; the paths of the layers changed."""
-    from .keras_compat import set_layer_policy
+    plan's policy, and Keras's compiled functions dropped if any changed; the paths of the layers changed."""
+    from .keras_compat import forget_compiled_functions, set_layer_policy
     from .model_check._keras import policy_name, walk
 
     changed = []
@@ -157,6 +153,8 @@ def _reset_policies(model: Any, plan: Plan) -> tuple[str, ...]:
             continue
         set_layer_policy(layer, plan.policy)
         changed.append(path)
+    if changed:
+        forget_compiled_functions(model)
     return tuple(changed)
 
 

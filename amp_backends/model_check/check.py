@@ -155,17 +155,10 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
     if target.graph_amp:
         notes.append(f"the plan rewrites the float32 graph to {target.graph_amp} itself (graph-level AMP): the "
                      "float32 layers are expected and not reported")
-    plan_dict = {
-        "backend": plan.backend,
-        "devices": list(getattr(plan, "devices", ())),
-        "tf32": bool(plan.tf32),
-        "xla": bool(plan.xla),
-        **target.to_dict(),
-    }
     return ModelCheck(
         model=model.name,
         keras_version=_keras.keras_version(tf),
-        plan=plan_dict,
+        plan=_plan_dict(plan, target),
         batch_size=batch,
         findings=tuple(findings),
         summary=rules.summary(),
@@ -177,20 +170,21 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
     )
 
 
+def _plan_dict(plan: Any, target: Any) -> dict[str, Any]:
+    """The plan as a check's JSON records it: backend, devices, TF32, XLA and the target's precision."""
+    return {"backend": plan.backend, "devices": list(getattr(plan, "devices", ())), "tf32": bool(plan.tf32),
+            "xla": bool(plan.xla), **target.to_dict()}
+
+
 def _layer_fails(model: Any, plan: Any, target: Any, batch: int | None, exc: ModelCallError,
                  keras_version: str) -> ModelCheck:
     """The check of a model one of whose layers raises under the plan's policy: that layer, as an error finding
     (nothing after it could be traced, so the model is unsized)."""
-    message = str(exc)
-    what = message.split(" The error is ", 1)[0].replace("check_model could not trace the model", "the model", 1)
     why = ("the layer's own code raises under the plan's dtype policy (a float32 tensor mixed into "
-           f"{target.compute_dtype} ones, say), so the model cannot train under this plan: "
-           + message.split(" The error is ", 1)[-1].split(" Fix: ", 1)[0])
-    finding = Finding("error", "layer-call-fails", exc.layer or model.name, what, why, exc.fix)
-    plan_dict = {"backend": plan.backend, "devices": list(getattr(plan, "devices", ())), "tf32": bool(plan.tf32),
-                 "xla": bool(plan.xla), **target.to_dict()}
+           f"{target.compute_dtype} ones, say), so the model cannot train under this plan: {exc.why}")
+    finding = Finding("error", "layer-call-fails", exc.layer or model.name, exc.what, why, exc.fix)
     summary = Summary(0.0, {}, None, None, {d: u for d, (u, _) in target.units.items()}, sized=False)
-    return ModelCheck(model=model.name, keras_version=keras_version, plan=plan_dict, batch_size=batch,
+    return ModelCheck(model=model.name, keras_version=keras_version, plan=_plan_dict(plan, target), batch_size=batch,
                       findings=(finding,), summary=summary, fp8_eligible_layers=(), fp8_ineligible_layers=(),
                       notes=("the model was traced up to the layer that raised: nothing after it is checked",),
                       fp8_layers=(), open_dims=0)

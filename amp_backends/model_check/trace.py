@@ -190,23 +190,23 @@ def _trace_error(name: str, layers: list[LayerInfo], objects: list[Any], specs: 
             "batch), and pass batch_size=... or inputs=...")
     info, error = layers[failure.index], failure.error
     message = f"{type(error).__name__}: {str(error).strip().rstrip('.')}"
-    where = (f"check_model could not trace the model {name!r}: its layer {info.path!r} ({info.class_name}, dtype "
-             f"policy {info.policy}) raised {message} when called on {_describe(failure.inputs)} (the model on inputs "
-             f"of shape {shapes}, training=False).")
+    what = (f"the model {name!r}: its layer {info.path!r} ({info.class_name}, dtype policy {info.policy}) raised "
+            f"{message} when called on {_describe(failure.inputs)} (the model on inputs of shape {shapes}, "
+            "training=False).")
     if info.class_name == "Lambda":
         unseen = (" (Keras builds a Lambda given output_shape= without calling its function, so building the model "
                   "did not show it)" if getattr(objects[failure.index], "_output_shape", None) is not None else "")
+        why = (f"the Lambda's own: its function does not run on these tensors, so neither does the model{unseen}. "
+               "Expected a function that takes the tensors the layer receives, in its compute dtype "
+               f"{info.compute_dtype}.")
         fix = ("make the function work on them: cast what it mixes in to their dtype (tf.cast(w, x.dtype)), or write "
                "it as a Layer subclass; model(one_batch) raises the same error")
-        return ModelCallError(
-            f"{where} The error is the Lambda's own: its function does not run on these tensors, so neither does the "
-            f"model{unseen}. Expected a function that takes the tensors the layer receives, in its compute dtype "
-            f"{info.compute_dtype}. Fix: {fix}", layer=info.path, fix=fix)
-    fix = "the error in the layer's call; model(one_batch) raises the same error"
-    return ModelCallError(
-        f"{where} The error is the layer's own: its call does not run on these tensors, so neither does the model. "
-        f"Expected a call that takes them (in its compute dtype {info.compute_dtype}). Fix: {fix}",
-        layer=info.path, fix=fix)
+    else:
+        why = ("the layer's own: its call does not run on these tensors, so neither does the model. Expected a call "
+               f"that takes them (in its compute dtype {info.compute_dtype}).")
+        fix = "the error in the layer's call; model(one_batch) raises the same error"
+    return ModelCallError(f"check_model could not trace {what} The error is {why} Fix: {fix}", layer=info.path,
+                          what=what, why=why, fix=fix)
 
 
 def _vocabulary(layer: Any) -> int | None:

@@ -13,7 +13,7 @@ from amp_backends.assessment import EMULATED, FUNCTIONAL, NATIVE, UNSAFE, Eviden
 from amp_backends.hardware import CpuInfo
 
 from .measured import LAYERS, WITH_BF16, WITH_FP16, WITHOUT_BF16, evidence, load, quote, times
-from .onednn import VARIABLE, OneDnnState, onednn_takes_float16
+from .onednn import FLOAT16_FLAGS, VARIABLE, OneDnnState, onednn_takes_float16
 
 OFF = " onednn=0"  # the suffix of the configurations measured with TF_ENABLE_ONEDNN_OPTS=0
 
@@ -84,15 +84,14 @@ def bf16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Suppor
 
 
 def fp16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Support:
+    flags = ", ".join(sorted(cpu.flags & set(FLOAT16_FLAGS)))  # x86's fp16 instructions, as the reasons name them
     if itex_active and cpu.native_fp16 and not cpu.is_arm:
-        flags = ", ".join(sorted(cpu.flags & {"avx512_fp16", "amx_fp16"}))
         return Support(UNSAFE, f"ITEX is loaded and this CPU has fp16 instructions ({flags}): ITEX sends float16 to "
                                "its own oneDNN ops, some of which have no float16 kernel (the max-pooling gradient, "
                                "_ITEXMaxPoolGrad, takes bfloat16 and float32 only), so float16 training fails (seen "
                                "with ITEX 2.15.0.0 on an AMX Xeon)",
                        "ITEX has no float16 kernel for some training ops on this CPU: training fails")
     if not itex_active and onednn_takes_float16(cpu, onednn):
-        flags = ", ".join(sorted(cpu.flags & {"avx512_fp16", "amx_fp16"}))
         slower = times(WITH_FP16, "float32", "mixed_float16")
         return Support(EMULATED, f"TensorFlow sends float16 to oneDNN on this CPU ({flags}), which trains it in "
                                  "reference kernels (ref:any in ONEDNN_VERBOSE: the convolutions' weight gradients, "
