@@ -548,3 +548,26 @@ def test_parse_input_shape():
     for text in ("", "0", "a=", "=12", "12,13"):
         with pytest.raises(ValueError, match="Fix:"):
             parse_input_shape(text)
+
+
+def test_a_matmul_made_float32_by_a_numpy_constant_gets_the_fix_for_the_constant():
+    """keras.ops promotes bfloat16 x float32: a NumPy weight in a layer's call makes its matmul float32. The fix
+    used to say to drop a tf.cast(..., tf.float32) the layer does not have."""
+    if not KERAS3:
+        pytest.skip("keras.ops is Keras 3's")
+    import keras
+
+    weight = np.random.default_rng(0).random((16, 16)).astype("float32")
+
+    class Project(keras.layers.Layer):
+        def call(self, x):
+            return keras.ops.matmul(x, weight)
+
+    def factory():
+        x = K.Input((16,))
+        return K.Model(x, L.Dense(4, dtype="float32")(Project(name="project")(L.Dense(16)(x))), name="const")
+
+    plan = amp_backends.plan_for(machine(cpu_of(ZEN4)))
+    (f,) = [f for f in by_code(check_model(build(factory, "mixed_bfloat16"), plan=plan, batch_size=16),
+                                "float32-compute") if f.layer == "const/project"]
+    assert "float32 constant" in f.why and "dtype=self.compute_dtype" in f.fix and "tf.cast" not in f.fix
