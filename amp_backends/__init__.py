@@ -132,7 +132,10 @@ def __getattr__(name: str) -> Any:
         authors = importlib.import_module(".backend_api", __name__).__all__ if not name.startswith("_") else ()
         where = ": it is a backend author's name, import it from amp_backends.backend_api" if name in authors else ""
         raise AttributeError(f"module 'amp_backends' has no attribute {name!r}{where}")
-    value = getattr(importlib.import_module(module, __name__), name)
+    imported = importlib.import_module(module, __name__)
+    # ``audit`` names both a subpackage and its function: the subpackage (callable, it calls the function) is
+    # what Python binds on import, so it is what this name stays, whichever way it is reached first.
+    value = imported if module == f".{name}" else getattr(imported, name)
     globals()[name] = value
     return value
 

@@ -22,13 +22,16 @@ from .assessment import (
     LEVELS,
     NATIVE,
     UNSAFE,
+    RESULTS_DIR,
     UNSUPPORTED,
     Assessment,
     Evidence,
     Float32Layer,
     MatrixUnit,
+    Results,
     Support,
     VendorSetting,
+    load_results,
 )
 from .hardware import BF16, FP8, FP16, TENSOR_CORES, TF32, XMX, Accelerator, BackendProbe, CpuInfo, Hardware
 from .plan import BackendStatus, Plan, Rejected
@@ -47,6 +50,8 @@ __all__ = [
     # what an assessment says, and its support levels
     "Assessment", "Evidence", "Float32Layer", "MatrixUnit", "Support", "VendorSetting",
     "EMULATED", "FUNCTIONAL", "LEVELS", "NATIVE", "UNSAFE", "UNSUPPORTED",
+    # the committed measurements a reason quotes
+    "RESULTS_DIR", "Results", "load_results",
     # planning: the request, the planner, the plan and its parts
     "BackendStatus", "LossScale", "Plan", "Rejected", "Request", "build_request", "make_plan",
     # the installed software, read without importing it

@@ -60,6 +60,26 @@ def test_every_top_level_name_resolves():
     assert amp_backends.ModelCheck.__name__ == "ModelCheck" and amp_backends.TrainResult.__name__ == "TrainResult"
 
 
+def test_audit_stays_the_callable_subpackage_whichever_way_it_is_reached_first():
+    """``amp_backends.audit`` reached as an attribute first (``amp_backends.audit(...)``) used to rebind the name to
+    the bare function, so a later ``from amp_backends import audit`` or ``amp_backends.audit.AuditObserver``
+    failed, depending on what ran before in the process."""
+    import subprocess
+    import sys
+
+    code = (
+        "import amp_backends, types\n"
+        "first = amp_backends.audit\n"
+        "from amp_backends import audit as module\n"
+        "import amp_backends.audit as imported\n"
+        "assert first is module is imported is amp_backends.audit, (first, module, imported)\n"
+        "assert isinstance(module, types.ModuleType) and callable(module)\n"
+        "assert callable(module.audit) and callable(module.audit_trace) and module.AuditObserver.__name__\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_every_error_the_library_defines_is_an_amp_error_exported_at_the_top():
     classes = exception_classes(errors)
     assert {"AmpError", "FactoryError", "ClusterConfigError", "DistributedFailure", "DataUnavailableError",

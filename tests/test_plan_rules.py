@@ -322,12 +322,12 @@ def _quoted_figures(text):
     import re
 
     found = []
-    pattern = re.compile(r"results/(?P<file>[\w.-]+\.json): (?P<figs>[^;)]*?)(?=\)|;|\. |$)")
+    pattern = re.compile(r"results/(?P<file>[\w./-]+\.json): (?P<figs>[^;)]*?)(?=\)|;|\. |$)")
     for m in pattern.finditer(text):
         for item in m.group("figs").split(", "):
-            config, _, figure = re.sub(r" (img|samples)/s$", "", item).rpartition(" ")
+            config, _, figure = re.sub(r" (img|samples|TFLOP)/s$", "", item).rpartition(" ")
             found.append((m.group("file"), config, figure))
-    stripped = re.sub(r"measured on [^:]*?results/[\w.-]+\.json: [^;)]*?(?=\)|;|\. |$)", "", text)
+    stripped = re.sub(r"measured on [^:]*?results/[\w./-]+\.json: [^;)]*?(?=\)|;|\. |$)", "", text)
     return found, stripped
 
 
@@ -366,6 +366,42 @@ def test_every_figure_in_a_cpu_reason_is_in_a_committed_results_file(registry):
     assert quoted > 10
 
 
+def _committed_gpu_figure(file, config):
+    """The figure a GPU results file holds for ``config``, read from the file as the benchmark wrote it."""
+    import json
+
+    from amp_backends.assessment import RESULTS_DIR
+
+    doc = json.loads((RESULTS_DIR / file).read_text(encoding="utf-8"))
+    if "experiments" in doc:  # the GPU suite: the tutorials' loops, img/s
+        return next(r["img_per_s"] for r in doc["experiments"]["bench"]["rows"] if r["label"] == config)
+    return doc["peak_gflops"][config.removesuffix(" matmul")] / 1000  # the zoo's matmul peak, TFLOP/s
+
+
+@pytest.mark.parametrize("gpu", [P100, V100, T4, GTX1660TI, A100, RTX4090, H100], ids=lambda g: g[0])
+def test_every_figure_in_an_nvidia_reason_is_in_a_committed_results_file(registry, gpu):
+    import re
+
+    probe = nvidia(gpu)
+    a = registry.get("nvidia").assess(probe, machine(probe, HERE))
+    reasons = [s.why for s in a.policies.values()] + [s.short for s in a.policies.values()]
+    reasons += [a.xla.why, a.xla.short, a.tf32.why, a.tf32.short, a.fp8.why, a.steps_per_execution_why]
+    quoted = 0
+    for why in reasons:
+        assert "is missing from this installation" not in why, why
+        figures, rest = _quoted_figures(why)
+        for file, config, figure in figures:
+            assert file.startswith(("gpu-suite-", "zoo-")), file
+            assert f"{_committed_gpu_figure(file, config):.0f}" == figure, (file, config, figure)
+            quoted += 1
+        rest = rest.replace(gpu[0], "the GPU")  # its name may hold digits (GTX 1660 Ti)
+        assert not re.search(r"(?<![\w.-])\d{3,}(?![\w.])", rest), f"a figure outside a quoted results file: {rest}"
+    if gpu[1] >= (8, 0):  # float16 against bfloat16, XLA's gains, TF32 against float32: all measured
+        assert quoted >= 11 and "H200" in a.xla.why and "H200" in a.tf32.why
+        for support in (a.xla, a.tf32, a.policies["mixed_float16"], a.policies["mixed_bfloat16"]):
+            assert support.evidence and all(e.file.startswith("results/") for e in support.evidence), support
+
+
 def test_results_files_say_how_they_were_made():
     import json
 
@@ -392,7 +428,9 @@ def test_the_results_the_reasons_quote_ship_in_the_wheel():
     config = tomllib.loads(pyproject.read_text(encoding="utf-8"))["tool"]["setuptools"]
     assert config["package-dir"]["amp_backends.results"] == "results" and "amp_backends.results" in config["packages"]
     patterns = config["package-data"]["amp_backends.results"]
-    for file in (WITH_BF16, WITHOUT_BF16, WITH_FP16, FIT_STEPS, LAYERS):
+    from amp_backends.backends.nvidia.measured import GPU_SUITE, MATMUL_PEAK
+
+    for file in (WITH_BF16, WITHOUT_BF16, WITH_FP16, FIT_STEPS, LAYERS, GPU_SUITE, MATMUL_PEAK):
         assert any(fnmatch.fnmatch(file, p) for p in patterns), file
 
 

@@ -3,10 +3,8 @@
 Capabilities follow the compute capability (CC): Tensor Cores from CC 7.0 (Volta) except the Turing
 GTX 16xx parts, which lack them; bf16 and TF32 Tensor Cores from CC 8.0 (Ampere); fp8 from CC 8.9.
 
-Measured on an H100 (CC 9.0), TensorFlow 2.21, the tutorials' hand-written loops (median of 3 epochs):
-MNIST CNN batch 1024 — fp16 dynamic loss scaling + XLA 537k img/s, bf16 + XLA 412k, TF32 + XLA 355k,
-TF32 without XLA 218k; GAN batch 4096 — fp16 + XLA 324k, bf16 + XLA 291k, TF32 + XLA 203k. So float16
-with dynamic loss scaling beats bfloat16 there too, and XLA roughly doubles every configuration.
+The figures the reasons quote come from the committed results files (:mod:`.measured`): the tutorials'
+hand-written loops and the matmul peak per dtype, measured on a GPU with TensorFlow 2.21.
 
 Devices are numbered as CUDA numbers them (:func:`~amp_backends.backends.nvidia.nvml.cuda_enumeration`),
 so ``/GPU:0`` in the plan is the GPU TensorFlow calls ``/GPU:0``.
@@ -17,26 +15,57 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from amp_backends.assessment import EMULATED, FUNCTIONAL, NATIVE, UNSUPPORTED, Assessment, MatrixUnit, Support
+from amp_backends.assessment import (EMULATED, FUNCTIONAL, NATIVE, UNSUPPORTED, Assessment, Evidence, MatrixUnit,
+                                     Support)
 from amp_backends.hardware import BF16, FP8, FP16, TENSOR_CORES, TF32, Accelerator, BackendProbe, Hardware
 from amp_backends.registry import Backend
 from amp_backends.software import installed_version
 
+from . import measured
 from .nvml import FASTEST_FIRST, NvmlGpu, optional, as_text, nvml_start_failure, read_nvml_gpus, visible_gpus
 
-# Keras fit on an H100 (TF 2.21, the MNIST CNN, batch 1024): 285k img/s with steps_per_execution=1 (mixed_float16,
-# XLA auto), 199k in the one run with steps_per_execution=32.
 FIT_STEPS_WHY = (
     "Keras's default of one step per compiled call, until a GPU measurement says otherwise: more steps per call save "
-    "host round trips where a step is short (the MNIST CNN's fit step is about 3.6 ms at batch 1024 on an H100), but "
-    "the one H100 fit run with steps_per_execution=32 (199k img/s) was not faster than the default (285k, XLA on); "
-    "benchmarks/fit_steps_per_execution.py on the GPU (1, 4, 16, 64; XLA on; batch 1024) decides"
+    "host round trips where a step is short, but no GPU measurement of fit with more steps per call is committed "
+    "yet; benchmarks/fit_steps_per_execution.py on the GPU decides"
 )
+FP16_XLA, BF16_XLA, TF32_XLA = "mnist: fp16 dynamic+XLA", "mnist: bf16+XLA", "mnist: TF32+XLA"
+FP16_NO_XLA, BF16_NO_XLA, TF32_NO_XLA = "mnist: fp16 dynamic", "mnist: bf16", "mnist: TF32"
 
-H100_MEASURED = (
-    "measured on an H100 with TF 2.21: MNIST CNN fp16+XLA 537k img/s vs bf16+XLA 412k vs TF32+XLA 355k; "
-    "GAN fp16+XLA 324k vs bf16+XLA 291k vs TF32+XLA 203k"
-)
+
+def _fastest() -> tuple[str, tuple[Evidence, ...]]:
+    """The tutorials' MNIST loop under float16, bfloat16 and TF32 (each with XLA), as the reasons quote it."""
+    results = measured.suite()
+    said = measured.quote(results, measured.GPU_SUITE, FP16_XLA, BF16_XLA, TF32_XLA)
+    ratio = results.ratio(FP16_XLA, BF16_XLA) if results else None
+    if results is not None and ratio is not None:
+        said += (f"; bfloat16 within {abs(ratio - 1) * 100:.0f}% of float16: one median each, no clear winner"
+                 if abs(ratio - 1) < 0.05 else f"; float16 {results.times(FP16_XLA, BF16_XLA)} bfloat16")
+    return said, measured.evidence(results, FP16_XLA, BF16_XLA, TF32_XLA)
+
+
+def _xla() -> tuple[str, str, tuple[Evidence, ...]]:
+    """What XLA did to each configuration of the tutorials' MNIST loop: the reason, its brief, the evidence."""
+    results = measured.suite()
+    if results is None:
+        return (measured.quote(results, measured.GPU_SUITE), "fuses mixed precision's element-wise ops",  ())
+    gains = ", ".join(f"{name} {results.times(on, off)}" for name, on, off in
+                      (("float16", FP16_XLA, FP16_NO_XLA), ("bfloat16", BF16_XLA, BF16_NO_XLA),
+                       ("TF32", TF32_XLA, TF32_NO_XLA)))
+    figures = (FP16_NO_XLA, FP16_XLA, BF16_NO_XLA, BF16_XLA, TF32_NO_XLA, TF32_XLA)
+    return (f"XLA fuses the many small element-wise ops of mixed precision: {gains} "
+            f"({results.quote(*figures)}); on an unfamiliar chip, check with autotune",
+            f"fuses mixed precision's element-wise ops: {results.times(FP16_XLA, FP16_NO_XLA)} float16 throughput "
+            "measured", measured.evidence(results, *figures))
+
+
+def _tf32() -> tuple[str, str, tuple[Evidence, ...]]:
+    """TF32's matmul rate against float32's: the reason, its brief, the evidence."""
+    results = measured.peaks()
+    ratio = results.times("tf32 matmul", "float32 matmul") if results else "much"
+    return (measured.quote(results, measured.MATMUL_PEAK, "tf32 matmul", "float32 matmul", unit="TFLOP/s"),
+            f"TF32 Tensor Cores run the float32 parts ({ratio} float32's matmul rate measured)",
+            measured.evidence(results, "tf32 matmul", "float32 matmul", unit="TFLOP/s"))
 
 
 def derive_capabilities(name: str, cc: tuple[int, int] | None) -> frozenset[str]:
@@ -141,11 +170,13 @@ class NvidiaBackend(Backend):
         mixed = len({d.compute_capability for d in devices}) > 1
         who = f"{weakest.name} (CC {weakest.cc_str})" + (" is the weakest of the GPUs in use" if mixed else "")
 
+        fastest, fastest_evidence = _fastest()
         if all_have(TENSOR_CORES):
             fp16 = Support(NATIVE, f"{who} has float16 Tensor Cores; float16 with dynamic loss scaling"
-                           + (f" is the fastest configuration ({H100_MEASURED})" if all_have(BF16) else ""),
+                           + (f" was the fastest configuration measured ({fastest})" if all_have(BF16) else ""),
                            "float16 Tensor Cores, with dynamic loss scaling"
-                           + ("; the fastest on the H100 measured" if all_have(BF16) else ""))
+                           + ("; the fastest measured" if all_have(BF16) else ""),
+                           fastest_evidence if all_have(BF16) else ())
         elif all_have(FP16):
             fp16 = Support(FUNCTIONAL, f"{who} has fast float16 arithmetic but no Tensor Cores: "
                                        "little speed-up over float32",
@@ -156,8 +187,8 @@ class NvidiaBackend(Backend):
                            "no Tensor Cores, slow float16: slower than float32")
         if all_have(BF16):
             bf16 = Support(NATIVE, f"{who} has bfloat16 Tensor Cores, "
-                                   f"but bfloat16 was slower than float16 ({H100_MEASURED})",
-                           "bfloat16 Tensor Cores, but slower than float16 on the H100 measured")
+                                   f"but bfloat16 was not faster than float16 ({fastest})",
+                           "bfloat16 Tensor Cores, but not faster than float16 measured", fastest_evidence)
         else:
             bf16 = Support(EMULATED, f"{who} has no bfloat16 arithmetic (needs CC >= 8.0): TensorFlow emulates it, "
                                      "slower than float32", "no bfloat16 arithmetic (CC < 8.0): emulated, slower")
@@ -172,23 +203,22 @@ class NvidiaBackend(Backend):
             preference = ("float32", "mixed_float16", "mixed_bfloat16")
 
         if all_have(TF32):
-            tf32 = Support(NATIVE, f"TF32 Tensor Cores (CC {ccs}) run the float32 parts of the model (here 8192^3 "
-                                   "matmul on an H100: 27 TFLOP/s fp32 vs 130 TF32)",
-                           "TF32 Tensor Cores run the float32 parts (~5x float32's matmul rate on an H100)")
+            tf32_said, tf32_brief, tf32_evidence = _tf32()
+            tf32 = Support(NATIVE, f"TF32 Tensor Cores (CC {ccs}) run the float32 parts of the model (chained "
+                                   f"8192x8192 matmuls, {tf32_said})", tf32_brief, tf32_evidence)
         else:
             tf32 = Support(UNSUPPORTED, f"TF32 needs CC >= 8.0 (Ampere); {who} has none",
                            "TF32 needs CC >= 8.0 (Ampere)")
-        xla = Support(NATIVE, "XLA fuses the many small element-wise ops of mixed precision and doubled throughput in "
-                              "every configuration measured on an H100 (TF 2.21); "
-                              "on an unfamiliar chip, check with autotune",
-                      "fuses mixed precision's element-wise ops: ~2x throughput on the H100 measured")
+        xla_why, xla_brief, xla_evidence = _xla()
+        xla = Support(NATIVE, xla_why, xla_brief, xla_evidence)
         if all_have(FP8):
             fp8 = Support(NATIVE, f"{who} has fp8 Tensor Cores (CC >= 8.9): "
                                   "with XLA, Keras's float8 Dense and EinsumDense layers run as fp8 GEMMs "
                                   "(e4m3 forward, e5m2 gradients, delayed scaling)",
                           "fp8 Tensor Cores: with XLA, float8 Dense layers run as fp8 GEMMs")
         else:
-            fp8 = Support(EMULATED, f"{who} has no fp8 Tensor Cores (they need CC >= 8.9: RTX 4090, L4, H100): Keras's "
+            fp8 = Support(EMULATED, f"{who} has no fp8 Tensor Cores (they need CC >= 8.9: Ada and Hopper GPUs "
+                                    "such as the L4 and H100): Keras's "
                                     "float8 layers would only be emulated, slower than without them",
                           "no fp8 Tensor Cores (CC < 8.9): float8 layers would be emulated, slower")
         units = {}

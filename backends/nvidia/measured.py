@@ -1,0 +1,64 @@
+"""The GPU measurements the NVIDIA plan's reasons quote, read from the committed results files.
+
+``results/gpu-suite-h200/gpu_suite.json`` (``python -m amp_backends.bench --gpu-suite``: the tutorials' hand-written
+loops, each configuration's median epoch) and ``results/zoo-h200/mnist-cnn/zoo.json`` (``--zoo``: the matmul peak
+per dtype, 4 chained 8192x8192 matmuls) ship in the wheel as ``amp_backends/results``. A reason never types a
+figure itself: it quotes one of these files with its machine; a missing file makes the reason say so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from amp_backends.backend_api import Evidence, Results, load_results
+
+GPU_SUITE = "gpu-suite-h200/gpu_suite.json"
+MATMUL_PEAK = "zoo-h200/mnist-cnn/zoo.json"
+
+
+def _machine(doc: Mapping[str, Any]) -> str:
+    gpus = (doc.get("device") or {}).get("nvml", {}).get("gpus") or []
+    if gpus:
+        gpu = gpus[0]
+        return f"{gpu['name']} (CC {gpu['compute_capability']})"
+    devices = (doc.get("environment") or {}).get("devices") or []
+    return str(devices[0]) if devices else "unknown GPU"
+
+
+def _suite(file: str, doc: Mapping[str, Any]) -> Results:
+    rows = (doc["experiments"].get("bench") or {}).get("rows") or []
+    medians = {str(r["label"]): float(r["img_per_s"]) for r in rows
+               if r.get("status") == "ok" and isinstance(r.get("img_per_s"), (int, float))}
+    return Results(file, _machine(doc), str(doc["software"]["tensorflow"]), str(doc["command"]), str(doc["date"]),
+                   medians)
+
+
+def _peaks(file: str, doc: Mapping[str, Any]) -> Results:
+    medians = {f"{k} matmul": float(v) / 1000 for k, v in (doc.get("peak_gflops") or {}).items()
+               if isinstance(v, (int, float))}
+    return Results(file, _machine(doc), str(doc["environment"]["tensorflow"]), str(doc["command"]), str(doc["date"]),
+                   medians)
+
+
+def suite() -> Results | None:
+    """The GPU suite's hand-written loops (``"mnist: fp16 dynamic+XLA"``, ...), or ``None`` if missing."""
+    return load_results(GPU_SUITE, _suite)
+
+
+def peaks() -> Results | None:
+    """The matmul peak per dtype in TFLOP/s (``"tf32 matmul"``, ``"float32 matmul"``, ...), or ``None`` if missing."""
+    return load_results(MATMUL_PEAK, _peaks)
+
+
+def quote(results: Results | None, file: str, *configs: str, unit: str = "img/s") -> str:
+    """What ``results`` measured for ``configs``, as a reason quotes it (or that the file is missing)."""
+    if results is None:
+        return f"the measurement results/{file} is missing from this installation"
+    return results.quote(*configs, unit=unit)
+
+
+def evidence(results: Results | None, *configs: str, unit: str = "img/s") -> tuple[Evidence, ...]:
+    """The figures :func:`quote` quotes, as data (none where the file or the figures are missing)."""
+    found = results.evidence(*configs, unit=unit) if results else None
+    return (found,) if found else ()
