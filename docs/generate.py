@@ -205,6 +205,8 @@ def cli_page() -> str:
             out.extend(["", f"## `{path}`", "", (command.help or "").strip(), ""])
             rows = []
             for param in command.get_params(ctx):
+                if getattr(param, "hidden", False):  # kept for an old spelling, not offered
+                    continue
                 record = param.get_help_record(ctx)
                 if record is None:
                     rows.append([f"`{param.human_readable_name}` (argument)", getattr(param, "help", "") or ""])

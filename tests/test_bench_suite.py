@@ -1,4 +1,4 @@
-"""The benchmark's worker processes and the GPU suite.
+"""The benchmark's worker processes and the GPU suite (``benchmarks/gpu_suite.py``, run from the checkout).
 
 A crash or an overrun is stopped and reported, the rest goes on.
 """
@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -40,23 +41,38 @@ def test_a_json_worker_answers_and_is_stopped_when_it_overruns(tmp_path):
     assert "[fake] some log line" in (tmp_path / "log").read_text()
 
 
-def _bench(args, env=None, timeout=600):
+GPU_SUITE = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_suite.py"
+
+
+def _suite(args, env=None, timeout=600):
+    if not GPU_SUITE.is_file():
+        pytest.skip("benchmarks/gpu_suite.py runs from a checkout; these tests run outside one")
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "amp_backends.bench", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, str(GPU_SUITE), *args], capture_output=True, text=True,
                           timeout=timeout, cwd=NEUTRAL_CWD, env=env)
 
 
 def test_the_gpu_suite_lists_its_experiments_and_refuses_unknown_ones(tmp_path):
-    out = _bench(["--list"], timeout=120)
-    assert out.returncode == 0 and "mnist_steps_per_call" in out.stdout and "profile" in out.stdout
-    out = _bench(["--gpu-suite", "--only", "warp", "--out", str(tmp_path)], timeout=120)
-    assert out.returncode == 2 and "unknown experiment" in out.stderr and not any(tmp_path.iterdir())
+    out = _suite(["--list"], timeout=120)
+    assert out.returncode == 0 and "mnist_steps_per_call" in out.stdout and "profile" in out.stdout, out.stderr
+    out = _suite(["--only", "warp", "--out", str(tmp_path)], timeout=120)
+    assert out.returncode == 2 and "unknown experiment(s) ['warp']" in out.stderr and "loss_fetch" in out.stderr
+    out = _suite(["--budget-s", "5", "--out", str(tmp_path)], timeout=120)
+    assert out.returncode == 2 and "--budget-s takes at least 10 seconds. Received: 5." in out.stderr
+    assert not any(tmp_path.iterdir())  # refused before any work
+
+
+def test_the_installed_bench_command_points_to_the_gpu_suite_in_a_checkout(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "amp_backends.bench", "--gpu-suite", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, cwd=NEUTRAL_CWD)
+    assert out.returncode == 2 and "python benchmarks/gpu_suite.py" in out.stderr, out.stderr
+    assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.tensorflow
 @pytest.mark.slow
 def test_gpu_suite_smoke_a_crashed_worker_is_recorded_and_a_fresh_one_goes_on(tmp_path):
-    out = _bench(["--gpu-suite", "--tiny", "--only", "loss_fetch,keras_fit", "--out", str(tmp_path)],
+    out = _suite(["--tiny", "--only", "loss_fetch,keras_fit", "--out", str(tmp_path)],
                  env={"GPU_SUITE_FAULTS": "loss_fetch:crash"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     state = json.loads((tmp_path / "gpu_suite.json").read_text())

@@ -26,8 +26,8 @@ CASES = [
     (["audit", "amp_backends.models:mnist_cnn"], "--steps", "0", "an integer >= 1", "amp-backends audit"),
     (["bench"], "--samples", "0", "an integer >= 1", "bench"),
     (["bench"], "--mnist-batch", "-5", "an integer >= 1", "bench"),
-    (["bench"], "--budget-s", "5", "a number >= 10", "bench"),
-    (["bench", "--models", "nothing"], "--budget-s", "inf", "a number >= 10", "bench"),
+    (["bench"], "--epochs", "0", "an integer >= 1", "bench"),
+    (["bench", "--models", "nothing"], "--reps", "-3", "an integer >= 1", "bench"),
 ]
 
 

@@ -1,7 +1,7 @@
 """The GPU measurements the NVIDIA plan's reasons quote, read from the committed results files.
 
-``results/gpu-suite-h200/gpu_suite.json`` (``python -m amp_backends.bench --gpu-suite``: the tutorials' hand-written
-loops, each configuration's median epoch) and ``results/zoo-h200/mnist-cnn/zoo.json`` (``--zoo``: the matmul peak
+``results/gpu-suite-h200/gpu_suite.json`` (``python benchmarks/gpu_suite.py``: the tutorials' hand-written loops,
+each configuration's median epoch) and ``results/zoo-h200/mnist-cnn/zoo.json`` (``--zoo``: the matmul peak
 per dtype, 4 chained 8192x8192 matmuls) ship in the wheel as ``amp_backends/results``. A reason never types a
 figure itself: it quotes one of these files with its machine; a missing file makes the reason say so.
 """

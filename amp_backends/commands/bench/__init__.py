@@ -1,6 +1,6 @@
 """The benchmark command: ``python -m amp_backends.bench`` / ``amp-backends bench``.
 
-Three suites, one command, results in one folder (``--out``):
+Two suites, one command, results in one folder (``--out``):
 
 ================  ==============================================================================
 suite             module
@@ -10,12 +10,11 @@ suite             module
 ``--zoo``         :mod:`.zoo` (workers: :mod:`.zoo_worker`): reference models under the float32 ``fit``
                   baseline, the manual configurations, ``fit`` and the trainer under the auto plan
                   (``zoo.json``, ``zoo.md``)
-``--gpu-suite``   :mod:`.gpu_suite` (workers: :mod:`.gpu_worker`): the benchmark, then the experiments
-                  that decide how the trainer's compiled call runs on a GPU, and a profile
-                  (:mod:`.trace`), under a time budget (``gpu_suite.json``, ``gpu_suite.md``, ...)
 ================  ==============================================================================
 
 :mod:`.supervisor` runs worker processes with time limits; :mod:`.report` writes tables, JSON and charts.
+The GPU suite, the experiments behind the trainer's GPU settings, is the project's own evidence and runs from
+a checkout: ``python benchmarks/gpu_suite.py`` (``benchmarks/README.md``).
 """
 
 from __future__ import annotations
@@ -29,7 +28,8 @@ from ..typer_app import number_option
 from .loops import MANUAL
 
 MANUAL_NAMES = ", ".join(c[0] for c in MANUAL)
-GPU_OPTIONS = "GPU suite"
+MOVED_GPU_SUITE = ("the GPU suite is not part of the installed command: from a checkout of amp_backends, run "
+                   "python benchmarks/gpu_suite.py --out DIR (benchmarks/README.md).")
 ZOO_OPTIONS = "Model zoo"
 PROG = "bench"
 
@@ -71,34 +71,11 @@ def main(
     batch: Optional[int] = number_option(None, "--batch", prog=PROG, example=256, metavar="N",
                                          help="Zoo: one batch size for every model (default: each model's own; "
                                              "larger on a GPU).", rich_help_panel=ZOO_OPTIONS),
-    gpu_suite: bool = typer.Option(False, "--gpu-suite", help="Run the GPU suite: the benchmark, the trainer's call "
-                                   "experiments and a profile, under --budget-s.", rich_help_panel=GPU_OPTIONS),
-    budget_s: float = number_option(520.0, "--budget-s", prog=PROG, kind=float, minimum=10, metavar="S",
-                                    rich_help_panel=GPU_OPTIONS,
-                                    help="GPU suite: wall-clock budget; what no longer fits is recorded as skipped."),
-    only: Optional[str] = typer.Option(None, "--only", metavar="NAMES", help="GPU suite: experiments to run.",
-                                       rich_help_panel=GPU_OPTIONS),
-    skip: Optional[str] = typer.Option(None, "--skip", metavar="NAMES", help="GPU suite: experiments to leave out.",
-                                       rich_help_panel=GPU_OPTIONS),
-    tiny: bool = typer.Option(False, "--tiny", help="GPU suite: tiny sizes (a smoke run on a CPU).",
-                              rich_help_panel=GPU_OPTIONS),
-    list_experiments: bool = typer.Option(False, "--list", help="GPU suite: list the experiments and exit.",
-                                          rich_help_panel=GPU_OPTIONS),
+    gpu_suite: bool = typer.Option(False, "--gpu-suite", hidden=True, help="Moved: python benchmarks/gpu_suite.py."),
 ) -> None:
-    """Time the tutorials' configurations against the auto plan (default), the model zoo (--zoo), or the GPU suite."""
-    if zoo and gpu_suite:
-        raise _fail("--zoo and --gpu-suite are two runs: choose one.")
-    if gpu_suite or list_experiments:
-        from .gpu_suite import EXPERIMENTS, run_suite
-
-        if list_experiments:
-            for e in EXPERIMENTS:
-                typer.echo(f"{e.name:22s} limit {e.limit_s:4.0f} s (tiny {e.tiny_limit_s:3.0f} s)  {e.title}")
-            return
-        unknown = [n for n in (_names(only) or []) + (_names(skip) or []) if n not in {e.name for e in EXPERIMENTS}]
-        if unknown:
-            raise _fail(f"unknown experiment(s) {unknown}; valid: {', '.join(e.name for e in EXPERIMENTS)}.")
-        raise typer.Exit(run_suite(out, budget_s, tiny, _names(only), _names(skip)))
+    """Time the tutorials' configurations against the auto plan (default), or the model zoo (--zoo)."""
+    if gpu_suite:
+        raise _fail(MOVED_GPU_SUITE)
     from ...tf_import import import_tensorflow, quiet_tensorflow_logs
 
     if zoo:

@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from .gpu_suite import BY_NAME, EXPERIMENTS, FULL, TINY, Clock
+from gpu_suite import BY_NAME, EXPERIMENTS, FULL, TINY, Clock
 
 class TimeUp(Exception):
     """An experiment's time limit passed inside a measurement: what was measured is kept."""
@@ -61,7 +61,7 @@ class Worker:
         import numpy as np
         import tensorflow as tf
 
-        from ...data import synthetic_mnist
+        from amp_backends.data import synthetic_mnist
 
         self.np, self.tf = np, tf
         sw: dict[str, Any] = {"tensorflow": tf.__version__, "keras": getattr(tf.keras, "__version__", None)}
@@ -93,7 +93,7 @@ class Worker:
         (self.x, self.y), _ = synthetic_mnist(s["samples"], 8)
         self.E = s["samples"] // s["mnist_batch"]  # MNIST steps per epoch (58)
         self.G = s["samples"] // s["gan_batch"]  # GAN steps per epoch (14)
-        from ...training.step import UNROLL_LIMIT
+        from amp_backends.training.step import UNROLL_LIMIT
 
         self.unroll_limit = UNROLL_LIMIT
         for label, overrides in (("auto", {}), ("auto, XLA forced on", {"xla": "on"})):
@@ -106,7 +106,7 @@ class Worker:
         """A fresh Keras session (it also resets Keras's global dtype policy) and no plan applied."""
         import gc
 
-        from ...configure import reset
+        from amp_backends.configure import reset
 
         self.tf.keras.backend.clear_session()
         gc.collect()
@@ -114,7 +114,7 @@ class Worker:
 
     def plan(self, **overrides: Any) -> Any:
         """A fresh Keras session and the plan applied again."""
-        from ...configure import auto_configure
+        from amp_backends.configure import auto_configure
 
         self.fresh()
         return auto_configure(verbose=False, **overrides)
@@ -164,7 +164,7 @@ class Worker:
         self.emit(event="row", name=self.current, row=r)
 
     def timer(self, per_step: int, stop_at_deadline: bool = True) -> Any:
-        from ...training import Observer
+        from amp_backends.training import Observer
 
         worker = self
 
@@ -213,8 +213,8 @@ class Worker:
     def trainer_fit(self, make_updates: Callable[[], Any], plan: Any, *, batch: int, per_step: int, spc: int,
                     unroll: bool | None, data: Any = "arrays", steps_per_epoch: int, epochs: int | None = None) -> dict:
         """Build a Trainer, fit 1 + N epochs in one call, time each epoch and call."""
-        from ...training import Trainer
-        from ...training import mnist_batch_fn
+        from amp_backends.training import Trainer
+        from amp_backends.training import mnist_batch_fn
 
         timer = self.timer(per_step)
         stream = not isinstance(data, str)
@@ -243,8 +243,8 @@ class Worker:
     # -- models ----------------------------------------------------------------------------------
     def mnist_updates(self, no_dropout: bool = False) -> Callable[[], Any]:
         def make() -> Any:
-            from ...models import mnist_cnn
-            from ...training import classifier_updates
+            from amp_backends.models import mnist_cnn
+            from amp_backends.training import classifier_updates
 
             model = mnist_cnn_without_dropout(self.tf) if no_dropout else mnist_cnn()
             return classifier_updates(model, self.tf.keras.optimizers.Adam(self.sizes["lr"]))
@@ -252,8 +252,8 @@ class Worker:
         return make
 
     def gan_updates(self) -> Any:
-        from ...models import gan_discriminator, gan_generator
-        from ...training import gan_updates
+        from amp_backends.models import gan_discriminator, gan_generator
+        from amp_backends.training import gan_updates
 
         tf = self.tf
         return gan_updates(gan_generator(), gan_discriminator(), tf.keras.optimizers.Adam(1e-3),
@@ -329,7 +329,7 @@ def plan_line(plan: Any) -> str:
 
 def mnist_cnn_without_dropout(tf: Any) -> Any:
     """models.mnist_cnn with every Dropout rate 0 (Keras then draws no random numbers): same layers, same parameters."""
-    from ...models import mnist_cnn
+    from amp_backends.models import mnist_cnn
 
     base = mnist_cnn()
     config = base.get_config()

@@ -1,5 +1,5 @@
 """The GPU suite's experiments (``exp_<name>`` for each name of :data:`.gpu_suite.EXPERIMENTS`), and the
-worker's entry point: ``python -m amp_backends.commands.bench.gpu_experiments`` (started by the suite)."""
+worker's entry point: ``python benchmarks/gpu_suite_experiments.py`` (started by the suite)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import tempfile
 import time
 from typing import Any, Callable
 
-from .gpu_suite import BY_NAME
-from .gpu_worker import Worker, plan_line
-from .supervisor import exit_with_parent
-from .trace import summarize_trace
+from gpu_suite import BY_NAME
+from gpu_suite_trace import summarize_trace
+from gpu_suite_worker import Worker, plan_line
+
+from amp_backends.commands.bench.supervisor import exit_with_parent
 
 
 class Experiments(Worker):
@@ -40,8 +41,8 @@ class Experiments(Worker):
         self.mnist_row(f"one fit, {E} steps/call", self.AUTO, E)
 
         def per_epoch() -> dict[str, Any]:
-            from ...training import Trainer
-            from ...training import mnist_batch_fn
+            from amp_backends.training import Trainer
+            from amp_backends.training import mnist_batch_fn
 
             plan = self.plan(**self.AUTO)
             timer = self.timer(B, stop_at_deadline=False)
@@ -82,8 +83,8 @@ class Experiments(Worker):
         k = self.spc_list((8,))[0]
 
         def host_per_call() -> dict[str, Any]:
-            from ...training import Trainer
-            from ...training import mnist_batch_fn
+            from amp_backends.training import Trainer
+            from amp_backends.training import mnist_batch_fn
 
             plan = self.plan(**self.AUTO)
             trainer = Trainer(self.mnist_updates()(), plan, batch_size=B, steps_per_call=k, log_every=10**9,
@@ -129,7 +130,7 @@ class Experiments(Worker):
                   "in the step, the plan's dtype policy, no loss scaling")
 
         def run(fetch: bool) -> dict[str, Any]:
-            from ...models import mnist_cnn
+            from amp_backends.models import mnist_cnn
 
             plan = self.plan(**self.AUTO)
             with tf.device(plan.device):
@@ -223,7 +224,7 @@ class Experiments(Worker):
                     self.model.stop_training = True
 
         def run(user: bool, steps_per_execution: int | None = None) -> dict[str, Any]:
-            from ...models import mnist_cnn
+            from amp_backends.models import mnist_cnn
 
             if user:
                 self.fresh()  # and undo what earlier plans changed: as a script without auto_configure()
@@ -257,7 +258,7 @@ class Experiments(Worker):
         tf, B, E = self.tf, self.sizes["mnist_batch"], self.E
         logdir = tempfile.mkdtemp(prefix="gpu-suite-trace-")
         traced = self.sizes["profiled_epochs"]
-        from ...training import Observer
+        from amp_backends.training import Observer
 
         class Window(Observer):
             """Trace the calls of the epochs after two untraced ones (warm-up, steady state)."""
@@ -281,9 +282,9 @@ class Experiments(Worker):
         extra: dict[str, Any] = {}
 
         def run() -> dict[str, Any]:
-            from ...training import Trainer
+            from amp_backends.training import Trainer
 
-            from ...training import mnist_batch_fn
+            from amp_backends.training import mnist_batch_fn
 
             plan = self.plan()
             window = Window()
@@ -313,7 +314,7 @@ class Experiments(Worker):
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        description="The GPU suite's worker (started by python -m amp_backends.bench --gpu-suite).")
+        description="The GPU suite's worker (started by python benchmarks/gpu_suite.py).")
     p.add_argument("--out", required=True)
     p.add_argument("--events", required=True)
     p.add_argument("--deadline", required=True)

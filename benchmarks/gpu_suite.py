@@ -2,15 +2,16 @@
 compiled call should run on a GPU, then a profiler trace of the auto plan. One command, a time budget,
 every figure written the moment it exists::
 
-    python -m amp_backends.bench --gpu-suite --out DIR            # on a machine with a GPU
-    python -m amp_backends.bench --gpu-suite --tiny --out DIR     # smoke run on a CPU: tiny sizes
-    python -m amp_backends.bench --list                           # the experiments, their order and limits
+    python benchmarks/gpu_suite.py --out DIR            # on a machine with a GPU, from a checkout
+    python benchmarks/gpu_suite.py --tiny --out DIR     # smoke run on a CPU: tiny sizes
+    python benchmarks/gpu_suite.py --list               # the experiments, their order and limits
 
 Experiments, in order of value (each has a time limit; ``--budget-s`` caps the whole run, and what no
 longer fits is recorded as skipped): ``bench`` (``python -m amp_backends.bench`` at its defaults, a
-subprocess), then the experiments of :mod:`.gpu_experiments`, run by a worker process that this process
-watches (:mod:`.supervisor`): a worker that crashes or overruns an experiment's limit is stopped, that
-experiment is recorded as failed or timed out, and a fresh worker goes on with the rest.
+subprocess), then the experiments of ``gpu_suite_experiments.py``, run by a worker process that this
+process watches (``amp_backends.commands.bench.supervisor``, which the model zoo uses too): a worker that
+crashes or overruns an experiment's limit is stopped, that experiment is recorded as failed or timed out,
+and a fresh worker goes on with the rest.
 
 Written under ``--out``: ``gpu_suite.json`` (rewritten after every event), ``gpu_suite.md`` (tables),
 ``gpu_suite.log`` (everything printed), ``bench/`` (the benchmark's JSON, chart and log), ``profile/``
@@ -36,8 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .report import gpu_markdown, now_iso, run_header, write_json
-from .supervisor import child_env, exit_reason, last_words, run_child
+from amp_backends.commands.bench.report import now_iso, run_header, write_json
+from amp_backends.commands.bench.supervisor import child_env, exit_reason, last_words, run_child
+
+HERE = Path(__file__).resolve().parent
 
 @dataclass(frozen=True)
 class Experiment:
@@ -246,7 +249,7 @@ class Suite:
             current: dict[str, Any] = {"name": None, "kill_at": None}
             progress = {"started": 0}
             offset = {"pos": events.stat().st_size}
-            cmd = [sys.executable, "-m", "amp_backends.commands.bench.gpu_experiments", "--out", str(self.out),
+            cmd = [sys.executable, str(HERE / "gpu_suite_experiments.py"), "--out", str(self.out),
                    "--events", str(events), "--deadline", str(self.deadline - FINAL_MARGIN_S),
                    "--only", ",".join(pending)] + (["--tiny"] if self.args.tiny else [])
             self.say(f"-- worker for: {', '.join(pending)}")
@@ -400,3 +403,88 @@ def run_suite(out: Path, budget_s: float, tiny: bool, only: list[str] | None, sk
     """Run the GPU suite into ``out`` (relative to the working directory, or absolute)."""
     args = argparse.Namespace(out=str(out), budget_s=budget_s, tiny=tiny, only=only, skip=skip)
     return Suite(args).main()
+
+
+def fmt_rate(v: Any) -> str:
+    return f"{v:,.0f}" if isinstance(v, (int, float)) and v else "-"
+
+
+def gpu_markdown(state: dict[str, Any], brief: bool = False) -> str:
+    sw = state.get("software") or {}
+    dev = state.get("device") or {}
+    smi = dev.get("nvidia_smi")
+    gpu = (f"{smi[0].get('name')}, driver {smi[0].get('driver_version')}" if isinstance(smi, list) and smi
+           else ", ".join(sw.get("gpus_tf") or []) or "no GPU")
+    lines = [f"# GPU suite: {gpu}", "",
+             f"{state['date']} - TensorFlow {sw.get('tensorflow', '?')}, Keras {sw.get('keras', '?')}, "
+             f"CUDA build {sw.get('cuda_build', '?')}, cuDNN {sw.get('cudnn_build', '?')} - "
+             f"`{state['command']}` - {state['elapsed_s']} s of {state['settings']['budget_s']} s"
+             + (" - TINY SIZES (smoke run)" if state["settings"]["tiny"] else ""), ""]
+    for label, plan in (state.get("plans") or {}).items():
+        lines.append(f"- plan {label}: {plan}")
+    lines += ["", "Images/s of the median timed epoch (after one warm-up epoch); 'x ref' against the "
+              "experiment's first row; 'per call': the median call's own rate.", "",
+              "| experiment | configuration | img/s | x ref | per call img/s | warm-up s | note |",
+              "|---|---|---:|---:|---:|---:|---|"]
+    for name, rec in state["experiments"].items():
+        if rec["status"] == "not selected":
+            continue
+        rows = rec["rows"]
+        ref = next((r.get("img_per_s") for r in rows if r.get("img_per_s")), None)
+        if not rows or rec["status"] not in ("done",):
+            error = str(rec.get("error") or "").replace("|", "/").replace("\n", " ")
+            lines.append(f"| {name} | ({rec['status']}) | | | | | {error[:200]} |")
+        for r in rows:
+            rate = r.get("img_per_s")
+            ratio = f"{rate / ref:.2f}" if rate and ref else "-"
+            note = r.get("error") or r.get("note") or ""
+            if r.get("status") not in (None, "ok"):
+                note = f"{r.get('status')}: {note}"
+            warm = r.get("warmup_s")
+            note = str(note).replace("|", "/").replace("\n", " ")[:160]
+            lines.append(f"| {name} | {r.get('label')} | {fmt_rate(rate)} | {ratio} | "
+                         f"{fmt_rate(r.get('call_img_per_s'))} | {warm if warm is not None else '-'} | {note} |")
+    if brief:
+        return "\n".join(lines)
+    lines += ["", "## Experiments", "", "| experiment | status | time s | limit s | what |", "|---|---|---:|---:|---|"]
+    for name, rec in state["experiments"].items():
+        limit = rec.get("effective_limit_s", rec["limit_s"])
+        lines.append(f"| {name} | {rec['status']} | {rec.get('elapsed_s', '-')} | {limit} | {rec['title']} |")
+    for name, rec in state["experiments"].items():
+        for note in rec.get("notes", []):
+            lines.append(f"- {name}: {note}")
+    prof = state["experiments"].get("profile", {})
+    if prof.get("op_summary"):
+        lines += ["", "## Profile", "", "```", prof["op_summary"], "```"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python benchmarks/gpu_suite.py``: parse the command line and run the suite (or list its experiments)."""
+    names = [e.name for e in EXPERIMENTS]
+    parser = argparse.ArgumentParser(description="The GPU suite: the tutorials' benchmark, then the experiments that "
+                                                 "decide how the trainer's compiled call should run on a GPU, under a "
+                                                 "time budget.")
+    parser.add_argument("--out", default="gpu-suite-results", help="folder for the results (made if missing)")
+    parser.add_argument("--budget-s", type=float, default=520.0,
+                        help="wall-clock budget; what no longer fits is recorded as skipped (default 520)")
+    parser.add_argument("--only", help=f"experiments to run, comma-separated: {', '.join(names)}")
+    parser.add_argument("--skip", help="experiments to leave out, comma-separated")
+    parser.add_argument("--tiny", action="store_true", help="tiny sizes (a smoke run on a CPU)")
+    parser.add_argument("--list", action="store_true", help="list the experiments and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        for e in EXPERIMENTS:
+            print(f"{e.name:22s} limit {e.limit_s:4.0f} s (tiny {e.tiny_limit_s:3.0f} s)  {e.title}")
+        return 0
+    if args.budget_s < 10:
+        parser.error(f"--budget-s takes at least 10 seconds. Received: {args.budget_s:g}.")
+    only, skip = ([n.strip() for n in v.split(",") if n.strip()] if v else None for v in (args.only, args.skip))
+    unknown = [n for n in (only or []) + (skip or []) if n not in names]
+    if unknown:
+        parser.error(f"unknown experiment(s) {unknown}; valid: {', '.join(names)}.")
+    return run_suite(Path(args.out), args.budget_s, args.tiny, only, skip)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
