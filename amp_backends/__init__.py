@@ -65,48 +65,28 @@ _LAZY = {
     "seed_everything": ".training",
     "step_seed": ".training",
     "LossScaler": ".training",
-    # every error (AmpError and its subclasses), the interruption and the warning
+    # the base of every error the library raises, and its warning (the others: amp_backends.errors)
     "AmpError": ".errors",
-    "AmpConfigError": ".errors",
-    "UnsupportedRequestError": ".errors",
-    "ClusterConfigError": ".errors",
-    "FactoryError": ".errors",
-    "BackendError": ".errors",
-    "NonFiniteError": ".errors",
-    "DistributedFailure": ".errors",
-    "DataUnavailableError": ".errors",
-    "InputError": ".errors",
-    "ModelCallError": ".errors",
-    "CheckpointError": ".errors",
-    "CheckpointMismatchError": ".errors",
-    "TrainingInterrupted": ".errors",
     "AmpWarning": ".errors",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
+
+# Modules a training script reaches through the package (``amp_backends.errors.InputError``).
+_SUBMODULES = ("errors", "backend_api")
+
+# Names that moved, kept for one release: reaching them here warns and gives the new place.
+_MOVED = {name: "amp_backends.errors" for name in (
+    "AmpConfigError", "UnsupportedRequestError", "ClusterConfigError", "FactoryError", "BackendError",
+    "NonFiniteError", "DistributedFailure", "DataUnavailableError", "InputError", "ModelCallError",
+    "CheckpointError", "CheckpointMismatchError", "TrainingInterrupted")}
 
 if TYPE_CHECKING:  # pragma: no cover
     from .audit import Audit, audit, audit_trace
     from .layer_plan import LayerPlan
     from .loss_scale import LossScale
     from .configure import auto_configure, configure_for_device, current_plan, known_devices, plan_for, reset
-    from .errors import (
-        AmpConfigError,
-        AmpError,
-        AmpWarning,
-        BackendError,
-        CheckpointError,
-        CheckpointMismatchError,
-        ClusterConfigError,
-        DataUnavailableError,
-        DistributedFailure,
-        FactoryError,
-        InputError,
-        ModelCallError,
-        NonFiniteError,
-        TrainingInterrupted,
-        UnsupportedRequestError,
-    )
+    from .errors import AmpError, AmpWarning
     from .model_check import ModelCheck, check_model
     from .plan import Plan
     from .prepare import Preparation, prepare_model
@@ -128,6 +108,14 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     module = _LAZY.get(name)
+    if module is None and name in _SUBMODULES:  # ``amp_backends.errors.InputError`` after ``import amp_backends``
+        return importlib.import_module(f".{name}", __name__)
+    if module is None and name in _MOVED:
+        import warnings
+
+        warnings.warn(f"amp_backends.{name} moved to {_MOVED[name]}.{name}; the old name goes in the next release",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(_MOVED[name]), name)
     if module is None:
         authors = importlib.import_module(".backend_api", __name__).__all__ if not name.startswith("_") else ()
         where = ": it is a backend author's name, import it from amp_backends.backend_api" if name in authors else ""

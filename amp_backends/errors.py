@@ -1,6 +1,7 @@
 """Every exception and warning amp_backends raises, in one place.
 
-Every error the library raises on purpose is an :class:`AmpError` (``except amp_backends.AmpError``), and
+Every error the library raises on purpose is an :class:`AmpError` (``except amp_backends.AmpError``; the
+classes below are imported from here: ``from amp_backends.errors import InputError``), and
 also the builtin a caller would catch without knowing the library (``ValueError`` for bad input,
 ``RuntimeError`` for a failure). :class:`TrainingInterrupted` is the one exception that is no ``AmpError``:
 it is a ``KeyboardInterrupt``, so that ``except Exception`` (and ``except AmpError``) never swallows a stop.
@@ -38,6 +39,11 @@ Each message says what was expected, what was received and how to fix it.
 """
 
 from __future__ import annotations
+
+
+__all__ = ["AmpConfigError", "AmpError", "AmpWarning", "BackendError", "CheckpointError", "CheckpointMismatchError",
+           "ClusterConfigError", "DataUnavailableError", "DistributedFailure", "FactoryError", "InputError",
+           "ModelCallError", "NonFiniteError", "TrainingInterrupted", "UnsupportedRequestError"]
 
 
 class AmpError(Exception):

@@ -18,7 +18,8 @@ from conftest import NEUTRAL_CWD, policy
 
 tf = pytest.importorskip("tensorflow")
 import amp_backends  # noqa: E402
-from amp_backends import AmpConfigError, LossScaler  # noqa: E402
+from amp_backends import LossScaler  # noqa: E402
+from amp_backends.errors import AmpConfigError  # noqa: E402
 from amp_backends.request import LossScale  # noqa: E402
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]

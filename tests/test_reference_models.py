@@ -310,7 +310,7 @@ def test_trainer_refuses_bert_features_under_other_names_before_any_step(zoo_mod
 def test_two_heads_with_one_keras_loss_is_refused_with_the_fix(zoo_models):
     plan = here()
     model = zoo_models.fresh("two_heads", plan.policy)
-    with pytest.raises(amp_backends.AmpConfigError, match=r"2 outputs.*Fix: give loss= a function"):
+    with pytest.raises(amp_backends.errors.AmpConfigError, match=r"2 outputs.*Fix: give loss= a function"):
         amp_backends.classifier_updates(model, K.optimizers.Adam())  # was: AttributeError inside the traced step
     with pytest.raises(TypeError, match="several outputs"):
         amp_backends.classifier_updates(model, K.optimizers.Adam(), entry("two_heads").loss())  # compile's dict

@@ -286,10 +286,10 @@ def test_labels_as_a_list_of_numpy_scalars_train():
 
 def test_an_unbuilt_model_is_refused_with_the_fix():
     model = tf.keras.Sequential([tf.keras.layers.Dense(3)])  # no Input: no variables yet
-    with pytest.raises(amp_backends.AmpConfigError, match="not built yet.*keras.Input"):
+    with pytest.raises(amp_backends.errors.AmpConfigError, match="not built yet.*keras.Input"):
         Trainer(classifier_updates(model, tf.keras.optimizers.SGD()), plan(), batch_size=8)
     x = tf.Variable(1.0)
-    with pytest.raises(amp_backends.AmpConfigError, match="Update 'u' has no variables to train.*keras.Input"):
+    with pytest.raises(amp_backends.errors.AmpConfigError, match="Update 'u' has no variables to train.*keras.Input"):
         Trainer([Update("u", lambda b: x * 0.0, [([], tf.keras.optimizers.SGD())])], plan(), batch_size=8)
 
 
@@ -297,7 +297,7 @@ def test_an_optimizer_that_scales_losses_itself_is_refused():
     model = mlp()
     opt = amp_backends.auto_configure(verbose=False, policy="float32", loss_scale="dynamic").wrap_optimizer(
         tf.keras.optimizers.SGD())
-    with pytest.raises(amp_backends.AmpConfigError, match="scales losses itself.*scaled twice.*plain optimizer"):
+    with pytest.raises(amp_backends.errors.AmpConfigError, match="scales losses itself.*scaled twice.*plain optimizer"):
         Trainer(classifier_updates(model, opt), plan(), batch_size=8)
 
 
@@ -313,5 +313,5 @@ def test_one_optimizer_may_serve_two_groups():
 
 
 def test_resume_without_a_checkpoint_dir_is_refused():
-    with pytest.raises(amp_backends.AmpConfigError, match="resume=True.*no checkpoint_dir"):
+    with pytest.raises(amp_backends.errors.AmpConfigError, match="resume=True.*no checkpoint_dir"):
         trainer(mlp()).fit(*data(16), resume=True)
