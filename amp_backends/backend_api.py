@@ -33,7 +33,8 @@ from .assessment import (
     VendorSetting,
     load_results,
 )
-from .hardware import BF16, FP8, FP16, TENSOR_CORES, TF32, XMX, Accelerator, BackendProbe, CpuInfo, Hardware
+from .hardware import (BF16, FP8, FP16, GB, TENSOR_CORES, TF32, XMX, Accelerator, BackendProbe, CpuInfo, Hardware,
+                       KnownDevice)
 from .plan import BackendStatus, Plan, Rejected
 from .planner import make_plan
 from .probe import probe_hardware
@@ -52,6 +53,8 @@ __all__ = [
     "EMULATED", "FUNCTIONAL", "LEVELS", "NATIVE", "UNSAFE", "UNSUPPORTED",
     # the committed measurements a reason quotes
     "RESULTS_DIR", "Results", "load_results",
+    # the device catalogue: a backend's entries (Backend.catalogue, Backend.describe)
+    "GB", "KnownDevice",
     # planning: the request, the planner, the plan and its parts
     "BackendStatus", "LossScale", "Plan", "Rejected", "Request", "build_request", "make_plan",
     # the installed software, read without importing it

@@ -222,3 +222,36 @@ class Hardware:
             "backends": [p.to_dict() for p in self.probes],
             "tensorflow_device_types": sorted(self.tf_device_types) if self.tf_device_types is not None else None,
         }
+
+
+# Vendors' "GB" of GPU memory are binary: NVML reported 81559 MiB (79.6 GiB) on an "H100 80GB HBM3".
+GB = 2**30
+
+
+@dataclass(frozen=True)
+class KnownDevice:
+    """One entry of the device catalogue (:mod:`amp_backends.devices`): what its backend's probe would see, and
+    where the figures come from. Its backend lists it (``Backend.catalogue``) and describes it
+    (``Backend.describe``)."""
+
+    name: str
+    aliases: tuple[str, ...]
+    backend: str  # the backend whose catalogue holds it, and which describes it
+    title: str
+    source: str
+    # GPUs and XPUs: the name as the driver reports it, compute capability (NVIDIA), memory in bytes
+    device_name: str = ""
+    compute_capability: tuple[int, int] | None = None
+    memory_bytes: int | None = None
+    # CPUs: vendor, architecture, logical cores of one socket, /proc/cpuinfo flags that matter
+    cpu_vendor: str = ""
+    arch: str = "x86_64"
+    logical_cores: int = 0
+    flags: str = ""
+    note: str = ""
+    family: int | None = None  # CPUID's family and model, from which the probe names the microarchitecture
+    model_number: int | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"name": self.name, "aliases": list(self.aliases), "backend": self.backend, "title": self.title,
+                "source": self.source, "note": self.note}

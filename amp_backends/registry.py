@@ -8,7 +8,9 @@ A backend answers a handful of questions:
   and which the backend prefers and why,
 * :meth:`Backend.report_rows` and :meth:`Backend.software_rows` — its rows in the capability report,
 * :meth:`Backend.vendor_settings` and :meth:`Backend.apply` — its own settings beyond the Keras policy,
-  TF32 and XLA (ITEX's math mode, say): named from the resolved plan, then applied.
+  TF32 and XLA (ITEX's math mode, say): named from the resolved plan, then applied,
+* :meth:`Backend.catalogue` and :meth:`Backend.describe` — its devices in the catalogue
+  (``plan_for(device="h100")``), and the probe each would give.
 
 Backends are registered through the ``amp_backends.backends`` entry point group, so a new vendor is
 one new folder plus one registration; :class:`BackendRegistry` keeps them (and the reasons any failed
@@ -24,7 +26,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 
 from .assessment import Assessment, VendorSetting
-from .hardware import BackendProbe, Hardware
+from .hardware import BackendProbe, Hardware, KnownDevice
 
 if TYPE_CHECKING:  # pragma: no cover
     from .plan import Plan
@@ -67,6 +69,28 @@ class Backend(abc.ABC):
     def apply(self, plan: "Plan", tf: Any) -> list[str]:
         """Apply the plan's vendor settings beyond the Keras policy, TF32 and XLA. Returns notes for the log."""
         return []
+
+    def catalogue(self) -> tuple["KnownDevice", ...]:
+        """This vendor's devices in the device catalogue, each with the sources of its figures (none by default).
+
+        Returns:
+            The entries; each names this backend as its ``backend``.
+        """
+        return ()
+
+    def describe(self, device: "KnownDevice") -> BackendProbe:
+        """The probe this backend would give on a machine with ``device`` alone (pure: no I/O).
+
+        Args:
+            device: One of this backend's :meth:`catalogue` entries.
+
+        Returns:
+            An available probe of the device.
+
+        Raises:
+            NotImplementedError: The backend has no catalogue.
+        """
+        raise NotImplementedError(f"the {self.name} backend has no device catalogue to describe {device.name!r}")
 
 
 class BackendRegistry:

@@ -53,7 +53,8 @@ def _onoff(value: Any) -> str:
 # Hardware the catalogue does not hold but the table must show: described exactly as the catalogue describes a
 # device (what its probe would see); each row is then planned by the backends themselves.
 def _extra_devices() -> list[Any]:
-    from amp_backends.devices import CUDA_GPUS, GB, KnownDevice
+    from amp_backends.backends.nvidia.catalogue import CUDA_GPUS
+    from amp_backends.devices import GB, KnownDevice
 
     return [
         KnownDevice("p100", (), "nvidia", "NVIDIA Tesla P100 16 GB (CC 6.0, no Tensor Cores)", CUDA_GPUS,

@@ -44,7 +44,7 @@ def pytest_addoption(parser):
 def _as_cpu(name: str):
     """The catalogue CPU ``name``'s CpuInfo; TF_ENABLE_ONEDNN_OPTS set as TensorFlow would decide on it."""
     from amp_backends.backends.cpu.onednn import tensorflow_default
-    from amp_backends.devices import find_device
+    from amp_backends.devices import device_hardware, find_device
 
     from amp_backends.errors import AmpConfigError
 
@@ -55,7 +55,7 @@ def _as_cpu(name: str):
     if device.backend != "cpu":
         raise pytest.UsageError(f"--as-cpu takes a CPU of the device catalogue, such as zen3 or zen5. Received: "
                                 f"{name!r} (a {device.backend} device).")
-    cpu = device.hardware().cpu
+    cpu = device_hardware(device).cpu
     onednn_on, _ = tensorflow_default(cpu, "linux", "2.21.0")
     if not onednn_on and "tensorflow" not in sys.modules:
         os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")

@@ -198,6 +198,13 @@ def test_the_plan_imports_no_model_code():
     assert not {d for d in deps if rank(layer_of(d)) > rank("plan")}, deps
 
 
+def test_the_core_imports_no_vendor_backend():
+    """Vendor knowledge is reached through the backend interface (the registry), never by importing a backend."""
+    found = sorted(f"{name} imports {dep}" for name, deps in import_graph().items()
+                   if not name.startswith(FACE + ".backends") for dep in deps if dep.startswith(FACE + ".backends."))
+    assert not found, "the core imports vendor backends; go through the registry:\n" + "\n".join(found)
+
+
 def test_no_vendor_names_in_core_decisions():
     vendor_test = re.compile(r"""\b(backend|name)\s*[!=]=\s*["'](nvidia|intel|cpu)["']""")
     for name, (path, _) in package_modules().items():

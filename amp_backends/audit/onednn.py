@@ -218,10 +218,12 @@ def cpu_has_avx512() -> bool | None:
     Returns:
         True or False on x86, ``None`` where the question does not apply (Arm) or the CPU cannot be read.
     """
-    from ..backends.cpu import probe_cpu
+    from ..registry import default_registry
 
     try:
-        cpu = probe_cpu()
+        cpu = default_registry().get("cpu").probe().cpu  # the CPU backend reads it, as the plan did
     except Exception:  # noqa: BLE001  # a fact for a message: never worth failing the audit
+        return None
+    if cpu is None:
         return None
     return None if cpu.is_arm else "avx512f" in cpu.flags

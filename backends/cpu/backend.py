@@ -26,7 +26,7 @@ from amp_backends.assessment import (
     Support,
     VendorSetting,
 )
-from amp_backends.hardware import BF16, FP16, Accelerator, BackendProbe, CpuInfo, Hardware
+from amp_backends.hardware import KnownDevice, BF16, FP16, Accelerator, BackendProbe, CpuInfo, Hardware
 from amp_backends.plan import Plan
 from amp_backends.registry import Backend
 from amp_backends.software import tensorflow_version
@@ -273,6 +273,22 @@ class CpuBackend(Backend):
         if hidden:
             notes.append(hidden)
         return notes
+
+    def catalogue(self) -> tuple[KnownDevice, ...]:
+        """The cpu devices of the device catalogue (``backends/cpu/catalogue.py``)."""
+        from .catalogue import CATALOGUE
+
+        return CATALOGUE
+
+    def describe(self, device: KnownDevice) -> BackendProbe:
+        """The probe this backend would give on a machine with the catalogue's ``device`` alone."""
+        cpu = CpuInfo(device.cpu_vendor, device.device_name, device.arch, device.logical_cores,
+                      frozenset(device.flags.split()), device.family, device.model_number)
+        no_itex = ItexStatus(None, "2.21.0", False, "Intel Extension for TensorFlow is not installed")
+        onednn = onednn_state(cpu, {}, system="linux", tf_version="2.21.0")
+        return BackendProbe("cpu", True, f"{device.title} [catalogue: {device.source}]",
+                            devices=(cpu_device(cpu),), cpu=cpu,
+                            details=(("catalogue", device.source),), facts=CpuFacts(no_itex, onednn))
 
 
 def hide_accelerators(tf: Any) -> str | None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from amp_backends.assessment import EMULATED, NATIVE, UNSUPPORTED, Assessment, MatrixUnit, Support, VendorSetting
-from amp_backends.hardware import BF16, FP16, TF32, XMX, Accelerator, BackendProbe, Hardware
+from amp_backends.hardware import KnownDevice, BF16, FP16, TF32, XMX, Accelerator, BackendProbe, Hardware
 from amp_backends.plan import Plan
 from amp_backends.registry import Backend
 
@@ -192,6 +192,21 @@ class IntelBackend(Backend):
         if amp:
             notes.append(configure_itex_amp(amp))
         return notes
+
+    def catalogue(self) -> tuple[KnownDevice, ...]:
+        """The intel devices of the device catalogue (``backends/intel/catalogue.py``)."""
+        from .catalogue import CATALOGUE
+
+        return CATALOGUE
+
+    def describe(self, device: KnownDevice) -> BackendProbe:
+        """The probe this backend would give on a machine with the catalogue's ``device`` alone."""
+        acc = classify_xpu(0, device.device_name)
+        acc = Accelerator(acc.vendor, acc.index, acc.name, acc.kind, None, device.memory_bytes, acc.capabilities)
+        itex = ItexStatus("2.15.0.0", "2.15.1", True,
+                          "ITEX 2.15.0.0 with TensorFlow 2.15.1 (the catalogue's assumption)")
+        return BackendProbe("intel", True, f"1 XPU(s): {acc.name} [catalogue: {device.source}]", devices=(acc,),
+                            details=(("catalogue", device.source),), facts=IntelFacts(itex, ("gpu",)))
 
 
 def _text(value: Any) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from amp_backends.assessment import (EMULATED, FUNCTIONAL, NATIVE, UNSUPPORTED, Assessment, Evidence, MatrixUnit,
                                      Support)
-from amp_backends.hardware import BF16, FP8, FP16, TENSOR_CORES, TF32, Accelerator, BackendProbe, Hardware
+from amp_backends.hardware import KnownDevice, BF16, FP8, FP16, TENSOR_CORES, TF32, Accelerator, BackendProbe, Hardware
 from amp_backends.registry import Backend
 from amp_backends.software import installed_version
 
@@ -247,3 +247,16 @@ class NvidiaBackend(Backend):
             steps_per_execution=1,
             steps_per_execution_why=FIT_STEPS_WHY,
         )
+
+    def catalogue(self) -> tuple[KnownDevice, ...]:
+        """The nvidia devices of the device catalogue (``backends/nvidia/catalogue.py``)."""
+        from .catalogue import CATALOGUE
+
+        return CATALOGUE
+
+    def describe(self, device: KnownDevice) -> BackendProbe:
+        """The probe this backend would give on a machine with the catalogue's ``device`` alone."""
+        acc = Accelerator("nvidia", 0, device.device_name, "GPU", device.compute_capability, device.memory_bytes,
+                          derive_capabilities(device.device_name, device.compute_capability))
+        return BackendProbe("nvidia", True, f"1 GPU(s): {acc.name} (CC {acc.cc_str}) [catalogue: {device.source}]",
+                            devices=(acc,), details=(("catalogue", device.source),), facts=NvidiaFacts())
