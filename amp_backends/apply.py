@@ -1,7 +1,7 @@
-"""Apply a :class:`~amp_backends.plan.Plan` to TensorFlow and whichever Keras is in use (2 or 3).
+"""Apply a `Plan` to TensorFlow and whichever Keras is in use (2 or 3).
 
 The core sets what every backend shares — the Keras global dtype policy, TF32 execution, global XLA
-auto-clustering — and then hands the plan to its backend's :meth:`~amp_backends.registry.Backend.apply`
+auto-clustering — and then hands the plan to its backend's `apply`
 for the vendor's own settings (ITEX's math mode and auto mixed precision, hiding accelerators from a CPU
 plan).
 """

@@ -1,14 +1,14 @@
-"""The vocabulary a backend judges its hardware in: support levels, :class:`Support`, :class:`Assessment`.
+"""The vocabulary a backend judges its hardware in: support levels, `Support`, `Assessment`.
 
-A backend's :meth:`~amp_backends.registry.Backend.assess` returns an :class:`Assessment`: for each
+A backend's `assess` returns an `Assessment`: for each
 setting the planner resolves (dtype policy, TF32, XLA, graph-level automatic mixed precision, float8
 training), how well the hardware supports it and why; which matrix units run which precision
-(:class:`MatrixUnit`, read by the precision check); and how many training steps Keras ``fit`` should run per
-compiled call there. The planner (:mod:`amp_backends.planner`) turns that into a
-:class:`~amp_backends.plan.Plan`, which carries the assessment along, so nobody has to assess twice.
+(`MatrixUnit`, read by the precision check); and how many training steps Keras ``fit`` should run per
+compiled call there. The planner (`amp_backends.planner`) turns that into a
+`Plan`, which carries the assessment along, so nobody has to assess twice.
 
-:class:`VendorSetting` is how a backend carries its own settings (ITEX's math mode, say) through the
-plan to its :meth:`~amp_backends.registry.Backend.apply` and into the report, without the core knowing
+`VendorSetting` is how a backend carries its own settings (ITEX's math mode, say) through the
+plan to its `apply` and into the report, without the core knowing
 what they mean.
 """
 
@@ -37,7 +37,7 @@ class Evidence:
     """A measurement a decision rests on: the results file, the machine as the file records it, the figures.
 
     ``figures`` are ``(configuration, value)`` pairs in ``unit``; ``run`` says how they were made (TensorFlow
-    version, script, date). :meth:`describe` is the sentence the reasons quote.
+    version, script, date). `describe` is the sentence the reasons quote.
     """
 
     file: str
@@ -68,7 +68,7 @@ RESULTS_DIR = next((d for d in (_HERE / "results", _HERE.parent / "results") if 
 class Results:
     """One committed results file as the reasons quote it: the machine, how it was made, each configuration's figure.
 
-    A backend reads its own files' formats into this (:func:`load_results`); a reason never types a figure
+    A backend reads its own files' formats into this (`load_results`); a reason never types a figure
     itself: it quotes one of these files, names the machine and the file, and derives ratios from the same
     figures.
 
@@ -105,7 +105,7 @@ class Results:
         return f"TF {self.tensorflow}, {script or self.command}, {self.date[:10]}"
 
     def evidence(self, *configs: str, unit: str = "img/s") -> Evidence | None:
-        """The figures of ``configs`` the file has, as :class:`Evidence` (``None`` if it has none of them)."""
+        """The figures of ``configs`` the file has, as `Evidence` (``None`` if it has none of them)."""
         have = tuple((c, float(self.medians[c])) for c in configs if c in self.medians)
         if not have:
             return None
@@ -124,7 +124,7 @@ class Results:
         return float(self.medians[faster]) / float(self.medians[slower])
 
     def times(self, faster: str, slower: str) -> str:
-        """``"~1.8x"``: :meth:`ratio` as a reason says it (``"much"`` where it is not measured)."""
+        """``"~1.8x"``: `ratio` as a reason says it (``"much"`` where it is not measured)."""
         r = self.ratio(faster, slower)
         if r is None:
             return "much"
@@ -137,7 +137,7 @@ def load_results(file: str, parse: Callable[[str, Mapping[str, Any]], Results]) 
 
     Args:
         file: The path under ``results/``.
-        parse: Turns the file's name and JSON document into :class:`Results`.
+        parse: Turns the file's name and JSON document into `Results`.
 
     Returns:
         The results, or ``None`` where the file is missing or unreadable (a broken install: the reason then
@@ -155,7 +155,7 @@ class Support:
     """How a device supports one setting, and why.
 
     ``why`` is the whole reason (the figures it quotes included); ``brief`` the same in a few words, for a
-    one-line summary (:attr:`short`); ``evidence`` the measurements it quotes (:class:`Evidence`).
+    one-line summary (`short`); ``evidence`` the measurements it quotes (`Evidence`).
     """
 
     level: str
@@ -169,7 +169,7 @@ class Support:
 
     @property
     def short(self) -> str:
-        """:attr:`brief`, or where a backend gave none, the first clause of :attr:`why`."""
+        """`brief`, or where a backend gave none, the first clause of `why`."""
         return self.brief or first_clause(self.why)
 
     def to_dict(self) -> dict[str, Any]:
@@ -264,7 +264,7 @@ def describe_layers(rules: Iterable[Float32Layer]) -> str:
 
 
 def layer_geometry(layer: Any) -> tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
-    """A Keras layer's class names (its class and bases), strides and kernel size, as :class:`Float32Layer`
+    """A Keras layer's class names (its class and bases), strides and kernel size, as `Float32Layer`
     matches them (``()`` where it has none)."""
 
     def ints(value: Any) -> tuple[int, ...]:
@@ -285,7 +285,7 @@ def kept_in_float32(rules: Iterable[Float32Layer], layer: Any) -> bool:
 
 @dataclass(frozen=True)
 class Assessment:
-    """A backend's judgement of its probe, from which the planner builds a :class:`~amp_backends.plan.Plan`.
+    """A backend's judgement of its probe, from which the planner builds a `Plan`.
 
     ``policies`` holds an entry for each of ``float32``, ``mixed_float16`` and ``mixed_bfloat16``;
     ``preference`` lists dtype policies best first, and the planner takes the first one whose support is
@@ -295,10 +295,10 @@ class Assessment:
     ``fp8`` is how the devices run Keras's float8 layers with XLA on (the planner adds what the Keras version
     and the XLA setting change). ``matrix_units`` maps a compute dtype — ``float16``, ``bfloat16``,
     ``float32`` (its TF32-like mode, in effect when the plan's ``tf32`` is on), ``float8`` (in effect when the
-    plan's ``fp8`` is on) — to the :class:`MatrixUnit` that runs its matmuls; a dtype without one runs on the
+    plan's ``fp8`` is on) — to the `MatrixUnit` that runs its matmuls; a dtype without one runs on the
     ordinary cores. ``steps_per_execution`` is the number of training steps Keras ``fit`` runs per compiled
     call on this hardware, with ``steps_per_execution_why``. ``float32_layers`` are the layer kinds that
-    train faster kept in float32 inside a low-precision model here (:class:`Float32Layer`), and
+    train faster kept in float32 inside a low-precision model here (`Float32Layer`), and
     ``float32_layers_why`` says why there are none, when there are none.
     """
 
@@ -367,8 +367,8 @@ class Assessment:
 class VendorSetting:
     """One backend-owned setting the plan carries, such as ``ITEX_FP32_MATH_MODE=TF32``.
 
-    The backend names it in :meth:`~amp_backends.registry.Backend.vendor_settings` from the resolved plan,
-    reads it back in its :meth:`~amp_backends.registry.Backend.apply`, and the report shows it with ``why``.
+    The backend names it in `vendor_settings` from the resolved plan,
+    reads it back in its `apply`, and the report shows it with ``why``.
     """
 
     name: str

@@ -1,7 +1,7 @@
 """Autotune: time the candidate plans on the user's own model and keep the fastest, cached per device and model.
 
 The planner's rules come from measurements on chips we have seen; on another chip a rule can be wrong
-(the tutorials found XLA slower on an A100 for the MNIST CNN). :func:`tune` builds the model once per
+(the tutorials found XLA slower on an A100 for the MNIST CNN). `tune` builds the model once per
 candidate plan — each dtype policy the hardware runs natively, with XLA on and off where XLA exists —,
 trains a few steps with the trainer, and applies the fastest. The choice is cached in a JSON file
 (``$AMP_AUTOTUNE_CACHE``, else ``autotune.json`` in ``$AMP_CACHE_DIR``, ``$XDG_CACHE_HOME/amp_backends`` or
@@ -33,7 +33,7 @@ logger = logging.getLogger("amp_backends.autotune")
 
 def cache_path() -> Path:
     """The cache file, absolute: ``$AMP_AUTOTUNE_CACHE``, else ``autotune.json`` in the package's cache folder
-    (:func:`amp_backends.cache.cache_dir`)."""
+    (`amp_backends.cache.cache_dir`)."""
     if os.environ.get("AMP_AUTOTUNE_CACHE"):
         return Path(os.path.abspath(os.path.expanduser(os.environ["AMP_AUTOTUNE_CACHE"])))
     return cache_dir() / "autotune.json"
@@ -131,10 +131,10 @@ def tune(
     """Choose the fastest plan for the model ``build()`` makes, apply it and return it.
 
     ``build()`` is called once per candidate, after that candidate's dtype policy is set, and returns
-    ``(models, updates, checkpoint_objects)`` for a :class:`~amp_backends.trainer.Trainer`. Each candidate
+    ``(models, updates, checkpoint_objects)`` for a `Trainer`. Each candidate
     is built and warmed up (its compiling calls), then all are timed interleaved, one call of ``steps`` steps each
-    per round for :data:`ROUNDS` rounds (:func:`amp_backends.timing.interleaved`): a candidate is chosen only when
-    it beat every other one in every round by :data:`MARGIN`; otherwise the rules' plan stays (within noise). A
+    per round for `ROUNDS` rounds (`amp_backends.timing.interleaved`): a candidate is chosen only when
+    it beat every other one in every round by `MARGIN`; otherwise the rules' plan stays (within noise). A
     cached choice for the same device and model is applied without timing unless ``refresh``. ``registry`` replaces the
     installed backends. ``overrides`` are ``auto_configure`` keywords kept in every candidate and in the
     plan chosen (``loss_scale``, ``tf32``, ``fp8``, ``force``...); the candidates set ``policy`` and ``xla``.

@@ -1,13 +1,13 @@
 """What a backend author needs: the interface a vendor backend implements and the data it fills and reads.
 
 A backend (``backends/nvidia``, ``backends/intel``, ``backends/cpu``, or a third party's distribution) is a
-:class:`Backend` registered in the ``amp_backends.backends`` entry point group. The planner asks each one to
-probe its hardware (a :class:`BackendProbe` of :class:`Accelerator` devices, or the host's
-:class:`CpuInfo`), to assess what that hardware runs (an :class:`Assessment`: a :class:`Support` level per
-policy and setting, the :class:`MatrixUnit` per dtype, the :class:`Float32Layer` kinds it keeps in
-float32), to name its own :class:`VendorSetting` values for a plan, and to apply them. :func:`make_plan`
-decides the :class:`Plan` from a :class:`Hardware` description and a :class:`Request`
-(:func:`build_request`), with a :class:`BackendRegistry` (:func:`default_registry`: the installed ones).
+`Backend` registered in the ``amp_backends.backends`` entry point group. The planner asks each one to
+probe its hardware (a `BackendProbe` of `Accelerator` devices, or the host's
+`CpuInfo`), to assess what that hardware runs (an `Assessment`: a `Support` level per
+policy and setting, the `MatrixUnit` per dtype, the `Float32Layer` kinds it keeps in
+float32), to name its own `VendorSetting` values for a plan, and to apply them. `make_plan`
+decides the `Plan` from a `Hardware` description and a `Request`
+(`build_request`), with a `BackendRegistry` (`default_registry`: the installed ones).
 
 A training script needs none of this: it uses ``amp_backends`` itself (``auto_configure``, ``plan_for``,
 ``Trainer``, ...). Everything here is plain data and pure functions: importing this module imports no

@@ -1,6 +1,6 @@
 """``auto_configure()``: probe, plan, apply, explain — once per process and set of overrides.
 
-The plan applied in this process is kept in one object; :func:`reset` forgets it (for tests and tools
+The plan applied in this process is kept in one object; `reset` forgets it (for tests and tools
 that configure several plans in one process, such as the benchmark and autotune).
 """
 
@@ -43,7 +43,7 @@ _state = _State()
 
 
 def reset() -> None:
-    """Forget the plan applied in this process, so the next :func:`auto_configure` plans and applies again.
+    """Forget the plan applied in this process, so the next `auto_configure` plans and applies again.
 
     TensorFlow and Keras settings already applied stay as they are (the dtype policy of layers already
     built cannot change).
@@ -52,7 +52,12 @@ def reset() -> None:
 
 
 def current_plan() -> Plan | None:
-    """The plan applied by the last :func:`auto_configure` in this process, if any."""
+    """The plan applied by the last `auto_configure` in this process, if any.
+
+    Returns:
+        The `Plan`, or ``None`` before the first `auto_configure` (or after
+        `reset`).
+    """
     return _state.plan
 
 
@@ -77,10 +82,27 @@ def plan_for(
 ) -> Plan:
     """The plan for ``hardware`` (probed now if ``None``) under the overrides, without applying it.
 
-    ``device`` plans for a device of the catalogue instead (a name from :func:`known_devices`, such as
+    ``device`` plans for a device of the catalogue instead (a name from `known_devices`, such as
     ``"h100"``, ``"a100-80gb"`` or ``"sapphire-rapids"``; any case): hardware you do not have. ``keras`` is
     the Keras to plan for (float8 training needs Keras >= 3.3); by default the one ``tf.keras`` is, read from
     package metadata (or from TensorFlow, if imported).
+
+    Args:
+        hardware: The machine to plan for, as the probes describe it; ``None`` probes this one.
+        device: A catalogue device to plan for instead of ``hardware``.
+        registry: The backends to plan with (default: the installed ones).
+        environ: The environment the ``AMP_*`` overrides are read from (default: ``os.environ``).
+        keras: The Keras version to plan for (default: the installed one).
+        **overrides: `auto_configure`'s keywords (``policy="bf16"``, ``xla="off"``, ...).
+
+    Returns:
+        The plan, not applied.
+
+    Raises:
+        AmpConfigError: An override has an invalid value, ``device`` is unknown, or both ``hardware`` and
+            ``device`` were given.
+        UnsupportedRequestError: ``strict`` is on and a request cannot be honoured on this hardware.
+        BackendError: A backend asked for by name failed, or none is left.
     """
     if device is not None:
         if hardware is not None:
@@ -101,7 +123,19 @@ def configure_for_device(device: str, *, registry: BackendRegistry | None = None
     next compute as they would on the device (for ``check_model`` and ``amp-backends check --device``).
 
     Nothing else is applied: TF32, XLA and the vendor's settings belong to the device's machine, not this one,
-    and :func:`current_plan` stays this machine's. The overrides are :func:`plan_for`'s.
+    and `current_plan` stays this machine's. The overrides are `plan_for`'s.
+
+    Args:
+        device: A catalogue device name or alias (``"h100"``, ``"zen3"``).
+        registry: The backends to plan with (default: the installed ones).
+        environ: The environment the ``AMP_*`` overrides are read from (default: ``os.environ``).
+        **overrides: `auto_configure`'s keywords.
+
+    Returns:
+        The device's plan; only its dtype policy is set here.
+
+    Raises:
+        AmpConfigError: ``device`` is unknown or an override is invalid.
     """
     plan = plan_for(device=device, registry=registry, environ=environ, **overrides)
     from .keras_compat import set_global_policy
@@ -111,7 +145,11 @@ def configure_for_device(device: str, *, registry: BackendRegistry | None = None
 
 
 def known_devices() -> tuple[str, ...]:
-    """The names :func:`plan_for` accepts as ``device`` (each has aliases; see :mod:`amp_backends.devices`)."""
+    """The names `plan_for` accepts as ``device`` (each has aliases; see `amp_backends.devices`).
+
+    Returns:
+        The catalogue's device names, the highest-priority backend's first.
+    """
     from .devices import known_devices as names
 
     return names()
@@ -143,11 +181,11 @@ def auto_configure(
 
     Call it at the top of a training script, before building models: the Keras dtype policy applies
     to layers created afterwards. Each keyword overrides the automatic choice and defaults to the
-    matching ``AMP_*`` environment variable (see :mod:`amp_backends.request`); an invalid value raises
-    :class:`~amp_backends.errors.AmpConfigError` naming the valid ones. A request the hardware cannot
-    honour is downgraded with an :class:`~amp_backends.errors.AmpWarning` (or raises with
+    matching ``AMP_*`` environment variable (see `amp_backends.request`); an invalid value raises
+    `AmpConfigError` naming the valid ones. A request the hardware cannot
+    honour is downgraded with an `AmpWarning` (or raises with
     ``strict=True``). A backend that fails (to load, probe or assess) is skipped with a warning and the
-    next one is used; asking for it by name raises :class:`~amp_backends.errors.BackendError`.
+    next one is used; asking for it by name raises `BackendError`.
 
     Applying sets the Keras global dtype policy, TF32 execution (``tf.config``), turns global XLA
     auto-clustering off when the plan has XLA off, and the backend's own settings (ITEX's math mode and
@@ -157,7 +195,32 @@ def auto_configure(
     quantizes them; ``float32_layers`` (``auto``: those measured slower in the policy's low precision here,
     ``none``, or Keras class names) are the layers ``prepare_model`` and the trainer keep in float32.
     Calling again with the same overrides returns the same plan without re-applying
-    it (:func:`reset` forgets it). ``registry`` replaces the installed backends (tests, tools).
+    it (`reset` forgets it). ``registry`` replaces the installed backends (tests, tools).
+
+    Args:
+        backend: ``"auto"`` or a backend's name (``"nvidia"``, ``"intel"``, ``"cpu"``, or any registered one).
+        policy: ``"auto"``, ``"float32"``, ``"mixed_float16"`` or ``"mixed_bfloat16"`` (also ``"fp16"``,
+            ``"bf16"``, ``"fp32"``).
+        xla: ``"auto"``, ``"on"`` or ``"off"`` (also ``True``/``False``, ``1``/``0``).
+        tf32: ``"auto"``, ``"on"`` or ``"off"``: TF32 (or ITEX's BF32) for the float32 parts.
+        loss_scale: ``"auto"``, ``"dynamic"``, ``"none"``, a fixed scale (``1024``), or a
+            `LossScale`.
+        itex_amp: ``"on"``/``"off"``: ITEX's graph-level automatic mixed precision instead of a Keras policy.
+        fp8: ``"auto"``, ``"on"`` or ``"off"``: float8 training of the eligible Dense layers (off by default).
+        float32_layers: ``"auto"``, ``"none"``, or Keras layer class names to keep in float32.
+        strict: Raise `UnsupportedRequestError` instead of downgrading a request.
+        force: Run a slow (emulated) request anyway; an unsafe one is still refused.
+        apply: Apply the plan (``False``: plan only, like `plan_for`).
+        verbose: Log the plan's summary.
+        registry: The backends to plan with (default: the installed ones).
+
+    Returns:
+        The plan, applied (unless ``apply=False``).
+
+    Raises:
+        AmpConfigError: An override has an invalid value; the message names the valid ones.
+        UnsupportedRequestError: ``strict`` is on and a request cannot be honoured on this hardware.
+        BackendError: A backend asked for by name failed, or none is left.
     """
     registry = registry or default_registry()
     request = build_request(

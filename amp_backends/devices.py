@@ -1,11 +1,11 @@
 """A catalogue of known devices, to plan for hardware this machine does not have.
 
-The entries belong to the vendor backends: each backend lists its own (:meth:`~amp_backends.registry.Backend.catalogue`)
-and describes one as its probe would see it (:meth:`~amp_backends.registry.Backend.describe`); this module
+The entries belong to the vendor backends: each backend lists its own (`catalogue`)
+and describes one as its probe would see it (`describe`); this module
 gathers them from the registered backends, finds one by name and builds the machine it describes.
 
-Each entry describes one device as its probe would see it — the same :class:`~amp_backends.hardware.Hardware`,
-:class:`~amp_backends.hardware.BackendProbe` and :class:`~amp_backends.hardware.Accelerator` objects the real
+Each entry describes one device as its probe would see it — the same `Hardware`,
+`BackendProbe` and `Accelerator` objects the real
 probes fill — with where its figures come from (the vendor's datasheet or specification page for the
 name, compute capability, memory and instruction sets). ``plan_for(device="h100")`` plans for it::
 
@@ -109,7 +109,7 @@ def find_device(name: str, registry: BackendRegistry | None = None) -> KnownDevi
 
 
 def device_hardware(device: KnownDevice | str, registry: BackendRegistry | None = None) -> Hardware:
-    """The :class:`~amp_backends.hardware.Hardware` the probes would report for a catalogue device.
+    """The `Hardware` the probes would report for a catalogue device.
 
     Args:
         device: A catalogue entry, or its name or alias.

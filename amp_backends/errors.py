@@ -1,9 +1,9 @@
 """Every exception and warning amp_backends raises, in one place.
 
-Every error the library raises on purpose is an :class:`AmpError` (``except amp_backends.AmpError``; the
+Every error the library raises on purpose is an `AmpError` (``except amp_backends.AmpError``; the
 classes below are imported from here: ``from amp_backends.errors import InputError``), and
 also the builtin a caller would catch without knowing the library (``ValueError`` for bad input,
-``RuntimeError`` for a failure). :class:`TrainingInterrupted` is the one exception that is no ``AmpError``:
+``RuntimeError`` for a failure). `TrainingInterrupted` is the one exception that is no ``AmpError``:
 it is a ``KeyboardInterrupt``, so that ``except Exception`` (and ``except AmpError``) never swallows a stop.
 
 ===========================  =====================  ==============================================================
@@ -69,7 +69,7 @@ class FactoryError(AmpError, ValueError):
 class BackendError(AmpError, RuntimeError):
     """A backend failed to load, probe, assess or apply where it was needed; the message names it and why.
 
-    A failing backend never breaks the others: :func:`~amp_backends.auto_configure` records the failure
+    A failing backend never breaks the others: `auto_configure` records the failure
     and plans with the next available backend. This is raised only when the failed backend was asked
     for by name (``backend=`` / ``AMP_BACKEND``), when no backend is left, or when the selected backend
     fails while its plan is being applied.
@@ -134,7 +134,7 @@ class CheckpointMismatchError(CheckpointError):
 class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C (SIGINT) or SIGTERM stopped training after the current call; ``checkpoint`` is where it was saved.
 
-    A ``KeyboardInterrupt`` and no :class:`AmpError`, so a program that does not catch it by name ends as
+    A ``KeyboardInterrupt`` and no `AmpError`, so a program that does not catch it by name ends as
     Ctrl-C ends it (``except Exception`` does not catch it); ``exit_code`` is the shell's convention (130 for
     SIGINT, 143 for SIGTERM).
     """

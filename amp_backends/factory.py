@@ -3,7 +3,7 @@
 A factory is a function that builds a Keras model with no arguments; ``amp-backends check`` and ``audit``
 name it ``package.module:function`` (``amp_backends.models:mnist_cnn``; ``mymodels:build`` for
 ``./mymodels.py``: the current directory is importable, as with ``python -m``). Every way such a name can
-be wrong raises one error, :class:`~amp_backends.errors.FactoryError` (a ``ValueError``), saying the
+be wrong raises one error, `FactoryError` (a ``ValueError``), saying the
 expected form, the value received and the fix.
 """
 
@@ -23,7 +23,7 @@ _SPEC = re.compile(r"^(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<factory>[A
 
 
 def parse_factory(spec: Any) -> tuple[str, str]:
-    """``"package.module:factory"`` -> ``("package.module", "factory")``; :class:`FactoryError` when malformed."""
+    """``"package.module:factory"`` -> ``("package.module", "factory")``; `FactoryError` when malformed."""
     match = _SPEC.match(spec.strip()) if isinstance(spec, str) else None
     if match is None:
         raise FactoryError(
@@ -54,7 +54,7 @@ def factory_spec(factory: Any) -> str:
 
 def load_factory(factory: Any) -> Callable[[], Any]:
     """The function a ``MODULE:FACTORY`` string names (imported, the current directory importable), or ``factory``
-    itself when it is already a function; :class:`FactoryError` saying what went wrong."""
+    itself when it is already a function; `FactoryError` saying what went wrong."""
     if callable(factory) and not isinstance(factory, str):
         return factory
     module_name, factory_name = parse_factory(factory)

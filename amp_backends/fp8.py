@@ -1,4 +1,4 @@
-"""float8 training of a model's eligible layers: :func:`float8_decisions`, part of a model's layer plan.
+"""float8 training of a model's eligible layers: `float8_decisions`, part of a model's layer plan.
 
 Keras 3 (3.3 and later) trains a Dense or EinsumDense layer in float8 once ``layer.quantize("float8")``
 has given it a ``float8_from_<policy>`` dtype policy: its inputs, kernel and output gradients are
@@ -6,11 +6,11 @@ quantized with delayed scaling (an amax history per tensor; e4m3 forward, e5m2 g
 matmul, which XLA lowers to fp8 GEMMs on GPUs with fp8 Tensor Cores (NVIDIA CC >= 8.9). Elsewhere the same
 ops run emulated: the numerics of float8, without its speed.
 
-Only some layers are worth it, and safe: the precision check (:func:`amp_backends.check_model`) names them
+Only some layers are worth it, and safe: the precision check (`amp_backends.check_model`) names them
 — Dense and EinsumDense layers that are neither the first (it reads the data) nor the last (its output is
 the model's), with every dimension a multiple of 16, and large enough to gain (torchao's filter for
 per-tensor scaling: a layer with at most 4096 units and 1024 input features is skipped; see
-:mod:`amp_backends.model_check.fp8_choice`). A model with dynamic dimensions (a sequence length) is sized
+`amp_backends.model_check.fp8_choice`). A model with dynamic dimensions (a sequence length) is sized
 from ``inputs=``, as the check is. A float8 policy cannot be set globally (keras-team/keras#23479), so the
 layers are quantized one by one.
 
@@ -30,7 +30,7 @@ FLOAT8 = "float8"
 
 @dataclass(frozen=True)
 class Float8Result:
-    """What :func:`float8_decisions` chose: the layers to quantize, the others with why, every decision, or a note."""
+    """What `float8_decisions` chose: the layers to quantize, the others with why, every decision, or a note."""
 
     quantized: tuple[str, ...] = ()
     skipped: tuple[tuple[str, str], ...] = ()
@@ -47,7 +47,7 @@ def fp8_forced(plan: Any) -> bool:
 
 def float8_decisions(model: Any, plan: Any, *, inputs: Any = None, skip_small: bool | None = None) -> Float8Result:
     """Which of ``model``'s layers train in float8 as ``plan`` says (``plan.fp8``): the float8 part of a model's
-    layer plan (:func:`amp_backends.layer_plan.decide`, which :func:`amp_backends.layer_plan.apply` quantizes).
+    layer plan (`amp_backends.layer_plan.decide`, which `amp_backends.layer_plan.apply` quantizes).
     Nothing in the model changes here.
 
     With ``plan.fp8`` off — the default — or on a Keras without float8 layers (Keras 2, Keras < 3.3) no layer is

@@ -1,7 +1,7 @@
 """Plain data describing what a machine can do.
 
 Probes (one per backend, in ``amp_backends.backends.<vendor>``) fill these frozen dataclasses; the
-planner (:mod:`amp_backends.planner`) decides from them alone, so every rule can be exercised with fake
+planner (`amp_backends.planner`) decides from them alone, so every rule can be exercised with fake
 hardware built from these classes.
 """
 
@@ -67,7 +67,7 @@ class CpuInfo:
 
     ``model`` is the model name (``"AMD EPYC"``); ``family``, ``model_number`` and ``stepping`` are CPUID's
     display family, model and stepping as ``/proc/cpuinfo`` gives them (``None`` where the probe cannot read
-    them), from which :attr:`microarchitecture` is named.
+    them), from which `microarchitecture` is named.
     """
 
     vendor: str
@@ -141,11 +141,11 @@ class BackendProbe:
     """What one backend found: whether it can be used, why (not), its devices, its facts and details.
 
     ``facts`` is the backend's own typed record of what it saw beyond devices (a frozen dataclass the
-    backend defines, such as whether ITEX is loaded): its :meth:`~amp_backends.registry.Backend.assess`
+    backend defines, such as whether ITEX is loaded): its `assess`
     decides from it, the core never looks inside. ``details`` are ``(key, value)`` strings for people (the
     report); no decision reads them. ``needs_tensorflow`` says the probe could not finish without
     TensorFlow (Intel XPUs are listed through it), so a caller that skipped TensorFlow should probe again
-    with it. ``error`` is set (by :func:`~amp_backends.probe.probe_hardware`) when the probe itself raised:
+    with it. ``error`` is set (by `probe_hardware`) when the probe itself raised:
     the backend is broken, not merely without hardware.
     """
 
@@ -230,7 +230,7 @@ GB = 2**30
 
 @dataclass(frozen=True)
 class KnownDevice:
-    """One entry of the device catalogue (:mod:`amp_backends.devices`): what its backend's probe would see, and
+    """One entry of the device catalogue (`amp_backends.devices`): what its backend's probe would see, and
     where the figures come from. Its backend lists it (``Backend.catalogue``) and describes it
     (``Backend.describe``)."""
 

@@ -15,12 +15,12 @@ The differences handled here:
 * ``LossScaleOptimizer``: Keras 3's is dynamic only and scales with ``scale_loss`` (unscaling and skipping
   non-finite steps inside ``apply``); Keras 2's has ``get_scaled_loss`` / ``get_unscaled_gradients``;
 * building an optimizer's state ahead of the first step;
-* loss scaling in ``Model.fit`` (:func:`wrap_optimizer`, :func:`compile_kwargs`): Keras 3's ``compile`` wraps
+* loss scaling in ``Model.fit`` (`wrap_optimizer`, `compile_kwargs`): Keras 3's ``compile`` wraps
   the optimizer in a dynamic ``LossScaleOptimizer`` under ``mixed_float16`` unless ``auto_scale_loss=False``,
   and takes a fixed scale as the optimizer's ``loss_scale_factor``; Keras 2's ``compile`` wraps it under
   ``mixed_float16`` unless it already is a ``LossScaleOptimizer`` (it has no ``auto_scale_loss``), and has
   fixed scales as ``LossScaleOptimizer(dynamic=False)``;
-* float8 training (:func:`float8_training`): ``layer.quantize("float8")`` exists from Keras 3.3.
+* float8 training (`float8_training`): ``layer.quantize("float8")`` exists from Keras 3.3.
 
 Nothing here imports TensorFlow unless a function is given it or needs it to act.
 """
@@ -171,7 +171,7 @@ def scale_loss(optimizer: Any, loss: Any) -> Any:
 
 
 def unscale_gradients(optimizer: Any, grads: Sequence[Any]) -> list[Any]:
-    """Gradients ready for ``optimizer.apply_gradients`` after :func:`scale_loss`.
+    """Gradients ready for ``optimizer.apply_gradients`` after `scale_loss`.
 
     Keras 2 unscales explicitly (``get_unscaled_gradients``); Keras 3's ``apply_gradients`` unscales,
     checks for non-finite values and skips the step itself, so the gradients pass through unchanged.
@@ -224,13 +224,13 @@ def loss_scale_of(optimizer: Any) -> tuple[str, float | None]:
 
 
 def wrap_optimizer(optimizer: Any, loss_scale: LossScale, compute_dtype: str) -> Any:
-    """``optimizer`` as ``loss_scale`` says, for ``Model.compile`` (see :meth:`amp_backends.plan.Plan.wrap_optimizer`).
+    """``optimizer`` as ``loss_scale`` says, for ``Model.compile`` (see `amp_backends.plan.Plan.wrap_optimizer`).
 
     * ``dynamic``: a ``LossScaleOptimizer`` with the plan's initial scale and growth interval (both Keras);
     * ``fixed``: Keras 3 sets the optimizer's ``loss_scale_factor``; Keras 2 wraps it in
       ``LossScaleOptimizer(dynamic=False, initial_scale=scale)``. Both multiply the loss and divide the
       gradients by the scale, and both apply a step whose gradients overflowed instead of skipping it
-      (an :class:`~amp_backends.errors.AmpWarning` says so under float16);
+      (an `AmpWarning` says so under float16);
     * ``none``: the optimizer as it is; on Keras 2 under float16, a ``LossScaleOptimizer`` with a fixed scale
       of 1 instead (multiplying by 1 changes nothing), because Keras 2's ``compile`` wraps any other
       optimizer in dynamic loss scaling under ``mixed_float16``.
@@ -291,7 +291,7 @@ def compile_kwargs(xla: bool, steps_per_execution: int, generation: int | None =
     """``Model.compile`` keywords for a plan, on the Keras ``tf.keras`` is (or API ``generation``).
 
     ``auto_scale_loss=False`` (Keras 3 only; Keras 2 has no such argument) keeps ``compile`` from adding
-    dynamic loss scaling under ``mixed_float16`` on top of what :func:`wrap_optimizer` decided.
+    dynamic loss scaling under ``mixed_float16`` on top of what `wrap_optimizer` decided.
     """
     kwargs: dict[str, Any] = {"jit_compile": bool(xla), "steps_per_execution": int(steps_per_execution)}
     if (generation if generation is not None else keras_info().generation or 2) >= 3:

@@ -1,10 +1,10 @@
 """A model's layer plan: which layers compute in another dtype than the plan's policy, each with its reason.
 
-A :class:`~amp_backends.plan.Plan` is decided from the hardware, before the model exists. What it means for
-one model is a :class:`LayerPlan`, a frozen value — layer path -> dtype policy (``float32``, ``float8``), with
-the reason and where the decision came from — decided by :func:`decide` from the model's structure and the
-plan, and applied by :func:`apply`, the only code in the package that sets a layer's dtype policy or
-quantizes one. :func:`amp_backends.prepare_model`, the trainer, the examples, the model zoo, the audit's child
+A `Plan` is decided from the hardware, before the model exists. What it means for
+one model is a `LayerPlan`, a frozen value — layer path -> dtype policy (``float32``, ``float8``), with
+the reason and where the decision came from — decided by `decide` from the model's structure and the
+plan, and applied by `apply`, the only code in the package that sets a layer's dtype policy or
+quantizes one. `amp_backends.prepare_model`, the trainer, the examples, the model zoo, the audit's child
 process and the precision check all go through it, so the model that trains, the model that is audited and
 the model that is checked are one model.
 
@@ -16,15 +16,15 @@ The decisions, in order:
 * **classifier heads**: a model output produced by a softmax or sigmoid (a layer's ``activation`` or a
   ``Softmax``/``Activation`` layer) in float16 or bfloat16 is computed in float32, as Keras's mixed precision
   guide does it: the low-precision probabilities round near 0 and 1, where the loss reads them.
-* **every layer float32, measured** (:mod:`amp_backends.policy_choice`): where the plan keeps layers in
+* **every layer float32, measured** (`amp_backends.policy_choice`): where the plan keeps layers in
   float32 and the model has such layers, a model can still train faster all in float32; it is timed only
   where asked, decided only when one side wins every interleaved round, and cached per model architecture,
   input shapes, device and TensorFlow/Keras version: the same model on the same machine gets the same layer
-  plan every run, and a saved and reloaded model gets it back from :func:`decide`.
-* **float8** (``plan.fp8``): the eligible Dense/EinsumDense layers (:mod:`amp_backends.fp8`).
+  plan every run, and a saved and reloaded model gets it back from `decide`.
+* **float8** (``plan.fp8``): the eligible Dense/EinsumDense layers (`amp_backends.fp8`).
 
 A layer the user gave another dtype keeps it. The trainer keeps each model's layer plan in its checkpoints,
-and a resumed run applies the checkpoint's (:meth:`LayerPlan.from_dict`).
+and a resumed run applies the checkpoint's (`LayerPlan.from_dict`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ HEAD_LAYERS = {"Softmax": "softmax"}
 @dataclass(frozen=True)
 class LayerDecision:
     """One layer's dtype policy where it differs from the plan's: its path (``model/block/dense``), the policy
-    (``float32`` or ``float8``), why, and which rule decided it (:data:`SOURCES`)."""
+    (``float32`` or ``float8``), why, and which rule decided it (`SOURCES`)."""
 
     path: str
     dtype: str
@@ -70,8 +70,17 @@ class LayerPlan:
     ``policy`` is the plan's dtype policy, which every layer not in ``decisions`` follows (or keeps the dtype it
     was given). ``considered`` lists the float8 candidates in graph order as ``(path, quantized, why)``, and
     ``float8_note`` says why none is, where none is. ``measurement`` is the measured all-float32 choice
-    (:class:`~amp_backends.policy_choice.Measurement`) where one was made, cached or restored; ``notes`` say what was
+    (`Measurement`) where one was made, cached or restored; ``notes`` say what was
     not decided and why.
+
+    Attributes:
+        model: The model's name.
+        policy: The plan's dtype policy, which every layer not in ``decisions`` follows.
+        decisions: Each layer given another dtype than ``policy``, with why (`LayerDecision`).
+        measurement: The measured all-float32 choice, or ``None``.
+        notes: What was not decided, and why.
+        considered: The float8 candidates in graph order, ``(path, quantized, why)``.
+        float8_note: Why no layer is float8, where none is.
     """
 
     model: str
@@ -83,13 +92,30 @@ class LayerPlan:
     float8_note: str = ""
 
     def dtype(self, path: str) -> str:
-        """The dtype policy the plan gives the layer at ``path`` (its own, or that of a layer it belongs to)."""
+        """The dtype policy the plan gives a layer (its own, or that of a layer it belongs to).
+
+        Args:
+            path: The layer's path in the model (``"model/block_1/conv"``).
+
+        Returns:
+            The dtype policy's name.
+        """
         for decision in self.decisions:
             if path == decision.path or path.startswith(decision.path + "/"):
                 return decision.dtype
         return self.policy
 
     def paths(self, dtype: str, source: str | None = None) -> tuple[str, ...]:
+        """The layers the plan gives one dtype.
+
+        Args:
+            dtype: ``"float32"``, ``"float8"``, or a policy's name.
+            source: Only the decisions of this origin (``"float32_layers"``, ``"head"``, ``"measured"``,
+                ``"fp8"``); ``None``: all.
+
+        Returns:
+            Their paths, in the order decided.
+        """
         return tuple(d.path for d in self.decisions if d.dtype == dtype and source in (None, d.source))
 
     @property
@@ -107,6 +133,14 @@ class LayerPlan:
         return bool(self.measurement is not None and self.measurement.float32)
 
     def keeps_float32(self, path: str) -> bool:
+        """Whether a layer computes in float32 under this layer plan.
+
+        Args:
+            path: The layer's path in the model.
+
+        Returns:
+            True where it is kept in float32 (or the plan's policy is float32).
+        """
         return self.dtype(path) == FLOAT32
 
     def to_dict(self) -> dict[str, Any]:
@@ -116,7 +150,7 @@ class LayerPlan:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LayerPlan:
-        """The layer plan :meth:`to_dict` wrote (a checkpoint's, a report's)."""
+        """The layer plan `to_dict` wrote (a checkpoint's, a report's)."""
         from .measurement import Measurement
 
         try:
@@ -287,11 +321,11 @@ def low_precision_paths(model: Any, plan: Plan) -> list[str]:
 
 def decide(model: Any, plan: Plan, *, measurement: Any = None, use_cache: bool = True) -> LayerPlan:
     """The float32 part of ``model``'s layer plan under ``plan``, from the model's structure (nothing in the model
-    changes; float8 joins it through :func:`with_float8`).
+    changes; float8 joins it through `with_float8`).
 
     ``measurement``: an all-float32 choice to follow (from a checkpoint); else the cached one for this model,
-    machine and versions, if any (:func:`amp_backends.measurement.cached`; not with ``use_cache=False``).
-    Nothing is timed here: measuring is :func:`amp_backends.prepare_model`'s and the trainer's, where asked.
+    machine and versions, if any (`amp_backends.measurement.cached`; not with ``use_cache=False``).
+    Nothing is timed here: measuring is `amp_backends.prepare_model`'s and the trainer's, where asked.
     """
     from .measurement import cached
 
@@ -308,7 +342,7 @@ def decide(model: Any, plan: Plan, *, measurement: Any = None, use_cache: bool =
 
 
 def with_float8(layer_plan: LayerPlan, layers: tuple[tuple[str, bool, str], ...], note: str) -> LayerPlan:
-    """``layer_plan`` with the float8 decisions of :func:`amp_backends.fp8.float8_decisions` (``layers``: every
+    """``layer_plan`` with the float8 decisions of `amp_backends.fp8.float8_decisions` (``layers``: every
     candidate as ``(path, quantized, why)``; ``note``: why none is)."""
     taken = {d.path for d in layer_plan.decisions}
     extra = tuple(LayerDecision(p, FLOAT8, why, FP8) for p, done, why in layers if done and p not in taken)
@@ -371,13 +405,13 @@ def apply(model: Any, layer_plan: LayerPlan) -> tuple[str, ...]:
 
 
 def restore(model: Any, policies: Mapping[str, str]) -> None:
-    """Put back the policies of :func:`policies` (a measurement's variants): the inverse of :func:`apply`."""
+    """Put back the policies of `policies` (a measurement's variants): the inverse of `apply`."""
     apply(model, LayerPlan(str(getattr(model, "name", "model")), "",
                            tuple(LayerDecision(p, dtype, "restored", "") for p, dtype in policies.items())))
 
 
 def policies(model: Any) -> dict[str, str]:
-    """Each layer's dtype policy name, by path (what :func:`restore` puts back)."""
+    """Each layer's dtype policy name, by path (what `restore` puts back)."""
     from .model_check._keras import policy_name
 
     return {path: policy_name(layer) for path, layer in _walk(model) if not policy_name(layer).startswith(FLOAT8)}

@@ -1,4 +1,4 @@
-"""How a plan scales losses: :class:`LossScale` (none, fixed or dynamic), plain frozen data."""
+"""How a plan scales losses: `LossScale` (none, fixed or dynamic), plain frozen data."""
 
 from __future__ import annotations
 
@@ -20,9 +20,17 @@ class LossScale:
     them. ``dynamic`` halves the scale (``backoff``) whenever gradients overflow, skipping that step,
     and doubles it (``growth``) after ``growth_interval`` finite steps. ``fixed`` keeps one scale;
     ``none`` does not scale (right for float32 and bfloat16).
+
+    Attributes:
+        mode: ``"dynamic"``, ``"fixed"`` or ``"none"``.
+        initial: The scale to start from (``fixed``: the scale).
+        growth_interval: Finite steps in a row after which ``dynamic`` doubles the scale.
+
+    Raises:
+        AmpConfigError: A mode, scale or interval out of range.
     """
 
-    mode: str = "none"  # "dynamic" | "fixed" | "none"
+    mode: str = "none"
     initial: float = DEFAULT_INITIAL_SCALE
     growth_interval: int = DEFAULT_GROWTH_INTERVAL
 

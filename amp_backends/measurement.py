@@ -1,9 +1,9 @@
 """A measured choice — every layer in float32, or the plan's policy kept — as data, and where it is cached.
 
-:class:`Measurement` is what :func:`amp_backends.policy_choice.measure` found: the two sides' rates and the
-verdict, decided only when one side won every interleaved round by :data:`MARGIN` (:func:`verdict_of`). It is
-kept per model architecture, machine, and TensorFlow and Keras versions (:func:`cached`, :func:`remember`,
-in ``layer_plans.json`` of :func:`amp_backends.cache.cache_dir`), so the same model on the same machine gets
+`Measurement` is what `amp_backends.policy_choice.measure` found: the two sides' rates and the
+verdict, decided only when one side won every interleaved round by `MARGIN` (`verdict_of`). It is
+kept per model architecture, machine, and TensorFlow and Keras versions (`cached`, `remember`,
+in ``layer_plans.json`` of `amp_backends.cache.cache_dir`), so the same model on the same machine gets
 the same layer plan every run.
 """
 
@@ -26,7 +26,7 @@ CACHE_FILE = "layer_plans.json"
 
 @dataclass(frozen=True)
 class Measurement:
-    """What :func:`measure` found: samples/s (forward and backward; medians and min-max over the rounds) as the
+    """What `measure` found: samples/s (forward and backward; medians and min-max over the rounds) as the
     layer plan has it and with every layer in float32, and the verdict: ``float32`` (every layer float32),
     ``plan`` (the plan won every round) or ``within noise`` (the plan stays). ``origin`` says whether it was
     measured now, read from the cache, or taken from the checkpoint of the run this one resumes."""

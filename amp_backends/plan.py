@@ -1,13 +1,13 @@
-"""The :class:`Plan`: the mixed-precision configuration chosen for a machine, with its reasons.
+"""The `Plan`: the mixed-precision configuration chosen for a machine, with its reasons.
 
-:func:`~amp_backends.planner.make_plan` decides it; :func:`~amp_backends.auto_configure` applies it.
-Each setting is a :class:`Decision`: its value, a short reason, the whole reason and the measurements it
-rests on (:class:`~amp_backends.assessment.Evidence`: results file, machine, figures) — data, not sentences.
+`make_plan` decides it; `auto_configure` applies it.
+Each setting is a `Decision`: its value, a short reason, the whole reason and the measurements it
+rests on (`Evidence`: results file, machine, figures) — data, not sentences.
 A plan is plain frozen data: it prints short (``str(plan)``: one line a setting) or whole
-(:meth:`Plan.explain`, with the measurements), serialises (:meth:`Plan.to_dict`) and
-carries the support table it was decided from (:attr:`Plan.assessment`), so tools that need to know
+(`Plan.explain`, with the measurements), serialises (`Plan.to_dict`) and
+carries the support table it was decided from (`Plan.assessment`), so tools that need to know
 what else the hardware runs (the benchmark, autotune) never assess again. It imports no model code:
-what a plan does to a model is :func:`amp_backends.prepare_model`'s (``prepare.py``), which takes the plan.
+what a plan does to a model is `amp_backends.prepare_model`'s (``prepare.py``), which takes the plan.
 """
 
 from __future__ import annotations
@@ -81,22 +81,37 @@ class BackendStatus:
 class Plan:
     """The mixed-precision configuration chosen for this machine, with the reason for each choice.
 
-    ``policy`` is the Keras dtype policy; ``loss_scale`` how the trainer scales losses; ``tf32`` whether
-    float32 matmuls/convolutions may use TF32 (or the backend's equivalent); ``xla`` whether training
-    steps are compiled with XLA (``jit_compile``); ``graph_amp`` the low-precision type (``"bfloat16"``
-    or ``"float16"``) the backend rewrites the float32 graph to itself, if requested (ITEX's auto mixed
-    precision; the Keras policy is then float32). ``fp8`` whether the eligible Dense layers train in float8
-    (``amp_backends.prepare_model(model, plan)`` applies it to a model); ``steps_per_execution`` how many
-    training steps Keras ``fit`` runs per compiled call (:meth:`compile_kwargs`). ``float32_layers`` are the
-    Keras layers kept in float32 inside the low-precision model, because they train slower in the policy's
-    dtype here (:class:`~amp_backends.assessment.Float32Layer`: a class, maybe with conditions on its strides
-    or kernel; ``amp_backends.prepare_model(model, plan)`` and the trainer apply them to a model).
-    ``vendor_settings`` are the
-    backend's own settings (ITEX's math mode). ``decisions`` holds each choice with its reasons and evidence
-    (:class:`Decision`; :attr:`reasons` maps each setting to its whole reason), ``rejected`` says why the
-    alternatives lost, ``warnings`` lists every downgraded or risky request, ``backends`` every registered
-    backend's status. ``device_names`` are the devices' names as the probe read them (``"AMD EPYC (Zen 5)"``),
-    ``tensorflow`` and ``keras`` the versions planned for.
+    A plan is data: `auto_configure` applies it, the trainer and Keras ``fit`` follow it
+    (`wrap_optimizer`, `compile_kwargs`), ``amp_backends.prepare_model(model, plan)`` brings a
+    model to it, and ``print(plan)`` or `to_json` says what it chose and why.
+
+    Attributes:
+        backend: The backend that won (``"nvidia"``, ``"intel"``, ``"cpu"``).
+        devices: TensorFlow's names of the devices used (``"/GPU:0"``).
+        policy: The Keras dtype policy (``"float32"``, ``"mixed_float16"``, ``"mixed_bfloat16"``).
+        loss_scale: How the trainer scales losses (`LossScale`).
+        tf32: Whether float32 matmuls and convolutions may use TF32 (or the backend's equivalent, ITEX's BF32).
+        xla: Whether training steps are compiled with XLA (``jit_compile``).
+        decisions: Each choice with its reasons and evidence (`Decision`; `reasons` maps each
+            setting to its whole reason).
+        rejected: Why the alternatives lost (`Rejected`).
+        warnings: Every downgraded or risky request, in words.
+        backends: Every registered backend's status (`BackendStatus`).
+        request: The overrides the plan answered (keywords and ``AMP_*`` variables).
+        notes: What else the backend said about the machine.
+        graph_amp: The low-precision type (``"bfloat16"`` or ``"float16"``) the backend rewrites the float32
+            graph to itself, if requested (ITEX's auto mixed precision; the Keras policy is then float32).
+        vendor_settings: The backend's own settings (ITEX's math mode).
+        assessment: The backend's judgement the plan was made from.
+        fp8: Whether the eligible Dense layers train in float8 (``prepare_model`` applies it to a model).
+        steps_per_execution: How many training steps Keras ``fit`` runs per compiled call.
+        float32_layers: The Keras layers kept in float32 inside the low-precision model, because they train
+            slower in the policy's dtype here (`Float32Layer`).
+        device_names: The devices' names as the probe read them (``"AMD EPYC (Zen 5)"``).
+        honoured: The requested settings honoured below native support, with the level they run at
+            (``functional``: little or no speed-up; ``emulated``: honoured only because ``force`` is on).
+        tensorflow: The TensorFlow version planned for.
+        keras: The Keras version planned for.
     """
 
     backend: str
@@ -118,18 +133,24 @@ class Plan:
     steps_per_execution: int = 1
     float32_layers: tuple[Float32Layer, ...] = ()
     device_names: tuple[str, ...] = ()
-    # the requested settings honoured below native support, with the level they run at (functional: little or no
-    # speed-up; emulated: honoured only because force is on): data, where the warnings say it in words
     honoured: Mapping[str, str] = field(default_factory=dict, compare=False)
     tensorflow: str | None = None
     keras: str | None = None
 
     @property
     def reasons(self) -> Mapping[str, str]:
-        """Each setting's whole reason (:attr:`Decision.detail`), by setting."""
+        """Each setting's whole reason (`Decision.detail`), by setting."""
         return {d.setting: d.detail for d in self.decisions}
 
     def decision(self, setting: str) -> Decision | None:
+        """The decision about one setting.
+
+        Args:
+            setting: ``"policy"``, ``"loss_scale"``, ``"tf32"``, ``"xla"``, ``"fp8"``, ...
+
+        Returns:
+            Its `Decision`, or ``None`` if the plan decided no such setting.
+        """
         return next((d for d in self.decisions if d.setting == setting), None)
 
     # -- convenience for training code ---------------------------------------------------------
@@ -146,21 +167,21 @@ class Plan:
         return self.devices[0] if self.devices else "/CPU:0"
 
     def compile_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``model.compile`` that follow the plan, with :meth:`wrap_optimizer`::
+        """Keyword arguments for ``model.compile`` that follow the plan, with `wrap_optimizer`::
 
             model.compile(optimizer=plan.wrap_optimizer(opt), loss=..., **plan.compile_kwargs())
 
         ``jit_compile`` (the plan's XLA), ``steps_per_execution`` (training steps per compiled call), and on
         Keras 3 ``auto_scale_loss=False``: otherwise Keras 3 wraps the optimizer in its own dynamic loss
-        scaling under ``mixed_float16``, whatever :meth:`wrap_optimizer` decided. Keras 2's ``compile`` has
-        no such argument; :meth:`wrap_optimizer` keeps it from adding scaling there.
+        scaling under ``mixed_float16``, whatever `wrap_optimizer` decided. Keras 2's ``compile`` has
+        no such argument; `wrap_optimizer` keeps it from adding scaling there.
         """
         from .keras_compat import compile_kwargs
 
         return compile_kwargs(self.xla, self.steps_per_execution)
 
     def wrap_optimizer(self, optimizer: Any) -> Any:
-        """The optimizer, as this plan scales losses, for ``model.compile`` (with :meth:`compile_kwargs`).
+        """The optimizer, as this plan scales losses, for ``model.compile`` (with `compile_kwargs`).
 
         Loss scaling multiplies the loss before differentiation so that small float16 gradients do not
         flush to zero, and divides the gradients again before they are applied.
@@ -170,19 +191,35 @@ class Plan:
         * ``fixed``: the loss is multiplied by the fixed scale — Keras 3: the optimizer itself, its
           ``loss_scale_factor`` set; Keras 2: ``LossScaleOptimizer(dynamic=False, initial_scale=scale)``.
           Neither skips a step whose gradients overflow (an ``AmpWarning`` says so under float16; the
-          :class:`~amp_backends.training.Trainer` does skip them);
+          `Trainer` does skip them);
         * ``none``: the optimizer unchanged; on Keras 2 under float16, a ``LossScaleOptimizer`` with a fixed
           scale of 1 (no scaling), the only way to keep Keras 2's ``compile`` from adding dynamic scaling.
 
         Keras 3 optimizers are changed in place for ``fixed`` (``loss_scale_factor``); an optimizer that
         already scales losses otherwise raises ``ValueError``. Names such as ``"adam"`` are accepted.
+
+        Args:
+            optimizer: A Keras optimizer, or its name (``"adam"``).
+
+        Returns:
+            The optimizer to pass to ``model.compile``.
+
+        Raises:
+            ValueError: The optimizer already scales losses in another way.
         """
         from .keras_compat import wrap_optimizer
 
         return wrap_optimizer(optimizer, self.loss_scale, self.compute_dtype)
 
     def vendor_setting(self, name: str) -> str | None:
-        """The value of the backend setting ``name`` in this plan, or ``None``."""
+        """The value of one of the backend's own settings in this plan.
+
+        Args:
+            name: The setting's name (``"ITEX_FP32_MATH_MODE"``).
+
+        Returns:
+            Its value, or ``None`` where the plan has no such setting.
+        """
         return next((s.value for s in self.vendor_settings if s.name == name), None)
 
     def training_key(self) -> str:
@@ -220,7 +257,7 @@ class Plan:
         return "amp_backends plan: " + " ".join(parts)
 
     def summary(self) -> str:
-        """One line: what was chosen (:attr:`headline`), and why this policy, in a few words."""
+        """One line: what was chosen (`headline`), and why this policy, in a few words."""
         policy = self.decision("policy")
         return f"{self.headline} ({policy.reason if policy else ''})"
 
@@ -238,7 +275,14 @@ class Plan:
     def brief(self, model_float32: Sequence[str] | None = None) -> str:
         """At most a dozen lines of at most 120 characters: what the plan is for, each setting with its short
         reason, the first warning. ``model_float32``, the paths of a model's layers the plan keeps in float32,
-        makes the float32 layers line about that model (its layers, or none) instead of the kinds kept."""
+        makes the float32 layers line about that model (its layers, or none) instead of the kinds kept.
+
+        Args:
+            model_float32: The paths of a model's layers the plan keeps in float32, or ``None``.
+
+        Returns:
+            The lines, joined.
+        """
         lines = [f"amp_backends plan ({self.backend}) for {self.target()}"]
         for d in self.decisions:
             value, reason = d.value, d.reason
@@ -300,6 +344,14 @@ class Plan:
         }
 
     def to_json(self, **kwargs: Any) -> str:
+        """The plan as JSON (``amp-backends info --json``'s ``plan``).
+
+        Args:
+            **kwargs: Passed to `json.dumps` (``indent=2``).
+
+        Returns:
+            The JSON text.
+        """
         return json.dumps(self.to_dict(), **kwargs)
 
 

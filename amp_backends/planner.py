@@ -1,7 +1,7 @@
 """The planner: a pure decision from probe data and the user's request.
 
-:func:`make_plan` picks the backend (the highest-priority one available, or the one asked for), asks it
-to :meth:`~amp_backends.registry.Backend.assess` its hardware, and resolves each setting — dtype policy,
+`make_plan` picks the backend (the highest-priority one available, or the one asked for), asks it
+to `assess` its hardware, and resolves each setting — dtype policy,
 loss scaling, TF32, XLA, graph-level auto mixed precision, float8 training — against that assessment and
 the request:
 
@@ -13,12 +13,12 @@ the request:
 * *unsafe* (known to abort the process): always refused — downgraded, or an error with ``strict``.
 
 A backend that fails — its probe or its assessment raises, or its assessment breaks the contract (no
-native policy, say) — is recorded in :attr:`Plan.backends` with the reason and a warning, and the next
+native policy, say) — is recorded in `Plan.backends` with the reason and a warning, and the next
 available backend is planned with; only a request for that backend by name raises
-:class:`~amp_backends.errors.BackendError`. No I/O happens here: tests pass fake
-:class:`~amp_backends.hardware.Hardware`, and the Keras in use as a
-:class:`~amp_backends.keras_compat.KerasInfo` (float8 training needs Keras >= 3.3), which the callers read
-from package metadata (:func:`~amp_backends.keras_compat.keras_info`).
+`BackendError`. No I/O happens here: tests pass fake
+`Hardware`, and the Keras in use as a
+`KerasInfo` (float8 training needs Keras >= 3.3), which the callers read
+from package metadata (`keras_info`).
 
 float8 (``fp8``) is off by default everywhere, native or not: no measurement has shown it faster than
 float16 for the models this library was measured on. Where it is native — NVIDIA GPUs of CC >= 8.9, Keras
@@ -177,8 +177,8 @@ def make_plan(hardware: Hardware, request: Request, registry: BackendRegistry, k
     ``keras`` is the Keras ``tf.keras`` is (``None``: unknown, so no float8 training); ``tensorflow`` the
     TensorFlow version the plan is for (shown with it).
 
-    Raises :class:`~amp_backends.errors.UnsupportedRequestError` for a request ``strict`` refuses, and
-    :class:`~amp_backends.errors.BackendError` when the backend asked for by name failed, or when no
+    Raises `UnsupportedRequestError` for a request ``strict`` refuses, and
+    `BackendError` when the backend asked for by name failed, or when no
     backend is usable at all.
     """
     statuses = _statuses(hardware, registry)

@@ -7,11 +7,11 @@ in Eigen, slower in bfloat16 than in float32 (``results/cpu-activations-zen4.jso
 layers take away only the worst of it: such a model can still train slower under mixed_bfloat16 than in
 float32.
 
-So where the plan keeps layers in float32 and the model has such layers (:func:`worth_measuring`), the
-choice can be measured on the model itself (:func:`measure`): its forward and backward pass on one real batch,
-as its layer plan has it and with every layer in float32, interleaved (:func:`amp_backends.timing.interleaved`).
-A side is chosen only when it wins **every** round by more than :data:`MARGIN`; otherwise the plan stays and
-the measurement says "within noise". The answer is cached (:func:`cached`, :func:`remember`) per model
+So where the plan keeps layers in float32 and the model has such layers (`worth_measuring`), the
+choice can be measured on the model itself (`measure`): its forward and backward pass on one real batch,
+as its layer plan has it and with every layer in float32, interleaved (`amp_backends.timing.interleaved`).
+A side is chosen only when it wins **every** round by more than `MARGIN`; otherwise the plan stays and
+the measurement says "within noise". The answer is cached (`cached`, `remember`) per model
 architecture, device, and TensorFlow and Keras versions, so the same model on the same machine gets the same
 layer plan every run, measured once. Nothing else changes: the variables are float32 either way (mixed policies
 keep them so), and the state a training-mode call updates (BatchNormalization's moving statistics) is put back.
@@ -43,7 +43,7 @@ PolicyChoice = Measurement  # the name earlier releases gave it
 
 
 def not_measurable(model: Any, plan: Plan) -> str:
-    """Why :func:`measure` has nothing to compare on ``model`` ("" when it has)."""
+    """Why `measure` has nothing to compare on ``model`` ("" when it has)."""
     from .layer_plan import low_precision_paths
 
     if not low_precision_paths(model, plan):
@@ -66,7 +66,7 @@ def measure(model: Any, plan: Plan, layer_plan: LayerPlan, x: Any, *, rounds: in
             clock: Callable[[], float] | None = None) -> Measurement:
     """Time ``model``'s forward and backward pass on the batch ``x`` as ``layer_plan`` has it and with every layer
     in float32, interleaved; the model is left as ``layer_plan`` has it, whatever the verdict (the caller applies
-    the layer plan with the measurement: :func:`amp_backends.layer_plan.with_measurement`).
+    the layer plan with the measurement: `amp_backends.layer_plan.with_measurement`).
 
     ``x`` is what the model takes (one batch). Raises whatever the model's call raises, with the model's policies
     and non-trainable state as they were.

@@ -1,9 +1,9 @@
-"""What a plan does to a built model: :func:`prepare_model`, called once between building and compiling it.
+"""What a plan does to a built model: `prepare_model`, called once between building and compiling it.
 
-It decides the model's :class:`~amp_backends.layer_plan.LayerPlan` — what a global Keras dtype policy cannot
+It decides the model's `LayerPlan` — what a global Keras dtype policy cannot
 say layer by layer: the plan's float32 layer kinds, a classifier's final softmax or sigmoid in float32, every
 layer float32 where that was measured faster on this model, float8 where the plan's fp8 is on — and applies it
-(:mod:`amp_backends.layer_plan`). The :class:`~amp_backends.training.Trainer` does the same to the models it
+(`amp_backends.layer_plan`). The `Trainer` does the same to the models it
 trains; with Keras ``fit``, call it before ``model.compile``::
 
     plan = amp_backends.auto_configure()
@@ -28,17 +28,21 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Preparation:
-    """What :func:`prepare_model` did to a model.
+    """What `prepare_model` did to a model. Layer paths are the model's (``model/block/dense``), as the
+    precision check names them.
 
-    ``layer_plan`` is the model's :class:`~amp_backends.layer_plan.LayerPlan`, every decision with its reason;
-    the other fields read from it. ``float32`` are the paths of the layers the plan's float32 layer kinds and
-    classifier heads keep in float32, ``float32_why`` the reasons. ``choice`` is the measured all-float32 choice
-    (measured now, cached or restored), ``choice_note`` why none was made, ``applied`` the layers this call
-    changed. ``quantized`` and the paths in
-    ``skipped`` are float8's: layer paths from the model (``model/block/dense``), as the precision check names them;
-    ``skipped`` holds the model's other
-    Dense/EinsumDense layers with the reason each keeps the policy's precision, ``layers`` every Dense/EinsumDense
-    layer in graph order as ``(path, quantized, why)``. ``note`` says why float8 changed nothing, when it did not.
+    Attributes:
+        quantized: The layers float8 now trains.
+        skipped: The model's other Dense/EinsumDense layers, each with why it keeps the policy's precision.
+        note: Why float8 changed nothing, when it did not.
+        layers: Every Dense/EinsumDense layer in graph order, ``(path, quantized, why)``.
+        float32: The layers the plan's float32 layer kinds and classifier heads keep in float32.
+        float32_why: Why they are kept in float32.
+        choice: The measured all-float32 choice (measured now, cached or restored), or ``None``.
+        choice_note: Why no such choice was made.
+        layer_plan: The model's `LayerPlan`, every decision with its reason (the
+            other fields read from it).
+        applied: The layers this call changed.
     """
 
     quantized: tuple[str, ...] = ()
@@ -92,7 +96,7 @@ def is_batch(inputs: Any) -> bool:
 def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: bool | None = None,
                   measure_float32: bool | None = None, layer_plan: lp.LayerPlan | None = None,
                   reset_policies: bool = False) -> Preparation:
-    """Decide ``model``'s layer plan under ``plan`` and apply it, in place (:mod:`amp_backends.layer_plan`).
+    """Decide ``model``'s layer plan under ``plan`` and apply it, in place (`amp_backends.layer_plan`).
 
     Call it after building the model and before ``model.compile`` (a compiled step keeps the dtypes it was
     traced with). With nothing to do — no float32 layers or classifier head in the model, fp8 off — nothing
@@ -100,8 +104,8 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
 
     Args:
         model: a Keras model (built, when the plan's fp8 is on).
-        plan: the :class:`~amp_backends.plan.Plan`.
-        inputs: the shapes to size the model's layers by, as :func:`amp_backends.check_model` takes them
+        plan: the `Plan`.
+        inputs: the shapes to size the model's layers by, as `amp_backends.check_model` takes them
             (one batch, a ``tf.data`` element spec or shapes): float8 needs it where the model leaves dimensions
             open (a keras_hub backbone's sequence length), else its Dense rows are unknown and nothing is
             quantized. A batch (values, not shapes) also lets it measure whether the model trains faster with
@@ -109,11 +113,11 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
         skip_small: skip layers too small to gain from float8. ``None``: yes, unless the plan's fp8 is
             forced where float8 is emulated (there no layer gains, and the point is to test float8's numerics).
         measure_float32: time the model's forward and backward pass on ``inputs`` as planned and all in
-            float32 (:mod:`amp_backends.policy_choice`): float32 is kept only when it won every interleaved round
+            float32 (`amp_backends.policy_choice`): float32 is kept only when it won every interleaved round
             by the margin, and the answer is cached for this model on this machine (a cached answer is used
             without timing). ``None``: where the plan keeps layers in float32, the model has such layers and
             ``inputs`` is a batch; ``True`` requires a batch; ``False`` never, and no cached answer either.
-        layer_plan: a layer plan to apply as it is (a checkpoint's: :meth:`LayerPlan.from_dict`), instead of
+        layer_plan: a layer plan to apply as it is (a checkpoint's: `LayerPlan.from_dict`), instead of
             deciding one.
         reset_policies: first give every layer the plan's policy — for a model built or saved under another
             plan (a ``.keras`` file saved under ``mixed_bfloat16`` and loaded where the plan is ``float32``
@@ -122,7 +126,7 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
             float8-quantized layers keep their quantization.
 
     Returns:
-        The :class:`Preparation`: the layer plan applied, the layers it changed, and a note.
+        The `Preparation`: the layer plan applied, the layers it changed, and a note.
 
     Raises:
         AmpConfigError: ``layer_plan`` names layers the model does not have.
@@ -183,7 +187,7 @@ def _measured(model: Any, plan: Plan, decided: lp.LayerPlan, inputs: Any,
 
 
 def preparation(layer_plan: lp.LayerPlan, note: str = "", applied: tuple[str, ...] = ()) -> Preparation:
-    """The :class:`Preparation` that reports ``layer_plan``."""
+    """The `Preparation` that reports ``layer_plan``."""
     kept = tuple(d for d in layer_plan.decisions if d.dtype == lp.FLOAT32 and d.source in (lp.RULE, lp.HEAD))
     f8 = layer_plan.considered
     return Preparation(quantized=tuple(p for p, done, _ in f8 if done),

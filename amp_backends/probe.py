@@ -1,4 +1,4 @@
-"""Run every registered backend's probe and gather the results into a :class:`Hardware`."""
+"""Run every registered backend's probe and gather the results into a `Hardware`."""
 
 from __future__ import annotations
 

@@ -2,18 +2,18 @@
 
 A backend answers a handful of questions:
 
-* :meth:`Backend.probe` — what is there (without initialising CUDA; TensorFlow only if allowed),
-* :meth:`Backend.assess` — a *pure* judgement of that probe (an :class:`~amp_backends.assessment.Assessment`):
+* `Backend.probe` — what is there (without initialising CUDA; TensorFlow only if allowed),
+* `Backend.assess` — a *pure* judgement of that probe (an `Assessment`):
   which dtype policies, TF32 and XLA are native, merely functional, emulated (slow) or unsafe there,
   and which the backend prefers and why,
-* :meth:`Backend.report_rows` and :meth:`Backend.software_rows` — its rows in the capability report,
-* :meth:`Backend.vendor_settings` and :meth:`Backend.apply` — its own settings beyond the Keras policy,
+* `Backend.report_rows` and `Backend.software_rows` — its rows in the capability report,
+* `Backend.vendor_settings` and `Backend.apply` — its own settings beyond the Keras policy,
   TF32 and XLA (ITEX's math mode, say): named from the resolved plan, then applied,
-* :meth:`Backend.catalogue` and :meth:`Backend.describe` — its devices in the catalogue
+* `Backend.catalogue` and `Backend.describe` — its devices in the catalogue
   (``plan_for(device="h100")``), and the probe each would give.
 
 Backends are registered through the ``amp_backends.backends`` entry point group, so a new vendor is
-one new folder plus one registration; :class:`BackendRegistry` keeps them (and the reasons any failed
+one new folder plus one registration; `BackendRegistry` keeps them (and the reasons any failed
 to load) in an object, never in module globals, so tests can build their own. A backend that fails —
 to load, probe, assess or report — is recorded with the reason and never breaks the others.
 """
@@ -63,7 +63,7 @@ class Backend(abc.ABC):
         return []
 
     def vendor_settings(self, plan: "Plan") -> tuple[VendorSetting, ...]:
-        """The backend's own settings for a resolved plan (pure). :meth:`apply` reads them back."""
+        """The backend's own settings for a resolved plan (pure). `apply` reads them back."""
         return ()
 
     def apply(self, plan: "Plan", tf: Any) -> list[str]:
@@ -82,7 +82,7 @@ class Backend(abc.ABC):
         """The probe this backend would give on a machine with ``device`` alone (pure: no I/O).
 
         Args:
-            device: One of this backend's :meth:`catalogue` entries.
+            device: One of this backend's `catalogue` entries.
 
         Returns:
             An available probe of the device.

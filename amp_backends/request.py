@@ -3,9 +3,9 @@
 Every override defaults to ``auto`` (let the plan decide). Keyword arguments win over environment
 variables. Values are validated here, once, with errors that name the accepted values.
 
-:data:`OPTIONS` is the one table of the overrides: each one's keyword, environment variable
-(:data:`ENV_VARS`), parsing, accepted values (the documentation's Options table, :func:`overrides_markdown`)
-and command-line help and metavar (every command's ``--policy``, ``--loss-scale``...; :func:`option_help`).
+`OPTIONS` is the one table of the overrides: each one's keyword, environment variable
+(`ENV_VARS`), parsing, accepted values (the documentation's Options table, `overrides_markdown`)
+and command-line help and metavar (every command's ``--policy``, ``--loss-scale``...; `option_help`).
 """
 
 from __future__ import annotations
@@ -315,7 +315,7 @@ def option_help(name: str, backends: Iterable[str] = ("nvidia", "intel", "cpu"))
 
 
 def overrides_markdown() -> str:
-    """The documentation's overrides table (Markdown, docs/reference/options.md), from :data:`OPTIONS`."""
+    """The documentation's overrides table (Markdown, docs/reference/options.md), from `OPTIONS`."""
     rows = ["| keyword | environment | values |", "|---|---|---|"]
     rows += [f"| `{o.name}` | `{o.env}` | {o.values} |" for o in OPTIONS]
     return "\n".join(rows)
@@ -337,7 +337,7 @@ def build_request(
 ) -> Request:
     """Merge keyword overrides (which win) with ``AMP_*`` environment variables and validate them.
 
-    ``kwargs`` takes the option names of :data:`ENV_VARS`; a keyword passed as ``None`` (or absent)
+    ``kwargs`` takes the option names of `ENV_VARS`; a keyword passed as ``None`` (or absent)
     falls back to the environment variable.
     """
     unknown = set(kwargs) - set(ENV_VARS)

@@ -4,7 +4,7 @@ A table wraps long cells inside its boxes, at the width rich assumes for output 
 columns): a layer path broken over three lines is found by no ``grep``. So one rule, decided by rich's
 ``Console.is_terminal``, for ``check``, ``audit``, ``info`` and ``bench``: on a terminal, the table; piped or
 redirected, each row on one line with its values whole (no box, no wrapping, no colour). Lines printed
-beside the tables (:func:`say`) never wrap off a terminal either.
+beside the tables (`say`) never wrap off a terminal either.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def show_rows(console: Any, columns: Sequence[Column], rows: Sequence[Sequence[A
               plain: Callable[[Sequence[str]], str] | None = None, styles: Sequence[str | None] | None = None,
               **table: Any) -> None:
     """``rows`` under ``columns``: a rich table on a terminal, else one line a row (``plain(cells)``, by default
-    :func:`plain_row`) after the title. Cells are plain text (rich ``Text`` keeps its style on a terminal);
+    `plain_row`) after the title. Cells are plain text (rich ``Text`` keeps its style on a terminal);
     ``styles`` gives a row's style, ``table`` rich's ``Table`` options."""
     names = [c if isinstance(c, str) else c[0] for c in columns]
     if not is_terminal(console):

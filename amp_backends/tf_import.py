@@ -11,11 +11,11 @@ TensorFlow applies it only once its logging is initialised, and the lines above 
 So the commands (``info``, ``check``, ``bench``, ``train``), unless ``TF_CPP_MIN_LOG_LEVEL`` is already set
 (the user's choice then stands and nothing is filtered), call:
 
-* :func:`quiet_tensorflow_logs` sets ``TF_CPP_MIN_LOG_LEVEL=2`` and absl's Python logger to ERROR, before
+* `quiet_tensorflow_logs` sets ``TF_CPP_MIN_LOG_LEVEL=2`` and absl's Python logger to ERROR, before
   TensorFlow is imported;
-* :func:`import_tensorflow` imports TensorFlow and starts its devices with stderr passed through a filter
+* `import_tensorflow` imports TensorFlow and starts its devices with stderr passed through a filter
   that drops INFO and WARNING lines of TensorFlow's C++ logging and the known harmless start-up errors
-  (:data:`NOISE`); every other line goes through. The filter runs in a child process, so what
+  (`NOISE`); every other line goes through. The filter runs in a child process, so what
   TensorFlow writes just before a crash (an abort inside a plugin) still reaches the terminal.
 """
 
@@ -65,7 +65,7 @@ def quiet_tensorflow_logs(environ: MutableMapping[str, str] | None = None) -> bo
 
 @contextlib.contextmanager
 def filtered_stderr() -> Iterator[None]:
-    """Pass everything written to file descriptor 2 (C++ included) through the :data:`NOISE` filter."""
+    """Pass everything written to file descriptor 2 (C++ included) through the `NOISE` filter."""
     if os.name != "posix":
         yield
         return

@@ -3,7 +3,7 @@
 Absolute speeds vary between machines of one kind and within one machine over minutes, so configurations
 are only compared inside one run, interleaved: each round times every variant once, in an order that
 rotates from round to round, and a variant *wins* only when it beats every other one in every round by the
-margin (:meth:`Timings.winner`). Anything less is within noise, and the caller keeps its default. Medians
+margin (`Timings.winner`). Anything less is within noise, and the caller keeps its default. Medians
 and their spread (min, max) are what reports quote.
 
 The harness touches no framework: a variant is a callable; ``sync(result)`` waits for its work to finish
@@ -80,7 +80,7 @@ def interleaved(variants: Mapping[str, Callable[[], Any]], *, rounds: int = 5, s
     Round ``r`` starts at variant ``r mod n`` (a rotation), so no variant always runs first or right after
     another one. ``units`` is what one call processes (samples, images), ``sync`` is applied to the last
     call's result before the clock stops, and ``between(name)`` runs untimed before each variant's turn
-    (switching a model's layer policies, say). A variant that returns a :class:`Sample` times itself. A variant
+    (switching a model's layer policies, say). A variant that returns a `Sample` times itself. A variant
     that raises ends the timing, unless ``on_error(name, exc)`` is given: then it is told and the variant sits
     out the remaining rounds (its rates so far kept). ``after_round(r, timings_so_far)`` runs after each round.
     """

@@ -1,13 +1,13 @@
 """Reference models for benchmarks and tests: architectures built from configs, without weights, small.
 
-Each :class:`ZooModel` is a builder (the model, built under the dtype policy in force, with float32
+Each `ZooModel` is a builder (the model, built under the dtype policy in force, with float32
 outputs), a synthetic-data maker, its Keras loss for ``compile`` and a per-example loss for the trainer,
 and the unit a sample is counted in. Sizes fit a 2-core CPU; ``gpu_batch`` is the batch for a GPU.
 
 =================  ===========================================================================
 name               model
 =================  ===========================================================================
-``mnist_cnn``      the tutorials' MNIST CNN (:func:`amp_backends.models.mnist_cnn`)
+``mnist_cnn``      the tutorials' MNIST CNN (`amp_backends.models.mnist_cnn`)
 ``gan``            the tutorials' GAN: generator and discriminator in one Keras model whose
                    ``train_step`` makes both updates (``fit`` as a user writes it)
 ``bert``           keras_hub ``BertBackbone`` (2 layers, hidden 128, sequence 128) + 2-class head
@@ -19,7 +19,7 @@ name               model
 ``two_heads``      a small CNN with BatchNormalization and two outputs (10 classes, a regression)
 =================  ===========================================================================
 
-Importing this module imports neither TensorFlow nor keras_hub; :func:`unavailable` says why a model
+Importing this module imports neither TensorFlow nor keras_hub; `unavailable` says why a model
 cannot be built here (keras_hub missing, Keras 2) before anything is imported.
 """
 
@@ -206,7 +206,7 @@ def _gan() -> Any:
 
 
 def _dynamic_gan_labels(tf: Any, batch: Any) -> tuple[Any, Any]:
-    """:func:`amp_backends.models.gan_labels` for a batch size known only when the step runs (``fit`` on arrays)."""
+    """`amp_backends.models.gan_labels` for a batch size known only when the step runs (``fit`` on arrays)."""
     from .models import SOFTEN, SWAP_FRACTION
 
     n_swap = tf.cast(tf.cast(batch, tf.float32) * SWAP_FRACTION, tf.int32)

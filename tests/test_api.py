@@ -182,3 +182,64 @@ def test_public_functions_that_take_a_plan_say_so_in_their_types():
     for function in (prepare.prepare_model, layer_plan.decide, layer_plan.apply):
         hints = typing.get_type_hints(function, {**vars(sys.modules[function.__module__]), "Plan": Plan})
         assert hints.get("plan", Plan) == Plan and "Any" not in str(hints.get("layer_plan", "")), function.__qualname__
+
+
+def _public_callables():
+    """``(qualified name, callable, docstring)`` for every name of the face and each public method of its classes."""
+    for name in sorted(amp_backends.__all__):
+        obj = getattr(amp_backends, name)
+        if name.startswith("__"):
+            continue
+        if inspect.ismodule(obj):  # ``audit``: the callable subpackage
+            obj = obj.audit
+        if inspect.isclass(obj):
+            init = obj.__dict__.get("__init__")
+            doc = (inspect.getdoc(obj) or "") + "\n" + (inspect.getdoc(init) or "" if init else "")
+            yield name, (init or obj), doc
+            for attr, value in vars(obj).items():
+                if attr.startswith("_") or isinstance(value, property) or not callable(value):
+                    continue
+                function = value.__func__ if isinstance(value, (classmethod, staticmethod)) else value
+                yield f"{name}.{attr}", function, inspect.getdoc(function) or ""
+        elif callable(obj):
+            yield name, obj, inspect.getdoc(obj) or ""
+
+
+def _documented(doc: str) -> set[str]:
+    """The names a Google-style docstring describes under ``Args:`` or ``Attributes:`` (``name:``, ``name (int):``,
+    ``*args:``, ``**overrides:``)."""
+    import re
+
+    return {m.group(1) for m in re.finditer(r"^\s+\*{0,2}(\w+)(?: \([^)]*\))?:(?:\s|$)", doc, re.M)}
+
+
+def test_every_public_callable_describes_each_of_its_parameters():
+    undocumented = []
+    for name, function, doc in _public_callables():
+        try:
+            parameters = inspect.signature(function).parameters
+        except (TypeError, ValueError):  # a builtin slot
+            continue
+        described = _documented(doc)
+        missing = [p for p in parameters if p not in ("self", "cls") and p not in described]
+        if missing:
+            undocumented.append(f"{name}: {', '.join(missing)}")
+    assert not undocumented, ("describe these parameters in the docstring where the name is defined (Google style: "
+                              "Args:, or Attributes: for a dataclass's fields):\n" + "\n".join(undocumented))
+
+
+def test_the_docstring_check_reads_google_style_sections():
+    doc = "Do it.\n\nArgs:\n    x: the input.\n    steps (int): how many.\n    **overrides: more.\n\nReturns:\n    y."
+    assert _documented(doc) >= {"x", "steps", "overrides"} and "Do" not in _documented(doc)
+
+
+def test_no_docstring_holds_sphinx_roles_the_api_reference_would_show_raw():
+    """The API reference renders docstrings as Markdown (mkdocstrings, Google style): ``:class:`X``` shows as text."""
+    import re
+
+    role = re.compile(r":(?:class|func|meth|mod|attr|exc|data|obj):`")
+    found = [f"{path.relative_to(REPO)}:{number}" for root in (REPO / "amp_backends", REPO / "backends")
+             for path in root.rglob("*.py")
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if role.search(line)]
+    assert not found, "write `Name` (or a Markdown link) instead of a Sphinx role: " + ", ".join(found[:20])
+

@@ -1,29 +1,29 @@
 """The audit: what actually ran — the kernels' dtypes, their share of the time, the float32 islands.
 
-The precision check (:mod:`amp_backends.model_check`) reads the graph: what *should* run. The audit runs a
+The precision check (`amp_backends.model_check`) reads the graph: what *should* run. The audit runs a
 few training steps and reads what *did*::
 
     from amp_backends.audit import audit
     print(audit("amp_backends.models:mnist_cnn", batch_size=256))      # a table; .to_json() for machines
 
 - **CPU**: oneDNN prints every primitive it executes (``ONEDNN_VERBOSE=1``: implementation, ISA, data types,
-  time; :mod:`.onednn`). oneDNN reads that variable once, when it starts, so the model runs in a child
-  process (:mod:`.child`) built from a factory: ``MODULE:FACTORY`` (the convention of ``amp-backends
+  time; `onednn`). oneDNN reads that variable once, when it starts, so the model runs in a child
+  process (`child`) built from a factory: ``MODULE:FACTORY`` (the convention of ``amp-backends
   check``) or a top-level function of an importable module. A model *object* cannot be audited: the
   oneDNN of this process has already started without verbose output, and a model does not cross into
   another process. Kernels TensorFlow runs outside oneDNN (Eigen, with ``TF_ENABLE_ONEDNN_OPTS=0`` or on
   CPUs where TensorFlow leaves oneDNN off; XLA's own kernels) are invisible to it: the audit says so and
   reports no dtypes for them.
 - **NVIDIA**: the measured steps are traced with TensorFlow's profiler and every GPU kernel classified by
-  its name (:mod:`.nvidia`: cuBLAS, cuDNN, CUTLASS, nvjet, XLA fusions by their HLO); :func:`audit_trace`
+  its name (`nvidia`: cuBLAS, cuDNN, CUTLASS, nvjet, XLA fusions by their HLO); `audit_trace`
   reads a trace you recorded yourself (``Trainer(profile=...)``, TensorBoard's profiler).
 - **Intel XPU**: not measured (the reason is in the result's notes).
 
-The result (:class:`.report.Audit`): ``time_share_by_dtype``, the share on matrix units, the float32
+The result (`report.Audit`): ``time_share_by_dtype``, the share on matrix units, the float32
 islands with the layers they belong to (oneDNN records carry shapes and dtypes, not names: matched to the
 ops of the child's traced step of their dtype and shape, each owned by the layer whose call created it,
-else by kernel shape; :mod:`.match`) joined with the precision check's findings, contradictions with the
-plan as warnings with their fix, and the unknown share. JSON schema in :mod:`.report`.
+else by kernel shape; `match`) joined with the precision check's findings, contradictions with the
+plan as warnings with their fix, and the unknown share. JSON schema in `report`.
 """
 
 from __future__ import annotations
@@ -78,14 +78,22 @@ def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = 
     Args:
         model_or_factory: ``"MODULE:FACTORY"`` or a top-level function of an importable module that returns
             a Keras model (see the module documentation for why a model object is refused).
-        plan: a :class:`~amp_backends.plan.Plan` to run under (its backend, policy and XLA are passed to the
+        plan: a `Plan` to run under (its backend, policy and XLA are passed to the
             child as ``AMP_*`` variables); ``None``: the child plans for this machine under ``overrides``.
-        batch_size, steps, warmup: the synthetic batch, the measured steps, the steps run before them.
-        overrides: plan overrides as in :func:`amp_backends.auto_configure` (``policy="float32"``...).
+        batch_size: The synthetic batch's size.
+        steps: The measured steps.
+        warmup: The steps run before them (tracing, compilation).
+        timeout: Seconds the child may run before it is stopped.
+        **overrides: Plan overrides as in `amp_backends.auto_configure` (``policy="float32"``...).
 
-    Raises on bad input before anything runs: :class:`~amp_backends.errors.FactoryError` (a ``ValueError``)
-    for a factory that is not ``MODULE:FACTORY`` or an importable function, ``TypeError`` for a model object,
-    ``ValueError`` for the sizes; ``RuntimeError`` if the child fails.
+    Returns:
+        What ran (`Audit`).
+
+    Raises:
+        FactoryError: The factory is not ``MODULE:FACTORY`` or an importable function (before anything runs).
+        TypeError: A model object was given instead of its factory.
+        ValueError: A size is not a positive integer.
+        RuntimeError: The child process failed.
     """
     for name, value in (("batch_size", batch_size), ("steps", steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -100,7 +108,19 @@ def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = 
 
 
 def audit_trace(path: str | os.PathLike[str], plan: Plan | None = None, *, model: str = "?") -> Audit:
-    """Classify the GPU kernels of a TensorFlow profiler trace (a ``*.trace.json.gz``, ``*.xplane.pb`` or logdir)."""
+    """Classify the GPU kernels of a TensorFlow profiler trace.
+
+    Args:
+        path: A ``*.trace.json.gz``, a ``*.xplane.pb``, or the logdir that holds one (relative or absolute).
+        plan: The plan the trace ran under, to judge the kernels against; ``None``: none.
+        model: The model's name, for the report.
+
+    Returns:
+        What ran (`Audit`).
+
+    Raises:
+        ValueError: ``path`` holds no trace TensorFlow's profiler wrote, or one it cannot read.
+    """
     plan_dict = {} if plan is None else {"backend": plan.backend, "policy": plan.policy,
                                          "compute_dtype": plan.compute_dtype, "xla": bool(plan.xla)}
     return from_trace(read_trace(path), plan_dict, model)
@@ -116,7 +136,7 @@ def __getattr__(name: str) -> Any:
 
 class _CallableModule(types.ModuleType):
     """``amp_backends.audit`` is both this package and the function: once the package is imported, Python binds
-    the name ``audit`` on ``amp_backends`` to the module, so calling the module calls :func:`audit`."""
+    the name ``audit`` on ``amp_backends`` to the module, so calling the module calls `audit`."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Audit:
         return audit(*args, **kwargs)

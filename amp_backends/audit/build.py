@@ -1,4 +1,4 @@
-"""From raw observations to an :class:`~.report.Audit`: oneDNN records (CPU) or GPU kernels (NVIDIA)."""
+"""From raw observations to an `Audit`: oneDNN records (CPU) or GPU kernels (NVIDIA)."""
 
 from __future__ import annotations
 

@@ -2,12 +2,12 @@
 
 oneDNN reads ``ONEDNN_VERBOSE`` once, when it starts, so the model runs here, in a process started with it
 set. The plan comes from the ``AMP_*`` variables (``auto_configure()``), the model from the factory; the
-model is prepared as the trainer prepares it (:func:`amp_backends.prepare_model`: its layer plan), and the
+model is prepared as the trainer prepares it (`amp_backends.prepare_model`: its layer plan), and the
 step trains on synthetic data of the model's input shapes (forward, the mean square of the outputs as the
 loss, gradients, an SGD update; ``jit_compile`` as the plan says). ``warmup`` steps run first (tracing,
 oneDNN's primitive creation), then the measured steps between two marker lines on stdout, so that the
 parent reads only their verbose records. The layers' kernel shapes, the step's matrix ops with the layers
-that created them (:mod:`.step_ops`), the precision check's findings and the step time go to ``OUT.json``.
+that created them (`step_ops`), the precision check's findings and the step time go to ``OUT.json``.
 On a GPU the measured steps are traced with TensorFlow's profiler.
 """
 
@@ -51,7 +51,7 @@ def layer_kernels(model: Any) -> list[dict[str, Any]]:
 
 def trace_step_ops(model: Any, compiled: Any, inputs: Any) -> list[dict[str, Any]] | None:
     """Trace the step (the one trace its calls then reuse) with each layer's call in a scope naming it, and list
-    its matrix ops with their layers (:mod:`.step_ops`); ``None`` when it cannot be traced so (the first call
+    its matrix ops with their layers (`step_ops`); ``None`` when it cannot be traced so (the first call
     then traces it as usual, and records are matched by kernel shape)."""
     from ..model_check import _keras
     from ..model_check.scopes import LayerScopes

@@ -1,10 +1,10 @@
 """Which layer a kernel belongs to: oneDNN records carry shapes and dtypes, not names.
 
-Where the child traced its step (:mod:`.step_ops`), a record is matched to the step's ops of its dtype and
-shape, and named by the layers that created them (:func:`match_ops`): the layer whose call produced the op,
+Where the child traced its step (`step_ops`), a record is matched to the step's ops of its dtype and
+shape, and named by the layers that created them (`match_ops`): the layer whose call produced the op,
 whatever its kernel (a tied language-model head has none) and whatever other layers share its shape in
 another dtype. Where no op fits (the trainer's observer has no traced step; oneDNN math modes compute
-float32 ops in bfloat16), the record is matched by kernel shape (:func:`match`).
+float32 ops in bfloat16), the record is matched by kernel shape (`match`).
 
 A layer is known by its kernel's shape (``LayerKernel``): a Conv2D's ``(kh, kw, c_in, c_out)``, a Dense's
 ``(in, units)``, an EinsumDense's kernel of any rank (every split of its dims into inputs and outputs is

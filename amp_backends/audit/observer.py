@@ -10,9 +10,9 @@ terminal unchanged. The
 audit is built when the window closes (``self.result``; also logged). Without ``ONEDNN_VERBOSE`` it logs
 how to get an audit and does nothing: run ``amp-backends audit MODULE:FACTORY``, which starts its own child
 process, or start the training program with ``ONEDNN_VERBOSE=1``. On a GPU, use the trainer's profiler
-window and :func:`amp_backends.audit.audit_trace` on its logdir.
+window and `amp_backends.audit.audit_trace` on its logdir.
 
-It has the methods of :class:`amp_backends.training.observers.Observer` (``on_fit_start``,
+It has the methods of `amp_backends.training.observers.Observer` (``on_fit_start``,
 ``before_call``, ``after_call``, ``close``) without importing the trainer.
 """
 
@@ -48,7 +48,7 @@ def verbose_records_on(environ: Any = None) -> bool:
 
 class _RecordTap:
     """Standard output (file descriptor 1) through a pipe: oneDNN's records are dropped, or kept between
-    :meth:`open_window` and :meth:`close_window`; every other line goes on to the real standard output.
+    `open_window` and `close_window`; every other line goes on to the real standard output.
 
     The window's edges are marker lines written into the same stream, so the records kept are exactly
     those written between them, whatever the reader thread's lag."""

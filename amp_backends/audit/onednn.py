@@ -170,7 +170,7 @@ def _dtypes(descriptors: str) -> dict[str, str]:
 
 
 def parse_line(line: str) -> Record | None:
-    """One verbose line -> a :class:`Record`, or ``None`` for anything that is not an execution record."""
+    """One verbose line -> a `Record`, or ``None`` for anything that is not an execution record."""
     line = line.strip()
     if not line.startswith(PREFIXES):
         return None

@@ -5,7 +5,7 @@ matmuls, inner products, gemm calls; GPU GEMM and convolution kernels, and XLA f
 dot or convolution). Reorders (oneDNN's layout copies) and the other primitives (pooling, eltwise) are
 listed apart. Kernels whose dtype cannot be read count as ``unknown``, never guessed.
 
-JSON (:meth:`Audit.to_dict`, ``schema_version`` 1; fields are only ever added): the model, the device, the
+JSON (`Audit.to_dict`, ``schema_version`` 1; fields are only ever added): the model, the device, the
 source of the records, the plan, the times (compute, reorders, other), the shares by dtype and by unit, the
 matrix-unit and unknown shares, the figures by kernel kind, the float32 islands with the check's findings for
 their layers, the warnings with their fix, notes. Its JSON Schema is ``amp_backends/schemas/audit.schema.json``
@@ -47,7 +47,22 @@ def _shares(totals: Mapping[str, float]) -> dict[str, float]:
 
 @dataclass
 class Audit:
-    """What ran: see the module documentation for every field. ``str(audit)`` is a table."""
+    """What ran, from the kernels' own records. ``str(audit)`` is a table; `to_json` the JSON.
+
+    Attributes:
+        model: The model audited (its factory, or its name).
+        device: The device the kernels ran on.
+        plan: The plan the model ran under, as data (its ``float32_layers``: the layer plan's float32 paths).
+        entries: Each kernel execution counted (`Entry`).
+        source: Where the records came from (oneDNN's verbose log, a profiler trace).
+        measured: Whether kernels were recorded at all.
+        outside_onednn: Why the CPU's kernels were not oneDNN's (then nothing is known of them), or ``None``.
+        batch_size: The batch size the steps ran at.
+        steps: How many steps were audited.
+        step_time_ms: The median step time.
+        findings: The warnings, each with its fix.
+        notes: What else the audit says.
+    """
 
     model: str
     device: str
@@ -111,7 +126,14 @@ class Audit:
 
     def planned_float32(self, layers: Sequence[str]) -> bool:
         """Whether the model's layer plan keeps every one of ``layers`` in float32 (``plan["float32_layers"]``:
-        the layer plan's float32 paths; a sublayer goes with its layer)."""
+        the layer plan's float32 paths; a sublayer goes with its layer).
+
+        Args:
+            layers: Layer paths.
+
+        Returns:
+            Whether the plan keeps all of them in float32.
+        """
         kept = tuple(self.plan.get("float32_layers") or ())
         return bool(layers) and all(any(path == k or path.startswith(k + "/") for k in kept) for path in layers)
 
@@ -156,6 +178,14 @@ class Audit:
         }
 
     def to_json(self, **kwargs: Any) -> str:
+        """The audit as JSON (its schema: ``amp_backends/schemas/audit.schema.json``).
+
+        Args:
+            **kwargs: Passed to `json.dumps` (``indent`` defaults to 2).
+
+        Returns:
+            The JSON text.
+        """
         kwargs.setdefault("indent", 2)
         return json.dumps(self.to_dict(), **kwargs)
 
@@ -166,7 +196,11 @@ class Audit:
 
     def render_text(self, console: Any = None) -> None:
         """Print what ran: the kernels by kind (a table on a terminal, else one line a kind), the shares, the float32
-        islands with their layer paths whole, the warnings (:mod:`amp_backends.terminal`)."""
+        islands with their layer paths whole, the warnings (`amp_backends.terminal`).
+
+        Args:
+            console: A ``rich`` console to print to (default: one on standard output).
+        """
         from ..terminal import make_console, say, show_rows
 
         console = console or make_console()
@@ -201,6 +235,14 @@ class Audit:
             say(console, f"note: {note}")
 
     def render(self, width: int = 140) -> str:
+        """What `render_text` prints, as text.
+
+        Args:
+            width: The width of the text, in characters.
+
+        Returns:
+            The text.
+        """
         from rich.console import Console
 
         buffer = io.StringIO()

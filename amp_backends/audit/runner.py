@@ -1,4 +1,4 @@
-"""Run the audit's child process and turn what it printed into an :class:`~.report.Audit`."""
+"""Run the audit's child process and turn what it printed into an `Audit`."""
 
 from __future__ import annotations
 

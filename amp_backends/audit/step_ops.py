@@ -1,10 +1,10 @@
 """The matmuls and convolutions of the audited training step, each with the layer whose call created it.
 
 oneDNN's records carry shapes and dtypes, not names. The child traces its training step once with every
-layer's call in a name scope naming it (:mod:`amp_backends.model_check.scopes`; gradient ops carry their
+layer's call in a name scope naming it (`amp_backends.model_check.scopes`; gradient ops carry their
 forward op's scopes), and lists each matrix op of that graph — forward and backward — with its dtype, the
 dimensions oneDNN will report for it, and its owner: the innermost layer whose call created it. A record
-is then matched to the ops of its dtype and shape (:func:`.match.match_ops`), so a float32 record goes to
+is then matched to the ops of its dtype and shape (`match.match_ops`), so a float32 record goes to
 the float32 layer even where bfloat16 layers have the same kernel shape, and a matmul without a kernel
 (a tied language-model head, attention's scores) goes to the layer that computed it.
 

@@ -22,7 +22,7 @@ def _pct(x: float) -> str:
 
 
 def contradictions(audit: Any) -> list[dict[str, str]]:
-    """The warnings for an :class:`~.report.Audit` (its plan, compute entries and per-kind figures)."""
+    """The warnings for an `Audit` (its plan, compute entries and per-kind figures)."""
     plan = audit.plan
     want = plan.get("compute_dtype")
     out: list[dict[str, str]] = []

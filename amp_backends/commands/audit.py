@@ -1,7 +1,7 @@
 """``amp-backends audit MODULE:FACTORY``: train a few steps of a model in a child process and report what ran.
 
 The same factories and plan overrides as ``amp-backends check``; the overrides reach the child as ``AMP_*``
-variables, so it plans as ``auto_configure()`` would with them. See :mod:`amp_backends.audit`.
+variables, so it plans as ``auto_configure()`` would with them. See `amp_backends.audit`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``amp-backends check MODULE:FACTORY``: build a model from a factory function and print the precision check.
 
-The check itself is :func:`amp_backends.check_model` (:mod:`amp_backends.model_check`); this is its command.
+The check itself is `amp_backends.check_model` (`amp_backends.model_check`); this is its command.
 
 The plan is applied first (``auto_configure`` with the overrides given), so the factory builds the model
 under the plan's dtype policy, as a training script that calls ``auto_configure()`` at its top would.

@@ -1,4 +1,4 @@
-"""The capability report: :func:`collect` gathers plain data, :func:`render_text` / :func:`to_json` show it.
+"""The capability report: `collect` gathers plain data, `render_text` / `to_json` show it.
 
 What the report needs TensorFlow for, and when it imports it: TensorFlow's version, its CUDA/cuDNN build
 and the Keras version are read from package metadata and TensorFlow's ``build_info.py`` without importing
@@ -8,7 +8,7 @@ reports (a CPU-only build does not). By default (``use_tensorflow=None``) the re
 then — an available backend with TensorFlow devices, or a probe that needs TensorFlow — and says why;
 ``True`` always imports it (TensorFlow's own device list), ``False`` never.
 
-JSON (:func:`to_json`, ``schema_version`` 2; within a version fields are only ever added): the plan first
+JSON (`to_json`, ``schema_version`` 2; within a version fields are only ever added): the plan first
 (``Plan.to_dict()`` with its support table), then ``plan_error``, the overrides in force, the autotune cache,
 the software, each backend's rows, and the hardware (with the CPU flags) last. Its JSON Schema, every field
 described, is ``amp_backends/schemas/report.schema.json`` (shipped with the package), with the changes
@@ -115,7 +115,7 @@ def collect(
     backends: they are reported. ``quiet`` filters TensorFlow's start-up noise if it is imported.
 
     A bad override (``AMP_POLICY=bogus``) or an unknown ``device`` is the user's error and raises
-    :class:`AmpConfigError`. ``device`` plans for a device of the catalogue (:mod:`amp_backends.devices`)
+    `AmpConfigError`. ``device`` plans for a device of the catalogue (`amp_backends.devices`)
     instead of this machine.
     """
     registry = registry or default_registry()
@@ -176,7 +176,7 @@ def to_json(report: Report) -> str:
 
 
 def render_text(report: Report, console: Any = None, why: bool = False) -> None:
-    """Print the report: tables on a terminal, one plain line a row elsewhere (:mod:`amp_backends.terminal`).
+    """Print the report: tables on a terminal, one plain line a row elsewhere (`amp_backends.terminal`).
 
     The plan's settings come with their short reasons, or with ``why`` their whole reasons and the measurements
     they quote, with the rejected alternatives.

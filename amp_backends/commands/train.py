@@ -1,8 +1,8 @@
 """``amp-backends train mnist|gan`` (``python -m amp_backends.examples.mnist|gan``): the examples' command line.
 
-The tutorials' flags (``--epochs --batch_size --lr``), the plan overrides (:data:`amp_backends.request.OPTIONS`)
-and the trainer's and run's flags, parsed into :class:`~amp_backends.examples.run.RunOptions` for
-:func:`~amp_backends.examples.mnist.train_mnist` / :func:`~amp_backends.examples.gan.train_gan`. Exit status:
+The tutorials' flags (``--epochs --batch_size --lr``), the plan overrides (`amp_backends.request.OPTIONS`)
+and the trainer's and run's flags, parsed into `RunOptions` for
+`train_mnist` / `train_gan`. Exit status:
 0 done; 2 a usage, data or checkpoint error; 3 stopped on non-finite gradients; 4 another worker failed;
 130/143 interrupted.
 """

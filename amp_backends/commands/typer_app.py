@@ -67,10 +67,10 @@ def number_option(default: Any, *flags: str, prog: str, kind: type = int, minimu
 
 
 def with_overrides(*, exclude: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Give a command the plan overrides' options of :data:`amp_backends.request.OPTIONS` (all but ``exclude``).
+    """Give a command the plan overrides' options of `amp_backends.request.OPTIONS` (all but ``exclude``).
 
     The command declares one parameter ``overrides`` where the options go in its help; it receives the
-    overrides given, as ``auto_configure`` keywords (:func:`~amp_backends.request.overrides_given`)::
+    overrides given, as ``auto_configure`` keywords (`overrides_given`)::
 
         @with_overrides()
         def info(json_output: bool = ..., overrides: dict = {}) -> None:

@@ -19,7 +19,7 @@ class RunOptions:
 
     ``overrides`` are ``auto_configure`` keywords (``{"policy": "bf16", "strict": True}``); an override left
     out is decided by its ``AMP_*`` variable, else by the plan. Build one with keywords, or from a command's
-    parsed options with :meth:`from_parsed`.
+    parsed options with `from_parsed`.
     """
 
     epochs: int = 1
@@ -58,7 +58,7 @@ class RunOptions:
 def strategy_and_plan(opts: RunOptions) -> tuple[Any, Any]:
     """The tf.distribute strategy (created first: multi-worker collectives must be set up before any op), then
     this worker's plan (``auto_configure(**opts.overrides)``), compared with the other workers' plans. The plan
-    is printed with the models it prepares (:func:`prepare_models`)."""
+    is printed with the models it prepares (`prepare_models`)."""
     from ..configure import auto_configure
     from ..training.distribute import check_plan_agreement, make_strategy
 
@@ -102,8 +102,8 @@ def choose_run(opts: RunOptions, strategy: Any) -> tuple[RunOptions, Any]:
     ``--synthetic`` and splits ``--digits``.
 
     A resumed run keeps the seed its checkpoints record; another ``--seed`` is refused
-    (:class:`CheckpointMismatchError`: the epoch in progress would be reshuffled), and so is a run another process
-    is training now (:class:`CheckpointError`, from :mod:`amp_backends.training.run_lock`).
+    (`CheckpointMismatchError`: the epoch in progress would be reshuffled), and so is a run another process
+    is training now (`CheckpointError`, from `amp_backends.training.run_lock`).
     """
     from ..training.checkpoints import run_directory
     from ..training.distribute import is_chief

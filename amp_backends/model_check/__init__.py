@@ -5,7 +5,7 @@ bfloat16 on the device's matrix units (NVIDIA Tensor Cores, Intel XMX, AMX on CP
 accurate only where the few numerically delicate steps — the final softmax, the loss — stay in float32.
 Models break both quietly: a layer pinned to float32, a custom layer that casts before its matmul, a
 softmax left in float16, widths of 63 or a batch of 4090 that the Tensor Cores run at a fraction of their
-rate, resizes that no matrix unit accelerates. Profilers show the symptoms; :func:`check_model` names the
+rate, resizes that no matrix unit accelerates. Profilers show the symptoms; `check_model` names the
 causes from the model alone::
 
     import amp_backends
@@ -16,10 +16,10 @@ causes from the model alone::
 
 It traces the model's forward pass once (``tf.function(...).get_concrete_function``; nothing runs, nothing
 changes) on the model's input shapes, or on the ones ``inputs=`` gives (a sample batch, a ``tf.data``
-element spec or shapes; :mod:`.shapes`), reads every matmul and convolution of the graph — the dtype it
+element spec or shapes; `shapes`), reads every matmul and convolution of the graph — the dtype it
 computes in, its shapes, its FLOPs — maps each op to the layer that created it, and judges them against the
-plan's device (see :mod:`.target`) with the rules of :mod:`.rules`. ``amp-backends check MODULE:FACTORY``
-(:func:`.command.check_command`) does the same from the command line.
+plan's device (see `target`) with the rules of `rules`. ``amp-backends check MODULE:FACTORY``
+(`command.check_command`) does the same from the command line.
 
 Findings (``code``: when, severity)
     ``final-activation``: the model's output is a softmax/log_softmax/sigmoid computed in float16 or
@@ -37,7 +37,7 @@ Findings (``code``: when, severity)
     ``functional-policy``: it runs without a speed-up (info). ``unsized-model``: most matmuls have
     dynamic shapes (a sequence length left open): said first, in the headline too, with the fix (give
     ``inputs=``); no FLOP share is then given (warning).
-    Transformers (:mod:`.rules_transformer`): ``mask-overflow``: a mask constant (-1e9, ``float32.min``) that
+    Transformers (`rules_transformer`): ``mask-overflow``: a mask constant (-1e9, ``float32.min``) that
     is -inf in float16/bfloat16, NaN after ``0 * -inf`` or a fully masked row (error);
     ``attention-softmax``: softmaxes inside the model in float16/bfloat16, as Keras's MultiHeadAttention
     with dropout computes them (info); ``layernorm-precision``: a normalization whose mean and variance run
@@ -54,14 +54,14 @@ Each finding's ``details`` carries the rule's data: ``dims``, ``expected``, ``al
 FLOPs are forward-pass matmul and convolution FLOPs per image (one sample), multiply-adds counted as two:
 ``2*M*N*K`` for a matmul, ``2*H_out*W_out*K_h*K_w*C_in*C_out`` for a convolution. Shares are of the total
 of the ops with static shapes, and given only when those are most of the ops (``summary.sized``; 75% by
-count, :data:`.rules_base.SIZED_MOST`): a share of part of the graph is never shown as the model's. Layer
+count, `rules_base.SIZED_MOST`): a share of part of the graph is never shown as the model's. Layer
 widths are checked only where the plan's precision has a matrix unit: on a CPU without AMX, or under float32
 without TF32, they do not matter and nothing is said about them.
 
-JSON (:meth:`ModelCheck.to_dict`, ``schema_version`` 1; fields are only ever added): the model, the Keras
+JSON (`ModelCheck.to_dict`, ``schema_version`` 1; fields are only ever added): the model, the Keras
 version, the plan it was judged against (with its matrix units), the batch size, the summary above, the counts
 per severity, the findings (errors first, then by share), the fp8 choice of every Dense/EinsumDense layer
-(:mod:`.fp8_choice`) and notes. Its JSON Schema is ``amp_backends/schemas/check.schema.json`` (shipped with
+(`fp8_choice`) and notes. Its JSON Schema is ``amp_backends/schemas/check.schema.json`` (shipped with
 the package).
 """
 

@@ -22,7 +22,7 @@ def tf_keras() -> tuple[Any, Any]:
 
 
 def keras_version(tf: Any) -> str:
-    """``tf.keras``'s version, as :func:`amp_backends.keras_compat.keras_info` reads it (``"unknown"`` if it cannot)."""
+    """``tf.keras``'s version, as `amp_backends.keras_compat.keras_info` reads it (``"unknown"`` if it cannot)."""
     from ..keras_compat import keras_info
 
     return keras_info(tf).version or "unknown"
@@ -79,7 +79,7 @@ class InputLeaf:
 
 
 def input_structure(model: Any) -> Any:
-    """The nested structure of :class:`InputLeaf` the model is called with, or ``None`` if it cannot be told.
+    """The nested structure of `InputLeaf` the model is called with, or ``None`` if it cannot be told.
 
     Functional and Sequential models know their inputs (Keras 3: ``_inputs_struct``, its Sequential through
     ``_functional``; Keras 2: ``_nested_inputs``). A subclassed model knows its input shape once built:

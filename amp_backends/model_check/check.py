@@ -1,4 +1,4 @@
-""":func:`check_model`: trace the model, read the planned device, apply the rules."""
+"""`check_model`: trace the model, read the planned device, apply the rules."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
     The model's forward pass is traced once (nothing runs and nothing in the model changes) and its graph
     read: the dtype every matmul and convolution really computes in, their shapes and FLOPs, the ops that
     produce the model's outputs. Judged against ``plan`` — the current applied plan
-    (:func:`amp_backends.current_plan`) when ``None``, else the plan :func:`amp_backends.plan_for` gives on
+    (`amp_backends.current_plan`) when ``None``, else the plan `amp_backends.plan_for` gives on
     this machine — it reports outputs that are not float32, a final softmax or sigmoid in float16 or
     bfloat16, matmuls and convolutions in float32 under a mixed policy (pinned layers, casts inside custom
     layers), widths and a batch size the matrix units (Tensor Cores, XMX, AMX) run at reduced efficiency,
@@ -71,7 +71,7 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
 
     Args:
         model: a built ``keras.Model`` (functional, Sequential, or subclassed and already built or called).
-        plan: the :class:`~amp_backends.plan.Plan` to judge against; a plan made for other (or fake)
+        plan: the `Plan` to judge against; a plan made for other (or fake)
             hardware checks the model as that hardware would run it.
         batch_size: the training batch size. It decides whether Dense layers' rows are aligned; without
             it FLOPs are still per image and the batch is assumed aligned. Given, it overrides the batch of
@@ -79,19 +79,19 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
         inputs: the shapes to trace on, for a model that leaves dimensions open (every keras_hub backbone
             takes any sequence length): one batch as the model takes it (NumPy arrays / tensors, a dict /
             tuple / list of them), a ``tf.data.Dataset`` or its ``element_spec``, or shapes such as
-            ``(None, 128)`` (``None``: the batch, filled by ``batch_size``); see :mod:`.shapes` and
-            :func:`.shapes.shapes_with_sequence_length`. Only shapes and dtypes are read. Without it the
+            ``(None, 128)`` (``None``: the batch, filled by ``batch_size``); see `shapes` and
+            `shapes.shapes_with_sequence_length`. Only shapes and dtypes are read. Without it the
             model's own input shapes are traced, and a model mostly left unsized says so first.
-        hardware: the probed :class:`~amp_backends.hardware.Hardware` to plan for when ``plan`` is ``None``
+        hardware: the probed `Hardware` to plan for when ``plan`` is ``None``
             (probed here if not given). A plan carries the support table it was made from — its backend's
             matrix units (Tensor Cores, XMX, AMX) included —, so with a plan this adds nothing.
-        layer_plan: the model's :class:`~amp_backends.layer_plan.LayerPlan` to compare it with (a trainer's, a
-            checkpoint's); by default the one :func:`amp_backends.layer_plan.decide` gives it (with the measured
+        layer_plan: the model's `LayerPlan` to compare it with (a trainer's, a
+            checkpoint's); by default the one `amp_backends.layer_plan.decide` gives it (with the measured
             choice cached for this model on this machine): layers the layer plan keeps in float32 are as planned,
             layers it keeps in float32 that compute in low precision are reported.
 
     Returns:
-        A :class:`~amp_backends.model_check.ModelCheck`: findings (errors first), a summary, JSON.
+        A `ModelCheck`: findings (errors first), a summary, JSON.
 
     Global state — the Keras dtype policy, the applied plan, the model's weights and losses — is left as
     it was.

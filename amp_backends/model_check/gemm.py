@@ -118,7 +118,7 @@ def _batch_matmul(op: Any) -> GemmShape:
 
 
 def read_gemm(op: Any) -> GemmShape:
-    """The :class:`GemmShape` of a matmul/convolution op (one of :data:`GEMM_OPS`)."""
+    """The `GemmShape` of a matmul/convolution op (one of `GEMM_OPS`)."""
     t = op.type
     if t in ("MatMul", "SparseMatMul"):
         a, b = dims_of(op.inputs[0]), dims_of(op.inputs[1])

@@ -14,7 +14,7 @@ A Python or NumPy number mixed into a bfloat16 tensor (``scores + mask * np.finf
 written into the graph as a bfloat16 constant, already ``-inf``: such constants are read in every reduced
 float dtype (NumPy's own float types, and ml_dtypes' bfloat16 and float8 that TensorFlow uses).
 
-:func:`large_negative_constants` finds, among the ops on a model's graph, the constants that are (or are
+`large_negative_constants` finds, among the ops on a model's graph, the constants that are (or are
 cast into) a reduced-precision float beyond its range, each with the layer whose scope created it.
 """
 

@@ -58,7 +58,7 @@ class Summary:
     run at full efficiency (``None`` when the plan's precision has no matrix unit there).
     ``unknown_flops_ops``: matmuls/convolutions whose shapes were not static (not counted) of the
     ``gemm_ops`` in the graph. ``sized``: whether the counted ones are most of them (see
-    :data:`~amp_backends.model_check.rules_base.SIZED_MOST`): only then are shares given — they are of the
+    `SIZED_MOST`): only then are shares given — they are of the
     counted ops' FLOPs — else ``dtype_shares`` is empty and the shares are ``None``: a share of part of
     the graph would pass for the model's.
     """
@@ -106,10 +106,23 @@ def _flops(value: float) -> str:
 
 @dataclass(frozen=True)
 class ModelCheck:
-    """The result of :func:`~amp_backends.check_model`: findings (worst first) and a summary.
+    """The result of `check_model`: findings (worst first) and a summary.
 
-    ``str(result)`` and :meth:`render_text` show a table; :meth:`to_dict` / :meth:`to_json` give the JSON
-    documented in :mod:`amp_backends.model_check`.
+    ``str(result)`` and `render_text` show a table; `to_dict` / `to_json` give the JSON
+    documented in `amp_backends.model_check`.
+
+    Attributes:
+        model: The model checked (its name).
+        keras_version: The Keras version it was checked under.
+        plan: The plan it was checked against, as data.
+        batch_size: The batch size it was traced at (``None``: left open).
+        findings: What makes mixed precision slow or wrong, worst first (`Finding`).
+        summary: The counts and shares (FLOPs by dtype, layers by policy).
+        fp8_eligible_layers: The layers float8 would train.
+        notes: What else the check says.
+        fp8_ineligible_layers: ``(layer, why)`` for the Dense layers float8 leaves out.
+        fp8_layers: Every Dense and EinsumDense layer, kept in float8 or skipped, and why.
+        open_dims: Input dimensions after the batch left unknown (not given by ``inputs=``).
     """
 
     model: str
@@ -121,11 +134,21 @@ class ModelCheck:
     fp8_eligible_layers: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     fp8_ineligible_layers: tuple[tuple[str, str], ...] = ()
-    fp8_layers: tuple[Any, ...] = ()  # model_check.fp8_choice.Fp8Layer: every Dense/EinsumDense, kept or skipped, why
-    open_dims: int = 0  # input dimensions after the batch left unknown (not given by inputs=)
+    fp8_layers: tuple[Any, ...] = ()
+    open_dims: int = 0
 
     def of_severity(self, severity: str) -> list[Finding]:
-        """The findings of one severity (``error``, ``warning`` or ``info``)."""
+        """The findings of one severity.
+
+        Args:
+            severity: ``"error"``, ``"warning"`` or ``"info"``.
+
+        Returns:
+            Those findings, worst first.
+
+        Raises:
+            ValueError: ``severity`` is not one of the three.
+        """
         if severity not in SEVERITIES:
             raise ValueError(f"severity must be one of {SEVERITIES}. Received: {severity!r}.")
         return [f for f in self.findings if f.severity == severity]
@@ -151,6 +174,14 @@ class ModelCheck:
         }
 
     def to_json(self, **kwargs: Any) -> str:
+        """The check as JSON (its schema: ``amp_backends/schemas/check.schema.json``).
+
+        Args:
+            **kwargs: Passed to `json.dumps` (``indent`` defaults to 2).
+
+        Returns:
+            The JSON text.
+        """
         kwargs.setdefault("indent", 2)
         return json.dumps(self.to_dict(), **kwargs)
 
@@ -221,7 +252,11 @@ class ModelCheck:
 
     def render_text(self, console: Any = None) -> None:
         """Print the findings and the summary below them: a table on a terminal, else one line a finding
-        (severity, layer path, what, why, fix), whole (:mod:`amp_backends.terminal`)."""
+        (severity, layer path, what, why, fix), whole (`amp_backends.terminal`).
+
+        Args:
+            console: A ``rich`` console to print to (default: one on standard output).
+        """
         from rich.text import Text
 
         from ..terminal import make_console, say, show_rows
@@ -242,7 +277,14 @@ class ModelCheck:
             say(console, line)
 
     def render(self, width: int = 140) -> str:
-        """The findings and summary as plain text: one line a finding (no colours, no table)."""
+        """The findings and summary as plain text: one line a finding (no colours, no table).
+
+        Args:
+            width: The width of the text, in characters.
+
+        Returns:
+            The text.
+        """
         from rich.console import Console
 
         buffer = io.StringIO()

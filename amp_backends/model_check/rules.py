@@ -3,7 +3,7 @@
 A rule reports what costs time or accuracy, says how much (the share of the model's matmul/convolution
 FLOPs it concerns), and stays quiet or reports ``info`` where the cost is small or the cause unavoidable:
 
-* below :data:`SIGNIFICANT` (1%) of the FLOPs a float32 layer or an odd width cannot cost more than a few
+* below `SIGNIFICANT` (1%) of the FLOPs a float32 layer or an odd width cannot cost more than a few
   percent of a step: ``info``;
 * a width fixed by the data — the input's channels or features (nothing computes them), the targets' width
   at an output (10 classes, one logit, one image channel) — is real but not a mistake: ``info``;
@@ -39,7 +39,7 @@ __all__ = ["DENSE_CLASSES", "SIGNIFICANT", "SIZED_MOST", "Rules"]
 
 
 class Rules(RuleContext):
-    """Applies every rule to one traced model for one target; :meth:`run` returns the findings, worst first."""
+    """Applies every rule to one traced model for one target; `run` returns the findings, worst first."""
 
     def run(self) -> list[Finding]:
         self.unsized()

@@ -1,7 +1,7 @@
 """What every rule shares: the thresholds, the traced model and target, and how shares and findings are made.
 
-:class:`RuleContext` holds one check's state; :class:`~.rules.Rules` (the general rules) extends it, and the
-rules by subject (:mod:`.rules_policy`, :mod:`.rules_transformer`) are functions of it.
+`RuleContext` holds one check's state; `Rules` (the general rules) extends it, and the
+rules by subject (`rules_policy`, `rules_transformer`) are functions of it.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def owner(op_name: str) -> int | None:
 
 
 def layer_of(op_name: str) -> int:
-    """:func:`owner`, with ops outside every layer given to the model (index 0)."""
+    """`owner`, with ops outside every layer given to the model (index 0)."""
     index = owner(op_name)
     return 0 if index is None else index
 

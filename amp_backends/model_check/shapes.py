@@ -33,7 +33,7 @@ def _is_shape(value: Any) -> bool:
 
 
 def _leaf(value: Any, default_dtype: Any) -> _keras.InputLeaf | None:
-    """The :class:`InputLeaf` of one given input, or ``None`` if ``value`` is a structure, not a leaf."""
+    """The `InputLeaf` of one given input, or ``None`` if ``value`` is a structure, not a leaf."""
     import tensorflow as tf
 
     if _is_shape(value):
@@ -56,7 +56,7 @@ def _leaf(value: Any, default_dtype: Any) -> _keras.InputLeaf | None:
 
 
 def _to_leaves(given: Any, model_struct: Any) -> Any:
-    """``given`` as a structure of :class:`InputLeaf`, following the model's structure where there is one."""
+    """``given`` as a structure of `InputLeaf`, following the model's structure where there is one."""
     import tensorflow as tf
 
     if isinstance(given, tf.data.Dataset):
@@ -134,7 +134,7 @@ def _check_leaf(given: _keras.InputLeaf, declared: _keras.InputLeaf | None, mode
 
 
 def given_inputs(model_name: str, model_struct: Any, inputs: Any) -> Any:
-    """The structure of :class:`InputLeaf` to trace on, from ``inputs=`` (validated against the model's)."""
+    """The structure of `InputLeaf` to trace on, from ``inputs=`` (validated against the model's)."""
     import tensorflow as tf
 
     given = _fit(_to_leaves(inputs, model_struct), model_struct, model_name)

@@ -7,9 +7,9 @@ dimensions are multiples of 16 bytes: 8 elements for float16/bfloat16, 4 for TF3
 are multiples of it). Where the plan's precision has no matrix unit (a CPU without AMX, a GPU without Tensor
 Cores, or float32 without TF32) shapes do not matter and the check says nothing about them.
 
-Everything here is read from the :class:`~amp_backends.plan.Plan` — its policy, TF32 and fp8 switches and
+Everything here is read from the `Plan` — its policy, TF32 and fp8 switches and
 the support table it was decided from (``plan.assessment``: each backend names its matrix units and their
-alignment, :class:`~amp_backends.assessment.MatrixUnit`). A plan built on fake hardware is checked as that
+alignment, `MatrixUnit`). A plan built on fake hardware is checked as that
 hardware, wherever the check runs.
 """
 
@@ -123,7 +123,7 @@ def matrix_units(plan: Any) -> dict[str, tuple[str, int]]:
 
 
 def make_target(plan: Any, hardware: Any = None) -> Target:
-    """The :class:`Target` of ``plan``, from the support table it carries (``plan.assessment``).
+    """The `Target` of ``plan``, from the support table it carries (``plan.assessment``).
 
     ``hardware`` is accepted for callers that have the probe at hand; the plan's assessment was made from
     it, so it adds nothing.

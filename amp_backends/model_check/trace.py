@@ -6,10 +6,10 @@ called once inside ``tf.function(...).get_concrete_function(TensorSpec...)`` (no
 changes) with ``training=False``, and every op of the graph is read: its type, its dtype, its input and
 output shapes.
 
-Ops are mapped back to layers exactly, by the layer whose call created them (:mod:`.scopes`); any losses
-the call collected are removed again before :func:`trace_model` returns.
+Ops are mapped back to layers exactly, by the layer whose call created them (`scopes`); any losses
+the call collected are removed again before `trace_model` returns.
 
-What each matmul and convolution computes (kind, FLOPs, rows as the GEMM sees them) is read by :mod:`.gemm`.
+What each matmul and convolution computes (kind, FLOPs, rows as the GEMM sees them) is read by `gemm`.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class LayerInfo:
     kernel: tuple[int, ...] = ()
 
     def kept_by(self, rules: Iterable[Any]) -> bool:
-        """Whether one of ``rules`` (the plan's :class:`~amp_backends.assessment.Float32Layer` entries) keeps
+        """Whether one of ``rules`` (the plan's `Float32Layer` entries) keeps
         it in float32."""
         return any(r.matches(self.bases or (self.class_name,), self.strides, self.kernel) for r in rules)
 
@@ -114,7 +114,7 @@ class OutputInfo:
 
 @dataclass
 class ModelGraph:
-    """What :func:`trace_model` read: the model's layers, and the forward graph's ops mapped onto them."""
+    """What `trace_model` read: the model's layers, and the forward graph's ops mapped onto them."""
 
     model_name: str
     layers: list[LayerInfo]

@@ -3,10 +3,10 @@
 =====================  ==========================================================================
 module                 its part
 =====================  ==========================================================================
-``trainer``            :class:`Trainer`: the loop — runs calls, saves, stops on interrupts
+``trainer``            `Trainer`: the loop — runs calls, saves, stops on interrupts
 ``position``           where training stands: epoch, sample offset, step; resume arithmetic
-``step``               :class:`Update` and the compiled step (replica gradients, skip, apply)
-``loss_scaling``       :class:`LossScaler`: none / fixed / dynamic, sparse gradients kept sparse
+``step``               `Update` and the compiled step (replica gradients, skip, apply)
+``loss_scaling``       `LossScaler`: none / fixed / dynamic, sparse gradients kept sparse
 ``custom_loop``        the same scaling in a ``tf.GradientTape`` loop of your own (``LossScaler.apply``)
 ``inputs``             resident arrays; each input kind sizes and runs its compiled call
 ``streams``            ``tf.data`` pipelines of batches, behind the same interface
@@ -23,13 +23,13 @@ module                 its part
 ``launchers``          the cluster from ``mpiexec`` (Open MPI, MPICH) or ``srun`` (Slurm) when no TF_CONFIG
 ``tasks``              ready-made updates: classifier, the tutorials' GAN, MNIST batches
 ``arguments``          the trainer's arguments checked; optimizers built once
-``results``            what a ``fit`` call collects and returns (:class:`TrainResult`)
+``results``            what a ``fit`` call collects and returns (`TrainResult`)
 ``metrics``            Keras metrics by name or object, updated in the step, one number across workers
 ``evaluation``         evaluate and predict under the plan: every sample, every batch checked
 ``monitor``            per-epoch history, validation schedule, best value, early stopping; resumed
 ``validation``         the trainer's metrics and validation together; the best checkpoint
-``callbacks``          Keras ``fit`` callbacks (:class:`ThroughputLogger`)
-``seeding``            :func:`seed_everything`: reproducible runs
+``callbacks``          Keras ``fit`` callbacks (`ThroughputLogger`)
+``seeding``            `seed_everything`: reproducible runs
 =====================  ==========================================================================
 
 Importing this package is cheap; TensorFlow is imported with the first name used from it (except

@@ -15,7 +15,7 @@ def checked_arguments(updates: Sequence[Update], replicas: int, *, checkpoint_ev
                        **positive: Any) -> list[Update]:
     """The updates as a list, after checking every argument of the trainer that can be checked alone.
 
-    Problems raise :class:`AmpConfigError` (a ``ValueError``), or ``TypeError`` for arguments of the wrong kind.
+    Problems raise `AmpConfigError` (a ``ValueError``), or ``TypeError`` for arguments of the wrong kind.
     """
     for name, value in positive.items():
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:

@@ -1,4 +1,4 @@
-"""What both input kinds share: the result of one compiled call (:class:`Ran`), and walking nests of arrays."""
+"""What both input kinds share: the result of one compiled call (`Ran`), and walking nests of arrays."""
 
 from __future__ import annotations
 

@@ -20,9 +20,17 @@ class ThroughputLogger(tf.keras.callbacks.Callback):
     """Logs ``(epoch, step), Loss (epoch mean): …, step_time: …, throughput: … img/s.`` during ``model.fit``.
 
     The loss is what Keras reports to callbacks: the running mean of the epoch so far, not the step's own
-    loss (our :class:`~amp_backends.training.trainer.Trainer` logs each step's). With
+    loss (our `Trainer` logs each step's). With
     ``steps_per_execution`` > 1 Keras calls back once per execution: the line then covers that many steps
     and ``step_time`` is per step. At the end, the median throughput after two warm-up executions.
+
+    Args:
+        batch_size: The batch size ``fit`` trains with.
+        log_every: Log a line every this many steps.
+        images_per_step: Samples a step counts (default: ``batch_size``).
+
+    Raises:
+        ValueError: ``batch_size`` is not a positive integer.
     """
 
     def __init__(self, batch_size: int, log_every: int = 1, images_per_step: int | None = None) -> None:

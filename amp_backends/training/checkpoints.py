@@ -3,10 +3,10 @@
 **Run directories.** Each training run started by the examples (``--logdir runs/mnist``) writes into a
 new ``runs/mnist/version_N`` (TensorBoard shows each version as its own run; earlier runs are never
 touched). ``--resume`` continues the newest version that holds checkpoints (or the directory given, if
-it holds them itself). :func:`run_directory` implements this; workers of a multi-worker run agree on the
+it holds them itself). `run_directory` implements this; workers of a multi-worker run agree on the
 version before any of them creates it.
 
-**Checkpoints** (:class:`CheckpointStore`): TensorFlow writes a checkpoint's data, then swaps the
+**Checkpoints** (`CheckpointStore`): TensorFlow writes a checkpoint's data, then swaps the
 ``checkpoint`` index, so a crash mid-save leaves the previous checkpoint the latest. On top of that:
 
 * a store refuses to start a fresh run in a directory holding another run's checkpoints (the fix names
@@ -18,7 +18,7 @@ version before any of them creates it.
   with a warning naming the broken one;
 * non-finite weights are never saved;
 * an object added to what a store saves (``optional``: the random layers' state) may be missing from a
-  checkpoint written before: that checkpoint is restored without it, and :class:`Restored` names it.
+  checkpoint written before: that checkpoint is restored without it, and `Restored` names it.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def absolute(path: str | os.PathLike) -> str:
 
 
 def check_no_file_in_the_way(path: str | os.PathLike, what: str) -> Path:
-    """``path`` as an absolute ``Path``; :class:`AmpConfigError` if it, or the nearest existing parent, is not a
+    """``path`` as an absolute ``Path``; `AmpConfigError` if it, or the nearest existing parent, is not a
     directory."""
     p = Path(absolute(path))
     for parent in [p, *p.parents]:
@@ -68,7 +68,7 @@ def check_no_file_in_the_way(path: str | os.PathLike, what: str) -> Path:
 
 
 def ensure_directory(path: str | os.PathLike, what: str) -> Path:
-    """Create ``path`` (and parents) or raise :class:`AmpConfigError` (a file in the way, no permission)."""
+    """Create ``path`` (and parents) or raise `AmpConfigError` (a file in the way, no permission)."""
     p = check_no_file_in_the_way(path, what)
     try:
         p.mkdir(parents=True, exist_ok=True)
@@ -81,9 +81,9 @@ def ensure_directory(path: str | os.PathLike, what: str) -> Path:
 
 
 def check_directory(path: str | os.PathLike, what: str) -> Path:
-    """``path`` as an absolute ``Path``, checked as :func:`ensure_directory` would be but not created (the first
+    """``path`` as an absolute ``Path``, checked as `ensure_directory` would be but not created (the first
     write makes it, so a run that fails before writing leaves no folder): no file in the way, the nearest
-    existing folder writable; else :class:`AmpConfigError`."""
+    existing folder writable; else `AmpConfigError`."""
     p = check_no_file_in_the_way(path, what)
     existing = next((q for q in [p, *p.parents] if q.exists()), None)
     if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
@@ -160,13 +160,13 @@ atexit.register(release_unused_run_directories)
 def reserve_run_directory(logdir: str | os.PathLike) -> RunDirectory:
     """A new ``version_N`` under ``logdir``, reserved by creating it: ``mkdir`` fails for every process but one, so
     runs started together in one logdir each get their own number (the next free one). A reserved folder the run
-    never writes into is removed when the program ends (:func:`release_unused_run_directories`).
+    never writes into is removed when the program ends (`release_unused_run_directories`).
 
     Args:
         logdir: the folder that holds the runs' ``version_N`` folders (made if missing).
 
     Returns:
-        The new run's :class:`RunDirectory` (not resumed).
+        The new run's `RunDirectory` (not resumed).
 
     Raises:
         AmpConfigError: ``logdir`` cannot be created or written.
@@ -190,7 +190,7 @@ def reserve_run_directory(logdir: str | os.PathLike) -> RunDirectory:
 
 
 def run_directory(logdir: str | os.PathLike, resume: bool, strategy: Any = None) -> RunDirectory:
-    """Decide the run's directory: a new ``version_N``, reserved at once (:func:`reserve_run_directory`), or under
+    """Decide the run's directory: a new ``version_N``, reserved at once (`reserve_run_directory`), or under
     ``resume`` the newest run holding checkpoints. Under several workers they agree on it first (and the first write
     makes it).
 
@@ -200,7 +200,7 @@ def run_directory(logdir: str | os.PathLike, resume: bool, strategy: Any = None)
         strategy: the ``tf.distribute`` strategy of a run over several workers, or ``None``.
 
     Returns:
-        The :class:`RunDirectory`.
+        The `RunDirectory`.
 
     Raises:
         CheckpointError: ``resume`` and no run to resume, or workers that chose different directories.
@@ -363,7 +363,7 @@ class CheckpointStore:
         """Restore the newest intact checkpoint; ``None`` if there is none at all.
 
         An unreadable checkpoint is skipped with a warning; a checkpoint of other models raises
-        :class:`CheckpointMismatchError` (older ones of the same run would not match either).
+        `CheckpointMismatchError` (older ones of the same run would not match either).
         """
         paths = self.paths()
         if not paths:
@@ -442,7 +442,7 @@ def trainer_store(directory: str | os.PathLike, *, updates: Any, scalers: Mappin
                   metrics: Any = ()) -> CheckpointStore:
     """What a trainer's checkpoint holds: the given objects (default: the updates' variables and optimizers),
     each update's loss-scale state, the position (global step, epoch, sample in epoch, batch size) and the
-    state of the random layers of ``models`` (:mod:`.random_state`) and the training metrics' state (``metrics``:
+    state of the random layers of ``models`` (`random_state`) and the training metrics' state (``metrics``:
     their variables); the signature also records ``settings`` (the run's seed and loss scaling, for a resume to
     compare)."""
     objects = dict(objects) if objects else {

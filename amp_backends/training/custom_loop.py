@@ -1,7 +1,7 @@
 """Loss scaling in a training loop of your own (``tf.GradientTape``), as the trainer does it.
 
 The Keras 2 tutorials scale the loss with ``optimizer.get_scaled_loss`` and unscale the gradients with
-``optimizer.get_unscaled_gradients``; Keras 3 has neither. :class:`~amp_backends.LossScaler` replaces
+``optimizer.get_unscaled_gradients``; Keras 3 has neither. `LossScaler` replaces
 both, the same on Keras 2 and Keras 3 and under any plan (``dynamic``, ``fixed`` or ``none`` scaling)::
 
     scaler = amp_backends.LossScaler(optimizer)           # the plan applied by auto_configure()
@@ -15,8 +15,8 @@ both, the same on Keras 2 and Keras 3 and under any plan (``dynamic``, ``fixed``
         scaler.apply(grads, model.trainable_variables)    # unscale, check, apply or skip, update the scale
         return loss
 
-This module holds what that adds to the trainer's :class:`~amp_backends.training.loss_scaling.LossScaler`:
-the optimizer and plan it is made from, and :func:`apply_step` — the trainer's own sequence
+This module holds what that adds to the trainer's `LossScaler`:
+the optimizer and plan it is made from, and `apply_step` — the trainer's own sequence
 (unscale, one finite flag for all replicas, ``tf.cond`` apply or skip, scale update).
 """
 
@@ -32,7 +32,7 @@ from ..request import LossScale
 
 
 def plan_loss_scale(optimizer: Any, plan: Any) -> LossScale:
-    """The loss scaling of ``plan`` (by default the one :func:`amp_backends.auto_configure` applied) for a loop
+    """The loss scaling of ``plan`` (by default the one `amp_backends.auto_configure` applied) for a loop
     that trains with ``optimizer``; a clear error for an optimizer that already scales losses or a missing plan."""
     if optimizer is not None:
         if not (hasattr(optimizer, "apply_gradients") and hasattr(optimizer, "build")):

@@ -1,7 +1,7 @@
 """tf.distribute for the trainer: choosing a strategy, validating the cluster, roles, plan agreement.
 
 Several local devices -> ``MirroredStrategy``; several processes or hosts (``TF_CONFIG`` set, or several
-workers started by ``mpiexec`` or ``srun``: :mod:`.launchers`) -> ``MultiWorkerMirroredStrategy``. The cluster is
+workers started by ``mpiexec`` or ``srun``: `launchers`) -> ``MultiWorkerMirroredStrategy``. The cluster is
 validated before TensorFlow sees it, this worker's own port is checked, and collectives get a timeout, so a
 bad cluster fails with a clear error instead of hanging: a peer that never comes (or dies) surfaces after
 ``timeout_s`` seconds (default 60).
@@ -27,7 +27,7 @@ DEFAULT_TIMEOUT_S = 60
 
 
 def parse_tf_config(text: str) -> dict[str, Any]:
-    """Validate a ``TF_CONFIG`` JSON string; return it as a dict or raise :class:`ClusterConfigError`."""
+    """Validate a ``TF_CONFIG`` JSON string; return it as a dict or raise `ClusterConfigError`."""
     example = ('{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", "index": 0}}')
     try:
         cfg = json.loads(text)
@@ -67,7 +67,7 @@ def own_address(cfg: Mapping[str, Any]) -> str:
 
 def check_port_free(address: str, source: str = "TF_CONFIG",
                     fix: str = "choose a free port in TF_CONFIG for this task") -> None:
-    """Raise :class:`ClusterConfigError` if this worker's own port is taken (TensorFlow would abort)."""
+    """Raise `ClusterConfigError` if this worker's own port is taken (TensorFlow would abort)."""
     host, _, port = address.rpartition(":")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -82,7 +82,7 @@ def check_port_free(address: str, source: str = "TF_CONFIG",
 
 def cluster_config(env: Mapping[str, str]) -> tuple[dict[str, Any], str] | None:
     """The cluster as a parsed ``TF_CONFIG`` and where it came from: ``TF_CONFIG`` when set (it wins), else the
-    launcher (``mpiexec``, ``srun``: :mod:`.launchers`) when it started several workers, else ``None``."""
+    launcher (``mpiexec``, ``srun``: `launchers`) when it started several workers, else ``None``."""
     tf_config = env.get("TF_CONFIG", "").strip()
     if tf_config:
         return parse_tf_config(tf_config), "TF_CONFIG"
@@ -243,7 +243,7 @@ class StopAgreement:
         return int(got[0][0]) if got else None
 
     def at(self, signum: int | None, together: Any) -> int | None:
-        """:meth:`__call__` at a call boundary, inside ``together`` (a failure of the gather says who to restart)."""
+        """`__call__` at a call boundary, inside ``together`` (a failure of the gather says who to restart)."""
         with together:
             return self(signum)
 

@@ -3,7 +3,7 @@
 The data comes as for training — arrays (a tuple/list or dict for several inputs, labels ``y``), gathered on the
 device by the trainer's ``batch_fn``, or a ``tf.data.Dataset`` of batches — and every sample counts: the last
 partial batch is evaluated too (a dataset's batches may have any size). Every batch goes through the update's
-``check`` (labels within the model's classes): a refused batch is :class:`~amp_backends.errors.InputError`
+``check`` (labels within the model's classes): a refused batch is `InputError`
 naming it. The loss is the mean of the per-example losses over all samples (weighted by a third batch item,
 as in training), in float32.
 
@@ -27,7 +27,7 @@ from .step import Update, float32_outputs
 
 
 def evaluated_update(updates: Sequence[Update], what: str) -> Update:
-    """The update that validation, metrics and predictions use: the first with an :class:`~.step.Evaluation`."""
+    """The update that validation, metrics and predictions use: the first with an `Evaluation`."""
     for u in updates:
         if u.evaluation is not None:
             return u
@@ -48,7 +48,7 @@ def _labelled(batch: Any, what: str) -> None:
 
 
 class Evaluator:
-    """Evaluates one update's model (its :class:`~.step.Evaluation`) with ``metrics``, and predicts with it."""
+    """Evaluates one update's model (its `Evaluation`) with ``metrics``, and predicts with it."""
 
     def __init__(self, update: Update, metrics: Sequence[Any], *, strategy: Any, batch_size: int, device: str,
                  xla: bool, batch_fn: BatchFn | None = None) -> None:

@@ -8,11 +8,11 @@ position that is simply "sample ``s`` of epoch ``e``", exact on resume whatever 
 Arrays of strings are taken (for a model that starts with its own ``StringLookup``); the steps then run
 without XLA.
 
-**A** ``tf.data.Dataset`` of batches: see :mod:`.streams`.
+**A** ``tf.data.Dataset`` of batches: see `streams`.
 
 Each input kind answers the loop's questions itself (steps left in the epoch, the size of the next call)
-and runs its compiled call (:meth:`ResidentArrays.run`, :meth:`.streams.Stream.run`), returning a
-:class:`Ran`.
+and runs its compiled call (`ResidentArrays.run`, `streams.Stream.run`), returning a
+`Ran`.
 """
 
 from __future__ import annotations
@@ -146,8 +146,8 @@ class ResidentArrays:
 
 
 def rows(x: Any, y: Any) -> int:
-    """The number of samples in arrays ``x`` and labels ``y`` (nests of arrays from :func:`_as_array_nest`): one row
-    per sample in every array, or :class:`InputError` naming each array's rows."""
+    """The number of samples in arrays ``x`` and labels ``y`` (nests of arrays from `_as_array_nest`): one row
+    per sample in every array, or `InputError` naming each array's rows."""
     leaves = _leaf_paths(x, "x") + ([] if y is None else _leaf_paths(y, "y"))
     counts = {path: int(leaf.shape[0]) for path, leaf in leaves}
     if len(set(counts.values())) > 1:
@@ -158,7 +158,7 @@ def rows(x: Any, y: Any) -> int:
 
 
 def refuse_labels_beside(dataset: Any, y: Any) -> None:
-    """Labels given beside a ``tf.data.Dataset``, whose elements carry them: :class:`InputError` with the fix."""
+    """Labels given beside a ``tf.data.Dataset``, whose elements carry them: `InputError` with the fix."""
     if isinstance(dataset, tf.data.Dataset) and y is not None:
         raise InputError("With a tf.data.Dataset, the labels come from the dataset's elements ((x, y) batches). "
                          f"Received y={_describe(y)} as well. Fix: zip them into the dataset and pass y=None.")
@@ -172,8 +172,8 @@ def gather_batch(x: Any, y: Any, idx: Any) -> Any:
 
 def make_input(x: Any, y: Any, *, batch_size: int, device: str, seed: int, strategy: Any,
                batch_fn: BatchFn | None, steps_per_epoch: int | None) -> ResidentArrays | Stream:
-    """The trainer's input for ``fit(x, y)``: a :class:`~.streams.Stream` for a dataset, else
-    :class:`ResidentArrays`."""
+    """The trainer's input for ``fit(x, y)``: a `Stream` for a dataset, else
+    `ResidentArrays`."""
     from .streams import Stream
 
     refuse_labels_beside(x, y)
@@ -193,7 +193,7 @@ def make_input(x: Any, y: Any, *, batch_size: int, device: str, seed: int, strat
 
 
 def input_for(last: tuple[Any, Any, Any] | None, x: Any, y: Any, updates: Any, **kwargs: Any) -> tuple[Any, Any, Any]:
-    """``(x, y, input)`` for ``fit(x, y)``, validated by the updates (``kwargs``: :func:`make_input`'s). The same
+    """``(x, y, input)`` for ``fit(x, y)``, validated by the updates (``kwargs``: `make_input`'s). The same
     arrays as in the last call (``last``, the same objects) are not copied to the device or checked again:
     calling ``fit`` once per epoch costs nothing."""
     if last is not None and last[0] is x and last[1] is y and last[2].reusable:

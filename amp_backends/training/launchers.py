@@ -1,7 +1,7 @@
 """The cluster of a multi-worker run, read from how it was started: ``TF_CONFIG``, ``mpiexec`` or ``srun``.
 
 Pure functions over an environment (a mapping of variables); nothing here imports TensorFlow, so a malformed
-or partial launcher environment is refused with a :class:`ClusterConfigError` before TensorFlow starts.
+or partial launcher environment is refused with a `ClusterConfigError` before TensorFlow starts.
 
 Precedence: ``TF_CONFIG`` when set (it names the cluster exactly), then an MPI launcher (Open MPI's
 ``OMPI_COMM_WORLD_*``, MPICH/Hydra's ``PMI_RANK``/``PMI_SIZE``: set per process by the ``mpiexec`` that started

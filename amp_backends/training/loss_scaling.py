@@ -2,7 +2,7 @@
 
 Keras 3's ``LossScaleOptimizer`` is dynamic-only and dropped ``get_scaled_loss`` /
 ``get_unscaled_gradients``; Keras 2's has fixed scaling and those methods. The trainer therefore scales
-losses itself with :class:`LossScaler`, whose whole state lives in ``tf.Variable``\\ s so that it is
+losses itself with `LossScaler`, whose whole state lives in ``tf.Variable``\\ s so that it is
 checkpointed with the model and works inside compiled (XLA) steps.
 
 One training step goes through these states, in this order (calling out of order is a bug)::
@@ -14,7 +14,7 @@ One training step goes through these states, in this order (calling out of order
 * ``fixed``: the scale never changes; a non-finite step is skipped and counted.
 * ``none``: scale 1; a non-finite step is still skipped, so no NaN ever reaches the weights.
 
-In every mode ``consecutive`` counts the non-finite steps in a row, and :meth:`LossScaler.stalled` says
+In every mode ``consecutive`` counts the non-finite steps in a row, and `LossScaler.stalled` says
 when skipping can no longer help (see there), so that a model whose gradients are never finite stops
 with an error instead of skipping forever.
 
@@ -54,7 +54,14 @@ class LossScaler:
     as the applied plan says (``plan=`` another plan), then per step ``scaled = scaler.scale(loss)`` inside the
     tape and ``scaler.apply(tape.gradient(scaled, variables), variables)`` after it — in place of Keras 2's
     ``get_scaled_loss`` / ``get_unscaled_gradients`` / ``apply_gradients`` (see ``custom_loop``). The trainer
-    makes it from a :class:`~amp_backends.request.LossScale` instead, and drives the steps below itself.
+    makes it from a `LossScale` instead, and drives the steps below itself.
+
+    Args:
+        optimizer: The optimizer of a loop of your own (or, the trainer's form, a
+            `LossScale`).
+        name: The name of its variables in checkpoints.
+        min_scale: The lowest scale dynamic scaling halves down to.
+        plan: The plan whose loss scaling to follow (default: the applied one).
     """
 
     def __init__(self, optimizer: Any = None, name: str = "loss_scale", min_scale: float = 1.0, *,
@@ -76,6 +83,14 @@ class LossScaler:
 
     # -- the step ------------------------------------------------------------------------------
     def scale(self, loss: Any) -> Any:
+        """The loss times the scale, in float32 (a float16 loss times 65536 would be Inf).
+
+        Args:
+            loss: The loss, inside the ``tf.GradientTape``.
+
+        Returns:
+            The scaled loss to differentiate (the loss itself without loss scaling).
+        """
         if self.config.mode == "none":
             return loss
         loss = tf.convert_to_tensor(loss)
@@ -84,10 +99,22 @@ class LossScaler:
         return loss * tf.cast(self.scale_var, loss.dtype)
 
     def apply(self, grads: Any, variables: Any, optimizer: Any = None) -> Any:
-        """One step of a loop of your own, after :meth:`scale`: unscale ``grads`` (``tape.gradient`` of the scaled
+        """One step of a loop of your own, after `scale`: unscale ``grads`` (``tape.gradient`` of the scaled
         loss), apply them to ``variables`` with ``optimizer`` (by default the one this scaler was made with) if
-        all are finite in every replica, else skip the step; then update the scale. Returns whether the step was
-        applied (a boolean tensor). Works in ``tf.function`` (with ``jit_compile`` too) and ``strategy.run``."""
+        all are finite in every replica, else skip the step; then update the scale. Works in ``tf.function``
+        (with ``jit_compile`` too) and ``strategy.run``.
+
+        Args:
+            grads: ``tape.gradient`` of the scaled loss.
+            variables: The variables the gradients belong to.
+            optimizer: The optimizer to apply them with (default: the one this scaler was made with).
+
+        Returns:
+            Whether the step was applied (a boolean tensor).
+
+        Raises:
+            TypeError: No optimizer, here or at construction.
+        """
         optimizer = optimizer if optimizer is not None else self.optimizer
         if optimizer is None:
             raise TypeError("LossScaler.apply() needs the optimizer: make the scaler with it (LossScaler(optimizer)) "
@@ -96,7 +123,15 @@ class LossScaler:
 
     def unscale(self, grads: Sequence[Any], variables: Sequence[Any] | None = None) -> list[Any]:
         """Gradients divided by the scale; those of ``variables`` that Keras overwrites with their "gradient"
-        (float8 layers' scale and amax history, ``overwrite_with_gradient``) are new values, left as they are."""
+        (float8 layers' scale and amax history, ``overwrite_with_gradient``) are new values, left as they are.
+
+        Args:
+            grads: Gradients of the scaled loss.
+            variables: The variables they belong to (to find those Keras overwrites).
+
+        Returns:
+            The unscaled gradients.
+        """
         if self.config.mode == "none":
             return list(grads)
         inv = 1.0 / self.scale_var
@@ -109,11 +144,23 @@ class LossScaler:
 
     @staticmethod
     def all_finite(grads: Sequence[Any]) -> Any:
+        """Whether every gradient is finite.
+
+        Args:
+            grads: Gradients (``None`` entries are left out).
+
+        Returns:
+            A boolean scalar tensor.
+        """
         checks = [tf.reduce_all(tf.math.is_finite(_values(g))) for g in grads if g is not None]
         return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
 
     def update(self, finite: Any) -> None:
-        """Advance the state after a step whose gradients were ``finite`` (a boolean tensor)."""
+        """Advance the state after a step: count a skipped step, and grow or halve a dynamic scale.
+
+        Args:
+            finite: Whether the step's gradients were finite (a boolean tensor).
+        """
         finite = tf.convert_to_tensor(finite)
         one = tf.constant(1, tf.int64)
         self.skipped.assign_add(tf.where(finite, tf.constant(0, tf.int64), one))
@@ -139,13 +186,19 @@ class LossScaler:
         ``none`` and ``fixed`` never change their scale, so ``limit`` skipped steps in a row is the end;
         ``dynamic`` keeps halving, so it stalls only once its scale sits at ``min_scale`` as well (at most
         ``max(limit, log2(initial) + 1)`` steps).
+
+        Args:
+            limit: How many non-finite steps in a row count as stalled.
+
+        Returns:
+            Whether training cannot go on.
         """
         if int(self.consecutive.numpy()) < limit:
             return False
         return self.config.mode != "dynamic" or self.current <= self.min_scale
 
     def remedy(self) -> str:
-        """What to do when :meth:`stalled`: depends on the mode. It names what a caller changes (the plan's
+        """What to do when `stalled`: depends on the mode. It names what a caller changes (the plan's
         overrides: ``auto_configure(loss_scale=...)`` or ``$AMP_LOSS_SCALE``); a command line says its own flags."""
         if self.config.mode == "fixed":
             lower = f"fixed:{max(self.current / 64, 1):g}"
@@ -162,11 +215,18 @@ class LossScaler:
                 "forward pass")
 
     def stalled_error(self, saved: str | None) -> NonFiniteError:
-        """The error that ends training when :meth:`stalled`; ``saved``: the finite state just saved.
+        """The error that ends training when `stalled`; ``saved``: the finite state just saved.
 
         Besides its message, the error carries what to change as data, for a command line to say in its own
         flags: ``overrides`` (plan overrides, such as ``{"loss_scale": "fixed:16"}``) and ``resume`` (whether
-        a saved state can be continued)."""
+        a saved state can be continued).
+
+        Args:
+            saved: Where the last finite state was saved, or ``None``.
+
+        Returns:
+            The error, for the caller to raise.
+        """
         return NonFiniteError(
             f"{int(self.consecutive.numpy())} consecutive steps of '{self.name}' had non-finite gradients "
             f"({self.config.mode} loss scaling, scale {self.current:g}): every one was skipped, so training made no "
@@ -180,7 +240,7 @@ class LossScaler:
     # -- state -----------------------------------------------------------------------------------
     def restart(self) -> None:
         """Back to the state a new run starts in: the config's initial scale (1 for ``none``), no good steps in a
-        row. For a state restored from a checkpoint written under other loss scaling (:mod:`.resume`)."""
+        row. For a state restored from a checkpoint written under other loss scaling (`resume`)."""
         self.scale_var.assign(1.0 if self.config.mode == "none" else float(self.config.initial))
         self.good_steps.assign(0)
         self.consecutive.assign(0)

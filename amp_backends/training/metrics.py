@@ -12,7 +12,7 @@ Keras keeps a metric's state in variables synchronised on read with a sum: each 
 reading the result outside the replicas adds them up across replicas and workers — every worker reads the same
 number.
 
-On training batches, an update's ``loss_fn`` reports its predictions with :func:`record_predictions` (the
+On training batches, an update's ``loss_fn`` reports its predictions with `record_predictions` (the
 classifier's does); the metrics the trainer is recording for that update are then updated inside the step.
 """
 
@@ -41,7 +41,7 @@ def record_predictions(update: str, y_true: Any, y_pred: Any, sample_weight: Any
 
 
 class Recording:
-    """While tracing a training call: :func:`record_predictions` updates these metrics (per update name)."""
+    """While tracing a training call: `record_predictions` updates these metrics (per update name)."""
 
     def __init__(self, metrics: Mapping[str, Sequence[Any]]) -> None:
         self.metrics = {k: list(v) for k, v in metrics.items() if v}

@@ -145,7 +145,7 @@ class Monitor(Observer):
         return self._judge(record)
 
     def _judge(self, record: dict[str, Any]) -> bool:
-        """Whether the monitored value improved; after ``patience`` values that did not, :attr:`stopped_early`."""
+        """Whether the monitored value improved; after ``patience`` values that did not, `stopped_early`."""
         if self.monitor is None or self.monitor not in record:
             return False
         value = float(record[self.monitor])
@@ -174,7 +174,7 @@ class Monitor(Observer):
                 "stopped_early": self.stopped_early, "epoch_sums": self._sums}
 
     def load(self, state: dict[str, Any] | None) -> None:
-        """A resumed run's history, best value and waiting, from its checkpoint's :meth:`state`."""
+        """A resumed run's history, best value and waiting, from its checkpoint's `state`."""
         if not state:
             return
         self.epochs = list(state.get("epochs", []))

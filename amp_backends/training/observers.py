@@ -1,6 +1,6 @@
 """What watches training: the log line, TensorBoard scalars, the progress bar, the profiler window.
 
-Each is an :class:`Observer`; the trainer calls them around every compiled call with a :class:`CallRecord`
+Each is an `Observer`; the trainer calls them around every compiled call with a `CallRecord`
 (the call's steps, each step's losses and finite flags, its timing). Pass your own to
 ``Trainer(observers=[...])`` to watch training without touching the loop.
 """
@@ -48,17 +48,37 @@ class Observer:
     """Hooks around training; every method is optional."""
 
     def on_fit_start(self, start_step: int, total_steps: int | None) -> None:
-        """Before the first call; ``total_steps`` is ``None`` when the data's length is unknown."""
+        """Before the first call.
+
+        Args:
+            start_step: The global step training starts from (after a resume, where it left off).
+            total_steps: The step it will stop at, or ``None`` when the data's length is unknown.
+        """
 
     def before_call(self, step: int, steps: int) -> None:
-        """Before a call that will run ``steps`` steps from global step ``step``."""
+        """Before a compiled call.
+
+        Args:
+            step: The global step the call starts from.
+            steps: How many steps the call will run.
+        """
 
     def after_call(self, record: CallRecord) -> None:
-        """After each call."""
+        """After each compiled call.
+
+        Args:
+            record: What the call did: its steps, time, losses and loss scales.
+        """
 
     def after_evaluation(self, epoch: int, step: int, values: dict[str, float]) -> None:
         """At the end of epoch ``epoch`` (its mean loss, training metrics and, when it validated, ``val_*``
-        values) and after a validation between epochs (``val_*`` values), at global step ``step``."""
+        values) and after a validation between epochs (``val_*`` values).
+
+        Args:
+            epoch: The epoch (1-based).
+            step: The global step.
+            values: The logged values by name.
+        """
 
     def close(self) -> None:
         """At the end of ``fit``, also when it fails or is interrupted."""

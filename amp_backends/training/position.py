@@ -3,7 +3,7 @@
 The position is kept in *samples* (sample ``offset`` of epoch ``epoch``), so a run resumed with another
 batch size continues at the same sample: nothing is read twice or skipped. Its variables are part of every
 checkpoint, together with the batch size they were written with. The compiled calls advance the step and
-the offset on the device (:mod:`.step`); the loop reads them once per call through :meth:`Position.now`.
+the offset on the device (`step`); the loop reads them once per call through `Position.now`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The precision check of the models a trainer trains, once, before the first step.
 
-The trainer knows the variables it trains, not the models: :func:`trained_models` finds the Keras models
+The trainer knows the variables it trains, not the models: `trained_models` finds the Keras models
 that own them (among ``checkpoint_objects`` and what the updates' loss functions hold). Each is checked by
-:func:`amp_backends.check_model` at the batch the trainer really trains on; findings of severity warning
-or error are logged as warnings and raised as :class:`~amp_backends.errors.AmpWarning`. A model built
+`amp_backends.check_model` at the batch the trainer really trains on; findings of severity warning
+or error are logged as warnings and raised as `AmpWarning`. A model built
 before ``auto_configure()`` (its layers compute in float32 under a mixed plan) is said so plainly.
 """
 
@@ -175,7 +175,7 @@ def check_models(models: Sequence[Any], plan: Any, source: Any, *, batch_size: i
 
 def prepare_models(models: Sequence[Any], plan: Any, source: Any, *, batch_size: int,
                    stored: Mapping[str, Any] | None, say: bool, measure: bool | None) -> dict[str, Any]:
-    """Each model's layer plan applied before its first step, as :func:`amp_backends.prepare_model` applies it
+    """Each model's layer plan applied before its first step, as `amp_backends.prepare_model` applies it
     for ``fit``: the checkpoint's for a resumed run (whatever the flags: a resumed run trains as the run it
     continues), else decided on the first batch — measured where ``measure`` allows it and nothing is cached
     (``None``: where the model has layers the plan keeps in float32; ``True``: any model under a mixed plan;
@@ -228,7 +228,7 @@ def prepare_models(models: Sequence[Any], plan: Any, source: Any, *, batch_size:
 
 
 def _warn(line: str, message: str | None = None) -> None:
-    """``line`` logged as a warning; ``message`` (default: the line) raised as an :class:`AmpWarning`."""
+    """``line`` logged as a warning; ``message`` (default: the line) raised as an `AmpWarning`."""
     logger.warning(line)
     warnings.warn(message or line, AmpWarning, stacklevel=4)
 
@@ -268,7 +268,7 @@ class TrainedModels:
 
     def before_first_step(self, source: Any, *, batch_size: int, replicas: int, is_chief: bool, store: Any,
                           audit: Any) -> bool:
-        """The layer plans (:meth:`prepare`), then the precision check, once; whether a layer plan was applied now."""
+        """The layer plans (`prepare`), then the precision check, once; whether a layer plan was applied now."""
         applied = self.prepare(source, batch_size=batch_size, is_chief=is_chief, store=store, audit=audit)
         checked, self.to_check = self.to_check, []
         if is_chief:
@@ -277,7 +277,7 @@ class TrainedModels:
 
 
 class FirstBatch:
-    """What :meth:`TrainedModels.prepare` needs of a source, for data given to ``evaluate`` or ``predict``: its first
+    """What `TrainedModels.prepare` needs of a source, for data given to ``evaluate`` or ``predict``: its first
     batch (arrays, a tuple or dict of arrays, or a ``tf.data.Dataset`` of batches)."""
 
     def __init__(self, x: Any) -> None:

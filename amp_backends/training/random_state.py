@@ -4,22 +4,22 @@ Dropout, SpatialDropout, GaussianDropout and GaussianNoise, the augmentation lay
 RandomRotation, RandomCrop, RandomZoom, ...), keras_hub's layers with dropout and a layer's own generator
 each draw from a generator whose state moves at every step. A model's checkpoint
 (``tf.train.Checkpoint(model=...)``) leaves that state out: without it a resumed run draws other masks than
-the uninterrupted run, and every loss after the resume differs. :func:`random_state` finds it, for the
+the uninterrupted run, and every loss after the resume differs. `random_state` finds it, for the
 trainer's checkpoints to carry:
 
 * Keras 3: each ``keras.random.SeedGenerator`` keeps its state in a variable that ``model.variables``
   lists and ``model.weights`` does not (a SeedGenerator is no trackable object). ``keras.random`` ops given
   no seed draw from Keras's global SeedGenerator, kept in Keras's global state: it is made now if no draw
-  made it yet (from Python's ``random``, which :func:`~amp_backends.training.seeding.seed_everything`
+  made it yet (from Python's ``random``, which `seed_everything`
   seeds), so that its state is saved from the first checkpoint on.
 * Keras 2: a random layer draws through its ``RandomGenerator``: from a ``tf.random.Generator`` (the
   augmentation layers always; Dropout, GaussianNoise and GaussianDropout once Keras's
   ``enable_tf_random_generator`` is on, which ``seed_everything`` does), whose state is a variable; or from
   TensorFlow's stateful random ops, whose state lives inside the op where no checkpoint reaches: such
-  layers are named in a warning (:func:`saved_random_state`).
+  layers are named in a warning (`saved_random_state`).
 
 The trainer's own draws need nothing saved: shuffling is a function of ``(seed, epoch)`` and
-:func:`~amp_backends.training.step.step_seed` of ``(seed, global step)``, both restored with the position.
+`step_seed` of ``(seed, global step)``, both restored with the position.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def _keras_global_generator() -> Any:
 
 
 def saved_random_state(models: Sequence[Any], say: bool) -> RandomState:
-    """:func:`random_state` for the trainer's checkpoints; with ``say``, a warning names the layers whose draws a
+    """`random_state` for the trainer's checkpoints; with ``say``, a warning names the layers whose draws a
     resumed run cannot repeat, with the fix."""
     state, unsaved = random_state(models)
     if unsaved and say:

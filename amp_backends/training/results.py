@@ -1,4 +1,4 @@
-"""What a ``fit`` call collects as it goes (:class:`Progress`) and what it returns (:class:`TrainResult`)."""
+"""What a ``fit`` call collects as it goes (`Progress`) and what it returns (`TrainResult`)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,25 @@ from .observers import WARMUP_CALLS, CallRecord
 
 @dataclass
 class TrainResult:
-    """What :meth:`Trainer.fit` did. ``skipped``/``applied`` count steps per update over the whole run
-    (resumes included); ``history`` has a row per compiled call of this ``fit``.
+    """What `Trainer.fit` did.
 
-    Over the whole run, resumes included (:mod:`.monitor`): ``epochs`` has a row per completed epoch (``epoch``,
-    ``step``, the mean training ``loss``, the training metrics, and ``val_*`` when the epoch ended with a
-    validation), ``validations`` a row per validation; ``best`` is the best value of the monitored name
-    (``monitor``, ``mode``, ``value``, ``epoch``, ``step``, and ``path``: the best checkpoint, with ``keep_best``);
-    ``stopped_early`` says why training stopped before its end (``patience``), else ``None``.
+    Attributes:
+        steps: The step the run reached, counted over the whole run (resumes included).
+        epochs_completed: The epochs completed over the whole run.
+        median_throughput: The median samples per second of this ``fit``'s calls after the warm-up calls
+            (``None`` with too few).
+        throughputs: Each timed call's samples per second.
+        last_losses: The last loss of each update.
+        skipped: Steps per update skipped for non-finite gradients, over the whole run.
+        applied: Steps per update applied, over the whole run.
+        loss_scales: Each update's loss scale at the end.
+        history: A row per compiled call of this ``fit``.
+        epochs: A row per completed epoch over the whole run (``epoch``, ``step``, the mean training ``loss``,
+            the training metrics, and ``val_*`` when the epoch ended with a validation).
+        validations: A row per validation.
+        best: The best value of the monitored name (``monitor``, ``mode``, ``value``, ``epoch``, ``step``, and
+            ``path``: the best checkpoint, with ``keep_best``), or ``None``.
+        stopped_early: Why training stopped before its end (``patience``), else ``None``.
     """
 
     steps: int
@@ -59,7 +70,7 @@ class Progress:
 
     def add(self, ran: Any, epoch: int, first: int, step: int, images_per_step: int, seconds: float, compiling: bool,
             scalers: Mapping[str, Any]) -> CallRecord:
-        """A call (:class:`~.inputs.Ran`) of epoch ``epoch`` from its step ``first`` to global ``step``, which took
+        """A call (`Ran`) of epoch ``epoch`` from its step ``first`` to global ``step``, which took
         ``seconds``; calls that compiled or warmed up stay out of the median. Returns what observers are told."""
         step_time = seconds / ran.done
         throughput = images_per_step / step_time

@@ -1,20 +1,20 @@
 """What a resumed run keeps from the checkpoint it continues, and what it says where a setting changed.
 
 A trainer's checkpoints record the run's seed and each update's loss scaling in their signature (besides the
-models, the batch size and the plan: :mod:`.checkpoints`). Resuming:
+models, the batch size and the plan: `checkpoints`). Resuming:
 
 * **the seed** orders each epoch's samples and draws the steps' randomness: continuing with another would
   read samples of the epoch in progress twice and skip others. A trainer with another seed is refused
-  (:func:`check_seed`); the examples, which load their data before they train, read the run's seed first
-  (:func:`run_seed`) and follow it, or refuse a ``--seed`` that differs.
+  (`check_seed`); the examples, which load their data before they train, read the run's seed first
+  (`run_seed`) and follow it, or refuse a ``--seed`` that differs.
 * **loss scaling** restored from a checkpoint written under another one does not fit the plan: a run begun
   without loss scaling (bfloat16 on a CPU) and continued under float16 (on an NVIDIA GPU) would start at
   scale 1 — float16 without scaling until the scale grows, ``growth_interval`` steps later. Where the
   checkpoint's loss scaling differs from the plan's, the plan's starts afresh (at its initial scale, as a new
-  run does; ``none`` drops the scale) and the log says so (:func:`follow_loss_scaling`); the same dynamic
+  run does; ``none`` drops the scale) and the log says so (`follow_loss_scaling`); the same dynamic
   scaling continues from the restored scale.
 * **max_steps and epochs** count the whole run: a run already past them has nothing to train, and a warning
-  says so and what to pass (:func:`nothing_left`); ``fit`` returns without a step.
+  says so and what to pass (`nothing_left`); ``fit`` returns without a step.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def settings(seed: int, scalers: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_seed(stored: Mapping[str, Any] | None, seed: int, path: str) -> None:
-    """:class:`CheckpointMismatchError` when the checkpoint at ``path`` was written by a run with another seed."""
+    """`CheckpointMismatchError` when the checkpoint at ``path`` was written by a run with another seed."""
     then = (stored or {}).get("seed")
     if then is None or int(then) == seed:
         return

@@ -3,7 +3,7 @@
 Two runs writing one checkpoint folder overwrite each other's checkpoints and index: two ``--resume`` of one
 run, or two new runs that chose the same folder. While a trainer trains (``fit``, from before it restores or
 checks the folder is fresh until it returns) it holds an exclusive ``fcntl.flock`` on ``<folder>/.lock``; a
-run in another process that wants the folder meanwhile is refused with :class:`CheckpointError`, naming the
+run in another process that wants the folder meanwhile is refused with `CheckpointError`, naming the
 process that holds it. The operating system releases the lock when that process ends, killed included: there
 is never a stale lock to remove. Where ``flock`` does not exist (Windows) or the filesystem refuses it,
 training goes on unlocked, with a warning.
@@ -58,7 +58,7 @@ def holding(directory: str | os.PathLike | None) -> Iterator[None]:
 
 
 def refuse_if_held(directory: str | os.PathLike) -> None:
-    """:class:`CheckpointError` now if another process holds ``directory``'s lock (a run about to be refused
+    """`CheckpointError` now if another process holds ``directory``'s lock (a run about to be refused
     learns it before loading its data); nothing is made or held."""
     path = Path(directory) / LOCK_FILE
     if fcntl is None or not path.is_file():

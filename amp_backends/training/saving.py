@@ -2,12 +2,12 @@
 
 TensorFlow writes a checkpoint into ``ckpt-N_temp/`` first, moves it into place, then swaps the ``checkpoint``
 index, so a save that fails never replaces the latest checkpoint; what it leaves is a traceback and litter.
-Around a :class:`~.checkpoints.CheckpointStore`:
+Around a `CheckpointStore`:
 
-* :func:`save_checkpoint` saves; a save that cannot be written removes its partial files and raises
-  :class:`~amp_backends.errors.CheckpointError` naming the folder, its free space, the size a checkpoint needs
+* `save_checkpoint` saves; a save that cannot be written removes its partial files and raises
+  `CheckpointError` naming the folder, its free space, the size a checkpoint needs
   and the fix. The previous checkpoint stays the latest.
-* :func:`ready_to_save`, before training, removes the unfinished saves a killed process left (``ckpt-N_temp*``
+* `ready_to_save`, before training, removes the unfinished saves a killed process left (``ckpt-N_temp*``
   folders, TensorFlow's ``*.tempstate*`` and ``checkpoint.tmp*`` files), saying so, and refuses to start when
   the folder is not writable or has no room for one checkpoint (its next save would fail).
 """
@@ -45,8 +45,8 @@ def weights_finite(weights: Any) -> bool:
 
 def save_finite(store: Any, weights: Any, together: Any) -> str | None:
     """A checkpoint now, written inside ``together`` (with the other workers). Non-finite weights are never
-    written: :class:`NonFiniteError`; a checkpoint that cannot be written (a full disk, no permission) raises
-    :class:`CheckpointError`."""
+    written: `NonFiniteError`; a checkpoint that cannot be written (a full disk, no permission) raises
+    `CheckpointError`."""
     if not weights_finite(weights):
         raise NonFiniteError(
             f"Not saving step {int(store.step_counter.numpy())}: the weights contain NaN or Inf. The latest good "
@@ -56,7 +56,7 @@ def save_finite(store: Any, weights: Any, together: Any) -> str | None:
 
 
 def save_checkpoint(store: Any) -> str | None:
-    """``store.save()``; a save that cannot be written raises :class:`CheckpointError` after removing its files."""
+    """``store.save()``; a save that cannot be written raises `CheckpointError` after removing its files."""
     step = int(store.step_counter.numpy())
     try:
         return store.save()
@@ -66,7 +66,7 @@ def save_checkpoint(store: Any) -> str | None:
 
 
 def ready_to_save(store: Any) -> None:
-    """Before training: unfinished saves of a killed run removed (by the chief); :class:`CheckpointError` when the
+    """Before training: unfinished saves of a killed run removed (by the chief); `CheckpointError` when the
     checkpoint folder is not writable or has no room for one checkpoint."""
     if store.is_chief:
         remove_unfinished_saves(store.directory)

@@ -1,11 +1,11 @@
 """Reproducible runs: one seed for weights, dropout, shuffling and the trainer's random draws.
 
-On the CPU the same seed gives the same losses, run after run: :func:`seed_everything` seeds Python,
+On the CPU the same seed gives the same losses, run after run: `seed_everything` seeds Python,
 NumPy, TensorFlow and Keras (Keras 3's initializers and dropout draw from its own seed generator, which
 ``tf.random.set_seed`` alone does not reach; Keras 2's random layers made afterwards are set to draw
-from a ``tf.random.Generator``, whose state checkpoints keep: see :mod:`.random_state`); the trainer's
+from a ``tf.random.Generator``, whose state checkpoints keep: see `random_state`); the trainer's
 shuffling is a function of ``(seed, epoch)`` and random draws inside a step use
-:func:`~amp_backends.training.step.step_seed`. ``deterministic=True``
+`step_seed`. ``deterministic=True``
 also makes TensorFlow choose deterministic kernels (``tf.config.experimental.enable_op_determinism``):
 on GPUs that is what makes two runs equal (cuDNN and atomics otherwise reorder float additions, so losses
 differ in the last digits and drift apart), at some cost in speed; ops without a deterministic GPU kernel
@@ -25,8 +25,15 @@ _seed = {"value": 0}  # the process's seed, like the generators it seeds
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:
     """Seed Python, NumPy, TensorFlow and Keras, and the trainers made afterwards (their shuffling and
-    :func:`~amp_backends.training.step.step_seed`, unless given ``seed=``); with ``deterministic``, also use
-    deterministic kernels."""
+    `step_seed`, unless given ``seed=``).
+
+    Args:
+        seed: A non-negative integer.
+        deterministic: Also use deterministic kernels (``tf.config.experimental.enable_op_determinism``).
+
+    Raises:
+        AmpConfigError: ``seed`` is not a non-negative integer.
+    """
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise AmpConfigError(f"seed must be a non-negative integer. Received: {seed!r}.")
     tf.keras.utils.set_random_seed(seed)
@@ -40,5 +47,5 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
 
 
 def current_seed() -> int:
-    """The seed last given to :func:`seed_everything` (0 before any)."""
+    """The seed last given to `seed_everything` (0 before any)."""
     return _seed["value"]

@@ -1,11 +1,11 @@
 """Ctrl-C and SIGTERM during training: the first asks the loop to stop after the current call, a second acts at once.
 
 The trainer then saves a checkpoint when checkpointing is on, and raises
-:class:`~amp_backends.errors.TrainingInterrupted` (a ``KeyboardInterrupt``) saying at which step and where the
+`TrainingInterrupted` (a ``KeyboardInterrupt``) saying at which step and where the
 checkpoint is.
 
 Under several workers the signal reaches one of them; every worker stops after the same call
-(:class:`~amp_backends.training.distribute.StopAgreement`) and they save together."""
+(`StopAgreement`) and they save together."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def interrupted_message(signum: int, step: int, path: str | None, *, checkpointi
 
 def raise_interrupted(signum: int, step: int, store: Any, save: Any, together: Any, agree: Any, is_chief: bool) -> None:
     """Every worker stopped at ``step`` (agreed): save (``save()``, inside ``together(step)`` with the other workers)
-    unless that step is saved already, and raise :class:`~amp_backends.errors.TrainingInterrupted` saying where."""
+    unless that step is saved already, and raise `TrainingInterrupted` saying where."""
     from ..errors import TrainingInterrupted
 
     path = None

@@ -1,15 +1,15 @@
 """The compiled training step: per-replica gradients, one finite flag for all replicas, apply or skip, scale update.
 
-A step is a sequence of :class:`Update`\\ s. Each computes one loss with its own forward pass and updates
+A step is a sequence of `Update`\\ s. Each computes one loss with its own forward pass and updates
 one or more ``(variables, optimizer)`` groups from it (a classifier has one update; the GAN two; an
 embedding model can update its embedding and dense variables from one loss with two optimizers). Each
-update has its own :class:`~amp_backends.training.loss_scaling.LossScaler`; a step whose gradients are
+update has its own `LossScaler`; a step whose gradients are
 not finite in *any* replica is skipped for every group of that update, in every replica.
 
-:class:`StepProgram` builds the compiled calls that run several steps each:
+`StepProgram` builds the compiled calls that run several steps each:
 
 * on resident arrays, ``k`` steps gathering their batches from the epoch's permutation; under XLA the
-  steps are unrolled into one graph (up to :data:`UNROLL_LIMIT`), else a ``tf.range`` loop whose length is
+  steps are unrolled into one graph (up to `UNROLL_LIMIT`), else a ``tf.range`` loop whose length is
   an argument (one compiled function for every call size);
 * on a ``tf.data`` iterator, up to ``k`` steps pulling batches inside the call and stopping early at the
   end of the data; under XLA each step is compiled (iterators cannot be).
@@ -54,7 +54,7 @@ class Evaluation:
     the loss is a binary cross-entropy (the metric ``"accuracy"`` is then binary accuracy; otherwise it follows the
     shapes, as Keras's ``compile`` decides); ``outputs``: how many outputs the model has (a metric by name takes
     one).
-    :func:`~amp_backends.training.classifier_updates` sets it; an update without one (the GAN's) has nothing
+    `classifier_updates` sets it; an update without one (the GAN's) has nothing
     to validate.
     """
 
@@ -81,12 +81,22 @@ class Update:
     returns ``(ok, batch)``, ``ok`` a boolean scalar tensor (the batch is usable: labels within the model's
     classes, say) and ``batch`` a version of the batch the loss can compute on even when it is not (labels
     replaced by 0, say). A step whose batch is not ``ok`` is skipped in every replica, and the trainer raises
-    :class:`~amp_backends.errors.InputError` after the call, naming the step and ``check_message`` (what was
+    `InputError` after the call, naming the step and ``check_message`` (what was
     expected, and the fix). It costs a reduction over the batch per step.
 
-    ``evaluation`` (an :class:`Evaluation`), if given, is what validation, metrics, ``Trainer.evaluate`` and
+    ``evaluation`` (an `Evaluation`), if given, is what validation, metrics, ``Trainer.evaluate`` and
     ``Trainer.predict`` use; a ``loss_fn`` that reports its predictions with
-    :func:`~amp_backends.training.metrics.record_predictions` gets the trainer's metrics on training batches too.
+    `record_predictions` gets the trainer's metrics on training batches too.
+
+    Attributes:
+        name: The update's name in logs, checkpoints and results (``"generator"``).
+        loss_fn: ``loss_fn(batch)``: the forward pass and the loss.
+        groups: ``(variables, optimizer)`` pairs updated from the loss.
+        validate: ``validate(sample)``, called once before training; raises ``ValueError`` with the fix.
+        state: Variables the forward pass changes besides the trained ones.
+        check: ``check(batch) -> (ok, batch)``, run inside the compiled step on every batch.
+        check_message: What a batch that fails ``check`` should have been, and the fix.
+        evaluation: How validation, metrics, ``evaluate`` and ``predict`` use the model.
     """
 
     name: str
@@ -114,6 +124,15 @@ def step_seed(salt: int = 0) -> Any:
     It depends on the trainer's seed, the global step, the replica and ``salt`` (use a different salt per
     random draw in a step) — so random draws are reproducible from the seed, different in every step and
     replica, and continue exactly where a resumed run left off. Only valid inside a trainer's step.
+
+    Args:
+        salt: Tells apart the random draws of one step (a different salt for each).
+
+    Returns:
+        A ``[2]`` int64 tensor for ``tf.random.stateless_*``'s ``seed``.
+
+    Raises:
+        RuntimeError: Called outside a training step run by the trainer.
     """
     ctx = getattr(_context, "current", None)
     if ctx is None:
@@ -212,7 +231,7 @@ class StepProgram:
     def own_errors(self, first_step: int | None = None, steps: int = 1) -> Iterator[None]:
         """Around a call (of ``steps`` steps from ``first_step``): the library's own error raised while tracing it
         comes out as itself, not wrapped in TensorFlow's staging error with a trace through the graph code; an id
-        past a lookup's table (a token id beyond an Embedding's vocabulary) as :class:`InputError` with the fix."""
+        past a lookup's table (a token id beyond an Embedding's vocabulary) as `InputError` with the fix."""
         self._trace_error = None
         try:
             yield

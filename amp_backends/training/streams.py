@@ -1,4 +1,4 @@
-"""What the trainer trains on, part two: a ``tf.data`` pipeline of batches (arrays: :mod:`.inputs`).
+"""What the trainer trains on, part two: a ``tf.data`` pipeline of batches (arrays: `inputs`).
 
 **A** ``tf.data.Dataset`` yields *batches* (as Keras ``fit`` expects): ``ds.batch(batch_size,
 drop_remainder=True)``. Batches of unknown size (``ds.batch(n)`` without ``drop_remainder``) are

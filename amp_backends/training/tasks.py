@@ -60,6 +60,18 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
     ``loss`` is a Keras loss object or name (sparse categorical cross-entropy by default), or a function
     returning one value per example. With the sparse default, the labels are checked before training:
     class ids within the model's outputs.
+
+    Args:
+        model: A built Keras model.
+        optimizer: Its optimizer.
+        loss: A Keras loss object or name, or ``loss(y, pred)`` returning one value per example (default:
+            sparse categorical cross-entropy).
+
+    Returns:
+        The one `Update` for `Trainer`.
+
+    Raises:
+        AmpConfigError: The model is not built, or one Keras loss is given for a model with several outputs.
     """
     _check_built(model)
     per_example, sparse = _per_example(loss)
@@ -128,7 +140,7 @@ def _same_rank(y: Any, pred: Any) -> Any:
 
 
 def _class_id_check(classes: int | None) -> Any:
-    """The compiled check of every batch's class ids (see :class:`Update`'s ``check``): whole, finite, in range."""
+    """The compiled check of every batch's class ids (see `Update`'s ``check``): whole, finite, in range."""
 
     def check(batch):
         if isinstance(batch, dict) or not isinstance(batch, (tuple, list)) or len(batch) < 2 or batch[1] is None \
@@ -224,8 +236,20 @@ def gan_updates(generator: Any, discriminator: Any, g_opt: Any, d_opt: Any) -> l
     """The tutorials' GAN: a generator update, then a discriminator update, each with its own forward pass.
 
     The batches are real images (a tensor, or the first item of a tuple). The noise is uniform in
-    [-1, 1], drawn per step from the trainer's seed (:func:`~amp_backends.training.step.step_seed`):
+    [-1, 1], drawn per step from the trainer's seed (`step_seed`):
     reproducible, different in every step and replica, and continued exactly by a resumed run.
+
+    Args:
+        generator: The built generator (noise to images).
+        discriminator: The built discriminator (images to one logit).
+        g_opt: The generator's optimizer.
+        d_opt: The discriminator's optimizer.
+
+    Returns:
+        The generator's and the discriminator's `Update`, in that order.
+
+    Raises:
+        AmpConfigError: A model is not built.
     """
     from ..models import NOISE_DIM, gan_labels, sigmoid_loss
 

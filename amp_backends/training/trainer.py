@@ -1,34 +1,11 @@
 """The loop: call sizing, position and resume, non-finite and interrupt handling, checkpoints at call ends.
 
-The model code stays the same everywhere; the :class:`~amp_backends.plan.Plan` decides the dtype policy
+The model code stays the same everywhere; the `Plan` decides the dtype policy
 (set before the models are built), whether the step is XLA-compiled and how losses are scaled. The step
-itself is in :mod:`.step`, the input in :mod:`.inputs`, checkpoints in :mod:`.checkpoints`, what watches
-training in :mod:`.observers`.
+itself is in `step`, the input in `inputs`, checkpoints in `checkpoints`, what watches
+training in `observers`.
 
-The :class:`Trainer`'s arguments:
-
-``checkpoint_objects`` names what is saved besides the loss-scale state and the position (your models
-and optimizers; by default the updates' variables and optimizers). ``images_per_step`` defaults to
-the batch size (the GAN counts ``2 * batch``). ``batch_size`` is the global batch: under a
-``tf.distribute`` strategy each replica takes its slice. With ``check_models`` the Keras models it
-trains (those owning the updates' variables) are checked once, before the first step, at the batch it
-trains on, for what makes mixed precision slow or wrong under the plan (:func:`amp_backends.check_model`):
-warnings are logged as warnings and raised as :class:`~amp_backends.errors.AmpWarning` (see :mod:`.precision`).
-``audit`` (``True``: the steps after the warm-up calls, or ``(start, stop)``) reports the kernels that ran
-in that window, on a CPU from oneDNN's records when the program started with ``ONEDNN_VERBOSE=1``
-(:class:`amp_backends.audit.AuditObserver`; the result is ``trainer.audit.result``). Before the first step
-each trained model gets its layer plan (:func:`amp_backends.prepare_model`: the plan's float32 layers, a
-classifier head in float32, float8 where on, and — where a model has layers the plan keeps in float32 — whether
-it trains faster with every layer in float32, cached for the model on this machine or measured on the first
-batch: ``measure_float32=False`` never, ``True`` for any model under a mixed plan; never across several
-replicas, which could choose apart). The layer plans are ``trainer.layer_plans``; the checkpoints keep them
-and a resumed run applies them as they were.
-
-``metrics`` (Keras metric names or objects: :mod:`.metrics`) are reported per epoch on the training batches
-and on ``fit``'s ``validation_data``; ``keep_best`` (the name of a logged value, such as ``"val_accuracy"``)
-keeps the best checkpoint in ``<checkpoint_dir>/best`` (``mode``: ``"auto"``, ``"min"``, ``"max"``);
-``patience`` stops training after that many values of ``monitor`` (else ``keep_best``'s, else ``val_loss``)
-without an improvement of more than ``min_delta``: :mod:`.monitor`.
+The `Trainer`'s arguments are described where it is defined.
 """
 
 from __future__ import annotations
@@ -76,8 +53,63 @@ logger = logging.getLogger("amp_backends.train")
 
 
 class Trainer:
-    """Train ``updates`` under a plan, on arrays or a ``tf.data`` pipeline (see :meth:`fit`); its arguments are
-    described in the module docstring."""
+    """Train ``updates`` under a plan, on arrays or a ``tf.data`` pipeline (see `fit`).
+
+    Before the first step each trained model gets its layer plan (`amp_backends.prepare_model`: the plan's
+    float32 layers, a classifier head in float32, float8 where on, and — where a model has layers the plan keeps
+    in float32 — whether it trains faster with every layer in float32, cached for the model on this machine or
+    measured on the first batch). The layer plans are ``trainer.layer_plans``; the checkpoints keep them and a
+    resumed run applies them as they were.
+
+    Args:
+        updates: What one step does (`Update`, from
+            `classifier_updates` or `gan_updates`).
+        plan: The plan to train under (`auto_configure`).
+        batch_size: The global batch: under a ``tf.distribute`` strategy each replica takes its slice.
+        checkpoint_objects: What is saved besides the loss-scale state and the position (your models and
+            optimizers; by default the updates' variables and optimizers).
+        images_per_step: Samples a step counts for throughput (default: the batch size; the GAN counts
+            ``2 * batch``).
+        steps_per_call: Training steps per compiled call.
+        log_every: Log a training line every this many steps.
+        logdir: Where TensorBoard's scalars go (relative or absolute); ``None``: none.
+        checkpoint_dir: Where checkpoints go (relative or absolute); ``None``: no checkpoints.
+        checkpoint_every: Save a checkpoint every this many steps (at the end of the call that reaches it);
+            ``None``: at the end of each ``fit``.
+        keep_checkpoints: How many checkpoints to keep (the newest).
+        profile_steps: ``(start, stop)``: the steps TensorFlow's profiler records into ``logdir``.
+        max_consecutive_nonfinite: Stop with `NonFiniteError` after this many
+            steps in a row whose loss or gradients were not finite.
+        progress: Show a progress bar (``None``: when the output is a terminal).
+        seed: The run's seed (shuffling, Dropout, the steps' random draws); ``None``: the current one
+            (`seed_everything`).
+        batch_fn: How arrays become a batch (default: gather every array at the batch's indices).
+        strategy: A ``tf.distribute`` strategy (default: the current one).
+        unroll_steps: Unroll the steps of a compiled call instead of looping (``None``: under XLA, up to a
+            limit).
+        observers: Your own `Observer` objects, called around every compiled call.
+        check_models: Check the Keras models it trains once, before the first step, at the batch it trains on,
+            for what makes mixed precision slow or wrong under the plan (`check_model`);
+            warnings are logged and raised as `AmpWarning`.
+        audit: ``True`` (the steps after the warm-up calls) or ``(start, stop)``: report the kernels that ran
+            in that window (on a CPU it needs ``ONEDNN_VERBOSE=1`` set when the program starts); the result
+            is ``trainer.audit.result``.
+        measure_float32: Whether to measure if a model trains faster all in float32: ``None`` where it has
+            layers the plan keeps in float32, ``False`` never, ``True`` for any model under a mixed plan
+            (never across several replicas, which could choose apart).
+        metrics: Keras metric names or objects, reported per epoch on the training batches and on ``fit``'s
+            ``validation_data``.
+        keep_best: The name of a logged value (``"val_accuracy"``): keep the best checkpoint in
+            ``<checkpoint_dir>/best``.
+        monitor: The value ``patience`` watches (default: ``keep_best``'s, else ``val_loss``).
+        mode: ``"auto"``, ``"min"`` or ``"max"``: which way the monitored value improves.
+        patience: Stop after this many values of ``monitor`` without an improvement of more than
+            ``min_delta`` (``None``: never).
+        min_delta: The least change that counts as an improvement.
+
+    Raises:
+        InputError: An argument is out of range or of the wrong kind; the message says what was expected.
+    """
 
     WARMUP_CALLS = WARMUP_CALLS  # calls excluded from the throughput summary (tracing, XLA compilation)
 
@@ -168,14 +200,14 @@ class Trainer:
         return self.store.directory if self.store else None
 
     def save(self) -> str | None:
-        """Write a checkpoint now (atomically; with the other workers): :func:`.saving.save_finite`."""
+        """Write a checkpoint now (atomically; with the other workers): `saving.save_finite`."""
         if self.store is None:
             return None
         self.store.annotate("monitor", self.validation.monitor.state())  # the history, best value, waiting
         return save_finite(self.store, self._weights, self._together(self.position.step))
 
     def restore(self) -> int | None:
-        """Restore the newest intact checkpoint, if any; returns its global step (:func:`.resume.restore_run`)."""
+        """Restore the newest intact checkpoint, if any; returns its global step (`resume.restore_run`)."""
         restored = restore_run(self.store, self.position, seed=self.seed, scalers=self.scalers, updates=self.updates,
                                batch_size=self.batch_size, plan_headline=str(self.plan.headline),
                                is_chief=self.is_chief) if self.store else None
@@ -195,15 +227,36 @@ class Trainer:
         ``x`` is an array, a tuple/list or dict of arrays (several inputs, named features), with optional
         labels ``y`` of the same kinds — kept on the device, each step gathering its batch — or a
         ``tf.data.Dataset`` of batches (``steps_per_epoch`` for one that repeats forever); see
-        :mod:`amp_backends.training.inputs`. ``validation_data`` (``(x_val, y_val)`` arrays or a dataset of
+        `amp_backends.training.inputs`. ``validation_data`` (``(x_val, y_val)`` arrays or a dataset of
         batches) is evaluated with the trainer's metrics every ``validation_every`` epochs (or ``"500 steps"``);
-        see :mod:`.monitor` for the history, ``keep_best`` and ``patience``. ``resume`` continues from the newest
+        see `monitor` for the history, ``keep_best`` and ``patience``. ``resume`` continues from the newest
         intact checkpoint (under its seed; loss scaling that differs from the checkpoint's starts afresh and is
-        logged: :mod:`.resume`); without it, a checkpoint directory holding another run's checkpoints is refused.
-        While it trains, no other process may train in the checkpoint directory (:mod:`.run_lock`). Calling
+        logged: `resume`); without it, a checkpoint directory holding another run's checkpoints is refused.
+        While it trains, no other process may train in the checkpoint directory (`run_lock`). Calling
         ``fit`` again continues where the last call stopped; a run already at ``max_steps`` or ``epochs`` trains
         nothing and warns.
-        Ctrl-C (or SIGTERM): see :mod:`.signals`.
+        Ctrl-C (or SIGTERM): see `signals`.
+
+        Args:
+            x: The inputs: arrays (a tuple, list or dict of them for several inputs) or a ``tf.data.Dataset``
+                of batches.
+            y: The labels for array inputs (``None`` with a dataset, or for updates that need none).
+            epochs: Train until this many epochs are complete, counted over the whole run.
+            max_steps: Stop at this step instead, counted over the whole run.
+            resume: Continue from the newest intact checkpoint in ``checkpoint_dir``.
+            steps_per_epoch: The steps of an epoch, for a dataset that repeats forever.
+            validation_data: ``(x_val, y_val)`` arrays or a dataset of batches, evaluated with the metrics.
+            validation_every: Evaluate every this many epochs, or ``"500 steps"``.
+
+        Returns:
+            What the run did (`TrainResult`).
+
+        Raises:
+            InputError: The data or an argument is unusable; the message says what was expected.
+            CheckpointError: ``checkpoint_dir`` holds another run's checkpoints (without ``resume``), or a
+                checkpoint cannot be saved or read.
+            NonFiniteError: Training cannot go on: too many non-finite steps, or non-finite weights.
+            TrainingInterrupted: Ctrl-C or SIGTERM, after the last call ended and its checkpoint was saved.
         """
         check_fit_arguments(epochs=epochs, max_steps=max_steps, resume=resume, checkpoints=self.store is not None)
         # the same arrays as in the last call are reused (not copied or checked again)
@@ -311,17 +364,38 @@ class Trainer:
         return result
 
     def evaluate(self, x: Any, y: Any = None) -> dict[str, float]:
-        """``{"loss": ..., <metric>: ...}`` over every sample of ``x``/``y`` or a dataset (:mod:`.evaluation`).
+        """``{"loss": ..., <metric>: ...}`` over every sample of ``x``/``y`` or a dataset (`evaluation`).
 
         Before the first ``fit`` it applies the models' layer plans first, decided on ``x``'s first batch: what
-        it computes is what training and validation will compute."""
+        it computes is what training and validation will compute.
+
+        Args:
+            x: The inputs: arrays or a dataset of batches (of ``(x, y)`` pairs).
+            y: The labels for array inputs.
+
+        Returns:
+            The mean loss and each metric over every sample, the last partial batch too.
+
+        Raises:
+            InputError: The data does not fit the model; the message says what was expected.
+        """
         evaluator = self.validation.evaluator_for("evaluate()")
         self._layer_plans_in_force(x)
         return evaluator.evaluate(x, y)
 
     def predict(self, x: Any) -> Any:
-        """The model's outputs for every sample of ``x`` (arrays, or a dataset of batches), as NumPy arrays
-        (under the models' layer plans, as :meth:`evaluate`)."""
+        """The model's outputs for every sample of ``x``, as NumPy arrays (under the models' layer plans, as
+        `evaluate`).
+
+        Args:
+            x: The inputs: arrays, or a dataset of batches.
+
+        Returns:
+            The outputs, one row per sample (a structure of arrays for a model with several outputs).
+
+        Raises:
+            InputError: The data does not fit the model.
+        """
         evaluator = self.validation.evaluator_for("predict()")
         self._layer_plans_in_force(x)
         return evaluator.predict(x)

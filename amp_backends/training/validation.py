@@ -1,9 +1,9 @@
 """The trainer's metrics and validation: what runs at the end of each epoch and on the validation schedule.
 
-:class:`Validation` holds the metrics (training and validation copies, :mod:`.metrics`), the evaluator
-(:mod:`.evaluation`), the run's history, best value and early stopping (:mod:`.monitor`), and the best checkpoint's
+`Validation` holds the metrics (training and validation copies, `metrics`), the evaluator
+(`evaluation`), the run's history, best value and early stopping (`monitor`), and the best checkpoint's
 store. The trainer calls it at each epoch's end and after each call; it tells the observers
-(:meth:`~.observers.Observer.after_evaluation`: the log line, TensorBoard's ``val/...`` and ``epoch/...`` scalars).
+(`after_evaluation`: the log line, TensorBoard's ``val/...`` and ``epoch/...`` scalars).
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class Validation:
             logger.warning(f"Stopping early at step {step}: {self.monitor.stopped_early}.{kept}")
 
     def load(self, state: Any) -> None:
-        """A resumed run's history, best value and waiting (:meth:`.monitor.Monitor.load`)."""
+        """A resumed run's history, best value and waiting (`monitor.Monitor.load`)."""
         self.monitor.load(state)
         self._say_stopped()
 

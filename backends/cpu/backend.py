@@ -1,9 +1,9 @@
 """CPU probe (``/proc/cpuinfo``, ``sysctl`` on macOS, ``TF_ENABLE_ONEDNN_OPTS``) and the CPU backend.
 
-The rules (:mod:`~amp_backends.backends.cpu.rules`): mixed_bfloat16 where the CPU has bf16 instructions
-*and* oneDNN runs the model (:mod:`~amp_backends.backends.cpu.onednn`: TensorFlow's default for the CPU,
+The rules (`rules`): mixed_bfloat16 where the CPU has bf16 instructions
+*and* oneDNN runs the model (`onednn`: TensorFlow's default for the CPU,
 ``TF_ENABLE_ONEDNN_OPTS``, or ITEX), float32 elsewhere; XLA off; no loss scaling. The figures the reasons
-quote come from the committed results files (:mod:`~amp_backends.backends.cpu.measured`).
+quote come from the committed results files (`measured`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def fit_steps_why() -> str:
 
 
 def parse_cpuinfo(text: str, arch: str | None = None) -> CpuInfo:
-    """Parse Linux ``/proc/cpuinfo`` text (x86 ``flags`` or Arm ``Features``) into a :class:`CpuInfo`."""
+    """Parse Linux ``/proc/cpuinfo`` text (x86 ``flags`` or Arm ``Features``) into a `CpuInfo`."""
     vendor = model = part = implementer = ""
     flags: set[str] = set()
     numbers: dict[str, int] = {}  # "cpu family", "model", "stepping" of the first processor
@@ -153,7 +153,7 @@ def cpu_device(cpu: CpuInfo) -> Accelerator:
 
 
 def display_name(cpu: CpuInfo) -> str:
-    """The CPU as the plan and the report name it, its microarchitecture included (:attr:`CpuInfo.name`)."""
+    """The CPU as the plan and the report name it, its microarchitecture included (`CpuInfo.name`)."""
     return cpu.name
 
 

@@ -30,7 +30,7 @@ LAYERS = "cpu-layers-zen4.json"  # which layers train slower in bfloat16 (benchm
 
 def recorded_machine(doc: Mapping[str, Any]) -> str:
     """The machine as a results file records it: its ``machine_kind`` (written from the probe's name, see
-    :func:`~amp_backends.backends.cpu.backend.machine_record`), else the CPU its ``machine`` describes, named
+    `machine_record`), else the CPU its ``machine`` describes, named
     from the vendor, family and model it holds."""
     if doc.get("machine_kind"):
         return str(doc["machine_kind"])
@@ -64,7 +64,7 @@ def quote(file: str, *configs: str, unit: str = "img/s") -> str:
 
 
 def evidence(file: str, *configs: str, unit: str = "img/s") -> tuple[Evidence, ...]:
-    """The figures :func:`quote` quotes, as data: one :class:`Evidence`, or none if the file or figures are missing."""
+    """The figures `quote` quotes, as data: one `Evidence`, or none if the file or figures are missing."""
     results = load(file)
     found = results.evidence(*configs, unit=unit) if results else None
     return (found,) if found else ()

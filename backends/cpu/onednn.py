@@ -126,7 +126,7 @@ def onednn_state(cpu: CpuInfo, environ: Mapping[str, str], *, system: str = sys.
 
 
 def read_onednn_state(cpu: CpuInfo, environ: Mapping[str, str], tf_version: str | None) -> OneDnnState:
-    """:func:`onednn_state` for this process: TensorFlow's own answer if it is already imported (never imports it)."""
+    """`onednn_state` for this process: TensorFlow's own answer if it is already imported (never imports it)."""
     answer = None
     if "tensorflow" in sys.modules:
         try:
@@ -143,7 +143,7 @@ def onednn_takes_float16(cpu: CpuInfo, onednn: OneDnnState) -> bool:
 
     Args:
         cpu: the CPU as the probe read it.
-        onednn: whether TensorFlow runs oneDNN (:func:`onednn_state`).
+        onednn: whether TensorFlow runs oneDNN (`onednn_state`).
 
     Returns:
         True where float16 convolutions and matmuls reach oneDNN's kernels rather than Eigen's.

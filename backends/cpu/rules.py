@@ -2,9 +2,9 @@
 
 bfloat16 is fast on a CPU only where both hold: the CPU has bf16 instructions (AVX512_BF16, AMX, Arm
 BF16) and oneDNN runs the model's matmuls and convolutions — TensorFlow's oneDNN
-(:mod:`~amp_backends.backends.cpu.onednn`) or ITEX's. Without oneDNN, TensorFlow runs bfloat16 in Eigen,
+(`onednn`) or ITEX's. Without oneDNN, TensorFlow runs bfloat16 in Eigen,
 many times slower than float32 even on a bf16 CPU. Every figure quoted comes from a committed results file
-(:mod:`~amp_backends.backends.cpu.measured`), named with its machine.
+(`measured`), named with its machine.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ class IntelFacts:
 
 
 def classify_xpu(index: int, name: str, has_xmx: bool | None = None, is_xehpc: bool | None = None) -> Accelerator:
-    """An :class:`Accelerator` for an Intel GPU, from its name and ITEX's ``has_xmx``/``is_xehpc`` answers."""
+    """An `Accelerator` for an Intel GPU, from its name and ITEX's ``has_xmx``/``is_xehpc`` answers."""
     upper = name.upper()
     xehpc = bool(is_xehpc) or " MAX" in upper or "PONTE VECCHIO" in upper
     xmx = bool(has_xmx) or xehpc or "FLEX" in upper or "ARC" in upper

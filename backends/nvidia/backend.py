@@ -3,10 +3,10 @@
 Capabilities follow the compute capability (CC): Tensor Cores from CC 7.0 (Volta) except the Turing
 GTX 16xx parts, which lack them; bf16 and TF32 Tensor Cores from CC 8.0 (Ampere); fp8 from CC 8.9.
 
-The figures the reasons quote come from the committed results files (:mod:`.measured`): the tutorials'
+The figures the reasons quote come from the committed results files (`measured`): the tutorials'
 hand-written loops and the matmul peak per dtype, measured on a GPU with TensorFlow 2.21.
 
-Devices are numbered as CUDA numbers them (:func:`~amp_backends.backends.nvidia.nvml.cuda_enumeration`),
+Devices are numbered as CUDA numbers them (`cuda_enumeration`),
 so ``/GPU:0`` in the plan is the GPU TensorFlow calls ``/GPU:0``.
 """
 

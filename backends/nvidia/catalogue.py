@@ -1,7 +1,7 @@
 """The NVIDIA GPUs of the device catalogue, for ``plan_for(device="h100")``; the backend describes each.
 
 Each entry's name, compute capability and memory come from NVIDIA's datasheet or specification page, named
-in its ``source``; the probe is what :class:`~amp_backends.backends.nvidia.NvidiaBackend` would report on a
+in its ``source``; the probe is what `NvidiaBackend` would report on a
 machine with that GPU alone.
 """
 

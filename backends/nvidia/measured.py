@@ -59,6 +59,6 @@ def quote(results: Results | None, file: str, *configs: str, unit: str = "img/s"
 
 
 def evidence(results: Results | None, *configs: str, unit: str = "img/s") -> tuple[Evidence, ...]:
-    """The figures :func:`quote` quotes, as data (none where the file or the figures are missing)."""
+    """The figures `quote` quotes, as data (none where the file or the figures are missing)."""
     found = results.evidence(*configs, unit=unit) if results else None
     return (found,) if found else ()

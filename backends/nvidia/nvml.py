@@ -2,8 +2,8 @@
 
 NVML (nvidia-ml-py) lists GPUs without initialising CUDA, in its own order. A CUDA program — TensorFlow —
 numbers them in CUDA's enumeration order (``CUDA_DEVICE_ORDER``), then keeps those ``CUDA_VISIBLE_DEVICES``
-names, in that variable's order: :func:`visible_gpus` maps one onto the other. nvidia-ml-py reports every
-failure to load the NVML library as "NVML Shared Library Not Found"; :func:`nvml_start_failure` asks the
+names, in that variable's order: `visible_gpus` maps one onto the other. nvidia-ml-py reports every
+failure to load the NVML library as "NVML Shared Library Not Found"; `nvml_start_failure` asks the
 dynamic loader what really happened.
 """
 

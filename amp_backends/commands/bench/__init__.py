@@ -5,14 +5,14 @@ Two suites, one command, results in one folder (``--out``):
 ================  ==============================================================================
 suite             module
 ================  ==============================================================================
-(default)         :mod:`.loops`: the tutorials' hand-written loops under their manual configurations,
+(default)         `loops`: the tutorials' hand-written loops under their manual configurations,
                   Keras ``fit`` and the trainer under the auto plan (``bench.json``, ``bench.png``)
-``--zoo``         :mod:`.zoo` (workers: :mod:`.zoo_worker`): reference models under the float32 ``fit``
+``--zoo``         `zoo` (workers: `zoo_worker`): reference models under the float32 ``fit``
                   baseline, the manual configurations, ``fit`` and the trainer under the auto plan
                   (``zoo.json``, ``zoo.md``)
 ================  ==============================================================================
 
-:mod:`.supervisor` runs worker processes with time limits; :mod:`.report` writes tables, JSON and charts.
+`supervisor` runs worker processes with time limits; `report` writes tables, JSON and charts.
 The GPU suite, the experiments behind the trainer's GPU settings, is the project's own evidence and runs from
 a checkout: ``python benchmarks/gpu_suite.py`` (``benchmarks/README.md``).
 """

@@ -7,7 +7,7 @@
   with/without XLA, mixed_float16 with fixed (1024) and dynamic loss scaling with/without XLA, and
   mixed_bfloat16 with/without XLA;
 * Keras ``model.fit`` with the same model under the auto plan;
-* the trainer under :func:`~amp_backends.auto_configure`.
+* the trainer under `auto_configure`.
 
 Each configuration runs one warm-up epoch (tracing, compilation), then ``--epochs`` timed epochs; the
 figure is the median epoch's images per second, images counted as the tutorials counted them (MNIST: the

@@ -87,7 +87,7 @@ def _pyplot() -> Any:
 
 # --------------------------------------------------------------------------- the tutorials' loops
 def loops_table(report: dict[str, Any], console: Any = None) -> None:
-    """The loops' rates: a table on a terminal, else one line a configuration (:mod:`amp_backends.terminal`)."""
+    """The loops' rates: a table on a terminal, else one line a configuration (`amp_backends.terminal`)."""
     from ...terminal import make_console, show_rows
 
     rows = [(r["model"], r["config"], f"{r['img_per_s']:,.0f}" if r["img_per_s"] else "-",
@@ -203,7 +203,7 @@ def zoo_markdown(report: dict[str, Any]) -> str:
 
 
 def zoo_table(report: dict[str, Any], console: Any = None) -> None:
-    """The model zoo's rates: a table on a terminal, else one line a model (:mod:`amp_backends.terminal`)."""
+    """The model zoo's rates: a table on a terminal, else one line a model (`amp_backends.terminal`)."""
     from ...terminal import make_console, plain_row, show_rows
 
     columns = [(c, {"justify": "left" if c in ("model", "best manual") else "right"}) for c in ZOO_HEAD]

@@ -1,8 +1,8 @@
 """Worker processes with time limits: a child that crashes or overruns is stopped and reported, never waited on.
 
-* :func:`run_child`: run a command to its end, its output echoed and kept, stopped when a deadline passes
+* `run_child`: run a command to its end, its output echoed and kept, stopped when a deadline passes
   (the GPU suite's benchmark and experiment workers).
-* :class:`JsonWorker`: a long-lived child answering one JSON request per line (the model zoo's
+* `JsonWorker`: a long-lived child answering one JSON request per line (the model zoo's
   configuration workers), each request with its own time limit.
 
 Children run in their own process group, so stopping one stops what it started, and nothing else.
@@ -121,8 +121,8 @@ class WorkerFailed(RuntimeError):
 class JsonWorker:
     """A child process that answers JSON requests, one per line, on its standard output.
 
-    Lines it prints without :data:`PROTOCOL` (and its standard error) go to ``log``. A request that gets
-    no answer within its time limit stops the child and raises :class:`WorkerFailed`.
+    Lines it prints without `PROTOCOL` (and its standard error) go to ``log``. A request that gets
+    no answer within its time limit stops the child and raises `WorkerFailed`.
     """
 
     def __init__(self, cmd: list[str], log: IO[str], name: str, env: dict[str, str] | None = None) -> None:

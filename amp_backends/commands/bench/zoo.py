@@ -1,7 +1,7 @@
 """The model-zoo benchmark: every zoo model under the float32 ``fit`` baseline, the manual configurations
 this hardware runs, ``fit`` under the auto plan and the trainer under the plan.
 
-Each configuration runs in a worker process of its own (:mod:`.zoo_worker`; a dtype policy, XLA and an
+Each configuration runs in a worker process of its own (`zoo_worker`; a dtype policy, XLA and an
 applied plan are process-wide), started once and kept for all models. Per model, every worker builds
 the model from the same seed and warms up (compilation), then the repetitions are interleaved: one
 repetition of each configuration in turn, the order rotated each round, so that a machine getting
@@ -147,7 +147,7 @@ class ZooRun:
             return {"ok": False, "error": str(exc)}
 
     def collect(self, cfg: ZooConfig, failure: dict[str, Any] | None) -> dict[str, Any]:
-        """The answer to a request :meth:`post` sent."""
+        """The answer to a request `post` sent."""
         w = self.workers.get(cfg.name)
         if failure is not None or w is None:
             return failure or {"ok": False, "error": self.errors.get(cfg.name, "the worker could not start")}

@@ -1,6 +1,6 @@
 """``python -m amp_backends.examples.gan``: the ``amp-backends train gan`` command.
 
-See :mod:`amp_backends.commands.train`.
+See `amp_backends.commands.train`.
 """
 
 from ...commands.train import gan_main

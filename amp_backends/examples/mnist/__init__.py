@@ -1,4 +1,4 @@
-"""The tutorials' MNIST CNN, trained under the auto plan: :func:`train_mnist`.
+"""The tutorials' MNIST CNN, trained under the auto plan: `train_mnist`.
 
 On real images (MNIST, or ``--digits``) the last tenth of the training images is held out and validates every
 epoch (``val_loss``, ``val_accuracy`` in the log and TensorBoard); the best checkpoint by validation accuracy is
@@ -7,7 +7,7 @@ seen in training or in the choice of the checkpoint). Synthetic images (``--synt
 nothing to validate.
 
 From the command line: ``python -m amp_backends.examples.mnist --help`` or ``amp-backends train mnist``
-(:mod:`amp_backends.commands.train`).
+(`amp_backends.commands.train`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``python -m amp_backends.examples.mnist``: the ``amp-backends train mnist`` command.
 
-See :mod:`amp_backends.commands.train`.
+See `amp_backends.commands.train`.
 """
 
 from ...commands.train import mnist_main
