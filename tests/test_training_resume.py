@@ -112,7 +112,7 @@ def test_a_run_already_past_max_steps_or_epochs_trains_nothing_and_says_what_to_
 
 
 # --------------------------------------------------------------------------- one run at a time
-HOLD = ("import sys, time; from amp_backends.training.run_lock import holding\n"
+HOLD = ("import sys, time; from amp_backends.training.runs import holding\n"
         "with holding(sys.argv[1]):\n    print('held', flush=True); time.sleep(600)")
 
 

@@ -103,12 +103,11 @@ def choose_run(opts: RunOptions, strategy: Any) -> tuple[RunOptions, Any]:
 
     A resumed run keeps the seed its checkpoints record; another ``--seed`` is refused
     (`CheckpointMismatchError`: the epoch in progress would be reshuffled), and so is a run another process
-    is training now (`CheckpointError`, from `amp_backends.training.run_lock`).
+    is training now (`CheckpointError`, from `amp_backends.training.runs`).
     """
     from ..training.checkpoints import run_directory
     from ..training.distribute import is_chief
-    from ..training.resume import run_seed
-    from ..training.run_lock import refuse_if_held
+    from ..training.runs import refuse_if_held, run_seed
 
     run = run_directory(opts.logdir, opts.resume, strategy)
     seed = 0 if opts.seed is None else opts.seed

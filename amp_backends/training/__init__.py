@@ -4,18 +4,17 @@
 module                 its part
 =====================  ==========================================================================
 ``trainer``            `Trainer`: the loop — runs calls, saves, stops on interrupts
-``position``           where training stands: epoch, sample offset, step; resume arithmetic
 ``step``               `Update` and the compiled step (replica gradients, skip, apply)
-``loss_scaling``       `LossScaler`: none / fixed / dynamic, sparse gradients kept sparse
-``custom_loop``        the same scaling in a ``tf.GradientTape`` loop of your own (``LossScaler.apply``)
+``loss_scaling``       `LossScaler`: none / fixed / dynamic, sparse gradients kept sparse; the same in a
+                       ``tf.GradientTape`` loop of your own (``LossScaler.apply``)
 ``inputs``             resident arrays; each input kind sizes and runs its compiled call
 ``streams``            ``tf.data`` pipelines of batches, behind the same interface
 ``batches``            what both input kinds share: a compiled call's result, nests of arrays
+``runs``               where training stands (epoch, sample offset, step); one run at a time in a
+                       checkpoint folder; what a resumed run keeps or says (seed, loss scaling, steps left)
 ``checkpoints``        run directories, checkpoints that never lose a run
-``random_state``       the random layers' generators, kept in checkpoints: a resume draws on exactly
-``resume``             what a resumed run keeps or says: its seed, loss scaling, the steps left
-``run_lock``           one run at a time in a checkpoint folder
-``saving``             checkpoint saves on a disk that fails: full, read-only, a killed save's leftovers
+``saving``             checkpoint saves on a disk that fails (full, read-only, a killed save's leftovers);
+                       the random layers' generators, kept in checkpoints
 ``observers``          log line, TensorBoard scalars, progress bar, profiler window, the defaults
 ``precision``          the precision check of the models being trained
 ``signals``            Ctrl-C and SIGTERM: stop after the current call
@@ -24,12 +23,11 @@ module                 its part
 ``tasks``              ready-made updates: classifier, the tutorials' GAN, MNIST batches
 ``arguments``          the trainer's arguments checked; optimizers built once
 ``results``            what a ``fit`` call collects and returns (`TrainResult`)
-``metrics``            Keras metrics by name or object, updated in the step, one number across workers
-``evaluation``         evaluate and predict under the plan: every sample, every batch checked
-``monitor``            per-epoch history, validation schedule, best value, early stopping; resumed
-``validation``         the trainer's metrics and validation together; the best checkpoint
+``metrics``            Keras metrics by name or object, updated in the step, one number across workers;
+                       per-epoch history, validation schedule, best value, early stopping
+``validation``         the trainer's validation, evaluate and predict under the plan; the best checkpoint
 ``callbacks``          Keras ``fit`` callbacks (`ThroughputLogger`)
-``seeding``            `seed_everything`: reproducible runs
+``seeding``            `seed_everything`, `step_seed`: reproducible runs and random draws inside a step
 =====================  ==========================================================================
 
 Importing this package is cheap; TensorFlow is imported with the first name used from it (except
@@ -47,7 +45,7 @@ _LAZY = {
     "parse_profile_steps": ".observers",
     "Update": ".step",
     "Evaluation": ".step",
-    "step_seed": ".step",
+    "step_seed": ".seeding",
     "record_predictions": ".metrics",
     "LossScaler": ".loss_scaling",
     "run_directory": ".checkpoints",
@@ -72,8 +70,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .loss_scaling import LossScaler
     from .metrics import record_predictions
     from .observers import CallRecord, Observer, parse_profile_steps
-    from .seeding import seed_everything
-    from .step import Evaluation, Update, step_seed
+    from .seeding import seed_everything, step_seed
+    from .step import Evaluation, Update
     from .tasks import classifier_updates, gan_updates, mnist_batch_fn
     from .trainer import Trainer, TrainResult
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from .position import At
+from .runs import At
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,8 @@ from typing import Any, Mapping
 import tensorflow as tf
 
 from ..errors import AmpConfigError, CheckpointError, CheckpointMismatchError
-from .random_state import KEY as RANDOM_STATE
-from .random_state import saved_random_state
+from .saving import KEY as RANDOM_STATE
+from .saving import saved_random_state
 
 logger = logging.getLogger("amp_backends.train")
 

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from ..errors import InputError
 from .batches import Ran, _describe, _leaf_paths
-from .position import At
+from .runs import At
 
 if TYPE_CHECKING:  # pragma: no cover
     from .streams import Stream

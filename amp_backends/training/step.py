@@ -23,13 +23,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import tensorflow as tf
 
 from ..errors import InputError
+from .seeding import _StepContext
 from .loss_scaling import LossScaler
 
 logger = logging.getLogger("amp_backends.train")
@@ -111,48 +111,6 @@ class Update:
     @property
     def variables(self) -> list[Any]:
         return [v for vs, _ in self.groups for v in vs]
-
-
-# ------------------------------------------------------------------------------------- step seeds
-_context = threading.local()
-
-
-def step_seed(salt: int = 0) -> Any:
-    """A seed for stateless random ops inside a training step:
-    ``tf.random.stateless_uniform(shape, seed=step_seed(1))``.
-
-    It depends on the trainer's seed, the global step, the replica and ``salt`` (use a different salt per
-    random draw in a step) — so random draws are reproducible from the seed, different in every step and
-    replica, and continue exactly where a resumed run left off. Only valid inside a trainer's step.
-
-    Args:
-        salt: Tells apart the random draws of one step (a different salt for each).
-
-    Returns:
-        A ``[2]`` int64 tensor for ``tf.random.stateless_*``'s ``seed``.
-
-    Raises:
-        RuntimeError: Called outside a training step run by the trainer.
-    """
-    ctx = getattr(_context, "current", None)
-    if ctx is None:
-        raise RuntimeError("step_seed() is only available inside a training step run by amp_backends' Trainer (in "
-                           "an Update's loss_fn). Outside, seed random ops yourself (tf.random.stateless_*).")
-    seed, step, replica, replicas = ctx
-    return tf.stack([tf.constant(seed * 1_000_003 + salt, tf.int64),
-                     tf.cast(step, tf.int64) * replicas + tf.cast(replica, tf.int64)])
-
-
-class _StepContext:
-    def __init__(self, seed: int, step: Any, replica: Any, replicas: int) -> None:
-        self.value = (seed, step, replica, replicas)
-
-    def __enter__(self) -> None:
-        self.saved = getattr(_context, "current", None)
-        _context.current = self.value
-
-    def __exit__(self, *exc: Any) -> None:
-        _context.current = self.saved
 
 
 # ------------------------------------------------------------------------------------- the program

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from ..errors import InputError
 from .batches import Ran, _leaf_paths
-from .position import At
+from .runs import At
 
 logger = logging.getLogger("amp_backends.train")
 

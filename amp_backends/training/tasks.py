@@ -10,7 +10,8 @@ import tensorflow as tf
 from ..errors import AmpConfigError, InputError
 from ..labels import class_ids
 from .metrics import record_predictions
-from .step import Evaluation, Update, float32_outputs, step_seed
+from .seeding import step_seed
+from .step import Evaluation, Update, float32_outputs
 
 
 def _per_example(loss: Any) -> tuple[Any, bool]:

@@ -35,11 +35,11 @@ from .observers import (
     parse_profile_steps,
     training_line,
 )
-from .position import At, Position
+from .runs import At, Position
 from .precision import FirstBatch, TrainedModels, trained_models
 from .results import Progress, TrainResult
-from .resume import nothing_left, restore_run, settings
-from .run_lock import holding
+from .runs import nothing_left, restore_run, settings
+from .runs import holding
 from .saving import ready_to_save, save_finite, weights_finite
 from .seeding import current_seed
 from .signals import StopSignals, raise_interrupted
@@ -229,9 +229,9 @@ class Trainer:
         ``tf.data.Dataset`` of batches (``steps_per_epoch`` for one that repeats forever); see
         `amp_backends.training.inputs`. ``validation_data`` (``(x_val, y_val)`` arrays or a dataset of
         batches) is evaluated with the trainer's metrics every ``validation_every`` epochs (or ``"500 steps"``);
-        see `monitor` for the history, ``keep_best`` and ``patience``. ``resume`` continues from the newest
+        see `metrics` for the history, ``keep_best`` and ``patience``. ``resume`` continues from the newest
         intact checkpoint (under its seed; loss scaling that differs from the checkpoint's starts afresh and is
-        logged: `resume`); without it, a checkpoint directory holding another run's checkpoints is refused.
+        logged: `runs`); without it, a checkpoint directory holding another run's checkpoints is refused.
         While it trains, no other process may train in the checkpoint directory (`run_lock`). Calling
         ``fit`` again continues where the last call stopped; a run already at ``max_steps`` or ``epochs`` trains
         nothing and warns.

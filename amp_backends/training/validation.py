@@ -1,24 +1,42 @@
-"""The trainer's metrics and validation: what runs at the end of each epoch and on the validation schedule.
+"""Validation during training, and evaluate/predict on their own.
+
+The trainer's metrics and validation: what runs at the end of each epoch and on the validation schedule.
 
 `Validation` holds the metrics (training and validation copies, `metrics`), the evaluator
 (`evaluation`), the run's history, best value and early stopping (`monitor`), and the best checkpoint's
 store. The trainer calls it at each epoch's end and after each call; it tells the observers
 (`after_evaluation`: the log line, TensorBoard's ``val/...`` and ``epoch/...`` scalars).
+
+Evaluation and prediction under the plan: the loss and metrics over validation data, the model's outputs.
+
+The data comes as for training — arrays (a tuple/list or dict for several inputs, labels ``y``), gathered on the
+device by the trainer's ``batch_fn``, or a ``tf.data.Dataset`` of batches — and every sample counts: the last
+partial batch is evaluated too (a dataset's batches may have any size). Every batch goes through the update's
+``check`` (labels within the model's classes): a refused batch is `InputError`
+naming it. The loss is the mean of the per-example losses over all samples (weighted by a third batch item,
+as in training), in float32.
+
+Under a ``tf.distribute`` strategy each replica evaluates its slice of each batch; the loss sums are reduced
+across replicas and workers and the metrics' state is added up when read: one number, the same on every worker.
+A compiled call per batch (XLA as the plan says, on one replica); the partial last batch traces once more.
 """
 
 from __future__ import annotations
 
 import logging
 from typing import Any, Callable, Sequence
+import math
+import numpy as np
 
 import tensorflow as tf
 
 from ..errors import AmpConfigError, InputError
 from . import metrics as metric_lib
-from .evaluation import Evaluator, evaluated_update
-from .monitor import Every, Monitor, parse_every
+from .metrics import Every, Monitor, parse_every, reset, results
 from .saving import save_finite
-from .step import Update
+from .step import Update, float32_outputs
+from .inputs import BatchFn, _as_array_nest, gather_batch, refuse_labels_beside, rows
+
 
 logger = logging.getLogger("amp_backends.train")
 
@@ -181,3 +199,186 @@ class Validation:
 def save_with(weights: Any, together: Callable[[int], Any]) -> Callable[[Any, int], str | None]:
     """``save(store, step)``: a checkpoint of finite weights, written with the other workers."""
     return lambda store, step: save_finite(store, weights, together(step))
+
+
+def evaluated_update(updates: Sequence[Update], what: str) -> Update:
+    """The update that validation, metrics and predictions use: the first with an `Evaluation`."""
+    for u in updates:
+        if u.evaluation is not None:
+            return u
+    raise AmpConfigError(
+        f"{what} needs a model to evaluate, and none of the updates ({', '.join(u.name for u in updates)}) says how "
+        "to run one: Update.evaluation is not set (classifier_updates sets it; the GAN's updates have no labels to "
+        "evaluate). Fix: train with classifier_updates(model, optimizer, loss), or give your Update an "
+        "evaluation=amp_backends.training.Evaluation(predict=..., loss=...).")
+
+
+def _labelled(batch: Any, what: str) -> None:
+    if isinstance(batch, (tuple, list)) and len(batch) in (2, 3) and batch[1] is not None:
+        return
+    kind = f"dicts (keys {sorted(batch)})" if isinstance(batch, dict) else type(batch).__name__
+    raise InputError(f"{what} needs labelled batches: (x, y) or (x, y, sample_weight). Received {kind} without "
+                     "labels. Fix: pass the labels (evaluate(x, y), validation_data=(x_val, y_val)), or a dataset of "
+                     "(x, y) batches.")
+
+
+class Evaluator:
+    """Evaluates one update's model (its `Evaluation`) with ``metrics``, and predicts with it."""
+
+    def __init__(self, update: Update, metrics: Sequence[Any], *, strategy: Any, batch_size: int, device: str,
+                 xla: bool, batch_fn: BatchFn | None = None) -> None:
+        assert update.evaluation is not None
+        self.update, self.evaluation = update, update.evaluation
+        self.metrics = list(metrics)
+        self.strategy = strategy
+        self.replicas = int(strategy.num_replicas_in_sync)
+        self.batch_size = batch_size
+        self.device = device
+        self.batch_fn = batch_fn or gather_batch
+        self.xla = xla and self.replicas == 1
+        self._calls: dict[str, Any] = {}
+        self._last: tuple[Any, Any, tuple[Any, Any, int]] | None = None  # the last arrays, on the device
+
+    def forget_compiled(self) -> None:
+        """Trace the evaluation and prediction functions anew at their next call: a function traced before a layer's
+        policy changed keeps the dtypes it was traced with."""
+        self._calls.clear()
+
+    # ------------------------------------------------------------------ evaluate
+    def evaluate(self, x: Any, y: Any = None, *, what: str = "evaluate()") -> dict[str, float]:
+        """``{"loss": ..., <metric>: ...}`` over all of ``x``/``y`` (or a dataset of batches)."""
+        reset(self.metrics)
+        total, weight = 0.0, 0.0
+        for i, (call, args) in enumerate(self._batches(x, y, what)):
+            loss_sum, weight_sum, refused = call(*args)
+            if int(refused.numpy()):
+                raise InputError(f"Batch {i} of the data given to {what} {self.update.check_message or 'was refused.'}")
+            total, weight = total + float(loss_sum.numpy()), weight + float(weight_sum.numpy())
+        return {"loss": total / weight if weight else math.nan, **results(self.metrics)}
+
+    def _batches(self, x: Any, y: Any, what: str) -> Any:
+        """``(compiled call, its arguments)`` for each batch of the data."""
+        refuse_labels_beside(x, y)
+        if isinstance(x, tf.data.Dataset):
+            call = self._call("dataset", self._replica_eval)
+            dataset = x
+            if self.replicas > 1 or getattr(self.strategy, "cluster_resolver", None) is not None:
+                dataset = self.strategy.experimental_distribute_dataset(x)
+            first = True
+            for batch in dataset:
+                if first:
+                    _labelled(batch if self.replicas == 1 else self.strategy.experimental_local_results(batch)[0],
+                              what)
+                    first = False
+                yield call, (batch,)
+            if first:
+                raise InputError(f"The dataset given to {what} yields no batch: it is empty. Fix: check the pipeline.")
+            return
+        if y is None:
+            raise InputError(f"{what} needs labels: evaluate(x, y) or validation_data=(x_val, y_val). Received x "
+                             "without y. Fix: pass the labels, or a tf.data.Dataset of (x, y) batches.")
+        xs, ys, n = self._resident(x, y, what)
+        call = self._call("arrays", self._replica_eval_arrays)
+        for start in range(0, n, self.batch_size):
+            yield call, (xs, ys, tf.range(start, min(start + self.batch_size, n), dtype=tf.int64))
+
+    def check_first_batch(self, dataset: Any) -> None:
+        """A validation dataset's first batch checked before training (its labels, as the update validates them);
+        later batches are checked as each validation reads them."""
+        for batch in dataset.take(1):
+            batch = tf.nest.map_structure(lambda t: t.numpy(), batch)
+            _labelled(batch, "validation_data")
+            if self.update.validate is not None:
+                self.update.validate(batch)
+            return
+        raise InputError("The validation dataset yields no batch: it is empty. Fix: check the pipeline.")
+
+    def evaluate_check(self, x: Any, y: Any) -> None:
+        """Validation arrays checked (and copied to the device) before training: shapes, labels."""
+        self._resident(x, y, "validation_data")
+
+    def _resident(self, x: Any, y: Any, what: str) -> tuple[Any, Any, int]:
+        """The arrays on the device (the same arrays as last time are not copied or checked again)."""
+        if self._last is not None and self._last[0] is x and self._last[1] is y:
+            return self._last[2]
+        resident = self._copied(x, y, what)
+        self._last = (x, y, resident)
+        return resident
+
+    def _copied(self, x: Any, y: Any, what: str) -> tuple[Any, Any, int]:
+        x = _as_array_nest(x, "x")
+        y = None if y is None else _as_array_nest(y, "y")
+        n = rows(x, y)
+        if n == 0:
+            raise InputError(f"The data given to {what} has no rows. Expected at least one sample. Fix: pass the "
+                             "samples to evaluate.")
+        if self.update.validate is not None and y is not None:
+            self.update.validate((x, y))
+        with tf.device(self.device):
+            xs = tf.nest.map_structure(tf.convert_to_tensor, x)
+            ys = None if y is None else tf.nest.map_structure(tf.convert_to_tensor, y)
+        if self.xla and any(t.dtype == tf.string for t in tf.nest.flatten((xs, ys)) if t is not None):
+            self.xla = False  # strings (for the model's own StringLookup): XLA cannot compile them, as in training
+            self._calls.pop("arrays", None)
+        return xs, ys, n
+
+    def _call(self, key: str, replica_fn: Callable[..., Any]) -> Any:
+        if key not in self._calls:
+            def call(*args):
+                per_replica = self.strategy.run(replica_fn, args=args)
+                return tuple(self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for v in per_replica)
+
+            self._calls[key] = tf.function(call, jit_compile=self.xla and key == "arrays", reduce_retracing=True)
+        return self._calls[key]
+
+    def _replica_eval_arrays(self, x: Any, y: Any, idx: Any) -> Any:
+        return self._replica_eval(self.batch_fn(x, y, _replica_slice(idx)))
+
+    def _replica_eval(self, batch: Any) -> Any:
+        """In each replica: the batch's loss sum, its weight and whether the update's check refused it."""
+        _labelled(batch, "evaluation")
+        ok = tf.constant(True)
+        if self.update.check is not None:
+            ok, batch = self.update.check(batch)
+        x, y = batch[0], batch[1]
+        weights = batch[2] if len(batch) == 3 else None
+        pred = float32_outputs(self.evaluation.predict(x))
+        values = tf.cast(self.evaluation.loss(y, pred), tf.float32)
+        w = tf.ones_like(values) if weights is None else tf.cast(tf.reshape(weights, tf.shape(values)), tf.float32)
+        for m in self.metrics:
+            m.update_state(y, pred, weights)
+        return tf.reduce_sum(values * w), tf.reduce_sum(w), tf.cast(tf.logical_not(ok), tf.int32)
+
+    # ------------------------------------------------------------------ predict
+    def predict(self, x: Any) -> Any:
+        """The model's outputs for every sample of ``x`` (arrays, or a dataset of batches: its ``x`` part), as NumPy
+        arrays in the model's output structure, in float32 where floating."""
+        if isinstance(x, tf.data.Dataset):
+            batches: Any = (b[0] if isinstance(b, (tuple, list)) else b for b in x)
+        else:
+            xs, _, n = self._resident(x, None, "predict()")
+            batches = (self._gathered(xs, start, n) for start in range(0, n, self.batch_size))
+        if "predict" not in self._calls:
+            self._calls["predict"] = tf.function(lambda xb: float32_outputs(self.evaluation.predict(xb)),
+                                                 reduce_retracing=True)
+        call = self._calls["predict"]
+        outs = [tf.nest.map_structure(lambda t: t.numpy(), call(xb)) for xb in batches]
+        if not outs:
+            raise InputError("predict() was given no samples. Fix: pass at least one row.")
+        return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outs)
+
+    def _gathered(self, xs: Any, start: int, n: int) -> Any:
+        idx = tf.range(start, min(start + self.batch_size, n), dtype=tf.int64)
+        return self.batch_fn(xs, None, idx)[0]
+
+
+def _replica_slice(idx: Any) -> Any:
+    """This replica's rows of a global batch of indices (the last replicas get fewer, or none, in a short batch)."""
+    ctx = tf.distribute.get_replica_context()
+    n = ctx.num_replicas_in_sync
+    if n == 1:
+        return idx
+    size = tf.shape(idx, out_type=tf.int64)[0]
+    local = (size + n - 1) // n
+    start = tf.minimum(tf.cast(ctx.replica_id_in_sync_group, tf.int64) * local, size)
+    return idx[start:tf.minimum(start + local, size)]
