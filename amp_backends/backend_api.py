@@ -38,13 +38,13 @@ from .hardware import (BF16, FP8, FP16, GB, TENSOR_CORES, TF32, XMX, Accelerator
 from .plan import BackendStatus, Plan, Rejected
 from .planner import make_plan
 from .probe import probe_hardware
-from .registry import Backend, BackendRegistry, default_registry
+from .registry import Backend, BackendRegistry, Peer, default_registry
 from .request import LossScale, Request, build_request
 from .software import installed_version, minor_version, tensorflow_version
 
 __all__ = [
     # the interface and its registry
-    "Backend", "BackendRegistry", "default_registry",
+    "Backend", "BackendRegistry", "Peer", "default_registry",
     # what a probe fills: the devices and the capability tags they carry
     "Accelerator", "BackendProbe", "CpuInfo", "Hardware", "probe_hardware",
     "BF16", "FP8", "FP16", "TENSOR_CORES", "TF32", "XMX",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import abc
 import functools
+from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 
@@ -70,6 +71,17 @@ class Backend(abc.ABC):
         """Apply the plan's vendor settings beyond the Keras policy, TF32 and XLA. Returns notes for the log."""
         return []
 
+    def peers(self, probe: BackendProbe) -> tuple[Peer, ...]:
+        """What a user of this hardware would pick instead of the plan, for the model zoo to run beside it.
+
+        Args:
+            probe: This backend's probe of the machine.
+
+        Returns:
+            The peers that apply here (none by default).
+        """
+        return ()
+
     def catalogue(self) -> tuple["KnownDevice", ...]:
         """This vendor's devices in the device catalogue, each with the sources of its figures (none by default).
 
@@ -91,6 +103,24 @@ class Backend(abc.ABC):
             NotImplementedError: The backend has no catalogue.
         """
         raise NotImplementedError(f"the {self.name} backend has no device catalogue to describe {device.name!r}")
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A configuration a user would pick instead of the plan: float32 Keras ``fit`` with another math library or a
+    graph rewrite, set up the way it must be (environment variables before TensorFlow starts, a grappler option).
+
+    Attributes:
+        name: The configuration's name in the zoo's tables, without commas (``"fp32 oneDNN-off"``).
+        why: What it is, and who would pick it.
+        env: Environment variables its process starts with.
+        rewrite: A grappler rewrite to turn on (``"auto_mixed_precision_onednn_bfloat16"``), or ``None``.
+    """
+
+    name: str
+    why: str
+    env: tuple[tuple[str, str], ...] = ()
+    rewrite: str | None = None
 
 
 class BackendRegistry:

@@ -152,6 +152,10 @@ ENVIRONMENT: dict[str, str] = {
     "SLURM_TASKS_PER_NODE": "Set by Slurm: tasks per host, when the step's is missing.",
     "SLURM_JOB_ID": "Set by Slurm: the default base port derives from it.",
     "SLURM_JOBID": "Set by Slurm (older name of `SLURM_JOB_ID`).",
+    "TF_ENABLE_ZENDNN_OPTS": "AMD's ZenDNN plug-in (`zentf`): `1` runs its kernels (with `TF_ENABLE_ONEDNN_OPTS=0`). "
+                             "The model zoo sets it for its ZenDNN peers on an AMD CPU where `zentf` is installed.",
+    "TF_ZENDNN_PLUGIN_BF16": "`zentf`'s own bfloat16 mixed precision: `1` turns it on (the zoo's `ZenDNN bf16-AMP` "
+                             "peer).",
     "TF_ENABLE_ONEDNN_OPTS": "TensorFlow's: `0` turns its oneDNN kernels off, `1` on; unset, TensorFlow decides "
                              "by CPU. The CPU plan reads it (bfloat16 is fast only with oneDNN).",
     "ONEDNN_VERBOSE": "oneDNN's: `1` prints every primitive it runs. The audit sets it in its child process; the "

@@ -468,3 +468,39 @@ def test_float16_under_itex_on_a_cpu_with_fp16_instructions_is_unsafe_even_force
     # ITEX on a CPU without fp16 instructions keeps float16 out of its oneDNN ops: not this rule
     assert "_ITEXMaxPoolGrad" not in next(r for r in plan(machine(cpu_of(ZEN4, itex=True)), registry).rejected
                                           if r.value == "mixed_float16").why
+
+
+# --------------------------------------------------------------------------- what a CPU user would pick instead
+def _peers(probe, zentf=None):
+    from amp_backends.backends.cpu import rules
+    from amp_backends.backends.cpu.backend import CpuFacts, onednn_of
+
+    itex = isinstance(probe.facts, CpuFacts) and probe.facts.itex_loaded
+    return {p.name: p for p in rules.peers(probe.cpu, onednn_of(probe, probe.cpu), itex, zentf)}
+
+
+def test_a_bf16_cpu_with_onednn_on_is_measured_against_eigen_and_tensorflows_own_bf16_rewrite():
+    peers = _peers(cpu_of(ZEN4))
+    assert set(peers) == {"fp32 oneDNN-off", "fp32 grappler-bf16"}
+    assert peers["fp32 oneDNN-off"].env == (("TF_ENABLE_ONEDNN_OPTS", "0"),)
+    assert peers["fp32 grappler-bf16"].rewrite == "auto_mixed_precision_onednn_bfloat16"
+    assert all("," not in name for name in peers)  # the zoo's --configs is comma-separated
+
+
+def test_a_cpu_where_tensorflow_leaves_onednn_off_is_measured_with_onednn_on_and_no_bf16_rewrite():
+    peers = _peers(HERE)  # AVX2 only, as a Zen 1 or Zen 3
+    assert set(peers) == {"fp32 oneDNN-on"} and peers["fp32 oneDNN-on"].env == (("TF_ENABLE_ONEDNN_OPTS", "1"),)
+
+
+def test_zendnn_is_a_peer_on_an_amd_cpu_where_zentf_is_installed_and_nowhere_else():
+    zen4 = _peers(cpu_of(ZEN4), zentf="2.21.0.0")
+    assert zen4["fp32 ZenDNN"].env == (("TF_ENABLE_ZENDNN_OPTS", "1"), ("TF_ENABLE_ONEDNN_OPTS", "0"))
+    assert ("TF_ZENDNN_PLUGIN_BF16", "1") in zen4["ZenDNN bf16-AMP"].env
+    assert "fp32 ZenDNN" in _peers(HERE, zentf="2.21.0.0") and "ZenDNN bf16-AMP" not in _peers(HERE, zentf="2.21.0.0")
+    assert not any("ZenDNN" in n for n in _peers(cpu_of(SAPPHIRE_RAPIDS), zentf="2.21.0.0"))  # an Intel CPU
+    assert not any("ZenDNN" in n for n in _peers(cpu_of(ZEN4)))  # not installed
+
+
+def test_under_itex_the_cpu_backend_offers_no_peers_of_its_own():
+    assert _peers(cpu_of(SAPPHIRE_RAPIDS, itex=True)) == {}
+

@@ -28,8 +28,8 @@ from amp_backends.assessment import (
 )
 from amp_backends.hardware import KnownDevice, BF16, FP16, Accelerator, BackendProbe, CpuInfo, Hardware
 from amp_backends.plan import Plan
-from amp_backends.registry import Backend
-from amp_backends.software import tensorflow_version
+from amp_backends.registry import Backend, Peer
+from amp_backends.software import installed_version, tensorflow_version
 
 from . import rules
 from .measured import FIT_STEPS, evidence, quote
@@ -273,6 +273,12 @@ class CpuBackend(Backend):
         if hidden:
             notes.append(hidden)
         return notes
+
+    def peers(self, probe: BackendProbe) -> tuple[Peer, ...]:
+        """oneDNN the other way round, TensorFlow's bfloat16 rewrite, ZenDNN where installed (`rules.peers`)."""
+        cpu = probe.cpu or CpuInfo("unknown", "unknown", "unknown", 1)
+        itex_active = isinstance(probe.facts, CpuFacts) and probe.facts.itex_loaded
+        return rules.peers(cpu, onednn_of(probe, cpu), itex_active, installed_version(rules.ZENDNN_PACKAGE))
 
     def catalogue(self) -> tuple[KnownDevice, ...]:
         """The cpu devices of the device catalogue (``backends/cpu/catalogue.py``)."""

@@ -10,6 +10,7 @@ many times slower than float32 even on a bf16 CPU. Every figure quoted comes fro
 from __future__ import annotations
 
 from amp_backends.assessment import EMULATED, FUNCTIONAL, NATIVE, UNSAFE, Evidence, Float32Layer, Support
+from amp_backends.registry import Peer
 from amp_backends.hardware import CpuInfo
 
 from .measured import LAYERS, WITH_BF16, WITH_FP16, WITHOUT_BF16, evidence, load, quote, times
@@ -216,3 +217,42 @@ def float32_layers(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> tupl
     lstm_measured = evidence(LAYERS, *(f"{RECURRENT} {v}" for v in ("float32", "mixed_bfloat16", ISLAND.strip())),
                              unit="samples/s")
     return kept + (Float32Layer("LSTM", ("bfloat16",), lstm_why, evidence=lstm_measured),), ""
+
+
+ZENDNN_PACKAGE = "zentf"  # AMD's ZenDNN plug-in for TensorFlow (PyPI), enabled by TF_ENABLE_ZENDNN_OPTS=1
+GRAPPLER_BF16 = "auto_mixed_precision_onednn_bfloat16"  # TensorFlow's own float32-to-bfloat16 rewrite for oneDNN
+
+
+def peers(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool, zentf: str | None) -> tuple[Peer, ...]:
+    """What a user of this CPU would pick instead of the plan, each set up as it must be.
+
+    Args:
+        cpu: The CPU.
+        onednn: Whether TensorFlow runs oneDNN here.
+        itex_active: Whether ITEX is loaded (its own graph AMP is a setting of the Intel backend, measured there).
+        zentf: The installed ``zentf`` version, or ``None``.
+
+    Returns:
+        float32 with oneDNN the other way round from TensorFlow's default (where TensorFlow has a oneDNN build),
+        TensorFlow's grappler bfloat16 rewrite (bf16 instructions, oneDNN on), and ZenDNN with and without its
+        bfloat16 AMP (an AMD CPU with ``zentf`` installed).
+    """
+    if itex_active:
+        return ()
+    found: list[Peer] = []
+    if onednn.enabled:
+        found.append(Peer("fp32 oneDNN-off", f"float32 in TensorFlow's Eigen kernels ({VARIABLE}=0)",
+                          env=((VARIABLE, "0"),)))
+        if cpu.native_bf16:
+            found.append(Peer("fp32 grappler-bf16", "a float32 model that TensorFlow's grappler rewrites to bfloat16 "
+                              f"for oneDNN ({GRAPPLER_BF16}), with no Keras policy", rewrite=GRAPPLER_BF16))
+    elif not cpu.is_arm:
+        found.append(Peer("fp32 oneDNN-on", f"float32 in oneDNN's kernels, which TensorFlow leaves off here "
+                          f"({VARIABLE}=1)", env=((VARIABLE, "1"),)))
+    if zentf and cpu.vendor.upper().startswith("AMD"):
+        zen = (("TF_ENABLE_ZENDNN_OPTS", "1"), (VARIABLE, "0"))
+        found.append(Peer("fp32 ZenDNN", f"float32 in AMD's ZenDNN kernels (zentf {zentf})", env=zen))
+        if cpu.native_bf16:
+            found.append(Peer("ZenDNN bf16-AMP", f"ZenDNN's own bfloat16 mixed precision (zentf {zentf})",
+                              env=(*zen, ("TF_ZENDNN_PLUGIN_BF16", "1"))))
+    return tuple(found)

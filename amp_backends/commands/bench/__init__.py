@@ -50,7 +50,7 @@ def main(
     configs: Optional[str] = typer.Option(None, "--configs", metavar="CONFIGS",
                                           help="Comma-separated manual configurations "
                                                f"(default all: {MANUAL_NAMES}); with --zoo, the zoo's "
-                                               "configurations (baseline and auto are shorthands)."),
+                                               "configurations (baseline, auto and peers are shorthands)."),
     epochs: int = number_option(3, "--epochs", prog=PROG, metavar="N",
                                 help="Timed epochs per configuration (after 1 warm-up epoch)."),
     samples: int = number_option(60000, "--samples", prog=PROG, metavar="N",

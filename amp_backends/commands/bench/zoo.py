@@ -21,10 +21,11 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...configure import plan_for
+from ...registry import Peer, default_registry
 from ...timing import Sample, Timings, interleaved
 from ...zoo import ZOO, unavailable
 from .report import environment, run_header, write_json, zoo_markdown, zoo_table
@@ -34,14 +35,22 @@ from .supervisor import JsonWorker, WorkerFailed, child_env, terminate_as_exit
 @dataclass(frozen=True)
 class ZooConfig:
     name: str
-    kind: str  # "baseline" (fit, compile defaults), "manual" (fit, policy and XLA by hand), "auto_fit", "trainer"
+    # "baseline" (fit, compile defaults), "manual" (fit, policy and XLA by hand), "peer" (float32 fit the way a
+    # user of this hardware would run it instead: another math library, a graph rewrite), "auto_fit", "trainer"
+    kind: str
     policy: str = "float32"
     xla: bool | None = None
     tf32: bool | None = None
     seed: int = 0  # the initial weights' and the step's random seed (the data are the same in every configuration)
+    env: tuple[tuple[str, str], ...] = ()  # a peer's environment variables, set before its process starts
+    rewrite: str | None = None  # a peer's grappler rewrite
 
     @property
     def compute_dtype(self) -> str:
+        """The dtype the matrix work runs in: the policy's, or bfloat16 for a peer that rewrites a float32 model
+        to it (TensorFlow's grappler rewrite, ZenDNN's bfloat16 AMP)."""
+        if "bfloat16" in (self.rewrite or "") or any(k.endswith("_BF16") and v == "1" for k, v in self.env):
+            return "bfloat16"
         return {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}.get(self.policy, "float32")
 
 
@@ -51,9 +60,10 @@ BASELINE = ZooConfig("float32 fit (defaults)", "baseline")
 BASELINE_SEED1 = ZooConfig("float32 fit (defaults), seed 1", "baseline", seed=1)
 
 
-def configurations(plan: Any) -> list[ZooConfig]:
+def configurations(plan: Any, peers: Sequence[Peer] = ()) -> list[ZooConfig]:
     """The baseline, the manual configurations this hardware runs natively (from the plan's support table),
-    each without and with XLA, TF32 variants where the plan uses TF32, ``fit`` under the plan, the trainer."""
+    each without and with XLA, TF32 variants where the plan uses TF32, the backend's peers (float32 ``fit``
+    with another math library or a graph rewrite, XLA off), ``fit`` under the plan, the trainer."""
     native = [p for p, s in (plan.assessment.policies.items() if plan.assessment else []) if s.level == "native"]
     manual: list[ZooConfig] = []
     for policy, short in (("float32", "fp32"), ("mixed_float16", "fp16"), ("mixed_bfloat16", "bf16")):
@@ -64,9 +74,19 @@ def configurations(plan: Any) -> list[ZooConfig]:
             manual.append(ZooConfig(short + ("+XLA" if xla else ""), "manual", policy, xla, tf32))
             if policy == "float32" and plan.tf32:
                 manual.append(ZooConfig("TF32" + ("+XLA" if xla else ""), "manual", policy, xla, True))
+    manual += [ZooConfig(p.name, "peer", "float32", False, None, env=p.env, rewrite=p.rewrite) for p in peers]
     auto = plan.policy
     return [BASELINE, BASELINE_SEED1, *manual, ZooConfig("auto plan, fit", "auto_fit", auto),
             ZooConfig("auto plan, trainer", "trainer", auto)]
+
+
+def backend_peers(backend: str) -> tuple[Peer, ...]:
+    """The planned backend's peers on this machine (none where its probe or its peers fail)."""
+    try:
+        chosen = default_registry().get(backend)
+        return tuple(chosen.peers(chosen.probe()))
+    except Exception:  # noqa: BLE001  # the benchmark still runs, without peers
+        return ()
 
 
 def _spread(values: list[float]) -> dict[str, Any]:
@@ -92,7 +112,7 @@ class ZooRun:
     def spawn(self, cfg: ZooConfig) -> JsonWorker | None:
         cmd = [sys.executable, "-m", "amp_backends.commands.bench.zoo_worker", "--config", json.dumps(asdict(cfg))]
         try:
-            return JsonWorker(cmd, self.log, cfg.name, env=child_env())
+            return JsonWorker(cmd, self.log, cfg.name, env={**child_env(), **dict(cfg.env)})
         except OSError as exc:
             self.errors[cfg.name] = f"the {cfg.name} worker could not start: {exc}"
             return None
@@ -244,14 +264,15 @@ def run_zoo(models: list[str], config_names: list[str] | None, reps: int, steps:
             timeout_s: float = 900.0, peak_n: int | None = None) -> dict[str, Any]:
     """Run the zoo benchmark; write ``zoo.json`` and ``zoo.md`` into ``out``; return the report."""
     plan = plan_for()  # the environment's overrides too, as the workers' auto_configure() reads them
-    configs = configurations(plan)
+    configs = configurations(plan, backend_peers(plan.backend))
     if config_names:
-        unknown = [n for n in config_names if n not in {c.name for c in configs} | {"baseline", "auto"}]
+        unknown = [n for n in config_names if n not in {c.name for c in configs} | {"baseline", "auto", "peers"}]
         if unknown:
             raise ValueError(f"unknown zoo configuration(s) {unknown}; on this machine: "
-                             f"{', '.join(c.name for c in configs)} (and the shorthands baseline, auto).")
+                             f"{', '.join(c.name for c in configs)} (and the shorthands baseline, auto, peers).")
         configs = [c for c in configs if c.name in config_names or (c.kind == "baseline" and "baseline" in config_names)
-                   or (c.kind in ("auto_fit", "trainer") and "auto" in config_names)]
+                   or (c.kind in ("auto_fit", "trainer") and "auto" in config_names)
+                   or (c.kind == "peer" and "peers" in config_names)]
     gpu = not str(plan.device).upper().startswith("/CPU")
     dtypes = sorted({c.compute_dtype for c in configs} | {"float32"})
     runner = ZooRun(models, configs, reps, steps, batch, out, timeout_s, peak_n or (8192 if gpu else 2048), gpu)
@@ -297,7 +318,7 @@ def summarize(report: dict[str, Any]) -> None:
         cfgs = m.get("configs") or {}
         rate = {n: c["samples_per_s"]["median"] for n, c in cfgs.items() if c.get("samples_per_s")}
         base = rate.get(BASELINE.name)
-        manual = {n: r for n, r in rate.items() if cfgs[n]["kind"] == "manual"}
+        manual = {n: r for n, r in rate.items() if cfgs[n]["kind"] in ("manual", "peer")}
         best = max(manual, key=lambda n: manual[n]) if manual else None
         m["best_manual"] = best
         base_loss = (cfgs.get(BASELINE.name) or {}).get("loss")

@@ -45,6 +45,8 @@ class ZooWorker:
         else:
             if cfg.get("tf32") is not None:
                 tf.config.experimental.enable_tensor_float_32_execution(bool(cfg["tf32"]))
+            if cfg.get("rewrite"):  # a peer's grappler rewrite (the float32 model rewritten by TensorFlow itself)
+                tf.config.optimizer.set_experimental_options({cfg["rewrite"]: True})
             self.policy = cfg["policy"]
         set_global_policy(self.policy, tf)
         self.model: Any = None
@@ -58,7 +60,10 @@ class ZooWorker:
                     f"loss scale {p.loss_scale.mode}, compile{self.plan.compile_kwargs()}")
         xla = {None: "compile() defaults", True: "XLA on", False: "XLA off"}[self.cfg.get("xla")]
         resolved = getattr(self.model, "jit_compile", None)  # what Keras made of jit_compile
-        return f"{self.cfg['policy']}, {xla}" + (f" (jit_compile={resolved})" if self.cfg.get("xla") is None else "")
+        peer = "".join([f", {k}={v}" for k, v in self.cfg.get("env") or ()]
+                       + ([f", grappler {self.cfg['rewrite']}"] if self.cfg.get("rewrite") else []))
+        return (f"{self.cfg['policy']}, {xla}" + (f" (jit_compile={resolved})" if self.cfg.get("xla") is None else "")
+                + peer)
 
     # -- requests --------------------------------------------------------------------------------
     def prepare(self, model: str, batch: int, steps: int, flops: bool) -> dict[str, Any]:
