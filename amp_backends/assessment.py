@@ -146,7 +146,7 @@ def load_results(file: str, parse: Callable[[str, Mapping[str, Any]], Results]) 
     try:
         with open(RESULTS_DIR / file, encoding="utf-8") as fh:
             return parse(file, json.load(fh))
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # missing, unreadable, or not the format
         return None
 
 

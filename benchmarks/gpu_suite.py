@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from amp_backends.commands.bench.report import now_iso, run_header, write_json
+from amp_backends.commands.bench.report import now_iso, write_json
 from amp_backends.commands.bench.supervisor import child_env, exit_reason, last_words, run_child
 
 HERE = Path(__file__).resolve().parent
@@ -101,7 +101,7 @@ class Suite:
         self.state: dict[str, Any] = {
             "what": "the GPU suite: benchmark, trainer call experiments, profile",
             "date": now_iso(),
-            "command": run_header()["command"],
+            "command": " ".join([Path(sys.executable).name, "benchmarks/gpu_suite.py", *sys.argv[1:]]),
             "settings": {"tiny": args.tiny, "budget_s": args.budget_s, "sizes": TINY if args.tiny else FULL,
                          "warmup_epochs": 1, "selected": selected,
                          "figure": "median timed epoch, images/s (MNIST: batch per step; GAN: 2 x batch per step)"},

@@ -1,4 +1,4 @@
-"""The GPU suite's experiments (``exp_<name>`` for each name of :data:`.gpu_suite.EXPERIMENTS`), and the
+"""The GPU suite's experiments (``exp_<name>`` for each name of ``gpu_suite.EXPERIMENTS``), and the
 worker's entry point: ``python benchmarks/gpu_suite_experiments.py`` (started by the suite)."""
 
 from __future__ import annotations

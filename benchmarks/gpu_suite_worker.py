@@ -1,6 +1,6 @@
 """The GPU suite's worker process: experiments run here (TensorFlow imported), each event reported as a JSON
-line to the events file that :class:`.gpu_suite.Suite` watches. The experiments themselves are in
-:mod:`.gpu_experiments`; this module holds what they share: sizes, timing, the trainer runs, the rows.
+line to the events file that ``gpu_suite.Suite`` watches. The experiments themselves are in
+``gpu_suite_experiments``; this module holds what they share: sizes, timing, the trainer runs, the rows.
 
 Figures: images per second of the median timed epoch after one warm-up epoch (tracing, XLA compilation),
 images counted as the tutorials counted them (MNIST: the batch per step; GAN: 2 x batch). For the

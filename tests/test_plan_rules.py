@@ -504,3 +504,17 @@ def test_zendnn_is_a_peer_on_an_amd_cpu_where_zentf_is_installed_and_nowhere_els
 def test_under_itex_the_cpu_backend_offers_no_peers_of_its_own():
     assert _peers(cpu_of(SAPPHIRE_RAPIDS, itex=True)) == {}
 
+
+def test_a_gpu_suite_file_without_nvml_facts_still_names_its_gpu_and_the_command_that_runs_the_suite_now():
+    import json
+
+    from amp_backends.assessment import RESULTS_DIR
+    from amp_backends.backends.nvidia import measured
+
+    doc = json.loads((RESULTS_DIR / measured.GPU_SUITE).read_text(encoding="utf-8"))
+    doc["device"]["nvml"] = "unavailable: NVML could not start"  # what the suite writes where NVML fails
+    results = measured._suite(measured.GPU_SUITE, doc)
+    assert results.machine_kind == "unknown GPU" and results.has("mnist: fp16 dynamic+XLA")
+    # recorded as the bench command's old option; quoted as the command that runs the suite now
+    assert "benchmarks/gpu_suite.py" in measured.suite().run() and "--gpu-suite" not in measured.suite().run()
+

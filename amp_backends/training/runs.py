@@ -238,7 +238,6 @@ def _release(fd: int | None, folder: Path, made: list[Path]) -> None:
             break
 
 
-logger = logging.getLogger("amp_backends.train")
 
 
 def settings(seed: int, scalers: Mapping[str, Any]) -> dict[str, Any]:

@@ -108,7 +108,8 @@ class Trainer:
         min_delta: The least change that counts as an improvement.
 
     Raises:
-        InputError: An argument is out of range or of the wrong kind; the message says what was expected.
+        AmpConfigError: An argument is out of range (a ``ValueError``); the message says what was expected.
+        TypeError: ``updates`` is not a non-empty list of `Update`.
     """
 
     WARMUP_CALLS = WARMUP_CALLS  # calls excluded from the throughput summary (tracing, XLA compilation)
@@ -207,7 +208,7 @@ class Trainer:
         return save_finite(self.store, self._weights, self._together(self.position.step))
 
     def restore(self) -> int | None:
-        """Restore the newest intact checkpoint, if any; returns its global step (`resume.restore_run`)."""
+        """Restore the newest intact checkpoint, if any; returns its global step (`runs.restore_run`)."""
         restored = restore_run(self.store, self.position, seed=self.seed, scalers=self.scalers, updates=self.updates,
                                batch_size=self.batch_size, plan_headline=str(self.plan.headline),
                                is_chief=self.is_chief) if self.store else None
@@ -232,7 +233,7 @@ class Trainer:
         see `metrics` for the history, ``keep_best`` and ``patience``. ``resume`` continues from the newest
         intact checkpoint (under its seed; loss scaling that differs from the checkpoint's starts afresh and is
         logged: `runs`); without it, a checkpoint directory holding another run's checkpoints is refused.
-        While it trains, no other process may train in the checkpoint directory (`run_lock`). Calling
+        While it trains, no other process may train in the checkpoint directory (`runs.holding`). Calling
         ``fit`` again continues where the last call stopped; a run already at ``max_steps`` or ``epochs`` trains
         nothing and warns.
         Ctrl-C (or SIGTERM): see `signals`.
@@ -252,7 +253,9 @@ class Trainer:
             What the run did (`TrainResult`).
 
         Raises:
-            InputError: The data or an argument is unusable; the message says what was expected.
+            ValueError: ``epochs`` or ``max_steps`` is not a positive integer.
+            AmpConfigError: ``resume=True`` without a ``checkpoint_dir``.
+            InputError: The data is unusable; the message says what was expected.
             CheckpointError: ``checkpoint_dir`` holds another run's checkpoints (without ``resume``), or a
                 checkpoint cannot be saved or read.
             NonFiniteError: Training cannot go on: too many non-finite steps, or non-finite weights.
@@ -364,7 +367,7 @@ class Trainer:
         return result
 
     def evaluate(self, x: Any, y: Any = None) -> dict[str, float]:
-        """``{"loss": ..., <metric>: ...}`` over every sample of ``x``/``y`` or a dataset (`evaluation`).
+        """``{"loss": ..., <metric>: ...}`` over every sample of ``x``/``y`` or a dataset (`validation.Evaluator`).
 
         Before the first ``fit`` it applies the models' layer plans first, decided on ``x``'s first batch: what
         it computes is what training and validation will compute.

@@ -3,7 +3,8 @@
 The trainer's metrics and validation: what runs at the end of each epoch and on the validation schedule.
 
 `Validation` holds the metrics (training and validation copies, `metrics`), the evaluator
-(`evaluation`), the run's history, best value and early stopping (`monitor`), and the best checkpoint's
+(`Evaluator`, below), the run's history, best value and early stopping (`metrics.Monitor`), and the best
+checkpoint's
 store. The trainer calls it at each epoch's end and after each call; it tells the observers
 (`after_evaluation`: the log line, TensorBoard's ``val/...`` and ``epoch/...`` scalars).
 
@@ -151,7 +152,7 @@ class Validation:
             logger.warning(f"Stopping early at step {step}: {self.monitor.stopped_early}.{kept}")
 
     def load(self, state: Any) -> None:
-        """A resumed run's history, best value and waiting (`monitor.Monitor.load`)."""
+        """A resumed run's history, best value and waiting (`metrics.Monitor.load`)."""
         self.monitor.load(state)
         self._say_stopped()
 

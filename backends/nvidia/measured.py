@@ -18,7 +18,8 @@ MATMUL_PEAK = "zoo-h200/mnist-cnn/zoo.json"
 
 
 def _machine(doc: Mapping[str, Any]) -> str:
-    gpus = (doc.get("device") or {}).get("nvml", {}).get("gpus") or []
+    nvml = (doc.get("device") or {}).get("nvml")
+    gpus = (nvml.get("gpus") or []) if isinstance(nvml, Mapping) else []  # a string where NVML could not be read
     if gpus:
         gpu = gpus[0]
         return f"{gpu['name']} (CC {gpu['compute_capability']})"
@@ -30,8 +31,9 @@ def _suite(file: str, doc: Mapping[str, Any]) -> Results:
     rows = (doc["experiments"].get("bench") or {}).get("rows") or []
     medians = {str(r["label"]): float(r["img_per_s"]) for r in rows
                if r.get("status") == "ok" and isinstance(r.get("img_per_s"), (int, float))}
-    return Results(file, _machine(doc), str(doc["software"]["tensorflow"]), str(doc["command"]), str(doc["date"]),
-                   medians)
+    # the suite ran as an option of the bench command before it moved to benchmarks/: name the command that runs it now
+    command = str(doc["command"]).replace("-m amp_backends.bench --gpu-suite", "benchmarks/gpu_suite.py")
+    return Results(file, _machine(doc), str(doc["software"]["tensorflow"]), command, str(doc["date"]), medians)
 
 
 def _peaks(file: str, doc: Mapping[str, Any]) -> Results:

@@ -178,8 +178,9 @@ class ZooRun:
             return {"ok": False, "error": str(exc)}
 
     def peaks(self, dtypes: list[str]) -> dict[str, Any]:
-        ref = next((c for c in self.configs if c.kind == "manual" and c.policy == "float32" and not c.tf32),
-                   self.configs[0])
+        # a plain float32 worker, never a peer (its math library would set the peak the models are held against)
+        plain = [c for c in self.configs if c.kind != "peer"] or self.configs
+        ref = next((c for c in plain if c.kind == "manual" and c.policy == "float32" and not c.tf32), plain[0])
         r = self.ask(ref, self.timeout_s, op="peak", dtypes=dtypes, n=self.peak_n, repeats=5)
         peaks = {k: v for k, v in r.items() if k != "ok"} if r.get("ok") else {"error": r.get("error")}
         tf32 = next((c for c in self.configs if c.tf32), None)
@@ -273,6 +274,10 @@ def run_zoo(models: list[str], config_names: list[str] | None, reps: int, steps:
         configs = [c for c in configs if c.name in config_names or (c.kind == "baseline" and "baseline" in config_names)
                    or (c.kind in ("auto_fit", "trainer") and "auto" in config_names)
                    or (c.kind == "peer" and "peers" in config_names)]
+        if not configs:
+            every = ", ".join(c.name for c in configurations(plan, backend_peers(plan.backend)))
+            raise ValueError(f"--configs {','.join(config_names)} selects nothing on this machine (it has no peers); "
+                             f"on this machine: {every}.")
     gpu = not str(plan.device).upper().startswith("/CPU")
     dtypes = sorted({c.compute_dtype for c in configs} | {"float32"})
     runner = ZooRun(models, configs, reps, steps, batch, out, timeout_s, peak_n or (8192 if gpu else 2048), gpu)
