@@ -150,6 +150,38 @@ def load_results(file: str, parse: Callable[[str, Mapping[str, Any]], Results]) 
         return None
 
 
+def quote_results(results: Results | None, file: str, *configs: str, unit: str = "img/s") -> str:
+    """What a committed results file measured for ``configs``, as a reason quotes it.
+
+    Args:
+        results: The file as `load_results` read it, or ``None`` where it is missing.
+        file: Its path under ``results/``, named where it is missing.
+        *configs: The configurations to quote.
+        unit: The unit of the first figure.
+
+    Returns:
+        `Results.quote`'s sentence, or that the file is missing from this installation.
+    """
+    if results is None:
+        return f"the measurement results/{file} is missing from this installation"
+    return results.quote(*configs, unit=unit)
+
+
+def results_evidence(results: Results | None, *configs: str, unit: str = "img/s") -> tuple[Evidence, ...]:
+    """The figures `quote_results` quotes, as data.
+
+    Args:
+        results: The file as `load_results` read it, or ``None`` where it is missing.
+        *configs: The configurations quoted.
+        unit: The unit of the figures.
+
+    Returns:
+        One `Evidence`, or none where the file or the figures are missing.
+    """
+    found = results.evidence(*configs, unit=unit) if results else None
+    return (found,) if found else ()
+
+
 @dataclass(frozen=True)
 class Support:
     """How a device supports one setting, and why.

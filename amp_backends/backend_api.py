@@ -32,6 +32,8 @@ from .assessment import (
     Support,
     VendorSetting,
     load_results,
+    quote_results,
+    results_evidence,
 )
 from .hardware import (BF16, FP8, FP16, GB, TENSOR_CORES, TF32, XMX, Accelerator, BackendProbe, CpuInfo, Hardware,
                        KnownDevice)
@@ -52,7 +54,7 @@ __all__ = [
     "Assessment", "Evidence", "Float32Layer", "MatrixUnit", "Support", "VendorSetting",
     "EMULATED", "FUNCTIONAL", "LEVELS", "NATIVE", "UNSAFE", "UNSUPPORTED",
     # the committed measurements a reason quotes
-    "RESULTS_DIR", "Results", "load_results",
+    "RESULTS_DIR", "Results", "load_results", "quote_results", "results_evidence",
     # the device catalogue: a backend's entries (Backend.catalogue, Backend.describe)
     "GB", "KnownDevice",
     # planning: the request, the planner, the plan and its parts

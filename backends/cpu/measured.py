@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from amp_backends.backend_api import RESULTS_DIR, Evidence, Results, load_results
+from amp_backends.backend_api import (RESULTS_DIR, Evidence, Results, load_results, quote_results,
+                                      results_evidence)
 from amp_backends.hardware import CpuInfo
 
 __all__ = ["RESULTS_DIR", "Results", "recorded_machine", "load", "quote", "evidence", "times"]
@@ -57,17 +58,13 @@ def load(file: str) -> Results | None:
 
 
 def quote(file: str, *configs: str, unit: str = "img/s") -> str:
-    results = load(file)
-    if results is None:
-        return f"the measurement results/{file} is missing from this installation"
-    return results.quote(*configs, unit=unit)
+    """What the CPU results file ``file`` measured for ``configs``, as a reason quotes it (`quote_results`)."""
+    return quote_results(load(file), file, *configs, unit=unit)
 
 
 def evidence(file: str, *configs: str, unit: str = "img/s") -> tuple[Evidence, ...]:
     """The figures `quote` quotes, as data: one `Evidence`, or none if the file or figures are missing."""
-    results = load(file)
-    found = results.evidence(*configs, unit=unit) if results else None
-    return (found,) if found else ()
+    return results_evidence(load(file), *configs, unit=unit)
 
 
 def times(file: str, faster: str, slower: str) -> str:

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 
 from amp_backends.assessment import (EMULATED, FUNCTIONAL, NATIVE, UNSUPPORTED, Assessment, Evidence, MatrixUnit,
-                                     Support)
+                                     Support, quote_results, results_evidence)
 from amp_backends.hardware import KnownDevice, BF16, FP8, FP16, TENSOR_CORES, TF32, Accelerator, BackendProbe, Hardware
 from amp_backends.registry import Backend
 from amp_backends.software import installed_version
@@ -36,19 +36,19 @@ FP16_NO_XLA, BF16_NO_XLA, TF32_NO_XLA = "mnist: fp16 dynamic", "mnist: bf16", "m
 def _fastest() -> tuple[str, tuple[Evidence, ...]]:
     """The tutorials' MNIST loop under float16, bfloat16 and TF32 (each with XLA), as the reasons quote it."""
     results = measured.suite()
-    said = measured.quote(results, measured.GPU_SUITE, FP16_XLA, BF16_XLA, TF32_XLA)
+    said = quote_results(results, measured.GPU_SUITE, FP16_XLA, BF16_XLA, TF32_XLA)
     ratio = results.ratio(FP16_XLA, BF16_XLA) if results else None
     if results is not None and ratio is not None:
         said += (f"; bfloat16 within {abs(ratio - 1) * 100:.0f}% of float16: one median each, no clear winner"
                  if abs(ratio - 1) < 0.05 else f"; float16 {results.times(FP16_XLA, BF16_XLA)} bfloat16")
-    return said, measured.evidence(results, FP16_XLA, BF16_XLA, TF32_XLA)
+    return said, results_evidence(results, FP16_XLA, BF16_XLA, TF32_XLA)
 
 
 def _xla() -> tuple[str, str, tuple[Evidence, ...]]:
     """What XLA did to each configuration of the tutorials' MNIST loop: the reason, its brief, the evidence."""
     results = measured.suite()
     if results is None:
-        return (measured.quote(results, measured.GPU_SUITE), "fuses mixed precision's element-wise ops",  ())
+        return (quote_results(results, measured.GPU_SUITE), "fuses mixed precision's element-wise ops",  ())
     gains = ", ".join(f"{name} {results.times(on, off)}" for name, on, off in
                       (("float16", FP16_XLA, FP16_NO_XLA), ("bfloat16", BF16_XLA, BF16_NO_XLA),
                        ("TF32", TF32_XLA, TF32_NO_XLA)))
@@ -56,16 +56,16 @@ def _xla() -> tuple[str, str, tuple[Evidence, ...]]:
     return (f"XLA fuses the many small element-wise ops of mixed precision: {gains} "
             f"({results.quote(*figures)}); on an unfamiliar chip, check with autotune",
             f"fuses mixed precision's element-wise ops: {results.times(FP16_XLA, FP16_NO_XLA)} float16 throughput "
-            "measured", measured.evidence(results, *figures))
+            "measured", results_evidence(results, *figures))
 
 
 def _tf32() -> tuple[str, str, tuple[Evidence, ...]]:
     """TF32's matmul rate against float32's: the reason, its brief, the evidence."""
     results = measured.peaks()
     ratio = results.times("tf32 matmul", "float32 matmul") if results else "much"
-    return (measured.quote(results, measured.MATMUL_PEAK, "tf32 matmul", "float32 matmul", unit="TFLOP/s"),
+    return (quote_results(results, measured.MATMUL_PEAK, "tf32 matmul", "float32 matmul", unit="TFLOP/s"),
             f"TF32 Tensor Cores run the float32 parts ({ratio} float32's matmul rate measured)",
-            measured.evidence(results, "tf32 matmul", "float32 matmul", unit="TFLOP/s"))
+            results_evidence(results, "tf32 matmul", "float32 matmul", unit="TFLOP/s"))
 
 
 def derive_capabilities(name: str, cc: tuple[int, int] | None) -> frozenset[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from amp_backends.backend_api import Evidence, Results, load_results
+from amp_backends.backend_api import Results, load_results
 
 GPU_SUITE = "gpu-suite-h200/gpu_suite.json"
 MATMUL_PEAK = "zoo-h200/mnist-cnn/zoo.json"
@@ -51,16 +51,3 @@ def suite() -> Results | None:
 def peaks() -> Results | None:
     """The matmul peak per dtype in TFLOP/s (``"tf32 matmul"``, ``"float32 matmul"``, ...), or ``None`` if missing."""
     return load_results(MATMUL_PEAK, _peaks)
-
-
-def quote(results: Results | None, file: str, *configs: str, unit: str = "img/s") -> str:
-    """What ``results`` measured for ``configs``, as a reason quotes it (or that the file is missing)."""
-    if results is None:
-        return f"the measurement results/{file} is missing from this installation"
-    return results.quote(*configs, unit=unit)
-
-
-def evidence(results: Results | None, *configs: str, unit: str = "img/s") -> tuple[Evidence, ...]:
-    """The figures `quote` quotes, as data (none where the file or the figures are missing)."""
-    found = results.evidence(*configs, unit=unit) if results else None
-    return (found,) if found else ()

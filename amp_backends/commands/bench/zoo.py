@@ -265,7 +265,8 @@ def run_zoo(models: list[str], config_names: list[str] | None, reps: int, steps:
             timeout_s: float = 900.0, peak_n: int | None = None) -> dict[str, Any]:
     """Run the zoo benchmark; write ``zoo.json`` and ``zoo.md`` into ``out``; return the report."""
     plan = plan_for()  # the environment's overrides too, as the workers' auto_configure() reads them
-    configs = configurations(plan, backend_peers(plan.backend))
+    every = configurations(plan, backend_peers(plan.backend))
+    configs = every
     if config_names:
         unknown = [n for n in config_names if n not in {c.name for c in configs} | {"baseline", "auto", "peers"}]
         if unknown:
@@ -275,9 +276,8 @@ def run_zoo(models: list[str], config_names: list[str] | None, reps: int, steps:
                    or (c.kind in ("auto_fit", "trainer") and "auto" in config_names)
                    or (c.kind == "peer" and "peers" in config_names)]
         if not configs:
-            every = ", ".join(c.name for c in configurations(plan, backend_peers(plan.backend)))
             raise ValueError(f"--configs {','.join(config_names)} selects nothing on this machine (it has no peers); "
-                             f"on this machine: {every}.")
+                             f"on this machine: {', '.join(c.name for c in every)}.")
     gpu = not str(plan.device).upper().startswith("/CPU")
     dtypes = sorted({c.compute_dtype for c in configs} | {"float32"})
     runner = ZooRun(models, configs, reps, steps, batch, out, timeout_s, peak_n or (8192 if gpu else 2048), gpu)
