@@ -71,7 +71,7 @@ def float8_decisions(model: Any, plan: Any, *, inputs: Any = None, skip_small: b
             "model.build(input_shape) first, then prepare_model(), then compile()."
         )
     from .model_check import check_model
-    from .model_check._keras import policy_name, walk
+    from .keras_compat import policy_name, walk
 
     check = check_model(model, plan=plan, inputs=inputs)
     skip = (not fp8_forced(plan)) if skip_small is None else skip_small

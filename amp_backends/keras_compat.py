@@ -1,25 +1,24 @@
 """Every Keras 2 / Keras 3 difference amp_backends meets, handled once.
 
-Which Keras ``tf.keras`` is follows TensorFlow's own rule (its lazy loader): up to TensorFlow 2.15 it is
-Keras 2 (the ``keras`` 2.x distribution); from 2.16 it is Keras 3 (``keras``), unless
-``TF_USE_LEGACY_KERAS`` is ``1``, ``true`` or ``True`` when TensorFlow is imported, which selects
-``tf-keras`` (the Keras 2 API). A program may also import standalone ``keras`` beside ``tf.keras``; with
-``TF_USE_LEGACY_KERAS`` the two are different libraries with different global dtype policies, so the
-policy is set on both.
-
-The differences handled here:
+Which Keras ``tf.keras`` is follows TensorFlow's own rule (its lazy loader): up to TensorFlow 2.15 it is Keras 2
+(the ``keras`` 2.x distribution); from 2.16 it is Keras 3 (``keras``), unless ``TF_USE_LEGACY_KERAS`` is ``1``,
+``true`` or ``True`` when TensorFlow is imported, which selects ``tf-keras`` (the Keras 2 API). A program may also
+import standalone ``keras`` beside ``tf.keras``; with ``TF_USE_LEGACY_KERAS`` the two are different libraries
+with different global dtype policies, so the policy is set on both. The differences handled here:
 
 * the version and API generation, read from package metadata without importing TensorFlow, or from
   ``tf.keras`` once it is imported (TensorFlow 2.15's lazy loader hides ``tf.keras.__version__``);
-* the global dtype policy (set on ``tf.keras`` and standalone ``keras``);
+* the global dtype policy (on ``tf.keras`` and standalone ``keras``) and each layer's;
+* a model's structure (its sublayers, the inputs it is called with, the losses a call collects), for the
+  check, the audit and the layer plan: each helper reads what both generations have first;
 * ``LossScaleOptimizer``: Keras 3's is dynamic only and scales with ``scale_loss`` (unscaling and skipping
-  non-finite steps inside ``apply``); Keras 2's has ``get_scaled_loss`` / ``get_unscaled_gradients``;
-* building an optimizer's state ahead of the first step;
-* loss scaling in ``Model.fit`` (`wrap_optimizer`, `compile_kwargs`): Keras 3's ``compile`` wraps
-  the optimizer in a dynamic ``LossScaleOptimizer`` under ``mixed_float16`` unless ``auto_scale_loss=False``,
-  and takes a fixed scale as the optimizer's ``loss_scale_factor``; Keras 2's ``compile`` wraps it under
-  ``mixed_float16`` unless it already is a ``LossScaleOptimizer`` (it has no ``auto_scale_loss``), and has
-  fixed scales as ``LossScaleOptimizer(dynamic=False)``;
+  non-finite steps inside ``apply``); Keras 2's has ``get_scaled_loss`` / ``get_unscaled_gradients``; an
+  optimizer's state built ahead of the first step;
+* loss scaling in ``Model.fit`` (`wrap_optimizer`, `compile_kwargs`): Keras 3's ``compile`` wraps the optimizer
+  in a dynamic ``LossScaleOptimizer`` under ``mixed_float16`` unless ``auto_scale_loss=False``, and takes a fixed
+  scale as the optimizer's ``loss_scale_factor``; Keras 2's ``compile`` wraps it under ``mixed_float16`` unless it
+  already is a ``LossScaleOptimizer`` (it has no ``auto_scale_loss``), and has fixed scales as
+  ``LossScaleOptimizer(dynamic=False)``;
 * float8 training (`float8_training`): ``layer.quantize("float8")`` exists from Keras 3.3.
 
 Nothing here imports TensorFlow unless a function is given it or needs it to act.
@@ -27,10 +26,11 @@ Nothing here imports TensorFlow unless a function is given it or needs it to act
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -68,11 +68,8 @@ def uses_legacy_keras(environ: Mapping[str, str] | None = None) -> bool:
     return env.get("TF_USE_LEGACY_KERAS") in LEGACY_KERAS_VALUES
 
 
-def expected_keras(
-    tf_version: str | None,
-    environ: Mapping[str, str] | None = None,
-    version_of: Callable[[str], str | None] = installed_version,
-) -> KerasInfo:
+def expected_keras(tf_version: str | None, environ: Mapping[str, str] | None = None,
+                   version_of: Callable[[str], str | None] = installed_version) -> KerasInfo:
     """The Keras ``tf.keras`` resolves to for TensorFlow ``tf_version``, from metadata alone (no import)."""
     if minor_version(tf_version) >= (2, 16) and uses_legacy_keras(environ):
         version = version_of("tf-keras") or version_of("tf_keras")
@@ -94,20 +91,20 @@ def keras_info(tf: Any = None) -> KerasInfo:
     return KerasInfo(str(version) if version else None, generation_of(version), expected.distribution)
 
 
-# ---------------------------------------------------------------------------------------------- dtype policy
-def _tensorflow(tf: Any) -> Any:
+def _tensorflow(tf: Any = None) -> Any:
     """``tf`` if given, else TensorFlow, imported now."""
-    if tf is not None:
-        return tf
-    import tensorflow
-
-    return tensorflow
+    return tf if tf is not None else importlib.import_module("tensorflow")
 
 
+def is_keras_model(obj: Any) -> bool:
+    """True for a ``keras.Model`` (functional, Sequential or subclassed) of the Keras that ``tf.keras`` is."""
+    return isinstance(obj, _tensorflow().keras.Model)
+
+
+# ---------------------------------------------------------------------------------------------- dtype policy
 def set_global_policy(policy: str, tf: Any = None) -> None:
     """Set the global dtype policy on ``tf.keras`` and, when it is another library and imported, on ``keras``."""
-    tf = _tensorflow(tf)
-    tf.keras.mixed_precision.set_global_policy(policy)
+    _tensorflow(tf).keras.mixed_precision.set_global_policy(policy)
     standalone = sys.modules.get("keras")
     if standalone is not None and hasattr(standalone, "mixed_precision"):
         try:
@@ -119,13 +116,16 @@ def set_global_policy(policy: str, tf: Any = None) -> None:
 
 def global_policy_name(tf: Any = None) -> str:
     """The name of ``tf.keras``'s global dtype policy (``"float32"``, ``"mixed_float16"``, ...)."""
-    tf = _tensorflow(tf)
-    return tf.keras.mixed_precision.global_policy().name
+    return _tensorflow(tf).keras.mixed_precision.global_policy().name
 
 
 def set_layer_policy(layer: Any, policy: str) -> None:
     """Give one built or unbuilt layer another dtype policy (its later calls compute in it): Keras 3's
-    ``dtype_policy`` setter, Keras 2's ``_set_dtype_policy`` (the method its constructor uses)."""
+    ``dtype_policy`` setter, Keras 2's ``_set_dtype_policy`` (the method its constructor uses).
+
+    Raises:
+        TypeError: the layer has neither.
+    """
     prop = getattr(type(layer), "dtype_policy", None)
     if isinstance(prop, property) and prop.fset is not None:
         layer.dtype_policy = policy
@@ -134,6 +134,19 @@ def set_layer_policy(layer: Any, policy: str) -> None:
     else:
         raise TypeError(f"{type(layer).__name__} has no dtype policy to set (neither Keras 3's dtype_policy setter "
                         "nor Keras 2's _set_dtype_policy)")
+
+
+def policy_name(layer: Any) -> str:
+    """The layer's dtype policy name (``mixed_float16``, ``float32``, ``float8_from_mixed_float16``...)."""
+    policy = getattr(layer, "dtype_policy", None) or getattr(layer, "_dtype_policy", None)
+    name = getattr(policy, "name", None)
+    return str(name) if name else str(getattr(layer, "dtype", "float32"))
+
+
+def compute_dtype(layer: Any) -> str:
+    """The name of the dtype the layer computes in (``"float32"`` if it does not say)."""
+    dtype = getattr(layer, "compute_dtype", None) or "float32"
+    return getattr(dtype, "name", str(dtype))
 
 
 def forget_compiled_functions(model: Any) -> None:
@@ -149,6 +162,101 @@ def forget_compiled_functions(model: Any) -> None:
             setattr(model, attr, None)
 
 
+# ---------------------------------------------------------------------------------------------- model structure
+def children(layer: Any) -> list[Any]:
+    """The direct sublayers of ``layer`` (nested models and layers a custom layer owns), in creation order
+    (``_flatten_layers(include_self=False, recursive=False)``, which Keras 2 and 3 both have)."""
+    flatten = getattr(layer, "_flatten_layers", None)
+    if flatten is not None:
+        return list(flatten(include_self=False, recursive=False))
+    return list(getattr(layer, "layers", []) or [])
+
+
+def walk(layer: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """``(path, layer)`` for ``layer`` and every sublayer below it, depth first, each layer once."""
+    seen: set[int] = set()
+    stack = [(path, layer)]
+    while stack:
+        p, layer_ = stack.pop()
+        if id(layer_) in seen:
+            continue
+        seen.add(id(layer_))
+        yield p, layer_
+        stack.extend(reversed([(f"{p}/{c.name}", c) for c in children(layer_)]))
+
+
+@dataclass(frozen=True)
+class InputLeaf:
+    """One model input: its shape (batch first, ``None`` where unknown) and its ``tf.DType``."""
+
+    shape: tuple[int | None, ...]
+    dtype: Any
+
+
+def input_structure(model: Any) -> Any:
+    """The nested structure of `InputLeaf` the model is called with, or ``None`` if it cannot be told.
+
+    Functional and Sequential models know their inputs (Keras 3: ``_inputs_struct``, its Sequential through
+    ``_functional``; Keras 2: ``_nested_inputs``). A subclassed model knows its input shape once built:
+    Keras 3 keeps the ``build()`` arguments in ``_build_shapes_dict``, Keras 2 keeps ``_build_input_shape``
+    (and the first call's ``save_spec()``).
+    """
+    tf = _tensorflow()
+
+    def leaf(t: Any) -> InputLeaf:
+        return InputLeaf(tuple(tf.TensorShape(t.shape).as_list()), tf.as_dtype(getattr(t, "dtype", None) or "float32"))
+
+    struct = getattr(model, "_inputs_struct", None)
+    if struct is None:
+        struct = getattr(getattr(model, "_functional", None), "_inputs_struct", None)
+    if struct is None:
+        struct = getattr(model, "_nested_inputs", None)
+    if struct is None:
+        try:
+            inputs = model.inputs
+        except (AttributeError, ValueError):
+            inputs = None
+        if inputs:
+            struct = inputs[0] if len(inputs) == 1 else list(inputs)
+    if struct is not None:
+        return tf.nest.map_structure(leaf, struct)
+    save_spec = getattr(model, "save_spec", None)
+    if callable(save_spec):
+        try:
+            spec = save_spec(dynamic_batch=True)
+        except Exception:
+            spec = None
+        if spec and spec[0] and not spec[1]:
+            return tf.nest.map_structure(leaf, spec[0][0] if len(spec[0]) == 1 else list(spec[0]))
+    # A subclassed model's build shape holds the batch of the call that built it, not a fixed batch.
+    shapes = getattr(model, "_build_shapes_dict", None)
+    if isinstance(shapes, dict) and len(shapes) == 1:
+        shape = next(iter(shapes.values()))
+        if isinstance(shape, (tuple, list)) and shape and all(d is None or isinstance(d, int) for d in shape):
+            return InputLeaf((None,) + tuple(shape[1:]), tf.float32)
+    shape = getattr(model, "_build_input_shape", None)
+    if shape is not None:
+        try:
+            dims = tf.TensorShape(shape).as_list()
+        except (TypeError, ValueError):
+            return None
+        return InputLeaf((None,) + tuple(dims[1:]), tf.float32) if dims else None
+    return None
+
+
+def snapshot_losses(layers: list[Any]) -> list[tuple[Any, str, list[Any]]]:
+    """Copies of each layer's collected-loss lists (``_losses``, ``_eager_losses``: the Python-side losses ``add_loss``
+    collects during a call): tracing a call may append graph tensors to them."""
+    return [(layer, attr, list(value)) for layer in layers for attr in ("_losses", "_eager_losses")
+            if isinstance(value := layer.__dict__.get(attr), list)]
+
+
+def restore_losses(saved: list[tuple[Any, str, list[Any]]]) -> None:
+    """Put back the loss lists `snapshot_losses` copied (in place: the layers keep their list objects)."""
+    for layer, attr, items in saved:
+        layer.__dict__[attr][:] = items
+
+
 # ---------------------------------------------------------------------------------------------- optimizers
 def build_optimizer(optimizer: Any, variables: Sequence[Any]) -> None:
     """Create the optimizer's slot variables now (both generations' optimizers have ``build``)."""
@@ -158,8 +266,7 @@ def build_optimizer(optimizer: Any, variables: Sequence[Any]) -> None:
 
 def dynamic_loss_scale_optimizer(optimizer: Any, tf: Any = None) -> Any:
     """``optimizer`` wrapped in Keras's dynamic ``LossScaleOptimizer`` (the only kind both generations have)."""
-    tf = _tensorflow(tf)
-    return tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+    return _tensorflow(tf).keras.mixed_precision.LossScaleOptimizer(optimizer)
 
 
 def scale_loss(optimizer: Any, loss: Any) -> Any:
@@ -171,11 +278,9 @@ def scale_loss(optimizer: Any, loss: Any) -> Any:
 
 
 def unscale_gradients(optimizer: Any, grads: Sequence[Any]) -> list[Any]:
-    """Gradients ready for ``optimizer.apply_gradients`` after `scale_loss`.
-
-    Keras 2 unscales explicitly (``get_unscaled_gradients``); Keras 3's ``apply_gradients`` unscales,
-    checks for non-finite values and skips the step itself, so the gradients pass through unchanged.
-    """
+    """Gradients ready for ``optimizer.apply_gradients`` after `scale_loss`: Keras 2 unscales explicitly
+    (``get_unscaled_gradients``); Keras 3's ``apply_gradients`` unscales, checks for non-finite values and skips the
+    step itself, so the gradients pass through unchanged."""
     if hasattr(optimizer, "scale_loss"):
         return list(grads)
     return optimizer.get_unscaled_gradients(grads)
@@ -188,15 +293,11 @@ def keras_of(obj: Any) -> Any:
     A program may mix standalone ``keras`` and ``tf.keras`` (different libraries with ``TF_USE_LEGACY_KERAS``):
     an optimizer must be wrapped by its own library's ``LossScaleOptimizer``. Falls back to ``tf.keras``.
     """
-    import importlib
-
     for cls in type(obj).__mro__:
         root = cls.__module__.split(".")[0]
         if root in ("keras", "tf_keras"):
             return importlib.import_module(root)
-    import tensorflow as tf
-
-    return tf.keras
+    return _tensorflow().keras
 
 
 def _generation_of_package(keras: Any) -> int:
@@ -216,8 +317,7 @@ def loss_scale_of(optimizer: Any) -> tuple[str, float | None]:
     """
     if is_loss_scale_optimizer(optimizer):
         if _generation_of_package(keras_of(optimizer)) >= 3:
-            scale = optimizer.dynamic_scale if optimizer.built else optimizer.initial_scale
-            return "dynamic", float(scale)
+            return "dynamic", float(optimizer.dynamic_scale if optimizer.built else optimizer.initial_scale)
         return ("dynamic" if optimizer.dynamic else "fixed"), float(optimizer.loss_scale)
     factor = getattr(optimizer, "loss_scale_factor", None)
     return ("fixed", float(factor)) if factor is not None else ("none", None)
@@ -228,47 +328,42 @@ def wrap_optimizer(optimizer: Any, loss_scale: LossScale, compute_dtype: str) ->
 
     * ``dynamic``: a ``LossScaleOptimizer`` with the plan's initial scale and growth interval (both Keras);
     * ``fixed``: Keras 3 sets the optimizer's ``loss_scale_factor``; Keras 2 wraps it in
-      ``LossScaleOptimizer(dynamic=False, initial_scale=scale)``. Both multiply the loss and divide the
-      gradients by the scale, and both apply a step whose gradients overflowed instead of skipping it
-      (an `AmpWarning` says so under float16);
-    * ``none``: the optimizer as it is; on Keras 2 under float16, a ``LossScaleOptimizer`` with a fixed scale
-      of 1 instead (multiplying by 1 changes nothing), because Keras 2's ``compile`` wraps any other
-      optimizer in dynamic loss scaling under ``mixed_float16``.
+      ``LossScaleOptimizer(dynamic=False, initial_scale=scale)``. Both multiply the loss and divide the gradients
+      by the scale, and both apply a step whose gradients overflowed instead of skipping it (an `AmpWarning`
+      says so under float16);
+    * ``none``: the optimizer as it is; on Keras 2 under float16, a ``LossScaleOptimizer`` with a fixed scale of 1
+      (multiplying by 1 changes nothing), because Keras 2's ``compile`` wraps any other optimizer in dynamic
+      loss scaling under ``mixed_float16``.
 
-    ``optimizer`` may be a name (``"adam"``), resolved by its Keras. An optimizer that already scales losses
-    as the plan says is returned as it is (compiling twice with one optimizer works); one that scales them
-    otherwise (a ``LossScaleOptimizer``, Keras 3's ``loss_scale_factor``) is refused: it would be scaled twice
-    or against the plan.
+    ``optimizer`` may be a name (``"adam"``), resolved by its Keras. An optimizer that already scales losses as the
+    plan says is returned as it is (compiling twice with one optimizer works).
+
+    Raises:
+        TypeError: ``optimizer`` is not a Keras optimizer or the name of one.
+        ValueError: it already scales losses otherwise (a ``LossScaleOptimizer``, Keras 3's ``loss_scale_factor``):
+            it would be scaled twice or against the plan.
     """
     if isinstance(optimizer, (str, dict)):
-        import tensorflow as tf
-
-        optimizer = tf.keras.optimizers.get(optimizer)
+        optimizer = _tensorflow().keras.optimizers.get(optimizer)
     if not callable(getattr(optimizer, "apply_gradients", None)):
-        raise TypeError(
-            "wrap_optimizer() takes a Keras optimizer, such as keras.optimizers.Adam(1e-3), or its name ('adam'). "
-            f"Received: {optimizer!r} (of type {type(optimizer).__name__}). Fix: pass the optimizer you would give "
-            "model.compile."
-        )
+        raise TypeError("wrap_optimizer() takes a Keras optimizer, such as keras.optimizers.Adam(1e-3), or its name "
+                        f"('adam'). Received: {optimizer!r} (of type {type(optimizer).__name__}). Fix: pass the "
+                        "optimizer you would give model.compile.")
     mode, scale = loss_scale_of(optimizer)
     if mode == loss_scale.mode == "dynamic" or (mode == loss_scale.mode == "fixed" and scale == loss_scale.initial):
         return optimizer
     if loss_scale.mode == "none" and mode == "fixed" and scale == 1.0 and is_loss_scale_optimizer(optimizer):
         return optimizer  # Keras 2's stand-in for no scaling, from an earlier call
     if mode != "none":
-        raise ValueError(
-            f"wrap_optimizer() takes an optimizer that does not scale losses yet, or scales them as the plan does "
-            f"({loss_scale}). Received {type(optimizer).__name__} with {mode} loss scaling (scale {scale:g}). Fix: "
-            "pass the plain optimizer (a LossScaleOptimizer's inner_optimizer, or one without loss_scale_factor), "
-            "and choose the scaling with loss_scale= / AMP_LOSS_SCALE."
-        )
+        raise ValueError(f"wrap_optimizer() takes an optimizer that does not scale losses yet, or scales them as the "
+                         f"plan does ({loss_scale}). Received {type(optimizer).__name__} with {mode} loss scaling "
+                         f"(scale {scale:g}). Fix: pass the plain optimizer (a LossScaleOptimizer's inner_optimizer, "
+                         "or one without loss_scale_factor), and choose the scaling with loss_scale= / AMP_LOSS_SCALE.")
     keras = keras_of(optimizer)
     lso = keras.mixed_precision.LossScaleOptimizer
     keras3 = _generation_of_package(keras) >= 3
-    if loss_scale.mode == "dynamic":
-        if keras3:
-            return lso(optimizer, initial_scale=loss_scale.initial, dynamic_growth_steps=loss_scale.growth_interval)
-        return lso(optimizer, dynamic=True, initial_scale=loss_scale.initial,
+    if loss_scale.mode == "dynamic":  # Keras 2's dynamic=True is Keras 3's only kind
+        return lso(optimizer, **({} if keras3 else {"dynamic": True}), initial_scale=loss_scale.initial,
                    dynamic_growth_steps=loss_scale.growth_interval)
     if loss_scale.mode == "fixed":
         if compute_dtype == "float16":

@@ -196,7 +196,7 @@ class LayerPlan:
 def worth_measuring(model: Any, plan: Plan) -> bool:
     """Whether the plan keeps some layers in float32 and ``model`` has such layers (in either dtype)."""
     from .assessment import kept_in_float32
-    from .model_check._keras import walk
+    from .keras_compat import walk
 
     rules = tuple(getattr(plan, "float32_layers", ()) or ())
     if not rules or getattr(plan, "compute_dtype", "float32") == "float32":
@@ -207,7 +207,7 @@ def worth_measuring(model: Any, plan: Plan) -> bool:
 
 
 def _walk(model: Any) -> Iterator[tuple[str, Any]]:
-    from .model_check._keras import walk
+    from .keras_compat import walk
 
     for path, layer in walk(model, getattr(model, "name", "model")):
         if layer is not model:
@@ -221,7 +221,7 @@ def _low_dtype(plan: Plan) -> str | None:
 
 def _follows(layer: Any, plan: Plan) -> bool:
     """Whether the layer computes as the plan's policy has it (or in float32 where the plan may have set it)."""
-    from .model_check._keras import policy_name
+    from .keras_compat import policy_name
 
     name = policy_name(layer)
     return name in (plan.policy, FLOAT32)
@@ -236,7 +236,7 @@ def _rule_decisions(model: Any, plan: Plan) -> list[LayerDecision]:
     why = short_reason(plan)
     out: list[LayerDecision] = []
     done: set[int] = set()
-    from .model_check._keras import walk
+    from .keras_compat import walk
 
     for path, layer in _walk(model):
         if id(layer) in done or not kept_in_float32(rules, layer) or not _follows(layer, plan):
@@ -373,8 +373,7 @@ def apply(model: Any, layer_plan: LayerPlan) -> tuple[str, ...]:
     an error naming it; applying the same plan again changes nothing. Where a layer changed, the functions Keras
     compiled for the model (``fit``, ``evaluate``, ``predict``) are dropped and rebuilt at their next call.
     """
-    from .keras_compat import set_layer_policy
-    from .model_check._keras import policy_name
+    from .keras_compat import policy_name, set_layer_policy
 
     layers = dict(_walk(model))
     missing = [d.path for d in layer_plan.decisions if d.path not in layers]
@@ -412,6 +411,6 @@ def restore(model: Any, policies: Mapping[str, str]) -> None:
 
 def policies(model: Any) -> dict[str, str]:
     """Each layer's dtype policy name, by path (what `restore` puts back)."""
-    from .model_check._keras import policy_name
+    from .keras_compat import policy_name
 
     return {path: policy_name(layer) for path, layer in _walk(model) if not policy_name(layer).startswith(FLOAT8)}

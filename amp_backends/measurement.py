@@ -107,8 +107,7 @@ def cache_key(model: Any, plan: Plan) -> str:
     """The model's architecture (layer kinds, weight shapes, strides, kernels, activations, input shapes — not
     its names, not its dtypes), the machine, the TensorFlow and Keras versions, and the plan's policy and float32
     layer kinds."""
-    from .keras_compat import keras_info
-    from .model_check._keras import input_structure, walk
+    from .keras_compat import input_structure, keras_info, walk
     from .software import tensorflow_version
 
     parts = []

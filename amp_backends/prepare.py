@@ -147,8 +147,7 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
 def _reset_policies(model: Any, plan: Plan) -> tuple[str, ...]:
     """Every layer of ``model`` (the model itself included, input layers and float8 layers left out) set to the
     plan's policy, and Keras's compiled functions dropped if any changed; the paths of the layers changed."""
-    from .keras_compat import forget_compiled_functions, set_layer_policy
-    from .model_check._keras import policy_name, walk
+    from .keras_compat import forget_compiled_functions, policy_name, set_layer_policy, walk
 
     changed = []
     for path, layer in walk(model, getattr(model, "name", "model")):

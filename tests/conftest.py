@@ -188,7 +188,7 @@ def _fingerprint(model) -> tuple:
     """What a test could change in a built model: its layers' dtype policies, its weights, a compiled optimizer."""
     import numpy as np
 
-    from amp_backends.model_check._keras import policy_name, walk
+    from amp_backends.keras_compat import policy_name, walk
 
     policies = tuple(policy_name(layer) for _, layer in walk(model, model.name))
     weights = tuple(float(np.sum(np.abs(v.numpy()), dtype=np.float64)) for v in model.weights)

@@ -27,7 +27,7 @@ from amp_backends.policy_choice import worth_measuring  # noqa: E402
 from amp_backends import keras_compat as kc  # noqa: E402
 from amp_backends import zoo  # noqa: E402
 from amp_backends.errors import AmpWarning, InputError  # noqa: E402
-from amp_backends.model_check._keras import walk  # noqa: E402
+from amp_backends.keras_compat import walk  # noqa: E402
 from conftest import ZooModels, policy  # noqa: E402
 
 pytestmark = pytest.mark.tensorflow

@@ -32,10 +32,10 @@ def _mark(text: str) -> None:
 
 
 def layer_kernels(model: Any) -> list[dict[str, Any]]:
-    from ..model_check import _keras
+    from .. import keras_compat
 
     out = []
-    for path, layer in _keras.walk(model, model.name):
+    for path, layer in keras_compat.walk(model, model.name):
         kernel = getattr(layer, "kernel", None) if not hasattr(layer, "layers") else None
         shape = getattr(kernel, "shape", None)
         if shape is None:
@@ -45,7 +45,7 @@ def layer_kernels(model: Any) -> list[dict[str, Any]]:
         except (TypeError, ValueError):
             continue
         out.append({"path": path, "class_name": type(layer).__name__, "kernel_shape": dims,
-                    "compute_dtype": _keras.compute_dtype(layer), "policy": _keras.policy_name(layer)})
+                    "compute_dtype": keras_compat.compute_dtype(layer), "policy": keras_compat.policy_name(layer)})
     return out
 
 
@@ -53,11 +53,11 @@ def trace_step_ops(model: Any, compiled: Any, inputs: Any) -> list[dict[str, Any
     """Trace the step (the one trace its calls then reuse) with each layer's call in a scope naming it, and list
     its matrix ops with their layers (`step_ops`); ``None`` when it cannot be traced so (the first call
     then traces it as usual, and records are matched by kernel shape)."""
-    from ..model_check import _keras
+    from .. import keras_compat
     from ..model_check.scopes import LayerScopes
     from .step_ops import step_ops
 
-    walked = list(_keras.walk(model, model.name))
+    walked = list(keras_compat.walk(model, model.name))
     try:
         with LayerScopes([layer for _, layer in walked]):
             concrete = compiled.get_concrete_function(inputs)
@@ -69,9 +69,9 @@ def trace_step_ops(model: Any, compiled: Any, inputs: Any) -> list[dict[str, Any
 def synthetic_inputs(model: Any, batch: int) -> Any:
     import tensorflow as tf
 
-    from ..model_check import _keras
+    from .. import keras_compat
 
-    structure = _keras.input_structure(model)
+    structure = keras_compat.input_structure(model)
     if structure is None:
         raise ValueError(f"cannot tell the input shape of the model {model.name!r}: build it with keras.Input")
 

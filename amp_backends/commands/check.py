@@ -96,7 +96,7 @@ def check_command(
                    "Expected it to build and return a Keras model with no arguments. "
                    "Fix: the error in the factory, or wrap it in a function that passes its arguments", code=1)
     from ..model_check import check_model
-    from ..model_check._keras import is_keras_model
+    from ..keras_compat import is_keras_model
     from ..model_check.shapes import shapes_with_sequence_length
 
     if not is_keras_model(model):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import _keras
 from .fp8_choice import fp8_layers
 from ..errors import ModelCallError
+from ..keras_compat import input_structure, is_keras_model, keras_info
 from .result import Finding, ModelCheck, Summary
 from .rules import Rules
 from .shapes import dynamic_dims, given_inputs, shapes_with_sequence_length
@@ -101,11 +101,13 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
                         f"(of type {type(batch_size).__name__}).")
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, such as 1024, or None. Received: {batch_size}.")
-    tf, _ = _keras.tf_keras()
-    if not _keras.is_keras_model(model):
+    import tensorflow as tf
+
+    keras_version = keras_info(tf).version or "unknown"
+    if not is_keras_model(model):
         raise TypeError(
             "check_model() takes a Keras model (keras.Model: functional, Sequential or subclassed) of the Keras that "
-            f"tf.keras is ({_keras.keras_version(tf)}). Received: {model!r} (of type {type(model).__name__}). "
+            f"tf.keras is ({keras_version}). Received: {model!r} (of type {type(model).__name__}). "
             "Fix: pass the model itself (for a layer, wrap it: keras.Sequential([keras.Input(shape), layer]))."
         )
     if not model.built:
@@ -115,7 +117,7 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
             "model.build(input_shape) or the model itself on a batch first."
         )
     plan, hardware = _resolve_plan(plan, hardware)
-    structure = _keras.input_structure(model)
+    structure = input_structure(model)
     if inputs is not None:
         given = given_inputs(model.name, structure, inputs)
         batch = batch_size or _batch(given, None)  # batch_size wins over the batch of the given inputs
@@ -138,7 +140,7 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
     except ModelCallError as exc:
         if exc.layer is None:  # the model as a whole does not run on these inputs: the caller's error
             raise
-        return _layer_fails(model, plan, target, batch, exc, _keras.keras_version(tf))
+        return _layer_fails(model, plan, target, batch, exc, keras_version)
     if layer_plan is None:
         from ..layer_plan import decide
 
@@ -157,7 +159,7 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
                      "float32 layers are expected and not reported")
     return ModelCheck(
         model=model.name,
-        keras_version=_keras.keras_version(tf),
+        keras_version=keras_version,
         plan=_plan_dict(plan, target),
         batch_size=batch,
         findings=tuple(findings),

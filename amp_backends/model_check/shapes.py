@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _keras
+from ..keras_compat import InputLeaf, input_structure
 
 SHAPE_FORMS = ("a sample batch (NumPy arrays / tensors, or a dict / tuple / list of them as the model takes them), "
                "a tf.data.Dataset or its element_spec (tf.TensorSpec), or shapes such as (None, 128) "
@@ -32,14 +32,14 @@ def _is_shape(value: Any) -> bool:
             and all(d is None or (isinstance(d, int) and not isinstance(d, bool)) for d in value))
 
 
-def _leaf(value: Any, default_dtype: Any) -> _keras.InputLeaf | None:
+def _leaf(value: Any, default_dtype: Any) -> InputLeaf | None:
     """The `InputLeaf` of one given input, or ``None`` if ``value`` is a structure, not a leaf."""
     import tensorflow as tf
 
     if _is_shape(value):
-        return _keras.InputLeaf(tuple(value), default_dtype or tf.float32)
+        return InputLeaf(tuple(value), default_dtype or tf.float32)
     if isinstance(value, tf.TensorShape):
-        return _keras.InputLeaf(tuple(value.as_list()), default_dtype or tf.float32)
+        return InputLeaf(tuple(value.as_list()), default_dtype or tf.float32)
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
     if shape is None or dtype is None or isinstance(value, (dict, list, tuple)):
         return None
@@ -52,7 +52,7 @@ def _leaf(value: Any, default_dtype: Any) -> _keras.InputLeaf | None:
         dtype = default_dtype
     elif dtype == tf.float64:  # Keras feeds NumPy's float64 as float32
         dtype = tf.float32
-    return _keras.InputLeaf(dims, dtype)
+    return InputLeaf(dims, dtype)
 
 
 def _to_leaves(given: Any, model_struct: Any) -> Any:
@@ -61,7 +61,7 @@ def _to_leaves(given: Any, model_struct: Any) -> Any:
 
     if isinstance(given, tf.data.Dataset):
         given = given.element_spec
-    model_leaf = model_struct if isinstance(model_struct, _keras.InputLeaf) else None
+    model_leaf = model_struct if isinstance(model_struct, InputLeaf) else None
     leaf = _leaf(given, model_leaf.dtype if model_leaf else None)
     if leaf is not None:
         return leaf
@@ -119,7 +119,7 @@ def _fit(given: Any, model_struct: Any, model_name: str) -> Any:
                      "in the structure it is called with.")
 
 
-def _check_leaf(given: _keras.InputLeaf, declared: _keras.InputLeaf | None, model_name: str) -> None:
+def _check_leaf(given: InputLeaf, declared: InputLeaf | None, model_name: str) -> None:
     if declared is None or not declared.shape:
         return
     if len(given.shape) != len(declared.shape):
@@ -167,7 +167,7 @@ def shapes_with_sequence_length(model: Any, length: int, batch_size: int | None 
 
     if isinstance(length, bool) or not isinstance(length, int) or length < 1:
         raise ValueError(f"The sequence length must be a positive int, such as 128. Received: {length!r}.")
-    struct = _keras.input_structure(model)
+    struct = input_structure(model)
     if struct is None:
         raise ValueError(f"Cannot tell the input shape of the model {getattr(model, 'name', model)!r}, so a sequence "
                          "length cannot be applied to it. Fix: give the full shapes instead (inputs=...).")

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from ..assessment import layer_geometry
-from . import _keras
 from .gemm import GEMM_OPS, read_gemm
 from .gemm import dims_of as _dims
 from .gemm import float_dtype as _float_dtype
 from .gemm import prod as _prod
 from .masks import MaskConstant, large_negative_constants
 from ..errors import ModelCallError
+from ..keras_compat import InputLeaf, compute_dtype, policy_name, restore_losses, snapshot_losses, walk
 from .scopes import LayerFailure, LayerScopes, layer_of
 
 # Ops that only move or relabel a tensor: a model output produced through them comes from the op before.
@@ -145,18 +145,18 @@ def trace_model(model: Any, batch: int, input_struct: Any) -> ModelGraph:
     """Trace ``model(inputs, training=False)`` for a batch of ``batch`` and read its graph."""
     import tensorflow as tf
 
-    walked = list(_keras.walk(model, model.name))
-    layers = [LayerInfo(path, type(obj).__name__, _keras.policy_name(obj), _keras.compute_dtype(obj),
+    walked = list(walk(model, model.name))
+    layers = [LayerInfo(path, type(obj).__name__, policy_name(obj), compute_dtype(obj),
                         _vocabulary(obj), *layer_geometry(obj)) for path, obj in walked]
     objects = [obj for _, obj in walked]
 
-    def spec(leaf: _keras.InputLeaf) -> Any:
+    def spec(leaf: InputLeaf) -> Any:
         shape = (batch,) + tuple(leaf.shape[1:]) if leaf.shape else leaf.shape
         return tf.TensorSpec(shape, leaf.dtype)
 
     specs = tf.nest.map_structure(spec, input_struct)
     fn = tf.function(lambda inputs: model(inputs, training=False))
-    losses = _keras.snapshot_losses(objects)
+    losses = snapshot_losses(objects)
     scopes = LayerScopes(objects)
     try:
         with scopes:
@@ -164,7 +164,7 @@ def trace_model(model: Any, batch: int, input_struct: Any) -> ModelGraph:
     except Exception as exc:
         raise _trace_error(model.name, layers, objects, specs, exc, scopes.culprit(exc)) from exc
     finally:
-        _keras.restore_losses(losses)
+        restore_losses(losses)
     return _read_graph(concrete, model.name, layers, batch, len(tf.nest.flatten(specs)))
 
 

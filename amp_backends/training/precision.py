@@ -86,7 +86,7 @@ def built_float32(model: Any, plan: Any, layer_plan: Any = None) -> bool:
     counted; a layer plan that keeps every layer in float32 is as planned)."""
     if not str(getattr(plan, "policy", "")).startswith("mixed_") or (layer_plan is not None and layer_plan.all_float32):
         return False
-    from ..model_check._keras import children, walk
+    from ..keras_compat import children, walk
 
     by_dtype: dict[bool, int] = {True: 0, False: 0}
     kept = tuple(getattr(plan, "float32_layers", ()) or ())

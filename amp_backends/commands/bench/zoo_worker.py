@@ -71,7 +71,7 @@ class ZooWorker:
 
         import numpy as np
 
-        from ...model_check._keras import policy_name, walk
+        from ...keras_compat import policy_name, walk
         from ...zoo import get
 
         tf = self.tf
