@@ -1,8 +1,9 @@
 """A catalogue of known devices, to plan for hardware this machine does not have.
 
 The entries belong to the vendor backends: each backend lists its own (`catalogue`)
-and describes one as its probe would see it (`describe`); this module
-gathers them from the registered backends, finds one by name and builds the machine it describes.
+and describes one as its probe would see it (`describe`, with the same probe builder its real probe reports
+through); this module gathers them from the registered backends, finds one by name and builds the machine it
+describes (`machine_of`, with which the tests build their fake machines too).
 
 Each entry describes one device as its probe would see it — the same `Hardware`,
 `BackendProbe` and `Accelerator` objects the real
@@ -22,6 +23,7 @@ software on it (TensorFlow 2.21 for NVIDIA GPUs and CPUs, TensorFlow 2.15 with I
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .errors import AmpConfigError
@@ -129,14 +131,36 @@ def device_hardware(device: KnownDevice | str, registry: BackendRegistry | None 
     if isinstance(device, str):
         device = find_device(device, registry)
     owner = registry.get(device.backend)
-    probes = [owner.describe(device)]
-    probes += [BackendProbe(b.name, False, f"not part of the catalogue's {device.name} machine")
-               for b in registry if b.name != owner.name]
     types = {"CPU"} | ({owner.tf_device_type} if owner.tf_device_type else set())
-    return Hardware(tuple(probes), tf_device_types=frozenset(types))
+    return machine_of([owner.describe(device)], registry.names(),
+                      lambda backend: f"not part of the catalogue's {device.name} machine", frozenset(types))
 
 
-__all__ = ["GB", "KnownDevice", "catalogue", "canonical", "device_hardware", "find_device", "known_devices"]
+def machine_of(probes: Iterable[BackendProbe], backends: Iterable[str], absent: Callable[[str], str],
+               tf_device_types: frozenset[str] | None = None) -> Hardware:
+    """A described machine: the given probes, and every other backend not available there.
+
+    `device_hardware` builds a catalogue device's machine with it, and the tests their fake machines, from the
+    probes the backends' own builders give (``describe`` and the functions it calls).
+
+    Args:
+        probes: The probes of the backends present, in their order.
+        backends: Every backend's name, highest priority first (``registry.names()``); those without a probe
+            in ``probes`` follow them as unavailable, in this order.
+        absent: The reason an absent backend gives, from its name.
+        tf_device_types: The device types TensorFlow would list there (``None``: TensorFlow not consulted).
+
+    Returns:
+        The machine.
+    """
+    present = tuple(probes)
+    given = {p.backend for p in present}
+    missing = tuple(BackendProbe(name, False, absent(name)) for name in backends if name not in given)
+    return Hardware(present + missing, tf_device_types=tf_device_types)
+
+
+__all__ = ["GB", "KnownDevice", "catalogue", "canonical", "device_hardware", "find_device", "known_devices",
+           "machine_of"]
 
 
 def __getattr__(name: str) -> Any:

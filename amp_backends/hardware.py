@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass, replace
 from typing import Any
 
 from .microarch import microarchitecture
@@ -255,3 +255,15 @@ class KnownDevice:
     def to_dict(self) -> dict[str, object]:
         return {"name": self.name, "aliases": list(self.aliases), "backend": self.backend, "title": self.title,
                 "source": self.source, "note": self.note}
+
+    def cite(self, probe: BackendProbe) -> BackendProbe:
+        """``probe`` as the catalogue's description of this device: it names where the figures come from.
+
+        Args:
+            probe: The probe its backend builds for the device (`Backend.describe`).
+
+        Returns:
+            The probe, its reason ending with ``[catalogue: <source>]`` and a ``catalogue`` detail holding the source.
+        """
+        return replace(probe, reason=f"{probe.reason} [catalogue: {self.source}]",
+                       details=(*probe.details, ("catalogue", self.source)))

@@ -1,50 +1,50 @@
-"""Fake hardware for decision tests: real dataclasses, invented machines."""
+"""Fake hardware for decision tests: invented machines, built by the backends' own probe builders.
+
+The builders are the ones the device catalogue describes its devices with (`Backend.describe`) and the real probes
+report through: `gpu_probe`, `xpu_probe`, `cpu_probe`, and `machine_of` for the machine. Here only the fakes'
+own figures are chosen: every GPU has 16 GiB, every CPU 8 logical cores, driver 580.00, ITEX 2.15 with TensorFlow
+2.15.1 where loaded (TensorFlow 2.21 otherwise).
+"""
 
 from __future__ import annotations
 
-from amp_backends.backends.cpu import CpuFacts
-from amp_backends.backends.cpu.backend import cpu_device
-from amp_backends.backends.cpu.onednn import onednn_state
-from amp_backends.backends.intel import IntelFacts, ItexStatus, classify_xpu
-from amp_backends.backends.nvidia import derive_capabilities
-from amp_backends.hardware import Accelerator, BackendProbe, CpuInfo, Hardware
+from amp_backends.backends.cpu import NO_ITEX, cpu_probe
+from amp_backends.backends.intel import IntelFacts, itex_status, xpu_probe
+from amp_backends.backends.nvidia import gpu_probe
+from amp_backends.devices import machine_of
+from amp_backends.hardware import BackendProbe, CpuInfo, Hardware
+from amp_backends.registry import default_registry
 
-ITEX_LOADED = ItexStatus("2.15.0.0", "2.15.1", True, "ITEX 2.15.0.0 matches TensorFlow 2.15.1")
-NO_ITEX = ItexStatus(None, "2.21.0", False, "Intel Extension for TensorFlow is not installed")
+ITEX_LOADED = itex_status("2.15.0.0", "2.15.1", look=False)
 
 GiB = 2**30
 
 
 def nvidia(*gpus: tuple[str, tuple[int, int]]) -> BackendProbe:
-    devices = tuple(
-        Accelerator("nvidia", i, name, "GPU", cc, 16 * GiB, derive_capabilities(name, cc))
-        for i, (name, cc) in enumerate(gpus)
-    )
-    return BackendProbe("nvidia", True, f"{len(devices)} GPU(s)", devices=devices, details=(("driver", "580.00"),))
+    """An NVIDIA probe of GPUs given as ``(name, compute capability)``, 16 GiB each."""
+    return gpu_probe([(name, cc, 16 * GiB) for name, cc in gpus], reason=f"{len(gpus)} GPU(s)",
+                     details=(("driver", "580.00"),))
 
 
 def intel(*names: str) -> BackendProbe:
-    devices = tuple(classify_xpu(i, n) for i, n in enumerate(names))
-    return BackendProbe("intel", True, f"{len(devices)} XPU(s)", devices=devices,
-                        details=(("itex_version", "2.15.0.0"),), facts=IntelFacts(ITEX_LOADED, ("gpu",)))
+    """An Intel probe of XPUs given by name, under a loaded ITEX 2.15."""
+    return xpu_probe(names, IntelFacts(ITEX_LOADED, ("gpu",)), reason=f"{len(names)} XPU(s)",
+                     details=(("itex_version", "2.15.0.0"),))
 
 
-def cpu(vendor: str, model: str, flags: str, arch: str = "x86_64", itex: bool = False,
-        environ: dict[str, str] | None = None, system: str = "linux") -> BackendProbe:
-    """A CPU probe; ``environ`` (``TF_ENABLE_ONEDNN_OPTS``) and ``system`` decide oneDNN's state as TensorFlow would."""
-    info = CpuInfo(vendor, model, arch, 8, frozenset(flags.split()))
+def cpu_of(spec: tuple[str, str, str], arch: str = "x86_64", itex: bool = False,
+           environ: dict[str, str] | None = None, system: str = "linux") -> BackendProbe:
+    """A CPU probe of ``spec`` (vendor, model name, /proc/cpuinfo flags); ``environ`` (``TF_ENABLE_ONEDNN_OPTS``)
+    and ``system`` decide oneDNN's state as TensorFlow would."""
+    vendor, model, flags = spec
     status = ITEX_LOADED if itex else NO_ITEX
-    onednn = onednn_state(info, environ or {}, system=system, tf_version="2.15.1" if itex else "2.21.0")
-    return BackendProbe("cpu", True, model, devices=(cpu_device(info),), cpu=info, details=(("itex", status.reason),),
-                        facts=CpuFacts(status, onednn))
+    return cpu_probe(CpuInfo(vendor, model, arch, 8, frozenset(flags.split())), status, environ=environ,
+                     system=system, reason=model, details=(("itex", status.reason),))
 
 
 def machine(*probes: BackendProbe, tf_device_types: frozenset[str] | None = None) -> Hardware:
-    """A Hardware with the given probes; backends not given are 'not present'."""
-    given = {p.backend for p in probes}
-    missing = tuple(BackendProbe(name, False, f"no {name} device (fake)")
-                    for name in ("nvidia", "intel", "cpu") if name not in given)
-    return Hardware(probes=tuple(probes) + missing, tf_device_types=tf_device_types)
+    """A Hardware with the given probes; the installed backends not given are 'not present'."""
+    return machine_of(probes, default_registry().names(), lambda name: f"no {name} device (fake)", tf_device_types)
 
 
 # GPUs
@@ -71,7 +71,3 @@ ICELAKE = ("Intel", "Intel(R) Xeon(R) Platinum 8380", "avx2 avx512f avx512bw avx
 GRAVITON3 = ("ARM", "Neoverse-V1", "fp asimd sve bf16 i8mm asimdhp fphp")
 GRAVITON4 = ("ARM", "Neoverse-V2", "fp asimd sve sve2 bf16 i8mm asimdhp fphp")
 CORTEX_A72 = ("ARM", "Cortex-A72", "fp asimd evtstrm crc32 cpuid")
-
-
-def cpu_of(spec, arch="x86_64", itex=False, environ=None, system="linux") -> BackendProbe:
-    return cpu(*spec, arch=arch, itex=itex, environ=environ, system=system)

@@ -12,6 +12,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,9 @@ ARM_RELEVANT_FLAGS = ("bf16", "asimdhp", "fphp", "sve", "i8mm")
 ARM_PARTS = {"0xd40": "Neoverse-V1", "0xd4f": "Neoverse-V2", "0xd84": "Neoverse-V3", "0xd0c": "Neoverse-N1",
              "0xd49": "Neoverse-N2", "0xd08": "Cortex-A72", "0xd0b": "Cortex-A76"}
 
+
+# TensorFlow 2.21 without ITEX: the software of a described CPU (the device catalogue's assumption).
+NO_ITEX = itex_status(None, "2.21.0", look=False)
 
 FIT_STEPS_CONFIGS = tuple(f"mixed_bfloat16 steps_per_execution={n}" for n in (1, 4, 16, 64))
 
@@ -152,6 +156,37 @@ def cpu_device(cpu: CpuInfo) -> Accelerator:
     return Accelerator("cpu", 0, display_name(cpu), "CPU", capabilities=frozenset(caps))
 
 
+def cpu_probe(cpu: CpuInfo, itex: ItexStatus, *, onednn: OneDnnState | None = None,
+              environ: Mapping[str, str] | None = None, system: str = "linux", reason: str | None = None,
+              details: Iterable[tuple[str, str]] | None = None) -> BackendProbe:
+    """The CPU probe of a machine with this CPU: what the probe reports, what ``describe`` gives for a catalogue CPU,
+    and what the tests' fake machines hold.
+
+    Args:
+        cpu: The CPU.
+        itex: ITEX's status there; its ``tf_version`` is the TensorFlow there.
+        onednn: Whether TensorFlow runs oneDNN there, as the probe read it (default: as TensorFlow would decide
+            from ``environ`` and ``system``, `onednn_state`).
+        environ: The environment TensorFlow starts in (``TF_ENABLE_ONEDNN_OPTS``), where ``onednn`` is not given.
+        system: The platform (``sys.platform``'s names), where ``onednn`` is not given.
+        reason: The probe's summary (default: the CPU, its cores and its bf16 instructions, as the probe words it).
+        details: The probe's ``(key, value)`` details for people (default: ITEX's status and oneDNN's state).
+
+    Returns:
+        The probe, with the CPU as its one device (``/CPU:0``).
+    """
+    if onednn is None:
+        onednn = onednn_state(cpu, environ or {}, system=system, tf_version=itex.tf_version)
+    if reason is None:
+        bf16_flags = ", ".join(sorted(cpu.flags & {"avx512_bf16", "amx_bf16", "bf16"}))
+        bf16 = f"native bf16 ({bf16_flags})" if cpu.native_bf16 else "no bf16 instructions"
+        reason = f"{display_name(cpu)}, {cpu.logical_cores} logical cores, {bf16}"
+    if details is None:
+        details = (("itex", itex.reason), ("oneDNN", ("on: " if onednn.enabled else "off: ") + onednn.why))
+    return BackendProbe("cpu", True, reason, devices=(cpu_device(cpu),), cpu=cpu, details=tuple(details),
+                        facts=CpuFacts(itex, onednn))
+
+
 def display_name(cpu: CpuInfo) -> str:
     """The CPU as the plan and the report name it, its microarchitecture included (`CpuInfo.name`)."""
     return cpu.name
@@ -180,18 +215,7 @@ class CpuBackend(Backend):
     def probe(self, *, use_tensorflow: bool = False) -> BackendProbe:
         cpu = probe_cpu()
         itex = itex_status()
-        onednn = read_onednn_state(cpu, os.environ, tensorflow_version())
-        bf16_flags = ", ".join(sorted(cpu.flags & {"avx512_bf16", "amx_bf16", "bf16"}))
-        bf16 = f"native bf16 ({bf16_flags})" if cpu.native_bf16 else "no bf16 instructions"
-        return BackendProbe(
-            backend=self.name,
-            available=True,
-            reason=f"{display_name(cpu)}, {cpu.logical_cores} logical cores, {bf16}",
-            devices=(cpu_device(cpu),),
-            cpu=cpu,
-            details=(("itex", itex.reason), ("oneDNN", ("on: " if onednn.enabled else "off: ") + onednn.why)),
-            facts=CpuFacts(itex, onednn),
-        )
+        return cpu_probe(cpu, itex, onednn=read_onednn_state(cpu, os.environ, tensorflow_version()))
 
     def report_rows(self, probe: BackendProbe) -> list[tuple[str, str]]:
         cpu = probe.cpu
@@ -287,14 +311,17 @@ class CpuBackend(Backend):
         return CATALOGUE
 
     def describe(self, device: KnownDevice) -> BackendProbe:
-        """The probe this backend would give on a machine with the catalogue's ``device`` alone."""
+        """The probe this backend would give on a machine with the catalogue's ``device`` alone.
+
+        Args:
+            device: One of this backend's `catalogue` entries.
+
+        Returns:
+            `cpu_probe`'s probe of the device, citing the entry's source (`KnownDevice.cite`).
+        """
         cpu = CpuInfo(device.cpu_vendor, device.device_name, device.arch, device.logical_cores,
                       frozenset(device.flags.split()), device.family, device.model_number)
-        no_itex = ItexStatus(None, "2.21.0", False, "Intel Extension for TensorFlow is not installed")
-        onednn = onednn_state(cpu, {}, system="linux", tf_version="2.21.0")
-        return BackendProbe("cpu", True, f"{device.title} [catalogue: {device.source}]",
-                            devices=(cpu_device(cpu),), cpu=cpu,
-                            details=(("catalogue", device.source),), facts=CpuFacts(no_itex, onednn))
+        return device.cite(cpu_probe(cpu, NO_ITEX, reason=device.title, details=()))
 
 
 def hide_accelerators(tf: Any) -> str | None:

@@ -15,6 +15,7 @@ XLA is off: ITEX's XPU plugin applies its own graph fusions, not XLA's jit_compi
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,11 @@ from .itex import (
 )
 
 
+# The ITEX a described Intel GPU runs under (the device catalogue's assumption).
+CATALOGUE_ITEX = ItexStatus("2.15.0.0", "2.15.1", True,
+                            "ITEX 2.15.0.0 with TensorFlow 2.15.1 (the catalogue's assumption)")
+
+
 @dataclass(frozen=True)
 class IntelFacts:
     """What the Intel probe saw beyond devices: ITEX's status and its native backends (``cpu``, ``gpu``)."""
@@ -44,8 +50,21 @@ class IntelFacts:
     native_backends: tuple[str, ...] = ()
 
 
-def classify_xpu(index: int, name: str, has_xmx: bool | None = None, is_xehpc: bool | None = None) -> Accelerator:
-    """An `Accelerator` for an Intel GPU, from its name and ITEX's ``has_xmx``/``is_xehpc`` answers."""
+def classify_xpu(index: int, name: str, has_xmx: bool | None = None, is_xehpc: bool | None = None,
+                 memory_bytes: int | None = None) -> Accelerator:
+    """An `Accelerator` for an Intel GPU, from its name and ITEX's ``has_xmx``/``is_xehpc`` answers.
+
+    Args:
+        index: TensorFlow's index of it (``/XPU:<index>``).
+        name: Its name as TensorFlow's device details give it (``"Intel(R) Data Center GPU Max 1550"``).
+        has_xmx: ITEX's ``has_xmx()``, where asked (``None``: the name decides).
+        is_xehpc: ITEX's ``is_xehpc()``, where asked (``None``: the name decides).
+        memory_bytes: Its memory, where known.
+
+    Returns:
+        The device: float16 on every XPU; XMX and bfloat16 where it has XMX engines (Xe-HPC, Flex, Arc, or ITEX
+        says so); TF32 on Xe-HPC (Data Center GPU Max).
+    """
     upper = name.upper()
     xehpc = bool(is_xehpc) or " MAX" in upper or "PONTE VECCHIO" in upper
     xmx = bool(has_xmx) or xehpc or "FLEX" in upper or "ARC" in upper
@@ -54,7 +73,31 @@ def classify_xpu(index: int, name: str, has_xmx: bool | None = None, is_xehpc: b
         caps |= {XMX, BF16}
     if xehpc:
         caps.add(TF32)
-    return Accelerator("intel", index, name, "XPU", None, None, frozenset(caps))
+    return Accelerator("intel", index, name, "XPU", None, memory_bytes, frozenset(caps))
+
+
+def xpu_probe(names: Iterable[str], facts: IntelFacts, *, has_xmx: bool | None = None, is_xehpc: bool | None = None,
+              memory_bytes: int | None = None, details: Iterable[tuple[str, str]] = (),
+              reason: str | None = None) -> BackendProbe:
+    """The available Intel probe of a machine with these XPUs: what the probe reports, what ``describe`` gives for a
+    catalogue GPU, and what the tests' fake machines hold.
+
+    Args:
+        names: Each XPU's name, in TensorFlow's order (`classify_xpu`).
+        facts: ITEX's status and native backends.
+        has_xmx: ITEX's ``has_xmx()`` for them, where asked.
+        is_xehpc: ITEX's ``is_xehpc()`` for them, where asked.
+        memory_bytes: Each XPU's memory, where known.
+        details: The probe's ``(key, value)`` details for people.
+        reason: The probe's summary (default: the XPUs, as the probe words it).
+
+    Returns:
+        The probe, its devices numbered ``/XPU:0``, ``/XPU:1``, ... in the order given.
+    """
+    devices = tuple(classify_xpu(index, name, has_xmx, is_xehpc, memory_bytes) for index, name in enumerate(names))
+    if reason is None:
+        reason = f"{len(devices)} XPU(s): " + ", ".join(d.name for d in devices)
+    return BackendProbe("intel", True, reason, devices=devices, details=tuple(details), facts=facts)
 
 
 class IntelBackend(Backend):
@@ -96,25 +139,22 @@ class IntelBackend(Backend):
                     has_xmx, is_xehpc = bool(itex_mod.has_xmx()), bool(itex_mod.is_xehpc())
             except Exception as exc:
                 details.append(("itex_import", f"failed: {type(exc).__name__}: {exc}"))
-            devices = []
-            for i, dev in enumerate(xpus):
+            names: list[str] = []
+            for dev in xpus:
                 try:
-                    name = tf.config.experimental.get_device_details(dev).get("device_name") or "Intel XPU"
+                    names.append(tf.config.experimental.get_device_details(dev).get("device_name") or "Intel XPU")
                 except Exception:
-                    name = "Intel XPU"
-                devices.append(classify_xpu(i, name, has_xmx, is_xehpc))
+                    names.append("Intel XPU")
         except Exception as exc:
             return BackendProbe(self.name, False,
                                 f"no Intel GPU: probing through TensorFlow failed ({type(exc).__name__}: {exc})",
                                 details=tuple(details), facts=facts)
-        if not devices:
+        if not names:
             return BackendProbe(self.name, False, "no Intel GPU: TensorFlow with ITEX lists no XPU device "
                                 "(ITEX's CPU backend only)" if "gpu" not in native else
                                 "no Intel GPU: TensorFlow with ITEX lists no XPU device",
                                 details=tuple(details), facts=facts)
-        names = ", ".join(d.name for d in devices)
-        return BackendProbe(self.name, True, f"{len(devices)} XPU(s): {names}", devices=tuple(devices),
-                            details=tuple(details), facts=facts)
+        return xpu_probe(names, facts, has_xmx=has_xmx, is_xehpc=is_xehpc, details=details)
 
     def report_rows(self, probe: BackendProbe) -> list[tuple[str, str]]:
         rows = super().report_rows(probe)[:1]
@@ -200,13 +240,16 @@ class IntelBackend(Backend):
         return CATALOGUE
 
     def describe(self, device: KnownDevice) -> BackendProbe:
-        """The probe this backend would give on a machine with the catalogue's ``device`` alone."""
-        acc = classify_xpu(0, device.device_name)
-        acc = Accelerator(acc.vendor, acc.index, acc.name, acc.kind, None, device.memory_bytes, acc.capabilities)
-        itex = ItexStatus("2.15.0.0", "2.15.1", True,
-                          "ITEX 2.15.0.0 with TensorFlow 2.15.1 (the catalogue's assumption)")
-        return BackendProbe("intel", True, f"1 XPU(s): {acc.name} [catalogue: {device.source}]", devices=(acc,),
-                            details=(("catalogue", device.source),), facts=IntelFacts(itex, ("gpu",)))
+        """The probe this backend would give on a machine with the catalogue's ``device`` alone.
+
+        Args:
+            device: One of this backend's `catalogue` entries.
+
+        Returns:
+            `xpu_probe`'s probe of the device, citing the entry's source (`KnownDevice.cite`).
+        """
+        facts = IntelFacts(CATALOGUE_ITEX, ("gpu",))
+        return device.cite(xpu_probe([device.device_name], facts, memory_bytes=device.memory_bytes))
 
 
 def _text(value: Any) -> str:

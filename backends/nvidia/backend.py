@@ -13,7 +13,9 @@ so ``/GPU:0`` in the plan is the GPU TensorFlow calls ``/GPU:0``.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from amp_backends.assessment import (EMULATED, FUNCTIONAL, NATIVE, UNSUPPORTED, Assessment, Evidence, MatrixUnit,
                                      Support, quote_results, results_evidence)
@@ -97,6 +99,44 @@ class NvidiaFacts:
     nvml_gpus: tuple[NvmlGpu, ...] = ()
 
 
+def gpu_device(index: int, name: str, cc: tuple[int, int] | None, memory_bytes: int | None = None,
+               pci_bus_id: str | None = None) -> Accelerator:
+    """One NVIDIA GPU as the probe reports it, its capabilities derived from its name and compute capability.
+
+    Args:
+        index: TensorFlow's index of it (``/GPU:<index>``): its place in CUDA's enumeration order.
+        name: Its name as NVML reports it (``"NVIDIA H100 80GB HBM3"``).
+        cc: Its compute capability (``(9, 0)``), or ``None`` where unknown.
+        memory_bytes: Its memory, where known.
+        pci_bus_id: Its PCI bus id, where known.
+
+    Returns:
+        The device, with `derive_capabilities`'s capabilities.
+    """
+    return Accelerator("nvidia", index, name, "GPU", cc, memory_bytes, derive_capabilities(name, cc), pci_bus_id)
+
+
+def gpu_probe(gpus: Iterable[tuple[Any, ...]], *, details: Iterable[tuple[str, str]] = (),
+              facts: NvidiaFacts | None = None, reason: str | None = None) -> BackendProbe:
+    """The available NVIDIA probe of a machine with these GPUs: what the probe reports, what ``describe`` gives for a
+    catalogue GPU, and what the tests' fake machines hold.
+
+    Args:
+        gpus: Each GPU's `gpu_device` figures after its index, in CUDA's order: name, compute capability, and
+            optionally memory in bytes and PCI bus id (``("NVIDIA H100 80GB HBM3", (9, 0), 80 * GB)``).
+        details: The probe's ``(key, value)`` details for people.
+        facts: What the probe saw beyond the devices (driver, NVML's GPUs, CUDA's device order), where it looked.
+        reason: The probe's summary (default: the GPUs and their compute capabilities, as the probe words it).
+
+    Returns:
+        The probe, its devices numbered ``/GPU:0``, ``/GPU:1``, ... in the order given.
+    """
+    devices = tuple(gpu_device(index, *gpu) for index, gpu in enumerate(gpus))
+    if reason is None:
+        reason = f"{len(devices)} GPU(s): " + ", ".join(f"{d.name} (CC {d.cc_str})" for d in devices)
+    return BackendProbe("nvidia", True, reason, devices=devices, details=tuple(details), facts=facts)
+
+
 class NvidiaBackend(Backend):
     """CUDA GPUs through TensorFlow's GPU devices."""
 
@@ -137,17 +177,11 @@ class NvidiaBackend(Backend):
         details.append(("CUDA_device_order", order + (" (CUDA's default)" if order == FASTEST_FIRST else "")))
         if gpus and len(visible) < len(gpus):
             details.append(("hidden_by_CUDA_VISIBLE_DEVICES", str(len(gpus) - len(visible))))
-        devices = tuple(
-            Accelerator("nvidia", tf_index, g.name, "GPU", g.compute_capability, g.memory_bytes,
-                        derive_capabilities(g.name, g.compute_capability), g.pci_bus_id)
-            for tf_index, g in enumerate(visible)
-        )
-        if not devices:
+        if not visible:
             why = "NVML reports no GPU" if not gpus else "CUDA_VISIBLE_DEVICES hides every GPU"
             return BackendProbe(self.name, False, f"no NVIDIA GPU: {why}", details=tuple(details), facts=facts)
-        names = ", ".join(f"{d.name} (CC {d.cc_str})" for d in devices)
-        return BackendProbe(self.name, True, f"{len(devices)} GPU(s): {names}", devices=devices, details=tuple(details),
-                            facts=facts)
+        return gpu_probe([(g.name, g.compute_capability, g.memory_bytes, g.pci_bus_id) for g in visible],
+                         details=details, facts=facts)
 
     def software_rows(self) -> list[tuple[str, str]]:
         return [("nvidia-ml-py", installed_version("nvidia-ml-py") or "not installed (no NVML probes)")]
@@ -255,8 +289,13 @@ class NvidiaBackend(Backend):
         return CATALOGUE
 
     def describe(self, device: KnownDevice) -> BackendProbe:
-        """The probe this backend would give on a machine with the catalogue's ``device`` alone."""
-        acc = Accelerator("nvidia", 0, device.device_name, "GPU", device.compute_capability, device.memory_bytes,
-                          derive_capabilities(device.device_name, device.compute_capability))
-        return BackendProbe("nvidia", True, f"1 GPU(s): {acc.name} (CC {acc.cc_str}) [catalogue: {device.source}]",
-                            devices=(acc,), details=(("catalogue", device.source),), facts=NvidiaFacts())
+        """The probe this backend would give on a machine with the catalogue's ``device`` alone.
+
+        Args:
+            device: One of this backend's `catalogue` entries.
+
+        Returns:
+            `gpu_probe`'s probe of the device, citing the entry's source (`KnownDevice.cite`).
+        """
+        gpu = (device.device_name, device.compute_capability, device.memory_bytes)
+        return device.cite(gpu_probe([gpu], facts=NvidiaFacts()))
