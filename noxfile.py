@@ -11,7 +11,10 @@
 * ``lint``: ruff over the whole tree, mypy over the whole package (configured in ``pyproject.toml``) and the
   documentation site built with ``mkdocs build --strict`` (``mkdocs.yml``; the ``docs`` extra): a broken link,
   a missing page or snippet, or a docstring the API reference cannot render fails it. The site goes to
-  ``site/`` (git-ignored); ``mkdocs serve`` shows it while writing. No TensorFlow needed.
+  ``site/`` (git-ignored); ``mkdocs serve`` shows it while writing. Then ``tests/test_site_browser.py`` (the
+  ``site-test`` extra) loads every page in headless Chromium — layout at a desktop and a phone width, console
+  errors, the search — and writes screenshots to ``site-screenshots/`` (git-ignored); it skips, saying why,
+  where Chromium or chromium-driver is missing. No TensorFlow needed.
 
 ``python3 -m nox`` runs all three; ``python3 -m nox -s tests`` one.
 
@@ -34,8 +37,10 @@ nox.options.reuse_existing_virtualenvs = True
 
 # The documentation site's libraries: pyproject.toml's ``docs`` extra (without the package: mkdocstrings reads the
 # source, and the generated pages are committed).
-DOCS_STACK = tomllib.loads(Path(__file__).with_name("pyproject.toml").read_text(encoding="utf-8"))[
-    "project"]["optional-dependencies"]["docs"]
+EXTRAS = tomllib.loads(Path(__file__).with_name("pyproject.toml").read_text(encoding="utf-8"))["project"][
+    "optional-dependencies"]
+DOCS_STACK = EXTRAS["docs"]
+SITE_TEST_STACK = EXTRAS["site-test"]  # the site in a browser: Selenium and pytest
 ITEX_STACK = ["tensorflow==2.15.1", "intel-extension-for-tensorflow[cpu]==2.15.0.0"]
 # a worker per core, each with its own TensorFlow; idle workers take queued tests from busy ones
 WORKERS = ["-n", "auto", "--maxprocesses", "4", "--dist", "worksteal"]
@@ -43,10 +48,12 @@ WORKERS = ["-n", "auto", "--maxprocesses", "4", "--dist", "worksteal"]
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff==0.17.6", "mypy==2.4.1", *DOCS_STACK)
+    session.install("ruff==0.17.6", "mypy==2.4.1", *DOCS_STACK, *SITE_TEST_STACK)
     session.run("ruff", "check", ".")
     session.run("mypy")
     session.run("mkdocs", "build", "--strict", env={"NO_MKDOCS_2_WARNING": "1"})
+    # the suite's conftest.py needs the package and TensorFlow, which this session does not install
+    session.run("pytest", "-q", "-ra", "-p", "no:cacheprovider", "--noconftest", "tests/test_site_browser.py")
 
 
 @nox.session

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,8 @@ SETUP_COMMANDS = [
     "--log-every 10",
     "python3 -m pip install nox && python3 -m nox",
 ]
+CODE_WIDTH = 88  # the widest code line a page shows: a code block fits the page at a desktop width
+CONTINUATION = re.compile(r" \\\n[ \t]*")  # a bash line ending in " \" goes on in the next line
 
 
 def pages() -> list[Path]:
@@ -120,6 +123,41 @@ def test_the_python_blocks_of_each_page_run_in_order(page):
     assert proc.returncode == 0, f"{page}: python blocks failed (exit {proc.returncode}):\n{err[-4000:]}"
 
 
+def test_no_code_line_is_wider_than_a_code_block():
+    """Every fenced block of every page as the site shows it (snippets included) and of README.md: a line
+    longer than CODE_WIDTH would need scrolling sideways. Wrap bash with ` \\` continuations, python inside
+    its brackets, and a program's output where the terminal would."""
+    wide = [f"{name(p)}:{line + n}: {len(text)} characters: {text[:60]}..." for p in [*pages(), README]
+            for _, code, line in blocks(p) for n, text in enumerate(code.splitlines(), 1) if len(text) > CODE_WIDTH]
+    assert not wide, f"code lines over {CODE_WIDTH} characters (line numbers count snippets in):\n" + "\n".join(wide)
+
+
+def test_the_wrapped_commands_are_the_recorded_ones():
+    """docs/generate.py wraps each results file's command to fit a code block: bash reads the same words."""
+    gen = generator()
+    commands = [json.loads(p.read_text(encoding="utf-8")).get("command", "")
+                for p in [*(ROOT / "results").glob("*.json"), *(ROOT / "results").glob("zoo-*/*/zoo.json")]]
+    assert any(len(c) > gen.CODE_WIDTH for c in commands)
+    for command in filter(None, commands):
+        lines = gen._shell_lines(command)
+        assert max(map(len, lines)) <= gen.CODE_WIDTH and gen.shell_words("\n".join(lines)) == shlex.split(command)
+    assert gen.CODE_WIDTH == CODE_WIDTH
+    # a value longer than a line: quoted pieces, each line but the last ending in a bare backslash
+    assert gen._shell_lines("python -m x --note " + shlex.quote("a word " * 40)) == [
+        "python -m x \\",
+        "  --note 'a word a word a word a word a word a word a word a word a word a word a '\\",
+        "'word a word a word a word a word a word a word a word a word a word a word a word a '\\",
+        "'word a word a word a word a word a word a word a word a word a word a word a word a '\\",
+        "'word a word a word a word a word a word '"]
+
+
+def test_no_table_cell_shows_an_escape():
+    """A pipe inside a code span in a table is the table's text: escaped (``\\|``) it would show the backslash."""
+    shown = [f"{name(p)}: {span}" for p in pages() for row in text_of(p).splitlines() if row.startswith("|")
+             for span in re.findall(r"`[^`]*`", row) if "\\|" in span]
+    assert not shown, "\n".join(shown)
+
+
 def test_json_blocks_parse_and_diff_blocks_compile():
     for page in pages():
         for lang, code, line in blocks(page):
@@ -132,9 +170,11 @@ def test_json_blocks_parse_and_diff_blocks_compile():
 
 def test_the_readme_keeps_the_set_up_commands_and_runs_only_what_the_site_runs():
     found = blocks(README)
-    bash = [code.strip() for lang, code, _ in found if lang == "bash"]
+    # a block may wrap its command with ` \` line continuations: CI copies it as it is
+    bash = [CONTINUATION.sub(" ", code).strip() for lang, code, _ in found if lang == "bash"]
     for command in SETUP_COMMANDS:
-        assert command in bash, f"README.md must keep this set-up command, alone in a ```bash block:\n{command}"
+        assert command in bash, (f"README.md must keep this set-up command, alone in a ```bash block (lines may "
+                                 f"end in ` \\` and go on in the next):\n{command}")
     site = {code for p in pages() for lang, code, _ in blocks(p) if lang == "python"}
     for lang, code, line in found:
         if lang == "python":
