@@ -131,6 +131,7 @@ class CpuFacts:
 
     itex: ItexStatus
     onednn: OneDnnState | None = None
+    zentf: str | None = None  # AMD's ZenDNN plug-in for TensorFlow, where installed: its version
 
     @property
     def itex_loaded(self) -> bool:
@@ -142,6 +143,10 @@ def onednn_of(probe: BackendProbe, cpu: CpuInfo) -> OneDnnState:
     if facts is not None and facts.onednn is not None:
         return facts.onednn
     return onednn_state(cpu, {}, system="linux")
+
+
+def _zentf(probe: BackendProbe) -> str | None:
+    return probe.facts.zentf if isinstance(probe.facts, CpuFacts) else None
 
 
 def cpu_device(cpu: CpuInfo) -> Accelerator:
@@ -190,7 +195,7 @@ class CpuBackend(Backend):
             devices=(cpu_device(cpu),),
             cpu=cpu,
             details=(("itex", itex.reason), ("oneDNN", ("on: " if onednn.enabled else "off: ") + onednn.why)),
-            facts=CpuFacts(itex, onednn),
+            facts=CpuFacts(itex, onednn, installed_version(rules.ZENDNN_PACKAGE)),
         )
 
     def report_rows(self, probe: BackendProbe) -> list[tuple[str, str]]:
@@ -240,6 +245,7 @@ class CpuBackend(Backend):
             if itex_active:
                 units["float32"] = MatrixUnit("AMX tiles (BF32)", 8)
         kept, kept_why = rules.float32_layers(cpu, onednn, itex_active)
+        found = rules.peers(cpu, onednn, itex_active, _zentf(probe))
         return Assessment(
             backend=self.name,
             devices=tuple(d.tf_name for d in probe.devices) or ("/CPU:0",),
@@ -256,6 +262,7 @@ class CpuBackend(Backend):
             steps_per_execution_evidence=evidence(FIT_STEPS, *FIT_STEPS_CONFIGS),
             float32_layers=kept,
             float32_layers_why=kept_why or "no layer was measured slower in bfloat16 than in float32 here",
+            peers=rules.judge_peers(cpu, found),
         )
 
     def vendor_settings(self, plan: Plan) -> tuple[VendorSetting, ...]:
@@ -278,7 +285,7 @@ class CpuBackend(Backend):
         """oneDNN the other way round, TensorFlow's bfloat16 rewrite, ZenDNN where installed (`rules.peers`)."""
         cpu = probe.cpu or CpuInfo("unknown", "unknown", "unknown", 1)
         itex_active = isinstance(probe.facts, CpuFacts) and probe.facts.itex_loaded
-        return rules.peers(cpu, onednn_of(probe, cpu), itex_active, installed_version(rules.ZENDNN_PACKAGE))
+        return rules.peers(cpu, onednn_of(probe, cpu), itex_active, _zentf(probe))
 
     def catalogue(self) -> tuple[KnownDevice, ...]:
         """The cpu devices of the device catalogue (``backends/cpu/catalogue.py``)."""
