@@ -9,8 +9,8 @@ many times slower than float32 even on a bf16 CPU. Every figure quoted comes fro
 
 from __future__ import annotations
 
-from amp_backends.assessment import (EMULATED, FUNCTIONAL, NATIVE, UNSAFE, Evidence, Float32Layer, PeerVerdict,
-                                     Support)
+from amp_backends.backend_api import (EMULATED, FUNCTIONAL, NATIVE, UNSAFE, Evidence, Float32Layer, PeerVerdict,
+                                      Support)
 from amp_backends.registry import Peer
 from amp_backends.hardware import CpuInfo
 
