@@ -316,6 +316,26 @@ def kept_in_float32(rules: Iterable[Float32Layer], layer: Any) -> bool:
 
 
 @dataclass(frozen=True)
+class PeerVerdict:
+    """A configuration a user would pick instead of the plan (a `amp_backends.registry.Peer`: another math
+    library, a graph rewrite), judged from committed benchmark runs on a machine of this kind.
+
+    Attributes:
+        name: The peer's name in the model zoo (``"fp32 grappler-bf16"``).
+        won: Whether it beat the plan in every measured repetition of every measured model, by the margin
+            decisions need; the plan then warns that a faster configuration was measured.
+        why: What was measured, with its figures, machine and file, or that nothing was measured on a machine
+            of this kind.
+        evidence: The figures quoted.
+    """
+
+    name: str
+    won: bool
+    why: str
+    evidence: tuple[Evidence, ...] = ()
+
+
+@dataclass(frozen=True)
 class Assessment:
     """A backend's judgement of its probe, from which the planner builds a `Plan`.
 
@@ -331,7 +351,9 @@ class Assessment:
     ordinary cores. ``steps_per_execution`` is the number of training steps Keras ``fit`` runs per compiled
     call on this hardware, with ``steps_per_execution_why``. ``float32_layers`` are the layer kinds that
     train faster kept in float32 inside a low-precision model here (`Float32Layer`), and
-    ``float32_layers_why`` says why there are none, when there are none.
+    ``float32_layers_why`` says why there are none, when there are none. ``peers`` are what a user of this
+    hardware would pick instead, judged from committed runs (`PeerVerdict`): the plan lists those that lost
+    among its rejected alternatives and warns about one that won.
     """
 
     backend: str
@@ -351,6 +373,7 @@ class Assessment:
     steps_per_execution_evidence: tuple[Evidence, ...] = ()
     float32_layers: tuple[Float32Layer, ...] = ()
     float32_layers_why: str = "no layer kind was measured slower in low precision than in float32 on this backend"
+    peers: tuple[PeerVerdict, ...] = ()
 
     def contract_errors(self) -> list[str]:
         """What this assessment gets wrong about the contract above (empty when it is sound)."""

@@ -28,6 +28,7 @@ from .assessment import (
     Evidence,
     Float32Layer,
     MatrixUnit,
+    PeerVerdict,
     Results,
     Support,
     VendorSetting,
@@ -51,7 +52,7 @@ __all__ = [
     "Accelerator", "BackendProbe", "CpuInfo", "Hardware", "probe_hardware",
     "BF16", "FP8", "FP16", "TENSOR_CORES", "TF32", "XMX",
     # what an assessment says, and its support levels
-    "Assessment", "Evidence", "Float32Layer", "MatrixUnit", "Support", "VendorSetting",
+    "Assessment", "Evidence", "Float32Layer", "MatrixUnit", "PeerVerdict", "Support", "VendorSetting",
     "EMULATED", "FUNCTIONAL", "LEVELS", "NATIVE", "UNSAFE", "UNSUPPORTED",
     # the committed measurements a reason quotes
     "RESULTS_DIR", "Results", "load_results", "quote_results", "results_evidence",

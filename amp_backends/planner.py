@@ -384,6 +384,12 @@ def _resolve(a: Assessment, request: Request, chosen: str, keras: KerasInfo | No
                f"{a.steps_per_execution}: {a.steps_per_execution_why}", first_clause(a.steps_per_execution_why),
                a.steps_per_execution_evidence)
     float32_layers = _resolve_float32_layers(a, request, policy, decide)
+    for peer in a.peers:  # what a user would pick instead, judged from committed runs on this kind of machine
+        if peer.won:
+            r.warnings.append(f"{peer.name} was measured faster than the automatic plan on a machine of this kind, "
+                              f"and the plan does not take it by itself: {peer.why}")
+        else:
+            rejected.append(Rejected("peer", peer.name, peer.why))
 
     return Plan(
         backend=chosen,

@@ -518,3 +518,76 @@ def test_a_gpu_suite_file_without_nvml_facts_still_names_its_gpu_and_the_command
     # recorded as the bench command's old option; quoted as the command that runs the suite now
     assert "benchmarks/gpu_suite.py" in measured.suite().run() and "--gpu-suite" not in measured.suite().run()
 
+
+
+# ------------------------------------------------------------------ peers and policy figures from this CPU's kind
+def _catalogue_cpu(name, **changes):
+    """A catalogue CPU's hardware, its entry changed (the name the probe gives a CPU comes from these fields)."""
+    from dataclasses import replace
+
+    from amp_backends.devices import device_hardware, find_device
+
+    return device_hardware(replace(find_device(name), **changes))
+
+
+# the AMX Xeon of results/zoo-xeon-amx and results/cpu-policy-xeon-amx.json, as its KVM guest reports it
+XEON_AMX_KVM = {"device_name": "Intel(R) Xeon(R) Processor", "family": 6, "model_number": 0xA7, "logical_cores": 2}
+
+
+def _zoo_medians(file):
+    import json
+
+    from amp_backends.assessment import RESULTS_DIR
+
+    doc = json.loads((RESULTS_DIR / file).read_text())
+    return {m["model"]: {n: c["samples_per_s"]["median"] for n, c in m["configs"].items()} for m in doc["models"]}
+
+
+def test_the_plan_names_each_peer_measured_on_this_cpu_kind_as_rejected_with_the_committed_figures(registry):
+    p = plan(_catalogue_cpu("sapphire-rapids", **XEON_AMX_KVM), registry)
+    assert p.policy == "mixed_bfloat16"
+    peers = {r.value: r.why for r in p.rejected if r.setting == "peer"}
+    assert set(peers) == {"fp32 oneDNN-off", "fp32 grappler-bf16"}, peers
+    medians = _zoo_medians("zoo-xeon-amx/peers/zoo.json")
+    for name, why in peers.items():
+        assert "results/zoo-xeon-amx/peers/zoo.json" in why and "Sapphire Rapids or later, AMX" in why
+        for model, configs in medians.items():  # every figure quoted is the committed file's
+            assert (f"{model}: {configs[name]:.0f} samples/s, the plan {configs['auto plan, trainer']:.0f} with the "
+                    f"trainer and {configs['auto plan, fit']:.0f} with Keras fit") in why, why
+        assert "slower than the plan with our trainer on every model measured" in why
+    assert not any("measured faster" in w for w in p.warnings)
+
+
+def test_a_cpu_kind_without_committed_peer_runs_says_so_and_how_to_measure_them(registry):
+    p = plan(_catalogue_cpu("zen5"), registry)
+    peers = {r.value: r.why for r in p.rejected if r.setting == "peer"}
+    assert "fp32 grappler-bf16" in peers and "fp32 oneDNN-off" in peers
+    assert all("not measured on a CPU like this one" in w and "--configs peers" in w for w in peers.values()), peers
+
+
+def test_a_peer_that_beats_the_plan_in_every_repetition_is_a_warning_and_one_close_call_is_not(monkeypatch, registry):
+    from amp_backends.backends.cpu import measured, rules
+    from amp_backends.assessment import Results
+
+    def zoo(peer_reps):
+        reps = {"auto plan, trainer": (100.0, 102.0, 98.0), "auto plan, fit": (90.0, 91.0, 89.0), "fp32 oneDNN-on":
+                peer_reps}
+        medians = {n: sorted(r)[1] for n, r in reps.items()}
+        source = Results("zoo-x/zoo.json", "Test CPU", "2.21.0", "python -m amp_backends.bench --zoo", "2026-11-27",
+                         medians)
+        return (measured.ZooModel("mnist_cnn", reps, {n: True for n in reps}, source),)
+
+    hw = _catalogue_cpu("zen3")
+    for reps, won in (((120.0, 115.0, 111.0), True), ((120.0, 104.0, 111.0), False), ((50.0, 51.0, 49.0), False)):
+        monkeypatch.setattr(rules, "zoo_results", lambda name, reps=reps: zoo(reps))
+        p = plan(hw, registry)
+        rejected = [r for r in p.rejected if r.value == "fp32 oneDNN-on"]
+        warned = [w for w in p.warnings if w.startswith("fp32 oneDNN-on was measured faster")]
+        assert (len(warned), len(rejected)) == ((1, 0) if won else (0, 1)), (reps, p.warnings, p.rejected)
+
+
+def test_the_policy_reason_quotes_this_cpu_kinds_own_file_where_one_is_committed(registry):
+    xeon = plan(_catalogue_cpu("sapphire-rapids", **XEON_AMX_KVM), registry)
+    zen5 = plan(_catalogue_cpu("zen5"), registry)
+    assert "results/cpu-policy-xeon-amx.json" in xeon.decision("policy").detail
+    assert "results/cpu-policy-zen4.json" in zen5.decision("policy").detail  # no file of its own: the nearest kind

@@ -135,6 +135,7 @@ class CpuFacts:
 
     itex: ItexStatus
     onednn: OneDnnState | None = None
+    zentf: str | None = None  # AMD's ZenDNN plug-in for TensorFlow, where installed: its version
 
     @property
     def itex_loaded(self) -> bool:
@@ -148,6 +149,10 @@ def onednn_of(probe: BackendProbe, cpu: CpuInfo) -> OneDnnState:
     return onednn_state(cpu, {}, system="linux")
 
 
+def _zentf(probe: BackendProbe) -> str | None:
+    return probe.facts.zentf if isinstance(probe.facts, CpuFacts) else None
+
+
 def cpu_device(cpu: CpuInfo) -> Accelerator:
     """The host CPU as the device a CPU plan runs on (``/CPU:0``)."""
     caps = {BF16} if cpu.native_bf16 else set()
@@ -158,7 +163,7 @@ def cpu_device(cpu: CpuInfo) -> Accelerator:
 
 def cpu_probe(cpu: CpuInfo, itex: ItexStatus, *, onednn: OneDnnState | None = None,
               environ: Mapping[str, str] | None = None, system: str = "linux", reason: str | None = None,
-              details: Iterable[tuple[str, str]] | None = None) -> BackendProbe:
+              details: Iterable[tuple[str, str]] | None = None, zentf: str | None = None) -> BackendProbe:
     """The CPU probe of a machine with this CPU: what the probe reports, what ``describe`` gives for a catalogue CPU,
     and what the tests' fake machines hold.
 
@@ -171,6 +176,7 @@ def cpu_probe(cpu: CpuInfo, itex: ItexStatus, *, onednn: OneDnnState | None = No
         system: The platform (``sys.platform``'s names), where ``onednn`` is not given.
         reason: The probe's summary (default: the CPU, its cores and its bf16 instructions, as the probe words it).
         details: The probe's ``(key, value)`` details for people (default: ITEX's status and oneDNN's state).
+        zentf: The installed version of AMD's ZenDNN plug-in (``zentf``), or ``None``.
 
     Returns:
         The probe, with the CPU as its one device (``/CPU:0``).
@@ -184,7 +190,7 @@ def cpu_probe(cpu: CpuInfo, itex: ItexStatus, *, onednn: OneDnnState | None = No
     if details is None:
         details = (("itex", itex.reason), ("oneDNN", ("on: " if onednn.enabled else "off: ") + onednn.why))
     return BackendProbe("cpu", True, reason, devices=(cpu_device(cpu),), cpu=cpu, details=tuple(details),
-                        facts=CpuFacts(itex, onednn))
+                        facts=CpuFacts(itex, onednn, zentf))
 
 
 def display_name(cpu: CpuInfo) -> str:
@@ -215,7 +221,8 @@ class CpuBackend(Backend):
     def probe(self, *, use_tensorflow: bool = False) -> BackendProbe:
         cpu = probe_cpu()
         itex = itex_status()
-        return cpu_probe(cpu, itex, onednn=read_onednn_state(cpu, os.environ, tensorflow_version()))
+        return cpu_probe(cpu, itex, onednn=read_onednn_state(cpu, os.environ, tensorflow_version()),
+                         zentf=installed_version(rules.ZENDNN_PACKAGE))
 
     def report_rows(self, probe: BackendProbe) -> list[tuple[str, str]]:
         cpu = probe.cpu
@@ -264,6 +271,7 @@ class CpuBackend(Backend):
             if itex_active:
                 units["float32"] = MatrixUnit("AMX tiles (BF32)", 8)
         kept, kept_why = rules.float32_layers(cpu, onednn, itex_active)
+        found = rules.peers(cpu, onednn, itex_active, _zentf(probe))
         return Assessment(
             backend=self.name,
             devices=tuple(d.tf_name for d in probe.devices) or ("/CPU:0",),
@@ -280,6 +288,7 @@ class CpuBackend(Backend):
             steps_per_execution_evidence=evidence(FIT_STEPS, *FIT_STEPS_CONFIGS),
             float32_layers=kept,
             float32_layers_why=kept_why or "no layer was measured slower in bfloat16 than in float32 here",
+            peers=rules.judge_peers(cpu, found),
         )
 
     def vendor_settings(self, plan: Plan) -> tuple[VendorSetting, ...]:
@@ -302,7 +311,7 @@ class CpuBackend(Backend):
         """oneDNN the other way round, TensorFlow's bfloat16 rewrite, ZenDNN where installed (`rules.peers`)."""
         cpu = probe.cpu or CpuInfo("unknown", "unknown", "unknown", 1)
         itex_active = isinstance(probe.facts, CpuFacts) and probe.facts.itex_loaded
-        return rules.peers(cpu, onednn_of(probe, cpu), itex_active, installed_version(rules.ZENDNN_PACKAGE))
+        return rules.peers(cpu, onednn_of(probe, cpu), itex_active, _zentf(probe))
 
     def catalogue(self) -> tuple[KnownDevice, ...]:
         """The cpu devices of the device catalogue (``backends/cpu/catalogue.py``)."""

@@ -9,14 +9,19 @@ A missing file (a broken install) makes the reason say so instead of failing the
 
 from __future__ import annotations
 
+import functools
+import json
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from amp_backends.backend_api import (RESULTS_DIR, Evidence, Results, load_results, quote_results,
                                       results_evidence)
 from amp_backends.hardware import CpuInfo
 
-__all__ = ["RESULTS_DIR", "Results", "recorded_machine", "load", "quote", "evidence", "times"]
+__all__ = ["RESULTS_DIR", "Results", "ZooModel", "recorded_machine", "load", "quote", "evidence", "times",
+           "policy_file", "zoo_results"]
 
 # Which file speaks for which kind of CPU. The "zen4" files were measured on an AMD EPYC with avx512_bf16 and no
 # AMX whose CPUID says family 26, model 2 (a Zen 5); they record no family or model, so the machine they name
@@ -71,3 +76,81 @@ def times(file: str, faster: str, slower: str) -> str:
     """``"~8x"``: how many times ``faster`` beat ``slower`` in the file (``"much"`` if not measured)."""
     results = load(file)
     return results.times(faster, slower) if results else "much"
+
+
+@functools.cache
+def _policy_files() -> tuple[str, ...]:
+    return tuple(sorted(p.name for p in RESULTS_DIR.glob("cpu-policy-*.json")))
+
+
+def policy_file(cpu_name: str, default: str, *configs: str) -> str:
+    """The policy results file to quote for a CPU the probe names ``cpu_name``: one measured on a CPU of that
+    name holding every one of ``configs`` (the same microarchitecture), else ``default`` (the nearest kind).
+
+    Args:
+        cpu_name: The probe's name for the CPU (`CpuInfo.name`).
+        default: The file that speaks for this kind of CPU where none of its name was measured.
+        *configs: The configurations the reason quotes.
+
+    Returns:
+        A file name under ``results/``.
+    """
+    for file in _policy_files():
+        results = load(file)
+        if results is not None and results.machine_kind == cpu_name and results.has(*configs):
+            return file
+    return default
+
+
+def _cpu_name(recorded: str) -> str:
+    """A zoo report's ``environment.cpu`` (``"Intel(R) Xeon(R) ..., 2 logical cores"``) as the probe names it."""
+    name = re.sub(r",\s*\d+ logical cores?$", "", recorded)
+    return " ".join(re.sub(r"\((R|TM)\)", "", name, flags=re.I).split())
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """One model of a committed zoo run: each configuration's samples/s per repetition, and how it was made.
+
+    Attributes:
+        model: The zoo model's name.
+        reps: Each configuration's samples/s, one per interleaved repetition.
+        loss_ok: Each configuration's loss parity with float32 (within the float32 seed spread).
+        source: The results file and the run (`Results`), for the reason to quote.
+    """
+
+    model: str
+    reps: Mapping[str, tuple[float, ...]]
+    loss_ok: Mapping[str, bool]
+    source: Results
+
+
+@functools.cache
+def zoo_results(cpu_name: str) -> tuple[ZooModel, ...]:
+    """The models of every committed zoo run measured on a CPU the probe names ``cpu_name``.
+
+    Args:
+        cpu_name: The probe's name for the CPU.
+
+    Returns:
+        The measured models (none where no zoo run of this CPU kind is committed).
+    """
+    found: list[ZooModel] = []
+    for path in sorted(RESULTS_DIR.glob("zoo-*/**/zoo.json")):
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            env = doc["environment"]
+            if _cpu_name(str(env.get("cpu") or "")) != cpu_name:
+                continue
+            file = path.relative_to(RESULTS_DIR).as_posix()
+            for m in doc["models"]:
+                configs = m["configs"]
+                medians = {n: float(c["samples_per_s"]["median"]) for n, c in configs.items()}
+                source = Results(file, cpu_name, str(env.get("tensorflow") or "?"), str(doc.get("command") or "?"),
+                                 str(doc.get("date") or "?"), medians)
+                found.append(ZooModel(str(m["model"]), {n: tuple(float(r) for r in c["samples_per_s"]["reps"])
+                                                        for n, c in configs.items()},
+                                      {n: bool(c.get("loss_within_spread")) for n, c in configs.items()}, source))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):  # unreadable: not evidence
+            continue
+    return tuple(found)

@@ -9,11 +9,13 @@ many times slower than float32 even on a bf16 CPU. Every figure quoted comes fro
 
 from __future__ import annotations
 
-from amp_backends.assessment import EMULATED, FUNCTIONAL, NATIVE, UNSAFE, Evidence, Float32Layer, Support
+from amp_backends.backend_api import (EMULATED, FUNCTIONAL, NATIVE, UNSAFE, Evidence, Float32Layer, PeerVerdict,
+                                      Support)
 from amp_backends.registry import Peer
 from amp_backends.hardware import CpuInfo
 
-from .measured import LAYERS, WITH_BF16, WITH_FP16, WITHOUT_BF16, evidence, load, quote, times
+from .measured import (LAYERS, WITH_BF16, WITH_FP16, WITHOUT_BF16, ZooModel, evidence, load, policy_file, quote,
+                       times, zoo_results)
 from .onednn import FLOAT16_FLAGS, VARIABLE, OneDnnState, onednn_takes_float16
 
 OFF = " onednn=0"  # the suffix of the configurations measured with TF_ENABLE_ONEDNN_OPTS=0
@@ -23,9 +25,10 @@ def bf16_flags(cpu: CpuInfo) -> str:
     return ", ".join(sorted(cpu.flags & {"avx512_bf16", "amx_bf16", "bf16"}))
 
 
-def measured_file(cpu: CpuInfo) -> str:
-    """The results file that speaks for this kind of CPU: one with bf16 instructions, or one without."""
-    return WITH_BF16 if cpu.native_bf16 else WITHOUT_BF16
+def measured_file(cpu: CpuInfo, *configs: str) -> str:
+    """The results file that speaks for this CPU: one measured on a CPU the probe names alike holding ``configs``,
+    else one of its kind (with bf16 instructions, or without)."""
+    return policy_file(cpu.name, WITH_BF16 if cpu.native_bf16 else WITHOUT_BF16, *configs)
 
 
 def _config(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool, name: str) -> str:
@@ -49,17 +52,19 @@ def _too_late(onednn: OneDnnState) -> str:
 def bf16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Support:
     which = bf16_flags(cpu)
     if bf16_runs_fast(cpu, onednn, itex_active):
+        on = policy_file(cpu.name, WITH_BF16, "mixed_bfloat16", "float32")
         runner = "ITEX's oneDNN runs them" if itex_active else f"TensorFlow runs oneDNN ({onednn.why})"
         return Support(NATIVE, f"the CPU has bf16 instructions ({which}) and {runner}: bf16 matmuls and convolutions "
-                               f"run natively, without loss scaling ({quote(WITH_BF16, 'mixed_bfloat16', 'float32')})",
+                               f"run natively, without loss scaling ({quote(on, 'mixed_bfloat16', 'float32')})",
                        f"bf16 instructions ({which}) with oneDNN"
-                       + ("" if (x := times(WITH_BF16, "mixed_bfloat16", "float32")) == "much" else
+                       + ("" if (x := times(on, "mixed_bfloat16", "float32")) == "much" else
                           f": {x} float32's speed where measured"),
-                       evidence(WITH_BF16, "mixed_bfloat16", "float32"))
+                       evidence(on, "mixed_bfloat16", "float32"))
     if cpu.native_bf16:
-        slower = times(WITH_BF16, "float32" + OFF, "mixed_bfloat16" + OFF)
-        figures = quote(WITH_BF16, "float32" + OFF, "mixed_bfloat16" + OFF)
-        measured = evidence(WITH_BF16, "float32" + OFF, "mixed_bfloat16" + OFF)
+        off = policy_file(cpu.name, WITH_BF16, "float32" + OFF, "mixed_bfloat16" + OFF)
+        slower = times(off, "float32" + OFF, "mixed_bfloat16" + OFF)
+        figures = quote(off, "float32" + OFF, "mixed_bfloat16" + OFF)
+        measured = evidence(off, "float32" + OFF, "mixed_bfloat16" + OFF)
         brief = f"oneDNN is off: TensorFlow's own bfloat16 kernels ran {slower} slower than float32"
         if onednn.switched_off:
             return Support(EMULATED, f"{VARIABLE}={onednn.variable}: without oneDNN, TensorFlow runs bfloat16 in "
@@ -77,11 +82,12 @@ def bf16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Suppor
         return Support(UNSAFE, "this CPU has no bf16 instructions (no avx512_bf16, amx_bf16) and ITEX is loaded: "
                                "ITEX's oneDNN aborts the whole process on a bf16 matmul here",
                        "no bf16 instructions, and ITEX's oneDNN aborts on a bf16 matmul here")
-    figures = quote(WITHOUT_BF16, "float32", "mixed_bfloat16")
+    without = policy_file(cpu.name, WITHOUT_BF16, "float32", "mixed_bfloat16")
+    figures = quote(without, "float32", "mixed_bfloat16")
     return Support(EMULATED, "this CPU has no bf16 instructions (no avx512_bf16, amx_bf16 or Arm bf16): TensorFlow "
                              f"emulates bf16, far slower than float32 ({figures})",
-                   f"no bf16 instructions: emulated, {times(WITHOUT_BF16, 'float32', 'mixed_bfloat16')} slower than "
-                   "float32 where measured", evidence(WITHOUT_BF16, "float32", "mixed_bfloat16"))
+                   f"no bf16 instructions: emulated, {times(without, 'float32', 'mixed_bfloat16')} slower than "
+                   "float32 where measured", evidence(without, "float32", "mixed_bfloat16"))
 
 
 def fp16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Support:
@@ -105,10 +111,10 @@ def fp16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Suppor
                                    "also needs loss scaling", "TensorFlow's CPU kernels favour bf16")
     f32, f16 = (_config(cpu, onednn, itex_active, n) for n in ("float32", "mixed_float16"))
     return Support(EMULATED, "this CPU has no fp16 arithmetic: TensorFlow emulates float16 on the CPU, far slower than "
-                             f"float32 ({quote(measured_file(cpu), f32, f16)})",
-                   f"no fp16 arithmetic: emulated, {times(measured_file(cpu), f32, f16)} slower than float32 where "
-                   "measured",
-                   evidence(measured_file(cpu), f32, f16))
+                             f"float32 ({quote(measured_file(cpu, f32, f16), f32, f16)})",
+                   f"no fp16 arithmetic: emulated, {times(measured_file(cpu, f32, f16), f32, f16)} slower than "
+                   "float32 where measured",
+                   evidence(measured_file(cpu, f32, f16), f32, f16))
 
 
 def fp32_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool, bf16: Support) -> Support:
@@ -256,3 +262,59 @@ def peers(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool, zentf: str | Non
             found.append(Peer("ZenDNN bf16-AMP", f"ZenDNN's own bfloat16 mixed precision (zentf {zentf})",
                               env=(*zen, ("TF_ZENDNN_PLUGIN_BF16", "1"))))
     return tuple(found)
+
+
+# The plan's own rows in a zoo run, and the margin a peer must beat the better of them by in every repetition
+PLAN_RUNS = ("auto plan, trainer", "auto plan, fit")
+PEER_MARGIN = 1.05  # closer than that is noise on these machines (as the layer plan's measured choice)
+
+
+def _beats(model: ZooModel, peer: str) -> bool | None:
+    """Whether ``peer`` beat the plan's better run by `PEER_MARGIN` in every repetition (``None``: not measured)."""
+    mine = [model.reps.get(run) for run in PLAN_RUNS]
+    theirs = model.reps.get(peer)
+    if not theirs or not all(mine):
+        return None
+    best = [max(r) for r in zip(*(m for m in mine if m), strict=False)]
+    return all(t > PEER_MARGIN * b for t, b in zip(theirs, best, strict=False)) and model.loss_ok.get(peer, False)
+
+
+def judge_peers(cpu: CpuInfo, found: tuple[Peer, ...]) -> tuple[PeerVerdict, ...]:
+    """Each peer that applies on this CPU, judged from the committed zoo runs of a CPU the probe names alike.
+
+    A peer wins only where it beat the automatic plan's better run (our trainer or Keras ``fit`` under the plan)
+    by `PEER_MARGIN` in every interleaved repetition of every model measured, with its loss within float32's
+    seed spread: never on one timing.
+
+    Args:
+        cpu: The CPU.
+        found: The peers that apply here (`peers`).
+
+    Returns:
+        One verdict per peer, quoting the figures, or saying that no run of this kind of CPU measured it.
+    """
+    models = zoo_results(cpu.name)
+    verdicts = []
+    for peer in found:
+        measured = [(m, _beats(m, peer.name)) for m in models]
+        measured = [(m, won) for m, won in measured if won is not None]
+        if not measured:
+            verdicts.append(PeerVerdict(peer.name, False, f"{peer.why}: not measured on a CPU like this one "
+                                        f"({cpu.name}); `amp-backends bench --zoo --configs peers` measures it here"))
+            continue
+        won = all(w for _, w in measured)
+        figures = "; ".join(
+            f"{m.model}: {m.source.figure(peer.name)} samples/s, the plan {m.source.figure(PLAN_RUNS[0])} with the "
+            f"trainer and {m.source.figure(PLAN_RUNS[1])} with Keras fit" for m, _ in measured)
+        proof = tuple(e for m, _ in measured if (e := m.source.evidence(peer.name, *PLAN_RUNS, unit="samples/s")))
+        where = ", ".join(dict.fromkeys(f"{e.machine}, {e.run}, {e.file}" for e in proof))
+        if won:
+            verdict = f"faster than the plan by over {PEER_MARGIN - 1:.0%} in every repetition of every model measured"
+        elif all(m.source.medians[peer.name] < m.source.medians[PLAN_RUNS[0]] for m, _ in measured):
+            verdict = "slower than the plan with our trainer on every model measured"
+        else:
+            verdict = (f"not faster than the plan by {PEER_MARGIN - 1:.0%} in every repetition of every model "
+                       "measured: within the noise")
+        verdicts.append(PeerVerdict(peer.name, won, f"{peer.why}: {verdict} ({figures}; measured on {where})",
+                                    proof))
+    return tuple(verdicts)
