@@ -22,6 +22,7 @@ from amp_backends.registry import Backend
 from amp_backends.software import installed_version
 
 from . import measured
+from .kernels import NvidiaKernelAudit
 from .nvml import FASTEST_FIRST, NvmlGpu, optional, as_text, nvml_start_failure, read_nvml_gpus, visible_gpus
 
 FIT_STEPS_WHY = (
@@ -260,3 +261,11 @@ class NvidiaBackend(Backend):
                           derive_capabilities(device.device_name, device.compute_capability))
         return BackendProbe("nvidia", True, f"1 GPU(s): {acc.name} (CC {acc.cc_str}) [catalogue: {device.source}]",
                             devices=(acc,), details=(("catalogue", device.source),), facts=NvidiaFacts())
+
+    def kernel_audit(self) -> NvidiaKernelAudit:
+        """The measured steps traced with TensorFlow's profiler, every GPU kernel classified by name (`kernels`).
+
+        Returns:
+            The NVIDIA backend's `NvidiaKernelAudit`.
+        """
+        return NvidiaKernelAudit()
