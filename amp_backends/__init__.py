@@ -51,9 +51,9 @@ _LAZY = {
     "LayerPlan": ".layer_plan",
     "check_model": ".model_check",
     "ModelCheck": ".model_check",
-    "audit": ".audit",
-    "audit_trace": ".audit",
-    "Audit": ".audit",
+    "audit": ".auditing",
+    "audit_trace": ".auditing",
+    "Audit": ".auditing",
     # training
     "Trainer": ".training",
     "TrainResult": ".training",
@@ -81,8 +81,49 @@ _MOVED = {name: "amp_backends.errors" for name in (
     "NonFiniteError", "DistributedFailure", "DataUnavailableError", "InputError", "ModelCallError",
     "CheckpointError", "CheckpointMismatchError", "TrainingInterrupted")}
 
+# The names of the old module path ``amp_backends.audit`` (the audit's package before ``audit`` named the function;
+# ``amp_backends.auditing`` now), kept for one release: reaching them there warns and gives the new place.
+_OLD_AUDIT_PATH = {"audit": "amp_backends", "audit_trace": "amp_backends", "Audit": "amp_backends",
+                   "AuditObserver": "amp_backends.auditing"}
+
+
+def _old_audit_module() -> None:
+    """Keep ``from amp_backends.audit import audit, Audit, audit_trace, AuditObserver`` working for one release.
+
+    A module object in ``sys.modules``, where the import system looks first, whose names warn and forward;
+    the attribute ``amp_backends.audit`` is never rebound: it stays the function, in every import order
+    (``import amp_backends.audit as m`` gives the function too). No code of the package runs here.
+    """
+    import sys
+    import types
+
+    name = f"{__name__}.audit"
+    if name in sys.modules:
+        return
+    module = types.ModuleType(name, f"Deprecated: the old path of {__name__}.auditing; its names moved (see "
+                                    f"{__name__}.audit, the function).")
+
+    def forward(attr: str) -> Any:
+        new = _OLD_AUDIT_PATH.get(attr)
+        if new is None:
+            raise AttributeError(f"module {name!r} has no attribute {attr!r}: {name} is now the audit function; "
+                                 f"the audit's package is {__name__}.auditing, its vendor parts are in the backends")
+        import importlib
+        import warnings
+
+        warnings.warn(f"the module path {name} is deprecated: import {attr} from {new} (from {new} import {attr}); "
+                      f"{name} is now the audit function itself, and the old path goes in the next release",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(new), attr)
+
+    vars(module).update(__getattr__=forward, __all__=sorted(_OLD_AUDIT_PATH))
+    sys.modules[name] = module
+
+
+_old_audit_module()
+
 if TYPE_CHECKING:  # pragma: no cover
-    from .audit import Audit, audit, audit_trace
+    from .auditing import Audit, audit, audit_trace
     from .layer_plan import LayerPlan
     from .loss_scale import LossScale
     from .configure import auto_configure, configure_for_device, current_plan, known_devices, plan_for, reset
@@ -120,10 +161,7 @@ def __getattr__(name: str) -> Any:
         authors = importlib.import_module(".backend_api", __name__).__all__ if not name.startswith("_") else ()
         where = ": it is a backend author's name, import it from amp_backends.backend_api" if name in authors else ""
         raise AttributeError(f"module 'amp_backends' has no attribute {name!r}{where}")
-    imported = importlib.import_module(module, __name__)
-    # ``audit`` names both a subpackage and its function: the subpackage (callable, it calls the function) is
-    # what Python binds on import, so it is what this name stays, whichever way it is reached first.
-    value = imported if module == f".{name}" else getattr(imported, name)
+    value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value
     return value
 

@@ -5,7 +5,9 @@ A backend (``backends/nvidia``, ``backends/intel``, ``backends/cpu``, or a third
 probe its hardware (a `BackendProbe` of `Accelerator` devices, or the host's
 `CpuInfo`), to assess what that hardware runs (an `Assessment`: a `Support` level per
 policy and setting, the `MatrixUnit` per dtype, the `Float32Layer` kinds it keeps in
-float32), to name its own `VendorSetting` values for a plan, and to apply them. `make_plan`
+float32), to name its own `VendorSetting` values for a plan, and to apply them; the audit asks it how
+to read the kernels that ran (a `KernelAudit`, turning a `Capture` into a `KernelReading` of
+`KernelRecord` values). `make_plan`
 decides the `Plan` from a `Hardware` description and a `Request`
 (`build_request`), with a `BackendRegistry` (`default_registry`: the installed ones).
 
@@ -38,6 +40,7 @@ from .assessment import (
 )
 from .hardware import (BF16, FP8, FP16, GB, TENSOR_CORES, TF32, XMX, Accelerator, BackendProbe, CpuInfo, Hardware,
                        KnownDevice)
+from .kernel_audit import CONVOLUTION, INNER_PRODUCT, MATMUL, Capture, KernelAudit, KernelReading, KernelRecord
 from .plan import BackendStatus, Plan, Rejected
 from .planner import make_plan
 from .probe import probe_hardware
@@ -58,6 +61,8 @@ __all__ = [
     "RESULTS_DIR", "Results", "load_results", "quote_results", "results_evidence",
     # the device catalogue: a backend's entries (Backend.catalogue, Backend.describe)
     "GB", "KnownDevice",
+    # the audit: how a backend reads the kernels that ran (Backend.kernel_audit)
+    "Capture", "KernelAudit", "KernelReading", "KernelRecord", "CONVOLUTION", "INNER_PRODUCT", "MATMUL",
     # planning: the request, the planner, the plan and its parts
     "BackendStatus", "LossScale", "Plan", "Rejected", "Request", "build_request", "make_plan",
     # the installed software, read without importing it

@@ -10,7 +10,9 @@ A backend answers a handful of questions:
 * `Backend.vendor_settings` and `Backend.apply` — its own settings beyond the Keras policy,
   TF32 and XLA (ITEX's math mode, say): named from the resolved plan, then applied,
 * `Backend.catalogue` and `Backend.describe` — its devices in the catalogue
-  (``plan_for(device="h100")``), and the probe each would give.
+  (``plan_for(device="h100")``), and the probe each would give,
+* `Backend.kernel_audit` — how the audit reads the kernels that ran on its devices
+  (`amp_backends.kernel_audit.KernelAudit`).
 
 Backends are registered through the ``amp_backends.backends`` entry point group, so a new vendor is
 one new folder plus one registration; `BackendRegistry` keeps them (and the reasons any failed
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 
 from .assessment import Assessment, VendorSetting
 from .hardware import BackendProbe, Hardware, KnownDevice
+from .kernel_audit import KernelAudit
 
 if TYPE_CHECKING:  # pragma: no cover
     from .plan import Plan
@@ -104,6 +107,14 @@ class Backend(abc.ABC):
         """
         raise NotImplementedError(f"the {self.name} backend has no device catalogue to describe {device.name!r}")
 
+    def kernel_audit(self) -> KernelAudit | None:
+        """How the audit reads the kernels that ran under this backend's plans (a fresh object each call).
+
+        Returns:
+            A `KernelAudit`, or ``None`` (the default): the audit then says the kernels were not measured.
+        """
+        return None
+
 
 @dataclass(frozen=True)
 class Peer:
@@ -155,6 +166,36 @@ class BackendRegistry:
             return self._backends[name]
         except KeyError:
             raise KeyError(f"No backend named {name!r}. Registered: {', '.join(self.names()) or 'none'}.") from None
+
+    def kernel_audit(self, name: str) -> KernelAudit | None:
+        """The kernel audit of the backend ``name`` (`Backend.kernel_audit`).
+
+        Args:
+            name: A backend's name.
+
+        Returns:
+            Its `KernelAudit`, or ``None`` when it offers none or no backend of that name is registered.
+        """
+        backend = self._backends.get(name)
+        return backend.kernel_audit() if backend is not None else None
+
+    def audit_environment(self) -> dict[str, str]:
+        """The variables an audited process starts with before it knows its plan: every backend's
+        `KernelAudit.environment`.
+
+        Returns:
+            Name -> value; where two backends name the same variable, the higher-priority backend's value. A
+            backend whose `Backend.kernel_audit` fails adds nothing (its own audit says why).
+        """
+        env: dict[str, str] = {}
+        for backend in self:
+            try:
+                audit = backend.kernel_audit()
+            except Exception:  # a broken third-party backend must not break the others' audits
+                continue
+            for name, value in audit.environment if audit is not None else ():
+                env.setdefault(name, value)
+        return env
 
     def __iter__(self) -> Iterator[Backend]:
         return iter(sorted(self._backends.values(), key=lambda b: -b.priority))

@@ -73,7 +73,7 @@ def trace_breakdown(logdir: str) -> dict[str, Any]:
 
 
 def onednn_breakdown(stdout: str, steps: int) -> dict[str, Any]:
-    from amp_backends.audit import onednn
+    from amp_backends.backends.cpu import verbose as onednn
 
     inside, lines = False, []
     for line in stdout.splitlines():

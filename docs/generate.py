@@ -254,6 +254,8 @@ ENVIRONMENT: dict[str, str] = {
                              "by CPU. The CPU plan reads it (bfloat16 is fast only with oneDNN).",
     "ONEDNN_VERBOSE": "oneDNN's: `1` prints every primitive it runs. The audit sets it in its child process; the "
                       "trainer's `audit` needs it set when the program starts (`amp-backends train --audit` does).",
+    "AMP_AUDIT_BACKEND": "Set by the audit in its child process when it was given a plan: the plan's backend, whose "
+                         "kernel audit reads what ran even where that backend is not available there.",
     "ITEX_FP32_MATH_MODE": "ITEX's float32 math mode (`TF32` on an Intel Data Center GPU Max, `BF32` on AMX CPUs): "
                            "set by the Intel backend as the plan's `tf32` says.",
     "TF_USE_LEGACY_KERAS": "`1`: `tf.keras` is tf-keras (Keras 2) on TensorFlow >= 2.16; the plan follows it.",
@@ -503,10 +505,12 @@ def support_matrix() -> str:
 def finding_codes() -> dict[str, set[str]]:
     """Every finding code the library emits, read from its code: the precision check's rules
     (``.add(severity, "code", ...)`` and ``Finding(severity, "code", ...)`` in ``amp_backends/model_check``) and
-    the audit's (``"code": "..."``)."""
+    the audit's (``"code": "..."`` in ``amp_backends/auditing`` and in the backends' kernel audits)."""
     codes: dict[str, set[str]] = {"check": set(), "audit": set()}
-    for part, folder in (("check", "model_check"), ("audit", "audit")):
-        for path in (ROOT / "amp_backends" / folder).rglob("*.py"):
+    folders = [("check", ROOT / "amp_backends" / "model_check"), ("audit", ROOT / "amp_backends" / "auditing"),
+               *(("audit", path.parent) for path in sorted((ROOT / "backends").glob("*/__init__.py")))]
+    for part, folder in folders:
+        for path in folder.rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 # rules.add(severity, "code", ...) and Finding(severity, "code", ...)
                 func = getattr(node, "func", None)

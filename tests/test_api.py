@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 import subprocess
 import sys
 import typing
@@ -39,7 +40,9 @@ MOVED_TO_ERRORS = ["AmpConfigError", "BackendError", "CheckpointError", "Checkpo
 
 BACKEND_AUTHORS = ["Accelerator", "Assessment", "Backend", "BackendProbe", "BackendRegistry", "CpuInfo", "Float32Layer",
                    "Hardware", "MatrixUnit", "Request", "Support", "VendorSetting", "build_request",
-                   "default_registry", "make_plan", "probe_hardware"]
+                   "default_registry", "make_plan", "probe_hardware",
+                   # the kernel audit (Backend.kernel_audit)
+                   "Capture", "KernelAudit", "KernelReading", "KernelRecord"]
 
 
 def exception_classes(module) -> dict[str, type]:
@@ -68,24 +71,64 @@ def test_every_top_level_name_resolves():
     assert amp_backends.ModelCheck.__name__ == "ModelCheck" and amp_backends.TrainResult.__name__ == "TrainResult"
 
 
-def test_audit_stays_the_callable_subpackage_whichever_way_it_is_reached_first():
-    """``amp_backends.audit`` reached as an attribute first (``amp_backends.audit(...)``) used to rebind the name to
-    the bare function, so a later ``from amp_backends import audit`` or ``amp_backends.audit.AuditObserver``
-    failed, depending on what ran before in the process."""
-    import subprocess
-    import sys
+# Every order in which a program may reach ``amp_backends.audit`` first: each must leave it the function.
+IMPORT_ORDERS = {
+    "the attribute": "import amp_backends\nfirst = amp_backends.audit\n",
+    "from the face": "from amp_backends import audit as first\nimport amp_backends\n",
+    "the package first": "import amp_backends.auditing\nimport amp_backends\nfirst = amp_backends.audit\n",
+    "the old module path": "import amp_backends.audit\nimport amp_backends\nfirst = amp_backends.audit\n",
+    "the old path, as": "import amp_backends.audit as first\nimport amp_backends\n",
+    "a name from the old path": "from amp_backends.audit import audit as first\nimport amp_backends\n",
+    "the observer from the old path": "from amp_backends.audit import AuditObserver\nimport amp_backends\n"
+                                      "first = amp_backends.audit\n",
+    "the trainer's observer": "import amp_backends.training.observers as o\nimport amp_backends\n"
+                              "o.audit_observer\nimport amp_backends.auditing.observer\nfirst = amp_backends.audit\n",
+}
 
-    code = (
-        "import amp_backends, types\n"
-        "first = amp_backends.audit\n"
-        "from amp_backends import audit as module\n"
-        "import amp_backends.audit as imported\n"
-        "assert first is module is imported is amp_backends.audit, (first, module, imported)\n"
-        "assert isinstance(module, types.ModuleType) and callable(module)\n"
-        "assert callable(module.audit) and callable(module.audit_trace) and module.AuditObserver.__name__\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+@pytest.mark.parametrize("order", list(IMPORT_ORDERS))
+def test_audit_is_the_function_whichever_way_it_is_reached_first(order):
+    """``amp_backends.audit`` is the function, never a module, in every import order; its package is
+    ``amp_backends.auditing`` (it used to be a package that made itself callable)."""
+    code = (IMPORT_ORDERS[order] + "import inspect, warnings\n"
+            "from amp_backends.auditing import audit, AuditObserver\n"
+            "assert first is audit is amp_backends.audit, (first, audit, amp_backends.audit)\n"
+            "assert inspect.isfunction(audit) and audit.__module__ == 'amp_backends.auditing'\n"
+            "from amp_backends import audit as again\n"
+            "assert again is audit and amp_backends.auditing.audit is audit\n")
+    done = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", code], capture_output=True,
+                          text=True, timeout=120, cwd=NEUTRAL_CWD)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name, new", [("audit", "amp_backends"), ("Audit", "amp_backends"),
+                                       ("audit_trace", "amp_backends"), ("AuditObserver", "amp_backends.auditing")])
+def test_the_old_audit_module_path_still_works_for_a_release_with_a_deprecation_warning(name, new):
+    import importlib
+
+    import amp_backends.auditing
+
+    old = importlib.import_module("amp_backends.audit")
+    said = rf"import {name} from {re.escape(new)} \(from {re.escape(new)} import {name}\)"
+    with pytest.warns(DeprecationWarning, match=said):
+        value = getattr(old, name)
+    assert value is getattr(amp_backends.auditing, name)
+    assert inspect.isfunction(amp_backends.audit)  # the attribute stays the function
+
+
+def test_the_old_audit_module_path_warns_where_it_is_imported_and_names_nothing_else():
+    code = ("import warnings\nwarnings.simplefilter('error')\n"
+            "try:\n    from amp_backends.audit import audit, Audit, audit_trace, AuditObserver\n"
+            "except DeprecationWarning as w:\n    print('warned:', w)\n"
+            "warnings.simplefilter('ignore')\n"
+            "from amp_backends.audit import audit, Audit, audit_trace, AuditObserver\n"
+            "import amp_backends\nassert audit is amp_backends.audit and Audit is amp_backends.Audit\n"
+            "try:\n    from amp_backends.audit import parse\nexcept ImportError as e:\n    print('refused:', e)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=NEUTRAL_CWD)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "warned: the module path amp_backends.audit is deprecated: import audit from amp_backends" in done.stdout
+    assert "refused: cannot import name 'parse'" in done.stdout
 
 
 def test_every_error_the_library_defines_is_an_amp_error_listed_in_errors():
@@ -166,8 +209,8 @@ def test_backend_api_imports_no_tensorflow():
 
 
 def test_public_functions_that_take_a_plan_say_so_in_their_types():
-    from amp_backends import audit as audit_module
-    from amp_backends.audit.observer import AuditObserver
+    from amp_backends import auditing as audit_module
+    from amp_backends.auditing.observer import AuditObserver
     from amp_backends.model_check import check as check_module
     from amp_backends import layer_plan
     from amp_backends.layer_plan import LayerPlan
@@ -190,8 +233,6 @@ def _public_callables():
         obj = getattr(amp_backends, name)
         if name.startswith("__"):
             continue
-        if inspect.ismodule(obj):  # ``audit``: the callable subpackage
-            obj = obj.audit
         if inspect.isclass(obj):
             init = obj.__dict__.get("__init__")
             doc = (inspect.getdoc(obj) or "") + "\n" + (inspect.getdoc(init) or "" if init else "")

@@ -1,5 +1,6 @@
-"""GPU kernel names classified from recorded public profiles (tests/data/nvidia_kernels.json lists each name
-with its source), XLA fusions by their HLO, and profiler traces read into an audit. No TensorFlow, no GPU."""
+"""The NVIDIA backend's kernel audit: GPU kernel names classified from recorded public profiles
+(tests/data/nvidia_kernels.json lists each name with its source), XLA fusions by their HLO, and profiler traces
+read into an audit. No TensorFlow, no GPU."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from amp_backends.audit import audit_trace, classify, read_trace
-from amp_backends.audit.nvidia import events_from_trace_json
+from amp_backends import audit_trace
+from amp_backends.backends.nvidia.kernels import classify, events_from_trace_json, read_trace
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "nvidia_kernels.json").read_text())["kernels"]
 
@@ -63,6 +64,7 @@ def test_a_trace_file_is_read_into_gpu_kernels_and_audited(tmp_path):
     assert events[0].name.startswith("ampere_") and len(events) == 4
     assert events[0].op == "model/dense/MatMul:MatMul"
     d = audit_trace(path).to_dict()
+    assert d["device"] == "nvidia" and d["source"] == "TensorFlow profiler trace"
     assert d["time_share_by_dtype"] == {"bfloat16": 0.6, "float32": 0.2, "unknown": 0.2}
     assert d["matrix_unit_share"] == 0.6 and d["unknown_share"] == 0.2
     assert d["other_time_ms"] == pytest.approx(0.005)
@@ -106,8 +108,8 @@ def test_an_xplane_protobuf_is_read_through_tensorflows_own_schema(tmp_path):
 
 
 def test_gpu_kernels_are_joined_to_layers_by_their_ops_name_scopes():
-    from amp_backends.audit.build import from_trace
-    from amp_backends.audit.nvidia import KernelEvent
+    from amp_backends.auditing.build import from_reading
+    from amp_backends.backends.nvidia.kernels import KernelEvent, reading
 
     layers = [{"path": "mnist_cnn/dense", "class_name": "Dense", "kernel_shape": [9216, 128],
                "compute_dtype": "float16"},
@@ -118,5 +120,20 @@ def test_gpu_kernels_are_joined_to_layers_by_their_ops_name_scopes():
               KernelEvent("volta_sgemm_128x64_nn", 10.0, op="gradient_tape/mnist_cnn_1/dense_1/MatMul_1:MatMul"),
               KernelEvent("volta_sgemm_128x64_nn", 1.0, op="some/other/MatMul:MatMul")]
     plan = {"backend": "nvidia", "policy": "mixed_float16", "compute_dtype": "float16", "xla": False}
-    islands = from_trace(events, plan, layers=layers).to_dict()["float32_islands"]
+    islands = from_reading(reading(events), {"plan": plan, "layers": layers}).to_dict()["float32_islands"]
     assert [(i["layers"], i["matched"]) for i in islands] == [(["mnist_cnn/dense_1"], "layer"), ([], "unmatched")]
+
+
+def test_the_child_reads_the_trace_in_its_work_folder_and_says_so_when_no_gpu_ran(tmp_path):
+    """The kernel audit's side of the child: the trace ``begin`` wrote into the work folder is read; a run where
+    TensorFlow listed no GPU (nothing traced) is not measured, with the reason."""
+    from amp_backends.kernel_audit import Capture
+    from amp_backends.registry import default_registry
+
+    kernel_audit = default_registry().get("nvidia").kernel_audit()
+    assert kernel_audit.device == "nvidia" and kernel_audit.reads_traces and kernel_audit.environment == ()
+    (tmp_path / "host.trace.json").write_text(json.dumps(trace_doc()))
+    read = kernel_audit.read(Capture(doc={"facts": {"gpu": True}}, workdir=str(tmp_path)))
+    assert read.measured and len(read.records) == 4 and read.records[0].op == "model/dense/MatMul:MatMul"
+    nothing = kernel_audit.read(Capture(doc={"facts": {"gpu": False}}, workdir=str(tmp_path)))
+    assert not nothing.measured and not nothing.records and "no GPU" in nothing.notes[0]

@@ -1,4 +1,5 @@
-"""The audit's CPU side without TensorFlow: oneDNN verbose records, layer matching, the report and its verdicts.
+"""The audit's CPU side without TensorFlow: the CPU backend's kernel audit (oneDNN verbose records), layer
+matching, the report and its verdicts.
 
 Recorded lines (tests/data): ``onednn_tf221_mnist_bf16.txt`` is one training step of the MNIST CNN under
 mixed_bfloat16, TF 2.21 (oneDNN v3.7.3) on an AMD EPYC Zen 4 (avx512_bf16), batch 64, ``ONEDNN_VERBOSE=1``;
@@ -12,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from amp_backends.audit import onednn
-from amp_backends.audit.build import from_onednn
-from amp_backends.audit.match import LayerKernel, match
-from amp_backends.audit.report import Audit, Entry
-from amp_backends.audit.runner import overrides_env, split_output
+from amp_backends.auditing.build import from_reading
+from amp_backends.auditing.match import LayerKernel, match
+from amp_backends.auditing.report import Audit, Entry
+from amp_backends.auditing.runner import overrides_env, split_output
+from amp_backends.backends.cpu import verbose as onednn
+from amp_backends.kernel_audit import Capture
+from amp_backends.registry import default_registry
 
 DATA = Path(__file__).parent / "data"
 TF221 = (DATA / "onednn_tf221_mnist_bf16.txt").read_text().splitlines()
@@ -31,10 +34,36 @@ BF16_PLAN = {"backend": "cpu", "policy": "mixed_bfloat16", "compute_dtype": "bfl
 F32_PLAN = {"backend": "cpu", "policy": "float32", "compute_dtype": "float32", "xla": False}
 
 
-def doc(plan=BF16_PLAN, **extra):
+def doc(plan=BF16_PLAN, **facts):
+    """The child's document: ``facts`` are what the CPU's kernel audit recorded (``onednn_opts``, ``cpu_avx512``)."""
     return {"model": "mnist_cnn", "plan": plan, "batch_size": 64, "steps": 1, "step_time_ms": 20.0,
             "layers": MNIST_LAYERS, "findings": [{"code": "float32-compute", "layer": "mnist_cnn/dense_1",
-                                                  "what": "pinned to float32"}], **extra}
+                                                  "what": "pinned to float32"}], "facts": facts}
+
+
+def from_onednn(lines, doc, header=()):
+    """The audit of a CPU run, through the backend interface: the CPU backend's kernel audit reads the captured
+    lines, the core builds the report from its reading."""
+    reading = default_registry().get("cpu").kernel_audit().read(Capture(tuple(lines), tuple(header), doc))
+    return from_reading(reading, doc)
+
+
+def test_the_cpu_kernel_audit_starts_onednn_verbose_and_keeps_its_records():
+    """The CPU backend's side of the audit: the child starts with ``ONEDNN_VERBOSE=1`` (every backend's variables:
+    the child plans once it runs), the trainer's observer keeps the ``onednn_verbose`` lines, and the facts the
+    reading needs are recorded in the audited process."""
+    registry = default_registry()
+    kernel_audit = registry.get("cpu").kernel_audit()
+    assert (kernel_audit.device, kernel_audit.environment) == ("cpu", (("ONEDNN_VERBOSE", "1"),))
+    assert registry.audit_environment() == {"ONEDNN_VERBOSE": "1"}
+    assert kernel_audit.record_prefix == "onednn_verbose" and not kernel_audit.reads_traces
+    assert kernel_audit.capturing({"ONEDNN_VERBOSE": "1"}) and kernel_audit.capturing({"DNNL_VERBOSE": "2"})
+    assert not kernel_audit.capturing({"ONEDNN_VERBOSE": "0"}) and not kernel_audit.capturing({})
+    assert set(kernel_audit.facts()) == {"onednn_opts", "cpu_avx512"}
+    reading = kernel_audit.read(Capture(tuple(TF221), (), doc()))
+    assert reading.device == "cpu" and reading.not_visible is None and len(reading.records) == len(onednn.parse(TF221))
+    conv = next(r for r in reading.records if r.kind == "convolution")
+    assert (conv.problem, conv.shape["ic"], conv.op) == ("convolution", 1, None)
 
 
 def test_a_v3_7_convolution_record_is_read_field_by_field():
@@ -87,7 +116,7 @@ def test_older_formats_timestamps_and_math_modes():
 def test_records_are_matched_to_layers_by_kernel_shape():
     layers = [LayerKernel.from_dict(d) for d in MNIST_LAYERS]
     records = [r for r in onednn.parse(TF221) if r.is_compute]
-    matched = {(r.kind, r.problem): match(r, layers) for r in records}
+    matched = {(r.kind, r.problem): match(r.kernel_record(), layers) for r in records}
     assert all(len(v) == 1 for v in matched.values()), matched
     assert matched[("matmul", "9216x64:64x128")] == ["mnist_cnn/dense"]       # gradient of the weights
     assert matched[("matmul", "64x128:128x9216")] == ["mnist_cnn/dense"]      # gradient of the input
@@ -95,7 +124,7 @@ def test_records_are_matched_to_layers_by_kernel_shape():
     assert matched[("inner_product", "mb64ic128oc10")] == ["mnist_cnn/dense_1"]
     assert {m[0] for (k, _), m in matched.items() if k == "convolution"} == {"mnist_cnn/conv2d", "mnist_cnn/conv2d_1"}
     twins = layers + [LayerKernel("m/other", "Dense", (128, 10), "float32")]
-    assert len(match(next(r for r in records if r.kind == "gemm_api"), twins)) == 2  # ambiguous: both named
+    assert len(match(next(r for r in records if r.kind == "gemm_api").kernel_record(), twins)) == 2  # ambiguous
 
 
 def test_records_go_to_the_step_ops_of_their_dtype_and_shape_before_any_kernel_shape():
@@ -147,6 +176,7 @@ def test_a_float32_run_has_no_bf16_time_and_no_islands():
 def test_no_onednn_matrix_primitive_means_outside_onednn_and_no_dtypes():
     eigen_sgemm = [line for line in TF221 if ",gemm_api," in line]
     audit = from_onednn(eigen_sgemm, doc(onednn_opts="0"))
+    assert audit.device == "cpu" and audit.warnings()[0]["code"] == "eigen-bfloat16"
     d = audit.to_dict()
     assert "outside oneDNN (Eigen)" in d["outside_onednn"] and "TF_ENABLE_ONEDNN_OPTS=0" in d["outside_onednn"]
     assert d["time_share_by_dtype"] == {} and d["unknown_share"] == 1.0 and d["float32_islands"] == []
@@ -176,7 +206,7 @@ def test_the_child_output_is_split_at_its_markers_and_overrides_become_amp_varia
 
 
 def test_a_model_object_or_an_unimportable_factory_is_refused_before_anything_runs():
-    from amp_backends.audit import audit
+    from amp_backends.auditing import audit
 
     class FakeModel:
         layers = ()
@@ -194,7 +224,7 @@ def test_a_model_object_or_an_unimportable_factory_is_refused_before_anything_ru
 def test_the_trainer_observer_does_nothing_without_onednn_verbose(monkeypatch, caplog):
     from types import SimpleNamespace
 
-    from amp_backends.audit.observer import AuditObserver
+    from amp_backends.auditing.observer import AuditObserver
 
     monkeypatch.delenv("ONEDNN_VERBOSE", raising=False)
     obs = AuditObserver(window=(0, 1))
@@ -206,12 +236,12 @@ def test_the_trainer_observer_does_nothing_without_onednn_verbose(monkeypatch, c
     assert obs.result is None and "amp-backends audit" in caplog.text
 
 
-def test_the_package_name_is_also_the_function_and_imports_no_tensorflow():
+def test_the_audit_function_and_its_package_import_no_tensorflow():
     import subprocess
     import sys
 
-    code = ("import sys, amp_backends, amp_backends.audit\n"
-            "assert callable(amp_backends.audit) and amp_backends.audit.audit is not None\n"
+    code = ("import sys, amp_backends, amp_backends.auditing\n"
+            "assert callable(amp_backends.audit) and amp_backends.audit is amp_backends.auditing.audit\n"
             "print('tensorflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
@@ -221,16 +251,16 @@ def test_the_package_name_is_also_the_function_and_imports_no_tensorflow():
 def test_outside_onednn_names_the_real_cause():
     """With TF_ENABLE_ONEDNN_OPTS=1 already set, a forced bfloat16 plan on a CPU without AVX-512 still runs Eigen:
     TensorFlow sends bfloat16 to oneDNN only on CPUs with AVX-512. Telling the user to set the variable is wrong."""
-    from amp_backends.audit.verdict import outside_onednn_reason
+    from amp_backends.backends.cpu.verbose import outside_onednn_reason
 
-    bf16 = {"plan": {"compute_dtype": "bfloat16", "xla": False}}
-    why = outside_onednn_reason({**bf16, "onednn_opts": "1", "cpu_avx512": False}, False)
+    bf16 = {"compute_dtype": "bfloat16", "xla": False}
+    why = outside_onednn_reason({"onednn_opts": "1", "cpu_avx512": False}, bf16, False)
     assert "only on CPUs with AVX-512" in why and "although TF_ENABLE_ONEDNN_OPTS=1 is set" in why
     assert "--policy float32" in why and "set TF_ENABLE_ONEDNN_OPTS=1" not in why and "(TF_ENABLE" not in why
-    assert "only on CPUs with AVX-512" in outside_onednn_reason({**bf16, "cpu_avx512": False}, False)
-    f32 = {"plan": {"compute_dtype": "float32", "xla": False}}
-    set_already = outside_onednn_reason({**f32, "onednn_opts": "1", "cpu_avx512": False}, False)
+    assert "only on CPUs with AVX-512" in outside_onednn_reason({"cpu_avx512": False}, bf16, False)
+    f32 = {"compute_dtype": "float32", "xla": False}
+    set_already = outside_onednn_reason({"onednn_opts": "1", "cpu_avx512": False}, f32, False)
     assert "although TF_ENABLE_ONEDNN_OPTS=1 is set" in set_already and "turns it on" not in set_already
-    assert "TF_ENABLE_ONEDNN_OPTS=1 turns it on" in outside_onednn_reason({**f32, "cpu_avx512": False}, False)
-    assert "turns TensorFlow's oneDNN kernels off" in outside_onednn_reason({**bf16, "onednn_opts": "0"}, False)
-    assert outside_onednn_reason({**bf16, "onednn_opts": "1"}, True) is None
+    assert "TF_ENABLE_ONEDNN_OPTS=1 turns it on" in outside_onednn_reason({"cpu_avx512": False}, f32, False)
+    assert "turns TensorFlow's oneDNN kernels off" in outside_onednn_reason({"onednn_opts": "0"}, bf16, False)
+    assert outside_onednn_reason({"onednn_opts": "1"}, bf16, True) is None

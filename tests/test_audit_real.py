@@ -36,7 +36,7 @@ def test_the_auto_plan_runs_its_convolutions_in_bf16_kernels_with_the_output_lay
     if not cpu_has_bf16():
         pytest.skip("this CPU has no bf16 instructions: the auto plan is float32 here, nothing runs in bf16 kernels")
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
-    from amp_backends.audit import audit
+    from amp_backends import audit
 
     d = audit(MNIST, batch_size=32, steps=2).to_dict()
     assert d["plan"]["compute_dtype"] == "bfloat16" and d["outside_onednn"] is None
@@ -54,7 +54,7 @@ def test_the_auto_plan_runs_its_convolutions_in_bf16_kernels_with_the_output_lay
 
 def test_under_policy_float32_no_time_is_in_reduced_precision(monkeypatch):
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
-    from amp_backends.audit import audit
+    from amp_backends import audit
 
     d = audit(MNIST, batch_size=32, steps=1, policy="float32").to_dict()
     assert d["plan"]["policy"] == "float32"
@@ -70,7 +70,7 @@ def test_with_onednn_opts_off_the_kernels_ran_outside_onednn(monkeypatch):
         # checked on TF 2.15.1 + ITEX 2.15.0.0 (Zen 4): with it set to 0, ITEX still runs its oneDNN convolutions
         pytest.skip("TF_ENABLE_ONEDNN_OPTS does not turn ITEX's oneDNN kernels off under TF 2.15 + ITEX")
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
-    from amp_backends.audit import audit
+    from amp_backends import audit
 
     d = audit(MNIST, batch_size=8, steps=1, policy="float32").to_dict()
     assert "ran outside oneDNN (Eigen)" in d["outside_onednn"] and d["time_share_by_dtype"] == {}
@@ -159,7 +159,7 @@ def test_the_audit_runs_the_model_as_training_prepares_it_and_its_float32_layers
     if not cpu_has_bf16():
         pytest.skip("this CPU has no bf16 instructions: the auto plan is float32 here, no layer is kept in float32")
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
-    from amp_backends.audit import audit
+    from amp_backends import audit
     from amp_backends.configure import plan_for
 
     if not any(k.layer == "DepthwiseConv2D" for k in plan_for().float32_layers):
@@ -214,7 +214,7 @@ def test_a_float32_island_is_named_by_the_layer_whose_call_ran_it(tmp_path, monk
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
     (tmp_path / "audit_models.py").write_text(AUDIT_MODELS)
     monkeypatch.chdir(tmp_path)
-    from amp_backends.audit import audit
+    from amp_backends import audit
 
     d = audit(f"audit_models:{factory}", batch_size=16, steps=1, warmup=1).to_dict()
     assert d["plan"]["compute_dtype"] == "bfloat16" and d["outside_onednn"] is None

@@ -19,6 +19,7 @@ from amp_backends.commands.report import collect
 from amp_backends.configure import auto_configure, plan_for
 from amp_backends.errors import AmpWarning, BackendError
 from amp_backends.hardware import Accelerator, BackendProbe, Hardware
+from amp_backends.kernel_audit import KernelAudit
 from amp_backends.planner import make_plan
 from amp_backends.registry import Backend, BackendRegistry, default_registry
 from amp_backends.request import build_request
@@ -95,6 +96,54 @@ def test_plan_vendor_settings_and_apply(backend, registry, monkeypatch):
     assert isinstance(notes, list) and all(isinstance(n, str) for n in notes)
     for setting in plan.vendor_settings:  # a setting the backend names, it applies (and says so)
         assert any(setting.value in n for n in notes), (setting, notes)
+
+
+def test_a_kernel_audit_is_plain_data_the_audit_can_use(backend):
+    """``Backend.kernel_audit``: a fresh `KernelAudit` (or ``None``) whose environment and facts are plain strings
+    and JSON, that reads records on standard output only where its process is started to print them."""
+    audit = backend.kernel_audit()
+    if audit is None:
+        pytest.skip(f"the {backend.name} backend reads no kernels: its audits are not measured")
+    assert isinstance(audit, KernelAudit) and isinstance(audit.device, str) and audit.device
+    assert backend.kernel_audit() is not audit  # its begin/end may keep state: one object per audited run
+    assert all(isinstance(name, str) and isinstance(value, str) for name, value in audit.environment)
+    assert audit.record_prefix is None or (isinstance(audit.record_prefix, str) and audit.environment)
+    assert audit.unavailable is None or audit.unavailable.strip()
+    if audit.unavailable is None:
+        json.dumps(audit.facts())
+        assert audit.capturing(dict(audit.environment))
+
+
+class NoKernelAudit(Backend):
+    """A backend that leaves ``kernel_audit`` as the interface has it."""
+
+    name, priority = "npu", 1
+
+    def probe(self, *, use_tensorflow=False):
+        return BackendProbe(self.name, False, "none here")
+
+    def assess(self, probe, hardware):
+        raise AssertionError("not available: never assessed")
+
+
+class KernelAuditRaises(NoKernelAudit):
+    name = "broken-npu"
+
+    def kernel_audit(self):
+        raise RuntimeError("kernel audit broke")
+
+
+def test_a_backend_without_a_kernel_audit_is_reported_as_not_measured():
+    from amp_backends.auditing.build import not_measured
+
+    registry = BackendRegistry([NoKernelAudit(), KernelAuditRaises(), CpuBackend()])
+    assert NoKernelAudit().kernel_audit() is None and registry.kernel_audit("npu") is None
+    assert registry.kernel_audit("not registered") is None
+    assert registry.audit_environment() == {"ONEDNN_VERBOSE": "1"}  # the broken one adds nothing, breaks nothing
+    plan = {"backend": "npu", "policy": "float32", "compute_dtype": "float32", "xla": False}
+    d = not_measured("m:f", plan, registry.kernel_audit("npu")).to_dict()
+    assert (d["device"], d["measured"], d["source"], d["time_share_by_dtype"]) == ("npu", False, None, {})
+    assert d["notes"] == ["not measured: the npu backend does not read what ran"]
 
 
 # --------------------------------------------------------------------------------------------- broken backends

@@ -46,7 +46,7 @@ def test_a_malformed_spec_is_one_error_with_the_form_the_value_and_the_fix(spec)
 @pytest.mark.parametrize("spec", BAD[:4])
 def test_check_audit_and_the_childs_loader_refuse_a_bad_spec_with_the_same_message(spec):
     """The audit (before its child starts) and the check's loader say exactly what the parser says."""
-    from amp_backends.audit import audit
+    from amp_backends import audit
 
     with pytest.raises(FactoryError) as parsed:
         parse_factory(spec)
@@ -90,7 +90,7 @@ def test_load_factory_says_what_went_wrong(user_module, spec, message):
 
 
 def test_the_audits_child_loads_through_the_same_loader(user_module):
-    from amp_backends.audit import child
+    from amp_backends.auditing import child
 
     assert child.load_factory("user_factories:good")() == "model"
     with pytest.raises(FactoryError, match="Functions defined there: good"):

@@ -4,8 +4,9 @@ The layers, bottom to top; a module imports modules of its own layer or of the l
 above. Every import counts: at module level, inside functions (lazy ones), under ``TYPE_CHECKING``.
 
     probe       the plain data the probes fill and the readers of the installed software
-    plan        the overrides (request), the support table, the plan, the backends and their registry,
-                the planner; and keras_compat, which the plan reads (Keras version, fit keywords)
+    plan        the overrides (request), the support table, the plan, the backends and their registry (and
+                the kernel audit's side of their interface), the planner; and keras_compat, which the plan
+                reads (Keras version, fit keywords)
     apply       auto_configure: TensorFlow and Keras set as the plan says; TensorFlow's quiet import
     model code  the user's model: the precision check, fp8, the trainer, autotune, data, the examples
     commands    the command line: commands/, and the ``python -m`` entry points that start it
@@ -33,12 +34,12 @@ FACE = "amp_backends"
 LAYERS: dict[str, tuple[str, ...]] = {
     "commands": ("commands", "commands.*", "__main__", "info", "bench", "examples.*.__main__"),
     "probe": ("errors", "version", "hardware", "software", "timing", "cache", "microarch", "terminal"),
-    "plan": ("assessment", "request", "loss_scale", "layer_names", "plan", "keras_compat", "registry", "probe",
-             "planner", "devices", "backend_api", "backends", "backends.*"),
+    "plan": ("assessment", "request", "loss_scale", "layer_names", "plan", "keras_compat", "registry", "kernel_audit",
+             "probe", "planner", "devices", "backend_api", "backends", "backends.*"),
     "apply": ("apply", "configure", "tf_import"),
     "model code": ("factory", "labels", "models", "data", "zoo", "model_check", "model_check.*", "fp8",
                    "policy_choice", "prepare", "layer_plan", "measurement", "training", "training.*", "autotune",
-                   "audit", "audit.*", "examples", "examples.*"),
+                   "auditing", "auditing.*", "examples", "examples.*"),
 }
 ORDER = ("probe", "plan", "apply", "model code", "commands")
 
@@ -212,6 +213,57 @@ def test_no_vendor_names_in_core_decisions():
             continue
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             assert not vendor_test.search(line), f"{path}:{number}: vendor logic belongs in backends/: {line.strip()}"
+
+
+# Words that name a vendor, its libraries or its profiler: in the audit's core they belong to prose only.
+VENDOR_WORDS = re.compile(r"onednn|dnnl|mkldnn|nvidia|cuda|cublas|cudnn|cutlass|nvjet|xmma|xpu|itex|gpu|eigen|"
+                          r"profiler|avx|amx|gemm_api", re.IGNORECASE)
+# The audit's JSON field (schema_version 1) and its attribute keep their name.
+VENDOR_WORDS_KEPT = {"outside_onednn"}
+AUDIT_CORE = ("amp_backends.auditing", "amp_backends.auditing.*", "amp_backends.kernel_audit")
+
+
+def vendor_tokens(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, token)`` for each name, attribute, argument, definition and space-free string in ``tree`` (its
+    docstrings and messages aside: prose) that names a vendor, its libraries or its profiler."""
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            tokens = [node.value] if not re.search(r"\s", node.value) else []
+        elif isinstance(node, ast.Name):
+            tokens = [node.id]
+        elif isinstance(node, ast.Attribute):
+            tokens = [node.attr]
+        elif isinstance(node, ast.arg):
+            tokens = [node.arg]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            tokens = [node.name]
+        elif isinstance(node, ast.alias):
+            tokens = [node.name, node.asname or ""]
+        elif isinstance(node, ast.ImportFrom):
+            tokens = [node.module or ""]
+        else:
+            continue
+        found += [(getattr(node, "lineno", 0), t) for t in tokens
+                  if VENDOR_WORDS.search(t) and t not in VENDOR_WORDS_KEPT]
+    return found
+
+
+def test_the_audit_core_holds_no_vendor_parser():
+    """What ran is read by the backends (``Backend.kernel_audit``: oneDNN's records in ``backends/cpu``, NVIDIA's
+    kernels and traces in ``backends/nvidia``, the XPU's reason in ``backends/intel``); the audit's package and the
+    interface name no vendor, library or profiler in their code, only in their prose."""
+    sample = ast.parse('"""oneDNN prose."""\nPREFIX = "onednn_verbose"\nok = "ran outside oneDNN (Eigen)"\n'
+                       'if "XPU" in name:\n    profiler.start()\n')
+    assert vendor_tokens(sample) == [(2, "onednn_verbose"), (4, "XPU"), (5, "profiler")]
+    found = [f"{path}:{line}: {token}" for name, (path, _) in sorted(package_modules().items())
+             if any(fnmatch.fnmatchcase(name, p) for p in AUDIT_CORE)
+             for line, token in vendor_tokens(ast.parse(path.read_text(encoding="utf-8")))]
+    assert not found, "vendor knowledge in the audit's core; it belongs in the backend's kernel audit:\n" + "\n".join(
+        found)
 
 
 def test_the_command_line_module_imports_no_benchmark_examples_numpy_or_tensorflow():

@@ -1,7 +1,8 @@
 """``amp-backends audit MODULE:FACTORY``: train a few steps of a model in a child process and report what ran.
 
 The same factories and plan overrides as ``amp-backends check``; the overrides reach the child as ``AMP_*``
-variables, so it plans as ``auto_configure()`` would with them. See `amp_backends.audit`.
+variables, so it plans as ``auto_configure()`` would with them. See `amp_backends.audit` (its package:
+`amp_backends.auditing`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def audit_command(
     overrides: Any = None,
 ) -> None:
     """Train a few steps of MODULE:FACTORY under the plan and report the kernels that ran: dtypes, float32 islands."""
-    from ..audit import audit
+    from ..auditing import audit
     from ..errors import AmpConfigError
     from ..registry import default_registry
     from ..request import build_request

@@ -56,8 +56,11 @@ def run_example(name: str, train: Callable[[Any], Any], parsed: dict[str, Any]) 
     from ..tf_import import import_tensorflow, quiet_tensorflow_logs
 
     configure_logging()
-    if parsed.get("audit"):  # oneDNN reads it once, when it starts: before TensorFlow is imported
-        os.environ.setdefault("ONEDNN_VERBOSE", "1")
+    if parsed.get("audit"):  # the kernels' libraries read them once, when they start: before TensorFlow is imported
+        from ..registry import default_registry
+
+        for name, value in default_registry().audit_environment().items():  # oneDNN's ONEDNN_VERBOSE=1
+            os.environ.setdefault(name, value)
     try:
         import_tensorflow(quiet_tensorflow_logs())  # TensorFlow's start-up noise filtered, unless asked for
         train(RunOptions.from_parsed(parsed))

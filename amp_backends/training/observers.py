@@ -365,7 +365,7 @@ def default_observers(chief: bool, log_every: int, logdir: str | None, progress:
 
 def audit_observer(audit: bool | tuple[int, int], models: Sequence[Any], plan: Any, steps_per_call: int) -> Any:
     """``Trainer(audit=...)``: the audit of the steps after the warm-up calls (``True``) or of ``(start, stop)``."""
-    from ..audit.observer import AuditObserver
+    from ..auditing.observer import AuditObserver
 
     first = WARMUP_CALLS * steps_per_call
     window = audit if isinstance(audit, tuple) else (first, first + max(3, steps_per_call))

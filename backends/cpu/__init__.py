@@ -2,6 +2,7 @@
 
 from .backend import NO_ITEX, CpuBackend, CpuFacts, cpu_probe, parse_cpuinfo, probe_cpu
 from .onednn import OneDnnState, onednn_state
+from .verbose import CpuKernelAudit
 
-__all__ = ["NO_ITEX", "CpuBackend", "CpuFacts", "OneDnnState", "cpu_probe", "onednn_state", "parse_cpuinfo",
-           "probe_cpu"]
+__all__ = ["NO_ITEX", "CpuBackend", "CpuFacts", "CpuKernelAudit", "OneDnnState", "cpu_probe", "onednn_state",
+           "parse_cpuinfo", "probe_cpu"]

@@ -35,6 +35,7 @@ from amp_backends.software import installed_version, tensorflow_version
 from . import rules
 from .measured import FIT_STEPS, evidence, quote
 from .onednn import OneDnnState, onednn_state, read_onednn_state
+from .verbose import CpuKernelAudit
 
 RELEVANT_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_fp16", "avx512_fp16",
                   "amx_tile")
@@ -331,6 +332,14 @@ class CpuBackend(Backend):
         cpu = CpuInfo(device.cpu_vendor, device.device_name, device.arch, device.logical_cores,
                       frozenset(device.flags.split()), device.family, device.model_number)
         return device.cite(cpu_probe(cpu, NO_ITEX, reason=device.title, details=()))
+
+    def kernel_audit(self) -> CpuKernelAudit:
+        """oneDNN's verbose records (`verbose`): the audit's child starts with ``ONEDNN_VERBOSE=1``.
+
+        Returns:
+            The CPU's `CpuKernelAudit`.
+        """
+        return CpuKernelAudit(lambda: probe_cpu())
 
 
 def hide_accelerators(tf: Any) -> str | None:

@@ -10,6 +10,8 @@ Data Center GPU Max (Xe-HPC): XMX with bf16, fp16 and TF32 -> mixed_bfloat16 (no
 ITEX_FP32_MATH_MODE=TF32 for the float32 parts. Flex and Arc (Xe-HPG): XMX with bf16 and fp16, no TF32
 -> mixed_bfloat16. Integrated GPUs without XMX: fp16 only -> mixed_float16 with dynamic loss scaling.
 XLA is off: ITEX's XPU plugin applies its own graph fusions, not XLA's jit_compile clusters.
+
+The audit does not read what ran on an XPU (`XpuKernelAudit`: it says why).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from amp_backends.assessment import EMULATED, NATIVE, UNSUPPORTED, Assessment, MatrixUnit, Support, VendorSetting
 from amp_backends.hardware import KnownDevice, BF16, FP16, TF32, XMX, Accelerator, BackendProbe, Hardware
+from amp_backends.kernel_audit import KernelAudit
 from amp_backends.plan import Plan
 from amp_backends.registry import Backend
 
@@ -250,6 +253,27 @@ class IntelBackend(Backend):
         """
         facts = IntelFacts(CATALOGUE_ITEX, ("gpu",))
         return device.cite(xpu_probe([device.device_name], facts, memory_bytes=device.memory_bytes))
+
+    def kernel_audit(self) -> XpuKernelAudit:
+        """Nothing is read on an XPU: the audit says why (`XPU_REASON`).
+
+        Returns:
+            The Intel backend's `XpuKernelAudit`.
+        """
+        return XpuKernelAudit()
+
+
+XPU_REASON = ("not measured on XPU: what ran on an Intel GPU is not read. ITEX routes its matmuls and convolutions "
+              "through oneDNN's GPU engine and TensorFlow's profiler, but no Intel GPU was at hand to check what "
+              "either prints there, and ITEX is end-of-life (TensorFlow <= 2.16); "
+              "`amp-backends check` still reads the graph")
+
+
+class XpuKernelAudit(KernelAudit):
+    """What ran on an Intel GPU is not read (`XPU_REASON`): the audit reports it as not measured, without running."""
+
+    device = "xpu"
+    unavailable = XPU_REASON
 
 
 def _text(value: Any) -> str:

@@ -24,6 +24,7 @@ from amp_backends.registry import Backend
 from amp_backends.software import installed_version
 
 from . import measured
+from .kernels import NvidiaKernelAudit
 from .nvml import FASTEST_FIRST, NvmlGpu, optional, as_text, nvml_start_failure, read_nvml_gpus, visible_gpus
 
 FIT_STEPS_WHY = (
@@ -299,3 +300,11 @@ class NvidiaBackend(Backend):
         """
         gpu = (device.device_name, device.compute_capability, device.memory_bytes)
         return device.cite(gpu_probe([gpu], facts=NvidiaFacts()))
+
+    def kernel_audit(self) -> NvidiaKernelAudit:
+        """The measured steps traced with TensorFlow's profiler, every GPU kernel classified by name (`kernels`).
+
+        Returns:
+            The NVIDIA backend's `NvidiaKernelAudit`.
+        """
+        return NvidiaKernelAudit()

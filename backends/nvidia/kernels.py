@@ -1,4 +1,5 @@
-"""NVIDIA GPU kernels by name: library, dtype, Tensor Cores or not, from Volta to Blackwell; and trace reading.
+"""The NVIDIA backend's kernel audit: GPU kernels by name (library, dtype, Tensor Cores or not, from Volta to
+Blackwell), read from TensorFlow's profiler traces.
 
 TensorFlow's profiler (xprof) decides Tensor Core use by looking for ``884``/``1688``/``xmma``/``hmma`` in a
 kernel's name and counts as 16-bit only half/fp16 names (xprof ``IsKernelUsingTensorCore``): Ampere's
@@ -22,6 +23,11 @@ more (each rule's examples are recorded names, listed with their public sources 
 
 Anything else is ``other`` (elementwise, copies, reductions: not matrix work), and a matrix kernel whose
 name does not say its dtype is ``unknown``: never guessed.
+
+The audit's child traces its measured steps with TensorFlow's profiler into its work folder
+(`NvidiaKernelAudit.begin`, where TensorFlow lists a GPU); `NvidiaKernelAudit.read_trace` reads a trace
+recorded elsewhere (``amp_backends.audit_trace``). Kernels are matched to layers by their TensorFlow op's
+name scopes (`KernelRecord.op`).
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from amp_backends.kernel_audit import CONVOLUTION, MATMUL, Capture, KernelAudit, KernelReading, KernelRecord
 
 _DT = {"h": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
        "t": "bfloat16", "bf16": "bfloat16",
@@ -261,3 +269,112 @@ def _xplane_to_trace(path: str) -> dict[str, Any]:
 
 def classify_events(events: Iterable[KernelEvent]) -> list[tuple[KernelEvent, KernelClass]]:
     return [(e, classify(e.name, e.hlo)) for e in events]
+
+
+# -- the kernel audit --------------------------------------------------------------------------------------
+PROBLEMS = {"gemm": MATMUL, "conv": CONVOLUTION}
+TRACE = "TensorFlow profiler trace"
+LAYER_NOTE = ("GPU kernels are matched to layers by their TensorFlow op's name scopes where the trace gives one; XLA "
+              "fusions without HLO in the trace are unknown")
+NO_GPU = ("not measured: TensorFlow listed no GPU in the audit's process, so no GPU kernel was traced (the model ran "
+          "on the CPU)")
+
+
+def kernel_records(events: Iterable[KernelEvent]) -> tuple[KernelRecord, ...]:
+    """The trace's kernels as the audit counts them: a fusion without HLO may hold a dot, so it counts as compute
+    (of unknown dtype).
+
+    Args:
+        events: The trace's GPU kernels.
+
+    Returns:
+        One `KernelRecord` a kernel, with its TensorFlow op for matching it to a layer.
+    """
+    out = []
+    for event, k in classify_events(events):
+        compute = k.is_compute or k.kind == "fusion"
+        unit = "Tensor Cores" if k.tensor_core else ("CUDA cores" if k.tensor_core is False else "unknown")
+        out.append(KernelRecord(kind=k.kind, dtype=k.dtype, unit=unit, time_ms=event.duration_us / 1000.0,
+                                compute=compute, matrix_unit=k.tensor_core, problem=PROBLEMS.get(k.kind, ""),
+                                op=event.op))
+    return tuple(out)
+
+
+def reading(events: Iterable[KernelEvent]) -> KernelReading:
+    """The reading of a trace's GPU kernels.
+
+    Args:
+        events: The trace's GPU kernels.
+
+    Returns:
+        The kernels and the note on how they are matched to layers.
+    """
+    return KernelReading(device="nvidia", records=kernel_records(events), source=TRACE, notes=(LAYER_NOTE,))
+
+
+class NvidiaKernelAudit(KernelAudit):
+    """The measured steps traced with TensorFlow's profiler into the work folder; their GPU kernels classified by
+    name."""
+
+    device = "nvidia"
+    reads_traces = True
+
+    def __init__(self) -> None:
+        self.tracing = False
+
+    def begin(self, workdir: str) -> None:
+        """Start TensorFlow's profiler into ``workdir`` where TensorFlow lists a GPU.
+
+        Args:
+            workdir: The folder the trace goes to.
+        """
+        import tensorflow as tf
+
+        self.tracing = bool(tf.config.list_logical_devices("GPU"))
+        if self.tracing:
+            tf.profiler.experimental.start(workdir)
+
+    def end(self) -> None:
+        """Stop the profiler (it writes the trace)."""
+        if self.tracing:
+            import tensorflow as tf
+
+            tf.profiler.experimental.stop()
+
+    def facts(self) -> dict[str, Any]:
+        """Whether the measured steps were traced on a GPU.
+
+        Returns:
+            ``{"gpu": ...}``.
+        """
+        return {"gpu": self.tracing}
+
+    def read(self, capture: Capture) -> KernelReading:
+        """The GPU kernels of the trace in the work folder.
+
+        Args:
+            capture: The run's document and work folder.
+
+        Returns:
+            The kernels, or a reading that says none was traced (no GPU).
+
+        Raises:
+            ValueError: The work folder holds no trace TensorFlow's profiler wrote, or one it cannot read.
+        """
+        if not (capture.doc.get("facts") or {}).get("gpu") or not capture.workdir:
+            return KernelReading(device="nvidia", measured=False, notes=(NO_GPU,))
+        return reading(read_trace(capture.workdir))
+
+    def read_trace(self, path: str | os.PathLike[str]) -> KernelReading:
+        """The GPU kernels of a trace recorded elsewhere (`read_trace`).
+
+        Args:
+            path: A ``*.trace.json.gz``, a ``*.xplane.pb``, or the logdir that holds one.
+
+        Returns:
+            The kernels.
+
+        Raises:
+            ValueError: ``path`` holds no trace TensorFlow's profiler wrote, or one it cannot read.
+        """
+        return reading(read_trace(path))

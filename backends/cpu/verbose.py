@@ -1,4 +1,5 @@
-"""oneDNN's verbose records (``ONEDNN_VERBOSE=1``): what each executed primitive was, in what dtype, on what ISA.
+"""The CPU backend's kernel audit: oneDNN's verbose records (``ONEDNN_VERBOSE=1``), what each executed primitive
+was, in what dtype, on what ISA, and what the audit says when TensorFlow's matrix kernels ran outside oneDNN.
 
 Every primitive oneDNN executes prints one line. The formats, all read here (checked against real output,
 see ``tests/test_audit_onednn.py`` for the recorded lines and where each comes from):
@@ -14,19 +15,33 @@ see ``tests/test_audit_onednn.py`` for the recorded lines and where each comes f
 
 A timestamp (``ONEDNN_VERBOSE_TIMESTAMP=1``) between the marker and ``primitive`` is skipped. Lines that
 are not execution records (``info``, ``create``) are ignored.
+
+oneDNN reads ``ONEDNN_VERBOSE`` once, when it starts: the audit's child process starts with it
+(`CpuKernelAudit.environment`), and the trainer's observer keeps the ``onednn_verbose`` lines of its window
+(`CpuKernelAudit.record_prefix`). Kernels TensorFlow runs outside oneDNN (Eigen, with
+``TF_ENABLE_ONEDNN_OPTS=0`` or on CPUs where TensorFlow leaves oneDNN off; XLA's own kernels) print
+nothing: the reading says so (`outside_onednn_reason`) and reports no dtypes for them.
 """
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any
+
+from amp_backends.hardware import CpuInfo
+from amp_backends.kernel_audit import (CONVOLUTION, INNER_PRODUCT, MATMUL, Capture, KernelAudit, KernelReading,
+                                      KernelRecord)
 
 PREFIXES = ("onednn_verbose", "dnnl_verbose", "mkldnn_verbose")
 # Primitives that do the matrix work (their time is "compute time"); the rest is memory-bound.
 COMPUTE_KINDS = frozenset({"convolution", "deconvolution", "matmul", "inner_product", "gemm_api", "rnn", "gemm"})
 REORDER_KINDS = frozenset({"reorder"})
+# What each matrix primitive's problem descriptor describes (`KernelRecord.problem`).
+PROBLEMS = {"convolution": CONVOLUTION, "deconvolution": CONVOLUTION, "inner_product": INNER_PRODUCT,
+            "matmul": MATMUL, "gemm_api": MATMUL, "gemm": MATMUL}
 
 # oneDNN data types -> the names the report uses
 DTYPES = {
@@ -142,6 +157,12 @@ class Record:
         out.update(dtype=self.dtype, unit=self.unit, on_matrix_unit=self.on_matrix_unit)
         return out
 
+    def kernel_record(self) -> KernelRecord:
+        """The record as the audit counts it (`KernelRecord`), its problem's sizes kept for matching it to a layer."""
+        return KernelRecord(kind=self.kind, dtype=self.dtype, unit=self.unit, time_ms=self.time_ms,
+                            compute=self.is_compute, reorder=self.is_reorder, matrix_unit=self.on_matrix_unit,
+                            emulated=self.emulated, problem=PROBLEMS.get(self.kind, ""), shape=self.shape())
+
 
 def parse_problem(problem: str) -> dict[str, int]:
     """``mb64_ic32oc64_ih26oh24kh3...`` -> ``{"mb": 64, "ic": 32, ...}``; ``64x9216:9216x128`` -> M, K, N."""
@@ -212,18 +233,153 @@ def library_version(lines: Iterable[str]) -> str | None:
     return None
 
 
-def cpu_has_avx512() -> bool | None:
+def cpu_has_avx512(read_cpu: Callable[[], CpuInfo]) -> bool | None:
     """Whether this machine's CPU has AVX-512 (TensorFlow sends bfloat16 to oneDNN only there); None on Arm.
+
+    Args:
+        read_cpu: The CPU probe (the plan's: `probe_cpu`).
 
     Returns:
         True or False on x86, ``None`` where the question does not apply (Arm) or the CPU cannot be read.
     """
-    from ..registry import default_registry
-
     try:
-        cpu = default_registry().get("cpu").probe().cpu  # the CPU backend reads it, as the plan did
+        cpu = read_cpu()
     except Exception:  # noqa: BLE001  # a fact for a message: never worth failing the audit
         return None
-    if cpu is None:
-        return None
     return None if cpu.is_arm else "avx512f" in cpu.flags
+
+
+def outside_onednn_reason(facts: Mapping[str, Any], plan: Mapping[str, Any], has_compute_records: bool) -> str | None:
+    """Why no oneDNN matrix kernel was seen, or None when some were.
+
+    Args:
+        facts: What the audited process recorded (`CpuKernelAudit.facts`: ``onednn_opts``, ``cpu_avx512``).
+        plan: The plan it ran under, as data (``compute_dtype``, ``xla``).
+        has_compute_records: Whether oneDNN ran a convolution, matmul or inner product.
+
+    Returns:
+        The reason, in words, or ``None``.
+    """
+    if has_compute_records:
+        return None
+    opts = str(facts.get("onednn_opts") or "").strip().lower()
+    if opts in ("0", "false"):
+        return "ran outside oneDNN (Eigen): TF_ENABLE_ONEDNN_OPTS=0 turns TensorFlow's oneDNN kernels off"
+    low = plan.get("compute_dtype")
+    if low == "bfloat16" and facts.get("cpu_avx512") is False:
+        return ("ran outside oneDNN (Eigen): TensorFlow sends bfloat16 ops to oneDNN only on CPUs with AVX-512, and "
+                "this CPU has none, so they ran in Eigen's emulated bfloat16 kernels"
+                + (" although TF_ENABLE_ONEDNN_OPTS=1 is set" if opts in ("1", "true") else "")
+                + "; plan float32 on this CPU (--policy float32, or drop the forced bfloat16 policy)")
+    if opts in ("1", "true"):
+        return ("ran outside oneDNN: no oneDNN matmul or convolution was executed although TF_ENABLE_ONEDNN_OPTS=1 "
+                "is set (TensorFlow read it at import: was it set after the program started?)")
+    if plan.get("xla"):
+        return "ran outside oneDNN: XLA compiled the step (its CPU kernels are its own), so oneDNN reports nothing"
+    return ("ran outside oneDNN (Eigen): no oneDNN matmul or convolution was executed; TensorFlow leaves oneDNN off "
+            "by default on CPUs without AVX512-VNNI, AVX512-BF16, AVX-VNNI or AMX "
+            "(TF_ENABLE_ONEDNN_OPTS=1 turns it on)")
+
+
+def eigen_bfloat16(outside: str) -> dict[str, str]:
+    """The warning for a bfloat16 plan whose matrix kernels ran outside oneDNN (code ``eigen-bfloat16``).
+
+    Args:
+        outside: Why they ran outside oneDNN (`outside_onednn_reason`).
+
+    Returns:
+        The warning: ``code``, ``what``, ``fix``.
+    """
+    return {"code": "eigen-bfloat16",
+            "what": f"the plan says bfloat16, but the matrix kernels {outside}; "
+                    "TensorFlow's own (Eigen) kernels have no fast bfloat16 path",
+            "fix": "unset TF_ENABLE_ONEDNN_OPTS=0 (or set it to 1), or plan float32 (--policy float32)"}
+
+
+def read_records(lines: Sequence[str], doc: Mapping[str, Any], header: Sequence[str] = ()) -> KernelReading:
+    """The reading of a CPU run: ``lines`` are the measured steps' verbose output, ``doc`` what the run recorded
+    (its ``plan``, ``steps`` and ``facts``), ``header`` the output before them (oneDNN's version banner).
+
+    Args:
+        lines: The measured steps' standard output.
+        doc: The run's document (`Capture.doc`).
+        header: The standard output before the measured steps.
+
+    Returns:
+        The records and what the CPU backend says of them.
+    """
+    records = [r.kernel_record() for r in parse(lines)]
+    plan = doc.get("plan") or {}
+    # Eigen's float32 contractions call oneDNN's sgemm (``gemm_api``) even with TensorFlow's oneDNN ops off:
+    # only a oneDNN convolution/matmul/inner-product primitive shows that TensorFlow's matrix ops ran in oneDNN.
+    has_compute = any(r.compute and r.kind != "gemm_api" for r in records)
+    eigen_sgemm = 0.0
+    if not has_compute:
+        eigen_sgemm = sum(r.time_ms for r in records if r.compute)
+        records = [replace(r, compute=False) for r in records]
+    version = library_version(header) or library_version(lines)
+    outside = outside_onednn_reason(doc.get("facts") or {}, plan, has_compute)
+    notes = []
+    if outside:
+        notes.append("kernels outside oneDNN are not visible to the audit: their dtypes are not reported "
+                     "(never guessed)")
+        if eigen_sgemm:
+            notes.append(f"{eigen_sgemm:.1f} ms of oneDNN sgemm calls (gemm_api, float32) were seen: Eigen's "
+                         "float32 contractions use it; they are not counted as compute time")
+    elif records:
+        total = sum(r.time_ms for r in records) / max(doc.get("steps") or 1, 1)
+        notes.append(f"oneDNN's own times sum to {total:.1f} ms per step; TensorFlow runs independent ops "
+                     "side by side, so this may exceed the step time")
+    warnings = (eigen_bfloat16(outside),) if outside and plan.get("compute_dtype") == "bfloat16" else ()
+    return KernelReading(device="cpu", records=tuple(records), source=f"{version or 'oneDNN'} verbose "
+                         f"({len(records)} records)", not_visible=outside, notes=tuple(notes), warnings=warnings)
+
+
+class CpuKernelAudit(KernelAudit):
+    """oneDNN's verbose records: the child starts with ``ONEDNN_VERBOSE=1``; the trainer's observer keeps the
+    ``onednn_verbose`` lines of its window.
+
+    Args:
+        read_cpu: The CPU probe, for the facts the reading needs (whether the CPU has AVX-512).
+    """
+
+    device = "cpu"
+    environment = (("ONEDNN_VERBOSE", "1"),)
+    record_prefix = "onednn_verbose"
+    records_name = "oneDNN's verbose records"
+
+    def __init__(self, read_cpu: Callable[[], CpuInfo]) -> None:
+        self.read_cpu = read_cpu
+
+    def capturing(self, environ: Mapping[str, str] | None = None) -> bool:
+        """Whether oneDNN prints its records in a process started with ``environ`` (``ONEDNN_VERBOSE``, or the older
+        ``DNNL_VERBOSE``, set to anything but 0).
+
+        Args:
+            environ: The process's environment (default: this one's).
+
+        Returns:
+            True when oneDNN prints its records there.
+        """
+        env = os.environ if environ is None else environ
+        return any(env.get(name, "0").strip().lower() not in ("", "0", "none")
+                   for name in ("ONEDNN_VERBOSE", "DNNL_VERBOSE"))
+
+    def facts(self) -> dict[str, Any]:
+        """``TF_ENABLE_ONEDNN_OPTS`` as the process started with it, and whether the CPU has AVX-512.
+
+        Returns:
+            ``{"onednn_opts": ..., "cpu_avx512": ...}``.
+        """
+        return {"onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS"), "cpu_avx512": cpu_has_avx512(self.read_cpu)}
+
+    def read(self, capture: Capture) -> KernelReading:
+        """The measured steps' verbose records (`read_records`).
+
+        Args:
+            capture: The run's standard output and document.
+
+        Returns:
+            The records and what the CPU backend says of them.
+        """
+        return read_records(capture.lines, capture.doc, capture.header)

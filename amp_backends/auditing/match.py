@@ -1,4 +1,5 @@
-"""Which layer a kernel belongs to: oneDNN records carry shapes and dtypes, not names.
+"""Which layer a kernel belongs to: a backend's records carry shapes and dtypes (oneDNN's), or the TensorFlow op
+that ran them (a profiler trace's), not the layer's name.
 
 Where the child traced its step (`step_ops`), a record is matched to the step's ops of its dtype and
 shape, and named by the layers that created them (`match_ops`): the layer whose call produced the op,
@@ -13,16 +14,18 @@ inner product one with the same ``ic`` (times the source's spatial size) and ``o
 matches a dense kernel ``(I, U)`` in any of the three directions of training: forward ``K=I, N=U``,
 gradient of the input ``K=U, N=I``, gradient of the weights ``M=I, N=U``. Several layers of the same shape
 all match: the record is then *ambiguous* and names them all. No match: *unmatched* (a matmul without
-weights, such as attention's, or a layer whose kernel this cannot read).
+weights, such as attention's, or a layer whose kernel this cannot read). The record's `KernelRecord.problem`
+says which of the three its ``shape`` describes. A record with a TensorFlow op instead (a GPU kernel of a
+trace) goes to the layer whose name is the op's innermost scope (`match_op_name`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .onednn import Record
+from ..kernel_audit import CONVOLUTION, INNER_PRODUCT, MATMUL, KernelRecord
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ class LayerKernel:
         return splits
 
 
-def _conv_matches(shape: dict[str, int], layer: LayerKernel) -> bool:
+def _conv_matches(shape: Mapping[str, int], layer: LayerKernel) -> bool:
     if not layer.is_conv:
         return False
     k = layer.kernel_shape
@@ -78,14 +81,14 @@ def _conv_matches(shape: dict[str, int], layer: LayerKernel) -> bool:
     return ic == c_in * groups and oc == c_out  # Keras keeps a grouped kernel's input channels per group
 
 
-def _ip_matches(shape: dict[str, int], layer: LayerKernel) -> bool:
+def _ip_matches(shape: Mapping[str, int], layer: LayerKernel) -> bool:
     ic = shape.get("ic", 0)
     for n in ("id", "ih", "iw"):
         ic *= shape.get(n, 1)
     return not layer.is_conv and (ic, shape.get("oc")) in layer.dense_splits()
 
 
-def _matmul_matches(shape: dict[str, int], layer: LayerKernel) -> bool:
+def _matmul_matches(shape: Mapping[str, int], layer: LayerKernel) -> bool:
     if layer.is_conv or not {"M", "K", "N"} <= shape.keys():
         return False
     m, k, n = shape["M"], shape["K"], shape["N"]
@@ -95,36 +98,40 @@ def _matmul_matches(shape: dict[str, int], layer: LayerKernel) -> bool:
     return False
 
 
-def match(record: Record, layers: Sequence[LayerKernel]) -> list[str]:
-    """The paths of the layers whose kernel shape fits ``record`` (empty: unmatched)."""
-    shape = record.shape()
+def match(record: KernelRecord, layers: Sequence[LayerKernel]) -> list[str]:
+    """The paths of the layers whose kernel shape fits ``record`` (empty: unmatched).
+
+    Args:
+        record: A backend's record, with its problem's shape.
+        layers: The model's layers with a kernel.
+
+    Returns:
+        The paths of the layers it fits.
+    """
+    shape = record.shape
     if not shape:
         return []
-    if record.kind in ("convolution", "deconvolution"):
-        test = _conv_matches
-    elif record.kind == "inner_product":
-        test = _ip_matches
-    elif record.kind in ("matmul", "gemm_api", "gemm"):
-        test = _matmul_matches
-    else:
+    tests = {CONVOLUTION: _conv_matches, INNER_PRODUCT: _ip_matches, MATMUL: _matmul_matches}
+    test = tests.get(record.problem)
+    if test is None:
         return []
     return [layer.path for layer in layers if test(shape, layer)]
 
 
-def _op_fits(shape: dict[str, int], kind: str, op: dict[str, Any]) -> bool:
-    """Whether a record of ``kind`` with problem ``shape`` can be the step's op ``op`` (any direction's)."""
+def _op_fits(shape: Mapping[str, int], problem: str, op: dict[str, Any]) -> bool:
+    """Whether a record of ``problem`` with sizes ``shape`` can be the step's op ``op`` (any direction's)."""
     if "kernel" in op:
-        if kind not in ("convolution", "deconvolution"):
+        if problem != CONVOLUTION:
             return False
         layer = LayerKernel("", "DepthwiseConv2D" if op.get("depthwise") else "Conv2D", tuple(op["kernel"]), "")
         return _conv_matches(shape, layer)
     m, k, n, batch = op["M"], op["K"], op["N"], op.get("batch", 1)
-    if kind == "inner_product":
+    if problem == INNER_PRODUCT:
         ic = shape.get("ic", 0)
         for d in ("id", "ih", "iw"):
             ic *= shape.get(d, 1)
         return shape.get("mb") in (m, m * batch) and {ic, shape.get("oc")} == {k, n}
-    if kind not in ("matmul", "gemm_api", "gemm") or not {"M", "K", "N"} <= shape.keys():
+    if problem != MATMUL or not {"M", "K", "N"} <= shape.keys():
         return False
     rows, rec_batch = shape["M"], shape.get("batch", 1)
     if (shape["K"], shape["N"]) != (k, n):
@@ -132,14 +139,22 @@ def _op_fits(shape: dict[str, int], kind: str, op: dict[str, Any]) -> bool:
     return (rows, rec_batch) == (m, batch) or rows * rec_batch == m * batch  # batches folded into rows, or not
 
 
-def match_ops(record: Record, ops: Sequence[dict[str, Any]]) -> list[str]:
-    """The layers that created the step's ops of ``record``'s dtype and shape (empty: none fits)."""
-    shape = record.shape()
+def match_ops(record: KernelRecord, ops: Sequence[dict[str, Any]]) -> list[str]:
+    """The layers that created the step's ops of ``record``'s dtype and shape (empty: none fits).
+
+    Args:
+        record: A backend's record, with its problem's shape.
+        ops: The traced step's matrix ops (`step_ops`).
+
+    Returns:
+        The paths of the layers whose ops it fits.
+    """
+    shape = record.shape
     if not shape:
         return []
     dtype = record.dtype
     return sorted({op["layer"] for op in ops
-                   if op.get("layer") and op.get("dtype") == dtype and _op_fits(shape, record.kind, op)})
+                   if op.get("layer") and op.get("dtype") == dtype and _op_fits(shape, record.problem, op)})
 
 
 def match_op_name(op: str | None, layers: Sequence[LayerKernel]) -> list[str]:

@@ -1,9 +1,10 @@
 """The audit's result: time per dtype and on the matrix units, float32 islands, contradictions with the plan.
 
-Shares are of the *compute time*: the time of the kernels that do matrix work (oneDNN convolutions,
-matmuls, inner products, gemm calls; GPU GEMM and convolution kernels, and XLA fusions whose HLO holds a
-dot or convolution). Reorders (oneDNN's layout copies) and the other primitives (pooling, eltwise) are
-listed apart. Kernels whose dtype cannot be read count as ``unknown``, never guessed.
+Shares are of the *compute time*: the time of the kernels that do matrix work, as the backend that read them
+says (`KernelRecord.compute`: oneDNN convolutions, matmuls, inner products, gemm calls; GPU GEMM and
+convolution kernels, and XLA fusions whose HLO holds a dot or convolution). Reorders (layout copies) and the
+other kernels (pooling, eltwise) are listed apart. Kernels whose dtype cannot be read count as ``unknown``,
+never guessed.
 
 JSON (`Audit.to_dict`, ``schema_version`` 1; fields are only ever added): the model, the device, the
 source of the records, the plan, the times (compute, reorders, other), the shares by dtype and by unit, the
@@ -27,7 +28,8 @@ REDUCED = ("bfloat16", "float16", "float8", "int8", "tfloat32")
 
 @dataclass(frozen=True)
 class Entry:
-    """One kernel execution, as the report counts it (from a oneDNN record or a GPU kernel)."""
+    """One kernel execution, as the report counts it (a backend's `KernelRecord` with the layers it was
+    matched to; ``problem``: the record's, which groups it in a family for the warnings)."""
 
     kind: str
     dtype: str
@@ -38,6 +40,7 @@ class Entry:
     layers: tuple[str, ...] = ()
     matrix_unit: bool | None = False
     emulated: bool = False
+    problem: str = ""
 
 
 def _shares(totals: Mapping[str, float]) -> dict[str, float]:
@@ -56,12 +59,16 @@ class Audit:
         entries: Each kernel execution counted (`Entry`).
         source: Where the records came from (oneDNN's verbose log, a profiler trace).
         measured: Whether kernels were recorded at all.
-        outside_onednn: Why the CPU's kernels were not oneDNN's (then nothing is known of them), or ``None``.
+        outside_onednn: Why the kernels that did the matrix work were not visible to the backend that read them
+            (`KernelReading.not_visible`; on a CPU: they ran outside oneDNN), then nothing is known of them; or
+            ``None``. The JSON keeps the name.
         batch_size: The batch size the steps ran at.
         steps: How many steps were audited.
         step_time_ms: The median step time.
         findings: The warnings, each with its fix.
         notes: What else the audit says.
+        backend_warnings: The warnings of the backend that read the kernels (`KernelReading.warnings`), listed
+            before the generic ones.
     """
 
     model: str
@@ -76,6 +83,7 @@ class Audit:
     step_time_ms: float | None = None
     findings: Sequence[Mapping[str, Any]] = ()
     notes: list[str] = field(default_factory=list)
+    backend_warnings: Sequence[Mapping[str, str]] = ()
 
     # -- figures ------------------------------------------------------------------------------------------
     @property
@@ -157,9 +165,14 @@ class Audit:
         return islands
 
     def warnings(self) -> list[dict[str, str]]:
+        """The contradictions between what ran and the plan, each with its ``code``, ``what`` and ``fix``.
+
+        Returns:
+            The backend's warnings, then the generic ones (`verdict`).
+        """
         from .verdict import contradictions
 
-        return contradictions(self)
+        return [dict(w) for w in self.backend_warnings] + contradictions(self)
 
     # -- output -------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Run the audit's child process and turn what it printed into an `Audit`."""
+"""Run the audit's child process and build an `Audit` from what its backend reads of the run."""
 
 from __future__ import annotations
 
@@ -10,15 +10,10 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
-from .build import from_onednn, from_trace
-from .child import BEGIN, END
-from .nvidia import read_trace
+from ..kernel_audit import Capture
+from .build import from_reading, not_measured
+from .child import BEGIN, END, PLAN_BACKEND
 from .report import Audit
-
-XPU_REASON = ("not measured on XPU: what ran on an Intel GPU is not read. ITEX routes its matmuls and convolutions "
-              "through oneDNN's GPU engine and TensorFlow's profiler, but no Intel GPU was at hand to check what "
-              "either prints there, and ITEX is end-of-life (TensorFlow <= 2.16); "
-              "`amp-backends check` still reads the graph")
 
 
 def overrides_env(plan: Any = None, **overrides: Any) -> dict[str, str]:
@@ -39,6 +34,31 @@ def overrides_env(plan: Any = None, **overrides: Any) -> dict[str, str]:
     return env
 
 
+def child_env(plan: Any = None, **overrides: Any) -> dict[str, str]:
+    """The variables the child starts with beyond this process's: the plan's and the overrides' ``AMP_*``
+    variables, and the kernel audit's environment — the given plan's backend's, else every backend's (the child
+    learns its backend only when it plans).
+
+    Args:
+        plan: The `Plan` to run under, or ``None``.
+        **overrides: Plan overrides (``policy="float32"``...).
+
+    Returns:
+        Name -> value.
+
+    Raises:
+        TypeError: An override is not one of the plan's.
+    """
+    from ..registry import default_registry
+
+    env = overrides_env(plan, **overrides)
+    registry = default_registry()
+    if plan is None:
+        return {**env, **registry.audit_environment()}
+    audit = registry.kernel_audit(plan.backend)
+    return {**env, PLAN_BACKEND: str(plan.backend), **dict(audit.environment if audit is not None else ())}
+
+
 def split_output(stdout: str) -> tuple[list[str], list[str]]:
     """(header lines before the measured steps, the measured steps' lines)."""
     lines = stdout.splitlines()
@@ -50,14 +70,20 @@ def split_output(stdout: str) -> tuple[list[str], list[str]]:
 
 def run_child(target: str, *, batch_size: int, steps: int, warmup: int, env: Mapping[str, str],
               timeout: float = 600.0) -> Audit:
-    """Run ``target`` (``MODULE:FACTORY``) in a child with oneDNN's verbose mode on; RuntimeError if it fails."""
+    """Run ``target`` (``MODULE:FACTORY``) in a child started with ``env``; the plan's backend reads what ran.
+
+    Raises:
+        RuntimeError: The child failed or ran past ``timeout``.
+    """
+    from ..registry import default_registry
+
     with tempfile.TemporaryDirectory(prefix="amp_audit_") as tmp:
         out = os.path.join(tmp, "audit.json")
-        child_env = {**os.environ, **env, "ONEDNN_VERBOSE": "1"}
-        cmd = [sys.executable, "-m", "amp_backends.audit.child", target, out, str(batch_size), str(steps), str(warmup)]
+        cmd = [sys.executable, "-m", "amp_backends.auditing.child", target, out, str(batch_size), str(steps),
+               str(warmup)]
         try:
-            proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=timeout, check=False,
-                                  cwd=os.getcwd())
+            proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout,
+                                  check=False, cwd=os.getcwd())
         except subprocess.TimeoutExpired as exc:
             raise RuntimeError(f"the audit of {target} ran past {timeout:.0f} s. Fix: fewer --steps or a smaller "
                                "--batch-size") from exc
@@ -68,18 +94,10 @@ def run_child(target: str, *, batch_size: int, steps: int, warmup: int, env: Map
                                f"Its last lines:\n{tail}")
         with open(out, encoding="utf-8") as f:
             doc = json.load(f)
+        plan = doc.get("plan") or {}
+        kernel_audit = default_registry().kernel_audit(str(plan.get("backend")))
+        if kernel_audit is None or kernel_audit.unavailable or doc.get("measured") is False:
+            return not_measured(target, plan, kernel_audit)
         header, measured = split_output(proc.stdout)
-        if doc.get("gpu") and doc.get("profile_dir"):
-            audit = from_trace(read_trace(doc["profile_dir"]), doc.get("plan", {}), doc.get("model", "?"),
-                               doc.get("steps"), doc.get("findings", []), doc.get("layers", []))
-            audit.batch_size, audit.step_time_ms = doc.get("batch_size"), doc.get("step_time_ms")
-            return audit
-        return from_onednn(measured, doc, header)
-
-
-def not_measured_on_xpu(model: str, plan: Any) -> Audit:
-    audit = Audit(model=model, device="xpu", plan={"backend": plan.backend, "policy": plan.policy,
-                                                   "compute_dtype": plan.compute_dtype, "xla": bool(plan.xla)},
-                  measured=False, source=None)
-    audit.notes.append(XPU_REASON)
-    return audit
+        capture = Capture(tuple(measured), tuple(header), doc, doc.get("workdir"))
+        return from_reading(kernel_audit.read(capture), doc)

@@ -1,14 +1,22 @@
-"""The audit's child process: ``python -m amp_backends.audit.child MODULE:FACTORY OUT.json [batch steps warmup]``.
+"""The audit's child process: ``python -m amp_backends.auditing.child MODULE:FACTORY OUT.json [batch steps warmup]``.
 
-oneDNN reads ``ONEDNN_VERBOSE`` once, when it starts, so the model runs here, in a process started with it
-set. The plan comes from the ``AMP_*`` variables (``auto_configure()``), the model from the factory; the
-model is prepared as the trainer prepares it (`amp_backends.prepare_model`: its layer plan), and the
-step trains on synthetic data of the model's input shapes (forward, the mean square of the outputs as the
-loss, gradients, an SGD update; ``jit_compile`` as the plan says). ``warmup`` steps run first (tracing,
-oneDNN's primitive creation), then the measured steps between two marker lines on stdout, so that the
-parent reads only their verbose records. The layers' kernel shapes, the step's matrix ops with the layers
-that created them (`step_ops`), the precision check's findings and the step time go to ``OUT.json``.
-On a GPU the measured steps are traced with TensorFlow's profiler.
+A vendor library may read its verbose switch once, when it starts (oneDNN's ``ONEDNN_VERBOSE``), so the
+model runs here, in a process started with the kernel audits' environment
+(`amp_backends.kernel_audit.KernelAudit.environment`). The plan comes from the ``AMP_*`` variables
+(``auto_configure()``); its backend's kernel audit reads what ran (none, or one that cannot read: nothing
+runs, and ``OUT.json`` says so). The model comes from the factory; it is prepared as the trainer prepares it
+(`amp_backends.prepare_model`: its layer plan), and the step trains on synthetic data of the model's input
+shapes (forward, the mean square of the outputs as the loss, gradients, an SGD update; ``jit_compile`` as the
+plan says). ``warmup`` steps run first (tracing, the libraries' kernel creation), then the measured steps
+between two marker lines on stdout, so that the parent reads only their output, with the kernel audit's
+`KernelAudit.begin` and `KernelAudit.end` around them (a profiler into the work folder ``OUT.json.work``).
+The layers' kernel shapes, the step's matrix ops with the layers that created them (`step_ops`), the
+precision check's findings, the step time and the kernel audit's facts go to ``OUT.json``.
+
+A plan given to `amp_backends.audit` names its backend in ``AMP_AUDIT_BACKEND``. Where that backend is not
+available here (a plan for a catalogue device, ``plan_for(device=...)``), this process plans as
+``auto_configure()`` can here with the plan's policy and XLA, so the model computes on what TensorFlow has
+(the CPU), and the given backend's kernel audit still wraps and reads the measured steps; a note says so.
 """
 
 from __future__ import annotations
@@ -20,10 +28,11 @@ import time
 from typing import Any
 
 from ..factory import load_factory
-from .onednn import cpu_has_avx512
 
 BEGIN = "amp_backends_audit:begin"
 END = "amp_backends_audit:end"
+# The backend of the plan given to the audit (its kernel audit reads the run, even where it is not available here).
+PLAN_BACKEND = "AMP_AUDIT_BACKEND"
 
 
 def _mark(text: str) -> None:
@@ -84,15 +93,30 @@ def synthetic_inputs(model: Any, batch: int) -> Any:
     return tf.nest.map_structure(make, structure)
 
 
+def _write(out_path: str, doc: dict[str, Any]) -> None:
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+
+
 def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None:
     import tensorflow as tf
 
     from ..configure import auto_configure
     from ..model_check import check_model
-
     from ..prepare import prepare_model
+    from ..registry import default_registry
 
     plan = auto_configure(verbose=False)
+    backend = os.environ.get(PLAN_BACKEND) or plan.backend
+    notes = [] if backend == plan.backend else [
+        f"the plan's {backend} backend is not available here: the model computed under this machine's "
+        f"{plan.backend} plan ({plan.policy}, xla {'on' if plan.xla else 'off'}), and the {backend} backend read "
+        "what ran"]
+    kernel_audit = default_registry().kernel_audit(backend)
+    if kernel_audit is None or kernel_audit.unavailable:  # nothing would be read: nothing runs
+        _write(out_path, {"measured": False, "plan": {"backend": backend, "policy": plan.policy,
+                                                      "compute_dtype": plan.compute_dtype, "xla": bool(plan.xla)}})
+        return
     model = load_factory(target)()
     x = synthetic_inputs(model, batch)
     # prepared exactly as training prepares it: the same layer plan (float32 layers, classifier head, the
@@ -113,10 +137,9 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
     ops = trace_step_ops(model, compiled, x)
     for _ in range(warmup):
         float(compiled(x))
-    gpu = bool(tf.config.list_logical_devices("GPU"))
-    logdir = out_path + ".profile"
-    if gpu:
-        tf.profiler.experimental.start(logdir)
+    workdir = out_path + ".work"
+    os.makedirs(workdir, exist_ok=True)
+    kernel_audit.begin(workdir)
     _mark(BEGIN)
     start = time.perf_counter()
     for _ in range(steps):
@@ -124,8 +147,7 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
     float(loss)
     elapsed = time.perf_counter() - start
     _mark(END)
-    if gpu:
-        tf.profiler.experimental.stop()
+    kernel_audit.end()
     findings = []
     try:
         findings = [f.to_dict() for f in check_model(model, plan=plan, batch_size=batch,
@@ -134,17 +156,15 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
         findings = [{"severity": "info", "code": "check-failed", "layer": model.name, "what": str(exc)}]
     doc = {
         "model": model.name,
-        "plan": {"backend": plan.backend, "policy": plan.policy, "compute_dtype": plan.compute_dtype,
+        "plan": {"backend": backend, "policy": plan.policy, "compute_dtype": plan.compute_dtype,
                  "xla": bool(plan.xla), "graph_amp": plan.graph_amp,
                  "float32_layers": list(layer_plan.float32) if layer_plan else []},
         "layer_plan": layer_plan.to_dict() if layer_plan else None,
         "batch_size": batch, "steps": steps, "step_time_ms": 1000 * elapsed / max(steps, 1),
-        "layers": layer_kernels(model), "ops": ops, "findings": findings, "gpu": gpu,
-        "profile_dir": logdir if gpu else None, "tensorflow": tf.__version__,
-        "onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS"), "cpu_avx512": cpu_has_avx512(),
+        "layers": layer_kernels(model), "ops": ops, "findings": findings, "workdir": workdir,
+        "tensorflow": tf.__version__, "facts": kernel_audit.facts(), "notes": notes,
     }
-    with open(out_path, "w", encoding="utf-8") as f:
-        json.dump(doc, f)
+    _write(out_path, doc)
 
 
 def main(argv: list[str]) -> int:

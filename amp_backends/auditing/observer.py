@@ -1,16 +1,18 @@
 """The audit as a trainer observer: ``Trainer(audit=True)`` or ``Trainer(observers=[AuditObserver(models, plan)])``.
 
-In the training process itself oneDNN has started long before the first step, so it prints its records
-only if ``ONEDNN_VERBOSE=1`` was in the environment before TensorFlow ran its first oneDNN primitive
-(``amp-backends train ... --audit`` sets it before importing TensorFlow). oneDNN writes a record for every
-primitive it runs to the process's standard output, not through Python: from the observer's creation to
-the process's end a pipe stands in front of standard output, whose reader drops those records, except in
-the window of calls covering steps ``start:stop``, which it keeps; everything else goes through to the
-terminal unchanged. The
-audit is built when the window closes (``self.result``; also logged). Without ``ONEDNN_VERBOSE`` it logs
-how to get an audit and does nothing: run ``amp-backends audit MODULE:FACTORY``, which starts its own child
-process, or start the training program with ``ONEDNN_VERBOSE=1``. On a GPU, use the trainer's profiler
-window and `amp_backends.audit.audit_trace` on its logdir.
+The plan's backend reads what ran (`amp_backends.kernel_audit.KernelAudit`), here from the lines its kernels
+print on standard output (`KernelAudit.record_prefix`; the CPU's: oneDNN's ``onednn_verbose`` records). In
+the training process itself the library has started long before the first step, so it prints its records
+only if its variables (`KernelAudit.environment`: ``ONEDNN_VERBOSE=1``) were in the environment before
+TensorFlow ran its first kernel (``amp-backends train ... --audit`` sets them before importing TensorFlow).
+The library writes a record for every kernel it runs to the process's standard output, not through Python:
+from the observer's creation to the process's end a pipe stands in front of standard output, whose reader
+drops those records, except in the window of calls covering steps ``start:stop``, which it keeps;
+everything else goes through to the terminal unchanged. The audit is built when the window closes
+(``self.result``; also logged). Without those variables it logs how to get an audit and does nothing: run
+``amp-backends audit MODULE:FACTORY``, which starts its own child process, or start the training program
+with them. A backend whose kernels print nothing (NVIDIA's: use the trainer's profiler window and
+`amp_backends.audit_trace` on its logdir) is not audited here either.
 
 It has the methods of `amp_backends.training.observers.Observer` (``on_fit_start``,
 ``before_call``, ``after_call``, ``close``) without importing the trainer.
@@ -26,8 +28,8 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .build import from_onednn
-from .onednn import cpu_has_avx512
+from ..kernel_audit import Capture, KernelAudit
+from .build import from_reading
 from .report import Audit
 
 if TYPE_CHECKING:
@@ -35,25 +37,19 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("amp_backends.train.audit")  # shown where the trainer's log lines are
 
-_RECORD = b"onednn_verbose"
 _OPEN, _CLOSE = b"\x00amp-audit-open\n", b"\x00amp-audit-close\n"
 
 
-def verbose_records_on(environ: Any = None) -> bool:
-    """Whether oneDNN prints its records in this process (``ONEDNN_VERBOSE``, or the older ``DNNL_VERBOSE``)."""
-    env = os.environ if environ is None else environ
-    return any(env.get(name, "0").strip().lower() not in ("", "0", "none") for name in ("ONEDNN_VERBOSE",
-                                                                                      "DNNL_VERBOSE"))
-
-
 class _RecordTap:
-    """Standard output (file descriptor 1) through a pipe: oneDNN's records are dropped, or kept between
-    `open_window` and `close_window`; every other line goes on to the real standard output.
+    """Standard output (file descriptor 1) through a pipe: the lines that start with one of ``prefixes`` (the
+    kernels' records) are dropped, or kept between `open_window` and `close_window`; every other line goes on
+    to the real standard output.
 
     The window's edges are marker lines written into the same stream, so the records kept are exactly
     those written between them, whatever the reader thread's lag."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: bytes) -> None:
+        self.prefixes: tuple[bytes, ...] = (prefix,)
         sys.stdout.flush()
         self._out = os.dup(1)
         read, write = os.pipe()
@@ -73,7 +69,7 @@ class _RecordTap:
                 elif line == _CLOSE:
                     self._keeping = False
                     self._closed.set()
-                elif line.startswith(_RECORD):
+                elif line.startswith(self.prefixes):
                     if self._keeping:
                         self.records.append(line.decode("utf-8", "replace").rstrip("\n"))
                 else:
@@ -104,13 +100,48 @@ class _RecordTap:
 _TAP: _RecordTap | None = None
 
 
-def record_tap() -> _RecordTap:
-    """The process's one tap, made on first use and closed at exit (it passes on what is left to print)."""
+def record_tap(prefix: str) -> _RecordTap:
+    """The process's one tap, made on first use and closed at exit (it passes on what is left to print).
+
+    Args:
+        prefix: The start of the records' lines it must take off standard output (added to the tap's).
+
+    Returns:
+        The tap.
+    """
     global _TAP
+    raw = prefix.encode()
     if _TAP is None:
-        _TAP = _RecordTap()
+        _TAP = _RecordTap(raw)
         atexit.register(_TAP.close)
+    elif raw not in _TAP.prefixes:
+        _TAP.prefixes += (raw,)
     return _TAP
+
+
+def observed_backend(plan: Plan | None) -> tuple[str, KernelAudit | None]:
+    """The backend whose kernel audit reads the trainer's window: the plan's, else (no plan) the first registered
+    backend whose kernels print records on standard output.
+
+    Args:
+        plan: The plan trained under, or ``None``.
+
+    Returns:
+        The backend's name and its kernel audit (``None``: it offers none).
+    """
+    from ..registry import default_registry
+
+    registry = default_registry()
+    if plan is not None:
+        return plan.backend, registry.kernel_audit(plan.backend)
+    for backend in registry:
+        try:
+            audit = registry.kernel_audit(backend.name)
+        except Exception:  # noqa: BLE001  # a broken third-party backend must not break the others' audits
+            continue
+        if audit is not None and audit.record_prefix and not audit.unavailable:
+            return backend.name, audit
+    return "?", None
 
 
 class AuditObserver:
@@ -130,9 +161,13 @@ class AuditObserver:
             raise ValueError(f"The audit window must be (start, stop) steps with 0 <= start < stop, such as (3, 6). "
                              f"Received: {window!r}.")
         self.result: Audit | None = None
-        self.enabled = verbose_records_on()
-        # From now on oneDNN's records leave standard output: before fit, TensorFlow already runs primitives.
-        self._tap: _RecordTap | None = record_tap() if self.enabled else None
+        self.backend, self.kernel_audit = observed_backend(plan)
+        audit = self.kernel_audit
+        self.enabled = bool(audit is not None and audit.record_prefix and not audit.unavailable and audit.capturing())
+        # From now on the records leave standard output: before fit, TensorFlow already runs kernels.
+        self._tap: _RecordTap | None = None
+        if self.enabled and audit is not None and audit.record_prefix:
+            self._tap = record_tap(audit.record_prefix)
         self._open = False
         self._steps = 0
         self._step_times: list[float] = []
@@ -143,10 +178,20 @@ class AuditObserver:
         return self.models[0] if self.models else None
 
     def on_fit_start(self, start_step: int, total_steps: int | None) -> None:
-        if not self.enabled:
-            logger.warning("audit: oneDNN's verbose records are off in this process (ONEDNN_VERBOSE was not set when "
-                           "it started), so no audit is taken. Fix: run `amp-backends audit MODULE:FACTORY`, start "
-                           "the training program with ONEDNN_VERBOSE=1, or use `amp-backends train ... --audit`")
+        audit = self.kernel_audit
+        if self.enabled:
+            return
+        if audit is None or not audit.record_prefix or audit.unavailable:
+            traces = (", or the trainer's profiler window and amp_backends.audit_trace on its logdir"
+                      if audit is not None and audit.reads_traces else "")
+            logger.warning(f"audit: the {self.backend} backend's kernels print no records in the training process, "
+                           f"so no audit is taken. Fix: run `amp-backends audit MODULE:FACTORY`{traces}")
+            return
+        names = ", ".join(name for name, _ in audit.environment)
+        assignments = " ".join(f"{name}={value}" for name, value in audit.environment)
+        logger.warning(f"audit: {audit.records_name} are off in this process ({names} was not set when it started), "
+                       "so no audit is taken. Fix: run `amp-backends audit MODULE:FACTORY`, start the training "
+                       f"program with {assignments}, or use `amp-backends train ... --audit`")
 
     def before_call(self, step: int, steps: int) -> None:
         in_window = step < self.stop and step + steps > self.start
@@ -167,7 +212,9 @@ class AuditObserver:
         lines = self._tap.close_window()  # the tap stays: later records are dropped too, until the process ends
         self._open = False
         self.done = True
-        self.result = from_onednn(lines, self._doc())
+        assert self.kernel_audit is not None
+        doc = self._doc()
+        self.result = from_reading(self.kernel_audit.read(Capture(tuple(lines), (), doc, None)), doc)
         for line in self.result.render().splitlines():
             logger.info(line)
 
@@ -176,8 +223,8 @@ class AuditObserver:
 
         plan = self.plan
         names = ", ".join(str(getattr(m, "name", "?")) for m in self.models) or "?"
-        doc: dict[str, Any] = {"model": names, "steps": self._steps,
-                               "onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS"), "cpu_avx512": cpu_has_avx512()}
+        facts = self.kernel_audit.facts() if self.kernel_audit is not None else {}
+        doc: dict[str, Any] = {"model": names, "steps": self._steps, "facts": facts}
         if self._step_times and all(self._step_times):
             doc["step_time_ms"] = 1000 * sum(self._step_times) / len(self._step_times)
         if plan is not None:

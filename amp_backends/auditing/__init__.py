@@ -1,0 +1,145 @@
+"""The audit: what actually ran — the kernels' dtypes, their share of the time, the float32 islands.
+
+The precision check (`amp_backends.model_check`) reads the graph: what *should* run. The audit runs a few
+training steps and reads what *did*::
+
+    import amp_backends
+    print(amp_backends.audit("amp_backends.models:mnist_cnn", batch_size=256))   # a table; .to_json() for machines
+
+The model runs in a child process (`child`) built from a factory: ``MODULE:FACTORY`` (the convention of
+``amp-backends check``) or a top-level function of an importable module. What ran is read by the plan's
+backend (`amp_backends.kernel_audit.KernelAudit`, `Backend.kernel_audit`): the child starts with the
+variables the backends' libraries read once, when they start, wraps the measured steps in the backend's
+``begin``/``end``, and the backend reads what was captured into kernel records. A model *object* cannot
+be audited: its process's libraries have already started, and a model does not cross into another process.
+
+- **CPU** (the CPU backend, ``backends/cpu/verbose.py``): oneDNN prints every primitive it executes
+  (``ONEDNN_VERBOSE=1``: implementation, ISA, data types, time). Kernels TensorFlow runs outside oneDNN
+  (Eigen, XLA's own) are invisible to it: the audit says so and reports no dtypes for them.
+- **NVIDIA** (``backends/nvidia/kernels.py``): the measured steps are traced with TensorFlow's profiler and
+  every GPU kernel classified by its name; `audit_trace` reads a trace you recorded yourself
+  (``Trainer(profile=...)``, TensorBoard's profiler).
+- **Intel XPU**: not measured (the reason is in the result's notes). A backend without a kernel audit: not
+  measured either.
+
+The result (`report.Audit`, built from the backend's reading in `build`): ``time_share_by_dtype``, the
+share on matrix units, the float32 islands with the layers they belong to (records with shapes are matched
+to the ops of the child's traced step of their dtype and shape, each owned by the layer whose call created
+it, else by kernel shape; records with a TensorFlow op by its name scope; `match`) joined with the
+precision check's findings, contradictions with the plan as warnings with their fix (`verdict`, and the
+backend's own), and the unknown share. JSON schema in `report`.
+
+This package was ``amp_backends.audit`` before that name became the function (`amp_backends.audit`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from ..factory import factory_spec
+from .build import from_reading, not_measured, plan_data
+from .report import Audit
+from .runner import child_env, run_child
+
+__all__ = ["Audit", "AuditObserver", "audit", "audit_trace"]
+
+if TYPE_CHECKING:
+    from ..plan import Plan
+    from .observer import AuditObserver
+
+DEFAULT_BATCH = 32
+DEFAULT_STEPS = 3
+DEFAULT_WARMUP = 2
+
+
+def _target(model_or_factory: Any) -> str:
+    if hasattr(model_or_factory, "layers") or not (callable(model_or_factory) or isinstance(model_or_factory, str)):
+        raise TypeError(
+            "audit() takes a factory (a function that builds the model, or its 'MODULE:FACTORY' string), not a model: "
+            "oneDNN reads ONEDNN_VERBOSE once, when it starts, so the model must be built in a fresh child process. "
+            f"Received {type(model_or_factory).__name__}. Fix: pass the function that builds it, such as "
+            "audit(build_model) or audit('mymodels:build')")
+    return factory_spec(model_or_factory)
+
+
+def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = DEFAULT_BATCH,
+          steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP, timeout: float = 600.0, **overrides: Any) -> Audit:
+    """Train ``steps`` steps of the model after ``warmup`` in a child process and report what ran.
+
+    Args:
+        model_or_factory: ``"MODULE:FACTORY"`` or a top-level function of an importable module that returns
+            a Keras model (see the module documentation for why a model object is refused).
+        plan: a `Plan` to run under (its backend, policy and XLA are passed to the
+            child as ``AMP_*`` variables; its backend's kernel audit reads what ran, even where that backend is
+            not available here, such as a plan for a catalogue device: the model then computes on what
+            TensorFlow has here, under this machine's plan with the given policy and XLA, and a note says so);
+            ``None``: the child plans for this machine under ``overrides``. A plan whose backend reads nothing
+            (an Intel XPU's) is reported as not measured without running anything.
+        batch_size: The synthetic batch's size.
+        steps: The measured steps.
+        warmup: The steps run before them (tracing, compilation).
+        timeout: Seconds the child may run before it is stopped.
+        **overrides: Plan overrides as in `amp_backends.auto_configure` (``policy="float32"``...).
+
+    Returns:
+        What ran (`Audit`).
+
+    Raises:
+        FactoryError: The factory is not ``MODULE:FACTORY`` or an importable function (before anything runs).
+        TypeError: A model object was given instead of its factory, or an override is not one of the plan's.
+        ValueError: A size is not a positive integer.
+        RuntimeError: The child process failed.
+    """
+    for name, value in (("batch_size", batch_size), ("steps", steps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int. Received: {value!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
+        raise ValueError(f"warmup must be an int >= 1 (the first step traces and compiles). Received: {warmup!r}")
+    target = _target(model_or_factory)
+    env = child_env(plan, **overrides)
+    if plan is not None:
+        from ..registry import default_registry
+
+        kernel_audit = default_registry().kernel_audit(plan.backend)
+        if kernel_audit is None or kernel_audit.unavailable:
+            return not_measured(target, plan_data(plan), kernel_audit)
+    return run_child(target, batch_size=batch_size, steps=steps, warmup=warmup, env=env, timeout=timeout)
+
+
+def audit_trace(path: str | os.PathLike[str], plan: Plan | None = None, *, model: str = "?") -> Audit:
+    """Classify the GPU kernels of a TensorFlow profiler trace.
+
+    The plan's backend reads it where it reads traces (`KernelAudit.read_trace`), else the first registered
+    backend that does (the NVIDIA backend).
+
+    Args:
+        path: A ``*.trace.json.gz``, a ``*.xplane.pb``, or the logdir that holds one (relative or absolute).
+        plan: The plan the trace ran under, to judge the kernels against; ``None``: none.
+        model: The model's name, for the report.
+
+    Returns:
+        What ran (`Audit`).
+
+    Raises:
+        ValueError: ``path`` holds no trace TensorFlow's profiler wrote, or one it cannot read, or no installed
+            backend reads profiler traces.
+    """
+    from ..registry import default_registry
+
+    registry = default_registry()
+    readers = [registry.kernel_audit(plan.backend)] if plan is not None else []
+    readers += [registry.kernel_audit(name) for name in registry.names()]
+    reader = next((r for r in readers if r is not None and r.reads_traces), None)
+    if reader is None:
+        raise ValueError(f"expected an installed backend that reads profiler traces, but none of "
+                         f"{', '.join(registry.names())} does. Fix: install the backend of the trace's devices")
+    return from_reading(reader.read_trace(path), {"model": model, "plan": {} if plan is None else plan_data(plan)})
+
+
+def __getattr__(name: str) -> Any:
+    if name == "AuditObserver":
+        from .observer import AuditObserver
+
+        return AuditObserver
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
