@@ -24,20 +24,15 @@ from .assessment import (
     LEVELS,
     NATIVE,
     UNSAFE,
-    RESULTS_DIR,
     UNSUPPORTED,
     Assessment,
-    Evidence,
     Float32Layer,
     MatrixUnit,
     PeerVerdict,
-    Results,
     Support,
     VendorSetting,
-    load_results,
-    quote_results,
-    results_evidence,
 )
+from .evidence import RESULTS_DIR, Evidence, Results, load_results, quote_results, results_evidence
 from .hardware import (BF16, FP8, FP16, GB, TENSOR_CORES, TF32, XMX, Accelerator, BackendProbe, CpuInfo, Hardware,
                        KnownDevice)
 from .kernel_audit import CONVOLUTION, INNER_PRODUCT, MATMUL, Capture, KernelAudit, KernelReading, KernelRecord

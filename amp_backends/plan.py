@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .assessment import Assessment, Evidence, Float32Layer, Support, VendorSetting, first_clause
+from .assessment import Assessment, Float32Layer, Support, VendorSetting, first_clause
+from .evidence import Evidence
 from .request import LossScale, Request, format_value
 
 COMPUTE_DTYPES = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}

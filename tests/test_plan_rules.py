@@ -370,7 +370,7 @@ def _committed_gpu_figure(file, config):
     """The figure a GPU results file holds for ``config``, read from the file as the benchmark wrote it."""
     import json
 
-    from amp_backends.assessment import RESULTS_DIR
+    from amp_backends.evidence import RESULTS_DIR
 
     doc = json.loads((RESULTS_DIR / file).read_text(encoding="utf-8"))
     if "experiments" in doc:  # the GPU suite: the tutorials' loops, img/s
@@ -508,7 +508,7 @@ def test_under_itex_the_cpu_backend_offers_no_peers_of_its_own():
 def test_a_gpu_suite_file_without_nvml_facts_still_names_its_gpu_and_the_command_that_runs_the_suite_now():
     import json
 
-    from amp_backends.assessment import RESULTS_DIR
+    from amp_backends.evidence import RESULTS_DIR
     from amp_backends.backends.nvidia import measured
 
     doc = json.loads((RESULTS_DIR / measured.GPU_SUITE).read_text(encoding="utf-8"))
@@ -537,7 +537,7 @@ XEON_AMX_KVM = {"device_name": "Intel(R) Xeon(R) Processor", "family": 6, "model
 def _zoo_medians(file):
     import json
 
-    from amp_backends.assessment import RESULTS_DIR
+    from amp_backends.evidence import RESULTS_DIR
 
     doc = json.loads((RESULTS_DIR / file).read_text())
     return {m["model"]: {n: c["samples_per_s"]["median"] for n, c in m["configs"].items()} for m in doc["models"]}
@@ -567,7 +567,7 @@ def test_a_cpu_kind_without_committed_peer_runs_says_so_and_how_to_measure_them(
 
 def test_a_peer_that_beats_the_plan_in_every_repetition_is_a_warning_and_one_close_call_is_not(monkeypatch, registry):
     from amp_backends.backends.cpu import measured, rules
-    from amp_backends.assessment import Results
+    from amp_backends.evidence import Results
 
     def zoo(peer_reps):
         reps = {"auto plan, trainer": (100.0, 102.0, 98.0), "auto plan, fit": (90.0, 91.0, 89.0), "fp32 oneDNN-on":

@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from amp_backends.assessment import (EMULATED, FUNCTIONAL, NATIVE, UNSUPPORTED, Assessment, Evidence, MatrixUnit,
-                                     Support, quote_results, results_evidence)
+from amp_backends.backend_api import (EMULATED, FUNCTIONAL, NATIVE, UNSUPPORTED, Assessment, Evidence, MatrixUnit,
+                                      Support, quote_results, results_evidence)
 from amp_backends.hardware import KnownDevice, BF16, FP8, FP16, TENSOR_CORES, TF32, Accelerator, BackendProbe, Hardware
 from amp_backends.registry import Backend
 from amp_backends.software import installed_version
