@@ -40,11 +40,12 @@ def cache_path() -> Path:
 
 
 def device_signature(plan: Plan, hardware: Any) -> str:
-    """Backend, device names and compute capabilities, CPU model and TensorFlow version."""
+    """Backend, each device's name and its backend's facts about it (`Accelerator.signature`: NVIDIA's compute
+    capability), or the CPU model, and TensorFlow version."""
     from .software import tensorflow_version
 
     probe = hardware.get(plan.backend)
-    devices = [f"{d.name}/{d.cc_str}" for d in probe.devices] if probe else []
+    devices = [d.signature for d in probe.devices] if probe else []
     cpu = hardware.cpu.model if hardware.cpu else "?"
     return f"{plan.backend}|{','.join(devices) or cpu}|tf{tensorflow_version()}"
 

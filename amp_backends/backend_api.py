@@ -2,8 +2,8 @@
 
 A backend (``backends/nvidia``, ``backends/intel``, ``backends/cpu``, or a third party's distribution) is a
 `Backend` registered in the ``amp_backends.backends`` entry point group. The planner asks each one to
-probe its hardware (a `BackendProbe` of `Accelerator` devices, or the host's
-`CpuInfo`), to assess what that hardware runs (an `Assessment`: a `Support` level per
+probe its hardware (a `BackendProbe` of `Accelerator` devices, each with its vendor's `DeviceFact` values,
+or the host's `CpuInfo`), to assess what that hardware runs (an `Assessment`: a `Support` level per
 policy and setting, the `MatrixUnit` per dtype, the `Float32Layer` kinds it keeps in
 float32), to name its own `VendorSetting` values for a plan, and to apply them; the audit asks it how
 to read the kernels that ran (a `KernelAudit`, turning a `Capture` into a `KernelReading` of
@@ -33,8 +33,8 @@ from .assessment import (
     VendorSetting,
 )
 from .evidence import RESULTS_DIR, Evidence, Results, load_results, quote_results, results_evidence
-from .hardware import (BF16, FP8, FP16, GB, TENSOR_CORES, TF32, XMX, Accelerator, BackendProbe, CpuInfo, Hardware,
-                       KnownDevice)
+from .hardware import (BF16, FP8, FP16, GB, TENSOR_CORES, TF32, XMX, Accelerator, BackendProbe, CpuInfo,
+                       DeviceFact, Hardware, KnownDevice)
 from .kernel_audit import CONVOLUTION, INNER_PRODUCT, MATMUL, Capture, KernelAudit, KernelReading, KernelRecord
 from .plan import BackendStatus, Plan, Rejected
 from .planner import make_plan
@@ -46,8 +46,8 @@ from .software import installed_version, minor_version, tensorflow_version
 __all__ = [
     # the interface and its registry
     "Backend", "BackendRegistry", "Peer", "default_registry",
-    # what a probe fills: the devices and the capability tags they carry
-    "Accelerator", "BackendProbe", "CpuInfo", "Hardware", "probe_hardware",
+    # what a probe fills: the devices, the capability tags and the vendor's facts they carry
+    "Accelerator", "BackendProbe", "CpuInfo", "DeviceFact", "Hardware", "probe_hardware",
     "BF16", "FP8", "FP16", "TENSOR_CORES", "TF32", "XMX",
     # what an assessment says, and its support levels
     "Assessment", "Evidence", "Float32Layer", "MatrixUnit", "PeerVerdict", "Support", "VendorSetting",

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .errors import AmpConfigError
-from .hardware import GB, BackendProbe, Hardware, KnownDevice
+from .hardware import GB, BackendProbe, DeviceFact, Hardware, KnownDevice
 
 if TYPE_CHECKING:  # pragma: no cover
     from .registry import BackendRegistry
@@ -159,8 +159,8 @@ def machine_of(probes: Iterable[BackendProbe], backends: Iterable[str], absent: 
     return Hardware(present + missing, tf_device_types=tf_device_types)
 
 
-__all__ = ["GB", "KnownDevice", "catalogue", "canonical", "device_hardware", "find_device", "known_devices",
-           "machine_of"]
+__all__ = ["GB", "DeviceFact", "KnownDevice", "catalogue", "canonical", "device_hardware", "find_device",
+           "known_devices", "machine_of"]
 
 
 def __getattr__(name: str) -> Any:

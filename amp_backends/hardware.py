@@ -8,10 +8,11 @@ hardware built from these classes.
 from __future__ import annotations
 
 import re
-
+import warnings
 from dataclasses import asdict, dataclass, is_dataclass, replace
 from typing import Any
 
+from .errors import AmpConfigError
 from .microarch import microarchitecture
 
 # Capability names used in ``Accelerator.capabilities`` and ``CpuInfo`` derivations.
@@ -24,22 +25,99 @@ XMX = "xmx"
 
 
 @dataclass(frozen=True)
-class Accelerator:
+class DeviceFact:
+    """One fact a vendor's backend states about a device, in the vendor's terms (NVIDIA's compute capability).
+
+    The generic device types (`Accelerator`, `KnownDevice`) carry a backend's facts without knowing what they
+    mean: the backend that stated them reads them (``device.fact(key)``); the core only shows them beside the
+    device's name (``Accelerator.label``) and tells devices apart by them (``Accelerator.signature``).
+
+    Attributes:
+        key: What the fact is, as the backend names it (``"compute_capability"``).
+        value: Its value as text (``"9.0"``).
+        text: How people read it beside the device's name (``"CC 9.0"``).
+    """
+
+    key: str
+    value: str
+    text: str
+
+
+# The report's JSON (schema version 2, the "accelerator" definition) writes these facts as keys of each device's
+# own, null where the device has no such fact; a backend's other facts stay out of the JSON.
+SCHEMA_FACT_KEYS = ("compute_capability",)
+
+
+class _Facts:
+    """What the generic device types say of their backend's facts (`DeviceFact`)."""
+
+    facts: tuple[DeviceFact, ...]
+
+    def fact(self, key: str) -> str | None:
+        """The value of the backend's fact ``key``.
+
+        Args:
+            key: The fact's key (``"compute_capability"``).
+
+        Returns:
+            Its value (``"9.0"``), or ``None`` where the backend states no such fact for the device.
+        """
+        return next((f.value for f in self.facts if f.key == key), None)
+
+    @property
+    def description(self) -> str:
+        """The facts as people read them (``"CC 9.0"``; ``""`` without facts)."""
+        return "; ".join(f.text for f in self.facts)
+
+    def _legacy_cc(self, owner: str) -> tuple[int, int] | None:
+        warnings.warn(f"{owner}.compute_capability is deprecated: the compute capability is one of the NVIDIA "
+                      "backend's device facts; read it with amp_backends.backends.nvidia.compute_capability(device)",
+                      DeprecationWarning, stacklevel=3)
+        value = self.fact(SCHEMA_FACT_KEYS[0])
+        return (int(value.split(".")[0]), int(value.split(".")[1])) if value else None
+
+
+def _given_facts(value: Any, owner: str) -> tuple[DeviceFact, ...]:
+    """The facts a device was built with; a compute capability (or ``None``) given where the facts now go, as
+    before they were facts, is turned into the NVIDIA fact with a `DeprecationWarning`."""
+    if isinstance(value, (tuple, list)) and all(isinstance(f, DeviceFact) for f in value):
+        return tuple(value)
+    if value is not None and not (isinstance(value, tuple) and len(value) == 2
+                                  and all(isinstance(n, int) for n in value)):
+        raise AmpConfigError(f"{owner}'s facts must be a tuple of DeviceFact. Received: {value!r}. Fix: state the "
+                             "vendor's facts as DeviceFact(key, value, text) values (an NVIDIA GPU's compute "
+                             "capability: capability_facts(cc) of amp_backends.backends.nvidia).")
+    warnings.warn(f"{owner}(): the argument after the {'kind' if owner == 'Accelerator' else 'device name'} is the "
+                  f"device's facts (a tuple of DeviceFact), not its compute capability ({value!r}); build NVIDIA "
+                  "devices with the NVIDIA backend's capability_facts(cc)", DeprecationWarning, stacklevel=4)
+    if value is None:
+        return ()
+    major, minor = value
+    return (DeviceFact(SCHEMA_FACT_KEYS[0], f"{major}.{minor}", f"CC {major}.{minor}"),)
+
+
+@dataclass(frozen=True)
+class Accelerator(_Facts):
     """One device a backend plans for — a GPU, an XPU or the host CPU —, as its probe saw it.
 
     ``index`` is TensorFlow's index (``/GPU:<index>``), which for NVIDIA GPUs follows CUDA's enumeration
-    order, not NVML's. ``capabilities`` holds the derived facts the planner uses (``"tensor_cores"``,
-    ``"fp16"``, ``"bf16"``, ``"tf32"``, ``"fp8"``, ``"xmx"``): native, fast support, not mere correctness.
+    order, not NVML's. ``facts`` holds what the backend states about the device in its vendor's terms
+    (`DeviceFact`: NVIDIA's compute capability), which only that backend reads. ``capabilities`` holds the
+    derived facts the planner uses (``"tensor_cores"``, ``"fp16"``, ``"bf16"``, ``"tf32"``, ``"fp8"``,
+    ``"xmx"``): native, fast support, not mere correctness.
     """
 
     vendor: str
     index: int
     name: str
     kind: str = "GPU"
-    compute_capability: tuple[int, int] | None = None
+    facts: tuple[DeviceFact, ...] = ()
     memory_bytes: int | None = None
     capabilities: frozenset[str] = frozenset()
     pci_bus_id: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "facts", _given_facts(self.facts, "Accelerator"))
 
     @property
     def tf_name(self) -> str:
@@ -50,14 +128,33 @@ class Accelerator:
         return capability in self.capabilities
 
     @property
+    def label(self) -> str:
+        """The device for people: its name, and its facts where it has any (``"NVIDIA H200 (CC 9.0)"``)."""
+        return f"{self.name} ({self.description})" if self.facts else self.name
+
+    @property
+    def signature(self) -> str:
+        """The device in a cache key: its name and its facts' values (``"NVIDIA H200/9.0"``; ``"<name>/-"``
+        without facts)."""
+        return f"{self.name}/{'/'.join(f.value for f in self.facts) or '-'}"
+
+    @property
+    def compute_capability(self) -> tuple[int, int] | None:
+        """Deprecated: the NVIDIA backend's ``compute_capability(device)`` reads it from the device's facts."""
+        return self._legacy_cc("Accelerator")
+
+    @property
     def cc_str(self) -> str:
-        cc = self.compute_capability
-        return f"{cc[0]}.{cc[1]}" if cc else "-"
+        """Deprecated: the compute capability as text (``"9.0"``, ``"-"`` where unknown); ``device.fact(key)``."""
+        warnings.warn("Accelerator.cc_str is deprecated: the compute capability is one of the NVIDIA backend's "
+                      "device facts; read it with device.fact('compute_capability')", DeprecationWarning, stacklevel=2)
+        return self.fact(SCHEMA_FACT_KEYS[0]) or "-"
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["compute_capability"] = self.cc_str if self.compute_capability else None
-        d["capabilities"] = sorted(self.capabilities)
+        d: dict[str, Any] = {"vendor": self.vendor, "index": self.index, "name": self.name, "kind": self.kind}
+        d.update({key: self.fact(key) for key in SCHEMA_FACT_KEYS})
+        d.update({"memory_bytes": self.memory_bytes, "capabilities": sorted(self.capabilities),
+                  "pci_bus_id": self.pci_bus_id})
         return d
 
 
@@ -229,19 +326,20 @@ GB = 2**30
 
 
 @dataclass(frozen=True)
-class KnownDevice:
+class KnownDevice(_Facts):
     """One entry of the device catalogue (`amp_backends.devices`): what its backend's probe would see, and
     where the figures come from. Its backend lists it (``Backend.catalogue``) and describes it
-    (``Backend.describe``)."""
+    (``Backend.describe``); ``facts`` holds what that backend states about it in its vendor's terms
+    (`DeviceFact`: NVIDIA's compute capability)."""
 
     name: str
     aliases: tuple[str, ...]
     backend: str  # the backend whose catalogue holds it, and which describes it
     title: str
     source: str
-    # GPUs and XPUs: the name as the driver reports it, compute capability (NVIDIA), memory in bytes
+    # GPUs and XPUs: the name as the driver reports it, the vendor's facts, memory in bytes
     device_name: str = ""
-    compute_capability: tuple[int, int] | None = None
+    facts: tuple[DeviceFact, ...] = ()
     memory_bytes: int | None = None
     # CPUs: vendor, architecture, logical cores of one socket, /proc/cpuinfo flags that matter
     cpu_vendor: str = ""
@@ -251,6 +349,14 @@ class KnownDevice:
     note: str = ""
     family: int | None = None  # CPUID's family and model, from which the probe names the microarchitecture
     model_number: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "facts", _given_facts(self.facts, "KnownDevice"))
+
+    @property
+    def compute_capability(self) -> tuple[int, int] | None:
+        """Deprecated: the NVIDIA backend's ``compute_capability(device)`` reads it from the entry's facts."""
+        return self._legacy_cc("KnownDevice")
 
     def to_dict(self) -> dict[str, object]:
         return {"name": self.name, "aliases": list(self.aliases), "backend": self.backend, "title": self.title,

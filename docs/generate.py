@@ -124,16 +124,17 @@ def _onoff(value: Any) -> str:
 # Hardware the catalogue does not hold but the table must show: described exactly as the catalogue describes a
 # device (what its probe would see); each row is then planned by the backends themselves.
 def _extra_devices() -> list[Any]:
+    from amp_backends.backends.nvidia import capability_facts
     from amp_backends.backends.nvidia.catalogue import CUDA_GPUS
     from amp_backends.devices import GB, KnownDevice
 
     return [
         KnownDevice("p100", (), "nvidia", "NVIDIA Tesla P100 16 GB (CC 6.0, no Tensor Cores)", CUDA_GPUS,
-                    "Tesla P100-PCIE-16GB", (6, 0), 16 * GB),
+                    "Tesla P100-PCIE-16GB", capability_facts((6, 0)), 16 * GB),
         KnownDevice("gtx1660", (), "nvidia", "NVIDIA GeForce GTX 1660 (CC 7.5 without Tensor Cores)", CUDA_GPUS,
-                    "NVIDIA GeForce GTX 1660", (7, 5), 6 * GB),
+                    "NVIDIA GeForce GTX 1660", capability_facts((7, 5)), 6 * GB),
         KnownDevice("iris-xe", (), "intel", "Intel Iris Xe Graphics (no XMX)", "described here",
-                    "Intel(R) Iris(R) Xe Graphics", None, 4 * GB),
+                    "Intel(R) Iris(R) Xe Graphics", memory_bytes=4 * GB),
         KnownDevice("graviton4", (), "cpu", "AWS Graviton4 (Neoverse V2): bf16, but TensorFlow leaves oneDNN off",
                     "described here", "Neoverse-V2", cpu_vendor="ARM", arch="aarch64", logical_cores=64,
                     flags="fp asimd sve sve2 bf16 i8mm"),
@@ -202,8 +203,8 @@ def devices_table() -> str:
         if d.backend == "cpu":
             seen = f"{d.cpu_vendor} {d.device_name}, {d.arch}, {d.logical_cores} logical cores; flags: {d.flags}"
         else:
-            cc = f", CC {d.compute_capability[0]}.{d.compute_capability[1]}" if d.compute_capability else ""
-            seen = f"{d.device_name}{cc}, {(d.memory_bytes or 0) // 2**30} GiB"
+            facts = f", {d.description}" if d.facts else ""  # its backend's facts: NVIDIA's "CC 9.0"
+            seen = f"{d.device_name}{facts}, {(d.memory_bytes or 0) // 2**30} GiB"
         names = ", ".join(f"`{n}`" for n in (d.name, *d.aliases))
         rows.append([names, d.title, seen, f"`{plan.policy}`, loss scale {plan.loss_scale.mode}, "
                      f"TF32 {_onoff(plan.tf32)}, XLA {_onoff(plan.xla)}",

@@ -38,8 +38,8 @@ MOVED_TO_ERRORS = ["AmpConfigError", "BackendError", "CheckpointError", "Checkpo
                    "DataUnavailableError", "DistributedFailure", "FactoryError", "InputError", "ModelCallError",
                    "NonFiniteError", "TrainingInterrupted", "UnsupportedRequestError"]
 
-BACKEND_AUTHORS = ["Accelerator", "Assessment", "Backend", "BackendProbe", "BackendRegistry", "CpuInfo", "Float32Layer",
-                   "Hardware", "MatrixUnit", "Request", "Support", "VendorSetting", "build_request",
+BACKEND_AUTHORS = ["Accelerator", "Assessment", "Backend", "BackendProbe", "BackendRegistry", "CpuInfo", "DeviceFact",
+                   "Float32Layer", "Hardware", "MatrixUnit", "Request", "Support", "VendorSetting", "build_request",
                    "default_registry", "make_plan", "probe_hardware",
                    # the kernel audit (Backend.kernel_audit)
                    "Capture", "KernelAudit", "KernelReading", "KernelRecord"]

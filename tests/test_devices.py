@@ -69,14 +69,64 @@ def test_every_device_says_where_its_figures_come_from():
 
 
 def test_catalogue_devices_carry_the_vendor_figures():
+    from amp_backends.backends.nvidia import compute_capability
+
     h100 = device_hardware("h100").get("nvidia").devices[0]
-    assert (h100.name, h100.compute_capability, h100.memory_bytes) == ("NVIDIA H100 80GB HBM3", (9, 0), 80 * 2**30)
+    assert (h100.name, compute_capability(h100), h100.memory_bytes) == ("NVIDIA H100 80GB HBM3", (9, 0), 80 * 2**30)
+    assert compute_capability(find_device("h100")) == (9, 0)
     assert "fp8" in h100.capabilities and "tf32" in h100.capabilities
     assert "tensor_cores" in device_hardware("t4").get("nvidia").devices[0].capabilities
     spr = device_hardware("sapphire-rapids").cpu
     assert spr is not None and spr.amx and spr.native_bf16 and spr.native_fp16
     assert device_hardware("graviton3").cpu.is_arm
     assert "xmx" in device_hardware("arc-a770").get("intel").devices[0].capabilities
+
+
+def test_the_compute_capability_is_a_fact_the_nvidia_backend_states_and_reads(registry):
+    """The generic devices carry NVIDIA's compute capability as a `DeviceFact`; the JSON, the labels and the cache key
+    read as before: ``"compute_capability": "9.0"``, ``"NVIDIA H100 80GB HBM3 (CC 9.0)"``, ``".../9.0"``."""
+    from amp_backends.autotune import device_signature
+    from amp_backends.backends.nvidia import COMPUTE_CAPABILITY, capability_facts, compute_capability
+    from amp_backends.commands.bench.report import environment
+    from amp_backends.commands.report import collect
+
+    hw = device_hardware("h100")
+    h100 = hw.get("nvidia").devices[0]
+    assert h100.facts == capability_facts((9, 0)) == find_device("h100").facts and capability_facts(None) == ()
+    assert h100.fact(COMPUTE_CAPABILITY) == "9.0" and compute_capability(h100) == (9, 0)
+    assert list(h100.to_dict()) == ["vendor", "index", "name", "kind", "compute_capability", "memory_bytes",
+                                    "capabilities", "pci_bus_id"] and h100.to_dict()["compute_capability"] == "9.0"
+    assert h100.label == "NVIDIA H100 80GB HBM3 (CC 9.0)" and h100.description == "CC 9.0"
+    plan = plan_for(device="h100", registry=registry, environ={}, keras=KERAS3)
+    assert device_signature(plan, hw).split("|")[:2] == ["nvidia", "NVIDIA H100 80GB HBM3/9.0"]
+    report = collect(use_tensorflow=False, environ={}, device="h100")
+    assert environment(report)["devices"] == ["NVIDIA H100 80GB HBM3 (CC 9.0)"]
+    xpu = device_hardware("max1550").get("intel").devices[0]
+    assert xpu.facts == () and xpu.fact(COMPUTE_CAPABILITY) is None and compute_capability(xpu) is None
+    assert xpu.to_dict()["compute_capability"] is None and xpu.label == xpu.name and xpu.signature == f"{xpu.name}/-"
+
+
+def test_the_old_compute_capability_attributes_work_for_a_release_with_a_deprecation_warning():
+    from amp_backends.backends.nvidia import capability_facts, gpu_device
+    from amp_backends.hardware import Accelerator, KnownDevice
+
+    a100 = gpu_device(0, "NVIDIA A100-SXM4-40GB", (8, 0))
+    with pytest.warns(DeprecationWarning, match=r"\.compute_capability is deprecated") as caught:
+        assert a100.compute_capability == (8, 0) and find_device("h100").compute_capability == (9, 0)
+        assert gpu_device(0, "GPU of unknown CC", None).compute_capability is None
+    assert len(caught) == 3 and {w.filename for w in caught} == {__file__}  # the warning names the caller's line
+    with pytest.warns(DeprecationWarning, match="cc_str is deprecated"):
+        assert a100.cc_str == "8.0"
+    # a compute capability (or None) where the facts now go: the old positional form, turned into the facts
+    with pytest.warns(DeprecationWarning, match="not its compute capability") as caught:
+        assert Accelerator("nvidia", 0, a100.name, "GPU", (8, 0), None, a100.capabilities) == a100
+        xpu = Accelerator("intel", 0, "Intel(R) Arc(TM) A770 Graphics", "XPU", None, 16)
+        entry = KnownDevice("p100", (), "nvidia", "P100", "its sheet", "Tesla P100-PCIE-16GB", (6, 0), 16)
+    assert {w.filename for w in caught} == {__file__}
+    assert xpu.facts == () and xpu.memory_bytes == 16
+    assert entry.facts == capability_facts((6, 0)) and entry.memory_bytes == 16
+    with pytest.raises(AmpConfigError, match="facts must be a tuple of DeviceFact. Received: '9.0'"):
+        Accelerator("nvidia", 0, a100.name, "GPU", "9.0")
 
 
 @pytest.mark.parametrize("alias,name", [

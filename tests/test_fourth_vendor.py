@@ -23,11 +23,12 @@ VENDOR = textwrap.dedent('''
     import os
 
     from amp_backends.backend_api import (BF16, GB, MATMUL, NATIVE, UNSUPPORTED, Accelerator, Assessment, Backend,
-                                          BackendProbe, KernelAudit, KernelReading, KernelRecord, KnownDevice,
-                                          Support)
+                                          BackendProbe, DeviceFact, KernelAudit, KernelReading, KernelRecord,
+                                          KnownDevice, Support)
 
     NPU = KnownDevice("npu9000", ("fake-npu", "npu-9000"), "fakenpu", "Fake NPU 9000 16 GB", "the vendor's sheet",
-                      device_name="Fake NPU 9000", memory_bytes=16 * GB)
+                      device_name="Fake NPU 9000", memory_bytes=16 * GB,
+                      facts=(DeviceFact("npu_generation", "2", "NPU gen 2"),))
 
 
     class FakeNpuBackend(Backend):
@@ -48,7 +49,8 @@ VENDOR = textwrap.dedent('''
             return (NPU,)
 
         def describe(self, device):
-            npu = Accelerator("fakenpu", 0, device.device_name, "NPU", None, device.memory_bytes, frozenset({BF16}))
+            npu = Accelerator("fakenpu", 0, device.device_name, "NPU", device.facts, device.memory_bytes,
+                              frozenset({BF16}))
             return BackendProbe("fakenpu", True, f"1 NPU: {npu.name}", devices=(npu,))
 
         def kernel_audit(self):
@@ -85,7 +87,7 @@ VENDOR = textwrap.dedent('''
 
 CHECK = textwrap.dedent('''
     import amp_backends
-    from amp_backends.devices import find_device
+    from amp_backends.devices import device_hardware, find_device
 
     names = amp_backends.known_devices()
     assert names[0] == "npu9000" and "h100" in names and "zen3" in names, names
@@ -94,6 +96,10 @@ CHECK = textwrap.dedent('''
     assert plan.backend == "fakenpu" and plan.policy == "mixed_bfloat16", plan
     assert amp_backends.plan_for(device="h100").backend == "nvidia"   # the shipped vendors are unchanged
     assert amp_backends.plan_for().backend != "fakenpu"               # this machine has no Fake NPU
+    npu = device_hardware("npu9000").get("fakenpu").devices[0]        # the vendor's own facts, carried as they are
+    assert npu.fact("npu_generation") == "2" and npu.label == "Fake NPU 9000 (NPU gen 2)", npu
+    assert npu.signature == "Fake NPU 9000/2" and npu.to_dict()["compute_capability"] is None
+    assert "npu_generation" not in npu.to_dict()                      # the report's schema has no such key
     print("ok", plan.summary())
 ''')
 

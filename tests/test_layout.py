@@ -206,6 +206,23 @@ def test_the_core_imports_no_vendor_backend():
     assert not found, "the core imports vendor backends; go through the registry:\n" + "\n".join(found)
 
 
+def test_the_generic_device_types_carry_no_vendor_field():
+    """A vendor's facts about a device (NVIDIA's compute capability) are `DeviceFact` values its backend states and
+    reads; the core's device types hold no field for them and the core reads none of them."""
+    from dataclasses import fields
+
+    from amp_backends.hardware import Accelerator, KnownDevice
+
+    for cls in (Accelerator, KnownDevice):
+        names = {f.name for f in fields(cls)}
+        assert "facts" in names and "compute_capability" not in names, cls
+    read = sorted(f"{path}:{node.lineno}: .{node.attr}" for name, (path, _) in package_modules().items()
+                  if not name.startswith(FACE + ".backends")
+                  for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                  if isinstance(node, ast.Attribute) and node.attr in ("compute_capability", "cc_str"))
+    assert not read, "the core reads a vendor's device fact; ask its backend:\n" + "\n".join(read)
+
+
 def test_no_vendor_names_in_core_decisions():
     vendor_test = re.compile(r"""\b(backend|name)\s*[!=]=\s*["'](nvidia|intel|cpu)["']""")
     for name, (path, _) in package_modules().items():

@@ -12,8 +12,8 @@ from conftest import NEUTRAL_CWD
 from amp_backends.backends.cpu import parse_cpuinfo
 from amp_backends.backends.cpu.backend import CpuBackend
 from amp_backends.backends.intel import classify_xpu, itex_status
-from amp_backends.backends.nvidia import (NvidiaBackend, NvmlGpu, cuda_enumeration, derive_capabilities,
-                                          parse_visible_devices)
+from amp_backends.backends.nvidia import (NvidiaBackend, NvmlGpu, compute_capability, cuda_enumeration,
+                                          derive_capabilities, parse_visible_devices)
 from amp_backends.backends.nvidia.nvml import NVML_LIBRARY, explain_library_failure, library_load_error
 
 pytestmark = pytest.mark.intel
@@ -231,7 +231,7 @@ def test_nvidia_probe_through_nvml(monkeypatch):
     probe = probe_with(monkeypatch, [("NVIDIA H100 80GB HBM3", (9, 0)), ("NVIDIA A100-SXM4-40GB", (8, 0))],
                        CUDA_VISIBLE_DEVICES="1")
     assert probe.available and [d.name for d in probe.devices] == ["NVIDIA A100-SXM4-40GB"]
-    assert probe.devices[0].index == 0 and probe.devices[0].compute_capability == (8, 0)
+    assert probe.devices[0].index == 0 and compute_capability(probe.devices[0]) == (8, 0)
     assert probe.detail("driver") == "580.65.06" and probe.detail("driver_cuda") == "13.0"
     assert probe.detail("hidden_by_CUDA_VISIBLE_DEVICES") == "1"
     assert probe.facts.driver == "580.65.06" and len(probe.facts.nvml_gpus) == 2
@@ -347,7 +347,7 @@ def test_real_nvidia_probe_here_explains():
         assert not probe.available
         assert probe.reason == f"no NVIDIA GPU: NVML could not start ({explain_library_failure(load_error)})"
     elif probe.available:
-        assert probe.devices and all(d.compute_capability for d in probe.devices)
+        assert probe.devices and all(compute_capability(d) for d in probe.devices)
         assert [d.index for d in probe.devices] == list(range(len(probe.devices)))
     else:
         assert probe.reason.startswith("no NVIDIA GPU: ") and len(probe.reason) > len("no NVIDIA GPU: ")

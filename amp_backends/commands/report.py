@@ -44,7 +44,10 @@ SCHEMA_VERSION = 2
 
 @dataclass
 class Report:
+    """The report: its plain data (``data``, what `to_json` writes) and the hardware it describes."""
+
     data: dict[str, Any] = field(default_factory=dict)
+    hardware: Hardware | None = field(default=None, repr=False)
 
     @property
     def plan_error(self) -> str | None:
@@ -156,7 +159,7 @@ def collect(
         raise
     except Exception as exc:  # anything else is shown in the report
         data["plan_error"] = f"{type(exc).__name__}: {exc}"
-        return Report(data)
+        return Report(data, hardware)
     data["plan"] = plan.to_dict()
     for status in plan.backends:
         if status.failed and status.name not in registry.load_errors:
@@ -168,7 +171,7 @@ def collect(
         data["autotune"] = {"cache": str(cache_path()), "device": signature, "choices": cached_for_device(signature)}
     except Exception as exc:
         data["autotune"] = {"error": f"{type(exc).__name__}: {exc}"}
-    return Report(data)
+    return Report(data, hardware)
 
 
 def to_json(report: Report) -> str:

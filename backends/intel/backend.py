@@ -76,7 +76,7 @@ def classify_xpu(index: int, name: str, has_xmx: bool | None = None, is_xehpc: b
         caps |= {XMX, BF16}
     if xehpc:
         caps.add(TF32)
-    return Accelerator("intel", index, name, "XPU", None, memory_bytes, frozenset(caps))
+    return Accelerator("intel", index, name, "XPU", memory_bytes=memory_bytes, capabilities=frozenset(caps))
 
 
 def xpu_probe(names: Iterable[str], facts: IntelFacts, *, has_xmx: bool | None = None, is_xehpc: bool | None = None,

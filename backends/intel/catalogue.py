@@ -11,7 +11,7 @@ from amp_backends.backend_api import GB, KnownDevice
 
 def _intel(name: str, aliases: tuple[str, ...], title: str, device_name: str, memory_gb: float,
            source: str) -> KnownDevice:
-    return KnownDevice(name, aliases, "intel", title, source, device_name, None, int(memory_gb * GB),
+    return KnownDevice(name, aliases, "intel", title, source, device_name, memory_bytes=int(memory_gb * GB),
                        note="planned through ITEX 2.15 (end-of-life; TensorFlow 2.15, Keras 2)")
 
 

@@ -24,6 +24,7 @@ from amp_backends.registry import Backend
 from amp_backends.software import installed_version
 
 from . import measured
+from .capability import capability_facts, cc_text, compute_capability
 from .kernels import NvidiaKernelAudit
 from .nvml import FASTEST_FIRST, NvmlGpu, optional, as_text, nvml_start_failure, read_nvml_gpus, visible_gpus
 
@@ -102,7 +103,8 @@ class NvidiaFacts:
 
 def gpu_device(index: int, name: str, cc: tuple[int, int] | None, memory_bytes: int | None = None,
                pci_bus_id: str | None = None) -> Accelerator:
-    """One NVIDIA GPU as the probe reports it, its capabilities derived from its name and compute capability.
+    """One NVIDIA GPU as the probe reports it, its capabilities derived from its name and compute capability, which
+    it keeps among its facts (`capability_facts`; read with `compute_capability`).
 
     Args:
         index: TensorFlow's index of it (``/GPU:<index>``): its place in CUDA's enumeration order.
@@ -114,7 +116,8 @@ def gpu_device(index: int, name: str, cc: tuple[int, int] | None, memory_bytes: 
     Returns:
         The device, with `derive_capabilities`'s capabilities.
     """
-    return Accelerator("nvidia", index, name, "GPU", cc, memory_bytes, derive_capabilities(name, cc), pci_bus_id)
+    return Accelerator("nvidia", index, name, "GPU", capability_facts(cc), memory_bytes, derive_capabilities(name, cc),
+                       pci_bus_id)
 
 
 def gpu_probe(gpus: Iterable[tuple[Any, ...]], *, details: Iterable[tuple[str, str]] = (),
@@ -134,7 +137,7 @@ def gpu_probe(gpus: Iterable[tuple[Any, ...]], *, details: Iterable[tuple[str, s
     """
     devices = tuple(gpu_device(index, *gpu) for index, gpu in enumerate(gpus))
     if reason is None:
-        reason = f"{len(devices)} GPU(s): " + ", ".join(f"{d.name} (CC {d.cc_str})" for d in devices)
+        reason = f"{len(devices)} GPU(s): " + ", ".join(f"{d.name} (CC {cc_text(d)})" for d in devices)
     return BackendProbe("nvidia", True, reason, devices=devices, details=tuple(details), facts=facts)
 
 
@@ -192,18 +195,18 @@ class NvidiaBackend(Backend):
         for d in probe.devices:
             mem = f", {d.memory_bytes / 2**30:.0f} GiB" if d.memory_bytes else ""
             pci = f", PCI {d.pci_bus_id}" if d.pci_bus_id else ""
-            rows.append((f"GPU {d.index}", f"{d.name}, CC {d.cc_str}{mem}{pci}; "
+            rows.append((f"GPU {d.index}", f"{d.name}, CC {cc_text(d)}{mem}{pci}; "
                          + (", ".join(sorted(d.capabilities)) or "no Tensor Cores")))
         rows += [(k.replace("_", " "), v) for k, v in probe.details]
         return rows
 
     def assess(self, probe: BackendProbe, hardware: Hardware) -> Assessment:
         devices = probe.devices
-        weakest = min(devices, key=lambda d: d.compute_capability or (0, 0))
+        weakest = min(devices, key=lambda d: compute_capability(d) or (0, 0))
         all_have = lambda cap: all(d.has(cap) for d in devices)  # noqa: E731
-        ccs = ", ".join(sorted({d.cc_str for d in devices}))
-        mixed = len({d.compute_capability for d in devices}) > 1
-        who = f"{weakest.name} (CC {weakest.cc_str})" + (" is the weakest of the GPUs in use" if mixed else "")
+        ccs = ", ".join(sorted({cc_text(d) for d in devices}))
+        mixed = len({compute_capability(d) for d in devices}) > 1
+        who = f"{weakest.name} (CC {cc_text(weakest)})" + (" is the weakest of the GPUs in use" if mixed else "")
 
         fastest, fastest_evidence = _fastest()
         if all_have(TENSOR_CORES):
@@ -298,7 +301,7 @@ class NvidiaBackend(Backend):
         Returns:
             `gpu_probe`'s probe of the device, citing the entry's source (`KnownDevice.cite`).
         """
-        gpu = (device.device_name, device.compute_capability, device.memory_bytes)
+        gpu = (device.device_name, compute_capability(device), device.memory_bytes)
         return device.cite(gpu_probe([gpu], facts=NvidiaFacts()))
 
     def kernel_audit(self) -> NvidiaKernelAudit:

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from amp_backends.backend_api import GB, KnownDevice
 
+from .capability import capability_facts
+
 
 CUDA_GPUS = "NVIDIA, CUDA GPU compute capability list, https://developer.nvidia.com/cuda-gpus"
 
 
 def _nvidia(name: str, aliases: tuple[str, ...], title: str, device_name: str, cc: tuple[int, int], memory_gb: float,
             source: str, note: str = "") -> KnownDevice:
-    return KnownDevice(name, aliases, "nvidia", title, f"{source}; compute capability: {CUDA_GPUS}", device_name, cc,
-                       int(memory_gb * GB), note=note)
+    return KnownDevice(name, aliases, "nvidia", title, f"{source}; compute capability: {CUDA_GPUS}", device_name,
+                       capability_facts(cc), int(memory_gb * GB), note=note)
 
 
 CATALOGUE: tuple[KnownDevice, ...] = (

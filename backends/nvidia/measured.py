@@ -13,6 +13,8 @@ from typing import Any
 
 from amp_backends.backend_api import Results, load_results
 
+from .capability import cc_label
+
 GPU_SUITE = "gpu-suite-h200/gpu_suite.json"
 MATMUL_PEAK = "zoo-h200/mnist-cnn/zoo.json"
 
@@ -22,7 +24,7 @@ def _machine(doc: Mapping[str, Any]) -> str:
     gpus = (nvml.get("gpus") or []) if isinstance(nvml, Mapping) else []  # a string where NVML could not be read
     if gpus:
         gpu = gpus[0]
-        return f"{gpu['name']} (CC {gpu['compute_capability']})"
+        return f"{gpu['name']} ({cc_label(gpu['compute_capability'])})"
     devices = (doc.get("environment") or {}).get("devices") or []
     return str(devices[0]) if devices else "unknown GPU"
 

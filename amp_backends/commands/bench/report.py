@@ -14,6 +14,7 @@ from ...assessment import UNSAFE
 
 if TYPE_CHECKING:
     from ...plan import Plan
+    from ..report import Report
 
 
 def now_iso() -> str:
@@ -42,22 +43,32 @@ def unsafe_policies(plan: Plan) -> dict[str, str]:
     return {p: s.why for p, s in plan.assessment.policies.items() if s.level == UNSAFE}
 
 
-def environment(report: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What the figures were measured on: the planned backend's devices and details, the software, the plan."""
-    if report is None:
+def environment(collected: Report | None = None) -> dict[str, Any]:
+    """What the figures were measured on: the planned backend's devices and details, the software, the plan.
+
+    Args:
+        collected: The capability report of this machine (default: collected here, TensorFlow imported).
+
+    Returns:
+        The planned backend, its devices (each labelled with its backend's facts: ``"NVIDIA H200 (CC 9.0)"``) and
+        details, the CPU, the software's versions and the plan's main settings; ``{"error": ...}`` where the report
+        could not be collected.
+    """
+    if collected is None:
         from ..report import collect
 
         try:
-            report = collect(use_tensorflow=True).data
+            collected = collect(use_tensorflow=True)
         except Exception as exc:  # the benchmark still runs
             return {"error": f"{type(exc).__name__}: {exc}"}
+    report = collected.data
     plan = report["plan"] or {}
     chosen = next((b for b in report["hardware"]["backends"] if b["backend"] == plan.get("backend")), None)
+    probe = collected.hardware.get(plan.get("backend", "")) if collected.hardware else None
     cpu = next((b["cpu"] for b in report["hardware"]["backends"] if b["cpu"]), None)
     return {
         "backend": plan.get("backend"),
-        "devices": [f"{d['name']} (CC {d['compute_capability']})" if d.get("compute_capability") else d["name"]
-                    for d in (chosen or {}).get("devices", [])],
+        "devices": [d.label for d in probe.devices] if probe else [],
         "backend_details": (chosen or {}).get("details", {}),
         "cpu": (f"{cpu['model']}" + (f" ({cpu['microarchitecture']})" if cpu.get("microarchitecture") else "")
                 + f", {cpu['logical_cores']} logical cores") if cpu else None,
