@@ -295,26 +295,6 @@ def describe_layers(rules: Iterable[Float32Layer]) -> str:
     return ", ".join(", ".join(names) + condition.replace(" > ", ">") for condition, names in groups) or "none"
 
 
-def layer_geometry(layer: Any) -> tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
-    """A Keras layer's class names (its class and bases), strides and kernel size, as `Float32Layer`
-    matches them (``()`` where it has none)."""
-
-    def ints(value: Any) -> tuple[int, ...]:
-        if value is None:
-            return ()
-        values = value if isinstance(value, (tuple, list)) else (value,)
-        return tuple(int(v) for v in values if isinstance(v, int))
-
-    return (tuple(c.__name__ for c in type(layer).__mro__), ints(getattr(layer, "strides", None)),
-            ints(getattr(layer, "kernel_size", None)))
-
-
-def kept_in_float32(rules: Iterable[Float32Layer], layer: Any) -> bool:
-    """Whether one of ``rules`` keeps this Keras layer in float32."""
-    classes, strides, kernel = layer_geometry(layer)
-    return any(r.matches(classes, strides, kernel) for r in rules)
-
-
 @dataclass(frozen=True)
 class PeerVerdict:
     """A configuration a user would pick instead of the plan (a `amp_backends.registry.Peer`: another math
