@@ -220,7 +220,8 @@ def first_clause(text: str, limit: int = 90) -> str:
     return head if len(head) <= limit else head[: limit - 3].rstrip() + "..."
 
 
-NO_GRAPH_AMP = Support(UNSUPPORTED, "this backend has no graph-level automatic mixed precision (ITEX's, on Intel XPUs)")
+NO_GRAPH_AMP = Support(UNSUPPORTED, "this backend declares no rewrite of the float32 graph to low precision of its own")
+GRAPH_AMP_DTYPES = ("float16", "bfloat16")  # the types a graph-level rewrite may target
 # Keras's float8 layers run anywhere: without fp8 matrix units they quantize and dequantize around ordinary matmuls.
 NO_FP8 = Support(EMULATED, "this backend declares no fp8 matrix units: Keras's float8 layers would only be emulated "
                            "(quantize-dequantize around higher-precision matmuls), slower than without them")
@@ -322,7 +323,8 @@ class Assessment:
     ``policies`` holds an entry for each of ``float32``, ``mixed_float16`` and ``mixed_bfloat16``;
     ``preference`` lists dtype policies best first, and the planner takes the first one whose support is
     ``native`` (so at least one must be). ``graph_amp`` says whether the backend can rewrite a float32
-    graph to low precision itself instead of a Keras policy (ITEX's auto mixed precision).
+    graph to low precision itself instead of a Keras policy (its reason names the rewrite), to which of
+    ``graph_amp_dtypes`` (``bfloat16``, ``float16``).
 
     ``fp8`` is how the devices run Keras's float8 layers with XLA on (the planner adds what the Keras version
     and the XLA setting change). ``matrix_units`` maps a compute dtype — ``float16``, ``bfloat16``,
@@ -345,6 +347,7 @@ class Assessment:
     xla_default: bool
     tf32_default: bool = True
     graph_amp: Support = NO_GRAPH_AMP
+    graph_amp_dtypes: tuple[str, ...] = GRAPH_AMP_DTYPES
     notes: tuple[str, ...] = field(default=())
     fp8: Support = NO_FP8
     matrix_units: Mapping[str, MatrixUnit] = field(default_factory=dict)
@@ -367,6 +370,8 @@ class Assessment:
         if not any(self.policies.get(p, None) is not None and self.policies[p].level == NATIVE
                    for p in self.preference if p in POLICIES):
             errors.append("no native dtype policy in its preference (expected at least one, such as float32)")
+        if not self.graph_amp_dtypes or not set(self.graph_amp_dtypes) <= set(GRAPH_AMP_DTYPES):
+            errors.append(f"graph_amp_dtypes={self.graph_amp_dtypes!r} (expected some of {GRAPH_AMP_DTYPES})")
         bad_units = [d for d, u in self.matrix_units.items()
                      if d not in MATRIX_DTYPES or not isinstance(u, MatrixUnit) or u.alignment < 1]
         if bad_units:
