@@ -69,7 +69,8 @@ def first_clause(text: str, limit: int = 90) -> str:
     return head if len(head) <= limit else head[: limit - 3].rstrip() + "..."
 
 
-NO_GRAPH_AMP = Support(UNSUPPORTED, "this backend has no graph-level automatic mixed precision (ITEX's, on Intel XPUs)")
+NO_GRAPH_AMP = Support(UNSUPPORTED, "this backend declares no rewrite of the float32 graph to low precision of its own")
+GRAPH_AMP_DTYPES = ("float16", "bfloat16")  # the types a graph-level rewrite may target
 # Keras's float8 layers run anywhere: without fp8 matrix units they quantize and dequantize around ordinary matmuls.
 NO_FP8 = Support(EMULATED, "this backend declares no fp8 matrix units: Keras's float8 layers would only be emulated "
                            "(quantize-dequantize around higher-precision matmuls), slower than without them")
@@ -144,26 +145,6 @@ def describe_layers(rules: Iterable[Float32Layer]) -> str:
     return ", ".join(", ".join(names) + condition.replace(" > ", ">") for condition, names in groups) or "none"
 
 
-def layer_geometry(layer: Any) -> tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
-    """A Keras layer's class names (its class and bases), strides and kernel size, as `Float32Layer`
-    matches them (``()`` where it has none)."""
-
-    def ints(value: Any) -> tuple[int, ...]:
-        if value is None:
-            return ()
-        values = value if isinstance(value, (tuple, list)) else (value,)
-        return tuple(int(v) for v in values if isinstance(v, int))
-
-    return (tuple(c.__name__ for c in type(layer).__mro__), ints(getattr(layer, "strides", None)),
-            ints(getattr(layer, "kernel_size", None)))
-
-
-def kept_in_float32(rules: Iterable[Float32Layer], layer: Any) -> bool:
-    """Whether one of ``rules`` keeps this Keras layer in float32."""
-    classes, strides, kernel = layer_geometry(layer)
-    return any(r.matches(classes, strides, kernel) for r in rules)
-
-
 @dataclass(frozen=True)
 class PeerVerdict:
     """A configuration a user would pick instead of the plan (a `amp_backends.registry.Peer`: another math
@@ -191,7 +172,8 @@ class Assessment:
     ``policies`` holds an entry for each of ``float32``, ``mixed_float16`` and ``mixed_bfloat16``;
     ``preference`` lists dtype policies best first, and the planner takes the first one whose support is
     ``native`` (so at least one must be). ``graph_amp`` says whether the backend can rewrite a float32
-    graph to low precision itself instead of a Keras policy (ITEX's auto mixed precision).
+    graph to low precision itself instead of a Keras policy (its reason names the rewrite), to which of
+    ``graph_amp_dtypes`` (``bfloat16``, ``float16``).
 
     ``fp8`` is how the devices run Keras's float8 layers with XLA on (the planner adds what the Keras version
     and the XLA setting change). ``matrix_units`` maps a compute dtype — ``float16``, ``bfloat16``,
@@ -214,6 +196,7 @@ class Assessment:
     xla_default: bool
     tf32_default: bool = True
     graph_amp: Support = NO_GRAPH_AMP
+    graph_amp_dtypes: tuple[str, ...] = GRAPH_AMP_DTYPES
     notes: tuple[str, ...] = field(default=())
     fp8: Support = NO_FP8
     matrix_units: Mapping[str, MatrixUnit] = field(default_factory=dict)
@@ -236,6 +219,8 @@ class Assessment:
         if not any(self.policies.get(p, None) is not None and self.policies[p].level == NATIVE
                    for p in self.preference if p in POLICIES):
             errors.append("no native dtype policy in its preference (expected at least one, such as float32)")
+        if not self.graph_amp_dtypes or not set(self.graph_amp_dtypes) <= set(GRAPH_AMP_DTYPES):
+            errors.append(f"graph_amp_dtypes={self.graph_amp_dtypes!r} (expected some of {GRAPH_AMP_DTYPES})")
         bad_units = [d for d, u in self.matrix_units.items()
                      if d not in MATRIX_DTYPES or not isinstance(u, MatrixUnit) or u.alignment < 1]
         if bad_units:

@@ -168,7 +168,7 @@ def auto_configure(
     xla: bool | str | None = None,
     tf32: bool | str | None = None,
     loss_scale: str | float | LossScale | None = None,
-    itex_amp: bool | str | None = None,
+    graph_amp: bool | str | None = None,
     fp8: bool | str | None = None,
     float32_layers: str | Sequence[str] | None = None,
     strict: bool | None = None,
@@ -176,6 +176,7 @@ def auto_configure(
     apply: bool = True,
     verbose: bool = True,
     registry: BackendRegistry | None = None,
+    itex_amp: bool | str | None = None,
 ) -> Plan:
     """Detect the hardware, choose the fastest safe mixed-precision plan, apply it and return it.
 
@@ -188,8 +189,8 @@ def auto_configure(
     next one is used; asking for it by name raises `BackendError`.
 
     Applying sets the Keras global dtype policy, TF32 execution (``tf.config``), turns global XLA
-    auto-clustering off when the plan has XLA off, and the backend's own settings (ITEX's math mode and
-    auto mixed precision). Training code reads ``plan.xla`` (``jit_compile``) and ``plan.loss_scale``;
+    auto-clustering off when the plan has XLA off, and the backend's own settings (ITEX's math mode, its graph
+    rewrite under ``graph_amp``). Training code reads ``plan.xla`` (``jit_compile``) and ``plan.loss_scale``;
     the trainer does so, and Keras ``fit`` does through ``plan.wrap_optimizer`` and ``plan.compile_kwargs``.
     ``fp8`` (off by default) trains the eligible Dense layers in float8 once ``prepare_model(model, plan)``
     quantizes them; ``float32_layers`` (``auto``: those measured slower in the policy's low precision here,
@@ -205,7 +206,9 @@ def auto_configure(
         tf32: ``"auto"``, ``"on"`` or ``"off"``: TF32 (or ITEX's BF32) for the float32 parts.
         loss_scale: ``"auto"``, ``"dynamic"``, ``"none"``, a fixed scale (``1024``), or a
             `LossScale`.
-        itex_amp: ``"on"``/``"off"``: ITEX's graph-level automatic mixed precision instead of a Keras policy.
+        graph_amp: ``"on"``/``"off"``: the backend rewrites the float32 graph to low precision itself instead of
+            a Keras policy, where it has such a rewrite (ITEX's auto mixed precision on Intel GPUs, TensorFlow's
+            oneDNN bfloat16 rewrite on CPUs with bf16 instructions); the plan's ``graph_amp`` reason names it.
         fp8: ``"auto"``, ``"on"`` or ``"off"``: float8 training of the eligible Dense layers (off by default).
         float32_layers: ``"auto"``, ``"none"``, or Keras layer class names to keep in float32.
         strict: Raise `UnsupportedRequestError` instead of downgrading a request.
@@ -213,6 +216,7 @@ def auto_configure(
         apply: Apply the plan (``False``: plan only, like `plan_for`).
         verbose: Log the plan's summary.
         registry: The backends to plan with (default: the installed ones).
+        itex_amp: Deprecated: the old name of ``graph_amp`` (a ``DeprecationWarning``); it goes in the next release.
 
     Returns:
         The plan, applied (unless ``apply=False``).
@@ -226,7 +230,8 @@ def auto_configure(
     request = build_request(
         registry.known_names(),
         backend=backend, policy=policy, xla=xla, tf32=tf32, loss_scale=loss_scale,
-        itex_amp=itex_amp, fp8=fp8, float32_layers=float32_layers, strict=strict, force=force,
+        graph_amp=graph_amp, fp8=fp8, float32_layers=float32_layers, strict=strict, force=force,
+        itex_amp=itex_amp,
     )
     with _state.lock:
         if apply and _state.plan is not None and _state.request == request and _state.registry is registry:

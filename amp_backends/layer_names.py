@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 import sys
 from collections.abc import Iterable
+from typing import Any
 
 KERAS_LAYERS = frozenset("""
 Activation ActivityRegularization AdaptiveAveragePooling1D AdaptiveAveragePooling2D AdaptiveAveragePooling3D
@@ -106,3 +107,23 @@ def corrected(names: Iterable[str], unknown: dict[str, list[str]]) -> str:
 
     fixed = [n if n not in unknown else sure(n) for n in names]
     return ",".join(dict.fromkeys(n for n in fixed if n))
+
+
+def layer_geometry(layer: Any) -> tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
+    """A Keras layer's class names (its class and bases), strides and kernel size, as
+    `amp_backends.assessment.Float32Layer` matches them (``()`` where it has none)."""
+
+    def ints(value: Any) -> tuple[int, ...]:
+        if value is None:
+            return ()
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        return tuple(int(v) for v in values if isinstance(v, int))
+
+    return (tuple(c.__name__ for c in type(layer).__mro__), ints(getattr(layer, "strides", None)),
+            ints(getattr(layer, "kernel_size", None)))
+
+
+def kept_in_float32(rules: Iterable[Any], layer: Any) -> bool:
+    """Whether one of ``rules`` (`amp_backends.assessment.Float32Layer` entries) keeps this Keras layer in float32."""
+    classes, strides, kernel = layer_geometry(layer)
+    return any(r.matches(classes, strides, kernel) for r in rules)

@@ -195,7 +195,7 @@ class LayerPlan:
 # ---------------------------------------------------------------------------------------------- deciding
 def worth_measuring(model: Any, plan: Plan) -> bool:
     """Whether the plan keeps some layers in float32 and ``model`` has such layers (in either dtype)."""
-    from .assessment import kept_in_float32
+    from .layer_names import kept_in_float32
     from .keras_compat import walk
 
     rules = tuple(getattr(plan, "float32_layers", ()) or ())
@@ -228,7 +228,7 @@ def _follows(layer: Any, plan: Plan) -> bool:
 
 
 def _rule_decisions(model: Any, plan: Plan) -> list[LayerDecision]:
-    from .assessment import kept_in_float32
+    from .layer_names import kept_in_float32
 
     rules = tuple(getattr(plan, "float32_layers", ()) or ())
     if not rules:

@@ -239,7 +239,7 @@ def _resolve_switch(r: _Resolver, name: str, requested: bool | None, auto: bool,
 
 def _resolve_policy(r: _Resolver, a: Assessment, decide: Decisions,
                     rejected: list[Rejected]) -> tuple[str, str | None]:
-    """The Keras dtype policy, and the type a graph-level rewrite (ITEX's) targets if one was requested."""
+    """The Keras dtype policy, and the type the backend's own graph rewrite targets if one was requested."""
     request = r.request
     auto_policy = next(p for p in a.preference if a.policies[p].level == NATIVE)
     policy = auto_policy
@@ -255,21 +255,26 @@ def _resolve_policy(r: _Resolver, a: Assessment, decide: Decisions,
         if p != policy:
             rejected.append(Rejected("policy", p, a.policies[p].why))
 
-    if not (request.itex_amp and r.check("itex_amp", "on", a.graph_amp, "off")):
+    if not (request.graph_amp and r.check("graph_amp", "on", a.graph_amp, "off")):
         return policy, None
-    # the rewrite needs a low-precision type to rewrite to: the policy's, or the backend's best one
-    target = policy if policy != "float32" else next(
-        (p for p in a.preference if p != "float32" and a.policies[p].level == NATIVE), None)
-    if target is None:
-        r.warnings.append("itex_amp=on ignored: this device has no native float16 or bfloat16")
+    # the rewrite needs a low-precision type it can target: the policy's, or the backend's best one
+    types = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
+    if policy != "float32" and types[policy] not in a.graph_amp_dtypes:
+        r.warnings.append(f"graph_amp=on ignored: the backend's graph rewrite targets {' or '.join(a.graph_amp_dtypes)}"
+                          f", not the policy's {types[policy]} ({first_clause(a.graph_amp.why)})")
         return policy, None
-    graph_amp = "bfloat16" if target == "mixed_bfloat16" else "float16"
+    graph_amp = types[policy] if policy != "float32" else next(
+        (types[p] for p in a.preference
+         if p != "float32" and a.policies[p].level == NATIVE and types[p] in a.graph_amp_dtypes), None)
+    if graph_amp is None:
+        r.warnings.append(f"graph_amp=on ignored: this device has no native {' or '.join(a.graph_amp_dtypes)}")
+        return policy, None
     decide.add("graph_amp", graph_amp, (
-        f"{graph_amp} as requested (itex_amp): the backend rewrites the float32 graph to {graph_amp}; the Keras "
+        f"{graph_amp} as requested (graph_amp): the backend rewrites the float32 graph to {graph_amp}; the Keras "
         f"policy stays float32 so the two do not cast twice. {a.graph_amp.why}"
-    ), f"as requested (itex_amp): the backend rewrites the float32 graph to {graph_amp}", a.graph_amp.evidence)
-    decide.add("policy", "float32", "float32 for Keras: the backend's graph rewrite does the casting (itex_amp=on)",
-               "for Keras; the backend's graph rewrite does the casting (itex_amp=on)")
+    ), f"as requested (graph_amp): the backend rewrites the float32 graph to {graph_amp}", a.graph_amp.evidence)
+    decide.add("policy", "float32", "float32 for Keras: the backend's graph rewrite does the casting (graph_amp=on)",
+               "for Keras; the backend's graph rewrite does the casting (graph_amp=on)")
     return "float32", graph_amp
 
 

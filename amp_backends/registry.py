@@ -5,10 +5,11 @@ A backend answers a handful of questions:
 * `Backend.probe` — what is there (without initialising CUDA; TensorFlow only if allowed),
 * `Backend.assess` — a *pure* judgement of that probe (an `Assessment`):
   which dtype policies, TF32 and XLA are native, merely functional, emulated (slow) or unsafe there,
-  and which the backend prefers and why,
+  and which the backend prefers and why; whether it has a rewrite of the float32 graph of its own
+  (``graph_amp``, its reason naming it),
 * `Backend.report_rows` and `Backend.software_rows` — its rows in the capability report,
 * `Backend.vendor_settings` and `Backend.apply` — its own settings beyond the Keras policy,
-  TF32 and XLA (ITEX's math mode, say): named from the resolved plan, then applied,
+  TF32 and XLA (ITEX's math mode, say, or its graph rewrite): named from the resolved plan, then applied,
 * `Backend.catalogue` and `Backend.describe` — its devices in the catalogue
   (``plan_for(device="h100")``), and the probe each would give,
 * `Backend.kernel_audit` — how the audit reads the kernels that ran on its devices

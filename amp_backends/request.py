@@ -6,11 +6,14 @@ variables. Values are validated here, once, with errors that name the accepted v
 `OPTIONS` is the one table of the overrides: each one's keyword, environment variable
 (`ENV_VARS`), parsing, accepted values (the documentation's Options table, `overrides_markdown`)
 and command-line help and metavar (every command's ``--policy``, ``--loss-scale``...; `option_help`).
+`RENAMED` holds the old names that still work for one release (keyword, variable and option), each with a
+deprecation warning naming the new one.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +45,7 @@ class Request:
     xla: bool | None = None
     tf32: bool | None = None
     loss_scale: LossScale | None = None
-    itex_amp: bool = False
+    graph_amp: bool = False
     fp8: bool | None = None
     float32_layers: tuple[str, ...] | None = None
     strict: bool = False
@@ -77,13 +80,18 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
+def _env(name: str) -> str:
+    """The ``AMP_*`` variable of option ``name`` (or of an old name in `RENAMED`)."""
+    return "AMP_" + name.upper()
+
+
 def _where(name: str, source: str) -> str:
-    return f"{ENV_VARS[name]}" if source == "env" else f"{name}="
+    return f"{_env(name)}" if source == "env" else f"{name}="
 
 
 def _fix_hint(name: str, source: str, example: str) -> str:
     if source == "env":
-        return f"export {ENV_VARS[name]}={example}, or unset {ENV_VARS[name]} to let amp_backends decide"
+        return f"export {_env(name)}={example}, or unset {_env(name)} to let amp_backends decide"
     return f"pass {name}={example!r}, or leave {name} out to let amp_backends decide"
 
 
@@ -257,7 +265,7 @@ class Option:
 
     @property
     def env(self) -> str:
-        return "AMP_" + self.name.upper()
+        return _env(self.name)
 
     @property
     def flag(self) -> bool:
@@ -284,8 +292,12 @@ OPTIONS: tuple[Option, ...] = (
            "scaling), `fixed:<scale>` or a bare positive number",
            "Loss scaling: auto, dynamic, none (also off or 0: no scaling), fixed:<scale> or a bare number "
            "(a fixed scale)", "SCALE"),
-    Option("itex_amp", _on_off, "`on`/`off`: ITEX's graph-level auto mixed precision instead of a Keras policy",
-           "ITEX's graph-level auto mixed precision instead of a Keras policy (Intel): on, off", "on|off", "off"),
+    Option("graph_amp", _on_off,
+           "`on`/`off`: the backend rewrites the float32 graph to low precision itself instead of a Keras dtype "
+           "policy, where it has such a rewrite (the plan's `graph_amp` reason names it); the Keras policy stays "
+           "float32",
+           "The backend's own rewrite of the float32 graph to low precision instead of a Keras policy, where it "
+           "has one: on, off", "on|off", "off"),
     Option("fp8", _switch,
            "`auto` (off until a measurement shows it faster), `on`, `off`: float8 training of the eligible Dense "
            "layers (`amp_backends.prepare_model(model, plan)`); native on NVIDIA CC ≥ 8.9 with Keras ≥ 3.3 and "
@@ -306,6 +318,25 @@ OPTIONS: tuple[Option, ...] = (
 )
 OPTION = {o.name: o for o in OPTIONS}
 ENV_VARS = {o.name: o.env for o in OPTIONS}
+# Old names that still work for one release, with a deprecation warning: old name -> the option it now is.
+RENAMED = {"itex_amp": "graph_amp"}
+RENAMED_ENV_VARS = {old: _env(old) for old in RENAMED}
+
+
+def renamed_message(old: str, source: str = "argument") -> str:
+    """The deprecation warning for an old option name, naming the new option the way the old one was given.
+
+    Args:
+        old: A name of `RENAMED`.
+        source: ``"argument"`` (a keyword), ``"env"`` (its ``AMP_*`` variable) or ``"option"`` (a command's flag).
+
+    Returns:
+        The warning's text.
+    """
+    new = RENAMED[old]
+    given, use = {"env": (_env(old), _env(new)),
+                  "option": ("--" + old.replace("_", "-"), "--" + new.replace("_", "-"))}.get(source, (old, new))
+    return f"{given} is deprecated: use {use}, its new name (the same values); {given} goes in the next release"
 
 
 def option_help(name: str, backends: Iterable[str] = ("nvidia", "intel", "cpu")) -> str:
@@ -338,27 +369,40 @@ def build_request(
     """Merge keyword overrides (which win) with ``AMP_*`` environment variables and validate them.
 
     ``kwargs`` takes the option names of `ENV_VARS`; a keyword passed as ``None`` (or absent)
-    falls back to the environment variable.
+    falls back to the environment variable. An old name of `RENAMED` (keyword or variable) stands for its
+    new one, with a ``DeprecationWarning`` (a keyword) or a ``FutureWarning`` (a variable, seen by whoever
+    runs the program); the new name, given the same way, wins over it.
     """
-    unknown = set(kwargs) - set(ENV_VARS)
+    unknown = set(kwargs) - set(ENV_VARS) - set(RENAMED)
     if unknown:
         raise TypeError(
             f"Unknown override(s) {sorted(unknown)}. Accepted keyword arguments: {', '.join(ENV_VARS)}."
         )
     env = os.environ if environ is None else environ
-    raw: dict[str, tuple[Any, str]] = {}
+    raw: dict[str, tuple[Any, str, str]] = {}  # option -> (value, "argument" or "env", the name it was given as)
     for name, var in ENV_VARS.items():
         if kwargs.get(name) is not None:
-            raw[name] = (kwargs[name], "argument")
+            raw[name] = (kwargs[name], "argument", name)
         elif env.get(var, "").strip() != "":
-            raw[name] = (env[var], "env")
+            raw[name] = (env[var], "env", name)
+    for old, new in RENAMED.items():
+        if kwargs.get(old) is not None:
+            warnings.warn(renamed_message(old), DeprecationWarning, stacklevel=3)
+            given = (kwargs[old], "argument", old)
+        elif env.get(_env(old), "").strip() != "":
+            warnings.warn(renamed_message(old, "env"), FutureWarning, stacklevel=3)
+            given = (env[_env(old)], "env", old)
+        else:
+            continue
+        if new not in raw or (raw[new][1] == "env" and given[1] == "argument"):
+            raw[new] = given
 
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     known = tuple(known_backends)
-    for name, (value, source) in raw.items():
-        values[name] = OPTION[name].parse(name, value, source, known)
-        sources[name] = ENV_VARS[name] if source == "env" else "argument"
+    for name, (value, source, given_as) in raw.items():
+        values[name] = OPTION[name].parse(given_as, value, source, known)
+        sources[name] = _env(given_as) if source == "env" else "argument"
     request = Request(**values, sources=sources)
     if request.strict and request.force:
         raise AmpConfigError(
@@ -366,4 +410,3 @@ def build_request(
             "force honours slow ones anyway. Received both. Fix: keep one of them."
         )
     return request
-

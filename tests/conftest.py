@@ -10,6 +10,7 @@ import tempfile
 import pytest
 
 from amp_backends import configure, keras_compat, request
+from amp_backends.backends.cpu.rules import GRAPPLER_BF16
 from amp_backends.registry import default_registry
 
 
@@ -122,11 +123,21 @@ def registry():
 
 VENDOR_VARIABLES = ("ITEX_FP32_MATH_MODE",)
 
+# The grappler rewrites a plan may turn on (the CPU backend's graph_amp): each test finds them as it left them.
+GRAPPLER_OPTIONS = (GRAPPLER_BF16,)
 
-@pytest.fixture(autouse=True)
-def restore_global_state(monkeypatch):
-    """Every test leaves the Keras dtype policy, TF32, JIT setting and applied plan as it found them."""
-    for var in request.ENV_VARS.values():
+
+def _grappler_options(tf) -> dict[str, bool]:
+    """The `GRAPPLER_OPTIONS` as TensorFlow has them now (off where never set: TensorFlow's default)."""
+    current = tf.config.optimizer.get_experimental_options()
+    return {name: bool(current.get(name, False)) for name in GRAPPLER_OPTIONS}
+
+
+@contextlib.contextmanager
+def global_state_kept(monkeypatch):
+    """The Keras dtype policy, TF32, JIT setting, the grappler rewrites a plan turns on (`GRAPPLER_OPTIONS`) and
+    the applied plan as they were on entry, on exit; no ``AMP_*`` variable inside (`restore_global_state`)."""
+    for var in (*request.ENV_VARS.values(), *request.RENAMED_ENV_VARS.values()):
         monkeypatch.delenv(var, raising=False)
     # answers cached by one test (a measured layer plan, an autotune choice) are not another test's
     monkeypatch.setenv("AMP_CACHE_DIR", tempfile.mkdtemp(prefix="amp_cache_", dir=CACHE_ROOT))
@@ -142,16 +153,29 @@ def restore_global_state(monkeypatch):
     if tf is not None:
         saved = (keras_compat.global_policy_name(tf),
                  tf.config.experimental.tensor_float_32_execution_enabled(),
-                 tf.config.optimizer.get_jit())
+                 tf.config.optimizer.get_jit(), _grappler_options(tf))
     configure.reset()
-    yield
-    configure.reset()
-    tf = sys.modules.get("tensorflow")
-    if tf is not None:
-        policy, tf32, jit = saved if saved else ("float32", True, "")
-        keras_compat.set_global_policy(policy, tf)
-        tf.config.experimental.enable_tensor_float_32_execution(tf32)
-        tf.config.optimizer.set_jit(jit or False)
+    try:
+        yield
+    finally:
+        configure.reset()
+        tf = sys.modules.get("tensorflow")
+        if tf is not None:
+            policy, tf32, jit, rewrites = saved if saved else ("float32", True, "",
+                                                                dict.fromkeys(GRAPPLER_OPTIONS, False))
+            keras_compat.set_global_policy(policy, tf)
+            tf.config.experimental.enable_tensor_float_32_execution(tf32)
+            tf.config.optimizer.set_jit(jit or False)
+            if _grappler_options(tf) != rewrites:
+                tf.config.optimizer.set_experimental_options(rewrites)
+
+
+@pytest.fixture(autouse=True)
+def restore_global_state(monkeypatch):
+    """Every test leaves the Keras dtype policy, TF32, JIT setting, the grappler rewrites a plan turns on and the
+    applied plan as it found them (`global_state_kept`)."""
+    with global_state_kept(monkeypatch):
+        yield
 
 
 # Under pytest-xdist each worker runs its own TensorFlow: each takes its share of the cores for its thread pools

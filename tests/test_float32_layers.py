@@ -12,7 +12,8 @@ import json
 
 import pytest
 
-from amp_backends.assessment import Float32Layer, layer_geometry
+from amp_backends.assessment import Float32Layer
+from amp_backends.layer_names import layer_geometry
 from amp_backends.errors import AmpConfigError
 from amp_backends.planner import make_plan
 from amp_backends.request import build_request

@@ -151,7 +151,7 @@ from fakes import AMD_HERE, MAX1550, cpu_of, intel, machine
 
 reg = default_registry()
 hw = machine(intel(MAX1550), cpu_of(AMD_HERE))
-plan = make_plan(hw, build_request(reg.names(), environ={}, itex_amp=True), reg)
+plan = make_plan(hw, build_request(reg.names(), environ={}, graph_amp=True), reg)
 notes = apply_plan(plan, reg)
 cfg = itex.get_config()
 out = dict(plan=[plan.backend, plan.policy, plan.graph_amp, plan.vendor_setting("ITEX_FP32_MATH_MODE"), plan.xla],

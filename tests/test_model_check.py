@@ -365,7 +365,7 @@ def test_flops_of_each_kind_of_op(h100):
 def test_graph_level_amp_plan_checks_float32_ops_as_bfloat16():
     from fakes import MAX1550, intel
 
-    plan = amp_backends.plan_for(machine(intel(MAX1550)), itex_amp="on")
+    plan = amp_backends.plan_for(machine(intel(MAX1550)), graph_amp="on")
     assert plan.policy == "float32"
     result = check_model(build(bad_sizes_generator, "float32"), plan=plan, batch_size=4096)
     assert "float32-compute" not in codes(result) and "policy-mismatch" not in codes(result)

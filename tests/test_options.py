@@ -53,7 +53,8 @@ def test_loss_scale_values(value, expected):
     ({"AMP_BACKEND": "rocm"}, "AMP_BACKEND", "nvidia, intel, cpu"),
     ({"AMP_STRICT": "perhaps"}, "AMP_STRICT", "on, off"),
     ({"AMP_FORCE": "x"}, "AMP_FORCE", "on, off"),
-    ({"AMP_ITEX_AMP": "x"}, "AMP_ITEX_AMP", "on, off"),
+    ({"AMP_GRAPH_AMP": "x"}, "AMP_GRAPH_AMP", "on, off"),
+    ({"AMP_ITEX_AMP": "x"}, "AMP_ITEX_AMP", "on, off"),  # graph_amp's old name: its own variable is named
     ({"AMP_FP8": "maybe"}, "AMP_FP8", "auto, on, off"),
 ])
 def test_invalid_env_values_name_the_valid_ones(env, var, valid):
@@ -154,8 +155,8 @@ def test_every_command_takes_the_overrides_of_the_table(which):
                "gan": train.gan_command()}[which]
     text = _help(command)
     for o in OPTIONS:
-        if which in ("mnist", "gan") and o.name == "itex_amp":
-            assert "--itex-amp" not in text  # ITEX's graph rewrite is not offered to the examples
+        if which in ("mnist", "gan") and o.name == "graph_amp":
+            assert "--graph-amp" not in text  # the backend's graph rewrite is not offered to the examples
             continue
         usage = o.flag_name if o.flag else f"{o.flag_name} {o.metavar}"
         assert usage in text and " ".join(option_help(o.name).split()) in text, (o.name, text)

@@ -233,15 +233,15 @@ def test_backend_overrides(registry):
         plan(h100, registry, backend="intel", strict=True)
 
 
-def test_itex_amp(registry):
-    p = plan(machine(intel(MAX1550), HERE), registry, itex_amp="on")
+def test_graph_amp_on_intel_xpus_is_itex_amp(registry):
+    p = plan(machine(intel(MAX1550), HERE), registry, graph_amp="on")
     assert p.graph_amp == "bfloat16" and p.policy == "float32" and p.loss_scale.mode == "none"
     assert p.vendor_setting("itex_auto_mixed_precision") == "BFLOAT16"
-    xe = plan(machine(intel(IRIS_XE), HERE), registry, itex_amp=True)
+    xe = plan(machine(intel(IRIS_XE), HERE), registry, graph_amp=True)
     assert xe.graph_amp == "float16" and xe.loss_scale.mode == "dynamic"
     assert xe.vendor_setting("itex_auto_mixed_precision") == "FLOAT16"
-    not_intel = plan(machine(nvidia(H100), HERE), registry, itex_amp=True)
-    assert not_intel.graph_amp is None and not_intel.vendor_settings == () and "itex_amp=on" in not_intel.warnings[0]
+    not_intel = plan(machine(nvidia(H100), HERE), registry, graph_amp=True)
+    assert not_intel.graph_amp is None and not_intel.vendor_settings == () and "graph_amp=on" in not_intel.warnings[0]
 
 
 def test_sources_are_named_in_warnings(registry):
@@ -268,7 +268,7 @@ def test_training_key_covers_every_setting_that_changes_training(registry):
     base = plan(xpu, registry)
     assert base.training_key() == plan(xpu, registry).training_key()
     for other in (plan(xpu, registry, tf32="off"),  # no math mode: a vendor setting differs
-                  plan(xpu, registry, itex_amp="on"), plan(xpu, registry, loss_scale="dynamic"),
+                  plan(xpu, registry, graph_amp="on"), plan(xpu, registry, loss_scale="dynamic"),
                   plan(xpu, registry, policy="fp16")):
         assert other.training_key() != base.training_key()
     assert "ITEX_FP32_MATH_MODE=TF32" in base.training_key()

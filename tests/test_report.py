@@ -209,7 +209,7 @@ def test_help_is_complete_at_80_columns(module, args):
     assert "…" not in text and "<bool>" not in text and "<str>" not in text and "..." not in text.split("Commands:")[-1]
     assert max(len(line) for line in text.splitlines()) <= 80
     if module == "amp_backends.info":
-        for var in ("AMP_BACKEND", "AMP_POLICY", "AMP_XLA", "AMP_TF32", "AMP_LOSS_SCALE", "AMP_ITEX_AMP", "AMP_STRICT",
+        for var in ("AMP_BACKEND", "AMP_POLICY", "AMP_XLA", "AMP_TF32", "AMP_LOSS_SCALE", "AMP_GRAPH_AMP", "AMP_STRICT",
                     "AMP_FORCE"):
             assert f"${var}" in text
         flat = " ".join(text.split())

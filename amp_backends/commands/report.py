@@ -35,7 +35,7 @@ from ..hardware import Hardware
 from ..keras_compat import keras_info
 from ..probe import needs_tensorflow, probe_hardware
 from ..registry import BackendRegistry, default_registry
-from ..request import ENV_VARS
+from ..request import ENV_VARS, RENAMED_ENV_VARS
 from ..software import tensorflow_build_info, tensorflow_version
 from ..version import __version__
 
@@ -135,7 +135,8 @@ def collect(
         "amp_backends_version": __version__,
         "plan": None,
         "plan_error": None,
-        "overrides": {var: env[var] for var in ENV_VARS.values() if env.get(var, "").strip()},
+        "overrides": {var: env[var] for var in (*ENV_VARS.values(), *RENAMED_ENV_VARS.values())
+                      if env.get(var, "").strip()},
         "autotune": None,
         "software": {
             "python": platform.python_version(),

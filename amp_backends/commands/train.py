@@ -82,7 +82,7 @@ def command(name: str, train: Callable[[Any], Any], *, batch_size: int, lr: floa
     """A typer command with the tutorials' flags (``--epochs --batch_size --lr``) plus the plan and trainer flags."""
     default_batch, default_lr = batch_size, lr
 
-    @with_overrides(exclude=("itex_amp",))
+    @with_overrides(exclude=("graph_amp",))
     def main(
         epochs: int = number_option(1, "--epochs", prog=name, metavar="N", help="Passes over the training set."),
         batch_size: int = number_option(default_batch, "--batch_size", "--batch-size", prog=name, metavar="N",

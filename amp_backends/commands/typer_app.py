@@ -11,12 +11,13 @@ import functools
 import inspect
 import math
 import shlex
+import warnings
 from collections.abc import Callable
 from typing import Any, NoReturn, Optional
 
 import typer
 
-from ..request import OPTIONS, option_help, overrides_given
+from ..request import OPTIONS, RENAMED, option_help, overrides_given, renamed_message
 
 CONTEXT = {"max_content_width": 120, "help_option_names": ["-h", "--help"]}
 OVERRIDES = "overrides"  # the parameter of a command that receives the plan overrides given, as one dict
@@ -67,7 +68,8 @@ def number_option(default: Any, *flags: str, prog: str, kind: type = int, minimu
 
 
 def with_overrides(*, exclude: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Give a command the plan overrides' options of `amp_backends.request.OPTIONS` (all but ``exclude``).
+    """Give a command the plan overrides' options of `amp_backends.request.OPTIONS` (all but ``exclude``), and the
+    old names of `amp_backends.request.RENAMED` as hidden options that still work, with a ``FutureWarning``.
 
     The command declares one parameter ``overrides`` where the options go in its help; it receives the
     overrides given, as ``auto_configure`` keywords (`overrides_given`)::
@@ -77,6 +79,7 @@ def with_overrides(*, exclude: tuple[str, ...] = ()) -> Callable[[Callable[..., 
             plan = auto_configure(**overrides)
     """
     options = [o for o in OPTIONS if o.name not in exclude]
+    renamed = {old: new for old, new in RENAMED.items() if new not in exclude}  # old flags: hidden, still taken
 
     def parameter(option: Any) -> inspect.Parameter:
         help = option_help(option.name)
@@ -94,11 +97,19 @@ def with_overrides(*, exclude: tuple[str, ...] = ()) -> Callable[[Callable[..., 
         for p in signature.parameters.values():
             if p.name == OVERRIDES:
                 params += [parameter(o) for o in options]
+                params += [inspect.Parameter(old, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+                                             default=typer.Option(None, "--" + old.replace("_", "-"), hidden=True))
+                           for old in renamed]
             else:
                 params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
 
         @functools.wraps(command)
         def wrapper(**parsed: Any) -> Any:
+            for old, new in renamed.items():
+                value = parsed.pop(old)
+                if value is not None:
+                    warnings.warn(renamed_message(old, "option"), FutureWarning, stacklevel=2)
+                    parsed[new] = parsed[new] if parsed[new] is not None else value
             given = overrides_given({o.name: parsed.pop(o.name) for o in options})
             return command(**parsed, **{OVERRIDES: given})
 

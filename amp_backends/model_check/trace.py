@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from ..assessment import layer_geometry
+from ..layer_names import layer_geometry
 from .gemm import GEMM_OPS, read_gemm
 from .gemm import dims_of as _dims
 from .gemm import float_dtype as _float_dtype

@@ -15,7 +15,7 @@ import logging
 import warnings
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..assessment import kept_in_float32
+from ..layer_names import kept_in_float32
 from ..errors import AmpWarning
 
 logger = logging.getLogger("amp_backends.train")

@@ -2,8 +2,9 @@
 
 The rules (`rules`): mixed_bfloat16 where the CPU has bf16 instructions
 *and* oneDNN runs the model (`onednn`: TensorFlow's default for the CPU,
-``TF_ENABLE_ONEDNN_OPTS``, or ITEX), float32 elsewhere; XLA off; no loss scaling. The figures the reasons
-quote come from the committed results files (`measured`).
+``TF_ENABLE_ONEDNN_OPTS``, or ITEX), float32 elsewhere; XLA off; no loss scaling. There, ``graph_amp=on``
+has TensorFlow's grappler rewrite the float32 graph to bfloat16 instead (`grappler_rewrite`). The figures the
+reasons quote come from the committed results files (`measured`).
 """
 
 from __future__ import annotations
@@ -290,19 +291,28 @@ class CpuBackend(Backend):
             float32_layers=kept,
             float32_layers_why=kept_why or "no layer was measured slower in bfloat16 than in float32 here",
             peers=rules.judge_peers(cpu, found),
+            graph_amp=rules.graph_amp_support(cpu, onednn, itex_active),
+            graph_amp_dtypes=("bfloat16",),
         )
 
     def vendor_settings(self, plan: Plan) -> tuple[VendorSetting, ...]:
+        settings = []
         if plan.tf32:  # only ever native here: ITEX loaded on an AMX CPU
-            return (VendorSetting(MATH_MODE_VARIABLE, "BF32", "ITEX's BF32 math mode is how this CPU runs float32 "
-                                  "matmuls on its AMX bf16 units (the plan's tf32=on)"),)
-        return ()
+            settings.append(VendorSetting(MATH_MODE_VARIABLE, "BF32", "ITEX's BF32 math mode is how this CPU runs "
+                                          "float32 matmuls on its AMX bf16 units (the plan's tf32=on)"))
+        if plan.graph_amp:  # only ever bfloat16 here, where oneDNN runs it on bf16 instructions
+            settings.append(VendorSetting(rules.GRAPPLER_BF16, "on", "TensorFlow's grappler rewrites the float32 "
+                                          f"graph to {plan.graph_amp} for oneDNN (graph_amp=on)"))
+        return tuple(settings)
 
     def apply(self, plan: Plan, tf: Any) -> list[str]:
         notes = []
         mode = plan.vendor_setting(MATH_MODE_VARIABLE)
         if mode:
             notes.append(apply_math_mode(mode))
+        rewrite = grappler_rewrite(tf, rules.GRAPPLER_BF16, plan.vendor_setting(rules.GRAPPLER_BF16) == "on")
+        if rewrite:
+            notes.append(rewrite)
         hidden = hide_accelerators(tf)
         if hidden:
             notes.append(hidden)
@@ -340,6 +350,34 @@ class CpuBackend(Backend):
             The CPU's `CpuKernelAudit`.
         """
         return CpuKernelAudit(lambda: probe_cpu())
+
+
+_REWRITES_SET: set[str] = set()  # the grappler rewrites this backend turned on in this process
+
+
+def grappler_rewrite(tf: Any, name: str, on: bool) -> str | None:
+    """Turn TensorFlow's grappler rewrite ``name`` on for a plan that has it, or off again for one that does not
+    (only where this backend turned it on: one the user set stays); it acts on the graphs traced afterwards
+    (``tf.function``, Keras ``fit``), not on eager ops.
+
+    Args:
+        tf: The TensorFlow module.
+        name: The rewrite's option (``tf.config.optimizer.set_experimental_options``).
+        on: Whether the plan has it.
+
+    Returns:
+        A note for the log, or ``None`` where nothing changed.
+    """
+    if on:
+        _REWRITES_SET.add(name)
+    elif name in _REWRITES_SET:
+        _REWRITES_SET.discard(name)
+        if not tf.config.optimizer.get_experimental_options().get(name):
+            return None  # turned off since
+    else:
+        return None
+    tf.config.optimizer.set_experimental_options({name: on})
+    return f"grappler {name} {'on' if on else 'off again (the plan has no graph rewrite)'}"
 
 
 def hide_accelerators(tf: Any) -> str | None:

@@ -3,14 +3,15 @@
 bfloat16 is fast on a CPU only where both hold: the CPU has bf16 instructions (AVX512_BF16, AMX, Arm
 BF16) and oneDNN runs the model's matmuls and convolutions — TensorFlow's oneDNN
 (`onednn`) or ITEX's. Without oneDNN, TensorFlow runs bfloat16 in Eigen,
-many times slower than float32 even on a bf16 CPU. Every figure quoted comes from a committed results file
-(`measured`), named with its machine.
+many times slower than float32 even on a bf16 CPU. The same holds for the CPU's graph rewrite (``graph_amp``,
+`graph_amp_support`): TensorFlow's grappler bfloat16 rewrite for oneDNN. Every figure quoted comes from a
+committed results file (`measured`), named with its machine.
 """
 
 from __future__ import annotations
 
-from amp_backends.backend_api import (EMULATED, FUNCTIONAL, NATIVE, UNSAFE, Evidence, Float32Layer, PeerVerdict,
-                                      Support)
+from amp_backends.backend_api import (EMULATED, FUNCTIONAL, NATIVE, UNSAFE, UNSUPPORTED, Evidence, Float32Layer,
+                                      PeerVerdict, Support)
 from amp_backends.registry import Peer
 from amp_backends.hardware import CpuInfo
 
@@ -227,6 +228,7 @@ def float32_layers(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> tupl
 
 ZENDNN_PACKAGE = "zentf"  # AMD's ZenDNN plug-in for TensorFlow (PyPI), enabled by TF_ENABLE_ZENDNN_OPTS=1
 GRAPPLER_BF16 = "auto_mixed_precision_onednn_bfloat16"  # TensorFlow's own float32-to-bfloat16 rewrite for oneDNN
+GRAPPLER_PEER = "fp32 grappler-bf16"  # the zoo's configuration of it: a float32 model, rewritten
 
 
 def peers(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool, zentf: str | None) -> tuple[Peer, ...]:
@@ -250,7 +252,7 @@ def peers(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool, zentf: str | Non
         found.append(Peer("fp32 oneDNN-off", f"float32 in TensorFlow's Eigen kernels ({VARIABLE}=0)",
                           env=((VARIABLE, "0"),)))
         if cpu.native_bf16:
-            found.append(Peer("fp32 grappler-bf16", "a float32 model that TensorFlow's grappler rewrites to bfloat16 "
+            found.append(Peer(GRAPPLER_PEER, "a float32 model that TensorFlow's grappler rewrites to bfloat16 "
                               f"for oneDNN ({GRAPPLER_BF16}), with no Keras policy", rewrite=GRAPPLER_BF16))
     elif not cpu.is_arm:
         found.append(Peer("fp32 oneDNN-on", f"float32 in oneDNN's kernels, which TensorFlow leaves off here "
@@ -262,6 +264,48 @@ def peers(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool, zentf: str | Non
             found.append(Peer("ZenDNN bf16-AMP", f"ZenDNN's own bfloat16 mixed precision (zentf {zentf})",
                               env=(*zen, ("TF_ZENDNN_PLUGIN_BF16", "1"))))
     return tuple(found)
+
+
+GRAPH_AMP_FIGURES = (GRAPPLER_PEER, "fp32", "bf16")  # the rewrite, float32 and the Keras policy, all with XLA off
+
+
+def graph_amp_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Support:
+    """The CPU's own graph rewrite (the plan's ``graph_amp``): TensorFlow's grappler rewrite to bfloat16 for oneDNN.
+
+    Args:
+        cpu: The CPU.
+        onednn: Whether TensorFlow runs oneDNN here.
+        itex_active: Whether ITEX is loaded (its own oneDNN then runs the ops; no rewrite is offered).
+
+    Returns:
+        Native where bfloat16 runs through oneDNN on bf16 instructions, quoting the committed zoo runs of a CPU
+        the probe names alike (or saying none was measured); unsupported elsewhere, with why.
+    """
+    if itex_active:
+        return Support(UNSUPPORTED, "ITEX is loaded: its own oneDNN runs the CPU's ops, and neither TensorFlow's "
+                                    f"grappler rewrite ({GRAPPLER_BF16}) nor ITEX's auto mixed precision was measured "
+                                    "under it; the Keras policy is the supported path here",
+                       "ITEX is loaded: no graph rewrite was measured under it")
+    if not bf16_runs_fast(cpu, onednn, itex_active):
+        if not cpu.native_bf16:
+            why = (f"this CPU has no bf16 instructions: the bfloat16 the rewrite ({GRAPPLER_BF16}) makes would be "
+                   f"emulated, slower than float32 ({bf16_support(cpu, onednn, itex_active).short})")
+        else:
+            why = (f"oneDNN is off ({onednn.why}): TensorFlow's grappler rewrite to bfloat16 ({GRAPPLER_BF16}) is a "
+                   "oneDNN pass, which TensorFlow skips without oneDNN (the graph stays float32)")
+        return Support(UNSUPPORTED, why)
+    brief = "TensorFlow's grappler rewrites the float32 graph to bfloat16 for oneDNN"
+    rewrite = f"{brief} ({GRAPPLER_BF16}), on the CPU's bf16 instructions ({bf16_flags(cpu)})"
+    models = [m for m in zoo_results(cpu.name) if m.source.has(*GRAPH_AMP_FIGURES)]
+    if not models:
+        return Support(NATIVE, f"{rewrite}; not measured on a CPU like this one ({cpu.name}): `amp-backends bench "
+                               "--zoo --configs peers` measures it here", f"{brief}; not measured here")
+    figures = "; ".join(f"{m.model}: {m.source.quote(*GRAPH_AMP_FIGURES, unit='samples/s')}" for m in models)
+    speed = ", ".join(f"{m.source.times(GRAPPLER_PEER, 'fp32')} float32's speed on {m.model}" for m in models)
+    proof = tuple(e for m in models if (e := m.source.evidence(*GRAPH_AMP_FIGURES, unit="samples/s")))
+    return Support(NATIVE, f"{rewrite}; measured with XLA off as {GRAPPLER_PEER} (the rewrite) against fp32 (float32) "
+                           f"and bf16 (the Keras mixed_bfloat16 policy): {figures}",
+                   f"{brief}: {speed}", proof)
 
 
 # The plan's own rows in a zoo run, and the margin a peer must beat the better of them by in every repetition

@@ -223,7 +223,7 @@ class IntelBackend(Backend):
                                           "matmuls on its XMX engines (the plan's tf32=on)"))
         if plan.graph_amp:
             settings.append(VendorSetting(AMP_SETTING, plan.graph_amp.upper(), "ITEX rewrites the float32 graph to "
-                                          f"{plan.graph_amp} (itex_amp=on)"))
+                                          f"{plan.graph_amp} (graph_amp=on)"))
         return tuple(settings)
 
     def apply(self, plan: Plan, tf: Any) -> list[str]:

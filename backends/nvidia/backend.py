@@ -28,6 +28,14 @@ from .capability import capability_facts, cc_text, compute_capability
 from .kernels import NvidiaKernelAudit
 from .nvml import FASTEST_FIRST, NvmlGpu, optional, as_text, nvml_start_failure, read_nvml_gpus, visible_gpus
 
+# TensorFlow's grappler has a float16 rewrite for CUDA GPUs, which the plan does not offer (graph_amp=on).
+GRAPH_AMP = Support(
+    UNSUPPORTED, "TensorFlow's grappler has a float16 graph rewrite for NVIDIA GPUs (auto_mixed_precision), but the "
+                 "plan does not offer it: the Keras mixed_float16 policy, with the plan's loss scaling, is the "
+                 "supported path (the rewrite leaves loss scaling to the training code, and TensorFlow deprecated its "
+                 "API, enable_mixed_precision_graph_rewrite, for the Keras policy)",
+    "not offered: the Keras mixed_float16 policy is the supported path")
+
 FIT_STEPS_WHY = (
     "Keras's default of one step per compiled call, until a GPU measurement says otherwise: more steps per call save "
     "host round trips where a step is short, but no GPU measurement of fit with more steps per call is committed "
@@ -279,6 +287,7 @@ class NvidiaBackend(Backend):
             tf32=tf32,
             xla=xla,
             xla_default=True,
+            graph_amp=GRAPH_AMP,
             notes=notes,
             fp8=fp8,
             matrix_units=units,
