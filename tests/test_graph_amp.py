@@ -13,7 +13,8 @@ from dataclasses import replace
 
 import pytest
 
-from amp_backends.assessment import NATIVE, RESULTS_DIR, UNSUPPORTED, Assessment, Support
+from amp_backends.assessment import NATIVE, UNSUPPORTED, Assessment, Support
+from amp_backends.evidence import RESULTS_DIR
 from amp_backends.backends.cpu.rules import GRAPPLER_BF16
 from amp_backends.errors import UnsupportedRequestError
 from amp_backends.planner import make_plan
