@@ -157,12 +157,14 @@ class PeerVerdict:
         why: What was measured, with its figures, machine and file, or that nothing was measured on a machine
             of this kind.
         evidence: The figures quoted.
+        graph_rewrite: Whether the peer is the backend's own graph rewrite (what ``graph_amp=on`` asks for).
     """
 
     name: str
     won: bool
     why: str
     evidence: tuple[Evidence, ...] = ()
+    graph_rewrite: bool = False
 
 
 @dataclass(frozen=True)

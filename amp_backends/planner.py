@@ -390,9 +390,12 @@ def _resolve(a: Assessment, request: Request, chosen: str, keras: KerasInfo | No
                a.steps_per_execution_evidence)
     float32_layers = _resolve_float32_layers(a, request, policy, decide)
     for peer in a.peers:  # what a user would pick instead, judged from committed runs on this kind of machine
+        if peer.graph_rewrite and graph_amp:
+            continue  # the plan is that peer
         if peer.won:
+            take = "; graph_amp=on takes it" if peer.graph_rewrite else ""
             r.warnings.append(f"{peer.name} was measured faster than the automatic plan on a machine of this kind, "
-                              f"and the plan does not take it by itself: {peer.why}")
+                              f"and the plan does not take it by itself{take}: {peer.why}")
         else:
             rejected.append(Rejected("peer", peer.name, peer.why))
 

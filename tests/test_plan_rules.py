@@ -591,3 +591,11 @@ def test_the_policy_reason_quotes_this_cpu_kinds_own_file_where_one_is_committed
     zen5 = plan(_catalogue_cpu("zen5"), registry)
     assert "results/cpu-policy-xeon-amx.json" in xeon.decision("policy").detail
     assert "results/cpu-policy-zen4.json" in zen5.decision("policy").detail  # no file of its own: the nearest kind
+
+
+def test_a_plan_that_runs_the_graph_rewrite_does_not_reject_it_as_a_peer(registry):
+    xeon = _catalogue_cpu("sapphire-rapids", **XEON_AMX_KVM)
+    rewriting = plan(xeon, registry, graph_amp="on")
+    assert rewriting.graph_amp == "bfloat16"
+    assert {r.value for r in rewriting.rejected if r.setting == "peer"} == {"fp32 oneDNN-off"}
+    assert "fp32 grappler-bf16" in {r.value for r in plan(xeon, registry).rejected if r.setting == "peer"}

@@ -344,7 +344,8 @@ def judge_peers(cpu: CpuInfo, found: tuple[Peer, ...]) -> tuple[PeerVerdict, ...
         measured = [(m, won) for m, won in measured if won is not None]
         if not measured:
             verdicts.append(PeerVerdict(peer.name, False, f"{peer.why}: not measured on a CPU like this one "
-                                        f"({cpu.name}); `amp-backends bench --zoo --configs peers` measures it here"))
+                                        f"({cpu.name}); `amp-backends bench --zoo --configs peers` measures it here",
+                                        graph_rewrite=peer.rewrite is not None))
             continue
         won = all(w for _, w in measured)
         figures = "; ".join(
@@ -360,5 +361,5 @@ def judge_peers(cpu: CpuInfo, found: tuple[Peer, ...]) -> tuple[PeerVerdict, ...
             verdict = (f"not faster than the plan by {PEER_MARGIN - 1:.0%} in every repetition of every model "
                        "measured: within the noise")
         verdicts.append(PeerVerdict(peer.name, won, f"{peer.why}: {verdict} ({figures}; measured on {where})",
-                                    proof))
+                                    proof, graph_rewrite=peer.rewrite is not None))
     return tuple(verdicts)
