@@ -125,6 +125,7 @@ class LayerPlan:
 
     @property
     def float8(self) -> tuple[str, ...]:
+        """The paths of the layers that train in float8."""
         return self.paths(FLOAT8)
 
     @property
@@ -144,6 +145,11 @@ class LayerPlan:
         return self.dtype(path) == FLOAT32
 
     def to_dict(self) -> dict[str, Any]:
+        """The layer plan as JSON-ready data (kept in checkpoints and shown by ``amp-backends check``).
+
+        Returns:
+            Each layer kept in float32 with its reason, and the measured choice.
+        """
         return {"model": self.model, "policy": self.policy, "layers": [d.to_dict() for d in self.decisions],
                 "measured": self.measurement.to_dict() if self.measurement is not None else None,
                 "notes": list(self.notes)}  # (the float8 candidates are the report's, not the plan's)

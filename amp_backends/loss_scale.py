@@ -67,12 +67,34 @@ class LossScale:
     def dynamic(
         cls, initial: float = DEFAULT_INITIAL_SCALE, growth_interval: int = DEFAULT_GROWTH_INTERVAL
     ) -> LossScale:
+        """Dynamic loss scaling: the largest safe scale, found as training goes.
+
+        Args:
+            initial: The first scale.
+            growth_interval: Finite steps before the scale doubles.
+
+        Returns:
+            The loss scaling.
+        """
         return cls("dynamic", float(initial), int(growth_interval))
 
     @classmethod
     def fixed(cls, scale: float) -> LossScale:
+        """A fixed loss scale.
+
+        Args:
+            scale: The scale, a positive number.
+
+        Returns:
+            The loss scaling.
+        """
         return cls("fixed", float(scale))
 
     @classmethod
     def none(cls) -> LossScale:
+        """No loss scaling.
+
+        Returns:
+            The loss scaling.
+        """
         return cls("none", 1.0)

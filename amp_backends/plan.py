@@ -157,14 +157,17 @@ class Plan:
     # -- convenience for training code ---------------------------------------------------------
     @property
     def compute_dtype(self) -> str:
+        """The dtype layers compute in under the policy (``float16``, ``bfloat16`` or ``float32``)."""
         return COMPUTE_DTYPES[self.policy]
 
     @property
     def variable_dtype(self) -> str:
+        """The dtype variables are kept in: ``float32`` under every policy."""
         return "float32"
 
     @property
     def device(self) -> str:
+        """The first device the plan runs on, as TensorFlow names it (``/GPU:0``; ``/CPU:0`` when none is listed)."""
         return self.devices[0] if self.devices else "/CPU:0"
 
     def compile_kwargs(self) -> dict[str, Any]:
@@ -318,6 +321,12 @@ class Plan:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON-ready data (the ``plan`` part of ``amp-backends info --json``).
+
+        Returns:
+            Every setting with its decision, the rejected alternatives, warnings, notes, overrides, backends and
+            the backend's support table.
+        """
         return {
             "backend": self.backend,
             "devices": list(self.devices),

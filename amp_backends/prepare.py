@@ -62,6 +62,11 @@ class Preparation:
         return bool(self.applied)
 
     def to_dict(self) -> dict[str, Any]:
+        """What `prepare_model` did, as JSON-ready data.
+
+        Returns:
+            The float8 layers, the float32 layers and why, the measured choice, and the notes.
+        """
         return {"layer_plan": self.layer_plan.to_dict() if self.layer_plan else None,
                 "float32": list(self.float32), "float32_why": self.float32_why,
                 "measured": self.choice.to_dict() if self.choice else self.choice_note,

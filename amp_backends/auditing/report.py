@@ -88,30 +88,51 @@ class Audit:
     # -- figures ------------------------------------------------------------------------------------------
     @property
     def compute(self) -> list[Entry]:
+        """The entries of compute kernels (convolutions, matmuls), as opposed to reorders and the rest."""
         return [e for e in self.entries if e.compute]
 
     def _time(self, entries: Sequence[Entry]) -> float:
         return sum(e.time_ms for e in entries)
 
     def time_share_by_dtype(self) -> dict[str, float]:
+        """The share of the compute time spent in each dtype.
+
+        Returns:
+            Shares by dtype, summing to 1 (empty when nothing was seen).
+        """
         totals: dict[str, float] = defaultdict(float)
         for e in self.compute:
             totals[e.dtype] += e.time_ms
         return _shares(totals)
 
     def time_share_by_unit(self) -> dict[str, float]:
+        """The share of the compute time spent on each unit (matrix units, vector units, unknown).
+
+        Returns:
+            Shares by unit, summing to 1 (empty when nothing was seen).
+        """
         totals: dict[str, float] = defaultdict(float)
         for e in self.compute:
             totals[e.unit] += e.time_ms
         return _shares(totals)
 
     def matrix_unit_share(self) -> float | None:
+        """The share of the compute time on the matrix units (Tensor Cores, AMX tiles).
+
+        Returns:
+            The share, or ``None`` where no compute time was seen.
+        """
         total = self._time(self.compute)
         if not total:
             return None
         return round(self._time([e for e in self.compute if e.matrix_unit]) / total, 6)
 
     def unknown_share(self) -> float:
+        """The share of the compute time in kernels whose dtype is not known.
+
+        Returns:
+            The share (1 when the kernels were not visible or nothing was measured).
+        """
         if self.outside_onednn or not self.measured:
             return 1.0
         total = self._time(self.compute)
@@ -119,6 +140,11 @@ class Audit:
         return round(unknown / total, 6) if total else 0.0
 
     def by_kind(self) -> dict[str, dict[str, Any]]:
+        """Time, dtype shares and counts per kind of kernel (convolution, matmul...).
+
+        Returns:
+            The figures by kind.
+        """
         kinds: dict[str, list[Entry]] = defaultdict(list)
         for e in self.compute:
             kinds[e.kind].append(e)
@@ -176,6 +202,11 @@ class Audit:
 
     # -- output -------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """The audit as JSON-ready data (``amp-backends audit --json``; its schema is ``audit.schema.json``).
+
+        Returns:
+            What ran: the plan, the time shares, the float32 islands, the warnings, the notes.
+        """
         return {
             "schema_version": SCHEMA_VERSION, "model": self.model, "device": self.device, "source": self.source,
             "measured": self.measured, "outside_onednn": self.outside_onednn, "plan": dict(self.plan),
@@ -203,6 +234,11 @@ class Audit:
         return json.dumps(self.to_dict(), **kwargs)
 
     def headline(self) -> str:
+        """One line: the model, the device, the plan, and what the kernels were read from.
+
+        Returns:
+            The line.
+        """
         p = self.plan
         return (f"Audit of {self.model!r} on {self.device}, plan {p.get('backend')} {p.get('policy')}"
                 f" (xla {'on' if p.get('xla') else 'off'}): what ran, from {self.source or 'nothing measured'}")

@@ -155,9 +155,15 @@ class ModelCheck:
 
     @property
     def counts(self) -> dict[str, int]:
+        """How many findings of each severity (``error``, ``warning``, ``info``)."""
         return {s: len(self.of_severity(s)) for s in SEVERITIES}
 
     def to_dict(self) -> dict[str, Any]:
+        """The check as JSON-ready data (``amp-backends check --json``; its schema is ``check.schema.json``).
+
+        Returns:
+            The model, the plan, the findings, the summary and the float8 decisions.
+        """
         return {
             "schema_version": SCHEMA_VERSION,
             "model": self.model,
@@ -191,6 +197,11 @@ class ModelCheck:
         return self.summary.sized
 
     def unsized_line(self) -> str:
+        """What the check says when most of the model's matmuls and convolutions have dynamic shapes, with the fix.
+
+        Returns:
+            The line.
+        """
         s = self.summary
         return (f"could not size most of the model: {s.unknown_flops_ops} of {s.gemm_ops} matmul/convolution ops have "
                 "dynamic shapes (a sequence length or image size the model leaves open), so their FLOPs, shares and "
@@ -198,6 +209,11 @@ class ModelCheck:
                 "dataset.element_spec>), or amp-backends check --seq-len N / --input-shape")
 
     def headline(self) -> str:
+        """One line: the model, the plan it was checked for and the batch (and why it is unsized, where it is).
+
+        Returns:
+            The line.
+        """
         p = self.plan
         batch = f"batch {self.batch_size}" if self.batch_size else "batch not given"
         line = (f"Precision check of {self.model!r} for the plan {p.get('backend')} {p.get('policy')} "
@@ -206,6 +222,12 @@ class ModelCheck:
         return line if self.sized else f"{line}: {self.unsized_line()}"
 
     def summary_lines(self) -> list[str]:
+        """The summary under the headline: the FLOPs per image and their dtypes, the share in reduced precision and
+        on shapes the matrix units run at full efficiency, the findings counted, float8 and notes.
+
+        Returns:
+            The lines.
+        """
         s = self.summary
         dtypes = ", ".join(f"{d} {_pct(v)}" for d, v in sorted(s.dtype_shares.items(), key=lambda kv: -kv[1]))
         counted = s.gemm_ops - s.unknown_flops_ops
