@@ -1,12 +1,11 @@
 """A model's layer plan: which layers compute in another dtype than the plan's policy, each with its reason.
 
-A `Plan` is decided from the hardware, before the model exists. What it means for
-one model is a `LayerPlan`, a frozen value — layer path -> dtype policy (``float32``, ``float8``), with
-the reason and where the decision came from — decided by `decide` from the model's structure and the
-plan, and applied by `apply`, the only code in the package that sets a layer's dtype policy or
-quantizes one. `amp_backends.prepare_model`, the trainer, the examples, the model zoo, the audit's child
-process and the precision check all go through it, so the model that trains, the model that is audited and
-the model that is checked are one model.
+A `Plan` is decided from the hardware, before the model exists. What it means for one model is a `LayerPlan`,
+a frozen value — layer path -> dtype policy (``float32``, ``float8``), with the reason and where the decision
+came from — decided by `decide` from the model's structure and the plan, and applied by `apply`, the only code
+in the package that sets a layer's dtype policy or quantizes one. `amp_backends.prepare_model`, the trainer,
+the examples, the model zoo, the audit's child process and the precision check all go through it, so the
+model that trains, the model that is audited and the model that is checked are one model.
 
 The decisions, in order:
 
@@ -198,7 +197,6 @@ class LayerPlan:
         return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------------------------- deciding
 def worth_measuring(model: Any, plan: Plan) -> bool:
     """Whether the plan keeps some layers in float32 and ``model`` has such layers (in either dtype)."""
     from .layer_names import kept_in_float32
@@ -368,7 +366,6 @@ def with_measurement(layer_plan: LayerPlan, model: Any, plan: Plan, measurement:
     return replace(layer_plan, decisions=layer_plan.decisions + tuple(extra), measurement=measurement)
 
 
-# ---------------------------------------------------------------------------------------------- applying
 def apply(model: Any, layer_plan: LayerPlan) -> tuple[str, ...]:
     """Give each layer of ``model`` its policy in ``layer_plan``, in place; the paths of the layers changed.
 

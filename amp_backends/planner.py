@@ -14,11 +14,9 @@ the request:
 
 A backend that fails — its probe or its assessment raises, or its assessment breaks the contract (no
 native policy, say) — is recorded in `Plan.backends` with the reason and a warning, and the next
-available backend is planned with; only a request for that backend by name raises
-`BackendError`. No I/O happens here: tests pass fake
-`Hardware`, and the Keras in use as a
-`KerasInfo` (float8 training needs Keras >= 3.3), which the callers read
-from package metadata (`keras_info`).
+available backend is planned with; only a request for that backend by name raises `BackendError`. No I/O
+happens here: tests pass fake `Hardware`, and the Keras in use as a `KerasInfo` (float8 training needs
+Keras >= 3.3), which the callers read from package metadata (`keras_info`).
 
 float8 (``fp8``) is off by default everywhere, native or not: no measurement has shown it faster than
 float16 for the models this library was measured on. Where it is native — NVIDIA GPUs of CC >= 8.9, Keras
@@ -30,19 +28,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .assessment import (
-    EMULATED,
-    FUNCTIONAL,
-    NATIVE,
-    UNSAFE,
-    UNSUPPORTED,
-    Assessment,
-    Float32Layer,
-    Support,
-    VendorSetting,
-    describe_layers,
-    first_clause,
-)
+from .assessment import (EMULATED, FUNCTIONAL, NATIVE, UNSAFE, UNSUPPORTED, Assessment, Float32Layer, Support,
+                         VendorSetting, describe_layers, first_clause)
 from .errors import BackendError, UnsupportedRequestError
 from .hardware import BackendProbe, Hardware
 from .keras_compat import KerasInfo, float8_training
@@ -94,6 +81,14 @@ class _Resolver:
             )
         self.warnings.append(f"{asked} is {kind} here and was downgraded to {setting}={fallback}: {support.why}")
         return False
+
+    def refuse(self, setting: str, value: str, why: str) -> None:
+        """A request the backend supports but this plan cannot take (``why``): a warning, or an error with strict."""
+        asked = f"{setting}={value} (from {self.request.sources.get(setting, 'argument')})"
+        if self.request.strict:
+            raise UnsupportedRequestError(f"{asked} cannot be honoured on backend {self.backend!r}: {why}. Fix: "
+                                          "remove the override, or turn strict off to drop it with a warning.")
+        self.warnings.append(f"{asked} ignored: {why}")
 
 
 # ---------------------------------------------------------------------------------------------- backends
@@ -260,14 +255,14 @@ def _resolve_policy(r: _Resolver, a: Assessment, decide: Decisions,
     # the rewrite needs a low-precision type it can target: the policy's, or the backend's best one
     types = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
     if policy != "float32" and types[policy] not in a.graph_amp_dtypes:
-        r.warnings.append(f"graph_amp=on ignored: the backend's graph rewrite targets {' or '.join(a.graph_amp_dtypes)}"
-                          f", not the policy's {types[policy]} ({first_clause(a.graph_amp.why)})")
+        r.refuse("graph_amp", "on", f"the backend's graph rewrite targets {' or '.join(a.graph_amp_dtypes)}, not the "
+                 f"policy's {types[policy]} ({first_clause(a.graph_amp.why)})")
         return policy, None
     graph_amp = types[policy] if policy != "float32" else next(
         (types[p] for p in a.preference
          if p != "float32" and a.policies[p].level == NATIVE and types[p] in a.graph_amp_dtypes), None)
     if graph_amp is None:
-        r.warnings.append(f"graph_amp=on ignored: this device has no native {' or '.join(a.graph_amp_dtypes)}")
+        r.refuse("graph_amp", "on", f"this device has no native {' or '.join(a.graph_amp_dtypes)}")
         return policy, None
     decide.add("graph_amp", graph_amp, (
         f"{graph_amp} as requested (graph_amp): the backend rewrites the float32 graph to {graph_amp}; the Keras "

@@ -201,8 +201,20 @@ def test_the_child_output_is_split_at_its_markers_and_overrides_become_amp_varia
     assert split_output(out) == (["noise"], ["rec1", "rec2"])
     assert split_output("no markers") == (["no markers"], [])
     assert overrides_env(policy="float32", xla=None, strict=True) == {"AMP_POLICY": "float32", "AMP_STRICT": "1"}
-    with pytest.raises(TypeError, match="unknown plan override"):
+    with pytest.raises(TypeError, match="unknown plan override polcy='float32'.*Fix"):
         overrides_env(polcy="float32")
+    with pytest.warns(DeprecationWarning, match="graph_amp"):  # the old name works for one release
+        assert overrides_env(itex_amp="on") == {"AMP_GRAPH_AMP": "on"}
+
+
+def test_a_plan_passes_every_setting_that_changes_the_kernels_to_the_audits_child():
+    import amp_backends
+
+    plan = amp_backends.plan_for(device="zen5", graph_amp="on")
+    assert plan.graph_amp == "bfloat16" and plan.policy == "float32"
+    env = overrides_env(plan)
+    assert env == {"AMP_BACKEND": "cpu", "AMP_POLICY": "float32", "AMP_XLA": "off", "AMP_TF32": "off",
+                   "AMP_FP8": "off", "AMP_GRAPH_AMP": "on"}  # without the rewrite the child would plan float32 alone
 
 
 def test_a_model_object_or_an_unimportable_factory_is_refused_before_anything_runs():

@@ -9,6 +9,7 @@ in ``begin``/``end`` and ``facts``, and reads a fixed set of kernels.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -130,6 +131,7 @@ AUDIT = textwrap.dedent('''
     assert "the plan's fakenpu backend is not available here" in d["notes"][1], d["notes"]
     assert d["steps"] == 1 and d["batch_size"] == 8 and d["step_time_ms"] > 0
     print("ok", d["source"])
+    print("JSON", result.to_json(indent=None))
 ''')
 
 MODELS = textwrap.dedent('''
@@ -171,3 +173,6 @@ def test_a_fourth_vendor_reads_what_ran_under_its_plan(tmp_path):
     done = subprocess.run([sys.executable, "-c", AUDIT], capture_output=True, text=True, timeout=400, env=env,
                           cwd=NEUTRAL_CWD)
     assert done.returncode == 0 and done.stdout.startswith("ok"), done.stdout[-2000:] + done.stderr[-3000:]
+    from schema_check import assert_valid  # the audit of a vendor the package does not ship fits its schema
+
+    assert_valid("audit", json.loads(done.stdout.split("JSON ", 1)[1]))

@@ -96,8 +96,10 @@ def test_a_policy_the_rewrite_cannot_target_keeps_the_keras_policy_and_says_so(r
     # float16 is functional on this Arm CPU: honoured when asked for, but the CPU's rewrite makes bfloat16 only
     p = plan(machine(cpu_of(GRAVITON3, arch="aarch64")), registry, graph_amp="on", policy="fp16")
     assert p.policy == "mixed_float16" and p.graph_amp is None and p.vendor_settings == ()
-    assert any(w.startswith("graph_amp=on ignored: the backend's graph rewrite targets bfloat16, not the policy's "
-                            "float16") for w in p.warnings), p.warnings
+    assert any(w.startswith("graph_amp=on (from argument) ignored: the backend's graph rewrite targets bfloat16, "
+                            "not the policy's float16") for w in p.warnings), p.warnings
+    with pytest.raises(UnsupportedRequestError, match=r"graph_amp=on \(from argument\) cannot be honoured.*Fix"):
+        plan(machine(cpu_of(GRAVITON3, arch="aarch64")), registry, graph_amp="on", policy="fp16", strict=True)
 
 
 def test_nvidia_offers_no_rewrite_the_keras_policy_is_the_supported_path(registry):
@@ -237,3 +239,20 @@ def test_the_suite_restores_the_grappler_rewrite_a_test_leaves_on():
     with pytest.MonkeyPatch.context() as patch, global_state_kept(patch):
         tf.config.optimizer.set_experimental_options({GRAPPLER_BF16: not before})
     assert bool(tf.config.optimizer.get_experimental_options().get(GRAPPLER_BF16)) is before
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("users", [True, False])
+def test_a_plan_puts_the_rewrite_back_as_it_found_it_and_never_turns_off_the_users(users):
+    tf = pytest.importorskip("tensorflow")
+    from amp_backends.backends.cpu.backend import grappler_rewrite
+
+    options = tf.config.optimizer.get_experimental_options
+    tf.config.optimizer.set_experimental_options({GRAPPLER_BF16: users})  # the user's choice, before any plan
+    grappler_rewrite(tf, GRAPPLER_BF16, True)
+    assert options().get(GRAPPLER_BF16) is True
+    grappler_rewrite(tf, GRAPPLER_BF16, True)  # a second plan with the rewrite: nothing to remember twice
+    grappler_rewrite(tf, GRAPPLER_BF16, False)  # a plan without it: as the user had it
+    assert bool(options().get(GRAPPLER_BF16)) is users
+    grappler_rewrite(tf, GRAPPLER_BF16, False)  # and a plan without it leaves the user's alone
+    assert bool(options().get(GRAPPLER_BF16)) is users

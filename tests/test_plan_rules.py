@@ -569,21 +569,26 @@ def test_a_peer_that_beats_the_plan_in_every_repetition_is_a_warning_and_one_clo
     from amp_backends.backends.cpu import measured, rules
     from amp_backends.evidence import Results
 
-    def zoo(peer_reps):
+    def zoo(peer_reps, loss_ok):
         reps = {"auto plan, trainer": (100.0, 102.0, 98.0), "auto plan, fit": (90.0, 91.0, 89.0), "fp32 oneDNN-on":
                 peer_reps}
         medians = {n: sorted(r)[1] for n, r in reps.items()}
         source = Results("zoo-x/zoo.json", "Test CPU", "2.21.0", "python -m amp_backends.bench --zoo", "2026-11-27",
                          medians)
-        return (measured.ZooModel("mnist_cnn", reps, {n: True for n in reps}, source),)
+        return (measured.ZooModel("mnist_cnn", reps, {n: loss_ok or n != "fp32 oneDNN-on" for n in reps}, source),)
 
     hw = _catalogue_cpu("zen3")
-    for reps, won in (((120.0, 115.0, 111.0), True), ((120.0, 104.0, 111.0), False), ((50.0, 51.0, 49.0), False)):
-        monkeypatch.setattr(rules, "zoo_results", lambda name, reps=reps: zoo(reps))
+    cases = (((120.0, 115.0, 111.0), True, True, "faster than the plan by over 5% in every repetition of every"),
+             ((120.0, 115.0, 111.0), False, False, "but its loss left float32's run-to-run spread on mnist_cnn"),
+             ((120.0, 104.0, 111.0), True, False, "within the noise"),
+             ((50.0, 51.0, 49.0), True, False, "slower than the plan with our trainer on every model measured"))
+    for reps, loss_ok, won, says in cases:
+        monkeypatch.setattr(rules, "zoo_results", lambda name, reps=reps, ok=loss_ok: zoo(reps, ok))
         p = plan(hw, registry)
-        rejected = [r for r in p.rejected if r.value == "fp32 oneDNN-on"]
+        rejected = [r.why for r in p.rejected if r.value == "fp32 oneDNN-on"]
         warned = [w for w in p.warnings if w.startswith("fp32 oneDNN-on was measured faster")]
         assert (len(warned), len(rejected)) == ((1, 0) if won else (0, 1)), (reps, p.warnings, p.rejected)
+        assert says in (warned + rejected)[0], (reps, loss_ok, warned + rejected)
 
 
 def test_the_policy_reason_quotes_this_cpu_kinds_own_file_where_one_is_committed(registry):
@@ -599,3 +604,15 @@ def test_a_plan_that_runs_the_graph_rewrite_does_not_reject_it_as_a_peer(registr
     assert rewriting.graph_amp == "bfloat16"
     assert {r.value for r in rewriting.rejected if r.setting == "peer"} == {"fp32 oneDNN-off"}
     assert "fp32 grappler-bf16" in {r.value for r in plan(xeon, registry).rejected if r.setting == "peer"}
+
+
+def test_a_zoo_run_planned_for_a_gpu_is_not_its_host_cpus_evidence():
+    import json
+
+    from amp_backends.backends.cpu.measured import _cpu_name, zoo_results
+    from amp_backends.evidence import RESULTS_DIR
+
+    host = json.loads((RESULTS_DIR / "zoo-h200/mnist-cnn/zoo.json").read_text())["environment"]["cpu"]
+    assert _cpu_name(host) and zoo_results(_cpu_name(host)) == ()  # the H200 run's plan is the GPU's
+    assert {m.model for m in zoo_results("Intel Xeon Processor (Sapphire Rapids or later, AMX)")} == {
+        "mnist_cnn", "two_heads"}

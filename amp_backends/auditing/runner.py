@@ -17,19 +17,30 @@ from .report import Audit
 
 
 def overrides_env(plan: Any = None, **overrides: Any) -> dict[str, str]:
-    """The ``AMP_*`` variables that make the child plan as ``plan`` (its backend, policy, XLA) and ``overrides`` say."""
-    from ..request import ENV_VARS
+    """The ``AMP_*`` variables that make the child plan as ``plan`` says (its backend, policy, XLA, TF32, graph
+    rewrite and float8) and as ``overrides`` say; an old option name (``itex_amp``) warns and counts as its new
+    one."""
+    import warnings
+
+    from ..request import ENV_VARS, RENAMED, renamed_message
 
     env: dict[str, str] = {}
     if plan is not None:
         env[ENV_VARS["backend"]] = str(plan.backend)
         env[ENV_VARS["policy"]] = str(plan.policy)
-        env[ENV_VARS["xla"]] = "on" if plan.xla else "off"
+        for name in ("xla", "tf32", "fp8"):
+            env[ENV_VARS[name]] = "on" if getattr(plan, name) else "off"
+        env[ENV_VARS["graph_amp"]] = "on" if plan.graph_amp else "off"
     for name, value in overrides.items():
         if value is None or value is False:
             continue
+        if name in RENAMED:
+            warnings.warn(renamed_message(name), DeprecationWarning, stacklevel=4)  # audit() -> child_env -> here
+            name = RENAMED[name]
         if name not in ENV_VARS:
-            raise TypeError(f"unknown plan override {name!r}; expected one of {', '.join(ENV_VARS)}")
+            raise TypeError(f"audit() got the unknown plan override {name}={value!r}: expected one of "
+                            f"{', '.join(ENV_VARS)}. Fix: pass the overrides auto_configure() takes, such as "
+                            "policy='float32'")
         env[ENV_VARS[name]] = "1" if value is True else str(value)
     return env
 

@@ -352,13 +352,13 @@ class CpuBackend(Backend):
         return CpuKernelAudit(lambda: probe_cpu())
 
 
-_REWRITES_SET: set[str] = set()  # the grappler rewrites this backend turned on in this process
+_REWRITES_SET: dict[str, bool | None] = {}  # the grappler rewrites this backend turned on: the value it found
 
 
 def grappler_rewrite(tf: Any, name: str, on: bool) -> str | None:
-    """Turn TensorFlow's grappler rewrite ``name`` on for a plan that has it, or off again for one that does not
-    (only where this backend turned it on: one the user set stays); it acts on the graphs traced afterwards
-    (``tf.function``, Keras ``fit``), not on eager ops.
+    """Turn TensorFlow's grappler rewrite ``name`` on for a plan that has it, or back to what it was for one that
+    does not (only where this backend turned it on: a rewrite the user set stays as the user set it); it acts on
+    the graphs traced afterwards (``tf.function``, Keras ``fit``), not on eager ops.
 
     Args:
         tf: The TensorFlow module.
@@ -368,16 +368,20 @@ def grappler_rewrite(tf: Any, name: str, on: bool) -> str | None:
     Returns:
         A note for the log, or ``None`` where nothing changed.
     """
+    found = tf.config.optimizer.get_experimental_options().get(name)
     if on:
-        _REWRITES_SET.add(name)
-    elif name in _REWRITES_SET:
-        _REWRITES_SET.discard(name)
-        if not tf.config.optimizer.get_experimental_options().get(name):
-            return None  # turned off since
-    else:
+        if found:
+            return None  # on already (the user's, or ours from an earlier plan)
+        _REWRITES_SET.setdefault(name, found)
+        tf.config.optimizer.set_experimental_options({name: True})
+        return f"grappler {name} on"
+    if name not in _REWRITES_SET:
         return None
-    tf.config.optimizer.set_experimental_options({name: on})
-    return f"grappler {name} {'on' if on else 'off again (the plan has no graph rewrite)'}"
+    before = _REWRITES_SET.pop(name)
+    if not found:
+        return None  # turned off since
+    tf.config.optimizer.set_experimental_options({name: bool(before)})
+    return f"grappler {name} back to {'on' if before else 'off'} (the plan has no graph rewrite)"
 
 
 def hide_accelerators(tf: Any) -> str | None:

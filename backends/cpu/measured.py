@@ -127,7 +127,8 @@ class ZooModel:
 
 @functools.cache
 def zoo_results(cpu_name: str) -> tuple[ZooModel, ...]:
-    """The models of every committed zoo run measured on a CPU the probe names ``cpu_name``.
+    """The models of every committed zoo run planned for a CPU the probe names ``cpu_name`` (a run planned for a
+    GPU of the same host is not the CPU's evidence).
 
     Args:
         cpu_name: The probe's name for the CPU.
@@ -140,8 +141,8 @@ def zoo_results(cpu_name: str) -> tuple[ZooModel, ...]:
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
             env = doc["environment"]
-            if _cpu_name(str(env.get("cpu") or "")) != cpu_name:
-                continue
+            if env.get("backend") != "cpu" or _cpu_name(str(env.get("cpu") or "")) != cpu_name:
+                continue  # a run on an accelerator of this host, or another kind of CPU
             file = path.relative_to(RESULTS_DIR).as_posix()
             for m in doc["models"]:
                 configs = m["configs"]
