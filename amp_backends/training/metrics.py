@@ -410,6 +410,10 @@ class Progress:
         for o in self.observers:
             o.close()
 
-    @property
-    def median_throughput(self) -> float | None:
-        return statistics.median(self.throughputs) if self.throughputs else None
+    def results(self, steps: int, scalers: Mapping[str, LossScaler]) -> dict[str, Any]:
+        """What a `TrainResult` reports of the calls and of each update's scaler after ``steps`` steps."""
+        skipped = {n: int(s.skipped.numpy()) for n, s in scalers.items()}
+        return {"median_throughput": statistics.median(self.throughputs) if self.throughputs else None,
+                "throughputs": self.throughputs, "last_losses": self.last, "skipped": skipped,
+                "applied": {n: steps - k for n, k in skipped.items()},
+                "loss_scales": {n: s.current for n, s in scalers.items()}, "history": self.history}

@@ -48,8 +48,10 @@ from ..errors import CheckpointMismatchError, TrainingInterrupted
 from .checkpoints import SIGNATURE_KEY, CheckpointStore, Restored
 from .distribute import StopAgreement
 from .loss_scaling import LossScaler
+from .precision import TrainedModels
 from .runs import At, Position
 from .step import Update
+from .validation import Validation
 
 logger = logging.getLogger("amp_backends.train")
 
@@ -191,10 +193,11 @@ def run_seed(checkpoints: str | os.PathLike) -> int | None:
 
 
 def restore_run(store: CheckpointStore, position: Position, *, seed: int, scalers: Mapping[str, LossScaler],
-                updates: Sequence[Update], plan_headline: str, is_chief: bool) -> tuple[int, dict[str, Any]] | None:
-    """Restore ``store``'s newest intact checkpoint, if any: its seed checked, the resume said (by the chief),
-    loss scaling followed; ``(its global step, its signature)``: the signature holds what the run decided and
-    learnt (``layer_plans``, ``monitor``: its history and best value)."""
+                updates: Sequence[Update], models: TrainedModels, validation: Validation, plan_headline: str,
+                is_chief: bool) -> int | None:
+    """Restore ``store``'s newest intact checkpoint, if any, and its global step: its seed checked, the resume said
+    (by the chief), loss scaling followed, and what the run decided and learnt taken up (the models' layer plans;
+    the validation's history, best value and waiting)."""
     restored = store.restore()
     if restored is None:
         return None
@@ -207,7 +210,9 @@ def restore_run(store: CheckpointStore, position: Position, *, seed: int, scaler
     then = stored.get("loss_scaling") or {}
     for name, scaler in scalers.items():
         scaler.follow(then.get(name), say=is_chief)
-    return at.step, stored
+    models.restored(stored.get("layer_plans") or stored.get("float32_choice"))
+    validation.load(stored.get("monitor"))
+    return at.step
 
 
 def log_resume(restored: Restored, at: At, then_batch: int, batch_size: int, *, updates: Sequence[Update],

@@ -150,14 +150,9 @@ class Trainer:
 
     def restore(self) -> int | None:
         """Restore the newest intact checkpoint, if any; returns its global step (`resume.restore_run`)."""
-        restored = restore_run(self.store, self.position, seed=self.seed, scalers=self.scalers, updates=self.updates,
-                               plan_headline=str(self.plan.headline), is_chief=self.is_chief) if self.store else None
-        if restored is None:
-            return None
-        step, stored = restored
-        self.models.restored(stored.get("layer_plans") or stored.get("float32_choice"))
-        self.validation.load(stored.get("monitor"))
-        return step
+        return restore_run(self.store, self.position, seed=self.seed, scalers=self.scalers, updates=self.updates,
+                           models=self.models, validation=self.validation, plan_headline=str(self.plan.headline),
+                           is_chief=self.is_chief) if self.store else None
 
     def fit(self, x: Any, y: Any = None, *, epochs: int = 1, max_steps: int | None = None, resume: bool = False,
             steps_per_epoch: int | None = None, validation_data: Any = None,
@@ -225,13 +220,8 @@ class Trainer:
             if self.store and self.store.last_saved_step != self.position.step:
                 self.save()
         at = self.position.now()  # an epoch whose last batch is done counts, before the position rolls over
-        skipped = {n: int(s.skipped.numpy()) for n, s in self.scalers.items()}
-        result = TrainResult(
-            steps=at.step, epochs_completed=at.epoch + int(source.left_in_epoch(at.offset) == 0),
-            median_throughput=progress.median_throughput, throughputs=progress.throughputs, last_losses=progress.last,
-            skipped=skipped, applied={n: at.step - k for n, k in skipped.items()},
-            loss_scales={n: s.current for n, s in self.scalers.items()}, history=progress.history,
-            **self.validation.results())
+        result = TrainResult(steps=at.step, epochs_completed=at.epoch + int(source.left_in_epoch(at.offset) == 0),
+                             **progress.results(at.step, self.scalers), **self.validation.results())
         if self.is_chief:
             logger.info(result.summary())
         return result
