@@ -81,8 +81,8 @@ IMPORT_ORDERS = {
     "a name from the old path": "from amp_backends.audit import audit as first\nimport amp_backends\n",
     "the observer from the old path": "from amp_backends.audit import AuditObserver\nimport amp_backends\n"
                                       "first = amp_backends.audit\n",
-    "the trainer's observer": "import amp_backends.training.observers as o\nimport amp_backends\n"
-                              "o.audit_observer\nimport amp_backends.auditing.observer\nfirst = amp_backends.audit\n",
+    "the trainer's observer": "import amp_backends.training.precision as p\nimport amp_backends\n"
+                              "p.TrainedModels\nimport amp_backends.auditing.observer\nfirst = amp_backends.audit\n",
 }
 
 

@@ -312,3 +312,15 @@ def test_the_layout_page_names_every_layer_and_module():
         if shown not in page:
             missing.append(shown)
     assert not missing, f"docs/reference/layout.md does not name these modules of amp_backends: {sorted(missing)}"
+
+
+def test_the_training_package_is_a_few_modules_of_one_concept_each():
+    """``training/``: at most 14 modules (its ``__init__.py`` aside), none over 420 lines, each named on the layout
+    page."""
+    root = Path(amp_backends.__file__).parent / "training"
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "layout.md").read_text(encoding="utf-8")
+    modules = {p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in root.glob("*.py")}
+    modules.pop("__init__.py")
+    assert len(modules) <= 14, sorted(modules)
+    assert not {n: lines for n, lines in modules.items() if lines > 420}, "split or shorten these training modules"
+    assert not [n for n in modules if f"`{n}`" not in page], "docs/reference/layout.md names every training module"

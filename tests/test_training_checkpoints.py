@@ -25,7 +25,7 @@ from amp_backends.training import (  # noqa: E402
     classifier_updates,
     run_directory,
 )
-from amp_backends.training.checkpoints import propose_run_directory  # noqa: E402
+from amp_backends.training.runs import propose_run_directory  # noqa: E402
 
 
 def plan(**kw):

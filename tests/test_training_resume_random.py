@@ -159,10 +159,10 @@ def test_the_default_checkpoint_objects_resume_random_layers_exactly_too(tmp_pat
 
 def test_a_checkpoint_without_the_random_state_resumes_with_a_warning(tmp_path, monkeypatch, caplog):
     """A checkpoint written before checkpoints kept the random layers' state still resumes (at its step)."""
-    from amp_backends.training import checkpoints
+    from amp_backends.training import resume
 
     build, data = MODELS["Dropout"]
-    monkeypatch.setattr(checkpoints, "saved_random_state", lambda *a: tf.train.Checkpoint())  # as before: none
+    monkeypatch.setattr(resume, "saved_random_state", lambda *a: tf.train.Checkpoint())  # as before: none
     train(tmp_path, build, data, CUT)
     monkeypatch.undo()
     caplog.set_level(logging.INFO, logger="amp_backends.train")

@@ -74,8 +74,8 @@ def run_example(name: str, train: Callable[[Any], Any], parsed: dict[str, Any]) 
         message = getattr(exc, "message", None) or "interrupted (a second Ctrl-C: no checkpoint was written now)"
         fail(name, message, getattr(exc, "exit_code", 130), kind="stopped")
     finally:  # a run refused before its first write leaves no run directory behind
-        if "amp_backends.training.checkpoints" in sys.modules:
-            sys.modules["amp_backends.training.checkpoints"].release_unused_run_directories()
+        if "amp_backends.training.runs" in sys.modules:
+            sys.modules["amp_backends.training.runs"].release_unused_run_directories()
 
 
 def command(name: str, train: Callable[[Any], Any], *, batch_size: int, lr: float, lr_help: str) -> Callable[..., None]:

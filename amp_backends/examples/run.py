@@ -105,9 +105,9 @@ def choose_run(opts: RunOptions, strategy: Any) -> tuple[RunOptions, Any]:
     (`CheckpointMismatchError`: the epoch in progress would be reshuffled), and so is a run another process
     is training now (`CheckpointError`, from `amp_backends.training.runs`).
     """
-    from ..training.checkpoints import run_directory
     from ..training.distribute import is_chief
-    from ..training.runs import refuse_if_held, run_seed
+    from ..training.resume import run_seed
+    from ..training.runs import refuse_if_held, run_directory
 
     run = run_directory(opts.logdir, opts.resume, strategy)
     seed = 0 if opts.seed is None else opts.seed
@@ -131,7 +131,7 @@ def choose_run(opts: RunOptions, strategy: Any) -> tuple[RunOptions, Any]:
 
 def seed_models(opts: RunOptions) -> None:
     """Seed everything before the models are built (after any tuning, whose draws would move their weights)."""
-    from ..training.seeding import seed_everything
+    from ..training.runs import seed_everything
 
     seed_everything(0 if opts.seed is None else opts.seed, deterministic=opts.deterministic)
 

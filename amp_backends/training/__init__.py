@@ -1,33 +1,28 @@
-"""Training under a plan: one trainer for every vendor, and the pieces it is made of.
+"""Training under a plan: one trainer for every vendor, and the pieces it is made of, one concept a module.
 
 =====================  ==========================================================================
 module                 its part
 =====================  ==========================================================================
-``trainer``            `Trainer`: the loop — runs calls, saves, stops on interrupts
-``step``               `Update` and the compiled step (replica gradients, skip, apply)
+``trainer``            `Trainer`: the loop (runs calls, saves, stops on interrupts), its arguments, `TrainResult`
+``step``               `Update` and the compiled step (replica gradients, skip, apply); `step_seed`
 ``loss_scaling``       `LossScaler`: none / fixed / dynamic, sparse gradients kept sparse; the same in a
                        ``tf.GradientTape`` loop of your own (``LossScaler.apply``)
-``inputs``             resident arrays; each input kind sizes and runs its compiled call
-``streams``            ``tf.data`` pipelines of batches, behind the same interface
-``batches``            what both input kinds share: a compiled call's result, nests of arrays
-``runs``               where training stands (epoch, sample offset, step); one run at a time in a
-                       checkpoint folder; what a resumed run keeps or says (seed, loss scaling, steps left)
-``checkpoints``        run directories, checkpoints that never lose a run
-``saving``             checkpoint saves on a disk that fails (full, read-only, a killed save's leftovers);
-                       the random layers' generators, kept in checkpoints
-``observers``          log line, TensorBoard scalars, progress bar, profiler window, the defaults
-``precision``          the precision check of the models being trained
-``signals``            Ctrl-C and SIGTERM: stop after the current call
+``inputs``             resident arrays and ``tf.data`` pipelines, each sizing and running its compiled call (`Ran`)
+``runs``               run directories, one run at a time in a checkpoint folder, the position in the data
+                       (epoch, sample offset, step), `seed_everything`
+``resume``             Ctrl-C and SIGTERM: stop after the current call; what a trainer's checkpoints hold (the
+                       random layers' generators too) and what a resumed run keeps or says
+``checkpoints``        `CheckpointStore`: checkpoints that never lose a run, saved on a disk that fails (full,
+                       read-only, a killed save's leftovers)
 ``distribute``         ``tf.distribute`` strategies, cluster checks, plan agreement, agreeing to stop
 ``launchers``          the cluster from ``mpiexec`` (Open MPI, MPICH) or ``srun`` (Slurm) when no TF_CONFIG
-``tasks``              ready-made updates: classifier, the tutorials' GAN, MNIST batches
-``arguments``          the trainer's arguments checked; optimizers built once
-``results``            what a ``fit`` call collects and returns (`TrainResult`)
 ``metrics``            Keras metrics by name or object, updated in the step, one number across workers;
-                       per-epoch history, validation schedule, best value, early stopping
+                       per-epoch history, validation schedule, best value, early stopping; each call's record
 ``validation``         the trainer's validation, evaluate and predict under the plan; the best checkpoint
-``callbacks``          Keras ``fit`` callbacks (`ThroughputLogger`)
-``seeding``            `seed_everything`, `step_seed`: reproducible runs and random draws inside a step
+``observers``          log line, TensorBoard scalars, progress bar, profiler window, the defaults; Keras ``fit``'s
+                       `ThroughputLogger`
+``precision``          the layer plans and the precision check of the models being trained
+``tasks``              ready-made updates: classifier, the tutorials' GAN, MNIST batches
 =====================  ==========================================================================
 
 Importing this package is cheap; TensorFlow is imported with the first name used from it (except
@@ -45,17 +40,17 @@ _LAZY = {
     "parse_profile_steps": ".observers",
     "Update": ".step",
     "Evaluation": ".step",
-    "step_seed": ".seeding",
+    "step_seed": ".step",
     "record_predictions": ".metrics",
     "LossScaler": ".loss_scaling",
-    "run_directory": ".checkpoints",
+    "run_directory": ".runs",
     "Observer": ".observers",
     "CallRecord": ".observers",
     "classifier_updates": ".tasks",
     "gan_updates": ".tasks",
     "mnist_batch_fn": ".tasks",
-    "ThroughputLogger": ".callbacks",
-    "seed_everything": ".seeding",
+    "ThroughputLogger": ".observers",
+    "seed_everything": ".runs",
 }
 
 __all__ = [
@@ -65,13 +60,11 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .callbacks import ThroughputLogger
-    from .checkpoints import run_directory
     from .loss_scaling import LossScaler
     from .metrics import record_predictions
-    from .observers import CallRecord, Observer, parse_profile_steps
-    from .seeding import seed_everything, step_seed
-    from .step import Evaluation, Update
+    from .observers import CallRecord, Observer, ThroughputLogger, parse_profile_steps
+    from .runs import run_directory, seed_everything
+    from .step import Evaluation, Update, step_seed
     from .tasks import classifier_updates, gan_updates, mnist_batch_fn
     from .trainer import Trainer, TrainResult
 

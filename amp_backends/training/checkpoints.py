@@ -1,226 +1,50 @@
-"""Checkpoints that never lose a run, and the run directories that keep runs apart.
+"""Checkpoints that never lose a run, on a disk that may fail.
 
-**Run directories.** Each training run started by the examples (``--logdir runs/mnist``) writes into a
-new ``runs/mnist/version_N`` (TensorBoard shows each version as its own run; earlier runs are never
-touched). ``--resume`` continues the newest version that holds checkpoints (or the directory given, if
-it holds them itself). `run_directory` implements this; workers of a multi-worker run agree on the
-version before any of them creates it.
+TensorFlow writes a checkpoint's data into ``ckpt-N_temp/``, moves it into place, then swaps the ``checkpoint``
+index, so a crash mid-save leaves the previous checkpoint the latest. On top of that, `CheckpointStore`:
 
-**Checkpoints** (`CheckpointStore`): TensorFlow writes a checkpoint's data, then swaps the
-``checkpoint`` index, so a crash mid-save leaves the previous checkpoint the latest. On top of that:
-
-* a store refuses to start a fresh run in a directory holding another run's checkpoints (the fix names
-  ``resume``), so nothing is overwritten and no index mixes two runs;
-* every checkpoint carries a signature of what it holds (each model's variables: names, shapes and
-  dtypes; the batch size; the plan), so resuming another model's checkpoint gives an error naming what
-  differs, not an assertion with hundreds of variables;
-* restoring falls back to the newest intact checkpoint when the latest is unreadable (truncated, say),
-  with a warning naming the broken one;
-* non-finite weights are never saved;
-* an object added to what a store saves (``optional``: the random layers' state) may be missing from a
-  checkpoint written before: that checkpoint is restored without it, and `Restored` names it.
+* refuses to start a fresh run in a directory holding another run's checkpoints (the fix names ``resume``);
+* signs every checkpoint with what it holds (each model's variables: names, shapes and dtypes; the batch size;
+  the plan), so resuming another model's checkpoint names what differs, not hundreds of variables;
+* restores the newest intact checkpoint when the latest is unreadable (truncated, say), with a warning;
+* never saves non-finite weights;
+* restores a checkpoint written before an ``optional`` object was added (the random layers' state:
+  `resume`) without it, and `Restored` names it;
+* saves on storage that fails (a full disk, no permission, a read-only file system): a save that cannot be
+  written removes its partial files and raises `CheckpointError` naming the folder, its free space, the size a
+  checkpoint needs and the fix; before training (`CheckpointStore.ready_to_save`) it removes what a killed save
+  left (``ckpt-N_temp*``, ``*.tempstate*``, ``checkpoint.tmp*``) and refuses a folder with no room for one.
 """
 
 from __future__ import annotations
 
-import atexit
+import contextlib
 import json
 import logging
 import os
 import re
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, ContextManager, Mapping, Sequence
 
+import numpy as np
 import tensorflow as tf
 
-from ..errors import AmpConfigError, CheckpointError, CheckpointMismatchError
-from .saving import KEY as RANDOM_STATE
-from .saving import saved_random_state
+from ..errors import CheckpointError, CheckpointMismatchError, NonFiniteError
+from .runs import absolute, check_directory
 
 logger = logging.getLogger("amp_backends.train")
 
 SIGNATURE_KEY = "signature/.ATTRIBUTES/VARIABLE_VALUE"
-VERSION = re.compile(r"^version_(\d+)$")
-
-
-# ------------------------------------------------------------------------------------ directories
-def absolute(path: str | os.PathLike) -> str:
-    """``path`` made absolute against the working directory now (``~`` expanded): a run keeps writing where it
-    started, and the checkpoint index never holds a path relative to a folder that is joined again. URLs
-    (``gs://...``) stay as they are."""
-    text = os.fspath(path)
-    return text if "://" in text else os.path.abspath(os.path.expanduser(text))
-
-
-def check_no_file_in_the_way(path: str | os.PathLike, what: str) -> Path:
-    """``path`` as an absolute ``Path``; `AmpConfigError` if it, or the nearest existing parent, is not a
-    directory."""
-    p = Path(absolute(path))
-    for parent in [p, *p.parents]:
-        if parent.exists():
-            if not parent.is_dir():
-                raise AmpConfigError(f"{what} {str(p)!r} cannot be used: {str(parent)!r} is a file, not a "
-                                     f"directory. Fix: choose another {what} (or move that file).")
-            break
-    return p
-
-
-def ensure_directory(path: str | os.PathLike, what: str) -> Path:
-    """Create ``path`` (and parents) or raise `AmpConfigError` (a file in the way, no permission)."""
-    p = check_no_file_in_the_way(path, what)
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise AmpConfigError(f"{what} {str(p)!r} cannot be created: {exc.strerror or exc}. Fix: choose a {what} you "
-                             "can write to.") from None
-    if not os.access(p, os.W_OK):
-        raise AmpConfigError(f"{what} {str(p)!r} is not writable. Fix: choose a {what} you can write to.")
-    return p
-
-
-def check_directory(path: str | os.PathLike, what: str) -> Path:
-    """``path`` as an absolute ``Path``, checked as `ensure_directory` would be but not created (the first
-    write makes it, so a run that fails before writing leaves no folder): no file in the way, the nearest
-    existing folder writable; else `AmpConfigError`."""
-    p = check_no_file_in_the_way(path, what)
-    existing = next((q for q in [p, *p.parents] if q.exists()), None)
-    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
-        raise AmpConfigError(f"{what} {str(p)!r} cannot be written: {str(existing)!r} is not writable. Fix: choose a "
-                             f"{what} you can write to.")
-    return p
-
-
-def has_checkpoints(directory: str | os.PathLike) -> bool:
-    return tf.train.get_checkpoint_state(str(directory)) is not None
-
-
-def versions(logdir: Path) -> dict[int, Path]:
-    if not logdir.is_dir():
-        return {}
-    out = {}
-    for child in logdir.iterdir():
-        m = VERSION.match(child.name)
-        if m and child.is_dir():
-            out[int(m.group(1))] = child
-    return out
-
-
-@dataclass(frozen=True)
-class RunDirectory:
-    """Where one run writes: ``path`` (TensorBoard, profiles) and ``path/checkpoints``."""
-
-    path: Path
-    resumed: bool
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.path / "checkpoints"
-
-
-def propose_run_directory(logdir: str | os.PathLike, resume: bool) -> RunDirectory:
-    """Decide (without creating anything) where a run writes under ``logdir``; see the module docstring."""
-    root = check_no_file_in_the_way(logdir, "--logdir")
-    found = versions(root)
-    if resume:
-        if has_checkpoints(root / "checkpoints"):
-            return RunDirectory(root, True)
-        for n in sorted(found, reverse=True):
-            if has_checkpoints(found[n] / "checkpoints"):
-                return RunDirectory(found[n], True)
-        raise CheckpointError(
-            f"--resume: there is no run to resume under {str(root)!r} (no checkpoints in {str(root / 'checkpoints')!r} "
-            f"or in any {str(root / 'version_N' / 'checkpoints')!r}). Fix: drop --resume to start a new run, or point "
-            "--logdir at the run to continue.")
-    return RunDirectory(root / f"version_{max(found, default=-1) + 1}", False)
-
-
-# The run directories this process reserved, each with the folders above it that the reservation created.
-_RESERVED: list[tuple[Path, tuple[Path, ...]]] = []
-
-
-def release_unused_run_directories() -> None:
-    """Remove each run directory this process reserved and never wrote into, and the folders above it that the
-    reservation made, if they are still empty (a full folder stays: ``rmdir`` refuses it). The examples call it
-    when they end, by error or not; it also runs at exit.
-    """
-    while _RESERVED:
-        path, made = _RESERVED.pop()
-        for folder in (path, *made):
-            try:
-                folder.rmdir()
-            except OSError:
-                break
-
-
-atexit.register(release_unused_run_directories)
-
-
-def reserve_run_directory(logdir: str | os.PathLike) -> RunDirectory:
-    """A new ``version_N`` under ``logdir``, reserved by creating it: ``mkdir`` fails for every process but one, so
-    runs started together in one logdir each get their own number (the next free one). A reserved folder the run
-    never writes into is removed when the program ends (`release_unused_run_directories`).
-
-    Args:
-        logdir: the folder that holds the runs' ``version_N`` folders (made if missing).
-
-    Returns:
-        The new run's `RunDirectory` (not resumed).
-
-    Raises:
-        AmpConfigError: ``logdir`` cannot be created or written.
-    """
-    wanted = check_no_file_in_the_way(logdir, "--logdir")
-    made = tuple(p for p in [wanted, *wanted.parents] if not p.exists())
-    root = ensure_directory(wanted, "--logdir")
-    n = max(versions(root), default=-1) + 1
-    while True:
-        path = root / f"version_{n}"
-        try:
-            path.mkdir()
-        except FileExistsError:
-            n += 1
-            continue
-        except OSError as exc:
-            raise AmpConfigError(f"--logdir {str(root)!r}: the run directory {str(path)!r} cannot be created: "
-                                 f"{exc.strerror or exc}. Fix: choose a --logdir you can write to.") from None
-        _RESERVED.append((path, made))
-        return RunDirectory(path, False)
-
-
-def run_directory(logdir: str | os.PathLike, resume: bool, strategy: Any = None) -> RunDirectory:
-    """Decide the run's directory: a new ``version_N``, reserved at once (`reserve_run_directory`), or under
-    ``resume`` the newest run holding checkpoints. Under several workers they agree on it first (and the first write
-    makes it).
-
-    Args:
-        logdir: the folder of the runs (``--logdir``), relative or absolute.
-        resume: continue the newest run that holds checkpoints instead of starting a new one.
-        strategy: the ``tf.distribute`` strategy of a run over several workers, or ``None``.
-
-    Returns:
-        The `RunDirectory`.
-
-    Raises:
-        CheckpointError: ``resume`` and no run to resume, or workers that chose different directories.
-        AmpConfigError: ``logdir`` cannot be created or written.
-    """
-    several = strategy is not None and getattr(strategy, "cluster_resolver", None) is not None
-    if not resume and not several:
-        return reserve_run_directory(logdir)
-    run = propose_run_directory(logdir, resume)
-    if several:
-        from .distribute import gather_numbers
-
-        mine = int(run.path.name.split("_")[1]) if VERSION.match(run.path.name) else -1
-        seen = gather_numbers(strategy, mine)
-        if len(set(seen)) > 1:
-            raise CheckpointError(
-                f"The workers chose different run directories under {str(logdir)!r} (versions {seen}): their --logdir "
-                "views differ. Fix: give every worker the same --logdir on storage they all share.")
-    check_directory(run.path, "--logdir")  # made by the run's first write
-    return run
+# what an unfinished save leaves: its data folder, a half-written file of the merge, a half-written index
+UNFINISHED = re.compile(r"^(ckpt-\d+_temp.*|ckpt-\d+\..*\.tempstate\d*|checkpoint\.tmp[0-9a-f]*)$")
+# Besides the variables' bytes, a checkpoint holds an index entry per variable (name, shape, dtype, offset) and
+# the graph of the objects saved, an entry per object (measured on a small MLP with Adam: 60 and 72 bytes)
+INDEX_BYTES_PER_VARIABLE = 60
+GRAPH_BYTES_PER_OBJECT = 72
+# a failed write; collective failures (a worker gone) are the distribution layer's to report
+WRITE_ERRORS = (OSError, tf.errors.ResourceExhaustedError, tf.errors.PermissionDeniedError,
+                tf.errors.FailedPreconditionError, tf.errors.NotFoundError, tf.errors.UnknownError)
 
 
 # ------------------------------------------------------------------------------------ signatures
@@ -232,11 +56,6 @@ def _variables_of(obj: Any) -> list[Any] | None:
     return None
 
 
-def _var_name(v: Any) -> str:
-    name = getattr(v, "path", None) or getattr(v, "name", "?")
-    return str(name).rsplit(":", 1)[0]
-
-
 def signature(objects: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     """What a checkpoint holds: for each model or layer, its variables' names, shapes and dtypes, in order."""
     models = {}
@@ -244,8 +63,8 @@ def signature(objects: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str,
         variables = _variables_of(obj)
         if variables is None or hasattr(obj, "apply_gradients"):  # optimizers: their state follows the model's
             continue
-        models[key] = [[_var_name(v), list(v.shape), v.dtype.name if hasattr(v.dtype, "name") else str(v.dtype)]
-                       for v in variables]
+        models[key] = [[str(getattr(v, "path", None) or getattr(v, "name", "?")).rsplit(":", 1)[0], list(v.shape),
+                        v.dtype.name if hasattr(v.dtype, "name") else str(v.dtype)] for v in variables]
     return {"format": 1, "objects": models, **dict(extra)}
 
 
@@ -279,14 +98,15 @@ class Restored:
 
 
 class CheckpointStore:
-    """Saves and restores one ``tf.train.Checkpoint`` in a directory, by the rules in the module docstring."""
+    """Saves and restores one ``tf.train.Checkpoint`` in a directory, by the rules in the module docstring;
+    ``weights``: the variables checked finite before each save."""
 
-    def __init__(self, objects: Mapping[str, Any], directory: str | os.PathLike, *, step_counter: Any,
-                 keep: int = 3, is_chief: bool = True, worker: str = "0",
-                 extra: Mapping[str, Any] | None = None, optional: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, objects: Mapping[str, Any], directory: str | os.PathLike, *, step_counter: tf.Variable,
+                 keep: int = 3, is_chief: bool = True, worker: str = "0", extra: Mapping[str, Any] | None = None,
+                 optional: Mapping[str, Any] | None = None, weights: Sequence[tf.Variable] = ()) -> None:
         self.directory = absolute(directory)
         check_directory(self.directory, "checkpoint directory")  # made by the first save (or the run's lock)
-        self.is_chief, self.worker, self.keep = is_chief, worker, keep
+        self.is_chief, self.worker, self.keep, self.weights = is_chief, worker, keep, list(weights)
         self._objects = {**dict(objects), **dict(optional or {})}
         self._optional = set(optional or {})
         self.signature = signature(self._objects, extra or {})
@@ -309,7 +129,7 @@ class CheckpointStore:
         extra = {k: v for k, v in self.signature.items() if k not in ("format", "objects")}
         store = CheckpointStore({k: v for k, v in self._objects.items() if k not in self._optional},
                                 os.path.join(self.directory, name), step_counter=self.step_counter, keep=keep,
-                                is_chief=self.is_chief, worker=self.worker, extra=extra,
+                                is_chief=self.is_chief, worker=self.worker, extra=extra, weights=self.weights,
                                 optional={k: self._objects[k] for k in self._optional})
         store.resumes_from = self
         return store
@@ -320,13 +140,8 @@ class CheckpointStore:
         return next((p for p in self.paths() if tf.io.gfile.exists(p + ".index")), None)
 
     def paths(self) -> list[str]:
-        """Checkpoints in the directory, newest first.
-
-        TensorFlow has already joined the index's entries to the directory (joining them again doubled a
-        relative directory: ``runs/x/runs/x/ckpt-8``). A checkpoint of this store is always in the directory
-        itself, so each is named by its file name there, also where the index holds an absolute path that went
-        stale when the run's folder was moved.
-        """
+        """Checkpoints in the directory, newest first, each named by its file name in the directory (TensorFlow has
+        already joined the index's entries to it; an absolute entry goes stale when the run's folder moves)."""
         state = tf.train.get_checkpoint_state(self.directory)
         if state is None:
             return []
@@ -337,9 +152,7 @@ class CheckpointStore:
 
     def ensure_fresh(self) -> None:
         """Refuse to start a new run over another run's checkpoints."""
-        if self.owned:
-            return
-        latest = self.latest
+        latest = None if self.owned else self.latest
         if latest:
             raise CheckpointError(
                 f"{self.directory!r} holds the checkpoints of an earlier run (latest: {os.path.basename(latest)}). "
@@ -360,37 +173,37 @@ class CheckpointStore:
         return json.loads(raw.decode() if isinstance(raw, bytes) else str(raw))
 
     def restore(self) -> Restored | None:
-        """Restore the newest intact checkpoint; ``None`` if there is none at all.
-
-        An unreadable checkpoint is skipped with a warning; a checkpoint of other models raises
-        `CheckpointMismatchError` (older ones of the same run would not match either).
-        """
+        """Restore the newest intact checkpoint; ``None`` if there is none at all. An unreadable checkpoint is
+        skipped with a warning; one of other models raises `CheckpointMismatchError` (older ones would not match)."""
         paths = self.paths()
         if not paths:
             return None
         broken: list[tuple[str, str]] = []
+        fix = "Fix: resume with the same model code and arguments, or start a new run (without --resume, or with " \
+              "another --logdir)."
         for path in paths:
             try:
                 stored = self.read_signature(path)
             except Exception as exc:  # missing or truncated files
                 broken.append((path, _short(exc)))
                 continue
-            absent, current, checkpoint = self._without_absent(stored)
-            if stored is not None:
-                diff = differences(stored, current)
-                if diff:
-                    raise CheckpointMismatchError(
-                        f"The checkpoint {path} was written for other models than the ones being trained: "
-                        + "; ".join(diff) + ". Fix: resume with the same model code and arguments, or start a new run "
-                        "(without --resume, or with another --logdir).")
+            # the optional objects a checkpoint written before they were added does not hold: left out of it
+            absent = {k for k in self._optional if stored is not None and k not in stored.get("objects", {})}
+            current = {**self.signature, "objects": {k: v for k, v in self.signature["objects"].items()
+                                                     if k not in absent}}
+            checkpoint = self.checkpoint if not absent else tf.train.Checkpoint(
+                **{k: v for k, v in self._objects.items() if k not in absent}, signature=self._signature_var)
+            diff = differences(stored, current) if stored is not None else []
+            if diff:
+                raise CheckpointMismatchError(f"The checkpoint {path} was written for other models than the ones "
+                                              f"being trained: {'; '.join(diff)}. {fix}")
             try:
                 checkpoint.restore(path).assert_existing_objects_matched()
             except (AssertionError, ValueError) as exc:
                 if stored is None:
                     raise CheckpointMismatchError(
                         f"The checkpoint {path} does not match the models being trained (it was written by another "
-                        f"program or another model): {_short(exc, 240)}. Fix: resume with the same model code and "
-                        "arguments, or start a new run (without --resume, or with another --logdir).") from None
+                        f"program or another model): {_short(exc, 240)}. {fix}") from None
                 broken.append((path, _short(exc)))
                 continue
             except Exception as exc:  # truncated data: IndexError, DataLossError, ...
@@ -403,25 +216,32 @@ class CheckpointStore:
             self.last_saved_step = int(self.step_counter.numpy())
             return Restored(path, stored, tuple(sorted(k for k in absent if self.signature["objects"].get(k))))
         reasons = "; ".join(f"{os.path.basename(p)}: {w}" for p, w in broken)
-        raise CheckpointError(
-            f"No intact checkpoint in {self.directory!r}: {reasons}. "
-            "Fix: start a new run (without --resume, or with another --logdir).")
+        raise CheckpointError(f"No intact checkpoint in {self.directory!r}: {reasons}. Fix: start a new run (without "
+                              "--resume, or with another --logdir).")
 
-    def _without_absent(self, stored: dict[str, Any] | None) -> tuple[set[str], dict[str, Any], Any]:
-        """The optional objects a checkpoint written before they were added does not hold, and this store's
-        signature and checkpoint without them (to compare with and restore that checkpoint)."""
-        absent = {k for k in self._optional if stored is not None and k not in stored.get("objects", {})}
-        if not absent:
-            return absent, self.signature, self.checkpoint
-        kept = {k: v for k, v in self._objects.items() if k not in absent}
-        return (absent, {**self.signature, "objects": {k: v for k, v in self.signature["objects"].items()
-                                                       if k not in absent}},
-                tf.train.Checkpoint(**kept, signature=self._signature_var))
+    # -------------------------------------------------------------------------------- saving
+    def weights_finite(self) -> bool:
+        return bool(tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in self.weights]).numpy())
+
+    def save_finite(self, together: ContextManager[Any]) -> str | None:
+        """A checkpoint now, written inside ``together`` (with the other workers). Non-finite weights are never
+        written: `NonFiniteError`; a checkpoint that cannot be written raises `CheckpointError` (`save`)."""
+        if not self.weights_finite():
+            raise NonFiniteError(
+                f"Not saving step {int(self.step_counter.numpy())}: the weights contain NaN or Inf. The latest good "
+                f"checkpoint is {self.latest}. Lower the learning rate or use dynamic loss scaling.")
+        with together:
+            return self.save()
 
     def save(self) -> str | None:
-        """Write a checkpoint at the current step; returns its path (``None`` on non-chief workers)."""
+        """Write a checkpoint at the current step; its path (``None`` on non-chief workers). A save that cannot be
+        written raises `CheckpointError` after removing its files."""
         step = int(self.step_counter.numpy())
-        path = self.manager.save(checkpoint_number=step)
+        try:
+            path = self.manager.save(checkpoint_number=step)
+        except WRITE_ERRORS as exc:
+            self._remove_failed_save(step)
+            raise CheckpointError(self._cannot_write(step, exc)) from None
         self.owned = True
         self.last_saved_step = step
         if not self.is_chief:
@@ -429,59 +249,167 @@ class CheckpointStore:
             return None
         return path
 
+    def ready_to_save(self) -> None:
+        """Before training: unfinished saves of a killed run removed (by the chief); `CheckpointError` when the
+        checkpoint folder is not writable or has no room for one checkpoint."""
+        if self.is_chief:
+            self.remove_unfinished_saves()
+        folder = self.manager.directory
+        if "://" in folder:
+            return
+        if os.path.isdir(folder) and not os.access(folder, os.W_OK):
+            raise CheckpointError(f"The checkpoint folder {folder!r} is not writable{_read_only(folder)}: no "
+                                  f"checkpoint could be saved. {self._kept()} Fix: {self._writable_fix()}")
+        free, need = free_bytes(folder), self.checkpoint_bytes()
+        if free is not None and need is not None and free < need:
+            raise CheckpointError(
+                f"The checkpoint folder {folder!r} has {_size(free)} free; a checkpoint of this run needs about "
+                f"{_size(need)}, so the next save would fail. {self._kept()} Fix: {self._space_fix(need - free)}")
+
+    def remove_unfinished_saves(self) -> list[str]:
+        """Remove what saves killed mid-way left in the directory (a finished checkpoint is never touched); the log
+        names them. Returns their names."""
+        names = sorted(n for n in _names(self.directory) if UNFINISHED.match(n))
+        freed = sum(_remove(os.path.join(self.directory, n)) for n in names)
+        if names:
+            logger.info(f"Removed what unfinished checkpoint saves of an interrupted run left in {self.directory} "
+                        f"(freeing {_size(freed)}): {', '.join(names)}")
+        return names
+
+    def _remove_failed_save(self, step: int) -> None:
+        """The files of the failed save of ``step``: its temporary folder, half-written merge and index files, and
+        ``ckpt-<step>`` itself unless the index lists it (a checkpoint of that step written before)."""
+        folder = self.manager.directory
+        listed = {os.path.basename(p) for p in self.paths()} if self.is_chief else set()
+        own = re.compile(rf"^(ckpt-{step}(_temp.*|\..*\.tempstate\d*)|checkpoint\.tmp[0-9a-f]*)$")
+        whole = re.compile(rf"^ckpt-{step}\.(index|data-\d+-of-\d+)$")
+        for name in _names(folder):
+            if own.match(name) or (whole.match(name) and f"ckpt-{step}" not in listed):
+                _remove(os.path.join(folder, name))
+
+    def checkpoint_bytes(self) -> int | None:
+        """About how many bytes one checkpoint takes: the latest checkpoint's files, else the bytes of the variables
+        it saves."""
+        latest = self.latest
+        if latest:
+            with contextlib.suppress(tf.errors.OpError, OSError):
+                return sum(tf.io.gfile.stat(f).length for f in tf.io.gfile.glob(latest + ".*"))
+        view = getattr(tf.train, "TrackableView", None)
+        if view is None:
+            return None
+        total = 0
+        for obj in view(self.checkpoint).descendants():
+            total += GRAPH_BYTES_PER_OBJECT
+            shape, dtype = getattr(obj, "shape", None), getattr(obj, "dtype", None)
+            if shape is None or dtype is None or not hasattr(obj, "assign"):
+                continue  # not a variable
+            dtype = tf.as_dtype(getattr(dtype, "name", dtype))
+            if dtype == tf.string:  # the signature, a label
+                total += sum(len(x) for x in np.ravel(obj.numpy()))
+            else:
+                total += int(tf.TensorShape(shape).num_elements() or 0) * dtype.size
+            total += INDEX_BYTES_PER_VARIABLE
+        return total or None
+
+    def _cannot_write(self, step: int, exc: BaseException) -> str:
+        """Why the save of ``step`` failed, what is kept and the fix, in words (the folder, free space, size needed)."""
+        folder = self.manager.directory
+        reason = _reason(exc)
+        free, need = free_bytes(folder), self.checkpoint_bytes()
+        room = ", ".join(([f"{_size(free)} free there"] if free is not None else [])
+                         + ([f"a checkpoint of this run needs about {_size(need)}"] if need is not None else []))
+        room = f" ({room})" if room else ""
+        if reason == "no space left on device":
+            fix = self._space_fix(need - free if free is not None and need is not None and need > free else None)
+        else:
+            fix = self._writable_fix()
+        return (f"The checkpoint of step {step} could not be written to {folder!r}: {reason}{room}. {self._kept()} The "
+                f"partial files of this save were removed. Fix: {fix}")
+
+    def _kept(self) -> str:
+        latest = self.resumes_from.latest  # (a best checkpoint's save: the run's own checkpoints)
+        if latest:
+            return f"The latest checkpoint is still {os.path.basename(latest)}; training can continue from it."
+        return "No checkpoint of this run has been written yet."
+
+    def _again(self) -> str:
+        return ("then run again with --resume (fit(..., resume=True)) to continue from the latest checkpoint"
+                if self.resumes_from.latest else "then run again")
+
+    def _space_fix(self, missing: int | None) -> str:
+        amount = f"at least {_size(missing)}" if missing else "space"
+        return (f"free {amount} on that disk, {self._again()}; or start over with a --logdir (checkpoint_dir) on a "
+                "disk with room.")
+
+    def _writable_fix(self) -> str:
+        return (f"make {self.manager.directory!r} writable (a read-only mount, an owner or mode that forbids "
+                f"writing), {self._again()}; or start over with a --logdir (checkpoint_dir) you can write to.")
+
 
 def _short(exc: BaseException, limit: int = 160) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
 
 
-# ------------------------------------------------------------------------------------ the trainer's store
-def trainer_store(directory: str | os.PathLike, *, updates: Any, scalers: Mapping[str, Any], position: Any,
-                  objects: Mapping[str, Any] | None, keep: int, is_chief: bool, worker: str,
-                  plan_headline: str, settings: Mapping[str, Any] | None = None, models: Any = (),
-                  metrics: Any = ()) -> CheckpointStore:
-    """What a trainer's checkpoint holds: the given objects (default: the updates' variables and optimizers),
-    each update's loss-scale state, the position (global step, epoch, sample in epoch, batch size) and the
-    state of the random layers of ``models`` (`random_state`) and the training metrics' state (``metrics``:
-    their variables); the signature also records ``settings`` (the run's seed and loss scaling, for a resume to
-    compare)."""
-    objects = dict(objects) if objects else {
-        **{f"{u.name}_{i}_{part}": obj for u in updates for i, (vs, opt) in enumerate(u.groups)
-           for part, obj in (("variables", list(vs)), ("optimizer", opt))},
-        **{f"{u.name}_state": list(u.state) for u in updates if u.state}}
-    scaler_state = {name: tf.train.Checkpoint(**s.variables()) for name, s in scalers.items()}
-    return CheckpointStore(
-        {**objects, "loss_scale": tf.train.Checkpoint(**scaler_state), "position": position.checkpoint()}, directory,
-        step_counter=position.global_step, keep=keep, is_chief=is_chief, worker=worker,
-        extra={"batch_size": position.batch_size, "plan": plan_headline, **dict(settings or {})},
-        optional={RANDOM_STATE: saved_random_state(models, is_chief),
-                  **({"metrics": _Variables(metrics)} if metrics else {})})
+def _names(folder: str) -> list[str]:
+    """The entries of a local ``folder``; none for a URL or a folder that cannot be listed."""
+    if "://" in folder:
+        return []
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
 
 
-class _Variables(tf.Module):
-    """Variables a checkpoint holds as one object (the training metrics' state)."""
+def _remove(path: str) -> int:
+    """Delete a file or folder; returns the bytes freed."""
+    files = [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs] if os.path.isdir(path) else [path]
+    size = 0
+    for f in files:
+        with contextlib.suppress(OSError):
+            size += os.path.getsize(f)
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+    return size
 
-    def __init__(self, variables: Any) -> None:
-        super().__init__(name="metrics")
-        self.state = list(variables)
+
+def free_bytes(directory: str) -> int | None:
+    """Free bytes on the disk holding ``directory`` (its nearest existing parent); ``None`` where unknown."""
+    path = os.path.abspath(directory)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
 
 
-def log_resume(restored: Restored, at: Any, then_batch: int, batch_size: int, *, updates: Any,
-               scalers: Mapping[str, Any], plan_headline: str) -> None:
-    """The resume line: where the run continues, and what differs from the run that wrote the checkpoint."""
-    optimizers = {f"{u.name}[{i}]": int(opt.iterations.numpy()) for u in updates
-                  for i, (_, opt) in enumerate(u.groups) if hasattr(opt, "iterations")}
-    logger.info(f"Resumed from {restored.path}: global step {at.step}, epoch {at.epoch}, step in epoch "
-                f"{at.offset // then_batch}, loss scales " + ", ".join(f"{n}={s.current:g}" for n, s in scalers.items())
-                + ", optimizer iterations " + ", ".join(f"{k}={v}" for k, v in optimizers.items()))
-    if then_batch != batch_size:
-        logger.info(f"The checkpoint was written with batch size {then_batch}; this run uses {batch_size}: it "
-                    f"continues at sample {at.offset} of epoch {at.epoch} (the position is kept in samples, so no "
-                    "sample is read twice or skipped).")
-    if RANDOM_STATE in restored.lacking:
-        logger.warning(f"{restored.path} holds no state of the random layers (Dropout, noise, augmentation; it was "
-                       "written before checkpoints kept it): they draw from the start of their sequences again, so "
-                       "the losses from here on differ from an uninterrupted run's.")
-    then = (restored.stored or {}).get("plan")
-    if then and then != plan_headline:
-        logger.info(f"The checkpoint was written under another plan ({then}); this run: {plan_headline}.")
+def _reason(exc: BaseException) -> str:
+    text = str(exc)
+    if isinstance(exc, tf.errors.ResourceExhaustedError) or "No space left" in text:
+        return "no space left on device"
+    if "Read-only file system" in text:
+        return "the file system is read-only"
+    if isinstance(exc, (tf.errors.PermissionDeniedError, PermissionError)) or "Permission denied" in text:
+        return "permission denied"
+    first = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", " ".join(text.split()))
+    return f"{type(exc).__name__}: {first[:240]}"
+
+
+def _read_only(folder: str) -> str:
+    try:
+        return " (its file system is mounted read-only)" if os.statvfs(folder).f_flag & os.ST_RDONLY else ""
+    except OSError:
+        return ""
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "an unknown amount"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"

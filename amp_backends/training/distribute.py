@@ -15,10 +15,13 @@ import json
 import logging
 import os
 import socket
-from typing import Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping
 
 from ..errors import AmpConfigError, ClusterConfigError, DistributedFailure
 from .launchers import PORT_VARIABLE, launcher_cluster
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..plan import Plan
 
 logger = logging.getLogger("amp_backends.distribute")
 
@@ -242,7 +245,7 @@ class StopAgreement:
         self.by = worker_names(self.strategy)[got[0][1]] if got else None
         return int(got[0][0]) if got else None
 
-    def at(self, signum: int | None, together: Any) -> int | None:
+    def at(self, signum: int | None, together: ContextManager[None]) -> int | None:
         """`__call__` at a call boundary, inside ``together`` (a failure of the gather says who to restart)."""
         with together:
             return self(signum)
@@ -258,7 +261,7 @@ class StopAgreement:
                                      "do not match. Restart every worker with --resume from an earlier checkpoint.")
 
 
-def plan_fingerprint(plan: Any) -> int:
+def plan_fingerprint(plan: Plan) -> int:
     """A 31-bit number that two workers share exactly when their plans train alike (``Plan.training_key``)."""
     return int(hashlib.sha256(plan.training_key().encode()).hexdigest()[:7], 16)
 
@@ -274,7 +277,7 @@ def gather_numbers(strategy: Any, number: int) -> list[int]:
     return gather().numpy().tolist()
 
 
-def check_plan_agreement(strategy: Any, plan: Any, *, strict: bool = False) -> list[str]:
+def check_plan_agreement(strategy: Any, plan: Plan, *, strict: bool = False) -> list[str]:
     """Compare every worker's plan; a disagreement is logged on every worker (an error with ``strict``)."""
     if strategy is None or getattr(strategy, "cluster_resolver", None) is None:
         return []

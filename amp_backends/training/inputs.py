@@ -1,51 +1,102 @@
-"""What the trainer trains on: arrays resident on the device, or a ``tf.data`` pipeline.
+"""What the trainer trains on: arrays resident on the device, or a ``tf.data`` pipeline of batches.
 
-**Arrays** (NumPy arrays or tensors; one array, a tuple/list of arrays for several inputs, or a dict of
-named features, with optional labels of the same kinds) are copied to the device once. Each epoch's
-order is a permutation derived from ``(seed, epoch)``, and every step gathers its batch from that
-permutation on the device: no host round trip between steps, several steps per compiled call, and a
-position that is simply "sample ``s`` of epoch ``e``", exact on resume whatever the batch size.
-Arrays of strings are taken (for a model that starts with its own ``StringLookup``); the steps then run
-without XLA.
+**Arrays** (NumPy arrays or tensors; one array, a tuple/list of arrays for several inputs, or a dict of named
+features, with optional labels of the same kinds) are copied to the device once. Each epoch's order is a
+permutation derived from ``(seed, epoch)``, and every step gathers its batch from that permutation on the device:
+no host round trip between steps, several steps per compiled call, and a position that is simply "sample ``s``
+of epoch ``e``", exact on resume whatever the batch size. Arrays of strings are taken (for a model that starts
+with its own ``StringLookup``); the steps then run without XLA.
 
-**A** ``tf.data.Dataset`` of batches: see `streams`.
+**A** ``tf.data.Dataset`` yields *batches* (as Keras ``fit`` expects): ``ds.batch(batch_size,
+drop_remainder=True)``. Batches of unknown size (``ds.batch(n)`` without ``drop_remainder``) are rebatched to
+exactly ``batch_size`` with the remainder dropped (a partial batch would change the compiled shapes and the
+loss's scale); an unbatched dataset, batches of another size, or batches of unknown size with a variable-length
+feature (``padded_batch(8)``: rows padded to different lengths cannot be regrouped) are refused with the fix. An
+epoch is one pass over the dataset, or ``steps_per_epoch`` batches (required for a dataset that repeats forever).
+The compiled call pulls several batches from an iterator inside itself (prefetched to the accelerator). On
+resume the epoch's pipeline is rebuilt and the batches already consumed are skipped, which continues the
+interrupted order exactly when the pipeline's order depends on its seed alone (no shuffle, or ``shuffle(...,
+seed=s, reshuffle_each_iteration=False)``); with reshuffling, the rest of the resumed epoch follows a fresh order.
 
-Each input kind answers the loop's questions itself (steps left in the epoch, the size of the next call)
-and runs its compiled call (`ResidentArrays.run`, `streams.Stream.run`), returning a
-`Ran`.
+Each input kind answers the loop's questions itself (steps left in the epoch, the size of the next call) and
+runs its compiled call (`ResidentArrays.run`, `Stream.run`), returning a `Ran`.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
 
 from ..errors import InputError
-from .batches import Ran, _describe, _leaf_paths
 from .runs import At
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .streams import Stream
+from .step import StepProgram, Update
 
 logger = logging.getLogger("amp_backends.train")
 
 BatchFn = Callable[[Any, Any, Any], Any]
 
 
-def _as_array_nest(structure: Any, name: str) -> Any:
+@dataclass(frozen=True)
+class Ran:
+    """What one compiled call did: ``done`` steps, their losses and flags (``[done, updates]``: 1 applied, 0
+    skipped for non-finite gradients, -1 a batch refused by the update's ``check``), the key it was compiled
+    under (a new key is a call that traced and compiled), and whether the data's pass ended in it (an epoch of
+    a stream without ``steps_per_epoch``)."""
+
+    done: int
+    losses: np.ndarray
+    flags: np.ndarray
+    key: Any
+    pass_ended: bool = False
+
+    @property
+    def finite(self) -> np.ndarray:
+        """Per step and update: its gradients were finite (a refused batch is not a non-finite one)."""
+        return self.flags != 0
+
+    def check_refused(self, at: At, first_in_epoch: int, updates: Sequence[Update]) -> None:
+        """The library's error for the first batch an update's ``check`` refused in this call (the call ran from
+        ``at``, its first step ``first_in_epoch`` of the epoch), naming its step."""
+        bad = np.argwhere(self.flags < 0)
+        if not len(bad):
+            return
+        i, u = int(bad[0][0]), updates[int(bad[0][1])]
+        raise InputError(f"The batch of step {at.step + i} (epoch {at.epoch}, step {first_in_epoch + i} of the epoch) "
+                         f"{u.check_message or 'was refused by the check of update ' + repr(u.name) + '.'} That step "
+                         "was skipped (no weight changed) and training stopped; nothing was saved after it.")
+
+
+# ------------------------------------------------------------------------------------ nests of arrays
+def describe(value: Any) -> str:
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    return f"{type(value).__name__}" + (f" of shape {tuple(shape)}" if shape is not None else "") + (
+        f" and dtype {dtype}" if dtype is not None else "")
+
+
+def leaf_paths(structure: Any, prefix: str) -> list[tuple[str, Any]]:
+    """``(path, leaf)`` pairs of a nest of arrays: ``x['ids']``, ``x[1]``, ``y``."""
+    if isinstance(structure, dict):
+        return [p for k, v in structure.items() for p in leaf_paths(v, f"{prefix}[{k!r}]")]
+    if isinstance(structure, (tuple, list)):
+        return [p for i, v in enumerate(structure) for p in leaf_paths(v, f"{prefix}[{i}]")]
+    return [(prefix, structure)]
+
+
+def as_array_nest(structure: Any, name: str) -> Any:
     """Validate a nest of array-likes and convert Python lists of numbers to arrays; keep tensors as they are."""
     if isinstance(structure, dict):
         bad = [k for k in structure if not isinstance(k, str)]
         if bad:
             raise InputError(f"{name} as a dict must have string keys (feature names). Received keys {bad!r}.")
-        return {k: _as_array_nest(v, f"{name}[{k!r}]") for k, v in structure.items()}
+        return {k: as_array_nest(v, f"{name}[{k!r}]") for k, v in structure.items()}
     if isinstance(structure, tuple) or (isinstance(structure, list) and structure and all(
             np.ndim(v) >= 1 or isinstance(v, (dict, tuple)) for v in structure)):
-        return type(structure)(_as_array_nest(v, f"{name}[{i}]") for i, v in enumerate(structure))
-    if isinstance(structure, tf.Tensor) or isinstance(structure, tf.Variable):
+        return type(structure)(as_array_nest(v, f"{name}[{i}]") for i, v in enumerate(structure))
+    if isinstance(structure, (tf.Tensor, tf.Variable)):
         return structure
     if hasattr(structure, "shape") and hasattr(structure, "dtype"):  # numpy, or an array library's array
         arr = np.asarray(structure)
@@ -59,10 +110,36 @@ def _as_array_nest(structure: Any, name: str) -> Any:
     if arr.dtype == object or arr.dtype.kind == "V" or arr.ndim == 0:
         raise InputError(
             f"{name} must be an array of numbers or strings with one row per sample (a NumPy array or tensor, or a "
-            f"tuple, list or dict of them). Received: {_describe(structure)}. Fix: convert it with np.asarray(...).")
+            f"tuple, list or dict of them). Received: {describe(structure)}. Fix: convert it with np.asarray(...).")
     return arr  # (strings are for a model that starts with its own StringLookup or TextVectorization)
 
 
+def rows(x: Any, y: Any) -> int:
+    """The number of samples in arrays ``x`` and labels ``y`` (nests of arrays from `as_array_nest`): one row
+    per sample in every array, or `InputError` naming each array's rows."""
+    leaves = leaf_paths(x, "x") + ([] if y is None else leaf_paths(y, "y"))
+    counts = {path: int(leaf.shape[0]) for path, leaf in leaves}
+    if len(set(counts.values())) > 1:
+        raise InputError("Every input and label array must have one row per sample, the same number of rows. "
+                         f"Received: {', '.join(f'{p}: {n}' for p, n in counts.items())}. Fix: make the arrays the "
+                         "same length (x and y describe the same samples).")
+    return next(iter(counts.values()))
+
+
+def refuse_labels_beside(dataset: Any, y: Any) -> None:
+    """Labels given beside a ``tf.data.Dataset``, whose elements carry them: `InputError` with the fix."""
+    if isinstance(dataset, tf.data.Dataset) and y is not None:
+        raise InputError("With a tf.data.Dataset, the labels come from the dataset's elements ((x, y) batches). "
+                         f"Received y={describe(y)} as well. Fix: zip them into the dataset and pass y=None.")
+
+
+def gather_batch(x: Any, y: Any, idx: tf.Tensor) -> Any:
+    """The default batch: every array's rows at ``idx``, as ``(x, y)`` (``y`` is ``None`` without labels)."""
+    take = lambda a: tf.gather(a, idx)  # noqa: E731
+    return tf.nest.map_structure(take, x), (None if y is None else tf.nest.map_structure(take, y))
+
+
+# ------------------------------------------------------------------------------------ arrays
 class ResidentArrays:
     """Arrays copied to the device once; batches gathered on the device from a per-epoch permutation."""
 
@@ -73,32 +150,26 @@ class ResidentArrays:
         if x is None:
             raise InputError("fit() needs training data: x as arrays (or a tuple/dict of arrays), "
                              "or a tf.data.Dataset. Received: x=None.")
-        x = _as_array_nest(x, "x")
-        y = None if y is None else _as_array_nest(y, "y")
+        x = as_array_nest(x, "x")
+        y = None if y is None else as_array_nest(y, "y")
         self.samples = rows(x, y)
         if self.samples < batch_size:
             raise InputError(f"The data has {self.samples} samples, fewer than one batch of {batch_size}. Fix: lower "
                              f"batch_size to at most {self.samples}, or train on more data.")
-        self.batch_size = batch_size
-        self.seed = seed
-        self.device = device
+        self.batch_size, self.seed, self.device = batch_size, seed, device
         self.host = (x, y)  # for validation (labels within the model's classes) before anything runs
         with tf.device(device):
             self.x = tf.nest.map_structure(tf.convert_to_tensor, x)
             self.y = None if y is None else tf.nest.map_structure(tf.convert_to_tensor, y)
         self.batch_fn = batch_fn or gather_batch
         self.has_strings = any(t.dtype == tf.string for t in tf.nest.flatten((self.x, self.y)) if t is not None)
-        self._perm: tuple[int, Any] | None = None
-
-    def steps_in_epoch(self, samples_done: int = 0) -> int:
-        """Full batches left in an epoch after ``samples_done`` samples."""
-        return max(0, (self.samples - samples_done) // self.batch_size)
+        self._perm: tuple[int, tf.Tensor] | None = None
 
     @property
     def steps_per_epoch(self) -> int:
         return self.samples // self.batch_size
 
-    def permutation(self, epoch: int) -> Any:
+    def permutation(self, epoch: int) -> tf.Tensor:
         """The epoch's sample order on the device, from ``(seed, epoch)`` alone (so a resumed run sees the same)."""
         if self._perm is None or self._perm[0] != epoch:
             perm = np.random.RandomState((self.seed * 100003 + epoch) % 2**32).permutation(self.samples)
@@ -119,8 +190,8 @@ class ResidentArrays:
         return self.batch_fn(self.x, self.y, tf.range(rows, dtype=tf.int64))
 
     def left_in_epoch(self, offset: int) -> int:
-        """Steps left in the epoch from sample ``offset``."""
-        return self.steps_in_epoch(offset)
+        """Full batches left in the epoch from sample ``offset``."""
+        return max(0, (self.samples - offset) // self.batch_size)
 
     def start(self) -> None:
         """Before a ``fit`` call's loop (nothing to do: every call gathers its batches from the position)."""
@@ -128,7 +199,7 @@ class ResidentArrays:
     def epoch_over(self) -> None:
         """The position moved to the next epoch (the permutation follows it)."""
 
-    def call_size(self, steps_per_call: int, left: int | None, budget: int | None, program: Any) -> int:
+    def call_size(self, steps_per_call: int, left: int | None, budget: int | None, program: StepProgram) -> int:
         """Full calls of ``steps_per_call``. Looped calls take their length as an argument; unrolled calls
         compile per size: the epoch's regular last call gets its own, other short stretches (a resumed
         mid-epoch start, ``max_steps``) run as single steps."""
@@ -137,7 +208,7 @@ class ResidentArrays:
             return room
         return room if room == self.steps_per_epoch % steps_per_call else 1
 
-    def run(self, program: Any, at: At, k: int, capacity: int) -> Ran:
+    def run(self, program: StepProgram, at: At, k: int, capacity: int) -> Ran:
         """``k`` steps from ``at`` in one compiled call."""
         fn = program.resident_call(k, self.batch_fn, capacity=capacity)
         losses, flags = fn(self.x, self.y, self.permutation(at.epoch), tf.constant(at.offset, tf.int64),
@@ -145,37 +216,176 @@ class ResidentArrays:
         return Ran(k, losses.numpy()[:k], flags.numpy()[:k], k if program.unrolled(k) else "loop")
 
 
-def rows(x: Any, y: Any) -> int:
-    """The number of samples in arrays ``x`` and labels ``y`` (nests of arrays from `_as_array_nest`): one row
-    per sample in every array, or `InputError` naming each array's rows."""
-    leaves = _leaf_paths(x, "x") + ([] if y is None else _leaf_paths(y, "y"))
-    counts = {path: int(leaf.shape[0]) for path, leaf in leaves}
-    if len(set(counts.values())) > 1:
-        raise InputError("Every input and label array must have one row per sample, the same number of rows. "
-                         f"Received: {', '.join(f'{p}: {n}' for p, n in counts.items())}. Fix: make the arrays the "
-                         "same length (x and y describe the same samples).")
-    return next(iter(counts.values()))
+# ------------------------------------------------------------------------------------ tf.data
+@dataclass
+class _Spec:
+    leading: set[Any]
+    scalars: list[str]
+    variable: list[str]  # tensors with a dimension of unknown size besides the batch (variable-length features)
+    strings: bool
 
 
-def refuse_labels_beside(dataset: Any, y: Any) -> None:
-    """Labels given beside a ``tf.data.Dataset``, whose elements carry them: `InputError` with the fix."""
-    if isinstance(dataset, tf.data.Dataset) and y is not None:
-        raise InputError("With a tf.data.Dataset, the labels come from the dataset's elements ((x, y) batches). "
-                         f"Received y={_describe(y)} as well. Fix: zip them into the dataset and pass y=None.")
+def _batch_dims(spec: Any) -> _Spec:
+    out = _Spec(set(), [], [], False)
+    for path, s in leaf_paths(spec, "element"):
+        if not isinstance(s, tf.TensorSpec):
+            raise InputError(f"The dataset's {path} is a {type(s).__name__}; the trainer takes datasets of dense "
+                             "tensors. Fix: convert it in the pipeline "
+                             "(for example tf.sparse.to_dense or .to_tensor()).")
+        out.strings = out.strings or s.dtype == tf.string
+        if s.shape.rank == 0:
+            out.scalars.append(path)
+        elif s.shape.rank is not None:
+            out.leading.add(s.shape[0])
+        if s.shape.rank is not None and None in s.shape[1:]:  # (an unknown rank, from py_function: not known)
+            out.variable.append(f"{path} (shape {s.shape})")
+    return out
 
 
-def gather_batch(x: Any, y: Any, idx: Any) -> Any:
-    """The default batch: every array's rows at ``idx``, as ``(x, y)`` (``y`` is ``None`` without labels)."""
-    take = lambda a: tf.gather(a, idx)  # noqa: E731
-    return tf.nest.map_structure(take, x), (None if y is None else tf.nest.map_structure(take, y))
+class Stream:
+    """A ``tf.data`` pipeline of batches, consumed by an iterator inside the compiled call."""
+
+    reusable = False  # a dataset may change between fit() calls (a new pass is made each time)
+
+    def __init__(self, dataset: tf.data.Dataset, *, batch_size: int, device: str, strategy: tf.distribute.Strategy,
+                 steps_per_epoch: int | None = None) -> None:
+        dims = _batch_dims(dataset.element_spec)
+        fix_unbatched = (f"batch it: dataset.batch({batch_size}, drop_remainder=True) (the trainer takes a dataset of "
+                         "batches, as Keras fit does)")
+        if dims.scalars:
+            raise InputError(f"The dataset is not batched: its {dims.scalars[0]} is a scalar, one sample per element. "
+                             f"Expected batches of {batch_size}. Fix: {fix_unbatched}.")
+        known = {d for d in dims.leading if d is not None}
+        if len(known) > 1:
+            raise InputError(f"The dataset's tensors have different leading (batch) sizes {sorted(known)}. Expected "
+                             f"batches of {batch_size} in every tensor. Fix: batch the samples together: "
+                             f"dataset.batch({batch_size}, drop_remainder=True).")
+        if known and known != {batch_size}:
+            size = known.pop()
+            raise InputError(f"The dataset yields elements of leading size {size}; the trainer's batch_size is "
+                             f"{batch_size}. Fix: if the dataset is batched, pass batch_size={size} to the Trainer or "
+                             f"rebatch it with dataset.rebatch({batch_size}, drop_remainder=True); if it is not "
+                             f"batched, {fix_unbatched}.")
+        if int(dataset.cardinality().numpy()) == tf.data.INFINITE_CARDINALITY and steps_per_epoch is None:
+            raise InputError("The dataset repeats forever, so an epoch has no end. Fix: pass steps_per_epoch=N to "
+                             "fit() (batches per epoch), or drop .repeat() from the pipeline.")
+        if (None in dims.leading or not dims.leading) and dims.variable:
+            raise InputError(
+                f"The dataset's batches have no fixed size and its {dims.variable[0]} has a variable length (padded "
+                f"per batch, as padded_batch does): such batches cannot be regrouped into batches of {batch_size}. "
+                f"Fix: pad every batch to one fixed length and size: dataset.padded_batch({batch_size}, padded_shapes="
+                f"<fixed shapes, such as [64] for token ids>, drop_remainder=True) "
+                f"(one compiled shape for every step), or at least dataset.padded_batch({batch_size}, "
+                "drop_remainder=True).")
+        if None in dims.leading or not dims.leading:
+            # batched without drop_remainder: the last batch would be partial (a new compiled shape, another
+            # scale of the loss); keep exactly batch_size per step instead
+            dataset = dataset.rebatch(batch_size, drop_remainder=True)
+            logger.info(f"The dataset's batches have no fixed size (batched without drop_remainder): rebatched to "
+                        f"{batch_size} with drop_remainder=True, dropping a last partial batch per pass.")
+        cardinality = int(dataset.cardinality().numpy())
+        if cardinality == 0:
+            raise InputError(f"The dataset yields no batch of {batch_size}: it is empty, or has fewer samples than one "
+                             "batch (batched with drop_remainder=True). Fix: check the pipeline, or lower batch_size.")
+        if steps_per_epoch is not None and (not isinstance(steps_per_epoch, int) or steps_per_epoch < 1):
+            raise InputError(f"steps_per_epoch must be a positive integer or None. Received: {steps_per_epoch!r}.")
+        self.dataset, self.batch_size, self.device, self.strategy = dataset, batch_size, device, strategy
+        self.cardinality = cardinality if cardinality >= 0 else None
+        self.fixed_steps = steps_per_epoch
+        self.has_strings = dims.strings
+        self._sample: Any = None
+        self._iterator: Any = None
+        self._fresh = False  # the iterator has given no batch yet
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        """Batches per epoch when known (``steps_per_epoch``, or the dataset's cardinality), else ``None``."""
+        return self.fixed_steps if self.fixed_steps is not None else self.cardinality
+
+    @property
+    def continuous(self) -> bool:
+        """With ``steps_per_epoch`` the data is one stream across epochs (as Keras ``fit`` reads it): an epoch
+        ends after that many batches, and a pass that ends starts the next one."""
+        return self.fixed_steps is not None
+
+    def iterator(self, skip_batches: int = 0) -> Any:
+        """A fresh pass over the pipeline, ``skip_batches`` already consumed; prefetched to the device."""
+        ds = self.dataset.skip(skip_batches) if skip_batches else self.dataset
+        if self.strategy.num_replicas_in_sync > 1 or getattr(self.strategy, "cluster_resolver", None) is not None:
+            return iter(self.strategy.experimental_distribute_dataset(ds))
+        if tf.DeviceSpec.from_string(self.device).device_type in ("GPU", "XPU"):
+            ds = ds.apply(tf.data.experimental.prefetch_to_device(self.device))
+        else:
+            ds = ds.prefetch(tf.data.AUTOTUNE)
+        return iter(ds)
+
+    def batches_before(self, at: At) -> int:
+        """Batches of the current pass already trained on at ``at``: a resumed run skips them."""
+        done = at.offset // self.batch_size
+        if not self.continuous:
+            return done
+        done += at.epoch * (self.fixed_steps or 0)  # one stream across epochs, passes restarting at its end
+        return done % self.cardinality if self.cardinality else done
+
+    def sample_batch(self) -> Any:
+        """The first batch (from a separate pass), for validating the updates before training."""
+        if self._sample is None:
+            for batch in self.dataset.take(1):
+                self._sample = tf.nest.map_structure(lambda t: t.numpy(), batch)
+            if self._sample is None:
+                raise InputError(f"The dataset yields no batch of {self.batch_size}: it is empty, or has fewer samples "
+                                 "than one batch. Fix: check the pipeline, or lower batch_size.")
+        return self._sample
+
+    # -- what the loop asks every input (see ResidentArrays) ----------------------------------------
+    def describe(self) -> str:
+        return "a tf.data pipeline"
+
+    def first_batch(self, rows: int) -> Any:
+        return tf.nest.map_structure(lambda a: a[:rows] if np.ndim(a) else a, self.sample_batch())
+
+    def left_in_epoch(self, offset: int) -> int | None:
+        """``None``: a stream of unknown length."""
+        total = self.steps_per_epoch
+        return None if total is None else max(0, total - offset // self.batch_size)
+
+    def start(self) -> None:
+        """The next call opens a pass at the position."""
+        self._iterator, self._fresh = None, False
+
+    def epoch_over(self) -> None:
+        """A new pass, unless the stream runs across epochs."""
+        if not self.continuous:
+            self._iterator = None
+
+    def call_size(self, steps_per_call: int, left: int | None, budget: int | None, program: StepProgram) -> int:
+        """Up to ``steps_per_call``: the call takes its length as an argument (no new compilation)."""
+        return min(v for v in (steps_per_call, left, budget) if v is not None)
+
+    def run(self, program: StepProgram, at: At, k: int, capacity: int) -> Ran:
+        """Up to ``k`` steps from ``at`` in one compiled call, fewer where the data ends."""
+        if self._iterator is None:
+            self._iterator, self._fresh = self.iterator(self.batches_before(at)), True
+        done_t, losses, flags = program.stream_call()(self._iterator, tf.constant(k, tf.int32))
+        done = int(done_t.numpy())
+        ended = False
+        if done < k:  # the data ended inside this call (or at its start)
+            if done == 0 and (self._fresh or at.offset == 0):
+                raise InputError(f"The dataset yielded no batch of {self.batch_size}: it is empty (or smaller than "
+                                 "one batch). Fix: check the pipeline.")
+            self._iterator = None  # a new pass: the next epoch's, or the rest of this one when steps_per_epoch is set
+            ended = not self.continuous
+        self._fresh = self._fresh and done == 0
+        return Ran(done, losses.numpy(), flags.numpy(), "stream", ended)
 
 
-def make_input(x: Any, y: Any, *, batch_size: int, device: str, seed: int, strategy: Any,
-               batch_fn: BatchFn | None, steps_per_epoch: int | None) -> ResidentArrays | Stream:
-    """The trainer's input for ``fit(x, y)``: a `Stream` for a dataset, else
-    `ResidentArrays`."""
-    from .streams import Stream
+Source = Union[ResidentArrays, Stream]  # what the loop trains on
 
+
+# ------------------------------------------------------------------------------------ the trainer's input
+def make_input(x: Any, y: Any, *, batch_size: int, device: str, seed: int, strategy: tf.distribute.Strategy,
+               batch_fn: BatchFn | None, steps_per_epoch: int | None) -> Source:
+    """The trainer's input for ``fit(x, y)``: a `Stream` for a dataset, else `ResidentArrays`."""
     refuse_labels_beside(x, y)
     if isinstance(x, tf.data.Dataset):
         if batch_fn is not None:
@@ -192,7 +402,8 @@ def make_input(x: Any, y: Any, *, batch_size: int, device: str, seed: int, strat
     return ResidentArrays(x, y, batch_size=batch_size, device=device, seed=seed, batch_fn=batch_fn)
 
 
-def input_for(last: tuple[Any, Any, Any] | None, x: Any, y: Any, updates: Any, **kwargs: Any) -> tuple[Any, Any, Any]:
+def input_for(last: tuple[Any, Any, Source] | None, x: Any, y: Any, updates: Sequence[Update],
+              **kwargs: Any) -> tuple[Any, Any, Source]:
     """``(x, y, input)`` for ``fit(x, y)``, validated by the updates (``kwargs``: `make_input`'s). The same
     arrays as in the last call (``last``, the same objects) are not copied to the device or checked again:
     calling ``fit`` once per epoch costs nothing."""

@@ -41,19 +41,23 @@ both, the same on Keras 2 and Keras 3 and under any plan (``dynamic``, ``fixed``
         scaler.apply(grads, model.trainable_variables)    # unscale, check, apply or skip, update the scale
         return loss
 
-For that loop, `LossScaler` takes the optimizer and the plan it is made from, and `apply_step` runs the
+For that loop, `LossScaler` takes the optimizer and the plan it is made from, and `LossScaler.apply` runs the
 trainer's own sequence (unscale, one finite flag for all replicas, ``tf.cond`` apply or skip, scale update).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Mapping, Sequence
 
 import tensorflow as tf
 
 from ..errors import AmpConfigError, NonFiniteError
-from ..request import LossScale
 from ..keras_compat import build_optimizer, loss_scale_of
+from ..plan import Plan
+from ..request import LossScale
+
+logger = logging.getLogger("amp_backends.train")
 
 
 def _map_values(g: Any, fn: Any) -> Any:
@@ -87,7 +91,7 @@ class LossScaler:
     """
 
     def __init__(self, optimizer: Any = None, name: str = "loss_scale", min_scale: float = 1.0, *,
-                 plan: Any = None) -> None:
+                 plan: Plan | None = None) -> None:
         if isinstance(optimizer, LossScale):  # the trainer's form: the loss scaling itself
             config, self.optimizer = optimizer, None
         else:
@@ -141,7 +145,35 @@ class LossScaler:
         if optimizer is None:
             raise TypeError("LossScaler.apply() needs the optimizer: make the scaler with it (LossScaler(optimizer)) "
                             "or pass apply(grads, variables, optimizer=...).")
-        return apply_step(self, grads, variables, optimizer)
+        grads, variables = _pairs(grads, variables)
+        if id(optimizer) not in self._built_optimizers:  # its state made once, before the first tf.cond
+            if not (getattr(optimizer, "built", False) or getattr(optimizer, "_built", False)):
+                with tf.init_scope():  # (no variable may be made inside a branch)
+                    build_optimizer(optimizer, variables)
+            self._built_optimizers.add(id(optimizer))
+        grads = self.unscale(grads, variables)
+        finite = self.all_finite(grads)
+        ctx = tf.distribute.get_replica_context()
+        if ctx is None or not tf.distribute.has_strategy():  # one replica (or called in cross-replica context)
+            tf.cond(finite, lambda: _apply(optimizer, grads, variables), lambda: tf.constant(False))
+            self.update(finite)
+            return finite
+        # as the trainer: whether *any* replica's gradients are non-finite, agreed by all; the apply runs under a
+        # tf.cond in cross-replica context, because optimizers synchronise (all-reduce) inside apply_gradients
+        nonfinite = ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite), tf.int32))
+
+        def cross_replica(strategy: Any, grads: Any, nonfinite: Any) -> Any:
+            agreed = tf.equal(strategy.experimental_local_results(nonfinite)[0], 0)
+
+            def apply() -> Any:
+                strategy.extended.call_for_each_replica(lambda g: _apply(optimizer, g, variables), args=(grads,))
+                return tf.constant(True)
+
+            tf.cond(agreed, apply, lambda: tf.constant(False))
+            self.update(agreed)
+            return agreed
+
+        return ctx.merge_call(cross_replica, args=(grads, nonfinite))
 
     def unscale(self, grads: Sequence[Any], variables: Sequence[Any] | None = None) -> list[Any]:
         """Gradients divided by the scale; those of ``variables`` that Keras overwrites with their "gradient"
@@ -262,10 +294,40 @@ class LossScaler:
     # -- state -----------------------------------------------------------------------------------
     def restart(self) -> None:
         """Back to the state a new run starts in: the config's initial scale (1 for ``none``), no good steps in a
-        row. For a state restored from a checkpoint written under other loss scaling (`runs`)."""
+        row. For a state restored from a checkpoint written under other loss scaling (`resume`)."""
         self.scale_var.assign(1.0 if self.config.mode == "none" else float(self.config.initial))
         self.good_steps.assign(0)
         self.consecutive.assign(0)
+
+    def follow(self, then: Mapping[str, Any] | None, say: bool = True) -> str | None:
+        """After a restore: where the checkpoint's loss scaling differs from this one, start afresh at the plan's
+        initial scale (`restart`); the same dynamic scaling continues from the restored scale.
+
+        Args:
+            then: The checkpoint's loss scaling (its config as a dict); ``None`` for a checkpoint that does not
+                record it (an older one), followed as is.
+            say: Log the line that says what changed.
+
+        Returns:
+            That line, or ``None`` when nothing changed.
+        """
+        new = self.config.to_dict()
+        if then is None or then == new or (then.get("mode") == new["mode"] == "dynamic"):
+            return None
+        restored = self.current
+        self.restart()
+        mode = then.get("mode")
+        kind = f"fixed ({then.get('scale', 0):g})" if mode == "fixed" else str(mode)
+        was = "without loss scaling" if mode == "none" else f"with {kind} loss scaling"
+        if self.config.mode == "none":
+            now = f"this plan scales no losses: the restored scale {restored:g} of {self.name!r} is dropped"
+        else:
+            now = (f"this plan's loss scaling is {self.config}: {self.name!r} starts at scale {self.current:g}, as a "
+                   f"new run does, not at the restored {restored:g}")
+        line = f"The checkpoint was written {was}; {now}."
+        if say:
+            logger.info(line)
+        return line
 
     def variables(self) -> dict[str, Any]:
         return {"scale": self.scale_var, "good_steps": self.good_steps, "skipped": self.skipped,
@@ -279,7 +341,7 @@ class LossScaler:
         return f"LossScaler({self.name}: {self.config}, scale={self.current:g}, skipped={int(self.skipped.numpy())})"
 
 
-def check_stalled(scalers: Mapping[str, Any], limit: int, save: Callable[[], str | None]) -> None:
+def check_stalled(scalers: Mapping[str, LossScaler], limit: int, save: Callable[[], str | None]) -> None:
     """The error of the first update whose steps were all skipped ``limit`` times in a row, after ``save()`` (which
     writes a checkpoint where it can and returns its path)."""
     for s in scalers.values():
@@ -287,7 +349,7 @@ def check_stalled(scalers: Mapping[str, Any], limit: int, save: Callable[[], str
             raise s.stalled_error(save())
 
 
-def plan_loss_scale(optimizer: Any, plan: Any) -> LossScale:
+def plan_loss_scale(optimizer: Any, plan: Plan | None) -> LossScale:
     """The loss scaling of ``plan`` (by default the one `amp_backends.auto_configure` applied) for a loop
     that trains with ``optimizer``; a clear error for an optimizer that already scales losses or a missing plan."""
     if optimizer is not None:
@@ -324,47 +386,6 @@ def _pairs(grads: Any, variables: Any) -> tuple[list[Any], list[Any]]:
         raise ValueError(f"LossScaler.apply(grads, variables) takes one gradient per variable, as tape.gradient(loss, "
                          f"variables) returns them. Received: {len(flat_g)} gradients for {len(flat_v)} variables.")
     return flat_g, flat_v
-
-
-def _build(scaler: Any, optimizer: Any, variables: Sequence[Any]) -> None:
-    """Create the optimizer's state once, before the first ``tf.cond`` (no variable may be made inside a branch)."""
-    key = id(optimizer)
-    if key in scaler._built_optimizers:
-        return
-    if not (getattr(optimizer, "built", False) or getattr(optimizer, "_built", False)):
-        with tf.init_scope():
-            build_optimizer(optimizer, variables)
-    scaler._built_optimizers.add(key)
-
-
-def apply_step(scaler: Any, grads: Any, variables: Any, optimizer: Any) -> Any:
-    """Unscale ``grads``, check them, apply them with ``optimizer`` if all are finite (in every replica) or skip
-    the step, and advance the scale; returns the boolean tensor ``finite`` (whether the step was applied)."""
-    grads, variables = _pairs(grads, variables)
-    _build(scaler, optimizer, variables)
-    grads = scaler.unscale(grads, variables)
-    finite = scaler.all_finite(grads)
-    ctx = tf.distribute.get_replica_context()
-    if ctx is None or not tf.distribute.has_strategy():  # one replica (or called in cross-replica context)
-        tf.cond(finite, lambda: _apply(optimizer, grads, variables), lambda: tf.constant(False))
-        scaler.update(finite)
-        return finite
-    # as the trainer: whether *any* replica's gradients are non-finite, agreed by all; the apply runs under a
-    # tf.cond in cross-replica context, because optimizers synchronise (all-reduce) inside apply_gradients
-    nonfinite = ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite), tf.int32))
-
-    def cross_replica(strategy: Any, grads: Any, nonfinite: Any) -> Any:
-        agreed = tf.equal(strategy.experimental_local_results(nonfinite)[0], 0)
-
-        def apply() -> Any:
-            strategy.extended.call_for_each_replica(lambda g: _apply(optimizer, g, variables), args=(grads,))
-            return tf.constant(True)
-
-        tf.cond(agreed, apply, lambda: tf.constant(False))
-        scaler.update(agreed)
-        return agreed
-
-    return ctx.merge_call(cross_replica, args=(grads, nonfinite))
 
 
 def _apply(optimizer: Any, grads: Sequence[Any], variables: Sequence[Any]) -> Any:

@@ -36,16 +36,21 @@ its history, its best value and how long it has waited, and goes on as the unint
 
 from __future__ import annotations
 
-import math
-from typing import Any, Mapping, Sequence
 import logging
+import math
 import re
-from dataclasses import dataclass
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
 
 import tensorflow as tf
 
 from ..errors import AmpConfigError
-from .observers import CallRecord, Observer
+from .inputs import Ran
+from .loss_scaling import LossScaler
+from .observers import WARMUP_CALLS, CallRecord, Observer
+from .runs import At
 
 
 # What the training call being traced records, process-wide: under a tf.distribute strategy the replicas' functions
@@ -351,3 +356,64 @@ class Monitor(Observer):
         self.stopped_early = state.get("stopped_early") if spent else None
         sums = state.get("epoch_sums") or {}
         self._sums = {u: list(sums.get(u, [0.0, 0])) for u in self.updates}
+
+
+# ------------------------------------------------------------------------------------ each call of a fit
+@dataclass
+class Progress:
+    """What one ``fit`` call records as it goes (each call's throughput, losses and loss scales), told to its
+    ``observers`` around every compiled call. Calls that compiled (a new key, not in ``called``: the trainer's
+    set, kept across its ``fit`` calls) or warmed up stay out of the median throughput."""
+
+    names: Sequence[str]
+    observers: Sequence[Observer]
+    called: set[Any]
+    images_per_step: int
+    warmup_calls: int = WARMUP_CALLS
+    throughputs: list[float] = field(default_factory=list)
+    history: list[dict[str, float]] = field(default_factory=list)
+    last: dict[str, float] = field(default_factory=dict)
+    calls: int = 0
+    _t0: float = 0.0
+
+    def start(self, step: int, total_steps: int | None) -> None:
+        for o in self.observers:
+            o.on_fit_start(step, total_steps)
+
+    def before_call(self, step: int, steps: int) -> None:
+        for o in self.observers:
+            o.before_call(step, steps)
+        self._t0 = time.perf_counter()
+
+    def after_call(self, ran: Ran, at: At, first: int, scalers: Mapping[str, LossScaler]) -> None:
+        """The call (`Ran`) from ``at`` (its first step ``first`` of the epoch) that ended now: recorded, and
+        told to the observers as a `CallRecord`."""
+        seconds = time.perf_counter() - self._t0
+        compiling = ran.key not in self.called
+        self.called.add(ran.key)
+        if not ran.done:
+            return
+        step_time = seconds / ran.done
+        throughput = self.images_per_step / step_time
+        self.calls += 1
+        if self.calls > self.warmup_calls and not compiling:
+            self.throughputs.append(throughput)
+        self.last = {n: float(ran.losses[-1][j]) for j, n in enumerate(self.names)}
+        self.history.append({"step": at.step + ran.done, "throughput": throughput, **self.last})
+        record = CallRecord(at.epoch, first, at.step + ran.done, ran.done, self.names, ran.losses, ran.finite,
+                            step_time, throughput, {n: s.current for n, s in scalers.items()},
+                            {n: int(s.skipped.numpy()) for n, s in scalers.items()})
+        for o in self.observers:
+            o.after_call(record)
+
+    def close(self) -> None:
+        for o in self.observers:
+            o.close()
+
+    def results(self, steps: int, scalers: Mapping[str, LossScaler]) -> dict[str, Any]:
+        """What a `TrainResult` reports of the calls and of each update's scaler after ``steps`` steps."""
+        skipped = {n: int(s.skipped.numpy()) for n, s in scalers.items()}
+        return {"median_throughput": statistics.median(self.throughputs) if self.throughputs else None,
+                "throughputs": self.throughputs, "last_losses": self.last, "skipped": skipped,
+                "applied": {n: steps - k for n, k in skipped.items()},
+                "loss_scales": {n: s.current for n, s in scalers.items()}, "history": self.history}

@@ -1,20 +1,30 @@
-"""What watches training: the log line, TensorBoard scalars, the progress bar, the profiler window.
+"""What watches training: the log line, TensorBoard scalars, the progress bar, the profiler window; and Keras
+``fit``'s callback (`ThroughputLogger`).
 
-Each is an `Observer`; the trainer calls them around every compiled call with a `CallRecord`
-(the call's steps, each step's losses and finite flags, its timing). Pass your own to
-``Trainer(observers=[...])`` to watch training without touching the loop.
+Each is an `Observer`; the trainer calls them around every compiled call with a `CallRecord` (the call's steps,
+each step's losses and finite flags, its timing). Pass your own to ``Trainer(observers=[...])`` to watch training
+without touching the loop.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import math
+import os
+import statistics
 import sys
+import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
+import tensorflow as tf
 
 from ..errors import AmpConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .inputs import Source
 
 logger = logging.getLogger("amp_backends.train")
 
@@ -139,9 +149,6 @@ class TensorBoardScalars(Observer):
     """
 
     def __init__(self, logdir: str) -> None:
-        import importlib.util
-        import os
-
         self.writer: Any = None
         self.path = os.path.join(logdir, "train")
         self.usable = importlib.util.find_spec("tensorboard") is not None
@@ -156,8 +163,6 @@ class TensorBoardScalars(Observer):
     def after_call(self, r: CallRecord) -> None:
         if not self.usable:
             return
-        import tensorflow as tf
-
         if self.writer is None:
             try:
                 self.writer = tf.summary.create_file_writer(self.path)
@@ -174,8 +179,6 @@ class TensorBoardScalars(Observer):
     def after_evaluation(self, epoch: int, step: int, values: dict[str, float]) -> None:
         if self.writer is None:
             return
-        import tensorflow as tf
-
         def write() -> None:
             with self.writer.as_default():
                 for name, value in values.items():
@@ -185,10 +188,6 @@ class TensorBoardScalars(Observer):
         self._guarded(write)
 
     def _mark_start(self, start_step: int) -> None:
-        import time
-
-        import tensorflow as tf
-
         # the marker goes into the writer's own file, ahead of the scalars; tf.summary has no call for a raw event
         resource = getattr(self.writer, "_resource", None)
         if resource is None:
@@ -198,8 +197,6 @@ class TensorBoardScalars(Observer):
         tf.raw_ops.ImportEvent(writer=resource, event=start.SerializeToString())
 
     def _write(self, r: CallRecord) -> None:
-        import tensorflow as tf
-
         with self.writer.as_default():
             for j, n in enumerate(r.names):
                 tf.summary.scalar(f"loss/{n}", float(r.losses[-1][j]), step=r.step)
@@ -212,8 +209,6 @@ class TensorBoardScalars(Observer):
             self._guarded(self.writer.flush)
 
     def _guarded(self, write: Any) -> None:
-        import tensorflow as tf
-
         try:
             write()
         except (tf.errors.OpError, OSError) as exc:
@@ -234,8 +229,6 @@ def _write_failure(exc: BaseException) -> str:
 
 def _remove_empty_event_files(folder: str) -> None:
     """The empty event file a writer that failed to start left (this process's), and its folder if now empty."""
-    import os
-
     try:
         for name in os.listdir(folder):
             path = os.path.join(folder, name)
@@ -253,15 +246,10 @@ class ProgressBar(Observer):
         self.progress: Any = None
 
     def on_fit_start(self, start_step: int, total_steps: int | None) -> None:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TimeRemainingColumn,
-        )
+        from rich import progress as rich
 
-        self.progress = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                                 TimeRemainingColumn(), transient=True)
+        self.progress = rich.Progress("[progress.description]{task.description}", rich.BarColumn(),
+                                      rich.MofNCompleteColumn(), rich.TimeRemainingColumn(), transient=True)
         self.task = self.progress.add_task("training", total=total_steps, completed=start_step)
         self.progress.start()
 
@@ -292,8 +280,6 @@ class ProfilerWindow(Observer):
 
     def before_call(self, step: int, steps: int) -> None:
         if not self.running and not self.done and step < self.stop and step + steps > self.start:
-            import tensorflow as tf
-
             if self._guarded(lambda: tf.profiler.experimental.start(self.logdir)):
                 self.running, self.first = True, step
 
@@ -302,8 +288,6 @@ class ProfilerWindow(Observer):
             self._stop(r.step)
 
     def _stop(self, last: int) -> None:
-        import tensorflow as tf
-
         written = self._guarded(tf.profiler.experimental.stop)
         self.running, self.done = False, True
         if not written:
@@ -314,15 +298,11 @@ class ProfilerWindow(Observer):
 
     def close(self) -> None:
         if self.running:
-            import tensorflow as tf
-
             self._guarded(tf.profiler.experimental.stop)
             self.running = False
 
     def _guarded(self, call: Any) -> bool:
         """``call()``; a failure to write the trace ends the window with a warning. Returns whether it worked."""
-        import tensorflow as tf
-
         try:
             call()
             return True
@@ -363,16 +343,7 @@ def default_observers(chief: bool, log_every: int, logdir: str | None, progress:
     return out
 
 
-def audit_observer(audit: bool | tuple[int, int], models: Sequence[Any], plan: Any, steps_per_call: int) -> Any:
-    """``Trainer(audit=...)``: the audit of the steps after the warm-up calls (``True``) or of ``(start, stop)``."""
-    from ..auditing.observer import AuditObserver
-
-    first = WARMUP_CALLS * steps_per_call
-    window = audit if isinstance(audit, tuple) else (first, first + max(3, steps_per_call))
-    return AuditObserver(list(models), plan, window)
-
-
-def training_line(source: Any, batch_size: int, steps_per_call: int, checkpoint_every: int | None) -> str:
+def training_line(source: Source, batch_size: int, steps_per_call: int, checkpoint_every: int | None) -> str:
     """The line that says, before training, what one epoch and one compiled call are."""
     k, per_epoch = steps_per_call, source.steps_per_epoch
     lines = [f"Training on {source.describe()}: batch {batch_size}, "
@@ -384,3 +355,56 @@ def training_line(source: Any, batch_size: int, steps_per_call: int, checkpoint_
         lines.append(f"checkpoints at the end of the call that reaches each multiple of {checkpoint_every} "
                      f"steps (calls are never cut)")
     return "; ".join(lines)
+
+
+# ------------------------------------------------------------------------------------ Keras fit
+class ThroughputLogger(tf.keras.callbacks.Callback):
+    """Logs ``(epoch, step), Loss (epoch mean): …, step_time: …, throughput: … img/s.`` during ``model.fit``.
+
+    The loss is what Keras reports to callbacks: the running mean of the epoch so far, not the step's own
+    loss (our `Trainer` logs each step's). With
+    ``steps_per_execution`` > 1 Keras calls back once per execution: the line then covers that many steps
+    and ``step_time`` is per step. At the end, the median throughput after two warm-up executions.
+
+    Args:
+        batch_size: The batch size ``fit`` trains with.
+        log_every: Log a line every this many steps.
+        images_per_step: Samples a step counts (default: ``batch_size``).
+
+    Raises:
+        ValueError: ``batch_size`` is not a positive integer.
+    """
+
+    def __init__(self, batch_size: int, log_every: int = 1, images_per_step: int | None = None) -> None:
+        super().__init__()
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer. Received: {batch_size!r}.")
+        self.images = images_per_step or batch_size
+        self.log_every = log_every
+        self.throughputs: list[float] = []
+        self._epoch = 0
+        self._t0 = 0.0
+        self._last = -1
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self._epoch = epoch
+        self._last = -1
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        dt = time.perf_counter() - self._t0
+        steps = max(batch - self._last, 1)
+        self._last = batch
+        step_time = dt / steps
+        tp = self.images / step_time if step_time > 0 else math.inf
+        self.throughputs.append(tp)
+        if batch % self.log_every < steps:
+            loss = (logs or {}).get("loss", float("nan"))
+            logger.info(f"({self._epoch}, {batch}), Loss (epoch mean): {float(loss):.5f}, step_time: {step_time:.5f}, "
+                        f"throughput: {tp:.3e} img/s.")
+
+    def on_train_end(self, logs: Any = None) -> None:
+        if len(self.throughputs) > WARMUP_CALLS:
+            logger.info(f"Summary: median throughput {statistics.median(self.throughputs[WARMUP_CALLS:]):.4g} img/s")

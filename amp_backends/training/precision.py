@@ -13,10 +13,19 @@ import functools
 from dataclasses import replace
 import logging
 import warnings
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from ..layer_names import kept_in_float32
 from ..errors import AmpWarning
+from ..layer_plan import LayerPlan
+from ..plan import Plan
+from .checkpoints import CheckpointStore
+from .inputs import Source
+from .observers import WARMUP_CALLS
+from .step import Update
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..auditing.observer import AuditObserver
 
 logger = logging.getLogger("amp_backends.train")
 
@@ -57,7 +66,7 @@ def _referenced(obj: Any) -> Iterable[Any]:
         yield from list(vars(obj).values())[:64]  # a user's object holding its models
 
 
-def trained_models(updates: Sequence[Any], objects: Mapping[str, Any] | None) -> list[Any]:
+def trained_models(updates: Sequence[Update], objects: Mapping[str, Any] | None) -> list[Any]:
     """The outermost Keras models owning variables the updates train (see the module docstring)."""
     found: dict[int, Any] = {id(m): m for m in (objects or {}).values() if _is_model(m)}
     seen: set[int] = set()
@@ -80,7 +89,7 @@ def trained_models(updates: Sequence[Any], objects: Mapping[str, Any] | None) ->
             if not any(o is not m and variables[id(m)] < variables[id(o)] for o in owners)]
 
 
-def built_float32(model: Any, plan: Any, layer_plan: Any = None) -> bool:
+def built_float32(model: Any, plan: Plan, layer_plan: LayerPlan | None = None) -> bool:
     """Most of the model's weights sit in layers computing in float32 although the plan's policy is mixed
     (the layers the plan's rules or the model's layer plan keep in float32 — its classifier head, say — are not
     counted; a layer plan that keeps every layer in float32 is as planned)."""
@@ -126,8 +135,8 @@ def model_inputs(model: Any, x: Any) -> Any:
     return x
 
 
-def check_models(models: Sequence[Any], plan: Any, source: Any, *, batch_size: int,
-                 layer_plans: Mapping[str, Any] | None = None) -> None:
+def check_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatch, *, batch_size: int,
+                 layer_plans: Mapping[str, LayerPlan] | None = None) -> None:
     """Check each model against its layer plan at one replica's batch of ``source`` (the trainer's input) and log
     (and warn) what it found; a check that fails never stops training."""
     from .. import model_check
@@ -173,8 +182,8 @@ def check_models(models: Sequence[Any], plan: Any, source: Any, *, batch_size: i
             logger.info(line)
 
 
-def prepare_models(models: Sequence[Any], plan: Any, source: Any, *, batch_size: int,
-                   stored: Mapping[str, Any] | None, say: bool, measure: bool | None) -> dict[str, Any]:
+def prepare_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatch, *, batch_size: int,
+                   stored: Mapping[str, Any] | None, say: bool, measure: bool | None) -> dict[str, LayerPlan]:
     """Each model's layer plan applied before its first step, as `amp_backends.prepare_model` applies it
     for ``fit``: the checkpoint's for a resumed run (whatever the flags: a resumed run trains as the run it
     continues), else decided on the first batch — measured where ``measure`` allows it and nothing is cached
@@ -185,7 +194,7 @@ def prepare_models(models: Sequence[Any], plan: Any, source: Any, *, batch_size:
     from ..policy_choice import FLOAT32, Measurement
     from ..prepare import prepare_model
 
-    plans: dict[str, Any] = {}
+    plans: dict[str, LayerPlan] = {}
     x: Any = None
     for model in models:
         name = str(getattr(model, "name", model))
@@ -217,8 +226,10 @@ def prepare_models(models: Sequence[Any], plan: Any, source: Any, *, batch_size:
                            f"{str(exc)[:200]}); the plan is kept.")
             continue
         layer_plan = prep.layer_plan
+        if layer_plan is None:  # (prepare_model always gives one)
+            continue
         plans[name] = layer_plan
-        if say and layer_plan is not None and (layer_plan.decisions or layer_plan.measurement or prep.choice_note):
+        if say and (layer_plan.decisions or layer_plan.measurement or prep.choice_note):
             logger.info(f"{layer_plan.summary()}{' (' + origin + ')' if origin else ''}")
             if layer_plan.measurement is not None:
                 logger.info(f"{name}: {layer_plan.measurement}")
@@ -236,15 +247,26 @@ def _warn(line: str, message: str | None = None) -> None:
 class TrainedModels:
     """The Keras models a trainer trains: each gets its layer plan before the first step (the checkpoint's for a
     resumed run, ``stored``; else decided, cached or measured on the first batch: measured on one replica only,
-    since workers measuring apart could choose apart), then the precision check once. ``layer_plans``: by name."""
+    since workers measuring apart could choose apart), then the precision check once (by the chief).
+    ``layer_plans``: by name, kept in ``store``'s checkpoints; ``audit``: ``Trainer(audit=...)``'s observer of the
+    kernels that ran in the steps after the warm-up calls (``True``) or in ``(start, stop)``, on the chief."""
 
-    def __init__(self, models: Sequence[Any], plan: Any, *, check: bool, measure: bool | None, replicas: int) -> None:
-        self.plan = plan
-        self.models = list(models)
+    def __init__(self, models: Sequence[Any], plan: Plan, *, check: bool, measure: bool | None, batch_size: int,
+                 replicas: int, is_chief: bool, store: CheckpointStore | None, audit: bool | tuple[int, int] = False,
+                 steps_per_call: int = 1) -> None:
+        self.plan, self.models = plan, list(models)
         self.to_prepare, self.to_check = list(models), list(models) if check else []
         self.measure = False if replicas > 1 else measure
-        self.layer_plans: dict[str, Any] = {}
+        self.batch_size, self.replicas, self.is_chief, self.store = batch_size, replicas, is_chief, store
+        self.layer_plans: dict[str, LayerPlan] = {}
         self.stored: Any = None  # the layer plans of the checkpoint a run resumes
+        self.audit: AuditObserver | None = None
+        if audit and is_chief:
+            from ..auditing.observer import AuditObserver
+
+            first = WARMUP_CALLS * steps_per_call
+            window = audit if isinstance(audit, tuple) else (first, first + max(3, steps_per_call))
+            self.audit = AuditObserver(list(models), plan, window)
 
     def restored(self, stored: Any) -> None:
         """A resumed run's layer plans (``stored``): applied before the next step, over any decided before."""
@@ -252,27 +274,27 @@ class TrainedModels:
         if stored:
             self.to_prepare = list(self.models)
 
-    def prepare(self, source: Any, *, batch_size: int, is_chief: bool, store: Any, audit: Any) -> bool:
+    def prepare(self, source: Source | FirstBatch) -> bool:
         """Apply the layer plan of each model not yet prepared (decided on ``source``'s first batch); whether any
         was applied now (what was compiled before computed under the old policies)."""
         prepared, self.to_prepare = self.to_prepare, []
         if not prepared:
             return False
-        self.layer_plans.update(prepare_models(prepared, self.plan, source, batch_size=batch_size,
-                                               stored=self.stored, say=is_chief, measure=self.measure))
-        if store and self.layer_plans:
-            store.annotate("layer_plans", {n: lp.to_dict() for n, lp in self.layer_plans.items()})
-        if audit is not None:
-            audit.layer_plans = self.layer_plans
+        self.layer_plans.update(prepare_models(prepared, self.plan, source, batch_size=self.batch_size,
+                                               stored=self.stored, say=self.is_chief, measure=self.measure))
+        if self.store and self.layer_plans:
+            self.store.annotate("layer_plans", {n: lp.to_dict() for n, lp in self.layer_plans.items()})
+        if self.audit is not None:
+            self.audit.layer_plans = self.layer_plans
         return True
 
-    def before_first_step(self, source: Any, *, batch_size: int, replicas: int, is_chief: bool, store: Any,
-                          audit: Any) -> bool:
+    def before_first_step(self, source: Source) -> bool:
         """The layer plans (`prepare`), then the precision check, once; whether a layer plan was applied now."""
-        applied = self.prepare(source, batch_size=batch_size, is_chief=is_chief, store=store, audit=audit)
+        applied = self.prepare(source)
         checked, self.to_check = self.to_check, []
-        if is_chief:
-            check_models(checked, self.plan, source, batch_size=batch_size // replicas, layer_plans=self.layer_plans)
+        if self.is_chief:
+            check_models(checked, self.plan, source, batch_size=self.batch_size // self.replicas,
+                         layer_plans=self.layer_plans)
         return applied
 
 

@@ -1,124 +1,49 @@
-"""A run's place and its folder: the position in the data, one run at a time in a checkpoint folder, and
-what a resumed run keeps.
+"""A run: where it writes (run directories, one run at a time in a checkpoint folder), where it stands, its seed.
 
-Where training stands in the data: global step, epoch and sample offset within the epoch.
+**Run directories.** Each run started by the examples (``--logdir runs/mnist``) writes into a new
+``runs/mnist/version_N`` (TensorBoard shows each version as its own run; earlier runs are never touched).
+``--resume`` continues the newest version that holds checkpoints (or the directory given, if it holds them
+itself). `run_directory` implements this; workers of a multi-worker run agree on the version before any of
+them creates it.
 
-The position is kept in *samples* (sample ``offset`` of epoch ``epoch``), so a run resumed with another
-batch size continues at the same sample: nothing is read twice or skipped. Its variables are part of every
-checkpoint, together with the batch size they were written with. The compiled calls advance the step and
-the offset on the device (`step`); the loop reads them once per call through `Position.now`.
+**One run at a time.** Two runs writing one checkpoint folder overwrite each other's checkpoints and index. While
+a trainer trains (``fit``, from before it restores or checks the folder is fresh until it returns) it holds an
+exclusive ``fcntl.flock`` on ``<folder>/.lock``; a run in another process that wants the folder meanwhile is
+refused with `CheckpointError`, naming the process that holds it. The operating system releases the lock when
+that process ends, killed included: there is never a stale lock to remove. Where ``flock`` does not exist
+(Windows) or the filesystem refuses it, training goes on unlocked, with a warning. The folder is made when the
+lock is taken; when ``fit`` ends with nothing saved, the lock file goes again, and so do the folders it made,
+where they are empty: a run that fails at its first step leaves no ``version_N`` behind.
 
-One run at a time in a checkpoint folder, and no folder left behind by a run that wrote nothing.
+**The position** is kept in *samples* (sample ``offset`` of epoch ``epoch``, and the global step), so a run
+resumed with another batch size continues at the same sample: nothing is read twice or skipped. Its variables
+are part of every checkpoint, with the batch size they were written with. The compiled calls advance the step
+and the offset on the device (`step`); the loop reads them once per call through `Position.now`.
 
-Two runs writing one checkpoint folder overwrite each other's checkpoints and index: two ``--resume`` of one
-run, or two new runs that chose the same folder. While a trainer trains (``fit``, from before it restores or
-checks the folder is fresh until it returns) it holds an exclusive ``fcntl.flock`` on ``<folder>/.lock``; a
-run in another process that wants the folder meanwhile is refused with `CheckpointError`, naming the
-process that holds it. The operating system releases the lock when that process ends, killed included: there
-is never a stale lock to remove. Where ``flock`` does not exist (Windows) or the filesystem refuses it,
-training goes on unlocked, with a warning.
-
-The folder is made when the lock is taken (the first moment anything is written there). When ``fit`` ends
-with nothing saved — it failed before its first checkpoint — the lock file goes again, and so do the folders
-it made, where they are empty: a bad batch size or a model that fails at its first step leaves no
-``version_N`` behind.
-
-What a resumed run keeps from the checkpoint it continues, and what it says where a setting changed.
-
-A trainer's checkpoints record the run's seed and each update's loss scaling in their signature (besides the
-models, the batch size and the plan: `checkpoints`). Resuming:
-
-* **the seed** orders each epoch's samples and draws the steps' randomness: continuing with another would
-  read samples of the epoch in progress twice and skip others. A trainer with another seed is refused
-  (`check_seed`); the examples, which load their data before they train, read the run's seed first
-  (`run_seed`) and follow it, or refuse a ``--seed`` that differs.
-* **loss scaling** restored from a checkpoint written under another one does not fit the plan: a run begun
-  without loss scaling (bfloat16 on a CPU) and continued under float16 (on an NVIDIA GPU) would start at
-  scale 1 — float16 without scaling until the scale grows, ``growth_interval`` steps later. Where the
-  checkpoint's loss scaling differs from the plan's, the plan's starts afresh (at its initial scale, as a new
-  run does; ``none`` drops the scale) and the log says so (`follow_loss_scaling`); the same dynamic
-  scaling continues from the restored scale.
-* **max_steps and epochs** count the whole run: a run already past them has nothing to train, and a warning
-  says so and what to pass (`nothing_left`); ``fit`` returns without a step.
+**The seed.** `seed_everything` seeds Python, NumPy, TensorFlow and Keras (Keras 3's own seed generator too; Keras
+2's random layers made afterwards draw from a ``tf.random.Generator``, whose state checkpoints keep: `resume`): on
+the CPU the same seed gives the same losses, run after run; the trainer shuffles by ``(seed, epoch)`` and draws by
+`step.step_seed`. ``deterministic=True`` also makes TensorFlow choose deterministic kernels: on GPUs that is what
+makes two runs equal (cuDNN and atomics otherwise reorder float additions), at some cost in speed. Results still
+differ between GPU models, drivers and TensorFlow versions, and between a CPU and a GPU.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import atexit
 import contextlib
 import logging
 import os
+import re
 import socket
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-import json
-from collections.abc import Mapping
 
 import tensorflow as tf
 
-from ..errors import CheckpointError, CheckpointMismatchError
-from .checkpoints import SIGNATURE_KEY, ensure_directory
-
-
-@dataclass(frozen=True)
-class At:
-    """One reading of the position: ``step`` steps done, sample ``offset`` of epoch ``epoch``."""
-
-    epoch: int
-    offset: int
-    step: int
-
-
-class Position:
-    """The trainer's position variables and how they move (see the module docstring)."""
-
-    def __init__(self, batch_size: int) -> None:
-        self.batch_size = int(batch_size)
-        self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-        self.samples_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="samples_in_epoch")
-        # the batch size the position was written with (a checkpoint holds it; restore compares)
-        self.saved_batch_size = tf.Variable(self.batch_size, dtype=tf.int64, trainable=False, name="batch_size")
-
-    # -- reading ---------------------------------------------------------------------------------
-    def now(self) -> At:
-        return At(*(int(v.numpy()) for v in (self.epoch, self.samples_in_epoch, self.global_step)))
-
-    @property
-    def step(self) -> int:
-        return int(self.global_step.numpy())
-
-    def batch_in_epoch(self, at: At) -> int:
-        """The step within its epoch of the batch starting at ``at``."""
-        return at.offset // self.batch_size
-
-    # -- moving ----------------------------------------------------------------------------------
-    def next_epoch(self) -> None:
-        self.epoch.assign_add(1)
-        self.samples_in_epoch.assign(0)
-
-    def total_steps(self, steps_per_epoch: int | None, epochs: int, max_steps: int | None) -> int | None:
-        """The global step at which ``fit(epochs=..., max_steps=...)`` ends, when the data's length is known."""
-        if steps_per_epoch is None:
-            return max_steps
-        at = self.now()
-        rest = (epochs - at.epoch) * steps_per_epoch - at.offset // self.batch_size
-        total = at.step + max(rest, 0)
-        return total if max_steps is None else min(total, max_steps)
-
-    # -- checkpoints -----------------------------------------------------------------------------
-    def checkpoint(self) -> Any:
-        return tf.train.Checkpoint(global_step=self.global_step, epoch=self.epoch,
-                                   samples_in_epoch=self.samples_in_epoch, batch_size=self.saved_batch_size)
-
-    def restored(self) -> tuple[At, int]:
-        """After a restore: where the checkpoint stood and the batch size it was written with; from now on
-        the position is this run's (its batch size is the one saved next)."""
-        at, then = self.now(), int(self.saved_batch_size.numpy())
-        self.saved_batch_size.assign(self.batch_size)
-        return at, then
-
+from ..errors import AmpConfigError, CheckpointError
+from ..keras_compat import keras_info
 
 try:
     import fcntl
@@ -127,9 +52,188 @@ except ImportError:  # Windows
 
 logger = logging.getLogger("amp_backends.train")
 
+VERSION = re.compile(r"^version_(\d+)$")
 LOCK_FILE = ".lock"
 
 
+# ------------------------------------------------------------------------------------ folders
+def absolute(path: str | os.PathLike) -> str:
+    """``path`` made absolute against the working directory now (``~`` expanded): a run keeps writing where it
+    started, and the checkpoint index never holds a path relative to a folder that is joined again. URLs
+    (``gs://...``) stay as they are."""
+    text = os.fspath(path)
+    return text if "://" in text else os.path.abspath(os.path.expanduser(text))
+
+
+def check_no_file_in_the_way(path: str | os.PathLike, what: str) -> Path:
+    """``path`` as an absolute ``Path``; `AmpConfigError` if it, or the nearest existing parent, is not a
+    directory."""
+    p = Path(absolute(path))
+    existing = next((q for q in [p, *p.parents] if q.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise AmpConfigError(f"{what} {str(p)!r} cannot be used: {str(existing)!r} is a file, not a directory. Fix: "
+                             f"choose another {what} (or move that file).")
+    return p
+
+
+def ensure_directory(path: str | os.PathLike, what: str) -> Path:
+    """Create ``path`` (and parents) or raise `AmpConfigError` (a file in the way, no permission)."""
+    p = check_no_file_in_the_way(path, what)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AmpConfigError(f"{what} {str(p)!r} cannot be created: {exc.strerror or exc}. Fix: choose a {what} you "
+                             "can write to.") from None
+    if not os.access(p, os.W_OK):
+        raise AmpConfigError(f"{what} {str(p)!r} is not writable. Fix: choose a {what} you can write to.")
+    return p
+
+
+def check_directory(path: str | os.PathLike, what: str) -> Path:
+    """``path`` as an absolute ``Path``, checked as `ensure_directory` would be but not created (the first
+    write makes it, so a run that fails before writing leaves no folder): no file in the way, the nearest
+    existing folder writable; else `AmpConfigError`."""
+    p = check_no_file_in_the_way(path, what)
+    existing = next((q for q in [p, *p.parents] if q.exists()), None)
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise AmpConfigError(f"{what} {str(p)!r} cannot be written: {str(existing)!r} is not writable. Fix: choose a "
+                             f"{what} you can write to.")
+    return p
+
+
+def _missing(folder: Path) -> list[Path]:
+    """The folders of ``folder``'s path that do not exist yet, deepest first."""
+    missing = []
+    for p in [folder, *folder.parents]:
+        if p.exists():
+            break
+        missing.append(p)
+    return missing
+
+
+# ------------------------------------------------------------------------------------ run directories
+def versions(logdir: Path) -> dict[int, Path]:
+    if not logdir.is_dir():
+        return {}
+    found = {child: VERSION.match(child.name) for child in logdir.iterdir()}
+    return {int(m.group(1)): child for child, m in found.items() if m and child.is_dir()}
+
+
+@dataclass(frozen=True)
+class RunDirectory:
+    """Where one run writes: ``path`` (TensorBoard, profiles) and ``path/checkpoints``."""
+
+    path: Path
+    resumed: bool
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+
+def propose_run_directory(logdir: str | os.PathLike, resume: bool) -> RunDirectory:
+    """Decide (without creating anything) where a run writes under ``logdir``; see the module docstring."""
+    root = check_no_file_in_the_way(logdir, "--logdir")
+    found = versions(root)
+    if resume:
+        for path in [root, *(found[n] for n in sorted(found, reverse=True))]:
+            if tf.train.get_checkpoint_state(str(path / "checkpoints")) is not None:
+                return RunDirectory(path, True)
+        raise CheckpointError(
+            f"--resume: there is no run to resume under {str(root)!r} (no checkpoints in {str(root / 'checkpoints')!r} "
+            f"or in any {str(root / 'version_N' / 'checkpoints')!r}). Fix: drop --resume to start a new run, or point "
+            "--logdir at the run to continue.")
+    return RunDirectory(root / f"version_{max(found, default=-1) + 1}", False)
+
+
+# The run directories this process reserved, each with the folders above it that the reservation created.
+_RESERVED: list[tuple[Path, list[Path]]] = []
+
+
+def release_unused_run_directories() -> None:
+    """Remove each run directory this process reserved and never wrote into, and the folders above it that the
+    reservation made, if they are still empty (a full folder stays: ``rmdir`` refuses it). The examples call it
+    when they end, by error or not; it also runs at exit.
+    """
+    while _RESERVED:
+        path, made = _RESERVED.pop()
+        for folder in (path, *made):
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+
+atexit.register(release_unused_run_directories)
+
+
+def reserve_run_directory(logdir: str | os.PathLike) -> RunDirectory:
+    """A new ``version_N`` under ``logdir``, reserved by creating it: ``mkdir`` fails for every process but one, so
+    runs started together in one logdir each get their own number (the next free one). A reserved folder the run
+    never writes into is removed when the program ends (`release_unused_run_directories`).
+
+    Args:
+        logdir: the folder that holds the runs' ``version_N`` folders (made if missing).
+
+    Returns:
+        The new run's `RunDirectory` (not resumed).
+
+    Raises:
+        AmpConfigError: ``logdir`` cannot be created or written.
+    """
+    made = _missing(check_no_file_in_the_way(logdir, "--logdir"))
+    root = ensure_directory(logdir, "--logdir")
+    n = max(versions(root), default=-1) + 1
+    while True:
+        path = root / f"version_{n}"
+        try:
+            path.mkdir()
+        except FileExistsError:
+            n += 1
+            continue
+        except OSError as exc:
+            raise AmpConfigError(f"--logdir {str(root)!r}: the run directory {str(path)!r} cannot be created: "
+                                 f"{exc.strerror or exc}. Fix: choose a --logdir you can write to.") from None
+        _RESERVED.append((path, made))
+        return RunDirectory(path, False)
+
+
+def run_directory(logdir: str | os.PathLike, resume: bool, strategy: tf.distribute.Strategy | None = None
+                  ) -> RunDirectory:
+    """Decide the run's directory: a new ``version_N``, reserved at once (`reserve_run_directory`), or under
+    ``resume`` the newest run holding checkpoints. Under several workers they agree on it first (and the first write
+    makes it).
+
+    Args:
+        logdir: the folder of the runs (``--logdir``), relative or absolute.
+        resume: continue the newest run that holds checkpoints instead of starting a new one.
+        strategy: the ``tf.distribute`` strategy of a run over several workers, or ``None``.
+
+    Returns:
+        The `RunDirectory`.
+
+    Raises:
+        CheckpointError: ``resume`` and no run to resume, or workers that chose different directories.
+        AmpConfigError: ``logdir`` cannot be created or written.
+    """
+    several = strategy is not None and getattr(strategy, "cluster_resolver", None) is not None
+    if not resume and not several:
+        return reserve_run_directory(logdir)
+    run = propose_run_directory(logdir, resume)
+    if several:
+        from .distribute import gather_numbers
+
+        version = VERSION.match(run.path.name)
+        seen = gather_numbers(strategy, int(version.group(1)) if version else -1)
+        if len(set(seen)) > 1:
+            raise CheckpointError(
+                f"The workers chose different run directories under {str(logdir)!r} (versions {seen}): their --logdir "
+                "views differ. Fix: give every worker the same --logdir on storage they all share.")
+    check_directory(run.path, "--logdir")  # made by the run's first write
+    return run
+
+
+# ------------------------------------------------------------------------------------ the run lock
 @contextlib.contextmanager
 def holding(directory: str | os.PathLike | None) -> Iterator[None]:
     """Hold checkpoint folder ``directory``'s lock for the block (the folder is made now, if missing); on the
@@ -169,16 +273,6 @@ def refuse_if_held(directory: str | os.PathLike) -> None:
         pass
     finally:
         os.close(fd)  # releases a lock taken here
-
-
-def _missing(folder: Path) -> list[Path]:
-    """The folders of ``folder``'s path that do not exist yet, deepest first."""
-    missing = []
-    for p in [folder, *folder.parents]:
-        if p.exists():
-            break
-        missing.append(p)
-    return missing
 
 
 def _acquire(folder: Path) -> int | None:
@@ -238,104 +332,87 @@ def _release(fd: int | None, folder: Path, made: list[Path]) -> None:
             break
 
 
+# ------------------------------------------------------------------------------------ the position
+@dataclass(frozen=True)
+class At:
+    """One reading of the position: ``step`` steps done, sample ``offset`` of epoch ``epoch``."""
+
+    epoch: int
+    offset: int
+    step: int
 
 
-def settings(seed: int, scalers: Mapping[str, Any]) -> dict[str, Any]:
-    """What a checkpoint's signature records for a resume to compare: the seed, each update's loss scaling."""
-    return {"seed": int(seed), "loss_scaling": {name: s.config.to_dict() for name, s in scalers.items()}}
+class Position:
+    """The trainer's position variables and how they move (see the module docstring)."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = int(batch_size)
+        self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+        self.samples_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="samples_in_epoch")
+        # the batch size the position was written with (a checkpoint holds it; restore compares)
+        self.saved_batch_size = tf.Variable(self.batch_size, dtype=tf.int64, trainable=False, name="batch_size")
+
+    def now(self) -> At:
+        return At(*(int(v.numpy()) for v in (self.epoch, self.samples_in_epoch, self.global_step)))
+
+    @property
+    def step(self) -> int:
+        return int(self.global_step.numpy())
+
+    def batch_in_epoch(self, at: At) -> int:
+        """The step within its epoch of the batch starting at ``at``."""
+        return at.offset // self.batch_size
+
+    def next_epoch(self) -> None:
+        self.epoch.assign_add(1)
+        self.samples_in_epoch.assign(0)
+
+    def total_steps(self, steps_per_epoch: int | None, epochs: int, max_steps: int | None) -> int | None:
+        """The global step at which ``fit(epochs=..., max_steps=...)`` ends, when the data's length is known."""
+        if steps_per_epoch is None:
+            return max_steps
+        at = self.now()
+        total = at.step + max((epochs - at.epoch) * steps_per_epoch - at.offset // self.batch_size, 0)
+        return total if max_steps is None else min(total, max_steps)
+
+    def checkpoint(self) -> tf.train.Checkpoint:
+        return tf.train.Checkpoint(global_step=self.global_step, epoch=self.epoch,
+                                   samples_in_epoch=self.samples_in_epoch, batch_size=self.saved_batch_size)
+
+    def restored(self) -> tuple[At, int]:
+        """After a restore: where the checkpoint stood and the batch size it was written with; from now on
+        the position is this run's (its batch size is the one saved next)."""
+        at, then = self.now(), int(self.saved_batch_size.numpy())
+        self.saved_batch_size.assign(self.batch_size)
+        return at, then
 
 
-def check_seed(stored: Mapping[str, Any] | None, seed: int, path: str) -> None:
-    """`CheckpointMismatchError` when the checkpoint at ``path`` was written by a run with another seed."""
-    then = (stored or {}).get("seed")
-    if then is None or int(then) == seed:
-        return
-    raise CheckpointMismatchError(
-        f"The checkpoint {path} was written by a run with seed {then}; this trainer's seed is {seed}. The seed orders "
-        "each epoch's samples and draws the steps' randomness: continuing with another would read samples of the "
-        f"epoch in progress twice and skip others. Fix: resume with seed={then} (on the command line: leave --seed "
-        f"out, a resumed run keeps its own), or start a new run with seed {seed} (without resume=True / --resume, "
-        "or in another directory).")
+# ------------------------------------------------------------------------------------ the seed
+_seed = {"value": 0}  # the process's seed, like the generators it seeds
 
 
-def follow_loss_scaling(stored: Mapping[str, Any] | None, scalers: Mapping[str, Any], say: bool = True) -> list[str]:
-    """Restart each scaler whose loss scaling differs from the checkpoint's at the plan's initial scale; what
-    changed, as lines (logged with ``say``). A checkpoint that does not record its loss scaling (an older
-    one) is followed as is."""
-    then = (stored or {}).get("loss_scaling") or {}
-    lines = []
-    for name, scaler in scalers.items():
-        old, new = then.get(name), scaler.config.to_dict()
-        if old is None or old == new or (old.get("mode") == new["mode"] == "dynamic"):
-            continue
-        restored = scaler.current
-        scaler.restart()
-        was = "without loss scaling" if old.get("mode") == "none" else f"with {_describe(old)} loss scaling"
-        if scaler.config.mode == "none":
-            now = f"this plan scales no losses: the restored scale {restored:g} of {name!r} is dropped"
-        else:
-            now = (f"this plan's loss scaling is {scaler.config}: {name!r} starts at scale {scaler.current:g}, as a "
-                   f"new run does, not at the restored {restored:g}")
-        lines.append(f"The checkpoint was written {was}; {now}.")
-        if say:
-            logger.info(lines[-1])
-    return lines
+def seed_everything(seed: int, deterministic: bool = False) -> None:
+    """Seed Python, NumPy, TensorFlow and Keras, and the trainers made afterwards (their shuffling and
+    `step_seed`, unless given ``seed=``).
+
+    Args:
+        seed: A non-negative integer.
+        deterministic: Also use deterministic kernels (``tf.config.experimental.enable_op_determinism``).
+
+    Raises:
+        AmpConfigError: ``seed`` is not a non-negative integer.
+    """
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise AmpConfigError(f"seed must be a non-negative integer. Received: {seed!r}.")
+    tf.keras.utils.set_random_seed(seed)
+    if keras_info(tf).generation == 2:  # Keras 2's random layers made from now on: state a checkpoint holds
+        tf.keras.backend.experimental.enable_tf_random_generator()
+    _seed["value"] = seed
+    if deterministic:
+        tf.config.experimental.enable_op_determinism()
 
 
-def _describe(config: Mapping[str, Any]) -> str:
-    return f"fixed ({config.get('scale', 0):g})" if config.get("mode") == "fixed" else str(config.get("mode"))
-
-
-def nothing_left(at: At, epoch_done: bool, epochs: int, max_steps: int | None) -> str | None:
-    """The warning for a run that ``fit(epochs=..., max_steps=...)`` would not move (``None``: steps to train);
-    ``epoch_done``: the epoch ``at`` stands in has no batch left."""
-    if max_steps is not None and at.step >= max_steps:
-        return (f"Nothing to train: the run is already at global step {at.step}, "
-                + ("which is" if at.step == max_steps else "past") + f" max_steps={max_steps} (--max-steps: "
-                "the steps of the whole run, resumed ones included). Fix: to train further, pass a max_steps above "
-                f"{at.step}, such as {at.step + max(at.step, 1)}.")
-    done = at.epoch + int(epoch_done)
-    if done >= epochs:
-        return (f"Nothing to train: the run has already completed {done} epoch{'s' if done != 1 else ''}, and "
-                f"epochs={epochs} (--epochs) counts the epochs of the whole run. Fix: to train further, pass epochs "
-                f"above {done}, such as {done + 1}.")
-    return None
-
-
-def run_seed(checkpoints: str | os.PathLike) -> int | None:
-    """The seed recorded by the newest readable checkpoint in folder ``checkpoints`` (``None``: none records
-    one), read without building anything."""
-    folder = os.fspath(checkpoints)
-    state = tf.train.get_checkpoint_state(folder)
-    names = {os.path.basename(p) for p in (state.all_model_checkpoint_paths or [state.model_checkpoint_path])} \
-        if state else set()
-    for name in sorted(names, key=lambda n: int(n.rsplit("-", 1)[-1]) if n.rsplit("-", 1)[-1].isdigit() else -1,
-                       reverse=True):
-        try:
-            reader = tf.train.load_checkpoint(os.path.join(folder, name))
-            raw = reader.get_tensor(SIGNATURE_KEY) if reader.has_tensor(SIGNATURE_KEY) else None
-        except Exception:  # missing or truncated files: the restore says which
-            continue
-        seed = json.loads(raw.decode() if isinstance(raw, bytes) else str(raw)).get("seed") if raw else None
-        return None if seed is None else int(seed)
-    return None
-
-
-def restore_run(store: Any, position: Any, *, seed: int, scalers: Mapping[str, Any], updates: Any, batch_size: int,
-                plan_headline: str, is_chief: bool) -> tuple[int, dict[str, Any]] | None:
-    """Restore ``store``'s newest intact checkpoint, if any: its seed checked, the resume said (by the chief),
-    loss scaling followed; ``(its global step, its signature)``: the signature holds what the run decided and
-    learnt (``layer_plans``, ``monitor``: its history and best value)."""
-    from .checkpoints import log_resume
-
-    restored = store.restore()
-    if restored is None:
-        return None
-    check_seed(restored.stored, seed, restored.path)
-    at, then_batch = position.restored()
-    stored = restored.stored or {}
-    if is_chief:
-        log_resume(restored, at, then_batch, batch_size, updates=updates, scalers=scalers,
-                   plan_headline=plan_headline)
-    follow_loss_scaling(restored.stored, scalers, say=is_chief)
-    return at.step, stored
+def current_seed() -> int:
+    """The seed last given to `seed_everything` (0 before any)."""
+    return _seed["value"]

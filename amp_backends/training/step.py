@@ -1,21 +1,13 @@
-"""The compiled training step: per-replica gradients, one finite flag for all replicas, apply or skip, scale update.
+r"""The compiled training step: per-replica gradients, one finite flag for all replicas, apply or skip, scale update.
 
-A step is a sequence of `Update`\\ s. Each computes one loss with its own forward pass and updates
-one or more ``(variables, optimizer)`` groups from it (a classifier has one update; the GAN two; an
-embedding model can update its embedding and dense variables from one loss with two optimizers). Each
-update has its own `LossScaler`; a step whose gradients are
-not finite in *any* replica is skipped for every group of that update, in every replica.
-
-`StepProgram` builds the compiled calls that run several steps each:
-
-* on resident arrays, ``k`` steps gathering their batches from the epoch's permutation; under XLA the
-  steps are unrolled into one graph (up to `UNROLL_LIMIT`), else a ``tf.range`` loop whose length is
-  an argument (one compiled function for every call size);
-* on a ``tf.data`` iterator, up to ``k`` steps pulling batches inside the call and stopping early at the
-  end of the data; under XLA each step is compiled (iterators cannot be).
-
-Every call returns each step's losses and flags (applied, skipped as non-finite, or refused by an update's
-``check``), so the log can mark skipped steps and the trainer can name a refused batch's step.
+A step is a sequence of `Update`\ s, each with its own `LossScaler`; a step whose gradients are not finite in
+*any* replica is skipped for every group of that update, in every replica. `StepProgram` builds the compiled calls
+that run several steps each: on resident arrays, ``k`` steps gathering their batches from the epoch's permutation
+(under XLA unrolled into one graph, up to `UNROLL_LIMIT`, else a ``tf.range`` loop whose length is an argument);
+on a ``tf.data`` iterator, up to ``k`` steps pulling batches inside the call, stopping early at the end of the
+data (under XLA each step is compiled: iterators cannot be). Every call returns each step's losses and flags
+(applied, skipped as non-finite, or refused by an update's ``check``). Random draws inside a step use
+`step_seed`: a function of the run's seed (`runs.seed_everything`) and the global step.
 """
 
 from __future__ import annotations
@@ -23,14 +15,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import tensorflow as tf
 
 from ..errors import InputError
-from .seeding import _StepContext
+from ..keras_compat import build_optimizer
 from .loss_scaling import LossScaler
+from .runs import Position
 
 logger = logging.getLogger("amp_backends.train")
 
@@ -68,35 +62,25 @@ class Evaluation:
 class Update:
     """One optimisation inside a training step.
 
-    ``loss_fn(batch)`` runs the forward pass (with ``training=True``) and returns the loss: a scalar, or
-    per-example values (of any shape), of which the trainer takes the mean. ``groups`` are
-    ``(variables, optimizer)`` pairs updated from that one loss. ``validate(sample)``, if given, is called
-    once before training with the data (all of it for arrays, as ``(x, y)``; the first batch of a dataset)
-    and raises ``ValueError`` with the fix for data the loss cannot use (labels outside the model's classes,
-    say). ``state`` lists variables the forward pass changes besides the trained ones (BatchNormalization's
-    moving statistics: a model's ``non_trainable_variables``): a skipped step puts them back as they were,
-    so a non-finite batch leaves no trace in them either.
-
-    ``check(batch)``, if given, runs inside the compiled step on *every* batch (``validate`` sees one): it
-    returns ``(ok, batch)``, ``ok`` a boolean scalar tensor (the batch is usable: labels within the model's
-    classes, say) and ``batch`` a version of the batch the loss can compute on even when it is not (labels
-    replaced by 0, say). A step whose batch is not ``ok`` is skipped in every replica, and the trainer raises
-    `InputError` after the call, naming the step and ``check_message`` (what was
-    expected, and the fix). It costs a reduction over the batch per step.
-
-    ``evaluation`` (an `Evaluation`), if given, is what validation, metrics, ``Trainer.evaluate`` and
-    ``Trainer.predict`` use; a ``loss_fn`` that reports its predictions with
-    `record_predictions` gets the trainer's metrics on training batches too.
-
     Attributes:
         name: The update's name in logs, checkpoints and results (``"generator"``).
-        loss_fn: ``loss_fn(batch)``: the forward pass and the loss.
-        groups: ``(variables, optimizer)`` pairs updated from the loss.
-        validate: ``validate(sample)``, called once before training; raises ``ValueError`` with the fix.
-        state: Variables the forward pass changes besides the trained ones.
-        check: ``check(batch) -> (ok, batch)``, run inside the compiled step on every batch.
+        loss_fn: ``loss_fn(batch)`` runs the forward pass (with ``training=True``) and returns the loss: a scalar,
+            or per-example values (of any shape), of which the trainer takes the mean.
+        groups: ``(variables, optimizer)`` pairs updated from that one loss.
+        validate: ``validate(sample)``, called once before training with the data (all of it for arrays, as
+            ``(x, y)``; the first batch of a dataset); raises ``ValueError`` with the fix for data the loss cannot
+            use (labels outside the model's classes, say).
+        state: Variables the forward pass changes besides the trained ones (BatchNormalization's moving
+            statistics: a model's ``non_trainable_variables``): a skipped step puts them back as they were.
+        check: ``check(batch) -> (ok, batch)``, run inside the compiled step on *every* batch: ``ok`` a boolean
+            scalar tensor (the batch is usable: labels within the model's classes, say), ``batch`` a version the
+            loss can compute on even when it is not (labels replaced by 0, say). A step whose batch is not ``ok``
+            is skipped in every replica, and the trainer raises `InputError` after the call, naming the step and
+            ``check_message``. It costs a reduction over the batch per step.
         check_message: What a batch that fails ``check`` should have been, and the fix.
-        evaluation: How validation, metrics, ``evaluate`` and ``predict`` use the model.
+        evaluation: How validation, metrics, ``Trainer.evaluate`` and ``Trainer.predict`` use the model (an
+            `Evaluation`); a ``loss_fn`` that reports its predictions with `record_predictions` gets the
+            trainer's metrics on training batches too.
     """
 
     name: str
@@ -160,19 +144,13 @@ def _checked_loss(update: Update, loss: Any) -> Any:
 class StepProgram:
     """Builds and caches the compiled calls for a list of updates under a plan and a strategy."""
 
-    def __init__(self, updates: Sequence[Update], scalers: dict[str, LossScaler], *, strategy: Any, xla: bool,
-                 batch_size: int, seed: int, global_step: Any, samples_in_epoch: Any,
-                 unroll_steps: bool | None = None) -> None:
-        self.updates = list(updates)
-        self.scalers = scalers
-        self.strategy = strategy
+    def __init__(self, updates: Sequence[Update], scalers: dict[str, LossScaler], *, strategy: tf.distribute.Strategy,
+                 xla: bool, position: Position, seed: int, unroll_steps: bool | None = None) -> None:
+        self.updates, self.scalers, self.strategy, self.xla = list(updates), scalers, strategy, xla
         self.replicas = int(strategy.num_replicas_in_sync)
-        self.xla = xla
-        self.batch_size = batch_size
-        self.seed = seed
-        self.global_step = global_step
-        self.samples_in_epoch = samples_in_epoch
-        self.unroll_steps = unroll_steps
+        self.batch_size, self.seed, self.unroll_steps = position.batch_size, seed, unroll_steps
+        # the compiled calls advance the position on the device
+        self.global_step, self.samples_in_epoch = position.global_step, position.samples_in_epoch
         self._calls: dict[Any, Any] = {}
         self._jitted_steps: dict[Any, Any] = {}
         self._trace_error: InputError | None = None
@@ -193,16 +171,10 @@ class StepProgram:
         self._trace_error = None
         try:
             yield
-        except tf.errors.InvalidArgumentError as exc:
+        except Exception as exc:
             error, self._trace_error = self._trace_error, None
-            if error is not None:
-                raise error from None
-            lookup = lookup_error(str(exc.message), first_step, steps)
-            if lookup is not None:
-                raise lookup from None
-            raise
-        except Exception:
-            error, self._trace_error = self._trace_error, None
+            if error is None and isinstance(exc, tf.errors.InvalidArgumentError):
+                error = lookup_error(str(exc.message), first_step, steps)
             if error is not None:
                 raise error from None
             raise
@@ -222,7 +194,7 @@ class StepProgram:
         """In each replica: its batch, the scaled loss, unscaled gradients and a non-finite flag."""
         ctx = tf.distribute.get_replica_context()
         n = ctx.num_replicas_in_sync
-        with _StepContext(self.seed, step, ctx.replica_id_in_sync_group, n):
+        with _step_context(self.seed, step, ctx.replica_id_in_sync_group, n):
             batch = make_batch(*args)
             ok = tf.constant(True)
             if u.check is not None:
@@ -390,3 +362,54 @@ class StepProgram:
         fn = tf.function(run)
         self._calls["stream"] = fn
         return fn
+
+
+def build_optimizers(updates: Sequence[Update]) -> None:
+    """Create each optimizer's state now (before restore, outside tf.cond), once, for all the variables it updates:
+    one optimizer may serve several groups or updates."""
+    owned: dict[int, tuple[Any, list[Any]]] = {}
+    for u in updates:
+        for variables, opt in u.groups:
+            owned.setdefault(id(opt), (opt, []))[1].extend(variables)
+    for opt, variables in owned.values():
+        build_optimizer(opt, list({id(v): v for v in variables}.values()))
+
+
+# ------------------------------------------------------------------------------------- seeds
+_context = threading.local()
+
+
+def step_seed(salt: int = 0) -> Any:
+    """A seed for stateless random ops inside a training step:
+    ``tf.random.stateless_uniform(shape, seed=step_seed(1))``.
+
+    It depends on the trainer's seed, the global step, the replica and ``salt`` (use a different salt per
+    random draw in a step) — so random draws are reproducible from the seed, different in every step and
+    replica, and continue exactly where a resumed run left off. Only valid inside a trainer's step.
+
+    Args:
+        salt: Tells apart the random draws of one step (a different salt for each).
+
+    Returns:
+        A ``[2]`` int64 tensor for ``tf.random.stateless_*``'s ``seed``.
+
+    Raises:
+        RuntimeError: Called outside a training step run by the trainer.
+    """
+    ctx = getattr(_context, "current", None)
+    if ctx is None:
+        raise RuntimeError("step_seed() is only available inside a training step run by amp_backends' Trainer (in "
+                           "an Update's loss_fn). Outside, seed random ops yourself (tf.random.stateless_*).")
+    seed, step, replica, replicas = ctx
+    return tf.stack([tf.constant(seed * 1_000_003 + salt, tf.int64),
+                     tf.cast(step, tf.int64) * replicas + tf.cast(replica, tf.int64)])
+
+
+@contextlib.contextmanager
+def _step_context(seed: int, step: tf.Tensor, replica: tf.Tensor, replicas: int) -> Iterator[None]:
+    saved = getattr(_context, "current", None)
+    _context.current = (seed, step, replica, replicas)
+    try:
+        yield
+    finally:
+        _context.current = saved

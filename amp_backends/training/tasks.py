@@ -10,8 +10,7 @@ import tensorflow as tf
 from ..errors import AmpConfigError, InputError
 from ..labels import class_ids
 from .metrics import record_predictions
-from .seeding import step_seed
-from .step import Evaluation, Update, float32_outputs
+from .step import Evaluation, Update, float32_outputs, step_seed
 
 
 def _per_example(loss: Any) -> tuple[Any, bool]:

@@ -1,51 +1,32 @@
-"""The loop: call sizing, position and resume, non-finite and interrupt handling, checkpoints at call ends.
+"""The trainer: compiled calls in a loop under a plan (the dtype policy, XLA, loss scaling), and what ``fit`` returns.
 
-The model code stays the same everywhere; the `Plan` decides the dtype policy
-(set before the models are built), whether the step is XLA-compiled and how losses are scaled. The step
-itself is in `step`, the input in `inputs`, checkpoints in `checkpoints`, what watches
-training in `observers`.
-
-The `Trainer`'s arguments are described where it is defined.
+Its pieces: the step (`step`), the input (`inputs`), loss scaling, checkpoints, the run's folder and position
+(`runs`), stopping and resuming (`resume`), validation and metrics, what watches training (`observers`).
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from typing import Any, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence, cast
 
+import numpy as np
 import tensorflow as tf
 
+from ..errors import AmpConfigError
+from ..keras_compat import loss_scale_of
 from ..plan import Plan
-from .arguments import (
-    build_optimizers,
-    check_fit_arguments,
-    checked_arguments,
-    saved_weights,
-)
-from .checkpoints import check_directory, trainer_store
 from .distribute import StopAgreement, collectives, is_chief, worker_id
-from .inputs import BatchFn, Ran, input_for
+from .inputs import BatchFn, Ran, Source, input_for
 from .loss_scaling import LossScaler, check_stalled
-from .observers import (
-    WARMUP_CALLS,
-    audit_observer,
-    Observer,
-    default_observers,
-    parse_profile_steps,
-    training_line,
-)
-from .runs import At, Position
+from .observers import WARMUP_CALLS, Observer, default_observers, parse_profile_steps, training_line
 from .precision import FirstBatch, TrainedModels, trained_models
-from .results import Progress, TrainResult
-from .runs import nothing_left, restore_run, settings
-from .runs import holding
-from .saving import ready_to_save, save_finite, weights_finite
-from .seeding import current_seed
-from .signals import StopSignals, raise_interrupted
-from .step import StepProgram, Update
-from .metrics import variables
-from .validation import Validation, save_with
+from .resume import StopSignals, nothing_left, raise_interrupted, restore_run, settings, start, trainer_store
+from .runs import At, Position, check_directory, current_seed, holding
+from .step import StepProgram, Update, build_optimizers
+from .metrics import Progress, variables
+from .validation import Evaluator, Validation
 
 __all__ = ["Trainer", "TrainResult", "parse_profile_steps"]
 
@@ -55,21 +36,17 @@ logger = logging.getLogger("amp_backends.train")
 class Trainer:
     """Train ``updates`` under a plan, on arrays or a ``tf.data`` pipeline (see `fit`).
 
-    Before the first step each trained model gets its layer plan (`amp_backends.prepare_model`: the plan's
-    float32 layers, a classifier head in float32, float8 where on, and — where a model has layers the plan keeps
-    in float32 — whether it trains faster with every layer in float32, cached for the model on this machine or
-    measured on the first batch). The layer plans are ``trainer.layer_plans``; the checkpoints keep them and a
-    resumed run applies them as they were.
+    Before the first step each trained model gets its layer plan (`amp_backends.prepare_model`: the plan's float32
+    layers, a classifier head in float32, float8 where on, and whether it trains faster all in float32, cached or
+    measured on the first batch): ``trainer.layer_plans``, kept by the checkpoints for a resumed run.
 
     Args:
-        updates: What one step does (`Update`, from
-            `classifier_updates` or `gan_updates`).
+        updates: What one step does (`Update`, from `classifier_updates` or `gan_updates`).
         plan: The plan to train under (`auto_configure`).
         batch_size: The global batch: under a ``tf.distribute`` strategy each replica takes its slice.
         checkpoint_objects: What is saved besides the loss-scale state and the position (your models and
             optimizers; by default the updates' variables and optimizers).
-        images_per_step: Samples a step counts for throughput (default: the batch size; the GAN counts
-            ``2 * batch``).
+        images_per_step: Samples a step counts for throughput (default: the batch size; the GAN counts ``2 * batch``).
         steps_per_call: Training steps per compiled call.
         log_every: Log a training line every this many steps.
         logdir: Where TensorBoard's scalars go (relative or absolute); ``None``: none.
@@ -78,29 +55,24 @@ class Trainer:
             ``None``: at the end of each ``fit``.
         keep_checkpoints: How many checkpoints to keep (the newest).
         profile_steps: ``(start, stop)``: the steps TensorFlow's profiler records into ``logdir``.
-        max_consecutive_nonfinite: Stop with `NonFiniteError` after this many
-            steps in a row whose loss or gradients were not finite.
+        max_consecutive_nonfinite: Stop with `NonFiniteError` after this many steps in a row whose loss or
+            gradients were not finite.
         progress: Show a progress bar (``None``: when the output is a terminal).
-        seed: The run's seed (shuffling, Dropout, the steps' random draws); ``None``: the current one
-            (`seed_everything`).
+        seed: The run's seed (shuffling, Dropout, a step's random draws); ``None``: the current one (`seed_everything`).
         batch_fn: How arrays become a batch (default: gather every array at the batch's indices).
         strategy: A ``tf.distribute`` strategy (default: the current one).
-        unroll_steps: Unroll the steps of a compiled call instead of looping (``None``: under XLA, up to a
-            limit).
+        unroll_steps: Unroll the steps of a compiled call instead of looping (``None``: under XLA, up to a limit).
         observers: Your own `Observer` objects, called around every compiled call.
-        check_models: Check the Keras models it trains once, before the first step, at the batch it trains on,
-            for what makes mixed precision slow or wrong under the plan (`check_model`);
-            warnings are logged and raised as `AmpWarning`.
-        audit: ``True`` (the steps after the warm-up calls) or ``(start, stop)``: report the kernels that ran
-            in that window (on a CPU it needs ``ONEDNN_VERBOSE=1`` set when the program starts); the result
-            is ``trainer.audit.result``.
+        check_models: Check each Keras model it trains once before the first step, at the batch it trains on, for
+            what makes mixed precision slow or wrong (`check_model`); warnings are logged and raised as `AmpWarning`.
+        audit: ``True`` (the steps after the warm-up calls) or ``(start, stop)``: report the kernels that ran in
+            that window (on a CPU with ``ONEDNN_VERBOSE=1`` set at start) in ``trainer.audit.result``.
         measure_float32: Whether to measure if a model trains faster all in float32: ``None`` where it has
             layers the plan keeps in float32, ``False`` never, ``True`` for any model under a mixed plan
             (never across several replicas, which could choose apart).
         metrics: Keras metric names or objects, reported per epoch on the training batches and on ``fit``'s
             ``validation_data``.
-        keep_best: The name of a logged value (``"val_accuracy"``): keep the best checkpoint in
-            ``<checkpoint_dir>/best``.
+        keep_best: A logged value's name (``"val_accuracy"``): keep the best checkpoint in ``<checkpoint_dir>/best``.
         monitor: The value ``patience`` watches (default: ``keep_best``'s, else ``val_loss``).
         mode: ``"auto"``, ``"min"`` or ``"max"``: which way the monitored value improves.
         patience: Stop after this many values of ``monitor`` without an improvement of more than
@@ -114,67 +86,38 @@ class Trainer:
 
     WARMUP_CALLS = WARMUP_CALLS  # calls excluded from the throughput summary (tracing, XLA compilation)
 
-    def __init__(
-        self,
-        updates: Sequence[Update],
-        plan: Plan,
-        *,
-        batch_size: int,
-        checkpoint_objects: Mapping[str, Any] | None = None,
-        images_per_step: int | None = None,
-        steps_per_call: int = 1,
-        log_every: int = 1,
-        logdir: str | None = None,
-        checkpoint_dir: str | None = None,
-        checkpoint_every: int | None = None,
-        keep_checkpoints: int = 3,
-        profile_steps: tuple[int, int] | None = None,
-        max_consecutive_nonfinite: int = 25,
-        progress: bool | None = None,
-        seed: int | None = None,
-        batch_fn: BatchFn | None = None,
-        strategy: Any = None,
-        unroll_steps: bool | None = None,
-        observers: Sequence[Observer] = (),
-        check_models: bool = True,
-        audit: bool | tuple[int, int] = False,
-        measure_float32: bool | None = None,
-        metrics: Sequence[Any] | None = None,
-        keep_best: str | bool | None = None,
-        monitor: str | None = None,
-        mode: str = "auto",
-        patience: int | None = None,
-        min_delta: float = 0.0,
-    ) -> None:
+    def __init__(self, updates: Sequence[Update], plan: Plan, *, batch_size: int,
+                 checkpoint_objects: Mapping[str, Any] | None = None, images_per_step: int | None = None,
+                 steps_per_call: int = 1, log_every: int = 1, logdir: str | None = None,
+                 checkpoint_dir: str | None = None, checkpoint_every: int | None = None, keep_checkpoints: int = 3,
+                 profile_steps: tuple[int, int] | None = None, max_consecutive_nonfinite: int = 25,
+                 progress: bool | None = None, seed: int | None = None, batch_fn: BatchFn | None = None,
+                 strategy: tf.distribute.Strategy | None = None, unroll_steps: bool | None = None,
+                 observers: Sequence[Observer] = (), check_models: bool = True, audit: bool | tuple[int, int] = False,
+                 measure_float32: bool | None = None, metrics: Sequence[Any] | None = None,
+                 keep_best: str | bool | None = None, monitor: str | None = None, mode: str = "auto",
+                 patience: int | None = None, min_delta: float = 0.0) -> None:
         self.strategy = strategy or tf.distribute.get_strategy()
         self.replicas = int(self.strategy.num_replicas_in_sync)
-        updates = checked_arguments(updates, self.replicas, batch_size=batch_size, steps_per_call=steps_per_call,
-                                     log_every=log_every, keep_checkpoints=keep_checkpoints,
-                                     max_consecutive_nonfinite=max_consecutive_nonfinite,
-                                     checkpoint_every=checkpoint_every)
+        self.updates, self.plan = checked_arguments(
+            updates, self.replicas, batch_size=batch_size, steps_per_call=steps_per_call, log_every=log_every,
+            keep_checkpoints=keep_checkpoints, max_consecutive_nonfinite=max_consecutive_nonfinite,
+            checkpoint_every=checkpoint_every), plan
         self.is_chief, self.worker = is_chief(self.strategy), worker_id(self.strategy)
         self._agree = StopAgreement(self.strategy)  # every worker stops after the same call
-        self.updates, self.plan = updates, plan
-        self.batch_size = int(batch_size)
+        self.batch_size, self.steps_per_call = int(batch_size), int(steps_per_call)
         self.images_per_step = images_per_step or self.batch_size
-        self.steps_per_call = int(steps_per_call)
-        self.checkpoint_every = checkpoint_every
-        self.max_consecutive_nonfinite = max_consecutive_nonfinite
-        self.seed = current_seed() if seed is None else seed
-        self.batch_fn = batch_fn
+        self.checkpoint_every, self.max_consecutive_nonfinite = checkpoint_every, max_consecutive_nonfinite
+        self.seed, self.batch_fn = current_seed() if seed is None else seed, batch_fn
         if logdir:
             logdir = str(check_directory(logdir, "logdir"))  # absolute: later chdirs change nothing; made when written
-
         with self.strategy.scope():
             self.scalers = {u.name: LossScaler(plan.loss_scale, name=u.name) for u in self.updates}
             build_optimizers(self.updates)
             self.position = Position(self.batch_size)
         self.global_step = self.position.global_step
-        models = [m for m in (checkpoint_objects or {}).values() if hasattr(m, "layers")]
-        self._weights = saved_weights(self.updates, models)  # never saved with NaN or Inf
         self.program = StepProgram(self.updates, self.scalers, strategy=self.strategy, xla=plan.xla,
-                                   batch_size=self.batch_size, seed=self.seed, global_step=self.global_step,
-                                   samples_in_epoch=self.position.samples_in_epoch, unroll_steps=unroll_steps)
+                                   position=self.position, seed=self.seed, unroll_steps=unroll_steps)
         trained = trained_models(self.updates, checkpoint_objects)
         self.observers: list[Observer] = list(observers)
         self.validation = Validation(self.updates, metrics=metrics, keep_best=keep_best, monitor=monitor, mode=mode,
@@ -185,58 +128,41 @@ class Trainer:
         self.store = trainer_store(
             checkpoint_dir, updates=self.updates, scalers=self.scalers, position=self.position,
             objects=checkpoint_objects, keep=keep_checkpoints, is_chief=self.is_chief, worker=self.worker,
-            plan_headline=str(self.plan.headline), settings=settings(self.seed, self.scalers),
-            models=[*models, *trained], metrics=variables(self.validation.train_metrics)) if checkpoint_dir else None
+            extra={"plan": str(plan.headline), **settings(self.seed, self.scalers)}, trained=trained,
+            metrics=variables(self.validation.train_metrics)) if checkpoint_dir else None
+        self.checkpoint_dir = self.store.directory if self.store else None
         self.observers += [self.validation.monitor, *default_observers(self.is_chief, log_every, logdir, progress,
                                                                        profile_steps)]
         self._called: set[Any] = set()  # the calls compiled so far; the last input (reused when fit gets it again)
-        self._last_input: tuple[Any, Any, Any] | None = None
-        self.models = TrainedModels(trained, plan, check=check_models, measure=measure_float32, replicas=self.replicas)
-        self.layer_plans = self.models.layer_plans
-        self.audit = audit_observer(audit, trained, plan, steps_per_call) if audit and self.is_chief else None
-        self.observers += [self.audit] if self.audit else []  # what ran in a window of steps
-
-    @property
-    def checkpoint_dir(self) -> str | None:
-        return self.store.directory if self.store else None
+        self._last_input: tuple[Any, Any, Source] | None = None
+        self.models = TrainedModels(trained, plan, check=check_models, measure=measure_float32, store=self.store,
+                                    batch_size=self.batch_size, replicas=self.replicas, is_chief=self.is_chief,
+                                    audit=audit, steps_per_call=steps_per_call)
+        self.layer_plans, self.audit = self.models.layer_plans, self.models.audit
+        self.observers += [cast(Observer, self.audit)] if self.audit else []  # (an Observer by its methods)
 
     def save(self) -> str | None:
-        """Write a checkpoint now (atomically; with the other workers): `saving.save_finite`."""
+        """Write a checkpoint now (atomically; with the other workers): `checkpoints.CheckpointStore.save_finite`."""
         if self.store is None:
             return None
         self.store.annotate("monitor", self.validation.monitor.state())  # the history, best value, waiting
-        return save_finite(self.store, self._weights, self._together(self.position.step))
+        return self.store.save_finite(self._together(self.position.step))
 
     def restore(self) -> int | None:
-        """Restore the newest intact checkpoint, if any; returns its global step (`runs.restore_run`)."""
-        restored = restore_run(self.store, self.position, seed=self.seed, scalers=self.scalers, updates=self.updates,
-                               batch_size=self.batch_size, plan_headline=str(self.plan.headline),
-                               is_chief=self.is_chief) if self.store else None
-        if restored is None:
-            return None
-        step, stored = restored
-        self.models.restored(stored.get("layer_plans") or stored.get("float32_choice"))
-        self.validation.load(stored.get("monitor"))
-        return step
+        """Restore the newest intact checkpoint, if any; returns its global step (`resume.restore_run`)."""
+        return restore_run(self.store, self.position, seed=self.seed, scalers=self.scalers, updates=self.updates,
+                           models=self.models, validation=self.validation, plan_headline=str(self.plan.headline),
+                           is_chief=self.is_chief) if self.store else None
 
-    # ------------------------------------------------------------------ the loop
     def fit(self, x: Any, y: Any = None, *, epochs: int = 1, max_steps: int | None = None, resume: bool = False,
             steps_per_epoch: int | None = None, validation_data: Any = None,
             validation_every: int | str = 1) -> TrainResult:
         """Train until ``epochs`` epochs are complete (counted over the whole run) or ``max_steps`` steps.
 
-        ``x`` is an array, a tuple/list or dict of arrays (several inputs, named features), with optional
-        labels ``y`` of the same kinds — kept on the device, each step gathering its batch — or a
-        ``tf.data.Dataset`` of batches (``steps_per_epoch`` for one that repeats forever); see
-        `amp_backends.training.inputs`. ``validation_data`` (``(x_val, y_val)`` arrays or a dataset of
-        batches) is evaluated with the trainer's metrics every ``validation_every`` epochs (or ``"500 steps"``);
-        see `metrics` for the history, ``keep_best`` and ``patience``. ``resume`` continues from the newest
-        intact checkpoint (under its seed; loss scaling that differs from the checkpoint's starts afresh and is
-        logged: `runs`); without it, a checkpoint directory holding another run's checkpoints is refused.
-        While it trains, no other process may train in the checkpoint directory (`runs.holding`). Calling
-        ``fit`` again continues where the last call stopped; a run already at ``max_steps`` or ``epochs`` trains
-        nothing and warns.
-        Ctrl-C (or SIGTERM): see `signals`.
+        Arrays are kept on the device, each step gathering its batch; a dataset is read as `inputs` says. Calling
+        ``fit`` again continues where the last call stopped (the same arrays are not copied or checked again); a run
+        already at ``max_steps`` or ``epochs`` trains nothing and warns. While it trains, no other process may train
+        in the checkpoint directory (`runs.holding`). Ctrl-C (or SIGTERM): see `resume`.
 
         Args:
             x: The inputs: arrays (a tuple, list or dict of them for several inputs) or a ``tf.data.Dataset``
@@ -244,9 +170,12 @@ class Trainer:
             y: The labels for array inputs (``None`` with a dataset, or for updates that need none).
             epochs: Train until this many epochs are complete, counted over the whole run.
             max_steps: Stop at this step instead, counted over the whole run.
-            resume: Continue from the newest intact checkpoint in ``checkpoint_dir``.
+            resume: Continue from the newest intact checkpoint in ``checkpoint_dir`` (under its seed; loss scaling
+                that differs from the checkpoint's starts afresh); without it, a checkpoint directory holding
+                another run's checkpoints is refused.
             steps_per_epoch: The steps of an epoch, for a dataset that repeats forever.
-            validation_data: ``(x_val, y_val)`` arrays or a dataset of batches, evaluated with the metrics.
+            validation_data: ``(x_val, y_val)`` arrays or a dataset of batches, evaluated with the metrics (see
+                `metrics` for the history, ``keep_best`` and ``patience``).
             validation_every: Evaluate every this many epochs, or ``"500 steps"``.
 
         Returns:
@@ -262,30 +191,24 @@ class Trainer:
             TrainingInterrupted: Ctrl-C or SIGTERM, after the last call ended and its checkpoint was saved.
         """
         check_fit_arguments(epochs=epochs, max_steps=max_steps, resume=resume, checkpoints=self.store is not None)
-        # the same arrays as in the last call are reused (not copied or checked again)
         self._last_input = input_for(self._last_input, x, y, self.updates, batch_size=self.batch_size,
                                      device=self.plan.device, seed=self.seed, strategy=self.strategy,
                                      batch_fn=self.batch_fn, steps_per_epoch=steps_per_epoch)
         source = self._last_input[2]
-        self.validation.start(validation_data, validation_every, self.store, save_with(self._weights, self._together))
+        self.validation.start(validation_data, validation_every, self.store, self._together)
         if source.has_strings:
             self.program.without_xla("the data holds strings (for the model's own StringLookup or TextVectorization)")
         with holding(self.store.directory if self.store and self.is_chief else None):  # one run at a time there
-            if self.store and not resume:
-                self.store.ensure_fresh()
-            elif self.store and self.restore() is None and self.is_chief:
-                logger.info(f"Nothing to resume in {self.store.directory}: starting from the beginning.")
-            if self.store:
-                ready_to_save(self.store)  # an interrupted run's unfinished saves removed; room for a checkpoint
+            start(self.store, resume, self.restore, self.is_chief)
             at = self.position.now()
-            left = nothing_left(at, source.left_in_epoch(at.offset) == 0, epochs, max_steps)
-            if left and self.is_chief:
-                logger.warning(left)
-            elif not left:
-                self._before_first_step(source)
-            progress = Progress([u.name for u in self.updates], self.WARMUP_CALLS)
-            for o in self.observers:
-                o.on_fit_start(at.step, self.position.total_steps(source.steps_per_epoch, epochs, max_steps))
+            if not nothing_left(at, source.left_in_epoch(at.offset) == 0, epochs, max_steps, say=self.is_chief):
+                if self.is_chief:  # the line that says what a call is; each model's layer plan, the precision check
+                    logger.info(training_line(source, self.batch_size, self.steps_per_call, self.checkpoint_every))
+                if self.models.before_first_step(source):
+                    self.validation.forget_compiled()  # evaluated before: compiled under the policies before
+            progress = Progress([u.name for u in self.updates], self.observers, self._called, self.images_per_step,
+                                self.WARMUP_CALLS)
+            progress.start(at.step, self.position.total_steps(source.steps_per_epoch, epochs, max_steps))
             try:
                 with StopSignals() as stop:
                     signum = self._loop(source, epochs, max_steps, progress, stop)
@@ -293,21 +216,17 @@ class Trainer:
                         raise_interrupted(signum, self.position.step, self.store, self.save, self._together,
                                           self._agree, self.is_chief)
             finally:
-                for o in self.observers:
-                    o.close()
+                progress.close()
             if self.store and self.store.last_saved_step != self.position.step:
                 self.save()
-        return self._result(source, progress)
-
-    def _before_first_step(self, source: Any) -> None:
-        """Each trained model's layer plan, the precision check, and the line that says what a call is."""
+        at = self.position.now()  # an epoch whose last batch is done counts, before the position rolls over
+        result = TrainResult(steps=at.step, epochs_completed=at.epoch + int(source.left_in_epoch(at.offset) == 0),
+                             **progress.results(at.step, self.scalers), **self.validation.results())
         if self.is_chief:
-            logger.info(training_line(source, self.batch_size, self.steps_per_call, self.checkpoint_every))
-        if self.models.before_first_step(source, batch_size=self.batch_size, replicas=self.replicas,
-                                         is_chief=self.is_chief, store=self.store, audit=self.audit):
-            self.validation.forget_compiled()  # evaluated before: compiled under the policies before the plan
+            logger.info(result.summary())
+        return result
 
-    def _loop(self, source: Any, epochs: int, max_steps: int | None, progress: Progress,
+    def _loop(self, source: Source, epochs: int, max_steps: int | None, progress: Progress,
               stop: StopSignals) -> int | None:
         """Calls until training is done (``None``) or every worker agreed to stop on a signal (returned)."""
         source.start()
@@ -322,33 +241,23 @@ class Trainer:
                 return None
             k = source.call_size(self.steps_per_call, left, None if max_steps is None else max_steps - at.step,
                                  self.program)
-            ran = self._call_and_record(source, k, at, progress)
+            ran = self._call(source, k, at, progress)
             if ran.done == 0:
                 continue
             ran.check_refused(at, self.position.batch_in_epoch(at), self.updates)
             check_stalled(self.scalers, self.max_consecutive_nonfinite, lambda: self.save() if self.store and getattr(
-                self.strategy, "cluster_resolver", None) is None and weights_finite(self._weights) else None)
+                self.strategy, "cluster_resolver", None) is None and self.store.weights_finite() else None)
             self.validation.after_call(at.epoch, at.step, ran.done)
-            every = self.checkpoint_every
-            if every and (at.step + ran.done) // every > at.step // every:
+            if (every := self.checkpoint_every) and (at.step + ran.done) // every > at.step // every:
                 self.save()  # at the end of the call that reached a multiple of checkpoint_every
         return signum
 
-    def _call_and_record(self, source: Any, k: int, at: At, progress: Progress) -> Ran:
-        """Run one compiled call of up to ``k`` steps and tell the observers."""
-        for o in self.observers:
-            o.before_call(at.step, k)
-        t0 = time.perf_counter()
+    def _call(self, source: Source, k: int, at: At, progress: Progress) -> Ran:
+        """Run one compiled call of up to ``k`` steps, the observers told (`metrics.Progress`)."""
+        progress.before_call(at.step, k)
         with self._together(at.step), self.program.own_errors(at.step, k), self.validation.recording:
             ran = source.run(self.program, at, k, self.steps_per_call)
-        dt = time.perf_counter() - t0
-        compiling = ran.key not in self._called
-        self._called.add(ran.key)
-        if ran.done:
-            record = progress.add(ran, at.epoch, self.position.batch_in_epoch(at), at.step + ran.done,
-                                  self.images_per_step, dt, compiling, self.scalers)
-            for o in self.observers:
-                o.after_call(record)
+        progress.after_call(ran, at, self.position.batch_in_epoch(at), self.scalers)
         if ran.pass_ended:
             self._epoch_over(at.epoch)
         return ran
@@ -357,20 +266,9 @@ class Trainer:
         self.position.next_epoch()
         self.validation.epoch_end(epoch, self.position.step)
 
-    def _result(self, source: Any, progress: Progress) -> TrainResult:
-        at = self.position.now()
-        # an epoch whose last batch is done counts, even before the position rolls over to the next one
-        result = self.validation.fill(progress.result(at.step, at.epoch + int(source.left_in_epoch(at.offset) == 0),
-                                                      self.scalers))
-        if self.is_chief:
-            logger.info(result.summary())
-        return result
-
     def evaluate(self, x: Any, y: Any = None) -> dict[str, float]:
-        """``{"loss": ..., <metric>: ...}`` over every sample of ``x``/``y`` or a dataset (`validation.Evaluator`).
-
-        Before the first ``fit`` it applies the models' layer plans first, decided on ``x``'s first batch: what
-        it computes is what training and validation will compute.
+        """``{"loss": ..., <metric>: ...}`` over every sample of ``x``/``y`` or a dataset, under the models' layer
+        plans (decided on ``x``'s first batch before the first ``fit``: what training and validation compute).
 
         Args:
             x: The inputs: arrays or a dataset of batches (of ``(x, y)`` pairs).
@@ -382,13 +280,10 @@ class Trainer:
         Raises:
             InputError: The data does not fit the model; the message says what was expected.
         """
-        evaluator = self.validation.evaluator_for("evaluate()")
-        self._layer_plans_in_force(x)
-        return evaluator.evaluate(x, y)
+        return self._evaluator(x, "evaluate()").evaluate(x, y)
 
     def predict(self, x: Any) -> Any:
-        """The model's outputs for every sample of ``x``, as NumPy arrays (under the models' layer plans, as
-        `evaluate`).
+        """The model's outputs for every sample of ``x``, as NumPy arrays (under the layer plans, as `evaluate`).
 
         Args:
             x: The inputs: arrays, or a dataset of batches.
@@ -399,21 +294,117 @@ class Trainer:
         Raises:
             InputError: The data does not fit the model.
         """
-        evaluator = self.validation.evaluator_for("predict()")
-        self._layer_plans_in_force(x)
-        return evaluator.predict(x)
+        return self._evaluator(x, "predict()").predict(x)
 
-    def _layer_plans_in_force(self, x: Any) -> None:
-        """The models' layer plans applied before anything computes (``evaluate`` or ``predict`` before ``fit``)."""
-        if self.models.prepare(FirstBatch(x), batch_size=self.batch_size, is_chief=self.is_chief, store=self.store,
-                               audit=self.audit):
+    def _evaluator(self, x: Any, what: str) -> Evaluator:
+        """The evaluator, after the models' layer plans are applied (``evaluate`` or ``predict`` before ``fit``)."""
+        evaluator = self.validation.evaluator_for(what)
+        if self.models.prepare(FirstBatch(x)):
             self.validation.forget_compiled()
+        return evaluator
 
     def restore_best(self) -> str:
         """Load the best checkpoint (``keep_best``) into what checkpoints hold; returns its path."""
         return self.validation.restore_best()
 
-    def _together(self, step: int) -> Any:
+    def _together(self, step: int) -> AbstractContextManager[None]:
         """A call or save made with the other workers: a failure says who to restart and from where."""
         return collectives(self.strategy, self.worker, step, lambda: self.store.latest if self.store else None)
 
+
+@dataclass
+class TrainResult:
+    """What `Trainer.fit` did.
+
+    Attributes:
+        steps: The step the run reached, counted over the whole run (resumes included).
+        epochs_completed: The epochs completed over the whole run.
+        median_throughput: The median samples per second of this ``fit``'s calls after the warm-up (or ``None``).
+        throughputs: Each timed call's samples per second.
+        last_losses: The last loss of each update.
+        skipped: Steps per update skipped for non-finite gradients, over the whole run.
+        applied: Steps per update applied, over the whole run.
+        loss_scales: Each update's loss scale at the end.
+        history: A row per compiled call of this ``fit``.
+        epochs: A row per completed epoch over the whole run (``epoch``, ``step``, the mean training ``loss``,
+            the training metrics, and ``val_*`` when the epoch ended with a validation).
+        validations: A row per validation.
+        best: The best value of the monitored name (``monitor``, ``mode``, ``value``, ``epoch``, ``step``, and
+            ``path``: the best checkpoint, with ``keep_best``), or ``None``.
+        stopped_early: Why training stopped before its end (``patience``), else ``None``.
+    """
+
+    steps: int
+    epochs_completed: int
+    median_throughput: float | None
+    throughputs: list[float]
+    last_losses: dict[str, float]
+    skipped: dict[str, int]
+    applied: dict[str, int]
+    loss_scales: dict[str, float]
+    history: list[dict[str, float]] = field(default_factory=list)
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    validations: list[dict[str, Any]] = field(default_factory=list)
+    best: dict[str, Any] | None = None
+    stopped_early: str | None = None
+
+    def summary(self) -> str:
+        tp = f"{self.median_throughput:.4g} img/s" if self.median_throughput else "n/a (too few steps after warm-up)"
+        steps = ", ".join(f"{k}: {self.applied[k]} applied, {self.skipped[k]} skipped" for k in self.applied)
+        best = (f", best {self.best['monitor']} {self.best['value']:.5g} (epoch {self.best['epoch']}, step "
+                f"{self.best['step']})" if self.best else "")
+        return (f"Summary: {self.steps} steps ({steps}), median throughput {tp}, loss scales "
+                + ", ".join(f"{k}={v:g}" for k, v in self.loss_scales.items()) + ", last losses "
+                + ", ".join(f"{k}: {v:.5g}" for k, v in self.last_losses.items()) + best
+                + (f"; stopped early: {self.stopped_early}" if self.stopped_early else ""))
+
+
+def checked_arguments(updates: Sequence[Update], replicas: int, *, checkpoint_every: int | None,
+                       **positive: Any) -> list[Update]:
+    """The updates as a list, after checking every argument of the trainer that can be checked alone: problems raise
+    `AmpConfigError` (a ``ValueError``), or ``TypeError`` for arguments of the wrong kind."""
+    for name, value in positive.items():
+        if not _positive(value):
+            raise AmpConfigError(f"{name} must be an integer >= 1. Received: {name}={value!r}.")
+    if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
+        raise AmpConfigError(f"checkpoint_every must be an integer >= 1 or None. Received: {checkpoint_every!r}.")
+    batch_size = positive["batch_size"]
+    if batch_size % replicas:
+        raise AmpConfigError(
+            f"batch_size is the global batch and must be divisible by the {replicas} replicas in sync. "
+            f"Received: batch_size={batch_size}. Fix: use a multiple of {replicas}.")
+    updates = list(updates)
+    if not updates or not all(isinstance(u, Update) for u in updates):
+        raise TypeError(f"updates must be a non-empty list of Update. Received: {updates!r}.")
+    names = [u.name for u in updates]
+    if len(set(names)) != len(names):
+        raise AmpConfigError(f"Update names must be unique (they name losses, scales and logs). Received: {names}.")
+    for u in updates:
+        if not u.variables:
+            raise AmpConfigError(f"Update {u.name!r} has no variables to train: its model is not built yet (or every "
+                                 "layer is frozen). Fix: build the model before the Trainer (start it with "
+                                 "keras.Input(shape), or call model.build(shape)).")
+        for _, opt in u.groups:
+            mode, _ = loss_scale_of(opt)
+            if mode != "none":
+                raise AmpConfigError(
+                    f"The optimizer of update {u.name!r} scales losses itself ({mode} loss scaling: a "
+                    "LossScaleOptimizer or loss_scale_factor). The Trainer scales losses as the plan says, so they "
+                    "would be scaled twice. Fix: give the Trainer the plain optimizer (plan.wrap_optimizer is for "
+                    "Keras fit).")
+    return updates
+
+
+def check_fit_arguments(*, epochs: Any, max_steps: Any, resume: bool, checkpoints: bool) -> None:
+    """``fit``'s own arguments: positive counts, and ``resume`` only with a checkpoint directory."""
+    for name, value in (("epochs", epochs), ("max_steps", max_steps)):
+        if value is not None and not _positive(value):
+            raise ValueError(f"{name} must be a positive integer{' or None' if name == 'max_steps' else ''}. "
+                             f"Received: {name}={value!r}.")
+    if resume and not checkpoints:
+        raise AmpConfigError("fit(resume=True) continues from checkpoints, but this Trainer has no checkpoint_dir. "
+                             "Fix: build the Trainer with checkpoint_dir=..., or leave resume out.")
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1

@@ -25,8 +25,9 @@ A compiled call per batch (XLA as the plan says, on one replica); the partial la
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Sequence
 import math
+from typing import Any, Callable, ContextManager, Sequence
+
 import numpy as np
 
 import tensorflow as tf
@@ -34,9 +35,10 @@ import tensorflow as tf
 from ..errors import AmpConfigError, InputError
 from . import metrics as metric_lib
 from .metrics import Every, Monitor, parse_every, reset, results
-from .saving import save_finite
+from .observers import Observer
+from .checkpoints import CheckpointStore
 from .step import Update, float32_outputs
-from .inputs import BatchFn, _as_array_nest, gather_batch, refuse_labels_beside, rows
+from .inputs import BatchFn, as_array_nest, gather_batch, refuse_labels_beside, rows
 
 
 logger = logging.getLogger("amp_backends.train")
@@ -48,9 +50,9 @@ class Validation:
     """Metrics, validation, history, best checkpoint and early stopping for one trainer (module docstring)."""
 
     def __init__(self, updates: Sequence[Update], *, metrics: Sequence[Any] | None, keep_best: str | bool | None,
-                 monitor: str | None, mode: str, patience: int | None, min_delta: float, strategy: Any,
-                 batch_size: int, device: str, xla: bool, batch_fn: Any, observers: list[Any],
-                 checkpointing: bool, chief: bool = True) -> None:
+                 monitor: str | None, mode: str, patience: int | None, min_delta: float,
+                 strategy: tf.distribute.Strategy, batch_size: int, device: str, xla: bool, batch_fn: BatchFn | None,
+                 observers: list[Observer], checkpointing: bool, chief: bool = True) -> None:
         self.updates = list(updates)
         self.update = next((u for u in updates if u.evaluation is not None), None)
         if metrics and self.update is None:
@@ -81,20 +83,21 @@ class Validation:
         self.chief = chief
         self.every: Every | None = None
         self.data: tuple[Any, Any] | None = None
-        self.best_store: Any = None
-        self._save: Callable[[Any, int], str | None] | None = None
+        self.best_store: CheckpointStore | None = None
+        self._together: Callable[[int], ContextManager[Any]] | None = None
 
     # ------------------------------------------------------------------ per fit
-    def start(self, validation_data: Any, validation_every: Any, store: Any,
-              save: Callable[[Any, int], str | None]) -> None:
-        """Check ``fit``'s validation arguments before any work; ``save(store, step)`` writes a checkpoint."""
+    def start(self, validation_data: Any, validation_every: int | str, store: CheckpointStore | None,
+              together: Callable[[int], ContextManager[Any]]) -> None:
+        """Check ``fit``'s validation arguments before any work; the best checkpoint is saved inside
+        ``together(step)`` (with the other workers)."""
         self.every = parse_every(validation_every)
         self.data = None if validation_data is None else self._split(validation_data)
         self.monitor.check_name(validating=self.data is not None)
         self._say_stopped()
-        if self.monitor.keep_best and self.best_store is None:
+        if self.monitor.keep_best and self.best_store is None and store is not None:
             self.best_store = store.sibling(BEST, keep=1)
-        self._save = save
+        self._together = together
 
     def _split(self, data: Any) -> tuple[Any, Any]:
         evaluated_update(self.updates, "validation_data")
@@ -140,10 +143,10 @@ class Validation:
         improved = self.monitor.add(epoch, step, values, epoch_end=epoch_end)
         for o in self.observers:
             o.after_evaluation(epoch, step, values)
-        if improved and self.best_store is not None and self._save is not None:
+        if improved and self.best_store is not None and self._together is not None:
             best = self.monitor.best
             self.best_store.annotate("best", best)
-            path = self._save(self.best_store, step)
+            path = self.best_store.save_finite(self._together(step))
             if path:
                 assert best is not None
                 logger.info(f"Best {best['monitor']} so far ({best['value']:.5g}): checkpoint {path}")
@@ -151,7 +154,7 @@ class Validation:
             kept = f" The best checkpoint is in {self.best_store.directory}." if self.best_store else ""
             logger.warning(f"Stopping early at step {step}: {self.monitor.stopped_early}.{kept}")
 
-    def load(self, state: Any) -> None:
+    def load(self, state: dict[str, Any] | None) -> None:
         """A resumed run's history, best value and waiting (`metrics.Monitor.load`)."""
         self.monitor.load(state)
         self._say_stopped()
@@ -163,13 +166,14 @@ class Validation:
 
     def restore_best(self) -> str:
         """The best checkpoint loaded into the objects checkpoints hold (models, optimizers, ...); its path."""
-        path = self.best_store.latest if self.best_store is not None else None
-        if path is None:
+        store = self.best_store
+        path = store.latest if store is not None else None
+        if store is None or path is None:
             raise AmpConfigError("No best checkpoint to restore: " + (
                 "this Trainer keeps none (build it with keep_best=..., and checkpoint_dir=...)."
                 if self.best_store is None else f"{self.best_store.directory} holds none yet (no value of "
                 f"{self.monitor.monitor} has been recorded). Fix: train with validation_data first."))
-        self.best_store.checkpoint.restore(path).expect_partial()
+        store.checkpoint.restore(path).expect_partial()
         return str(path)
 
     @property
@@ -177,13 +181,13 @@ class Validation:
         return self.monitor.stopped_early is not None
 
     # ------------------------------------------------------------------ results
-    def fill(self, result: Any) -> Any:
-        result.epochs = list(self.monitor.epochs)
-        result.validations = list(self.monitor.validations)
-        result.best = dict(self.monitor.best, path=self.best_store.latest if self.best_store else None) \
-            if self.monitor.best else None
-        result.stopped_early = self.monitor.stopped_early
-        return result
+    def results(self) -> dict[str, Any]:
+        """What a `TrainResult` reports of the run's history: ``epochs``, ``validations``, ``best``, ``stopped_early``
+        (the best checkpoint's ``path`` with ``keep_best``)."""
+        best = self.monitor.best
+        return {"epochs": list(self.monitor.epochs), "validations": list(self.monitor.validations),
+                "best": dict(best, path=self.best_store.latest if self.best_store else None) if best else None,
+                "stopped_early": self.monitor.stopped_early}
 
     def forget_compiled(self) -> None:
         """Drop the evaluator's compiled functions (a model's layer policies changed since they were traced)."""
@@ -195,11 +199,6 @@ class Validation:
             evaluated_update(self.updates, what)
         assert self.evaluator is not None
         return self.evaluator
-
-
-def save_with(weights: Any, together: Callable[[int], Any]) -> Callable[[Any, int], str | None]:
-    """``save(store, step)``: a checkpoint of finite weights, written with the other workers."""
-    return lambda store, step: save_finite(store, weights, together(step))
 
 
 def evaluated_update(updates: Sequence[Update], what: str) -> Update:
@@ -307,8 +306,8 @@ class Evaluator:
         return resident
 
     def _copied(self, x: Any, y: Any, what: str) -> tuple[Any, Any, int]:
-        x = _as_array_nest(x, "x")
-        y = None if y is None else _as_array_nest(y, "y")
+        x = as_array_nest(x, "x")
+        y = None if y is None else as_array_nest(y, "y")
         n = rows(x, y)
         if n == 0:
             raise InputError(f"The data given to {what} has no rows. Expected at least one sample. Fix: pass the "

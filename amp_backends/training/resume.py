@@ -1,0 +1,331 @@
+"""A run that stops and goes on exactly: Ctrl-C and SIGTERM, what a trainer's checkpoints hold, what a resume keeps.
+
+**Stopping.** The first Ctrl-C (or SIGTERM) asks the loop to stop after the current call, a second acts at once.
+The trainer then saves a checkpoint when checkpointing is on and raises `TrainingInterrupted` (a
+``KeyboardInterrupt``) saying at which step and where the checkpoint is. Under several workers the signal
+reaches one of them; every worker stops after the same call (`distribute.StopAgreement`) and they save together.
+
+**Resuming.** A trainer's checkpoints record the run's seed and each update's loss scaling in their signature
+(besides the models, the batch size and the plan: `checkpoints`). Resuming:
+
+* **the seed** orders each epoch's samples and draws the steps' randomness: continuing with another would
+  read samples of the epoch in progress twice and skip others. A trainer with another seed is refused
+  (`check_seed`); the examples, which load their data before they train, read the run's seed first
+  (`run_seed`) and follow it, or refuse a ``--seed`` that differs.
+* **loss scaling** restored from a checkpoint written under another one does not fit the plan (a run begun
+  without loss scaling on a CPU and continued under float16 would start at scale 1): the plan's starts afresh
+  and the log says so (`loss_scaling.LossScaler.follow`); the same dynamic scaling continues from the restored
+  scale.
+* **max_steps and epochs** count the whole run: a run already past them has nothing to train, and a warning
+  says so and what to pass (`nothing_left`); ``fit`` returns without a step.
+
+**The random layers' state.** Dropout, GaussianNoise, the augmentation layers, keras_hub's layers with dropout
+and a layer's own generator draw from a generator whose state moves at every step; ``tf.train.Checkpoint(
+model=...)`` leaves it out, so a resumed run would draw other masks. `random_state` finds it for the trainer's
+checkpoints: on Keras 3 each ``keras.random.SeedGenerator``'s state variable (listed by ``model.variables``, not
+``model.weights``) and Keras's global SeedGenerator (made now if no draw made it yet, from Python's ``random``,
+which `seed_everything` seeds); on Keras 2 a random layer's ``tf.random.Generator`` state (the augmentation
+layers; Dropout and the noise layers once ``enable_tf_random_generator`` is on, which ``seed_everything`` does),
+while layers drawing from TensorFlow's stateful random ops, whose state no checkpoint reaches, are named in a
+warning. The trainer's own draws need nothing saved: shuffling is a function of ``(seed, epoch)`` and
+`step_seed` of ``(seed, global step)``, both restored with the position.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+from collections.abc import Mapping, Sequence
+from types import FrameType
+from typing import Any, Callable, ContextManager
+
+import tensorflow as tf
+
+from ..errors import CheckpointMismatchError, TrainingInterrupted
+from .checkpoints import SIGNATURE_KEY, CheckpointStore, Restored
+from .distribute import StopAgreement
+from .loss_scaling import LossScaler
+from .precision import TrainedModels
+from .runs import At, Position
+from .step import Update
+from .validation import Validation
+
+logger = logging.getLogger("amp_backends.train")
+
+RANDOM_STATE = "random_state"  # the random layers' state: its name in the trainer's checkpoints and signature
+
+
+# ------------------------------------------------------------------------------------ stopping
+class StopSignals:
+    """Turn the first Ctrl-C (or SIGTERM) into a request to stop after the current call; a second one acts at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                if signal.getsignal(sig) is signal.SIG_IGN:
+                    continue  # ignored on purpose (nohup, a background job): it stays ignored
+                try:
+                    previous = signal.signal(sig, self._handle)
+                except (ValueError, OSError):
+                    continue
+                # None: a handler installed outside Python; the default is the closest we can give back
+                self._previous[sig] = signal.SIG_DFL if previous is None else previous
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.signum = signum
+        signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+        logger.warning(f"{signal.Signals(signum).name} received: stopping after the current call "
+                       "(again to stop at once, without a checkpoint).")
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def interrupted_message(signum: int, step: int, path: str | None, *, checkpointing: bool, by: str | None = None) -> str:
+    """What an interrupted run says: where it saved (``path``); ``by``: the worker the signal reached, when several
+    workers stopped together."""
+    name = signal.Signals(signum).name if by is None else f"{signal.Signals(signum).name} to {by}"
+    if not checkpointing:
+        return f"Interrupted ({name}) at step {step}: checkpointing is off, nothing was saved."
+    where = f"checkpoint saved to {path}" if path else "checkpoint saved in the chief's checkpoint directory"
+    if by is None:
+        return f"Interrupted ({name}) at step {step}: {where}. Continue with --resume."
+    return (f"Interrupted ({name}) at step {step}: {where} (every worker stopped at this step). Continue with "
+            "--resume on every worker.")
+
+
+def raise_interrupted(signum: int, step: int, store: CheckpointStore | None, save: Callable[[], str | None],
+                      together: Callable[[int], ContextManager[None]], agree: StopAgreement, is_chief: bool) -> None:
+    """Every worker stopped at ``step`` (agreed): save (``save()``, inside ``together(step)`` with the other workers)
+    unless that step is saved already, and raise `TrainingInterrupted` saying where."""
+    path = None
+    if store:
+        path = save() if store.last_saved_step != step else store.latest
+        with together(step):
+            agree.saved(step)
+        if agree.by is not None:  # the chief's checkpoint (a non-chief's save returns None)
+            path = store.latest
+    message = interrupted_message(signum, step, path, checkpointing=store is not None, by=agree.by)
+    if is_chief:
+        logger.warning(message)
+    raise TrainingInterrupted(signum, step, path, message)
+
+
+# ------------------------------------------------------------------------------------ resuming
+def start(store: CheckpointStore | None, resume: bool, restore: Callable[[], int | None], is_chief: bool) -> None:
+    """Before a ``fit`` trains: a new run refuses another run's checkpoints; ``resume`` restores the newest
+    (``restore()``, ``None`` where there is none); then the folder is made ready for saves (an interrupted run's
+    unfinished saves removed; room for a checkpoint: `checkpoints.CheckpointStore.ready_to_save`)."""
+    if store is None:
+        return
+    if not resume:
+        store.ensure_fresh()
+    elif restore() is None and is_chief:
+        logger.info(f"Nothing to resume in {store.directory}: starting from the beginning.")
+    store.ready_to_save()
+
+
+def settings(seed: int, scalers: Mapping[str, LossScaler]) -> dict[str, Any]:
+    """What a checkpoint's signature records for a resume to compare: the seed, each update's loss scaling."""
+    return {"seed": int(seed), "loss_scaling": {name: s.config.to_dict() for name, s in scalers.items()}}
+
+
+def check_seed(stored: Mapping[str, Any] | None, seed: int, path: str) -> None:
+    """`CheckpointMismatchError` when the checkpoint at ``path`` was written by a run with another seed."""
+    then = (stored or {}).get("seed")
+    if then is None or int(then) == seed:
+        return
+    raise CheckpointMismatchError(
+        f"The checkpoint {path} was written by a run with seed {then}; this trainer's seed is {seed}. The seed orders "
+        "each epoch's samples and draws the steps' randomness: continuing with another would read samples of the "
+        f"epoch in progress twice and skip others. Fix: resume with seed={then} (on the command line: leave --seed "
+        f"out, a resumed run keeps its own), or start a new run with seed {seed} (without resume=True / --resume, "
+        "or in another directory).")
+
+
+def nothing_left(at: At, epoch_done: bool, epochs: int, max_steps: int | None, say: bool = True) -> str | None:
+    """The warning (logged with ``say``) for a run that ``fit(epochs=..., max_steps=...)`` would not move (``None``:
+    steps to train); ``epoch_done``: the epoch ``at`` stands in has no batch left."""
+    done = at.epoch + int(epoch_done)
+    if max_steps is not None and at.step >= max_steps:
+        left: str | None = (
+            f"Nothing to train: the run is already at global step {at.step}, "
+            + ("which is" if at.step == max_steps else "past") + f" max_steps={max_steps} (--max-steps: the steps of "
+            f"the whole run, resumed ones included). Fix: to train further, pass a max_steps above {at.step}, such as "
+            f"{at.step + max(at.step, 1)}.")
+    elif done >= epochs:
+        left = (f"Nothing to train: the run has already completed {done} epoch{'s' if done != 1 else ''}, and "
+                f"epochs={epochs} (--epochs) counts the epochs of the whole run. Fix: to train further, pass epochs "
+                f"above {done}, such as {done + 1}.")
+    else:
+        left = None
+    if left and say:
+        logger.warning(left)
+    return left
+
+
+def run_seed(checkpoints: str | os.PathLike) -> int | None:
+    """The seed recorded by the newest readable checkpoint in folder ``checkpoints`` (``None``: none records
+    one), read without building anything."""
+    folder = os.fspath(checkpoints)
+    state = tf.train.get_checkpoint_state(folder)
+    names = {os.path.basename(p) for p in (state.all_model_checkpoint_paths or [state.model_checkpoint_path])} \
+        if state else set()
+    for name in sorted(names, key=lambda n: int(n.rsplit("-", 1)[-1]) if n.rsplit("-", 1)[-1].isdigit() else -1,
+                       reverse=True):
+        try:
+            reader = tf.train.load_checkpoint(os.path.join(folder, name))
+            raw = reader.get_tensor(SIGNATURE_KEY) if reader.has_tensor(SIGNATURE_KEY) else None
+        except Exception:  # missing or truncated files: the restore says which
+            continue
+        seed = json.loads(raw.decode() if isinstance(raw, bytes) else str(raw)).get("seed") if raw else None
+        return None if seed is None else int(seed)
+    return None
+
+
+def restore_run(store: CheckpointStore, position: Position, *, seed: int, scalers: Mapping[str, LossScaler],
+                updates: Sequence[Update], models: TrainedModels, validation: Validation, plan_headline: str,
+                is_chief: bool) -> int | None:
+    """Restore ``store``'s newest intact checkpoint, if any, and its global step: its seed checked, the resume said
+    (by the chief), loss scaling followed, and what the run decided and learnt taken up (the models' layer plans;
+    the validation's history, best value and waiting)."""
+    restored = store.restore()
+    if restored is None:
+        return None
+    check_seed(restored.stored, seed, restored.path)
+    at, then_batch = position.restored()
+    stored = restored.stored or {}
+    if is_chief:
+        log_resume(restored, at, then_batch, position.batch_size, updates=updates, scalers=scalers,
+                   plan_headline=plan_headline)
+    then = stored.get("loss_scaling") or {}
+    for name, scaler in scalers.items():
+        scaler.follow(then.get(name), say=is_chief)
+    models.restored(stored.get("layer_plans") or stored.get("float32_choice"))
+    validation.load(stored.get("monitor"))
+    return at.step
+
+
+def log_resume(restored: Restored, at: At, then_batch: int, batch_size: int, *, updates: Sequence[Update],
+               scalers: Mapping[str, LossScaler], plan_headline: str) -> None:
+    """The resume line: where the run continues, and what differs from the run that wrote the checkpoint."""
+    optimizers = {f"{u.name}[{i}]": int(opt.iterations.numpy()) for u in updates
+                  for i, (_, opt) in enumerate(u.groups) if hasattr(opt, "iterations")}
+    logger.info(f"Resumed from {restored.path}: global step {at.step}, epoch {at.epoch}, step in epoch "
+                f"{at.offset // then_batch}, loss scales " + ", ".join(f"{n}={s.current:g}" for n, s in scalers.items())
+                + ", optimizer iterations " + ", ".join(f"{k}={v}" for k, v in optimizers.items()))
+    if then_batch != batch_size:
+        logger.info(f"The checkpoint was written with batch size {then_batch}; this run uses {batch_size}: it "
+                    f"continues at sample {at.offset} of epoch {at.epoch} (the position is kept in samples, so no "
+                    "sample is read twice or skipped).")
+    if RANDOM_STATE in restored.lacking:
+        logger.warning(f"{restored.path} holds no state of the random layers (Dropout, noise, augmentation; it was "
+                       "written before checkpoints kept it): they draw from the start of their sequences again, so "
+                       "the losses from here on differ from an uninterrupted run's.")
+    then = (restored.stored or {}).get("plan")
+    if then and then != plan_headline:
+        logger.info(f"The checkpoint was written under another plan ({then}); this run: {plan_headline}.")
+
+
+# ------------------------------------------------------------------------------------ the trainer's store
+def trainer_store(directory: str | os.PathLike, *, updates: Sequence[Update], scalers: Mapping[str, LossScaler],
+                  position: Position, objects: Mapping[str, Any] | None, keep: int, is_chief: bool, worker: str,
+                  extra: Mapping[str, Any], trained: Sequence[Any] = (),
+                  metrics: Sequence[tf.Variable] = ()) -> CheckpointStore:
+    """What a trainer's checkpoint holds: ``objects`` (default: the updates' variables and optimizers), each
+    update's loss-scale state, the position, the random layers' state of the models (``trained`` and those in
+    ``objects``) and the training metrics' state; its signature also records ``extra`` (the plan, the run's seed
+    and loss scaling). Every floating-point variable of the updates and of ``objects``' models is checked finite
+    before a save (not the dropout seed generators' integer state)."""
+    models = [m for m in (objects or {}).values() if hasattr(m, "layers")]
+    every = [*(v for u in updates for v in [*u.variables, *u.state]), *(v for m in models for v in m.variables)]
+    weights = [v for v in {id(v): v for v in every}.values() if tf.as_dtype(v.dtype).is_floating]
+    objects = dict(objects) if objects else {
+        **{f"{u.name}_{i}_{part}": obj for u in updates for i, (vs, opt) in enumerate(u.groups)
+           for part, obj in (("variables", list(vs)), ("optimizer", opt))},
+        **{f"{u.name}_state": list(u.state) for u in updates if u.state}}
+    scaler_state = {name: tf.train.Checkpoint(**s.variables()) for name, s in scalers.items()}
+    objects = {**objects, "loss_scale": tf.train.Checkpoint(**scaler_state), "position": position.checkpoint()}
+    return CheckpointStore(objects, directory, step_counter=position.global_step, keep=keep, is_chief=is_chief,
+                           worker=worker, extra={"batch_size": position.batch_size, **extra}, weights=weights,
+                           optional={RANDOM_STATE: saved_random_state([*models, *trained], is_chief),
+                                     **({"metrics": _Variables(metrics)} if metrics else {})})
+
+
+# ------------------------------------------------------------------------------------ the random layers' state
+class RandomState(tf.Module):
+    """The random generators' state variables as one checkpoint object: the layers' ``states`` and Keras's
+    global generator's (``shared``). Its ``variables``, the layers' states, are what the checkpoint's
+    signature lists, so a model with other random layers is named as a mismatch."""
+
+    def __init__(self, states: Sequence[tf.Variable], shared: Sequence[tf.Variable] = ()) -> None:
+        super().__init__(name=RANDOM_STATE)
+        self.states = list(states)
+        self.shared = list(shared)
+
+    @property
+    def variables(self) -> tuple[tf.Variable, ...]:  # (Keras 3's variables are no tf.Variable for tf.Module's walk)
+        return tuple(self.states)
+
+
+def random_state(models: Sequence[Any]) -> tuple[RandomState, list[str]]:
+    """The state of every random generator ``models`` draw from (see the module docstring), and the names of
+    their layers whose draws no checkpoint can hold (Keras 2's stateful random ops)."""
+    states: dict[int, tf.Variable] = {}
+    unsaved: list[str] = []
+    for model in models:
+        weights = {id(w) for w in model.weights}
+        for v in model.variables:  # Keras 3: the SeedGenerators' states (Keras 2: the same list as weights)
+            if id(v) not in weights:
+                states.setdefault(id(v), v)
+        for layer in [model, *(m for m in getattr(model, "submodules", ()) if hasattr(m, "_random_generator"))]:
+            generator = getattr(layer, "_random_generator", None)  # Keras 2
+            if generator is None or not hasattr(generator, "_rng_type"):
+                continue
+            if isinstance(getattr(generator, "_generator", None), tf.random.Generator):
+                states.setdefault(id(generator._generator.state), generator._generator.state)
+            elif generator._rng_type == "legacy_stateful":
+                unsaved.append(layer.name)
+    shared = _keras_global_generator()
+    return RandomState(list(states.values()), [shared.state] if shared is not None else []), unsaved
+
+
+def _keras_global_generator() -> Any:
+    """Keras 3's global SeedGenerator (made now if no draw made it yet); ``None`` under Keras 2."""
+    from ..keras_compat import keras_info
+
+    if keras_info(tf).generation != 3:
+        return None
+    from keras.src.random.seed_generator import global_seed_generator  # (Keras has no public name for it)
+
+    return global_seed_generator()
+
+
+def saved_random_state(models: Sequence[Any], say: bool) -> RandomState:
+    """The random state for the trainer's checkpoints; with ``say``, a warning names the layers whose draws a
+    resumed run cannot repeat, with the fix."""
+    state, unsaved = random_state(models)
+    if unsaved and say:
+        logger.warning(
+            f"The random layers {', '.join(unsaved)} draw from TensorFlow's stateful random ops, whose state no "
+            "checkpoint can hold: after a resume they draw other values than an uninterrupted run would. Fix: call "
+            "amp_backends.seed_everything(seed) (or tf.keras.backend.experimental.enable_tf_random_generator()) "
+            "before building the model.")
+    return state
+
+
+class _Variables(tf.Module):
+    """Variables a checkpoint holds as one object (the training metrics' state)."""
+
+    def __init__(self, variables: Sequence[tf.Variable]) -> None:
+        super().__init__(name="metrics")
+        self.state = list(variables)
