@@ -284,3 +284,22 @@ def test_no_docstring_holds_sphinx_roles_the_api_reference_would_show_raw():
              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if role.search(line)]
     assert not found, "write `Name` (or a Markdown link) instead of a Sphinx role: " + ", ".join(found[:20])
 
+
+
+def test_every_public_method_and_property_of_the_face_has_a_docstring_of_its_own():
+    """The API reference renders a member only with its own docstring (``show_if_no_docstring: false``): a public
+    method or property without one would be missing from it (attributes are in their class's table)."""
+    import inspect
+
+    import amp_backends
+
+    missing = []
+    for name in amp_backends.__all__:
+        obj = getattr(amp_backends, name)
+        if not inspect.isclass(obj):
+            continue
+        for member, value in vars(obj).items():
+            function = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
+            if not member.startswith("_") and inspect.isfunction(function) and not (function.__doc__ or "").strip():
+                missing.append(f"{name}.{member}")
+    assert not missing, f"give these a docstring: {missing}"

@@ -330,11 +330,13 @@ class LossScaler:
         return line
 
     def variables(self) -> dict[str, Any]:
+        """The scaler's state to checkpoint: the scale, the finite steps since it changed, the steps skipped."""
         return {"scale": self.scale_var, "good_steps": self.good_steps, "skipped": self.skipped,
                 "consecutive": self.consecutive}
 
     @property
     def current(self) -> float:
+        """The loss scale now."""
         return float(self.scale_var.numpy())
 
     def __repr__(self) -> str:

@@ -94,6 +94,7 @@ class Update:
 
     @property
     def variables(self) -> list[Any]:
+        """Every variable the update trains, over its groups."""
         return [v for vs, _ in self.groups for v in vs]
 
 

@@ -349,6 +349,7 @@ class TrainResult:
     stopped_early: str | None = None
 
     def summary(self) -> str:
+        """The run in one line, as the trainer logs it at the end: steps applied and skipped, throughput, scales."""
         tp = f"{self.median_throughput:.4g} img/s" if self.median_throughput else "n/a (too few steps after warm-up)"
         steps = ", ".join(f"{k}: {self.applied[k]} applied, {self.skipped[k]} skipped" for k in self.applied)
         best = (f", best {self.best['monitor']} {self.best['value']:.5g} (epoch {self.best['epoch']}, step "
