@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 import sys
 import tempfile
 
@@ -274,3 +275,13 @@ def zoo_models(_zoo_session):
     changed = _zoo_session.changed()
     assert not changed, (f"this test changed the shared models {changed}: build its own with zoo_models.fresh(name, "
                          "policy) to train, compile or prepare one")
+
+
+def tensorflow_blocked(folder) -> dict[str, str]:
+    """Environment variables under which importing TensorFlow fails loudly (a ``tensorflow`` package of its own
+    first on ``PYTHONPATH``): a command that refuses its input before TensorFlow starts exits with its own error."""
+    shadow = Path(folder) / "no_tensorflow"
+    (shadow / "tensorflow").mkdir(parents=True, exist_ok=True)
+    (shadow / "tensorflow" / "__init__.py").write_text(
+        'raise ImportError("TensorFlow was imported before the input was refused")\n')
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(shadow), os.environ.get("PYTHONPATH")]))}

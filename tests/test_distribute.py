@@ -19,7 +19,7 @@ import pytest
 
 from amp_backends.errors import ClusterConfigError
 from amp_backends.training.distribute import check_port_free, parse_tf_config
-from conftest import NEUTRAL_CWD
+from conftest import NEUTRAL_CWD, tensorflow_blocked
 
 pytestmark = pytest.mark.tensorflow
 HERE = Path(__file__).resolve().parent
@@ -97,7 +97,8 @@ def run_cli(extra_env, *args, timeout=120):
 
 
 def test_malformed_tf_config_fails_fast_and_clearly(tmp_path):
-    out = run_cli({"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": '}, "--logdir", str(tmp_path))
+    broken = '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": '
+    out = run_cli({"TF_CONFIG": broken, **tensorflow_blocked(tmp_path.parent)}, "--logdir", str(tmp_path))
     assert out.returncode == 2 and "mnist: error: TF_CONFIG must be JSON" in out.stderr
     assert "Traceback" not in out.stderr
 
@@ -107,7 +108,8 @@ def test_busy_port_fails_fast_and_clearly(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         ports = [s.getsockname()[1], free_ports(1)[0]]
-        out = run_cli({"TF_CONFIG": tf_config(ports, 0)}, "--logdir", str(tmp_path))
+        out = run_cli({"TF_CONFIG": tf_config(ports, 0), **tensorflow_blocked(tmp_path.parent)}, "--logdir",
+                      str(tmp_path))
     assert out.returncode == 2 and "cannot be bound" in out.stderr and "Traceback" not in out.stderr
     assert "Loss" not in out.stderr + out.stdout  # refused before TensorFlow formed a cluster or trained
 

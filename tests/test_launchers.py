@@ -15,7 +15,7 @@ import pytest
 from amp_backends.errors import ClusterConfigError
 from amp_backends.training.distribute import cluster_config
 from amp_backends.training.launchers import Launch, base_port, expand_nodelist, expand_tasks_per_node, launcher_cluster
-from conftest import NEUTRAL_CWD
+from conftest import NEUTRAL_CWD, tensorflow_blocked
 from test_distribute import STEP, env, free_ports, tf_config
 
 OMPI = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
@@ -148,7 +148,7 @@ def run_example(extra_env, *args, timeout=120):
 
 @pytest.mark.tensorflow
 def test_a_partial_launcher_environment_fails_before_tensorflow_starts(tmp_path):
-    out = run_example({"OMPI_COMM_WORLD_RANK": "0"}, "--logdir", str(tmp_path))
+    out = run_example({"OMPI_COMM_WORLD_RANK": "0", **tensorflow_blocked(tmp_path.parent)}, "--logdir", str(tmp_path))
     assert out.returncode == 2 and "mnist: error: Open MPI (mpiexec): OMPI_COMM_WORLD_RANK is set but" in out.stderr
     assert "Traceback" not in out.stderr and not list(tmp_path.iterdir())
 

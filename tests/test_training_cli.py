@@ -10,15 +10,16 @@ import sys
 import time
 
 import pytest
-from conftest import NEUTRAL_CWD
+from conftest import NEUTRAL_CWD, tensorflow_blocked
 
 pytestmark = pytest.mark.tensorflow
 tf = pytest.importorskip("tensorflow")
 
 
-def example(*args, logdir, timeout=300, popen=False):
+def example(*args, logdir, timeout=300, popen=False, extra_env=None):
     cmd = [sys.executable, "-m", "amp_backends.examples.mnist", "--logdir", str(logdir), "--no-progress", *args]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMP_")} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    env |= extra_env or {}
     if popen:  # SIGINT as in a terminal, even where the tests run as a background job (which ignores it)
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 cwd=NEUTRAL_CWD, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -96,7 +97,8 @@ def test_the_same_command_gives_the_same_losses_and_a_new_run_directory(tmp_path
 
 def test_a_logdir_below_a_file_is_a_clear_error_before_training(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
-    out = example("--synthetic", "--max-steps", "1", logdir=tmp_path / "notes.txt" / "runs")
+    out = example("--synthetic", "--max-steps", "1", logdir=tmp_path / "notes.txt" / "runs",
+                  extra_env=tensorflow_blocked(tmp_path))  # refused before TensorFlow starts
     assert out.returncode == 2, out.stderr[-2000:]
     assert "is a file, not a directory" in out.stderr and "Traceback" not in out.stderr and "Loss" not in out.stderr
 

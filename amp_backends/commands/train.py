@@ -52,7 +52,7 @@ def configure_logging() -> None:
 
 def run_example(name: str, train: Callable[[Any], Any], parsed: dict[str, Any]) -> None:
     """Train with the parsed options; each failure the user can act on ends with its message and exit status."""
-    from ..examples.run import RunOptions
+    from ..examples.run import RunOptions, preflight
     from ..tf_import import import_tensorflow, quiet_tensorflow_logs
 
     configure_logging()
@@ -62,8 +62,10 @@ def run_example(name: str, train: Callable[[Any], Any], parsed: dict[str, Any]) 
         for name, value in default_registry().audit_environment().items():  # oneDNN's ONEDNN_VERBOSE=1
             os.environ.setdefault(name, value)
     try:
+        opts = RunOptions.from_parsed(parsed)
+        preflight(opts)  # what is refused without TensorFlow is refused before it starts
         import_tensorflow(quiet_tensorflow_logs())  # TensorFlow's start-up noise filtered, unless asked for
-        train(RunOptions.from_parsed(parsed))
+        train(opts)
     except USAGE_ERRORS as exc:
         fail(name, exc, 2)
     except DistributedFailure as exc:

@@ -55,6 +55,25 @@ class RunOptions:
         return bool(self.overrides.get("strict"))
 
 
+def preflight(opts: RunOptions) -> None:
+    """What the examples refuse before TensorFlow starts, in a fraction of a second rather than after its import:
+    the cluster the environment describes (`amp_backends.training.distribute.check_cluster`) and a ``--logdir``
+    below a file.
+
+    Args:
+        opts: The parsed options.
+
+    Raises:
+        AmpConfigError: ``--logdir`` cannot be a folder, or ``--distribute`` is unknown.
+        ClusterConfigError: The cluster is described wrongly, or this worker's port is taken.
+    """
+    from ..training.distribute import check_cluster
+    from ..training.runs import check_no_file_in_the_way
+
+    check_cluster(opts.distribute)
+    check_no_file_in_the_way(opts.logdir, "--logdir")
+
+
 def strategy_and_plan(opts: RunOptions) -> tuple[Any, Any]:
     """The tf.distribute strategy (created first: multi-worker collectives must be set up before any op), then
     this worker's plan (``auto_configure(**opts.overrides)``), compared with the other workers' plans. The plan

@@ -95,6 +95,32 @@ def cluster_config(env: Mapping[str, str]) -> tuple[dict[str, Any], str] | None:
     return launch.tf_config(), launch.source
 
 
+def _port_fix(source: str) -> str:
+    return ("choose a free port in TF_CONFIG for this task" if source == "TF_CONFIG" else
+            f"set {PORT_VARIABLE} to a free base port for every worker (worker r on a host uses base + its local rank)")
+
+
+def check_cluster(kind: str = "auto", environ: Mapping[str, str] | None = None) -> None:
+    """What `make_strategy` refuses, checked before TensorFlow starts (its import takes seconds): the cluster
+    the environment describes (``TF_CONFIG`` that is not JSON, a launcher's variables half set) and this worker's
+    own port taken.
+
+    Args:
+        kind: The ``--distribute`` choice.
+        environ: The environment (default: this process's).
+
+    Raises:
+        AmpConfigError: ``kind`` is not a strategy this library makes.
+        ClusterConfigError: The cluster is described wrongly, or this worker's port is taken.
+    """
+    if kind not in STRATEGIES:
+        raise AmpConfigError(f"--distribute must be one of {', '.join(STRATEGIES)}. Received: {kind!r}.")
+    found = cluster_config(os.environ if environ is None else environ) if kind in ("auto", "multiworker") else None
+    if found is not None:
+        cfg, source = found
+        check_port_free(own_address(cfg), source, _port_fix(source))
+
+
 def make_strategy(kind: str = "auto", *, timeout_s: float = DEFAULT_TIMEOUT_S,
                   environ: Mapping[str, str] | None = None) -> Any:
     """The strategy for ``kind``: auto (TF_CONFIG -> multiworker, several GPUs -> mirrored, else none)."""
@@ -123,9 +149,7 @@ def make_strategy(kind: str = "auto", *, timeout_s: float = DEFAULT_TIMEOUT_S,
                                  '"index": 0}}, or several workers started by mpiexec or srun. Received: TF_CONFIG is '
                                  "not set and no launcher started several workers.")
     cfg, source = found
-    fix = ("choose a free port in TF_CONFIG for this task" if source == "TF_CONFIG" else
-           f"set {PORT_VARIABLE} to a free base port for every worker (worker r on a host uses base + its local rank)")
-    check_port_free(own_address(cfg), source, fix)
+    check_port_free(own_address(cfg), source, _port_fix(source))
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=float(timeout_s))
     peers = [a for job in cfg["cluster"].values() for a in job if a != own_address(cfg)]
     if source == "TF_CONFIG":

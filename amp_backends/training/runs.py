@@ -1,10 +1,9 @@
 """A run: where it writes (run directories, one run at a time in a checkpoint folder), where it stands, its seed.
 
-**Run directories.** Each run started by the examples (``--logdir runs/mnist``) writes into a new
-``runs/mnist/version_N`` (TensorBoard shows each version as its own run; earlier runs are never touched).
-``--resume`` continues the newest version that holds checkpoints (or the directory given, if it holds them
-itself). `run_directory` implements this; workers of a multi-worker run agree on the version before any of
-them creates it.
+**Run directories.** Each run of the examples (``--logdir runs/mnist``) writes into a new ``runs/mnist/version_N``
+(TensorBoard shows each as its own run; earlier runs are never touched); ``--resume`` continues the newest version
+that holds checkpoints (or the directory given, if it holds them): `run_directory`, on which the workers of a
+multi-worker run agree before any creates it. The folder checks run before TensorFlow is imported.
 
 **One run at a time.** Two runs writing one checkpoint folder overwrite each other's checkpoints and index. While
 a trainer trains (``fit``, from before it restores or checks the folder is fresh until it returns) it holds an
@@ -15,17 +14,16 @@ that process ends, killed included: there is never a stale lock to remove. Where
 lock is taken; when ``fit`` ends with nothing saved, the lock file goes again, and so do the folders it made,
 where they are empty: a run that fails at its first step leaves no ``version_N`` behind.
 
-**The position** is kept in *samples* (sample ``offset`` of epoch ``epoch``, and the global step), so a run
-resumed with another batch size continues at the same sample: nothing is read twice or skipped. Its variables
-are part of every checkpoint, with the batch size they were written with. The compiled calls advance the step
-and the offset on the device (`step`); the loop reads them once per call through `Position.now`.
+**The position** is kept in *samples* (sample ``offset`` of epoch ``epoch``, and the global step): a run resumed
+with another batch size continues at the same sample. Its variables are in every checkpoint, with the batch size
+they were written with; the compiled calls advance them on the device, the loop reads them per call (`Position.now`).
 
-**The seed.** `seed_everything` seeds Python, NumPy, TensorFlow and Keras (Keras 3's own seed generator too; Keras
-2's random layers made afterwards draw from a ``tf.random.Generator``, whose state checkpoints keep: `resume`): on
-the CPU the same seed gives the same losses, run after run; the trainer shuffles by ``(seed, epoch)`` and draws by
-`step.step_seed`. ``deterministic=True`` also makes TensorFlow choose deterministic kernels: on GPUs that is what
-makes two runs equal (cuDNN and atomics otherwise reorder float additions), at some cost in speed. Results still
-differ between GPU models, drivers and TensorFlow versions, and between a CPU and a GPU.
+**The seed.** `seed_everything` seeds Python, NumPy, TensorFlow and Keras (Keras 3's seed generator too; Keras 2's
+random layers made afterwards draw from a ``tf.random.Generator``, whose state checkpoints keep: `resume`): on the
+CPU the same seed gives the same losses; the trainer shuffles by ``(seed, epoch)`` and draws by `step.step_seed`.
+``deterministic=True`` also makes TensorFlow choose deterministic kernels: on GPUs that makes two runs equal
+(cuDNN and atomics otherwise reorder float additions), at some cost in speed. Results still differ between GPU
+models, drivers and TensorFlow versions, and between a CPU and a GPU.
 """
 
 from __future__ import annotations
@@ -39,11 +37,13 @@ import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-import tensorflow as tf
+from typing import TYPE_CHECKING
 
 from ..errors import AmpConfigError, CheckpointError
 from ..keras_compat import keras_info
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 try:
     import fcntl
@@ -56,11 +56,9 @@ VERSION = re.compile(r"^version_(\d+)$")
 LOCK_FILE = ".lock"
 
 
-# ------------------------------------------------------------------------------------ folders
 def absolute(path: str | os.PathLike) -> str:
-    """``path`` made absolute against the working directory now (``~`` expanded): a run keeps writing where it
-    started, and the checkpoint index never holds a path relative to a folder that is joined again. URLs
-    (``gs://...``) stay as they are."""
+    """``path`` made absolute against the working directory now (``~`` expanded; URLs such as ``gs://`` kept): a
+    run keeps writing where it started, and the checkpoint index never holds a path relative to another folder."""
     text = os.fspath(path)
     return text if "://" in text else os.path.abspath(os.path.expanduser(text))
 
@@ -111,7 +109,6 @@ def _missing(folder: Path) -> list[Path]:
     return missing
 
 
-# ------------------------------------------------------------------------------------ run directories
 def versions(logdir: Path) -> dict[int, Path]:
     if not logdir.is_dir():
         return {}
@@ -133,6 +130,8 @@ class RunDirectory:
 
 def propose_run_directory(logdir: str | os.PathLike, resume: bool) -> RunDirectory:
     """Decide (without creating anything) where a run writes under ``logdir``; see the module docstring."""
+    import tensorflow as tf
+
     root = check_no_file_in_the_way(logdir, "--logdir")
     found = versions(root)
     if resume:
@@ -233,7 +232,6 @@ def run_directory(logdir: str | os.PathLike, resume: bool, strategy: tf.distribu
     return run
 
 
-# ------------------------------------------------------------------------------------ the run lock
 @contextlib.contextmanager
 def holding(directory: str | os.PathLike | None) -> Iterator[None]:
     """Hold checkpoint folder ``directory``'s lock for the block (the folder is made now, if missing); on the
@@ -332,7 +330,6 @@ def _release(fd: int | None, folder: Path, made: list[Path]) -> None:
             break
 
 
-# ------------------------------------------------------------------------------------ the position
 @dataclass(frozen=True)
 class At:
     """One reading of the position: ``step`` steps done, sample ``offset`` of epoch ``epoch``."""
@@ -346,6 +343,8 @@ class Position:
     """The trainer's position variables and how they move (see the module docstring)."""
 
     def __init__(self, batch_size: int) -> None:
+        import tensorflow as tf
+
         self.batch_size = int(batch_size)
         self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
@@ -377,6 +376,8 @@ class Position:
         return total if max_steps is None else min(total, max_steps)
 
     def checkpoint(self) -> tf.train.Checkpoint:
+        import tensorflow as tf
+
         return tf.train.Checkpoint(global_step=self.global_step, epoch=self.epoch,
                                    samples_in_epoch=self.samples_in_epoch, batch_size=self.saved_batch_size)
 
@@ -388,7 +389,6 @@ class Position:
         return at, then
 
 
-# ------------------------------------------------------------------------------------ the seed
 _seed = {"value": 0}  # the process's seed, like the generators it seeds
 
 
@@ -405,6 +405,8 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
     """
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise AmpConfigError(f"seed must be a non-negative integer. Received: {seed!r}.")
+    import tensorflow as tf
+
     tf.keras.utils.set_random_seed(seed)
     if keras_info(tf).generation == 2:  # Keras 2's random layers made from now on: state a checkpoint holds
         tf.keras.backend.experimental.enable_tf_random_generator()
