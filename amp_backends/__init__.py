@@ -94,6 +94,7 @@ def _old_audit_module() -> None:
     the attribute ``amp_backends.audit`` is never rebound: it stays the function, in every import order
     (``import amp_backends.audit as m`` gives the function too). No code of the package runs here.
     """
+    import importlib.machinery
     import sys
     import types
 
@@ -116,7 +117,8 @@ def _old_audit_module() -> None:
                       DeprecationWarning, stacklevel=2)
         return getattr(importlib.import_module(new), attr)
 
-    vars(module).update(__getattr__=forward, __all__=sorted(_OLD_AUDIT_PATH))
+    vars(module).update(__getattr__=forward, __all__=sorted(_OLD_AUDIT_PATH),
+                        __spec__=importlib.machinery.ModuleSpec(name, None))  # (find_spec() answers for it)
     sys.modules[name] = module
 
 

@@ -4,8 +4,9 @@ phone width.
 A page fails where an element sticks out of the content column (a wide table or code block must scroll inside
 itself instead), where a code block needs scrolling at the desktop width (its lines are kept to 88 characters),
 where a table cell shows a Markdown escape (``\\|``), or where the page logs a console error; the site's search
-must find each term of ``SEARCH_TERMS``. A screenshot of each page at each width goes to ``site-screenshots/``
-(git-ignored; ``AMP_SITE_SCREENSHOTS`` names another folder), which the test prints.
+must find each term of ``SEARCH_TERMS``. A screenshot of each page at each width goes to
+``site-screenshots/amp_backends-site/`` (git-ignored; ``AMP_SITE_SCREENSHOTS`` names another parent), which the
+test prints.
 
 The site is built here (``mkdocs build --strict``) and served over http from 127.0.0.1 (the search loads its
 index over http). nox's ``lint`` session runs this module; it skips where MkDocs, Selenium, Chromium or its
@@ -34,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SEARCH_TERMS = ("set_global_policy", "LossScaleOptimizer", "get_scaled_loss", "mixed_float16", "mpiexec")
 # name -> (width, height) of the viewport, in CSS pixels
 WIDTHS = {"desktop": (1400, 900), "phone": (390, 844)}
-SCREENSHOTS = Path(os.environ.get("AMP_SITE_SCREENSHOTS") or ROOT / "site-screenshots")
+# a folder of the test's own (its old screenshots are removed before each run), inside the one named
+SCREENSHOTS = Path(os.environ.get("AMP_SITE_SCREENSHOTS") or ROOT / "site-screenshots") / "amp_backends-site"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
 # Elements that stick out of the content column (outside the blocks that scroll inside themselves), code blocks

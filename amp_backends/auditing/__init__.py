@@ -70,10 +70,11 @@ def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = 
     Args:
         model_or_factory: ``"MODULE:FACTORY"`` or a top-level function of an importable module that returns
             a Keras model (see the module documentation for why a model object is refused).
-        plan: a `Plan` to run under (its backend, policy and XLA are passed to the
-            child as ``AMP_*`` variables; its backend's kernel audit reads what ran, even where that backend is
-            not available here, such as a plan for a catalogue device: the model then computes on what
-            TensorFlow has here, under this machine's plan with the given policy and XLA, and a note says so);
+        plan: a `Plan` to run under (its backend, policy, XLA, TF32, float8 and graph rewrite are passed to
+            the child as ``AMP_*`` variables, and the child plans with them as overrides; its backend's kernel
+            audit reads what ran, even where that backend is not available here, such as a plan for a
+            catalogue device: the model then computes on what TensorFlow has here, under the plan this machine
+            gives for those overrides — which may downgrade them, as its warnings say — and a note says so);
             ``None``: the child plans for this machine under ``overrides``. A plan whose backend reads nothing
             (an Intel XPU's) is reported as not measured without running anything.
         batch_size: The synthetic batch's size.

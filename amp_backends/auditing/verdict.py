@@ -73,13 +73,14 @@ def contradictions(audit: Any) -> list[dict[str, str]]:
             d, s = max(reduced.items(), key=lambda kv: kv[1])
             out.append({"code": "reduced-precision-kernels",
                         "what": f"the plan says float32; {_pct(s)} of the compute time ran in {d} kernels",
-                        "fix": "unset ONEDNN_DEFAULT_FPMATH_MODE (or other reduced-precision math modes) and build the "
-                               "model after auto_configure(), so that no layer keeps a mixed policy"})
+                        "fix": "unset the math libraries' reduced-precision modes for float32 (oneDNN's "
+                               "ONEDNN_DEFAULT_FPMATH_MODE, TF32, ITEX's BF32) and build the model after "
+                               "auto_configure(), so that no layer keeps a mixed policy"})
     emulated = sum(e.time_ms for e in audit.compute if e.emulated)
     total = sum(e.time_ms for e in audit.compute)
     if total and emulated / total >= 0.01:
         out.append({"code": "emulated-kernels",
                     "what": f"{_pct(emulated / total)} of the compute time ran reduced-precision kernels on an ISA "
                             "without instructions for them (emulated: slower than float32)",
-                    "fix": "plan float32 on this CPU (--policy float32)"})
+                    "fix": "plan float32 here (--policy float32)"})
     return out

@@ -264,8 +264,8 @@ class IntelBackend(Backend):
 
 
 XPU_REASON = ("not measured on XPU: what ran on an Intel GPU is not read. ITEX routes its matmuls and convolutions "
-              "through oneDNN's GPU engine and TensorFlow's profiler, but no Intel GPU was at hand to check what "
-              "either prints there, and ITEX is end-of-life (TensorFlow <= 2.16); "
+              "through oneDNN's GPU engine and TensorFlow's profiler, and what either prints there has not been "
+              "checked on an Intel GPU; ITEX is end-of-life (TensorFlow <= 2.16). "
               "`amp-backends check` still reads the graph")
 
 
