@@ -13,8 +13,8 @@
   a missing page or snippet, or a docstring the API reference cannot render fails it. The site goes to
   ``site/`` (git-ignored); ``mkdocs serve`` shows it while writing. Then ``tests/test_site_browser.py`` (the
   ``site-test`` extra) loads every page in headless Chromium — layout at a desktop and a phone width, console
-  errors, the search — and writes screenshots to ``site-screenshots/amp_backends-site/`` (git-ignored); it skips, saying why,
-  where Chromium or chromium-driver is missing. No TensorFlow needed.
+  errors, the search — and writes screenshots to ``site-screenshots/amp_backends-site/`` (git-ignored); it
+  skips, saying why, where Chromium or chromium-driver is missing. No TensorFlow needed.
 
 ``python3 -m nox`` runs all three; ``python3 -m nox -s tests`` one.
 
