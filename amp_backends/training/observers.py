@@ -387,16 +387,13 @@ class ThroughputLogger(tf.keras.callbacks.Callback):
         self._last = -1
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-        """Keras's hook: a new epoch numbers its steps from 0."""
         self._epoch = epoch
         self._last = -1
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-        """Keras's hook: the call's clock starts."""
         self._t0 = time.perf_counter()
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        """Keras's hook: the call's throughput, logged every ``log_every`` steps."""
         dt = time.perf_counter() - self._t0
         steps = max(batch - self._last, 1)
         self._last = batch
@@ -409,6 +406,5 @@ class ThroughputLogger(tf.keras.callbacks.Callback):
                         f"throughput: {tp:.3e} img/s.")
 
     def on_train_end(self, logs: Any = None) -> None:
-        """Keras's hook: the median throughput after the warm-up calls."""
         if len(self.throughputs) > WARMUP_CALLS:
             logger.info(f"Summary: median throughput {statistics.median(self.throughputs[WARMUP_CALLS:]):.4g} img/s")

@@ -368,6 +368,8 @@ def grappler_rewrite(tf: Any, name: str, on: bool) -> str | None:
     Returns:
         A note for the log, or ``None`` where nothing changed.
     """
+    if not on and name not in _REWRITES_SET:
+        return None  # not ours to put back (TensorFlow is not even asked)
     found = tf.config.optimizer.get_experimental_options().get(name)
     if on:
         if found:
@@ -375,8 +377,6 @@ def grappler_rewrite(tf: Any, name: str, on: bool) -> str | None:
         _REWRITES_SET.setdefault(name, found)
         tf.config.optimizer.set_experimental_options({name: True})
         return f"grappler {name} on"
-    if name not in _REWRITES_SET:
-        return None
     before = _REWRITES_SET.pop(name)
     if not found:
         return None  # turned off since
