@@ -20,7 +20,7 @@
 
 Both test sessions run the tests in a worker process per core (pytest-xdist's ``-n auto``, at most 4: each
 worker starts its own TensorFlow) and list their 25 slowest tests. Arguments after ``--`` replace the default
-pytest arguments (``python3 -m nox -s intel -- -q -x tests/test_intel.py`` runs in one process).
+pytest arguments (``python3 -m nox -s intel -- -q -x tests/backends/intel/test_intel.py`` runs in one process).
 """
 
 from pathlib import Path

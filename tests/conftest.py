@@ -187,6 +187,12 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "").isdigit() and "TF_NUM_INTRAOP
     os.environ["TF_NUM_INTRAOP_THREADS"] = str(_share)
     os.environ.setdefault("TF_NUM_INTEROP_THREADS", str(_share))
 
+# The repository and the tests' own folders, for tests at any depth of tests/
+REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
+DATA = TESTS / "data"  # recorded inputs (oneDNN verbose records, profiler kernels)
+SCRIPTS = TESTS / "scripts"  # the programs tests start in processes of their own
+
 # Caches of this test session, never the user's (subprocesses inherit it; each test gets a folder of its own).
 CACHE_ROOT = tempfile.mkdtemp(prefix="amp_backends_cache_")
 os.environ["AMP_CACHE_DIR"] = CACHE_ROOT

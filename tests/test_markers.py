@@ -115,7 +115,7 @@ def marking(tree: ast.Module) -> str:
 
 
 def modules() -> dict[str, ast.Module]:
-    return {p.name: ast.parse(p.read_text(encoding="utf-8")) for p in sorted(TESTS.glob("test_*.py"))}
+    return {p.name: ast.parse(p.read_text(encoding="utf-8")) for p in sorted(TESTS.rglob("test_*.py"))}
 
 
 def test_the_rules_see_what_they_must():

@@ -2,7 +2,7 @@
 was, in what dtype, on what ISA, and what the audit says when TensorFlow's matrix kernels ran outside oneDNN.
 
 Every primitive oneDNN executes prints one line. The formats, all read here (checked against real output,
-see ``tests/test_audit_onednn.py`` for the recorded lines and where each comes from):
+see ``tests/backends/cpu/test_audit_onednn.py`` for the recorded lines and where each comes from):
 
 - oneDNN >= 3.4 (TensorFlow 2.21 ships 3.7): ``onednn_verbose,v1,primitive,exec,cpu,convolution,
   brg_conv_fwd:avx512_core_bf16,forward_training,src:bf16::blocked:acdb::f0 wei:bf16:a:blocked:...

@@ -12,17 +12,15 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from amp_backends.errors import ClusterConfigError
 from amp_backends.training.distribute import check_port_free, parse_tf_config
-from conftest import NEUTRAL_CWD, tensorflow_blocked
+from conftest import NEUTRAL_CWD, SCRIPTS, tensorflow_blocked
 
 pytestmark = pytest.mark.tensorflow
-HERE = Path(__file__).resolve().parent
 STEP = re.compile(r"- INFO - \((\d+), (\d+)\), Loss: ")
 
 
@@ -126,8 +124,8 @@ def test_missing_peer_times_out_with_the_documented_message(tmp_path):
 # --------------------------------------------------------------------------- MirroredStrategy
 @pytest.mark.intel
 def test_mirrored_two_replicas_skip_together():
-    out = subprocess.run([sys.executable, str(HERE / "mirrored_run.py")], capture_output=True, text=True, timeout=300,
-                         cwd=NEUTRAL_CWD, env=env())
+    out = subprocess.run([sys.executable, str(SCRIPTS / "mirrored_run.py")], capture_output=True, text=True,
+                         timeout=300, cwd=NEUTRAL_CWD, env=env())
     assert out.returncode == 0, out.stderr[-2000:]
     xla, d, validation = (json.loads(line) for line in out.stdout.strip().splitlines()[-3:])
     # XLA with replicas on one CPU: no per-replica compilation (it cannot reach replica 1's variables), training runs;
@@ -218,7 +216,7 @@ def test_kill_during_checkpoint_writes_never_corrupts_the_latest(tmp_path):
 
     rng = random.Random(7)
     for _ in range(3):
-        proc = subprocess.Popen([sys.executable, str(HERE / "ckpt_saver.py"), str(tmp_path)], stdout=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, str(SCRIPTS / "ckpt_saver.py"), str(tmp_path)], stdout=subprocess.PIPE,
                                 text=True, cwd=NEUTRAL_CWD, env=env())
         assert proc.stdout.readline().startswith("saved")
         time.sleep(rng.uniform(0.05, 0.6))  # somewhere inside a later save
@@ -239,7 +237,7 @@ def test_sigterm_to_the_chief_or_another_worker_saves_all_at_one_step_and_resume
     one, a third run finishes. Each stop is one step on every worker, saved; the three runs' per-step losses, put
     together, are the uninterrupted run's: no step twice, none missing (see preempt_run.py)."""
     ports = free_ports(2)
-    procs = [subprocess.Popen([sys.executable, str(HERE / "preempt_run.py"), str(tmp_path)], stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, str(SCRIPTS / "preempt_run.py"), str(tmp_path)], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, cwd=NEUTRAL_CWD,
                               env=env(TF_CONFIG=tf_config(ports, i))) for i in (0, 1)]
     outs = finish(procs)

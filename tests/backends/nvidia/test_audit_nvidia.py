@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import gzip
 import json
-from pathlib import Path
 
 import pytest
 
 from amp_backends import audit_trace
 from amp_backends.backends.nvidia.kernels import classify, events_from_trace_json, read_trace
+from conftest import DATA
 
-RECORDED = json.loads((Path(__file__).parent / "data" / "nvidia_kernels.json").read_text())["kernels"]
+RECORDED = json.loads((DATA / "nvidia_kernels.json").read_text())["kernels"]
 
 
 @pytest.mark.parametrize("kernel", RECORDED, ids=[k["name"][:60] for k in RECORDED])

@@ -1,7 +1,7 @@
 """Validation and metrics in the trainer: every sample counted, the numbers Keras would give, a per-epoch history,
 the best checkpoint, early stopping, validation between epochs, TensorBoard's val/ scalars — and all of it resumed
 exactly; learning-rate schedules resume exactly; wrong arguments refused before any step; two workers read one
-number (two replicas in one process: tests/test_distribute.py's MirroredStrategy run)."""
+number (two replicas in one process: tests/training/test_distribute.py's MirroredStrategy run)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import NEUTRAL_CWD
+from conftest import NEUTRAL_CWD, SCRIPTS
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
 tf = pytest.importorskip("tensorflow")
@@ -21,7 +21,6 @@ import amp_backends  # noqa: E402
 from amp_backends.errors import AmpConfigError, InputError  # noqa: E402
 from amp_backends.training import Trainer, classifier_updates, gan_updates  # noqa: E402
 
-HERE = Path(__file__).parent
 
 
 def plan():
@@ -238,7 +237,7 @@ def test_two_workers_read_the_same_numbers_as_one_device(tmp_path):
 
     ports = free_ports(2)
     checkpoints = tmp_path / "checkpoints"
-    procs = [subprocess.Popen([sys.executable, str(HERE / "validation_workers.py"), str(checkpoints)],
+    procs = [subprocess.Popen([sys.executable, str(SCRIPTS / "validation_workers.py"), str(checkpoints)],
                               stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, cwd=NEUTRAL_CWD,
                               env=env(TF_CONFIG=tf_config(ports, i))) for i in (0, 1)]

@@ -17,7 +17,7 @@ tf = pytest.importorskip("tensorflow")
 import amp_backends  # noqa: E402
 from amp_backends.data import digits_as_mnist  # noqa: E402
 from amp_backends.models import gan_discriminator, gan_generator, mnist_cnn  # noqa: E402
-from conftest import EIGEN_FLOAT16, NEUTRAL_CWD, float16_reaches_onednn  # noqa: E402
+from conftest import EIGEN_FLOAT16, NEUTRAL_CWD, TESTS, float16_reaches_onednn  # noqa: E402
 from amp_backends.training import (  # noqa: E402
     Trainer,
     classifier_updates,
@@ -38,7 +38,7 @@ def _float16_run(name: str):
     if not float16_reaches_onednn():
         return globals()[name]()
     code = f"import json, test_training_fidelity as t; print('RESULT', json.dumps(t.{name}()))"
-    path = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    path = os.pathsep.join(filter(None, [str(Path(__file__).parent), str(TESTS), os.environ.get("PYTHONPATH")]))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=NEUTRAL_CWD,
                          env={**os.environ, **EIGEN_FLOAT16, "PYTHONPATH": path})
     assert out.returncode == 0, out.stderr[-3000:]

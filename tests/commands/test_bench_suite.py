@@ -10,12 +10,11 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from amp_backends.commands.bench.supervisor import JsonWorker, WorkerFailed, child_env
-from conftest import NEUTRAL_CWD
+from conftest import NEUTRAL_CWD, REPO
 
 ANSWERING = ("import sys, json, time\n"
              "for line in sys.stdin:\n"
@@ -41,7 +40,7 @@ def test_a_json_worker_answers_and_is_stopped_when_it_overruns(tmp_path):
     assert "[fake] some log line" in (tmp_path / "log").read_text()
 
 
-GPU_SUITE = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_suite.py"
+GPU_SUITE = REPO / "benchmarks" / "gpu_suite.py"
 
 
 def _suite(args, env=None, timeout=600):

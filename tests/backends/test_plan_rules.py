@@ -9,6 +9,7 @@ from amp_backends.assessment import NATIVE, UNSAFE
 from amp_backends.planner import make_plan
 from amp_backends.request import LossScale, build_request
 
+from conftest import REPO
 from fakes import (A100, AMD_HERE, ARC_A770, FLEX170, CORTEX_A72, GRAVITON3, GRAVITON4, GTX1660TI, H100, ICELAKE,
                    IRIS_XE, MAX1550, P100, RTX4090, SAPPHIRE_RAPIDS, T4, V100, ZEN4, cpu_of, intel, machine, nvidia)
 
@@ -345,11 +346,10 @@ def _every_cpu_reason(registry):
 def test_every_figure_in_a_cpu_reason_is_in_a_committed_results_file(registry):
     import json
     import re
-    from pathlib import Path
 
     from amp_backends.backends.cpu.measured import RESULTS_DIR
 
-    repo_results = Path(__file__).resolve().parents[1] / "results"
+    repo_results = REPO / "results"
     quoted = 0
     for why in _every_cpu_reason(registry):
         assert "is missing from this installation" not in why, why
@@ -416,13 +416,12 @@ def test_results_files_say_how_they_were_made():
 
 def test_the_results_the_reasons_quote_ship_in_the_wheel():
     import fnmatch
-    from pathlib import Path
 
     tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
 
     from amp_backends.backends.cpu.measured import FIT_STEPS, LAYERS, WITH_BF16, WITH_FP16, WITHOUT_BF16
 
-    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    pyproject = REPO / "pyproject.toml"
     if not pyproject.is_file():
         pytest.skip("no pyproject.toml beside the tests (an installed copy): the files are checked where they load")
     config = tomllib.loads(pyproject.read_text(encoding="utf-8"))["tool"]["setuptools"]

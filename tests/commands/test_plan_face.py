@@ -11,10 +11,9 @@ import subprocess
 import sys
 import textwrap
 from argparse import Namespace
-from pathlib import Path
 
 import pytest
-from conftest import NEUTRAL_CWD
+from conftest import NEUTRAL_CWD, REPO
 from fakes import ZEN4, cpu_of, machine
 
 import amp_backends
@@ -104,7 +103,7 @@ def test_this_machines_cpu_is_named_as_its_probe_reads_it():
 
 
 def load_benchmark(name: str):
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    path = REPO / "benchmarks" / f"{name}.py"
     if not path.exists():
         pytest.skip("the benchmarks are not part of this installation")
     spec = importlib.util.spec_from_file_location(f"bench_{name}", path)

@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import NEUTRAL_CWD, policy
+from conftest import NEUTRAL_CWD, SCRIPTS, policy
 
 tf = pytest.importorskip("tensorflow")
 import amp_backends  # noqa: E402
@@ -23,7 +22,6 @@ from amp_backends.errors import AmpConfigError  # noqa: E402
 from amp_backends.request import LossScale  # noqa: E402
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
-HERE = Path(__file__).parent
 X = tf.random.stateless_normal((16, 8), seed=(1, 2))
 Y = tf.random.stateless_normal((16, 4), seed=(3, 4))
 TINY = 1e-8  # the loss's factor: its float16 gradients are below float16's smallest subnormal (6e-8)
@@ -180,7 +178,7 @@ def test_variable_groups_as_the_sparse_tutorial_splits_them_and_another_optimize
 
 
 def test_two_replicas_skip_together_and_scale_alike():
-    out = subprocess.run([sys.executable, str(HERE / "custom_loop_mirrored.py")], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, str(SCRIPTS / "custom_loop_mirrored.py")], capture_output=True, text=True,
                          timeout=300, cwd=NEUTRAL_CWD)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])

@@ -1,4 +1,4 @@
-"""The validation case the distributed scripts share (tests/mirrored_run.py, tests/validation_workers.py): data whose
+"""The validation case the distributed scripts beside it share (mirrored_run.py, validation_workers.py): data whose
 37 validation samples make batches of 16, 16 and 5, a small classifier, and the numbers one device gives."""
 import numpy as np
 import tensorflow as tf

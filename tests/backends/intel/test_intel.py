@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from amp_backends.backends.intel import itex_status
-from conftest import NEUTRAL_CWD
+from conftest import NEUTRAL_CWD, TESTS
 
 pytestmark = [pytest.mark.intel, pytest.mark.tensorflow]
 
@@ -172,7 +172,7 @@ def test_xpu_plan_is_applied_through_itex_python_api():
     In a subprocess: ITEX reads ITEX_FP32_MATH_MODE once, and TF32 math on this CPU would abort later tests.
     """
     env = {k: v for k, v in os.environ.items() if k != "ITEX_FP32_MATH_MODE"}  # a value set by hand wins over a plan
-    out = subprocess.run([sys.executable, "-c", XPU_APPLY, os.path.dirname(__file__)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", XPU_APPLY, str(TESTS)], capture_output=True, text=True,
                          timeout=300, cwd=NEUTRAL_CWD, env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert out.returncode == 0, out.stderr[-2000:]
     d = json.loads(out.stdout.strip().splitlines()[-1])
@@ -212,7 +212,7 @@ print(json.dumps(float(np.abs(matmul(a, b).numpy() - ref).max() / np.abs(ref).ma
                     reason="ITEX's BF32 math mode changes float32 matmuls only on AMX CPUs; this CPU has no AMX")
 def test_bf32_math_mode_really_runs_float32_matmuls_in_bf16():
     def error(mode):
-        out = subprocess.run([sys.executable, "-c", BF32_MATMUL, os.path.dirname(__file__), mode], capture_output=True,
+        out = subprocess.run([sys.executable, "-c", BF32_MATMUL, str(TESTS), mode], capture_output=True,
                              text=True, timeout=300, cwd=NEUTRAL_CWD,
                              env={k: v for k, v in os.environ.items() if k != "ITEX_FP32_MATH_MODE"})
         assert out.returncode == 0, out.stderr[-2000:]

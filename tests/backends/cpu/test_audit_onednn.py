@@ -9,7 +9,6 @@ same machine. The MKL-DNN 0.x line is the example of oneDNN's v0 documentation (
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -20,8 +19,8 @@ from amp_backends.auditing.runner import overrides_env, split_output
 from amp_backends.backends.cpu import verbose as onednn
 from amp_backends.kernel_audit import Capture
 from amp_backends.registry import default_registry
+from conftest import DATA
 
-DATA = Path(__file__).parent / "data"
 TF221 = (DATA / "onednn_tf221_mnist_bf16.txt").read_text().splitlines()
 ITEX = (DATA / "onednn_itex215_mnist_f32.txt").read_text().splitlines()
 MNIST_LAYERS = [
