@@ -324,3 +324,11 @@ def test_the_training_package_is_a_few_modules_of_one_concept_each():
     assert len(modules) <= 14, sorted(modules)
     assert not {n: lines for n, lines in modules.items() if lines > 420}, "split or shorten these training modules"
     assert not [n for n in modules if f"`{n}`" not in page], "docs/reference/layout.md names every training module"
+
+
+def test_no_shipped_module_is_over_420_lines():
+    """A module a reader can hold: every module of the installed package (the vendors' included) is at most 420
+    lines; a longer one is split by concept, not trimmed of its documentation."""
+    long = {name: n for name, (path, _) in package_modules().items()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > 420}
+    assert not long, f"split these modules by concept: {long}"
