@@ -257,6 +257,9 @@ ENVIRONMENT: dict[str, str] = {
                       "trainer's `audit` needs it set when the program starts (`amp-backends train --audit` does).",
     "AMP_AUDIT_BACKEND": "Set by the audit in its child process when it was given a plan: the plan's backend, whose "
                          "kernel audit reads what ran even where that backend is not available there.",
+    "ITEX_AUTO_MIXED_PRECISION": "ITEX's graph rewrite to low precision: `1` turns it on (the zoo's `ITEX AMP bf16` "
+                                 "peer under ITEX; the plan's own is `graph_amp=on`).",
+    "ITEX_AUTO_MIXED_PRECISION_DATA_TYPE": "The type ITEX's graph rewrite targets (`BFLOAT16`, `FLOAT16`).",
     "ITEX_FP32_MATH_MODE": "ITEX's float32 math mode (`TF32` on an Intel Data Center GPU Max, `BF32` on AMX CPUs): "
                            "set by the Intel backend as the plan's `tf32` says.",
     "TF_USE_LEGACY_KERAS": "`1`: `tf.keras` is tf-keras (Keras 2) on TensorFlow >= 2.16; the plan follows it.",
