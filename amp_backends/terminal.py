@@ -22,6 +22,23 @@ def make_console(**kwargs: Any) -> Any:
     return Console(**kwargs)
 
 
+def as_text(render: Callable[[Any], None], width: int) -> str:
+    """What ``render(console)`` prints on a console that is not a terminal (plain lines, no colours), as text.
+
+    Args:
+        render: Prints to the console it is given (a result's ``render_text``).
+        width: The width of the text, in characters.
+
+    Returns:
+        The text.
+    """
+    import io
+
+    buffer = io.StringIO()
+    render(make_console(file=buffer, width=width, color_system=None, force_terminal=False))
+    return buffer.getvalue()
+
+
 def is_terminal(console: Any) -> bool:
     """Whether ``console`` writes to a terminal: the one test of whether to draw tables."""
     return bool(console.is_terminal)

@@ -15,7 +15,6 @@ their layers, the warnings with their fix, notes. Its JSON Schema is ``amp_backe
 
 from __future__ import annotations
 
-import io
 import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -100,10 +99,7 @@ class Audit:
         Returns:
             Shares by dtype, summing to 1 (empty when nothing was seen).
         """
-        totals: dict[str, float] = defaultdict(float)
-        for e in self.compute:
-            totals[e.dtype] += e.time_ms
-        return _shares(totals)
+        return self._shares_by("dtype")
 
     def time_share_by_unit(self) -> dict[str, float]:
         """The share of the compute time spent on each unit (matrix units, vector units, unknown).
@@ -111,9 +107,12 @@ class Audit:
         Returns:
             Shares by unit, summing to 1 (empty when nothing was seen).
         """
+        return self._shares_by("unit")
+
+    def _shares_by(self, field: str) -> dict[str, float]:
         totals: dict[str, float] = defaultdict(float)
         for e in self.compute:
-            totals[e.unit] += e.time_ms
+            totals[getattr(e, field)] += e.time_ms
         return _shares(totals)
 
     def matrix_unit_share(self) -> float | None:
@@ -292,11 +291,9 @@ class Audit:
         Returns:
             The text.
         """
-        from rich.console import Console
+        from ..terminal import as_text
 
-        buffer = io.StringIO()
-        self.render_text(Console(file=buffer, width=width, color_system=None, force_terminal=False))
-        return buffer.getvalue()
+        return as_text(self.render_text, width)
 
     def __str__(self) -> str:
         return self.render()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -307,11 +306,9 @@ class ModelCheck:
         Returns:
             The text.
         """
-        from rich.console import Console
+        from ..terminal import as_text
 
-        buffer = io.StringIO()
-        self.render_text(Console(file=buffer, width=width, color_system=None, force_terminal=False))
-        return buffer.getvalue()
+        return as_text(self.render_text, width)
 
     def __str__(self) -> str:
         return self.render()
