@@ -56,11 +56,30 @@ class Decisions(dict[str, Decision]):
 
 @dataclass(frozen=True)
 class Rejected:
-    """An alternative that lost, and why."""
+    """An alternative that lost, and why.
+
+    Attributes:
+        setting: The setting it was a value of (``"policy"``, ``"loss_scale"``, ``"peer"``...).
+        value: The value that lost (``"mixed_float16"``, a peer's name such as ``"fp32 grappler-bf16"``).
+        why: Why it lost, with the figures it quotes.
+        evidence: The measurements those figures come from (committed results, with their machine).
+    """
 
     setting: str
     value: str
     why: str
+    evidence: tuple[Evidence, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The rejected value as JSON data (``evidence`` only where there is some).
+
+        Returns:
+            ``{"setting", "value", "why"}``, and ``"evidence"`` as a list of `Evidence.to_dict` where any.
+        """
+        d: dict[str, Any] = {"setting": self.setting, "value": self.value, "why": self.why}
+        if self.evidence:
+            d["evidence"] = [e.to_dict() for e in self.evidence]
+        return d
 
 
 @dataclass(frozen=True)
@@ -345,7 +364,7 @@ class Plan:
             "device_names": list(self.device_names),
             "tensorflow": self.tensorflow,
             "keras": self.keras,
-            "rejected": [r.__dict__ for r in self.rejected],
+            "rejected": [r.to_dict() for r in self.rejected],
             "warnings": list(self.warnings),
             "notes": list(self.notes),
             "overrides": self.request.overrides(),

@@ -248,7 +248,7 @@ def _resolve_policy(r: _Resolver, a: Assessment, decide: Decisions,
         decide.supported("policy", policy, a.policies[policy])
     for p in a.preference:
         if p != policy:
-            rejected.append(Rejected("policy", p, a.policies[p].why))
+            rejected.append(Rejected("policy", p, a.policies[p].why, a.policies[p].evidence))
 
     if not (request.graph_amp and r.check("graph_amp", "on", a.graph_amp, "off")):
         return policy, None
@@ -392,7 +392,7 @@ def _resolve(a: Assessment, request: Request, chosen: str, keras: KerasInfo | No
             r.warnings.append(f"{peer.name} was measured faster than the automatic plan on a machine of this kind, "
                               f"and the plan does not take it by itself{take}: {peer.why}")
         else:
-            rejected.append(Rejected("peer", peer.name, peer.why))
+            rejected.append(Rejected("peer", peer.name, peer.why, peer.evidence))
 
     return Plan(
         backend=chosen,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from amp_backends.errors import UnsupportedRequestError
@@ -538,8 +540,6 @@ XEON_AMX_KVM = {"device_name": "Intel(R) Xeon(R) Processor", "family": 6, "model
 
 
 def _zoo_medians(file):
-    import json
-
     from amp_backends.evidence import RESULTS_DIR
 
     doc = json.loads((RESULTS_DIR / file).read_text())
@@ -559,6 +559,23 @@ def test_the_plan_names_each_peer_measured_on_this_cpu_kind_as_rejected_with_the
                     f"trainer and {configs['auto plan, fit']:.0f} with Keras fit") in why, why
         assert "slower than the plan's better run (the trainer or Keras fit) on every model measured" in why
     assert not any("measured faster" in w for w in p.warnings)
+
+
+def test_a_rejected_peer_carries_the_measurements_it_quotes_into_the_plans_json(registry):
+    """The figures a peer's rejection quotes are the plan's data too: file, machine and run beside each value."""
+    p = plan(_catalogue_cpu("sapphire-rapids", **XEON_AMX_KVM), registry)
+    medians = _zoo_medians("zoo-xeon-amx/peers/zoo.json")
+    rejected = {r["value"]: r for r in json.loads(p.to_json())["rejected"] if r["setting"] == "peer"}
+    assert set(rejected) == {"fp32 oneDNN-off", "fp32 grappler-bf16"}
+    for name, r in rejected.items():
+        assert r["evidence"], r
+        assert {e["file"] for e in r["evidence"]} == {"results/zoo-xeon-amx/peers/zoo.json"}
+        assert all("Sapphire Rapids or later, AMX" in e["machine"] for e in r["evidence"])
+        quoted = json.dumps(r["evidence"])
+        for configs in medians.values():
+            assert f"{configs[name]:.0f}" in quoted or str(configs[name]) in quoted, (name, quoted)
+    # a rejected policy carries the support table's evidence where it has some, and none is made up
+    assert all("evidence" not in r or r["evidence"] for r in json.loads(p.to_json())["rejected"])
 
 
 def test_a_cpu_kind_without_committed_peer_runs_says_so_and_how_to_measure_them(registry):
