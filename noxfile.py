@@ -65,7 +65,7 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def intel(session: nox.Session) -> None:
-    session.install(*ITEX_STACK, "pytest>=8", "pytest-xdist>=3.5", "scikit-learn>=1.3", "matplotlib>=3.7",
+    session.install(*ITEX_STACK, "pytest>=8", "pytest-xdist>=3.5", "matplotlib>=3.7",
                     "jsonschema>=4.18")
     session.install("-e", ".", *ITEX_STACK)
     session.run("python", "-m", "amp_backends.info")

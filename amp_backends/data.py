@@ -11,8 +11,10 @@ negative values, labels outside 0..9, NaN — is refused with the reason before 
 
 from __future__ import annotations
 
+import gzip
 import logging
 import os
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +93,7 @@ def _damaged(p: Path, exc: BaseException) -> DataUnavailableError:
     return DataUnavailableError(
         f"{str(p)!r} is damaged: it cannot be read as an .npz file ({type(exc).__name__}: {exc}); a download or "
         f"copy that stopped part-way leaves such a file. Fix: {again}, or use --synthetic (random data) or "
-        "--digits (scikit-learn's digits) meanwhile.")
+        "--digits (real handwritten digits shipped with the package) meanwhile.")
 
 
 def normalize_images(x: np.ndarray, where: str) -> np.ndarray:
@@ -164,14 +166,25 @@ def synthetic_mnist(n_train: int = 60000, n_test: int = 10000, seed: int = 0) ->
 
 
 def digits_as_mnist(test_fraction: float = 0.2, seed: int = 0) -> Any:
-    """scikit-learn's real handwritten digits (8x8, 1797 images, no download) upsampled to 28x28 uint8."""
-    from sklearn.datasets import load_digits
+    """Real handwritten digits (8x8, 1,797 images, shipped with the package) upsampled to 28x28 uint8, as MNIST.
 
-    d = load_digits()
-    imgs = np.kron(d.images, np.ones((3, 3)))  # 24x24
+    The data is UCI's optical recognition of handwritten digits, the same file as scikit-learn's ``load_digits``
+    (``amp_backends/datasets/README.md``): no download, no scikit-learn.
+
+    Args:
+        test_fraction: The share of the images held out as the test split.
+        seed: The seed of the shuffle that splits them.
+
+    Returns:
+        ``((x_train, y_train), (x_test, y_test))``: uint8 images ``(N, 28, 28)``, int64 labels 0..9.
+    """
+    with resources.files("amp_backends").joinpath("datasets", "digits.csv.gz").open("rb") as f:
+        rows = np.loadtxt(gzip.open(f), delimiter=",")
+    images, target = rows[:, :-1].reshape(-1, 8, 8), rows[:, -1]
+    imgs = np.kron(images, np.ones((3, 3)))  # 24x24
     imgs = np.pad(imgs, ((0, 0), (2, 2), (2, 2)))  # 28x28, as MNIST's centred digits
     imgs = np.round(imgs / 16.0 * 255.0).astype(np.uint8)
-    labels = d.target.astype(np.int64)
+    labels = target.astype(np.int64)
     order = np.random.default_rng(seed).permutation(len(labels))
     n_test = int(len(labels) * test_fraction)
     test, train = order[:n_test], order[n_test:]

@@ -95,8 +95,8 @@ def command(name: str, train: Callable[[Any], Any], *, batch_size: int, lr: floa
                                              "Keras's cache, else its download."),
         synthetic: bool = typer.Option(False, "--synthetic",
                                        help="Random MNIST-shaped data (benchmarks; nothing to learn)."),
-        digits: bool = typer.Option(False, "--digits", help="scikit-learn's real handwritten digits as 28x28 images "
-                                    "(1,797 images, offline; needs scikit-learn)."),
+        digits: bool = typer.Option(False, "--digits", help="Real handwritten digits as 28x28 images (1,797 "
+                                    "images, shipped with the package: offline)."),
         overrides: Any = None,
         steps_per_call: int = number_option(1, "--steps-per-call", prog=name, metavar="N",
                                             help="Training steps per compiled call (fewer host round trips)."),

@@ -197,7 +197,6 @@ def test_the_float32_layers_line_says_the_kinds_kept_or_a_models_own_layers():
 
 @pytest.mark.slow
 def test_the_mnist_main_job_names_no_layer_kind_the_model_lacks_and_validates_every_epoch(tmp_path):
-    pytest.importorskip("sklearn")
     out = subprocess.run([sys.executable, "-m", "amp_backends.examples.mnist", "--digits", "--epochs", "2",
                           "--lr", "0.001", "--log-every", "10", "--logdir", str(tmp_path)],
                          capture_output=True, text=True, timeout=300, cwd=NEUTRAL_CWD)

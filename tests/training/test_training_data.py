@@ -78,3 +78,35 @@ def test_pickled_arrays_are_refused_with_the_reason(tmp_path):
     path = write_npz(tmp_path / "objects.npz", y_test=np.array([object()] * 8))
     with pytest.raises(DataUnavailableError, match="holds Python objects"):
         load_mnist(path)
+
+
+def test_the_digits_ship_with_the_package_as_recorded_and_need_no_scikit_learn(tmp_path):
+    """--digits' data: the file its README names (sha256), every digit present, read with scikit-learn absent
+    (an ``sklearn`` that fails on import, first on the path)."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+    from importlib import resources
+
+    from amp_backends.data import digits_as_mnist
+    from conftest import NEUTRAL_CWD
+
+    folder = resources.files("amp_backends").joinpath("datasets")
+    digest = hashlib.sha256(folder.joinpath("digits.csv.gz").read_bytes()).hexdigest()
+    assert digest in folder.joinpath("README.md").read_text(encoding="utf-8")
+    (x, y), (xt, yt) = digits_as_mnist()
+    assert x.shape == (1438, 28, 28) and xt.shape == (359, 28, 28) and x.dtype == np.uint8 and y.dtype == np.int64
+    assert set(np.unique(np.concatenate([y, yt]))) == set(range(10)) and int(x.max()) == 255
+    assert not x[:, :2].any() and not x[:, :, -2:].any()  # centred, as MNIST's digits
+    (x2, _), _ = digits_as_mnist(seed=1)
+    assert not np.array_equal(x, x2)  # the seed shuffles the split
+    shadow = tmp_path / "no_sklearn" / "sklearn"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text('raise ImportError("scikit-learn was imported")\n')
+    code = "from amp_backends.data import digits_as_mnist; (x, y), _ = digits_as_mnist(); print(x.shape, int(y.sum()))"
+    path = os.pathsep.join(filter(None, [str(shadow.parent), os.environ.get("PYTHONPATH")]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=NEUTRAL_CWD,
+                         env={**os.environ, "PYTHONPATH": path})
+    assert out.returncode == 0 and out.stdout.split()[:3] == ["(1438,", "28,", "28)"], out.stderr[-2000:]
+    assert int(out.stdout.split()[-1]) == int(y.sum())

@@ -47,7 +47,8 @@ def _float16_run(name: str):
 
 @pytest.mark.slow
 def test_fp16_reaches_the_float32_accuracy_on_real_digits():
-    """The MNIST CNN on scikit-learn's real handwritten digits: float32 vs forced mixed_float16 + dynamic scaling."""
+    """The MNIST CNN on real handwritten digits (UCI's, shipped with the package): float32 vs forced mixed_float16
+    with dynamic loss scaling."""
     if "intel_extension_for_tensorflow" in sys.modules or _itex_loaded():
         pytest.skip("ITEX's CPU float16 kernels are ~10x slower than TF's: fidelity runs in the TF 2.21 session")
     accs = _float16_run("digits_accuracies")

@@ -214,8 +214,6 @@ def bad_inputs(tmp_path):
 @pytest.mark.parametrize("case", ["batch over the data", "unknown layer", "layer typo in the environment",
                                   "data is a folder", "data is damaged"])
 def test_bad_input_is_the_librarys_error_exit_2_and_leaves_no_run_folder(tmp_path, case):
-    if case == "batch over the data":
-        pytest.importorskip("sklearn")
     args, env, expected = bad_inputs(tmp_path)[case]
     code, output = cli(*args, logdir=tmp_path / "runs", env=env)
     assert code == 2, output[-2000:]
