@@ -178,7 +178,7 @@ def digits_as_mnist(test_fraction: float = 0.2, seed: int = 0) -> Any:
     Returns:
         ``((x_train, y_train), (x_test, y_test))``: uint8 images ``(N, 28, 28)``, int64 labels 0..9.
     """
-    with resources.files("amp_backends").joinpath("datasets", "digits.csv.gz").open("rb") as f:
+    with resources.files("amp_backends").joinpath("datasets/digits.csv.gz").open("rb") as f:
         rows = np.loadtxt(gzip.open(f), delimiter=",")
     images, target = rows[:, :-1].reshape(-1, 8, 8), rows[:, -1]
     imgs = np.kron(images, np.ones((3, 3)))  # 24x24

@@ -138,6 +138,7 @@ class CpuFacts:
     itex: ItexStatus
     onednn: OneDnnState | None = None
     zentf: str | None = None  # AMD's ZenDNN plug-in for TensorFlow, where installed: its version
+    zendnn_on: bool = False  # TF_ENABLE_ZENDNN_OPTS=1 where TensorFlow starts: zentf's kernels run
 
     @property
     def itex_loaded(self) -> bool:
@@ -165,7 +166,8 @@ def cpu_device(cpu: CpuInfo) -> Accelerator:
 
 def cpu_probe(cpu: CpuInfo, itex: ItexStatus, *, onednn: OneDnnState | None = None,
               environ: Mapping[str, str] | None = None, system: str = "linux", reason: str | None = None,
-              details: Iterable[tuple[str, str]] | None = None, zentf: str | None = None) -> BackendProbe:
+              details: Iterable[tuple[str, str]] | None = None, zentf: str | None = None,
+              zendnn_on: bool = False) -> BackendProbe:
     """The CPU probe of a machine with this CPU: what the probe reports, what ``describe`` gives for a catalogue CPU,
     and what the tests' fake machines hold.
 
@@ -179,6 +181,7 @@ def cpu_probe(cpu: CpuInfo, itex: ItexStatus, *, onednn: OneDnnState | None = No
         reason: The probe's summary (default: the CPU, its cores and its bf16 instructions, as the probe words it).
         details: The probe's ``(key, value)`` details for people (default: ITEX's status and oneDNN's state).
         zentf: The installed version of AMD's ZenDNN plug-in (``zentf``), or ``None``.
+        zendnn_on: Whether ``TF_ENABLE_ZENDNN_OPTS=1`` is set where TensorFlow starts (zentf's kernels run).
 
     Returns:
         The probe, with the CPU as its one device (``/CPU:0``).
@@ -192,7 +195,7 @@ def cpu_probe(cpu: CpuInfo, itex: ItexStatus, *, onednn: OneDnnState | None = No
     if details is None:
         details = (("itex", itex.reason), ("oneDNN", ("on: " if onednn.enabled else "off: ") + onednn.why))
     return BackendProbe("cpu", True, reason, devices=(cpu_device(cpu),), cpu=cpu, details=tuple(details),
-                        facts=CpuFacts(itex, onednn, zentf))
+                        facts=CpuFacts(itex, onednn, zentf, zendnn_on))
 
 
 def display_name(cpu: CpuInfo) -> str:
@@ -224,7 +227,8 @@ class CpuBackend(Backend):
         cpu = probe_cpu()
         itex = itex_status()
         return cpu_probe(cpu, itex, onednn=read_onednn_state(cpu, os.environ, tensorflow_version()),
-                         zentf=installed_version(rules.ZENDNN_PACKAGE))
+                         zentf=installed_version(rules.ZENDNN_PACKAGE),
+                         zendnn_on=os.environ.get(rules.ZENDNN_VARIABLE) == "1")
 
     def report_rows(self, probe: BackendProbe) -> list[tuple[str, str]]:
         cpu = probe.cpu
@@ -245,6 +249,9 @@ class CpuBackend(Backend):
             rows.append(("oneDNN", ("on" if onednn.enabled else "off") + f" ({onednn.why})"))
         itex = (facts.itex.reason + ("; loaded with TensorFlow" if facts.itex_loaded else "")) if facts else "-"
         rows.append(("ITEX", itex))
+        if cpu and facts:
+            rows.append(("math library", rules.math_library(onednn_of(probe, cpu), facts.itex_loaded, facts.zentf,
+                                                            facts.zendnn_on)))
         return rows
 
     def assess(self, probe: BackendProbe, hardware: Hardware) -> Assessment:

@@ -227,6 +227,32 @@ def float32_layers(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> tupl
 
 
 ZENDNN_PACKAGE = "zentf"  # AMD's ZenDNN plug-in for TensorFlow (PyPI), enabled by TF_ENABLE_ZENDNN_OPTS=1
+ZENDNN_VARIABLE = "TF_ENABLE_ZENDNN_OPTS"  # "1" (read when TensorFlow starts): zentf's kernels replace TensorFlow's
+
+
+def math_library(onednn: OneDnnState, itex_active: bool, zentf: str | None, zendnn_on: bool) -> str:
+    """The library TensorFlow's CPU convolutions and matmuls run in, as the report says it.
+
+    Args:
+        onednn: Whether TensorFlow runs oneDNN.
+        itex_active: Whether ITEX is loaded with TensorFlow (its own oneDNN kernels take the CPU ops).
+        zentf: The installed ``zentf`` version, or ``None``.
+        zendnn_on: Whether ``TF_ENABLE_ZENDNN_OPTS=1`` is set for TensorFlow's start.
+
+    Returns:
+        ``"ITEX ..."``, ``"ZenDNN ..."``, ``"oneDNN ..."`` or ``"Eigen ..."``, with what turns the others on.
+    """
+    if itex_active:
+        return "ITEX (Intel Extension for TensorFlow's oneDNN kernels)"
+    if zentf and zendnn_on:
+        both = "; oneDNN is on too: AMD documents ZenDNN with TF_ENABLE_ONEDNN_OPTS=0" if onednn.enabled else ""
+        return f"ZenDNN (zentf {zentf}, {ZENDNN_VARIABLE}=1){both}"
+    idle = f"; zentf {zentf} is installed but off ({ZENDNN_VARIABLE}=1 turns it on)" if zentf else ""
+    if onednn.enabled:
+        return "oneDNN" + idle
+    return "Eigen (TensorFlow's own kernels: oneDNN is off)" + idle
+
+
 GRAPPLER_BF16 = "auto_mixed_precision_onednn_bfloat16"  # TensorFlow's own float32-to-bfloat16 rewrite for oneDNN
 GRAPPLER_PEER = "fp32 grappler-bf16"  # the zoo's configuration of it: a float32 model, rewritten
 
