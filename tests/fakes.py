@@ -3,7 +3,7 @@
 The builders are the ones the device catalogue describes its devices with (`Backend.describe`) and the real probes
 report through: `gpu_probe`, `xpu_probe`, `cpu_probe`, and `machine_of` for the machine. Here only the fakes'
 own figures are chosen: every GPU has 16 GiB, every CPU 8 logical cores, driver 580.00, ITEX 2.15 with TensorFlow
-2.15.1 where loaded (TensorFlow 2.21 otherwise).
+2.15.1 where loaded (TensorFlow 2.21 otherwise). `plan_of` is the planner's pure plan for such a machine.
 """
 
 from __future__ import annotations
@@ -13,7 +13,11 @@ from amp_backends.backends.intel import IntelFacts, itex_status, xpu_probe
 from amp_backends.backends.nvidia import gpu_probe
 from amp_backends.devices import machine_of
 from amp_backends.hardware import BackendProbe, CpuInfo, Hardware
-from amp_backends.registry import default_registry
+from amp_backends.keras_compat import KerasInfo
+from amp_backends.plan import Plan
+from amp_backends.planner import make_plan
+from amp_backends.registry import BackendRegistry, default_registry
+from amp_backends.request import build_request
 
 ITEX_LOADED = itex_status("2.15.0.0", "2.15.1", look=False)
 
@@ -45,6 +49,24 @@ def cpu_of(spec: tuple[str, str, str], arch: str = "x86_64", itex: bool = False,
 def machine(*probes: BackendProbe, tf_device_types: frozenset[str] | None = None) -> Hardware:
     """A Hardware with the given probes; the installed backends not given are 'not present'."""
     return machine_of(probes, default_registry().names(), lambda name: f"no {name} device (fake)", tf_device_types)
+
+
+def plan_of(hw: Hardware, registry: BackendRegistry, keras: KerasInfo | None = None, *,
+            environ: dict[str, str] | None = None, **overrides) -> Plan:
+    """The plan the planner decides for ``hw``: pure (``make_plan``), no TensorFlow, no probe of this machine.
+
+    Args:
+        hw: The hardware, fake (`machine`) or from the device catalogue.
+        registry: The backends that may plan (the ``registry`` fixture: the installed ones).
+        keras: The Keras the plan is for; ``None``: unknown, so no float8 training.
+        environ: The environment the request reads its ``AMP_*`` variables from; ``None``: an empty one, never
+            this process's.
+        **overrides: The request's keywords (``policy``, ``loss_scale``, ``xla``, ``force``...).
+
+    Returns:
+        The plan, not applied.
+    """
+    return make_plan(hw, build_request(registry.names(), environ=environ or {}, **overrides), registry, keras)
 
 
 # GPUs

@@ -15,20 +15,15 @@ import pytest
 from amp_backends.assessment import Float32Layer
 from amp_backends.layer_names import layer_geometry
 from amp_backends.errors import AmpConfigError
-from amp_backends.planner import make_plan
 from amp_backends.request import build_request
-from fakes import AMD_HERE, SAPPHIRE_RAPIDS, ZEN4, cpu_of, machine
+from fakes import AMD_HERE, SAPPHIRE_RAPIDS, ZEN4, cpu_of, machine, plan_of
 
 pytestmark = pytest.mark.intel
 
 
-def plan(hw, registry, environ=None, **overrides):
-    return make_plan(hw, build_request(registry.names(), environ=environ or {}, **overrides), registry)
-
-
 # ------------------------------------------------------------------------------------- the rule (fake hardware)
 def test_a_bf16_cpu_without_amx_keeps_strided_and_large_depthwise_layers_in_float32(registry):
-    p = plan(machine(cpu_of(ZEN4)), registry)
+    p = plan_of(machine(cpu_of(ZEN4)), registry)
     assert p.policy == "mixed_bfloat16"
     assert [(k.layer, k.strides_over, k.kernel_over, k.dtypes) for k in p.float32_layers] == [
         ("DepthwiseConv2D", 1, 3, ("bfloat16",)), ("DepthwiseConv1D", 1, 3, ("bfloat16",)),
@@ -49,7 +44,7 @@ def test_a_bf16_cpu_without_amx_keeps_strided_and_large_depthwise_layers_in_floa
     (cpu_of(AMD_HERE), "computes every layer in float32"),
 ])
 def test_elsewhere_nothing_is_kept_and_the_plan_says_why(registry, probe, why):
-    p = plan(machine(probe), registry)
+    p = plan_of(machine(probe), registry)
     assert p.float32_layers == ()
     assert p.reasons["float32_layers"].startswith("none: ") and why in p.reasons["float32_layers"]
     assert "float32_layers" not in p.headline
@@ -57,17 +52,17 @@ def test_elsewhere_nothing_is_kept_and_the_plan_says_why(registry, probe, why):
 
 def test_the_user_overrides_the_list_by_keyword_or_environment(registry):
     hw = machine(cpu_of(ZEN4))
-    assert plan(hw, registry, float32_layers="none").float32_layers == ()
-    mine = plan(hw, registry, float32_layers="Conv1D, LayerNormalization")
+    assert plan_of(hw, registry, float32_layers="none").float32_layers == ()
+    mine = plan_of(hw, registry, float32_layers="Conv1D, LayerNormalization")
     assert [k.layer for k in mine.float32_layers] == ["Conv1D", "LayerNormalization"]
     assert all(k.strides_over is None and k.kernel_over is None for k in mine.float32_layers)  # every such layer
     assert mine.reasons["float32_layers"] == "Conv1D, LayerNormalization: requested (float32_layers)"
-    env = plan(hw, registry, environ={"AMP_FLOAT32_LAYERS": "none"})
+    env = plan_of(hw, registry, environ={"AMP_FLOAT32_LAYERS": "none"})
     assert env.float32_layers == () and env.request.sources["float32_layers"] == "AMP_FLOAT32_LAYERS"
-    assert plan(hw, registry, float32_layers=["Dense"]).float32_layers[0].layer == "Dense"
-    assert plan(hw, registry).training_key() != plan(hw, registry, float32_layers="none").training_key()
+    assert plan_of(hw, registry, float32_layers=["Dense"]).float32_layers[0].layer == "Dense"
+    assert plan_of(hw, registry).training_key() != plan_of(hw, registry, float32_layers="none").training_key()
     # under a float32 policy there is nothing to keep, and the reason says the request changes nothing
-    f32 = plan(hw, registry, policy="float32", float32_layers="Dense")
+    f32 = plan_of(hw, registry, policy="float32", float32_layers="Dense")
     assert f32.float32_layers == () and "changes nothing" in f32.reasons["float32_layers"]
 
 
@@ -119,7 +114,7 @@ tf = pytest.importorskip("tensorflow")
 
 @pytest.fixture
 def zen4_plan(registry):
-    return plan(machine(cpu_of(ZEN4)), registry)
+    return plan_of(machine(cpu_of(ZEN4)), registry)
 
 
 def depthwise_model():
@@ -162,7 +157,7 @@ def test_nothing_changes_under_a_plan_without_float32_layers(registry, zen4_plan
     import amp_backends
 
     model = depthwise_model()
-    none = plan(machine(cpu_of(ZEN4)), registry, float32_layers="none")
+    none = plan_of(machine(cpu_of(ZEN4)), registry, float32_layers="none")
     assert amp_backends.prepare_model(model, none).float32 == ()
     assert dtypes(model)["dw_strided"] == "bfloat16"
 

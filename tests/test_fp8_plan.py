@@ -14,11 +14,10 @@ import pytest
 from amp_backends.assessment import EMULATED, NATIVE, UNSUPPORTED, Support
 from amp_backends.errors import UnsupportedRequestError
 from amp_backends.keras_compat import KerasInfo, float8_training
-from amp_backends.planner import fp8_support, make_plan
-from amp_backends.request import build_request
+from amp_backends.planner import fp8_support
 
 from fakes import (A100, AMD_HERE, ARC_A770, H100, MAX1550, RTX4090, SAPPHIRE_RAPIDS, V100, cpu_of, intel, machine,
-                   nvidia)
+                   nvidia, plan_of)
 
 pytestmark = pytest.mark.intel
 
@@ -27,10 +26,6 @@ KERAS_3_2 = KerasInfo("3.2.1", 3, "keras")
 KERAS_2 = KerasInfo("2.15.0", 2, "keras")
 TF_KERAS = KerasInfo("2.21.0", 2, "tf-keras")
 HERE = cpu_of(AMD_HERE)
-
-
-def plan(hw, registry, keras=KERAS_3_15, **overrides):
-    return make_plan(hw, build_request(registry.names(), environ={}, **overrides), registry, keras)
 
 
 # name, hardware, keras, overrides, fp8 on?, the word the reason must contain
@@ -56,11 +51,11 @@ ASKED = [
 
 @pytest.mark.parametrize("name,hw,keras,overrides,on,word", ASKED, ids=[a[0] for a in ASKED])
 def test_fp8_is_off_by_default_and_on_only_where_native(registry, name, hw, keras, overrides, on, word):
-    auto = plan(hw, registry, keras, **overrides)
+    auto = plan_of(hw, registry, keras, **overrides)
     assert auto.fp8 is False and word in auto.reasons["fp8"]
     if on:
         assert "off by default until a measurement" in auto.reasons["fp8"]
-    asked = plan(hw, registry, keras, fp8="on", **overrides)
+    asked = plan_of(hw, registry, keras, fp8="on", **overrides)
     assert asked.fp8 is on and word in asked.reasons["fp8"]
     fp8_warnings = [w for w in asked.warnings if w.startswith("fp8=on")]
     assert bool(fp8_warnings) is not on  # a downgrade always says so
@@ -74,35 +69,35 @@ def test_fp8_is_off_by_default_and_on_only_where_native(registry, name, hw, kera
     (machine(nvidia(H100), HERE), KERAS_3_15, {"xla": "off"}),
 ], ids=["CPU", "A100", "H100 without XLA"])
 def test_force_runs_emulated_fp8_with_a_warning(registry, hw, keras, overrides):
-    p = plan(hw, registry, keras, fp8="on", force=True, **overrides)
+    p = plan_of(hw, registry, keras, fp8="on", force=True, **overrides)
     assert p.fp8 is True and p.reasons["fp8"].startswith("on as requested")
     (w,) = [w for w in p.warnings if w.startswith("fp8=on")]
     assert "honoured because force is on, although it is slow here" in w
 
 
 def test_force_cannot_enable_fp8_where_keras_has_none(registry):
-    p = plan(machine(nvidia(H100), HERE), registry, KERAS_2, fp8="on", force=True)
+    p = plan_of(machine(nvidia(H100), HERE), registry, KERAS_2, fp8="on", force=True)
     assert p.fp8 is False and "not supported" in next(w for w in p.warnings if w.startswith("fp8=on"))
 
 
 @pytest.mark.parametrize("keras,kind", [(KERAS_3_15, "slow"), (KERAS_2, "not supported")])
 def test_strict_refuses_fp8_it_cannot_honour(registry, keras, kind):
     with pytest.raises(UnsupportedRequestError) as err:
-        plan(machine(nvidia(A100), HERE), registry, keras, fp8="on", strict=True)
+        plan_of(machine(nvidia(A100), HERE), registry, keras, fp8="on", strict=True)
     msg = str(err.value)
     assert f"fp8=on (from argument) is {kind} on backend 'nvidia'" in msg and "fp8=off" in msg and "Fix:" in msg
 
 
 def test_fp8_off_is_always_honoured_and_asked_for_from_the_environment(registry):
     hw = machine(nvidia(H100), HERE)
-    assert plan(hw, registry, fp8="off").reasons["fp8"].startswith("off as requested")
-    env = make_plan(hw, build_request(registry.names(), environ={"AMP_FP8": "on"}), registry, KERAS_3_15)
+    assert plan_of(hw, registry, KERAS_3_15, fp8="off").reasons["fp8"].startswith("off as requested")
+    env = plan_of(hw, registry, KERAS_3_15, environ={"AMP_FP8": "on"})
     assert env.fp8 is True and "AMP_FP8" in env.reasons["fp8"] and env.request.overrides() == {"fp8": "on"}
 
 
 def test_fp8_shows_in_the_summary_explanation_json_and_training_key(registry):
     hw = machine(nvidia(H100), HERE)
-    off, on = plan(hw, registry), plan(hw, registry, fp8="on")
+    off, on = plan_of(hw, registry, KERAS_3_15), plan_of(hw, registry, KERAS_3_15, fp8="on")
     assert "fp8=on" in on.summary() and "fp8" not in off.summary()
     assert "  fp8: off by default" in off.explain() and "  fp8: on as requested" in on.explain()
     d = json.loads(on.to_json())
@@ -138,7 +133,7 @@ def test_float8_training_needs_keras_3_3(version, able):
     (machine(intel(MAX1550), HERE), "not measured"),
 ], ids=["AMD EPYC", "Sapphire Rapids", "H100", "V100", "Intel Max"])
 def test_steps_per_execution_comes_with_its_reason(registry, hw, words):
-    p = plan(hw, registry)
+    p = plan_of(hw, registry, KERAS_3_15)
     assert p.steps_per_execution == 1 and p.compile_kwargs()["steps_per_execution"] == 1
     assert p.reasons["steps_per_execution"].startswith("1: ") and words in p.reasons["steps_per_execution"]
     d = json.loads(p.to_json())

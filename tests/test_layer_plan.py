@@ -83,11 +83,9 @@ pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
 
 @pytest.fixture
 def zen4_plan(registry):
-    from amp_backends.planner import make_plan
-    from amp_backends.request import build_request
-    from fakes import ZEN4, cpu_of, machine
+    from fakes import ZEN4, cpu_of, machine, plan_of
 
-    return make_plan(machine(cpu_of(ZEN4)), build_request(registry.names(), environ={}), registry)
+    return plan_of(machine(cpu_of(ZEN4)), registry)
 
 
 def keras3() -> bool:

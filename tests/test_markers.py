@@ -25,8 +25,9 @@ TOUCHES = {
     "keras_compat", "keras_info", "KerasInfo", "KERAS3",
     # ITEX
     "itex_status", "ItexStatus", "IntelBackend", "intel_extension_for_tensorflow",
-    # applying a plan (the Keras policy, the plan's optimizer and compile arguments)
-    "auto_configure", "configure_for_device", "apply_plan", "wrap_optimizer", "compile_kwargs",
+    # applying a plan (the Keras policy, the plan's optimizer and compile arguments), also through the tests' own
+    # helper (tests/helpers.py)
+    "auto_configure", "configure_for_device", "apply_plan", "wrap_optimizer", "compile_kwargs", "applied_plan",
     # the trainer's loss scaling, checkpoints and resume
     "LossScaler", "LossScale", "loss_scale", "checkpoint_dir", "resume",
     # the precision check and the per-layer preparation

@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from fakes import AMD_HERE, H100, MAX1550, SAPPHIRE_RAPIDS, cpu_of, intel, machine, nvidia
+from fakes import AMD_HERE, H100, MAX1550, SAPPHIRE_RAPIDS, cpu_of, intel, machine, nvidia, plan_of
 
 from amp_backends.assessment import EMULATED, NATIVE, UNSUPPORTED, Assessment, Support, VendorSetting
 from amp_backends.backends.cpu import CpuBackend
@@ -20,9 +20,7 @@ from amp_backends.configure import auto_configure, plan_for
 from amp_backends.errors import AmpWarning, BackendError
 from amp_backends.hardware import Accelerator, BackendProbe, Hardware
 from amp_backends.kernel_audit import KernelAudit
-from amp_backends.planner import make_plan
 from amp_backends.registry import Backend, BackendRegistry, default_registry
-from amp_backends.request import build_request
 
 pytestmark = pytest.mark.intel
 
@@ -88,7 +86,7 @@ def test_assess_answers_every_setting_and_prefers_a_native_policy(backend):
 def test_plan_vendor_settings_and_apply(backend, registry, monkeypatch):
     monkeypatch.setenv("ITEX_FP32_MATH_MODE", "")  # restored after the test: apply may set it
     hardware = sample_hardware(backend)
-    plan = make_plan(hardware, build_request(registry.names(), environ={}, backend=backend.name), registry)
+    plan = plan_of(hardware, registry, backend=backend.name)
     assert plan.backend == backend.name and plan.warnings == () and plan.assessment is not None
     assert all(isinstance(s, VendorSetting) for s in plan.vendor_settings)
     assert backend.vendor_settings(plan) == plan.vendor_settings

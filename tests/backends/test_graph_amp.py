@@ -17,20 +17,16 @@ from amp_backends.assessment import NATIVE, UNSUPPORTED, Assessment, Support
 from amp_backends.evidence import RESULTS_DIR
 from amp_backends.backends.cpu.rules import GRAPPLER_BF16
 from amp_backends.errors import UnsupportedRequestError
-from amp_backends.planner import make_plan
 from amp_backends.request import build_request
 
-from fakes import (AMD_HERE, GRAVITON3, H100, MAX1550, SAPPHIRE_RAPIDS, ZEN4, cpu_of, intel, machine, nvidia)
+from fakes import (AMD_HERE, GRAVITON3, H100, MAX1550, SAPPHIRE_RAPIDS, ZEN4, cpu_of, intel, machine, nvidia,
+                   plan_of)
 
 pytestmark = pytest.mark.intel
 
 ZOO = "zoo-xeon-amx/peers/zoo.json"
 # the AMX Xeon of results/zoo-xeon-amx, as its KVM guest reports it (the CPU the committed zoo run names)
 XEON_AMX_KVM = {"device_name": "Intel(R) Xeon(R) Processor", "family": 6, "model_number": 0xA7, "logical_cores": 2}
-
-
-def plan(hw, registry, **overrides):
-    return make_plan(hw, build_request(registry.names(), environ={}, **overrides), registry)
 
 
 def xeon_amx():
@@ -41,21 +37,21 @@ def xeon_amx():
 
 # ------------------------------------------------------------------------------------------------ each backend
 def test_cpu_with_bf16_and_onednn_rewrites_the_float32_graph_with_grappler(registry):
-    p = plan(machine(cpu_of(SAPPHIRE_RAPIDS)), registry, graph_amp="on")
+    p = plan_of(machine(cpu_of(SAPPHIRE_RAPIDS)), registry, graph_amp="on")
     assert (p.policy, p.graph_amp, p.compute_dtype, p.loss_scale.mode) == ("float32", "bfloat16", "float32", "none")
     assert p.float32_layers == () and p.warnings == ()
     assert [(s.name, s.value) for s in p.vendor_settings] == [(GRAPPLER_BF16, "on")]
     assert GRAPPLER_BF16 in p.decision("graph_amp").detail and "grappler" in p.decision("graph_amp").detail
     assert p.assessment.graph_amp.level == NATIVE and p.assessment.graph_amp_dtypes == ("bfloat16",)
     # a float32 policy asked for: the rewrite still targets the CPU's best native type
-    assert plan(machine(cpu_of(ZEN4)), registry, graph_amp="on", policy="float32").graph_amp == "bfloat16"
+    assert plan_of(machine(cpu_of(ZEN4)), registry, graph_amp="on", policy="float32").graph_amp == "bfloat16"
     # not asked for: the plan is the Keras policy's, as ever
-    default = plan(machine(cpu_of(SAPPHIRE_RAPIDS)), registry)
+    default = plan_of(machine(cpu_of(SAPPHIRE_RAPIDS)), registry)
     assert default.policy == "mixed_bfloat16" and default.graph_amp is None and default.vendor_settings == ()
 
 
 def test_the_cpu_rewrite_quotes_the_committed_zoo_run_of_its_cpu_kind(registry):
-    p = plan(xeon_amx(), registry, graph_amp="on")
+    p = plan_of(xeon_amx(), registry, graph_amp="on")
     detail, support = p.decision("graph_amp").detail, p.assessment.graph_amp
     doc = json.loads((RESULTS_DIR / ZOO).read_text())
     assert f"results/{ZOO}" in detail and "Sapphire Rapids or later, AMX" in detail
@@ -71,7 +67,7 @@ def test_the_cpu_rewrite_quotes_the_committed_zoo_run_of_its_cpu_kind(registry):
 
 
 def test_a_cpu_kind_without_a_zoo_run_says_it_was_not_measured(registry):
-    support = plan(machine(cpu_of(ZEN4)), registry, graph_amp="on").assessment.graph_amp
+    support = plan_of(machine(cpu_of(ZEN4)), registry, graph_amp="on").assessment.graph_amp
     assert support.level == NATIVE and "not measured on a CPU like this one" in support.why
     assert "--configs peers" in support.why and support.evidence == ()
 
@@ -82,37 +78,37 @@ def test_a_cpu_kind_without_a_zoo_run_says_it_was_not_measured(registry):
     (cpu_of(SAPPHIRE_RAPIDS, itex=True), "ITEX is loaded"),  # as before: ITEX's own AMP is the Intel XPUs' setting
 ])
 def test_elsewhere_the_cpu_says_why_it_has_no_rewrite_and_keeps_the_keras_policy(registry, cpu, why):
-    auto = plan(machine(cpu), registry)
-    p = plan(machine(cpu), registry, graph_amp="on")
+    auto = plan_of(machine(cpu), registry)
+    p = plan_of(machine(cpu), registry, graph_amp="on")
     assert p.assessment.graph_amp.level == UNSUPPORTED and why in p.assessment.graph_amp.why
     assert p.graph_amp is None and (p.policy, p.vendor_settings) == (auto.policy, auto.vendor_settings)
     assert len(p.warnings) == 1 and p.warnings[0].startswith("graph_amp=on (from argument) is not supported here")
     assert why in p.warnings[0]
     with pytest.raises(UnsupportedRequestError, match="graph_amp=on"):
-        plan(machine(cpu), registry, graph_amp="on", strict=True)
+        plan_of(machine(cpu), registry, graph_amp="on", strict=True)
 
 
 def test_a_policy_the_rewrite_cannot_target_keeps_the_keras_policy_and_says_so(registry):
     # float16 is functional on this Arm CPU: honoured when asked for, but the CPU's rewrite makes bfloat16 only
-    p = plan(machine(cpu_of(GRAVITON3, arch="aarch64")), registry, graph_amp="on", policy="fp16")
+    p = plan_of(machine(cpu_of(GRAVITON3, arch="aarch64")), registry, graph_amp="on", policy="fp16")
     assert p.policy == "mixed_float16" and p.graph_amp is None and p.vendor_settings == ()
     assert any(w.startswith("graph_amp=on (from argument) ignored: the backend's graph rewrite targets bfloat16, "
                             "not the policy's float16") for w in p.warnings), p.warnings
     with pytest.raises(UnsupportedRequestError, match=r"graph_amp=on \(from argument\) cannot be honoured.*Fix"):
-        plan(machine(cpu_of(GRAVITON3, arch="aarch64")), registry, graph_amp="on", policy="fp16", strict=True)
+        plan_of(machine(cpu_of(GRAVITON3, arch="aarch64")), registry, graph_amp="on", policy="fp16", strict=True)
 
 
 def test_nvidia_offers_no_rewrite_the_keras_policy_is_the_supported_path(registry):
     h100 = machine(nvidia(H100), cpu_of(AMD_HERE))
-    p = plan(h100, registry, graph_amp="on")
+    p = plan_of(h100, registry, graph_amp="on")
     assert p.graph_amp is None and p.policy == "mixed_float16" and p.vendor_settings == ()
     assert p.assessment.graph_amp.level == UNSUPPORTED
     assert "Keras mixed_float16 policy" in p.warnings[0] and "supported path" in p.warnings[0]
-    assert p.decisions == plan(h100, registry).decisions
+    assert p.decisions == plan_of(h100, registry).decisions
 
 
 def test_intel_xpus_rewrite_with_itex_as_before(registry):
-    p = plan(machine(intel(MAX1550), cpu_of(AMD_HERE)), registry, graph_amp="on")
+    p = plan_of(machine(intel(MAX1550), cpu_of(AMD_HERE)), registry, graph_amp="on")
     assert (p.policy, p.graph_amp, p.vendor_setting("itex_auto_mixed_precision")) == ("float32", "bfloat16",
                                                                                        "BFLOAT16")
     assert "ITEX's Advanced Auto Mixed Precision" in p.decision("graph_amp").detail

@@ -8,18 +8,14 @@ import pytest
 
 from amp_backends.errors import UnsupportedRequestError
 from amp_backends.assessment import NATIVE, UNSAFE
-from amp_backends.planner import make_plan
-from amp_backends.request import LossScale, build_request
+from amp_backends.request import LossScale
 
 from conftest import REPO
 from fakes import (A100, AMD_HERE, ARC_A770, FLEX170, CORTEX_A72, GRAVITON3, GRAVITON4, GTX1660TI, H100, ICELAKE,
-                   IRIS_XE, MAX1550, P100, RTX4090, SAPPHIRE_RAPIDS, T4, V100, ZEN4, cpu_of, intel, machine, nvidia)
+                   IRIS_XE, MAX1550, P100, RTX4090, SAPPHIRE_RAPIDS, T4, V100, ZEN4, cpu_of, intel, machine, nvidia,
+                   plan_of)
 
 pytestmark = pytest.mark.intel
-
-
-def plan(hw, registry, **overrides):
-    return make_plan(hw, build_request(registry.names(), environ={}, **overrides), registry)
 
 
 HERE = cpu_of(AMD_HERE)
@@ -88,7 +84,7 @@ TABLE = [
 
 @pytest.mark.parametrize("name,hw,backend,policy,loss,tf32,xla,devices", TABLE, ids=[t[0] for t in TABLE])
 def test_decision_table(registry, name, hw, backend, policy, loss, tf32, xla, devices):
-    p = plan(hw, registry)
+    p = plan_of(hw, registry)
     got = (p.backend, p.policy, p.loss_scale.mode, p.tf32, p.xla, p.devices)
     assert got == (backend, policy, loss, tf32, xla, devices)
     assert p.warnings == ()
@@ -101,45 +97,45 @@ def test_decision_table(registry, name, hw, backend, policy, loss, tf32, xla, de
 
 
 def test_this_cpu_reason_names_missing_bf16(registry):
-    p = plan(machine(HERE), registry)
+    p = plan_of(machine(HERE), registry)
     bf16 = next(r for r in p.rejected if r.value == "mixed_bfloat16")
     assert "no bf16 instructions" in bf16.why and "avx512_bf16" in bf16.why
 
 
 def test_itex_math_mode_is_a_vendor_setting(registry):
     math = "ITEX_FP32_MATH_MODE"
-    xpu = plan(machine(intel(MAX1550), HERE), registry)
+    xpu = plan_of(machine(intel(MAX1550), HERE), registry)
     assert xpu.vendor_setting(math) == "TF32" and "XMX" in xpu.vendor_settings[0].why
-    assert plan(machine(cpu_of(SAPPHIRE_RAPIDS, itex=True)), registry).vendor_setting(math) == "BF32"
-    assert plan(machine(cpu_of(SAPPHIRE_RAPIDS)), registry).vendor_settings == ()
-    assert plan(machine(intel(MAX1550), HERE), registry, tf32="off").vendor_settings == ()
-    assert plan(machine(nvidia(H100), HERE), registry).vendor_settings == ()
+    assert plan_of(machine(cpu_of(SAPPHIRE_RAPIDS, itex=True)), registry).vendor_setting(math) == "BF32"
+    assert plan_of(machine(cpu_of(SAPPHIRE_RAPIDS)), registry).vendor_settings == ()
+    assert plan_of(machine(intel(MAX1550), HERE), registry, tf32="off").vendor_settings == ()
+    assert plan_of(machine(nvidia(H100), HERE), registry).vendor_settings == ()
     # the generic plan has no vendor fields; the report and the log show the backend's settings
     assert not hasattr(xpu, "math_mode") and not hasattr(xpu, "itex_amp")
     assert xpu.to_dict()["vendor_settings"][0]["name"] == math and "ITEX_FP32_MATH_MODE=TF32" in xpu.summary()
 
 
 def test_the_plan_carries_its_support_table(registry):
-    p = plan(machine(cpu_of(AMD_HERE, itex=True)), registry)
+    p = plan_of(machine(cpu_of(AMD_HERE, itex=True)), registry)
     assert p.assessment is not None and p.assessment.backend == "cpu"
     assert p.assessment.policies["mixed_bfloat16"].level == UNSAFE
     assert p.to_dict()["support"]["policies"]["float32"]["level"] == NATIVE
 
 
 def test_other_backends_are_reported(registry):
-    p = plan(machine(nvidia(H100), intel(MAX1550), HERE), registry)
+    p = plan_of(machine(nvidia(H100), intel(MAX1550), HERE), registry)
     status = {b.name: (b.available, b.selected) for b in p.backends}
     assert status == {"nvidia": (True, True), "intel": (True, False), "cpu": (True, False)}
 
 
 def test_mixed_gpus_note(registry):
-    p = plan(machine(nvidia(A100, V100), HERE), registry)
+    p = plan_of(machine(nvidia(A100, V100), HERE), registry)
     assert any("weakest" in n for n in p.notes)
     assert "weakest" in p.reasons["policy"]
 
 
 def test_cpu_only_tensorflow_build_falls_back_to_cpu(registry):
-    p = plan(machine(nvidia(H100), HERE, tf_device_types=frozenset({"CPU"})), registry)
+    p = plan_of(machine(nvidia(H100), HERE, tf_device_types=frozenset({"CPU"})), registry)
     assert p.backend == "cpu" and p.policy == "float32"
     nv = next(b for b in p.backends if b.name == "nvidia")
     assert not nv.available and "TensorFlow lists no GPU" in nv.reason
@@ -149,50 +145,50 @@ def test_cpu_only_tensorflow_build_falls_back_to_cpu(registry):
 
 def test_bf16_on_v100_is_downgraded_with_reason(registry):
     with_v100 = machine(nvidia(V100), HERE)
-    p = plan(with_v100, registry, policy="bf16")
+    p = plan_of(with_v100, registry, policy="bf16")
     assert p.policy == "mixed_float16" and p.loss_scale.mode == "dynamic"
     assert len(p.warnings) == 1 and "policy=mixed_bfloat16" in p.warnings[0] and "CC >= 8.0" in p.warnings[0]
     with pytest.raises(UnsupportedRequestError, match="policy=mixed_bfloat16.*CC >= 8.0"):
-        plan(with_v100, registry, policy="bf16", strict=True)
-    forced = plan(with_v100, registry, policy="bf16", force=True)
+        plan_of(with_v100, registry, policy="bf16", strict=True)
+    forced = plan_of(with_v100, registry, policy="bf16", force=True)
     assert forced.policy == "mixed_bfloat16" and forced.loss_scale.mode == "none" and "force" in forced.warnings[0]
 
 
 def test_fp16_on_this_cpu(registry):
     here = machine(HERE)
-    p = plan(here, registry, policy="mixed_float16")
+    p = plan_of(here, registry, policy="mixed_float16")
     assert p.policy == "float32" and "downgraded" in p.warnings[0]
     with pytest.raises(UnsupportedRequestError, match="slow"):
-        plan(here, registry, policy="mixed_float16", strict=True)
-    forced = plan(here, registry, policy="fp16", force=True)
+        plan_of(here, registry, policy="mixed_float16", strict=True)
+    forced = plan_of(here, registry, policy="fp16", force=True)
     assert forced.policy == "mixed_float16" and forced.loss_scale.mode == "dynamic"
 
 
 def test_bf16_with_itex_on_this_cpu_is_refused_even_with_force(registry):
     here = machine(cpu_of(AMD_HERE, itex=True))
     for kwargs in ({}, {"force": True}):
-        p = plan(here, registry, policy="bf16", **kwargs)
+        p = plan_of(here, registry, policy="bf16", **kwargs)
         assert p.policy == "float32"
         assert "unsafe" in p.warnings[0] and "aborts" in p.warnings[0]
     with pytest.raises(UnsupportedRequestError, match="unsafe"):
-        plan(here, registry, policy="bf16", strict=True)
+        plan_of(here, registry, policy="bf16", strict=True)
 
 
 def test_fp16_without_tensor_cores_is_honoured_with_warning(registry):
-    p = plan(machine(nvidia(P100), HERE), registry, policy="fp16")
+    p = plan_of(machine(nvidia(P100), HERE), registry, policy="fp16")
     assert p.policy == "mixed_float16" and "little or no speed-up" in p.warnings[0]
 
 
 def test_loss_scale_json_carries_only_what_its_mode_uses(registry):
     h100 = machine(nvidia(H100), HERE)
-    assert plan(h100, registry, loss_scale="none").to_dict()["loss_scale"] == {"mode": "none"}
-    assert plan(machine(HERE), registry).to_dict()["loss_scale"] == {"mode": "none"}
-    assert plan(h100, registry).to_dict()["loss_scale"] == {"mode": "dynamic", "initial": 2.0**15,
+    assert plan_of(h100, registry, loss_scale="none").to_dict()["loss_scale"] == {"mode": "none"}
+    assert plan_of(machine(HERE), registry).to_dict()["loss_scale"] == {"mode": "none"}
+    assert plan_of(h100, registry).to_dict()["loss_scale"] == {"mode": "dynamic", "initial": 2.0**15,
                                                             "growth_interval": 2000}
 
 
 def test_tf32_on_a_cpu_reason_agrees_with_the_downgrade(registry):
-    p = make_plan(machine(HERE), build_request(registry.names(), environ={"AMP_TF32": "on"}), registry)
+    p = plan_of(machine(HERE), registry, environ={"AMP_TF32": "on"})
     assert p.tf32 is False and "downgraded" in p.warnings[0] and "AMP_TF32" in p.warnings[0]
     assert p.reasons["tf32"].startswith("off: the requested on (AMP_TF32) was downgraded")
     assert "as requested" not in p.reasons["tf32"]
@@ -200,63 +196,62 @@ def test_tf32_on_a_cpu_reason_agrees_with_the_downgrade(registry):
 
 def test_tf32_overrides(registry):
     v100 = machine(nvidia(V100), HERE)
-    p = plan(v100, registry, tf32="on")
+    p = plan_of(v100, registry, tf32="on")
     assert p.tf32 is False and "tf32=on" in p.warnings[0]
     with pytest.raises(UnsupportedRequestError):
-        plan(v100, registry, tf32=True, strict=True)
-    a100 = plan(machine(nvidia(A100), HERE), registry, tf32="off")
+        plan_of(v100, registry, tf32=True, strict=True)
+    a100 = plan_of(machine(nvidia(A100), HERE), registry, tf32="off")
     assert a100.tf32 is False and a100.warnings == () and "as requested" in a100.reasons["tf32"]
 
 
 def test_xla_overrides(registry):
-    assert plan(machine(nvidia(H100), HERE), registry, xla="off").xla is False
-    on_cpu = plan(machine(HERE), registry, xla="on")
+    assert plan_of(machine(nvidia(H100), HERE), registry, xla="off").xla is False
+    on_cpu = plan_of(machine(HERE), registry, xla="on")
     assert on_cpu.xla is True and "little or no speed-up" in on_cpu.warnings[0]
-    on_xpu = plan(machine(intel(MAX1550), HERE), registry, xla=True)
+    on_xpu = plan_of(machine(intel(MAX1550), HERE), registry, xla=True)
     assert on_xpu.xla is False and "not supported" in on_xpu.warnings[0]
 
 
 def test_loss_scale_overrides(registry):
     h100 = machine(nvidia(H100), HERE)
-    fixed = plan(h100, registry, loss_scale="fixed:1024")
+    fixed = plan_of(h100, registry, loss_scale="fixed:1024")
     assert fixed.loss_scale == LossScale.fixed(1024) and fixed.warnings == ()
-    none = plan(h100, registry, loss_scale="none")
+    none = plan_of(h100, registry, loss_scale="none")
     assert none.loss_scale.mode == "none" and "flush to zero" in none.warnings[0]
-    pointless = plan(machine(HERE), registry, loss_scale="dynamic")
+    pointless = plan_of(machine(HERE), registry, loss_scale="dynamic")
     assert pointless.loss_scale.mode == "dynamic" and "not needed" in pointless.warnings[0]
 
 
 def test_backend_overrides(registry):
     h100 = machine(nvidia(H100), HERE)
-    on_cpu = plan(h100, registry, backend="cpu")
+    on_cpu = plan_of(h100, registry, backend="cpu")
     assert on_cpu.backend == "cpu" and on_cpu.policy == "float32" and on_cpu.devices == ("/CPU:0",)
-    missing = plan(h100, registry, backend="intel")
+    missing = plan_of(h100, registry, backend="intel")
     assert missing.backend == "nvidia" and "backend=intel" in missing.warnings[0]
     with pytest.raises(UnsupportedRequestError, match="backend=intel.*not available"):
-        plan(h100, registry, backend="intel", strict=True)
+        plan_of(h100, registry, backend="intel", strict=True)
 
 
 def test_graph_amp_on_intel_xpus_is_itex_amp(registry):
-    p = plan(machine(intel(MAX1550), HERE), registry, graph_amp="on")
+    p = plan_of(machine(intel(MAX1550), HERE), registry, graph_amp="on")
     assert p.graph_amp == "bfloat16" and p.policy == "float32" and p.loss_scale.mode == "none"
     assert p.vendor_setting("itex_auto_mixed_precision") == "BFLOAT16"
-    xe = plan(machine(intel(IRIS_XE), HERE), registry, graph_amp=True)
+    xe = plan_of(machine(intel(IRIS_XE), HERE), registry, graph_amp=True)
     assert xe.graph_amp == "float16" and xe.loss_scale.mode == "dynamic"
     assert xe.vendor_setting("itex_auto_mixed_precision") == "FLOAT16"
-    not_intel = plan(machine(nvidia(H100), HERE), registry, graph_amp=True)
+    not_intel = plan_of(machine(nvidia(H100), HERE), registry, graph_amp=True)
     assert not_intel.graph_amp is None and not_intel.vendor_settings == () and "graph_amp=on" in not_intel.warnings[0]
 
 
 def test_sources_are_named_in_warnings(registry):
-    req = build_request(registry.names(), environ={"AMP_POLICY": "bf16"})
-    p = make_plan(machine(nvidia(V100), HERE), req, registry)
+    p = plan_of(machine(nvidia(V100), HERE), registry, environ={"AMP_POLICY": "bf16"})
     assert "from AMP_POLICY" in p.warnings[0]
 
 
 def test_plan_is_printable_and_json(registry):
     import json
 
-    p = plan(machine(nvidia(H100), HERE), registry, loss_scale=512)
+    p = plan_of(machine(nvidia(H100), HERE), registry, loss_scale=512)
     d = json.loads(p.to_json())
     assert d["policy"] == "mixed_float16" and d["loss_scale"] == {"mode": "fixed", "scale": 512.0}
     assert d["overrides"] == {"loss_scale": "fixed:512"}
@@ -268,11 +263,11 @@ def test_plan_is_printable_and_json(registry):
 
 def test_training_key_covers_every_setting_that_changes_training(registry):
     xpu = machine(intel(MAX1550), HERE)
-    base = plan(xpu, registry)
-    assert base.training_key() == plan(xpu, registry).training_key()
-    for other in (plan(xpu, registry, tf32="off"),  # no math mode: a vendor setting differs
-                  plan(xpu, registry, graph_amp="on"), plan(xpu, registry, loss_scale="dynamic"),
-                  plan(xpu, registry, policy="fp16")):
+    base = plan_of(xpu, registry)
+    assert base.training_key() == plan_of(xpu, registry).training_key()
+    for other in (plan_of(xpu, registry, tf32="off"),  # no math mode: a vendor setting differs
+                  plan_of(xpu, registry, graph_amp="on"), plan_of(xpu, registry, loss_scale="dynamic"),
+                  plan_of(xpu, registry, policy="fp16")):
         assert other.training_key() != base.training_key()
     assert "ITEX_FP32_MATH_MODE=TF32" in base.training_key()
 
@@ -280,14 +275,14 @@ def test_training_key_covers_every_setting_that_changes_training(registry):
 # --- oneDNN: bfloat16 only where it runs, and reasons quoting committed figures ---------------------------------
 
 def test_onednn_switched_off_gives_float32_with_the_reason(registry):
-    p = plan(machine(cpu_of(ZEN4, environ={"TF_ENABLE_ONEDNN_OPTS": "0"})), registry)
+    p = plan_of(machine(cpu_of(ZEN4, environ={"TF_ENABLE_ONEDNN_OPTS": "0"})), registry)
     assert p.policy == "float32" and p.warnings == ()
     why = p.reasons["policy"]
     assert "TF_ENABLE_ONEDNN_OPTS=0: without oneDNN, TensorFlow runs bfloat16 in Eigen" in why
     assert "slower than float32" in why and "results/cpu-policy-zen4.json" in why
     bf16 = next(r for r in p.rejected if r.value == "mixed_bfloat16")
     assert bf16.why.startswith("TF_ENABLE_ONEDNN_OPTS=0") and "before importing TensorFlow" in bf16.why
-    forced = plan(machine(cpu_of(ZEN4, environ={"TF_ENABLE_ONEDNN_OPTS": "0"})), registry, policy="bf16")
+    forced = plan_of(machine(cpu_of(ZEN4, environ={"TF_ENABLE_ONEDNN_OPTS": "0"})), registry, policy="bf16")
     assert forced.policy == "float32" and "Eigen" in forced.warnings[0]
 
 
@@ -299,13 +294,13 @@ def test_too_late_to_change_onednn_once_tensorflow_is_imported(registry):
     for spec, arch, env in ((ZEN4, "x86_64", {"TF_ENABLE_ONEDNN_OPTS": "0"}), (GRAVITON4, "aarch64", {})):
         probe = cpu_of(spec, arch=arch, environ=env)
         imported = onednn_state(probe.cpu, env, system="linux", imported_answer=False)
-        p = plan(machine(replace(probe, facts=replace(probe.facts, onednn=imported))), registry)
+        p = plan_of(machine(replace(probe, facts=replace(probe.facts, onednn=imported))), registry)
         assert p.policy == "float32" and "TensorFlow is already imported in this process" in p.reasons["policy"]
-        assert "TensorFlow is already imported" not in plan(machine(probe), registry).reasons["policy"]
+        assert "TensorFlow is already imported" not in plan_of(machine(probe), registry).reasons["policy"]
 
 
 def test_bf16_reason_names_oneDNN_and_this_machines_figures(registry):
-    p = plan(machine(cpu_of(ZEN4)), registry)
+    p = plan_of(machine(cpu_of(ZEN4)), registry)
     assert "TensorFlow runs oneDNN" in p.reasons["policy"] and "avx512_bf16" in p.reasons["policy"]
     assert "AMD EPYC Zen 4" in p.reasons["policy"] and "results/cpu-policy-zen4.json" in p.reasons["policy"]
     fp16 = next(r for r in p.rejected if r.value == "mixed_float16")
@@ -313,7 +308,7 @@ def test_bf16_reason_names_oneDNN_and_this_machines_figures(registry):
 
 
 def test_a_cpu_without_bf16_quotes_the_zen1_run_and_leaves_onednn_as_tensorflow_does(registry):
-    p = plan(machine(HERE), registry)
+    p = plan_of(machine(HERE), registry)
     assert "results/cpu-policy-zen1.json" in p.reasons["xla"]
     assert "oneDNN stays off, as TensorFlow's default has it" in p.reasons["policy"]
     assert "no CPU without AVX-512 was measured" in p.reasons["policy"]
@@ -440,19 +435,19 @@ def test_float16_on_a_cpu_whose_onednn_takes_it_is_emulated_and_a_request_for_it
     from amp_backends.backends.cpu.measured import WITH_FP16
 
     spr = machine(cpu_of(SAPPHIRE_RAPIDS))
-    p = plan(spr, registry)
+    p = plan_of(spr, registry)
     fp16 = next(r for r in p.rejected if r.value == "mixed_float16")
     assert "reference kernels" in fp16.why and f"results/{WITH_FP16}" in fp16.why, fp16.why
-    asked = plan(spr, registry, policy="mixed_float16")
+    asked = plan_of(spr, registry, policy="mixed_float16")
     assert asked.policy == "mixed_bfloat16" and any("downgraded" in w and "reference kernels" in w
                                                     for w in asked.warnings), asked.warnings
     with pytest.raises(UnsupportedRequestError):
-        plan(spr, registry, policy="mixed_float16", strict=True)
+        plan_of(spr, registry, policy="mixed_float16", strict=True)
     # with oneDNN off the same CPU runs float16 in Eigen: not this rule
-    off = plan(machine(cpu_of(SAPPHIRE_RAPIDS, environ={"TF_ENABLE_ONEDNN_OPTS": "0"})), registry)
+    off = plan_of(machine(cpu_of(SAPPHIRE_RAPIDS, environ={"TF_ENABLE_ONEDNN_OPTS": "0"})), registry)
     assert "reference kernels" not in next(r for r in off.rejected if r.value == "mixed_float16").why
     # a CPU without fp16 instructions keeps float16 in Eigen: not this rule either
-    assert "reference kernels" not in next(r for r in plan(machine(cpu_of(ZEN4)), registry).rejected
+    assert "reference kernels" not in next(r for r in plan_of(machine(cpu_of(ZEN4)), registry).rejected
                                            if r.value == "mixed_float16").why
 
 
@@ -460,14 +455,14 @@ def test_float16_under_itex_on_a_cpu_with_fp16_instructions_is_unsafe_even_force
     """ITEX 2.15 on an AVX512-FP16 Xeon sends float16 to its oneDNN ops; its max-pooling gradient has no float16
     kernel, so float16 training fails: refused, and force cannot enable it."""
     spr_itex = machine(cpu_of(SAPPHIRE_RAPIDS, itex=True))
-    forced = plan(spr_itex, registry, policy="mixed_float16", force=True)
+    forced = plan_of(spr_itex, registry, policy="mixed_float16", force=True)
     assert forced.policy == "mixed_bfloat16" and any("is unsafe here and was downgraded" in w for w in forced.warnings)
     with pytest.raises(UnsupportedRequestError, match="is unsafe on backend 'cpu'"):
-        plan(spr_itex, registry, policy="mixed_float16", strict=True)
+        plan_of(spr_itex, registry, policy="mixed_float16", strict=True)
     fp16 = next(r for r in forced.rejected if r.value == "mixed_float16")
     assert "_ITEXMaxPoolGrad" in fp16.why
     # ITEX on a CPU without fp16 instructions keeps float16 out of its oneDNN ops: not this rule
-    assert "_ITEXMaxPoolGrad" not in next(r for r in plan(machine(cpu_of(ZEN4, itex=True)), registry).rejected
+    assert "_ITEXMaxPoolGrad" not in next(r for r in plan_of(machine(cpu_of(ZEN4, itex=True)), registry).rejected
                                           if r.value == "mixed_float16").why
 
 
@@ -547,7 +542,7 @@ def _zoo_medians(file):
 
 
 def test_the_plan_names_each_peer_measured_on_this_cpu_kind_as_rejected_with_the_committed_figures(registry):
-    p = plan(_catalogue_cpu("sapphire-rapids", **XEON_AMX_KVM), registry)
+    p = plan_of(_catalogue_cpu("sapphire-rapids", **XEON_AMX_KVM), registry)
     assert p.policy == "mixed_bfloat16"
     peers = {r.value: r.why for r in p.rejected if r.setting == "peer"}
     assert set(peers) == {"fp32 oneDNN-off", "fp32 grappler-bf16"}, peers
@@ -579,7 +574,7 @@ def test_a_rejected_peer_carries_the_measurements_it_quotes_into_the_plans_json(
 
 
 def test_a_cpu_kind_without_committed_peer_runs_says_so_and_how_to_measure_them(registry):
-    p = plan(_catalogue_cpu("zen5"), registry)
+    p = plan_of(_catalogue_cpu("zen5"), registry)
     peers = {r.value: r.why for r in p.rejected if r.setting == "peer"}
     assert "fp32 grappler-bf16" in peers and "fp32 oneDNN-off" in peers
     assert all("not measured on a CPU like this one" in w and "--configs peers" in w for w in peers.values()), peers
@@ -604,7 +599,7 @@ def test_a_peer_that_beats_the_plan_in_every_repetition_is_a_warning_and_one_clo
              ((50.0, 51.0, 49.0), True, False, "slower than the plan's better run (the trainer or Keras fit) on every"))
     for reps, loss_ok, won, says in cases:
         monkeypatch.setattr(rules, "zoo_results", lambda name, reps=reps, ok=loss_ok: zoo(reps, ok))
-        p = plan(hw, registry)
+        p = plan_of(hw, registry)
         rejected = [r.why for r in p.rejected if r.value == "fp32 oneDNN-on"]
         warned = [w for w in p.warnings if w.startswith("fp32 oneDNN-on was measured faster")]
         assert (len(warned), len(rejected)) == ((1, 0) if won else (0, 1)), (reps, p.warnings, p.rejected)
@@ -612,18 +607,18 @@ def test_a_peer_that_beats_the_plan_in_every_repetition_is_a_warning_and_one_clo
 
 
 def test_the_policy_reason_quotes_this_cpu_kinds_own_file_where_one_is_committed(registry):
-    xeon = plan(_catalogue_cpu("sapphire-rapids", **XEON_AMX_KVM), registry)
-    zen5 = plan(_catalogue_cpu("zen5"), registry)
+    xeon = plan_of(_catalogue_cpu("sapphire-rapids", **XEON_AMX_KVM), registry)
+    zen5 = plan_of(_catalogue_cpu("zen5"), registry)
     assert "results/cpu-policy-xeon-amx.json" in xeon.decision("policy").detail
     assert "results/cpu-policy-zen4.json" in zen5.decision("policy").detail  # no file of its own: the nearest kind
 
 
 def test_a_plan_that_runs_the_graph_rewrite_does_not_reject_it_as_a_peer(registry):
     xeon = _catalogue_cpu("sapphire-rapids", **XEON_AMX_KVM)
-    rewriting = plan(xeon, registry, graph_amp="on")
+    rewriting = plan_of(xeon, registry, graph_amp="on")
     assert rewriting.graph_amp == "bfloat16"
     assert {r.value for r in rewriting.rejected if r.setting == "peer"} == {"fp32 oneDNN-off"}
-    assert "fp32 grappler-bf16" in {r.value for r in plan(xeon, registry).rejected if r.setting == "peer"}
+    assert "fp32 grappler-bf16" in {r.value for r in plan_of(xeon, registry).rejected if r.setting == "peer"}
 
 
 def test_a_zoo_run_planned_for_a_gpu_is_not_its_host_cpus_evidence():

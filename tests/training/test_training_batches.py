@@ -4,30 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import applied_plan, mlp
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
 tf = pytest.importorskip("tensorflow")
 
-import amp_backends  # noqa: E402
 from amp_backends.errors import InputError  # noqa: E402
 from amp_backends.training import Trainer, classifier_updates  # noqa: E402
 
 KERAS3 = int(str(getattr(tf.keras, "__version__", None) or "2").split(".")[0]) >= 3
 
 
-def plan(**kw):
-    kw.setdefault("policy", "float32")
-    return amp_backends.auto_configure(verbose=False, **kw)
-
-
 def classifier(model, batch_size=16, **kw):
     opt = tf.keras.optimizers.SGD(0.05)
-    return Trainer(classifier_updates(model, opt), kw.pop("plan", None) or plan(), batch_size=batch_size,
+    return Trainer(classifier_updates(model, opt), kw.pop("plan", None) or applied_plan(), batch_size=batch_size,
                    progress=False, check_models=False, **kw)
-
-
-def mlp(features=4, classes=10):
-    return tf.keras.Sequential([tf.keras.Input((features,)), tf.keras.layers.Dense(classes)])
 
 
 # --------------------------------------------------------------------------- variable-length batches
@@ -54,7 +45,7 @@ def test_a_bad_label_deep_in_a_dataset_stops_at_its_step_with_the_library_error(
     x = rng.normal(size=(200, 4)).astype("float32")
     y = (np.arange(200) % 10).astype("float32")
     y[150] = bad  # batch 9 of 16 rows; the check before training sees batch 0
-    model = mlp()
+    model = mlp(hidden=None, classes=10)
     t = classifier(model, steps_per_call=4)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True)
     with pytest.raises(InputError,
@@ -68,7 +59,7 @@ def test_a_bad_label_in_arrays_is_refused_before_training():
     x = np.zeros((64, 4), "float32")
     y = np.arange(64) % 10
     y[50] = 12
-    t = classifier(mlp())
+    t = classifier(mlp(hidden=None, classes=10))
     with pytest.raises(ValueError, match="class ids in 0..9"):
         t.fit(x, y)
     assert int(t.global_step.numpy()) == 0
@@ -77,7 +68,7 @@ def test_a_bad_label_in_arrays_is_refused_before_training():
 def test_the_label_check_is_part_of_every_compiled_call_and_good_data_trains():
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(64, 4)).astype("float32"), rng.integers(0, 10, 64)
-    r = classifier(mlp(), steps_per_call=2).fit(x, y, epochs=2)
+    r = classifier(mlp(hidden=None, classes=10), steps_per_call=2).fit(x, y, epochs=2)
     assert r.steps == 8 and r.skipped == {"model": 0}
 
 
@@ -103,14 +94,14 @@ def test_numpy_strings_train_a_model_that_looks_them_up(as_objects):
 @pytest.mark.skipif(not KERAS3, reason="StringLookup inside a compiled step as a first layer is checked on Keras 3")
 def test_strings_under_an_xla_plan_train_without_xla_and_say_why(caplog):
     caplog.set_level("WARNING", logger="amp_backends.train")
-    t = classifier(string_model(), plan=plan(xla=True, force=True))
+    t = classifier(string_model(), plan=applied_plan(xla=True, force=True))
     ds = tf.data.Dataset.from_tensor_slices((WORDS, LABELS)).batch(16, drop_remainder=True)
     assert t.fit(ds).steps == 4
     assert any("XLA is not used" in r.message and "strings" in r.message for r in caplog.records)
 
 
 def test_strings_for_a_model_that_takes_numbers_are_refused_with_the_fix():
-    t = classifier(mlp(1, 3))
+    t = classifier(mlp(1, hidden=None, classes=3))
     with pytest.raises(InputError, match=r"takes numbers.*x holds strings.*StringLookup"):
         t.fit(WORDS, LABELS)
     assert int(t.global_step.numpy()) == 0
@@ -118,7 +109,7 @@ def test_strings_for_a_model_that_takes_numbers_are_refused_with_the_fix():
 
 def test_features_of_the_wrong_shape_in_a_dataset_are_refused_with_the_fix():
     ds = tf.data.Dataset.from_tensor_slices((np.zeros((64, 5), "float32"), LABELS)).batch(16, drop_remainder=True)
-    t = classifier(mlp(4, 3))
+    t = classifier(mlp(4, hidden=None, classes=3))
     with pytest.raises(InputError, match=r"takes inputs of shape \('batch', 4\); x has rows of shape \(5,\)"):
         t.fit(ds)
     assert int(t.global_step.numpy()) == 0

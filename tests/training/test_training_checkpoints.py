@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import applied_plan, classification_data, mlp
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
 tf = pytest.importorskip("tensorflow")
 
-import amp_backends  # noqa: E402
 from amp_backends.errors import (  # noqa: E402
     CheckpointError,
     CheckpointMismatchError,
@@ -28,37 +28,23 @@ from amp_backends.training import (  # noqa: E402
 from amp_backends.training.runs import propose_run_directory  # noqa: E402
 
 
-def plan(**kw):
-    return amp_backends.auto_configure(verbose=False, policy="float32", **kw)
-
-
-def mlp(width=8):
-    return tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(width, activation="relu"),
-                                tf.keras.layers.Dense(3)])
-
-
-def data(n=64, seed=0):
-    rng = np.random.default_rng(seed)
-    return rng.normal(size=(n, 4)).astype("float32"), rng.integers(0, 3, n)
-
-
 def trainer(directory, model=None, batch_size=8, updates=None, **kw):
     model = model or mlp()
     opt = tf.keras.optimizers.Adam(1e-2)
     updates = updates or classifier_updates(model, opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model, Trainer(updates, plan(), batch_size=batch_size, checkpoint_dir=str(directory), progress=False,
+    return model, Trainer(updates, applied_plan(), batch_size=batch_size, checkpoint_dir=str(directory), progress=False,
                           checkpoint_objects={"model": model, "optimizer": opt}, **kw)
 
 
 # --------------------------------------------------------------------------- fresh runs
 def test_a_fresh_run_over_another_runs_checkpoints_is_refused(tmp_path):
     _, t = trainer(tmp_path)
-    t.fit(*data(), epochs=1)
+    t.fit(*classification_data(), epochs=1)
     before = sorted(p.name for p in tmp_path.iterdir())
     _, t2 = trainer(tmp_path)
     with pytest.raises(CheckpointError, match=r"holds the checkpoints of an earlier run \(latest: ckpt-8\)"
                                               r".*resume=True \(--resume\).*new --logdir"):
-        t2.fit(*data(), epochs=1)
+        t2.fit(*classification_data(), epochs=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing overwritten, no mixed index
 
 
@@ -67,7 +53,7 @@ def test_a_second_run_gets_its_own_directory_and_saves_its_own_final_state(tmp_p
     for i in range(2):
         run = run_directory(tmp_path, resume=False)
         model, t = trainer(run.checkpoints, checkpoint_every=4)
-        t.fit(*data(32, seed=i), epochs=1)  # ends at step 4, the same step in both runs
+        t.fit(*classification_data(32, seed=i), epochs=1)  # ends at step 4, the same step in both runs
         assert run.path.name == f"version_{i}" and t.store.latest.endswith("ckpt-4")
         restored = mlp()
         tf.train.Checkpoint(model=restored).read(t.store.latest).expect_partial()
@@ -82,7 +68,7 @@ def test_run_directories_are_versioned_and_resume_picks_the_newest(tmp_path):
     assert first.path == tmp_path / "runs" / "version_0" and not first.resumed
     assert first.path.is_dir()  # reserved at once: a run started beside it takes the next number
     _, t = trainer(first.checkpoints)
-    t.fit(*data(16), epochs=1)
+    t.fit(*classification_data(16), epochs=1)
     second = run_directory(tmp_path / "runs", resume=False)
     assert second.path.name == "version_1"
     assert run_directory(tmp_path / "runs", resume=True).path == first.path  # version_1 holds no checkpoint yet
@@ -95,7 +81,7 @@ def test_a_logdir_below_a_regular_file_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match=r"'.*file' is a file, not a directory.*choose another --logdir"):
         run_directory(tmp_path / "file" / "runs", resume=False)
     with pytest.raises(ValueError, match="is a file, not a directory"):
-        Trainer(classifier_updates(mlp(), tf.keras.optimizers.SGD()), plan(), batch_size=8,
+        Trainer(classifier_updates(mlp(), tf.keras.optimizers.SGD()), applied_plan(), batch_size=8,
                 logdir=str(tmp_path / "file" / "tb"))
 
 
@@ -103,7 +89,7 @@ def test_a_logdir_below_a_regular_file_is_a_clear_error(tmp_path):
 def test_a_truncated_latest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, caplog):
     caplog.set_level("WARNING", logger="amp_backends.train")
     _, t = trainer(tmp_path, checkpoint_every=2)
-    t.fit(*data(32), epochs=1)
+    t.fit(*classification_data(32), epochs=1)
     latest = Path(t.store.latest)
     assert latest.name == "ckpt-4"
     blob = Path(str(latest) + ".data-00000-of-00001")
@@ -111,26 +97,26 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_newest_intact_one(tmp_p
     _, t2 = trainer(tmp_path)
     assert t2.restore() == 2
     assert "ckpt-4 is unreadable" in caplog.text and "resumed from the newest intact one" in caplog.text
-    r = t2.fit(*data(32), epochs=1, resume=True)  # and training goes on from there
+    r = t2.fit(*classification_data(32), epochs=1, resume=True)  # and training goes on from there
     assert r.steps == 4
 
 
 def test_no_intact_checkpoint_at_all_is_a_clear_error(tmp_path):
     _, t = trainer(tmp_path)
-    t.fit(*data(16), epochs=1)
+    t.fit(*classification_data(16), epochs=1)
     for blob in tmp_path.glob("*.data-*"):
         blob.write_bytes(b"")
     _, t2 = trainer(tmp_path)
     with pytest.raises(CheckpointError, match="No intact checkpoint.*ckpt-2.*start a new run"):
-        t2.fit(*data(16), epochs=1, resume=True)
+        t2.fit(*classification_data(16), epochs=1, resume=True)
 
 
 def test_resuming_another_models_checkpoint_names_what_differs(tmp_path):
-    _, t = trainer(tmp_path, model=mlp(8))
-    t.fit(*data(16), epochs=1)
-    _, t2 = trainer(tmp_path, model=mlp(16))
+    _, t = trainer(tmp_path, model=mlp(hidden=8))
+    t.fit(*classification_data(16), epochs=1)
+    _, t2 = trainer(tmp_path, model=mlp(hidden=16))
     with pytest.raises(CheckpointMismatchError) as info:
-        t2.fit(*data(16), epochs=1, resume=True)
+        t2.fit(*classification_data(16), epochs=1, resume=True)
     text = str(info.value)
     assert "written for other models" in text and "shape (4, 8) float32" in text and "(4, 16) float32" in text
     assert len(text) < 1500  # a message, not a dump of every variable
@@ -141,13 +127,13 @@ def test_a_checkpoint_of_another_program_is_refused_clearly(tmp_path):
     tf.train.CheckpointManager(tf.train.Checkpoint(thing=other), str(tmp_path), 3).save()
     _, t = trainer(tmp_path)
     with pytest.raises(CheckpointMismatchError, match="does not match the models being trained.*start a new run"):
-        t.fit(*data(16), epochs=1, resume=True)
+        t.fit(*classification_data(16), epochs=1, resume=True)
 
 
 def test_resuming_with_another_batch_size_keeps_the_position_in_samples(tmp_path, caplog):
     """16-sample batches for 3 steps, then 8-sample batches: every sample of the epoch is trained on exactly once."""
     caplog.set_level("INFO", logger="amp_backends.train")
-    x, y = data(96)
+    x, y = classification_data(96)
     x[:, 0] = np.arange(96)  # column 0: the sample's id
     seen = tf.Variable(tf.zeros(96))
 
@@ -189,21 +175,21 @@ def ctrl_c_enabled():
 def test_ctrl_c_saves_a_checkpoint_says_where_and_resumes_from_it(tmp_path, ctrl_c_enabled):
     model, t = trainer(tmp_path, observers=[_CtrlC(at=3)])
     with pytest.raises(TrainingInterrupted) as info:
-        t.fit(*data(64), epochs=1)
+        t.fit(*classification_data(64), epochs=1)
     assert info.value.exit_code == 130 and info.value.step == 3
     assert info.value.checkpoint.endswith("ckpt-3") and "checkpoint saved to" in info.value.message
     assert isinstance(info.value, KeyboardInterrupt)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is given back
     _, t2 = trainer(tmp_path)
-    assert t2.fit(*data(64), epochs=1, resume=True).steps == 8
+    assert t2.fit(*classification_data(64), epochs=1, resume=True).steps == 8
 
 
 def test_ctrl_c_without_checkpointing_says_nothing_was_saved(ctrl_c_enabled):
     model = mlp()
     t = Trainer(classifier_updates(model, tf.keras.optimizers.SGD(), tf.keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True)), plan(), batch_size=8, progress=False, observers=[_CtrlC(at=1)])
+        from_logits=True)), applied_plan(), batch_size=8, progress=False, observers=[_CtrlC(at=1)])
     with pytest.raises(TrainingInterrupted, match="checkpointing is off, nothing was saved"):
-        t.fit(*data(64), epochs=1)
+        t.fit(*classification_data(64), epochs=1)
 
 
 def test_an_ignored_sigint_stays_ignored():
@@ -211,7 +197,7 @@ def test_an_ignored_sigint_stays_ignored():
     saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         _, t = trainer_without_checkpoints(observers=[_CtrlC(at=1)])
-        assert t.fit(*data(16), epochs=1).steps == 2  # the signal was ignored, as asked
+        assert t.fit(*classification_data(16), epochs=1).steps == 2  # the signal was ignored, as asked
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, saved)
@@ -220,5 +206,5 @@ def test_an_ignored_sigint_stays_ignored():
 def trainer_without_checkpoints(**kw):
     model = mlp()
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    return model, Trainer(classifier_updates(model, tf.keras.optimizers.SGD(), loss), plan(), batch_size=8,
+    return model, Trainer(classifier_updates(model, tf.keras.optimizers.SGD(), loss), applied_plan(), batch_size=8,
                           progress=False, **kw)

@@ -15,37 +15,22 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import NEUTRAL_CWD
+from helpers import applied_plan, classification_data, mlp
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
 tf = pytest.importorskip("tensorflow")
 
-import amp_backends  # noqa: E402
 from amp_backends.errors import CheckpointError  # noqa: E402
 from amp_backends.training import Observer, Trainer, classifier_updates  # noqa: E402
-
-
-def plan():
-    return amp_backends.auto_configure(verbose=False, policy="float32")
-
-
-def mlp():
-    return tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(8, activation="relu"),
-                                tf.keras.layers.Dense(3)])
-
-
-def data(n=64):
-    rng = np.random.default_rng(0)
-    return rng.normal(size=(n, 4)).astype("float32"), rng.integers(0, 3, n)
 
 
 def trainer(checkpoint_dir=None, logdir=None, **kw):
     model = mlp()
     opt = tf.keras.optimizers.Adam(1e-2)
     updates = classifier_updates(model, opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return Trainer(updates, plan(), batch_size=8, progress=False, logdir=logdir and str(logdir),
+    return Trainer(updates, applied_plan(), batch_size=8, progress=False, logdir=logdir and str(logdir),
                    checkpoint_dir=checkpoint_dir and str(checkpoint_dir),
                    checkpoint_objects={"model": model, "optimizer": opt}, **kw)
 
@@ -109,7 +94,7 @@ def test_a_save_on_a_full_disk_stops_with_a_checkpoint_error_and_keeps_the_previ
         folder = disk / "checkpoints"
         t = trainer(folder, checkpoint_every=2, observers=[At(3, lambda: fill(disk))])
         with pytest.raises(CheckpointError) as info:
-            t.fit(*data(), epochs=1)
+            t.fit(*classification_data(), epochs=1)
         text = str(info.value)
         assert f"The checkpoint of step 4 could not be written to '{folder}': no space left on device" in text
         assert re.search(r"\(\d+ bytes free there, a checkpoint of this run needs about [\d.]+ KB\)", text), text
@@ -119,7 +104,7 @@ def test_a_save_on_a_full_disk_stops_with_a_checkpoint_error_and_keeps_the_previ
         assert tf.train.latest_checkpoint(str(folder)) == str(folder / "ckpt-2")
         os.remove(disk / "filler")
         resumed = trainer(folder)
-        assert resumed.fit(*data(), epochs=1, resume=True).steps == 8
+        assert resumed.fit(*classification_data(), epochs=1, resume=True).steps == 8
         assert f"Resumed from {folder / 'ckpt-2'}: global step 2" in caplog.text
         assert tf.train.latest_checkpoint(str(folder)) == str(folder / "ckpt-8")
 
@@ -140,7 +125,7 @@ def test_a_save_that_cannot_write_stops_with_a_checkpoint_error(tmp_path, fault)
         t = trainer(folder, checkpoint_every=2, observers=[lock])
         with pytest.raises(CheckpointError, match=rf"step 4 could not be written to '{folder}': {reason} .*still "
                                                   r"ckpt-2.*Fix: make .* writable"):
-            t.fit(*data(), epochs=1)
+            t.fit(*classification_data(), epochs=1)
         assert tf.train.latest_checkpoint(str(folder)) == str(folder / "ckpt-2") and leftovers(folder) == []
 
 
@@ -154,7 +139,7 @@ def test_a_disk_too_full_for_one_checkpoint_stops_before_training_and_leaves_no_
         with pytest.raises(CheckpointError, match=r"has \d+ bytes free; a checkpoint of this run needs about "
                                                   r"[\d.]+ KB, so the next save would fail\. No checkpoint .*Fix: "
                                                   r"free at least"):
-            t.fit(*data(), epochs=1)
+            t.fit(*classification_data(), epochs=1)
         assert steps == []  # refused before the first step
         assert not (disk / "train").exists()  # no empty event file left behind
 
@@ -163,7 +148,8 @@ def test_a_full_disk_for_tensorboard_alone_is_a_warning_and_training_goes_on(tmp
     caplog.set_level("WARNING", logger="amp_backends.train")
     with small_disk(tmp_path / "disk", "256k") as disk:
         fill(disk)
-        result = trainer(tmp_path / "checkpoints", logdir=disk).fit(*data(), epochs=1)  # checkpoints elsewhere
+        # checkpoints elsewhere
+        result = trainer(tmp_path / "checkpoints", logdir=disk).fit(*classification_data(), epochs=1)
         assert result.steps == 8
         assert "TensorBoard scalars cannot be written to" in caplog.text and "No space left on device" in caplog.text
         assert not list((disk / "train").glob("events.out.tfevents*")) if (disk / "train").exists() else True
@@ -172,7 +158,7 @@ def test_a_full_disk_for_tensorboard_alone_is_a_warning_and_training_goes_on(tmp
 def test_unfinished_saves_of_a_killed_process_are_removed_when_the_run_resumes(tmp_path, caplog):
     caplog.set_level("INFO", logger="amp_backends.train")
     folder = tmp_path / "checkpoints"
-    trainer(folder, checkpoint_every=2).fit(*data(32), epochs=1)
+    trainer(folder, checkpoint_every=2).fit(*classification_data(32), epochs=1)
     writer = ("import sys, tensorflow as tf\n"
               "big = tf.Variable(tf.zeros([64 * 2**20], tf.float32))\n"  # 256 MB: a save that takes a while
               "print('ready', flush=True)\n"
@@ -192,7 +178,7 @@ def test_unfinished_saves_of_a_killed_process_are_removed_when_the_run_resumes(t
     left = leftovers(folder)
     assert left, "no save was caught mid-way"
     resumed = trainer(folder)
-    assert resumed.fit(*data(32), epochs=2, resume=True).steps == 8
+    assert resumed.fit(*classification_data(32), epochs=2, resume=True).steps == 8
     assert leftovers(folder) == []
     assert re.search(rf"Removed what unfinished checkpoint saves of an interrupted run left in {folder} "
                      rf"\(freeing [\d.]+ [KMG]B\): {re.escape(', '.join(left))}", caplog.text), caplog.text
@@ -204,7 +190,7 @@ def test_tensorboard_and_profile_writes_that_fail_mid_run_are_warnings_and_train
     caplog.set_level("WARNING", logger="amp_backends.train")
     with small_disk(tmp_path / "disk", "256k") as disk:
         t = trainer(tmp_path / "checkpoints", logdir=disk, observers=[At(2, lambda: fill(disk))], profile_steps=(4, 6))
-        result = t.fit(*data(512), epochs=1)  # 64 calls: the event file outgrows its page
+        result = t.fit(*classification_data(512), epochs=1)  # 64 calls: the event file outgrows its page
     assert result.steps == 64 and t.store.latest.endswith("ckpt-64")
     warnings = [r.message for r in caplog.records if r.levelname == "WARNING" and r.name == "amp_backends.train"]
     assert len(warnings) == 2, warnings
@@ -216,7 +202,8 @@ def test_tensorboard_and_profile_writes_that_fail_mid_run_are_warnings_and_train
 def test_a_best_checkpoint_that_cannot_be_written_names_the_runs_latest_checkpoint_to_resume_from(tmp_path):
     """The best checkpoint sits beside the run's own: when its save meets a full disk, what the run can resume from
     is the latest of the run's checkpoints (ckpt-6), not the previous best (ckpt-4)."""
-    x, y = data(32)  # 4 steps per epoch at batch 8: best checkpoints at 4 and 8, the run's own at 3 and 6
+    # 4 steps per epoch at batch 8: best checkpoints at 4 and 8, the run's own at 3 and 6
+    x, y = classification_data(32)
     with small_disk(tmp_path / "disk", "256k") as disk:
         t = trainer(disk / "checkpoints", keep_best="val_loss", checkpoint_every=3,
                     observers=[At(7, lambda: fill(disk))])
@@ -262,14 +249,14 @@ def test_a_resumed_run_shows_each_step_once_in_tensorboard(tmp_path):
     pytest.importorskip("tensorboard")
     with pytest.raises(RuntimeError, match="killed"):
         trainer(tmp_path / "checkpoints", logdir=tmp_path, checkpoint_every=4, observers=[Killed(6)]).fit(
-            *data(), epochs=1)
+            *classification_data(), epochs=1)
     assert scalar_steps(tmp_path, "loss/model")[-1][0] == 6
     start = int(time.time())
     while int(time.time()) == start:  # event files are read in the order of their names: the second one later
         time.sleep(0.05)
     losses = Losses()
-    trainer(tmp_path / "checkpoints", logdir=tmp_path, observers=[losses]).fit(*data(), epochs=1, max_steps=8,
-                                                                               resume=True)
+    trainer(tmp_path / "checkpoints", logdir=tmp_path, observers=[losses]).fit(*classification_data(), epochs=1,
+                                                                               max_steps=8, resume=True)
     shown = scalar_steps(tmp_path, "loss/model")
     assert [s for s, _ in shown] == list(range(1, 9))
     assert {s: v for s, v in shown if s > 4} == pytest.approx(losses.by_step)

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import applied_plan
 
 pytestmark = pytest.mark.tensorflow
 tf = pytest.importorskip("tensorflow")
 
-import amp_backends  # noqa: E402
 from amp_backends.data import digits_as_mnist  # noqa: E402
 from amp_backends.models import gan_discriminator, gan_generator, mnist_cnn  # noqa: E402
 from conftest import EIGEN_FLOAT16, NEUTRAL_CWD, TESTS, float16_reaches_onednn  # noqa: E402
@@ -24,10 +24,6 @@ from amp_backends.training import (  # noqa: E402
     gan_updates,
     mnist_batch_fn,
 )
-
-
-def plan(**kw):
-    return amp_backends.auto_configure(verbose=False, **kw)
 
 
 def _float16_run(name: str):
@@ -63,7 +59,7 @@ def digits_accuracies() -> dict[str, float]:
     (x, y), (xt, yt) = digits_as_mnist()
     accs = {}
     for policy in ("float32", "mixed_float16"):
-        p = plan(policy=policy, force=True, loss_scale="dynamic" if policy == "mixed_float16" else None)
+        p = applied_plan(policy=policy, force=True, loss_scale="dynamic" if policy == "mixed_float16" else None)
         tf.keras.utils.set_random_seed(1)
         m = mnist_cnn()
         opt = tf.keras.optimizers.Adam(1e-3)
@@ -84,7 +80,7 @@ def test_gan_losses_stay_finite_under_fp16():
 
 def gan_under_fp16() -> dict[str, object]:
     """12 GAN steps under forced mixed_float16: how many ran, and whether every loss and every variable is finite."""
-    p = plan(policy="fp16", force=True)
+    p = applied_plan(policy="fp16", force=True)
     (x, _), _ = digits_as_mnist()
     g, d = gan_generator(), gan_discriminator()
     go, do = tf.keras.optimizers.Adam(1e-3), tf.keras.optimizers.RMSprop(1e-4)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import applied_plan, classification_data, mlp
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
 tf = pytest.importorskip("tensorflow")
@@ -14,30 +15,16 @@ from amp_backends.errors import InputError  # noqa: E402
 from amp_backends.training import Trainer, Update, classifier_updates  # noqa: E402
 
 
-def plan(**kw):
-    return amp_backends.auto_configure(verbose=False, policy="float32", **kw)
-
-
-def mlp(inputs=4, classes=3):
-    return tf.keras.Sequential([tf.keras.Input((inputs,)), tf.keras.layers.Dense(8, activation="relu"),
-                                tf.keras.layers.Dense(classes)])
-
-
-def data(n=64, inputs=4, classes=3, seed=0):
-    rng = np.random.default_rng(seed)
-    return rng.normal(size=(n, inputs)).astype("float32"), rng.integers(0, classes, n)
-
-
 def trainer(model, **kw):
     opt = tf.keras.optimizers.SGD(0.1)
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     kw.setdefault("batch_size", 8)
-    return Trainer(classifier_updates(model, opt, loss), plan(), progress=False, **kw)
+    return Trainer(classifier_updates(model, opt, loss), applied_plan(), progress=False, **kw)
 
 
 # --------------------------------------------------------------------------- tf.data
 def test_a_batched_dataset_trains_with_several_steps_per_compiled_call():
-    x, y = data(64)
+    x, y = classification_data(64)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(64, seed=1).batch(8, drop_remainder=True)
     t = trainer(mlp(), steps_per_call=4)
     r = t.fit(ds, epochs=2)
@@ -48,14 +35,14 @@ def test_a_batched_dataset_trains_with_several_steps_per_compiled_call():
 
 def test_a_dataset_batched_without_drop_remainder_is_rebatched_to_full_batches(caplog):
     caplog.set_level("INFO", logger="amp_backends.train")
-    x, y = data(60)
+    x, y = classification_data(60)
     r = trainer(mlp(), steps_per_call=3).fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), epochs=1)
     assert r.steps == 7  # 60 // 8: the partial last batch is dropped, not a new compiled shape
     assert "rebatched to 8 with drop_remainder=True" in caplog.text
 
 
 def test_a_dataset_of_unknown_length_ends_its_epoch_with_the_data():
-    x, y = data(40)
+    x, y = classification_data(40)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True).batch(8, drop_remainder=True)
     assert int(ds.cardinality()) == tf.data.UNKNOWN_CARDINALITY
     r = trainer(mlp(), steps_per_call=3).fit(ds, epochs=2)
@@ -70,7 +57,7 @@ def test_a_dataset_of_unknown_length_ends_its_epoch_with_the_data():
     (lambda x, y: tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat(), "repeats forever.*steps_per_epoch"),
 ])
 def test_datasets_the_trainer_cannot_use_are_refused_before_training(make, needle):
-    x, y = data(64)
+    x, y = classification_data(64)
     model = mlp()
     t = trainer(model)
     before = [v.numpy().copy() for v in model.trainable_variables]
@@ -81,7 +68,7 @@ def test_datasets_the_trainer_cannot_use_are_refused_before_training(make, needl
 
 
 def test_a_repeated_dataset_trains_with_steps_per_epoch():
-    x, y = data(64)
+    x, y = classification_data(64)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True).repeat()
     r = trainer(mlp(), steps_per_call=4).fit(ds, epochs=3, steps_per_epoch=5)
     assert r.steps == 15 and r.epochs_completed == 3
@@ -89,7 +76,7 @@ def test_a_repeated_dataset_trains_with_steps_per_epoch():
 
 def test_resuming_a_stream_skips_the_batches_already_trained_on(tmp_path):
     """The position of a stream is the batches consumed in the epoch: a resumed run trains on the rest only."""
-    x, y = data(64)
+    x, y = classification_data(64)
     seen = tf.Variable(tf.zeros(64))
 
     def counting(model, opt):
@@ -106,12 +93,12 @@ def test_resuming_a_stream_skips_the_batches_already_trained_on(tmp_path):
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True)
     m = mlp()
     o = tf.keras.optimizers.SGD(0.01)
-    t = Trainer(counting(m, o), plan(), batch_size=8, progress=False, checkpoint_dir=str(tmp_path),
+    t = Trainer(counting(m, o), applied_plan(), batch_size=8, progress=False, checkpoint_dir=str(tmp_path),
                 checkpoint_objects={"m": m, "o": o})
     t.fit(ds, epochs=1, max_steps=3)
     m2 = mlp()
     o2 = tf.keras.optimizers.SGD(0.01)
-    t2 = Trainer(counting(m2, o2), plan(), batch_size=8, progress=False, checkpoint_dir=str(tmp_path),
+    t2 = Trainer(counting(m2, o2), applied_plan(), batch_size=8, progress=False, checkpoint_dir=str(tmp_path),
                  checkpoint_objects={"m": m2, "o": o2})
     r = t2.fit(ds, epochs=1, resume=True)
     assert r.steps == 8 and r.epochs_completed == 1
@@ -163,8 +150,8 @@ def test_a_per_example_loss_is_averaged_before_any_step(caplog):
     opt = tf.keras.optimizers.SGD(0.1)
     sce = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     upd = Update("model", lambda b: sce(b[1], model(b[0], training=True)), [(model.trainable_variables, opt)])
-    x, y = data(32)
-    r = Trainer([upd], plan(), batch_size=8, progress=False).fit(x, y, epochs=1)
+    x, y = classification_data(32)
+    r = Trainer([upd], applied_plan(), batch_size=8, progress=False).fit(x, y, epochs=1)
     assert r.steps == 4 and np.isfinite(r.last_losses["model"]) and np.ndim(r.last_losses["model"]) == 0
     assert "per-example losses of shape (8,); the trainer uses their mean" in caplog.text
 
@@ -174,14 +161,14 @@ def test_a_loss_that_is_not_a_float_tensor_is_refused_before_any_step():
     opt = tf.keras.optimizers.SGD(0.1)
     upd = Update("model", lambda b: tf.argmax(model(b[0]), axis=-1), [(model.trainable_variables, opt)])
     before = [v.numpy().copy() for v in model.trainable_variables]
-    t = Trainer([upd], plan(), batch_size=8, progress=False)
+    t = Trainer([upd], applied_plan(), batch_size=8, progress=False)
     with pytest.raises(TypeError, match="update 'model' returned a int64 tensor.*floating-point"):
-        t.fit(*data(32), epochs=1)
+        t.fit(*classification_data(32), epochs=1)
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.trainable_variables, strict=True))
 
 
 def test_labels_outside_the_models_classes_fail_before_training():
-    x, y = data(32)
+    x, y = classification_data(32)
     y[5] = 12
     model = mlp()
     t = trainer(model)
@@ -192,13 +179,13 @@ def test_labels_outside_the_models_classes_fail_before_training():
 
 
 def test_one_hot_labels_with_a_sparse_loss_say_how_to_fix_it():
-    x, y = data(32)
+    x, y = classification_data(32)
     with pytest.raises(ValueError, match=r"look one-hot.*np.argmax"):
         trainer(mlp()).fit(x, np.eye(3)[y])
 
 
 def test_labels_are_checked_on_the_first_batch_of_a_dataset():
-    x, y = data(32)
+    x, y = classification_data(32)
     y[:] = -1
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True)
     with pytest.raises(ValueError, match="class ids in 0..2"):
@@ -237,7 +224,7 @@ def test_mnist_files_that_cannot_be_digits_are_refused(tmp_path, override, needl
 
 
 def test_fit_once_per_epoch_copies_the_same_arrays_to_the_device_once():
-    x, y = data(64)
+    x, y = classification_data(64)
     t = trainer(mlp())
     t.fit(x, y, epochs=1)
     source = t._last_input[2]
@@ -260,45 +247,44 @@ def test_a_repeated_dataset_is_one_stream_across_epochs_as_keras_reads_it():
         seen.assign_add(tf.one_hot(tf.cast(batch[0][0, 0], tf.int32), 10))
         return base.loss_fn(batch)
 
-    t = Trainer([Update("model", loss_fn, base.groups)], plan(), batch_size=4, progress=False, steps_per_call=2)
+    t = Trainer([Update("model", loss_fn, base.groups)], applied_plan(), batch_size=4, progress=False, steps_per_call=2)
     r = t.fit(ds.repeat(), epochs=4, steps_per_epoch=3)
     assert r.steps == 12 and r.epochs_completed == 4
     assert seen.numpy().tolist() == [2, 2, 1, 1, 1, 1, 1, 1, 1, 1]  # 12 batches of 10, in order: a second pass begun
 
 
 def test_a_dataset_smaller_than_one_batch_is_refused():
-    x, y = data(5)
+    x, y = classification_data(5)
     with pytest.raises(InputError, match="yields no batch of 8.*fewer samples than one batch"):
         trainer(mlp()).fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True))
 
 
 def test_a_dataset_of_dicts_is_told_how_to_map_it_for_a_classifier():
-    x, y = data(32)
+    x, y = classification_data(32)
     ds = tf.data.Dataset.from_tensor_slices({"image": x, "label": y}).batch(8, drop_remainder=True)
     with pytest.raises(ValueError, match=r"yields dicts \(keys \['image', 'label'\]\).*dataset.map"):
         trainer(mlp()).fit(ds)
 
 
 def test_labels_as_a_list_of_numpy_scalars_train():
-    x, y = data(16)
+    x, y = classification_data(16)
     assert trainer(mlp()).fit(x, list(y), epochs=1).steps == 2
 
 
 def test_an_unbuilt_model_is_refused_with_the_fix():
     model = tf.keras.Sequential([tf.keras.layers.Dense(3)])  # no Input: no variables yet
     with pytest.raises(amp_backends.errors.AmpConfigError, match="not built yet.*keras.Input"):
-        Trainer(classifier_updates(model, tf.keras.optimizers.SGD()), plan(), batch_size=8)
+        Trainer(classifier_updates(model, tf.keras.optimizers.SGD()), applied_plan(), batch_size=8)
     x = tf.Variable(1.0)
     with pytest.raises(amp_backends.errors.AmpConfigError, match="Update 'u' has no variables to train.*keras.Input"):
-        Trainer([Update("u", lambda b: x * 0.0, [([], tf.keras.optimizers.SGD())])], plan(), batch_size=8)
+        Trainer([Update("u", lambda b: x * 0.0, [([], tf.keras.optimizers.SGD())])], applied_plan(), batch_size=8)
 
 
 def test_an_optimizer_that_scales_losses_itself_is_refused():
     model = mlp()
-    opt = amp_backends.auto_configure(verbose=False, policy="float32", loss_scale="dynamic").wrap_optimizer(
-        tf.keras.optimizers.SGD())
+    opt = applied_plan(loss_scale="dynamic").wrap_optimizer(tf.keras.optimizers.SGD())
     with pytest.raises(amp_backends.errors.AmpConfigError, match="scales losses itself.*scaled twice.*plain optimizer"):
-        Trainer(classifier_updates(model, opt), plan(), batch_size=8)
+        Trainer(classifier_updates(model, opt), applied_plan(), batch_size=8)
 
 
 def test_one_optimizer_may_serve_two_groups():
@@ -308,10 +294,10 @@ def test_one_optimizer_may_serve_two_groups():
     opt = tf.keras.optimizers.Adam(1e-2)
     upd = Update("u", lambda batch: tf.reduce_mean(tf.cast(b(a(batch[0])), tf.float32) ** 2),
                  [(a.trainable_variables, opt), (b.trainable_variables, opt)])
-    r = Trainer([upd], plan(), batch_size=8, progress=False).fit(np.ones((16, 4), np.float32), epochs=1)
+    r = Trainer([upd], applied_plan(), batch_size=8, progress=False).fit(np.ones((16, 4), np.float32), epochs=1)
     assert r.applied == {"u": 2}
 
 
 def test_resume_without_a_checkpoint_dir_is_refused():
     with pytest.raises(amp_backends.errors.AmpConfigError, match="resume=True.*no checkpoint_dir"):
-        trainer(mlp()).fit(*data(16), resume=True)
+        trainer(mlp()).fit(*classification_data(16), resume=True)

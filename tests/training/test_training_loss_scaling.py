@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import applied_plan
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
 tf = pytest.importorskip("tensorflow")
 
-import amp_backends  # noqa: E402
 from amp_backends.data import synthetic_mnist  # noqa: E402
 from amp_backends.errors import NonFiniteError  # noqa: E402
 from amp_backends.models import mnist_cnn  # noqa: E402
@@ -21,10 +21,6 @@ from amp_backends.training import (  # noqa: E402
     classifier_updates,
     mnist_batch_fn,
 )
-
-
-def plan(**kw):
-    return amp_backends.auto_configure(verbose=False, **kw)
 
 
 def test_dynamic_loss_scale_state_machine():
@@ -73,7 +69,7 @@ def poisoned(update: Update, flag: tf.Variable) -> Update:
 
 
 def test_nonfinite_steps_are_skipped_and_dynamic_recovers(tmp_path):
-    p = plan(loss_scale="dynamic")
+    p = applied_plan(policy=None, loss_scale="dynamic")
     (x, y), _ = synthetic_mnist(64, 8)
     flag = tf.Variable(True)
     m, _, t = small_classifier(p, poison=flag)
@@ -89,7 +85,7 @@ def test_nonfinite_steps_are_skipped_and_dynamic_recovers(tmp_path):
 
 
 def test_fixed_scale_stops_with_the_remedy_and_saves_finite_state(tmp_path):
-    p = plan(loss_scale="fixed:1024")
+    p = applied_plan(policy=None, loss_scale="fixed:1024")
     (x, y), _ = synthetic_mnist(128, 8)
     _, _, t = small_classifier(p, poison=tf.Variable(True), checkpoint_dir=str(tmp_path / "ck"),
                                max_consecutive_nonfinite=3)
@@ -103,7 +99,7 @@ def test_fixed_scale_stops_with_the_remedy_and_saves_finite_state(tmp_path):
 
 
 def test_nonfinite_weights_are_never_saved(tmp_path):
-    p = plan()
+    p = applied_plan(policy=None)
     m, opt, t = small_classifier(p, checkpoint_dir=str(tmp_path / "ck"))
     assert t.save().endswith("ckpt-0")
     m.trainable_variables[0].assign(tf.fill(m.trainable_variables[0].shape, np.nan))

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import applied_plan, mlp
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
 tf = pytest.importorskip("tensorflow")
 
-import amp_backends  # noqa: E402
 from amp_backends.errors import NonFiniteError  # noqa: E402
 from amp_backends.models import gan_discriminator, gan_generator  # noqa: E402
 from amp_backends.training import (  # noqa: E402
@@ -20,11 +20,6 @@ from amp_backends.training import (  # noqa: E402
     seed_everything,
     step_seed,
 )
-
-
-def plan(**kw):
-    kw.setdefault("policy", "float32")
-    return amp_backends.auto_configure(verbose=False, **kw)
 
 
 # --------------------------------------------------------------------------- sparse gradients
@@ -56,7 +51,7 @@ def test_embedding_gradients_stay_sparse_under_every_loss_scale(loss_scale):
         return tf.reduce_mean((tf.cast(head(emb(ids))[:, 0], tf.float32) - target) ** 2)
 
     upd = Update("emb", loss_fn, [(emb.trainable_variables, e_opt), (head.trainable_variables, h_opt)])
-    t = Trainer([upd], plan(loss_scale=loss_scale), batch_size=16, progress=False)
+    t = Trainer([upd], applied_plan(loss_scale=loss_scale), batch_size=16, progress=False)
     ids = np.arange(64) * 300
     before = emb.embeddings.numpy()[[0, 1]].copy()
     r = t.fit(ids, np.ones(64, np.float32), epochs=1)
@@ -83,10 +78,6 @@ def never_finite(model, opt):
     return [Update("model", lambda b: base.loss_fn(b) * np.inf, base.groups)]
 
 
-def mlp():
-    return tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
-
-
 @pytest.mark.parametrize("mode,stop_at,needle", [
     ("none", 25, "without loss scaling the loss or the forward pass itself is NaN or Inf"),
     ("dynamic", 25, "non-finite even at loss scale 1"),
@@ -94,9 +85,10 @@ def mlp():
 ])
 def test_a_model_whose_gradients_are_never_finite_stops_with_the_remedy(mode, stop_at, needle, caplog):
     caplog.set_level("INFO", logger="amp_backends.train")
-    model = mlp()
+    model = mlp(hidden=None)
     w0 = [v.numpy().copy() for v in model.weights]
-    t = Trainer(never_finite(model, tf.keras.optimizers.SGD()), plan(loss_scale=mode), batch_size=4, progress=False)
+    t = Trainer(never_finite(model, tf.keras.optimizers.SGD()), applied_plan(loss_scale=mode), batch_size=4,
+                progress=False)
     x = np.random.default_rng(0).normal(size=(400, 4)).astype("float32")
     with pytest.raises(NonFiniteError, match=needle):
         t.fit(x, np.zeros(400, int), epochs=1)
@@ -109,8 +101,8 @@ def test_dynamic_scaling_stops_only_once_its_scale_sits_at_the_floor():
     """From 2^40 the scale needs 40 halvings to reach 1: the run is not stopped while lowering it may still help."""
     from amp_backends.request import LossScale
 
-    model = mlp()
-    p = plan(loss_scale=LossScale.dynamic(initial=2.0**40))
+    model = mlp(hidden=None)
+    p = applied_plan(loss_scale=LossScale.dynamic(initial=2.0**40))
     t = Trainer(never_finite(model, tf.keras.optimizers.SGD()), p, batch_size=4, progress=False, steps_per_call=5)
     with pytest.raises(NonFiniteError, match="scale 1"):
         t.fit(np.zeros((800, 4), np.float32), np.zeros(800, int), epochs=1)
@@ -120,13 +112,13 @@ def test_dynamic_scaling_stops_only_once_its_scale_sits_at_the_floor():
 
 def test_the_summary_counts_applied_and_skipped_steps(caplog):
     caplog.set_level("INFO", logger="amp_backends.train")
-    model = mlp()
+    model = mlp(hidden=None)
     flag = tf.Variable(True)
     base = classifier_updates(model, tf.keras.optimizers.SGD(), tf.keras.losses.SparseCategoricalCrossentropy(
         from_logits=True))[0]
     upd = Update("model", lambda b: tf.cond(flag, lambda: base.loss_fn(b) * np.inf, lambda: base.loss_fn(b)),
                  base.groups)
-    t = Trainer([upd], plan(loss_scale="dynamic"), batch_size=4, progress=False)
+    t = Trainer([upd], applied_plan(loss_scale="dynamic"), batch_size=4, progress=False)
     t.fit(np.zeros((12, 4), np.float32), np.zeros(12, int), epochs=1)
     flag.assign(False)
     r = t.fit(np.zeros((12, 4), np.float32), np.zeros(12, int), epochs=3)
@@ -144,7 +136,8 @@ def train_mnist_like(seed, steps=4):
     opt = tf.keras.optimizers.Adam(1e-3)
     rng = np.random.default_rng(0)
     x, y = rng.integers(0, 256, (64, 28, 28)).astype(np.uint8), rng.integers(0, 10, 64)
-    t = Trainer(classifier_updates(m, opt), plan(), batch_size=16, batch_fn=mnist_batch_fn, progress=False, seed=seed)
+    t = Trainer(classifier_updates(m, opt), applied_plan(), batch_size=16, batch_fn=mnist_batch_fn, progress=False,
+                seed=seed)
     return [h["model"] for h in t.fit(x, y, epochs=1, max_steps=steps).history]
 
 
@@ -158,7 +151,7 @@ def train_gan(seed, batch=8):
     g, d = gan_generator(), gan_discriminator()
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, (16, 28, 28)).astype(np.uint8)  # two steps: the noise of each is drawn from the seed
-    t = Trainer(gan_updates(g, d, tf.keras.optimizers.Adam(1e-3), tf.keras.optimizers.RMSprop(1e-4)), plan(),
+    t = Trainer(gan_updates(g, d, tf.keras.optimizers.Adam(1e-3), tf.keras.optimizers.RMSprop(1e-4)), applied_plan(),
                 batch_size=batch, batch_fn=mnist_batch_fn, progress=False, seed=seed, check_models=False)
     return [(h["generator"], h["discriminator"]) for h in t.fit(x, None, epochs=1).history]
 
@@ -179,7 +172,7 @@ def test_step_seeds_differ_per_step_and_salt_and_exist_only_inside_a_step():
         seeds[i].assign(tf.stack([step_seed(1), step_seed(2)]))
         return tf.reduce_mean(v * 0.0)
 
-    Trainer([Update("u", recording, [([v], tf.keras.optimizers.SGD())])], plan(), batch_size=1, progress=False,
+    Trainer([Update("u", recording, [([v], tf.keras.optimizers.SGD())])], applied_plan(), batch_size=1, progress=False,
             seed=9).fit(np.zeros((4, 1), np.float32), epochs=1)
     s = seeds.numpy()
     assert len({tuple(s[i, j]) for i in range(4) for j in range(2)}) == 8  # every step and salt distinct
@@ -199,9 +192,9 @@ def test_deterministic_ops_can_be_switched_on():
 
 # --------------------------------------------------------------------------- full calls
 def counting_trainer(**kw):
-    model = mlp()
+    model = mlp(hidden=None)
     return Trainer(classifier_updates(model, tf.keras.optimizers.SGD(), tf.keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True)), plan(), batch_size=4, progress=False, **kw)
+        from_logits=True)), applied_plan(), batch_size=4, progress=False, **kw)
 
 
 def test_checkpoints_every_10_steps_keep_16_step_calls_full(tmp_path, caplog):
@@ -223,9 +216,9 @@ def test_an_epochs_remainder_is_one_more_compiled_size_when_steps_are_unrolled()
 @pytest.mark.parametrize("xla", ["off", "on"])
 def test_looped_calls_take_any_length_with_one_compiled_function(xla):
     """Calls of 4, 2 and 1 steps share one function whose shapes do not change: XLA compiles it once too."""
-    model = mlp()
+    model = mlp(hidden=None)
     t = Trainer(classifier_updates(model, tf.keras.optimizers.SGD(), tf.keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True)), plan(xla=xla), batch_size=4, progress=False, steps_per_call=4, unroll_steps=False)
+        from_logits=True)), applied_plan(xla=xla), batch_size=4, progress=False, steps_per_call=4, unroll_steps=False)
     r = t.fit(np.zeros((40, 4), np.float32), np.zeros(40, int), epochs=2, max_steps=19)
     assert [h["step"] for h in r.history] == [4, 8, 10, 14, 18, 19]
     (fn,) = t.program._calls.values()
@@ -258,7 +251,7 @@ def test_float8_layers_train_and_their_scales_are_not_unscaled():
         model.layers[1].quantize("float8")
         opt = tf.keras.optimizers.SGD(0.01)
         t = Trainer(classifier_updates(model, opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)),
-                    plan(loss_scale=mode), batch_size=8, progress=False)
+                    applied_plan(loss_scale=mode), batch_size=8, progress=False)
         rng = np.random.default_rng(0)
         r = t.fit(rng.normal(size=(64, 16)).astype("float32"), rng.integers(0, 4, 64), epochs=1)
         assert r.skipped == {"model": 0} and all(np.isfinite(h["model"]) for h in r.history)
@@ -275,7 +268,7 @@ def test_float8_layers_train_and_their_scales_are_not_unscaled():
 # --------------------------------------------------------------------------- the precision check at start
 def test_the_trainer_logs_the_precision_check_of_its_models_once(caplog):
     caplog.set_level("INFO", logger="amp_backends.train")
-    p = plan(policy="mixed_bfloat16", force=True)
+    p = applied_plan(policy="mixed_bfloat16", force=True)
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(16, activation="relu"),
                                  tf.keras.layers.Dense(3, activation="softmax")])  # a bfloat16 softmax: wrong
     opt = tf.keras.optimizers.SGD(0.1)
@@ -296,7 +289,7 @@ def test_a_skipped_step_leaves_no_nan_in_batchnorm_statistics(tmp_path):
                                  tf.keras.layers.Dense(3)])
     opt = tf.keras.optimizers.SGD(0.1)
     t = Trainer(classifier_updates(model, opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)),
-                plan(), batch_size=4, progress=False, checkpoint_dir=str(tmp_path),
+                applied_plan(), batch_size=4, progress=False, checkpoint_dir=str(tmp_path),
                 checkpoint_objects={"model": model, "optimizer": opt})
     x = np.ones((16, 4), np.float32)
     x[1, 0] = np.inf  # one bad input in the first batch
@@ -309,8 +302,8 @@ def test_a_skipped_step_leaves_no_nan_in_batchnorm_statistics(tmp_path):
 def test_non_finite_statistics_are_never_saved(tmp_path):
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.BatchNormalization(), tf.keras.layers.Dense(3)])
     opt = tf.keras.optimizers.SGD(0.1)
-    t = Trainer(classifier_updates(model, opt), plan(), batch_size=4, progress=False, checkpoint_dir=str(tmp_path),
-                checkpoint_objects={"model": model, "optimizer": opt})
+    t = Trainer(classifier_updates(model, opt), applied_plan(), batch_size=4, progress=False,
+                checkpoint_dir=str(tmp_path), checkpoint_objects={"model": model, "optimizer": opt})
     bn = model.layers[0]
     bn.moving_mean.assign(tf.fill(bn.moving_mean.shape, np.nan))  # not trainable, still a weight
     with pytest.raises(NonFiniteError, match="NaN or Inf"):
@@ -319,7 +312,7 @@ def test_non_finite_statistics_are_never_saved(tmp_path):
 
 def test_seed_everything_seeds_the_trainers_made_afterwards():
     seed_everything(7)
-    t = Trainer(classifier_updates(mlp(), tf.keras.optimizers.SGD()), plan(), batch_size=4)
-    assert t.seed == 7 and Trainer(classifier_updates(mlp(), tf.keras.optimizers.SGD()), plan(), batch_size=4,
-                                   seed=3).seed == 3
+    t = Trainer(classifier_updates(mlp(hidden=None), tf.keras.optimizers.SGD()), applied_plan(), batch_size=4)
+    assert t.seed == 7 and Trainer(classifier_updates(mlp(hidden=None), tf.keras.optimizers.SGD()), applied_plan(),
+                                   batch_size=4, seed=3).seed == 3
     seed_everything(0)

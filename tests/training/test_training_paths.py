@@ -10,37 +10,28 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import applied_plan, classification_data, mlp
 
 pytestmark = pytest.mark.tensorflow
 tf = pytest.importorskip("tensorflow")
 
-import amp_backends  # noqa: E402
 from amp_backends import autotune  # noqa: E402
 from amp_backends.data import load_mnist  # noqa: E402
 from amp_backends.training import Trainer, classifier_updates, run_directory  # noqa: E402
 
 
-def plan():
-    return amp_backends.auto_configure(verbose=False, policy="float32")
-
-
 def trainer(checkpoint_dir, logdir=None):
-    m = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
+    m = mlp(hidden=None)
     opt = tf.keras.optimizers.SGD(0.1)
-    return Trainer(classifier_updates(m, opt), plan(), batch_size=8, checkpoint_objects={"m": m, "opt": opt},
+    return Trainer(classifier_updates(m, opt), applied_plan(), batch_size=8, checkpoint_objects={"m": m, "opt": opt},
                    checkpoint_dir=checkpoint_dir, logdir=logdir, progress=False, check_models=False)
-
-
-def data():
-    rng = np.random.default_rng(0)
-    return rng.normal(size=(32, 4)).astype("float32"), rng.integers(0, 3, 32)
 
 
 @pytest.mark.intel
 def test_a_relative_checkpoint_dir_resumes_in_the_same_and_from_another_working_directory(tmp_path, monkeypatch):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    x, y = data()
+    x, y = classification_data(32)
     monkeypatch.chdir(tmp_path / "a")
     first = trainer("rel/checkpoints", logdir="rel")
     assert first.fit(x, y, max_steps=2).steps == 2
@@ -58,7 +49,7 @@ def test_a_relative_checkpoint_dir_resumes_in_the_same_and_from_another_working_
 @pytest.mark.intel
 def test_a_trainer_keeps_writing_where_it_started_when_the_working_directory_changes(tmp_path, monkeypatch):
     (tmp_path / "a").mkdir()
-    x, y = data()
+    x, y = classification_data(32)
     monkeypatch.chdir(tmp_path / "a")
     t = trainer("rel/checkpoints", logdir="rel")
     t.fit(x, y, max_steps=1)

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from helpers import applied_plan, classification_data, mlp
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
 tf = pytest.importorskip("tensorflow")
@@ -21,37 +22,27 @@ from amp_backends.training import Trainer, Update, classifier_updates, gan_updat
 from amp_backends.training.precision import trained_models  # noqa: E402
 
 
-def mlp():
-    return tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(64, activation="relu"),
-                                tf.keras.layers.Dense(3)])
-
-
-def data(n=64):
-    rng = np.random.default_rng(0)
-    return rng.normal(size=(n, 4)).astype("float32"), rng.integers(0, 3, n)
-
-
 def train(model, p, x, y, **kw):
     t = Trainer(classifier_updates(model, tf.keras.optimizers.SGD(0.1)), p, batch_size=16, progress=False, **kw)
     return t.fit(x, y, max_steps=1)
 
 
 def test_a_model_built_before_auto_configure_is_said_plainly(caplog):
-    model = mlp()  # built under float32: before the plan's policy is set
+    model = mlp(hidden=64)  # built under float32: before the plan's policy is set
     p = amp_backends.auto_configure(verbose=False, policy="mixed_bfloat16", force=True)
     caplog.set_level(logging.INFO, logger="amp_backends.train")
     with pytest.warns(AmpWarning, match=r"computes in float32 under the plan's mixed_bfloat16.*build it after "
                                         r"auto_configure\(\)"):
-        train(model, p, *data())  # not among checkpoint_objects: the trainer finds it through its update
+        train(model, p, *classification_data())  # not among checkpoint_objects: the trainer finds it through its update
     assert any(r.levelno == logging.WARNING and "build it after auto_configure()" in r.message for r in caplog.records)
 
 
 def test_a_model_built_after_auto_configure_is_not_flagged():
     p = amp_backends.auto_configure(verbose=False, policy="mixed_bfloat16", force=True)
-    model = mlp()
+    model = mlp(hidden=64)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        train(model, p, *data())
+        train(model, p, *classification_data())
     assert not [w for w in seen if "build it after" in str(w.message)]
 
 
@@ -70,7 +61,7 @@ class Recorder:
 def test_the_check_is_given_the_batch_the_model_is_trained_on(monkeypatch):
     rec = Recorder()
     monkeypatch.setattr(model_check, "check_model", rec)
-    p = amp_backends.auto_configure(verbose=False, policy="float32")
+    p = applied_plan()
     (x, y), _ = synthetic_mnist(64, 8)
     model = mnist_cnn()
     Trainer(classifier_updates(model, tf.keras.optimizers.SGD(0.1)), p, batch_size=16, batch_fn=mnist_batch_fn,
@@ -80,8 +71,8 @@ def test_the_check_is_given_the_batch_the_model_is_trained_on(monkeypatch):
     assert tuple(inputs.shape) == (16, 28, 28, 1) and inputs.dtype == tf.float32  # after the batch function
     # a dataset: the x part of its first batch
     rec.calls.clear()
-    ds = tf.data.Dataset.from_tensor_slices(data()).batch(8, drop_remainder=True)
-    model = mlp()
+    ds = tf.data.Dataset.from_tensor_slices(classification_data()).batch(8, drop_remainder=True)
+    model = mlp(hidden=64)
     Trainer(classifier_updates(model, tf.keras.optimizers.SGD(0.1)), p, batch_size=8, progress=False).fit(
         ds, max_steps=1)
     (_, batch, inputs), = rec.calls
@@ -91,14 +82,14 @@ def test_the_check_is_given_the_batch_the_model_is_trained_on(monkeypatch):
 def test_the_check_runs_without_inputs_where_check_model_does_not_take_them(monkeypatch):
     rec = Recorder(with_inputs=False)
     monkeypatch.setattr(model_check, "check_model", rec)
-    train(mlp(), amp_backends.auto_configure(verbose=False, policy="float32"), *data())
+    train(mlp(hidden=64), applied_plan(), *classification_data())
     assert [c[2] for c in rec.calls] == [None]
 
 
 def test_the_gan_checks_both_models_and_gives_the_images_to_neither_generator(monkeypatch):
     rec = Recorder()
     monkeypatch.setattr(model_check, "check_model", rec)
-    p = amp_backends.auto_configure(verbose=False, policy="float32")
+    p = applied_plan()
     (x, _), _ = synthetic_mnist(32, 8)
     g, d = gan_generator(), gan_discriminator()
     Trainer(gan_updates(g, d, tf.keras.optimizers.Adam(), tf.keras.optimizers.Adam()), p, batch_size=16,
@@ -113,13 +104,13 @@ def test_warnings_of_the_check_are_logged_as_warnings_and_raised_as_amp_warnings
     monkeypatch.setattr(model_check, "check_model", Recorder(findings=[finding]))
     caplog.set_level(logging.INFO, logger="amp_backends.train")
     with pytest.warns(AmpWarning, match="not a multiple of 8"):
-        train(mlp(), amp_backends.auto_configure(verbose=False, policy="float32"), *data())
+        train(mlp(hidden=64), applied_plan(), *classification_data())
     levels = {r.message.split(": ", 1)[-1][:9]: r.levelno for r in caplog.records if "multiple of 8" in r.message}
     assert list(levels.values()) == [logging.WARNING]
 
 
 def test_the_models_are_found_through_the_updates():
-    a, b = mlp(), mlp()
+    a, b = mlp(hidden=64), mlp(hidden=64)
     outer = tf.keras.Sequential([tf.keras.Input((4,)), a])
     opt = tf.keras.optimizers.SGD()
 
@@ -131,7 +122,7 @@ def test_the_models_are_found_through_the_updates():
     ups = [Update("a", lambda batch: tf.reduce_mean(outer(batch[0])), [(a.trainable_variables, opt)]),
            Update("b", lambda batch: tf.reduce_mean(holder.net(batch[0])), [(b.trainable_variables, opt)])]
     assert [m.name for m in trained_models(ups, None)] == [outer.name, b.name]
-    assert trained_models(ups[:1], {"other": mlp()}) == [outer]  # a model training nothing here is not checked
+    assert trained_models(ups[:1], {"other": mlp(hidden=64)}) == [outer]  # a model training nothing here is not checked
 
 
 def test_a_classifier_head_holding_most_weights_is_not_called_built_before_the_plan():

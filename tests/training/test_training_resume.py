@@ -9,9 +9,9 @@ import signal
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 from conftest import NEUTRAL_CWD
+from helpers import applied_plan, classification_data, mlp
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
 tf = pytest.importorskip("tensorflow")
@@ -21,20 +21,11 @@ from amp_backends.errors import CheckpointError, CheckpointMismatchError, InputE
 from amp_backends.training import Trainer, classifier_updates  # noqa: E402
 
 
-def plan(**kw):
-    return amp_backends.auto_configure(verbose=False, policy="float32", **kw)
-
-
-def data(n=32):
-    rng = np.random.default_rng(0)
-    return rng.normal(size=(n, 4)).astype("float32"), rng.integers(0, 3, n)
-
-
 def trainer(directory, the_plan=None, logdir=None, **kw):
-    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
+    model = mlp(hidden=None)
     opt = tf.keras.optimizers.SGD(0.1)
     return Trainer(classifier_updates(model, opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)),
-                   the_plan or plan(), batch_size=8, checkpoint_objects={"model": model, "optimizer": opt},
+                   the_plan or applied_plan(), batch_size=8, checkpoint_objects={"model": model, "optimizer": opt},
                    checkpoint_dir=str(directory), logdir=logdir, progress=False, check_models=False, **kw)
 
 
@@ -43,9 +34,9 @@ def trainer(directory, the_plan=None, logdir=None, **kw):
 def test_a_run_without_loss_scaling_resumed_under_dynamic_scaling_starts_at_the_plans_scale(tmp_path, caplog):
     """As a bfloat16 run prepared on a CPU, continued under float16 on a GPU: not at scale 1 for 2000 steps."""
     caplog.set_level("INFO", logger="amp_backends.train")
-    trainer(tmp_path).fit(*data(), max_steps=2)
-    t = trainer(tmp_path, plan(loss_scale="dynamic"))
-    r = t.fit(*data(), max_steps=3, resume=True)
+    trainer(tmp_path).fit(*classification_data(32), max_steps=2)
+    t = trainer(tmp_path, applied_plan(loss_scale="dynamic"))
+    r = t.fit(*classification_data(32), max_steps=3, resume=True)
     assert t.scalers["model"].current == 2.0**15 and r.steps == 3
     assert ("The checkpoint was written without loss scaling; this plan's loss scaling is dynamic (initial 32768, "
             "growth every 2000 steps): 'model' starts at scale 32768, as a new run does, not at the restored 1."
@@ -55,15 +46,15 @@ def test_a_run_without_loss_scaling_resumed_under_dynamic_scaling_starts_at_the_
 @pytest.mark.filterwarnings("ignore:loss_scale=dynamic with float32")
 def test_a_dynamic_scale_resumed_under_no_scaling_is_dropped_and_the_same_scaling_continues(tmp_path, caplog):
     caplog.set_level("INFO", logger="amp_backends.train")
-    first = trainer(tmp_path, plan(loss_scale="dynamic"))
-    first.fit(*data(), max_steps=2)
+    first = trainer(tmp_path, applied_plan(loss_scale="dynamic"))
+    first.fit(*classification_data(32), max_steps=2)
     first.scalers["model"].scale_var.assign(1024.0)  # as after overflows halved it
     first.save()
-    again = trainer(tmp_path, plan(loss_scale="dynamic"))
-    again.fit(*data(), max_steps=3, resume=True)
+    again = trainer(tmp_path, applied_plan(loss_scale="dynamic"))
+    again.fit(*classification_data(32), max_steps=3, resume=True)
     assert again.scalers["model"].current == 1024.0 and "loss scaling;" not in caplog.text  # the same: continued
     plain = trainer(tmp_path)
-    plain.fit(*data(), max_steps=4, resume=True)
+    plain.fit(*classification_data(32), max_steps=4, resume=True)
     assert plain.scalers["model"].current == 1.0
     assert ("The checkpoint was written with dynamic loss scaling; this plan scales no losses: the restored scale 1024 "
             "of 'model' is dropped." in caplog.text)
@@ -71,19 +62,19 @@ def test_a_dynamic_scale_resumed_under_no_scaling_is_dropped_and_the_same_scalin
 
 # --------------------------------------------------------------------------- seed
 def test_resuming_with_another_seed_is_refused_naming_both_and_the_fix(tmp_path):
-    trainer(tmp_path, seed=0).fit(*data(), max_steps=2)
+    trainer(tmp_path, seed=0).fit(*classification_data(32), max_steps=2)
     with pytest.raises(CheckpointMismatchError) as err:
-        trainer(tmp_path, seed=7).fit(*data(), max_steps=3, resume=True)
+        trainer(tmp_path, seed=7).fit(*classification_data(32), max_steps=3, resume=True)
     text = str(err.value)
     assert "written by a run with seed 0; this trainer's seed is 7" in text
     assert "Fix: resume with seed=0 (on the command line: leave --seed out" in text
-    assert trainer(tmp_path, seed=0).fit(*data(), max_steps=3, resume=True).steps == 3
+    assert trainer(tmp_path, seed=0).fit(*classification_data(32), max_steps=3, resume=True).steps == 3
 
 
 def test_the_examples_follow_a_resumed_runs_seed_and_refuse_another(tmp_path):
     from amp_backends.examples.run import RunOptions, choose_run
 
-    trainer(tmp_path / "version_0" / "checkpoints", seed=3).fit(*data(), max_steps=1)
+    trainer(tmp_path / "version_0" / "checkpoints", seed=3).fit(*classification_data(32), max_steps=1)
     opts, run = choose_run(RunOptions(logdir=str(tmp_path), resume=True), None)
     assert opts.seed == 3 and run.resumed and run.path == tmp_path / "version_0"
     assert choose_run(RunOptions(logdir=str(tmp_path), resume=True, seed=3), None)[0].seed == 3
@@ -96,18 +87,18 @@ def test_the_examples_follow_a_resumed_runs_seed_and_refuse_another(tmp_path):
 # --------------------------------------------------------------------------- nothing left to train
 def test_a_run_already_past_max_steps_or_epochs_trains_nothing_and_says_what_to_pass(tmp_path, caplog):
     caplog.set_level("WARNING", logger="amp_backends.train")
-    trainer(tmp_path).fit(*data(), epochs=5, max_steps=8)  # 4 steps an epoch: 2 epochs
-    r = trainer(tmp_path).fit(*data(), epochs=5, max_steps=4, resume=True)
+    trainer(tmp_path).fit(*classification_data(32), epochs=5, max_steps=8)  # 4 steps an epoch: 2 epochs
+    r = trainer(tmp_path).fit(*classification_data(32), epochs=5, max_steps=4, resume=True)
     assert r.steps == 8 and not r.history
     assert ("Nothing to train: the run is already at global step 8, past max_steps=4 (--max-steps: the steps of the "
             "whole run, resumed ones included). Fix: to train further, pass a max_steps above 8, such as 16."
             in caplog.text)
     caplog.clear()
-    trainer(tmp_path).fit(*data(), epochs=2, resume=True)
+    trainer(tmp_path).fit(*classification_data(32), epochs=2, resume=True)
     assert "the run has already completed 2 epochs, and epochs=2 (--epochs)" in caplog.text
     assert "pass epochs above 2, such as 3" in caplog.text
     caplog.clear()
-    assert trainer(tmp_path).fit(*data(), epochs=5, max_steps=10, resume=True).steps == 10
+    assert trainer(tmp_path).fit(*classification_data(32), epochs=5, max_steps=10, resume=True).steps == 10
     assert "Nothing" not in caplog.text
 
 
@@ -126,25 +117,27 @@ def hold_in_another_process(folder):
 @pytest.mark.parametrize("resume", [True, False])
 def test_a_second_run_in_a_checkpoint_folder_is_refused_until_the_first_ends_even_killed(tmp_path, resume):
     if resume:
-        trainer(tmp_path).fit(*data(), max_steps=2)
+        trainer(tmp_path).fit(*classification_data(32), max_steps=2)
     holder = hold_in_another_process(tmp_path)
     try:
         with pytest.raises(CheckpointError) as err:
-            trainer(tmp_path).fit(*data(), max_steps=3, resume=resume)
+            trainer(tmp_path).fit(*classification_data(32), max_steps=3, resume=resume)
         text = str(err.value)
         assert f"Another run is training in {str(tmp_path)!r} now (process {holder.pid} on " in text
         assert "Fix: wait for that run to end (or stop it)" in text and "another --logdir" in text
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=30)
-    assert trainer(tmp_path).fit(*data(), max_steps=3, resume=resume).steps == 3  # the OS released the lock
+    # the OS released the lock
+    assert trainer(tmp_path).fit(*classification_data(32), max_steps=3, resume=resume).steps == 3
 
 
 def test_the_same_process_trains_one_folder_run_after_run(tmp_path):
     first = trainer(tmp_path)
-    first.fit(*data(), max_steps=2)
-    assert trainer(tmp_path).fit(*data(), max_steps=3, resume=True).steps == 3
-    assert first.fit(*data(), max_steps=4).steps == 4  # the first trainer holds nothing between its fits
+    first.fit(*classification_data(32), max_steps=2)
+    assert trainer(tmp_path).fit(*classification_data(32), max_steps=3, resume=True).steps == 3
+    # the first trainer holds nothing between its fits
+    assert first.fit(*classification_data(32), max_steps=4).steps == 4
 
 
 # --------------------------------------------------------------------------- no folder left by a failed start
@@ -153,13 +146,13 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_folder(tmp_path):
     t = trainer(run / "checkpoints", logdir=str(run))
     assert not (tmp_path / "runs").exists()
     with pytest.raises(InputError, match="fewer than one batch"):
-        t.fit(*data(4), max_steps=1)
+        t.fit(*classification_data(4), max_steps=1)
     assert not (tmp_path / "runs").exists()
 
     with pytest.raises(Exception, match="broken at its first step"):
-        broken_trainer(run / "checkpoints", logdir=str(run)).fit(*data(), max_steps=1)
+        broken_trainer(run / "checkpoints", logdir=str(run)).fit(*classification_data(32), max_steps=1)
     assert not (tmp_path / "runs").exists()
-    trainer(run / "checkpoints", logdir=str(run)).fit(*data(), max_steps=1)
+    trainer(run / "checkpoints", logdir=str(run)).fit(*classification_data(32), max_steps=1)
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "train"]
 
 
@@ -169,18 +162,18 @@ def broken_trainer(directory, logdir=None):
             raise ValueError("broken at its first step")
 
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3), Broken()])
-    return Trainer(classifier_updates(model, tf.keras.optimizers.SGD(0.1)), plan(), batch_size=8,
+    return Trainer(classifier_updates(model, tf.keras.optimizers.SGD(0.1)), applied_plan(), batch_size=8,
                    checkpoint_dir=str(directory), logdir=logdir, progress=False, check_models=False)
 
 
 def test_a_folder_that_existed_stays_as_it_was(tmp_path):
     (tmp_path / "mine").mkdir()
     with pytest.raises(Exception, match="broken at its first step"):
-        broken_trainer(tmp_path / "mine").fit(*data(), max_steps=1)
+        broken_trainer(tmp_path / "mine").fit(*classification_data(32), max_steps=1)
     assert (tmp_path / "mine").is_dir() and list((tmp_path / "mine").iterdir()) == []
-    trainer(tmp_path / "mine").fit(*data(), max_steps=1)
+    trainer(tmp_path / "mine").fit(*classification_data(32), max_steps=1)
     with pytest.raises(CheckpointError, match="holds the checkpoints of an earlier run"):
-        trainer(tmp_path / "mine").fit(*data(), max_steps=1)
+        trainer(tmp_path / "mine").fit(*classification_data(32), max_steps=1)
     assert (tmp_path / "mine" / "ckpt-1.index").exists()
 
 

@@ -4,23 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import applied_plan
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
 tf = pytest.importorskip("tensorflow")
 
-import amp_backends  # noqa: E402
 from amp_backends.data import synthetic_mnist  # noqa: E402
 from amp_backends.models import gan_discriminator, gan_generator  # noqa: E402
 from amp_backends.training import Trainer, Update, gan_updates, mnist_batch_fn  # noqa: E402
 
 
-def plan(**kw):
-    return amp_backends.auto_configure(verbose=False, **kw)
-
-
 def test_several_variable_groups_and_optimizers_in_one_update():
     """As SparseOperationKit does: embedding and dense variables from one scaled loss, two optimizers."""
-    p = plan(loss_scale="dynamic")
+    p = applied_plan(policy=None, loss_scale="dynamic")
     emb = tf.keras.layers.Embedding(50, 8)
     dense = tf.keras.layers.Dense(1)
     emb.build((None,))
@@ -43,7 +39,7 @@ def test_several_variable_groups_and_optimizers_in_one_update():
 
 
 def test_gan_trains_with_two_optimizers_and_two_scales():
-    p = plan(loss_scale="dynamic")
+    p = applied_plan(policy=None, loss_scale="dynamic")
     (x, _), _ = synthetic_mnist(64, 8)
     g, d = gan_generator(), gan_discriminator()
     go, do = tf.keras.optimizers.Adam(1e-3), tf.keras.optimizers.RMSprop(1e-4)

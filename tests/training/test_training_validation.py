@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import NEUTRAL_CWD, SCRIPTS
+from helpers import applied_plan, mlp
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
 tf = pytest.importorskip("tensorflow")
@@ -23,28 +24,17 @@ from amp_backends.training import Trainer, classifier_updates, gan_updates  # no
 
 
 
-def plan():
-    return amp_backends.auto_configure(verbose=False, policy="float32")
-
-
 def data(n, seed=0):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n, 6)).astype("float32")
     return x, (x[:, 0] + 0.5 * x[:, 1] > 0).astype("int64") + (x[:, 2] > 1).astype("int64")
 
 
-def model(dropout=0.0):
-    layers = [tf.keras.Input((6,)), tf.keras.layers.Dense(16, activation="relu")]
-    if dropout:
-        layers.append(tf.keras.layers.Dropout(dropout))
-    return tf.keras.Sequential([*layers, tf.keras.layers.Dense(3, activation="softmax")])
-
-
 def trainer(m=None, lr=0.01, **kw):
     amp_backends.seed_everything(0)
-    m = m or model()
+    m = m or mlp(6, hidden=16, activation="softmax")
     kw.setdefault("progress", False)
-    return Trainer(classifier_updates(m, tf.keras.optimizers.Adam(lr)), plan(), batch_size=16, seed=0,
+    return Trainer(classifier_updates(m, tf.keras.optimizers.Adam(lr)), applied_plan(), batch_size=16, seed=0,
                    check_models=False, **kw), m
 
 
@@ -91,8 +81,8 @@ def run_history(tmp_path, name, stops, epochs=4):
     result = None
     for i, stop in enumerate([*stops, None]):
         amp_backends.seed_everything(0)
-        t, _ = trainer(model(dropout=0.3), metrics=["accuracy"], keep_best="val_accuracy", patience=10,
-                       checkpoint_dir=str(tmp_path / name))
+        t, _ = trainer(mlp(6, hidden=16, dropout=0.3, activation="softmax"), metrics=["accuracy"],
+                       keep_best="val_accuracy", patience=10, checkpoint_dir=str(tmp_path / name))
         result = t.fit(x, y, epochs=epochs, max_steps=stop, validation_data=(xv, yv), resume=i > 0)
     return result
 
@@ -168,10 +158,10 @@ def test_learning_rate_schedule_resumes_exactly(tmp_path):
     def run(stops):
         for i, stop in enumerate([*stops, None]):
             amp_backends.seed_everything(0)
-            m = model()
+            m = mlp(6, hidden=16, activation="softmax")
             lr = tf.keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=3, decay_rate=0.5)
             opt = tf.keras.optimizers.SGD(lr)
-            t = Trainer(classifier_updates(m, opt), plan(), batch_size=16, seed=0, progress=False,
+            t = Trainer(classifier_updates(m, opt), applied_plan(), batch_size=16, seed=0, progress=False,
                         check_models=False, checkpoint_dir=str(tmp_path / str(len(stops))))
             t.fit(*data(64), epochs=3, max_steps=stop, resume=i > 0)
         return [v.numpy() for v in m.trainable_variables], float(opt.learning_rate.numpy()), int(opt.iterations)
@@ -220,8 +210,8 @@ def test_updates_without_a_model_to_evaluate_say_so():
     d = tf.keras.Sequential([tf.keras.Input((28, 28, 1)), tf.keras.layers.Flatten(), tf.keras.layers.Dense(1)])
     updates = gan_updates(g, d, tf.keras.optimizers.Adam(), tf.keras.optimizers.Adam())
     with pytest.raises(AmpConfigError, match="Update.evaluation is not set"):
-        Trainer(updates, plan(), batch_size=8, metrics=["accuracy"])
-    t = Trainer(updates, plan(), batch_size=8, progress=False, check_models=False)
+        Trainer(updates, applied_plan(), batch_size=8, metrics=["accuracy"])
+    t = Trainer(updates, applied_plan(), batch_size=8, progress=False, check_models=False)
     with pytest.raises(AmpConfigError, match="the GAN's updates have no labels"):
         t.evaluate(np.zeros((8, 28, 28, 1), "float32"), np.zeros(8))
     result = t.fit(np.zeros((16, 28, 28, 1), "float32"), epochs=1)  # its per-epoch history: each update's loss
@@ -283,12 +273,12 @@ def test_accuracy_follows_the_shapes_as_keras_compile_decides(case):
         m = tf.keras.Sequential([tf.keras.Input((6,)), tf.keras.layers.Dense(1, activation="sigmoid")])
         loss = "binary_crossentropy"
     else:
-        m = model()
+        m = mlp(6, hidden=16, activation="softmax")
         loss = (lambda a, b: tf.keras.losses.sparse_categorical_crossentropy(a, b)) if case == "sparse function" \
             else tf.keras.losses.CategoricalCrossentropy()
         y = y if case == "sparse function" else np.eye(3, dtype="float32")[y]
-    t = Trainer(classifier_updates(m, tf.keras.optimizers.Adam(0.01), loss), plan(), batch_size=8, progress=False,
-                check_models=False, metrics=["accuracy"])
+    t = Trainer(classifier_updates(m, tf.keras.optimizers.Adam(0.01), loss), applied_plan(), batch_size=8,
+                progress=False, check_models=False, metrics=["accuracy"])
     t.fit(x, y, epochs=1)  # trains: a (N,) label against a (N, 1) sigmoid is brought to its rank, as Keras does
     probs = t.predict(x)
     labels = y.argmax(-1) if y.ndim == 2 else y
@@ -315,7 +305,7 @@ def test_metrics_by_name_for_a_model_of_several_outputs_are_refused_with_the_fix
     updates = classifier_updates(m, tf.keras.optimizers.Adam(),
                                  lambda y, p: tf.keras.losses.sparse_categorical_crossentropy(y["a"], p["a"]))
     with pytest.raises(AmpConfigError, match="has 2 outputs, and the metrics \\['accuracy'\\]"):
-        Trainer(updates, plan(), batch_size=8, metrics=["accuracy"])
+        Trainer(updates, applied_plan(), batch_size=8, metrics=["accuracy"])
 
 
 # ------------------------------------------------------------------ the layer plan in force before fit
@@ -329,7 +319,8 @@ def _bf16_run(first):
         warnings.simplefilter("ignore")
         p = amp_backends.auto_configure(verbose=False, policy="mixed_bfloat16", force=True)
     amp_backends.seed_everything(0)
-    m = model()  # built under mixed_bfloat16: the head computes in bfloat16 until the layer plan applies
+    # built under mixed_bfloat16: the head computes in bfloat16 until the layer plan applies
+    m = mlp(6, hidden=16, activation="softmax")
     t = Trainer(classifier_updates(m, tf.keras.optimizers.Adam(0.01)), p, batch_size=16, seed=0, check_models=False,
                 progress=False, metrics=["accuracy"])
     x, y = data(96)
