@@ -558,7 +558,7 @@ def test_the_plan_names_each_peer_measured_on_this_cpu_kind_as_rejected_with_the
 
 def test_a_rejected_peer_carries_the_measurements_it_quotes_into_the_plans_json(registry):
     """The figures a peer's rejection quotes are the plan's data too: file, machine and run beside each value."""
-    p = plan(_catalogue_cpu("sapphire-rapids", **XEON_AMX_KVM), registry)
+    p = plan_of(_catalogue_cpu("sapphire-rapids", **XEON_AMX_KVM), registry)
     medians = _zoo_medians("zoo-xeon-amx/peers/zoo.json")
     rejected = {r["value"]: r for r in json.loads(p.to_json())["rejected"] if r["setting"] == "peer"}
     assert set(rejected) == {"fp32 oneDNN-off", "fp32 grappler-bf16"}
