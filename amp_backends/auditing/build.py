@@ -35,9 +35,7 @@ def entries_from_records(records: Iterable[KernelRecord], layers: Sequence[Layer
         found = (match_ops(r, step) or match(r, layers)) if r.shape else []
         return tuple(found or match_op_name(r.op, layers))
 
-    return [Entry(kind=r.kind, dtype=r.dtype, unit=r.unit, time_ms=r.time_ms, compute=r.compute, reorder=r.reorder,
-                  layers=owners(r), matrix_unit=r.matrix_unit, emulated=r.emulated, problem=r.problem)
-            for r in records]
+    return [Entry.of(r, owners(r)) for r in records]
 
 
 def from_reading(reading: KernelReading, doc: Mapping[str, Any]) -> Audit:

@@ -18,28 +18,27 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+from ..kernel_audit import KernelRecord
 
 SCHEMA_VERSION = 1
 REDUCED = ("bfloat16", "float16", "float8", "int8", "tfloat32")
 
 
 @dataclass(frozen=True)
-class Entry:
-    """One kernel execution, as the report counts it (a backend's `KernelRecord` with the layers it was
-    matched to; ``problem``: the record's, which groups it in a family for the warnings)."""
+class Entry(KernelRecord):
+    """One kernel execution, as the report counts it: a backend's `KernelRecord` (its fields: what ran, in which
+    dtype, on which unit, for how long; ``problem`` groups it in a family for the warnings) and ``layers``, the
+    layers it was matched to."""
 
-    kind: str
-    dtype: str
-    unit: str
-    time_ms: float
-    compute: bool
-    reorder: bool = False
     layers: tuple[str, ...] = ()
-    matrix_unit: bool | None = False
-    emulated: bool = False
-    problem: str = ""
+
+    @classmethod
+    def of(cls, record: KernelRecord, layers: tuple[str, ...] = ()) -> Entry:
+        """``record`` (the fields of `KernelRecord`, whichever backend made it) matched to ``layers``."""
+        return cls(**{f.name: getattr(record, f.name) for f in fields(KernelRecord)}, layers=layers)
 
 
 def _shares(totals: Mapping[str, float]) -> dict[str, float]:

@@ -3,15 +3,17 @@
 =====================  ==========================================================================
 module                 its part
 =====================  ==========================================================================
-``trainer``            `Trainer`: the loop (runs calls, saves, stops on interrupts), its arguments, `TrainResult`
+``trainer``            `Trainer`: the loop (runs calls; validation and checkpoints at their turns), its arguments,
+                       `TrainResult`
 ``step``               `Update` and the compiled step (replica gradients, skip, apply); `step_seed`
 ``loss_scaling``       `LossScaler`: none / fixed / dynamic, sparse gradients kept sparse; the same in a
                        ``tf.GradientTape`` loop of your own (``LossScaler.apply``)
 ``inputs``             resident arrays and ``tf.data`` pipelines, each sizing and running its compiled call (`Ran`)
 ``runs``               run directories, one run at a time in a checkpoint folder, the position in the data
                        (epoch, sample offset, step), `seed_everything`
-``resume``             Ctrl-C and SIGTERM: stop after the current call; what a trainer's checkpoints hold (the
-                       random layers' generators too) and what a resumed run keeps or says
+``resume``             `Checkpointing`: when a trainer saves, and its stop on Ctrl-C or SIGTERM (after the current
+                       call); what its checkpoints hold (the random layers' generators too), what a resumed run
+                       keeps or says
 ``checkpoints``        `CheckpointStore`: checkpoints that never lose a run, saved on a disk that fails (full,
                        read-only, a killed save's leftovers)
 ``distribute``         ``tf.distribute`` strategies, cluster checks, plan agreement, agreeing to stop

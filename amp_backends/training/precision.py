@@ -13,7 +13,7 @@ import functools
 from dataclasses import replace
 import logging
 import warnings
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from ..layer_names import kept_in_float32
 from ..errors import AmpWarning
@@ -249,12 +249,14 @@ class TrainedModels:
     resumed run, ``stored``; else decided, cached or measured on the first batch: measured on one replica only,
     since workers measuring apart could choose apart), then the precision check once (by the chief).
     ``layer_plans``: by name, kept in ``store``'s checkpoints; ``audit``: ``Trainer(audit=...)``'s observer of the
-    kernels that ran in the steps after the warm-up calls (``True``) or in ``(start, stop)``, on the chief."""
+    kernels that ran in the steps after the warm-up calls (``True``) or in ``(start, stop)``, on the chief;
+    ``on_applied``: called when a layer plan was applied (what was compiled before, the validation's functions,
+    computed under the old policies)."""
 
     def __init__(self, models: Sequence[Any], plan: Plan, *, check: bool, measure: bool | None, batch_size: int,
                  replicas: int, is_chief: bool, store: CheckpointStore | None, audit: bool | tuple[int, int] = False,
-                 steps_per_call: int = 1) -> None:
-        self.plan, self.models = plan, list(models)
+                 steps_per_call: int = 1, on_applied: Callable[[], None] | None = None) -> None:
+        self.plan, self.models, self.on_applied = plan, list(models), on_applied
         self.to_prepare, self.to_check = list(models), list(models) if check else []
         self.measure = False if replicas > 1 else measure
         self.batch_size, self.replicas, self.is_chief, self.store = batch_size, replicas, is_chief, store
@@ -286,6 +288,8 @@ class TrainedModels:
             self.store.annotate("layer_plans", {n: lp.to_dict() for n, lp in self.layer_plans.items()})
         if self.audit is not None:
             self.audit.layer_plans = self.layer_plans
+        if self.on_applied is not None:
+            self.on_applied()
         return True
 
     def before_first_step(self, source: Source) -> bool:

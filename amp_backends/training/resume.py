@@ -1,5 +1,7 @@
 """A run that stops and goes on exactly: Ctrl-C and SIGTERM, what a trainer's checkpoints hold, what a resume keeps.
 
+A trainer's side of it is `Checkpointing`: its store, when it saves, what a resume takes up, how it stops.
+
 **Stopping.** The first Ctrl-C (or SIGTERM) asks the loop to stop after the current call, a second acts at once.
 The trainer then saves a checkpoint when checkpointing is on and raises `TrainingInterrupted` (a
 ``KeyboardInterrupt``) saying at which step and where the checkpoint is. Under several workers the signal
@@ -33,6 +35,7 @@ warning. The trainer's own draws need nothing saved: shuffling is a function of 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -40,16 +43,18 @@ import signal
 import threading
 from collections.abc import Mapping, Sequence
 from types import FrameType
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Iterator
 
 import tensorflow as tf
 
 from ..errors import CheckpointMismatchError, TrainingInterrupted
+from ..plan import Plan
 from .checkpoints import SIGNATURE_KEY, CheckpointStore, Restored
-from .distribute import StopAgreement
+from .distribute import StopAgreement, collectives, is_chief, worker_id
 from .loss_scaling import LossScaler
+from .metrics import variables
 from .precision import TrainedModels
-from .runs import At, Position
+from .runs import At, Position, holding
 from .step import Update
 from .validation import Validation
 
@@ -103,37 +108,7 @@ def interrupted_message(signum: int, step: int, path: str | None, *, checkpointi
             "--resume on every worker.")
 
 
-def raise_interrupted(signum: int, step: int, store: CheckpointStore | None, save: Callable[[], str | None],
-                      together: Callable[[int], ContextManager[None]], agree: StopAgreement, is_chief: bool) -> None:
-    """Every worker stopped at ``step`` (agreed): save (``save()``, inside ``together(step)`` with the other workers)
-    unless that step is saved already, and raise `TrainingInterrupted` saying where."""
-    path = None
-    if store:
-        path = save() if store.last_saved_step != step else store.latest
-        with together(step):
-            agree.saved(step)
-        if agree.by is not None:  # the chief's checkpoint (a non-chief's save returns None)
-            path = store.latest
-    message = interrupted_message(signum, step, path, checkpointing=store is not None, by=agree.by)
-    if is_chief:
-        logger.warning(message)
-    raise TrainingInterrupted(signum, step, path, message)
-
-
 # ------------------------------------------------------------------------------------ resuming
-def start(store: CheckpointStore | None, resume: bool, restore: Callable[[], int | None], is_chief: bool) -> None:
-    """Before a ``fit`` trains: a new run refuses another run's checkpoints; ``resume`` restores the newest
-    (``restore()``, ``None`` where there is none); then the folder is made ready for saves (an interrupted run's
-    unfinished saves removed; room for a checkpoint: `checkpoints.CheckpointStore.ready_to_save`)."""
-    if store is None:
-        return
-    if not resume:
-        store.ensure_fresh()
-    elif restore() is None and is_chief:
-        logger.info(f"Nothing to resume in {store.directory}: starting from the beginning.")
-    store.ready_to_save()
-
-
 def settings(seed: int, scalers: Mapping[str, LossScaler]) -> dict[str, Any]:
     """What a checkpoint's signature records for a resume to compare: the seed, each update's loss scaling."""
     return {"seed": int(seed), "loss_scaling": {name: s.config.to_dict() for name, s in scalers.items()}}
@@ -192,29 +167,6 @@ def run_seed(checkpoints: str | os.PathLike) -> int | None:
     return None
 
 
-def restore_run(store: CheckpointStore, position: Position, *, seed: int, scalers: Mapping[str, LossScaler],
-                updates: Sequence[Update], models: TrainedModels, validation: Validation, plan_headline: str,
-                is_chief: bool) -> int | None:
-    """Restore ``store``'s newest intact checkpoint, if any, and its global step: its seed checked, the resume said
-    (by the chief), loss scaling followed, and what the run decided and learnt taken up (the models' layer plans;
-    the validation's history, best value and waiting)."""
-    restored = store.restore()
-    if restored is None:
-        return None
-    check_seed(restored.stored, seed, restored.path)
-    at, then_batch = position.restored()
-    stored = restored.stored or {}
-    if is_chief:
-        log_resume(restored, at, then_batch, position.batch_size, updates=updates, scalers=scalers,
-                   plan_headline=plan_headline)
-    then = stored.get("loss_scaling") or {}
-    for name, scaler in scalers.items():
-        scaler.follow(then.get(name), say=is_chief)
-    models.restored(stored.get("layer_plans") or stored.get("float32_choice"))
-    validation.load(stored.get("monitor"))
-    return at.step
-
-
 def log_resume(restored: Restored, at: At, then_batch: int, batch_size: int, *, updates: Sequence[Update],
                scalers: Mapping[str, LossScaler], plan_headline: str) -> None:
     """The resume line: where the run continues, and what differs from the run that wrote the checkpoint."""
@@ -236,7 +188,7 @@ def log_resume(restored: Restored, at: At, then_batch: int, batch_size: int, *, 
         logger.info(f"The checkpoint was written under another plan ({then}); this run: {plan_headline}.")
 
 
-# ------------------------------------------------------------------------------------ the trainer's store
+# ------------------------------------------------------------------------------------ the trainer's checkpoints
 def trainer_store(directory: str | os.PathLike, *, updates: Sequence[Update], scalers: Mapping[str, LossScaler],
                   position: Position, objects: Mapping[str, Any] | None, keep: int, is_chief: bool, worker: str,
                   extra: Mapping[str, Any], trained: Sequence[Any] = (),
@@ -259,6 +211,121 @@ def trainer_store(directory: str | os.PathLike, *, updates: Sequence[Update], sc
                            worker=worker, extra={"batch_size": position.batch_size, **extra}, weights=weights,
                            optional={RANDOM_STATE: saved_random_state([*models, *trained], is_chief),
                                      **({"metrics": _Variables(metrics)} if metrics else {})})
+
+
+class Checkpointing:
+    """A trainer's checkpoints and stops: the store (`trainer_store`; ``None`` without a checkpoint directory, and
+    then every save is none), when a checkpoint is written (`after_call`, `before_failing`, on a stop, at the end of
+    a ``fit``: always with the other workers, `together`), what a resume takes up (`restore`), and Ctrl-C or
+    SIGTERM (`until_stopped`). ``validation``: its training metrics are in the checkpoints, its monitor's state in
+    their signature; ``every``: ``checkpoint_every``."""
+
+    def __init__(self, directory: str | None, *, objects: Mapping[str, Any] | None, keep: int, every: int | None,
+                 plan: Plan, updates: Sequence[Update], scalers: Mapping[str, LossScaler], position: Position,
+                 seed: int, strategy: Any, validation: Validation, trained: Sequence[Any]) -> None:
+        self.updates, self.scalers, self.position, self.seed, self.every = updates, scalers, position, seed, every
+        self.plan_headline, self.validation = str(plan.headline), validation
+        self.strategy, self.is_chief, self.worker = strategy, is_chief(strategy), worker_id(strategy)
+        self.agree = StopAgreement(strategy)  # every worker stops after the same call
+        self.signals = StopSignals()  # `until_stopped`'s; ``stopped``: the signal every worker stops on
+        self.stopped: int | None = None
+        self.store = trainer_store(
+            directory, updates=updates, scalers=scalers, position=position, objects=objects, keep=keep,
+            is_chief=self.is_chief, worker=self.worker, extra={"plan": self.plan_headline, **settings(seed, scalers)},
+            trained=trained, metrics=variables(validation.train_metrics)) if directory else None
+        self.directory = self.store.directory if self.store else None  # absolute
+
+    def together(self, step: int) -> ContextManager[None]:
+        """A call or save made with the other workers: a failure says who to restart and from where."""
+        return collectives(self.strategy, self.worker, step, lambda: self.store.latest if self.store else None)
+
+    def save(self) -> str | None:
+        """Write a checkpoint now (atomically; with the other workers): `checkpoints.CheckpointStore.save_finite`."""
+        if self.store is None:
+            return None
+        self.store.annotate("monitor", self.validation.monitor.state())  # the history, best value, waiting
+        return self.store.save_finite(self.together(self.position.step))
+
+    def after_call(self, step: int, done: int) -> None:
+        """Save at the end of the call that ran ``done`` steps from ``step``, where it reached a multiple of
+        ``checkpoint_every``."""
+        if (every := self.every) and (step + done) // every > step // every:
+            self.save()
+
+    def before_failing(self) -> str | None:
+        """The save before training fails on non-finite steps (`loss_scaling.check_stalled`): in one process only
+        (the other workers would not join it), and only of finite weights."""
+        if self.store and getattr(self.strategy, "cluster_resolver", None) is None and self.store.weights_finite():
+            return self.save()
+        return None
+
+    def restore(self, models: TrainedModels) -> int | None:
+        """Restore the newest intact checkpoint, if any, and its global step: its seed checked, the resume said (by
+        the chief), loss scaling followed, and what the run decided and learnt taken up (``models``' layer plans;
+        the validation's history, best value and waiting)."""
+        restored = self.store.restore() if self.store else None
+        if restored is None:
+            return None
+        check_seed(restored.stored, self.seed, restored.path)
+        at, then_batch = self.position.restored()
+        stored = restored.stored or {}
+        if self.is_chief:
+            log_resume(restored, at, then_batch, self.position.batch_size, updates=self.updates,
+                       scalers=self.scalers, plan_headline=self.plan_headline)
+        then = stored.get("loss_scaling") or {}
+        for name, scaler in self.scalers.items():
+            scaler.follow(then.get(name), say=self.is_chief)
+        models.restored(stored.get("layer_plans") or stored.get("float32_choice"))
+        self.validation.load(stored.get("monitor"))
+        return at.step
+
+    @contextlib.contextmanager
+    def fitting(self, resume: bool, models: TrainedModels) -> Iterator[At]:
+        """A ``fit`` from where the run stands (yielded): no other process trains in the checkpoint folder meanwhile
+        (`runs.holding`); a new run refuses another run's checkpoints, ``resume`` restores the newest (`restore`);
+        the folder is made ready for saves (an interrupted run's unfinished saves removed; room for a checkpoint:
+        `checkpoints.CheckpointStore.ready_to_save`); a checkpoint at the end unless the last step is saved."""
+        store = self.store
+        with holding(store.directory if store and self.is_chief else None):  # one run at a time there
+            if store is not None:
+                if not resume:
+                    store.ensure_fresh()
+                elif self.restore(models) is None and self.is_chief:
+                    logger.info(f"Nothing to resume in {store.directory}: starting from the beginning.")
+                store.ready_to_save()
+            yield self.position.now()
+            if store and store.last_saved_step != self.position.step:
+                self.save()
+
+    def until_stopped(self, loop: Callable[[], None]) -> None:
+        """``loop()`` with the first Ctrl-C or SIGTERM a request to stop after the current call (`StopSignals`),
+        which ``loop`` asks at each call boundary (`stop_agreed`); when every worker agreed to stop, `interrupted`."""
+        self.stopped = None
+        with StopSignals() as self.signals:
+            loop()
+            if self.stopped is not None:  # every worker stopped here: save together, say where
+                self.interrupted(self.stopped)
+
+    def stop_agreed(self) -> bool:
+        """At a call boundary of `until_stopped`'s loop: whether every worker stops here, on the signal one of them
+        got (``stopped``; `distribute.StopAgreement`)."""
+        self.stopped = self.agree.at(self.signals.signum, self.together(self.position.step))
+        return self.stopped is not None
+
+    def interrupted(self, signum: int) -> None:
+        """Every worker stopped at this step (agreed): save (with the other workers) unless that step is saved
+        already, and raise `TrainingInterrupted` saying where."""
+        step, store, path = self.position.step, self.store, None
+        if store:
+            path = self.save() if store.last_saved_step != step else store.latest
+            with self.together(step):
+                self.agree.saved(step)
+            if self.agree.by is not None:  # the chief's checkpoint (a non-chief's save returns None)
+                path = store.latest
+        message = interrupted_message(signum, step, path, checkpointing=store is not None, by=self.agree.by)
+        if self.is_chief:
+            logger.warning(message)
+        raise TrainingInterrupted(signum, step, path, message)
 
 
 # ------------------------------------------------------------------------------------ the random layers' state

@@ -7,7 +7,7 @@ Its pieces: the step (`step`), the input (`inputs`), loss scaling, checkpoints, 
 from __future__ import annotations
 
 import logging
-from contextlib import AbstractContextManager
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence, cast
 
@@ -17,15 +17,15 @@ import tensorflow as tf
 from ..errors import AmpConfigError
 from ..keras_compat import loss_scale_of
 from ..plan import Plan
-from .distribute import StopAgreement, collectives, is_chief, worker_id
+from .distribute import is_chief, worker_id
 from .inputs import BatchFn, Ran, Source, input_for
 from .loss_scaling import LossScaler, check_stalled
 from .observers import WARMUP_CALLS, Observer, default_observers, parse_profile_steps, training_line
 from .precision import FirstBatch, TrainedModels, trained_models
-from .resume import StopSignals, nothing_left, raise_interrupted, restore_run, settings, start, trainer_store
-from .runs import At, Position, check_directory, current_seed, holding
+from .resume import Checkpointing, nothing_left
+from .runs import At, Position, check_directory, current_seed
 from .step import StepProgram, Update, build_optimizers
-from .metrics import Progress, variables
+from .metrics import Progress
 from .validation import Evaluator, Validation
 
 __all__ = ["Trainer", "TrainResult", "parse_profile_steps"]
@@ -97,20 +97,17 @@ class Trainer:
                  measure_float32: bool | None = None, metrics: Sequence[Any] | None = None,
                  keep_best: str | bool | None = None, monitor: str | None = None, mode: str = "auto",
                  patience: int | None = None, min_delta: float = 0.0) -> None:
-        self.strategy = strategy or tf.distribute.get_strategy()
+        self.strategy, self.plan = strategy or tf.distribute.get_strategy(), plan
         self.replicas = int(self.strategy.num_replicas_in_sync)
-        self.updates, self.plan = checked_arguments(
+        self.updates, logdir = checked_arguments(
             updates, self.replicas, batch_size=batch_size, steps_per_call=steps_per_call, log_every=log_every,
             keep_checkpoints=keep_checkpoints, max_consecutive_nonfinite=max_consecutive_nonfinite,
-            checkpoint_every=checkpoint_every), plan
+            checkpoint_every=checkpoint_every, logdir=logdir)
         self.is_chief, self.worker = is_chief(self.strategy), worker_id(self.strategy)
-        self._agree = StopAgreement(self.strategy)  # every worker stops after the same call
         self.batch_size, self.steps_per_call = int(batch_size), int(steps_per_call)
         self.images_per_step = images_per_step or self.batch_size
         self.checkpoint_every, self.max_consecutive_nonfinite = checkpoint_every, max_consecutive_nonfinite
         self.seed, self.batch_fn = current_seed() if seed is None else seed, batch_fn
-        if logdir:
-            logdir = str(check_directory(logdir, "logdir"))  # absolute: later chdirs change nothing; made when written
         with self.strategy.scope():
             self.scalers = {u.name: LossScaler(plan.loss_scale, name=u.name) for u in self.updates}
             build_optimizers(self.updates)
@@ -125,34 +122,29 @@ class Trainer:
                                      batch_size=self.batch_size, device=plan.device, xla=plan.xla, batch_fn=batch_fn,
                                      observers=self.observers, checkpointing=checkpoint_dir is not None,
                                      chief=self.is_chief)
-        self.store = trainer_store(
-            checkpoint_dir, updates=self.updates, scalers=self.scalers, position=self.position,
-            objects=checkpoint_objects, keep=keep_checkpoints, is_chief=self.is_chief, worker=self.worker,
-            extra={"plan": str(plan.headline), **settings(self.seed, self.scalers)}, trained=trained,
-            metrics=variables(self.validation.train_metrics)) if checkpoint_dir else None
-        self.checkpoint_dir = self.store.directory if self.store else None
+        self.checkpointing = Checkpointing(  # the store, saves, resuming, stopping on a signal
+            checkpoint_dir, objects=checkpoint_objects, keep=keep_checkpoints, every=checkpoint_every, plan=plan,
+            updates=self.updates, scalers=self.scalers, position=self.position, seed=self.seed,
+            strategy=self.strategy, validation=self.validation, trained=trained)
+        self.store, self.checkpoint_dir = self.checkpointing.store, self.checkpointing.directory
         self.observers += [self.validation.monitor, *default_observers(self.is_chief, log_every, logdir, progress,
                                                                        profile_steps)]
         self._called: set[Any] = set()  # the calls compiled so far; the last input (reused when fit gets it again)
         self._last_input: tuple[Any, Any, Source] | None = None
         self.models = TrainedModels(trained, plan, check=check_models, measure=measure_float32, store=self.store,
                                     batch_size=self.batch_size, replicas=self.replicas, is_chief=self.is_chief,
-                                    audit=audit, steps_per_call=steps_per_call)
+                                    audit=audit, steps_per_call=steps_per_call,
+                                    on_applied=self.validation.forget_compiled)  # (the evaluator's compiled calls)
         self.layer_plans, self.audit = self.models.layer_plans, self.models.audit
         self.observers += [cast(Observer, self.audit)] if self.audit else []  # (an Observer by its methods)
 
     def save(self) -> str | None:
         """Write a checkpoint now (atomically; with the other workers): `checkpoints.CheckpointStore.save_finite`."""
-        if self.store is None:
-            return None
-        self.store.annotate("monitor", self.validation.monitor.state())  # the history, best value, waiting
-        return self.store.save_finite(self._together(self.position.step))
+        return self.checkpointing.save()
 
     def restore(self) -> int | None:
-        """Restore the newest intact checkpoint, if any; returns its global step (`resume.restore_run`)."""
-        return restore_run(self.store, self.position, seed=self.seed, scalers=self.scalers, updates=self.updates,
-                           models=self.models, validation=self.validation, plan_headline=str(self.plan.headline),
-                           is_chief=self.is_chief) if self.store else None
+        """Restore the newest intact checkpoint, if any; returns its global step (`resume.Checkpointing.restore`)."""
+        return self.checkpointing.restore(self.models)
 
     def fit(self, x: Any, y: Any = None, *, epochs: int = 1, max_steps: int | None = None, resume: bool = False,
             steps_per_epoch: int | None = None, validation_data: Any = None,
@@ -195,30 +187,19 @@ class Trainer:
                                      device=self.plan.device, seed=self.seed, strategy=self.strategy,
                                      batch_fn=self.batch_fn, steps_per_epoch=steps_per_epoch)
         source = self._last_input[2]
-        self.validation.start(validation_data, validation_every, self.store, self._together)
+        self.validation.start(validation_data, validation_every, self.store, self.checkpointing.together)
         if source.has_strings:
             self.program.without_xla("the data holds strings (for the model's own StringLookup or TextVectorization)")
-        with holding(self.store.directory if self.store and self.is_chief else None):  # one run at a time there
-            start(self.store, resume, self.restore, self.is_chief)
-            at = self.position.now()
+        with self.checkpointing.fitting(resume, self.models) as at:  # one run at a time; resumed; saved at the end
             if not nothing_left(at, source.left_in_epoch(at.offset) == 0, epochs, max_steps, say=self.is_chief):
                 if self.is_chief:  # the line that says what a call is; each model's layer plan, the precision check
                     logger.info(training_line(source, self.batch_size, self.steps_per_call, self.checkpoint_every))
-                if self.models.before_first_step(source):
-                    self.validation.forget_compiled()  # evaluated before: compiled under the policies before
+                self.models.before_first_step(source)
             progress = Progress([u.name for u in self.updates], self.observers, self._called, self.images_per_step,
                                 self.WARMUP_CALLS)
             progress.start(at.step, self.position.total_steps(source.steps_per_epoch, epochs, max_steps))
-            try:
-                with StopSignals() as stop:
-                    signum = self._loop(source, epochs, max_steps, progress, stop)
-                    if signum is not None:  # every worker stopped here: save together, say where
-                        raise_interrupted(signum, self.position.step, self.store, self.save, self._together,
-                                          self._agree, self.is_chief)
-            finally:
-                progress.close()
-            if self.store and self.store.last_saved_step != self.position.step:
-                self.save()
+            with closing(progress):  # Ctrl-C, SIGTERM: every worker stops after one call, saves, raises
+                self.checkpointing.until_stopped(lambda: self._loop(source, epochs, max_steps, progress))
         at = self.position.now()  # an epoch whose last batch is done counts, before the position rolls over
         result = TrainResult(steps=at.step, epochs_completed=at.epoch + int(source.left_in_epoch(at.offset) == 0),
                              **progress.results(at.step, self.scalers), **self.validation.results())
@@ -226,11 +207,10 @@ class Trainer:
             logger.info(result.summary())
         return result
 
-    def _loop(self, source: Source, epochs: int, max_steps: int | None, progress: Progress,
-              stop: StopSignals) -> int | None:
-        """Calls until training is done (``None``) or every worker agreed to stop on a signal (returned)."""
+    def _loop(self, source: Source, epochs: int, max_steps: int | None, progress: Progress) -> None:
+        """Calls until training is done or every worker agreed to stop on a signal (`resume.Checkpointing`)."""
         source.start()
-        while (signum := self._agree.at(stop.signum, self._together(self.position.step))) is None:
+        while not self.checkpointing.stop_agreed():
             at = self.position.now()
             left = source.left_in_epoch(at.offset)
             if left == 0 and at.epoch < epochs:  # (also where max_steps ends an epoch: it is recorded, validated)
@@ -238,24 +218,21 @@ class Trainer:
                 source.epoch_over()
                 continue
             if at.epoch >= epochs or (max_steps is not None and at.step >= max_steps) or self.validation.stop:
-                return None
+                return
             k = source.call_size(self.steps_per_call, left, None if max_steps is None else max_steps - at.step,
                                  self.program)
             ran = self._call(source, k, at, progress)
             if ran.done == 0:
                 continue
             ran.check_refused(at, self.position.batch_in_epoch(at), self.updates)
-            check_stalled(self.scalers, self.max_consecutive_nonfinite, lambda: self.save() if self.store and getattr(
-                self.strategy, "cluster_resolver", None) is None and self.store.weights_finite() else None)
+            check_stalled(self.scalers, self.max_consecutive_nonfinite, self.checkpointing.before_failing)
             self.validation.after_call(at.epoch, at.step, ran.done)
-            if (every := self.checkpoint_every) and (at.step + ran.done) // every > at.step // every:
-                self.save()  # at the end of the call that reached a multiple of checkpoint_every
-        return signum
+            self.checkpointing.after_call(at.step, ran.done)  # a checkpoint every checkpoint_every steps
 
     def _call(self, source: Source, k: int, at: At, progress: Progress) -> Ran:
         """Run one compiled call of up to ``k`` steps, the observers told (`metrics.Progress`)."""
         progress.before_call(at.step, k)
-        with self._together(at.step), self.program.own_errors(at.step, k), self.validation.recording:
+        with self.checkpointing.together(at.step), self.program.own_errors(at.step, k), self.validation.recording:
             ran = source.run(self.program, at, k, self.steps_per_call)
         progress.after_call(ran, at, self.position.batch_in_epoch(at), self.scalers)
         if ran.pass_ended:
@@ -299,17 +276,12 @@ class Trainer:
     def _evaluator(self, x: Any, what: str) -> Evaluator:
         """The evaluator, after the models' layer plans are applied (``evaluate`` or ``predict`` before ``fit``)."""
         evaluator = self.validation.evaluator_for(what)
-        if self.models.prepare(FirstBatch(x)):
-            self.validation.forget_compiled()
+        self.models.prepare(FirstBatch(x))
         return evaluator
 
     def restore_best(self) -> str:
         """Load the best checkpoint (``keep_best``) into what checkpoints hold; returns its path."""
         return self.validation.restore_best()
-
-    def _together(self, step: int) -> AbstractContextManager[None]:
-        """A call or save made with the other workers: a failure says who to restart and from where."""
-        return collectives(self.strategy, self.worker, step, lambda: self.store.latest if self.store else None)
 
 
 @dataclass
@@ -360,10 +332,11 @@ class TrainResult:
                 + (f"; stopped early: {self.stopped_early}" if self.stopped_early else ""))
 
 
-def checked_arguments(updates: Sequence[Update], replicas: int, *, checkpoint_every: int | None,
-                       **positive: Any) -> list[Update]:
-    """The updates as a list, after checking every argument of the trainer that can be checked alone: problems raise
-    `AmpConfigError` (a ``ValueError``), or ``TypeError`` for arguments of the wrong kind."""
+def checked_arguments(updates: Sequence[Update], replicas: int, *, checkpoint_every: int | None, logdir: str | None,
+                      **positive: Any) -> tuple[list[Update], str | None]:
+    """The updates as a list and ``logdir`` absolute (later chdirs change nothing; made when written), after checking
+    every argument of the trainer that can be checked alone: problems raise `AmpConfigError` (a ``ValueError``), or
+    ``TypeError`` for arguments of the wrong kind."""
     for name, value in positive.items():
         if not _positive(value):
             raise AmpConfigError(f"{name} must be an integer >= 1. Received: {name}={value!r}.")
@@ -393,7 +366,7 @@ def checked_arguments(updates: Sequence[Update], replicas: int, *, checkpoint_ev
                     "LossScaleOptimizer or loss_scale_factor). The Trainer scales losses as the plan says, so they "
                     "would be scaled twice. Fix: give the Trainer the plain optimizer (plan.wrap_optimizer is for "
                     "Keras fit).")
-    return updates
+    return updates, str(check_directory(logdir, "logdir")) if logdir else logdir
 
 
 def check_fit_arguments(*, epochs: Any, max_steps: Any, resume: bool, checkpoints: bool) -> None:
