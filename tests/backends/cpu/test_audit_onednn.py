@@ -20,6 +20,7 @@ from amp_backends.backends.cpu import verbose as onednn
 from amp_backends.kernel_audit import Capture
 from amp_backends.registry import default_registry
 from conftest import DATA
+from schema_check import assert_valid
 
 TF221 = (DATA / "onednn_tf221_mnist_bf16.txt").read_text().splitlines()
 ITEX = (DATA / "onednn_itex215_mnist_f32.txt").read_text().splitlines()
@@ -275,3 +276,16 @@ def test_outside_onednn_names_the_real_cause():
     assert "TF_ENABLE_ONEDNN_OPTS=1 turns it on" in outside_onednn_reason({"cpu_avx512": False}, f32, False)
     assert "turns TensorFlow's oneDNN kernels off" in outside_onednn_reason({"onednn_opts": "0"}, bf16, False)
     assert outside_onednn_reason({"onednn_opts": "1"}, bf16, True) is None
+
+
+def test_audits_from_onednn_records_and_of_an_unmeasured_xpu_match_their_schema():
+    import amp_backends
+    from amp_backends import audit
+
+    bf16 = from_onednn(TF221, doc(), ["onednn_verbose,v1,info,oneDNN v3.7.3 (commit N/A)"]).to_dict()
+    assert bf16["float32_islands"] and bf16["warnings"] == []
+    xpu = audit("m:f", amp_backends.plan_for(device="max1550", environ={})).to_dict()  # not measured: nothing runs
+    assert xpu["device"] == "xpu" and not xpu["measured"] and xpu["notes"][0].startswith("not measured on XPU")
+    for result in (bf16, from_onednn(ITEX, doc(F32_PLAN)).to_dict(), from_onednn([], doc()).to_dict(), xpu):
+        assert_valid("audit", result)
+

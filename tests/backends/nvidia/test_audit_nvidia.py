@@ -12,6 +12,7 @@ import pytest
 from amp_backends import audit_trace
 from amp_backends.backends.nvidia.kernels import classify, events_from_trace_json, read_trace
 from conftest import DATA
+from schema_check import assert_valid
 
 RECORDED = json.loads((DATA / "nvidia_kernels.json").read_text())["kernels"]
 
@@ -137,3 +138,13 @@ def test_the_child_reads_the_trace_in_its_work_folder_and_says_so_when_no_gpu_ra
     assert read.measured and len(read.records) == 4 and read.records[0].op == "model/dense/MatMul:MatMul"
     nothing = kernel_audit.read(Capture(doc={"facts": {"gpu": False}}, workdir=str(tmp_path)))
     assert not nothing.measured and not nothing.records and "no GPU" in nothing.notes[0]
+
+
+def test_the_audit_of_a_trace_matches_its_schema_with_and_without_a_plan(tmp_path):
+    import amp_backends
+
+    path = tmp_path / "host.trace.json"
+    path.write_text(json.dumps(trace_doc()))
+    assert_valid("audit", audit_trace(path).to_dict())
+    assert_valid("audit", audit_trace(path, amp_backends.plan_for(device="h100", environ={})).to_dict())
+
