@@ -93,6 +93,7 @@ def test_zoo_smoke(tmp_path):
         assert c["policy"] == policies[name], (name, c)  # each worker's model was built under its own policy
         assert c["samples_per_s"]["median"] > 0 and len(c["samples_per_s"]["reps"]) == 2, (name, c)
         assert c["loss"] > 0 and c["x_baseline"] > 0 and c["share_of_peak"] > 0, (name, c)
+        assert c["predict_samples_per_s"]["median"] > 0 and len(c["predict_samples_per_s"]["reps"]) == 2, (name, c)
     assert m["configs"]["float32 fit (defaults)"]["loss_vs_baseline"] == 0
     # the float32 run-to-run spread: the baseline from other initial weights, and each loss judged against it
     spread = m["float32_loss_spread"]
@@ -103,7 +104,7 @@ def test_zoo_smoke(tmp_path):
         assert c["loss_within_spread"] == (abs(c["loss_vs_baseline"]) <= spread)
     md = (tmp_path / "zoo" / "zoo.md").read_text()
     assert "| mnist_cnn |" in md and "x best manual" in out.stdout
-    assert "float32 run-to-run spread of the training loss" in md and "loss parity" in md
+    assert "float32 run-to-run spread of the training loss" in md and "loss parity" in md and "predict/s" in md
 
 
 @pytest.mark.tensorflow

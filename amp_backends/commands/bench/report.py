@@ -198,15 +198,17 @@ def zoo_markdown(report: dict[str, Any]) -> str:
                   f"{_f(flops and flops / 1e6, ',.1f')} MFLOP per {m['unit'][:-1]} per training step "
                   f"({m.get('flops_note', '')}); float32 run-to-run spread of the training loss (seed 0 against "
                   f"seed 1): {_f(m.get('float32_loss_spread'), '.4f')}", "",
-                  f"| configuration | {m['unit']}/s | min-max | x baseline | x best manual | % of peak | train loss | "
-                  "loss - baseline | set-up | note |", "|---|---:|---|---:|---:|---:|---:|---:|---|---|"]
+                  f"| configuration | {m['unit']}/s | min-max | x baseline | x best manual | % of peak | predict/s | "
+                  "train loss | loss - baseline | set-up | note |",
+                  "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|"]
         for name, c in m["configs"].items():
             s = c.get("samples_per_s")
             lines.append(
                 f"| {name} | {_f(s and s['median'], ',.0f')} | "
                 f"{_f(s and s['min'], ',.0f')}-{_f(s and s['max'], ',.0f')} | "
                 f"{_f(c.get('x_baseline'), '.2f')} | {_f(c.get('x_best_manual'), '.2f')} | "
-                f"{_f(c.get('share_of_peak'), '.0%')} | {_f(c.get('loss'), '.4f')} | "
+                f"{_f(c.get('share_of_peak'), '.0%')} | "
+                f"{_f((c.get('predict_samples_per_s') or {}).get('median'), ',.0f')} | {_f(c.get('loss'), '.4f')} | "
                 f"{_f(c.get('loss_vs_baseline'), '+.4f')}"
                 f"{'' if c.get('loss_within_spread') is None else ' (ok)' if c['loss_within_spread'] else ' (outside)'}"
                 f" | {c.get('setup', '')} | {str(c.get('error') or '').replace('|', '/')[:200]} |")

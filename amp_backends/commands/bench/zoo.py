@@ -223,13 +223,15 @@ class ZooRun:
             outcome = f"ready (warm-up {r['warmup_s']} s)" if r.get("ok") else f"failed: {c['error']}"
             self.say(f"  {cfg.name:24s} {outcome}")
         calls: dict[str, list[float]] = {c.name: [] for c in live}
-
+        predicts: dict[str, list[float]] = {c.name: [] for c in live}  # inference after each repetition
         def rep(cfg: ZooConfig) -> Callable[[], Sample]:
             def run() -> Sample:  # the worker times its own steps; the whole fit() call is kept beside
                 r = self.ask(cfg, self.timeout_s, op="rep")
                 if not r.get("ok"):
                     raise WorkerFailed(r["error"])
                 calls[cfg.name].append(r["samples"] / r["call_seconds"])
+                if r.get("predict_seconds"):
+                    predicts[cfg.name].append(r["samples"] / r["predict_seconds"])
                 return Sample(r["samples"], r["seconds"])
             return run
 
@@ -247,6 +249,8 @@ class ZooRun:
             c = rec["configs"][cfg.name]
             c["samples_per_s"] = _spread(list(timings.rates[cfg.name]))
             c["call_samples_per_s"] = _spread(calls[cfg.name])  # the whole fit() call, its set-up included
+            if predicts[cfg.name]:
+                c["predict_samples_per_s"] = _spread(predicts[cfg.name])
             r = self.ask(cfg, self.timeout_s, op="loss")
             c["loss"] = r.get("loss") if r.get("ok") else None
             c["eval_loss"] = r.get("eval_loss") if r.get("ok") else None
@@ -288,7 +292,9 @@ def run_zoo(models: list[str], config_names: list[str] | None, reps: int, steps:
                                            "warmup_reps": 1, "configs": [asdict(c) for c in configs],
                                            "figure": "median repetition, samples/s (min-max over repetitions); a "
                                                      "repetition is one fit()/Trainer.fit() call, timed from the start "
-                                                     "of its training to its end (call_samples_per_s: the whole call)"},
+                                                     "of its training to its end (call_samples_per_s: the whole call; "
+                                                     "predict_samples_per_s: as many inference batches, "
+                                                     "predict_on_batch, after each repetition)"},
                               "models": []}
     try:
         runner.say(f"zoo: {len(models)} model(s) x {len(configs)} configuration(s), {reps} interleaved repetitions of "

@@ -8,7 +8,8 @@ output (`supervisor.answer`):
 * ``prepare``: build the model (seed 0: the same weights in every configuration; the second float32
   baseline seed 1, for the float32 run-to-run spread), compile, one
   untimed warm-up repetition (tracing, XLA compilation); with ``flops``, FLOPs per sample.
-* ``rep``: one timed repetition of ``steps`` training steps; seconds and samples.
+* ``rep``: one timed repetition of ``steps`` training steps; seconds and samples; then ``steps`` inference
+  batches of the model as trained (``predict_on_batch``; not the GAN): ``predict_seconds``.
 * ``loss``: the model's loss on a fixed batch in inference mode (parity with float32).
 * ``peak``: 2 x n^3 matmul rates for the dtypes asked.
 """
@@ -116,7 +117,7 @@ class ZooWorker:
         self.fits = 0
         self.callbacks = [] if kind == "trainer" else [_fit_window(tf, self.window)]
         t0 = time.perf_counter()
-        self.rep()
+        self.rep()  # (the inference function is traced there too)
         warmup = time.perf_counter() - t0
         policy: Any = getattr(self.model, "dtype_policy", None) or getattr(self.model, "_dtype_policy", None)
         built_under = str(getattr(policy, "name", self.policy))
@@ -168,7 +169,14 @@ class ZooWorker:
             self.window["loss_n"] = 1.0
         t1 = time.perf_counter()
         dt = self.window.get("end", t1) - self.window.get("start", t0)
-        return {"seconds": dt, "call_seconds": t1 - t0, "samples": self.steps * self.batch * self.entry.per_sample}
+        out = {"seconds": dt, "call_seconds": t1 - t0, "samples": self.steps * self.batch * self.entry.per_sample}
+        if not self.entry.gan:  # inference with the model as trained, under the same settings (the GAN: no one model)
+            self.model.predict_on_batch(self.x_eval)  # (traced on the warm-up repetition)
+            t2 = time.perf_counter()
+            for _ in range(self.steps):
+                self.model.predict_on_batch(self.x_eval)
+            out["predict_seconds"] = time.perf_counter() - t2
+        return out
 
     def loss(self) -> dict[str, Any]:
         """``loss``: the mean training loss of the last repetition (the discriminator's for the GAN; every
