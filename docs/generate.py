@@ -393,6 +393,25 @@ def chart_data() -> dict[str, list[tuple[str, float | None, float | None]]]:
     return data
 
 
+def peer_rows(report: dict[str, Any]) -> list[list[str]]:
+    """A zoo run's peers beside float32 ``fit`` and the plan: per model and configuration, training samples/s (median,
+    min-max), inference samples/s where measured, and the loss against the float32 baseline."""
+    rows = []
+    for m in report["models"]:
+        configs = m.get("configs") or {}
+        if m.get("skipped") or not any(c.get("kind") == "peer" for c in configs.values()):
+            continue
+        for name, c in configs.items():
+            if c.get("kind") not in ("peer", "auto_fit", "trainer") and name != "float32 fit (defaults)":
+                continue
+            s, p = c.get("samples_per_s") or {}, c.get("predict_samples_per_s") or {}
+            within = {None: "", True: " (ok)", False: " (outside)"}[c.get("loss_within_spread")]
+            rows.append([m["model"], name, f"{s['median']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f})" if s else "failed",
+                         f"{p['median']:,.0f} ({p['min']:,.0f}-{p['max']:,.0f})" if p else "-",
+                         f"{c['loss_vs_baseline']:+.4f}{within}" if c.get("loss_vs_baseline") is not None else "-"])
+    return rows
+
+
 def benchmarks_page() -> str:
     """The model zoo's committed runs: the speed-up charts first, then each run's table."""
     from amp_backends.commands.bench.report import ZOO_HEAD, zoo_rows
@@ -414,6 +433,11 @@ def benchmarks_page() -> str:
                 f"{report['settings']['reps']} interleaved repetitions of {report['settings']['steps_per_rep']} "
                 f"steps; {report.get('elapsed_s')} s. Reproduce:", "", "```bash", *_shell_lines(report["command"]),
                 "```", "", _table(list(ZOO_HEAD), [list(r) for r in zoo_rows(report)]).rstrip("\n")]
+        if peers := peer_rows(report):
+            out += ["", "What a user would pick instead, beside float32 `fit` and the plan (samples/s: median and "
+                    "range over the repetitions; inference: `predict_on_batch` after each repetition):", "",
+                    _table(["model", "configuration", "training", "inference", "loss - float32 (parity)"],
+                           peers).rstrip("\n")]
     return "\n".join(out).rstrip("\n") + "\n"
 
 
