@@ -83,6 +83,11 @@ class At(Observer):
             self.action()
 
 
+def _written(temps) -> bool:
+    """Whether an unfinished save has written any bytes yet (its ``_temp`` folder holds a file that is not empty)."""
+    return any(f.is_file() and f.stat().st_size > 0 for t in temps for f in ([t] if t.is_file() else t.rglob("*")))
+
+
 def leftovers(folder: Path) -> list[str]:
     return sorted(n for n in os.listdir(folder) if "_temp" in n or "tempstate" in n or n.startswith("checkpoint.tmp"))
 
@@ -168,10 +173,9 @@ def test_unfinished_saves_of_a_killed_process_are_removed_when_the_run_resumes(t
                                 stdout=subprocess.PIPE, text=True, env=os.environ | {"TF_CPP_MIN_LOG_LEVEL": "2"})
         assert proc.stdout.readline().strip() == "ready"
         deadline = time.time() + 60
-        while not list(folder.glob("ckpt-*_temp*")) and proc.poll() is None and time.time() < deadline:
+        while not _written(folder.glob("ckpt-*_temp*")) and proc.poll() is None and time.time() < deadline:
             time.sleep(0.001)
-        time.sleep(0.05)  # into the save
-        proc.kill()
+        proc.kill()  # at once, with some of the save written: a save of 256 MB can end within milliseconds
         proc.wait(timeout=30)
         if list(folder.glob("ckpt-*_temp*")):
             break
