@@ -1,6 +1,6 @@
-"""``python -m amp_backends.info``: the capability report (see ``--help``; `amp_backends.commands.info`)."""
+"""``python -m amp_backends.info``: the capability report (see ``--help``; `amp_backends.commands.info_command`)."""
 
 if __name__ == "__main__":
-    from .commands.info import main
+    from .commands.info_command import main
 
     main()

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from amp_backends.commands.bench.report import now_iso, write_json
+from amp_backends.commands.bench.output import now_iso, write_json
 from amp_backends.commands.bench.supervisor import child_env, exit_reason, last_words, run_child
 
 HERE = Path(__file__).resolve().parent

@@ -370,7 +370,7 @@ def _zoo_runs() -> list[tuple[Path, dict[str, Any]]]:
 
 
 def _device_of(report: dict[str, Any]) -> str:
-    from amp_backends.commands.bench.report import machine_line
+    from amp_backends.commands.bench.output import machine_line
 
     return machine_line(report.get("environment") or {})
 
@@ -414,7 +414,7 @@ def peer_rows(report: dict[str, Any]) -> list[list[str]]:
 
 def benchmarks_page() -> str:
     """The model zoo's committed runs: the speed-up charts first, then each run's table."""
-    from amp_backends.commands.bench.report import ZOO_HEAD, zoo_rows
+    from amp_backends.commands.bench.output import ZOO_HEAD, zoo_rows
 
     out = [HEADER.rstrip("\n"), "", "## Speed-up over float32 per model", ""]
     for device, rows in chart_data().items():

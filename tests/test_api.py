@@ -131,6 +131,32 @@ def test_the_old_audit_module_path_warns_where_it_is_imported_and_names_nothing_
     assert "refused: cannot import name 'parse'" in done.stdout
 
 
+def test_the_old_check_module_path_still_works_for_a_release_with_a_deprecation_warning():
+    """``amp_backends.model_check.check`` (now ``checker``), which the docs showed for
+    ``shapes_with_sequence_length``: its names still import, first thing in a process too, each with a warning that
+    names the new place; nothing else is served there, and no module file of the old name ships."""
+    code = ("import warnings\nwarnings.simplefilter('error')\n"
+            "try:\n    from amp_backends.model_check.check import shapes_with_sequence_length\n"
+            "except DeprecationWarning as w:\n    print('warned:', w)\n"
+            "warnings.simplefilter('ignore')\n"
+            "from amp_backends.model_check.check import shapes_with_sequence_length, check_model, DEFAULT_TRACE_BATCH\n"
+            "import amp_backends.model_check.check as old\n"
+            "from amp_backends.model_check import checker, check\n"
+            "import amp_backends.model_check as model_check\n"
+            "assert shapes_with_sequence_length is model_check.shapes_with_sequence_length\n"
+            "assert check_model is checker.check_model is model_check.check.check_model and old is check\n"
+            "assert DEFAULT_TRACE_BATCH == checker.DEFAULT_TRACE_BATCH\n"
+            "try:\n    from amp_backends.model_check.check import Rules\nexcept ImportError as e:\n"
+            "    print('refused:', e)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=NEUTRAL_CWD)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert ("warned: the module path amp_backends.model_check.check is deprecated: use "
+            "amp_backends.model_check.shapes_with_sequence_length") in done.stdout
+    assert "refused: cannot import name 'Rules'" in done.stdout
+    assert not (REPO / "amp_backends" / "model_check" / "check.py").exists()
+
+
 def test_every_error_the_library_defines_is_an_amp_error_listed_in_errors():
     classes = exception_classes(errors)
     assert {"AmpError", "FactoryError", "ClusterConfigError", "DistributedFailure", "DataUnavailableError",
@@ -211,7 +237,7 @@ def test_backend_api_imports_no_tensorflow():
 def test_public_functions_that_take_a_plan_say_so_in_their_types():
     from amp_backends import auditing as audit_module
     from amp_backends.auditing.observer import AuditObserver
-    from amp_backends.model_check import check as check_module
+    from amp_backends.model_check import checker as check_module
     from amp_backends import layer_plan
     from amp_backends.layer_plan import LayerPlan
     from amp_backends.plan import Plan

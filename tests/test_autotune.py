@@ -61,7 +61,7 @@ def test_tune_times_candidates_applies_the_fastest_and_caches_it(tmp_path, monke
     assert (again.policy, again.xla) == (plan.policy, plan.xla) and str(again.loss_scale) == "fixed:8"
     assert any("cached choice" in r.message for r in caplog.records)
     # and the report lists it for this device
-    from amp_backends.commands.report import collect
+    from amp_backends.commands.capability_report import collect
 
     d = collect(use_tensorflow=True, environ={}).data
     assert key in d["autotune"]["choices"] and d["autotune"]["cache"] == str(tmp_path / "tune.json")

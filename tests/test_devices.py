@@ -87,8 +87,8 @@ def test_the_compute_capability_is_a_fact_the_nvidia_backend_states_and_reads(re
     read as before: ``"compute_capability": "9.0"``, ``"NVIDIA H100 80GB HBM3 (CC 9.0)"``, ``".../9.0"``."""
     from amp_backends.autotune import device_signature
     from amp_backends.backends.nvidia import COMPUTE_CAPABILITY, capability_facts, compute_capability
-    from amp_backends.commands.bench.report import environment
-    from amp_backends.commands.report import collect
+    from amp_backends.commands.bench.output import environment
+    from amp_backends.commands.capability_report import collect
 
     hw = device_hardware("h100")
     h100 = hw.get("nvidia").devices[0]

@@ -61,7 +61,7 @@ def test_the_check_command_reports_the_loaders_error(user_module):
     import typer
     from typer.testing import CliRunner
 
-    from amp_backends.commands.check import check_command
+    from amp_backends.commands.check_command import check_command
 
     app = typer.Typer()
     app.command()(check_command)

@@ -21,6 +21,7 @@ import fnmatch
 import re
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import amp_backends.backends
@@ -42,6 +43,11 @@ LAYERS: dict[str, tuple[str, ...]] = {
                    "auditing", "auditing.*", "examples", "examples.*"),
 }
 ORDER = ("probe", "plan", "apply", "model code", "commands")
+
+# File names more than one module may have: a package's, an entry point's. The same role in each vendor's folder
+# (``backends/<vendor>/backend.py``, ``catalogue.py``...) may repeat too; nothing else does.
+SHARED_FILE_NAMES = ("__init__.py", "__main__.py")
+VENDOR_MODULE = re.compile(r"amp_backends\.backends\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+")
 
 
 def package_modules() -> dict[str, tuple[Path, bool]]:
@@ -144,8 +150,8 @@ def test_the_graph_walk_sees_the_imports_it_must():
     assert "amp_backends.registry" in graph["amp_backends.planner"]
     assert "amp_backends.plan" in graph["amp_backends.registry"]  # under TYPE_CHECKING: counted too
     assert "amp_backends.backends.intel.itex" in graph["amp_backends.backends.cpu.backend"]
-    assert "amp_backends.tf_import" in graph["amp_backends.commands.report"]  # inside a function: counted too
-    assert "amp_backends.version" in graph["amp_backends.commands.report"]
+    assert "amp_backends.tf_import" in graph["amp_backends.commands.capability_report"]  # in a function: counted too
+    assert "amp_backends.version" in graph["amp_backends.commands.capability_report"]
     assert {"amp_backends.prepare", "amp_backends.training"} <= graph[FACE]  # the face's lazy names
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
@@ -312,6 +318,36 @@ def test_the_layout_page_names_every_layer_and_module():
         if shown not in page:
             missing.append(shown)
     assert not missing, f"docs/reference/layout.md does not name these modules of amp_backends: {sorted(missing)}"
+
+
+def shared_file_names(modules: dict[str, tuple[Path, bool]]) -> dict[str, list[str]]:
+    """File name -> the modules that have it, for each name that repeats other than `SHARED_FILE_NAMES` and a name
+    held only by modules of the vendors' folders (``amp_backends.backends.<vendor>.<name>``: one role per vendor)."""
+    holders = defaultdict(list)
+    for name, (path, _) in modules.items():
+        holders[path.name].append(name)
+    return {file: sorted(names) for file, names in sorted(holders.items())
+            if len(names) > 1 and file not in SHARED_FILE_NAMES
+            and not all(VENDOR_MODULE.fullmatch(name) for name in names)}
+
+
+def test_no_two_modules_share_a_file_name():
+    """Every shipped module (``amp_backends/`` and ``backends/``) has a file name of its own, so that a traceback, a
+    search or an editor's tab names one module: only ``__init__.py``, ``__main__.py`` and the same role in parallel
+    vendor folders (``backends/<vendor>/backend.py``, ``catalogue.py``, ``measured.py``) repeat."""
+    sample = {name: (Path(*name.split(".")[1:]).with_suffix(".py"), False) for name in (
+        "amp_backends.commands.report", "amp_backends.auditing.report", "amp_backends.model_check.rules",
+        "amp_backends.backends.cpu.rules", "amp_backends.backends.cpu.backend", "amp_backends.backends.nvidia.backend",
+        "amp_backends.zoo", "amp_backends.commands.bench.zoo_suite")}
+    sample["amp_backends.examples.gan.__main__"] = (Path("examples/gan/__main__.py"), False)
+    sample["amp_backends.examples.mnist.__main__"] = (Path("examples/mnist/__main__.py"), False)
+    assert shared_file_names(sample) == {
+        "report.py": ["amp_backends.auditing.report", "amp_backends.commands.report"],
+        "rules.py": ["amp_backends.backends.cpu.rules", "amp_backends.model_check.rules"]}
+    shared = shared_file_names(package_modules())
+    assert not shared, ("modules that share a file name; rename them for what each is (and name them on "
+                        "docs/reference/layout.md):\n" + "\n".join(f"{file}: {', '.join(names)}"
+                                                                  for file, names in shared.items()))
 
 
 def test_the_training_package_is_a_few_modules_of_one_concept_each():

@@ -148,11 +148,11 @@ def _help(command, *args):
 
 @pytest.mark.parametrize("which", ["info", "check", "mnist", "gan"])
 def test_every_command_takes_the_overrides_of_the_table(which):
-    from amp_backends.commands import check, info, train
+    from amp_backends.commands import check_command, info_command, train_command
     from amp_backends.request import OPTIONS, option_help
 
-    command = {"info": info.info, "check": check.check_command, "mnist": train.mnist_command(),
-               "gan": train.gan_command()}[which]
+    command = {"info": info_command.info, "check": check_command.check_command,
+               "mnist": train_command.mnist_command(), "gan": train_command.gan_command()}[which]
     text = _help(command)
     for o in OPTIONS:
         if which in ("mnist", "gan") and o.name == "graph_amp":

@@ -18,7 +18,7 @@ from schema_check import NAMES, assert_valid, errors, schema
 import amp_backends
 from amp_backends.backend_api import BackendRegistry
 from amp_backends.backends.cpu import CpuBackend
-from amp_backends.commands.report import collect
+from amp_backends.commands.capability_report import collect
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -22,12 +22,12 @@ be audited: its process's libraries have already started, and a model does not c
 - **Intel XPU**: not measured (the reason is in the result's notes). A backend without a kernel audit: not
   measured either.
 
-The result (`report.Audit`, built from the backend's reading in `build`): ``time_share_by_dtype``, the
+The result (`audit_result.Audit`, built from the backend's reading in `build`): ``time_share_by_dtype``, the
 share on matrix units, the float32 islands with the layers they belong to (records with shapes are matched
 to the ops of the child's traced step of their dtype and shape, each owned by the layer whose call created
 it, else by kernel shape; records with a TensorFlow op by its name scope; `match`) joined with the
 precision check's findings, contradictions with the plan as warnings with their fix (`verdict`, and the
-backend's own), and the unknown share. JSON schema in `report`.
+backend's own), and the unknown share. JSON schema in `audit_result`.
 
 This package was ``amp_backends.audit`` before that name became the function (`amp_backends.audit`).
 """
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..factory import factory_spec
 from .build import from_reading, not_measured, plan_data
-from .report import Audit
+from .audit_result import Audit
 from .runner import child_env, run_child
 
 __all__ = ["Audit", "AuditObserver", "audit", "audit_trace"]

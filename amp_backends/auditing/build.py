@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..kernel_audit import KernelAudit, KernelReading, KernelRecord, not_read
 from .match import LayerKernel, match, match_op_name, match_ops
-from .report import Audit, Entry
+from .audit_result import Audit, Entry
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..plan import Plan

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..kernel_audit import Capture, KernelAudit
 from .build import from_reading
-from .report import Audit
+from .audit_result import Audit
 
 if TYPE_CHECKING:
     from ..plan import Plan

@@ -13,7 +13,7 @@ from typing import Any
 from ..kernel_audit import Capture
 from .build import from_reading, not_measured
 from .child import BEGIN, END, PLAN_BACKEND
-from .report import Audit
+from .audit_result import Audit
 
 
 def overrides_env(plan: Any = None, **overrides: Any) -> dict[str, str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from .info import info
+from .info_command import info
 from .typer_app import make_app
 
 app = make_app("Hardware-aware mixed precision for TensorFlow/Keras: what this machine can do, and the plan.",
@@ -29,10 +29,10 @@ def get_app() -> typer.Typer:
     """The full command line: ``info``, plus ``check``, ``audit``, ``bench`` and ``train`` registered on first use."""
     global _registered
     if not _registered:
-        from .audit import audit_command
+        from .audit_command import audit_command
         from .bench import main as bench_main
-        from .check import check_command
-        from .train import train_app
+        from .check_command import check_command
+        from .train_command import train_app
 
         app.add_typer(train_app(), name="train",
                       short_help="Train the tutorials' MNIST CNN or GAN under the auto plan.")

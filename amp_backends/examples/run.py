@@ -1,6 +1,6 @@
 """What the MNIST and GAN examples share: their options, the plan, the data, the run directory, the trainer.
 
-Plain library code: nothing here parses a command line or exits (``amp_backends.commands.train`` does).
+Plain library code: nothing here parses a command line or exits (``amp_backends.commands.train_command`` does).
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ It traces the model's forward pass once (``tf.function(...).get_concrete_functio
 changes) on the model's input shapes, or on the ones ``inputs=`` gives (a sample batch, a ``tf.data``
 element spec or shapes; `shapes`), reads every matmul and convolution of the graph — the dtype it
 computes in, its shapes, its FLOPs — maps each op to the layer that created it, and judges them against the
-plan's device (see `target`) with the rules of `rules`. ``amp-backends check MODULE:FACTORY``
-(`command.check_command`) does the same from the command line.
+plan's device (see `target`) with the rules of `rules_general`. ``amp-backends check MODULE:FACTORY``
+(`amp_backends.commands.check_command`) does the same from the command line.
 
 Findings (``code``: when, severity)
     ``final-activation``: the model's output is a softmax/log_softmax/sigmoid computed in float16 or
@@ -67,7 +67,58 @@ the package).
 
 from __future__ import annotations
 
-from .check import check_model
-from .result import Finding, ModelCheck, Summary
+from typing import Any
 
-__all__ = ["Finding", "ModelCheck", "Summary", "check_model"]
+from .checker import check_model
+from .result import Finding, ModelCheck, Summary
+from .shapes import shapes_with_sequence_length
+
+__all__ = ["Finding", "ModelCheck", "Summary", "check_model", "shapes_with_sequence_length"]
+
+# Submodules that were renamed, kept for one release under their old name: old -> new. ``check`` was the module
+# of `check_model` (now `checker`); the docs showed ``amp_backends.model_check.check.shapes_with_sequence_length``.
+_RENAMED = {"check": "checker"}
+
+
+def _old_module(old: str, new: str) -> Any:
+    """The module object that serves the old path ``amp_backends.model_check.<old>`` for one release.
+
+    It sits in ``sys.modules``, where the import system looks first, so ``from amp_backends.model_check.check
+    import shapes_with_sequence_length`` and ``import amp_backends.model_check.check`` still work with no file of
+    that name; each public name of the new module read through it warns (``DeprecationWarning``) and forwards.
+    """
+    import importlib
+    import importlib.machinery
+    import sys
+    import types
+
+    name, target = f"{__name__}.{old}", f"{__name__}.{new}"
+    if name in sys.modules:
+        return sys.modules[name]
+    module = types.ModuleType(name, f"Deprecated: the old path of {target}.")
+
+    def forward(attr: str) -> Any:
+        moved = importlib.import_module(target)
+        if attr not in moved.__all__:
+            raise AttributeError(f"module {name!r} has no attribute {attr!r} ({name} is now {target})")
+        import warnings
+
+        public = f"{__name__}.{attr}" if attr in __all__ else f"{target}.{attr}"
+        warnings.warn(f"the module path {name} is deprecated: use {public} ({name} was renamed {target}); "
+                      "the old path goes in the next release", DeprecationWarning, stacklevel=2)
+        return getattr(moved, attr)
+
+    vars(module).update(__getattr__=forward, __all__=[], __spec__=importlib.machinery.ModuleSpec(name, None))
+    sys.modules[name] = module
+    return module
+
+
+for _old, _new in _RENAMED.items():
+    _old_module(_old, _new)
+del _old, _new
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RENAMED:  # ``amp_backends.model_check.check`` as an attribute: the old path's module
+        return _old_module(name, _RENAMED[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -79,7 +79,7 @@ def test_with_onednn_opts_off_the_kernels_ran_outside_onednn(monkeypatch):
 def test_the_command_prints_json_and_refuses_bad_targets():
     from typer.testing import CliRunner
 
-    from amp_backends.commands.audit import audit_command
+    from amp_backends.commands.audit_command import audit_command
     from amp_backends.commands.typer_app import make_app
 
     app = make_app()

@@ -15,7 +15,7 @@ from amp_backends.assessment import EMULATED, NATIVE, UNSUPPORTED, Assessment, S
 from amp_backends.backends.cpu import CpuBackend
 from amp_backends.backends.intel import IntelBackend
 from amp_backends.backends.nvidia import NvidiaBackend
-from amp_backends.commands.report import collect
+from amp_backends.commands.capability_report import collect
 from amp_backends.configure import auto_configure, plan_for
 from amp_backends.errors import AmpWarning, BackendError
 from amp_backends.hardware import Accelerator, BackendProbe, Hardware

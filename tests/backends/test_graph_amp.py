@@ -161,7 +161,7 @@ def test_plan_for_with_the_old_keyword_plans_as_the_new_one(registry):
 
 
 def test_the_report_names_the_old_variable_in_force_and_plans_with_it():
-    from amp_backends.commands.report import collect
+    from amp_backends.commands.capability_report import collect
 
     with pytest.warns(FutureWarning, match="use AMP_GRAPH_AMP"):
         d = collect(use_tensorflow=False, environ={"AMP_ITEX_AMP": "on"}, device="max1550").data

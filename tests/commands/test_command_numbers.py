@@ -44,7 +44,7 @@ def test_a_bad_number_gets_the_librarys_message_and_exit_2(command, flag, value,
 
 
 def test_a_good_number_reaches_the_command(monkeypatch):
-    from amp_backends.commands import train
+    from amp_backends.commands import train_command as train
 
     seen = {}
     monkeypatch.setattr(train, "run_example", lambda name, fn, parsed: seen.update(parsed))

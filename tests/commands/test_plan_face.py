@@ -288,7 +288,7 @@ def test_audit_piped_prints_whole_lines(tmp_path):
 
 
 def test_bench_tables_piped_print_one_whole_line_a_row(capsys):
-    from amp_backends.commands.bench.report import loops_table, zoo_table
+    from amp_backends.commands.bench.output import loops_table, zoo_table
 
     model = "a_model_whose_name_is_long_enough_to_wrap_in_a_table_0123456789"
     env = {"devices": ["AMD EPYC (Zen 5)"], "cpu": "AMD EPYC (Zen 5), 2 logical cores"}
@@ -309,7 +309,7 @@ def test_bench_tables_piped_print_one_whole_line_a_row(capsys):
 def test_on_a_terminal_the_commands_keep_their_tables():
     from rich.console import Console
 
-    from amp_backends.commands.report import collect, render_text
+    from amp_backends.commands.capability_report import collect, render_text
 
     buffer = io.StringIO()
     render_text(collect(use_tensorflow=False, device="zen4"), Console(file=buffer, force_terminal=True, width=120,

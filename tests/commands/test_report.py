@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import NEUTRAL_CWD
 
-from amp_backends.commands.report import SCHEMA_VERSION, collect, render_text, to_json
+from amp_backends.commands.capability_report import SCHEMA_VERSION, collect, render_text, to_json
 from amp_backends.probe import needs_tensorflow
 from amp_backends.registry import default_registry
 from amp_backends.tf_import import NOISE, quiet_tensorflow_logs
@@ -104,7 +104,7 @@ def test_info_here_imports_tensorflow_only_if_needed():
         assert "CPU" in d["hardware"]["tensorflow_device_types"]
     else:  # the common case on a CPU machine: no TensorFlow import (seconds of the report's time once)
         assert d["hardware"]["tensorflow_device_types"] is None
-        code = ("import sys; from amp_backends.commands.report import collect; collect(); "
+        code = ("import sys; from amp_backends.commands.capability_report import collect; collect(); "
                 "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))")
         assert run_python(code) == "[]"
     assert out.stderr == ""

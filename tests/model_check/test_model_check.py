@@ -21,7 +21,7 @@ tf = pytest.importorskip("tensorflow")
 import amp_backends  # noqa: E402
 import amp_backends.errors  # noqa: E402
 from amp_backends.model_check import ModelCheck, check_model  # noqa: E402
-from amp_backends.commands.check import check_command, parse_input_shape  # noqa: E402
+from amp_backends.commands.check_command import check_command, parse_input_shape  # noqa: E402
 from amp_backends.model_check.target import make_target  # noqa: E402
 from amp_backends.models import gan_discriminator, gan_generator, mnist_cnn  # noqa: E402
 from fakes import A100, AMD_HERE, H100, SAPPHIRE_RAPIDS, ZEN4, cpu_of, machine, nvidia  # noqa: E402

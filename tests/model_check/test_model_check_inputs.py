@@ -18,7 +18,7 @@ tf = pytest.importorskip("tensorflow")
 import amp_backends  # noqa: E402
 from amp_backends.prepare import prepare_model  # noqa: E402
 from amp_backends.model_check import check_model  # noqa: E402
-from amp_backends.model_check.check import shapes_with_sequence_length  # noqa: E402
+from amp_backends.model_check import shapes_with_sequence_length  # noqa: E402
 from fakes import H100, ZEN4, cpu_of, machine, nvidia  # noqa: E402
 
 K = tf.keras

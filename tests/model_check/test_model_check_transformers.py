@@ -20,7 +20,7 @@ keras_hub = pytest.importorskip("keras_hub", reason="keras_hub is not installed 
 import amp_backends  # noqa: E402
 from amp_backends.prepare import prepare_model  # noqa: E402
 from amp_backends.model_check import check_model  # noqa: E402
-from amp_backends.model_check.check import shapes_with_sequence_length  # noqa: E402
+from amp_backends.model_check import shapes_with_sequence_length  # noqa: E402
 from fakes import H100, machine, nvidia  # noqa: E402
 
 K = tf.keras

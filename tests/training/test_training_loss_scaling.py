@@ -109,7 +109,7 @@ def test_nonfinite_weights_are_never_saved(tmp_path):
 
 
 def test_a_command_line_says_the_remedy_in_its_own_flags():
-    from amp_backends.commands.train import _in_flags
+    from amp_backends.commands.train_command import _in_flags
 
     error = NonFiniteError("stopped", overrides={"loss_scale": "fixed:16"}, resume=True)
     assert _in_flags(error) == " On this command line: run it again with --loss-scale fixed:16 --resume."

@@ -7,12 +7,12 @@ suite             module
 ================  ==============================================================================
 (default)         `loops`: the tutorials' hand-written loops under their manual configurations,
                   Keras ``fit`` and the trainer under the auto plan (``bench.json``, ``bench.png``)
-``--zoo``         `zoo` (workers: `zoo_worker`): reference models under the float32 ``fit``
+``--zoo``         `zoo_suite` (workers: `zoo_worker`): reference models under the float32 ``fit``
                   baseline, the manual configurations, ``fit`` and the trainer under the auto plan
                   (``zoo.json``, ``zoo.md``)
 ================  ==============================================================================
 
-`supervisor` runs worker processes with time limits; `report` writes tables, JSON and charts.
+`supervisor` runs worker processes with time limits; `output` writes tables, JSON and charts.
 The GPU suite, the experiments behind the trainer's GPU settings, is the project's own evidence and runs from
 a checkout: ``python benchmarks/gpu_suite.py`` (``benchmarks/README.md``).
 """
@@ -80,7 +80,7 @@ def main(
 
     if zoo:
         from ...zoo import ZOO
-        from .zoo import run_zoo
+        from .zoo_suite import run_zoo
 
         zoo_models = _names(models) or list(ZOO)
         bad = [m for m in zoo_models if m not in ZOO]

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ...configure import auto_configure, plan_for, reset
 from ...keras_compat import dynamic_loss_scale_optimizer, scale_loss, set_global_policy, unscale_gradients
-from .report import environment, loops_chart, loops_table, run_header, unsafe_policies, write_json
+from .output import environment, loops_chart, loops_table, run_header, unsafe_policies, write_json
 
 if TYPE_CHECKING:  # numpy is imported by the data helpers when a run starts, not by the command line
     import numpy as np

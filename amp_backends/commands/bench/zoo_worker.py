@@ -2,7 +2,7 @@
 
 A dtype policy, XLA and an applied plan are process-wide and cannot be changed back completely in one
 process, so each configuration gets its own worker, set up once at start. The coordinator
-(`zoo`) sends one JSON request per line on standard input; the worker answers each on standard
+(`zoo_suite`) sends one JSON request per line on standard input; the worker answers each on standard
 output (`supervisor.answer`):
 
 * ``prepare``: build the model (seed 0: the same weights in every configuration; the second float32

@@ -1,7 +1,7 @@
 """The tutorials' MNIST GAN, trained under the auto plan: `train_gan`.
 
 From the command line: ``python -m amp_backends.examples.gan --help`` or ``amp-backends train gan``
-(`amp_backends.commands.train`).
+(`amp_backends.commands.train_command`).
 
 One step updates the generator (Adam), then the discriminator (RMSprop, 1e-4), each with its own forward
 pass and its own loss scale; throughput counts 2 x batch images per step, as the tutorial did.

@@ -1,8 +1,8 @@
 """``python -m amp_backends.examples.gan``: the ``amp-backends train gan`` command.
 
-See `amp_backends.commands.train`.
+See `amp_backends.commands.train_command`.
 """
 
-from ...commands.train import gan_main
+from ...commands.train_command import gan_main
 
 gan_main()

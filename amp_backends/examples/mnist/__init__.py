@@ -7,7 +7,7 @@ seen in training or in the choice of the checkpoint). Synthetic images (``--synt
 nothing to validate.
 
 From the command line: ``python -m amp_backends.examples.mnist --help`` or ``amp-backends train mnist``
-(`amp_backends.commands.train`).
+(`amp_backends.commands.train_command`).
 """
 
 from __future__ import annotations

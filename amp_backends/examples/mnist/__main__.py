@@ -1,8 +1,8 @@
 """``python -m amp_backends.examples.mnist``: the ``amp-backends train mnist`` command.
 
-See `amp_backends.commands.train`.
+See `amp_backends.commands.train_command`.
 """
 
-from ...commands.train import mnist_main
+from ...commands.train_command import mnist_main
 
 mnist_main()

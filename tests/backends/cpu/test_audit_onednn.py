@@ -14,7 +14,7 @@ import pytest
 
 from amp_backends.auditing.build import from_reading
 from amp_backends.auditing.match import LayerKernel, match
-from amp_backends.auditing.report import Audit, Entry
+from amp_backends.auditing.audit_result import Audit, Entry
 from amp_backends.auditing.runner import overrides_env, split_output
 from amp_backends.backends.cpu import verbose as onednn
 from amp_backends.kernel_audit import Capture

@@ -8,7 +8,7 @@ from .fp8_choice import fp8_layers
 from ..errors import ModelCallError
 from ..keras_compat import input_structure, is_keras_model, keras_info
 from .result import Finding, ModelCheck, Summary
-from .rules import Rules
+from .rules_general import Rules
 from .shapes import dynamic_dims, given_inputs, shapes_with_sequence_length
 from .target import make_target
 from .trace import trace_model

@@ -14,7 +14,7 @@ from ...assessment import UNSAFE
 
 if TYPE_CHECKING:
     from ...plan import Plan
-    from ..report import Report
+    from ..capability_report import Report
 
 
 def now_iso() -> str:
@@ -55,7 +55,7 @@ def environment(collected: Report | None = None) -> dict[str, Any]:
         could not be collected.
     """
     if collected is None:
-        from ..report import collect
+        from ..capability_report import collect
 
         try:
             collected = collect(use_tensorflow=True)

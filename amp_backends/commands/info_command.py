@@ -38,7 +38,7 @@ def info(
     from ..tf_import import quiet_tensorflow_logs
 
     quiet = quiet_tensorflow_logs()
-    from .report import collect, render_text, to_json
+    from .capability_report import collect, render_text, to_json
 
     try:
         report = collect(use_tensorflow=tensorflow, quiet=quiet, device=device, **overrides)
