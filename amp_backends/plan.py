@@ -68,7 +68,7 @@ class Rejected:
     setting: str
     value: str
     why: str
-    evidence: tuple[Evidence, ...] = ()
+    evidence: tuple[Evidence, ...] = field(default=(), compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         """The rejected value as JSON data (``evidence`` only where there is some).

@@ -435,7 +435,8 @@ def benchmarks_page() -> str:
                 "```", "", _table(list(ZOO_HEAD), [list(r) for r in zoo_rows(report)]).rstrip("\n")]
         if peers := peer_rows(report):
             out += ["", "What a user would pick instead, beside float32 `fit` and the plan (samples/s: median and "
-                    "range over the repetitions; inference: `predict_on_batch` after each repetition):", "",
+                    "range over the repetitions; inference after each repetition: `Trainer.predict` for the trainer, "
+                    "`predict_on_batch` for `fit`):", "",
                     _table(["model", "configuration", "training", "inference", "loss - float32 (parity)"],
                            peers).rstrip("\n")]
     return "\n".join(out).rstrip("\n") + "\n"

@@ -167,7 +167,7 @@ def cpu_device(cpu: CpuInfo) -> Accelerator:
 def cpu_probe(cpu: CpuInfo, itex: ItexStatus, *, onednn: OneDnnState | None = None,
               environ: Mapping[str, str] | None = None, system: str = "linux", reason: str | None = None,
               details: Iterable[tuple[str, str]] | None = None, zentf: str | None = None,
-              zendnn_on: bool = False) -> BackendProbe:
+              zendnn_on: bool | None = None) -> BackendProbe:
     """The CPU probe of a machine with this CPU: what the probe reports, what ``describe`` gives for a catalogue CPU,
     and what the tests' fake machines hold.
 
@@ -176,18 +176,22 @@ def cpu_probe(cpu: CpuInfo, itex: ItexStatus, *, onednn: OneDnnState | None = No
         itex: ITEX's status there; its ``tf_version`` is the TensorFlow there.
         onednn: Whether TensorFlow runs oneDNN there, as the probe read it (default: as TensorFlow would decide
             from ``environ`` and ``system``, `onednn_state`).
-        environ: The environment TensorFlow starts in (``TF_ENABLE_ONEDNN_OPTS``), where ``onednn`` is not given.
+        environ: The environment TensorFlow starts in: ``TF_ENABLE_ONEDNN_OPTS`` where ``onednn`` is not given,
+            ``TF_ENABLE_ZENDNN_OPTS`` where ``zendnn_on`` is not.
         system: The platform (``sys.platform``'s names), where ``onednn`` is not given.
         reason: The probe's summary (default: the CPU, its cores and its bf16 instructions, as the probe words it).
         details: The probe's ``(key, value)`` details for people (default: ITEX's status and oneDNN's state).
         zentf: The installed version of AMD's ZenDNN plug-in (``zentf``), or ``None``.
-        zendnn_on: Whether ``TF_ENABLE_ZENDNN_OPTS=1`` is set where TensorFlow starts (zentf's kernels run).
+        zendnn_on: Whether ``TF_ENABLE_ZENDNN_OPTS=1`` is set where TensorFlow starts (zentf's kernels run;
+            default: as ``environ`` says).
 
     Returns:
         The probe, with the CPU as its one device (``/CPU:0``).
     """
     if onednn is None:
         onednn = onednn_state(cpu, environ or {}, system=system, tf_version=itex.tf_version)
+    if zendnn_on is None:
+        zendnn_on = (environ or {}).get(rules.ZENDNN_VARIABLE) == "1"
     if reason is None:
         bf16_flags = ", ".join(sorted(cpu.flags & {"avx512_bf16", "amx_bf16", "bf16"}))
         bf16 = f"native bf16 ({bf16_flags})" if cpu.native_bf16 else "no bf16 instructions"
@@ -227,8 +231,7 @@ class CpuBackend(Backend):
         cpu = probe_cpu()
         itex = itex_status()
         return cpu_probe(cpu, itex, onednn=read_onednn_state(cpu, os.environ, tensorflow_version()),
-                         zentf=installed_version(rules.ZENDNN_PACKAGE),
-                         zendnn_on=os.environ.get(rules.ZENDNN_VARIABLE) == "1")
+                         zentf=installed_version(rules.ZENDNN_PACKAGE), environ=os.environ)
 
     def report_rows(self, probe: BackendProbe) -> list[tuple[str, str]]:
         cpu = probe.cpu

@@ -232,6 +232,8 @@ class ZooRun:
                 calls[cfg.name].append(r["samples"] / r["call_seconds"])
                 if r.get("predict_seconds"):
                     predicts[cfg.name].append(r["samples"] / r["predict_seconds"])
+                elif r.get("predict_error"):
+                    rec["configs"][cfg.name]["predict_error"] = r["predict_error"]
                 return Sample(r["samples"], r["seconds"])
             return run
 
@@ -293,8 +295,9 @@ def run_zoo(models: list[str], config_names: list[str] | None, reps: int, steps:
                                            "figure": "median repetition, samples/s (min-max over repetitions); a "
                                                      "repetition is one fit()/Trainer.fit() call, timed from the start "
                                                      "of its training to its end (call_samples_per_s: the whole call; "
-                                                     "predict_samples_per_s: as many inference batches, "
-                                                     "predict_on_batch, after each repetition)"},
+                                                     "predict_samples_per_s: as many inference batches after each "
+                                                     "repetition, Trainer.predict for the trainer, predict_on_batch "
+                                                     "for fit)"},
                               "models": []}
     try:
         runner.say(f"zoo: {len(models)} model(s) x {len(configs)} configuration(s), {reps} interleaved repetitions of "

@@ -9,7 +9,8 @@ output (`supervisor.answer`):
   baseline seed 1, for the float32 run-to-run spread), compile, one
   untimed warm-up repetition (tracing, XLA compilation); with ``flops``, FLOPs per sample.
 * ``rep``: one timed repetition of ``steps`` training steps; seconds and samples; then ``steps`` inference
-  batches of the model as trained (``predict_on_batch``; not the GAN): ``predict_seconds``.
+  batches of the model as trained (``Trainer.predict`` for the trainer, ``predict_on_batch`` for ``fit``; not
+  the GAN): ``predict_seconds``, or ``predict_error`` where inference failed.
 * ``loss``: the model's loss on a fixed batch in inference mode (parity with float32).
 * ``peak``: 2 x n^3 matmul rates for the dtypes asked.
 """
@@ -169,14 +170,25 @@ class ZooWorker:
             self.window["loss_n"] = 1.0
         t1 = time.perf_counter()
         dt = self.window.get("end", t1) - self.window.get("start", t0)
-        out = {"seconds": dt, "call_seconds": t1 - t0, "samples": self.steps * self.batch * self.entry.per_sample}
-        if not self.entry.gan:  # inference with the model as trained, under the same settings (the GAN: no one model)
-            self.model.predict_on_batch(self.x_eval)  # (traced on the warm-up repetition)
-            t2 = time.perf_counter()
-            for _ in range(self.steps):
-                self.model.predict_on_batch(self.x_eval)
-            out["predict_seconds"] = time.perf_counter() - t2
+        out: dict[str, Any] = {"seconds": dt, "call_seconds": t1 - t0,
+                               "samples": self.steps * self.batch * self.entry.per_sample}
+        if not self.entry.gan:  # inference with the model as trained (the GAN: no one model to predict with)
+            try:
+                self._predict()  # (traced on the warm-up repetition)
+                t2 = time.perf_counter()
+                for _ in range(self.steps):
+                    self._predict()
+                out["predict_seconds"] = time.perf_counter() - t2
+            except Exception as exc:  # inference failing leaves the training figure standing
+                out["predict_error"] = f"{type(exc).__name__}: {str(exc).strip()[:200]}"
         return out
+
+    def _predict(self) -> Any:
+        """One batch of inference as this configuration's user runs it: ``Trainer.predict`` under the plan for
+        the trainer, ``predict_on_batch`` of the compiled model (its XLA setting) for ``fit``."""
+        if self.trainer is not None:
+            return self.trainer.predict(self.x_eval)
+        return self.model.predict_on_batch(self.x_eval)
 
     def loss(self) -> dict[str, Any]:
         """``loss``: the mean training loss of the last repetition (the discriminator's for the GAN; every

@@ -42,6 +42,8 @@ def test_zentf_runs_only_where_its_variable_is_set_and_the_report_says_how_to_tu
     assert both.startswith("ZenDNN") and "TF_ENABLE_ONEDNN_OPTS=0" in both
     # the variable without zentf installed changes nothing
     assert rows(ZEN5, zendnn_on=True)["math library"] == "oneDNN"
+    # read from the environment TensorFlow starts in, as oneDNN's variable is
+    assert rows(ZEN3, {"TF_ENABLE_ZENDNN_OPTS": "1"}, zentf="2.21.0.0")["math library"].startswith("ZenDNN")
 
 
 def test_the_rule_is_pure_over_its_inputs():
