@@ -247,7 +247,9 @@ def math_library(onednn: OneDnnState, itex_active: bool, zentf: str | None, zend
     if zentf and zendnn_on:
         both = "; oneDNN is on too: AMD documents ZenDNN with TF_ENABLE_ONEDNN_OPTS=0" if onednn.enabled else ""
         return f"ZenDNN (zentf {zentf}, {ZENDNN_VARIABLE}=1){both}"
-    idle = f"; zentf {zentf} is installed but off ({ZENDNN_VARIABLE}=1 turns it on)" if zentf else ""
+    idle = (f"; zentf {zentf} is installed but off ({ZENDNN_VARIABLE}=1 turns it on)" if zentf else
+            f"; {ZENDNN_VARIABLE}=1 is set but zentf is not installed (pip install zentf), so it changes nothing"
+            if zendnn_on else "")
     if onednn.enabled:
         return "oneDNN" + idle
     return "Eigen (TensorFlow's own kernels: oneDNN is off)" + idle
