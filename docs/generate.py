@@ -393,28 +393,9 @@ def chart_data() -> dict[str, list[tuple[str, float | None, float | None]]]:
     return data
 
 
-def peer_rows(report: dict[str, Any]) -> list[list[str]]:
-    """A zoo run's peers beside float32 ``fit`` and the plan: per model and configuration, training samples/s (median,
-    min-max), inference samples/s where measured, and the loss against the float32 baseline."""
-    rows = []
-    for m in report["models"]:
-        configs = m.get("configs") or {}
-        if m.get("skipped") or not any(c.get("kind") == "peer" for c in configs.values()):
-            continue
-        for name, c in configs.items():
-            if c.get("kind") not in ("peer", "auto_fit", "trainer") and name != "float32 fit (defaults)":
-                continue
-            s, p = c.get("samples_per_s") or {}, c.get("predict_samples_per_s") or {}
-            within = {None: "", True: " (ok)", False: " (outside)"}[c.get("loss_within_spread")]
-            rows.append([m["model"], name, f"{s['median']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f})" if s else "failed",
-                         f"{p['median']:,.0f} ({p['min']:,.0f}-{p['max']:,.0f})" if p else "-",
-                         f"{c['loss_vs_baseline']:+.4f}{within}" if c.get("loss_vs_baseline") is not None else "-"])
-    return rows
-
-
 def benchmarks_page() -> str:
     """The model zoo's committed runs: the speed-up charts first, then each run's table."""
-    from amp_backends.commands.bench.output import ZOO_HEAD, zoo_rows
+    from amp_backends.commands.bench.output import ZOO_HEAD, peer_rows, zoo_rows
 
     out = [HEADER.rstrip("\n"), "", "## Speed-up over float32 per model", ""]
     for device, rows in chart_data().items():
@@ -438,7 +419,7 @@ def benchmarks_page() -> str:
                     "range over the repetitions; inference after each repetition: `Trainer.predict` for the trainer, "
                     "`predict_on_batch` for `fit`):", "",
                     _table(["model", "configuration", "training", "inference", "loss - float32 (parity)"],
-                           peers).rstrip("\n")]
+                           [list(r) for r in peers]).rstrip("\n")]
     return "\n".join(out).rstrip("\n") + "\n"
 
 

@@ -50,7 +50,7 @@ import tensorflow as tf
 from ..errors import CheckpointMismatchError, TrainingInterrupted
 from ..plan import Plan
 from .checkpoints import SIGNATURE_KEY, CheckpointStore, Restored
-from .distribute import StopAgreement, collectives, is_chief, worker_id
+from .distribute import StopAgreement, collectives
 from .loss_scaling import LossScaler
 from .metrics import variables
 from .precision import TrainedModels
@@ -222,10 +222,11 @@ class Checkpointing:
 
     def __init__(self, directory: str | None, *, objects: Mapping[str, Any] | None, keep: int, every: int | None,
                  plan: Plan, updates: Sequence[Update], scalers: Mapping[str, LossScaler], position: Position,
-                 seed: int, strategy: Any, validation: Validation, trained: Sequence[Any]) -> None:
+                 seed: int, strategy: Any, is_chief: bool, worker: str, validation: Validation,
+                 trained: Sequence[Any]) -> None:
         self.updates, self.scalers, self.position, self.seed, self.every = updates, scalers, position, seed, every
         self.plan_headline, self.validation = str(plan.headline), validation
-        self.strategy, self.is_chief, self.worker = strategy, is_chief(strategy), worker_id(strategy)
+        self.strategy, self.is_chief, self.worker = strategy, is_chief, worker  # (the trainer's: `distribute`)
         self.agree = StopAgreement(strategy)  # every worker stops after the same call
         self.signals = StopSignals()  # `until_stopped`'s; ``stopped``: the signal every worker stops on
         self.stopped: int | None = None

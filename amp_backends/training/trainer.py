@@ -124,8 +124,8 @@ class Trainer:
                                      chief=self.is_chief)
         self.checkpointing = Checkpointing(  # the store, saves, resuming, stopping on a signal
             checkpoint_dir, objects=checkpoint_objects, keep=keep_checkpoints, every=checkpoint_every, plan=plan,
-            updates=self.updates, scalers=self.scalers, position=self.position, seed=self.seed,
-            strategy=self.strategy, validation=self.validation, trained=trained)
+            updates=self.updates, scalers=self.scalers, position=self.position, seed=self.seed, trained=trained,
+            strategy=self.strategy, is_chief=self.is_chief, worker=self.worker, validation=self.validation)
         self.store, self.checkpoint_dir = self.checkpointing.store, self.checkpointing.directory
         self.observers += [self.validation.monitor, *default_observers(self.is_chief, log_every, logdir, progress,
                                                                        profile_steps)]

@@ -163,6 +163,33 @@ def zoo_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
     return rows
 
 
+def _loss_vs_baseline(c: dict[str, Any]) -> str:
+    """The training loss minus the float32 baseline's, and whether that lies within the float32 run-to-run spread
+    (``+0.0012 (ok)``, ``-0.0300 (outside)``)."""
+    within = c.get("loss_within_spread")
+    return _f(c.get("loss_vs_baseline"), "+.4f") + ("" if within is None else " (ok)" if within else " (outside)")
+
+
+def _median_range(s: dict[str, Any] | None, none: str = "-") -> str:
+    """A figure's median and its range over the repetitions: ``5,741 (5,641-5,778)``."""
+    return f"{s['median']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f})" if s else none
+
+
+def peer_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
+    """A zoo run's peers beside float32 ``fit`` and the plan: per model and configuration, training samples/s (median,
+    min-max), inference samples/s where measured, and the loss against the float32 baseline (none without peers)."""
+    rows: list[tuple[str, ...]] = []
+    for m in report["models"]:
+        configs = m.get("configs") or {}
+        if m.get("skipped") or not any(c.get("kind") == "peer" for c in configs.values()):
+            continue
+        rows += [(str(m["model"]), name, _median_range(c.get("samples_per_s"), "failed"),
+                  _median_range(c.get("predict_samples_per_s")), _loss_vs_baseline(c))
+                 for name, c in configs.items()
+                 if c.get("kind") in ("peer", "auto_fit", "trainer") or name == "float32 fit (defaults)"]
+    return rows
+
+
 def _parity(c: dict[str, Any]) -> str:
     """``ok`` when the loss lies within the float32 run-to-run spread of the baseline's, else the difference."""
     within = c.get("loss_within_spread")
@@ -209,9 +236,8 @@ def zoo_markdown(report: dict[str, Any]) -> str:
                 f"{_f(c.get('x_baseline'), '.2f')} | {_f(c.get('x_best_manual'), '.2f')} | "
                 f"{_f(c.get('share_of_peak'), '.0%')} | "
                 f"{_f((c.get('predict_samples_per_s') or {}).get('median'), ',.0f')} | {_f(c.get('loss'), '.4f')} | "
-                f"{_f(c.get('loss_vs_baseline'), '+.4f')}"
-                f"{'' if c.get('loss_within_spread') is None else ' (ok)' if c['loss_within_spread'] else ' (outside)'}"
-                f" | {c.get('setup', '')} | {str(c.get('error') or '').replace('|', '/')[:200]} |")
+                f"{_loss_vs_baseline(c)} | {c.get('setup', '')} | "
+                f"{str(c.get('error') or '').replace('|', '/')[:200]} |")
     return "\n".join(lines) + "\n"
 
 
