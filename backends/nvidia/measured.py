@@ -1,8 +1,10 @@
 """The GPU measurements the NVIDIA plan's reasons quote, read from the committed results files.
 
 ``results/gpu-suite-h200/gpu_suite.json`` (``python benchmarks/gpu_suite.py``: the tutorials' hand-written loops,
-each configuration's median epoch) and ``results/zoo-h200/mnist-cnn/zoo.json`` (``--zoo``: the matmul peak
-per dtype, 4 chained 8192x8192 matmuls) ship in the wheel as ``amp_backends/results``. A reason never types a
+each configuration's median epoch), ``results/gpu-suite-h200-trainer/gpu_suite.json`` (the suite's experiments:
+Keras ``fit`` at one and at many steps per call, the trainer's compiled calls) and
+``results/zoo-h200/mnist-cnn/zoo.json`` (``--zoo``: the matmul peak per dtype, 4 chained 8192x8192 matmuls) ship
+in the wheel as ``amp_backends/results``. A reason never types a
 figure itself: it quotes one of these files with its machine; a missing file makes the reason say so.
 """
 
@@ -16,6 +18,7 @@ from amp_backends.backend_api import Results, load_results
 from .capability import cc_label
 
 GPU_SUITE = "gpu-suite-h200/gpu_suite.json"
+EXPERIMENTS = "gpu-suite-h200-trainer/gpu_suite.json"
 MATMUL_PEAK = "zoo-h200/mnist-cnn/zoo.json"
 
 
@@ -38,6 +41,24 @@ def _suite(file: str, doc: Mapping[str, Any]) -> Results:
     return Results(file, _machine(doc), str(doc["software"]["tensorflow"]), command, str(doc["date"]), medians)
 
 
+def _fit_calls(file: str, doc: Mapping[str, Any]) -> Results:
+    # the suite's keras_fit rows, named as a reason says them: "float32 fit as written", "fit at 1 step per call"
+    # (compile(**plan.compile_kwargs())), "fit at 58 steps per call" (steps_per_execution=58)
+    medians = {}
+    for r in (doc["experiments"].get("keras_fit") or {}).get("rows") or []:
+        label, figure = str(r["label"]), r.get("img_per_s")
+        if r.get("status") != "ok" or not isinstance(figure, (int, float)):
+            continue
+        if label.startswith("as users write it"):
+            medians["float32 fit as written"] = float(figure)
+        elif "steps_per_execution=" in label:
+            medians[f"fit at {label.rpartition('=')[2]} steps per call"] = float(figure)
+        else:
+            medians["fit at 1 step per call"] = float(figure)
+    command = str(doc["command"])
+    return Results(file, _machine(doc), str(doc["software"]["tensorflow"]), command, str(doc["date"]), medians)
+
+
 def _peaks(file: str, doc: Mapping[str, Any]) -> Results:
     medians = {f"{k} matmul": float(v) / 1000 for k, v in (doc.get("peak_gflops") or {}).items()
                if isinstance(v, (int, float))}
@@ -48,6 +69,12 @@ def _peaks(file: str, doc: Mapping[str, Any]) -> Results:
 def suite() -> Results | None:
     """The GPU suite's hand-written loops (``"mnist: fp16 dynamic+XLA"``, ...), or ``None`` if missing."""
     return load_results(GPU_SUITE, _suite)
+
+
+def fit_calls() -> Results | None:
+    """Keras ``fit`` under the plan at one step per compiled call and at many (``"fit at 1 step per call"``,
+    ``"fit at 58 steps per call"``) and as users write it (``"float32 fit as written"``), or ``None`` if missing."""
+    return load_results(EXPERIMENTS, _fit_calls)
 
 
 def peaks() -> Results | None:

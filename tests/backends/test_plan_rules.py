@@ -370,6 +370,11 @@ def _committed_gpu_figure(file, config):
     from amp_backends.evidence import RESULTS_DIR
 
     doc = json.loads((RESULTS_DIR / file).read_text(encoding="utf-8"))
+    if "experiments" in doc and config.startswith("fit at "):  # the GPU suite's Keras fit at N steps per call
+        steps = config.split()[2]
+        return next(r["img_per_s"] for r in doc["experiments"]["keras_fit"]["rows"]
+                    if r["label"].endswith(f"steps_per_execution={steps}")
+                    or (steps == "1" and r["label"].endswith("compile(**plan.compile_kwargs())")))
     if "experiments" in doc:  # the GPU suite: the tutorials' loops, img/s
         return next(r["img_per_s"] for r in doc["experiments"]["bench"]["rows"] if r["label"] == config)
     return doc["peak_gflops"][config.removesuffix(" matmul")] / 1000  # the zoo's matmul peak, TFLOP/s
@@ -424,9 +429,9 @@ def test_the_results_the_reasons_quote_ship_in_the_wheel():
     config = tomllib.loads(pyproject.read_text(encoding="utf-8"))["tool"]["setuptools"]
     assert config["package-dir"]["amp_backends.results"] == "results" and "amp_backends.results" in config["packages"]
     patterns = config["package-data"]["amp_backends.results"]
-    from amp_backends.backends.nvidia.measured import GPU_SUITE, MATMUL_PEAK
+    from amp_backends.backends.nvidia.measured import EXPERIMENTS, GPU_SUITE, MATMUL_PEAK
 
-    for file in (WITH_BF16, WITHOUT_BF16, WITH_FP16, FIT_STEPS, LAYERS, GPU_SUITE, MATMUL_PEAK):
+    for file in (WITH_BF16, WITHOUT_BF16, WITH_FP16, FIT_STEPS, LAYERS, GPU_SUITE, EXPERIMENTS, MATMUL_PEAK):
         assert any(fnmatch.fnmatch(file, p) for p in patterns), file
 
 
@@ -517,6 +522,21 @@ def test_a_gpu_suite_file_without_nvml_facts_still_names_its_gpu_and_the_command
     assert results.machine_kind == "unknown GPU" and results.has("mnist: fp16 dynamic+XLA")
     # recorded as the bench command's old option; quoted as the command that runs the suite now
     assert "benchmarks/gpu_suite.py" in measured.suite().run() and "--gpu-suite" not in measured.suite().run()
+
+
+def test_the_gpu_plan_keeps_one_step_per_fit_call_and_quotes_what_more_steps_measured(registry, monkeypatch):
+    from amp_backends.backends.nvidia import measured
+
+    a = registry.get("nvidia").assess(nvidia(H100), machine(nvidia(H100)))
+    fit, one, many = measured.fit_calls(), "fit at 1 step per call", "fit at 58 steps per call"
+    assert a.steps_per_execution == 1 and fit is not None and fit.has(one, many)
+    assert f"{fit.times(many, one)} as fast at 58" in a.steps_per_execution_why
+    assert [e.file for e in a.steps_per_execution_evidence] == [f"results/{measured.EXPERIMENTS}"]
+    # a file that lost its keras_fit rows (or a broken install without it): the reason says nothing was measured
+    monkeypatch.setattr(measured, "EXPERIMENTS", "gpu-suite-missing/gpu_suite.json")
+    a = registry.get("nvidia").assess(nvidia(H100), machine(nvidia(H100)))
+    assert a.steps_per_execution == 1 and a.steps_per_execution_evidence == ()
+    assert "no GPU measurement of fit with more steps per call is committed" in a.steps_per_execution_why
 
 
 
