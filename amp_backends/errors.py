@@ -35,11 +35,15 @@ class                        bases                  raised when
 ``AmpWarning``               ``UserWarning``        a request was downgraded, or honoured although known to be slow
 ===========================  =====================  ==============================================================
 
-Each message says what was expected, what was received and how to fix it.
+Each message says what was expected, what was received and how to fix it. TensorFlow's own errors are read
+here too: `lookup_error` turns a gather past its table into the `InputError` that names the data's fault, and
+`xla_compile_failure` tells XLA failing to compile a call (the trainer then compiles without it) from any other
+error.
 """
 
 from __future__ import annotations
 
+import re
 
 __all__ = ["AmpConfigError", "AmpError", "AmpWarning", "BackendError", "CheckpointError", "CheckpointMismatchError",
            "ClusterConfigError", "DataUnavailableError", "DistributedFailure", "FactoryError", "InputError",
@@ -150,3 +154,67 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 class AmpWarning(UserWarning):
     """Emitted when a request is downgraded, or honoured although it is known to be slow."""
+
+
+# ------------------------------------------------------------------------ TensorFlow's errors, read
+_OUT_OF_TABLE = re.compile(r"indices\[[^\]]*\] = (-?\d+) is not in \[0, (\d+)\)")
+_NODE = re.compile(r"\{\{node ([^}]+)\}\}")
+
+
+def lookup_error(message: str, first_step: int | None, steps: int = 1) -> InputError | None:
+    """TensorFlow's error for a gather past its table (``indices[1,44] = 8192 is not in [0, 8192)``), said as the
+    data's fault with the fix.
+
+    Args:
+        message: TensorFlow's error message.
+        first_step: The first step of the call that raised it, where known.
+        steps: How many steps that call ran.
+
+    Returns:
+        The `InputError` to raise instead, or ``None`` for any other error.
+    """
+    found = _OUT_OF_TABLE.search(message)
+    if found is None:
+        return None
+    value, size = int(found.group(1)), int(found.group(2))
+    node = _NODE.search(message)
+    where = f" ({node.group(1).split('/GatherV2')[0]})" if node else ""
+    when = "A batch"
+    if first_step is not None:
+        last = first_step + steps - 1
+        when = f"The batch of step {first_step}" if steps <= 1 else f"A batch of steps {first_step}..{last}"
+    return InputError(
+        f"{when} holds the id {value}, outside 0..{size - 1} of a lookup table in the model{where}: a token or "
+        f"category id past an Embedding's vocabulary (input_dim={size}). Expected ids in 0..{size - 1} in every batch. "
+        "Fix: make the tokenizer's vocabulary match the model's (or map unknown ids to "
+        f"an out-of-vocabulary id in the pipeline), or build the Embedding with input_dim >= {value + 1}.")
+
+
+# XLA failing to compile a function, in TensorFlow's words: an op without an XLA kernel, or XLA's GPU autotuner
+# building no kernel for a fusion ("Autotuner could not compile any configs for HLO", seen on an H200 at 16 unrolled
+# steps per call)
+_XLA_FAILED = re.compile(r"Detected unsupported operations when trying to compile graph|tf2xla conversion failed|"
+                         r"Autotuner could not compile|[Cc]ould not compile (the )?XLA|XLA compilation (failed|error)")
+_XLA_MISSING_OPS = re.compile(r"on XLA_\w+_JIT: (.+?) \(No registered")
+_XLA_ERRORS = ("InvalidArgumentError", "InternalError", "UnimplementedError")  # tf.errors' classes it comes as
+
+
+def xla_compile_failure(exc: BaseException) -> str | None:
+    """What XLA could not compile, where ``exc`` is XLA failing to compile a function (nothing of it ran).
+
+    Args:
+        exc: An error raised by calling a compiled function.
+
+    Returns:
+        The reason for people (the ops without an XLA kernel, or the first line of XLA's message), or ``None``
+        where ``exc`` is any other error (a runtime failure, memory exhausted, bad input).
+    """
+    if type(exc).__name__ not in _XLA_ERRORS or not type(exc).__module__.startswith("tensorflow"):
+        return None
+    message = str(getattr(exc, "message", exc))
+    if not _XLA_FAILED.search(message):
+        return None
+    ops = _XLA_MISSING_OPS.search(message)
+    if ops:
+        return f"the model holds ops XLA has no kernel for ({ops.group(1)})"
+    return f"XLA could not compile it ({message.strip().splitlines()[0][:200]})"

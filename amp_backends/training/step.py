@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import tensorflow as tf
 
-from ..errors import InputError
+from ..errors import InputError, lookup_error
 from ..keras_compat import build_optimizer
 from .loss_scaling import LossScaler
 from .runs import Position
@@ -99,30 +98,6 @@ class Update:
 
 
 # ------------------------------------------------------------------------------------- the program
-_OUT_OF_TABLE = re.compile(r"indices\[[^\]]*\] = (-?\d+) is not in \[0, (\d+)\)")
-_NODE = re.compile(r"\{\{node ([^}]+)\}\}")
-
-
-def lookup_error(message: str, first_step: int | None, steps: int = 1) -> InputError | None:
-    """TensorFlow's error for a gather past its table (``indices[1,44] = 8192 is not in [0, 8192)``), said as the
-    data's fault with the fix; None for any other error."""
-    found = _OUT_OF_TABLE.search(message)
-    if found is None:
-        return None
-    value, size = int(found.group(1)), int(found.group(2))
-    node = _NODE.search(message)
-    where = f" ({node.group(1).split('/GatherV2')[0]})" if node else ""
-    when = "A batch"
-    if first_step is not None:
-        last = first_step + steps - 1
-        when = f"The batch of step {first_step}" if steps <= 1 else f"A batch of steps {first_step}..{last}"
-    return InputError(
-        f"{when} holds the id {value}, outside 0..{size - 1} of a lookup table in the model{where}: a token or "
-        f"category id past an Embedding's vocabulary (input_dim={size}). Expected ids in 0..{size - 1} in every batch. "
-        "Fix: make the tokenizer's vocabulary match the model's (or map unknown ids to "
-        f"an out-of-vocabulary id in the pipeline), or build the Embedding with input_dim >= {value + 1}.")
-
-
 @tf.autograph.experimental.do_not_convert  # Python checks on static shapes, run while tracing
 def _checked_loss(update: Update, loss: Any) -> Any:
     """The update's loss as a float32 scalar; per-example losses are averaged. Raised at trace time: before any step."""
@@ -184,8 +159,7 @@ class StepProgram:
         """Compile the calls without XLA from now on (the data or the model holds what XLA cannot compile)."""
         if not (self.xla or self.replica_jit):
             return
-        logger.warning(f"XLA is not used for this training, although the plan has it on: {reason}, which XLA "
-                       "cannot compile.")
+        logger.warning(f"XLA is not used for this training, although the plan has it on: {reason}.")
         self.xla = self.replica_jit = False
         self._calls.clear()
         self._jitted_steps.clear()

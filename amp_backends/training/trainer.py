@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence, cast
 import numpy as np
 import tensorflow as tf
 
-from ..errors import AmpConfigError
+from ..errors import AmpConfigError, xla_compile_failure
 from ..keras_compat import loss_scale_of
 from ..plan import Plan
 from .distribute import is_chief, worker_id
@@ -189,7 +189,8 @@ class Trainer:
         source = self._last_input[2]
         self.validation.start(validation_data, validation_every, self.store, self.checkpointing.together)
         if source.has_strings:
-            self.program.without_xla("the data holds strings (for the model's own StringLookup or TextVectorization)")
+            self.program.without_xla("the data holds strings (for the model's own StringLookup or TextVectorization), "
+                                     "which XLA cannot compile")
         with self.checkpointing.fitting(resume, self.models) as at:  # one run at a time; resumed; saved at the end
             if not nothing_left(at, source.left_in_epoch(at.offset) == 0, epochs, max_steps, say=self.is_chief):
                 if self.is_chief:  # the line that says what a call is; each model's layer plan, the precision check
@@ -233,7 +234,7 @@ class Trainer:
         """Run one compiled call of up to ``k`` steps, the observers told (`metrics.Progress`)."""
         progress.before_call(at.step, k)
         with self.checkpointing.together(at.step), self.program.own_errors(at.step, k), self.validation.recording:
-            ran = source.run(self.program, at, k, self.steps_per_call)
+            ran = run_call(self.program, source, at, k, self.steps_per_call)
         progress.after_call(ran, at, self.position.batch_in_epoch(at), self.scalers)
         if ran.pass_ended:
             self._epoch_over(at.epoch)
@@ -330,6 +331,21 @@ class TrainResult:
                 + ", ".join(f"{k}={v:g}" for k, v in self.loss_scales.items()) + ", last losses "
                 + ", ".join(f"{k}: {v:.5g}" for k, v in self.last_losses.items()) + best
                 + (f"; stopped early: {self.stopped_early}" if self.stopped_early else ""))
+
+
+def run_call(program: StepProgram, source: Source, at: At, k: int, capacity: int) -> Ran:
+    """``k`` steps from ``at`` in one call of ``program`` on ``source``, compiled for ``capacity`` steps. Where XLA
+    fails to compile it (`errors.xla_compile_failure`: nothing of it ran), the calls compile without XLA from now on
+    (`StepProgram.without_xla`) and the call runs again, a stream's pass opened again at the position."""
+    try:
+        return source.run(program, at, k, capacity)
+    except tf.errors.OpError as exc:
+        why = xla_compile_failure(exc) if (program.xla or program.replica_jit) else None
+        if why is None:
+            raise
+        program.without_xla(why)
+        source.start()
+        return source.run(program, at, k, capacity)
 
 
 def checked_arguments(updates: Sequence[Update], replicas: int, *, checkpoint_every: int | None, logdir: str | None,

@@ -32,7 +32,7 @@ import numpy as np
 
 import tensorflow as tf
 
-from ..errors import AmpConfigError, InputError
+from ..errors import AmpConfigError, InputError, xla_compile_failure
 from . import metrics as metric_lib
 from .metrics import Every, Monitor, parse_every, reset, results
 from .observers import Observer
@@ -250,7 +250,16 @@ class Evaluator:
         reset(self.metrics)
         total, weight = 0.0, 0.0
         for i, (call, args) in enumerate(self._batches(x, y, what)):
-            loss_sum, weight_sum, refused = call(*args)
+            try:
+                loss_sum, weight_sum, refused = call(*args)
+            except tf.errors.OpError as exc:
+                why = xla_compile_failure(exc) if self.xla else None
+                if why is None:
+                    raise
+                logger.warning(f"XLA is not used for {what}, although the plan has it on: {why}.")
+                self.xla = False
+                self._calls.pop("arrays", None)
+                loss_sum, weight_sum, refused = self._call("arrays", self._replica_eval_arrays)(*args)
             if int(refused.numpy()):
                 raise InputError(f"Batch {i} of the data given to {what} {self.update.check_message or 'was refused.'}")
             total, weight = total + float(loss_sum.numpy()), weight + float(weight_sum.numpy())
@@ -278,9 +287,9 @@ class Evaluator:
             raise InputError(f"{what} needs labels: evaluate(x, y) or validation_data=(x_val, y_val). Received x "
                              "without y. Fix: pass the labels, or a tf.data.Dataset of (x, y) batches.")
         xs, ys, n = self._resident(x, y, what)
-        call = self._call("arrays", self._replica_eval_arrays)
-        for start in range(0, n, self.batch_size):
-            yield call, (xs, ys, tf.range(start, min(start + self.batch_size, n), dtype=tf.int64))
+        for start in range(0, n, self.batch_size):  # the call asked each time: it compiles without XLA after a failure
+            yield (self._call("arrays", self._replica_eval_arrays),
+                   (xs, ys, tf.range(start, min(start + self.batch_size, n), dtype=tf.int64)))
 
     def check_first_batch(self, dataset: Any) -> None:
         """A validation dataset's first batch checked before training (its labels, as the update validates them);
