@@ -190,11 +190,10 @@ def lookup_error(message: str, first_step: int | None, steps: int = 1) -> InputE
         f"an out-of-vocabulary id in the pipeline), or build the Embedding with input_dim >= {value + 1}.")
 
 
-# XLA failing to compile a function, in TensorFlow's words: an op without an XLA kernel, or XLA's GPU autotuner
-# building no kernel for a fusion ("Autotuner could not compile any configs for HLO", seen on an H200 at 16 unrolled
-# steps per call)
+# XLA failing to compile a function, in TensorFlow's words: an op without an XLA kernel (tf2xla), or XLA's GPU
+# compiler finding no kernel it can build for a fusion (its autotuner, ptxas)
 _XLA_FAILED = re.compile(r"Detected unsupported operations when trying to compile graph|tf2xla conversion failed|"
-                         r"Autotuner could not compile|[Cc]ould not compile (the )?XLA|XLA compilation (failed|error)")
+                         r"Autotuner could not compile|[Pp]txas (exited|returned|failed)|Failed to compile PTX")
 _XLA_MISSING_OPS = re.compile(r"on XLA_\w+_JIT: (.+?) \(No registered")
 _XLA_ERRORS = ("InvalidArgumentError", "InternalError", "UnimplementedError")  # tf.errors' classes it comes as
 

@@ -246,7 +246,7 @@ class Suite:
                 for n in pending:
                     self.skip(n, f"only {max(self.left(), 0):.0f} s left in the budget")
                 return
-            current: dict[str, Any] = {"name": None, "kill_at": None}
+            current: dict[str, Any] = {"name": None, "kill_at": None, "overran": None}
             progress = {"started": 0}
             offset = {"pos": events.stat().st_size}
             cmd = [sys.executable, str(HERE / "gpu_suite_experiments.py"), "--out", str(self.out),
@@ -259,10 +259,18 @@ class Suite:
             kill_at = functools.partial(self.kill_time, current)
             rc, tail = run_child(cmd, lambda line: self.echo(line, "  | "), kill_at, poll, env=env)
             name = current["name"]
+            if rc is None and current["overran"] not in (None, name):
+                # the worker moved on while it was being stopped: the stop is the overrunning experiment's, and one
+                # it had just started runs again in a fresh worker
+                if name is not None:
+                    rec = self.state["experiments"][name]
+                    rec.update(status="pending", rows=[], notes=[])
+                    rec.pop("_t0", None)
+                name = current["overran"]
             if name is not None:  # it was inside an experiment when it ended
                 rec = self.state["experiments"][name]
-                rec["elapsed_s"] = round(time.time() - rec.get("_t0", time.time()), 1)
-                rec.pop("_t0", None)
+                if "_t0" in rec:  # (an experiment that had reported its end keeps its time)
+                    rec["elapsed_s"] = round(time.time() - rec.pop("_t0"), 1)
                 if rc is None:
                     over_budget = time.time() >= self.deadline
                     rec.update(status="timed out", error=(
@@ -311,6 +319,7 @@ class Suite:
         at = self.deadline
         if current["kill_at"] is not None:
             at = min(at, current["kill_at"])
+        current["overran"] = current["name"]  # whose limit this is: the last asked before a stop is the one stopped
         return at
 
     def event(self, ev: dict[str, Any], current: dict[str, Any], pending: list[str], progress: dict[str, int]) -> None:

@@ -235,9 +235,9 @@ class Experiments(Worker):
             else:
                 plan = self.plan()
                 kwargs = dict(plan.compile_kwargs())
+                if steps_per_execution:
+                    kwargs["steps_per_execution"] = steps_per_execution
                 where = plan_line(plan) + f", compile({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
-            if steps_per_execution:
-                kwargs["steps_per_execution"] = steps_per_execution
             model = mnist_cnn()
             model.compile(optimizer=tf.keras.optimizers.Adam(self.sizes["lr"]), loss="sparse_categorical_crossentropy",
                           **kwargs)

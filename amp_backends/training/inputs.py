@@ -144,6 +144,7 @@ class ResidentArrays:
     """Arrays copied to the device once; batches gathered on the device from a per-epoch permutation."""
 
     reusable = True  # a later fit() on the same arrays takes this input again (no copy, no check)
+    fixed_shape = True  # every batch of one shape: a step compiles once
 
     def __init__(self, x: Any, y: Any, *, batch_size: int, device: str, seed: int,
                  batch_fn: BatchFn | None = None) -> None:
@@ -293,6 +294,7 @@ class Stream:
         self.cardinality = cardinality if cardinality >= 0 else None
         self.fixed_steps = steps_per_epoch
         self.has_strings = dims.strings
+        self.fixed_shape = not dims.variable  # else each new length compiles the step anew, at any step of a call
         self._sample: Any = None
         self._iterator: Any = None
         self._fresh = False  # the iterator has given no batch yet

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from contextlib import closing
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence, cast
+from typing import Any, Callable, Mapping, Sequence, cast
 
 import numpy as np
 import tensorflow as tf
@@ -223,18 +223,21 @@ class Trainer:
             k = source.call_size(self.steps_per_call, left, None if max_steps is None else max_steps - at.step,
                                  self.program)
             ran = self._call(source, k, at, progress)
-            if ran.done == 0:
+            if ran is None or ran.done == 0:  # None: stopped while compiling (nothing ran)
                 continue
             ran.check_refused(at, self.position.batch_in_epoch(at), self.updates)
             check_stalled(self.scalers, self.max_consecutive_nonfinite, self.checkpointing.before_failing)
             self.validation.after_call(at.epoch, at.step, ran.done)
             self.checkpointing.after_call(at.step, ran.done)  # a checkpoint every checkpoint_every steps
 
-    def _call(self, source: Source, k: int, at: At, progress: Progress) -> Ran:
+    def _call(self, source: Source, k: int, at: At, progress: Progress) -> Ran | None:
         """Run one compiled call of up to ``k`` steps, the observers told (`metrics.Progress`)."""
         progress.before_call(at.step, k)
         with self.checkpointing.together(at.step), self.program.own_errors(at.step, k), self.validation.recording:
-            ran = run_call(self.program, source, at, k, self.steps_per_call)
+            ran = run_call(self.program, source, at, k, self.steps_per_call,
+                           lambda: self.checkpointing.signals.signum is not None)
+        if ran is None:
+            return None
         progress.after_call(ran, at, self.position.batch_in_epoch(at), self.scalers)
         if ran.pass_ended:
             self._epoch_over(at.epoch)
@@ -333,18 +336,34 @@ class TrainResult:
                 + (f"; stopped early: {self.stopped_early}" if self.stopped_early else ""))
 
 
-def run_call(program: StepProgram, source: Source, at: At, k: int, capacity: int) -> Ran:
-    """``k`` steps from ``at`` in one call of ``program`` on ``source``, compiled for ``capacity`` steps. Where XLA
-    fails to compile it (`errors.xla_compile_failure`: nothing of it ran), the calls compile without XLA from now on
-    (`StepProgram.without_xla`) and the call runs again, a stream's pass opened again at the position."""
+def run_call(program: StepProgram, source: Source, at: At, k: int, capacity: int,
+             stopping: Callable[[], bool]) -> Ran | None:
+    """``k`` steps from ``at`` in one call of ``program`` on ``source`` (compiled for ``capacity`` steps). Where XLA
+    fails to compile it (`errors.xla_compile_failure`) and nothing of it can have run (one replica, batches of one
+    shape), the calls compile without XLA from now on and it runs again, a stream's pass opened again at ``at``;
+    with a stop requested (``stopping()``: a Ctrl-C or SIGTERM to the process group stops XLA's compiler processes
+    too), ``None``: nothing ran, the loop stops at ``at``.
+
+    Raises:
+        AmpConfigError: XLA failed to compile a call of which a part may have run: the fix is XLA off.
+    """
     try:
         return source.run(program, at, k, capacity)
     except tf.errors.OpError as exc:
         why = xla_compile_failure(exc) if (program.xla or program.replica_jit) else None
         if why is None:
             raise
-        program.without_xla(why)
+        if program.replicas > 1 or not source.fixed_shape:
+            raise AmpConfigError(
+                f"XLA could not compile the training call at step {at.step}: {why}. Expected a model XLA compiles, as "
+                f"the plan has XLA on; with {program.replicas} replica(s) and batches of "
+                f"{'one shape' if source.fixed_shape else 'several shapes'} a part of the call may have run, so it "
+                "is not run again without XLA. Fix: train with XLA off (auto_configure(xla='off'), AMP_XLA=off or "
+                "--xla off), resuming from the last checkpoint.") from None
         source.start()
+        if stopping():
+            return None
+        program.without_xla(why)
         return source.run(program, at, k, capacity)
 
 

@@ -253,7 +253,7 @@ class Evaluator:
             try:
                 loss_sum, weight_sum, refused = call(*args)
             except tf.errors.OpError as exc:
-                why = xla_compile_failure(exc) if self.xla else None
+                why = xla_compile_failure(exc) if self.xla and call is self._calls.get("arrays") else None
                 if why is None:
                     raise
                 logger.warning(f"XLA is not used for {what}, although the plan has it on: {why}.")

@@ -62,8 +62,8 @@ def _fit_steps() -> tuple[str, tuple[Evidence, ...]]:
                 f"is committed ({quote_results(results, measured.EXPERIMENTS, FIT_ONE)})"), ()
     steps = many.split()[2]
     return (f"Keras's default of one step per compiled call, which keeps per-batch callbacks after every batch: fit "
-            f"under this plan ran {results.times(many, FIT_ONE)} as fast at {steps} steps per call "
-            f"({results.quote(FIT_ONE, many)}); pass steps_per_execution={steps} to compile() where no callback needs "
+            f"under the plan ran {results.times(many, FIT_ONE)} as fast at {steps} steps per call, one epoch there "
+            f"({results.quote(FIT_ONE, many)}); pass steps_per_execution=N to compile() where no callback needs "
             "every batch. The plan keeps one step until more models than the MNIST CNN are measured",
             results_evidence(results, FIT_ONE, many))
 
