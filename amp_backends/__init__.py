@@ -81,48 +81,67 @@ _MOVED = {name: "amp_backends.errors" for name in (
     "NonFiniteError", "DistributedFailure", "DataUnavailableError", "InputError", "ModelCallError",
     "CheckpointError", "CheckpointMismatchError", "TrainingInterrupted")}
 
-# The names of the old module path ``amp_backends.audit`` (the audit's package before ``audit`` named the function;
-# ``amp_backends.auditing`` now), kept for one release: reaching them there warns and gives the new place.
-_OLD_AUDIT_PATH = {"audit": "amp_backends", "audit_trace": "amp_backends", "Audit": "amp_backends",
-                   "AuditObserver": "amp_backends.auditing"}
+# Old module paths, kept for one release: old path -> where its names are now. ``audit`` was the audit's package
+# before ``audit`` named the function (``amp_backends.auditing`` now): each of its names and its module. The others
+# moved into ``amp_backends.autotune``: the modules that hold their names, looked in in order.
+_OLD_PATHS: dict[str, Any] = {
+    "audit": {"audit": "amp_backends", "audit_trace": "amp_backends", "Audit": "amp_backends",
+              "AuditObserver": "amp_backends.auditing"},
+    "timing": ("autotune.timing",), "measurement": ("autotune.layer_choice",),
+    "policy_choice": ("autotune.layers", "autotune.layer_choice", "layer_plan")}
 
 
-def _old_audit_module() -> None:
-    """Keep ``from amp_backends.audit import audit, Audit, audit_trace, AuditObserver`` working for one release.
+def _old_module(old: str) -> Any:
+    """The module object that serves the old path ``amp_backends.<old>`` for one release (`_OLD_PATHS`).
 
-    A module object in ``sys.modules``, where the import system looks first, whose names warn and forward;
-    the attribute ``amp_backends.audit`` is never rebound: it stays the function, in every import order
-    (``import amp_backends.audit as m`` gives the function too). No code of the package runs here.
+    It sits in ``sys.modules``, where the import system looks first, so ``from amp_backends.timing import
+    interleaved`` and ``import amp_backends.timing`` still work with no file of that name; each name read through
+    it warns (``DeprecationWarning``) and forwards. No code of the package runs here. The attribute
+    ``amp_backends.audit`` is never rebound: it stays the function, in every import order (``import
+    amp_backends.audit as m`` gives the function too).
     """
+    import importlib
     import importlib.machinery
     import sys
     import types
 
-    name = f"{__name__}.audit"
+    name, where = f"{__name__}.{old}", _OLD_PATHS[old]
     if name in sys.modules:
-        return
-    module = types.ModuleType(name, f"Deprecated: the old path of {__name__}.auditing; its names moved (see "
-                                    f"{__name__}.audit, the function).")
+        return sys.modules[name]
+    audit = isinstance(where, dict)
+    module = types.ModuleType(name, f"Deprecated: the old path of {__name__}.{'auditing' if audit else 'autotune'}.")
+
+    def moved_to(attr: str) -> str | None:
+        if audit:
+            return where.get(attr)
+        for new in (f"{__name__}.{m}" for m in where if not attr.startswith("__")):
+            if attr in getattr(importlib.import_module(new), "__all__", ("worth_measuring",)):  # (layer_plan's one)
+                return new
+        return None
 
     def forward(attr: str) -> Any:
-        new = _OLD_AUDIT_PATH.get(attr)
-        if new is None:
-            raise AttributeError(f"module {name!r} has no attribute {attr!r}: {name} is now the audit function; "
-                                 f"the audit's package is {__name__}.auditing, its vendor parts are in the backends")
-        import importlib
         import warnings
 
-        warnings.warn(f"the module path {name} is deprecated: import {attr} from {new} (from {new} import {attr}); "
-                      f"{name} is now the audit function itself, and the old path goes in the next release",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(new), attr)
+        real = "Measurement" if (old, attr) == ("policy_choice", "PolicyChoice") else attr  # its earlier name
+        new = moved_to(real)
+        if new is None:
+            raise AttributeError(f"module {name!r} has no attribute {attr!r}" + (
+                f": {name} is now the audit function; the audit's package is {__name__}.auditing, its vendor parts "
+                "are in the backends" if audit else f" ({name} moved into {__name__}.autotune)"))
+        now = f"{name} is now the audit function itself, and " if audit else ""
+        warnings.warn(f"the module path {name} is deprecated: import {real} from {new} (from {new} import {real}); "
+                      f"{now}the old path goes in the next release", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(new), real)
 
-    vars(module).update(__getattr__=forward, __all__=sorted(_OLD_AUDIT_PATH),
+    vars(module).update(__getattr__=forward, __all__=sorted(where) if audit else [],
                         __spec__=importlib.machinery.ModuleSpec(name, None))  # (find_spec() answers for it)
     sys.modules[name] = module
+    return module
 
 
-_old_audit_module()
+for _old in _OLD_PATHS:
+    _old_module(_old)
+del _old
 
 if TYPE_CHECKING:  # pragma: no cover
     from .auditing import Audit, audit, audit_trace
@@ -153,6 +172,8 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None and name in _SUBMODULES:  # ``amp_backends.errors.InputError`` after ``import amp_backends``
         return importlib.import_module(f".{name}", __name__)
+    if module is None and name in _OLD_PATHS:  # ``amp_backends.timing`` as an attribute: the old path's module
+        return _old_module(name)
     if module is None and name in _MOVED:
         import warnings
 

@@ -15,7 +15,7 @@ The decisions, in order:
 * **classifier heads**: a model output produced by a softmax or sigmoid (a layer's ``activation`` or a
   ``Softmax``/``Activation`` layer) in float16 or bfloat16 is computed in float32, as Keras's mixed precision
   guide does it: the low-precision probabilities round near 0 and 1, where the loss reads them.
-* **every layer float32, measured** (`amp_backends.policy_choice`): where the plan keeps layers in
+* **every layer float32, measured** (`amp_backends.autotune.layers`): where the plan keeps layers in
   float32 and the model has such layers, a model can still train faster all in float32; it is timed only
   where asked, decided only when one side wins every interleaved round, and cached per model architecture,
   input shapes, device and TensorFlow/Keras version: the same model on the same machine gets the same layer
@@ -156,7 +156,7 @@ class LayerPlan:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LayerPlan:
         """The layer plan `to_dict` wrote (a checkpoint's, a report's)."""
-        from .measurement import Measurement
+        from .autotune.layer_choice import Measurement
 
         try:
             decisions = tuple(LayerDecision(str(d["path"]), str(d["dtype"]), str(d.get("reason", "")),
@@ -328,10 +328,10 @@ def decide(model: Any, plan: Plan, *, measurement: Any = None, use_cache: bool =
     changes; float8 joins it through `with_float8`).
 
     ``measurement``: an all-float32 choice to follow (from a checkpoint); else the cached one for this model,
-    machine and versions, if any (`amp_backends.measurement.cached`; not with ``use_cache=False``).
+    machine and versions, if any (`amp_backends.autotune.layer_choice.cached`; not with ``use_cache=False``).
     Nothing is timed here: measuring is `amp_backends.prepare_model`'s and the trainer's, where asked.
     """
-    from .measurement import cached
+    from .autotune.layer_choice import cached
 
     name = str(getattr(model, "name", "model"))
     decisions: list[LayerDecision] = []

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import layer_plan as lp
-from . import policy_choice
+from .autotune import layers
+from .autotune.layer_choice import Measurement, remember
 from .fp8 import float8_decisions
-from .policy_choice import Measurement, not_measurable, remember, worth_measuring
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -118,7 +118,7 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
         skip_small: skip layers too small to gain from float8. ``None``: yes, unless the plan's fp8 is
             forced where float8 is emulated (there no layer gains, and the point is to test float8's numerics).
         measure_float32: time the model's forward and backward pass on ``inputs`` as planned and all in
-            float32 (`amp_backends.policy_choice`): float32 is kept only when it won every interleaved round
+            float32 (`amp_backends.autotune.layers`): float32 is kept only when it won every interleaved round
             by the margin, and the answer is cached for this model on this machine (a cached answer is used
             without timing). ``None``: where the plan keeps layers in float32, the model has such layers and
             ``inputs`` is a batch; ``True`` requires a batch; ``False`` never, and no cached answer either.
@@ -143,7 +143,8 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
     decided = lp.with_float8(lp.decide(model, plan, use_cache=measure_float32 is not False), f8.layers, f8.note)
     applied = reset + lp.apply(model, decided)
     note = ""
-    if decided.measurement is None and (measure_float32 or (measure_float32 is None and worth_measuring(model, plan))):
+    if decided.measurement is None and (measure_float32 or (measure_float32 is None
+                                                           and lp.worth_measuring(model, plan))):
         decided, note = _measured(model, plan, decided, inputs, forced=bool(measure_float32))
         applied += lp.apply(model, decided)
     return preparation(decided, note, tuple(dict.fromkeys(applied)))
@@ -177,10 +178,10 @@ def _measured(model: Any, plan: Plan, decided: lp.LayerPlan, inputs: Any,
                 "inputs=x[:batch_size].")
         return decided, ("not measured whether every layer in float32 is faster for this model (it has layers the "
                          "plan keeps in float32): give one batch as inputs= to let it measure")
-    if why_not := not_measurable(model, plan):
+    if why_not := layers.not_measurable(model, plan):
         return decided, f"not measured whether every layer in float32 is faster: {why_not}"
     try:
-        measurement = policy_choice.measure(model, plan, decided, inputs)
+        measurement = layers.measure(model, plan, decided, inputs)
     except Exception as exc:
         if forced:
             raise

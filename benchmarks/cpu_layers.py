@@ -9,8 +9,8 @@ training step is slower than its float32 one in every round is kept in float32 b
 (``Plan.float32_layers``, applied by ``amp_backends.prepare_model`` and the trainer).
 
 Two parts, in one process, interleaved (every configuration once per round, the order rotated every round:
-:func:`amp_backends.timing.interleaved`), each configuration's figure the median over rounds with its min and
-max:
+:func:`amp_backends.autotune.timing.interleaved`), each configuration's figure the median over rounds with its
+min and max:
 
 * ``layers``: one layer alone, at a shape from the zoo's models, forward and backward (input and weight
   gradients) and an SGD update, under float32 and under mixed_bfloat16;
@@ -41,7 +41,7 @@ from typing import Any, Callable
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cpu_policy import document, write  # noqa: E402  (the sibling script's results file)
 
-from amp_backends.timing import Sample, interleaved  # noqa: E402  (the package's one interleaved harness)
+from amp_backends.autotune.timing import Sample, interleaved  # noqa: E402  (the package's one interleaved harness)
 
 DEPTHWISE = ("DepthwiseConv2D", "SeparableConv2D", "DepthwiseConv1D", "SeparableConv1D")
 

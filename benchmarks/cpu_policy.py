@@ -3,8 +3,8 @@
 Each configuration runs in its own child process (``TF_ENABLE_ONEDNN_OPTS`` is read when TensorFlow is
 imported, so it cannot change inside one process): the tutorials' MNIST CNN, one ``tf.function`` per
 training step, batch 256, a few warm-up steps, then the median of the timed steps. Rounds interleave the
-configurations (the order rotated every round: :func:`amp_backends.timing.interleaved`), and the result
-keeps every round: median, min and max over rounds.
+configurations (the order rotated every round: :func:`amp_backends.autotune.timing.interleaved`), and the
+result keeps every round: median, min and max over rounds.
 
 ``onednn_isa=AVX2`` limits oneDNN to AVX2 kernels (``ONEDNN_MAX_CPU_ISA=AVX2``): the nearest this machine
 comes to the oneDNN path of a CPU without AVX-512 (Zen 2/3, older Xeons). It is not such a CPU (caches,
@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Any
 
-from amp_backends.timing import Sample, interleaved
+from amp_backends.autotune.timing import Sample, interleaved
 
 BATCH = 256
 

@@ -49,7 +49,7 @@ from cpu_policy import write  # noqa: E402  (how every CPU benchmark writes its 
 from cpu_step_breakdown import MARK, onednn_breakdown, trace_breakdown  # noqa: E402  (the sibling module)
 from cpu_step_variants import BATCH, RawRun, TrainerRun, _setup, matmul_peak  # noqa: E402  (what is measured)
 
-from amp_backends.timing import Sample, interleaved  # noqa: E402
+from amp_backends.autotune.timing import Sample, interleaved  # noqa: E402
 
 # FLOPs of one training step per image: forward 2*MACs (conv1 0.39 M, conv2 21.23 M, dense 2.36 M, out 0.003 M),
 # backward twice the forward except conv1's data gradient (its input is the image, no gradient needed)

@@ -35,7 +35,7 @@ import argparse
 import functools
 import statistics
 
-from amp_backends.timing import interleaved
+from amp_backends.autotune.timing import interleaved
 
 
 def main() -> None:

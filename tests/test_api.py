@@ -157,6 +157,44 @@ def test_the_old_check_module_path_still_works_for_a_release_with_a_deprecation_
     assert not (REPO / "amp_backends" / "model_check" / "check.py").exists()
 
 
+@pytest.mark.parametrize("old, name, new", [
+    ("timing", "interleaved", "amp_backends.autotune.timing"),
+    ("measurement", "Measurement", "amp_backends.autotune.layer_choice"),
+    ("measurement", "cached", "amp_backends.autotune.layer_choice"),
+    ("policy_choice", "measure", "amp_backends.autotune.layers"),
+    ("policy_choice", "verdict_of", "amp_backends.autotune.layer_choice"),
+    ("policy_choice", "worth_measuring", "amp_backends.layer_plan"),
+])
+def test_the_modules_moved_into_autotune_still_work_for_a_release_with_a_deprecation_warning(old, name, new):
+    """``amp_backends.timing``, ``measurement`` and ``policy_choice`` (now in ``amp_backends.autotune``): their
+    names still import, first thing in a process too, each with a warning that names the new place, and are the
+    new modules' objects; nothing else is served there, and no module file of the old name ships."""
+    code = ("import warnings\nwarnings.simplefilter('error')\n"
+            f"try:\n    from amp_backends.{old} import {name}\n"
+            "except DeprecationWarning as w:\n    print('warned:', w)\n"
+            "warnings.simplefilter('ignore')\nimport importlib\n"
+            f"from amp_backends.{old} import {name} as value\nimport amp_backends.{old} as by_path\n"
+            f"from amp_backends import {old} as by_name\nimport amp_backends\n"
+            f"assert value is getattr(importlib.import_module('{new}'), '{name}') is by_path.{name} is by_name.{name}\n"
+            f"assert by_path is by_name is amp_backends.{old}\n"
+            f"try:\n    from amp_backends.{old} import apply\nexcept ImportError as e:\n    print('refused:', e)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=NEUTRAL_CWD)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (f"warned: the module path amp_backends.{old} is deprecated: import {name} from {new} (from {new} import "
+            f"{name})") in done.stdout
+    assert "refused: cannot import name 'apply'" in done.stdout
+    assert not (REPO / "amp_backends" / f"{old}.py").exists()
+
+
+def test_policy_choice_is_measurement_under_its_earlier_name_on_the_old_path():
+    import amp_backends.policy_choice as old
+    from amp_backends.autotune.layer_choice import Measurement
+
+    with pytest.warns(DeprecationWarning, match="import Measurement from amp_backends.autotune.layer_choice"):
+        assert old.PolicyChoice is Measurement
+
+
 def test_every_error_the_library_defines_is_an_amp_error_listed_in_errors():
     classes = exception_classes(errors)
     assert {"AmpError", "FactoryError", "ClusterConfigError", "DistributedFailure", "DataUnavailableError",

@@ -220,10 +220,10 @@ def bn_depthwise_model():
 @pytest.mark.parametrize("faster", [True, False])
 def test_measuring_keeps_the_faster_and_puts_the_model_state_back(zen4_plan, monkeypatch, faster):
     import amp_backends
-    from amp_backends import policy_choice
+    from amp_backends.autotune import layers
 
     # the timings' verdict, whatever this machine's noise: float32 won every round, or the plan did
-    monkeypatch.setattr(policy_choice, "verdict_of", lambda *a: "float32" if faster else "plan")
+    monkeypatch.setattr(layers, "verdict_of", lambda *a: "float32" if faster else "plan")
     model = bn_depthwise_model()
     stats = [v.numpy().copy() for v in model.non_trainable_variables]
     x = tf.random.normal((8, 16, 16, 8)).numpy()
@@ -266,9 +266,9 @@ def test_a_model_without_such_layers_is_not_measured(zen4_plan):
 
 def test_the_trainer_measures_once_and_a_resumed_run_follows_the_checkpoint(zen4_plan, monkeypatch, tmp_path):
     import amp_backends
-    from amp_backends import policy_choice
+    from amp_backends.autotune import layers
 
-    monkeypatch.setattr(policy_choice, "verdict_of", lambda *a: "float32")
+    monkeypatch.setattr(layers, "verdict_of", lambda *a: "float32")
     x = tf.random.normal((16, 16, 16, 8)).numpy()
     y = (tf.range(16) % 4).numpy()
 
@@ -285,7 +285,7 @@ def test_the_trainer_measures_once_and_a_resumed_run_follows_the_checkpoint(zen4
     def no_measuring(*args, **kwargs):
         raise AssertionError("a resumed run follows its checkpoint, without measuring")
 
-    monkeypatch.setattr(policy_choice, "measure", no_measuring)
+    monkeypatch.setattr(layers, "measure", no_measuring)
     again = bn_depthwise_model()
     trainer(again, measure_float32=False).fit(x, y, epochs=2, resume=True)  # the checkpoint's choice wins
     assert again.get_layer("pointwise").compute_dtype == "float32"
@@ -327,9 +327,9 @@ def test_a_measurement_that_fails_puts_the_policies_back(zen4_plan):
 
 def test_a_model_measured_once_is_not_measured_again(zen4_plan, monkeypatch):
     import amp_backends
-    from amp_backends import policy_choice
+    from amp_backends.autotune import layers
 
-    monkeypatch.setattr(policy_choice, "verdict_of", lambda *a: "float32")
+    monkeypatch.setattr(layers, "verdict_of", lambda *a: "float32")
     model = bn_depthwise_model()
     x = tf.zeros((4, 16, 16, 8))
     first = amp_backends.prepare_model(model, zen4_plan, inputs=x)
@@ -338,7 +338,7 @@ def test_a_model_measured_once_is_not_measured_again(zen4_plan, monkeypatch):
     def no_measuring(*args, **kwargs):
         raise AssertionError("a model measured once on this machine is not measured again")
 
-    monkeypatch.setattr(policy_choice, "measure", no_measuring)
+    monkeypatch.setattr(layers, "measure", no_measuring)
     again = amp_backends.prepare_model(model, zen4_plan, inputs=x)
     assert again.choice.float32 and again.choice.origin == "cached" and not again.changed
     # the same architecture built again (a new process, a reloaded model) gets the same layer plan, unmeasured

@@ -30,12 +30,14 @@ def test_import_loads_no_tensorflow_and_no_nvml():
 
 def test_import_loads_nothing_but_the_face():
     """Importing the package does no work: of the package, only the face and its version are loaded (beside them
-    ``amp_backends.audit``, the old module path the face forwards for a release: a bare module object it made,
-    no file of the package)."""
+    the old module paths the face forwards for a release, ``amp_backends.audit``, ``timing``, ``measurement`` and
+    ``policy_choice``: bare module objects it made, no file of the package)."""
     code = ("import sys, amp_backends; print(sorted(m for m in sys.modules if m.startswith('amp_backends')), "
-            "getattr(sys.modules['amp_backends.audit'], '__file__', None))")
+            "[getattr(sys.modules[f'amp_backends.{m}'], '__file__', None) "
+            "for m in ('audit', 'timing', 'measurement', 'policy_choice')])")
     mods = run(code)
-    assert mods == "['amp_backends', 'amp_backends.audit', 'amp_backends.version'] None"
+    assert mods == ("['amp_backends', 'amp_backends.audit', 'amp_backends.measurement', 'amp_backends.policy_choice', "
+                    "'amp_backends.timing', 'amp_backends.version'] [None, None, None, None]")
 
 
 def test_import_reads_no_environment_and_writes_nothing(tmp_path):

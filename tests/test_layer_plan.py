@@ -1,82 +1,14 @@
 """One precision decision per layer: the layer plan decided, applied, measured reproducibly, kept and compared.
 
 Decisions are checked on fake hardware (a Zen 4-like CPU plan with AVX512-BF16 and no AMX, whose plan keeps
-strided depthwise convolutions in float32) and for real with TensorFlow on this machine. The timing harness's
-rule is checked with an injected clock and with noisy rates: never with a timed assertion.
+strided depthwise convolutions in float32) and for real with TensorFlow on this machine. The timing harness and
+the verdict are checked in tests/autotune/.
 """
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
-from amp_backends.measurement import FLOAT32, NOISE, PLAN, Measurement, verdict_of
-from amp_backends.timing import Timings, interleaved
-
-# -- the harness and the verdict: pure ---------------------------------------------------------------------
-
-
-def test_interleaved_rotates_the_order_and_times_each_variant_per_round():
-    order = []
-    ticks = iter(range(1000))
-    t = interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b"), "c": lambda: order.append("c")},
-                    rounds=3, steps=2, units=10, clock=lambda: float(next(ticks)))
-    assert order == ["a", "a", "b", "b", "c", "c", "b", "b", "c", "c", "a", "a", "c", "c", "a", "a", "b", "b"]
-    assert t.rounds == 3 and t.rates["a"] == (20.0, 20.0, 20.0)  # 10 units x 2 steps in one tick
-    with pytest.raises(ValueError, match="rounds >= 1"):
-        interleaved({"a": lambda: None}, rounds=0)
-
-
-def test_self_timed_variants_and_a_failing_variant_that_sits_out_the_rest():
-    from amp_backends.timing import Sample
-
-    calls = {"b": 0}
-
-    def flaky():
-        calls["b"] += 1
-        if calls["b"] == 2:
-            raise RuntimeError("worker died")
-        return Sample(100, 2.0)
-
-    failed, rounds = [], []
-    t = interleaved({"a": lambda: Sample(100, 1.0), "b": flaky}, rounds=4,
-                    on_error=lambda name, exc: failed.append((name, str(exc))),
-                    after_round=lambda r, so_far: rounds.append(len(so_far.rates["a"])))
-    assert t.rates["a"] == (100.0,) * 4 and t.rates["b"] == (50.0,)
-    assert failed == [("b", "worker died")] and calls["b"] == 2 and rounds == [1, 2, 3, 4]
-    with pytest.raises(RuntimeError, match="worker died"):
-        calls["b"] = 1
-        interleaved({"b": flaky}, rounds=2)
-
-
-def test_a_side_wins_only_when_it_wins_every_round_by_the_margin():
-    assert Timings({"x": (120, 121, 119), "y": (100, 100, 100)}).winner(1.05) == "x"
-    assert Timings({"x": (120, 103, 119), "y": (100, 100, 100)}).winner(1.05) is None  # one round within 5%
-    assert verdict_of((100, 100, 100), (110, 111, 112)) == FLOAT32
-    assert verdict_of((110, 111, 112), (100, 100, 100)) == PLAN
-    assert verdict_of((100, 120, 90), (110, 100, 100)) == NOISE
-
-
-def test_ten_noisy_measurements_of_equal_sides_give_one_answer():
-    # This machine's speed moves by up to 13% between identical configurations within one run: two equal sides
-    # under that noise must never decide the layer plan.
-    answers = set()
-    for seed in range(10):
-        rng = random.Random(seed)
-        noisy = [tuple(100 * rng.uniform(0.87, 1.13) for _ in range(5)) for _ in range(2)]
-        answers.add(verdict_of(*noisy))
-    assert answers == {NOISE}
-
-
-def test_a_measurement_round_trips_through_its_dict():
-    m = Measurement(FLOAT32, "mixed_bfloat16", 100.0, 130.0, (95.0, 104.0), (120.0, 140.0), 5, 2)
-    again = Measurement.from_dict(m.to_dict())
-    assert again == m and again.float32 and round(again.ratio, 2) == 1.3
-    assert "every round" in str(m) and "within noise" in str(Measurement(NOISE, "mixed_bfloat16"))
-
-
-# -- decided and applied for real ----------------------------------------------------------------------------
 tf = pytest.importorskip("tensorflow")
 pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
 
@@ -156,16 +88,16 @@ def test_a_keras_applications_classifier_is_prepared_to_a_float32_softmax(zen4_p
 
 def test_the_same_model_gets_the_same_measured_layer_plan_ten_times(zen4_plan, monkeypatch):
     import amp_backends
-    from amp_backends import policy_choice
+    from amp_backends.autotune import layers
 
     calls = []
-    real = policy_choice.measure
+    real = layers.measure
 
     def counted(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(policy_choice, "measure", counted)
+    monkeypatch.setattr(layers, "measure", counted)
     x = tf.random.normal((8, 16, 16, 8)).numpy()
     answers = set()
     for _ in range(10):  # ten runs of one script: each builds the model anew and prepares it
@@ -178,9 +110,9 @@ def test_a_saved_reloaded_or_cloned_model_keeps_its_measured_layer_plan(zen4_pla
     if not keras3():
         pytest.skip("Keras 2 saves no per-layer dtype policy in a .keras file's config")
     import amp_backends
-    from amp_backends import policy_choice
+    from amp_backends.autotune import layers
 
-    monkeypatch.setattr(policy_choice, "verdict_of", lambda *a: "float32")  # this model measured faster in float32
+    monkeypatch.setattr(layers, "verdict_of", lambda *a: "float32")  # this model measured faster in float32
     model = dw_model()
     prep = amp_backends.prepare_model(model, zen4_plan, inputs=tf.zeros((4, 16, 16, 8)))
     assert prep.layer_plan.all_float32
@@ -196,9 +128,9 @@ def test_without_its_cache_a_reloaded_all_float32_model_is_told_how_to_get_its_p
     if not keras3():
         pytest.skip("Keras 2 saves no per-layer dtype policy in a .keras file's config")
     import amp_backends
-    from amp_backends import policy_choice
+    from amp_backends.autotune import layers
 
-    monkeypatch.setattr(policy_choice, "verdict_of", lambda *a: "float32")
+    monkeypatch.setattr(layers, "verdict_of", lambda *a: "float32")
     model = dw_model()
     amp_backends.prepare_model(model, zen4_plan, inputs=tf.zeros((4, 16, 16, 8)))
     model.save(tmp_path / "m.keras")
@@ -211,9 +143,9 @@ def test_without_its_cache_a_reloaded_all_float32_model_is_told_how_to_get_its_p
 
 def test_the_trainer_checkpoints_the_layer_plan_and_a_resume_applies_it(zen4_plan, monkeypatch, tmp_path):
     import amp_backends
-    from amp_backends import policy_choice
+    from amp_backends.autotune import layers
 
-    monkeypatch.setattr(policy_choice, "verdict_of", lambda *a: "float32")
+    monkeypatch.setattr(layers, "verdict_of", lambda *a: "float32")
     x = tf.random.normal((16, 16, 16, 8)).numpy()
     y = (tf.range(16) % 4).numpy()
 
@@ -229,7 +161,7 @@ def test_the_trainer_checkpoints_the_layer_plan_and_a_resume_applies_it(zen4_pla
     model, trainer = run(1, False)
     assert trainer.layer_plans["dw"].all_float32
     monkeypatch.setenv("AMP_CACHE_DIR", str(tmp_path / "empty"))  # nothing cached: the checkpoint decides
-    monkeypatch.setattr(policy_choice, "verdict_of", lambda *a: "plan")
+    monkeypatch.setattr(layers, "verdict_of", lambda *a: "plan")
     again, resumed = run(2, True)
     assert resumed.layer_plans["dw"].measurement.origin == "checkpoint"
     assert again.get_layer("pointwise").compute_dtype == "float32"

@@ -3,7 +3,7 @@
 The layers, bottom to top; a module imports modules of its own layer or of the layers below it, never
 above. Every import counts: at module level, inside functions (lazy ones), under ``TYPE_CHECKING``.
 
-    probe       the plain data the probes fill and the readers of the installed software
+    probe       the plain data the probes fill and the readers of the installed software; the timing harness
     plan        the overrides (request), the support table, the plan, the backends and their registry (and
                 the kernel audit's side of their interface), the planner; and keras_compat, which the plan
                 reads (Keras version, fit keywords)
@@ -25,6 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import amp_backends.backends
+import pytest
 from conftest import NEUTRAL_CWD
 
 import amp_backends
@@ -34,13 +35,13 @@ FACE = "amp_backends"
 # Module names below amp_backends; "x.*" is everything inside package x. A module takes the first match.
 LAYERS: dict[str, tuple[str, ...]] = {
     "commands": ("commands", "commands.*", "__main__", "info", "bench", "examples.*.__main__"),
-    "probe": ("errors", "version", "hardware", "software", "timing", "cache", "microarch", "terminal"),
+    "probe": ("errors", "version", "hardware", "software", "autotune.timing", "cache", "microarch", "terminal"),
     "plan": ("assessment", "evidence", "request", "loss_scale", "layer_names", "plan", "keras_compat", "registry",
              "kernel_audit", "probe", "planner", "devices", "backend_api", "backends", "backends.*"),
     "apply": ("apply", "configure", "tf_import"),
-    "model code": ("factory", "labels", "models", "data", "zoo", "model_check", "model_check.*", "fp8",
-                   "policy_choice", "prepare", "layer_plan", "measurement", "training", "training.*", "autotune",
-                   "auditing", "auditing.*", "examples", "examples.*"),
+    "model code": ("factory", "labels", "models", "data", "zoo", "model_check", "model_check.*", "fp8", "prepare",
+                   "layer_plan", "training", "training.*", "autotune", "autotune.*", "auditing", "auditing.*",
+                   "examples", "examples.*"),
 }
 ORDER = ("probe", "plan", "apply", "model code", "commands")
 
@@ -298,10 +299,22 @@ def test_the_command_line_module_imports_no_benchmark_examples_numpy_or_tensorfl
     assert out.stdout.strip() == "[]"
 
 
-def test_the_training_package_lists_every_lazy_name_once():
-    import amp_backends.training as training
+@pytest.mark.parametrize("package", ["training", "autotune"])
+def test_a_lazy_package_lists_every_lazy_name_once(package):
+    import importlib
 
-    assert training.__all__ == sorted(training._LAZY)
+    module = importlib.import_module(f"{FACE}.{package}")
+    assert module.__all__ == sorted(module._LAZY)
+
+
+def test_the_timing_harness_loads_nothing_above_the_probe_layer():
+    """``amp_backends.autotune.timing`` is probe-layer code in a package of model code: the package's
+    ``__init__`` loads its names on first use, so importing the harness loads no model code, NumPy or TensorFlow."""
+    code = ("import sys, amp_backends.autotune.timing; print(sorted(m for m, v in list(sys.modules.items()) if "
+            "m.split('.')[0] in ('amp_backends', 'numpy', 'tensorflow', 'keras') and getattr(v, '__file__', None)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=NEUTRAL_CWD)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(sorted([FACE, f"{FACE}.autotune", f"{FACE}.autotune.timing", f"{FACE}.version"]))
 
 
 def test_the_layout_page_names_every_layer_and_module():

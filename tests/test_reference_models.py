@@ -23,7 +23,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import amp_backends  # noqa: E402
-from amp_backends.policy_choice import worth_measuring  # noqa: E402
+from amp_backends.layer_plan import worth_measuring  # noqa: E402
 from amp_backends import keras_compat as kc  # noqa: E402
 from amp_backends import zoo  # noqa: E402
 from amp_backends.errors import AmpWarning, InputError  # noqa: E402

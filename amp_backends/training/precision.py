@@ -191,7 +191,7 @@ def prepare_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatc
     ``False``: never). Each layer plan is said once. Returns the layer plans by model name (for the
     checkpoints, the check and the audit)."""
     from ..layer_plan import LayerPlan, decide
-    from ..policy_choice import FLOAT32, Measurement
+    from ..autotune.layer_choice import FLOAT32, Measurement
     from ..prepare import prepare_model
 
     plans: dict[str, LayerPlan] = {}

@@ -26,7 +26,7 @@ from typing import Any
 
 from ...configure import plan_for
 from ...registry import Peer, default_registry
-from ...timing import Sample, Timings, interleaved
+from ...autotune.timing import Sample, Timings, interleaved
 from ...zoo import ZOO, unavailable
 from .output import environment, run_header, write_json, zoo_markdown, zoo_table
 from .supervisor import JsonWorker, WorkerFailed, child_env, terminate_as_exit

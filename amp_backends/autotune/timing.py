@@ -3,8 +3,8 @@
 Absolute speeds vary between machines of one kind and within one machine over minutes, so configurations
 are only compared inside one run, interleaved: each round times every variant once, in an order that
 rotates from round to round, and a variant *wins* only when it beats every other one in every round by the
-margin (`Timings.winner`). Anything less is within noise, and the caller keeps its default. Medians
-and their spread (min, max) are what reports quote.
+margin (`Timings.winner`, `MARGIN`). Anything less is within noise, and the caller keeps its default.
+Medians and their spread (min, max) are what reports quote.
 
 The harness touches no framework: a variant is a callable; ``sync(result)`` waits for its work to finish
 (``float(loss)`` for a TensorFlow step); ``clock`` is injectable, so the rule is tested without timing.
@@ -17,6 +17,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+__all__ = ["MARGIN", "ROUNDS", "Sample", "Timings", "interleaved"]
+
+MARGIN = 1.05  # a winner is this much faster in every round: closer than that is noise on these machines
+ROUNDS = 5  # rounds of a timing, unless asked otherwise
 
 
 @dataclass(frozen=True)
@@ -70,19 +75,33 @@ class Sample:
     seconds: float
 
 
-def interleaved(variants: Mapping[str, Callable[[], Any]], *, rounds: int = 5, steps: int = 1, units: float = 1.0,
-                sync: Callable[[Any], Any] | None = None, clock: Callable[[], float] = time.perf_counter,
-                between: Callable[[str], Any] | None = None,
+def interleaved(variants: Mapping[str, Callable[[], Any]], *, rounds: int = ROUNDS, steps: int = 1,
+                units: float = 1.0, sync: Callable[[Any], Any] | None = None,
+                clock: Callable[[], float] = time.perf_counter, between: Callable[[str], Any] | None = None,
                 on_error: Callable[[str, Exception], Any] | None = None,
                 after_round: Callable[[int, Timings], Any] | None = None) -> Timings:
     """Time each variant ``steps`` times per round for ``rounds`` rounds, interleaved.
 
     Round ``r`` starts at variant ``r mod n`` (a rotation), so no variant always runs first or right after
-    another one. ``units`` is what one call processes (samples, images), ``sync`` is applied to the last
-    call's result before the clock stops, and ``between(name)`` runs untimed before each variant's turn
-    (switching a model's layer policies, say). A variant that returns a `Sample` times itself. A variant
-    that raises ends the timing, unless ``on_error(name, exc)`` is given: then it is told and the variant sits
-    out the remaining rounds (its rates so far kept). ``after_round(r, timings_so_far)`` runs after each round.
+    another one. A variant that returns a `Sample` times itself.
+
+    Args:
+        variants: Each variant's name and the call to time.
+        rounds: How many rounds.
+        steps: Calls of a variant per round, timed together.
+        units: What one call processes (samples, images): the rates are units per second.
+        sync: Applied to the last call's result before the clock stops (``float`` for a TensorFlow step).
+        clock: The clock, in seconds.
+        between: Run untimed before each variant's turn, with its name (switching a model's layer policies, say).
+        on_error: Told ``(name, exception)`` when a variant raises; the variant then sits out the remaining
+            rounds, its rates so far kept. ``None``: the exception ends the timing.
+        after_round: Run after each round with its index and the timings so far.
+
+    Returns:
+        The `Timings`: each variant's rates, one per round it ran.
+
+    Raises:
+        ValueError: ``rounds`` or ``steps`` is below 1.
     """
     if rounds < 1 or steps < 1:
         raise ValueError(f"interleaved() needs rounds >= 1 and steps >= 1. Received: rounds={rounds}, steps={steps}.")

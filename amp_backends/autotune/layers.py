@@ -7,44 +7,45 @@ in Eigen, slower in bfloat16 than in float32 (``results/cpu-activations-zen4.jso
 layers take away only the worst of it: such a model can still train slower under mixed_bfloat16 than in
 float32.
 
-So where the plan keeps layers in float32 and the model has such layers (`worth_measuring`), the
-choice can be measured on the model itself (`measure`): its forward and backward pass on one real batch,
-as its layer plan has it and with every layer in float32, interleaved (`amp_backends.timing.interleaved`).
-A side is chosen only when it wins **every** round by more than `MARGIN`; otherwise the plan stays and
-the measurement says "within noise". The answer is cached (`cached`, `remember`) per model
-architecture, device, and TensorFlow and Keras versions, so the same model on the same machine gets the same
-layer plan every run, measured once. Nothing else changes: the variables are float32 either way (mixed policies
-keep them so), and the state a training-mode call updates (BatchNormalization's moving statistics) is put back.
+So where the plan keeps layers in float32 and the model has such layers
+(`amp_backends.layer_plan.worth_measuring`), the choice can be measured on the model itself (`measure`): its
+forward and backward pass on one real batch, as its layer plan has it and with every layer in float32,
+interleaved (`amp_backends.autotune.timing`). A side is chosen only when it wins **every** round by more than
+`MARGIN`; otherwise the plan stays and the measurement says "within noise". The answer (a `Measurement`) is
+cached per model architecture, device, and TensorFlow and Keras versions (`amp_backends.autotune.layer_choice`),
+so the same model on the same machine gets the same layer plan every run, measured once. Nothing else changes:
+the variables are float32 either way (mixed policies keep them so), and the state a training-mode call updates
+(BatchNormalization's moving statistics) is put back.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import measurement as _measurement
-from .layer_plan import worth_measuring
-from .measurement import FLOAT32, MARGIN, NOISE, PLAN, Measurement, cached, remember, verdict_of
-from .timing import interleaved
+from .layer_choice import FLOAT32, PLAN, Measurement, verdict_of
+from .timing import MARGIN, ROUNDS, interleaved
 
 if TYPE_CHECKING:
-    from .layer_plan import LayerPlan
-    from .plan import Plan
+    from ..layer_plan import LayerPlan
+    from ..plan import Plan
 
-__all__ = ["FLOAT32", "MARGIN", "NOISE", "PLAN", "Measurement", "PolicyChoice", "cached", "measure",
-           "not_measurable", "remember", "verdict_of", "worth_measuring"]
+__all__ = ["ROUNDS", "STEPS", "measure", "not_measurable"]
 
-logger = logging.getLogger("amp_backends")
-
-ROUNDS = 5
 STEPS = 2
-PolicyChoice = Measurement  # the name earlier releases gave it
 
 
 def not_measurable(model: Any, plan: Plan) -> str:
-    """Why `measure` has nothing to compare on ``model`` ("" when it has)."""
-    from .layer_plan import low_precision_paths
+    """Why `measure` has nothing to compare on a model.
+
+    Args:
+        model: The Keras model.
+        plan: The `Plan` it trains under.
+
+    Returns:
+        The reason, or ``""`` where there is something to compare.
+    """
+    from ..layer_plan import low_precision_paths
 
     if not low_precision_paths(model, plan):
         return f"no layer computes in {plan.policy}'s low precision"
@@ -60,22 +61,34 @@ def not_measurable(model: Any, plan: Plan) -> str:
     return ""
 
 
-
-# ---------------------------------------------------------------------------------------------- measuring
 def measure(model: Any, plan: Plan, layer_plan: LayerPlan, x: Any, *, rounds: int = ROUNDS, steps: int = STEPS,
             clock: Callable[[], float] | None = None) -> Measurement:
-    """Time ``model``'s forward and backward pass on the batch ``x`` as ``layer_plan`` has it and with every layer
-    in float32, interleaved; the model is left as ``layer_plan`` has it, whatever the verdict (the caller applies
-    the layer plan with the measurement: `amp_backends.layer_plan.with_measurement`).
+    """Time ``model``'s forward and backward pass as ``layer_plan`` has it and with every layer in float32.
 
-    ``x`` is what the model takes (one batch). Raises whatever the model's call raises, with the model's policies
-    and non-trainable state as they were.
+    The two sides run interleaved; the model is left as ``layer_plan`` has it, whatever the verdict (the caller
+    applies the layer plan with the measurement: `amp_backends.layer_plan.with_measurement`).
+
+    Args:
+        model: The Keras model.
+        plan: The `Plan` it trains under.
+        layer_plan: Its layer plan, as decided.
+        x: One batch of what the model takes.
+        rounds: Interleaved rounds.
+        steps: Steps of each side per round.
+        clock: The clock (``time.perf_counter``).
+
+    Returns:
+        The `Measurement`: both sides' rates and the verdict.
+
+    Raises:
+        Exception: Whatever the model's call raises, with the model's policies and non-trainable state as they
+            were.
     """
     import time
 
     import tensorflow as tf
 
-    from . import layer_plan as lp
+    from .. import layer_plan as lp
 
     x = tf.nest.map_structure(tf.convert_to_tensor, x)
     if not getattr(model, "built", True):
@@ -108,6 +121,6 @@ def measure(model: Any, plan: Plan, layer_plan: LayerPlan, x: Any, *, rounds: in
         lp.restore(model, before)
         for variable, value in saved:
             variable.assign(value)
-    verdict = verdict_of(timings.rates[PLAN], timings.rates[FLOAT32], _measurement.MARGIN)
+    verdict = verdict_of(timings.rates[PLAN], timings.rates[FLOAT32], MARGIN)
     return Measurement(verdict, plan.policy, timings.median(PLAN), timings.median(FLOAT32), timings.spread(PLAN),
                        timings.spread(FLOAT32), rounds, steps, MARGIN)

@@ -1,4 +1,5 @@
-"""Autotune on this machine: candidates timed on a real model, the fastest applied, cached, reported."""
+"""The plan tuner (`amp_backends.autotune.tune`) on this machine: candidates timed on a real model, the fastest
+applied, cached, reported."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
-"""A measured choice — every layer in float32, or the plan's policy kept — as data, and where it is cached.
+"""The float32-layers choice as data, and where it is kept: every layer in float32, or the plan's policy kept.
 
-`Measurement` is what `amp_backends.policy_choice.measure` found: the two sides' rates and the
-verdict, decided only when one side won every interleaved round by `MARGIN` (`verdict_of`). It is
-kept per model architecture, machine, and TensorFlow and Keras versions (`cached`, `remember`,
-in ``layer_plans.json`` of `amp_backends.cache.cache_dir`), so the same model on the same machine gets
-the same layer plan every run.
+`Measurement` is what `amp_backends.autotune.layers.measure` found: the two sides' rates and the verdict, decided
+only when one side won every interleaved round by `MARGIN` (`verdict_of`). It is kept per model architecture,
+machine, and TensorFlow and Keras versions (`cached`, `remember`, in ``layer_plans.json`` of
+`amp_backends.cache.cache_dir`), so the same model on the same machine gets the same layer plan every run. The
+layer plan reads it (`amp_backends.layer_plan.decide`, `LayerPlan.from_dict`), which is why it is a module of its
+own: the measuring, in `amp_backends.autotune.layers`, sets the layer plan's policies on the model.
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .cache import cache_dir, digest, host_machine, load, store
+from ..cache import cache_dir, digest, host_machine, load, store
+from .timing import MARGIN, Timings
 
 if TYPE_CHECKING:
-    from .plan import Plan
+    from ..plan import Plan
 
-MARGIN = 1.05  # a side must be this much faster in every round: closer than that is noise on these machines
+__all__ = ["CACHE_FILE", "FLOAT32", "MARGIN", "NOISE", "PLAN", "Measurement", "cache_file", "cache_key", "cached",
+           "remember", "verdict_of"]
+
 FLOAT32, PLAN, NOISE = "float32", "plan", "within noise"
 CACHE_FILE = "layer_plans.json"
 
@@ -97,8 +101,6 @@ def _pair(value: Any) -> tuple[float, float]:
 
 def verdict_of(plan_rates: Any, float32_rates: Any, margin: float = MARGIN) -> str:
     """``float32``/``plan`` where that side won every round by ``margin``, else ``within noise`` (pure)."""
-    from .timing import Timings
-
     timings = Timings({PLAN: tuple(plan_rates), FLOAT32: tuple(float32_rates)})
     return {FLOAT32: FLOAT32, PLAN: PLAN}.get(timings.winner(margin) or "", NOISE)
 
@@ -107,8 +109,8 @@ def cache_key(model: Any, plan: Plan) -> str:
     """The model's architecture (layer kinds, weight shapes, strides, kernels, activations, input shapes — not
     its names, not its dtypes), the machine, the TensorFlow and Keras versions, and the plan's policy and float32
     layer kinds."""
-    from .keras_compat import input_structure, keras_info, walk
-    from .software import tensorflow_version
+    from ..keras_compat import input_structure, keras_info, walk
+    from ..software import tensorflow_version
 
     parts = []
     for _, layer in walk(model, "m"):
@@ -153,5 +155,3 @@ def remember(model: Any, plan: Plan, measurement: Measurement) -> None:
     except Exception:
         return
     store(cache_file(), key, measurement.to_dict())
-
-

@@ -1,4 +1,4 @@
-"""Autotune: time the candidate plans on the user's own model and keep the fastest, cached per device and model.
+"""The plan tuner: time the candidate plans on the user's own model and keep the fastest, cached per device and model.
 
 The planner's rules come from measurements on chips we have seen; on another chip a rule can be wrong
 (the tutorials found XLA slower on an A100 for the MNIST CNN). `tune` builds the model once per
@@ -11,7 +11,6 @@ applies it without timing; ``python -m amp_backends.info`` lists the cached choi
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
@@ -19,14 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from . import cache
-from .assessment import FUNCTIONAL, NATIVE
-from .cache import cache_dir
-from .configure import auto_configure, reset
-from .plan import Plan
-from .probe import probe_hardware
-from .registry import BackendRegistry, default_registry
-from .timing import interleaved
+from .. import cache
+from ..assessment import FUNCTIONAL, NATIVE
+from ..cache import cache_dir, digest
+from ..configure import auto_configure, reset
+from ..plan import Plan
+from ..probe import probe_hardware
+from ..registry import BackendRegistry, default_registry
+from .timing import MARGIN, ROUNDS, interleaved
 
 logger = logging.getLogger("amp_backends.autotune")
 
@@ -42,7 +41,7 @@ def cache_path() -> Path:
 def device_signature(plan: Plan, hardware: Any) -> str:
     """Backend, each device's name and its backend's facts about it (`Accelerator.signature`: NVIDIA's compute
     capability), or the CPU model, and TensorFlow version."""
-    from .software import tensorflow_version
+    from ..software import tensorflow_version
 
     probe = hardware.get(plan.backend)
     devices = [d.signature for d in probe.devices] if probe else []
@@ -62,7 +61,7 @@ def model_signature(models: Sequence[Any], batch_size: int) -> str:
                 except Exception:
                     shape = "?"
             parts.append(f"{type(layer).__name__}:{shape}:{layer.count_params()}")
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+    return digest("|".join(parts))
 
 
 def load_cache() -> dict[str, Any]:
@@ -100,10 +99,6 @@ def candidates(plan: Plan) -> list[dict[str, Any]]:
     return out
 
 
-ROUNDS = 5
-MARGIN = 1.05
-
-
 def _continue(trainer: Any, x: Any, y: Any, steps: int) -> Callable[[], Any]:
     """One more compiled call of ``steps`` steps of ``trainer`` each time it is called (``max_steps`` ends each
     ``fit``; the epochs never do)."""
@@ -116,32 +111,36 @@ def _continue(trainer: Any, x: Any, y: Any, steps: int) -> Callable[[], Any]:
     return run
 
 
-def tune(
-    build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]],
-    x: Any,
-    y: Any = None,
-    *,
-    batch_size: int,
-    images_per_step: int | None = None,
-    steps: int = 10,
-    batch_fn: Any = None,
-    refresh: bool = False,
-    registry: BackendRegistry | None = None,
-    overrides: Mapping[str, Any] | None = None,
-) -> Plan:
+def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: Any, y: Any = None, *, batch_size: int,
+         images_per_step: int | None = None, steps: int = 10, batch_fn: Any = None, refresh: bool = False,
+         registry: BackendRegistry | None = None, overrides: Mapping[str, Any] | None = None) -> Plan:
     """Choose the fastest plan for the model ``build()`` makes, apply it and return it.
 
-    ``build()`` is called once per candidate, after that candidate's dtype policy is set, and returns
-    ``(models, updates, checkpoint_objects)`` for a `Trainer`. Each candidate
-    is built and warmed up (its compiling calls), then all are timed interleaved, one call of ``steps`` steps each
-    per round for `ROUNDS` rounds (`amp_backends.timing.interleaved`): a candidate is chosen only when
-    it beat every other one in every round by `MARGIN`; otherwise the rules' plan stays (within noise). A
-    cached choice for the same device and model is applied without timing unless ``refresh``. ``registry`` replaces the
-    installed backends. ``overrides`` are ``auto_configure`` keywords kept in every candidate and in the
-    plan chosen (``loss_scale``, ``tf32``, ``fp8``, ``force``...); the candidates set ``policy`` and ``xla``.
+    Each candidate (`candidates`) is built and warmed up (its compiling calls), then all are timed interleaved,
+    one call of ``steps`` steps each per round for `ROUNDS` rounds (`amp_backends.autotune.timing`): a candidate
+    is chosen only when it beat every other one in every round by `MARGIN`; otherwise the rules' plan stays
+    (within noise). A cached choice for the same device and model is applied without timing. A candidate that
+    fails to build or run loses; when all fail, the rules' plan is applied.
+
+    Args:
+        build: Called once per candidate, after its dtype policy is set; returns ``(models, updates,
+            checkpoint_objects)`` for a `Trainer`.
+        x: The training inputs, as `Trainer.fit` takes them.
+        y: The labels, as `Trainer.fit` takes them.
+        batch_size: The batch size.
+        images_per_step: Samples one step processes, where not ``batch_size`` (the rates count them).
+        steps: Steps per timed call.
+        batch_fn: The `Trainer`'s ``batch_fn``.
+        refresh: Time the candidates even where a choice is cached.
+        registry: Replaces the installed backends.
+        overrides: ``auto_configure`` keywords kept in every candidate and in the plan chosen (``loss_scale``,
+            ``tf32``, ``fp8``, ``force``...); the candidates set ``policy`` and ``xla``.
+
+    Returns:
+        The `Plan` applied.
     """
     fixed = {k: v for k, v in (overrides or {}).items() if k not in ("policy", "xla")}
-    from .training import Trainer
+    from ..training import Trainer
 
     registry = registry or default_registry()
     hardware = probe_hardware(registry, use_tensorflow=True)
