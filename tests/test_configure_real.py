@@ -49,8 +49,10 @@ def test_auto_configure_follows_the_cpu_rules_here():
     bf32 = itex_status().compatible and probe_cpu().amx
     assert (plan.loss_scale.mode, plan.xla, plan.tf32, plan.devices) == ("none", False, bf32, ("/CPU:0",))
     assert plan.vendor_setting("ITEX_FP32_MATH_MODE") == ("BF32" if bf32 else None)
-    # bfloat16 only where the CPU has bf16 instructions and TensorFlow runs oneDNN (TF_ENABLE_ONEDNN_OPTS, its default)
-    assert plan.policy == ("mixed_bfloat16" if machine_has_native_bf16() and tensorflow_runs_onednn() else "float32")
+    # bfloat16 only where the CPU has bf16 instructions and oneDNN runs it: TensorFlow's (TF_ENABLE_ONEDNN_OPTS, its
+    # default), or ITEX's own kernels, which that variable does not switch off
+    onednn = tensorflow_runs_onednn() or itex_status().compatible
+    assert plan.policy == ("mixed_bfloat16" if machine_has_native_bf16() and onednn else "float32")
     assert keras_compat.global_policy_name(tf) == plan.policy
 
 

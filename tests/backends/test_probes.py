@@ -107,6 +107,12 @@ def test_once_tensorflow_is_imported_its_own_answer_counts():
 
 
 def test_real_cpu_probe_reads_onednn_from_the_environment(monkeypatch):
+    import importlib.util
+
+    if importlib.util.find_spec("intel_extension_for_tensorflow") is not None:
+        # the probe imports ITEX, and ITEX TensorFlow: started here under the suite's own setting, not under the 0
+        # below, which TensorFlow would keep for every later test of this process
+        import tensorflow  # noqa: F401
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
     probe = CpuBackend().probe()
     onednn = probe.facts.onednn
