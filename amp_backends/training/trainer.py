@@ -354,12 +354,13 @@ def run_call(program: StepProgram, source: Source, at: At, k: int, capacity: int
         if why is None:
             raise
         if program.replicas > 1 or not source.fixed_shape:
+            several = f"{program.replicas} replicas" if program.replicas > 1 else "batches of several shapes"
             raise AmpConfigError(
                 f"XLA could not compile the training call at step {at.step}: {why}. Expected a model XLA compiles, as "
-                f"the plan has XLA on; with {program.replicas} replica(s) and batches of "
-                f"{'one shape' if source.fixed_shape else 'several shapes'} a part of the call may have run, so it "
-                "is not run again without XLA. Fix: train with XLA off (auto_configure(xla='off'), AMP_XLA=off or "
-                "--xla off), resuming from the last checkpoint.") from None
+                f"the plan has XLA on; with {several} a part of the call may have run, so it is not run again without "
+                "XLA. Fix: train with XLA off (auto_configure(xla='off'), AMP_XLA=off or --xla off; resume=True "
+                "continues from the last checkpoint, if any)" + ("." if source.fixed_shape else ", or pad every batch "
+                "to one shape (padded_batch(..., padded_shapes=<fixed>)): then it falls back itself.")) from None
         source.start()
         if stopping():
             return None

@@ -127,9 +127,9 @@ def test_a_call_that_failed_to_compile_runs_again_only_where_nothing_of_it_can_h
     for program, source in ((_program(replicas=2)[0], _Source(tf.errors.InvalidArgumentError(None, None, MISSING_OP))),
                             (_program()[0], _Source(tf.errors.InvalidArgumentError(None, None, MISSING_OP), False))):
         with pytest.raises(AmpConfigError, match=r"at step 12: the model holds ops XLA has no kernel for \(PyFunc\)"
-                                                 r".*Fix: train with XLA off \(auto_configure\(xla='off'\)"):
+                                                 r".*Fix: train with XLA off \(auto_configure\(xla='off'\)") as e:
             trainer_module.run_call(program, source, at, 4, 4, lambda: False)
-        assert source.calls == 1
+        assert source.calls == 1 and ("padded_shapes=<fixed>" in str(e.value)) is (not source.fixed_shape)
     # any other error is raised as it is
     program, _ = _program()
     with pytest.raises(tf.errors.InternalError, match="illegal memory access"):
