@@ -307,6 +307,10 @@ class Checkpointing:
             if self.stopped is not None:  # every worker stopped here: save together, say where
                 self.interrupted(self.stopped)
 
+    def stop_requested(self) -> bool:
+        """Whether a Ctrl-C or SIGTERM asked this worker to stop (inside `until_stopped`)."""
+        return self.signals.signum is not None
+
     def stop_agreed(self) -> bool:
         """At a call boundary of `until_stopped`'s loop: whether every worker stops here, on the signal one of them
         got (``stopped``; `distribute.StopAgreement`)."""

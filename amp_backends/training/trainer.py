@@ -189,8 +189,7 @@ class Trainer:
         source = self._last_input[2]
         self.validation.start(validation_data, validation_every, self.store, self.checkpointing.together)
         if source.has_strings:
-            self.program.without_xla("the data holds strings (for the model's own StringLookup or TextVectorization), "
-                                     "which XLA cannot compile")
+            self.program.without_xla("the data holds strings (a StringLookup's input), which XLA cannot compile")
         with self.checkpointing.fitting(resume, self.models) as at:  # one run at a time; resumed; saved at the end
             if not nothing_left(at, source.left_in_epoch(at.offset) == 0, epochs, max_steps, say=self.is_chief):
                 if self.is_chief:  # the line that says what a call is; each model's layer plan, the precision check
@@ -223,7 +222,7 @@ class Trainer:
             k = source.call_size(self.steps_per_call, left, None if max_steps is None else max_steps - at.step,
                                  self.program)
             ran = self._call(source, k, at, progress)
-            if ran is None or ran.done == 0:  # None: stopped while compiling (nothing ran)
+            if ran is None or ran.done == 0:
                 continue
             ran.check_refused(at, self.position.batch_in_epoch(at), self.updates)
             check_stalled(self.scalers, self.max_consecutive_nonfinite, self.checkpointing.before_failing)
@@ -234,13 +233,11 @@ class Trainer:
         """Run one compiled call of up to ``k`` steps, the observers told (`metrics.Progress`)."""
         progress.before_call(at.step, k)
         with self.checkpointing.together(at.step), self.program.own_errors(at.step, k), self.validation.recording:
-            ran = run_call(self.program, source, at, k, self.steps_per_call,
-                           lambda: self.checkpointing.signals.signum is not None)
-        if ran is None:
-            return None
-        progress.after_call(ran, at, self.position.batch_in_epoch(at), self.scalers)
-        if ran.pass_ended:
-            self._epoch_over(at.epoch)
+            ran = run_call(self.program, source, at, k, self.steps_per_call, self.checkpointing.stop_requested)
+        if ran is not None:  # (None: stopped while XLA compiled it; nothing ran)
+            progress.after_call(ran, at, self.position.batch_in_epoch(at), self.scalers)
+            if ran.pass_ended:
+                self._epoch_over(at.epoch)
         return ran
 
     def _epoch_over(self, epoch: int) -> None:  # the position moves on; the epoch's values, validated when due
