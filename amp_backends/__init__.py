@@ -83,12 +83,13 @@ _MOVED = {name: "amp_backends.errors" for name in (
 
 # Old module paths, kept for one release: old path -> where its names are now. ``audit`` was the audit's package
 # before ``audit`` named the function (``amp_backends.auditing`` now): each of its names and its module. The others
-# moved into ``amp_backends.autotune``: the modules that hold their names, looked in in order.
+# moved into ``amp_backends.autotune``: the modules that hold their names, looked in in order (``module:name``:
+# that one name of a module, the rest of which stays unserved).
 _OLD_PATHS: dict[str, Any] = {
     "audit": {"audit": "amp_backends", "audit_trace": "amp_backends", "Audit": "amp_backends",
               "AuditObserver": "amp_backends.auditing"},
     "timing": ("autotune.timing",), "measurement": ("autotune.layer_choice",),
-    "policy_choice": ("autotune.layers", "autotune.layer_choice", "layer_plan")}
+    "policy_choice": ("autotune.layers", "autotune.layer_choice", "layer_plan:worth_measuring")}
 
 
 def _old_module(old: str) -> Any:
@@ -114,8 +115,10 @@ def _old_module(old: str) -> Any:
     def moved_to(attr: str) -> str | None:
         if audit:
             return where.get(attr)
-        for new in (f"{__name__}.{m}" for m in where if not attr.startswith("__")):
-            if attr in getattr(importlib.import_module(new), "__all__", ("worth_measuring",)):  # (layer_plan's one)
+        for entry in where:  # "module": the names of its __all__; "module:name": that name alone
+            module, _, only = entry.partition(":")
+            new = f"{__name__}.{module}"
+            if not attr.startswith("__") and (attr == only if only else attr in importlib.import_module(new).__all__):
                 return new
         return None
 

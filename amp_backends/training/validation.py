@@ -257,8 +257,7 @@ class Evaluator:
                 if why is None:
                     raise
                 logger.warning(f"XLA is not used for {what}, although the plan has it on: {why}.")
-                self.xla = False
-                self._calls.pop("arrays", None)
+                self._without_xla()
                 loss_sum, weight_sum, refused = self._call("arrays", self._replica_eval_arrays)(*args)
             if int(refused.numpy()):
                 raise InputError(f"Batch {i} of the data given to {what} {self.update.check_message or 'was refused.'}")
@@ -327,9 +326,13 @@ class Evaluator:
             xs = tf.nest.map_structure(tf.convert_to_tensor, x)
             ys = None if y is None else tf.nest.map_structure(tf.convert_to_tensor, y)
         if self.xla and any(t.dtype == tf.string for t in tf.nest.flatten((xs, ys)) if t is not None):
-            self.xla = False  # strings (for the model's own StringLookup): XLA cannot compile them, as in training
-            self._calls.pop("arrays", None)
+            self._without_xla()  # strings (for the model's own StringLookup): XLA cannot compile them, as in training
         return xs, ys, n
+
+    def _without_xla(self) -> None:
+        """Evaluate without XLA from now on (only the calls on arrays are XLA-compiled)."""
+        self.xla = False
+        self._calls.pop("arrays", None)
 
     def _call(self, key: str, replica_fn: Callable[..., Any]) -> Any:
         if key not in self._calls:

@@ -56,11 +56,11 @@ def _fastest() -> tuple[str, tuple[Evidence, ...]]:
 def _fit_steps() -> tuple[str, tuple[Evidence, ...]]:
     """Keras ``fit`` under the plan at one step per compiled call and at many: the reason, its evidence."""
     results = measured.fit_calls()
-    many = next((c for c in results.medians if FIT_MANY.fullmatch(c)), None) if results else None
-    if results is None or many is None or not results.has(FIT_ONE):
+    found = next(filter(None, map(FIT_MANY.fullmatch, results.medians)), None) if results else None
+    if results is None or found is None or not results.has(FIT_ONE):
         return ("Keras's default of one step per compiled call: no GPU measurement of fit with more steps per call "
                 f"is committed ({quote_results(results, measured.EXPERIMENTS, FIT_ONE)})"), ()
-    steps = many.split()[2]
+    many, steps = found.group(0), found.group(1)
     return (f"Keras's default of one step per compiled call, which keeps per-batch callbacks after every batch: fit "
             f"under the plan ran {results.times(many, FIT_ONE)} as fast at {steps} steps per call, one epoch there "
             f"({results.quote(FIT_ONE, many)}); pass steps_per_execution=N to compile() where no callback needs "

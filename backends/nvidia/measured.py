@@ -10,7 +10,7 @@ figure itself: it quotes one of these files with its machine; a missing file mak
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from amp_backends.backend_api import Results, load_results
@@ -32,31 +32,35 @@ def _machine(doc: Mapping[str, Any]) -> str:
     return str(devices[0]) if devices else "unknown GPU"
 
 
-def _suite(file: str, doc: Mapping[str, Any]) -> Results:
-    rows = (doc["experiments"].get("bench") or {}).get("rows") or []
-    medians = {str(r["label"]): float(r["img_per_s"]) for r in rows
-               if r.get("status") == "ok" and isinstance(r.get("img_per_s"), (int, float))}
+def _ok_rows(doc: Mapping[str, Any], experiment: str) -> Iterator[tuple[str, float]]:
+    """``(label, img/s)`` of each row of a GPU suite experiment that ran."""
+    for r in (doc["experiments"].get(experiment) or {}).get("rows") or []:
+        if r.get("status") == "ok" and isinstance(r.get("img_per_s"), (int, float)):
+            yield str(r["label"]), float(r["img_per_s"])
+
+
+def _suite_results(file: str, doc: Mapping[str, Any], medians: dict[str, float]) -> Results:
     # the suite ran as an option of the bench command before it moved to benchmarks/: name the command that runs it now
     command = str(doc["command"]).replace("-m amp_backends.bench --gpu-suite", "benchmarks/gpu_suite.py")
     return Results(file, _machine(doc), str(doc["software"]["tensorflow"]), command, str(doc["date"]), medians)
 
 
+def _suite(file: str, doc: Mapping[str, Any]) -> Results:
+    return _suite_results(file, doc, dict(_ok_rows(doc, "bench")))
+
+
+def _fit_call_name(label: str) -> str:
+    """A keras_fit row as a reason says it: "float32 fit as written", "fit at 1 step per call"
+    (compile(**plan.compile_kwargs())), "fit at 58 steps per call" (steps_per_execution=58)."""
+    if label.startswith("as users write it"):
+        return "float32 fit as written"
+    if "steps_per_execution=" in label:
+        return f"fit at {label.rpartition('=')[2]} steps per call"
+    return "fit at 1 step per call"
+
+
 def _fit_calls(file: str, doc: Mapping[str, Any]) -> Results:
-    # the suite's keras_fit rows, named as a reason says them: "float32 fit as written", "fit at 1 step per call"
-    # (compile(**plan.compile_kwargs())), "fit at 58 steps per call" (steps_per_execution=58)
-    medians = {}
-    for r in (doc["experiments"].get("keras_fit") or {}).get("rows") or []:
-        label, figure = str(r["label"]), r.get("img_per_s")
-        if r.get("status") != "ok" or not isinstance(figure, (int, float)):
-            continue
-        if label.startswith("as users write it"):
-            medians["float32 fit as written"] = float(figure)
-        elif "steps_per_execution=" in label:
-            medians[f"fit at {label.rpartition('=')[2]} steps per call"] = float(figure)
-        else:
-            medians["fit at 1 step per call"] = float(figure)
-    command = str(doc["command"])
-    return Results(file, _machine(doc), str(doc["software"]["tensorflow"]), command, str(doc["date"]), medians)
+    return _suite_results(file, doc, {_fit_call_name(label): v for label, v in _ok_rows(doc, "keras_fit")})
 
 
 def _peaks(file: str, doc: Mapping[str, Any]) -> Results:
