@@ -375,6 +375,14 @@ def test_the_training_package_is_a_few_modules_of_one_concept_each():
     assert not [n for n in modules if f"`{n}`" not in page], "docs/reference/layout.md names every training module"
 
 
+def test_the_trainer_class_is_under_250_lines():
+    """``Trainer`` reads as the loop and the hooks it calls: its pieces live in the training modules it imports."""
+    path = Path(amp_backends.__file__).parent / "training" / "trainer.py"
+    (cls,) = [n for n in ast.parse(path.read_text(encoding="utf-8")).body
+              if isinstance(n, ast.ClassDef) and n.name == "Trainer"]
+    assert cls.end_lineno is not None and cls.end_lineno - cls.lineno + 1 < 250, "move a concept out of Trainer"
+
+
 def test_no_shipped_module_is_over_420_lines():
     """A module a reader can hold: every module of the installed package (the vendors' included) is at most 420
     lines; a longer one is split by concept, not trimmed of its documentation."""

@@ -129,8 +129,8 @@ class Trainer:
         self.store, self.checkpoint_dir = self.checkpointing.store, self.checkpointing.directory
         self.observers += [self.validation.monitor, *default_observers(self.is_chief, log_every, logdir, progress,
                                                                        profile_steps)]
-        self._called: set[Any] = set()  # the calls compiled so far; the last input (reused when fit gets it again)
-        self._last_input: tuple[Any, Any, Source] | None = None
+        self._called: set[Any] = set()  # the calls compiled so far
+        self._last_input: tuple[Any, Any, Source] | None = None  # (reused when fit gets the same input again)
         self.models = TrainedModels(trained, plan, check=check_models, measure=measure_float32, store=self.store,
                                     batch_size=self.batch_size, replicas=self.replicas, is_chief=self.is_chief,
                                     audit=audit, steps_per_call=steps_per_call,
@@ -221,9 +221,8 @@ class Trainer:
                 return
             k = source.call_size(self.steps_per_call, left, None if max_steps is None else max_steps - at.step,
                                  self.program)
-            ran = self._call(source, k, at, progress)
-            if ran is None or ran.done == 0:
-                continue
+            if (ran := self._call(source, k, at, progress)) is None or ran.done == 0:
+                continue  # (None: stopped while XLA compiled the call)
             ran.check_refused(at, self.position.batch_in_epoch(at), self.updates)
             check_stalled(self.scalers, self.max_consecutive_nonfinite, self.checkpointing.before_failing)
             self.validation.after_call(at.epoch, at.step, ran.done)
@@ -234,7 +233,7 @@ class Trainer:
         progress.before_call(at.step, k)
         with self.checkpointing.together(at.step), self.program.own_errors(at.step, k), self.validation.recording:
             ran = run_call(self.program, source, at, k, self.steps_per_call, self.checkpointing.stop_requested)
-        if ran is not None:  # (None: stopped while XLA compiled it; nothing ran)
+        if ran is not None:
             progress.after_call(ran, at, self.position.batch_in_epoch(at), self.scalers)
             if ran.pass_ended:
                 self._epoch_over(at.epoch)

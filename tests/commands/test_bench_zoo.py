@@ -121,3 +121,17 @@ def test_the_gan_trains_under_keras_fit_and_logs_both_losses():
     logs = model.fit(x, batch_size=8, epochs=1, verbose=0).history
     assert logs["d_loss"][0] > 0 and logs["g_loss"][0] > 0, logs
     assert not (model.discriminator.trainable_weights[0].numpy() == before[0]).all()
+
+
+def test_a_peak_that_rounds_to_zero_or_failed_gives_no_share_instead_of_stopping_the_report():
+    """A matmul peak of 0.0 (a machine so slow that it rounds to nothing) or an error string: no share of the peak,
+    the rest of the summary as usual (it used to divide by zero after the whole run, leaving no zoo.md)."""
+    from amp_backends.commands.bench.zoo_suite import BASELINE, summarize
+
+    for peaks in ({"float32": 0.0}, {"error": "the worker failed"}, {"float32": 10.0}):
+        cfg = {"kind": "baseline", "compute_dtype": "float32", "samples_per_s": {"median": 100.0}, "loss": 1.0}
+        report = {"peak_gflops": peaks, "models": [{"flops_per_sample": 1e6, "configs": {BASELINE.name: cfg}}]}
+        summarize(report)
+        (c,) = report["models"][0]["configs"].values()
+        assert c["x_baseline"] == 1.0 and c["loss_vs_baseline"] == 0
+        assert c["share_of_peak"] == (pytest.approx(0.01) if peaks.get("float32") else None), peaks

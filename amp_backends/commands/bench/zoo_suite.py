@@ -345,7 +345,8 @@ def summarize(report: dict[str, Any]) -> None:
             c["x_best_manual"] = r / manual[best] if r and best else None
             peak = peaks.get("tf32" if n.startswith("TF32") else c["compute_dtype"])
             flops = m.get("flops_per_sample")
-            c["share_of_peak"] = (flops * r / 1e9 / peak) if r and flops and isinstance(peak, (int, float)) else None
+            measured = isinstance(peak, (int, float)) and peak > 0  # (a peak that rounds to 0.0 shares nothing)
+            c["share_of_peak"] = (flops * r / 1e9 / peak) if r and flops and measured else None
             c["loss_vs_baseline"] = ((c["loss"] - base_loss) if c.get("loss") is not None and base_loss is not None
                                      else None)
             c["loss_within_spread"] = (abs(c["loss_vs_baseline"]) <= spread if c["loss_vs_baseline"] is not None
