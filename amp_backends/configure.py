@@ -96,13 +96,41 @@ def plan_for(
         **overrides: `auto_configure`'s keywords (``policy="bf16"``, ``xla="off"``, ...).
 
     Returns:
-        The plan, not applied.
+        The plan, not applied. A request it downgrades or honours with a caveat is also an `AmpWarning`, as
+        `auto_configure` gives it.
 
     Raises:
         AmpConfigError: An override has an invalid value, ``device`` is unknown, or both ``hardware`` and
             ``device`` were given.
         UnsupportedRequestError: ``strict`` is on and a request cannot be honoured on this hardware.
         BackendError: A backend asked for by name failed, or none is left.
+    """
+    plan = quiet_plan_for(hardware, device=device, registry=registry, environ=environ, keras=keras, **overrides)
+    for w in plan.warnings:
+        warnings.warn(w, AmpWarning, stacklevel=2)
+    return plan
+
+
+def quiet_plan_for(hardware: Hardware | None = None, *, device: str | None = None,
+                   registry: BackendRegistry | None = None, environ: dict[str, str] | None = None,
+                   keras: KerasInfo | None = None, **overrides: Any) -> Plan:
+    """`plan_for` without its `AmpWarning` (for a report that shows the plan's warnings itself).
+
+    Args:
+        hardware: The machine to plan for; ``None`` probes this one.
+        device: A catalogue device to plan for instead of ``hardware``.
+        registry: The backends to plan with (default: the installed ones).
+        environ: The environment the ``AMP_*`` overrides are read from (default: ``os.environ``).
+        keras: The Keras version to plan for (default: the installed one).
+        **overrides: `auto_configure`'s keywords.
+
+    Returns:
+        The plan, not applied; its ``warnings`` say what `plan_for` would warn.
+
+    Raises:
+        AmpConfigError: As `plan_for`.
+        UnsupportedRequestError: As `plan_for`.
+        BackendError: As `plan_for`.
     """
     if device is not None:
         if hardware is not None:

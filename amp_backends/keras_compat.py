@@ -193,6 +193,15 @@ class InputLeaf:
     dtype: Any
 
 
+def _build_leaves(shape: Any) -> Any:
+    """`InputLeaf` (float32, any batch) for a build shape, or a dict of them for a dict of shapes; else ``None``."""
+    if isinstance(shape, dict) and shape:
+        return None if None in (leaves := {k: _build_leaves(v) for k, v in shape.items()}).values() else leaves
+    if isinstance(shape, (tuple, list)) and shape and all(d is None or isinstance(d, int) for d in shape):
+        return InputLeaf((None, *shape[1:]), _tensorflow().float32)
+    return None
+
+
 def input_structure(model: Any) -> Any:
     """The nested structure of `InputLeaf` the model is called with, or ``None`` if it cannot be told.
 
@@ -228,20 +237,15 @@ def input_structure(model: Any) -> Any:
             spec = None
         if spec and spec[0] and not spec[1]:
             return tf.nest.map_structure(leaf, spec[0][0] if len(spec[0]) == 1 else list(spec[0]))
-    # A subclassed model's build shape holds the batch of the call that built it, not a fixed batch.
+    # A subclassed model's build shape (or a dict of them) holds the batch of the call that built it, not a batch.
     shapes = getattr(model, "_build_shapes_dict", None)
-    if isinstance(shapes, dict) and len(shapes) == 1:
-        shape = next(iter(shapes.values()))
-        if isinstance(shape, (tuple, list)) and shape and all(d is None or isinstance(d, int) for d in shape):
-            return InputLeaf((None,) + tuple(shape[1:]), tf.float32)
-    shape = getattr(model, "_build_input_shape", None)
-    if shape is not None:
-        try:
-            dims = tf.TensorShape(shape).as_list()
-        except (TypeError, ValueError):
-            return None
-        return InputLeaf((None,) + tuple(dims[1:]), tf.float32) if dims else None
-    return None
+    if isinstance(shapes, dict) and len(shapes) == 1 and (struct := _build_leaves(next(iter(shapes.values())))):
+        return struct
+    try:  # Keras 2's
+        dims = tf.TensorShape(getattr(model, "_build_input_shape", None)).as_list()
+    except (TypeError, ValueError):  # (an unknown shape has no list)
+        return None
+    return InputLeaf((None, *dims[1:]), tf.float32) if dims else None
 
 
 def snapshot_losses(layers: list[Any]) -> list[tuple[Any, str, list[Any]]]:
@@ -395,7 +399,7 @@ def compile_kwargs(xla: bool, steps_per_execution: int, generation: int | None =
 
 
 # ---------------------------------------------------------------------------------------------- float8
-FLOAT8_SINCE = (3, 3)
+FLOAT8_SINCE, _FLOAT8_NEEDS = (3, 3), "needs Keras >= 3.3"
 
 
 def float8_training(keras: KerasInfo | None) -> tuple[bool, str]:
@@ -408,11 +412,9 @@ def float8_training(keras: KerasInfo | None) -> tuple[bool, str]:
                        "needs Keras >= 3.3")
     version = minor_version(keras.version)
     if version == (-1, -1):
-        return False, (f"Keras {keras.version} is not a version this library can read: "
-                       "float8 training needs Keras >= 3.3")
+        return False, f"Keras {keras.version} is not a version this library can read: float8 training {_FLOAT8_NEEDS}"
     if version < FLOAT8_SINCE:
         extra = (" (Keras 2 has no float8 layers; TensorFlow 2.15, which ITEX needs, comes with Keras 2)"
                  if version[0] < 3 else "")
-        return False, (f"Keras {keras.version} cannot train in float8: "
-                       f"layer.quantize('float8') needs Keras >= 3.3{extra}")
+        return False, f"Keras {keras.version} cannot train in float8: layer.quantize('float8') {_FLOAT8_NEEDS}{extra}"
     return True, f"Keras {keras.version} trains Dense and EinsumDense layers in float8 (layer.quantize('float8'))"

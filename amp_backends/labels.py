@@ -30,11 +30,14 @@ def class_ids(y: Any, classes: int | None, where: str, *, one_hot: str = "refuse
         if y.dtype.kind in "iufb" and set(np.unique(y).tolist()) <= {0, 1} and (y.sum(axis=1) == 1).all():
             return y.argmax(axis=1).astype(np.int64)
         raise error(f"{where} has shape {y.shape} like one-hot labels, but some rows are not a single 1. Expected "
-                    f"class ids (shape (N,)) or one-hot rows.")
+                    f"class ids (shape (N,)) or one-hot rows. Fix: pass one class id per sample.")
     if y.ndim != 1:
-        raise error(f"{where} must be one class id per sample, shape (N,). Received shape {y.shape}.")
+        raise error(f"{where} must be one class id per sample, shape (N,). Received shape {y.shape}. Fix: pass "
+                    "one integer class id per sample (np.argmax(y, axis=-1) for one-hot rows).")
     if y.dtype.kind not in "iufb":
-        raise error(f"{where} must hold class ids (integers). Received dtype {y.dtype}.")
+        raise error(f"{where} must hold class ids (integers). Received dtype {y.dtype}. Fix: map each class to an "
+                    "integer id first (for string classes: keras.layers.StringLookup, or np.unique(y, "
+                    "return_inverse=True)[1]).")
     if y.dtype.kind == "f":
         bad = ~np.isfinite(y) | (y != np.round(y))
         if bad.any():

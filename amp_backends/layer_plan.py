@@ -259,42 +259,6 @@ def short_reason(plan: Plan) -> str:
             "(plan.explain() has the figures)")
 
 
-def output_layers(model: Any) -> list[tuple[str, Any]]:
-    """``(path, layer)`` of the layers that produce the model's outputs (through nested models), where the model
-    tells (functional and Sequential models)."""
-    paths = {id(layer): path for path, layer in _walk(model)}
-    found: list[tuple[str, Any]] = []
-
-    def producers(m: Any) -> list[Any]:
-        out = []
-        try:
-            outputs = list(getattr(m, "outputs", None) or [])
-        except (AttributeError, ValueError):
-            outputs = []
-        for t in outputs:
-            history = getattr(t, "_keras_history", None)
-            layer = history[0] if history else None
-            if layer is not None:
-                out.append(layer)
-        if not out and type(m).__name__ == "Sequential" and getattr(m, "layers", None):
-            out.append(m.layers[-1])
-        return out
-
-    stack = producers(model)
-    seen: set[int] = set()
-    while stack:
-        layer = stack.pop()
-        if id(layer) in seen:
-            continue
-        seen.add(id(layer))
-        inner = producers(layer) if hasattr(layer, "layers") and layer is not model else []
-        if inner:
-            stack.extend(inner)
-        elif id(layer) in paths:
-            found.append((paths[id(layer)], layer))
-    return found
-
-
 def head_activation(layer: Any) -> str | None:
     """``softmax``/``sigmoid``/``log_softmax`` where the layer ends in one, else ``None``."""
     if type(layer).__name__ in HEAD_LAYERS:
@@ -308,6 +272,8 @@ def _head_decisions(model: Any, plan: Plan) -> list[LayerDecision]:
     low = _low_dtype(plan)
     if low is None:
         return []
+    from .model_outputs import output_layers
+
     out = []
     for path, layer in output_layers(model):
         act = head_activation(layer)

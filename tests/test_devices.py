@@ -174,3 +174,14 @@ def test_configure_for_device_sets_only_the_devices_dtype_policy(registry):
     assert tf.config.optimizer.get_jit() == jit_before and current_plan() is None
     with pytest.raises(AmpConfigError, match="Unknown device"):
         configure_for_device("h800", registry=registry, environ={})
+
+
+def test_plan_for_warns_of_a_request_it_downgrades_as_auto_configure_does():
+    """concepts.md: a request that cannot be honoured is downgraded with an AmpWarning, for plan_for too (it
+    used to say so only in the plan's text)."""
+    from amp_backends.errors import AmpWarning
+
+    with pytest.warns(AmpWarning, match="policy=mixed_bfloat16 .*downgraded"):
+        assert plan_for(device="v100", policy="bf16").policy == "mixed_float16"
+    with pytest.warns(AmpWarning, match="tf32=on .*downgraded"):
+        assert plan_for(device="t4", tf32="on").tf32 is False

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..configure import plan_for
+from ..configure import quiet_plan_for
 from ..errors import AmpConfigError
 from ..hardware import Hardware
 from ..keras_compat import keras_info
@@ -155,7 +155,7 @@ def collect(
     for name, err in registry.load_errors.items():
         data["backend_rows"][name] = [["status", f"failed to load: {err}"]]
     try:
-        plan = plan_for(hardware, registry=registry, environ=dict(env), **overrides)
+        plan = quiet_plan_for(hardware, registry=registry, environ=dict(env), **overrides)  # (warnings: shown)
     except AmpConfigError:  # the user's error: the caller reports it
         raise
     except Exception as exc:  # anything else is shown in the report
@@ -220,15 +220,18 @@ def render_text(report: Report, console: Any = None, why: bool = False) -> None:
               plain=lambda c: f"{c[0]}: {c[1]}")
     plan_rows, styles = _plan_rows(d, why)
     show_rows(console, ["setting", "choice", ("why", {"overflow": "fold"})], plan_rows, title="Plan", styles=styles,
-              show_header=True, header_style="bold", plain=lambda c: f"{c[0]}: {c[1]}" + (f" - {c[2]}" if c[2] else ""))
+              show_header=True, header_style="bold",
+              plain=lambda c: f"{c[0]}: " + " - ".join(str(v) for v in c[1:3] if v))  # (a warning has no choice)
     tuned = (d.get("autotune") or {}).get("choices") or {}
     if tuned:
         say(console, f"Autotuned choices for this device ({d['autotune']['cache']}): " + "; ".join(
             f"model {k.split('#')[-1]}: policy={v['policy']} xla={'on' if v['xla'] else 'off'} "
             f"({v['img_per_s']:.4g} img/s, {v['date']})" for k, v in tuned.items()))
-    overrides = d["overrides"]
-    in_force = ", ".join(f"{k}={v}" for k, v in overrides.items()) if overrides else "none (all automatic)"
-    say(console, "Overrides in force: " + in_force)
+    env = d["overrides"]  # the AMP_* variables; the plan's overrides hold the arguments' too
+    from_env = {name for name, var in ENV_VARS.items() if var in env}
+    given = {k: v for k, v in ((d["plan"] or {}).get("overrides") or {}).items() if k not in from_env}
+    in_force = [f"{k}={v}" for k, v in env.items()] + [f"{k}={v} (argument)" for k, v in given.items()]
+    say(console, "Overrides in force: " + (", ".join(in_force) or "none (all automatic)"))
     if d["plan"] is not None and not why:
         say(console, "The reasons in full, with the measurements they quote: amp-backends info --why")
 

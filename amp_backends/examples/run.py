@@ -57,19 +57,26 @@ class RunOptions:
 
 def preflight(opts: RunOptions) -> None:
     """What the examples refuse before TensorFlow starts, in a fraction of a second rather than after its import:
-    the cluster the environment describes (`amp_backends.training.distribute.check_cluster`) and a ``--logdir``
-    below a file.
+    the cluster the environment describes (`amp_backends.training.distribute.check_cluster`), a ``--logdir``
+    below a file, and two sources of data.
 
     Args:
         opts: The parsed options.
 
     Raises:
-        AmpConfigError: ``--logdir`` cannot be a folder, or ``--distribute`` is unknown.
+        AmpConfigError: ``--logdir`` cannot be a folder, ``--distribute`` is unknown, or more than one of
+            ``--data``, ``--synthetic`` and ``--digits`` is given.
         ClusterConfigError: The cluster is described wrongly, or this worker's port is taken.
     """
+    from ..errors import AmpConfigError
     from ..training.distribute import check_cluster
     from ..training.runs import check_no_file_in_the_way
 
+    sources = [flag for flag, on in (("--data", opts.data), ("--synthetic", opts.synthetic), ("--digits", opts.digits))
+               if on]
+    if len(sources) > 1:
+        raise AmpConfigError(f"--data, --synthetic and --digits each choose the training data: one at most. Received: "
+                             f"{' and '.join(sources)}. Fix: keep the one to train on.")
     check_cluster(opts.distribute)
     check_no_file_in_the_way(opts.logdir, "--logdir")
 

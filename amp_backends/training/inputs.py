@@ -184,7 +184,9 @@ class ResidentArrays:
 
     # -- what the loop asks every input ------------------------------------------------------------
     def describe(self) -> str:
-        return f"{self.samples} samples resident on {self.device}"
+        left = self.samples % self.batch_size  # (a full batch each step: the rest waits for another epoch's order)
+        return f"{self.samples} samples resident on {self.device}" + (
+            f" ({left} left out of each epoch, other ones each epoch: the data is shuffled)" if left else "")
 
     def first_batch(self, rows: int) -> Any:
         """The first ``rows`` samples as the step's batch function gives them to the model (for the precision check)."""

@@ -159,13 +159,16 @@ def check_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatch,
                 result = model_check.check_model(model, plan, batch_size=batch_size, inputs=inputs,
                                                  layer_plan=layer_plan)
             except (TypeError, ValueError) as exc:
-                if inputs is None:
+                if inputs is None and x is not None and not getattr(model, "inputs", None):
+                    # a subclassed model that keeps no input shape of its own: checked at the training batch
+                    result = model_check.check_model(model, plan, batch_size=batch_size, inputs=x,
+                                                     layer_plan=layer_plan)
+                elif inputs is None:
                     raise
-                # The batch is not what the model's own inputs say (a loss function that reshapes it, say):
-                # check at the model's own shapes instead.
-                logger.info(f"The precision check of {name!r} could not use the training batch ({exc}); it "
-                            "checks the model at its own input shapes.")
-                result = model_check.check_model(model, plan, batch_size=batch_size, layer_plan=layer_plan)
+                else:  # the batch is not what the model's own inputs say (a loss that reshapes it): its own shapes
+                    logger.info(f"The precision check of {name!r} could not use the training batch ({exc}); it "
+                                "checks the model at its own input shapes.")
+                    result = model_check.check_model(model, plan, batch_size=batch_size, layer_plan=layer_plan)
         except Exception as exc:
             logger.warning(f"The precision check of {name!r} failed ({type(exc).__name__}: {str(exc)[:200]}); "
                            "training goes on.")

@@ -103,7 +103,7 @@ def interrupted_message(signum: int, step: int, path: str | None, *, checkpointi
         return f"Interrupted ({name}) at step {step}: checkpointing is off, nothing was saved."
     where = f"checkpoint saved to {path}" if path else "checkpoint saved in the chief's checkpoint directory"
     if by is None:
-        return f"Interrupted ({name}) at step {step}: {where}. Continue with --resume."
+        return f"Interrupted ({name}) at step {step}: {where}. Continue with --resume (fit(..., resume=True))."
     return (f"Interrupted ({name}) at step {step}: {where} (every worker stopped at this step). Continue with "
             "--resume on every worker.")
 
@@ -292,7 +292,8 @@ class Checkpointing:
                 if not resume:
                     store.ensure_fresh()
                 elif self.restore(models) is None and self.is_chief:
-                    logger.info(f"Nothing to resume in {store.directory}: starting from the beginning.")
+                    logger.warning(f"Nothing to resume in {store.directory}: starting from the beginning (where a "
+                                   "run was expected, check checkpoint_dir for a typo).")
                 store.ready_to_save()
             yield self.position.now()
             if store and store.last_saved_step != self.position.step:

@@ -102,6 +102,8 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
 
     def validate(sample):
         _check_labelled(sample)
+        if getattr(getattr(sample[0], "dtype", None), "kind", "") in ("f", "i", "u", "b"):  # (NumPy numbers)
+            check_model_inputs(model, sample[0])  # validation arrays too, before training (training's: as it traces)
         if sparse and not isinstance(sample[1], (dict, tuple, list)):  # (several outputs: the loss's own checks)
             classes = _num_classes(model)
             owner = f" (the model has {classes} outputs)" if classes else ""
@@ -223,13 +225,14 @@ def _check_built(model: Any) -> None:
 
 def _check_labelled(batch: Any) -> None:
     if isinstance(batch, dict):
-        raise ValueError(f"classifier_updates takes batches (x, y) or (x, y, sample_weight); the data yields dicts "
+        raise InputError(f"classifier_updates takes batches (x, y) or (x, y, sample_weight); the data yields dicts "
                          f"(keys {sorted(batch)}). Fix: map them to a tuple, e.g. dataset.map(lambda d: (d['image'], "
                          "d['label'])) with your keys.")
     if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3) or batch[1] is None:
-        raise ValueError("classifier_updates trains on labelled batches: (x, y) or (x, y, sample_weight). Received "
-                         f"{type(batch).__name__} of {len(batch) if isinstance(batch, (tuple, list)) else 1} item(s) "
-                         "without labels. Fix: fit(x, y), or a dataset of (x, y) batches.")
+        n = len(batch) if isinstance(batch, (tuple, list)) else 1
+        raise InputError("classifier_updates trains on labelled batches: (x, y) or (x, y, sample_weight). Received "
+                         f"{type(batch).__name__} of {n} item(s){' without labels' if n < 3 else ''}. Fix: fit(x, y), "
+                         "or a dataset of (x, y) or (x, y, sample_weight) batches.")
 
 
 def gan_updates(generator: Any, discriminator: Any, g_opt: Any, d_opt: Any) -> list[Update]:

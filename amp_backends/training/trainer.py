@@ -174,8 +174,8 @@ class Trainer:
             What the run did (`TrainResult`).
 
         Raises:
-            ValueError: ``epochs`` or ``max_steps`` is not a positive integer.
-            AmpConfigError: ``resume=True`` without a ``checkpoint_dir``.
+            AmpConfigError: ``epochs`` or ``max_steps`` is not a positive integer, or ``resume=True`` without a
+                ``checkpoint_dir`` (a ``ValueError``).
             InputError: The data is unusable; the message says what was expected.
             CheckpointError: ``checkpoint_dir`` holds another run's checkpoints (without ``resume``), or a
                 checkpoint cannot be saved or read.
@@ -405,8 +405,9 @@ def check_fit_arguments(*, epochs: Any, max_steps: Any, resume: bool, checkpoint
     """``fit``'s own arguments: positive counts, and ``resume`` only with a checkpoint directory."""
     for name, value in (("epochs", epochs), ("max_steps", max_steps)):
         if value is not None and not _positive(value):
-            raise ValueError(f"{name} must be a positive integer{' or None' if name == 'max_steps' else ''}. "
-                             f"Received: {name}={value!r}.")
+            raise AmpConfigError(f"{name} must be a positive integer{' or None' if name == 'max_steps' else ''}. "
+                                 f"Received: {name}={value!r}. Fix: pass {name}=1 or more (an int): it counts "
+                                 "over the whole run.")
     if resume and not checkpoints:
         raise AmpConfigError("fit(resume=True) continues from checkpoints, but this Trainer has no checkpoint_dir. "
                              "Fix: build the Trainer with checkpoint_dir=..., or leave resume out.")

@@ -231,3 +231,15 @@ def test_the_plan_headline_is_the_summary_without_its_short_reason():
     assert plan.headline.startswith("amp_backends plan: backend=cpu") and " (" not in plan.headline
     assert plan.summary() == f"{plan.headline} ({plan.decision('policy').reason})"
     assert plan.explain().splitlines()[0] == plan.headline
+
+
+def test_the_overrides_line_names_the_arguments_in_force_beside_the_variables():
+    """It said "none (all automatic)" under `info --xla on`: only AMP_* variables were counted."""
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    render_text(collect(use_tensorflow=False, environ={"AMP_POLICY": "float32"}, xla="on"), console)
+    assert "Overrides in force: AMP_POLICY=float32, xla=on (argument)" in console.export_text()
+    console = Console(record=True, width=200)
+    render_text(collect(use_tensorflow=False, environ={}), console)
+    assert "Overrides in force: none (all automatic)" in console.export_text()

@@ -166,3 +166,14 @@ def test_six_runs_started_together_in_one_logdir_each_get_their_own_version_and_
     for n in range(6):
         assert tf.train.latest_checkpoint(str(tmp_path / f"version_{n}" / "checkpoints")).endswith("ckpt-1")
 
+
+
+def test_two_sources_of_data_are_refused_before_tensorflow_starts():
+    """--digits --synthetic trained on --synthetic, saying nothing."""
+    from amp_backends.errors import AmpConfigError
+    from amp_backends.examples.run import RunOptions, preflight
+
+    for given in ({"digits": True, "synthetic": True}, {"data": "mnist.npz", "digits": True}):
+        with pytest.raises(AmpConfigError, match="one at most. Received: --.* and --.*Fix"):
+            preflight(RunOptions(**given))
+    preflight(RunOptions(digits=True))

@@ -301,3 +301,40 @@ def test_one_optimizer_may_serve_two_groups():
 def test_resume_without_a_checkpoint_dir_is_refused():
     with pytest.raises(amp_backends.errors.AmpConfigError, match="resume=True.*no checkpoint_dir"):
         trainer(mlp()).fit(*classification_data(16), resume=True)
+
+
+# --------------------------------------------------------------------------- what a user gets wrong, said as ours
+def test_fit_counts_that_are_not_positive_are_our_error_with_the_fix():
+    x, y = classification_data(32)
+    t = trainer(mlp())
+    for kwargs in ({"epochs": 0}, {"epochs": -1}, {"epochs": "2"}, {"max_steps": -3}):
+        with pytest.raises(amp_backends.AmpConfigError, match="must be a positive integer.*Received.*Fix:"):
+            t.fit(x, y, **kwargs)
+    assert int(t.global_step.numpy()) == 0
+
+
+def test_batches_of_the_wrong_structure_are_an_input_error_that_says_what_they_held():
+    x, y = classification_data(32)
+    t = trainer(mlp())
+    four = tf.data.Dataset.from_tensor_slices((x, y, y, y)).batch(8, drop_remainder=True)
+    with pytest.raises(InputError, match=r"Received tuple of 4 item\(s\)\. Fix") as err:
+        t.fit(four)
+    assert "without labels" not in str(err.value)  # (it has labels: it has too many items)
+    named = tf.data.Dataset.from_tensor_slices({"x": x, "y": y}).batch(8, drop_remainder=True)
+    with pytest.raises(InputError, match="the data yields dicts"):
+        t.fit(named)
+
+
+@pytest.mark.parametrize("labels, needle", [
+    (np.array(["a", "b"] * 16), "must hold class ids"), (np.zeros((32, 2), "int64"), "one class id per sample")])
+def test_labels_that_are_not_class_ids_are_refused_with_the_fix(labels, needle):
+    x, _ = classification_data(32)
+    with pytest.raises(InputError, match=f"{needle}.*Fix:"):
+        trainer(mlp()).fit(x, labels)
+
+
+def test_the_samples_a_full_batch_leaves_out_of_each_epoch_are_said(caplog):
+    x, y = classification_data(64)
+    with caplog.at_level("INFO", logger="amp_backends"):
+        trainer(mlp(), batch_size=24).fit(x, y, epochs=1)
+    assert "64 samples resident on" in caplog.text and "(16 left out of each epoch" in caplog.text

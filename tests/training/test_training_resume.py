@@ -274,3 +274,15 @@ def test_two_resumes_of_one_run_at_once_the_second_is_refused_and_a_killed_first
     saved = int(tf.train.latest_checkpoint(str(tmp_path / "version_0" / "checkpoints")).rsplit("-", 1)[1])
     code, out = example(*base, "--max-steps", str(saved + 1), "--resume", logdir=tmp_path)
     assert code == 0 and f"global step {saved}" in out, out[-2000:]
+
+
+def test_resume_where_there_is_nothing_to_resume_starts_afresh_with_a_warning(tmp_path, caplog):
+    """A run that always passes resume=True starts this way; so does a typo in checkpoint_dir: said as a warning
+    (it was an info line), the run trains from step 0."""
+    x, y = classification_data(16)
+    t = Trainer(classifier_updates(mlp(), tf.keras.optimizers.SGD(0.1)), applied_plan(), batch_size=8,
+                progress=False, checkpoint_dir=str(tmp_path / "typo"))
+    with caplog.at_level("INFO", logger="amp_backends"):
+        assert t.fit(x, y, epochs=1, resume=True).steps == 2
+    (record,) = [r for r in caplog.records if "Nothing to resume" in r.getMessage()]
+    assert record.levelname == "WARNING" and "typo" in record.getMessage()

@@ -298,6 +298,17 @@ def test_validation_data_that_never_ends_or_starts_badly_is_refused_before_any_s
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(w0, m.trainable_variables, strict=True))
 
 
+def test_validation_arrays_the_model_cannot_take_are_refused_before_the_first_step():
+    """They used to train a whole epoch, then stop with Keras's traceback from inside the evaluation graph."""
+    t, m = trainer()
+    w0 = [v.numpy().copy() for v in m.trainable_variables]
+    xv, yv = data(32, seed=1)
+    with pytest.raises(InputError, match=r"takes inputs of shape \('batch', 6\); x has rows of shape \(4,\)"):
+        t.fit(*data(32), epochs=1, validation_data=(xv[:, :4], yv))
+    assert int(t.global_step.numpy()) == 0
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(w0, m.trainable_variables, strict=True))
+
+
 def test_metrics_by_name_for_a_model_of_several_outputs_are_refused_with_the_fix():
     inp = tf.keras.Input((6,))
     m = tf.keras.Model(inp, {"a": tf.keras.layers.Dense(3, activation="softmax")(inp),

@@ -1,0 +1,101 @@
+"""Which layers produce a model's outputs: read from its graph, or, for a subclassed model, from one traced call.
+
+A functional or Sequential model keeps its outputs and the layer behind each (``_keras_history``). A subclassed
+model keeps none: its ``call`` is traced once here (``tf.function(...).get_concrete_function``: nothing runs, no
+variable changes, the losses a call collects are put back) at the input shape it was built with, each layer's
+result recorded, and an output is the layer whose result the call returned as it is. An output computed after
+the last layer (a ``tf.squeeze`` of it, say) names no layer, as an output of no layer does in a graph.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["output_layers"]
+
+
+def output_layers(model: Any) -> list[tuple[str, Any]]:
+    """The layers that produce ``model``'s outputs, through nested models.
+
+    Args:
+        model: A Keras model: functional, Sequential or subclassed (built, or its call cannot be traced).
+
+    Returns:
+        ``(path, layer)`` for each output's layer (paths as `amp_backends.keras_compat.walk` names them); empty
+        where the model does not tell (a subclassed model not yet built).
+    """
+    from .keras_compat import walk
+
+    paths = {id(layer): path for path, layer in walk(model, getattr(model, "name", "model")) if layer is not model}
+    found: list[tuple[str, Any]] = []
+    stack = _producers(model) or _returned_by_call(model)
+    seen: set[int] = set()
+    while stack:
+        layer = stack.pop()
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        inner = _producers(layer) if hasattr(layer, "layers") and layer is not model else []
+        if inner:
+            stack.extend(inner)
+        elif id(layer) in paths:
+            found.append((paths[id(layer)], layer))
+    return found
+
+
+def _producers(model: Any) -> list[Any]:
+    """The layers behind a functional or Sequential model's outputs."""
+    try:
+        outputs = list(getattr(model, "outputs", None) or [])
+    except (AttributeError, ValueError):
+        outputs = []
+    out = [history[0] for t in outputs if (history := getattr(t, "_keras_history", None))]
+    if not out and type(model).__name__ == "Sequential" and getattr(model, "layers", None):
+        out.append(model.layers[-1])
+    return out
+
+
+def _returned_by_call(model: Any) -> list[Any]:
+    """The layers whose results a subclassed model's call returns, from one trace of it (none where it fails)."""
+    from .keras_compat import input_structure, restore_losses, snapshot_losses, walk
+
+    try:
+        struct = input_structure(model)
+    except Exception:  # a model whose inputs cannot be read has no trace here
+        return []
+    if struct is None or not getattr(model, "built", False):
+        return []
+    import tensorflow as tf
+
+    layers = [layer for _, layer in walk(model, "m") if layer is not model]
+    made: dict[int, Any] = {}  # id of a tensor a layer's call returned -> that layer
+    returned: list[Any] = []
+
+    def recording(layer: Any, original: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            made.update((id(t), layer) for t in tf.nest.flatten(result))
+            return result
+
+        return call
+
+    def traced(inputs: Any) -> Any:
+        out = model(inputs, training=False)
+        returned.extend(tf.nest.flatten(out))
+        return out
+
+    specs = tf.nest.map_structure(lambda leaf: tf.TensorSpec((1, *leaf.shape[1:]), leaf.dtype), struct)
+    losses = snapshot_losses([model, *layers])
+    wrapped = [layer for layer in layers if callable(getattr(layer, "call", None)) and "call" not in layer.__dict__]
+    try:
+        for layer in wrapped:  # object.__setattr__: Keras's own would track the function as layer state
+            object.__setattr__(layer, "call", recording(layer, layer.call))
+        tf.function(traced).get_concrete_function(specs)
+    except Exception:  # a call that cannot be traced at its build shape: no output layer named
+        return []
+    finally:
+        for layer in wrapped:
+            if "call" in layer.__dict__:
+                object.__delattr__(layer, "call")
+        restore_losses(losses)
+    return [made[id(t)] for t in returned if id(t) in made]
