@@ -105,7 +105,17 @@ def plan_for(
         UnsupportedRequestError: ``strict`` is on and a request cannot be honoured on this hardware.
         BackendError: A backend asked for by name failed, or none is left.
     """
-    plan = quiet_plan_for(hardware, device=device, registry=registry, environ=environ, keras=keras, **overrides)
+    if device is not None:
+        if hardware is not None:
+            raise AmpConfigError(f"plan_for() takes hardware or device, not both. Received: hardware and "
+                                 f"device={device!r}. Fix: pass one of them.")
+        from .devices import device_hardware
+
+        hardware = device_hardware(device)
+    registry = registry or default_registry()
+    request = build_request(registry.known_names(), environ=environ, **overrides)
+    hardware = hardware or _probe(registry, use_tensorflow=False)
+    plan = make_plan(hardware, request, registry, keras if keras is not None else keras_info(), tensorflow_version())
     for w in plan.warnings:
         warnings.warn(w, AmpWarning, stacklevel=2)
     return plan
@@ -132,17 +142,21 @@ def quiet_plan_for(hardware: Hardware | None = None, *, device: str | None = Non
         UnsupportedRequestError: As `plan_for`.
         BackendError: As `plan_for`.
     """
-    if device is not None:
-        if hardware is not None:
-            raise AmpConfigError(f"plan_for() takes hardware or device, not both. Received: hardware and "
-                                 f"device={device!r}. Fix: pass one of them.")
-        from .devices import device_hardware
-
-        hardware = device_hardware(device)
-    registry = registry or default_registry()
-    request = build_request(registry.known_names(), environ=environ, **overrides)
-    hardware = hardware or _probe(registry, use_tensorflow=False)
-    return make_plan(hardware, request, registry, keras if keras is not None else keras_info(), tensorflow_version())
+    plan: Plan | None = None
+    error: BaseException | None = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            plan = plan_for(hardware, device=device, registry=registry, environ=environ, keras=keras, **overrides)
+        except BaseException as exc:  # (raised below, after the warnings)
+            error = exc
+    for w in caught:  # every other warning (an old keyword's, a failing backend's) as it came
+        if plan is None or not (w.category is AmpWarning and str(w.message) in plan.warnings):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if error is not None:
+        raise error
+    assert plan is not None
+    return plan
 
 
 def configure_for_device(device: str, *, registry: BackendRegistry | None = None, environ: dict[str, str] | None = None,
