@@ -321,10 +321,11 @@ def parse_profile_steps(text: str | None) -> tuple[int, int] | None:
     try:
         a, b = (int(p) for p in text.split(":"))
     except ValueError:
-        raise AmpConfigError(f"--profile-steps must be START:STOP, such as 20:30. Received: {text!r}.") from None
+        raise AmpConfigError(f"--profile-steps must be START:STOP, such as 20:30. Received: {text!r}. Fix: give "
+                             "two step numbers joined by a colon.") from None
     if not 0 <= a < b:
         raise AmpConfigError(f"--profile-steps must be START:STOP with 0 <= START < STOP, such as 20:30. Received: "
-                             f"{text!r}.")
+                             f"{text!r}. Fix: put the first step to trace first, the step to stop at second.")
     return a, b
 
 

@@ -20,7 +20,7 @@ def test_profile_steps(text, expected):
 
 @pytest.mark.parametrize("text", ["30:20", "a:b", "5"])
 def test_bad_profile_steps(text):
-    with pytest.raises(ValueError, match="START:STOP"):
+    with pytest.raises(ValueError, match=f"START:STOP.*Received: {text!r}. Fix: "):
         parse_profile_steps(text)
 
 
