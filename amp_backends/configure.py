@@ -61,8 +61,9 @@ def current_plan() -> Plan | None:
     return _state.plan
 
 
-def _ensure_visible_logging() -> None:
-    """Show our INFO summary when the program configured no logging at all (as TensorFlow does)."""
+def ensure_visible_logging() -> None:
+    """Show the package's INFO lines (the plan's summary, the trainer's log) where the program configured no
+    logging at all, as TensorFlow does; a program's own logging configuration is left as it is."""
     if not logging.getLogger().handlers and not logger.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s - %(name)s - %(levelname)s - %(message)s"))
@@ -292,6 +293,6 @@ def auto_configure(
     for w in plan.warnings:
         warnings.warn(w, AmpWarning, stacklevel=2)
     if verbose:
-        _ensure_visible_logging()
+        ensure_visible_logging()
         logger.info(plan.summary() + (f" [{'; '.join(notes)}]" if notes else ""))
     return plan

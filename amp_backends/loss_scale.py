@@ -9,6 +9,7 @@ from .errors import AmpConfigError
 
 DEFAULT_INITIAL_SCALE = 2.0**15
 DEFAULT_GROWTH_INTERVAL = 2000
+FLOAT32_MAX = 3.4028234663852886e38  # the largest float32: a scale beyond it is inf in the scaler's variable
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,10 @@ class LossScale:
             raise AmpConfigError(
                 f"LossScale mode must be 'dynamic', 'fixed' or 'none'. Received: mode={self.mode!r}."
             )
-        if not (self.initial > 0 and self.initial < float("inf")):
+        if not (self.initial > 0 and self.initial <= FLOAT32_MAX):  # (a float32 variable holds it: 1e40 is inf)
             raise AmpConfigError(
-                f"A loss scale must be a positive finite number, such as 1024. Received: {self.initial!r}."
+                f"A loss scale must be a positive finite number a float32 holds (up to {FLOAT32_MAX:.4g}), such as "
+                f"1024. Received: {self.initial!r}. Fix: pass a power of two such as 1024 or 32768, or 'dynamic'."
             )
         if self.growth_interval < 1:
             raise AmpConfigError(

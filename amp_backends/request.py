@@ -21,7 +21,7 @@ from typing import Any
 from .assessment import POLICIES
 from .errors import AmpConfigError
 from .layer_names import corrected, describe_unknown, unknown_layers
-from .loss_scale import DEFAULT_GROWTH_INTERVAL, DEFAULT_INITIAL_SCALE, LossScale  # noqa: F401  (re-exported)
+from .loss_scale import DEFAULT_GROWTH_INTERVAL, DEFAULT_INITIAL_SCALE, FLOAT32_MAX, LossScale  # noqa: F401  (re-exported)
 
 _POLICY_ALIASES = {
     "float32": "float32",
@@ -193,10 +193,11 @@ def parse_loss_scale(value: Any, source: str = "argument") -> LossScale | None:
         scale = None
     if scale == 0 and number == v:
         return LossScale.none()
-    if scale is None or not (0 < scale < float("inf")):
+    if scale is None or not (0 < scale <= FLOAT32_MAX):  # (held in a float32 variable: beyond it, inf)
         raise AmpConfigError(
             f"{_where('loss_scale', source)} must be one of auto, dynamic, none (or 0), "
-            "fixed:<scale> (a positive number, such as fixed:1024) or a bare number. "
+            f"fixed:<scale> (a positive number a float32 holds, up to {FLOAT32_MAX:.3g}, such as fixed:1024) or a "
+            "bare number. "
             f"Received: {value!r}. Fix: {_fix_hint('loss_scale', source, 'fixed:1024')}."
         )
     return LossScale.fixed(scale)

@@ -50,6 +50,8 @@ def test_loss_scale_values(value, expected):
     ({"AMP_LOSS_SCALE": "fixed:-1"}, "AMP_LOSS_SCALE", "fixed:<scale>"),
     ({"AMP_LOSS_SCALE": "huge"}, "AMP_LOSS_SCALE", "dynamic, none"),
     ({"AMP_LOSS_SCALE": "fixed:0"}, "AMP_LOSS_SCALE", "fixed:<scale> (a positive number"),
+    # beyond float32: the scaler's variable held inf and skipped every step
+    ({"AMP_LOSS_SCALE": "1e40"}, "AMP_LOSS_SCALE", "a positive number a float32 holds, up to 3.4e+38"),
     ({"AMP_BACKEND": "rocm"}, "AMP_BACKEND", "nvidia, intel, cpu"),
     ({"AMP_STRICT": "perhaps"}, "AMP_STRICT", "on, off"),
     ({"AMP_FORCE": "x"}, "AMP_FORCE", "on, off"),
@@ -198,3 +200,11 @@ def test_auto_configure_takes_the_overrides_of_the_table():
 
     names = [p.name for p in inspect.signature(auto_configure).parameters.values()]
     assert [n for n in names if n in {o.name for o in OPTIONS}] == [o.name for o in OPTIONS]
+
+
+def test_a_loss_scale_a_float32_cannot_hold_is_refused_however_it_is_made():
+    from amp_backends.loss_scale import LossScale
+
+    with pytest.raises(AmpConfigError, match="a float32 holds.*Received: 1e\\+40.*Fix"):
+        LossScale.fixed(1e40)
+    assert LossScale.fixed(2.0**127).initial == 2.0**127

@@ -9,7 +9,7 @@ from ..errors import ModelCallError
 from ..keras_compat import input_structure, is_keras_model, keras_info
 from .result import Finding, ModelCheck, Summary
 from .rules_general import Rules
-from .shapes import dynamic_dims, given_inputs, shapes_with_sequence_length
+from .shapes import by_name, dynamic_dims, given_inputs, shapes_with_sequence_length
 from .target import make_target
 from .trace import trace_model
 
@@ -119,7 +119,7 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
     plan, hardware = _resolve_plan(plan, hardware)
     structure = input_structure(model)
     if inputs is not None:
-        given = given_inputs(model.name, structure, inputs)
+        given = given_inputs(model.name, structure, by_name(model, inputs, structure))
         batch = batch_size or _batch(given, None)  # batch_size wins over the batch of the given inputs
         if structure is not None:
             # the model's own fixed batch, unless it contradicts

@@ -133,6 +133,24 @@ def _check_leaf(given: InputLeaf, declared: InputLeaf | None, model_name: str) -
                              "the shape the model takes.")
 
 
+def by_name(model: Any, inputs: Any, model_struct: Any) -> Any:
+    """A dict of inputs for a model that lists its inputs, in the model's order by their names (as Keras takes it);
+    anything else as given."""
+    if not (isinstance(inputs, dict) and isinstance(model_struct, (list, tuple))):
+        return inputs
+    try:
+        names = [str(t.name).split(":")[0] for t in model.inputs]
+    except (AttributeError, TypeError, ValueError):
+        return inputs
+    if len(names) != len(model_struct) or len(set(names)) != len(names):
+        return inputs
+    if missing := [n for n in names if n not in inputs]:
+        raise ValueError(f"inputs= lacks the model {model.name!r}'s input(s) {missing}. Expected the keys {names} (its "
+                         f"inputs' names); received {sorted(inputs)}. Fix: name each input as the model does.")
+    ordered = [inputs[n] for n in names]  # (other keys, labels in the same dict, are not the model's)
+    return ordered if isinstance(model_struct, list) else tuple(ordered)
+
+
 def given_inputs(model_name: str, model_struct: Any, inputs: Any) -> Any:
     """The structure of `InputLeaf` to trace on, from ``inputs=`` (validated against the model's)."""
     import tensorflow as tf

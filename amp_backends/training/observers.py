@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import tensorflow as tf
 
+from ..configure import ensure_visible_logging
 from ..errors import AmpConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -334,6 +335,7 @@ def default_observers(chief: bool, log_every: int, logdir: str | None, progress:
     """The log line, TensorBoard and the progress bar (on the chief), the profiler window (everywhere)."""
     out: list[Observer] = []
     if chief:
+        ensure_visible_logging()  # (auto_configure(verbose=False) quiets the plan's summary, not training)
         out.append(LogLine(log_every))
         if logdir:
             out.append(TensorBoardScalars(logdir))
@@ -396,6 +398,8 @@ class ThroughputLogger(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         dt = time.perf_counter() - self._t0
+        total = (getattr(self, "params", None) or {}).get("steps")  # (Keras names an epoch's short last call by
+        batch = min(batch, total - 1) if isinstance(total, int) and total > 0 else batch  # the steps it could run)
         steps = max(batch - self._last, 1)
         self._last = batch
         step_time = dt / steps

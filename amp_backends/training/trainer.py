@@ -281,7 +281,7 @@ class Trainer:
 
     def restore_best(self) -> str:
         """Load the best checkpoint (``keep_best``) into what checkpoints hold; returns its path."""
-        return self.validation.restore_best()
+        return self.validation.restore_best(self.store)
 
 
 @dataclass

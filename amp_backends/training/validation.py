@@ -164,8 +164,11 @@ class Validation:
             logger.warning(f"This run stopped early ({self.monitor.stopped_early}): nothing is trained. Fix: to go on, "
                            f"resume with a larger patience (now {self.monitor.patience}), or start a new run.")
 
-    def restore_best(self) -> str:
-        """The best checkpoint loaded into the objects checkpoints hold (models, optimizers, ...); its path."""
+    def restore_best(self, store: CheckpointStore | None = None) -> str:
+        """The best checkpoint loaded into the objects checkpoints hold (models, optimizers, ...); its path. Before
+        any ``fit`` (a new trainer on a finished run's folder) it is read from ``store``'s best folder."""
+        if self.monitor.keep_best and self.best_store is None and store is not None:
+            self.best_store = store.sibling(BEST, keep=1)
         store = self.best_store
         path = store.latest if store is not None else None
         if store is None or path is None:

@@ -281,3 +281,18 @@ def test_inputs_of_another_batch_than_a_fixed_one_are_refused(h100):
     assert check_model(model, plan=h100, inputs=(None, 4)).batch_size == 16
     with pytest.raises(ValueError, match=r"fixed batch size of 16, but inputs= of batch 8 was given"):
         check_model(model, plan=h100, inputs=np.zeros((8, 4), np.float32))
+
+
+def test_a_dict_of_inputs_for_a_model_that_lists_them_is_matched_by_name():
+    """A functional model built on [ids, feat] takes {"ids": ..., "feat": ...} as Keras does; the check used to
+    match the dict in sorted key order (feat first) and refuse a batch Keras accepts."""
+    ids = tf.keras.Input((None,), name="ids", dtype="int32")
+    feat = tf.keras.Input((5,), name="feat")
+    pooled = tf.keras.layers.GlobalAveragePooling1D()(tf.keras.layers.Embedding(100, 16)(ids))
+    model = tf.keras.Model([ids, feat], tf.keras.layers.Dense(2)(tf.keras.layers.Concatenate()([pooled, feat])))
+    batch = {"ids": np.zeros((4, 12), "int32"), "feat": np.zeros((4, 5), "float32")}
+    model(batch)  # (Keras takes it)
+    result = check_model(model, amp_backends.plan_for(environ={}), inputs=batch)
+    assert result.batch_size == 4
+    with pytest.raises(ValueError, match=r"lacks the model '\w+''s input\(s\) \['ids'\].*'idz'"):
+        check_model(model, amp_backends.plan_for(environ={}), inputs={"idz": batch["ids"], "feat": batch["feat"]})

@@ -46,3 +46,42 @@ def test_keras_fit_callback_counts_every_step_of_an_execution(caplog):
     lines = [r.message for r in caplog.records if r.name == "amp_backends.train" and "Loss" in r.message]
     assert [line.split(")")[0] for line in lines] == ["(0, 3", "(0, 7"]
     assert len(cb.throughputs) == 2
+
+
+def test_keras_fit_callback_names_the_last_short_execution_of_an_epoch_by_its_real_steps(caplog, monkeypatch):
+    """10 steps an epoch, 4 per execution: the last call runs 2 steps, which Keras reports as ending at step 11 (the
+    line said "(0, 11)" and divided the call's time by 4 steps, doubling its throughput)."""
+    caplog.set_level("INFO", logger="amp_backends.train")
+    m = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    m.compile("sgd", "mse", steps_per_execution=4)
+    cb = ThroughputLogger(batch_size=8)
+    times = iter([0.0, 4.0, 10.0, 14.0, 20.0, 22.0])  # begin/end of each call: 4 s, 4 s, 2 s (1 s a step each)
+    import types
+
+    import amp_backends.training.observers as observers
+
+    monkeypatch.setattr(observers, "time", types.SimpleNamespace(perf_counter=lambda: next(times)))
+    m.fit(np.ones((80, 4)), np.ones((80, 1)), batch_size=8, epochs=1, verbose=0, callbacks=[cb])
+    lines = [r.message for r in caplog.records if r.name == "amp_backends.train" and "Loss" in r.message]
+    assert [line.split(")")[0] for line in lines] == ["(0, 3", "(0, 7", "(0, 9"]
+    assert cb.throughputs == [8.0, 8.0, 8.0]  # 8 samples a second in every call, the short one too
+
+
+def test_the_trainers_lines_show_in_a_program_that_configured_no_logging_after_a_quiet_auto_configure():
+    """``auto_configure(verbose=False)`` quiets the plan's summary; the trainer's lines (docs/training.md's "What
+    you see") used to vanish with it: no handler was installed for them."""
+    import subprocess
+    import sys
+
+    from conftest import NEUTRAL_CWD
+
+    code = ("import numpy as np, tensorflow as tf, amp_backends\n"
+            "plan = amp_backends.auto_configure(verbose=False)\n"
+            "m = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2, activation='softmax')])\n"
+            "x = np.random.rand(32, 4).astype('float32'); y = (x[:, 0] > .5).astype('int64')\n"
+            "amp_backends.Trainer(amp_backends.classifier_updates(m, tf.keras.optimizers.Adam()), plan, batch_size=16,"
+            " progress=False, check_models=False).fit(x, y, epochs=2)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=NEUTRAL_CWD)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Epoch 1 (global step 4)" in out.stderr and "Loss:" in out.stderr, out.stderr[-2000:]
+    assert "amp_backends plan:" not in out.stderr  # (the summary verbose=False quiets)

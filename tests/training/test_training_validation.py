@@ -114,6 +114,21 @@ def test_best_checkpoint_restores_the_best_weights(tmp_path):
     assert int(t.global_step.numpy()) == best["step"]  # everything the checkpoint holds: the position too
 
 
+def test_a_new_trainer_on_a_finished_runs_folder_restores_its_best_checkpoint(tmp_path):
+    """Lightning's ckpt_path="best" in another script: a new Trainer used to say it kept no best checkpoint (build
+    it with keep_best and checkpoint_dir, which it had been)."""
+    t, m = trainer(keep_best="val_loss", checkpoint_dir=str(tmp_path / "run"))
+    xv, yv = data(30, seed=1)
+    best = t.fit(*data(64), epochs=3, validation_data=(xv, yv)).best
+    for v in m.trainable_variables:
+        v.assign(tf.zeros_like(v))
+    fresh, _ = trainer(m, keep_best="val_loss", checkpoint_dir=str(tmp_path / "run"))
+    assert fresh.restore_best() == best["path"]
+    assert fresh.evaluate(xv, yv)["loss"] == pytest.approx(best["value"], rel=1e-5)
+    with pytest.raises(AmpConfigError, match="holds none yet"):
+        trainer(keep_best="val_loss", checkpoint_dir=str(tmp_path / "other"))[0].restore_best()
+
+
 def test_early_stopping_stops_says_why_and_a_resumed_run_knows(tmp_path, caplog):
     x, y = data(64)
     xv, yv = data(30, seed=1)
