@@ -56,7 +56,8 @@ def policy_mismatch(rules: RuleContext) -> None:
             others = [info for info in graph.layers[1:]  # (the first is the model itself)
                       if info.policy and info.class_name != "InputLayer" and info.path not in seen
                       and not rules.kept_float32(info)]
-            pinned = [op for op in ops if graph.layer(op.layer).compute_dtype == "float32" and op.dtype == "float32"]
+            pinned = [op for op in ops if graph.layer(op.layer).compute_dtype == "float32" and op.dtype == "float32"
+                      and not rules.kept_float32(graph.layer(op.layer))]  # (a head the layer plan pins: on purpose)
             share = ((sum(info.compute_dtype == "float32" for info in others) / len(others)) if others
                      else rules.fraction(pinned) / (rules.fraction(ops) or 1.0))
         if share >= 0.5:

@@ -164,3 +164,16 @@ def test_a_subclassed_model_that_keeps_no_input_shape_is_checked_at_the_training
         train(model, applied_plan(), x, np.zeros(32, "int64"))
     assert "precision check of 'pair' failed" not in caplog.text
     assert "pair" in caplog.text and "precision check" in caplog.text.lower()
+
+
+def test_a_model_whose_only_float32_layer_is_the_head_the_layer_plan_pins_is_not_called_built_before(caplog):
+    """A one-layer classifier built after auto_configure(): its softmax head is the layer plan's float32 pin, not a
+    sign of a model built before the plan (it used to get the policy-mismatch warning, 100% of its FLOPs)."""
+    p = applied_plan("mixed_bfloat16", force=True)
+    model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(3, activation="softmax")])
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level("INFO", logger="amp_backends"):
+        warnings.simplefilter("always")
+        train(model, p, np.zeros((32, 8), "float32"), np.zeros(32, "int64"))
+    assert model.layers[-1].dtype_policy.name == "float32"  # (pinned by the layer plan)
+    assert "policy-mismatch" not in caplog.text and "built before" not in caplog.text
+    assert not [w for w in caught if "built before" in str(w.message) or "dtype policy is float32" in str(w.message)]
