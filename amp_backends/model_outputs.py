@@ -58,6 +58,7 @@ def _producers(model: Any) -> list[Any]:
 def _returned_by_call(model: Any) -> list[Any]:
     """The layers whose results a subclassed model's call returns, from one trace of it (none where it fails)."""
     from .keras_compat import input_structure, restore_losses, snapshot_losses, walk
+    from .model_check.scopes import LayerScopes
 
     try:
         struct = input_structure(model)
@@ -68,16 +69,7 @@ def _returned_by_call(model: Any) -> list[Any]:
     import tensorflow as tf
 
     layers = [layer for _, layer in walk(model, "m") if layer is not model]
-    made: dict[int, Any] = {}  # id of a tensor a layer's call returned -> that layer
     returned: list[Any] = []
-
-    def recording(layer: Any, original: Any) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            result = original(*args, **kwargs)
-            made.update((id(t), layer) for t in tf.nest.flatten(result))
-            return result
-
-        return call
 
     def traced(inputs: Any) -> Any:
         out = model(inputs, training=False)
@@ -86,16 +78,12 @@ def _returned_by_call(model: Any) -> list[Any]:
 
     specs = tf.nest.map_structure(lambda leaf: tf.TensorSpec((1, *leaf.shape[1:]), leaf.dtype), struct)
     losses = snapshot_losses([model, *layers])
-    wrapped = [layer for layer in layers if callable(getattr(layer, "call", None)) and "call" not in layer.__dict__]
+    scopes = LayerScopes(layers)  # (each layer's call wrapped for the trace: what it returned, recorded)
     try:
-        for layer in wrapped:  # object.__setattr__: Keras's own would track the function as layer state
-            object.__setattr__(layer, "call", recording(layer, layer.call))
-        tf.function(traced).get_concrete_function(specs)
+        with scopes:
+            tf.function(traced).get_concrete_function(specs)
     except Exception:  # a call that cannot be traced at its build shape: no output layer named
         return []
     finally:
-        for layer in wrapped:
-            if "call" in layer.__dict__:
-                object.__delattr__(layer, "call")
         restore_losses(losses)
-    return [made[id(t)] for t in returned if id(t) in made]
+    return [layers[scopes.made[id(t)]] for t in returned if id(t) in scopes.made]

@@ -45,12 +45,14 @@ def layer_of(op_name: str) -> int:
 
 
 class LayerScopes:
-    """``with LayerScopes(layers):`` each layer's call runs in a name scope naming its index in ``layers``."""
+    """``with LayerScopes(layers):`` each layer's call runs in a name scope naming its index in ``layers``, and
+    what it returns is recorded (``made``: the id of each tensor -> the index of the layer whose call returned it)."""
 
     def __init__(self, layers: list[Any]) -> None:
         self.layers = layers
         self.saved: list[tuple[Any, str, bool, Any]] = []
         self.failures: list[LayerFailure] = []
+        self.made: dict[int, int] = {}
 
     def __enter__(self) -> LayerScopes:
         import tensorflow as tf
@@ -59,10 +61,12 @@ class LayerScopes:
             def call(*args: Any, **kwargs: Any) -> Any:
                 with tf.name_scope(f"{TOKEN}{index}"):
                     try:
-                        return original(*args, **kwargs)
+                        result = original(*args, **kwargs)
                     except Exception as exc:
                         self.failures.append(LayerFailure(index, exc, args[0] if args else kwargs.get("inputs")))
                         raise
+                self.made.update((id(t), index) for t in tf.nest.flatten(result))
+                return result
 
             return call
 
