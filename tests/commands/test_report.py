@@ -243,3 +243,14 @@ def test_the_overrides_line_names_the_arguments_in_force_beside_the_variables():
     console = Console(record=True, width=200)
     render_text(collect(use_tensorflow=False, environ={}), console)
     assert "Overrides in force: none (all automatic)" in console.export_text()
+
+
+def test_an_old_variable_in_force_is_not_listed_again_as_an_argument():
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    with pytest.warns(FutureWarning, match="use AMP_GRAPH_AMP"):
+        report = collect(use_tensorflow=False, environ={"AMP_ITEX_AMP": "on"}, device="max1550")
+    render_text(report, console)
+    text = console.export_text()
+    assert "Overrides in force: AMP_ITEX_AMP=on\n" in text and "(argument)" not in text
