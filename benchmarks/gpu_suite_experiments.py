@@ -20,8 +20,8 @@ from amp_backends.commands.bench.supervisor import exit_with_parent
 
 class Experiments(Worker):
     def exp_mnist_steps_per_call(self) -> None:
-        self.note(f"auto plan with XLA forced on; default unrolling: unrolled up to UNROLL_LIMIT={self.unroll_limit} "
-                  "steps, a tf.range loop above")
+        self.note("auto plan with XLA forced on; default unrolling: a tf.range loop on a GPU (on a CPU unrolled up to "
+                  f"UNROLL_LIMIT={self.unroll_limit} steps)")
         for spc in self.spc_list((self.E, 16, 8, 1)):
             label = f"{spc} step{'s' if spc > 1 else ''}/call" + (" (one epoch)" if spc == self.E else "")
             self.mnist_row(label, self.XLA, spc, smoke=spc == self.E)
@@ -32,7 +32,7 @@ class Experiments(Worker):
         spcs = self.spc_list((16, 8, self.E))
         spcs = [s for s in spcs if s != self.E] + ([self.E] if self.E in spcs else [])
         for spc in spcs:
-            default_unrolled = spc <= self.unroll_limit
+            default_unrolled = self.default_unrolled(spc)
             unroll = not default_unrolled
             self.mnist_row(f"{spc} steps/call, {'unrolled' if unroll else 'loop'}", self.XLA, spc, unroll=unroll)
 
@@ -193,7 +193,7 @@ class Experiments(Worker):
 
             return run
 
-        default_unrolled = G <= self.unroll_limit
+        default_unrolled = self.default_unrolled(G)
         rows = [(f"one epoch ({G} steps/call), default ({'unrolled' if default_unrolled else 'loop'})", G, None),
                 ("1 step/call", 1, None),
                 (f"one epoch ({G} steps/call), {'loop' if default_unrolled else 'unrolled'}", G, not default_unrolled)]

@@ -93,9 +93,11 @@ class Worker:
         (self.x, self.y), _ = synthetic_mnist(s["samples"], 8)
         self.E = s["samples"] // s["mnist_batch"]  # MNIST steps per epoch (58)
         self.G = s["samples"] // s["gan_batch"]  # GAN steps per epoch (14)
-        from amp_backends.training.step import UNROLL_LIMIT
+        from amp_backends.training.step import UNROLL_LIMIT, unrolls
 
         self.unroll_limit = UNROLL_LIMIT
+        device_type = "GPU" if self.tf.config.list_physical_devices("GPU") else "CPU"
+        self.default_unrolled = lambda steps: unrolls(device_type, True, steps)  # the trainer's default under XLA
         for label, overrides in (("auto", {}), ("auto, XLA forced on", {"xla": "on"})):
             try:
                 self.emit(event="plan", label=label, data=self.plan(**overrides).summary())
@@ -265,7 +267,7 @@ class Worker:
 
         def run() -> dict[str, Any]:
             plan = self.plan(**overrides)
-            unrolled = (plan.xla and spc <= self.unroll_limit) if unroll is None else unroll
+            unrolled = (plan.xla and self.default_unrolled(spc)) if unroll is None else unroll
             key = (plan.training_key(), spc, unrolled, no_dropout) if data == "arrays" else None
             if key in self.measured:  # the same configuration, already measured in this run: not compiled again
                 where, r = self.measured[key]

@@ -3,7 +3,8 @@ r"""The compiled training step: per-replica gradients, one finite flag for all r
 A step is a sequence of `Update`\ s, each with its own `LossScaler`; a step whose gradients are not finite in
 *any* replica is skipped for every group of that update, in every replica. `StepProgram` builds the compiled calls
 that run several steps each: on resident arrays, ``k`` steps gathering their batches from the epoch's permutation
-(under XLA unrolled into one graph, up to `UNROLL_LIMIT`, else a ``tf.range`` loop whose length is an argument);
+(under XLA on a CPU unrolled into one graph, up to `UNROLL_LIMIT`, else a ``tf.range`` loop whose length is an
+argument);
 on a ``tf.data`` iterator, up to ``k`` steps pulling batches inside the call, stopping early at the end of the
 data (under XLA each step is compiled: iterators cannot be). Every call returns each step's losses and flags
 (applied, skipped as non-finite, or refused by an update's ``check``). Random draws inside a step use
@@ -27,9 +28,32 @@ from .runs import Position
 
 logger = logging.getLogger("amp_backends.train")
 
-# With XLA, up to this many steps per call are unrolled into one graph: on a 2-core CPU a step inside an
+# With XLA on a CPU, up to this many steps per call are unrolled into one graph: on a 2-core CPU a step inside an
 # XLA-compiled while loop ran 10x slower than the same step unrolled (0.27 s vs 2.7 s, MNIST CNN, batch 64).
+# On a GPU the loop is the default: XLA's GPU compiler autotunes every fusion of every copy, and on an H200
+# (results/gpu-suite-h200-trainer, results/gpu-suite-h200-placement, results/zoo-h200/bert-unfinished) 16
+# unrolled MNIST CNN steps failed in the autotuner after 67 s, 14 unrolled GAN steps and 16 unrolled steps of a
+# two-layer BERT were still compiling after 99 s and 188 s, where the loop of a whole 58-step epoch compiled
+# and ran its warm-up epoch in 18.5 s.
 UNROLL_LIMIT = 16
+
+
+def unrolls(device_type: str, xla: bool, steps: int, unroll_steps: bool | None = None) -> bool:
+    """Whether a compiled call of ``steps`` training steps copies the step ``steps`` times (else a loop).
+
+    Args:
+        device_type: TensorFlow's device type the call runs on (``"CPU"``, ``"GPU"``, ``"XPU"``).
+        xla: Whether the call is compiled with XLA.
+        steps: The steps per call.
+        unroll_steps: The user's choice (``True``/``False``), or ``None`` for the default: unrolled under XLA
+            on a CPU up to `UNROLL_LIMIT` steps, a loop everywhere else.
+
+    Returns:
+        ``True`` to unroll.
+    """
+    if unroll_steps is not None:
+        return unroll_steps
+    return xla and device_type.upper() == "CPU" and steps <= UNROLL_LIMIT
 
 
 def float32_outputs(outputs: Any) -> Any:
@@ -121,7 +145,8 @@ class StepProgram:
     """Builds and caches the compiled calls for a list of updates under a plan and a strategy."""
 
     def __init__(self, updates: Sequence[Update], scalers: dict[str, LossScaler], *, strategy: tf.distribute.Strategy,
-                 xla: bool, position: Position, seed: int, unroll_steps: bool | None = None) -> None:
+                 xla: bool, position: Position, seed: int, device: str = "/CPU:0",
+                 unroll_steps: bool | None = None) -> None:
         self.updates, self.scalers, self.strategy, self.xla = list(updates), scalers, strategy, xla
         self.replicas = int(strategy.num_replicas_in_sync)
         self.batch_size, self.seed, self.unroll_steps = position.batch_size, seed, unroll_steps
@@ -133,6 +158,8 @@ class StepProgram:
         # XLA per replica needs each replica on its own accelerator: logical CPU devices share one XLA CPU device,
         # where a replica's variables are out of reach of the compiled function
         devices = tuple(strategy.extended.worker_devices) if self.replicas > 1 else ()
+        # "/GPU:0" or ".../device:XPU:0" (DeviceSpec knows no XPU without ITEX loaded)
+        self.device_type = (devices[0] if devices else device).rsplit("/", 1)[-1].split(":")[-2]
         self.replica_jit = xla and self.replicas > 1 and bool(devices) and all(
             tf.DeviceSpec.from_string(d).device_type in ("GPU", "XPU") for d in devices)
         if xla and self.replicas > 1 and not self.replica_jit:
@@ -239,9 +266,8 @@ class StepProgram:
 
     # -- calls on resident arrays --------------------------------------------------------------
     def unrolled(self, k: int) -> bool:
-        if self.unroll_steps is not None:
-            return self.unroll_steps
-        return self.xla and k <= UNROLL_LIMIT
+        """Whether a call of ``k`` steps is unrolled (`unrolls` on this program's device)."""
+        return unrolls(self.device_type, self.xla, k, self.unroll_steps)
 
     def resident_call(self, k: int, batch_fn: Callable[[Any, Any, Any], Any], capacity: int) -> Any:
         """``call(x, y, perm, offset, steps)`` running ``steps`` steps from sample ``offset`` of the permutation.

@@ -61,7 +61,7 @@ class Trainer:
         seed: The run's seed (shuffling, Dropout, a step's random draws); ``None``: the current one (`seed_everything`).
         batch_fn: How arrays become a batch (default: gather every array at the batch's indices).
         strategy: A ``tf.distribute`` strategy (default: the current one).
-        unroll_steps: Unroll the steps of a compiled call instead of looping (``None``: under XLA, up to a limit).
+        unroll_steps: Unroll a compiled call's steps instead of looping (``None``: up to 16 under XLA on a CPU).
         observers: Your own `Observer` objects, called around every compiled call.
         check_models: Check each Keras model it trains once before the first step, at the batch it trains on, for
             what makes mixed precision slow or wrong (`check_model`); warnings are logged and raised as `AmpWarning`.
@@ -113,7 +113,7 @@ class Trainer:
             build_optimizers(self.updates)
             self.position = Position(self.batch_size)
         self.global_step = self.position.global_step
-        self.program = StepProgram(self.updates, self.scalers, strategy=self.strategy, xla=plan.xla,
+        self.program = StepProgram(self.updates, self.scalers, strategy=self.strategy, xla=plan.xla, device=plan.device,
                                    position=self.position, seed=self.seed, unroll_steps=unroll_steps)
         trained = trained_models(self.updates, checkpoint_objects)
         self.observers: list[Observer] = list(observers)

@@ -316,3 +316,21 @@ def test_seed_everything_seeds_the_trainers_made_afterwards():
     assert t.seed == 7 and Trainer(classifier_updates(mlp(hidden=None), tf.keras.optimizers.SGD()), applied_plan(),
                                    batch_size=4, seed=3).seed == 3
     seed_everything(0)
+
+
+@pytest.mark.parametrize(("device", "unrolled"), [("/CPU:0", [True, True, False]), ("/GPU:0", [False, False, False]),
+                                                  ("/XPU:0", [False, False, False])])
+def test_xla_unrolls_a_calls_steps_on_a_cpu_and_loops_them_on_an_accelerator(device, unrolled):
+    """XLA:CPU runs a looped step 10x slower than unrolled; XLA:GPU autotunes every copy of an unrolled step (minutes
+    for 16 BERT steps on an H200, results/zoo-h200/bert-unfinished): the default unrolls on a CPU only."""
+    import dataclasses
+
+    plan = dataclasses.replace(applied_plan(xla="on"), devices=(device,))
+    t = Trainer(classifier_updates(mlp(hidden=None), tf.keras.optimizers.SGD(), tf.keras.losses.
+                                   SparseCategoricalCrossentropy(from_logits=True)), plan, batch_size=4, progress=False)
+    assert [t.program.unrolled(k) for k in (1, 16, 17)] == unrolled
+    assert not Trainer(classifier_updates(mlp(hidden=None), tf.keras.optimizers.SGD(), "mse"), applied_plan(xla="off"),
+                       batch_size=4, progress=False).program.unrolled(4)  # no XLA: a loop
+    forced = Trainer(classifier_updates(mlp(hidden=None), tf.keras.optimizers.SGD(), "mse"), plan, batch_size=4,
+                     progress=False, unroll_steps=True)
+    assert forced.program.unrolled(64)  # the user's choice stands
