@@ -17,14 +17,13 @@ The compiled call pulls several batches from an iterator inside itself (prefetch
 resume the epoch's pipeline is rebuilt and the batches already consumed are skipped, which continues the
 interrupted order exactly when the pipeline's order depends on its seed alone (no shuffle, or ``shuffle(...,
 seed=s, reshuffle_each_iteration=False)``); with reshuffling, the rest of the resumed epoch follows a fresh order.
-
-Each input kind answers the loop's questions itself (steps left in the epoch, the size of the next call) and
-runs its compiled call (`ResidentArrays.run`, `Stream.run`), returning a `Ran`.
+Each kind answers the loop's questions (steps left, the next call's size) and runs its call, returning a `Ran`.
 """
 
 from __future__ import annotations
 
 import logging
+import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence, Union
 
@@ -33,7 +32,7 @@ import tensorflow as tf
 
 from ..errors import InputError
 from .runs import At
-from .step import StepProgram, Update
+from .step import StepProgram, Update, device_type
 
 logger = logging.getLogger("amp_backends.train")
 
@@ -59,8 +58,7 @@ class Ran:
         return self.flags != 0
 
     def check_refused(self, at: At, first_in_epoch: int, updates: Sequence[Update]) -> None:
-        """The library's error for the first batch an update's ``check`` refused in this call (the call ran from
-        ``at``, its first step ``first_in_epoch`` of the epoch), naming its step."""
+        """`InputError` naming the first batch an update's ``check`` refused in this call (run from ``at``)."""
         bad = np.argwhere(self.flags < 0)
         if not len(bad):
             return
@@ -93,18 +91,16 @@ def as_array_nest(structure: Any, name: str) -> Any:
         if bad:
             raise InputError(f"{name} as a dict must have string keys (feature names). Received keys {bad!r}.")
         return {k: as_array_nest(v, f"{name}[{k!r}]") for k, v in structure.items()}
+    # a list of arrays is several inputs; a list of Python lists or numbers is one array's rows
     if isinstance(structure, tuple) or (isinstance(structure, list) and structure and all(
-            np.ndim(v) >= 1 or isinstance(v, (dict, tuple)) for v in structure)):
+            np.ndim(v) >= 1 and not isinstance(v, list) or isinstance(v, (dict, tuple)) for v in structure)):
         return type(structure)(as_array_nest(v, f"{name}[{i}]") for i, v in enumerate(structure))
     if isinstance(structure, (tf.Tensor, tf.Variable)):
         return structure
-    if hasattr(structure, "shape") and hasattr(structure, "dtype"):  # numpy, or an array library's array
+    try:  # numpy, an array library's array, Python lists of numbers
         arr = np.asarray(structure)
-    else:
-        try:
-            arr = np.asarray(structure)
-        except Exception:
-            arr = np.asarray(None, dtype=object)
+    except Exception:  # ragged lists
+        arr = np.asarray(None, dtype=object)
     if arr.dtype == object and arr.ndim >= 1 and arr.size and all(isinstance(v, (str, bytes)) for v in arr.flat):
         arr = arr.astype(bytes if isinstance(next(iter(arr.flat)), bytes) else str)  # strings held as objects
     if arr.dtype == object or arr.dtype.kind == "V" or arr.ndim == 0:
@@ -155,8 +151,8 @@ class ResidentArrays:
         y = None if y is None else as_array_nest(y, "y")
         self.samples = rows(x, y)
         if self.samples < batch_size:
-            raise InputError(f"The data has {self.samples} samples, fewer than one batch of {batch_size}. Fix: lower "
-                             f"batch_size to at most {self.samples}, or train on more data.")
+            fix = f"lower batch_size to at most {self.samples}, or train on more data" if self.samples else "pass data"
+            raise InputError(f"The data has {self.samples} samples, fewer than one batch of {batch_size}. Fix: {fix}.")
         self.batch_size, self.seed, self.device = batch_size, seed, device
         self.host = (x, y)  # for validation (labels within the model's classes) before anything runs
         with tf.device(device):
@@ -203,9 +199,8 @@ class ResidentArrays:
         """The position moved to the next epoch (the permutation follows it)."""
 
     def call_size(self, steps_per_call: int, left: int | None, budget: int | None, program: StepProgram) -> int:
-        """Full calls of ``steps_per_call``. Looped calls take their length as an argument; unrolled calls
-        compile per size: the epoch's regular last call gets its own, other short stretches (a resumed
-        mid-epoch start, ``max_steps``) run as single steps."""
+        """Full calls of ``steps_per_call``. Looped calls take their length as an argument; unrolled calls compile per
+        size: the epoch's last call gets its own; other short stretches (resume, ``max_steps``) run as single steps."""
         room = min(v for v in (steps_per_call, left, budget) if v is not None)
         if room == steps_per_call or not program.unrolled(steps_per_call):
             return room
@@ -317,11 +312,9 @@ class Stream:
         ds = self.dataset.skip(skip_batches) if skip_batches else self.dataset
         if self.strategy.num_replicas_in_sync > 1 or getattr(self.strategy, "cluster_resolver", None) is not None:
             return iter(self.strategy.experimental_distribute_dataset(ds))
-        if tf.DeviceSpec.from_string(self.device).device_type in ("GPU", "XPU"):
-            ds = ds.apply(tf.data.experimental.prefetch_to_device(self.device))
-        else:
-            ds = ds.prefetch(tf.data.AUTOTUNE)
-        return iter(ds)
+        if device_type(self.device) in ("GPU", "XPU"):
+            return iter(ds.apply(tf.data.experimental.prefetch_to_device(self.device)))
+        return iter(ds.prefetch(tf.data.AUTOTUNE))
 
     def batches_before(self, at: At) -> int:
         """Batches of the current pass already trained on at ``at``: a resumed run skips them."""
@@ -371,8 +364,7 @@ class Stream:
         if self._iterator is None:
             self._iterator, self._fresh = self.iterator(self.batches_before(at)), True
         done_t, losses, flags = program.stream_call()(self._iterator, tf.constant(k, tf.int32))
-        done = int(done_t.numpy())
-        ended = False
+        done, ended = int(done_t.numpy()), False
         if done < k:  # the data ended inside this call (or at its start)
             if done == 0 and (self._fresh or at.offset == 0):
                 raise InputError(f"The dataset yielded no batch of {self.batch_size}: it is empty (or smaller than "
@@ -406,15 +398,23 @@ def make_input(x: Any, y: Any, *, batch_size: int, device: str, seed: int, strat
     return ResidentArrays(x, y, batch_size=batch_size, device=device, seed=seed, batch_fn=batch_fn)
 
 
-def input_for(last: tuple[Any, Any, Source] | None, x: Any, y: Any, updates: Sequence[Update],
-              **kwargs: Any) -> tuple[Any, Any, Source]:
-    """``(x, y, input)`` for ``fit(x, y)``, validated by the updates (``kwargs``: `make_input`'s). The same
-    arrays as in the last call (``last``, the same objects) are not copied to the device or checked again:
-    calling ``fit`` once per epoch costs nothing."""
-    if last is not None and last[0] is x and last[1] is y and last[2].reusable:
+def contents(*data: Any) -> tuple[Any, list[Any]]:
+    """What tells data apart between calls: each leaf's identity, and a NumPy array's checksum (changed in place,
+    it is other data, copied and checked again); then the leaves, held so that no other object takes their ids."""
+    leaves = tf.nest.flatten(data)
+    return tuple((id(a), zlib.crc32(np.ascontiguousarray(a).reshape(-1).view(np.uint8)) if isinstance(a, np.ndarray)
+                  and a.dtype != object else 0) for a in leaves), leaves
+
+
+def input_for(last: tuple[Any, Source] | None, x: Any, y: Any, updates: Sequence[Update],
+              **kwargs: Any) -> tuple[Any, Source]:
+    """``(contents, input)`` for ``fit(x, y)``, validated by the updates (``kwargs``: `make_input`'s). The arrays of
+    the last call (``last``), unchanged, are not copied or checked again: a ``fit`` per epoch costs a checksum."""
+    key = contents(x, y)
+    if last is not None and last[0][0] == key[0] and last[1].reusable:
         return last
     source = make_input(x, y, **kwargs)
     for u in updates:
         if u.validate is not None:
             u.validate(source.sample_batch())
-    return x, y, source
+    return key, source

@@ -38,11 +38,16 @@ logger = logging.getLogger("amp_backends.train")
 UNROLL_LIMIT = 16
 
 
-def unrolls(device_type: str, xla: bool, steps: int, unroll_steps: bool | None = None) -> bool:
+def device_type(device: str) -> str:
+    """``"GPU"`` of ``"/GPU:0"`` or of ``".../device:GPU:0"`` (``tf.DeviceSpec`` knows no XPU without ITEX)."""
+    return device.rsplit("/", 1)[-1].split(":")[-2].upper()
+
+
+def unrolls(kind: str, xla: bool, steps: int, unroll_steps: bool | None = None) -> bool:
     """Whether a compiled call of ``steps`` training steps copies the step ``steps`` times (else a loop).
 
     Args:
-        device_type: TensorFlow's device type the call runs on (``"CPU"``, ``"GPU"``, ``"XPU"``).
+        kind: The type of device the call runs on (``"CPU"``, ``"GPU"``, ``"XPU"``).
         xla: Whether the call is compiled with XLA.
         steps: The steps per call.
         unroll_steps: The user's choice (``True``/``False``), or ``None`` for the default: unrolled under XLA
@@ -53,7 +58,7 @@ def unrolls(device_type: str, xla: bool, steps: int, unroll_steps: bool | None =
     """
     if unroll_steps is not None:
         return unroll_steps
-    return xla and device_type.upper() == "CPU" and steps <= UNROLL_LIMIT
+    return xla and kind == "CPU" and steps <= UNROLL_LIMIT
 
 
 def float32_outputs(outputs: Any) -> Any:
@@ -158,10 +163,9 @@ class StepProgram:
         # XLA per replica needs each replica on its own accelerator: logical CPU devices share one XLA CPU device,
         # where a replica's variables are out of reach of the compiled function
         devices = tuple(strategy.extended.worker_devices) if self.replicas > 1 else ()
-        # "/GPU:0" or ".../device:XPU:0" (DeviceSpec knows no XPU without ITEX loaded)
-        self.device_type = (devices[0] if devices else device).rsplit("/", 1)[-1].split(":")[-2]
+        self.device_type = device_type(devices[0] if devices else device)
         self.replica_jit = xla and self.replicas > 1 and bool(devices) and all(
-            tf.DeviceSpec.from_string(d).device_type in ("GPU", "XPU") for d in devices)
+            device_type(d) in ("GPU", "XPU") for d in devices)
         if xla and self.replicas > 1 and not self.replica_jit:
             logger.info(f"XLA is not used for the {self.replicas} replicas on {', '.join(devices)}: compiled per "
                         "replica it needs one accelerator per replica.")

@@ -130,7 +130,7 @@ class Trainer:
         self.observers += [self.validation.monitor, *default_observers(self.is_chief, log_every, logdir, progress,
                                                                        profile_steps)]
         self._called: set[Any] = set()  # the calls compiled so far
-        self._last_input: tuple[Any, Any, Source] | None = None  # (reused when fit gets the same input again)
+        self._last_input: tuple[Any, Source] | None = None  # (reused when fit gets the same input again)
         self.models = TrainedModels(trained, plan, check=check_models, measure=measure_float32, store=self.store,
                                     batch_size=self.batch_size, replicas=self.replicas, is_chief=self.is_chief,
                                     audit=audit, steps_per_call=steps_per_call,
@@ -186,7 +186,7 @@ class Trainer:
         self._last_input = input_for(self._last_input, x, y, self.updates, batch_size=self.batch_size,
                                      device=self.plan.device, seed=self.seed, strategy=self.strategy,
                                      batch_fn=self.batch_fn, steps_per_epoch=steps_per_epoch)
-        source = self._last_input[2]
+        source = self._last_input[1]
         self.validation.start(validation_data, validation_every, self.store, self.checkpointing.together)
         if source.has_strings:
             self.program.without_xla("the data holds strings (a StringLookup's input), which XLA cannot compile")

@@ -38,7 +38,7 @@ from .metrics import Every, Monitor, parse_every, reset, results
 from .observers import Observer
 from .checkpoints import CheckpointStore
 from .step import Update, float32_outputs
-from .inputs import BatchFn, as_array_nest, gather_batch, refuse_labels_beside, rows
+from .inputs import BatchFn, as_array_nest, contents, gather_batch, refuse_labels_beside, rows
 
 
 logger = logging.getLogger("amp_backends.train")
@@ -240,7 +240,7 @@ class Evaluator:
         self.batch_fn = batch_fn or gather_batch
         self.xla = xla and self.replicas == 1
         self._calls: dict[str, Any] = {}
-        self._last: tuple[Any, Any, tuple[Any, Any, int]] | None = None  # the last arrays, on the device
+        self._last: tuple[Any, tuple[Any, Any, int]] | None = None  # the last arrays, on the device
 
     def forget_compiled(self) -> None:
         """Trace the evaluation and prediction functions anew at their next call: a function traced before a layer's
@@ -310,10 +310,11 @@ class Evaluator:
 
     def _resident(self, x: Any, y: Any, what: str) -> tuple[Any, Any, int]:
         """The arrays on the device (the same arrays as last time are not copied or checked again)."""
-        if self._last is not None and self._last[0] is x and self._last[1] is y:
-            return self._last[2]
+        key = contents(x, y)
+        if self._last is not None and self._last[0][0] == key[0]:
+            return self._last[1]
         resident = self._copied(x, y, what)
-        self._last = (x, y, resident)
+        self._last = (key, resident)
         return resident
 
     def _copied(self, x: Any, y: Any, what: str) -> tuple[Any, Any, int]:

@@ -227,11 +227,11 @@ def test_fit_once_per_epoch_copies_the_same_arrays_to_the_device_once():
     x, y = classification_data(64)
     t = trainer(mlp())
     t.fit(x, y, epochs=1)
-    source = t._last_input[2]
+    source = t._last_input[1]
     t.fit(x, y, epochs=2)
-    assert t._last_input[2] is source  # the same arrays: no new copy, no new checks
+    assert t._last_input[1] is source  # the same arrays: no new copy, no new checks
     t.fit(x.copy(), y, epochs=3)
-    assert t._last_input[2] is not source
+    assert t._last_input[1] is not source
 
 
 def test_a_repeated_dataset_is_one_stream_across_epochs_as_keras_reads_it():
@@ -338,3 +338,46 @@ def test_the_samples_a_full_batch_leaves_out_of_each_epoch_are_said(caplog):
     with caplog.at_level("INFO", logger="amp_backends"):
         trainer(mlp(), batch_size=24).fit(x, y, epochs=1)
     assert "64 samples resident on" in caplog.text and "(16 left out of each epoch" in caplog.text
+
+
+# --------------------------------------------------------------------------- the same arrays again
+def test_a_second_fit_on_arrays_changed_in_place_trains_on_and_checks_the_new_values():
+    """fit once per epoch reuses the arrays on the device only while their contents are the same."""
+    x, y = classification_data(64)
+    t = trainer(mlp())
+    t.fit(x, y, epochs=1)
+    kept = t._last_input
+    t.fit(x, y, epochs=2)
+    assert t._last_input is kept  # unchanged: neither copied nor checked again
+    x[:] = 0.0
+    t.fit(x, y, epochs=3)
+    assert t._last_input is not kept  # new values: copied again
+    np.testing.assert_array_equal(t._last_input[1].x.numpy(), x)
+    y[:] = 99  # past the model's 3 classes: checked again, refused before a step runs
+    with pytest.raises(InputError, match="99"):
+        t.fit(x, y, epochs=4)
+
+
+def test_validation_arrays_changed_in_place_are_checked_again():
+    x, y = classification_data(64)
+    vx, vy = classification_data(16)
+    t = trainer(mlp())
+    t.fit(x, y, epochs=1, validation_data=(vx, vy))
+    vy[:] = 7
+    with pytest.raises(InputError, match="7"):
+        t.fit(x, y, epochs=2, validation_data=(vx, vy))
+
+
+def test_a_list_of_python_rows_is_one_input_and_no_data_says_so():
+    x, y = classification_data(16)
+    r = trainer(mlp()).fit(x.tolist(), y.tolist(), epochs=1)  # 16 rows of 4 numbers: one input, not 16
+    assert r.steps == 2
+    with pytest.raises(InputError, match="has 0 samples.*Fix: pass data"):
+        trainer(mlp()).fit(np.zeros((0, 4), np.float32), np.zeros(0, int), epochs=1)
+
+
+def test_device_types_are_read_from_short_and_full_names_xpu_included():
+    from amp_backends.training.step import device_type
+
+    assert [device_type(d) for d in ("/GPU:0", "/XPU:1", "/job:localhost/replica:0/task:0/device:XPU:0",
+                                     "/cpu:0")] == ["GPU", "XPU", "XPU", "CPU"]
