@@ -176,18 +176,19 @@ class Rules(RuleContext):
                             or (dim in ("N", "C_out") and op.output_to_model))
                 entry["dims"][labels.get(dim, dim)] = (value, expected, dim)
         for layer, entry in per_layer.items():
-            if not entry["dims"]:
-                continue
-            self._shape_finding(layer, entry)
+            if entry["dims"]:
+                self._shape_finding(layer, entry)
         if batch_ops and self.batch_size:
             unique = list({op.name: op for op in batch_ops}.values())
             share = self.share(unique)
+            down = self.batch_size // batch_align * batch_align
+            smaller = f" (or {down})" if down >= batch_align else ""
             self.add(self.level(share, SIGNIFICANT), "batch-size", 0,
                      f"batch size {self.batch_size} is not a multiple of {batch_align}: the rows of "
                      f"{len(unique)} matmul(s) are misaligned",
                      "a Dense layer's matmul has one row per sample (per position): the matrix units run it at full "
                      f"efficiency only when that count is a multiple of {batch_align}",
-                     self._batch_fix(batch_align), share,
+                     f"use a batch of {next_multiple(self.batch_size, batch_align)}{smaller}", share,
                      batch_size=self.batch_size, alignment=batch_align)
         if depthwise:
             layers = sorted({op.layer for op in depthwise})
@@ -197,11 +198,6 @@ class Rules(RuleContext):
                      "a depthwise convolution has one input channel per filter: no matrix multiplication for the "
                      "matrix units, it is memory-bound", "nothing to do: expected for MobileNet-style models", share,
                      layers=[graph.layer(i).path for i in layers])
-
-    def _batch_fix(self, align: int) -> str:
-        size = self.batch_size or 0
-        up, down = next_multiple(size, align), size // align * align
-        return f"use a batch of {up}" + (f" (or {down})" if down >= align else "")
 
     def _shape_finding(self, layer: int, entry: dict[str, Any]) -> None:
         info = self.graph.layer(layer)
@@ -216,14 +212,9 @@ class Rules(RuleContext):
                f"{align} (16 bytes); other widths run on padded or slower kernels")
         if avoidable:
             severity = self.level(share, SIGNIFICANT)
-            fixes = []
-            for label, (value, _, dim) in avoidable.items():
-                target = next_multiple(value, align)
-                if dim in ("K", "C_in"):
-                    fixes.append(f"{label} {value} come from the layer before: make it {target} wide")
-                else:
-                    fixes.append(f"pad {label} {value} -> {target}")
-            fix = "; ".join(fixes)
+            fix = "; ".join(f"{label} {value} come from the layer before: make it {next_multiple(value, align)} wide"
+                            if dim in ("K", "C_in") else f"pad {label} {value} -> {next_multiple(value, align)}"
+                            for label, (value, _, dim) in avoidable.items())
             expected = [f"{label} {v[0]}" for label, v in dims.items() if v[1]]
             if expected:
                 why += f" ({', '.join(expected)}: fixed by the data)"

@@ -18,10 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from ..layer_names import layer_geometry
-from .gemm import GEMM_OPS, read_gemm
-from .gemm import dims_of as _dims
-from .gemm import float_dtype as _float_dtype
-from .gemm import prod as _prod
+from .gemm import GEMM_OPS, dims_of, float_dtype, prod, read_gemm
 from .masks import MaskConstant, large_negative_constants
 from ..errors import ModelCallError
 from ..keras_compat import InputLeaf, compute_dtype, policy_name, restore_losses, snapshot_losses, walk
@@ -79,17 +76,6 @@ class GemmOp:
     constant_operand: bool = False  # an operand is a float32 constant (a NumPy array the layer's code passed in)
 
 
-def _constant_operand(op: Any) -> bool:
-    """Whether one of ``op``'s operands is a float32 constant (through casts, reshapes and identities)."""
-    for tensor in op.inputs:
-        source = tensor.op
-        while source.type in PASSTHROUGH_OPS and source.inputs:
-            source = source.inputs[0].op
-        if source.type == "Const" and source.outputs and source.outputs[0].dtype.name == "float32":
-            return True
-    return False
-
-
 @dataclass(frozen=True)
 class OtherOp:
     """Any other op on the activations' path: its type, dtype and the bytes it reads and writes."""
@@ -130,15 +116,27 @@ class ModelGraph:
         return self.layers[index]
 
 
+def _source(op: Any) -> Any:
+    """The op that computes ``op``'s value, through casts, reshapes and identities (`PASSTHROUGH_OPS`)."""
+    while op.type in PASSTHROUGH_OPS and op.inputs:
+        op = op.inputs[0].op
+    return op
+
+
+def _bytes(tensor: Any) -> int | None:
+    n = prod(dims_of(tensor))
+    return None if n is None else n * tensor.dtype.size
+
+
 def _traffic(op: Any) -> int | None:
-    total = 0
-    for t in list(op.inputs) + list(op.outputs):
-        if t.dtype.is_floating:
-            n = _prod(_dims(t))
-            if n is None:
-                return None
-            total += n * t.dtype.size
-    return total
+    sizes = [_bytes(t) for t in [*op.inputs, *op.outputs] if t.dtype.is_floating]
+    return None if None in sizes else sum(size for size in sizes if size is not None)
+
+
+def _constant_operand(op: Any) -> bool:
+    """Whether one of ``op``'s operands is a float32 constant (through casts, reshapes and identities)."""
+    sources = [_source(t.op) for t in op.inputs]
+    return any(s.type == "Const" and s.outputs and s.outputs[0].dtype.name == "float32" for s in sources)
 
 
 def trace_model(model: Any, batch: int, input_struct: Any) -> ModelGraph:
@@ -257,7 +255,7 @@ def _read_graph(concrete: Any, name: str, layers: list[LayerInfo], batch: int, n
             from_data = data_op.name not in gemm_above and data_op.type not in GEMM_OPS
             m = shape.dims.get("M")
             rows_include_batch = bool(m and m % batch == 0) and not shape.batched  # a batched GEMM's M is its own
-            result.gemms.append(GemmOp(op.name, op.type, shape.kind, layer, _float_dtype(op), shape.flops, shape.dims,
+            result.gemms.append(GemmOp(op.name, op.type, shape.kind, layer, float_dtype(op), shape.flops, shape.dims,
                                        from_data, op.name in to_output, rows_include_batch=rows_include_batch,
                                        traffic_bytes=_traffic(op), constant_operand=_constant_operand(op)))
         elif op.type not in BOOKKEEPING_OPS:
@@ -267,10 +265,8 @@ def _read_graph(concrete: Any, name: str, layers: list[LayerInfo], batch: int, n
     result.layer_traffic = _layer_traffic(ops, {t.name for t in concrete.outputs})
     result.masks = large_negative_constants(ops, layer_of)
     for i, tensor in enumerate(concrete.outputs):
-        op = tensor.op
-        while op.type in PASSTHROUGH_OPS and op.inputs:
-            op = op.inputs[0].op
-        producer_dtype = _float_dtype(op) if op.inputs or op.outputs else None
+        op = _source(tensor.op)
+        producer_dtype = float_dtype(op) if op.inputs or op.outputs else None
         result.outputs.append(OutputInfo(i, tensor.dtype.name, op.type, producer_dtype, layer_of(op.name)))
     return result
 
@@ -282,13 +278,10 @@ def _layer_traffic(ops: list[Any], outputs: set[str]) -> dict[int, int]:
     traffic: dict[int, int] = {}
 
     def add(layer: int, tensor: Any) -> None:
-        if (layer, tensor.name) in counted or not tensor.dtype.is_floating:
-            return
-        n = _prod(_dims(tensor))
-        if n is None:
+        if (layer, tensor.name) in counted or not tensor.dtype.is_floating or (size := _bytes(tensor)) is None:
             return
         counted.add((layer, tensor.name))
-        traffic[layer] = traffic.get(layer, 0) + n * tensor.dtype.size
+        traffic[layer] = traffic.get(layer, 0) + size
 
     for op in ops:
         if op.type in ("Const", "Placeholder", "NoOp"):
