@@ -100,16 +100,13 @@ def attention_softmax(rules: RuleContext) -> None:
 # -- layernorm-precision: a normalization whose statistics run in float16/bfloat16 ------------------------
 def normalization(rules: RuleContext) -> None:
     graph = rules.graph
-    bad: dict[str, list[int]] = {}
+    bad: dict[str, dict[int, None]] = {}  # class name -> its layers, in order
     for op in graph.others:
-        info = graph.layer(op.layer)
-        name = info.class_name
-        if "Batch" in name or "Norm" not in name or op.op_type not in NORM_STATS_OPS or op.dtype not in REDUCED:
-            continue
-        bad.setdefault(name, [])
-        if op.layer not in bad[name]:
-            bad[name].append(op.layer)
-    for name, layers in bad.items():
+        name = graph.layer(op.layer).class_name
+        if "Batch" not in name and "Norm" in name and op.op_type in NORM_STATS_OPS and op.dtype in REDUCED:
+            bad.setdefault(name, {})[op.layer] = None
+    for name, layer_set in bad.items():
+        layers = list(layer_set)
         dtype = graph.layer(layers[0]).compute_dtype
         rules.add("warning", "layernorm-precision", layers[0],
                   f"{name} computes its mean and variance in reduced precision ({len(layers)} layer(s))",
