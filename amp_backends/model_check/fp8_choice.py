@@ -14,12 +14,11 @@ more: in_features <= 2048, or out_features <= 1024, or in_features <= 4096 and o
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from .rules_base import DENSE_CLASSES, labels
-from .trace import GemmOp, LayerInfo, ModelGraph
+from .trace import GemmOp, LayerInfo, ModelGraph, by_layer
 
 FP8_ALIGNMENT = 16
 # torchao's tensorwise filter (see the module documentation): skip when units <= 4096 and inputs <= 1024.
@@ -78,8 +77,5 @@ def fp8_layers(graph: ModelGraph, dims: Callable[[GemmOp], dict[str, int | None]
     multiple of 16 (what fp8 GEMMs need; ``dims`` leaves out rows that grow with an unknown batch), and
     large enough to gain (torchao's rule above).
     """
-    by_layer: dict[int, list[GemmOp]] = defaultdict(list)
-    for op in graph.gemms:
-        by_layer[op.layer].append(op)
-    return [_decide(graph.layer(layer), ops, dims) for layer, ops in by_layer.items()
+    return [_decide(graph.layer(layer), ops, dims) for layer, ops in by_layer(graph.gemms).items()
             if graph.layer(layer).class_name in DENSE_CLASSES]

@@ -25,6 +25,7 @@ from __future__ import annotations
 from .masks import limit, overflow_result
 from .result import Finding
 from .rules_base import SIGNIFICANT, RuleContext
+from .trace import by_layer
 
 REDUCED = ("float16", "bfloat16")
 NORM_STATS_OPS = frozenset({"Mean", "SquaredDifference", "Rsqrt", "Sqrt", "Square", "Sum", "Variance"})
@@ -47,10 +48,7 @@ def vocabularies(rules: RuleContext) -> set[int]:
 
 # -- mask-overflow: mask constants that are -inf in the compute dtype --------------------------------------
 def mask_overflow(rules: RuleContext) -> None:
-    by_layer: dict[int, list] = {}
-    for mask in rules.graph.masks:
-        by_layer.setdefault(mask.layer, []).append(mask)
-    for layer, masks in by_layer.items():
+    for layer, masks in by_layer(rules.graph.masks).items():
         worst = min(masks, key=lambda m: m.value)
         dtype = worst.dtype
         bound = "-65504" if dtype == "float16" else f"about {-limit(dtype):.3g}"

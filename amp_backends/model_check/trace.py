@@ -15,7 +15,7 @@ What each matmul and convolution computes (kind, FLOPs, rows as the GEMM sees th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol, TypeVar
 
 from ..layer_names import layer_geometry
 from .gemm import GEMM_OPS, dims_of, float_dtype, prod, read_gemm
@@ -114,6 +114,22 @@ class ModelGraph:
 
     def layer(self, index: int) -> LayerInfo:
         return self.layers[index]
+
+
+class _OfLayer(Protocol):
+    @property
+    def layer(self) -> int: ...
+
+
+T = TypeVar("T", bound=_OfLayer)
+
+
+def by_layer(items: Iterable[T]) -> dict[int, list[T]]:
+    """``items`` (ops, masks) grouped by their layer, in order."""
+    groups: dict[int, list[T]] = {}
+    for item in items:
+        groups.setdefault(item.layer, []).append(item)
+    return groups
 
 
 def _source(op: Any) -> Any:
