@@ -7,12 +7,9 @@ matmul, which XLA lowers to fp8 GEMMs on GPUs with fp8 Tensor Cores (NVIDIA CC >
 ops run emulated: the numerics of float8, without its speed.
 
 Only some layers are worth it, and safe: the precision check (`amp_backends.check_model`) names them
-— Dense and EinsumDense layers that are neither the first (it reads the data) nor the last (its output is
-the model's), with every dimension a multiple of 16, and large enough to gain (torchao's filter for
-per-tensor scaling: a layer with at most 4096 units and 1024 input features is skipped; see
-`amp_backends.model_check.fp8_choice`). A model with dynamic dimensions (a sequence length) is sized
-from ``inputs=``, as the check is. A float8 policy cannot be set globally (keras-team/keras#23479), so the
-layers are quantized one by one.
+(`amp_backends.model_check.fp8_choice`: middle Dense/EinsumDense layers, multiples of 16, large enough to
+gain), sized from ``inputs=`` as the check is. A float8 policy cannot be set globally
+(keras-team/keras#23479), so the layers are quantized one by one.
 
 Small layers under forced fp8: a plan whose fp8 was forced (``fp8=on`` with ``force`` where float8 is only
 emulated) gains no speed on any layer — it is there to test float8's numerics — so the size filter, a speed

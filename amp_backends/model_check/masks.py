@@ -25,8 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-FLOAT16_MAX = 65504.0
-BFLOAT16_MAX = 3.3895313892515355e38
 _FOLLOW = ("Identity", "Mul", "AddV2", "Add", "Sub", "Neg", "Maximum", "Minimum", "SelectV2", "Select")
 _MAX_ELEMENTS = 4096  # larger constants are weights or tables, not masks
 

@@ -6,10 +6,7 @@ What Keras (3.15) and keras_hub (0.32) do, read from their sources, so that noth
   or asked for its scores, computes its softmax with a ``keras.layers.Softmax`` of the layer's policy: in
   float16/bfloat16 under a mixed policy. Without dropout it calls ``ops.dot_product_attention``, which on
   TensorFlow casts the scores to float32 and takes the softmax there.
-* Keras masks safely: the Softmax layer puts -3e4 at masked positions in float16 and -1e9 otherwise
-  (``_large_negative_number``); ``dot_product_attention`` puts -0.7 times the dtype's largest value
-  (``_get_large_negative``). A hand-written mask of -1e9, -1e10 or ``float32.min`` is not safe (see
-  `masks`).
+* Keras masks safely; a hand-written mask of -1e9, -1e10 or ``float32.min`` is not (see `masks`).
 * ``keras.layers.LayerNormalization`` computes in float32 whatever the policy (``ops.layer_normalization``
   takes ``result_type(x, "float32")``) and casts its output back: nothing to report. A custom
   normalization whose mean and variance run in float16/bfloat16 is reported.

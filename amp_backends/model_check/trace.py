@@ -72,19 +72,17 @@ class GemmOp:
     input_from_data: bool
     output_to_model: bool
     rows_include_batch: bool = False
-    traffic_bytes: int | None = None
     constant_operand: bool = False  # an operand is a float32 constant (a NumPy array the layer's code passed in)
 
 
 @dataclass(frozen=True)
 class OtherOp:
-    """Any other op on the activations' path: its type, dtype and the bytes it reads and writes."""
+    """Any other op on the activations' path: its type and dtype."""
 
     name: str
     op_type: str
     layer: int
     dtype: str | None
-    traffic_bytes: int | None
 
 
 @dataclass(frozen=True)
@@ -137,16 +135,6 @@ def _source(op: Any) -> Any:
     while op.type in PASSTHROUGH_OPS and op.inputs:
         op = op.inputs[0].op
     return op
-
-
-def _bytes(tensor: Any) -> int | None:
-    n = prod(dims_of(tensor))
-    return None if n is None else n * tensor.dtype.size
-
-
-def _traffic(op: Any) -> int | None:
-    sizes = [_bytes(t) for t in [*op.inputs, *op.outputs] if t.dtype.is_floating]
-    return None if None in sizes else sum(size for size in sizes if size is not None)
 
 
 def _constant_operand(op: Any) -> bool:
@@ -273,11 +261,10 @@ def _read_graph(concrete: Any, name: str, layers: list[LayerInfo], batch: int, n
             rows_include_batch = bool(m and m % batch == 0) and not shape.batched  # a batched GEMM's M is its own
             result.gemms.append(GemmOp(op.name, op.type, shape.kind, layer, float_dtype(op), shape.flops, shape.dims,
                                        from_data, op.name in to_output, rows_include_batch=rows_include_batch,
-                                       traffic_bytes=_traffic(op), constant_operand=_constant_operand(op)))
+                                       constant_operand=_constant_operand(op)))
         elif op.type not in BOOKKEEPING_OPS:
             floating = [t for t in op.outputs if t.dtype.is_floating]
-            result.others.append(OtherOp(op.name, op.type, layer, floating[0].dtype.name if floating else None,
-                                         _traffic(op)))
+            result.others.append(OtherOp(op.name, op.type, layer, floating[0].dtype.name if floating else None))
     result.layer_traffic = _layer_traffic(ops, {t.name for t in concrete.outputs})
     result.masks = large_negative_constants(ops, layer_of)
     for i, tensor in enumerate(concrete.outputs):
@@ -294,10 +281,10 @@ def _layer_traffic(ops: list[Any], outputs: set[str]) -> dict[int, int]:
     traffic: dict[int, int] = {}
 
     def add(layer: int, tensor: Any) -> None:
-        if (layer, tensor.name) in counted or not tensor.dtype.is_floating or (size := _bytes(tensor)) is None:
+        if (layer, tensor.name) in counted or not tensor.dtype.is_floating or (n := prod(dims_of(tensor))) is None:
             return
         counted.add((layer, tensor.name))
-        traffic[layer] = traffic.get(layer, 0) + size
+        traffic[layer] = traffic.get(layer, 0) + n * tensor.dtype.size
 
     for op in ops:
         if op.type in ("Const", "Placeholder", "NoOp"):
