@@ -7,12 +7,9 @@ matmul, which XLA lowers to fp8 GEMMs on GPUs with fp8 Tensor Cores (NVIDIA CC >
 ops run emulated: the numerics of float8, without its speed.
 
 Only some layers are worth it, and safe: the precision check (`amp_backends.check_model`) names them
-— Dense and EinsumDense layers that are neither the first (it reads the data) nor the last (its output is
-the model's), with every dimension a multiple of 16, and large enough to gain (torchao's filter for
-per-tensor scaling: a layer with at most 4096 units and 1024 input features is skipped; see
-`amp_backends.model_check.fp8_choice`). A model with dynamic dimensions (a sequence length) is sized
-from ``inputs=``, as the check is. A float8 policy cannot be set globally (keras-team/keras#23479), so the
-layers are quantized one by one.
+(`amp_backends.model_check.fp8_choice`: middle Dense/EinsumDense layers, multiples of 16, large enough to
+gain), sized from ``inputs=`` as the check is. A float8 policy cannot be set globally
+(keras-team/keras#23479), so the layers are quantized one by one.
 
 Small layers under forced fp8: a plan whose fp8 was forced (``fp8=on`` with ``force`` where float8 is only
 emulated) gains no speed on any layer — it is there to test float8's numerics — so the size filter, a speed
@@ -76,29 +73,21 @@ def float8_decisions(model: Any, plan: Any, *, inputs: Any = None, skip_small: b
     check = check_model(model, plan=plan, inputs=inputs)
     skip = (not fp8_forced(plan)) if skip_small is None else skip_small
     layers = dict(walk(model, model.name))
-    quantized: list[str] = []
-    skipped: list[tuple[str, str]] = []
     decisions: list[tuple[str, bool, str]] = []
     for choice in check.fp8_layers:
-        layer = layers[choice.path]
-        why = choice.why
-        if policy_name(layer).startswith(FLOAT8):
-            skipped.append((choice.path, f"already {policy_name(layer)}"))
-            decisions.append((choice.path, False, f"already {policy_name(layer)}"))
-            continue
-        if choice.small and not skip:
-            why = (f"float8 although small ({choice.size}): " + ("fp8 is forced here, where no layer gains speed"
-                                                                  if skip_small is None else "skip_small=False"))
-        elif not choice.eligible:
-            skipped.append((choice.path, why))
-            decisions.append((choice.path, False, why))
-            continue
-        quantized.append(choice.path)
-        decisions.append((choice.path, True, why))
+        if (current := policy_name(layers[choice.path])).startswith(FLOAT8):
+            decisions.append((choice.path, False, f"already {current}"))
+        elif choice.small and not skip:
+            decisions.append((choice.path, True, f"float8 although small ({choice.size}): " + (
+                "fp8 is forced here, where no layer gains speed" if skip_small is None else "skip_small=False")))
+        else:
+            decisions.append((choice.path, choice.eligible, choice.why))
+    quantized = tuple(path for path, done, _ in decisions if done)
+    skipped = tuple((path, why) for path, done, why in decisions if not done)
     note = ""
     if not quantized:
         note = "no layer is eligible for float8"
         if not check.sized:
             note += f": {check.unsized_line()}"
-    return Float8Result(tuple(quantized), tuple(skipped), note, tuple(decisions))
+    return Float8Result(quantized, skipped, note, tuple(decisions))
 

@@ -21,30 +21,12 @@ computes in, its shapes, its FLOPs — maps each op to the layer that created it
 plan's device (see `target`) with the rules of `rules_general`. ``amp-backends check MODULE:FACTORY``
 (`amp_backends.commands.check_command`) does the same from the command line.
 
-Findings (``code``: when, severity)
-    ``final-activation``: the model's output is a softmax/log_softmax/sigmoid computed in float16 or
-    bfloat16 (error). ``output-dtype``: an output is float16/bfloat16 (warning). ``float32-compute``: a
-    layer's matmul/convolution runs in float32 under a mixed plan, pinned or cast inside (warning from 1%
-    of the FLOPs, info below). ``policy-mismatch``: the model was built under another policy than the
-    plan's (warning). ``layer-call-fails``: a layer's own call raises under the plan's policy, the check
-    stops there (error). ``tensor-core-shape``: a layer's widths are not multiples of the matrix units'
-    alignment (8 for float16/bfloat16, 4 for TF32, 16 for fp8; warning from 1% of the FLOPs, info below
-    or when fixed by the data: a first layer's input channels, an output layer's classes).
-    ``batch-size``: the batch misaligns Dense rows (warning from 1%). ``depthwise``: depthwise
-    convolutions, which have no matrix-unit path (info). ``slow-op``: resizes (UpSampling2D) with no
-    matrix-unit path, by share of the forward pass's memory traffic (bytes read and written; warning from
-    5%). ``emulated-policy``: the plan's policy is emulated here, slower than float32 (warning);
-    ``functional-policy``: it runs without a speed-up (info). ``unsized-model``: most matmuls have
-    dynamic shapes (a sequence length left open): said first, in the headline too, with the fix (give
-    ``inputs=``); no FLOP share is then given (warning).
-    Transformers (`rules_transformer`): ``mask-overflow``: a mask constant (-1e9, ``float32.min``) that
-    is -inf in float16/bfloat16, NaN after ``0 * -inf`` or a fully masked row (error);
-    ``attention-softmax``: softmaxes inside the model in float16/bfloat16, as Keras's MultiHeadAttention
-    with dropout computes them (info); ``layernorm-precision``: a normalization whose mean and variance run
-    in float16/bfloat16 (warning; Keras's LayerNormalization computes in float32); ``vocabulary-size``: a
-    vocabulary not a multiple of 64 (warning when it is the logits GEMM's width and misaligned for the
-    matrix units, info otherwise); ``logits-dtype``: logits over a vocabulary in float16/bfloat16 (warning,
-    in place of ``output-dtype``).
+Findings (``code``; when each is reported, its severity and its fix: docs/troubleshooting.md, "The precision
+check's findings"): ``final-activation``, ``output-dtype``, ``float32-compute``, ``policy-mismatch``,
+``measured-float32``, ``float32-layers``, ``layer-call-fails``, ``tensor-core-shape``, ``batch-size``,
+``depthwise``, ``slow-op``, ``emulated-policy``, ``functional-policy``, ``unsized-model``; for transformers
+(`rules_transformer`) ``mask-overflow``, ``attention-softmax``, ``layernorm-precision``, ``vocabulary-size`` and
+``logits-dtype`` (in place of ``output-dtype``).
 
 Each finding's ``details`` carries the rule's data: ``dims``, ``expected``, ``alignment``, ``unit``
 (``tensor-core-shape``); ``pinned``, ``ops`` (``float32-compute``); ``batch_size``, ``alignment``
@@ -75,18 +57,14 @@ from .shapes import shapes_with_sequence_length
 
 __all__ = ["Finding", "ModelCheck", "Summary", "check_model", "shapes_with_sequence_length"]
 
-# Submodules that were renamed, kept for one release under their old name: old -> new. ``check`` was the module
-# of `check_model` (now `checker`); the docs showed ``amp_backends.model_check.check.shapes_with_sequence_length``.
+# Submodules renamed, served under their old name for one release: old -> new (the docs showed
+# ``amp_backends.model_check.check.shapes_with_sequence_length``).
 _RENAMED = {"check": "checker"}
 
 
 def _old_module(old: str, new: str) -> Any:
-    """The module object that serves the old path ``amp_backends.model_check.<old>`` for one release.
-
-    It sits in ``sys.modules``, where the import system looks first, so ``from amp_backends.model_check.check
-    import shapes_with_sequence_length`` and ``import amp_backends.model_check.check`` still work with no file of
-    that name; each public name of the new module read through it warns (``DeprecationWarning``) and forwards.
-    """
+    """A module in ``sys.modules`` (where imports look first) for the old path: each public name of the new module
+    read through it warns (``DeprecationWarning``) and forwards."""
     import importlib
     import importlib.machinery
     import sys

@@ -187,6 +187,5 @@ def _layer_fails(model: Any, plan: Any, target: Any, batch: int | None, exc: Mod
     finding = Finding("error", "layer-call-fails", exc.layer or model.name, exc.what, why, exc.fix)
     summary = Summary(0.0, {}, None, None, {d: u for d, (u, _) in target.units.items()}, sized=False)
     return ModelCheck(model=model.name, keras_version=keras_version, plan=_plan_dict(plan, target), batch_size=batch,
-                      findings=(finding,), summary=summary, fp8_eligible_layers=(), fp8_ineligible_layers=(),
-                      notes=("the model was traced up to the layer that raised: nothing after it is checked",),
-                      fp8_layers=(), open_dims=0)
+                      findings=(finding,), summary=summary,
+                      notes=("the model was traced up to the layer that raised: nothing after it is checked",))

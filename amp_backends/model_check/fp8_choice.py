@@ -14,13 +14,12 @@ more: in_features <= 2048, or out_features <= 1024, or in_features <= 4096 and o
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .trace import GemmOp, ModelGraph
+from .rules_base import DENSE_CLASSES, labels
+from .trace import GemmOp, LayerInfo, ModelGraph, by_layer
 
-DENSE_CLASSES = ("Dense", "EinsumDense")
 FP8_ALIGNMENT = 16
 # torchao's tensorwise filter (see the module documentation): skip when units <= 4096 and inputs <= 1024.
 SMALL_UNITS = 4096
@@ -45,10 +44,29 @@ class Fp8Layer:
         return {"eligible": self.eligible, "why": self.why, "small": self.small}
 
 
-def _label(class_name: str, dim: str) -> str:
-    names = {"M": "rows (batch x positions)", "N": "units" if class_name == "Dense" else "output width",
-             "K": "input features" if class_name == "Dense" else "input width"}
-    return names.get(dim, dim)
+def _decide(info: LayerInfo, ops: list[GemmOp], dims: Callable[[GemmOp], dict[str, int | None]]) -> Fp8Layer:
+    path = info.path
+    if any(op.input_from_data for op in ops):
+        return Fp8Layer(path, False, "the first layer: it reads the input data, kept in the policy's precision")
+    if any(op.output_to_model for op in ops):
+        return Fp8Layer(path, False, "the last layer: its output is the model's, kept in the policy's precision")
+    if any(op.kind != "matmul" for op in ops):
+        return Fp8Layer(path, False, "not a plain matmul")
+    names = labels(info.class_name, "matmul")
+    if bad := {d: v for op in ops for d, v in dims(op).items() if v is None or v % FP8_ALIGNMENT}:
+        why = "not a multiple of 16 (fp8 GEMMs need it): " + ", ".join(
+            f"{names.get(d, d)} {'unknown' if v is None else v}" for d, v in bad.items())
+        if any(v is None for v in bad.values()):
+            why += " (dynamic shapes: give the check inputs= or a sequence length to size them)"
+        return Fp8Layer(path, False, why)
+    n = max((op.dims.get("N") or 0) for op in ops)
+    k = max((op.dims.get("K") or 0) for op in ops)
+    size = f"{names['N']} {n}, {names['K']} {k}"
+    if n <= SMALL_UNITS and k <= SMALL_INPUTS:
+        return Fp8Layer(path, False, f"too small to gain from float8 ({size}: at most {SMALL_UNITS} and "
+                        f"{SMALL_INPUTS}, torchao's tensorwise filter): the quantization costs more than the fp8 GEMM "
+                        "saves", small=True, size=size)
+    return Fp8Layer(path, True, f"float8: a middle layer, multiples of 16, large enough ({size})", size=size)
 
 
 def fp8_layers(graph: ModelGraph, dims: Callable[[GemmOp], dict[str, int | None]]) -> list[Fp8Layer]:
@@ -59,41 +77,5 @@ def fp8_layers(graph: ModelGraph, dims: Callable[[GemmOp], dict[str, int | None]
     multiple of 16 (what fp8 GEMMs need; ``dims`` leaves out rows that grow with an unknown batch), and
     large enough to gain (torchao's rule above).
     """
-    by_layer: dict[int, list[GemmOp]] = defaultdict(list)
-    for op in graph.gemms:
-        by_layer[op.layer].append(op)
-    out: list[Fp8Layer] = []
-    for layer, ops in by_layer.items():
-        info = graph.layer(layer)
-        if info.class_name not in DENSE_CLASSES:
-            continue
-        if any(op.input_from_data for op in ops):
-            out.append(Fp8Layer(info.path, False, "the first layer: it reads the input data, kept in the policy's "
-                                "precision"))
-            continue
-        if any(op.output_to_model for op in ops):
-            out.append(Fp8Layer(info.path, False, "the last layer: its output is the model's, kept in the policy's "
-                                "precision"))
-            continue
-        if any(op.kind != "matmul" for op in ops):
-            out.append(Fp8Layer(info.path, False, "not a plain matmul"))
-            continue
-        bad = {d: v for op in ops for d, v in dims(op).items() if v is None or v % FP8_ALIGNMENT}
-        if bad:
-            why = "not a multiple of 16 (fp8 GEMMs need it): " + ", ".join(
-                f"{_label(info.class_name, d)} {'unknown' if v is None else v}" for d, v in bad.items())
-            if any(v is None for v in bad.values()):
-                why += " (dynamic shapes: give the check inputs= or a sequence length to size them)"
-            out.append(Fp8Layer(info.path, False, why))
-            continue
-        n = max((op.dims.get("N") or 0) for op in ops)
-        k = max((op.dims.get("K") or 0) for op in ops)
-        size = f"{_label(info.class_name, 'N')} {n}, {_label(info.class_name, 'K')} {k}"
-        if n <= SMALL_UNITS and k <= SMALL_INPUTS:
-            out.append(Fp8Layer(info.path, False, f"too small to gain from float8 ({size}: at most {SMALL_UNITS} and "
-                                f"{SMALL_INPUTS}, torchao's tensorwise filter): the quantization costs more than the "
-                                "fp8 GEMM saves", small=True, size=size))
-            continue
-        out.append(Fp8Layer(info.path, True, f"float8: a middle layer, multiples of 16, large enough ({size})",
-                            size=size))
-    return out
+    return [_decide(graph.layer(layer), ops, dims) for layer, ops in by_layer(graph.gemms).items()
+            if graph.layer(layer).class_name in DENSE_CLASSES]

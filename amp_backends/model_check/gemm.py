@@ -96,23 +96,20 @@ def _einsum(op: Any) -> tuple[int | None, dict[str, int | None], bool]:
     m_letters = [ch for ch in a if ch not in b]
     n_letters = [ch for ch in b if ch not in a]
     batched = any(ch in b and ch in out_letters and sizes[ch] != 1 for ch in a)
-    flops = prod([sizes[ch] for ch in sizes])
     dims = {"M": prod([sizes[ch] for ch in m_letters]), "N": prod([sizes[ch] for ch in n_letters]),
             "K": prod([sizes[ch] for ch in contracted])}
-    return (2 * flops if flops is not None else None), dims, batched
+    return prod([2, *sizes.values()]), dims, batched
 
 
 def _batch_matmul(op: Any) -> GemmShape:
-    a, b, out = dims_of(op.inputs[0]), dims_of(op.inputs[1]), dims_of(op.outputs[0])
+    a, b = dims_of(op.inputs[0]), dims_of(op.inputs[1])
     if len(a) < 2 or len(b) < 2:
         return GemmShape("matmul", None, {"M": None, "N": None, "K": None}, op.inputs[0])
     adj_x = attr(op, "adj_x")
     m, k = (a[-1], a[-2]) if adj_x else (a[-2], a[-1])
     n = b[-2] if attr(op, "adj_y") else b[-1]
-    numel = prod(out)
-    flops = 2 * numel * k if numel is not None and k is not None else None
-    own_batch = prod(b[:-2])
-    if own_batch == 1 and not adj_x:  # one weight for every batch: a single GEMM over all the rows
+    flops = prod([2, prod(dims_of(op.outputs[0])), k])
+    if prod(b[:-2]) == 1 and not adj_x:  # one weight for every batch: a single GEMM over all the rows
         return GemmShape("matmul", flops, {"M": prod(a[:-2] + [m]), "N": n, "K": k}, op.inputs[0])
     return GemmShape("matmul", flops, {"M": m, "N": n, "K": k}, op.inputs[0], batched=prod(a[:-2]) != 1)
 
@@ -130,21 +127,14 @@ def read_gemm(op: Any) -> GemmShape:
     if t == "Einsum":
         flops, dims, batched = _einsum(op)
         return GemmShape("matmul", flops, dims, op.inputs[0], batched)
-    if t == "Conv2DBackpropInput" or t == "Conv3DBackpropInputV2":
-        kernel, grad = dims_of(op.inputs[1]), dims_of(op.inputs[2])
-        numel = prod(grad)
-        window = prod(kernel[:-2]) if kernel else None
-        c_out = kernel[-2] if kernel else None
-        flops = prod([2, numel, window, c_out]) if numel is not None else None
-        return GemmShape("conv_transpose", flops, {"C_in": kernel[-1] if kernel else None, "C_out": c_out},
-                         op.inputs[2])
-    kernel, out = dims_of(op.inputs[1]), dims_of(op.outputs[0])
-    numel = prod(out)
+    if t in ("Conv2DBackpropInput", "Conv3DBackpropInputV2"):
+        kernel = dims_of(op.inputs[1]) or [None] * 3  # unknown rank: every size unknown
+        c_out = kernel[-2]
+        return GemmShape("conv_transpose", prod([2, prod(dims_of(op.inputs[2])), prod(kernel[:-2]), c_out]),
+                         {"C_in": kernel[-1], "C_out": c_out}, op.inputs[2])
+    kernel, numel = dims_of(op.inputs[1]) or [None] * 3, prod(dims_of(op.outputs[0]))
     if t == "DepthwiseConv2dNative":
-        window = prod(kernel[:-2]) if kernel else None
-        c_in = kernel[-2] if kernel else None
-        return GemmShape("depthwise", prod([2, numel, window]),
-                         {"C_in": c_in, "C_out": prod([c_in, kernel[-1]]) if kernel else None}, op.inputs[0])
-    window = prod(kernel[:-1]) if kernel else None
-    channels = {"C_in": kernel[-2] if kernel else None, "C_out": kernel[-1] if kernel else None}
-    return GemmShape("conv", prod([2, numel, window]), channels, op.inputs[0])
+        return GemmShape("depthwise", prod([2, numel, prod(kernel[:-2])]),
+                         {"C_in": kernel[-2], "C_out": prod(kernel[-2:])}, op.inputs[0])
+    return GemmShape("conv", prod([2, numel, prod(kernel[:-1])]), {"C_in": kernel[-2], "C_out": kernel[-1]},
+                     op.inputs[0])

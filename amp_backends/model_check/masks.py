@@ -20,12 +20,11 @@ cast into) a reduced-precision float beyond its range, each with the layer whose
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-FLOAT16_MAX = 65504.0
-BFLOAT16_MAX = 3.3895313892515355e38
 _FOLLOW = ("Identity", "Mul", "AddV2", "Add", "Sub", "Neg", "Maximum", "Minimum", "SelectV2", "Select")
 _MAX_ELEMENTS = 4096  # larger constants are weights or tables, not masks
 
@@ -60,14 +59,18 @@ def reduced_float(name: str) -> bool:
     return bool(dtype.is_floating) and dtype.size < 4
 
 
-def overflows(value: float, dtype: str) -> bool:
-    """Whether ``value`` is not finite once written in ``dtype`` (rounded as TensorFlow's Cast rounds)."""
+def _written(value: float, dtype: str) -> float:
+    """``value`` once written in ``dtype`` (rounded as TensorFlow's Cast rounds), read back."""
     import numpy as np
     import tensorflow as tf
 
     with np.errstate(over="ignore", invalid="ignore"):
-        written = np.asarray(value, np.float64).astype(tf.as_dtype(dtype).as_numpy_dtype).astype(np.float64)
-    return not bool(np.isfinite(written))
+        return float(np.asarray(value, np.float64).astype(tf.as_dtype(dtype).as_numpy_dtype).astype(np.float64))
+
+
+def overflows(value: float, dtype: str) -> bool:
+    """Whether ``value`` is not finite once written in ``dtype`` (rounded as TensorFlow's Cast rounds)."""
+    return not math.isfinite(_written(value, dtype))
 
 
 def limit(dtype: str) -> float:
@@ -102,17 +105,11 @@ def _reduced_dtypes_reached(op: Any, depth: int = 3) -> dict[str, bool]:
     found: dict[str, bool] = {}
     frontier = [op]
     for level in range(depth):
-        nxt = []
-        for node in frontier:
-            for out in node.outputs:
-                for consumer in out.consumers():
-                    if consumer.type == "Cast":
-                        name = consumer.outputs[0].dtype.name
-                        if reduced_float(name):
-                            found[name] = found.get(name, False) or level == 0
-                    elif consumer.type in _FOLLOW:
-                        nxt.append(consumer)
-        frontier = nxt
+        consumers = [c for node in frontier for out in node.outputs for c in out.consumers()]
+        for cast in (c for c in consumers if c.type == "Cast" and reduced_float(c.outputs[0].dtype.name)):
+            name = cast.outputs[0].dtype.name
+            found[name] = found.get(name, False) or level == 0
+        frontier = [c for c in consumers if c.type in _FOLLOW]
     return found
 
 
@@ -135,9 +132,4 @@ def large_negative_constants(ops: list[Any], layer_of: Callable[[str], int]) -> 
 
 def overflow_result(dtype: str) -> str:
     """What a number beyond ``dtype``'s range becomes there: ``-inf``, or ``NaN`` in a type with no infinity."""
-    import numpy as np
-    import tensorflow as tf
-
-    with np.errstate(over="ignore", invalid="ignore"):
-        written = float(np.asarray(-1e300, np.float64).astype(tf.as_dtype(dtype).as_numpy_dtype).astype(np.float64))
-    return "NaN" if written != written else "-inf"
+    return "NaN" if math.isnan(_written(-1e300, dtype)) else "-inf"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -35,16 +35,7 @@ class Finding:
             raise ValueError(f"Finding severity must be one of {SEVERITIES}. Received: {self.severity!r}.")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "severity": self.severity,
-            "code": self.code,
-            "layer": self.layer,
-            "what": self.what,
-            "why": self.why,
-            "fix": self.fix,
-            "flops_share": self.flops_share,
-            "details": dict(self.details),
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -72,16 +63,7 @@ class Summary:
     sized: bool = True
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "flops_per_image": self.flops_per_image,
-            "dtype_shares": dict(self.dtype_shares),
-            "reduced_precision_share": self.reduced_precision_share,
-            "eligible_share": self.eligible_share,
-            "matrix_units": dict(self.matrix_units),
-            "unknown_flops_ops": self.unknown_flops_ops,
-            "gemm_ops": self.gemm_ops,
-            "sized": self.sized,
-        }
+        return asdict(self)
 
 
 def _share(f: Finding) -> str:
@@ -227,30 +209,27 @@ class ModelCheck:
         Returns:
             The lines.
         """
-        s = self.summary
+        s, c = self.summary, self.counts
         dtypes = ", ".join(f"{d} {_pct(v)}" for d, v in sorted(s.dtype_shares.items(), key=lambda kv: -kv[1]))
         counted = s.gemm_ops - s.unknown_flops_ops
         if not s.sized:
-            c = self.counts
-            return [(f"matmul + convolution FLOPs: not known: only {counted} of {s.gemm_ops} ops are sized "
-                     f"({_flops(s.flops_per_image)} per image over those, the rest unknown); no shares are given"),
-                    f"findings: {c['error']} error(s), {c['warning']} warning(s), {c['info']} info",
-                    *self._fp8_lines(), *self.notes]
-        over = (f" (over the {counted} of {s.gemm_ops} ops that are sized; shares below are of these)"
-                if s.unknown_flops_ops else "")
-        lines = [f"matmul + convolution FLOPs: {_flops(s.flops_per_image)} per image (forward){over}; "
-                 f"{dtypes or 'none'}",
-                 f"in reduced precision: {_pct(s.reduced_precision_share)}"]
-        if s.eligible_share is None:
-            lines.append(f"matrix-unit (Tensor Core) shapes: not checked: {self.plan.get('compute_dtype')} has no "
-                         f"matrix unit on this {self.plan.get('backend')} device, so layer widths do not matter here "
-                         "(they would on a GPU with Tensor Cores: check with a plan for one)")
+            lines = [f"matmul + convolution FLOPs: not known: only {counted} of {s.gemm_ops} ops are sized "
+                     f"({_flops(s.flops_per_image)} per image over those, the rest unknown); no shares are given"]
         else:
-            units = ", ".join(f"{u} for {d}" for d, u in s.matrix_units.items() if d in s.dtype_shares)
-            lines.append(f"on shapes the matrix units run at full efficiency: {_pct(s.eligible_share)} ({units})")
-        if s.unknown_flops_ops:
-            lines.append(f"{s.unknown_flops_ops} matmul/convolution op(s) with dynamic shapes were not counted")
-        c = self.counts
+            over = (f" (over the {counted} of {s.gemm_ops} ops that are sized; shares below are of these)"
+                    if s.unknown_flops_ops else "")
+            lines = [f"matmul + convolution FLOPs: {_flops(s.flops_per_image)} per image (forward){over}; "
+                     f"{dtypes or 'none'}",
+                     f"in reduced precision: {_pct(s.reduced_precision_share)}"]
+            if s.eligible_share is None:
+                lines.append(f"matrix-unit (Tensor Core) shapes: not checked: {self.plan.get('compute_dtype')} has "
+                             f"no matrix unit on this {self.plan.get('backend')} device, so layer widths do not matter "
+                             "here (they would on a GPU with Tensor Cores: check with a plan for one)")
+            else:
+                units = ", ".join(f"{u} for {d}" for d, u in s.matrix_units.items() if d in s.dtype_shares)
+                lines.append(f"on shapes the matrix units run at full efficiency: {_pct(s.eligible_share)} ({units})")
+            if s.unknown_flops_ops:
+                lines.append(f"{s.unknown_flops_ops} matmul/convolution op(s) with dynamic shapes were not counted")
         lines.append(f"findings: {c['error']} error(s), {c['warning']} warning(s), {c['info']} info")
         return lines + self._fp8_lines() + list(self.notes)
 
@@ -266,10 +245,8 @@ class ModelCheck:
 
     def log_lines(self) -> list[str]:
         """One line per finding (severity, layer, what, FLOP share, fix), then the summary: for a training log."""
-        lines = [self.headline()]
-        for f in self.findings:
-            lines.append(f"{f.severity}: {f.layer}: {f.what}{_share(f)}. Fix: {f.fix}")
-        return lines + self.summary_lines()
+        findings = [f"{f.severity}: {f.layer}: {f.what}{_share(f)}. Fix: {f.fix}" for f in self.findings]
+        return [self.headline(), *findings, *self.summary_lines()]
 
     def render_text(self, console: Any = None) -> None:
         """Print the findings and the summary below them: a table on a terminal, else one line a finding

@@ -28,12 +28,12 @@ from .rules_base import (
     SLOW_OP_SIGNIFICANT,
     SLOW_OPS,
     RuleContext,
+    fp8_layer,
+    labels,
     next_multiple,
+    op_dtype,
 )
-from .rules_base import fp8_layer as _fp8_layer
-from .rules_base import labels as dim_labels
-from .rules_base import op_dtype as _op_dtype
-from .trace import GemmOp
+from .trace import GemmOp, by_layer
 
 __all__ = ["DENSE_CLASSES", "SIGNIFICANT", "SIZED_MOST", "Rules"]
 
@@ -102,10 +102,6 @@ class Rules(RuleContext):
         target, graph = self.target, self.graph
         if not target.mixed or target.graph_amp:
             return
-        by_layer: dict[int, list[GemmOp]] = defaultdict(list)
-        for op in graph.gemms:
-            if op.dtype == "float32":
-                by_layer[op.layer].append(op)
         unit, low = target.unit_for("float32"), target.unit_for(target.compute_dtype)
         if unit:
             rate = f"on {unit[0]}, at about half the {target.compute_dtype} rate"
@@ -113,7 +109,7 @@ class Rules(RuleContext):
             rate = f"without the {low[0]}, several times slower than {target.compute_dtype} on them"
         else:
             rate = f"at the float32 rate instead of the {target.compute_dtype} rate"
-        for layer, ops in by_layer.items():
+        for layer, ops in by_layer(op for op in graph.gemms if op.dtype == "float32").items():
             info = graph.layer(layer)
             share = self.share(ops)
             pinned = info.compute_dtype == "float32"
@@ -154,14 +150,14 @@ class Rules(RuleContext):
         depthwise: list[GemmOp] = []
         vocabularies = rules_transformer.vocabularies(self)
         for op in graph.gemms:
-            unit = target.unit_for(_op_dtype(graph, op), _fp8_layer(graph, target, op))
+            unit = target.unit_for(op_dtype(graph, op), fp8_layer(graph, target, op))
             if unit is None:
                 continue
             name, align = unit
             if op.kind == "depthwise":
                 depthwise.append(op)
                 continue
-            labels = dim_labels(graph.layer(op.layer).class_name, op.kind)
+            names = labels(graph.layer(op.layer).class_name, op.kind)
             entry = per_layer.setdefault(op.layer,
                                          {"ops": [], "dims": {}, "unit": name, "align": align, "dtype": op.dtype})
             entry["ops"].append(op)
@@ -174,20 +170,21 @@ class Rules(RuleContext):
                     continue
                 expected = ((dim in ("K", "C_in") and op.input_from_data)
                             or (dim in ("N", "C_out") and op.output_to_model))
-                entry["dims"][labels.get(dim, dim)] = (value, expected, dim)
+                entry["dims"][names.get(dim, dim)] = (value, expected, dim)
         for layer, entry in per_layer.items():
-            if not entry["dims"]:
-                continue
-            self._shape_finding(layer, entry)
+            if entry["dims"]:
+                self._shape_finding(layer, entry)
         if batch_ops and self.batch_size:
             unique = list({op.name: op for op in batch_ops}.values())
             share = self.share(unique)
+            down = self.batch_size // batch_align * batch_align
+            smaller = f" (or {down})" if down >= batch_align else ""
             self.add(self.level(share, SIGNIFICANT), "batch-size", 0,
                      f"batch size {self.batch_size} is not a multiple of {batch_align}: the rows of "
                      f"{len(unique)} matmul(s) are misaligned",
                      "a Dense layer's matmul has one row per sample (per position): the matrix units run it at full "
                      f"efficiency only when that count is a multiple of {batch_align}",
-                     self._batch_fix(batch_align), share,
+                     f"use a batch of {next_multiple(self.batch_size, batch_align)}{smaller}", share,
                      batch_size=self.batch_size, alignment=batch_align)
         if depthwise:
             layers = sorted({op.layer for op in depthwise})
@@ -197,11 +194,6 @@ class Rules(RuleContext):
                      "a depthwise convolution has one input channel per filter: no matrix multiplication for the "
                      "matrix units, it is memory-bound", "nothing to do: expected for MobileNet-style models", share,
                      layers=[graph.layer(i).path for i in layers])
-
-    def _batch_fix(self, align: int) -> str:
-        size = self.batch_size or 0
-        up, down = next_multiple(size, align), size // align * align
-        return f"use a batch of {up}" + (f" (or {down})" if down >= align else "")
 
     def _shape_finding(self, layer: int, entry: dict[str, Any]) -> None:
         info = self.graph.layer(layer)
@@ -216,14 +208,9 @@ class Rules(RuleContext):
                f"{align} (16 bytes); other widths run on padded or slower kernels")
         if avoidable:
             severity = self.level(share, SIGNIFICANT)
-            fixes = []
-            for label, (value, _, dim) in avoidable.items():
-                target = next_multiple(value, align)
-                if dim in ("K", "C_in"):
-                    fixes.append(f"{label} {value} come from the layer before: make it {target} wide")
-                else:
-                    fixes.append(f"pad {label} {value} -> {target}")
-            fix = "; ".join(fixes)
+            fix = "; ".join(f"{label} {value} come from the layer before: make it {next_multiple(value, align)} wide"
+                            if dim in ("K", "C_in") else f"pad {label} {value} -> {next_multiple(value, align)}"
+                            for label, (value, _, dim) in avoidable.items())
             expected = [f"{label} {v[0]}" for label, v in dims.items() if v[1]]
             if expected:
                 why += f" ({', '.join(expected)}: fixed by the data)"
@@ -249,11 +236,8 @@ class Rules(RuleContext):
             return
         total_traffic = float(sum(graph.layer_traffic.values())) or 1.0
         n_ops = len(graph.others) + len(graph.gemms)
-        by_layer: dict[int, list[Any]] = defaultdict(list)
-        for op in graph.others:
-            if op.op_type in SLOW_OPS or graph.layer(op.layer).class_name in SLOW_LAYERS:
-                by_layer[op.layer].append(op)
-        for layer, ops in by_layer.items():
+        slow = (op for op in graph.others if op.op_type in SLOW_OPS or graph.layer(op.layer).class_name in SLOW_LAYERS)
+        for layer, ops in by_layer(slow).items():
             share: float | None = graph.layer_traffic.get(layer, 0) / total_traffic if self.sized else None
             kinds = sorted({op.op_type for op in ops})
             resize = [k for k in kinds if k in SLOW_OPS]
@@ -278,9 +262,9 @@ class Rules(RuleContext):
         shares: dict[str, float] = defaultdict(float)
         eligible = 0.0
         for op in self.known:
-            dtype = _op_dtype(graph, op)
+            dtype = op_dtype(graph, op)
             shares[dtype] += (op.flops or 0) / self.total
-            unit = target.unit_for(dtype, _fp8_layer(graph, target, op))
+            unit = target.unit_for(dtype, fp8_layer(graph, target, op))
             if unit is None or op.kind == "depthwise":
                 continue
             if all(v is not None and v % unit[1] == 0 for v in self.dims(op).values()):

@@ -45,21 +45,19 @@ def policy_mismatch(rules: RuleContext) -> None:
         # An output layer pinned to float32 is the recommended pattern, not a sign of a model built before the plan
         # (a GPT-2's float32 LM head is most of its FLOPs): the layers inside the model decide, where it has any.
         inner = [op for op in ops if not op.output_to_model]
-        if inner:
-            pinned = [op for op in inner if graph.layer(op.layer).compute_dtype == "float32" and op.dtype == "float32"
-                      and not rules.kept_float32(graph.layer(op.layer))]
-            share = rules.fraction(pinned) / (rules.fraction(inner) or 1.0)
-        else:
+        judged = inner or ops
+        pinned = [op for op in judged if graph.layer(op.layer).compute_dtype == "float32" and op.dtype == "float32"
+                  and not rules.kept_float32(graph.layer(op.layer))]  # (a head the layer plan pins: on purpose)
+        share = rules.fraction(pinned) / (rules.fraction(judged) or 1.0)
+        if not inner:
             # Only the output layers' matmuls are seen (an LSTM's run inside a loop): the other layers' policies
             # decide, so that a float32 output layer alone never reads as a model built before the plan.
             seen = {graph.layer(op.layer).path for op in ops}
             others = [info for info in graph.layers[1:]  # (the first is the model itself)
                       if info.policy and info.class_name != "InputLayer" and info.path not in seen
                       and not rules.kept_float32(info)]
-            pinned = [op for op in ops if graph.layer(op.layer).compute_dtype == "float32" and op.dtype == "float32"
-                      and not rules.kept_float32(graph.layer(op.layer))]  # (a head the layer plan pins: on purpose)
-            share = ((sum(info.compute_dtype == "float32" for info in others) / len(others)) if others
-                     else rules.fraction(pinned) / (rules.fraction(ops) or 1.0))
+            if others:
+                share = sum(info.compute_dtype == "float32" for info in others) / len(others)
         if share >= 0.5:
             rules.model_built_float32 = True
             rules.add("warning", "policy-mismatch", 0,

@@ -6,10 +6,7 @@ What Keras (3.15) and keras_hub (0.32) do, read from their sources, so that noth
   or asked for its scores, computes its softmax with a ``keras.layers.Softmax`` of the layer's policy: in
   float16/bfloat16 under a mixed policy. Without dropout it calls ``ops.dot_product_attention``, which on
   TensorFlow casts the scores to float32 and takes the softmax there.
-* Keras masks safely: the Softmax layer puts -3e4 at masked positions in float16 and -1e9 otherwise
-  (``_large_negative_number``); ``dot_product_attention`` puts -0.7 times the dtype's largest value
-  (``_get_large_negative``). A hand-written mask of -1e9, -1e10 or ``float32.min`` is not safe (see
-  `masks`).
+* Keras masks safely; a hand-written mask of -1e9, -1e10 or ``float32.min`` is not (see `masks`).
 * ``keras.layers.LayerNormalization`` computes in float32 whatever the policy (``ops.layer_normalization``
   takes ``result_type(x, "float32")``) and casts its output back: nothing to report. A custom
   normalization whose mean and variance run in float16/bfloat16 is reported.
@@ -25,6 +22,7 @@ from __future__ import annotations
 from .masks import limit, overflow_result
 from .result import Finding
 from .rules_base import SIGNIFICANT, RuleContext
+from .trace import by_layer
 
 REDUCED = ("float16", "bfloat16")
 NORM_STATS_OPS = frozenset({"Mean", "SquaredDifference", "Rsqrt", "Sqrt", "Square", "Sum", "Variance"})
@@ -47,10 +45,7 @@ def vocabularies(rules: RuleContext) -> set[int]:
 
 # -- mask-overflow: mask constants that are -inf in the compute dtype --------------------------------------
 def mask_overflow(rules: RuleContext) -> None:
-    by_layer: dict[int, list] = {}
-    for mask in rules.graph.masks:
-        by_layer.setdefault(mask.layer, []).append(mask)
-    for layer, masks in by_layer.items():
+    for layer, masks in by_layer(rules.graph.masks).items():
         worst = min(masks, key=lambda m: m.value)
         dtype = worst.dtype
         bound = "-65504" if dtype == "float16" else f"about {-limit(dtype):.3g}"
@@ -100,16 +95,13 @@ def attention_softmax(rules: RuleContext) -> None:
 # -- layernorm-precision: a normalization whose statistics run in float16/bfloat16 ------------------------
 def normalization(rules: RuleContext) -> None:
     graph = rules.graph
-    bad: dict[str, list[int]] = {}
+    bad: dict[str, dict[int, None]] = {}  # class name -> its layers, in order
     for op in graph.others:
-        info = graph.layer(op.layer)
-        name = info.class_name
-        if "Batch" in name or "Norm" not in name or op.op_type not in NORM_STATS_OPS or op.dtype not in REDUCED:
-            continue
-        bad.setdefault(name, [])
-        if op.layer not in bad[name]:
-            bad[name].append(op.layer)
-    for name, layers in bad.items():
+        name = graph.layer(op.layer).class_name
+        if "Batch" not in name and "Norm" in name and op.op_type in NORM_STATS_OPS and op.dtype in REDUCED:
+            bad.setdefault(name, {})[op.layer] = None
+    for name, layer_set in bad.items():
+        layers = list(layer_set)
         dtype = graph.layer(layers[0]).compute_dtype
         rules.add("warning", "layernorm-precision", layers[0],
                   f"{name} computes its mean and variance in reduced precision ({len(layers)} layer(s))",

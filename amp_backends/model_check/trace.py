@@ -15,13 +15,10 @@ What each matmul and convolution computes (kind, FLOPs, rows as the GEMM sees th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol, TypeVar
 
 from ..layer_names import layer_geometry
-from .gemm import GEMM_OPS, read_gemm
-from .gemm import dims_of as _dims
-from .gemm import float_dtype as _float_dtype
-from .gemm import prod as _prod
+from .gemm import GEMM_OPS, dims_of, float_dtype, prod, read_gemm
 from .masks import MaskConstant, large_negative_constants
 from ..errors import ModelCallError
 from ..keras_compat import InputLeaf, compute_dtype, policy_name, restore_losses, snapshot_losses, walk
@@ -75,30 +72,17 @@ class GemmOp:
     input_from_data: bool
     output_to_model: bool
     rows_include_batch: bool = False
-    traffic_bytes: int | None = None
     constant_operand: bool = False  # an operand is a float32 constant (a NumPy array the layer's code passed in)
-
-
-def _constant_operand(op: Any) -> bool:
-    """Whether one of ``op``'s operands is a float32 constant (through casts, reshapes and identities)."""
-    for tensor in op.inputs:
-        source = tensor.op
-        while source.type in PASSTHROUGH_OPS and source.inputs:
-            source = source.inputs[0].op
-        if source.type == "Const" and source.outputs and source.outputs[0].dtype.name == "float32":
-            return True
-    return False
 
 
 @dataclass(frozen=True)
 class OtherOp:
-    """Any other op on the activations' path: its type, dtype and the bytes it reads and writes."""
+    """Any other op on the activations' path: its type and dtype."""
 
     name: str
     op_type: str
     layer: int
     dtype: str | None
-    traffic_bytes: int | None
 
 
 @dataclass(frozen=True)
@@ -130,15 +114,33 @@ class ModelGraph:
         return self.layers[index]
 
 
-def _traffic(op: Any) -> int | None:
-    total = 0
-    for t in list(op.inputs) + list(op.outputs):
-        if t.dtype.is_floating:
-            n = _prod(_dims(t))
-            if n is None:
-                return None
-            total += n * t.dtype.size
-    return total
+class _OfLayer(Protocol):
+    @property
+    def layer(self) -> int: ...
+
+
+T = TypeVar("T", bound=_OfLayer)
+
+
+def by_layer(items: Iterable[T]) -> dict[int, list[T]]:
+    """``items`` (ops, masks) grouped by their layer, in order."""
+    groups: dict[int, list[T]] = {}
+    for item in items:
+        groups.setdefault(item.layer, []).append(item)
+    return groups
+
+
+def _source(op: Any) -> Any:
+    """The op that computes ``op``'s value, through casts, reshapes and identities (`PASSTHROUGH_OPS`)."""
+    while op.type in PASSTHROUGH_OPS and op.inputs:
+        op = op.inputs[0].op
+    return op
+
+
+def _constant_operand(op: Any) -> bool:
+    """Whether one of ``op``'s operands is a float32 constant (through casts, reshapes and identities)."""
+    sources = [_source(t.op) for t in op.inputs]
+    return any(s.type == "Const" and s.outputs and s.outputs[0].dtype.name == "float32" for s in sources)
 
 
 def trace_model(model: Any, batch: int, input_struct: Any) -> ModelGraph:
@@ -257,20 +259,17 @@ def _read_graph(concrete: Any, name: str, layers: list[LayerInfo], batch: int, n
             from_data = data_op.name not in gemm_above and data_op.type not in GEMM_OPS
             m = shape.dims.get("M")
             rows_include_batch = bool(m and m % batch == 0) and not shape.batched  # a batched GEMM's M is its own
-            result.gemms.append(GemmOp(op.name, op.type, shape.kind, layer, _float_dtype(op), shape.flops, shape.dims,
+            result.gemms.append(GemmOp(op.name, op.type, shape.kind, layer, float_dtype(op), shape.flops, shape.dims,
                                        from_data, op.name in to_output, rows_include_batch=rows_include_batch,
-                                       traffic_bytes=_traffic(op), constant_operand=_constant_operand(op)))
+                                       constant_operand=_constant_operand(op)))
         elif op.type not in BOOKKEEPING_OPS:
             floating = [t for t in op.outputs if t.dtype.is_floating]
-            result.others.append(OtherOp(op.name, op.type, layer, floating[0].dtype.name if floating else None,
-                                         _traffic(op)))
+            result.others.append(OtherOp(op.name, op.type, layer, floating[0].dtype.name if floating else None))
     result.layer_traffic = _layer_traffic(ops, {t.name for t in concrete.outputs})
     result.masks = large_negative_constants(ops, layer_of)
     for i, tensor in enumerate(concrete.outputs):
-        op = tensor.op
-        while op.type in PASSTHROUGH_OPS and op.inputs:
-            op = op.inputs[0].op
-        producer_dtype = _float_dtype(op) if op.inputs or op.outputs else None
+        op = _source(tensor.op)
+        producer_dtype = float_dtype(op) if op.inputs or op.outputs else None
         result.outputs.append(OutputInfo(i, tensor.dtype.name, op.type, producer_dtype, layer_of(op.name)))
     return result
 
@@ -282,10 +281,7 @@ def _layer_traffic(ops: list[Any], outputs: set[str]) -> dict[int, int]:
     traffic: dict[int, int] = {}
 
     def add(layer: int, tensor: Any) -> None:
-        if (layer, tensor.name) in counted or not tensor.dtype.is_floating:
-            return
-        n = _prod(_dims(tensor))
-        if n is None:
+        if (layer, tensor.name) in counted or not tensor.dtype.is_floating or (n := prod(dims_of(tensor))) is None:
             return
         counted.add((layer, tensor.name))
         traffic[layer] = traffic.get(layer, 0) + n * tensor.dtype.size
