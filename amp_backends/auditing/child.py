@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from ..factory import load_factory
+from .build import plan_data
 
 BEGIN = "amp_backends_audit:begin"
 END = "amp_backends_audit:end"
@@ -114,8 +115,7 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
         "what ran"]
     kernel_audit = default_registry().kernel_audit(backend)
     if kernel_audit is None or kernel_audit.unavailable:  # nothing would be read: nothing runs
-        _write(out_path, {"measured": False, "plan": {"backend": backend, "policy": plan.policy,
-                                                      "compute_dtype": plan.compute_dtype, "xla": bool(plan.xla)}})
+        _write(out_path, {"measured": False, "plan": {**plan_data(plan), "backend": backend}})
         return
     model = load_factory(target)()
     x = synthetic_inputs(model, batch)
@@ -148,7 +148,6 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
     elapsed = time.perf_counter() - start
     _mark(END)
     kernel_audit.end()
-    findings = []
     try:
         findings = [f.to_dict() for f in check_model(model, plan=plan, batch_size=batch,
                                                      layer_plan=layer_plan).findings]
@@ -156,8 +155,7 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
         findings = [{"severity": "info", "code": "check-failed", "layer": model.name, "what": str(exc)}]
     doc = {
         "model": model.name,
-        "plan": {"backend": backend, "policy": plan.policy, "compute_dtype": plan.compute_dtype,
-                 "xla": bool(plan.xla), "graph_amp": plan.graph_amp,
+        "plan": {**plan_data(plan), "backend": backend, "graph_amp": plan.graph_amp,
                  "float32_layers": list(layer_plan.float32) if layer_plan else []},
         "layer_plan": layer_plan.to_dict() if layer_plan else None,
         "batch_size": batch, "steps": steps, "step_time_ms": 1000 * elapsed / max(steps, 1),

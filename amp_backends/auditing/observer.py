@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..kernel_audit import Capture, KernelAudit
-from .build import from_reading
+from .build import from_reading, plan_data
 from .audit_result import Audit
 
 if TYPE_CHECKING:
@@ -151,9 +151,7 @@ class AuditObserver:
     """
 
     def __init__(self, models: Any = None, plan: Plan | None = None, window: tuple[int, int] = (3, 6)) -> None:
-        if models is None:
-            models = []
-        self.models = list(models) if isinstance(models, Sequence) else [models]
+        self.models = [] if models is None else list(models) if isinstance(models, Sequence) else [models]
         self.plan = plan
         self.layer_plans: dict[str, Any] | None = None  # by model name: the trainer sets the ones it applied
         self.start, self.stop = window
@@ -228,8 +226,7 @@ class AuditObserver:
         if self._step_times and all(self._step_times):
             doc["step_time_ms"] = 1000 * sum(self._step_times) / len(self._step_times)
         if plan is not None:
-            doc["plan"] = {"backend": plan.backend, "policy": plan.policy, "compute_dtype": plan.compute_dtype,
-                           "xla": bool(plan.xla), "graph_amp": plan.graph_amp,
+            doc["plan"] = {**plan_data(plan), "graph_amp": plan.graph_amp,
                            "float32_layers": [p for lp in self._layer_plans() for p in lp.float32]}
         if self.models:
             doc["layers"] = [kernel for m in self.models for kernel in layer_kernels(m)]
