@@ -6,11 +6,8 @@ convolution kernels, and XLA fusions whose HLO holds a dot or convolution). Reor
 other kernels (pooling, eltwise) are listed apart. Kernels whose dtype cannot be read count as ``unknown``,
 never guessed.
 
-JSON (`Audit.to_dict`, ``schema_version`` 1; fields are only ever added): the model, the device, the
-source of the records, the plan, the times (compute, reorders, other), the shares by dtype and by unit, the
-matrix-unit and unknown shares, the figures by kernel kind, the float32 islands with the check's findings for
-their layers, the warnings with their fix, notes. Its JSON Schema is ``amp_backends/schemas/audit.schema.json``
-(shipped with the package).
+JSON (`Audit.to_dict`, ``schema_version`` 1; fields are only ever added): its JSON Schema is
+``amp_backends/schemas/audit.schema.json`` (shipped with the package).
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """The audit's child process: ``python -m amp_backends.auditing.child MODULE:FACTORY OUT.json [batch steps warmup]``.
 
 A vendor library may read its verbose switch once, when it starts (oneDNN's ``ONEDNN_VERBOSE``), so the
-model runs here, in a process started with the kernel audits' environment
-(`amp_backends.kernel_audit.KernelAudit.environment`). The plan comes from the ``AMP_*`` variables
-(``auto_configure()``); its backend's kernel audit reads what ran (none, or one that cannot read: nothing
-runs, and ``OUT.json`` says so). The model comes from the factory; it is prepared as the trainer prepares it
-(`amp_backends.prepare_model`: its layer plan), and the step trains on synthetic data of the model's input
-shapes (forward, the mean square of the outputs as the loss, gradients, an SGD update; ``jit_compile`` as the
-plan says). ``warmup`` steps run first (tracing, the libraries' kernel creation), then the measured steps
-between two marker lines on stdout, so that the parent reads only their output, with the kernel audit's
-`KernelAudit.begin` and `KernelAudit.end` around them (a profiler into the work folder ``OUT.json.work``).
-The layers' kernel shapes, the step's matrix ops with the layers that created them (`step_ops`), the
-precision check's findings, the step time and the kernel audit's facts go to ``OUT.json``.
+model runs here, in a process started with the kernel audits' environment. The plan comes from the ``AMP_*``
+variables (``auto_configure()``); the model from the factory, prepared as the trainer prepares it, trains on
+synthetic data. ``warmup`` steps run first, then the measured steps between two marker lines on stdout, with
+the kernel audit's `KernelAudit.begin` and `KernelAudit.end` around them. The layers' kernel shapes, the
+step's matrix ops (`step_ops`), the precision check's findings, the step time and the kernel audit's facts go
+to ``OUT.json``.
 
 A plan given to `amp_backends.audit` names its backend in ``AMP_AUDIT_BACKEND``. Where that backend is not
 available here (a plan for a catalogue device, ``plan_for(device=...)``), this process plans as

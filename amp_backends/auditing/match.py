@@ -7,16 +7,11 @@ whatever its kernel (a tied language-model head has none) and whatever other lay
 another dtype. Where no op fits (the trainer's observer has no traced step; oneDNN math modes compute
 float32 ops in bfloat16), the record is matched by kernel shape (`match`).
 
-A layer is known by its kernel's shape (``LayerKernel``): a Conv2D's ``(kh, kw, c_in, c_out)``, a Dense's
-``(in, units)``, an EinsumDense's kernel of any rank (every split of its dims into inputs and outputs is
-tried). A convolution record matches a convolution layer with the same ``kh, kw, ic, oc`` (per group); an
-inner product one with the same ``ic`` (times the source's spatial size) and ``oc``; a matmul ``MxK:KxN``
-matches a dense kernel ``(I, U)`` in any of the three directions of training: forward ``K=I, N=U``,
-gradient of the input ``K=U, N=I``, gradient of the weights ``M=I, N=U``. Several layers of the same shape
-all match: the record is then *ambiguous* and names them all. No match: *unmatched* (a matmul without
-weights, such as attention's, or a layer whose kernel this cannot read). The record's `KernelRecord.problem`
-says which of the three its ``shape`` describes. A record with a TensorFlow op instead (a GPU kernel of a
-trace) goes to the layer whose name is the op's innermost scope (`match_op_name`).
+A layer is known by its kernel's shape (``LayerKernel``; every split of its dims into inputs and outputs is
+tried); a matmul ``MxK:KxN`` matches a dense kernel ``(I, U)`` in any of the three directions of training:
+forward ``K=I, N=U``, gradient of the input ``K=U, N=I``, gradient of the weights ``M=I, N=U``. Several
+layers of the same shape all match (*ambiguous*); none: *unmatched*. A record with a TensorFlow op instead
+goes to the layer whose name is the op's innermost scope (`match_op_name`).
 """
 
 from __future__ import annotations

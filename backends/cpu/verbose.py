@@ -13,14 +13,9 @@ see ``tests/backends/cpu/test_audit_onednn.py`` for the recorded lines and where
 - MKL-DNN 0.x: ``mkldnn_verbose,exec,convolution,jit:avx2,forward_training,fsrc:nChw8c ...,alg:...,mb1_...,1.1``
   (no engine field, and no data types: its records are kept with dtype ``unknown``).
 
-A timestamp (``ONEDNN_VERBOSE_TIMESTAMP=1``) between the marker and ``primitive`` is skipped. Lines that
-are not execution records (``info``, ``create``) are ignored.
-
-oneDNN reads ``ONEDNN_VERBOSE`` once, when it starts: the audit's child process starts with it
-(`CpuKernelAudit.environment`), and the trainer's observer keeps the ``onednn_verbose`` lines of its window
-(`CpuKernelAudit.record_prefix`). Kernels TensorFlow runs outside oneDNN (Eigen, with
-``TF_ENABLE_ONEDNN_OPTS=0`` or on CPUs where TensorFlow leaves oneDNN off; XLA's own kernels) print
-nothing: the reading says so (`outside_onednn_reason`) and reports no dtypes for them.
+A timestamp (``ONEDNN_VERBOSE_TIMESTAMP=1``) between the marker and ``primitive`` is skipped; lines that are
+not execution records (``info``, ``create``) are ignored. Kernels TensorFlow runs outside oneDNN (Eigen, XLA's
+own) print nothing: the reading says so (`outside_onednn_reason`) and reports no dtypes for them.
 """
 
 from __future__ import annotations

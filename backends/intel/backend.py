@@ -10,8 +10,6 @@ Data Center GPU Max (Xe-HPC): XMX with bf16, fp16 and TF32 -> mixed_bfloat16 (no
 ITEX_FP32_MATH_MODE=TF32 for the float32 parts. Flex and Arc (Xe-HPG): XMX with bf16 and fp16, no TF32
 -> mixed_bfloat16. Integrated GPUs without XMX: fp16 only -> mixed_float16 with dynamic loss scaling.
 XLA is off: ITEX's XPU plugin applies its own graph fusions, not XLA's jit_compile clusters.
-
-The audit does not read what ran on an XPU (`XpuKernelAudit`: it says why).
 """
 
 from __future__ import annotations

@@ -23,11 +23,6 @@ more (each rule's examples are recorded names, listed with their public sources 
 
 Anything else is ``other`` (elementwise, copies, reductions: not matrix work), and a matrix kernel whose
 name does not say its dtype is ``unknown``: never guessed.
-
-The audit's child traces its measured steps with TensorFlow's profiler into its work folder
-(`NvidiaKernelAudit.begin`, where TensorFlow lists a GPU); `NvidiaKernelAudit.read_trace` reads a trace
-recorded elsewhere (``amp_backends.audit_trace``). Kernels are matched to layers by their TensorFlow op's
-name scopes (`KernelRecord.op`).
 """
 
 from __future__ import annotations
