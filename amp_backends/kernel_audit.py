@@ -1,25 +1,12 @@
 """The kernel audit's side of the backend interface: how a backend reads what actually ran.
 
 The audit (`amp_backends.audit`) trains a few steps of a model in a child process and reports the kernels
-that ran: their dtypes, their share of the time, the float32 islands. What a vendor's kernels print, or
-where a profiler writes them, is the vendor's knowledge, so each backend answers `Backend.kernel_audit`
-with a `KernelAudit` (or ``None``: the audit then says it was not measured):
-
-* `KernelAudit.environment` — the variables the child process must start with (a library that
-  reads its verbose switch once, when it starts); the child starts with those of every registered
-  backend, since it plans (and so learns its backend) only once it runs,
-* `KernelAudit.begin` and `KernelAudit.end` — called in the child around the measured steps (start
-  and stop a profiler into the work folder), and `KernelAudit.facts`, what the child records of its
-  process for the reading (plain JSON data),
-* `KernelAudit.read` — what was captured (a `Capture`: the measured steps' standard output, the lines
-  before them, the child's JSON document, the work folder) turned into a `KernelReading` of
-  `KernelRecord` values: plain data the audit builds its report from,
-* `KernelAudit.record_prefix` — the start of the lines the kernels print on standard output, for the
-  trainer's in-process observer; `KernelAudit.read_trace` — a profiler trace recorded elsewhere,
-* `KernelAudit.unavailable` — why nothing can be read on this backend's devices at all.
-
-The registry gathers them (`BackendRegistry.kernel_audit`, `BackendRegistry.audit_environment`).
-Everything here is plain data: no TensorFlow.
+that ran. What a vendor's kernels print, or where a profiler writes them, is the vendor's knowledge, so each
+backend answers `Backend.kernel_audit` with a `KernelAudit` (or ``None``: the audit then says it was not
+measured): the variables the child starts with, hooks around the measured steps, and a reader that turns a
+`Capture` into a `KernelReading` of `KernelRecord` values. The registry gathers them
+(`BackendRegistry.kernel_audit`, `BackendRegistry.audit_environment`). Everything here is plain data: no
+TensorFlow.
 """
 
 from __future__ import annotations

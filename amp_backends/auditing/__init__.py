@@ -13,21 +13,11 @@ variables the backends' libraries read once, when they start, wraps the measured
 ``begin``/``end``, and the backend reads what was captured into kernel records. A model *object* cannot
 be audited: its process's libraries have already started, and a model does not cross into another process.
 
-- **CPU** (the CPU backend, ``backends/cpu/verbose.py``): oneDNN prints every primitive it executes
-  (``ONEDNN_VERBOSE=1``: implementation, ISA, data types, time). Kernels TensorFlow runs outside oneDNN
-  (Eigen, XLA's own) are invisible to it: the audit says so and reports no dtypes for them.
-- **NVIDIA** (``backends/nvidia/kernels.py``): the measured steps are traced with TensorFlow's profiler and
-  every GPU kernel classified by its name; `audit_trace` reads a trace you recorded yourself
-  (``Trainer(profile=...)``, TensorBoard's profiler).
-- **Intel XPU**: not measured (the reason is in the result's notes). A backend without a kernel audit: not
-  measured either.
-
-The result (`audit_result.Audit`, built from the backend's reading in `build`): ``time_share_by_dtype``, the
-share on matrix units, the float32 islands with the layers they belong to (records with shapes are matched
-to the ops of the child's traced step of their dtype and shape, each owned by the layer whose call created
-it, else by kernel shape; records with a TensorFlow op by its name scope; `match`) joined with the
-precision check's findings, contradictions with the plan as warnings with their fix (`verdict`, and the
-backend's own), and the unknown share. JSON schema in `audit_result`.
+The CPU backend reads oneDNN's verbose records (``backends/cpu/verbose.py``), the NVIDIA backend a profiler
+trace of the measured steps (``backends/nvidia/kernels.py``; `audit_trace` reads one you recorded yourself);
+an Intel XPU, or a backend without a kernel audit, is reported as not measured. The result
+(`audit_result.Audit`, built in `build`; layers matched in `match`, warnings in `verdict`) has its JSON
+schema in `audit_result`.
 
 This package was ``amp_backends.audit`` before that name became the function (`amp_backends.audit`).
 """

@@ -6,11 +6,8 @@ convolution kernels, and XLA fusions whose HLO holds a dot or convolution). Reor
 other kernels (pooling, eltwise) are listed apart. Kernels whose dtype cannot be read count as ``unknown``,
 never guessed.
 
-JSON (`Audit.to_dict`, ``schema_version`` 1; fields are only ever added): the model, the device, the
-source of the records, the plan, the times (compute, reorders, other), the shares by dtype and by unit, the
-matrix-unit and unknown shares, the figures by kernel kind, the float32 islands with the check's findings for
-their layers, the warnings with their fix, notes. Its JSON Schema is ``amp_backends/schemas/audit.schema.json``
-(shipped with the package).
+JSON (`Audit.to_dict`, ``schema_version`` 1; fields are only ever added): its JSON Schema is
+``amp_backends/schemas/audit.schema.json`` (shipped with the package).
 """
 
 from __future__ import annotations
@@ -41,7 +38,15 @@ class Entry(KernelRecord):
         return cls(**{f.name: getattr(record, f.name) for f in fields(KernelRecord)}, layers=layers)
 
 
-def _shares(totals: Mapping[str, float]) -> dict[str, float]:
+def _time(entries: Sequence[Entry]) -> float:
+    return sum(e.time_ms for e in entries)
+
+
+def _shares(entries: Sequence[Entry], field: str) -> dict[str, float]:
+    """Each value of the entries' ``field`` (``dtype``, ``unit``) with its share of their time, largest first."""
+    totals: dict[str, float] = defaultdict(float)
+    for e in entries:
+        totals[getattr(e, field)] += e.time_ms
     total = sum(totals.values())
     return {k: round(v / total, 6) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])} if total else {}
 
@@ -89,16 +94,13 @@ class Audit:
         """The entries of compute kernels (convolutions, matmuls), as opposed to reorders and the rest."""
         return [e for e in self.entries if e.compute]
 
-    def _time(self, entries: Sequence[Entry]) -> float:
-        return sum(e.time_ms for e in entries)
-
     def time_share_by_dtype(self) -> dict[str, float]:
         """The share of the compute time spent in each dtype.
 
         Returns:
             Shares by dtype, summing to 1 (empty when nothing was seen).
         """
-        return self._shares_by("dtype")
+        return _shares(self.compute, "dtype")
 
     def time_share_by_unit(self) -> dict[str, float]:
         """The share of the compute time spent on each unit (matrix units, vector units, unknown).
@@ -106,13 +108,7 @@ class Audit:
         Returns:
             Shares by unit, summing to 1 (empty when nothing was seen).
         """
-        return self._shares_by("unit")
-
-    def _shares_by(self, field: str) -> dict[str, float]:
-        totals: dict[str, float] = defaultdict(float)
-        for e in self.compute:
-            totals[getattr(e, field)] += e.time_ms
-        return _shares(totals)
+        return _shares(self.compute, "unit")
 
     def matrix_unit_share(self) -> float | None:
         """The share of the compute time on the matrix units (Tensor Cores, AMX tiles).
@@ -120,10 +116,10 @@ class Audit:
         Returns:
             The share, or ``None`` where no compute time was seen.
         """
-        total = self._time(self.compute)
+        total = _time(self.compute)
         if not total:
             return None
-        return round(self._time([e for e in self.compute if e.matrix_unit]) / total, 6)
+        return round(_time([e for e in self.compute if e.matrix_unit]) / total, 6)
 
     def unknown_share(self) -> float:
         """The share of the compute time in kernels whose dtype is not known.
@@ -133,8 +129,8 @@ class Audit:
         """
         if self.outside_onednn or not self.measured:
             return 1.0
-        total = self._time(self.compute)
-        unknown = self._time([e for e in self.compute if e.dtype == "unknown"])
+        total = _time(self.compute)
+        unknown = _time([e for e in self.compute if e.dtype == "unknown"])
         return round(unknown / total, 6) if total else 0.0
 
     def by_kind(self) -> dict[str, dict[str, Any]]:
@@ -146,15 +142,9 @@ class Audit:
         kinds: dict[str, list[Entry]] = defaultdict(list)
         for e in self.compute:
             kinds[e.kind].append(e)
-        out = {}
-        for kind, entries in sorted(kinds.items(), key=lambda kv: -self._time(kv[1])):
-            dtypes: dict[str, float] = defaultdict(float)
-            units: dict[str, float] = defaultdict(float)
-            for e in entries:
-                dtypes[e.dtype] += e.time_ms
-                units[e.unit] += e.time_ms
-            out[kind] = {"time_ms": round(self._time(entries), 4), "dtypes": _shares(dtypes), "units": _shares(units)}
-        return out
+        return {kind: {"time_ms": round(_time(entries), 4), "dtypes": _shares(entries, "dtype"),
+                       "units": _shares(entries, "unit")}
+                for kind, entries in sorted(kinds.items(), key=lambda kv: -_time(kv[1]))}
 
     def planned_float32(self, layers: Sequence[str]) -> bool:
         """Whether the model's layer plan keeps every one of ``layers`` in float32 (``plan["float32_layers"]``:
@@ -173,14 +163,14 @@ class Audit:
         """float32 compute under a reduced-precision plan, grouped by the layers it was matched to."""
         if self.plan.get("compute_dtype") not in REDUCED or self.outside_onednn:
             return []
-        total = self._time(self.compute)
+        total = _time(self.compute)
         groups: dict[tuple[str, ...], list[Entry]] = defaultdict(list)
         for e in self.compute:
             if e.dtype == "float32":
                 groups[e.layers].append(e)
         islands = []
-        for layers, entries in sorted(groups.items(), key=lambda kv: -self._time(kv[1])):
-            t = self._time(entries)
+        for layers, entries in sorted(groups.items(), key=lambda kv: -_time(kv[1])):
+            t = _time(entries)
             matched = "unmatched" if not layers else ("layer" if len(layers) == 1 else "ambiguous")
             check = [f for f in self.findings if f.get("layer") in layers]
             islands.append({"layers": list(layers), "planned": self.planned_float32(layers), "time_ms": round(t, 4),
@@ -210,9 +200,9 @@ class Audit:
             "measured": self.measured, "outside_onednn": self.outside_onednn, "plan": dict(self.plan),
             "batch_size": self.batch_size, "steps": self.steps,
             "step_time_ms": round(self.step_time_ms, 4) if self.step_time_ms is not None else None,
-            "compute_time_ms": round(self._time(self.compute), 4),
-            "reorder_time_ms": round(self._time([e for e in self.entries if e.reorder]), 4),
-            "other_time_ms": round(self._time([e for e in self.entries if not e.compute and not e.reorder]), 4),
+            "compute_time_ms": round(_time(self.compute), 4),
+            "reorder_time_ms": round(_time([e for e in self.entries if e.reorder]), 4),
+            "other_time_ms": round(_time([e for e in self.entries if not e.compute and not e.reorder]), 4),
             "time_share_by_dtype": self.time_share_by_dtype(), "time_share_by_unit": self.time_share_by_unit(),
             "matrix_unit_share": self.matrix_unit_share(), "unknown_share": self.unknown_share(),
             "by_kind": self.by_kind(), "float32_islands": self.float32_islands(),

@@ -1,17 +1,12 @@
 """The audit's child process: ``python -m amp_backends.auditing.child MODULE:FACTORY OUT.json [batch steps warmup]``.
 
 A vendor library may read its verbose switch once, when it starts (oneDNN's ``ONEDNN_VERBOSE``), so the
-model runs here, in a process started with the kernel audits' environment
-(`amp_backends.kernel_audit.KernelAudit.environment`). The plan comes from the ``AMP_*`` variables
-(``auto_configure()``); its backend's kernel audit reads what ran (none, or one that cannot read: nothing
-runs, and ``OUT.json`` says so). The model comes from the factory; it is prepared as the trainer prepares it
-(`amp_backends.prepare_model`: its layer plan), and the step trains on synthetic data of the model's input
-shapes (forward, the mean square of the outputs as the loss, gradients, an SGD update; ``jit_compile`` as the
-plan says). ``warmup`` steps run first (tracing, the libraries' kernel creation), then the measured steps
-between two marker lines on stdout, so that the parent reads only their output, with the kernel audit's
-`KernelAudit.begin` and `KernelAudit.end` around them (a profiler into the work folder ``OUT.json.work``).
-The layers' kernel shapes, the step's matrix ops with the layers that created them (`step_ops`), the
-precision check's findings, the step time and the kernel audit's facts go to ``OUT.json``.
+model runs here, in a process started with the kernel audits' environment. The plan comes from the ``AMP_*``
+variables (``auto_configure()``); the model from the factory, prepared as the trainer prepares it, trains on
+synthetic data. ``warmup`` steps run first, then the measured steps between two marker lines on stdout, with
+the kernel audit's `KernelAudit.begin` and `KernelAudit.end` around them. The layers' kernel shapes, the
+step's matrix ops (`step_ops`), the precision check's findings, the step time and the kernel audit's facts go
+to ``OUT.json``.
 
 A plan given to `amp_backends.audit` names its backend in ``AMP_AUDIT_BACKEND``. Where that backend is not
 available here (a plan for a catalogue device, ``plan_for(device=...)``), this process plans as
@@ -28,6 +23,7 @@ import time
 from typing import Any
 
 from ..factory import load_factory
+from .build import plan_data
 
 BEGIN = "amp_backends_audit:begin"
 END = "amp_backends_audit:end"
@@ -114,8 +110,7 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
         "what ran"]
     kernel_audit = default_registry().kernel_audit(backend)
     if kernel_audit is None or kernel_audit.unavailable:  # nothing would be read: nothing runs
-        _write(out_path, {"measured": False, "plan": {"backend": backend, "policy": plan.policy,
-                                                      "compute_dtype": plan.compute_dtype, "xla": bool(plan.xla)}})
+        _write(out_path, {"measured": False, "plan": {**plan_data(plan), "backend": backend}})
         return
     model = load_factory(target)()
     x = synthetic_inputs(model, batch)
@@ -148,7 +143,6 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
     elapsed = time.perf_counter() - start
     _mark(END)
     kernel_audit.end()
-    findings = []
     try:
         findings = [f.to_dict() for f in check_model(model, plan=plan, batch_size=batch,
                                                      layer_plan=layer_plan).findings]
@@ -156,8 +150,7 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
         findings = [{"severity": "info", "code": "check-failed", "layer": model.name, "what": str(exc)}]
     doc = {
         "model": model.name,
-        "plan": {"backend": backend, "policy": plan.policy, "compute_dtype": plan.compute_dtype,
-                 "xla": bool(plan.xla), "graph_amp": plan.graph_amp,
+        "plan": {**plan_data(plan), "backend": backend, "graph_amp": plan.graph_amp,
                  "float32_layers": list(layer_plan.float32) if layer_plan else []},
         "layer_plan": layer_plan.to_dict() if layer_plan else None,
         "batch_size": batch, "steps": steps, "step_time_ms": 1000 * elapsed / max(steps, 1),

@@ -7,20 +7,16 @@ whatever its kernel (a tied language-model head has none) and whatever other lay
 another dtype. Where no op fits (the trainer's observer has no traced step; oneDNN math modes compute
 float32 ops in bfloat16), the record is matched by kernel shape (`match`).
 
-A layer is known by its kernel's shape (``LayerKernel``): a Conv2D's ``(kh, kw, c_in, c_out)``, a Dense's
-``(in, units)``, an EinsumDense's kernel of any rank (every split of its dims into inputs and outputs is
-tried). A convolution record matches a convolution layer with the same ``kh, kw, ic, oc`` (per group); an
-inner product one with the same ``ic`` (times the source's spatial size) and ``oc``; a matmul ``MxK:KxN``
-matches a dense kernel ``(I, U)`` in any of the three directions of training: forward ``K=I, N=U``,
-gradient of the input ``K=U, N=I``, gradient of the weights ``M=I, N=U``. Several layers of the same shape
-all match: the record is then *ambiguous* and names them all. No match: *unmatched* (a matmul without
-weights, such as attention's, or a layer whose kernel this cannot read). The record's `KernelRecord.problem`
-says which of the three its ``shape`` describes. A record with a TensorFlow op instead (a GPU kernel of a
-trace) goes to the layer whose name is the op's innermost scope (`match_op_name`).
+A layer is known by its kernel's shape (``LayerKernel``; every split of its dims into inputs and outputs is
+tried); a matmul ``MxK:KxN`` matches a dense kernel ``(I, U)`` in any of the three directions of training:
+forward ``K=I, N=U``, gradient of the input ``K=U, N=I``, gradient of the weights ``M=I, N=U``. Several
+layers of the same shape all match (*ambiguous*); none: *unmatched*. A record with a TensorFlow op instead
+goes to the layer whose name is the op's innermost scope (`match_op_name`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,10 +38,6 @@ class LayerKernel:
     def from_dict(cls, d: dict[str, Any]) -> LayerKernel:
         return cls(d["path"], d["class_name"], tuple(d["kernel_shape"]), d["compute_dtype"], d.get("policy", ""))
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "class_name": self.class_name, "kernel_shape": list(self.kernel_shape),
-                "compute_dtype": self.compute_dtype, "policy": self.policy}
-
     @property
     def is_conv(self) -> bool:
         return "Conv" in self.class_name and len(self.kernel_shape) >= 3
@@ -53,15 +45,7 @@ class LayerKernel:
     def dense_splits(self) -> list[tuple[int, int]]:
         """``(inputs, outputs)`` sizes of the kernel read as a matrix, for every split point of its dims."""
         dims = self.kernel_shape
-        splits = []
-        for i in range(1, len(dims)):
-            a = b = 1
-            for d in dims[:i]:
-                a *= d
-            for d in dims[i:]:
-                b *= d
-            splits.append((a, b))
-        return splits
+        return [(math.prod(dims[:i]), math.prod(dims[i:])) for i in range(1, len(dims))]
 
 
 def _conv_matches(shape: Mapping[str, int], layer: LayerKernel) -> bool:
@@ -81,21 +65,20 @@ def _conv_matches(shape: Mapping[str, int], layer: LayerKernel) -> bool:
     return ic == c_in * groups and oc == c_out  # Keras keeps a grouped kernel's input channels per group
 
 
+def _ip_inputs(shape: Mapping[str, int]) -> int:
+    """An inner product's inputs: its channels times the source's spatial size."""
+    return shape.get("ic", 0) * math.prod(shape.get(n, 1) for n in ("id", "ih", "iw"))
+
+
 def _ip_matches(shape: Mapping[str, int], layer: LayerKernel) -> bool:
-    ic = shape.get("ic", 0)
-    for n in ("id", "ih", "iw"):
-        ic *= shape.get(n, 1)
-    return not layer.is_conv and (ic, shape.get("oc")) in layer.dense_splits()
+    return not layer.is_conv and (_ip_inputs(shape), shape.get("oc")) in layer.dense_splits()
 
 
 def _matmul_matches(shape: Mapping[str, int], layer: LayerKernel) -> bool:
     if layer.is_conv or not {"M", "K", "N"} <= shape.keys():
         return False
     m, k, n = shape["M"], shape["K"], shape["N"]
-    for i, u in layer.dense_splits():
-        if (k, n) in ((i, u), (u, i)) or (m, n) == (i, u):
-            return True
-    return False
+    return any((k, n) in ((i, u), (u, i)) or (m, n) == (i, u) for i, u in layer.dense_splits())
 
 
 def match(record: KernelRecord, layers: Sequence[LayerKernel]) -> list[str]:
@@ -108,14 +91,10 @@ def match(record: KernelRecord, layers: Sequence[LayerKernel]) -> list[str]:
     Returns:
         The paths of the layers it fits.
     """
-    shape = record.shape
-    if not shape:
+    test = {CONVOLUTION: _conv_matches, INNER_PRODUCT: _ip_matches, MATMUL: _matmul_matches}.get(record.problem)
+    if not record.shape or test is None:
         return []
-    tests = {CONVOLUTION: _conv_matches, INNER_PRODUCT: _ip_matches, MATMUL: _matmul_matches}
-    test = tests.get(record.problem)
-    if test is None:
-        return []
-    return [layer.path for layer in layers if test(shape, layer)]
+    return [layer.path for layer in layers if test(record.shape, layer)]
 
 
 def _op_fits(shape: Mapping[str, int], problem: str, op: dict[str, Any]) -> bool:
@@ -127,10 +106,7 @@ def _op_fits(shape: Mapping[str, int], problem: str, op: dict[str, Any]) -> bool
         return _conv_matches(shape, layer)
     m, k, n, batch = op["M"], op["K"], op["N"], op.get("batch", 1)
     if problem == INNER_PRODUCT:
-        ic = shape.get("ic", 0)
-        for d in ("id", "ih", "iw"):
-            ic *= shape.get(d, 1)
-        return shape.get("mb") in (m, m * batch) and {ic, shape.get("oc")} == {k, n}
+        return shape.get("mb") in (m, m * batch) and {_ip_inputs(shape), shape.get("oc")} == {k, n}
     if problem != MATMUL or not {"M", "K", "N"} <= shape.keys():
         return False
     rows, rec_batch = shape["M"], shape.get("batch", 1)
@@ -149,12 +125,10 @@ def match_ops(record: KernelRecord, ops: Sequence[dict[str, Any]]) -> list[str]:
     Returns:
         The paths of the layers whose ops it fits.
     """
-    shape = record.shape
-    if not shape:
+    if not record.shape:
         return []
-    dtype = record.dtype
-    return sorted({op["layer"] for op in ops
-                   if op.get("layer") and op.get("dtype") == dtype and _op_fits(shape, record.problem, op)})
+    return sorted({op["layer"] for op in ops if op.get("layer") and op.get("dtype") == record.dtype
+                   and _op_fits(record.shape, record.problem, op)})
 
 
 def match_op_name(op: str | None, layers: Sequence[LayerKernel]) -> list[str]:

@@ -1,18 +1,12 @@
 """The audit as a trainer observer: ``Trainer(audit=True)`` or ``Trainer(observers=[AuditObserver(models, plan)])``.
 
-The plan's backend reads what ran (`amp_backends.kernel_audit.KernelAudit`), here from the lines its kernels
-print on standard output (`KernelAudit.record_prefix`; the CPU's: oneDNN's ``onednn_verbose`` records). In
-the training process itself the library has started long before the first step, so it prints its records
-only if its variables (`KernelAudit.environment`: ``ONEDNN_VERBOSE=1``) were in the environment before
-TensorFlow ran its first kernel (``amp-backends train ... --audit`` sets them before importing TensorFlow).
-The library writes a record for every kernel it runs to the process's standard output, not through Python:
-from the observer's creation to the process's end a pipe stands in front of standard output, whose reader
-drops those records, except in the window of calls covering steps ``start:stop``, which it keeps;
-everything else goes through to the terminal unchanged. The audit is built when the window closes
-(``self.result``; also logged). Without those variables it logs how to get an audit and does nothing: run
-``amp-backends audit MODULE:FACTORY``, which starts its own child process, or start the training program
-with them. A backend whose kernels print nothing (NVIDIA's: use the trainer's profiler window and
-`amp_backends.audit_trace` on its logdir) is not audited here either.
+The plan's backend reads what ran from the lines its kernels print on standard output
+(`KernelAudit.record_prefix`; the CPU's: oneDNN's ``onednn_verbose`` records), which the library prints only
+if its variables (`KernelAudit.environment`) were set before TensorFlow ran its first kernel (``amp-backends
+train ... --audit`` sets them). From the observer's creation on, a pipe in front of standard output drops
+those records except in the window of calls covering steps ``start:stop``; everything else goes through
+unchanged. The audit is built when the window closes (``self.result``; also logged). Without those
+variables, or on a backend whose kernels print nothing, it logs how to get an audit and does nothing.
 
 It has the methods of `amp_backends.training.observers.Observer` (``on_fit_start``,
 ``before_call``, ``after_call``, ``close``) without importing the trainer.
@@ -26,10 +20,10 @@ import os
 import sys
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ..kernel_audit import Capture, KernelAudit
-from .build import from_reading
+from .build import from_reading, plan_data
 from .audit_result import Audit
 
 if TYPE_CHECKING:
@@ -119,6 +113,11 @@ def record_tap(prefix: str) -> _RecordTap:
     return _TAP
 
 
+def _prints_records(audit: KernelAudit | None) -> TypeGuard[KernelAudit]:
+    """Whether ``audit`` reads lines its kernels print in the training process."""
+    return bool(audit is not None and audit.record_prefix and not audit.unavailable)
+
+
 def observed_backend(plan: Plan | None) -> tuple[str, KernelAudit | None]:
     """The backend whose kernel audit reads the trainer's window: the plan's, else (no plan) the first registered
     backend whose kernels print records on standard output.
@@ -139,7 +138,7 @@ def observed_backend(plan: Plan | None) -> tuple[str, KernelAudit | None]:
             audit = registry.kernel_audit(backend.name)
         except Exception:  # noqa: BLE001  # a broken third-party backend must not break the others' audits
             continue
-        if audit is not None and audit.record_prefix and not audit.unavailable:
+        if _prints_records(audit):
             return backend.name, audit
     return "?", None
 
@@ -151,9 +150,7 @@ class AuditObserver:
     """
 
     def __init__(self, models: Any = None, plan: Plan | None = None, window: tuple[int, int] = (3, 6)) -> None:
-        if models is None:
-            models = []
-        self.models = list(models) if isinstance(models, Sequence) else [models]
+        self.models = [] if models is None else list(models) if isinstance(models, Sequence) else [models]
         self.plan = plan
         self.layer_plans: dict[str, Any] | None = None  # by model name: the trainer sets the ones it applied
         self.start, self.stop = window
@@ -163,11 +160,9 @@ class AuditObserver:
         self.result: Audit | None = None
         self.backend, self.kernel_audit = observed_backend(plan)
         audit = self.kernel_audit
-        self.enabled = bool(audit is not None and audit.record_prefix and not audit.unavailable and audit.capturing())
+        self.enabled = _prints_records(audit) and audit.capturing()
         # From now on the records leave standard output: before fit, TensorFlow already runs kernels.
-        self._tap: _RecordTap | None = None
-        if self.enabled and audit is not None and audit.record_prefix:
-            self._tap = record_tap(audit.record_prefix)
+        self._tap = record_tap(str(audit.record_prefix)) if self.enabled and audit is not None else None
         self._open = False
         self._steps = 0
         self._step_times: list[float] = []
@@ -181,7 +176,7 @@ class AuditObserver:
         audit = self.kernel_audit
         if self.enabled:
             return
-        if audit is None or not audit.record_prefix or audit.unavailable:
+        if not _prints_records(audit):
             traces = (", or the trainer's profiler window and amp_backends.audit_trace on its logdir"
                       if audit is not None and audit.reads_traces else "")
             logger.warning(f"audit: the {self.backend} backend's kernels print no records in the training process, "
@@ -228,8 +223,7 @@ class AuditObserver:
         if self._step_times and all(self._step_times):
             doc["step_time_ms"] = 1000 * sum(self._step_times) / len(self._step_times)
         if plan is not None:
-            doc["plan"] = {"backend": plan.backend, "policy": plan.policy, "compute_dtype": plan.compute_dtype,
-                           "xla": bool(plan.xla), "graph_amp": plan.graph_amp,
+            doc["plan"] = {**plan_data(plan), "graph_amp": plan.graph_amp,
                            "float32_layers": [p for lp in self._layer_plans() for p in lp.float32]}
         if self.models:
             doc["layers"] = [kernel for m in self.models for kernel in layer_kernels(m)]

@@ -1,12 +1,9 @@
 """The matmuls and convolutions of the audited training step, each with the layer whose call created it.
 
 oneDNN's records carry shapes and dtypes, not names. The child traces its training step once with every
-layer's call in a name scope naming it (`amp_backends.model_check.scopes`; gradient ops carry their
-forward op's scopes), and lists each matrix op of that graph — forward and backward — with its dtype, the
-dimensions oneDNN will report for it, and its owner: the innermost layer whose call created it. A record
-is then matched to the ops of its dtype and shape (`match.match_ops`), so a float32 record goes to
-the float32 layer even where bfloat16 layers have the same kernel shape, and a matmul without a kernel
-(a tied language-model head, attention's scores) goes to the layer that computed it.
+layer's call in a name scope naming it (`amp_backends.model_check.scopes`), and lists each matrix op of that
+graph, forward and backward, with its dtype, the dimensions oneDNN will report for it, and the innermost layer
+whose call created it; records are matched to them in `match.match_ops`.
 
 Each op is a plain dict (it crosses from the child to the parent as JSON): ``layer`` (a path or ``None``
 for an op outside every layer), ``op`` (its type), ``dtype``, and ``M``, ``K``, ``N``, ``batch`` for a

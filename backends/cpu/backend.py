@@ -19,15 +19,7 @@ from typing import Any
 
 from amp_backends.backends.intel.itex import MATH_MODE_VARIABLE, ItexStatus, apply_math_mode, itex_status
 
-from amp_backends.assessment import (
-    EMULATED,
-    NATIVE,
-    UNSUPPORTED,
-    Assessment,
-    MatrixUnit,
-    Support,
-    VendorSetting,
-)
+from amp_backends.assessment import EMULATED, NATIVE, UNSUPPORTED, Assessment, MatrixUnit, Support, VendorSetting
 from amp_backends.hardware import KnownDevice, BF16, FP16, Accelerator, BackendProbe, CpuInfo, Hardware
 from amp_backends.plan import Plan
 from amp_backends.registry import Backend, Peer
@@ -44,17 +36,14 @@ ARM_RELEVANT_FLAGS = ("bf16", "asimdhp", "fphp", "sve", "i8mm")
 # Arm's part numbers (/proc/cpuinfo "CPU part", implementer 0x41) for the cores a plan tells apart.
 ARM_PARTS = {"0xd40": "Neoverse-V1", "0xd4f": "Neoverse-V2", "0xd84": "Neoverse-V3", "0xd0c": "Neoverse-N1",
              "0xd49": "Neoverse-N2", "0xd08": "Cortex-A72", "0xd0b": "Cortex-A76"}
+ARM_IMPLEMENTERS = {"0x41": "ARM", "0x61": "Apple", "0xc0": "Ampere", "0x48": "HiSilicon", "0x46": "Fujitsu"}
+UNKNOWN_CPU = CpuInfo("unknown", "unknown", "unknown", 1)
 
 
 # TensorFlow 2.21 without ITEX: the software of a described CPU (the device catalogue's assumption).
 NO_ITEX = itex_status(None, "2.21.0", look=False)
 
 FIT_STEPS_CONFIGS = tuple(f"mixed_bfloat16 steps_per_execution={n}" for n in (1, 4, 16, 64))
-
-
-def fit_steps_why() -> str:
-    return ("one training step per compiled call (Keras's default): more gained nothing for Keras fit on a CPU, "
-            "where a step dwarfs fit's per-call overhead (" + quote(FIT_STEPS, *FIT_STEPS_CONFIGS) + ")")
 
 
 def parse_cpuinfo(text: str, arch: str | None = None) -> CpuInfo:
@@ -78,9 +67,7 @@ def parse_cpuinfo(text: str, arch: str | None = None) -> CpuInfo:
             part = value.lower()
         elif key == "cpu implementer" and not vendor:
             implementer = value.lower()
-            vendor = {"0x41": "ARM", "0x61": "Apple", "0xc0": "Ampere", "0x48": "HiSilicon", "0x46": "Fujitsu"}.get(
-                value.lower(), f"Arm implementer {value}"
-            )
+            vendor = ARM_IMPLEMENTERS.get(implementer, f"Arm implementer {value}")
         elif key in ("flags", "features") and not flags:
             flags = set(value.lower().split())
         elif key in ("cpu family", "model", "stepping") and key not in numbers and value.isdigit():
@@ -94,21 +81,11 @@ def parse_cpuinfo(text: str, arch: str | None = None) -> CpuInfo:
                    stepping=numbers.get("stepping"))
 
 
-def _macos_cpu() -> CpuInfo:
-    def sysctl(name: str) -> str:
-        try:
-            return subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=2).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    arch = platform.machine()
-    flags = set()
-    if sysctl("hw.optional.arm.FEAT_BF16") == "1":
-        flags.add("bf16")
-    if sysctl("hw.optional.arm.FEAT_FP16") == "1":
-        flags.add("fphp")
-    brand = sysctl("machdep.cpu.brand_string") or platform.processor() or "unknown"
-    return CpuInfo("Apple" if arch == "arm64" else "Intel", brand, arch, os.cpu_count() or 1, frozenset(flags))
+def _sysctl(name: str) -> str:
+    try:
+        return subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=2).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def probe_cpu() -> CpuInfo:
@@ -121,7 +98,10 @@ def probe_cpu() -> CpuInfo:
         except OSError:
             pass
     if sys.platform == "darwin":
-        return _macos_cpu()
+        flags = {flag for flag, feature in (("bf16", "FEAT_BF16"), ("fphp", "FEAT_FP16"))
+                 if _sysctl(f"hw.optional.arm.{feature}") == "1"}
+        brand = _sysctl("machdep.cpu.brand_string") or platform.processor() or "unknown"
+        return CpuInfo("Apple" if arch == "arm64" else "Intel", brand, arch, os.cpu_count() or 1, frozenset(flags))
     return CpuInfo("unknown", platform.processor() or "unknown", arch, os.cpu_count() or 1, frozenset())
 
 
@@ -145,23 +125,22 @@ class CpuFacts:
         return self.itex.compatible
 
 
+def _facts(probe: BackendProbe) -> CpuFacts | None:
+    return probe.facts if isinstance(probe.facts, CpuFacts) else None
+
+
 def onednn_of(probe: BackendProbe, cpu: CpuInfo) -> OneDnnState:
-    facts = probe.facts if isinstance(probe.facts, CpuFacts) else None
+    facts = _facts(probe)
     if facts is not None and facts.onednn is not None:
         return facts.onednn
     return onednn_state(cpu, {}, system="linux")
 
 
-def _zentf(probe: BackendProbe) -> str | None:
-    return probe.facts.zentf if isinstance(probe.facts, CpuFacts) else None
-
-
-def cpu_device(cpu: CpuInfo) -> Accelerator:
-    """The host CPU as the device a CPU plan runs on (``/CPU:0``)."""
-    caps = {BF16} if cpu.native_bf16 else set()
-    if cpu.native_fp16:
-        caps.add(FP16)
-    return Accelerator("cpu", 0, display_name(cpu), "CPU", capabilities=frozenset(caps))
+def _state(probe: BackendProbe) -> tuple[CpuInfo, OneDnnState, bool]:
+    """The probe's CPU, oneDNN's state there and whether ITEX is loaded: what every rule reads."""
+    cpu = probe.cpu or UNKNOWN_CPU
+    facts = _facts(probe)
+    return cpu, onednn_of(probe, cpu), facts is not None and facts.itex_loaded
 
 
 def cpu_probe(cpu: CpuInfo, itex: ItexStatus, *, onednn: OneDnnState | None = None,
@@ -193,18 +172,14 @@ def cpu_probe(cpu: CpuInfo, itex: ItexStatus, *, onednn: OneDnnState | None = No
     if zendnn_on is None:
         zendnn_on = (environ or {}).get(rules.ZENDNN_VARIABLE) == "1"
     if reason is None:
-        bf16_flags = ", ".join(sorted(cpu.flags & {"avx512_bf16", "amx_bf16", "bf16"}))
-        bf16 = f"native bf16 ({bf16_flags})" if cpu.native_bf16 else "no bf16 instructions"
-        reason = f"{display_name(cpu)}, {cpu.logical_cores} logical cores, {bf16}"
+        bf16 = f"native bf16 ({rules.bf16_flags(cpu)})" if cpu.native_bf16 else "no bf16 instructions"
+        reason = f"{cpu.name}, {cpu.logical_cores} logical cores, {bf16}"
     if details is None:
         details = (("itex", itex.reason), ("oneDNN", ("on: " if onednn.enabled else "off: ") + onednn.why))
-    return BackendProbe("cpu", True, reason, devices=(cpu_device(cpu),), cpu=cpu, details=tuple(details),
+    caps = {cap for cap, has in ((BF16, cpu.native_bf16), (FP16, cpu.native_fp16)) if has}
+    device = Accelerator("cpu", 0, cpu.name, "CPU", capabilities=frozenset(caps))
+    return BackendProbe("cpu", True, reason, devices=(device,), cpu=cpu, details=tuple(details),
                         facts=CpuFacts(itex, onednn, zentf, zendnn_on))
-
-
-def display_name(cpu: CpuInfo) -> str:
-    """The CPU as the plan and the report name it, its microarchitecture included (`CpuInfo.name`)."""
-    return cpu.name
 
 
 def machine_record(cpu: CpuInfo | None = None) -> dict[str, Any]:
@@ -220,6 +195,10 @@ def machine_record(cpu: CpuInfo | None = None) -> dict[str, Any]:
                         "os": platform.platform()}}
 
 
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
 class CpuBackend(Backend):
     """The host CPU. Always available; used when no accelerator backend is."""
 
@@ -229,43 +208,33 @@ class CpuBackend(Backend):
 
     def probe(self, *, use_tensorflow: bool = False) -> BackendProbe:
         cpu = probe_cpu()
-        itex = itex_status()
-        return cpu_probe(cpu, itex, onednn=read_onednn_state(cpu, os.environ, tensorflow_version()),
+        return cpu_probe(cpu, itex_status(), onednn=read_onednn_state(cpu, os.environ, tensorflow_version()),
                          zentf=installed_version(rules.ZENDNN_PACKAGE), environ=os.environ)
 
     def report_rows(self, probe: BackendProbe) -> list[tuple[str, str]]:
-        cpu = probe.cpu
+        cpu, facts = probe.cpu, _facts(probe)
         rows = [("device", ", ".join(d.tf_name for d in probe.devices) or "-"),
-                ("model", display_name(cpu) if cpu else "unknown")]
+                ("model", cpu.name if cpu else "unknown")]
         if cpu:
+            onednn = onednn_of(probe, cpu)
             rows += [
                 ("architecture", f"{cpu.arch}, {cpu.logical_cores} logical cores"),
                 ("flags that matter",
                  ", ".join(sorted(cpu.flags & set(RELEVANT_FLAGS + ARM_RELEVANT_FLAGS))) or "none"),
                 ("native bf16", "yes" if cpu.native_bf16 else "no (no avx512_bf16 / amx_bf16 / Arm bf16)"),
-                ("native fp16", "yes" if cpu.native_fp16 else "no"),
-                ("AMX", "yes" if cpu.amx else "no"),
+                ("native fp16", _yes(cpu.native_fp16)),
+                ("AMX", _yes(cpu.amx)),
+                ("oneDNN", ("on" if onednn.enabled else "off") + f" ({onednn.why})"),
             ]
-        facts = probe.facts if isinstance(probe.facts, CpuFacts) else None
-        if cpu:
-            onednn = onednn_of(probe, cpu)
-            rows.append(("oneDNN", ("on" if onednn.enabled else "off") + f" ({onednn.why})"))
-        itex = (facts.itex.reason + ("; loaded with TensorFlow" if facts.itex_loaded else "")) if facts else "-"
-        rows.append(("ITEX", itex))
+        rows.append(("ITEX", (facts.itex.reason + ("; loaded with TensorFlow" if facts.itex_loaded else ""))
+                     if facts else "-"))
         if cpu and facts:
-            rows.append(("math library", rules.math_library(onednn_of(probe, cpu), facts.itex_loaded, facts.zentf,
-                                                            facts.zendnn_on)))
+            rows.append(("math library", rules.math_library(onednn, facts.itex_loaded, facts.zentf, facts.zendnn_on)))
         return rows
 
     def assess(self, probe: BackendProbe, hardware: Hardware) -> Assessment:
-        cpu = probe.cpu or CpuInfo("unknown", "unknown", "unknown", 1)
-        itex_active = isinstance(probe.facts, CpuFacts) and probe.facts.itex_loaded
-        onednn = onednn_of(probe, cpu)
+        cpu, onednn, itex_active = _state(probe)
         bf16 = rules.bf16_support(cpu, onednn, itex_active)
-        fp16 = rules.fp16_support(cpu, onednn, itex_active)
-        fp32 = rules.fp32_support(cpu, onednn, itex_active, bf16)
-        preference = rules.preference(cpu, onednn, itex_active)
-
         if itex_active and cpu.amx:
             tf32 = Support(NATIVE, "ITEX's BF32 math mode lets float32 matmuls use AMX bf16 units "
                                    "(ITEX_FP32_MATH_MODE=BF32)")
@@ -273,7 +242,6 @@ class CpuBackend(Backend):
             tf32 = Support(UNSUPPORTED, "TF32 is an NVIDIA Tensor Core format; CPUs have none"
                            + ("" if not itex_active else " (ITEX's BF32 mode needs AMX)"),
                            "an NVIDIA Tensor Core format; CPUs have none")
-        xla = rules.xla_support(cpu)
         fp8 = Support(EMULATED, "CPUs have no fp8 arithmetic: Keras's float8 layers run emulated (quantize-dequantize "
                                 "around bfloat16 or float32 matmuls), slower than without them",
                       "CPUs have no fp8 arithmetic: emulated, slower")
@@ -283,24 +251,24 @@ class CpuBackend(Backend):
             if itex_active:
                 units["float32"] = MatrixUnit("AMX tiles (BF32)", 8)
         kept, kept_why = rules.float32_layers(cpu, onednn, itex_active)
-        found = rules.peers(cpu, onednn, itex_active, _zentf(probe))
         return Assessment(
             backend=self.name,
             devices=tuple(d.tf_name for d in probe.devices) or ("/CPU:0",),
-            policies={"float32": fp32, "mixed_float16": fp16, "mixed_bfloat16": bf16},
-            preference=preference,
+            policies={"float32": rules.fp32_support(cpu, onednn, itex_active, bf16),
+                      "mixed_float16": rules.fp16_support(cpu, onednn, itex_active), "mixed_bfloat16": bf16},
+            preference=rules.preference(cpu, onednn, itex_active),
             tf32=tf32,
-            tf32_default=True,
-            xla=xla,
+            xla=rules.xla_support(cpu),
             xla_default=False,
             fp8=fp8,
             matrix_units=units,
-            steps_per_execution=1,
-            steps_per_execution_why=fit_steps_why(),
+            steps_per_execution_why=("one training step per compiled call (Keras's default): more gained nothing for "
+                                     "Keras fit on a CPU, where a step dwarfs fit's per-call overhead ("
+                                     + quote(FIT_STEPS, *FIT_STEPS_CONFIGS) + ")"),
             steps_per_execution_evidence=evidence(FIT_STEPS, *FIT_STEPS_CONFIGS),
             float32_layers=kept,
             float32_layers_why=kept_why or "no layer was measured slower in bfloat16 than in float32 here",
-            peers=rules.judge_peers(cpu, found),
+            peers=rules.judge_peers(cpu, self.peers(probe)),
             graph_amp=rules.graph_amp_support(cpu, onednn, itex_active),
             graph_amp_dtypes=("bfloat16",),
         )
@@ -316,23 +284,16 @@ class CpuBackend(Backend):
         return tuple(settings)
 
     def apply(self, plan: Plan, tf: Any) -> list[str]:
-        notes = []
         mode = plan.vendor_setting(MATH_MODE_VARIABLE)
-        if mode:
-            notes.append(apply_math_mode(mode))
-        rewrite = grappler_rewrite(tf, rules.GRAPPLER_BF16, plan.vendor_setting(rules.GRAPPLER_BF16) == "on")
-        if rewrite:
-            notes.append(rewrite)
-        hidden = hide_accelerators(tf)
-        if hidden:
-            notes.append(hidden)
-        return notes
+        notes = [apply_math_mode(mode) if mode else None,
+                 grappler_rewrite(tf, rules.GRAPPLER_BF16, plan.vendor_setting(rules.GRAPPLER_BF16) == "on"),
+                 hide_accelerators(tf)]
+        return [note for note in notes if note]
 
     def peers(self, probe: BackendProbe) -> tuple[Peer, ...]:
         """oneDNN the other way round, TensorFlow's bfloat16 rewrite, ZenDNN where installed (`rules.peers`)."""
-        cpu = probe.cpu or CpuInfo("unknown", "unknown", "unknown", 1)
-        itex_active = isinstance(probe.facts, CpuFacts) and probe.facts.itex_loaded
-        return rules.peers(cpu, onednn_of(probe, cpu), itex_active, _zentf(probe))
+        facts = _facts(probe)
+        return rules.peers(*_state(probe), facts.zentf if facts else None)
 
     def catalogue(self) -> tuple[KnownDevice, ...]:
         """The cpu devices of the device catalogue (``backends/cpu/catalogue.py``)."""
@@ -359,7 +320,7 @@ class CpuBackend(Backend):
         Returns:
             The CPU's `CpuKernelAudit`.
         """
-        return CpuKernelAudit(lambda: probe_cpu())
+        return CpuKernelAudit(lambda: probe_cpu())  # looked up at each call: the tests' fake machines replace it
 
 
 _REWRITES_SET: dict[str, bool | None] = {}  # the grappler rewrites this backend turned on: the value it found

@@ -36,6 +36,9 @@ NEOVERSE_V1 = "Neoverse-V1"
 # The x86 flags with which TensorFlow sends float16 ops to oneDNN (seen with ONEDNN_VERBOSE under TF 2.21: f16
 # convolutions and matmuls on an AVX512-FP16 Xeon; on CPUs without these flags float16 stays in Eigen).
 FLOAT16_FLAGS = ("avx512_fp16", "amx_fp16")
+X86 = ("x86_64", "amd64")
+# The architectures TensorFlow's packages are built with oneDNN for, by platform (``sys.platform``'s names).
+ONEDNN_BUILDS = {"linux": (*X86, "aarch64", "arm64"), "win32": X86, "windows": X86, "darwin": X86}
 
 
 @dataclass(frozen=True)
@@ -74,14 +77,7 @@ def parse_variable(value: str | None) -> bool | None:
 
 def has_onednn_build(system: str, arch: str) -> bool:
     """Whether TensorFlow's packages for this platform are built with oneDNN at all."""
-    arch = arch.lower()
-    if system.startswith("linux"):
-        return arch in ("x86_64", "amd64", "aarch64", "arm64")
-    if system in ("win32", "windows"):
-        return arch in ("x86_64", "amd64")
-    if system == "darwin":
-        return arch in ("x86_64", "amd64")
-    return False
+    return arch.lower() in ONEDNN_BUILDS.get("linux" if system.startswith("linux") else system, ())
 
 
 def tensorflow_default(cpu: CpuInfo, system: str = sys.platform, tf_version: str | None = None) -> tuple[bool, str]:

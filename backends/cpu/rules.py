@@ -62,10 +62,9 @@ def bf16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Suppor
                           f": {x} float32's speed where measured"),
                        evidence(on, "mixed_bfloat16", "float32"))
     if cpu.native_bf16:
-        off = policy_file(cpu.name, WITH_BF16, "float32" + OFF, "mixed_bfloat16" + OFF)
-        slower = times(off, "float32" + OFF, "mixed_bfloat16" + OFF)
-        figures = quote(off, "float32" + OFF, "mixed_bfloat16" + OFF)
-        measured = evidence(off, "float32" + OFF, "mixed_bfloat16" + OFF)
+        configs = ("float32" + OFF, "mixed_bfloat16" + OFF)
+        off = policy_file(cpu.name, WITH_BF16, *configs)
+        slower, figures, measured = times(off, *configs), quote(off, *configs), evidence(off, *configs)
         brief = f"oneDNN is off: TensorFlow's own bfloat16 kernels ran {slower} slower than float32"
         if onednn.switched_off:
             return Support(EMULATED, f"{VARIABLE}={onednn.variable}: without oneDNN, TensorFlow runs bfloat16 in "
@@ -111,11 +110,11 @@ def fp16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Suppor
         return Support(FUNCTIONAL, "the CPU has fp16 instructions, but TensorFlow's CPU kernels favour bf16; float16 "
                                    "also needs loss scaling", "TensorFlow's CPU kernels favour bf16")
     f32, f16 = (_config(cpu, onednn, itex_active, n) for n in ("float32", "mixed_float16"))
+    file = measured_file(cpu, f32, f16)
     return Support(EMULATED, "this CPU has no fp16 arithmetic: TensorFlow emulates float16 on the CPU, far slower than "
-                             f"float32 ({quote(measured_file(cpu, f32, f16), f32, f16)})",
-                   f"no fp16 arithmetic: emulated, {times(measured_file(cpu, f32, f16), f32, f16)} slower than "
-                   "float32 where measured",
-                   evidence(measured_file(cpu, f32, f16), f32, f16))
+                             f"float32 ({quote(file, f32, f16)})",
+                   f"no fp16 arithmetic: emulated, {times(file, f32, f16)} slower than float32 where measured",
+                   evidence(file, f32, f16))
 
 
 def fp32_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool, bf16: Support) -> Support:
@@ -200,6 +199,8 @@ def float32_layers(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> tupl
         return (), ("no layer was measured slower in bfloat16 on a CPU like this one (the measured CPU has "
                     "AVX512-BF16 without AMX; oneDNN has other bfloat16 kernels on AMX and Arm CPUs)")
     results = load(LAYERS)
+    model_runs = [f"{MODEL} {v}" for v in MODEL_VARIANTS]
+    lstm_runs = [f"{RECURRENT} {v}" for v in ("float32", "mixed_bfloat16", ISLAND.strip())]
     slow = [(c, results.ratio(c + ISLAND, c + " mixed_bfloat16")) for c in SLOW_DEPTHWISE] if results else []
     figures = "; ".join(f"{c}: {r:.1f}x" for c, r in slow if r is not None) or "not measured"
     fast = results.ratio(FAST_DEPTHWISE + ISLAND, FAST_DEPTHWISE + " mixed_bfloat16") if results else None
@@ -208,21 +209,19 @@ def float32_layers(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> tupl
            "jit_bf16); kept in float32 inside the bfloat16 model, casts included, such a layer trained faster "
            f"(times the bfloat16 speed: {figures}"
            + (f"; a 3x3 one at stride 1 stays in bfloat16, where float32 ran at {fast:.2f}x" if fast else "")
-           + "; " + quote(LAYERS, *(f"{MODEL} {v}" for v in MODEL_VARIANTS), unit="img/s") + ")")
+           + "; " + quote(LAYERS, *model_runs, unit="img/s") + ")")
     cases = [c + v for c in (*SLOW_DEPTHWISE, FAST_DEPTHWISE) for v in (" mixed_bfloat16", ISLAND)]
-    measured = evidence(LAYERS, *cases, *(f"{MODEL} {v}" for v in MODEL_VARIANTS), unit="samples/s")
+    measured = evidence(LAYERS, *cases, *model_runs, unit="samples/s")
     kept = tuple(Float32Layer(name, ("bfloat16",), why, strides_over=1, kernel_over=3, evidence=measured)
                  for name in DEPTHWISE_CLASSES)
     lstm = results.ratio(RECURRENT + ISLAND, RECURRENT + " mixed_bfloat16") if results else None
     lstm_why = ("TensorFlow runs an LSTM's recurrent loop on this CPU without a faster bfloat16 path, and its state "
                 "in bfloat16 moves the loss: kept in float32 inside the bfloat16 model, casts included, it trained "
                 + (f"{lstm:.2f}x as fast as in bfloat16 " if lstm else "")
-                + "(" + quote(LAYERS, *(f"{RECURRENT} {v}" for v in ("float32", "mixed_bfloat16", ISLAND.strip())),
-                              unit="samples/s")
+                + "(" + quote(LAYERS, *lstm_runs, unit="samples/s")
                 + "), and the model zoo's LSTM then ends the benchmark's steps within the float32 run-to-run "
                   "spread of the loss, which it leaves in bfloat16 (results/zoo-cpu)")
-    lstm_measured = evidence(LAYERS, *(f"{RECURRENT} {v}" for v in ("float32", "mixed_bfloat16", ISLAND.strip())),
-                             unit="samples/s")
+    lstm_measured = evidence(LAYERS, *lstm_runs, unit="samples/s")
     return kept + (Float32Layer("LSTM", ("bfloat16",), lstm_why, evidence=lstm_measured),), ""
 
 
@@ -353,7 +352,7 @@ def _faster(model: ZooModel, peer: str) -> bool | None:
     theirs = model.reps.get(peer)
     if not theirs or not all(mine):
         return None
-    best = [max(r) for r in zip(*(m for m in mine if m), strict=False)]
+    best = [max(r) for r in zip(*mine, strict=False)]
     return all(t > PEER_MARGIN * b for t, b in zip(theirs, best, strict=False))
 
 
@@ -374,8 +373,7 @@ def judge_peers(cpu: CpuInfo, found: tuple[Peer, ...]) -> tuple[PeerVerdict, ...
     models = zoo_results(cpu.name)
     verdicts = []
     for peer in found:
-        measured = [(m, _faster(m, peer.name)) for m in models]
-        measured = [(m, faster) for m, faster in measured if faster is not None]
+        measured = [(m, faster) for m in models if (faster := _faster(m, peer.name)) is not None]
         if not measured:
             verdicts.append(PeerVerdict(peer.name, False, f"{peer.why}: not measured on a CPU like this one "
                                         f"({cpu.name}); `amp-backends bench --zoo --configs peers` measures it here",

@@ -13,22 +13,18 @@ see ``tests/backends/cpu/test_audit_onednn.py`` for the recorded lines and where
 - MKL-DNN 0.x: ``mkldnn_verbose,exec,convolution,jit:avx2,forward_training,fsrc:nChw8c ...,alg:...,mb1_...,1.1``
   (no engine field, and no data types: its records are kept with dtype ``unknown``).
 
-A timestamp (``ONEDNN_VERBOSE_TIMESTAMP=1``) between the marker and ``primitive`` is skipped. Lines that
-are not execution records (``info``, ``create``) are ignored.
-
-oneDNN reads ``ONEDNN_VERBOSE`` once, when it starts: the audit's child process starts with it
-(`CpuKernelAudit.environment`), and the trainer's observer keeps the ``onednn_verbose`` lines of its window
-(`CpuKernelAudit.record_prefix`). Kernels TensorFlow runs outside oneDNN (Eigen, with
-``TF_ENABLE_ONEDNN_OPTS=0`` or on CPUs where TensorFlow leaves oneDNN off; XLA's own kernels) print
-nothing: the reading says so (`outside_onednn_reason`) and reports no dtypes for them.
+A timestamp (``ONEDNN_VERBOSE_TIMESTAMP=1``) between the marker and ``primitive`` is skipped; lines that are
+not execution records (``info``, ``create``) are ignored. Kernels TensorFlow runs outside oneDNN (Eigen, XLA's
+own) print nothing: the reading says so (`outside_onednn_reason`) and reports no dtypes for them.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from amp_backends.hardware import CpuInfo
@@ -38,7 +34,6 @@ from amp_backends.kernel_audit import (CONVOLUTION, INNER_PRODUCT, MATMUL, Captu
 PREFIXES = ("onednn_verbose", "dnnl_verbose", "mkldnn_verbose")
 # Primitives that do the matrix work (their time is "compute time"); the rest is memory-bound.
 COMPUTE_KINDS = frozenset({"convolution", "deconvolution", "matmul", "inner_product", "gemm_api", "rnn", "gemm"})
-REORDER_KINDS = frozenset({"reorder"})
 # What each matrix primitive's problem descriptor describes (`KernelRecord.problem`).
 PROBLEMS = {"convolution": CONVOLUTION, "deconvolution": CONVOLUTION, "inner_product": INNER_PRODUCT,
             "matmul": MATMUL, "gemm_api": MATMUL, "gemm": MATMUL}
@@ -57,6 +52,8 @@ _ISA = re.compile(r"(avx512_core_amx_fp16|avx512_core_amx|avx512_core_fp16|avx51
                   r"avx512_core|avx512_common|avx512_mic_4ops|avx512_mic|avx10_1_512_amx_fp16|avx10_1_512_amx|"
                   r"avx10_1_512|avx2_vnni_2|avx2_vnni|avx2|avx|sse41|sve_512|sve_256|sve_128|asimd|"
                   r"amx_fp16|amx_bf16|amx)")
+# The ISA name parts that hold instructions for a reduced-precision dtype; without them it is emulated.
+NATIVE_ISA = {"bfloat16": ("bf16", "amx", "fp16", "avx10"), "float16": ("fp16", "avx10")}
 
 
 @dataclass(frozen=True)
@@ -85,7 +82,7 @@ class Record:
 
     @property
     def is_reorder(self) -> bool:
-        return self.kind in REORDER_KINDS
+        return self.kind == "reorder"
 
     @property
     def dtype(self) -> str:
@@ -139,23 +136,13 @@ class Record:
     @property
     def emulated(self) -> bool:
         """A reduced-precision primitive on an ISA without instructions for it (bf16 on plain AVX-512 or AVX2)."""
-        dtype, isa = self.dtype, self.isa or ""
-        if dtype == "bfloat16":
-            return (bool(isa) and isa not in ("uni", "any")
-                    and not any(s in isa for s in ("bf16", "amx", "fp16", "avx10")))
-        if dtype == "float16":
-            return bool(isa) and isa not in ("uni", "any") and not any(s in isa for s in ("fp16", "amx_fp16", "avx10"))
-        return False
+        native, isa = NATIVE_ISA.get(self.dtype), self.isa
+        return bool(native and isa and isa not in ("uni", "any") and not any(s in isa for s in native))
 
     def shape(self) -> dict[str, int]:
         """The problem descriptor's sizes: ``mb``, ``ic``, ``oc``, ``kh``, ``kw``... (convolution, inner
         product, pooling), or ``M``, ``K``, ``N`` (and ``batch``) for ``AxB:BxC`` matmuls."""
         return parse_problem(self.problem)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.update(dtype=self.dtype, unit=self.unit, on_matrix_unit=self.on_matrix_unit)
-        return out
 
     def kernel_record(self) -> KernelRecord:
         """The record as the audit counts it (`KernelRecord`), its problem's sizes kept for matching it to a layer."""
@@ -168,25 +155,17 @@ def parse_problem(problem: str) -> dict[str, int]:
     """``mb64_ic32oc64_ih26oh24kh3...`` -> ``{"mb": 64, "ic": 32, ...}``; ``64x9216:9216x128`` -> M, K, N."""
     problem = problem.strip()
     if re.fullmatch(r"[\dx:*]+", problem) and ":" in problem:
-        tensors = [[int(d) for d in t.split("x") if d.isdigit()] for t in problem.split(":")]
-        a, b = tensors[0], tensors[1]
-        if len(a) >= 2 and len(b) >= 2:
-            out = {"M": a[-2], "K": a[-1], "N": b[-1]}
-            batch = 1
-            for d in a[:-2]:
-                batch *= d
-            out["batch"] = batch
-            return out
-        return {}
+        a, b = ([int(d) for d in t.split("x") if d.isdigit()] for t in problem.split(":")[:2])
+        if len(a) < 2 or len(b) < 2:
+            return {}
+        return {"M": a[-2], "K": a[-1], "N": b[-1], "batch": math.prod(a[:-2])}
     return {key: int(value) for key, value in re.findall(r"([a-z]+)(\d+)", problem)}
 
 
 def _dtypes(descriptors: str) -> dict[str, str]:
     found: dict[str, str] = {}
-    for token in descriptors.split():
-        m = _MD.match(token)
-        if m and m.group("arg") not in found:
-            found[m.group("arg")] = m.group("dt")
+    for m in filter(None, map(_MD.match, descriptors.split())):
+        found.setdefault(m.group("arg"), m.group("dt"))
     return found
 
 
@@ -196,11 +175,9 @@ def parse_line(line: str) -> Record | None:
     if not line.startswith(PREFIXES):
         return None
     fields = line.split(",")
-    try:
-        at = fields.index("exec")
-    except ValueError:
+    if "exec" not in fields:
         return None
-    rest = fields[at + 1:]
+    rest = fields[fields.index("exec") + 1:]
     engine = "cpu"
     if rest and rest[0] in ("cpu", "gpu"):
         engine, rest = rest[0], rest[1:]
@@ -210,9 +187,8 @@ def parse_line(line: str) -> Record | None:
         time_ms = float(rest[-1])
     except ValueError:
         return None
-    kind, implementation, prop, descriptors = rest[0], rest[1], rest[2], rest[3]
-    middle = rest[4:-2]  # attributes and auxiliary (alg:...) fields; MKL-DNN 0.x has only the latter
-    problem = rest[-2]
+    kind, implementation, prop, descriptors = rest[:4]
+    middle, problem = rest[4:-2], rest[-2]  # middle: attributes and auxiliary (alg:...) fields; MKL-DNN 0.x: the latter
     isa_match = _ISA.search(implementation.split("+")[0])
     return Record(kind=kind, implementation=implementation, isa=isa_match.group(1) if isa_match else None,
                   prop=prop, dtypes=_dtypes(descriptors), attrs=" ".join(m.strip() for m in middle if m.strip()),

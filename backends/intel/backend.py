@@ -10,8 +10,6 @@ Data Center GPU Max (Xe-HPC): XMX with bf16, fp16 and TF32 -> mixed_bfloat16 (no
 ITEX_FP32_MATH_MODE=TF32 for the float32 parts. Flex and Arc (Xe-HPG): XMX with bf16 and fp16, no TF32
 -> mixed_bfloat16. Integrated GPUs without XMX: fp16 only -> mixed_float16 with dynamic loss scaling.
 XLA is off: ITEX's XPU plugin applies its own graph fusions, not XLA's jit_compile clusters.
-
-The audit does not read what ran on an XPU (`XpuKernelAudit`: it says why).
 """
 
 from __future__ import annotations
@@ -43,6 +41,11 @@ from .itex import (
 # The ITEX a described Intel GPU runs under (the device catalogue's assumption).
 CATALOGUE_ITEX = ItexStatus("2.15.0.0", "2.15.1", True,
                             "ITEX 2.15.0.0 with TensorFlow 2.15.1 (the catalogue's assumption)")
+
+
+# The matrix unit of each dtype, where every XPU in use has the capability it needs.
+MATRIX_UNITS = (("float16", XMX, MatrixUnit("XMX engines", 8)), ("bfloat16", XMX, MatrixUnit("XMX engines", 8)),
+                ("float32", TF32, MatrixUnit("XMX engines (TF32)", 4)))
 
 
 @dataclass(frozen=True)
@@ -112,15 +115,14 @@ class IntelBackend(Backend):
 
     def probe(self, *, use_tensorflow: bool = False) -> BackendProbe:
         itex = itex_status()
-        details: list[tuple[str, str]] = []
         if not itex.installed:
             return BackendProbe(self.name, False,
                                 "no Intel GPU: " + itex.reason + " (pip install 'amp-backends[intel]')",
                                 facts=IntelFacts(itex))
         native = tuple(itex_libraries())
         facts = IntelFacts(itex, native)
-        details += [("itex_version", itex.version or "-"), ("itex_status", ITEX_EOL),
-                    ("itex_native_backends", ", ".join(native) or "none found")]
+        details = [("itex_version", itex.version or "-"), ("itex_status", ITEX_EOL),
+                   ("itex_native_backends", ", ".join(native) or "none found")]
         if not itex.compatible:
             return BackendProbe(self.name, False, "no Intel GPU usable: " + itex.reason, details=tuple(details),
                                 facts=facts)
@@ -160,11 +162,9 @@ class IntelBackend(Backend):
         return xpu_probe(names, facts, has_xmx=has_xmx, is_xehpc=is_xehpc, details=details)
 
     def report_rows(self, probe: BackendProbe) -> list[tuple[str, str]]:
-        rows = super().report_rows(probe)[:1]
-        for d in probe.devices:
-            rows.append((f"XPU {d.index}", f"{d.name}; " + ", ".join(sorted(d.capabilities))))
-        rows += [(k.replace("_", " "), v) for k, v in probe.details]
-        return rows
+        return [*super().report_rows(probe)[:1],
+                *((f"XPU {d.index}", f"{d.name}; " + ", ".join(sorted(d.capabilities))) for d in probe.devices),
+                *((k.replace("_", " "), v) for k, v in probe.details)]
 
     def software_rows(self) -> list[tuple[str, str]]:
         return [itex_software_row(itex_status())]
@@ -197,11 +197,7 @@ class IntelBackend(Backend):
         fp8 = Support(EMULATED, f"{names}: ITEX has no fp8 matrix path "
                                 "(and needs TensorFlow 2.15, whose Keras 2 has no float8 layers)",
                       "ITEX has no fp8 matrix path")
-        units = {}
-        if all_have(XMX):
-            units = {"float16": MatrixUnit("XMX engines", 8), "bfloat16": MatrixUnit("XMX engines", 8)}
-        if all_have(TF32):
-            units["float32"] = MatrixUnit("XMX engines (TF32)", 4)
+        units = {dtype: unit for dtype, need, unit in MATRIX_UNITS if all_have(need)}
         return Assessment(
             backend=self.name,
             devices=tuple(f"/XPU:{d.index}" for d in devices),
@@ -227,14 +223,8 @@ class IntelBackend(Backend):
         return tuple(settings)
 
     def apply(self, plan: Plan, tf: Any) -> list[str]:
-        notes = []
-        mode = plan.vendor_setting(MATH_MODE_VARIABLE)
-        if mode:
-            notes.append(apply_math_mode(mode))
-        amp = plan.vendor_setting(AMP_SETTING)
-        if amp:
-            notes.append(configure_itex_amp(amp))
-        return notes
+        mode, amp = plan.vendor_setting(MATH_MODE_VARIABLE), plan.vendor_setting(AMP_SETTING)
+        return ([apply_math_mode(mode)] if mode else []) + ([configure_itex_amp(amp)] if amp else [])
 
     def catalogue(self) -> tuple[KnownDevice, ...]:
         """The intel devices of the device catalogue (``backends/intel/catalogue.py``)."""

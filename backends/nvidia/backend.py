@@ -12,6 +12,7 @@ so ``/GPU:0`` in the plan is the GPU TensorFlow calls ``/GPU:0``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterable
@@ -36,6 +37,12 @@ GRAPH_AMP = Support(
                  "supported path (the rewrite leaves loss scaling to the training code, and TensorFlow deprecated its "
                  "API, enable_mixed_precision_graph_rewrite, for the Keras policy)",
     "not offered: the Keras mixed_float16 policy is the supported path")
+
+# The matrix unit of each dtype, where every GPU in use has the capabilities it needs.
+MATRIX_UNITS = (("float16", (TENSOR_CORES,), MatrixUnit("Tensor Cores", 8)),
+                ("bfloat16", (BF16, TENSOR_CORES), MatrixUnit("Tensor Cores", 8)),
+                ("float32", (TF32,), MatrixUnit("TF32 Tensor Cores", 4)),
+                ("float8", (FP8,), MatrixUnit("fp8 Tensor Cores", 16)))
 
 FIT_ONE, FIT_MANY = "fit at 1 step per call", re.compile(r"fit at (\d+) steps per call")
 FP16_XLA, BF16_XLA, TF32_XLA = "mnist: fp16 dynamic+XLA", "mnist: bf16+XLA", "mnist: TF32+XLA"
@@ -192,10 +199,8 @@ class NvidiaBackend(Backend):
             return BackendProbe(self.name, False, f"no NVIDIA GPU: NVML error ({as_text(exc) or type(exc).__name__})",
                                 details=tuple(details))
         finally:
-            try:
+            with contextlib.suppress(Exception):
                 pynvml.nvmlShutdown()
-            except Exception:
-                pass
         visible, order = visible_gpus(gpus, os.environ)
         facts = NvidiaFacts(driver, driver_cuda, order, tuple(gpus))
         details.append(("CUDA_device_order", order + (" (CUDA's default)" if order == FASTEST_FIRST else "")))
@@ -280,18 +285,8 @@ class NvidiaBackend(Backend):
                                     "such as the L4 and H100): Keras's "
                                     "float8 layers would only be emulated, slower than without them",
                           "no fp8 Tensor Cores (CC < 8.9): float8 layers would be emulated, slower")
-        units = {}
-        if all_have(TENSOR_CORES):
-            units["float16"] = MatrixUnit("Tensor Cores", 8)
-        if all_have(BF16) and all_have(TENSOR_CORES):
-            units["bfloat16"] = MatrixUnit("Tensor Cores", 8)
-        if all_have(TF32):
-            units["float32"] = MatrixUnit("TF32 Tensor Cores", 4)
-        if all_have(FP8):
-            units["float8"] = MatrixUnit("fp8 Tensor Cores", 16)
-        notes: tuple[str, ...] = ()
-        if mixed:
-            notes = (f"GPUs of different compute capabilities ({ccs}): the plan follows the weakest",)
+        units = {dtype: unit for dtype, needs, unit in MATRIX_UNITS if all(map(all_have, needs))}
+        notes = (f"GPUs of different compute capabilities ({ccs}): the plan follows the weakest",) if mixed else ()
         return Assessment(
             backend=self.name,
             devices=tuple(d.tf_name for d in devices),
@@ -304,7 +299,6 @@ class NvidiaBackend(Backend):
             notes=notes,
             fp8=fp8,
             matrix_units=units,
-            steps_per_execution=1,
             steps_per_execution_why=fit_steps_why,
             steps_per_execution_evidence=fit_steps_evidence,
         )

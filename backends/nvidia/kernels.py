@@ -23,11 +23,6 @@ more (each rule's examples are recorded names, listed with their public sources 
 
 Anything else is ``other`` (elementwise, copies, reductions: not matrix work), and a matrix kernel whose
 name does not say its dtype is ``unknown``: never guessed.
-
-The audit's child traces its measured steps with TensorFlow's profiler into its work folder
-(`NvidiaKernelAudit.begin`, where TensorFlow lists a GPU); `NvidiaKernelAudit.read_trace` reads a trace
-recorded elsewhere (``amp_backends.audit_trace``). Kernels are matched to layers by their TensorFlow op's
-name scopes (`KernelRecord.op`).
 """
 
 from __future__ import annotations
@@ -37,7 +32,7 @@ import json
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from amp_backends.kernel_audit import CONVOLUTION, MATMUL, Capture, KernelAudit, KernelReading, KernelRecord
@@ -83,9 +78,6 @@ class KernelClass:
     def is_compute(self) -> bool:
         return self.kind in ("gemm", "conv")
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def _tc_from_dtype(dtype: str) -> bool | None:
     return True if dtype in ("float16", "bfloat16", "tfloat32", "float8", "int8") else None
@@ -96,10 +88,8 @@ def _classify_hlo(name: str, hlo: str) -> KernelClass:
     kind = ("conv" if "conv" in hlo else "gemm") if compute else "other"
     m = _HLO_TYPE.search(hlo)
     t = m.group("t") if m else ""
-    dtype = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64", "s8": "int8", "u8": "int8"}.get(
-        t, "float8" if t.startswith("f8") else "unknown")
-    tc = _tc_from_dtype(dtype) if compute else False
-    return KernelClass(name, kind, "XLA", dtype, tc)
+    dtype = _DT.get(t, "float8" if t.startswith("f8") else "unknown")
+    return KernelClass(name, kind, "XLA", dtype, _tc_from_dtype(dtype) if compute else False)
 
 
 def classify(name: str, hlo: str | None = None) -> KernelClass:
@@ -123,8 +113,7 @@ def classify(name: str, hlo: str | None = None) -> KernelClass:
     if m:
         dt = m.group("dt") or m.group("extra") or m.group("dt2")
         dtype = _DT.get(dt, "unknown") if dt else {"h": "float16", "i": "int8"}.get(m.group("acc"), "unknown")
-        tc = m.group("cls") != "simt"
-        return KernelClass(name, "gemm", "CUTLASS", dtype, tc)
+        return KernelClass(name, "gemm", "CUTLASS", dtype, m.group("cls") != "simt")
     m = _LEGACY.match(short)
     if m:
         mma, acc = m.group("mma"), m.group("acc")
@@ -133,20 +122,16 @@ def classify(name: str, hlo: str | None = None) -> KernelClass:
             dtype = _DT[dt]
         elif mma:
             dtype = {"h": "float16", "i": "int8", "t": "bfloat16"}.get(acc, "unknown")
-        else:
-            dtype = _DT.get(acc, "unknown") if acc in ("s", "d", "h", "c", "z", "gc") else "unknown"
-            if acc == "gc":
-                dtype = "complex64"
-        tc = bool(mma and mma in _MMA_SHAPES)
+        else:  # CUDA cores, named by the accumulator: sgemm, dgemm, hgemm, cgemm, zgemm, gcgemm
+            dtype = {"s": "float32", "d": "float64", "h": "float16", "c": "complex64", "z": "complex128",
+                     "gc": "complex64"}.get(acc, "unknown")
         kind = "conv" if m.group("op") == "cudnn" else "gemm"
-        return KernelClass(name, kind, "cuDNN" if kind == "conv" else "cuBLAS", dtype, tc)
+        return KernelClass(name, kind, "cuDNN" if kind == "conv" else "cuBLAS", dtype, bool(mma and mma in _MMA_SHAPES))
     if "implicit_convolve" in short or "explicit_convolve" in short:
         dtype = "float32" if "sgemm" in short else ("float16" if "hhgemm" in short else "unknown")
         return KernelClass(name, "conv", "cuDNN", dtype, False if dtype != "unknown" else None)
     if _XLA_FUSION.match(short):
-        if hlo:
-            return _classify_hlo(name, hlo)
-        return KernelClass(name, "fusion", "XLA", "unknown", None)
+        return _classify_hlo(name, hlo) if hlo else KernelClass(name, "fusion", "XLA", "unknown", None)
     if re.search(r"gemm|gemv|conv|wgrad|dgrad|fprop|matmul", short, re.IGNORECASE):
         return KernelClass(name, "gemm", "unknown", "unknown", None)
     return KernelClass(name, "other", "other", "unknown", False)
@@ -267,10 +252,6 @@ def _xplane_to_trace(path: str) -> dict[str, Any]:
                      "tensorboard-plugin-profile (or xprof), or give a *.trace.json.gz file")
 
 
-def classify_events(events: Iterable[KernelEvent]) -> list[tuple[KernelEvent, KernelClass]]:
-    return [(e, classify(e.name, e.hlo)) for e in events]
-
-
 # -- the kernel audit --------------------------------------------------------------------------------------
 PROBLEMS = {"gemm": MATMUL, "conv": CONVOLUTION}
 TRACE = "TensorFlow profiler trace"
@@ -291,7 +272,8 @@ def kernel_records(events: Iterable[KernelEvent]) -> tuple[KernelRecord, ...]:
         One `KernelRecord` a kernel, with its TensorFlow op for matching it to a layer.
     """
     out = []
-    for event, k in classify_events(events):
+    for event in events:
+        k = classify(event.name, event.hlo)
         compute = k.is_compute or k.kind == "fusion"
         unit = "Tensor Cores" if k.tensor_core else ("CUDA cores" if k.tensor_core is False else "unknown")
         out.append(KernelRecord(kind=k.kind, dtype=k.dtype, unit=unit, time_ms=event.duration_us / 1000.0,
