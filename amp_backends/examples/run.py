@@ -68,7 +68,6 @@ def preflight(opts: RunOptions) -> None:
             ``--data``, ``--synthetic`` and ``--digits`` is given.
         ClusterConfigError: The cluster is described wrongly, or this worker's port is taken.
     """
-    from ..errors import AmpConfigError
     from ..training.distribute import check_cluster
     from ..training.runs import check_no_file_in_the_way
 
