@@ -192,10 +192,10 @@ def render_text(report: Report, console: Any = None, why: bool = False) -> None:
     sw = d["software"]
     tf = sw["tensorflow"]
     tf_text = tf["version"] or "not installed"
-    if tf.get("is_cuda_build") is not None:
-        build = "CUDA build" if tf.get("is_cuda_build") else "CPU-only build"
-        cuda = f", CUDA {tf.get('cuda_version')}, cuDNN {tf.get('cudnn_version')}" if tf.get("is_cuda_build") else ""
-        tf_text += f" ({build}{cuda})"
+    if tf.get("is_cuda_build"):
+        tf_text += f" (CUDA build, CUDA {tf.get('cuda_version')}, cuDNN {tf.get('cudnn_version')})"
+    elif tf.get("is_cuda_build") is not None:
+        tf_text += " (CPU-only build)"
     tf_text += f"; {tf['why']}"
     if tf.get("error"):
         tf_text += f" [{tf['error']}]"

@@ -1,20 +1,11 @@
 """The tutorials' hand-written loops under their manual configurations against the auto plan (the default benchmark).
 
-``python -m amp_backends.bench`` (or ``amp-backends bench``) times, in one process and on the same data:
-
-* the tutorials' loops, written as the tutorials wrote them: one ``tf.function`` call per step,
-  ``tf.data`` input, the loss fetched every step (they logged it), under float32 with/without TF32 and
-  with/without XLA, mixed_float16 with fixed (1024) and dynamic loss scaling with/without XLA, and
-  mixed_bfloat16 with/without XLA;
-* Keras ``model.fit`` with the same model under the auto plan;
-* the trainer under `auto_configure`.
-
-Each configuration runs one warm-up epoch (tracing, compilation), then ``--epochs`` timed epochs; the
-figure is the median epoch's images per second, images counted as the tutorials counted them (MNIST: the
-batch; GAN: 2 x batch per step). Between configurations the process is reset (Keras session, dtype
-policy, TF32, the applied plan). It prints a table with the ratio to the best manual configuration, and
-writes ``bench.json`` (device, driver, versions, command, date; its JSON Schema is
-``amp_backends/schemas/bench.schema.json``) and ``bench.png`` (bar chart).
+In one process and on the same data: the tutorials' loops as they wrote them (one ``tf.function`` call per step,
+``tf.data`` input, the loss fetched every step) under each configuration of `MANUAL`, Keras ``fit`` under the auto
+plan and the trainer under `auto_configure`. Each runs one warm-up epoch, then ``--epochs`` timed ones; the figure is
+the median epoch's images per second. Between configurations the process is reset (Keras session, dtype policy,
+TF32, the applied plan). It writes ``bench.json`` (JSON Schema: ``amp_backends/schemas/bench.schema.json``) and
+``bench.png``; the method in full is on ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

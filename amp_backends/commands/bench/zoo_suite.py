@@ -1,15 +1,10 @@
 """The model-zoo benchmark: every zoo model under the float32 ``fit`` baseline, the manual configurations
 this hardware runs, ``fit`` under the auto plan and the trainer under the plan.
 
-Each configuration runs in a worker process of its own (`zoo_worker`; a dtype policy, XLA and an
-applied plan are process-wide), started once and kept for all models. Per model, every worker builds
-the model from the same seed and warms up (compilation), then the repetitions are interleaved: one
-repetition of each configuration in turn, the order rotated each round, so that a machine getting
-busier or quieter hits every configuration alike. Each configuration's figure is the median
-repetition, with its min-max spread; after the last repetition every worker reports the loss on one
-fixed batch (every configuration has then made the same steps on the same data). The matmul peak per
-dtype is measured at the start, in the float32 worker. ``zoo.json``'s JSON Schema is
-``amp_backends/schemas/zoo.schema.json``.
+Each configuration runs in a worker process of its own (`zoo_worker`: a dtype policy, XLA and an applied plan are
+process-wide), kept for all models. Per model the repetitions are interleaved, the order rotated each round; each
+figure is the median repetition with its min-max spread (the method in full: ``docs/benchmarks.md``). ``zoo.json``'s
+JSON Schema is ``amp_backends/schemas/zoo.schema.json``.
 """
 
 from __future__ import annotations
