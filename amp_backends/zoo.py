@@ -31,10 +31,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .models import NOISE_DIM, gan_discriminator, gan_generator, gan_labels, sigmoid_loss
+from .models import NOISE_DIM, gan_discriminator, gan_generator, gan_labels, mnist_cnn, sigmoid_loss
 
 VOCAB = 8192
 SEQ = 128
+# the keras_hub backbones' size
+HUB_SIZE = dict(vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=128, intermediate_dim=512,
+                max_sequence_length=SEQ)
 
 
 def _tf() -> Any:
@@ -53,10 +56,14 @@ class ZooModel:
     build: Callable[[], Any]  # under the dtype policy in force
     data: Callable[[int, int], tuple[Any, Any]]  # (samples, seed) -> (x, y); numpy; y is None for the GAN
     loss: Callable[[], Any]  # the loss(es) for model.compile
-    example_loss: Callable[[], Callable[[Any, Any], Any]]  # (y, pred) -> one loss per example, for the trainer
+    per_example: Callable[[], Callable[[Any, Any], Any]] | None = None  # `example_loss`, where not the loss's call
     requires: tuple[str, ...] = ()
     per_sample: int = 1  # samples counted per batch row (the GAN counts real and generated images: 2)
     gan: bool = False
+
+    def example_loss(self) -> Callable[[Any, Any], Any]:
+        """``(y, pred)`` -> one loss per example, for the trainer (by default the ``call`` of the Keras loss)."""
+        return self.per_example() if self.per_example is not None else self.loss().call
 
     def evaluate(self, model: Any, x: Any, y: Any) -> float:
         """The mean loss on ``(x, y)`` in inference mode, in float32 (the parity check's figure)."""
@@ -133,10 +140,6 @@ def _sparse(from_logits: bool = False) -> Callable[[], Any]:
     return lambda: _tf().keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits)
 
 
-def _sparse_per_example(from_logits: bool = False) -> Callable[[], Callable[[Any, Any], Any]]:
-    return lambda: _tf().keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits).call
-
-
 def _two_heads_per_example() -> Callable[[Any, Any], Any]:
     tf = _tf()
     ce = tf.keras.losses.SparseCategoricalCrossentropy()
@@ -152,12 +155,6 @@ def _gan_per_example() -> Callable[[Any, Any], Any]:
 
 
 # ---------------------------------------------------------------------------------------------- builders
-def _mnist() -> Any:
-    from .models import mnist_cnn
-
-    return mnist_cnn()
-
-
 def _gan() -> Any:
     tf = _tf()
     keras = tf.keras
@@ -218,8 +215,7 @@ def _hub_classifier() -> Any:
     tf = _tf()
     import keras_hub
 
-    backbone = keras_hub.models.BertBackbone(vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=128,
-                                             intermediate_dim=512, max_sequence_length=SEQ)
+    backbone = keras_hub.models.BertBackbone(**HUB_SIZE)
     logits = tf.keras.layers.Dense(2, dtype="float32", name="head")(backbone.output["pooled_output"])
     return tf.keras.Model(backbone.input, logits, name="bert_classifier")
 
@@ -228,8 +224,7 @@ def _hub_causal_lm() -> Any:
     tf = _tf()
     import keras_hub
 
-    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=128,
-                                             intermediate_dim=512, max_sequence_length=SEQ)
+    backbone = keras_hub.models.GPT2Backbone(**HUB_SIZE)
     # The LM head computes under the policy (70% of the model's FLOPs); only its logits are cast to float32.
     logits = tf.keras.layers.Dense(VOCAB, name="lm_head")(backbone.output)
     logits = tf.keras.layers.Activation("linear", dtype="float32", name="logits")(logits)
@@ -274,22 +269,22 @@ def _two_heads_loss() -> Any:
 
 
 ZOO: dict[str, ZooModel] = {m.name: m for m in (
-    ZooModel("mnist_cnn", "the tutorials' MNIST CNN, 28x28x1", "images", 256, 1024, _mnist, _images((28, 28, 1), 10),
-             _sparse(), _sparse_per_example()),
+    ZooModel("mnist_cnn", "the tutorials' MNIST CNN, 28x28x1", "images", 256, 1024, mnist_cnn,
+             _images((28, 28, 1), 10), _sparse()),
     ZooModel("gan", "the tutorials' GAN (generator + discriminator), 28x28x1", "images", 128, 4096, _gan, _gan_data,
              lambda: None, _gan_per_example, per_sample=2, gan=True),
     ZooModel("bert", "keras_hub BertBackbone 2x128, seq 128, + 2-class head", "sequences", 32, 256, _hub_classifier,
-             _bert_data, _sparse(True), _sparse_per_example(True), requires=("keras_hub",)),
+             _bert_data, _sparse(True), requires=("keras_hub",)),
     ZooModel("gpt2", "keras_hub GPT2Backbone 2x128, seq 128, + LM head (vocabulary 8192)", "sequences", 16, 256,
-             _hub_causal_lm, _gpt2_data, _sparse(True), _sparse_per_example(True), requires=("keras_hub",)),
+             _hub_causal_lm, _gpt2_data, _sparse(True), requires=("keras_hub",)),
     ZooModel("mobilenet_v3", "MobileNetV3Small 96x96, 10 classes", "images", 64, 512,
-             _application("MobileNetV3Small", 96), _images((96, 96, 3), 10, 255.0), _sparse(), _sparse_per_example()),
+             _application("MobileNetV3Small", 96), _images((96, 96, 3), 10, 255.0), _sparse()),
     ZooModel("resnet50", "ResNet50 64x64, 10 classes", "images", 16, 512, _application("ResNet50", 64),
-             _images((64, 64, 3), 10, 255.0), _sparse(), _sparse_per_example()),
+             _images((64, 64, 3), 10, 255.0), _sparse()),
     ZooModel("efficientnet", "EfficientNetB0 64x64, 10 classes", "images", 32, 512, _application("EfficientNetB0", 64),
-             _images((64, 64, 3), 10, 255.0), _sparse(), _sparse_per_example()),
+             _images((64, 64, 3), 10, 255.0), _sparse()),
     ZooModel("lstm", "Embedding + LSTM(128), 64 tokens, 2 classes", "sequences", 128, 1024, _lstm, _lstm_data,
-             _sparse(), _sparse_per_example()),
+             _sparse()),
     ZooModel("two_heads", "CNN with BatchNormalization, two heads (10 classes + regression), 32x32x3", "images", 128,
              2048, _two_heads, _two_heads_data, _two_heads_loss, _two_heads_per_example),
 )}

@@ -49,10 +49,6 @@ class Report:
     data: dict[str, Any] = field(default_factory=dict)
     hardware: Hardware | None = field(default=None, repr=False)
 
-    @property
-    def plan_error(self) -> str | None:
-        return self.data.get("plan_error")
-
 
 def _tensorflow_section(imported: Any, why: str, error: str | None) -> dict[str, Any]:
     info: dict[str, Any] = {"version": tensorflow_version(), "imported": imported is not None,
@@ -64,9 +60,8 @@ def _tensorflow_section(imported: Any, why: str, error: str | None) -> dict[str,
             build = dict(imported.sysconfig.get_build_info())
         except Exception:
             pass
-    info["is_cuda_build"] = bool(build.get("is_cuda_build")) if build else None
-    info["cuda_version"] = build.get("cuda_version")
-    info["cudnn_version"] = build.get("cudnn_version")
+    info.update(is_cuda_build=bool(build.get("is_cuda_build")) if build else None,
+                cuda_version=build.get("cuda_version"), cudnn_version=build.get("cudnn_version"))
     if not info["version"]:
         info["error"] = "TensorFlow is not installed (pip install tensorflow)"
     return info
@@ -94,15 +89,11 @@ def _hardware(
     return probe_hardware(registry, use_tensorflow=True), tf, why, None
 
 
-def _rows(call: Any) -> list[list[str]]:
+def _rows(call: Any, *args: Any) -> list[list[str]]:
     try:
-        return [[str(label), str(value)] for label, value in call()]
+        return [[str(label), str(value)] for label, value in call(*args)]
     except Exception as exc:  # a backend's bug is shown, never raised
         return [["error", f"{type(exc).__name__}: {exc}"]]
-
-
-def _backend_rows(backend: Any, probe: Any) -> list[list[str]]:
-    return _rows(lambda: backend.report_rows(probe))
 
 
 def collect(
@@ -145,13 +136,10 @@ def collect(
             "keras": keras_info(tf).to_dict(),
             "backends": {b.name: _rows(b.software_rows) for b in registry},
         },
-        "backend_rows": {},
+        "backend_rows": {b.name: _rows(b.report_rows, probe) for b in registry
+                         if (probe := hardware.get(b.name)) is not None},
         "hardware": hardware.to_dict(),
     }
-    for backend in registry:
-        probe = hardware.get(backend.name)
-        if probe is not None:
-            data["backend_rows"][backend.name] = _backend_rows(backend, probe)
     for name, err in registry.load_errors.items():
         data["backend_rows"][name] = [["status", f"failed to load: {err}"]]
     try:
@@ -204,10 +192,10 @@ def render_text(report: Report, console: Any = None, why: bool = False) -> None:
     sw = d["software"]
     tf = sw["tensorflow"]
     tf_text = tf["version"] or "not installed"
-    if tf.get("is_cuda_build") is not None:
-        build = "CUDA build" if tf.get("is_cuda_build") else "CPU-only build"
-        cuda = f", CUDA {tf.get('cuda_version')}, cuDNN {tf.get('cudnn_version')}" if tf.get("is_cuda_build") else ""
-        tf_text += f" ({build}{cuda})"
+    if tf.get("is_cuda_build"):
+        tf_text += f" (CUDA build, CUDA {tf.get('cuda_version')}, cuDNN {tf.get('cudnn_version')})"
+    elif tf.get("is_cuda_build") is not None:
+        tf_text += " (CPU-only build)"
     tf_text += f"; {tf['why']}"
     if tf.get("error"):
         tf_text += f" [{tf['error']}]"

@@ -7,6 +7,8 @@ benchmark, the examples or numpy. Help is click's plain layout (`typer_app`).
 
 from __future__ import annotations
 
+import functools
+
 import typer
 
 from .info_command import info
@@ -22,27 +24,22 @@ def _group() -> None:
 
 
 app.command("info", short_help="The plan with its reasons, the software and the hardware.")(info)
-_registered = False
 
 
+@functools.cache
 def get_app() -> typer.Typer:
     """The full command line: ``info``, plus ``check``, ``audit``, ``bench`` and ``train`` registered on first use."""
-    global _registered
-    if not _registered:
-        from .audit_command import audit_command
-        from .bench import main as bench_main
-        from .check_command import check_command
-        from .train_command import train_app
+    from .audit_command import audit_command
+    from .bench import main as bench_main
+    from .check_command import check_command
+    from .train_command import train_app
 
-        app.add_typer(train_app(), name="train",
-                      short_help="Train the tutorials' MNIST CNN or GAN under the auto plan.")
-        app.command("check", short_help="Check a Keras model for what makes mixed precision slow or wrong.")(
-            check_command)
-        app.command("audit", short_help="Train a few steps and report the kernels that ran: dtypes, float32 islands.")(
-            audit_command)
-        app.command("bench", help=bench_main.__doc__,
-                    short_help="Time the tutorials' configurations against the auto plan.")(bench_main)
-        _registered = True
+    app.add_typer(train_app(), name="train", short_help="Train the tutorials' MNIST CNN or GAN under the auto plan.")
+    app.command("check", short_help="Check a Keras model for what makes mixed precision slow or wrong.")(check_command)
+    app.command("audit", short_help="Train a few steps and report the kernels that ran: dtypes, float32 islands.")(
+        audit_command)
+    app.command("bench", help=bench_main.__doc__,
+                short_help="Time the tutorials' configurations against the auto plan.")(bench_main)
     return app
 
 

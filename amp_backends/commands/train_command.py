@@ -133,12 +133,7 @@ def command(name: str, train: Callable[[Any], Any], *, batch_size: int, lr: floa
         audit: bool = typer.Option(False, "--audit", help="Report the kernels that ran in the steps after the warm-up: "
                                    "dtypes, float32 islands (on a CPU from oneDNN's records)."),
     ) -> None:
-        run_example(name, train, dict(
-            epochs=epochs, batch_size=batch_size, lr=lr, data=data, synthetic=synthetic, digits=digits,
-            overrides=overrides, steps_per_call=steps_per_call, log_every=log_every, logdir=logdir,
-            checkpoint_every=checkpoint_every, resume=resume, profile=profile, profile_steps=profile_steps,
-            max_steps=max_steps, seed=seed, deterministic=deterministic, progress=progress, distribute=distribute,
-            cluster_timeout=cluster_timeout, tune=tune, audit=audit))
+        run_example(name, train, dict(locals()))  # the options by name (with name and train, which it ignores)
 
     main.__doc__ = train.__doc__
     return main

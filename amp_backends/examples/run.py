@@ -68,7 +68,6 @@ def preflight(opts: RunOptions) -> None:
             ``--data``, ``--synthetic`` and ``--digits`` is given.
         ClusterConfigError: The cluster is described wrongly, or this worker's port is taken.
     """
-    from ..errors import AmpConfigError
     from ..training.distribute import check_cluster
     from ..training.runs import check_no_file_in_the_way
 
@@ -98,14 +97,12 @@ def strategy_and_plan(opts: RunOptions) -> tuple[Any, Any]:
 
 
 def load_data(opts: RunOptions) -> Any:
-    from ..data import load_mnist, synthetic_mnist
+    from ..data import digits_as_mnist, load_mnist, synthetic_mnist
 
     seed = 0 if opts.seed is None else opts.seed
     if opts.synthetic:
         return synthetic_mnist(seed=seed)
     if opts.digits:
-        from ..data import digits_as_mnist
-
         return digits_as_mnist(seed=seed)
     return load_mnist(opts.data)
 

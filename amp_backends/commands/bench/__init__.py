@@ -83,8 +83,7 @@ def main(
         from .zoo_suite import run_zoo
 
         zoo_models = _names(models) or list(ZOO)
-        bad = [m for m in zoo_models if m not in ZOO]
-        if bad:
+        if any(m not in ZOO for m in zoo_models):
             raise _fail(f"--zoo --models takes {', '.join(ZOO)}. Received: {models!r}.")
         try:
             run_zoo(zoo_models, _names(configs), reps, steps, batch, out)
@@ -94,13 +93,12 @@ def main(
     from .loops import run
 
     wanted: list[str] | None = _names(models) if models is not None else ["mnist", "gan"]
-    bad = [m for m in wanted or [] if m not in ("mnist", "gan")]
-    if bad or not wanted:
+    if not wanted or any(m not in ("mnist", "gan") for m in wanted):
         raise _fail(f"--models takes mnist and/or gan (or zoo models with --zoo). Received: {models!r}.")
     chosen = _names(configs)
     unknown = [c for c in chosen or [] if c not in [m[0] for m in MANUAL]]
     if unknown:
-        raise _fail(f"unknown configuration(s) {unknown}; valid: {', '.join(m[0] for m in MANUAL)}.")
+        raise _fail(f"unknown configuration(s) {unknown}; valid: {MANUAL_NAMES}.")
     import_tensorflow(quiet_tensorflow_logs())
     try:
         run(wanted, chosen, epochs, samples, mnist_batch, gan_batch, steps_per_call, out, with_fit=not no_fit)

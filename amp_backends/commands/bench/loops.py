@@ -1,20 +1,11 @@
 """The tutorials' hand-written loops under their manual configurations against the auto plan (the default benchmark).
 
-``python -m amp_backends.bench`` (or ``amp-backends bench``) times, in one process and on the same data:
-
-* the tutorials' loops, written as the tutorials wrote them: one ``tf.function`` call per step,
-  ``tf.data`` input, the loss fetched every step (they logged it), under float32 with/without TF32 and
-  with/without XLA, mixed_float16 with fixed (1024) and dynamic loss scaling with/without XLA, and
-  mixed_bfloat16 with/without XLA;
-* Keras ``model.fit`` with the same model under the auto plan;
-* the trainer under `auto_configure`.
-
-Each configuration runs one warm-up epoch (tracing, compilation), then ``--epochs`` timed epochs; the
-figure is the median epoch's images per second, images counted as the tutorials counted them (MNIST: the
-batch; GAN: 2 x batch per step). Between configurations the process is reset (Keras session, dtype
-policy, TF32, the applied plan). It prints a table with the ratio to the best manual configuration, and
-writes ``bench.json`` (device, driver, versions, command, date; its JSON Schema is
-``amp_backends/schemas/bench.schema.json``) and ``bench.png`` (bar chart).
+In one process and on the same data: the tutorials' loops as they wrote them (one ``tf.function`` call per step,
+``tf.data`` input, the loss fetched every step) under each configuration of `MANUAL`, Keras ``fit`` under the auto
+plan and the trainer under `auto_configure`. Each runs one warm-up epoch, then ``--epochs`` timed ones; the figure is
+the median epoch's images per second. Between configurations the process is reset (Keras session, dtype policy,
+TF32, the applied plan). It writes ``bench.json`` (JSON Schema: ``amp_backends/schemas/bench.schema.json``) and
+``bench.png``; the method in full is on ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -33,19 +24,13 @@ from .output import environment, loops_chart, loops_table, run_header, unsafe_po
 if TYPE_CHECKING:  # numpy is imported by the data helpers when a run starts, not by the command line
     import numpy as np
 
-MANUAL = [
-    # name, policy, tf32, xla, loss scaling
-    ("fp32", "float32", False, False, "none"),
-    ("fp32+XLA", "float32", False, True, "none"),
-    ("TF32", "float32", True, False, "none"),
-    ("TF32+XLA", "float32", True, True, "none"),
-    ("fp16 fixed", "mixed_float16", True, False, "fixed"),
-    ("fp16 fixed+XLA", "mixed_float16", True, True, "fixed"),
-    ("fp16 dynamic", "mixed_float16", True, False, "dynamic"),
-    ("fp16 dynamic+XLA", "mixed_float16", True, True, "dynamic"),
-    ("bf16", "mixed_bfloat16", True, False, "none"),
-    ("bf16+XLA", "mixed_bfloat16", True, True, "none"),
-]
+# (name, policy, tf32, xla, loss scaling): each configuration without, then with XLA
+MANUAL = [(name + ("+XLA" if xla else ""), policy, tf32, xla, scaling)
+          for name, policy, tf32, scaling in (("fp32", "float32", False, "none"), ("TF32", "float32", True, "none"),
+                                              ("fp16 fixed", "mixed_float16", True, "fixed"),
+                                              ("fp16 dynamic", "mixed_float16", True, "dynamic"),
+                                              ("bf16", "mixed_bfloat16", True, "none"))
+          for xla in (False, True)]
 FIXED_SCALE = 1024.0
 
 
@@ -89,7 +74,7 @@ class _Scaling:
         self.optimizer.apply_gradients(zip(grads, variables, strict=True))
 
 
-def _mnist_manual(policy: str, xla: bool, scaling: str, lr: float, batch: int) -> tuple[Callable, Callable]:
+def _mnist_manual(policy: str, xla: bool, scaling: str, lr: float, batch: int) -> Callable:
     tf = _tf()
     from ...models import mnist_cnn
 
@@ -107,10 +92,10 @@ def _mnist_manual(policy: str, xla: bool, scaling: str, lr: float, batch: int) -
         s.apply(grads, model.trainable_variables)
         return loss
 
-    return step, (lambda: model)
+    return step
 
 
-def _gan_manual(policy: str, xla: bool, scaling: str, lr: float, batch: int) -> tuple[Callable, Callable]:
+def _gan_manual(policy: str, xla: bool, scaling: str, lr: float, batch: int) -> Callable:
     tf = _tf()
     from ...models import NOISE_DIM, gan_discriminator, gan_generator, gan_labels, sigmoid_loss
 
@@ -137,7 +122,7 @@ def _gan_manual(policy: str, xla: bool, scaling: str, lr: float, batch: int) -> 
         ds.apply(tape.gradient(scaled, d.trainable_variables), d.trainable_variables)
         return dl
 
-    return step, (lambda: g)
+    return step
 
 
 def _dataset(x: np.ndarray, y: np.ndarray, batch: int) -> Any:
@@ -148,15 +133,15 @@ def _dataset(x: np.ndarray, y: np.ndarray, batch: int) -> Any:
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
-def _time_epochs(run_epoch: Callable[[], int], epochs: int) -> list[float]:
-    """One warm-up epoch, then ``epochs`` timed ones; images per second of each."""
+def _timed(run_epoch: Callable[[], int], epochs: int, model: str, config: str, kind: str, detail: str = "") -> Result:
+    """One warm-up epoch, then ``epochs`` timed ones: the median and each epoch's images per second."""
     run_epoch()
     rates = []
     for _ in range(epochs):
         t0 = time.perf_counter()
         images = run_epoch()
         rates.append(images / (time.perf_counter() - t0))
-    return rates
+    return Result(model, config, kind, statistics.median(rates), rates, detail=detail)
 
 
 def bench_manual(model: str, config: tuple, x: np.ndarray, y: np.ndarray, batch: int, epochs: int, lr: float) -> Result:
@@ -164,7 +149,7 @@ def bench_manual(model: str, config: tuple, x: np.ndarray, y: np.ndarray, batch:
     name, policy, tf32, xla, scaling = config
     tf.config.experimental.enable_tensor_float_32_execution(tf32)
     make = _mnist_manual if model == "mnist" else _gan_manual
-    step, _ = make(policy, xla, scaling, lr, batch)
+    step = make(policy, xla, scaling, lr, batch)
     ds = _dataset(x, y, batch)
     per_step = batch if model == "mnist" else 2 * batch
 
@@ -175,8 +160,7 @@ def bench_manual(model: str, config: tuple, x: np.ndarray, y: np.ndarray, batch:
             n += per_step
         return n
 
-    rates = _time_epochs(epoch, epochs)
-    return Result(model, name, "manual", statistics.median(rates), rates)
+    return _timed(epoch, epochs, model, name, "manual")
 
 
 def bench_fit(x: np.ndarray, y: np.ndarray, batch: int, epochs: int, lr: float) -> Result:
@@ -194,8 +178,7 @@ def bench_fit(x: np.ndarray, y: np.ndarray, batch: int, epochs: int, lr: float) 
         model.fit(xf[:n], y[:n], batch_size=batch, epochs=1, verbose=0, shuffle=True)
         return n
 
-    rates = _time_epochs(epoch, epochs)
-    return Result("mnist", f"Keras fit ({plan.policy})", "keras_fit", statistics.median(rates), rates)
+    return _timed(epoch, epochs, "mnist", f"Keras fit ({plan.policy})", "keras_fit")
 
 
 def bench_auto(model: str, x: np.ndarray, y: np.ndarray, batch: int, epochs: int, lr: float,
@@ -224,9 +207,8 @@ def bench_auto(model: str, x: np.ndarray, y: np.ndarray, batch: int, epochs: int
         trainer.fit(x, yy, epochs=done["epochs"])
         return steps * per_step
 
-    rates = _time_epochs(epoch, epochs)
-    detail = f"{plan.policy}, loss scale {plan.loss_scale.mode}, XLA {'on' if plan.xla else 'off'}, {spc} steps/call"
-    return Result(model, label, "auto", statistics.median(rates), rates, detail=detail)
+    return _timed(epoch, epochs, model, label, "auto", detail=f"{plan.policy}, loss scale {plan.loss_scale.mode}, "
+                  f"XLA {'on' if plan.xla else 'off'}, {spc} steps/call")
 
 
 # --------------------------------------------------------------------------- the run

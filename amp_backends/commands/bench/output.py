@@ -84,18 +84,6 @@ def machine_line(env: dict[str, Any]) -> str:
     return ", ".join(env.get("devices") or []) or str(env.get("cpu"))
 
 
-def _pyplot() -> Any:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no chart (pip install 'amp-backends[bench]')", file=sys.stderr)
-        return None
-    return plt
-
-
 # --------------------------------------------------------------------------- the tutorials' loops
 def loops_table(report: dict[str, Any], console: Any = None) -> None:
     """The loops' rates: a table on a terminal, else one line a configuration (`amp_backends.terminal`)."""
@@ -113,8 +101,13 @@ def loops_table(report: dict[str, Any], console: Any = None) -> None:
 
 
 def loops_chart(report: dict[str, Any], path: Path) -> None:
-    plt = _pyplot()
-    if plt is None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no chart (pip install 'amp-backends[bench]')", file=sys.stderr)
         return
     models = sorted({r["model"] for r in report["results"]})
     fig, axes = plt.subplots(len(models), 1, figsize=(10, 4.5 * len(models)), squeeze=False)

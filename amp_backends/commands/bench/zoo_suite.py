@@ -1,15 +1,10 @@
 """The model-zoo benchmark: every zoo model under the float32 ``fit`` baseline, the manual configurations
 this hardware runs, ``fit`` under the auto plan and the trainer under the plan.
 
-Each configuration runs in a worker process of its own (`zoo_worker`; a dtype policy, XLA and an
-applied plan are process-wide), started once and kept for all models. Per model, every worker builds
-the model from the same seed and warms up (compilation), then the repetitions are interleaved: one
-repetition of each configuration in turn, the order rotated each round, so that a machine getting
-busier or quieter hits every configuration alike. Each configuration's figure is the median
-repetition, with its min-max spread; after the last repetition every worker reports the loss on one
-fixed batch (every configuration has then made the same steps on the same data). The matmul peak per
-dtype is measured at the start, in the float32 worker. ``zoo.json``'s JSON Schema is
-``amp_backends/schemas/zoo.schema.json``.
+Each configuration runs in a worker process of its own (`zoo_worker`: a dtype policy, XLA and an applied plan are
+process-wide), kept for all models. Per model the repetitions are interleaved, the order rotated each round; each
+figure is the median repetition with its min-max spread (the method in full: ``docs/benchmarks.md``). ``zoo.json``'s
+JSON Schema is ``amp_backends/schemas/zoo.schema.json``.
 """
 
 from __future__ import annotations
@@ -95,12 +90,11 @@ def _spread(values: list[float]) -> dict[str, Any]:
 
 
 class ZooRun:
-    def __init__(self, models: list[str], configs: list[ZooConfig], reps: int, steps: int, batch: int | None,
-                 out: Path, timeout_s: float, peak_n: int, gpu: bool) -> None:
-        self.gpu = gpu
+    def __init__(self, configs: list[ZooConfig], reps: int, steps: int, batch: int | None, out: Path,
+                 timeout_s: float, peak_n: int, gpu: bool) -> None:
+        self.configs, self.reps, self.steps, self.batch, self.gpu = configs, reps, steps, batch, gpu
+        self.timeout_s, self.peak_n = timeout_s, peak_n
         self.parallel = max(1, min(len(configs), os.cpu_count() or 1))
-        self.models, self.configs, self.reps, self.steps, self.batch = models, configs, reps, steps, batch
-        self.out, self.timeout_s, self.peak_n = out, timeout_s, peak_n
         out.mkdir(parents=True, exist_ok=True)
         self.log = open(out / "zoo_workers.log", "a", buffering=1, encoding="utf-8")
         self.workers: dict[str, JsonWorker | None] = {}
@@ -138,54 +132,40 @@ class ZooRun:
         for c in self.configs:
             self.workers[c.name] = self.ready(c, spawned[c.name])
 
-    def worker(self, cfg: ZooConfig) -> JsonWorker | None:
+    def _call(self, cfg: ZooConfig, call: Callable[[JsonWorker], Any], fresh: bool = True) -> Any:
+        """``call`` on the configuration's worker (with ``fresh``, a new one for a worker that failed); a worker
+        that cannot start or fails gives ``{"ok": False, "error": ...}``, and a failed one is dropped."""
         w = self.workers.get(cfg.name)
-        if w is None or not w.alive():  # a worker that failed: a fresh one for the next request
+        if fresh and (w is None or not w.alive()):
             w = self.workers[cfg.name] = self.ready(cfg, self.spawn(cfg))
-        return w
-
-    def ask(self, cfg: ZooConfig, timeout_s: float, **req: Any) -> dict[str, Any]:
-        w = self.worker(cfg)
         if w is None:
             return {"ok": False, "error": self.errors.get(cfg.name, "the worker could not start")}
         try:
-            return w.request(timeout_s, **req)
+            return call(w)
         except WorkerFailed as exc:
             self.workers[cfg.name] = None
             return {"ok": False, "error": str(exc)}
+
+    def ask(self, cfg: ZooConfig, **req: Any) -> dict[str, Any]:
+        return self._call(cfg, lambda w: w.request(self.timeout_s, **req))
 
     def post(self, cfg: ZooConfig, **req: Any) -> dict[str, Any] | None:
         """Send a request without waiting: None when sent, else the failure."""
-        w = self.worker(cfg)
-        if w is None:
-            return {"ok": False, "error": self.errors.get(cfg.name, "the worker could not start")}
-        try:
-            w.send(**req)
-            return None
-        except WorkerFailed as exc:
-            self.workers[cfg.name] = None
-            return {"ok": False, "error": str(exc)}
+        return self._call(cfg, lambda w: w.send(**req))
 
     def collect(self, cfg: ZooConfig, failure: dict[str, Any] | None) -> dict[str, Any]:
         """The answer to a request `post` sent."""
-        w = self.workers.get(cfg.name)
-        if failure is not None or w is None:
-            return failure or {"ok": False, "error": self.errors.get(cfg.name, "the worker could not start")}
-        try:
-            return w.receive(self.timeout_s)
-        except WorkerFailed as exc:
-            self.workers[cfg.name] = None
-            return {"ok": False, "error": str(exc)}
+        return failure or self._call(cfg, lambda w: w.receive(self.timeout_s), fresh=False)
 
     def peaks(self, dtypes: list[str]) -> dict[str, Any]:
         # a plain float32 worker, never a peer (its math library would set the peak the models are held against)
         plain = [c for c in self.configs if c.kind != "peer"] or self.configs
         ref = next((c for c in plain if c.kind == "manual" and c.policy == "float32" and not c.tf32), plain[0])
-        r = self.ask(ref, self.timeout_s, op="peak", dtypes=dtypes, n=self.peak_n, repeats=5)
+        r = self.ask(ref, op="peak", dtypes=dtypes, n=self.peak_n, repeats=5)
         peaks = {k: v for k, v in r.items() if k != "ok"} if r.get("ok") else {"error": r.get("error")}
         tf32 = next((c for c in self.configs if c.tf32), None)
         if tf32 is not None:
-            r = self.ask(tf32, self.timeout_s, op="peak", dtypes=["float32"], n=self.peak_n, repeats=5)
+            r = self.ask(tf32, op="peak", dtypes=["float32"], n=self.peak_n, repeats=5)
             peaks["tf32"] = r.get("float32") if r.get("ok") else r.get("error")
         self.say("matmul peak, GFLOP/s: " + json.dumps(peaks))
         return peaks
@@ -199,23 +179,20 @@ class ZooRun:
         batch = self.batch or (entry.gpu_batch if self.gpu else entry.batch)
         rec: dict[str, Any] = {"model": name, "title": entry.title, "unit": entry.unit, "batch": batch,
                                "steps_per_rep": self.steps, "configs": {}}
+        configs = rec["configs"]
         self.say(f"{name}: {entry.title}, batch {batch}: building and compiling in every configuration")
-        live = []
         # workers prepare side by side, as many at a time as there are cores (untimed: XLA compiles mostly on one)
-        sent: dict[str, dict[str, Any] | None] = {}
-
-        def post(i: int) -> None:
-            if i < len(self.configs):
-                cfg = self.configs[i]
-                sent[cfg.name] = self.post(cfg, op="prepare", model=name, batch=batch, steps=self.steps, flops=i == 0)
-
-        for i in range(self.parallel):
-            post(i)
+        sent = {cfg.name: self.post(cfg, op="prepare", model=name, batch=batch, steps=self.steps, flops=i == 0)
+                for i, cfg in enumerate(self.configs[:self.parallel])}
+        live = []
         for i, cfg in enumerate(self.configs):
             r = self.collect(cfg, sent[cfg.name])
-            post(i + self.parallel)
-            c = rec["configs"][cfg.name] = {"kind": cfg.kind, "compute_dtype": cfg.compute_dtype,
-                                            **{k: v for k, v in r.items() if k != "ok"}}
+            if i + self.parallel < len(self.configs):
+                after = self.configs[i + self.parallel]
+                sent[after.name] = self.post(after, op="prepare", model=name, batch=batch, steps=self.steps,
+                                             flops=False)
+            c = configs[cfg.name] = {"kind": cfg.kind, "compute_dtype": cfg.compute_dtype,
+                                     **{k: v for k, v in r.items() if k != "ok"}}
             if r.get("ok"):
                 live.append(cfg)
                 if "flops_per_sample" in r:
@@ -224,21 +201,22 @@ class ZooRun:
             self.say(f"  {cfg.name:24s} {outcome}")
         calls: dict[str, list[float]] = {c.name: [] for c in live}
         predicts: dict[str, list[float]] = {c.name: [] for c in live}  # inference after each repetition
+
         def rep(cfg: ZooConfig) -> Callable[[], Sample]:
             def run() -> Sample:  # the worker times its own steps; the whole fit() call is kept beside
-                r = self.ask(cfg, self.timeout_s, op="rep")
+                r = self.ask(cfg, op="rep")
                 if not r.get("ok"):
                     raise WorkerFailed(r["error"])
                 calls[cfg.name].append(r["samples"] / r["call_seconds"])
                 if r.get("predict_seconds"):
                     predicts[cfg.name].append(r["samples"] / r["predict_seconds"])
                 elif r.get("predict_error"):
-                    rec["configs"][cfg.name]["predict_error"] = r["predict_error"]
+                    configs[cfg.name]["predict_error"] = r["predict_error"]
                 return Sample(r["samples"], r["seconds"])
             return run
 
         def failed(name: str, exc: Exception) -> None:
-            rec["configs"][name]["error"] = str(exc)
+            configs[name]["error"] = str(exc)
             live[:] = [c for c in live if c.name != name]
 
         def said(r: int, t: Timings) -> None:
@@ -248,14 +226,13 @@ class ZooRun:
         timings = interleaved({c.name: rep(c) for c in live}, rounds=self.reps, on_error=failed, after_round=said) \
             if live else Timings({})
         for cfg in live:
-            c = rec["configs"][cfg.name]
+            c = configs[cfg.name]
             c["samples_per_s"] = _spread(list(timings.rates[cfg.name]))
             c["call_samples_per_s"] = _spread(calls[cfg.name])  # the whole fit() call, its set-up included
             if predicts[cfg.name]:
                 c["predict_samples_per_s"] = _spread(predicts[cfg.name])
-            r = self.ask(cfg, self.timeout_s, op="loss")
-            c["loss"] = r.get("loss") if r.get("ok") else None
-            c["eval_loss"] = r.get("eval_loss") if r.get("ok") else None
+            r = self.ask(cfg, op="loss")
+            c["loss"], c["eval_loss"] = (r.get("loss"), r.get("eval_loss")) if r.get("ok") else (None, None)
             if not r.get("ok"):
                 c["loss_error"] = r.get("error")
         return rec
@@ -267,26 +244,28 @@ class ZooRun:
         self.log.close()
 
 
+# shorthands of --configs: the configuration kinds each selects
+SHORTHANDS = {"baseline": ("baseline",), "auto": ("auto_fit", "trainer"), "peers": ("peer",)}
+
+
 def run_zoo(models: list[str], config_names: list[str] | None, reps: int, steps: int, batch: int | None, out: Path,
             timeout_s: float = 900.0, peak_n: int | None = None) -> dict[str, Any]:
     """Run the zoo benchmark; write ``zoo.json`` and ``zoo.md`` into ``out``; return the report."""
     plan = plan_for()  # the environment's overrides too, as the workers' auto_configure() reads them
-    every = configurations(plan, backend_peers(plan.backend))
-    configs = every
+    every = configs = configurations(plan, backend_peers(plan.backend))
     if config_names:
-        unknown = [n for n in config_names if n not in {c.name for c in configs} | {"baseline", "auto", "peers"}]
+        unknown = [n for n in config_names if n not in {c.name for c in every} | set(SHORTHANDS)]
         if unknown:
             raise ValueError(f"unknown zoo configuration(s) {unknown}; on this machine: "
-                             f"{', '.join(c.name for c in configs)} (and the shorthands baseline, auto, peers).")
-        configs = [c for c in configs if c.name in config_names or (c.kind == "baseline" and "baseline" in config_names)
-                   or (c.kind in ("auto_fit", "trainer") and "auto" in config_names)
-                   or (c.kind == "peer" and "peers" in config_names)]
+                             f"{', '.join(c.name for c in every)} (and the shorthands baseline, auto, peers).")
+        configs = [c for c in every if c.name in config_names
+                   or any(c.kind in SHORTHANDS.get(n, ()) for n in config_names)]
         if not configs:
             raise ValueError(f"--configs {','.join(config_names)} selects nothing on this machine (it has no peers); "
                              f"on this machine: {', '.join(c.name for c in every)}.")
     gpu = not str(plan.device).upper().startswith("/CPU")
     dtypes = sorted({c.compute_dtype for c in configs} | {"float32"})
-    runner = ZooRun(models, configs, reps, steps, batch, out, timeout_s, peak_n or (8192 if gpu else 2048), gpu)
+    runner = ZooRun(configs, reps, steps, batch, out, timeout_s, peak_n or (8192 if gpu else 2048), gpu)
     t0 = time.time()
     terminate_as_exit()
     report: dict[str, Any] = {**run_header(), "what": "model zoo", "plan": plan.summary(), "plan_policy": plan.policy,

@@ -73,12 +73,10 @@ class ZooWorker:
 
         import numpy as np
 
-        from ...keras_compat import policy_name, walk
+        from ...keras_compat import policy_name, set_global_policy, walk
         from ...zoo import get
 
         tf = self.tf
-        from ...keras_compat import set_global_policy
-
         self.model = self.trainer = None
         tf.keras.backend.clear_session()  # which also sets Keras's global dtype policy back to float32:
         set_global_policy(self.policy, tf)  # the configuration's policy again
@@ -116,7 +114,9 @@ class ZooWorker:
                 kwargs["jit_compile"] = bool(self.cfg["xla"])
             self.model.compile(optimizer=opt, loss=self.entry.loss(), **kwargs)
         self.fits = 0
-        self.callbacks = [] if kind == "trainer" else [_fit_window(tf, self.window)]
+        self.callbacks = [tf.keras.callbacks.LambdaCallback(  # the training's start and end, for fit
+            on_train_begin=lambda logs: self.window.update(start=time.perf_counter()),
+            on_train_end=lambda logs: self.window.update(end=time.perf_counter()))]
         t0 = time.perf_counter()
         self.rep()  # (the inference function is traced there too)
         warmup = time.perf_counter() - t0
@@ -173,22 +173,18 @@ class ZooWorker:
         out: dict[str, Any] = {"seconds": dt, "call_seconds": t1 - t0,
                                "samples": self.steps * self.batch * self.entry.per_sample}
         if not self.entry.gan:  # inference with the model as trained (the GAN: no one model to predict with)
+            # as this configuration's user runs it: Trainer.predict under the plan, or predict_on_batch of the
+            # compiled model (its XLA setting) for fit
+            predict = self.trainer.predict if self.trainer is not None else self.model.predict_on_batch
             try:
-                self._predict()  # (traced on the warm-up repetition)
+                predict(self.x_eval)  # (traced on the warm-up repetition)
                 t2 = time.perf_counter()
                 for _ in range(self.steps):
-                    self._predict()
+                    predict(self.x_eval)
                 out["predict_seconds"] = time.perf_counter() - t2
             except Exception as exc:  # inference failing leaves the training figure standing
                 out["predict_error"] = f"{type(exc).__name__}: {str(exc).strip()[:200]}"
         return out
-
-    def _predict(self) -> Any:
-        """One batch of inference as this configuration's user runs it: ``Trainer.predict`` under the plan for
-        the trainer, ``predict_on_batch`` of the compiled model (its XLA setting) for ``fit``."""
-        if self.trainer is not None:
-            return self.trainer.predict(self.x_eval)
-        return self.model.predict_on_batch(self.x_eval)
 
     def loss(self) -> dict[str, Any]:
         """``loss``: the mean training loss of the last repetition (the discriminator's for the GAN; every
@@ -250,19 +246,6 @@ class ZooWorker:
         return out
 
 
-def _fit_window(tf: Any, window: dict[str, float]) -> Any:
-    base: Any = tf.keras.callbacks.Callback
-
-    class Window(base):
-        def on_train_begin(self, logs: Any = None) -> None:
-            window["start"] = time.perf_counter()
-
-        def on_train_end(self, logs: Any = None) -> None:
-            window["end"] = time.perf_counter()
-
-    return Window()
-
-
 def _trainer_window(window: dict[str, float]) -> Any:
     import numpy as np
 
@@ -301,8 +284,7 @@ def main() -> int:
         try:
             answer({"ok": True, **getattr(worker, op)(**req)})
         except Exception as exc:
-            tb = traceback.format_exc().strip().splitlines()
-            print("\n".join(tb), file=sys.stderr, flush=True)
+            print(traceback.format_exc().strip(), file=sys.stderr, flush=True)
             message = str(exc).strip().splitlines()[0][:400] if str(exc).strip() else ""
             answer({"ok": False, "error": f"{type(exc).__name__}: {message}"})
     return 0
