@@ -25,7 +25,7 @@ def class_ids(y: Any, classes: int | None, where: str, *, one_hot: str = "refuse
     if y.ndim == 2 and classes and classes > 1 and y.shape[1] == classes:
         if one_hot == "refuse":
             raise error(f"{where} look one-hot (shape {y.shape}), but the loss is sparse categorical cross-entropy, "
-                        f"which takes one class id per sample. Fix: pass np.argmax({where}, axis=-1), or "
+                        f"which takes one class id per sample. Fix: pass np.argmax(y, axis=-1) as the labels, or "
                         "loss=tf.keras.losses.CategoricalCrossentropy(reduction='none') for one-hot labels.")
         if y.dtype.kind in "iufb" and set(np.unique(y).tolist()) <= {0, 1} and (y.sum(axis=1) == 1).all():
             return y.argmax(axis=1).astype(np.int64)

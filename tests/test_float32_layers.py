@@ -347,3 +347,28 @@ def test_a_model_measured_once_is_not_measured_again(zen4_plan, monkeypatch):
     assert rebuilt.choice.origin == "cached" and len(rebuilt.layer_plan.float32) == len(first.layer_plan.float32)
     assert model.get_layer("pointwise").compute_dtype == "float32"
 
+
+
+def test_prepare_model_refuses_what_is_not_a_keras_model_and_an_unbuilt_model_under_a_mixed_plan():
+    """It said "nothing changed" for None, a string or a layer, and for a subclassed model not yet built, whose
+    softmax head then ran in the plan's low precision."""
+    import amp_backends
+    from helpers import applied_plan
+
+    plan = applied_plan("mixed_bfloat16", force=True)
+    for bad in (None, "model", 42, tf.keras.layers.Dense(3)):
+        with pytest.raises(TypeError, match="takes a Keras model.*Received"):
+            amp_backends.prepare_model(bad, plan)
+
+    class Net(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden, self.head = tf.keras.layers.Dense(8), tf.keras.layers.Dense(3, activation="softmax")
+
+        def call(self, x):
+            return self.head(self.hidden(x))
+
+    with pytest.raises(ValueError, match="not built.*Fix: build it"):
+        amp_backends.prepare_model(Net(), plan)
+    float32 = applied_plan("float32")
+    assert amp_backends.prepare_model(Net(), float32).applied == ()  # nothing to do under float32: accepted

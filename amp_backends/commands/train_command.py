@@ -59,8 +59,8 @@ def run_example(name: str, train: Callable[[Any], Any], parsed: dict[str, Any]) 
     if parsed.get("audit"):  # the kernels' libraries read them once, when they start: before TensorFlow is imported
         from ..registry import default_registry
 
-        for name, value in default_registry().audit_environment().items():  # oneDNN's ONEDNN_VERBOSE=1
-            os.environ.setdefault(name, value)
+        for variable, value in default_registry().audit_environment().items():  # oneDNN's ONEDNN_VERBOSE=1
+            os.environ.setdefault(variable, value)
     try:
         opts = RunOptions.from_parsed(parsed)
         preflight(opts)  # what is refused without TensorFlow is refused before it starts

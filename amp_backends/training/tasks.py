@@ -102,7 +102,8 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
 
     def validate(sample):
         _check_labelled(sample)
-        if getattr(getattr(sample[0], "dtype", None), "kind", "") in ("f", "i", "u", "b"):  # (NumPy numbers)
+        numbers = ("f", "i", "u", "b")  # (NumPy numbers: strings are the model's StringLookup's to check)
+        if all(getattr(getattr(a, "dtype", None), "kind", "") in numbers for a in tf.nest.flatten(sample[0])):
             check_model_inputs(model, sample[0])  # validation arrays too, before training (training's: as it traces)
         if sparse and not isinstance(sample[1], (dict, tuple, list)):  # (several outputs: the loss's own checks)
             classes = _num_classes(model)
@@ -164,13 +165,37 @@ def _class_id_check(classes: int | None) -> Any:
 
 @tf.autograph.experimental.do_not_convert  # Python checks on static shapes, run while tracing
 def check_model_inputs(model: Any, x: Any) -> None:
-    """Data a one-input model cannot take, refused before training with the fix: strings for a model that takes
-    numbers (or numbers for one that takes strings), or a feature shape the model's input cannot take."""
+    """Data a model cannot take, refused before training with the fix: strings for an input that takes numbers
+    (or numbers for one that takes strings), a feature shape an input cannot take, or another number of inputs.
+    Several inputs are matched as Keras matches them: a list in order, a dict by the inputs' names."""
     _check_named_inputs(model, x)
     inputs = getattr(model, "inputs", None)
-    if not inputs or len(inputs) != 1 or isinstance(x, (dict, tuple, list)) or not hasattr(x, "shape"):
+    if not inputs:
         return
-    spec = inputs[0]
+    if len(inputs) == 1:
+        if not isinstance(x, (dict, tuple, list)):
+            _check_input(model, inputs[0], x, "x")
+        return
+    names = [getattr(t, "name", "").split(":")[0] for t in inputs]
+    if isinstance(x, dict):
+        pairs = [(t, x[n], f"x[{n!r}]", n) for t, n in zip(inputs, names, strict=True) if n in x]
+    elif isinstance(x, (tuple, list)):
+        if len(x) != len(inputs):
+            raise InputError(f"The model {model.name!r} takes {len(inputs)} inputs ({', '.join(names)}); x has "
+                             f"{len(x)}. Fix: give x a list of {len(inputs)} arrays in the model's order, or a dict "
+                             "by those names.")
+        pairs = [(t, v, f"x[{i}]", n) for i, (t, v, n) in enumerate(zip(inputs, x, names, strict=True))]
+    else:
+        raise InputError(f"The model {model.name!r} takes {len(inputs)} inputs ({', '.join(names)}); x is one "
+                         f"{type(x).__name__}. Fix: give x a list of {len(inputs)} arrays in that order, or a dict by "
+                         "those names.")
+    for spec, value, where, name in pairs:
+        _check_input(model, spec, value, where, f"its input {name!r}")
+
+
+def _check_input(model: Any, spec: Any, x: Any, where: str = "x", takes: str = "inputs") -> None:
+    if isinstance(x, (dict, tuple, list)) or not hasattr(x, "shape"):
+        return
     wants_strings = tf.as_dtype(spec.dtype) == tf.string
     dtype = getattr(x, "dtype", None)
     has_strings = tf.as_dtype(dtype) == tf.string
@@ -178,7 +203,7 @@ def check_model_inputs(model: Any, x: Any) -> None:
         raise InputError(
             f"The model {model.name!r} takes "
             f"{'strings' if wants_strings else f'numbers ({tf.as_dtype(spec.dtype).name})'}"
-            f" but x holds {'strings' if has_strings else 'numbers'} ({tf.as_dtype(dtype).name}). Fix: "
+            f" but {where} holds {'strings' if has_strings else 'numbers'} ({tf.as_dtype(dtype).name}). Fix: "
             + ("start the model with a layer that encodes them (tf.keras.layers.StringLookup or TextVectorization "
                "after keras.Input(shape, dtype='string')), or encode them before training."
                if has_strings else "give the model the raw strings, or drop its string input."))
@@ -191,10 +216,11 @@ def check_model_inputs(model: Any, x: Any) -> None:
         clash = len(ones(want)) != len(ones(have)) or any(
             w is not None and h is not None and w != h for w, h in zip(ones(want), ones(have), strict=True))
     if clash:
+        fix = (f"(or build the model with keras.Input(shape={tuple(have)}))" if where == "x" else
+               "(several inputs go in the model's order, or in a dict by the inputs' names)")
         raise InputError(
-            f"The model {model.name!r} takes inputs of shape {tuple(['batch', *want])}; x has rows of shape "
-            f"{tuple(have)} (x: {tuple(x.shape)}). Fix: reshape the data to the model's input (or build the model "
-            f"with keras.Input(shape={tuple(have)})).")
+            f"The model {model.name!r} takes {takes} of shape {tuple(['batch', *want])}; {where} has rows of shape "
+            f"{tuple(have)} ({where}: {tuple(x.shape)}). Fix: reshape the data to the model's input {fix}.")
 
 
 def _check_named_inputs(model: Any, x: Any) -> None:

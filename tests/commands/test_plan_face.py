@@ -315,3 +315,11 @@ def test_on_a_terminal_the_commands_keep_their_tables():
     render_text(collect(use_tensorflow=False, device="zen4"), Console(file=buffer, force_terminal=True, width=120,
                                                                       color_system=None))
     assert BOXES & set(buffer.getvalue()) and "float32_layers" in buffer.getvalue()
+
+
+def test_an_audited_run_names_the_program_in_its_errors():
+    """With --audit the loop setting the kernel libraries' variables reused the program's name: errors began
+    'ONEDNN_VERBOSE: error:'."""
+    out = subprocess.run([sys.executable, "-m", "amp_backends.examples.mnist", "--audit", "--synthetic", "--digits"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.lstrip().startswith("mnist: error:"), out.stderr[-600:]

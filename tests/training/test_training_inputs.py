@@ -381,3 +381,28 @@ def test_device_types_are_read_from_short_and_full_names_xpu_included():
 
     assert [device_type(d) for d in ("/GPU:0", "/XPU:1", "/job:localhost/replica:0/task:0/device:XPU:0",
                                      "/cpu:0")] == ["GPU", "XPU", "XPU", "CPU"]
+
+
+# --------------------------------------------------------------------------- several inputs
+def listed_inputs_model():
+    a, b = tf.keras.Input((4,), name="a"), tf.keras.Input((7,), name="b")
+    out = tf.keras.layers.Dense(3)(tf.keras.layers.Concatenate()([a, b]))
+    return tf.keras.Model([a, b], out, name="two")
+
+
+@pytest.mark.parametrize(("x", "match"), [
+    (lambda xa, xb: [xb, xa], r"takes its input 'a' of shape \('batch', 4\); x\[0\] has rows of shape \(7,\)"),
+    (lambda xa, xb: {"a": xb, "b": xa}, r"takes its input 'a' of shape \('batch', 4\); x\['a'\] has rows of shape"),
+    (lambda xa, xb: xa, r"takes 2 inputs \(a, b\); x is one ndarray"),
+    (lambda xa, xb: [xa], r"takes 2 inputs \(a, b\); x has 1"),
+])
+def test_several_inputs_in_the_wrong_order_or_number_are_our_error_in_fit_validation_and_predict(x, match):
+    """They came as a Keras ValueError from inside the traced graph (input_spec), in fit, validation and predict."""
+    xa, xb = np.zeros((16, 4), np.float32), np.zeros((16, 7), np.float32)
+    y = np.zeros(16, int)
+    with pytest.raises(InputError, match=match):
+        trainer(listed_inputs_model()).fit(x(xa, xb), y, epochs=1)
+    t = trainer(listed_inputs_model())
+    with pytest.raises(InputError, match=match):
+        t.fit([xa, xb], y, epochs=1, validation_data=(x(xa, xb), y))
+    assert trainer(listed_inputs_model()).fit({"b": xb, "a": xa}, y, epochs=1).steps == 2  # by name: any order
