@@ -138,17 +138,10 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
         ValueError: the model is not built and the plan has work for it (a low-precision policy, fp8).
         AmpConfigError: ``layer_plan`` names layers the model does not have.
     """
-    from .keras_compat import is_keras_model
+    from .model_check.checker import require_model
 
-    if not is_keras_model(model):
-        raise TypeError("prepare_model() takes a Keras model (keras.Model: functional, Sequential or subclassed). "
-                        f"Received: {model!r} (of type {type(model).__name__}). Fix: pass the model itself (for a "
-                        "layer, wrap it: keras.Sequential([keras.Input(shape), layer])).")
-    if not model.built and (plan.policy != "float32" or plan.fp8):
-        raise ValueError(f"The model {model.name!r} is not built, so prepare_model cannot tell its layers' roles (its "
-                         f"classifier head stays in {plan.policy} once built). Expected a built model. Fix: build it "
-                         "with keras.Input(...) (functional or Sequential), or call model.build(input_shape) or the "
-                         "model itself on a batch first, then prepare_model.")
+    require_model(model, "prepare_model()", f"prepare_model cannot tell its layers' roles (its classifier head stays "
+                  f"in {plan.policy} once built)" if plan.policy != "float32" or plan.fp8 else None)
     reset = _reset_policies(model, plan) if reset_policies else ()
     if layer_plan is not None:
         return preparation(layer_plan, applied=tuple(dict.fromkeys(reset + lp.apply(model, layer_plan))))

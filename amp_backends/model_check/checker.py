@@ -56,6 +56,30 @@ def _batch(structure: Any, batch_size: int | None, source: str = "batch_size={}"
     return batch_size if batch_size is not None else fixed
 
 
+def require_model(model: Any, caller: str, unbuilt: str | None = None) -> None:
+    """Refuse what is not a Keras model and, with ``unbuilt`` (why it matters to ``caller``), a model not built.
+
+    Args:
+        model: What the caller was given.
+        caller: The caller's name as the user wrote it (``"check_model()"``).
+        unbuilt: Why a model that is not built cannot be worked on, or ``None`` to accept one.
+
+    Raises:
+        TypeError: ``model`` is not a Keras model.
+        ValueError: ``model`` is not built and ``unbuilt`` is given.
+    """
+    if not is_keras_model(model):
+        raise TypeError(
+            f"{caller} takes a Keras model (keras.Model: functional, Sequential or subclassed) of the Keras that "
+            f"tf.keras is ({keras_info().version or 'unknown'}). Received: {model!r} (of type {type(model).__name__}). "
+            "Fix: pass the model itself (for a layer, wrap it: keras.Sequential([keras.Input(shape), layer])).")
+    if unbuilt and not model.built:
+        raise ValueError(
+            f"The model {model.name!r} is not built, so {unbuilt}. Expected a built model. Fix: build it with "
+            "keras.Input(...) (functional or Sequential), or call model.build(input_shape) or the model itself on a "
+            "batch first.")
+
+
 def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = None, *, inputs: Any = None,
                 hardware: Hardware | None = None, layer_plan: LayerPlan | None = None) -> ModelCheck:
     """Check a Keras model for what makes mixed precision slow or wrong on the planned device.
@@ -104,18 +128,7 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
     import tensorflow as tf
 
     keras_version = keras_info(tf).version or "unknown"
-    if not is_keras_model(model):
-        raise TypeError(
-            "check_model() takes a Keras model (keras.Model: functional, Sequential or subclassed) of the Keras that "
-            f"tf.keras is ({keras_version}). Received: {model!r} (of type {type(model).__name__}). "
-            "Fix: pass the model itself (for a layer, wrap it: keras.Sequential([keras.Input(shape), layer]))."
-        )
-    if not model.built:
-        raise ValueError(
-            f"The model {model.name!r} is not built, so its layers have no weights and no input shape to trace. "
-            "Expected a built model. Fix: build it with keras.Input(...) (functional or Sequential), or call "
-            "model.build(input_shape) or the model itself on a batch first."
-        )
+    require_model(model, "check_model()", "its layers have no weights and no input shape to trace")
     plan, hardware = _resolve_plan(plan, hardware)
     structure = input_structure(model)
     if inputs is not None:
