@@ -75,15 +75,15 @@ class Evaluation:
     ``loss(y_true, y_pred)`` gives one float32 loss per example, the same loss the update trains on. ``binary``:
     the loss is a binary cross-entropy (the metric ``"accuracy"`` is then binary accuracy; otherwise it follows the
     shapes, as Keras's ``compile`` decides); ``outputs``: how many outputs the model has (a metric by name takes
-    one).
-    `classifier_updates` sets it; an update without one (the GAN's) has nothing
-    to validate.
+    one); ``check(x)``: refuses data the model cannot take, before it is traced. `classifier_updates` sets it; an
+    update without one (the GAN's) has nothing to validate.
     """
 
     predict: Callable[[Any], Any]
     loss: Callable[[Any, Any], Any]
     binary: bool = False
     outputs: int = 1
+    check: Callable[[Any], None] = lambda x: None
 
 
 @dataclass

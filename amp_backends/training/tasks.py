@@ -100,11 +100,23 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
             return tf.reduce_sum(values * w) / tf.maximum(tf.reduce_sum(w), 1e-12)
         return tf.reduce_mean(values)
 
+    def check(x):  # NumPy numbers (strings are the model's StringLookup's to check): before anything is traced
+        if all(getattr(getattr(a, "dtype", None), "kind", "") in ("f", "i", "u", "b") for a in tf.nest.flatten(x)):
+            check_model_inputs(model, x)
+
     def validate(sample):
         _check_labelled(sample)
-        numbers = ("f", "i", "u", "b")  # (NumPy numbers: strings are the model's StringLookup's to check)
-        if all(getattr(getattr(a, "dtype", None), "kind", "") in numbers for a in tf.nest.flatten(sample[0])):
-            check_model_inputs(model, sample[0])  # validation arrays too, before training (training's: as it traces)
+        check(sample[0])  # validation arrays too, before training (training's: as it traces)
+        if len(sample) == 3:
+            w = np.asarray(sample[2], dtype=np.float64)
+            if w.ndim != 1 and w.shape[1:] != (1,):
+                raise InputError(f"sample_weight has shape {w.shape}. Expected one weight per sample, shape (N,). "
+                                 "Fix: give one weight per sample (for a weight per class, map the labels to "
+                                 "weights: w = class_weights[y]).")
+            if not np.isfinite(w).all() or (w < 0).any():
+                raise InputError("sample_weight must be finite and not negative (a weight per sample; 0 leaves a "
+                                 f"sample out). Received values from {w.min()} to {w.max()}. Fix: clean the weights, "
+                                 "e.g. np.clip(w, 0, None) where negative weights are a mistake.")
         if sparse and not isinstance(sample[1], (dict, tuple, list)):  # (several outputs: the loss's own checks)
             classes = _num_classes(model)
             owner = f" (the model has {classes} outputs)" if classes else ""
@@ -117,7 +129,7 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
                "sees the first batch of a dataset). Fix: clean the labels in the pipeline (dataset.map, or "
                "dataset.filter to drop such rows), or give the model's last layer as many units as there are classes.")
     evaluation = Evaluation(predict=lambda x: model(x, training=False), loss=losses, binary=_binary(loss),
-                            outputs=max(1, len(outputs)))
+                            outputs=max(1, len(outputs)), check=check)
     return [Update("model", loss_fn, [(model.trainable_variables, optimizer)], validate=validate,
                    state=model.non_trainable_variables, check=_class_id_check(classes) if sparse else None,
                    check_message=message, evaluation=evaluation)]

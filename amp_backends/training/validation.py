@@ -372,6 +372,7 @@ class Evaluator:
         if isinstance(x, tf.data.Dataset):
             batches: Any = (b[0] if isinstance(b, (tuple, list)) else b for b in x)
         else:
+            self.evaluation.check(x)
             xs, _, n = self._resident(x, None, "predict()")
             batches = (self._gathered(xs, start, n) for start in range(0, n, self.batch_size))
         if "predict" not in self._calls:

@@ -405,4 +405,19 @@ def test_several_inputs_in_the_wrong_order_or_number_are_our_error_in_fit_valida
     t = trainer(listed_inputs_model())
     with pytest.raises(InputError, match=match):
         t.fit([xa, xb], y, epochs=1, validation_data=(x(xa, xb), y))
+    t.fit([xa, xb], y, epochs=1)
+    with pytest.raises(InputError, match=match):
+        t.predict(x(xa, xb))
     assert trainer(listed_inputs_model()).fit({"b": xb, "a": xa}, y, epochs=1).steps == 2  # by name: any order
+
+
+@pytest.mark.parametrize(("w", "match"), [(np.ones((16, 2)), r"sample_weight has shape \(8, 2\). Expected one weight"),
+                                          (-np.ones(16), "must be finite and not negative"),
+                                          (np.full(16, np.nan), "must be finite and not negative")])
+def test_sample_weights_of_another_shape_or_negative_are_refused_before_training(w, match):
+    """A weight per class failed inside the graph (reshape); negative weights trained on, the loss scaled by 1e12."""
+    x, y = classification_data(16)
+    with pytest.raises(InputError, match=match):
+        trainer(mlp()).fit(tf.data.Dataset.from_tensor_slices((x, y, w)).batch(8, drop_remainder=True), epochs=1)
+    weights = np.r_[np.zeros(8), np.ones(8)]  # zero leaves a sample out: accepted
+    assert trainer(mlp()).fit(tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(8), epochs=1).steps == 2
