@@ -52,3 +52,23 @@ def test_bench_rejects_bad_input(tmp_path):
     out = subprocess.run([sys.executable, "-m", "amp_backends.bench", "--configs", "fp8", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=120, cwd=NEUTRAL_CWD)
     assert out.returncode == 2 and "unknown configuration" in out.stderr
+
+
+def test_a_file_as_out_is_refused_before_any_work_and_an_earlier_run_is_not_overwritten(tmp_path, monkeypatch):
+    """--out a file failed with FileExistsError after the whole run; a second run into one folder overwrote the
+    first's bench.json."""
+    from amp_backends.commands.bench.output import results_folder, run_header
+
+    (tmp_path / "afile").write_text("x")
+    out = subprocess.run([sys.executable, "-m", "amp_backends.bench", "--models", "mnist", "--out", "afile"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 2 and "--out must be a folder" in out.stderr and "Fix: pass another --out" in out.stderr
+    assert not list(tmp_path.glob("afile*/")), "nothing ran"
+    first = results_folder(tmp_path / "runs", "bench.json")
+    (first / "bench.json").write_text("{}")
+    assert results_folder(tmp_path / "runs", "bench.json") == tmp_path / "runs-2"
+    assert results_folder(tmp_path / "runs", "zoo.json") == first  # another suite's file: the same folder
+    monkeypatch.setattr(sys, "argv", ["/x/site-packages/amp_backends/__main__.py", "bench", "--zoo"])
+    assert run_header()["command"].split(" ", 1)[1] == "-m amp_backends bench --zoo"  # runs as recorded
+    monkeypatch.setattr(sys, "argv", ["/x/site-packages/amp_backends/bench.py", "--zoo"])
+    assert run_header()["command"].split(" ", 1)[1] == "-m amp_backends.bench --zoo"

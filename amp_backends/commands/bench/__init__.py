@@ -39,6 +39,16 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
+def _folder(out: Path, result: str) -> Path:
+    """Before any work: a file in the way of ``--out`` fails now, and an earlier run is never overwritten."""
+    from .output import results_folder
+
+    try:
+        return results_folder(out, result)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+
+
 def _names(text: Optional[str]) -> list[str] | None:
     return [n.strip() for n in text.split(",") if n.strip()] if text else None
 
@@ -61,7 +71,7 @@ def main(
                                                   help="Trainer steps per compiled call (default: one epoch)."),
     no_fit: bool = typer.Option(False, "--no-fit", help="Skip the Keras fit configuration."),
     out: Path = typer.Option(Path("bench-results"), "--out", metavar="DIR",
-                             help="Folder for the results (made if missing)."),
+                             help="Folder for the results (made if missing; never overwritten: DIR-2 next)."),
     zoo: bool = typer.Option(False, "--zoo", help="Run the model zoo instead of the tutorials' loops.",
                              rich_help_panel=ZOO_OPTIONS),
     reps: int = number_option(5, "--reps", prog=PROG, metavar="N", rich_help_panel=ZOO_OPTIONS,
@@ -86,7 +96,7 @@ def main(
         if any(m not in ZOO for m in zoo_models):
             raise _fail(f"--zoo --models takes {', '.join(ZOO)}. Received: {models!r}.")
         try:
-            run_zoo(zoo_models, _names(configs), reps, steps, batch, out)
+            run_zoo(zoo_models, _names(configs), reps, steps, batch, _folder(out, "zoo.json"))
         except ValueError as exc:
             raise _fail(str(exc)) from None
         return
@@ -99,6 +109,7 @@ def main(
     unknown = [c for c in chosen or [] if c not in [m[0] for m in MANUAL]]
     if unknown:
         raise _fail(f"unknown configuration(s) {unknown}; valid: {MANUAL_NAMES}.")
+    out = _folder(out, "bench.json")
     import_tensorflow(quiet_tensorflow_logs())
     try:
         run(wanted, chosen, epochs, samples, mnist_batch, gan_batch, steps_per_call, out, with_fit=not no_fit)

@@ -24,8 +24,46 @@ def now_iso() -> str:
 def run_header() -> dict[str, Any]:
     """``date`` (UTC), ``command`` (as typed, module form) and ``host`` of this run."""
     return {"date": now_iso(),
-            "command": " ".join([Path(sys.executable).name, "-m", "amp_backends.bench", *sys.argv[1:]]),
+            "command": " ".join([*_program(), *sys.argv[1:]]),
             "host": platform.node()}
+
+
+def results_folder(out: Path, result: str) -> Path:
+    """The folder a run writes into, made and checked before any work: ``out``, or where ``out`` already holds
+    an earlier run's ``result`` file, the first free ``out-2``, ``out-3``... (no earlier run is overwritten).
+
+    Args:
+        out: The folder asked for (``--out``), relative or absolute.
+        result: The run's main file (``"bench.json"``, ``"zoo.json"``).
+
+    Returns:
+        The folder, made.
+
+    Raises:
+        ValueError: ``out`` (or a folder above it) is a file, or the folder cannot be made.
+    """
+    folder, n = out, 1
+    while (folder / result).exists():
+        n += 1
+        folder = out.with_name(f"{out.name}-{n}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--out must be a folder the results can be written to. Received: {str(out)!r}, which "
+                         f"cannot be made ({exc.strerror or exc}). Fix: pass another --out DIR.") from None
+    if folder != out:
+        print(f"{out} holds an earlier run's {result}: this run writes to {folder}", file=sys.stderr)
+    return folder
+
+
+def _program() -> list[str]:
+    """How this run was started, as one would type it again: ``python -m amp_backends.bench``, ``python -m
+    amp_backends`` (``bench`` follows among the arguments) or the ``amp-backends`` script."""
+    started = Path(sys.argv[0])
+    if started.name in ("bench.py", "__main__.py") and started.parent.name == "amp_backends":
+        module = "amp_backends.bench" if started.name == "bench.py" else "amp_backends"
+        return [Path(sys.executable).name, "-m", module]
+    return [started.name]
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
