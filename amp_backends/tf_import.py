@@ -72,8 +72,9 @@ def filtered_stderr() -> Iterator[None]:
     sys.stderr.flush()
     saved = os.dup(2)
     try:
+        # a session of its own: a terminal's Ctrl-C is the parent's to handle, the filter runs until its pipe closes
         child = subprocess.Popen([sys.executable, "-S", "-E", "-c", _FILTER, NOISE], stdin=subprocess.PIPE,
-                                 stdout=saved, stderr=saved)
+                                 stdout=saved, stderr=saved, start_new_session=True)
     except OSError:
         os.close(saved)
         yield

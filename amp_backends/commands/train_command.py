@@ -73,7 +73,11 @@ def run_example(name: str, train: Callable[[Any], Any], parsed: dict[str, Any]) 
     except NonFiniteError as exc:
         fail(name, f"{exc}{_in_flags(exc)}", 3, kind="stopped")
     except KeyboardInterrupt as exc:  # TrainingInterrupted has said where it saved; a second Ctrl-C has not
-        message = getattr(exc, "message", None) or "interrupted (a second Ctrl-C: no checkpoint was written now)"
+        resume = sys.modules.get("amp_backends.training.resume")
+        second = resume is not None and resume.StopSignals.asked
+        message = getattr(exc, "message", None) or ("interrupted (a second Ctrl-C: no checkpoint was written now)"
+                                                    if second else "interrupted before training began: nothing "
+                                                    "was trained or saved")
         fail(name, message, getattr(exc, "exit_code", 130), kind="stopped")
     finally:  # a run refused before its first write leaves no run directory behind
         if "amp_backends.training.runs" in sys.modules:

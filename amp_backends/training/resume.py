@@ -67,6 +67,8 @@ RANDOM_STATE = "random_state"  # the random layers' state: its name in the train
 class StopSignals:
     """Turn the first Ctrl-C (or SIGTERM) into a request to stop after the current call; a second one acts at once."""
 
+    asked = False  # a stop was asked in this process (a later KeyboardInterrupt is the second Ctrl-C)
+
     def __init__(self) -> None:
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
@@ -85,7 +87,7 @@ class StopSignals:
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.signum = signum
+        self.signum, StopSignals.asked = signum, True
         signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
         logger.warning(f"{signal.Signals(signum).name} received: stopping after the current call "
                        "(again to stop at once, without a checkpoint).")

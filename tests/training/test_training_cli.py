@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import NEUTRAL_CWD, tensorflow_blocked
@@ -177,3 +178,23 @@ def test_two_sources_of_data_are_refused_before_tensorflow_starts():
         with pytest.raises(AmpConfigError, match="one at most. Received: --.* and --.*Fix"):
             preflight(RunOptions(**given))
     preflight(RunOptions(digits=True))
+
+
+def test_ctrl_c_while_tensorflow_starts_stops_cleanly_and_says_nothing_was_trained(tmp_path):
+    """Ctrl-C reaches the whole foreground group: the child that filters TensorFlow's start-up noise printed a
+    KeyboardInterrupt traceback, and the run said "a second Ctrl-C" after the first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AMP_", "TF_CPP_MIN_LOG_LEVEL"))}
+    proc = subprocess.Popen([sys.executable, "-m", "amp_backends.examples.mnist", "--synthetic", "--logdir",
+                             str(tmp_path), "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env, cwd=NEUTRAL_CWD, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    deadline = time.time() + 60
+    while not (children.exists() and children.read_text().strip()):  # the filter runs while TensorFlow starts
+        assert proc.poll() is None and time.time() < deadline, "TensorFlow's start-up filter never ran"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal sends it: to the parent and its filter
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-2000:]
+    assert "Traceback" not in out and "second Ctrl-C" not in out, out[-2000:]
+    assert "before training began: nothing was trained or saved" in out or "Interrupted (SIGINT)" in out, out[-2000:]
