@@ -68,8 +68,8 @@ def load_cache() -> dict[str, Any]:
     return cache.load(cache_path())
 
 
-def store(key: str, entry: Mapping[str, Any]) -> None:
-    cache.store(cache_path(), key, dict(entry))  # atomic: a crash never leaves half a cache
+def store(key: str, entry: Mapping[str, Any]) -> bool:
+    return cache.store(cache_path(), key, dict(entry))  # atomic: a crash never leaves half a cache
 
 
 def cached_for_device(signature: str) -> dict[str, Any]:
@@ -200,11 +200,12 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
         chosen = labels[winner] if winner else max(labels.values(), key=lambda c: timings.median(
             f"policy={c['policy']} xla={c['xla']}"))
         best = next(t for t in ok if t.policy == chosen["policy"] and t.xla == chosen["xla"])
-    store(key, {"policy": best.policy, "xla": best.xla, "img_per_s": best.img_per_s,
+    kept = store(key, {"policy": best.policy, "xla": best.xla, "img_per_s": best.img_per_s,
                 "date": time.strftime("%Y-%m-%d"), "trials": [t.__dict__ for t in trials],
                 "within_noise": winner is None, "timings": timings.to_dict()})
     plan = auto_configure(policy=best.policy, xla=best.xla, verbose=False, registry=registry, **fixed)
     rule = next((t for t in ok if t.policy == base.policy and t.xla == base.xla), None)
     logger.info(f"autotune: chose policy={best.policy} xla={best.xla} at {best.img_per_s:.4g} img/s"
-                + (f" (the rules' plan: {rule.img_per_s:.4g} img/s)" if rule else "") + f"; cached in {cache_path()}")
+                + (f" (the rules' plan: {rule.img_per_s:.4g} img/s)" if rule else "")
+                + (f"; cached in {cache_path()}" if kept else "; not cached (see the warning above)"))
     return plan

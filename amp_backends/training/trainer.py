@@ -328,7 +328,7 @@ class TrainResult:
                 f"{self.best['step']})" if self.best else "")
         return (f"Summary: {self.steps} steps ({steps}), median throughput {tp}, loss scales "
                 + ", ".join(f"{k}={v:g}" for k, v in self.loss_scales.items()) + ", last losses "
-                + ", ".join(f"{k}: {v:.5g}" for k, v in self.last_losses.items()) + best
+                + (", ".join(f"{k}: {v:.5g}" for k, v in self.last_losses.items()) or "none (no step ran)") + best
                 + (f"; stopped early: {self.stopped_early}" if self.stopped_early else ""))
 
 

@@ -73,3 +73,13 @@ def test_model_signature_distinguishes_models_and_batches():
     assert autotune.model_signature([a], 16) != autotune.model_signature([b], 16)
     assert autotune.model_signature([a], 16) != autotune.model_signature([a], 32)
     assert autotune.model_signature([a], 16) == autotune.model_signature([mnist_cnn()], 16)
+
+
+def test_a_cache_that_cannot_be_written_is_said_and_not_claimed(tmp_path, monkeypatch, caplog):
+    """tune logged "cached in PATH" after the store had warned it could not write there."""
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("AMP_AUTOTUNE_CACHE", str(tmp_path / "afile" / "tune.json"))
+    assert autotune.store("key", {"policy": "float32"}) is False
+    assert "Could not write the cache" in caplog.text
+    monkeypatch.setenv("AMP_AUTOTUNE_CACHE", str(tmp_path / "tune.json"))
+    assert autotune.store("key", {"policy": "float32"}) is True

@@ -90,6 +90,7 @@ def test_a_run_already_past_max_steps_or_epochs_trains_nothing_and_says_what_to_
     trainer(tmp_path).fit(*classification_data(32), epochs=5, max_steps=8)  # 4 steps an epoch: 2 epochs
     r = trainer(tmp_path).fit(*classification_data(32), epochs=5, max_steps=4, resume=True)
     assert r.steps == 8 and not r.history
+    assert r.summary().endswith("last losses none (no step ran)")  # it read "last losses ," with nothing after
     assert ("Nothing to train: the run is already at global step 8, past max_steps=4 (--max-steps: the steps of the "
             "whole run, resumed ones included). Fix: to train further, pass a max_steps above 8, such as 16."
             in caplog.text)
