@@ -117,8 +117,12 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
                 raise InputError("sample_weight must be finite and not negative (a weight per sample; 0 leaves a "
                                  f"sample out). Received values from {w.min()} to {w.max()}. Fix: clean the weights, "
                                  "e.g. np.clip(w, 0, None) where negative weights are a mistake.")
+        classes = _num_classes(model)
+        if _loss_name(loss) == "categoricalcrossentropy" and np.ndim(sample[1]) == 1 and (classes or 0) > 1:
+            raise InputError(f"The labels y are class ids (shape {np.shape(sample[1])}), but categorical cross-entropy "
+                             f"takes one-hot rows (shape (N, {classes})). Fix: loss='sparse_categorical_crossentropy' "
+                             f"for class ids, or one-hot labels: keras.utils.to_categorical(y, {classes}).")
         if sparse and not isinstance(sample[1], (dict, tuple, list)):  # (several outputs: the loss's own checks)
-            classes = _num_classes(model)
             owner = f" (the model has {classes} outputs)" if classes else ""
             class_ids(_per_position(model, sample[1]), classes, "The labels y", owner=owner, error=InputError)
 
@@ -135,10 +139,15 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
                    check_message=message, evaluation=evaluation)]
 
 
+def _loss_name(loss: Any) -> str:
+    """A loss's name, lower case, without underscores, from a name, a function or a class."""
+    name = loss if isinstance(loss, str) else getattr(loss, "__name__", "") or type(loss).__name__
+    return str(name).lower().replace("_", "")
+
+
 def _binary(loss: Any) -> bool:
     """The loss is a binary cross-entropy (by name, function or class): ``metrics=["accuracy"]`` is then binary."""
-    name = loss if isinstance(loss, str) else getattr(loss, "__name__", "") or type(loss).__name__
-    return "binary" in str(name).lower()
+    return "binary" in _loss_name(loss)
 
 
 def _same_rank(y: Any, pred: Any) -> Any:

@@ -421,3 +421,17 @@ def test_sample_weights_of_another_shape_or_negative_are_refused_before_training
         trainer(mlp()).fit(tf.data.Dataset.from_tensor_slices((x, y, w)).batch(8, drop_remainder=True), epochs=1)
     weights = np.r_[np.zeros(8), np.ones(8)]  # zero leaves a sample out: accepted
     assert trainer(mlp()).fit(tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(8), epochs=1).steps == 2
+
+
+@pytest.mark.parametrize("loss", ["categorical_crossentropy",
+                                  lambda: tf.keras.losses.CategoricalCrossentropy(from_logits=True)])
+def test_class_ids_for_a_categorical_loss_are_refused_with_both_fixes(loss):
+    """Class ids with categorical cross-entropy failed inside the graph ("target and output must have the same
+    rank"); only one-hot labels for a sparse loss had our error."""
+    x, y = classification_data(16)
+    t = Trainer(classifier_updates(mlp(), tf.keras.optimizers.SGD(), loss if isinstance(loss, str) else loss()),
+                applied_plan(), batch_size=8, progress=False)
+    with pytest.raises(InputError, match=r"class ids \(shape \(16,\)\), but categorical cross-entropy takes one-hot "
+                                         r"rows \(shape \(N, 3\)\). Fix: loss='sparse_categorical_crossentropy'"):
+        t.fit(x, y, epochs=1)
+    t.fit(x, np.eye(3, dtype="float32")[y], epochs=1)  # one-hot rows: accepted
