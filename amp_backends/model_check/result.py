@@ -200,7 +200,7 @@ class ModelCheck:
         line = (f"Precision check of {self.model!r} for the plan {p.get('backend')} {p.get('policy')} "
                 f"(tf32 {'on' if p.get('tf32') else 'off'}, xla {'on' if p.get('xla') else 'off'}"
                 f"{', fp8 on' if p.get('fp8') else ''}), {batch}")
-        return line if self.sized else f"{line}: {self.unsized_line()}"
+        return line if self.sized or not self.summary.gemm_ops else f"{line}: {self.unsized_line()}"
 
     def summary_lines(self) -> list[str]:
         """The summary under the headline: the FLOPs per image and their dtypes, the share in reduced precision and
@@ -212,7 +212,9 @@ class ModelCheck:
         s, c = self.summary, self.counts
         dtypes = ", ".join(f"{d} {_pct(v)}" for d, v in sorted(s.dtype_shares.items(), key=lambda kv: -kv[1]))
         counted = s.gemm_ops - s.unknown_flops_ops
-        if not s.sized:
+        if not s.sized and not s.gemm_ops:  # the trace stopped first (a layer raised): the findings say where
+            lines = ["matmul + convolution FLOPs: not known: the check stopped before it reached any"]
+        elif not s.sized:
             lines = [f"matmul + convolution FLOPs: not known: only {counted} of {s.gemm_ops} ops are sized "
                      f"({_flops(s.flops_per_image)} per image over those, the rest unknown); no shares are given"]
         else:

@@ -193,6 +193,9 @@ def test_a_lambda_that_cannot_run_under_the_plan_is_an_error_finding_naming_it(h
     assert "the Lambda's own" in f.why and "output_shape=" in f.why
     assert f.fix.startswith("make the function work on them") and "keras.Input" not in f.fix
     assert not result.sized and result.notes
+    # it said "could not size most of the model: 0 of 0 matmul/convolution ops have dynamic shapes"
+    assert "could not size" not in result.headline() and "0 of 0" not in "\n".join(result.summary_lines())
+    assert "the check stopped before it reached any" in "\n".join(result.summary_lines())
     assert_valid("check", result.to_dict())
 
 
