@@ -6,6 +6,9 @@ The plan is applied first (``auto_configure`` with the overrides given), so the 
 under the plan's dtype policy, as a training script that calls ``auto_configure()`` at its top would.
 The current directory is importable, as with ``python -m``: ``amp-backends check mymodels:build`` finds
 ``./mymodels.py``.
+
+It exits 0 when the check found no error (warnings and notes are speed advice), 1 when it found one (wrong or
+unstable numbers: a finding of severity ``error``), so a script or CI job can gate on it, and 2 on bad input.
 """
 
 from __future__ import annotations
@@ -69,7 +72,9 @@ def check_command(
                                            "the list: amp_backends.known_devices()) instead of this machine."),
     overrides: Any = None,
 ) -> None:
-    """Build a model from MODULE:FACTORY under the plan and check it for what makes mixed precision slow or wrong."""
+    """Build a model from MODULE:FACTORY under the plan and check it for what makes mixed precision slow or wrong.
+
+    Exits 1 when a finding is an error (wrong or unstable numbers), 0 otherwise."""
     try:
         module_name, factory_name = parse_factory(target)
     except FactoryError as exc:
@@ -116,3 +121,5 @@ def check_command(
         typer.echo(result.to_json())
     else:
         result.render_text()
+    if result.of_severity("error"):
+        raise typer.Exit(1)

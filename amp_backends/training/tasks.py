@@ -128,14 +128,17 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
 
     classes = _num_classes(model)
     span = f"0..{classes - 1}" if classes else "0 and up"
-    message = (f"holds labels that are not class ids in {span} (NaN, a fraction, a negative id or one past the model's "
-               f"{classes or '?'} outputs). Expected class ids in {span} in every batch (the check before training "
-               "sees the first batch of a dataset). Fix: clean the labels in the pipeline (dataset.map, or "
-               "dataset.filter to drop such rows), or give the model's last layer as many units as there are classes.")
+    ids = (f"labels that are not class ids in {span} (NaN, a fraction, a negative id or one past the model's "
+           f"{classes or '?'} outputs), or " if sparse else "")
+    expected = f"class ids in {span} and " if sparse else ""
+    message = (f"holds {ids}sample weights that are negative or not finite. Expected {expected}"
+               "finite weights of 0 or more in every batch (the check before training sees the first batch of a "
+               "dataset). Fix: clean the pipeline (dataset.map, or dataset.filter to drop such rows)"
+               + (", or give the model's last layer as many units as there are classes." if sparse else "."))
     evaluation = Evaluation(predict=lambda x: model(x, training=False), loss=losses, binary=_binary(loss),
                             outputs=max(1, len(outputs)), check=check)
     return [Update("model", loss_fn, [(model.trainable_variables, optimizer)], validate=validate,
-                   state=model.non_trainable_variables, check=_class_id_check(classes) if sparse else None,
+                   state=model.non_trainable_variables, check=_batch_check(classes if sparse else None, sparse),
                    check_message=message, evaluation=evaluation)]
 
 
@@ -163,23 +166,33 @@ def _same_rank(y: Any, pred: Any) -> Any:
     return y
 
 
-def _class_id_check(classes: int | None) -> Any:
-    """The compiled check of every batch's class ids (see `Update`'s ``check``): whole, finite, in range."""
+def _batch_check(classes: int | None, sparse: bool) -> Any:
+    """The compiled check of every batch (see `Update`'s ``check``): class ids whole, finite and in range (where
+    ``sparse``), sample weights finite and not negative (where the batch has them)."""
+
+    def valid(t: Any, ids: bool) -> Any:
+        good = t >= tf.zeros([], t.dtype)
+        if ids and classes:
+            good = tf.logical_and(good, t < tf.cast(classes, t.dtype))
+        if t.dtype.is_floating:
+            whole = tf.equal(t, tf.round(t)) if ids else tf.ones_like(good)
+            good = tf.logical_and(good, tf.logical_and(tf.math.is_finite(t), whole))
+        return good
 
     def check(batch):
         if isinstance(batch, dict) or not isinstance(batch, (tuple, list)) or len(batch) < 2 or batch[1] is None \
                 or isinstance(batch[1], (dict, tuple, list)):
             return tf.constant(True), batch  # (unlabelled or several outputs: the loss_fn says what it needs)
-        y = tf.convert_to_tensor(batch[1])
-        if not (y.dtype.is_floating or y.dtype.is_integer):
-            return tf.constant(True), batch
-        good = y >= tf.zeros([], y.dtype)
-        if classes:
-            good = tf.logical_and(good, y < tf.cast(classes, y.dtype))
-        if y.dtype.is_floating:
-            good = tf.logical_and(good, tf.logical_and(tf.math.is_finite(y), tf.equal(y, tf.round(y))))
-        safe = tf.where(good, y, tf.zeros_like(y))  # what the loss computes on in a step that is then skipped
-        return tf.reduce_all(good), (batch[0], safe, *batch[2:])
+        parts, ok = list(batch), tf.constant(True)
+        for i, ids in ((1, True), (2, False)):  # the labels (class ids where sparse), the sample weights
+            if i >= len(parts) or parts[i] is None or (ids and not sparse):
+                continue
+            t = tf.convert_to_tensor(parts[i])
+            if t.dtype.is_floating or t.dtype.is_integer:
+                good = valid(t, ids)
+                ok = tf.logical_and(ok, tf.reduce_all(good))
+                parts[i] = tf.where(good, t, tf.zeros_like(t))  # what a step that is then skipped computes on
+        return ok, tuple(parts)
 
     return check
 

@@ -72,3 +72,82 @@ def test_a_file_as_out_is_refused_before_any_work_and_an_earlier_run_is_not_over
     assert run_header()["command"].split(" ", 1)[1] == "-m amp_backends bench --zoo"  # runs as recorded
     monkeypatch.setattr(sys, "argv", ["/x/site-packages/amp_backends/bench.py", "--zoo"])
     assert run_header()["command"].split(" ", 1)[1] == "-m amp_backends.bench --zoo"
+
+
+@pytest.fixture
+def bench_cli(tmp_path, monkeypatch):
+    """``amp-backends bench`` in this process, in ``tmp_path``; SIGTERM's handler given back after."""
+    import signal
+
+    import typer
+    from typer.testing import CliRunner
+
+    from amp_backends.commands import bench
+
+    handler = signal.getsignal(signal.SIGTERM)
+    monkeypatch.chdir(tmp_path)
+    app = typer.Typer()
+    app.command()(bench.main)
+    yield lambda *args: CliRunner().invoke(app, list(args))
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _stops():
+    import signal
+
+    from amp_backends.errors import TrainingInterrupted
+
+    sigterm = TrainingInterrupted(signal.SIGTERM, 0, None, "stopped by SIGTERM")  # what SIGTERM raises in a bench
+    return [(KeyboardInterrupt(), 130, "interrupted by Ctrl-C"), (sigterm, 143, "stopped by SIGTERM")]
+
+
+@pytest.mark.parametrize("stop, status, said", _stops())
+def test_a_bench_stopped_by_ctrl_c_or_sigterm_keeps_what_finished(bench_cli, tmp_path, monkeypatch, stop, status,
+                                                                  said):
+    """Ctrl-C during ``bench`` lost every configuration already timed (the results were written at the end only)
+    and ended in a traceback: now they are written, marked ``interrupted``, and the run exits 130 (SIGTERM 143)."""
+    from amp_backends.commands.bench import loops
+
+    timed = []
+
+    def manual(model, config, *args):
+        timed.append(config[0])
+        if len(timed) == 2:
+            raise stop
+        return loops.Result(model, config[0], "manual", 1000.0, [1000.0])
+
+    monkeypatch.setattr(loops, "bench_manual", manual)
+    result = bench_cli("--models", "mnist", "--configs", "fp32,TF32", "--samples", "64", "--mnist-batch", "16",
+                       "--epochs", "1", "--no-fit", "--out", "runs")
+    assert result.exit_code == status, result.output
+    assert f"{said}; what finished before it is in runs/bench.json" in result.output
+    report = json.loads((tmp_path / "runs" / "bench.json").read_text())
+    assert_valid("bench", report)
+    assert [r["config"] for r in report["results"]] == ["fp32"] and report["results"][0]["img_per_s"] == 1000.0
+    assert report["interrupted"] == f"{said}: only what finished before it is here"
+
+
+@pytest.mark.parametrize("stop, status, said", _stops())
+def test_a_zoo_stopped_by_ctrl_c_or_sigterm_keeps_the_models_that_finished(bench_cli, tmp_path, monkeypatch, stop,
+                                                                           status, said):
+    from amp_backends.commands.bench.zoo_suite import ZooRun
+
+    closed = []
+    monkeypatch.setattr(ZooRun, "start_all", lambda self: None)
+    monkeypatch.setattr(ZooRun, "peaks", lambda self, dtypes: {d: 100.0 for d in dtypes})
+    monkeypatch.setattr(ZooRun, "close", lambda self: closed.append(self.log.close()))
+
+    def model(self, name):
+        if name != "mnist_cnn":
+            raise stop
+        return {"model": name, "title": "t", "skipped": "stand-in"}
+
+    monkeypatch.setattr(ZooRun, "model", model)
+    result = bench_cli("--zoo", "--models", "mnist_cnn,resnet50", "--configs", "baseline", "--out", "zoo")
+    assert result.exit_code == status, result.output
+    assert closed, "the workers are stopped"
+    assert f"{said}; what finished before it is in zoo/zoo.json" in result.output
+    report = json.loads((tmp_path / "zoo" / "zoo.json").read_text())
+    assert_valid("zoo", report)
+    assert [m["model"] for m in report["models"]] == ["mnist_cnn"] and said in report["interrupted"]
+    assert said in (tmp_path / "zoo" / "zoo.md").read_text()

@@ -487,6 +487,10 @@ def cli(tmp_path, monkeypatch):
             inputs = tf.keras.Input((None, 32))
             x = tf.keras.layers.Dense(64)(inputs)
             return tf.keras.Model(inputs, tf.keras.layers.Dense(8, dtype="float32")(x))
+        def bf16_softmax():
+            # a head the user set to bfloat16 itself: the layer plan keeps it, the check calls it an error
+            inputs = tf.keras.Input((16,))
+            return tf.keras.Model(inputs, tf.keras.layers.Dense(4, "softmax", dtype="mixed_bfloat16")(inputs))
         WIDTH = 3
     """))
     (tmp_path / "does_not_import.py").write_text("import no_such_module_anywhere\n")
@@ -511,12 +515,21 @@ def test_check_command_prints_a_table(cli):
     assert "Precision check of 'mnist_cnn'" in result.stdout and "per image" in result.stdout
 
 
+@pytest.mark.parametrize("json_flag", [(), ("--json",)])
+def test_check_command_exits_1_when_a_finding_is_an_error(cli, json_flag):
+    """A script or CI job gates on the exit status: an error finding (wrong numbers) is 1, as a linter's; the report
+    is printed all the same. Warnings alone stay 0 (the table test above)."""
+    result = cli("user_models:bf16_softmax", "--policy", "float32", *json_flag)
+    assert result.exit_code == 1, result.output
+    assert "softmax computed in bfloat16" in result.stdout
+
+
 @pytest.mark.parametrize("target, code, message", [
     ("user_models.py", 2, "expected MODULE:FACTORY"),
     ("user_models:good:extra", 2, "expected MODULE:FACTORY"),
     ("does_not_import:good", 2, "importing it raised ModuleNotFoundError"),
     ("no_such_module_xyz:good", 2, "expected an importable module"),
-    ("user_models:missing", 2, "Functions defined there: any_length, broken, good, not_a_model"),
+    ("user_models:missing", 2, "Functions defined there: any_length, bf16_softmax, broken, good, not_a_model"),
     ("user_models:WIDTH", 2, "it is 3 (of type int)"),
     ("user_models:not_a_model", 2, "returned builtins.list"),
     ("user_models:broken", 1, "raised RuntimeError: boom"),

@@ -55,6 +55,29 @@ def test_a_bad_label_deep_in_a_dataset_stops_at_its_step_with_the_library_error(
     assert all(np.isfinite(v.numpy()).all() for v in model.variables)
 
 
+@pytest.mark.parametrize("bad", [-1.0, np.nan, np.inf])
+@pytest.mark.parametrize("loss", ["sparse_categorical_crossentropy", "mse"])
+def test_a_bad_sample_weight_deep_in_a_dataset_stops_at_its_step_with_the_library_error(bad, loss):
+    """Only the first batch's weights were checked: a negative weight later trained on (the loss scaled up without
+    bound), a NaN one made the step non-finite. Now every batch's weights are, as its class ids are."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 4)).astype("float32")
+    y = (np.arange(200) % 10).astype("float32")
+    w = np.ones(200, "float32")
+    w[150] = bad  # batch 9 of 16 rows; the check before training sees batch 0
+    model = mlp(hidden=None, classes=10 if loss.startswith("sparse") else 1)
+    t = Trainer(classifier_updates(model, tf.keras.optimizers.SGD(0.05), loss=loss), applied_plan(), batch_size=16,
+                progress=False, check_models=False, steps_per_call=4)
+    ds = tf.data.Dataset.from_tensor_slices((x, y, w)).batch(16, drop_remainder=True)
+    with pytest.raises(InputError, match=r"The batch of step 9 \(epoch 0, step 9 of the epoch\).*sample weights "
+                                         r"that are negative or not finite.*Fix: clean the pipeline"):
+        t.fit(ds, epochs=1)
+    assert int(t.scalers["model"].skipped.numpy()) == 0  # refused, not taken for an overflow
+    assert all(np.isfinite(v.numpy()).all() for v in model.variables)
+    good = tf.data.Dataset.from_tensor_slices((x, y, np.ones(200, "float32"))).batch(16, drop_remainder=True)
+    assert t.fit(good, epochs=1).skipped == {"model": 0}
+
+
 def test_a_bad_label_in_arrays_is_refused_before_training():
     x = np.zeros((64, 4), "float32")
     y = np.arange(64) % 10

@@ -39,6 +39,14 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
+def _stopped(stop: KeyboardInterrupt, results: Path) -> typer.Exit:
+    """Ctrl-C (exit 130) or SIGTERM (143, `supervisor.terminate_as_exit`): a normal way to stop; what finished is
+    kept."""
+    kept = f"what finished before it is in {results}" if results.exists() else "nothing had finished"
+    typer.echo(f"{PROG}: {str(stop) or 'interrupted by Ctrl-C'}; {kept}", err=True)
+    return typer.Exit(getattr(stop, "exit_code", 130))
+
+
 def _folder(out: Path, result: str) -> Path:
     """Before any work: a file in the way of ``--out`` fails now, and an earlier run is never overwritten."""
     from .output import results_folder
@@ -95,10 +103,13 @@ def main(
         zoo_models = _names(models) or list(ZOO)
         if any(m not in ZOO for m in zoo_models):
             raise _fail(f"--zoo --models takes {', '.join(ZOO)}. Received: {models!r}.")
+        folder = _folder(out, "zoo.json")
         try:
-            run_zoo(zoo_models, _names(configs), reps, steps, batch, _folder(out, "zoo.json"))
+            run_zoo(zoo_models, _names(configs), reps, steps, batch, folder)
         except ValueError as exc:
             raise _fail(str(exc)) from None
+        except KeyboardInterrupt as exc:
+            raise _stopped(exc, folder / "zoo.json") from None
         return
     from .loops import run
 
@@ -115,6 +126,8 @@ def main(
         run(wanted, chosen, epochs, samples, mnist_batch, gan_batch, steps_per_call, out, with_fit=not no_fit)
     except ValueError as exc:
         raise _fail(str(exc)) from None
+    except KeyboardInterrupt as exc:
+        raise _stopped(exc, out / "bench.json") from None
 
 
 def cli_main() -> None:

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ...configure import auto_configure, plan_for, reset
 from ...keras_compat import dynamic_loss_scale_optimizer, scale_loss, set_global_policy, unscale_gradients
-from .output import environment, loops_chart, loops_table, run_header, unsafe_policies, write_json
+from .output import environment, interrupted, loops_chart, loops_table, run_header, unsafe_policies, write_json
+from .supervisor import terminate_as_exit
 
 if TYPE_CHECKING:  # numpy is imported by the data helpers when a run starts, not by the command line
     import numpy as np
@@ -221,49 +222,57 @@ def run(models: list[str], configs: list[str] | None, epochs: int, samples: int,
     chosen = [c for c in MANUAL if configs is None or c[0] in configs]
     unsafe = unsafe_policies(plan_for(environ={}))
     results: list[Result] = []
-    for model in models:
-        batch = mnist_batch if model == "mnist" else gan_batch
-        if len(x) // batch < 1:
-            raise ValueError(f"--samples {samples} is smaller than one {model} batch of {batch}.")
-        jobs: list[tuple[str, Callable[..., Result]]] = []
-        for c in chosen:
-            if c[1] in unsafe:  # e.g. bf16 with ITEX on a CPU without bf16: it would abort the whole process
-                results.append(Result(model, c[0], "manual", None, error=f"skipped, unsafe here: {unsafe[c[1]]}"))
-                continue
-            jobs.append((c[0], functools.partial(bench_manual, model, c, x, y, batch, epochs, 0.01)))
-        if with_fit and model == "mnist":
-            jobs.append(("Keras fit", functools.partial(bench_fit, x, y, batch, epochs, 0.01)))
-        jobs.append(("auto plan", functools.partial(bench_auto, model, x, y, batch, epochs, 0.01, steps_per_call)))
-        jobs.append(("auto plan, no loss scaling",
-                     functools.partial(bench_auto, model, x, y, batch, epochs, 0.01, steps_per_call, loss_scale="none",
-                                       label="auto plan, loss scaling off")))
-        for label, job in jobs:
-            saved_tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
-            try:
-                r = job()
-            except Exception as exc:  # one broken configuration must not lose the others
-                error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-                r = Result(model, label, "manual", None, error=error)
-            finally:
-                tf.config.experimental.enable_tensor_float_32_execution(saved_tf32)
-                reset()
-                set_global_policy("float32", tf)
-            results.append(r)
-            outcome = f"{r.img_per_s:12,.0f} img/s" if r.img_per_s else f"failed: {r.error}"
-            print(f"  {model:5s} {r.config:32s} {outcome}", flush=True)
+    stopped: KeyboardInterrupt | None = None
+    terminate_as_exit()
+    try:
+        for model in models:
+            batch = mnist_batch if model == "mnist" else gan_batch
+            if len(x) // batch < 1:
+                raise ValueError(f"--samples {samples} is smaller than one {model} batch of {batch}.")
+            jobs: list[tuple[str, Callable[..., Result]]] = []
+            for c in chosen:
+                if c[1] in unsafe:  # e.g. bf16 with ITEX on a CPU without bf16: it would abort the whole process
+                    results.append(Result(model, c[0], "manual", None, error=f"skipped, unsafe here: {unsafe[c[1]]}"))
+                    continue
+                jobs.append((c[0], functools.partial(bench_manual, model, c, x, y, batch, epochs, 0.01)))
+            if with_fit and model == "mnist":
+                jobs.append(("Keras fit", functools.partial(bench_fit, x, y, batch, epochs, 0.01)))
+            auto = functools.partial(bench_auto, model, x, y, batch, epochs, 0.01, steps_per_call)
+            jobs.append(("auto plan", auto))
+            jobs.append(("auto plan, no loss scaling",
+                         functools.partial(auto, loss_scale="none", label="auto plan, loss scaling off")))
+            for label, job in jobs:
+                saved_tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
+                try:
+                    r = job()
+                except Exception as exc:  # one broken configuration must not lose the others
+                    error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                    r = Result(model, label, "manual", None, error=error)
+                finally:
+                    tf.config.experimental.enable_tensor_float_32_execution(saved_tf32)
+                    reset()
+                    set_global_policy("float32", tf)
+                results.append(r)
+                outcome = f"{r.img_per_s:12,.0f} img/s" if r.img_per_s else f"failed: {r.error}"
+                print(f"  {model:5s} {r.config:32s} {outcome}", flush=True)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the configurations timed so far are written, then it goes on
+        stopped = exc
     report = {
         **run_header(),
         "environment": environment(),
         "settings": {"epochs_timed": epochs, "warmup_epochs": 1, "samples": samples, "mnist_batch": mnist_batch,
                      "gan_batch": gan_batch, "steps_per_call": steps_per_call or "one epoch", "data": "synthetic"},
         "results": [asdict(r) for r in results],
+        **({"interrupted": interrupted(stopped)} if stopped else {}),
     }
     for model in models:
-        best = max((r.img_per_s or 0) for r in results if r.model == model and r.kind == "manual")
+        best = max(((r.img_per_s or 0) for r in results if r.model == model and r.kind == "manual"), default=0)
         for r in report["results"]:
             if r["model"] == model:
                 r["ratio_to_best_manual"] = (r["img_per_s"] / best) if (best and r["img_per_s"]) else None
     write_json(out / "bench.json", report)
     loops_table(report)
     loops_chart(report, out / "bench.png")
+    if stopped:
+        raise stopped
     return report

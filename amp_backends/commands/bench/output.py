@@ -66,6 +66,11 @@ def _program() -> list[str]:
     return [started.name]
 
 
+def interrupted(stop: BaseException) -> str:
+    """What a results file says of a run stopped by Ctrl-C or SIGTERM (its ``interrupted`` field)."""
+    return f"{str(stop) or 'interrupted by Ctrl-C'}: only what finished before it is here"
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write ``data`` to ``path`` whole or not at all (a stopped run never leaves half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -238,7 +243,9 @@ def zoo_markdown(report: dict[str, Any]) -> str:
     peaks = report.get("peak_gflops") or {}
     lines = [f"# Model zoo: {machine_line(env)}", "",
              f"{report['date']} - TensorFlow {env.get('tensorflow')}, Keras {env.get('keras')} - "
-             f"`{report['command']}` - {report.get('elapsed_s')} s", "", f"- plan: {report.get('plan')}",
+             f"`{report['command']}` - {report.get('elapsed_s')} s", "",
+             *([f"- **{report['interrupted']}**"] if report.get("interrupted") else []),
+             f"- plan: {report.get('plan')}",
              "- matmul peak measured in this run, GFLOP/s: " + ", ".join(f"{k} {v}" for k, v in peaks.items()),
              f"- figures: samples/s of the median of {report['settings']['reps']} interleaved repetitions of "
              f"{report['settings']['steps_per_rep']} steps, after one warm-up repetition; speed-ups are of the "

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import IO, Any, Callable
 
+from ...errors import TrainingInterrupted
+
 PROTOCOL = "@@json "  # a worker's answer lines start with this; anything else it prints is log
 
 
@@ -201,9 +203,10 @@ def exit_with_parent() -> None:
 
 
 def terminate_as_exit() -> None:
-    """SIGTERM ends this process through ``SystemExit``: ``finally`` blocks run, workers are stopped, files written."""
+    """SIGTERM stops this process as Ctrl-C does (`amp_backends.errors.TrainingInterrupted`, exit code 143):
+    ``finally`` blocks run, workers are stopped, what finished is written."""
     def handler(signum: int, frame: Any) -> None:
-        raise SystemExit(f"stopped by {signal.Signals(signum).name}")
+        raise TrainingInterrupted(signum, 0, None, f"stopped by {signal.Signals(signum).name}")
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, handler)

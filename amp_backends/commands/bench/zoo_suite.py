@@ -23,7 +23,7 @@ from ...configure import plan_for
 from ...registry import Peer, default_registry
 from ...autotune.timing import Sample, Timings, interleaved
 from ...zoo import ZOO, unavailable
-from .output import environment, run_header, write_json, zoo_markdown, zoo_table
+from .output import environment, interrupted, run_header, write_json, zoo_markdown, zoo_table
 from .supervisor import JsonWorker, WorkerFailed, child_env, terminate_as_exit
 
 
@@ -278,6 +278,7 @@ def run_zoo(models: list[str], config_names: list[str] | None, reps: int, steps:
                                                      "repetition, Trainer.predict for the trainer, predict_on_batch "
                                                      "for fit)"},
                               "models": []}
+    stopped: KeyboardInterrupt | None = None
     try:
         runner.say(f"zoo: {len(models)} model(s) x {len(configs)} configuration(s), {reps} interleaved repetitions of "
                    f"{steps} steps; plan: {plan.summary()}")
@@ -292,6 +293,9 @@ def run_zoo(models: list[str], config_names: list[str] | None, reps: int, steps:
         report["peak_gflops"] = {k: max((p.get(k) for p in (report["peak_gflops_start"], report["peak_gflops_end"])
                                          if isinstance(p.get(k), (int, float))), default=None)
                                  for k in report["peak_gflops_start"]}
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the models finished so far are written, then it goes on
+        stopped = exc
+        report["interrupted"] = interrupted(exc)
     finally:
         runner.close()
     report["environment"] = environment()
@@ -300,6 +304,8 @@ def run_zoo(models: list[str], config_names: list[str] | None, reps: int, steps:
     write_json(out / "zoo.json", report)
     (out / "zoo.md").write_text(zoo_markdown(report))
     zoo_table(report)
+    if stopped:
+        raise stopped
     return report
 
 
@@ -308,6 +314,8 @@ def summarize(report: dict[str, Any]) -> None:
     the measured peak of each configuration's compute dtype, loss difference to the baseline."""
     peaks = report.get("peak_gflops") or {}
     for m in report["models"]:
+        if m.get("skipped"):  # (its reason is all there is to say)
+            continue
         cfgs = m.get("configs") or {}
         rate = {n: c["samples_per_s"]["median"] for n, c in cfgs.items() if c.get("samples_per_s")}
         base = rate.get(BASELINE.name)
