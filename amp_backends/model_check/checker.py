@@ -11,7 +11,7 @@ from .result import Finding, ModelCheck, Summary
 from .rules_general import Rules
 from .shapes import by_name, dynamic_dims, given_inputs, shapes_with_sequence_length
 from .target import make_target
-from .trace import trace_model
+from .trace import run_once, trace_model
 
 if TYPE_CHECKING:
     from ..hardware import Hardware
@@ -81,7 +81,7 @@ def require_model(model: Any, caller: str, unbuilt: str | None = None) -> None:
 
 
 def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = None, *, inputs: Any = None,
-                hardware: Hardware | None = None, layer_plan: LayerPlan | None = None) -> ModelCheck:
+                hardware: Hardware | None = None, layer_plan: LayerPlan | None = None, run: bool = True) -> ModelCheck:
     """Check a Keras model for what makes mixed precision slow or wrong on the planned device.
 
     The model's forward pass is traced once (nothing runs and nothing in the model changes) and its graph
@@ -113,9 +113,20 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
             checkpoint's); by default the one `amp_backends.layer_plan.decide` gives it (with the measured
             choice cached for this model on this machine): layers the layer plan keeps in float32 are as planned,
             layers it keeps in float32 that compute in low precision are reported.
+        run: with ``inputs``, also call the model once, eagerly, on zeros of one example at those shapes (where
+            every dimension is sized and every input takes numbers): the symbolic trace does not run the model,
+            so a shape it cannot take (a sequence past its position embedding) shows only there. The trainer,
+            whose first step runs the model, passes ``False``.
 
     Returns:
         A `ModelCheck`: findings (errors first), a summary, JSON.
+
+    Raises:
+        TypeError: ``model`` is not a Keras model, or ``plan`` not a `Plan`.
+        ValueError: ``batch_size`` is not a positive int, ``inputs`` do not fit the model, or its input shape
+            cannot be told.
+        amp_backends.errors.ModelCallError: The model as a whole does not run on the inputs (a layer that raises
+            only under the plan's policy is a finding instead).
 
     Global state — the Keras dtype policy, the applied plan, the model's weights and losses — is left as
     it was.
@@ -154,6 +165,8 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
         if exc.layer is None:  # the model as a whole does not run on these inputs: the caller's error
             raise
         return _layer_fails(model, plan, target, batch, exc, keras_version)
+    if inputs is not None and run:
+        run_once(model, structure)  # the caller's error too: shapes the model cannot take
     if layer_plan is None:
         from ..layer_plan import decide
 

@@ -14,6 +14,7 @@ What each matmul and convolution computes (kind, FLOPs, rows as the GEMM sees th
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Protocol, TypeVar
 
@@ -168,6 +169,50 @@ def trace_model(model: Any, batch: int, input_struct: Any) -> ModelGraph:
     finally:
         restore_losses(losses)
     return _read_graph(concrete, model.name, layers, batch, len(tf.nest.flatten(specs)))
+
+
+def run_once(model: Any, input_struct: Any) -> bool:
+    """Call ``model`` once, eagerly, on zeros of one example at ``input_struct``'s shapes (``training=False``; its
+    losses restored): a shape the model cannot take — a sequence past its position embedding, say — fails only
+    when the model runs, never in the symbolic trace. False (nothing run) where a dimension is open or an input
+    takes strings.
+
+    Raises:
+        ModelCallError: The model raised, naming the layer whose call did.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    leaves = tf.nest.flatten(input_struct)
+    if not leaves or any(None in leaf.shape[1:] or not (leaf.dtype.is_floating or leaf.dtype.is_integer or
+                                                        leaf.dtype.is_bool) for leaf in leaves):
+        return False
+    zeros = tf.nest.map_structure(lambda leaf: tf.constant(np.zeros((1, *leaf.shape[1:]), leaf.dtype.as_numpy_dtype)),
+                                  input_struct)
+    objects = [obj for _, obj in walk(model, model.name)]
+    paths = [path for path, _ in walk(model, model.name)]
+    losses, scopes = snapshot_losses(objects), LayerScopes(objects)
+    try:
+        with scopes:
+            model(zeros, training=False)
+    except Exception as exc:
+        failure = scopes.culprit(exc)
+        where = (f"its layer {paths[failure.index]!r} ({type(objects[failure.index]).__name__}) raised "
+                 if failure is not None and failure.index else "it raised ")
+        shapes = tf.nest.map_structure(lambda leaf: (None, *leaf.shape[1:]), input_struct)
+        error = failure.error if failure is not None else exc
+        said = [line for line in re.sub(r"\x1b\[[0-9;]*m|\{\{function_node [^}]*\}\}", "", str(error)).splitlines()
+                if line.strip() and not line.startswith(("Exception encountered", "Arguments received"))]
+        first = (said or [""])[0].strip()[:300]
+        raise ModelCallError(
+            f"The model {model.name!r} does not run on inputs of shape {shapes}: called once on zeros of that shape "
+            f"(one example), {where}{type(error).__name__}: {first}. The symbolic trace alone passed, so a check at "
+            "these shapes would approve a model that fails on the first step. Expected the shapes the model is "
+            "trained on, which it runs on. Fix: check (and train) at shapes it takes — a sequence length at most "
+            "its maximum (the length of its position embedding), an image size its layers accept.") from exc
+    finally:
+        restore_losses(losses)
+    return True
 
 
 def _describe(inputs: Any) -> str:

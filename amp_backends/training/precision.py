@@ -157,12 +157,12 @@ def check_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatch,
         try:
             try:
                 result = model_check.check_model(model, plan, batch_size=batch_size, inputs=inputs,
-                                                 layer_plan=layer_plan)
+                                                 layer_plan=layer_plan, run=False)
             except (TypeError, ValueError) as exc:
                 if inputs is None and x is not None and not getattr(model, "inputs", None):
                     # a subclassed model that keeps no input shape of its own: checked at the training batch
                     result = model_check.check_model(model, plan, batch_size=batch_size, inputs=x,
-                                                     layer_plan=layer_plan)
+                                                     layer_plan=layer_plan, run=False)
                 elif inputs is None:
                     raise
                 else:  # the batch is not what the model's own inputs say (a loss that reshapes it): its own shapes

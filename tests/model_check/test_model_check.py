@@ -491,6 +491,16 @@ def cli(tmp_path, monkeypatch):
             # a head the user set to bfloat16 itself: the layer plan keeps it, the check calls it an error
             inputs = tf.keras.Input((16,))
             return tf.keras.Model(inputs, tf.keras.layers.Dense(4, "softmax", dtype="mixed_bfloat16")(inputs))
+        class Positions(tf.keras.layers.Layer):
+            # a learned position table of 16 rows, sliced to the sequence length, as keras_hub's PositionEmbedding
+            def build(self, shape):
+                self.table = self.add_weight(shape=(16, shape[-1]), initializer="zeros")
+            def call(self, x):
+                return x + tf.slice(tf.convert_to_tensor(self.table), [0, 0], tf.shape(x)[1:])
+        def positions():
+            inputs = tf.keras.Input((None,), dtype="int32")
+            x = Positions()(tf.keras.layers.Embedding(50, 8)(inputs))
+            return tf.keras.Model(inputs, tf.keras.layers.Dense(2, dtype="float32")(x))
         WIDTH = 3
     """))
     (tmp_path / "does_not_import.py").write_text("import no_such_module_anywhere\n")
@@ -529,7 +539,7 @@ def test_check_command_exits_1_when_a_finding_is_an_error(cli, json_flag):
     ("user_models:good:extra", 2, "expected MODULE:FACTORY"),
     ("does_not_import:good", 2, "importing it raised ModuleNotFoundError"),
     ("no_such_module_xyz:good", 2, "expected an importable module"),
-    ("user_models:missing", 2, "Functions defined there: any_length, bf16_softmax, broken, good, not_a_model"),
+    ("user_models:missing", 2, "Functions defined there: Positions, any_length, bf16_softmax, broken, good"),
     ("user_models:WIDTH", 2, "it is 3 (of type int)"),
     ("user_models:not_a_model", 2, "returned builtins.list"),
     ("user_models:broken", 1, "raised RuntimeError: boom"),
@@ -537,7 +547,7 @@ def test_check_command_exits_1_when_a_finding_is_an_error(cli, json_flag):
 def test_check_command_errors_say_what_was_expected(cli, target, code, message):
     result = cli(target, "--policy", "float32")
     assert result.exit_code == code
-    assert message in result.output and "Fix:" in result.output
+    assert message in " ".join(result.output.split()) and "Fix:" in result.output
 
 
 @pytest.mark.parametrize("args", [("--seq-len", "128"), ("--input-shape", "128x32")])
@@ -548,6 +558,19 @@ def test_check_command_sizes_open_dimensions(cli, args):
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)["summary"]
     assert summary["sized"] is True and summary["flops_per_image"] == 2 * 128 * (32 * 64 + 64 * 8)
+
+
+def test_a_sequence_past_the_models_position_table_is_refused_not_approved(cli):
+    """The check only traced the model symbolically, and approved a keras_hub BERT at a sequence length past its
+    position embedding (exit 0), where training fails on its first step: the model now runs once on zeros of one
+    example at the shapes given."""
+    past = cli("user_models:positions", "--seq-len", "32", "--policy", "float32")
+    assert past.exit_code == 2, past.output
+    assert "does not run on inputs of shape (None, 32)" in past.output and "/positions' (Positions)" in past.output
+    assert "Expected size[0] in [0, 16], but got 32" in " ".join(past.output.split()) and "Fix:" in past.output
+    within = cli("user_models:positions", "--seq-len", "16", "--policy", "float32", "--json")
+    assert within.exit_code == 0, within.output
+    assert json.loads(within.stdout)["summary"]["sized"] is True
 
 
 def test_check_command_refuses_both_shape_options_and_a_bad_shape(cli):
