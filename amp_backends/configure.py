@@ -198,6 +198,17 @@ def known_devices() -> tuple[str, ...]:
     return names()
 
 
+def _restore_policy(plan: Plan) -> None:
+    """The applied plan's Keras dtype policy again, where something set another since (`configure_for_device`, a
+    ``keras.mixed_precision.set_global_policy`` of the program's): models built next follow this machine's plan."""
+    from .keras_compat import global_policy_name, set_global_policy
+
+    if (was := global_policy_name()) != plan.policy:
+        set_global_policy(plan.policy)
+        logger.info(f"auto_configure: the Keras dtype policy is {plan.policy} again, this machine's plan's (it was "
+                    f"{was}: layers built since keep it)")
+
+
 def _probe(registry: BackendRegistry, use_tensorflow: bool) -> Hardware:
     from .probe import probe_hardware
 
@@ -238,8 +249,9 @@ def auto_configure(
     ``fp8`` (off by default) trains the eligible Dense layers in float8 once ``prepare_model(model, plan)``
     quantizes them; ``float32_layers`` (``auto``: those measured slower in the policy's low precision here,
     ``none``, or Keras class names) are the layers ``prepare_model`` and the trainer keep in float32.
-    Calling again with the same overrides returns the same plan without re-applying
-    it (`reset` forgets it). ``registry`` replaces the installed backends (tests, tools).
+    Calling again with the same overrides returns the same plan without planning again, its Keras dtype policy
+    set again where something set another since (`configure_for_device`); `reset` forgets it. ``registry``
+    replaces the installed backends (tests, tools).
 
     Args:
         backend: ``"auto"`` or a backend's name (``"nvidia"``, ``"intel"``, ``"cpu"``, or any registered one).
@@ -278,6 +290,7 @@ def auto_configure(
     )
     with _state.lock:
         if apply and _state.plan is not None and _state.request == request and _state.registry is registry:
+            _restore_policy(_state.plan)
             return _state.plan
         hardware = _probe(registry, use_tensorflow=apply)
         plan = make_plan(hardware, request, registry, keras_info(), tensorflow_version())

@@ -176,6 +176,30 @@ def test_configure_for_device_sets_only_the_devices_dtype_policy(registry):
         configure_for_device("h800", registry=registry, environ={})
 
 
+@pytest.mark.tensorflow
+def test_auto_configure_after_configure_for_device_sets_this_machines_policy_again(registry):
+    """model.md's sequence: auto_configure(), configure_for_device("h100"), auto_configure() "this machine's plan
+    again" returned the cached plan without setting its policy back: models built next stayed in float16 on a CPU,
+    and prepare_model and the trainer trained them there."""
+    tf = pytest.importorskip("tensorflow")
+    from amp_backends import keras_compat
+    from amp_backends.configure import auto_configure, configure_for_device, reset
+
+    reset()
+    try:
+        here = auto_configure(registry=registry, verbose=False, policy="float32")
+        configure_for_device("h100", registry=registry, environ={})
+        assert keras_compat.global_policy_name(tf) == "mixed_float16"
+        assert auto_configure(registry=registry, verbose=False, policy="float32") is here  # the same plan
+        assert keras_compat.global_policy_name(tf) == "float32"
+        layer = tf.keras.layers.Dense(2)
+        layer.build((None, 3))
+        assert layer.compute_dtype == "float32"
+    finally:
+        reset()
+        keras_compat.set_global_policy("float32", tf)
+
+
 def test_plan_for_warns_of_a_request_it_downgrades_as_auto_configure_does():
     """concepts.md: a request that cannot be honoured is downgraded with an AmpWarning, for plan_for too (it
     used to say so only in the plan's text)."""

@@ -65,11 +65,13 @@ def signature(objects: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str,
             continue
         models[key] = [[str(getattr(v, "path", None) or getattr(v, "name", "?")).rsplit(":", 1)[0], list(v.shape),
                         v.dtype.name if hasattr(v.dtype, "name") else str(v.dtype)] for v in variables]
-    return {"format": 1, "objects": models, **dict(extra)}
+    optimizers = {key: type(obj).__name__ for key, obj in objects.items() if hasattr(obj, "apply_gradients")}
+    return {"format": 1, "objects": models, **({"optimizers": optimizers} if optimizers else {}), **dict(extra)}
 
 
 def differences(stored: Mapping[str, Any], current: Mapping[str, Any], limit: int = 6) -> list[str]:
-    """Human-readable differences between two signatures' objects (names are shown, shapes and dtypes compared)."""
+    """Human-readable differences between two signatures' objects (names are shown, shapes and dtypes compared)
+    and optimizers (their classes)."""
     out: list[str] = []
     a, b = stored.get("objects", {}), current.get("objects", {})
     for key in sorted(set(a) | set(b)):
@@ -84,6 +86,9 @@ def differences(stored: Mapping[str, Any], current: Mapping[str, Any], limit: in
                 if sa != sb or da != db:
                     out.append(f"{key!r} variable {nb}: the checkpoint has shape {tuple(sa)} {da} ({na}), this run "
                                f"{tuple(sb)} {db}")
+    ours = current.get("optimizers", {})
+    out += [f"{key!r} is {then} in the checkpoint, {ours[key]} here (the state it holds is {then}'s)"
+            for key, then in stored.get("optimizers", {}).items() if ours.get(key, then) != then]
     return out[:limit] + ([f"... and {len(out) - limit} more"] if len(out) > limit else [])
 
 
@@ -195,8 +200,8 @@ class CheckpointStore:
                 **{k: v for k, v in self._objects.items() if k not in absent}, signature=self._signature_var)
             diff = differences(stored, current) if stored is not None else []
             if diff:
-                raise CheckpointMismatchError(f"The checkpoint {path} was written for other models than the ones "
-                                              f"being trained: {'; '.join(diff)}. {fix}")
+                raise CheckpointMismatchError(f"The checkpoint {path} was written for other models or optimizers "
+                                              f"than the ones being trained: {'; '.join(diff)}. {fix}")
             try:
                 checkpoint.restore(path).assert_existing_objects_matched()
             except (AssertionError, ValueError) as exc:

@@ -45,6 +45,7 @@ from collections.abc import Mapping, Sequence
 from types import FrameType
 from typing import Any, Callable, ContextManager, Iterator
 
+import numpy as np
 import tensorflow as tf
 
 from ..errors import CheckpointMismatchError, TrainingInterrupted
@@ -169,9 +170,16 @@ def run_seed(checkpoints: str | os.PathLike) -> int | None:
     return None
 
 
+def learning_rates(updates: Sequence[Update]) -> dict[str, float]:
+    """Each optimizer's learning rate where it is a number (not a schedule), by ``update[group]``."""
+    rates = {f"{u.name}[{i}]": getattr(o, "learning_rate", None) for u in updates for i, (_, o) in enumerate(u.groups)
+             if not callable(getattr(o, "_learning_rate", None))}
+    return {k: float(np.asarray(r)) for k, r in rates.items() if r is not None and np.size(r) == 1}
+
+
 def log_resume(restored: Restored, at: At, then_batch: int, batch_size: int, *, updates: Sequence[Update],
-               scalers: Mapping[str, LossScaler], plan_headline: str) -> None:
-    """The resume line: where the run continues, and what differs from the run that wrote the checkpoint."""
+               scalers: Mapping[str, LossScaler], plan_headline: str, given: Mapping[str, float]) -> None:
+    """The resume line: where it continues, what differs from the checkpoint's run (``given``: rates before it)."""
     optimizers = {f"{u.name}[{i}]": int(opt.iterations.numpy()) for u in updates
                   for i, (_, opt) in enumerate(u.groups) if hasattr(opt, "iterations")}
     logger.info(f"Resumed from {restored.path}: global step {at.step}, epoch {at.epoch}, step in epoch "
@@ -185,6 +193,11 @@ def log_resume(restored: Restored, at: At, then_batch: int, batch_size: int, *, 
         logger.warning(f"{restored.path} holds no state of the random layers (Dropout, noise, augmentation; it was "
                        "written before checkpoints kept it): they draw from the start of their sequences again, so "
                        "the losses from here on differ from an uninterrupted run's.")
+    for key, rate in learning_rates(updates).items():
+        if key in given and not np.isclose(rate, given[key]):
+            logger.warning(f"The optimizer {key} trains on at the checkpoint's learning rate {rate:g}, restored with "
+                           f"its state; it was given {given[key]:g} (a resumed run continues the run it resumes: "
+                           "for another rate, start a new run from its weights, or give a schedule).")
     then = (restored.stored or {}).get("plan")
     if then and then != plan_headline:
         logger.info(f"The checkpoint was written under another plan ({then}); this run: {plan_headline}.")
@@ -266,6 +279,7 @@ class Checkpointing:
         """Restore the newest intact checkpoint, if any, and its global step: its seed checked, the resume said (by
         the chief), loss scaling followed, and what the run decided and learnt taken up (``models``' layer plans;
         the validation's history, best value and waiting)."""
+        given = learning_rates(self.updates)
         restored = self.store.restore() if self.store else None
         if restored is None:
             return None
@@ -274,7 +288,7 @@ class Checkpointing:
         stored = restored.stored or {}
         if self.is_chief:
             log_resume(restored, at, then_batch, self.position.batch_size, updates=self.updates,
-                       scalers=self.scalers, plan_headline=self.plan_headline)
+                       scalers=self.scalers, plan_headline=self.plan_headline, given=given)
         then = stored.get("loss_scaling") or {}
         for name, scaler in self.scalers.items():
             scaler.follow(then.get(name), say=self.is_chief)

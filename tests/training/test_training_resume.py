@@ -21,12 +21,32 @@ from amp_backends.errors import CheckpointError, CheckpointMismatchError, InputE
 from amp_backends.training import Trainer, classifier_updates  # noqa: E402
 
 
-def trainer(directory, the_plan=None, logdir=None, **kw):
+def trainer(directory, the_plan=None, logdir=None, opt=None, **kw):
     model = mlp(hidden=None)
-    opt = tf.keras.optimizers.SGD(0.1)
+    opt = opt or tf.keras.optimizers.SGD(0.1)
     return Trainer(classifier_updates(model, opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)),
                    the_plan or applied_plan(), batch_size=8, checkpoint_objects={"model": model, "optimizer": opt},
                    checkpoint_dir=str(directory), logdir=logdir, progress=False, check_models=False, **kw)
+
+
+# --------------------------------------------------------------------------- the optimizer
+def test_a_resume_with_another_optimizer_is_refused_and_another_learning_rate_is_said(tmp_path, caplog):
+    """A resume with SGD where Adam wrote the checkpoint was accepted (the SGD took Adam's learning rate, TensorFlow
+    warned of unmatched values); a resume with Adam(0.05) silently trained on at the checkpoint's 0.001."""
+    x, y = classification_data(16)
+    assert trainer(tmp_path, opt=tf.keras.optimizers.Adam(1e-3)).fit(x, y, epochs=1).steps == 2
+    with pytest.raises(CheckpointMismatchError, match=r"other models or optimizers.*'optimizer' is Adam in the "
+                                                      r"checkpoint, SGD here.*Fix: resume with the same"):
+        trainer(tmp_path, opt=tf.keras.optimizers.SGD(0.1)).fit(x, y, epochs=2, resume=True)
+    again = trainer(tmp_path, opt=tf.keras.optimizers.Adam(0.05))
+    with caplog.at_level("WARNING", logger="amp_backends"):
+        assert again.fit(x, y, epochs=2, resume=True).steps == 4  # (the run's global step)
+    assert any("trains on at the checkpoint's learning rate 0.001, restored with its state; it was given 0.05"
+               in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="amp_backends"):  # the same rate: nothing to say
+        trainer(tmp_path, opt=tf.keras.optimizers.Adam(1e-3)).fit(x, y, epochs=3, resume=True)
+    assert not [r for r in caplog.records if "learning rate" in r.getMessage()]
 
 
 # --------------------------------------------------------------------------- loss scaling
