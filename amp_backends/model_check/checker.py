@@ -177,9 +177,10 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
     notes = []
     if batch is None:
         notes.append(f"batch size not given: FLOPs are per image and Dense rows are assumed aligned (traced at batch "
-                     f"{DEFAULT_TRACE_BATCH}); pass batch_size= to check it")
+                     f"{DEFAULT_TRACE_BATCH}); pass batch_size= (amp-backends check --batch-size) to check it")
     if open_dims and rules.sized:
-        notes.append(f"{open_dims} input dimension(s) after the batch are open (dynamic); give inputs= to size them")
+        notes.append(f"{open_dims} input dimension(s) after the batch are open (dynamic); give inputs= (amp-backends "
+                     "check --seq-len / --input-shape) to size them")
     if target.graph_amp:
         notes.append(f"the plan rewrites the float32 graph to {target.graph_amp} itself (graph-level AMP): the "
                      "float32 layers are expected and not reported")
