@@ -15,7 +15,7 @@ What each matmul and convolution computes (kind, FLOPs, rows as the GEMM sees th
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Protocol, TypeVar
 
 from ..layer_names import layer_geometry
@@ -310,6 +310,7 @@ def _read_graph(concrete: Any, name: str, layers: list[LayerInfo], batch: int, n
         elif op.type not in BOOKKEEPING_OPS:
             floating = [t for t in op.outputs if t.dtype.is_floating]
             result.others.append(OtherOp(op.name, op.type, layer, floating[0].dtype.name if floating else None))
+    _count_loop_steps(concrete.graph, ops, result.gemms)
     result.layer_traffic = _layer_traffic(ops, {t.name for t in concrete.outputs})
     result.masks = large_negative_constants(ops, layer_of)
     for i, tensor in enumerate(concrete.outputs):
@@ -317,6 +318,33 @@ def _read_graph(concrete: Any, name: str, layers: list[LayerInfo], batch: int, n
         producer_dtype = float_dtype(op) if op.inputs or op.outputs else None
         result.outputs.append(OutputInfo(i, tensor.dtype.name, op.type, producer_dtype, layer_of(op.name)))
     return result
+
+
+def _count_loop_steps(graph: Any, ops: list[Any], gemms: list[GemmOp]) -> None:
+    """A recurrent layer (LSTM, GRU) runs its cell's matmuls once per time step in a ``While`` loop, the first step
+    peeled off before it, where the graph shows them once: those of the loop's layer count ``T`` times (``T`` the
+    static length of the sequence the loop reads), the first step's matmuls of the initial state ``T - 1`` times
+    (the other steps'), so that FLOPs and shares are the model's, as an unrolled layer's are."""
+    loops = [op for op in ops if op.type in ("While", "StatelessWhile")]
+    if not loops:
+        return
+    bodies = {f.signature.name: {n.op for n in f.node_def} for f in graph.as_graph_def().library.function}
+    for loop in loops:
+        lengths = {t.op.inputs[0].shape[0] for t in loop.inputs if t.op.type == "TensorListFromTensor"}
+        steps = lengths.pop() if len(lengths) == 1 else None
+        if not isinstance(steps, int) or not bodies.get(loop.get_attr("body").name, set()) & GEMM_OPS:
+            continue
+        scope = loop.name.rsplit("/", 1)[0] + "/"
+        for i, g in enumerate(gemms):
+            if g.name.startswith(scope) and g.flops:
+                gemms[i] = replace(g, flops=g.flops * steps)
+        # the peeled step's matmuls of the initial state (zeros, not from the inputs): in the loop, the other steps
+        counted = {g.name for g in gemms}
+        for op in ops:
+            if op.type in GEMM_OPS and op.name.startswith(scope) and op.name not in counted and steps > 1:
+                shape = read_gemm(op)
+                gemms.append(GemmOp(op.name, op.type, shape.kind, layer_of(op.name), float_dtype(op),
+                                    shape.flops * (steps - 1) if shape.flops else None, shape.dims, False, False))
 
 
 def _layer_traffic(ops: list[Any], outputs: set[str]) -> dict[int, int]:

@@ -589,6 +589,24 @@ def test_parse_input_shape():
             parse_input_shape(text)
 
 
+@pytest.mark.parametrize("rnn", ["LSTM", "GRU"])
+def test_a_recurrent_layer_counts_its_cells_matmuls_once_per_time_step(rnn):
+    """An LSTM's FLOPs were one time step's (the same for 5 and 50 steps: its loop's matmuls were read once), so its
+    share of the model and the findings' thresholds were wrong: looped, it now counts as its unrolled twin."""
+    if not KERAS3:
+        pytest.skip("Keras 2 runs its LSTM and GRU inside a function call the check does not read into")
+
+    def flops(steps, unroll):
+        layer = getattr(tf.keras.layers, rnn)(128, unroll=unroll)
+        model = tf.keras.Sequential([tf.keras.Input((steps, 64)), layer, tf.keras.layers.Dense(8, dtype="float32")])
+        return amp_backends.check_model(model, amp_backends.plan_for(policy="float32"),
+                                        batch_size=64).summary.flops_per_image
+
+    for steps in (5, 50):
+        assert flops(steps, unroll=False) == flops(steps, unroll=True)
+    assert flops(50, unroll=False) > 9 * flops(5, unroll=False)
+
+
 def test_a_matmul_made_float32_by_a_numpy_constant_gets_the_fix_for_the_constant():
     """keras.ops promotes bfloat16 x float32: a NumPy weight in a layer's call makes its matmul float32. The fix
     used to say to drop a tf.cast(..., tf.float32) the layer does not have."""
