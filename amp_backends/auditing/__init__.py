@@ -81,6 +81,8 @@ def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = 
         TypeError: A model object was given instead of its factory, or an override is not one of the plan's.
         ValueError: A size is not a positive integer.
         RuntimeError: The child process failed.
+        KeyboardInterrupt: Ctrl-C, or SIGTERM (`amp_backends.errors.TrainingInterrupted`, exit code 143), stopped
+            the audit; the child process was stopped first.
     """
     for name, value in (("batch_size", batch_size), ("steps", steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

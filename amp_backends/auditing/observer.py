@@ -8,8 +8,8 @@ those records except in the window of calls covering steps ``start:stop``; every
 unchanged. The audit is built when the window closes (``self.result``; also logged). Without those
 variables, or on a backend whose kernels print nothing, it logs how to get an audit and does nothing.
 
-It has the methods of `amp_backends.training.observers.Observer` (``on_fit_start``,
-``before_call``, ``after_call``, ``close``) without importing the trainer.
+It is an `amp_backends.training.observers.Observer`: the hooks it does not need (``after_evaluation``) are the
+base class's, which do nothing, so the trainer can call every hook of its observers on it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ..kernel_audit import Capture, KernelAudit
+from ..training.observers import CallRecord, Observer
 from .build import from_reading, plan_data
 from .audit_result import Audit
 
@@ -143,7 +144,7 @@ def observed_backend(plan: Plan | None) -> tuple[str, KernelAudit | None]:
     return "?", None
 
 
-class AuditObserver:
+class AuditObserver(Observer):
     """Audit the training calls that cover global steps ``start:stop`` (after the warm-up by default).
 
     ``models``: the Keras model (or models) trained, whose layers name the kernels' float32 islands.
@@ -194,7 +195,7 @@ class AuditObserver:
             self._tap.open_window()
             self._open = True
 
-    def after_call(self, record: Any) -> None:
+    def after_call(self, record: CallRecord) -> None:
         if not self._open:
             return
         self._steps += int(getattr(record, "steps", 1))

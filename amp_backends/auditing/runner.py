@@ -1,15 +1,26 @@
-"""Run the audit's child process and build an `Audit` from what its backend reads of the run."""
+"""Run the audit's child process and build an `Audit` from what its backend reads of the run.
+
+Ctrl-C stops the audit: a terminal's reaches the child and this process (its group), a ``kill -INT`` this process
+alone; either way this process stops the child before the ``KeyboardInterrupt`` goes on. SIGTERM does the same
+(`amp_backends.errors.TrainingInterrupted`, exit code 143) where SIGTERM has its default action, which would end
+this process at once and leave the child running. A SIGINT this process was started ignoring (a background job
+of a non-interactive shell, ``cmd &`` in a script) stays ignored, as the trainer leaves it.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ..errors import TrainingInterrupted
 from ..kernel_audit import Capture
 from .build import from_reading, not_measured
 from .child import BEGIN, END, PLAN_BACKEND
@@ -79,12 +90,94 @@ def split_output(stdout: str) -> tuple[list[str], list[str]]:
     return lines[:begin], lines[begin + 1:end]
 
 
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Within: SIGTERM raises `TrainingInterrupted` (exit code 143), as Ctrl-C raises ``KeyboardInterrupt``, where
+    SIGTERM has its default action (ending the process at once) in the main thread; a handler of the program's
+    own, or an ignored SIGTERM, is left as it is.
+
+    Yields:
+        Nothing: the block runs with SIGTERM so handled.
+    """
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise TrainingInterrupted(signum, 0, None, f"stopped by {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _stop_child(proc: subprocess.Popen[str]) -> None:
+    """End the child (SIGTERM; SIGKILL after 5 s) and wait for it, so that none outlives this process.
+
+    Args:
+        proc: The child process.
+    """
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    proc.wait()
+
+
+def _run_to_end(cmd: list[str], env: Mapping[str, str], timeout: float) -> tuple[int, str, str]:
+    """Run ``cmd`` with ``env`` to its end, or stop it: past ``timeout``, or when this process is interrupted
+    (Ctrl-C, to it or to its group; SIGTERM, `_sigterm_interrupts`).
+
+    Args:
+        cmd: The child's command line.
+        env: Its whole environment.
+        timeout: Seconds it may run.
+
+    Returns:
+        Its exit code, standard output and standard error.
+
+    Raises:
+        subprocess.TimeoutExpired: It ran past ``timeout`` (and was stopped).
+        KeyboardInterrupt: Ctrl-C or SIGTERM (`TrainingInterrupted`) stopped this process (and the child).
+    """
+    with _sigterm_interrupts():
+        proc = subprocess.Popen(cmd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=os.getcwd())
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except BaseException:  # a timeout, Ctrl-C, SIGTERM: the child is stopped before this process goes on
+            _stop_child(proc)
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+            raise
+    return proc.returncode, stdout, stderr
+
+
 def run_child(target: str, *, batch_size: int, steps: int, warmup: int, env: Mapping[str, str],
               timeout: float = 600.0) -> Audit:
     """Run ``target`` (``MODULE:FACTORY``) in a child started with ``env``; the plan's backend reads what ran.
 
+    Args:
+        target: The model's factory, ``MODULE:FACTORY``.
+        batch_size: The synthetic batch's size.
+        steps: The measured steps.
+        warmup: The steps run before them.
+        env: The variables the child starts with beyond this process's (`child_env`).
+        timeout: Seconds the child may run before it is stopped.
+
+    Returns:
+        What ran (`Audit`).
+
     Raises:
         RuntimeError: The child failed or ran past ``timeout``.
+        KeyboardInterrupt: Ctrl-C, or SIGTERM (`TrainingInterrupted`, exit code 143), stopped the audit; the child
+            was stopped first.
     """
     from ..registry import default_registry
 
@@ -93,14 +186,13 @@ def run_child(target: str, *, batch_size: int, steps: int, warmup: int, env: Map
         cmd = [sys.executable, "-m", "amp_backends.auditing.child", target, out, str(batch_size), str(steps),
                str(warmup)]
         try:
-            proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout,
-                                  check=False, cwd=os.getcwd())
+            returncode, stdout, stderr = _run_to_end(cmd, {**os.environ, **env}, timeout)
         except subprocess.TimeoutExpired as exc:
             raise RuntimeError(f"the audit of {target} ran past {timeout:.0f} s. Fix: fewer --steps or a smaller "
                                "--batch-size") from exc
-        if proc.returncode != 0 or not os.path.exists(out):
-            tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-            raise RuntimeError(f"the audit's child process for {target} failed (exit {proc.returncode}). "
+        if returncode != 0 or not os.path.exists(out):
+            tail = "\n".join(stderr.strip().splitlines()[-15:])
+            raise RuntimeError(f"the audit's child process for {target} failed (exit {returncode}). "
                                f"Expected it to build the model and train {warmup + steps} steps. "
                                f"Its last lines:\n{tail}")
         with open(out, encoding="utf-8") as f:
@@ -109,6 +201,6 @@ def run_child(target: str, *, batch_size: int, steps: int, warmup: int, env: Map
         kernel_audit = default_registry().kernel_audit(str(plan.get("backend")))
         if kernel_audit is None or kernel_audit.unavailable or doc.get("measured") is False:
             return not_measured(target, plan, kernel_audit)
-        header, measured = split_output(proc.stdout)
+        header, measured = split_output(stdout)
         capture = Capture(tuple(measured), tuple(header), doc, doc.get("workdir"))
         return from_reading(kernel_audit.read(capture), doc)

@@ -2,11 +2,12 @@
 
 The same factories and plan overrides as ``amp-backends check``; the overrides reach the child as ``AMP_*``
 variables, so it plans as ``auto_configure()`` would with them. See `amp_backends.audit` (its package:
-`amp_backends.auditing`).
+`amp_backends.auditing`). Ctrl-C (exit 130) or SIGTERM (143) stops the child and says so in one line.
 """
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 import typer
@@ -43,6 +44,10 @@ def audit_command(
         fail(PROG, exc)
     except RuntimeError as exc:
         fail(PROG, exc, code=1)
+    except KeyboardInterrupt as exc:  # Ctrl-C (to this process or its group) or SIGTERM: the child was stopped
+        name = signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
+        fail(PROG, f"interrupted ({name}) before the audit of {target} finished: its child process was stopped, "
+                   "nothing was measured.", getattr(exc, "exit_code", 130), kind="stopped")
     if json_output:
         typer.echo(result.to_json())
     else:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
+from conftest import NEUTRAL_CWD
 from schema_check import assert_valid
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
@@ -95,6 +102,49 @@ def test_the_command_prints_json_and_refuses_bad_targets():
     assert bad.exit_code == 2 and "expected MODULE:FACTORY" in bad.output
     bad = runner.invoke(app, [MNIST, "--policy", "mixed_float64"])
     assert bad.exit_code == 2 and "mixed_float64" in bad.output
+
+
+def audit_child(command: subprocess.Popen, deadline: float) -> int | None:
+    """The pid of the audit's child process of ``command``, once it runs (``None``: not yet)."""
+    assert command.poll() is None, command.communicate()[0][-2000:]
+    assert time.time() < deadline, "the audit's child process never started"
+    for pid in Path(f"/proc/{command.pid}/task/{command.pid}/children").read_text().split():
+        try:
+            if b"amp_backends.auditing.child" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return int(pid)
+        except OSError:  # (it ended meanwhile)
+            continue
+    return None
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_command_alone_stops_its_child_and_says_so(signum):
+    """``kill -INT <pid>`` or ``kill <pid>`` reaches the command but not its child (a terminal's Ctrl-C reaches
+    both): SIGINT exited 130 without a word, SIGTERM ended the command at once (-15) and left the child training.
+    Now either stops the child, says so in one line and exits 130 or 143."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMP_")} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    # SIGINT at its default, as in a terminal, even where the tests run as a background job (which ignores it)
+    proc = subprocess.Popen([sys.executable, "-m", "amp_backends", "audit", MNIST, "--steps", "100000",
+                             "--batch-size", "8"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            cwd=NEUTRAL_CWD, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.time() + 60
+        while (child := audit_child(proc, deadline)) is None:
+            time.sleep(0.02)
+        time.sleep(0.5)  # (the command waits on its child by now, as it does for the rest of the audit)
+        os.kill(proc.pid, signum)  # the command alone, not its process group
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # whatever is left of its session (a child that outlived it)
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    name = signal.Signals(signum).name
+    assert proc.returncode == 128 + signum, out[-2000:]
+    said = (f"amp-backends audit: stopped: interrupted ({name}) before the audit of {MNIST} finished: its child "
+            "process was stopped, nothing was measured.")
+    assert out.strip().splitlines()[-1:] == [said] and "Traceback" not in out, out[-2000:]
+    assert not Path(f"/proc/{child}").exists(), "the audit's child outlived the command"
 
 
 OBSERVED_TRAINING = """

@@ -125,6 +125,19 @@ def test_tensorboard_scalars_and_profiler_trace_are_written(tmp_path):
     assert (run / "checkpoints" / "checkpoint").exists()
 
 
+@pytest.mark.slow
+def test_an_audited_run_trains_its_epoch_validates_and_saves(tmp_path):
+    """``--audit`` crashed at the end of the first epoch (the audit's observer had no ``after_evaluation``, the hook
+    the trainer calls with the epoch's values): exit 1, no checkpoint. The documented command, on the digits."""
+    out = example("--digits", "--epochs", "1", "--batch_size", "256", "--audit", logdir=tmp_path, timeout=120)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert "Traceback" not in text and "Epoch 0 (global step" in text and "val_accuracy" in text, text[-3000:]
+    assert "Audit of 'mnist_cnn'" in text or "audit: " in text, text[-3000:]  # audited, or says why it cannot be
+    saved = tf.train.get_checkpoint_state(str(tmp_path / "version_0" / "checkpoints"))
+    assert saved is not None and saved.model_checkpoint_path
+
+
 def test_offline_without_data_is_a_clear_error(tmp_path):
     env_home = tmp_path / "home"
     cmd = [sys.executable, "-m", "amp_backends.examples.mnist", "--logdir", str(tmp_path), "--max-steps", "1"]

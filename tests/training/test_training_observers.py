@@ -85,3 +85,27 @@ def test_the_trainers_lines_show_in_a_program_that_configured_no_logging_after_a
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Epoch 1 (global step 4)" in out.stderr and "Loss:" in out.stderr, out.stderr[-2000:]
     assert "amp_backends plan:" not in out.stderr  # (the summary verbose=False quiets)
+
+
+def test_the_trainer_with_audit_trains_epochs_with_validation_and_saves_its_checkpoint(tmp_path, monkeypatch):
+    """``Trainer(audit=True)`` crashed at the end of the first epoch: its audit observer had only some of the hooks
+    the trainer calls (no ``after_evaluation``, called with each epoch's values), so nothing was saved. Every
+    observer the trainer holds is an `Observer`, with every hook."""
+    from helpers import applied_plan, classification_data, mlp
+
+    from amp_backends.training import Observer, Trainer, classifier_updates
+
+    monkeypatch.delenv("ONEDNN_VERBOSE", raising=False)  # (no tap on this process's standard output: it only warns)
+    monkeypatch.delenv("DNNL_VERBOSE", raising=False)
+    model, opt = mlp(), tf.keras.optimizers.SGD(0.1)
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    trainer = Trainer(classifier_updates(model, opt, loss), applied_plan(), batch_size=8, progress=False, audit=True,
+                      check_models=False, checkpoint_dir=str(tmp_path), checkpoint_objects={"m": model, "opt": opt})
+    x, y = classification_data(32)
+    result = trainer.fit(x, y, epochs=2, validation_data=(x, y))
+    assert trainer.audit is not None and trainer.audit in trainer.observers
+    assert all(isinstance(o, Observer) for o in trainer.observers), trainer.observers
+    assert (result.steps, result.epochs_completed) == (8, 2)
+    assert [sorted(e) for e in result.epochs] == [["epoch", "loss", "step", "val_loss"]] * 2, result.epochs
+    saved = tf.train.get_checkpoint_state(str(tmp_path))
+    assert saved is not None and saved.model_checkpoint_path.endswith("ckpt-8")
