@@ -8,8 +8,9 @@ those records except in the window of calls covering steps ``start:stop``; every
 unchanged. The audit is built when the window closes (``self.result``; also logged). Without those
 variables, or on a backend whose kernels print nothing, it logs how to get an audit and does nothing.
 
-It is an `amp_backends.training.observers.Observer`: the hooks it does not need (``after_evaluation``) are the
-base class's, which do nothing, so the trainer can call every hook of its observers on it.
+It has every hook of `amp_backends.training.observers.Observer` (``on_fit_start``, ``before_call``,
+``after_call``, ``after_evaluation``, ``close``; the trainer calls each on all its observers) without importing
+the trainer, which imports it: ``tests/training/test_training_observers.py`` holds the two to one interface.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ..kernel_audit import Capture, KernelAudit
-from ..training.observers import CallRecord, Observer
 from .build import from_reading, plan_data
 from .audit_result import Audit
 
@@ -144,7 +144,7 @@ def observed_backend(plan: Plan | None) -> tuple[str, KernelAudit | None]:
     return "?", None
 
 
-class AuditObserver(Observer):
+class AuditObserver:
     """Audit the training calls that cover global steps ``start:stop`` (after the warm-up by default).
 
     ``models``: the Keras model (or models) trained, whose layers name the kernels' float32 islands.
@@ -195,13 +195,22 @@ class AuditObserver(Observer):
             self._tap.open_window()
             self._open = True
 
-    def after_call(self, record: CallRecord) -> None:
+    def after_call(self, record: Any) -> None:
         if not self._open:
             return
         self._steps += int(getattr(record, "steps", 1))
         self._step_times.append(float(getattr(record, "step_time", 0.0)))
         if record.step >= self.stop:
             self._finish()
+
+    def after_evaluation(self, epoch: int, step: int, values: dict[str, float]) -> None:
+        """The end of an epoch or a validation: nothing to audit there (the window is of training calls).
+
+        Args:
+            epoch: The epoch (1-based).
+            step: The global step.
+            values: The logged values by name.
+        """
 
     def _finish(self) -> None:
         assert self._tap is not None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from contextlib import closing
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, cast
 
 import numpy as np
 import tensorflow as tf
@@ -136,7 +136,7 @@ class Trainer:
                                     audit=audit, steps_per_call=steps_per_call,
                                     on_applied=self.validation.forget_compiled)  # (the evaluator's compiled calls)
         self.layer_plans, self.audit = self.models.layer_plans, self.models.audit
-        self.observers += [self.audit] if self.audit else []
+        self.observers += [cast(Observer, self.audit)] if self.audit else []  # (an Observer by its hooks)
 
     def save(self) -> str | None:
         """Write a checkpoint now (atomically; with the other workers): `checkpoints.CheckpointStore.save_finite`."""

@@ -55,8 +55,8 @@ def test_a_bad_label_deep_in_a_dataset_stops_at_its_step_with_the_library_error(
     assert all(np.isfinite(v.numpy()).all() for v in model.variables)
 
 
-@pytest.mark.parametrize("bad", [-1.0, np.nan, np.inf])
-@pytest.mark.parametrize("loss", ["sparse_categorical_crossentropy", "mse"])
+@pytest.mark.parametrize("bad, loss", [(-1.0, "sparse_categorical_crossentropy"), (np.nan, "mse"),
+                                       (np.inf, "sparse_categorical_crossentropy")])
 def test_a_bad_sample_weight_deep_in_a_dataset_stops_at_its_step_with_the_library_error(bad, loss):
     """Only the first batch's weights were checked: a negative weight later trained on (the loss scaled up without
     bound), a NaN one made the step non-finite. Now every batch's weights are, as its class ids are."""
