@@ -147,12 +147,14 @@ def observed_backend(plan: Plan | None) -> tuple[str, KernelAudit | None]:
 class AuditObserver:
     """Audit the training calls that cover global steps ``start:stop`` (after the warm-up by default).
 
-    ``models``: the Keras model (or models) trained, whose layers name the kernels' float32 islands.
+    ``models``: the Keras model (or models) trained, whose layers name the kernels' float32 islands;
+    ``batch_size``: the training batch, which the audit reports.
     """
 
-    def __init__(self, models: Any = None, plan: Plan | None = None, window: tuple[int, int] = (3, 6)) -> None:
+    def __init__(self, models: Any = None, plan: Plan | None = None, window: tuple[int, int] = (3, 6),
+                 batch_size: int | None = None) -> None:
         self.models = [] if models is None else list(models) if isinstance(models, Sequence) else [models]
-        self.plan = plan
+        self.plan, self.batch_size = plan, batch_size
         self.layer_plans: dict[str, Any] | None = None  # by model name: the trainer sets the ones it applied
         self.start, self.stop = window
         if not (0 <= self.start < self.stop):
@@ -229,7 +231,7 @@ class AuditObserver:
         plan = self.plan
         names = ", ".join(str(getattr(m, "name", "?")) for m in self.models) or "?"
         facts = self.kernel_audit.facts() if self.kernel_audit is not None else {}
-        doc: dict[str, Any] = {"model": names, "steps": self._steps, "facts": facts}
+        doc: dict[str, Any] = {"model": names, "steps": self._steps, "facts": facts, "batch_size": self.batch_size}
         if self._step_times and all(self._step_times):
             doc["step_time_ms"] = 1000 * sum(self._step_times) / len(self._step_times)
         if plan is not None:

@@ -271,7 +271,7 @@ class TrainedModels:
 
             first = WARMUP_CALLS * steps_per_call
             window = audit if isinstance(audit, tuple) else (first, first + max(3, steps_per_call))
-            self.audit = AuditObserver(list(models), plan, window)
+            self.audit = AuditObserver(list(models), plan, window, batch_size)
 
     def restored(self, stored: Any) -> None:
         """A resumed run's layer plans (``stored``): applied before the next step, over any decided before."""

@@ -184,6 +184,7 @@ def test_the_trainer_observer_audits_its_window_when_onednn_verbose_was_set_at_s
     line = next(line for line in out.stdout.splitlines() if line.startswith("AUDIT_JSON "))
     d = json.loads(line[len("AUDIT_JSON "):])
     assert d is not None and d["steps"] == 2 and d["plan"]["policy"] == "float32"
+    assert d["batch_size"] == 16  # the trainer's (it said "batch None")
     assert_valid("audit", d)
     if not d["outside_onednn"]:
         assert set(d["time_share_by_dtype"]) == {"float32"} and "convolution" in d["by_kind"]
