@@ -36,9 +36,9 @@ class                        bases                  raised when
 ===========================  =====================  ==============================================================
 
 Each message says what was expected, what was received and how to fix it. TensorFlow's own errors are read
-here too: `lookup_error` turns a gather past its table into the `InputError` that names the data's fault, and
+here too: `lookup_error` turns a gather past its table into the `InputError` that names the data's fault,
 `xla_compile_failure` tells XLA failing to compile a call (the trainer then compiles without it) from any other
-error.
+error, and `write_failure` says in a few words why a file could not be written.
 """
 
 from __future__ import annotations
@@ -217,3 +217,18 @@ def xla_compile_failure(exc: BaseException) -> str | None:
     if ops:
         return f"the model holds ops XLA has no kernel for ({ops.group(1)})"
     return f"XLA could not compile it ({message.strip().splitlines()[0][:200]})"
+
+
+def write_failure(exc: BaseException) -> str:
+    """Why a write failed, in a few words (TensorBoard's scalars, a profiler trace).
+
+    Args:
+        exc: The error the write raised (an ``OSError``, or TensorFlow's error for a file it writes).
+
+    Returns:
+        The operating system's words where it gave them (``No space left on device``, ``Read-only file system``,
+        ``Permission denied``), else the error's class and the start of its message.
+    """
+    text = " ".join(str(exc).split())
+    return next((r for r in ("No space left on device", "Read-only file system", "Permission denied") if r in text),
+                f"{type(exc).__name__}: {text[:200]}")

@@ -19,7 +19,7 @@ from typing import Any
 
 from .assessment import Assessment, Float32Layer, Support, VendorSetting, first_clause
 from .evidence import Evidence
-from .request import LossScale, Request, format_value
+from .request import LossScale, Request, format_value, parse_policy
 
 COMPUTE_DTYPES = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
 WIDTH = 120  # the longest line str(plan) prints
@@ -382,6 +382,29 @@ class Plan:
             The JSON text.
         """
         return json.dumps(self.to_dict(), **kwargs)
+
+
+def require_plan(plan: Any, caller: str) -> None:
+    """Refuse what is not a `Plan` (a policy name, a dict of overrides), saying where a plan comes from.
+
+    Args:
+        plan: What ``caller`` was given as its plan.
+        caller: The caller and its argument as the user wrote them (``"Trainer(plan=...)"``).
+
+    Raises:
+        TypeError: ``plan`` is not a `Plan`; for a policy name (``"mixed_bfloat16"``) the fix is the
+            ``auto_configure`` call that makes its plan.
+    """
+    if isinstance(plan, Plan):
+        return
+    try:
+        policy = parse_policy(plan) if isinstance(plan, str) and plan.strip() else None
+    except ValueError:
+        policy = None
+    make = f"amp_backends.auto_configure(policy={policy!r})" if policy else "amp_backends.auto_configure()"
+    raise TypeError(f"{caller} takes an amp_backends Plan (from amp_backends.auto_configure(), plan_for() or "
+                    f"current_plan()){', not a policy name' if policy else ''}. Received: {plan!r} (of type "
+                    f"{type(plan).__name__}). Fix: plan = {make}, then pass that plan.")
 
 
 def _fit(head: str, reason: str, sep: str = " - ", width: int = WIDTH) -> str:

@@ -134,14 +134,22 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
         The `Preparation`: the layer plan applied, the layers it changed, and a note.
 
     Raises:
-        TypeError: ``model`` is not a Keras model.
-        ValueError: the model is not built and the plan has work for it (a low-precision policy, fp8).
+        TypeError: ``model`` is not a Keras model, ``plan`` not a `Plan`, or ``inputs`` none of the forms
+            `amp_backends.check_model` takes.
+        ValueError: the model is not built and the plan has work for it (a low-precision policy, fp8), or
+            ``inputs`` do not fit the model's inputs (checked first, as `amp_backends.check_model` checks them).
         AmpConfigError: ``layer_plan`` names layers the model does not have.
     """
+    from .keras_compat import input_structure
     from .model_check.checker import require_model
+    from .model_check.shapes import checked_inputs
+    from .plan import require_plan
 
+    require_plan(plan, "prepare_model(model, plan)")
     require_model(model, "prepare_model()", f"prepare_model cannot tell its layers' roles (its classifier head stays "
                   f"in {plan.policy} once built)" if plan.policy != "float32" or plan.fp8 else None)
+    if inputs is not None:  # refused before anything changes, as the precision check refuses them
+        checked_inputs(model, inputs, input_structure(model))
     reset = _reset_policies(model, plan) if reset_policies else ()
     if layer_plan is not None:
         return preparation(layer_plan, applied=tuple(dict.fromkeys(reset + lp.apply(model, layer_plan))))

@@ -372,3 +372,28 @@ def test_prepare_model_refuses_what_is_not_a_keras_model_and_an_unbuilt_model_un
         amp_backends.prepare_model(Net(), plan)
     float32 = applied_plan("float32")
     assert amp_backends.prepare_model(Net(), float32).applied == ()  # nothing to do under float32: accepted
+
+
+def test_prepare_model_refuses_the_inputs_the_precision_check_refuses_before_changing_a_layer():
+    """``inputs="hello"``, or a batch of 7 features for a model of 4, were accepted in silence (the layer plan
+    applied, nothing sized by them), while check_model refused both; and a policy name given as the plan raised
+    ``AttributeError: 'str' object has no attribute 'policy'``."""
+    import numpy as np
+
+    import amp_backends
+    from amp_backends.keras_compat import policy_name
+    from helpers import applied_plan
+
+    plan = applied_plan("mixed_bfloat16", force=True)
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3, activation="softmax")])
+    for bad, error in (("hello", TypeError), (np.zeros((4, 7), "float32"), ValueError)):
+        with pytest.raises(error) as prepared:
+            amp_backends.prepare_model(model, plan, inputs=bad)
+        with pytest.raises(error) as checked:
+            amp_backends.check_model(model, plan, inputs=bad)
+        assert str(prepared.value) == str(checked.value) and "Fix:" in str(prepared.value)
+    assert policy_name(model.layers[-1]) == "mixed_bfloat16"  # refused before the head was set to float32
+    with pytest.raises(TypeError, match=r"prepare_model\(model, plan\) takes an amp_backends Plan.*Received: "
+                                        r"'mixed_bfloat16'.*Fix: plan = amp_backends.auto_configure\(policy="):
+        amp_backends.prepare_model(model, "mixed_bfloat16")
+    assert amp_backends.prepare_model(model, plan, inputs=np.zeros((4, 4), "float32")).float32  # a batch it takes

@@ -9,7 +9,7 @@ from ..errors import ModelCallError
 from ..keras_compat import input_structure, is_keras_model, keras_info
 from .result import Finding, ModelCheck, Summary
 from .rules_general import Rules
-from .shapes import by_name, dynamic_dims, given_inputs, shapes_with_sequence_length
+from .shapes import checked_inputs, dynamic_dims, shapes_with_sequence_length
 from .target import make_target
 from .trace import run_once, trace_model
 
@@ -25,19 +25,14 @@ DEFAULT_TRACE_BATCH = 8  # when the batch is unknown: a multiple of every alignm
 
 def _resolve_plan(plan: Any, hardware: Any) -> tuple[Any, Any]:
     from ..configure import current_plan, plan_for
-    from ..plan import Plan
+    from ..plan import require_plan
     from ..probe import probe_hardware
 
     if plan is None:
         hardware = hardware if hardware is not None else probe_hardware(use_tensorflow=False)
         plan = current_plan() or plan_for(hardware=hardware)
         return plan, hardware
-    if not isinstance(plan, Plan):
-        raise TypeError(
-            "check_model(plan=...) takes an amp_backends Plan (from amp_backends.auto_configure(), "
-            f"amp_backends.plan_for() or amp_backends.current_plan()), or None for this machine's. "
-            f"Received: {plan!r} (of type {type(plan).__name__})."
-        )
+    require_plan(plan, "check_model(plan=...)")
     return plan, hardware
 
 
@@ -143,7 +138,7 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
     plan, hardware = _resolve_plan(plan, hardware)
     structure = input_structure(model)
     if inputs is not None:
-        given = given_inputs(model.name, structure, by_name(model, inputs, structure))
+        given = checked_inputs(model, inputs, structure)
         batch = batch_size or _batch(given, None)  # batch_size wins over the batch of the given inputs
         if structure is not None:
             # the model's own fixed batch, unless it contradicts

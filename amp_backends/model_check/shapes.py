@@ -165,6 +165,25 @@ def given_inputs(model_name: str, model_struct: Any, inputs: Any) -> Any:
     return given
 
 
+def checked_inputs(model: Any, inputs: Any, model_struct: Any) -> Any:
+    """``inputs=`` as `check_model` and `amp_backends.prepare_model` take it, checked against the model's inputs.
+
+    Args:
+        model: The Keras model the inputs are for.
+        inputs: One batch, a ``tf.data`` dataset or element spec, or shapes (see the module docstring).
+        model_struct: The model's own inputs (`amp_backends.keras_compat.input_structure`), ``None`` where unknown.
+
+    Returns:
+        The structure of `InputLeaf` to trace on: a dict of named inputs in the order the model lists them
+        (`by_name`), an ``(x, y)`` element as its ``x``.
+
+    Raises:
+        TypeError: ``inputs`` is none of the forms above.
+        ValueError: ``inputs`` does not fit the model's inputs (their structure, rank or fixed sizes).
+    """
+    return given_inputs(model.name, model_struct, by_name(model, inputs, model_struct))
+
+
 def dynamic_dims(struct: Any) -> list[tuple[int, int]]:
     """``(input index, dimension)`` of every dimension after the batch whose size is not known."""
     import tensorflow as tf

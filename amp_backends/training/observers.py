@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import math
+import operator
 import os
 import statistics
 import sys
@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..configure import ensure_visible_logging
-from ..errors import AmpConfigError
+from ..errors import AmpConfigError, write_failure
 
 if TYPE_CHECKING:  # pragma: no cover
     from .inputs import Source
@@ -31,6 +31,7 @@ logger = logging.getLogger("amp_backends.train")
 
 # calls left out of a throughput median: the first ones trace and compile
 WARMUP_CALLS = 2
+SHORT_NAMES = {"generator": "G", "discriminator": "D"}  # the GAN's updates, as its log line names them
 
 
 @dataclass
@@ -95,10 +96,6 @@ class Observer:
         """At the end of ``fit``, also when it fails or is interrupted."""
 
 
-def short_name(name: str) -> str:
-    return {"generator": "G", "discriminator": "D"}.get(name, name)
-
-
 class LogLine(Observer):
     """The tutorials' line every ``every`` steps:
     ``(epoch, step), Loss: 0.08706, step_time: 0.00100, throughput: 1.02e+06 img/s.``
@@ -116,18 +113,14 @@ class LogLine(Observer):
 
     def after_call(self, r: CallRecord) -> None:
         for i in range(r.steps):
-            gstep = r.step - r.steps + i + 1
-            if gstep % self.every:
+            if (r.step - r.steps + i + 1) % self.every:  # (the global step)
                 continue
-            if len(r.names) == 1:
-                loss_text = f"Loss: {r.losses[i][0]:.5f}"
-            else:
-                loss_text = ", ".join(f"{short_name(n)} Loss: {r.losses[i][j]:.3f}" for j, n in enumerate(r.names))
+            loss_text = f"Loss: {r.losses[i][0]:.5f}" if len(r.names) == 1 else ", ".join(
+                f"{SHORT_NAMES.get(n, n)} Loss: {r.losses[i][j]:.3f}" for j, n in enumerate(r.names))
             bad = [n for j, n in enumerate(r.names) if not r.finite[i][j]]
             mark = f" [skipped: non-finite gradients in {', '.join(bad)}]" if bad else ""
             logger.info(f"({r.epoch}, {r.first + i}), {loss_text}, step_time: {r.step_time:.5f}, "
                         f"throughput: {r.throughput:.3e} img/s.{mark}")
-
 
     def after_evaluation(self, epoch: int, step: int, values: dict[str, float]) -> None:
         what = (f"Epoch {epoch} (global step {step})" if any(not k.startswith("val_") for k in values)
@@ -216,16 +209,9 @@ class TensorBoardScalars(Observer):
             self._failed("can no longer be written", exc)
 
     def _failed(self, what: str, exc: BaseException) -> None:
-        logger.warning(f"TensorBoard scalars {what} to {self.path} ({_write_failure(exc)}); training goes on "
+        logger.warning(f"TensorBoard scalars {what} to {self.path} ({write_failure(exc)}); training goes on "
                        "without them.")
         self.writer, self.usable = None, False
-
-
-def _write_failure(exc: BaseException) -> str:
-    """Why a write failed, in a few words (the operating system's, where it gave them)."""
-    text = " ".join(str(exc).split())
-    return next((r for r in ("No space left on device", "Read-only file system", "Permission denied") if r in text),
-                f"{type(exc).__name__}: {text[:200]}")
 
 
 def _remove_empty_event_files(folder: str) -> None:
@@ -276,8 +262,7 @@ class ProfilerWindow(Observer):
         self.logdir = logdir
         self.start, self.stop = window
         self.first: int | None = None
-        self.running = False
-        self.done = False
+        self.running = self.done = False
 
     def before_call(self, step: int, steps: int) -> None:
         if not self.running and not self.done and step < self.stop and step + steps > self.start:
@@ -308,25 +293,36 @@ class ProfilerWindow(Observer):
             call()
             return True
         except (tf.errors.OpError, OSError) as exc:
-            logger.warning(f"The profiler trace cannot be written to {self.logdir} ({_write_failure(exc)}); "
+            logger.warning(f"The profiler trace cannot be written to {self.logdir} ({write_failure(exc)}); "
                            "training goes on without it.")
             self.running, self.done = False, True
             return False
 
 
 # ------------------------------------------------------------------------------------ the trainer's defaults
-def parse_profile_steps(text: str | None) -> tuple[int, int] | None:
-    """``"20:30"`` -> (20, 30): steps 20..29 are traced. ``None``/``""`` -> no profiling."""
-    if not text:
+def parse_profile_steps(value: Any, name: str = "--profile-steps") -> tuple[int, int] | None:
+    """The profiler's window, from ``--profile-steps 20:30`` or ``Trainer(profile_steps=(20, 30))``.
+
+    Args:
+        value: ``"START:STOP"`` or ``(START, STOP)``; ``None`` or ``""``: no profiling.
+        name: The argument the error names (``"profile_steps"``, the trainer's, is said as a tuple).
+
+    Returns:
+        ``(start, stop)``: steps ``start`` to ``stop - 1`` are traced; ``None``: no profiling.
+
+    Raises:
+        AmpConfigError: ``value`` is not two step numbers with ``0 <= START < STOP``.
+    """
+    if value is None or (isinstance(value, str) and not value):
         return None
-    try:
-        a, b = (int(p) for p in text.split(":"))
-    except ValueError:
-        raise AmpConfigError(f"--profile-steps must be START:STOP, such as 20:30. Received: {text!r}. Fix: give "
-                             "two step numbers joined by a colon.") from None
+    form, example = ("START:STOP", "20:30") if name.startswith("-") else ("(START, STOP)", "(20, 30)")
+    try:  # (in a tuple, a step is an int: a float or a string is refused)
+        a, b = (int(p) for p in value.split(":")) if isinstance(value, str) else (operator.index(p) for p in value)
+    except (TypeError, ValueError):
+        a = b = -1
     if not 0 <= a < b:
-        raise AmpConfigError(f"--profile-steps must be START:STOP with 0 <= START < STOP, such as 20:30. Received: "
-                             f"{text!r}. Fix: put the first step to trace first, the step to stop at second.")
+        raise AmpConfigError(f"{name} must be {form}: two step numbers with 0 <= START < STOP, such as {example}. "
+                             f"Received: {value!r}. Fix: give the first step to trace, then the step to stop at.")
     return a, b
 
 
@@ -367,12 +363,14 @@ class ThroughputLogger(tf.keras.callbacks.Callback):
     The loss is what Keras reports to callbacks: the running mean of the epoch so far, not the step's own
     loss (our `Trainer` logs each step's). With
     ``steps_per_execution`` > 1 Keras calls back once per execution: the line then covers that many steps
-    and ``step_time`` is per step. At the end, the median throughput after two warm-up executions.
+    and ``step_time`` is per step. A step counts the samples Keras's loss tracker counted in it (an epoch's last,
+    short batch what it holds); a model compiled without a loss, full batches. At the end, the median throughput
+    after two warm-up executions. The lines show where the program configured no logging, as the trainer's do.
 
     Args:
         batch_size: The batch size ``fit`` trains with.
         log_every: Log a line every this many steps.
-        images_per_step: Samples a step counts (default: ``batch_size``).
+        images_per_step: Samples a full step counts (default: ``batch_size``; a shorter batch counts its share).
 
     Raises:
         ValueError: ``batch_size`` is not a positive integer.
@@ -382,19 +380,17 @@ class ThroughputLogger(tf.keras.callbacks.Callback):
         super().__init__()
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer. Received: {batch_size!r}.")
-        self.images = images_per_step or batch_size
+        self.batch_size, self.images = batch_size, images_per_step or batch_size
         self.log_every = log_every
         self.throughputs: list[float] = []
-        self._epoch = 0
-        self._t0 = 0.0
-        self._last = -1
+        self._epoch, self._t0, self._last, self._counted = 0, 0.0, -1, 0.0
+        ensure_visible_logging()  # (auto_configure(verbose=False) quiets the plan's summary, not these lines)
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-        self._epoch = epoch
-        self._last = -1
+        self._epoch, self._last = epoch, -1
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-        self._t0 = time.perf_counter()
+        self._counted, self._t0 = _samples_counted(self.model), time.perf_counter()  # (the count read first)
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         dt = time.perf_counter() - self._t0
@@ -403,7 +399,8 @@ class ThroughputLogger(tf.keras.callbacks.Callback):
         steps = max(batch - self._last, 1)
         self._last = batch
         step_time = dt / steps
-        tp = self.images / step_time if step_time > 0 else math.inf
+        samples = (_samples_counted(self.model) - self._counted) or self.batch_size * steps
+        tp = samples * self.images / self.batch_size / dt if dt > 0 else float("inf")
         self.throughputs.append(tp)
         if batch % self.log_every < steps:
             loss = (logs or {}).get("loss", float("nan"))
@@ -413,3 +410,9 @@ class ThroughputLogger(tf.keras.callbacks.Callback):
     def on_train_end(self, logs: Any = None) -> None:
         if len(self.throughputs) > WARMUP_CALLS:
             logger.info(f"Summary: median throughput {statistics.median(self.throughputs[WARMUP_CALLS:]):.4g} img/s")
+
+
+def _samples_counted(model: Any) -> float:
+    """The samples Keras's loss tracker counted this epoch (each step adds its batch's rows); 0 without one."""
+    count = next((getattr(m, "count", None) for m in getattr(model, "metrics", None) or () if m.name == "loss"), None)
+    return 0.0 if count is None else float(np.asarray(count))

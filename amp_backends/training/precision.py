@@ -119,19 +119,23 @@ def _size(shape: Any) -> int:
 
 
 def model_inputs(model: Any, x: Any) -> Any:
-    """``x`` (the x part of a real batch) if it is what ``model`` takes, else ``None`` (the GAN's generator
-    takes noise, not the batch's images)."""
+    """``x`` (the x part of a real batch) if it is what ``model`` takes, as `amp_backends.prepare_model` and the
+    precision check read ``inputs=``, else ``None`` (the GAN's generator takes noise, not the batch's images)."""
+    from ..keras_compat import input_structure
+    from ..model_check.shapes import checked_inputs
+
     inputs = getattr(model, "inputs", None) or []
     leaves = x if isinstance(x, (tuple, list)) else list(x.values()) if isinstance(x, dict) else [x]
     if len(inputs) != len(leaves):
         return None
-    if len(inputs) == 1 and not isinstance(x, (dict, tuple, list)):
-        from .tasks import check_model_inputs
+    try:
+        if len(inputs) == 1 and not isinstance(x, (dict, tuple, list)):
+            from .tasks import check_model_inputs
 
-        try:
             check_model_inputs(model, x)
-        except ValueError:
-            return None
+        checked_inputs(model, x, input_structure(model))
+    except (TypeError, ValueError):
+        return None
     return x
 
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from ..errors import AmpConfigError, xla_compile_failure
 from ..keras_compat import loss_scale_of
-from ..plan import Plan
+from ..plan import Plan, require_plan
 from .distribute import is_chief, worker_id
 from .inputs import BatchFn, Ran, Source, input_for
 from .loss_scaling import LossScaler, check_stalled
@@ -54,11 +54,11 @@ class Trainer:
         checkpoint_every: Save a checkpoint every this many steps (at the end of the call that reaches it);
             ``None``: at the end of each ``fit``.
         keep_checkpoints: How many checkpoints to keep (the newest).
-        profile_steps: ``(start, stop)``: the steps TensorFlow's profiler records into ``logdir``.
+        profile_steps: ``(start, stop)``, ``0 <= start < stop``: the steps TensorFlow's profiler records in ``logdir``.
         max_consecutive_nonfinite: Stop with `NonFiniteError` after this many steps in a row whose loss or
             gradients were not finite.
         progress: Show a progress bar (``None``: when the output is a terminal).
-        seed: The run's seed (shuffling, Dropout, a step's random draws); ``None``: the current one (`seed_everything`).
+        seed: The run's seed, an int >= 0 (shuffling, Dropout, step draws); ``None``: `seed_everything`'s (or 0).
         batch_fn: How arrays become a batch (default: gather every array at the batch's indices).
         strategy: A ``tf.distribute`` strategy (default: the current one).
         unroll_steps: Unroll a compiled call's steps instead of looping (``None``: up to 16 under XLA on a CPU).
@@ -81,7 +81,7 @@ class Trainer:
 
     Raises:
         AmpConfigError: An argument is out of range (a ``ValueError``); the message says what was expected.
-        TypeError: ``updates`` is not a non-empty list of `Update`.
+        TypeError: ``updates`` is not a non-empty list of `Update`, or ``plan`` not a `Plan` (a policy name, say).
     """
 
     WARMUP_CALLS = WARMUP_CALLS  # calls excluded from the throughput summary (tracing, XLA compilation)
@@ -99,10 +99,10 @@ class Trainer:
                  patience: int | None = None, min_delta: float = 0.0) -> None:
         self.strategy, self.plan = strategy or tf.distribute.get_strategy(), plan
         self.replicas = int(self.strategy.num_replicas_in_sync)
-        self.updates, logdir = checked_arguments(
-            updates, self.replicas, batch_size=batch_size, steps_per_call=steps_per_call, log_every=log_every,
+        self.updates, logdir, profile_steps = checked_arguments(
+            updates, plan, self.replicas, batch_size=batch_size, steps_per_call=steps_per_call, log_every=log_every,
             keep_checkpoints=keep_checkpoints, max_consecutive_nonfinite=max_consecutive_nonfinite,
-            checkpoint_every=checkpoint_every, logdir=logdir)
+            checkpoint_every=checkpoint_every, logdir=logdir, seed=seed, profile_steps=profile_steps)
         self.is_chief, self.worker = is_chief(self.strategy), worker_id(self.strategy)
         self.batch_size, self.steps_per_call = int(batch_size), int(steps_per_call)
         self.images_per_step = images_per_step or self.batch_size
@@ -364,26 +364,29 @@ def run_call(program: StepProgram, source: Source, at: At, k: int, capacity: int
         return source.run(program, at, k, capacity)
 
 
-def checked_arguments(updates: Sequence[Update], replicas: int, *, checkpoint_every: int | None, logdir: str | None,
-                      **positive: Any) -> tuple[list[Update], str | None]:
-    """The updates as a list and ``logdir`` absolute (later chdirs change nothing; made when written), after checking
-    every argument of the trainer that can be checked alone: problems raise `AmpConfigError` (a ``ValueError``), or
-    ``TypeError`` for arguments of the wrong kind."""
+def checked_arguments(updates: Sequence[Update], plan: Plan, replicas: int, *, checkpoint_every: int | None,
+                      logdir: str | None, seed: Any, profile_steps: Any,
+                      **positive: Any) -> tuple[list[Update], str | None, tuple[int, int] | None]:
+    """The updates as a list, ``logdir`` absolute (later chdirs change nothing; made when written) and the profiler's
+    window (`observers.parse_profile_steps`, as ``--profile-steps`` reads it), after checking every argument of the
+    trainer that can be checked alone: problems raise `AmpConfigError` (a ``ValueError``), or ``TypeError`` for
+    arguments of the wrong kind (`plan.require_plan`)."""
+    require_plan(plan, "Trainer(updates, plan, ...)")
     for name, value in positive.items():
-        if not _positive(value):
+        if not _integer(value):
             raise AmpConfigError(f"{name} must be an integer >= 1. Received: {name}={value!r}.")
-    if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
-        raise AmpConfigError(f"checkpoint_every must be an integer >= 1 or None. Received: {checkpoint_every!r}.")
-    batch_size = positive["batch_size"]
-    if batch_size % replicas:
+    for name, value, least in (("checkpoint_every", checkpoint_every, 1), ("seed", seed, 0)):
+        if value is not None and not _integer(value, least):
+            raise AmpConfigError(f"{name} must be an integer >= {least} or None. Received: {name}={value!r} (of type "
+                                 f"{type(value).__name__}). Fix: pass an int, or None (leave it out).")
+    if (batch_size := positive["batch_size"]) % replicas:
         raise AmpConfigError(
             f"batch_size is the global batch and must be divisible by the {replicas} replicas in sync. "
             f"Received: batch_size={batch_size}. Fix: use a multiple of {replicas}.")
-    updates = list(updates)
-    if not updates or not all(isinstance(u, Update) for u in updates):
-        raise TypeError(f"updates must be a non-empty list of Update. Received: {updates!r}.")
-    names = [u.name for u in updates]
-    if len(set(names)) != len(names):
+    if not isinstance(updates, Sequence) or not updates or not all(isinstance(u, Update) for u in updates):
+        raise TypeError(f"updates must be a non-empty list of Update. Received: {updates!r:.80} (of type "
+                        f"{type(updates).__name__}). Fix: pass classifier_updates(model, optimizer), gan_updates(...).")
+    if len(set(names := [u.name for u in updates])) != len(names):
         raise AmpConfigError(f"Update names must be unique (they name losses, scales and logs). Received: {names}.")
     for u in updates:
         if not u.variables:
@@ -391,20 +394,20 @@ def checked_arguments(updates: Sequence[Update], replicas: int, *, checkpoint_ev
                                  "layer is frozen). Fix: build the model before the Trainer (start it with "
                                  "keras.Input(shape), or call model.build(shape)).")
         for _, opt in u.groups:
-            mode, _ = loss_scale_of(opt)
-            if mode != "none":
+            if (mode := loss_scale_of(opt)[0]) != "none":
                 raise AmpConfigError(
                     f"The optimizer of update {u.name!r} scales losses itself ({mode} loss scaling: a "
                     "LossScaleOptimizer or loss_scale_factor). The Trainer scales losses as the plan says, so they "
                     "would be scaled twice. Fix: give the Trainer the plain optimizer (plan.wrap_optimizer is for "
                     "Keras fit).")
-    return updates, str(check_directory(logdir, "logdir")) if logdir else logdir
+    return (list(updates), str(check_directory(logdir, "logdir")) if logdir else logdir,
+            parse_profile_steps(profile_steps, "profile_steps"))
 
 
 def check_fit_arguments(*, epochs: Any, max_steps: Any, resume: bool, checkpoints: bool) -> None:
     """``fit``'s own arguments: positive counts, and ``resume`` only with a checkpoint directory."""
     for name, value in (("epochs", epochs), ("max_steps", max_steps)):
-        if value is not None and not _positive(value):
+        if value is not None and not _integer(value):
             raise AmpConfigError(f"{name} must be a positive integer{' or None' if name == 'max_steps' else ''}. "
                                  f"Received: {name}={value!r}. Fix: pass {name}=1 or more (an int): it counts "
                                  "over the whole run.")
@@ -413,5 +416,5 @@ def check_fit_arguments(*, epochs: Any, max_steps: Any, resume: bool, checkpoint
                              "Fix: build the Trainer with checkpoint_dir=..., or leave resume out.")
 
 
-def _positive(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
+def _integer(value: Any, least: int = 1) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= least

@@ -304,6 +304,34 @@ def test_resume_without_a_checkpoint_dir_is_refused():
 
 
 # --------------------------------------------------------------------------- what a user gets wrong, said as ours
+def test_trainer_arguments_of_the_wrong_kind_are_refused_at_construction_with_the_fix():
+    """A policy name as the plan failed with ``AttributeError: 'str' object has no attribute 'loss_scale'``; one Update
+    not in a list with ``'Update' object is not iterable``; ``seed="a"`` failed at the first ``fit`` on arrays
+    (``can only concatenate str``) and ``seed=1.5`` or ``"a"`` trained a dataset in silence."""
+    model = mlp()
+    updates = classifier_updates(model, tf.keras.optimizers.SGD())
+    plan = applied_plan()
+    cases = [
+        ((updates, "mixed_bfloat16"), {}, TypeError, r"takes an amp_backends Plan \(from amp_backends.auto_configure"
+         r"\(\).*not a policy name. Received: 'mixed_bfloat16' \(of type str\). Fix: plan = "
+         r"amp_backends.auto_configure\(policy='mixed_bfloat16'\)"),
+        ((updates, None), {}, TypeError, r"takes an amp_backends Plan.*Received: None.*Fix: plan = "),
+        ((updates[0], plan), {}, TypeError, r"non-empty list of Update. Received: Update\(name='model'.* \(of type "
+         r"Update\). Fix: pass classifier_updates\(model, optimizer\)"),
+        ((model, plan), {}, TypeError, r"updates must be a non-empty list of Update.*\(of type Sequential\)"),
+        (([], plan), {}, TypeError, r"updates must be a non-empty list of Update. Received: \[\] \(of type list\)"),
+        ((updates, plan), {"seed": "a"}, amp_backends.AmpConfigError,
+         r"seed must be an integer >= 0 or None. Received: seed='a' \(of type str\). Fix: "),
+        ((updates, plan), {"seed": 1.5}, amp_backends.AmpConfigError, r"seed must be an integer >= 0.*seed=1.5"),
+        ((updates, plan), {"seed": -1}, amp_backends.AmpConfigError, r"seed must be an integer >= 0.*seed=-1"),
+        ((updates, plan), {"seed": True}, amp_backends.AmpConfigError, r"seed must be an integer >= 0.*seed=True"),
+    ]
+    for args, kwargs, error, needle in cases:
+        with pytest.raises(error, match=needle):
+            Trainer(*args, batch_size=8, progress=False, **kwargs)
+    assert Trainer(updates, plan, batch_size=8, progress=False, seed=np.int64(3)).seed == 3  # NumPy's ints are ints
+
+
 def test_fit_counts_that_are_not_positive_are_our_error_with_the_fix():
     x, y = classification_data(32)
     t = trainer(mlp())

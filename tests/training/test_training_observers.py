@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import types
+from itertools import count
 
 import numpy as np
 import pytest
@@ -10,7 +14,10 @@ import pytest
 pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
 tf = pytest.importorskip("tensorflow")
 
-from amp_backends.training import ThroughputLogger, parse_profile_steps  # noqa: E402
+from helpers import applied_plan  # noqa: E402
+
+from amp_backends.errors import AmpConfigError  # noqa: E402
+from amp_backends.training import ThroughputLogger, Trainer, classifier_updates, parse_profile_steps  # noqa: E402
 
 
 @pytest.mark.parametrize("text,expected", [("20:30", (20, 30)), ("", None), (None, None)])
@@ -22,6 +29,27 @@ def test_profile_steps(text, expected):
 def test_bad_profile_steps(text):
     with pytest.raises(ValueError, match=f"START:STOP.*Received: {text!r}. Fix: "):
         parse_profile_steps(text)
+
+
+@pytest.mark.parametrize("steps, expected", [((20, 30), (20, 30)), ([0, 1], (0, 1)), (np.array([2, 4]), (2, 4)),
+                                             (None, None)])
+def test_the_trainers_profile_steps_are_read_by_the_same_parser(steps, expected):
+    assert parse_profile_steps(steps, "profile_steps") == expected
+
+
+@pytest.mark.parametrize("steps", [(5, 2), (2,), "a", (1.5, 3), (-1, 4), (1, 2, 3), 7])
+def test_the_trainer_refuses_a_profile_window_the_command_line_refuses_with_the_same_message(steps, tmp_path):
+    """``profile_steps=(5, 2)``, ``(2,)`` or ``"a"`` were accepted in silence (no trace written), while
+    ``--profile-steps 5:2`` was refused."""
+    with pytest.raises(AmpConfigError) as parsed:
+        parse_profile_steps(steps, "profile_steps")
+    m = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+    with pytest.raises(AmpConfigError) as refused:
+        Trainer(classifier_updates(m, tf.keras.optimizers.SGD()), applied_plan(), batch_size=8, progress=False,
+                logdir=str(tmp_path), profile_steps=steps)
+    assert str(refused.value) == str(parsed.value)
+    assert re.match(r"profile_steps must be \(START, STOP\).*, such as \(20, 30\)\. Received: .*\. Fix: ",
+                    str(refused.value))
 
 
 def test_keras_fit_callback_logs_the_tutorial_line_and_says_the_loss_is_the_epoch_mean(caplog):
@@ -70,9 +98,6 @@ def test_keras_fit_callback_names_the_last_short_execution_of_an_epoch_by_its_re
 def test_the_trainers_lines_show_in_a_program_that_configured_no_logging_after_a_quiet_auto_configure():
     """``auto_configure(verbose=False)`` quiets the plan's summary; the trainer's lines (docs/training.md's "What
     you see") used to vanish with it: no handler was installed for them."""
-    import subprocess
-    import sys
-
     from conftest import NEUTRAL_CWD
 
     code = ("import numpy as np, tensorflow as tf, amp_backends\n"
@@ -111,3 +136,42 @@ def test_the_trainer_with_audit_trains_epochs_with_validation_and_saves_its_chec
     assert [sorted(e) for e in result.epochs] == [["epoch", "loss", "step", "val_loss"]] * 2, result.epochs
     saved = tf.train.get_checkpoint_state(str(tmp_path))
     assert saved is not None and saved.model_checkpoint_path.endswith("ckpt-8")
+
+
+def one_second_a_call(monkeypatch):
+    import amp_backends.training.observers as observers
+
+    clock = count()
+    monkeypatch.setattr(observers, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
+
+
+def test_keras_fit_callback_counts_the_samples_a_step_held_not_the_batch_size_it_was_given(monkeypatch):
+    """``ThroughputLogger(1000)`` on 100 samples counted 1000 a step: ten times the throughput; an epoch's last, short
+    batch counted a full one."""
+    one_second_a_call(monkeypatch)
+    m = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    m.compile("sgd", "mse")
+    cb = ThroughputLogger(batch_size=1000)
+    m.fit(np.ones((100, 4)), np.ones((100, 1)), batch_size=1000, epochs=2, verbose=0, callbacks=[cb])
+    assert cb.throughputs == [100.0, 100.0]  # one step of 100 samples an epoch, one second each
+    cb = ThroughputLogger(batch_size=8, images_per_step=16)  # (two samples counted per sample: a GAN's)
+    m.fit(np.ones((20, 4)), np.ones((20, 1)), batch_size=8, epochs=1, verbose=0, callbacks=[cb])
+    assert cb.throughputs == [16.0, 16.0, 8.0]
+
+
+def test_keras_fit_callback_lines_show_in_a_program_that_configured_no_logging_after_a_quiet_auto_configure():
+    """A callback the program added says its lines whatever ``auto_configure``'s ``verbose``: they vanished with
+    ``verbose=False``, which left the package's logger without a handler (the trainer's lines showed)."""
+    from conftest import NEUTRAL_CWD
+
+    code = ("import numpy as np, tensorflow as tf, amp_backends\n"
+            "amp_backends.auto_configure(verbose=False)\n"
+            "m = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])\n"
+            "m.compile('sgd', 'mse')\n"
+            "m.fit(np.ones((32, 4)), np.ones((32, 1)), batch_size=8, epochs=1, verbose=0,\n"
+            "      callbacks=[amp_backends.ThroughputLogger(8)])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=NEUTRAL_CWD)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "(0, 3), Loss (epoch mean): " in out.stderr, out.stderr[-2000:]
+    assert "Summary: median throughput" in out.stderr
+    assert "amp_backends plan:" not in out.stderr
