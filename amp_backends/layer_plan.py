@@ -28,6 +28,7 @@ and a resumed run applies the checkpoint's (`LayerPlan.from_dict`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -383,3 +384,26 @@ def policies(model: Any) -> dict[str, str]:
     from .keras_compat import policy_name
 
     return {path: policy_name(layer) for path, layer in _walk(model) if not policy_name(layer).startswith(FLOAT8)}
+
+
+def built_float32(model: Any, plan: Plan, layer_plan: LayerPlan | None = None) -> bool:
+    """Most of the model's weights sit in layers computing in float32 although the plan's policy is mixed
+    (the layers the plan's rules or the model's layer plan keep in float32 — its classifier head, say — are not
+    counted; a layer plan that keeps every layer in float32 is as planned)."""
+    if not str(getattr(plan, "policy", "")).startswith("mixed_") or (layer_plan is not None and layer_plan.all_float32):
+        return False
+    from .keras_compat import children, walk
+    from .layer_names import kept_in_float32
+
+    by_dtype: dict[bool, int] = {True: 0, False: 0}
+    kept = tuple(getattr(plan, "float32_layers", ()) or ())
+    planned = set(layer_plan.float32) if layer_plan is not None else set()
+    for path, layer in walk(model, getattr(model, "name", "model")):
+        if layer is model or list(children(layer)):
+            continue  # (the weights are counted in the leaves)
+        if path in planned or (kept and kept_in_float32(kept, layer)):
+            continue
+        params = sum(math.prod(int(d or 0) for d in v.shape) for v in getattr(layer, "trainable_weights", []))
+        by_dtype[str(getattr(layer, "compute_dtype", "float32")) == "float32"] += params
+    total = by_dtype[True] + by_dtype[False]
+    return total > 0 and by_dtype[True] / total >= 0.5

@@ -14,12 +14,14 @@ trains; with Keras ``fit``, call it before ``model.compile``::
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import layer_plan as lp
 from .autotune import layers
 from .autotune.layer_choice import Measurement, remember
+from .errors import AmpWarning
 from .fp8 import float8_decisions
 
 if TYPE_CHECKING:
@@ -139,6 +141,10 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
         ValueError: the model is not built and the plan has work for it (a low-precision policy, fp8), or
             ``inputs`` do not fit the model's inputs (checked first, as `amp_backends.check_model` checks them).
         AmpConfigError: ``layer_plan`` names layers the model does not have.
+
+    Warns:
+        AmpWarning: most of the model computes in float32 under a mixed plan (it was built before
+            ``auto_configure()``; ``reset_policies=True`` mends it).
     """
     from .keras_compat import input_structure
     from .model_check.checker import require_model
@@ -156,6 +162,12 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
     f8 = float8_decisions(model, plan, inputs=inputs, skip_small=skip_small)
     decided = lp.with_float8(lp.decide(model, plan, use_cache=measure_float32 is not False), f8.layers, f8.note)
     applied = reset + lp.apply(model, decided)
+    if lp.built_float32(model, plan, decided):  # (after reset_policies, never)
+        warnings.warn(f"The model {getattr(model, 'name', '?')!r} computes in float32 under the plan's {plan.policy}: "
+                      "it was built before auto_configure() set the dtype policy (a Keras policy applies to the "
+                      f"layers created after it), so it trains without {plan.policy}'s speed. Fix: build it after "
+                      "auto_configure(), or prepare_model(model, plan, reset_policies=True) to give its layers the "
+                      "plan's policy.", AmpWarning, stacklevel=2)
     note = ""
     if decided.measurement is None and (measure_float32 or (measure_float32 is None
                                                            and lp.worth_measuring(model, plan))):

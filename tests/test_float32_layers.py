@@ -397,3 +397,30 @@ def test_prepare_model_refuses_the_inputs_the_precision_check_refuses_before_cha
                                         r"'mixed_bfloat16'.*Fix: plan = amp_backends.auto_configure\(policy="):
         amp_backends.prepare_model(model, "mixed_bfloat16")
     assert amp_backends.prepare_model(model, plan, inputs=np.zeros((4, 4), "float32")).float32  # a batch it takes
+
+
+def test_prepare_model_says_a_model_built_before_the_plan_computes_in_float32_and_reset_policies_mends_it():
+    """A model built before auto_configure() (float32 layers under a mixed plan) was left all in float32 by
+    prepare_model without a word: it trained without the plan's speed (the trainer said so; Keras fit did not)."""
+    import warnings
+
+    import amp_backends
+    from amp_backends.errors import AmpWarning
+    from amp_backends.keras_compat import set_global_policy
+    from helpers import applied_plan
+
+    set_global_policy("float32")
+    early = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(16), tf.keras.layers.Dense(3)])
+    plan = applied_plan("mixed_bfloat16", force=True)
+    try:
+        with pytest.warns(AmpWarning, match=r"computes in float32 under the plan's mixed_bfloat16: it was built "
+                                            r"before auto_configure\(\).*Fix: .*reset_policies=True"):
+            amp_backends.prepare_model(early, plan)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", AmpWarning)  # mended: nothing to say
+            amp_backends.prepare_model(early, plan, reset_policies=True)
+            assert early.layers[0].compute_dtype == "bfloat16"
+            built_after = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
+            amp_backends.prepare_model(built_after, plan)
+    finally:
+        set_global_policy("float32")

@@ -15,9 +15,8 @@ import logging
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
-from ..layer_names import kept_in_float32
 from ..errors import AmpWarning
-from ..layer_plan import LayerPlan
+from ..layer_plan import LayerPlan, built_float32
 from ..plan import Plan
 from .checkpoints import CheckpointStore
 from .inputs import Source
@@ -87,35 +86,6 @@ def trained_models(updates: Sequence[Update], objects: Mapping[str, Any] | None)
     variables = {id(m): {id(v) for v in m.variables} for m in owners}
     return [m for m in owners  # a model inside another one found is checked as part of it
             if not any(o is not m and variables[id(m)] < variables[id(o)] for o in owners)]
-
-
-def built_float32(model: Any, plan: Plan, layer_plan: LayerPlan | None = None) -> bool:
-    """Most of the model's weights sit in layers computing in float32 although the plan's policy is mixed
-    (the layers the plan's rules or the model's layer plan keep in float32 — its classifier head, say — are not
-    counted; a layer plan that keeps every layer in float32 is as planned)."""
-    if not str(getattr(plan, "policy", "")).startswith("mixed_") or (layer_plan is not None and layer_plan.all_float32):
-        return False
-    from ..keras_compat import children, walk
-
-    by_dtype: dict[bool, int] = {True: 0, False: 0}
-    kept = tuple(getattr(plan, "float32_layers", ()) or ())
-    planned = set(layer_plan.float32) if layer_plan is not None else set()
-    for path, layer in walk(model, getattr(model, "name", "model")):
-        if layer is model or list(children(layer)):
-            continue  # (the weights are counted in the leaves)
-        if path in planned or (kept and kept_in_float32(kept, layer)):
-            continue
-        params = sum(_size(v.shape) for v in getattr(layer, "trainable_weights", []))
-        by_dtype[str(getattr(layer, "compute_dtype", "float32")) == "float32"] += params
-    total = by_dtype[True] + by_dtype[False]
-    return total > 0 and by_dtype[True] / total >= 0.5
-
-
-def _size(shape: Any) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d or 0)
-    return n
 
 
 def model_inputs(model: Any, x: Any) -> Any:
