@@ -128,34 +128,38 @@ class LossScaler:
         """One step of a loop of your own, after `scale`: unscale ``grads`` (``tape.gradient`` of the scaled
         loss), apply them to ``variables`` with ``optimizer`` (by default the one this scaler was made with) if
         all are finite in every replica, else skip the step; then update the scale. Works in ``tf.function``
-        (with ``jit_compile`` too) and ``strategy.run``.
+        (with ``jit_compile`` too) and ``strategy.run``. Call it once a step: variable groups with optimizers of
+        their own go in one call (``optimizer=[emb_opt, dense_opt]``), one finite check and one decision for all.
 
         Args:
-            grads: ``tape.gradient`` of the scaled loss.
-            variables: The variables the gradients belong to.
-            optimizer: The optimizer to apply them with (default: the one this scaler was made with).
+            grads: ``tape.gradient`` of the scaled loss (groups nested alike: ``[emb_grads, dense_grads]``).
+            variables: The variables the gradients belong to (``[emb_vars, dense_vars]``).
+            optimizer: The optimizer to apply them with (default: the one this scaler was made with), or a list
+                of one optimizer per variable group.
 
         Returns:
             Whether the step was applied (a boolean tensor).
 
         Raises:
             TypeError: No optimizer, here or at construction.
+            ValueError: Not one gradient per variable, or not one variable group per optimizer.
         """
         optimizer = optimizer if optimizer is not None else self.optimizer
         if optimizer is None:
             raise TypeError("LossScaler.apply() needs the optimizer: make the scaler with it (LossScaler(optimizer)) "
                             "or pass apply(grads, variables, optimizer=...).")
-        grads, variables = _pairs(grads, variables)
-        if id(optimizer) not in self._built_optimizers:  # its state made once, before the first tf.cond
-            if not (getattr(optimizer, "built", False) or getattr(optimizer, "_built", False)):
-                with tf.init_scope():  # (no variable may be made inside a branch)
-                    build_optimizer(optimizer, variables)
-            self._built_optimizers.add(id(optimizer))
-        grads = self.unscale(grads, variables)
-        finite = self.all_finite(grads)
+        groups = _groups(optimizer, grads, variables)
+        for opt, _, vs in groups:
+            if id(opt) not in self._built_optimizers:  # its state made once, before the first tf.cond
+                if not (getattr(opt, "built", False) or getattr(opt, "_built", False)):
+                    with tf.init_scope():  # (no variable may be made inside a branch)
+                        build_optimizer(opt, vs)
+                self._built_optimizers.add(id(opt))
+        grads = [self.unscale(g, vs) for _, g, vs in groups]
+        finite = self.all_finite([g for gs in grads for g in gs])
         ctx = tf.distribute.get_replica_context()
         if ctx is None or not tf.distribute.has_strategy():  # one replica (or called in cross-replica context)
-            tf.cond(finite, lambda: _apply(optimizer, grads, variables), lambda: tf.constant(False))
+            tf.cond(finite, lambda: _apply(groups, grads), lambda: tf.constant(False))
             self.update(finite)
             return finite
         # as the trainer: whether *any* replica's gradients are non-finite, agreed by all; the apply runs under a
@@ -166,7 +170,7 @@ class LossScaler:
             agreed = tf.equal(strategy.experimental_local_results(nonfinite)[0], 0)
 
             def apply() -> Any:
-                strategy.extended.call_for_each_replica(lambda g: _apply(optimizer, g, variables), args=(grads,))
+                strategy.extended.call_for_each_replica(lambda g: _apply(groups, g), args=(grads,))
                 return tf.constant(True)
 
             tf.cond(agreed, apply, lambda: tf.constant(False))
@@ -390,6 +394,19 @@ def _pairs(grads: Any, variables: Any) -> tuple[list[Any], list[Any]]:
     return flat_g, flat_v
 
 
-def _apply(optimizer: Any, grads: Sequence[Any], variables: Sequence[Any]) -> Any:
-    optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables, strict=True) if g is not None])
+def _groups(optimizer: Any, grads: Any, variables: Any) -> list[tuple[Any, list[Any], list[Any]]]:
+    """``(optimizer, gradients, variables)`` per optimizer: one group, or one per optimizer of a list."""
+    if not isinstance(optimizer, (list, tuple)):
+        return [(optimizer, *_pairs(grads, variables))]
+    n = [len(x) if isinstance(x, (list, tuple)) else 1 for x in (grads, variables)]
+    if n != [len(optimizer)] * 2:
+        raise ValueError(f"LossScaler.apply(grads, variables, optimizer=[...]) takes one variable group per optimizer. "
+                         f"Received: {len(optimizer)} optimizers, {n[0]} gradient and {n[1]} variable groups. Fix: "
+                         "apply([emb_grads, dense_grads], [emb_vars, dense_vars], optimizer=[emb_opt, dense_opt]).")
+    return [(o, *_pairs(g, v)) for o, g, v in zip(optimizer, grads, variables, strict=True)]
+
+
+def _apply(groups: Sequence[tuple[Any, list[Any], list[Any]]], grads: Sequence[Sequence[Any]]) -> Any:
+    for (optimizer, _, variables), gs in zip(groups, grads, strict=True):
+        optimizer.apply_gradients([(g, v) for g, v in zip(gs, variables, strict=True) if g is not None])
     return tf.constant(True)

@@ -177,6 +177,37 @@ def test_variable_groups_as_the_sparse_tutorial_splits_them_and_another_optimize
     assert int(opt.iterations.numpy()) == 1 and int(other.iterations.numpy()) == 1
 
 
+def test_two_optimizers_in_one_apply_make_one_decision_and_one_scale_update():
+    """Two apply() calls a step (one per optimizer, as the page allowed) made two decisions: an Inf in one group's
+    gradients applied the other group alone, and every finite step counted twice towards the scale's growth. One
+    call with a list of optimizers checks both groups together: both applied, or neither, the scale updated once."""
+    model = make_model("float32")
+    kernel, bias = model.trainable_variables
+    first, second = tf.keras.optimizers.SGD(0.1), tf.keras.optimizers.SGD(0.1)
+    scaler = LossScaler(first, plan=float16_plan())
+    poison = tf.Variable(False)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(X) - Y))
+            loss += tf.cond(poison, lambda: np.inf * tf.reduce_sum(bias), lambda: 0.0)  # the bias group only
+            scaled = scaler.scale(loss)
+        kernel_grads, bias_grads = tape.gradient(scaled, [[kernel], [bias]])
+        return scaler.apply([kernel_grads, bias_grads], [[kernel], [bias]], optimizer=[first, second])
+
+    w0, scale = weights(model), scaler.current
+    poison.assign(True)
+    assert not bool(step())
+    assert all(np.array_equal(w, v) for w, v in zip(w0, weights(model), strict=True))  # neither group applied
+    assert scaler.current == scale / 2 and int(scaler.skipped.numpy()) == 1
+    poison.assign(False)
+    assert bool(step()) and bool(step())
+    assert int(scaler.good_steps.numpy()) == 2 and int(first.iterations.numpy()) == int(second.iterations.numpy()) == 2
+    with pytest.raises(ValueError, match=r"one variable group per optimizer.*2 optimizers, 1 gradient.*Fix"):
+        scaler.apply([tf.zeros_like(bias)], [bias], optimizer=[first, second])
+
+
 def test_two_replicas_skip_together_and_scale_alike():
     out = subprocess.run([sys.executable, str(SCRIPTS / "custom_loop_mirrored.py")], capture_output=True, text=True,
                          timeout=300, cwd=NEUTRAL_CWD)
