@@ -63,10 +63,11 @@ class Support:
 
 
 def first_clause(text: str, limit: int = 90) -> str:
-    """The text up to its first colon, semicolon or opening parenthesis, at most ``limit`` characters."""
+    """The text up to its first colon, semicolon or opening parenthesis, at most ``limit`` characters (cut after a
+    whole word)."""
     cut = min((i for i in (text.find(": "), text.find("; "), text.find(" (")) if i > 0), default=len(text))
     head = text[:cut].rstrip(" .,")
-    return head if len(head) <= limit else head[: limit - 3].rstrip() + "..."
+    return head if len(head) <= limit else head[: limit - 2].rsplit(" ", 1)[0].rstrip(" ,;:") + "..."
 
 
 NO_GRAPH_AMP = Support(UNSUPPORTED, "this backend declares no rewrite of the float32 graph to low precision of its own")

@@ -385,7 +385,7 @@ def random_state(models: Sequence[Any]) -> tuple[RandomState, list[str]]:
             elif generator._rng_type == "legacy_stateful":
                 unsaved.append(layer.name)
     shared = _keras_global_generator()
-    return RandomState(list(states.values()), [shared.state] if shared is not None else []), unsaved
+    return RandomState(list(states.values()), [shared.state] if shared is not None else []), [*dict.fromkeys(unsaved)]
 
 
 def _keras_global_generator() -> Any:

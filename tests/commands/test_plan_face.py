@@ -323,3 +323,13 @@ def test_an_audited_run_names_the_program_in_its_errors():
     out = subprocess.run([sys.executable, "-m", "amp_backends.examples.mnist", "--audit", "--synthetic", "--digits"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.lstrip().startswith("mnist: error:"), out.stderr[-600:]
+
+
+def test_a_reason_cut_to_fit_a_line_ends_after_a_whole_word():
+    """``info --device h100`` ended a reason "callbacks after ev...": the first clause was cut mid-word."""
+    from amp_backends.assessment import first_clause
+
+    text = "Keras's default of one step per compiled call, which keeps per-batch callbacks after every batch: fit"
+    cut = first_clause(text, 90)
+    assert cut == "Keras's default of one step per compiled call, which keeps per-batch callbacks after..."
+    assert len(cut) <= 90 and first_clause("short: rest") == "short"
