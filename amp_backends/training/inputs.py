@@ -59,8 +59,7 @@ class Ran:
 
     def check_refused(self, at: At, first_in_epoch: int, updates: Sequence[Update]) -> None:
         """`InputError` naming the first batch an update's ``check`` refused in this call (run from ``at``)."""
-        bad = np.argwhere(self.flags < 0)
-        if not len(bad):
+        if not len(bad := np.argwhere(self.flags < 0)):
             return
         i, u = int(bad[0][0]), updates[int(bad[0][1])]
         raise InputError(f"The batch of step {at.step + i} (epoch {at.epoch}, step {first_in_epoch + i} of the epoch) "
@@ -87,8 +86,7 @@ def leaf_paths(structure: Any, prefix: str) -> list[tuple[str, Any]]:
 def as_array_nest(structure: Any, name: str) -> Any:
     """Validate a nest of array-likes and convert Python lists of numbers to arrays; keep tensors as they are."""
     if isinstance(structure, dict):
-        bad = [k for k in structure if not isinstance(k, str)]
-        if bad:
+        if bad := [k for k in structure if not isinstance(k, str)]:
             raise InputError(f"{name} as a dict must have string keys (feature names). Received keys {bad!r}.")
         return {k: as_array_nest(v, f"{name}[{k!r}]") for k, v in structure.items()}
     # a list of arrays is several inputs; a list of Python lists or numbers is one array's rows
@@ -147,8 +145,7 @@ class ResidentArrays:
         if x is None:
             raise InputError("fit() needs training data: x as arrays (or a tuple/dict of arrays), "
                              "or a tf.data.Dataset. Received: x=None.")
-        x = as_array_nest(x, "x")
-        y = None if y is None else as_array_nest(y, "y")
+        x, y = as_array_nest(x, "x"), (None if y is None else as_array_nest(y, "y"))
         self.samples = rows(x, y)
         if self.samples < batch_size:
             fix = f"lower batch_size to at most {self.samples}, or train on more data" if self.samples else "pass data"
@@ -202,9 +199,8 @@ class ResidentArrays:
         """Full calls of ``steps_per_call``. Looped calls take their length as an argument; unrolled calls compile per
         size: the epoch's last call gets its own; other short stretches (resume, ``max_steps``) run as single steps."""
         room = min(v for v in (steps_per_call, left, budget) if v is not None)
-        if room == steps_per_call or not program.unrolled(steps_per_call):
-            return room
-        return room if room == self.steps_per_epoch % steps_per_call else 1
+        whole = room == steps_per_call or not program.unrolled(steps_per_call)
+        return room if whole or room == self.steps_per_epoch % steps_per_call else 1
 
     def run(self, program: StepProgram, at: At, k: int, capacity: int) -> Ran:
         """``k`` steps from ``at`` in one compiled call."""
@@ -228,8 +224,7 @@ def _batch_dims(spec: Any) -> _Spec:
     for path, s in leaf_paths(spec, "element"):
         if not isinstance(s, tf.TensorSpec):
             raise InputError(f"The dataset's {path} is a {type(s).__name__}; the trainer takes datasets of dense "
-                             "tensors. Fix: convert it in the pipeline "
-                             "(for example tf.sparse.to_dense or .to_tensor()).")
+                             "tensors. Fix: convert it in the pipeline (tf.sparse.to_dense or .to_tensor()).")
         out.strings = out.strings or s.dtype == tf.string
         if s.shape.rank == 0:
             out.scalars.append(path)
@@ -272,12 +267,10 @@ class Stream:
                 f"The dataset's batches have no fixed size and its {dims.variable[0]} has a variable length (padded "
                 f"per batch, as padded_batch does): such batches cannot be regrouped into batches of {batch_size}. "
                 f"Fix: pad every batch to one fixed length and size: dataset.padded_batch({batch_size}, padded_shapes="
-                f"<fixed shapes, such as [64] for token ids>, drop_remainder=True) "
-                f"(one compiled shape for every step), or at least dataset.padded_batch({batch_size}, "
-                "drop_remainder=True).")
+                f"<fixed shapes, such as [64] for token ids>, drop_remainder=True) (one compiled shape for every "
+                f"step), or at least dataset.padded_batch({batch_size}, drop_remainder=True).")
         if None in dims.leading or not dims.leading:
-            # batched without drop_remainder: the last batch would be partial (a new compiled shape, another
-            # scale of the loss); keep exactly batch_size per step instead
+            # batched without drop_remainder: keep batch_size per step (a partial batch: new shapes, loss scale)
             dataset = dataset.rebatch(batch_size, drop_remainder=True)
             logger.info(f"The dataset's batches have no fixed size (batched without drop_remainder): rebatched to "
                         f"{batch_size} with drop_remainder=True, dropping a last partial batch per pass.")
@@ -289,12 +282,12 @@ class Stream:
             raise InputError(f"steps_per_epoch must be a positive integer or None. Received: {steps_per_epoch!r}.")
         self.dataset, self.batch_size, self.device, self.strategy = dataset, batch_size, device, strategy
         self.cardinality = cardinality if cardinality >= 0 else None
-        self.fixed_steps = steps_per_epoch
-        self.has_strings = dims.strings
+        self.fixed_steps, self.has_strings = steps_per_epoch, dims.strings
         self.fixed_shape = not dims.variable  # else each new length compiles the step anew, at any step of a call
         self._sample: Any = None
         self._iterator: Any = None
-        self._fresh = False  # the iterator has given no batch yet
+        self._opened_at = self._yielded = 0  # the open pass: the batches it skipped, and those it reached since
+        self._next_skip: int | None = None  # where the next pass opens (None: at the position, `batches_before`)
 
     @property
     def steps_per_epoch(self) -> int | None:
@@ -317,21 +310,18 @@ class Stream:
         return iter(ds.prefetch(tf.data.AUTOTUNE))
 
     def batches_before(self, at: At) -> int:
-        """Batches of the current pass already trained on at ``at``: a resumed run skips them."""
-        done = at.offset // self.batch_size
-        if not self.continuous:
-            return done
-        done += at.epoch * (self.fixed_steps or 0)  # one stream across epochs, passes restarting at its end
-        return done % self.cardinality if self.cardinality else done
+        """Batches of the current pass trained on at ``at`` (a resumed run skips them); a stream across epochs wraps
+        at the length of a pass: the dataset's cardinality, or, when unknown, learnt where a pass ended (or counted)."""
+        done = at.offset // self.batch_size + at.epoch * (self.fixed_steps or 0)  # (one stream across epochs)
+        return done % self.cardinality if self.continuous and self.cardinality else done
 
     def sample_batch(self) -> Any:
         """The first batch (from a separate pass), for validating the updates before training."""
         if self._sample is None:
-            for batch in self.dataset.take(1):
-                self._sample = tf.nest.map_structure(lambda t: t.numpy(), batch)
-            if self._sample is None:
+            if (batch := next(iter(self.dataset.take(1)), None)) is None:
                 raise InputError(f"The dataset yields no batch of {self.batch_size}: it is empty, or has fewer samples "
                                  "than one batch. Fix: check the pipeline, or lower batch_size.")
+            self._sample = tf.nest.map_structure(lambda t: t.numpy(), batch)
         return self._sample
 
     # -- what the loop asks every input (see ResidentArrays) ----------------------------------------
@@ -343,36 +333,47 @@ class Stream:
 
     def left_in_epoch(self, offset: int) -> int | None:
         """``None``: a stream of unknown length."""
-        total = self.steps_per_epoch
-        return None if total is None else max(0, total - offset // self.batch_size)
+        return None if (total := self.steps_per_epoch) is None else max(0, total - offset // self.batch_size)
 
     def start(self) -> None:
         """The next call opens a pass at the position."""
-        self._iterator, self._fresh = None, False
+        self._iterator, self._next_skip = None, None
 
     def epoch_over(self) -> None:
         """A new pass, unless the stream runs across epochs."""
-        if not self.continuous:
-            self._iterator = None
+        self._iterator = self._iterator if self.continuous else None
 
     def call_size(self, steps_per_call: int, left: int | None, budget: int | None, program: StepProgram) -> int:
         """Up to ``steps_per_call``: the call takes its length as an argument (no new compilation)."""
         return min(v for v in (steps_per_call, left, budget) if v is not None)
 
     def run(self, program: StepProgram, at: At, k: int, capacity: int) -> Ran:
-        """Up to ``k`` steps from ``at`` in one compiled call, fewer where the data ends."""
-        if self._iterator is None:
-            self._iterator, self._fresh = self.iterator(self.batches_before(at)), True
-        done_t, losses, flags = program.stream_call()(self._iterator, tf.constant(k, tf.int32))
-        done, ended = int(done_t.numpy()), False
-        if done < k:  # the data ended inside this call (or at its start)
-            if done == 0 and (self._fresh or at.offset == 0):
-                raise InputError(f"The dataset yielded no batch of {self.batch_size}: it is empty (or smaller than "
-                                 "one batch). Fix: check the pipeline.")
-            self._iterator = None  # a new pass: the next epoch's, or the rest of this one when steps_per_epoch is set
-            ended = not self.continuous
-        self._fresh = self._fresh and done == 0
-        return Ran(done, losses.numpy(), flags.numpy(), "stream", ended)
+        """Up to ``k`` steps from ``at`` in one compiled call, fewer where the data's pass ends: the next call opens
+        the next pass (across epochs with ``steps_per_epoch``, its length learnt: `batches_before`)."""
+        while True:
+            if self._iterator is None:
+                skip = self.batches_before(at) if self._next_skip is None else self._next_skip
+                self._iterator, self._opened_at, self._yielded, self._next_skip = self.iterator(skip), skip, skip, None
+            done_t, losses, flags = program.stream_call()(self._iterator, tf.constant(k, tf.int32))
+            self._yielded += (done := int(done_t.numpy()))
+            ran = Ran(done, losses.numpy(), flags.numpy(), "stream", done < k and not self.continuous)
+            if done == k:
+                return ran
+            self._iterator, self._next_skip, skip = None, 0, self._opened_at  # the pass ended in the call or before
+            if self._yielded == skip and (not skip or self.continuous):  # it gave nothing: from its start (empty),
+                if not skip or skip < (self.cardinality or skip):  # or after a skip within a pass (passes differ),
+                    raise InputError(f"The dataset yielded no batch of {self.batch_size}" + (
+                        f" after skipping {skip} of the {self.cardinality} batches of a pass: its passes differ. "
+                        "Expected the same batches each pass. Fix: make the pipeline give them, or train without "
+                        "resume." if skip else ": it is empty (or smaller than one batch). Fix: check the pipeline."))
+                self.cardinality = int(self.dataset.take(skip).reduce(np.int64(0), lambda n, _: n + 1))
+                self._next_skip = skip % self.cardinality if self.cardinality else 0  # or past its end: count, wrap
+                logger.info(f"The stream resumed {skip} batches in, past the end of a pass of {self.cardinality} "
+                            f"batches (counted): it goes on from batch {self._next_skip} of a pass.")
+                continue
+            self.cardinality = self.cardinality or (self._yielded if self.continuous else None)  # its length
+            if done or not self.continuous:
+                return ran  # (an epoch without steps_per_epoch ends with its pass, or where its skip reached)
 
 
 Source = Union[ResidentArrays, Stream]  # what the loop trains on
@@ -414,7 +415,6 @@ def input_for(last: tuple[Any, Source] | None, x: Any, y: Any, updates: Sequence
     if last is not None and last[0][0] == key[0] and last[1].reusable:
         return last
     source = make_input(x, y, **kwargs)
-    for u in updates:
-        if u.validate is not None:
-            u.validate(source.sample_batch())
+    for validate in filter(None, (u.validate for u in updates)):
+        validate(source.sample_batch())
     return key, source

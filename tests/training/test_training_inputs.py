@@ -253,6 +253,114 @@ def test_a_repeated_dataset_is_one_stream_across_epochs_as_keras_reads_it():
     assert seen.numpy().tolist() == [2, 2, 1, 1, 1, 1, 1, 1, 1, 1]  # 12 batches of 10, in order: a second pass begun
 
 
+def id_batches(batches, size, features=8):
+    """``batches`` batches of ``size`` rows whose features all hold the batch's id (and labels 0)."""
+    ids = np.repeat(np.arange(batches), size).astype("float32")
+    return np.stack([ids] * features, 1), np.zeros(len(ids), int)
+
+
+def recording(**kw):
+    """A trainer whose loss records each step's batch id, in order (SGD(0): the weights stay); and a reader of them."""
+    seen, count = tf.Variable(tf.fill([64], -1.0)), tf.Variable(0)
+    base = classifier_updates(mlp(8), tf.keras.optimizers.SGD(0.0), tf.keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True))[0]
+
+    def loss_fn(batch):
+        seen.scatter_nd_update([[count]], [batch[0][0, 0]])
+        count.assign_add(1)
+        return base.loss_fn(batch)
+
+    t = Trainer([Update("model", loss_fn, base.groups)], applied_plan(), progress=False, **kw)
+    return t, lambda: seen.numpy()[:int(count.numpy())].astype(int).tolist()
+
+
+def unknown_length(x, y, size):
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True).batch(size, drop_remainder=True)
+    assert int(ds.cardinality()) == tf.data.UNKNOWN_CARDINALITY
+    return ds
+
+
+@pytest.mark.parametrize("kind,steps_per_epoch,epochs,per_call", [("rebatched", 10, 3, 3), ("generator", 12, 2, 4)])
+def test_steps_per_epoch_longer_than_a_pass_of_unknown_length_continues_the_stream(kind, steps_per_epoch, epochs,
+                                                                                    per_call):
+    """8 batches a pass, of unknown length: each pass that ends starts the next, epoch after epoch (the pass ends
+    inside a call with 3 steps per call, at a call's end with 4), instead of calling the dataset empty."""
+    x, y = id_batches(8, 32)
+    if kind == "rebatched":  # batched without drop_remainder: rebatched to 32, its length unknown
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+        assert int(ds.rebatch(32, drop_remainder=True).cardinality()) == tf.data.UNKNOWN_CARDINALITY
+    else:
+        ds = tf.data.Dataset.from_generator(lambda: ((x[i:i + 32], y[i:i + 32]) for i in range(0, 256, 32)),
+                                            output_signature=(tf.TensorSpec((32, 8), tf.float32),
+                                                              tf.TensorSpec((32,), tf.int64)))
+    t, seen = recording(batch_size=32, steps_per_call=per_call)
+    r = t.fit(ds, epochs=epochs, steps_per_epoch=steps_per_epoch)
+    assert r.steps == steps_per_epoch * epochs and r.epochs_completed == epochs
+    assert seen() == [i % 8 for i in range(r.steps)]  # the stream's order across the passes' boundaries
+
+
+def test_a_pass_that_ends_with_an_epoch_starts_the_next_one():
+    """A known length (6 batches) ending exactly where an epoch of 3 does: the next epoch starts a pass."""
+    x, y = id_batches(6, 4)
+    t, seen = recording(batch_size=4, steps_per_call=3)
+    r = t.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(4, drop_remainder=True), epochs=3, steps_per_epoch=3)
+    assert r.steps == 9 and seen() == [0, 1, 2, 3, 4, 5, 0, 1, 2]
+
+
+def test_a_resumed_stream_of_unknown_length_counts_a_pass_and_goes_on_where_it_was(tmp_path, caplog):
+    """The position (batch 10 of the stream) is past the end of a pass of 8: a pass is counted, the skip wraps."""
+    x, y = id_batches(8, 4)
+    t, _ = recording(batch_size=4, steps_per_call=3, checkpoint_dir=str(tmp_path))
+    t.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(4, drop_remainder=True), epochs=1, steps_per_epoch=10)
+    caplog.set_level("INFO", logger="amp_backends.train")
+    t2, seen = recording(batch_size=4, steps_per_call=3, checkpoint_dir=str(tmp_path))
+    r = t2.fit(unknown_length(x, y, 4), epochs=2, steps_per_epoch=10, resume=True)  # the same batches, length unknown
+    assert r.steps == 20 and r.epochs_completed == 2
+    assert seen() == [2, 3, 4, 5, 6, 7, 0, 1, 2, 3]
+    assert "past the end of a pass of 8 batches (counted): it goes on from batch 2" in caplog.text
+
+
+def test_a_resumed_stream_whose_passes_shrink_is_not_called_empty(tmp_path):
+    """Each pass of the generator 2 batches shorter: the resumed position cannot be found, and the error says why."""
+    x, y = id_batches(8, 4)
+    t, _ = recording(batch_size=4, steps_per_call=3, checkpoint_dir=str(tmp_path))
+    t.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(4, drop_remainder=True), epochs=1, steps_per_epoch=10)
+    calls = iter(range(100))
+
+    def shrinking():
+        n = max(8 - 2 * next(calls), 1)
+        return ((x[4 * i:4 * i + 4], y[4 * i:4 * i + 4]) for i in range(n))
+
+    ds = tf.data.Dataset.from_generator(shrinking, output_signature=(tf.TensorSpec((4, 8), tf.float32),
+                                                                     tf.TensorSpec((4,), tf.int64)))
+    t2, _ = recording(batch_size=4, steps_per_call=3, checkpoint_dir=str(tmp_path))
+    with pytest.raises(InputError, match=r"no batch of 4 after skipping \d+ of the \d+ batches of a pass: its passes "
+                                         "differ.*Fix: make the pipeline give them, or train without resume"):
+        t2.fit(ds, epochs=2, steps_per_epoch=10, resume=True)
+
+
+def test_a_run_stopped_at_the_end_of_a_pass_of_unknown_length_goes_on_with_the_next_epoch():
+    """Stopped after a pass's last batch, before its end was seen: the next fit skips to the end, the epoch ends."""
+    x, y = id_batches(8, 4)
+    t, seen = recording(batch_size=4, steps_per_call=4)
+    t.fit(unknown_length(x, y, 4), epochs=2, max_steps=8)
+    r = t.fit(unknown_length(x, y, 4), epochs=2)
+    assert r.steps == 16 and r.epochs_completed == 2 and seen() == list(range(8)) * 2
+
+
+def test_a_pass_that_yields_nothing_is_still_refused_as_empty():
+    """A generator that reads a shared iterator: the pass after the first yields nothing."""
+    x, y = id_batches(3, 4)
+    shared = iter(range(3))
+    ds = tf.data.Dataset.from_generator(lambda: ((x[4 * i:4 * i + 4], y[4 * i:4 * i + 4]) for i in shared),
+                                        output_signature=(tf.TensorSpec((4, 8), tf.float32),
+                                                          tf.TensorSpec((4,), tf.int64)))
+    t, seen = recording(batch_size=4, steps_per_call=2)
+    with pytest.raises(InputError, match="yielded no batch of 4: it is empty"):
+        t.fit(ds, epochs=2, steps_per_epoch=3)
+    assert seen()  # the first pass trained
+
+
 def test_a_dataset_smaller_than_one_batch_is_refused():
     x, y = classification_data(5)
     with pytest.raises(InputError, match="yields no batch of 8.*fewer samples than one batch"):
