@@ -219,7 +219,8 @@ class _Spec:
     strings: bool
 
 
-def _batch_dims(spec: Any) -> _Spec:
+def batch_dims(spec: Any, batch_size: int, keep: str = ", drop_remainder=True") -> tuple[_Spec, str]:
+    """A dataset's dimensions, and the fix (``keep``: the last batch) that refuses it where an element is a sample."""
     out = _Spec(set(), [], [], False)
     for path, s in leaf_paths(spec, "element"):
         if not isinstance(s, tf.TensorSpec):
@@ -232,7 +233,11 @@ def _batch_dims(spec: Any) -> _Spec:
             out.leading.add(s.shape[0])
         if s.shape.rank is not None and None in s.shape[1:]:  # (an unknown rank, from py_function: not known)
             out.variable.append(f"{path} (shape {s.shape})")
-    return out
+    fix = f"batch it: dataset.batch({batch_size}{keep}) (the trainer takes a dataset of batches, as Keras fit does)"
+    if out.scalars:
+        raise InputError(f"The dataset is not batched: its {out.scalars[0]} is a scalar, one sample per element. "
+                         f"Expected batches of {batch_size}. Fix: {fix}.")
+    return out, fix
 
 
 class Stream:
@@ -242,12 +247,7 @@ class Stream:
 
     def __init__(self, dataset: tf.data.Dataset, *, batch_size: int, device: str, strategy: tf.distribute.Strategy,
                  steps_per_epoch: int | None = None) -> None:
-        dims = _batch_dims(dataset.element_spec)
-        fix_unbatched = (f"batch it: dataset.batch({batch_size}, drop_remainder=True) (the trainer takes a dataset of "
-                         "batches, as Keras fit does)")
-        if dims.scalars:
-            raise InputError(f"The dataset is not batched: its {dims.scalars[0]} is a scalar, one sample per element. "
-                             f"Expected batches of {batch_size}. Fix: {fix_unbatched}.")
+        dims, fix_unbatched = batch_dims(dataset.element_spec, batch_size)
         known = {d for d in dims.leading if d is not None}
         if len(known) > 1:
             raise InputError(f"The dataset's tensors have different leading (batch) sizes {sorted(known)}. Expected "

@@ -200,19 +200,21 @@ def _batch_check(classes: int | None, sparse: bool) -> Any:
 @tf.autograph.experimental.do_not_convert  # Python checks on static shapes, run while tracing
 def check_model_inputs(model: Any, x: Any) -> None:
     """Data a model cannot take, refused before training with the fix: strings for an input that takes numbers
-    (or numbers for one that takes strings), a feature shape an input cannot take, or another number of inputs.
-    Several inputs are matched as Keras matches them: a list in order, a dict by the inputs' names."""
-    _check_named_inputs(model, x)
-    inputs = getattr(model, "inputs", None)
+    (or numbers for one that takes strings), a feature shape an input cannot take, another number of inputs, or a
+    dict without the inputs' names. Inputs are matched as Keras matches them: a list in order, a dict by the
+    inputs' names (a model's one input too)."""
+    named = _check_named_inputs(model, x)
+    inputs = list(named.values()) if named else getattr(model, "inputs", None)
     if not inputs:
         return
-    if len(inputs) == 1:
-        if not isinstance(x, (dict, tuple, list)):
+    names = list(named) if named else [getattr(t, "name", "").split(":")[0] for t in inputs]
+    if isinstance(x, dict):
+        _check_input_names(model, names, inputs, x)
+        pairs = [(t, x[n], f"x[{n!r}]", n) for t, n in zip(inputs, names, strict=True)]
+    elif len(inputs) == 1:
+        if not isinstance(x, (tuple, list)):
             _check_input(model, inputs[0], x, "x")
         return
-    names = [getattr(t, "name", "").split(":")[0] for t in inputs]
-    if isinstance(x, dict):
-        pairs = [(t, x[n], f"x[{n!r}]", n) for t, n in zip(inputs, names, strict=True) if n in x]
     elif isinstance(x, (tuple, list)):
         if len(x) != len(inputs):
             raise InputError(f"The model {model.name!r} takes {len(inputs)} inputs ({', '.join(names)}); x has "
@@ -225,6 +227,24 @@ def check_model_inputs(model: Any, x: Any) -> None:
                          "those names.")
     for spec, value, where, name in pairs:
         _check_input(model, spec, value, where, f"its input {name!r}")
+
+
+def _check_input_names(model: Any, names: list[str], inputs: list[Any], x: dict[str, Any]) -> None:
+    """A dict ``x`` for a model of listed inputs (or one input) lacks an input's name: Keras finds its inputs in a
+    dict by their names (a model of named inputs: `_check_named_inputs`)."""
+    missing = [n for n in names if n not in x]
+    if not missing:
+        return
+    if len(names) == 1:
+        key = next(iter(x), "features")
+        raise InputError(
+            f"The model {model.name!r} takes one input, {names[0]!r} of shape {tuple(['batch', *inputs[0].shape[1:]])}"
+            f"; x is a dict without that name (its keys: {sorted(x)}), and Keras finds a model's inputs in a dict by "
+            f"their names. Fix: give x the array itself (for a dataset: dataset.map(lambda x, y: (x[{key!r}], y))), "
+            f"or name the model's input after the key: keras.Input(shape, name={key!r}).")
+    raise InputError(f"The model {model.name!r} takes the inputs {names} (a dict gives them by those names); x lacks "
+                     f"{missing} (its keys: {sorted(x)}). Fix: give x a dict with the model's input names, or a list "
+                     f"of {len(names)} arrays in the model's order.")
 
 
 def _check_input(model: Any, spec: Any, x: Any, where: str = "x", takes: str = "inputs") -> None:
@@ -257,14 +277,15 @@ def _check_input(model: Any, spec: Any, x: Any, where: str = "x", takes: str = "
             f"{tuple(have)} ({where}: {tuple(x.shape)}). Fix: reshape the data to the model's input {fix}.")
 
 
-def _check_named_inputs(model: Any, x: Any) -> None:
-    """A model of named inputs (a dict, as keras_hub's backbones take) given other names, or a list."""
+def _check_named_inputs(model: Any, x: Any) -> dict[str, Any] | None:
+    """A model of named inputs (a dict, as keras_hub's backbones take) given other names, or a list; those inputs
+    (``None``: the model lists its inputs, or takes one)."""
     try:
         names = model.input if isinstance(getattr(model, "input", None), dict) else None
     except Exception:  # a subclassed model: Keras knows its inputs only once called
-        return
+        return None
     if not names:
-        return
+        return None
     if isinstance(x, dict):
         missing = sorted(set(names) - set(x))
         if missing:
@@ -274,6 +295,7 @@ def _check_named_inputs(model: Any, x: Any) -> None:
     elif isinstance(x, (list, tuple)) or hasattr(x, "shape"):
         raise InputError(f"The model {model.name!r} takes a dict of named inputs {sorted(names)}; x is a "
                          f"{type(x).__name__}. Fix: give x a dict with those keys.")
+    return dict(names)
 
 
 def _check_built(model: Any) -> None:

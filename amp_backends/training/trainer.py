@@ -168,14 +168,14 @@ class Trainer:
             steps_per_epoch: The steps of an epoch, for a dataset that repeats forever.
             validation_data: ``(x_val, y_val)`` arrays or a dataset of batches, evaluated with the metrics (see
                 `metrics` for the history, ``keep_best`` and ``patience``).
-            validation_every: Evaluate every this many epochs, or ``"500 steps"``.
+            validation_every: Evaluate every this many epochs, or ``"500 steps"`` (needs ``validation_data``).
 
         Returns:
             What the run did (`TrainResult`).
 
         Raises:
-            AmpConfigError: ``epochs`` or ``max_steps`` is not a positive integer, or ``resume=True`` without a
-                ``checkpoint_dir`` (a ``ValueError``).
+            AmpConfigError: ``epochs`` or ``max_steps`` is not a positive integer, ``resume=True`` without a
+                ``checkpoint_dir``, or ``validation_every`` without ``validation_data`` (a ``ValueError``).
             InputError: The data is unusable; the message says what was expected.
             CheckpointError: ``checkpoint_dir`` holds another run's checkpoints (without ``resume``), or a
                 checkpoint cannot be saved or read.

@@ -19,7 +19,7 @@ as in training), in float32.
 
 Under a ``tf.distribute`` strategy each replica evaluates its slice of each batch; the loss sums are reduced
 across replicas and workers and the metrics' state is added up when read: one number, the same on every worker.
-A compiled call per batch (XLA as the plan says, on one replica); the partial last batch traces once more.
+A compiled call per batch (XLA as the plan says, on one replica), traced once for any number of rows.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from .metrics import Every, Monitor, parse_every, reset, results
 from .observers import Observer
 from .checkpoints import CheckpointStore
 from .step import Update, float32_outputs
-from .inputs import BatchFn, as_array_nest, contents, gather_batch, refuse_labels_beside, rows
+from .inputs import BatchFn, as_array_nest, batch_dims, contents, gather_batch, refuse_labels_beside, rows
 
 
 logger = logging.getLogger("amp_backends.train")
@@ -92,6 +92,10 @@ class Validation:
         """Check ``fit``'s validation arguments before any work; the best checkpoint is saved inside
         ``together(step)`` (with the other workers)."""
         self.every = parse_every(validation_every)
+        if validation_data is None and self.every != Every(1, "epochs"):
+            raise AmpConfigError(f"validation_every={validation_every!r} says when to validate, and this fit has no "
+                                 "validation_data: nothing would be validated. Fix: pass validation_data=(x_val, "
+                                 "y_val) (or a dataset of batches) to fit, or leave validation_every out.")
         self.data = None if validation_data is None else self._split(validation_data)
         self.monitor.check_name(validating=self.data is not None)
         self._say_stopped()
@@ -261,7 +265,7 @@ class Evaluator:
                     raise
                 logger.warning(f"XLA is not used for {what}, although the plan has it on: {why}.")
                 self._without_xla()
-                loss_sum, weight_sum, refused = self._call("arrays", self._replica_eval_arrays)(*args)
+                loss_sum, weight_sum, refused = self._call("arrays", self._replica_eval_arrays, args)(*args)
             if int(refused.numpy()):
                 raise InputError(f"Batch {i} of the data given to {what} {self.update.check_message or 'was refused.'}")
             total, weight = total + float(loss_sum.numpy()), weight + float(weight_sum.numpy())
@@ -271,7 +275,7 @@ class Evaluator:
         """``(compiled call, its arguments)`` for each batch of the data."""
         refuse_labels_beside(x, y)
         if isinstance(x, tf.data.Dataset):
-            call = self._call("dataset", self._replica_eval)
+            batch_dims(x.element_spec, self.batch_size, keep="")  # (unbatched: training's refusal; every sample counts)
             dataset = x
             if self.replicas > 1 or getattr(self.strategy, "cluster_resolver", None) is not None:
                 dataset = self.strategy.experimental_distribute_dataset(x)
@@ -281,7 +285,7 @@ class Evaluator:
                     _labelled(batch if self.replicas == 1 else self.strategy.experimental_local_results(batch)[0],
                               what)
                     first = False
-                yield call, (batch,)
+                yield self._call("dataset", self._replica_eval, (batch,)), (batch,)
             if first:
                 raise InputError(f"The dataset given to {what} yields no batch: it is empty. Fix: check the pipeline.")
             return
@@ -290,12 +294,13 @@ class Evaluator:
                              "without y. Fix: pass the labels, or a tf.data.Dataset of (x, y) batches.")
         xs, ys, n = self._resident(x, y, what)
         for start in range(0, n, self.batch_size):  # the call asked each time: it compiles without XLA after a failure
-            yield (self._call("arrays", self._replica_eval_arrays),
-                   (xs, ys, tf.range(start, min(start + self.batch_size, n), dtype=tf.int64)))
+            args = (xs, ys, tf.range(start, min(start + self.batch_size, n), dtype=tf.int64))
+            yield self._call("arrays", self._replica_eval_arrays, args), args
 
     def check_first_batch(self, dataset: Any) -> None:
         """A validation dataset's first batch checked before training (its labels, as the update validates them);
         later batches are checked as each validation reads them."""
+        batch_dims(dataset.element_spec, self.batch_size, keep="")  # (as in _batches)
         for batch in dataset.take(1):
             batch = tf.nest.map_structure(lambda t: t.numpy(), batch)
             _labelled(batch, "validation_data")
@@ -338,14 +343,23 @@ class Evaluator:
         self.xla = False
         self._calls.pop("arrays", None)
 
-    def _call(self, key: str, replica_fn: Callable[..., Any]) -> Any:
+    def _call(self, key: str, replica_fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """The compiled evaluation of ``key`` (``"arrays"``, ``"dataset"``), first called with ``args``."""
         if key not in self._calls:
-            def call(*args):
-                per_replica = self.strategy.run(replica_fn, args=args)
+            def call(*inputs):
+                per_replica = self.strategy.run(replica_fn, args=inputs)
                 return tuple(self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for v in per_replica)
 
-            self._calls[key] = tf.function(call, jit_compile=self.xla and key == "arrays", reduce_retracing=True)
+            self._compile(key, call, args, jit_compile=self.xla and key == "arrays")
         return self._calls[key]
+
+    def _compile(self, key: str, fn: Callable[..., Any], args: tuple[Any, ...], jit_compile: bool = False) -> None:
+        """``fn`` compiled as ``key``, traced once for any number of rows: the arrays' or a dataset's partial last
+        batch, other data, every later validation (a trace per new shape would warn of retracing)."""
+        self._calls[key] = tf.function(fn, jit_compile=jit_compile, reduce_retracing=True)
+        if all(isinstance(t, tf.Tensor) for t in tf.nest.flatten(args)):  # (not one replica's part of a batch)
+            self._calls[key].get_concrete_function(*tf.nest.map_structure(
+                lambda t: tf.TensorSpec([None, *t.shape[1:]] if t.shape.rank else [], t.dtype), args))
 
     def _replica_eval_arrays(self, x: Any, y: Any, idx: Any) -> Any:
         return self._replica_eval(self.batch_fn(x, y, _replica_slice(idx)))
@@ -375,11 +389,11 @@ class Evaluator:
             self.evaluation.check(x)
             xs, _, n = self._resident(x, None, "predict()")
             batches = (self._gathered(xs, start, n) for start in range(0, n, self.batch_size))
-        if "predict" not in self._calls:
-            self._calls["predict"] = tf.function(lambda xb: float32_outputs(self.evaluation.predict(xb)),
-                                                 reduce_retracing=True)
-        call = self._calls["predict"]
-        outs = [tf.nest.map_structure(lambda t: t.numpy(), call(xb)) for xb in batches]
+        outs = []
+        for xb in batches:
+            if "predict" not in self._calls:
+                self._compile("predict", lambda b: float32_outputs(self.evaluation.predict(b)), (xb,))
+            outs.append(tf.nest.map_structure(lambda t: t.numpy(), self._calls["predict"](xb)))
         if not outs:
             raise InputError("predict() was given no samples. Fix: pass at least one row.")
         return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outs)

@@ -547,6 +547,27 @@ def test_several_inputs_in_the_wrong_order_or_number_are_our_error_in_fit_valida
     assert trainer(listed_inputs_model()).fit({"b": xb, "a": xa}, y, epochs=1).steps == 2  # by name: any order
 
 
+def test_a_dict_for_a_model_of_one_input_is_our_error_before_the_first_step_unless_it_names_the_input():
+    """It came as Keras's "structure of inputs doesn't match" from inside the compiled step, after the precision
+    check had logged the fix at INFO; a functional model's input named as the key takes the dict (as Keras does)."""
+    x, y = classification_data(16)
+    match = (r"takes one input, '\w+' of shape \('batch', 4\); x is a dict without that name \(its keys: \['a'\]\)"
+             r".*Fix: give x the array itself \(for a dataset: dataset.map\(lambda x, y: \(x\['a'\], y\)\)\)")
+    for data in (({"a": x}, y), (tf.data.Dataset.from_tensor_slices(({"a": x}, y)).batch(8),)):
+        t = trainer(mlp())
+        with pytest.raises(InputError, match=match):
+            t.fit(*data, epochs=1)
+        assert int(t.global_step.numpy()) == 0
+    with pytest.raises(InputError, match=match):  # validation data and predict alike
+        t.fit(x, y, epochs=1, validation_data=({"a": x}, y))
+    with pytest.raises(InputError, match=match):
+        t.predict({"a": x})
+    inp = tf.keras.Input((4,), name="a")
+    t = trainer(tf.keras.Model(inp, tf.keras.layers.Dense(3)(inp)))
+    assert t.fit({"a": x}, y, epochs=1, validation_data=({"a": x}, y)).steps == 2
+    assert t.predict({"a": x}).shape == (16, 3)
+
+
 @pytest.mark.parametrize(("w", "match"), [(np.ones((16, 2)), r"sample_weight has shape \(8, 2\). Expected one weight"),
                                           (-np.ones(16), "must be finite and not negative"),
                                           (np.full(16, np.nan), "must be finite and not negative")])

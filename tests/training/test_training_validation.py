@@ -156,6 +156,21 @@ def test_validation_every_steps_runs_at_the_end_of_the_call_that_reaches_it():
     assert all("val_loss" not in e for e in result.epochs)  # the epochs' own records: training values only
 
 
+def test_each_compiled_evaluation_traces_once_for_any_number_of_rows():
+    """Validation traced its call again for the partial last batch, and again for data of another length: every
+    trainer's evaluations share TensorFlow's count of traces, which warned of tf.function retracing."""
+    t, _ = trainer()
+    x, y = data(64)
+    xv, yv = data(37, seed=1)  # batches of 16, 16 and 5
+    t.fit(x, y, epochs=2, validation_data=(xv, yv), validation_every="3 steps")
+    t.evaluate(*data(50, seed=2))  # other arrays: 50 rows, a last batch of 2
+    for batch in (16, 10):  # a dataset's partial last batches
+        t.evaluate(tf.data.Dataset.from_tensor_slices((xv, yv)).batch(batch))
+    t.predict(xv)
+    traces = {k: f.experimental_get_tracing_count() for k, f in t.validation.evaluator._calls.items()}
+    assert traces == {"arrays": 1, "dataset": 1, "predict": 1}
+
+
 def test_tensorboard_gets_val_and_epoch_scalars(tmp_path):
     t, _ = trainer(metrics=["accuracy"], logdir=str(tmp_path / "tb"))
     x, y = data(64)
@@ -199,6 +214,9 @@ def test_learning_rate_schedule_resumes_exactly(tmp_path):
     ({"metrics": ["acuracy"]}, {}, "Unknown metric 'acuracy'"),
     ({"metrics": "accuracy"}, {}, "metrics must be a list"),
     ({}, {"validation_every": "3 weeks"}, "'2 epochs' or '500 steps'"),
+    ({}, {"validation_every": "3 steps"}, "validation_every='3 steps' says when to validate, and this fit has no "
+                                          "validation_data: nothing would be validated. Fix: pass validation_data"),
+    ({}, {"validation_every": 2}, "validation_every=2 says when to validate, and this fit has no validation_data"),
     ({}, {"validation_data": (np.zeros((4, 6), "float32"),)}, "validation_data must be (x_val, y_val)"),
     ({}, {"validation_data": (np.zeros((4, 6), "float32"), np.array([0, 1, 2, 7]))}, "class ids"),
 ])
@@ -307,6 +325,15 @@ def test_validation_data_that_never_ends_or_starts_badly_is_refused_before_any_s
     xv, yv = data(32, seed=1)
     with pytest.raises(InputError, match="repeats forever"):
         t.fit(*data(32), epochs=1, validation_data=tf.data.Dataset.from_tensor_slices((xv, yv)).batch(8).repeat())
+    # not batched: what training says of such a dataset, without dropping samples (every one is validated)
+    unbatched = tf.data.Dataset.from_tensor_slices((xv, yv))
+    said = r"The dataset is not batched: its element\[1\] is a scalar, one sample per element. Expected batches of 16."
+    with pytest.raises(InputError, match=said + r" Fix: batch it: dataset.batch\(16, drop_remainder=True\) \(the"):
+        t.fit(unbatched, epochs=1)
+    with pytest.raises(InputError, match=said + r" Fix: batch it: dataset.batch\(16\) \(the trainer takes a dataset"):
+        t.fit(*data(32), epochs=1, validation_data=unbatched)
+    with pytest.raises(InputError, match=said):
+        t.evaluate(unbatched)
     yv[3] = 7  # in the first batch
     with pytest.raises(InputError, match="class ids"):
         t.fit(*data(32), epochs=1, validation_data=tf.data.Dataset.from_tensor_slices((xv, yv)).batch(8))
