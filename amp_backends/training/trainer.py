@@ -372,9 +372,8 @@ def checked_arguments(updates: Sequence[Update], plan: Plan, replicas: int, *, c
     trainer that can be checked alone: problems raise `AmpConfigError` (a ``ValueError``), or ``TypeError`` for
     arguments of the wrong kind (`plan.require_plan`)."""
     require_plan(plan, "Trainer(updates, plan, ...)")
-    for name, value in positive.items():
-        if not _integer(value):
-            raise AmpConfigError(f"{name} must be an integer >= 1. Received: {name}={value!r}.")
+    if bad := next((name for name, value in positive.items() if not _integer(value)), None):
+        raise AmpConfigError(f"{bad} must be an integer >= 1. Received: {bad}={positive[bad]!r}.")
     for name, value, least in (("checkpoint_every", checkpoint_every, 1), ("seed", seed, 0)):
         if value is not None and not _integer(value, least):
             raise AmpConfigError(f"{name} must be an integer >= {least} or None. Received: {name}={value!r} (of type "
@@ -395,13 +394,14 @@ def checked_arguments(updates: Sequence[Update], plan: Plan, replicas: int, *, c
                                  "keras.Input(shape), or call model.build(shape)).")
         for _, opt in u.groups:
             if (mode := loss_scale_of(opt)[0]) != "none":
-                raise AmpConfigError(
-                    f"The optimizer of update {u.name!r} scales losses itself ({mode} loss scaling: a "
-                    "LossScaleOptimizer or loss_scale_factor). The Trainer scales losses as the plan says, so they "
-                    "would be scaled twice. Fix: give the Trainer the plain optimizer (plan.wrap_optimizer is for "
-                    "Keras fit).")
-    return (list(updates), str(check_directory(logdir, "logdir")) if logdir else logdir,
-            parse_profile_steps(profile_steps, "profile_steps"))
+                raise AmpConfigError(f"The optimizer of update {u.name!r} scales losses itself ({mode} loss scaling: "
+                                     "a LossScaleOptimizer or loss_scale_factor). The Trainer scales losses as the "
+                                     "plan says, so they would be scaled twice. Fix: give the Trainer the plain "
+                                     "optimizer (plan.wrap_optimizer is for Keras fit).")
+    if (window := parse_profile_steps(profile_steps, "profile_steps")) and not logdir:
+        raise AmpConfigError(f"profile_steps={profile_steps!r} records a profile into logdir, and logdir is None. "
+                             "Fix: pass logdir=<a folder, relative or absolute>, or leave profile_steps out.")
+    return list(updates), str(check_directory(logdir, "logdir")) if logdir else logdir, window
 
 
 def check_fit_arguments(*, epochs: Any, max_steps: Any, resume: bool, checkpoints: bool) -> None:

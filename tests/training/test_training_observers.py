@@ -52,6 +52,15 @@ def test_the_trainer_refuses_a_profile_window_the_command_line_refuses_with_the_
                     str(refused.value))
 
 
+def test_a_profile_window_without_a_logdir_is_refused():
+    """``profile_steps=(2, 4)`` without ``logdir`` was accepted and never traced (the trace goes into logdir)."""
+    m = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+    with pytest.raises(AmpConfigError, match=r"profile_steps=\(2, 4\) records a profile into logdir, and logdir is "
+                                             r"None\. Fix: pass logdir="):
+        Trainer(classifier_updates(m, tf.keras.optimizers.SGD()), applied_plan(), batch_size=8, progress=False,
+                profile_steps=(2, 4))
+
+
 def test_keras_fit_callback_logs_the_tutorial_line_and_says_the_loss_is_the_epoch_mean(caplog):
     caplog.set_level("INFO", logger="amp_backends.train")
     m = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
