@@ -25,7 +25,7 @@ import os
 import re
 import shutil
 from dataclasses import dataclass
-from typing import Any, ContextManager, Mapping, Sequence
+from typing import Any, Callable, ContextManager, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -177,9 +177,10 @@ class CheckpointStore:
         raw = reader.get_tensor(SIGNATURE_KEY)
         return json.loads(raw.decode() if isinstance(raw, bytes) else str(raw))
 
-    def restore(self) -> Restored | None:
+    def restore(self, before: Callable[[dict[str, Any] | None], None] | None = None) -> Restored | None:
         """Restore the newest intact checkpoint; ``None`` if there is none at all. An unreadable checkpoint is
-        skipped with a warning; one of other models raises `CheckpointMismatchError` (older ones would not match)."""
+        skipped with a warning; one of other models raises `CheckpointMismatchError` (older ones would not match).
+        ``before``: called with its signature just before its variables are read (to quantize float8 layers)."""
         paths = self.paths()
         if not paths:
             return None
@@ -203,6 +204,8 @@ class CheckpointStore:
                 raise CheckpointMismatchError(f"The checkpoint {path} was written for other models or optimizers "
                                               f"than the ones being trained: {'; '.join(diff)}. {fix}")
             try:
+                if before is not None:
+                    before(stored)
                 checkpoint.restore(path).assert_existing_objects_matched()
             except (AssertionError, ValueError) as exc:
                 if stored is None:

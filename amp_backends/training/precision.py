@@ -16,7 +16,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from ..errors import AmpWarning
-from ..layer_plan import LayerPlan, built_float32
+from ..layer_plan import FLOAT8, LayerPlan, LayerDecision, apply, built_float32
 from ..plan import Plan
 from .checkpoints import CheckpointStore
 from .inputs import Source
@@ -167,7 +167,7 @@ def prepare_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatc
     (``None``: where the model has layers the plan keeps in float32; ``True``: any model under a mixed plan;
     ``False``: never). Each layer plan is said once. Returns the layer plans by model name (for the
     checkpoints, the check and the audit)."""
-    from ..layer_plan import LayerPlan, decide
+    from ..layer_plan import LayerPlan, decide, with_float8
     from ..autotune.layer_choice import FLOAT32, Measurement
     from ..prepare import prepare_model
 
@@ -175,17 +175,17 @@ def prepare_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatc
     x: Any = None
     for model in models:
         name = str(getattr(model, "name", model))
-        kept = (stored or {}).get(name)
-        if kept is None and stored and len(stored) == 1 and len(models) == 1:
-            kept = next(iter(stored.values()))  # the one model, named anew (Keras's automatic names count up)
+        kept = stored_layer_plan(stored, model, len(models))
         try:
             if kept is not None:
-                # the checkpoint's choice, whatever the flags; the layers follow from the model's structure
+                # the checkpoint's choice and float8 layers, whatever the flags; its float32 layers follow from the
+                # model's structure
                 measured = LayerPlan.from_dict(kept).measurement if isinstance(kept, Mapping) else Measurement(
                     FLOAT32 if kept else "plan", plan.policy)  # (an earlier release kept the choice alone)
                 if measured is not None:
                     measured = replace(measured, origin="checkpoint")
-                prep = prepare_model(model, plan, layer_plan=decide(model, plan, measurement=measured, use_cache=False))
+                decided = decide(model, plan, measurement=measured, use_cache=False)
+                prep = prepare_model(model, plan, layer_plan=with_float8(decided, stored_float8(model, kept), ""))
                 origin = "the checkpoint's layer plan"
             else:
                 if x is None and measure is not False:
@@ -213,6 +213,25 @@ def prepare_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatc
             elif prep.choice_note:
                 logger.info(f"{name}: {prep.choice_note}")
     return plans
+
+
+def stored_layer_plan(stored: Mapping[str, Any] | None, model: Any, count: int) -> Any:
+    """The layer plan a checkpoint's ``stored`` layer plans (by model name) hold for ``model``, one of ``count``
+    models trained, or ``None``."""
+    kept = (stored or {}).get(str(getattr(model, "name", model)))
+    if kept is None and stored and len(stored) == 1 and count == 1:
+        kept = next(iter(stored.values()))  # the one model, named anew (Keras's automatic names count up)
+    return kept
+
+
+def stored_float8(model: Any, kept: Any) -> tuple[tuple[str, bool, str], ...]:
+    """The float8 layers of a checkpoint's layer plan ``kept`` (`LayerPlan.to_dict`'s), as `with_float8` takes them:
+    ``(path, True, why)``, each path in ``model`` (a model named anew: its new name)."""
+    if not isinstance(kept, Mapping):  # (an earlier release kept the float32 choice alone)
+        return ()
+    then, name = LayerPlan.from_dict(kept), str(getattr(model, "name", model))
+    return tuple((name + d.path[len(then.model):] if d.path.startswith(then.model + "/") else d.path, True, d.reason)
+                 for d in then.decisions if d.dtype == FLOAT8)
 
 
 def _warn(line: str, message: str | None = None) -> None:
@@ -252,6 +271,21 @@ class TrainedModels:
         self.stored = stored
         if stored:
             self.to_prepare = list(self.models)
+
+    def quantize(self, stored: Mapping[str, Any] | None) -> None:
+        """Quantize the layers the layer plans of a checkpoint's signature (``stored``) train in float8, before the
+        checkpoint is restored: their float8 scales and amax histories are restored with it (the rest of each
+        layer plan is applied by `prepare`)."""
+        plans = (stored or {}).get("layer_plans")
+        for model in self.models if isinstance(plans, Mapping) else ():
+            name, float8 = str(getattr(model, "name", model)), stored_float8(model, stored_layer_plan(
+                plans, model, len(self.models)))
+            try:
+                apply(model, LayerPlan(name, self.plan.policy, tuple(LayerDecision(p, FLOAT8, why, "fp8")
+                                                                     for p, _, why in float8)))
+            except Exception as exc:  # (a Keras without float8 layers; a model without those layers)
+                logger.warning(f"{name}: the checkpoint's float8 layers could not be quantized ({type(exc).__name__}: "
+                               f"{str(exc)[:200]}); they train in the plan's policy.")
 
     def prepare(self, source: Source | FirstBatch) -> bool:
         """Apply the layer plan of each model not yet prepared (decided on ``source``'s first batch); whether any

@@ -280,7 +280,7 @@ class Checkpointing:
         the chief), loss scaling followed, and what the run decided and learnt taken up (``models``' layer plans;
         the validation's history, best value and waiting)."""
         given = learning_rates(self.updates)
-        restored = self.store.restore() if self.store else None
+        restored = self.store.restore(models.quantize) if self.store else None  # float8 layers first
         if restored is None:
             return None
         check_seed(restored.stored, self.seed, restored.path)

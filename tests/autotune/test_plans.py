@@ -83,3 +83,37 @@ def test_a_cache_that_cannot_be_written_is_said_and_not_claimed(tmp_path, monkey
     assert "Could not write the cache" in caplog.text
     monkeypatch.setenv("AMP_AUTOTUNE_CACHE", str(tmp_path / "tune.json"))
     assert autotune.store("key", {"policy": "float32"}) is True
+
+
+def test_a_damaged_cache_or_a_model_that_never_builds_neither_stops_tune_nor_info(tmp_path, monkeypatch, caplog):
+    """A hand-edited entry for this device (no rate) raised KeyError in tune and made `amp-backends info` exit 1
+    with a traceback; an unreadable cache was replaced without a word; a build that raised under the rules' plan
+    came out of tune, where a candidate that fails is documented to lose."""
+    from amp_backends.commands.capability_report import collect, render_text
+    from amp_backends.terminal import as_text
+    from amp_backends.configure import reset
+
+    cache = tmp_path / "tune.json"
+    monkeypatch.setenv("AMP_AUTOTUNE_CACHE", str(cache))
+    signature = collect(use_tensorflow=True, environ={}).data["autotune"]["device"]
+    cache.write_text(json.dumps({f"{signature}#model": {"policy": "float32", "xla": False}}))
+    report = collect(use_tensorflow=True, environ={})
+    assert report.data["autotune"]["choices"] == {} and not autotune.valid_entry({"policy": "fp16", "xla": 1})
+    assert "Plan" in as_text(lambda console: render_text(report, console), 100)  # (it raised KeyError)
+    cache.write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="amp_backends"):
+        assert autotune.load_cache() == {}
+    assert f"The cache {cache} cannot be read as its JSON object" in caplog.text
+
+    def never_builds():
+        raise RuntimeError("this model needs a GPU")
+
+    (x, y), _ = synthetic_mnist(32, 8)
+    caplog.clear()
+    try:
+        with caplog.at_level(logging.INFO, logger="amp_backends"):
+            plan = autotune.tune(never_builds, x, y, batch_size=16, steps=2, batch_fn=mnist_batch_fn)
+    finally:
+        reset()
+    assert plan is not None and "every candidate failed; keeping the rule-based plan" in caplog.text
+    assert "did not build under the rules' plan (RuntimeError: this model needs a GPU)" in caplog.text
