@@ -8,7 +8,8 @@ The current directory is importable, as with ``python -m``: ``amp-backends check
 ``./mymodels.py``.
 
 It exits 0 when the check found no error (warnings and notes are speed advice), 1 when it found one (wrong or
-unstable numbers: a finding of severity ``error``), so a script or CI job can gate on it, and 2 on bad input.
+unstable numbers: a finding of severity ``error``), so a script or CI job can gate on it, and 2 on bad input (a
+factory that raises or returns no model included).
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def check_command(
         traceback.print_exc()
         fail(PROG, f"{module_name}.{factory_name}() raised {type(exc).__name__}: {exc} (traceback above). "
                    "Expected it to build and return a Keras model with no arguments. "
-                   "Fix: the error in the factory, or wrap it in a function that passes its arguments", code=1)
+                   "Fix: the error in the factory, or wrap it in a function that passes its arguments")
     from ..model_check import check_model
     from ..keras_compat import is_keras_model
     from ..model_check.shapes import shapes_with_sequence_length

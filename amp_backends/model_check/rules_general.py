@@ -68,6 +68,21 @@ class Rules(RuleContext):
                  "give the shapes: check_model(model, inputs=<one batch, its shapes or dataset.element_spec>), or "
                  "amp-backends check --seq-len N / --input-shape", None, unknown_ops=unknown, ops=n)
 
+    def _head_fix(self, layer: int, act: str) -> str:
+        """The fix of a final softmax/sigmoid in low precision: `prepare_model`'s where its layer plan computes that
+        layer in float32, else by hand (a softmax inside a call, a Lambda, a reshape after the head)."""
+        plan = self.layer_plan
+        path = self.graph.layer(layer).path
+        if plan is None or any(d.path == path and d.source == "head" for d in plan.decisions):
+            return ("call amp_backends.prepare_model(model, plan) after building the model and before compile(): it "
+                    "computes the output layer in float32 (the Trainer does it itself); or give this layer "
+                    f"dtype='float32' (or activation=None and a keras.layers.Activation('{act}', dtype='float32') "
+                    "after it)")
+        return (f"compute the {act} in float32 yourself, as prepare_model leaves it (a {act} inside a call, a Lambda, "
+                "layers after it, or a dtype given to the layer): keras.layers.Activation("
+                f"'{act}', dtype='float32') as the model's last layer on the logits, or "
+                f"tf.nn.{act}(tf.cast(logits, 'float32')) in the call")
+
     # -- final-activation, output-dtype: a final softmax/sigmoid or an output in reduced precision --
     def outputs(self) -> None:
         n = len(self.graph.outputs)
@@ -83,10 +98,7 @@ class Rules(RuleContext):
                          + (" and nothing below 6e-8" if out.producer_dtype == "float16" else "")
                          + ": probabilities near 0 and 1 round off, and the loss's log(p) reads the rounded values "
                          "(Keras's mixed precision guide computes the final activation in float32)",
-                         "call amp_backends.prepare_model(model, plan) after building the model and before compile(): "
-                         "it computes the output layer in float32 (the Trainer does it itself); or give this layer "
-                         f"dtype='float32' (or activation=None and a keras.layers.Activation('{act}', dtype='float32') "
-                         "after it)",
+                         self._head_fix(out.layer, act),
                          output=out.index, dtype=out.producer_dtype)
             elif out.dtype in ("float16", "bfloat16"):
                 self.add("warning", "output-dtype", out.layer, f"{label} is {out.dtype}, not float32",
