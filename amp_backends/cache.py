@@ -34,13 +34,24 @@ def digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
+_DAMAGED: set[str] = set()  # cache files said to be damaged, once each
+
+
 def load(path: Path) -> dict[str, Any]:
-    """The cache file's entries; ``{}`` when it is missing or damaged."""
+    """The cache file's entries; ``{}`` when it is missing or damaged (said once: the next answer kept replaces it)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except FileNotFoundError:
         return {}
-    return data if isinstance(data, dict) else {}
+    except (OSError, ValueError) as exc:
+        data = exc
+    if not isinstance(data, dict):
+        if str(path) not in _DAMAGED:
+            _DAMAGED.add(str(path))
+            logger.warning(f"The cache {path} cannot be read as its JSON object ({str(data)[:120]}): it is ignored, "
+                           "and the next answer kept replaces it.")
+        return {}
+    return data
 
 
 def store(path: Path, key: str, value: Any) -> bool:

@@ -97,3 +97,42 @@ def test_forced_fp8_trains_the_digits_finite_and_close_to_bfloat16():
     hidden2 = fp8_model.get_layer("hidden2")
     assert float(tf.reduce_max(hidden2.inputs_amax_history)) > 0
     assert float(tf.reduce_max(hidden2.outputs_grad_amax_history)) > 0
+
+
+def _fp8_trainer(directory, plan):
+    """A fresh 64-64-64-10 classifier and its Trainer: the middle Dense layers are float8 under forced fp8."""
+    from amp_backends.training import Trainer, classifier_updates
+
+    K.utils.set_random_seed(0)
+    model = K.Sequential([K.Input((64,)), *(L.Dense(64, activation="relu", name=f"d{i}") for i in range(3)),
+                          L.Dense(10, activation="softmax", name="out")], name="f8net")
+    opt = K.optimizers.Adam(1e-3)
+    return model, Trainer(classifier_updates(model, opt), plan, batch_size=16, checkpoint_dir=str(directory),
+                          checkpoint_objects={"model": model, "opt": opt}, progress=False, seed=0)
+
+
+@keras3_only
+def test_a_resumed_fp8_run_quantizes_its_layers_before_restoring_and_trains_as_the_uninterrupted_run(
+        tmp_path, caplog, capfd):
+    """The checkpoint's float8 layers are quantized again before it is restored: their scales and amax histories
+    come back with the weights, and the resumed run's losses are the uninterrupted run's."""
+    import logging
+
+    plan = amp_backends.auto_configure(fp8="on", force=True)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 64)).astype(np.float32), rng.integers(0, 10, 64)
+    _, whole = _fp8_trainer(tmp_path / "whole", plan)
+    uninterrupted = whole.fit(x, y, epochs=2)
+    _, first = _fp8_trainer(tmp_path / "run", plan)
+    first.fit(x, y, epochs=1)
+    assert first.layer_plans["f8net"].float8 == ("f8net/d1", "f8net/d2")
+    model, again = _fp8_trainer(tmp_path / "run", plan)  # a fresh model, as a new process builds it
+    with caplog.at_level(logging.INFO, logger="amp_backends.train"):
+        resumed = again.fit(x, y, epochs=2, resume=True)
+    assert again.layer_plans["f8net"].float8 == ("f8net/d1", "f8net/d2")
+    assert [model.get_layer(n).dtype_policy.name.startswith("float8") for n in ("d0", "d1", "d2", "out")] == [
+        False, True, True, False]
+    assert "2 float8 (fp8)" in caplog.text and "could not be found" not in capfd.readouterr().err
+    assert resumed.steps == uninterrupted.steps == 8
+    np.testing.assert_allclose(resumed.epochs[-1]["loss"], uninterrupted.epochs[-1]["loss"], rtol=1e-6)
+    assert resumed.last_losses == pytest.approx(uninterrupted.last_losses, rel=1e-6)

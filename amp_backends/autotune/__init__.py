@@ -16,18 +16,18 @@ _LAZY = {
     "Measurement": ".layer_choice", "measure": ".layers", "not_measurable": ".layers",
     "Trial": ".plans", "cache_path": ".plans", "cached_for_device": ".plans", "candidates": ".plans",
     "device_signature": ".plans", "load_cache": ".plans", "model_signature": ".plans", "store": ".plans",
-    "tune": ".plans",
+    "tune": ".plans", "valid_entry": ".plans",
 }
 
 __all__ = ["MARGIN", "Measurement", "ROUNDS", "Sample", "Timings", "Trial", "cache_path", "cached_for_device",
            "candidates", "device_signature", "interleaved", "load_cache", "measure", "model_signature",
-           "not_measurable", "store", "tune"]
+           "not_measurable", "store", "tune", "valid_entry"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from .layer_choice import Measurement
     from .layers import measure, not_measurable
     from .plans import (Trial, cache_path, cached_for_device, candidates, device_signature, load_cache,
-                        model_signature, store, tune)
+                        model_signature, store, tune, valid_entry)
     from .timing import MARGIN, ROUNDS, Sample, Timings, interleaved
 
 

@@ -72,8 +72,31 @@ def store(key: str, entry: Mapping[str, Any]) -> bool:
     return cache.store(cache_path(), key, dict(entry))  # atomic: a crash never leaves half a cache
 
 
+def valid_entry(entry: Any) -> bool:
+    """Whether ``entry`` is as `tune` writes it: a policy, ``xla`` a bool, the rate and the date (a hand-edited or
+    damaged one is not, and is timed again).
+
+    Args:
+        entry: A value of the cache.
+
+    Returns:
+        True for an entry `tune` can apply.
+    """
+    return (isinstance(entry, Mapping) and entry.get("policy") in ("float32", "mixed_float16", "mixed_bfloat16")
+            and isinstance(entry.get("xla"), bool) and isinstance(entry.get("img_per_s"), (int, float))
+            and isinstance(entry.get("date"), str))
+
+
 def cached_for_device(signature: str) -> dict[str, Any]:
-    return {k: v for k, v in load_cache().items() if k.startswith(signature + "#")}
+    """The cache's valid choices (`valid_entry`) for one device.
+
+    Args:
+        signature: The device's `device_signature`.
+
+    Returns:
+        The entries by key.
+    """
+    return {k: v for k, v in load_cache().items() if k.startswith(signature + "#") and valid_entry(v)}
 
 
 @dataclass
@@ -145,9 +168,18 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
     registry = registry or default_registry()
     hardware = probe_hardware(registry, use_tensorflow=True)
     base = auto_configure(verbose=False, registry=registry, **fixed)
-    models, _, _ = build()
-    key = f"{device_signature(base, hardware)}#{model_signature(models, batch_size)}"
-    cached = load_cache().get(key)
+    try:
+        models, _, _ = build()
+        key: str | None = f"{device_signature(base, hardware)}#{model_signature(models, batch_size)}"
+    except Exception as exc:  # the rules' candidate fails to build: it loses below, and no choice is cached
+        key = None
+        logger.info(f"autotune: the model did not build under the rules' plan ({type(exc).__name__}: "
+                    f"{str(exc)[:200]}); the candidates are timed and the choice is not cached")
+    cached = load_cache().get(key) if key else None
+    if cached is not None and not valid_entry(cached):
+        logger.warning(f"autotune: the cached choice for this device and model in {cache_path()} is not one tune "
+                       f"wrote ({str(cached)[:80]}): the candidates are timed again and it is replaced")
+        cached = None
     if cached and not refresh:
         reset()
         plan = auto_configure(policy=cached["policy"], xla=cached["xla"], verbose=False, registry=registry, **fixed)
@@ -200,12 +232,13 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
         chosen = labels[winner] if winner else max(labels.values(), key=lambda c: timings.median(
             f"policy={c['policy']} xla={c['xla']}"))
         best = next(t for t in ok if t.policy == chosen["policy"] and t.xla == chosen["xla"])
-    kept = store(key, {"policy": best.policy, "xla": best.xla, "img_per_s": best.img_per_s,
-                "date": time.strftime("%Y-%m-%d"), "trials": [t.__dict__ for t in trials],
-                "within_noise": winner is None, "timings": timings.to_dict()})
+    kept = key is not None and store(key, {"policy": best.policy, "xla": best.xla, "img_per_s": best.img_per_s,
+                                           "date": time.strftime("%Y-%m-%d"), "trials": [t.__dict__ for t in trials],
+                                           "within_noise": winner is None, "timings": timings.to_dict()})
     plan = auto_configure(policy=best.policy, xla=best.xla, verbose=False, registry=registry, **fixed)
     rule = next((t for t in ok if t.policy == base.policy and t.xla == base.xla), None)
     logger.info(f"autotune: chose policy={best.policy} xla={best.xla} at {best.img_per_s:.4g} img/s"
                 + (f" (the rules' plan: {rule.img_per_s:.4g} img/s)" if rule else "")
-                + (f"; cached in {cache_path()}" if kept else "; not cached (see the warning above)"))
+                + (f"; cached in {cache_path()}" if kept else "; not cached"
+                   + (" (see the warning above)" if key else "")))
     return plan

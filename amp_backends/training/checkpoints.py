@@ -302,8 +302,7 @@ class CheckpointStore:
         if latest:
             with contextlib.suppress(tf.errors.OpError, OSError):
                 return sum(tf.io.gfile.stat(f).length for f in tf.io.gfile.glob(latest + ".*"))
-        view = getattr(tf.train, "TrackableView", None)
-        if view is None:
+        if (view := getattr(tf.train, "TrackableView", None)) is None:
             return None
         total = 0
         for obj in view(self.checkpoint).descendants():
@@ -321,8 +320,7 @@ class CheckpointStore:
 
     def _cannot_write(self, step: int, exc: BaseException) -> str:
         """Why the save of ``step`` failed, what is kept and the fix, in words (the folder, free space, size needed)."""
-        folder = self.manager.directory
-        reason = _reason(exc)
+        folder, reason = self.manager.directory, _reason(exc)
         free, need = free_bytes(folder), self.checkpoint_bytes()
         room = ", ".join(([f"{_size(free)} free there"] if free is not None else [])
                          + ([f"a checkpoint of this run needs about {_size(need)}"] if need is not None else []))
@@ -371,8 +369,7 @@ def _names(folder: str) -> list[str]:
 
 def _remove(path: str) -> int:
     """Delete a file or folder; returns the bytes freed."""
-    files = [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs] if os.path.isdir(path) else [path]
-    size = 0
+    files, size = [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs] if os.path.isdir(path) else [path], 0
     for f in files:
         with contextlib.suppress(OSError):
             size += os.path.getsize(f)
