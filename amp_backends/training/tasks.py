@@ -123,14 +123,21 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
                              f"takes one-hot rows (shape (N, {classes})). Fix: loss='sparse_categorical_crossentropy' "
                              f"for class ids, or one-hot labels: keras.utils.to_categorical(y, {classes}).")
         if sparse and not isinstance(sample[1], (dict, tuple, list)):  # (several outputs: the loss's own checks)
-            owner = f" (the model has {classes} outputs)" if classes else ""
+            owner = (f" (the model has {classes} outputs" + ("; for two classes on one sigmoid unit, pass "
+                     "loss='binary_crossentropy'" if classes == 1 else "") + ")") if classes else ""
             class_ids(_per_position(model, sample[1]), classes, "The labels y", owner=owner, error=InputError)
+        if binary and not isinstance(sample[1], (dict, tuple, list)):
+            if not np.isfinite(y := np.asarray(sample[1], np.float64)).all() or (y < 0).any() or (y > 1).any():
+                raise InputError(f"Binary cross-entropy takes labels from 0 to 1 (the probability of the class). "
+                                 f"Received labels from {np.nanmin(y)} to {np.nanmax(y)}. Fix: map them to 0 and 1, "
+                                 "or for several classes loss='sparse_categorical_crossentropy' and one output unit "
+                                 "per class.")
 
-    classes = _num_classes(model)
+    classes, binary = _num_classes(model), _binary(loss) and not sparse
     span = f"0..{classes - 1}" if classes else "0 and up"
     ids = (f"labels that are not class ids in {span} (NaN, a fraction, a negative id or one past the model's "
-           f"{classes or '?'} outputs), or " if sparse else "")
-    expected = f"class ids in {span} and " if sparse else ""
+           f"{classes or '?'} outputs), or " if sparse else "labels outside 0..1 or not finite, or " if binary else "")
+    expected = f"class ids in {span} and " if sparse else "labels from 0 to 1 and " if binary else ""
     message = (f"holds {ids}sample weights that are negative or not finite. Expected {expected}"
                "finite weights of 0 or more in every batch (the check before training sees the first batch of a "
                "dataset). Fix: clean the pipeline (dataset.map, or dataset.filter to drop such rows)"
@@ -138,7 +145,7 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
     evaluation = Evaluation(predict=lambda x: model(x, training=False), loss=losses, binary=_binary(loss),
                             outputs=max(1, len(outputs)), check=check)
     return [Update("model", loss_fn, [(model.trainable_variables, optimizer)], validate=validate,
-                   state=model.non_trainable_variables, check=_batch_check(classes if sparse else None, sparse),
+                   state=model.non_trainable_variables, check=_batch_check(classes, sparse, binary),
                    check_message=message, evaluation=evaluation)]
 
 
@@ -166,16 +173,19 @@ def _same_rank(y: Any, pred: Any) -> Any:
     return y
 
 
-def _batch_check(classes: int | None, sparse: bool) -> Any:
+def _batch_check(classes: int | None, sparse: bool, binary: bool = False) -> Any:
     """The compiled check of every batch (see `Update`'s ``check``): class ids whole, finite and in range (where
-    ``sparse``), sample weights finite and not negative (where the batch has them)."""
+    ``sparse``), binary labels finite and from 0 to 1 (``binary``), sample weights finite and not negative (where
+    the batch has them)."""
 
-    def valid(t: Any, ids: bool) -> Any:
+    def valid(t: Any, kind: str) -> Any:
         good = t >= tf.zeros([], t.dtype)
-        if ids and classes:
+        if kind == "ids" and classes:
             good = tf.logical_and(good, t < tf.cast(classes, t.dtype))
+        if kind == "binary":
+            good = tf.logical_and(good, t <= tf.ones([], t.dtype))
         if t.dtype.is_floating:
-            whole = tf.equal(t, tf.round(t)) if ids else tf.ones_like(good)
+            whole = tf.equal(t, tf.round(t)) if kind == "ids" else tf.ones_like(good)
             good = tf.logical_and(good, tf.logical_and(tf.math.is_finite(t), whole))
         return good
 
@@ -184,12 +194,13 @@ def _batch_check(classes: int | None, sparse: bool) -> Any:
                 or isinstance(batch[1], (dict, tuple, list)):
             return tf.constant(True), batch  # (unlabelled or several outputs: the loss_fn says what it needs)
         parts, ok = list(batch), tf.constant(True)
-        for i, ids in ((1, True), (2, False)):  # the labels (class ids where sparse), the sample weights
-            if i >= len(parts) or parts[i] is None or (ids and not sparse):
+        labels = "ids" if sparse else "binary" if binary else ""
+        for i, kind in ((1, labels), (2, "weights")):  # the labels (class ids, binary), the sample weights
+            if i >= len(parts) or parts[i] is None or not kind:
                 continue
             t = tf.convert_to_tensor(parts[i])
             if t.dtype.is_floating or t.dtype.is_integer:
-                good = valid(t, ids)
+                good = valid(t, kind)
                 ok = tf.logical_and(ok, tf.reduce_all(good))
                 parts[i] = tf.where(good, t, tf.zeros_like(t))  # what a step that is then skipped computes on
         return ok, tuple(parts)

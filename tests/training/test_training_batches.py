@@ -15,10 +15,10 @@ from amp_backends.training import Trainer, classifier_updates  # noqa: E402
 KERAS3 = int(str(getattr(tf.keras, "__version__", None) or "2").split(".")[0]) >= 3
 
 
-def classifier(model, batch_size=16, **kw):
+def classifier(model, batch_size=16, loss=None, **kw):
     opt = tf.keras.optimizers.SGD(0.05)
-    return Trainer(classifier_updates(model, opt), kw.pop("plan", None) or applied_plan(), batch_size=batch_size,
-                   progress=False, check_models=False, **kw)
+    return Trainer(classifier_updates(model, opt, loss), kw.pop("plan", None) or applied_plan(),
+                   batch_size=batch_size, progress=False, check_models=False, **kw)
 
 
 # --------------------------------------------------------------------------- variable-length batches
@@ -136,3 +136,23 @@ def test_features_of_the_wrong_shape_in_a_dataset_are_refused_with_the_fix():
     with pytest.raises(InputError, match=r"takes inputs of shape \('batch', 4\); x has rows of shape \(5,\)"):
         t.fit(ds)
     assert int(t.global_step.numpy()) == 0
+
+
+def test_binary_labels_outside_0_1_are_refused_before_training_and_in_any_batch():
+    """A sigmoid model under loss="binary_crossentropy" trained on labels 0 and 3 without a word (Keras fit gave
+    negative losses); with the default loss, the fix for a one-unit model never named binary cross-entropy."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1, activation="sigmoid")])
+    t = classifier(model, loss="binary_crossentropy")
+    with pytest.raises(InputError, match=r"Binary cross-entropy takes labels from 0 to 1.*Received labels from 0\.0 "
+                                         r"to 3\.0\. Fix: map them to 0 and 1"):
+        t.fit(x, (np.arange(64) % 2) * 3.0)
+    y = (np.arange(64) % 2).astype("float32")
+    y[50] = 2.0  # batch 3 of 16 rows: the check before training sees batch 0
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True)
+    with pytest.raises(InputError, match=r"The batch of step 3 .*labels outside 0\.\.1"):
+        t.fit(ds)
+    assert t.fit(x, (np.arange(64) % 2).astype("float32")).steps > 0  # 0 and 1 train
+    with pytest.raises(ValueError, match="pass loss='binary_crossentropy'"):
+        classifier(model).fit(x, np.arange(64) % 2)
