@@ -61,6 +61,8 @@ def run_example(name: str, train: Callable[[Any], Any], parsed: dict[str, Any]) 
 
         for variable, value in default_registry().audit_environment().items():  # oneDNN's ONEDNN_VERBOSE=1
             os.environ.setdefault(variable, value)
+    if parsed.get("deterministic"):  # one op at a time, read when TensorFlow starts: concurrent ops reorder sums
+        os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
     try:
         opts = RunOptions.from_parsed(parsed)
         preflight(opts)  # what is refused without TensorFlow is refused before it starts

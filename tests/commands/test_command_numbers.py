@@ -3,6 +3,8 @@ received, what is expected, a fix) and exit status 2, before any work; a good on
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from typer.testing import CliRunner
 
@@ -56,3 +58,19 @@ def test_a_good_number_reaches_the_command(monkeypatch):
     assert result.exit_code == 0, result.output
     assert (seen["batch_size"], seen["lr"], seen["max_steps"], seen["seed"], seen["epochs"]) == (32, 1e-3, 7, 0, 1)
     assert isinstance(seen["batch_size"], int) and isinstance(seen["lr"], float)
+
+
+def test_deterministic_runs_one_op_at_a_time_from_tensorflows_start(monkeypatch):
+    """``gan --synthetic --deterministic`` differed run to run on a CPU after a dozen steps: TensorFlow ran a step's
+    independent ops concurrently, which reorders its sums. The flag now sets one op at a time before TensorFlow
+    starts (read only then)."""
+    import amp_backends.tf_import as tf_import
+    from amp_backends.commands import train_command
+
+    monkeypatch.setenv("TF_NUM_INTEROP_THREADS", "unset")
+    monkeypatch.delenv("TF_NUM_INTEROP_THREADS")  # (given back as it was after the test)
+    monkeypatch.setattr(tf_import, "import_tensorflow", lambda *args, **kwargs: None)
+    seen = []
+    train_command.run_example("gan", lambda opts: seen.append(os.environ.get("TF_NUM_INTEROP_THREADS")),
+                              {"deterministic": True})
+    assert seen == ["1"]
