@@ -11,6 +11,7 @@ negative values, labels outside 0..9, NaN — is refused with the reason before 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import logging
 import os
@@ -41,6 +42,13 @@ def read_mnist_npz(path: str | os.PathLike) -> tuple[tuple[np.ndarray, np.ndarra
     p = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
     if not p.is_file():
         raise _not_a_file(path, p)
+    with contextlib.suppress(OSError), open(p, "rb") as opened:  # (unreadable: said below)
+        if (head := opened.read(6)) and not head.startswith(b"PK"):  # an .npz is a zip archive (empty: cut off)
+            what = "one NumPy array (an .npy file)" if head == b"\x93NUMPY" else "no zip archive"
+            raise DataUnavailableError(
+                f"--data must be an .npz archive of arrays {', '.join(MNIST_KEYS)} (Keras's mnist.npz). Received: "
+                f"{str(p)!r}, which is {what}. Fix: np.savez(path, x_train=..., y_train=..., x_test=..., "
+                "y_test=...), or use --synthetic or --digits.")
     try:
         with np.load(p, allow_pickle=False) as f:
             missing = [k for k in MNIST_KEYS if k not in f.files]

@@ -74,6 +74,17 @@ def test_a_damaged_file_in_keras_cache_says_to_delete_it(tmp_path, monkeypatch):
         load_mnist()
 
 
+def test_a_file_that_is_no_npz_archive_is_called_so_not_damaged_or_pickled(tmp_path):
+    """A text file named .npz was said to hold pickled arrays; an .npy array to be a download stopped part-way."""
+    text, array = tmp_path / "notes.npz", tmp_path / "images.npy"
+    text.write_text("x_train,y_train\n1,2\n")
+    np.save(array, np.zeros((4, 28, 28), "uint8"))
+    for path, what in ((text, "no zip archive"), (array, r"one NumPy array \(an \.npy file\)")):
+        with pytest.raises(DataUnavailableError, match=rf"--data must be an \.npz archive.*which is {what}\. Fix: "
+                                                       r"np\.savez\(path, x_train="):
+            load_mnist(path)
+
+
 def test_pickled_arrays_are_refused_with_the_reason(tmp_path):
     path = write_npz(tmp_path / "objects.npz", y_test=np.array([object()] * 8))
     with pytest.raises(DataUnavailableError, match="holds Python objects"):
