@@ -135,8 +135,8 @@ def propose_run_directory(logdir: str | os.PathLike, resume: bool) -> RunDirecto
     root = check_no_file_in_the_way(logdir, "--logdir")
     found = versions(root)
     if resume:
-        for path in [root, *(found[n] for n in sorted(found, reverse=True))]:
-            if tf.train.get_checkpoint_state(str(path / "checkpoints")) is not None:
+        for path in [root, *(found[n] for n in sorted(found, reverse=True))]:  # (or its files: another run saving)
+            if tf.train.get_checkpoint_state(str(c := path / "checkpoints")) is not None or any(c.glob("ckpt-*.index")):
                 return RunDirectory(path, True)
         raise CheckpointError(
             f"--resume: there is no run to resume under {str(root)!r} (no checkpoints in {str(root / 'checkpoints')!r} "
