@@ -104,9 +104,10 @@ def test_keras_fit_callback_names_the_last_short_execution_of_an_epoch_by_its_re
     assert cb.throughputs == [8.0, 8.0, 8.0]  # 8 samples a second in every call, the short one too
 
 
-def test_the_trainers_lines_show_in_a_program_that_configured_no_logging_after_a_quiet_auto_configure():
-    """``auto_configure(verbose=False)`` quiets the plan's summary; the trainer's lines (docs/training.md's "What
-    you see") used to vanish with it: no handler was installed for them."""
+@pytest.fixture(scope="module")
+def quiet_program():
+    """What a program that configured no logging prints after ``auto_configure(verbose=False)``: a trainer's fit,
+    then Keras fit with a `ThroughputLogger` (one process for both: logging's set-up is the process's)."""
     from conftest import NEUTRAL_CWD
 
     code = ("import numpy as np, tensorflow as tf, amp_backends\n"
@@ -114,11 +115,22 @@ def test_the_trainers_lines_show_in_a_program_that_configured_no_logging_after_a
             "m = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2, activation='softmax')])\n"
             "x = np.random.rand(32, 4).astype('float32'); y = (x[:, 0] > .5).astype('int64')\n"
             "amp_backends.Trainer(amp_backends.classifier_updates(m, tf.keras.optimizers.Adam()), plan, batch_size=16,"
-            " progress=False, check_models=False).fit(x, y, epochs=2)\n")
+            " progress=False, check_models=False).fit(x, y, epochs=2)\n"
+            "m = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])\n"
+            "m.compile('sgd', 'mse')\n"
+            "m.fit(np.ones((32, 4)), np.ones((32, 1)), batch_size=8, epochs=1, verbose=0,\n"
+            "      callbacks=[amp_backends.ThroughputLogger(8)])\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=NEUTRAL_CWD)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "Epoch 1 (global step 4)" in out.stderr and "Loss:" in out.stderr, out.stderr[-2000:]
-    assert "amp_backends plan:" not in out.stderr  # (the summary verbose=False quiets)
+    return out.stderr
+
+
+def test_the_trainers_lines_show_in_a_program_that_configured_no_logging_after_a_quiet_auto_configure(
+        quiet_program):
+    """``auto_configure(verbose=False)`` quiets the plan's summary; the trainer's lines (docs/training.md's "What
+    you see") used to vanish with it: no handler was installed for them."""
+    assert "Epoch 1 (global step 4)" in quiet_program and "Loss:" in quiet_program, quiet_program[-2000:]
+    assert "amp_backends plan:" not in quiet_program  # (the summary verbose=False quiets)
 
 
 def test_the_trainer_with_audit_trains_epochs_with_validation_and_saves_its_checkpoint(tmp_path, monkeypatch):
@@ -168,19 +180,10 @@ def test_keras_fit_callback_counts_the_samples_a_step_held_not_the_batch_size_it
     assert cb.throughputs == [16.0, 16.0, 8.0]
 
 
-def test_keras_fit_callback_lines_show_in_a_program_that_configured_no_logging_after_a_quiet_auto_configure():
+def test_keras_fit_callback_lines_show_in_a_program_that_configured_no_logging_after_a_quiet_auto_configure(
+        quiet_program):
     """A callback the program added says its lines whatever ``auto_configure``'s ``verbose``: they vanished with
     ``verbose=False``, which left the package's logger without a handler (the trainer's lines showed)."""
-    from conftest import NEUTRAL_CWD
-
-    code = ("import numpy as np, tensorflow as tf, amp_backends\n"
-            "amp_backends.auto_configure(verbose=False)\n"
-            "m = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])\n"
-            "m.compile('sgd', 'mse')\n"
-            "m.fit(np.ones((32, 4)), np.ones((32, 1)), batch_size=8, epochs=1, verbose=0,\n"
-            "      callbacks=[amp_backends.ThroughputLogger(8)])\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=NEUTRAL_CWD)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "(0, 3), Loss (epoch mean): " in out.stderr, out.stderr[-2000:]
-    assert "Summary: median throughput" in out.stderr
-    assert "amp_backends plan:" not in out.stderr
+    assert "(0, 3), Loss (epoch mean): " in quiet_program, quiet_program[-2000:]
+    assert "Summary: median throughput" in quiet_program
+    assert "amp_backends plan:" not in quiet_program
