@@ -42,8 +42,10 @@ def _fail(message: str) -> typer.Exit:
 def _stopped(stop: KeyboardInterrupt, results: Path) -> typer.Exit:
     """Ctrl-C (exit 130) or SIGTERM (143, `supervisor.terminate_as_exit`): a normal way to stop; what finished is
     kept."""
+    from .output import stop_reason
+
     kept = f"what finished before it is in {results}" if results.exists() else "nothing had finished"
-    typer.echo(f"{PROG}: {str(stop) or 'interrupted by Ctrl-C'}; {kept}", err=True)
+    typer.echo(f"{PROG}: {stop_reason(stop)}; {kept}", err=True)
     return typer.Exit(getattr(stop, "exit_code", 130))
 
 

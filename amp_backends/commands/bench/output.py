@@ -66,9 +66,14 @@ def _program() -> list[str]:
     return [started.name]
 
 
+def stop_reason(stop: BaseException) -> str:
+    """What stopped a run: SIGTERM's message (``stopped by SIGTERM``), else ``interrupted by Ctrl-C``."""
+    return str(stop) or "interrupted by Ctrl-C"
+
+
 def interrupted(stop: BaseException) -> str:
     """What a results file says of a run stopped by Ctrl-C or SIGTERM (its ``interrupted`` field)."""
-    return f"{str(stop) or 'interrupted by Ctrl-C'}: only what finished before it is here"
+    return f"{stop_reason(stop)}: only what finished before it is here"
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
