@@ -1,10 +1,7 @@
 """Model factories named ``MODULE:FACTORY``: the one parser and loader of ``check``, ``audit`` and its child.
 
-A factory is a function that builds a Keras model with no arguments; ``amp-backends check`` and ``audit``
-name it ``package.module:function`` (``amp_backends.models:mnist_cnn``; ``mymodels:build`` for
-``./mymodels.py``: the current directory is importable, as with ``python -m``). Every way such a name can
-be wrong raises one error, `FactoryError` (a ``ValueError``), saying the
-expected form, the value received and the fix.
+A factory builds a Keras model with no arguments (``amp_backends.models:mnist_cnn``; ``mymodels:build`` for
+``./mymodels.py``). Every way such a name can be wrong raises `FactoryError` with the expected form and fix.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The layer class names ``float32_layers`` accepts, known without importing TensorFlow or Keras.
 
-A plan's float32 layer matches a layer by its class name or a base class's (`
-layer_geometry`), so a name that no layer class bears matches nothing: a typo (``Conv2d``) would keep no layer
-in float32, without a word. `unknown_layers` finds such names, and the nearest known ones, when the
-override is parsed (before any work).
-
-Known are `KERAS_LAYERS` — the classes of ``keras.layers`` in Keras 3 and Keras 2 (TensorFlow 2.15,
-tf-keras), with their Keras base classes (``BaseConv`` matches every convolution), ``tests/test_layer_names.py``
-checks it against the installed Keras — and the layer classes defined in this process so far (a layer class of
-your own: its module imported before the plan is made), read from the Keras modules already imported; nothing
-is imported here.
+A name no layer class bears (a typo: ``Conv2d``) would keep no layer in float32, without a word:
+`unknown_layers` finds such names and the nearest known ones when the override is parsed. Known are
+`KERAS_LAYERS` (``keras.layers`` of Keras 3 and Keras 2 with their base classes; ``tests/test_layer_names.py``
+checks it) and the layer classes of the Keras modules already imported (nothing is imported here).
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
-"""A model's layer plan: which layers compute in another dtype than the plan's policy, each with its reason.
+"""A model's layer plan: which layers compute in another dtype than the plan's policy, and why.
 
-A `Plan` is decided from the hardware, before the model exists. What it means for one model is a `LayerPlan`,
-a frozen value — layer path -> dtype policy (``float32``, ``float8``), with the reason and where the decision
-came from — decided by `decide` from the model's structure and the plan, and applied by `apply`, the only code
-in the package that sets a layer's dtype policy or quantizes one. `amp_backends.prepare_model`, the trainer,
-the examples, the model zoo, the audit's child process and the precision check all go through it, so the
-model that trains, the model that is audited and the model that is checked are one model.
-
-The decisions, in order:
-
-* **float32 layers** (``plan.float32_layers``): the layer kinds this hardware trains slower in the policy's
-  low precision than in float32 (depthwise convolutions with a stride or a large kernel, LSTMs, on CPUs with
-  AVX512-BF16 and no AMX); their sublayers (an LSTM's cell) follow them.
-* **classifier heads**: a model output produced by a softmax or sigmoid (a layer's ``activation`` or a
-  ``Softmax``/``Activation`` layer) in float16 or bfloat16 is computed in float32, as Keras's mixed precision
-  guide does it: the low-precision probabilities round near 0 and 1, where the loss reads them.
-* **every layer float32, measured** (`amp_backends.autotune.layers`): where the plan keeps layers in
-  float32 and the model has such layers, a model can still train faster all in float32; it is timed only
-  where asked, decided only when one side wins every interleaved round, and cached per model architecture,
-  input shapes, device and TensorFlow/Keras version: the same model on the same machine gets the same layer
-  plan every run, and a saved and reloaded model gets it back from `decide`.
-* **float8** (``plan.fp8``): the eligible Dense/EinsumDense layers (`amp_backends.fp8`).
-
-A layer the user gave another dtype keeps it. The trainer keeps each model's layer plan in its checkpoints,
-and a resumed run applies the checkpoint's (`LayerPlan.from_dict`).
+`decide` makes a `LayerPlan` (layer path -> ``float32``/``float8``, with reason and source) from the model's
+structure and the `Plan`; `apply` is the only code that sets a layer's dtype policy or quantizes it, so the model
+that trains, is audited and is checked is one model. Decisions, in order: the plan's float32 layer kinds (their
+sublayers follow them); a softmax/sigmoid classifier head in float32 (as Keras's mixed precision guide does);
+every layer float32 where measured faster on this model (`amp_backends.autotune.layers`, cached per model and
+machine); float8 for eligible Dense/EinsumDense layers (`amp_backends.fp8`). A layer the user gave another dtype
+keeps it; checkpoints keep the layer plan (`LayerPlan.from_dict`).
 """
 
 from __future__ import annotations
@@ -43,16 +26,14 @@ RULE = "float32_layers"  # the plan's float32 layer kinds
 HEAD = "head"  # a classifier's final softmax or sigmoid
 MEASURED = "measured"  # every layer float32: measured faster on this model
 FP8 = "fp8"  # the plan's float8
-SOURCES = (RULE, HEAD, MEASURED, FP8)
-
-HEAD_ACTIVATIONS = {"softmax": "softmax", "sigmoid": "sigmoid", "log_softmax": "log_softmax"}
-HEAD_LAYERS = {"Softmax": "softmax"}
+HEAD_ACTIVATIONS = ("softmax", "sigmoid", "log_softmax")
 
 
 @dataclass(frozen=True)
 class LayerDecision:
     """One layer's dtype policy where it differs from the plan's: its path (``model/block/dense``), the policy
-    (``float32`` or ``float8``), why, and which rule decided it (`SOURCES`)."""
+    (``float32`` or ``float8``), why, and which rule decided it (``float32_layers``, ``head``, ``measured``,
+    ``fp8``)."""
 
     path: str
     dtype: str
@@ -67,17 +48,11 @@ class LayerDecision:
 class LayerPlan:
     """One model's per-layer precision under a plan (see the module docstring).
 
-    ``policy`` is the plan's dtype policy, which every layer not in ``decisions`` follows (or keeps the dtype it
-    was given). ``considered`` lists the float8 candidates in graph order as ``(path, quantized, why)``, and
-    ``float8_note`` says why none is, where none is. ``measurement`` is the measured all-float32 choice
-    (`Measurement`) where one was made, cached or restored; ``notes`` say what was
-    not decided and why.
-
     Attributes:
         model: The model's name.
         policy: The plan's dtype policy, which every layer not in ``decisions`` follows.
         decisions: Each layer given another dtype than ``policy``, with why (`LayerDecision`).
-        measurement: The measured all-float32 choice, or ``None``.
+        measurement: The measured all-float32 choice (`Measurement`: made, cached or restored), or ``None``.
         notes: What was not decided, and why.
         considered: The float8 candidates in graph order, ``(path, quantized, why)``.
         float8_note: Why no layer is float8, where none is.
@@ -132,17 +107,6 @@ class LayerPlan:
     def all_float32(self) -> bool:
         """Whether a measurement set every layer to float32."""
         return bool(self.measurement is not None and self.measurement.float32)
-
-    def keeps_float32(self, path: str) -> bool:
-        """Whether a layer computes in float32 under this layer plan.
-
-        Args:
-            path: The layer's path in the model.
-
-        Returns:
-            True where it is kept in float32 (or the plan's policy is float32).
-        """
-        return self.dtype(path) == FLOAT32
 
     def to_dict(self) -> dict[str, Any]:
         """The layer plan as JSON-ready data (kept in checkpoints and shown by ``amp-backends check``).
@@ -201,14 +165,11 @@ class LayerPlan:
 def worth_measuring(model: Any, plan: Plan) -> bool:
     """Whether the plan keeps some layers in float32 and ``model`` has such layers (in either dtype)."""
     from .layer_names import kept_in_float32
-    from .keras_compat import walk
 
     rules = tuple(getattr(plan, "float32_layers", ()) or ())
     if not rules or getattr(plan, "compute_dtype", "float32") == "float32":
         return False
-    return any(layer is not model and kept_in_float32(rules, layer)
-               for _, layer in walk(model, getattr(model, "name", "model")))
-
+    return any(kept_in_float32(rules, layer) for _, layer in _walk(model))
 
 
 def _walk(model: Any) -> Iterator[tuple[str, Any]]:
@@ -228,11 +189,11 @@ def _follows(layer: Any, plan: Plan) -> bool:
     """Whether the layer computes as the plan's policy has it (or in float32 where the plan may have set it)."""
     from .keras_compat import policy_name
 
-    name = policy_name(layer)
-    return name in (plan.policy, FLOAT32)
+    return policy_name(layer) in (plan.policy, FLOAT32)
 
 
 def _rule_decisions(model: Any, plan: Plan) -> list[LayerDecision]:
+    from .keras_compat import walk
     from .layer_names import kept_in_float32
 
     rules = tuple(getattr(plan, "float32_layers", ()) or ())
@@ -241,8 +202,6 @@ def _rule_decisions(model: Any, plan: Plan) -> list[LayerDecision]:
     why = short_reason(plan)
     out: list[LayerDecision] = []
     done: set[int] = set()
-    from .keras_compat import walk
-
     for path, layer in _walk(model):
         if id(layer) in done or not kept_in_float32(rules, layer) or not _follows(layer, plan):
             continue
@@ -262,11 +221,11 @@ def short_reason(plan: Plan) -> str:
 
 def head_activation(layer: Any) -> str | None:
     """``softmax``/``sigmoid``/``log_softmax`` where the layer ends in one, else ``None``."""
-    if type(layer).__name__ in HEAD_LAYERS:
-        return HEAD_LAYERS[type(layer).__name__]
+    if type(layer).__name__ == "Softmax":
+        return "softmax"
     activation = getattr(layer, "activation", None)
     name = getattr(activation, "__name__", None) or (activation if isinstance(activation, str) else None)
-    return HEAD_ACTIVATIONS.get(str(name)) if name else None
+    return name if name in HEAD_ACTIVATIONS else None
 
 
 def _head_decisions(model: Any, plan: Plan) -> list[LayerDecision]:
@@ -275,14 +234,9 @@ def _head_decisions(model: Any, plan: Plan) -> list[LayerDecision]:
         return []
     from .model_outputs import output_layers
 
-    out = []
-    for path, layer in output_layers(model):
-        act = head_activation(layer)
-        if act and _follows(layer, plan):
-            out.append(LayerDecision(path, FLOAT32, f"the model's output is a {act}: computed in float32, as Keras's "
-                                     f"mixed precision guide does (in {low} its probabilities round off near 0 and 1)",
-                                     HEAD))
-    return out
+    return [LayerDecision(path, FLOAT32, f"the model's output is a {act}: computed in float32, as Keras's mixed "
+                          f"precision guide does (in {low} its probabilities round off near 0 and 1)", HEAD)
+            for path, layer in output_layers(model) if (act := head_activation(layer)) and _follows(layer, plan)]
 
 
 def low_precision_paths(model: Any, plan: Plan) -> list[str]:
@@ -304,8 +258,7 @@ def decide(model: Any, plan: Plan, *, measurement: Any = None, use_cache: bool =
     decisions: list[LayerDecision] = []
     if _low_dtype(plan) is not None:
         decisions = _rule_decisions(model, plan)
-        taken = {d.path for d in decisions}
-        decisions += [d for d in _head_decisions(model, plan) if d.path not in taken]
+        decisions += [d for d in _head_decisions(model, plan) if d.path not in {r.path for r in decisions}]
         if measurement is None and use_cache and worth_measuring(model, plan):
             measurement = cached(model, plan)
         decisions += _measured(model, plan, measurement, {d.path for d in decisions})
@@ -336,12 +289,9 @@ def with_measurement(layer_plan: LayerPlan, model: Any, plan: Plan, measurement:
 def apply(model: Any, layer_plan: LayerPlan) -> tuple[str, ...]:
     """Give each layer of ``model`` its policy in ``layer_plan``, in place; the paths of the layers changed.
 
-    float32 (or any other policy name) is set on the layer (Keras 3's ``dtype_policy`` setter, Keras 2's
-    ``_set_dtype_policy``); its variables were float32 already under a mixed policy, so only its arithmetic
-    changes, from its next call on (compile after this: a traced step keeps the dtypes it was traced with).
-    float8 quantizes the layer (``layer.quantize("float8")``, Keras >= 3.3). A path the model does not have is
-    an error naming it; applying the same plan again changes nothing. Where a layer changed, the functions Keras
-    compiled for the model (``fit``, ``evaluate``, ``predict``) are dropped and rebuilt at their next call.
+    A policy name is set on the layer (only its arithmetic changes: compile after this); float8 quantizes it
+    (``layer.quantize("float8")``, Keras >= 3.3). A path the model lacks is an error; applying the same plan again
+    changes nothing. Where a layer changed, Keras's compiled ``fit``/``evaluate``/``predict`` are rebuilt.
     """
     from .keras_compat import policy_name, set_layer_policy
 
@@ -392,18 +342,16 @@ def built_float32(model: Any, plan: Plan, layer_plan: LayerPlan | None = None) -
     counted; a layer plan that keeps every layer in float32 is as planned)."""
     if not str(getattr(plan, "policy", "")).startswith("mixed_") or (layer_plan is not None and layer_plan.all_float32):
         return False
-    from .keras_compat import children, walk
+    from .keras_compat import children
     from .layer_names import kept_in_float32
 
-    by_dtype: dict[bool, int] = {True: 0, False: 0}
+    in_float32 = total = 0
     kept = tuple(getattr(plan, "float32_layers", ()) or ())
     planned = set(layer_plan.float32) if layer_plan is not None else set()
-    for path, layer in walk(model, getattr(model, "name", "model")):
-        if layer is model or list(children(layer)):
+    for path, layer in _walk(model):
+        if list(children(layer)) or path in planned or (kept and kept_in_float32(kept, layer)):
             continue  # (the weights are counted in the leaves)
-        if path in planned or (kept and kept_in_float32(kept, layer)):
-            continue
         params = sum(math.prod(int(d or 0) for d in v.shape) for v in getattr(layer, "trainable_weights", []))
-        by_dtype[str(getattr(layer, "compute_dtype", "float32")) == "float32"] += params
-    total = by_dtype[True] + by_dtype[False]
-    return total > 0 and by_dtype[True] / total >= 0.5
+        total += params
+        in_float32 += params if str(getattr(layer, "compute_dtype", "float32")) == "float32" else 0
+    return total > 0 and in_float32 / total >= 0.5

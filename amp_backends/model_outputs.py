@@ -1,10 +1,8 @@
 """Which layers produce a model's outputs: read from its graph, or, for a subclassed model, from one traced call.
 
-A functional or Sequential model keeps its outputs and the layer behind each (``_keras_history``). A subclassed
-model keeps none: its ``call`` is traced once here (``tf.function(...).get_concrete_function``: nothing runs, no
-variable changes, the losses a call collects are put back) at the input shape it was built with, each layer's
-result recorded, and an output is the layer whose result the call returned as it is. An output computed after
-the last layer (a ``tf.squeeze`` of it, say) names no layer, as an output of no layer does in a graph.
+A functional or Sequential model keeps the layer behind each output (``_keras_history``). A subclassed model's
+``call`` is traced once at its built input shape (nothing runs, its losses put back): an output is the layer
+whose result the call returned as it is.
 """
 
 from __future__ import annotations

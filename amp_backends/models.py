@@ -1,8 +1,6 @@
-"""The tutorials' MNIST CNN and GAN, layer for layer, built under whatever dtype policy is in force.
+"""The tutorials' MNIST CNN and GAN, layer for layer, built (``tf.keras``) under the dtype policy in force.
 
-Outputs are float32 under any policy (the final layer has ``dtype="float32"``), so losses and their
-gradients start in full precision. Models are built through ``tf.keras``: Keras 3 on TF 2.21, Keras 2
-on TF 2.15.
+Outputs are float32 under any policy (the final layer has ``dtype="float32"``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """What a plan does to a built model: `prepare_model`, called once between building and compiling it.
 
-It decides the model's `LayerPlan` — what a global Keras dtype policy cannot
-say layer by layer: the plan's float32 layer kinds, a classifier's final softmax or sigmoid in float32, every
-layer float32 where that was measured faster on this model, float8 where the plan's fp8 is on — and applies it
-(`amp_backends.layer_plan`). The `Trainer` does the same to the models it
-trains; with Keras ``fit``, call it before ``model.compile``::
+It decides the model's `LayerPlan` (float32 layer kinds, a classifier head in float32, every layer float32
+where measured faster, float8 where fp8 is on) and applies it (`amp_backends.layer_plan`), as the `Trainer`
+does to its models. With Keras ``fit``::
 
     plan = amp_backends.auto_configure()
     model = build_model()
@@ -30,8 +28,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Preparation:
-    """What `prepare_model` did to a model. Layer paths are the model's (``model/block/dense``), as the
-    precision check names them.
+    """What `prepare_model` did to a model (layer paths as the precision check names them).
 
     Attributes:
         quantized: The layers float8 now trains.
@@ -42,8 +39,7 @@ class Preparation:
         float32_why: Why they are kept in float32.
         choice: The measured all-float32 choice (measured now, cached or restored), or ``None``.
         choice_note: Why no such choice was made.
-        layer_plan: The model's `LayerPlan`, every decision with its reason (the
-            other fields read from it).
+        layer_plan: The model's `LayerPlan`, every decision with its reason (the other fields read from it).
         applied: The layers this call changed.
     """
 
@@ -106,30 +102,25 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
     """Decide ``model``'s layer plan under ``plan`` and apply it, in place (`amp_backends.layer_plan`).
 
     Call it after building the model and before ``model.compile`` (a compiled step keeps the dtypes it was
-    traced with). With nothing to do — no float32 layers or classifier head in the model, fp8 off — nothing
-    changes and the result says why. Calling it again changes nothing.
+    traced with). With nothing to do, nothing changes and the result says why; calling it again changes nothing.
 
     Args:
         model: a Keras model (built, when the plan's fp8 is on).
         plan: the `Plan`.
-        inputs: the shapes to size the model's layers by, as `amp_backends.check_model` takes them
-            (one batch, a ``tf.data`` element spec or shapes): float8 needs it where the model leaves dimensions
-            open (a keras_hub backbone's sequence length), else its Dense rows are unknown and nothing is
-            quantized. A batch (values, not shapes) also lets it measure whether the model trains faster with
-            every layer in float32.
-        skip_small: skip layers too small to gain from float8. ``None``: yes, unless the plan's fp8 is
-            forced where float8 is emulated (there no layer gains, and the point is to test float8's numerics).
-        measure_float32: time the model's forward and backward pass on ``inputs`` as planned and all in
-            float32 (`amp_backends.autotune.layers`): float32 is kept only when it won every interleaved round
-            by the margin, and the answer is cached for this model on this machine (a cached answer is used
-            without timing). ``None``: where the plan keeps layers in float32, the model has such layers and
-            ``inputs`` is a batch; ``True`` requires a batch; ``False`` never, and no cached answer either.
+        inputs: the shapes to size the model's layers by, as `amp_backends.check_model` takes them (one batch, a
+            ``tf.data`` element spec or shapes): float8 needs them where the model leaves dimensions open. A
+            batch (values, not shapes) also lets it measure whether the model trains faster all in float32.
+        skip_small: skip layers too small to gain from float8. ``None``: yes, unless the plan's fp8 is forced
+            where float8 is emulated (there no layer gains, and the point is to test float8's numerics).
+        measure_float32: time the model's forward and backward pass on ``inputs`` as planned and all in float32
+            (`amp_backends.autotune.layers`): float32 is kept only when it won every interleaved round, and the
+            answer is cached for this model on this machine. ``None``: where the plan keeps layers in float32,
+            the model has such layers and ``inputs`` is a batch; ``True`` requires a batch; ``False`` never, and
+            no cached answer either.
         layer_plan: a layer plan to apply as it is (a checkpoint's: `LayerPlan.from_dict`), instead of
             deciding one.
-        reset_policies: first give every layer the plan's policy — for a model built or saved under another
-            plan (a ``.keras`` file saved under ``mixed_bfloat16`` and loaded where the plan is ``float32``
-            keeps its layers' saved policies) —, then apply the layer plan. Layers set to a policy on purpose
-            (a head given ``dtype="float32"``) take the plan's policy too, unless the layer plan keeps them.
+        reset_policies: first give every layer the plan's policy (a model built or saved under another plan
+            keeps its layers' policies), layers given one on purpose too unless the layer plan keeps them;
             float8-quantized layers keep their quantization.
 
     Returns:
@@ -159,8 +150,8 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
     reset = _reset_policies(model, plan) if reset_policies else ()
     if layer_plan is not None:
         return preparation(layer_plan, applied=tuple(dict.fromkeys(reset + lp.apply(model, layer_plan))))
-    f8 = float8_decisions(model, plan, inputs=inputs, skip_small=skip_small)
-    decided = lp.with_float8(lp.decide(model, plan, use_cache=measure_float32 is not False), f8.layers, f8.note)
+    f8_layers, f8_note = float8_decisions(model, plan, inputs=inputs, skip_small=skip_small)
+    decided = lp.with_float8(lp.decide(model, plan, use_cache=measure_float32 is not False), f8_layers, f8_note)
     applied = reset + lp.apply(model, decided)
     if lp.built_float32(model, plan, decided):  # (after reset_policies, never)
         warnings.warn(f"The model {getattr(model, 'name', '?')!r} computes in float32 under the plan's {plan.policy}: "

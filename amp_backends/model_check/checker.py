@@ -28,12 +28,11 @@ def _resolve_plan(plan: Any, hardware: Any) -> tuple[Any, Any]:
     from ..plan import require_plan
     from ..probe import probe_hardware
 
-    if plan is None:
-        hardware = hardware if hardware is not None else probe_hardware(use_tensorflow=False)
-        plan = current_plan() or plan_for(hardware=hardware)
+    if plan is not None:
+        require_plan(plan, "check_model(plan=...)")
         return plan, hardware
-    require_plan(plan, "check_model(plan=...)")
-    return plan, hardware
+    hardware = hardware if hardware is not None else probe_hardware(use_tensorflow=False)
+    return current_plan() or plan_for(hardware=hardware), hardware
 
 
 def _batch(structure: Any, batch_size: int | None, source: str = "batch_size={}") -> int | None:
@@ -79,39 +78,29 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
                 hardware: Hardware | None = None, layer_plan: LayerPlan | None = None, run: bool = True) -> ModelCheck:
     """Check a Keras model for what makes mixed precision slow or wrong on the planned device.
 
-    The model's forward pass is traced once (nothing runs and nothing in the model changes) and its graph
-    read: the dtype every matmul and convolution really computes in, their shapes and FLOPs, the ops that
-    produce the model's outputs. Judged against ``plan`` — the current applied plan
-    (`amp_backends.current_plan`) when ``None``, else the plan `amp_backends.plan_for` gives on
-    this machine — it reports outputs that are not float32, a final softmax or sigmoid in float16 or
-    bfloat16, matmuls and convolutions in float32 under a mixed policy (pinned layers, casts inside custom
-    layers), widths and a batch size the matrix units (Tensor Cores, XMX, AMX) run at reduced efficiency,
-    ops with no fast reduced-precision path (resizes), and a policy the hardware only emulates.
+    The forward pass is traced once (nothing runs, nothing in the model changes) and every matmul and
+    convolution read: its real dtype, shapes and FLOPs, and the ops producing the outputs. Findings: outputs
+    not in float32, a final softmax/sigmoid in float16/bfloat16, float32 matmuls under a mixed policy, widths
+    and batch sizes the matrix units run at reduced efficiency, ops with no fast reduced-precision path, a policy
+    the hardware only emulates. Global state (the dtype policy, the applied plan, the model's weights and losses)
+    is left as it was.
 
     Args:
         model: a built ``keras.Model`` (functional, Sequential, or subclassed and already built or called).
-        plan: the `Plan` to judge against; a plan made for other (or fake)
-            hardware checks the model as that hardware would run it.
-        batch_size: the training batch size. It decides whether Dense layers' rows are aligned; without
-            it FLOPs are still per image and the batch is assumed aligned. Given, it overrides the batch of
-            ``inputs``.
-        inputs: the shapes to trace on, for a model that leaves dimensions open (every keras_hub backbone
-            takes any sequence length): one batch as the model takes it (NumPy arrays / tensors, a dict /
-            tuple / list of them), a ``tf.data.Dataset`` or its ``element_spec``, or shapes such as
-            ``(None, 128)`` (``None``: the batch, filled by ``batch_size``); see `shapes` and
-            `shapes.shapes_with_sequence_length`. Only shapes and dtypes are read. Without it the
-            model's own input shapes are traced, and a model mostly left unsized says so first.
-        hardware: the probed `Hardware` to plan for when ``plan`` is ``None``
-            (probed here if not given). A plan carries the support table it was made from — its backend's
-            matrix units (Tensor Cores, XMX, AMX) included —, so with a plan this adds nothing.
-        layer_plan: the model's `LayerPlan` to compare it with (a trainer's, a
-            checkpoint's); by default the one `amp_backends.layer_plan.decide` gives it (with the measured
-            choice cached for this model on this machine): layers the layer plan keeps in float32 are as planned,
-            layers it keeps in float32 that compute in low precision are reported.
-        run: with ``inputs``, also call the model once, eagerly, on zeros of one example at those shapes (where
-            every dimension is sized and every input takes numbers): the symbolic trace does not run the model,
-            so a shape it cannot take (a sequence past its position embedding) shows only there. The trainer,
-            whose first step runs the model, passes ``False``.
+        plan: the `Plan` to judge against (one made for other hardware checks the model as that hardware would
+            run it); ``None``: the applied plan (`amp_backends.current_plan`), else `amp_backends.plan_for`'s.
+        batch_size: the training batch size, which decides whether Dense rows are aligned (without it they are
+            assumed aligned; FLOPs are per image either way). It overrides the batch of ``inputs``.
+        inputs: the shapes to trace on, for a model that leaves dimensions open (a keras_hub backbone's
+            sequence length): one batch, a ``tf.data.Dataset`` or its ``element_spec``, or shapes such as
+            ``(None, 128)``; see `shapes` and `shapes.shapes_with_sequence_length`. Only shapes and dtypes
+            are read.
+        hardware: the probed `Hardware` to plan for when ``plan`` is ``None`` (probed here if not given).
+        layer_plan: the model's `LayerPlan` to compare it with (a trainer's, a checkpoint's); by default the one
+            `amp_backends.layer_plan.decide` gives it.
+        run: with ``inputs``, also call the model once, eagerly, on zeros of one example at those shapes: a shape
+            the model cannot take (a sequence past its position embedding) shows only there. The trainer, whose
+            first step runs the model, passes ``False``.
 
     Returns:
         A `ModelCheck`: findings (errors first), a summary, JSON.
@@ -122,9 +111,6 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
             cannot be told.
         amp_backends.errors.ModelCallError: The model as a whole does not run on the inputs (a layer that raises
             only under the plan's policy is a finding instead).
-
-    Global state — the Keras dtype policy, the applied plan, the model's weights and losses — is left as
-    it was.
     """
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)):
         raise TypeError(f"batch_size must be a positive int, such as 1024, or None. Received: {batch_size!r} "

@@ -1,15 +1,9 @@
 """Which Dense/EinsumDense layers may train in float8, and why each one is kept or skipped.
 
-A layer gains from float8 only where its GEMM is large enough for the faster fp8 Tensor Core math to pay
-for the quantization around it (amax, scale, cast of the inputs, kernel and gradients): small GEMMs run
-slower in float8 than in float16/bfloat16. The size rule is torchao's, for its per-tensor ("tensorwise")
-scaling recipe, the kind of scaling Keras's float8 layers use (one delayed scale per tensor):
-``_auto_filter_for_tensorwise`` in pytorch/ao ``torchao/float8/float8_linear_utils.py`` (read at commit
-7cdd43a5, reached from ``_auto_filter_for_recipe``) skips a linear layer when ``K <= 4096 and N <= 1024``
-with ``K, N = weight.shape`` — PyTorch's weight is (out_features, in_features), so: skip when the layer's
-units (output width) are at most 4096 and its input features at most 1024. Its comment says the
-thresholds are "simple heuristics based on performance testing" on H100 GPUs. (Its row-wise recipe skips
-more: in_features <= 2048, or out_features <= 1024, or in_features <= 4096 and out_features <= 2048.)
+A small GEMM runs slower in float8 than in float16/bfloat16: the quantization around it costs more than the
+fp8 math saves. The size rule is torchao's for per-tensor scaling, the kind Keras's float8 layers use
+(``_auto_filter_for_tensorwise`` in ``torchao/float8/float8_linear_utils.py``, commit 7cdd43a5, tuned on H100s):
+skip a layer whose units are at most 4096 and input features at most 1024.
 """
 
 from __future__ import annotations

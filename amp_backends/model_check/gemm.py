@@ -1,18 +1,11 @@
 """What one matmul or convolution op of a TensorFlow graph computes: its kind, FLOPs and dimensions.
 
-Dimensions are counted as the GEMM sees them. ``M`` (rows), ``N`` (columns: units, filters), ``K``
-(reduction) for matmuls; ``C_in`` (per group) and ``C_out`` for convolutions. A layer applied at every
-position of a sequence is one GEMM of batch x positions rows, however the graph writes it: Keras's
-Tensordot reshapes to a 2-D ``MatMul``, an einsum ``abc,cd->abd`` (Keras 2's EinsumDense) names the rows
-``a`` and ``b``, and a ``BatchMatMulV2`` whose second operand has no batch of its own (Keras 3's EinsumDense:
-activations times one weight) folds its first operand's leading dimensions into the rows, as XLA compiles
-it (its dot canonicalization makes those dimensions rows) — so the rows are batch x positions there too.
-A matmul whose two operands share batch dimensions (attention's ``aecd,abcd->acbe``: batch and heads) is a
-*batched* GEMM: those dimensions are batches of small GEMMs, not rows, and ``M`` is one GEMM's rows.
-
-FLOPs are per batch (multiply-adds count 2): ``2*M*N*K`` for a matmul (times its batches),
-``2*H_out*W_out*K_h*K_w*C_in*C_out`` per image for a convolution (times the batch),
-``2*H_out*W_out*K_h*K_w*C`` (times the depth multiplier) for a depthwise one.
+Dimensions as the GEMM sees them: ``M`` (rows), ``N`` (columns), ``K`` (reduction) for matmuls; ``C_in`` (per
+group) and ``C_out`` for convolutions. A layer applied at every position is one GEMM of batch x positions rows
+however the graph writes it (a 2-D ``MatMul`` after a reshape, an einsum, a ``BatchMatMulV2`` with one weight,
+whose leading dimensions XLA folds into the rows). A matmul whose operands share batch dimensions (attention) is
+*batched*: ``M`` is one small GEMM's rows. FLOPs are per batch, multiply-adds counted as 2: ``2*M*N*K`` for a
+matmul, ``2*H_out*W_out*K_h*K_w*C_in*C_out`` per image for a convolution.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """Large negative constants in the traced graph: the attention masks that overflow float16, bfloat16 or float8.
 
-Attention code masks positions by adding (or ``where``-ing in) a large negative number before the softmax:
-``-1e9``, ``-1e10``, ``tf.float32.min``, ``np.finfo(np.float32).min``. float16 ends at -65504, so in float16
-such a constant is ``-inf``; bfloat16 ends at about -3.39e38, so ``float32.min`` rounds to ``-inf`` there
-(float8 types end sooner still, some at NaN: they have no infinity). ``-inf`` is worse than large:
-``0 * -inf`` is NaN (the ``(1 - mask) * c`` and ``mask * c`` patterns then turn every *kept* position into
-NaN), and a row with every position masked is ``softmax(-inf, ..., -inf)`` = NaN. Keras itself is safe: its
-Softmax layer masks with -3e4 in float16 and -1e9 otherwise (``_large_negative_number``), its TensorFlow
-``dot_product_attention`` with -0.7 times the dtype's largest value (``_get_large_negative``), so both stay
-finite.
-
-A Python or NumPy number mixed into a bfloat16 tensor (``scores + mask * np.finfo(np.float32).min``) is
-written into the graph as a bfloat16 constant, already ``-inf``: such constants are read in every reduced
-float dtype (NumPy's own float types, and ml_dtypes' bfloat16 and float8 that TensorFlow uses).
-
-`large_negative_constants` finds, among the ops on a model's graph, the constants that are (or are
-cast into) a reduced-precision float beyond its range, each with the layer whose scope created it.
+A mask of ``-1e9``, ``-1e10`` or ``float32.min`` is ``-inf`` in float16 (which ends at -65504), and
+``float32.min`` is in bfloat16 (float8 types end sooner, some at NaN). ``-inf`` is worse than large: ``0 * -inf``
+is NaN (the ``(1 - mask) * c`` pattern turns every kept position NaN), and a fully masked row's softmax is NaN.
+Keras's own masks stay finite. A number mixed into a bfloat16 tensor is written into the graph as a bfloat16
+constant, already ``-inf``: constants are read in every reduced float dtype.
 """
 
 from __future__ import annotations

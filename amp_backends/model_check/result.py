@@ -13,13 +13,9 @@ SEVERITIES = ("error", "warning", "info")
 
 @dataclass(frozen=True)
 class Finding:
-    """One thing the check found: how bad, where, what, why it matters and how to fix it.
-
-    ``severity`` is ``error`` (wrong or unstable numbers), ``warning`` (speed lost, with a fix) or
-    ``info`` (real but expected, or too small to matter). ``code`` is a stable identifier of the rule
-    (see the module documentation); ``layer`` the layer's path from the model (``model/block/dense``);
-    ``flops_share`` the share of the model's matmul/convolution FLOPs it concerns, where that applies.
-    """
+    """One thing the check found: ``severity`` (``error``: wrong or unstable numbers; ``warning``: speed lost;
+    ``info``: expected, or too small to matter), the rule's stable ``code``, the ``layer``'s path
+    (``model/block/dense``), what, why, the fix, and the share of the model's FLOPs it concerns."""
 
     severity: str
     code: str
@@ -40,18 +36,11 @@ class Finding:
 
 @dataclass(frozen=True)
 class Summary:
-    """Where the model's matmul and convolution FLOPs run.
-
-    ``flops_per_image``: forward-pass matmul + convolution FLOPs for one image (one sample), multiply-adds
-    counted as 2. ``dtype_shares``: their share per compute dtype. ``reduced_precision_share``: the share in
-    float16, bfloat16 or float8. ``eligible_share``: the share on shapes the planned device's matrix units
-    run at full efficiency (``None`` when the plan's precision has no matrix unit there).
-    ``unknown_flops_ops``: matmuls/convolutions whose shapes were not static (not counted) of the
-    ``gemm_ops`` in the graph. ``sized``: whether the counted ones are most of them (see
-    `SIZED_MOST`): only then are shares given — they are of the
-    counted ops' FLOPs — else ``dtype_shares`` is empty and the shares are ``None``: a share of part of
-    the graph would pass for the model's.
-    """
+    """Where the model's matmul and convolution FLOPs (forward, per image) run: their share per compute dtype, in
+    reduced precision, and on shapes the matrix units run at full efficiency (``None`` without a matrix unit).
+    ``unknown_flops_ops`` of the ``gemm_ops`` have dynamic shapes (not counted); unless ``sized`` (the counted
+    ones are most of them, `SIZED_MOST`) no shares are given: a share of part of the graph would pass for the
+    model's."""
 
     flops_per_image: float
     dtype_shares: Mapping[str, float]
@@ -87,10 +76,7 @@ def _flops(value: float) -> str:
 
 @dataclass(frozen=True)
 class ModelCheck:
-    """The result of `check_model`: findings (worst first) and a summary.
-
-    ``str(result)`` and `render_text` show a table; `to_dict` / `to_json` give the JSON
-    documented in `amp_backends.model_check`.
+    """The result of `check_model`: findings (worst first) and a summary; a table (`render_text`) or JSON.
 
     Attributes:
         model: The model checked (its name).
@@ -203,8 +189,7 @@ class ModelCheck:
         return line if self.sized or not self.summary.gemm_ops else f"{line}: {self.unsized_line()}"
 
     def summary_lines(self) -> list[str]:
-        """The summary under the headline: the FLOPs per image and their dtypes, the share in reduced precision and
-        on shapes the matrix units run at full efficiency, the findings counted, float8 and notes.
+        """The summary under the headline: FLOPs and their dtypes and shares, the findings counted, float8, notes.
 
         Returns:
             The lines.
@@ -251,8 +236,7 @@ class ModelCheck:
         return [self.headline(), *findings, *self.summary_lines()]
 
     def render_text(self, console: Any = None) -> None:
-        """Print the findings and the summary below them: a table on a terminal, else one line a finding
-        (severity, layer path, what, why, fix), whole (`amp_backends.terminal`).
+        """Print the findings (a table on a terminal, else one line each: `amp_backends.terminal`) and the summary.
 
         Args:
             console: A ``rich`` console to print to (default: one on standard output).

@@ -1,7 +1,5 @@
-"""What every rule shares: the thresholds, the traced model and target, and how shares and findings are made.
-
-`RuleContext` holds one check's state; `Rules` (the general rules) extends it, and the
-rules by subject (`rules_policy`, `rules_transformer`) are functions of it.
+"""What every rule shares: the thresholds, and `RuleContext` (one check's state and helpers), which `Rules`
+extends and the rules by subject (`rules_policy`, `rules_transformer`) take.
 """
 
 from __future__ import annotations

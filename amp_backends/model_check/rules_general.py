@@ -1,13 +1,8 @@
 """The rules: from the traced graph and the planned device to findings, judged as a performance engineer would.
 
-A rule reports what costs time or accuracy, says how much (the share of the model's matmul/convolution
-FLOPs it concerns), and stays quiet or reports ``info`` where the cost is small or the cause unavoidable:
-
-* below `SIGNIFICANT` (1%) of the FLOPs a float32 layer or an odd width cannot cost more than a few
-  percent of a step: ``info``;
-* a width fixed by the data — the input's channels or features (nothing computes them), the targets' width
-  at an output (10 classes, one logit, one image channel) — is real but not a mistake: ``info``;
-* layer widths matter only where the plan's precision has a matrix unit; elsewhere nothing is said.
+A rule says how much a cost matters (the share of the model's matmul/convolution FLOPs) and reports ``info``
+where it is small (below `SIGNIFICANT`, 1%) or fixed by the data (the input's width, the targets' width at an
+output). Layer widths matter only where the plan's precision has a matrix unit; elsewhere nothing is said.
 """
 
 from __future__ import annotations

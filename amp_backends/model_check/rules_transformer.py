@@ -1,20 +1,12 @@
 """The rules for transformers: attention's softmax and masks, normalization, vocabulary sizes, logits.
 
 What Keras (3.15) and keras_hub (0.32) do, read from their sources, so that nothing here cries wolf:
-
-* ``keras.layers.MultiHeadAttention`` with attention dropout (keras_hub's BERT and GPT-2 default to 0.1),
-  or asked for its scores, computes its softmax with a ``keras.layers.Softmax`` of the layer's policy: in
-  float16/bfloat16 under a mixed policy. Without dropout it calls ``ops.dot_product_attention``, which on
-  TensorFlow casts the scores to float32 and takes the softmax there.
-* Keras masks safely; a hand-written mask of -1e9, -1e10 or ``float32.min`` is not (see `masks`).
-* ``keras.layers.LayerNormalization`` computes in float32 whatever the policy (``ops.layer_normalization``
-  takes ``result_type(x, "float32")``) and casts its output back: nothing to report. A custom
-  normalization whose mean and variance run in float16/bfloat16 is reported.
-* An embedding is a lookup (a gather), not a matmul: its vocabulary size matters where the vocabulary is
-  also a GEMM's width, the language-model head that projects onto it (keras_hub's
-  ``ReversibleEmbedding(reverse=True)``, or a ``Dense(vocabulary_size)``).
-* That head computes its logits in the policy's dtype (``ReversibleEmbedding`` unless ``reverse_dtype`` is
-  set): float16 logits over a vocabulary reach the loss with 3 significant digits.
+``MultiHeadAttention`` with attention dropout (keras_hub's BERT and GPT-2 default) or returning its scores
+takes its softmax in the policy's dtype, without dropout in float32 (``ops.dot_product_attention``); Keras's
+own masks stay finite (`masks`); ``LayerNormalization`` computes in float32 whatever the policy; an embedding
+is a gather, whose vocabulary size matters only where it is also a GEMM's width (the language-model head,
+``ReversibleEmbedding(reverse=True)`` or ``Dense(vocabulary_size)``), which computes its logits in the
+policy's dtype.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Which layer created each op of a trace, and which layer's call raised when a trace fails.
 
-Ops are mapped back to layers exactly, not by guessing from name scopes (Keras 3 enters a layer's scope
-twice, so TensorFlow renames the second ``dense`` scope ``dense_1``, the name of another layer): for the
-duration of one trace each layer's ``call`` (and ``quantized_call``) is wrapped in a name scope carrying the
-layer's index, and an op belongs to the innermost layer whose scope it was created in. Gradient ops carry
-their forward op's scopes (``gradient_tape/.../ampchk3/MatMul/MatMul_1``), so a training step's backward
-matmuls belong to the layer of their forward one. The wrappers are instance attributes, removed again when
-the block ends.
-
-When the call raises, the wrapper of every layer it passes through records it on the way out: the first
-record is the layer whose own code raised (a Lambda's function, a custom layer's call), with the inputs it
-was given, so that the error can name it instead of the model.
+For one trace each layer's ``call`` (and ``quantized_call``) is wrapped in a name scope carrying the layer's
+index: an op belongs to the innermost such scope (exact, unlike Keras's own scope names, which TensorFlow
+renames), gradient ops to their forward op's layer. The wrapper of each layer a raising call passes through
+records it: the first record is the layer whose own code raised, with its inputs.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The shapes the check traces the model on: the model's own, or the ones the caller gives (``inputs=``).
 
-Many models take inputs with dimensions left open besides the batch: every keras_hub backbone takes any
-sequence length (``token_ids`` of shape ``(None, None)``), a fully convolutional network any image size.
-Traced on such shapes, the matmuls after them have no static size and their FLOPs cannot be counted. The
-caller closes them with ``inputs=``, in any of the forms a Keras model is fed:
-
-* a sample batch: a NumPy array, a tensor, or a dict / tuple / list of them, as the model takes them
-  (the trainer passes one real batch's ``x``); an ``(x, y)`` or ``(x, y, sample_weight)`` tuple is read as
-  its ``x`` when the model's inputs tell so;
-* a ``tf.data.Dataset`` (its ``element_spec``) or such an element spec: a structure of ``tf.TensorSpec``;
-* a structure of shapes: a tuple of ints per input (``(None, 128)``: ``None`` for the batch, which
-  ``batch_size`` fills), in a dict / list when the model takes several inputs.
-
-Only the shapes are read (never the values; nothing runs). The first dimension is the batch: the batch of
-the given inputs becomes the check's batch size unless ``batch_size=`` says otherwise.
+A model may leave dimensions open besides the batch (a keras_hub backbone's sequence length), leaving the
+matmuls after them unsized. ``inputs=`` closes them: a sample batch as the model takes it (an ``(x, y[, w])``
+tuple is read as its ``x``), a ``tf.data.Dataset`` or its element spec, or shapes such as ``(None, 128)``.
+Only shapes and dtypes are read; the batch of the given inputs is the check's unless ``batch_size=`` says
+otherwise.
 """
 
 from __future__ import annotations
@@ -151,20 +142,6 @@ def by_name(model: Any, inputs: Any, model_struct: Any) -> Any:
     return ordered if isinstance(model_struct, list) else tuple(ordered)
 
 
-def given_inputs(model_name: str, model_struct: Any, inputs: Any) -> Any:
-    """The structure of `InputLeaf` to trace on, from ``inputs=`` (validated against the model's)."""
-    import tensorflow as tf
-
-    given = _fit(_to_leaves(inputs, model_struct), model_struct, model_name)
-    if model_struct is not None:
-        for g, d in zip(tf.nest.flatten(given), tf.nest.flatten(model_struct), strict=True):
-            _check_leaf(g, d, model_name)
-            if not g.shape:
-                raise ValueError(f"inputs= gives a scalar to the model {model_name!r}: expected a batch, the batch "
-                                 "dimension first. Fix: give one batch of inputs.")
-    return given
-
-
 def checked_inputs(model: Any, inputs: Any, model_struct: Any) -> Any:
     """``inputs=`` as `check_model` and `amp_backends.prepare_model` take it, checked against the model's inputs.
 
@@ -181,7 +158,16 @@ def checked_inputs(model: Any, inputs: Any, model_struct: Any) -> Any:
         TypeError: ``inputs`` is none of the forms above.
         ValueError: ``inputs`` does not fit the model's inputs (their structure, rank or fixed sizes).
     """
-    return given_inputs(model.name, model_struct, by_name(model, inputs, model_struct))
+    import tensorflow as tf
+
+    given = _fit(_to_leaves(by_name(model, inputs, model_struct), model_struct), model_struct, model.name)
+    if model_struct is not None:
+        for g, d in zip(tf.nest.flatten(given), tf.nest.flatten(model_struct), strict=True):
+            _check_leaf(g, d, model.name)
+            if not g.shape:
+                raise ValueError(f"inputs= gives a scalar to the model {model.name!r}: expected a batch, the batch "
+                                 "dimension first. Fix: give one batch of inputs.")
+    return given
 
 
 def dynamic_dims(struct: Any) -> list[tuple[int, int]]:
@@ -193,12 +179,10 @@ def dynamic_dims(struct: Any) -> list[tuple[int, int]]:
 
 
 def shapes_with_sequence_length(model: Any, length: int, batch_size: int | None = None) -> Any:
-    """The model's input shapes with every open dimension after the batch set to ``length``.
+    """The model's input shapes with every open dimension after the batch set to ``length`` (``--seq-len N``).
 
-    For a keras_hub backbone (``token_ids`` ``(None, None)``) this is ``{"token_ids": (batch_size, length),
-    ...}``; pass it as ``check_model(model, inputs=...)``. A fixed dimension stays as the model has it; the
-    batch stays ``batch_size`` (``None``: filled by the check's ``batch_size``). What ``--seq-len N`` of
-    ``amp-backends check`` gives.
+    For a keras_hub backbone: ``{"token_ids": (batch_size, length), ...}``, for ``check_model(model, inputs=...)``.
+    The batch stays ``batch_size`` (``None``: filled by the check's).
     """
     import tensorflow as tf
 

@@ -1,16 +1,9 @@
 """What the planned device does with each precision: which matrix units run it, at what alignment.
 
-Matrix units — NVIDIA Tensor Cores, Intel XMX engines, Intel AMX tiles on CPUs — are where mixed
-precision's speed comes from, and they run a matmul or convolution at full efficiency only when its
-dimensions are multiples of 16 bytes: 8 elements for float16/bfloat16, 4 for TF32, 16 for fp8 (NVIDIA's
-"Tensor Core Requirements" for cuBLAS and cuDNN; the same 16-byte rule serves for XMX and AMX, whose tiles
-are multiples of it). Where the plan's precision has no matrix unit (a CPU without AMX, a GPU without Tensor
-Cores, or float32 without TF32) shapes do not matter and the check says nothing about them.
-
-Everything here is read from the `Plan` — its policy, TF32 and fp8 switches and
-the support table it was decided from (``plan.assessment``: each backend names its matrix units and their
-alignment, `MatrixUnit`). A plan built on fake hardware is checked as that
-hardware, wherever the check runs.
+Matrix units (NVIDIA Tensor Cores, Intel XMX, AMX) run a matmul or convolution at full efficiency only on
+dimensions that are multiples of 16 bytes (NVIDIA's "Tensor Core Requirements"; XMX and AMX tiles are multiples
+of it). Everything is read from the `Plan` and the support table it carries (``plan.assessment``,
+`MatrixUnit`), so a plan built on fake hardware is checked as that hardware, wherever the check runs.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Trace a model's forward pass once and read what its graph really computes.
 
-Layer attributes say what a layer *should* compute in; the graph says what it does: a custom layer that
-casts to float32 before its matmul, or a policy set on the wrong layer, shows only there. The model is
-called once inside ``tf.function(...).get_concrete_function(TensorSpec...)`` (nothing runs, no variable
-changes) with ``training=False``, and every op of the graph is read: its type, its dtype, its input and
-output shapes.
-
-Ops are mapped back to layers exactly, by the layer whose call created them (`scopes`); any losses
-the call collected are removed again before `trace_model` returns.
-
-What each matmul and convolution computes (kind, FLOPs, rows as the GEMM sees them) is read by `gemm`.
+Layer attributes say what a layer *should* compute in; the graph shows what it does (a custom layer casting to
+float32 before its matmul). The model is traced once with ``training=False`` (nothing runs), each op mapped to
+the layer whose call created it (`scopes`), each matmul and convolution read by `gemm`; the losses the call
+collected are removed again.
 """
 
 from __future__ import annotations
@@ -53,14 +47,11 @@ class LayerInfo:
 
 @dataclass(frozen=True)
 class GemmOp:
-    """One matmul or convolution of the forward graph.
+    """One matmul or convolution of the forward graph, with its ``dims`` (see `gemm`).
 
-    ``dims`` names the sizes that decide whether matrix units can run it: ``M`` (rows), ``N`` (columns:
-    units, filters), ``K`` (reduction: input features) for matmuls; ``C_in`` (per group) and ``C_out``
-    for convolutions. ``input_from_data`` says that no other matmul/convolution lies between the model's
-    inputs and this op (its ``K``/``C_in`` is the data's own width); ``output_to_model`` that none lies
-    between it and a model output nor after it (its ``N``/``C_out`` is the targets' width; a block whose
-    output a residual stream carries on to later matmuls is not the last).
+    ``input_from_data``: no other matmul/convolution lies between the model's inputs and it (its ``K``/``C_in``
+    is the data's width); ``output_to_model``: none lies between it and a model output, nor after it (its
+    ``N``/``C_out`` is the targets' width).
     """
 
     name: str
@@ -172,10 +163,9 @@ def trace_model(model: Any, batch: int, input_struct: Any) -> ModelGraph:
 
 
 def run_once(model: Any, input_struct: Any) -> bool:
-    """Call ``model`` once, eagerly, on zeros of one example at ``input_struct``'s shapes (``training=False``; its
-    losses restored): a shape the model cannot take — a sequence past its position embedding, say — fails only
-    when the model runs, never in the symbolic trace. False (nothing run) where a dimension is open or an input
-    takes strings.
+    """Call ``model`` once, eagerly, on zeros of one example at ``input_struct``'s shapes (``training=False``,
+    losses restored): a shape the model cannot take fails only when it runs, never in the symbolic trace.
+    False (nothing run) where a dimension is open or an input takes strings.
 
     Raises:
         ModelCallError: The model raised, naming the layer whose call did.
@@ -321,10 +311,9 @@ def _read_graph(concrete: Any, name: str, layers: list[LayerInfo], batch: int, n
 
 
 def _count_loop_steps(graph: Any, ops: list[Any], gemms: list[GemmOp]) -> None:
-    """A recurrent layer (LSTM, GRU) runs its cell's matmuls once per time step in a ``While`` loop, the first step
-    peeled off before it, where the graph shows them once: those of the loop's layer count ``T`` times (``T`` the
-    static length of the sequence the loop reads), the first step's matmuls of the initial state ``T - 1`` times
-    (the other steps'), so that FLOPs and shares are the model's, as an unrolled layer's are."""
+    """A recurrent layer's ``While`` loop runs its cell's matmuls once per time step, shown once in the graph:
+    they count ``T`` times (the sequence's static length), the peeled first step's matmuls of the initial state
+    ``T - 1`` times, as in an unrolled layer."""
     loops = [op for op in ops if op.type in ("While", "StatelessWhile")]
     if not loops:
         return
