@@ -126,8 +126,7 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
     if inputs is not None:
         given = checked_inputs(model, inputs, structure)
         batch = batch_size or _batch(given, None)  # batch_size wins over the batch of the given inputs
-        if structure is not None:
-            # the model's own fixed batch, unless it contradicts
+        if structure is not None:  # the model's own fixed batch, unless it contradicts
             batch = _batch(structure, batch, "batch_size={}" if batch_size else "inputs= of batch {}")
         structure = given
     elif structure is None:
@@ -153,7 +152,7 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
 
         layer_plan = decide(model, plan)
     rules = Rules(graph, target, batch, layer_plan)
-    findings = rules.run()
+    findings = tuple(rules.run())
     fp8 = fp8_layers(graph, rules.dims)
     notes = []
     if batch is None:
@@ -165,19 +164,10 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
     if target.graph_amp:
         notes.append(f"the plan rewrites the float32 graph to {target.graph_amp} itself (graph-level AMP): the "
                      "float32 layers are expected and not reported")
-    return ModelCheck(
-        model=model.name,
-        keras_version=keras_version,
-        plan=_plan_dict(plan, target),
-        batch_size=batch,
-        findings=tuple(findings),
-        summary=rules.summary(),
-        fp8_eligible_layers=tuple(layer.path for layer in fp8 if layer.eligible),
-        fp8_ineligible_layers=tuple((layer.path, layer.why) for layer in fp8 if not layer.eligible),
-        notes=tuple(notes),
-        fp8_layers=tuple(fp8),
-        open_dims=open_dims,
-    )
+    return ModelCheck(model.name, keras_version, _plan_dict(plan, target), batch, findings, rules.summary(),
+                      fp8_eligible_layers=tuple(layer.path for layer in fp8 if layer.eligible), notes=tuple(notes),
+                      fp8_ineligible_layers=tuple((layer.path, layer.why) for layer in fp8 if not layer.eligible),
+                      fp8_layers=tuple(fp8), open_dims=open_dims)
 
 
 def _plan_dict(plan: Any, target: Any) -> dict[str, Any]:

@@ -22,11 +22,9 @@ _MAX_ELEMENTS = 4096  # larger constants are weights or tables, not masks
 class MaskConstant:
     """A constant ``value`` (its most negative element) that becomes ``-inf`` in ``dtype`` in layer ``layer``.
 
-    ``stored`` is the dtype the constant is written in (float32 when a Cast carries it to ``dtype``);
-    ``direct`` says that the constant itself becomes ``-inf`` (written in ``dtype``, or cast right away), so
-    the math after it (``(1 - mask) * c``) meets ``-inf``; else it is cast after that math, which ran in
-    the wider dtype. A constant written in ``dtype`` has ``value`` ``-inf`` (or NaN) already: the number in
-    the code was beyond the range when TensorFlow wrote it.
+    ``stored``: the dtype it is written in (``value`` is ``-inf`` already where that is ``dtype``); ``direct``:
+    the constant itself becomes ``-inf`` (written in ``dtype`` or cast right away), so the math after it meets
+    ``-inf``, not only its result.
     """
 
     name: str
@@ -55,11 +53,6 @@ def _written(value: float, dtype: str) -> float:
 
     with np.errstate(over="ignore", invalid="ignore"):
         return float(np.asarray(value, np.float64).astype(tf.as_dtype(dtype).as_numpy_dtype).astype(np.float64))
-
-
-def overflows(value: float, dtype: str) -> bool:
-    """Whether ``value`` is not finite once written in ``dtype`` (rounded as TensorFlow's Cast rounds)."""
-    return not math.isfinite(_written(value, dtype))
 
 
 def limit(dtype: str) -> float:
@@ -114,7 +107,7 @@ def large_negative_constants(ops: list[Any], layer_of: Callable[[str], int]) -> 
         stored = op.outputs[0].dtype.name
         targets = {stored: True} if reduced_float(stored) else _reduced_dtypes_reached(op)
         for dtype, direct in sorted(targets.items()):
-            if overflows(low, dtype):
+            if not math.isfinite(_written(low, dtype)):
                 out.append(MaskConstant(op.name, layer_of(op.name), low, stored, dtype, direct))
     return out
 

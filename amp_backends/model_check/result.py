@@ -60,11 +60,7 @@ def _share(f: Finding) -> str:
 
 
 def _pct(share: float | None) -> str:
-    if share is None:
-        return "-"
-    if 0 < share < 0.001:
-        return "<0.1%"
-    return f"{100 * share:.1f}%"
+    return "-" if share is None else "<0.1%" if 0 < share < 0.001 else f"{100 * share:.1f}%"
 
 
 def _flops(value: float) -> str:
@@ -131,20 +127,12 @@ class ModelCheck:
         Returns:
             The model, the plan, the findings, the summary and the float8 decisions.
         """
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "model": self.model,
-            "keras_version": self.keras_version,
-            "plan": dict(self.plan),
-            "batch_size": self.batch_size,
-            "summary": self.summary.to_dict(),
-            "counts": self.counts,
-            "findings": [f.to_dict() for f in self.findings],
-            "fp8_eligible_layers": list(self.fp8_eligible_layers),
-            "fp8_ineligible_layers": {path: why for path, why in self.fp8_ineligible_layers},
-            "fp8_layers": {layer.path: layer.to_dict() for layer in self.fp8_layers},
-            "notes": list(self.notes),
-        }
+        return {"schema_version": SCHEMA_VERSION, "model": self.model, "keras_version": self.keras_version,
+                "plan": dict(self.plan), "batch_size": self.batch_size, "summary": self.summary.to_dict(),
+                "counts": self.counts, "findings": [f.to_dict() for f in self.findings],
+                "fp8_eligible_layers": list(self.fp8_eligible_layers),
+                "fp8_ineligible_layers": dict(self.fp8_ineligible_layers),
+                "fp8_layers": {layer.path: layer.to_dict() for layer in self.fp8_layers}, "notes": list(self.notes)}
 
     def to_json(self, **kwargs: Any) -> str:
         """The check as JSON (its schema: ``amp_backends/schemas/check.schema.json``).

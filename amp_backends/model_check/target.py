@@ -17,13 +17,9 @@ REDUCED = {"mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
 
 @dataclass(frozen=True)
 class Target:
-    """The planned device, as far as precision and shapes go.
-
-    ``units`` maps a compute dtype (``float16``, ``bfloat16``, ``float32``, ``float8``) to the matrix unit
-    that runs its matmuls and convolutions and the alignment it needs; a dtype absent from it has none.
-    ``policy_level`` is how the hardware supports the plan's policy (``native``, ``functional``,
-    ``emulated``), with ``policy_why``.
-    """
+    """The planned device, as far as precision and shapes go: ``units`` maps a compute dtype to the matrix unit
+    that runs it and the alignment it needs (none where absent); ``policy_level`` is how the hardware supports the
+    plan's policy (``native``, ``functional``, ``emulated``), with ``policy_why``."""
 
     backend: str
     policy: str
@@ -48,10 +44,8 @@ class Target:
         return self.graph_amp or self.compute_dtype
 
     def unit_for(self, dtype: str, fp8_layer: bool = False) -> tuple[str, int] | None:
-        """The matrix unit and alignment for an op computing in ``dtype`` (``fp8_layer``: a float8 layer).
-
-        Under a graph rewrite (``graph_amp``) float32 ops of the traced graph run in the rewrite's dtype.
-        """
+        """The matrix unit and alignment for an op computing in ``dtype`` (``fp8_layer``: a float8 layer); under a
+        graph rewrite (``graph_amp``) float32 ops run in the rewrite's dtype."""
         if fp8_layer and "float8" in self.units:
             return self.units["float8"]
         if dtype == "float32" and self.graph_amp in self.units:
@@ -59,15 +53,9 @@ class Target:
         return self.units.get(dtype)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "backend": self.backend,
-            "policy": self.policy,
-            "compute_dtype": self.compute_dtype,
-            "policy_support": self.policy_level,
-            "graph_amp": self.graph_amp,
-            "fp8": self.fp8,
-            "matrix_units": {d: {"unit": u, "alignment": a} for d, (u, a) in self.units.items()},
-        }
+        return {"backend": self.backend, "policy": self.policy, "compute_dtype": self.compute_dtype,
+                "policy_support": self.policy_level, "graph_amp": self.graph_amp, "fp8": self.fp8,
+                "matrix_units": {d: {"unit": u, "alignment": a} for d, (u, a) in self.units.items()}}
 
 
 def fp8_enabled(plan: Any) -> bool:
@@ -77,11 +65,6 @@ def fp8_enabled(plan: Any) -> bool:
     if isinstance(value, str):
         return value.strip().lower() not in ("", "off", "false", "no", "none", "0", "unsupported")
     return bool(value)
-
-
-def _graph_amp(plan: Any) -> str | None:
-    value = getattr(plan, "graph_amp", None) or getattr(plan, "itex_amp", None)
-    return str(value).lower() if value else None
 
 
 def policy_support(plan: Any, policy: str) -> tuple[str, str] | None:
@@ -100,29 +83,20 @@ def policy_support(plan: Any, policy: str) -> tuple[str, str] | None:
 
 
 def matrix_units(plan: Any) -> dict[str, tuple[str, int]]:
-    """The matrix units the plan's device runs each compute dtype on, as its backend assessed them.
-
-    float16/bfloat16 units count where the hardware has them; the float32 one (TF32 and the like) only
-    when the plan's ``tf32`` is on, the float8 one only when its ``fp8`` is. A plan without a support table
-    (built by hand) has none: shapes are then not judged.
-    """
-    assessment = getattr(plan, "assessment", None)
-    units: dict[str, tuple[str, int]] = {}
-    for dtype, unit in (getattr(assessment, "matrix_units", None) or {}).items():
-        if (dtype == "float32" and not plan.tf32) or (dtype == "float8" and not fp8_enabled(plan)):
-            continue
-        units[dtype] = (unit.name, unit.alignment)
-    return units
+    """The matrix units the plan's device runs each compute dtype on, as its backend assessed them: the float32
+    one (TF32) only where the plan's ``tf32`` is on, the float8 one where its ``fp8`` is; none without a support
+    table (a plan built by hand: shapes are then not judged)."""
+    units = getattr(getattr(plan, "assessment", None), "matrix_units", None) or {}
+    return {dtype: (unit.name, unit.alignment) for dtype, unit in units.items()
+            if not (dtype == "float32" and not plan.tf32) and not (dtype == "float8" and not fp8_enabled(plan))}
 
 
 def make_target(plan: Any, hardware: Any = None) -> Target:
-    """The `Target` of ``plan``, from the support table it carries (``plan.assessment``).
-
-    ``hardware`` is accepted for callers that have the probe at hand; the plan's assessment was made from
-    it, so it adds nothing.
-    """
+    """The `Target` of ``plan``, from the support table it carries (``hardware``, which that table was made
+    from, adds nothing)."""
     level, why = policy_support(plan, plan.policy) or (NATIVE, "")
     rejected = {r.value: r.why for r in getattr(plan, "rejected", ()) if getattr(r, "setting", None) == "policy"}
+    graph_amp = getattr(plan, "graph_amp", None) or getattr(plan, "itex_amp", None)
     return Target(
         backend=plan.backend,
         policy=plan.policy,
@@ -131,7 +105,7 @@ def make_target(plan: Any, hardware: Any = None) -> Target:
         policy_why=why,
         units=matrix_units(plan),
         fp8=fp8_enabled(plan),
-        graph_amp=_graph_amp(plan),
+        graph_amp=str(graph_amp).lower() if graph_amp else None,
         rejected=rejected,
         float32_layers=tuple(getattr(plan, "float32_layers", ()) or ()),
         float32_layers_why=str(getattr(plan, "reasons", {}).get("float32_layers", "")),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Protocol, TypeVar
+from typing import Any, Iterable
 
 from ..layer_names import layer_geometry
 from .gemm import GEMM_OPS, dims_of, float_dtype, prod, read_gemm
@@ -92,7 +92,6 @@ class OutputInfo:
 class ModelGraph:
     """What `trace_model` read: the model's layers, and the forward graph's ops mapped onto them."""
 
-    model_name: str
     layers: list[LayerInfo]
     batch: int
     gemms: list[GemmOp] = field(default_factory=list)
@@ -106,17 +105,9 @@ class ModelGraph:
         return self.layers[index]
 
 
-class _OfLayer(Protocol):
-    @property
-    def layer(self) -> int: ...
-
-
-T = TypeVar("T", bound=_OfLayer)
-
-
-def by_layer(items: Iterable[T]) -> dict[int, list[T]]:
-    """``items`` (ops, masks) grouped by their layer, in order."""
-    groups: dict[int, list[T]] = {}
+def by_layer(items: Iterable[Any]) -> dict[int, list[Any]]:
+    """``items`` (ops, masks) grouped by their ``layer``, in order."""
+    groups: dict[int, list[Any]] = {}
     for item in items:
         groups.setdefault(item.layer, []).append(item)
     return groups
@@ -159,7 +150,7 @@ def trace_model(model: Any, batch: int, input_struct: Any) -> ModelGraph:
         raise _trace_error(model.name, layers, objects, specs, exc, scopes.culprit(exc)) from exc
     finally:
         restore_losses(losses)
-    return _read_graph(concrete, model.name, layers, batch, len(tf.nest.flatten(specs)))
+    return _read_graph(concrete, layers, batch, len(tf.nest.flatten(specs)))
 
 
 def run_once(model: Any, input_struct: Any) -> bool:
@@ -251,7 +242,7 @@ def _vocabulary(layer: Any) -> int | None:
     return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
-def _read_graph(concrete: Any, name: str, layers: list[LayerInfo], batch: int, n_inputs: int) -> ModelGraph:
+def _read_graph(concrete: Any, layers: list[LayerInfo], batch: int, n_inputs: int) -> ModelGraph:
     graph = concrete.graph
     ops = graph.get_operations()
     data_inputs = {t.op.name for t in graph.inputs[:n_inputs]}
@@ -283,7 +274,7 @@ def _read_graph(concrete: Any, name: str, layers: list[LayerInfo], batch: int, n
             continue
         stack.extend(t.op for t in op.inputs)
 
-    result = ModelGraph(model_name=name, layers=layers, batch=batch)
+    result = ModelGraph(layers=layers, batch=batch)
     for op in ops:
         if op.name not in on_path or op.name in data_inputs:
             continue
