@@ -19,10 +19,7 @@ def _keras() -> Any:
 
 
 def mnist_cnn() -> Any:
-    """Conv(32,3)-Conv(64,3)-MaxPool-Dropout(.25)-Flatten-Dense(128)-Dropout(.5)-Dense(10, softmax).
-
-    1,199,882 params.
-    """
+    """Conv(32,3)-Conv(64,3)-MaxPool-Dropout(.25)-Flatten-Dense(128)-Dropout(.5)-Dense(10, softmax): 1,199,882 params"""
     k = _keras()
     L = k.layers
     return k.Sequential(
@@ -56,24 +53,13 @@ def gan_generator() -> Any:
     """Dense(7*7*64) -> 7x7x64 -> BN/Conv/Upsample x2 -> BN/Conv(8) -> BN -> Conv(1, sigmoid). 477,713 params."""
     k = _keras()
     L = k.layers
-    return k.Sequential(
-        [
-            k.Input((NOISE_DIM,)),
-            L.Dense(7 * 7 * 64),
-            L.Reshape((7, 7, 64)),
-            L.BatchNormalization(),
-            L.Conv2D(64, 5, padding="same", activation="tanh"),
-            L.UpSampling2D(2, interpolation="nearest"),
-            L.BatchNormalization(),
-            L.Conv2D(32, 5, padding="same", activation="tanh"),
-            L.UpSampling2D(2, interpolation="nearest"),
-            L.BatchNormalization(),
-            L.Conv2D(8, 5, padding="same", activation="tanh"),
-            L.BatchNormalization(),
-            L.Conv2D(1, 5, padding="same", activation="sigmoid", dtype="float32"),
-        ],
-        name="generator",
-    )
+    layers: list[Any] = [k.Input((NOISE_DIM,)), L.Dense(7 * 7 * 64), L.Reshape((7, 7, 64))]
+    for filters in (64, 32):
+        layers += [L.BatchNormalization(), L.Conv2D(filters, 5, padding="same", activation="tanh"),
+                   L.UpSampling2D(2, interpolation="nearest")]
+    layers += [L.BatchNormalization(), L.Conv2D(8, 5, padding="same", activation="tanh"), L.BatchNormalization(),
+               L.Conv2D(1, 5, padding="same", activation="sigmoid", dtype="float32")]
+    return k.Sequential(layers, name="generator")
 
 
 def gan_labels(batch_size: int) -> tuple[Any, Any]:

@@ -37,46 +37,40 @@ from .shapes import shapes_with_sequence_length
 
 __all__ = ["Finding", "ModelCheck", "Summary", "check_model", "shapes_with_sequence_length"]
 
-# Submodules renamed, served under their old name for one release: old -> new (the docs showed
-# ``amp_backends.model_check.check.shapes_with_sequence_length``).
-_RENAMED = {"check": "checker"}
 
-
-def _old_module(old: str, new: str) -> Any:
-    """A module in ``sys.modules`` (where imports look first) for the old path: each public name of the new module
-    read through it warns (``DeprecationWarning``) and forwards."""
-    import importlib
+def _old_module() -> Any:
+    """``amp_backends.model_check.check``, renamed ``checker``, served for one release: a module in ``sys.modules``
+    (where imports look first) that forwards each public name of ``checker`` with a ``DeprecationWarning``."""
     import importlib.machinery
     import sys
     import types
 
-    name, target = f"{__name__}.{old}", f"{__name__}.{new}"
+    from . import checker
+
+    name, target = f"{__name__}.check", checker.__name__
     if name in sys.modules:
         return sys.modules[name]
     module = types.ModuleType(name, f"Deprecated: the old path of {target}.")
 
     def forward(attr: str) -> Any:
-        moved = importlib.import_module(target)
-        if attr not in moved.__all__:
+        if attr not in checker.__all__:
             raise AttributeError(f"module {name!r} has no attribute {attr!r} ({name} is now {target})")
         import warnings
 
         public = f"{__name__}.{attr}" if attr in __all__ else f"{target}.{attr}"
         warnings.warn(f"the module path {name} is deprecated: use {public} ({name} was renamed {target}); "
                       "the old path goes in the next release", DeprecationWarning, stacklevel=2)
-        return getattr(moved, attr)
+        return getattr(checker, attr)
 
     vars(module).update(__getattr__=forward, __all__=[], __spec__=importlib.machinery.ModuleSpec(name, None))
     sys.modules[name] = module
     return module
 
 
-for _old, _new in _RENAMED.items():
-    _old_module(_old, _new)
-del _old, _new
+_old_module()
 
 
 def __getattr__(name: str) -> Any:
-    if name in _RENAMED:  # ``amp_backends.model_check.check`` as an attribute: the old path's module
-        return _old_module(name, _RENAMED[name])
+    if name == "check":  # ``amp_backends.model_check.check`` as an attribute: the old path's module
+        return _old_module()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -69,8 +69,7 @@ class RuleContext:
         self.model_built_float32 = False
         self.layer_plan = layer_plan  # the model's LayerPlan: the layers it computes in float32 on purpose
         # the measurement that set every layer to float32, if one did
-        self.measured_float32: Any = layer_plan.measurement if layer_plan is not None and layer_plan.all_float32 \
-            else None
+        self.measured_float32: Any = layer_plan.measurement if layer_plan and layer_plan.all_float32 else None
         # the layers the layer plan keeps in float32 (their sublayers, an LSTM's cell, go with them)
         self.kept_paths = list(layer_plan.float32) if layer_plan is not None else [
             i.path for i in graph.layers[1:] if i.kept_by(target.float32_layers)]
@@ -103,9 +102,7 @@ class RuleContext:
     @staticmethod
     def level(share: float | None, threshold: float, unknown: str = "warning") -> str:
         """``warning`` from ``threshold`` up, ``info`` below; ``unknown`` where the share cannot be told."""
-        if share is None:
-            return unknown
-        return "warning" if share >= threshold else "info"
+        return unknown if share is None else "warning" if share >= threshold else "info"
 
     def add(self, severity: str, code: str, layer: int | str, what: str, why: str, fix: str,
             share: float | None = None, **details: Any) -> None:

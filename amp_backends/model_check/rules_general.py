@@ -72,9 +72,8 @@ class Rules(RuleContext):
                 also = f", and {label} is {out.dtype}" if out.dtype in ("float16", "bfloat16") else ""
                 self.add("error", "final-activation", out.layer,
                          f"{label} is a {act} computed in {out.producer_dtype}{also}",
-                         f"{out.producer_dtype} keeps about {3 if out.producer_dtype == 'float16' else 2} "
-                         "significant digits"
-                         + (" and nothing below 6e-8" if out.producer_dtype == "float16" else "")
+                         f"{out.producer_dtype} keeps about {3 if out.producer_dtype == 'float16' else 2} significant "
+                         "digits" + (" and nothing below 6e-8" if out.producer_dtype == "float16" else "")
                          + ": probabilities near 0 and 1 round off, and the loss's log(p) reads the rounded values "
                          "(Keras's mixed precision guide computes the final activation in float32)",
                          self._head_fix(out.layer, act),

@@ -67,9 +67,9 @@ def policy_mismatch(rules: RuleContext) -> None:
                       f"created after it): it trains in float32 and gets none of {target.policy}'s speed",
                       "call amp_backends.auto_configure() before building the model (a model loaded from a file "
                       "saved under another plan: amp_backends.prepare_model(model, plan, reset_policies=True)); a "
-                      "model saved after a "
-                      "measurement set every layer to float32 elsewhere gets its layer plan back here from "
-                      "amp_backends.prepare_model(model, plan, inputs=<one batch>), which measures it on this machine",
+                      "model saved after a measurement set every layer to float32 elsewhere gets its layer plan back "
+                      "here from amp_backends.prepare_model(model, plan, inputs=<one batch>), which measures it on "
+                      "this machine",
                       policy=target.policy)
             return
     other = {d: s for d, s in by_dtype.items() if d in ("float16", "bfloat16") and d != target.compute_dtype}

@@ -27,10 +27,8 @@ def _leaf(value: Any, default_dtype: Any) -> InputLeaf | None:
     """The `InputLeaf` of one given input, or ``None`` if ``value`` is a structure, not a leaf."""
     import tensorflow as tf
 
-    if _is_shape(value):
-        return InputLeaf(tuple(value), default_dtype or tf.float32)
-    if isinstance(value, tf.TensorShape):
-        return InputLeaf(tuple(value.as_list()), default_dtype or tf.float32)
+    if _is_shape(value) or isinstance(value, tf.TensorShape):
+        return InputLeaf(tuple(tf.TensorShape(value).as_list()), default_dtype or tf.float32)
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
     if shape is None or dtype is None or isinstance(value, (dict, list, tuple)):
         return None
@@ -39,11 +37,8 @@ def _leaf(value: Any, default_dtype: Any) -> InputLeaf | None:
         dtype = tf.as_dtype(dtype)
     except (TypeError, ValueError):
         return None
-    if default_dtype is not None:  # the model converts its inputs to the dtype it declares
-        dtype = default_dtype
-    elif dtype == tf.float64:  # Keras feeds NumPy's float64 as float32
-        dtype = tf.float32
-    return InputLeaf(dims, dtype)
+    # the model converts its inputs to the dtype it declares; Keras feeds NumPy's float64 as float32
+    return InputLeaf(dims, default_dtype or (tf.float32 if dtype == tf.float64 else dtype))
 
 
 def _to_leaves(given: Any, model_struct: Any) -> Any:

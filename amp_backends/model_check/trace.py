@@ -40,8 +40,7 @@ class LayerInfo:
     kernel: tuple[int, ...] = ()
 
     def kept_by(self, rules: Iterable[Any]) -> bool:
-        """Whether one of ``rules`` (the plan's `Float32Layer` entries) keeps
-        it in float32."""
+        """Whether one of ``rules`` (the plan's `Float32Layer` entries) keeps it in float32."""
         return any(r.matches(self.bases or (self.class_name,), self.strides, self.kernel) for r in rules)
 
 
@@ -136,16 +135,13 @@ def trace_model(model: Any, batch: int, input_struct: Any) -> ModelGraph:
     objects = [obj for _, obj in walked]
 
     def spec(leaf: InputLeaf) -> Any:
-        shape = (batch,) + tuple(leaf.shape[1:]) if leaf.shape else leaf.shape
-        return tf.TensorSpec(shape, leaf.dtype)
+        return tf.TensorSpec((batch, *leaf.shape[1:]) if leaf.shape else leaf.shape, leaf.dtype)
 
     specs = tf.nest.map_structure(spec, input_struct)
-    fn = tf.function(lambda inputs: model(inputs, training=False))
-    losses = snapshot_losses(objects)
-    scopes = LayerScopes(objects)
+    losses, scopes = snapshot_losses(objects), LayerScopes(objects)
     try:
         with scopes:
-            concrete = fn.get_concrete_function(specs)
+            concrete = tf.function(lambda inputs: model(inputs, training=False)).get_concrete_function(specs)
     except Exception as exc:
         raise _trace_error(model.name, layers, objects, specs, exc, scopes.culprit(exc)) from exc
     finally:
