@@ -66,17 +66,11 @@ GENERIC = frozenset({"Layer", "Model", "Functional", "Sequential"})  # valid, bu
 
 def unknown_layers(names: Iterable[str]) -> dict[str, list[str]]:
     """The ``names`` no layer class bears, each with the nearest known names (best first; empty: none close)."""
-    known: list[str] | None = None
-    out: dict[str, list[str]] = {}
-    for name in names:
-        if name in KERAS_LAYERS:
-            continue
-        known = known if known is not None else sorted(KERAS_LAYERS | defined_layer_classes())
-        if name in known:
-            continue
-        same = [k for k in known if k.lower() == name.lower()]
-        out[name] = same or difflib.get_close_matches(name, [k for k in known if k not in GENERIC], n=3, cutoff=0.65)
-    return out
+    unknown = [name for name in names if name not in KERAS_LAYERS]
+    known = sorted(KERAS_LAYERS | defined_layer_classes()) if unknown else []
+    offered = [k for k in known if k not in GENERIC]
+    return {name: [k for k in known if k.lower() == name.lower()]
+            or difflib.get_close_matches(name, offered, n=3, cutoff=0.65) for name in unknown if name not in known}
 
 
 def describe_unknown(unknown: dict[str, list[str]]) -> str:

@@ -12,6 +12,7 @@ keeps it; checkpoints keep the layer plan (`LayerPlan.from_dict`).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -142,9 +143,7 @@ class LayerPlan:
         """One line: how many layers in each dtype, and from which rule."""
         if not self.decisions:
             return f"{self.model}: every layer follows {self.policy}"
-        counts: dict[tuple[str, str], int] = {}
-        for d in self.decisions:
-            counts[(d.dtype, d.source)] = counts.get((d.dtype, d.source), 0) + 1
+        counts = Counter((d.dtype, d.source) for d in self.decisions)
         parts = [f"{n} {dtype} ({source})" for (dtype, source), n in counts.items()]
         return f"{self.model}: {', '.join(parts)}; the other layers follow {self.policy}"
 

@@ -22,20 +22,9 @@ def mnist_cnn() -> Any:
     """Conv(32,3)-Conv(64,3)-MaxPool-Dropout(.25)-Flatten-Dense(128)-Dropout(.5)-Dense(10, softmax): 1,199,882 params"""
     k = _keras()
     L = k.layers
-    return k.Sequential(
-        [
-            k.Input((28, 28, 1)),
-            L.Conv2D(32, 3, activation="relu"),
-            L.Conv2D(64, 3, activation="relu"),
-            L.MaxPooling2D(2),
-            L.Dropout(0.25),
-            L.Flatten(),
-            L.Dense(128, activation="relu"),
-            L.Dropout(0.5),
-            L.Dense(10, activation="softmax", dtype="float32"),
-        ],
-        name="mnist_cnn",
-    )
+    return k.Sequential([k.Input((28, 28, 1)), L.Conv2D(32, 3, activation="relu"), L.Conv2D(64, 3, activation="relu"),
+                         L.MaxPooling2D(2), L.Dropout(0.25), L.Flatten(), L.Dense(128, activation="relu"),
+                         L.Dropout(0.5), L.Dense(10, activation="softmax", dtype="float32")], name="mnist_cnn")
 
 
 def gan_discriminator() -> Any:

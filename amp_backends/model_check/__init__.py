@@ -11,8 +11,13 @@ breaks either, from the model alone::
 It traces the forward pass once (nothing runs, nothing changes) on the model's input shapes or those of
 ``inputs=`` (`shapes`), reads every matmul and convolution — dtype, shapes, FLOPs —, maps each op to its layer,
 and judges them against the plan's device (`target`) with the rules of `rules_general`, `rules_policy` and
-`rules_transformer`. ``amp-backends check MODULE:FACTORY`` does the same from the command line. The findings'
-codes, severities and fixes: docs/troubleshooting.md, "The precision check's findings".
+`rules_transformer`. ``amp-backends check MODULE:FACTORY`` does the same from the command line.
+
+Findings (``code``; when each is reported, its severity and fix: docs/troubleshooting.md, "The precision check's
+findings"): ``final-activation``, ``output-dtype``, ``float32-compute``, ``policy-mismatch``, ``measured-float32``,
+``float32-layers``, ``layer-call-fails``, ``tensor-core-shape``, ``batch-size``, ``depthwise``, ``slow-op``,
+``emulated-policy``, ``functional-policy``, ``unsized-model``; for transformers ``mask-overflow``,
+``attention-softmax``, ``layernorm-precision``, ``vocabulary-size`` and ``logits-dtype`` (for ``output-dtype``).
 
 FLOPs are forward-pass matmul and convolution FLOPs per image, multiply-adds counted as two. Shares are of the
 ops with static shapes, given only when those are most of the ops (``summary.sized``,

@@ -78,12 +78,11 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
                 hardware: Hardware | None = None, layer_plan: LayerPlan | None = None, run: bool = True) -> ModelCheck:
     """Check a Keras model for what makes mixed precision slow or wrong on the planned device.
 
-    The forward pass is traced once (nothing runs, nothing in the model changes) and every matmul and
-    convolution read: its real dtype, shapes and FLOPs, and the ops producing the outputs. Findings: outputs
-    not in float32, a final softmax/sigmoid in float16/bfloat16, float32 matmuls under a mixed policy, widths
-    and batch sizes the matrix units run at reduced efficiency, ops with no fast reduced-precision path, a policy
-    the hardware only emulates. Global state (the dtype policy, the applied plan, the model's weights and losses)
-    is left as it was.
+    The forward pass is traced once and every matmul and convolution read (its real dtype, shapes, FLOPs). It
+    reports outputs not in float32, a final softmax/sigmoid in float16/bfloat16, float32 matmuls under a mixed
+    policy, widths and batch sizes the matrix units run at reduced efficiency, ops with no fast reduced-precision
+    path, a policy the hardware only emulates. Global state (the dtype policy, the applied plan, the model's
+    weights and losses) is left as it was.
 
     Args:
         model: a built ``keras.Model`` (functional, Sequential, or subclassed and already built or called).

@@ -10,6 +10,7 @@ matmul, ``2*H_out*W_out*K_h*K_w*C_in*C_out`` per image for a convolution.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,12 +42,7 @@ def dims_of(tensor: Any) -> list[int | None]:
 
 
 def prod(values: list[int | None]) -> int | None:
-    out = 1
-    for v in values:
-        if v is None:
-            return None
-        out *= v
-    return out
+    return None if any(v is None for v in values) else math.prod(v for v in values if v is not None)
 
 
 def attr(op: Any, name: str, default: Any = None) -> Any:

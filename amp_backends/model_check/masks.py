@@ -67,15 +67,12 @@ def _constant_min(op: Any) -> float | None:
     import numpy as np
     import tensorflow as tf
 
-    try:
+    try:  # (np.issubdtype(..., np.floating) is False for ml_dtypes' bfloat16 and float8: converted instead)
         value = tf.make_ndarray(op.get_attr("value"))
+        wide = value.astype(np.float64) if 0 < value.size <= _MAX_ELEMENTS else None
     except (ValueError, TypeError):
         return None
-    if value.size == 0 or value.size > _MAX_ELEMENTS:
-        return None
-    try:  # np.issubdtype(..., np.floating) is False for ml_dtypes' bfloat16 and float8: convert instead
-        wide = value.astype(np.float64)
-    except (TypeError, ValueError):
+    if wide is None:
         return None
     if np.isnan(wide).any():
         return float("-inf")  # a float8 type without infinity stores an overflow as NaN

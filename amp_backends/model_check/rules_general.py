@@ -29,7 +29,9 @@ class Rules(RuleContext):
         self.float32_compute()
         self.shapes()
         self.slow_ops()
-        rules_transformer.run(self)
+        for rule in (rules_transformer.mask_overflow, rules_transformer.attention_softmax,
+                     rules_transformer.normalization, rules_transformer.vocabulary, rules_transformer.logits):
+            rule(self)
         order = {"error": 0, "warning": 1, "info": 2}
         return sorted(self.findings, key=lambda f: (order[f.severity], f.code != "unsized-model",
                                                     -(f.flops_share or 0)))
@@ -260,13 +262,10 @@ class Rules(RuleContext):
             if all(v is not None and v % unit[1] == 0 for v in self.dims(op).values()):
                 eligible += (op.flops or 0) / self.total
         shown = self.sized  # shares of the sized ops stand for the model only when they are most of it
-        return Summary(
-            flops_per_image=(self.total if self.known else 0.0) / graph.batch,
-            dtype_shares={d: round(s, 6) for d, s in shares.items()} if shown else {},
-            reduced_precision_share=round(sum(s for d, s in shares.items() if d in REDUCED), 6) if shown else None,
-            eligible_share=round(eligible, 6) if target.units and shown else None,
-            matrix_units={d: u for d, (u, _) in target.units.items()},
-            unknown_flops_ops=len(graph.gemms) - len(self.known),
-            gemm_ops=len(graph.gemms),
-            sized=self.sized,
-        )
+        reduced = sum(s for d, s in shares.items() if d in REDUCED)
+        return Summary(flops_per_image=(self.total if self.known else 0.0) / graph.batch,
+                       dtype_shares={d: round(s, 6) for d, s in shares.items()} if shown else {},
+                       reduced_precision_share=round(reduced, 6) if shown else None,
+                       eligible_share=round(eligible, 6) if target.units and shown else None,
+                       matrix_units={d: u for d, (u, _) in target.units.items()},
+                       unknown_flops_ops=len(graph.gemms) - len(self.known), gemm_ops=len(graph.gemms), sized=shown)

@@ -22,15 +22,6 @@ VOCAB_ALIGNMENT = 64  # a vocabulary padded to 64 keeps the logits GEMM aligned 
 MIN_VOCABULARY = 1000  # below this an embedding is a small categorical table, not a vocabulary
 
 
-def run(rules: RuleContext) -> None:
-    """Apply every transformer rule, adding to ``rules.findings``."""
-    mask_overflow(rules)
-    attention_softmax(rules)
-    normalization(rules)
-    vocabulary(rules)
-    logits(rules)
-
-
 def vocabularies(rules: RuleContext) -> set[int]:
     return {info.vocabulary for info in rules.graph.layers if info.vocabulary and info.vocabulary >= MIN_VOCABULARY}
 

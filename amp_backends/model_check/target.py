@@ -97,16 +97,8 @@ def make_target(plan: Any, hardware: Any = None) -> Target:
     level, why = policy_support(plan, plan.policy) or (NATIVE, "")
     rejected = {r.value: r.why for r in getattr(plan, "rejected", ()) if getattr(r, "setting", None) == "policy"}
     graph_amp = getattr(plan, "graph_amp", None) or getattr(plan, "itex_amp", None)
-    return Target(
-        backend=plan.backend,
-        policy=plan.policy,
-        compute_dtype=REDUCED.get(plan.policy, "float32"),
-        policy_level=level,
-        policy_why=why,
-        units=matrix_units(plan),
-        fp8=fp8_enabled(plan),
-        graph_amp=str(graph_amp).lower() if graph_amp else None,
-        rejected=rejected,
-        float32_layers=tuple(getattr(plan, "float32_layers", ()) or ()),
-        float32_layers_why=str(getattr(plan, "reasons", {}).get("float32_layers", "")),
-    )
+    return Target(backend=plan.backend, policy=plan.policy, compute_dtype=REDUCED.get(plan.policy, "float32"),
+                  policy_level=level, policy_why=why, units=matrix_units(plan), fp8=fp8_enabled(plan),
+                  graph_amp=str(graph_amp).lower() if graph_amp else None, rejected=rejected,
+                  float32_layers=tuple(getattr(plan, "float32_layers", ()) or ()),
+                  float32_layers_why=str(getattr(plan, "reasons", {}).get("float32_layers", "")))

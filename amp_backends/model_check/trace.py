@@ -149,10 +149,10 @@ def trace_model(model: Any, batch: int, input_struct: Any) -> ModelGraph:
     return _read_graph(concrete, layers, batch, len(tf.nest.flatten(specs)))
 
 
-def run_once(model: Any, input_struct: Any) -> bool:
+def run_once(model: Any, input_struct: Any) -> None:
     """Call ``model`` once, eagerly, on zeros of one example at ``input_struct``'s shapes (``training=False``,
     losses restored): a shape the model cannot take fails only when it runs, never in the symbolic trace.
-    False (nothing run) where a dimension is open or an input takes strings.
+    Nothing runs where a dimension is open or an input takes strings.
 
     Raises:
         ModelCallError: The model raised, naming the layer whose call did.
@@ -163,7 +163,7 @@ def run_once(model: Any, input_struct: Any) -> bool:
     leaves = tf.nest.flatten(input_struct)
     if not leaves or any(None in leaf.shape[1:] or not (leaf.dtype.is_floating or leaf.dtype.is_integer or
                                                         leaf.dtype.is_bool) for leaf in leaves):
-        return False
+        return
     zeros = tf.nest.map_structure(lambda leaf: tf.constant(np.zeros((1, *leaf.shape[1:]), leaf.dtype.as_numpy_dtype)),
                                   input_struct)
     objects = [obj for _, obj in walk(model, model.name)]
@@ -189,7 +189,6 @@ def run_once(model: Any, input_struct: Any) -> bool:
             "its maximum (the length of its position embedding), an image size its layers accept.") from exc
     finally:
         restore_losses(losses)
-    return True
 
 
 def _describe(inputs: Any) -> str:
