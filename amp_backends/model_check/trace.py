@@ -191,14 +191,6 @@ def run_once(model: Any, input_struct: Any) -> None:
         restore_losses(losses)
 
 
-def _describe(inputs: Any) -> str:
-    import tensorflow as tf
-
-    leaves = [f"{t.dtype.name} {tuple(t.shape.as_list())}" for t in tf.nest.flatten(inputs)
-              if hasattr(t, "dtype") and hasattr(t, "shape") and hasattr(t.shape, "as_list")]
-    return ", ".join(leaves) or "nothing it could read"
-
-
 def _trace_error(name: str, layers: list[LayerInfo], objects: list[Any], specs: Any, exc: Exception,
                  failure: LayerFailure | None) -> Exception:
     """The error for a model whose call raised: the layer whose own code raised, when one did, and its inputs."""
@@ -213,8 +205,10 @@ def _trace_error(name: str, layers: list[LayerInfo], objects: list[Any], specs: 
             "batch), and pass batch_size=... or inputs=...")
     info, error = layers[failure.index], failure.error
     message = f"{type(error).__name__}: {str(error).strip().rstrip('.')}"
+    given = ", ".join(f"{t.dtype.name} {tuple(t.shape.as_list())}" for t in tf.nest.flatten(failure.inputs)
+                      if hasattr(t, "dtype") and hasattr(t, "shape") and hasattr(t.shape, "as_list"))
     what = (f"the model {name!r}: its layer {info.path!r} ({info.class_name}, dtype policy {info.policy}) raised "
-            f"{message} when called on {_describe(failure.inputs)} (the model on inputs of shape {shapes}, "
+            f"{message} when called on {given or 'nothing it could read'} (the model on inputs of shape {shapes}, "
             "training=False).")
     if info.class_name == "Lambda":
         unseen = (" (Keras builds a Lambda given output_shape= without calling its function, so building the model "
