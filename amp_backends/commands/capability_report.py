@@ -1,23 +1,12 @@
 """The capability report: `collect` gathers plain data, `render_text` / `to_json` show it.
 
-What the report needs TensorFlow for, and when it imports it: TensorFlow's version, its CUDA/cuDNN build
-and the Keras version are read from package metadata and TensorFlow's ``build_info.py`` without importing
-it. Importing TensorFlow (about 3 s of the old 3.5-4 s ``info`` on a 2-core CPU machine) is needed only
-to list Intel XPUs (ITEX is a TensorFlow plugin) and to confirm that TensorFlow sees the GPUs NVML
-reports (a CPU-only build does not). By default (``use_tensorflow=None``) the report imports it exactly
-then — an available backend with TensorFlow devices, or a probe that needs TensorFlow — and says why;
-``True`` always imports it (TensorFlow's own device list), ``False`` never.
+TensorFlow's version, its CUDA/cuDNN build and Keras's version are read without importing TensorFlow (package
+metadata, ``build_info.py``). Importing it (most of ``info``'s time) is needed only to list Intel XPUs (ITEX is a
+plugin) and to confirm TensorFlow sees the GPUs NVML reports: by default (``use_tensorflow=None``) the report
+imports it exactly then and says why; ``True`` always imports it, ``False`` never.
 
-JSON (`to_json`, ``schema_version`` 2; within a version fields are only ever added): the plan first
-(``Plan.to_dict()`` with its support table), then ``plan_error``, the overrides in force, the autotune cache,
-the software, each backend's rows, and the hardware (with the CPU flags) last. Its JSON Schema, every field
-described, is ``amp_backends/schemas/report.schema.json`` (shipped with the package), with the changes
-from version 1.
-Added within version 2: the plan's ``fp8``, ``steps_per_execution`` and ``float32_layers`` (with their
-reasons), and the support table's ``fp8``, ``matrix_units``, ``steps_per_execution`` and ``float32_layers``;
-then the plan's ``decisions``, ``device_names``, ``tensorflow`` and ``keras``, the evidence of the float32
-layers and of ``steps_per_execution``, a support level's ``brief`` and ``evidence`` where it has them, and the
-CPU's ``family``, ``model_number``, ``stepping`` and ``microarchitecture``.
+JSON (`to_json`, ``schema_version`` 2; fields are only ever added within a version): its schema, every field
+described along with what changed since version 1, is ``amp_backends/schemas/report.schema.json``.
 """
 
 from __future__ import annotations
@@ -67,9 +56,8 @@ def _tensorflow_section(imported: Any, why: str, error: str | None) -> dict[str,
     return info
 
 
-def _hardware(
-    registry: BackendRegistry, use_tensorflow: bool | None, quiet: bool
-) -> tuple[Hardware, Any, str, str | None]:
+def _hardware(registry: BackendRegistry, use_tensorflow: bool | None,
+              quiet: bool) -> tuple[Hardware, Any, str, str | None]:
     """Probe, importing TensorFlow when asked or (``None``) when it can change the plan."""
     hardware = probe_hardware(registry, use_tensorflow=False)
     if use_tensorflow is None:
@@ -96,22 +84,13 @@ def _rows(call: Any, *args: Any) -> list[list[str]]:
         return [["error", f"{type(exc).__name__}: {exc}"]]
 
 
-def collect(
-    *,
-    use_tensorflow: bool | None = None,
-    registry: BackendRegistry | None = None,
-    environ: Mapping[str, str] | None = None,
-    quiet: bool = False,
-    device: str | None = None,
-    **overrides: Any,
-) -> Report:
-    """Gather the plan, the software and the hardware. Never raises for broken or missing software or
-    backends: they are reported. ``quiet`` filters TensorFlow's start-up noise if it is imported.
-
-    A bad override (``AMP_POLICY=bogus``) or an unknown ``device`` is the user's error and raises
-    `AmpConfigError`. ``device`` plans for a device of the catalogue (`amp_backends.devices`)
-    instead of this machine.
-    """
+def collect(*, use_tensorflow: bool | None = None, registry: BackendRegistry | None = None,
+            environ: Mapping[str, str] | None = None, quiet: bool = False, device: str | None = None,
+            **overrides: Any) -> Report:
+    """Gather the plan, the software and the hardware; broken or missing software or backends are reported, never
+    raised. ``quiet`` filters TensorFlow's start-up noise; ``device`` plans for a catalogue device
+    (`amp_backends.devices`) instead of this machine. A bad override or an unknown ``device`` raises
+    `AmpConfigError`."""
     registry = registry or default_registry()
     env = os.environ if environ is None else environ
     if device is not None:  # a catalogue device's description, not this machine
@@ -122,20 +101,13 @@ def collect(
     else:
         hardware, tf, why, tf_error = _hardware(registry, use_tensorflow, quiet)
     data: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "amp_backends_version": __version__,
-        "plan": None,
-        "plan_error": None,
+        "schema_version": SCHEMA_VERSION, "amp_backends_version": __version__, "plan": None, "plan_error": None,
         "overrides": {var: env[var] for var in (*ENV_VARS.values(), *RENAMED_ENV_VARS.values())
                       if env.get(var, "").strip()},
         "autotune": None,
-        "software": {
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "tensorflow": _tensorflow_section(tf, why, tf_error),
-            "keras": keras_info(tf).to_dict(),
-            "backends": {b.name: _rows(b.software_rows) for b in registry},
-        },
+        "software": {"python": platform.python_version(), "platform": platform.platform(),
+                     "tensorflow": _tensorflow_section(tf, why, tf_error), "keras": keras_info(tf).to_dict(),
+                     "backends": {b.name: _rows(b.software_rows) for b in registry}},
         "backend_rows": {b.name: _rows(b.report_rows, probe) for b in registry
                          if (probe := hardware.get(b.name)) is not None},
         "hardware": hardware.to_dict(),
@@ -168,11 +140,8 @@ def to_json(report: Report) -> str:
 
 
 def render_text(report: Report, console: Any = None, why: bool = False) -> None:
-    """Print the report: tables on a terminal, one plain line a row elsewhere (`amp_backends.terminal`).
-
-    The plan's settings come with their short reasons, or with ``why`` their whole reasons and the measurements
-    they quote, with the rejected alternatives.
-    """
+    """Print the report: tables on a terminal, one plain line a row elsewhere; the plan's settings with their short
+    reasons, or with ``why`` their whole reasons (and the measurements they quote) and the rejected alternatives."""
     from ..terminal import make_console, say, show_rows
 
     console = console or make_console()
