@@ -30,16 +30,6 @@ DEFAULT_STEPS = 3
 DEFAULT_WARMUP = 2
 
 
-def _target(model_or_factory: Any) -> str:
-    if hasattr(model_or_factory, "layers") or not (callable(model_or_factory) or isinstance(model_or_factory, str)):
-        raise TypeError(
-            "audit() takes a factory (a function that builds the model, or its 'MODULE:FACTORY' string), not a model: "
-            "oneDNN reads ONEDNN_VERBOSE once, when it starts, so the model must be built in a fresh child process. "
-            f"Received {type(model_or_factory).__name__}. Fix: pass the function that builds it, such as "
-            "audit(build_model) or audit('mymodels:build')")
-    return factory_spec(model_or_factory)
-
-
 def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = DEFAULT_BATCH,
           steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP, timeout: float = 600.0, **overrides: Any) -> Audit:
     """Train ``steps`` steps of the model after ``warmup`` in a child process and report what ran.
@@ -68,12 +58,17 @@ def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = 
         KeyboardInterrupt: Ctrl-C, or SIGTERM (`amp_backends.errors.TrainingInterrupted`, exit code 143), stopped
             the audit; the child process was stopped first.
     """
-    for name, value in (("batch_size", batch_size), ("steps", steps)):
+    for name, value, expected in (("batch_size", batch_size, "a positive int"), ("steps", steps, "a positive int"),
+                                  ("warmup", warmup, "an int >= 1 (the first step traces and compiles)")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int. Received: {value!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
-        raise ValueError(f"warmup must be an int >= 1 (the first step traces and compiles). Received: {warmup!r}")
-    target = _target(model_or_factory)
+            raise ValueError(f"{name} must be {expected}. Received: {value!r}")
+    if hasattr(model_or_factory, "layers") or not (callable(model_or_factory) or isinstance(model_or_factory, str)):
+        raise TypeError(
+            "audit() takes a factory (a function that builds the model, or its 'MODULE:FACTORY' string), not a model: "
+            "oneDNN reads ONEDNN_VERBOSE once, when it starts, so the model must be built in a fresh child process. "
+            f"Received {type(model_or_factory).__name__}. Fix: pass the function that builds it, such as "
+            "audit(build_model) or audit('mymodels:build')")
+    target = factory_spec(model_or_factory)
     env = child_env(plan, **overrides)
     if plan is not None:
         from ..registry import default_registry

@@ -180,8 +180,7 @@ class AuditObserver:
                        f"program with {assignments}, or use `amp-backends train ... --audit`")
 
     def before_call(self, step: int, steps: int) -> None:
-        in_window = step < self.stop and step + steps > self.start
-        if self._tap is not None and not self.done and not self._open and in_window:
+        if self._tap is not None and not (self.done or self._open) and step < self.stop and step + steps > self.start:
             self._tap.open_window()
             self._open = True
 

@@ -104,17 +104,6 @@ def _sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _stop_child(proc: subprocess.Popen[str]) -> None:
-    """End the child (SIGTERM; SIGKILL after 5 s) and wait for it, so that none outlives this process."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    proc.wait()
-
-
 def _run_to_end(cmd: list[str], env: Mapping[str, str], timeout: float) -> tuple[int, str, str]:
     """``cmd``'s exit code, standard output and standard error, run with ``env`` to its end; past ``timeout``
     (``subprocess.TimeoutExpired``) or when this process is interrupted, it is stopped first."""
@@ -123,8 +112,14 @@ def _run_to_end(cmd: list[str], env: Mapping[str, str], timeout: float) -> tuple
                                 cwd=os.getcwd())
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
-        except BaseException:  # a timeout, Ctrl-C, SIGTERM: the child is stopped before this process goes on
-            _stop_child(proc)
+        except BaseException:  # a timeout, Ctrl-C, SIGTERM: the child is stopped (SIGKILL after 5 s) first
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            proc.wait()
             for pipe in (proc.stdout, proc.stderr):
                 if pipe is not None:
                     pipe.close()

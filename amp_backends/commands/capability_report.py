@@ -160,14 +160,10 @@ def render_text(report: Report, console: Any = None, why: bool = False) -> None:
               show_header=True, header_style="bold", plain=hardware_line)
     sw = d["software"]
     tf = sw["tensorflow"]
-    tf_text = tf["version"] or "not installed"
-    if tf.get("is_cuda_build"):
-        tf_text += f" (CUDA build, CUDA {tf.get('cuda_version')}, cuDNN {tf.get('cudnn_version')})"
-    elif tf.get("is_cuda_build") is not None:
-        tf_text += " (CPU-only build)"
-    tf_text += f"; {tf['why']}"
-    if tf.get("error"):
-        tf_text += f" [{tf['error']}]"
+    build = {True: f" (CUDA build, CUDA {tf.get('cuda_version')}, cuDNN {tf.get('cudnn_version')})",
+             False: " (CPU-only build)"}.get(tf.get("is_cuda_build"), "")
+    error = f" [{tf['error']}]" if tf.get("error") else ""
+    tf_text = f"{tf['version'] or 'not installed'}{build}; {tf['why']}{error}"
     k = sw["keras"]
     generation = f" (Keras {k['generation']} API)" if k.get("generation") else ""
     software = [("amp_backends", d["amp_backends_version"]), ("Python", f"{sw['python']} ({sw['platform']})"),
@@ -208,12 +204,8 @@ def _plan_rows(d: dict[str, Any], why: bool) -> tuple[list[tuple[str, str, str]]
         reason, value = (decision["detail"], decision["value"]) if why else (decision["reason"], "")
         rows.append((decision["setting"], decision["value"], reason.removeprefix(f"{value}: ")))
     rows += [(s["name"], s["value"], s["why"]) for s in plan["vendor_settings"]]
-    styles: list[str | None] = [None] * len(rows)
-    if why:
-        rows += [(f"rejected {r['setting']}", r["value"], r["why"]) for r in plan["rejected"]]
-        styles += ["dim"] * len(plan["rejected"])
-    rows += [("warning", "", w) for w in plan["warnings"]]
-    styles += ["yellow"] * len(plan["warnings"])
-    rows += [("note", "", n) for n in plan["notes"]]
-    styles += [None] * len(plan["notes"])
-    return rows, styles
+    styled: list[tuple[tuple[str, str, str], str | None]] = [(row, None) for row in rows]
+    styled += [((f"rejected {r['setting']}", r["value"], r["why"]), "dim") for r in plan["rejected"] if why]
+    styled += [(("warning", "", w), "yellow") for w in plan["warnings"]]
+    styled += [(("note", "", n), None) for n in plan["notes"]]
+    return [row for row, _ in styled], [style for _, style in styled]

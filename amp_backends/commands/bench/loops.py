@@ -147,8 +147,7 @@ def bench_manual(model: str, config: tuple, x: np.ndarray, y: np.ndarray, batch:
     tf = _tf()
     name, policy, tf32, xla, scaling = config
     tf.config.experimental.enable_tensor_float_32_execution(tf32)
-    make = _mnist_manual if model == "mnist" else _gan_manual
-    step = make(policy, xla, scaling, lr, batch)
+    step = (_mnist_manual if model == "mnist" else _gan_manual)(policy, xla, scaling, lr, batch)
     ds = _dataset(x, y, batch)
     per_step = batch if model == "mnist" else 2 * batch
 
