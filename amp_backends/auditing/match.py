@@ -130,7 +130,4 @@ def match_op_name(op: str | None, layers: Sequence[LayerKernel]) -> list[str]:
     by_name: dict[str, list[str]] = {}
     for layer in layers:
         by_name.setdefault(layer.path.rsplit("/", 1)[-1], []).append(layer.path)
-    for scope in reversed(scopes):
-        if scope in by_name:
-            return by_name[scope]
-    return []
+    return next((by_name[scope] for scope in reversed(scopes) if scope in by_name), [])

@@ -51,10 +51,8 @@ class Timings:
 
     def winner(self, margin: float) -> str | None:
         """The variant that beat every other one in every round by ``margin``, or ``None`` (within noise)."""
-        for name in self.rates:
-            if all(self.wins(name, other, margin) for other in self.rates if other != name):
-                return name
-        return None
+        return next((name for name in self.rates
+                     if all(self.wins(name, other, margin) for other in self.rates if other != name)), None)
 
     def to_dict(self) -> dict[str, Any]:
         return {name: {"median": round(self.median(name), 3), "min": round(self.spread(name)[0], 3),
