@@ -1,12 +1,9 @@
 """MNIST for the examples and benchmarks: Keras's file format, Keras's cache, a clear error offline.
 
-Arrays stay ``uint8`` images ``(N, 28, 28)`` and ``int64`` labels; the trainer scales to [0, 1] on the
-device (``/255``, as the tutorials did), which keeps the resident data four times smaller.
-
-Files are read as people save MNIST: images as ``uint8`` 0..255, or as floats in [0, 1] or [0, 255]
-(converted to ``uint8``), of shape ``(N, 28, 28)``, ``(N, 28, 28, 1)`` or ``(N, 784)``; labels as class
-ids (integers, or floats holding whole numbers) or one-hot rows. Anything else — standardised images with
-negative values, labels outside 0..9, NaN — is refused with the reason before training starts.
+Arrays stay ``uint8`` images ``(N, 28, 28)`` (the trainer scales to [0, 1] on the device, four times less resident
+data) and ``int64`` labels. Files are read as people save MNIST (uint8 or float pixels in [0, 1] or [0, 255]; shapes
+``(N, 28, 28)``, ``(N, 28, 28, 1)``, ``(N, 784)``; class ids or one-hot labels); anything else is refused with the
+reason before training starts.
 """
 
 from __future__ import annotations
@@ -55,8 +52,7 @@ def read_mnist_npz(path: str | os.PathLike) -> tuple[tuple[np.ndarray, np.ndarra
             if missing:
                 raise DataUnavailableError(
                     f"{str(p)!r} is not an MNIST file in Keras's format: expected arrays {', '.join(MNIST_KEYS)}, "
-                    f"found {', '.join(f.files) or 'none'} (missing {', '.join(missing)})."
-                )
+                    f"found {', '.join(f.files) or 'none'} (missing {', '.join(missing)}).")
             x_train, y_train, x_test, y_test = (f[k] for k in MNIST_KEYS)
     except DataUnavailableError:
         raise
@@ -162,8 +158,7 @@ def load_mnist(path: str | os.PathLike | None = None, *, allow_download: bool = 
             reason = f"the download failed: {type(exc).__name__}: {str(exc)[:200]}"
     raise DataUnavailableError(
         f"MNIST is not in Keras's cache ({cached}) and {reason}. Fix: pass --data /path/to/mnist.npz (Keras's format), "
-        "or --synthetic for random MNIST-shaped data (for benchmarks)."
-    )
+        "or --synthetic for random MNIST-shaped data (for benchmarks).")
 
 
 def synthetic_mnist(n_train: int = 60000, n_test: int = 10000, seed: int = 0) -> Any:
@@ -174,10 +169,8 @@ def synthetic_mnist(n_train: int = 60000, n_test: int = 10000, seed: int = 0) ->
 
 
 def digits_as_mnist(test_fraction: float = 0.2, seed: int = 0) -> Any:
-    """Real handwritten digits (8x8, 1,797 images, shipped with the package) upsampled to 28x28 uint8, as MNIST.
-
-    The data is UCI's optical recognition of handwritten digits, the same file as scikit-learn's ``load_digits``
-    (``amp_backends/datasets/README.md``): no download, no scikit-learn.
+    """Real handwritten digits (UCI's 8x8, 1,797 images, scikit-learn's ``load_digits``; shipped with the package)
+    upsampled to 28x28 uint8, as MNIST.
 
     Args:
         test_fraction: The share of the images held out as the test split.
@@ -189,8 +182,7 @@ def digits_as_mnist(test_fraction: float = 0.2, seed: int = 0) -> Any:
     with resources.files("amp_backends").joinpath("datasets/digits.csv.gz").open("rb") as f:
         rows = np.loadtxt(gzip.open(f), delimiter=",")
     images, target = rows[:, :-1].reshape(-1, 8, 8), rows[:, -1]
-    imgs = np.kron(images, np.ones((3, 3)))  # 24x24
-    imgs = np.pad(imgs, ((0, 0), (2, 2), (2, 2)))  # 28x28, as MNIST's centred digits
+    imgs = np.pad(np.kron(images, np.ones((3, 3))), ((0, 0), (2, 2), (2, 2)))  # 24x24, centred in 28x28 as MNIST's
     imgs = np.round(imgs / 16.0 * 255.0).astype(np.uint8)
     labels = target.astype(np.int64)
     order = np.random.default_rng(seed).permutation(len(labels))

@@ -1,12 +1,8 @@
 """The kernel audit's side of the backend interface: how a backend reads what actually ran.
 
-The audit (`amp_backends.audit`) trains a few steps of a model in a child process and reports the kernels
-that ran. What a vendor's kernels print, or where a profiler writes them, is the vendor's knowledge, so each
-backend answers `Backend.kernel_audit` with a `KernelAudit` (or ``None``: the audit then says it was not
-measured): the variables the child starts with, hooks around the measured steps, and a reader that turns a
-`Capture` into a `KernelReading` of `KernelRecord` values. The registry gathers them
-(`BackendRegistry.kernel_audit`, `BackendRegistry.audit_environment`). Everything here is plain data: no
-TensorFlow.
+Each backend answers `Backend.kernel_audit` with a `KernelAudit` (or ``None``: the audit says it was not measured):
+the variables the audited process starts with, hooks around the measured steps, and a reader turning a `Capture`
+into a `KernelReading` of `KernelRecord` values. Plain data only: no TensorFlow.
 """
 
 from __future__ import annotations

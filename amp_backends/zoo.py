@@ -1,26 +1,11 @@
 """Reference models for benchmarks and tests: architectures built from configs, without weights, small.
 
-Each `ZooModel` is a builder (the model, built under the dtype policy in force, with float32
-outputs), a synthetic-data maker, its Keras loss for ``compile`` and a per-example loss for the trainer,
-and the unit a sample is counted in. Sizes fit a 2-core CPU; ``gpu_batch`` is the batch for a GPU.
-
-=================  ===========================================================================
-name               model
-=================  ===========================================================================
-``mnist_cnn``      the tutorials' MNIST CNN (`amp_backends.models.mnist_cnn`)
-``gan``            the tutorials' GAN: generator and discriminator in one Keras model whose
-                   ``train_step`` makes both updates (``fit`` as a user writes it)
-``bert``           keras_hub ``BertBackbone`` (2 layers, hidden 128, sequence 128) + 2-class head
-``gpt2``           keras_hub ``GPT2Backbone`` (2 layers, hidden 128, sequence 128) + LM head
-``mobilenet_v3``   ``keras.applications.MobileNetV3Small`` 96x96, 10 classes
-``resnet50``       ``keras.applications.ResNet50`` 64x64, 10 classes
-``efficientnet``   ``keras.applications.EfficientNetB0`` 64x64, 10 classes
-``lstm``           Embedding + LSTM(128) over 64 tokens + 2-class head
-``two_heads``      a small CNN with BatchNormalization and two outputs (10 classes, a regression)
-=================  ===========================================================================
-
-Importing this module imports neither TensorFlow nor keras_hub; `unavailable` says why a model
-cannot be built here (keras_hub missing, Keras 2) before anything is imported.
+Each `ZooModel` is a builder (under the dtype policy in force, float32 outputs), a synthetic-data maker, its Keras
+loss, a per-example loss for the trainer and the unit a sample is counted in; sizes fit a 2-core CPU (``gpu_batch``:
+a GPU's). The models: ``mnist_cnn`` and ``gan`` (the tutorials'; the GAN's ``train_step`` makes both updates, ``fit``
+as a user writes it), ``bert`` and ``gpt2`` (keras_hub backbones), ``mobilenet_v3``, ``resnet50``, ``efficientnet``
+(``keras.applications``), ``lstm`` and ``two_heads`` (BatchNormalization, two outputs); each ``title`` says more.
+Importing this module imports neither TensorFlow nor keras_hub; `unavailable` says why a model cannot be built here.
 """
 
 from __future__ import annotations
@@ -31,7 +16,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .models import NOISE_DIM, gan_discriminator, gan_generator, gan_labels, mnist_cnn, sigmoid_loss
+from .models import (NOISE_DIM, SOFTEN, SWAP_FRACTION, gan_discriminator, gan_generator, gan_labels, mnist_cnn,
+                     sigmoid_loss)
 
 VOCAB = 8192
 SEQ = 128
@@ -158,12 +144,11 @@ def _gan_per_example() -> Callable[[Any, Any], Any]:
 def _gan() -> Any:
     tf = _tf()
     keras = tf.keras
-
     model_base: Any = keras.Model
 
     class GanPair(model_base):
-        """The tutorials' GAN for ``fit``: ``compile(optimizer=...)`` trains the generator; the
-        discriminator has its own RMSprop(1e-4). Batches are real images; ``fit`` logs ``g_loss`` and ``d_loss``."""
+        """The tutorials' GAN for ``fit``: ``compile(optimizer=...)`` trains the generator, the discriminator has its
+        own RMSprop(1e-4); batches are real images, ``fit`` logs ``g_loss`` and ``d_loss``."""
 
         def __init__(self) -> None:
             super().__init__(name="gan")
@@ -178,7 +163,10 @@ def _gan() -> Any:
         def train_step(self, data: Any) -> Any:
             real = data[0] if isinstance(data, (tuple, list)) else data
             batch = tf.shape(real)[0]
-            real_l, fake_l = _dynamic_gan_labels(tf, batch)
+            # `amp_backends.models.gan_labels` for a batch size known only when the step runs (``fit`` on arrays)
+            unsoftened = tf.cast(tf.range(batch) < tf.cast(tf.cast(batch, tf.float32) * SWAP_FRACTION, tf.int32),
+                                 tf.float32)[:, None]
+            real_l, fake_l = SOFTEN - SOFTEN * unsoftened, (1.0 - SOFTEN) + SOFTEN * unsoftened
 
             def losses() -> tuple[Any, Any]:
                 fake = self.generator(tf.random.uniform([batch, NOISE_DIM], -1.0, 1.0), training=True)
@@ -200,15 +188,6 @@ def _gan() -> Any:
             return logs  # not "loss": Keras 3 would report its own (unused) loss tracker under that name
 
     return GanPair()
-
-
-def _dynamic_gan_labels(tf: Any, batch: Any) -> tuple[Any, Any]:
-    """`amp_backends.models.gan_labels` for a batch size known only when the step runs (``fit`` on arrays)."""
-    from .models import SOFTEN, SWAP_FRACTION
-
-    n_swap = tf.cast(tf.cast(batch, tf.float32) * SWAP_FRACTION, tf.int32)
-    unsoftened = tf.cast(tf.range(batch) < n_swap, tf.float32)[:, None]
-    return SOFTEN - SOFTEN * unsoftened, (1.0 - SOFTEN) + SOFTEN * unsoftened
 
 
 def _hub_classifier() -> Any:

@@ -1,25 +1,12 @@
-"""The audit: what actually ran — the kernels' dtypes, their share of the time, the float32 islands.
+"""The audit: what actually ran (the kernels' dtypes, their share of the time, the float32 islands).
 
-The precision check (`amp_backends.model_check`) reads the graph: what *should* run. The audit runs a few
-training steps and reads what *did*::
-
-    import amp_backends
-    print(amp_backends.audit("amp_backends.models:mnist_cnn", batch_size=256))   # a table; .to_json() for machines
-
-The model runs in a child process (`child`) built from a factory: ``MODULE:FACTORY`` (the convention of
-``amp-backends check``) or a top-level function of an importable module. What ran is read by the plan's
-backend (`amp_backends.kernel_audit.KernelAudit`, `Backend.kernel_audit`): the child starts with the
-variables the backends' libraries read once, when they start, wraps the measured steps in the backend's
-``begin``/``end``, and the backend reads what was captured into kernel records. A model *object* cannot
-be audited: its process's libraries have already started, and a model does not cross into another process.
-
-The CPU backend reads oneDNN's verbose records (``backends/cpu/verbose.py``), the NVIDIA backend a profiler
-trace of the measured steps (``backends/nvidia/kernels.py``; `audit_trace` reads one you recorded yourself);
-an Intel XPU, or a backend without a kernel audit, is reported as not measured. The result
-(`audit_result.Audit`, built in `build`; layers matched in `match`, warnings in `verdict`) has its JSON
-schema in `audit_result`.
-
-This package was ``amp_backends.audit`` before that name became the function (`amp_backends.audit`).
+The precision check (`amp_backends.model_check`) reads the graph: what *should* run; the audit runs a few training
+steps and reads what *did*: ``print(amp_backends.audit("amp_backends.models:mnist_cnn"))`` (``.to_json()`` for
+machines). The model is built from its factory (``MODULE:FACTORY`` or a top-level function) in a child process
+(`child`) started with the variables the kernels' libraries read once, at start: a model object cannot be audited.
+The plan's backend reads what ran (`amp_backends.kernel_audit.KernelAudit`): oneDNN's verbose records on a CPU, a
+profiler trace on NVIDIA (`audit_trace` reads one you recorded); a backend without a kernel audit is reported as not
+measured. The result is `audit_result.Audit` (built in `build`, layers matched in `match`, warnings in `verdict`).
 """
 
 from __future__ import annotations
@@ -43,16 +30,6 @@ DEFAULT_STEPS = 3
 DEFAULT_WARMUP = 2
 
 
-def _target(model_or_factory: Any) -> str:
-    if hasattr(model_or_factory, "layers") or not (callable(model_or_factory) or isinstance(model_or_factory, str)):
-        raise TypeError(
-            "audit() takes a factory (a function that builds the model, or its 'MODULE:FACTORY' string), not a model: "
-            "oneDNN reads ONEDNN_VERBOSE once, when it starts, so the model must be built in a fresh child process. "
-            f"Received {type(model_or_factory).__name__}. Fix: pass the function that builds it, such as "
-            "audit(build_model) or audit('mymodels:build')")
-    return factory_spec(model_or_factory)
-
-
 def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = DEFAULT_BATCH,
           steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP, timeout: float = 600.0, **overrides: Any) -> Audit:
     """Train ``steps`` steps of the model after ``warmup`` in a child process and report what ran.
@@ -60,13 +37,10 @@ def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = 
     Args:
         model_or_factory: ``"MODULE:FACTORY"`` or a top-level function of an importable module that returns
             a Keras model (see the module documentation for why a model object is refused).
-        plan: a `Plan` to run under (its backend, policy, XLA, TF32, float8 and graph rewrite are passed to
-            the child as ``AMP_*`` variables, and the child plans with them as overrides; its backend's kernel
-            audit reads what ran, even where that backend is not available here, such as a plan for a
-            catalogue device: the model then computes on what TensorFlow has here, under the plan this machine
-            gives for those overrides — which may downgrade them, as its warnings say — and a note says so);
-            ``None``: the child plans for this machine under ``overrides``. A plan whose backend reads nothing
-            (an Intel XPU's) is reported as not measured without running anything.
+        plan: A `Plan` to run under: passed to the child as ``AMP_*`` overrides, and its backend's kernel audit
+            reads what ran, even where that backend is not available here (a note then says the model computed on
+            this machine's devices under the plan they give); a plan whose backend reads nothing (an Intel XPU's) is
+            reported as not measured without running anything. ``None``: the child plans under ``overrides``.
         batch_size: The synthetic batch's size.
         steps: The measured steps.
         warmup: The steps run before them (tracing, compilation).
@@ -84,12 +58,17 @@ def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = 
         KeyboardInterrupt: Ctrl-C, or SIGTERM (`amp_backends.errors.TrainingInterrupted`, exit code 143), stopped
             the audit; the child process was stopped first.
     """
-    for name, value in (("batch_size", batch_size), ("steps", steps)):
+    for name, value, expected in (("batch_size", batch_size, "a positive int"), ("steps", steps, "a positive int"),
+                                  ("warmup", warmup, "an int >= 1 (the first step traces and compiles)")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int. Received: {value!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
-        raise ValueError(f"warmup must be an int >= 1 (the first step traces and compiles). Received: {warmup!r}")
-    target = _target(model_or_factory)
+            raise ValueError(f"{name} must be {expected}. Received: {value!r}")
+    if hasattr(model_or_factory, "layers") or not (callable(model_or_factory) or isinstance(model_or_factory, str)):
+        raise TypeError(
+            "audit() takes a factory (a function that builds the model, or its 'MODULE:FACTORY' string), not a model: "
+            "oneDNN reads ONEDNN_VERBOSE once, when it starts, so the model must be built in a fresh child process. "
+            f"Received {type(model_or_factory).__name__}. Fix: pass the function that builds it, such as "
+            "audit(build_model) or audit('mymodels:build')")
+    target = factory_spec(model_or_factory)
     env = child_env(plan, **overrides)
     if plan is not None:
         from ..registry import default_registry
@@ -101,10 +80,8 @@ def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = 
 
 
 def audit_trace(path: str | os.PathLike[str], plan: Plan | None = None, *, model: str = "?") -> Audit:
-    """Classify the GPU kernels of a TensorFlow profiler trace.
-
-    The plan's backend reads it where it reads traces (`KernelAudit.read_trace`), else the first registered
-    backend that does (the NVIDIA backend).
+    """Classify the GPU kernels of a TensorFlow profiler trace, read by the plan's backend where it reads traces
+    (`KernelAudit.read_trace`), else by the first registered backend that does.
 
     Args:
         path: A ``*.trace.json.gz``, a ``*.xplane.pb``, or the logdir that holds one (relative or absolute).

@@ -1,13 +1,9 @@
 """The audit's result: time per dtype and on the matrix units, float32 islands, contradictions with the plan.
 
-Shares are of the *compute time*: the time of the kernels that do matrix work, as the backend that read them
-says (`KernelRecord.compute`: oneDNN convolutions, matmuls, inner products, gemm calls; GPU GEMM and
-convolution kernels, and XLA fusions whose HLO holds a dot or convolution). Reorders (layout copies) and the
-other kernels (pooling, eltwise) are listed apart. Kernels whose dtype cannot be read count as ``unknown``,
-never guessed.
-
-JSON (`Audit.to_dict`, ``schema_version`` 1; fields are only ever added): its JSON Schema is
-``amp_backends/schemas/audit.schema.json`` (shipped with the package).
+Shares are of the *compute time*: the kernels doing matrix work (`KernelRecord.compute`: convolutions, matmuls,
+GEMMs, XLA fusions holding a dot or convolution); reorders and other kernels are listed apart, and a kernel whose
+dtype cannot be read counts as ``unknown``. The JSON (`Audit.to_dict`, ``schema_version`` 1, fields only ever
+added) has its schema in ``amp_backends/schemas/audit.schema.json``.
 """
 
 from __future__ import annotations
@@ -26,9 +22,7 @@ REDUCED = ("bfloat16", "float16", "float8", "int8", "tfloat32")
 
 @dataclass(frozen=True)
 class Entry(KernelRecord):
-    """One kernel execution, as the report counts it: a backend's `KernelRecord` (its fields: what ran, in which
-    dtype, on which unit, for how long; ``problem`` groups it in a family for the warnings) and ``layers``, the
-    layers it was matched to."""
+    """One kernel execution: a backend's `KernelRecord` and ``layers``, the layers it was matched to."""
 
     layers: tuple[str, ...] = ()
 
@@ -62,16 +56,14 @@ class Audit:
         entries: Each kernel execution counted (`Entry`).
         source: Where the records came from (oneDNN's verbose log, a profiler trace).
         measured: Whether kernels were recorded at all.
-        outside_onednn: Why the kernels that did the matrix work were not visible to the backend that read them
-            (`KernelReading.not_visible`; on a CPU: they ran outside oneDNN), then nothing is known of them; or
-            ``None``. The JSON keeps the name.
+        outside_onednn: Why the matrix work's kernels were not visible to the backend (`KernelReading.not_visible`;
+            on a CPU: they ran outside oneDNN), or ``None``. The JSON keeps the name.
         batch_size: The batch size the steps ran at.
         steps: How many steps were audited.
         step_time_ms: The median step time.
         findings: The warnings, each with its fix.
         notes: What else the audit says.
-        backend_warnings: The warnings of the backend that read the kernels (`KernelReading.warnings`), listed
-            before the generic ones.
+        backend_warnings: The reading backend's warnings (`KernelReading.warnings`), listed before the generic ones.
     """
 
     model: str
@@ -117,9 +109,7 @@ class Audit:
             The share, or ``None`` where no compute time was seen.
         """
         total = _time(self.compute)
-        if not total:
-            return None
-        return round(_time([e for e in self.compute if e.matrix_unit]) / total, 6)
+        return round(_time([e for e in self.compute if e.matrix_unit]) / total, 6) if total else None
 
     def unknown_share(self) -> float:
         """The share of the compute time in kernels whose dtype is not known.
@@ -147,8 +137,8 @@ class Audit:
                 for kind, entries in sorted(kinds.items(), key=lambda kv: -_time(kv[1]))}
 
     def planned_float32(self, layers: Sequence[str]) -> bool:
-        """Whether the model's layer plan keeps every one of ``layers`` in float32 (``plan["float32_layers"]``:
-        the layer plan's float32 paths; a sublayer goes with its layer).
+        """Whether the layer plan (``plan["float32_layers"]``) keeps all ``layers`` in float32 (a sublayer goes with
+        its layer).
 
         Args:
             layers: Layer paths.
@@ -232,8 +222,8 @@ class Audit:
                 f" (xla {'on' if p.get('xla') else 'off'}): what ran, from {self.source or 'nothing measured'}")
 
     def render_text(self, console: Any = None) -> None:
-        """Print what ran: the kernels by kind (a table on a terminal, else one line a kind), the shares, the float32
-        islands with their layer paths whole, the warnings (`amp_backends.terminal`).
+        """Print what ran: the kernels by kind (a table on a terminal, else a line each), the shares, the float32
+        islands, the warnings.
 
         Args:
             console: A ``rich`` console to print to (default: one on standard output).
@@ -289,9 +279,7 @@ class Audit:
 
 
 def _pct(share: float | None) -> str:
-    if share is None:
-        return "-"
-    return "<0.1%" if 0 < share < 0.001 else f"{100 * share:.1f}%"
+    return "-" if share is None else "<0.1%" if 0 < share < 0.001 else f"{100 * share:.1f}%"
 
 
 def _ms(value: float | None) -> str:

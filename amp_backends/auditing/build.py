@@ -15,9 +15,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def entries_from_records(records: Iterable[KernelRecord], layers: Sequence[LayerKernel],
                          ops: Sequence[Mapping[str, Any]] = ()) -> list[Entry]:
-    """One entry a record. A compute record with a problem shape names the layers of the step's ops it fits
-    (``ops``, from the child's traced step), else the layers whose kernel shape it fits; one with a TensorFlow
-    op names the layer whose name scope the op is in.
+    """One entry a record; a compute record names the layers of the step's ops it fits, else those whose kernel shape
+    it fits, else the layer whose name scope its TensorFlow op is in.
 
     Args:
         records: The backend's records (`KernelRecord`).

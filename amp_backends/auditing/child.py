@@ -1,17 +1,12 @@
 """The audit's child process: ``python -m amp_backends.auditing.child MODULE:FACTORY OUT.json [batch steps warmup]``.
 
-A vendor library may read its verbose switch once, when it starts (oneDNN's ``ONEDNN_VERBOSE``), so the
-model runs here, in a process started with the kernel audits' environment. The plan comes from the ``AMP_*``
-variables (``auto_configure()``); the model from the factory, prepared as the trainer prepares it, trains on
-synthetic data. ``warmup`` steps run first, then the measured steps between two marker lines on stdout, with
-the kernel audit's `KernelAudit.begin` and `KernelAudit.end` around them. The layers' kernel shapes, the
-step's matrix ops (`step_ops`), the precision check's findings, the step time and the kernel audit's facts go
-to ``OUT.json``.
-
-A plan given to `amp_backends.audit` names its backend in ``AMP_AUDIT_BACKEND``. Where that backend is not
-available here (a plan for a catalogue device, ``plan_for(device=...)``), this process plans as
-``auto_configure()`` can here with the plan's policy and XLA, so the model computes on what TensorFlow has
-(the CPU), and the given backend's kernel audit still wraps and reads the measured steps; a note says so.
+A vendor library may read its verbose switch once, at start (oneDNN's ``ONEDNN_VERBOSE``), so the model runs here,
+started with the kernel audits' environment, planned from the ``AMP_*`` variables and prepared as the trainer
+prepares it. After ``warmup`` steps the measured steps run between two marker lines on stdout, inside the kernel
+audit's `KernelAudit.begin`/`KernelAudit.end`; the layers' kernel shapes, the step's matrix ops (`step_ops`), the
+precision check's findings, the step time and the kernel audit's facts go to ``OUT.json``. Where the given plan's
+backend (``AMP_AUDIT_BACKEND``) is not available here, the model computes under this machine's plan and that
+backend's kernel audit still reads the steps; a note says so.
 """
 
 from __future__ import annotations
@@ -55,9 +50,8 @@ def layer_kernels(model: Any) -> list[dict[str, Any]]:
 
 
 def trace_step_ops(model: Any, compiled: Any, inputs: Any) -> list[dict[str, Any]] | None:
-    """Trace the step (the one trace its calls then reuse) with each layer's call in a scope naming it, and list
-    its matrix ops with their layers (`step_ops`); ``None`` when it cannot be traced so (the first call
-    then traces it as usual, and records are matched by kernel shape)."""
+    """Trace the step with each layer's call in a scope naming it and list its matrix ops with their layers
+    (`step_ops`); ``None`` when it cannot be traced so (records are then matched by kernel shape)."""
     from .. import keras_compat
     from ..model_check.scopes import LayerScopes
     from .step_ops import step_ops
@@ -114,8 +108,7 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
         return
     model = load_factory(target)()
     x = synthetic_inputs(model, batch)
-    # prepared exactly as training prepares it: the same layer plan (float32 layers, classifier head, the
-    # measured all-float32 choice, float8), measured or cached as the trainer would
+    # prepared exactly as training prepares it: the same layer plan, measured or cached as the trainer would
     layer_plan = prepare_model(model, plan, inputs=x).layer_plan
     optimizer = tf.keras.optimizers.SGD(0.001)
     weights = model.trainable_variables
@@ -149,8 +142,7 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
     except Exception as exc:  # noqa: BLE001  # the audit stands without the check's findings
         findings = [{"severity": "info", "code": "check-failed", "layer": model.name, "what": str(exc)}]
     doc = {
-        "model": model.name,
-        "plan": {**plan_data(plan), "backend": backend, "graph_amp": plan.graph_amp,
+        "model": model.name, "plan": {**plan_data(plan), "backend": backend, "graph_amp": plan.graph_amp,
                  "float32_layers": list(layer_plan.float32) if layer_plan else []},
         "layer_plan": layer_plan.to_dict() if layer_plan else None,
         "batch_size": batch, "steps": steps, "step_time_ms": 1000 * elapsed / max(steps, 1),

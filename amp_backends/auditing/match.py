@@ -1,17 +1,11 @@
-"""Which layer a kernel belongs to: a backend's records carry shapes and dtypes (oneDNN's), or the TensorFlow op
-that ran them (a profiler trace's), not the layer's name.
+"""Which layer a kernel belongs to: a backend's records carry shapes and dtypes (oneDNN's) or the TensorFlow op that
+ran them (a profiler trace's), not the layer's name.
 
-Where the child traced its step (`step_ops`), a record is matched to the step's ops of its dtype and
-shape, and named by the layers that created them (`match_ops`): the layer whose call produced the op,
-whatever its kernel (a tied language-model head has none) and whatever other layers share its shape in
-another dtype. Where no op fits (the trainer's observer has no traced step; oneDNN math modes compute
-float32 ops in bfloat16), the record is matched by kernel shape (`match`).
-
-A layer is known by its kernel's shape (``LayerKernel``; every split of its dims into inputs and outputs is
-tried); a matmul ``MxK:KxN`` matches a dense kernel ``(I, U)`` in any of the three directions of training:
-forward ``K=I, N=U``, gradient of the input ``K=U, N=I``, gradient of the weights ``M=I, N=U``. Several
-layers of the same shape all match (*ambiguous*); none: *unmatched*. A record with a TensorFlow op instead
-goes to the layer whose name is the op's innermost scope (`match_op_name`).
+A record is matched to the traced step's ops of its dtype and shape, named by the layers whose calls created them
+(`match_ops`); where none fits, by kernel shape (`match`): a matmul ``MxK:KxN`` matches a dense kernel ``(I, U)``
+forward (``K=I, N=U``), in the input's gradient (``K=U, N=I``) or the weights' (``M=I, N=U``), every split of the
+kernel's dims tried; several layers of that shape all match (*ambiguous*), none: *unmatched*. A record with a
+TensorFlow op goes to the layer named by the op's innermost scope (`match_op_name`).
 """
 
 from __future__ import annotations
@@ -55,9 +49,7 @@ def _conv_matches(shape: Mapping[str, int], layer: LayerKernel) -> bool:
     spatial, c_in, c_out = k[:-2], k[-2], k[-1]
     groups = shape.get("g", 1)
     names = {1: ("kw",), 2: ("kh", "kw"), 3: ("kd", "kh", "kw")}.get(len(spatial))
-    if names is None:
-        return False
-    if any(shape.get(n, 1) != s for n, s in zip(names, spatial, strict=True)):
+    if names is None or any(shape.get(n, 1) != s for n, s in zip(names, spatial, strict=True)):
         return False
     ic, oc = shape.get("ic"), shape.get("oc")
     if "Depthwise" in layer.class_name:  # kernel (kh, kw, C, multiplier): oneDNN sees g=C groups
@@ -109,10 +101,8 @@ def _op_fits(shape: Mapping[str, int], problem: str, op: dict[str, Any]) -> bool
         return shape.get("mb") in (m, m * batch) and {_ip_inputs(shape), shape.get("oc")} == {k, n}
     if problem != MATMUL or not {"M", "K", "N"} <= shape.keys():
         return False
-    rows, rec_batch = shape["M"], shape.get("batch", 1)
-    if (shape["K"], shape["N"]) != (k, n):
-        return False
-    return (rows, rec_batch) == (m, batch) or rows * rec_batch == m * batch  # batches folded into rows, or not
+    rows, rec_batch = shape["M"], shape.get("batch", 1)  # batches folded into rows, or not
+    return (shape["K"], shape["N"]) == (k, n) and ((rows, rec_batch) == (m, batch) or rows * rec_batch == m * batch)
 
 
 def match_ops(record: KernelRecord, ops: Sequence[dict[str, Any]]) -> list[str]:
@@ -140,7 +130,4 @@ def match_op_name(op: str | None, layers: Sequence[LayerKernel]) -> list[str]:
     by_name: dict[str, list[str]] = {}
     for layer in layers:
         by_name.setdefault(layer.path.rsplit("/", 1)[-1], []).append(layer.path)
-    for scope in reversed(scopes):
-        if scope in by_name:
-            return by_name[scope]
-    return []
+    return next((by_name[scope] for scope in reversed(scopes) if scope in by_name), [])

@@ -1,16 +1,10 @@
 """The audit as a trainer observer: ``Trainer(audit=True)`` or ``Trainer(observers=[AuditObserver(models, plan)])``.
 
-The plan's backend reads what ran from the lines its kernels print on standard output
-(`KernelAudit.record_prefix`; the CPU's: oneDNN's ``onednn_verbose`` records), which the library prints only
-if its variables (`KernelAudit.environment`) were set before TensorFlow ran its first kernel (``amp-backends
-train ... --audit`` sets them). From the observer's creation on, a pipe in front of standard output drops
-those records except in the window of calls covering steps ``start:stop``; everything else goes through
-unchanged. The audit is built when the window closes (``self.result``; also logged). Without those
-variables, or on a backend whose kernels print nothing, it logs how to get an audit and does nothing.
-
-It has every hook of `amp_backends.training.observers.Observer` (``on_fit_start``, ``before_call``,
-``after_call``, ``after_evaluation``, ``close``; the trainer calls each on all its observers) without importing
-the trainer, which imports it: ``tests/training/test_training_observers.py`` holds the two to one interface.
+The plan's backend reads the records its kernels print on standard output (`KernelAudit.record_prefix`; the CPU's:
+oneDNN's), printed only if its variables (`KernelAudit.environment`) were set before TensorFlow's first kernel
+(``amp-backends train ... --audit`` sets them). A pipe in front of standard output drops those records, except in the
+window of calls covering steps ``start:stop``; the audit is built when the window closes (``self.result``; logged).
+It has the hooks of `amp_backends.training.observers.Observer` without importing the trainer, which imports it.
 """
 
 from __future__ import annotations
@@ -36,12 +30,9 @@ _OPEN, _CLOSE = b"\x00amp-audit-open\n", b"\x00amp-audit-close\n"
 
 
 class _RecordTap:
-    """Standard output (file descriptor 1) through a pipe: the lines that start with one of ``prefixes`` (the
-    kernels' records) are dropped, or kept between `open_window` and `close_window`; every other line goes on
-    to the real standard output.
-
-    The window's edges are marker lines written into the same stream, so the records kept are exactly
-    those written between them, whatever the reader thread's lag."""
+    """Standard output (descriptor 1) through a pipe: lines starting with one of ``prefixes`` are dropped, or kept
+    between `open_window` and `close_window` (marker lines in the same stream, whatever the reader's lag); every
+    other line goes on to the real standard output."""
 
     def __init__(self, prefix: bytes) -> None:
         self.prefixes: tuple[bytes, ...] = (prefix,)
@@ -120,8 +111,8 @@ def _prints_records(audit: KernelAudit | None) -> TypeGuard[KernelAudit]:
 
 
 def observed_backend(plan: Plan | None) -> tuple[str, KernelAudit | None]:
-    """The backend whose kernel audit reads the trainer's window: the plan's, else (no plan) the first registered
-    backend whose kernels print records on standard output.
+    """The backend whose kernel audit reads the trainer's window: the plan's, else the first registered backend
+    whose kernels print records on standard output.
 
     Args:
         plan: The plan trained under, or ``None``.
@@ -145,11 +136,8 @@ def observed_backend(plan: Plan | None) -> tuple[str, KernelAudit | None]:
 
 
 class AuditObserver:
-    """Audit the training calls that cover global steps ``start:stop`` (after the warm-up by default).
-
-    ``models``: the Keras model (or models) trained, whose layers name the kernels' float32 islands;
-    ``batch_size``: the training batch, which the audit reports.
-    """
+    """Audit the training calls that cover global steps ``start:stop`` (after the warm-up by default); ``models``
+    (the Keras models trained) name the float32 islands, ``batch_size`` is reported."""
 
     def __init__(self, models: Any = None, plan: Plan | None = None, window: tuple[int, int] = (3, 6),
                  batch_size: int | None = None) -> None:
@@ -192,8 +180,7 @@ class AuditObserver:
                        f"program with {assignments}, or use `amp-backends train ... --audit`")
 
     def before_call(self, step: int, steps: int) -> None:
-        in_window = step < self.stop and step + steps > self.start
-        if self._tap is not None and not self.done and not self._open and in_window:
+        if self._tap is not None and not (self.done or self._open) and step < self.stop and step + steps > self.start:
             self._tap.open_window()
             self._open = True
 
@@ -206,7 +193,7 @@ class AuditObserver:
             self._finish()
 
     def after_evaluation(self, epoch: int, step: int, values: dict[str, float]) -> None:
-        """The end of an epoch or a validation: nothing to audit there (the window is of training calls).
+        """Nothing to audit at an epoch's end or a validation (the window is of training calls).
 
         Args:
             epoch: The epoch (1-based).

@@ -1,10 +1,7 @@
 """Run the audit's child process and build an `Audit` from what its backend reads of the run.
 
-Ctrl-C stops the audit: a terminal's reaches the child and this process (its group), a ``kill -INT`` this process
-alone; either way this process stops the child before the ``KeyboardInterrupt`` goes on. SIGTERM does the same
-(`amp_backends.errors.TrainingInterrupted`, exit code 143) where SIGTERM has its default action, which would end
-this process at once and leave the child running. A SIGINT this process was started ignoring (a background job
-of a non-interactive shell, ``cmd &`` in a script) stays ignored, as the trainer leaves it.
+Ctrl-C, and SIGTERM where it has its default action (`amp_backends.errors.TrainingInterrupted`, exit code 143), stop
+the child before the interruption goes on; a SIGINT this process was started ignoring stays ignored.
 """
 
 from __future__ import annotations
@@ -39,9 +36,8 @@ def overrides_env(plan: Any = None, **overrides: Any) -> dict[str, str]:
     if plan is not None:
         env[ENV_VARS["backend"]] = str(plan.backend)
         env[ENV_VARS["policy"]] = str(plan.policy)
-        for name in ("xla", "tf32", "fp8"):
+        for name in ("xla", "tf32", "fp8", "graph_amp"):
             env[ENV_VARS[name]] = "on" if getattr(plan, name) else "off"
-        env[ENV_VARS["graph_amp"]] = "on" if plan.graph_amp else "off"
     for name, value in overrides.items():
         if value is None or value is False:
             continue
@@ -57,9 +53,8 @@ def overrides_env(plan: Any = None, **overrides: Any) -> dict[str, str]:
 
 
 def child_env(plan: Any = None, **overrides: Any) -> dict[str, str]:
-    """The variables the child starts with beyond this process's: the plan's and the overrides' ``AMP_*``
-    variables, and the kernel audit's environment — the given plan's backend's, else every backend's (the child
-    learns its backend only when it plans).
+    """The variables the child starts with beyond this process's: the ``AMP_*`` variables of the plan and the
+    overrides, and the kernel audit's environment (the plan's backend's, else every backend's).
 
     Args:
         plan: The `Plan` to run under, or ``None``.
@@ -92,13 +87,8 @@ def split_output(stdout: str) -> tuple[list[str], list[str]]:
 
 @contextlib.contextmanager
 def _sigterm_interrupts() -> Iterator[None]:
-    """Within: SIGTERM raises `TrainingInterrupted` (exit code 143), as Ctrl-C raises ``KeyboardInterrupt``, where
-    SIGTERM has its default action (ending the process at once) in the main thread; a handler of the program's
-    own, or an ignored SIGTERM, is left as it is.
-
-    Yields:
-        Nothing: the block runs with SIGTERM so handled.
-    """
+    """Within: SIGTERM raises `TrainingInterrupted` where it has its default action, in the main thread (a handler
+    of the program's own, or an ignored SIGTERM, is left as it is)."""
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         yield
@@ -114,44 +104,22 @@ def _sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _stop_child(proc: subprocess.Popen[str]) -> None:
-    """End the child (SIGTERM; SIGKILL after 5 s) and wait for it, so that none outlives this process.
-
-    Args:
-        proc: The child process.
-    """
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    proc.wait()
-
-
 def _run_to_end(cmd: list[str], env: Mapping[str, str], timeout: float) -> tuple[int, str, str]:
-    """Run ``cmd`` with ``env`` to its end, or stop it: past ``timeout``, or when this process is interrupted
-    (Ctrl-C, to it or to its group; SIGTERM, `_sigterm_interrupts`).
-
-    Args:
-        cmd: The child's command line.
-        env: Its whole environment.
-        timeout: Seconds it may run.
-
-    Returns:
-        Its exit code, standard output and standard error.
-
-    Raises:
-        subprocess.TimeoutExpired: It ran past ``timeout`` (and was stopped).
-        KeyboardInterrupt: Ctrl-C or SIGTERM (`TrainingInterrupted`) stopped this process (and the child).
-    """
+    """``cmd``'s exit code, standard output and standard error, run with ``env`` to its end; past ``timeout``
+    (``subprocess.TimeoutExpired``) or when this process is interrupted, it is stopped first."""
     with _sigterm_interrupts():
         proc = subprocess.Popen(cmd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 cwd=os.getcwd())
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
-        except BaseException:  # a timeout, Ctrl-C, SIGTERM: the child is stopped before this process goes on
-            _stop_child(proc)
+        except BaseException:  # a timeout, Ctrl-C, SIGTERM: the child is stopped (SIGKILL after 5 s) first
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            proc.wait()
             for pipe in (proc.stdout, proc.stderr):
                 if pipe is not None:
                     pipe.close()

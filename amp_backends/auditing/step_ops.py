@@ -1,14 +1,9 @@
 """The matmuls and convolutions of the audited training step, each with the layer whose call created it.
 
-oneDNN's records carry shapes and dtypes, not names. The child traces its training step once with every
-layer's call in a name scope naming it (`amp_backends.model_check.scopes`), and lists each matrix op of that
-graph, forward and backward, with its dtype, the dimensions oneDNN will report for it, and the innermost layer
-whose call created it; records are matched to them in `match.match_ops`.
-
-Each op is a plain dict (it crosses from the child to the parent as JSON): ``layer`` (a path or ``None``
-for an op outside every layer), ``op`` (its type), ``dtype``, and ``M``, ``K``, ``N``, ``batch`` for a
-matmul (logical sizes, transposes applied, as oneDNN's ``MxK:KxN`` descriptor) or ``kernel`` (the
-filter's shape) and ``depthwise`` for a convolution in any direction.
+The child traces its step once with every layer's call in a name scope naming it (`amp_backends.model_check.scopes`)
+and lists each matrix op, forward and backward, as a plain dict (it crosses to the parent as JSON): ``layer`` (a path,
+or ``None``), ``op`` (its type), ``dtype``, and ``M``, ``K``, ``N``, ``batch`` for a matmul (logical sizes, as
+oneDNN's ``MxK:KxN``) or ``kernel`` (the filter's shape) and ``depthwise`` for a convolution in any direction.
 """
 
 from __future__ import annotations
@@ -57,20 +52,14 @@ def _conv(op: Any) -> dict[str, Any] | None:
     kernel = dims_of(op.outputs[0] if at is None else op.inputs[at])
     if not kernel or None in kernel:
         return None
-    dtype = op.outputs[0].dtype.name
-    return {"kernel": kernel, "depthwise": op.type.startswith("Depthwise"), "dtype": dtype}
+    return {"kernel": kernel, "depthwise": op.type.startswith("Depthwise"), "dtype": op.outputs[0].dtype.name}
 
 
 def step_ops(graph: Any, paths: list[str]) -> list[dict[str, Any]]:
     """The matrix ops of a traced step's ``graph``; ``paths[i]`` names the layer whose scope token is ``i``."""
     out = []
     for op in graph.get_operations():
-        if op.type in MATMULS:
-            entry = _matmul(op)
-        elif op.type in CONVS:
-            entry = _conv(op)
-        else:
-            continue
+        entry = _matmul(op) if op.type in MATMULS else _conv(op) if op.type in CONVS else None
         if entry is None:
             continue
         index = owner(op.name)

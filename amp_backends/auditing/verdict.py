@@ -1,8 +1,6 @@
 """Contradictions between what ran and the plan, each as a warning with a stable ``code`` and its fix (pure functions).
 
-The codes (``float32-kernels``, ``reduced-precision-kernels``, ``emulated-kernels``; a backend's own, such as the
-CPU's ``eigen-bfloat16``, come with its reading: `KernelReading.warnings`) are explained, with cause and fix, on
-the documentation's Troubleshooting page.
+The codes (a backend's own come with its reading: `KernelReading.warnings`) are explained on the Troubleshooting page.
 """
 
 from __future__ import annotations
@@ -11,10 +9,9 @@ from typing import Any
 
 from ..kernel_audit import CONVOLUTION, INNER_PRODUCT, MATMUL
 
-# A kind of kernel whose time is at least this share in float32 under a reduced-precision plan is reported
-# (the float32 output layer alone is expected and stays below it on the models we measured).
+# A kind of kernel is reported when at least this share of its time, and this share of all the compute time, ran in
+# float32 under a reduced-precision plan (the float32 output layer alone stays below them on the models we measured).
 FLOAT32_KIND_SHARE = 0.10
-# ... and at least this share of all the compute time (a small float32 output layer is expected).
 MIN_TOTAL_SHARE = 0.01
 # The families a kernel's problem (`KernelRecord.problem`; an entry without one: its kind) groups it in.
 FAMILY = {CONVOLUTION: "convolution", INNER_PRODUCT: "matmul", MATMUL: "matmul"}
@@ -46,8 +43,7 @@ def contradictions(audit: Any) -> list[dict[str, str]]:
     Returns:
         The warnings, each with ``code``, ``what`` and ``fix``.
     """
-    plan = audit.plan
-    want = plan.get("compute_dtype")
+    want = audit.plan.get("compute_dtype")
     out: list[dict[str, str]] = []
     if want in ("bfloat16", "float16", "float8"):
         total = sum(e.time_ms for e in audit.compute)
@@ -76,8 +72,7 @@ def contradictions(audit: Any) -> list[dict[str, str]]:
                         "fix": "unset the math libraries' reduced-precision modes for float32 (oneDNN's "
                                "ONEDNN_DEFAULT_FPMATH_MODE, TF32, ITEX's BF32) and build the model after "
                                "auto_configure(), so that no layer keeps a mixed policy"})
-    emulated = sum(e.time_ms for e in audit.compute if e.emulated)
-    total = sum(e.time_ms for e in audit.compute)
+    emulated, total = sum(e.time_ms for e in audit.compute if e.emulated), sum(e.time_ms for e in audit.compute)
     if total and emulated / total >= 0.01:
         out.append({"code": "emulated-kernels",
                     "what": f"{_pct(emulated / total)} of the compute time ran reduced-precision kernels on an ISA "

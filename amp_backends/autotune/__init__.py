@@ -1,9 +1,7 @@
-"""Measure and choose: what the package decides by timing configurations on this machine, one module a part.
+"""Measure and choose: what the package decides by timing configurations on this machine.
 
-``timing`` is the one interleaved timing harness and its winner rule (plain Python: the benchmarks time through it
-too); ``layer_choice`` the float32-layers choice as data (`Measurement`) and its cache, which the layer plan reads;
-``layers`` measures it on one batch (`measure`); ``plans`` is the plan tuner (`tune`). Each name below is loaded
-on first use, so importing ``amp_backends.autotune.timing`` loads neither TensorFlow nor the trainer.
+``timing`` is the interleaved timing harness (plain Python); ``layer_choice`` the float32-layers choice as data and
+its cache; ``layers`` measures it (`measure`); ``plans`` is the plan tuner (`tune`). Names load on first use.
 """
 
 from __future__ import annotations

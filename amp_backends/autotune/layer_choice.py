@@ -1,11 +1,8 @@
-"""The float32-layers choice as data, and where it is kept: every layer in float32, or the plan's policy kept.
+"""The float32-layers choice as data (`Measurement`), and its cache: every layer in float32, or the plan's policy kept.
 
-`Measurement` is what `amp_backends.autotune.layers.measure` found: the two sides' rates and the verdict, decided
-only when one side won every interleaved round by `MARGIN` (`verdict_of`). It is kept per model architecture,
-machine, and TensorFlow and Keras versions (`cached`, `remember`, in ``layer_plans.json`` of
-`amp_backends.cache.cache_dir`), so the same model on the same machine gets the same layer plan every run. The
-layer plan reads it (`amp_backends.layer_plan.decide`, `LayerPlan.from_dict`), which is why it is a module of its
-own: the measuring, in `amp_backends.autotune.layers`, sets the layer plan's policies on the model.
+It is kept per model architecture, machine, TensorFlow and Keras versions (``layer_plans.json`` in
+`amp_backends.cache.cache_dir`), so the same model on the same machine gets the same layer plan every run. A module
+of its own because the layer plan reads it, while the measuring (`amp_backends.autotune.layers`) sets its policies.
 """
 
 from __future__ import annotations
@@ -30,10 +27,9 @@ CACHE_FILE = "layer_plans.json"
 
 @dataclass(frozen=True)
 class Measurement:
-    """What `measure` found: samples/s (forward and backward; medians and min-max over the rounds) as the
-    layer plan has it and with every layer in float32, and the verdict: ``float32`` (every layer float32),
-    ``plan`` (the plan won every round) or ``within noise`` (the plan stays). ``origin`` says whether it was
-    measured now, read from the cache, or taken from the checkpoint of the run this one resumes."""
+    """What `measure` found: samples/s (medians, min-max over the rounds) as the layer plan has it and with every
+    layer in float32, and the verdict (``float32``, ``plan``, or ``within noise``: the plan stays); ``origin``:
+    measured now, ``cached``, or from the ``checkpoint`` of the run this one resumes."""
 
     verdict: str
     policy: str
@@ -94,9 +90,7 @@ class Measurement:
 
 
 def _pair(value: Any) -> tuple[float, float]:
-    if isinstance(value, (list, tuple)) and len(value) == 2:
-        return float(value[0]), float(value[1])
-    return 0.0, 0.0
+    return (float(value[0]), float(value[1])) if isinstance(value, (list, tuple)) and len(value) == 2 else (0.0, 0.0)
 
 
 def verdict_of(plan_rates: Any, float32_rates: Any, margin: float = MARGIN) -> str:
@@ -106,9 +100,8 @@ def verdict_of(plan_rates: Any, float32_rates: Any, margin: float = MARGIN) -> s
 
 
 def cache_key(model: Any, plan: Plan) -> str:
-    """The model's architecture (layer kinds, weight shapes, strides, kernels, activations, input shapes — not
-    its names, not its dtypes), the machine, the TensorFlow and Keras versions, and the plan's policy and float32
-    layer kinds."""
+    """The model's architecture (not its names or dtypes), the machine, the TensorFlow and Keras versions, and the
+    plan's policy and float32 layer kinds."""
     from ..keras_compat import input_structure, keras_info, walk
     from ..software import tensorflow_version
 

@@ -1,21 +1,12 @@
 """Whether a model trains faster with every layer in float32 than as its layer plan has it: measured, cached.
 
-A plan is decided from the hardware, before the model exists; a few models run against it. On a CPU with
-AVX512-BF16 and no AMX, a model built from depthwise convolutions and sigmoid-type activations (MobileNetV3,
-EfficientNet) spends most of its step in ops bfloat16 does not speed up — TensorFlow runs sigmoid and swish
-in Eigen, slower in bfloat16 than in float32 (``results/cpu-activations-zen4.json``) — and the plan's float32
-layers take away only the worst of it: such a model can still train slower under mixed_bfloat16 than in
-float32.
-
-So where the plan keeps layers in float32 and the model has such layers
-(`amp_backends.layer_plan.worth_measuring`), the choice can be measured on the model itself (`measure`): its
-forward and backward pass on one real batch, as its layer plan has it and with every layer in float32,
-interleaved (`amp_backends.autotune.timing`). A side is chosen only when it wins **every** round by more than
-`MARGIN`; otherwise the plan stays and the measurement says "within noise". The answer (a `Measurement`) is
-cached per model architecture, device, and TensorFlow and Keras versions (`amp_backends.autotune.layer_choice`),
-so the same model on the same machine gets the same layer plan every run, measured once. Nothing else changes:
-the variables are float32 either way (mixed policies keep them so), and the state a training-mode call updates
-(BatchNormalization's moving statistics) is put back.
+The plan is decided before the model exists: on a CPU with AVX512-BF16 and no AMX, a model of depthwise convolutions
+and sigmoid-type activations (MobileNetV3, EfficientNet) can still train slower under mixed_bfloat16 than in float32
+(Eigen runs sigmoid and swish slower in bfloat16: ``results/cpu-activations-zen4.json``). So where the layer plan
+says it is worth it (`amp_backends.layer_plan.worth_measuring`), `measure` times the model's forward and backward pass
+on one batch both ways, interleaved; a side wins only when it wins **every** round by more than `MARGIN`. The
+`Measurement` is cached (`amp_backends.autotune.layer_choice`). Variables stay float32 either way, and the state a
+training-mode call updates (BatchNormalization's statistics) is put back.
 """
 
 from __future__ import annotations
@@ -63,10 +54,9 @@ def not_measurable(model: Any, plan: Plan) -> str:
 
 def measure(model: Any, plan: Plan, layer_plan: LayerPlan, x: Any, *, rounds: int = ROUNDS, steps: int = STEPS,
             clock: Callable[[], float] | None = None) -> Measurement:
-    """Time ``model``'s forward and backward pass as ``layer_plan`` has it and with every layer in float32.
-
-    The two sides run interleaved; the model is left as ``layer_plan`` has it, whatever the verdict (the caller
-    applies the layer plan with the measurement: `amp_backends.layer_plan.with_measurement`).
+    """Time ``model``'s forward and backward pass, interleaved, as ``layer_plan`` has it and with every layer in
+    float32; the model is left as ``layer_plan`` has it (`amp_backends.layer_plan.with_measurement` applies the
+    verdict).
 
     Args:
         model: The Keras model.
@@ -81,8 +71,7 @@ def measure(model: Any, plan: Plan, layer_plan: LayerPlan, x: Any, *, rounds: in
         The `Measurement`: both sides' rates and the verdict.
 
     Raises:
-        Exception: Whatever the model's call raises, with the model's policies and non-trainable state as they
-            were.
+        Exception: Whatever the model's call raises, the model's policies and non-trainable state put back.
     """
     import time
 

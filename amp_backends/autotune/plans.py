@@ -1,12 +1,8 @@
 """The plan tuner: time the candidate plans on the user's own model and keep the fastest, cached per device and model.
 
-The planner's rules come from measurements on chips we have seen; on another chip a rule can be wrong
-(the tutorials found XLA slower on an A100 for the MNIST CNN). `tune` builds the model once per
-candidate plan — each dtype policy the hardware runs natively, with XLA on and off where XLA exists —,
-trains a few steps with the trainer, and applies the fastest. The choice is cached in a JSON file
-(``$AMP_AUTOTUNE_CACHE``, else ``autotune.json`` in ``$AMP_CACHE_DIR``, ``$XDG_CACHE_HOME/amp_backends`` or
-``~/.cache/amp_backends``) under the device's and the model's signatures, so the next run
-applies it without timing; ``python -m amp_backends.info`` lists the cached choices for this machine.
+The planner's rules come from chips we have measured, and can be wrong on another (the tutorials found XLA slower on
+an A100 for the MNIST CNN). The choice is cached (`cache_path`) under the device's and the model's signatures, so
+the next run applies it without timing; ``amp-backends info`` lists the cached choices for this machine.
 """
 
 from __future__ import annotations
@@ -113,13 +109,9 @@ def candidates(plan: Plan) -> list[dict[str, Any]]:
     a = plan.assessment
     if a is None:
         return [{"policy": plan.policy, "xla": plan.xla}]
-    out = []
-    for policy, support in a.policies.items():
-        if support.level != NATIVE:
-            continue
-        for xla in ([True, False] if a.xla.level in (NATIVE, FUNCTIONAL) else [False]):
-            out.append({"policy": policy, "xla": xla})
-    return out
+    xlas = [True, False] if a.xla.level in (NATIVE, FUNCTIONAL) else [False]
+    return [{"policy": policy, "xla": xla} for policy, support in a.policies.items() if support.level == NATIVE
+            for xla in xlas]
 
 
 def _continue(trainer: Any, x: Any, y: Any, steps: int) -> Callable[[], Any]:
@@ -139,11 +131,10 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
          registry: BackendRegistry | None = None, overrides: Mapping[str, Any] | None = None) -> Plan:
     """Choose the fastest plan for the model ``build()`` makes, apply it and return it.
 
-    Each candidate (`candidates`) is built and warmed up (its compiling calls), then all are timed interleaved,
-    one call of ``steps`` steps each per round for `ROUNDS` rounds (`amp_backends.autotune.timing`): a candidate
-    is chosen only when it beat every other one in every round by `MARGIN`; otherwise the rules' plan stays
-    (within noise). A cached choice for the same device and model is applied without timing. A candidate that
-    fails to build or run loses; when all fail, the rules' plan is applied.
+    Each candidate (`candidates`) is built and warmed up, then all are timed interleaved, one call of ``steps``
+    steps each per round for `ROUNDS` rounds: one is chosen only when it beat every other in every round by
+    `MARGIN`, else the rules' plan stays (within noise). A cached choice is applied without timing; a candidate
+    that fails loses, and when all fail the rules' plan is applied.
 
     Args:
         build: Called once per candidate, after its dtype policy is set; returns ``(models, updates,
@@ -229,8 +220,7 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
         logger.info(f"autotune: no candidate was faster than every other in every one of {ROUNDS} interleaved rounds "
                     f"by more than {MARGIN - 1:.0%}: within noise, the rules' plan stays")
     else:
-        chosen = labels[winner] if winner else max(labels.values(), key=lambda c: timings.median(
-            f"policy={c['policy']} xla={c['xla']}"))
+        chosen = labels[winner or max(labels, key=timings.median)]
         best = next(t for t in ok if t.policy == chosen["policy"] and t.xla == chosen["xla"])
     kept = key is not None and store(key, {"policy": best.policy, "xla": best.xla, "img_per_s": best.img_per_s,
                                            "date": time.strftime("%Y-%m-%d"), "trials": [t.__dict__ for t in trials],

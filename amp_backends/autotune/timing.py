@@ -1,13 +1,9 @@
 """One interleaved timing harness: every comparison of configurations in the package runs through it.
 
-Absolute speeds vary between machines of one kind and within one machine over minutes, so configurations
-are only compared inside one run, interleaved: each round times every variant once, in an order that
-rotates from round to round, and a variant *wins* only when it beats every other one in every round by the
-margin (`Timings.winner`, `MARGIN`). Anything less is within noise, and the caller keeps its default.
-Medians and their spread (min, max) are what reports quote.
-
-The harness touches no framework: a variant is a callable; ``sync(result)`` waits for its work to finish
-(``float(loss)`` for a TensorFlow step); ``clock`` is injectable, so the rule is tested without timing.
+Speeds vary between machines and over minutes, so configurations are only compared inside one run, interleaved: each
+round times every variant once, in a rotating order, and a variant *wins* only when it beats every other in every
+round by the margin (`Timings.winner`, `MARGIN`); anything less is within noise. No framework here: a variant is a
+callable, ``sync(result)`` waits for its work, and ``clock`` is injectable for tests.
 """
 
 from __future__ import annotations
@@ -55,10 +51,8 @@ class Timings:
 
     def winner(self, margin: float) -> str | None:
         """The variant that beat every other one in every round by ``margin``, or ``None`` (within noise)."""
-        for name in self.rates:
-            if all(self.wins(name, other, margin) for other in self.rates if other != name):
-                return name
-        return None
+        return next((name for name in self.rates
+                     if all(self.wins(name, other, margin) for other in self.rates if other != name)), None)
 
     def to_dict(self) -> dict[str, Any]:
         return {name: {"median": round(self.median(name), 3), "min": round(self.spread(name)[0], 3),
@@ -68,8 +62,7 @@ class Timings:
 
 @dataclass(frozen=True)
 class Sample:
-    """What a variant that times itself returns (a worker process timing its own steps): ``units`` processed in
-    ``seconds``. The harness then takes this instead of its own clock's reading."""
+    """What a variant that times itself returns (``units`` processed in ``seconds``), taken instead of the clock."""
 
     units: float
     seconds: float
@@ -80,10 +73,8 @@ def interleaved(variants: Mapping[str, Callable[[], Any]], *, rounds: int = ROUN
                 clock: Callable[[], float] = time.perf_counter, between: Callable[[str], Any] | None = None,
                 on_error: Callable[[str, Exception], Any] | None = None,
                 after_round: Callable[[int, Timings], Any] | None = None) -> Timings:
-    """Time each variant ``steps`` times per round for ``rounds`` rounds, interleaved.
-
-    Round ``r`` starts at variant ``r mod n`` (a rotation), so no variant always runs first or right after
-    another one. A variant that returns a `Sample` times itself.
+    """Time each variant ``steps`` times per round for ``rounds`` rounds, interleaved, round ``r`` starting at variant
+    ``r mod n``. A variant that returns a `Sample` times itself.
 
     Args:
         variants: Each variant's name and the call to time.
@@ -105,8 +96,7 @@ def interleaved(variants: Mapping[str, Callable[[], Any]], *, rounds: int = ROUN
     """
     if rounds < 1 or steps < 1:
         raise ValueError(f"interleaved() needs rounds >= 1 and steps >= 1. Received: rounds={rounds}, steps={steps}.")
-    names = list(variants)
-    live = list(names)
+    names, live = list(variants), list(variants)
     rates: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
@@ -114,12 +104,10 @@ def interleaved(variants: Mapping[str, Callable[[], Any]], *, rounds: int = ROUN
                 continue
             if between is not None:
                 between(name)
-            run = variants[name]
-            start = clock()
-            result = None
+            start, result = clock(), None
             try:
                 for _ in range(steps):
-                    result = run()
+                    result = variants[name]()
                 if sync is not None:
                     sync(result)
             except Exception as exc:
@@ -128,10 +116,8 @@ def interleaved(variants: Mapping[str, Callable[[], Any]], *, rounds: int = ROUN
                 on_error(name, exc)
                 live.remove(name)
                 continue
-            if isinstance(result, Sample):
-                rates[name].append(result.units / max(result.seconds, 1e-12))
-            else:
-                rates[name].append(units * steps / max(clock() - start, 1e-12))
+            sample = result if isinstance(result, Sample) else Sample(units * steps, clock() - start)
+            rates[name].append(sample.units / max(sample.seconds, 1e-12))
         if after_round is not None:
             after_round(r, Timings({n: tuple(v) for n, v in rates.items()}, steps, units))
     return Timings({name: tuple(values) for name, values in rates.items()}, steps, units)

@@ -1,8 +1,7 @@
 """``amp-backends audit MODULE:FACTORY``: train a few steps of a model in a child process and report what ran.
 
-The same factories and plan overrides as ``amp-backends check``; the overrides reach the child as ``AMP_*``
-variables, so it plans as ``auto_configure()`` would with them. See `amp_backends.audit` (its package:
-`amp_backends.auditing`). Ctrl-C (exit 130) or SIGTERM (143) stops the child and says so in one line.
+The same factories and plan overrides as ``amp-backends check`` (the overrides reach the child as ``AMP_*``
+variables); see `amp_backends.audit`. Ctrl-C (exit 130) or SIGTERM (143) stops the child and says so in one line.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """The capability report: `collect` gathers plain data, `render_text` / `to_json` show it.
 
-What the report needs TensorFlow for, and when it imports it: TensorFlow's version, its CUDA/cuDNN build
-and the Keras version are read from package metadata and TensorFlow's ``build_info.py`` without importing
-it. Importing TensorFlow (about 3 s of the old 3.5-4 s ``info`` on a 2-core CPU machine) is needed only
-to list Intel XPUs (ITEX is a TensorFlow plugin) and to confirm that TensorFlow sees the GPUs NVML
-reports (a CPU-only build does not). By default (``use_tensorflow=None``) the report imports it exactly
-then — an available backend with TensorFlow devices, or a probe that needs TensorFlow — and says why;
-``True`` always imports it (TensorFlow's own device list), ``False`` never.
+TensorFlow's version, its CUDA/cuDNN build and Keras's version are read without importing TensorFlow (package
+metadata, ``build_info.py``). Importing it (most of ``info``'s time) is needed only to list Intel XPUs (ITEX is a
+plugin) and to confirm TensorFlow sees the GPUs NVML reports: by default (``use_tensorflow=None``) the report
+imports it exactly then and says why; ``True`` always imports it, ``False`` never.
 
-JSON (`to_json`, ``schema_version`` 2; within a version fields are only ever added): the plan first
-(``Plan.to_dict()`` with its support table), then ``plan_error``, the overrides in force, the autotune cache,
-the software, each backend's rows, and the hardware (with the CPU flags) last. Its JSON Schema, every field
-described, is ``amp_backends/schemas/report.schema.json`` (shipped with the package), with the changes
-from version 1.
-Added within version 2: the plan's ``fp8``, ``steps_per_execution`` and ``float32_layers`` (with their
-reasons), and the support table's ``fp8``, ``matrix_units``, ``steps_per_execution`` and ``float32_layers``;
-then the plan's ``decisions``, ``device_names``, ``tensorflow`` and ``keras``, the evidence of the float32
-layers and of ``steps_per_execution``, a support level's ``brief`` and ``evidence`` where it has them, and the
-CPU's ``family``, ``model_number``, ``stepping`` and ``microarchitecture``.
+JSON (`to_json`, ``schema_version`` 2; fields are only ever added within a version): its schema, every field
+described along with what changed since version 1, is ``amp_backends/schemas/report.schema.json``.
 """
 
 from __future__ import annotations
@@ -67,9 +56,8 @@ def _tensorflow_section(imported: Any, why: str, error: str | None) -> dict[str,
     return info
 
 
-def _hardware(
-    registry: BackendRegistry, use_tensorflow: bool | None, quiet: bool
-) -> tuple[Hardware, Any, str, str | None]:
+def _hardware(registry: BackendRegistry, use_tensorflow: bool | None,
+              quiet: bool) -> tuple[Hardware, Any, str, str | None]:
     """Probe, importing TensorFlow when asked or (``None``) when it can change the plan."""
     hardware = probe_hardware(registry, use_tensorflow=False)
     if use_tensorflow is None:
@@ -96,22 +84,13 @@ def _rows(call: Any, *args: Any) -> list[list[str]]:
         return [["error", f"{type(exc).__name__}: {exc}"]]
 
 
-def collect(
-    *,
-    use_tensorflow: bool | None = None,
-    registry: BackendRegistry | None = None,
-    environ: Mapping[str, str] | None = None,
-    quiet: bool = False,
-    device: str | None = None,
-    **overrides: Any,
-) -> Report:
-    """Gather the plan, the software and the hardware. Never raises for broken or missing software or
-    backends: they are reported. ``quiet`` filters TensorFlow's start-up noise if it is imported.
-
-    A bad override (``AMP_POLICY=bogus``) or an unknown ``device`` is the user's error and raises
-    `AmpConfigError`. ``device`` plans for a device of the catalogue (`amp_backends.devices`)
-    instead of this machine.
-    """
+def collect(*, use_tensorflow: bool | None = None, registry: BackendRegistry | None = None,
+            environ: Mapping[str, str] | None = None, quiet: bool = False, device: str | None = None,
+            **overrides: Any) -> Report:
+    """Gather the plan, the software and the hardware; broken or missing software or backends are reported, never
+    raised. ``quiet`` filters TensorFlow's start-up noise; ``device`` plans for a catalogue device
+    (`amp_backends.devices`) instead of this machine. A bad override or an unknown ``device`` raises
+    `AmpConfigError`."""
     registry = registry or default_registry()
     env = os.environ if environ is None else environ
     if device is not None:  # a catalogue device's description, not this machine
@@ -122,20 +101,13 @@ def collect(
     else:
         hardware, tf, why, tf_error = _hardware(registry, use_tensorflow, quiet)
     data: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "amp_backends_version": __version__,
-        "plan": None,
-        "plan_error": None,
+        "schema_version": SCHEMA_VERSION, "amp_backends_version": __version__, "plan": None, "plan_error": None,
         "overrides": {var: env[var] for var in (*ENV_VARS.values(), *RENAMED_ENV_VARS.values())
                       if env.get(var, "").strip()},
         "autotune": None,
-        "software": {
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "tensorflow": _tensorflow_section(tf, why, tf_error),
-            "keras": keras_info(tf).to_dict(),
-            "backends": {b.name: _rows(b.software_rows) for b in registry},
-        },
+        "software": {"python": platform.python_version(), "platform": platform.platform(),
+                     "tensorflow": _tensorflow_section(tf, why, tf_error), "keras": keras_info(tf).to_dict(),
+                     "backends": {b.name: _rows(b.software_rows) for b in registry}},
         "backend_rows": {b.name: _rows(b.report_rows, probe) for b in registry
                          if (probe := hardware.get(b.name)) is not None},
         "hardware": hardware.to_dict(),
@@ -168,11 +140,8 @@ def to_json(report: Report) -> str:
 
 
 def render_text(report: Report, console: Any = None, why: bool = False) -> None:
-    """Print the report: tables on a terminal, one plain line a row elsewhere (`amp_backends.terminal`).
-
-    The plan's settings come with their short reasons, or with ``why`` their whole reasons and the measurements
-    they quote, with the rejected alternatives.
-    """
+    """Print the report: tables on a terminal, one plain line a row elsewhere; the plan's settings with their short
+    reasons, or with ``why`` their whole reasons (and the measurements they quote) and the rejected alternatives."""
     from ..terminal import make_console, say, show_rows
 
     console = console or make_console()
@@ -191,14 +160,10 @@ def render_text(report: Report, console: Any = None, why: bool = False) -> None:
               show_header=True, header_style="bold", plain=hardware_line)
     sw = d["software"]
     tf = sw["tensorflow"]
-    tf_text = tf["version"] or "not installed"
-    if tf.get("is_cuda_build"):
-        tf_text += f" (CUDA build, CUDA {tf.get('cuda_version')}, cuDNN {tf.get('cudnn_version')})"
-    elif tf.get("is_cuda_build") is not None:
-        tf_text += " (CPU-only build)"
-    tf_text += f"; {tf['why']}"
-    if tf.get("error"):
-        tf_text += f" [{tf['error']}]"
+    build = {True: f" (CUDA build, CUDA {tf.get('cuda_version')}, cuDNN {tf.get('cudnn_version')})",
+             False: " (CPU-only build)"}.get(tf.get("is_cuda_build"), "")
+    error = f" [{tf['error']}]" if tf.get("error") else ""
+    tf_text = f"{tf['version'] or 'not installed'}{build}; {tf['why']}{error}"
     k = sw["keras"]
     generation = f" (Keras {k['generation']} API)" if k.get("generation") else ""
     software = [("amp_backends", d["amp_backends_version"]), ("Python", f"{sw['python']} ({sw['platform']})"),
@@ -239,12 +204,8 @@ def _plan_rows(d: dict[str, Any], why: bool) -> tuple[list[tuple[str, str, str]]
         reason, value = (decision["detail"], decision["value"]) if why else (decision["reason"], "")
         rows.append((decision["setting"], decision["value"], reason.removeprefix(f"{value}: ")))
     rows += [(s["name"], s["value"], s["why"]) for s in plan["vendor_settings"]]
-    styles: list[str | None] = [None] * len(rows)
-    if why:
-        rows += [(f"rejected {r['setting']}", r["value"], r["why"]) for r in plan["rejected"]]
-        styles += ["dim"] * len(plan["rejected"])
-    rows += [("warning", "", w) for w in plan["warnings"]]
-    styles += ["yellow"] * len(plan["warnings"])
-    rows += [("note", "", n) for n in plan["notes"]]
-    styles += [None] * len(plan["notes"])
-    return rows, styles
+    styled: list[tuple[tuple[str, str, str], str | None]] = [(row, None) for row in rows]
+    styled += [((f"rejected {r['setting']}", r["value"], r["why"]), "dim") for r in plan["rejected"] if why]
+    styled += [(("warning", "", w), "yellow") for w in plan["warnings"]]
+    styled += [(("note", "", n), None) for n in plan["notes"]]
+    return [row for row, _ in styled], [style for _, style in styled]

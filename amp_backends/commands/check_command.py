@@ -1,15 +1,9 @@
 """``amp-backends check MODULE:FACTORY``: build a model from a factory function and print the precision check.
 
-The check itself is `amp_backends.check_model` (`amp_backends.model_check`); this is its command.
-
-The plan is applied first (``auto_configure`` with the overrides given), so the factory builds the model
-under the plan's dtype policy, as a training script that calls ``auto_configure()`` at its top would.
-The current directory is importable, as with ``python -m``: ``amp-backends check mymodels:build`` finds
-``./mymodels.py``.
-
-It exits 0 when the check found no error (warnings and notes are speed advice), 1 when it found one (wrong or
-unstable numbers: a finding of severity ``error``), so a script or CI job can gate on it, and 2 on bad input (a
-factory that raises or returns no model included).
+The check itself is `amp_backends.check_model`. The plan is applied first, so the factory builds the model under
+its dtype policy, as a script calling ``auto_configure()`` at its top would; the current directory is importable, as
+with ``python -m``. Exit status: 0 no error (warnings and notes are speed advice), 1 a finding of severity ``error``
+(wrong or unstable numbers: a CI job can gate on it), 2 bad input (a factory that raises or returns no model too).
 """
 
 from __future__ import annotations
@@ -27,10 +21,8 @@ PROG = "amp-backends check"
 
 
 def parse_input_shape(text: str) -> Any:
-    """``"64x64x3"`` -> ``(None, 64, 64, 3)``; ``"token_ids=128,padding_mask=128"`` -> a dict of such shapes.
-
-    One example's shape, without the batch (the check's ``batch_size`` fills it); ValueError when malformed.
-    """
+    """One example's shape: ``"64x64x3"`` -> ``(None, 64, 64, 3)``; ``"token_ids=128,padding_mask=128"`` -> a dict of
+    such shapes; ValueError when malformed."""
     def dims(part: str) -> tuple[int | None, ...]:
         try:
             values = tuple(int(d) for d in part.strip().lower().split("x"))

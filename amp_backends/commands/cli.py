@@ -1,8 +1,7 @@
 """The ``amp-backends`` command line (typer): ``info``, ``check``, ``audit``, ``bench`` and ``train mnist|gan``.
 
-Importing this module defines ``info`` only; ``check``, ``bench`` and ``train`` are registered by
-`get_app` when the command line runs, so importing the CLI (or running ``info``) never loads the
-benchmark, the examples or numpy. Help is click's plain layout (`typer_app`).
+Importing this module defines ``info`` only; the others are registered by `get_app` when the command line runs, so
+importing the CLI (or running ``info``) never loads the benchmark, the examples or numpy.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """``amp-backends train mnist|gan`` (``python -m amp_backends.examples.mnist|gan``): the examples' command line.
 
-The tutorials' flags (``--epochs --batch_size --lr``), the plan overrides (`amp_backends.request.OPTIONS`)
-and the trainer's and run's flags, parsed into `RunOptions` for
-`train_mnist` / `train_gan`. Exit status:
-0 done; 2 a usage, data or checkpoint error; 3 stopped on non-finite gradients; 4 another worker failed;
-130/143 interrupted.
+The tutorials' flags (``--epochs --batch_size --lr``), the plan overrides and the trainer's and run's flags, parsed
+into `RunOptions`. Exit status: 0 done; 2 a usage, data or checkpoint error; 3 stopped on non-finite gradients;
+4 another worker failed; 130/143 interrupted.
 """
 
 from __future__ import annotations
@@ -41,21 +39,16 @@ def _in_flags(exc: NonFiniteError) -> str:
     return f" On this command line: run it again with {' '.join(words)}." if words else ""
 
 
-def configure_logging() -> None:
-    """The tutorials' log format, unless the program configured logging itself."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(levelname)s - %(message)s")
-    logging.getLogger("amp_backends").setLevel(logging.INFO)
-    for noisy in ("tensorflow", "absl"):  # checkpoint-saving chatter at INFO
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
 def run_example(name: str, train: Callable[[Any], Any], parsed: dict[str, Any]) -> None:
     """Train with the parsed options; each failure the user can act on ends with its message and exit status."""
     from ..examples.run import RunOptions, preflight
     from ..tf_import import import_tensorflow, quiet_tensorflow_logs
 
-    configure_logging()
+    if not logging.getLogger().handlers:  # the tutorials' log format, unless the program configured logging itself
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(levelname)s - %(message)s")
+    logging.getLogger("amp_backends").setLevel(logging.INFO)
+    for noisy in ("tensorflow", "absl"):  # checkpoint-saving chatter at INFO
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     if parsed.get("audit"):  # the kernels' libraries read them once, when they start: before TensorFlow is imported
         from ..registry import default_registry
 

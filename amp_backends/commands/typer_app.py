@@ -1,8 +1,7 @@
 """What every command shares: the typer settings, the plan overrides' options, numbers, and how a command fails.
 
-Help is click's plain layout (``rich_markup_mode=None``), up to 120 columns, with ``-h``: typer's rich
-panels cut long option names at 80 columns and add type markers (``<bool>``); click's layout wraps to the
-terminal instead.
+Help is click's plain layout (``rich_markup_mode=None``), up to 120 columns, with ``-h``: typer's rich panels cut
+long option names at 80 columns and add type markers.
 """
 
 from __future__ import annotations
@@ -44,12 +43,9 @@ def fail(prog: str, message: object, code: int = 2, kind: str = "error") -> NoRe
 
 def number_option(default: Any, *flags: str, prog: str, kind: type = int, minimum: float = 1,
                   example: Any = None, **kwargs: Any) -> Any:
-    """A typer option taking a number (``int`` or a finite ``float``) of at least ``minimum``.
-
-    Anything else ends the command the library's way, before any work: ``<prog>: error: --batch_size must be
-    an integer >= 1. Received: --batch_size 0. Fix: ...``, exit status 2 (not typer's "Input should be
-    greater than or equal to 1", which names neither the value nor a fix). ``example`` is the value the fix
-    offers (default: ``default``)."""
+    """A typer option taking a number (``int`` or a finite ``float``) of at least ``minimum``; anything else ends the
+    command before any work with the value and a fix offering ``example`` (default: ``default``), exit status 2
+    (typer's own message names neither)."""
     flag, expected = flags[0], f"{'an integer' if kind is int else 'a number'} >= {minimum:g}"
     offer = example if example is not None else default
 
@@ -69,15 +65,9 @@ def number_option(default: Any, *flags: str, prog: str, kind: type = int, minimu
 
 def with_overrides(*, exclude: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command the plan overrides' options of `amp_backends.request.OPTIONS` (all but ``exclude``), and the
-    old names of `amp_backends.request.RENAMED` as hidden options that still work, with a ``FutureWarning``.
-
-    The command declares one parameter ``overrides`` where the options go in its help; it receives the
-    overrides given, as ``auto_configure`` keywords (`overrides_given`)::
-
-        @with_overrides()
-        def info(json_output: bool = ..., overrides: dict = {}) -> None:
-            plan = auto_configure(**overrides)
-    """
+    old names of `amp_backends.request.RENAMED` as hidden options that still work, with a ``FutureWarning``. The
+    command's parameter ``overrides`` (where the options go in its help) receives those given, as ``auto_configure``
+    keywords (`overrides_given`)."""
     options = [o for o in OPTIONS if o.name not in exclude]
     renamed = {old: new for old, new in RENAMED.items() if new not in exclude}  # old flags: hidden, still taken
 

@@ -15,12 +15,9 @@ from ..errors import AmpConfigError, CheckpointMismatchError
 
 @dataclass
 class RunOptions:
-    """How an example trains: the tutorials' settings, the plan's overrides, the trainer's and the run's.
-
-    ``overrides`` are ``auto_configure`` keywords (``{"policy": "bf16", "strict": True}``); an override left
-    out is decided by its ``AMP_*`` variable, else by the plan. Build one with keywords, or from a command's
-    parsed options with `from_parsed`.
-    """
+    """How an example trains: the tutorials' settings, the plan's overrides (``auto_configure`` keywords; one left out
+    is decided by its ``AMP_*`` variable, else by the plan), the trainer's and the run's. Build one with keywords, or
+    with `from_parsed`."""
 
     epochs: int = 1
     batch_size: int = 64
@@ -56,9 +53,8 @@ class RunOptions:
 
 
 def preflight(opts: RunOptions) -> None:
-    """What the examples refuse before TensorFlow starts, in a fraction of a second rather than after its import:
-    the cluster the environment describes (`amp_backends.training.distribute.check_cluster`), a ``--logdir``
-    below a file, and two sources of data.
+    """What the examples refuse before TensorFlow starts: a wrong cluster (`training.distribute.check_cluster`), a
+    ``--logdir`` below a file, two sources of data.
 
     Args:
         opts: The parsed options.
@@ -81,9 +77,8 @@ def preflight(opts: RunOptions) -> None:
 
 
 def strategy_and_plan(opts: RunOptions) -> tuple[Any, Any]:
-    """The tf.distribute strategy (created first: multi-worker collectives must be set up before any op), then
-    this worker's plan (``auto_configure(**opts.overrides)``), compared with the other workers' plans. The plan
-    is printed with the models it prepares (`prepare_models`)."""
+    """The tf.distribute strategy (first: multi-worker collectives are set up before any op), then this worker's
+    plan, compared with the other workers' plans."""
     from ..configure import auto_configure
     from ..training.distribute import check_plan_agreement, make_strategy
 
@@ -120,14 +115,9 @@ def profile_window(opts: RunOptions) -> tuple[int, int] | None:
 
 
 def choose_run(opts: RunOptions, strategy: Any) -> tuple[RunOptions, Any]:
-    """The run directory (a new ``version_N``, made by the run's first write, or the one ``--resume``
-    continues) and the options with the run's seed, decided before the data is loaded: the seed also draws
-    ``--synthetic`` and splits ``--digits``.
-
-    A resumed run keeps the seed its checkpoints record; another ``--seed`` is refused
-    (`CheckpointMismatchError`: the epoch in progress would be reshuffled), and so is a run another process
-    is training now (`CheckpointError`, from `amp_backends.training.runs`).
-    """
+    """The run directory (a new ``version_N``, or the one ``--resume`` continues) and the options with the run's seed,
+    decided before the data it draws or splits. A resumed run keeps its checkpoints' seed: another ``--seed`` is
+    refused (`CheckpointMismatchError`), and so is a run another process is training now (`CheckpointError`)."""
     from ..training.distribute import is_chief
     from ..training.resume import run_seed
     from ..training.runs import refuse_if_held, run_directory
@@ -152,18 +142,17 @@ def choose_run(opts: RunOptions, strategy: Any) -> tuple[RunOptions, Any]:
     return replace(opts, seed=seed), run
 
 
-def seed_models(opts: RunOptions) -> None:
-    """Seed everything before the models are built (after any tuning, whose draws would move their weights)."""
-    from ..training.runs import seed_everything
-
-    seed_everything(0 if opts.seed is None else opts.seed, deterministic=opts.deterministic)
+def start(opts: RunOptions) -> tuple[RunOptions, Any, Any, Any, Any]:
+    """``(opts, strategy, plan, run, data)``: `strategy_and_plan`, then `choose_run` (the options get the run's
+    seed), then the data, drawn or split with that seed."""
+    strategy, plan = strategy_and_plan(opts)
+    opts, run = choose_run(opts, strategy)
+    return opts, strategy, plan, run, load_data(opts)
 
 
 def prepare_models(plan: Any, *models: Any, strategy: Any = None) -> None:
-    """The plan applied to each model (its float32 layers, float8 when the plan has fp8 on), then printed (by the
-    chief) as it stands for these models: a line a setting, the float32 layers naming the models' own layers
-    (or none); with fp8 on, what float8 did to each model. (The trainer applies the same layer plan again,
-    measured on the first batch where that is due.)"""
+    """The plan applied to each model (its float32 layers; float8 with fp8 on), then printed by the chief as it stands
+    for these models (with fp8 on, what float8 did to each)."""
     from ..prepare import prepare_model
     from ..training.distribute import is_chief
 
@@ -187,16 +176,20 @@ def trainer_options(opts: RunOptions, run: Any, strategy: Any) -> dict[str, Any]
                 strategy=strategy, audit=opts.audit)
 
 
-def maybe_tune(opts: RunOptions, plan: Any, build: Any, x: Any, y: Any, images_per_step: int | None = None) -> Any:
-    """With ``tune``: time the candidate plans on this model (or apply the cached choice) and print the result."""
-    if not opts.tune:
-        return plan
-    from ..autotune import tune
-    from ..training.tasks import mnist_batch_fn
+def final_plan(opts: RunOptions, plan: Any, build: Any, x: Any, y: Any, images_per_step: int | None = None) -> Any:
+    """The plan to train with: with ``tune``, the candidate plans timed on this model (or the cached choice), printed.
+    Everything is then seeded, before the models are built (after the tuning, whose draws would move their weights).
+    """
+    from ..training.runs import seed_everything
 
-    plan = tune(build, x, y, batch_size=opts.batch_size, images_per_step=images_per_step, batch_fn=mnist_batch_fn,
-                overrides=opts.overrides)
-    print(f"autotuned plan: {plan.headline}", flush=True)
+    if opts.tune:
+        from ..autotune import tune
+        from ..training.tasks import mnist_batch_fn
+
+        plan = tune(build, x, y, batch_size=opts.batch_size, images_per_step=images_per_step, batch_fn=mnist_batch_fn,
+                    overrides=opts.overrides)
+        print(f"autotuned plan: {plan.headline}", flush=True)
+    seed_everything(0 if opts.seed is None else opts.seed, deterministic=opts.deterministic)
     return plan
 
 

@@ -1,20 +1,10 @@
-"""The benchmark command: ``python -m amp_backends.bench`` / ``amp-backends bench``.
+"""The benchmark command: ``python -m amp_backends.bench`` / ``amp-backends bench``, results in one folder (``--out``).
 
-Two suites, one command, results in one folder (``--out``):
-
-================  ==============================================================================
-suite             module
-================  ==============================================================================
-(default)         `loops`: the tutorials' hand-written loops under their manual configurations,
-                  Keras ``fit`` and the trainer under the auto plan (``bench.json``, ``bench.png``)
-``--zoo``         `zoo_suite` (workers: `zoo_worker`): reference models under the float32 ``fit``
-                  baseline, the manual configurations, ``fit`` and the trainer under the auto plan
-                  (``zoo.json``, ``zoo.md``)
-================  ==============================================================================
-
-`supervisor` runs worker processes with time limits; `output` writes tables, JSON and charts.
-The GPU suite, the experiments behind the trainer's GPU settings, is the project's own evidence and runs from
-a checkout: ``python benchmarks/gpu_suite.py`` (``benchmarks/README.md``).
+By default `loops`: the tutorials' hand-written loops under their manual configurations, Keras ``fit`` and the trainer
+under the auto plan (``bench.json``, ``bench.png``); with ``--zoo``, `zoo_suite` (workers: `zoo_worker`): reference
+models under the float32 baseline, the manual configurations and the auto plan (``zoo.json``, ``zoo.md``).
+`supervisor` runs the workers with time limits; `output` writes tables, JSON and charts. The GPU suite runs from a
+checkout: ``python benchmarks/gpu_suite.py`` (``benchmarks/README.md``).
 """
 
 from __future__ import annotations
@@ -40,8 +30,7 @@ def _fail(message: str) -> typer.Exit:
 
 
 def _stopped(stop: KeyboardInterrupt, results: Path) -> typer.Exit:
-    """Ctrl-C (exit 130) or SIGTERM (143, `supervisor.terminate_as_exit`): a normal way to stop; what finished is
-    kept."""
+    """Ctrl-C (exit 130) or SIGTERM (143): a normal way to stop; what finished is kept."""
     from .output import stop_reason
 
     kept = f"what finished before it is in {results}" if results.exists() else "nothing had finished"

@@ -1,10 +1,8 @@
 """The tutorials' hand-written loops under their manual configurations against the auto plan (the default benchmark).
 
-In one process and on the same data: the tutorials' loops as they wrote them (one ``tf.function`` call per step,
-``tf.data`` input, the loss fetched every step) under each configuration of `MANUAL`, Keras ``fit`` under the auto
-plan and the trainer under `auto_configure`. Each runs one warm-up epoch, then ``--epochs`` timed ones; the figure is
-the median epoch's images per second. Between configurations the process is reset (Keras session, dtype policy,
-TF32, the applied plan). It writes ``bench.json`` (JSON Schema: ``amp_backends/schemas/bench.schema.json``) and
+In one process, on the same data: the loops as written (a ``tf.function`` call per step, the loss fetched every step)
+under each configuration of `MANUAL`, Keras ``fit`` and the trainer under the auto plan; one warm-up epoch, then the
+median of ``--epochs`` timed ones. Writes ``bench.json`` (schema ``amp_backends/schemas/bench.schema.json``) and
 ``bench.png``; the method in full is on ``docs/benchmarks.md``.
 """
 
@@ -149,8 +147,7 @@ def bench_manual(model: str, config: tuple, x: np.ndarray, y: np.ndarray, batch:
     tf = _tf()
     name, policy, tf32, xla, scaling = config
     tf.config.experimental.enable_tensor_float_32_execution(tf32)
-    make = _mnist_manual if model == "mnist" else _gan_manual
-    step = make(policy, xla, scaling, lr, batch)
+    step = (_mnist_manual if model == "mnist" else _gan_manual)(policy, xla, scaling, lr, batch)
     ds = _dataset(x, y, batch)
     per_step = batch if model == "mnist" else 2 * batch
 
@@ -238,9 +235,8 @@ def run(models: list[str], configs: list[str] | None, epochs: int, samples: int,
             if with_fit and model == "mnist":
                 jobs.append(("Keras fit", functools.partial(bench_fit, x, y, batch, epochs, 0.01)))
             auto = functools.partial(bench_auto, model, x, y, batch, epochs, 0.01, steps_per_call)
-            jobs.append(("auto plan", auto))
-            jobs.append(("auto plan, no loss scaling",
-                         functools.partial(auto, loss_scale="none", label="auto plan, loss scaling off")))
+            no_scaling = functools.partial(auto, loss_scale="none", label="auto plan, loss scaling off")
+            jobs += [("auto plan", auto), ("auto plan, no loss scaling", no_scaling)]
             for label, job in jobs:
                 saved_tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
                 try:
@@ -258,8 +254,7 @@ def run(models: list[str], configs: list[str] | None, epochs: int, samples: int,
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the configurations timed so far are written, then it goes on
         stopped = exc
     report = {
-        **run_header(),
-        "environment": environment(),
+        **run_header(), "environment": environment(),
         "settings": {"epochs_timed": epochs, "warmup_epochs": 1, "samples": samples, "mnist_batch": mnist_batch,
                      "gan_batch": gan_batch, "steps_per_call": steps_per_call or "one epoch", "data": "synthetic"},
         "results": [asdict(r) for r in results],

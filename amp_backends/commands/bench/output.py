@@ -23,14 +23,12 @@ def now_iso() -> str:
 
 def run_header() -> dict[str, Any]:
     """``date`` (UTC), ``command`` (as typed, module form) and ``host`` of this run."""
-    return {"date": now_iso(),
-            "command": " ".join([*_program(), *sys.argv[1:]]),
-            "host": platform.node()}
+    return {"date": now_iso(), "command": " ".join([*_program(), *sys.argv[1:]]), "host": platform.node()}
 
 
 def results_folder(out: Path, result: str) -> Path:
-    """The folder a run writes into, made and checked before any work: ``out``, or where ``out`` already holds
-    an earlier run's ``result`` file, the first free ``out-2``, ``out-3``... (no earlier run is overwritten).
+    """The folder a run writes into, made before any work: ``out``, or where it holds an earlier run's ``result``, the
+    first free ``out-2``, ``out-3``...
 
     Args:
         out: The folder asked for (``--out``), relative or absolute.
@@ -57,8 +55,7 @@ def results_folder(out: Path, result: str) -> Path:
 
 
 def _program() -> list[str]:
-    """How this run was started, as one would type it again: ``python -m amp_backends.bench``, ``python -m
-    amp_backends`` (``bench`` follows among the arguments) or the ``amp-backends`` script."""
+    """How this run was started, as one would type it again (``python -m amp_backends.bench``, ``amp-backends``)."""
     started = Path(sys.argv[0])
     if started.name in ("bench.py", "__main__.py") and started.parent.name == "amp_backends":
         module = "amp_backends.bench" if started.name == "bench.py" else "amp_backends"
@@ -92,15 +89,15 @@ def unsafe_policies(plan: Plan) -> dict[str, str]:
 
 
 def environment(collected: Report | None = None) -> dict[str, Any]:
-    """What the figures were measured on: the planned backend's devices and details, the software, the plan.
+    """What the figures were measured on: the planned backend, its devices (``"NVIDIA H200 (CC 9.0)"``) and details,
+    the CPU, the software's versions and the plan's main settings; ``{"error": ...}`` where the report (``collected``,
+    default: collected here, TensorFlow imported) could not be collected.
 
     Args:
-        collected: The capability report of this machine (default: collected here, TensorFlow imported).
+        collected: The capability report of this machine.
 
     Returns:
-        The planned backend, its devices (each labelled with its backend's facts: ``"NVIDIA H200 (CC 9.0)"``) and
-        details, the CPU, the software's versions and the plan's main settings; ``{"error": ...}`` where the report
-        could not be collected.
+        The environment, as data.
     """
     if collected is None:
         from ..capability_report import collect
@@ -205,8 +202,7 @@ def zoo_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
 
 
 def _loss_vs_baseline(c: dict[str, Any]) -> str:
-    """The training loss minus the float32 baseline's, and whether that lies within the float32 run-to-run spread
-    (``+0.0012 (ok)``, ``-0.0300 (outside)``)."""
+    """The loss minus the baseline's, and whether within the float32 spread: ``+0.0012 (ok)``, ``-0.0300 (outside)``."""
     within = c.get("loss_within_spread")
     return _f(c.get("loss_vs_baseline"), "+.4f") + ("" if within is None else " (ok)" if within else " (outside)")
 
@@ -217,8 +213,8 @@ def _median_range(s: dict[str, Any] | None, none: str = "-") -> str:
 
 
 def peer_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
-    """A zoo run's peers beside float32 ``fit`` and the plan: per model and configuration, training samples/s (median,
-    min-max), inference samples/s where measured, and the loss against the float32 baseline (none without peers)."""
+    """A zoo run's peers beside float32 ``fit`` and the plan: training and inference samples/s and the loss against
+    the baseline, per model and configuration (none without peers)."""
     rows: list[tuple[str, ...]] = []
     for m in report["models"]:
         configs = m.get("configs") or {}
@@ -234,9 +230,7 @@ def peer_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
 def _parity(c: dict[str, Any]) -> str:
     """``ok`` when the loss lies within the float32 run-to-run spread of the baseline's, else the difference."""
     within = c.get("loss_within_spread")
-    if within is None:
-        return "-"
-    return "ok" if within else _f(c.get("loss_vs_baseline"), "+.4f")
+    return "-" if within is None else "ok" if within else _f(c.get("loss_vs_baseline"), "+.4f")
 
 
 ZOO_HEAD = ("model", "batch", "fp32 fit", "best manual", "auto fit", "auto trainer", "x baseline (fit / trainer)",

@@ -1,11 +1,7 @@
 """Worker processes with time limits: a child that crashes or overruns is stopped and reported, never waited on.
 
-* `run_child`: run a command to its end, its output echoed and kept, stopped when a deadline passes
-  (the GPU suite's benchmark and experiment workers).
-* `JsonWorker`: a long-lived child answering one JSON request per line (the model zoo's
-  configuration workers), each request with its own time limit.
-
-Children run in their own process group, so stopping one stops what it started, and nothing else.
+`run_child` runs a command to its end (the GPU suite's workers); `JsonWorker` is a long-lived child answering one
+JSON request per line (the model zoo's). Children run in their own process group: stopping one stops what it started.
 """
 
 from __future__ import annotations
@@ -54,7 +50,7 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=wait)
             return
         except subprocess.TimeoutExpired:
-            continue
+            pass
 
 
 def exit_reason(rc: int | None) -> str:
@@ -74,10 +70,8 @@ def last_words(tail: list[str], n: int = 8) -> str:
 
 def run_child(cmd: list[str], echo: Callable[[str], None], kill_at: Callable[[], float], on_poll: Callable[[], None],
               extra_log: Path | None = None, env: dict[str, str] | None = None) -> tuple[int | None, list[str]]:
-    """Run ``cmd`` with its output echoed (and kept); stop its process group when ``kill_at()`` passes.
-
-    Returns ``(returncode, last lines)``; the return code is ``None`` when it was stopped.
-    """
+    """Run ``cmd`` with its output echoed (and kept); stop its process group when ``kill_at()`` passes. Returns
+    ``(returncode, last lines)``, the return code ``None`` when it was stopped."""
     tail: list[str] = []
     side = open(extra_log, "a", buffering=1, encoding="utf-8") if extra_log else None
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
@@ -121,11 +115,8 @@ class WorkerFailed(RuntimeError):
 
 
 class JsonWorker:
-    """A child process that answers JSON requests, one per line, on its standard output.
-
-    Lines it prints without `PROTOCOL` (and its standard error) go to ``log``. A request that gets
-    no answer within its time limit stops the child and raises `WorkerFailed`.
-    """
+    """A child answering JSON requests, one per line, on its standard output; lines without `PROTOCOL` (and its
+    standard error) go to ``log``. A request unanswered within its time limit stops it and raises `WorkerFailed`."""
 
     def __init__(self, cmd: list[str], log: IO[str], name: str, env: dict[str, str] | None = None) -> None:
         self.name, self.log = name, log

@@ -1,10 +1,7 @@
-"""The model-zoo benchmark: every zoo model under the float32 ``fit`` baseline, the manual configurations
-this hardware runs, ``fit`` under the auto plan and the trainer under the plan.
-
-Each configuration runs in a worker process of its own (`zoo_worker`: a dtype policy, XLA and an applied plan are
-process-wide), kept for all models. Per model the repetitions are interleaved, the order rotated each round; each
-figure is the median repetition with its min-max spread (the method in full: ``docs/benchmarks.md``). ``zoo.json``'s
-JSON Schema is ``amp_backends/schemas/zoo.schema.json``.
+"""The model-zoo benchmark: every zoo model under the float32 ``fit`` baseline, the manual configurations this
+hardware runs, ``fit`` and the trainer under the auto plan, each configuration in a worker process of its own
+(`zoo_worker`). Repetitions are interleaved, the order rotated each round; each figure is the median repetition with
+its min-max spread (``docs/benchmarks.md``). ``zoo.json``'s schema is ``amp_backends/schemas/zoo.schema.json``.
 """
 
 from __future__ import annotations
@@ -42,23 +39,20 @@ class ZooConfig:
 
     @property
     def compute_dtype(self) -> str:
-        """The dtype the matrix work runs in: the policy's, or bfloat16 for a peer that rewrites a float32 model
-        to it (TensorFlow's grappler rewrite, ZenDNN's bfloat16 AMP)."""
+        """The dtype the matrix work runs in: the policy's, or bfloat16 for a peer that rewrites to it."""
         if "bfloat16" in (self.rewrite or "") or any(k.endswith("_BF16") and v == "1" for k, v in self.env):
             return "bfloat16"
         return {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}.get(self.policy, "float32")
 
 
 BASELINE = ZooConfig("float32 fit (defaults)", "baseline")
-# The same from other initial weights: how far two float32 runs' losses lie apart, the spread a loss parity is
-# judged against.
+# from other initial weights: the float32 run-to-run spread a loss parity is judged against
 BASELINE_SEED1 = ZooConfig("float32 fit (defaults), seed 1", "baseline", seed=1)
 
 
 def configurations(plan: Any, peers: Sequence[Peer] = ()) -> list[ZooConfig]:
-    """The baseline, the manual configurations this hardware runs natively (from the plan's support table),
-    each without and with XLA, TF32 variants where the plan uses TF32, the backend's peers (float32 ``fit``
-    with another math library or a graph rewrite, XLA off), ``fit`` under the plan, the trainer."""
+    """The baselines, the manual configurations this hardware runs natively (without and with XLA; TF32 too where
+    the plan uses it), the backend's peers (XLA off), ``fit`` and the trainer under the plan."""
     native = [p for p, s in (plan.assessment.policies.items() if plan.assessment else []) if s.level == "native"]
     manual: list[ZooConfig] = []
     for policy, short in (("float32", "fp32"), ("mixed_float16", "fp16"), ("mixed_bfloat16", "bf16")):
@@ -116,8 +110,7 @@ class ZooRun:
         if w is None:
             return None
         try:
-            r = w.receive(self.timeout_s)
-            if not r.get("ok"):
+            if not (r := w.receive(self.timeout_s)).get("ok"):
                 raise WorkerFailed(f"the {cfg.name} worker could not start: {r.get('error')}")
             return w
         except WorkerFailed as exc:

@@ -1,18 +1,8 @@
-"""One configuration of the model zoo, in a process of its own (``python -m amp_backends.commands.bench.zoo_worker``).
-
-A dtype policy, XLA and an applied plan are process-wide and cannot be changed back completely in one
-process, so each configuration gets its own worker, set up once at start. The coordinator
-(`zoo_suite`) sends one JSON request per line on standard input; the worker answers each on standard
-output (`supervisor.answer`):
-
-* ``prepare``: build the model (seed 0: the same weights in every configuration; the second float32
-  baseline seed 1, for the float32 run-to-run spread), compile, one
-  untimed warm-up repetition (tracing, XLA compilation); with ``flops``, FLOPs per sample.
-* ``rep``: one timed repetition of ``steps`` training steps; seconds and samples; then ``steps`` inference
-  batches of the model as trained (``Trainer.predict`` for the trainer, ``predict_on_batch`` for ``fit``; not
-  the GAN): ``predict_seconds``, or ``predict_error`` where inference failed.
-* ``loss``: the model's loss on a fixed batch in inference mode (parity with float32).
-* ``peak``: 2 x n^3 matmul rates for the dtypes asked.
+"""One configuration of the model zoo, in a process of its own (``python -m amp_backends.commands.bench.zoo_worker``):
+a dtype policy, XLA and an applied plan are process-wide. It answers one JSON request a line (`supervisor.answer`):
+``prepare`` (build with seed 0, or 1 for the second float32 baseline; compile; one untimed warm-up repetition; with
+``flops``, FLOPs per sample), ``rep`` (one timed repetition of ``steps`` steps, then as many inference batches),
+``loss`` (the loss on a fixed batch in inference mode) and ``peak`` (matmul rates for the dtypes asked).
 """
 
 from __future__ import annotations
@@ -156,8 +146,8 @@ class ZooWorker:
                                seed=int(self.cfg.get("seed", 0)), observers=[_trainer_window(self.window)])
 
     def rep(self) -> dict[str, Any]:
-        """One ``fit`` call of ``steps`` steps, timed from the start of its training to its end (hooks): the call's
-        set-up (Keras's data adapter, the trainer's upload and checks) is left out, as it is paid once per call."""
+        """One ``fit`` call of ``steps`` steps, timed from the start of its training to its end (hooks), leaving out
+        the set-up paid once per call."""
         self.window.clear()
         t0 = time.perf_counter()
         if self.trainer is not None:
@@ -172,9 +162,7 @@ class ZooWorker:
         dt = self.window.get("end", t1) - self.window.get("start", t0)
         out: dict[str, Any] = {"seconds": dt, "call_seconds": t1 - t0,
                                "samples": self.steps * self.batch * self.entry.per_sample}
-        if not self.entry.gan:  # inference with the model as trained (the GAN: no one model to predict with)
-            # as this configuration's user runs it: Trainer.predict under the plan, or predict_on_batch of the
-            # compiled model (its XLA setting) for fit
+        if not self.entry.gan:  # inference as this configuration's user runs it (the GAN: no one model to predict with)
             predict = self.trainer.predict if self.trainer is not None else self.model.predict_on_batch
             try:
                 predict(self.x_eval)  # (traced on the warm-up repetition)
@@ -187,17 +175,15 @@ class ZooWorker:
         return out
 
     def loss(self) -> dict[str, Any]:
-        """``loss``: the mean training loss of the last repetition (the discriminator's for the GAN; every
-        configuration has then made the same steps on the same data from the same weights); ``eval_loss``: the
-        loss on a fixed batch in inference mode (far off for BatchNormalization after a few steps)."""
+        """``loss``: the mean training loss of the last repetition (the discriminator's for the GAN); ``eval_loss``:
+        the loss on a fixed batch in inference mode (far off for BatchNormalization after a few steps)."""
         n = self.window.get("loss_n", 0.0)
         return {"loss": self.window["loss_sum"] / n if n else None,
                 "eval_loss": self.entry.evaluate(self.model, self.x_eval, self.y_eval)}
 
     def flops(self) -> tuple[float | None, str]:
-        """FLOPs of one training step (``model.train_step``: forward, gradients, update) per sample, from
-        TensorFlow's graph profiler (the ``flops`` statistics registered for MatMul, Conv2D and their
-        gradients, BatchMatMul, element-wise ops). Ops inside loop bodies (recurrent layers) are not seen."""
+        """FLOPs per sample of one training step (``model.train_step``), from TensorFlow's graph profiler; ops inside
+        loop bodies (recurrent layers) are not seen."""
         tf = self.tf
         from tensorflow.python.profiler import model_analyzer, option_builder
 

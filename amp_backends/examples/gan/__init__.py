@@ -1,36 +1,21 @@
-"""The tutorials' MNIST GAN, trained under the auto plan: `train_gan`.
+"""The tutorials' MNIST GAN, trained under the auto plan: `train_gan` (``amp-backends train gan``).
 
-From the command line: ``python -m amp_backends.examples.gan --help`` or ``amp-backends train gan``
-(`amp_backends.commands.train_command`).
-
-One step updates the generator (Adam), then the discriminator (RMSprop, 1e-4), each with its own forward
-pass and its own loss scale; throughput counts 2 x batch images per step, as the tutorial did.
+One step updates the generator (Adam), then the discriminator (RMSprop, 1e-4), each with its own forward pass and
+loss scale; throughput counts 2 x batch images per step, as the tutorial did.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..run import (
-    RunOptions,
-    choose_run,
-    load_data,
-    maybe_tune,
-    prepare_models,
-    scope,
-    seed_models,
-    strategy_and_plan,
-    trainer_options,
-)
+from ..run import RunOptions, final_plan, prepare_models, scope, start, trainer_options
 
 D_LR = 1e-4
 
 
 def train_gan(opts: RunOptions) -> Any:
     """Train the GAN (generator Adam(--lr), discriminator RMSprop(1e-4)) with the auto plan."""
-    strategy, plan = strategy_and_plan(opts)
-    opts, run = choose_run(opts, strategy)  # a resumed run's own seed, before the data it draws or splits
-    (x, _), _ = load_data(opts)
+    opts, strategy, plan, run, ((x, _), _) = start(opts)
     import tensorflow as tf
 
     from ...models import gan_discriminator, gan_generator
@@ -41,8 +26,7 @@ def train_gan(opts: RunOptions) -> Any:
         opts_ = (tf.keras.optimizers.Adam(opts.lr), tf.keras.optimizers.RMSprop(D_LR))
         return [g, d], gan_updates(g, d, *opts_), {"g": g, "d": d}
 
-    plan = maybe_tune(opts, plan, build, x, None, images_per_step=2 * opts.batch_size)
-    seed_models(opts)
+    plan = final_plan(opts, plan, build, x, None, images_per_step=2 * opts.batch_size)
     with scope(strategy):
         generator, discriminator = gan_generator(), gan_discriminator()
         prepare_models(plan, generator, discriminator, strategy=strategy)

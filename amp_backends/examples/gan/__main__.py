@@ -1,7 +1,4 @@
-"""``python -m amp_backends.examples.gan``: the ``amp-backends train gan`` command.
-
-See `amp_backends.commands.train_command`.
-"""
+"""``python -m amp_backends.examples.gan``: the ``amp-backends train gan`` command."""
 
 from ...commands.train_command import gan_main
 

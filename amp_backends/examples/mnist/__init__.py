@@ -1,37 +1,20 @@
-"""The tutorials' MNIST CNN, trained under the auto plan: `train_mnist`.
+"""The tutorials' MNIST CNN, trained under the auto plan: `train_mnist` (``amp-backends train mnist``).
 
-On real images (MNIST, or ``--digits``) the last tenth of the training images is held out and validates every
-epoch (``val_loss``, ``val_accuracy`` in the log and TensorBoard); the best checkpoint by validation accuracy is
-kept in ``<run>/checkpoints/best``, and the test accuracy at the end is that checkpoint's, on the test images (never
-seen in training or in the choice of the checkpoint). Synthetic images (``--synthetic``, for throughput) have
-nothing to validate.
-
-From the command line: ``python -m amp_backends.examples.mnist --help`` or ``amp-backends train mnist``
-(`amp_backends.commands.train_command`).
+On real images the last tenth of the training images validates every epoch; the best checkpoint by validation
+accuracy is kept in ``<run>/checkpoints/best``, and the test accuracy at the end is that checkpoint's, on the test
+images. Synthetic images (``--synthetic``, for throughput) have nothing to validate.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..run import (
-    RunOptions,
-    choose_run,
-    load_data,
-    maybe_tune,
-    prepare_models,
-    scope,
-    seed_models,
-    strategy_and_plan,
-    trainer_options,
-)
+from ..run import RunOptions, final_plan, prepare_models, scope, start, trainer_options
 
 
 def train_mnist(opts: RunOptions) -> Any:
     """Train the MNIST CNN (Adam, sparse categorical cross-entropy) with the auto plan."""
-    strategy, plan = strategy_and_plan(opts)
-    opts, run = choose_run(opts, strategy)  # a resumed run's own seed, before the data it draws or splits
-    (x, y), (xt, yt) = load_data(opts)
+    opts, strategy, plan, run, ((x, y), (xt, yt)) = start(opts)
     validate = not opts.synthetic
     if validate:  # the last tenth of the training images validates (as Keras's validation_split=0.1 takes it)
         held = max(1, len(x) // 10)
@@ -45,8 +28,7 @@ def train_mnist(opts: RunOptions) -> Any:
         m = mnist_cnn()
         return [m], classifier_updates(m, tf.keras.optimizers.Adam(opts.lr)), {"model": m}
 
-    plan = maybe_tune(opts, plan, build, x, y)
-    seed_models(opts)
+    plan = final_plan(opts, plan, build, x, y)
     with scope(strategy):
         model = mnist_cnn()
         prepare_models(plan, model, strategy=strategy)

@@ -1,7 +1,4 @@
-"""``python -m amp_backends.examples.mnist``: the ``amp-backends train mnist`` command.
-
-See `amp_backends.commands.train_command`.
-"""
+"""``python -m amp_backends.examples.mnist``: the ``amp-backends train mnist`` command."""
 
 from ...commands.train_command import mnist_main
 
