@@ -1,10 +1,8 @@
-"""The package's answers kept between runs: one JSON file per kind, written atomically, read tolerantly.
+"""The package's answers kept between runs (autotune's choices, the per-layer precision choices): one JSON file
+per kind, written atomically, read tolerantly.
 
-Autotune's choices and the measured per-layer precision choices are cached, so that the same model on the
-same machine gets the same answer every run without timing again. The folder is ``$AMP_CACHE_DIR``, else
-``$XDG_CACHE_HOME/amp_backends``, else ``~/.cache/amp_backends`` (a relative path is taken against the
-working directory). A damaged file is read as empty (and rewritten on the next store); a file that cannot
-be written is skipped with a warning: a cache never stops training.
+The folder is ``$AMP_CACHE_DIR``, else ``$XDG_CACHE_HOME/amp_backends``, else ``~/.cache/amp_backends``. A damaged
+file reads as empty; a file that cannot be written is skipped with a warning: a cache never stops training.
 """
 
 from __future__ import annotations

@@ -34,20 +34,15 @@ class _State:
 
     def reset(self) -> None:
         with self.lock:
-            self.request = None
-            self.registry = None
-            self.plan = None
+            self.request = self.registry = self.plan = None
 
 
 _state = _State()
 
 
 def reset() -> None:
-    """Forget the plan applied in this process, so the next `auto_configure` plans and applies again.
-
-    TensorFlow and Keras settings already applied stay as they are (the dtype policy of layers already
-    built cannot change).
-    """
+    """Forget the plan applied in this process, so the next `auto_configure` plans and applies again (settings
+    already applied stay as they are)."""
     _state.reset()
 
 
@@ -55,8 +50,7 @@ def current_plan() -> Plan | None:
     """The plan applied by the last `auto_configure` in this process, if any.
 
     Returns:
-        The `Plan`, or ``None`` before the first `auto_configure` (or after
-        `reset`).
+        The `Plan`, or ``None`` before the first `auto_configure` (or after `reset`).
     """
     return _state.plan
 
@@ -83,14 +77,10 @@ def plan_for(
 ) -> Plan:
     """The plan for ``hardware`` (probed now if ``None``) under the overrides, without applying it.
 
-    ``device`` plans for a device of the catalogue instead (a name from `known_devices`, such as
-    ``"h100"``, ``"a100-80gb"`` or ``"sapphire-rapids"``; any case): hardware you do not have. ``keras`` is
-    the Keras to plan for (float8 training needs Keras >= 3.3); by default the one ``tf.keras`` is, read from
-    package metadata (or from TensorFlow, if imported).
-
     Args:
         hardware: The machine to plan for, as the probes describe it; ``None`` probes this one.
-        device: A catalogue device to plan for instead of ``hardware``.
+        device: A catalogue device to plan for instead of ``hardware`` (a name from `known_devices`, such as
+            ``"h100"`` or ``"sapphire-rapids"``; any case): hardware you do not have.
         registry: The backends to plan with (default: the installed ones).
         environ: The environment the ``AMP_*`` overrides are read from (default: ``os.environ``).
         keras: The Keras version to plan for (default: the installed one).
@@ -128,20 +118,18 @@ def quiet_plan_for(hardware: Hardware | None = None, *, device: str | None = Non
     """`plan_for` without its `AmpWarning` (for a report that shows the plan's warnings itself).
 
     Args:
-        hardware: The machine to plan for; ``None`` probes this one.
-        device: A catalogue device to plan for instead of ``hardware``.
-        registry: The backends to plan with (default: the installed ones).
-        environ: The environment the ``AMP_*`` overrides are read from (default: ``os.environ``).
-        keras: The Keras version to plan for (default: the installed one).
-        **overrides: `auto_configure`'s keywords.
+        hardware: As `plan_for`.
+        device: As `plan_for`.
+        registry: As `plan_for`.
+        environ: As `plan_for`.
+        keras: As `plan_for`.
+        **overrides: As `plan_for`.
 
     Returns:
         The plan, not applied; its ``warnings`` say what `plan_for` would warn.
 
     Raises:
-        AmpConfigError: As `plan_for`.
-        UnsupportedRequestError: As `plan_for`.
-        BackendError: As `plan_for`.
+        AmpConfigError, UnsupportedRequestError, BackendError: As `plan_for`.
     """
     plan: Plan | None = None
     error: BaseException | None = None
@@ -163,10 +151,8 @@ def quiet_plan_for(hardware: Hardware | None = None, *, device: str | None = Non
 def configure_for_device(device: str, *, registry: BackendRegistry | None = None, environ: dict[str, str] | None = None,
                          **overrides: Any) -> Plan:
     """Plan for a catalogue device and set that plan's Keras dtype policy in this process, so that models built
-    next compute as they would on the device (for ``check_model`` and ``amp-backends check --device``).
-
-    Nothing else is applied: TF32, XLA and the vendor's settings belong to the device's machine, not this one,
-    and `current_plan` stays this machine's. The overrides are `plan_for`'s.
+    next compute as they would on the device (``check_model``); nothing else is applied, and `current_plan` stays
+    this machine's.
 
     Args:
         device: A catalogue device name or alias (``"h100"``, ``"zen3"``).
@@ -234,24 +220,13 @@ def auto_configure(
 ) -> Plan:
     """Detect the hardware, choose the fastest safe mixed-precision plan, apply it and return it.
 
-    Call it at the top of a training script, before building models: the Keras dtype policy applies
-    to layers created afterwards. Each keyword overrides the automatic choice and defaults to the
-    matching ``AMP_*`` environment variable (see `amp_backends.request`); an invalid value raises
-    `AmpConfigError` naming the valid ones. A request the hardware cannot
-    honour is downgraded with an `AmpWarning` (or raises with
-    ``strict=True``). A backend that fails (to load, probe or assess) is skipped with a warning and the
-    next one is used; asking for it by name raises `BackendError`.
-
-    Applying sets the Keras global dtype policy, TF32 execution (``tf.config``), turns global XLA
-    auto-clustering off when the plan has XLA off, and the backend's own settings (ITEX's math mode, its graph
-    rewrite under ``graph_amp``). Training code reads ``plan.xla`` (``jit_compile``) and ``plan.loss_scale``;
-    the trainer does so, and Keras ``fit`` does through ``plan.wrap_optimizer`` and ``plan.compile_kwargs``.
-    ``fp8`` (off by default) trains the eligible Dense layers in float8 once ``prepare_model(model, plan)``
-    quantizes them; ``float32_layers`` (``auto``: those measured slower in the policy's low precision here,
-    ``none``, or Keras class names) are the layers ``prepare_model`` and the trainer keep in float32.
-    Calling again with the same overrides returns the same plan without planning again, its Keras dtype policy
-    set again where something set another since (`configure_for_device`); `reset` forgets it. ``registry``
-    replaces the installed backends (tests, tools).
+    Call it at the top of a training script, before building models: the Keras dtype policy applies to layers
+    created afterwards. Each keyword defaults to its ``AMP_*`` environment variable (`amp_backends.request`). A
+    request the hardware cannot honour is downgraded with an `AmpWarning` (or raises with ``strict=True``); a
+    backend that fails is skipped with a warning. Applying sets the Keras global dtype policy, TF32, XLA
+    auto-clustering (off when the plan's XLA is) and the backend's own settings; Keras ``fit`` follows the rest
+    through ``plan.wrap_optimizer`` and ``plan.compile_kwargs``. Calling again with the same overrides returns the
+    same plan (its dtype policy set again if something changed it); `reset` forgets it.
 
     Args:
         backend: ``"auto"`` or a backend's name (``"nvidia"``, ``"intel"``, ``"cpu"``, or any registered one).

@@ -1,23 +1,10 @@
-"""A catalogue of known devices, to plan for hardware this machine does not have.
+"""A catalogue of known devices, to plan for hardware this machine does not have (``plan_for(device="h100")``).
 
-The entries belong to the vendor backends: each backend lists its own (`catalogue`)
-and describes one as its probe would see it (`describe`, with the same probe builder its real probe reports
-through); this module gathers them from the registered backends, finds one by name and builds the machine it
-describes (`machine_of`, with which the tests build their fake machines too).
-
-Each entry describes one device as its probe would see it — the same `Hardware`,
-`BackendProbe` and `Accelerator` objects the real
-probes fill — with where its figures come from (the vendor's datasheet or specification page for the
-name, compute capability, memory and instruction sets). ``plan_for(device="h100")`` plans for it::
-
-    >>> import amp_backends
-    >>> amp_backends.known_devices()          # the names, such as "h100", "a100", "sapphire-rapids"
-    >>> print(amp_backends.plan_for(device="h100"))
-
-Names are case-insensitive; spaces, dashes and underscores are interchangeable, and each device has aliases
-("a100-80gb", "nvidia h100", "spr"). A described machine is the device alone, with TensorFlow's usual
-software on it (TensorFlow 2.21 for NVIDIA GPUs and CPUs, TensorFlow 2.15 with ITEX 2.15 for Intel GPUs,
-``TF_ENABLE_ONEDNN_OPTS`` unset): the plan is what ``auto_configure()`` would choose there.
+The entries belong to the vendor backends: each lists its own (`catalogue`), with the sources of its figures,
+and describes one as its probe would see it (`describe`); this module gathers them from the registered
+backends, finds one by name (any case; spaces, dashes and underscores alike; aliases) and builds the machine it
+describes (`machine_of`, which the tests' fake machines use too). A described machine is the device alone with
+its usual software (TensorFlow 2.21; 2.15 with ITEX for Intel GPUs; ``TF_ENABLE_ONEDNN_OPTS`` unset).
 """
 
 from __future__ import annotations

@@ -1,44 +1,10 @@
 """Every exception and warning amp_backends raises, in one place.
 
-Every error the library raises on purpose is an `AmpError` (``except amp_backends.AmpError``; the
-classes below are imported from here: ``from amp_backends.errors import InputError``), and
-also the builtin a caller would catch without knowing the library (``ValueError`` for bad input,
-``RuntimeError`` for a failure). `TrainingInterrupted` is the one exception that is no ``AmpError``:
-it is a ``KeyboardInterrupt``, so that ``except Exception`` (and ``except AmpError``) never swallows a stop.
-
-===========================  =====================  ==============================================================
-class                        bases                  raised when
-===========================  =====================  ==============================================================
-``AmpError``                 ``Exception``          (the base; never raised itself)
-``AmpConfigError``           ``AmpError``,          an override (keyword or ``AMP_*`` variable) has an invalid value
-                             ``ValueError``
-``UnsupportedRequestError``  ``AmpConfigError``     a valid request this hardware cannot honour, with ``strict``
-``ClusterConfigError``       ``AmpConfigError``     ``TF_CONFIG`` or the cluster it describes is unusable
-``FactoryError``             ``AmpError``,          a ``MODULE:FACTORY`` model factory is malformed, cannot be
-                             ``ValueError``         imported or is not a function (``check``, ``audit``)
-``BackendError``             ``AmpError``,          a backend failed (load, probe, assess, apply) where it was
-                             ``RuntimeError``       needed: asked for by name, or no backend is left at all
-``NonFiniteError``           ``AmpError``,          training cannot continue: too many non-finite steps, or
-                             ``RuntimeError``       non-finite weights
-``DistributedFailure``       ``AmpError``,          a collective failed or timed out (a worker died or hangs)
-                             ``RuntimeError``
-``DataUnavailableError``     ``AmpError``,          a dataset could not be found or read
-                             ``RuntimeError``
-``InputError``               ``AmpError``,          data given to the trainer cannot be trained on as given
-                             ``ValueError``
-``ModelCallError``           ``AmpError``,          a model given to the precision check does not run on its inputs
-                             ``RuntimeError``       (names the layer whose own code raised, and its inputs)
-``CheckpointError``          ``AmpError``,          checkpoints cannot be used as asked (another run's, none intact)
-                             ``RuntimeError``       or written (a full disk, no permission, a read-only file system)
-``CheckpointMismatchError``  ``CheckpointError``    a checkpoint of other models than the ones being trained
-``TrainingInterrupted``      ``KeyboardInterrupt``  Ctrl-C or SIGTERM stopped training (after saving, when it can)
-``AmpWarning``               ``UserWarning``        a request was downgraded, or honoured although known to be slow
-===========================  =====================  ==============================================================
-
-Each message says what was expected, what was received and how to fix it. TensorFlow's own errors are read
-here too: `lookup_error` turns a gather past its table into the `InputError` that names the data's fault,
-`xla_compile_failure` tells XLA failing to compile a call (the trainer then compiles without it) from any other
-error, and `write_failure` says in a few words why a file could not be written.
+Every error the library raises on purpose is an `AmpError` and also the builtin a caller would catch without
+knowing the library (``ValueError`` for bad input, ``RuntimeError`` for a failure); each message says what was
+expected, what was received and how to fix it. `TrainingInterrupted` is no ``AmpError`` but a
+``KeyboardInterrupt``, so that ``except Exception`` never swallows a stop. TensorFlow's own errors are read here
+too (`lookup_error`, `xla_compile_failure`, `write_failure`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """The measurements a decision rests on: `Evidence` (a file's figures, with its machine), and the committed
-results files the reasons quote (`Results`, `load_results`, `quote_results`), read from the repository's
-``results/`` folder (shipped in the wheel as ``amp_backends/results``).
-
-A reason never types a figure itself: it quotes one of these files, names the machine and the file, and
-derives ratios from the same figures.
+results files the reasons quote (`Results`, `load_results`, `quote_results`), from ``results/`` (shipped in the
+wheel as ``amp_backends/results``). A reason never types a figure itself.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """The `Plan`: the mixed-precision configuration chosen for a machine, with its reasons.
 
-`make_plan` decides it; `auto_configure` applies it.
-Each setting is a `Decision`: its value, a short reason, the whole reason and the measurements it
-rests on (`Evidence`: results file, machine, figures) — data, not sentences.
-A plan is plain frozen data: it prints short (``str(plan)``: one line a setting) or whole
-(`Plan.explain`, with the measurements), serialises (`Plan.to_dict`) and
-carries the support table it was decided from (`Plan.assessment`), so tools that need to know
-what else the hardware runs (the benchmark, autotune) never assess again. It imports no model code:
-what a plan does to a model is `amp_backends.prepare_model`'s (``prepare.py``), which takes the plan.
+`make_plan` decides it; `auto_configure` applies it. Each setting is a `Decision`: its value, a short reason,
+the whole reason and the measurements it rests on (`Evidence`). A plan is frozen data that carries the support
+table it was decided from (`Plan.assessment`), so no tool assesses again; what it does to a model is
+`amp_backends.prepare_model`'s.
 """
 
 from __future__ import annotations
@@ -84,11 +80,8 @@ class Rejected:
 
 @dataclass(frozen=True)
 class BackendStatus:
-    """A registered backend as the planner saw it: usable or not (and why), and whether it was chosen.
-
-    ``failed`` marks a backend that broke (failed to load, its probe or assessment raised) rather than
-    one that merely found no hardware.
-    """
+    """A registered backend as the planner saw it: usable or not (and why), whether it was chosen, and whether
+    it ``failed`` (broke, rather than merely found no hardware)."""
 
     name: str
     available: bool
@@ -101,9 +94,8 @@ class BackendStatus:
 class Plan:
     """The mixed-precision configuration chosen for this machine, with the reason for each choice.
 
-    A plan is data: `auto_configure` applies it, the trainer and Keras ``fit`` follow it
-    (`wrap_optimizer`, `compile_kwargs`), ``amp_backends.prepare_model(model, plan)`` brings a
-    model to it, and ``print(plan)`` or `to_json` says what it chose and why.
+    `auto_configure` applies it; Keras ``fit`` follows it through `wrap_optimizer` and `compile_kwargs`;
+    ``print(plan)`` or `to_json` says what it chose and why.
 
     Attributes:
         backend: The backend that won (``"nvidia"``, ``"intel"``, ``"cpu"``).
@@ -194,10 +186,8 @@ class Plan:
 
             model.compile(optimizer=plan.wrap_optimizer(opt), loss=..., **plan.compile_kwargs())
 
-        ``jit_compile`` (the plan's XLA), ``steps_per_execution`` (training steps per compiled call), and on
-        Keras 3 ``auto_scale_loss=False``: otherwise Keras 3 wraps the optimizer in its own dynamic loss
-        scaling under ``mixed_float16``, whatever `wrap_optimizer` decided. Keras 2's ``compile`` has
-        no such argument; `wrap_optimizer` keeps it from adding scaling there.
+        ``jit_compile``, ``steps_per_execution``, and on Keras 3 ``auto_scale_loss=False`` (else Keras 3 adds its
+        own dynamic loss scaling under ``mixed_float16``, whatever `wrap_optimizer` decided).
         """
         from .keras_compat import compile_kwargs
 
@@ -206,20 +196,13 @@ class Plan:
     def wrap_optimizer(self, optimizer: Any) -> Any:
         """The optimizer, as this plan scales losses, for ``model.compile`` (with `compile_kwargs`).
 
-        Loss scaling multiplies the loss before differentiation so that small float16 gradients do not
-        flush to zero, and divides the gradients again before they are applied.
-
-        * ``dynamic``: a Keras ``LossScaleOptimizer`` around it (the plan's initial scale and growth
-          interval): a step whose gradients overflow is skipped and the scale halved;
-        * ``fixed``: the loss is multiplied by the fixed scale — Keras 3: the optimizer itself, its
-          ``loss_scale_factor`` set; Keras 2: ``LossScaleOptimizer(dynamic=False, initial_scale=scale)``.
-          Neither skips a step whose gradients overflow (an ``AmpWarning`` says so under float16; the
-          `Trainer` does skip them);
-        * ``none``: the optimizer unchanged; on Keras 2 under float16, a ``LossScaleOptimizer`` with a fixed
-          scale of 1 (no scaling), the only way to keep Keras 2's ``compile`` from adding dynamic scaling.
-
-        Keras 3 optimizers are changed in place for ``fixed`` (``loss_scale_factor``); an optimizer that
-        already scales losses otherwise raises ``ValueError``. Names such as ``"adam"`` are accepted.
+        * ``dynamic``: a Keras ``LossScaleOptimizer`` around it: a step whose gradients overflow is skipped and
+          the scale halved;
+        * ``fixed``: Keras 3: the optimizer itself, its ``loss_scale_factor`` set in place; Keras 2:
+          ``LossScaleOptimizer(dynamic=False)``. Neither skips an overflowing step (an ``AmpWarning`` says so
+          under float16; the `Trainer` does skip them);
+        * ``none``: the optimizer unchanged (on Keras 2 under float16, a fixed scale of 1, the only way to keep
+          its ``compile`` from adding dynamic scaling).
 
         Args:
             optimizer: A Keras optimizer, or its name (``"adam"``).
@@ -246,11 +229,8 @@ class Plan:
         return next((s.value for s in self.vendor_settings if s.name == name), None)
 
     def training_key(self) -> str:
-        """Everything that changes how a model trains under this plan, as one string.
-
-        Two processes whose plans have the same key train alike (the backend's devices aside): workers
-        of one distributed job compare it.
-        """
+        """Everything that changes how a model trains under this plan, as one string (workers of one
+        distributed job compare it)."""
         ls = self.loss_scale
         parts = [f"policy={self.policy}", f"loss_scale={ls.mode}:{ls.initial:g}:{ls.growth_interval}",
                  f"xla={self.xla}", f"tf32={self.tf32}", f"graph_amp={self.graph_amp}", f"fp8={self.fp8}",
@@ -297,11 +277,11 @@ class Plan:
 
     def brief(self, model_float32: Sequence[str] | None = None) -> str:
         """At most a dozen lines of at most 120 characters: what the plan is for, each setting with its short
-        reason, the first warning. ``model_float32``, the paths of a model's layers the plan keeps in float32,
-        makes the float32 layers line about that model (its layers, or none) instead of the kinds kept.
+        reason, the first warning.
 
         Args:
-            model_float32: The paths of a model's layers the plan keeps in float32, or ``None``.
+            model_float32: The paths of a model's layers the plan keeps in float32, or ``None``: given, the
+                float32 layers line is about that model instead of the kinds kept.
 
         Returns:
             The lines, joined.

@@ -1,27 +1,12 @@
-"""The planner: a pure decision from probe data and the user's request.
+"""The planner: a pure decision (no I/O) from probe data and the user's request.
 
-`make_plan` picks the backend (the highest-priority one available, or the one asked for), asks it
-to `assess` its hardware, and resolves each setting — dtype policy,
-loss scaling, TF32, XLA, graph-level auto mixed precision, float8 training — against that assessment and
-the request:
-
-* ``auto``: the backend's first *native* choice;
-* a request the hardware supports natively: honoured;
-* *functional* (runs, little speed-up): honoured, with a warning;
-* *emulated* (runs slower than float32) or *unsupported*: downgraded to the automatic choice with a
-  warning that says why; honoured with ``force``; an error with ``strict``;
-* *unsafe* (known to abort the process): always refused — downgraded, or an error with ``strict``.
-
-A backend that fails — its probe or its assessment raises, or its assessment breaks the contract (no
-native policy, say) — is recorded in `Plan.backends` with the reason and a warning, and the next
-available backend is planned with; only a request for that backend by name raises `BackendError`. No I/O
-happens here: tests pass fake `Hardware`, and the Keras in use as a `KerasInfo` (float8 training needs
-Keras >= 3.3), which the callers read from package metadata (`keras_info`).
-
-float8 (``fp8``) is off by default everywhere, native or not: no measurement has shown it faster than
-float16 for the models this library was measured on. Where it is native — NVIDIA GPUs of CC >= 8.9, Keras
->= 3.3, XLA on — ``fp8=on`` turns it on; elsewhere it is emulated (older GPUs, CPUs, Intel XPUs, XLA off:
-honoured with ``force``) or unsupported (Keras 2, Keras < 3.3: never).
+`make_plan` picks the backend (the highest-priority one available, or the one asked for), has it `assess` its
+hardware, and resolves each setting against that assessment and the request: ``auto`` takes the first *native*
+choice; a *native* request is honoured, a *functional* one with a warning; an *emulated* or *unsupported* one is
+downgraded with a warning (honoured with ``force``, an error with ``strict``); an *unsafe* one is always refused.
+A backend that raises or breaks the contract is recorded in `Plan.backends` and the next one planned with; only
+a request for it by name raises `BackendError`. float8 is off by default everywhere: no measurement has shown it
+faster than float16.
 """
 
 from __future__ import annotations
@@ -169,12 +154,19 @@ def make_plan(hardware: Hardware, request: Request, registry: BackendRegistry, k
               tensorflow: str | None = None) -> Plan:
     """Decide the plan for ``hardware`` under ``request``. Pure: no TensorFlow, no I/O.
 
-    ``keras`` is the Keras ``tf.keras`` is (``None``: unknown, so no float8 training); ``tensorflow`` the
-    TensorFlow version the plan is for (shown with it).
+    Args:
+        hardware: What the probes saw.
+        request: The user's overrides.
+        registry: The backends to plan with.
+        keras: The Keras ``tf.keras`` is (``None``: unknown, so no float8 training).
+        tensorflow: The TensorFlow version the plan is for (shown with it).
 
-    Raises `UnsupportedRequestError` for a request ``strict`` refuses, and
-    `BackendError` when the backend asked for by name failed, or when no
-    backend is usable at all.
+    Returns:
+        The plan.
+
+    Raises:
+        UnsupportedRequestError: ``strict`` refuses a request.
+        BackendError: The backend asked for by name failed, or no backend is usable.
     """
     statuses = _statuses(hardware, registry)
     source = request.sources.get("backend", "argument")
@@ -305,12 +297,8 @@ def _resolve_loss_scale(r: _Resolver, effective: str, decide: Decisions, rejecte
 
 
 def fp8_support(hardware: Support, keras: KerasInfo | None, xla: bool) -> Support:
-    """How float8 training runs: the devices' support (``hardware``, with XLA), given the Keras and XLA in use.
-
-    Keras without float8 layers (Keras 2, Keras < 3.3) makes it unsupported whatever the hardware; fp8 matrix
-    units without XLA run it emulated (TensorFlow executes Keras's quantize-dequantize ops around ordinary
-    matmuls; XLA fuses them into fp8 GEMMs).
-    """
+    """How float8 training runs: the devices' support (``hardware``, with XLA), given the Keras and XLA in use
+    (unsupported without Keras's float8 layers, emulated without XLA)."""
     keras_ok, keras_why = float8_training(keras)
     if not keras_ok:
         return Support(UNSUPPORTED, keras_why)

@@ -1,24 +1,11 @@
 """The backend interface and the registry that finds vendor backends.
 
-A backend answers a handful of questions:
-
-* `Backend.probe` — what is there (without initialising CUDA; TensorFlow only if allowed),
-* `Backend.assess` — a *pure* judgement of that probe (an `Assessment`):
-  which dtype policies, TF32 and XLA are native, merely functional, emulated (slow) or unsafe there,
-  and which the backend prefers and why; whether it has a rewrite of the float32 graph of its own
-  (``graph_amp``, its reason naming it),
-* `Backend.report_rows` and `Backend.software_rows` — its rows in the capability report,
-* `Backend.vendor_settings` and `Backend.apply` — its own settings beyond the Keras policy,
-  TF32 and XLA (ITEX's math mode, say, or its graph rewrite): named from the resolved plan, then applied,
-* `Backend.catalogue` and `Backend.describe` — its devices in the catalogue
-  (``plan_for(device="h100")``), and the probe each would give,
-* `Backend.kernel_audit` — how the audit reads the kernels that ran on its devices
-  (`amp_backends.kernel_audit.KernelAudit`).
-
-Backends are registered through the ``amp_backends.backends`` entry point group, so a new vendor is
-one new folder plus one registration; `BackendRegistry` keeps them (and the reasons any failed
-to load) in an object, never in module globals, so tests can build their own. A backend that fails —
-to load, probe, assess or report — is recorded with the reason and never breaks the others.
+A backend probes its hardware (`Backend.probe`: never initialising CUDA), judges that probe purely
+(`Backend.assess`: which policies and settings are native, functional, emulated or unsafe there, and which it
+prefers), adds its report rows, names and applies its own settings (`Backend.vendor_settings`, `Backend.apply`),
+describes its catalogue devices and reads its kernels (`Backend.kernel_audit`). Backends register through the
+``amp_backends.backends`` entry point group; `BackendRegistry` keeps them (and why any failed to load) in an
+object, so tests can build their own. A backend that fails never breaks the others.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The CPU measurements the plan's reasons quote, read from the committed results files.
 
-``results/cpu-policy-<kind>.json`` (written by ``benchmarks/cpu_policy.py``, or transcribed from an earlier
-run with its command) and ``results/cpu-fit-steps-zen4.json`` ship in the wheel as ``amp_backends/results``;
-in a source checkout they are the repository's ``results/`` folder. A reason never types a figure itself:
-it quotes one of these files, names the machine and the file, and derives ratios from the same figures.
-A missing file (a broken install) makes the reason say so instead of failing the plan.
+``results/cpu-policy-<kind>.json`` (``benchmarks/cpu_policy.py``) and ``results/cpu-fit-steps-zen4.json``. A reason
+quotes a file with its machine, never a typed figure; a missing file makes it say so instead of failing the plan.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """Whether TensorFlow will run its oneDNN CPU kernels, read without importing TensorFlow.
 
-TensorFlow decides once, when it is imported (``IsMklEnabled`` in ``tensorflow/core/util/port.cc``):
-``TF_ENABLE_ONEDNN_OPTS`` wins when it reads ``0``/``false`` or ``1``/``true`` (any case); any other value
-is ignored with a warning, and TensorFlow's default applies (``DefaultOneDnnPolicy``):
-
-* Linux x86: on for CPUs with AVX512-VNNI, AVX512-BF16, AVX-VNNI or AMX (Intel Cascade Lake and later,
-  AMD Zen 4 and later); off for the others (AMD Zen 1-3, Intel Skylake-SP and older, most desktops),
-* Linux aarch64: on for Arm Neoverse V1 (AWS Graviton 3), off for other Arm cores,
-* Windows x86: on (builds with oneDNN; read from the source, not checked on a Windows machine),
-* macOS and everything else: off (Apple's arm64 builds have no oneDNN at all).
-
-TensorFlow 2.9 introduced this default; older releases ran oneDNN only with ``TF_ENABLE_ONEDNN_OPTS=1``.
-Under TensorFlow 2.15 with Intel Extension for TensorFlow loaded, ITEX's CPU backend runs its own oneDNN
-kernels (observed on a Zen 1 CPU, where TensorFlow's default leaves its oneDNN off: ITEX's oneDNN ran, and
-aborted on, a bf16 matmul); the CPU backend accounts for that separately (``CpuFacts.itex``). Whether
-``TF_ENABLE_ONEDNN_OPTS=0`` also turns ITEX's kernels off was not checked: the plan assumes it does not.
-
-Once TensorFlow is imported the answer is TensorFlow's own (``_pywrap_util_port.IsMklEnabled``) and the
-variable can no longer change it.
+TensorFlow decides once, at import (``IsMklEnabled``, ``tensorflow/core/util/port.cc``): ``TF_ENABLE_ONEDNN_OPTS``
+wins when it reads ``0``/``false`` or ``1``/``true`` (any case); otherwise ``DefaultOneDnnPolicy`` (since 2.9):
+on for Linux x86 CPUs with AVX512-VNNI, AVX512-BF16, AVX-VNNI or AMX, for Arm Neoverse V1 and for Windows x86;
+off elsewhere (AMD Zen 1-3, older Intel, other Arm cores, macOS). Under TensorFlow 2.15 a loaded ITEX runs its
+own oneDNN kernels whatever TensorFlow decides (``CpuFacts.itex``; the plan assumes ``TF_ENABLE_ONEDNN_OPTS=0``
+does not turn them off). Once TensorFlow is imported its own answer is read instead.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The CPU's dtype-policy rules: which policy runs fast on this CPU, given oneDNN's state and ITEX, and why.
 
-bfloat16 is fast on a CPU only where both hold: the CPU has bf16 instructions (AVX512_BF16, AMX, Arm
-BF16) and oneDNN runs the model's matmuls and convolutions — TensorFlow's oneDNN
-(`onednn`) or ITEX's. Without oneDNN, TensorFlow runs bfloat16 in Eigen,
-many times slower than float32 even on a bf16 CPU. The same holds for the CPU's graph rewrite (``graph_amp``,
-`graph_amp_support`): TensorFlow's grappler bfloat16 rewrite for oneDNN. Every figure quoted comes from a
-committed results file (`measured`), named with its machine.
+bfloat16 is fast on a CPU only where it has bf16 instructions (AVX512_BF16, AMX, Arm BF16) and oneDNN runs the
+model (TensorFlow's, `onednn`, or ITEX's); Eigen runs bfloat16 many times slower than float32. The same holds for
+the grappler bfloat16 rewrite (``graph_amp``). Every figure quoted comes from a committed results file (`measured`).
 """
 
 from __future__ import annotations

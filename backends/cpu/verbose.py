@@ -1,21 +1,12 @@
-"""The CPU backend's kernel audit: oneDNN's verbose records (``ONEDNN_VERBOSE=1``), what each executed primitive
-was, in what dtype, on what ISA, and what the audit says when TensorFlow's matrix kernels ran outside oneDNN.
+"""The CPU backend's kernel audit: oneDNN's verbose records (``ONEDNN_VERBOSE=1``): what each executed
+primitive was, in what dtype, on what ISA, and what the audit says when matrix kernels ran outside oneDNN.
 
-Every primitive oneDNN executes prints one line. The formats, all read here (checked against real output,
-see ``tests/backends/cpu/test_audit_onednn.py`` for the recorded lines and where each comes from):
-
-- oneDNN >= 3.4 (TensorFlow 2.21 ships 3.7): ``onednn_verbose,v1,primitive,exec,cpu,convolution,
-  brg_conv_fwd:avx512_core_bf16,forward_training,src:bf16::blocked:acdb::f0 wei:bf16:a:blocked:...
-  dst:bf16::...,attr-scratchpad:user attr-post-ops:eltwise_relu,alg:convolution_direct,
-  mb64_ic1oc32_ih28oh26kh3sh1dh0ph0_iw28ow26kw3sw1dw0pw0,0.247803`` (time in ms, last);
-- oneDNN 3.1-3.3 (ITEX 2.15 ships 3.3): ``onednn_verbose,primitive,exec,cpu,...`` with ``src_f32::blocked...``;
-- oneDNN 3.0 / DNNL 1.x-2.x: ``onednn_verbose,exec,cpu,...`` / ``dnnl_verbose,exec,cpu,...``;
-- MKL-DNN 0.x: ``mkldnn_verbose,exec,convolution,jit:avx2,forward_training,fsrc:nChw8c ...,alg:...,mb1_...,1.1``
-  (no engine field, and no data types: its records are kept with dtype ``unknown``).
-
-A timestamp (``ONEDNN_VERBOSE_TIMESTAMP=1``) between the marker and ``primitive`` is skipped; lines that are
-not execution records (``info``, ``create``) are ignored. Kernels TensorFlow runs outside oneDNN (Eigen, XLA's
-own) print nothing: the reading says so (`outside_onednn_reason`) and reports no dtypes for them.
+Every executed primitive prints one line, in one of the formats read here (recorded lines and their sources:
+``tests/backends/cpu/test_audit_onednn.py``): oneDNN >= 3.4 ``onednn_verbose,v1,primitive,exec,cpu,...``
+(``src:bf16::blocked...``), 3.1-3.3 ``onednn_verbose,primitive,exec,cpu,...`` (``src_f32::blocked...``), 3.0 /
+DNNL ``onednn_verbose,exec,cpu,...`` / ``dnnl_verbose,exec,cpu,...``, and MKL-DNN 0.x ``mkldnn_verbose,exec,...``
+(no engine, no dtypes: ``unknown``). A timestamp after the marker is skipped; non-execution lines are ignored.
+Kernels outside oneDNN (Eigen, XLA) print nothing: the reading says so (`outside_onednn_reason`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Intel Extension for TensorFlow (ITEX): whether it is usable, and its two settings.
 
-Read without importing ITEX (package metadata and file names), because ITEX X.Y only loads into
-TensorFlow X.Y: a mismatch fails at import or aborts. Used by the Intel backend (XPUs) and by the CPU
-backend (ITEX's CPU backend changes what is safe and fast on a CPU).
-
-The settings: ``ITEX_FP32_MATH_MODE`` (``TF32`` on Xe-HPC XPUs, ``BF32`` on AMX CPUs) lets float32
-matmuls use low-precision units; ITEX reads it from the environment when it builds its kernels, so it
-is set before the first op runs, and a value the user set is kept. ITEX's auto mixed precision rewrites
-the float32 graph to bfloat16 or float16 (``itex.set_config``).
+Read without importing ITEX, because ITEX X.Y only loads into TensorFlow X.Y (a mismatch fails or aborts at
+import). ``ITEX_FP32_MATH_MODE`` (``TF32`` on Xe-HPC XPUs, ``BF32`` on AMX CPUs) is read when ITEX builds its
+kernels, so it is set before the first op runs (a user's value is kept); ITEX's auto mixed precision rewrites the
+float32 graph (``itex.set_config``).
 """
 
 from __future__ import annotations

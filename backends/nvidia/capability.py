@@ -1,8 +1,5 @@
-"""NVIDIA's compute capability (CC), kept as one of the backend's device facts.
-
-The generic device types (`Accelerator`, `KnownDevice`) carry no vendor field: the backend states a GPU's
-compute capability as a `DeviceFact` (`capability_facts`) and reads it back (`compute_capability`). The report's
-JSON writes the fact under its key, ``"compute_capability": "9.0"``; people read it as ``CC 9.0``.
+"""NVIDIA's compute capability (CC), kept as one of the backend's device facts (`capability_facts`, read back
+with `compute_capability`): the report's JSON writes ``"compute_capability": "9.0"``, people read ``CC 9.0``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
-"""The NVIDIA backend's kernel audit: GPU kernels by name (library, dtype, Tensor Cores or not, from Volta to
+"""The NVIDIA backend's kernel audit: GPU kernels by name (library, dtype, Tensor Cores or not, Volta to
 Blackwell), read from TensorFlow's profiler traces.
 
-TensorFlow's profiler (xprof) decides Tensor Core use by looking for ``884``/``1688``/``xmma``/``hmma`` in a
-kernel's name and counts as 16-bit only half/fp16 names (xprof ``IsKernelUsingTensorCore``): Ampere's
-``s16816``, Hopper's ``nvjet`` and every bfloat16 kernel fall outside. The names follow patterns that say
-more (each rule's examples are recorded names, listed with their public sources in
-``tests/data/nvidia_kernels.json``):
-
-- cuBLAS/cuDNN SASS kernels ``<arch>_[<dtype>_]<acc><mma>gemm|cudnn_[<dtype>]...``: ``volta_h884gemm_64x64_nt``,
-  ``turing_fp16_s1688cudnn_fp16_...``, ``ampere_bf16_s16816gemm_bf16_...``: the MMA shape (884, 1688,
-  16816, 8816, 16832...) means Tensor Cores; a plain ``sgemm``/``scudnn`` is float32 on CUDA cores.
-- xmma kernels ``sm<NN>_xmma_<gemm|fprop|dgrad|wgrad>_..._<A><B>_<C><acc>_...``:
-  ``sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_...``, ``sm80_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_...``,
-  ``sm89_xmma_gemm_e4m3e4m3_e4m3f32_f32_...``.
-- cuBLAS >= 12.8 ``nvjet_[sm<NN>_]<A><compute><D>_...``: ``h`` float16, ``t`` bfloat16, ``s`` float32.
-- CUTLASS ``cutlass_[<sm>_]tensorop|simt_[<dtype>_]<acc><mma>gemm_...``:
-  ``cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_...``.
-- cuDNN's CUDA-core convolutions: ``implicit_convolve_sgemm`` (float32), ``implicit_convolveNd_hhgemm`` (float16).
-- XLA fusions (``fusion_12``, ``loop_fusion``, ``input_reduce_fusion``, ``gemm_fusion_dot.3``,
-  ``triton_gemm_dot``): the name says nothing about the dtype; the HLO the trace attaches (``long_name``,
-  ``hlo_text``) does. Without it: unknown.
-
-Anything else is ``other`` (elementwise, copies, reductions: not matrix work), and a matrix kernel whose
-name does not say its dtype is ``unknown``: never guessed.
+xprof's own test (``IsKernelUsingTensorCore``: ``884``/``1688``/``xmma``/``hmma``, 16-bit only for fp16 names)
+misses Ampere's ``s16816``, Hopper's ``nvjet`` and every bfloat16 kernel, so the names are read here (recorded
+examples, with their sources, in ``tests/data/nvidia_kernels.json``): cuBLAS/cuDNN SASS
+(``ampere_bf16_s16816gemm_bf16_...``: an MMA shape means Tensor Cores, ``sgemm``/``scudnn`` float32), xmma
+(``sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_...``), cuBLAS >= 12.8 ``nvjet_`` (``h`` float16, ``t`` bfloat16,
+``s`` float32), CUTLASS, cuDNN's CUDA-core convolutions, and XLA fusions, whose dtype only their attached HLO
+says. Anything else is ``other``; a matrix kernel whose name does not say its dtype is ``unknown``, never guessed.
 """
 
 from __future__ import annotations

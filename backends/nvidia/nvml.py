@@ -1,10 +1,8 @@
 """What NVML says about the GPUs, and which of them a CUDA program sees, in which order.
 
-NVML (nvidia-ml-py) lists GPUs without initialising CUDA, in its own order. A CUDA program — TensorFlow —
-numbers them in CUDA's enumeration order (``CUDA_DEVICE_ORDER``), then keeps those ``CUDA_VISIBLE_DEVICES``
-names, in that variable's order: `visible_gpus` maps one onto the other. nvidia-ml-py reports every
-failure to load the NVML library as "NVML Shared Library Not Found"; `nvml_start_failure` asks the
-dynamic loader what really happened.
+NVML lists GPUs in its own order; CUDA numbers them by ``CUDA_DEVICE_ORDER`` and keeps those
+``CUDA_VISIBLE_DEVICES`` names (`visible_gpus`). nvidia-ml-py reports every failure to load NVML as "NVML Shared
+Library Not Found"; `nvml_start_failure` asks the dynamic loader what really happened.
 """
 
 from __future__ import annotations
