@@ -7,6 +7,7 @@ file reads as empty; a file that cannot be written is skipped with a warning: a 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -20,10 +21,8 @@ logger = logging.getLogger("amp_backends")
 
 def cache_dir() -> Path:
     """The cache folder, absolute (``~`` expanded)."""
-    if os.environ.get("AMP_CACHE_DIR"):
-        path = os.environ["AMP_CACHE_DIR"]
-    else:
-        path = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "amp_backends")
+    path = os.environ.get("AMP_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "amp_backends")
     return Path(os.path.abspath(os.path.expanduser(path)))
 
 
@@ -68,15 +67,11 @@ def store(path: Path, key: str, value: Any) -> bool:
     return True
 
 
-_MACHINE: list[str] = []
-
-
+@functools.cache
 def host_machine() -> str:
     """This machine's CPU as the OS names it (``/proc/cpuinfo``'s model name, family and model; else the
     platform's processor string): part of every cache key, so that a cache copied to another machine is not
     taken for its own."""
-    if _MACHINE:
-        return _MACHINE[0]
     import platform
 
     fields: dict[str, str] = {}
@@ -93,5 +88,4 @@ def host_machine() -> str:
         pass
     name = fields.get("model name") or platform.processor() or platform.machine() or "unknown"
     extra = "/".join(fields[k] for k in ("cpu family", "model", "CPU part") if k in fields)
-    _MACHINE.append(f"{name}{' (' + extra + ')' if extra else ''}")
-    return _MACHINE[0]
+    return f"{name}{' (' + extra + ')' if extra else ''}"

@@ -19,6 +19,13 @@ from .hardware import GB, BackendProbe, DeviceFact, Hardware, KnownDevice
 if TYPE_CHECKING:  # pragma: no cover
     from .registry import BackendRegistry
 
+
+def _installed(registry: BackendRegistry | None) -> BackendRegistry:
+    from .registry import default_registry
+
+    return registry if registry is not None else default_registry()
+
+
 def catalogue(registry: BackendRegistry | None = None) -> tuple[KnownDevice, ...]:
     """Every registered backend's catalogue entries, the highest-priority backend's first.
 
@@ -26,15 +33,10 @@ def catalogue(registry: BackendRegistry | None = None) -> tuple[KnownDevice, ...
         registry: The backends to ask (default: the installed ones).
 
     Returns:
-        The entries, each backend's in its own order. A backend whose catalogue fails is left out (its
-        devices then count as unknown), as a backend that fails to probe is.
+        The entries, each backend's in its own order; a backend whose catalogue fails is left out.
     """
-    if registry is None:
-        from .registry import default_registry
-
-        registry = default_registry()
     entries: list[KnownDevice] = []
-    for backend in registry:
+    for backend in _installed(registry):
         try:
             entries.extend(backend.catalogue())
         except Exception:  # a broken third-party backend must not hide the others' devices
@@ -111,10 +113,7 @@ def device_hardware(device: KnownDevice | str, registry: BackendRegistry | None 
     Raises:
         AmpConfigError: ``device`` is a name the catalogue does not know.
     """
-    if registry is None:
-        from .registry import default_registry
-
-        registry = default_registry()
+    registry = _installed(registry)
     if isinstance(device, str):
         device = find_device(device, registry)
     owner = registry.get(device.backend)
@@ -125,10 +124,8 @@ def device_hardware(device: KnownDevice | str, registry: BackendRegistry | None 
 
 def machine_of(probes: Iterable[BackendProbe], backends: Iterable[str], absent: Callable[[str], str],
                tf_device_types: frozenset[str] | None = None) -> Hardware:
-    """A described machine: the given probes, and every other backend not available there.
-
-    `device_hardware` builds a catalogue device's machine with it, and the tests their fake machines, from the
-    probes the backends' own builders give (``describe`` and the functions it calls).
+    """A described machine (a catalogue device's, the tests' fakes): the given probes, and every other backend not
+    available there.
 
     Args:
         probes: The probes of the backends present, in their order.

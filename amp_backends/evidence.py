@@ -13,11 +13,8 @@ from typing import Any, Callable, Mapping
 
 @dataclass(frozen=True)
 class Evidence:
-    """A measurement a decision rests on: the results file, the machine as the file records it, the figures.
-
-    ``figures`` are ``(configuration, value)`` pairs in ``unit``; ``run`` says how they were made (TensorFlow
-    version, script, date). `describe` is the sentence the reasons quote.
-    """
+    """A measurement a decision rests on: the results file, the machine as the file records it, the figures
+    (``(configuration, value)`` pairs in ``unit``) and how they were made (``run``)."""
 
     file: str
     machine: str
@@ -46,10 +43,6 @@ RESULTS_DIR = next((d for d in (_HERE / "results", _HERE.parent / "results") if 
 @dataclass(frozen=True)
 class Results:
     """One committed results file as the reasons quote it: the machine, how it was made, each configuration's figure.
-
-    A backend reads its own files' formats into this (`load_results`); a reason never types a figure
-    itself: it quotes one of these files, names the machine and the file, and derives ratios from the same
-    figures.
 
     Attributes:
         file: The file's path under ``results/``.
@@ -105,9 +98,7 @@ class Results:
     def times(self, faster: str, slower: str) -> str:
         """``"~1.8x"``: `ratio` as a reason says it (``"much"`` where it is not measured)."""
         r = self.ratio(faster, slower)
-        if r is None:
-            return "much"
-        return f"~{r:.1f}x" if r < 3 else f"~{r:.0f}x"
+        return "much" if r is None else f"~{r:.1f}x" if r < 3 else f"~{r:.0f}x"
 
 
 @functools.cache
@@ -119,8 +110,7 @@ def load_results(file: str, parse: Callable[[str, Mapping[str, Any]], Results]) 
         parse: Turns the file's name and JSON document into `Results`.
 
     Returns:
-        The results, or ``None`` where the file is missing or unreadable (a broken install: the reason then
-        says so instead of failing the plan).
+        The results, or ``None`` where the file is missing or unreadable (the reason then says so).
     """
     try:
         with open(RESULTS_DIR / file, encoding="utf-8") as fh:

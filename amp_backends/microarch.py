@@ -45,9 +45,8 @@ def microarchitecture(vendor: str, family: int | None, model: int | None, steppi
         family: the display family ``/proc/cpuinfo`` prints.
         model: the display model ``/proc/cpuinfo`` prints.
         stepping: the stepping (it tells Cascade Lake and Cooper Lake from Skylake-X).
-        flags: the CPU's ``/proc/cpuinfo`` flags, if known: an Intel model number whose core has no AMX, on a CPU
-            that has AMX (a virtual machine's made-up model), is named from the flags instead
-            (``"Sapphire Rapids or later, AMX"``; the model number stays in the probe's record).
+        flags: the CPU's flags, if known: an Intel model without AMX on a CPU with AMX (a virtual machine's
+            made-up model) is named from the flags instead (``"Sapphire Rapids or later, AMX"``).
 
     Returns:
         The microarchitecture's name, or ``None`` when the tables do not know the CPU (never a guess).

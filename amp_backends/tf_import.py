@@ -91,8 +91,6 @@ def import_tensorflow(quiet: bool) -> Any:
     with filtered_stderr():
         import tensorflow as tf
 
-        try:
+        with contextlib.suppress(Exception):  # (reported by whoever lists devices next)
             tf.config.list_physical_devices()  # device start-up (cuInit) logs here
-        except Exception:  # reported by whoever lists devices next
-            pass
     return tf

@@ -1,11 +1,5 @@
-"""CPU probe (``/proc/cpuinfo``, ``sysctl`` on macOS, ``TF_ENABLE_ONEDNN_OPTS``) and the CPU backend.
-
-The rules (`rules`): mixed_bfloat16 where the CPU has bf16 instructions
-*and* oneDNN runs the model (`onednn`: TensorFlow's default for the CPU,
-``TF_ENABLE_ONEDNN_OPTS``, or ITEX), float32 elsewhere; XLA off; no loss scaling. There, ``graph_amp=on``
-has TensorFlow's grappler rewrite the float32 graph to bfloat16 instead (`grappler_rewrite`). The figures the
-reasons quote come from the committed results files (`measured`).
-"""
+"""CPU probe (``/proc/cpuinfo``, ``sysctl`` on macOS, ``TF_ENABLE_ONEDNN_OPTS``) and the CPU backend: mixed_bfloat16
+where the CPU has bf16 instructions *and* oneDNN runs the model (`rules`, `onednn`), float32 elsewhere; XLA off."""
 
 from __future__ import annotations
 
@@ -107,13 +101,9 @@ def probe_cpu() -> CpuInfo:
 
 @dataclass(frozen=True)
 class CpuFacts:
-    """What the CPU probe saw beyond the CPU itself: ITEX, and whether TensorFlow runs oneDNN.
-
-    ``itex.compatible`` means TensorFlow loads ITEX when imported: that changes what is safe (bf16 aborts
-    without bf16 instructions) and what exists (BF32 math mode on AMX). ``onednn`` is whether TensorFlow
-    runs its oneDNN kernels (``None``: not read, as in hand-built fakes; TensorFlow's default for the CPU on
-    Linux is assumed then).
-    """
+    """What the CPU probe saw beyond the CPU itself: ITEX (``itex.compatible``: TensorFlow loads it, which changes
+    what is safe and what exists), whether TensorFlow runs oneDNN (``None``: not read; Linux's default assumed), and
+    AMD's ZenDNN plug-in."""
 
     itex: ItexStatus
     onednn: OneDnnState | None = None
@@ -147,22 +137,18 @@ def cpu_probe(cpu: CpuInfo, itex: ItexStatus, *, onednn: OneDnnState | None = No
               environ: Mapping[str, str] | None = None, system: str = "linux", reason: str | None = None,
               details: Iterable[tuple[str, str]] | None = None, zentf: str | None = None,
               zendnn_on: bool | None = None) -> BackendProbe:
-    """The CPU probe of a machine with this CPU: what the probe reports, what ``describe`` gives for a catalogue CPU,
-    and what the tests' fake machines hold.
+    """The CPU probe of a machine with this CPU (the real probe's, a catalogue CPU's, the tests' fakes').
 
     Args:
         cpu: The CPU.
         itex: ITEX's status there; its ``tf_version`` is the TensorFlow there.
-        onednn: Whether TensorFlow runs oneDNN there, as the probe read it (default: as TensorFlow would decide
-            from ``environ`` and ``system``, `onednn_state`).
-        environ: The environment TensorFlow starts in: ``TF_ENABLE_ONEDNN_OPTS`` where ``onednn`` is not given,
-            ``TF_ENABLE_ZENDNN_OPTS`` where ``zendnn_on`` is not.
+        onednn: Whether TensorFlow runs oneDNN there (default: as TensorFlow would decide, `onednn_state`).
+        environ: The environment TensorFlow starts in, where ``onednn`` or ``zendnn_on`` is not given.
         system: The platform (``sys.platform``'s names), where ``onednn`` is not given.
-        reason: The probe's summary (default: the CPU, its cores and its bf16 instructions, as the probe words it).
-        details: The probe's ``(key, value)`` details for people (default: ITEX's status and oneDNN's state).
+        reason: The probe's summary (default: the CPU, its cores and its bf16 instructions).
+        details: The probe's ``(key, value)`` details (default: ITEX's status and oneDNN's state).
         zentf: The installed version of AMD's ZenDNN plug-in (``zentf``), or ``None``.
-        zendnn_on: Whether ``TF_ENABLE_ZENDNN_OPTS=1`` is set where TensorFlow starts (zentf's kernels run;
-            default: as ``environ`` says).
+        zendnn_on: Whether ``TF_ENABLE_ZENDNN_OPTS=1`` is set where TensorFlow starts (default: as ``environ`` says).
 
     Returns:
         The probe, with the CPU as its one device (``/CPU:0``).
@@ -183,9 +169,8 @@ def cpu_probe(cpu: CpuInfo, itex: ItexStatus, *, onednn: OneDnnState | None = No
 
 
 def machine_record(cpu: CpuInfo | None = None) -> dict[str, Any]:
-    """The machine as a results file records it: ``machine_kind`` (``"AMD EPYC (Zen 5)"``, named by the probe,
-    never typed by hand) and ``machine`` (the CPU's vendor, model name, family, model, stepping, microarchitecture,
-    cores and the flags that matter). ``cpu`` defaults to this machine's."""
+    """The machine as a results file records it: ``machine_kind`` (named by the probe, never by hand) and
+    ``machine`` (the CPU's identity, cores and the flags that matter). ``cpu`` defaults to this machine's."""
     cpu = cpu or probe_cpu()
     wanted = set(RELEVANT_FLAGS + ARM_RELEVANT_FLAGS) | {"fma"}
     return {"machine_kind": cpu.name,
@@ -302,24 +287,17 @@ class CpuBackend(Backend):
         return CATALOGUE
 
     def describe(self, device: KnownDevice) -> BackendProbe:
-        """The probe this backend would give on a machine with the catalogue's ``device`` alone.
+        """`cpu_probe`'s probe of a machine with the catalogue's ``device`` alone, citing its source.
 
         Args:
             device: One of this backend's `catalogue` entries.
-
-        Returns:
-            `cpu_probe`'s probe of the device, citing the entry's source (`KnownDevice.cite`).
         """
         cpu = CpuInfo(device.cpu_vendor, device.device_name, device.arch, device.logical_cores,
                       frozenset(device.flags.split()), device.family, device.model_number)
         return device.cite(cpu_probe(cpu, NO_ITEX, reason=device.title, details=()))
 
     def kernel_audit(self) -> CpuKernelAudit:
-        """oneDNN's verbose records (`verbose`): the audit's child starts with ``ONEDNN_VERBOSE=1``.
-
-        Returns:
-            The CPU's `CpuKernelAudit`.
-        """
+        """The CPU's `CpuKernelAudit`: oneDNN's verbose records (`verbose`), ``ONEDNN_VERBOSE=1`` in the child."""
         return CpuKernelAudit(lambda: probe_cpu())  # looked up at each call: the tests' fake machines replace it
 
 
@@ -328,8 +306,7 @@ _REWRITES_SET: dict[str, bool | None] = {}  # the grappler rewrites this backend
 
 def grappler_rewrite(tf: Any, name: str, on: bool) -> str | None:
     """Turn TensorFlow's grappler rewrite ``name`` on for a plan that has it, or back to what it was for one that
-    does not (only where this backend turned it on: a rewrite the user set stays as the user set it); it acts on
-    the graphs traced afterwards (``tf.function``, Keras ``fit``), not on eager ops.
+    does not (only where this backend turned it on); it acts on graphs traced afterwards, not on eager ops.
 
     Args:
         tf: The TensorFlow module.

@@ -1,15 +1,9 @@
-"""Intel XPUs through Intel Extension for TensorFlow (ITEX): probe and plan rules.
+"""Intel XPUs through Intel Extension for TensorFlow (ITEX, end-of-life, TensorFlow 2.15): probe and plan rules.
 
-ITEX is end-of-life and needs TensorFlow 2.15 (Keras 2). Listing XPUs needs TensorFlow with the ITEX
-plugin loaded, so this probe runs only when TensorFlow is already imported or the plan is being applied.
-``itex.get_backend()`` answers ``b'GPU'`` even where only ITEX's CPU backend exists, so the decision rests
-on the XPU devices TensorFlow lists, never on that call.
-
-Rules (from Intel's documentation of ITEX 2.15; no Intel GPU was available to measure):
-Data Center GPU Max (Xe-HPC): XMX with bf16, fp16 and TF32 -> mixed_bfloat16 (no loss scaling),
-ITEX_FP32_MATH_MODE=TF32 for the float32 parts. Flex and Arc (Xe-HPG): XMX with bf16 and fp16, no TF32
--> mixed_bfloat16. Integrated GPUs without XMX: fp16 only -> mixed_float16 with dynamic loss scaling.
-XLA is off: ITEX's XPU plugin applies its own graph fusions, not XLA's jit_compile clusters.
+XPUs are listed through TensorFlow with ITEX loaded, so this probe runs only once TensorFlow is imported; it
+trusts the listed devices, never ``itex.get_backend()`` (which says GPU with only the CPU backend). Rules, from
+Intel's ITEX 2.15 documentation (no Intel GPU was measured): XMX (Max, Flex, Arc) -> mixed_bfloat16, plus TF32
+math mode on Xe-HPC (Max); no XMX -> mixed_float16 with dynamic loss scaling; XLA off (ITEX fuses graphs itself).
 """
 
 from __future__ import annotations
@@ -68,8 +62,7 @@ def classify_xpu(index: int, name: str, has_xmx: bool | None = None, is_xehpc: b
         memory_bytes: Its memory, where known.
 
     Returns:
-        The device: float16 on every XPU; XMX and bfloat16 where it has XMX engines (Xe-HPC, Flex, Arc, or ITEX
-        says so); TF32 on Xe-HPC (Data Center GPU Max).
+        The device: float16 everywhere; XMX and bfloat16 with XMX engines; TF32 on Xe-HPC.
     """
     upper = name.upper()
     xehpc = bool(is_xehpc) or " MAX" in upper or "PONTE VECCHIO" in upper
@@ -85,8 +78,7 @@ def classify_xpu(index: int, name: str, has_xmx: bool | None = None, is_xehpc: b
 def xpu_probe(names: Iterable[str], facts: IntelFacts, *, has_xmx: bool | None = None, is_xehpc: bool | None = None,
               memory_bytes: int | None = None, details: Iterable[tuple[str, str]] = (),
               reason: str | None = None) -> BackendProbe:
-    """The available Intel probe of a machine with these XPUs: what the probe reports, what ``describe`` gives for a
-    catalogue GPU, and what the tests' fake machines hold.
+    """The available Intel probe of a machine with these XPUs (the real probe's, a catalogue GPU's, the tests').
 
     Args:
         names: Each XPU's name, in TensorFlow's order (`classify_xpu`).
@@ -95,7 +87,7 @@ def xpu_probe(names: Iterable[str], facts: IntelFacts, *, has_xmx: bool | None =
         is_xehpc: ITEX's ``is_xehpc()`` for them, where asked.
         memory_bytes: Each XPU's memory, where known.
         details: The probe's ``(key, value)`` details for people.
-        reason: The probe's summary (default: the XPUs, as the probe words it).
+        reason: The probe's summary (default: the XPUs).
 
     Returns:
         The probe, its devices numbered ``/XPU:0``, ``/XPU:1``, ... in the order given.
@@ -233,23 +225,16 @@ class IntelBackend(Backend):
         return CATALOGUE
 
     def describe(self, device: KnownDevice) -> BackendProbe:
-        """The probe this backend would give on a machine with the catalogue's ``device`` alone.
+        """`xpu_probe`'s probe of a machine with the catalogue's ``device`` alone, citing its source.
 
         Args:
             device: One of this backend's `catalogue` entries.
-
-        Returns:
-            `xpu_probe`'s probe of the device, citing the entry's source (`KnownDevice.cite`).
         """
         facts = IntelFacts(CATALOGUE_ITEX, ("gpu",))
         return device.cite(xpu_probe([device.device_name], facts, memory_bytes=device.memory_bytes))
 
     def kernel_audit(self) -> XpuKernelAudit:
-        """Nothing is read on an XPU: the audit says why (`XPU_REASON`).
-
-        Returns:
-            The Intel backend's `XpuKernelAudit`.
-        """
+        """The Intel backend's `XpuKernelAudit`: nothing is read on an XPU, and the audit says why."""
         return XpuKernelAudit()
 
 
