@@ -63,22 +63,16 @@ class Backend(abc.ABC):
         return []
 
     def peers(self, probe: BackendProbe) -> tuple[Peer, ...]:
-        """What a user of this hardware would pick instead of the plan, for the model zoo to run beside it.
+        """What a user of this hardware would pick instead of the plan, for the model zoo to run beside it (none by
+        default).
 
         Args:
             probe: This backend's probe of the machine.
-
-        Returns:
-            The peers that apply here (none by default).
         """
         return ()
 
     def catalogue(self) -> tuple["KnownDevice", ...]:
-        """This vendor's devices in the device catalogue, each with the sources of its figures (none by default).
-
-        Returns:
-            The entries; each names this backend as its ``backend``.
-        """
+        """This vendor's devices in the device catalogue, each with the sources of its figures (none by default)."""
         return ()
 
     def describe(self, device: "KnownDevice") -> BackendProbe:
@@ -96,18 +90,15 @@ class Backend(abc.ABC):
         raise NotImplementedError(f"the {self.name} backend has no device catalogue to describe {device.name!r}")
 
     def kernel_audit(self) -> KernelAudit | None:
-        """How the audit reads the kernels that ran under this backend's plans (a fresh object each call).
-
-        Returns:
-            A `KernelAudit`, or ``None`` (the default): the audit then says the kernels were not measured.
-        """
+        """How the audit reads the kernels that ran under this backend's plans (a fresh object each call), or
+        ``None`` (the default): the audit then says the kernels were not measured."""
         return None
 
 
 @dataclass(frozen=True)
 class Peer:
-    """A configuration a user would pick instead of the plan: float32 Keras ``fit`` with another math library or a
-    graph rewrite, set up the way it must be (environment variables before TensorFlow starts, a grappler option).
+    """A configuration a user would pick instead of the plan (float32 with another math library, a graph rewrite),
+    set up the way it must be.
 
     Attributes:
         name: The configuration's name in the zoo's tables, without commas (``"fp32 oneDNN-off"``).
@@ -133,9 +124,8 @@ class BackendRegistry:
 
     def register(self, backend: Backend) -> None:
         if not isinstance(backend, Backend):
-            raise TypeError(
-                f"register() takes a Backend instance. Received: {backend!r} (of type {type(backend).__name__})."
-            )
+            raise TypeError(f"register() takes a Backend instance. Received: {backend!r} (of type "
+                            f"{type(backend).__name__}).")
         if backend.name in self._backends:
             raise ValueError(f"A backend named {backend.name!r} is already registered.")
         self._backends[backend.name] = backend
@@ -156,25 +146,18 @@ class BackendRegistry:
             raise KeyError(f"No backend named {name!r}. Registered: {', '.join(self.names()) or 'none'}.") from None
 
     def kernel_audit(self, name: str) -> KernelAudit | None:
-        """The kernel audit of the backend ``name`` (`Backend.kernel_audit`).
+        """The kernel audit of the backend ``name`` (`Backend.kernel_audit`), or ``None`` when it offers none or is
+        not registered.
 
         Args:
             name: A backend's name.
-
-        Returns:
-            Its `KernelAudit`, or ``None`` when it offers none or no backend of that name is registered.
         """
         backend = self._backends.get(name)
         return backend.kernel_audit() if backend is not None else None
 
     def audit_environment(self) -> dict[str, str]:
         """The variables an audited process starts with before it knows its plan: every backend's
-        `KernelAudit.environment`.
-
-        Returns:
-            Name -> value; where two backends name the same variable, the higher-priority backend's value. A
-            backend whose `Backend.kernel_audit` fails adds nothing (its own audit says why).
-        """
+        `KernelAudit.environment` (the higher-priority backend's value first; a failing audit adds nothing)."""
         env: dict[str, str] = {}
         for backend in self:
             try:
@@ -201,10 +184,8 @@ class BackendRegistry:
             except Exception as exc:  # a broken third-party backend must not break the others
                 registry.load_errors[ep.name] = f"{type(exc).__name__}: {exc}"
         if not len(registry):
-            raise RuntimeError(
-                f"No amp_backends backends are registered under the entry point group {group!r}. "
-                "The package metadata is missing: install the project (pip install . or pip install -e .)."
-            )
+            raise RuntimeError(f"No amp_backends backends are registered under the entry point group {group!r}. The "
+                               "package metadata is missing: install the project (pip install . or pip install -e .).")
         return registry
 
 

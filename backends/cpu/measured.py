@@ -32,9 +32,8 @@ LAYERS = "cpu-layers-zen4.json"  # which layers train slower in bfloat16 (benchm
 
 
 def recorded_machine(doc: Mapping[str, Any]) -> str:
-    """The machine as a results file records it: its ``machine_kind`` (written from the probe's name, see
-    `machine_record`), else the CPU its ``machine`` describes, named
-    from the vendor, family and model it holds."""
+    """The machine as a results file records it: its ``machine_kind`` (the probe's name, `machine_record`), else
+    the CPU its ``machine`` describes."""
     if doc.get("machine_kind"):
         return str(doc["machine_kind"])
     machine = doc.get("machine") or {}
@@ -81,11 +80,11 @@ def _policy_files() -> tuple[str, ...]:
 
 
 def policy_file(cpu_name: str, default: str, *configs: str) -> str:
-    """The policy results file to quote for a CPU the probe names ``cpu_name``: one measured on a CPU of that
-    name holding every one of ``configs`` (the same microarchitecture), else ``default`` (the nearest kind).
+    """The policy results file to quote for a CPU the probe names ``cpu_name``.
 
     Args:
-        cpu_name: The probe's name for the CPU (`CpuInfo.name`).
+        cpu_name: The probe's name for the CPU (`CpuInfo.name`): a file measured on a CPU so named, holding every
+            one of ``configs``, speaks for it.
         default: The file that speaks for this kind of CPU where none of its name was measured.
         *configs: The configurations the reason quotes.
 

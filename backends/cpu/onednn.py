@@ -31,12 +31,8 @@ ONEDNN_BUILDS = {"linux": (*X86, "aarch64", "arm64"), "win32": X86, "windows": X
 
 @dataclass(frozen=True)
 class OneDnnState:
-    """Whether TensorFlow runs (or will run, once imported) its oneDNN CPU kernels, and why.
-
-    ``default`` is TensorFlow's default for this CPU and platform; ``variable`` the value of
-    ``TF_ENABLE_ONEDNN_OPTS`` (``None``: unset); ``enabled`` the outcome. ``tensorflow_imported`` means the
-    answer was read from TensorFlow itself and the variable can no longer change it.
-    """
+    """Whether TensorFlow runs (or will, once imported) its oneDNN CPU kernels, and why: the outcome, TensorFlow's
+    ``default`` here, ``TF_ENABLE_ONEDNN_OPTS`` (``None``: unset), and whether TensorFlow itself answered."""
 
     enabled: bool
     default: bool
@@ -123,13 +119,11 @@ def read_onednn_state(cpu: CpuInfo, environ: Mapping[str, str], tf_version: str 
 
 
 def onednn_takes_float16(cpu: CpuInfo, onednn: OneDnnState) -> bool:
-    """Whether TensorFlow runs float16 ops through oneDNN here: oneDNN on, and an x86 CPU with AVX512-FP16 or AMX-FP16.
+    """Whether TensorFlow runs float16 ops through oneDNN (not Eigen) here: oneDNN on, and an x86 CPU with
+    AVX512-FP16 or AMX-FP16.
 
     Args:
         cpu: the CPU as the probe read it.
         onednn: whether TensorFlow runs oneDNN (`onednn_state`).
-
-    Returns:
-        True where float16 convolutions and matmuls reach oneDNN's kernels rather than Eigen's.
     """
     return onednn.enabled and not cpu.is_arm and bool(cpu.flags & set(FLOAT16_FLAGS))

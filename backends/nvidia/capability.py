@@ -10,13 +10,10 @@ COMPUTE_CAPABILITY = "compute_capability"
 
 
 def cc_label(cc: str) -> str:
-    """A compute capability as the reasons and reports name it.
+    """A compute capability (``"9.0"``) as the reasons and reports name it: ``"CC 9.0"``.
 
     Args:
-        cc: The compute capability as text (``"9.0"``).
-
-    Returns:
-        ``"CC 9.0"``.
+        cc: The compute capability as text.
     """
     return f"CC {cc}"
 
@@ -53,12 +50,9 @@ def compute_capability(device: Accelerator | KnownDevice) -> tuple[int, int] | N
 
 
 def cc_text(device: Accelerator | KnownDevice) -> str:
-    """The compute capability as the reasons and reports write it after ``CC``.
+    """The compute capability as the reasons and reports write it after ``CC``: ``"9.0"``, or ``"-"`` where unknown.
 
     Args:
         device: A device of the NVIDIA probe, or an entry of its catalogue.
-
-    Returns:
-        ``"9.0"``, or ``"-"`` where unknown.
     """
     return device.fact(COMPUTE_CAPABILITY) or "-"

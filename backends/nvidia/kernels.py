@@ -161,7 +161,8 @@ def read_trace(path: str | os.PathLike[str]) -> list[KernelEvent]:
     """The GPU kernels of a TensorFlow profiler run: a ``*.trace.json.gz``/``*.json`` file, an ``*.xplane.pb``
     (converted with ``tensorboard_plugin_profile``/``xprof`` when installed), or a log directory holding one.
 
-    Raises ValueError saying what was found and how to fix it when nothing readable is there.
+    Raises:
+        ValueError: Nothing readable is there (the message says what was found and how to fix it).
     """
     path = os.fspath(path)
     if os.path.isdir(path):
@@ -214,9 +215,7 @@ def _stat_value(stat: Any, names: dict[int, str]) -> str:
 
 def _read_xplane(path: str) -> list[KernelEvent]:
     try:
-        from tensorflow.tsl.profiler.protobuf import (
-            xplane_pb2,  # TensorFlow ships the XSpace protobuf
-        )
+        from tensorflow.tsl.profiler.protobuf import xplane_pb2  # TensorFlow ships the XSpace protobuf
     except ImportError:
         return events_from_trace_json(_xplane_to_trace(path))
     space = xplane_pb2.XSpace()
@@ -247,8 +246,7 @@ NO_GPU = ("not measured: TensorFlow listed no GPU in the audit's process, so no 
 
 
 def kernel_records(events: Iterable[KernelEvent]) -> tuple[KernelRecord, ...]:
-    """The trace's kernels as the audit counts them: a fusion without HLO may hold a dot, so it counts as compute
-    (of unknown dtype).
+    """The trace's kernels as the audit counts them (a fusion without HLO may hold a dot: compute, dtype unknown).
 
     Args:
         events: The trace's GPU kernels.
@@ -268,13 +266,10 @@ def kernel_records(events: Iterable[KernelEvent]) -> tuple[KernelRecord, ...]:
 
 
 def reading(events: Iterable[KernelEvent]) -> KernelReading:
-    """The reading of a trace's GPU kernels.
+    """The reading of a trace's GPU kernels, with the note on how they are matched to layers.
 
     Args:
         events: The trace's GPU kernels.
-
-    Returns:
-        The kernels and the note on how they are matched to layers.
     """
     return KernelReading(device="nvidia", records=kernel_records(events), source=TRACE, notes=(LAYER_NOTE,))
 
@@ -309,11 +304,7 @@ class NvidiaKernelAudit(KernelAudit):
             tf.profiler.experimental.stop()
 
     def facts(self) -> dict[str, Any]:
-        """Whether the measured steps were traced on a GPU.
-
-        Returns:
-            ``{"gpu": ...}``.
-        """
+        """Whether the measured steps were traced on a GPU: ``{"gpu": ...}``."""
         return {"gpu": self.tracing}
 
     def read(self, capture: Capture) -> KernelReading:

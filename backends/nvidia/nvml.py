@@ -51,14 +51,9 @@ def cuda_enumeration(gpus: Sequence[NvmlGpu], order: str = FASTEST_FIRST) -> lis
     """The GPUs in CUDA's enumeration order: the order ``CUDA_VISIBLE_DEVICES`` indices and TensorFlow's
     ``/GPU:<n>`` follow.
 
-    ``PCI_BUS_ID``: ascending PCI bus id (``nvidia-smi``'s order). ``FASTEST_FIRST``, CUDA's default, is
-    documented only as "from fastest to slowest using a simple heuristic" (CUDA Programming Guide,
-    environment variables, ``CUDA_DEVICE_ORDER``). We follow the heuristic NVIDIA's tools and samples use
-    to pick the fastest device: the higher compute capability first, then the higher throughput estimate
-    — CUDA cores (SM count x cores per SM) x maximum SM clock, both read from NVML
-    (``nvmlDeviceGetNumGpuCores``, ``nvmlDeviceGetMaxClockInfo``) and counted as 0 when NVML cannot tell
-    —, ties broken by PCI bus id. On a host mixing generations (a V100 at PCI bus 0, an A100 at bus 1)
-    this puts the A100 first, as CUDA does; GPUs of one model keep their PCI order.
+    ``PCI_BUS_ID``: ascending PCI bus id. ``FASTEST_FIRST``, CUDA's default, is documented only as "from fastest
+    to slowest using a simple heuristic"; we follow the one NVIDIA's samples use: the higher compute capability
+    first, then CUDA cores x maximum SM clock (0 where NVML cannot tell), ties broken by PCI bus id.
     """
     by_pci = sorted(gpus, key=lambda g: (_pci_key(g.pci_bus_id), g.nvml_index))
     if order == PCI_BUS_ID:
