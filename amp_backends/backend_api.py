@@ -8,20 +8,8 @@ this. Everything here is plain data and pure functions: importing it imports no 
 
 from __future__ import annotations
 
-from .assessment import (
-    EMULATED,
-    FUNCTIONAL,
-    LEVELS,
-    NATIVE,
-    UNSAFE,
-    UNSUPPORTED,
-    Assessment,
-    Float32Layer,
-    MatrixUnit,
-    PeerVerdict,
-    Support,
-    VendorSetting,
-)
+from .assessment import (EMULATED, FUNCTIONAL, LEVELS, NATIVE, UNSAFE, UNSUPPORTED, Assessment, Float32Layer,
+                         MatrixUnit, PeerVerdict, Support, VendorSetting)
 from .evidence import RESULTS_DIR, Evidence, Results, load_results, quote_results, results_evidence
 from .hardware import (BF16, FP8, FP16, GB, TENSOR_CORES, TF32, XMX, Accelerator, BackendProbe, CpuInfo,
                        DeviceFact, Hardware, KnownDevice)

@@ -66,15 +66,8 @@ def ensure_visible_logging() -> None:
         logger.propagate = False
 
 
-def plan_for(
-    hardware: Hardware | None = None,
-    *,
-    device: str | None = None,
-    registry: BackendRegistry | None = None,
-    environ: dict[str, str] | None = None,
-    keras: KerasInfo | None = None,
-    **overrides: Any,
-) -> Plan:
+def plan_for(hardware: Hardware | None = None, *, device: str | None = None, registry: BackendRegistry | None = None,
+             environ: dict[str, str] | None = None, keras: KerasInfo | None = None, **overrides: Any) -> Plan:
     """The plan for ``hardware`` (probed now if ``None``) under the overrides, without applying it.
 
     Args:
@@ -201,23 +194,12 @@ def _probe(registry: BackendRegistry, use_tensorflow: bool) -> Hardware:
     return probe_hardware(registry, use_tensorflow=use_tensorflow)
 
 
-def auto_configure(
-    *,
-    backend: str | None = None,
-    policy: str | None = None,
-    xla: bool | str | None = None,
-    tf32: bool | str | None = None,
-    loss_scale: str | float | LossScale | None = None,
-    graph_amp: bool | str | None = None,
-    fp8: bool | str | None = None,
-    float32_layers: str | Sequence[str] | None = None,
-    strict: bool | None = None,
-    force: bool | None = None,
-    apply: bool = True,
-    verbose: bool = True,
-    registry: BackendRegistry | None = None,
-    itex_amp: bool | str | None = None,
-) -> Plan:
+def auto_configure(*, backend: str | None = None, policy: str | None = None, xla: bool | str | None = None,
+                   tf32: bool | str | None = None, loss_scale: str | float | LossScale | None = None,
+                   graph_amp: bool | str | None = None, fp8: bool | str | None = None,
+                   float32_layers: str | Sequence[str] | None = None, strict: bool | None = None,
+                   force: bool | None = None, apply: bool = True, verbose: bool = True,
+                   registry: BackendRegistry | None = None, itex_amp: bool | str | None = None) -> Plan:
     """Detect the hardware, choose the fastest safe mixed-precision plan, apply it and return it.
 
     Call it at the top of a training script, before building models: the Keras dtype policy applies to layers
@@ -257,12 +239,9 @@ def auto_configure(
         BackendError: A backend asked for by name failed, or none is left.
     """
     registry = registry or default_registry()
-    request = build_request(
-        registry.known_names(),
-        backend=backend, policy=policy, xla=xla, tf32=tf32, loss_scale=loss_scale,
-        graph_amp=graph_amp, fp8=fp8, float32_layers=float32_layers, strict=strict, force=force,
-        itex_amp=itex_amp,
-    )
+    request = build_request(registry.known_names(), backend=backend, policy=policy, xla=xla, tf32=tf32,
+                            loss_scale=loss_scale, graph_amp=graph_amp, fp8=fp8, float32_layers=float32_layers,
+                            strict=strict, force=force, itex_amp=itex_amp)
     with _state.lock:
         if apply and _state.plan is not None and _state.request == request and _state.registry is registry:
             _restore_policy(_state.plan)

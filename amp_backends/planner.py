@@ -51,19 +51,14 @@ class _Resolver:
             self.honoured[setting] = EMULATED
             return True
         kind = "unsafe" if support.level == UNSAFE else "not supported" if support.level == UNSUPPORTED else "slow"
-        fix = (
-            "remove the override, or set force=True / AMP_FORCE=1 to run it anyway"
-            if support.level == EMULATED
-            else "remove the override"
-        )
+        fix = "remove the override" + (", or set force=True / AMP_FORCE=1 to run it anyway"
+                                       if support.level == EMULATED else "")
         if support.level == UNSAFE and self.request.force:
             fix += " (force cannot enable an unsafe setting)"
         if self.request.strict:
-            raise UnsupportedRequestError(
-                f"{asked} is {kind} on backend {self.backend!r}: {support.why}. "
-                f"Expected a setting this hardware supports (the automatic choice is {setting}={fallback}). "
-                f"Fix: {fix}, or turn strict off to downgrade with a warning."
-            )
+            raise UnsupportedRequestError(f"{asked} is {kind} on backend {self.backend!r}: {support.why}. Expected a "
+                                          f"setting this hardware supports (the automatic choice is {setting}="
+                                          f"{fallback}). Fix: {fix}, or turn strict off to downgrade with a warning.")
         self.warnings.append(f"{asked} is {kind} here and was downgraded to {setting}={fallback}: {support.why}")
         return False
 
@@ -93,10 +88,9 @@ def _statuses(hardware: Hardware, registry: BackendRegistry) -> dict[str, Backen
             if (ok and device_type and hardware.tf_device_types is not None
                     and device_type not in hardware.tf_device_types):
                 ok = False
-                reason = (
-                    f"{reason}, but TensorFlow lists no {device_type} device (a CPU-only TensorFlow build, missing "
-                    f"device libraries or a plugin that did not load): check `python -m amp_backends.info`"
-                )
+                reason = (f"{reason}, but TensorFlow lists no {device_type} device (a CPU-only TensorFlow build, "
+                          "missing device libraries or a plugin that did not load): check "
+                          "`python -m amp_backends.info`")
         statuses[backend.name] = BackendStatus(backend.name, ok, reason, False, failed)
     for name, err in registry.load_errors.items():
         statuses[name] = BackendStatus(name, False, f"failed to load: {err}", False, True)
@@ -133,20 +127,18 @@ def _order(statuses: dict[str, BackendStatus], request: Request) -> tuple[list[s
     source = request.sources.get("backend", "argument")
     requested = request.backend if request.backend != "auto" else None
     if requested and requested in statuses and statuses[requested].failed:
-        raise BackendError(
-            f"backend={requested} (from {source}) failed: {statuses[requested].reason}. Expected a backend that "
-            f"loads, probes and assesses its hardware. Fix: remove the override to plan with the next available "
-            f"backend, or repair or uninstall the distribution that provides {requested!r}."
-        )
+        raise BackendError(f"backend={requested} (from {source}) failed: {statuses[requested].reason}. Expected a "
+                           "backend that loads, probes and assesses its hardware. Fix: remove the override to plan "
+                           f"with the next available backend, or repair or uninstall the distribution that provides "
+                           f"{requested!r}.")
     order = [name for name, s in statuses.items() if s.available]
     if not requested or requested in order:
         return sorted(order, key=lambda name: name != requested), None
     why = statuses[requested].reason if requested in statuses else "not registered"
     if request.strict:
-        raise UnsupportedRequestError(
-            f"backend={requested} (from {source}) is not available: {why}. "
-            f"Available: {', '.join(order) or 'none'}. Fix: choose one of those, or remove the override."
-        )
+        raise UnsupportedRequestError(f"backend={requested} (from {source}) is not available: {why}. Available: "
+                                      f"{', '.join(order) or 'none'}. Fix: choose one of those, or remove the "
+                                      "override.")
     return order, why
 
 
@@ -198,11 +190,10 @@ def make_plan(hardware: Hardware, request: Request, registry: BackendRegistry, k
         return replace(plan, backends=final, vendor_settings=settings, warnings=tuple(warnings) + plan.warnings,
                        device_names=tuple(d.name for d in probe.devices), tensorflow=tensorflow,
                        keras=keras.version if keras else None)
-    raise BackendError(
-        "No backend is available, not even the CPU: "
-        + "; ".join(f"{s.name}: {s.reason}" for s in statuses.values())
-        + ". Fix: check `python -m amp_backends.info`; reinstall the package if the cpu backend is missing."
-    )
+    raise BackendError("No backend is available, not even the CPU: "
+                       + "; ".join(f"{s.name}: {s.reason}" for s in statuses.values())
+                       + ". Fix: check `python -m amp_backends.info`; reinstall the package if the cpu backend is "
+                         "missing.")
 
 
 # ---------------------------------------------------------------------------------------------- settings
@@ -256,10 +247,9 @@ def _resolve_policy(r: _Resolver, a: Assessment, decide: Decisions,
     if graph_amp is None:
         r.refuse("graph_amp", "on", f"this device has no native {' or '.join(a.graph_amp_dtypes)}")
         return policy, None
-    decide.add("graph_amp", graph_amp, (
-        f"{graph_amp} as requested (graph_amp): the backend rewrites the float32 graph to {graph_amp}; the Keras "
-        f"policy stays float32 so the two do not cast twice. {a.graph_amp.why}"
-    ), f"as requested (graph_amp): the backend rewrites the float32 graph to {graph_amp}", a.graph_amp.evidence)
+    decide.add("graph_amp", graph_amp, f"{graph_amp} as requested (graph_amp): the backend rewrites the float32 graph "
+               f"to {graph_amp}; the Keras policy stays float32 so the two do not cast twice. {a.graph_amp.why}",
+               f"as requested (graph_amp): the backend rewrites the float32 graph to {graph_amp}", a.graph_amp.evidence)
     decide.add("policy", "float32", "float32 for Keras: the backend's graph rewrite does the casting (graph_amp=on)",
                "for Keras; the backend's graph rewrite does the casting (graph_amp=on)")
     return "float32", graph_amp
@@ -270,10 +260,9 @@ def _resolve_loss_scale(r: _Resolver, effective: str, decide: Decisions, rejecte
     request = r.request
     if request.loss_scale is None:
         if effective == "mixed_float16":
-            decide.add("loss_scale", "dynamic", (
-                "dynamic: float16 gradients underflow without scaling; dynamic scaling finds the largest safe "
-                "scale and skips overflowing steps"
-            ), "float16 gradients underflow without scaling")
+            decide.add("loss_scale", "dynamic", "dynamic: float16 gradients underflow without scaling; dynamic "
+                       "scaling finds the largest safe scale and skips overflowing steps",
+                       "float16 gradients underflow without scaling")
             rejected.append(Rejected("loss_scale", "fixed", "a fixed scale can overflow (every step skipped) or "
                                      "underflow; dynamic adapts at no measurable cost in the trainer"))
             return LossScale.dynamic()
@@ -285,14 +274,11 @@ def _resolve_loss_scale(r: _Resolver, effective: str, decide: Decisions, rejecte
     asked = f"requested ({request.sources.get('loss_scale', 'argument')})"
     decide.add("loss_scale", str(loss_scale.mode if loss_scale.mode != "fixed" else loss_scale), asked, asked)
     if loss_scale.mode == "none" and effective == "mixed_float16":
-        r.warnings.append(
-            "loss_scale=none with float16: small gradients may flush to zero and training may stall; "
-            "use dynamic (the default) unless you know the gradients' range"
-        )
+        r.warnings.append("loss_scale=none with float16: small gradients may flush to zero and training may stall; "
+                          "use dynamic (the default) unless you know the gradients' range")
     elif loss_scale.mode != "none" and effective != "mixed_float16":
-        r.warnings.append(
-            f"loss_scale={loss_scale.mode} with {effective}: not needed (no float16 underflow), honoured anyway"
-        )
+        r.warnings.append(f"loss_scale={loss_scale.mode} with {effective}: not needed (no float16 underflow), "
+                          "honoured anyway")
     return loss_scale
 
 
@@ -382,23 +368,7 @@ def _resolve(a: Assessment, request: Request, chosen: str, keras: KerasInfo | No
         else:
             rejected.append(Rejected("peer", peer.name, peer.why, peer.evidence))
 
-    return Plan(
-        backend=chosen,
-        devices=a.devices,
-        policy=policy,
-        loss_scale=loss_scale,
-        tf32=tf32,
-        xla=xla,
-        decisions=tuple(decide.values()),
-        rejected=tuple(rejected),
-        warnings=tuple(r.warnings),
-        honoured=dict(r.honoured),
-        backends=(),
-        request=request,
-        notes=a.notes,
-        graph_amp=graph_amp,
-        assessment=a,
-        fp8=fp8,
-        steps_per_execution=a.steps_per_execution,
-        float32_layers=float32_layers,
-    )
+    return Plan(backend=chosen, devices=a.devices, policy=policy, loss_scale=loss_scale, tf32=tf32, xla=xla,
+                decisions=tuple(decide.values()), rejected=tuple(rejected), warnings=tuple(r.warnings),
+                honoured=dict(r.honoured), backends=(), request=request, notes=a.notes, graph_amp=graph_amp,
+                assessment=a, fp8=fp8, steps_per_execution=a.steps_per_execution, float32_layers=float32_layers)

@@ -83,6 +83,12 @@ def _fix_hint(name: str, source: str, example: str) -> str:
     return f"pass {name}={example!r}, or leave {name} out to let amp_backends decide"
 
 
+def _invalid(name: str, source: str, accepted: str, value: Any, example: str, more: str = "") -> AmpConfigError:
+    """The error for an invalid value of option ``name``: what it accepts, what it got (and ``more``), the fix."""
+    return AmpConfigError(f"{_where(name, source)} must be {accepted}. Received: {value!r}{more}. "
+                          f"Fix: {_fix_hint(name, source, example)}.")
+
+
 def _wrong_type(name: str, expected: str, value: Any) -> TypeError:
     return TypeError(f"{name} must be {expected}. Received: {name}={value!r} (of type {type(value).__name__}).")
 
@@ -94,10 +100,8 @@ def parse_policy(value: Any, source: str = "argument") -> str:
     if v in ("", "auto"):
         return "auto"
     if v not in _POLICY_ALIASES:
-        raise AmpConfigError(
-            f"{_where('policy', source)} must be one of auto, {', '.join(POLICIES)} (aliases fp32, fp16, bf16). "
-            f"Received: {value!r}. Fix: {_fix_hint('policy', source, 'mixed_float16')}."
-        )
+        raise _invalid("policy", source, f"one of auto, {', '.join(POLICIES)} (aliases fp32, fp16, bf16)", value,
+                       "mixed_float16")
     return _POLICY_ALIASES[v]
 
 
@@ -120,12 +124,9 @@ def parse_float32_layers(value: Any, source: str = "argument") -> tuple[str, ...
     bad = [n for n in names if not n.isidentifier()]
     unknown = {} if bad else unknown_layers(names)  # a typo would keep no layer in float32, silently
     if bad or unknown or not names:
-        raise AmpConfigError(
-            f"{_where('float32_layers', source)} must be auto, none or Keras layer class names separated by commas, "
-            f"such as DepthwiseConv2D,Conv1D. Received: {value!r}"
-            f"{' (not class names: ' + ', '.join(map(repr, bad)) + ')' if bad else ''}{describe_unknown(unknown)}. "
-            f"Fix: {_fix_hint('float32_layers', source, corrected(names, unknown) or 'DepthwiseConv2D')}."
-        )
+        raise _invalid("float32_layers", source, "auto, none or Keras layer class names separated by commas, such "
+                       "as DepthwiseConv2D,Conv1D", value, corrected(names, unknown) or "DepthwiseConv2D",
+                       (f" (not class names: {', '.join(map(repr, bad))})" if bad else "") + describe_unknown(unknown))
     return tuple(dict.fromkeys(names))
 
 
@@ -141,10 +142,7 @@ def parse_switch(name: str, value: Any, source: str = "argument") -> bool | None
         return True
     if v in _FALSE:
         return False
-    raise AmpConfigError(
-        f"{_where(name, source)} must be one of auto, on, off (or 1/0, true/false). Received: {value!r}. "
-        f"Fix: {_fix_hint(name, source, 'on')}."
-    )
+    raise _invalid(name, source, "one of auto, on, off (or 1/0, true/false)", value, "on")
 
 
 def parse_loss_scale(value: Any, source: str = "argument") -> LossScale | None:
@@ -170,12 +168,9 @@ def parse_loss_scale(value: Any, source: str = "argument") -> LossScale | None:
     if scale == 0 and number == v:
         return LossScale.none()
     if scale is None or not (0 < scale <= FLOAT32_MAX):  # (held in a float32 variable: beyond it, inf)
-        raise AmpConfigError(
-            f"{_where('loss_scale', source)} must be one of auto, dynamic, none (or 0), "
-            f"fixed:<scale> (a positive number a float32 holds, up to {FLOAT32_MAX:.3g}, such as fixed:1024) or a "
-            "bare number. "
-            f"Received: {value!r}. Fix: {_fix_hint('loss_scale', source, 'fixed:1024')}."
-        )
+        raise _invalid("loss_scale", source, "one of auto, dynamic, none (or 0), fixed:<scale> (a positive number a "
+                       f"float32 holds, up to {FLOAT32_MAX:.3g}, such as fixed:1024) or a bare number", value,
+                       "fixed:1024")
     return LossScale.fixed(scale)
 
 
@@ -187,10 +182,8 @@ def parse_backend(value: Any, known: Iterable[str], source: str = "argument") ->
     if v in ("", "auto"):
         return "auto"
     if v not in known:
-        raise AmpConfigError(
-            f"{_where('backend', source)} must be auto or a registered backend: {', '.join(known)}. "
-            f"Received: {value!r}. Fix: {_fix_hint('backend', source, known[-1] if known else 'auto')}."
-        )
+        raise _invalid("backend", source, f"auto or a registered backend: {', '.join(known)}", value,
+                       known[-1] if known else "auto")
     return v
 
 
@@ -325,11 +318,7 @@ def overrides_given(parsed: Mapping[str, Any]) -> dict[str, Any]:
     return {o.name: parsed[o.name] for o in OPTIONS if parsed.get(o.name) not in (None, False)}
 
 
-def build_request(
-    known_backends: Iterable[str],
-    environ: Mapping[str, str] | None = None,
-    **kwargs: Any,
-) -> Request:
+def build_request(known_backends: Iterable[str], environ: Mapping[str, str] | None = None, **kwargs: Any) -> Request:
     """Merge keyword overrides (which win; ``None`` falls back) with ``AMP_*`` environment variables and validate
     them. An old name of `RENAMED` stands for its new one, with a ``DeprecationWarning`` (a keyword) or a
     ``FutureWarning`` (a variable); the new name, given the same way, wins over it."""
@@ -363,8 +352,6 @@ def build_request(
         sources[name] = _env(given_as) if source == "env" else "argument"
     request = Request(**values, sources=sources)
     if request.strict and request.force:
-        raise AmpConfigError(
-            "strict and force contradict each other: strict raises on any request the hardware cannot honour, "
-            "force honours slow ones anyway. Received both. Fix: keep one of them."
-        )
+        raise AmpConfigError("strict and force contradict each other: strict raises on any request the hardware "
+                             "cannot honour, force honours slow ones anyway. Received both. Fix: keep one of them.")
     return request

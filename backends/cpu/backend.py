@@ -241,12 +241,8 @@ class CpuBackend(Backend):
             devices=tuple(d.tf_name for d in probe.devices) or ("/CPU:0",),
             policies={"float32": rules.fp32_support(cpu, onednn, itex_active, bf16),
                       "mixed_float16": rules.fp16_support(cpu, onednn, itex_active), "mixed_bfloat16": bf16},
-            preference=rules.preference(cpu, onednn, itex_active),
-            tf32=tf32,
-            xla=rules.xla_support(cpu),
-            xla_default=False,
-            fp8=fp8,
-            matrix_units=units,
+            preference=rules.preference(cpu, onednn, itex_active), tf32=tf32, xla=rules.xla_support(cpu),
+            xla_default=False, fp8=fp8, matrix_units=units,
             steps_per_execution_why=("one training step per compiled call (Keras's default): more gained nothing for "
                                      "Keras fit on a CPU, where a step dwarfs fit's per-call overhead ("
                                      + quote(FIT_STEPS, *FIT_STEPS_CONFIGS) + ")"),
@@ -254,9 +250,7 @@ class CpuBackend(Backend):
             float32_layers=kept,
             float32_layers_why=kept_why or "no layer was measured slower in bfloat16 than in float32 here",
             peers=rules.judge_peers(cpu, self.peers(probe)),
-            graph_amp=rules.graph_amp_support(cpu, onednn, itex_active),
-            graph_amp_dtypes=("bfloat16",),
-        )
+            graph_amp=rules.graph_amp_support(cpu, onednn, itex_active), graph_amp_dtypes=("bfloat16",))
 
     def vendor_settings(self, plan: Plan) -> tuple[VendorSetting, ...]:
         settings = []

@@ -19,17 +19,8 @@ from amp_backends.kernel_audit import KernelAudit
 from amp_backends.plan import Plan
 from amp_backends.registry import Backend
 
-from .itex import (
-    AMP_SETTING,
-    ITEX_EOL,
-    MATH_MODE_VARIABLE,
-    ItexStatus,
-    apply_math_mode,
-    configure_itex_amp,
-    itex_libraries,
-    itex_software_row,
-    itex_status,
-)
+from .itex import (AMP_SETTING, ITEX_EOL, MATH_MODE_VARIABLE, ItexStatus, apply_math_mode, configure_itex_amp,
+                   itex_libraries, itex_software_row, itex_status)
 
 
 # The ITEX a described Intel GPU runs under (the device catalogue's assumption).
@@ -147,9 +138,8 @@ class IntelBackend(Backend):
                                 f"no Intel GPU: probing through TensorFlow failed ({type(exc).__name__}: {exc})",
                                 details=tuple(details), facts=facts)
         if not names:
-            return BackendProbe(self.name, False, "no Intel GPU: TensorFlow with ITEX lists no XPU device "
-                                "(ITEX's CPU backend only)" if "gpu" not in native else
-                                "no Intel GPU: TensorFlow with ITEX lists no XPU device",
+            return BackendProbe(self.name, False, "no Intel GPU: TensorFlow with ITEX lists no XPU device"
+                                + (" (ITEX's CPU backend only)" if "gpu" not in native else ""),
                                 details=tuple(details), facts=facts)
         return xpu_probe(names, facts, has_xmx=has_xmx, is_xehpc=is_xehpc, details=details)
 
@@ -191,17 +181,10 @@ class IntelBackend(Backend):
                       "ITEX has no fp8 matrix path")
         units = {dtype: unit for dtype, need, unit in MATRIX_UNITS if all_have(need)}
         return Assessment(
-            backend=self.name,
-            devices=tuple(f"/XPU:{d.index}" for d in devices),
-            policies={"float32": fp32, "mixed_float16": fp16, "mixed_bfloat16": bf16},
-            preference=preference,
-            tf32=tf32,
-            xla=xla,
-            xla_default=False,
-            graph_amp=Support(NATIVE, "ITEX's Advanced Auto Mixed Precision (itex.set_config) rewrites the graph"),
-            fp8=fp8,
-            matrix_units=units,
-        )
+            backend=self.name, devices=tuple(f"/XPU:{d.index}" for d in devices),
+            policies={"float32": fp32, "mixed_float16": fp16, "mixed_bfloat16": bf16}, preference=preference,
+            tf32=tf32, xla=xla, xla_default=False, fp8=fp8, matrix_units=units,
+            graph_amp=Support(NATIVE, "ITEX's Advanced Auto Mixed Precision (itex.set_config) rewrites the graph"))
 
     def vendor_settings(self, plan: Plan) -> tuple[VendorSetting, ...]:
         settings = []

@@ -281,20 +281,10 @@ class NvidiaBackend(Backend):
         units = {dtype: unit for dtype, needs, unit in MATRIX_UNITS if all(map(all_have, needs))}
         notes = (f"GPUs of different compute capabilities ({ccs}): the plan follows the weakest",) if mixed else ()
         return Assessment(
-            backend=self.name,
-            devices=tuple(d.tf_name for d in devices),
-            policies={"float32": fp32, "mixed_float16": fp16, "mixed_bfloat16": bf16},
-            preference=preference,
-            tf32=tf32,
-            xla=xla,
-            xla_default=True,
-            graph_amp=GRAPH_AMP,
-            notes=notes,
-            fp8=fp8,
-            matrix_units=units,
-            steps_per_execution_why=fit_steps_why,
-            steps_per_execution_evidence=fit_steps_evidence,
-        )
+            backend=self.name, devices=tuple(d.tf_name for d in devices),
+            policies={"float32": fp32, "mixed_float16": fp16, "mixed_bfloat16": bf16}, preference=preference,
+            tf32=tf32, xla=xla, xla_default=True, graph_amp=GRAPH_AMP, notes=notes, fp8=fp8, matrix_units=units,
+            steps_per_execution_why=fit_steps_why, steps_per_execution_evidence=fit_steps_evidence)
 
     def catalogue(self) -> tuple[KnownDevice, ...]:
         """The nvidia devices of the device catalogue (``backends/nvidia/catalogue.py``)."""

@@ -151,13 +151,9 @@ def _read_nvml_gpu(pynvml: Any, i: int) -> NvmlGpu:
     h = pynvml.nvmlDeviceGetHandleByIndex(i)
     pci = optional(lambda: pynvml.nvmlDeviceGetPciInfo(h))
     clock_type = getattr(pynvml, "NVML_CLOCK_SM", 1)
-    return NvmlGpu(
-        nvml_index=i,
-        name=as_text(pynvml.nvmlDeviceGetName(h)),
-        uuid=as_text(pynvml.nvmlDeviceGetUUID(h)),
-        pci_bus_id=as_text(pci.busId) if pci is not None else None,
-        compute_capability=tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)),
-        memory_bytes=optional(lambda: int(pynvml.nvmlDeviceGetMemoryInfo(h).total)),
-        cores=optional(lambda: int(pynvml.nvmlDeviceGetNumGpuCores(h))),
-        max_sm_clock_mhz=optional(lambda: int(pynvml.nvmlDeviceGetMaxClockInfo(h, clock_type))),
-    )
+    return NvmlGpu(nvml_index=i, name=as_text(pynvml.nvmlDeviceGetName(h)), uuid=as_text(pynvml.nvmlDeviceGetUUID(h)),
+                   pci_bus_id=as_text(pci.busId) if pci is not None else None,
+                   compute_capability=tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)),
+                   memory_bytes=optional(lambda: int(pynvml.nvmlDeviceGetMemoryInfo(h).total)),
+                   cores=optional(lambda: int(pynvml.nvmlDeviceGetNumGpuCores(h))),
+                   max_sm_clock_mhz=optional(lambda: int(pynvml.nvmlDeviceGetMaxClockInfo(h, clock_type))))
