@@ -208,13 +208,9 @@ class Assessment:
     def to_dict(self) -> dict[str, Any]:
         """The support table, as the report and ``Plan.to_dict`` show it."""
         return {
-            "policies": {p: s.to_dict() for p, s in self.policies.items()},
-            "preference": list(self.preference),
-            "tf32": self.tf32.to_dict(),
-            "xla": self.xla.to_dict(),
-            "graph_amp": self.graph_amp.to_dict(),
-            "fp8": self.fp8.to_dict(),
-            "matrix_units": {d: u.to_dict() for d, u in self.matrix_units.items()},
+            "policies": {p: s.to_dict() for p, s in self.policies.items()}, "preference": list(self.preference),
+            "tf32": self.tf32.to_dict(), "xla": self.xla.to_dict(), "graph_amp": self.graph_amp.to_dict(),
+            "fp8": self.fp8.to_dict(), "matrix_units": {d: u.to_dict() for d, u in self.matrix_units.items()},
             "steps_per_execution": {"value": self.steps_per_execution, "why": self.steps_per_execution_why,
                                     "evidence": [e.to_dict() for e in self.steps_per_execution_evidence]},
             "float32_layers": [k.to_dict() for k in self.float32_layers] or self.float32_layers_why,

@@ -105,18 +105,12 @@ def plan_for(hardware: Hardware | None = None, *, device: str | None = None, reg
     return plan
 
 
-def quiet_plan_for(hardware: Hardware | None = None, *, device: str | None = None,
-                   registry: BackendRegistry | None = None, environ: dict[str, str] | None = None,
-                   keras: KerasInfo | None = None, **overrides: Any) -> Plan:
+def quiet_plan_for(hardware: Hardware | None = None, **kwargs: Any) -> Plan:
     """`plan_for` without its `AmpWarning` (for a report that shows the plan's warnings itself).
 
     Args:
-        hardware: As `plan_for`.
-        device: As `plan_for`.
-        registry: As `plan_for`.
-        environ: As `plan_for`.
-        keras: As `plan_for`.
-        **overrides: As `plan_for`.
+        hardware: The machine to plan for; ``None`` probes this one.
+        **kwargs: `plan_for`'s other keywords.
 
     Returns:
         The plan, not applied; its ``warnings`` say what `plan_for` would warn.
@@ -129,7 +123,7 @@ def quiet_plan_for(hardware: Hardware | None = None, *, device: str | None = Non
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            plan = plan_for(hardware, device=device, registry=registry, environ=environ, keras=keras, **overrides)
+            plan = plan_for(hardware, **kwargs)
         except BaseException as exc:  # (raised below, after the warnings)
             error = exc
     for w in caught:  # every other warning (an old keyword's, a failing backend's) as it came
@@ -212,15 +206,12 @@ def auto_configure(*, backend: str | None = None, policy: str | None = None, xla
 
     Args:
         backend: ``"auto"`` or a backend's name (``"nvidia"``, ``"intel"``, ``"cpu"``, or any registered one).
-        policy: ``"auto"``, ``"float32"``, ``"mixed_float16"`` or ``"mixed_bfloat16"`` (also ``"fp16"``,
-            ``"bf16"``, ``"fp32"``).
+        policy: ``"auto"``, ``"float32"``, ``"mixed_float16"`` or ``"mixed_bfloat16"`` (or ``"fp16"``...).
         xla: ``"auto"``, ``"on"`` or ``"off"`` (also ``True``/``False``, ``1``/``0``).
         tf32: ``"auto"``, ``"on"`` or ``"off"``: TF32 (or ITEX's BF32) for the float32 parts.
-        loss_scale: ``"auto"``, ``"dynamic"``, ``"none"``, a fixed scale (``1024``), or a
-            `LossScale`.
+        loss_scale: ``"auto"``, ``"dynamic"``, ``"none"``, a fixed scale (``1024``), or a `LossScale`.
         graph_amp: ``"on"``/``"off"``: the backend rewrites the float32 graph to low precision itself instead of
-            a Keras policy, where it has such a rewrite (ITEX's auto mixed precision on Intel GPUs, TensorFlow's
-            oneDNN bfloat16 rewrite on CPUs with bf16 instructions); the plan's ``graph_amp`` reason names it.
+            a Keras policy, where it has such a rewrite (the plan's ``graph_amp`` reason names it).
         fp8: ``"auto"``, ``"on"`` or ``"off"``: float8 training of the eligible Dense layers (off by default).
         float32_layers: ``"auto"``, ``"none"``, or Keras layer class names to keep in float32.
         strict: Raise `UnsupportedRequestError` instead of downgrading a request.

@@ -33,7 +33,7 @@ def catalogue(registry: BackendRegistry | None = None) -> tuple[KnownDevice, ...
         registry: The backends to ask (default: the installed ones).
 
     Returns:
-        The entries, each backend's in its own order; a backend whose catalogue fails is left out.
+        The entries, each backend's in its own order (a backend whose catalogue fails is left out).
     """
     entries: list[KnownDevice] = []
     for backend in _installed(registry):
@@ -47,15 +47,6 @@ def catalogue(registry: BackendRegistry | None = None) -> tuple[KnownDevice, ...
 def canonical(name: str) -> str:
     """``"NVIDIA H100_80GB"`` -> ``"nvidia-h100-80gb"``: lower case, spaces and underscores as dashes."""
     return re.sub(r"[\s_]+", "-", name.strip().lower())
-
-
-def _index(entries: tuple[KnownDevice, ...]) -> dict[str, KnownDevice]:
-    index: dict[str, KnownDevice] = {}
-    for device in entries:
-        for key in (device.name, *device.aliases):
-            index[canonical(key)] = device
-            index[canonical(key).replace("-", "")] = device
-    return index
 
 
 def known_devices(registry: BackendRegistry | None = None) -> tuple[str, ...]:
@@ -88,7 +79,9 @@ def find_device(name: str, registry: BackendRegistry | None = None) -> KnownDevi
     if not isinstance(name, str) or not name.strip():
         raise AmpConfigError(f"device must be a device name such as 'h100'. Received: {name!r}. "
                              f"Known devices: {names}.")
-    index = _index(entries)
+    # every name and alias, with and without its dashes
+    index = {form: device for device in entries for alias in (device.name, *device.aliases)
+             for form in (canonical(alias), canonical(alias).replace("-", ""))}
     key = canonical(name)
     device = index.get(key) or index.get(key.replace("-", ""))
     if device is None:
@@ -107,8 +100,7 @@ def device_hardware(device: KnownDevice | str, registry: BackendRegistry | None 
         registry: The backends to describe it with (default: the installed ones).
 
     Returns:
-        A machine with the device alone: its backend's probe of it, the other backends not available, and the
-        device types TensorFlow would list there.
+        A machine with the device alone (the other backends not available).
 
     Raises:
         AmpConfigError: ``device`` is a name the catalogue does not know.
@@ -124,18 +116,14 @@ def device_hardware(device: KnownDevice | str, registry: BackendRegistry | None 
 
 def machine_of(probes: Iterable[BackendProbe], backends: Iterable[str], absent: Callable[[str], str],
                tf_device_types: frozenset[str] | None = None) -> Hardware:
-    """A described machine (a catalogue device's, the tests' fakes): the given probes, and every other backend not
+    """A described machine (a catalogue device's, the tests' fakes): the given probes, then every other backend, not
     available there.
 
     Args:
         probes: The probes of the backends present, in their order.
-        backends: Every backend's name, highest priority first (``registry.names()``); those without a probe
-            in ``probes`` follow them as unavailable, in this order.
+        backends: Every backend's name, highest priority first (``registry.names()``).
         absent: The reason an absent backend gives, from its name.
         tf_device_types: The device types TensorFlow would list there (``None``: TensorFlow not consulted).
-
-    Returns:
-        The machine.
     """
     present = tuple(probes)
     given = {p.backend for p in present}

@@ -37,21 +37,15 @@ class FactoryError(AmpError, ValueError):
 
 
 class BackendError(AmpError, RuntimeError):
-    """A backend failed to load, probe, assess or apply where it was needed; the message names it and why.
-
-    A failing backend never breaks the others: `auto_configure` records the failure
-    and plans with the next available backend. This is raised only when the failed backend was asked
-    for by name (``backend=`` / ``AMP_BACKEND``), when no backend is left, or when the selected backend
-    fails while its plan is being applied.
-    """
+    """A backend failed to load, probe, assess or apply where it was needed (asked for by name, the last one left,
+    or the selected one applying its plan): otherwise the next backend is planned with. The message says why."""
 
 
 class NonFiniteError(AmpError, RuntimeError):
     """Training cannot continue: too many non-finite steps under a fixed loss scale, or non-finite weights.
 
-    Besides its message it carries the remedy as data, for a command line to say in its own flags:
-    ``overrides`` (plan overrides to change, such as ``{"loss_scale": "fixed:16"}``) and ``resume``
-    (whether a saved finite state can be continued).
+    It carries the remedy as data, for a command line to say in its own flags: ``overrides`` (plan overrides to
+    change, such as ``{"loss_scale": "fixed:16"}``) and ``resume`` (whether a saved finite state can be continued).
     """
 
     def __init__(self, message: str, *, overrides: dict[str, str] | None = None, resume: bool = False) -> None:
@@ -104,9 +98,8 @@ class CheckpointMismatchError(CheckpointError):
 class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C (SIGINT) or SIGTERM stopped training after the current call; ``checkpoint`` is where it was saved.
 
-    A ``KeyboardInterrupt`` and no `AmpError`, so a program that does not catch it by name ends as
-    Ctrl-C ends it (``except Exception`` does not catch it); ``exit_code`` is the shell's convention (130 for
-    SIGINT, 143 for SIGTERM).
+    A ``KeyboardInterrupt``, so a program that does not catch it by name ends as Ctrl-C ends it; ``exit_code`` is
+    the shell's convention (130 for SIGINT, 143 for SIGTERM).
     """
 
     def __init__(self, signum: int, step: int, checkpoint: str | None, message: str) -> None:
@@ -128,8 +121,8 @@ _NODE = re.compile(r"\{\{node ([^}]+)\}\}")
 
 
 def lookup_error(message: str, first_step: int | None, steps: int = 1) -> InputError | None:
-    """TensorFlow's error for a gather past its table (``indices[1,44] = 8192 is not in [0, 8192)``), said as the
-    data's fault with the fix.
+    """TensorFlow's error for a gather past its table (``indices[1,44] = 8192 is not in [0, 8192)``) as the data's
+    fault, with the fix.
 
     Args:
         message: TensorFlow's error message.
@@ -171,8 +164,7 @@ def xla_compile_failure(exc: BaseException) -> str | None:
         exc: An error raised by calling a compiled function.
 
     Returns:
-        The reason for people (the ops without an XLA kernel, or the first line of XLA's message), or ``None``
-        where ``exc`` is any other error (a runtime failure, memory exhausted, bad input).
+        The reason for people (the ops without an XLA kernel, or XLA's first line), or ``None`` for any other error.
     """
     if type(exc).__name__ not in _XLA_ERRORS or not type(exc).__module__.startswith("tensorflow"):
         return None
@@ -192,8 +184,8 @@ def write_failure(exc: BaseException) -> str:
         exc: The error the write raised (an ``OSError``, or TensorFlow's error for a file it writes).
 
     Returns:
-        The operating system's words where it gave them (``No space left on device``, ``Read-only file system``,
-        ``Permission denied``), else the error's class and the start of its message.
+        The operating system's words where it gave them (``No space left on device``...), else the error's class
+        and the start of its message.
     """
     text = " ".join(str(exc).split())
     return next((r for r in ("No space left on device", "Read-only file system", "Permission denied") if r in text),

@@ -79,9 +79,7 @@ class Results:
     def evidence(self, *configs: str, unit: str = "img/s") -> Evidence | None:
         """The figures of ``configs`` the file has, as `Evidence` (``None`` if it has none of them)."""
         have = tuple((c, float(self.medians[c])) for c in configs if c in self.medians)
-        if not have:
-            return None
-        return Evidence(f"results/{self.file}", self.machine_kind, have, unit, self.run())
+        return Evidence(f"results/{self.file}", self.machine_kind, have, unit, self.run()) if have else None
 
     def quote(self, *configs: str, unit: str = "img/s") -> str:
         """``"measured on <machine, run>: float32 2045 img/s, mixed_bfloat16 3537"``; configurations the file
@@ -129,7 +127,7 @@ def quote_results(results: Results | None, file: str, *configs: str, unit: str =
         unit: The unit of the first figure.
 
     Returns:
-        `Results.quote`'s sentence, or that the file is missing from this installation.
+        `Results.quote`'s sentence, or that the file is missing.
     """
     if results is None:
         return f"the measurement results/{file} is missing from this installation"
@@ -137,15 +135,12 @@ def quote_results(results: Results | None, file: str, *configs: str, unit: str =
 
 
 def results_evidence(results: Results | None, *configs: str, unit: str = "img/s") -> tuple[Evidence, ...]:
-    """The figures `quote_results` quotes, as data.
+    """The figures `quote_results` quotes, as data: one `Evidence`, or none where the file or figures are missing.
 
     Args:
         results: The file as `load_results` read it, or ``None`` where it is missing.
         *configs: The configurations quoted.
         unit: The unit of the figures.
-
-    Returns:
-        One `Evidence`, or none where the file or the figures are missing.
     """
     found = results.evidence(*configs, unit=unit) if results else None
     return (found,) if found else ()

@@ -142,11 +142,9 @@ class Accelerator(_Facts):
         return self.fact(SCHEMA_FACT_KEYS[0]) or "-"
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"vendor": self.vendor, "index": self.index, "name": self.name, "kind": self.kind}
-        d.update({key: self.fact(key) for key in SCHEMA_FACT_KEYS})
-        d.update({"memory_bytes": self.memory_bytes, "capabilities": sorted(self.capabilities),
-                  "pci_bus_id": self.pci_bus_id})
-        return d
+        return {"vendor": self.vendor, "index": self.index, "name": self.name, "kind": self.kind,
+                **{key: self.fact(key) for key in SCHEMA_FACT_KEYS}, "memory_bytes": self.memory_bytes,
+                "capabilities": sorted(self.capabilities), "pci_bus_id": self.pci_bus_id}
 
 
 @dataclass(frozen=True)
@@ -204,20 +202,10 @@ class CpuInfo:
         return base
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "vendor": self.vendor,
-            "model": self.model,
-            "arch": self.arch,
-            "logical_cores": self.logical_cores,
-            "native_bf16": self.native_bf16,
-            "native_fp16": self.native_fp16,
-            "amx": self.amx,
-            "family": self.family,
-            "model_number": self.model_number,
-            "stepping": self.stepping,
-            "microarchitecture": self.microarchitecture,
-            "flags": sorted(self.flags),
-        }
+        return {"vendor": self.vendor, "model": self.model, "arch": self.arch, "logical_cores": self.logical_cores,
+                "native_bf16": self.native_bf16, "native_fp16": self.native_fp16, "amx": self.amx,
+                "family": self.family, "model_number": self.model_number, "stepping": self.stepping,
+                "microarchitecture": self.microarchitecture, "flags": sorted(self.flags)}
 
 
 @dataclass(frozen=True)
@@ -243,17 +231,10 @@ class BackendProbe:
         return next((v for k, v in self.details if k == key), default)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "backend": self.backend,
-            "available": self.available,
-            "reason": self.reason,
-            "devices": [d.to_dict() for d in self.devices],
-            "details": dict(self.details),
-            "facts": _plain(self.facts),
-            "needs_tensorflow": self.needs_tensorflow,
-            "error": self.error,
-            "cpu": self.cpu.to_dict() if self.cpu else None,
-        }
+        return {"backend": self.backend, "available": self.available, "reason": self.reason,
+                "devices": [d.to_dict() for d in self.devices], "details": dict(self.details),
+                "facts": _plain(self.facts), "needs_tensorflow": self.needs_tensorflow, "error": self.error,
+                "cpu": self.cpu.to_dict() if self.cpu else None}
 
 
 def _plain(value: Any) -> Any:
@@ -285,10 +266,8 @@ class Hardware:
         return next((p.cpu for p in self.probes if p.cpu is not None), None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "backends": [p.to_dict() for p in self.probes],
-            "tensorflow_device_types": sorted(self.tf_device_types) if self.tf_device_types is not None else None,
-        }
+        return {"backends": [p.to_dict() for p in self.probes],
+                "tensorflow_device_types": sorted(self.tf_device_types) if self.tf_device_types is not None else None}
 
 
 # Vendors' "GB" of GPU memory are binary: NVML reported 81559 MiB (79.6 GiB) on an "H100 80GB HBM3".

@@ -255,17 +255,13 @@ def dynamic_loss_scale_optimizer(optimizer: Any, tf: Any = None) -> Any:
 def scale_loss(optimizer: Any, loss: Any) -> Any:
     """The loss multiplied by a ``LossScaleOptimizer``'s current scale (Keras 3 ``scale_loss``, Keras 2
     ``get_scaled_loss``)."""
-    if hasattr(optimizer, "scale_loss"):
-        return optimizer.scale_loss(loss)
-    return optimizer.get_scaled_loss(loss)
+    return optimizer.scale_loss(loss) if hasattr(optimizer, "scale_loss") else optimizer.get_scaled_loss(loss)
 
 
 def unscale_gradients(optimizer: Any, grads: Sequence[Any]) -> list[Any]:
     """Gradients ready for ``optimizer.apply_gradients`` after `scale_loss`: Keras 2 unscales explicitly; Keras 3's
     ``apply_gradients`` unscales (and skips non-finite steps) itself."""
-    if hasattr(optimizer, "scale_loss"):
-        return list(grads)
-    return optimizer.get_unscaled_gradients(grads)
+    return list(grads) if hasattr(optimizer, "scale_loss") else optimizer.get_unscaled_gradients(grads)
 
 
 # ---------------------------------------------------------------------------------------------- Keras fit

@@ -43,13 +43,9 @@ class Request:
 
     def overrides(self) -> dict[str, str]:
         """Non-default values as text, keyed by option name (for reports and logs)."""
-        out: dict[str, str] = {}
-        for name in ENV_VARS:
-            value = getattr(self, name)
-            if value is None or value == "auto" or (value is False and OPTION[name].default == "off"):
-                continue
-            out[name] = format_value(value)
-        return out
+        values = {name: getattr(self, name) for name in ENV_VARS}
+        return {name: format_value(v) for name, v in values.items()
+                if not (v is None or v == "auto" or (v is False and OPTION[name].default == "off"))}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -284,14 +280,11 @@ RENAMED_ENV_VARS = {old: _env(old) for old in RENAMED}
 
 
 def renamed_message(old: str, source: str = "argument") -> str:
-    """The deprecation warning for an old option name, naming the new option the way the old one was given.
+    """The deprecation warning's text for an old option name, naming the new option the way the old one was given.
 
     Args:
         old: A name of `RENAMED`.
         source: ``"argument"`` (a keyword), ``"env"`` (its ``AMP_*`` variable) or ``"option"`` (a command's flag).
-
-    Returns:
-        The warning's text.
     """
     new = RENAMED[old]
     given, use = {"env": (_env(old), _env(new)),

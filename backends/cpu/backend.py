@@ -20,6 +20,7 @@ from amp_backends.registry import Backend, Peer
 from amp_backends.software import installed_version, tensorflow_version
 
 from . import rules
+from .catalogue import CATALOGUE
 from .measured import FIT_STEPS, evidence, quote
 from .onednn import OneDnnState, onednn_state, read_onednn_state
 from .verbose import CpuKernelAudit
@@ -121,9 +122,7 @@ def _facts(probe: BackendProbe) -> CpuFacts | None:
 
 def onednn_of(probe: BackendProbe, cpu: CpuInfo) -> OneDnnState:
     facts = _facts(probe)
-    if facts is not None and facts.onednn is not None:
-        return facts.onednn
-    return onednn_state(cpu, {}, system="linux")
+    return facts.onednn if facts is not None and facts.onednn is not None else onednn_state(cpu, {}, system="linux")
 
 
 def _state(probe: BackendProbe) -> tuple[CpuInfo, OneDnnState, bool]:
@@ -180,10 +179,6 @@ def machine_record(cpu: CpuInfo | None = None) -> dict[str, Any]:
                         "os": platform.platform()}}
 
 
-def _yes(flag: bool) -> str:
-    return "yes" if flag else "no"
-
-
 class CpuBackend(Backend):
     """The host CPU. Always available; used when no accelerator backend is."""
 
@@ -207,8 +202,7 @@ class CpuBackend(Backend):
                 ("flags that matter",
                  ", ".join(sorted(cpu.flags & set(RELEVANT_FLAGS + ARM_RELEVANT_FLAGS))) or "none"),
                 ("native bf16", "yes" if cpu.native_bf16 else "no (no avx512_bf16 / amx_bf16 / Arm bf16)"),
-                ("native fp16", _yes(cpu.native_fp16)),
-                ("AMX", _yes(cpu.amx)),
+                ("native fp16", "yes" if cpu.native_fp16 else "no"), ("AMX", "yes" if cpu.amx else "no"),
                 ("oneDNN", ("on" if onednn.enabled else "off") + f" ({onednn.why})"),
             ]
         rows.append(("ITEX", (facts.itex.reason + ("; loaded with TensorFlow" if facts.itex_loaded else ""))
@@ -276,8 +270,6 @@ class CpuBackend(Backend):
 
     def catalogue(self) -> tuple[KnownDevice, ...]:
         """The cpu devices of the device catalogue (``backends/cpu/catalogue.py``)."""
-        from .catalogue import CATALOGUE
-
         return CATALOGUE
 
     def describe(self, device: KnownDevice) -> BackendProbe:

@@ -207,15 +207,12 @@ def cpu_has_avx512(read_cpu: Callable[[], CpuInfo]) -> bool | None:
 
 
 def outside_onednn_reason(facts: Mapping[str, Any], plan: Mapping[str, Any], has_compute_records: bool) -> str | None:
-    """Why no oneDNN matrix kernel was seen, or None when some were.
+    """Why no oneDNN matrix kernel was seen, in words, or ``None`` when some were.
 
     Args:
         facts: What the audited process recorded (`CpuKernelAudit.facts`: ``onednn_opts``, ``cpu_avx512``).
         plan: The plan it ran under, as data (``compute_dtype``, ``xla``).
         has_compute_records: Whether oneDNN ran a convolution, matmul or inner product.
-
-    Returns:
-        The reason, in words, or ``None``.
     """
     if has_compute_records:
         return None
@@ -239,13 +236,10 @@ def outside_onednn_reason(facts: Mapping[str, Any], plan: Mapping[str, Any], has
 
 
 def eigen_bfloat16(outside: str) -> dict[str, str]:
-    """The warning for a bfloat16 plan whose matrix kernels ran outside oneDNN (code ``eigen-bfloat16``).
+    """The warning (``code``, ``what``, ``fix``) for a bfloat16 plan whose matrix kernels ran outside oneDNN.
 
     Args:
         outside: Why they ran outside oneDNN (`outside_onednn_reason`).
-
-    Returns:
-        The warning: ``code``, ``what``, ``fix``.
     """
     return {"code": "eigen-bfloat16",
             "what": f"the plan says bfloat16, but the matrix kernels {outside}; "

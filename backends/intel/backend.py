@@ -19,6 +19,7 @@ from amp_backends.kernel_audit import KernelAudit
 from amp_backends.plan import Plan
 from amp_backends.registry import Backend
 
+from .catalogue import CATALOGUE
 from .itex import (AMP_SETTING, ITEX_EOL, MATH_MODE_VARIABLE, ItexStatus, apply_math_mode, configure_itex_amp,
                    itex_libraries, itex_software_row, itex_status)
 
@@ -203,8 +204,6 @@ class IntelBackend(Backend):
 
     def catalogue(self) -> tuple[KnownDevice, ...]:
         """The intel devices of the device catalogue (``backends/intel/catalogue.py``)."""
-        from .catalogue import CATALOGUE
-
         return CATALOGUE
 
     def describe(self, device: KnownDevice) -> BackendProbe:

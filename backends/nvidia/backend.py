@@ -22,6 +22,7 @@ from amp_backends.software import installed_version
 
 from . import measured
 from .capability import capability_facts, cc_text, compute_capability
+from .catalogue import CATALOGUE
 from .kernels import NvidiaKernelAudit
 from .nvml import FASTEST_FIRST, NvmlGpu, optional, as_text, nvml_start_failure, read_nvml_gpus, visible_gpus
 
@@ -288,8 +289,6 @@ class NvidiaBackend(Backend):
 
     def catalogue(self) -> tuple[KnownDevice, ...]:
         """The nvidia devices of the device catalogue (``backends/nvidia/catalogue.py``)."""
-        from .catalogue import CATALOGUE
-
         return CATALOGUE
 
     def describe(self, device: KnownDevice) -> BackendProbe:

@@ -80,27 +80,22 @@ def _classify_hlo(name: str, hlo: str) -> KernelClass:
 def classify(name: str, hlo: str | None = None) -> KernelClass:
     """Classify one kernel name; ``hlo``: the HLO text the trace gives for it, used for XLA fusions."""
     short = name.strip()
-    inner = re.search(r"<\s*(cutlass_\w+)", short)  # "void cutlass::Kernel2<cutlass_80_tensorop_...>(...)"
-    if inner:
+    if inner := re.search(r"<\s*(cutlass_\w+)", short):  # "void cutlass::Kernel2<cutlass_80_tensorop_...>(...)"
         short = inner.group(1) + "_"
-    m = _NVJET.match(short)
-    if m:
+    if m := _NVJET.match(short):
         dtype = _DT.get(m.group("a"), "unknown")
         return KernelClass(name, "gemm", "cuBLAS", dtype, True if dtype in ("float16", "bfloat16") else None)
-    m = _XMMA.search(short)
-    if m:
+    if m := _XMMA.search(short):
         a = m.group("a")
         dtype = "tfloat32" if a == "f32" and "tf32" in m.group("rest") else _DT.get(a, "unknown")
         tc = True if "tensor16x8" in short else _tc_from_dtype(dtype)
         kind = "gemm" if m.group("op") == "gemm" else "conv"
         return KernelClass(name, kind, "cuDNN" if kind == "conv" or "cudnn" in short else "cuBLAS", dtype, tc)
-    m = _CUTLASS.search(short)
-    if m:
+    if m := _CUTLASS.search(short):
         dt = m.group("dt") or m.group("extra") or m.group("dt2")
         dtype = _DT.get(dt, "unknown") if dt else {"h": "float16", "i": "int8"}.get(m.group("acc"), "unknown")
         return KernelClass(name, "gemm", "CUTLASS", dtype, m.group("cls") != "simt")
-    m = _LEGACY.match(short)
-    if m:
+    if m := _LEGACY.match(short):
         mma, acc = m.group("mma"), m.group("acc")
         dt = m.group("dt") or m.group("dt2")
         if dt:
@@ -308,13 +303,10 @@ class NvidiaKernelAudit(KernelAudit):
         return {"gpu": self.tracing}
 
     def read(self, capture: Capture) -> KernelReading:
-        """The GPU kernels of the trace in the work folder.
+        """The GPU kernels of the trace in the work folder, or a reading that says none was traced (no GPU).
 
         Args:
             capture: The run's document and work folder.
-
-        Returns:
-            The kernels, or a reading that says none was traced (no GPU).
 
         Raises:
             ValueError: The work folder holds no trace TensorFlow's profiler wrote, or one it cannot read.
@@ -328,9 +320,6 @@ class NvidiaKernelAudit(KernelAudit):
 
         Args:
             path: A ``*.trace.json.gz``, a ``*.xplane.pb``, or the logdir that holds one.
-
-        Returns:
-            The kernels.
 
         Raises:
             ValueError: ``path`` holds no trace TensorFlow's profiler wrote, or one it cannot read.
