@@ -50,13 +50,10 @@ def canonical(name: str) -> str:
 
 
 def known_devices(registry: BackendRegistry | None = None) -> tuple[str, ...]:
-    """The catalogue's device names, for ``plan_for(device=...)`` and ``--device``.
+    """The catalogue's device names, the highest-priority backend's first, for ``plan_for(device=...)``.
 
     Args:
         registry: The backends whose catalogues count (default: the installed ones).
-
-    Returns:
-        The names, the highest-priority backend's first.
     """
     return tuple(d.name for d in catalogue(registry))
 

@@ -47,13 +47,10 @@ class _Facts:
     facts: tuple[DeviceFact, ...]
 
     def fact(self, key: str) -> str | None:
-        """The value of the backend's fact ``key``.
+        """The value of the backend's fact ``key`` (``"9.0"``), or ``None`` where it states no such fact.
 
         Args:
             key: The fact's key (``"compute_capability"``).
-
-        Returns:
-            Its value (``"9.0"``), or ``None`` where the backend states no such fact for the device.
         """
         return next((f.value for f in self.facts if f.key == key), None)
 
@@ -310,13 +307,11 @@ class KnownDevice(_Facts):
                 "source": self.source, "note": self.note}
 
     def cite(self, probe: BackendProbe) -> BackendProbe:
-        """``probe`` as the catalogue's description of this device: it names where the figures come from.
+        """``probe`` as the catalogue's description of this device, naming where the figures come from (its reason
+        ends with ``[catalogue: <source>]``, and a ``catalogue`` detail holds the source).
 
         Args:
             probe: The probe its backend builds for the device (`Backend.describe`).
-
-        Returns:
-            The probe, its reason ending with ``[catalogue: <source>]`` and a ``catalogue`` detail holding the source.
         """
         return replace(probe, reason=f"{probe.reason} [catalogue: {self.source}]",
                        details=(*probe.details, ("catalogue", self.source)))

@@ -221,17 +221,15 @@ def _resolve_policy(r: _Resolver, a: Assessment, decide: Decisions,
     request = r.request
     auto_policy = next(p for p in a.preference if a.policies[p].level == NATIVE)
     policy = auto_policy
-    if request.policy != "auto" and request.policy != auto_policy:
-        if r.check("policy", request.policy, a.policies[request.policy], auto_policy):
-            policy = request.policy
+    if request.policy not in ("auto", auto_policy) and r.check("policy", request.policy, a.policies[request.policy],
+                                                               auto_policy):
+        policy = request.policy
     if policy == request.policy and request.policy != "auto":
         asked = f"requested ({request.sources.get('policy', 'argument')})"
         decide.supported("policy", policy, a.policies[policy], f"{asked}; ", asked)
     else:
         decide.supported("policy", policy, a.policies[policy])
-    for p in a.preference:
-        if p != policy:
-            rejected.append(Rejected("policy", p, a.policies[p].why, a.policies[p].evidence))
+    rejected += [Rejected("policy", p, a.policies[p].why, a.policies[p].evidence) for p in a.preference if p != policy]
 
     if not (request.graph_amp and r.check("graph_amp", "on", a.graph_amp, "off")):
         return policy, None

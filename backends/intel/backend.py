@@ -59,11 +59,7 @@ def classify_xpu(index: int, name: str, has_xmx: bool | None = None, is_xehpc: b
     upper = name.upper()
     xehpc = bool(is_xehpc) or " MAX" in upper or "PONTE VECCHIO" in upper
     xmx = bool(has_xmx) or xehpc or "FLEX" in upper or "ARC" in upper
-    caps = {FP16}
-    if xmx:
-        caps |= {XMX, BF16}
-    if xehpc:
-        caps.add(TF32)
+    caps = {FP16} | ({XMX, BF16} if xmx else set()) | ({TF32} if xehpc else set())
     return Accelerator("intel", index, name, "XPU", memory_bytes=memory_bytes, capabilities=frozenset(caps))
 
 

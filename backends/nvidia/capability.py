@@ -19,13 +19,11 @@ def cc_label(cc: str) -> str:
 
 
 def capability_facts(cc: tuple[int, int] | None) -> tuple[DeviceFact, ...]:
-    """The device facts that state an NVIDIA GPU's compute capability.
+    """The device facts that state an NVIDIA GPU's compute capability: ``compute_capability`` (``"9.0"``, read
+    ``"CC 9.0"``), or none where unknown.
 
     Args:
         cc: The compute capability (``(9, 0)``), or ``None`` where unknown.
-
-    Returns:
-        The one fact ``compute_capability`` (``"9.0"``, read ``"CC 9.0"``), or no fact where ``cc`` is ``None``.
     """
     if cc is None:
         return ()
@@ -34,13 +32,10 @@ def capability_facts(cc: tuple[int, int] | None) -> tuple[DeviceFact, ...]:
 
 
 def compute_capability(device: Accelerator | KnownDevice) -> tuple[int, int] | None:
-    """The compute capability the NVIDIA backend stated for a device or catalogue entry.
+    """The compute capability the NVIDIA backend stated for a device or catalogue entry (``(9, 0)``), or ``None``.
 
     Args:
         device: A device of the NVIDIA probe, or an entry of its catalogue.
-
-    Returns:
-        ``(major, minor)``, such as ``(9, 0)``; ``None`` where the device has no such fact.
     """
     value = device.fact(COMPUTE_CAPABILITY)
     if value is None:
