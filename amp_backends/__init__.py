@@ -18,12 +18,8 @@ from .version import __version__
 
 
 def _source_checkout_layout() -> None:
-    """Let a source checkout import ``amp_backends.backends`` as an installed copy does.
-
-    Installed (``pip install .``), the repository's ``backends/`` folder is ``amp_backends/backends``. Run
-    from the checkout's root, Python finds the checkout's ``amp_backends/`` first, which has no such
-    folder: this adds the repository root to the package's search path then. Two ``stat`` calls.
-    """
+    """Let a source checkout import ``amp_backends.backends`` (installed, the repository's ``backends/``) as an
+    installed copy does: the repository root joins the package's search path. Two ``stat`` calls."""
     here = _os.path.dirname(_os.path.abspath(__file__))
     root = _os.path.dirname(here)
     if not _os.path.isdir(_os.path.join(here, "backends")) and _os.path.isfile(
@@ -35,40 +31,17 @@ def _source_checkout_layout() -> None:
 _source_checkout_layout()
 
 # What a training script uses; a backend author's names are in amp_backends.backend_api.
-_LAZY = {
+_LAZY = {name: module for module, names in (
     # the plan: chosen and applied for this machine, or planned for another
-    "auto_configure": ".configure",
-    "current_plan": ".configure",
-    "plan_for": ".configure",
-    "known_devices": ".configure",
-    "configure_for_device": ".configure",
-    "reset": ".configure",
-    "Plan": ".plan",
-    "LossScale": ".loss_scale",
+    (".configure", ("auto_configure", "current_plan", "plan_for", "known_devices", "configure_for_device", "reset")),
+    (".plan", ("Plan",)), (".loss_scale", ("LossScale",)),
     # a model under the plan: prepared, checked (what should run), audited (what did run)
-    "prepare_model": ".prepare",
-    "Preparation": ".prepare",
-    "LayerPlan": ".layer_plan",
-    "check_model": ".model_check",
-    "ModelCheck": ".model_check",
-    "audit": ".auditing",
-    "audit_trace": ".auditing",
-    "Audit": ".auditing",
-    # training
-    "Trainer": ".training",
-    "TrainResult": ".training",
-    "Update": ".training",
-    "classifier_updates": ".training",
-    "gan_updates": ".training",
-    "Observer": ".training",
-    "ThroughputLogger": ".training",
-    "seed_everything": ".training",
-    "step_seed": ".training",
-    "LossScaler": ".training",
+    (".prepare", ("prepare_model", "Preparation")), (".layer_plan", ("LayerPlan",)),
+    (".model_check", ("check_model", "ModelCheck")), (".auditing", ("audit", "audit_trace", "Audit")),
+    (".training", ("Trainer", "TrainResult", "Update", "classifier_updates", "gan_updates", "Observer",
+                   "ThroughputLogger", "seed_everything", "step_seed", "LossScaler")),
     # the base of every error the library raises, and its warning (the others: amp_backends.errors)
-    "AmpError": ".errors",
-    "AmpWarning": ".errors",
-}
+    (".errors", ("AmpError", "AmpWarning"))) for name in names}
 
 __all__ = sorted(_LAZY) + ["__version__"]
 
@@ -93,13 +66,9 @@ _OLD_PATHS: dict[str, Any] = {
 
 
 def _old_module(old: str) -> Any:
-    """The module object that serves the old path ``amp_backends.<old>`` for one release (`_OLD_PATHS`).
-
-    It sits in ``sys.modules``, where the import system looks first, so ``from amp_backends.timing import
-    interleaved`` and ``import amp_backends.timing`` still work with no file of that name; each name read through
-    it warns (``DeprecationWarning``) and forwards. No code of the package runs here. The attribute
-    ``amp_backends.audit`` is never rebound: it stays the function, in every import order (``import
-    amp_backends.audit as m`` gives the function too).
+    """The module object that serves the old path ``amp_backends.<old>`` for one release (`_OLD_PATHS`): it sits in
+    ``sys.modules``, so both import forms work with no file of that name, and each name read through it warns and
+    forwards. The attribute ``amp_backends.audit`` is never rebound: it stays the function in every import order.
     """
     import importlib
     import importlib.machinery
@@ -155,18 +124,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .model_check import ModelCheck, check_model
     from .plan import Plan
     from .prepare import Preparation, prepare_model
-    from .training import (
-        LossScaler,
-        Observer,
-        ThroughputLogger,
-        Trainer,
-        TrainResult,
-        Update,
-        classifier_updates,
-        gan_updates,
-        seed_everything,
-        step_seed,
-    )
+    from .training import (LossScaler, Observer, ThroughputLogger, Trainer, TrainResult, Update, classifier_updates,
+                           gan_updates, seed_everything, step_seed)
 
 
 def __getattr__(name: str) -> Any:

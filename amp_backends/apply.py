@@ -1,9 +1,5 @@
-"""Apply a `Plan` to TensorFlow and whichever Keras is in use (2 or 3).
-
-The core sets what every backend shares — the Keras global dtype policy, TF32 execution, global XLA
-auto-clustering — and then hands the plan to its backend's `apply`
-for the vendor's own settings (ITEX's math mode and auto mixed precision, hiding accelerators from a CPU
-plan).
+"""Apply a `Plan` to TensorFlow and whichever Keras is in use: the core sets the Keras global dtype policy, TF32 and
+XLA auto-clustering, then the plan's backend its own settings (`Backend.apply`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""The vocabulary a backend judges its hardware in: support levels, `Support`, `Assessment`.
-
-A backend's `assess` returns an `Assessment`: for each
-setting the planner resolves (dtype policy, TF32, XLA, graph-level automatic mixed precision, float8
-training), how well the hardware supports it and why; which matrix units run which precision
-(`MatrixUnit`, read by the precision check); and how many training steps Keras ``fit`` should run per
-compiled call there. The planner (`amp_backends.planner`) turns that into a
-`Plan`, which carries the assessment along, so nobody has to assess twice.
-
-`VendorSetting` is how a backend carries its own settings (ITEX's math mode, say) through the
-plan to its `apply` and into the report, without the core knowing
-what they mean.
+"""The vocabulary a backend judges its hardware in: support levels, `Support`, `Assessment` (how well each setting
+runs and why, which `MatrixUnit` runs which precision), and `VendorSetting`, a backend's own setting carried
+through the plan to its `apply` without the core knowing what it means.
 """
 
 from __future__ import annotations
@@ -33,11 +24,8 @@ MATRIX_DTYPES = ("float16", "bfloat16", "float32", "float8")
 
 @dataclass(frozen=True)
 class Support:
-    """How a device supports one setting, and why.
-
-    ``why`` is the whole reason (the figures it quotes included); ``brief`` the same in a few words, for a
-    one-line summary (`short`); ``evidence`` the measurements it quotes (`Evidence`).
-    """
+    """How a device supports one setting, and why: ``why`` in full, ``brief`` in a few words (`short`), and the
+    measurements it quotes (``evidence``)."""
 
     level: str
     why: str
@@ -80,12 +68,8 @@ DEFAULT_STEPS_WHY = "Keras's default (one training step per compiled call): not 
 
 @dataclass(frozen=True)
 class MatrixUnit:
-    """The matrix unit that runs one precision's matmuls and convolutions, and the alignment it needs.
-
-    ``alignment`` is in elements: the dimensions (units, channels, batch rows) it runs at full efficiency
-    are multiples of it — 16 bytes on NVIDIA Tensor Cores, so 8 for float16/bfloat16, 4 for TF32, 16 for
-    float8.
-    """
+    """The matrix unit that runs one precision's matmuls and convolutions, and the ``alignment`` (in elements) of
+    the dimensions it runs at full efficiency (16 bytes on Tensor Cores: 8 for float16, 4 for TF32, 16 for float8)."""
 
     name: str
     alignment: int
@@ -96,14 +80,9 @@ class MatrixUnit:
 
 @dataclass(frozen=True)
 class Float32Layer:
-    """Keras layers that train slower in a low-precision compute dtype than in float32 on this hardware, with
-    the casts into and out of them counted: a plan under one of ``dtypes`` keeps them in float32.
-
-    ``layer`` is a Keras class name (``"DepthwiseConv2D"``); layers of a subclass match too. Without
-    conditions every such layer matches; with ``strides_over`` / ``kernel_over`` only those with a stride above
-    it or a kernel dimension above it (either suffices). ``dtypes`` are compute dtypes (``"bfloat16"``,
-    ``"float16"``); ``why`` quotes the measurement.
-    """
+    """Keras layers (``layer``, a class name; subclasses match) that train slower in a compute dtype of ``dtypes``
+    than in float32 here, casts counted: a plan under one keeps them in float32. With ``strides_over`` /
+    ``kernel_over``, only those with a stride or a kernel dimension above it (either suffices) match."""
 
     layer: str
     dtypes: tuple[str, ...]
@@ -148,15 +127,13 @@ def describe_layers(rules: Iterable[Float32Layer]) -> str:
 
 @dataclass(frozen=True)
 class PeerVerdict:
-    """A configuration a user would pick instead of the plan (a `amp_backends.registry.Peer`: another math
-    library, a graph rewrite), judged from committed benchmark runs on a machine of this kind.
+    """A configuration a user would pick instead of the plan (a `amp_backends.registry.Peer`), judged from
+    committed benchmark runs on a machine of this kind.
 
     Attributes:
         name: The peer's name in the model zoo (``"fp32 grappler-bf16"``).
-        won: Whether it beat the plan in every measured repetition of every measured model, by the margin
-            decisions need; the plan then warns that a faster configuration was measured.
-        why: What was measured, with its figures, machine and file, or that nothing was measured on a machine
-            of this kind.
+        won: Whether it beat the plan in every measured repetition of every model (the plan then warns).
+        why: What was measured, with its figures, machine and file, or that nothing was.
         evidence: The figures quoted.
         graph_rewrite: Whether the peer is the backend's own graph rewrite (what ``graph_amp=on`` asks for).
     """
@@ -172,22 +149,11 @@ class PeerVerdict:
 class Assessment:
     """A backend's judgement of its probe, from which the planner builds a `Plan`.
 
-    ``policies`` holds an entry for each of ``float32``, ``mixed_float16`` and ``mixed_bfloat16``;
-    ``preference`` lists dtype policies best first, and the planner takes the first one whose support is
-    ``native`` (so at least one must be). ``graph_amp`` says whether the backend can rewrite a float32
-    graph to low precision itself instead of a Keras policy (its reason names the rewrite), to which of
-    ``graph_amp_dtypes`` (``bfloat16``, ``float16``).
-
-    ``fp8`` is how the devices run Keras's float8 layers with XLA on (the planner adds what the Keras version
-    and the XLA setting change). ``matrix_units`` maps a compute dtype — ``float16``, ``bfloat16``,
-    ``float32`` (its TF32-like mode, in effect when the plan's ``tf32`` is on), ``float8`` (in effect when the
-    plan's ``fp8`` is on) — to the `MatrixUnit` that runs its matmuls; a dtype without one runs on the
-    ordinary cores. ``steps_per_execution`` is the number of training steps Keras ``fit`` runs per compiled
-    call on this hardware, with ``steps_per_execution_why``. ``float32_layers`` are the layer kinds that
-    train faster kept in float32 inside a low-precision model here (`Float32Layer`), and
-    ``float32_layers_why`` says why there are none, when there are none. ``peers`` are what a user of this
-    hardware would pick instead, judged from committed runs (`PeerVerdict`): the plan lists those that lost
-    among its rejected alternatives and warns about one that won.
+    ``policies`` holds each of `POLICIES`; the planner takes the first of ``preference`` whose support is
+    ``native`` (so one must be). ``graph_amp`` is the backend's own rewrite of a float32 graph to one of
+    ``graph_amp_dtypes``; ``fp8`` how Keras's float8 layers run with XLA on. ``matrix_units`` maps a compute dtype
+    (``float32``: its TF32-like mode) to its `MatrixUnit`. ``float32_layers`` are kinds that train faster kept in
+    float32 here (``float32_layers_why``: why none); ``peers`` what a user would pick instead (`PeerVerdict`).
     """
 
     backend: str
@@ -242,13 +208,9 @@ class Assessment:
     def to_dict(self) -> dict[str, Any]:
         """The support table, as the report and ``Plan.to_dict`` show it."""
         return {
-            "policies": {p: s.to_dict() for p, s in self.policies.items()},
-            "preference": list(self.preference),
-            "tf32": self.tf32.to_dict(),
-            "xla": self.xla.to_dict(),
-            "graph_amp": self.graph_amp.to_dict(),
-            "fp8": self.fp8.to_dict(),
-            "matrix_units": {d: u.to_dict() for d, u in self.matrix_units.items()},
+            "policies": {p: s.to_dict() for p, s in self.policies.items()}, "preference": list(self.preference),
+            "tf32": self.tf32.to_dict(), "xla": self.xla.to_dict(), "graph_amp": self.graph_amp.to_dict(),
+            "fp8": self.fp8.to_dict(), "matrix_units": {d: u.to_dict() for d, u in self.matrix_units.items()},
             "steps_per_execution": {"value": self.steps_per_execution, "why": self.steps_per_execution_why,
                                     "evidence": [e.to_dict() for e in self.steps_per_execution_evidence]},
             "float32_layers": [k.to_dict() for k in self.float32_layers] or self.float32_layers_why,

@@ -1,37 +1,15 @@
 """What a backend author needs: the interface a vendor backend implements and the data it fills and reads.
 
-A backend (``backends/nvidia``, ``backends/intel``, ``backends/cpu``, or a third party's distribution) is a
-`Backend` registered in the ``amp_backends.backends`` entry point group. The planner asks each one to
-probe its hardware (a `BackendProbe` of `Accelerator` devices, each with its vendor's `DeviceFact` values,
-or the host's `CpuInfo`), to assess what that hardware runs (an `Assessment`: a `Support` level per
-policy and setting, the `MatrixUnit` per dtype, the `Float32Layer` kinds it keeps in
-float32), to name its own `VendorSetting` values for a plan, and to apply them; the audit asks it how
-to read the kernels that ran (a `KernelAudit`, turning a `Capture` into a `KernelReading` of
-`KernelRecord` values). `make_plan`
-decides the `Plan` from a `Hardware` description and a `Request`
-(`build_request`), with a `BackendRegistry` (`default_registry`: the installed ones).
-
-A training script needs none of this: it uses ``amp_backends`` itself (``auto_configure``, ``plan_for``,
-``Trainer``, ...). Everything here is plain data and pure functions: importing this module imports no
-TensorFlow.
+A backend is a `Backend` registered in the ``amp_backends.backends`` entry point group: it probes its hardware
+(a `BackendProbe`), assesses it (an `Assessment`), names and applies its `VendorSetting` values, and tells the
+audit how to read its kernels (a `KernelAudit`); `make_plan` decides the `Plan`. A training script needs none of
+this. Everything here is plain data and pure functions: importing it imports no TensorFlow.
 """
 
 from __future__ import annotations
 
-from .assessment import (
-    EMULATED,
-    FUNCTIONAL,
-    LEVELS,
-    NATIVE,
-    UNSAFE,
-    UNSUPPORTED,
-    Assessment,
-    Float32Layer,
-    MatrixUnit,
-    PeerVerdict,
-    Support,
-    VendorSetting,
-)
+from .assessment import (EMULATED, FUNCTIONAL, LEVELS, NATIVE, UNSAFE, UNSUPPORTED, Assessment, Float32Layer,
+                         MatrixUnit, PeerVerdict, Support, VendorSetting)
 from .evidence import RESULTS_DIR, Evidence, Results, load_results, quote_results, results_evidence
 from .hardware import (BF16, FP8, FP16, GB, TENSOR_CORES, TF32, XMX, Accelerator, BackendProbe, CpuInfo,
                        DeviceFact, Hardware, KnownDevice)

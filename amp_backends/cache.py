@@ -1,14 +1,13 @@
-"""The package's answers kept between runs: one JSON file per kind, written atomically, read tolerantly.
+"""The package's answers kept between runs (autotune's choices, the per-layer precision choices): one JSON file
+per kind, written atomically, read tolerantly.
 
-Autotune's choices and the measured per-layer precision choices are cached, so that the same model on the
-same machine gets the same answer every run without timing again. The folder is ``$AMP_CACHE_DIR``, else
-``$XDG_CACHE_HOME/amp_backends``, else ``~/.cache/amp_backends`` (a relative path is taken against the
-working directory). A damaged file is read as empty (and rewritten on the next store); a file that cannot
-be written is skipped with a warning: a cache never stops training.
+The folder is ``$AMP_CACHE_DIR``, else ``$XDG_CACHE_HOME/amp_backends``, else ``~/.cache/amp_backends``. A damaged
+file reads as empty; a file that cannot be written is skipped with a warning: a cache never stops training.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -22,10 +21,8 @@ logger = logging.getLogger("amp_backends")
 
 def cache_dir() -> Path:
     """The cache folder, absolute (``~`` expanded)."""
-    if os.environ.get("AMP_CACHE_DIR"):
-        path = os.environ["AMP_CACHE_DIR"]
-    else:
-        path = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "amp_backends")
+    path = os.environ.get("AMP_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "amp_backends")
     return Path(os.path.abspath(os.path.expanduser(path)))
 
 
@@ -70,15 +67,11 @@ def store(path: Path, key: str, value: Any) -> bool:
     return True
 
 
-_MACHINE: list[str] = []
-
-
+@functools.cache
 def host_machine() -> str:
     """This machine's CPU as the OS names it (``/proc/cpuinfo``'s model name, family and model; else the
     platform's processor string): part of every cache key, so that a cache copied to another machine is not
     taken for its own."""
-    if _MACHINE:
-        return _MACHINE[0]
     import platform
 
     fields: dict[str, str] = {}
@@ -95,5 +88,4 @@ def host_machine() -> str:
         pass
     name = fields.get("model name") or platform.processor() or platform.machine() or "unknown"
     extra = "/".join(fields[k] for k in ("cpu family", "model", "CPU part") if k in fields)
-    _MACHINE.append(f"{name}{' (' + extra + ')' if extra else ''}")
-    return _MACHINE[0]
+    return f"{name}{' (' + extra + ')' if extra else ''}"

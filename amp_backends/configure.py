@@ -34,20 +34,15 @@ class _State:
 
     def reset(self) -> None:
         with self.lock:
-            self.request = None
-            self.registry = None
-            self.plan = None
+            self.request = self.registry = self.plan = None
 
 
 _state = _State()
 
 
 def reset() -> None:
-    """Forget the plan applied in this process, so the next `auto_configure` plans and applies again.
-
-    TensorFlow and Keras settings already applied stay as they are (the dtype policy of layers already
-    built cannot change).
-    """
+    """Forget the plan applied in this process, so the next `auto_configure` plans and applies again (settings
+    already applied stay as they are)."""
     _state.reset()
 
 
@@ -55,8 +50,7 @@ def current_plan() -> Plan | None:
     """The plan applied by the last `auto_configure` in this process, if any.
 
     Returns:
-        The `Plan`, or ``None`` before the first `auto_configure` (or after
-        `reset`).
+        The `Plan`, or ``None`` before the first `auto_configure` (or after `reset`).
     """
     return _state.plan
 
@@ -72,25 +66,14 @@ def ensure_visible_logging() -> None:
         logger.propagate = False
 
 
-def plan_for(
-    hardware: Hardware | None = None,
-    *,
-    device: str | None = None,
-    registry: BackendRegistry | None = None,
-    environ: dict[str, str] | None = None,
-    keras: KerasInfo | None = None,
-    **overrides: Any,
-) -> Plan:
+def plan_for(hardware: Hardware | None = None, *, device: str | None = None, registry: BackendRegistry | None = None,
+             environ: dict[str, str] | None = None, keras: KerasInfo | None = None, **overrides: Any) -> Plan:
     """The plan for ``hardware`` (probed now if ``None``) under the overrides, without applying it.
-
-    ``device`` plans for a device of the catalogue instead (a name from `known_devices`, such as
-    ``"h100"``, ``"a100-80gb"`` or ``"sapphire-rapids"``; any case): hardware you do not have. ``keras`` is
-    the Keras to plan for (float8 training needs Keras >= 3.3); by default the one ``tf.keras`` is, read from
-    package metadata (or from TensorFlow, if imported).
 
     Args:
         hardware: The machine to plan for, as the probes describe it; ``None`` probes this one.
-        device: A catalogue device to plan for instead of ``hardware``.
+        device: A catalogue device to plan for instead of ``hardware`` (a name from `known_devices`, such as
+            ``"h100"`` or ``"sapphire-rapids"``; any case): hardware you do not have.
         registry: The backends to plan with (default: the installed ones).
         environ: The environment the ``AMP_*`` overrides are read from (default: ``os.environ``).
         keras: The Keras version to plan for (default: the installed one).
@@ -122,33 +105,25 @@ def plan_for(
     return plan
 
 
-def quiet_plan_for(hardware: Hardware | None = None, *, device: str | None = None,
-                   registry: BackendRegistry | None = None, environ: dict[str, str] | None = None,
-                   keras: KerasInfo | None = None, **overrides: Any) -> Plan:
+def quiet_plan_for(hardware: Hardware | None = None, **kwargs: Any) -> Plan:
     """`plan_for` without its `AmpWarning` (for a report that shows the plan's warnings itself).
 
     Args:
         hardware: The machine to plan for; ``None`` probes this one.
-        device: A catalogue device to plan for instead of ``hardware``.
-        registry: The backends to plan with (default: the installed ones).
-        environ: The environment the ``AMP_*`` overrides are read from (default: ``os.environ``).
-        keras: The Keras version to plan for (default: the installed one).
-        **overrides: `auto_configure`'s keywords.
+        **kwargs: `plan_for`'s other keywords.
 
     Returns:
         The plan, not applied; its ``warnings`` say what `plan_for` would warn.
 
     Raises:
-        AmpConfigError: As `plan_for`.
-        UnsupportedRequestError: As `plan_for`.
-        BackendError: As `plan_for`.
+        AmpConfigError, UnsupportedRequestError, BackendError: As `plan_for`.
     """
     plan: Plan | None = None
     error: BaseException | None = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            plan = plan_for(hardware, device=device, registry=registry, environ=environ, keras=keras, **overrides)
+            plan = plan_for(hardware, **kwargs)
         except BaseException as exc:  # (raised below, after the warnings)
             error = exc
     for w in caught:  # every other warning (an old keyword's, a failing backend's) as it came
@@ -163,10 +138,8 @@ def quiet_plan_for(hardware: Hardware | None = None, *, device: str | None = Non
 def configure_for_device(device: str, *, registry: BackendRegistry | None = None, environ: dict[str, str] | None = None,
                          **overrides: Any) -> Plan:
     """Plan for a catalogue device and set that plan's Keras dtype policy in this process, so that models built
-    next compute as they would on the device (for ``check_model`` and ``amp-backends check --device``).
-
-    Nothing else is applied: TF32, XLA and the vendor's settings belong to the device's machine, not this one,
-    and `current_plan` stays this machine's. The overrides are `plan_for`'s.
+    next compute as they would on the device (``check_model``); nothing else is applied, and `current_plan` stays
+    this machine's.
 
     Args:
         device: A catalogue device name or alias (``"h100"``, ``"zen3"``).
@@ -215,55 +188,30 @@ def _probe(registry: BackendRegistry, use_tensorflow: bool) -> Hardware:
     return probe_hardware(registry, use_tensorflow=use_tensorflow)
 
 
-def auto_configure(
-    *,
-    backend: str | None = None,
-    policy: str | None = None,
-    xla: bool | str | None = None,
-    tf32: bool | str | None = None,
-    loss_scale: str | float | LossScale | None = None,
-    graph_amp: bool | str | None = None,
-    fp8: bool | str | None = None,
-    float32_layers: str | Sequence[str] | None = None,
-    strict: bool | None = None,
-    force: bool | None = None,
-    apply: bool = True,
-    verbose: bool = True,
-    registry: BackendRegistry | None = None,
-    itex_amp: bool | str | None = None,
-) -> Plan:
+def auto_configure(*, backend: str | None = None, policy: str | None = None, xla: bool | str | None = None,
+                   tf32: bool | str | None = None, loss_scale: str | float | LossScale | None = None,
+                   graph_amp: bool | str | None = None, fp8: bool | str | None = None,
+                   float32_layers: str | Sequence[str] | None = None, strict: bool | None = None,
+                   force: bool | None = None, apply: bool = True, verbose: bool = True,
+                   registry: BackendRegistry | None = None, itex_amp: bool | str | None = None) -> Plan:
     """Detect the hardware, choose the fastest safe mixed-precision plan, apply it and return it.
 
-    Call it at the top of a training script, before building models: the Keras dtype policy applies
-    to layers created afterwards. Each keyword overrides the automatic choice and defaults to the
-    matching ``AMP_*`` environment variable (see `amp_backends.request`); an invalid value raises
-    `AmpConfigError` naming the valid ones. A request the hardware cannot
-    honour is downgraded with an `AmpWarning` (or raises with
-    ``strict=True``). A backend that fails (to load, probe or assess) is skipped with a warning and the
-    next one is used; asking for it by name raises `BackendError`.
-
-    Applying sets the Keras global dtype policy, TF32 execution (``tf.config``), turns global XLA
-    auto-clustering off when the plan has XLA off, and the backend's own settings (ITEX's math mode, its graph
-    rewrite under ``graph_amp``). Training code reads ``plan.xla`` (``jit_compile``) and ``plan.loss_scale``;
-    the trainer does so, and Keras ``fit`` does through ``plan.wrap_optimizer`` and ``plan.compile_kwargs``.
-    ``fp8`` (off by default) trains the eligible Dense layers in float8 once ``prepare_model(model, plan)``
-    quantizes them; ``float32_layers`` (``auto``: those measured slower in the policy's low precision here,
-    ``none``, or Keras class names) are the layers ``prepare_model`` and the trainer keep in float32.
-    Calling again with the same overrides returns the same plan without planning again, its Keras dtype policy
-    set again where something set another since (`configure_for_device`); `reset` forgets it. ``registry``
-    replaces the installed backends (tests, tools).
+    Call it at the top of a training script, before building models: the Keras dtype policy applies to layers
+    created afterwards. Each keyword defaults to its ``AMP_*`` environment variable (`amp_backends.request`). A
+    request the hardware cannot honour is downgraded with an `AmpWarning` (or raises with ``strict=True``); a
+    backend that fails is skipped with a warning. Applying sets the Keras global dtype policy, TF32, XLA
+    auto-clustering (off when the plan's XLA is) and the backend's own settings; Keras ``fit`` follows the rest
+    through ``plan.wrap_optimizer`` and ``plan.compile_kwargs``. Calling again with the same overrides returns the
+    same plan (its dtype policy set again if something changed it); `reset` forgets it.
 
     Args:
         backend: ``"auto"`` or a backend's name (``"nvidia"``, ``"intel"``, ``"cpu"``, or any registered one).
-        policy: ``"auto"``, ``"float32"``, ``"mixed_float16"`` or ``"mixed_bfloat16"`` (also ``"fp16"``,
-            ``"bf16"``, ``"fp32"``).
+        policy: ``"auto"``, ``"float32"``, ``"mixed_float16"`` or ``"mixed_bfloat16"`` (or ``"fp16"``...).
         xla: ``"auto"``, ``"on"`` or ``"off"`` (also ``True``/``False``, ``1``/``0``).
         tf32: ``"auto"``, ``"on"`` or ``"off"``: TF32 (or ITEX's BF32) for the float32 parts.
-        loss_scale: ``"auto"``, ``"dynamic"``, ``"none"``, a fixed scale (``1024``), or a
-            `LossScale`.
+        loss_scale: ``"auto"``, ``"dynamic"``, ``"none"``, a fixed scale (``1024``), or a `LossScale`.
         graph_amp: ``"on"``/``"off"``: the backend rewrites the float32 graph to low precision itself instead of
-            a Keras policy, where it has such a rewrite (ITEX's auto mixed precision on Intel GPUs, TensorFlow's
-            oneDNN bfloat16 rewrite on CPUs with bf16 instructions); the plan's ``graph_amp`` reason names it.
+            a Keras policy, where it has such a rewrite (the plan's ``graph_amp`` reason names it).
         fp8: ``"auto"``, ``"on"`` or ``"off"``: float8 training of the eligible Dense layers (off by default).
         float32_layers: ``"auto"``, ``"none"``, or Keras layer class names to keep in float32.
         strict: Raise `UnsupportedRequestError` instead of downgrading a request.
@@ -282,12 +230,9 @@ def auto_configure(
         BackendError: A backend asked for by name failed, or none is left.
     """
     registry = registry or default_registry()
-    request = build_request(
-        registry.known_names(),
-        backend=backend, policy=policy, xla=xla, tf32=tf32, loss_scale=loss_scale,
-        graph_amp=graph_amp, fp8=fp8, float32_layers=float32_layers, strict=strict, force=force,
-        itex_amp=itex_amp,
-    )
+    request = build_request(registry.known_names(), backend=backend, policy=policy, xla=xla, tf32=tf32,
+                            loss_scale=loss_scale, graph_amp=graph_amp, fp8=fp8, float32_layers=float32_layers,
+                            strict=strict, force=force, itex_amp=itex_amp)
     with _state.lock:
         if apply and _state.plan is not None and _state.request == request and _state.registry is registry:
             _restore_policy(_state.plan)

@@ -1,23 +1,10 @@
-"""A catalogue of known devices, to plan for hardware this machine does not have.
+"""A catalogue of known devices, to plan for hardware this machine does not have (``plan_for(device="h100")``).
 
-The entries belong to the vendor backends: each backend lists its own (`catalogue`)
-and describes one as its probe would see it (`describe`, with the same probe builder its real probe reports
-through); this module gathers them from the registered backends, finds one by name and builds the machine it
-describes (`machine_of`, with which the tests build their fake machines too).
-
-Each entry describes one device as its probe would see it — the same `Hardware`,
-`BackendProbe` and `Accelerator` objects the real
-probes fill — with where its figures come from (the vendor's datasheet or specification page for the
-name, compute capability, memory and instruction sets). ``plan_for(device="h100")`` plans for it::
-
-    >>> import amp_backends
-    >>> amp_backends.known_devices()          # the names, such as "h100", "a100", "sapphire-rapids"
-    >>> print(amp_backends.plan_for(device="h100"))
-
-Names are case-insensitive; spaces, dashes and underscores are interchangeable, and each device has aliases
-("a100-80gb", "nvidia h100", "spr"). A described machine is the device alone, with TensorFlow's usual
-software on it (TensorFlow 2.21 for NVIDIA GPUs and CPUs, TensorFlow 2.15 with ITEX 2.15 for Intel GPUs,
-``TF_ENABLE_ONEDNN_OPTS`` unset): the plan is what ``auto_configure()`` would choose there.
+The entries belong to the vendor backends: each lists its own (`catalogue`), with the sources of its figures,
+and describes one as its probe would see it (`describe`); this module gathers them from the registered
+backends, finds one by name (any case; spaces, dashes and underscores alike; aliases) and builds the machine it
+describes (`machine_of`, which the tests' fake machines use too). A described machine is the device alone with
+its usual software (TensorFlow 2.21; 2.15 with ITEX for Intel GPUs; ``TF_ENABLE_ONEDNN_OPTS`` unset).
 """
 
 from __future__ import annotations
@@ -32,6 +19,13 @@ from .hardware import GB, BackendProbe, DeviceFact, Hardware, KnownDevice
 if TYPE_CHECKING:  # pragma: no cover
     from .registry import BackendRegistry
 
+
+def _installed(registry: BackendRegistry | None) -> BackendRegistry:
+    from .registry import default_registry
+
+    return registry if registry is not None else default_registry()
+
+
 def catalogue(registry: BackendRegistry | None = None) -> tuple[KnownDevice, ...]:
     """Every registered backend's catalogue entries, the highest-priority backend's first.
 
@@ -39,15 +33,10 @@ def catalogue(registry: BackendRegistry | None = None) -> tuple[KnownDevice, ...
         registry: The backends to ask (default: the installed ones).
 
     Returns:
-        The entries, each backend's in its own order. A backend whose catalogue fails is left out (its
-        devices then count as unknown), as a backend that fails to probe is.
+        The entries, each backend's in its own order (a backend whose catalogue fails is left out).
     """
-    if registry is None:
-        from .registry import default_registry
-
-        registry = default_registry()
     entries: list[KnownDevice] = []
-    for backend in registry:
+    for backend in _installed(registry):
         try:
             entries.extend(backend.catalogue())
         except Exception:  # a broken third-party backend must not hide the others' devices
@@ -60,23 +49,11 @@ def canonical(name: str) -> str:
     return re.sub(r"[\s_]+", "-", name.strip().lower())
 
 
-def _index(entries: tuple[KnownDevice, ...]) -> dict[str, KnownDevice]:
-    index: dict[str, KnownDevice] = {}
-    for device in entries:
-        for key in (device.name, *device.aliases):
-            index[canonical(key)] = device
-            index[canonical(key).replace("-", "")] = device
-    return index
-
-
 def known_devices(registry: BackendRegistry | None = None) -> tuple[str, ...]:
-    """The catalogue's device names, for ``plan_for(device=...)`` and ``--device``.
+    """The catalogue's device names, the highest-priority backend's first, for ``plan_for(device=...)``.
 
     Args:
         registry: The backends whose catalogues count (default: the installed ones).
-
-    Returns:
-        The names, the highest-priority backend's first.
     """
     return tuple(d.name for d in catalogue(registry))
 
@@ -99,7 +76,9 @@ def find_device(name: str, registry: BackendRegistry | None = None) -> KnownDevi
     if not isinstance(name, str) or not name.strip():
         raise AmpConfigError(f"device must be a device name such as 'h100'. Received: {name!r}. "
                              f"Known devices: {names}.")
-    index = _index(entries)
+    # every name and alias, with and without its dashes
+    index = {form: device for device in entries for alias in (device.name, *device.aliases)
+             for form in (canonical(alias), canonical(alias).replace("-", ""))}
     key = canonical(name)
     device = index.get(key) or index.get(key.replace("-", ""))
     if device is None:
@@ -118,16 +97,12 @@ def device_hardware(device: KnownDevice | str, registry: BackendRegistry | None 
         registry: The backends to describe it with (default: the installed ones).
 
     Returns:
-        A machine with the device alone: its backend's probe of it, the other backends not available, and the
-        device types TensorFlow would list there.
+        A machine with the device alone (the other backends not available).
 
     Raises:
         AmpConfigError: ``device`` is a name the catalogue does not know.
     """
-    if registry is None:
-        from .registry import default_registry
-
-        registry = default_registry()
+    registry = _installed(registry)
     if isinstance(device, str):
         device = find_device(device, registry)
     owner = registry.get(device.backend)
@@ -138,20 +113,14 @@ def device_hardware(device: KnownDevice | str, registry: BackendRegistry | None 
 
 def machine_of(probes: Iterable[BackendProbe], backends: Iterable[str], absent: Callable[[str], str],
                tf_device_types: frozenset[str] | None = None) -> Hardware:
-    """A described machine: the given probes, and every other backend not available there.
-
-    `device_hardware` builds a catalogue device's machine with it, and the tests their fake machines, from the
-    probes the backends' own builders give (``describe`` and the functions it calls).
+    """A described machine (a catalogue device's, the tests' fakes): the given probes, then every other backend, not
+    available there.
 
     Args:
         probes: The probes of the backends present, in their order.
-        backends: Every backend's name, highest priority first (``registry.names()``); those without a probe
-            in ``probes`` follow them as unavailable, in this order.
+        backends: Every backend's name, highest priority first (``registry.names()``).
         absent: The reason an absent backend gives, from its name.
         tf_device_types: The device types TensorFlow would list there (``None``: TensorFlow not consulted).
-
-    Returns:
-        The machine.
     """
     present = tuple(probes)
     given = {p.backend for p in present}

@@ -1,44 +1,10 @@
 """Every exception and warning amp_backends raises, in one place.
 
-Every error the library raises on purpose is an `AmpError` (``except amp_backends.AmpError``; the
-classes below are imported from here: ``from amp_backends.errors import InputError``), and
-also the builtin a caller would catch without knowing the library (``ValueError`` for bad input,
-``RuntimeError`` for a failure). `TrainingInterrupted` is the one exception that is no ``AmpError``:
-it is a ``KeyboardInterrupt``, so that ``except Exception`` (and ``except AmpError``) never swallows a stop.
-
-===========================  =====================  ==============================================================
-class                        bases                  raised when
-===========================  =====================  ==============================================================
-``AmpError``                 ``Exception``          (the base; never raised itself)
-``AmpConfigError``           ``AmpError``,          an override (keyword or ``AMP_*`` variable) has an invalid value
-                             ``ValueError``
-``UnsupportedRequestError``  ``AmpConfigError``     a valid request this hardware cannot honour, with ``strict``
-``ClusterConfigError``       ``AmpConfigError``     ``TF_CONFIG`` or the cluster it describes is unusable
-``FactoryError``             ``AmpError``,          a ``MODULE:FACTORY`` model factory is malformed, cannot be
-                             ``ValueError``         imported or is not a function (``check``, ``audit``)
-``BackendError``             ``AmpError``,          a backend failed (load, probe, assess, apply) where it was
-                             ``RuntimeError``       needed: asked for by name, or no backend is left at all
-``NonFiniteError``           ``AmpError``,          training cannot continue: too many non-finite steps, or
-                             ``RuntimeError``       non-finite weights
-``DistributedFailure``       ``AmpError``,          a collective failed or timed out (a worker died or hangs)
-                             ``RuntimeError``
-``DataUnavailableError``     ``AmpError``,          a dataset could not be found or read
-                             ``RuntimeError``
-``InputError``               ``AmpError``,          data given to the trainer cannot be trained on as given
-                             ``ValueError``
-``ModelCallError``           ``AmpError``,          a model given to the precision check does not run on its inputs
-                             ``RuntimeError``       (names the layer whose own code raised, and its inputs)
-``CheckpointError``          ``AmpError``,          checkpoints cannot be used as asked (another run's, none intact)
-                             ``RuntimeError``       or written (a full disk, no permission, a read-only file system)
-``CheckpointMismatchError``  ``CheckpointError``    a checkpoint of other models than the ones being trained
-``TrainingInterrupted``      ``KeyboardInterrupt``  Ctrl-C or SIGTERM stopped training (after saving, when it can)
-``AmpWarning``               ``UserWarning``        a request was downgraded, or honoured although known to be slow
-===========================  =====================  ==============================================================
-
-Each message says what was expected, what was received and how to fix it. TensorFlow's own errors are read
-here too: `lookup_error` turns a gather past its table into the `InputError` that names the data's fault,
-`xla_compile_failure` tells XLA failing to compile a call (the trainer then compiles without it) from any other
-error, and `write_failure` says in a few words why a file could not be written.
+Every error the library raises on purpose is an `AmpError` and also the builtin a caller would catch without
+knowing the library (``ValueError`` for bad input, ``RuntimeError`` for a failure); each message says what was
+expected, what was received and how to fix it. `TrainingInterrupted` is no ``AmpError`` but a
+``KeyboardInterrupt``, so that ``except Exception`` never swallows a stop. TensorFlow's own errors are read here
+too (`lookup_error`, `xla_compile_failure`, `write_failure`).
 """
 
 from __future__ import annotations
@@ -71,21 +37,15 @@ class FactoryError(AmpError, ValueError):
 
 
 class BackendError(AmpError, RuntimeError):
-    """A backend failed to load, probe, assess or apply where it was needed; the message names it and why.
-
-    A failing backend never breaks the others: `auto_configure` records the failure
-    and plans with the next available backend. This is raised only when the failed backend was asked
-    for by name (``backend=`` / ``AMP_BACKEND``), when no backend is left, or when the selected backend
-    fails while its plan is being applied.
-    """
+    """A backend failed to load, probe, assess or apply where it was needed (asked for by name, the last one left,
+    or the selected one applying its plan): otherwise the next backend is planned with. The message says why."""
 
 
 class NonFiniteError(AmpError, RuntimeError):
     """Training cannot continue: too many non-finite steps under a fixed loss scale, or non-finite weights.
 
-    Besides its message it carries the remedy as data, for a command line to say in its own flags:
-    ``overrides`` (plan overrides to change, such as ``{"loss_scale": "fixed:16"}``) and ``resume``
-    (whether a saved finite state can be continued).
+    It carries the remedy as data, for a command line to say in its own flags: ``overrides`` (plan overrides to
+    change, such as ``{"loss_scale": "fixed:16"}``) and ``resume`` (whether a saved finite state can be continued).
     """
 
     def __init__(self, message: str, *, overrides: dict[str, str] | None = None, resume: bool = False) -> None:
@@ -138,9 +98,8 @@ class CheckpointMismatchError(CheckpointError):
 class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C (SIGINT) or SIGTERM stopped training after the current call; ``checkpoint`` is where it was saved.
 
-    A ``KeyboardInterrupt`` and no `AmpError`, so a program that does not catch it by name ends as
-    Ctrl-C ends it (``except Exception`` does not catch it); ``exit_code`` is the shell's convention (130 for
-    SIGINT, 143 for SIGTERM).
+    A ``KeyboardInterrupt``, so a program that does not catch it by name ends as Ctrl-C ends it; ``exit_code`` is
+    the shell's convention (130 for SIGINT, 143 for SIGTERM).
     """
 
     def __init__(self, signum: int, step: int, checkpoint: str | None, message: str) -> None:
@@ -162,8 +121,8 @@ _NODE = re.compile(r"\{\{node ([^}]+)\}\}")
 
 
 def lookup_error(message: str, first_step: int | None, steps: int = 1) -> InputError | None:
-    """TensorFlow's error for a gather past its table (``indices[1,44] = 8192 is not in [0, 8192)``), said as the
-    data's fault with the fix.
+    """TensorFlow's error for a gather past its table (``indices[1,44] = 8192 is not in [0, 8192)``) as the data's
+    fault, with the fix.
 
     Args:
         message: TensorFlow's error message.
@@ -205,8 +164,7 @@ def xla_compile_failure(exc: BaseException) -> str | None:
         exc: An error raised by calling a compiled function.
 
     Returns:
-        The reason for people (the ops without an XLA kernel, or the first line of XLA's message), or ``None``
-        where ``exc`` is any other error (a runtime failure, memory exhausted, bad input).
+        The reason for people (the ops without an XLA kernel, or XLA's first line), or ``None`` for any other error.
     """
     if type(exc).__name__ not in _XLA_ERRORS or not type(exc).__module__.startswith("tensorflow"):
         return None
@@ -226,8 +184,8 @@ def write_failure(exc: BaseException) -> str:
         exc: The error the write raised (an ``OSError``, or TensorFlow's error for a file it writes).
 
     Returns:
-        The operating system's words where it gave them (``No space left on device``, ``Read-only file system``,
-        ``Permission denied``), else the error's class and the start of its message.
+        The operating system's words where it gave them (``No space left on device``...), else the error's class
+        and the start of its message.
     """
     text = " ".join(str(exc).split())
     return next((r for r in ("No space left on device", "Read-only file system", "Permission denied") if r in text),

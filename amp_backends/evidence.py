@@ -1,9 +1,6 @@
 """The measurements a decision rests on: `Evidence` (a file's figures, with its machine), and the committed
-results files the reasons quote (`Results`, `load_results`, `quote_results`), read from the repository's
-``results/`` folder (shipped in the wheel as ``amp_backends/results``).
-
-A reason never types a figure itself: it quotes one of these files, names the machine and the file, and
-derives ratios from the same figures.
+results files the reasons quote (`Results`, `load_results`, `quote_results`), from ``results/`` (shipped in the
+wheel as ``amp_backends/results``). A reason never types a figure itself.
 """
 
 from __future__ import annotations
@@ -16,11 +13,8 @@ from typing import Any, Callable, Mapping
 
 @dataclass(frozen=True)
 class Evidence:
-    """A measurement a decision rests on: the results file, the machine as the file records it, the figures.
-
-    ``figures`` are ``(configuration, value)`` pairs in ``unit``; ``run`` says how they were made (TensorFlow
-    version, script, date). `describe` is the sentence the reasons quote.
-    """
+    """A measurement a decision rests on: the results file, the machine as the file records it, the figures
+    (``(configuration, value)`` pairs in ``unit``) and how they were made (``run``)."""
 
     file: str
     machine: str
@@ -49,10 +43,6 @@ RESULTS_DIR = next((d for d in (_HERE / "results", _HERE.parent / "results") if 
 @dataclass(frozen=True)
 class Results:
     """One committed results file as the reasons quote it: the machine, how it was made, each configuration's figure.
-
-    A backend reads its own files' formats into this (`load_results`); a reason never types a figure
-    itself: it quotes one of these files, names the machine and the file, and derives ratios from the same
-    figures.
 
     Attributes:
         file: The file's path under ``results/``.
@@ -89,9 +79,7 @@ class Results:
     def evidence(self, *configs: str, unit: str = "img/s") -> Evidence | None:
         """The figures of ``configs`` the file has, as `Evidence` (``None`` if it has none of them)."""
         have = tuple((c, float(self.medians[c])) for c in configs if c in self.medians)
-        if not have:
-            return None
-        return Evidence(f"results/{self.file}", self.machine_kind, have, unit, self.run())
+        return Evidence(f"results/{self.file}", self.machine_kind, have, unit, self.run()) if have else None
 
     def quote(self, *configs: str, unit: str = "img/s") -> str:
         """``"measured on <machine, run>: float32 2045 img/s, mixed_bfloat16 3537"``; configurations the file
@@ -108,9 +96,7 @@ class Results:
     def times(self, faster: str, slower: str) -> str:
         """``"~1.8x"``: `ratio` as a reason says it (``"much"`` where it is not measured)."""
         r = self.ratio(faster, slower)
-        if r is None:
-            return "much"
-        return f"~{r:.1f}x" if r < 3 else f"~{r:.0f}x"
+        return "much" if r is None else f"~{r:.1f}x" if r < 3 else f"~{r:.0f}x"
 
 
 @functools.cache
@@ -122,8 +108,7 @@ def load_results(file: str, parse: Callable[[str, Mapping[str, Any]], Results]) 
         parse: Turns the file's name and JSON document into `Results`.
 
     Returns:
-        The results, or ``None`` where the file is missing or unreadable (a broken install: the reason then
-        says so instead of failing the plan).
+        The results, or ``None`` where the file is missing or unreadable (the reason then says so).
     """
     try:
         with open(RESULTS_DIR / file, encoding="utf-8") as fh:
@@ -142,7 +127,7 @@ def quote_results(results: Results | None, file: str, *configs: str, unit: str =
         unit: The unit of the first figure.
 
     Returns:
-        `Results.quote`'s sentence, or that the file is missing from this installation.
+        `Results.quote`'s sentence, or that the file is missing.
     """
     if results is None:
         return f"the measurement results/{file} is missing from this installation"
@@ -150,15 +135,12 @@ def quote_results(results: Results | None, file: str, *configs: str, unit: str =
 
 
 def results_evidence(results: Results | None, *configs: str, unit: str = "img/s") -> tuple[Evidence, ...]:
-    """The figures `quote_results` quotes, as data.
+    """The figures `quote_results` quotes, as data: one `Evidence`, or none where the file or figures are missing.
 
     Args:
         results: The file as `load_results` read it, or ``None`` where it is missing.
         *configs: The configurations quoted.
         unit: The unit of the figures.
-
-    Returns:
-        One `Evidence`, or none where the file or the figures are missing.
     """
     found = results.evidence(*configs, unit=unit) if results else None
     return (found,) if found else ()

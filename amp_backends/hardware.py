@@ -1,9 +1,5 @@
-"""Plain data describing what a machine can do.
-
-Probes (one per backend, in ``amp_backends.backends.<vendor>``) fill these frozen dataclasses; the
-planner (`amp_backends.planner`) decides from them alone, so every rule can be exercised with fake
-hardware built from these classes.
-"""
+"""Plain data describing what a machine can do: the probes fill these frozen dataclasses and the planner decides
+from them alone, so every rule can be exercised with fake hardware."""
 
 from __future__ import annotations
 
@@ -26,11 +22,8 @@ XMX = "xmx"
 
 @dataclass(frozen=True)
 class DeviceFact:
-    """One fact a vendor's backend states about a device, in the vendor's terms (NVIDIA's compute capability).
-
-    The generic device types (`Accelerator`, `KnownDevice`) carry a backend's facts without knowing what they
-    mean: the backend that stated them reads them (``device.fact(key)``); the core only shows them beside the
-    device's name (``Accelerator.label``) and tells devices apart by them (``Accelerator.signature``).
+    """One fact a vendor's backend states about a device, in the vendor's terms (NVIDIA's compute capability): only
+    that backend reads it (``device.fact(key)``); the core only shows it and tells devices apart by it.
 
     Attributes:
         key: What the fact is, as the backend names it (``"compute_capability"``).
@@ -54,13 +47,10 @@ class _Facts:
     facts: tuple[DeviceFact, ...]
 
     def fact(self, key: str) -> str | None:
-        """The value of the backend's fact ``key``.
+        """The value of the backend's fact ``key`` (``"9.0"``), or ``None`` where it states no such fact.
 
         Args:
             key: The fact's key (``"compute_capability"``).
-
-        Returns:
-            Its value (``"9.0"``), or ``None`` where the backend states no such fact for the device.
         """
         return next((f.value for f in self.facts if f.key == key), None)
 
@@ -100,11 +90,9 @@ def _given_facts(value: Any, owner: str) -> tuple[DeviceFact, ...]:
 class Accelerator(_Facts):
     """One device a backend plans for — a GPU, an XPU or the host CPU —, as its probe saw it.
 
-    ``index`` is TensorFlow's index (``/GPU:<index>``), which for NVIDIA GPUs follows CUDA's enumeration
-    order, not NVML's. ``facts`` holds what the backend states about the device in its vendor's terms
-    (`DeviceFact`: NVIDIA's compute capability), which only that backend reads. ``capabilities`` holds the
-    derived facts the planner uses (``"tensor_cores"``, ``"fp16"``, ``"bf16"``, ``"tf32"``, ``"fp8"``,
-    ``"xmx"``): native, fast support, not mere correctness.
+    ``index`` is TensorFlow's (``/GPU:<index>``: CUDA's order, not NVML's); ``facts`` are the backend's own
+    (`DeviceFact`); ``capabilities`` are what the planner reads (``"tensor_cores"``, ``"bf16"``, ...): native,
+    fast support, not mere correctness.
     """
 
     vendor: str
@@ -151,21 +139,15 @@ class Accelerator(_Facts):
         return self.fact(SCHEMA_FACT_KEYS[0]) or "-"
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"vendor": self.vendor, "index": self.index, "name": self.name, "kind": self.kind}
-        d.update({key: self.fact(key) for key in SCHEMA_FACT_KEYS})
-        d.update({"memory_bytes": self.memory_bytes, "capabilities": sorted(self.capabilities),
-                  "pci_bus_id": self.pci_bus_id})
-        return d
+        return {"vendor": self.vendor, "index": self.index, "name": self.name, "kind": self.kind,
+                **{key: self.fact(key) for key in SCHEMA_FACT_KEYS}, "memory_bytes": self.memory_bytes,
+                "capabilities": sorted(self.capabilities), "pci_bus_id": self.pci_bus_id}
 
 
 @dataclass(frozen=True)
 class CpuInfo:
-    """The host CPU: vendor, model and the instruction-set flags that matter for mixed precision.
-
-    ``model`` is the model name (``"AMD EPYC"``); ``family``, ``model_number`` and ``stepping`` are CPUID's
-    display family, model and stepping as ``/proc/cpuinfo`` gives them (``None`` where the probe cannot read
-    them), from which `microarchitecture` is named.
-    """
+    """The host CPU: vendor, model name, the instruction-set flags that matter for mixed precision, and CPUID's
+    family, model and stepping (``None`` where unread), from which `microarchitecture` is named."""
 
     vendor: str
     model: str
@@ -217,33 +199,19 @@ class CpuInfo:
         return base
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "vendor": self.vendor,
-            "model": self.model,
-            "arch": self.arch,
-            "logical_cores": self.logical_cores,
-            "native_bf16": self.native_bf16,
-            "native_fp16": self.native_fp16,
-            "amx": self.amx,
-            "family": self.family,
-            "model_number": self.model_number,
-            "stepping": self.stepping,
-            "microarchitecture": self.microarchitecture,
-            "flags": sorted(self.flags),
-        }
+        return {"vendor": self.vendor, "model": self.model, "arch": self.arch, "logical_cores": self.logical_cores,
+                "native_bf16": self.native_bf16, "native_fp16": self.native_fp16, "amx": self.amx,
+                "family": self.family, "model_number": self.model_number, "stepping": self.stepping,
+                "microarchitecture": self.microarchitecture, "flags": sorted(self.flags)}
 
 
 @dataclass(frozen=True)
 class BackendProbe:
     """What one backend found: whether it can be used, why (not), its devices, its facts and details.
 
-    ``facts`` is the backend's own typed record of what it saw beyond devices (a frozen dataclass the
-    backend defines, such as whether ITEX is loaded): its `assess`
-    decides from it, the core never looks inside. ``details`` are ``(key, value)`` strings for people (the
-    report); no decision reads them. ``needs_tensorflow`` says the probe could not finish without
-    TensorFlow (Intel XPUs are listed through it), so a caller that skipped TensorFlow should probe again
-    with it. ``error`` is set (by `probe_hardware`) when the probe itself raised:
-    the backend is broken, not merely without hardware.
+    ``facts`` is the backend's own record, which only its `assess` reads; ``details`` are strings for people,
+    which no decision reads; ``needs_tensorflow`` says the probe could not finish without TensorFlow (Intel XPUs);
+    ``error`` is set when the probe itself raised (the backend is broken, not merely without hardware).
     """
 
     backend: str
@@ -257,23 +225,13 @@ class BackendProbe:
     error: str | None = None
 
     def detail(self, key: str, default: str | None = None) -> str | None:
-        for k, v in self.details:
-            if k == key:
-                return v
-        return default
+        return next((v for k, v in self.details if k == key), default)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "backend": self.backend,
-            "available": self.available,
-            "reason": self.reason,
-            "devices": [d.to_dict() for d in self.devices],
-            "details": dict(self.details),
-            "facts": _plain(self.facts),
-            "needs_tensorflow": self.needs_tensorflow,
-            "error": self.error,
-            "cpu": self.cpu.to_dict() if self.cpu else None,
-        }
+        return {"backend": self.backend, "available": self.available, "reason": self.reason,
+                "devices": [d.to_dict() for d in self.devices], "details": dict(self.details),
+                "facts": _plain(self.facts), "needs_tensorflow": self.needs_tensorflow, "error": self.error,
+                "cpu": self.cpu.to_dict() if self.cpu else None}
 
 
 def _plain(value: Any) -> Any:
@@ -291,34 +249,22 @@ def _plain(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class Hardware:
-    """Everything the probes saw on one machine (or a fake one, in tests).
-
-    ``tf_device_types`` is the set of device types TensorFlow itself lists (``{"CPU", "GPU"}``), or
-    ``None`` when TensorFlow was not consulted. It lets the plan notice, for example, a CPU-only
-    TensorFlow build on a machine whose driver reports GPUs.
-    """
+    """Everything the probes saw on one machine (or a fake one, in tests), and the device types TensorFlow itself
+    lists (``None``: not consulted), by which the plan notices a CPU-only TensorFlow on a machine with GPUs."""
 
     probes: tuple[BackendProbe, ...]
     tf_device_types: frozenset[str] | None = None
 
     def get(self, backend: str) -> BackendProbe | None:
-        for p in self.probes:
-            if p.backend == backend:
-                return p
-        return None
+        return next((p for p in self.probes if p.backend == backend), None)
 
     @property
     def cpu(self) -> CpuInfo | None:
-        for p in self.probes:
-            if p.cpu is not None:
-                return p.cpu
-        return None
+        return next((p.cpu for p in self.probes if p.cpu is not None), None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "backends": [p.to_dict() for p in self.probes],
-            "tensorflow_device_types": sorted(self.tf_device_types) if self.tf_device_types is not None else None,
-        }
+        return {"backends": [p.to_dict() for p in self.probes],
+                "tensorflow_device_types": sorted(self.tf_device_types) if self.tf_device_types is not None else None}
 
 
 # Vendors' "GB" of GPU memory are binary: NVML reported 81559 MiB (79.6 GiB) on an "H100 80GB HBM3".
@@ -327,10 +273,8 @@ GB = 2**30
 
 @dataclass(frozen=True)
 class KnownDevice(_Facts):
-    """One entry of the device catalogue (`amp_backends.devices`): what its backend's probe would see, and
-    where the figures come from. Its backend lists it (``Backend.catalogue``) and describes it
-    (``Backend.describe``); ``facts`` holds what that backend states about it in its vendor's terms
-    (`DeviceFact`: NVIDIA's compute capability)."""
+    """One entry of the device catalogue (`amp_backends.devices`): what its backend's probe would see
+    (``Backend.describe``), and where the figures come from."""
 
     name: str
     aliases: tuple[str, ...]
@@ -363,13 +307,11 @@ class KnownDevice(_Facts):
                 "source": self.source, "note": self.note}
 
     def cite(self, probe: BackendProbe) -> BackendProbe:
-        """``probe`` as the catalogue's description of this device: it names where the figures come from.
+        """``probe`` as the catalogue's description of this device, naming where the figures come from (its reason
+        ends with ``[catalogue: <source>]``, and a ``catalogue`` detail holds the source).
 
         Args:
             probe: The probe its backend builds for the device (`Backend.describe`).
-
-        Returns:
-            The probe, its reason ending with ``[catalogue: <source>]`` and a ``catalogue`` detail holding the source.
         """
         return replace(probe, reason=f"{probe.reason} [catalogue: {self.source}]",
                        details=(*probe.details, ("catalogue", self.source)))

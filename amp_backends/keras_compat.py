@@ -1,27 +1,12 @@
 """Every Keras 2 / Keras 3 difference amp_backends meets, handled once.
 
-Which Keras ``tf.keras`` is follows TensorFlow's own rule (its lazy loader): up to TensorFlow 2.15 it is Keras 2
-(the ``keras`` 2.x distribution); from 2.16 it is Keras 3 (``keras``), unless ``TF_USE_LEGACY_KERAS`` is ``1``,
-``true`` or ``True`` when TensorFlow is imported, which selects ``tf-keras`` (the Keras 2 API). A program may also
-import standalone ``keras`` beside ``tf.keras``; with ``TF_USE_LEGACY_KERAS`` the two are different libraries
-with different global dtype policies, so the policy is set on both. The differences handled here:
-
-* the version and API generation, read from package metadata without importing TensorFlow, or from
-  ``tf.keras`` once it is imported (TensorFlow 2.15's lazy loader hides ``tf.keras.__version__``);
-* the global dtype policy (on ``tf.keras`` and standalone ``keras``) and each layer's;
-* a model's structure (its sublayers, the inputs it is called with, the losses a call collects), for the
-  check, the audit and the layer plan: each helper reads what both generations have first;
-* ``LossScaleOptimizer``: Keras 3's is dynamic only and scales with ``scale_loss`` (unscaling and skipping
-  non-finite steps inside ``apply``); Keras 2's has ``get_scaled_loss`` / ``get_unscaled_gradients``; an
-  optimizer's state built ahead of the first step;
-* loss scaling in ``Model.fit`` (`wrap_optimizer`, `compile_kwargs`): Keras 3's ``compile`` wraps the optimizer
-  in a dynamic ``LossScaleOptimizer`` under ``mixed_float16`` unless ``auto_scale_loss=False``, and takes a fixed
-  scale as the optimizer's ``loss_scale_factor``; Keras 2's ``compile`` wraps it under ``mixed_float16`` unless it
-  already is a ``LossScaleOptimizer`` (it has no ``auto_scale_loss``), and has fixed scales as
-  ``LossScaleOptimizer(dynamic=False)``;
-* float8 training (`float8_training`): ``layer.quantize("float8")`` exists from Keras 3.3.
-
-Nothing here imports TensorFlow unless a function is given it or needs it to act.
+``tf.keras`` follows TensorFlow's lazy loader: Keras 2 up to TensorFlow 2.15; from 2.16 Keras 3, unless
+``TF_USE_LEGACY_KERAS`` selects ``tf-keras`` (Keras 2), beside which standalone ``keras`` is another library with
+its own global dtype policy (so the policy is set on both). Handled here: the version, read without importing
+TensorFlow; dtype policies; a model's structure (sublayers, inputs, collected losses); ``LossScaleOptimizer``
+(Keras 3: dynamic only, ``scale_loss``; Keras 2: ``get_scaled_loss`` / ``get_unscaled_gradients``); loss scaling
+in ``Model.fit`` (`wrap_optimizer`, `compile_kwargs`); float8 training (Keras >= 3.3). Nothing here imports
+TensorFlow unless a function is given it or needs it to act.
 """
 
 from __future__ import annotations
@@ -150,9 +135,8 @@ def compute_dtype(layer: Any) -> str:
 
 
 def forget_compiled_functions(model: Any) -> None:
-    """Drop the train, test and predict functions Keras compiled for ``model`` (both generations keep them as
-    ``train_function``, ``test_function`` and ``predict_function`` and rebuild one that is ``None``): a function
-    traced before a layer's policy changed keeps the dtypes it was traced with.
+    """Drop the train, test and predict functions Keras compiled for ``model`` (rebuilt when ``None``): one traced
+    before a layer's policy changed keeps the dtypes it was traced with.
 
     Args:
         model: a Keras model (anything else is left alone).
@@ -203,13 +187,8 @@ def _build_leaves(shape: Any) -> Any:
 
 
 def input_structure(model: Any) -> Any:
-    """The nested structure of `InputLeaf` the model is called with, or ``None`` if it cannot be told.
-
-    Functional and Sequential models know their inputs (Keras 3: ``_inputs_struct``, its Sequential through
-    ``_functional``; Keras 2: ``_nested_inputs``). A subclassed model knows its input shape once built:
-    Keras 3 keeps the ``build()`` arguments in ``_build_shapes_dict``, Keras 2 keeps ``_build_input_shape``
-    (and the first call's ``save_spec()``).
-    """
+    """The nested structure of `InputLeaf` the model is called with, or ``None`` if it cannot be told: a
+    functional or Sequential model's inputs, else a built subclassed model's build shape."""
     tf = _tensorflow()
 
     def leaf(t: Any) -> InputLeaf:
@@ -276,27 +255,19 @@ def dynamic_loss_scale_optimizer(optimizer: Any, tf: Any = None) -> Any:
 def scale_loss(optimizer: Any, loss: Any) -> Any:
     """The loss multiplied by a ``LossScaleOptimizer``'s current scale (Keras 3 ``scale_loss``, Keras 2
     ``get_scaled_loss``)."""
-    if hasattr(optimizer, "scale_loss"):
-        return optimizer.scale_loss(loss)
-    return optimizer.get_scaled_loss(loss)
+    return optimizer.scale_loss(loss) if hasattr(optimizer, "scale_loss") else optimizer.get_scaled_loss(loss)
 
 
 def unscale_gradients(optimizer: Any, grads: Sequence[Any]) -> list[Any]:
-    """Gradients ready for ``optimizer.apply_gradients`` after `scale_loss`: Keras 2 unscales explicitly
-    (``get_unscaled_gradients``); Keras 3's ``apply_gradients`` unscales, checks for non-finite values and skips the
-    step itself, so the gradients pass through unchanged."""
-    if hasattr(optimizer, "scale_loss"):
-        return list(grads)
-    return optimizer.get_unscaled_gradients(grads)
+    """Gradients ready for ``optimizer.apply_gradients`` after `scale_loss`: Keras 2 unscales explicitly; Keras 3's
+    ``apply_gradients`` unscales (and skips non-finite steps) itself."""
+    return list(grads) if hasattr(optimizer, "scale_loss") else optimizer.get_unscaled_gradients(grads)
 
 
 # ---------------------------------------------------------------------------------------------- Keras fit
 def keras_of(obj: Any) -> Any:
-    """The Keras package (``keras``, or ``tf_keras`` under ``TF_USE_LEGACY_KERAS``) that defined ``obj``'s class.
-
-    A program may mix standalone ``keras`` and ``tf.keras`` (different libraries with ``TF_USE_LEGACY_KERAS``):
-    an optimizer must be wrapped by its own library's ``LossScaleOptimizer``. Falls back to ``tf.keras``.
-    """
+    """The Keras package (``keras`` or ``tf_keras``) that defined ``obj``'s class, else ``tf.keras``: an optimizer
+    must be wrapped by its own library's ``LossScaleOptimizer``."""
     for cls in type(obj).__mro__:
         root = cls.__module__.split(".")[0]
         if root in ("keras", "tf_keras"):
@@ -314,11 +285,8 @@ def is_loss_scale_optimizer(optimizer: Any) -> bool:
 
 
 def loss_scale_of(optimizer: Any) -> tuple[str, float | None]:
-    """How ``optimizer`` scales losses in ``fit``: ``("dynamic", scale)``, ``("fixed", scale)`` or ``("none", None)``.
-
-    The scale is the current one (a dynamic scale changes as training runs). Reads Keras 3's
-    ``LossScaleOptimizer`` (always dynamic) and ``loss_scale_factor``, and Keras 2's ``LossScaleOptimizer``.
-    """
+    """How ``optimizer`` scales losses in ``fit``: ``("dynamic", scale)``, ``("fixed", scale)`` or ``("none", None)``,
+    with the current scale."""
     if is_loss_scale_optimizer(optimizer):
         if _generation_of_package(keras_of(optimizer)) >= 3:
             return "dynamic", float(optimizer.dynamic_scale if optimizer.built else optimizer.initial_scale)
@@ -330,22 +298,14 @@ def loss_scale_of(optimizer: Any) -> tuple[str, float | None]:
 def wrap_optimizer(optimizer: Any, loss_scale: LossScale, compute_dtype: str) -> Any:
     """``optimizer`` as ``loss_scale`` says, for ``Model.compile`` (see `amp_backends.plan.Plan.wrap_optimizer`).
 
-    * ``dynamic``: a ``LossScaleOptimizer`` with the plan's initial scale and growth interval (both Keras);
-    * ``fixed``: Keras 3 sets the optimizer's ``loss_scale_factor``; Keras 2 wraps it in
-      ``LossScaleOptimizer(dynamic=False, initial_scale=scale)``. Both multiply the loss and divide the gradients
-      by the scale, and both apply a step whose gradients overflowed instead of skipping it (an `AmpWarning`
-      says so under float16);
-    * ``none``: the optimizer as it is; on Keras 2 under float16, a ``LossScaleOptimizer`` with a fixed scale of 1
-      (multiplying by 1 changes nothing), because Keras 2's ``compile`` wraps any other optimizer in dynamic
-      loss scaling under ``mixed_float16``.
-
-    ``optimizer`` may be a name (``"adam"``), resolved by its Keras. An optimizer that already scales losses as the
-    plan says is returned as it is (compiling twice with one optimizer works).
+    ``dynamic``: a ``LossScaleOptimizer``; ``fixed``: Keras 3's ``loss_scale_factor``, Keras 2's
+    ``LossScaleOptimizer(dynamic=False)`` (neither skips an overflowing step: an `AmpWarning` says so under
+    float16); ``none``: the optimizer, except on Keras 2 under float16 a fixed scale of 1, as Keras 2's ``compile``
+    wraps any other optimizer in dynamic scaling. An optimizer already scaling as the plan says is returned as it is.
 
     Raises:
         TypeError: ``optimizer`` is not a Keras optimizer or the name of one.
-        ValueError: it already scales losses otherwise (a ``LossScaleOptimizer``, Keras 3's ``loss_scale_factor``):
-            it would be scaled twice or against the plan.
+        ValueError: it already scales losses otherwise: it would be scaled twice or against the plan.
     """
     if isinstance(optimizer, (str, dict)):
         optimizer = _tensorflow().keras.optimizers.get(optimizer)
@@ -387,11 +347,8 @@ def wrap_optimizer(optimizer: Any, loss_scale: LossScale, compute_dtype: str) ->
 
 
 def compile_kwargs(xla: bool, steps_per_execution: int, generation: int | None = None) -> dict[str, Any]:
-    """``Model.compile`` keywords for a plan, on the Keras ``tf.keras`` is (or API ``generation``).
-
-    ``auto_scale_loss=False`` (Keras 3 only; Keras 2 has no such argument) keeps ``compile`` from adding
-    dynamic loss scaling under ``mixed_float16`` on top of what `wrap_optimizer` decided.
-    """
+    """``Model.compile`` keywords for a plan, on the Keras ``tf.keras`` is (or API ``generation``); on Keras 3,
+    ``auto_scale_loss=False`` keeps ``compile`` from adding loss scaling to what `wrap_optimizer` decided."""
     kwargs: dict[str, Any] = {"jit_compile": bool(xla), "steps_per_execution": int(steps_per_execution)}
     if (generation if generation is not None else keras_info().generation or 2) >= 3:
         kwargs["auto_scale_loss"] = False
@@ -403,10 +360,7 @@ FLOAT8_SINCE, _FLOAT8_NEEDS = (3, 3), "needs Keras >= 3.3"
 
 
 def float8_training(keras: KerasInfo | None) -> tuple[bool, str]:
-    """Whether this Keras trains layers in float8 (``layer.quantize("float8")``, Keras >= 3.3), and why (not).
-
-    Pure: decides from the version alone, so the planner can take it as plain data.
-    """
+    """Whether this Keras trains layers in float8 (``layer.quantize("float8")``, Keras >= 3.3), and why (not)."""
     if keras is None or keras.version is None:
         return False, ("the Keras version is unknown (not installed, or not given to the planner): float8 training "
                        "needs Keras >= 3.3")

@@ -1,14 +1,9 @@
-"""The microarchitecture of an x86 CPU, named from what its CPUID reports: vendor, family, model (and stepping).
+"""The microarchitecture of an x86 CPU, named from CPUID's vendor, family, model (and stepping), as
+``/proc/cpuinfo`` gives them: a model name such as "AMD EPYC" says nothing of the generation.
 
-``/proc/cpuinfo`` gives them as ``vendor_id``, ``cpu family``, ``model`` and ``stepping`` (decimal). A model
-name such as "AMD EPYC" says nothing of the generation (a virtual machine often shows no more), so results
-files and reasons name the machine by this table instead of by hand.
-
-Sources: the Linux kernel, ``arch/x86/kernel/cpu/amd.c`` (``bsp_init_amd``: the Zen generations by family and
-model range) and ``arch/x86/include/asm/intel-family.h`` (Intel's family-6 models; model 0x55 is Skylake-X,
-and Cascade Lake at stepping 7, Cooper Lake at stepping 11). Zen+ (family 0x17, models 0x08 Pinnacle Ridge /
-Colfax and 0x18 Picasso) lies inside the kernel's Zen 1 range; CPUID dumps (Todd Allen's ``cpuid``) name
-those two models Zen+. A CPU outside these tables gets no name (``None``), never a guess.
+Sources: Linux's ``arch/x86/kernel/cpu/amd.c`` (``bsp_init_amd``: Zen generations by family and model range) and
+``arch/x86/include/asm/intel-family.h`` (model 0x55 is Skylake-X, Cascade Lake at stepping 7, Cooper Lake at 11);
+Zen+ (family 0x17, models 0x08 and 0x18) per CPUID dumps. A CPU outside these tables gets ``None``, never a guess.
 """
 
 from __future__ import annotations
@@ -50,9 +45,8 @@ def microarchitecture(vendor: str, family: int | None, model: int | None, steppi
         family: the display family ``/proc/cpuinfo`` prints.
         model: the display model ``/proc/cpuinfo`` prints.
         stepping: the stepping (it tells Cascade Lake and Cooper Lake from Skylake-X).
-        flags: the CPU's ``/proc/cpuinfo`` flags, if known: an Intel model number whose core has no AMX, on a CPU
-            that has AMX (a virtual machine's made-up model), is named from the flags instead
-            (``"Sapphire Rapids or later, AMX"``; the model number stays in the probe's record).
+        flags: the CPU's flags, if known: an Intel model without AMX on a CPU with AMX (a virtual machine's
+            made-up model) is named from the flags instead (``"Sapphire Rapids or later, AMX"``).
 
     Returns:
         The microarchitecture's name, or ``None`` when the tables do not know the CPU (never a guess).

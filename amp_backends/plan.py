@@ -1,13 +1,9 @@
 """The `Plan`: the mixed-precision configuration chosen for a machine, with its reasons.
 
-`make_plan` decides it; `auto_configure` applies it.
-Each setting is a `Decision`: its value, a short reason, the whole reason and the measurements it
-rests on (`Evidence`: results file, machine, figures) — data, not sentences.
-A plan is plain frozen data: it prints short (``str(plan)``: one line a setting) or whole
-(`Plan.explain`, with the measurements), serialises (`Plan.to_dict`) and
-carries the support table it was decided from (`Plan.assessment`), so tools that need to know
-what else the hardware runs (the benchmark, autotune) never assess again. It imports no model code:
-what a plan does to a model is `amp_backends.prepare_model`'s (``prepare.py``), which takes the plan.
+`make_plan` decides it; `auto_configure` applies it. Each setting is a `Decision`: its value, a short reason,
+the whole reason and the measurements it rests on (`Evidence`). A plan is frozen data that carries the support
+table it was decided from (`Plan.assessment`), so no tool assesses again; what it does to a model is
+`amp_backends.prepare_model`'s.
 """
 
 from __future__ import annotations
@@ -28,8 +24,8 @@ WHERE_THE_EVIDENCE_IS = "  the reasons in full, with their measurements: plan.ex
 
 @dataclass(frozen=True)
 class Decision:
-    """One setting of the plan: its ``value`` (as text), ``reason`` (a few words, for one line), ``detail`` (the
-    whole reason, what ``plan.reasons[setting]`` says) and ``evidence`` (the measurements the reason quotes)."""
+    """One setting of the plan: its ``value`` (as text), ``reason`` (a few words), ``detail`` (the whole reason)
+    and ``evidence`` (the measurements it quotes)."""
 
     setting: str
     value: str
@@ -84,11 +80,8 @@ class Rejected:
 
 @dataclass(frozen=True)
 class BackendStatus:
-    """A registered backend as the planner saw it: usable or not (and why), and whether it was chosen.
-
-    ``failed`` marks a backend that broke (failed to load, its probe or assessment raised) rather than
-    one that merely found no hardware.
-    """
+    """A registered backend as the planner saw it: usable or not (and why), whether it was chosen, and whether
+    it ``failed`` (broke, rather than merely found no hardware)."""
 
     name: str
     available: bool
@@ -101,9 +94,8 @@ class BackendStatus:
 class Plan:
     """The mixed-precision configuration chosen for this machine, with the reason for each choice.
 
-    A plan is data: `auto_configure` applies it, the trainer and Keras ``fit`` follow it
-    (`wrap_optimizer`, `compile_kwargs`), ``amp_backends.prepare_model(model, plan)`` brings a
-    model to it, and ``print(plan)`` or `to_json` says what it chose and why.
+    `auto_configure` applies it; Keras ``fit`` follows it through `wrap_optimizer` and `compile_kwargs`;
+    ``print(plan)`` or `to_json` says what it chose and why.
 
     Attributes:
         backend: The backend that won (``"nvidia"``, ``"intel"``, ``"cpu"``).
@@ -112,24 +104,20 @@ class Plan:
         loss_scale: How the trainer scales losses (`LossScale`).
         tf32: Whether float32 matmuls and convolutions may use TF32 (or the backend's equivalent, ITEX's BF32).
         xla: Whether training steps are compiled with XLA (``jit_compile``).
-        decisions: Each choice with its reasons and evidence (`Decision`; `reasons` maps each
-            setting to its whole reason).
+        decisions: Each choice with its reasons and evidence (`Decision`).
         rejected: Why the alternatives lost (`Rejected`).
         warnings: Every downgraded or risky request, in words.
         backends: Every registered backend's status (`BackendStatus`).
         request: The overrides the plan answered (keywords and ``AMP_*`` variables).
         notes: What else the backend said about the machine.
-        graph_amp: The low-precision type (``"bfloat16"`` or ``"float16"``) the backend rewrites the float32
-            graph to itself, if requested (ITEX's auto mixed precision; the Keras policy is then float32).
+        graph_amp: The type the backend rewrites the float32 graph to itself, if requested (the policy stays float32).
         vendor_settings: The backend's own settings (ITEX's math mode).
         assessment: The backend's judgement the plan was made from.
         fp8: Whether the eligible Dense layers train in float8 (``prepare_model`` applies it to a model).
         steps_per_execution: How many training steps Keras ``fit`` runs per compiled call.
-        float32_layers: The Keras layers kept in float32 inside the low-precision model, because they train
-            slower in the policy's dtype here (`Float32Layer`).
+        float32_layers: The Keras layers kept in float32, as slower in the policy's dtype here (`Float32Layer`).
         device_names: The devices' names as the probe read them (``"AMD EPYC (Zen 5)"``).
-        honoured: The requested settings honoured below native support, with the level they run at
-            (``functional``: little or no speed-up; ``emulated``: honoured only because ``force`` is on).
+        honoured: The requested settings honoured below native support, with the level they run at.
         tensorflow: The TensorFlow version planned for.
         keras: The Keras version planned for.
     """
@@ -194,10 +182,8 @@ class Plan:
 
             model.compile(optimizer=plan.wrap_optimizer(opt), loss=..., **plan.compile_kwargs())
 
-        ``jit_compile`` (the plan's XLA), ``steps_per_execution`` (training steps per compiled call), and on
-        Keras 3 ``auto_scale_loss=False``: otherwise Keras 3 wraps the optimizer in its own dynamic loss
-        scaling under ``mixed_float16``, whatever `wrap_optimizer` decided. Keras 2's ``compile`` has
-        no such argument; `wrap_optimizer` keeps it from adding scaling there.
+        ``jit_compile``, ``steps_per_execution``, and on Keras 3 ``auto_scale_loss=False`` (else Keras 3 adds its
+        own dynamic loss scaling under ``mixed_float16``, whatever `wrap_optimizer` decided).
         """
         from .keras_compat import compile_kwargs
 
@@ -206,20 +192,10 @@ class Plan:
     def wrap_optimizer(self, optimizer: Any) -> Any:
         """The optimizer, as this plan scales losses, for ``model.compile`` (with `compile_kwargs`).
 
-        Loss scaling multiplies the loss before differentiation so that small float16 gradients do not
-        flush to zero, and divides the gradients again before they are applied.
-
-        * ``dynamic``: a Keras ``LossScaleOptimizer`` around it (the plan's initial scale and growth
-          interval): a step whose gradients overflow is skipped and the scale halved;
-        * ``fixed``: the loss is multiplied by the fixed scale — Keras 3: the optimizer itself, its
-          ``loss_scale_factor`` set; Keras 2: ``LossScaleOptimizer(dynamic=False, initial_scale=scale)``.
-          Neither skips a step whose gradients overflow (an ``AmpWarning`` says so under float16; the
-          `Trainer` does skip them);
-        * ``none``: the optimizer unchanged; on Keras 2 under float16, a ``LossScaleOptimizer`` with a fixed
-          scale of 1 (no scaling), the only way to keep Keras 2's ``compile`` from adding dynamic scaling.
-
-        Keras 3 optimizers are changed in place for ``fixed`` (``loss_scale_factor``); an optimizer that
-        already scales losses otherwise raises ``ValueError``. Names such as ``"adam"`` are accepted.
+        ``dynamic``: a Keras ``LossScaleOptimizer`` (an overflowing step is skipped, the scale halved); ``fixed``:
+        Keras 3's ``loss_scale_factor`` set in place, Keras 2's ``LossScaleOptimizer(dynamic=False)`` (neither skips
+        an overflowing step: an ``AmpWarning`` says so under float16); ``none``: the optimizer unchanged (on Keras 2
+        under float16, a fixed scale of 1, to keep its ``compile`` from adding dynamic scaling).
 
         Args:
             optimizer: A Keras optimizer, or its name (``"adam"``).
@@ -246,11 +222,8 @@ class Plan:
         return next((s.value for s in self.vendor_settings if s.name == name), None)
 
     def training_key(self) -> str:
-        """Everything that changes how a model trains under this plan, as one string.
-
-        Two processes whose plans have the same key train alike (the backend's devices aside): workers
-        of one distributed job compare it.
-        """
+        """Everything that changes how a model trains under this plan, as one string (workers of one
+        distributed job compare it)."""
         ls = self.loss_scale
         parts = [f"policy={self.policy}", f"loss_scale={ls.mode}:{ls.initial:g}:{ls.growth_interval}",
                  f"xla={self.xla}", f"tf32={self.tf32}", f"graph_amp={self.graph_amp}", f"fp8={self.fp8}",
@@ -262,14 +235,9 @@ class Plan:
     @property
     def headline(self) -> str:
         """One line: what was chosen (``amp_backends plan: backend=cpu devices=/CPU:0 policy=...``)."""
-        parts = [
-            f"backend={self.backend}",
-            f"devices={','.join(self.devices) or '-'}",
-            f"policy={self.policy}",
-            f"loss_scale={self.loss_scale.mode if self.loss_scale.mode != 'fixed' else self.loss_scale}",
-            f"tf32={format_value(self.tf32)}",
-            f"xla={format_value(self.xla)}",
-        ]
+        parts = [f"backend={self.backend}", f"devices={','.join(self.devices) or '-'}", f"policy={self.policy}",
+                 f"loss_scale={self.loss_scale.mode if self.loss_scale.mode != 'fixed' else self.loss_scale}",
+                 f"tf32={format_value(self.tf32)}", f"xla={format_value(self.xla)}"]
         if self.graph_amp:
             parts.append(f"graph_amp={self.graph_amp}")
         if self.fp8:
@@ -297,11 +265,11 @@ class Plan:
 
     def brief(self, model_float32: Sequence[str] | None = None) -> str:
         """At most a dozen lines of at most 120 characters: what the plan is for, each setting with its short
-        reason, the first warning. ``model_float32``, the paths of a model's layers the plan keeps in float32,
-        makes the float32 layers line about that model (its layers, or none) instead of the kinds kept.
+        reason, the first warning.
 
         Args:
-            model_float32: The paths of a model's layers the plan keeps in float32, or ``None``.
+            model_float32: The paths of a model's layers the plan keeps in float32, or ``None``: given, the
+                float32 layers line is about that model instead of the kinds kept.
 
         Returns:
             The lines, joined.
@@ -326,11 +294,8 @@ class Plan:
     def explain(self) -> str:
         """Several lines: each choice with its whole reason and the figures it quotes, the rejected alternatives,
         the warnings."""
-        lines = [self.headline, f"  for: {self.target()}"]
-        for d in self.decisions:
-            lines.append(f"  {d.setting}: {d.detail}")
-        for s in self.vendor_settings:
-            lines.append(f"  {s.name}={s.value}: {s.why}")
+        lines = [self.headline, f"  for: {self.target()}", *(f"  {d.setting}: {d.detail}" for d in self.decisions),
+                 *(f"  {s.name}={s.value}: {s.why}" for s in self.vendor_settings)]
         if self.rejected:
             lines.append("  rejected:")
             lines += [f"    {r.setting}={r.value}: {r.why}" for r in self.rejected]
@@ -347,27 +312,15 @@ class Plan:
             the backend's support table.
         """
         return {
-            "backend": self.backend,
-            "devices": list(self.devices),
-            "policy": self.policy,
-            "compute_dtype": self.compute_dtype,
-            "loss_scale": self.loss_scale.to_dict(),
-            "tf32": self.tf32,
-            "xla": self.xla,
-            "graph_amp": self.graph_amp,
-            "fp8": self.fp8,
+            "backend": self.backend, "devices": list(self.devices), "policy": self.policy,
+            "compute_dtype": self.compute_dtype, "loss_scale": self.loss_scale.to_dict(), "tf32": self.tf32,
+            "xla": self.xla, "graph_amp": self.graph_amp, "fp8": self.fp8,
             "steps_per_execution": self.steps_per_execution,
             "float32_layers": [k.to_dict() for k in self.float32_layers],
-            "vendor_settings": [s.to_dict() for s in self.vendor_settings],
-            "reasons": dict(self.reasons),
-            "decisions": [d.to_dict() for d in self.decisions],
-            "device_names": list(self.device_names),
-            "tensorflow": self.tensorflow,
-            "keras": self.keras,
-            "rejected": [r.to_dict() for r in self.rejected],
-            "warnings": list(self.warnings),
-            "notes": list(self.notes),
-            "overrides": self.request.overrides(),
+            "vendor_settings": [s.to_dict() for s in self.vendor_settings], "reasons": dict(self.reasons),
+            "decisions": [d.to_dict() for d in self.decisions], "device_names": list(self.device_names),
+            "tensorflow": self.tensorflow, "keras": self.keras, "rejected": [r.to_dict() for r in self.rejected],
+            "warnings": list(self.warnings), "notes": list(self.notes), "overrides": self.request.overrides(),
             "backends": [b.__dict__ for b in self.backends],
             "support": self.assessment.to_dict() if self.assessment else None,
         }
@@ -392,8 +345,7 @@ def require_plan(plan: Any, caller: str) -> None:
         caller: The caller and its argument as the user wrote them (``"Trainer(plan=...)"``).
 
     Raises:
-        TypeError: ``plan`` is not a `Plan`; for a policy name (``"mixed_bfloat16"``) the fix is the
-            ``auto_configure`` call that makes its plan.
+        TypeError: ``plan`` is not a `Plan` (for a policy name, the fix names the ``auto_configure`` call).
     """
     if isinstance(plan, Plan):
         return

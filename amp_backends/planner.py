@@ -1,27 +1,12 @@
-"""The planner: a pure decision from probe data and the user's request.
+"""The planner: a pure decision (no I/O) from probe data and the user's request.
 
-`make_plan` picks the backend (the highest-priority one available, or the one asked for), asks it
-to `assess` its hardware, and resolves each setting — dtype policy,
-loss scaling, TF32, XLA, graph-level auto mixed precision, float8 training — against that assessment and
-the request:
-
-* ``auto``: the backend's first *native* choice;
-* a request the hardware supports natively: honoured;
-* *functional* (runs, little speed-up): honoured, with a warning;
-* *emulated* (runs slower than float32) or *unsupported*: downgraded to the automatic choice with a
-  warning that says why; honoured with ``force``; an error with ``strict``;
-* *unsafe* (known to abort the process): always refused — downgraded, or an error with ``strict``.
-
-A backend that fails — its probe or its assessment raises, or its assessment breaks the contract (no
-native policy, say) — is recorded in `Plan.backends` with the reason and a warning, and the next
-available backend is planned with; only a request for that backend by name raises `BackendError`. No I/O
-happens here: tests pass fake `Hardware`, and the Keras in use as a `KerasInfo` (float8 training needs
-Keras >= 3.3), which the callers read from package metadata (`keras_info`).
-
-float8 (``fp8``) is off by default everywhere, native or not: no measurement has shown it faster than
-float16 for the models this library was measured on. Where it is native — NVIDIA GPUs of CC >= 8.9, Keras
->= 3.3, XLA on — ``fp8=on`` turns it on; elsewhere it is emulated (older GPUs, CPUs, Intel XPUs, XLA off:
-honoured with ``force``) or unsupported (Keras 2, Keras < 3.3: never).
+`make_plan` picks the backend (the highest-priority one available, or the one asked for), has it `assess` its
+hardware, and resolves each setting against that assessment and the request: ``auto`` takes the first *native*
+choice; a *native* request is honoured, a *functional* one with a warning; an *emulated* or *unsupported* one is
+downgraded with a warning (honoured with ``force``, an error with ``strict``); an *unsafe* one is always refused.
+A backend that raises or breaks the contract is recorded in `Plan.backends` and the next one planned with; only
+a request for it by name raises `BackendError`. float8 is off by default everywhere: no measurement has shown it
+faster than float16.
 """
 
 from __future__ import annotations
@@ -66,19 +51,14 @@ class _Resolver:
             self.honoured[setting] = EMULATED
             return True
         kind = "unsafe" if support.level == UNSAFE else "not supported" if support.level == UNSUPPORTED else "slow"
-        fix = (
-            "remove the override, or set force=True / AMP_FORCE=1 to run it anyway"
-            if support.level == EMULATED
-            else "remove the override"
-        )
+        fix = "remove the override" + (", or set force=True / AMP_FORCE=1 to run it anyway"
+                                       if support.level == EMULATED else "")
         if support.level == UNSAFE and self.request.force:
             fix += " (force cannot enable an unsafe setting)"
         if self.request.strict:
-            raise UnsupportedRequestError(
-                f"{asked} is {kind} on backend {self.backend!r}: {support.why}. "
-                f"Expected a setting this hardware supports (the automatic choice is {setting}={fallback}). "
-                f"Fix: {fix}, or turn strict off to downgrade with a warning."
-            )
+            raise UnsupportedRequestError(f"{asked} is {kind} on backend {self.backend!r}: {support.why}. Expected a "
+                                          f"setting this hardware supports (the automatic choice is {setting}="
+                                          f"{fallback}). Fix: {fix}, or turn strict off to downgrade with a warning.")
         self.warnings.append(f"{asked} is {kind} here and was downgraded to {setting}={fallback}: {support.why}")
         return False
 
@@ -108,10 +88,9 @@ def _statuses(hardware: Hardware, registry: BackendRegistry) -> dict[str, Backen
             if (ok and device_type and hardware.tf_device_types is not None
                     and device_type not in hardware.tf_device_types):
                 ok = False
-                reason = (
-                    f"{reason}, but TensorFlow lists no {device_type} device (a CPU-only TensorFlow build, missing "
-                    f"device libraries or a plugin that did not load): check `python -m amp_backends.info`"
-                )
+                reason = (f"{reason}, but TensorFlow lists no {device_type} device (a CPU-only TensorFlow build, "
+                          "missing device libraries or a plugin that did not load): check "
+                          "`python -m amp_backends.info`")
         statuses[backend.name] = BackendStatus(backend.name, ok, reason, False, failed)
     for name, err in registry.load_errors.items():
         statuses[name] = BackendStatus(name, False, f"failed to load: {err}", False, True)
@@ -148,20 +127,18 @@ def _order(statuses: dict[str, BackendStatus], request: Request) -> tuple[list[s
     source = request.sources.get("backend", "argument")
     requested = request.backend if request.backend != "auto" else None
     if requested and requested in statuses and statuses[requested].failed:
-        raise BackendError(
-            f"backend={requested} (from {source}) failed: {statuses[requested].reason}. Expected a backend that "
-            f"loads, probes and assesses its hardware. Fix: remove the override to plan with the next available "
-            f"backend, or repair or uninstall the distribution that provides {requested!r}."
-        )
+        raise BackendError(f"backend={requested} (from {source}) failed: {statuses[requested].reason}. Expected a "
+                           "backend that loads, probes and assesses its hardware. Fix: remove the override to plan "
+                           f"with the next available backend, or repair or uninstall the distribution that provides "
+                           f"{requested!r}.")
     order = [name for name, s in statuses.items() if s.available]
     if not requested or requested in order:
         return sorted(order, key=lambda name: name != requested), None
     why = statuses[requested].reason if requested in statuses else "not registered"
     if request.strict:
-        raise UnsupportedRequestError(
-            f"backend={requested} (from {source}) is not available: {why}. "
-            f"Available: {', '.join(order) or 'none'}. Fix: choose one of those, or remove the override."
-        )
+        raise UnsupportedRequestError(f"backend={requested} (from {source}) is not available: {why}. Available: "
+                                      f"{', '.join(order) or 'none'}. Fix: choose one of those, or remove the "
+                                      "override.")
     return order, why
 
 
@@ -169,12 +146,19 @@ def make_plan(hardware: Hardware, request: Request, registry: BackendRegistry, k
               tensorflow: str | None = None) -> Plan:
     """Decide the plan for ``hardware`` under ``request``. Pure: no TensorFlow, no I/O.
 
-    ``keras`` is the Keras ``tf.keras`` is (``None``: unknown, so no float8 training); ``tensorflow`` the
-    TensorFlow version the plan is for (shown with it).
+    Args:
+        hardware: What the probes saw.
+        request: The user's overrides.
+        registry: The backends to plan with.
+        keras: The Keras ``tf.keras`` is (``None``: unknown, so no float8 training).
+        tensorflow: The TensorFlow version the plan is for (shown with it).
 
-    Raises `UnsupportedRequestError` for a request ``strict`` refuses, and
-    `BackendError` when the backend asked for by name failed, or when no
-    backend is usable at all.
+    Returns:
+        The plan.
+
+    Raises:
+        UnsupportedRequestError: ``strict`` refuses a request.
+        BackendError: The backend asked for by name failed, or no backend is usable.
     """
     statuses = _statuses(hardware, registry)
     source = request.sources.get("backend", "argument")
@@ -206,11 +190,10 @@ def make_plan(hardware: Hardware, request: Request, registry: BackendRegistry, k
         return replace(plan, backends=final, vendor_settings=settings, warnings=tuple(warnings) + plan.warnings,
                        device_names=tuple(d.name for d in probe.devices), tensorflow=tensorflow,
                        keras=keras.version if keras else None)
-    raise BackendError(
-        "No backend is available, not even the CPU: "
-        + "; ".join(f"{s.name}: {s.reason}" for s in statuses.values())
-        + ". Fix: check `python -m amp_backends.info`; reinstall the package if the cpu backend is missing."
-    )
+    raise BackendError("No backend is available, not even the CPU: "
+                       + "; ".join(f"{s.name}: {s.reason}" for s in statuses.values())
+                       + ". Fix: check `python -m amp_backends.info`; reinstall the package if the cpu backend is "
+                         "missing.")
 
 
 # ---------------------------------------------------------------------------------------------- settings
@@ -238,17 +221,15 @@ def _resolve_policy(r: _Resolver, a: Assessment, decide: Decisions,
     request = r.request
     auto_policy = next(p for p in a.preference if a.policies[p].level == NATIVE)
     policy = auto_policy
-    if request.policy != "auto" and request.policy != auto_policy:
-        if r.check("policy", request.policy, a.policies[request.policy], auto_policy):
-            policy = request.policy
+    if request.policy not in ("auto", auto_policy) and r.check("policy", request.policy, a.policies[request.policy],
+                                                               auto_policy):
+        policy = request.policy
     if policy == request.policy and request.policy != "auto":
         asked = f"requested ({request.sources.get('policy', 'argument')})"
         decide.supported("policy", policy, a.policies[policy], f"{asked}; ", asked)
     else:
         decide.supported("policy", policy, a.policies[policy])
-    for p in a.preference:
-        if p != policy:
-            rejected.append(Rejected("policy", p, a.policies[p].why, a.policies[p].evidence))
+    rejected += [Rejected("policy", p, a.policies[p].why, a.policies[p].evidence) for p in a.preference if p != policy]
 
     if not (request.graph_amp and r.check("graph_amp", "on", a.graph_amp, "off")):
         return policy, None
@@ -264,10 +245,9 @@ def _resolve_policy(r: _Resolver, a: Assessment, decide: Decisions,
     if graph_amp is None:
         r.refuse("graph_amp", "on", f"this device has no native {' or '.join(a.graph_amp_dtypes)}")
         return policy, None
-    decide.add("graph_amp", graph_amp, (
-        f"{graph_amp} as requested (graph_amp): the backend rewrites the float32 graph to {graph_amp}; the Keras "
-        f"policy stays float32 so the two do not cast twice. {a.graph_amp.why}"
-    ), f"as requested (graph_amp): the backend rewrites the float32 graph to {graph_amp}", a.graph_amp.evidence)
+    decide.add("graph_amp", graph_amp, f"{graph_amp} as requested (graph_amp): the backend rewrites the float32 graph "
+               f"to {graph_amp}; the Keras policy stays float32 so the two do not cast twice. {a.graph_amp.why}",
+               f"as requested (graph_amp): the backend rewrites the float32 graph to {graph_amp}", a.graph_amp.evidence)
     decide.add("policy", "float32", "float32 for Keras: the backend's graph rewrite does the casting (graph_amp=on)",
                "for Keras; the backend's graph rewrite does the casting (graph_amp=on)")
     return "float32", graph_amp
@@ -278,10 +258,9 @@ def _resolve_loss_scale(r: _Resolver, effective: str, decide: Decisions, rejecte
     request = r.request
     if request.loss_scale is None:
         if effective == "mixed_float16":
-            decide.add("loss_scale", "dynamic", (
-                "dynamic: float16 gradients underflow without scaling; dynamic scaling finds the largest safe "
-                "scale and skips overflowing steps"
-            ), "float16 gradients underflow without scaling")
+            decide.add("loss_scale", "dynamic", "dynamic: float16 gradients underflow without scaling; dynamic "
+                       "scaling finds the largest safe scale and skips overflowing steps",
+                       "float16 gradients underflow without scaling")
             rejected.append(Rejected("loss_scale", "fixed", "a fixed scale can overflow (every step skipped) or "
                                      "underflow; dynamic adapts at no measurable cost in the trainer"))
             return LossScale.dynamic()
@@ -293,24 +272,17 @@ def _resolve_loss_scale(r: _Resolver, effective: str, decide: Decisions, rejecte
     asked = f"requested ({request.sources.get('loss_scale', 'argument')})"
     decide.add("loss_scale", str(loss_scale.mode if loss_scale.mode != "fixed" else loss_scale), asked, asked)
     if loss_scale.mode == "none" and effective == "mixed_float16":
-        r.warnings.append(
-            "loss_scale=none with float16: small gradients may flush to zero and training may stall; "
-            "use dynamic (the default) unless you know the gradients' range"
-        )
+        r.warnings.append("loss_scale=none with float16: small gradients may flush to zero and training may stall; "
+                          "use dynamic (the default) unless you know the gradients' range")
     elif loss_scale.mode != "none" and effective != "mixed_float16":
-        r.warnings.append(
-            f"loss_scale={loss_scale.mode} with {effective}: not needed (no float16 underflow), honoured anyway"
-        )
+        r.warnings.append(f"loss_scale={loss_scale.mode} with {effective}: not needed (no float16 underflow), "
+                          "honoured anyway")
     return loss_scale
 
 
 def fp8_support(hardware: Support, keras: KerasInfo | None, xla: bool) -> Support:
-    """How float8 training runs: the devices' support (``hardware``, with XLA), given the Keras and XLA in use.
-
-    Keras without float8 layers (Keras 2, Keras < 3.3) makes it unsupported whatever the hardware; fp8 matrix
-    units without XLA run it emulated (TensorFlow executes Keras's quantize-dequantize ops around ordinary
-    matmuls; XLA fuses them into fp8 GEMMs).
-    """
+    """How float8 training runs: the devices' support (``hardware``, with XLA), given the Keras and XLA in use
+    (unsupported without Keras's float8 layers, emulated without XLA)."""
     keras_ok, keras_why = float8_training(keras)
     if not keras_ok:
         return Support(UNSUPPORTED, keras_why)
@@ -394,23 +366,7 @@ def _resolve(a: Assessment, request: Request, chosen: str, keras: KerasInfo | No
         else:
             rejected.append(Rejected("peer", peer.name, peer.why, peer.evidence))
 
-    return Plan(
-        backend=chosen,
-        devices=a.devices,
-        policy=policy,
-        loss_scale=loss_scale,
-        tf32=tf32,
-        xla=xla,
-        decisions=tuple(decide.values()),
-        rejected=tuple(rejected),
-        warnings=tuple(r.warnings),
-        honoured=dict(r.honoured),
-        backends=(),
-        request=request,
-        notes=a.notes,
-        graph_amp=graph_amp,
-        assessment=a,
-        fp8=fp8,
-        steps_per_execution=a.steps_per_execution,
-        float32_layers=float32_layers,
-    )
+    return Plan(backend=chosen, devices=a.devices, policy=policy, loss_scale=loss_scale, tf32=tf32, xla=xla,
+                decisions=tuple(decide.values()), rejected=tuple(rejected), warnings=tuple(r.warnings),
+                honoured=dict(r.honoured), backends=(), request=request, notes=a.notes, graph_amp=graph_amp,
+                assessment=a, fp8=fp8, steps_per_execution=a.steps_per_execution, float32_layers=float32_layers)

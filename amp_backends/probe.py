@@ -20,11 +20,8 @@ def tensorflow_device_types() -> frozenset[str] | None:
 
 
 def probe_hardware(registry: BackendRegistry | None = None, *, use_tensorflow: bool = False) -> Hardware:
-    """Probe every backend. A probe that raises becomes an unavailable backend with the error recorded.
-
-    With ``use_tensorflow`` TensorFlow is imported (for Intel XPUs and TensorFlow's own device list);
-    without it TensorFlow is consulted only if the program already imported it.
-    """
+    """Probe every backend; one that raises becomes an unavailable backend with the error recorded. TensorFlow is
+    imported with ``use_tensorflow`` (Intel XPUs, TensorFlow's device list), else consulted only if imported."""
     registry = registry or default_registry()
     if use_tensorflow:
         import tensorflow  # noqa: F401  (loads device plugins such as ITEX)
@@ -42,16 +39,9 @@ def probe_hardware(registry: BackendRegistry | None = None, *, use_tensorflow: b
 
 
 def needs_tensorflow(hardware: Hardware, registry: BackendRegistry) -> bool:
-    """Whether probing again with TensorFlow could change the plan for ``hardware``.
-
-    It can when a probe could not finish without TensorFlow (Intel XPUs), or when a backend whose devices
-    TensorFlow lists (NVIDIA GPUs) found some: only TensorFlow can confirm it sees them (a CPU-only build
-    does not). On a machine with neither, the plan is the same without importing TensorFlow.
-    """
-    for backend in registry:
-        probe = hardware.get(backend.name)
-        if probe is None:
-            continue
-        if probe.needs_tensorflow or (probe.available and backend.tf_device_type is not None):
-            return True
-    return False
+    """Whether probing again with TensorFlow could change the plan for ``hardware``: where a probe could not
+    finish without it (Intel XPUs), or a backend whose devices TensorFlow lists found some (a CPU-only TensorFlow
+    would not see them)."""
+    probes = ((backend, hardware.get(backend.name)) for backend in registry)
+    return any(p is not None and (p.needs_tensorflow or (p.available and b.tf_device_type is not None))
+               for b, p in probes)

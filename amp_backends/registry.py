@@ -1,24 +1,11 @@
 """The backend interface and the registry that finds vendor backends.
 
-A backend answers a handful of questions:
-
-* `Backend.probe` — what is there (without initialising CUDA; TensorFlow only if allowed),
-* `Backend.assess` — a *pure* judgement of that probe (an `Assessment`):
-  which dtype policies, TF32 and XLA are native, merely functional, emulated (slow) or unsafe there,
-  and which the backend prefers and why; whether it has a rewrite of the float32 graph of its own
-  (``graph_amp``, its reason naming it),
-* `Backend.report_rows` and `Backend.software_rows` — its rows in the capability report,
-* `Backend.vendor_settings` and `Backend.apply` — its own settings beyond the Keras policy,
-  TF32 and XLA (ITEX's math mode, say, or its graph rewrite): named from the resolved plan, then applied,
-* `Backend.catalogue` and `Backend.describe` — its devices in the catalogue
-  (``plan_for(device="h100")``), and the probe each would give,
-* `Backend.kernel_audit` — how the audit reads the kernels that ran on its devices
-  (`amp_backends.kernel_audit.KernelAudit`).
-
-Backends are registered through the ``amp_backends.backends`` entry point group, so a new vendor is
-one new folder plus one registration; `BackendRegistry` keeps them (and the reasons any failed
-to load) in an object, never in module globals, so tests can build their own. A backend that fails —
-to load, probe, assess or report — is recorded with the reason and never breaks the others.
+A backend probes its hardware (`Backend.probe`: never initialising CUDA), judges that probe purely
+(`Backend.assess`: which policies and settings are native, functional, emulated or unsafe there, and which it
+prefers), adds its report rows, names and applies its own settings (`Backend.vendor_settings`, `Backend.apply`),
+describes its catalogue devices and reads its kernels (`Backend.kernel_audit`). Backends register through the
+``amp_backends.backends`` entry point group; `BackendRegistry` keeps them (and why any failed to load) in an
+object, so tests can build their own. A backend that fails never breaks the others.
 """
 
 from __future__ import annotations
@@ -76,22 +63,16 @@ class Backend(abc.ABC):
         return []
 
     def peers(self, probe: BackendProbe) -> tuple[Peer, ...]:
-        """What a user of this hardware would pick instead of the plan, for the model zoo to run beside it.
+        """What a user of this hardware would pick instead of the plan, for the model zoo to run beside it (none by
+        default).
 
         Args:
             probe: This backend's probe of the machine.
-
-        Returns:
-            The peers that apply here (none by default).
         """
         return ()
 
     def catalogue(self) -> tuple["KnownDevice", ...]:
-        """This vendor's devices in the device catalogue, each with the sources of its figures (none by default).
-
-        Returns:
-            The entries; each names this backend as its ``backend``.
-        """
+        """This vendor's devices in the device catalogue, each with the sources of its figures (none by default)."""
         return ()
 
     def describe(self, device: "KnownDevice") -> BackendProbe:
@@ -109,18 +90,15 @@ class Backend(abc.ABC):
         raise NotImplementedError(f"the {self.name} backend has no device catalogue to describe {device.name!r}")
 
     def kernel_audit(self) -> KernelAudit | None:
-        """How the audit reads the kernels that ran under this backend's plans (a fresh object each call).
-
-        Returns:
-            A `KernelAudit`, or ``None`` (the default): the audit then says the kernels were not measured.
-        """
+        """How the audit reads the kernels that ran under this backend's plans (a fresh object each call), or
+        ``None`` (the default): the audit then says the kernels were not measured."""
         return None
 
 
 @dataclass(frozen=True)
 class Peer:
-    """A configuration a user would pick instead of the plan: float32 Keras ``fit`` with another math library or a
-    graph rewrite, set up the way it must be (environment variables before TensorFlow starts, a grappler option).
+    """A configuration a user would pick instead of the plan (float32 with another math library, a graph rewrite),
+    set up the way it must be.
 
     Attributes:
         name: The configuration's name in the zoo's tables, without commas (``"fp32 oneDNN-off"``).
@@ -146,9 +124,8 @@ class BackendRegistry:
 
     def register(self, backend: Backend) -> None:
         if not isinstance(backend, Backend):
-            raise TypeError(
-                f"register() takes a Backend instance. Received: {backend!r} (of type {type(backend).__name__})."
-            )
+            raise TypeError(f"register() takes a Backend instance. Received: {backend!r} (of type "
+                            f"{type(backend).__name__}).")
         if backend.name in self._backends:
             raise ValueError(f"A backend named {backend.name!r} is already registered.")
         self._backends[backend.name] = backend
@@ -169,25 +146,18 @@ class BackendRegistry:
             raise KeyError(f"No backend named {name!r}. Registered: {', '.join(self.names()) or 'none'}.") from None
 
     def kernel_audit(self, name: str) -> KernelAudit | None:
-        """The kernel audit of the backend ``name`` (`Backend.kernel_audit`).
+        """The kernel audit of the backend ``name`` (`Backend.kernel_audit`), or ``None`` when it offers none or is
+        not registered.
 
         Args:
             name: A backend's name.
-
-        Returns:
-            Its `KernelAudit`, or ``None`` when it offers none or no backend of that name is registered.
         """
         backend = self._backends.get(name)
         return backend.kernel_audit() if backend is not None else None
 
     def audit_environment(self) -> dict[str, str]:
         """The variables an audited process starts with before it knows its plan: every backend's
-        `KernelAudit.environment`.
-
-        Returns:
-            Name -> value; where two backends name the same variable, the higher-priority backend's value. A
-            backend whose `Backend.kernel_audit` fails adds nothing (its own audit says why).
-        """
+        `KernelAudit.environment` (the higher-priority backend's value first; a failing audit adds nothing)."""
         env: dict[str, str] = {}
         for backend in self:
             try:
@@ -214,10 +184,8 @@ class BackendRegistry:
             except Exception as exc:  # a broken third-party backend must not break the others
                 registry.load_errors[ep.name] = f"{type(exc).__name__}: {exc}"
         if not len(registry):
-            raise RuntimeError(
-                f"No amp_backends backends are registered under the entry point group {group!r}. "
-                "The package metadata is missing: install the project (pip install . or pip install -e .)."
-            )
+            raise RuntimeError(f"No amp_backends backends are registered under the entry point group {group!r}. The "
+                               "package metadata is missing: install the project (pip install . or pip install -e .).")
         return registry
 
 

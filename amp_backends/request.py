@@ -1,13 +1,8 @@
-"""What the user asks for: overrides from keyword arguments and ``AMP_*`` environment variables.
+"""What the user asks for: overrides from keyword arguments (which win) and ``AMP_*`` environment variables,
+each defaulting to ``auto`` and validated here once, with errors that name the accepted values.
 
-Every override defaults to ``auto`` (let the plan decide). Keyword arguments win over environment
-variables. Values are validated here, once, with errors that name the accepted values.
-
-`OPTIONS` is the one table of the overrides: each one's keyword, environment variable
-(`ENV_VARS`), parsing, accepted values (the documentation's Options table, `overrides_markdown`)
-and command-line help and metavar (every command's ``--policy``, ``--loss-scale``...; `option_help`).
-`RENAMED` holds the old names that still work for one release (keyword, variable and option), each with a
-deprecation warning naming the new one.
+`OPTIONS` is the one table of the overrides: keyword, variable, parsing, documentation (`overrides_markdown`) and
+command-line help (`option_help`). `RENAMED` holds old names that still work for one release, with a warning.
 """
 
 from __future__ import annotations
@@ -23,16 +18,9 @@ from .errors import AmpConfigError
 from .layer_names import corrected, describe_unknown, unknown_layers
 from .loss_scale import DEFAULT_GROWTH_INTERVAL, DEFAULT_INITIAL_SCALE, FLOAT32_MAX, LossScale  # noqa: F401  (re-exported)
 
-_POLICY_ALIASES = {
-    "float32": "float32",
-    "fp32": "float32",
-    "mixed_float16": "mixed_float16",
-    "float16": "mixed_float16",
-    "fp16": "mixed_float16",
-    "mixed_bfloat16": "mixed_bfloat16",
-    "bfloat16": "mixed_bfloat16",
-    "bf16": "mixed_bfloat16",
-}
+_POLICY_ALIASES = {"float32": "float32", "fp32": "float32",
+                   "mixed_float16": "mixed_float16", "float16": "mixed_float16", "fp16": "mixed_float16",
+                   "mixed_bfloat16": "mixed_bfloat16", "bfloat16": "mixed_bfloat16", "bf16": "mixed_bfloat16"}
 _TRUE = {"1", "on", "true", "yes"}
 _FALSE = {"0", "off", "false", "no"}
 
@@ -55,13 +43,9 @@ class Request:
 
     def overrides(self) -> dict[str, str]:
         """Non-default values as text, keyed by option name (for reports and logs)."""
-        out: dict[str, str] = {}
-        for name in ENV_VARS:
-            value = getattr(self, name)
-            if value is None or value == "auto" or (value is False and OPTION[name].default == "off"):
-                continue
-            out[name] = format_value(value)
-        return out
+        values = {name: getattr(self, name) for name in ENV_VARS}
+        return {name: format_value(v) for name, v in values.items()
+                if not (v is None or v == "auto" or (v is False and OPTION[name].default == "off"))}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -95,20 +79,25 @@ def _fix_hint(name: str, source: str, example: str) -> str:
     return f"pass {name}={example!r}, or leave {name} out to let amp_backends decide"
 
 
+def _invalid(name: str, source: str, accepted: str, value: Any, example: str, more: str = "") -> AmpConfigError:
+    """The error for an invalid value of option ``name``: what it accepts, what it got (and ``more``), the fix."""
+    return AmpConfigError(f"{_where(name, source)} must be {accepted}. Received: {value!r}{more}. "
+                          f"Fix: {_fix_hint(name, source, example)}.")
+
+
+def _wrong_type(name: str, expected: str, value: Any) -> TypeError:
+    return TypeError(f"{name} must be {expected}. Received: {name}={value!r} (of type {type(value).__name__}).")
+
+
 def parse_policy(value: Any, source: str = "argument") -> str:
     if not isinstance(value, str):
-        raise TypeError(
-            f"policy must be a string, such as 'mixed_float16'. "
-            f"Received: policy={value!r} (of type {type(value).__name__})."
-        )
+        raise _wrong_type("policy", "a string, such as 'mixed_float16'", value)
     v = value.strip().lower()
     if v in ("", "auto"):
         return "auto"
     if v not in _POLICY_ALIASES:
-        raise AmpConfigError(
-            f"{_where('policy', source)} must be one of auto, {', '.join(POLICIES)} (aliases fp32, fp16, bf16). "
-            f"Received: {value!r}. Fix: {_fix_hint('policy', source, 'mixed_float16')}."
-        )
+        raise _invalid("policy", source, f"one of auto, {', '.join(POLICIES)} (aliases fp32, fp16, bf16)", value,
+                       "mixed_float16")
     return _POLICY_ALIASES[v]
 
 
@@ -126,19 +115,14 @@ def parse_float32_layers(value: Any, source: str = "argument") -> tuple[str, ...
             return ()
         names = [n.strip() for n in v.split(",")]
     else:
-        raise TypeError(
-            "float32_layers must be 'auto', 'none', a comma-separated string or a list of Keras layer class names. "
-            f"Received: float32_layers={value!r} (of type {type(value).__name__})."
-        )
+        raise _wrong_type("float32_layers", "'auto', 'none', a comma-separated string or a list of Keras layer class "
+                          "names", value)
     bad = [n for n in names if not n.isidentifier()]
     unknown = {} if bad else unknown_layers(names)  # a typo would keep no layer in float32, silently
     if bad or unknown or not names:
-        raise AmpConfigError(
-            f"{_where('float32_layers', source)} must be auto, none or Keras layer class names separated by commas, "
-            f"such as DepthwiseConv2D,Conv1D. Received: {value!r}"
-            f"{' (not class names: ' + ', '.join(map(repr, bad)) + ')' if bad else ''}{describe_unknown(unknown)}. "
-            f"Fix: {_fix_hint('float32_layers', source, corrected(names, unknown) or 'DepthwiseConv2D')}."
-        )
+        raise _invalid("float32_layers", source, "auto, none or Keras layer class names separated by commas, such "
+                       "as DepthwiseConv2D,Conv1D", value, corrected(names, unknown) or "DepthwiseConv2D",
+                       (f" (not class names: {', '.join(map(repr, bad))})" if bad else "") + describe_unknown(unknown))
     return tuple(dict.fromkeys(names))
 
 
@@ -146,10 +130,7 @@ def parse_switch(name: str, value: Any, source: str = "argument") -> bool | None
     if value is None or isinstance(value, bool):
         return value
     if not isinstance(value, str):
-        raise TypeError(
-            f"{name} must be True, False, None or one of 'auto', 'on', 'off'. "
-            f"Received: {name}={value!r} (of type {type(value).__name__})."
-        )
+        raise _wrong_type(name, "True, False, None or one of 'auto', 'on', 'off'", value)
     v = value.strip().lower()
     if v in ("", "auto"):
         return None
@@ -157,28 +138,17 @@ def parse_switch(name: str, value: Any, source: str = "argument") -> bool | None
         return True
     if v in _FALSE:
         return False
-    raise AmpConfigError(
-        f"{_where(name, source)} must be one of auto, on, off (or 1/0, true/false). Received: {value!r}. "
-        f"Fix: {_fix_hint(name, source, 'on')}."
-    )
+    raise _invalid(name, source, "one of auto, on, off (or 1/0, true/false)", value, "on")
 
 
 def parse_loss_scale(value: Any, source: str = "argument") -> LossScale | None:
     if value is None or isinstance(value, LossScale):
         return value
-    if isinstance(value, bool):
-        raise TypeError(
-            "loss_scale must be 'auto', 'dynamic', 'none', 'fixed:<scale>', a number or a LossScale. "
-            f"Received: loss_scale={value!r} (of type bool)."
-        )
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise _wrong_type("loss_scale", "'auto', 'dynamic', 'none', 'fixed:<scale>', a number or a LossScale", value)
     if isinstance(value, (int, float)):
         # 0 would zero every gradient: it means "no scaling", as AMP_LOSS_SCALE=0 does
         return LossScale.none() if value == 0 else LossScale.fixed(float(value))
-    if not isinstance(value, str):
-        raise TypeError(
-            "loss_scale must be 'auto', 'dynamic', 'none', 'fixed:<scale>', a number or a LossScale. "
-            f"Received: loss_scale={value!r} (of type {type(value).__name__})."
-        )
     v = value.strip().lower()
     if v in ("", "auto"):
         return None
@@ -194,29 +164,22 @@ def parse_loss_scale(value: Any, source: str = "argument") -> LossScale | None:
     if scale == 0 and number == v:
         return LossScale.none()
     if scale is None or not (0 < scale <= FLOAT32_MAX):  # (held in a float32 variable: beyond it, inf)
-        raise AmpConfigError(
-            f"{_where('loss_scale', source)} must be one of auto, dynamic, none (or 0), "
-            f"fixed:<scale> (a positive number a float32 holds, up to {FLOAT32_MAX:.3g}, such as fixed:1024) or a "
-            "bare number. "
-            f"Received: {value!r}. Fix: {_fix_hint('loss_scale', source, 'fixed:1024')}."
-        )
+        raise _invalid("loss_scale", source, "one of auto, dynamic, none (or 0), fixed:<scale> (a positive number a "
+                       f"float32 holds, up to {FLOAT32_MAX:.3g}, such as fixed:1024) or a bare number", value,
+                       "fixed:1024")
     return LossScale.fixed(scale)
 
 
 def parse_backend(value: Any, known: Iterable[str], source: str = "argument") -> str:
     known = tuple(known)
     if not isinstance(value, str):
-        raise TypeError(
-            f"backend must be a string, such as 'cpu'. Received: backend={value!r} (of type {type(value).__name__})."
-        )
+        raise _wrong_type("backend", "a string, such as 'cpu'", value)
     v = value.strip().lower()
     if v in ("", "auto"):
         return "auto"
     if v not in known:
-        raise AmpConfigError(
-            f"{_where('backend', source)} must be auto or a registered backend: {', '.join(known)}. "
-            f"Received: {value!r}. Fix: {_fix_hint('backend', source, known[-1] if known else 'auto')}."
-        )
+        raise _invalid("backend", source, f"auto or a registered backend: {', '.join(known)}", value,
+                       known[-1] if known else "auto")
     return v
 
 
@@ -228,16 +191,9 @@ def _backend(name: str, value: Any, source: str, known: tuple[str, ...]) -> str:
     return parse_backend(value, known, source)
 
 
-def _policy(name: str, value: Any, source: str, known: tuple[str, ...]) -> str:
-    return parse_policy(value, source)
-
-
-def _loss_scale(name: str, value: Any, source: str, known: tuple[str, ...]) -> LossScale | None:
-    return parse_loss_scale(value, source)
-
-
-def _float32_layers(name: str, value: Any, source: str, known: tuple[str, ...]) -> tuple[str, ...] | None:
-    return parse_float32_layers(value, source)
+def _by_value(parse: Callable[[Any, str], Any]) -> Parser:
+    """The table's parser for a ``parse(value, source)``."""
+    return lambda name, value, source, known: parse(value, source)
 
 
 def _switch(name: str, value: Any, source: str, known: tuple[str, ...]) -> bool | None:
@@ -252,9 +208,8 @@ def _on_off(name: str, value: Any, source: str, known: tuple[str, ...]) -> bool:
 class Option:
     """One plan override: its keyword, its ``AMP_*`` variable, how it parses and how it is documented.
 
-    ``values`` is the documentation's description of the accepted values (Markdown); ``help`` the command-line
-    help before its default (``{backends}``: the registered backends); ``metavar`` the command line's
-    placeholder, ``None`` for a flag (``--strict``: on when given); ``default`` what unset means.
+    ``values`` documents the accepted values (Markdown); ``help`` is the command-line help (``{backends}``: the
+    registered ones); ``metavar`` the placeholder, ``None`` for a flag; ``default`` what unset means.
     """
 
     name: str
@@ -280,7 +235,7 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("backend", _backend, "`auto`, `nvidia`, `intel`, `cpu` (any registered backend)",
            "Backend: auto or a registered one ({backends})", "NAME"),
-    Option("policy", _policy,
+    Option("policy", _by_value(parse_policy),
            "`auto`, `float32`, `mixed_float16`, `mixed_bfloat16` (aliases `fp32`, `fp16`, `bf16`)",
            f"Keras dtype policy: auto, {', '.join(POLICIES)} (aliases fp32, fp16, bf16)", "POLICY"),
     Option("xla", _switch, "`auto`, `on`, `off` (also `1/0`, `true/false`)",
@@ -288,7 +243,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("tf32", _switch,
            "`auto`, `on`, `off` (on Intel: ITEX's `ITEX_FP32_MATH_MODE`, TF32 on XPU, BF32 on AMX CPUs)",
            "TF32 for float32 matmuls (ITEX's math mode on Intel): auto, on, off", "auto|on|off"),
-    Option("loss_scale", _loss_scale,
+    Option("loss_scale", _by_value(parse_loss_scale),
            "`auto`, `dynamic`, `none` (also `off` and `0`: a scale of 0 would zero every gradient, so it means no "
            "scaling), `fixed:<scale>` or a bare positive number",
            "Loss scaling: auto, dynamic, none (also off or 0: no scaling), fixed:<scale> or a bare number "
@@ -305,7 +260,7 @@ OPTIONS: tuple[Option, ...] = (
            "XLA on",
            "float8 training of the eligible Dense layers (NVIDIA CC >= 8.9, Keras >= 3.3, XLA on): auto (off until "
            "measured faster), on, off", "auto|on|off"),
-    Option("float32_layers", _float32_layers,
+    Option("float32_layers", _by_value(parse_float32_layers),
            "`auto` (the layer kinds measured slower in the policy's low precision than in float32 on this hardware), "
            "`none`, or Keras layer class names separated by commas (`DepthwiseConv2D,Conv1D`; subclasses match): "
            "kept in float32 inside the mixed-precision model by `amp_backends.prepare_model(model, plan)` and the "
@@ -325,14 +280,11 @@ RENAMED_ENV_VARS = {old: _env(old) for old in RENAMED}
 
 
 def renamed_message(old: str, source: str = "argument") -> str:
-    """The deprecation warning for an old option name, naming the new option the way the old one was given.
+    """The deprecation warning's text for an old option name, naming the new option the way the old one was given.
 
     Args:
         old: A name of `RENAMED`.
         source: ``"argument"`` (a keyword), ``"env"`` (its ``AMP_*`` variable) or ``"option"`` (a command's flag).
-
-    Returns:
-        The warning's text.
     """
     new = RENAMED[old]
     given, use = {"env": (_env(old), _env(new)),
@@ -354,31 +306,18 @@ def overrides_markdown() -> str:
 
 
 def overrides_given(parsed: Mapping[str, Any]) -> dict[str, Any]:
-    """The overrides among a command's parsed options, as ``auto_configure``'s keywords: those given only.
-
-    An option left out (``None``) or a flag left off (``False``) is not given: the ``AMP_*`` variable, else
-    the plan, decides. ``auto_configure(**overrides_given(options))`` is the one way commands configure.
-    """
+    """The overrides among a command's parsed options, as ``auto_configure``'s keywords: those given only (an
+    option left out or a flag left off leaves it to the ``AMP_*`` variable, else the plan)."""
     return {o.name: parsed[o.name] for o in OPTIONS if parsed.get(o.name) not in (None, False)}
 
 
-def build_request(
-    known_backends: Iterable[str],
-    environ: Mapping[str, str] | None = None,
-    **kwargs: Any,
-) -> Request:
-    """Merge keyword overrides (which win) with ``AMP_*`` environment variables and validate them.
-
-    ``kwargs`` takes the option names of `ENV_VARS`; a keyword passed as ``None`` (or absent)
-    falls back to the environment variable. An old name of `RENAMED` (keyword or variable) stands for its
-    new one, with a ``DeprecationWarning`` (a keyword) or a ``FutureWarning`` (a variable, seen by whoever
-    runs the program); the new name, given the same way, wins over it.
-    """
+def build_request(known_backends: Iterable[str], environ: Mapping[str, str] | None = None, **kwargs: Any) -> Request:
+    """Merge keyword overrides (which win; ``None`` falls back) with ``AMP_*`` environment variables and validate
+    them. An old name of `RENAMED` stands for its new one, with a ``DeprecationWarning`` (a keyword) or a
+    ``FutureWarning`` (a variable); the new name, given the same way, wins over it."""
     unknown = set(kwargs) - set(ENV_VARS) - set(RENAMED)
     if unknown:
-        raise TypeError(
-            f"Unknown override(s) {sorted(unknown)}. Accepted keyword arguments: {', '.join(ENV_VARS)}."
-        )
+        raise TypeError(f"Unknown override(s) {sorted(unknown)}. Accepted keyword arguments: {', '.join(ENV_VARS)}.")
     env = os.environ if environ is None else environ
     raw: dict[str, tuple[Any, str, str]] = {}  # option -> (value, "argument" or "env", the name it was given as)
     for name, var in ENV_VARS.items():
@@ -406,8 +345,6 @@ def build_request(
         sources[name] = _env(given_as) if source == "env" else "argument"
     request = Request(**values, sources=sources)
     if request.strict and request.force:
-        raise AmpConfigError(
-            "strict and force contradict each other: strict raises on any request the hardware cannot honour, "
-            "force honours slow ones anyway. Received both. Fix: keep one of them."
-        )
+        raise AmpConfigError("strict and force contradict each other: strict raises on any request the hardware "
+                             "cannot honour, force honours slow ones anyway. Received both. Fix: keep one of them.")
     return request

@@ -19,11 +19,7 @@ def installed_version(distribution: str) -> str | None:
 
 
 def tensorflow_version() -> str | None:
-    for dist in TF_DISTRIBUTIONS:
-        v = installed_version(dist)
-        if v:
-            return v
-    return None
+    return next((v for dist in TF_DISTRIBUTIONS if (v := installed_version(dist))), None)
 
 
 def minor_version(version: str | None) -> tuple[int, int]:

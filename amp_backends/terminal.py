@@ -1,10 +1,7 @@
 """How the commands show rows: rich's tables on a terminal, one plain line a row everywhere else.
 
-A table wraps long cells inside its boxes, at the width rich assumes for output that is no terminal (80
-columns): a layer path broken over three lines is found by no ``grep``. So one rule, decided by rich's
-``Console.is_terminal``, for ``check``, ``audit``, ``info`` and ``bench``: on a terminal, the table; piped or
-redirected, each row on one line with its values whole (no box, no wrapping, no colour). Lines printed
-beside the tables (`say`) never wrap off a terminal either.
+A table wraps long cells at 80 columns off a terminal, and a wrapped layer path is found by no ``grep``: so
+piped or redirected, each row is one line with its values whole; lines beside the tables (`say`) never wrap.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Import TensorFlow without its start-up noise, unless the user chose a log level (the commands use it).
 
-On a machine without a GPU, importing TensorFlow 2.21 writes about eight lines to stderr: absl's
-"All log messages before absl::InitializeLog() is called are written to STDERR", oneDNN and cudart
-notices at INFO level, and "failed call to cuInit: ... UNKNOWN ERROR (303)" at ERROR level; TensorFlow
-2.15 writes "Unable to register cuDNN/cuFFT/cuBLAS factory" errors and ITEX announces its CPU backend.
-None of it is a problem, all of it alarms a new user. ``TF_CPP_MIN_LOG_LEVEL=2`` alone does not help:
-TensorFlow applies it only once its logging is initialised, and the lines above come before that
-(absl then writes everything to stderr) or are errors.
-
-So the commands (``info``, ``check``, ``bench``, ``train``), unless ``TF_CPP_MIN_LOG_LEVEL`` is already set
-(the user's choice then stands and nothing is filtered), call:
-
-* `quiet_tensorflow_logs` sets ``TF_CPP_MIN_LOG_LEVEL=2`` and absl's Python logger to ERROR, before
-  TensorFlow is imported;
-* `import_tensorflow` imports TensorFlow and starts its devices with stderr passed through a filter
-  that drops INFO and WARNING lines of TensorFlow's C++ logging and the known harmless start-up errors
-  (`NOISE`); every other line goes through. The filter runs in a child process, so what
-  TensorFlow writes just before a crash (an abort inside a plugin) still reaches the terminal.
+Importing TensorFlow writes about eight harmless but alarming lines to stderr (absl's pre-init notice, oneDNN
+and cudart notices, ``cuInit`` errors; on 2.15 cuDNN/cuFFT/cuBLAS factory errors), before
+``TF_CPP_MIN_LOG_LEVEL`` takes effect. Unless that variable is set, `quiet_tensorflow_logs` sets it and absl's
+logger before the import, and `import_tensorflow` imports TensorFlow with stderr passed through a filter in a
+child process that drops the known noise (`NOISE`) and keeps everything else, a crash's last words included.
 """
 
 from __future__ import annotations
@@ -103,8 +91,6 @@ def import_tensorflow(quiet: bool) -> Any:
     with filtered_stderr():
         import tensorflow as tf
 
-        try:
+        with contextlib.suppress(Exception):  # (reported by whoever lists devices next)
             tf.config.list_physical_devices()  # device start-up (cuInit) logs here
-        except Exception:  # reported by whoever lists devices next
-            pass
     return tf

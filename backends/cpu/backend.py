@@ -1,11 +1,5 @@
-"""CPU probe (``/proc/cpuinfo``, ``sysctl`` on macOS, ``TF_ENABLE_ONEDNN_OPTS``) and the CPU backend.
-
-The rules (`rules`): mixed_bfloat16 where the CPU has bf16 instructions
-*and* oneDNN runs the model (`onednn`: TensorFlow's default for the CPU,
-``TF_ENABLE_ONEDNN_OPTS``, or ITEX), float32 elsewhere; XLA off; no loss scaling. There, ``graph_amp=on``
-has TensorFlow's grappler rewrite the float32 graph to bfloat16 instead (`grappler_rewrite`). The figures the
-reasons quote come from the committed results files (`measured`).
-"""
+"""CPU probe (``/proc/cpuinfo``, ``sysctl`` on macOS, ``TF_ENABLE_ONEDNN_OPTS``) and the CPU backend: mixed_bfloat16
+where the CPU has bf16 instructions *and* oneDNN runs the model (`rules`, `onednn`), float32 elsewhere; XLA off."""
 
 from __future__ import annotations
 
@@ -26,6 +20,7 @@ from amp_backends.registry import Backend, Peer
 from amp_backends.software import installed_version, tensorflow_version
 
 from . import rules
+from .catalogue import CATALOGUE
 from .measured import FIT_STEPS, evidence, quote
 from .onednn import OneDnnState, onednn_state, read_onednn_state
 from .verbose import CpuKernelAudit
@@ -107,13 +102,9 @@ def probe_cpu() -> CpuInfo:
 
 @dataclass(frozen=True)
 class CpuFacts:
-    """What the CPU probe saw beyond the CPU itself: ITEX, and whether TensorFlow runs oneDNN.
-
-    ``itex.compatible`` means TensorFlow loads ITEX when imported: that changes what is safe (bf16 aborts
-    without bf16 instructions) and what exists (BF32 math mode on AMX). ``onednn`` is whether TensorFlow
-    runs its oneDNN kernels (``None``: not read, as in hand-built fakes; TensorFlow's default for the CPU on
-    Linux is assumed then).
-    """
+    """What the CPU probe saw beyond the CPU itself: ITEX (``itex.compatible``: TensorFlow loads it, which changes
+    what is safe and what exists), whether TensorFlow runs oneDNN (``None``: not read; Linux's default assumed), and
+    AMD's ZenDNN plug-in."""
 
     itex: ItexStatus
     onednn: OneDnnState | None = None
@@ -131,9 +122,7 @@ def _facts(probe: BackendProbe) -> CpuFacts | None:
 
 def onednn_of(probe: BackendProbe, cpu: CpuInfo) -> OneDnnState:
     facts = _facts(probe)
-    if facts is not None and facts.onednn is not None:
-        return facts.onednn
-    return onednn_state(cpu, {}, system="linux")
+    return facts.onednn if facts is not None and facts.onednn is not None else onednn_state(cpu, {}, system="linux")
 
 
 def _state(probe: BackendProbe) -> tuple[CpuInfo, OneDnnState, bool]:
@@ -147,22 +136,18 @@ def cpu_probe(cpu: CpuInfo, itex: ItexStatus, *, onednn: OneDnnState | None = No
               environ: Mapping[str, str] | None = None, system: str = "linux", reason: str | None = None,
               details: Iterable[tuple[str, str]] | None = None, zentf: str | None = None,
               zendnn_on: bool | None = None) -> BackendProbe:
-    """The CPU probe of a machine with this CPU: what the probe reports, what ``describe`` gives for a catalogue CPU,
-    and what the tests' fake machines hold.
+    """The CPU probe of a machine with this CPU (the real probe's, a catalogue CPU's, the tests' fakes').
 
     Args:
         cpu: The CPU.
         itex: ITEX's status there; its ``tf_version`` is the TensorFlow there.
-        onednn: Whether TensorFlow runs oneDNN there, as the probe read it (default: as TensorFlow would decide
-            from ``environ`` and ``system``, `onednn_state`).
-        environ: The environment TensorFlow starts in: ``TF_ENABLE_ONEDNN_OPTS`` where ``onednn`` is not given,
-            ``TF_ENABLE_ZENDNN_OPTS`` where ``zendnn_on`` is not.
+        onednn: Whether TensorFlow runs oneDNN there (default: as TensorFlow would decide, `onednn_state`).
+        environ: The environment TensorFlow starts in, where ``onednn`` or ``zendnn_on`` is not given.
         system: The platform (``sys.platform``'s names), where ``onednn`` is not given.
-        reason: The probe's summary (default: the CPU, its cores and its bf16 instructions, as the probe words it).
-        details: The probe's ``(key, value)`` details for people (default: ITEX's status and oneDNN's state).
+        reason: The probe's summary (default: the CPU, its cores and its bf16 instructions).
+        details: The probe's ``(key, value)`` details (default: ITEX's status and oneDNN's state).
         zentf: The installed version of AMD's ZenDNN plug-in (``zentf``), or ``None``.
-        zendnn_on: Whether ``TF_ENABLE_ZENDNN_OPTS=1`` is set where TensorFlow starts (zentf's kernels run;
-            default: as ``environ`` says).
+        zendnn_on: Whether ``TF_ENABLE_ZENDNN_OPTS=1`` is set where TensorFlow starts (default: as ``environ`` says).
 
     Returns:
         The probe, with the CPU as its one device (``/CPU:0``).
@@ -183,9 +168,8 @@ def cpu_probe(cpu: CpuInfo, itex: ItexStatus, *, onednn: OneDnnState | None = No
 
 
 def machine_record(cpu: CpuInfo | None = None) -> dict[str, Any]:
-    """The machine as a results file records it: ``machine_kind`` (``"AMD EPYC (Zen 5)"``, named by the probe,
-    never typed by hand) and ``machine`` (the CPU's vendor, model name, family, model, stepping, microarchitecture,
-    cores and the flags that matter). ``cpu`` defaults to this machine's."""
+    """The machine as a results file records it: ``machine_kind`` (named by the probe, never by hand) and
+    ``machine`` (the CPU's identity, cores and the flags that matter). ``cpu`` defaults to this machine's."""
     cpu = cpu or probe_cpu()
     wanted = set(RELEVANT_FLAGS + ARM_RELEVANT_FLAGS) | {"fma"}
     return {"machine_kind": cpu.name,
@@ -193,10 +177,6 @@ def machine_record(cpu: CpuInfo | None = None) -> dict[str, Any]:
                         "stepping": cpu.stepping, "microarchitecture": cpu.microarchitecture, "arch": cpu.arch,
                         "logical_cores": cpu.logical_cores, "flags": sorted(cpu.flags & wanted),
                         "os": platform.platform()}}
-
-
-def _yes(flag: bool) -> str:
-    return "yes" if flag else "no"
 
 
 class CpuBackend(Backend):
@@ -222,8 +202,7 @@ class CpuBackend(Backend):
                 ("flags that matter",
                  ", ".join(sorted(cpu.flags & set(RELEVANT_FLAGS + ARM_RELEVANT_FLAGS))) or "none"),
                 ("native bf16", "yes" if cpu.native_bf16 else "no (no avx512_bf16 / amx_bf16 / Arm bf16)"),
-                ("native fp16", _yes(cpu.native_fp16)),
-                ("AMX", _yes(cpu.amx)),
+                ("native fp16", "yes" if cpu.native_fp16 else "no"), ("AMX", "yes" if cpu.amx else "no"),
                 ("oneDNN", ("on" if onednn.enabled else "off") + f" ({onednn.why})"),
             ]
         rows.append(("ITEX", (facts.itex.reason + ("; loaded with TensorFlow" if facts.itex_loaded else ""))
@@ -256,12 +235,8 @@ class CpuBackend(Backend):
             devices=tuple(d.tf_name for d in probe.devices) or ("/CPU:0",),
             policies={"float32": rules.fp32_support(cpu, onednn, itex_active, bf16),
                       "mixed_float16": rules.fp16_support(cpu, onednn, itex_active), "mixed_bfloat16": bf16},
-            preference=rules.preference(cpu, onednn, itex_active),
-            tf32=tf32,
-            xla=rules.xla_support(cpu),
-            xla_default=False,
-            fp8=fp8,
-            matrix_units=units,
+            preference=rules.preference(cpu, onednn, itex_active), tf32=tf32, xla=rules.xla_support(cpu),
+            xla_default=False, fp8=fp8, matrix_units=units,
             steps_per_execution_why=("one training step per compiled call (Keras's default): more gained nothing for "
                                      "Keras fit on a CPU, where a step dwarfs fit's per-call overhead ("
                                      + quote(FIT_STEPS, *FIT_STEPS_CONFIGS) + ")"),
@@ -269,9 +244,7 @@ class CpuBackend(Backend):
             float32_layers=kept,
             float32_layers_why=kept_why or "no layer was measured slower in bfloat16 than in float32 here",
             peers=rules.judge_peers(cpu, self.peers(probe)),
-            graph_amp=rules.graph_amp_support(cpu, onednn, itex_active),
-            graph_amp_dtypes=("bfloat16",),
-        )
+            graph_amp=rules.graph_amp_support(cpu, onednn, itex_active), graph_amp_dtypes=("bfloat16",))
 
     def vendor_settings(self, plan: Plan) -> tuple[VendorSetting, ...]:
         settings = []
@@ -297,29 +270,20 @@ class CpuBackend(Backend):
 
     def catalogue(self) -> tuple[KnownDevice, ...]:
         """The cpu devices of the device catalogue (``backends/cpu/catalogue.py``)."""
-        from .catalogue import CATALOGUE
-
         return CATALOGUE
 
     def describe(self, device: KnownDevice) -> BackendProbe:
-        """The probe this backend would give on a machine with the catalogue's ``device`` alone.
+        """`cpu_probe`'s probe of a machine with the catalogue's ``device`` alone, citing its source.
 
         Args:
             device: One of this backend's `catalogue` entries.
-
-        Returns:
-            `cpu_probe`'s probe of the device, citing the entry's source (`KnownDevice.cite`).
         """
         cpu = CpuInfo(device.cpu_vendor, device.device_name, device.arch, device.logical_cores,
                       frozenset(device.flags.split()), device.family, device.model_number)
         return device.cite(cpu_probe(cpu, NO_ITEX, reason=device.title, details=()))
 
     def kernel_audit(self) -> CpuKernelAudit:
-        """oneDNN's verbose records (`verbose`): the audit's child starts with ``ONEDNN_VERBOSE=1``.
-
-        Returns:
-            The CPU's `CpuKernelAudit`.
-        """
+        """The CPU's `CpuKernelAudit`: oneDNN's verbose records (`verbose`), ``ONEDNN_VERBOSE=1`` in the child."""
         return CpuKernelAudit(lambda: probe_cpu())  # looked up at each call: the tests' fake machines replace it
 
 
@@ -328,8 +292,7 @@ _REWRITES_SET: dict[str, bool | None] = {}  # the grappler rewrites this backend
 
 def grappler_rewrite(tf: Any, name: str, on: bool) -> str | None:
     """Turn TensorFlow's grappler rewrite ``name`` on for a plan that has it, or back to what it was for one that
-    does not (only where this backend turned it on: a rewrite the user set stays as the user set it); it acts on
-    the graphs traced afterwards (``tf.function``, Keras ``fit``), not on eager ops.
+    does not (only where this backend turned it on); it acts on graphs traced afterwards, not on eager ops.
 
     Args:
         tf: The TensorFlow module.

@@ -1,8 +1,6 @@
-"""The CPUs of the device catalogue, for ``plan_for(device="zen3")``; the backend describes each.
-
-Each entry names the CPU as ``/proc/cpuinfo`` would (vendor, model name, the flags that matter) with its CPUID
-family and model, from which the probe names the microarchitecture; the sources say where each came from.
-A described CPU runs TensorFlow 2.21 on Linux with ``TF_ENABLE_ONEDNN_OPTS`` unset and no ITEX.
+"""The CPUs of the device catalogue, for ``plan_for(device="zen3")``: each named as ``/proc/cpuinfo`` would (with
+CPUID's family and model, from which the probe names the microarchitecture), with its sources; a described CPU
+runs TensorFlow 2.21 on Linux with ``TF_ENABLE_ONEDNN_OPTS`` unset and no ITEX.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The CPU measurements the plan's reasons quote, read from the committed results files.
 
-``results/cpu-policy-<kind>.json`` (written by ``benchmarks/cpu_policy.py``, or transcribed from an earlier
-run with its command) and ``results/cpu-fit-steps-zen4.json`` ship in the wheel as ``amp_backends/results``;
-in a source checkout they are the repository's ``results/`` folder. A reason never types a figure itself:
-it quotes one of these files, names the machine and the file, and derives ratios from the same figures.
-A missing file (a broken install) makes the reason say so instead of failing the plan.
+``results/cpu-policy-<kind>.json`` (``benchmarks/cpu_policy.py``) and ``results/cpu-fit-steps-zen4.json``. A reason
+quotes a file with its machine, never a typed figure; a missing file makes it say so instead of failing the plan.
 """
 
 from __future__ import annotations
@@ -35,9 +32,8 @@ LAYERS = "cpu-layers-zen4.json"  # which layers train slower in bfloat16 (benchm
 
 
 def recorded_machine(doc: Mapping[str, Any]) -> str:
-    """The machine as a results file records it: its ``machine_kind`` (written from the probe's name, see
-    `machine_record`), else the CPU its ``machine`` describes, named
-    from the vendor, family and model it holds."""
+    """The machine as a results file records it: its ``machine_kind`` (the probe's name, `machine_record`), else
+    the CPU its ``machine`` describes."""
     if doc.get("machine_kind"):
         return str(doc["machine_kind"])
     machine = doc.get("machine") or {}
@@ -84,11 +80,11 @@ def _policy_files() -> tuple[str, ...]:
 
 
 def policy_file(cpu_name: str, default: str, *configs: str) -> str:
-    """The policy results file to quote for a CPU the probe names ``cpu_name``: one measured on a CPU of that
-    name holding every one of ``configs`` (the same microarchitecture), else ``default`` (the nearest kind).
+    """The policy results file to quote for a CPU the probe names ``cpu_name``.
 
     Args:
-        cpu_name: The probe's name for the CPU (`CpuInfo.name`).
+        cpu_name: The probe's name for the CPU (`CpuInfo.name`): a file measured on a CPU so named, holding every
+            one of ``configs``, speaks for it.
         default: The file that speaks for this kind of CPU where none of its name was measured.
         *configs: The configurations the reason quotes.
 
@@ -127,14 +123,11 @@ class ZooModel:
 
 @functools.cache
 def zoo_results(cpu_name: str) -> tuple[ZooModel, ...]:
-    """The models of every committed zoo run planned for a CPU the probe names ``cpu_name`` (a run planned for a
-    GPU of the same host is not the CPU's evidence).
+    """The models of every committed zoo run planned for a CPU the probe names ``cpu_name`` (not a GPU plan of the
+    same host), none where no such run is committed.
 
     Args:
         cpu_name: The probe's name for the CPU.
-
-    Returns:
-        The measured models (none where no zoo run of this CPU kind is committed).
     """
     found: list[ZooModel] = []
     for path in sorted(RESULTS_DIR.glob("zoo-*/**/zoo.json")):

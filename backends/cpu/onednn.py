@@ -1,23 +1,11 @@
 """Whether TensorFlow will run its oneDNN CPU kernels, read without importing TensorFlow.
 
-TensorFlow decides once, when it is imported (``IsMklEnabled`` in ``tensorflow/core/util/port.cc``):
-``TF_ENABLE_ONEDNN_OPTS`` wins when it reads ``0``/``false`` or ``1``/``true`` (any case); any other value
-is ignored with a warning, and TensorFlow's default applies (``DefaultOneDnnPolicy``):
-
-* Linux x86: on for CPUs with AVX512-VNNI, AVX512-BF16, AVX-VNNI or AMX (Intel Cascade Lake and later,
-  AMD Zen 4 and later); off for the others (AMD Zen 1-3, Intel Skylake-SP and older, most desktops),
-* Linux aarch64: on for Arm Neoverse V1 (AWS Graviton 3), off for other Arm cores,
-* Windows x86: on (builds with oneDNN; read from the source, not checked on a Windows machine),
-* macOS and everything else: off (Apple's arm64 builds have no oneDNN at all).
-
-TensorFlow 2.9 introduced this default; older releases ran oneDNN only with ``TF_ENABLE_ONEDNN_OPTS=1``.
-Under TensorFlow 2.15 with Intel Extension for TensorFlow loaded, ITEX's CPU backend runs its own oneDNN
-kernels (observed on a Zen 1 CPU, where TensorFlow's default leaves its oneDNN off: ITEX's oneDNN ran, and
-aborted on, a bf16 matmul); the CPU backend accounts for that separately (``CpuFacts.itex``). Whether
-``TF_ENABLE_ONEDNN_OPTS=0`` also turns ITEX's kernels off was not checked: the plan assumes it does not.
-
-Once TensorFlow is imported the answer is TensorFlow's own (``_pywrap_util_port.IsMklEnabled``) and the
-variable can no longer change it.
+TensorFlow decides once, at import (``IsMklEnabled``, ``tensorflow/core/util/port.cc``): ``TF_ENABLE_ONEDNN_OPTS``
+wins when it reads ``0``/``false`` or ``1``/``true`` (any case); otherwise ``DefaultOneDnnPolicy`` (since 2.9):
+on for Linux x86 CPUs with AVX512-VNNI, AVX512-BF16, AVX-VNNI or AMX, for Arm Neoverse V1 and for Windows x86;
+off elsewhere (AMD Zen 1-3, older Intel, other Arm cores, macOS). Under TensorFlow 2.15 a loaded ITEX runs its
+own oneDNN kernels whatever TensorFlow decides (``CpuFacts.itex``; the plan assumes ``TF_ENABLE_ONEDNN_OPTS=0``
+does not turn them off). Once TensorFlow is imported its own answer is read instead.
 """
 
 from __future__ import annotations
@@ -43,12 +31,8 @@ ONEDNN_BUILDS = {"linux": (*X86, "aarch64", "arm64"), "win32": X86, "windows": X
 
 @dataclass(frozen=True)
 class OneDnnState:
-    """Whether TensorFlow runs (or will run, once imported) its oneDNN CPU kernels, and why.
-
-    ``default`` is TensorFlow's default for this CPU and platform; ``variable`` the value of
-    ``TF_ENABLE_ONEDNN_OPTS`` (``None``: unset); ``enabled`` the outcome. ``tensorflow_imported`` means the
-    answer was read from TensorFlow itself and the variable can no longer change it.
-    """
+    """Whether TensorFlow runs (or will, once imported) its oneDNN CPU kernels, and why: the outcome, TensorFlow's
+    ``default`` here, ``TF_ENABLE_ONEDNN_OPTS`` (``None``: unset), and whether TensorFlow itself answered."""
 
     enabled: bool
     default: bool
@@ -135,13 +119,11 @@ def read_onednn_state(cpu: CpuInfo, environ: Mapping[str, str], tf_version: str 
 
 
 def onednn_takes_float16(cpu: CpuInfo, onednn: OneDnnState) -> bool:
-    """Whether TensorFlow runs float16 ops through oneDNN here: oneDNN on, and an x86 CPU with AVX512-FP16 or AMX-FP16.
+    """Whether TensorFlow runs float16 ops through oneDNN (not Eigen) here: oneDNN on, and an x86 CPU with
+    AVX512-FP16 or AMX-FP16.
 
     Args:
         cpu: the CPU as the probe read it.
         onednn: whether TensorFlow runs oneDNN (`onednn_state`).
-
-    Returns:
-        True where float16 convolutions and matmuls reach oneDNN's kernels rather than Eigen's.
     """
     return onednn.enabled and not cpu.is_arm and bool(cpu.flags & set(FLOAT16_FLAGS))

@@ -1,11 +1,8 @@
 """The CPU's dtype-policy rules: which policy runs fast on this CPU, given oneDNN's state and ITEX, and why.
 
-bfloat16 is fast on a CPU only where both hold: the CPU has bf16 instructions (AVX512_BF16, AMX, Arm
-BF16) and oneDNN runs the model's matmuls and convolutions — TensorFlow's oneDNN
-(`onednn`) or ITEX's. Without oneDNN, TensorFlow runs bfloat16 in Eigen,
-many times slower than float32 even on a bf16 CPU. The same holds for the CPU's graph rewrite (``graph_amp``,
-`graph_amp_support`): TensorFlow's grappler bfloat16 rewrite for oneDNN. Every figure quoted comes from a
-committed results file (`measured`), named with its machine.
+bfloat16 is fast on a CPU only where it has bf16 instructions (AVX512_BF16, AMX, Arm BF16) and oneDNN runs the
+model (TensorFlow's, `onednn`, or ITEX's); Eigen runs bfloat16 many times slower than float32. The same holds for
+the grappler bfloat16 rewrite (``graph_amp``). Every figure quoted comes from a committed results file (`measured`).
 """
 
 from __future__ import annotations
@@ -133,12 +130,8 @@ def fp32_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool, bf16: Sup
 
 
 def onednn_left_off(onednn: OneDnnState) -> str:
-    """Why the plan leaves oneDNN as TensorFlow's default leaves it, on a CPU where that default is off.
-
-    The one measurement near such a CPU is oneDNN limited to AVX2 kernels on the AVX-512 machine: a proxy,
-    not a CPU without AVX-512 (other caches and clocks), so the plan keeps TensorFlow's default and says
-    what was measured.
-    """
+    """Why the plan leaves oneDNN off where TensorFlow's default does: the one measurement near such a CPU (oneDNN
+    limited to AVX2 on the AVX-512 machine) is a proxy, so the plan keeps the default and says what was measured."""
     avx2, eigen = "float32 onednn_isa=AVX2", "float32" + OFF
     results = load(WITH_BF16)
     ratio = results.ratio(avx2, eigen) if results else None
@@ -182,14 +175,9 @@ MODEL_VARIANTS = ("float32", "mixed_bfloat16", "mixed_bfloat16 + float32 strided
 
 
 def float32_layers(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> tuple[tuple[Float32Layer, ...], str]:
-    """The layers a bfloat16 plan keeps in float32 on this CPU, or none and why.
-
-    On a CPU with AVX512-BF16 and no AMX, TensorFlow's oneDNN runs a depthwise convolution's bfloat16
-    gradients with a grouped ``brgconv_strided`` kernel (backward data, at a stride above 1) and the old
-    ``jit_bf16`` kernel (backward weights, at a kernel above 3), several times slower than float32's ``jit_dw``
-    and ``jit`` kernels (``ONEDNN_VERBOSE=1`` names them); a 3x3 depthwise convolution at stride 1 keeps its
-    ``jit_dw`` kernels and is faster in bfloat16. Elsewhere nothing was measured.
-    """
+    """The layers a bfloat16 plan keeps in float32 on this CPU (measured on AVX512-BF16 without AMX: strided or
+    large-kernel depthwise convolutions, whose bfloat16 gradients oneDNN runs in slow kernels, and LSTMs), or none
+    and why."""
     if not bf16_runs_fast(cpu, onednn, itex_active):
         return (), ("bfloat16 does not run through oneDNN's bf16 kernels on this CPU, so no layer was measured "
                     "against float32 in it")
@@ -234,7 +222,7 @@ def math_library(onednn: OneDnnState, itex_active: bool, zentf: str | None, zend
 
     Args:
         onednn: Whether TensorFlow runs oneDNN.
-        itex_active: Whether ITEX is loaded with TensorFlow (its own oneDNN kernels take the CPU ops).
+        itex_active: Whether ITEX is loaded with TensorFlow.
         zentf: The installed ``zentf`` version, or ``None``.
         zendnn_on: Whether ``TF_ENABLE_ZENDNN_OPTS=1`` is set for TensorFlow's start.
 
@@ -256,8 +244,6 @@ def math_library(onednn: OneDnnState, itex_active: bool, zentf: str | None, zend
 
 GRAPPLER_BF16 = "auto_mixed_precision_onednn_bfloat16"  # TensorFlow's own float32-to-bfloat16 rewrite for oneDNN
 GRAPPLER_PEER = "fp32 grappler-bf16"  # the zoo's configuration of it: a float32 model, rewritten
-
-
 ITEX_PEER = "ITEX AMP bf16"  # ITEX's auto mixed precision, switched on by its environment variables
 
 
@@ -267,13 +253,12 @@ def peers(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool, zentf: str | Non
     Args:
         cpu: The CPU.
         onednn: Whether TensorFlow runs oneDNN here.
-        itex_active: Whether ITEX is loaded: then its graph rewrite is the peer (on a CPU with bf16 instructions).
+        itex_active: Whether ITEX is loaded.
         zentf: The installed ``zentf`` version, or ``None``.
 
     Returns:
-        float32 with oneDNN the other way round from TensorFlow's default (where TensorFlow has a oneDNN build),
-        TensorFlow's grappler bfloat16 rewrite (bf16 instructions, oneDNN on), and ZenDNN with and without its
-        bfloat16 AMP (an AMD CPU with ``zentf`` installed); under ITEX, ITEX's bfloat16 rewrite alone.
+        float32 with oneDNN the other way round, the grappler bfloat16 rewrite, ZenDNN (with ``zentf``); under
+        ITEX, ITEX's bfloat16 rewrite alone.
     """
     if itex_active:  # ITEX's own graph rewrite, switched on as the tutorials do; none without bf16 (ITEX aborts)
         return (Peer(ITEX_PEER, "a float32 model that ITEX's graph rewrite turns to bfloat16, with no Keras policy "
@@ -303,16 +288,15 @@ GRAPH_AMP_FIGURES = (GRAPPLER_PEER, "fp32", "bf16")  # the rewrite, float32 and 
 
 
 def graph_amp_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Support:
-    """The CPU's own graph rewrite (the plan's ``graph_amp``): TensorFlow's grappler rewrite to bfloat16 for oneDNN.
+    """The CPU's own graph rewrite (``graph_amp``): TensorFlow's grappler rewrite to bfloat16 for oneDNN.
 
     Args:
         cpu: The CPU.
         onednn: Whether TensorFlow runs oneDNN here.
-        itex_active: Whether ITEX is loaded (its own oneDNN then runs the ops; no rewrite is offered).
+        itex_active: Whether ITEX is loaded (no rewrite is offered then).
 
     Returns:
-        Native where bfloat16 runs through oneDNN on bf16 instructions, quoting the committed zoo runs of a CPU
-        the probe names alike (or saying none was measured); unsupported elsewhere, with why.
+        Native where bfloat16 runs through oneDNN on bf16 instructions (quoting the zoo runs), else unsupported.
     """
     if itex_active:
         return Support(UNSUPPORTED, "ITEX is loaded: its own oneDNN runs the CPU's ops, and neither TensorFlow's "
@@ -357,18 +341,15 @@ def _faster(model: ZooModel, peer: str) -> bool | None:
 
 
 def judge_peers(cpu: CpuInfo, found: tuple[Peer, ...]) -> tuple[PeerVerdict, ...]:
-    """Each peer that applies on this CPU, judged from the committed zoo runs of a CPU the probe names alike.
-
-    A peer wins only where it beat the automatic plan's better run (our trainer or Keras ``fit`` under the plan)
-    by `PEER_MARGIN` in every interleaved repetition of every model measured, with its loss within float32's
-    seed spread: never on one timing.
+    """Each peer judged from the committed zoo runs of a CPU the probe names alike: it wins only where it beat the
+    plan's better run by `PEER_MARGIN` in every repetition of every model, its loss within float32's spread.
 
     Args:
         cpu: The CPU.
         found: The peers that apply here (`peers`).
 
     Returns:
-        One verdict per peer, quoting the figures, or saying that no run of this kind of CPU measured it.
+        One verdict per peer, quoting the figures, or saying that nothing was measured.
     """
     models = zoo_results(cpu.name)
     verdicts = []

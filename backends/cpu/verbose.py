@@ -1,21 +1,12 @@
-"""The CPU backend's kernel audit: oneDNN's verbose records (``ONEDNN_VERBOSE=1``), what each executed primitive
-was, in what dtype, on what ISA, and what the audit says when TensorFlow's matrix kernels ran outside oneDNN.
+"""The CPU backend's kernel audit: oneDNN's verbose records (``ONEDNN_VERBOSE=1``): what each executed
+primitive was, in what dtype, on what ISA, and what the audit says when matrix kernels ran outside oneDNN.
 
-Every primitive oneDNN executes prints one line. The formats, all read here (checked against real output,
-see ``tests/backends/cpu/test_audit_onednn.py`` for the recorded lines and where each comes from):
-
-- oneDNN >= 3.4 (TensorFlow 2.21 ships 3.7): ``onednn_verbose,v1,primitive,exec,cpu,convolution,
-  brg_conv_fwd:avx512_core_bf16,forward_training,src:bf16::blocked:acdb::f0 wei:bf16:a:blocked:...
-  dst:bf16::...,attr-scratchpad:user attr-post-ops:eltwise_relu,alg:convolution_direct,
-  mb64_ic1oc32_ih28oh26kh3sh1dh0ph0_iw28ow26kw3sw1dw0pw0,0.247803`` (time in ms, last);
-- oneDNN 3.1-3.3 (ITEX 2.15 ships 3.3): ``onednn_verbose,primitive,exec,cpu,...`` with ``src_f32::blocked...``;
-- oneDNN 3.0 / DNNL 1.x-2.x: ``onednn_verbose,exec,cpu,...`` / ``dnnl_verbose,exec,cpu,...``;
-- MKL-DNN 0.x: ``mkldnn_verbose,exec,convolution,jit:avx2,forward_training,fsrc:nChw8c ...,alg:...,mb1_...,1.1``
-  (no engine field, and no data types: its records are kept with dtype ``unknown``).
-
-A timestamp (``ONEDNN_VERBOSE_TIMESTAMP=1``) between the marker and ``primitive`` is skipped; lines that are
-not execution records (``info``, ``create``) are ignored. Kernels TensorFlow runs outside oneDNN (Eigen, XLA's
-own) print nothing: the reading says so (`outside_onednn_reason`) and reports no dtypes for them.
+Every executed primitive prints one line, in one of the formats read here (recorded lines and their sources:
+``tests/backends/cpu/test_audit_onednn.py``): oneDNN >= 3.4 ``onednn_verbose,v1,primitive,exec,cpu,...``
+(``src:bf16::blocked...``), 3.1-3.3 ``onednn_verbose,primitive,exec,cpu,...`` (``src_f32::blocked...``), 3.0 /
+DNNL ``onednn_verbose,exec,cpu,...`` / ``dnnl_verbose,exec,cpu,...``, and MKL-DNN 0.x ``mkldnn_verbose,exec,...``
+(no engine, no dtypes: ``unknown``). A timestamp after the marker is skipped; non-execution lines are ignored.
+Kernels outside oneDNN (Eigen, XLA) print nothing: the reading says so (`outside_onednn_reason`).
 """
 
 from __future__ import annotations
@@ -58,13 +49,9 @@ NATIVE_ISA = {"bfloat16": ("bf16", "amx", "fp16", "avx10"), "float16": ("fp16", 
 
 @dataclass(frozen=True)
 class Record:
-    """One executed oneDNN primitive.
-
-    ``kind``: ``convolution``, ``matmul``, ``inner_product``, ``gemm_api``, ``reorder``, ``pooling``...;
-    ``implementation`` as oneDNN names it; ``isa`` the instruction set in it (``None``: not named, as in
-    ``x64:gemm:jit``); ``prop``: ``forward_training``, ``backward_data``...; ``dtypes``: argument -> oneDNN
-    data type (``src``, ``wei``, ``dst``...); ``problem`` oneDNN's shape descriptor; ``time_ms``.
-    """
+    """One executed oneDNN primitive: its ``kind`` (``convolution``, ``reorder``...), ``implementation`` and the
+    ``isa`` named in it (``None``: none, as in ``x64:gemm:jit``), ``prop``, ``dtypes`` (argument -> oneDNN data
+    type), ``problem`` (oneDNN's shape descriptor) and ``time_ms``."""
 
     kind: str
     implementation: str
@@ -86,12 +73,8 @@ class Record:
 
     @property
     def dtype(self) -> str:
-        """The dtype the primitive computes in: ``bfloat16``, ``float32``, ``float16``, ``float8``, ``int8``...
-
-        Read from the weights, else the source, else the destination; ``unknown`` when the record names
-        none (MKL-DNN 0.x). float32 data under ``attr-fpmath:bf16`` (``ONEDNN_DEFAULT_FPMATH_MODE=BF16``)
-        is computed in bfloat16, and says so.
-        """
+        """The dtype the primitive computes in, from the weights, else the source, else the destination
+        (``unknown``: none named); float32 under ``attr-fpmath:bf16`` computes in bfloat16, and says so."""
         for arg in ("wei", "src", "data", "diff", "dst", "in"):
             raw = self.dtypes.get(arg)
             if raw and raw != "undef":
@@ -105,10 +88,8 @@ class Record:
 
     @property
     def unit(self) -> str:
-        """What executed it: ``AMX``, ``AVX512-BF16``, ``AVX512-FP16``, ``AVX512-VNNI``, ``AVX-512``, ``AVX2``...
-
-        ``unknown`` when the implementation names no ISA (``x64:gemm:jit``, ``gemm_api``): never guessed.
-        """
+        """What executed it: ``AMX``, ``AVX512-BF16``, ``AVX-512``, ``AVX2``...; ``unknown`` (never guessed) where
+        the implementation names no ISA."""
         isa = self.isa
         if isa is None or isa in ("uni", "any"):
             return "unknown"
@@ -210,13 +191,13 @@ def library_version(lines: Iterable[str]) -> str | None:
 
 
 def cpu_has_avx512(read_cpu: Callable[[], CpuInfo]) -> bool | None:
-    """Whether this machine's CPU has AVX-512 (TensorFlow sends bfloat16 to oneDNN only there); None on Arm.
+    """Whether this machine's CPU has AVX-512 (TensorFlow sends bfloat16 to oneDNN only there).
 
     Args:
         read_cpu: The CPU probe (the plan's: `probe_cpu`).
 
     Returns:
-        True or False on x86, ``None`` where the question does not apply (Arm) or the CPU cannot be read.
+        True or False on x86, ``None`` on Arm or where the CPU cannot be read.
     """
     try:
         cpu = read_cpu()
@@ -226,15 +207,12 @@ def cpu_has_avx512(read_cpu: Callable[[], CpuInfo]) -> bool | None:
 
 
 def outside_onednn_reason(facts: Mapping[str, Any], plan: Mapping[str, Any], has_compute_records: bool) -> str | None:
-    """Why no oneDNN matrix kernel was seen, or None when some were.
+    """Why no oneDNN matrix kernel was seen, in words, or ``None`` when some were.
 
     Args:
         facts: What the audited process recorded (`CpuKernelAudit.facts`: ``onednn_opts``, ``cpu_avx512``).
         plan: The plan it ran under, as data (``compute_dtype``, ``xla``).
         has_compute_records: Whether oneDNN ran a convolution, matmul or inner product.
-
-    Returns:
-        The reason, in words, or ``None``.
     """
     if has_compute_records:
         return None
@@ -258,13 +236,10 @@ def outside_onednn_reason(facts: Mapping[str, Any], plan: Mapping[str, Any], has
 
 
 def eigen_bfloat16(outside: str) -> dict[str, str]:
-    """The warning for a bfloat16 plan whose matrix kernels ran outside oneDNN (code ``eigen-bfloat16``).
+    """The warning (``code``, ``what``, ``fix``) for a bfloat16 plan whose matrix kernels ran outside oneDNN.
 
     Args:
         outside: Why they ran outside oneDNN (`outside_onednn_reason`).
-
-    Returns:
-        The warning: ``code``, ``what``, ``fix``.
     """
     return {"code": "eigen-bfloat16",
             "what": f"the plan says bfloat16, but the matrix kernels {outside}; "
@@ -273,13 +248,12 @@ def eigen_bfloat16(outside: str) -> dict[str, str]:
 
 
 def read_records(lines: Sequence[str], doc: Mapping[str, Any], header: Sequence[str] = ()) -> KernelReading:
-    """The reading of a CPU run: ``lines`` are the measured steps' verbose output, ``doc`` what the run recorded
-    (its ``plan``, ``steps`` and ``facts``), ``header`` the output before them (oneDNN's version banner).
+    """The reading of a CPU run.
 
     Args:
-        lines: The measured steps' standard output.
-        doc: The run's document (`Capture.doc`).
-        header: The standard output before the measured steps.
+        lines: The measured steps' standard output (oneDNN's verbose records).
+        doc: The run's document (`Capture.doc`: its ``plan``, ``steps`` and ``facts``).
+        header: The standard output before the measured steps (oneDNN's version banner).
 
     Returns:
         The records and what the CPU backend says of them.
@@ -328,34 +302,24 @@ class CpuKernelAudit(KernelAudit):
         self.read_cpu = read_cpu
 
     def capturing(self, environ: Mapping[str, str] | None = None) -> bool:
-        """Whether oneDNN prints its records in a process started with ``environ`` (``ONEDNN_VERBOSE``, or the older
-        ``DNNL_VERBOSE``, set to anything but 0).
+        """Whether oneDNN prints its records in a process started with ``environ`` (``ONEDNN_VERBOSE`` or
+        ``DNNL_VERBOSE`` set to anything but 0).
 
         Args:
             environ: The process's environment (default: this one's).
-
-        Returns:
-            True when oneDNN prints its records there.
         """
         env = os.environ if environ is None else environ
         return any(env.get(name, "0").strip().lower() not in ("", "0", "none")
                    for name in ("ONEDNN_VERBOSE", "DNNL_VERBOSE"))
 
     def facts(self) -> dict[str, Any]:
-        """``TF_ENABLE_ONEDNN_OPTS`` as the process started with it, and whether the CPU has AVX-512.
-
-        Returns:
-            ``{"onednn_opts": ..., "cpu_avx512": ...}``.
-        """
+        """``{"onednn_opts": ..., "cpu_avx512": ...}``: ``TF_ENABLE_ONEDNN_OPTS`` at the start, and AVX-512."""
         return {"onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS"), "cpu_avx512": cpu_has_avx512(self.read_cpu)}
 
     def read(self, capture: Capture) -> KernelReading:
-        """The measured steps' verbose records (`read_records`).
+        """The measured steps' verbose records and what the CPU backend says of them (`read_records`).
 
         Args:
             capture: The run's standard output and document.
-
-        Returns:
-            The records and what the CPU backend says of them.
         """
         return read_records(capture.lines, capture.doc, capture.header)

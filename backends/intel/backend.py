@@ -1,15 +1,9 @@
-"""Intel XPUs through Intel Extension for TensorFlow (ITEX): probe and plan rules.
+"""Intel XPUs through Intel Extension for TensorFlow (ITEX, end-of-life, TensorFlow 2.15): probe and plan rules.
 
-ITEX is end-of-life and needs TensorFlow 2.15 (Keras 2). Listing XPUs needs TensorFlow with the ITEX
-plugin loaded, so this probe runs only when TensorFlow is already imported or the plan is being applied.
-``itex.get_backend()`` answers ``b'GPU'`` even where only ITEX's CPU backend exists, so the decision rests
-on the XPU devices TensorFlow lists, never on that call.
-
-Rules (from Intel's documentation of ITEX 2.15; no Intel GPU was available to measure):
-Data Center GPU Max (Xe-HPC): XMX with bf16, fp16 and TF32 -> mixed_bfloat16 (no loss scaling),
-ITEX_FP32_MATH_MODE=TF32 for the float32 parts. Flex and Arc (Xe-HPG): XMX with bf16 and fp16, no TF32
--> mixed_bfloat16. Integrated GPUs without XMX: fp16 only -> mixed_float16 with dynamic loss scaling.
-XLA is off: ITEX's XPU plugin applies its own graph fusions, not XLA's jit_compile clusters.
+XPUs are listed through TensorFlow with ITEX loaded, so this probe runs only once TensorFlow is imported; it
+trusts the listed devices, never ``itex.get_backend()`` (which says GPU with only the CPU backend). Rules, from
+Intel's ITEX 2.15 documentation (no Intel GPU was measured): XMX (Max, Flex, Arc) -> mixed_bfloat16, plus TF32
+math mode on Xe-HPC (Max); no XMX -> mixed_float16 with dynamic loss scaling; XLA off (ITEX fuses graphs itself).
 """
 
 from __future__ import annotations
@@ -25,17 +19,9 @@ from amp_backends.kernel_audit import KernelAudit
 from amp_backends.plan import Plan
 from amp_backends.registry import Backend
 
-from .itex import (
-    AMP_SETTING,
-    ITEX_EOL,
-    MATH_MODE_VARIABLE,
-    ItexStatus,
-    apply_math_mode,
-    configure_itex_amp,
-    itex_libraries,
-    itex_software_row,
-    itex_status,
-)
+from .catalogue import CATALOGUE
+from .itex import (AMP_SETTING, ITEX_EOL, MATH_MODE_VARIABLE, ItexStatus, apply_math_mode, configure_itex_amp,
+                   itex_libraries, itex_software_row, itex_status)
 
 
 # The ITEX a described Intel GPU runs under (the device catalogue's assumption).
@@ -68,25 +54,19 @@ def classify_xpu(index: int, name: str, has_xmx: bool | None = None, is_xehpc: b
         memory_bytes: Its memory, where known.
 
     Returns:
-        The device: float16 on every XPU; XMX and bfloat16 where it has XMX engines (Xe-HPC, Flex, Arc, or ITEX
-        says so); TF32 on Xe-HPC (Data Center GPU Max).
+        The device: float16 everywhere; XMX and bfloat16 with XMX engines; TF32 on Xe-HPC.
     """
     upper = name.upper()
     xehpc = bool(is_xehpc) or " MAX" in upper or "PONTE VECCHIO" in upper
     xmx = bool(has_xmx) or xehpc or "FLEX" in upper or "ARC" in upper
-    caps = {FP16}
-    if xmx:
-        caps |= {XMX, BF16}
-    if xehpc:
-        caps.add(TF32)
+    caps = {FP16} | ({XMX, BF16} if xmx else set()) | ({TF32} if xehpc else set())
     return Accelerator("intel", index, name, "XPU", memory_bytes=memory_bytes, capabilities=frozenset(caps))
 
 
 def xpu_probe(names: Iterable[str], facts: IntelFacts, *, has_xmx: bool | None = None, is_xehpc: bool | None = None,
               memory_bytes: int | None = None, details: Iterable[tuple[str, str]] = (),
               reason: str | None = None) -> BackendProbe:
-    """The available Intel probe of a machine with these XPUs: what the probe reports, what ``describe`` gives for a
-    catalogue GPU, and what the tests' fake machines hold.
+    """The available Intel probe of a machine with these XPUs (the real probe's, a catalogue GPU's, the tests').
 
     Args:
         names: Each XPU's name, in TensorFlow's order (`classify_xpu`).
@@ -95,7 +75,7 @@ def xpu_probe(names: Iterable[str], facts: IntelFacts, *, has_xmx: bool | None =
         is_xehpc: ITEX's ``is_xehpc()`` for them, where asked.
         memory_bytes: Each XPU's memory, where known.
         details: The probe's ``(key, value)`` details for people.
-        reason: The probe's summary (default: the XPUs, as the probe words it).
+        reason: The probe's summary (default: the XPUs).
 
     Returns:
         The probe, its devices numbered ``/XPU:0``, ``/XPU:1``, ... in the order given.
@@ -155,9 +135,8 @@ class IntelBackend(Backend):
                                 f"no Intel GPU: probing through TensorFlow failed ({type(exc).__name__}: {exc})",
                                 details=tuple(details), facts=facts)
         if not names:
-            return BackendProbe(self.name, False, "no Intel GPU: TensorFlow with ITEX lists no XPU device "
-                                "(ITEX's CPU backend only)" if "gpu" not in native else
-                                "no Intel GPU: TensorFlow with ITEX lists no XPU device",
+            return BackendProbe(self.name, False, "no Intel GPU: TensorFlow with ITEX lists no XPU device"
+                                + (" (ITEX's CPU backend only)" if "gpu" not in native else ""),
                                 details=tuple(details), facts=facts)
         return xpu_probe(names, facts, has_xmx=has_xmx, is_xehpc=is_xehpc, details=details)
 
@@ -199,17 +178,10 @@ class IntelBackend(Backend):
                       "ITEX has no fp8 matrix path")
         units = {dtype: unit for dtype, need, unit in MATRIX_UNITS if all_have(need)}
         return Assessment(
-            backend=self.name,
-            devices=tuple(f"/XPU:{d.index}" for d in devices),
-            policies={"float32": fp32, "mixed_float16": fp16, "mixed_bfloat16": bf16},
-            preference=preference,
-            tf32=tf32,
-            xla=xla,
-            xla_default=False,
-            graph_amp=Support(NATIVE, "ITEX's Advanced Auto Mixed Precision (itex.set_config) rewrites the graph"),
-            fp8=fp8,
-            matrix_units=units,
-        )
+            backend=self.name, devices=tuple(f"/XPU:{d.index}" for d in devices),
+            policies={"float32": fp32, "mixed_float16": fp16, "mixed_bfloat16": bf16}, preference=preference,
+            tf32=tf32, xla=xla, xla_default=False, fp8=fp8, matrix_units=units,
+            graph_amp=Support(NATIVE, "ITEX's Advanced Auto Mixed Precision (itex.set_config) rewrites the graph"))
 
     def vendor_settings(self, plan: Plan) -> tuple[VendorSetting, ...]:
         settings = []
@@ -228,28 +200,19 @@ class IntelBackend(Backend):
 
     def catalogue(self) -> tuple[KnownDevice, ...]:
         """The intel devices of the device catalogue (``backends/intel/catalogue.py``)."""
-        from .catalogue import CATALOGUE
-
         return CATALOGUE
 
     def describe(self, device: KnownDevice) -> BackendProbe:
-        """The probe this backend would give on a machine with the catalogue's ``device`` alone.
+        """`xpu_probe`'s probe of a machine with the catalogue's ``device`` alone, citing its source.
 
         Args:
             device: One of this backend's `catalogue` entries.
-
-        Returns:
-            `xpu_probe`'s probe of the device, citing the entry's source (`KnownDevice.cite`).
         """
         facts = IntelFacts(CATALOGUE_ITEX, ("gpu",))
         return device.cite(xpu_probe([device.device_name], facts, memory_bytes=device.memory_bytes))
 
     def kernel_audit(self) -> XpuKernelAudit:
-        """Nothing is read on an XPU: the audit says why (`XPU_REASON`).
-
-        Returns:
-            The Intel backend's `XpuKernelAudit`.
-        """
+        """The Intel backend's `XpuKernelAudit`: nothing is read on an XPU, and the audit says why."""
         return XpuKernelAudit()
 
 

@@ -1,7 +1,5 @@
-"""The Intel GPUs of the device catalogue, for ``plan_for(device="max1550")``; the backend describes each.
-
-A described Intel GPU runs ITEX 2.15 with TensorFlow 2.15 (ITEX is end-of-life there); each entry's name and
-memory come from Intel's product specifications, named in its ``source``.
+"""The Intel GPUs of the device catalogue, for ``plan_for(device="max1550")``, run under ITEX 2.15 with TensorFlow
+2.15; each entry's name and memory come from Intel's product specifications, named in its ``source``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Intel Extension for TensorFlow (ITEX): whether it is usable, and its two settings.
 
-Read without importing ITEX (package metadata and file names), because ITEX X.Y only loads into
-TensorFlow X.Y: a mismatch fails at import or aborts. Used by the Intel backend (XPUs) and by the CPU
-backend (ITEX's CPU backend changes what is safe and fast on a CPU).
-
-The settings: ``ITEX_FP32_MATH_MODE`` (``TF32`` on Xe-HPC XPUs, ``BF32`` on AMX CPUs) lets float32
-matmuls use low-precision units; ITEX reads it from the environment when it builds its kernels, so it
-is set before the first op runs, and a value the user set is kept. ITEX's auto mixed precision rewrites
-the float32 graph to bfloat16 or float16 (``itex.set_config``).
+Read without importing ITEX, because ITEX X.Y only loads into TensorFlow X.Y (a mismatch fails or aborts at
+import). ``ITEX_FP32_MATH_MODE`` (``TF32`` on Xe-HPC XPUs, ``BF32`` on AMX CPUs) is read when ITEX builds its
+kernels, so it is set before the first op runs (a user's value is kept); ITEX's auto mixed precision rewrites the
+float32 graph (``itex.set_config``).
 """
 
 from __future__ import annotations
@@ -20,20 +16,16 @@ from typing import MutableMapping
 from amp_backends.software import installed_version, minor_version, tensorflow_version
 
 ITEX_DISTRIBUTION = "intel-extension-for-tensorflow"
-ITEX_EOL = (
-    "end-of-life: Intel stopped ITEX development (last release 2.15.0.3, 2025-03; no plan beyond TensorFlow 2.16, "
-    "Python <= 3.11)"
-)
+ITEX_EOL = ("end-of-life: Intel stopped ITEX development (last release 2.15.0.3, 2025-03; no plan beyond TensorFlow "
+            "2.16, Python <= 3.11)")
 MATH_MODE_VARIABLE = "ITEX_FP32_MATH_MODE"
 AMP_SETTING = "itex_auto_mixed_precision"
 
 
 @dataclass(frozen=True)
 class ItexStatus:
-    """Whether Intel Extension for TensorFlow is installed and usable with the installed TensorFlow.
-
-    ``compatible`` means ITEX matches TensorFlow, so TensorFlow loads it as a plugin when imported.
-    """
+    """Whether Intel Extension for TensorFlow is installed, and ``compatible`` with the installed TensorFlow (which
+    then loads it as a plugin when imported)."""
 
     version: str | None
     tf_version: str | None
@@ -56,13 +48,9 @@ def itex_status(itex_version: str | None = None, tf_version: str | None = None, 
         return ItexStatus(itex_version, None, False, f"ITEX {itex_version} is installed but TensorFlow is not")
     if minor_version(itex_version) != minor_version(tf_version):
         want = ".".join(map(str, minor_version(itex_version)))
-        return ItexStatus(
-            itex_version,
-            tf_version,
-            False,
-            f"ITEX {itex_version} needs TensorFlow {want}.x but TensorFlow {tf_version} is installed: ITEX will not "
-            f"load (use an environment with tensorflow=={want}.* for Intel GPUs)",
-        )
+        return ItexStatus(itex_version, tf_version, False, f"ITEX {itex_version} needs TensorFlow {want}.x but "
+                          f"TensorFlow {tf_version} is installed: ITEX will not load (use an environment with "
+                          f"tensorflow=={want}.* for Intel GPUs)")
     return ItexStatus(itex_version, tf_version, True, f"ITEX {itex_version} matches TensorFlow {tf_version}")
 
 
@@ -82,11 +70,8 @@ def itex_libraries() -> list[str]:
             names = os.listdir(folder)
         except OSError:
             continue
-        for n in names:
-            if n.startswith("libitex_cpu"):
-                found.add("cpu")
-            if n.startswith("libitex_gpu") or n.startswith("libitex_xpu"):
-                found.add("gpu")
+        found |= {"cpu" for n in names if n.startswith("libitex_cpu")}
+        found |= {"gpu" for n in names if n.startswith(("libitex_gpu", "libitex_xpu"))}
     return sorted(found)
 
 

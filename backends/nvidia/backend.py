@@ -1,13 +1,8 @@
 """NVIDIA GPUs: NVML probe and plan rules.
 
-Capabilities follow the compute capability (CC): Tensor Cores from CC 7.0 (Volta) except the Turing
-GTX 16xx parts, which lack them; bf16 and TF32 Tensor Cores from CC 8.0 (Ampere); fp8 from CC 8.9.
-
-The figures the reasons quote come from the committed results files (`measured`): the tutorials'
-hand-written loops and the matmul peak per dtype, measured on a GPU with TensorFlow 2.21.
-
-Devices are numbered as CUDA numbers them (`cuda_enumeration`),
-so ``/GPU:0`` in the plan is the GPU TensorFlow calls ``/GPU:0``.
+Capabilities follow the compute capability (CC): Tensor Cores from 7.0 (Volta; not the GTX 16xx), bf16 and TF32
+from 8.0 (Ampere), fp8 from 8.9. Devices are numbered as CUDA numbers them (`cuda_enumeration`), so the plan's
+``/GPU:0`` is TensorFlow's. The figures the reasons quote come from the committed results files (`measured`).
 """
 
 from __future__ import annotations
@@ -27,6 +22,7 @@ from amp_backends.software import installed_version
 
 from . import measured
 from .capability import capability_facts, cc_text, compute_capability
+from .catalogue import CATALOGUE
 from .kernels import NvidiaKernelAudit
 from .nvml import FASTEST_FIRST, NvmlGpu, optional, as_text, nvml_start_failure, read_nvml_gpus, visible_gpus
 
@@ -130,8 +126,7 @@ class NvidiaFacts:
 
 def gpu_device(index: int, name: str, cc: tuple[int, int] | None, memory_bytes: int | None = None,
                pci_bus_id: str | None = None) -> Accelerator:
-    """One NVIDIA GPU as the probe reports it, its capabilities derived from its name and compute capability, which
-    it keeps among its facts (`capability_facts`; read with `compute_capability`).
+    """One NVIDIA GPU as the probe reports it, its compute capability among its facts (`capability_facts`).
 
     Args:
         index: TensorFlow's index of it (``/GPU:<index>``): its place in CUDA's enumeration order.
@@ -149,15 +144,14 @@ def gpu_device(index: int, name: str, cc: tuple[int, int] | None, memory_bytes: 
 
 def gpu_probe(gpus: Iterable[tuple[Any, ...]], *, details: Iterable[tuple[str, str]] = (),
               facts: NvidiaFacts | None = None, reason: str | None = None) -> BackendProbe:
-    """The available NVIDIA probe of a machine with these GPUs: what the probe reports, what ``describe`` gives for a
-    catalogue GPU, and what the tests' fake machines hold.
+    """The available NVIDIA probe of a machine with these GPUs (the real probe's, a catalogue GPU's, the tests').
 
     Args:
         gpus: Each GPU's `gpu_device` figures after its index, in CUDA's order: name, compute capability, and
             optionally memory in bytes and PCI bus id (``("NVIDIA H100 80GB HBM3", (9, 0), 80 * GB)``).
         details: The probe's ``(key, value)`` details for people.
         facts: What the probe saw beyond the devices (driver, NVML's GPUs, CUDA's device order), where it looked.
-        reason: The probe's summary (default: the GPUs and their compute capabilities, as the probe words it).
+        reason: The probe's summary (default: the GPUs and their compute capabilities).
 
     Returns:
         The probe, its devices numbered ``/GPU:0``, ``/GPU:1``, ... in the order given.
@@ -288,43 +282,24 @@ class NvidiaBackend(Backend):
         units = {dtype: unit for dtype, needs, unit in MATRIX_UNITS if all(map(all_have, needs))}
         notes = (f"GPUs of different compute capabilities ({ccs}): the plan follows the weakest",) if mixed else ()
         return Assessment(
-            backend=self.name,
-            devices=tuple(d.tf_name for d in devices),
-            policies={"float32": fp32, "mixed_float16": fp16, "mixed_bfloat16": bf16},
-            preference=preference,
-            tf32=tf32,
-            xla=xla,
-            xla_default=True,
-            graph_amp=GRAPH_AMP,
-            notes=notes,
-            fp8=fp8,
-            matrix_units=units,
-            steps_per_execution_why=fit_steps_why,
-            steps_per_execution_evidence=fit_steps_evidence,
-        )
+            backend=self.name, devices=tuple(d.tf_name for d in devices),
+            policies={"float32": fp32, "mixed_float16": fp16, "mixed_bfloat16": bf16}, preference=preference,
+            tf32=tf32, xla=xla, xla_default=True, graph_amp=GRAPH_AMP, notes=notes, fp8=fp8, matrix_units=units,
+            steps_per_execution_why=fit_steps_why, steps_per_execution_evidence=fit_steps_evidence)
 
     def catalogue(self) -> tuple[KnownDevice, ...]:
         """The nvidia devices of the device catalogue (``backends/nvidia/catalogue.py``)."""
-        from .catalogue import CATALOGUE
-
         return CATALOGUE
 
     def describe(self, device: KnownDevice) -> BackendProbe:
-        """The probe this backend would give on a machine with the catalogue's ``device`` alone.
+        """`gpu_probe`'s probe of a machine with the catalogue's ``device`` alone, citing its source.
 
         Args:
             device: One of this backend's `catalogue` entries.
-
-        Returns:
-            `gpu_probe`'s probe of the device, citing the entry's source (`KnownDevice.cite`).
         """
         gpu = (device.device_name, compute_capability(device), device.memory_bytes)
         return device.cite(gpu_probe([gpu], facts=NvidiaFacts()))
 
     def kernel_audit(self) -> NvidiaKernelAudit:
-        """The measured steps traced with TensorFlow's profiler, every GPU kernel classified by name (`kernels`).
-
-        Returns:
-            The NVIDIA backend's `NvidiaKernelAudit`.
-        """
+        """The NVIDIA backend's `NvidiaKernelAudit`: the profiler's trace, every GPU kernel classified by name."""
         return NvidiaKernelAudit()

@@ -1,8 +1,5 @@
-"""NVIDIA's compute capability (CC), kept as one of the backend's device facts.
-
-The generic device types (`Accelerator`, `KnownDevice`) carry no vendor field: the backend states a GPU's
-compute capability as a `DeviceFact` (`capability_facts`) and reads it back (`compute_capability`). The report's
-JSON writes the fact under its key, ``"compute_capability": "9.0"``; people read it as ``CC 9.0``.
+"""NVIDIA's compute capability (CC), kept as one of the backend's device facts (`capability_facts`, read back
+with `compute_capability`): the report's JSON writes ``"compute_capability": "9.0"``, people read ``CC 9.0``.
 """
 
 from __future__ import annotations
@@ -13,25 +10,20 @@ COMPUTE_CAPABILITY = "compute_capability"
 
 
 def cc_label(cc: str) -> str:
-    """A compute capability as the reasons and reports name it.
+    """A compute capability (``"9.0"``) as the reasons and reports name it: ``"CC 9.0"``.
 
     Args:
-        cc: The compute capability as text (``"9.0"``).
-
-    Returns:
-        ``"CC 9.0"``.
+        cc: The compute capability as text.
     """
     return f"CC {cc}"
 
 
 def capability_facts(cc: tuple[int, int] | None) -> tuple[DeviceFact, ...]:
-    """The device facts that state an NVIDIA GPU's compute capability.
+    """The device facts that state an NVIDIA GPU's compute capability: ``compute_capability`` (``"9.0"``, read
+    ``"CC 9.0"``), or none where unknown.
 
     Args:
         cc: The compute capability (``(9, 0)``), or ``None`` where unknown.
-
-    Returns:
-        The one fact ``compute_capability`` (``"9.0"``, read ``"CC 9.0"``), or no fact where ``cc`` is ``None``.
     """
     if cc is None:
         return ()
@@ -40,13 +32,10 @@ def capability_facts(cc: tuple[int, int] | None) -> tuple[DeviceFact, ...]:
 
 
 def compute_capability(device: Accelerator | KnownDevice) -> tuple[int, int] | None:
-    """The compute capability the NVIDIA backend stated for a device or catalogue entry.
+    """The compute capability the NVIDIA backend stated for a device or catalogue entry (``(9, 0)``), or ``None``.
 
     Args:
         device: A device of the NVIDIA probe, or an entry of its catalogue.
-
-    Returns:
-        ``(major, minor)``, such as ``(9, 0)``; ``None`` where the device has no such fact.
     """
     value = device.fact(COMPUTE_CAPABILITY)
     if value is None:
@@ -56,12 +45,9 @@ def compute_capability(device: Accelerator | KnownDevice) -> tuple[int, int] | N
 
 
 def cc_text(device: Accelerator | KnownDevice) -> str:
-    """The compute capability as the reasons and reports write it after ``CC``.
+    """The compute capability as the reasons and reports write it after ``CC``: ``"9.0"``, or ``"-"`` where unknown.
 
     Args:
         device: A device of the NVIDIA probe, or an entry of its catalogue.
-
-    Returns:
-        ``"9.0"``, or ``"-"`` where unknown.
     """
     return device.fact(COMPUTE_CAPABILITY) or "-"

@@ -1,8 +1,5 @@
-"""The NVIDIA GPUs of the device catalogue, for ``plan_for(device="h100")``; the backend describes each.
-
-Each entry's name, compute capability and memory come from NVIDIA's datasheet or specification page, named
-in its ``source``; the probe is what `NvidiaBackend` would report on a
-machine with that GPU alone.
+"""The NVIDIA GPUs of the device catalogue, for ``plan_for(device="h100")``: each entry's name, compute capability
+and memory come from NVIDIA's datasheet or specification page, named in its ``source``.
 """
 
 from __future__ import annotations

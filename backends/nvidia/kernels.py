@@ -1,28 +1,13 @@
-"""The NVIDIA backend's kernel audit: GPU kernels by name (library, dtype, Tensor Cores or not, from Volta to
+"""The NVIDIA backend's kernel audit: GPU kernels by name (library, dtype, Tensor Cores or not, Volta to
 Blackwell), read from TensorFlow's profiler traces.
 
-TensorFlow's profiler (xprof) decides Tensor Core use by looking for ``884``/``1688``/``xmma``/``hmma`` in a
-kernel's name and counts as 16-bit only half/fp16 names (xprof ``IsKernelUsingTensorCore``): Ampere's
-``s16816``, Hopper's ``nvjet`` and every bfloat16 kernel fall outside. The names follow patterns that say
-more (each rule's examples are recorded names, listed with their public sources in
-``tests/data/nvidia_kernels.json``):
-
-- cuBLAS/cuDNN SASS kernels ``<arch>_[<dtype>_]<acc><mma>gemm|cudnn_[<dtype>]...``: ``volta_h884gemm_64x64_nt``,
-  ``turing_fp16_s1688cudnn_fp16_...``, ``ampere_bf16_s16816gemm_bf16_...``: the MMA shape (884, 1688,
-  16816, 8816, 16832...) means Tensor Cores; a plain ``sgemm``/``scudnn`` is float32 on CUDA cores.
-- xmma kernels ``sm<NN>_xmma_<gemm|fprop|dgrad|wgrad>_..._<A><B>_<C><acc>_...``:
-  ``sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_...``, ``sm80_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_...``,
-  ``sm89_xmma_gemm_e4m3e4m3_e4m3f32_f32_...``.
-- cuBLAS >= 12.8 ``nvjet_[sm<NN>_]<A><compute><D>_...``: ``h`` float16, ``t`` bfloat16, ``s`` float32.
-- CUTLASS ``cutlass_[<sm>_]tensorop|simt_[<dtype>_]<acc><mma>gemm_...``:
-  ``cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_...``.
-- cuDNN's CUDA-core convolutions: ``implicit_convolve_sgemm`` (float32), ``implicit_convolveNd_hhgemm`` (float16).
-- XLA fusions (``fusion_12``, ``loop_fusion``, ``input_reduce_fusion``, ``gemm_fusion_dot.3``,
-  ``triton_gemm_dot``): the name says nothing about the dtype; the HLO the trace attaches (``long_name``,
-  ``hlo_text``) does. Without it: unknown.
-
-Anything else is ``other`` (elementwise, copies, reductions: not matrix work), and a matrix kernel whose
-name does not say its dtype is ``unknown``: never guessed.
+xprof's own test (``IsKernelUsingTensorCore``: ``884``/``1688``/``xmma``/``hmma``, 16-bit only for fp16 names)
+misses Ampere's ``s16816``, Hopper's ``nvjet`` and every bfloat16 kernel, so the names are read here (recorded
+examples, with their sources, in ``tests/data/nvidia_kernels.json``): cuBLAS/cuDNN SASS
+(``ampere_bf16_s16816gemm_bf16_...``: an MMA shape means Tensor Cores, ``sgemm``/``scudnn`` float32), xmma
+(``sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_...``), cuBLAS >= 12.8 ``nvjet_`` (``h`` float16, ``t`` bfloat16,
+``s`` float32), CUTLASS, cuDNN's CUDA-core convolutions, and XLA fusions, whose dtype only their attached HLO
+says. Anything else is ``other``; a matrix kernel whose name does not say its dtype is ``unknown``, never guessed.
 """
 
 from __future__ import annotations
@@ -95,27 +80,22 @@ def _classify_hlo(name: str, hlo: str) -> KernelClass:
 def classify(name: str, hlo: str | None = None) -> KernelClass:
     """Classify one kernel name; ``hlo``: the HLO text the trace gives for it, used for XLA fusions."""
     short = name.strip()
-    inner = re.search(r"<\s*(cutlass_\w+)", short)  # "void cutlass::Kernel2<cutlass_80_tensorop_...>(...)"
-    if inner:
+    if inner := re.search(r"<\s*(cutlass_\w+)", short):  # "void cutlass::Kernel2<cutlass_80_tensorop_...>(...)"
         short = inner.group(1) + "_"
-    m = _NVJET.match(short)
-    if m:
+    if m := _NVJET.match(short):
         dtype = _DT.get(m.group("a"), "unknown")
         return KernelClass(name, "gemm", "cuBLAS", dtype, True if dtype in ("float16", "bfloat16") else None)
-    m = _XMMA.search(short)
-    if m:
+    if m := _XMMA.search(short):
         a = m.group("a")
         dtype = "tfloat32" if a == "f32" and "tf32" in m.group("rest") else _DT.get(a, "unknown")
         tc = True if "tensor16x8" in short else _tc_from_dtype(dtype)
         kind = "gemm" if m.group("op") == "gemm" else "conv"
         return KernelClass(name, kind, "cuDNN" if kind == "conv" or "cudnn" in short else "cuBLAS", dtype, tc)
-    m = _CUTLASS.search(short)
-    if m:
+    if m := _CUTLASS.search(short):
         dt = m.group("dt") or m.group("extra") or m.group("dt2")
         dtype = _DT.get(dt, "unknown") if dt else {"h": "float16", "i": "int8"}.get(m.group("acc"), "unknown")
         return KernelClass(name, "gemm", "CUTLASS", dtype, m.group("cls") != "simt")
-    m = _LEGACY.match(short)
-    if m:
+    if m := _LEGACY.match(short):
         mma, acc = m.group("mma"), m.group("acc")
         dt = m.group("dt") or m.group("dt2")
         if dt:
@@ -176,7 +156,8 @@ def read_trace(path: str | os.PathLike[str]) -> list[KernelEvent]:
     """The GPU kernels of a TensorFlow profiler run: a ``*.trace.json.gz``/``*.json`` file, an ``*.xplane.pb``
     (converted with ``tensorboard_plugin_profile``/``xprof`` when installed), or a log directory holding one.
 
-    Raises ValueError saying what was found and how to fix it when nothing readable is there.
+    Raises:
+        ValueError: Nothing readable is there (the message says what was found and how to fix it).
     """
     path = os.fspath(path)
     if os.path.isdir(path):
@@ -229,9 +210,7 @@ def _stat_value(stat: Any, names: dict[int, str]) -> str:
 
 def _read_xplane(path: str) -> list[KernelEvent]:
     try:
-        from tensorflow.tsl.profiler.protobuf import (
-            xplane_pb2,  # TensorFlow ships the XSpace protobuf
-        )
+        from tensorflow.tsl.profiler.protobuf import xplane_pb2  # TensorFlow ships the XSpace protobuf
     except ImportError:
         return events_from_trace_json(_xplane_to_trace(path))
     space = xplane_pb2.XSpace()
@@ -262,8 +241,7 @@ NO_GPU = ("not measured: TensorFlow listed no GPU in the audit's process, so no 
 
 
 def kernel_records(events: Iterable[KernelEvent]) -> tuple[KernelRecord, ...]:
-    """The trace's kernels as the audit counts them: a fusion without HLO may hold a dot, so it counts as compute
-    (of unknown dtype).
+    """The trace's kernels as the audit counts them (a fusion without HLO may hold a dot: compute, dtype unknown).
 
     Args:
         events: The trace's GPU kernels.
@@ -283,13 +261,10 @@ def kernel_records(events: Iterable[KernelEvent]) -> tuple[KernelRecord, ...]:
 
 
 def reading(events: Iterable[KernelEvent]) -> KernelReading:
-    """The reading of a trace's GPU kernels.
+    """The reading of a trace's GPU kernels, with the note on how they are matched to layers.
 
     Args:
         events: The trace's GPU kernels.
-
-    Returns:
-        The kernels and the note on how they are matched to layers.
     """
     return KernelReading(device="nvidia", records=kernel_records(events), source=TRACE, notes=(LAYER_NOTE,))
 
@@ -324,21 +299,14 @@ class NvidiaKernelAudit(KernelAudit):
             tf.profiler.experimental.stop()
 
     def facts(self) -> dict[str, Any]:
-        """Whether the measured steps were traced on a GPU.
-
-        Returns:
-            ``{"gpu": ...}``.
-        """
+        """Whether the measured steps were traced on a GPU: ``{"gpu": ...}``."""
         return {"gpu": self.tracing}
 
     def read(self, capture: Capture) -> KernelReading:
-        """The GPU kernels of the trace in the work folder.
+        """The GPU kernels of the trace in the work folder, or a reading that says none was traced (no GPU).
 
         Args:
             capture: The run's document and work folder.
-
-        Returns:
-            The kernels, or a reading that says none was traced (no GPU).
 
         Raises:
             ValueError: The work folder holds no trace TensorFlow's profiler wrote, or one it cannot read.
@@ -352,9 +320,6 @@ class NvidiaKernelAudit(KernelAudit):
 
         Args:
             path: A ``*.trace.json.gz``, a ``*.xplane.pb``, or the logdir that holds one.
-
-        Returns:
-            The kernels.
 
         Raises:
             ValueError: ``path`` holds no trace TensorFlow's profiler wrote, or one it cannot read.

@@ -1,11 +1,8 @@
 """The GPU measurements the NVIDIA plan's reasons quote, read from the committed results files.
 
-``results/gpu-suite-h200/gpu_suite.json`` (``python benchmarks/gpu_suite.py``: the tutorials' hand-written loops,
-each configuration's median epoch), ``results/gpu-suite-h200-trainer/gpu_suite.json`` (the suite's experiments:
-Keras ``fit`` at one and at many steps per call, the trainer's compiled calls) and
-``results/zoo-h200/mnist-cnn/zoo.json`` (``--zoo``: the matmul peak per dtype, 4 chained 8192x8192 matmuls) ship
-in the wheel as ``amp_backends/results``. A reason never types a
-figure itself: it quotes one of these files with its machine; a missing file makes the reason say so.
+``results/gpu-suite-h200/gpu_suite.json`` (the tutorials' loops), ``results/gpu-suite-h200-trainer/gpu_suite.json``
+(Keras ``fit`` at one and many steps per call) and ``results/zoo-h200/mnist-cnn/zoo.json`` (the matmul peak per
+dtype). A reason quotes a file with its machine, never a typed figure; a missing file makes it say so.
 """
 
 from __future__ import annotations

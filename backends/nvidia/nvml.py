@@ -1,10 +1,8 @@
 """What NVML says about the GPUs, and which of them a CUDA program sees, in which order.
 
-NVML (nvidia-ml-py) lists GPUs without initialising CUDA, in its own order. A CUDA program — TensorFlow —
-numbers them in CUDA's enumeration order (``CUDA_DEVICE_ORDER``), then keeps those ``CUDA_VISIBLE_DEVICES``
-names, in that variable's order: `visible_gpus` maps one onto the other. nvidia-ml-py reports every
-failure to load the NVML library as "NVML Shared Library Not Found"; `nvml_start_failure` asks the
-dynamic loader what really happened.
+NVML lists GPUs in its own order; CUDA numbers them by ``CUDA_DEVICE_ORDER`` and keeps those
+``CUDA_VISIBLE_DEVICES`` names (`visible_gpus`). nvidia-ml-py reports every failure to load NVML as "NVML Shared
+Library Not Found"; `nvml_start_failure` asks the dynamic loader what really happened.
 """
 
 from __future__ import annotations
@@ -53,14 +51,9 @@ def cuda_enumeration(gpus: Sequence[NvmlGpu], order: str = FASTEST_FIRST) -> lis
     """The GPUs in CUDA's enumeration order: the order ``CUDA_VISIBLE_DEVICES`` indices and TensorFlow's
     ``/GPU:<n>`` follow.
 
-    ``PCI_BUS_ID``: ascending PCI bus id (``nvidia-smi``'s order). ``FASTEST_FIRST``, CUDA's default, is
-    documented only as "from fastest to slowest using a simple heuristic" (CUDA Programming Guide,
-    environment variables, ``CUDA_DEVICE_ORDER``). We follow the heuristic NVIDIA's tools and samples use
-    to pick the fastest device: the higher compute capability first, then the higher throughput estimate
-    — CUDA cores (SM count x cores per SM) x maximum SM clock, both read from NVML
-    (``nvmlDeviceGetNumGpuCores``, ``nvmlDeviceGetMaxClockInfo``) and counted as 0 when NVML cannot tell
-    —, ties broken by PCI bus id. On a host mixing generations (a V100 at PCI bus 0, an A100 at bus 1)
-    this puts the A100 first, as CUDA does; GPUs of one model keep their PCI order.
+    ``PCI_BUS_ID``: ascending PCI bus id. ``FASTEST_FIRST``, CUDA's default, is documented only as "from fastest
+    to slowest using a simple heuristic"; we follow the one NVIDIA's samples use: the higher compute capability
+    first, then CUDA cores x maximum SM clock (0 where NVML cannot tell), ties broken by PCI bus id.
     """
     by_pci = sorted(gpus, key=lambda g: (_pci_key(g.pci_bus_id), g.nvml_index))
     if order == PCI_BUS_ID:
@@ -158,13 +151,9 @@ def _read_nvml_gpu(pynvml: Any, i: int) -> NvmlGpu:
     h = pynvml.nvmlDeviceGetHandleByIndex(i)
     pci = optional(lambda: pynvml.nvmlDeviceGetPciInfo(h))
     clock_type = getattr(pynvml, "NVML_CLOCK_SM", 1)
-    return NvmlGpu(
-        nvml_index=i,
-        name=as_text(pynvml.nvmlDeviceGetName(h)),
-        uuid=as_text(pynvml.nvmlDeviceGetUUID(h)),
-        pci_bus_id=as_text(pci.busId) if pci is not None else None,
-        compute_capability=tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)),
-        memory_bytes=optional(lambda: int(pynvml.nvmlDeviceGetMemoryInfo(h).total)),
-        cores=optional(lambda: int(pynvml.nvmlDeviceGetNumGpuCores(h))),
-        max_sm_clock_mhz=optional(lambda: int(pynvml.nvmlDeviceGetMaxClockInfo(h, clock_type))),
-    )
+    return NvmlGpu(nvml_index=i, name=as_text(pynvml.nvmlDeviceGetName(h)), uuid=as_text(pynvml.nvmlDeviceGetUUID(h)),
+                   pci_bus_id=as_text(pci.busId) if pci is not None else None,
+                   compute_capability=tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)),
+                   memory_bytes=optional(lambda: int(pynvml.nvmlDeviceGetMemoryInfo(h).total)),
+                   cores=optional(lambda: int(pynvml.nvmlDeviceGetNumGpuCores(h))),
+                   max_sm_clock_mhz=optional(lambda: int(pynvml.nvmlDeviceGetMaxClockInfo(h, clock_type))))
