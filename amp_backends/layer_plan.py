@@ -81,6 +81,17 @@ class LayerPlan:
                 return decision.dtype
         return self.policy
 
+    def keeps_float32(self, path: str) -> bool:
+        """Whether a layer computes in float32 under this layer plan.
+
+        Args:
+            path: The layer's path in the model.
+
+        Returns:
+            True where it is kept in float32 (or the plan's policy is float32).
+        """
+        return self.dtype(path) == FLOAT32
+
     def paths(self, dtype: str, source: str | None = None) -> tuple[str, ...]:
         """The layers the plan gives one dtype.
 
