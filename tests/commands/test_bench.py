@@ -151,3 +151,28 @@ def test_a_zoo_stopped_by_ctrl_c_or_sigterm_keeps_the_models_that_finished(bench
     assert_valid("zoo", report)
     assert [m["model"] for m in report["models"]] == ["mnist_cnn"] and said in report["interrupted"]
     assert said in (tmp_path / "zoo" / "zoo.md").read_text()
+
+
+def test_a_failed_fit_or_auto_configuration_keeps_its_kind_and_name(bench_cli, tmp_path, monkeypatch):
+    """A configuration that raised was written as kind ``manual`` under a name of its own ("auto plan" where the run
+    that works writes "auto plan (trainer)"): a failed fit or auto plan read as a manual configuration, and the best
+    manual ratio counted it. Now each keeps the kind and the name its run writes."""
+    from amp_backends.commands.bench import loops
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel for this\nsecond line")
+
+    monkeypatch.setattr(loops, "bench_manual", lambda model, config, *a: loops.Result(model, config[0], "manual",
+                                                                                        1000.0, [1000.0]))
+    monkeypatch.setattr(loops, "bench_fit", broken)
+    monkeypatch.setattr(loops, "bench_auto", broken)
+    result = bench_cli("--models", "mnist", "--configs", "fp32", "--samples", "64", "--mnist-batch", "16",
+                       "--epochs", "1", "--out", "runs")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "runs" / "bench.json").read_text())
+    assert_valid("bench", report)
+    kinds = {r["config"]: (r["kind"], r["error"]) for r in report["results"]}
+    assert kinds == {"fp32": ("manual", None),
+                     "Keras fit": ("keras_fit", "RuntimeError: no kernel for this"),
+                     "auto plan (trainer)": ("auto", "RuntimeError: no kernel for this"),
+                     "auto plan, loss scaling off": ("auto", "RuntimeError: no kernel for this")}, kinds

@@ -226,24 +226,24 @@ def run(models: list[str], configs: list[str] | None, epochs: int, samples: int,
             batch = mnist_batch if model == "mnist" else gan_batch
             if len(x) // batch < 1:
                 raise ValueError(f"--samples {samples} is smaller than one {model} batch of {batch}.")
-            jobs: list[tuple[str, Callable[..., Result]]] = []
+            jobs: list[tuple[str, str, Callable[..., Result]]] = []  # label, kind, the timed run
             for c in chosen:
                 if c[1] in unsafe:  # e.g. bf16 with ITEX on a CPU without bf16: it would abort the whole process
                     results.append(Result(model, c[0], "manual", None, error=f"skipped, unsafe here: {unsafe[c[1]]}"))
                     continue
-                jobs.append((c[0], functools.partial(bench_manual, model, c, x, y, batch, epochs, 0.01)))
+                jobs.append((c[0], "manual", functools.partial(bench_manual, model, c, x, y, batch, epochs, 0.01)))
             if with_fit and model == "mnist":
-                jobs.append(("Keras fit", functools.partial(bench_fit, x, y, batch, epochs, 0.01)))
+                jobs.append(("Keras fit", "keras_fit", functools.partial(bench_fit, x, y, batch, epochs, 0.01)))
             auto = functools.partial(bench_auto, model, x, y, batch, epochs, 0.01, steps_per_call)
-            no_scaling = functools.partial(auto, loss_scale="none", label="auto plan, loss scaling off")
-            jobs += [("auto plan", auto), ("auto plan, no loss scaling", no_scaling)]
-            for label, job in jobs:
+            for label, loss_scale in (("auto plan (trainer)", None), ("auto plan, loss scaling off", "none")):
+                jobs.append((label, "auto", functools.partial(auto, loss_scale=loss_scale, label=label)))
+            for label, kind, job in jobs:
                 saved_tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
                 try:
                     r = job()
                 except Exception as exc:  # one broken configuration must not lose the others
                     error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-                    r = Result(model, label, "manual", None, error=error)
+                    r = Result(model, label, kind, None, error=error)
                 finally:
                     tf.config.experimental.enable_tensor_float_32_execution(saved_tf32)
                     reset()
