@@ -96,7 +96,7 @@ def plan_for(hardware: Hardware | None = None, *, device: str | None = None, reg
         from .devices import device_hardware
 
         hardware = device_hardware(device)
-    registry = registry or default_registry()
+    registry = default_registry() if registry is None else registry
     request = build_request(registry.known_names(), environ=environ, **overrides)
     hardware = hardware or _probe(registry, use_tensorflow=False)
     plan = make_plan(hardware, request, registry, keras if keras is not None else keras_info(), tensorflow_version())
@@ -229,7 +229,7 @@ def auto_configure(*, backend: str | None = None, policy: str | None = None, xla
         UnsupportedRequestError: ``strict`` is on and a request cannot be honoured on this hardware.
         BackendError: A backend asked for by name failed, or none is left.
     """
-    registry = registry or default_registry()
+    registry = default_registry() if registry is None else registry
     request = build_request(registry.known_names(), backend=backend, policy=policy, xla=xla, tf32=tf32,
                             loss_scale=loss_scale, graph_amp=graph_amp, fp8=fp8, float32_layers=float32_layers,
                             strict=strict, force=force, itex_amp=itex_amp)

@@ -22,7 +22,7 @@ def tensorflow_device_types() -> frozenset[str] | None:
 def probe_hardware(registry: BackendRegistry | None = None, *, use_tensorflow: bool = False) -> Hardware:
     """Probe every backend; one that raises becomes an unavailable backend with the error recorded. TensorFlow is
     imported with ``use_tensorflow`` (Intel XPUs, TensorFlow's device list), else consulted only if imported."""
-    registry = registry or default_registry()
+    registry = default_registry() if registry is None else registry
     if use_tensorflow:
         import tensorflow  # noqa: F401  (loads device plugins such as ITEX)
     probes = []

@@ -156,7 +156,7 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
     fixed = {k: v for k, v in (overrides or {}).items() if k not in ("policy", "xla")}
     from ..training import Trainer
 
-    registry = registry or default_registry()
+    registry = default_registry() if registry is None else registry
     hardware = probe_hardware(registry, use_tensorflow=True)
     base = auto_configure(verbose=False, registry=registry, **fixed)
     try:

@@ -91,7 +91,7 @@ def collect(*, use_tensorflow: bool | None = None, registry: BackendRegistry | N
     raised. ``quiet`` filters TensorFlow's start-up noise; ``device`` plans for a catalogue device
     (`amp_backends.devices`) instead of this machine. A bad override or an unknown ``device`` raises
     `AmpConfigError`."""
-    registry = registry or default_registry()
+    registry = default_registry() if registry is None else registry
     env = os.environ if environ is None else environ
     if device is not None:  # a catalogue device's description, not this machine
         from ..devices import device_hardware

@@ -246,6 +246,17 @@ def test_a_backend_that_failed_to_load_is_refused_by_name_with_its_reason():
         plan_for(registry=reg, environ={"AMP_BACKEND": "rocm"})
 
 
+def test_an_empty_registry_is_planned_with_not_replaced_by_the_installed_backends():
+    """A registry given with no backend in it was taken for "none given" (an empty registry is falsy) and the
+    installed backends planned instead: the caller's registry is what is planned with, empty or not."""
+    from amp_backends.probe import probe_hardware
+
+    with pytest.raises(BackendError, match="No backend is available, not even the CPU"):
+        plan_for(hardware=machine(cpu_of(SAPPHIRE_RAPIDS)), registry=BackendRegistry(), environ={})
+    with pytest.raises(BackendError, match="No backend is available, not even the CPU"):
+        auto_configure(registry=BackendRegistry(), apply=False, verbose=False)
+    assert probe_hardware(BackendRegistry()).probes == ()
+
 
 def test_the_cpu_backend_hides_accelerators_from_a_cpu_plan():
     from amp_backends.backends.cpu.backend import hide_accelerators
