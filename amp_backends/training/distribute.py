@@ -84,8 +84,7 @@ def check_port_free(address: str, source: str = "TF_CONFIG",
 
 
 def cluster_config(env: Mapping[str, str]) -> tuple[dict[str, Any], str] | None:
-    """The cluster as a parsed ``TF_CONFIG`` and where it came from: ``TF_CONFIG`` when set (it wins), else the
-    launcher (``mpiexec``, ``srun``: `launchers`) when it started several workers, else ``None``."""
+    """The cluster as a parsed ``TF_CONFIG`` and its source: ``TF_CONFIG``, else a launcher of several workers."""
     tf_config = env.get("TF_CONFIG", "").strip()
     if tf_config:
         return parse_tf_config(tf_config), "TF_CONFIG"
@@ -95,34 +94,29 @@ def cluster_config(env: Mapping[str, str]) -> tuple[dict[str, Any], str] | None:
     return launch.tf_config(), launch.source
 
 
-def _port_fix(source: str) -> str:
-    return ("choose a free port in TF_CONFIG for this task" if source == "TF_CONFIG" else
-            f"set {PORT_VARIABLE} to a free base port for every worker (worker r on a host uses base + its local rank)")
-
-
-def check_cluster(kind: str = "auto", environ: Mapping[str, str] | None = None) -> None:
-    """What `make_strategy` refuses, checked before TensorFlow starts (its import takes seconds): the cluster
-    the environment describes (``TF_CONFIG`` that is not JSON, a launcher's variables half set) and this worker's
-    own port taken.
+def check_cluster(kind: str = "auto", environ: Mapping[str, str] | None = None) -> tuple[dict[str, Any], str] | None:
+    """What `make_strategy` refuses, checked before TensorFlow starts (its import takes seconds): the cluster the
+    environment describes (``TF_CONFIG`` that is not JSON, a launcher's variables half set), this worker's port taken.
 
     Args:
         kind: The ``--distribute`` choice.
         environ: The environment (default: this process's).
 
+    Returns:
+        The cluster found for ``kind`` (`cluster_config`), or ``None``.
+
     Raises:
         AmpConfigError: ``kind`` is not a strategy this library makes.
         ClusterConfigError: The cluster is described wrongly, or this worker's port is taken.
     """
-    _checked_cluster(kind, environ)
-
-
-def _checked_cluster(kind: str, environ: Mapping[str, str] | None) -> tuple[dict[str, Any], str] | None:
-    """`check_cluster`'s checks; the cluster found for ``kind`` (`cluster_config`)."""
     if kind not in STRATEGIES:
         raise AmpConfigError(f"--distribute must be one of {', '.join(STRATEGIES)}. Received: {kind!r}.")
     found = cluster_config(os.environ if environ is None else environ) if kind in ("auto", "multiworker") else None
     if found is not None:
-        check_port_free(own_address(found[0]), found[1], _port_fix(found[1]))
+        cfg, source = found
+        fix = ("choose a free port in TF_CONFIG for this task" if source == "TF_CONFIG" else f"set {PORT_VARIABLE} to "
+               "a free base port for every worker (worker r on a host uses base + its local rank)")
+        check_port_free(own_address(cfg), source, fix)
     return found
 
 
@@ -131,7 +125,7 @@ def make_strategy(kind: str = "auto", *, timeout_s: float = DEFAULT_TIMEOUT_S,
     """The strategy for ``kind``: auto (TF_CONFIG -> multiworker, several GPUs -> mirrored, else none)."""
     if kind in STRATEGIES and not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
         raise AmpConfigError(f"The cluster timeout must be a positive number of seconds. Received: {timeout_s!r}.")
-    found = _checked_cluster(kind, environ)  # refused here, before TensorFlow
+    found = check_cluster(kind, environ)  # refused here, before TensorFlow
     import tensorflow as tf
 
     if kind == "auto":

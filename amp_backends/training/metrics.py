@@ -320,8 +320,8 @@ class Monitor(Observer):
 # ------------------------------------------------------------------------------------ each call of a fit
 @dataclass
 class Progress:
-    """What one ``fit`` records of each compiled call, told to its ``observers``. Calls that compiled (a key not in
-    ``called``, kept across ``fit`` calls) or warmed up stay out of the median throughput."""
+    """What one ``fit`` records of each call, told to ``observers``; compiling (a key not in ``called``) or warm-up
+    calls stay out of the median throughput."""
 
     names: Sequence[str]
     observers: Sequence[Observer]

@@ -33,9 +33,8 @@ SHORT_NAMES = {"generator": "G", "discriminator": "D"}  # the GAN's updates, as 
 
 @dataclass
 class CallRecord:
-    """One compiled call: ``steps`` steps ending at global step ``step``, the first being step ``first`` of ``epoch``;
-    ``losses[i, j]`` and ``finite[i, j]``: step ``i``'s loss and finite flag for update ``names[j]`` (a non-finite
-    step was skipped)."""
+    """One compiled call: ``steps`` steps ending at global step ``step`` (the first: step ``first`` of ``epoch``);
+    ``losses[i, j]``, ``finite[i, j]``: step ``i``'s loss and finite flag (else skipped) for update ``names[j]``."""
 
     epoch: int
     first: int
@@ -77,8 +76,7 @@ class Observer:
         """
 
     def after_evaluation(self, epoch: int, step: int, values: dict[str, float]) -> None:
-        """At the end of epoch ``epoch`` (its mean loss, training metrics and, when it validated, ``val_*``
-        values) and after a validation between epochs (``val_*`` values).
+        """At each epoch's end (its mean loss, metrics, ``val_*`` values) and after a validation between epochs.
 
         Args:
             epoch: The epoch (1-based).
@@ -226,8 +224,7 @@ class ProgressBar(Observer):
 
 
 class ProfilerWindow(Observer):
-    """Traces the calls covering steps ``start:stop`` with the TensorFlow profiler into ``logdir``: whole calls (the
-    log says which steps), and a trace that cannot be written is a warning."""
+    """Traces the (whole) calls covering steps ``start:stop`` into ``logdir``; a failed trace is a warning."""
 
     def __init__(self, logdir: str, window: tuple[int, int]) -> None:
         self.logdir = logdir

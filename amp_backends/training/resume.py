@@ -105,8 +105,7 @@ def check_seed(stored: Mapping[str, Any] | None, seed: int, path: str) -> None:
 
 
 def nothing_left(at: At, epoch_done: bool, epochs: int, max_steps: int | None, say: bool = True) -> str | None:
-    """The warning (logged with ``say``) for a run that ``fit(epochs=..., max_steps=...)`` would not move (``None``:
-    steps to train); ``epoch_done``: the epoch ``at`` stands in has no batch left."""
+    """The warning (logged with ``say``) for a run ``fit`` would not move; ``epoch_done``: no batch left in ``at``'s."""
     done, left = at.epoch + int(epoch_done), None
     if max_steps is not None and at.step >= max_steps:
         left = (
@@ -173,8 +172,7 @@ def trainer_store(directory: str | os.PathLike, *, updates: Sequence[Update], sc
                   extra: Mapping[str, Any], trained: Sequence[Any] = (),
                   metrics: Sequence[tf.Variable] = ()) -> CheckpointStore:
     """A trainer's store: ``objects`` (default: the updates' variables and optimizers), the loss-scale state, the
-    position, the random layers' state of the models (``trained`` and ``objects``'), the training ``metrics``' state,
-    and ``extra`` in the signature. The floating-point variables are checked finite before a save."""
+    position, the models' random state, the training ``metrics``' state, and ``extra`` in the signature."""
     models = [m for m in (objects or {}).values() if hasattr(m, "layers")]
     every = [*(v for u in updates for v in [*u.variables, *u.state]), *(v for m in models for v in m.variables)]
     weights = [v for v in {id(v): v for v in every}.values() if tf.as_dtype(v.dtype).is_floating]
@@ -191,9 +189,8 @@ def trainer_store(directory: str | os.PathLike, *, updates: Sequence[Update], sc
 
 
 class Checkpointing:
-    """A trainer's checkpoints and stops: the store (`trainer_store`; ``None`` without a checkpoint directory), when
-    it saves (with the other workers, `together`), what a resume takes up (`restore`), Ctrl-C and SIGTERM
-    (`until_stopped`). ``validation``'s training metrics and monitor are saved; ``every``: ``checkpoint_every``."""
+    """A trainer's checkpoints (``store``: `trainer_store`, or ``None``), saves (with the other workers: `together`),
+    resume (`restore`) and stops on Ctrl-C or SIGTERM (`until_stopped`); ``every``: ``checkpoint_every``."""
 
     def __init__(self, directory: str | None, *, objects: Mapping[str, Any] | None, keep: int, every: int | None,
                  plan: Plan, updates: Sequence[Update], scalers: Mapping[str, LossScaler], position: Position,
@@ -303,8 +300,7 @@ class Checkpointing:
 
 # ------------------------------------------------------------------------------------ the random layers' state
 class RandomState(tf.Module):
-    """The random generators' state as one checkpoint object: the layers' ``states`` (its ``variables``, which the
-    signature lists) and Keras's global generator's (``shared``)."""
+    """The random generators' state as one checkpoint object: the layers' (``variables``) and Keras's global one."""
 
     def __init__(self, states: Sequence[tf.Variable], shared: Sequence[tf.Variable] = ()) -> None:
         super().__init__(name=RANDOM_STATE)

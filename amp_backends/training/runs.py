@@ -68,8 +68,7 @@ def ensure_directory(path: str | os.PathLike, what: str) -> Path:
 
 
 def check_directory(path: str | os.PathLike, what: str) -> Path:
-    """``path`` as an absolute ``Path``, checked as `ensure_directory` would but not made (the first write makes it):
-    `AmpConfigError` for a file in the way or an unwritable nearest existing folder."""
+    """``path`` as an absolute ``Path``, checked as `ensure_directory` would but not made (the first write makes it)."""
     p = check_no_file_in_the_way(path, what)
     existing = next((q for q in [p, *p.parents] if q.exists()), None)
     if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
@@ -122,8 +121,7 @@ _RESERVED: list[tuple[Path, list[Path]]] = []
 
 
 def release_unused_run_directories() -> None:
-    """Remove the run directories this process reserved and never wrote into, and the folders above them that the
-    reservation made, where still empty; the examples call it when they end, and it runs at exit."""
+    """Remove the run directories (and folders above) this process reserved and left empty; it also runs at exit."""
     while _RESERVED:
         path, made = _RESERVED.pop()
         _remove_empty([path, *made])
