@@ -31,8 +31,7 @@ logger = logging.getLogger("amp_backends.train")
 SIGNATURE_KEY = "signature/.ATTRIBUTES/VARIABLE_VALUE"
 # what an unfinished save leaves: its data folder, a half-written file of the merge, a half-written index
 UNFINISHED = re.compile(r"^(ckpt-\d+_temp.*|ckpt-\d+\..*\.tempstate\d*|checkpoint\.tmp[0-9a-f]*)$")
-# Besides the variables' bytes, a checkpoint holds an index entry per variable (name, shape, dtype, offset) and
-# the graph of the objects saved, an entry per object (measured on a small MLP with Adam: 60 and 72 bytes)
+# a checkpoint's bytes besides the variables': index and object-graph entries (measured on a small MLP with Adam)
 INDEX_BYTES_PER_VARIABLE = 60
 GRAPH_BYTES_PER_OBJECT = 72
 # a failed write; collective failures (a worker gone) are the distribution layer's to report
@@ -127,8 +126,7 @@ class CheckpointStore:
                                           name="signature")
         self.checkpoint = tf.train.Checkpoint(**self._objects, signature=self._signature_var)
         self.step_counter = step_counter
-        # Under MultiWorkerMirroredStrategy every worker saves (saving is collective); only the chief's
-        # files are kept, the others write to a scratch folder removed after each save.
+        # every worker saves (saving is collective); the others' files go to a scratch folder removed after each save
         write_dir = self.directory if is_chief else os.path.join(self.directory, f".worker-{worker}")
         self.manager = tf.train.CheckpointManager(self.checkpoint, write_dir, max_to_keep=keep,
                                                   step_counter=step_counter)

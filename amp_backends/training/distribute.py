@@ -173,9 +173,8 @@ os.kill(pid, signal.SIGKILL)
 
 def create_with_deadline(factory: Callable[[], Any], timeout_s: float, peers: list[str],
                          source: str = "TF_CONFIG") -> Any:
-    """Build the strategy, or end the process after ``timeout_s`` with a clear message: MultiWorkerMirroredStrategy's
-    constructor waits for every worker holding Python's global lock, so a watchdog process prints the error (naming
-    the workers that do not answer) and kills this one (exit status 137)."""
+    """Build the strategy, or after ``timeout_s`` a watchdog process names the workers that do not answer and kills this
+    one (exit 137): MultiWorkerMirroredStrategy's constructor waits holding Python's global lock."""
     import subprocess
     import sys
 

@@ -25,8 +25,7 @@ from .observers import WARMUP_CALLS, CallRecord, Observer
 from .runs import At
 
 
-# What the training call being traced records, process-wide: under a tf.distribute strategy the replicas' functions
-# are traced in threads of their own, which a thread-local value set around the call would not reach.
+# process-wide, not thread-local: under a tf.distribute strategy the replicas' functions are traced in other threads
 _recording: dict[str, dict[str, list[Any]]] = {"current": {}}
 
 ACCURACY_NAMES = ("accuracy", "acc")

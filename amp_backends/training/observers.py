@@ -90,9 +90,7 @@ class Observer:
 
 class LogLine(Observer):
     """The tutorials' line every ``every`` steps, ``(epoch, step), Loss: 0.08706, step_time: 0.00100, throughput:
-    1.02e+06 img/s.`` (the GAN's: ``G Loss``, ``D Loss``; a skipped step ends ``[skipped: non-finite gradients in
-    <update>]``), and ``Epoch 0 (global step 22): loss: ..., val_loss: ....`` or ``Validation at global step 500
-    (epoch 1): val_loss: ....``."""
+    1.02e+06 img/s.``, and one per epoch's end (``Epoch 0 (global step 22): ...``) or validation between epochs."""
 
     def __init__(self, every: int = 1) -> None:
         self.every = every
