@@ -1,19 +1,12 @@
 """Checkpoints that never lose a run, on a disk that may fail.
 
-TensorFlow writes a checkpoint's data into ``ckpt-N_temp/``, moves it into place, then swaps the ``checkpoint``
-index, so a crash mid-save leaves the previous checkpoint the latest. On top of that, `CheckpointStore`:
-
-* refuses to start a fresh run in a directory holding another run's checkpoints (the fix names ``resume``);
-* signs every checkpoint with what it holds (each model's variables: names, shapes and dtypes; the batch size;
-  the plan), so resuming another model's checkpoint names what differs, not hundreds of variables;
-* restores the newest intact checkpoint when the latest is unreadable (truncated, say), with a warning;
-* never saves non-finite weights;
-* restores a checkpoint written before an ``optional`` object was added (the random layers' state:
-  `resume`) without it, and `Restored` names it;
-* saves on storage that fails (a full disk, no permission, a read-only file system): a save that cannot be
-  written removes its partial files and raises `CheckpointError` naming the folder, its free space, the size a
-  checkpoint needs and the fix; before training (`CheckpointStore.ready_to_save`) it removes what a killed save
-  left (``ckpt-N_temp*``, ``*.tempstate*``, ``checkpoint.tmp*``) and refuses a folder with no room for one.
+TensorFlow writes a checkpoint into ``ckpt-N_temp/``, moves it into place, then swaps the ``checkpoint`` index: a
+crash mid-save leaves the previous checkpoint the latest. `CheckpointStore` adds: a fresh run refused over another
+run's checkpoints; a signature of what each checkpoint holds (the models' variables, the batch size, the plan), so a
+mismatch names what differs; the newest intact checkpoint restored when the latest is unreadable; no non-finite
+weights saved; ``optional`` objects a checkpoint predates left out of its restore (`Restored` names them); and a
+save on failing storage removes its partial files and raises `CheckpointError` naming the folder, its free space,
+the size needed and the fix (`CheckpointStore.ready_to_save` checks the room and cleans up a killed save first).
 """
 
 from __future__ import annotations
@@ -38,8 +31,7 @@ logger = logging.getLogger("amp_backends.train")
 SIGNATURE_KEY = "signature/.ATTRIBUTES/VARIABLE_VALUE"
 # what an unfinished save leaves: its data folder, a half-written file of the merge, a half-written index
 UNFINISHED = re.compile(r"^(ckpt-\d+_temp.*|ckpt-\d+\..*\.tempstate\d*|checkpoint\.tmp[0-9a-f]*)$")
-# Besides the variables' bytes, a checkpoint holds an index entry per variable (name, shape, dtype, offset) and
-# the graph of the objects saved, an entry per object (measured on a small MLP with Adam: 60 and 72 bytes)
+# a checkpoint's bytes besides the variables': index and object-graph entries (measured on a small MLP with Adam)
 INDEX_BYTES_PER_VARIABLE = 60
 GRAPH_BYTES_PER_OBJECT = 72
 # a failed write; collective failures (a worker gone) are the distribution layer's to report
@@ -58,20 +50,18 @@ def _variables_of(obj: Any) -> list[Any] | None:
 
 def signature(objects: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     """What a checkpoint holds: for each model or layer, its variables' names, shapes and dtypes, in order."""
-    models = {}
+    models, optimizers = {}, {}
     for key, obj in objects.items():
-        variables = _variables_of(obj)
-        if variables is None or hasattr(obj, "apply_gradients"):  # optimizers: their state follows the model's
-            continue
-        models[key] = [[str(getattr(v, "path", None) or getattr(v, "name", "?")).rsplit(":", 1)[0], list(v.shape),
-                        v.dtype.name if hasattr(v.dtype, "name") else str(v.dtype)] for v in variables]
-    optimizers = {key: type(obj).__name__ for key, obj in objects.items() if hasattr(obj, "apply_gradients")}
+        if hasattr(obj, "apply_gradients"):  # optimizers: their class (their state follows the model's)
+            optimizers[key] = type(obj).__name__
+        elif (variables := _variables_of(obj)) is not None:
+            models[key] = [[str(getattr(v, "path", None) or getattr(v, "name", "?")).rsplit(":", 1)[0], list(v.shape),
+                            v.dtype.name if hasattr(v.dtype, "name") else str(v.dtype)] for v in variables]
     return {"format": 1, "objects": models, **({"optimizers": optimizers} if optimizers else {}), **dict(extra)}
 
 
 def differences(stored: Mapping[str, Any], current: Mapping[str, Any], limit: int = 6) -> list[str]:
-    """Human-readable differences between two signatures' objects (names are shown, shapes and dtypes compared)
-    and optimizers (their classes)."""
+    """Human-readable differences between two signatures' objects (shapes, dtypes) and optimizers (classes)."""
     out: list[str] = []
     a, b = stored.get("objects", {}), current.get("objects", {})
     for key in sorted(set(a) | set(b)):
@@ -92,6 +82,24 @@ def differences(stored: Mapping[str, Any], current: Mapping[str, Any], limit: in
     return out[:limit] + ([f"... and {len(out) - limit} more"] if len(out) > limit else [])
 
 
+def checkpoint_paths(directory: str) -> list[str]:
+    """The checkpoints in ``directory``, newest first, by file name (an absolute path in the index may be stale)."""
+    state = tf.train.get_checkpoint_state(directory)
+    names = {os.path.basename(p) for p in (state.all_model_checkpoint_paths or [state.model_checkpoint_path])} \
+        if state else set()
+    return sorted((os.path.join(directory, n) for n in names), reverse=True,
+                  key=lambda p: int(n) if (n := p.rsplit("-", 1)[-1]).isdigit() else -1)
+
+
+def read_signature(path: str) -> dict[str, Any] | None:
+    """The signature the checkpoint at ``path`` was written with; ``None`` for a foreign one."""
+    reader = tf.train.load_checkpoint(path)
+    if not reader.has_tensor(SIGNATURE_KEY):
+        return None
+    raw = reader.get_tensor(SIGNATURE_KEY)
+    return json.loads(raw.decode() if isinstance(raw, bytes) else str(raw))
+
+
 # ------------------------------------------------------------------------------------ the store
 @dataclass(frozen=True)
 class Restored:
@@ -103,8 +111,7 @@ class Restored:
 
 
 class CheckpointStore:
-    """Saves and restores one ``tf.train.Checkpoint`` in a directory, by the rules in the module docstring;
-    ``weights``: the variables checked finite before each save."""
+    """Saves and restores one ``tf.train.Checkpoint`` in a directory; ``weights`` are checked finite before a save."""
 
     def __init__(self, objects: Mapping[str, Any], directory: str | os.PathLike, *, step_counter: tf.Variable,
                  keep: int = 3, is_chief: bool = True, worker: str = "0", extra: Mapping[str, Any] | None = None,
@@ -119,8 +126,7 @@ class CheckpointStore:
                                           name="signature")
         self.checkpoint = tf.train.Checkpoint(**self._objects, signature=self._signature_var)
         self.step_counter = step_counter
-        # Under MultiWorkerMirroredStrategy every worker saves (saving is collective); only the chief's
-        # files are kept, the others write to a scratch folder removed after each save.
+        # every worker saves (saving is collective); the others' files go to a scratch folder removed after each save
         write_dir = self.directory if is_chief else os.path.join(self.directory, f".worker-{worker}")
         self.manager = tf.train.CheckpointManager(self.checkpoint, write_dir, max_to_keep=keep,
                                                   step_counter=step_counter)
@@ -129,8 +135,7 @@ class CheckpointStore:
         self.resumes_from = self  # the store a resumed run continues from (a sibling's: the store it sits in)
 
     def sibling(self, name: str, keep: int = 1) -> CheckpointStore:
-        """A store of the same objects in the folder ``name`` inside this one (the best checkpoint's); a run resumes
-        from this one, not from it."""
+        """A store of the same objects in the folder ``name`` inside this one (the best checkpoint's)."""
         extra = {k: v for k, v in self.signature.items() if k not in ("format", "objects")}
         store = CheckpointStore({k: v for k, v in self._objects.items() if k not in self._optional},
                                 os.path.join(self.directory, name), step_counter=self.step_counter, keep=keep,
@@ -145,15 +150,8 @@ class CheckpointStore:
         return next((p for p in self.paths() if tf.io.gfile.exists(p + ".index")), None)
 
     def paths(self) -> list[str]:
-        """Checkpoints in the directory, newest first, each named by its file name in the directory (TensorFlow has
-        already joined the index's entries to it; an absolute entry goes stale when the run's folder moves)."""
-        state = tf.train.get_checkpoint_state(self.directory)
-        if state is None:
-            return []
-        paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
-        paths = [os.path.join(self.directory, os.path.basename(p)) for p in paths]
-        return sorted(set(paths), key=lambda p: int(p.rsplit("-", 1)[1]) if p.rsplit("-", 1)[1].isdigit() else -1,
-                      reverse=True)
+        """Checkpoints in the directory, newest first (`checkpoint_paths`)."""
+        return checkpoint_paths(self.directory)
 
     def ensure_fresh(self) -> None:
         """Refuse to start a new run over another run's checkpoints."""
@@ -165,22 +163,13 @@ class CheckpointStore:
                 "give this run its own directory (a new --logdir; the examples make a new version_N per run).")
 
     def annotate(self, key: str, value: Any) -> None:
-        """Record ``key: value`` in the signature the next checkpoints are written with (a run's own decision,
-        such as the measured precision, for its resume to follow)."""
+        """Record ``key: value`` in the signature of the next checkpoints (for a resume to follow)."""
         self.signature[key] = value
         self._signature_var.assign(json.dumps(self.signature))
 
-    def read_signature(self, path: str) -> dict[str, Any] | None:
-        reader = tf.train.load_checkpoint(path)
-        if not reader.has_tensor(SIGNATURE_KEY):
-            return None
-        raw = reader.get_tensor(SIGNATURE_KEY)
-        return json.loads(raw.decode() if isinstance(raw, bytes) else str(raw))
-
     def restore(self, before: Callable[[dict[str, Any] | None], None] | None = None) -> Restored | None:
-        """Restore the newest intact checkpoint; ``None`` if there is none at all. An unreadable checkpoint is
-        skipped with a warning; one of other models raises `CheckpointMismatchError` (older ones would not match).
-        ``before``: called with its signature just before its variables are read (to quantize float8 layers)."""
+        """Restore the newest intact checkpoint (``None``: none), skipping unreadable ones with a warning; one of other
+        models is `CheckpointMismatchError`. ``before(signature)`` runs before the variables are read (float8)."""
         paths = self.paths()
         if not paths:
             return None
@@ -189,7 +178,7 @@ class CheckpointStore:
               "another --logdir)."
         for path in paths:
             try:
-                stored = self.read_signature(path)
+                stored = read_signature(path)
             except Exception as exc:  # missing or truncated files
                 broken.append((path, _short(exc)))
                 continue
@@ -207,14 +196,11 @@ class CheckpointStore:
                 if before is not None:
                     before(stored)
                 checkpoint.restore(path).assert_existing_objects_matched()
-            except (AssertionError, ValueError) as exc:
-                if stored is None:
+            except Exception as exc:  # truncated data: IndexError, DataLossError, ...
+                if stored is None and isinstance(exc, (AssertionError, ValueError)):
                     raise CheckpointMismatchError(
                         f"The checkpoint {path} does not match the models being trained (it was written by another "
                         f"program or another model): {_short(exc, 240)}. {fix}") from None
-                broken.append((path, _short(exc)))
-                continue
-            except Exception as exc:  # truncated data: IndexError, DataLossError, ...
                 broken.append((path, _short(exc)))
                 continue
             for bad, why in broken:
@@ -232,8 +218,7 @@ class CheckpointStore:
         return bool(tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in self.weights]).numpy())
 
     def save_finite(self, together: ContextManager[Any]) -> str | None:
-        """A checkpoint now, written inside ``together`` (with the other workers). Non-finite weights are never
-        written: `NonFiniteError`; a checkpoint that cannot be written raises `CheckpointError` (`save`)."""
+        """`save` inside ``together`` (with the other workers); non-finite weights are `NonFiniteError`."""
         if not self.weights_finite():
             raise NonFiniteError(
                 f"Not saving step {int(self.step_counter.numpy())}: the weights contain NaN or Inf. The latest good "
@@ -242,8 +227,7 @@ class CheckpointStore:
             return self.save()
 
     def save(self) -> str | None:
-        """Write a checkpoint at the current step; its path (``None`` on non-chief workers). A save that cannot be
-        written raises `CheckpointError` after removing its files."""
+        """Write a checkpoint at the current step; its path (``None`` off the chief); `CheckpointError` if it fails."""
         step = int(self.step_counter.numpy())
         try:
             path = self.manager.save(checkpoint_number=step)
@@ -258,8 +242,7 @@ class CheckpointStore:
         return path
 
     def ready_to_save(self) -> None:
-        """Before training: unfinished saves of a killed run removed (by the chief); `CheckpointError` when the
-        checkpoint folder is not writable or has no room for one checkpoint."""
+        """Before training: remove a killed run's unfinished saves; `CheckpointError` if no checkpoint would fit."""
         if self.is_chief:
             self.remove_unfinished_saves()
         folder = self.manager.directory
@@ -267,16 +250,15 @@ class CheckpointStore:
             return
         if os.path.isdir(folder) and not os.access(folder, os.W_OK):
             raise CheckpointError(f"The checkpoint folder {folder!r} is not writable{_read_only(folder)}: no "
-                                  f"checkpoint could be saved. {self._kept()} Fix: {self._writable_fix()}")
+                                  f"checkpoint could be saved. {self._kept()} Fix: {self._fix(False)}")
         free, need = free_bytes(folder), self.checkpoint_bytes()
         if free is not None and need is not None and free < need:
             raise CheckpointError(
                 f"The checkpoint folder {folder!r} has {_size(free)} free; a checkpoint of this run needs about "
-                f"{_size(need)}, so the next save would fail. {self._kept()} Fix: {self._space_fix(need - free)}")
+                f"{_size(need)}, so the next save would fail. {self._kept()} Fix: {self._fix(True, need - free)}")
 
     def remove_unfinished_saves(self) -> list[str]:
-        """Remove what saves killed mid-way left in the directory (a finished checkpoint is never touched); the log
-        names them. Returns their names."""
+        """Remove (and log) what saves killed mid-way left in the directory; their names."""
         names = sorted(n for n in _names(self.directory) if UNFINISHED.match(n))
         freed = sum(_remove(os.path.join(self.directory, n)) for n in names)
         if names:
@@ -285,8 +267,7 @@ class CheckpointStore:
         return names
 
     def _remove_failed_save(self, step: int) -> None:
-        """The files of the failed save of ``step``: its temporary folder, half-written merge and index files, and
-        ``ckpt-<step>`` itself unless the index lists it (a checkpoint of that step written before)."""
+        """Remove the failed save's files (``ckpt-<step>`` itself unless the index lists it: an earlier save)."""
         folder = self.manager.directory
         listed = {os.path.basename(p) for p in self.paths()} if self.is_chief else set()
         own = re.compile(rf"^(ckpt-{step}(_temp.*|\..*\.tempstate\d*)|checkpoint\.tmp[0-9a-f]*)$")
@@ -296,8 +277,7 @@ class CheckpointStore:
                 _remove(os.path.join(folder, name))
 
     def checkpoint_bytes(self) -> int | None:
-        """About how many bytes one checkpoint takes: the latest checkpoint's files, else the bytes of the variables
-        it saves."""
+        """About how many bytes one checkpoint takes: the latest one's files, else its variables' bytes."""
         latest = self.latest
         if latest:
             with contextlib.suppress(tf.errors.OpError, OSError):
@@ -325,10 +305,8 @@ class CheckpointStore:
         room = ", ".join(([f"{_size(free)} free there"] if free is not None else [])
                          + ([f"a checkpoint of this run needs about {_size(need)}"] if need is not None else []))
         room = f" ({room})" if room else ""
-        if reason == "no space left on device":
-            fix = self._space_fix(need - free if free is not None and need is not None and need > free else None)
-        else:
-            fix = self._writable_fix()
+        fix = self._fix(reason == "no space left on device",
+                        need - free if free is not None and need is not None and need > free else None)
         return (f"The checkpoint of step {step} could not be written to {folder!r}: {reason}{room}. {self._kept()} The "
                 f"partial files of this save were removed. Fix: {fix}")
 
@@ -338,18 +316,15 @@ class CheckpointStore:
             return f"The latest checkpoint is still {os.path.basename(latest)}; training can continue from it."
         return "No checkpoint of this run has been written yet."
 
-    def _again(self) -> str:
-        return ("then run again with --resume (fit(..., resume=True)) to continue from the latest checkpoint"
-                if self.resumes_from.latest else "then run again")
-
-    def _space_fix(self, missing: int | None) -> str:
-        amount = f"at least {_size(missing)}" if missing else "space"
-        return (f"free {amount} on that disk, {self._again()}; or start over with a --logdir (checkpoint_dir) on a "
-                "disk with room.")
-
-    def _writable_fix(self) -> str:
-        return (f"make {self.manager.directory!r} writable (a read-only mount, an owner or mode that forbids "
-                f"writing), {self._again()}; or start over with a --logdir (checkpoint_dir) you can write to.")
+    def _fix(self, space: bool, missing: int | None = None) -> str:
+        """Free ``missing`` bytes (``space``), else make the folder writable; then run again."""
+        again = ("then run again with --resume (fit(..., resume=True)) to continue from the latest checkpoint"
+                 if self.resumes_from.latest else "then run again")
+        if space:
+            return (f"free {f'at least {_size(missing)}' if missing else 'space'} on that disk, {again}; or start over "
+                    "with a --logdir (checkpoint_dir) on a disk with room.")
+        return (f"make {self.manager.directory!r} writable (a read-only mount, an owner or mode that forbids writing), "
+                f"{again}; or start over with a --logdir (checkpoint_dir) you can write to.")
 
 
 def _short(exc: BaseException, limit: int = 160) -> str:
@@ -359,10 +334,8 @@ def _short(exc: BaseException, limit: int = 160) -> str:
 
 def _names(folder: str) -> list[str]:
     """The entries of a local ``folder``; none for a URL or a folder that cannot be listed."""
-    if "://" in folder:
-        return []
     try:
-        return os.listdir(folder)
+        return [] if "://" in folder else os.listdir(folder)
     except OSError:
         return []
 

@@ -84,8 +84,7 @@ def check_port_free(address: str, source: str = "TF_CONFIG",
 
 
 def cluster_config(env: Mapping[str, str]) -> tuple[dict[str, Any], str] | None:
-    """The cluster as a parsed ``TF_CONFIG`` and where it came from: ``TF_CONFIG`` when set (it wins), else the
-    launcher (``mpiexec``, ``srun``: `launchers`) when it started several workers, else ``None``."""
+    """The cluster as a parsed ``TF_CONFIG`` and its source: ``TF_CONFIG``, else a launcher of several workers."""
     tf_config = env.get("TF_CONFIG", "").strip()
     if tf_config:
         return parse_tf_config(tf_config), "TF_CONFIG"
@@ -95,19 +94,16 @@ def cluster_config(env: Mapping[str, str]) -> tuple[dict[str, Any], str] | None:
     return launch.tf_config(), launch.source
 
 
-def _port_fix(source: str) -> str:
-    return ("choose a free port in TF_CONFIG for this task" if source == "TF_CONFIG" else
-            f"set {PORT_VARIABLE} to a free base port for every worker (worker r on a host uses base + its local rank)")
-
-
-def check_cluster(kind: str = "auto", environ: Mapping[str, str] | None = None) -> None:
-    """What `make_strategy` refuses, checked before TensorFlow starts (its import takes seconds): the cluster
-    the environment describes (``TF_CONFIG`` that is not JSON, a launcher's variables half set) and this worker's
-    own port taken.
+def check_cluster(kind: str = "auto", environ: Mapping[str, str] | None = None) -> tuple[dict[str, Any], str] | None:
+    """What `make_strategy` refuses, checked before TensorFlow starts (its import takes seconds): the cluster the
+    environment describes (``TF_CONFIG`` that is not JSON, a launcher's variables half set), this worker's port taken.
 
     Args:
         kind: The ``--distribute`` choice.
         environ: The environment (default: this process's).
+
+    Returns:
+        The cluster found for ``kind`` (`cluster_config`), or ``None``.
 
     Raises:
         AmpConfigError: ``kind`` is not a strategy this library makes.
@@ -118,27 +114,22 @@ def check_cluster(kind: str = "auto", environ: Mapping[str, str] | None = None) 
     found = cluster_config(os.environ if environ is None else environ) if kind in ("auto", "multiworker") else None
     if found is not None:
         cfg, source = found
-        check_port_free(own_address(cfg), source, _port_fix(source))
+        fix = ("choose a free port in TF_CONFIG for this task" if source == "TF_CONFIG" else f"set {PORT_VARIABLE} to "
+               "a free base port for every worker (worker r on a host uses base + its local rank)")
+        check_port_free(own_address(cfg), source, fix)
+    return found
 
 
 def make_strategy(kind: str = "auto", *, timeout_s: float = DEFAULT_TIMEOUT_S,
                   environ: Mapping[str, str] | None = None) -> Any:
     """The strategy for ``kind``: auto (TF_CONFIG -> multiworker, several GPUs -> mirrored, else none)."""
-    if kind not in STRATEGIES:
-        raise AmpConfigError(f"--distribute must be one of {', '.join(STRATEGIES)}. Received: {kind!r}.")
-    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+    if kind in STRATEGIES and not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
         raise AmpConfigError(f"The cluster timeout must be a positive number of seconds. Received: {timeout_s!r}.")
-    env = os.environ if environ is None else environ
-    found = cluster_config(env) if kind in ("auto", "multiworker") else None  # refused here, before TensorFlow
-    if kind == "auto":
-        kind = "multiworker" if found else "none"
-        if kind == "none":
-            import tensorflow as tf
-
-            if len(tf.config.list_logical_devices("GPU")) > 1:
-                kind = "mirrored"
+    found = check_cluster(kind, environ)  # refused here, before TensorFlow
     import tensorflow as tf
 
+    if kind == "auto":
+        kind = "multiworker" if found else "mirrored" if len(tf.config.list_logical_devices("GPU")) > 1 else "none"
     if kind == "none":
         return None
     if kind == "mirrored":
@@ -149,7 +140,6 @@ def make_strategy(kind: str = "auto", *, timeout_s: float = DEFAULT_TIMEOUT_S,
                                  '"index": 0}}, or several workers started by mpiexec or srun. Received: TF_CONFIG is '
                                  "not set and no launcher started several workers.")
     cfg, source = found
-    check_port_free(own_address(cfg), source, _port_fix(source))
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=float(timeout_s))
     peers = [a for job in cfg["cluster"].values() for a in job if a != own_address(cfg)]
     if source == "TF_CONFIG":
@@ -183,12 +173,8 @@ os.kill(pid, signal.SIGKILL)
 
 def create_with_deadline(factory: Callable[[], Any], timeout_s: float, peers: list[str],
                          source: str = "TF_CONFIG") -> Any:
-    """Build the strategy, but end the process after ``timeout_s`` with a clear message if it has not formed.
-
-    MultiWorkerMirroredStrategy's constructor waits for every worker to join, holding Python's global lock
-    and without a timeout of its own, so nothing in this process can interrupt it: a small watchdog
-    process prints the error (naming the workers that do not answer) and ends this one (exit status 137).
-    """
+    """Build the strategy, or after ``timeout_s`` a watchdog process names the workers that do not answer and kills this
+    one (exit 137): MultiWorkerMirroredStrategy's constructor waits holding Python's global lock."""
     import subprocess
     import sys
 
@@ -211,12 +197,10 @@ def create_with_deadline(factory: Callable[[], Any], timeout_s: float, peers: li
 def is_chief(strategy: Any) -> bool:
     """The worker that logs, writes TensorBoard and keeps checkpoints: 'chief', else worker 0."""
     resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not getattr(resolver, "task_type", None):
+    if resolver is None or getattr(resolver, "task_type", None) in (None, "", "chief"):
         return True
-    if resolver.task_type == "chief":
-        return True
-    has_chief = "chief" in (resolver.cluster_spec().as_dict() or {})
-    return resolver.task_type == "worker" and resolver.task_id == 0 and not has_chief
+    return resolver.task_type == "worker" and resolver.task_id == 0 and "chief" not in (
+        resolver.cluster_spec().as_dict() or {})
 
 
 def worker_id(strategy: Any) -> str:
@@ -233,12 +217,8 @@ def worker_names(strategy: Any) -> list[str]:
 
 
 class StopAgreement:
-    """Whether to stop (Ctrl-C, SIGTERM) at this call boundary: the same answer on every worker.
-
-    In one process the local signal decides. Under several workers a signal reaches one of them, so at every
-    call boundary each worker's signal (or none) is gathered from all: every worker sees the same list at the
-    same step and stops, and saves, together. The cost is one small gather per compiled call.
-    """
+    """Whether to stop (Ctrl-C, SIGTERM) at this call boundary, the same on every worker: a signal reaches one
+    worker, so at every call boundary each worker's signal (or none) is gathered from all (one small gather)."""
 
     def __init__(self, strategy: Any) -> None:
         self.strategy = strategy
@@ -275,19 +255,13 @@ class StopAgreement:
             return self(signum)
 
     def saved(self, step: int) -> None:
-        """After the save on stopping: wait for every worker's (so the chief's checkpoint is whole when any worker
-        ends), and check that all stopped at ``step``."""
+        """After the save on stopping: wait for every worker's, and check that all stopped at ``step``."""
         if not self.several:
             return
         steps = gather_numbers(self.strategy, step)
         if len(set(steps)) > 1:
             raise DistributedFailure(f"The workers stopped at different steps ({steps} by replica); their checkpoints "
                                      "do not match. Restart every worker with --resume from an earlier checkpoint.")
-
-
-def plan_fingerprint(plan: Plan) -> int:
-    """A 31-bit number that two workers share exactly when their plans train alike (``Plan.training_key``)."""
-    return int(hashlib.sha256(plan.training_key().encode()).hexdigest()[:7], 16)
 
 
 def gather_numbers(strategy: Any, number: int) -> list[int]:
@@ -305,7 +279,8 @@ def check_plan_agreement(strategy: Any, plan: Plan, *, strict: bool = False) -> 
     """Compare every worker's plan; a disagreement is logged on every worker (an error with ``strict``)."""
     if strategy is None or getattr(strategy, "cluster_resolver", None) is None:
         return []
-    gathered = gather_numbers(strategy, plan_fingerprint(plan))
+    # a 28-bit number two workers share exactly when their plans train alike (``Plan.training_key``)
+    gathered = gather_numbers(strategy, int(hashlib.sha256(plan.training_key().encode()).hexdigest()[:7], 16))
     if len(set(gathered)) <= 1:
         return []
     message = (
@@ -321,8 +296,7 @@ def check_plan_agreement(strategy: Any, plan: Plan, *, strict: bool = False) -> 
 
 @contextlib.contextmanager
 def collectives(strategy: Any, worker: str, step: int, latest: Callable[[], str | None]) -> Iterator[None]:
-    """Work with the other workers (a training call, a collective save): a failure says who to restart, how
-    (``latest()`` names the checkpoint to continue from)."""
+    """Work with the other workers: a failure says who to restart, from ``latest()``."""
     import tensorflow as tf
 
     try:

@@ -1,24 +1,10 @@
 """The cluster of a multi-worker run, read from how it was started: ``TF_CONFIG``, ``mpiexec`` or ``srun``.
 
-Pure functions over an environment (a mapping of variables); nothing here imports TensorFlow, so a malformed
-or partial launcher environment is refused with a `ClusterConfigError` before TensorFlow starts.
-
-Precedence: ``TF_CONFIG`` when set (it names the cluster exactly), then an MPI launcher (Open MPI's
-``OMPI_COMM_WORLD_*``, MPICH/Hydra's ``PMI_RANK``/``PMI_SIZE``: set per process by the ``mpiexec`` that started
-this one, even inside a Slurm allocation), then Slurm's ``srun`` (``SLURM_PROCID`` with the step's variables; a
-batch script's own process has ``SLURM_PROCID`` and ``SLURM_NTASKS`` but no step: it runs alone).
-Every worker is a ``worker``; worker 0 is the chief.
-
-Ports: worker ``r`` listens on ``base + its local rank`` (its rank among the workers on its host), so on one
-host worker ``r`` uses ``base + r``. ``base`` is ``AMP_CLUSTER_PORT`` when set, else derived from the launcher's
-job id (``15000 + id mod 15000``: concurrent jobs on one host rarely meet), else 15000.
-
-Hosts: Slurm's node list (``SLURM_STEP_NODELIST``, else ``SLURM_JOB_NODELIST``; ranges such as ``n[01-04]`` are
-expanded here, no ``scontrol`` needed) with its tasks per node, laid out like TensorFlow's
-``SlurmClusterResolver``: sorted hosts, consecutive ranks per host. ``mpiexec`` tells a process nothing about
-the other hosts: on one host (the local size equals the size) every worker is ``127.0.0.1``; on several,
-``AMP_CLUSTER_HOSTS`` lists the hosts in rank order (``mpiexec -x AMP_CLUSTER_HOSTS=h1,h2``), with the same
-number of ranks on each (``--map-by slot``).
+Pure functions over an environment, so a malformed one is a `ClusterConfigError` before TensorFlow starts.
+``TF_CONFIG`` wins, then MPI (Open MPI, MPICH/Hydra: set per process, even inside Slurm), then an ``srun`` step.
+Worker ``r`` listens on ``base + its local rank`` (`base_port`); hosts are laid out as TensorFlow's
+``SlurmClusterResolver`` does (sorted, consecutive ranks); ``mpiexec`` names no other host, so several hosts need
+``AMP_CLUSTER_HOSTS`` in rank order with as many ranks on each.
 """
 
 from __future__ import annotations
@@ -137,27 +123,11 @@ def _mpi(env: Mapping[str, str], source: str, names: tuple[str, str, str, str], 
     return Launch(source, _addresses([LOCALHOST], [size], base), rank)
 
 
-def _split_outside_brackets(text: str) -> list[str]:
-    parts, depth, current = [], 0, ""
-    for c in text:
-        depth += (c == "[") - (c == "]")
-        if depth not in (0, 1):
-            raise ValueError(text)
-        if c == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += c
-    if depth:
-        raise ValueError(text)
-    return [*parts, current]
-
-
 def expand_nodelist(text: str) -> list[str]:
     """Slurm's compressed host list: ``n[01-03,07],login`` -> ``['n01', 'n02', 'n03', 'n07', 'login']``.
     (The format of TensorFlow's ``expand_hostlist``; a malformed list raises ``ValueError``.)"""
     hosts: list[str] = []
-    for part in _split_outside_brackets(text.strip()):
+    for part in re.split(r",(?![^\[]*\])", text.strip()):  # (the commas outside brackets)
         m = re.fullmatch(r"([A-Za-z0-9_.\-]*)(?:\[([0-9,\-]+)\])?([A-Za-z0-9_.\-]*)", part)
         if m is None or not (m.group(1) or m.group(2)) or (m.group(3) and not m.group(2)):
             raise ValueError(part)
@@ -224,8 +194,7 @@ def _slurm(env: Mapping[str, str]) -> Launch:
 
 
 def launcher_cluster(env: Mapping[str, str]) -> Launch | None:
-    """The cluster the launcher describes (``None`` when no launcher's variables are set). ``TF_CONFIG`` is
-    not read here: when set, it wins and this is not consulted."""
+    """The cluster the launcher describes (``None``: no launcher's variables; ``TF_CONFIG`` is not read here)."""
     if "OMPI_COMM_WORLD_RANK" in env or "OMPI_COMM_WORLD_SIZE" in env:
         return _mpi(env, "Open MPI (mpiexec)", ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                                                 "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),

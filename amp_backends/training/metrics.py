@@ -1,37 +1,9 @@
 """Metrics, and what watches them across epochs: the history, the best checkpoint, early stopping.
 
-Keras metrics in the trainer: resolved from names as ``model.compile`` does, updated on training batches inside the
-compiled step, read as one number across replicas and workers.
-
-``metrics=["accuracy", keras.metrics.AUC()]``: a name is resolved as Keras resolves it (``"accuracy"`` is sparse
-categorical, categorical or binary accuracy after the shapes of the labels and the predictions, binary after a
-binary cross-entropy), an object is taken as it is for training batches (rebuilt from its config inside the
-strategy's scope when there are several replicas, so its state is kept per replica) and copied for validation:
-each metric has one object for the training batches (reset at each epoch's start) and one for validation (reset
-at each evaluation).
-
-Keras keeps a metric's state in variables synchronised on read with a sum: each replica adds its batches, and
-reading the result outside the replicas adds them up across replicas and workers — every worker reads the same
-number.
-
-On training batches, an update's ``loss_fn`` reports its predictions with `record_predictions` (the
-classifier's does); the metrics the trainer is recording for that update are then updated inside the step.
-
-What a run learns about itself as it goes: per-epoch values, validations, the best monitored value, early stopping.
-
-* **Per epoch** (``TrainResult.epochs``): the mean training loss of the epoch's applied steps (per update), the
-  training metrics over the epoch, and the validation values when the epoch ended with a validation.
-* **Validations** run every ``validation_every`` epochs (an ``int``, or ``"3 epochs"``) or steps (``"500 steps"``:
-  at the end of the call that reaches each multiple; calls are never cut), and at no other time.
-* **The best checkpoint** (``keep_best="val_accuracy"``): after each new value of the monitored name that improves
-  on the best so far (``mode``: ``"max"``, ``"min"``, or ``"auto"``: ``max`` for accuracies, AUC, precision,
-  recall, F1 and IoU, ``min`` otherwise), a checkpoint goes to ``<checkpoint_dir>/best`` (one kept), beside the
-  latest ones.
-* **Early stopping** (``patience=N``): training ends after ``N`` values of the monitored name in a row that do not
-  improve on the best by more than ``min_delta``; ``TrainResult.stopped_early`` says why.
-
-All of it is part of every checkpoint (the epoch's running loss and training metrics too), so a resumed run knows
-its history, its best value and how long it has waited, and goes on as the uninterrupted run would.
+Metric names resolve as ``model.compile`` resolves them, objects are used as given (rebuilt in the strategy's scope
+under several replicas), and validation has copies; Keras sums their state across replicas and workers when read.
+`Monitor` records the epochs and validations (`parse_every`), the best monitored value (``keep_best``) and early
+stopping (``patience``); all of it is in every checkpoint, so a resumed run goes on as the uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -53,18 +25,15 @@ from .observers import WARMUP_CALLS, CallRecord, Observer
 from .runs import At
 
 
-# What the training call being traced records, process-wide: under a tf.distribute strategy the replicas' functions
-# are traced in threads of their own, which a thread-local value set around the call would not reach.
+# process-wide, not thread-local: under a tf.distribute strategy the replicas' functions are traced in other threads
 _recording: dict[str, dict[str, list[Any]]] = {"current": {}}
 
 ACCURACY_NAMES = ("accuracy", "acc")
 
 
 def record_predictions(update: str, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-    """Inside a training step: update the trainer's training metrics of ``update`` with this batch (nothing
-    happens outside a trainer's step, or when it has no metrics)."""
-    metrics = _recording["current"].get(update)
-    for m in metrics or ():
+    """Inside a trainer's step: update its training metrics of ``update`` with this batch (else nothing)."""
+    for m in _recording["current"].get(update) or ():
         m.update_state(y_true, y_pred, sample_weight)
 
 
@@ -83,10 +52,8 @@ class Recording:
 
 
 class Accuracy(tf.keras.metrics.Mean):
-    """``"accuracy"`` as Keras's ``compile`` resolves it, from the shapes it is given: sparse categorical accuracy
-    for class ids (labels of one rank less than the predictions, or a last axis of 1 against several classes),
-    binary accuracy for one output per sample (threshold 0.5; ``binary=True`` whatever the shapes: the loss is a
-    binary cross-entropy), categorical accuracy for one-hot labels."""
+    """``"accuracy"`` as Keras's ``compile`` resolves it from the shapes: binary for one output per sample (or
+    ``binary=True``: a binary cross-entropy), sparse categorical for class ids, categorical for one-hot labels."""
 
     def __init__(self, name: str = "accuracy", binary: bool = False, **kwargs: Any) -> None:
         super().__init__(name=name, **kwargs)
@@ -145,9 +112,8 @@ def _one(spec: Any, binary: bool, replicas: int, own: bool) -> Any:
 
 
 def build_metrics(specs: Sequence[Any] | None, *, binary: bool, strategy: Any, own: bool = False) -> list[Any]:
-    """Metric objects for ``specs``, created inside ``strategy``'s scope; names must be unique and not ``loss``.
-    ``binary``: the loss is a binary cross-entropy (``"accuracy"`` is then binary accuracy); ``own``: metric
-    objects given are copied (the validation's copies), not used themselves."""
+    """Metric objects for ``specs`` (unique names, not ``loss``), made in ``strategy``'s scope; ``binary``: the loss is
+    a binary cross-entropy; ``own``: metric objects given are copied, not used themselves."""
     if specs is None:
         return []
     if isinstance(specs, (str, tf.keras.metrics.Metric)) or not isinstance(specs, (list, tuple)):
@@ -217,14 +183,6 @@ def parse_every(value: Any) -> Every:
                          f"'2 epochs' or '500 steps'. Received: {value!r}.")
 
 
-def mode_of(monitor: str, mode: str) -> str:
-    if mode not in ("auto", "min", "max"):
-        raise AmpConfigError(f"mode must be 'auto', 'min' or 'max'. Received: {mode!r}.")
-    if mode != "auto":
-        return mode
-    return "max" if any(k in monitor.lower() for k in MAXIMISED) else "min"
-
-
 class Monitor(Observer):
     """Per-epoch values, validation results, the best monitored value and early stopping (module docstring)."""
 
@@ -252,7 +210,11 @@ class Monitor(Observer):
             watched = "val_loss"
         self.monitor: str | None = watched
         self.keep_best = bool(keep_best)
-        self.mode = mode_of(watched or "", mode)
+        if mode not in ("auto", "min", "max"):
+            raise AmpConfigError(f"mode must be 'auto', 'min' or 'max'. Received: {mode!r}.")
+        if mode == "auto":
+            mode = "max" if any(k in (watched or "").lower() for k in MAXIMISED) else "min"
+        self.mode = mode
         self.patience, self.min_delta = patience, float(min_delta)
         self.epochs: list[dict[str, Any]] = []
         self.validations: list[dict[str, Any]] = []
@@ -300,18 +262,14 @@ class Monitor(Observer):
         return out
 
     def add(self, epoch: int, step: int, values: dict[str, float], *, epoch_end: bool) -> bool:
-        """A record at the end of an epoch (training values, and ``val_*`` when it validated) or of a validation
-        between epochs; returns whether the monitored value improved on the best (a best checkpoint is due)."""
+        """A record at an epoch's end or of a validation between epochs; whether the monitored value improved."""
         record = {"epoch": epoch, "step": step, **values}
         if epoch_end:
             self.epochs.append(record)
         validated = {k: v for k, v in values.items() if k.startswith("val_")}
         if validated:
             self.validations.append({"epoch": epoch, "step": step, **validated})
-        return self._judge(record)
-
-    def _judge(self, record: dict[str, Any]) -> bool:
-        """Whether the monitored value improved; after ``patience`` values that did not, `stopped_early`."""
+        # improved on the best? After ``patience`` values that did not, `stopped_early`
         if self.monitor is None or self.monitor not in record:
             return False
         value = float(record[self.monitor])
@@ -361,9 +319,8 @@ class Monitor(Observer):
 # ------------------------------------------------------------------------------------ each call of a fit
 @dataclass
 class Progress:
-    """What one ``fit`` call records as it goes (each call's throughput, losses and loss scales), told to its
-    ``observers`` around every compiled call. Calls that compiled (a new key, not in ``called``: the trainer's
-    set, kept across its ``fit`` calls) or warmed up stay out of the median throughput."""
+    """What one ``fit`` records of each call, told to ``observers``; compiling (a key not in ``called``) or warm-up
+    calls stay out of the median throughput."""
 
     names: Sequence[str]
     observers: Sequence[Observer]
@@ -386,8 +343,7 @@ class Progress:
         self._t0 = time.perf_counter()
 
     def after_call(self, ran: Ran, at: At, first: int, scalers: Mapping[str, LossScaler]) -> None:
-        """The call (`Ran`) from ``at`` (its first step ``first`` of the epoch) that ended now: recorded, and
-        told to the observers as a `CallRecord`."""
+        """Record the call (`Ran`) from ``at`` (step ``first`` of its epoch) and tell the observers."""
         seconds = time.perf_counter() - self._t0
         compiling = ran.key not in self.called
         self.called.add(ran.key)

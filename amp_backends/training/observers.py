@@ -1,9 +1,6 @@
-"""What watches training: the log line, TensorBoard scalars, the progress bar, the profiler window; and Keras
-``fit``'s callback (`ThroughputLogger`).
-
-Each is an `Observer`; the trainer calls them around every compiled call with a `CallRecord` (the call's steps,
-each step's losses and finite flags, its timing). Pass your own to ``Trainer(observers=[...])`` to watch training
-without touching the loop.
+"""What watches training: the log line, TensorBoard scalars, the progress bar, the profiler window (each an
+`Observer`, called around every compiled call with a `CallRecord`; ``Trainer(observers=[...])`` adds yours), and
+Keras ``fit``'s callback (`ThroughputLogger`).
 """
 
 from __future__ import annotations
@@ -36,12 +33,8 @@ SHORT_NAMES = {"generator": "G", "discriminator": "D"}  # the GAN's updates, as 
 
 @dataclass
 class CallRecord:
-    """One compiled call: ``steps`` steps ending at global step ``step``.
-
-    ``losses[i, j]`` and ``finite[i, j]`` are step ``i``'s loss and finite flag for update ``j``
-    (``names[j]``); a non-finite step was skipped (no weight changed). ``first`` is the call's first step
-    within ``epoch``.
-    """
+    """One compiled call: ``steps`` steps ending at global step ``step`` (the first: step ``first`` of ``epoch``);
+    ``losses[i, j]``, ``finite[i, j]``: step ``i``'s loss and finite flag (else skipped) for update ``names[j]``."""
 
     epoch: int
     first: int
@@ -83,8 +76,7 @@ class Observer:
         """
 
     def after_evaluation(self, epoch: int, step: int, values: dict[str, float]) -> None:
-        """At the end of epoch ``epoch`` (its mean loss, training metrics and, when it validated, ``val_*``
-        values) and after a validation between epochs (``val_*`` values).
+        """At each epoch's end (its mean loss, metrics, ``val_*`` values) and after a validation between epochs.
 
         Args:
             epoch: The epoch (1-based).
@@ -97,16 +89,8 @@ class Observer:
 
 
 class LogLine(Observer):
-    """The tutorials' line every ``every`` steps:
-    ``(epoch, step), Loss: 0.08706, step_time: 0.00100, throughput: 1.02e+06 img/s.``
-
-    At each epoch's end: ``Epoch 0 (global step 22): loss: 0.21503, accuracy: 0.93510, val_loss: 0.08012,
-    val_accuracy: 0.97400.`` (the epoch's mean loss and metrics, and its validation); a validation between epochs:
-    ``Validation at global step 500 (epoch 1): val_loss: ..., val_accuracy: ....``
-
-    Several updates log each loss (the GAN: ``G Loss``, ``D Loss``). A skipped step ends with
-    ``[skipped: non-finite gradients in <update>]``.
-    """
+    """The tutorials' line every ``every`` steps, ``(epoch, step), Loss: 0.08706, step_time: 0.00100, throughput:
+    1.02e+06 img/s.``, and one per epoch's end (``Epoch 0 (global step 22): ...``) or validation between epochs."""
 
     def __init__(self, every: int = 1) -> None:
         self.every = every
@@ -129,18 +113,9 @@ class LogLine(Observer):
 
 
 class TensorBoardScalars(Observer):
-    """Scalars ``loss/<update>``, ``loss_scale/<update>``, ``skipped_steps/<update>``, ``throughput_img_per_s``
-    in ``logdir/train``, written from the first call on (a run that fails before it leaves no events file);
-    at each epoch's end ``epoch/<name>`` (the epoch's mean loss, training metrics) and at each validation
-    ``val/<name>`` (``val/loss``, ``val/accuracy``, ...), at the global step they were computed.
-
-    Each ``fit``'s first write is TensorBoard's restart marker, an event with ``SessionLog.START`` at the step
-    after the one it starts from: a run resumed from its step-4 checkpoint runs steps 5, 6, ... again, which the
-    interrupted run may have logged already, and TensorBoard drops what earlier event files hold from the
-    marker's step on (its fast data server ignores the marker but replaces any step logged again), so each step
-    is drawn once, with the values of the run that went on. Scalars that cannot be written (the writer cannot
-    start, a write fails: a full disk, no permission) are a warning; training goes on without them.
-    """
+    """Scalars ``loss/``, ``loss_scale/``, ``skipped_steps/<update>``, ``throughput_img_per_s``, ``epoch/<name>`` and
+    ``val/<name>`` in ``logdir/train``, after each ``fit``'s restart marker (``SessionLog.START``: TensorBoard drops
+    the steps a resumed run logs again). A write that fails is a warning; training goes on without scalars."""
 
     def __init__(self, logdir: str) -> None:
         self.writer: Any = None
@@ -167,19 +142,23 @@ class TensorBoardScalars(Observer):
         if self.start_step is not None:
             start, self.start_step = self.start_step, None
             self._guarded(lambda: self._mark_start(start))
-        if self.writer is not None:
-            self._guarded(lambda: self._write(r))
+        values: dict[str, float] = {}
+        for j, n in enumerate(r.names):
+            values.update({f"loss/{n}": float(r.losses[-1][j]), f"loss_scale/{n}": r.loss_scales[n],
+                           f"skipped_steps/{n}": r.skipped[n]})
+        self._scalars(r.step, {**values, "throughput_img_per_s": r.throughput})
 
     def after_evaluation(self, epoch: int, step: int, values: dict[str, float]) -> None:
-        if self.writer is None:
-            return
+        self._scalars(step, {f"val/{k[4:]}" if k.startswith("val_") else f"epoch/{k}": v for k, v in values.items()})
+
+    def _scalars(self, step: int, values: dict[str, float]) -> None:
         def write() -> None:
             with self.writer.as_default():
-                for name, value in values.items():
-                    tag = f"val/{name[4:]}" if name.startswith("val_") else f"epoch/{name}"
+                for tag, value in values.items():
                     tf.summary.scalar(tag, value, step=step)
 
-        self._guarded(write)
+        if self.writer is not None:
+            self._guarded(write)
 
     def _mark_start(self, start_step: int) -> None:
         # the marker goes into the writer's own file, ahead of the scalars; tf.summary has no call for a raw event
@@ -189,14 +168,6 @@ class TensorBoardScalars(Observer):
         start = tf.compat.v1.Event(wall_time=time.time(), step=start_step + 1,
                                    session_log=tf.compat.v1.SessionLog(status=tf.compat.v1.SessionLog.START))
         tf.raw_ops.ImportEvent(writer=resource, event=start.SerializeToString())
-
-    def _write(self, r: CallRecord) -> None:
-        with self.writer.as_default():
-            for j, n in enumerate(r.names):
-                tf.summary.scalar(f"loss/{n}", float(r.losses[-1][j]), step=r.step)
-                tf.summary.scalar(f"loss_scale/{n}", r.loss_scales[n], step=r.step)
-                tf.summary.scalar(f"skipped_steps/{n}", r.skipped[n], step=r.step)
-            tf.summary.scalar("throughput_img_per_s", r.throughput, step=r.step)
 
     def close(self) -> None:
         if self.writer is not None:
@@ -251,12 +222,7 @@ class ProgressBar(Observer):
 
 
 class ProfilerWindow(Observer):
-    """Traces the calls covering steps ``start:stop`` with the TensorFlow profiler into ``logdir``.
-
-    Calls are never cut at the window's edges (that would compile other call sizes): the trace starts
-    with the call that contains step ``start`` and ends after the call that reaches ``stop``; the log says
-    which steps were traced. A trace that cannot be written (a full disk, no permission) is a warning.
-    """
+    """Traces the (whole) calls covering steps ``start:stop`` into ``logdir``; a failed trace is a warning."""
 
     def __init__(self, logdir: str, window: tuple[int, int]) -> None:
         self.logdir = logdir
@@ -276,11 +242,10 @@ class ProfilerWindow(Observer):
     def _stop(self, last: int) -> None:
         written = self._guarded(tf.profiler.experimental.stop)
         self.running, self.done = False, True
-        if not written:
-            return
-        whole_calls = (self.first, last) != (self.start, self.stop)
-        asked = f" (asked: {self.start}:{self.stop}; calls are traced whole)" if whole_calls else ""
-        logger.info(f"Profiler trace of steps {self.first}:{last}{asked} written to {self.logdir}")
+        if written:
+            asked = "" if (self.first, last) == (self.start, self.stop) else \
+                f" (asked: {self.start}:{self.stop}; calls are traced whole)"
+            logger.info(f"Profiler trace of steps {self.first}:{last}{asked} written to {self.logdir}")
 
     def close(self) -> None:
         if self.running:
@@ -360,12 +325,9 @@ def training_line(source: Source, batch_size: int, steps_per_call: int, checkpoi
 class ThroughputLogger(tf.keras.callbacks.Callback):
     """Logs ``(epoch, step), Loss (epoch mean): …, step_time: …, throughput: … img/s.`` during ``model.fit``.
 
-    The loss is what Keras reports to callbacks: the running mean of the epoch so far, not the step's own
-    loss (our `Trainer` logs each step's). With
-    ``steps_per_execution`` > 1 Keras calls back once per execution: the line then covers that many steps
-    and ``step_time`` is per step. A step counts the samples Keras's loss tracker counted in it (an epoch's last,
-    short batch what it holds); a model compiled without a loss, full batches. At the end, the median throughput
-    after two warm-up executions. The lines show where the program configured no logging, as the trainer's do.
+    The loss is Keras's running mean of the epoch (our `Trainer` logs each step's). With ``steps_per_execution``
+    > 1 a line covers an execution (``step_time`` per step). Throughput counts the samples Keras's loss tracker
+    counted (full batches without a loss); at the end, the median after two warm-up executions.
 
     Args:
         batch_size: The batch size ``fit`` trains with.

@@ -1,42 +1,16 @@
 """A run that stops and goes on exactly: Ctrl-C and SIGTERM, what a trainer's checkpoints hold, what a resume keeps.
 
-A trainer's side of it is `Checkpointing`: its store, when it saves, what a resume takes up, how it stops.
-
-**Stopping.** The first Ctrl-C (or SIGTERM) asks the loop to stop after the current call, a second acts at once.
-The trainer then saves a checkpoint when checkpointing is on and raises `TrainingInterrupted` (a
-``KeyboardInterrupt``) saying at which step and where the checkpoint is. Under several workers the signal
-reaches one of them; every worker stops after the same call (`distribute.StopAgreement`) and they save together.
-
-**Resuming.** A trainer's checkpoints record the run's seed and each update's loss scaling in their signature
-(besides the models, the batch size and the plan: `checkpoints`). Resuming:
-
-* **the seed** orders each epoch's samples and draws the steps' randomness: continuing with another would
-  read samples of the epoch in progress twice and skip others. A trainer with another seed is refused
-  (`check_seed`); the examples, which load their data before they train, read the run's seed first
-  (`run_seed`) and follow it, or refuse a ``--seed`` that differs.
-* **loss scaling** restored from a checkpoint written under another one does not fit the plan (a run begun
-  without loss scaling on a CPU and continued under float16 would start at scale 1): the plan's starts afresh
-  and the log says so (`loss_scaling.LossScaler.follow`); the same dynamic scaling continues from the restored
-  scale.
-* **max_steps and epochs** count the whole run: a run already past them has nothing to train, and a warning
-  says so and what to pass (`nothing_left`); ``fit`` returns without a step.
-
-**The random layers' state.** Dropout, GaussianNoise, the augmentation layers, keras_hub's layers with dropout
-and a layer's own generator draw from a generator whose state moves at every step; ``tf.train.Checkpoint(
-model=...)`` leaves it out, so a resumed run would draw other masks. `random_state` finds it for the trainer's
-checkpoints: on Keras 3 each ``keras.random.SeedGenerator``'s state variable (listed by ``model.variables``, not
-``model.weights``) and Keras's global SeedGenerator (made now if no draw made it yet, from Python's ``random``,
-which `seed_everything` seeds); on Keras 2 a random layer's ``tf.random.Generator`` state (the augmentation
-layers; Dropout and the noise layers once ``enable_tf_random_generator`` is on, which ``seed_everything`` does),
-while layers drawing from TensorFlow's stateful random ops, whose state no checkpoint reaches, are named in a
-warning. The trainer's own draws need nothing saved: shuffling is a function of ``(seed, epoch)`` and
-`step_seed` of ``(seed, global step)``, both restored with the position.
+`Checkpointing` is a trainer's side of it. The first Ctrl-C (or SIGTERM) stops after the current call (on every
+worker: `distribute.StopAgreement`), saves and raises `TrainingInterrupted`; a second acts at once. A resume checks
+the seed (it orders each epoch's samples: `check_seed`, `run_seed`), follows or restarts loss scaling
+(`loss_scaling.LossScaler.follow`) and counts ``max_steps`` and ``epochs`` over the whole run (`nothing_left`).
+The random layers' generator state, which ``tf.train.Checkpoint(model=...)`` leaves out, is saved too
+(`random_state`), so a resumed run draws the masks the uninterrupted one would.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -49,8 +23,9 @@ import numpy as np
 import tensorflow as tf
 
 from ..errors import CheckpointMismatchError, TrainingInterrupted
+from ..keras_compat import keras_info
 from ..plan import Plan
-from .checkpoints import SIGNATURE_KEY, CheckpointStore, Restored
+from .checkpoints import CheckpointStore, Restored, checkpoint_paths, read_signature
 from .distribute import StopAgreement, collectives
 from .loss_scaling import LossScaler
 from .metrics import variables
@@ -99,8 +74,7 @@ class StopSignals:
 
 
 def interrupted_message(signum: int, step: int, path: str | None, *, checkpointing: bool, by: str | None = None) -> str:
-    """What an interrupted run says: where it saved (``path``); ``by``: the worker the signal reached, when several
-    workers stopped together."""
+    """What an interrupted run says; ``by``: the worker the signal reached, among several."""
     name = signal.Signals(signum).name if by is None else f"{signal.Signals(signum).name} to {by}"
     if not checkpointing:
         return f"Interrupted ({name}) at step {step}: checkpointing is off, nothing was saved."
@@ -131,11 +105,10 @@ def check_seed(stored: Mapping[str, Any] | None, seed: int, path: str) -> None:
 
 
 def nothing_left(at: At, epoch_done: bool, epochs: int, max_steps: int | None, say: bool = True) -> str | None:
-    """The warning (logged with ``say``) for a run that ``fit(epochs=..., max_steps=...)`` would not move (``None``:
-    steps to train); ``epoch_done``: the epoch ``at`` stands in has no batch left."""
-    done = at.epoch + int(epoch_done)
+    """The warning (logged with ``say``) for a run ``fit`` would not move; ``epoch_done``: no batch left in ``at``'s."""
+    done, left = at.epoch + int(epoch_done), None
     if max_steps is not None and at.step >= max_steps:
-        left: str | None = (
+        left = (
             f"Nothing to train: the run is already at global step {at.step}, "
             + ("which is" if at.step == max_steps else "past") + f" max_steps={max_steps} (--max-steps: the steps of "
             f"the whole run, resumed ones included). Fix: to train further, pass a max_steps above {at.step}, such as "
@@ -144,28 +117,18 @@ def nothing_left(at: At, epoch_done: bool, epochs: int, max_steps: int | None, s
         left = (f"Nothing to train: the run has already completed {done} epoch{'s' if done != 1 else ''}, and "
                 f"epochs={epochs} (--epochs) counts the epochs of the whole run. Fix: to train further, pass epochs "
                 f"above {done}, such as {done + 1}.")
-    else:
-        left = None
     if left and say:
         logger.warning(left)
     return left
 
 
 def run_seed(checkpoints: str | os.PathLike) -> int | None:
-    """The seed recorded by the newest readable checkpoint in folder ``checkpoints`` (``None``: none records
-    one), read without building anything."""
-    folder = os.fspath(checkpoints)
-    state = tf.train.get_checkpoint_state(folder)
-    names = {os.path.basename(p) for p in (state.all_model_checkpoint_paths or [state.model_checkpoint_path])} \
-        if state else set()
-    for name in sorted(names, key=lambda n: int(n.rsplit("-", 1)[-1]) if n.rsplit("-", 1)[-1].isdigit() else -1,
-                       reverse=True):
+    """The seed the newest readable checkpoint in folder ``checkpoints`` records, if any."""
+    for path in checkpoint_paths(os.fspath(checkpoints)):
         try:
-            reader = tf.train.load_checkpoint(os.path.join(folder, name))
-            raw = reader.get_tensor(SIGNATURE_KEY) if reader.has_tensor(SIGNATURE_KEY) else None
+            seed = (read_signature(path) or {}).get("seed")
         except Exception:  # missing or truncated files: the restore says which
             continue
-        seed = json.loads(raw.decode() if isinstance(raw, bytes) else str(raw)).get("seed") if raw else None
         return None if seed is None else int(seed)
     return None
 
@@ -208,11 +171,8 @@ def trainer_store(directory: str | os.PathLike, *, updates: Sequence[Update], sc
                   position: Position, objects: Mapping[str, Any] | None, keep: int, is_chief: bool, worker: str,
                   extra: Mapping[str, Any], trained: Sequence[Any] = (),
                   metrics: Sequence[tf.Variable] = ()) -> CheckpointStore:
-    """What a trainer's checkpoint holds: ``objects`` (default: the updates' variables and optimizers), each
-    update's loss-scale state, the position, the random layers' state of the models (``trained`` and those in
-    ``objects``) and the training metrics' state; its signature also records ``extra`` (the plan, the run's seed
-    and loss scaling). Every floating-point variable of the updates and of ``objects``' models is checked finite
-    before a save (not the dropout seed generators' integer state)."""
+    """A trainer's store: ``objects`` (default: the updates' variables and optimizers), the loss-scale state, the
+    position, the models' random state, the training ``metrics``' state, and ``extra`` in the signature."""
     models = [m for m in (objects or {}).values() if hasattr(m, "layers")]
     every = [*(v for u in updates for v in [*u.variables, *u.state]), *(v for m in models for v in m.variables)]
     weights = [v for v in {id(v): v for v in every}.values() if tf.as_dtype(v.dtype).is_floating]
@@ -229,11 +189,8 @@ def trainer_store(directory: str | os.PathLike, *, updates: Sequence[Update], sc
 
 
 class Checkpointing:
-    """A trainer's checkpoints and stops: the store (`trainer_store`; ``None`` without a checkpoint directory, and
-    then every save is none), when a checkpoint is written (`after_call`, `before_failing`, on a stop, at the end of
-    a ``fit``: always with the other workers, `together`), what a resume takes up (`restore`), and Ctrl-C or
-    SIGTERM (`until_stopped`). ``validation``: its training metrics are in the checkpoints, its monitor's state in
-    their signature; ``every``: ``checkpoint_every``."""
+    """A trainer's checkpoints (``store``: `trainer_store`, or ``None``), saves (with the other workers: `together`),
+    resume (`restore`) and stops on Ctrl-C or SIGTERM (`until_stopped`); ``every``: ``checkpoint_every``."""
 
     def __init__(self, directory: str | None, *, objects: Mapping[str, Any] | None, keep: int, every: int | None,
                  plan: Plan, updates: Sequence[Update], scalers: Mapping[str, LossScaler], position: Position,
@@ -263,22 +220,18 @@ class Checkpointing:
         return self.store.save_finite(self.together(self.position.step))
 
     def after_call(self, step: int, done: int) -> None:
-        """Save at the end of the call that ran ``done`` steps from ``step``, where it reached a multiple of
-        ``checkpoint_every``."""
+        """Save after the call of ``done`` steps from ``step`` if it reached a multiple of ``checkpoint_every``."""
         if (every := self.every) and (step + done) // every > step // every:
             self.save()
 
     def before_failing(self) -> str | None:
-        """The save before training fails on non-finite steps (`loss_scaling.check_stalled`): in one process only
-        (the other workers would not join it), and only of finite weights."""
+        """The save before training fails on non-finite steps: in one process only, and of finite weights only."""
         if self.store and getattr(self.strategy, "cluster_resolver", None) is None and self.store.weights_finite():
             return self.save()
         return None
 
     def restore(self, models: TrainedModels) -> int | None:
-        """Restore the newest intact checkpoint, if any, and its global step: its seed checked, the resume said (by
-        the chief), loss scaling followed, and what the run decided and learnt taken up (``models``' layer plans;
-        the validation's history, best value and waiting)."""
+        """Restore the newest checkpoint, if any, and what the run decided and learnt; its global step."""
         given = learning_rates(self.updates)
         restored = self.store.restore(models.quantize) if self.store else None  # float8 layers first
         if restored is None:
@@ -298,10 +251,8 @@ class Checkpointing:
 
     @contextlib.contextmanager
     def fitting(self, resume: bool, models: TrainedModels) -> Iterator[At]:
-        """A ``fit`` from where the run stands (yielded): no other process trains in the checkpoint folder meanwhile
-        (`runs.holding`); a new run refuses another run's checkpoints, ``resume`` restores the newest (`restore`);
-        the folder is made ready for saves (an interrupted run's unfinished saves removed; room for a checkpoint:
-        `checkpoints.CheckpointStore.ready_to_save`); a checkpoint at the end unless the last step is saved."""
+        """A ``fit`` from where the run stands (yielded), holding the folder's lock (`runs.holding`): a new run refuses
+        another's checkpoints, ``resume`` restores (`restore`); the folder is made ready for saves; a final save."""
         store = self.store
         with holding(store.directory if store and self.is_chief else None):  # one run at a time there
             if store is not None:
@@ -316,8 +267,7 @@ class Checkpointing:
                 self.save()
 
     def until_stopped(self, loop: Callable[[], None]) -> None:
-        """``loop()`` with the first Ctrl-C or SIGTERM a request to stop after the current call (`StopSignals`),
-        which ``loop`` asks at each call boundary (`stop_agreed`); when every worker agreed to stop, `interrupted`."""
+        """``loop()``, a first Ctrl-C or SIGTERM asking it to stop at a call boundary (`stop_agreed`): `interrupted`."""
         self.stopped = None
         with StopSignals() as self.signals:
             loop()
@@ -329,14 +279,12 @@ class Checkpointing:
         return self.signals.signum is not None
 
     def stop_agreed(self) -> bool:
-        """At a call boundary of `until_stopped`'s loop: whether every worker stops here, on the signal one of them
-        got (``stopped``; `distribute.StopAgreement`)."""
+        """At a call boundary: whether every worker stops here (`distribute.StopAgreement`)."""
         self.stopped = self.agree.at(self.signals.signum, self.together(self.position.step))
         return self.stopped is not None
 
     def interrupted(self, signum: int) -> None:
-        """Every worker stopped at this step (agreed): save (with the other workers) unless that step is saved
-        already, and raise `TrainingInterrupted` saying where."""
+        """Every worker stopped at this step: save unless saved, and raise `TrainingInterrupted` saying where."""
         step, store, path = self.position.step, self.store, None
         if store:
             path = self.save() if store.last_saved_step != step else store.latest
@@ -352,9 +300,7 @@ class Checkpointing:
 
 # ------------------------------------------------------------------------------------ the random layers' state
 class RandomState(tf.Module):
-    """The random generators' state variables as one checkpoint object: the layers' ``states`` and Keras's
-    global generator's (``shared``). Its ``variables``, the layers' states, are what the checkpoint's
-    signature lists, so a model with other random layers is named as a mismatch."""
+    """The random generators' state as one checkpoint object: the layers' (``variables``) and Keras's global one."""
 
     def __init__(self, states: Sequence[tf.Variable], shared: Sequence[tf.Variable] = ()) -> None:
         super().__init__(name=RANDOM_STATE)
@@ -367,15 +313,13 @@ class RandomState(tf.Module):
 
 
 def random_state(models: Sequence[Any]) -> tuple[RandomState, list[str]]:
-    """The state of every random generator ``models`` draw from (see the module docstring), and the names of
-    their layers whose draws no checkpoint can hold (Keras 2's stateful random ops)."""
+    """The state of every random generator ``models`` draw from, and the layers whose draws no checkpoint holds."""
     states: dict[int, tf.Variable] = {}
     unsaved: list[str] = []
     for model in models:
         weights = {id(w) for w in model.weights}
-        for v in model.variables:  # Keras 3: the SeedGenerators' states (Keras 2: the same list as weights)
-            if id(v) not in weights:
-                states.setdefault(id(v), v)
+        # Keras 3: the SeedGenerators' states (Keras 2: the same list as weights)
+        states.update((id(v), v) for v in model.variables if id(v) not in weights)
         for layer in [model, *(m for m in getattr(model, "submodules", ()) if hasattr(m, "_random_generator"))]:
             generator = getattr(layer, "_random_generator", None)  # Keras 2
             if generator is None or not hasattr(generator, "_rng_type"):
@@ -384,24 +328,16 @@ def random_state(models: Sequence[Any]) -> tuple[RandomState, list[str]]:
                 states.setdefault(id(generator._generator.state), generator._generator.state)
             elif generator._rng_type == "legacy_stateful":
                 unsaved.append(layer.name)
-    shared = _keras_global_generator()
-    return RandomState(list(states.values()), [shared.state] if shared is not None else []), [*dict.fromkeys(unsaved)]
+    shared = []
+    if keras_info(tf).generation == 3:  # Keras's global SeedGenerator, made now if no draw made it yet
+        from keras.src.random.seed_generator import global_seed_generator  # (Keras has no public name for it)
 
-
-def _keras_global_generator() -> Any:
-    """Keras 3's global SeedGenerator (made now if no draw made it yet); ``None`` under Keras 2."""
-    from ..keras_compat import keras_info
-
-    if keras_info(tf).generation != 3:
-        return None
-    from keras.src.random.seed_generator import global_seed_generator  # (Keras has no public name for it)
-
-    return global_seed_generator()
+        shared = [global_seed_generator().state]
+    return RandomState(list(states.values()), shared), [*dict.fromkeys(unsaved)]
 
 
 def saved_random_state(models: Sequence[Any], say: bool) -> RandomState:
-    """The random state for the trainer's checkpoints; with ``say``, a warning names the layers whose draws a
-    resumed run cannot repeat, with the fix."""
+    """`random_state` for the trainer's checkpoints; ``say``: warn of the layers a resume cannot repeat."""
     state, unsaved = random_state(models)
     if unsaved and say:
         logger.warning(

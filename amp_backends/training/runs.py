@@ -1,35 +1,17 @@
 """A run: where it writes (run directories, one run at a time in a checkpoint folder), where it stands, its seed.
 
-**Run directories.** Each run of the examples (``--logdir runs/mnist``) writes into a new ``runs/mnist/version_N``
-(TensorBoard shows each as its own run; earlier runs are never touched); ``--resume`` continues the newest version
-that holds checkpoints (or the directory given, if it holds them): `run_directory`, on which the workers of a
-multi-worker run agree before any creates it. The folder checks run before TensorFlow is imported.
-
-**One run at a time.** Two runs writing one checkpoint folder overwrite each other's checkpoints and index. While
-a trainer trains (``fit``, from before it restores or checks the folder is fresh until it returns) it holds an
-exclusive ``fcntl.flock`` on ``<folder>/.lock``; a run in another process that wants the folder meanwhile is
-refused with `CheckpointError`, naming the process that holds it. The operating system releases the lock when
-that process ends, killed included: there is never a stale lock to remove. Where ``flock`` does not exist
-(Windows) or the filesystem refuses it, training goes on unlocked, with a warning. The folder is made when the
-lock is taken; when ``fit`` ends with nothing saved, the lock file goes again, and so do the folders it made,
-where they are empty: a run that fails at its first step leaves no ``version_N`` behind.
-
-**The position** is kept in *samples* (sample ``offset`` of epoch ``epoch``, and the global step): a run resumed
-with another batch size continues at the same sample. Its variables are in every checkpoint, with the batch size
-they were written with; the compiled calls advance them on the device, the loop reads them per call (`Position.now`).
-
-**The seed.** `seed_everything` seeds Python, NumPy, TensorFlow and Keras (Keras 3's seed generator too; Keras 2's
-random layers made afterwards draw from a ``tf.random.Generator``, whose state checkpoints keep: `resume`): on the
-CPU the same seed gives the same losses; the trainer shuffles by ``(seed, epoch)`` and draws by `step.step_seed`.
-``deterministic=True`` also makes TensorFlow choose deterministic kernels: on GPUs that makes two runs equal
-(cuDNN and atomics otherwise reorder float additions), at some cost in speed. Results still differ between GPU
-models, drivers and TensorFlow versions, and between a CPU and a GPU.
+Each run writes into a new ``<logdir>/version_N``; ``--resume`` continues the newest holding checkpoints
+(`run_directory`). While ``fit`` trains it holds an ``fcntl.flock`` on ``<folder>/.lock`` (`holding`): another
+process's run is refused with `CheckpointError`, and the lock dies with its process, so it is never stale (no
+``flock``: unlocked, with a warning). The position is kept in samples (`Position`): a run resumed with another
+batch size continues at the same sample. `seed_everything` seeds Python, NumPy, TensorFlow and Keras.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import logging
 import os
 import re
@@ -57,15 +39,13 @@ LOCK_FILE = ".lock"
 
 
 def absolute(path: str | os.PathLike) -> str:
-    """``path`` made absolute against the working directory now (``~`` expanded; URLs such as ``gs://`` kept): a
-    run keeps writing where it started, and the checkpoint index never holds a path relative to another folder."""
+    """``path`` made absolute now (``~`` expanded; URLs such as ``gs://`` kept): a run writes where it started."""
     text = os.fspath(path)
     return text if "://" in text else os.path.abspath(os.path.expanduser(text))
 
 
 def check_no_file_in_the_way(path: str | os.PathLike, what: str) -> Path:
-    """``path`` as an absolute ``Path``; `AmpConfigError` if it, or the nearest existing parent, is not a
-    directory."""
+    """``path`` as an absolute ``Path``; `AmpConfigError` if it or its nearest existing parent is no directory."""
     p = Path(absolute(path))
     existing = next((q for q in [p, *p.parents] if q.exists()), None)
     if existing is not None and not existing.is_dir():
@@ -88,9 +68,7 @@ def ensure_directory(path: str | os.PathLike, what: str) -> Path:
 
 
 def check_directory(path: str | os.PathLike, what: str) -> Path:
-    """``path`` as an absolute ``Path``, checked as `ensure_directory` would be but not created (the first
-    write makes it, so a run that fails before writing leaves no folder): no file in the way, the nearest
-    existing folder writable; else `AmpConfigError`."""
+    """``path`` as an absolute ``Path``, checked as `ensure_directory` would but not made (the first write makes it)."""
     p = check_no_file_in_the_way(path, what)
     existing = next((q for q in [p, *p.parents] if q.exists()), None)
     if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
@@ -101,19 +79,12 @@ def check_directory(path: str | os.PathLike, what: str) -> Path:
 
 def _missing(folder: Path) -> list[Path]:
     """The folders of ``folder``'s path that do not exist yet, deepest first."""
-    missing = []
-    for p in [folder, *folder.parents]:
-        if p.exists():
-            break
-        missing.append(p)
-    return missing
+    return list(itertools.takewhile(lambda p: not p.exists(), [folder, *folder.parents]))
 
 
 def versions(logdir: Path) -> dict[int, Path]:
-    if not logdir.is_dir():
-        return {}
-    found = {child: VERSION.match(child.name) for child in logdir.iterdir()}
-    return {int(m.group(1)): child for child, m in found.items() if m and child.is_dir()}
+    children = logdir.iterdir() if logdir.is_dir() else ()
+    return {int(m.group(1)): c for c in children if (m := VERSION.match(c.name)) and c.is_dir()}
 
 
 @dataclass(frozen=True)
@@ -150,26 +121,18 @@ _RESERVED: list[tuple[Path, list[Path]]] = []
 
 
 def release_unused_run_directories() -> None:
-    """Remove each run directory this process reserved and never wrote into, and the folders above it that the
-    reservation made, if they are still empty (a full folder stays: ``rmdir`` refuses it). The examples call it
-    when they end, by error or not; it also runs at exit.
-    """
+    """Remove the run directories (and folders above) this process reserved and left empty; it also runs at exit."""
     while _RESERVED:
         path, made = _RESERVED.pop()
-        for folder in (path, *made):
-            try:
-                folder.rmdir()
-            except OSError:
-                break
+        _remove_empty([path, *made])
 
 
 atexit.register(release_unused_run_directories)
 
 
 def reserve_run_directory(logdir: str | os.PathLike) -> RunDirectory:
-    """A new ``version_N`` under ``logdir``, reserved by creating it: ``mkdir`` fails for every process but one, so
-    runs started together in one logdir each get their own number (the next free one). A reserved folder the run
-    never writes into is removed when the program ends (`release_unused_run_directories`).
+    """A new ``version_N`` under ``logdir``, reserved by creating it (``mkdir`` succeeds in one process only; an unused
+    one is removed at the end: `release_unused_run_directories`).
 
     Args:
         logdir: the folder that holds the runs' ``version_N`` folders (made if missing).
@@ -199,9 +162,8 @@ def reserve_run_directory(logdir: str | os.PathLike) -> RunDirectory:
 
 def run_directory(logdir: str | os.PathLike, resume: bool, strategy: tf.distribute.Strategy | None = None
                   ) -> RunDirectory:
-    """Decide the run's directory: a new ``version_N``, reserved at once (`reserve_run_directory`), or under
-    ``resume`` the newest run holding checkpoints. Under several workers they agree on it first (and the first write
-    makes it).
+    """The run's directory: a new ``version_N`` (`reserve_run_directory`), or under ``resume`` the newest run holding
+    checkpoints; several workers agree on it first.
 
     Args:
         logdir: the folder of the runs (``--logdir``), relative or absolute.
@@ -234,28 +196,21 @@ def run_directory(logdir: str | os.PathLike, resume: bool, strategy: tf.distribu
 
 @contextlib.contextmanager
 def holding(directory: str | os.PathLike | None) -> Iterator[None]:
-    """Hold checkpoint folder ``directory``'s lock for the block (the folder is made now, if missing); on the
-    way out, remove the lock file and the folders made here where nothing else was written. ``None`` (no
-    checkpoints, or a worker that is not the chief): nothing to hold."""
+    """Hold checkpoint folder ``directory``'s lock for the block (`_release` cleans up); ``None``: nothing to hold."""
     if directory is None or "://" in os.fspath(directory):
         yield
         return
     folder = Path(directory)
-    made = _missing(folder)
+    made, fd = _missing(folder), None
     try:
         fd = _acquire(folder)
-    except BaseException:
-        _release(None, folder, made)
-        raise
-    try:
         yield
     finally:
         _release(fd, folder, made)
 
 
 def refuse_if_held(directory: str | os.PathLike) -> None:
-    """`CheckpointError` now if another process holds ``directory``'s lock (a run about to be refused
-    learns it before loading its data); nothing is made or held."""
+    """`CheckpointError` now if another process holds ``directory``'s lock; nothing is made or held."""
     path = Path(directory) / LOCK_FILE
     if fcntl is None or not path.is_file():
         return
@@ -317,13 +272,17 @@ def _held(folder: Path, fd: int) -> CheckpointError:
 
 
 def _release(fd: int | None, folder: Path, made: list[Path]) -> None:
-    lock = folder / LOCK_FILE
-    with contextlib.suppress(OSError):
-        if fd is not None and [p.name for p in folder.iterdir()] == [LOCK_FILE]:
-            lock.unlink()  # still held: no other run can have taken it
     if fd is not None:
+        with contextlib.suppress(OSError):
+            if [p.name for p in folder.iterdir()] == [LOCK_FILE]:
+                (folder / LOCK_FILE).unlink()  # still held: no other run can have taken it
         os.close(fd)
-    for p in made:  # deepest first; a folder something was written into stays
+    _remove_empty(made)
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first) up to the first that is not empty."""
+    for p in folders:
         try:
             p.rmdir()
         except OSError:
@@ -382,8 +341,7 @@ class Position:
                                    samples_in_epoch=self.samples_in_epoch, batch_size=self.saved_batch_size)
 
     def restored(self) -> tuple[At, int]:
-        """After a restore: where the checkpoint stood and the batch size it was written with; from now on
-        the position is this run's (its batch size is the one saved next)."""
+        """After a restore: where the checkpoint stood and its batch size (from now on, this run's is saved)."""
         at, then = self.now(), int(self.saved_batch_size.numpy())
         self.saved_batch_size.assign(self.batch_size)
         return at, then
@@ -393,8 +351,7 @@ _seed = {"value": 0}  # the process's seed, like the generators it seeds
 
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:
-    """Seed Python, NumPy, TensorFlow and Keras, and the trainers made afterwards (their shuffling and
-    `step_seed`, unless given ``seed=``).
+    """Seed Python, NumPy, TensorFlow, Keras and the trainers made afterwards (unless given ``seed=``).
 
     Args:
         seed: A non-negative integer.

@@ -1,25 +1,9 @@
 """Validation during training, and evaluate/predict on their own.
 
-The trainer's metrics and validation: what runs at the end of each epoch and on the validation schedule.
-
-`Validation` holds the metrics (training and validation copies, `metrics`), the evaluator
-(`Evaluator`, below), the run's history, best value and early stopping (`metrics.Monitor`), and the best
-checkpoint's
-store. The trainer calls it at each epoch's end and after each call; it tells the observers
-(`after_evaluation`: the log line, TensorBoard's ``val/...`` and ``epoch/...`` scalars).
-
-Evaluation and prediction under the plan: the loss and metrics over validation data, the model's outputs.
-
-The data comes as for training — arrays (a tuple/list or dict for several inputs, labels ``y``), gathered on the
-device by the trainer's ``batch_fn``, or a ``tf.data.Dataset`` of batches — and every sample counts: the last
-partial batch is evaluated too (a dataset's batches may have any size). Every batch goes through the update's
-``check`` (labels within the model's classes): a refused batch is `InputError`
-naming it. The loss is the mean of the per-example losses over all samples (weighted by a third batch item,
-as in training), in float32.
-
-Under a ``tf.distribute`` strategy each replica evaluates its slice of each batch; the loss sums are reduced
-across replicas and workers and the metrics' state is added up when read: one number, the same on every worker.
-A compiled call per batch (XLA as the plan says, on one replica), traced once for any number of rows.
+`Validation` holds a trainer's metrics, the `Evaluator`, the run's history and early stopping (`metrics.Monitor`)
+and the best checkpoint's store. `Evaluator` takes data as training does (arrays or a ``tf.data.Dataset``), counts
+every sample (the last partial batch too), checks every batch, and sums the float32 loss across replicas and
+workers: one number, the same on every worker, from one compiled call per batch traced once for any number of rows.
 """
 
 from __future__ import annotations
@@ -54,9 +38,8 @@ class Validation:
                  strategy: tf.distribute.Strategy, batch_size: int, device: str, xla: bool, batch_fn: BatchFn | None,
                  observers: list[Observer], checkpointing: bool, chief: bool = True) -> None:
         self.updates = list(updates)
-        self.update = next((u for u in updates if u.evaluation is not None), None)
-        if metrics and self.update is None:
-            evaluated_update(updates, "metrics=")  # raises, saying why
+        self.update = evaluated_update(updates, "metrics=") if metrics else next(
+            (u for u in updates if u.evaluation is not None), None)
         evaluation = self.update.evaluation if self.update else None
         if metrics and evaluation is not None and evaluation.outputs > 1:
             named = [m for m in metrics if not isinstance(m, tf.keras.metrics.Metric)]
@@ -89,8 +72,7 @@ class Validation:
     # ------------------------------------------------------------------ per fit
     def start(self, validation_data: Any, validation_every: int | str, store: CheckpointStore | None,
               together: Callable[[int], ContextManager[Any]]) -> None:
-        """Check ``fit``'s validation arguments before any work; the best checkpoint is saved inside
-        ``together(step)`` (with the other workers)."""
+        """Check ``fit``'s validation arguments; the best checkpoint is saved inside ``together(step)``."""
         self.every = parse_every(validation_every)
         if validation_data is None and self.every != Every(1, "epochs"):
             raise AmpConfigError(f"validation_every={validation_every!r} says when to validate, and this fit has no "
@@ -104,19 +86,17 @@ class Validation:
         self._together = together
 
     def _split(self, data: Any) -> tuple[Any, Any]:
-        evaluated_update(self.updates, "validation_data")
+        evaluator = self.evaluator_for("validation_data")
         if isinstance(data, tf.data.Dataset):
             if int(data.cardinality().numpy()) == tf.data.INFINITE_CARDINALITY:
                 raise InputError("The validation dataset repeats forever, so a validation would never end. Expected a "
                                  "dataset that ends (every sample once). Fix: drop .repeat() from the validation "
                                  "pipeline (or end it with .take(N) batches).")
-            assert self.evaluator is not None
-            self.evaluator.check_first_batch(data)  # the rest is checked batch by batch as validation runs
+            evaluator.check_first_batch(data)  # the rest is checked batch by batch as validation runs
             return data, None
         if isinstance(data, (tuple, list)) and len(data) == 2:
             x, y = data
-            assert self.evaluator is not None
-            self.evaluator.evaluate_check(x, y)  # the arrays' shapes and labels, now
+            evaluator.resident(x, y, "validation_data")  # the arrays' shapes and labels checked now
             return x, y
         raise InputError("validation_data must be (x_val, y_val) arrays or a tf.data.Dataset of (x, y) or (x, y, "
                          f"sample_weight) batches. Received: {type(data).__name__}"
@@ -169,8 +149,7 @@ class Validation:
                            f"resume with a larger patience (now {self.monitor.patience}), or start a new run.")
 
     def restore_best(self, store: CheckpointStore | None = None) -> str:
-        """The best checkpoint loaded into the objects checkpoints hold (models, optimizers, ...); its path. Before
-        any ``fit`` (a new trainer on a finished run's folder) it is read from ``store``'s best folder."""
+        """Load the best checkpoint (before any ``fit``: from ``store``'s best folder); its path."""
         if self.monitor.keep_best and self.best_store is None and store is not None:
             self.best_store = store.sibling(BEST, keep=1)
         store = self.best_store
@@ -189,8 +168,7 @@ class Validation:
 
     # ------------------------------------------------------------------ results
     def results(self) -> dict[str, Any]:
-        """What a `TrainResult` reports of the run's history: ``epochs``, ``validations``, ``best``, ``stopped_early``
-        (the best checkpoint's ``path`` with ``keep_best``)."""
+        """What a `TrainResult` reports of the run's history (the best checkpoint's ``path`` with ``keep_best``)."""
         best = self.monitor.best
         return {"epochs": list(self.monitor.epochs), "validations": list(self.monitor.validations),
                 "best": dict(best, path=self.best_store.latest if self.best_store else None) if best else None,
@@ -247,8 +225,7 @@ class Evaluator:
         self._last: tuple[Any, tuple[Any, Any, int]] | None = None  # the last arrays, on the device
 
     def forget_compiled(self) -> None:
-        """Trace the evaluation and prediction functions anew at their next call: a function traced before a layer's
-        policy changed keeps the dtypes it was traced with."""
+        """Trace the compiled functions anew at their next call (after a layer's policy changed)."""
         self._calls.clear()
 
     # ------------------------------------------------------------------ evaluate
@@ -279,27 +256,25 @@ class Evaluator:
             dataset = x
             if self.replicas > 1 or getattr(self.strategy, "cluster_resolver", None) is not None:
                 dataset = self.strategy.experimental_distribute_dataset(x)
-            first = True
-            for batch in dataset:
-                if first:
+            i = -1
+            for i, batch in enumerate(dataset):
+                if i == 0:
                     _labelled(batch if self.replicas == 1 else self.strategy.experimental_local_results(batch)[0],
                               what)
-                    first = False
                 yield self._call("dataset", self._replica_eval, (batch,)), (batch,)
-            if first:
+            if i < 0:
                 raise InputError(f"The dataset given to {what} yields no batch: it is empty. Fix: check the pipeline.")
             return
         if y is None:
             raise InputError(f"{what} needs labels: evaluate(x, y) or validation_data=(x_val, y_val). Received x "
                              "without y. Fix: pass the labels, or a tf.data.Dataset of (x, y) batches.")
-        xs, ys, n = self._resident(x, y, what)
+        xs, ys, n = self.resident(x, y, what)
         for start in range(0, n, self.batch_size):  # the call asked each time: it compiles without XLA after a failure
             args = (xs, ys, tf.range(start, min(start + self.batch_size, n), dtype=tf.int64))
             yield self._call("arrays", self._replica_eval_arrays, args), args
 
     def check_first_batch(self, dataset: Any) -> None:
-        """A validation dataset's first batch checked before training (its labels, as the update validates them);
-        later batches are checked as each validation reads them."""
+        """A validation dataset's first batch checked before training (later ones as validation reads them)."""
         batch_dims(dataset.element_spec, self.batch_size, keep="")  # (as in _batches)
         for batch in dataset.take(1):
             batch = tf.nest.map_structure(lambda t: t.numpy(), batch)
@@ -309,20 +284,11 @@ class Evaluator:
             return
         raise InputError("The validation dataset yields no batch: it is empty. Fix: check the pipeline.")
 
-    def evaluate_check(self, x: Any, y: Any) -> None:
-        """Validation arrays checked (and copied to the device) before training: shapes, labels."""
-        self._resident(x, y, "validation_data")
-
-    def _resident(self, x: Any, y: Any, what: str) -> tuple[Any, Any, int]:
-        """The arrays on the device (the same arrays as last time are not copied or checked again)."""
+    def resident(self, x: Any, y: Any, what: str) -> tuple[Any, Any, int]:
+        """The arrays checked and on the device, and their rows (the same arrays as last time are not again)."""
         key = contents(x, y)
         if self._last is not None and self._last[0][0] == key[0]:
             return self._last[1]
-        resident = self._copied(x, y, what)
-        self._last = (key, resident)
-        return resident
-
-    def _copied(self, x: Any, y: Any, what: str) -> tuple[Any, Any, int]:
         x = as_array_nest(x, "x")
         y = None if y is None else as_array_nest(y, "y")
         n = rows(x, y)
@@ -336,6 +302,7 @@ class Evaluator:
             ys = None if y is None else tf.nest.map_structure(tf.convert_to_tensor, y)
         if self.xla and any(t.dtype == tf.string for t in tf.nest.flatten((xs, ys)) if t is not None):
             self._without_xla()  # strings (for the model's own StringLookup): XLA cannot compile them, as in training
+        self._last = (key, (xs, ys, n))
         return xs, ys, n
 
     def _without_xla(self) -> None:
@@ -354,8 +321,7 @@ class Evaluator:
         return self._calls[key]
 
     def _compile(self, key: str, fn: Callable[..., Any], args: tuple[Any, ...], jit_compile: bool = False) -> None:
-        """``fn`` compiled as ``key``, traced once for any number of rows: the arrays' or a dataset's partial last
-        batch, other data, every later validation (a trace per new shape would warn of retracing)."""
+        """``fn`` compiled as ``key``, traced once for any number of rows (a trace per shape warns of retracing)."""
         self._calls[key] = tf.function(fn, jit_compile=jit_compile, reduce_retracing=True)
         if all(isinstance(t, tf.Tensor) for t in tf.nest.flatten(args)):  # (not one replica's part of a batch)
             self._calls[key].get_concrete_function(*tf.nest.map_structure(
@@ -381,14 +347,14 @@ class Evaluator:
 
     # ------------------------------------------------------------------ predict
     def predict(self, x: Any) -> Any:
-        """The model's outputs for every sample of ``x`` (arrays, or a dataset of batches: its ``x`` part), as NumPy
-        arrays in the model's output structure, in float32 where floating."""
+        """The model's outputs for all of ``x`` (arrays or a dataset), as NumPy arrays (float32 where floating)."""
         if isinstance(x, tf.data.Dataset):
             batches: Any = (b[0] if isinstance(b, (tuple, list)) else b for b in x)
         else:
             self.evaluation.check(x)
-            xs, _, n = self._resident(x, None, "predict()")
-            batches = (self._gathered(xs, start, n) for start in range(0, n, self.batch_size))
+            xs, _, n = self.resident(x, None, "predict()")
+            batches = (self.batch_fn(xs, None, tf.range(start, min(start + self.batch_size, n), dtype=tf.int64))[0]
+                       for start in range(0, n, self.batch_size))
         outs = []
         for xb in batches:
             if "predict" not in self._calls:
@@ -397,10 +363,6 @@ class Evaluator:
         if not outs:
             raise InputError("predict() was given no samples. Fix: pass at least one row.")
         return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outs)
-
-    def _gathered(self, xs: Any, start: int, n: int) -> Any:
-        idx = tf.range(start, min(start + self.batch_size, n), dtype=tf.int64)
-        return self.batch_fn(xs, None, idx)[0]
 
 
 def _replica_slice(idx: Any) -> Any:
