@@ -79,7 +79,7 @@ class Observer:
         """At each epoch's end (its mean loss, metrics, ``val_*`` values) and after a validation between epochs.
 
         Args:
-            epoch: The epoch (1-based).
+            epoch: The epoch, counted from 0 as the log prints it.
             step: The global step.
             values: The logged values by name.
         """
