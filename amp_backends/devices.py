@@ -50,10 +50,13 @@ def canonical(name: str) -> str:
 
 
 def known_devices(registry: BackendRegistry | None = None) -> tuple[str, ...]:
-    """The catalogue's device names, the highest-priority backend's first, for ``plan_for(device=...)``.
+    """The catalogue's device names, for ``plan_for(device=...)``.
 
     Args:
         registry: The backends whose catalogues count (default: the installed ones).
+
+    Returns:
+        The names, the highest-priority backend's first.
     """
     return tuple(d.name for d in catalogue(registry))
 
@@ -113,14 +116,16 @@ def device_hardware(device: KnownDevice | str, registry: BackendRegistry | None 
 
 def machine_of(probes: Iterable[BackendProbe], backends: Iterable[str], absent: Callable[[str], str],
                tf_device_types: frozenset[str] | None = None) -> Hardware:
-    """A described machine (a catalogue device's, the tests' fakes): the given probes, then every other backend, not
-    available there.
+    """A described machine (a catalogue device's, the tests' fakes).
 
     Args:
         probes: The probes of the backends present, in their order.
         backends: Every backend's name, highest priority first (``registry.names()``).
         absent: The reason an absent backend gives, from its name.
         tf_device_types: The device types TensorFlow would list there (``None``: TensorFlow not consulted).
+
+    Returns:
+        The machine: the given probes, then every other backend, not available there.
     """
     present = tuple(probes)
     given = {p.backend for p in present}

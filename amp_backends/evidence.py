@@ -135,12 +135,15 @@ def quote_results(results: Results | None, file: str, *configs: str, unit: str =
 
 
 def results_evidence(results: Results | None, *configs: str, unit: str = "img/s") -> tuple[Evidence, ...]:
-    """The figures `quote_results` quotes, as data: one `Evidence`, or none where the file or figures are missing.
+    """The figures `quote_results` quotes, as data.
 
     Args:
         results: The file as `load_results` read it, or ``None`` where it is missing.
         *configs: The configurations quoted.
         unit: The unit of the figures.
+
+    Returns:
+        One `Evidence`, or none where the file or the figures are missing.
     """
     found = results.evidence(*configs, unit=unit) if results else None
     return (found,) if found else ()

@@ -307,11 +307,13 @@ class KnownDevice(_Facts):
                 "source": self.source, "note": self.note}
 
     def cite(self, probe: BackendProbe) -> BackendProbe:
-        """``probe`` as the catalogue's description of this device, naming where the figures come from (its reason
-        ends with ``[catalogue: <source>]``, and a ``catalogue`` detail holds the source).
+        """``probe`` as the catalogue's description of this device, naming where the figures come from.
 
         Args:
             probe: The probe its backend builds for the device (`Backend.describe`).
+
+        Returns:
+            The probe, its reason ending with ``[catalogue: <source>]`` and a ``catalogue`` detail holding the source.
         """
         return replace(probe, reason=f"{probe.reason} [catalogue: {self.source}]",
                        details=(*probe.details, ("catalogue", self.source)))

@@ -63,16 +63,22 @@ class Backend(abc.ABC):
         return []
 
     def peers(self, probe: BackendProbe) -> tuple[Peer, ...]:
-        """What a user of this hardware would pick instead of the plan, for the model zoo to run beside it (none by
-        default).
+        """What a user of this hardware would pick instead of the plan, for the model zoo to run beside it.
 
         Args:
             probe: This backend's probe of the machine.
+
+        Returns:
+            The peers that apply here (none by default).
         """
         return ()
 
     def catalogue(self) -> tuple["KnownDevice", ...]:
-        """This vendor's devices in the device catalogue, each with the sources of its figures (none by default)."""
+        """This vendor's devices in the device catalogue, each with the sources of its figures.
+
+        Returns:
+            The entries (none by default).
+        """
         return ()
 
     def describe(self, device: "KnownDevice") -> BackendProbe:
@@ -90,8 +96,11 @@ class Backend(abc.ABC):
         raise NotImplementedError(f"the {self.name} backend has no device catalogue to describe {device.name!r}")
 
     def kernel_audit(self) -> KernelAudit | None:
-        """How the audit reads the kernels that ran under this backend's plans (a fresh object each call), or
-        ``None`` (the default): the audit then says the kernels were not measured."""
+        """How the audit reads the kernels that ran under this backend's plans (a fresh object each call).
+
+        Returns:
+            A `KernelAudit`, or ``None`` (the default): the audit then says the kernels were not measured.
+        """
         return None
 
 
@@ -146,18 +155,24 @@ class BackendRegistry:
             raise KeyError(f"No backend named {name!r}. Registered: {', '.join(self.names()) or 'none'}.") from None
 
     def kernel_audit(self, name: str) -> KernelAudit | None:
-        """The kernel audit of the backend ``name`` (`Backend.kernel_audit`), or ``None`` when it offers none or is
-        not registered.
+        """The kernel audit of the backend ``name`` (`Backend.kernel_audit`).
 
         Args:
             name: A backend's name.
+
+        Returns:
+            Its `KernelAudit`, or ``None`` when it offers none or is not registered.
         """
         backend = self._backends.get(name)
         return backend.kernel_audit() if backend is not None else None
 
     def audit_environment(self) -> dict[str, str]:
         """The variables an audited process starts with before it knows its plan: every backend's
-        `KernelAudit.environment` (the higher-priority backend's value first; a failing audit adds nothing)."""
+        `KernelAudit.environment`.
+
+        Returns:
+            Name -> value, the higher-priority backend's value first; a failing audit adds nothing.
+        """
         env: dict[str, str] = {}
         for backend in self:
             try:

@@ -143,8 +143,12 @@ def choose_run(opts: RunOptions, strategy: Any) -> tuple[RunOptions, Any]:
 
 
 def start(opts: RunOptions) -> tuple[RunOptions, Any, Any, Any, Any]:
-    """``(opts, strategy, plan, run, data)``: `strategy_and_plan`, then `choose_run` (the options get the run's
-    seed), then the data, drawn or split with that seed."""
+    """`strategy_and_plan`, then `choose_run` (the options get the run's seed), then the data, drawn or split with
+    that seed.
+
+    Returns:
+        ``(opts, strategy, plan, run, data)``.
+    """
     strategy, plan = strategy_and_plan(opts)
     opts, run = choose_run(opts, strategy)
     return opts, strategy, plan, run, load_data(opts)
@@ -179,6 +183,9 @@ def trainer_options(opts: RunOptions, run: Any, strategy: Any) -> dict[str, Any]
 def final_plan(opts: RunOptions, plan: Any, build: Any, x: Any, y: Any, images_per_step: int | None = None) -> Any:
     """The plan to train with: with ``tune``, the candidate plans timed on this model (or the cached choice), printed.
     Everything is then seeded, before the models are built (after the tuning, whose draws would move their weights).
+
+    Returns:
+        The plan: the tuned one with ``tune``, else ``plan``.
     """
     from ..training.runs import seed_everything
 

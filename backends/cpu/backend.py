@@ -273,17 +273,24 @@ class CpuBackend(Backend):
         return CATALOGUE
 
     def describe(self, device: KnownDevice) -> BackendProbe:
-        """`cpu_probe`'s probe of a machine with the catalogue's ``device`` alone, citing its source.
+        """The probe this backend would give on a machine with the catalogue's ``device`` alone.
 
         Args:
             device: One of this backend's `catalogue` entries.
+
+        Returns:
+            `cpu_probe`'s probe of the device, citing the entry's source (`KnownDevice.cite`).
         """
         cpu = CpuInfo(device.cpu_vendor, device.device_name, device.arch, device.logical_cores,
                       frozenset(device.flags.split()), device.family, device.model_number)
         return device.cite(cpu_probe(cpu, NO_ITEX, reason=device.title, details=()))
 
     def kernel_audit(self) -> CpuKernelAudit:
-        """The CPU's `CpuKernelAudit`: oneDNN's verbose records (`verbose`), ``ONEDNN_VERBOSE=1`` in the child."""
+        """oneDNN's verbose records (`verbose`), ``ONEDNN_VERBOSE=1`` in the child.
+
+        Returns:
+            The CPU's `CpuKernelAudit`.
+        """
         return CpuKernelAudit(lambda: probe_cpu())  # looked up at each call: the tests' fake machines replace it
 
 

@@ -124,10 +124,13 @@ class ZooModel:
 @functools.cache
 def zoo_results(cpu_name: str) -> tuple[ZooModel, ...]:
     """The models of every committed zoo run planned for a CPU the probe names ``cpu_name`` (not a GPU plan of the
-    same host), none where no such run is committed.
+    same host).
 
     Args:
         cpu_name: The probe's name for the CPU.
+
+    Returns:
+        The measured models, none where no such run is committed.
     """
     found: list[ZooModel] = []
     for path in sorted(RESULTS_DIR.glob("zoo-*/**/zoo.json")):

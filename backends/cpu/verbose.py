@@ -207,12 +207,15 @@ def cpu_has_avx512(read_cpu: Callable[[], CpuInfo]) -> bool | None:
 
 
 def outside_onednn_reason(facts: Mapping[str, Any], plan: Mapping[str, Any], has_compute_records: bool) -> str | None:
-    """Why no oneDNN matrix kernel was seen, in words, or ``None`` when some were.
+    """Why no oneDNN matrix kernel was seen.
 
     Args:
         facts: What the audited process recorded (`CpuKernelAudit.facts`: ``onednn_opts``, ``cpu_avx512``).
         plan: The plan it ran under, as data (``compute_dtype``, ``xla``).
         has_compute_records: Whether oneDNN ran a convolution, matmul or inner product.
+
+    Returns:
+        The reason, in words, or ``None`` when some were seen.
     """
     if has_compute_records:
         return None
@@ -236,10 +239,13 @@ def outside_onednn_reason(facts: Mapping[str, Any], plan: Mapping[str, Any], has
 
 
 def eigen_bfloat16(outside: str) -> dict[str, str]:
-    """The warning (``code``, ``what``, ``fix``) for a bfloat16 plan whose matrix kernels ran outside oneDNN.
+    """The warning for a bfloat16 plan whose matrix kernels ran outside oneDNN.
 
     Args:
         outside: Why they ran outside oneDNN (`outside_onednn_reason`).
+
+    Returns:
+        The warning: ``code``, ``what``, ``fix``.
     """
     return {"code": "eigen-bfloat16",
             "what": f"the plan says bfloat16, but the matrix kernels {outside}; "
@@ -302,24 +308,33 @@ class CpuKernelAudit(KernelAudit):
         self.read_cpu = read_cpu
 
     def capturing(self, environ: Mapping[str, str] | None = None) -> bool:
-        """Whether oneDNN prints its records in a process started with ``environ`` (``ONEDNN_VERBOSE`` or
-        ``DNNL_VERBOSE`` set to anything but 0).
+        """Whether oneDNN prints its records in a process started with ``environ``.
 
         Args:
             environ: The process's environment (default: this one's).
+
+        Returns:
+            True where ``ONEDNN_VERBOSE`` or ``DNNL_VERBOSE`` is set to anything but 0.
         """
         env = os.environ if environ is None else environ
         return any(env.get(name, "0").strip().lower() not in ("", "0", "none")
                    for name in ("ONEDNN_VERBOSE", "DNNL_VERBOSE"))
 
     def facts(self) -> dict[str, Any]:
-        """``{"onednn_opts": ..., "cpu_avx512": ...}``: ``TF_ENABLE_ONEDNN_OPTS`` at the start, and AVX-512."""
+        """``TF_ENABLE_ONEDNN_OPTS`` at the start, and whether the CPU has AVX-512.
+
+        Returns:
+            ``{"onednn_opts": ..., "cpu_avx512": ...}``.
+        """
         return {"onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS"), "cpu_avx512": cpu_has_avx512(self.read_cpu)}
 
     def read(self, capture: Capture) -> KernelReading:
-        """The measured steps' verbose records and what the CPU backend says of them (`read_records`).
+        """The measured steps' verbose records (`read_records`).
 
         Args:
             capture: The run's standard output and document.
+
+        Returns:
+            The records and what the CPU backend says of them.
         """
         return read_records(capture.lines, capture.doc, capture.header)

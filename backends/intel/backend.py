@@ -203,16 +203,23 @@ class IntelBackend(Backend):
         return CATALOGUE
 
     def describe(self, device: KnownDevice) -> BackendProbe:
-        """`xpu_probe`'s probe of a machine with the catalogue's ``device`` alone, citing its source.
+        """The probe this backend would give on a machine with the catalogue's ``device`` alone.
 
         Args:
             device: One of this backend's `catalogue` entries.
+
+        Returns:
+            `xpu_probe`'s probe of the device, citing the entry's source (`KnownDevice.cite`).
         """
         facts = IntelFacts(CATALOGUE_ITEX, ("gpu",))
         return device.cite(xpu_probe([device.device_name], facts, memory_bytes=device.memory_bytes))
 
     def kernel_audit(self) -> XpuKernelAudit:
-        """The Intel backend's `XpuKernelAudit`: nothing is read on an XPU, and the audit says why."""
+        """Nothing is read on an XPU, and the audit says why.
+
+        Returns:
+            The Intel backend's `XpuKernelAudit`.
+        """
         return XpuKernelAudit()
 
 

@@ -292,14 +292,21 @@ class NvidiaBackend(Backend):
         return CATALOGUE
 
     def describe(self, device: KnownDevice) -> BackendProbe:
-        """`gpu_probe`'s probe of a machine with the catalogue's ``device`` alone, citing its source.
+        """The probe this backend would give on a machine with the catalogue's ``device`` alone.
 
         Args:
             device: One of this backend's `catalogue` entries.
+
+        Returns:
+            `gpu_probe`'s probe of the device, citing the entry's source (`KnownDevice.cite`).
         """
         gpu = (device.device_name, compute_capability(device), device.memory_bytes)
         return device.cite(gpu_probe([gpu], facts=NvidiaFacts()))
 
     def kernel_audit(self) -> NvidiaKernelAudit:
-        """The NVIDIA backend's `NvidiaKernelAudit`: the profiler's trace, every GPU kernel classified by name."""
+        """The profiler's trace, every GPU kernel classified by name.
+
+        Returns:
+            The NVIDIA backend's `NvidiaKernelAudit`.
+        """
         return NvidiaKernelAudit()

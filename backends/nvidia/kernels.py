@@ -261,10 +261,13 @@ def kernel_records(events: Iterable[KernelEvent]) -> tuple[KernelRecord, ...]:
 
 
 def reading(events: Iterable[KernelEvent]) -> KernelReading:
-    """The reading of a trace's GPU kernels, with the note on how they are matched to layers.
+    """The reading of a trace's GPU kernels.
 
     Args:
         events: The trace's GPU kernels.
+
+    Returns:
+        The kernels, with the note on how they are matched to layers.
     """
     return KernelReading(device="nvidia", records=kernel_records(events), source=TRACE, notes=(LAYER_NOTE,))
 
@@ -299,14 +302,21 @@ class NvidiaKernelAudit(KernelAudit):
             tf.profiler.experimental.stop()
 
     def facts(self) -> dict[str, Any]:
-        """Whether the measured steps were traced on a GPU: ``{"gpu": ...}``."""
+        """Whether the measured steps were traced on a GPU.
+
+        Returns:
+            ``{"gpu": ...}``.
+        """
         return {"gpu": self.tracing}
 
     def read(self, capture: Capture) -> KernelReading:
-        """The GPU kernels of the trace in the work folder, or a reading that says none was traced (no GPU).
+        """The GPU kernels of the trace in the work folder.
 
         Args:
             capture: The run's document and work folder.
+
+        Returns:
+            The kernels, or a reading that says none was traced (no GPU).
 
         Raises:
             ValueError: The work folder holds no trace TensorFlow's profiler wrote, or one it cannot read.
@@ -320,6 +330,9 @@ class NvidiaKernelAudit(KernelAudit):
 
         Args:
             path: A ``*.trace.json.gz``, a ``*.xplane.pb``, or the logdir that holds one.
+
+        Returns:
+            The kernels.
 
         Raises:
             ValueError: ``path`` holds no trace TensorFlow's profiler wrote, or one it cannot read.
