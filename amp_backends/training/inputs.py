@@ -1,22 +1,13 @@
 """What the trainer trains on: arrays resident on the device, or a ``tf.data`` pipeline of batches.
 
-**Arrays** (NumPy arrays or tensors; one array, a tuple/list of arrays for several inputs, or a dict of named
-features, with optional labels of the same kinds) are copied to the device once. Each epoch's order is a
-permutation derived from ``(seed, epoch)``, and every step gathers its batch from that permutation on the device:
-no host round trip between steps, several steps per compiled call, and a position that is simply "sample ``s``
-of epoch ``e``", exact on resume whatever the batch size. Arrays of strings are taken (for a model that starts
-with its own ``StringLookup``); the steps then run without XLA.
+**Arrays** (one, a tuple/list or a dict of them, labels alike) are copied to the device once; each step gathers
+its batch there from the epoch's permutation of ``(seed, epoch)``: no host round trip between steps, and a position
+("sample ``s`` of epoch ``e``") exact on resume whatever the batch size.
 
-**A** ``tf.data.Dataset`` yields *batches* (as Keras ``fit`` expects): ``ds.batch(batch_size,
-drop_remainder=True)``. Batches of unknown size (``ds.batch(n)`` without ``drop_remainder``) are rebatched to
-exactly ``batch_size`` with the remainder dropped (a partial batch would change the compiled shapes and the
-loss's scale); an unbatched dataset, batches of another size, or batches of unknown size with a variable-length
-feature (``padded_batch(8)``: rows padded to different lengths cannot be regrouped) are refused with the fix. An
-epoch is one pass over the dataset, or ``steps_per_epoch`` batches (required for a dataset that repeats forever).
-The compiled call pulls several batches from an iterator inside itself (prefetched to the accelerator). On
-resume the epoch's pipeline is rebuilt and the batches already consumed are skipped, which continues the
-interrupted order exactly when the pipeline's order depends on its seed alone (no shuffle, or ``shuffle(...,
-seed=s, reshuffle_each_iteration=False)``); with reshuffling, the rest of the resumed epoch follows a fresh order.
+**A** ``tf.data.Dataset`` yields *batches*, as Keras ``fit`` expects; batches of unknown size are rebatched to
+``batch_size`` (a partial batch would change the compiled shapes and the loss's scale). An epoch is one pass, or
+``steps_per_epoch`` batches. On resume the batches already consumed are skipped: the interrupted order continues
+exactly where the pipeline's order depends on its seed alone.
 Each kind answers the loop's questions (steps left, the next call's size) and runs its call, returning a `Ran`.
 """
 
@@ -42,9 +33,8 @@ BatchFn = Callable[[Any, Any, Any], Any]
 @dataclass(frozen=True)
 class Ran:
     """What one compiled call did: ``done`` steps, their losses and flags (``[done, updates]``: 1 applied, 0
-    skipped for non-finite gradients, -1 a batch refused by the update's ``check``), the key it was compiled
-    under (a new key is a call that traced and compiled), and whether the data's pass ended in it (an epoch of
-    a stream without ``steps_per_epoch``)."""
+    non-finite, -1 refused by the update's ``check``), the key it was compiled under (a new key: it compiled), and
+    whether the data's pass ended in it."""
 
     done: int
     losses: np.ndarray

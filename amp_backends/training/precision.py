@@ -1,10 +1,7 @@
-"""The precision check of the models a trainer trains, once, before the first step.
+"""The layer plans and the precision check of the models a trainer trains, once, before the first step.
 
-The trainer knows the variables it trains, not the models: `trained_models` finds the Keras models
-that own them (among ``checkpoint_objects`` and what the updates' loss functions hold). Each is checked by
-`amp_backends.check_model` at the batch the trainer really trains on; findings of severity warning
-or error are logged as warnings and raised as `AmpWarning`. A model built
-before ``auto_configure()`` (its layers compute in float32 under a mixed plan) is said so plainly.
+The trainer knows the variables it trains, not the models: `trained_models` finds the Keras models that own them
+(among ``checkpoint_objects`` and what the updates' loss functions hold).
 """
 
 from __future__ import annotations
@@ -69,7 +66,7 @@ def trained_models(updates: Sequence[Update], objects: Mapping[str, Any] | None)
     """The outermost Keras models owning variables the updates train (see the module docstring)."""
     found: dict[int, Any] = {id(m): m for m in (objects or {}).values() if _is_model(m)}
     seen: set[int] = set()
-    frontier = [u for u in updates]
+    frontier: list[Any] = list(updates)
     for _ in range(_SEARCH_DEPTH):
         nxt: list[Any] = []
         for obj in frontier:
@@ -89,8 +86,7 @@ def trained_models(updates: Sequence[Update], objects: Mapping[str, Any] | None)
 
 
 def model_inputs(model: Any, x: Any) -> Any:
-    """``x`` (the x part of a real batch) if it is what ``model`` takes, as `amp_backends.prepare_model` and the
-    precision check read ``inputs=``, else ``None`` (the GAN's generator takes noise, not the batch's images)."""
+    """``x`` (the x part of a real batch) if ``model`` takes it, else ``None`` (the GAN's generator takes noise)."""
     from ..keras_compat import input_structure
     from ..model_check.shapes import checked_inputs
 
@@ -111,8 +107,8 @@ def model_inputs(model: Any, x: Any) -> Any:
 
 def check_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatch, *, batch_size: int,
                  layer_plans: Mapping[str, LayerPlan] | None = None) -> None:
-    """Check each model against its layer plan at one replica's batch of ``source`` (the trainer's input) and log
-    (and warn) what it found; a check that fails never stops training."""
+    """Check each model against its layer plan at one replica's batch of ``source`` and log (warnings also raised as
+    `AmpWarning`) what it found; a check that fails never stops training."""
     from .. import model_check
 
     if not models:
@@ -161,12 +157,9 @@ def check_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatch,
 
 def prepare_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatch, *, batch_size: int,
                    stored: Mapping[str, Any] | None, say: bool, measure: bool | None) -> dict[str, LayerPlan]:
-    """Each model's layer plan applied before its first step, as `amp_backends.prepare_model` applies it
-    for ``fit``: the checkpoint's for a resumed run (whatever the flags: a resumed run trains as the run it
-    continues), else decided on the first batch — measured where ``measure`` allows it and nothing is cached
-    (``None``: where the model has layers the plan keeps in float32; ``True``: any model under a mixed plan;
-    ``False``: never). Each layer plan is said once. Returns the layer plans by model name (for the
-    checkpoints, the check and the audit)."""
+    """Each model's layer plan applied before its first step (`amp_backends.prepare_model`): the checkpoint's for a
+    resumed run (whatever the flags), else decided on the first batch, measured where ``measure`` allows it
+    (``Trainer(measure_float32=...)``). Each is said once; returns them by model name."""
     from ..layer_plan import LayerPlan, decide, with_float8
     from ..autotune.layer_choice import FLOAT32, Measurement
     from ..prepare import prepare_model
@@ -216,8 +209,7 @@ def prepare_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatc
 
 
 def stored_layer_plan(stored: Mapping[str, Any] | None, model: Any, count: int) -> Any:
-    """The layer plan a checkpoint's ``stored`` layer plans (by model name) hold for ``model``, one of ``count``
-    models trained, or ``None``."""
+    """The layer plan of ``stored`` (by model name) for ``model``, one of ``count`` models trained, or ``None``."""
     kept = (stored or {}).get(str(getattr(model, "name", model)))
     if kept is None and stored and len(stored) == 1 and count == 1:
         kept = next(iter(stored.values()))  # the one model, named anew (Keras's automatic names count up)
@@ -241,13 +233,10 @@ def _warn(line: str, message: str | None = None) -> None:
 
 
 class TrainedModels:
-    """The Keras models a trainer trains: each gets its layer plan before the first step (the checkpoint's for a
-    resumed run, ``stored``; else decided, cached or measured on the first batch: measured on one replica only,
-    since workers measuring apart could choose apart), then the precision check once (by the chief).
-    ``layer_plans``: by name, kept in ``store``'s checkpoints; ``audit``: ``Trainer(audit=...)``'s observer of the
-    kernels that ran in the steps after the warm-up calls (``True``) or in ``(start, stop)``, on the chief;
-    ``on_applied``: called when a layer plan was applied (what was compiled before, the validation's functions,
-    computed under the old policies)."""
+    """The Keras models a trainer trains: each gets its layer plan before the first step (`prepare_models`; measured
+    on one replica only, since workers measuring apart could choose apart), then the precision check once (by the
+    chief). ``layer_plans``: by name, kept in ``store``'s checkpoints; ``audit``: ``Trainer(audit=...)``'s observer;
+    ``on_applied``: called when a layer plan was applied (what was compiled before used the old policies)."""
 
     def __init__(self, models: Sequence[Any], plan: Plan, *, check: bool, measure: bool | None, batch_size: int,
                  replicas: int, is_chief: bool, store: CheckpointStore | None, audit: bool | tuple[int, int] = False,
@@ -273,9 +262,8 @@ class TrainedModels:
             self.to_prepare = list(self.models)
 
     def quantize(self, stored: Mapping[str, Any] | None) -> None:
-        """Quantize the layers the layer plans of a checkpoint's signature (``stored``) train in float8, before the
-        checkpoint is restored: their float8 scales and amax histories are restored with it (the rest of each
-        layer plan is applied by `prepare`)."""
+        """Quantize the float8 layers of a checkpoint's layer plans (its signature: ``stored``) before it is restored,
+        so that their scales and amax histories are restored with it (the rest is applied by `prepare`)."""
         plans = (stored or {}).get("layer_plans")
         for model in self.models if isinstance(plans, Mapping) else ():
             name, float8 = str(getattr(model, "name", model)), stored_float8(model, stored_layer_plan(
@@ -288,8 +276,7 @@ class TrainedModels:
                                f"{str(exc)[:200]}); they train in the plan's policy.")
 
     def prepare(self, source: Source | FirstBatch) -> bool:
-        """Apply the layer plan of each model not yet prepared (decided on ``source``'s first batch); whether any
-        was applied now (what was compiled before computed under the old policies)."""
+        """Apply the layer plan of each model not yet prepared (decided on the first batch); whether any was."""
         prepared, self.to_prepare = self.to_prepare, []
         if not prepared:
             return False
@@ -314,8 +301,7 @@ class TrainedModels:
 
 
 class FirstBatch:
-    """What `TrainedModels.prepare` needs of a source, for data given to ``evaluate`` or ``predict``: its first
-    batch (arrays, a tuple or dict of arrays, or a ``tf.data.Dataset`` of batches)."""
+    """What `TrainedModels.prepare` needs of the data given to ``evaluate`` or ``predict``: its first batch."""
 
     def __init__(self, x: Any) -> None:
         self.x = x

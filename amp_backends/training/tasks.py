@@ -14,8 +14,8 @@ from .step import Evaluation, Update, float32_outputs, step_seed
 
 
 def _per_example(loss: Any) -> tuple[Any, bool]:
-    """``(fn, sparse)``: ``fn(y_true, y_pred)`` gives one loss per example, from a Keras loss object, a name or a
-    function; ``sparse`` says whether it takes class ids (so the labels can be checked before training)."""
+    """``(fn, sparse)``: ``fn(y_true, y_pred)`` gives one loss per example (from a Keras loss, a name or a
+    function); ``sparse``: it takes class ids."""
     if loss is None:
         loss = tf.keras.losses.SparseCategoricalCrossentropy()
     elif isinstance(loss, str):
@@ -56,10 +56,8 @@ def _per_position(model: Any, y: Any) -> Any:
 def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Update]:
     """One update: the mean of ``loss(y, model(x, training=True))`` over the batch (weighted, if it has weights).
 
-    Batches are ``(x, y)`` or ``(x, y, sample_weight)``; ``x`` may be a dict or tuple (several inputs).
-    ``loss`` is a Keras loss object or name (sparse categorical cross-entropy by default), or a function
-    returning one value per example. With the sparse default, the labels are checked before training:
-    class ids within the model's outputs.
+    Batches are ``(x, y)`` or ``(x, y, sample_weight)``; ``x`` may be a dict or tuple (several inputs). Sparse
+    labels are checked before training: class ids within the model's outputs.
 
     Args:
         model: A built Keras model.
@@ -174,9 +172,8 @@ def _same_rank(y: Any, pred: Any) -> Any:
 
 
 def _batch_check(classes: int | None, sparse: bool, binary: bool = False) -> Any:
-    """The compiled check of every batch (see `Update`'s ``check``): class ids whole, finite and in range (where
-    ``sparse``), binary labels finite and from 0 to 1 (``binary``), sample weights finite and not negative (where
-    the batch has them)."""
+    """The compiled check of every batch (`Update`'s ``check``): class ids whole, finite and in range (``sparse``),
+    binary labels finite and from 0 to 1 (``binary``), sample weights finite and not negative."""
 
     def valid(t: Any, kind: str) -> Any:
         good = t >= tf.zeros([], t.dtype)
@@ -210,10 +207,8 @@ def _batch_check(classes: int | None, sparse: bool, binary: bool = False) -> Any
 
 @tf.autograph.experimental.do_not_convert  # Python checks on static shapes, run while tracing
 def check_model_inputs(model: Any, x: Any) -> None:
-    """Data a model cannot take, refused before training with the fix: strings for an input that takes numbers
-    (or numbers for one that takes strings), a feature shape an input cannot take, another number of inputs, or a
-    dict without the inputs' names. Inputs are matched as Keras matches them: a list in order, a dict by the
-    inputs' names (a model's one input too)."""
+    """Data a model cannot take, refused before training with the fix: strings for numbers (or back), a feature
+    shape, another number of inputs, a dict without the inputs' names (matched as Keras matches inputs)."""
     named = _check_named_inputs(model, x)
     inputs = list(named.values()) if named else getattr(model, "inputs", None)
     if not inputs:
@@ -272,15 +267,10 @@ def _check_input(model: Any, spec: Any, x: Any, where: str = "x", takes: str = "
             + ("start the model with a layer that encodes them (tf.keras.layers.StringLookup or TextVectorization "
                "after keras.Input(shape, dtype='string')), or encode them before training."
                if has_strings else "give the model the raw strings, or drop its string input."))
-    want = list(spec.shape)[1:]
-    have = list(x.shape)[1:]
-    ones = lambda dims: [d for d in dims if d != 1]  # noqa: E731  (Keras takes (N,) for (N, 1) and back)
-    if len(want) == len(have):
-        clash = any(w is not None and h is not None and w != h for w, h in zip(want, have, strict=True))
-    else:
-        clash = len(ones(want)) != len(ones(have)) or any(
-            w is not None and h is not None and w != h for w, h in zip(ones(want), ones(have), strict=True))
-    if clash:
+    want, have = list(spec.shape)[1:], list(x.shape)[1:]
+    # Keras takes (N,) for (N, 1) and back
+    w, h = (want, have) if len(want) == len(have) else ([d for d in want if d != 1], [d for d in have if d != 1])
+    if len(w) != len(h) or any(a is not None and b is not None and a != b for a, b in zip(w, h, strict=True)):
         fix = (f"(or build the model with keras.Input(shape={tuple(have)}))" if where == "x" else
                "(several inputs go in the model's order, or in a dict by the inputs' names)")
         raise InputError(
@@ -331,9 +321,8 @@ def _check_labelled(batch: Any) -> None:
 def gan_updates(generator: Any, discriminator: Any, g_opt: Any, d_opt: Any) -> list[Update]:
     """The tutorials' GAN: a generator update, then a discriminator update, each with its own forward pass.
 
-    The batches are real images (a tensor, or the first item of a tuple). The noise is uniform in
-    [-1, 1], drawn per step from the trainer's seed (`step_seed`):
-    reproducible, different in every step and replica, and continued exactly by a resumed run.
+    The batches are real images (a tensor, or the first item of a tuple). The noise is uniform in [-1, 1], drawn
+    per step from the trainer's seed (`step_seed`).
 
     Args:
         generator: The built generator (noise to images).
