@@ -1,14 +1,9 @@
 """What the trainer trains on: arrays resident on the device, or a ``tf.data`` pipeline of batches.
 
-**Arrays** (one, a tuple/list or a dict of them, labels alike) are copied to the device once; each step gathers
-its batch there from the epoch's permutation of ``(seed, epoch)``: no host round trip between steps, and a position
-("sample ``s`` of epoch ``e``") exact on resume whatever the batch size.
-
-**A** ``tf.data.Dataset`` yields *batches*, as Keras ``fit`` expects; batches of unknown size are rebatched to
-``batch_size`` (a partial batch would change the compiled shapes and the loss's scale). An epoch is one pass, or
-``steps_per_epoch`` batches. On resume the batches already consumed are skipped: the interrupted order continues
-exactly where the pipeline's order depends on its seed alone.
-Each kind answers the loop's questions (steps left, the next call's size) and runs its call, returning a `Ran`.
+Arrays are copied to the device once; each step gathers its batch there from the epoch's permutation of ``(seed,
+epoch)``: no host round trip between steps, and a position exact on resume whatever the batch size. A dataset yields
+batches, as Keras ``fit`` expects; on resume the batches already consumed are skipped. Each kind answers the loop's
+questions (steps left, the next call's size) and runs its call, returning a `Ran`.
 """
 
 from __future__ import annotations
@@ -370,25 +365,6 @@ Source = Union[ResidentArrays, Stream]  # what the loop trains on
 
 
 # ------------------------------------------------------------------------------------ the trainer's input
-def make_input(x: Any, y: Any, *, batch_size: int, device: str, seed: int, strategy: tf.distribute.Strategy,
-               batch_fn: BatchFn | None, steps_per_epoch: int | None) -> Source:
-    """The trainer's input for ``fit(x, y)``: a `Stream` for a dataset, else `ResidentArrays`."""
-    refuse_labels_beside(x, y)
-    if isinstance(x, tf.data.Dataset):
-        if batch_fn is not None:
-            raise InputError("batch_fn transforms resident arrays on the device; a tf.data.Dataset transforms its "
-                             "batches itself. Fix: do that work in the pipeline (dataset.map(...)) and build the "
-                             "Trainer without batch_fn.")
-        return Stream(x, batch_size=batch_size, device=device, strategy=strategy, steps_per_epoch=steps_per_epoch)
-    if isinstance(x, tf.data.Iterator):
-        raise InputError("fit() takes a tf.data.Dataset, not an iterator over one (the trainer makes a fresh pass per "
-                         "epoch). Fix: pass the dataset itself.")
-    if steps_per_epoch is not None:
-        raise InputError("steps_per_epoch applies to a tf.data.Dataset; with arrays an epoch is every sample once. "
-                         f"Received steps_per_epoch={steps_per_epoch!r}. Fix: leave it out, or use max_steps.")
-    return ResidentArrays(x, y, batch_size=batch_size, device=device, seed=seed, batch_fn=batch_fn)
-
-
 def contents(*data: Any) -> tuple[Any, list[Any]]:
     """What tells data apart between calls: each leaf's identity, and a NumPy array's checksum (changed in place,
     it is other data, copied and checked again); then the leaves, held so that no other object takes their ids."""
@@ -397,14 +373,30 @@ def contents(*data: Any) -> tuple[Any, list[Any]]:
                   and a.dtype != object else 0) for a in leaves), leaves
 
 
-def input_for(last: tuple[Any, Source] | None, x: Any, y: Any, updates: Sequence[Update],
-              **kwargs: Any) -> tuple[Any, Source]:
-    """``(contents, input)`` for ``fit(x, y)``, validated by the updates (``kwargs``: `make_input`'s). The arrays of
-    the last call (``last``), unchanged, are not copied or checked again: a ``fit`` per epoch costs a checksum."""
+def input_for(last: tuple[Any, Source] | None, x: Any, y: Any, updates: Sequence[Update], *, batch_size: int,
+              device: str, seed: int, strategy: tf.distribute.Strategy, batch_fn: BatchFn | None,
+              steps_per_epoch: int | None) -> tuple[Any, Source]:
+    """``(contents, input)`` for ``fit(x, y)``: a `Stream` for a dataset, else `ResidentArrays`, validated by the
+    updates. The arrays of the last call (``last``), unchanged, are not copied or checked again."""
     key = contents(x, y)
     if last is not None and last[0][0] == key[0] and last[1].reusable:
         return last
-    source = make_input(x, y, **kwargs)
+    refuse_labels_beside(x, y)
+    source: Source
+    if isinstance(x, tf.data.Dataset):
+        if batch_fn is not None:
+            raise InputError("batch_fn transforms resident arrays on the device; a tf.data.Dataset transforms its "
+                             "batches itself. Fix: do that work in the pipeline (dataset.map(...)) and build the "
+                             "Trainer without batch_fn.")
+        source = Stream(x, batch_size=batch_size, device=device, strategy=strategy, steps_per_epoch=steps_per_epoch)
+    elif isinstance(x, tf.data.Iterator):
+        raise InputError("fit() takes a tf.data.Dataset, not an iterator over one (the trainer makes a fresh pass per "
+                         "epoch). Fix: pass the dataset itself.")
+    elif steps_per_epoch is not None:
+        raise InputError("steps_per_epoch applies to a tf.data.Dataset; with arrays an epoch is every sample once. "
+                         f"Received steps_per_epoch={steps_per_epoch!r}. Fix: leave it out, or use max_steps.")
+    else:
+        source = ResidentArrays(x, y, batch_size=batch_size, device=device, seed=seed, batch_fn=batch_fn)
     for validate in filter(None, (u.validate for u in updates)):
         validate(source.sample_batch())
     return key, source

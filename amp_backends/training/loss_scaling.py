@@ -9,19 +9,8 @@ the model, usable in XLA steps). A step runs, in this order::
 ``dynamic`` halves the scale on a non-finite step (down to ``min_scale``) and doubles it after ``growth_interval``
 finite steps; ``fixed`` never changes it; ``none`` is scale 1. Every mode skips a non-finite step, and
 `LossScaler.stalled` says when skipping can no longer help. Sparse gradients (``tf.IndexedSlices``) stay sparse.
-
-In a ``tf.GradientTape`` loop of your own, in place of Keras 2's ``get_scaled_loss`` / ``get_unscaled_gradients``::
-
-    scaler = amp_backends.LossScaler(optimizer)           # the plan applied by auto_configure()
-
-    @tf.function(jit_compile=plan.xla)
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_object(y, model(x, training=True))
-            scaled_loss = scaler.scale(loss)
-        grads = tape.gradient(scaled_loss, model.trainable_variables)
-        scaler.apply(grads, model.trainable_variables)    # unscale, check, apply or skip, update the scale
-        return loss
+A ``tf.GradientTape`` loop of your own uses `LossScaler` in place of Keras 2's ``get_scaled_loss`` /
+``get_unscaled_gradients`` (docs/custom-loop.md).
 """
 
 from __future__ import annotations
@@ -46,7 +35,6 @@ def _map_values(g: Any, fn: Any) -> Any:
     if isinstance(g, tf.IndexedSlices):
         return tf.IndexedSlices(fn(g.values), g.indices, g.dense_shape)
     return fn(g)
-
 
 
 class LossScaler:

@@ -6,11 +6,12 @@ The trainer knows the variables it trains, not the models: `trained_models` find
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import replace
 import logging
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..errors import AmpWarning
 from ..layer_plan import FLOAT8, LayerPlan, LayerDecision, apply, built_float32
@@ -34,32 +35,23 @@ def _is_model(obj: Any) -> bool:
         and not isinstance(obj, type)
 
 
-def _referenced(obj: Any) -> Iterable[Any]:
+def _referenced(obj: Any) -> list[Any]:
     """What a function, partial, bound method, update or container refers to (not inside models or tensors)."""
     if isinstance(obj, functools.partial):
-        yield obj.func
-        yield from obj.args
-        yield from obj.keywords.values()
-        return
-    if isinstance(obj, (list, tuple, set)):
-        yield from list(obj)[:64]
-        return
-    if isinstance(obj, dict):
-        yield from list(obj.values())[:64]
-        return
+        return [obj.func, *obj.args, *obj.keywords.values()]
+    if isinstance(obj, (list, tuple, set, dict)):
+        return list(obj.values() if isinstance(obj, dict) else obj)[:64]
+    found = []
     for cell in getattr(obj, "__closure__", None) or ():
-        try:
-            yield cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-    for attr in ("__self__", "__wrapped__", "loss_fn", "groups", "state"):
-        value = getattr(obj, attr, None)
-        if value is not None and not callable(getattr(value, "numpy", None)):
-            yield value
+        with contextlib.suppress(ValueError):  # an empty cell
+            found.append(cell.cell_contents)
+    attrs = (getattr(obj, attr, None) for attr in ("__self__", "__wrapped__", "loss_fn", "groups", "state"))
+    found += [value for value in attrs if value is not None and not callable(getattr(value, "numpy", None))]
     module = getattr(type(obj), "__module__", "") or ""
     if hasattr(obj, "__dict__") and not callable(obj) and module.split(".")[0] not in (
             "tensorflow", "keras", "tf_keras", "numpy", "builtins"):
-        yield from list(vars(obj).values())[:64]  # a user's object holding its models
+        found += list(vars(obj).values())[:64]  # a user's object holding its models
+    return found
 
 
 def trained_models(updates: Sequence[Update], objects: Mapping[str, Any] | None) -> list[Any]:
@@ -124,35 +116,29 @@ def check_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatch,
                   "auto_configure() set the dtype policy (a Keras policy applies to the layers created after it), "
                   f"so it trains without {plan.policy}'s speed. Fix: build it after auto_configure().")
         inputs = None if x is None else model_inputs(model, x)
+        check = functools.partial(model_check.check_model, model, plan, batch_size=batch_size, layer_plan=layer_plan)
         try:
             try:
-                result = model_check.check_model(model, plan, batch_size=batch_size, inputs=inputs,
-                                                 layer_plan=layer_plan, run=False)
+                result = check(inputs=inputs, run=False)
             except (TypeError, ValueError) as exc:
                 if inputs is None and x is not None and not getattr(model, "inputs", None):
-                    # a subclassed model that keeps no input shape of its own: checked at the training batch
-                    result = model_check.check_model(model, plan, batch_size=batch_size, inputs=x,
-                                                     layer_plan=layer_plan, run=False)
+                    result = check(inputs=x, run=False)  # a subclassed model keeping no input shape: the batch's
                 elif inputs is None:
                     raise
                 else:  # the batch is not what the model's own inputs say (a loss that reshapes it): its own shapes
                     logger.info(f"The precision check of {name!r} could not use the training batch ({exc}); it "
                                 "checks the model at its own input shapes.")
-                    result = model_check.check_model(model, plan, batch_size=batch_size, layer_plan=layer_plan)
+                    result = check()
         except Exception as exc:
             logger.warning(f"The precision check of {name!r} failed ({type(exc).__name__}: {str(exc)[:200]}); "
                            "training goes on.")
             continue
-        lines = result.log_lines()
         findings = list(result.findings)
-        logger.info(lines[0])
-        for finding, line in zip(findings, lines[1:1 + len(findings)], strict=True):
-            if finding.severity in ("warning", "error"):
+        for i, line in enumerate(result.log_lines()):  # a head line, a line per finding, then the rest
+            if 0 < i <= len(findings) and findings[i - 1].severity in ("warning", "error"):
                 _warn(line, f"{name}: {line}")
             else:
                 logger.info(line)
-        for line in lines[1 + len(findings):]:
-            logger.info(line)
 
 
 def prepare_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatch, *, batch_size: int,
@@ -170,9 +156,7 @@ def prepare_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatc
         name = str(getattr(model, "name", model))
         kept = stored_layer_plan(stored, model, len(models))
         try:
-            if kept is not None:
-                # the checkpoint's choice and float8 layers, whatever the flags; its float32 layers follow from the
-                # model's structure
+            if kept is not None:  # the checkpoint's choice and float8 layers (its float32 layers: the model's)
                 measured = LayerPlan.from_dict(kept).measurement if isinstance(kept, Mapping) else Measurement(
                     FLOAT32 if kept else "plan", plan.policy)  # (an earlier release kept the choice alone)
                 if measured is not None:
@@ -275,11 +259,11 @@ class TrainedModels:
                 logger.warning(f"{name}: the checkpoint's float8 layers could not be quantized ({type(exc).__name__}: "
                                f"{str(exc)[:200]}); they train in the plan's policy.")
 
-    def prepare(self, source: Source | FirstBatch) -> bool:
-        """Apply the layer plan of each model not yet prepared (decided on the first batch); whether any was."""
+    def prepare(self, source: Source | FirstBatch) -> None:
+        """Apply the layer plan of each model not yet prepared (decided on the first batch)."""
         prepared, self.to_prepare = self.to_prepare, []
         if not prepared:
-            return False
+            return
         self.layer_plans.update(prepare_models(prepared, self.plan, source, batch_size=self.batch_size,
                                                stored=self.stored, say=self.is_chief, measure=self.measure))
         if self.store and self.layer_plans:
@@ -288,16 +272,14 @@ class TrainedModels:
             self.audit.layer_plans = self.layer_plans
         if self.on_applied is not None:
             self.on_applied()
-        return True
 
-    def before_first_step(self, source: Source) -> bool:
-        """The layer plans (`prepare`), then the precision check, once; whether a layer plan was applied now."""
-        applied = self.prepare(source)
+    def before_first_step(self, source: Source) -> None:
+        """The layer plans (`prepare`), then the precision check, once."""
+        self.prepare(source)
         checked, self.to_check = self.to_check, []
         if self.is_chief:
             check_models(checked, self.plan, source, batch_size=self.batch_size // self.replicas,
                          layer_plans=self.layer_plans)
-        return applied
 
 
 class FirstBatch:

@@ -87,10 +87,9 @@ class Update:
             or a dataset's first batch); raises ``ValueError`` with the fix for data the loss cannot use.
         state: Variables the forward pass changes besides the trained ones (a model's ``non_trainable_variables``):
             a skipped step puts them back as they were.
-        check: ``check(batch) -> (ok, batch)``, run in the compiled step on every batch: ``ok`` a boolean scalar
-            tensor (the batch is usable), ``batch`` a version the loss can compute on even when it is not. A step
-            whose batch is not ``ok`` is skipped in every replica, and the trainer raises `InputError` after the
-            call, naming the step and ``check_message``.
+        check: ``check(batch) -> (ok, batch)`` on every batch in the compiled step: ``ok`` a boolean scalar tensor,
+            ``batch`` one the loss can compute on even when not ``ok``; then the step is skipped, and the trainer
+            raises `InputError` naming it and ``check_message``.
         check_message: What a batch that fails ``check`` should have been, and the fix.
         evaluation: How validation, metrics, ``Trainer.evaluate`` and ``Trainer.predict`` use the model (an
             `Evaluation`); a ``loss_fn`` that calls `record_predictions` gets metrics on training batches too.

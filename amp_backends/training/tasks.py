@@ -214,8 +214,19 @@ def check_model_inputs(model: Any, x: Any) -> None:
     if not inputs:
         return
     names = list(named) if named else [getattr(t, "name", "").split(":")[0] for t in inputs]
-    if isinstance(x, dict):
-        _check_input_names(model, names, inputs, x)
+    if isinstance(x, dict):  # Keras finds a model's inputs in a dict by their names (named inputs: above)
+        if (missing := [n for n in names if n not in x]) and len(names) == 1:
+            key = next(iter(x), "features")
+            raise InputError(
+                f"The model {model.name!r} takes one input, {names[0]!r} of shape "
+                f"{tuple(['batch', *inputs[0].shape[1:]])}; x is a dict without that name (its keys: {sorted(x)}), "
+                "and Keras finds a model's inputs in a dict by their names. Fix: give x the array itself (for a "
+                f"dataset: dataset.map(lambda x, y: (x[{key!r}], y))), or name the model's input after the key: "
+                f"keras.Input(shape, name={key!r}).")
+        if missing:
+            raise InputError(f"The model {model.name!r} takes the inputs {names} (a dict gives them by those names); "
+                             f"x lacks {missing} (its keys: {sorted(x)}). Fix: give x a dict with the model's input "
+                             f"names, or a list of {len(names)} arrays in the model's order.")
         pairs = [(t, x[n], f"x[{n!r}]", n) for t, n in zip(inputs, names, strict=True)]
     elif len(inputs) == 1:
         if not isinstance(x, (tuple, list)):
@@ -234,23 +245,6 @@ def check_model_inputs(model: Any, x: Any) -> None:
     for spec, value, where, name in pairs:
         _check_input(model, spec, value, where, f"its input {name!r}")
 
-
-def _check_input_names(model: Any, names: list[str], inputs: list[Any], x: dict[str, Any]) -> None:
-    """A dict ``x`` for a model of listed inputs (or one input) lacks an input's name: Keras finds its inputs in a
-    dict by their names (a model of named inputs: `_check_named_inputs`)."""
-    missing = [n for n in names if n not in x]
-    if not missing:
-        return
-    if len(names) == 1:
-        key = next(iter(x), "features")
-        raise InputError(
-            f"The model {model.name!r} takes one input, {names[0]!r} of shape {tuple(['batch', *inputs[0].shape[1:]])}"
-            f"; x is a dict without that name (its keys: {sorted(x)}), and Keras finds a model's inputs in a dict by "
-            f"their names. Fix: give x the array itself (for a dataset: dataset.map(lambda x, y: (x[{key!r}], y))), "
-            f"or name the model's input after the key: keras.Input(shape, name={key!r}).")
-    raise InputError(f"The model {model.name!r} takes the inputs {names} (a dict gives them by those names); x lacks "
-                     f"{missing} (its keys: {sorted(x)}). Fix: give x a dict with the model's input names, or a list "
-                     f"of {len(names)} arrays in the model's order.")
 
 
 def _check_input(model: Any, spec: Any, x: Any, where: str = "x", takes: str = "inputs") -> None:
@@ -288,8 +282,7 @@ def _check_named_inputs(model: Any, x: Any) -> dict[str, Any] | None:
     if not names:
         return None
     if isinstance(x, dict):
-        missing = sorted(set(names) - set(x))
-        if missing:
+        if missing := sorted(set(names) - set(x)):
             raise InputError(f"The model {model.name!r} takes the inputs {sorted(names)}; x lacks {missing} (its keys: "
                              f"{sorted(x)}). Fix: give x a dict with the model's input names (rename the features in "
                              "the pipeline, e.g. dataset.map(lambda x, y: ({'token_ids': x['input_ids'], ...}, y))).")
