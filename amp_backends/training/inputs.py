@@ -281,8 +281,7 @@ class Stream:
 
     @property
     def continuous(self) -> bool:
-        """With ``steps_per_epoch`` the data is one stream across epochs (as Keras ``fit`` reads it): an epoch
-        ends after that many batches, and a pass that ends starts the next one."""
+        """With ``steps_per_epoch`` the data is one stream across epochs, as Keras ``fit`` reads it."""
         return self.fixed_steps is not None
 
     def iterator(self, skip_batches: int = 0) -> Any:

@@ -91,8 +91,7 @@ class LossScaler:
         Args:
             grads: ``tape.gradient`` of the scaled loss (groups nested alike: ``[emb_grads, dense_grads]``).
             variables: The variables the gradients belong to (``[emb_vars, dense_vars]``).
-            optimizer: The optimizer to apply them with (default: the one this scaler was made with), or a list
-                of one optimizer per variable group.
+            optimizer: The optimizer (default: the scaler's), or a list of one optimizer per variable group.
 
         Returns:
             Whether the step was applied (a boolean tensor).
@@ -251,8 +250,7 @@ class LossScaler:
         initial scale (`restart`); the same dynamic scaling continues from the restored scale.
 
         Args:
-            then: The checkpoint's loss scaling (its config as a dict); ``None`` for a checkpoint that does not
-                record it (an older one), followed as is.
+            then: The checkpoint's loss scaling (its config as a dict); ``None`` (an older one): followed as is.
             say: Log the line that says what changed.
 
         Returns:
@@ -328,8 +326,7 @@ def plan_loss_scale(optimizer: Any, plan: Plan | None) -> LossScale:
 
 def _pairs(grads: Any, variables: Any) -> tuple[list[Any], list[Any]]:
     """``grads`` and ``variables`` as two flat lists (both may be nested alike, e.g. ``[emb, dense]`` groups)."""
-    flat_g = tf.nest.flatten(list(grads) if not isinstance(grads, (list, tuple)) else grads)
-    flat_v = tf.nest.flatten(list(variables) if not isinstance(variables, (list, tuple)) else variables)
+    flat_g, flat_v = (tf.nest.flatten(a if isinstance(a, (list, tuple)) else list(a)) for a in (grads, variables))
     if len(flat_g) != len(flat_v):
         raise ValueError(f"LossScaler.apply(grads, variables) takes one gradient per variable, as tape.gradient(loss, "
                          f"variables) returns them. Received: {len(flat_g)} gradients for {len(flat_v)} variables.")

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import replace
+from dataclasses import dataclass, replace
 import logging
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..errors import AmpWarning
-from ..layer_plan import FLOAT8, LayerPlan, LayerDecision, apply, built_float32
+from ..layer_plan import FLOAT8, LayerPlan, LayerDecision, apply, built_float32, decide, with_float8
 from ..plan import Plan
 from .checkpoints import CheckpointStore
 from .inputs import Source
@@ -146,7 +146,6 @@ def prepare_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatc
     """Each model's layer plan applied before its first step (`amp_backends.prepare_model`): the checkpoint's for a
     resumed run (whatever the flags), else decided on the first batch, measured where ``measure`` allows it
     (``Trainer(measure_float32=...)``). Each is said once; returns them by model name."""
-    from ..layer_plan import LayerPlan, decide, with_float8
     from ..autotune.layer_choice import FLOAT32, Measurement
     from ..prepare import prepare_model
 
@@ -179,8 +178,7 @@ def prepare_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatc
             logger.warning(f"{name}: whether float32 trains faster could not be measured ({type(exc).__name__}: "
                            f"{str(exc)[:200]}); the plan is kept.")
             continue
-        layer_plan = prep.layer_plan
-        if layer_plan is None:  # (prepare_model always gives one)
+        if (layer_plan := prep.layer_plan) is None:  # (prepare_model always gives one)
             continue
         plans[name] = layer_plan
         if say and (layer_plan.decisions or layer_plan.measurement or prep.choice_note):
@@ -282,11 +280,11 @@ class TrainedModels:
                          layer_plans=self.layer_plans)
 
 
+@dataclass(frozen=True)
 class FirstBatch:
-    """What `TrainedModels.prepare` needs of the data given to ``evaluate`` or ``predict``: its first batch."""
+    """What `TrainedModels.prepare` needs of the data ``x`` given to ``evaluate`` or ``predict``: its first batch."""
 
-    def __init__(self, x: Any) -> None:
-        self.x = x
+    x: Any
 
     def first_batch(self, batch_size: int) -> Any:
         import tensorflow as tf

@@ -41,8 +41,7 @@ def unrolls(kind: str, xla: bool, steps: int, unroll_steps: bool | None = None) 
         kind: The type of device the call runs on (``"CPU"``, ``"GPU"``, ``"XPU"``).
         xla: Whether the call is compiled with XLA.
         steps: The steps per call.
-        unroll_steps: The user's choice (``True``/``False``), or ``None`` for the default: unrolled under XLA
-            on a CPU up to `UNROLL_LIMIT` steps, a loop everywhere else.
+        unroll_steps: The user's choice, or ``None``: unrolled under XLA on a CPU up to `UNROLL_LIMIT` steps.
 
     Returns:
         ``True`` to unroll.
@@ -85,8 +84,7 @@ class Update:
         groups: ``(variables, optimizer)`` pairs updated from that one loss.
         validate: ``validate(sample)``, called once before training with the data (all the arrays as ``(x, y)``,
             or a dataset's first batch); raises ``ValueError`` with the fix for data the loss cannot use.
-        state: Variables the forward pass changes besides the trained ones (a model's ``non_trainable_variables``):
-            a skipped step puts them back as they were.
+        state: Variables the forward pass changes besides the trained ones, put back by a skipped step.
         check: ``check(batch) -> (ok, batch)`` on every batch in the compiled step: ``ok`` a boolean scalar tensor,
             ``batch`` one the loss can compute on even when not ``ok``; then the step is skipped, and the trainer
             raises `InputError` naming it and ``check_message``.
@@ -183,9 +181,7 @@ class StepProgram:
         n = ctx.num_replicas_in_sync
         with _step_context(self.seed, step, ctx.replica_id_in_sync_group, n):
             batch = make_batch(*args)
-            ok = tf.constant(True)
-            if u.check is not None:
-                ok, batch = u.check(batch)
+            ok, batch = u.check(batch) if u.check is not None else (tf.constant(True), batch)
             scaler = self.scalers[u.name]
             with tf.GradientTape() as tape:
                 try:

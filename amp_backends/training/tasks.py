@@ -21,8 +21,7 @@ def _per_example(loss: Any) -> tuple[Any, bool]:
     elif isinstance(loss, str):
         loss = tf.keras.losses.get(loss)
     if isinstance(loss, tf.keras.losses.Loss):
-        # .call gives one value per example on Keras 2 and 3 alike (the trainer averages, with sample weights);
-        # the object's own reduction does not apply
+        # .call: one value per example on Keras 2 and 3 alike (the object's own reduction does not apply)
         return loss.call, isinstance(loss, tf.keras.losses.SparseCategoricalCrossentropy)
     if callable(loss):
         return loss, getattr(loss, "__name__", "") == "sparse_categorical_crossentropy"
@@ -62,8 +61,7 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
     Args:
         model: A built Keras model.
         optimizer: Its optimizer.
-        loss: A Keras loss object or name, or ``loss(y, pred)`` returning one value per example (default:
-            sparse categorical cross-entropy).
+        loss: A Keras loss object or name (default: sparse categorical cross-entropy), or ``loss(y, pred)``.
 
     Returns:
         The one `Update` for `Trainer`.
@@ -358,6 +356,5 @@ def gan_updates(generator: Any, discriminator: Any, g_opt: Any, d_opt: Any) -> l
 
 def mnist_batch_fn(x: Any, y: Any, idx: Any) -> Any:
     """Gather a batch of uint8 MNIST images on the device and scale to [0, 1] (as the tutorials: /255)."""
-    xb = tf.cast(tf.gather(x, idx), tf.float32) / 255.0
-    xb = tf.reshape(xb, [-1, 28, 28, 1])
+    xb = tf.reshape(tf.cast(tf.gather(x, idx), tf.float32) / 255.0, [-1, 28, 28, 1])
     return xb, (None if y is None else tf.gather(y, idx))

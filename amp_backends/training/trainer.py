@@ -55,10 +55,8 @@ class Trainer:
         strategy: A ``tf.distribute`` strategy (default: the current one).
         unroll_steps: Unroll a compiled call's steps instead of looping (``None``: up to 16 under XLA on a CPU).
         observers: Your own `Observer` objects, called around every compiled call.
-        check_models: Check each trained Keras model once before the first step, at its batch (`check_model`);
-            warnings are logged and raised as `AmpWarning`.
-        audit: ``True`` (the steps after the warm-up calls) or ``(start, stop)``: the kernels that ran in that
-            window, in ``trainer.audit.result``.
+        check_models: Check each trained Keras model before the first step (`check_model`), warning as `AmpWarning`.
+        audit: ``True`` (after the warm-up calls) or ``(start, stop)``: the kernels run, in ``trainer.audit.result``.
         measure_float32: Whether to measure if a model trains faster all in float32: ``None`` where it has layers
             the plan keeps in float32, ``False`` never, ``True`` any model under a mixed plan (one replica only).
         metrics: Keras metric names or objects, reported per epoch on the training batches and ``validation_data``.
@@ -144,8 +142,7 @@ class Trainer:
         again); a run already at ``max_steps`` or ``epochs`` trains nothing and warns. Ctrl-C (or SIGTERM): `resume`.
 
         Args:
-            x: The inputs: arrays (a tuple, list or dict of them for several inputs) or a ``tf.data.Dataset``
-                of batches.
+            x: The inputs: arrays (a tuple, list or dict of them for several inputs) or a dataset of batches.
             y: The labels for array inputs (``None`` with a dataset, or for updates that need none).
             epochs: Train until this many epochs are complete, counted over the whole run.
             max_steps: Stop at this step instead, counted over the whole run.
@@ -206,23 +203,21 @@ class Trainer:
                 return
             k = source.call_size(self.steps_per_call, left, None if max_steps is None else max_steps - at.step,
                                  self.program)
-            if (ran := self._call(source, k, at, progress)) is None or ran.done == 0:
-                continue  # (None: stopped while XLA compiled the call)
+            progress.before_call(at.step, k)  # one compiled call of up to k steps, the observers told
+            with self.checkpointing.together(at.step), self.program.own_errors(at.step, k), self.validation.recording:
+                ran = run_call(self.program, source, at, k, self.steps_per_call, self.checkpointing.stop_requested)
+            if ran is None:
+                continue  # stopped while XLA compiled the call
+            progress.after_call(ran, at, self.position.batch_in_epoch(at), self.scalers)
+            if ran.pass_ended:
+                self._epoch_over(at.epoch)
+            if ran.done == 0:
+                continue
             ran.check_refused(at, self.position.batch_in_epoch(at), self.updates)
             check_stalled(self.scalers, self.max_consecutive_nonfinite, self.checkpointing.before_failing)
             self.validation.after_call(at.epoch, at.step, ran.done)
             self.checkpointing.after_call(at.step, ran.done)  # a checkpoint every checkpoint_every steps
 
-    def _call(self, source: Source, k: int, at: At, progress: Progress) -> Ran | None:
-        """Run one compiled call of up to ``k`` steps, the observers told (`metrics.Progress`)."""
-        progress.before_call(at.step, k)
-        with self.checkpointing.together(at.step), self.program.own_errors(at.step, k), self.validation.recording:
-            ran = run_call(self.program, source, at, k, self.steps_per_call, self.checkpointing.stop_requested)
-        if ran is not None:
-            progress.after_call(ran, at, self.position.batch_in_epoch(at), self.scalers)
-            if ran.pass_ended:
-                self._epoch_over(at.epoch)
-        return ran
 
     def _epoch_over(self, epoch: int) -> None:  # the position moves on; the epoch's values, validated when due
         self.position.next_epoch()
