@@ -174,9 +174,9 @@ class LossScaler:
             finite: Whether the step's gradients were finite (a boolean tensor).
         """
         finite = tf.convert_to_tensor(finite)
-        one = tf.constant(1, tf.int64)
-        self.skipped.assign_add(tf.where(finite, tf.constant(0, tf.int64), one))
-        self.consecutive.assign(tf.where(finite, tf.constant(0, tf.int64), self.consecutive + one))
+        zero, one = tf.constant(0, tf.int64), tf.constant(1, tf.int64)
+        self.skipped.assign_add(tf.where(finite, zero, one))
+        self.consecutive.assign(tf.where(finite, zero, self.consecutive + one))
         if self.config.mode != "dynamic":
             return
         grow = tf.logical_and(finite, self.good_steps + one >= self.config.growth_interval)
@@ -185,8 +185,7 @@ class LossScaler:
         # never grow to infinity (a float32 overflow would poison every later step)
         new_scale = tf.where(tf.math.is_finite(new_scale), new_scale, self.scale_var)
         self.scale_var.assign(new_scale)
-        self.good_steps.assign(tf.where(tf.logical_and(finite, tf.logical_not(grow)), self.good_steps + one,
-                                        tf.constant(0, tf.int64)))
+        self.good_steps.assign(tf.where(tf.logical_and(finite, tf.logical_not(grow)), self.good_steps + one, zero))
 
     # -- when skipping cannot help any more ------------------------------------------------------
     def stalled(self, limit: int) -> bool:

@@ -137,8 +137,7 @@ class StepProgram:
         self.updates, self.scalers, self.strategy, self.xla = list(updates), scalers, strategy, xla
         self.replicas = int(strategy.num_replicas_in_sync)
         self.batch_size, self.seed, self.unroll_steps = position.batch_size, seed, unroll_steps
-        # the compiled calls advance the position on the device
-        self.global_step, self.samples_in_epoch = position.global_step, position.samples_in_epoch
+        self.position = position  # the compiled calls advance it on the device
         self._calls: dict[Any, Any] = {}  # the compiled calls (and the XLA-compiled replica passes) by key
         self._trace_error: InputError | None = None
         # XLA per replica needs each replica on its own accelerator: logical CPU devices share one XLA CPU device,
@@ -271,7 +270,7 @@ class StepProgram:
             return tf.gather(perm, offset + tf.cast(i, tf.int64) * B + tf.range(B, dtype=tf.int64))
 
         def step_at(x, y, perm, offset, i):
-            step = self.global_step + tf.cast(i, tf.int64)
+            step = self.position.global_step + tf.cast(i, tf.int64)
             return self.one_step("resident", make_batch, step, (x, y, positions(perm, offset, i)))
 
         def run(x, y, perm, offset, steps):
@@ -300,8 +299,8 @@ class StepProgram:
 
     def _advance(self, steps: Any) -> None:
         """The position moves on by ``steps`` (an int64 tensor) on the device."""
-        self.global_step.assign_add(steps)
-        self.samples_in_epoch.assign_add(steps * self.batch_size)
+        self.position.global_step.assign_add(steps)
+        self.position.samples_in_epoch.assign_add(steps * self.batch_size)
 
     # -- calls on a tf.data iterator -----------------------------------------------------------
     def stream_call(self) -> Any:
@@ -321,7 +320,7 @@ class StepProgram:
                 optional = iterator.get_next_as_optional()
                 if not optional.has_value():
                     break
-                step_losses, step_flags = step_fn(optional.get_value(), self.global_step + done)
+                step_losses, step_flags = step_fn(optional.get_value(), self.position.global_step + done)
                 ta_l = ta_l.write(tf.cast(done, tf.int32), step_losses)
                 ta_f = ta_f.write(tf.cast(done, tf.int32), step_flags)
                 done += 1

@@ -146,8 +146,7 @@ class Trainer:
             y: The labels for array inputs (``None`` with a dataset, or for updates that need none).
             epochs: Train until this many epochs are complete, counted over the whole run.
             max_steps: Stop at this step instead, counted over the whole run.
-            resume: Continue from the newest intact checkpoint in ``checkpoint_dir`` (under its seed); without it,
-                a checkpoint directory holding another run's checkpoints is refused.
+            resume: Continue from the newest intact checkpoint (without it, another run's checkpoints are refused).
             steps_per_epoch: The steps of an epoch, for a dataset that repeats forever.
             validation_data: ``(x_val, y_val)`` arrays or a dataset of batches, evaluated with the metrics.
             validation_every: Evaluate every this many epochs, or ``"500 steps"`` (needs ``validation_data``).
@@ -156,11 +155,9 @@ class Trainer:
             What the run did (`TrainResult`).
 
         Raises:
-            AmpConfigError: ``epochs`` or ``max_steps`` is not a positive integer, ``resume=True`` without a
-                ``checkpoint_dir``, or ``validation_every`` without ``validation_data`` (a ``ValueError``).
+            AmpConfigError: An argument is out of range, or needs another (a ``ValueError``).
             InputError: The data is unusable; the message says what was expected.
-            CheckpointError: ``checkpoint_dir`` holds another run's checkpoints (without ``resume``), or a
-                checkpoint cannot be saved or read.
+            CheckpointError: ``checkpoint_dir`` holds another run's checkpoints, or one cannot be saved or read.
             NonFiniteError: Training cannot go on: too many non-finite steps, or non-finite weights.
             TrainingInterrupted: Ctrl-C or SIGTERM, after the last call ended and its checkpoint was saved.
         """
