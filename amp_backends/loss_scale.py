@@ -16,11 +16,9 @@ FLOAT32_MAX = 3.4028234663852886e38  # the largest float32: a scale beyond it is
 class LossScale:
     """How the loss is scaled before differentiation.
 
-    Loss scaling multiplies the loss by ``scale`` before computing gradients so that small float16
-    gradients do not flush to zero, then divides the gradients by the same factor before applying
-    them. ``dynamic`` halves the scale (``backoff``) whenever gradients overflow, skipping that step,
-    and doubles it (``growth``) after ``growth_interval`` finite steps. ``fixed`` keeps one scale;
-    ``none`` does not scale (right for float32 and bfloat16).
+    The loss times the scale keeps small float16 gradients from flushing to zero; the gradients are divided back.
+    ``dynamic`` halves the scale when gradients overflow (skipping that step) and doubles it after
+    ``growth_interval`` finite steps; ``fixed`` keeps one scale; ``none`` does not scale (float32, bfloat16).
 
     Attributes:
         mode: ``"dynamic"``, ``"fixed"`` or ``"none"``.
@@ -37,18 +35,13 @@ class LossScale:
 
     def __post_init__(self) -> None:
         if self.mode not in ("dynamic", "fixed", "none"):
-            raise AmpConfigError(
-                f"LossScale mode must be 'dynamic', 'fixed' or 'none'. Received: mode={self.mode!r}."
-            )
+            raise AmpConfigError(f"LossScale mode must be 'dynamic', 'fixed' or 'none'. Received: mode={self.mode!r}.")
         if not (self.initial > 0 and self.initial <= FLOAT32_MAX):  # (a float32 variable holds it: 1e40 is inf)
             raise AmpConfigError(
                 f"A loss scale must be a positive finite number a float32 holds (up to {FLOAT32_MAX:.4g}), such as "
-                f"1024. Received: {self.initial!r}. Fix: pass a power of two such as 1024 or 32768, or 'dynamic'."
-            )
+                f"1024. Received: {self.initial!r}. Fix: pass a power of two such as 1024 or 32768, or 'dynamic'.")
         if self.growth_interval < 1:
-            raise AmpConfigError(
-                f"growth_interval must be >= 1. Received: growth_interval={self.growth_interval!r}."
-            )
+            raise AmpConfigError(f"growth_interval must be >= 1. Received: growth_interval={self.growth_interval!r}.")
 
     def __str__(self) -> str:
         if self.mode == "fixed":
@@ -66,9 +59,8 @@ class LossScale:
         return {"mode": "dynamic", "initial": self.initial, "growth_interval": self.growth_interval}
 
     @classmethod
-    def dynamic(
-        cls, initial: float = DEFAULT_INITIAL_SCALE, growth_interval: int = DEFAULT_GROWTH_INTERVAL
-    ) -> LossScale:
+    def dynamic(cls, initial: float = DEFAULT_INITIAL_SCALE,
+                growth_interval: int = DEFAULT_GROWTH_INTERVAL) -> LossScale:
         """Dynamic loss scaling: the largest safe scale, found as training goes.
 
         Args:

@@ -1,23 +1,9 @@
 """What the trainer trains on: arrays resident on the device, or a ``tf.data`` pipeline of batches.
 
-**Arrays** (NumPy arrays or tensors; one array, a tuple/list of arrays for several inputs, or a dict of named
-features, with optional labels of the same kinds) are copied to the device once. Each epoch's order is a
-permutation derived from ``(seed, epoch)``, and every step gathers its batch from that permutation on the device:
-no host round trip between steps, several steps per compiled call, and a position that is simply "sample ``s``
-of epoch ``e``", exact on resume whatever the batch size. Arrays of strings are taken (for a model that starts
-with its own ``StringLookup``); the steps then run without XLA.
-
-**A** ``tf.data.Dataset`` yields *batches* (as Keras ``fit`` expects): ``ds.batch(batch_size,
-drop_remainder=True)``. Batches of unknown size (``ds.batch(n)`` without ``drop_remainder``) are rebatched to
-exactly ``batch_size`` with the remainder dropped (a partial batch would change the compiled shapes and the
-loss's scale); an unbatched dataset, batches of another size, or batches of unknown size with a variable-length
-feature (``padded_batch(8)``: rows padded to different lengths cannot be regrouped) are refused with the fix. An
-epoch is one pass over the dataset, or ``steps_per_epoch`` batches (required for a dataset that repeats forever).
-The compiled call pulls several batches from an iterator inside itself (prefetched to the accelerator). On
-resume the epoch's pipeline is rebuilt and the batches already consumed are skipped, which continues the
-interrupted order exactly when the pipeline's order depends on its seed alone (no shuffle, or ``shuffle(...,
-seed=s, reshuffle_each_iteration=False)``); with reshuffling, the rest of the resumed epoch follows a fresh order.
-Each kind answers the loop's questions (steps left, the next call's size) and runs its call, returning a `Ran`.
+Arrays are copied to the device once; each step gathers its batch there from the epoch's permutation of ``(seed,
+epoch)``: no host round trip between steps, and a position exact on resume whatever the batch size. A dataset yields
+batches, as Keras ``fit`` expects; on resume the batches already consumed are skipped. Each kind answers the loop's
+questions (steps left, the next call's size) and runs its call, returning a `Ran`.
 """
 
 from __future__ import annotations
@@ -42,9 +28,8 @@ BatchFn = Callable[[Any, Any, Any], Any]
 @dataclass(frozen=True)
 class Ran:
     """What one compiled call did: ``done`` steps, their losses and flags (``[done, updates]``: 1 applied, 0
-    skipped for non-finite gradients, -1 a batch refused by the update's ``check``), the key it was compiled
-    under (a new key is a call that traced and compiled), and whether the data's pass ended in it (an epoch of
-    a stream without ``steps_per_epoch``)."""
+    non-finite, -1 refused by the update's ``check``), the key it was compiled under (a new key: it compiled), and
+    whether the data's pass ended in it."""
 
     done: int
     losses: np.ndarray
@@ -296,8 +281,7 @@ class Stream:
 
     @property
     def continuous(self) -> bool:
-        """With ``steps_per_epoch`` the data is one stream across epochs (as Keras ``fit`` reads it): an epoch
-        ends after that many batches, and a pass that ends starts the next one."""
+        """With ``steps_per_epoch`` the data is one stream across epochs, as Keras ``fit`` reads it."""
         return self.fixed_steps is not None
 
     def iterator(self, skip_batches: int = 0) -> Any:
@@ -380,25 +364,6 @@ Source = Union[ResidentArrays, Stream]  # what the loop trains on
 
 
 # ------------------------------------------------------------------------------------ the trainer's input
-def make_input(x: Any, y: Any, *, batch_size: int, device: str, seed: int, strategy: tf.distribute.Strategy,
-               batch_fn: BatchFn | None, steps_per_epoch: int | None) -> Source:
-    """The trainer's input for ``fit(x, y)``: a `Stream` for a dataset, else `ResidentArrays`."""
-    refuse_labels_beside(x, y)
-    if isinstance(x, tf.data.Dataset):
-        if batch_fn is not None:
-            raise InputError("batch_fn transforms resident arrays on the device; a tf.data.Dataset transforms its "
-                             "batches itself. Fix: do that work in the pipeline (dataset.map(...)) and build the "
-                             "Trainer without batch_fn.")
-        return Stream(x, batch_size=batch_size, device=device, strategy=strategy, steps_per_epoch=steps_per_epoch)
-    if isinstance(x, tf.data.Iterator):
-        raise InputError("fit() takes a tf.data.Dataset, not an iterator over one (the trainer makes a fresh pass per "
-                         "epoch). Fix: pass the dataset itself.")
-    if steps_per_epoch is not None:
-        raise InputError("steps_per_epoch applies to a tf.data.Dataset; with arrays an epoch is every sample once. "
-                         f"Received steps_per_epoch={steps_per_epoch!r}. Fix: leave it out, or use max_steps.")
-    return ResidentArrays(x, y, batch_size=batch_size, device=device, seed=seed, batch_fn=batch_fn)
-
-
 def contents(*data: Any) -> tuple[Any, list[Any]]:
     """What tells data apart between calls: each leaf's identity, and a NumPy array's checksum (changed in place,
     it is other data, copied and checked again); then the leaves, held so that no other object takes their ids."""
@@ -407,14 +372,30 @@ def contents(*data: Any) -> tuple[Any, list[Any]]:
                   and a.dtype != object else 0) for a in leaves), leaves
 
 
-def input_for(last: tuple[Any, Source] | None, x: Any, y: Any, updates: Sequence[Update],
-              **kwargs: Any) -> tuple[Any, Source]:
-    """``(contents, input)`` for ``fit(x, y)``, validated by the updates (``kwargs``: `make_input`'s). The arrays of
-    the last call (``last``), unchanged, are not copied or checked again: a ``fit`` per epoch costs a checksum."""
+def input_for(last: tuple[Any, Source] | None, x: Any, y: Any, updates: Sequence[Update], *, batch_size: int,
+              device: str, seed: int, strategy: tf.distribute.Strategy, batch_fn: BatchFn | None,
+              steps_per_epoch: int | None) -> tuple[Any, Source]:
+    """``(contents, input)`` for ``fit(x, y)``: a `Stream` for a dataset, else `ResidentArrays`, validated by the
+    updates. The arrays of the last call (``last``), unchanged, are not copied or checked again."""
     key = contents(x, y)
     if last is not None and last[0][0] == key[0] and last[1].reusable:
         return last
-    source = make_input(x, y, **kwargs)
+    refuse_labels_beside(x, y)
+    source: Source
+    if isinstance(x, tf.data.Dataset):
+        if batch_fn is not None:
+            raise InputError("batch_fn transforms resident arrays on the device; a tf.data.Dataset transforms its "
+                             "batches itself. Fix: do that work in the pipeline (dataset.map(...)) and build the "
+                             "Trainer without batch_fn.")
+        source = Stream(x, batch_size=batch_size, device=device, strategy=strategy, steps_per_epoch=steps_per_epoch)
+    elif isinstance(x, tf.data.Iterator):
+        raise InputError("fit() takes a tf.data.Dataset, not an iterator over one (the trainer makes a fresh pass per "
+                         "epoch). Fix: pass the dataset itself.")
+    elif steps_per_epoch is not None:
+        raise InputError("steps_per_epoch applies to a tf.data.Dataset; with arrays an epoch is every sample once. "
+                         f"Received steps_per_epoch={steps_per_epoch!r}. Fix: leave it out, or use max_steps.")
+    else:
+        source = ResidentArrays(x, y, batch_size=batch_size, device=device, seed=seed, batch_fn=batch_fn)
     for validate in filter(None, (u.validate for u in updates)):
         validate(source.sample_batch())
     return key, source

@@ -1,48 +1,16 @@
-r"""Loss scaling: the trainer's scaler, and the same in a loop of your own.
+r"""Loss scaling that behaves the same on Keras 3 (TF 2.21) and Keras 2 (TF 2.15), sparse gradients included.
 
-Loss scaling that behaves the same on Keras 3 (TF 2.21) and Keras 2 (TF 2.15), sparse gradients included.
-
-Keras 3's ``LossScaleOptimizer`` is dynamic-only and dropped ``get_scaled_loss`` /
-``get_unscaled_gradients``; Keras 2's has fixed scaling and those methods. The trainer therefore scales
-losses itself with `LossScaler`, whose whole state lives in ``tf.Variable``\ s so that it is
-checkpointed with the model and works inside compiled (XLA) steps.
-
-One training step goes through these states, in this order (calling out of order is a bug)::
+Keras 3's ``LossScaleOptimizer`` is dynamic-only and dropped ``get_scaled_loss`` / ``get_unscaled_gradients``;
+so the trainer scales losses itself with `LossScaler`, whose state lives in ``tf.Variable``\ s (checkpointed with
+the model, usable in XLA steps). A step runs, in this order::
 
     scale(loss) -> unscale(grads) -> all_finite(grads) -> [apply if finite] -> update(finite)
 
-* ``dynamic``: a non-finite gradient skips the step and halves the scale (down to ``min_scale``); after
-  ``growth_interval`` finite steps in a row the scale doubles.
-* ``fixed``: the scale never changes; a non-finite step is skipped and counted.
-* ``none``: scale 1; a non-finite step is still skipped, so no NaN ever reaches the weights.
-
-In every mode ``consecutive`` counts the non-finite steps in a row, and `LossScaler.stalled` says
-when skipping can no longer help (see there), so that a model whose gradients are never finite stops
-with an error instead of skipping forever.
-
-Sparse gradients (``tf.IndexedSlices``, from an ``Embedding`` or any ``tf.gather``) stay sparse: only
-their ``values`` are unscaled and checked, so a 20000 x 64 embedding's gradient reaches its optimizer
-as the rows the batch touched, never as a dense table.
-
-Loss scaling in a training loop of your own (``tf.GradientTape``), as the trainer does it.
-
-The Keras 2 tutorials scale the loss with ``optimizer.get_scaled_loss`` and unscale the gradients with
-``optimizer.get_unscaled_gradients``; Keras 3 has neither. `LossScaler` replaces
-both, the same on Keras 2 and Keras 3 and under any plan (``dynamic``, ``fixed`` or ``none`` scaling)::
-
-    scaler = amp_backends.LossScaler(optimizer)           # the plan applied by auto_configure()
-
-    @tf.function(jit_compile=plan.xla)
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_object(y, model(x, training=True))
-            scaled_loss = scaler.scale(loss)
-        grads = tape.gradient(scaled_loss, model.trainable_variables)
-        scaler.apply(grads, model.trainable_variables)    # unscale, check, apply or skip, update the scale
-        return loss
-
-For that loop, `LossScaler` takes the optimizer and the plan it is made from, and `LossScaler.apply` runs the
-trainer's own sequence (unscale, one finite flag for all replicas, ``tf.cond`` apply or skip, scale update).
+``dynamic`` halves the scale on a non-finite step (down to ``min_scale``) and doubles it after ``growth_interval``
+finite steps; ``fixed`` never changes it; ``none`` is scale 1. Every mode skips a non-finite step, and
+`LossScaler.stalled` says when skipping can no longer help. Sparse gradients (``tf.IndexedSlices``) stay sparse.
+A ``tf.GradientTape`` loop of your own uses `LossScaler` in place of Keras 2's ``get_scaled_loss`` /
+``get_unscaled_gradients`` (docs/custom-loop.md).
 """
 
 from __future__ import annotations
@@ -69,22 +37,15 @@ def _map_values(g: Any, fn: Any) -> Any:
     return fn(g)
 
 
-def _values(g: Any) -> Any:
-    return g.values if isinstance(g, tf.IndexedSlices) else g
-
-
 class LossScaler:
     """The loss-scale state of one update (one loss, one or several optimizers).
 
-    In a loop of your own (``tf.GradientTape``), make it from the optimizer: ``LossScaler(optimizer)`` scales
-    as the applied plan says (``plan=`` another plan), then per step ``scaled = scaler.scale(loss)`` inside the
-    tape and ``scaler.apply(tape.gradient(scaled, variables), variables)`` after it — in place of Keras 2's
-    ``get_scaled_loss`` / ``get_unscaled_gradients`` / ``apply_gradients`` (see the module's docstring). The trainer
-    makes it from a `LossScale` instead, and drives the steps below itself.
+    In a loop of your own, ``LossScaler(optimizer)`` scales as the applied plan says: per step ``scaled =
+    scaler.scale(loss)`` inside the tape, then ``scaler.apply(tape.gradient(scaled, variables), variables)``.
+    The trainer makes it from a `LossScale` instead, and drives the steps itself.
 
     Args:
-        optimizer: The optimizer of a loop of your own (or, the trainer's form, a
-            `LossScale`).
+        optimizer: The optimizer of a loop of your own (or, the trainer's form, a `LossScale`).
         name: The name of its variables in checkpoints.
         min_scale: The lowest scale dynamic scaling halves down to.
         plan: The plan whose loss scaling to follow (default: the applied one).
@@ -93,14 +54,12 @@ class LossScaler:
     def __init__(self, optimizer: Any = None, name: str = "loss_scale", min_scale: float = 1.0, *,
                  plan: Plan | None = None) -> None:
         if isinstance(optimizer, LossScale):  # the trainer's form: the loss scaling itself
-            config, self.optimizer = optimizer, None
+            self.config, self.optimizer = optimizer, None
         else:
-            config, self.optimizer = plan_loss_scale(optimizer, plan), optimizer
+            self.config, self.optimizer = plan_loss_scale(optimizer, plan), optimizer
+        self.name, self.min_scale = name, float(min_scale)
         self._built_optimizers: set[int] = set()
-        self.config = config
-        self.name = name
-        self.min_scale = float(min_scale)
-        initial = 1.0 if config.mode == "none" else float(config.initial)
+        initial = 1.0 if self.config.mode == "none" else float(self.config.initial)
         with tf.init_scope():
             self.scale_var = tf.Variable(initial, dtype=tf.float32, trainable=False, name=f"{name}/scale")
             self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}/good_steps")
@@ -120,22 +79,19 @@ class LossScaler:
         if self.config.mode == "none":
             return loss
         loss = tf.convert_to_tensor(loss)
-        if loss.dtype in (tf.float16, tf.bfloat16):  # a float16 loss times 65536 would be Inf
+        if loss.dtype in (tf.float16, tf.bfloat16):
             loss = tf.cast(loss, tf.float32)
         return loss * tf.cast(self.scale_var, loss.dtype)
 
     def apply(self, grads: Any, variables: Any, optimizer: Any = None) -> Any:
-        """One step of a loop of your own, after `scale`: unscale ``grads`` (``tape.gradient`` of the scaled
-        loss), apply them to ``variables`` with ``optimizer`` (by default the one this scaler was made with) if
-        all are finite in every replica, else skip the step; then update the scale. Works in ``tf.function``
-        (with ``jit_compile`` too) and ``strategy.run``. Call it once a step: variable groups with optimizers of
-        their own go in one call (``optimizer=[emb_opt, dense_opt]``), one finite check and one decision for all.
+        """One step of a loop of your own, after `scale`: unscale ``grads``, apply them if all are finite in every
+        replica (else skip the step), then update the scale; in ``tf.function`` (XLA too) and ``strategy.run``.
+        Call it once a step: groups with optimizers of their own go in one call, one finite check for all.
 
         Args:
             grads: ``tape.gradient`` of the scaled loss (groups nested alike: ``[emb_grads, dense_grads]``).
             variables: The variables the gradients belong to (``[emb_vars, dense_vars]``).
-            optimizer: The optimizer to apply them with (default: the one this scaler was made with), or a list
-                of one optimizer per variable group.
+            optimizer: The optimizer (default: the scaler's), or a list of one optimizer per variable group.
 
         Returns:
             Whether the step was applied (a boolean tensor).
@@ -144,7 +100,7 @@ class LossScaler:
             TypeError: No optimizer, here or at construction.
             ValueError: Not one gradient per variable, or not one variable group per optimizer.
         """
-        optimizer = optimizer if optimizer is not None else self.optimizer
+        optimizer = self.optimizer if optimizer is None else optimizer
         if optimizer is None:
             raise TypeError("LossScaler.apply() needs the optimizer: make the scaler with it (LossScaler(optimizer)) "
                             "or pass apply(grads, variables, optimizer=...).")
@@ -193,10 +149,7 @@ class LossScaler:
         if self.config.mode == "none":
             return list(grads)
         inv = 1.0 / self.scale_var
-        if variables:
-            keep = [bool(getattr(v, "overwrite_with_gradient", False)) for v in variables]
-        else:
-            keep = [False] * len(grads)
+        keep = [getattr(v, "overwrite_with_gradient", False) for v in (variables or [None] * len(grads))]
         return [g if k else _map_values(g, lambda t: t * tf.cast(inv, t.dtype))
                 for g, k in zip(grads, keep, strict=True)]
 
@@ -210,7 +163,8 @@ class LossScaler:
         Returns:
             A boolean scalar tensor.
         """
-        checks = [tf.reduce_all(tf.math.is_finite(_values(g))) for g in grads if g is not None]
+        checks = [tf.reduce_all(tf.math.is_finite(g.values if isinstance(g, tf.IndexedSlices) else g))
+                  for g in grads if g is not None]
         return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
 
     def update(self, finite: Any) -> None:
@@ -220,30 +174,23 @@ class LossScaler:
             finite: Whether the step's gradients were finite (a boolean tensor).
         """
         finite = tf.convert_to_tensor(finite)
-        one = tf.constant(1, tf.int64)
-        self.skipped.assign_add(tf.where(finite, tf.constant(0, tf.int64), one))
-        self.consecutive.assign(tf.where(finite, tf.constant(0, tf.int64), self.consecutive + one))
+        zero, one = tf.constant(0, tf.int64), tf.constant(1, tf.int64)
+        self.skipped.assign_add(tf.where(finite, zero, one))
+        self.consecutive.assign(tf.where(finite, zero, self.consecutive + one))
         if self.config.mode != "dynamic":
             return
         grow = tf.logical_and(finite, self.good_steps + one >= self.config.growth_interval)
-        new_scale = tf.where(
-            finite,
-            tf.where(grow, self.scale_var * 2.0, self.scale_var),
-            tf.maximum(self.scale_var * 0.5, self.min_scale),
-        )
+        new_scale = tf.where(finite, tf.where(grow, self.scale_var * 2.0, self.scale_var),
+                             tf.maximum(self.scale_var * 0.5, self.min_scale))
         # never grow to infinity (a float32 overflow would poison every later step)
         new_scale = tf.where(tf.math.is_finite(new_scale), new_scale, self.scale_var)
         self.scale_var.assign(new_scale)
-        self.good_steps.assign(tf.where(tf.logical_and(finite, tf.logical_not(grow)), self.good_steps + one,
-                                        tf.constant(0, tf.int64)))
+        self.good_steps.assign(tf.where(tf.logical_and(finite, tf.logical_not(grow)), self.good_steps + one, zero))
 
     # -- when skipping cannot help any more ------------------------------------------------------
     def stalled(self, limit: int) -> bool:
-        """True after ``limit`` non-finite steps in a row that lowering the scale can no longer cure.
-
-        ``none`` and ``fixed`` never change their scale, so ``limit`` skipped steps in a row is the end;
-        ``dynamic`` keeps halving, so it stalls only once its scale sits at ``min_scale`` as well (at most
-        ``max(limit, log2(initial) + 1)`` steps).
+        """True after ``limit`` non-finite steps in a row that lowering the scale can no longer cure: for ``dynamic``,
+        only once its scale sits at ``min_scale`` too (``none`` and ``fixed`` never change their scale).
 
         Args:
             limit: How many non-finite steps in a row count as stalled.
@@ -263,21 +210,15 @@ class LossScaler:
             return (f"the fixed loss scale {self.current:g} is too high: lower it with the plan override "
                     f"loss_scale='{lower}' (auto_configure(loss_scale='{lower}'), or AMP_LOSS_SCALE={lower}), or use "
                     "dynamic loss scaling (loss_scale='dynamic')")
-        if self.config.mode == "dynamic":
-            cause = ("the gradients stay non-finite even at loss scale 1, so the loss or the forward pass itself is "
-                     "NaN or Inf")
-        else:
-            cause = "without loss scaling the loss or the forward pass itself is NaN or Inf"
+        cause = ("the gradients stay non-finite even at loss scale 1, so" if self.config.mode == "dynamic" else
+                 "without loss scaling") + " the loss or the forward pass itself is NaN or Inf"
         return (f"{cause}: check the inputs for NaN/Inf, lower the learning rate, and check the model in float32 "
                 "(the plan override policy='float32', or AMP_POLICY=float32) to see whether float16 overflows in the "
                 "forward pass")
 
     def stalled_error(self, saved: str | None) -> NonFiniteError:
-        """The error that ends training when `stalled`; ``saved``: the finite state just saved.
-
-        Besides its message, the error carries what to change as data, for a command line to say in its own
-        flags: ``overrides`` (plan overrides, such as ``{"loss_scale": "fixed:16"}``) and ``resume`` (whether
-        a saved state can be continued).
+        """The error that ends training when `stalled`, carrying what to change for a command line to say in its own
+        flags: ``overrides`` (``{"loss_scale": "fixed:16"}``, say) and ``resume`` (whether a saved state continues).
 
         Args:
             saved: Where the last finite state was saved, or ``None``.
@@ -308,8 +249,7 @@ class LossScaler:
         initial scale (`restart`); the same dynamic scaling continues from the restored scale.
 
         Args:
-            then: The checkpoint's loss scaling (its config as a dict); ``None`` for a checkpoint that does not
-                record it (an older one), followed as is.
+            then: The checkpoint's loss scaling (its config as a dict); ``None`` (an older one): followed as is.
             say: Log the line that says what changed.
 
         Returns:
@@ -363,8 +303,7 @@ def plan_loss_scale(optimizer: Any, plan: Plan | None) -> LossScale:
             raise TypeError("LossScaler() takes the Keras optimizer your loop applies gradients with, such as "
                             f"keras.optimizers.Adam(1e-3). Received: {optimizer!r} "
                             f"(of type {type(optimizer).__name__}).")
-        mode, _ = loss_scale_of(optimizer)
-        if mode != "none":
+        if (mode := loss_scale_of(optimizer)[0]) != "none":
             raise AmpConfigError(
                 f"LossScaler() was given an optimizer that scales losses itself ({mode} loss scaling: a "
                 "LossScaleOptimizer or loss_scale_factor), so the loss would be scaled twice. Fix: give it the plain "
@@ -386,8 +325,7 @@ def plan_loss_scale(optimizer: Any, plan: Plan | None) -> LossScale:
 
 def _pairs(grads: Any, variables: Any) -> tuple[list[Any], list[Any]]:
     """``grads`` and ``variables`` as two flat lists (both may be nested alike, e.g. ``[emb, dense]`` groups)."""
-    flat_g = tf.nest.flatten(list(grads) if not isinstance(grads, (list, tuple)) else grads)
-    flat_v = tf.nest.flatten(list(variables) if not isinstance(variables, (list, tuple)) else variables)
+    flat_g, flat_v = (tf.nest.flatten(a if isinstance(a, (list, tuple)) else list(a)) for a in (grads, variables))
     if len(flat_g) != len(flat_v):
         raise ValueError(f"LossScaler.apply(grads, variables) takes one gradient per variable, as tape.gradient(loss, "
                          f"variables) returns them. Received: {len(flat_g)} gradients for {len(flat_v)} variables.")

@@ -1,22 +1,20 @@
-"""The precision check of the models a trainer trains, once, before the first step.
+"""The layer plans and the precision check of the models a trainer trains, once, before the first step.
 
-The trainer knows the variables it trains, not the models: `trained_models` finds the Keras models
-that own them (among ``checkpoint_objects`` and what the updates' loss functions hold). Each is checked by
-`amp_backends.check_model` at the batch the trainer really trains on; findings of severity warning
-or error are logged as warnings and raised as `AmpWarning`. A model built
-before ``auto_configure()`` (its layers compute in float32 under a mixed plan) is said so plainly.
+The trainer knows the variables it trains, not the models: `trained_models` finds the Keras models that own them
+(among ``checkpoint_objects`` and what the updates' loss functions hold).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from dataclasses import replace
+from dataclasses import dataclass, replace
 import logging
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..errors import AmpWarning
-from ..layer_plan import FLOAT8, LayerPlan, LayerDecision, apply, built_float32
+from ..layer_plan import FLOAT8, LayerPlan, LayerDecision, apply, built_float32, decide, with_float8
 from ..plan import Plan
 from .checkpoints import CheckpointStore
 from .inputs import Source
@@ -37,39 +35,30 @@ def _is_model(obj: Any) -> bool:
         and not isinstance(obj, type)
 
 
-def _referenced(obj: Any) -> Iterable[Any]:
+def _referenced(obj: Any) -> list[Any]:
     """What a function, partial, bound method, update or container refers to (not inside models or tensors)."""
     if isinstance(obj, functools.partial):
-        yield obj.func
-        yield from obj.args
-        yield from obj.keywords.values()
-        return
-    if isinstance(obj, (list, tuple, set)):
-        yield from list(obj)[:64]
-        return
-    if isinstance(obj, dict):
-        yield from list(obj.values())[:64]
-        return
+        return [obj.func, *obj.args, *obj.keywords.values()]
+    if isinstance(obj, (list, tuple, set, dict)):
+        return list(obj.values() if isinstance(obj, dict) else obj)[:64]
+    found = []
     for cell in getattr(obj, "__closure__", None) or ():
-        try:
-            yield cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-    for attr in ("__self__", "__wrapped__", "loss_fn", "groups", "state"):
-        value = getattr(obj, attr, None)
-        if value is not None and not callable(getattr(value, "numpy", None)):
-            yield value
+        with contextlib.suppress(ValueError):  # an empty cell
+            found.append(cell.cell_contents)
+    attrs = (getattr(obj, attr, None) for attr in ("__self__", "__wrapped__", "loss_fn", "groups", "state"))
+    found += [value for value in attrs if value is not None and not callable(getattr(value, "numpy", None))]
     module = getattr(type(obj), "__module__", "") or ""
     if hasattr(obj, "__dict__") and not callable(obj) and module.split(".")[0] not in (
             "tensorflow", "keras", "tf_keras", "numpy", "builtins"):
-        yield from list(vars(obj).values())[:64]  # a user's object holding its models
+        found += list(vars(obj).values())[:64]  # a user's object holding its models
+    return found
 
 
 def trained_models(updates: Sequence[Update], objects: Mapping[str, Any] | None) -> list[Any]:
     """The outermost Keras models owning variables the updates train (see the module docstring)."""
     found: dict[int, Any] = {id(m): m for m in (objects or {}).values() if _is_model(m)}
     seen: set[int] = set()
-    frontier = [u for u in updates]
+    frontier: list[Any] = list(updates)
     for _ in range(_SEARCH_DEPTH):
         nxt: list[Any] = []
         for obj in frontier:
@@ -89,8 +78,7 @@ def trained_models(updates: Sequence[Update], objects: Mapping[str, Any] | None)
 
 
 def model_inputs(model: Any, x: Any) -> Any:
-    """``x`` (the x part of a real batch) if it is what ``model`` takes, as `amp_backends.prepare_model` and the
-    precision check read ``inputs=``, else ``None`` (the GAN's generator takes noise, not the batch's images)."""
+    """``x`` (the x part of a real batch) if ``model`` takes it, else ``None`` (the GAN's generator takes noise)."""
     from ..keras_compat import input_structure
     from ..model_check.shapes import checked_inputs
 
@@ -111,8 +99,8 @@ def model_inputs(model: Any, x: Any) -> Any:
 
 def check_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatch, *, batch_size: int,
                  layer_plans: Mapping[str, LayerPlan] | None = None) -> None:
-    """Check each model against its layer plan at one replica's batch of ``source`` (the trainer's input) and log
-    (and warn) what it found; a check that fails never stops training."""
+    """Check each model against its layer plan at one replica's batch of ``source`` and log (warnings also raised as
+    `AmpWarning`) what it found; a check that fails never stops training."""
     from .. import model_check
 
     if not models:
@@ -128,46 +116,36 @@ def check_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatch,
                   "auto_configure() set the dtype policy (a Keras policy applies to the layers created after it), "
                   f"so it trains without {plan.policy}'s speed. Fix: build it after auto_configure().")
         inputs = None if x is None else model_inputs(model, x)
+        check = functools.partial(model_check.check_model, model, plan, batch_size=batch_size, layer_plan=layer_plan)
         try:
             try:
-                result = model_check.check_model(model, plan, batch_size=batch_size, inputs=inputs,
-                                                 layer_plan=layer_plan, run=False)
+                result = check(inputs=inputs, run=False)
             except (TypeError, ValueError) as exc:
                 if inputs is None and x is not None and not getattr(model, "inputs", None):
-                    # a subclassed model that keeps no input shape of its own: checked at the training batch
-                    result = model_check.check_model(model, plan, batch_size=batch_size, inputs=x,
-                                                     layer_plan=layer_plan, run=False)
+                    result = check(inputs=x, run=False)  # a subclassed model keeping no input shape: the batch's
                 elif inputs is None:
                     raise
                 else:  # the batch is not what the model's own inputs say (a loss that reshapes it): its own shapes
                     logger.info(f"The precision check of {name!r} could not use the training batch ({exc}); it "
                                 "checks the model at its own input shapes.")
-                    result = model_check.check_model(model, plan, batch_size=batch_size, layer_plan=layer_plan)
+                    result = check()
         except Exception as exc:
             logger.warning(f"The precision check of {name!r} failed ({type(exc).__name__}: {str(exc)[:200]}); "
                            "training goes on.")
             continue
-        lines = result.log_lines()
         findings = list(result.findings)
-        logger.info(lines[0])
-        for finding, line in zip(findings, lines[1:1 + len(findings)], strict=True):
-            if finding.severity in ("warning", "error"):
+        for i, line in enumerate(result.log_lines()):  # a head line, a line per finding, then the rest
+            if 0 < i <= len(findings) and findings[i - 1].severity in ("warning", "error"):
                 _warn(line, f"{name}: {line}")
             else:
                 logger.info(line)
-        for line in lines[1 + len(findings):]:
-            logger.info(line)
 
 
 def prepare_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatch, *, batch_size: int,
                    stored: Mapping[str, Any] | None, say: bool, measure: bool | None) -> dict[str, LayerPlan]:
-    """Each model's layer plan applied before its first step, as `amp_backends.prepare_model` applies it
-    for ``fit``: the checkpoint's for a resumed run (whatever the flags: a resumed run trains as the run it
-    continues), else decided on the first batch — measured where ``measure`` allows it and nothing is cached
-    (``None``: where the model has layers the plan keeps in float32; ``True``: any model under a mixed plan;
-    ``False``: never). Each layer plan is said once. Returns the layer plans by model name (for the
-    checkpoints, the check and the audit)."""
-    from ..layer_plan import LayerPlan, decide, with_float8
+    """Each model's layer plan applied before its first step (`amp_backends.prepare_model`): the checkpoint's for a
+    resumed run (whatever the flags), else decided on the first batch, measured where ``measure`` allows it
+    (``Trainer(measure_float32=...)``). Each is said once; returns them by model name."""
     from ..autotune.layer_choice import FLOAT32, Measurement
     from ..prepare import prepare_model
 
@@ -177,9 +155,7 @@ def prepare_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatc
         name = str(getattr(model, "name", model))
         kept = stored_layer_plan(stored, model, len(models))
         try:
-            if kept is not None:
-                # the checkpoint's choice and float8 layers, whatever the flags; its float32 layers follow from the
-                # model's structure
+            if kept is not None:  # the checkpoint's choice and float8 layers (its float32 layers: the model's)
                 measured = LayerPlan.from_dict(kept).measurement if isinstance(kept, Mapping) else Measurement(
                     FLOAT32 if kept else "plan", plan.policy)  # (an earlier release kept the choice alone)
                 if measured is not None:
@@ -202,8 +178,7 @@ def prepare_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatc
             logger.warning(f"{name}: whether float32 trains faster could not be measured ({type(exc).__name__}: "
                            f"{str(exc)[:200]}); the plan is kept.")
             continue
-        layer_plan = prep.layer_plan
-        if layer_plan is None:  # (prepare_model always gives one)
+        if (layer_plan := prep.layer_plan) is None:  # (prepare_model always gives one)
             continue
         plans[name] = layer_plan
         if say and (layer_plan.decisions or layer_plan.measurement or prep.choice_note):
@@ -216,8 +191,7 @@ def prepare_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatc
 
 
 def stored_layer_plan(stored: Mapping[str, Any] | None, model: Any, count: int) -> Any:
-    """The layer plan a checkpoint's ``stored`` layer plans (by model name) hold for ``model``, one of ``count``
-    models trained, or ``None``."""
+    """The layer plan of ``stored`` (by model name) for ``model``, one of ``count`` models trained, or ``None``."""
     kept = (stored or {}).get(str(getattr(model, "name", model)))
     if kept is None and stored and len(stored) == 1 and count == 1:
         kept = next(iter(stored.values()))  # the one model, named anew (Keras's automatic names count up)
@@ -241,13 +215,10 @@ def _warn(line: str, message: str | None = None) -> None:
 
 
 class TrainedModels:
-    """The Keras models a trainer trains: each gets its layer plan before the first step (the checkpoint's for a
-    resumed run, ``stored``; else decided, cached or measured on the first batch: measured on one replica only,
-    since workers measuring apart could choose apart), then the precision check once (by the chief).
-    ``layer_plans``: by name, kept in ``store``'s checkpoints; ``audit``: ``Trainer(audit=...)``'s observer of the
-    kernels that ran in the steps after the warm-up calls (``True``) or in ``(start, stop)``, on the chief;
-    ``on_applied``: called when a layer plan was applied (what was compiled before, the validation's functions,
-    computed under the old policies)."""
+    """The Keras models a trainer trains: each gets its layer plan before the first step (`prepare_models`; measured
+    on one replica only, since workers measuring apart could choose apart), then the precision check once (by the
+    chief). ``layer_plans``: by name, kept in ``store``'s checkpoints; ``audit``: ``Trainer(audit=...)``'s observer;
+    ``on_applied``: called when a layer plan was applied (what was compiled before used the old policies)."""
 
     def __init__(self, models: Sequence[Any], plan: Plan, *, check: bool, measure: bool | None, batch_size: int,
                  replicas: int, is_chief: bool, store: CheckpointStore | None, audit: bool | tuple[int, int] = False,
@@ -273,9 +244,8 @@ class TrainedModels:
             self.to_prepare = list(self.models)
 
     def quantize(self, stored: Mapping[str, Any] | None) -> None:
-        """Quantize the layers the layer plans of a checkpoint's signature (``stored``) train in float8, before the
-        checkpoint is restored: their float8 scales and amax histories are restored with it (the rest of each
-        layer plan is applied by `prepare`)."""
+        """Quantize the float8 layers of a checkpoint's layer plans (its signature: ``stored``) before it is restored,
+        so that their scales and amax histories are restored with it (the rest is applied by `prepare`)."""
         plans = (stored or {}).get("layer_plans")
         for model in self.models if isinstance(plans, Mapping) else ():
             name, float8 = str(getattr(model, "name", model)), stored_float8(model, stored_layer_plan(
@@ -287,12 +257,11 @@ class TrainedModels:
                 logger.warning(f"{name}: the checkpoint's float8 layers could not be quantized ({type(exc).__name__}: "
                                f"{str(exc)[:200]}); they train in the plan's policy.")
 
-    def prepare(self, source: Source | FirstBatch) -> bool:
-        """Apply the layer plan of each model not yet prepared (decided on ``source``'s first batch); whether any
-        was applied now (what was compiled before computed under the old policies)."""
+    def prepare(self, source: Source | FirstBatch) -> None:
+        """Apply the layer plan of each model not yet prepared (decided on the first batch)."""
         prepared, self.to_prepare = self.to_prepare, []
         if not prepared:
-            return False
+            return
         self.layer_plans.update(prepare_models(prepared, self.plan, source, batch_size=self.batch_size,
                                                stored=self.stored, say=self.is_chief, measure=self.measure))
         if self.store and self.layer_plans:
@@ -301,24 +270,21 @@ class TrainedModels:
             self.audit.layer_plans = self.layer_plans
         if self.on_applied is not None:
             self.on_applied()
-        return True
 
-    def before_first_step(self, source: Source) -> bool:
-        """The layer plans (`prepare`), then the precision check, once; whether a layer plan was applied now."""
-        applied = self.prepare(source)
+    def before_first_step(self, source: Source) -> None:
+        """The layer plans (`prepare`), then the precision check, once."""
+        self.prepare(source)
         checked, self.to_check = self.to_check, []
         if self.is_chief:
             check_models(checked, self.plan, source, batch_size=self.batch_size // self.replicas,
                          layer_plans=self.layer_plans)
-        return applied
 
 
+@dataclass(frozen=True)
 class FirstBatch:
-    """What `TrainedModels.prepare` needs of a source, for data given to ``evaluate`` or ``predict``: its first
-    batch (arrays, a tuple or dict of arrays, or a ``tf.data.Dataset`` of batches)."""
+    """What `TrainedModels.prepare` needs of the data ``x`` given to ``evaluate`` or ``predict``: its first batch."""
 
-    def __init__(self, x: Any) -> None:
-        self.x = x
+    x: Any
 
     def first_batch(self, batch_size: int) -> Any:
         import tensorflow as tf

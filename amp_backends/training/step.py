@@ -1,14 +1,9 @@
 r"""The compiled training step: per-replica gradients, one finite flag for all replicas, apply or skip, scale update.
 
-A step is a sequence of `Update`\ s, each with its own `LossScaler`; a step whose gradients are not finite in
-*any* replica is skipped for every group of that update, in every replica. `StepProgram` builds the compiled calls
-that run several steps each: on resident arrays, ``k`` steps gathering their batches from the epoch's permutation
-(under XLA on a CPU unrolled into one graph, up to `UNROLL_LIMIT`, else a ``tf.range`` loop whose length is an
-argument);
-on a ``tf.data`` iterator, up to ``k`` steps pulling batches inside the call, stopping early at the end of the
-data (under XLA each step is compiled: iterators cannot be). Every call returns each step's losses and flags
-(applied, skipped as non-finite, or refused by an update's ``check``). Random draws inside a step use
-`step_seed`: a function of the run's seed (`runs.seed_everything`) and the global step.
+A step is a sequence of `Update`\ s, each with its own `LossScaler`. `StepProgram` builds the compiled calls of
+several steps each: on resident arrays, batches gathered from the epoch's permutation (unrolled under XLA on a CPU,
+up to `UNROLL_LIMIT`, else a loop whose length is an argument); on a ``tf.data`` iterator, batches pulled inside
+the call (under XLA each step is compiled: iterators cannot be). Random draws in a step use `step_seed`.
 """
 
 from __future__ import annotations
@@ -28,13 +23,9 @@ from .runs import Position
 
 logger = logging.getLogger("amp_backends.train")
 
-# With XLA on a CPU, up to this many steps per call are unrolled into one graph: on a 2-core CPU a step inside an
-# XLA-compiled while loop ran 10x slower than the same step unrolled (0.27 s vs 2.7 s, MNIST CNN, batch 64).
-# On a GPU the loop is the default: XLA's GPU compiler autotunes every fusion of every copy, and on an H200
-# (results/gpu-suite-h200-trainer, results/gpu-suite-h200-placement, results/zoo-h200/bert-unfinished) 16
-# unrolled MNIST CNN steps failed in the autotuner after 67 s, 14 unrolled GAN steps and 16 unrolled steps of a
-# two-layer BERT were still compiling after 99 s and 188 s, where the loop of a whole 58-step epoch compiled
-# and ran its warm-up epoch in 18.5 s.
+# With XLA on a CPU, up to this many steps per call are unrolled into one graph: in an XLA while loop a step ran 10x
+# slower (MNIST CNN, 2 cores). On a GPU the loop is the default: XLA autotunes every copy's fusions, and on an H200
+# 16 unrolled steps failed or were still compiling after 67-188 s where a 58-step loop ran in 18.5 s (results/).
 UNROLL_LIMIT = 16
 
 
@@ -50,8 +41,7 @@ def unrolls(kind: str, xla: bool, steps: int, unroll_steps: bool | None = None) 
         kind: The type of device the call runs on (``"CPU"``, ``"GPU"``, ``"XPU"``).
         xla: Whether the call is compiled with XLA.
         steps: The steps per call.
-        unroll_steps: The user's choice (``True``/``False``), or ``None`` for the default: unrolled under XLA
-            on a CPU up to `UNROLL_LIMIT` steps, a loop everywhere else.
+        unroll_steps: The user's choice, or ``None``: unrolled under XLA on a CPU up to `UNROLL_LIMIT` steps.
 
     Returns:
         ``True`` to unroll.
@@ -71,12 +61,9 @@ def float32_outputs(outputs: Any) -> Any:
 class Evaluation:
     """How an update's model is evaluated and asked for predictions (validation, metrics, ``evaluate``, ``predict``).
 
-    ``predict(x)`` runs the forward pass for inference (``training=False``) and returns the outputs;
-    ``loss(y_true, y_pred)`` gives one float32 loss per example, the same loss the update trains on. ``binary``:
-    the loss is a binary cross-entropy (the metric ``"accuracy"`` is then binary accuracy; otherwise it follows the
-    shapes, as Keras's ``compile`` decides); ``outputs``: how many outputs the model has (a metric by name takes
-    one); ``check(x)``: refuses data the model cannot take, before it is traced. `classifier_updates` sets it; an
-    update without one (the GAN's) has nothing to validate.
+    ``predict(x)``: the outputs with ``training=False``; ``loss(y_true, y_pred)``: one float32 loss per example, as
+    the update trains on; ``binary``: a binary cross-entropy (``"accuracy"`` is then binary); ``outputs``: how many
+    the model has; ``check(x)``: refuses data the model cannot take, before it is traced. Set by `classifier_updates`.
     """
 
     predict: Callable[[Any], Any]
@@ -95,20 +82,15 @@ class Update:
         loss_fn: ``loss_fn(batch)`` runs the forward pass (with ``training=True``) and returns the loss: a scalar,
             or per-example values (of any shape), of which the trainer takes the mean.
         groups: ``(variables, optimizer)`` pairs updated from that one loss.
-        validate: ``validate(sample)``, called once before training with the data (all of it for arrays, as
-            ``(x, y)``; the first batch of a dataset); raises ``ValueError`` with the fix for data the loss cannot
-            use (labels outside the model's classes, say).
-        state: Variables the forward pass changes besides the trained ones (BatchNormalization's moving
-            statistics: a model's ``non_trainable_variables``): a skipped step puts them back as they were.
-        check: ``check(batch) -> (ok, batch)``, run inside the compiled step on *every* batch: ``ok`` a boolean
-            scalar tensor (the batch is usable: labels within the model's classes, say), ``batch`` a version the
-            loss can compute on even when it is not (labels replaced by 0, say). A step whose batch is not ``ok``
-            is skipped in every replica, and the trainer raises `InputError` after the call, naming the step and
-            ``check_message``. It costs a reduction over the batch per step.
+        validate: ``validate(sample)``, called once before training with the data (all the arrays as ``(x, y)``,
+            or a dataset's first batch); raises ``ValueError`` with the fix for data the loss cannot use.
+        state: Variables the forward pass changes besides the trained ones, put back by a skipped step.
+        check: ``check(batch) -> (ok, batch)`` on every batch in the compiled step: ``ok`` a boolean scalar tensor,
+            ``batch`` one the loss can compute on even when not ``ok``; then the step is skipped, and the trainer
+            raises `InputError` naming it and ``check_message``.
         check_message: What a batch that fails ``check`` should have been, and the fix.
         evaluation: How validation, metrics, ``Trainer.evaluate`` and ``Trainer.predict`` use the model (an
-            `Evaluation`); a ``loss_fn`` that reports its predictions with `record_predictions` gets the
-            trainer's metrics on training batches too.
+            `Evaluation`); a ``loss_fn`` that calls `record_predictions` gets metrics on training batches too.
     """
 
     name: str
@@ -155,10 +137,8 @@ class StepProgram:
         self.updates, self.scalers, self.strategy, self.xla = list(updates), scalers, strategy, xla
         self.replicas = int(strategy.num_replicas_in_sync)
         self.batch_size, self.seed, self.unroll_steps = position.batch_size, seed, unroll_steps
-        # the compiled calls advance the position on the device
-        self.global_step, self.samples_in_epoch = position.global_step, position.samples_in_epoch
-        self._calls: dict[Any, Any] = {}
-        self._jitted_steps: dict[Any, Any] = {}
+        self.position = position  # the compiled calls advance it on the device
+        self._calls: dict[Any, Any] = {}  # the compiled calls (and the XLA-compiled replica passes) by key
         self._trace_error: InputError | None = None
         # XLA per replica needs each replica on its own accelerator: logical CPU devices share one XLA CPU device,
         # where a replica's variables are out of reach of the compiled function
@@ -173,8 +153,7 @@ class StepProgram:
     @contextlib.contextmanager
     def own_errors(self, first_step: int | None = None, steps: int = 1) -> Iterator[None]:
         """Around a call (of ``steps`` steps from ``first_step``): the library's own error raised while tracing it
-        comes out as itself, not wrapped in TensorFlow's staging error with a trace through the graph code; an id
-        past a lookup's table (a token id beyond an Embedding's vocabulary) as `InputError` with the fix."""
+        comes out as itself, not wrapped by TensorFlow; an id past a lookup's table as `InputError` with the fix."""
         self._trace_error = None
         try:
             yield
@@ -193,7 +172,6 @@ class StepProgram:
         logger.warning(f"XLA is not used for this training, although the plan has it on: {reason}.")
         self.xla = self.replica_jit = False
         self._calls.clear()
-        self._jitted_steps.clear()
 
     # -- one step ------------------------------------------------------------------------------
     def _replica_grads(self, u: Update, make_batch: Callable[..., Any], step: Any, *args: Any) -> Any:
@@ -202,9 +180,7 @@ class StepProgram:
         n = ctx.num_replicas_in_sync
         with _step_context(self.seed, step, ctx.replica_id_in_sync_group, n):
             batch = make_batch(*args)
-            ok = tf.constant(True)
-            if u.check is not None:
-                ok, batch = u.check(batch)
+            ok, batch = u.check(batch) if u.check is not None else (tf.constant(True), batch)
             scaler = self.scalers[u.name]
             with tf.GradientTape() as tape:
                 try:
@@ -228,22 +204,17 @@ class StepProgram:
 
     def _grads_fn(self, u: Update, kind: str, make_batch: Callable[..., Any]) -> Any:
         fn = lambda step, *args: self._replica_grads(u, make_batch, step, *args)  # noqa: E731
-        if self.replica_jit:
-            # the outer step holds the all-reduces and cannot be XLA-compiled: the replica's passes are instead
-            key = (u.name, kind)
-            if key not in self._jitted_steps:
-                self._jitted_steps[key] = tf.function(fn, jit_compile=True)
-            return self._jitted_steps[key]
-        return fn
+        if not self.replica_jit:
+            return fn
+        # the outer step holds the all-reduces and cannot be XLA-compiled: the replica's passes are instead
+        return self._calls.setdefault(("replica", u.name, kind), tf.function(fn, jit_compile=True))
 
     def one_step(self, kind: str, make_batch: Callable[..., Any], step: Any, replica_args: tuple) -> tuple[Any, Any]:
         """One training step in cross-replica context; returns ``(losses[U], flags[U])``: 1 for a step applied,
         0 for one skipped for non-finite gradients, -1 for a batch its update's ``check`` refused (skipped too).
 
-        Whether *any* replica's gradients are non-finite is reduced across all replicas (and workers) before
-        deciding, so every replica applies or skips the step together and every loss scale changes identically.
-        The apply runs inside ``tf.cond`` here, outside the replica function, because optimizers synchronise
-        (all-reduce) inside ``apply_gradients``.
+        Non-finite gradients in *any* replica skip the step in all, so every loss scale changes alike. The apply
+        runs in ``tf.cond`` here, outside the replica function: optimizers all-reduce inside ``apply_gradients``.
         """
         losses, flags = [], []
         for u in self.updates:
@@ -276,10 +247,8 @@ class StepProgram:
     def resident_call(self, k: int, batch_fn: Callable[[Any, Any, Any], Any], capacity: int) -> Any:
         """``call(x, y, perm, offset, steps)`` running ``steps`` steps from sample ``offset`` of the permutation.
 
-        Unrolled calls are compiled per ``k`` (``steps`` is ``k``). Looped calls run any ``steps`` up to
-        ``capacity``, which is part of the function: their outputs always hold ``capacity`` rows (the
-        first ``steps`` are meaningful), so their shapes never change and neither XLA nor ``tf.function``
-        compiles them again for another call size.
+        Unrolled calls are compiled per ``k``. Looped calls run any ``steps`` up to ``capacity``: their outputs
+        always hold ``capacity`` rows (the first ``steps`` meaningful), so no call size compiles them again.
         """
         unroll = self.unrolled(k)
         key = ("resident", "unrolled" if unroll else "loop", k if unroll else capacity, batch_fn)
@@ -301,7 +270,7 @@ class StepProgram:
             return tf.gather(perm, offset + tf.cast(i, tf.int64) * B + tf.range(B, dtype=tf.int64))
 
         def step_at(x, y, perm, offset, i):
-            step = self.global_step + tf.cast(i, tf.int64)
+            step = self.position.global_step + tf.cast(i, tf.int64)
             return self.one_step("resident", make_batch, step, (x, y, positions(perm, offset, i)))
 
         def run(x, y, perm, offset, steps):
@@ -322,30 +291,25 @@ class StepProgram:
                      tf.TensorArray(tf.int32, size=capacity, element_shape=[U])),
                     maximum_iterations=capacity)
                 losses, flags = ta_l.stack(), ta_f.stack()
-            steps64 = tf.cast(steps, tf.int64)
-            self.global_step.assign_add(steps64)
-            self.samples_in_epoch.assign_add(steps64 * B)
+            self._advance(tf.cast(steps, tf.int64))
             return losses, flags
 
-        fn = tf.function(run, jit_compile=self.xla and self.replicas == 1)
-        self._calls[key] = fn
-        return fn
+        self._calls[key] = tf.function(run, jit_compile=self.xla and self.replicas == 1)
+        return self._calls[key]
+
+    def _advance(self, steps: Any) -> None:
+        """The position moves on by ``steps`` (an int64 tensor) on the device."""
+        self.position.global_step.assign_add(steps)
+        self.position.samples_in_epoch.assign_add(steps * self.batch_size)
 
     # -- calls on a tf.data iterator -----------------------------------------------------------
     def stream_call(self) -> Any:
-        """``call(iterator, k)``: up to ``k`` steps, fewer at the end of the data; returns
-        ``(steps, losses, flags)``."""
+        """``call(iterator, k)``: up to ``k`` steps, fewer where the data ends; returns ``(steps, losses, flags)``."""
         if "stream" in self._calls:
             return self._calls["stream"]
-        B = self.batch_size
-        identity = lambda batch: batch  # noqa: E731
-        if self.xla and self.replicas == 1:
-            # iterators cannot be XLA-compiled: the step is, the loop around it is not
-            step_fn = tf.function(lambda batch, step: self.one_step("stream", identity, step, (batch,)),
-                                  jit_compile=True)
-        else:
-            step_fn = lambda batch, step: self.one_step("stream", identity, step, (batch,))  # noqa: E731
-
+        step_fn = lambda batch, step: self.one_step("stream", lambda b: b, step, (batch,))  # noqa: E731
+        if self.xla and self.replicas == 1:  # iterators cannot be XLA-compiled: the step is, the loop around it not
+            step_fn = tf.function(step_fn, jit_compile=True)
         U = len(self.updates)
 
         def run(iterator, k):
@@ -356,17 +320,15 @@ class StepProgram:
                 optional = iterator.get_next_as_optional()
                 if not optional.has_value():
                     break
-                step_losses, step_flags = step_fn(optional.get_value(), self.global_step + done)
+                step_losses, step_flags = step_fn(optional.get_value(), self.position.global_step + done)
                 ta_l = ta_l.write(tf.cast(done, tf.int32), step_losses)
                 ta_f = ta_f.write(tf.cast(done, tf.int32), step_flags)
                 done += 1
-            self.global_step.assign_add(done)
-            self.samples_in_epoch.assign_add(done * B)
+            self._advance(done)
             return done, ta_l.stack(), ta_f.stack()
 
-        fn = tf.function(run)
-        self._calls["stream"] = fn
-        return fn
+        self._calls["stream"] = tf.function(run)
+        return self._calls["stream"]
 
 
 def build_optimizers(updates: Sequence[Update]) -> None:
@@ -385,12 +347,10 @@ _context = threading.local()
 
 
 def step_seed(salt: int = 0) -> Any:
-    """A seed for stateless random ops inside a training step:
-    ``tf.random.stateless_uniform(shape, seed=step_seed(1))``.
+    """A seed for stateless random ops in a training step: ``tf.random.stateless_uniform(shape, seed=step_seed(1))``.
 
-    It depends on the trainer's seed, the global step, the replica and ``salt`` (use a different salt per
-    random draw in a step) — so random draws are reproducible from the seed, different in every step and
-    replica, and continue exactly where a resumed run left off. Only valid inside a trainer's step.
+    From the trainer's seed, the global step, the replica and ``salt``: reproducible, different in every step and
+    replica, and continued exactly by a resumed run. Only valid inside a trainer's step.
 
     Args:
         salt: Tells apart the random draws of one step (a different salt for each).

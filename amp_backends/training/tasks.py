@@ -14,15 +14,14 @@ from .step import Evaluation, Update, float32_outputs, step_seed
 
 
 def _per_example(loss: Any) -> tuple[Any, bool]:
-    """``(fn, sparse)``: ``fn(y_true, y_pred)`` gives one loss per example, from a Keras loss object, a name or a
-    function; ``sparse`` says whether it takes class ids (so the labels can be checked before training)."""
+    """``(fn, sparse)``: ``fn(y_true, y_pred)`` gives one loss per example (from a Keras loss, a name or a
+    function); ``sparse``: it takes class ids."""
     if loss is None:
         loss = tf.keras.losses.SparseCategoricalCrossentropy()
     elif isinstance(loss, str):
         loss = tf.keras.losses.get(loss)
     if isinstance(loss, tf.keras.losses.Loss):
-        # .call gives one value per example on Keras 2 and 3 alike (the trainer averages, with sample weights);
-        # the object's own reduction does not apply
+        # .call: one value per example on Keras 2 and 3 alike (the object's own reduction does not apply)
         return loss.call, isinstance(loss, tf.keras.losses.SparseCategoricalCrossentropy)
     if callable(loss):
         return loss, getattr(loss, "__name__", "") == "sparse_categorical_crossentropy"
@@ -56,16 +55,13 @@ def _per_position(model: Any, y: Any) -> Any:
 def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Update]:
     """One update: the mean of ``loss(y, model(x, training=True))`` over the batch (weighted, if it has weights).
 
-    Batches are ``(x, y)`` or ``(x, y, sample_weight)``; ``x`` may be a dict or tuple (several inputs).
-    ``loss`` is a Keras loss object or name (sparse categorical cross-entropy by default), or a function
-    returning one value per example. With the sparse default, the labels are checked before training:
-    class ids within the model's outputs.
+    Batches are ``(x, y)`` or ``(x, y, sample_weight)``; ``x`` may be a dict or tuple (several inputs). Sparse
+    labels are checked before training: class ids within the model's outputs.
 
     Args:
         model: A built Keras model.
         optimizer: Its optimizer.
-        loss: A Keras loss object or name, or ``loss(y, pred)`` returning one value per example (default:
-            sparse categorical cross-entropy).
+        loss: A Keras loss object or name (default: sparse categorical cross-entropy), or ``loss(y, pred)``.
 
     Returns:
         The one `Update` for `Trainer`.
@@ -174,9 +170,8 @@ def _same_rank(y: Any, pred: Any) -> Any:
 
 
 def _batch_check(classes: int | None, sparse: bool, binary: bool = False) -> Any:
-    """The compiled check of every batch (see `Update`'s ``check``): class ids whole, finite and in range (where
-    ``sparse``), binary labels finite and from 0 to 1 (``binary``), sample weights finite and not negative (where
-    the batch has them)."""
+    """The compiled check of every batch (`Update`'s ``check``): class ids whole, finite and in range (``sparse``),
+    binary labels finite and from 0 to 1 (``binary``), sample weights finite and not negative."""
 
     def valid(t: Any, kind: str) -> Any:
         good = t >= tf.zeros([], t.dtype)
@@ -210,17 +205,26 @@ def _batch_check(classes: int | None, sparse: bool, binary: bool = False) -> Any
 
 @tf.autograph.experimental.do_not_convert  # Python checks on static shapes, run while tracing
 def check_model_inputs(model: Any, x: Any) -> None:
-    """Data a model cannot take, refused before training with the fix: strings for an input that takes numbers
-    (or numbers for one that takes strings), a feature shape an input cannot take, another number of inputs, or a
-    dict without the inputs' names. Inputs are matched as Keras matches them: a list in order, a dict by the
-    inputs' names (a model's one input too)."""
+    """Data a model cannot take, refused before training with the fix: strings for numbers (or back), a feature
+    shape, another number of inputs, a dict without the inputs' names (matched as Keras matches inputs)."""
     named = _check_named_inputs(model, x)
     inputs = list(named.values()) if named else getattr(model, "inputs", None)
     if not inputs:
         return
     names = list(named) if named else [getattr(t, "name", "").split(":")[0] for t in inputs]
-    if isinstance(x, dict):
-        _check_input_names(model, names, inputs, x)
+    if isinstance(x, dict):  # Keras finds a model's inputs in a dict by their names (named inputs: above)
+        if (missing := [n for n in names if n not in x]) and len(names) == 1:
+            key = next(iter(x), "features")
+            raise InputError(
+                f"The model {model.name!r} takes one input, {names[0]!r} of shape "
+                f"{tuple(['batch', *inputs[0].shape[1:]])}; x is a dict without that name (its keys: {sorted(x)}), "
+                "and Keras finds a model's inputs in a dict by their names. Fix: give x the array itself (for a "
+                f"dataset: dataset.map(lambda x, y: (x[{key!r}], y))), or name the model's input after the key: "
+                f"keras.Input(shape, name={key!r}).")
+        if missing:
+            raise InputError(f"The model {model.name!r} takes the inputs {names} (a dict gives them by those names); "
+                             f"x lacks {missing} (its keys: {sorted(x)}). Fix: give x a dict with the model's input "
+                             f"names, or a list of {len(names)} arrays in the model's order.")
         pairs = [(t, x[n], f"x[{n!r}]", n) for t, n in zip(inputs, names, strict=True)]
     elif len(inputs) == 1:
         if not isinstance(x, (tuple, list)):
@@ -240,23 +244,6 @@ def check_model_inputs(model: Any, x: Any) -> None:
         _check_input(model, spec, value, where, f"its input {name!r}")
 
 
-def _check_input_names(model: Any, names: list[str], inputs: list[Any], x: dict[str, Any]) -> None:
-    """A dict ``x`` for a model of listed inputs (or one input) lacks an input's name: Keras finds its inputs in a
-    dict by their names (a model of named inputs: `_check_named_inputs`)."""
-    missing = [n for n in names if n not in x]
-    if not missing:
-        return
-    if len(names) == 1:
-        key = next(iter(x), "features")
-        raise InputError(
-            f"The model {model.name!r} takes one input, {names[0]!r} of shape {tuple(['batch', *inputs[0].shape[1:]])}"
-            f"; x is a dict without that name (its keys: {sorted(x)}), and Keras finds a model's inputs in a dict by "
-            f"their names. Fix: give x the array itself (for a dataset: dataset.map(lambda x, y: (x[{key!r}], y))), "
-            f"or name the model's input after the key: keras.Input(shape, name={key!r}).")
-    raise InputError(f"The model {model.name!r} takes the inputs {names} (a dict gives them by those names); x lacks "
-                     f"{missing} (its keys: {sorted(x)}). Fix: give x a dict with the model's input names, or a list "
-                     f"of {len(names)} arrays in the model's order.")
-
 
 def _check_input(model: Any, spec: Any, x: Any, where: str = "x", takes: str = "inputs") -> None:
     if isinstance(x, (dict, tuple, list)) or not hasattr(x, "shape"):
@@ -272,15 +259,10 @@ def _check_input(model: Any, spec: Any, x: Any, where: str = "x", takes: str = "
             + ("start the model with a layer that encodes them (tf.keras.layers.StringLookup or TextVectorization "
                "after keras.Input(shape, dtype='string')), or encode them before training."
                if has_strings else "give the model the raw strings, or drop its string input."))
-    want = list(spec.shape)[1:]
-    have = list(x.shape)[1:]
-    ones = lambda dims: [d for d in dims if d != 1]  # noqa: E731  (Keras takes (N,) for (N, 1) and back)
-    if len(want) == len(have):
-        clash = any(w is not None and h is not None and w != h for w, h in zip(want, have, strict=True))
-    else:
-        clash = len(ones(want)) != len(ones(have)) or any(
-            w is not None and h is not None and w != h for w, h in zip(ones(want), ones(have), strict=True))
-    if clash:
+    want, have = list(spec.shape)[1:], list(x.shape)[1:]
+    # Keras takes (N,) for (N, 1) and back
+    w, h = (want, have) if len(want) == len(have) else ([d for d in want if d != 1], [d for d in have if d != 1])
+    if len(w) != len(h) or any(a is not None and b is not None and a != b for a, b in zip(w, h, strict=True)):
         fix = (f"(or build the model with keras.Input(shape={tuple(have)}))" if where == "x" else
                "(several inputs go in the model's order, or in a dict by the inputs' names)")
         raise InputError(
@@ -298,8 +280,7 @@ def _check_named_inputs(model: Any, x: Any) -> dict[str, Any] | None:
     if not names:
         return None
     if isinstance(x, dict):
-        missing = sorted(set(names) - set(x))
-        if missing:
+        if missing := sorted(set(names) - set(x)):
             raise InputError(f"The model {model.name!r} takes the inputs {sorted(names)}; x lacks {missing} (its keys: "
                              f"{sorted(x)}). Fix: give x a dict with the model's input names (rename the features in "
                              "the pipeline, e.g. dataset.map(lambda x, y: ({'token_ids': x['input_ids'], ...}, y))).")
@@ -331,9 +312,8 @@ def _check_labelled(batch: Any) -> None:
 def gan_updates(generator: Any, discriminator: Any, g_opt: Any, d_opt: Any) -> list[Update]:
     """The tutorials' GAN: a generator update, then a discriminator update, each with its own forward pass.
 
-    The batches are real images (a tensor, or the first item of a tuple). The noise is uniform in
-    [-1, 1], drawn per step from the trainer's seed (`step_seed`):
-    reproducible, different in every step and replica, and continued exactly by a resumed run.
+    The batches are real images (a tensor, or the first item of a tuple). The noise is uniform in [-1, 1], drawn
+    per step from the trainer's seed (`step_seed`).
 
     Args:
         generator: The built generator (noise to images).
@@ -376,6 +356,5 @@ def gan_updates(generator: Any, discriminator: Any, g_opt: Any, d_opt: Any) -> l
 
 def mnist_batch_fn(x: Any, y: Any, idx: Any) -> Any:
     """Gather a batch of uint8 MNIST images on the device and scale to [0, 1] (as the tutorials: /255)."""
-    xb = tf.cast(tf.gather(x, idx), tf.float32) / 255.0
-    xb = tf.reshape(xb, [-1, 28, 28, 1])
+    xb = tf.reshape(tf.cast(tf.gather(x, idx), tf.float32) / 255.0, [-1, 28, 28, 1])
     return xb, (None if y is None else tf.gather(y, idx))

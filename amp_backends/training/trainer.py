@@ -1,8 +1,4 @@
-"""The trainer: compiled calls in a loop under a plan (the dtype policy, XLA, loss scaling), and what ``fit`` returns.
-
-Its pieces: the step (`step`), the input (`inputs`), loss scaling, checkpoints, the run's folder and position
-(`runs`), stopping and resuming (`resume`), validation and metrics, what watches training (`observers`).
-"""
+"""The trainer: compiled calls in a loop under a plan (dtype policy, XLA, loss scaling), and what ``fit`` returns."""
 
 from __future__ import annotations
 
@@ -36,47 +32,38 @@ logger = logging.getLogger("amp_backends.train")
 class Trainer:
     """Train ``updates`` under a plan, on arrays or a ``tf.data`` pipeline (see `fit`).
 
-    Before the first step each trained model gets its layer plan (`amp_backends.prepare_model`: the plan's float32
-    layers, a classifier head in float32, float8 where on, and whether it trains faster all in float32, cached or
-    measured on the first batch): ``trainer.layer_plans``, kept by the checkpoints for a resumed run.
+    Before the first step each trained model gets its layer plan (`amp_backends.prepare_model`, decided on the first
+    batch): ``trainer.layer_plans``, kept by the checkpoints for a resumed run.
 
     Args:
         updates: What one step does (`Update`, from `classifier_updates` or `gan_updates`).
         plan: The plan to train under (`auto_configure`).
         batch_size: The global batch: under a ``tf.distribute`` strategy each replica takes its slice.
-        checkpoint_objects: What is saved besides the loss-scale state and the position (your models and
-            optimizers; by default the updates' variables and optimizers).
+        checkpoint_objects: What checkpoints hold besides the loss scales and position (default: the updates').
         images_per_step: Samples a step counts for throughput (default: the batch size; the GAN counts ``2 * batch``).
         steps_per_call: Training steps per compiled call.
         log_every: Log a training line every this many steps.
         logdir: Where TensorBoard's scalars go (relative or absolute); ``None``: none.
         checkpoint_dir: Where checkpoints go (relative or absolute); ``None``: no checkpoints.
-        checkpoint_every: Save a checkpoint every this many steps (at the end of the call that reaches it);
-            ``None``: at the end of each ``fit``.
+        checkpoint_every: Save a checkpoint every this many steps (``None``: at the end of each ``fit``).
         keep_checkpoints: How many checkpoints to keep (the newest).
         profile_steps: ``(start, stop)``, ``0 <= start < stop``: the steps TensorFlow's profiler records in ``logdir``.
-        max_consecutive_nonfinite: Stop with `NonFiniteError` after this many steps in a row whose loss or
-            gradients were not finite.
+        max_consecutive_nonfinite: Stop with `NonFiniteError` after this many non-finite steps in a row.
         progress: Show a progress bar (``None``: when the output is a terminal).
         seed: The run's seed, an int >= 0 (shuffling, Dropout, step draws); ``None``: `seed_everything`'s (or 0).
         batch_fn: How arrays become a batch (default: gather every array at the batch's indices).
         strategy: A ``tf.distribute`` strategy (default: the current one).
         unroll_steps: Unroll a compiled call's steps instead of looping (``None``: up to 16 under XLA on a CPU).
         observers: Your own `Observer` objects, called around every compiled call.
-        check_models: Check each Keras model it trains once before the first step, at the batch it trains on, for
-            what makes mixed precision slow or wrong (`check_model`); warnings are logged and raised as `AmpWarning`.
-        audit: ``True`` (the steps after the warm-up calls) or ``(start, stop)``: report the kernels that ran in
-            that window (on a CPU with ``ONEDNN_VERBOSE=1`` set at start) in ``trainer.audit.result``.
-        measure_float32: Whether to measure if a model trains faster all in float32: ``None`` where it has
-            layers the plan keeps in float32, ``False`` never, ``True`` for any model under a mixed plan
-            (never across several replicas, which could choose apart).
-        metrics: Keras metric names or objects, reported per epoch on the training batches and on ``fit``'s
-            ``validation_data``.
+        check_models: Check each trained Keras model before the first step (`check_model`), warning as `AmpWarning`.
+        audit: ``True`` (after the warm-up calls) or ``(start, stop)``: the kernels run, in ``trainer.audit.result``.
+        measure_float32: Whether to measure if a model trains faster all in float32: ``None`` where it has layers
+            the plan keeps in float32, ``False`` never, ``True`` any model under a mixed plan (one replica only).
+        metrics: Keras metric names or objects, reported per epoch on the training batches and ``validation_data``.
         keep_best: A logged value's name (``"val_accuracy"``): keep the best checkpoint in ``<checkpoint_dir>/best``.
         monitor: The value ``patience`` watches (default: ``keep_best``'s, else ``val_loss``).
         mode: ``"auto"``, ``"min"`` or ``"max"``: which way the monitored value improves.
-        patience: Stop after this many values of ``monitor`` without an improvement of more than
-            ``min_delta`` (``None``: never).
+        patience: Stop after this many values of ``monitor`` without an improvement (``None``: never).
         min_delta: The least change that counts as an improvement.
 
     Raises:
@@ -151,34 +138,26 @@ class Trainer:
             validation_every: int | str = 1) -> TrainResult:
         """Train until ``epochs`` epochs are complete (counted over the whole run) or ``max_steps`` steps.
 
-        Arrays are kept on the device, each step gathering its batch; a dataset is read as `inputs` says. Calling
-        ``fit`` again continues where the last call stopped (the same arrays are not copied or checked again); a run
-        already at ``max_steps`` or ``epochs`` trains nothing and warns. While it trains, no other process may train
-        in the checkpoint directory (`runs.holding`). Ctrl-C (or SIGTERM): see `resume`.
+        Calling ``fit`` again continues where the last call stopped (the same arrays are not copied or checked
+        again); a run already at ``max_steps`` or ``epochs`` trains nothing and warns. Ctrl-C (or SIGTERM): `resume`.
 
         Args:
-            x: The inputs: arrays (a tuple, list or dict of them for several inputs) or a ``tf.data.Dataset``
-                of batches.
+            x: The inputs: arrays (a tuple, list or dict of them for several inputs) or a dataset of batches.
             y: The labels for array inputs (``None`` with a dataset, or for updates that need none).
             epochs: Train until this many epochs are complete, counted over the whole run.
             max_steps: Stop at this step instead, counted over the whole run.
-            resume: Continue from the newest intact checkpoint in ``checkpoint_dir`` (under its seed; loss scaling
-                that differs from the checkpoint's starts afresh); without it, a checkpoint directory holding
-                another run's checkpoints is refused.
+            resume: Continue from the newest intact checkpoint (without it, another run's checkpoints are refused).
             steps_per_epoch: The steps of an epoch, for a dataset that repeats forever.
-            validation_data: ``(x_val, y_val)`` arrays or a dataset of batches, evaluated with the metrics (see
-                `metrics` for the history, ``keep_best`` and ``patience``).
+            validation_data: ``(x_val, y_val)`` arrays or a dataset of batches, evaluated with the metrics.
             validation_every: Evaluate every this many epochs, or ``"500 steps"`` (needs ``validation_data``).
 
         Returns:
             What the run did (`TrainResult`).
 
         Raises:
-            AmpConfigError: ``epochs`` or ``max_steps`` is not a positive integer, ``resume=True`` without a
-                ``checkpoint_dir``, or ``validation_every`` without ``validation_data`` (a ``ValueError``).
+            AmpConfigError: An argument is out of range, or needs another (a ``ValueError``).
             InputError: The data is unusable; the message says what was expected.
-            CheckpointError: ``checkpoint_dir`` holds another run's checkpoints (without ``resume``), or a
-                checkpoint cannot be saved or read.
+            CheckpointError: ``checkpoint_dir`` holds another run's checkpoints, or one cannot be saved or read.
             NonFiniteError: Training cannot go on: too many non-finite steps, or non-finite weights.
             TrainingInterrupted: Ctrl-C or SIGTERM, after the last call ended and its checkpoint was saved.
         """
@@ -221,31 +200,28 @@ class Trainer:
                 return
             k = source.call_size(self.steps_per_call, left, None if max_steps is None else max_steps - at.step,
                                  self.program)
-            if (ran := self._call(source, k, at, progress)) is None or ran.done == 0:
-                continue  # (None: stopped while XLA compiled the call)
+            progress.before_call(at.step, k)  # one compiled call of up to k steps, the observers told
+            with self.checkpointing.together(at.step), self.program.own_errors(at.step, k), self.validation.recording:
+                ran = run_call(self.program, source, at, k, self.steps_per_call, self.checkpointing.stop_requested)
+            if ran is None:
+                continue  # stopped while XLA compiled the call
+            progress.after_call(ran, at, self.position.batch_in_epoch(at), self.scalers)
+            if ran.pass_ended:
+                self._epoch_over(at.epoch)
+            if ran.done == 0:
+                continue
             ran.check_refused(at, self.position.batch_in_epoch(at), self.updates)
             check_stalled(self.scalers, self.max_consecutive_nonfinite, self.checkpointing.before_failing)
             self.validation.after_call(at.epoch, at.step, ran.done)
             self.checkpointing.after_call(at.step, ran.done)  # a checkpoint every checkpoint_every steps
 
-    def _call(self, source: Source, k: int, at: At, progress: Progress) -> Ran | None:
-        """Run one compiled call of up to ``k`` steps, the observers told (`metrics.Progress`)."""
-        progress.before_call(at.step, k)
-        with self.checkpointing.together(at.step), self.program.own_errors(at.step, k), self.validation.recording:
-            ran = run_call(self.program, source, at, k, self.steps_per_call, self.checkpointing.stop_requested)
-        if ran is not None:
-            progress.after_call(ran, at, self.position.batch_in_epoch(at), self.scalers)
-            if ran.pass_ended:
-                self._epoch_over(at.epoch)
-        return ran
 
     def _epoch_over(self, epoch: int) -> None:  # the position moves on; the epoch's values, validated when due
         self.position.next_epoch()
         self.validation.epoch_end(epoch, self.position.step)
 
     def evaluate(self, x: Any, y: Any = None) -> dict[str, float]:
-        """``{"loss": ..., <metric>: ...}`` over every sample of ``x``/``y`` or a dataset, under the models' layer
-        plans (decided on ``x``'s first batch before the first ``fit``: what training and validation compute).
+        """``{"loss": ..., <metric>: ...}`` over every sample of ``x``/``y`` or a dataset, under the layer plans.
 
         Args:
             x: The inputs: arrays or a dataset of batches (of ``(x, y)`` pairs).
@@ -335,10 +311,8 @@ class TrainResult:
 def run_call(program: StepProgram, source: Source, at: At, k: int, capacity: int,
              stopping: Callable[[], bool]) -> Ran | None:
     """``k`` steps from ``at`` in one call of ``program`` on ``source`` (compiled for ``capacity`` steps). Where XLA
-    fails to compile it (`errors.xla_compile_failure`) and nothing of it can have run (one replica, batches of one
-    shape), the calls compile without XLA from now on and it runs again, a stream's pass opened again at ``at``;
-    with a stop requested (``stopping()``: a Ctrl-C or SIGTERM to the process group stops XLA's compiler processes
-    too), ``None``: nothing ran, the loop stops at ``at``.
+    fails to compile it and nothing of it can have run (one replica, batches of one shape), it runs again without
+    XLA from now on; ``None`` where a stop was requested meanwhile (a Ctrl-C stops XLA's compiler processes too).
 
     Raises:
         AmpConfigError: XLA failed to compile a call of which a part may have run: the fix is XLA off.
@@ -367,10 +341,8 @@ def run_call(program: StepProgram, source: Source, at: At, k: int, capacity: int
 def checked_arguments(updates: Sequence[Update], plan: Plan, replicas: int, *, checkpoint_every: int | None,
                       logdir: str | None, seed: Any, profile_steps: Any,
                       **positive: Any) -> tuple[list[Update], str | None, tuple[int, int] | None]:
-    """The updates as a list, ``logdir`` absolute (later chdirs change nothing; made when written) and the profiler's
-    window (`observers.parse_profile_steps`, as ``--profile-steps`` reads it), after checking every argument of the
-    trainer that can be checked alone: problems raise `AmpConfigError` (a ``ValueError``), or ``TypeError`` for
-    arguments of the wrong kind (`plan.require_plan`)."""
+    """The updates as a list, ``logdir`` absolute (later chdirs change nothing) and the profiler's window, after
+    checking every argument of the trainer that can be checked alone (`AmpConfigError`, or ``TypeError``)."""
     require_plan(plan, "Trainer(updates, plan, ...)")
     if bad := next((name for name, value in positive.items() if not _integer(value)), None):
         raise AmpConfigError(f"{bad} must be an integer >= 1. Received: {bad}={positive[bad]!r}.")
