@@ -263,8 +263,11 @@ class Stream:
         if cardinality == 0:
             raise InputError(f"The dataset yields no batch of {batch_size}: it is empty, or has fewer samples than one "
                              "batch (batched with drop_remainder=True). Fix: check the pipeline, or lower batch_size.")
-        if steps_per_epoch is not None and (not isinstance(steps_per_epoch, int) or steps_per_epoch < 1):
-            raise InputError(f"steps_per_epoch must be a positive integer or None. Received: {steps_per_epoch!r}.")
+        if steps_per_epoch is not None and (not isinstance(steps_per_epoch, (int, np.integer))
+                                            or isinstance(steps_per_epoch, bool) or steps_per_epoch < 1):
+            raise InputError(f"steps_per_epoch must be a positive integer or None. Received: {steps_per_epoch!r}. "
+                             "Fix: pass the number of batches an epoch takes from the dataset (an int), or leave it "
+                             "out where the dataset's length is known.")
         self.dataset, self.batch_size, self.device, self.strategy = dataset, batch_size, device, strategy
         self.cardinality = cardinality if cardinality >= 0 else None
         self.fixed_steps, self.has_strings = steps_per_epoch, dims.strings

@@ -379,7 +379,7 @@ def checked_arguments(updates: Sequence[Update], plan: Plan, replicas: int, *, c
 def check_fit_arguments(*, epochs: Any, max_steps: Any, resume: bool, checkpoints: bool) -> None:
     """``fit``'s own arguments: positive counts, and ``resume`` only with a checkpoint directory."""
     for name, value in (("epochs", epochs), ("max_steps", max_steps)):
-        if value is not None and not _integer(value):
+        if (value is not None or name == "epochs") and not _integer(value):
             raise AmpConfigError(f"{name} must be a positive integer{' or None' if name == 'max_steps' else ''}. "
                                  f"Received: {name}={value!r}. Fix: pass {name}=1 or more (an int): it counts "
                                  "over the whole run.")

@@ -253,6 +253,22 @@ def test_a_repeated_dataset_is_one_stream_across_epochs_as_keras_reads_it():
     assert seen.numpy().tolist() == [2, 2, 1, 1, 1, 1, 1, 1, 1, 1]  # 12 batches of 10, in order: a second pass begun
 
 
+def test_steps_per_epoch_takes_a_positive_int_of_python_or_numpy_and_nothing_else():
+    """``steps_per_epoch=True`` trained one step an epoch (a bool is an int to Python) and NumPy's integers were
+    refused: now True is refused with the fix, NumPy's ints are ints."""
+    from amp_backends.errors import InputError
+
+    x, y = classification_data(32)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True).repeat()
+    t = trainer(mlp())
+    for bad in (True, 0, 2.0, "3"):
+        with pytest.raises(InputError, match=rf"steps_per_epoch must be a positive integer or None. Received: "
+                                             rf"{bad!r}\. Fix: "):
+            t.fit(ds, epochs=1, steps_per_epoch=bad)
+    assert int(t.global_step.numpy()) == 0
+    assert t.fit(ds, epochs=2, steps_per_epoch=np.int64(3)).steps == 6
+
+
 def id_batches(batches, size, features=8):
     """``batches`` batches of ``size`` rows whose features all hold the batch's id (and labels 0)."""
     ids = np.repeat(np.arange(batches), size).astype("float32")
@@ -443,7 +459,9 @@ def test_trainer_arguments_of_the_wrong_kind_are_refused_at_construction_with_th
 def test_fit_counts_that_are_not_positive_are_our_error_with_the_fix():
     x, y = classification_data(32)
     t = trainer(mlp())
-    for kwargs in ({"epochs": 0}, {"epochs": -1}, {"epochs": "2"}, {"max_steps": -3}):
+    # epochs=None (an int is asked; only max_steps may be None) was a TypeError from the loop's comparison
+    for kwargs in ({"epochs": 0}, {"epochs": -1}, {"epochs": "2"}, {"max_steps": -3}, {"epochs": None},
+                   {"epochs": None, "max_steps": 3}):
         with pytest.raises(amp_backends.AmpConfigError, match="must be a positive integer.*Received.*Fix:"):
             t.fit(x, y, **kwargs)
     assert int(t.global_step.numpy()) == 0
