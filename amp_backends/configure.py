@@ -16,7 +16,7 @@ from .hardware import Hardware
 from .keras_compat import KerasInfo, keras_info
 from .plan import Plan
 from .planner import make_plan
-from .registry import BackendRegistry, default_registry
+from .registry import BackendRegistry, registry_or_default
 from .request import LossScale, Request, build_request
 from .software import tensorflow_version
 
@@ -96,7 +96,7 @@ def plan_for(hardware: Hardware | None = None, *, device: str | None = None, reg
         from .devices import device_hardware
 
         hardware = device_hardware(device)
-    registry = default_registry() if registry is None else registry
+    registry = registry_or_default(registry)
     request = build_request(registry.known_names(), environ=environ, **overrides)
     hardware = hardware or _probe(registry, use_tensorflow=False)
     plan = make_plan(hardware, request, registry, keras if keras is not None else keras_info(), tensorflow_version())
@@ -229,7 +229,7 @@ def auto_configure(*, backend: str | None = None, policy: str | None = None, xla
         UnsupportedRequestError: ``strict`` is on and a request cannot be honoured on this hardware.
         BackendError: A backend asked for by name failed, or none is left.
     """
-    registry = default_registry() if registry is None else registry
+    registry = registry_or_default(registry)
     request = build_request(registry.known_names(), backend=backend, policy=policy, xla=xla, tf32=tf32,
                             loss_scale=loss_scale, graph_amp=graph_amp, fp8=fp8, float32_layers=float32_layers,
                             strict=strict, force=force, itex_amp=itex_amp)

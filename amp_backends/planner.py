@@ -160,6 +160,10 @@ def make_plan(hardware: Hardware, request: Request, registry: BackendRegistry, k
         UnsupportedRequestError: ``strict`` refuses a request.
         BackendError: The backend asked for by name failed, or no backend is usable.
     """
+    if not registry.names() and not registry.load_errors:
+        raise BackendError("The backend registry given holds no backend, so there is nothing to plan with. Expected "
+                           "a registry with at least one backend. Fix: leave registry out to plan with the installed "
+                           "backends, or register one: BackendRegistry([CpuBackend()]).")
     statuses = _statuses(hardware, registry)
     source = request.sources.get("backend", "argument")
     requested = request.backend if request.backend != "auto" else None

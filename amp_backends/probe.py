@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from .hardware import BackendProbe, Hardware
-from .registry import BackendRegistry, default_registry
+from .registry import BackendRegistry, registry_or_default
 
 
 def tensorflow_device_types() -> frozenset[str] | None:
@@ -22,7 +22,7 @@ def tensorflow_device_types() -> frozenset[str] | None:
 def probe_hardware(registry: BackendRegistry | None = None, *, use_tensorflow: bool = False) -> Hardware:
     """Probe every backend; one that raises becomes an unavailable backend with the error recorded. TensorFlow is
     imported with ``use_tensorflow`` (Intel XPUs, TensorFlow's device list), else consulted only if imported."""
-    registry = default_registry() if registry is None else registry
+    registry = registry_or_default(registry)
     if use_tensorflow:
         import tensorflow  # noqa: F401  (loads device plugins such as ITEX)
     probes = []

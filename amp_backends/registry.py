@@ -17,6 +17,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 
 from .assessment import Assessment, VendorSetting
+from .errors import AmpConfigError
 from .hardware import BackendProbe, Hardware, KnownDevice
 from .kernel_audit import KernelAudit
 
@@ -206,5 +207,30 @@ class BackendRegistry:
 
 @functools.lru_cache(maxsize=1)
 def default_registry() -> BackendRegistry:
-    """The registry of installed backends (built once per process)."""
+    """The registry of installed backends (built once per process).
+
+    Returns:
+        The backends installed through the ``amp_backends.backends`` entry point group.
+    """
     return BackendRegistry.from_entry_points()
+
+
+def registry_or_default(registry: BackendRegistry | None) -> BackendRegistry:
+    """The registry a caller passed, or the installed backends' when it passed none.
+
+    Args:
+        registry: The caller's registry, or ``None``.
+
+    Returns:
+        ``registry`` itself (empty or not), else `default_registry`.
+
+    Raises:
+        AmpConfigError: ``registry`` is neither a `BackendRegistry` nor ``None``.
+    """
+    if registry is None:
+        return default_registry()
+    if not isinstance(registry, BackendRegistry):
+        raise AmpConfigError(f"registry must be a BackendRegistry or None. Received: {registry!r} (of type "
+                             f"{type(registry).__name__}). Fix: leave registry out to plan with the installed "
+                             "backends, or pass BackendRegistry([...]) with the backends to plan with.")
+    return registry

@@ -20,7 +20,7 @@ from ..cache import cache_dir, digest
 from ..configure import auto_configure, reset
 from ..plan import Plan
 from ..probe import probe_hardware
-from ..registry import BackendRegistry, default_registry
+from ..registry import BackendRegistry, registry_or_default
 from .timing import MARGIN, ROUNDS, interleaved
 
 logger = logging.getLogger("amp_backends.autotune")
@@ -156,7 +156,7 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
     fixed = {k: v for k, v in (overrides or {}).items() if k not in ("policy", "xla")}
     from ..training import Trainer
 
-    registry = default_registry() if registry is None else registry
+    registry = registry_or_default(registry)
     hardware = probe_hardware(registry, use_tensorflow=True)
     base = auto_configure(verbose=False, registry=registry, **fixed)
     try:

@@ -23,7 +23,7 @@ from ..errors import AmpConfigError
 from ..hardware import Hardware
 from ..keras_compat import keras_info
 from ..probe import needs_tensorflow, probe_hardware
-from ..registry import BackendRegistry, default_registry
+from ..registry import BackendRegistry, registry_or_default
 from ..request import ENV_VARS, RENAMED, RENAMED_ENV_VARS
 from ..software import tensorflow_build_info, tensorflow_version
 from ..version import __version__
@@ -91,7 +91,7 @@ def collect(*, use_tensorflow: bool | None = None, registry: BackendRegistry | N
     raised. ``quiet`` filters TensorFlow's start-up noise; ``device`` plans for a catalogue device
     (`amp_backends.devices`) instead of this machine. A bad override or an unknown ``device`` raises
     `AmpConfigError`."""
-    registry = default_registry() if registry is None else registry
+    registry = registry_or_default(registry)
     env = os.environ if environ is None else environ
     if device is not None:  # a catalogue device's description, not this machine
         from ..devices import device_hardware

@@ -4,6 +4,7 @@ and deliberately broken backends, which must never break the others."""
 from __future__ import annotations
 
 import json
+import re
 import types
 import warnings
 
@@ -17,7 +18,7 @@ from amp_backends.backends.intel import IntelBackend
 from amp_backends.backends.nvidia import NvidiaBackend
 from amp_backends.commands.capability_report import collect
 from amp_backends.configure import auto_configure, plan_for
-from amp_backends.errors import AmpWarning, BackendError
+from amp_backends.errors import AmpConfigError, AmpWarning, BackendError
 from amp_backends.hardware import Accelerator, BackendProbe, Hardware
 from amp_backends.kernel_audit import KernelAudit
 from amp_backends.registry import Backend, BackendRegistry, default_registry
@@ -251,11 +252,18 @@ def test_an_empty_registry_is_planned_with_not_replaced_by_the_installed_backend
     installed backends planned instead: the caller's registry is what is planned with, empty or not."""
     from amp_backends.probe import probe_hardware
 
-    with pytest.raises(BackendError, match="No backend is available, not even the CPU"):
+    empty = "The backend registry given holds no backend.*Fix: leave registry out to plan with the installed"
+    with pytest.raises(BackendError, match=empty):
         plan_for(hardware=machine(cpu_of(SAPPHIRE_RAPIDS)), registry=BackendRegistry(), environ={})
-    with pytest.raises(BackendError, match="No backend is available, not even the CPU"):
+    with pytest.raises(BackendError, match=empty):
+        plan_for(device="a100", registry=BackendRegistry(), environ={})
+    with pytest.raises(BackendError, match=empty):
         auto_configure(registry=BackendRegistry(), apply=False, verbose=False)
     assert probe_hardware(BackendRegistry()).probes == ()
+    for wrong in ({}, [], 0):  # was "'dict' object has no attribute 'known_names'", or the installed backends
+        with pytest.raises(AmpConfigError, match="registry must be a BackendRegistry or None. Received: "
+                                                 + re.escape(f"{wrong!r} (of type {type(wrong).__name__}). Fix: ")):
+            plan_for(registry=wrong, environ={})
 
 
 def test_the_cpu_backend_hides_accelerators_from_a_cpu_plan():
