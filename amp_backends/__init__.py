@@ -17,15 +17,43 @@ from typing import TYPE_CHECKING, Any
 from .version import __version__
 
 
+class _CheckoutBackends:
+    """In a source checkout, finds ``amp_backends.backends`` (installed, the repository's ``backends/``) where an
+    installed copy has it; an import-system finder for that one name, so nothing loads before it is imported and
+    the repository root stays off the package's path."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        """The spec of ``amp_backends.backends`` from the checkout's ``backends/`` folder.
+
+        Args:
+            name: The module's full name.
+            path: The parent package's search path (not used).
+            target: The module being reloaded, if any (not used).
+
+        Returns:
+            The module spec for ``amp_backends.backends``, else ``None`` (another finder's name).
+        """
+        if name != f"{__name__}.backends":
+            return None
+        import importlib.util
+
+        return importlib.util.spec_from_file_location(name, _os.path.join(self.folder, "__init__.py"),
+                                                      submodule_search_locations=[self.folder])
+
+
 def _source_checkout_layout() -> None:
-    """Let a source checkout import ``amp_backends.backends`` (installed, the repository's ``backends/``) as an
-    installed copy does: the repository root joins the package's search path. Two ``stat`` calls."""
+    """Let a source checkout import ``amp_backends.backends`` as an installed copy does (`_CheckoutBackends`)."""
     here = _os.path.dirname(_os.path.abspath(__file__))
-    root = _os.path.dirname(here)
+    backends = _os.path.join(_os.path.dirname(here), "backends")
     if not _os.path.isdir(_os.path.join(here, "backends")) and _os.path.isfile(
-        _os.path.join(root, "backends", "cpu", "backend.py")
-    ):
-        __path__.append(root)
+            _os.path.join(backends, "cpu", "backend.py")):
+        import sys
+
+        if not any(isinstance(f, _CheckoutBackends) for f in sys.meta_path):
+            sys.meta_path.append(_CheckoutBackends(backends))
 
 
 _source_checkout_layout()

@@ -153,3 +153,22 @@ def test_the_face_exports_prepare_model_and_its_version():
     assert amp_backends.prepare_model is prepare.prepare_model and "prepare_model" in dir(amp_backends)
     assert amp_backends.__version__ == version.__version__
     assert not hasattr(plan.Plan, "prepare_model")  # the plan is data: what it does to a model is prepare's
+
+
+def test_a_source_checkout_imports_its_backends_without_the_repository_on_the_package_path():
+    """In a source checkout the repository root was appended to ``amp_backends.__path__`` so that its
+    ``backends/`` imported as ``amp_backends.backends``: every folder of the repository became a subpackage
+    (``amp_backends.amp_backends``...) and ``pkgutil.walk_packages`` recursed until ``RecursionError``. Now that one
+    name is found, the package's path is its own folder, and nothing loads before it is imported."""
+    code = ("import importlib.util, pkgutil, sys, amp_backends; print(amp_backends.__path__); "
+            "print('amp_backends.backends' in sys.modules); "
+            "import amp_backends.backends.cpu as c; print(c.__file__); print(amp_backends.backends.__file__); "
+            "print(importlib.util.find_spec('amp_backends.amp_backends')); "
+            "names = [m.name for m in pkgutil.walk_packages(amp_backends.__path__, 'amp_backends.')]; "
+            "print('amp_backends.training.trainer' in names, any('amp_backends.amp_backends' in n for n in names))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=NEUTRAL_CWD,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:6] == [str([str(REPO / "amp_backends")]), "False",
+                                          str(REPO / "backends" / "cpu" / "__init__.py"),
+                                          str(REPO / "backends" / "__init__.py"), "None", "True False"], out.stdout
