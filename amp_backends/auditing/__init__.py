@@ -51,7 +51,8 @@ def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = 
         What ran (`Audit`).
 
     Raises:
-        FactoryError: The factory is not ``MODULE:FACTORY`` or an importable function (before anything runs).
+        FactoryError: The factory is not ``MODULE:FACTORY`` or an importable function (before anything runs), or
+            the child process could not import it, or it raised or returned no Keras model.
         TypeError: A model object was given instead of its factory, or an override is not one of the plan's.
         ValueError: A size is not a positive integer.
         RuntimeError: The child process failed.

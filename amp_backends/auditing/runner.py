@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ..errors import TrainingInterrupted
+from ..errors import FactoryError, TrainingInterrupted
 from ..kernel_audit import Capture
 from .build import from_reading, not_measured
 from .child import BEGIN, END, PLAN_BACKEND
@@ -143,6 +143,7 @@ def run_child(target: str, *, batch_size: int, steps: int, warmup: int, env: Map
         What ran (`Audit`).
 
     Raises:
+        FactoryError: The child could not import the factory, or it raised or returned no Keras model.
         RuntimeError: The child failed or ran past ``timeout``.
         KeyboardInterrupt: Ctrl-C, or SIGTERM (`TrainingInterrupted`, exit code 143), stopped the audit; the child
             was stopped first.
@@ -165,6 +166,10 @@ def run_child(target: str, *, batch_size: int, steps: int, warmup: int, env: Map
                                f"Its last lines:\n{tail}")
         with open(out, encoding="utf-8") as f:
             doc = json.load(f)
+        if "factory_error" in doc:
+            tail = "\n".join(stderr[stderr.rfind("Traceback"):].strip().splitlines()[-15:])
+            raise FactoryError(doc["factory_error"] + (f"\nThe child's last lines:\n{tail}" if "Traceback" in stderr
+                                                       and "traceback" in doc["factory_error"] else ""))
         plan = doc.get("plan") or {}
         kernel_audit = default_registry().kernel_audit(str(plan.get("backend")))
         if kernel_audit is None or kernel_audit.unavailable or doc.get("measured") is False:

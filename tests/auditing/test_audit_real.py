@@ -274,3 +274,22 @@ def test_a_float32_island_is_named_by_the_layer_whose_call_ran_it(tmp_path, monk
     assert all(i["matched"] == "layer" for i in islands.values()), islands
     if factory == "four_dense":  # and only the two float32 layers have float32 islands
         assert set(islands) == {("four/pinned",), ("four/head",)}
+
+
+@pytest.mark.intel
+def test_a_factory_the_child_cannot_import_or_that_raises_is_our_error_as_in_check(tmp_path, monkeypatch):
+    """``audit nosuch:f`` ended with exit 1 and the child's traceback ("the audit's child process ... failed"),
+    where ``check`` says what is wrong and exits 2: the child now reports the factory's error, and the audit raises
+    it as a `FactoryError` (the command: exit 2), the factory's own traceback kept for a factory that raises."""
+    from amp_backends import audit
+    from amp_backends.errors import FactoryError
+
+    (tmp_path / "audit_models.py").write_text("def boom():\n    raise ValueError('no weights here')\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FactoryError, match="expected an importable module 'audit_nosuch_module'.*Fix: "):
+        audit("audit_nosuch_module:f", steps=1)
+    with pytest.raises(FactoryError) as err:
+        audit("audit_models:boom", steps=1)
+    text = str(err.value)
+    assert text.startswith("audit_models.boom() raised ValueError: no weights here") and "Fix: " in text
+    assert "The child's last lines:\nTraceback" in text and "raise ValueError('no weights here')" in text
