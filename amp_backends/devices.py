@@ -21,9 +21,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def _installed(registry: BackendRegistry | None) -> BackendRegistry:
-    from .registry import default_registry
+    from .registry import registry_or_default
 
-    return registry if registry is not None else default_registry()
+    return registry_or_default(registry)
 
 
 def catalogue(registry: BackendRegistry | None = None) -> tuple[KnownDevice, ...]:
@@ -106,7 +106,7 @@ def device_hardware(device: KnownDevice | str, registry: BackendRegistry | None 
         AmpConfigError: ``device`` is a name the catalogue does not know.
     """
     registry = _installed(registry)
-    if isinstance(device, str):
+    if not isinstance(device, KnownDevice):  # a name, or anything else: find_device says what it expects
         device = find_device(device, registry)
     owner = registry.get(device.backend)
     types = {"CPU"} | ({owner.tf_device_type} if owner.tf_device_type else set())

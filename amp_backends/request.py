@@ -321,6 +321,10 @@ def build_request(known_backends: Iterable[str], environ: Mapping[str, str] | No
     unknown = set(kwargs) - set(ENV_VARS) - set(RENAMED)
     if unknown:
         raise TypeError(f"Unknown override(s) {sorted(unknown)}. Accepted keyword arguments: {', '.join(ENV_VARS)}.")
+    if environ is not None and not isinstance(environ, Mapping):
+        raise AmpConfigError(f"environ must be a mapping of variable names to values (like os.environ) or None. "
+                             f"Received: {environ!r:.80} (of type {type(environ).__name__}). Fix: pass a dict, such "
+                             "as {'AMP_POLICY': 'float32'}, or leave environ out to read os.environ.")
     env = os.environ if environ is None else environ
     raw: dict[str, tuple[Any, str, str]] = {}  # option -> (value, "argument" or "env", the name it was given as)
     for name, var in ENV_VARS.items():

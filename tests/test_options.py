@@ -208,3 +208,17 @@ def test_a_loss_scale_a_float32_cannot_hold_is_refused_however_it_is_made():
     with pytest.raises(AmpConfigError, match="a float32 holds.*Received: 1e\\+40.*Fix"):
         LossScale.fixed(1e40)
     assert LossScale.fixed(2.0**127).initial == 2.0**127
+
+
+def test_a_device_or_environ_of_the_wrong_type_is_our_error_with_the_fix():
+    """``plan_for(device=5)`` was "'int' object has no attribute 'backend'" and ``environ=[...]`` "'list' object
+    has no attribute 'get'": both now say what they expect, what they received and the fix."""
+    from amp_backends.configure import plan_for
+
+    with pytest.raises(AmpConfigError, match=r"device must be a device name such as 'h100'. Received: 5\. Known"):
+        plan_for(device=5, environ={})
+    for wrong in ([("AMP_POLICY", "float32")], "AMP_POLICY=float32"):
+        with pytest.raises(AmpConfigError, match=r"environ must be a mapping of variable names to values \(like "
+                                                 r"os.environ\) or None. Received: .*Fix: pass a dict"):
+            plan_for(device="h100", environ=wrong)
+    assert plan_for(device="h100", environ={"AMP_POLICY": "float32"}).policy == "float32"
