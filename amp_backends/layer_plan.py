@@ -132,7 +132,14 @@ class LayerPlan:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LayerPlan:
-        """The layer plan `to_dict` wrote (a checkpoint's, a report's)."""
+        """The layer plan `to_dict` wrote (a checkpoint's, a report's).
+
+        Args:
+            data: What `to_dict` returned.
+
+        Returns:
+            The layer plan.
+        """
         from .autotune.layer_choice import Measurement
 
         try:
@@ -151,7 +158,11 @@ class LayerPlan:
             ) from exc
 
     def summary(self) -> str:
-        """One line: how many layers in each dtype, and from which rule."""
+        """The layer plan in one line.
+
+        Returns:
+            How many layers compute in each dtype, and by which rule.
+        """
         if not self.decisions:
             return f"{self.model}: every layer follows {self.policy}"
         counts = Counter((d.dtype, d.source) for d in self.decisions)

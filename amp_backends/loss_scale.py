@@ -51,7 +51,11 @@ class LossScale:
         return "none"
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"mode": "none"}``, ``{"mode": "fixed", "scale": 1024.0}`` or the dynamic mode's parameters."""
+        """The loss scale as JSON-ready data.
+
+        Returns:
+            ``{"mode": "none"}``, ``{"mode": "fixed", "scale": 1024.0}`` or the dynamic mode's parameters.
+        """
         if self.mode == "none":
             return {"mode": "none"}
         if self.mode == "fixed":

@@ -184,6 +184,9 @@ class Plan:
 
         ``jit_compile``, ``steps_per_execution``, and on Keras 3 ``auto_scale_loss=False`` (else Keras 3 adds its
         own dynamic loss scaling under ``mixed_float16``, whatever `wrap_optimizer` decided).
+
+        Returns:
+            The keyword arguments, by name.
         """
         from .keras_compat import compile_kwargs
 
@@ -222,8 +225,11 @@ class Plan:
         return next((s.value for s in self.vendor_settings if s.name == name), None)
 
     def training_key(self) -> str:
-        """Everything that changes how a model trains under this plan, as one string (workers of one
-        distributed job compare it)."""
+        """Everything that changes how a model trains under this plan (workers of one distributed job compare it).
+
+        Returns:
+            The settings as one string.
+        """
         ls = self.loss_scale
         parts = [f"policy={self.policy}", f"loss_scale={ls.mode}:{ls.initial:g}:{ls.growth_interval}",
                  f"xla={self.xla}", f"tf32={self.tf32}", f"graph_amp={self.graph_amp}", f"fp8={self.fp8}",
@@ -248,12 +254,20 @@ class Plan:
         return "amp_backends plan: " + " ".join(parts)
 
     def summary(self) -> str:
-        """One line: what was chosen (`headline`), and why this policy, in a few words."""
+        """What was chosen, and why, in one line.
+
+        Returns:
+            The `headline` and the policy's reason in a few words.
+        """
         policy = self.decision("policy")
         return f"{self.headline} ({policy.reason if policy else ''})"
 
     def target(self) -> str:
-        """``"/CPU:0 AMD EPYC (Zen 5), TensorFlow 2.21.0, Keras 3.15.1"``: what the plan is for."""
+        """What the plan is for.
+
+        Returns:
+            The device, TensorFlow and Keras, such as ``"/CPU:0 AMD EPYC (Zen 5), TensorFlow 2.21.0, Keras 3.15.1"``.
+        """
         names = self.device_names
         if len(self.devices) == 1:
             device = f"{self.devices[0]} {names[0]}" if names else self.devices[0]
@@ -292,8 +306,12 @@ class Plan:
         return self.brief()
 
     def explain(self) -> str:
-        """Several lines: each choice with its whole reason and the figures it quotes, the rejected alternatives,
-        the warnings."""
+        """The plan at length.
+
+        Returns:
+            Several lines: each choice with its whole reason and the figures it quotes, the rejected alternatives,
+            the warnings.
+        """
         lines = [self.headline, f"  for: {self.target()}", *(f"  {d.setting}: {d.detail}" for d in self.decisions),
                  *(f"  {s.name}={s.value}: {s.why}" for s in self.vendor_settings)]
         if self.rejected:

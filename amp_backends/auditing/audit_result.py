@@ -150,7 +150,13 @@ class Audit:
         return bool(layers) and all(any(path == k or path.startswith(k + "/") for k in kept) for path in layers)
 
     def float32_islands(self) -> list[dict[str, Any]]:
-        """float32 compute under a reduced-precision plan, grouped by the layers it was matched to."""
+        """float32 compute under a reduced-precision plan, grouped by the layers it was matched to.
+
+        Returns:
+            One record per group of layers, the longest first: the layers, whether the layer plan keeps them in
+            float32, their time and share of the compute, the kernel kinds, how they were matched, and the precision
+            check's findings on them (empty where the plan is float32 or the run was not read).
+        """
         if self.plan.get("compute_dtype") not in REDUCED or self.outside_onednn:
             return []
         total = _time(self.compute)

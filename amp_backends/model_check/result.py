@@ -219,7 +219,11 @@ class ModelCheck:
         return lines
 
     def log_lines(self) -> list[str]:
-        """One line per finding (severity, layer, what, FLOP share, fix), then the summary: for a training log."""
+        """The check for a training log.
+
+        Returns:
+            One line per finding (severity, layer, what, FLOP share, fix), then the summary.
+        """
         findings = [f"{f.severity}: {f.layer}: {f.what}{_share(f)}. Fix: {f.fix}" for f in self.findings]
         return [self.headline(), *findings, *self.summary_lines()]
 

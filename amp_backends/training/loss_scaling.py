@@ -203,8 +203,12 @@ class LossScaler:
         return self.config.mode != "dynamic" or self.current <= self.min_scale
 
     def remedy(self) -> str:
-        """What to do when `stalled`: depends on the mode. It names what a caller changes (the plan's
-        overrides: ``auto_configure(loss_scale=...)`` or ``$AMP_LOSS_SCALE``); a command line says its own flags."""
+        """What to do when `stalled`, by the loss scale's mode.
+
+        Returns:
+            The remedy, naming what a caller changes (the plan's overrides: ``auto_configure(loss_scale=...)`` or
+            ``$AMP_LOSS_SCALE``); a command line says its own flags.
+        """
         if self.config.mode == "fixed":
             lower = f"fixed:{max(self.current / 64, 1):g}"
             return (f"the fixed loss scale {self.current:g} is too high: lower it with the plan override "
@@ -274,7 +278,11 @@ class LossScaler:
         return line
 
     def variables(self) -> dict[str, Any]:
-        """The scaler's state to checkpoint: the scale, the finite steps since it changed, the steps skipped."""
+        """The scaler's state to checkpoint.
+
+        Returns:
+            The scale, the finite steps since it changed, and the steps skipped, as TensorFlow variables by name.
+        """
         return {"scale": self.scale_var, "good_steps": self.good_steps, "skipped": self.skipped,
                 "consecutive": self.consecutive}
 

@@ -126,11 +126,23 @@ class Trainer:
         self.observers += [cast(Observer, self.audit)] if self.audit else []  # (an Observer by its hooks)
 
     def save(self) -> str | None:
-        """Write a checkpoint now (atomically; with the other workers): `checkpoints.CheckpointStore.save_finite`."""
+        """Write a checkpoint now (atomically; with the other workers).
+
+        Returns:
+            The checkpoint's path (``None`` on a worker other than the chief, or without a ``checkpoint_dir``).
+
+        Raises:
+            NonFiniteError: The weights hold NaN or Inf (the latest good checkpoint stays).
+            CheckpointError: The checkpoint could not be written.
+        """
         return self.checkpointing.save()
 
     def restore(self) -> int | None:
-        """Restore the newest intact checkpoint, if any; returns its global step (`resume.Checkpointing.restore`)."""
+        """Restore the newest intact checkpoint, if any.
+
+        Returns:
+            The restored global step, or ``None`` when there is no checkpoint to restore.
+        """
         return self.checkpointing.restore(self.models)
 
     def fit(self, x: Any, y: Any = None, *, epochs: int = 1, max_steps: int | None = None, resume: bool = False,
@@ -256,7 +268,14 @@ class Trainer:
         return evaluator
 
     def restore_best(self) -> str:
-        """Load the best checkpoint (``keep_best``) into what checkpoints hold; returns its path."""
+        """Load the best checkpoint (``keep_best``) into what checkpoints hold.
+
+        Returns:
+            The best checkpoint's path.
+
+        Raises:
+            AmpConfigError: There is no best checkpoint (no ``keep_best``, or none saved yet).
+        """
         return self.validation.restore_best(self.store)
 
 
@@ -297,7 +316,11 @@ class TrainResult:
     stopped_early: str | None = None
 
     def summary(self) -> str:
-        """The run in one line, as the trainer logs it at the end: steps applied and skipped, throughput, scales."""
+        """The run in one line, as the trainer logs it at the end.
+
+        Returns:
+            Steps applied and skipped, the median throughput, the loss scales and the last losses.
+        """
         tp = f"{self.median_throughput:.4g} img/s" if self.median_throughput else "n/a (too few steps after warm-up)"
         steps = ", ".join(f"{k}: {self.applied[k]} applied, {self.skipped[k]} skipped" for k in self.applied)
         best = (f", best {self.best['monitor']} {self.best['value']:.5g} (epoch {self.best['epoch']}, step "
