@@ -176,3 +176,22 @@ def test_a_failed_fit_or_auto_configuration_keeps_its_kind_and_name(bench_cli, t
                      "Keras fit": ("keras_fit", "RuntimeError: no kernel for this"),
                      "auto plan (trainer)": ("auto", "RuntimeError: no kernel for this"),
                      "auto plan, loss scaling off": ("auto", "RuntimeError: no kernel for this")}, kinds
+
+
+def test_a_machine_that_could_not_be_read_is_said_so_in_the_results_title(bench_cli, tmp_path, monkeypatch):
+    """Where the capability report raised (a strict plan this machine refuses, say), the table's title said
+    "(None)" for the machine: it says the machine could not be read, and why."""
+    from amp_backends.commands import capability_report
+    from amp_backends.commands.bench import loops
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no plan here")
+
+    monkeypatch.setattr(capability_report, "collect", refuse)
+    monkeypatch.setattr(loops, "bench_manual", lambda model, config, *a: loops.Result(model, config[0], "manual",
+                                                                                        1000.0, [1000.0]))
+    result = bench_cli("--models", "mnist", "--configs", "fp32", "--samples", "64", "--mnist-batch", "16",
+                       "--epochs", "1", "--no-fit", "--out", "runs")
+    assert result.exit_code == 0, result.output
+    assert "(the machine could not be read: RuntimeError: no plan here)" in result.output, result.output
+    assert "(None)" not in result.output

@@ -126,7 +126,9 @@ def environment(collected: Report | None = None) -> dict[str, Any]:
 
 
 def machine_line(env: dict[str, Any]) -> str:
-    return ", ".join(env.get("devices") or []) or str(env.get("cpu"))
+    if env.get("error"):
+        return f"the machine could not be read: {env['error']}"
+    return ", ".join(env.get("devices") or []) or str(env.get("cpu") or "the machine's devices were not read")
 
 
 # --------------------------------------------------------------------------- the tutorials' loops
