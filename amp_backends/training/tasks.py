@@ -67,9 +67,11 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
         The one `Update` for `Trainer`.
 
     Raises:
-        AmpConfigError: The model is not built, or one Keras loss is given for a model with several outputs.
+        AmpConfigError: The model is no Keras model or not built, the optimizer is no optimizer, or one Keras loss is
+            given for a model with several outputs.
     """
     _check_built(model)
+    _check_optimizer(optimizer)
     per_example, sparse = _per_example(loss)
     outputs = getattr(model, "outputs", None) or []
     if len(outputs) > 1 and (loss is None or isinstance(loss, (str, tf.keras.losses.Loss))):
@@ -291,10 +293,20 @@ def _check_named_inputs(model: Any, x: Any) -> dict[str, Any] | None:
 
 
 def _check_built(model: Any) -> None:
+    if not callable(model) or not hasattr(model, "variables"):
+        raise AmpConfigError(f"expected a Keras model (keras.Model). Received: {model!r:.80} (of type "
+                             f"{type(model).__name__}). Fix: pass the model the update trains.")
     if not getattr(model, "built", True) or not model.variables:
         raise AmpConfigError(
             f"The model {getattr(model, 'name', model)!r} is not built yet: it has no variables to train. "
             "Fix: build it before the Trainer (start it with keras.Input(shape), or call model.build(input_shape)).")
+
+
+def _check_optimizer(optimizer: Any) -> None:
+    if not hasattr(optimizer, "apply_gradients"):
+        raise AmpConfigError(f"expected a Keras optimizer, such as keras.optimizers.Adam(1e-3). Received: "
+                             f"{optimizer!r:.80} (of type {type(optimizer).__name__}). Fix: pass an optimizer "
+                             "object (not its name or class).")
 
 
 def _check_labelled(batch: Any) -> None:
@@ -325,12 +337,14 @@ def gan_updates(generator: Any, discriminator: Any, g_opt: Any, d_opt: Any) -> l
         The generator's and the discriminator's `Update`, in that order.
 
     Raises:
-        AmpConfigError: A model is not built.
+        AmpConfigError: A model is no Keras model or not built, or an optimizer is no optimizer.
     """
     from ..models import NOISE_DIM, gan_labels, sigmoid_loss
 
     _check_built(generator)
     _check_built(discriminator)
+    _check_optimizer(g_opt)
+    _check_optimizer(d_opt)
 
     def forward(batch, salt):
         real = batch[0] if isinstance(batch, (tuple, list)) else batch

@@ -12,7 +12,7 @@ tf = pytest.importorskip("tensorflow")
 import amp_backends  # noqa: E402
 from amp_backends.data import DataUnavailableError, read_mnist_npz  # noqa: E402
 from amp_backends.errors import InputError  # noqa: E402
-from amp_backends.training import Trainer, Update, classifier_updates  # noqa: E402
+from amp_backends.training import Trainer, Update, classifier_updates, gan_updates  # noqa: E402
 
 
 def trainer(model, **kw):
@@ -393,6 +393,23 @@ def test_a_dataset_of_dicts_is_told_how_to_map_it_for_a_classifier():
 def test_labels_as_a_list_of_numpy_scalars_train():
     x, y = classification_data(16)
     assert trainer(mlp()).fit(x, list(y), epochs=1).steps == 2
+
+
+def test_an_update_given_no_model_or_no_optimizer_says_what_it_expects():
+    """``classifier_updates(None, None)`` was "'NoneType' object has no attribute 'variables'", an optimizer's name
+    an AttributeError at the first step: both are our errors, before any work."""
+    model, opt = mlp(), tf.keras.optimizers.SGD()
+    cases = [((None, opt), r"expected a Keras model \(keras.Model\). Received: None \(of type NoneType\). Fix: "),
+             ((model, "adam"), r"expected a Keras optimizer, such as keras.optimizers.Adam\(1e-3\). Received: 'adam' "
+                               r"\(of type str\). Fix: pass an optimizer object"),
+             ((model, None), r"expected a Keras optimizer.*Received: None")]
+    for args, needle in cases:
+        with pytest.raises(amp_backends.errors.AmpConfigError, match=needle):
+            classifier_updates(*args)
+    from amp_backends.models import gan_discriminator, gan_generator
+
+    with pytest.raises(amp_backends.errors.AmpConfigError, match=r"expected a Keras optimizer.*Received: 'rmsprop'"):
+        gan_updates(gan_generator(), gan_discriminator(), opt, "rmsprop")
 
 
 def test_an_unbuilt_model_is_refused_with_the_fix():
