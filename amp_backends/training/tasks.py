@@ -293,7 +293,7 @@ def _check_named_inputs(model: Any, x: Any) -> dict[str, Any] | None:
 
 
 def _check_built(model: Any) -> None:
-    if not callable(model) or not hasattr(model, "variables"):
+    if not callable(model) or not hasattr(type(model), "variables"):  # (the class: Keras 2 raises unbuilt)
         raise AmpConfigError(f"expected a Keras model (keras.Model). Received: {model!r:.80} (of type "
                              f"{type(model).__name__}). Fix: pass the model the update trains.")
     if not getattr(model, "built", True) or not model.variables:
