@@ -77,3 +77,33 @@ def load_factory(factory: Any) -> Callable[[], Any]:
             f"expected {module_name}.{factory_name} to be a function that returns a Keras model, but it is "
             f"{value!r:.80} (of type {type(value).__name__}). Fix: name a function taking no arguments after the colon")
     return value
+
+
+def build_model(factory: Callable[[], Any], spec: str, traceback_at: str = "traceback above") -> Any:
+    """Call a factory for its model: what ``check`` and the audit's child build.
+
+    Args:
+        factory: The function `load_factory` returned.
+        spec: Its ``MODULE:FACTORY``, as the messages name it.
+        traceback_at: Where the reader finds the factory's traceback when it raises.
+
+    Returns:
+        The Keras model it returned.
+
+    Raises:
+        FactoryError: The factory raised (the exception is its ``__cause__``) or returned no Keras model.
+    """
+    from .keras_compat import is_keras_model
+
+    module, name = parse_factory(spec)
+    try:
+        model = factory()
+    except Exception as exc:
+        raise FactoryError(f"{module}.{name}() raised {type(exc).__name__}: {exc} ({traceback_at}). Expected it to "
+                           "build and return a Keras model with no arguments. Fix: the error in the factory, or wrap "
+                           "it in a function that passes its arguments") from exc
+    if not is_keras_model(model):
+        raise FactoryError(f"expected {module}.{name}() to return a Keras model (keras.Model), but it returned "
+                           f"{type(model).__module__}.{type(model).__name__} ({model!r:.80}). Fix: return the model "
+                           "itself (for a layer: keras.Sequential([keras.Input(shape), layer]))")
+    return model

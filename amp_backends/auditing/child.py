@@ -19,7 +19,7 @@ import traceback
 from typing import Any
 
 from ..errors import FactoryError
-from ..factory import load_factory
+from ..factory import build_model, load_factory
 from .build import plan_data
 
 BEGIN = "amp_backends_audit:begin"
@@ -90,24 +90,6 @@ def _write(out_path: str, doc: dict[str, Any]) -> None:
         json.dump(doc, f)
 
 
-def _built(factory: Any, target: str) -> Any:
-    from ..keras_compat import is_keras_model
-
-    module, name = target.split(":")
-    try:
-        model = factory()
-    except Exception as exc:
-        traceback.print_exc()
-        raise FactoryError(f"{module}.{name}() raised {type(exc).__name__}: {exc} (its traceback is in the child's "
-                           "last lines below). Expected it to build and return a Keras model with no arguments. Fix: "
-                           "the error in the factory, or wrap it in a function that passes its arguments") from exc
-    if not is_keras_model(model):
-        raise FactoryError(f"expected {module}.{name}() to return a Keras model (keras.Model), but it returned "
-                           f"{type(model).__module__}.{type(model).__name__} ({model!r:.80}). Fix: return the model "
-                           "itself (for a layer: keras.Sequential([keras.Input(shape), layer]))")
-    return model
-
-
 def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None:
     import tensorflow as tf
 
@@ -124,14 +106,17 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
         "what ran"]
     try:  # a factory that cannot be found, raises or returns no model: the parent says so as `check` does
         factory = load_factory(target)
-        kernel_audit = default_registry().kernel_audit(backend)
-        if kernel_audit is None or kernel_audit.unavailable:  # nothing would be read: nothing runs
-            _write(out_path, {"measured": False, "plan": {**plan_data(plan), "backend": backend}})
-            return
-        model = _built(factory, target)
     except FactoryError as exc:
-        _write(out_path, {"factory_error": str(exc)})
-        return
+        return _write(out_path, {"factory_error": str(exc)})
+    kernel_audit = default_registry().kernel_audit(backend)
+    if kernel_audit is None or kernel_audit.unavailable:  # nothing would be read: nothing runs
+        return _write(out_path, {"measured": False, "plan": {**plan_data(plan), "backend": backend}})
+    try:
+        model = build_model(factory, target, "its traceback is in the child's last lines below")
+    except FactoryError as exc:  # the factory's own traceback, where it raised, goes with the message
+        raised = exc.__cause__
+        return _write(out_path, {"factory_error": str(exc),
+                                 "traceback": "".join(traceback.format_exception(raised)) if raised else None})
     x = synthetic_inputs(model, batch)
     # prepared exactly as training prepares it: the same layer plan, measured or cached as the trainer would
     layer_plan = prepare_model(model, plan, inputs=x).layer_plan

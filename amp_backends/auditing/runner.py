@@ -167,9 +167,8 @@ def run_child(target: str, *, batch_size: int, steps: int, warmup: int, env: Map
         with open(out, encoding="utf-8") as f:
             doc = json.load(f)
         if "factory_error" in doc:
-            tail = "\n".join(stderr[stderr.rfind("Traceback"):].strip().splitlines()[-15:])
-            raise FactoryError(doc["factory_error"] + (f"\nThe child's last lines:\n{tail}" if "Traceback" in stderr
-                                                       and "traceback" in doc["factory_error"] else ""))
+            tail = "\n".join((doc.get("traceback") or "").strip().splitlines()[-15:])
+            raise FactoryError(doc["factory_error"] + (f"\nThe child's last lines:\n{tail}" if tail else ""))
         plan = doc.get("plan") or {}
         kernel_audit = default_registry().kernel_audit(str(plan.get("backend")))
         if kernel_audit is None or kernel_audit.unavailable or doc.get("measured") is False:

@@ -14,7 +14,7 @@ from typing import Any
 import typer
 
 from ..errors import AmpConfigError, FactoryError
-from ..factory import EXAMPLE, load_factory, parse_factory
+from ..factory import EXAMPLE, build_model, load_factory, parse_factory
 from .typer_app import fail, number_option, with_overrides
 
 PROG = "amp-backends check"
@@ -69,7 +69,7 @@ def check_command(
 
     Exits 1 when a finding is an error (wrong or unstable numbers), 0 otherwise."""
     try:
-        module_name, factory_name = parse_factory(target)
+        parse_factory(target)  # its form, before TensorFlow starts
     except FactoryError as exc:
         fail(PROG, exc)
     from ..tf_import import import_tensorflow, quiet_tensorflow_logs
@@ -87,20 +87,14 @@ def check_command(
     except FactoryError as exc:
         fail(PROG, exc)
     try:
-        model = factory()
-    except Exception as exc:
-        traceback.print_exc()
-        fail(PROG, f"{module_name}.{factory_name}() raised {type(exc).__name__}: {exc} (traceback above). "
-                   "Expected it to build and return a Keras model with no arguments. "
-                   "Fix: the error in the factory, or wrap it in a function that passes its arguments")
+        model = build_model(factory, target)
+    except FactoryError as exc:
+        if exc.__cause__ is not None:  # the factory raised: its traceback, above the message
+            traceback.print_exception(exc.__cause__)
+        fail(PROG, exc)
     from ..model_check import check_model
-    from ..keras_compat import is_keras_model
     from ..model_check.shapes import shapes_with_sequence_length
 
-    if not is_keras_model(model):
-        fail(PROG, f"expected {module_name}.{factory_name}() to return a Keras model (keras.Model), but it returned "
-                   f"{type(model).__module__}.{type(model).__name__} ({model!r:.80}). Fix: return the model itself "
-                   "(for a layer: keras.Sequential([keras.Input(shape), layer]))")
     if seq_len is not None and input_shape is not None:
         fail(PROG, "expected at most one of --seq-len and --input-shape, received both. Fix: give --seq-len N for "
                    "the open dimensions, or the full shapes with --input-shape")
