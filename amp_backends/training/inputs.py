@@ -25,6 +25,19 @@ logger = logging.getLogger("amp_backends.train")
 BatchFn = Callable[[Any, Any, Any], Any]
 
 
+def is_count(value: Any, least: int = 1) -> bool:
+    """Whether ``value`` is a count the trainer takes: an int (NumPy's too; ``bool`` is not one) of at least ``least``.
+
+    Args:
+        value: What the caller passed.
+        least: The smallest count allowed.
+
+    Returns:
+        True for such an int.
+    """
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= least
+
+
 @dataclass(frozen=True)
 class Ran:
     """What one compiled call did: ``done`` steps, their losses and flags (``[done, updates]``: 1 applied, 0
@@ -263,8 +276,7 @@ class Stream:
         if cardinality == 0:
             raise InputError(f"The dataset yields no batch of {batch_size}: it is empty, or has fewer samples than one "
                              "batch (batched with drop_remainder=True). Fix: check the pipeline, or lower batch_size.")
-        if steps_per_epoch is not None and (not isinstance(steps_per_epoch, (int, np.integer))
-                                            or isinstance(steps_per_epoch, bool) or steps_per_epoch < 1):
+        if steps_per_epoch is not None and not is_count(steps_per_epoch):
             raise InputError(f"steps_per_epoch must be a positive integer or None. Received: {steps_per_epoch!r}. "
                              "Fix: pass the number of batches an epoch takes from the dataset (an int), or leave it "
                              "out where the dataset's length is known.")

@@ -7,14 +7,13 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence, cast
 
-import numpy as np
 import tensorflow as tf
 
 from ..errors import AmpConfigError, xla_compile_failure
 from ..keras_compat import loss_scale_of
 from ..plan import Plan, require_plan
 from .distribute import is_chief, worker_id
-from .inputs import BatchFn, Ran, Source, input_for
+from .inputs import BatchFn, Ran, Source, input_for, is_count
 from .loss_scaling import LossScaler, check_stalled
 from .observers import WARMUP_CALLS, Observer, default_observers, parse_profile_steps, training_line
 from .precision import FirstBatch, TrainedModels, trained_models
@@ -367,10 +366,10 @@ def checked_arguments(updates: Sequence[Update], plan: Plan, replicas: int, *, c
     """The updates as a list, ``logdir`` absolute (later chdirs change nothing) and the profiler's window, after
     checking every argument of the trainer that can be checked alone (`AmpConfigError`, or ``TypeError``)."""
     require_plan(plan, "Trainer(updates, plan, ...)")
-    if bad := next((name for name, value in positive.items() if not _integer(value)), None):
+    if bad := next((name for name, value in positive.items() if not is_count(value)), None):
         raise AmpConfigError(f"{bad} must be an integer >= 1. Received: {bad}={positive[bad]!r}.")
     for name, value, least in (("checkpoint_every", checkpoint_every, 1), ("seed", seed, 0)):
-        if value is not None and not _integer(value, least):
+        if value is not None and not is_count(value, least):
             raise AmpConfigError(f"{name} must be an integer >= {least} or None. Received: {name}={value!r} (of type "
                                  f"{type(value).__name__}). Fix: pass an int, or None (leave it out).")
     if (batch_size := positive["batch_size"]) % replicas:
@@ -402,14 +401,10 @@ def checked_arguments(updates: Sequence[Update], plan: Plan, replicas: int, *, c
 def check_fit_arguments(*, epochs: Any, max_steps: Any, resume: bool, checkpoints: bool) -> None:
     """``fit``'s own arguments: positive counts, and ``resume`` only with a checkpoint directory."""
     for name, value in (("epochs", epochs), ("max_steps", max_steps)):
-        if (value is not None or name == "epochs") and not _integer(value):
+        if (value is not None or name == "epochs") and not is_count(value):
             raise AmpConfigError(f"{name} must be a positive integer{' or None' if name == 'max_steps' else ''}. "
                                  f"Received: {name}={value!r}. Fix: pass {name}=1 or more (an int): it counts "
                                  "over the whole run.")
     if resume and not checkpoints:
         raise AmpConfigError("fit(resume=True) continues from checkpoints, but this Trainer has no checkpoint_dir. "
                              "Fix: build the Trainer with checkpoint_dir=..., or leave resume out.")
-
-
-def _integer(value: Any, least: int = 1) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= least
