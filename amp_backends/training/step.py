@@ -206,8 +206,11 @@ class StepProgram:
         fn = lambda step, *args: self._replica_grads(u, make_batch, step, *args)  # noqa: E731
         if not self.replica_jit:
             return fn
-        # the outer step holds the all-reduces and cannot be XLA-compiled: the replica's passes are instead
-        return self._calls.setdefault(("replica", u.name, kind), tf.function(fn, jit_compile=True))
+        # the outer step holds the all-reduces and cannot be XLA-compiled: the replica's passes are, once per update
+        key = ("replica", u.name, kind)
+        if key not in self._calls:
+            self._calls[key] = tf.function(fn, jit_compile=True)
+        return self._calls[key]
 
     def one_step(self, kind: str, make_batch: Callable[..., Any], step: Any, replica_args: tuple) -> tuple[Any, Any]:
         """One training step in cross-replica context; returns ``(losses[U], flags[U])``: 1 for a step applied,
