@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .errors import AmpConfigError, AmpWarning
@@ -23,18 +24,14 @@ from .software import tensorflow_version
 logger = logging.getLogger("amp_backends")
 
 
+@dataclass
 class _State:
     """The plan applied in this process, and the request and registry it answered."""
 
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.request: Request | None = None
-        self.registry: BackendRegistry | None = None
-        self.plan: Plan | None = None
-
-    def reset(self) -> None:
-        with self.lock:
-            self.request = self.registry = self.plan = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    request: Request | None = None
+    registry: BackendRegistry | None = None
+    plan: Plan | None = None
 
 
 _state = _State()
@@ -43,7 +40,8 @@ _state = _State()
 def reset() -> None:
     """Forget the plan applied in this process, so the next `auto_configure` plans and applies again (settings
     already applied stay as they are)."""
-    _state.reset()
+    with _state.lock:
+        _state.request = _state.registry = _state.plan = None
 
 
 def current_plan() -> Plan | None:

@@ -12,13 +12,14 @@ faster than float16.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any, Callable
 
 from .assessment import (EMULATED, FUNCTIONAL, NATIVE, UNSAFE, UNSUPPORTED, Assessment, Float32Layer, Support,
                          VendorSetting, describe_layers, first_clause)
 from .errors import BackendError, UnsupportedRequestError
 from .hardware import BackendProbe, Hardware
 from .keras_compat import KerasInfo, float8_training
-from .plan import BackendStatus, Decisions, Plan, Rejected
+from .plan import COMPUTE_DTYPES, BackendStatus, Decisions, Plan, Rejected
 from .registry import Backend, BackendRegistry
 from .request import LossScale, Request
 
@@ -97,35 +98,35 @@ def _statuses(hardware: Hardware, registry: BackendRegistry) -> dict[str, Backen
     return statuses
 
 
-def _assess(backend: Backend, probe: BackendProbe, hardware: Hardware) -> Assessment:
+def _call(method: str, call: Callable[[], Any]) -> Any:
+    """What a backend's ``method`` returns (``call()``): an exception it raises is the backend failing."""
     try:
-        a = backend.assess(probe, hardware)
+        return call()
     except Exception as exc:  # a backend's bug must not break the others
-        raise _BackendFailed(f"assess() raised {type(exc).__name__}: {exc}") from exc
+        raise _BackendFailed(f"{method}() raised {type(exc).__name__}: {exc}") from exc
+
+
+def _plan_with(backend: Backend, probe: BackendProbe, hardware: Hardware, request: Request,
+               keras: KerasInfo | None) -> tuple[Plan, tuple[VendorSetting, ...]]:
+    """One backend's plan and vendor settings, or `_BackendFailed` where it raises or breaks the contract."""
+    a = _call("assess", lambda: backend.assess(probe, hardware))
     if not isinstance(a, Assessment):
         raise _BackendFailed(f"assess() returned {type(a).__name__}, expected an Assessment")
     errors = a.contract_errors()
     if errors:
         raise _BackendFailed("its assessment breaks the backend contract: " + "; ".join(errors))
-    return a
-
-
-def _vendor_settings(backend: Backend, plan: Plan) -> tuple[VendorSetting, ...]:
-    try:
-        settings = tuple(backend.vendor_settings(plan))
-    except Exception as exc:
-        raise _BackendFailed(f"vendor_settings() raised {type(exc).__name__}: {exc}") from exc
+    plan = _resolve(a, request, backend.name, keras)
+    settings = _call("vendor_settings", lambda: tuple(backend.vendor_settings(plan)))
     bad = [s for s in settings if not isinstance(s, VendorSetting)]
     if bad:
         raise _BackendFailed(f"vendor_settings() returned {bad[0]!r}, expected VendorSetting instances")
-    return settings
+    return plan, settings
 
 
-def _order(statuses: dict[str, BackendStatus], request: Request) -> tuple[list[str], str | None]:
+def _order(statuses: dict[str, BackendStatus], request: Request, requested: str | None,
+           source: str) -> tuple[list[str], str | None]:
     """The available backends to try, best first (the one asked for first), and why an asked-for one is not
     available (``None`` if it is, or none was asked for)."""
-    source = request.sources.get("backend", "argument")
-    requested = request.backend if request.backend != "auto" else None
     if requested and requested in statuses and statuses[requested].failed:
         raise BackendError(f"backend={requested} (from {source}) failed: {statuses[requested].reason}. Expected a "
                            "backend that loads, probes and assesses its hardware. Fix: remove the override to plan "
@@ -167,15 +168,12 @@ def make_plan(hardware: Hardware, request: Request, registry: BackendRegistry, k
     statuses = _statuses(hardware, registry)
     source = request.sources.get("backend", "argument")
     requested = request.backend if request.backend != "auto" else None
-    order, unavailable_request = _order(statuses, request)
+    order, unavailable_request = _order(statuses, request, requested, source)
     for name in order:
-        backend = registry.get(name)
         probe = hardware.get(name)
         assert probe is not None  # available statuses come from probes
         try:
-            assessment = _assess(backend, probe, hardware)
-            plan = _resolve(assessment, request, name, keras)
-            settings = _vendor_settings(backend, plan)
+            plan, settings = _plan_with(registry.get(name), probe, hardware, request, keras)
         except _BackendFailed as exc:
             statuses[name] = BackendStatus(name, False, f"failed: {exc}", False, True)
             if name == requested:
@@ -238,14 +236,13 @@ def _resolve_policy(r: _Resolver, a: Assessment, decide: Decisions,
     if not (request.graph_amp and r.check("graph_amp", "on", a.graph_amp, "off")):
         return policy, None
     # the rewrite needs a low-precision type it can target: the policy's, or the backend's best one
-    types = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
-    if policy != "float32" and types[policy] not in a.graph_amp_dtypes:
+    if policy != "float32" and COMPUTE_DTYPES[policy] not in a.graph_amp_dtypes:
         r.refuse("graph_amp", "on", f"the backend's graph rewrite targets {' or '.join(a.graph_amp_dtypes)}, not the "
-                 f"policy's {types[policy]} ({first_clause(a.graph_amp.why)})")
+                 f"policy's {COMPUTE_DTYPES[policy]} ({first_clause(a.graph_amp.why)})")
         return policy, None
-    graph_amp = types[policy] if policy != "float32" else next(
-        (types[p] for p in a.preference
-         if p != "float32" and a.policies[p].level == NATIVE and types[p] in a.graph_amp_dtypes), None)
+    graph_amp = COMPUTE_DTYPES[policy] if policy != "float32" else next(
+        (COMPUTE_DTYPES[p] for p in a.preference
+         if p != "float32" and a.policies[p].level == NATIVE and COMPUTE_DTYPES[p] in a.graph_amp_dtypes), None)
     if graph_amp is None:
         r.refuse("graph_amp", "on", f"this device has no native {' or '.join(a.graph_amp_dtypes)}")
         return policy, None
@@ -314,10 +311,10 @@ def _resolve_float32_layers(a: Assessment, request: Request, policy: str,
                             decide: Decisions) -> tuple[Float32Layer, ...]:
     """The Keras layer classes kept in float32 inside the low-precision model: those the backend measured slower
     in the policy's compute dtype (with the casts an island costs), or the request's own list."""
-    dtype = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}.get(policy)
+    dtype = COMPUTE_DTYPES[policy]
     requested = request.float32_layers
     name = "float32_layers"
-    if dtype is None:
+    if dtype == "float32":
         decide.add(name, "none", "none: the policy computes every layer in float32" + (
             f" (float32_layers={','.join(requested) or 'none'} changes nothing)" if requested else ""),
             "the policy computes every layer in float32")
@@ -349,7 +346,7 @@ def _resolve(a: Assessment, request: Request, chosen: str, keras: KerasInfo | No
     rejected: list[Rejected] = []
 
     policy, graph_amp = _resolve_policy(r, a, decide, rejected)
-    effective = {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}.get(graph_amp or "", policy)
+    effective = next((p for p, dtype in COMPUTE_DTYPES.items() if dtype == graph_amp), policy)
     loss_scale = _resolve_loss_scale(r, effective, decide, rejected)
 
     # --- TF32 and XLA -------------------------------------------------------------------------

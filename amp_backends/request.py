@@ -69,20 +69,13 @@ def _env(name: str) -> str:
     return "AMP_" + name.upper()
 
 
-def _where(name: str, source: str) -> str:
-    return f"{_env(name)}" if source == "env" else f"{name}="
-
-
-def _fix_hint(name: str, source: str, example: str) -> str:
-    if source == "env":
-        return f"export {_env(name)}={example}, or unset {_env(name)} to let amp_backends decide"
-    return f"pass {name}={example!r}, or leave {name} out to let amp_backends decide"
-
-
 def _invalid(name: str, source: str, accepted: str, value: Any, example: str, more: str = "") -> AmpConfigError:
     """The error for an invalid value of option ``name``: what it accepts, what it got (and ``more``), the fix."""
-    return AmpConfigError(f"{_where(name, source)} must be {accepted}. Received: {value!r}{more}. "
-                          f"Fix: {_fix_hint(name, source, example)}.")
+    var = _env(name)
+    where, fix = ((var, f"export {var}={example}, or unset {var}") if source == "env" else
+                  (f"{name}=", f"pass {name}={example!r}, or leave {name} out"))
+    return AmpConfigError(f"{where} must be {accepted}. Received: {value!r}{more}. Fix: {fix} to let amp_backends "
+                          "decide.")
 
 
 def _wrong_type(name: str, expected: str, value: Any) -> TypeError:
@@ -126,7 +119,7 @@ def parse_float32_layers(value: Any, source: str = "argument") -> tuple[str, ...
     return tuple(dict.fromkeys(names))
 
 
-def parse_switch(name: str, value: Any, source: str = "argument") -> bool | None:
+def parse_switch(name: str, value: Any, source: str = "argument", known: tuple[str, ...] = ()) -> bool | None:
     if value is None or isinstance(value, bool):
         return value
     if not isinstance(value, str):
@@ -170,8 +163,7 @@ def parse_loss_scale(value: Any, source: str = "argument") -> LossScale | None:
     return LossScale.fixed(scale)
 
 
-def parse_backend(value: Any, known: Iterable[str], source: str = "argument") -> str:
-    known = tuple(known)
+def parse_backend(name: str, value: Any, source: str, known: tuple[str, ...]) -> str:
     if not isinstance(value, str):
         raise _wrong_type("backend", "a string, such as 'cpu'", value)
     v = value.strip().lower()
@@ -187,17 +179,9 @@ def parse_backend(value: Any, known: Iterable[str], source: str = "argument") ->
 Parser = Callable[[str, Any, str, tuple[str, ...]], Any]  # (name, value, source, registered backends) -> value
 
 
-def _backend(name: str, value: Any, source: str, known: tuple[str, ...]) -> str:
-    return parse_backend(value, known, source)
-
-
 def _by_value(parse: Callable[[Any, str], Any]) -> Parser:
     """The table's parser for a ``parse(value, source)``."""
     return lambda name, value, source, known: parse(value, source)
-
-
-def _switch(name: str, value: Any, source: str, known: tuple[str, ...]) -> bool | None:
-    return parse_switch(name, value, source)
 
 
 def _on_off(name: str, value: Any, source: str, known: tuple[str, ...]) -> bool:
@@ -233,14 +217,14 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("backend", _backend, "`auto`, `nvidia`, `intel`, `cpu` (any registered backend)",
+    Option("backend", parse_backend, "`auto`, `nvidia`, `intel`, `cpu` (any registered backend)",
            "Backend: auto or a registered one ({backends})", "NAME"),
     Option("policy", _by_value(parse_policy),
            "`auto`, `float32`, `mixed_float16`, `mixed_bfloat16` (aliases `fp32`, `fp16`, `bf16`)",
            f"Keras dtype policy: auto, {', '.join(POLICIES)} (aliases fp32, fp16, bf16)", "POLICY"),
-    Option("xla", _switch, "`auto`, `on`, `off` (also `1/0`, `true/false`)",
+    Option("xla", parse_switch, "`auto`, `on`, `off` (also `1/0`, `true/false`)",
            "XLA compilation of training steps: auto, on, off (also 1/0, true/false)", "auto|on|off"),
-    Option("tf32", _switch,
+    Option("tf32", parse_switch,
            "`auto`, `on`, `off` (on Intel: ITEX's `ITEX_FP32_MATH_MODE`, TF32 on XPU, BF32 on AMX CPUs)",
            "TF32 for float32 matmuls (ITEX's math mode on Intel): auto, on, off", "auto|on|off"),
     Option("loss_scale", _by_value(parse_loss_scale),
@@ -254,7 +238,7 @@ OPTIONS: tuple[Option, ...] = (
            "float32",
            "The backend's own rewrite of the float32 graph to low precision instead of a Keras policy, where it "
            "has one: on, off", "on|off", "off"),
-    Option("fp8", _switch,
+    Option("fp8", parse_switch,
            "`auto` (off until a measurement shows it faster), `on`, `off`: float8 training of the eligible Dense "
            "layers (`amp_backends.prepare_model(model, plan)`); native on NVIDIA CC ≥ 8.9 with Keras ≥ 3.3 and "
            "XLA on",
@@ -326,30 +310,27 @@ def build_request(known_backends: Iterable[str], environ: Mapping[str, str] | No
                              f"Received: {environ!r:.80} (of type {type(environ).__name__}). Fix: pass a dict, such "
                              "as {'AMP_POLICY': 'float32'}, or leave environ out to read os.environ.")
     env = os.environ if environ is None else environ
-    raw: dict[str, tuple[Any, str, str]] = {}  # option -> (value, "argument" or "env", the name it was given as)
-    for name, var in ENV_VARS.items():
-        if kwargs.get(name) is not None:
-            raw[name] = (kwargs[name], "argument", name)
-        elif env.get(var, "").strip() != "":
-            raw[name] = (env[var], "env", name)
-    for old, new in RENAMED.items():
-        if kwargs.get(old) is not None:
-            warnings.warn(renamed_message(old), DeprecationWarning, stacklevel=3)
-            given = (kwargs[old], "argument", old)
-        elif env.get(_env(old), "").strip() != "":
-            warnings.warn(renamed_message(old, "env"), FutureWarning, stacklevel=3)
-            given = (env[_env(old)], "env", old)
-        else:
-            continue
-        if new not in raw or (raw[new][1] == "env" and given[1] == "argument"):
-            raw[new] = given
 
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
+    def given(name: str) -> tuple[Any, str, str] | None:
+        """(value, "argument" or "env", the name it was given as), or ``None`` where it was not."""
+        if kwargs.get(name) is not None:
+            return kwargs[name], "argument", name
+        return (env[_env(name)], "env", name) if env.get(_env(name), "").strip() != "" else None
+
+    raw = {name: found for name in ENV_VARS if (found := given(name)) is not None}
+    for old, new in RENAMED.items():
+        if (old_given := given(old)) is None:
+            continue
+        by_argument = old_given[1] == "argument"
+        warnings.warn(renamed_message(old, old_given[1]), DeprecationWarning if by_argument else FutureWarning,
+                      stacklevel=3)
+        if new not in raw or (raw[new][1] == "env" and by_argument):
+            raw[new] = old_given
+
     known = tuple(known_backends)
-    for name, (value, source, given_as) in raw.items():
-        values[name] = OPTION[name].parse(given_as, value, source, known)
-        sources[name] = _env(given_as) if source == "env" else "argument"
+    values = {name: OPTION[name].parse(given_as, value, source, known)
+              for name, (value, source, given_as) in raw.items()}
+    sources = {name: _env(given_as) if source == "env" else "argument" for name, (_, source, given_as) in raw.items()}
     request = Request(**values, sources=sources)
     if request.strict and request.force:
         raise AmpConfigError("strict and force contradict each other: strict raises on any request the hardware "

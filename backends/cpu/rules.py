@@ -218,17 +218,8 @@ ZENDNN_VARIABLE = "TF_ENABLE_ZENDNN_OPTS"  # "1" (read when TensorFlow starts): 
 
 
 def math_library(onednn: OneDnnState, itex_active: bool, zentf: str | None, zendnn_on: bool) -> str:
-    """The library TensorFlow's CPU convolutions and matmuls run in, as the report says it.
-
-    Args:
-        onednn: Whether TensorFlow runs oneDNN.
-        itex_active: Whether ITEX is loaded with TensorFlow.
-        zentf: The installed ``zentf`` version, or ``None``.
-        zendnn_on: Whether ``TF_ENABLE_ZENDNN_OPTS=1`` is set for TensorFlow's start.
-
-    Returns:
-        ``"ITEX ..."``, ``"ZenDNN ..."``, ``"oneDNN ..."`` or ``"Eigen ..."``, with what turns the others on.
-    """
+    """The library TensorFlow's CPU convolutions and matmuls run in, as the report says it (ITEX, ZenDNN where
+    ``zentf`` is installed and ``zendnn_on``, oneDNN or Eigen), with what turns the others on."""
     if itex_active:
         return "ITEX (Intel Extension for TensorFlow's oneDNN kernels)"
     if zentf and zendnn_on:
@@ -248,18 +239,9 @@ ITEX_PEER = "ITEX AMP bf16"  # ITEX's auto mixed precision, switched on by its e
 
 
 def peers(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool, zentf: str | None) -> tuple[Peer, ...]:
-    """What a user of this CPU would pick instead of the plan, each set up as it must be.
-
-    Args:
-        cpu: The CPU.
-        onednn: Whether TensorFlow runs oneDNN here.
-        itex_active: Whether ITEX is loaded.
-        zentf: The installed ``zentf`` version, or ``None``.
-
-    Returns:
-        float32 with oneDNN the other way round, the grappler bfloat16 rewrite, ZenDNN (with ``zentf``); under
-        ITEX, ITEX's bfloat16 rewrite alone.
-    """
+    """What a user of this CPU would pick instead of the plan, each set up as it must be: float32 with oneDNN the
+    other way round, the grappler bfloat16 rewrite, ZenDNN (with ``zentf``); under ITEX, ITEX's bfloat16 rewrite
+    alone."""
     if itex_active:  # ITEX's own graph rewrite, switched on as the tutorials do; none without bf16 (ITEX aborts)
         return (Peer(ITEX_PEER, "a float32 model that ITEX's graph rewrite turns to bfloat16, with no Keras policy "
                      "(ITEX_AUTO_MIXED_PRECISION=1, ITEX_AUTO_MIXED_PRECISION_DATA_TYPE=BFLOAT16)",
@@ -288,16 +270,9 @@ GRAPH_AMP_FIGURES = (GRAPPLER_PEER, "fp32", "bf16")  # the rewrite, float32 and 
 
 
 def graph_amp_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Support:
-    """The CPU's own graph rewrite (``graph_amp``): TensorFlow's grappler rewrite to bfloat16 for oneDNN.
-
-    Args:
-        cpu: The CPU.
-        onednn: Whether TensorFlow runs oneDNN here.
-        itex_active: Whether ITEX is loaded (no rewrite is offered then).
-
-    Returns:
-        Native where bfloat16 runs through oneDNN on bf16 instructions (quoting the zoo runs), else unsupported.
-    """
+    """The CPU's own graph rewrite (``graph_amp``), TensorFlow's grappler rewrite to bfloat16 for oneDNN: native
+    where bfloat16 runs through oneDNN on bf16 instructions (quoting the zoo runs), else (and under ITEX)
+    unsupported."""
     if itex_active:
         return Support(UNSUPPORTED, "ITEX is loaded: its own oneDNN runs the CPU's ops, and neither TensorFlow's "
                                     f"grappler rewrite ({GRAPPLER_BF16}) nor ITEX's auto mixed precision was measured "
@@ -341,16 +316,9 @@ def _faster(model: ZooModel, peer: str) -> bool | None:
 
 
 def judge_peers(cpu: CpuInfo, found: tuple[Peer, ...]) -> tuple[PeerVerdict, ...]:
-    """Each peer judged from the committed zoo runs of a CPU the probe names alike: it wins only where it beat the
-    plan's better run by `PEER_MARGIN` in every repetition of every model, its loss within float32's spread.
-
-    Args:
-        cpu: The CPU.
-        found: The peers that apply here (`peers`).
-
-    Returns:
-        One verdict per peer, quoting the figures, or saying that nothing was measured.
-    """
+    """A verdict on each peer ``found`` (`peers`) from the committed zoo runs of a CPU the probe names alike,
+    quoting the figures or saying nothing was measured: it wins only where it beat the plan's better run by
+    `PEER_MARGIN` in every repetition of every model, its loss within float32's spread."""
     models = zoo_results(cpu.name)
     verdicts = []
     for peer in found:
