@@ -26,16 +26,8 @@ class _CheckoutBackends:
         self.folder = folder
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        """The spec of ``amp_backends.backends`` from the checkout's ``backends/`` folder.
-
-        Args:
-            name: The module's full name.
-            path: The parent package's search path (not used).
-            target: The module being reloaded, if any (not used).
-
-        Returns:
-            The module spec for ``amp_backends.backends``, else ``None`` (another finder's name).
-        """
+        """The spec of ``amp_backends.backends`` from the checkout's ``backends/`` folder; ``None`` for any other
+        ``name`` (another finder's)."""
         if name != f"{__name__}.backends":
             return None
         import importlib.util

@@ -104,18 +104,8 @@ def plan_for(hardware: Hardware | None = None, *, device: str | None = None, reg
 
 
 def quiet_plan_for(hardware: Hardware | None = None, **kwargs: Any) -> Plan:
-    """`plan_for` without its `AmpWarning` (for a report that shows the plan's warnings itself).
-
-    Args:
-        hardware: The machine to plan for; ``None`` probes this one.
-        **kwargs: `plan_for`'s other keywords.
-
-    Returns:
-        The plan, not applied; its ``warnings`` say what `plan_for` would warn.
-
-    Raises:
-        AmpConfigError, UnsupportedRequestError, BackendError: As `plan_for`.
-    """
+    """`plan_for` (``hardware`` and its other keywords) without its `AmpWarning`, for a report that shows the
+    plan's warnings itself; other warnings and errors pass as they come."""
     plan: Plan | None = None
     error: BaseException | None = None
     with warnings.catch_warnings(record=True) as caught:

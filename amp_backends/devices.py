@@ -11,19 +11,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import AmpConfigError
 from .hardware import GB, BackendProbe, DeviceFact, Hardware, KnownDevice
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .registry import BackendRegistry
-
-
-def _installed(registry: BackendRegistry | None) -> BackendRegistry:
-    from .registry import registry_or_default
-
-    return registry_or_default(registry)
+from .registry import BackendRegistry, registry_or_default
 
 
 def catalogue(registry: BackendRegistry | None = None) -> tuple[KnownDevice, ...]:
@@ -36,7 +28,7 @@ def catalogue(registry: BackendRegistry | None = None) -> tuple[KnownDevice, ...
         The entries, each backend's in its own order (a backend whose catalogue fails is left out).
     """
     entries: list[KnownDevice] = []
-    for backend in _installed(registry):
+    for backend in registry_or_default(registry):
         try:
             entries.extend(backend.catalogue())
         except Exception:  # a broken third-party backend must not hide the others' devices
@@ -105,7 +97,7 @@ def device_hardware(device: KnownDevice | str, registry: BackendRegistry | None 
     Raises:
         AmpConfigError: ``device`` is a name the catalogue does not know.
     """
-    registry = _installed(registry)
+    registry = registry_or_default(registry)
     if not isinstance(device, KnownDevice):  # a name, or anything else: find_device says what it expects
         device = find_device(device, registry)
     owner = registry.get(device.backend)

@@ -121,17 +121,9 @@ _NODE = re.compile(r"\{\{node ([^}]+)\}\}")
 
 
 def lookup_error(message: str, first_step: int | None, steps: int = 1) -> InputError | None:
-    """TensorFlow's error for a gather past its table (``indices[1,44] = 8192 is not in [0, 8192)``) as the data's
-    fault, with the fix.
-
-    Args:
-        message: TensorFlow's error message.
-        first_step: The first step of the call that raised it, where known.
-        steps: How many steps that call ran.
-
-    Returns:
-        The `InputError` to raise instead, or ``None`` for any other error.
-    """
+    """TensorFlow's error ``message`` for a gather past its table (``indices[1,44] = 8192 is not in [0, 8192)``)
+    as the data's fault, with the fix: the `InputError` to raise instead (naming the call's ``steps`` from
+    ``first_step``, where known), or ``None`` for any other error."""
     found = _OUT_OF_TABLE.search(message)
     if found is None:
         return None
@@ -158,14 +150,8 @@ _XLA_ERRORS = ("InvalidArgumentError", "InternalError", "UnimplementedError")  #
 
 
 def xla_compile_failure(exc: BaseException) -> str | None:
-    """What XLA could not compile, where ``exc`` is XLA failing to compile a function (nothing of it ran).
-
-    Args:
-        exc: An error raised by calling a compiled function.
-
-    Returns:
-        The reason for people (the ops without an XLA kernel, or XLA's first line), or ``None`` for any other error.
-    """
+    """What XLA could not compile (the ops without an XLA kernel, or XLA's first line) where ``exc``, raised by a
+    compiled function, is XLA failing to compile it (nothing of it ran); ``None`` for any other error."""
     if type(exc).__name__ not in _XLA_ERRORS or not type(exc).__module__.startswith("tensorflow"):
         return None
     message = str(getattr(exc, "message", exc))
@@ -178,15 +164,8 @@ def xla_compile_failure(exc: BaseException) -> str | None:
 
 
 def write_failure(exc: BaseException) -> str:
-    """Why a write failed, in a few words (TensorBoard's scalars, a profiler trace).
-
-    Args:
-        exc: The error the write raised (an ``OSError``, or TensorFlow's error for a file it writes).
-
-    Returns:
-        The operating system's words where it gave them (``No space left on device``...), else the error's class
-        and the start of its message.
-    """
+    """Why a write (TensorBoard's scalars, a profiler trace) failed with ``exc``, in a few words: the operating
+    system's (``No space left on device``...) where it gave them, else the error's class and its message's start."""
     text = " ".join(str(exc).split())
     return next((r for r in ("No space left on device", "Read-only file system", "Permission denied") if r in text),
                 f"{type(exc).__name__}: {text[:200]}")

@@ -42,9 +42,12 @@ SCHEMA_FACT_KEYS = ("compute_capability",)
 
 
 class _Facts:
-    """What the generic device types say of their backend's facts (`DeviceFact`)."""
+    """What the generic device types say of their backend's facts (`DeviceFact`), and how they take them."""
 
     facts: tuple[DeviceFact, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "facts", _given_facts(self.facts, type(self).__name__))
 
     def fact(self, key: str) -> str | None:
         """The value of the backend's fact ``key`` (``"9.0"``), or ``None`` where it states no such fact.
@@ -59,10 +62,12 @@ class _Facts:
         """The facts as people read them (``"CC 9.0"``; ``""`` without facts)."""
         return "; ".join(f.text for f in self.facts)
 
-    def _legacy_cc(self, owner: str) -> tuple[int, int] | None:
-        warnings.warn(f"{owner}.compute_capability is deprecated: the compute capability is one of the NVIDIA "
-                      "backend's device facts; read it with amp_backends.backends.nvidia.compute_capability(device)",
-                      DeprecationWarning, stacklevel=3)
+    @property
+    def compute_capability(self) -> tuple[int, int] | None:
+        """Deprecated: the NVIDIA backend's ``compute_capability(device)`` reads it from the facts."""
+        warnings.warn(f"{type(self).__name__}.compute_capability is deprecated: the compute capability is one of the "
+                      "NVIDIA backend's device facts; read it with amp_backends.backends.nvidia.compute_capability("
+                      "device)", DeprecationWarning, stacklevel=2)
         value = self.fact(SCHEMA_FACT_KEYS[0])
         return (int(value.split(".")[0]), int(value.split(".")[1])) if value else None
 
@@ -104,9 +109,6 @@ class Accelerator(_Facts):
     capabilities: frozenset[str] = frozenset()
     pci_bus_id: str | None = None
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "facts", _given_facts(self.facts, "Accelerator"))
-
     @property
     def tf_name(self) -> str:
         """The TensorFlow device name, such as ``/GPU:0``."""
@@ -125,11 +127,6 @@ class Accelerator(_Facts):
         """The device in a cache key: its name and its facts' values (``"NVIDIA H200/9.0"``; ``"<name>/-"``
         without facts)."""
         return f"{self.name}/{'/'.join(f.value for f in self.facts) or '-'}"
-
-    @property
-    def compute_capability(self) -> tuple[int, int] | None:
-        """Deprecated: the NVIDIA backend's ``compute_capability(device)`` reads it from the device's facts."""
-        return self._legacy_cc("Accelerator")
 
     @property
     def cc_str(self) -> str:
@@ -293,14 +290,6 @@ class KnownDevice(_Facts):
     note: str = ""
     family: int | None = None  # CPUID's family and model, from which the probe names the microarchitecture
     model_number: int | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "facts", _given_facts(self.facts, "KnownDevice"))
-
-    @property
-    def compute_capability(self) -> tuple[int, int] | None:
-        """Deprecated: the NVIDIA backend's ``compute_capability(device)`` reads it from the entry's facts."""
-        return self._legacy_cc("KnownDevice")
 
     def to_dict(self) -> dict[str, object]:
         return {"name": self.name, "aliases": list(self.aliases), "backend": self.backend, "title": self.title,

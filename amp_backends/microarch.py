@@ -38,19 +38,10 @@ _INTEL_AMX = frozenset({"Sapphire Rapids", "Emerald Rapids", "Granite Rapids", "
 
 def microarchitecture(vendor: str, family: int | None, model: int | None, stepping: int | None = None,
                       flags: frozenset[str] | None = None) -> str | None:
-    """``("AMD", 26, 2)`` -> ``"Zen 5"``; ``("Intel", 6, 0x8F)`` -> ``"Sapphire Rapids"``; ``None`` when unknown.
-
-    Args:
-        vendor: as the probe names it (``"AMD"``, ``"Intel"``, or CPUID's ``"AuthenticAMD"`` / ``"GenuineIntel"``).
-        family: the display family ``/proc/cpuinfo`` prints.
-        model: the display model ``/proc/cpuinfo`` prints.
-        stepping: the stepping (it tells Cascade Lake and Cooper Lake from Skylake-X).
-        flags: the CPU's flags, if known: an Intel model without AMX on a CPU with AMX (a virtual machine's
-            made-up model) is named from the flags instead (``"Sapphire Rapids or later, AMX"``).
-
-    Returns:
-        The microarchitecture's name, or ``None`` when the tables do not know the CPU (never a guess).
-    """
+    """``("AMD", 26, 2)`` -> ``"Zen 5"``; ``("Intel", 6, 0x8F)`` -> ``"Sapphire Rapids"``; ``None`` when the tables
+    do not know the CPU (never a guess). ``family`` and ``model`` are those ``/proc/cpuinfo`` displays; ``stepping``
+    tells Cascade Lake and Cooper Lake from Skylake-X; an Intel model without AMX on a CPU whose ``flags`` have AMX
+    (a virtual machine's made-up model) is named from the flags (``"Sapphire Rapids or later, AMX"``)."""
     if family is None or model is None:
         return None
     v = vendor.lower()

@@ -356,15 +356,8 @@ class Plan:
 
 
 def require_plan(plan: Any, caller: str) -> None:
-    """Refuse what is not a `Plan` (a policy name, a dict of overrides), saying where a plan comes from.
-
-    Args:
-        plan: What ``caller`` was given as its plan.
-        caller: The caller and its argument as the user wrote them (``"Trainer(plan=...)"``).
-
-    Raises:
-        TypeError: ``plan`` is not a `Plan` (for a policy name, the fix names the ``auto_configure`` call).
-    """
+    """A `TypeError` where the ``plan`` given to ``caller`` (``"Trainer(plan=...)"``) is not a `Plan` (a policy
+    name, a dict of overrides), saying where a plan comes from (for a policy name, the ``auto_configure`` call)."""
     if isinstance(plan, Plan):
         return
     try:

@@ -216,17 +216,8 @@ def default_registry() -> BackendRegistry:
 
 
 def registry_or_default(registry: BackendRegistry | None) -> BackendRegistry:
-    """The registry a caller passed, or the installed backends' when it passed none.
-
-    Args:
-        registry: The caller's registry, or ``None``.
-
-    Returns:
-        ``registry`` itself (empty or not), else `default_registry`.
-
-    Raises:
-        AmpConfigError: ``registry`` is neither a `BackendRegistry` nor ``None``.
-    """
+    """``registry`` as a caller passed it (empty or not), or `default_registry` where it passed ``None``; anything
+    else is an `AmpConfigError`."""
     if registry is None:
         return default_registry()
     if not isinstance(registry, BackendRegistry):

@@ -264,15 +264,8 @@ RENAMED_ENV_VARS = {old: _env(old) for old in RENAMED}
 
 
 def renamed_message(old: str, source: str = "argument") -> str:
-    """The deprecation warning for an old option name, naming the new option the way the old one was given.
-
-    Args:
-        old: A name of `RENAMED`.
-        source: ``"argument"`` (a keyword), ``"env"`` (its ``AMP_*`` variable) or ``"option"`` (a command's flag).
-
-    Returns:
-        The warning's text.
-    """
+    """The deprecation warning for ``old`` (a name of `RENAMED`), naming the new option the way the old one was
+    given: ``source`` is ``"argument"`` (a keyword), ``"env"`` (its ``AMP_*`` variable) or ``"option"`` (a flag)."""
     new = RENAMED[old]
     given, use = {"env": (_env(old), _env(new)),
                   "option": ("--" + old.replace("_", "-"), "--" + new.replace("_", "-"))}.get(source, (old, new))

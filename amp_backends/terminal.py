@@ -20,15 +20,8 @@ def make_console(**kwargs: Any) -> Any:
 
 
 def as_text(render: Callable[[Any], None], width: int) -> str:
-    """What ``render(console)`` prints on a console that is not a terminal (plain lines, no colours), as text.
-
-    Args:
-        render: Prints to the console it is given (a result's ``render_text``).
-        width: The width of the text, in characters.
-
-    Returns:
-        The text.
-    """
+    """What ``render(console)`` (a result's ``render_text``) prints on a console ``width`` characters wide that is not
+    a terminal (plain lines, no colours), as text."""
     import io
 
     buffer = io.StringIO()

@@ -28,6 +28,7 @@ from .verbose import CpuKernelAudit
 RELEVANT_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_fp16", "avx512_fp16",
                   "amx_tile")
 ARM_RELEVANT_FLAGS = ("bf16", "asimdhp", "fphp", "sve", "i8mm")
+FLAGS_THAT_MATTER = frozenset(RELEVANT_FLAGS + ARM_RELEVANT_FLAGS)  # the report's and the results files'
 # Arm's part numbers (/proc/cpuinfo "CPU part", implementer 0x41) for the cores a plan tells apart.
 ARM_PARTS = {"0xd40": "Neoverse-V1", "0xd4f": "Neoverse-V2", "0xd84": "Neoverse-V3", "0xd0c": "Neoverse-N1",
              "0xd49": "Neoverse-N2", "0xd08": "Cortex-A72", "0xd0b": "Cortex-A76"}
@@ -171,11 +172,10 @@ def machine_record(cpu: CpuInfo | None = None) -> dict[str, Any]:
     """The machine as a results file records it: ``machine_kind`` (named by the probe, never by hand) and
     ``machine`` (the CPU's identity, cores and the flags that matter). ``cpu`` defaults to this machine's."""
     cpu = cpu or probe_cpu()
-    wanted = set(RELEVANT_FLAGS + ARM_RELEVANT_FLAGS) | {"fma"}
     return {"machine_kind": cpu.name,
             "machine": {"cpu": cpu.model, "vendor": cpu.vendor, "family": cpu.family, "model": cpu.model_number,
                         "stepping": cpu.stepping, "microarchitecture": cpu.microarchitecture, "arch": cpu.arch,
-                        "logical_cores": cpu.logical_cores, "flags": sorted(cpu.flags & wanted),
+                        "logical_cores": cpu.logical_cores, "flags": sorted(cpu.flags & (FLAGS_THAT_MATTER | {"fma"})),
                         "os": platform.platform()}}
 
 
@@ -199,8 +199,7 @@ class CpuBackend(Backend):
             onednn = onednn_of(probe, cpu)
             rows += [
                 ("architecture", f"{cpu.arch}, {cpu.logical_cores} logical cores"),
-                ("flags that matter",
-                 ", ".join(sorted(cpu.flags & set(RELEVANT_FLAGS + ARM_RELEVANT_FLAGS))) or "none"),
+                ("flags that matter", ", ".join(sorted(cpu.flags & FLAGS_THAT_MATTER)) or "none"),
                 ("native bf16", "yes" if cpu.native_bf16 else "no (no avx512_bf16 / amx_bf16 / Arm bf16)"),
                 ("native fp16", "yes" if cpu.native_fp16 else "no"), ("AMX", "yes" if cpu.amx else "no"),
                 ("oneDNN", ("on" if onednn.enabled else "off") + f" ({onednn.why})"),
@@ -298,17 +297,9 @@ _REWRITES_SET: dict[str, bool | None] = {}  # the grappler rewrites this backend
 
 
 def grappler_rewrite(tf: Any, name: str, on: bool) -> str | None:
-    """Turn TensorFlow's grappler rewrite ``name`` on for a plan that has it, or back to what it was for one that
-    does not (only where this backend turned it on); it acts on graphs traced afterwards, not on eager ops.
-
-    Args:
-        tf: The TensorFlow module.
-        name: The rewrite's option (``tf.config.optimizer.set_experimental_options``).
-        on: Whether the plan has it.
-
-    Returns:
-        A note for the log, or ``None`` where nothing changed.
-    """
+    """Turn TensorFlow's grappler rewrite ``name`` (an option of ``tf.config.optimizer``) on for a plan that has
+    it, or back to what it was for one that does not (only where this backend turned it on); it acts on graphs
+    traced afterwards, not on eager ops. Returns a note for the log, or ``None`` where nothing changed."""
     if not on and name not in _REWRITES_SET:
         return None  # not ours to put back (TensorFlow is not even asked)
     found = tf.config.optimizer.get_experimental_options().get(name)
