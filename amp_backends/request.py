@@ -48,10 +48,8 @@ class Request:
                 if not (v is None or v == "auto" or (v is False and OPTION[name].default == "off"))}
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            name: (getattr(self, name).to_dict() if isinstance(getattr(self, name), LossScale) else getattr(self, name))
-            for name in ENV_VARS
-        } | {"sources": dict(self.sources)}
+        values = {name: getattr(self, name) for name in ENV_VARS} | {"sources": dict(self.sources)}
+        return {name: v.to_dict() if isinstance(v, LossScale) else v for name, v in values.items()}
 
 
 def format_value(value: Any) -> str:
