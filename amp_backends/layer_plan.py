@@ -310,8 +310,6 @@ def apply(model: Any, layer_plan: LayerPlan) -> tuple[str, ...]:
     (``layer.quantize("float8")``, Keras >= 3.3). A path the model lacks is an error; applying the same plan again
     changes nothing. Where a layer changed, Keras's compiled ``fit``/``evaluate``/``predict`` are rebuilt.
     """
-    from .keras_compat import policy_name, set_layer_policy
-
     layers = dict(_walk(model))
     missing = [d.path for d in layer_plan.decisions if d.path not in layers]
     if missing:
@@ -322,20 +320,25 @@ def apply(model: Any, layer_plan: LayerPlan) -> tuple[str, ...]:
             f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}. Expected the layer plan of this model "
             "(layer paths as model/block/layer). Fix: decide it for this model (amp_backends.prepare_model(model, "
             "plan)), or build the model with the names it was saved with.")
+    return set_policies(model, ((d.path, layers[d.path], d.dtype) for d in layer_plan.decisions))
+
+
+def set_policies(model: Any, targets: Iterable[tuple[str, Any, str]]) -> tuple[str, ...]:
+    """Give each ``(path, layer, dtype)`` of ``model`` that policy (float8: quantized) where it has another, and drop
+    Keras's compiled functions if any changed (rebuilt at their next call); the paths of the layers changed."""
+    from .keras_compat import forget_compiled_functions, policy_name, set_layer_policy
+
     changed = []
-    for d in layer_plan.decisions:
-        layer = layers[d.path]
+    for path, layer, dtype in targets:
         current = policy_name(layer)
-        if d.dtype == FLOAT8:
+        if dtype == FLOAT8:
             if not current.startswith(FLOAT8):
                 layer.quantize(FLOAT8)
-                changed.append(d.path)
-        elif current != d.dtype:
-            set_layer_policy(layer, d.dtype)
-            changed.append(d.path)
-    if changed:  # Keras's own compiled functions were traced under the old policies: rebuilt at their next call
-        from .keras_compat import forget_compiled_functions
-
+                changed.append(path)
+        elif current != dtype:
+            set_layer_policy(layer, dtype)
+            changed.append(path)
+    if changed:
         forget_compiled_functions(model)
     return tuple(changed)
 
