@@ -29,7 +29,7 @@ def float8_decisions(model: Any, plan: Any, *, inputs: Any = None,
     if not getattr(plan, "fp8", False):
         why = getattr(plan, "reasons", {}).get("fp8", "")
         return (), f"fp8 is off in this plan, nothing changed{': ' + why if why else ''}"
-    from .keras_compat import KerasInfo, float8_training, generation_of, keras_of
+    from .keras_compat import KerasInfo, float8_training, generation_of, keras_of, policy_name, walk
 
     keras = keras_of(model)
     version = str(getattr(keras, "__version__", "") or "") or None
@@ -42,7 +42,6 @@ def float8_decisions(model: Any, plan: Any, *, inputs: Any = None,
             f"layers' weights. The model {getattr(model, 'name', model)!r} is not built. Fix: build it with "
             "keras.Input(...), or call model.build(input_shape) first, then prepare_model(), then compile().")
     from .model_check import check_model
-    from .keras_compat import policy_name, walk
 
     check = check_model(model, plan=plan, inputs=inputs)
     skip = (not fp8_forced(plan)) if skip_small is None else skip_small

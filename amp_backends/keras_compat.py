@@ -194,11 +194,10 @@ def input_structure(model: Any) -> Any:
     def leaf(t: Any) -> InputLeaf:
         return InputLeaf(tuple(tf.TensorShape(t.shape).as_list()), tf.as_dtype(getattr(t, "dtype", None) or "float32"))
 
-    struct = getattr(model, "_inputs_struct", None)
-    if struct is None:
-        struct = getattr(getattr(model, "_functional", None), "_inputs_struct", None)
-    if struct is None:
-        struct = getattr(model, "_nested_inputs", None)
+    functional = getattr(model, "_functional", None)
+    found = (getattr(model, "_inputs_struct", None), getattr(functional, "_inputs_struct", None),
+             getattr(model, "_nested_inputs", None))
+    struct = next((s for s in found if s is not None), None)
     if struct is None:
         try:
             inputs = model.inputs

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -183,11 +183,15 @@ class LayerPlan:
         return "\n".join(lines)
 
 
+def _float32_rules(plan: Plan) -> tuple[Any, ...]:
+    return tuple(getattr(plan, "float32_layers", ()) or ())
+
+
 def worth_measuring(model: Any, plan: Plan) -> bool:
     """Whether the plan keeps some layers in float32 and ``model`` has such layers (in either dtype)."""
     from .layer_names import kept_in_float32
 
-    rules = tuple(getattr(plan, "float32_layers", ()) or ())
+    rules = _float32_rules(plan)
     if not rules or getattr(plan, "compute_dtype", "float32") == "float32":
         return False
     return any(kept_in_float32(rules, layer) for _, layer in _walk(model))
@@ -201,11 +205,6 @@ def _walk(model: Any) -> Iterator[tuple[str, Any]]:
             yield path, layer
 
 
-def _low_dtype(plan: Plan) -> str | None:
-    dtype = getattr(plan, "compute_dtype", FLOAT32)
-    return None if dtype == FLOAT32 or getattr(plan, "graph_amp", None) else str(dtype)
-
-
 def _follows(layer: Any, plan: Plan) -> bool:
     """Whether the layer computes as the plan's policy has it (or in float32 where the plan may have set it)."""
     from .keras_compat import policy_name
@@ -213,11 +212,17 @@ def _follows(layer: Any, plan: Plan) -> bool:
     return policy_name(layer) in (plan.policy, FLOAT32)
 
 
+def _extended(decisions: tuple[LayerDecision, ...], extra: Iterable[LayerDecision]) -> tuple[LayerDecision, ...]:
+    """``decisions`` and those of ``extra`` for layers not yet decided."""
+    taken = {d.path for d in decisions}
+    return decisions + tuple(d for d in extra if d.path not in taken)
+
+
 def _rule_decisions(model: Any, plan: Plan) -> list[LayerDecision]:
     from .keras_compat import walk
     from .layer_names import kept_in_float32
 
-    rules = tuple(getattr(plan, "float32_layers", ()) or ())
+    rules = _float32_rules(plan)
     if not rules:
         return []
     why = short_reason(plan)
@@ -235,7 +240,7 @@ def _rule_decisions(model: Any, plan: Plan) -> list[LayerDecision]:
 
 def short_reason(plan: Plan) -> str:
     """The float32 layers' reason in one short clause (the plan's reason holds the figures)."""
-    kinds = ", ".join(k.describe() for k in getattr(plan, "float32_layers", ()) or ())
+    kinds = ", ".join(k.describe() for k in _float32_rules(plan))
     return (f"the plan keeps {kinds} in float32 here: faster than {plan.compute_dtype} on this hardware "
             "(plan.explain() has the figures)")
 
@@ -247,17 +252,6 @@ def head_activation(layer: Any) -> str | None:
     activation = getattr(layer, "activation", None)
     name = getattr(activation, "__name__", None) or (activation if isinstance(activation, str) else None)
     return name if name in HEAD_ACTIVATIONS else None
-
-
-def _head_decisions(model: Any, plan: Plan) -> list[LayerDecision]:
-    low = _low_dtype(plan)
-    if low is None:
-        return []
-    from .model_outputs import output_layers
-
-    return [LayerDecision(path, FLOAT32, f"the model's output is a {act}: computed in float32, as Keras's mixed "
-                          f"precision guide does (in {low} its probabilities round off near 0 and 1)", HEAD)
-            for path, layer in output_layers(model) if (act := head_activation(layer)) and _follows(layer, plan)]
 
 
 def low_precision_paths(model: Any, plan: Plan) -> list[str]:
@@ -274,37 +268,39 @@ def decide(model: Any, plan: Plan, *, measurement: Any = None, use_cache: bool =
     Nothing is timed here: measuring is `amp_backends.prepare_model`'s and the trainer's, where asked.
     """
     from .autotune.layer_choice import cached
+    from .model_outputs import output_layers
 
-    name = str(getattr(model, "name", "model"))
-    decisions: list[LayerDecision] = []
-    if _low_dtype(plan) is not None:
-        decisions = _rule_decisions(model, plan)
-        decisions += [d for d in _head_decisions(model, plan) if d.path not in {r.path for r in decisions}]
+    decisions: tuple[LayerDecision, ...] = ()
+    low = getattr(plan, "compute_dtype", FLOAT32)
+    if low != FLOAT32 and not getattr(plan, "graph_amp", None):
+        heads = [LayerDecision(path, FLOAT32, f"the model's output is a {act}: computed in float32, as Keras's mixed "
+                               f"precision guide does (in {low} its probabilities round off near 0 and 1)", HEAD)
+                 for path, layer in output_layers(model) if (act := head_activation(layer)) and _follows(layer, plan)]
+        decisions = _extended(tuple(_rule_decisions(model, plan)), heads)
         if measurement is None and use_cache and worth_measuring(model, plan):
             measurement = cached(model, plan)
-        decisions += _measured(model, plan, measurement, {d.path for d in decisions})
-    return LayerPlan(name, str(plan.policy), tuple(decisions), measurement)
+        decisions = _extended(decisions, _measured(model, plan, measurement))
+    return LayerPlan(str(getattr(model, "name", "model")), str(plan.policy), decisions, measurement)
 
 
 def with_float8(layer_plan: LayerPlan, layers: tuple[tuple[str, bool, str], ...], note: str) -> LayerPlan:
     """``layer_plan`` with the float8 decisions of `amp_backends.fp8.float8_decisions` (``layers``: every
     candidate as ``(path, quantized, why)``; ``note``: why none is)."""
-    taken = {d.path for d in layer_plan.decisions}
-    extra = tuple(LayerDecision(p, FLOAT8, why, FP8) for p, done, why in layers if done and p not in taken)
-    return replace(layer_plan, decisions=layer_plan.decisions + extra, considered=layers, float8_note=note)
+    extra = (LayerDecision(p, FLOAT8, why, FP8) for p, done, why in layers if done)
+    return replace(layer_plan, decisions=_extended(layer_plan.decisions, extra), considered=layers, float8_note=note)
 
 
-def _measured(model: Any, plan: Plan, measurement: Any, taken: set[str]) -> list[LayerDecision]:
+def _measured(model: Any, plan: Plan, measurement: Any) -> list[LayerDecision]:
     if measurement is None or not measurement.float32:
         return []
     why = f"every layer float32: this model trained faster in float32 here ({measurement.brief()})"
-    return [LayerDecision(p, FLOAT32, why, MEASURED) for p in low_precision_paths(model, plan) if p not in taken]
+    return [LayerDecision(p, FLOAT32, why, MEASURED) for p in low_precision_paths(model, plan)]
 
 
 def with_measurement(layer_plan: LayerPlan, model: Any, plan: Plan, measurement: Any) -> LayerPlan:
     """``layer_plan`` with ``measurement``'s choice added (every layer float32, where it chose so)."""
-    extra = _measured(model, plan, measurement, {d.path for d in layer_plan.decisions})
-    return replace(layer_plan, decisions=layer_plan.decisions + tuple(extra), measurement=measurement)
+    return replace(layer_plan, decisions=_extended(layer_plan.decisions, _measured(model, plan, measurement)),
+                   measurement=measurement)
 
 
 def apply(model: Any, layer_plan: LayerPlan) -> tuple[str, ...]:
@@ -314,8 +310,6 @@ def apply(model: Any, layer_plan: LayerPlan) -> tuple[str, ...]:
     (``layer.quantize("float8")``, Keras >= 3.3). A path the model lacks is an error; applying the same plan again
     changes nothing. Where a layer changed, Keras's compiled ``fit``/``evaluate``/``predict`` are rebuilt.
     """
-    from .keras_compat import policy_name, set_layer_policy
-
     layers = dict(_walk(model))
     missing = [d.path for d in layer_plan.decisions if d.path not in layers]
     if missing:
@@ -326,20 +320,25 @@ def apply(model: Any, layer_plan: LayerPlan) -> tuple[str, ...]:
             f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}. Expected the layer plan of this model "
             "(layer paths as model/block/layer). Fix: decide it for this model (amp_backends.prepare_model(model, "
             "plan)), or build the model with the names it was saved with.")
+    return set_policies(model, ((d.path, layers[d.path], d.dtype) for d in layer_plan.decisions))
+
+
+def set_policies(model: Any, targets: Iterable[tuple[str, Any, str]]) -> tuple[str, ...]:
+    """Give each ``(path, layer, dtype)`` of ``model`` that policy (float8: quantized) where it has another, and drop
+    Keras's compiled functions if any changed (rebuilt at their next call); the paths of the layers changed."""
+    from .keras_compat import forget_compiled_functions, policy_name, set_layer_policy
+
     changed = []
-    for d in layer_plan.decisions:
-        layer = layers[d.path]
+    for path, layer, dtype in targets:
         current = policy_name(layer)
-        if d.dtype == FLOAT8:
+        if dtype == FLOAT8:
             if not current.startswith(FLOAT8):
                 layer.quantize(FLOAT8)
-                changed.append(d.path)
-        elif current != d.dtype:
-            set_layer_policy(layer, d.dtype)
-            changed.append(d.path)
-    if changed:  # Keras's own compiled functions were traced under the old policies: rebuilt at their next call
-        from .keras_compat import forget_compiled_functions
-
+                changed.append(path)
+        elif current != dtype:
+            set_layer_policy(layer, dtype)
+            changed.append(path)
+    if changed:
         forget_compiled_functions(model)
     return tuple(changed)
 
@@ -367,7 +366,7 @@ def built_float32(model: Any, plan: Plan, layer_plan: LayerPlan | None = None) -
     from .layer_names import kept_in_float32
 
     in_float32 = total = 0
-    kept = tuple(getattr(plan, "float32_layers", ()) or ())
+    kept = _float32_rules(plan)
     planned = set(layer_plan.float32) if layer_plan is not None else set()
     for path, layer in _walk(model):
         if list(children(layer)) or path in planned or (kept and kept_in_float32(kept, layer)):

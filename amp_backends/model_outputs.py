@@ -55,7 +55,7 @@ def _producers(model: Any) -> list[Any]:
 
 def _returned_by_call(model: Any) -> list[Any]:
     """The layers whose results a subclassed model's call returns, from one trace of it (none where it fails)."""
-    from .keras_compat import input_structure, restore_losses, snapshot_losses, walk
+    from .keras_compat import input_structure, walk
     from .model_check.scopes import LayerScopes
 
     try:
@@ -75,13 +75,10 @@ def _returned_by_call(model: Any) -> list[Any]:
         return out
 
     specs = tf.nest.map_structure(lambda leaf: tf.TensorSpec((1, *leaf.shape[1:]), leaf.dtype), struct)
-    losses = snapshot_losses([model, *layers])
-    scopes = LayerScopes(layers)  # (each layer's call wrapped for the trace: what it returned, recorded)
+    scopes = LayerScopes(layers, keep_losses=[model, *layers])  # (what each layer's call returned, recorded)
     try:
         with scopes:
             tf.function(traced).get_concrete_function(specs)
     except Exception:  # a call that cannot be traced at its build shape: no output layer named
         return []
-    finally:
-        restore_losses(losses)
     return [layers[scopes.made[id(t)]] for t in returned if id(t) in scopes.made]

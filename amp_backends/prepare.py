@@ -170,18 +170,12 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
 def _reset_policies(model: Any, plan: Plan) -> tuple[str, ...]:
     """Every layer of ``model`` (the model itself included, input layers and float8 layers left out) set to the
     plan's policy, and Keras's compiled functions dropped if any changed; the paths of the layers changed."""
-    from .keras_compat import forget_compiled_functions, policy_name, set_layer_policy, walk
+    from .keras_compat import policy_name, walk
 
-    changed = []
-    for path, layer in walk(model, getattr(model, "name", "model")):
-        current = policy_name(layer)
-        if type(layer).__name__ == "InputLayer" or current.startswith(lp.FLOAT8) or current == plan.policy:
-            continue
-        set_layer_policy(layer, plan.policy)
-        changed.append(path)
-    if changed:
-        forget_compiled_functions(model)
-    return tuple(changed)
+    walked = walk(model, getattr(model, "name", "model"))
+    return lp.set_policies(model, ((path, layer, plan.policy) for path, layer in walked
+                                   if type(layer).__name__ != "InputLayer"
+                                   and not policy_name(layer).startswith(lp.FLOAT8)))
 
 
 def _measured(model: Any, plan: Plan, decided: lp.LayerPlan, inputs: Any,

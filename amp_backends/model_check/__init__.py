@@ -72,10 +72,4 @@ def _old_module() -> Any:
     return module
 
 
-_old_module()
-
-
-def __getattr__(name: str) -> Any:
-    if name == "check":  # ``amp_backends.model_check.check`` as an attribute: the old path's module
-        return _old_module()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+check = _old_module()  # (``amp_backends.model_check.check`` as an attribute too)

@@ -23,18 +23,6 @@ __all__ = ["DEFAULT_TRACE_BATCH", "check_model", "shapes_with_sequence_length"]
 DEFAULT_TRACE_BATCH = 8  # when the batch is unknown: a multiple of every alignment but fp8's
 
 
-def _resolve_plan(plan: Any, hardware: Any) -> tuple[Any, Any]:
-    from ..configure import current_plan, plan_for
-    from ..plan import require_plan
-    from ..probe import probe_hardware
-
-    if plan is not None:
-        require_plan(plan, "check_model(plan=...)")
-        return plan, hardware
-    hardware = hardware if hardware is not None else probe_hardware(use_tensorflow=False)
-    return current_plan() or plan_for(hardware=hardware), hardware
-
-
 def _batch(structure: Any, batch_size: int | None, source: str = "batch_size={}") -> int | None:
     import tensorflow as tf
 
@@ -118,9 +106,17 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
         raise ValueError(f"batch_size must be a positive int, such as 1024, or None. Received: {batch_size}.")
     import tensorflow as tf
 
+    from ..configure import current_plan, plan_for
+    from ..plan import require_plan
+    from ..probe import probe_hardware
+
     keras_version = keras_info(tf).version or "unknown"
     require_model(model, "check_model()", "its layers have no weights and no input shape to trace")
-    plan, hardware = _resolve_plan(plan, hardware)
+    if plan is not None:
+        require_plan(plan, "check_model(plan=...)")
+    else:
+        hardware = hardware if hardware is not None else probe_hardware(use_tensorflow=False)
+        plan = current_plan() or plan_for(hardware=hardware)
     structure = input_structure(model)
     if inputs is not None:
         given = checked_inputs(model, inputs, structure)

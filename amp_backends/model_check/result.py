@@ -206,17 +206,12 @@ class ModelCheck:
             if s.unknown_flops_ops:
                 lines.append(f"{s.unknown_flops_ops} matmul/convolution op(s) with dynamic shapes were not counted")
         lines.append(f"findings: {c['error']} error(s), {c['warning']} warning(s), {c['info']} info")
-        return lines + self._fp8_lines() + list(self.notes)
-
-    def _fp8_lines(self) -> list[str]:
-        if not self.plan.get("fp8"):
-            return []
-        lines = ["fp8-eligible layers: " + (", ".join(self.fp8_eligible_layers) or "none")]
-        small = [layer.path for layer in self.fp8_layers if layer.small]
-        if small:
-            lines.append(f"too small to gain from float8: {len(small)} layer(s) ({', '.join(small[:4])}"
-                         f"{', ...' if len(small) > 4 else ''})")
-        return lines
+        if self.plan.get("fp8"):
+            lines.append("fp8-eligible layers: " + (", ".join(self.fp8_eligible_layers) or "none"))
+            if small := [layer.path for layer in self.fp8_layers if layer.small]:
+                lines.append(f"too small to gain from float8: {len(small)} layer(s) ({', '.join(small[:4])}"
+                             f"{', ...' if len(small) > 4 else ''})")
+        return lines + list(self.notes)
 
     def log_lines(self) -> list[str]:
         """The check for a training log.

@@ -38,9 +38,8 @@ def op_dtype(graph: ModelGraph, op: GemmOp) -> str:
 
 def fp8_layer(graph: ModelGraph, target: Target, op: GemmOp) -> bool:
     info = graph.layer(op.layer)
-    if info.policy.startswith("float8"):
-        return True
-    return target.fp8 and info.class_name in DENSE_CLASSES and not op.input_from_data and not op.output_to_model
+    return info.policy.startswith("float8") or (target.fp8 and info.class_name in DENSE_CLASSES
+                                                and not op.input_from_data and not op.output_to_model)
 
 
 def labels(class_name: str, kind: str) -> dict[str, str]:
@@ -51,7 +50,6 @@ def labels(class_name: str, kind: str) -> dict[str, str]:
     if class_name == "EinsumDense":
         return {"M": "rows (batch x positions)", "N": "output width", "K": "input width"}
     return {"M": "rows M", "N": "columns N", "K": "reduction K"}
-
 
 
 class RuleContext:

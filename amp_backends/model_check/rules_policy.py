@@ -91,22 +91,17 @@ def float32_in_call(info: LayerInfo, op_types: str, rate: str, at_output: bool,
                     constant: bool = False) -> tuple[str, str, str]:
     """(what, why, fix) of a layer that follows the mixed policy but runs its matmul in float32; ``constant``: an
     operand is a float32 constant (a NumPy array or Python numbers the layer's code passed in)."""
+    dtype = info.compute_dtype
     what = f"{info.class_name} (dtype policy {info.policy}) computes its {op_types} in float32 inside its call"
-    if constant:
-        why = (f"the traced graph shows {op_types} with T=float32 in this layer although it computes in "
-               f"{info.compute_dtype}: one operand is a float32 constant (a NumPy array or Python numbers in the "
-               f"layer's code become a float32 tensor, and Keras ops promote {info.compute_dtype} x float32 to "
-               f"float32); it runs {rate}")
-        fix = ("make the constant in the layer's compute dtype: keras.ops.convert_to_tensor(value, "
-               "dtype=self.compute_dtype) (or tf.constant(value, dtype=self.compute_dtype)), or a NumPy array of "
-               "that dtype")
-    else:
-        why = (f"the traced graph shows {op_types} with T=float32 in this layer although it computes in "
-               f"{info.compute_dtype}: its code casts to float32 (tf.cast), or mixes in a float32 tensor "
-               f"(Keras ops promote {info.compute_dtype} x float32 to float32; an Embedding's weights stay float32); "
-               f"it runs {rate}")
-        fix = ("compute in self.compute_dtype (drop any tf.cast(..., tf.float32) of the matmul's inputs, and cast "
-               "float32 tensors it mixes in to self.compute_dtype; cast the result if a float32 output is needed)")
+    why = f"the traced graph shows {op_types} with T=float32 in this layer although it computes in {dtype}: " + (
+        "one operand is a float32 constant (a NumPy array or Python numbers in the layer's code become a float32 "
+        f"tensor, and Keras ops promote {dtype} x float32 to float32)" if constant else "its code casts to float32 "
+        f"(tf.cast), or mixes in a float32 tensor (Keras ops promote {dtype} x float32 to float32; an Embedding's "
+        "weights stay float32)") + f"; it runs {rate}"
+    fix = ("make the constant in the layer's compute dtype: keras.ops.convert_to_tensor(value, "
+           "dtype=self.compute_dtype) (or tf.constant(value, dtype=self.compute_dtype)), or a NumPy array of that dtype"
+           if constant else "compute in self.compute_dtype (drop any tf.cast(..., tf.float32) of the matmul's inputs, "
+           "and cast float32 tensors it mixes in to self.compute_dtype; cast the result if a float32 output is needed)")
     if at_output:
         why += "; at the model's output this gives float32 logits, which is accurate (the recommended pattern)"
         fix = ("keep it for accuracy; for speed compute the head in the policy's dtype (keras_hub ReversibleEmbedding: "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .masks import limit, overflow_result
 from .result import Finding
-from .rules_base import SIGNIFICANT, RuleContext
+from .rules_base import SIGNIFICANT, RuleContext, next_multiple
 from .trace import by_layer
 
 REDUCED = ("float16", "bfloat16")
@@ -106,7 +106,7 @@ def vocabulary(rules: RuleContext) -> None:
         size = info.vocabulary
         if not size or size < MIN_VOCABULARY or size % VOCAB_ALIGNMENT == 0:
             continue
-        padded = -(-size // VOCAB_ALIGNMENT) * VOCAB_ALIGNMENT
+        padded = next_multiple(size, VOCAB_ALIGNMENT)
         gemms = [op for op in graph.gemms if size in (op.dims.get("N"), op.dims.get("K"))]
         if gemms:
             share = rules.share(gemms)

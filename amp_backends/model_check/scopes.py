@@ -9,8 +9,11 @@ records it: the first record is the layer whose own code raised, with its inputs
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from ..keras_compat import restore_losses, snapshot_losses
 
 TOKEN = "ampchk"
 _TOKEN_RE = re.compile(TOKEN + r"(\d+)")
@@ -39,10 +42,12 @@ def layer_of(op_name: str) -> int:
 
 class LayerScopes:
     """``with LayerScopes(layers):`` each layer's call runs in a name scope naming its index in ``layers``, and
-    what it returns is recorded (``made``: the id of each tensor -> the index of the layer whose call returned it)."""
+    what it returns is recorded (``made``: the id of each tensor -> the index of the layer whose call returned it);
+    the collected losses of ``keep_losses`` (layers) are put back on exit."""
 
-    def __init__(self, layers: list[Any]) -> None:
+    def __init__(self, layers: list[Any], keep_losses: Sequence[Any] = ()) -> None:
         self.layers = layers
+        self.losses = snapshot_losses(list(keep_losses))
         self.saved: list[tuple[Any, str, bool, Any]] = []
         self.failures: list[LayerFailure] = []
         self.made: dict[int, int] = {}
@@ -84,6 +89,7 @@ class LayerScopes:
             else:
                 object.__delattr__(layer, attr)
         self.saved.clear()
+        restore_losses(self.losses)
 
     def culprit(self, error: BaseException) -> LayerFailure | None:
         """The innermost layer whose call raised ``error`` (Keras and tf.function re-raise it with more words

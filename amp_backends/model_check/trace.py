@@ -16,7 +16,7 @@ from ..layer_names import layer_geometry
 from .gemm import GEMM_OPS, dims_of, float_dtype, prod, read_gemm
 from .masks import MaskConstant, large_negative_constants
 from ..errors import ModelCallError
-from ..keras_compat import InputLeaf, compute_dtype, policy_name, restore_losses, snapshot_losses, walk
+from ..keras_compat import InputLeaf, compute_dtype, policy_name, walk
 from .scopes import LayerFailure, LayerScopes, layer_of
 
 # Ops that only move or relabel a tensor: a model output produced through them comes from the op before.
@@ -138,14 +138,12 @@ def trace_model(model: Any, batch: int, input_struct: Any) -> ModelGraph:
         return tf.TensorSpec((batch, *leaf.shape[1:]) if leaf.shape else leaf.shape, leaf.dtype)
 
     specs = tf.nest.map_structure(spec, input_struct)
-    losses, scopes = snapshot_losses(objects), LayerScopes(objects)
+    scopes = LayerScopes(objects, keep_losses=objects)
     try:
         with scopes:
             concrete = tf.function(lambda inputs: model(inputs, training=False)).get_concrete_function(specs)
     except Exception as exc:
         raise _trace_error(model.name, layers, objects, specs, exc, scopes.culprit(exc)) from exc
-    finally:
-        restore_losses(losses)
     return _read_graph(concrete, layers, batch, len(tf.nest.flatten(specs)))
 
 
@@ -166,9 +164,8 @@ def run_once(model: Any, input_struct: Any) -> None:
         return
     zeros = tf.nest.map_structure(lambda leaf: tf.constant(np.zeros((1, *leaf.shape[1:]), leaf.dtype.as_numpy_dtype)),
                                   input_struct)
-    objects = [obj for _, obj in walk(model, model.name)]
-    paths = [path for path, _ in walk(model, model.name)]
-    losses, scopes = snapshot_losses(objects), LayerScopes(objects)
+    paths, objects = zip(*walk(model, model.name), strict=True)
+    scopes = LayerScopes(list(objects), keep_losses=objects)
     try:
         with scopes:
             model(zeros, training=False)
@@ -187,8 +184,6 @@ def run_once(model: Any, input_struct: Any) -> None:
             "these shapes would approve a model that fails on the first step. Expected the shapes the model is "
             "trained on, which it runs on. Fix: check (and train) at shapes it takes — a sequence length at most "
             "its maximum (the length of its position embedding), an image size its layers accept.") from exc
-    finally:
-        restore_losses(losses)
 
 
 def _trace_error(name: str, layers: list[LayerInfo], objects: list[Any], specs: Any, exc: Exception,
