@@ -95,7 +95,7 @@ class Update:
 @tf.autograph.experimental.do_not_convert  # Python checks on static shapes, run while tracing
 def _checked_loss(update: Update, loss: Any) -> Any:
     """The update's loss as a float32 scalar; per-example losses are averaged. Raised at trace time: before any step."""
-    if loss is None or not isinstance(loss, (tf.Tensor, tf.Variable)) and not hasattr(loss, "dtype"):
+    if not hasattr(loss, "dtype"):  # (None, a number, a list: not a tensor)
         raise TypeError(f"The loss_fn of update {update.name!r} must return a float tensor (a scalar, or one value per "
                         f"example). Received: {loss!r} (of type {type(loss).__name__}).")
     loss = tf.convert_to_tensor(loss)
