@@ -26,15 +26,7 @@ BatchFn = Callable[[Any, Any, Any], Any]
 
 
 def is_count(value: Any, least: int = 1) -> bool:
-    """Whether ``value`` is a count the trainer takes: an int (NumPy's too; ``bool`` is not one) of at least ``least``.
-
-    Args:
-        value: What the caller passed.
-        least: The smallest count allowed.
-
-    Returns:
-        True for such an int.
-    """
+    """Whether ``value`` is an int (NumPy's too; ``bool`` is not one) of at least ``least``: a count we take."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= least
 
 
@@ -260,15 +252,14 @@ class Stream:
         if int(dataset.cardinality().numpy()) == tf.data.INFINITE_CARDINALITY and steps_per_epoch is None:
             raise InputError("The dataset repeats forever, so an epoch has no end. Fix: pass steps_per_epoch=N to "
                              "fit() (batches per epoch), or drop .repeat() from the pipeline.")
-        if (None in dims.leading or not dims.leading) and dims.variable:
+        if (unsized := None in dims.leading or not dims.leading) and dims.variable:
             raise InputError(
                 f"The dataset's batches have no fixed size and its {dims.variable[0]} has a variable length (padded "
                 f"per batch, as padded_batch does): such batches cannot be regrouped into batches of {batch_size}. "
                 f"Fix: pad every batch to one fixed length and size: dataset.padded_batch({batch_size}, padded_shapes="
                 f"<fixed shapes, such as [64] for token ids>, drop_remainder=True) (one compiled shape for every "
                 f"step), or at least dataset.padded_batch({batch_size}, drop_remainder=True).")
-        if None in dims.leading or not dims.leading:
-            # batched without drop_remainder: keep batch_size per step (a partial batch: new shapes, loss scale)
+        if unsized:  # batched without drop_remainder: keep batch_size per step (a partial batch: new shapes, scale)
             dataset = dataset.rebatch(batch_size, drop_remainder=True)
             logger.info(f"The dataset's batches have no fixed size (batched without drop_remainder): rebatched to "
                         f"{batch_size} with drop_remainder=True, dropping a last partial batch per pass.")

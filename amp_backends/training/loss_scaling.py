@@ -331,25 +331,24 @@ def plan_loss_scale(optimizer: Any, plan: Plan | None) -> LossScale:
     return config
 
 
-def _pairs(grads: Any, variables: Any) -> tuple[list[Any], list[Any]]:
-    """``grads`` and ``variables`` as two flat lists (both may be nested alike, e.g. ``[emb, dense]`` groups)."""
-    flat_g, flat_v = (tf.nest.flatten(a if isinstance(a, (list, tuple)) else list(a)) for a in (grads, variables))
-    if len(flat_g) != len(flat_v):
-        raise ValueError(f"LossScaler.apply(grads, variables) takes one gradient per variable, as tape.gradient(loss, "
-                         f"variables) returns them. Received: {len(flat_g)} gradients for {len(flat_v)} variables.")
-    return flat_g, flat_v
-
-
 def _groups(optimizer: Any, grads: Any, variables: Any) -> list[tuple[Any, list[Any], list[Any]]]:
-    """``(optimizer, gradients, variables)`` per optimizer: one group, or one per optimizer of a list."""
+    """``(optimizer, gradients, variables)`` per optimizer, as flat lists (each may be nested alike, e.g. ``[emb,
+    dense]`` groups): one group, or one per optimizer of a list."""
     if not isinstance(optimizer, (list, tuple)):
-        return [(optimizer, *_pairs(grads, variables))]
-    n = [len(x) if isinstance(x, (list, tuple)) else 1 for x in (grads, variables)]
-    if n != [len(optimizer)] * 2:
+        optimizer, grads, variables = [optimizer], [grads], [variables]
+    elif (n := [len(x) if isinstance(x, (list, tuple)) else 1 for x in (grads, variables)]) != [len(optimizer)] * 2:
         raise ValueError(f"LossScaler.apply(grads, variables, optimizer=[...]) takes one variable group per optimizer. "
                          f"Received: {len(optimizer)} optimizers, {n[0]} gradient and {n[1]} variable groups. Fix: "
                          "apply([emb_grads, dense_grads], [emb_vars, dense_vars], optimizer=[emb_opt, dense_opt]).")
-    return [(o, *_pairs(g, v)) for o, g, v in zip(optimizer, grads, variables, strict=True)]
+    groups = []
+    for o, g, v in zip(optimizer, grads, variables, strict=True):
+        flat_g, flat_v = (tf.nest.flatten(a if isinstance(a, (list, tuple)) else list(a)) for a in (g, v))
+        if len(flat_g) != len(flat_v):
+            raise ValueError(f"LossScaler.apply(grads, variables) takes one gradient per variable, as tape.gradient("
+                             f"loss, variables) returns them. Received: {len(flat_g)} gradients for {len(flat_v)} "
+                             "variables.")
+        groups.append((o, flat_g, flat_v))
+    return groups
 
 
 def _apply(groups: Sequence[tuple[Any, list[Any], list[Any]]], grads: Sequence[Sequence[Any]]) -> Any:

@@ -103,11 +103,7 @@ def check_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatch,
     `AmpWarning`) what it found; a check that fails never stops training."""
     from .. import model_check
 
-    if not models:
-        return
-    batch = source.first_batch(batch_size)
-    x = batch[0] if isinstance(batch, (tuple, list)) else batch
-
+    x = _first_x(source, batch_size) if models else None
     for model in models:
         name = getattr(model, "name", model)
         layer_plan = (layer_plans or {}).get(str(name))
@@ -165,8 +161,7 @@ def prepare_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatc
                 origin = "the checkpoint's layer plan"
             else:
                 if x is None and measure is not False:
-                    batch = source.first_batch(batch_size)
-                    x = batch[0] if isinstance(batch, (tuple, list)) else batch
+                    x = _first_x(source, batch_size)
                 inputs = model_inputs(model, x) if x is not None else None
                 wanted = measure if inputs is not None else (False if measure is False else None)
                 prep = prepare_model(model, plan, inputs=inputs, measure_float32=wanted)
@@ -206,6 +201,11 @@ def stored_float8(model: Any, kept: Any) -> tuple[tuple[str, bool, str], ...]:
     then, name = LayerPlan.from_dict(kept), str(getattr(model, "name", model))
     return tuple((name + d.path[len(then.model):] if d.path.startswith(then.model + "/") else d.path, True, d.reason)
                  for d in then.decisions if d.dtype == FLOAT8)
+
+
+def _first_x(source: Source | FirstBatch, batch_size: int) -> Any:
+    batch = source.first_batch(batch_size)
+    return batch[0] if isinstance(batch, (tuple, list)) else batch
 
 
 def _warn(line: str, message: str | None = None) -> None:

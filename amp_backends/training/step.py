@@ -34,23 +34,6 @@ def device_type(device: str) -> str:
     return device.rsplit("/", 1)[-1].split(":")[-2].upper()
 
 
-def unrolls(kind: str, xla: bool, steps: int, unroll_steps: bool | None = None) -> bool:
-    """Whether a compiled call of ``steps`` training steps copies the step ``steps`` times (else a loop).
-
-    Args:
-        kind: The type of device the call runs on (``"CPU"``, ``"GPU"``, ``"XPU"``).
-        xla: Whether the call is compiled with XLA.
-        steps: The steps per call.
-        unroll_steps: The user's choice, or ``None``: unrolled under XLA on a CPU up to `UNROLL_LIMIT` steps.
-
-    Returns:
-        ``True`` to unroll.
-    """
-    if unroll_steps is not None:
-        return unroll_steps
-    return xla and kind == "CPU" and steps <= UNROLL_LIMIT
-
-
 def float32_outputs(outputs: Any) -> Any:
     """A model's outputs with their floating-point tensors in float32 (losses and metrics computed on them keep their
     digits whatever the policy, as Keras's own ``Loss.__call__`` does); other tensors as they are."""
@@ -112,7 +95,7 @@ class Update:
 @tf.autograph.experimental.do_not_convert  # Python checks on static shapes, run while tracing
 def _checked_loss(update: Update, loss: Any) -> Any:
     """The update's loss as a float32 scalar; per-example losses are averaged. Raised at trace time: before any step."""
-    if loss is None or not isinstance(loss, (tf.Tensor, tf.Variable)) and not hasattr(loss, "dtype"):
+    if not hasattr(loss, "dtype"):  # (None, a number, a list: not a tensor)
         raise TypeError(f"The loss_fn of update {update.name!r} must return a float tensor (a scalar, or one value per "
                         f"example). Received: {loss!r} (of type {type(loss).__name__}).")
     loss = tf.convert_to_tensor(loss)
@@ -244,8 +227,11 @@ class StepProgram:
 
     # -- calls on resident arrays --------------------------------------------------------------
     def unrolled(self, k: int) -> bool:
-        """Whether a call of ``k`` steps is unrolled (`unrolls` on this program's device)."""
-        return unrolls(self.device_type, self.xla, k, self.unroll_steps)
+        """Whether a call of ``k`` steps copies the step ``k`` times (else a loop): the user's ``unroll_steps``, or
+        by default under XLA on a CPU up to `UNROLL_LIMIT` steps."""
+        if self.unroll_steps is not None:
+            return self.unroll_steps
+        return self.xla and self.device_type == "CPU" and k <= UNROLL_LIMIT
 
     def resident_call(self, k: int, batch_fn: Callable[[Any, Any, Any], Any], capacity: int) -> Any:
         """``call(x, y, perm, offset, steps)`` running ``steps`` steps from sample ``offset`` of the permutation.
@@ -260,21 +246,17 @@ class StepProgram:
         B = self.batch_size
 
         def make_batch(x, y, idx):
-            n = tf.distribute.get_replica_context().num_replicas_in_sync
-            if n > 1:  # this replica's slice of the global batch
-                local = B // n
-                start = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64) * local
-                idx = tf.gather(idx, start + tf.range(local, dtype=tf.int64))
+            ctx = tf.distribute.get_replica_context()
+            if (n := ctx.num_replicas_in_sync) > 1:  # this replica's slice of the global batch
+                local = tf.range(B // n, dtype=tf.int64)
+                idx = tf.gather(idx, tf.cast(ctx.replica_id_in_sync_group, tf.int64) * (B // n) + local)
             return batch_fn(x, y, idx)
 
-        def positions(perm, offset, i):
-            # a gather of B positions: a static shape, and no slice bounds that XLA would treat as
-            # compile-time constants (recompiling for every call's starting sample)
-            return tf.gather(perm, offset + tf.cast(i, tf.int64) * B + tf.range(B, dtype=tf.int64))
-
         def step_at(x, y, perm, offset, i):
-            step = self.position.global_step + tf.cast(i, tf.int64)
-            return self.one_step("resident", make_batch, step, (x, y, positions(perm, offset, i)))
+            # a gather of B positions: a static shape, and no slice bounds that XLA would treat as compile-time
+            # constants (recompiling for every call's starting sample)
+            idx = tf.gather(perm, offset + tf.cast(i, tf.int64) * B + tf.range(B, dtype=tf.int64))
+            return self.one_step("resident", make_batch, self.position.global_step + tf.cast(i, tf.int64), (x, y, idx))
 
         def run(x, y, perm, offset, steps):
             if unroll:  # k copies of the step in one graph: longer compilation, no loop overhead

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -70,8 +70,7 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
         AmpConfigError: The model is no Keras model or not built, the optimizer is no optimizer, or one Keras loss is
             given for a model with several outputs.
     """
-    _check_built(model)
-    _check_optimizer(optimizer)
+    _check_parts([model], [optimizer])
     per_example, sparse = _per_example(loss)
     outputs = getattr(model, "outputs", None) or []
     if len(outputs) > 1 and (loss is None or isinstance(loss, (str, tf.keras.losses.Loss))):
@@ -131,7 +130,9 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
                                  "or for several classes loss='sparse_categorical_crossentropy' and one output unit "
                                  "per class.")
 
-    classes, binary = _num_classes(model), _binary(loss) and not sparse
+    # a binary cross-entropy (by name, function or class): metrics=["accuracy"] is then binary
+    classes, binary_loss = _num_classes(model), "binary" in _loss_name(loss)
+    binary = binary_loss and not sparse
     span = f"0..{classes - 1}" if classes else "0 and up"
     ids = (f"labels that are not class ids in {span} (NaN, a fraction, a negative id or one past the model's "
            f"{classes or '?'} outputs), or " if sparse else "labels outside 0..1 or not finite, or " if binary else "")
@@ -140,7 +141,7 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
                "finite weights of 0 or more in every batch (the check before training sees the first batch of a "
                "dataset). Fix: clean the pipeline (dataset.map, or dataset.filter to drop such rows)"
                + (", or give the model's last layer as many units as there are classes." if sparse else "."))
-    evaluation = Evaluation(predict=lambda x: model(x, training=False), loss=losses, binary=_binary(loss),
+    evaluation = Evaluation(predict=lambda x: model(x, training=False), loss=losses, binary=binary_loss,
                             outputs=max(1, len(outputs)), check=check)
     return [Update("model", loss_fn, [(model.trainable_variables, optimizer)], validate=validate,
                    state=model.non_trainable_variables, check=_batch_check(classes, sparse, binary),
@@ -151,11 +152,6 @@ def _loss_name(loss: Any) -> str:
     """A loss's name, lower case, without underscores, from a name, a function or a class."""
     name = loss if isinstance(loss, str) else getattr(loss, "__name__", "") or type(loss).__name__
     return str(name).lower().replace("_", "")
-
-
-def _binary(loss: Any) -> bool:
-    """The loss is a binary cross-entropy (by name, function or class): ``metrics=["accuracy"]`` is then binary."""
-    return "binary" in _loss_name(loss)
 
 
 def _same_rank(y: Any, pred: Any) -> Any:
@@ -292,18 +288,17 @@ def _check_named_inputs(model: Any, x: Any) -> dict[str, Any] | None:
     return dict(names)
 
 
-def _check_built(model: Any) -> None:
-    if not callable(model) or not hasattr(type(model), "variables"):  # (the class: Keras 2 raises unbuilt)
-        raise AmpConfigError(f"expected a Keras model (keras.Model). Received: {model!r:.80} (of type "
-                             f"{type(model).__name__}). Fix: pass the model the update trains.")
-    if not getattr(model, "built", True) or not model.variables:
-        raise AmpConfigError(
-            f"The model {getattr(model, 'name', model)!r} is not built yet: it has no variables to train. "
-            "Fix: build it before the Trainer (start it with keras.Input(shape), or call model.build(input_shape)).")
-
-
-def _check_optimizer(optimizer: Any) -> None:
-    if not hasattr(optimizer, "apply_gradients"):
+def _check_parts(models: Sequence[Any], optimizers: Sequence[Any]) -> None:
+    """Built Keras models and optimizer objects, else `AmpConfigError` with the fix."""
+    for model in models:
+        if not callable(model) or not hasattr(type(model), "variables"):  # (the class: Keras 2 raises unbuilt)
+            raise AmpConfigError(f"expected a Keras model (keras.Model). Received: {model!r:.80} (of type "
+                                 f"{type(model).__name__}). Fix: pass the model the update trains.")
+        if not getattr(model, "built", True) or not model.variables:
+            raise AmpConfigError(
+                f"The model {getattr(model, 'name', model)!r} is not built yet: it has no variables to train. Fix: "
+                "build it before the Trainer (start it with keras.Input(shape), or call model.build(input_shape)).")
+    for optimizer in (o for o in optimizers if not hasattr(o, "apply_gradients")):
         raise AmpConfigError(f"expected a Keras optimizer, such as keras.optimizers.Adam(1e-3). Received: "
                              f"{optimizer!r:.80} (of type {type(optimizer).__name__}). Fix: pass an optimizer "
                              "object (not its name or class).")
@@ -341,10 +336,7 @@ def gan_updates(generator: Any, discriminator: Any, g_opt: Any, d_opt: Any) -> l
     """
     from ..models import NOISE_DIM, gan_labels, sigmoid_loss
 
-    _check_built(generator)
-    _check_built(discriminator)
-    _check_optimizer(g_opt)
-    _check_optimizer(d_opt)
+    _check_parts([generator, discriminator], [g_opt, d_opt])
 
     def forward(batch, salt):
         real = batch[0] if isinstance(batch, (tuple, list)) else batch
