@@ -150,11 +150,6 @@ def reset(metrics: Sequence[Any]) -> None:
         m.reset_state()
 
 
-def variables(metrics: Sequence[Any]) -> list[Any]:
-    """The metrics' state, for a checkpoint (a resumed epoch's training metrics continue from it)."""
-    return [v for m in metrics for v in m.variables]
-
-
 logger = logging.getLogger("amp_backends.train")
 
 MAXIMISED = ("acc", "auc", "precision", "recall", "f1", "iou")

@@ -28,7 +28,6 @@ from ..plan import Plan
 from .checkpoints import CheckpointStore, Restored, checkpoint_paths, read_signature
 from .distribute import StopAgreement, collectives
 from .loss_scaling import LossScaler
-from .metrics import variables
 from .precision import TrainedModels
 from .runs import At, Position, holding
 from .step import Update
@@ -168,7 +167,7 @@ class Checkpointing:
             **{f"{u.name}_state": list(u.state) for u in updates if u.state}}
         scaler_state = {name: tf.train.Checkpoint(**s.variables()) for name, s in self.scalers.items()}
         objects = {**objects, "loss_scale": tf.train.Checkpoint(**scaler_state), "position": position.checkpoint()}
-        metrics = variables(self.validation.train_metrics)
+        metrics = [v for m in self.validation.train_metrics for v in m.variables]  # (a resumed epoch's go on)
         extra = {"batch_size": position.batch_size, "plan": self.plan_headline, "seed": int(self.seed),
                  "loss_scaling": {name: s.config.to_dict() for name, s in self.scalers.items()}}
         return CheckpointStore(objects, directory, step_counter=position.global_step, keep=keep,
