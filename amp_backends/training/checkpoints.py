@@ -29,8 +29,9 @@ from .runs import absolute, check_directory
 logger = logging.getLogger("amp_backends.train")
 
 SIGNATURE_KEY = "signature/.ATTRIBUTES/VARIABLE_VALUE"
-# what an unfinished save leaves: its data folder, a half-written file of the merge, a half-written index
-UNFINISHED = re.compile(r"^(ckpt-\d+_temp.*|ckpt-\d+\..*\.tempstate\d*|checkpoint\.tmp[0-9a-f]*)$")
+# what an unfinished save of checkpoint ``step`` leaves: its data folder, a half-written file of the merge, a
+# half-written index
+UNFINISHED = r"^(ckpt-{step}(_temp.*|\..*\.tempstate\d*)|checkpoint\.tmp[0-9a-f]*)$"
 # a checkpoint's bytes besides the variables': index and object-graph entries (measured on a small MLP with Adam)
 INDEX_BYTES_PER_VARIABLE = 60
 GRAPH_BYTES_PER_OBJECT = 72
@@ -147,11 +148,7 @@ class CheckpointStore:
     @property
     def latest(self) -> str | None:
         """The newest checkpoint whose files are there, else ``None``."""
-        return next((p for p in self.paths() if tf.io.gfile.exists(p + ".index")), None)
-
-    def paths(self) -> list[str]:
-        """Checkpoints in the directory, newest first (`checkpoint_paths`)."""
-        return checkpoint_paths(self.directory)
+        return next((p for p in checkpoint_paths(self.directory) if tf.io.gfile.exists(p + ".index")), None)
 
     def ensure_fresh(self) -> None:
         """Refuse to start a new run over another run's checkpoints."""
@@ -170,7 +167,7 @@ class CheckpointStore:
     def restore(self, before: Callable[[dict[str, Any] | None], None] | None = None) -> Restored | None:
         """Restore the newest intact checkpoint (``None``: none), skipping unreadable ones with a warning; one of other
         models is `CheckpointMismatchError`. ``before(signature)`` runs before the variables are read (float8)."""
-        paths = self.paths()
+        paths = checkpoint_paths(self.directory)
         if not paths:
             return None
         broken: list[tuple[str, str]] = []
@@ -231,8 +228,13 @@ class CheckpointStore:
         step = int(self.step_counter.numpy())
         try:
             path = self.manager.save(checkpoint_number=step)
-        except WRITE_ERRORS as exc:
-            self._remove_failed_save(step)
+        except WRITE_ERRORS as exc:  # the save's files removed (``ckpt-<step>`` itself unless listed: an earlier save)
+            folder = self.manager.directory
+            listed = {os.path.basename(p) for p in checkpoint_paths(self.directory)} if self.is_chief else set()
+            whole = re.compile(rf"^ckpt-{step}\.(index|data-\d+-of-\d+)$")
+            for name in _names(folder):
+                if re.match(UNFINISHED.format(step=step), name) or (whole.match(name) and f"ckpt-{step}" not in listed):
+                    _remove(os.path.join(folder, name))
             raise CheckpointError(self._cannot_write(step, exc)) from None
         self.owned = True
         self.last_saved_step = step
@@ -259,22 +261,12 @@ class CheckpointStore:
 
     def remove_unfinished_saves(self) -> list[str]:
         """Remove (and log) what saves killed mid-way left in the directory; their names."""
-        names = sorted(n for n in _names(self.directory) if UNFINISHED.match(n))
+        names = sorted(n for n in _names(self.directory) if re.match(UNFINISHED.format(step=r"\d+"), n))
         freed = sum(_remove(os.path.join(self.directory, n)) for n in names)
         if names:
             logger.info(f"Removed what unfinished checkpoint saves of an interrupted run left in {self.directory} "
                         f"(freeing {_size(freed)}): {', '.join(names)}")
         return names
-
-    def _remove_failed_save(self, step: int) -> None:
-        """Remove the failed save's files (``ckpt-<step>`` itself unless the index lists it: an earlier save)."""
-        folder = self.manager.directory
-        listed = {os.path.basename(p) for p in self.paths()} if self.is_chief else set()
-        own = re.compile(rf"^(ckpt-{step}(_temp.*|\..*\.tempstate\d*)|checkpoint\.tmp[0-9a-f]*)$")
-        whole = re.compile(rf"^ckpt-{step}\.(index|data-\d+-of-\d+)$")
-        for name in _names(folder):
-            if own.match(name) or (whole.match(name) and f"ckpt-{step}" not in listed):
-                _remove(os.path.join(folder, name))
 
     def checkpoint_bytes(self) -> int | None:
         """About how many bytes one checkpoint takes: the latest one's files, else its variables' bytes."""

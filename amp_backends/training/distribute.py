@@ -68,9 +68,10 @@ def own_address(cfg: Mapping[str, Any]) -> str:
     return cfg["cluster"][cfg["task"]["type"]][cfg["task"]["index"]]
 
 
-def check_port_free(address: str, source: str = "TF_CONFIG",
-                    fix: str = "choose a free port in TF_CONFIG for this task") -> None:
+def check_port_free(address: str, source: str = "TF_CONFIG") -> None:
     """Raise `ClusterConfigError` if this worker's own port is taken (TensorFlow would abort)."""
+    fix = ("choose a free port in TF_CONFIG for this task" if source == "TF_CONFIG" else f"set {PORT_VARIABLE} to a "
+           "free base port for every worker (worker r on a host uses base + its local rank)")
     host, _, port = address.rpartition(":")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -113,10 +114,7 @@ def check_cluster(kind: str = "auto", environ: Mapping[str, str] | None = None) 
         raise AmpConfigError(f"--distribute must be one of {', '.join(STRATEGIES)}. Received: {kind!r}.")
     found = cluster_config(os.environ if environ is None else environ) if kind in ("auto", "multiworker") else None
     if found is not None:
-        cfg, source = found
-        fix = ("choose a free port in TF_CONFIG for this task" if source == "TF_CONFIG" else f"set {PORT_VARIABLE} to "
-               "a free base port for every worker (worker r on a host uses base + its local rank)")
-        check_port_free(own_address(cfg), source, fix)
+        check_port_free(own_address(found[0]), found[1])
     return found
 
 
@@ -227,32 +225,29 @@ class StopAgreement:
         self._gather: Any = None
         self.by: str | None = None  # the worker the signal reached (``None`` in one process)
 
-    def __call__(self, signum: int | None) -> int | None:
-        """The signal every worker stops on (the first worker's that got one, in worker order), else ``None``."""
+    def at(self, signum: int | None, together: ContextManager[None]) -> int | None:
+        """At a call boundary, inside ``together`` (a failure of the gather says who to restart): the signal every
+        worker stops on (the first worker's that got one, in worker order), else ``None``."""
         if not self.several:
             return signum
         import tensorflow as tf
 
-        if self._gather is None:
-            names = worker_names(self.strategy)
-            me = names.index(worker_id(self.strategy))
-            strategy = self.strategy
+        with together:
+            if self._gather is None:
+                names = worker_names(self.strategy)
+                me = names.index(worker_id(self.strategy))
+                strategy = self.strategy
 
-            @tf.function(input_signature=[tf.TensorSpec([], tf.int64)])
-            def gather(sig: Any) -> Any:
-                mine = tf.stack([sig, tf.constant(me, tf.int64)])[None]
-                return strategy.gather(strategy.run(lambda: mine), axis=0)
+                @tf.function(input_signature=[tf.TensorSpec([], tf.int64)])
+                def gather(sig: Any) -> Any:
+                    mine = tf.stack([sig, tf.constant(me, tf.int64)])[None]
+                    return strategy.gather(strategy.run(lambda: mine), axis=0)
 
-            self._gather = gather
-        rows = self._gather(tf.constant(signum or 0, tf.int64)).numpy().tolist()
+                self._gather = gather
+            rows = self._gather(tf.constant(signum or 0, tf.int64)).numpy().tolist()
         got = [(s, w) for s, w in rows if s]
         self.by = worker_names(self.strategy)[got[0][1]] if got else None
         return int(got[0][0]) if got else None
-
-    def at(self, signum: int | None, together: ContextManager[None]) -> int | None:
-        """`__call__` at a call boundary, inside ``together`` (a failure of the gather says who to restart)."""
-        with together:
-            return self(signum)
 
     def saved(self, step: int) -> None:
         """After the save on stopping: wait for every worker's, and check that all stopped at ``step``."""

@@ -9,6 +9,8 @@ Worker ``r`` listens on ``base + its local rank`` (`base_port`); hosts are laid 
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import re
 import zlib
 from dataclasses import dataclass
@@ -84,12 +86,8 @@ def _addresses(hosts: list[str], per_host: list[int], base: int) -> tuple[str, .
 def _check_local(rank: int, local_rank: int | None, per_host: list[int], source: str, variable: str,
                  fix: str) -> None:
     """This process's local rank, where the launcher gives it, must match consecutive ranks per host."""
-    start = 0
-    for n in per_host:
-        if rank < start + n:
-            expected = rank - start
-            break
-        start += n
+    host = bisect.bisect_right(list(itertools.accumulate(per_host)), rank)  # (the ranks before it: on earlier hosts)
+    expected = rank - sum(per_host[:host])
     if local_rank is not None and local_rank != expected:
         raise ClusterConfigError(f"{source}: rank {rank} should be local rank {expected} with consecutive ranks on "
                                  f"each host. Received: {variable}={local_rank}. Fix: {fix}.")

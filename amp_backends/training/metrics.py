@@ -133,11 +133,8 @@ def results(metrics: Sequence[Any]) -> dict[str, float]:
     """Each metric's value (one number, added up across replicas and workers) under its name."""
     out = {}
     for m in metrics:
-        value = m.result()
-        if isinstance(value, dict):
-            out.update({k: _number(v) for k, v in value.items()})
-        else:
-            out[m.name] = _number(value)
+        value = m.result()  # (a dict of values for a metric that reports several)
+        out.update({k: _number(v) for k, v in (value if isinstance(value, dict) else {m.name: value}).items()})
     return out
 
 
@@ -151,11 +148,6 @@ def _number(value: Any) -> float:
 def reset(metrics: Sequence[Any]) -> None:
     for m in metrics:
         m.reset_state()
-
-
-def variables(metrics: Sequence[Any]) -> list[Any]:
-    """The metrics' state, for a checkpoint (a resumed epoch's training metrics continue from it)."""
-    return [v for m in metrics for v in m.variables]
 
 
 logger = logging.getLogger("amp_backends.train")
@@ -239,9 +231,8 @@ class Monitor(Observer):
         known = self.names(True if validating is None else validating)
         if self.monitor in known:
             return
-        why = ""
-        if self.monitor.startswith("val_") and validating is False:
-            why = " This fit has no validation_data, so no val_* value is logged."
+        why = (" This fit has no validation_data, so no val_* value is logged."
+               if self.monitor.startswith("val_") and validating is False else "")
         raise AmpConfigError(f"keep_best/patience monitor {self.monitor!r}, which this run does not log.{why} "
                              f"Expected one of {known}. Fix: pass validation_data=... to fit, add the metric "
                              "(metrics=[...]), or monitor one of those names.")

@@ -236,16 +236,14 @@ class ProfilerWindow(Observer):
                 self.running, self.first = True, step
 
     def after_call(self, r: CallRecord) -> None:
-        if self.running and r.step >= self.stop:
-            self._stop(r.step)
-
-    def _stop(self, last: int) -> None:
+        if not self.running or r.step < self.stop:
+            return
         written = self._guarded(tf.profiler.experimental.stop)
         self.running, self.done = False, True
         if written:
-            asked = "" if (self.first, last) == (self.start, self.stop) else \
+            asked = "" if (self.first, r.step) == (self.start, self.stop) else \
                 f" (asked: {self.start}:{self.stop}; calls are traced whole)"
-            logger.info(f"Profiler trace of steps {self.first}:{last}{asked} written to {self.logdir}")
+            logger.info(f"Profiler trace of steps {self.first}:{r.step}{asked} written to {self.logdir}")
 
     def close(self) -> None:
         if self.running:

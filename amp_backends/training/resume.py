@@ -5,7 +5,7 @@ worker: `distribute.StopAgreement`), saves and raises `TrainingInterrupted`; a s
 the seed (it orders each epoch's samples: `check_seed`, `run_seed`), follows or restarts loss scaling
 (`loss_scaling.LossScaler.follow`) and counts ``max_steps`` and ``epochs`` over the whole run (`nothing_left`).
 The random layers' generator state, which ``tf.train.Checkpoint(model=...)`` leaves out, is saved too
-(`random_state`), so a resumed run draws the masks the uninterrupted one would.
+(`saved_random_state`), so a resumed run draws the masks the uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from ..plan import Plan
 from .checkpoints import CheckpointStore, Restored, checkpoint_paths, read_signature
 from .distribute import StopAgreement, collectives
 from .loss_scaling import LossScaler
-from .metrics import variables
 from .precision import TrainedModels
 from .runs import At, Position, holding
 from .step import Update
@@ -86,11 +85,6 @@ def interrupted_message(signum: int, step: int, path: str | None, *, checkpointi
 
 
 # ------------------------------------------------------------------------------------ resuming
-def settings(seed: int, scalers: Mapping[str, LossScaler]) -> dict[str, Any]:
-    """What a checkpoint's signature records for a resume to compare: the seed, each update's loss scaling."""
-    return {"seed": int(seed), "loss_scaling": {name: s.config.to_dict() for name, s in scalers.items()}}
-
-
 def check_seed(stored: Mapping[str, Any] | None, seed: int, path: str) -> None:
     """`CheckpointMismatchError` when the checkpoint at ``path`` was written by a run with another seed."""
     then = (stored or {}).get("seed")
@@ -140,54 +134,7 @@ def learning_rates(updates: Sequence[Update]) -> dict[str, float]:
     return {k: float(np.asarray(r)) for k, r in rates.items() if r is not None and np.size(r) == 1}
 
 
-def log_resume(restored: Restored, at: At, then_batch: int, batch_size: int, *, updates: Sequence[Update],
-               scalers: Mapping[str, LossScaler], plan_headline: str, given: Mapping[str, float]) -> None:
-    """The resume line: where it continues, what differs from the checkpoint's run (``given``: rates before it)."""
-    optimizers = {f"{u.name}[{i}]": int(opt.iterations.numpy()) for u in updates
-                  for i, (_, opt) in enumerate(u.groups) if hasattr(opt, "iterations")}
-    logger.info(f"Resumed from {restored.path}: global step {at.step}, epoch {at.epoch}, step in epoch "
-                f"{at.offset // then_batch}, loss scales " + ", ".join(f"{n}={s.current:g}" for n, s in scalers.items())
-                + ", optimizer iterations " + ", ".join(f"{k}={v}" for k, v in optimizers.items()))
-    if then_batch != batch_size:
-        logger.info(f"The checkpoint was written with batch size {then_batch}; this run uses {batch_size}: it "
-                    f"continues at sample {at.offset} of epoch {at.epoch} (the position is kept in samples, so no "
-                    "sample is read twice or skipped).")
-    if RANDOM_STATE in restored.lacking:
-        logger.warning(f"{restored.path} holds no state of the random layers (Dropout, noise, augmentation; it was "
-                       "written before checkpoints kept it): they draw from the start of their sequences again, so "
-                       "the losses from here on differ from an uninterrupted run's.")
-    for key, rate in learning_rates(updates).items():
-        if key in given and not np.isclose(rate, given[key]):
-            logger.warning(f"The optimizer {key} trains on at the checkpoint's learning rate {rate:g}, restored with "
-                           f"its state; it was given {given[key]:g} (a resumed run continues the run it resumes: "
-                           "for another rate, start a new run from its weights, or give a schedule).")
-    then = (restored.stored or {}).get("plan")
-    if then and then != plan_headline:
-        logger.info(f"The checkpoint was written under another plan ({then}); this run: {plan_headline}.")
-
-
 # ------------------------------------------------------------------------------------ the trainer's checkpoints
-def trainer_store(directory: str | os.PathLike, *, updates: Sequence[Update], scalers: Mapping[str, LossScaler],
-                  position: Position, objects: Mapping[str, Any] | None, keep: int, is_chief: bool, worker: str,
-                  extra: Mapping[str, Any], trained: Sequence[Any] = (),
-                  metrics: Sequence[tf.Variable] = ()) -> CheckpointStore:
-    """A trainer's store: ``objects`` (default: the updates' variables and optimizers), the loss-scale state, the
-    position, the models' random state, the training ``metrics``' state, and ``extra`` in the signature."""
-    models = [m for m in (objects or {}).values() if hasattr(m, "layers")]
-    every = [*(v for u in updates for v in [*u.variables, *u.state]), *(v for m in models for v in m.variables)]
-    weights = [v for v in {id(v): v for v in every}.values() if tf.as_dtype(v.dtype).is_floating]
-    objects = dict(objects) if objects else {
-        **{f"{u.name}_{i}_{part}": obj for u in updates for i, (vs, opt) in enumerate(u.groups)
-           for part, obj in (("variables", list(vs)), ("optimizer", opt))},
-        **{f"{u.name}_state": list(u.state) for u in updates if u.state}}
-    scaler_state = {name: tf.train.Checkpoint(**s.variables()) for name, s in scalers.items()}
-    objects = {**objects, "loss_scale": tf.train.Checkpoint(**scaler_state), "position": position.checkpoint()}
-    return CheckpointStore(objects, directory, step_counter=position.global_step, keep=keep, is_chief=is_chief,
-                           worker=worker, extra={"batch_size": position.batch_size, **extra}, weights=weights,
-                           optional={RANDOM_STATE: saved_random_state([*models, *trained], is_chief),
-                                     **({"metrics": _Variables(metrics)} if metrics else {})})
-
-
 class Checkpointing:
     """A trainer's checkpoints (``store``: `trainer_store`, or ``None``), saves (with the other workers: `together`),
     resume (`restore`) and stops on Ctrl-C or SIGTERM (`until_stopped`); ``every``: ``checkpoint_every``."""
@@ -202,11 +149,31 @@ class Checkpointing:
         self.agree = StopAgreement(strategy)  # every worker stops after the same call
         self.signals = StopSignals()  # `until_stopped`'s; ``stopped``: the signal every worker stops on
         self.stopped: int | None = None
-        self.store = trainer_store(
-            directory, updates=updates, scalers=scalers, position=position, objects=objects, keep=keep,
-            is_chief=self.is_chief, worker=self.worker, extra={"plan": self.plan_headline, **settings(seed, scalers)},
-            trained=trained, metrics=variables(validation.train_metrics)) if directory else None
+        self.store = self._store(directory, objects, keep, trained) if directory else None
         self.directory = self.store.directory if self.store else None  # absolute
+
+    def _store(self, directory: str, objects: Mapping[str, Any] | None, keep: int,
+               trained: Sequence[Any]) -> CheckpointStore:
+        """The store of ``objects`` (default: the updates' variables and optimizers), the loss-scale state, the
+        position, the models' random state and the training metrics' state; the signature records the plan, the
+        seed and each update's loss scaling, for a resume to compare."""
+        updates, position = self.updates, self.position
+        models = [m for m in (objects or {}).values() if hasattr(m, "layers")]
+        every = [*(v for u in updates for v in [*u.variables, *u.state]), *(v for m in models for v in m.variables)]
+        weights = [v for v in {id(v): v for v in every}.values() if tf.as_dtype(v.dtype).is_floating]
+        objects = dict(objects) if objects else {
+            **{f"{u.name}_{i}_{part}": obj for u in updates for i, (vs, opt) in enumerate(u.groups)
+               for part, obj in (("variables", list(vs)), ("optimizer", opt))},
+            **{f"{u.name}_state": list(u.state) for u in updates if u.state}}
+        scaler_state = {name: tf.train.Checkpoint(**s.variables()) for name, s in self.scalers.items()}
+        objects = {**objects, "loss_scale": tf.train.Checkpoint(**scaler_state), "position": position.checkpoint()}
+        metrics = [v for m in self.validation.train_metrics for v in m.variables]  # (a resumed epoch's go on)
+        extra = {"batch_size": position.batch_size, "plan": self.plan_headline, "seed": int(self.seed),
+                 "loss_scaling": {name: s.config.to_dict() for name, s in self.scalers.items()}}
+        return CheckpointStore(objects, directory, step_counter=position.global_step, keep=keep,
+                               is_chief=self.is_chief, worker=self.worker, extra=extra, weights=weights,
+                               optional={RANDOM_STATE: saved_random_state([*models, *trained], self.is_chief),
+                                         **({"metrics": _Variables(metrics)} if metrics else {})})
 
     def together(self, step: int) -> ContextManager[None]:
         """A call or save made with the other workers: a failure says who to restart and from where."""
@@ -240,14 +207,38 @@ class Checkpointing:
         at, then_batch = self.position.restored()
         stored = restored.stored or {}
         if self.is_chief:
-            log_resume(restored, at, then_batch, self.position.batch_size, updates=self.updates,
-                       scalers=self.scalers, plan_headline=self.plan_headline, given=given)
+            self._log_resume(restored, at, then_batch, given)
         then = stored.get("loss_scaling") or {}
         for name, scaler in self.scalers.items():
             scaler.follow(then.get(name), say=self.is_chief)
         models.restored(stored.get("layer_plans") or stored.get("float32_choice"))
         self.validation.load(stored.get("monitor"))
         return at.step
+
+    def _log_resume(self, restored: Restored, at: At, then_batch: int, given: Mapping[str, float]) -> None:
+        """The resume line: where it continues, what differs from the checkpoint's run (``given``: rates before it)."""
+        optimizers = {f"{u.name}[{i}]": int(opt.iterations.numpy()) for u in self.updates
+                      for i, (_, opt) in enumerate(u.groups) if hasattr(opt, "iterations")}
+        scales = ", ".join(f"{n}={s.current:g}" for n, s in self.scalers.items())
+        logger.info(f"Resumed from {restored.path}: global step {at.step}, epoch {at.epoch}, step in epoch "
+                    f"{at.offset // then_batch}, loss scales {scales}, optimizer iterations "
+                    + ", ".join(f"{k}={v}" for k, v in optimizers.items()))
+        if then_batch != self.position.batch_size:
+            logger.info(f"The checkpoint was written with batch size {then_batch}; this run uses "
+                        f"{self.position.batch_size}: it continues at sample {at.offset} of epoch {at.epoch} (the "
+                        "position is kept in samples, so no sample is read twice or skipped).")
+        if RANDOM_STATE in restored.lacking:
+            logger.warning(f"{restored.path} holds no state of the random layers (Dropout, noise, augmentation; it was "
+                           "written before checkpoints kept it): they draw from the start of their sequences again, so "
+                           "the losses from here on differ from an uninterrupted run's.")
+        for key, rate in learning_rates(self.updates).items():
+            if key in given and not np.isclose(rate, given[key]):
+                logger.warning(f"The optimizer {key} trains on at the checkpoint's learning rate {rate:g}, restored "
+                               f"with its state; it was given {given[key]:g} (a resumed run continues the run it "
+                               "resumes: for another rate, start a new run from its weights, or give a schedule).")
+        then = (restored.stored or {}).get("plan")
+        if then and then != self.plan_headline:
+            logger.info(f"The checkpoint was written under another plan ({then}); this run: {self.plan_headline}.")
 
     @contextlib.contextmanager
     def fitting(self, resume: bool, models: TrainedModels) -> Iterator[At]:
@@ -312,10 +303,11 @@ class RandomState(tf.Module):
         return tuple(self.states)
 
 
-def random_state(models: Sequence[Any]) -> tuple[RandomState, list[str]]:
-    """The state of every random generator ``models`` draw from, and the layers whose draws no checkpoint holds."""
+def saved_random_state(models: Sequence[Any], say: bool) -> RandomState:
+    """The state of every random generator ``models`` draw from, for the trainer's checkpoints; ``say``: warn of the
+    layers whose draws no checkpoint holds (a resume cannot repeat them)."""
     states: dict[int, tf.Variable] = {}
-    unsaved: list[str] = []
+    unsaved: dict[str, None] = {}  # (in order, once each)
     for model in models:
         weights = {id(w) for w in model.weights}
         # Keras 3: the SeedGenerators' states (Keras 2: the same list as weights)
@@ -327,25 +319,19 @@ def random_state(models: Sequence[Any]) -> tuple[RandomState, list[str]]:
             if isinstance(getattr(generator, "_generator", None), tf.random.Generator):
                 states.setdefault(id(generator._generator.state), generator._generator.state)
             elif generator._rng_type == "legacy_stateful":
-                unsaved.append(layer.name)
+                unsaved[layer.name] = None
     shared = []
     if keras_info(tf).generation == 3:  # Keras's global SeedGenerator, made now if no draw made it yet
         from keras.src.random.seed_generator import global_seed_generator  # (Keras has no public name for it)
 
         shared = [global_seed_generator().state]
-    return RandomState(list(states.values()), shared), [*dict.fromkeys(unsaved)]
-
-
-def saved_random_state(models: Sequence[Any], say: bool) -> RandomState:
-    """`random_state` for the trainer's checkpoints; ``say``: warn of the layers a resume cannot repeat."""
-    state, unsaved = random_state(models)
     if unsaved and say:
         logger.warning(
             f"The random layers {', '.join(unsaved)} draw from TensorFlow's stateful random ops, whose state no "
             "checkpoint can hold: after a resume they draw other values than an uninterrupted run would. Fix: call "
             "amp_backends.seed_everything(seed) (or tf.keras.backend.experimental.enable_tf_random_generator()) "
             "before building the model.")
-    return state
+    return RandomState(list(states.values()), shared)
 
 
 class _Variables(tf.Module):

@@ -311,21 +311,19 @@ class Evaluator:
         self._calls.pop("arrays", None)
 
     def _call(self, key: str, replica_fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-        """The compiled evaluation of ``key`` (``"arrays"``, ``"dataset"``), first called with ``args``."""
+        """The compiled evaluation of ``key`` (``"arrays"``, ``"dataset"``; ``"predict"``: ``replica_fn`` itself), first
+        called with ``args``: traced once for any number of rows (a trace per shape warns of retracing)."""
         if key not in self._calls:
             def call(*inputs):
                 per_replica = self.strategy.run(replica_fn, args=inputs)
                 return tuple(self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for v in per_replica)
 
-            self._compile(key, call, args, jit_compile=self.xla and key == "arrays")
+            self._calls[key] = tf.function(replica_fn if key == "predict" else call,
+                                           jit_compile=self.xla and key == "arrays", reduce_retracing=True)
+            if all(isinstance(t, tf.Tensor) for t in tf.nest.flatten(args)):  # (not one replica's part of a batch)
+                self._calls[key].get_concrete_function(*tf.nest.map_structure(
+                    lambda t: tf.TensorSpec([None, *t.shape[1:]] if t.shape.rank else [], t.dtype), args))
         return self._calls[key]
-
-    def _compile(self, key: str, fn: Callable[..., Any], args: tuple[Any, ...], jit_compile: bool = False) -> None:
-        """``fn`` compiled as ``key``, traced once for any number of rows (a trace per shape warns of retracing)."""
-        self._calls[key] = tf.function(fn, jit_compile=jit_compile, reduce_retracing=True)
-        if all(isinstance(t, tf.Tensor) for t in tf.nest.flatten(args)):  # (not one replica's part of a batch)
-            self._calls[key].get_concrete_function(*tf.nest.map_structure(
-                lambda t: tf.TensorSpec([None, *t.shape[1:]] if t.shape.rank else [], t.dtype), args))
 
     def _replica_eval_arrays(self, x: Any, y: Any, idx: Any) -> Any:
         return self._replica_eval(self.batch_fn(x, y, _replica_slice(idx)))
@@ -357,9 +355,8 @@ class Evaluator:
                        for start in range(0, n, self.batch_size))
         outs = []
         for xb in batches:
-            if "predict" not in self._calls:
-                self._compile("predict", lambda b: float32_outputs(self.evaluation.predict(b)), (xb,))
-            outs.append(tf.nest.map_structure(lambda t: t.numpy(), self._calls["predict"](xb)))
+            predict = self._call("predict", lambda b: float32_outputs(self.evaluation.predict(b)), (xb,))
+            outs.append(tf.nest.map_structure(lambda t: t.numpy(), predict(xb)))
         if not outs:
             raise InputError("predict() was given no samples. Fix: pass at least one row.")
         return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outs)
