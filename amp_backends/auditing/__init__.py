@@ -6,7 +6,7 @@ machines). The model is built from its factory (``MODULE:FACTORY`` or a top-leve
 (`child`) started with the variables the kernels' libraries read once, at start: a model object cannot be audited.
 The plan's backend reads what ran (`amp_backends.kernel_audit.KernelAudit`): oneDNN's verbose records on a CPU, a
 profiler trace on NVIDIA (`audit_trace` reads one you recorded); a backend without a kernel audit is reported as not
-measured. The result is `audit_result.Audit` (built in `build`, layers matched in `match`, warnings in `verdict`).
+measured. The result is `audit_result.Audit` (built in `build`, layers matched in `match`).
 """
 
 from __future__ import annotations

@@ -211,65 +211,42 @@ def _stat_value(stat: Any, names: dict[int, str]) -> str:
 def _read_xplane(path: str) -> list[KernelEvent]:
     try:
         from tensorflow.tsl.profiler.protobuf import xplane_pb2  # TensorFlow ships the XSpace protobuf
-    except ImportError:
-        return events_from_trace_json(_xplane_to_trace(path))
+    except ImportError:  # the profiler plugin converts it
+        for module in ("xprof.convert.raw_to_tool_data", "tensorboard_plugin_profile.convert.raw_to_tool_data"):
+            try:
+                convert = __import__(module, fromlist=["xspace_to_tool_data"])
+            except ImportError:
+                continue
+            data, _ = convert.xspace_to_tool_data([path], "trace_viewer@^", {})
+            return events_from_trace_json(json.loads(data if isinstance(data, str) else data.decode("utf-8")))
+        raise ValueError(f"{path!r} is an XPlane protobuf; reading it needs the profiler plugin. Fix: pip install "
+                         "tensorboard-plugin-profile (or xprof), or give a *.trace.json.gz file") from None
     space = xplane_pb2.XSpace()
     with open(path, "rb") as f:
         space.ParseFromString(f.read())
     return events_from_xspace(space)
 
 
-def _xplane_to_trace(path: str) -> dict[str, Any]:
-    for module in ("xprof.convert.raw_to_tool_data", "tensorboard_plugin_profile.convert.raw_to_tool_data"):
-        try:
-            convert = __import__(module, fromlist=["xspace_to_tool_data"])
-        except ImportError:
-            continue
-        data, _ = convert.xspace_to_tool_data([path], "trace_viewer@^", {})
-        return json.loads(data if isinstance(data, str) else data.decode("utf-8"))
-    raise ValueError(f"{path!r} is an XPlane protobuf; reading it needs the profiler plugin. Fix: pip install "
-                     "tensorboard-plugin-profile (or xprof), or give a *.trace.json.gz file")
-
-
 # -- the kernel audit --------------------------------------------------------------------------------------
 PROBLEMS = {"gemm": MATMUL, "conv": CONVOLUTION}
-TRACE = "TensorFlow profiler trace"
 LAYER_NOTE = ("GPU kernels are matched to layers by their TensorFlow op's name scopes where the trace gives one; XLA "
               "fusions without HLO in the trace are unknown")
 NO_GPU = ("not measured: TensorFlow listed no GPU in the audit's process, so no GPU kernel was traced (the model ran "
           "on the CPU)")
 
 
-def kernel_records(events: Iterable[KernelEvent]) -> tuple[KernelRecord, ...]:
-    """The trace's kernels as the audit counts them (a fusion without HLO may hold a dot: compute, dtype unknown).
-
-    Args:
-        events: The trace's GPU kernels.
-
-    Returns:
-        One `KernelRecord` a kernel, with its TensorFlow op for matching it to a layer.
-    """
-    out = []
+def reading(events: Iterable[KernelEvent]) -> KernelReading:
+    """The reading of a trace's GPU kernels: one `KernelRecord` a kernel, with its TensorFlow op for matching it to a
+    layer (a fusion without HLO may hold a dot: compute, dtype unknown), and the note on that matching."""
+    records = []
     for event in events:
         k = classify(event.name, event.hlo)
-        compute = k.is_compute or k.kind == "fusion"
         unit = "Tensor Cores" if k.tensor_core else ("CUDA cores" if k.tensor_core is False else "unknown")
-        out.append(KernelRecord(kind=k.kind, dtype=k.dtype, unit=unit, time_ms=event.duration_us / 1000.0,
-                                compute=compute, matrix_unit=k.tensor_core, problem=PROBLEMS.get(k.kind, ""),
-                                op=event.op))
-    return tuple(out)
-
-
-def reading(events: Iterable[KernelEvent]) -> KernelReading:
-    """The reading of a trace's GPU kernels.
-
-    Args:
-        events: The trace's GPU kernels.
-
-    Returns:
-        The kernels, with the note on how they are matched to layers.
-    """
-    return KernelReading(device="nvidia", records=kernel_records(events), source=TRACE, notes=(LAYER_NOTE,))
+        records.append(KernelRecord(kind=k.kind, dtype=k.dtype, unit=unit, time_ms=event.duration_us / 1000.0,
+                                    compute=k.is_compute or k.kind == "fusion", matrix_unit=k.tensor_core,
+                                    problem=PROBLEMS.get(k.kind, ""), op=event.op))
+    return KernelReading(device="nvidia", records=tuple(records), source="TensorFlow profiler trace",
+                         notes=(LAYER_NOTE,))
 
 
 class NvidiaKernelAudit(KernelAudit):
