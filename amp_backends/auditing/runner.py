@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import FactoryError, TrainingInterrupted
 from ..kernel_audit import Capture
 from .build import from_reading, not_measured
-from .child import BEGIN, END, PLAN_BACKEND
+from .child import BEGIN, END
 from .audit_result import Audit
 
 
@@ -41,7 +41,7 @@ def overrides_env(plan: Any = None, **overrides: Any) -> dict[str, str]:
         if value is None or value is False:
             continue
         if name in RENAMED:
-            warnings.warn(renamed_message(name), DeprecationWarning, stacklevel=4)  # audit() -> child_env -> here
+            warnings.warn(renamed_message(name), DeprecationWarning, stacklevel=3)  # audit() -> here
             name = RENAMED[name]
         if name not in ENV_VARS:
             raise TypeError(f"audit() got the unknown plan override {name}={value!r}: expected one of "
@@ -49,20 +49,6 @@ def overrides_env(plan: Any = None, **overrides: Any) -> dict[str, str]:
                             "policy='float32'")
         env[ENV_VARS[name]] = "1" if value is True else str(value)
     return env
-
-
-def child_env(plan: Any = None, **overrides: Any) -> dict[str, str]:
-    """The variables the child starts with beyond this process's: the ``AMP_*`` variables of the plan and the
-    overrides (a TypeError for one that is not the plan's), and the kernel audit's environment (the plan's
-    backend's, else every backend's)."""
-    from ..registry import default_registry
-
-    env = overrides_env(plan, **overrides)
-    registry = default_registry()
-    if plan is None:
-        return {**env, **registry.audit_environment()}
-    audit = registry.kernel_audit(plan.backend)
-    return {**env, PLAN_BACKEND: str(plan.backend), **dict(audit.environment if audit is not None else ())}
 
 
 def split_output(stdout: str) -> tuple[list[str], list[str]]:
@@ -76,9 +62,8 @@ def split_output(stdout: str) -> tuple[list[str], list[str]]:
 
 def _run_to_end(cmd: list[str], env: Mapping[str, str], timeout: float) -> tuple[int, str, str]:
     """``cmd``'s exit code, standard output and standard error, run with ``env`` to its end; past ``timeout``
-    (``subprocess.TimeoutExpired``) or when this process is interrupted, it is stopped first. Meanwhile SIGTERM
-    raises `TrainingInterrupted` where it has its default action, in the main thread (a handler of the program's
-    own, or an ignored SIGTERM, is left as it is)."""
+    (``subprocess.TimeoutExpired``) or when this process is interrupted (SIGTERM in the main thread; a handler of
+    the program's own, or an ignored SIGTERM, is left as it is), it is stopped first."""
     def interrupt(signum: int, frame: Any) -> None:
         raise TrainingInterrupted(signum, 0, None, f"stopped by {signal.Signals(signum).name}")
 
@@ -108,7 +93,7 @@ def _run_to_end(cmd: list[str], env: Mapping[str, str], timeout: float) -> tuple
 
 def run_child(target: str, *, batch_size: int, steps: int, warmup: int, env: Mapping[str, str],
               timeout: float = 600.0) -> Audit:
-    """Run ``target`` (``MODULE:FACTORY``) in a child started with ``env`` (`child_env`) for ``warmup`` and
+    """Run ``target`` (``MODULE:FACTORY``) in a child started with ``env`` (beyond this process's) for ``warmup`` and
     ``steps`` steps of ``batch_size``; the plan's backend reads what ran. The errors are `audit`'s."""
     from ..registry import default_registry
 
