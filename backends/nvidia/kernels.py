@@ -211,20 +211,24 @@ def _stat_value(stat: Any, names: dict[int, str]) -> str:
 def _read_xplane(path: str) -> list[KernelEvent]:
     try:
         from tensorflow.tsl.profiler.protobuf import xplane_pb2  # TensorFlow ships the XSpace protobuf
-    except ImportError:  # the profiler plugin converts it
-        for module in ("xprof.convert.raw_to_tool_data", "tensorboard_plugin_profile.convert.raw_to_tool_data"):
-            try:
-                convert = __import__(module, fromlist=["xspace_to_tool_data"])
-            except ImportError:
-                continue
-            data, _ = convert.xspace_to_tool_data([path], "trace_viewer@^", {})
-            return events_from_trace_json(json.loads(data if isinstance(data, str) else data.decode("utf-8")))
-        raise ValueError(f"{path!r} is an XPlane protobuf; reading it needs the profiler plugin. Fix: pip install "
-                         "tensorboard-plugin-profile (or xprof), or give a *.trace.json.gz file") from None
+    except ImportError:
+        return events_from_trace_json(_xplane_to_trace(path))
     space = xplane_pb2.XSpace()
     with open(path, "rb") as f:
         space.ParseFromString(f.read())
     return events_from_xspace(space)
+
+
+def _xplane_to_trace(path: str) -> dict[str, Any]:
+    for module in ("xprof.convert.raw_to_tool_data", "tensorboard_plugin_profile.convert.raw_to_tool_data"):
+        try:
+            convert = __import__(module, fromlist=["xspace_to_tool_data"])
+        except ImportError:
+            continue
+        data, _ = convert.xspace_to_tool_data([path], "trace_viewer@^", {})
+        return json.loads(data if isinstance(data, str) else data.decode("utf-8"))
+    raise ValueError(f"{path!r} is an XPlane protobuf; reading it needs the profiler plugin. Fix: pip install "
+                     "tensorboard-plugin-profile (or xprof), or give a *.trace.json.gz file")
 
 
 # -- the kernel audit --------------------------------------------------------------------------------------
