@@ -173,14 +173,3 @@ class KernelAudit:
         """
         raise NotImplementedError(f"{type(self).__name__} reads no profiler traces")
 
-
-def not_read(backend: str) -> str:
-    """The audit's note for a backend that offers no kernel audit.
-
-    Args:
-        backend: The backend's name.
-
-    Returns:
-        The note.
-    """
-    return f"not measured: the {backend} backend does not read what ran"

@@ -6,7 +6,7 @@ machines). The model is built from its factory (``MODULE:FACTORY`` or a top-leve
 (`child`) started with the variables the kernels' libraries read once, at start: a model object cannot be audited.
 The plan's backend reads what ran (`amp_backends.kernel_audit.KernelAudit`): oneDNN's verbose records on a CPU, a
 profiler trace on NVIDIA (`audit_trace` reads one you recorded); a backend without a kernel audit is reported as not
-measured. The result is `audit_result.Audit` (built in `build`, layers matched in `match`, warnings in `verdict`).
+measured. The result is `audit_result.Audit` (built in `build`, layers matched in `match`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from ..factory import factory_spec
 from .build import from_reading, not_measured, plan_data
 from .audit_result import Audit
-from .runner import child_env, run_child
+from .child import PLAN_BACKEND
+from .runner import overrides_env, run_child
 
 __all__ = ["Audit", "AuditObserver", "audit", "audit_trace"]
 
@@ -69,14 +70,17 @@ def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = 
             "oneDNN reads ONEDNN_VERBOSE once, when it starts, so the model must be built in a fresh child process. "
             f"Received {type(model_or_factory).__name__}. Fix: pass the function that builds it, such as "
             "audit(build_model) or audit('mymodels:build')")
-    target = factory_spec(model_or_factory)
-    env = child_env(plan, **overrides)
-    if plan is not None:
-        from ..registry import default_registry
+    from ..registry import default_registry
 
-        kernel_audit = default_registry().kernel_audit(plan.backend)
+    target = factory_spec(model_or_factory)
+    env, registry = overrides_env(plan, **overrides), default_registry()  # the child's variables beyond ours
+    if plan is None:  # the child plans: every backend's kernel audit may read it
+        env.update(registry.audit_environment())
+    else:
+        kernel_audit = registry.kernel_audit(plan.backend)
         if kernel_audit is None or kernel_audit.unavailable:
             return not_measured(target, plan_data(plan), kernel_audit)
+        env.update({PLAN_BACKEND: str(plan.backend), **dict(kernel_audit.environment)})
     return run_child(target, batch_size=batch_size, steps=steps, warmup=warmup, env=env, timeout=timeout)
 
 

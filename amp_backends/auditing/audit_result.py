@@ -2,8 +2,9 @@
 
 Shares are of the *compute time*: the kernels doing matrix work (`KernelRecord.compute`: convolutions, matmuls,
 GEMMs, XLA fusions holding a dot or convolution); reorders and other kernels are listed apart, and a kernel whose
-dtype cannot be read counts as ``unknown``. The JSON (`Audit.to_dict`, ``schema_version`` 1, fields only ever
-added) has its schema in ``amp_backends/schemas/audit.schema.json``.
+dtype cannot be read counts as ``unknown``. The warnings' ``code`` (a backend's own come with its reading:
+`KernelReading.warnings`) are explained on the Troubleshooting page. The JSON (`Audit.to_dict`, ``schema_version``
+1, fields only ever added) has its schema in ``amp_backends/schemas/audit.schema.json``.
 """
 
 from __future__ import annotations
@@ -14,10 +15,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..kernel_audit import KernelRecord
+from ..kernel_audit import CONVOLUTION, INNER_PRODUCT, MATMUL, KernelRecord
 
 SCHEMA_VERSION = 1
 REDUCED = ("bfloat16", "float16", "float8", "int8", "tfloat32")
+LOW = ("bfloat16", "float16", "float8")  # the dtypes a float32 plan must not compute in
+# A kind of kernel is reported when at least this share of its time, and this share of all the compute time, ran in
+# float32 under a reduced-precision plan (the float32 output layer alone stays below them on the models we measured).
+FLOAT32_KIND_SHARE = 0.10
+MIN_TOTAL_SHARE = 0.01
+# The families a kernel's problem (`KernelRecord.problem`; an entry without one: its kind) groups it in.
+FAMILY = {CONVOLUTION: "convolution", INNER_PRODUCT: "matmul", MATMUL: "matmul"}
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,12 @@ class Entry(KernelRecord):
 
 def _time(entries: Sequence[Entry]) -> float:
     return sum(e.time_ms for e in entries)
+
+
+def _share(entries: Sequence[Entry], keep: Any) -> float | None:
+    """The share of the entries' time in those ``keep`` takes (``None``: no time)."""
+    total = _time(entries)
+    return round(_time([e for e in entries if keep(e)]) / total, 6) if total else None
 
 
 def _shares(entries: Sequence[Entry], field: str) -> dict[str, float]:
@@ -108,8 +122,7 @@ class Audit:
         Returns:
             The share, or ``None`` where no compute time was seen.
         """
-        total = _time(self.compute)
-        return round(_time([e for e in self.compute if e.matrix_unit]) / total, 6) if total else None
+        return _share(self.compute, lambda e: e.matrix_unit)
 
     def unknown_share(self) -> float:
         """The share of the compute time in kernels whose dtype is not known.
@@ -119,9 +132,7 @@ class Audit:
         """
         if self.outside_onednn or not self.measured:
             return 1.0
-        total = _time(self.compute)
-        unknown = _time([e for e in self.compute if e.dtype == "unknown"])
-        return round(unknown / total, 6) if total else 0.0
+        return _share(self.compute, lambda e: e.dtype == "unknown") or 0.0
 
     def by_kind(self) -> dict[str, dict[str, Any]]:
         """Time, dtype shares and counts per kind of kernel (convolution, matmul...).
@@ -178,11 +189,9 @@ class Audit:
         """The contradictions between what ran and the plan, each with its ``code``, ``what`` and ``fix``.
 
         Returns:
-            The backend's warnings, then the generic ones (`verdict`).
+            The backend's warnings, then the generic ones.
         """
-        from .verdict import contradictions
-
-        return [dict(w) for w in self.backend_warnings] + contradictions(self)
+        return [dict(w) for w in self.backend_warnings] + _contradictions(self)
 
     # -- output -------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -240,8 +249,8 @@ class Audit:
         say(console, self.headline())
         if not self.measured or self.outside_onednn:
             say(console, self.outside_onednn or "not measured")
-        kinds = self.by_kind()
-        steps = max(self.steps or 1, 1)
+        d = self.to_dict()
+        kinds, steps = d["by_kind"], max(self.steps or 1, 1)
         if kinds:
             rows = [(kind, f"{k['time_ms'] / steps:.2f}", _fmt(k["dtypes"]), _fmt(k["units"]))
                     for kind, k in kinds.items()]
@@ -249,12 +258,12 @@ class Audit:
                                 ("kernels", "ms per step", "dtypes (share of time)", "executed on")], rows,
                       show_header=True, header_style="bold",
                       plain=lambda c: f"kernels {c[0]}: {c[1]} ms per step; dtypes {c[2]}; executed on {c[3]}")
-        d = self.to_dict()
         if kinds:
             say(console, f"compute time by dtype: {_fmt(d['time_share_by_dtype'])}; on matrix units (AMX, "
                          f"Tensor Cores): {_pct(d['matrix_unit_share'])}; unknown: {_pct(d['unknown_share'])}")
             say(console, f"per step: reorders {d['reorder_time_ms'] / steps:.2f} ms, other primitives "
-                         f"{d['other_time_ms'] / steps:.2f} ms; step time {_ms(self.step_time_ms)} "
+                         f"{d['other_time_ms'] / steps:.2f} ms; step time "
+                         f"{'-' if self.step_time_ms is None else f'{self.step_time_ms:.1f} ms'} "
                          f"({self.steps} step(s) measured, batch {self.batch_size})")
         for island in d["float32_islands"]:
             where = ", ".join(island["layers"]) or "unmatched (no layer of that shape)"
@@ -288,9 +297,43 @@ def _pct(share: float | None) -> str:
     return "-" if share is None else "<0.1%" if 0 < share < 0.001 else f"{100 * share:.1f}%"
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f} ms"
-
-
 def _fmt(shares: Mapping[str, float]) -> str:
     return ", ".join(f"{k} {_pct(v)}" for k, v in shares.items()) or "none"
+
+
+def _contradictions(audit: Audit) -> list[dict[str, str]]:
+    """The generic warnings: contradictions between what ran and the plan."""
+    want, compute = audit.plan.get("compute_dtype"), audit.compute
+    total = _time(compute)
+    out: list[dict[str, str]] = []
+    for kind in ("convolution", "matmul") if want in LOW else ():
+        entries = [e for e in compute if FAMILY.get(e.problem or e.kind, e.problem or e.kind) == kind]
+        kind_time = _time(entries)
+        # float32 in a layer the layer plan keeps in float32 is as planned, never a contradiction
+        f32 = [e for e in entries if e.dtype == "float32" and not audit.planned_float32(e.layers)]
+        f32_time = _time(f32)
+        if not kind_time or f32_time / kind_time < FLOAT32_KIND_SHARE or f32_time / total < MIN_TOTAL_SHARE:
+            continue
+        layers = sorted({layer for e in f32 for layer in e.layers})
+        where = f" (layers: {', '.join(layers)})" if layers else " (not matched to a layer)"
+        out.append({"code": "float32-kernels",
+                    "what": f"the plan says {want}; {f32_time / kind_time:.0%} of the {kind} time ran in "
+                            f"float32 kernels{where}",
+                    "fix": "leave in float32 only the layers the layer plan keeps there (prepare_model: the output "
+                           "layer, the plan's float32 layer kinds): the layers named are pinned to float32 "
+                           "(dtype=\"float32\") or cast inside; `amp-backends check` names why"})
+    reduced = {d: s for d, s in audit.time_share_by_dtype().items() if d in LOW} if want == "float32" else {}
+    if reduced:
+        d, s = max(reduced.items(), key=lambda kv: kv[1])
+        out.append({"code": "reduced-precision-kernels",
+                    "what": f"the plan says float32; {s:.0%} of the compute time ran in {d} kernels",
+                    "fix": "unset the math libraries' reduced-precision modes for float32 (oneDNN's "
+                           "ONEDNN_DEFAULT_FPMATH_MODE, TF32, ITEX's BF32) and build the model after "
+                           "auto_configure(), so that no layer keeps a mixed policy"})
+    emulated = _time([e for e in compute if e.emulated])
+    if total and emulated / total >= 0.01:
+        out.append({"code": "emulated-kernels",
+                    "what": f"{emulated / total:.0%} of the compute time ran reduced-precision kernels on an ISA "
+                            "without instructions for them (emulated: slower than float32)",
+                    "fix": "plan float32 here (--policy float32)"})
+    return out

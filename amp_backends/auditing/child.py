@@ -3,10 +3,14 @@
 A vendor library may read its verbose switch once, at start (oneDNN's ``ONEDNN_VERBOSE``), so the model runs here,
 started with the kernel audits' environment, planned from the ``AMP_*`` variables and prepared as the trainer
 prepares it. After ``warmup`` steps the measured steps run between two marker lines on stdout, inside the kernel
-audit's `KernelAudit.begin`/`KernelAudit.end`; the layers' kernel shapes, the step's matrix ops (`step_ops`), the
-precision check's findings, the step time and the kernel audit's facts go to ``OUT.json``. Where the given plan's
-backend (``AMP_AUDIT_BACKEND``) is not available here, the model computes under this machine's plan and that
-backend's kernel audit still reads the steps; a note says so.
+audit's `KernelAudit.begin`/`KernelAudit.end`; the layers' kernel shapes, the step's matrix ops, the precision
+check's findings, the step time and the kernel audit's facts go to ``OUT.json``. Where the given plan's backend
+(``AMP_AUDIT_BACKEND``) is not available here, the model computes under this machine's plan and that backend's kernel
+audit still reads the steps; a note says so.
+
+The step's matrix ops (`trace_step_ops`), forward and backward, are plain dicts: ``layer`` (the path of the layer
+whose call created it, or ``None``), ``op`` (its type), ``dtype``, and ``M``, ``K``, ``N``, ``batch`` for a matmul
+(logical sizes, as oneDNN's ``MxK:KxN``) or ``kernel`` (the filter's shape) and ``depthwise`` for a convolution.
 """
 
 from __future__ import annotations
@@ -26,6 +30,11 @@ BEGIN = "amp_backends_audit:begin"
 END = "amp_backends_audit:end"
 # The backend of the plan given to the audit (its kernel audit reads the run, even where it is not available here).
 PLAN_BACKEND = "AMP_AUDIT_BACKEND"
+MATMULS = frozenset({"MatMul", "SparseMatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"})
+# the filter is input 1, except where the op computes it (the gradient of the filter: its output)
+CONVS = {"Conv2D": 1, "Conv3D": 1, "Conv2DBackpropInput": 1, "Conv3DBackpropInputV2": 1,
+         "DepthwiseConv2dNative": 1, "DepthwiseConv2dNativeBackpropInput": 1,
+         "Conv2DBackpropFilter": None, "Conv3DBackpropFilterV2": None, "DepthwiseConv2dNativeBackpropFilter": None}
 
 
 def _mark(text: str) -> None:
@@ -51,12 +60,48 @@ def layer_kernels(model: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _matmul(op: Any) -> dict[str, Any] | None:
+    from ..model_check.gemm import attr, dims_of, float_dtype, prod, read_gemm
+
+    if op.type in ("MatMul", "SparseMatMul"):
+        a, b = dims_of(op.inputs[0]), dims_of(op.inputs[1])
+        if len(a) != 2 or len(b) != 2:
+            return None
+        m, k = (a[1], a[0]) if attr(op, "transpose_a") else (a[0], a[1])
+        n = b[0] if attr(op, "transpose_b") else b[1]
+        batch: int | None = 1
+    elif op.type == "Einsum":
+        shape = read_gemm(op)
+        m, k, n = shape.dims.get("M"), shape.dims.get("K"), shape.dims.get("N")
+        one = prod([2, m, k, n])
+        batch = shape.flops // one if shape.flops and one else None
+    else:
+        a, b, out = dims_of(op.inputs[0]), dims_of(op.inputs[1]), dims_of(op.outputs[0])
+        if len(a) < 2 or len(b) < 2:
+            return None
+        m, k = (a[-1], a[-2]) if attr(op, "adj_x") else (a[-2], a[-1])
+        n = b[-2] if attr(op, "adj_y") else b[-1]
+        batch = prod(out[:-2])
+    if None in (m, k, n, batch):
+        return None
+    return {"M": m, "K": k, "N": n, "batch": batch, "dtype": float_dtype(op)}
+
+
+def _conv(op: Any) -> dict[str, Any] | None:
+    from ..model_check.gemm import dims_of
+
+    at = CONVS[op.type]
+    kernel = dims_of(op.outputs[0] if at is None else op.inputs[at])
+    if not kernel or None in kernel:
+        return None
+    return {"kernel": kernel, "depthwise": op.type.startswith("Depthwise"), "dtype": op.outputs[0].dtype.name}
+
+
 def trace_step_ops(model: Any, compiled: Any, inputs: Any) -> list[dict[str, Any]] | None:
-    """Trace the step with each layer's call in a scope naming it and list its matrix ops with their layers
-    (`step_ops`); ``None`` when it cannot be traced so (records are then matched by kernel shape)."""
+    """Trace the step with each layer's call in a name scope naming it and list its matrix ops with their layers;
+    ``None`` when it cannot be traced so (records are then matched by kernel shape)."""
     from .. import keras_compat
-    from ..model_check.scopes import LayerScopes
-    from .step_ops import step_ops
+    from ..model_check.scopes import LayerScopes, owner
 
     walked = list(keras_compat.walk(model, model.name))
     try:
@@ -64,7 +109,15 @@ def trace_step_ops(model: Any, compiled: Any, inputs: Any) -> list[dict[str, Any
             concrete = compiled.get_concrete_function(inputs)
     except Exception:  # noqa: BLE001  # the audit stands without it: kernel shapes still match most records
         return None
-    return step_ops(concrete.graph, [path for path, _ in walked])
+    out = []
+    for op in concrete.graph.get_operations():
+        entry = _matmul(op) if op.type in MATMULS else _conv(op) if op.type in CONVS else None
+        if entry is None:
+            continue
+        index = owner(op.name)  # the scope token of layer i: walked[i]
+        layer = walked[index][0] if index is not None and 0 <= index < len(walked) else None
+        out.append({"layer": layer, "op": op.type, **entry})
+    return out
 
 
 def synthetic_inputs(model: Any, batch: int) -> Any:
@@ -85,12 +138,8 @@ def synthetic_inputs(model: Any, batch: int) -> Any:
     return tf.nest.map_structure(make, structure)
 
 
-def _write(out_path: str, doc: dict[str, Any]) -> None:
-    with open(out_path, "w", encoding="utf-8") as f:
-        json.dump(doc, f)
-
-
-def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None:
+def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> dict[str, Any]:
+    """The document ``OUT.json`` holds (``out_path``: its path, beside which the kernel audit's work folder goes)."""
     import tensorflow as tf
 
     from ..configure import auto_configure
@@ -107,16 +156,16 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
     try:  # a factory that cannot be found, raises or returns no model: the parent says so as `check` does
         factory = load_factory(target)
     except FactoryError as exc:
-        return _write(out_path, {"factory_error": str(exc)})
+        return {"factory_error": str(exc)}
     kernel_audit = default_registry().kernel_audit(backend)
     if kernel_audit is None or kernel_audit.unavailable:  # nothing would be read: nothing runs
-        return _write(out_path, {"measured": False, "plan": {**plan_data(plan), "backend": backend}})
+        return {"measured": False, "plan": {**plan_data(plan), "backend": backend}}
     try:
         model = build_model(factory, target, "its traceback is in the child's last lines below")
     except FactoryError as exc:  # the factory's own traceback, where it raised, goes with the message
         raised = exc.__cause__
-        return _write(out_path, {"factory_error": str(exc),
-                                 "traceback": "".join(traceback.format_exception(raised)) if raised else None})
+        return {"factory_error": str(exc),
+                "traceback": "".join(traceback.format_exception(raised)) if raised else None}
     x = synthetic_inputs(model, batch)
     # prepared exactly as training prepares it: the same layer plan, measured or cached as the trainer would
     layer_plan = prepare_model(model, plan, inputs=x).layer_plan
@@ -151,7 +200,7 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
                                                      layer_plan=layer_plan).findings]
     except Exception as exc:  # noqa: BLE001  # the audit stands without the check's findings
         findings = [{"severity": "info", "code": "check-failed", "layer": model.name, "what": str(exc)}]
-    doc = {
+    return {
         "model": model.name, "plan": {**plan_data(plan), "backend": backend, "graph_amp": plan.graph_amp,
                  "float32_layers": list(layer_plan.float32) if layer_plan else []},
         "layer_plan": layer_plan.to_dict() if layer_plan else None,
@@ -159,13 +208,14 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> None
         "layers": layer_kernels(model), "ops": ops, "findings": findings, "workdir": workdir,
         "tensorflow": tf.__version__, "facts": kernel_audit.facts(), "notes": notes,
     }
-    _write(out_path, doc)
 
 
 def main(argv: list[str]) -> int:
     target, out_path = argv[0], argv[1]
     batch, steps, warmup = (int(a) for a in (argv[2:5] + ["32", "3", "2"][len(argv[2:5]):]))
-    run(target, out_path, batch, steps, warmup)
+    doc = run(target, out_path, batch, steps, warmup)
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
     return 0
 
 

@@ -74,15 +74,7 @@ def _matmul_matches(shape: Mapping[str, int], layer: LayerKernel) -> bool:
 
 
 def match(record: KernelRecord, layers: Sequence[LayerKernel]) -> list[str]:
-    """The paths of the layers whose kernel shape fits ``record`` (empty: unmatched).
-
-    Args:
-        record: A backend's record, with its problem's shape.
-        layers: The model's layers with a kernel.
-
-    Returns:
-        The paths of the layers it fits.
-    """
+    """The paths of the layers whose kernel shape fits ``record``'s problem (empty: unmatched)."""
     test = {CONVOLUTION: _conv_matches, INNER_PRODUCT: _ip_matches, MATMUL: _matmul_matches}.get(record.problem)
     if not record.shape or test is None:
         return []
@@ -106,15 +98,8 @@ def _op_fits(shape: Mapping[str, int], problem: str, op: dict[str, Any]) -> bool
 
 
 def match_ops(record: KernelRecord, ops: Sequence[dict[str, Any]]) -> list[str]:
-    """The layers that created the step's ops of ``record``'s dtype and shape (empty: none fits).
-
-    Args:
-        record: A backend's record, with its problem's shape.
-        ops: The traced step's matrix ops (`step_ops`).
-
-    Returns:
-        The paths of the layers whose ops it fits.
-    """
+    """The paths of the layers that created the traced step's ops (`child.trace_step_ops`) of ``record``'s dtype and
+    shape (empty: none fits)."""
     if not record.shape:
         return []
     return sorted({op["layer"] for op in ops if op.get("layer") and op.get("dtype") == record.dtype

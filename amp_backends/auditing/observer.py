@@ -87,14 +87,8 @@ _TAP: _RecordTap | None = None
 
 
 def record_tap(prefix: str) -> _RecordTap:
-    """The process's one tap, made on first use and closed at exit (it passes on what is left to print).
-
-    Args:
-        prefix: The start of the records' lines it must take off standard output (added to the tap's).
-
-    Returns:
-        The tap.
-    """
+    """The process's one tap, made on first use and closed at exit (it passes on what is left to print); ``prefix``
+    (the start of the records' lines it must take off standard output) is added to its prefixes."""
     global _TAP
     raw = prefix.encode()
     if _TAP is None:
@@ -111,15 +105,8 @@ def _prints_records(audit: KernelAudit | None) -> TypeGuard[KernelAudit]:
 
 
 def observed_backend(plan: Plan | None) -> tuple[str, KernelAudit | None]:
-    """The backend whose kernel audit reads the trainer's window: the plan's, else the first registered backend
-    whose kernels print records on standard output.
-
-    Args:
-        plan: The plan trained under, or ``None``.
-
-    Returns:
-        The backend's name and its kernel audit (``None``: it offers none).
-    """
+    """The name and kernel audit (``None``: it offers none) of the backend that reads the trainer's window: the
+    plan's, else the first registered backend whose kernels print records on standard output."""
     from ..registry import default_registry
 
     registry = default_registry()
@@ -222,20 +209,16 @@ class AuditObserver:
         if self._step_times and all(self._step_times):
             doc["step_time_ms"] = 1000 * sum(self._step_times) / len(self._step_times)
         if plan is not None:
+            from ..layer_plan import decide
+
+            # the trained models' layer plans: those the trainer applied (``layer_plans``), else as decided now
+            given = self.layer_plans or {}
+            plans = [given.get(str(getattr(m, "name", ""))) or decide(m, plan) for m in self.models]
             doc["plan"] = {**plan_data(plan), "graph_amp": plan.graph_amp,
-                           "float32_layers": [p for lp in self._layer_plans() for p in lp.float32]}
+                           "float32_layers": [p for lp in plans for p in lp.float32]}
         if self.models:
             doc["layers"] = [kernel for m in self.models for kernel in layer_kernels(m)]
         return doc
-
-    def _layer_plans(self) -> list[Any]:
-        """The trained models' layer plans: those the trainer applied (``layer_plans``), else as decided now."""
-        from ..layer_plan import decide
-
-        given, plan = self.layer_plans or {}, self.plan
-        if plan is None:
-            return list(given.values())
-        return [given.get(str(getattr(m, "name", ""))) or decide(m, plan) for m in self.models]
 
     def close(self) -> None:
         if self._open:

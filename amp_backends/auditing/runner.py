@@ -6,7 +6,6 @@ the child before the interruption goes on; a SIGINT this process was started ign
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -14,13 +13,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import FactoryError, TrainingInterrupted
 from ..kernel_audit import Capture
 from .build import from_reading, not_measured
-from .child import BEGIN, END, PLAN_BACKEND
+from .child import BEGIN, END
 from .audit_result import Audit
 
 
@@ -42,7 +41,7 @@ def overrides_env(plan: Any = None, **overrides: Any) -> dict[str, str]:
         if value is None or value is False:
             continue
         if name in RENAMED:
-            warnings.warn(renamed_message(name), DeprecationWarning, stacklevel=4)  # audit() -> child_env -> here
+            warnings.warn(renamed_message(name), DeprecationWarning, stacklevel=3)  # audit() -> here
             name = RENAMED[name]
         if name not in ENV_VARS:
             raise TypeError(f"audit() got the unknown plan override {name}={value!r}: expected one of "
@@ -50,30 +49,6 @@ def overrides_env(plan: Any = None, **overrides: Any) -> dict[str, str]:
                             "policy='float32'")
         env[ENV_VARS[name]] = "1" if value is True else str(value)
     return env
-
-
-def child_env(plan: Any = None, **overrides: Any) -> dict[str, str]:
-    """The variables the child starts with beyond this process's: the ``AMP_*`` variables of the plan and the
-    overrides, and the kernel audit's environment (the plan's backend's, else every backend's).
-
-    Args:
-        plan: The `Plan` to run under, or ``None``.
-        **overrides: Plan overrides (``policy="float32"``...).
-
-    Returns:
-        Name -> value.
-
-    Raises:
-        TypeError: An override is not one of the plan's.
-    """
-    from ..registry import default_registry
-
-    env = overrides_env(plan, **overrides)
-    registry = default_registry()
-    if plan is None:
-        return {**env, **registry.audit_environment()}
-    audit = registry.kernel_audit(plan.backend)
-    return {**env, PLAN_BACKEND: str(plan.backend), **dict(audit.environment if audit is not None else ())}
 
 
 def split_output(stdout: str) -> tuple[list[str], list[str]]:
@@ -85,69 +60,41 @@ def split_output(stdout: str) -> tuple[list[str], list[str]]:
     return lines[:begin], lines[begin + 1:end]
 
 
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """Within: SIGTERM raises `TrainingInterrupted` where it has its default action, in the main thread (a handler
-    of the program's own, or an ignored SIGTERM, is left as it is)."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
-
+def _run_to_end(cmd: list[str], env: Mapping[str, str], timeout: float) -> tuple[int, str, str]:
+    """``cmd``'s exit code, standard output and standard error, run with ``env`` to its end; past ``timeout``
+    (``subprocess.TimeoutExpired``) or when this process is interrupted (SIGTERM in the main thread; a handler of
+    the program's own, or an ignored SIGTERM, is left as it is), it is stopped first."""
     def interrupt(signum: int, frame: Any) -> None:
         raise TrainingInterrupted(signum, 0, None, f"stopped by {signal.Signals(signum).name}")
 
-    signal.signal(signal.SIGTERM, interrupt)
+    catch = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    if catch:
+        signal.signal(signal.SIGTERM, interrupt)
     try:
-        yield
+        with subprocess.Popen(cmd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=os.getcwd()) as proc:
+            try:
+                stdout, stderr = proc.communicate(timeout=timeout)
+            except BaseException:  # a timeout, Ctrl-C, SIGTERM: the child is stopped (SIGKILL after 5 s) first
+                if proc.poll() is None:
+                    proc.terminate()
+                    try:
+                        proc.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                proc.wait()
+                raise
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def _run_to_end(cmd: list[str], env: Mapping[str, str], timeout: float) -> tuple[int, str, str]:
-    """``cmd``'s exit code, standard output and standard error, run with ``env`` to its end; past ``timeout``
-    (``subprocess.TimeoutExpired``) or when this process is interrupted, it is stopped first."""
-    with _sigterm_interrupts():
-        proc = subprocess.Popen(cmd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=os.getcwd())
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except BaseException:  # a timeout, Ctrl-C, SIGTERM: the child is stopped (SIGKILL after 5 s) first
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-            proc.wait()
-            for pipe in (proc.stdout, proc.stderr):
-                if pipe is not None:
-                    pipe.close()
-            raise
+        if catch:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return proc.returncode, stdout, stderr
 
 
 def run_child(target: str, *, batch_size: int, steps: int, warmup: int, env: Mapping[str, str],
               timeout: float = 600.0) -> Audit:
-    """Run ``target`` (``MODULE:FACTORY``) in a child started with ``env``; the plan's backend reads what ran.
-
-    Args:
-        target: The model's factory, ``MODULE:FACTORY``.
-        batch_size: The synthetic batch's size.
-        steps: The measured steps.
-        warmup: The steps run before them.
-        env: The variables the child starts with beyond this process's (`child_env`).
-        timeout: Seconds the child may run before it is stopped.
-
-    Returns:
-        What ran (`Audit`).
-
-    Raises:
-        FactoryError: The child could not import the factory, or it raised or returned no Keras model.
-        RuntimeError: The child failed or ran past ``timeout``.
-        KeyboardInterrupt: Ctrl-C, or SIGTERM (`TrainingInterrupted`, exit code 143), stopped the audit; the child
-            was stopped first.
-    """
+    """Run ``target`` (``MODULE:FACTORY``) in a child started with ``env`` (beyond this process's) for ``warmup`` and
+    ``steps`` steps of ``batch_size``; the plan's backend reads what ran. The errors are `audit`'s."""
     from ..registry import default_registry
 
     with tempfile.TemporaryDirectory(prefix="amp_audit_") as tmp:

@@ -71,13 +71,9 @@ def with_overrides(*, exclude: tuple[str, ...] = ()) -> Callable[[Callable[..., 
     options = [o for o in OPTIONS if o.name not in exclude]
     renamed = {old: new for old, new in RENAMED.items() if new not in exclude}  # old flags: hidden, still taken
 
-    def parameter(option: Any) -> inspect.Parameter:
-        help = option_help(option.name)
-        if option.flag:
-            return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                                     default=typer.Option(False, option.flag_name, help=help))
-        return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
-                                 default=typer.Option(None, option.flag_name, metavar=option.metavar, help=help))
+    def parameter(name: str, flag: bool, *decls: str, **kwargs: Any) -> inspect.Parameter:  # a flag, or a value
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=bool if flag else Optional[str],
+                                 default=typer.Option(False if flag else None, *decls, **kwargs))
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(command)
@@ -86,10 +82,9 @@ def with_overrides(*, exclude: tuple[str, ...] = ()) -> Callable[[Callable[..., 
         params: list[inspect.Parameter] = []
         for p in signature.parameters.values():
             if p.name == OVERRIDES:
-                params += [parameter(o) for o in options]
-                params += [inspect.Parameter(old, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
-                                             default=typer.Option(None, "--" + old.replace("_", "-"), hidden=True))
-                           for old in renamed]
+                params += [parameter(o.name, o.flag, o.flag_name, metavar=o.metavar, help=option_help(o.name))
+                           for o in options]
+                params += [parameter(old, False, "--" + old.replace("_", "-"), hidden=True) for old in renamed]
             else:
                 params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
 

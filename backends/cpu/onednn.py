@@ -119,13 +119,6 @@ def read_onednn_state(cpu: CpuInfo, environ: Mapping[str, str], tf_version: str 
 
 
 def onednn_takes_float16(cpu: CpuInfo, onednn: OneDnnState) -> bool:
-    """Whether TensorFlow runs float16 ops through oneDNN (not Eigen) here.
-
-    Args:
-        cpu: the CPU as the probe read it.
-        onednn: whether TensorFlow runs oneDNN (`onednn_state`).
-
-    Returns:
-        True where oneDNN is on and the CPU is an x86 with AVX512-FP16 or AMX-FP16.
-    """
+    """Whether TensorFlow runs float16 ops through oneDNN (not Eigen) on ``cpu`` under ``onednn`` (`onednn_state`):
+    where oneDNN is on and the CPU is an x86 with AVX512-FP16 or AMX-FP16."""
     return onednn.enabled and not cpu.is_arm and bool(cpu.flags & set(FLOAT16_FLAGS))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -143,13 +143,6 @@ def parse_problem(problem: str) -> dict[str, int]:
     return {key: int(value) for key, value in re.findall(r"([a-z]+)(\d+)", problem)}
 
 
-def _dtypes(descriptors: str) -> dict[str, str]:
-    found: dict[str, str] = {}
-    for m in filter(None, map(_MD.match, descriptors.split())):
-        found.setdefault(m.group("arg"), m.group("dt"))
-    return found
-
-
 def parse_line(line: str) -> Record | None:
     """One verbose line -> a `Record`, or ``None`` for anything that is not an execution record."""
     line = line.strip()
@@ -171,9 +164,11 @@ def parse_line(line: str) -> Record | None:
     kind, implementation, prop, descriptors = rest[:4]
     middle, problem = rest[4:-2], rest[-2]  # middle: attributes and auxiliary (alg:...) fields; MKL-DNN 0.x: the latter
     isa_match = _ISA.search(implementation.split("+")[0])
+    named = [m for m in map(_MD.match, descriptors.split()) if m]  # an argument named twice: its first dtype
     return Record(kind=kind, implementation=implementation, isa=isa_match.group(1) if isa_match else None,
-                  prop=prop, dtypes=_dtypes(descriptors), attrs=" ".join(m.strip() for m in middle if m.strip()),
-                  problem=problem, time_ms=time_ms, engine=engine)
+                  prop=prop, dtypes={m["arg"]: m["dt"] for m in reversed(named)},
+                  attrs=" ".join(m.strip() for m in middle if m.strip()), problem=problem, time_ms=time_ms,
+                  engine=engine)
 
 
 def parse(lines: Iterable[str]) -> list[Record]:
@@ -190,33 +185,9 @@ def library_version(lines: Iterable[str]) -> str | None:
     return None
 
 
-def cpu_has_avx512(read_cpu: Callable[[], CpuInfo]) -> bool | None:
-    """Whether this machine's CPU has AVX-512 (TensorFlow sends bfloat16 to oneDNN only there).
-
-    Args:
-        read_cpu: The CPU probe (the plan's: `probe_cpu`).
-
-    Returns:
-        True or False on x86, ``None`` on Arm or where the CPU cannot be read.
-    """
-    try:
-        cpu = read_cpu()
-    except Exception:  # noqa: BLE001  # a fact for a message: never worth failing the audit
-        return None
-    return None if cpu.is_arm else "avx512f" in cpu.flags
-
-
 def outside_onednn_reason(facts: Mapping[str, Any], plan: Mapping[str, Any], has_compute_records: bool) -> str | None:
-    """Why no oneDNN matrix kernel was seen.
-
-    Args:
-        facts: What the audited process recorded (`CpuKernelAudit.facts`: ``onednn_opts``, ``cpu_avx512``).
-        plan: The plan it ran under, as data (``compute_dtype``, ``xla``).
-        has_compute_records: Whether oneDNN ran a convolution, matmul or inner product.
-
-    Returns:
-        The reason, in words, or ``None`` when some were seen.
-    """
+    """Why no oneDNN matrix kernel was seen (``None``: ``has_compute_records``, some were), from what the audited
+    process recorded (`CpuKernelAudit.facts`) and the plan it ran under, as data (``compute_dtype``, ``xla``)."""
     if has_compute_records:
         return None
     opts = str(facts.get("onednn_opts") or "").strip().lower()
@@ -236,59 +207,6 @@ def outside_onednn_reason(facts: Mapping[str, Any], plan: Mapping[str, Any], has
     return ("ran outside oneDNN (Eigen): no oneDNN matmul or convolution was executed; TensorFlow leaves oneDNN off "
             "by default on CPUs without AVX512-VNNI, AVX512-BF16, AVX-VNNI or AMX "
             "(TF_ENABLE_ONEDNN_OPTS=1 turns it on)")
-
-
-def eigen_bfloat16(outside: str) -> dict[str, str]:
-    """The warning for a bfloat16 plan whose matrix kernels ran outside oneDNN.
-
-    Args:
-        outside: Why they ran outside oneDNN (`outside_onednn_reason`).
-
-    Returns:
-        The warning: ``code``, ``what``, ``fix``.
-    """
-    return {"code": "eigen-bfloat16",
-            "what": f"the plan says bfloat16, but the matrix kernels {outside}; "
-                    "TensorFlow's own (Eigen) kernels have no fast bfloat16 path",
-            "fix": "unset TF_ENABLE_ONEDNN_OPTS=0 (or set it to 1), or plan float32 (--policy float32)"}
-
-
-def read_records(lines: Sequence[str], doc: Mapping[str, Any], header: Sequence[str] = ()) -> KernelReading:
-    """The reading of a CPU run.
-
-    Args:
-        lines: The measured steps' standard output (oneDNN's verbose records).
-        doc: The run's document (`Capture.doc`: its ``plan``, ``steps`` and ``facts``).
-        header: The standard output before the measured steps (oneDNN's version banner).
-
-    Returns:
-        The records and what the CPU backend says of them.
-    """
-    records = [r.kernel_record() for r in parse(lines)]
-    plan = doc.get("plan") or {}
-    # Eigen's float32 contractions call oneDNN's sgemm (``gemm_api``) even with TensorFlow's oneDNN ops off:
-    # only a oneDNN convolution/matmul/inner-product primitive shows that TensorFlow's matrix ops ran in oneDNN.
-    has_compute = any(r.compute and r.kind != "gemm_api" for r in records)
-    eigen_sgemm = 0.0
-    if not has_compute:
-        eigen_sgemm = sum(r.time_ms for r in records if r.compute)
-        records = [replace(r, compute=False) for r in records]
-    version = library_version(header) or library_version(lines)
-    outside = outside_onednn_reason(doc.get("facts") or {}, plan, has_compute)
-    notes = []
-    if outside:
-        notes.append("kernels outside oneDNN are not visible to the audit: their dtypes are not reported "
-                     "(never guessed)")
-        if eigen_sgemm:
-            notes.append(f"{eigen_sgemm:.1f} ms of oneDNN sgemm calls (gemm_api, float32) were seen: Eigen's "
-                         "float32 contractions use it; they are not counted as compute time")
-    elif records:
-        total = sum(r.time_ms for r in records) / max(doc.get("steps") or 1, 1)
-        notes.append(f"oneDNN's own times sum to {total:.1f} ms per step; TensorFlow runs independent ops "
-                     "side by side, so this may exceed the step time")
-    warnings = (eigen_bfloat16(outside),) if outside and plan.get("compute_dtype") == "bfloat16" else ()
-    return KernelReading(device="cpu", records=tuple(records), source=f"{version or 'oneDNN'} verbose "
-                         f"({len(records)} records)", not_visible=outside, notes=tuple(notes), warnings=warnings)
 
 
 class CpuKernelAudit(KernelAudit):
@@ -321,15 +239,22 @@ class CpuKernelAudit(KernelAudit):
                    for name in ("ONEDNN_VERBOSE", "DNNL_VERBOSE"))
 
     def facts(self) -> dict[str, Any]:
-        """``TF_ENABLE_ONEDNN_OPTS`` at the start, and whether the CPU has AVX-512.
+        """``TF_ENABLE_ONEDNN_OPTS`` at the start, and whether the CPU has AVX-512 (TensorFlow sends bfloat16 to
+        oneDNN only there; ``None`` on Arm or where the CPU cannot be read).
 
         Returns:
             ``{"onednn_opts": ..., "cpu_avx512": ...}``.
         """
-        return {"onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS"), "cpu_avx512": cpu_has_avx512(self.read_cpu)}
+        try:
+            cpu = self.read_cpu()
+            avx512 = None if cpu.is_arm else "avx512f" in cpu.flags
+        except Exception:  # noqa: BLE001  # a fact for a message: never worth failing the audit
+            avx512 = None
+        return {"onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS"), "cpu_avx512": avx512}
 
     def read(self, capture: Capture) -> KernelReading:
-        """The measured steps' verbose records (`read_records`).
+        """The measured steps' verbose records (``capture.lines``; oneDNN's version banner may be in
+        ``capture.header``), read under the run's document (its ``plan``, ``steps`` and ``facts``).
 
         Args:
             capture: The run's standard output and document.
@@ -337,4 +262,33 @@ class CpuKernelAudit(KernelAudit):
         Returns:
             The records and what the CPU backend says of them.
         """
-        return read_records(capture.lines, capture.doc, capture.header)
+        lines, doc = capture.lines, capture.doc
+        records = [r.kernel_record() for r in parse(lines)]
+        plan = doc.get("plan") or {}
+        # Eigen's float32 contractions call oneDNN's sgemm (``gemm_api``) even with TensorFlow's oneDNN ops off:
+        # only a oneDNN convolution/matmul/inner-product primitive shows that TensorFlow's matrix ops ran in oneDNN.
+        has_compute = any(r.compute and r.kind != "gemm_api" for r in records)
+        eigen_sgemm = 0.0
+        if not has_compute:
+            eigen_sgemm = sum(r.time_ms for r in records if r.compute)
+            records = [replace(r, compute=False) for r in records]
+        version = library_version(capture.header) or library_version(lines)
+        outside = outside_onednn_reason(doc.get("facts") or {}, plan, has_compute)
+        notes = []
+        if outside:
+            notes.append("kernels outside oneDNN are not visible to the audit: their dtypes are not reported "
+                         "(never guessed)")
+            if eigen_sgemm:
+                notes.append(f"{eigen_sgemm:.1f} ms of oneDNN sgemm calls (gemm_api, float32) were seen: Eigen's "
+                             "float32 contractions use it; they are not counted as compute time")
+        elif records:
+            total = sum(r.time_ms for r in records) / max(doc.get("steps") or 1, 1)
+            notes.append(f"oneDNN's own times sum to {total:.1f} ms per step; TensorFlow runs independent ops "
+                         "side by side, so this may exceed the step time")
+        warnings = ({"code": "eigen-bfloat16",
+                     "what": f"the plan says bfloat16, but the matrix kernels {outside}; "
+                             "TensorFlow's own (Eigen) kernels have no fast bfloat16 path",
+                     "fix": "unset TF_ENABLE_ONEDNN_OPTS=0 (or set it to 1), or plan float32 (--policy float32)"},
+                    ) if outside and plan.get("compute_dtype") == "bfloat16" else ()
+        return KernelReading(device="cpu", records=tuple(records), source=f"{version or 'oneDNN'} verbose "
+                             f"({len(records)} records)", not_visible=outside, notes=tuple(notes), warnings=warnings)

@@ -233,43 +233,24 @@ def _xplane_to_trace(path: str) -> dict[str, Any]:
 
 # -- the kernel audit --------------------------------------------------------------------------------------
 PROBLEMS = {"gemm": MATMUL, "conv": CONVOLUTION}
-TRACE = "TensorFlow profiler trace"
 LAYER_NOTE = ("GPU kernels are matched to layers by their TensorFlow op's name scopes where the trace gives one; XLA "
               "fusions without HLO in the trace are unknown")
 NO_GPU = ("not measured: TensorFlow listed no GPU in the audit's process, so no GPU kernel was traced (the model ran "
           "on the CPU)")
 
 
-def kernel_records(events: Iterable[KernelEvent]) -> tuple[KernelRecord, ...]:
-    """The trace's kernels as the audit counts them (a fusion without HLO may hold a dot: compute, dtype unknown).
-
-    Args:
-        events: The trace's GPU kernels.
-
-    Returns:
-        One `KernelRecord` a kernel, with its TensorFlow op for matching it to a layer.
-    """
-    out = []
+def reading(events: Iterable[KernelEvent]) -> KernelReading:
+    """The reading of a trace's GPU kernels: one `KernelRecord` a kernel, with its TensorFlow op for matching it to a
+    layer (a fusion without HLO may hold a dot: compute, dtype unknown), and the note on that matching."""
+    records = []
     for event in events:
         k = classify(event.name, event.hlo)
-        compute = k.is_compute or k.kind == "fusion"
         unit = "Tensor Cores" if k.tensor_core else ("CUDA cores" if k.tensor_core is False else "unknown")
-        out.append(KernelRecord(kind=k.kind, dtype=k.dtype, unit=unit, time_ms=event.duration_us / 1000.0,
-                                compute=compute, matrix_unit=k.tensor_core, problem=PROBLEMS.get(k.kind, ""),
-                                op=event.op))
-    return tuple(out)
-
-
-def reading(events: Iterable[KernelEvent]) -> KernelReading:
-    """The reading of a trace's GPU kernels.
-
-    Args:
-        events: The trace's GPU kernels.
-
-    Returns:
-        The kernels, with the note on how they are matched to layers.
-    """
-    return KernelReading(device="nvidia", records=kernel_records(events), source=TRACE, notes=(LAYER_NOTE,))
+        records.append(KernelRecord(kind=k.kind, dtype=k.dtype, unit=unit, time_ms=event.duration_us / 1000.0,
+                                    compute=k.is_compute or k.kind == "fusion", matrix_unit=k.tensor_core,
+                                    problem=PROBLEMS.get(k.kind, ""), op=event.op))
+    return KernelReading(device="nvidia", records=tuple(records), source="TensorFlow profiler trace",
+                         notes=(LAYER_NOTE,))
 
 
 class NvidiaKernelAudit(KernelAudit):
