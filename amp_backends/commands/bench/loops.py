@@ -73,53 +73,36 @@ class _Scaling:
         self.optimizer.apply_gradients(zip(grads, variables, strict=True))
 
 
-def _mnist_manual(policy: str, xla: bool, scaling: str, lr: float, batch: int) -> Callable:
+def _manual_step(model: str, policy: str, xla: bool, scaling: str, lr: float, batch: int) -> Callable:
+    """The tutorial's step as written: for each model it trains, a tape, the scaled loss, the update."""
     tf = _tf()
-    from ...models import mnist_cnn
+    from ...models import NOISE_DIM, gan_discriminator, gan_generator, gan_labels, mnist_cnn, sigmoid_loss
 
     set_global_policy(policy, tf)
-    model = mnist_cnn()
-    s = _Scaling(scaling, tf.keras.optimizers.Adam(lr))
-    loss_obj = tf.keras.losses.SparseCategoricalCrossentropy()
+    if model == "mnist":
+        m, loss_obj = mnist_cnn(), tf.keras.losses.SparseCategoricalCrossentropy()
+        updates = [(m, _Scaling(scaling, tf.keras.optimizers.Adam(lr)), lambda x, y: loss_obj(y, m(x, training=True)))]
+    else:
+        g, d = gan_generator(), gan_discriminator()
+
+        def forward(real):
+            noise = tf.random.uniform([batch, NOISE_DIM], -1.0, 1.0)
+            fake = g(noise, training=True)
+            on_real, on_fake = d(real, training=True), d(fake, training=True)
+            rl, fl = gan_labels(batch)
+            return sigmoid_loss(on_fake, rl), 0.5 * (sigmoid_loss(on_fake, fl) + sigmoid_loss(on_real, rl))
+
+        updates = [(g, _Scaling(scaling, tf.keras.optimizers.Adam(1e-3)), lambda x, y: forward(x)[0]),
+                   (d, _Scaling(scaling, tf.keras.optimizers.RMSprop(1e-4)), lambda x, y: forward(x)[1])]
 
     @tf.function(jit_compile=xla)
     def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_obj(y, model(x, training=True))
-            scaled = s.scale(loss)
-        grads = tape.gradient(scaled, model.trainable_variables)
-        s.apply(grads, model.trainable_variables)
+        for trained, s, loss_of in updates:  # the GAN: the generator, then the discriminator (its loss returned)
+            with tf.GradientTape() as tape:
+                loss = loss_of(x, y)
+                scaled = s.scale(loss)
+            s.apply(tape.gradient(scaled, trained.trainable_variables), trained.trainable_variables)
         return loss
-
-    return step
-
-
-def _gan_manual(policy: str, xla: bool, scaling: str, lr: float, batch: int) -> Callable:
-    tf = _tf()
-    from ...models import NOISE_DIM, gan_discriminator, gan_generator, gan_labels, sigmoid_loss
-
-    set_global_policy(policy, tf)
-    g, d = gan_generator(), gan_discriminator()
-    gs, ds = _Scaling(scaling, tf.keras.optimizers.Adam(1e-3)), _Scaling(scaling, tf.keras.optimizers.RMSprop(1e-4))
-
-    def forward(real):
-        noise = tf.random.uniform([batch, NOISE_DIM], -1.0, 1.0)
-        fake = g(noise, training=True)
-        on_real, on_fake = d(real, training=True), d(fake, training=True)
-        rl, fl = gan_labels(batch)
-        return sigmoid_loss(on_fake, rl), 0.5 * (sigmoid_loss(on_fake, fl) + sigmoid_loss(on_real, rl))
-
-    @tf.function(jit_compile=xla)
-    def step(x, y_unused):
-        with tf.GradientTape() as tape:
-            gl, _ = forward(x)
-            scaled = gs.scale(gl)
-        gs.apply(tape.gradient(scaled, g.trainable_variables), g.trainable_variables)
-        with tf.GradientTape() as tape:
-            _, dl = forward(x)
-            scaled = ds.scale(dl)
-        ds.apply(tape.gradient(scaled, d.trainable_variables), d.trainable_variables)
-        return dl
 
     return step
 
@@ -147,7 +130,7 @@ def bench_manual(model: str, config: tuple, x: np.ndarray, y: np.ndarray, batch:
     tf = _tf()
     name, policy, tf32, xla, scaling = config
     tf.config.experimental.enable_tensor_float_32_execution(tf32)
-    step = (_mnist_manual if model == "mnist" else _gan_manual)(policy, xla, scaling, lr, batch)
+    step = _manual_step(model, policy, xla, scaling, lr, batch)
     ds = _dataset(x, y, batch)
     per_step = batch if model == "mnist" else 2 * batch
 
