@@ -6,6 +6,7 @@ its min-max spread (``docs/benchmarks.md``). ``zoo.json``'s schema is ``amp_back
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -188,18 +189,16 @@ class ZooRun:
         calls: dict[str, list[float]] = {c.name: [] for c in live}
         predicts: dict[str, list[float]] = {c.name: [] for c in live}  # inference after each repetition
 
-        def rep(cfg: ZooConfig) -> Callable[[], Sample]:
-            def run() -> Sample:  # the worker times its own steps; the whole fit() call is kept beside
-                r = self.ask(cfg, op="rep")
-                if not r.get("ok"):
-                    raise WorkerFailed(r["error"])
-                calls[cfg.name].append(r["samples"] / r["call_seconds"])
-                if r.get("predict_seconds"):
-                    predicts[cfg.name].append(r["samples"] / r["predict_seconds"])
-                elif r.get("predict_error"):
-                    configs[cfg.name]["predict_error"] = r["predict_error"]
-                return Sample(r["samples"], r["seconds"])
-            return run
+        def rep(cfg: ZooConfig) -> Sample:  # the worker times its own steps; the whole fit() call is kept beside
+            r = self.ask(cfg, op="rep")
+            if not r.get("ok"):
+                raise WorkerFailed(r["error"])
+            calls[cfg.name].append(r["samples"] / r["call_seconds"])
+            if r.get("predict_seconds"):
+                predicts[cfg.name].append(r["samples"] / r["predict_seconds"])
+            elif r.get("predict_error"):
+                configs[cfg.name]["predict_error"] = r["predict_error"]
+            return Sample(r["samples"], r["seconds"])
 
         def failed(name: str, exc: Exception) -> None:
             configs[name]["error"] = str(exc)
@@ -209,8 +208,8 @@ class ZooRun:
             self.say(f"  round {r + 1}/{self.reps}: " + ", ".join(f"{c.name} {t.rates[c.name][-1]:,.0f}" for c in live
                                                                    if t.rates[c.name]))
 
-        timings = interleaved({c.name: rep(c) for c in live}, rounds=self.reps, on_error=failed, after_round=said) \
-            if live else Timings({})
+        timings = interleaved({c.name: functools.partial(rep, c) for c in live}, rounds=self.reps, on_error=failed,
+                              after_round=said) if live else Timings({})
         for cfg in live:
             c = configs[cfg.name]
             c["samples_per_s"] = _spread(list(timings.rates[cfg.name]))

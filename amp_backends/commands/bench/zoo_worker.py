@@ -8,6 +8,7 @@ a dtype policy, XLA and an applied plan are process-wide. It answers one JSON re
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -110,7 +111,7 @@ class ZooWorker:
             elif self.cfg.get("xla") is not None:
                 kwargs["jit_compile"] = bool(self.cfg["xla"])
             self.model.compile(optimizer=opt, loss=self.entry.loss(), **kwargs)
-        self.fits = 0
+        self.fits = itertools.count(1)  # the trainer's fit() calls: each one more epoch
         self.callbacks = [tf.keras.callbacks.LambdaCallback(  # the training's start and end, for fit
             on_train_begin=lambda logs: self.window.update(start=time.perf_counter()),
             on_train_end=lambda logs: self.window.update(end=time.perf_counter()))]
@@ -143,8 +144,7 @@ class ZooWorker:
         self.window.clear()
         t0 = time.perf_counter()
         if self.trainer is not None:
-            self.fits += 1
-            self.trainer.fit(self.x, self.y, epochs=self.fits)
+            self.trainer.fit(self.x, self.y, epochs=next(self.fits))
         else:
             h = self.model.fit(self.x, self.y, batch_size=self.batch, epochs=1, verbose=0, shuffle=False,
                                callbacks=self.callbacks)
