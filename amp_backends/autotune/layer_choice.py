@@ -66,11 +66,13 @@ class Measurement:
                        f"{self.policy} as planned {self.plan_rate:.4g} samples/s (min-max {self.plan_spread[0]:.4g}-"
                        f"{self.plan_spread[1]:.4g}), every layer float32 {self.float32_rate:.4g} "
                        f"({self.float32_spread[0]:.4g}-{self.float32_spread[1]:.4g}), {self.ratio:.2f}x")
-        head = {FLOAT32: f"every layer float32: faster than {self.policy} in every round by more than "
-                         f"{self.margin - 1:.0%}",
-                PLAN: f"the plan's {self.policy} kept: faster than float32 in every round"}.get(
-            self.verdict, f"the plan's {self.policy} kept: within noise (neither side won every round by more than "
-                          f"{self.margin - 1:.0%})")
+        if self.verdict == FLOAT32:
+            head = f"every layer float32: faster than {self.policy} in every round by more than {self.margin - 1:.0%}"
+        elif self.verdict == PLAN:
+            head = f"the plan's {self.policy} kept: faster than float32 in every round"
+        else:
+            head = (f"the plan's {self.policy} kept: within noise (neither side won every round by more than "
+                    f"{self.margin - 1:.0%})")
         return head + origin + figures
 
     def to_dict(self) -> dict[str, Any]:
