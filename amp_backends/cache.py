@@ -78,10 +78,9 @@ def host_machine() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
             for line in fh:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key in ("model name", "cpu family", "model", "CPU part") and key not in fields:
-                    fields[key] = value.strip()
+                key, _, value = (part.strip() for part in line.partition(":"))
+                if key in ("model name", "cpu family", "model", "CPU part"):
+                    fields.setdefault(key, value)
                 if not line.strip() and fields:
                     break
     except OSError:

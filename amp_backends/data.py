@@ -67,8 +67,9 @@ def read_mnist_npz(path: str | os.PathLike) -> tuple[tuple[np.ndarray, np.ndarra
                                    "(chmod u+r), or pass a copy you can read.") from None
     except Exception as exc:  # a truncated or overwritten file: BadZipFile, zlib.error, EOFError
         raise _damaged(p, exc) from None
-    train = normalize_images(x_train, f"{p}: x_train"), normalize_labels(y_train, f"{p}: y_train")
-    test = normalize_images(x_test, f"{p}: x_test"), normalize_labels(y_test, f"{p}: y_test")
+    train, test = ((normalize_images(x, f"{p}: x_{name}"),
+                    class_ids(y, CLASSES, f"{p}: y_{name}", one_hot="convert", error=DataUnavailableError))
+                   for name, x, y in (("train", x_train, y_train), ("test", x_test, y_test)))
     for name, (x, y) in (("train", train), ("test", test)):
         if len(x) != len(y):
             raise DataUnavailableError(f"{str(p)!r}: x_{name} has {len(x)} images but y_{name} {len(y)} labels: "
@@ -133,11 +134,6 @@ def normalize_images(x: np.ndarray, where: str) -> np.ndarray:
                                    "expected [0, 1] floats or 0..255 values. "
                                    "Fix: save them as uint8 0..255 or floats in [0, 1].")
     return x.astype(np.uint8)
-
-
-def normalize_labels(y: np.ndarray, where: str, classes: int = CLASSES) -> np.ndarray:
-    """Class ids ``int64`` in ``0..classes-1``, from integer, whole-float or one-hot labels."""
-    return class_ids(y, classes, where, one_hot="convert", error=DataUnavailableError)
 
 
 def load_mnist(path: str | os.PathLike | None = None, *, allow_download: bool = True) -> Any:

@@ -8,7 +8,7 @@ of its own because the layer plan reads it, while the measuring (`amp_backends.a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,10 +76,8 @@ class Measurement:
         return head + origin + figures
 
     def to_dict(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "policy": self.policy, "plan_rate": round(self.plan_rate, 3),
-                "float32_rate": round(self.float32_rate, 3), "plan_spread": [round(v, 3) for v in self.plan_spread],
-                "float32_spread": [round(v, 3) for v in self.float32_spread], "rounds": self.rounds,
-                "steps": self.steps, "margin": self.margin, "origin": self.origin}
+        return {k: [round(x, 3) for x in v] if k.endswith("_spread") else round(v, 3) if k.endswith("_rate") else v
+                for k, v in asdict(self).items()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Measurement:
@@ -132,11 +130,8 @@ def cached(model: Any, plan: Plan) -> Measurement | None:
         key = cache_key(model, plan)
     except Exception:  # a model whose structure cannot be read has no key
         return None
-    entry = load(cache_file()).get(key)
-    if not isinstance(entry, Mapping):
-        return None
-    try:
-        return replace(Measurement.from_dict(entry), origin="cached")
+    try:  # none kept (KeyError), or an entry that is not one `remember` wrote
+        return replace(Measurement.from_dict(load(cache_file())[key]), origin="cached")
     except (KeyError, TypeError, ValueError):
         return None
 

@@ -7,6 +7,7 @@ the next run applies it without timing; ``amp-backends info`` lists the cached c
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -117,13 +118,8 @@ def candidates(plan: Plan) -> list[dict[str, Any]]:
 def _continue(trainer: Any, x: Any, y: Any, steps: int) -> Callable[[], Any]:
     """One more compiled call of ``steps`` steps of ``trainer`` each time it is called (``max_steps`` ends each
     ``fit``; the epochs never do)."""
-    done = [0]
-
-    def run() -> Any:
-        done[0] += steps
-        return trainer.fit(x, y, epochs=10**9, max_steps=done[0])
-
-    return run
+    ends = itertools.count(steps, steps)
+    return lambda: trainer.fit(x, y, epochs=10**9, max_steps=next(ends))
 
 
 def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: Any, y: Any = None, *, batch_size: int,
@@ -203,30 +199,28 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
             timings = interleaved(runs, rounds=ROUNDS, units=steps * (images_per_step or batch_size))
         except Exception as exc:
             logger.warning(f"autotune: timing the candidates failed ({type(exc).__name__}: {str(exc)[:200]})")
+    timed: dict[str, Trial] = {}  # by label
     if timings is not None:
         for label, cand in labels.items():
-            trials.append(Trial(cand["policy"], cand["xla"], timings.median(label)))
+            timed[label] = Trial(cand["policy"], cand["xla"], timings.median(label))
             low, high = timings.spread(label)
             logger.info(f"autotune: {label}: {timings.median(label):.4g} img/s (min-max {low:.4g}-{high:.4g})")
-    ok = [t for t in trials if t.img_per_s]
-    if not ok or timings is None:
+    trials += timed.values()
+    if timings is None or not any(t.img_per_s for t in trials):
         logger.warning("autotune: every candidate failed; keeping the rule-based plan")
         return auto_configure(verbose=False, registry=registry, **fixed)
     rules_label = f"policy={base.policy} xla={base.xla}"
     winner = timings.winner(MARGIN)
-    if winner is None and rules_label in labels:
-        # within noise: no candidate beat all the others in every round; the rules' plan stays
-        best = next(t for t in ok if t.policy == base.policy and t.xla == base.xla)
+    stays = winner is None and rules_label in labels  # within noise: no candidate beat all the others every round
+    if stays:
         logger.info(f"autotune: no candidate was faster than every other in every one of {ROUNDS} interleaved rounds "
                     f"by more than {MARGIN - 1:.0%}: within noise, the rules' plan stays")
-    else:
-        chosen = labels[winner or max(labels, key=timings.median)]
-        best = next(t for t in ok if t.policy == chosen["policy"] and t.xla == chosen["xla"])
+    best = timed[rules_label if stays else winner or max(labels, key=timings.median)]
     kept = key is not None and store(key, {"policy": best.policy, "xla": best.xla, "img_per_s": best.img_per_s,
                                            "date": time.strftime("%Y-%m-%d"), "trials": [t.__dict__ for t in trials],
                                            "within_noise": winner is None, "timings": timings.to_dict()})
     plan = auto_configure(policy=best.policy, xla=best.xla, verbose=False, registry=registry, **fixed)
-    rule = next((t for t in ok if t.policy == base.policy and t.xla == base.xla), None)
+    rule = timed.get(rules_label)
     logger.info(f"autotune: chose policy={best.policy} xla={best.xla} at {best.img_per_s:.4g} img/s"
                 + (f" (the rules' plan: {rule.img_per_s:.4g} img/s)" if rule else "")
                 + (f"; cached in {cache_path()}" if kept else "; not cached"

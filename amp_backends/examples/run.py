@@ -47,10 +47,6 @@ class RunOptions:
         """The options among ``parsed`` (a command's parsed options, by name); other names are ignored."""
         return cls(**{f.name: parsed[f.name] for f in fields(cls) if f.name in parsed})
 
-    @property
-    def strict(self) -> bool:
-        return bool(self.overrides.get("strict"))
-
 
 def preflight(opts: RunOptions) -> None:
     """What the examples refuse before TensorFlow starts: a wrong cluster (`training.distribute.check_cluster`), a
@@ -74,32 +70,6 @@ def preflight(opts: RunOptions) -> None:
                              f"{' and '.join(sources)}. Fix: keep the one to train on.")
     check_cluster(opts.distribute)
     check_no_file_in_the_way(opts.logdir, "--logdir")
-
-
-def strategy_and_plan(opts: RunOptions) -> tuple[Any, Any]:
-    """The tf.distribute strategy (first: multi-worker collectives are set up before any op), then this worker's
-    plan, compared with the other workers' plans."""
-    from ..configure import auto_configure
-    from ..training.distribute import check_plan_agreement, make_strategy
-
-    strategy = make_strategy(opts.distribute, timeout_s=opts.cluster_timeout)
-    if opts.tune and strategy is not None:
-        raise AmpConfigError("--tune times plans in a single process; it cannot run under a distribution strategy. "
-                             "Fix: tune once without --distribute (the choice is cached), then train distributed.")
-    plan = auto_configure(**opts.overrides, verbose=False)
-    check_plan_agreement(strategy, plan, strict=opts.strict)
-    return strategy, plan
-
-
-def load_data(opts: RunOptions) -> Any:
-    from ..data import digits_as_mnist, load_mnist, synthetic_mnist
-
-    seed = 0 if opts.seed is None else opts.seed
-    if opts.synthetic:
-        return synthetic_mnist(seed=seed)
-    if opts.digits:
-        return digits_as_mnist(seed=seed)
-    return load_mnist(opts.data)
 
 
 def profile_window(opts: RunOptions) -> tuple[int, int] | None:
@@ -143,15 +113,28 @@ def choose_run(opts: RunOptions, strategy: Any) -> tuple[RunOptions, Any]:
 
 
 def start(opts: RunOptions) -> tuple[RunOptions, Any, Any, Any, Any]:
-    """`strategy_and_plan`, then `choose_run` (the options get the run's seed), then the data, drawn or split with
-    that seed.
+    """The tf.distribute strategy (first: multi-worker collectives are set up before any op), this worker's plan
+    (compared with the other workers' plans), then `choose_run` (the options get the run's seed), then the data,
+    drawn or split with that seed.
 
     Returns:
         ``(opts, strategy, plan, run, data)``.
     """
-    strategy, plan = strategy_and_plan(opts)
+    from ..configure import auto_configure
+    from ..data import digits_as_mnist, load_mnist, synthetic_mnist
+    from ..training.distribute import check_plan_agreement, make_strategy
+
+    strategy = make_strategy(opts.distribute, timeout_s=opts.cluster_timeout)
+    if opts.tune and strategy is not None:
+        raise AmpConfigError("--tune times plans in a single process; it cannot run under a distribution strategy. "
+                             "Fix: tune once without --distribute (the choice is cached), then train distributed.")
+    plan = auto_configure(**opts.overrides, verbose=False)
+    check_plan_agreement(strategy, plan, strict=bool(opts.overrides.get("strict")))
     opts, run = choose_run(opts, strategy)
-    return opts, strategy, plan, run, load_data(opts)
+    seed = opts.seed or 0  # the run's (choose_run sets it)
+    data = (synthetic_mnist(seed=seed) if opts.synthetic else digits_as_mnist(seed=seed) if opts.digits
+            else load_mnist(opts.data))
+    return opts, strategy, plan, run, data
 
 
 def prepare_models(plan: Any, *models: Any, strategy: Any = None) -> None:

@@ -9,6 +9,7 @@ checkout: ``python benchmarks/gpu_suite.py`` (``benchmarks/README.md``).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Optional
 
@@ -36,16 +37,6 @@ def _stopped(stop: KeyboardInterrupt, results: Path) -> typer.Exit:
     kept = f"what finished before it is in {results}" if results.exists() else "nothing had finished"
     typer.echo(f"{PROG}: {stop_reason(stop)}; {kept}", err=True)
     return typer.Exit(getattr(stop, "exit_code", 130))
-
-
-def _folder(out: Path, result: str) -> Path:
-    """Before any work: a file in the way of ``--out`` fails now, and an earlier run is never overwritten."""
-    from .output import results_folder
-
-    try:
-        return results_folder(out, result)
-    except ValueError as exc:
-        raise _fail(str(exc)) from None
 
 
 def _names(text: Optional[str]) -> list[str] | None:
@@ -86,6 +77,7 @@ def main(
     if gpu_suite:
         raise _fail(MOVED_GPU_SUITE)
     from ...tf_import import import_tensorflow, quiet_tensorflow_logs
+    from .output import results_folder
 
     if zoo:
         from ...zoo import ZOO
@@ -94,31 +86,33 @@ def main(
         zoo_models = _names(models) or list(ZOO)
         if any(m not in ZOO for m in zoo_models):
             raise _fail(f"--zoo --models takes {', '.join(ZOO)}. Received: {models!r}.")
-        folder = _folder(out, "zoo.json")
-        try:
-            run_zoo(zoo_models, _names(configs), reps, steps, batch, folder)
-        except ValueError as exc:
-            raise _fail(str(exc)) from None
-        except KeyboardInterrupt as exc:
-            raise _stopped(exc, folder / "zoo.json") from None
-        return
-    from .loops import run
+        result = "zoo.json"
+        job = functools.partial(run_zoo, zoo_models, _names(configs), reps, steps, batch)
+    else:
+        from .loops import run
 
-    wanted: list[str] | None = _names(models) if models is not None else ["mnist", "gan"]
-    if not wanted or any(m not in ("mnist", "gan") for m in wanted):
-        raise _fail(f"--models takes mnist and/or gan (or zoo models with --zoo). Received: {models!r}.")
-    chosen = _names(configs)
-    unknown = [c for c in chosen or [] if c not in [m[0] for m in MANUAL]]
-    if unknown:
-        raise _fail(f"unknown configuration(s) {unknown}; valid: {MANUAL_NAMES}.")
-    out = _folder(out, "bench.json")
-    import_tensorflow(quiet_tensorflow_logs())
+        wanted: list[str] | None = _names(models) if models is not None else ["mnist", "gan"]
+        if not wanted or any(m not in ("mnist", "gan") for m in wanted):
+            raise _fail(f"--models takes mnist and/or gan (or zoo models with --zoo). Received: {models!r}.")
+        chosen = _names(configs)
+        unknown = [c for c in chosen or [] if c not in [m[0] for m in MANUAL]]
+        if unknown:
+            raise _fail(f"unknown configuration(s) {unknown}; valid: {MANUAL_NAMES}.")
+        result = "bench.json"
+        job = functools.partial(run, wanted, chosen, epochs, samples, mnist_batch, gan_batch, steps_per_call,
+                                with_fit=not no_fit)
+    try:  # before any work: a file in the way of --out fails now, and an earlier run is never overwritten
+        folder = results_folder(out, result)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if not zoo:
+        import_tensorflow(quiet_tensorflow_logs())
     try:
-        run(wanted, chosen, epochs, samples, mnist_batch, gan_batch, steps_per_call, out, with_fit=not no_fit)
+        job(folder)
     except ValueError as exc:
         raise _fail(str(exc)) from None
     except KeyboardInterrupt as exc:
-        raise _stopped(exc, out / "bench.json") from None
+        raise _stopped(exc, folder / result) from None
 
 
 def cli_main() -> None:

@@ -9,6 +9,7 @@ median of ``--epochs`` timed ones. Writes ``bench.json`` (schema ``amp_backends/
 from __future__ import annotations
 
 import functools
+import itertools
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -51,75 +52,51 @@ def _tf() -> Any:
 
 
 # --------------------------------------------------------------------------- the tutorials' loops
-class _Scaling:
-    """Loss scaling as the tutorials did it, with the installed Keras's API where it still exists."""
-
-    def __init__(self, mode: str, optimizer: Any) -> None:
-        self.mode = mode
-        self.optimizer = dynamic_loss_scale_optimizer(optimizer) if mode == "dynamic" else optimizer
-
-    def scale(self, loss: Any) -> Any:
-        if self.mode == "fixed":
-            return loss * FIXED_SCALE
-        if self.mode == "dynamic":
-            return scale_loss(self.optimizer, loss)
-        return loss
-
-    def apply(self, grads: list[Any], variables: list[Any]) -> None:
-        if self.mode == "fixed":
-            grads = [g / FIXED_SCALE for g in grads]
-        elif self.mode == "dynamic":
-            grads = unscale_gradients(self.optimizer, grads)
-        self.optimizer.apply_gradients(zip(grads, variables, strict=True))
+# loss scaling as the tutorials did it, with the installed Keras's API where it still exists: mode -> (scale the
+# loss, unscale the gradients), each given the optimizer (a dynamic loss-scale optimizer for "dynamic")
+SCALING: dict[str, tuple[Callable[[Any, Any], Any], Callable[[Any, Any], Any]]] = {
+    "none": (lambda opt, loss: loss, lambda opt, grads: grads),
+    "fixed": (lambda opt, loss: loss * FIXED_SCALE, lambda opt, grads: [g / FIXED_SCALE for g in grads]),
+    "dynamic": (scale_loss, unscale_gradients),
+}
 
 
-def _mnist_manual(policy: str, xla: bool, scaling: str, lr: float, batch: int) -> Callable:
+def _manual_step(model: str, policy: str, xla: bool, scaling: str, lr: float, batch: int) -> Callable:
+    """The tutorial's step as written: for each model it trains, a tape, the scaled loss, the update."""
     tf = _tf()
-    from ...models import mnist_cnn
+    from ...models import NOISE_DIM, gan_discriminator, gan_generator, gan_labels, mnist_cnn, sigmoid_loss
 
     set_global_policy(policy, tf)
-    model = mnist_cnn()
-    s = _Scaling(scaling, tf.keras.optimizers.Adam(lr))
-    loss_obj = tf.keras.losses.SparseCategoricalCrossentropy()
+    scale, unscale = SCALING[scaling]
+
+    def optimizer(opt: Any) -> Any:
+        return dynamic_loss_scale_optimizer(opt) if scaling == "dynamic" else opt
+
+    if model == "mnist":
+        m, loss_obj = mnist_cnn(), tf.keras.losses.SparseCategoricalCrossentropy()
+        updates = [(m, optimizer(tf.keras.optimizers.Adam(lr)), lambda x, y: loss_obj(y, m(x, training=True)))]
+    else:
+        g, d = gan_generator(), gan_discriminator()
+
+        def forward(real):
+            noise = tf.random.uniform([batch, NOISE_DIM], -1.0, 1.0)
+            fake = g(noise, training=True)
+            on_real, on_fake = d(real, training=True), d(fake, training=True)
+            rl, fl = gan_labels(batch)
+            return sigmoid_loss(on_fake, rl), 0.5 * (sigmoid_loss(on_fake, fl) + sigmoid_loss(on_real, rl))
+
+        updates = [(g, optimizer(tf.keras.optimizers.Adam(1e-3)), lambda x, y: forward(x)[0]),
+                   (d, optimizer(tf.keras.optimizers.RMSprop(1e-4)), lambda x, y: forward(x)[1])]
 
     @tf.function(jit_compile=xla)
     def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_obj(y, model(x, training=True))
-            scaled = s.scale(loss)
-        grads = tape.gradient(scaled, model.trainable_variables)
-        s.apply(grads, model.trainable_variables)
+        for trained, opt, loss_of in updates:  # the GAN: the generator, then the discriminator (its loss returned)
+            with tf.GradientTape() as tape:
+                loss = loss_of(x, y)
+                scaled = scale(opt, loss)
+            grads = unscale(opt, tape.gradient(scaled, trained.trainable_variables))
+            opt.apply_gradients(zip(grads, trained.trainable_variables, strict=True))
         return loss
-
-    return step
-
-
-def _gan_manual(policy: str, xla: bool, scaling: str, lr: float, batch: int) -> Callable:
-    tf = _tf()
-    from ...models import NOISE_DIM, gan_discriminator, gan_generator, gan_labels, sigmoid_loss
-
-    set_global_policy(policy, tf)
-    g, d = gan_generator(), gan_discriminator()
-    gs, ds = _Scaling(scaling, tf.keras.optimizers.Adam(1e-3)), _Scaling(scaling, tf.keras.optimizers.RMSprop(1e-4))
-
-    def forward(real):
-        noise = tf.random.uniform([batch, NOISE_DIM], -1.0, 1.0)
-        fake = g(noise, training=True)
-        on_real, on_fake = d(real, training=True), d(fake, training=True)
-        rl, fl = gan_labels(batch)
-        return sigmoid_loss(on_fake, rl), 0.5 * (sigmoid_loss(on_fake, fl) + sigmoid_loss(on_real, rl))
-
-    @tf.function(jit_compile=xla)
-    def step(x, y_unused):
-        with tf.GradientTape() as tape:
-            gl, _ = forward(x)
-            scaled = gs.scale(gl)
-        gs.apply(tape.gradient(scaled, g.trainable_variables), g.trainable_variables)
-        with tf.GradientTape() as tape:
-            _, dl = forward(x)
-            scaled = ds.scale(dl)
-        ds.apply(tape.gradient(scaled, d.trainable_variables), d.trainable_variables)
-        return dl
 
     return step
 
@@ -147,7 +124,7 @@ def bench_manual(model: str, config: tuple, x: np.ndarray, y: np.ndarray, batch:
     tf = _tf()
     name, policy, tf32, xla, scaling = config
     tf.config.experimental.enable_tensor_float_32_execution(tf32)
-    step = (_mnist_manual if model == "mnist" else _gan_manual)(policy, xla, scaling, lr, batch)
+    step = _manual_step(model, policy, xla, scaling, lr, batch)
     ds = _dataset(x, y, batch)
     per_step = batch if model == "mnist" else 2 * batch
 
@@ -198,11 +175,10 @@ def bench_auto(model: str, x: np.ndarray, y: np.ndarray, batch: int, epochs: int
         updates, objs, per_step, yy = gan_updates(g, d, go, do), {"g": g, "d": d}, 2 * batch, None
     trainer = Trainer(updates, plan, batch_size=batch, images_per_step=per_step, checkpoint_objects=objs,
                       steps_per_call=spc, log_every=10**9, progress=False, batch_fn=mnist_batch_fn)
-    done = {"epochs": 0}
+    fits = itertools.count(1)  # each fit() call one more epoch
 
     def epoch() -> int:
-        done["epochs"] += 1
-        trainer.fit(x, yy, epochs=done["epochs"])
+        trainer.fit(x, yy, epochs=next(fits))
         return steps * per_step
 
     return _timed(epoch, epochs, model, label, "auto", detail=f"{plan.policy}, loss scale {plan.loss_scale.mode}, "

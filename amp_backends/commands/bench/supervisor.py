@@ -34,9 +34,8 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _group() -> dict[str, Any]:
-    # its own process group, not a new session: whatever ends this run ends the child too
-    return {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+# a child's own process group, not a new session: whatever ends this run ends the child too
+_GROUP: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -75,7 +74,7 @@ def run_child(cmd: list[str], echo: Callable[[str], None], kill_at: Callable[[],
     tail: list[str] = []
     side = open(extra_log, "a", buffering=1, encoding="utf-8") if extra_log else None
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env=env or child_env(), errors="replace", **_group())
+                            env=env or child_env(), errors="replace", **_GROUP)
 
     def pump() -> None:
         assert proc.stdout is not None
@@ -121,7 +120,7 @@ class JsonWorker:
     def __init__(self, cmd: list[str], log: IO[str], name: str, env: dict[str, str] | None = None) -> None:
         self.name, self.log = name, log
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
-                                     bufsize=1, env=env or child_env(), errors="replace", **_group())
+                                     bufsize=1, env=env or child_env(), errors="replace", **_GROUP)
         self.tail: list[str] = []
         # a thread reads the lines (waiting on the pipe itself would miss lines already in the stream's buffer)
         self.lines: queue.Queue[str | None] = queue.Queue()

@@ -6,6 +6,7 @@ its min-max spread (``docs/benchmarks.md``). ``zoo.json``'s schema is ``amp_back
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -142,14 +143,6 @@ class ZooRun:
     def ask(self, cfg: ZooConfig, **req: Any) -> dict[str, Any]:
         return self._call(cfg, lambda w: w.request(self.timeout_s, **req))
 
-    def post(self, cfg: ZooConfig, **req: Any) -> dict[str, Any] | None:
-        """Send a request without waiting: None when sent, else the failure."""
-        return self._call(cfg, lambda w: w.send(**req))
-
-    def collect(self, cfg: ZooConfig, failure: dict[str, Any] | None) -> dict[str, Any]:
-        """The answer to a request `post` sent."""
-        return failure or self._call(cfg, lambda w: w.receive(self.timeout_s), fresh=False)
-
     def peaks(self, dtypes: list[str]) -> dict[str, Any]:
         # a plain float32 worker, never a peer (its math library would set the peak the models are held against)
         plain = [c for c in self.configs if c.kind != "peer"] or self.configs
@@ -175,15 +168,16 @@ class ZooRun:
         configs = rec["configs"]
         self.say(f"{name}: {entry.title}, batch {batch}: building and compiling in every configuration")
         # workers prepare side by side, as many at a time as there are cores (untimed: XLA compiles mostly on one)
-        sent = {cfg.name: self.post(cfg, op="prepare", model=name, batch=batch, steps=self.steps, flops=i == 0)
-                for i, cfg in enumerate(self.configs[:self.parallel])}
+        def prepare(i: int) -> dict[str, Any] | None:  # sent without waiting: None, else the failure
+            return self._call(self.configs[i], lambda w: w.send(op="prepare", model=name, batch=batch,
+                                                                steps=self.steps, flops=i == 0))
+
+        sent = [prepare(i) for i in range(self.parallel)]
         live = []
         for i, cfg in enumerate(self.configs):
-            r = self.collect(cfg, sent[cfg.name])
+            r = sent[i] or self._call(cfg, lambda w: w.receive(self.timeout_s), fresh=False)
             if i + self.parallel < len(self.configs):
-                after = self.configs[i + self.parallel]
-                sent[after.name] = self.post(after, op="prepare", model=name, batch=batch, steps=self.steps,
-                                             flops=False)
+                sent.append(prepare(i + self.parallel))
             c = configs[cfg.name] = {"kind": cfg.kind, "compute_dtype": cfg.compute_dtype,
                                      **{k: v for k, v in r.items() if k != "ok"}}
             if r.get("ok"):
@@ -195,18 +189,16 @@ class ZooRun:
         calls: dict[str, list[float]] = {c.name: [] for c in live}
         predicts: dict[str, list[float]] = {c.name: [] for c in live}  # inference after each repetition
 
-        def rep(cfg: ZooConfig) -> Callable[[], Sample]:
-            def run() -> Sample:  # the worker times its own steps; the whole fit() call is kept beside
-                r = self.ask(cfg, op="rep")
-                if not r.get("ok"):
-                    raise WorkerFailed(r["error"])
-                calls[cfg.name].append(r["samples"] / r["call_seconds"])
-                if r.get("predict_seconds"):
-                    predicts[cfg.name].append(r["samples"] / r["predict_seconds"])
-                elif r.get("predict_error"):
-                    configs[cfg.name]["predict_error"] = r["predict_error"]
-                return Sample(r["samples"], r["seconds"])
-            return run
+        def rep(cfg: ZooConfig) -> Sample:  # the worker times its own steps; the whole fit() call is kept beside
+            r = self.ask(cfg, op="rep")
+            if not r.get("ok"):
+                raise WorkerFailed(r["error"])
+            calls[cfg.name].append(r["samples"] / r["call_seconds"])
+            if r.get("predict_seconds"):
+                predicts[cfg.name].append(r["samples"] / r["predict_seconds"])
+            elif r.get("predict_error"):
+                configs[cfg.name]["predict_error"] = r["predict_error"]
+            return Sample(r["samples"], r["seconds"])
 
         def failed(name: str, exc: Exception) -> None:
             configs[name]["error"] = str(exc)
@@ -216,8 +208,8 @@ class ZooRun:
             self.say(f"  round {r + 1}/{self.reps}: " + ", ".join(f"{c.name} {t.rates[c.name][-1]:,.0f}" for c in live
                                                                    if t.rates[c.name]))
 
-        timings = interleaved({c.name: rep(c) for c in live}, rounds=self.reps, on_error=failed, after_round=said) \
-            if live else Timings({})
+        timings = interleaved({c.name: functools.partial(rep, c) for c in live}, rounds=self.reps, on_error=failed,
+                              after_round=said) if live else Timings({})
         for cfg in live:
             c = configs[cfg.name]
             c["samples_per_s"] = _spread(list(timings.rates[cfg.name]))

@@ -8,6 +8,7 @@ a dtype policy, XLA and an applied plan are process-wide. It answers one JSON re
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -30,7 +31,7 @@ class ZooWorker:
         from ...keras_compat import set_global_policy
 
         self.tf = tf
-        self.plan = None
+        self.plan: Any = None  # the auto plan, for the auto_fit and trainer kinds
         if cfg["kind"] in ("auto_fit", "trainer"):
             self.plan = auto_configure(verbose=False)
             self.policy = self.plan.policy
@@ -86,12 +87,19 @@ class ZooWorker:
         built_float32 = float32_layers()
         layer_plan = None
         if kind == "trainer":
-            self._trainer()
+            from ...training import Trainer, classifier_updates, gan_updates
+
+            m = self.model
+            updates = (gan_updates(m.generator, m.discriminator, tf.keras.optimizers.Adam(1e-3),
+                                   tf.keras.optimizers.RMSprop(1e-4)) if self.entry.gan else
+                       classifier_updates(m, tf.keras.optimizers.Adam(1e-3), loss=self.entry.example_loss()))
+            self.trainer = Trainer(updates, self.plan, batch_size=batch, steps_per_call=steps,
+                                   images_per_step=batch * self.entry.per_sample, log_every=10**9, progress=False,
+                                   seed=seed, observers=[_trainer_window(self.window)])
         else:
             opt = tf.keras.optimizers.Adam(1e-3)
             kwargs: dict[str, Any] = {}
             if kind == "auto_fit":  # as the documentation tells fit users: prepare_model, then compile with the plan's
-                assert self.plan is not None
                 from ...prepare import prepare_model
 
                 first = tf.nest.map_structure(lambda a: a[:batch], self.x)
@@ -103,7 +111,7 @@ class ZooWorker:
             elif self.cfg.get("xla") is not None:
                 kwargs["jit_compile"] = bool(self.cfg["xla"])
             self.model.compile(optimizer=opt, loss=self.entry.loss(), **kwargs)
-        self.fits = 0
+        self.fits = itertools.count(1)  # the trainer's fit() calls: each one more epoch
         self.callbacks = [tf.keras.callbacks.LambdaCallback(  # the training's start and end, for fit
             on_train_begin=lambda logs: self.window.update(start=time.perf_counter()),
             on_train_end=lambda logs: self.window.update(end=time.perf_counter()))]
@@ -114,7 +122,7 @@ class ZooWorker:
         built_under = str(getattr(policy, "name", self.policy))
         if built_under != self.policy:
             raise RuntimeError(f"the model was built under {built_under}, not {self.policy}")
-        if kind == "trainer" and self.trainer is not None:
+        if self.trainer is not None:
             layer_plan = self.trainer.layer_plans.get(self.model.name)
         choice = layer_plan.measurement if layer_plan is not None and layer_plan.all_float32 else None
         kept = float32_layers() - built_float32
@@ -130,29 +138,13 @@ class ZooWorker:
             out["flops_per_sample"], out["flops_note"] = self.flops()
         return out
 
-    def _trainer(self) -> None:
-        tf = self.tf
-        from ...training import Trainer, classifier_updates, gan_updates
-
-        if self.entry.gan:
-            m = self.model
-            updates = gan_updates(m.generator, m.discriminator, tf.keras.optimizers.Adam(1e-3),
-                                  tf.keras.optimizers.RMSprop(1e-4))
-        else:
-            updates = classifier_updates(self.model, tf.keras.optimizers.Adam(1e-3), loss=self.entry.example_loss())
-        assert self.plan is not None
-        self.trainer = Trainer(updates, self.plan, batch_size=self.batch, steps_per_call=self.steps,
-                               images_per_step=self.batch * self.entry.per_sample, log_every=10**9, progress=False,
-                               seed=int(self.cfg.get("seed", 0)), observers=[_trainer_window(self.window)])
-
     def rep(self) -> dict[str, Any]:
         """One ``fit`` call of ``steps`` steps, timed from the start of its training to its end (hooks), leaving out
         the set-up paid once per call."""
         self.window.clear()
         t0 = time.perf_counter()
         if self.trainer is not None:
-            self.fits += 1
-            self.trainer.fit(self.x, self.y, epochs=self.fits)
+            self.trainer.fit(self.x, self.y, epochs=next(self.fits))
         else:
             h = self.model.fit(self.x, self.y, batch_size=self.batch, epochs=1, verbose=0, shuffle=False,
                                callbacks=self.callbacks)
