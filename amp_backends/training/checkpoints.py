@@ -148,7 +148,15 @@ class CheckpointStore:
     @property
     def latest(self) -> str | None:
         """The newest checkpoint whose files are there, else ``None``."""
-        return next((p for p in checkpoint_paths(self.directory) if tf.io.gfile.exists(p + ".index")), None)
+        return next((p for p in self.paths() if tf.io.gfile.exists(p + ".index")), None)
+
+    def paths(self) -> list[str]:
+        """Checkpoints in the directory, newest first (`checkpoint_paths`).
+
+        Returns:
+            Their paths (prefixes, without ``.index``), newest first.
+        """
+        return checkpoint_paths(self.directory)
 
     def ensure_fresh(self) -> None:
         """Refuse to start a new run over another run's checkpoints."""
@@ -167,7 +175,7 @@ class CheckpointStore:
     def restore(self, before: Callable[[dict[str, Any] | None], None] | None = None) -> Restored | None:
         """Restore the newest intact checkpoint (``None``: none), skipping unreadable ones with a warning; one of other
         models is `CheckpointMismatchError`. ``before(signature)`` runs before the variables are read (float8)."""
-        paths = checkpoint_paths(self.directory)
+        paths = self.paths()
         if not paths:
             return None
         broken: list[tuple[str, str]] = []
@@ -230,7 +238,7 @@ class CheckpointStore:
             path = self.manager.save(checkpoint_number=step)
         except WRITE_ERRORS as exc:  # the save's files removed (``ckpt-<step>`` itself unless listed: an earlier save)
             folder = self.manager.directory
-            listed = {os.path.basename(p) for p in checkpoint_paths(self.directory)} if self.is_chief else set()
+            listed = {os.path.basename(p) for p in self.paths()} if self.is_chief else set()
             whole = re.compile(rf"^ckpt-{step}\.(index|data-\d+-of-\d+)$")
             for name in _names(folder):
                 if re.match(UNFINISHED.format(step=step), name) or (whole.match(name) and f"ckpt-{step}" not in listed):

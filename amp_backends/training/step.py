@@ -111,6 +111,23 @@ def _checked_loss(update: Update, loss: Any) -> Any:
     return tf.cast(loss, tf.float32)
 
 
+def unrolls(kind: str, xla: bool, steps: int, unroll_steps: bool | None = None) -> bool:
+    """Whether a compiled call of ``steps`` training steps copies the step ``steps`` times (else a loop).
+
+    Args:
+        kind: The type of device the call runs on (``"CPU"``, ``"GPU"``, ``"XPU"``).
+        xla: Whether the call is compiled with XLA.
+        steps: The steps per call.
+        unroll_steps: The user's choice, or ``None``: unrolled under XLA on a CPU up to `UNROLL_LIMIT` steps.
+
+    Returns:
+        ``True`` to unroll.
+    """
+    if unroll_steps is not None:
+        return unroll_steps
+    return xla and kind == "CPU" and steps <= UNROLL_LIMIT
+
+
 class StepProgram:
     """Builds and caches the compiled calls for a list of updates under a plan and a strategy."""
 
@@ -227,11 +244,8 @@ class StepProgram:
 
     # -- calls on resident arrays --------------------------------------------------------------
     def unrolled(self, k: int) -> bool:
-        """Whether a call of ``k`` steps copies the step ``k`` times (else a loop): the user's ``unroll_steps``, or
-        by default under XLA on a CPU up to `UNROLL_LIMIT` steps."""
-        if self.unroll_steps is not None:
-            return self.unroll_steps
-        return self.xla and self.device_type == "CPU" and k <= UNROLL_LIMIT
+        """Whether a call of ``k`` steps copies the step ``k`` times (else a loop): `unrolls` on this program."""
+        return unrolls(self.device_type, self.xla, k, self.unroll_steps)
 
     def resident_call(self, k: int, batch_fn: Callable[[Any, Any, Any], Any], capacity: int) -> Any:
         """``call(x, y, perm, offset, steps)`` running ``steps`` steps from sample ``offset`` of the permutation.
