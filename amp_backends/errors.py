@@ -17,7 +17,16 @@ __all__ = ["AmpConfigError", "AmpError", "AmpWarning", "BackendError", "Checkpoi
 
 
 class AmpError(Exception):
-    """The base of every error amp_backends raises on purpose; each also derives from the builtin it stands for."""
+    """The base of every error amp_backends raises on purpose; each also derives from the builtin it stands for.
+
+    Args:
+        *args: The message (what was expected, what was received and how to fix it), as any ``Exception`` takes.
+        **kwargs: None is taken (``Exception``'s own constructor).
+    """
+
+    # Exception's own constructor, named here: AutoGraph re-raises an error from traced code as its own type only
+    # when that type takes Exception's constructor (else a StagingError hides ours: InputError, ValueError's child)
+    __init__ = Exception.__init__
 
 
 class AmpConfigError(AmpError, ValueError):

@@ -7,6 +7,7 @@ command-line help (`option_help`). `RENAMED` holds old names that still work for
 
 from __future__ import annotations
 
+import numbers
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -120,9 +121,11 @@ def parse_float32_layers(value: Any, source: str = "argument") -> tuple[str, ...
 def parse_switch(name: str, value: Any, source: str = "argument", known: tuple[str, ...] = ()) -> bool | None:
     if value is None or isinstance(value, bool):
         return value
-    if not isinstance(value, str):
+    if isinstance(value, numbers.Integral) and value in (0, 1):  # 1/0 (NumPy's ints too), as documented
+        return bool(value)
+    if not isinstance(value, (str, numbers.Integral)):
         raise _wrong_type(name, "True, False, None or one of 'auto', 'on', 'off'", value)
-    v = value.strip().lower()
+    v = str(value).strip().lower()
     if v in ("", "auto"):
         return None
     if v in _TRUE:

@@ -369,3 +369,23 @@ def test_every_public_method_and_property_of_the_face_has_a_docstring_of_its_own
             if not member.startswith("_") and inspect.isfunction(function) and not doc.strip():
                 missing.append(f"{name}.{member}")
     assert not missing, f"give these a docstring: {missing}"
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("name", [n for n, c in exception_classes(errors).items()  # those made from a message alone
+                                  if issubclass(c, errors.AmpError) and not any("__init__" in vars(k) for k in c.__mro__
+                                             if issubclass(k, errors.AmpError) and k is not errors.AmpError)])
+def test_an_error_raised_in_traced_code_reaches_the_caller_as_itself_not_as_a_staging_error(name):
+    """InputError raised while a tf.function traced (the GAN's loss on batches of no fixed size) came out as
+    AutoGraph's StagingError: AutoGraph keeps an error's type only when it has Exception's own constructor."""
+    tf = pytest.importorskip("tensorflow")
+    error = getattr(errors, name)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+    def traced(x):
+        if x.shape[0] is None:
+            raise error("what was expected, what was received, the fix")
+        return x
+
+    with pytest.raises(error, match="what was expected, what was received, the fix"):
+        traced.get_concrete_function()

@@ -28,7 +28,9 @@ def test_policy_values(value, expected):
 
 @pytest.mark.parametrize("name", ["xla", "tf32", "fp8"])
 @pytest.mark.parametrize("value,expected", [("on", True), ("1", True), ("true", True), ("off", False), ("0", False),
-                                            ("no", False), ("auto", None), (True, True), (False, False)])
+                                            ("no", False), ("auto", None), (True, True), (False, False),
+                                            # documented "1/0" (auto_configure's Args): an int 1 was a TypeError
+                                            (1, True), (0, False)])
 def test_switch_values(name, value, expected):
     assert getattr(req(**{name: value}), name) is expected
 
@@ -74,6 +76,8 @@ def test_invalid_keyword_values():
         req(policy=16)
     with pytest.raises(TypeError, match="xla must be True, False, None"):
         req(xla=2.5)
+    with pytest.raises(AmpConfigError, match=r"xla= must be one of auto, on, off \(or 1/0, true/false\). Received: 2"):
+        req(xla=2)
     with pytest.raises(TypeError, match="loss_scale must be"):
         req(loss_scale=True)
     with pytest.raises(AmpConfigError, match="positive finite"):

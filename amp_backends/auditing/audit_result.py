@@ -74,7 +74,7 @@ class Audit:
             on a CPU: they ran outside oneDNN), or ``None``. The JSON keeps the name.
         batch_size: The batch size the steps ran at.
         steps: How many steps were audited.
-        step_time_ms: The median step time.
+        step_time_ms: The mean time of the audited steps, in milliseconds (their wall time over their count).
         findings: The warnings, each with its fix.
         notes: What else the audit says.
         backend_warnings: The reading backend's warnings (`KernelReading.warnings`), listed before the generic ones.

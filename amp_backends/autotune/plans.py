@@ -22,7 +22,7 @@ from ..configure import auto_configure, reset
 from ..plan import Plan
 from ..probe import probe_hardware
 from ..registry import BackendRegistry, registry_or_default
-from .timing import MARGIN, ROUNDS, interleaved
+from .timing import MARGIN, ROUNDS, Timings, interleaved
 
 logger = logging.getLogger("amp_backends.autotune")
 
@@ -175,7 +175,12 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
         return plan
     trials: list[Trial] = []
     runs: dict[str, Callable[[], Any]] = {}
-    labels: dict[str, dict[str, Any]] = {}
+    labels: dict[str, dict[str, Any]] = {}  # the candidates still in the running
+
+    def lost(label: str, exc: Exception, cand: Mapping[str, Any]) -> None:
+        trials.append(Trial(cand["policy"], cand["xla"], None, f"{type(exc).__name__}: {str(exc)[:200]}"))
+        logger.info(f"autotune: {label}: failed ({trials[-1].error})")
+
     for cand in candidates(base):  # each built, traced and warmed up first; then timed interleaved, below
         reset()
         plan = auto_configure(**cand, verbose=False, registry=registry, **fixed)
@@ -189,18 +194,20 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
             for _ in range(Trainer.WARMUP_CALLS):
                 runs[label]()
             labels[label] = cand
-        except Exception as exc:  # a candidate that fails to compile or run simply loses
-            trials.append(Trial(cand["policy"], cand["xla"], None, f"{type(exc).__name__}: {str(exc)[:200]}"))
-            logger.info(f"autotune: {label}: failed ({trials[-1].error})")
+        except Exception as exc:  # a candidate that fails to compile or run simply loses, alone
+            runs.pop(label, None)
+            lost(label, exc, cand)
     reset()
     timings = None
     if runs:
         try:
-            timings = interleaved(runs, rounds=ROUNDS, units=steps * (images_per_step or batch_size))
+            timings = interleaved(runs, rounds=ROUNDS, units=steps * (images_per_step or batch_size),
+                                  on_error=lambda label, exc: lost(label, exc, labels.pop(label)))
+            timings = Timings({k: v for k, v in timings.rates.items() if k in labels}, timings.steps, timings.units)
         except Exception as exc:
             logger.warning(f"autotune: timing the candidates failed ({type(exc).__name__}: {str(exc)[:200]})")
     timed: dict[str, Trial] = {}  # by label
-    if timings is not None:
+    if timings is not None and labels:
         for label, cand in labels.items():
             timed[label] = Trial(cand["policy"], cand["xla"], timings.median(label))
             low, high = timings.spread(label)

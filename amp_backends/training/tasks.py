@@ -342,7 +342,7 @@ def gan_updates(generator: Any, discriminator: Any, g_opt: Any, d_opt: Any) -> l
         real = batch[0] if isinstance(batch, (tuple, list)) else batch
         n = real.shape[0]
         if n is None:
-            raise ValueError("gan_updates needs batches of a fixed size (its labels are built per batch). Fix: batch "
+            raise InputError("gan_updates needs batches of a fixed size (its labels are built per batch). Fix: batch "
                              "the dataset with drop_remainder=True.")
         noise = tf.random.stateless_uniform([n, NOISE_DIM], seed=step_seed(salt), minval=-1.0, maxval=1.0)
         fake = generator(noise, training=True)

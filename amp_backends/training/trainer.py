@@ -88,10 +88,11 @@ class Trainer:
         self.updates, logdir, profile_steps = checked_arguments(
             updates, plan, self.replicas, batch_size=batch_size, steps_per_call=steps_per_call, log_every=log_every,
             keep_checkpoints=keep_checkpoints, max_consecutive_nonfinite=max_consecutive_nonfinite,
-            checkpoint_every=checkpoint_every, logdir=logdir, seed=seed, profile_steps=profile_steps)
+            checkpoint_every=checkpoint_every, logdir=logdir, seed=seed, profile_steps=profile_steps,
+            images_per_step=images_per_step)
         self.is_chief, self.worker = is_chief(self.strategy), worker_id(self.strategy)
         self.batch_size, self.steps_per_call = int(batch_size), int(steps_per_call)
-        self.images_per_step = images_per_step or self.batch_size
+        self.images_per_step = int(images_per_step or self.batch_size)
         self.checkpoint_every, self.max_consecutive_nonfinite = checkpoint_every, max_consecutive_nonfinite
         self.seed, self.batch_fn = current_seed() if seed is None else seed, batch_fn
         with self.strategy.scope():
@@ -361,14 +362,15 @@ def run_call(program: StepProgram, source: Source, at: At, k: int, capacity: int
 
 
 def checked_arguments(updates: Sequence[Update], plan: Plan, replicas: int, *, checkpoint_every: int | None,
-                      logdir: str | None, seed: Any, profile_steps: Any,
+                      logdir: str | None, seed: Any, profile_steps: Any, images_per_step: Any,
                       **positive: Any) -> tuple[list[Update], str | None, tuple[int, int] | None]:
     """The updates as a list, ``logdir`` absolute (later chdirs change nothing) and the profiler's window, after
     checking every argument of the trainer that can be checked alone (`AmpConfigError`, or ``TypeError``)."""
     require_plan(plan, "Trainer(updates, plan, ...)")
     if bad := next((name for name, value in positive.items() if not is_count(value)), None):
         raise AmpConfigError(f"{bad} must be an integer >= 1. Received: {bad}={positive[bad]!r}.")
-    for name, value, least in (("checkpoint_every", checkpoint_every, 1), ("seed", seed, 0)):
+    for name, value, least in (("checkpoint_every", checkpoint_every, 1), ("seed", seed, 0),
+                               ("images_per_step", images_per_step, 1)):
         if value is not None and not is_count(value, least):
             raise AmpConfigError(f"{name} must be an integer >= {least} or None. Received: {name}={value!r} (of type "
                                  f"{type(value).__name__}). Fix: pass an int, or None (leave it out).")

@@ -45,6 +45,7 @@ _XLA_FUSION = re.compile(
     r"|^(?:gemm_fusion_dot|triton_gemm|triton_softmax|triton_)[\w.]*$"
     r"|^(?:fusion|wrapped_)[\w.]*$")
 _HLO_TYPE = re.compile(r"=\s*\(?(?P<t>bf16|f16|f32|f64|f8e4m3fn|f8e5m2|f8e4m3|s8|u8|s32|pred)\[")
+_HLO_OPERAND = re.compile(r"(?:dot|convolution|custom-call)\(\s*(?P<t>bf16|f16|f32|f64|f8e4m3fn|f8e5m2|f8e4m3|s8|u8)\[")
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,9 @@ def _tc_from_dtype(dtype: str) -> bool | None:
 
 def _classify_hlo(name: str, hlo: str) -> KernelClass:
     compute = any(s in hlo for s in (" dot(", " convolution(", "__cublas$gemm", "__cudnn$conv", "__cublas$lt"))
-    kind = ("conv" if "conv" in hlo else "gemm") if compute else "other"
-    m = _HLO_TYPE.search(hlo)
+    kind = ("conv" if " convolution(" in hlo or "__cudnn$conv" in hlo else "gemm") if compute else "other"
+    # the dtype a dot or convolution reads (its first operand's), else the first result type (the fusion's output)
+    m = (_HLO_OPERAND.search(hlo) if compute else None) or _HLO_TYPE.search(hlo)
     t = m.group("t") if m else ""
     dtype = _DT.get(t, "float8" if t.startswith("f8") else "unknown")
     return KernelClass(name, kind, "XLA", dtype, _tc_from_dtype(dtype) if compute else False)

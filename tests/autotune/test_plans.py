@@ -117,3 +117,39 @@ def test_a_damaged_cache_or_a_model_that_never_builds_neither_stops_tune_nor_inf
         reset()
     assert plan is not None and "every candidate failed; keeping the rule-based plan" in caplog.text
     assert "did not build under the rules' plan (RuntimeError: this model needs a GPU)" in caplog.text
+
+
+@pytest.mark.parametrize("fails_at", [1, 3], ids=["in its warm-up", "in the timed rounds"])
+def test_a_candidate_that_fails_loses_alone_and_the_others_are_still_timed(tmp_path, monkeypatch, caplog, fails_at):
+    """A candidate that raised in its warm-up stayed among the timed ones (and one raising in a timed round ended
+    the timing): every candidate was lost, "every candidate failed; keeping the rule-based plan"."""
+    from amp_backends.autotune import plans
+
+    monkeypatch.setenv("AMP_AUTOTUNE_CACHE", str(tmp_path / "tune.json"))
+    monkeypatch.setattr(plans, "candidates", lambda plan: [{"policy": "float32", "xla": True},
+                                                            {"policy": "float32", "xla": False}])
+    real = plans._continue
+
+    def breaks_under_xla(trainer, x, y, steps):
+        call, calls = real(trainer, x, y, steps), iter(range(1, 10**6))
+        if not trainer.plan.xla:
+            return call
+
+        def once_more():
+            if next(calls) >= fails_at:  # (warm-up: calls 1 and 2)
+                raise RuntimeError("XLA could not compile this model")
+            return call()
+        return once_more
+
+    monkeypatch.setattr(plans, "_continue", breaks_under_xla)
+    caplog.set_level(logging.INFO, logger="amp_backends")
+    (x, y), _ = synthetic_mnist(128, 8)
+    plan = autotune.tune(build, x, y, batch_size=16, steps=2, batch_fn=mnist_batch_fn)
+    assert (plan.policy, plan.xla) == ("float32", False)
+    assert "every candidate failed" not in caplog.text
+    assert "policy=float32 xla=True: failed (RuntimeError: XLA could not compile this model)" in caplog.text
+    (entry,) = json.loads((tmp_path / "tune.json").read_text()).values()
+    trials = {(t["policy"], t["xla"]): t for t in entry["trials"]}
+    assert trials[("float32", True)]["img_per_s"] is None and "XLA could not compile" in trials[("float32", True)][
+        "error"]
+    assert trials[("float32", False)]["img_per_s"] > 0 and list(entry["timings"]) == ["policy=float32 xla=False"]

@@ -54,6 +54,16 @@ def test_bench_rejects_bad_input(tmp_path):
     assert out.returncode == 2 and "unknown configuration" in out.stderr
 
 
+def test_samples_fewer_than_a_batch_are_refused_before_any_work(tmp_path):
+    """--samples below the GAN's batch failed only after the MNIST CNN had been timed in full, with no bench.json."""
+    out = subprocess.run([sys.executable, "-m", "amp_backends.bench", "--models", "mnist,gan", "--configs", "fp32",
+                          "--no-fit", "--epochs", "1", "--samples", "64", "--mnist-batch", "16", "--gan-batch", "128",
+                          "--out", "runs"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert "--samples 64 is smaller than one gan batch of 128" in out.stderr and "Fix: " in out.stderr
+    assert not (tmp_path / "runs").exists() and "img/s" not in out.stdout + out.stderr
+
+
 def test_a_file_as_out_is_refused_before_any_work_and_an_earlier_run_is_not_overwritten(tmp_path, monkeypatch):
     """--out a file failed with FileExistsError after the whole run; a second run into one folder overwrote the
     first's bench.json."""

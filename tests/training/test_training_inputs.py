@@ -466,11 +466,17 @@ def test_trainer_arguments_of_the_wrong_kind_are_refused_at_construction_with_th
         ((updates, plan), {"seed": 1.5}, amp_backends.AmpConfigError, r"seed must be an integer >= 0.*seed=1.5"),
         ((updates, plan), {"seed": -1}, amp_backends.AmpConfigError, r"seed must be an integer >= 0.*seed=-1"),
         ((updates, plan), {"seed": True}, amp_backends.AmpConfigError, r"seed must be an integer >= 0.*seed=True"),
+        # images_per_step=0 counted as the batch size, and -8 gave a negative throughput, in silence
+        ((updates, plan), {"images_per_step": 0}, amp_backends.AmpConfigError,
+         r"images_per_step must be an integer >= 1 or None. Received: images_per_step=0 \(of type int\). Fix: "),
+        ((updates, plan), {"images_per_step": -8}, amp_backends.AmpConfigError, r"images_per_step must be.*=-8"),
+        ((updates, plan), {"images_per_step": 2.5}, amp_backends.AmpConfigError, r"images_per_step must be.*=2.5"),
     ]
     for args, kwargs, error, needle in cases:
         with pytest.raises(error, match=needle):
             Trainer(*args, batch_size=8, progress=False, **kwargs)
     assert Trainer(updates, plan, batch_size=8, progress=False, seed=np.int64(3)).seed == 3  # NumPy's ints are ints
+    assert Trainer(updates, plan, batch_size=8, progress=False, images_per_step=np.int32(16)).images_per_step == 16
 
 
 def test_fit_counts_that_are_not_positive_are_our_error_with_the_fix():

@@ -48,3 +48,15 @@ def test_gan_trains_with_two_optimizers_and_two_scales():
     r = t.fit(x, None, epochs=1)
     assert set(r.last_losses) == {"generator", "discriminator"} and all(np.isfinite(list(r.last_losses.values())))
     assert set(r.loss_scales) == {"generator", "discriminator"}
+
+
+def test_gan_batches_without_a_fixed_size_are_our_input_error_with_the_fix():
+    """Traced for batches of no fixed size (a custom loop's ``tf.function`` with ``[None, ...]``), the GAN's loss
+    raised a bare ValueError."""
+    from amp_backends.errors import InputError
+
+    generator_update, _ = gan_updates(gan_generator(), gan_discriminator(), tf.keras.optimizers.Adam(1e-3),
+                                      tf.keras.optimizers.RMSprop(1e-4))
+    loss = tf.function(generator_update.loss_fn, input_signature=[tf.TensorSpec([None, 28, 28, 1], tf.float32)])
+    with pytest.raises(InputError, match="gan_updates needs batches of a fixed size.*drop_remainder=True"):
+        loss.get_concrete_function()

@@ -89,7 +89,7 @@ def main(
         result = "zoo.json"
         job = functools.partial(run_zoo, zoo_models, _names(configs), reps, steps, batch)
     else:
-        from .loops import run
+        from .loops import check_batches, run
 
         wanted: list[str] | None = _names(models) if models is not None else ["mnist", "gan"]
         if not wanted or any(m not in ("mnist", "gan") for m in wanted):
@@ -98,6 +98,10 @@ def main(
         unknown = [c for c in chosen or [] if c not in [m[0] for m in MANUAL]]
         if unknown:
             raise _fail(f"unknown configuration(s) {unknown}; valid: {MANUAL_NAMES}.")
+        try:
+            check_batches(wanted, samples, mnist_batch, gan_batch)
+        except ValueError as exc:
+            raise _fail(str(exc)) from None
         result = "bench.json"
         job = functools.partial(run, wanted, chosen, epochs, samples, mnist_batch, gan_batch, steps_per_call,
                                 with_fit=not no_fit)

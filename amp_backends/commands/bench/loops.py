@@ -186,8 +186,17 @@ def bench_auto(model: str, x: np.ndarray, y: np.ndarray, batch: int, epochs: int
 
 
 # --------------------------------------------------------------------------- the run
+def check_batches(models: list[str], samples: int, mnist_batch: int, gan_batch: int) -> None:
+    """Refuse, before any work, a model whose batch is larger than ``samples`` (a ``ValueError`` with the fix)."""
+    for model, batch, flag in (("mnist", mnist_batch, "--mnist-batch"), ("gan", gan_batch, "--gan-batch")):
+        if model in models and samples < batch:
+            raise ValueError(f"--samples {samples} is smaller than one {model} batch of {batch}. Fix: raise --samples "
+                             f"to {batch} or more, or lower {flag}.")
+
+
 def run(models: list[str], configs: list[str] | None, epochs: int, samples: int, mnist_batch: int, gan_batch: int,
         steps_per_call: int | None, out: Path, with_fit: bool = True) -> dict[str, Any]:
+    check_batches(models, samples, mnist_batch, gan_batch)
     tf = _tf()
     from ...data import synthetic_mnist
 
@@ -200,8 +209,6 @@ def run(models: list[str], configs: list[str] | None, epochs: int, samples: int,
     try:
         for model in models:
             batch = mnist_batch if model == "mnist" else gan_batch
-            if len(x) // batch < 1:
-                raise ValueError(f"--samples {samples} is smaller than one {model} batch of {batch}.")
             jobs: list[tuple[str, str, Callable[..., Result]]] = []  # label, kind, the timed run
             for c in chosen:
                 if c[1] in unsafe:  # e.g. bf16 with ITEX on a CPU without bf16: it would abort the whole process

@@ -43,6 +43,20 @@ def test_xla_fusions_are_read_from_their_hlo_and_unknown_without_it():
     assert classify("some_unheard_of_gemm_kernel").dtype == "unknown"  # matrix work, dtype not said: unknown
 
 
+def test_a_fusion_is_classified_by_its_dot_or_convolution_not_by_a_convert_or_its_output_type():
+    """A dot fusion holding a ``convert(`` was called a convolution ("conv" in the text), and a bfloat16 dot with a
+    float32 output was called float32 (the first type after ``=`` is the fusion's output)."""
+    hlo = ("%fused_computation.7 (p0: f32[64,256], p1: bf16[256,10]) -> f32[64,10] {\n"
+           "  %convert.2 = bf16[64,256]{1,0} convert(f32[64,256]{1,0} %p0)\n"
+           "  ROOT %dot.4 = f32[64,10]{1,0} dot(bf16[64,256]{1,0} %convert.2, bf16[256,10]{1,0} %p1)\n}")
+    k = classify("fusion_3", hlo)
+    assert (k.kind, k.dtype, k.tensor_core) == ("gemm", "bfloat16", True)
+    conv = ("%fused_computation.1 (p0: f16[8,32,32,16], p1: f16[3,3,16,32]) -> f16[8,32,32,32] {\n"
+            "  ROOT %convolution.1 = f16[8,32,32,32]{3,2,1,0} convolution(f16[8,32,32,16]{3,2,1,0} %p0, "
+            "f16[3,3,16,32]{3,2,1,0} %p1), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f\n}")
+    assert (classify("fusion_9", conv).kind, classify("fusion_9", conv).dtype) == ("conv", "float16")
+
+
 def trace_doc():
     """Shaped like TensorFlow's trace viewer JSON: process names, host and GPU events, args."""
     return {"displayTimeUnit": "ns", "traceEvents": [
