@@ -334,9 +334,10 @@ def plan_loss_scale(optimizer: Any, plan: Plan | None) -> LossScale:
 def _groups(optimizer: Any, grads: Any, variables: Any) -> list[tuple[Any, list[Any], list[Any]]]:
     """``(optimizer, gradients, variables)`` per optimizer, as flat lists (each may be nested alike, e.g. ``[emb,
     dense]`` groups): one group, or one per optimizer of a list."""
+    n = [len(x) if isinstance(x, (list, tuple)) else 1 for x in (grads, variables)]  # (traced: no ":=")
     if not isinstance(optimizer, (list, tuple)):
         optimizer, grads, variables = [optimizer], [grads], [variables]
-    elif (n := [len(x) if isinstance(x, (list, tuple)) else 1 for x in (grads, variables)]) != [len(optimizer)] * 2:
+    elif n != [len(optimizer)] * 2:
         raise ValueError(f"LossScaler.apply(grads, variables, optimizer=[...]) takes one variable group per optimizer. "
                          f"Received: {len(optimizer)} optimizers, {n[0]} gradient and {n[1]} variable groups. Fix: "
                          "apply([emb_grads, dense_grads], [emb_vars, dense_vars], optimizer=[emb_opt, dense_opt]).")

@@ -261,7 +261,8 @@ class StepProgram:
 
         def make_batch(x, y, idx):
             ctx = tf.distribute.get_replica_context()
-            if (n := ctx.num_replicas_in_sync) > 1:  # this replica's slice of the global batch
+            n = ctx.num_replicas_in_sync  # (no ":=" in traced code: AutoGraph would not convert the function)
+            if n > 1:  # this replica's slice of the global batch
                 local = tf.range(B // n, dtype=tf.int64)
                 idx = tf.gather(idx, tf.cast(ctx.replica_id_in_sync_group, tf.int64) * (B // n) + local)
             return batch_fn(x, y, idx)

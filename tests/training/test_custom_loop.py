@@ -217,3 +217,34 @@ def test_two_replicas_skip_together_and_scale_alike():
     assert result["scales"] == [512.0, 512.0]
     assert result["unchanged_after_skip"] and result["changed_after_apply"]
     assert result["replicas_agree"]
+
+
+def test_autograph_converts_the_package_code_a_step_traces(monkeypatch):
+    """A ``:=`` in code a step traces (the resident batch's replica slice; LossScaler.apply's optimizer groups) made
+    AutoGraph warn "could not transform ... and will run it as-is" in every run."""
+    from tensorflow.python.autograph.impl import api
+
+    fell_back, real = [], api._fall_back_unconverted
+
+    def recorded(f, args, kwargs, options, exc):
+        fell_back.append(f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', f)}: {exc}")
+        return real(f, args, kwargs, options, exc)
+
+    monkeypatch.setattr(api, "_fall_back_unconverted", recorded)
+    model = make_model("float32")
+    trainer = amp_backends.Trainer(amp_backends.classifier_updates(model, tf.keras.optimizers.SGD(0.1), loss="mse"),
+                                   float16_plan(), batch_size=8, steps_per_call=2, progress=False)
+    trainer.fit(X.numpy(), Y.numpy(), epochs=1)
+    kernel, bias = model.trainable_variables
+    first, second = tf.keras.optimizers.SGD(0.1), tf.keras.optimizers.SGD(0.1)
+    scaler = LossScaler(first, plan=float16_plan())
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            scaled = scaler.scale(tf.reduce_mean(tf.square(model(X) - Y)))
+        kernel_grads, bias_grads = tape.gradient(scaled, [[kernel], [bias]])
+        return scaler.apply([kernel_grads, bias_grads], [[kernel], [bias]], optimizer=[first, second])
+
+    assert bool(step())
+    assert not [f for f in fell_back if f.startswith("amp_backends")]
