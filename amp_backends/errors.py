@@ -20,8 +20,8 @@ class AmpError(Exception):
     """The base of every error amp_backends raises on purpose; each also derives from the builtin it stands for.
 
     Args:
-        *args: The message (what was expected, what was received and how to fix it), as any ``Exception`` takes.
-        **kwargs: None is taken (``Exception``'s own constructor).
+        *args (str): The message (what was expected, what was received and how to fix it), as any ``Exception`` takes.
+        **kwargs (object): None is taken (``Exception``'s own constructor).
     """
 
     # Exception's own constructor, named here: AutoGraph re-raises an error from traced code as its own type only
