@@ -35,12 +35,56 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from amp_backends.commands.bench.output import now_iso, write_json
-from amp_backends.commands.bench.supervisor import child_env, exit_reason, last_words, run_child
+from amp_backends.commands.bench.supervisor import child_env, exit_reason, last_words, stop
 
 HERE = Path(__file__).resolve().parent
+# a child leads its own process group (not a new session): stopping it stops what it started
+GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+
+
+def run_child(cmd: list[str], echo: Callable[[str], None], kill_at: Callable[[], float], on_poll: Callable[[], None],
+              extra_log: Path | None = None, env: dict[str, str] | None = None) -> tuple[int | None, list[str]]:
+    """Run ``cmd`` with its output echoed (and kept); stop its process group when ``kill_at()`` passes. Returns
+    ``(returncode, last lines)``, the return code ``None`` when it was stopped."""
+    tail: list[str] = []
+    side = open(extra_log, "a", buffering=1, encoding="utf-8") if extra_log else None
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            env=env or child_env(), errors="replace", **GROUP)
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            del tail[:-40]
+            echo(line)
+            if side:
+                side.write(line + "\n")
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    stopped = False
+    try:
+        while proc.poll() is None:
+            on_poll()
+            if time.time() > kill_at():
+                stopped = True
+                stop(proc)
+                break
+            time.sleep(0.25)
+        proc.wait()
+        reader.join(timeout=5)
+        on_poll()
+    except BaseException:  # interrupted (SIGTERM, Ctrl-C): the child goes too
+        stop(proc)
+        raise
+    finally:
+        if side:
+            side.close()
+    return (None if stopped else proc.returncode), list(tail)
 
 @dataclass(frozen=True)
 class Experiment:

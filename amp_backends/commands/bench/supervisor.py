@@ -1,7 +1,8 @@
 """Worker processes with time limits: a child that crashes or overruns is stopped and reported, never waited on.
 
-`run_child` runs a command to its end (the GPU suite's workers); `JsonWorker` is a long-lived child answering one
-JSON request per line (the model zoo's). Children run in their own process group: stopping one stops what it started.
+`JsonWorker` is a long-lived child answering one JSON request per line (the model zoo's; the GPU suite in
+``benchmarks/`` runs its workers with the same ``stop``). Children run in their own process group: stopping one stops
+what it started.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any
 
 from ...errors import TrainingInterrupted
 
@@ -65,48 +66,6 @@ def last_words(tail: list[str], n: int = 8) -> str:
     """A dead worker's last lines, without its own progress lines."""
     lines = [t.strip() for t in tail if t.strip() and not re.match(r"^\[\d\d:\d\d:\d\d ", t.strip())]
     return " / ".join(lines[-n:])[-1200:] or "(no output)"
-
-
-def run_child(cmd: list[str], echo: Callable[[str], None], kill_at: Callable[[], float], on_poll: Callable[[], None],
-              extra_log: Path | None = None, env: dict[str, str] | None = None) -> tuple[int | None, list[str]]:
-    """Run ``cmd`` with its output echoed (and kept); stop its process group when ``kill_at()`` passes. Returns
-    ``(returncode, last lines)``, the return code ``None`` when it was stopped."""
-    tail: list[str] = []
-    side = open(extra_log, "a", buffering=1, encoding="utf-8") if extra_log else None
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env=env or child_env(), errors="replace", **_GROUP)
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            tail.append(line)
-            del tail[:-40]
-            echo(line)
-            if side:
-                side.write(line + "\n")
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    stopped = False
-    try:
-        while proc.poll() is None:
-            on_poll()
-            if time.time() > kill_at():
-                stopped = True
-                stop(proc)
-                break
-            time.sleep(0.25)
-        proc.wait()
-        reader.join(timeout=5)
-        on_poll()
-    except BaseException:  # interrupted (SIGTERM, Ctrl-C): the child goes too
-        stop(proc)
-        raise
-    finally:
-        if side:
-            side.close()
-    return (None if stopped else proc.returncode), list(tail)
 
 
 class WorkerFailed(RuntimeError):
