@@ -115,8 +115,8 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
     if plan is not None:
         require_plan(plan, "check_model(plan=...)")
     else:
-        hardware = hardware if hardware is not None else probe_hardware(use_tensorflow=False)
-        plan = current_plan() or plan_for(hardware=hardware)
+        plan = current_plan() or plan_for(hardware=hardware if hardware is not None else probe_hardware(
+            use_tensorflow=False))  # (the hardware is probed only where no plan is applied)
     structure = input_structure(model)
     if inputs is not None:
         given = checked_inputs(model, inputs, structure)
@@ -133,7 +133,7 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
     else:
         batch = _batch(structure, batch_size)
     open_dims = len(dynamic_dims(structure))
-    target = make_target(plan, hardware)
+    target = make_target(plan)
     try:
         graph = trace_model(model, batch or DEFAULT_TRACE_BATCH, structure)
     except ModelCallError as exc:

@@ -655,3 +655,18 @@ def test_a_matmul_made_float32_by_a_numpy_constant_gets_the_fix_for_the_constant
     (f,) = [f for f in by_code(check_model(build(factory, "mixed_bfloat16"), plan=plan, batch_size=16),
                                 "float32-compute") if f.layer == "const/project"]
     assert "float32 constant" in f.why and "dtype=self.compute_dtype" in f.fix and "tf.cast" not in f.fix
+
+
+def test_the_check_under_the_applied_plan_probes_no_hardware(monkeypatch):
+    """check_model() without a plan probed the hardware (every backend's probe) before taking the applied plan,
+    which needs none."""
+    import amp_backends.probe
+
+    amp_backends.auto_configure(verbose=False)
+    try:
+        monkeypatch.setattr(amp_backends.probe, "probe_hardware", lambda *a, **k: pytest.fail("probed the hardware"))
+        result = check_model(build(mnist_cnn, amp_backends.current_plan().policy))
+        applied = amp_backends.current_plan()
+        assert (result.plan["policy"], result.plan["backend"]) == (applied.policy, applied.backend)
+    finally:
+        amp_backends.reset()
