@@ -7,10 +7,12 @@ command-line help (`option_help`). `RENAMED` holds old names that still work for
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import numbers
 import os
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,10 +70,30 @@ def _env(name: str) -> str:
     return "AMP_" + name.upper()
 
 
+# How the keyword overrides reach build_request: "argument" (a caller's keywords), or "option" while a command runs
+# (`keywords_as_options`): then an invalid value is named as the flag the user typed
+_KEYWORDS_GIVEN_AS: contextvars.ContextVar[str] = contextvars.ContextVar("amp_keywords_given_as", default="argument")
+
+
+@contextlib.contextmanager
+def keywords_as_options() -> Iterator[None]:
+    """While it lasts, the keyword overrides are a command's options: their errors name the flag (``--policy``).
+
+    Yields:
+        Nothing: the block runs with the overrides' errors in the command line's words.
+    """
+    token = _KEYWORDS_GIVEN_AS.set("option")
+    try:
+        yield
+    finally:
+        _KEYWORDS_GIVEN_AS.reset(token)
+
+
 def _invalid(name: str, source: str, accepted: str, value: Any, example: str, more: str = "") -> AmpConfigError:
     """The error for an invalid value of option ``name``: what it accepts, what it got (and ``more``), the fix."""
-    var = _env(name)
+    var, flag = _env(name), "--" + name.replace("_", "-")
     where, fix = ((var, f"export {var}={example}, or unset {var}") if source == "env" else
+                  (flag, f"pass {flag} {example}, or leave {flag} out") if source == "option" else
                   (f"{name}=", f"pass {name}={example!r}, or leave {name} out"))
     return AmpConfigError(f"{where} must be {accepted}. Received: {value!r}{more}. Fix: {fix} to let amp_backends "
                           "decide.")
@@ -308,14 +330,14 @@ def build_request(known_backends: Iterable[str], environ: Mapping[str, str] | No
     def given(name: str) -> tuple[Any, str, str] | None:
         """(value, "argument" or "env", the name it was given as), or ``None`` where it was not."""
         if kwargs.get(name) is not None:
-            return kwargs[name], "argument", name
+            return kwargs[name], _KEYWORDS_GIVEN_AS.get(), name
         return (env[_env(name)], "env", name) if env.get(_env(name), "").strip() != "" else None
 
     raw = {name: found for name in ENV_VARS if (found := given(name)) is not None}
     for old, new in RENAMED.items():
         if (old_given := given(old)) is None:
             continue
-        by_argument = old_given[1] == "argument"
+        by_argument = old_given[1] != "env"
         warnings.warn(renamed_message(old, old_given[1]), DeprecationWarning if by_argument else FutureWarning,
                       stacklevel=3)
         if new not in raw or (raw[new][1] == "env" and by_argument):

@@ -16,7 +16,7 @@ from typing import Any, NoReturn, Optional
 
 import typer
 
-from ..request import OPTIONS, RENAMED, option_help, overrides_given, renamed_message
+from ..request import OPTIONS, RENAMED, keywords_as_options, option_help, overrides_given, renamed_message
 
 CONTEXT = {"max_content_width": 120, "help_option_names": ["-h", "--help"]}
 OVERRIDES = "overrides"  # the parameter of a command that receives the plan overrides given, as one dict
@@ -96,7 +96,8 @@ def with_overrides(*, exclude: tuple[str, ...] = ()) -> Callable[[Callable[..., 
                     warnings.warn(renamed_message(old, "option"), FutureWarning, stacklevel=2)
                     parsed[new] = parsed[new] if parsed[new] is not None else value
             given = overrides_given({o.name: parsed.pop(o.name) for o in options})
-            return command(**parsed, **{OVERRIDES: given})
+            with keywords_as_options():  # an invalid value is named as its flag
+                return command(**parsed, **{OVERRIDES: given})
 
         wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
         wrapper.__annotations__ = {p.name: p.annotation for p in params}

@@ -188,9 +188,14 @@ def test_bogus_policy_is_a_clear_error():
     assert "Received: 'bogus'" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_bad_flag_value_is_a_clear_error():
+def test_bad_flag_value_is_a_clear_error_in_the_command_lines_words():
+    """It was said in the Python API's words: "xla= must be one of ... Fix: pass xla='on', or leave xla out"."""
     out = cli("--no-tensorflow", "--xla", "sometimes")
-    assert out.returncode == 2 and "xla= must be one of auto, on, off" in out.stderr
+    assert out.returncode == 2 and "--xla must be one of auto, on, off (or 1/0, true/false). Received: 'sometimes'. " \
+        "Fix: pass --xla on, or leave --xla out to let amp_backends decide." in out.stderr
+    out = cli("--no-tensorflow", "--float32-layers", "Conv2d")
+    assert out.returncode == 2 and "--float32-layers must be auto, none or Keras layer class names" in out.stderr
+    assert "(did you mean Conv2D?)" in out.stderr and "Fix: pass --float32-layers Conv2D, or leave" in out.stderr
 
 
 def test_tf32_on_a_cpu_warning_and_reason_agree():
