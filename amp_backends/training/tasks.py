@@ -258,8 +258,9 @@ def _check_input(model: Any, spec: Any, x: Any, where: str = "x", takes: str = "
                "after keras.Input(shape, dtype='string')), or encode them before training."
                if has_strings else "give the model the raw strings, or drop its string input."))
     want, have = list(spec.shape)[1:], list(x.shape)[1:]
-    # Keras takes (N,) for (N, 1) and back
-    w, h = (want, have) if len(want) == len(have) else ([d for d in want if d != 1], [d for d in have if d != 1])
+    # as Keras adjusts a functional model's input: one more or one fewer trailing axis of size 1, not a 1 elsewhere
+    w, h = (want[:-1], have) if want[-1:] == [1] and len(want) == len(have) + 1 else (
+        (want, have[:-1]) if have[-1:] == [1] and len(have) == len(want) + 1 else (want, have))
     if len(w) != len(h) or any(a is not None and b is not None and a != b for a, b in zip(w, h, strict=True)):
         fix = (f"(or build the model with keras.Input(shape={tuple(have)}))" if where == "x" else
                "(several inputs go in the model's order, or in a dict by the inputs' names)")

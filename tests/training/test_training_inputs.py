@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from helpers import applied_plan, classification_data, mlp
@@ -633,3 +635,20 @@ def test_class_ids_for_a_categorical_loss_are_refused_with_both_fixes(loss):
                                          r"rows \(shape \(N, 3\)\). Fix: loss='sparse_categorical_crossentropy'"):
         t.fit(x, y, epochs=1)
     t.fit(x, np.eye(3, dtype="float32")[y], epochs=1)  # one-hot rows: accepted
+
+
+@pytest.mark.parametrize("model_takes,rows,trains", [
+    ((4,), (1, 4), False), ((1, 4), (4,), False),  # a 1 Keras does not add or drop: a TensorFlow error in the step
+    ((4,), (4, 1), True), ((4, 1), (4,), True), ((28, 28, 1), (28, 28), True),  # a trailing 1: Keras adjusts it
+])
+def test_rows_that_differ_from_the_input_by_an_axis_of_1_are_judged_as_keras_adjusts_them(model_takes, rows, trains):
+    """Rows of shape (1, 4) for keras.Input((4,)) passed the check (every 1 was ignored) and failed inside the
+    compiled step with Keras's ValueError; Keras adjusts only a trailing axis of size 1."""
+    model = tf.keras.Sequential([tf.keras.Input(model_takes), tf.keras.layers.Flatten(), tf.keras.layers.Dense(3)])
+    x, y = np.random.default_rng(0).random((16, *rows), np.float32), np.arange(16) % 3
+    if trains:
+        assert trainer(model, check_models=False).fit(x, y, epochs=1).steps == 2
+    else:
+        with pytest.raises(InputError, match=re.escape(f"takes inputs of shape {('batch', *model_takes)}; x has rows "
+                                                       f"of shape {rows} (x: {x.shape}). Fix: reshape the data")):
+            trainer(model, check_models=False).fit(x, y, epochs=1)
