@@ -70,23 +70,28 @@ def _env(name: str) -> str:
     return "AMP_" + name.upper()
 
 
-# How the keyword overrides reach build_request: "argument" (a caller's keywords), or "option" while a command runs
-# (`keywords_as_options`): then an invalid value is named as the flag the user typed
-_KEYWORDS_GIVEN_AS: contextvars.ContextVar[str] = contextvars.ContextVar("amp_keywords_given_as", default="argument")
+# The overrides a running command was given as options (`keywords_as_options`): a keyword of build_request holding
+# one of those values came from the command line, and an invalid one is named as the flag the user typed
+_OPTIONS_GIVEN: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar("amp_options_given",
+                                                                                          default=None)
 
 
 @contextlib.contextmanager
-def keywords_as_options() -> Iterator[None]:
-    """While it lasts, the keyword overrides are a command's options: their errors name the flag (``--policy``).
+def keywords_as_options(given: Mapping[str, Any]) -> Iterator[None]:
+    """While it lasts, the keyword overrides ``given`` are a command's options: their errors name the flag
+    (``--policy``); any other keyword (a model factory's own ``auto_configure(...)``) keeps the Python words.
+
+    Args:
+        given: The overrides the command line gave, as ``auto_configure``'s keywords (`overrides_given`).
 
     Yields:
-        Nothing: the block runs with the overrides' errors in the command line's words.
+        Nothing: the block runs with those overrides' errors in the command line's words.
     """
-    token = _KEYWORDS_GIVEN_AS.set("option")
+    token = _OPTIONS_GIVEN.set(dict(given))
     try:
         yield
     finally:
-        _KEYWORDS_GIVEN_AS.reset(token)
+        _OPTIONS_GIVEN.reset(token)
 
 
 def _invalid(name: str, source: str, accepted: str, value: Any, example: str, more: str = "") -> AmpConfigError:
@@ -146,7 +151,7 @@ def parse_switch(name: str, value: Any, source: str = "argument", known: tuple[s
     if isinstance(value, numbers.Integral) and value in (0, 1):  # 1/0 (NumPy's ints too), as documented
         return bool(value)
     if not isinstance(value, (str, numbers.Integral)):
-        raise _wrong_type(name, "True, False, None or one of 'auto', 'on', 'off'", value)
+        raise _wrong_type(name, "True, False, 1, 0, None or one of 'auto', 'on', 'off'", value)
     v = str(value).strip().lower()
     if v in ("", "auto"):
         return None
@@ -186,7 +191,8 @@ def parse_loss_scale(value: Any, source: str = "argument") -> LossScale | None:
     return LossScale.fixed(scale)
 
 
-def parse_backend(name: str, value: Any, source: str, known: tuple[str, ...]) -> str:
+def parse_backend(value: Any, known: Iterable[str], source: str = "argument") -> str:
+    known = tuple(known)
     if not isinstance(value, str):
         raise _wrong_type("backend", "a string, such as 'cpu'", value)
     v = value.strip().lower()
@@ -240,7 +246,8 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("backend", parse_backend, "`auto`, `nvidia`, `intel`, `cpu` (any registered backend)",
+    Option("backend", lambda _, value, source, known: parse_backend(value, known, source),
+           "`auto`, `nvidia`, `intel`, `cpu` (any registered backend)",
            "Backend: auto or a registered one ({backends})", "NAME"),
     Option("policy", _by_value(parse_policy),
            "`auto`, `float32`, `mixed_float16`, `mixed_bfloat16` (aliases `fp32`, `fp16`, `bf16`)",
@@ -330,7 +337,8 @@ def build_request(known_backends: Iterable[str], environ: Mapping[str, str] | No
     def given(name: str) -> tuple[Any, str, str] | None:
         """(value, "argument" or "env", the name it was given as), or ``None`` where it was not."""
         if kwargs.get(name) is not None:
-            return kwargs[name], _KEYWORDS_GIVEN_AS.get(), name
+            options = _OPTIONS_GIVEN.get() or {}
+            return kwargs[name], "option" if name in options and options[name] == kwargs[name] else "argument", name
         return (env[_env(name)], "env", name) if env.get(_env(name), "").strip() != "" else None
 
     raw = {name: found for name in ENV_VARS if (found := given(name)) is not None}

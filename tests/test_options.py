@@ -74,7 +74,8 @@ def test_invalid_keyword_values():
         req(policy="half")
     with pytest.raises(TypeError, match="policy must be a string"):
         req(policy=16)
-    with pytest.raises(TypeError, match="xla must be True, False, None"):
+    with pytest.raises(TypeError, match=r"xla must be True, False, 1, 0, None or one of 'auto', 'on', 'off'. Received: "
+                                        r"xla=2.5 \(of type float\)"):
         req(xla=2.5)
     with pytest.raises(AmpConfigError, match=r"xla= must be one of auto, on, off \(or 1/0, true/false\). Received: 2"):
         req(xla=2)

@@ -96,7 +96,7 @@ def with_overrides(*, exclude: tuple[str, ...] = ()) -> Callable[[Callable[..., 
                     warnings.warn(renamed_message(old, "option"), FutureWarning, stacklevel=2)
                     parsed[new] = parsed[new] if parsed[new] is not None else value
             given = overrides_given({o.name: parsed.pop(o.name) for o in options})
-            with keywords_as_options():  # an invalid value is named as its flag
+            with keywords_as_options(given):  # an invalid value is named as its flag
                 return command(**parsed, **{OVERRIDES: given})
 
         wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]

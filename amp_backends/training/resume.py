@@ -136,8 +136,9 @@ def learning_rates(updates: Sequence[Update]) -> dict[str, float]:
 
 # ------------------------------------------------------------------------------------ the trainer's checkpoints
 class Checkpointing:
-    """A trainer's checkpoints (``store``: `trainer_store`, or ``None``), saves (with the other workers: `together`),
-    resume (`restore`) and stops on Ctrl-C or SIGTERM (`until_stopped`); ``every``: ``checkpoint_every``."""
+    """A trainer's checkpoints (``store``: its `CheckpointStore`, or ``None``), saves (with the other workers:
+    `together`), resume (`restore`) and stops on Ctrl-C or SIGTERM (`until_stopped`); ``every``:
+    ``checkpoint_every``."""
 
     def __init__(self, directory: str | None, *, objects: Mapping[str, Any] | None, keep: int, every: int | None,
                  plan: Plan, updates: Sequence[Update], scalers: Mapping[str, LossScaler], position: Position,

@@ -45,7 +45,7 @@ _XLA_FUSION = re.compile(
     r"|^(?:gemm_fusion_dot|triton_gemm|triton_softmax|triton_)[\w.]*$"
     r"|^(?:fusion|wrapped_)[\w.]*$")
 _HLO_TYPE = re.compile(r"=\s*\(?(?P<t>bf16|f16|f32|f64|f8e4m3fn|f8e5m2|f8e4m3|s8|u8|s32|pred)\[")
-_HLO_OPERAND = re.compile(r"(?:dot|convolution|custom-call)\(\s*(?P<t>bf16|f16|f32|f64|f8e4m3fn|f8e5m2|f8e4m3|s8|u8)\[")
+_HLO_OPERAND = re.compile(r" (?:dot|convolution)\(\s*(?P<t>bf16|f16|f32|f64|f8e4m3fn|f8e5m2|f8e4m3|s8|u8)\[")
 
 
 @dataclass(frozen=True)

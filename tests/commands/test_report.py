@@ -259,3 +259,17 @@ def test_an_old_variable_in_force_is_not_listed_again_as_an_argument():
     render_text(report, console)
     text = console.export_text()
     assert "Overrides in force: AMP_ITEX_AMP=on\n" in text and "(argument)" not in text
+
+
+def test_a_plan_made_by_code_a_command_runs_keeps_the_python_words(monkeypatch):
+    """Only the values the command line gave are named as flags: a model factory's own auto_configure(policy=...)
+    while `check` runs is told in keywords."""
+    from amp_backends import auto_configure
+    from amp_backends.errors import AmpConfigError
+    from amp_backends.request import keywords_as_options
+
+    with keywords_as_options({"policy": "half"}):
+        with pytest.raises(AmpConfigError, match=r"^--policy must be .* Fix: pass --policy mixed_float16, or leave "):
+            auto_configure(policy="half", apply=False, verbose=False)
+        with pytest.raises(AmpConfigError, match=r"^policy= must be .* Fix: pass policy='mixed_float16', or leave "):
+            auto_configure(policy="bogus", apply=False, verbose=False)
