@@ -70,6 +70,11 @@ def _env(name: str) -> str:
     return "AMP_" + name.upper()
 
 
+def _flag(name: str) -> str:
+    """The command-line flag of option ``name`` (or of an old name in `RENAMED`): ``--loss-scale``."""
+    return "--" + name.replace("_", "-")
+
+
 # The overrides a running command was given as options (`keywords_as_options`): a keyword of build_request holding
 # one of those values came from the command line, and an invalid one is named as the flag the user typed
 _OPTIONS_GIVEN: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar("amp_options_given",
@@ -96,7 +101,7 @@ def keywords_as_options(given: Mapping[str, Any]) -> Iterator[None]:
 
 def _invalid(name: str, source: str, accepted: str, value: Any, example: str, more: str = "") -> AmpConfigError:
     """The error for an invalid value of option ``name``: what it accepts, what it got (and ``more``), the fix."""
-    var, flag = _env(name), "--" + name.replace("_", "-")
+    var, flag = _env(name), _flag(name)
     where, fix = ((var, f"export {var}={example}, or unset {var}") if source == "env" else
                   (flag, f"pass {flag} {example}, or leave {flag} out") if source == "option" else
                   (f"{name}=", f"pass {name}={example!r}, or leave {name} out"))
@@ -242,7 +247,7 @@ class Option:
 
     @property
     def flag_name(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        return _flag(self.name)
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -298,7 +303,7 @@ def renamed_message(old: str, source: str = "argument") -> str:
     given: ``source`` is ``"argument"`` (a keyword), ``"env"`` (its ``AMP_*`` variable) or ``"option"`` (a flag)."""
     new = RENAMED[old]
     given, use = {"env": (_env(old), _env(new)),
-                  "option": ("--" + old.replace("_", "-"), "--" + new.replace("_", "-"))}.get(source, (old, new))
+                  "option": (_flag(old), _flag(new))}.get(source, (old, new))
     return f"{given} is deprecated: use {use}, its new name (the same values); {given} goes in the next release"
 
 

@@ -207,7 +207,7 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
         except Exception as exc:
             logger.warning(f"autotune: timing the candidates failed ({type(exc).__name__}: {str(exc)[:200]})")
     timed: dict[str, Trial] = {}  # by label
-    if timings is not None and labels:
+    if timings is not None:
         for label, cand in labels.items():
             timed[label] = Trial(cand["policy"], cand["xla"], timings.median(label))
             low, high = timings.spread(label)

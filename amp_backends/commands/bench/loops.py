@@ -187,7 +187,8 @@ def bench_auto(model: str, x: np.ndarray, y: np.ndarray, batch: int, epochs: int
 
 # --------------------------------------------------------------------------- the run
 def check_batches(models: list[str], samples: int, mnist_batch: int, gan_batch: int) -> None:
-    """Refuse, before any work, a model whose batch is larger than ``samples`` (a ``ValueError`` with the fix)."""
+    """Refuse, before any work, a model whose batch is larger than ``samples`` (a ``ValueError`` with the fix): the
+    command checks it before it makes the results folder and starts TensorFlow."""
     for model, batch, flag in (("mnist", mnist_batch, "--mnist-batch"), ("gan", gan_batch, "--gan-batch")):
         if model in models and samples < batch:
             raise ValueError(f"--samples {samples} is smaller than one {model} batch of {batch}. Fix: raise --samples "
@@ -196,7 +197,6 @@ def check_batches(models: list[str], samples: int, mnist_batch: int, gan_batch: 
 
 def run(models: list[str], configs: list[str] | None, epochs: int, samples: int, mnist_batch: int, gan_batch: int,
         steps_per_call: int | None, out: Path, with_fit: bool = True) -> dict[str, Any]:
-    check_batches(models, samples, mnist_batch, gan_batch)
     tf = _tf()
     from ...data import synthetic_mnist
 
