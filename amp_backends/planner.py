@@ -52,14 +52,14 @@ class _Resolver:
             self.honoured[setting] = EMULATED
             return True
         kind = "unsafe" if support.level == UNSAFE else "not supported" if support.level == UNSUPPORTED else "slow"
-        fix = "remove the override" + (", or set force=True / AMP_FORCE=1 to run it anyway"
-                                       if support.level == EMULATED else "")
+        fix = self._remove(setting) + (f", or {self._force()} to run it anyway" if support.level == EMULATED else "")
         if support.level == UNSAFE and self.request.force:
             fix += " (force cannot enable an unsafe setting)"
         if self.request.strict:
             raise UnsupportedRequestError(f"{asked} is {kind} on backend {self.backend!r}: {support.why}. Expected a "
                                           f"setting this hardware supports (the automatic choice is {setting}="
-                                          f"{fallback}). Fix: {fix}, or turn strict off to downgrade with a warning.")
+                                          f"{fallback}). Fix: {fix}, or {self._unstrict()} to downgrade with a "
+                                          "warning.")
         self.warnings.append(f"{asked} is {kind} here and was downgraded to {setting}={fallback}: {support.why}")
         return False
 
@@ -68,8 +68,23 @@ class _Resolver:
         asked = f"{setting}={value} (from {self.request.sources.get(setting, 'argument')})"
         if self.request.strict:
             raise UnsupportedRequestError(f"{asked} cannot be honoured on backend {self.backend!r}: {why}. Fix: "
-                                          "remove the override, or turn strict off to drop it with a warning.")
+                                          f"{self._remove(setting)}, or {self._unstrict()} to drop it with a warning.")
         self.warnings.append(f"{asked} ignored: {why}")
+
+    # the fix in the words the override was given in: a command's flags, a variable, or a keyword
+    def _remove(self, setting: str) -> str:
+        source = self.request.sources.get(setting, "argument")
+        return ("remove the override" if source == "argument" else f"leave {source} out" if source.startswith("--")
+                else f"unset {source}")
+
+    def _force(self) -> str:
+        return ("pass --force" if any(s.startswith("--") for s in self.request.sources.values())
+                else "set force=True / AMP_FORCE=1")
+
+    def _unstrict(self) -> str:
+        source = self.request.sources.get("strict", "argument")
+        return "turn strict off" if source == "argument" else f"leave {source} out" if source.startswith("--") \
+            else f"unset {source}"
 
 
 # ---------------------------------------------------------------------------------------------- backends

@@ -41,7 +41,8 @@ class Request:
     float32_layers: tuple[str, ...] | None = None
     strict: bool = False
     force: bool = False
-    # where each non-default value came from, e.g. {"policy": "AMP_POLICY"} or {"policy": "argument"}
+    # where each non-default value came from: {"policy": "AMP_POLICY"}, {"policy": "argument"} (a keyword) or
+    # {"policy": "--policy"} (a command's option)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def overrides(self) -> dict[str, str]:
@@ -97,6 +98,19 @@ def keywords_as_options(given: Mapping[str, Any]) -> Iterator[None]:
         yield
     finally:
         _OPTIONS_GIVEN.reset(token)
+
+
+def keyword_source(name: str) -> str:
+    """Where a keyword override came from, as the plan's sources say it: its flag (``--policy``) while a command
+    that was given that option runs (`keywords_as_options`), else ``"argument"``.
+
+    Args:
+        name: The override's keyword, such as ``"policy"``.
+
+    Returns:
+        ``"--policy"`` or ``"argument"``.
+    """
+    return _flag(name) if name in (_OPTIONS_GIVEN.get() or {}) else "argument"
 
 
 def _invalid(name: str, source: str, accepted: str, value: Any, example: str, more: str = "") -> AmpConfigError:
@@ -359,7 +373,8 @@ def build_request(known_backends: Iterable[str], environ: Mapping[str, str] | No
     known = tuple(known_backends)
     values = {name: OPTION[name].parse(given_as, value, source, known)
               for name, (value, source, given_as) in raw.items()}
-    sources = {name: _env(given_as) if source == "env" else "argument" for name, (_, source, given_as) in raw.items()}
+    sources = {name: {"env": _env(given_as), "option": _flag(given_as)}.get(source, "argument")
+               for name, (_, source, given_as) in raw.items()}
     request = Request(**values, sources=sources)
     if request.strict and request.force:
         raise AmpConfigError("strict and force contradict each other: strict raises on any request the hardware "

@@ -24,7 +24,7 @@ from ..hardware import Hardware
 from ..keras_compat import keras_info
 from ..probe import needs_tensorflow, probe_hardware
 from ..registry import BackendRegistry, registry_or_default
-from ..request import ENV_VARS, RENAMED, RENAMED_ENV_VARS
+from ..request import ENV_VARS, RENAMED, RENAMED_ENV_VARS, keyword_source
 from ..software import tensorflow_build_info, tensorflow_version
 from ..version import __version__
 
@@ -184,7 +184,7 @@ def render_text(report: Report, console: Any = None, why: bool = False) -> None:
     from_env = {name for name, var in ENV_VARS.items() if var in env}
     from_env |= {RENAMED[old] for old, var in RENAMED_ENV_VARS.items() if var in env}  # (AMP_ITEX_AMP: graph_amp)
     given = {k: v for k, v in ((d["plan"] or {}).get("overrides") or {}).items() if k not in from_env}
-    in_force = [f"{k}={v}" for k, v in env.items()] + [f"{k}={v} (argument)" for k, v in given.items()]
+    in_force = [f"{k}={v}" for k, v in env.items()] + [f"{k}={v} ({keyword_source(k)})" for k, v in given.items()]
     say(console, "Overrides in force: " + (", ".join(in_force) or "none (all automatic)"))
     if d["plan"] is not None and not why:
         say(console, "The reasons in full, with the measurements they quote: amp-backends info --why")

@@ -73,7 +73,8 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
     weights and losses) is left as it was.
 
     Args:
-        model: a built ``keras.Model`` (functional, Sequential, or subclassed and already built or called).
+        model: a built ``keras.Model`` (functional, Sequential, or subclassed and already built or called); a
+            subclassed model not built yet is built by ``inputs`` (called once on zeros of one example).
         plan: the `Plan` to judge against (one made for other hardware checks the model as that hardware would
             run it); ``None``: the applied plan (`amp_backends.current_plan`), else `amp_backends.plan_for`'s.
         batch_size: the training batch size, which decides whether Dense rows are aligned (without it they are
@@ -111,7 +112,8 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
     from ..probe import probe_hardware
 
     keras_version = keras_info(tf).version or "unknown"
-    require_model(model, "check_model()", "its layers have no weights and no input shape to trace")
+    unbuilt = "its layers have no weights and no input shape to trace"
+    require_model(model, "check_model()", None if inputs is not None else unbuilt)
     if plan is not None:
         require_plan(plan, "check_model(plan=...)")
     else:
@@ -120,6 +122,10 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
     structure = input_structure(model)
     if inputs is not None:
         given = checked_inputs(model, inputs, structure)
+        if not model.built:  # the inputs build it, as a first call on a batch does (a subclassed model)
+            run_once(model, given)
+            require_model(model, "check_model()", f"{unbuilt} (inputs= builds it where every dimension after the "
+                                                  "batch is given and no input takes strings)")
         batch = batch_size or _batch(given, None)  # batch_size wins over the batch of the given inputs
         if structure is not None:  # the model's own fixed batch, unless it contradicts
             batch = _batch(structure, batch, "batch_size={}" if batch_size else "inputs= of batch {}")

@@ -228,7 +228,12 @@ class ProfilerWindow(Observer):
         self.logdir = logdir
         self.start, self.stop = window
         self.first: int | None = None
+        self.began: int | None = None  # the step this fit started from
+        self.last = 0  # and the step it has reached
         self.running = self.done = False
+
+    def on_fit_start(self, start_step: int, total_steps: int | None) -> None:
+        self.began = self.last = start_step
 
     def before_call(self, step: int, steps: int) -> None:
         if not self.running and not self.done and step < self.stop and step + steps > self.start:
@@ -236,19 +241,29 @@ class ProfilerWindow(Observer):
                 self.running, self.first = True, step
 
     def after_call(self, r: CallRecord) -> None:
-        if not self.running or r.step < self.stop:
-            return
+        self.last = r.step
+        if self.running and r.step >= self.stop:
+            self._written()
+
+    def _written(self) -> None:
+        """Stop the trace and say which steps it holds (the calls covering the window, or up to the fit's end)."""
         written = self._guarded(tf.profiler.experimental.stop)
         self.running, self.done = False, True
         if written:
-            asked = "" if (self.first, r.step) == (self.start, self.stop) else \
-                f" (asked: {self.start}:{self.stop}; calls are traced whole)"
-            logger.info(f"Profiler trace of steps {self.first}:{r.step}{asked} written to {self.logdir}")
+            asked = "" if (self.first, self.last) == (self.start, self.stop) else \
+                f" (asked: {self.start}:{self.stop}; calls are traced whole" + \
+                ("" if self.last >= self.stop else "; training ended first") + ")"
+            logger.info(f"Profiler trace of steps {self.first}:{self.last}{asked} written to {self.logdir}")
 
     def close(self) -> None:
         if self.running:
-            self._guarded(tf.profiler.experimental.stop)
-            self.running = False
+            self._written()
+        elif not self.done and self.began is not None:
+            where = (f"this fit started at step {self.began}, past it" if self.began >= self.stop
+                     else f"training ended at step {self.last}; the window starts at step {self.start}")
+            logger.warning(f"No profiler trace: the profile window {self.start}:{self.stop} was not reached ({where})."
+                           " Fix: choose a window inside the steps this run trains (a resumed run counts its earlier "
+                           "steps).")
 
     def _guarded(self, call: Any) -> bool:
         """``call()``; a failure to write the trace ends the window with a warning. Returns whether it worked."""

@@ -164,6 +164,29 @@ def test_fp16_on_this_cpu(registry):
     assert forced.policy == "mixed_float16" and forced.loss_scale.mode == "dynamic"
 
 
+def test_a_refusal_says_its_fix_in_the_words_the_override_was_given_in(registry):
+    """A command's options are named as flags (was ``(from argument)`` and ``force=True``), a variable as itself, a
+    keyword as the Python API's; the plan's sources say the same."""
+    from amp_backends.request import keywords_as_options
+
+    here = machine(HERE)
+    with keywords_as_options({"policy": "mixed_float16", "strict": True}):
+        with pytest.raises(UnsupportedRequestError) as flags:
+            plan_of(here, registry, policy="mixed_float16", strict=True)
+        p = plan_of(here, registry, policy="mixed_float16")
+    assert "policy=mixed_float16 (from --policy) is slow" in str(flags.value)
+    assert "Fix: leave --policy out, or pass --force to run it anyway, or leave --strict out to" in str(flags.value)
+    assert "(from --policy)" in p.warnings[0] and p.request.sources == {"policy": "--policy"}
+    with pytest.raises(UnsupportedRequestError) as env:
+        plan_of(here, registry, environ={"AMP_POLICY": "fp16", "AMP_STRICT": "1"})
+    assert "(from AMP_POLICY)" in str(env.value) and "Fix: unset AMP_POLICY, or set force=True / AMP_FORCE=1 to run" \
+        " it anyway, or unset AMP_STRICT to" in str(env.value)
+    with pytest.raises(UnsupportedRequestError) as keyword:
+        plan_of(here, registry, policy="mixed_float16", strict=True)
+    assert "(from argument)" in str(keyword.value) and "Fix: remove the override, or set force=True / " \
+        "AMP_FORCE=1 to run it anyway, or turn strict off to" in str(keyword.value)
+
+
 def test_bf16_with_itex_on_this_cpu_is_refused_even_with_force(registry):
     here = machine(cpu_of(AMD_HERE, itex=True))
     for kwargs in ({}, {"force": True}):

@@ -248,6 +248,12 @@ def test_the_overrides_line_names_the_arguments_in_force_beside_the_variables():
     console = Console(record=True, width=200)
     render_text(collect(use_tensorflow=False, environ={}), console)
     assert "Overrides in force: none (all automatic)" in console.export_text()
+    from amp_backends.request import keywords_as_options
+
+    console = Console(record=True, width=200)
+    with keywords_as_options({"xla": "on"}):  # `info --xla on`: the flag, as the plan's warnings name it
+        render_text(collect(use_tensorflow=False, environ={}, xla="on"), console)
+    assert "Overrides in force: xla=on (--xla)" in console.export_text()
 
 
 def test_an_old_variable_in_force_is_not_listed_again_as_an_argument():

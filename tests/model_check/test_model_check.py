@@ -444,6 +444,13 @@ def test_subclassed_model_built_with_build(h100):
     with policy("mixed_float16"):
         with pytest.raises(ValueError, match="not built"):
             check_model(Net(), plan=h100)
+        unbuilt = Net()
+    # inputs= builds it (`amp-backends check --input-shape`), as a first call would: it was refused as not built
+    built = check_model(unbuilt, plan=h100, inputs=(None, 20))
+    assert unbuilt.built and built.summary.flops_per_image > 0
+    assert [(f.code, f.layer) for f in built.findings] == [(f.code, f.layer) for f in result.findings]
+    with pytest.raises(ValueError, match=r"not built.*inputs= builds it where every dimension after the batch is "):
+        check_model(Net(), plan=h100, inputs=(None, None))
 
 
 def test_a_final_softmax_prepare_model_cannot_place_gets_the_fix_by_hand(h100):

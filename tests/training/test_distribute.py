@@ -146,22 +146,7 @@ def test_mirrored_two_replicas_skip_together():
 
 
 # --------------------------------------------------------------------------- MultiWorkerMirroredStrategy
-@pytest.mark.slow
-def test_two_workers_train_and_only_the_chief_logs_and_keeps_checkpoints(tmp_path):
-    ports = free_ports(2)
-    procs = [worker(ports, i, tmp_path, "--batch_size", "16", "--max-steps", "6", "--checkpoint-every", "3")
-             for i in (0, 1)]
-    chief, other = finish(procs)
-    assert [p.returncode for p in procs] == [0, 0], (chief[-2000:], other[-2000:])
-    assert [int(m.group(2)) for m in STEP.finditer(chief)] == [0, 1, 2, 3, 4, 5]
-    assert not STEP.search(other) and "Summary" not in other and "policy:" not in other
-    assert "Summary: 6 steps" in chief and "policy: " in chief
-    ck = tmp_path / "version_0" / "checkpoints"
-    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("ckpt-6")) == [
-        "ckpt-6.data-00000-of-00001", "ckpt-6.index"]
-    assert not [p for p in ck.iterdir() if p.name.startswith(".worker")]
-
-
+# (two workers training one run, only the chief logging and keeping checkpoints: test_launchers.tf_config_losses)
 @pytest.mark.slow
 def test_plan_mismatch_between_workers_is_reported(tmp_path):
     ports = free_ports(2)

@@ -170,7 +170,7 @@ def consecutive_free_ports(n: int) -> int:
 
 def example_args(logdir):
     return ["--digits", "--max-steps", "4", "--batch_size", "32", "--seed", "3", "--no-progress",
-            "--logdir", str(logdir), "--cluster-timeout", "60"]
+            "--logdir", str(logdir), "--cluster-timeout", "60", "--checkpoint-every", "2"]
 
 
 def losses(out):
@@ -179,15 +179,22 @@ def losses(out):
 
 @pytest.fixture(scope="module")
 def tf_config_losses(tmp_path_factory):
-    """The losses of the same two-worker run with TF_CONFIG, which the launchers' runs must reproduce."""
+    """The losses of the same two-worker run with TF_CONFIG, which the launchers' runs must reproduce; in it, only
+    the chief logs, says the plan and the summary, and keeps checkpoints (whole, no worker's temporary files)."""
     logdir, ports = tmp_path_factory.mktemp("tf_config"), free_ports(2)
     cmd = [sys.executable, "-m", "amp_backends.examples.mnist", *example_args(logdir)]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=NEUTRAL_CWD,
                               env=env(TF_CONFIG=tf_config(ports, i))) for i in (0, 1)]
-    outs = [p.communicate(timeout=240)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:]
-    assert len(losses(outs[0])) == 4
-    return losses(outs[0])
+    chief, other = (p.communicate(timeout=240)[0] for p in procs)
+    assert [p.returncode for p in procs] == [0, 0], (chief[-2000:], other[-2000:])
+    assert [int(m.group(2)) for m in STEP.finditer(chief)] == [0, 1, 2, 3]
+    assert not STEP.search(other) and "Summary" not in other and "policy:" not in other
+    assert "Summary: 4 steps" in chief and "policy: " in chief
+    checkpoints = logdir / "version_0" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir() if p.name.startswith("ckpt-4")) == [
+        "ckpt-4.data-00000-of-00001", "ckpt-4.index"]
+    assert not [p for p in checkpoints.iterdir() if p.name.startswith(".worker")]
+    return losses(chief)
 
 
 def one_run_folder(logdir):

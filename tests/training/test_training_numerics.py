@@ -238,6 +238,21 @@ def test_a_profile_window_is_traced_by_whole_calls(tmp_path, caplog):
     assert list((tmp_path / "plugins" / "profile").glob("*/*.xplane.pb"))
 
 
+def test_a_profile_window_the_fit_does_not_reach_or_leaves_early_is_said(tmp_path, caplog):
+    """A window past the run's end wrote nothing and said nothing; one the run ended inside was traced silently."""
+    caplog.set_level("INFO", logger="amp_backends.train")
+    x, y = np.zeros((32, 4), np.float32), np.zeros(32, int)  # 8 steps of 4
+    counting_trainer(steps_per_call=2, logdir=str(tmp_path / "past"), profile_steps=(50, 60)).fit(x, y, epochs=1)
+    assert ("No profiler trace: the profile window 50:60 was not reached (training ended at step 8; the window "
+            "starts at step 50). Fix: choose a window inside the steps this run trains") in caplog.text
+    assert not (tmp_path / "past" / "plugins").exists()
+    caplog.clear()
+    counting_trainer(steps_per_call=2, logdir=str(tmp_path / "end"), profile_steps=(2, 10)).fit(x, y, epochs=1)
+    assert "Profiler trace of steps 2:8 (asked: 2:10; calls are traced whole; training ended first) written" \
+        in caplog.text and "No profiler trace" not in caplog.text
+    assert list((tmp_path / "end" / "plugins" / "profile").glob("*/*.xplane.pb"))
+
+
 # --------------------------------------------------------------------------- float8 layers
 @pytest.mark.skipif(not hasattr(tf.keras.layers.Dense, "quantize"), reason="float8 training needs Keras >= 3.3")
 def test_float8_layers_train_and_their_scales_are_not_unscaled():

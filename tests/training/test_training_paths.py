@@ -3,10 +3,6 @@ and a run saved from one working directory resumes from another."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -85,29 +81,3 @@ def test_the_mnist_file_and_the_autotune_cache_take_relative_and_home_paths(tmp_
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("AMP_AUTOTUNE_CACHE", "sub/cache/tune.json")
     assert autotune.load_cache() == {"k": {"policy": "float32"}}
-
-
-def mnist(*args, cwd):
-    cmd = [sys.executable, "-m", "amp_backends.examples.mnist", "--synthetic", "--no-progress", *args]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AMP_")} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=cwd)
-
-
-@pytest.mark.slow
-def test_the_example_resumes_with_its_default_relative_logdir(tmp_path):
-    """``--logdir runs/mnist`` (the default), run and resumed from a temporary working directory, then resumed
-    again from another one through another relative path."""
-    (tmp_path / "elsewhere").mkdir()
-    out = mnist("--max-steps", "8", "--checkpoint-every", "4", "--batch_size", "32", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-2000:]
-    checkpoints = tmp_path / "runs" / "mnist" / "version_0" / "checkpoints"
-    assert tf.train.latest_checkpoint(str(checkpoints)).endswith("ckpt-8")
-    out = mnist("--max-steps", "10", "--batch_size", "32", "--resume", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert f"Resumed from {checkpoints / 'ckpt-8'}: global step 8" in out.stdout + out.stderr
-    out = mnist("--max-steps", "11", "--batch_size", "32", "--resume", "--logdir", "../runs/mnist",
-                cwd=tmp_path / "elsewhere")
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert f"Resumed from {checkpoints / 'ckpt-10'}: global step 10" in out.stdout + out.stderr
-    assert Path(tf.train.latest_checkpoint(str(checkpoints))).name == "ckpt-11"
-

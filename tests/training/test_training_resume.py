@@ -285,6 +285,7 @@ def test_two_resumes_of_one_run_at_once_the_second_is_refused_and_a_killed_first
         for line in first.stdout:  # training: it holds the run
             if "Loss:" in line:
                 break
+        first.send_signal(signal.SIGSTOP)  # stopped, it holds the run as before, but leaves the cores to the second
         code, out = example(*base, "--max-steps", "3", "--resume", logdir=tmp_path)
         assert code == 2 and "Loss:" not in out, out[-2000:]
         folder = tmp_path / "version_0" / "checkpoints"

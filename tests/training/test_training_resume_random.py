@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import subprocess
+from pathlib import Path
 import sys
 
 import numpy as np
@@ -198,19 +199,31 @@ def test_keras2_layers_on_tensorflows_stateful_ops_are_named_in_a_warning(tmp_pa
 STEP_LINE = re.compile(r"\((\d+), (\d+)\), Loss: ([\d.]+),")
 
 
-def mnist(logdir, *args):
+def mnist(logdir, *args, cwd=NEUTRAL_CWD):
+    """The example's step losses by global step (``logdir`` ``None``: its default, ``runs/mnist`` under ``cwd``),
+    and its output."""
     cmd = [sys.executable, "-m", "amp_backends.examples.mnist", "--digits", "--lr", "0.001", "--seed", "0",
-           "--batch_size", "16", "--no-progress", "--log-every", "1", "--logdir", str(logdir), *args]
+           "--batch_size", "16", "--no-progress", "--log-every", "1", *args]
+    cmd += ["--logdir", str(logdir)] if logdir is not None else []
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMP_")} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=NEUTRAL_CWD)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=cwd)
     assert out.returncode == 0, out.stderr[-2000:]
-    return {int(m.group(2)): m.group(3) for m in STEP_LINE.finditer(out.stdout + out.stderr)}
+    return {int(m.group(2)): m.group(3) for m in STEP_LINE.finditer(out.stdout + out.stderr)}, out.stdout + out.stderr
 
 
 @pytest.mark.slow
-def test_the_mnist_example_resumed_logs_the_uninterrupted_runs_losses(tmp_path):
-    whole = mnist(tmp_path / "whole", "--max-steps", "8")
-    mnist(tmp_path / "cut", "--max-steps", "5")
-    resumed = mnist(tmp_path / "cut", "--max-steps", "8", "--resume")
-    assert sorted(resumed) == [5, 6, 7]
-    assert resumed == {s: whole[s] for s in (5, 6, 7)}
+def test_the_mnist_example_resumed_from_relative_logdirs_logs_the_uninterrupted_runs_losses(tmp_path):
+    """Cut at step 8 under the default ``--logdir runs/mnist`` of a temporary working directory, resumed there to
+    step 10, then from another working directory through ``../runs/mnist``: each step's loss is the uninterrupted
+    run's."""
+    whole, _ = mnist(tmp_path / "whole", "--max-steps", "11")
+    (tmp_path / "elsewhere").mkdir()
+    mnist(None, "--max-steps", "8", "--checkpoint-every", "4", cwd=tmp_path)
+    checkpoints = tmp_path / "runs" / "mnist" / "version_0" / "checkpoints"
+    assert tf.train.latest_checkpoint(str(checkpoints)).endswith("ckpt-8")
+    resumed, out = mnist(None, "--max-steps", "10", "--resume", cwd=tmp_path)
+    assert f"Resumed from {checkpoints / 'ckpt-8'}: global step 8" in out
+    assert resumed == {s: whole[s] for s in (8, 9)}
+    resumed, out = mnist("../runs/mnist", "--max-steps", "11", "--resume", cwd=tmp_path / "elsewhere")
+    assert f"Resumed from {checkpoints / 'ckpt-10'}: global step 10" in out and resumed == {10: whole[10]}
+    assert Path(tf.train.latest_checkpoint(str(checkpoints))).name == "ckpt-11"
