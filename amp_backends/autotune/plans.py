@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from .. import cache
 from ..assessment import FUNCTIONAL, NATIVE
 from ..cache import cache_dir, digest
 from ..configure import auto_configure, reset
+from ..errors import TrainingInterrupted
 from ..plan import Plan
 from ..probe import probe_hardware
 from ..registry import BackendRegistry, registry_or_default
@@ -148,6 +150,10 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
 
     Returns:
         The `Plan` applied.
+
+    Raises:
+        amp_backends.errors.TrainingInterrupted: Ctrl-C or SIGTERM while the candidates were built or timed
+            (nothing is cached, and no plan is left applied).
     """
     fixed = {k: v for k, v in (overrides or {}).items() if k not in ("policy", "xla")}
     from ..training import Trainer
@@ -181,31 +187,38 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
         trials.append(Trial(cand["policy"], cand["xla"], None, f"{type(exc).__name__}: {str(exc)[:200]}"))
         logger.info(f"autotune: {label}: failed ({trials[-1].error})")
 
-    for cand in candidates(base):  # each built, traced and warmed up first; then timed interleaved, below
-        reset()
-        plan = auto_configure(**cand, verbose=False, registry=registry, **fixed)
-        label = f"policy={cand['policy']} xla={cand['xla']}"
-        try:
-            models, updates, objs = build()
-            trainer = Trainer(updates, plan, batch_size=batch_size, images_per_step=images_per_step,
-                              checkpoint_objects=objs, steps_per_call=steps, log_every=10**9, progress=False,
-                              batch_fn=batch_fn, check_models=False, measure_float32=False)
-            runs[label] = _continue(trainer, x, y, steps)
-            for _ in range(Trainer.WARMUP_CALLS):
-                runs[label]()
-            labels[label] = cand
-        except Exception as exc:  # a candidate that fails to compile or run simply loses, alone
-            runs.pop(label, None)
-            lost(label, exc, cand)
-    reset()
     timings = None
-    if runs:
-        try:
-            timings = interleaved(runs, rounds=ROUNDS, units=steps * (images_per_step or batch_size),
-                                  on_error=lambda label, exc: lost(label, exc, labels.pop(label)))
-            timings = Timings({k: v for k, v in timings.rates.items() if k in labels}, timings.steps, timings.units)
-        except Exception as exc:
-            logger.warning(f"autotune: timing the candidates failed ({type(exc).__name__}: {str(exc)[:200]})")
+    try:
+        for cand in candidates(base):  # each built, traced and warmed up first; then timed interleaved, below
+            reset()
+            plan = auto_configure(**cand, verbose=False, registry=registry, **fixed)
+            label = f"policy={cand['policy']} xla={cand['xla']}"
+            try:
+                models, updates, objs = build()
+                trainer = Trainer(updates, plan, batch_size=batch_size, images_per_step=images_per_step,
+                                  checkpoint_objects=objs, steps_per_call=steps, log_every=10**9, progress=False,
+                                  batch_fn=batch_fn, check_models=False, measure_float32=False)
+                runs[label] = _continue(trainer, x, y, steps)
+                for _ in range(Trainer.WARMUP_CALLS):
+                    runs[label]()
+                labels[label] = cand
+            except Exception as exc:  # a candidate that fails to compile or run simply loses, alone
+                runs.pop(label, None)
+                lost(label, exc, cand)
+        reset()
+        if runs:
+            try:
+                timings = interleaved(runs, rounds=ROUNDS, units=steps * (images_per_step or batch_size),
+                                      on_error=lambda label, exc: lost(label, exc, labels.pop(label)))
+                timings = Timings({k: v for k, v in timings.rates.items() if k in labels}, timings.steps, timings.units)
+            except Exception as exc:
+                logger.warning(f"autotune: timing the candidates failed ({type(exc).__name__}: {str(exc)[:200]})")
+    except KeyboardInterrupt as exc:  # Ctrl-C (or SIGTERM) in a candidate's trainer: it is not the user's training
+        reset()
+        signum = getattr(exc, "signum", signal.SIGINT)
+        raise TrainingInterrupted(signum, 0, None, f"Interrupted ({signal.Signals(signum).name}) while autotune timed "
+                                  "the candidate plans: nothing was trained, saved or cached. Fix: run again to time "
+                                  "them, or leave the tuning out (--tune) to train under the rules' plan.") from None
     timed: dict[str, Trial] = {}  # by label
     if timings is not None:
         for label, cand in labels.items():

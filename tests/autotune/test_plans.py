@@ -153,3 +153,34 @@ def test_a_candidate_that_fails_loses_alone_and_the_others_are_still_timed(tmp_p
     assert trials[("float32", True)]["img_per_s"] is None and "XLA could not compile" in trials[("float32", True)][
         "error"]
     assert trials[("float32", False)]["img_per_s"] > 0 and list(entry["timings"]) == ["policy=float32 xla=False"]
+
+
+@pytest.mark.parametrize("stops_at", [1, 3], ids=["in a warm-up", "in the timed rounds"])
+def test_ctrl_c_while_the_candidates_are_timed_is_said_as_the_tuning_and_caches_nothing(tmp_path, monkeypatch,
+                                                                                       stops_at):
+    """Ctrl-C inside a candidate's trainer was said as the user's training: "Interrupted (SIGINT) at step 10:
+    checkpointing is off, nothing was saved", a step of a run that never started."""
+    from amp_backends.autotune import plans
+    from amp_backends.configure import current_plan
+    from amp_backends.errors import TrainingInterrupted
+
+    monkeypatch.setenv("AMP_AUTOTUNE_CACHE", str(tmp_path / "tune.json"))
+    monkeypatch.setattr(plans, "candidates", lambda plan: [{"policy": "float32", "xla": False}])
+    real = plans._continue
+
+    def interrupted(trainer, x, y, steps):
+        call, calls = real(trainer, x, y, steps), iter(range(1, 10**6))
+
+        def once_more():
+            if next(calls) >= stops_at:
+                raise TrainingInterrupted(2, 10, None, "Interrupted (SIGINT) at step 10: checkpointing is off")
+            return call()
+        return once_more
+
+    monkeypatch.setattr(plans, "_continue", interrupted)
+    (x, y), _ = synthetic_mnist(64, 8)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        autotune.tune(build, x, y, batch_size=16, steps=2, batch_fn=mnist_batch_fn)
+    assert stopped.value.exit_code == 130 and stopped.value.message.startswith(
+        "Interrupted (SIGINT) while autotune timed the candidate plans: nothing was trained, saved or cached. Fix:")
+    assert not (tmp_path / "tune.json").exists() and current_plan() is None
