@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -20,7 +21,7 @@ from .. import cache
 from ..assessment import FUNCTIONAL, NATIVE
 from ..cache import cache_dir, digest
 from ..configure import auto_configure, reset
-from ..errors import TrainingInterrupted
+from ..errors import AmpWarning, TrainingInterrupted
 from ..plan import Plan
 from ..probe import probe_hardware
 from ..registry import BackendRegistry, registry_or_default
@@ -188,10 +189,15 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
         logger.info(f"autotune: {label}: failed ({trials[-1].error})")
 
     timings = None
+    trainers_log = logging.getLogger("amp_backends.train")  # the candidates' trainers say warnings only: their
+    level = trainers_log.level  # "Training on ..." and "Summary: 10 steps" lines are not the user's run
+    trainers_log.setLevel(max(level, logging.WARNING))
     try:
         for cand in candidates(base):  # each built, traced and warmed up first; then timed interleaved, below
             reset()
-            plan = auto_configure(**cand, verbose=False, registry=registry, **fixed)
+            with warnings.catch_warnings():  # a candidate's downgrades and caveats are not the user's request
+                warnings.simplefilter("ignore", AmpWarning)
+                plan = auto_configure(**cand, verbose=False, registry=registry, **fixed)
             label = f"policy={cand['policy']} xla={cand['xla']}"
             try:
                 models, updates, objs = build()
@@ -219,6 +225,8 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
         raise TrainingInterrupted(signum, 0, None, f"Interrupted ({signal.Signals(signum).name}) while autotune timed "
                                   "the candidate plans: nothing was trained, saved or cached. Fix: run again to time "
                                   "them, or leave the tuning out (--tune) to train under the rules' plan.") from None
+    finally:
+        trainers_log.setLevel(level)
     timed: dict[str, Trial] = {}  # by label
     if timings is not None:
         for label, cand in labels.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 
 import pytest
 
@@ -144,9 +145,16 @@ def test_a_candidate_that_fails_loses_alone_and_the_others_are_still_timed(tmp_p
     monkeypatch.setattr(plans, "_continue", breaks_under_xla)
     caplog.set_level(logging.INFO, logger="amp_backends")
     (x, y), _ = synthetic_mnist(128, 8)
-    plan = autotune.tune(build, x, y, batch_size=16, steps=2, batch_fn=mnist_batch_fn)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        plan = autotune.tune(build, x, y, batch_size=16, steps=2, batch_fn=mnist_batch_fn)
     assert (plan.policy, plan.xla) == ("float32", False)
+    # nor are a candidate's caveats the user's ("xla=on (from argument) honoured, but expect little ...")
+    assert not [w for w in said if "(from argument)" in str(w.message)], [str(w.message) for w in said]
     assert "every candidate failed" not in caplog.text
+    # the candidates' trainers said their "Training on ..." and "Summary: 2 steps" lines as if they were the run
+    assert "Training on" not in caplog.text and "Summary:" not in caplog.text
+    assert logging.getLogger("amp_backends.train").level in (logging.NOTSET, logging.INFO)
     assert "policy=float32 xla=True: failed (RuntimeError: XLA could not compile this model)" in caplog.text
     (entry,) = json.loads((tmp_path / "tune.json").read_text()).values()
     trials = {(t["policy"], t["xla"]): t for t in entry["trials"]}
