@@ -71,20 +71,25 @@ class _Resolver:
                                           f"{self._remove(setting)}, or {self._unstrict()} to drop it with a warning.")
         self.warnings.append(f"{asked} ignored: {why}")
 
-    # the fix in the words the override was given in: a command's flags, a variable, or a keyword
     def _remove(self, setting: str) -> str:
-        source = self.request.sources.get(setting, "argument")
-        return ("remove the override" if source == "argument" else f"leave {source} out" if source.startswith("--")
-                else f"unset {source}")
+        return _remove(self.request.sources.get(setting, "argument"))
 
     def _force(self) -> str:
-        return ("pass --force" if any(s.startswith("--") for s in self.request.sources.values())
-                else "set force=True / AMP_FORCE=1")
+        """Force in place of strict (the two contradict), in the words strict was given in."""
+        strict = self.request.sources.get("strict", "argument")
+        return ("pass force=True instead of strict=True" if strict == "argument" else
+                "pass --force instead of --strict" if strict.startswith("--") else
+                f"set AMP_FORCE=1 instead of {strict}")
 
     def _unstrict(self) -> str:
         source = self.request.sources.get("strict", "argument")
-        return "turn strict off" if source == "argument" else f"leave {source} out" if source.startswith("--") \
-            else f"unset {source}"
+        return "turn strict off" if source == "argument" else _remove(source)
+
+
+def _remove(source: str) -> str:
+    """How to take an override back, in the words it was given in: a command's flag, a variable or a keyword."""
+    return ("remove the override" if source == "argument" else f"leave {source} out" if source.startswith("--")
+            else f"unset {source}")
 
 
 # ---------------------------------------------------------------------------------------------- backends
@@ -144,7 +149,7 @@ def _order(statuses: dict[str, BackendStatus], request: Request, requested: str 
     available (``None`` if it is, or none was asked for)."""
     if requested and requested in statuses and statuses[requested].failed:
         raise BackendError(f"backend={requested} (from {source}) failed: {statuses[requested].reason}. Expected a "
-                           "backend that loads, probes and assesses its hardware. Fix: remove the override to plan "
+                           f"backend that loads, probes and assesses its hardware. Fix: {_remove(source)} to plan "
                            f"with the next available backend, or repair or uninstall the distribution that provides "
                            f"{requested!r}.")
     order = [name for name, s in statuses.items() if s.available]
@@ -153,8 +158,8 @@ def _order(statuses: dict[str, BackendStatus], request: Request, requested: str 
     why = statuses[requested].reason if requested in statuses else "not registered"
     if request.strict:
         raise UnsupportedRequestError(f"backend={requested} (from {source}) is not available: {why}. Available: "
-                                      f"{', '.join(order) or 'none'}. Fix: choose one of those, or remove the "
-                                      "override.")
+                                      f"{', '.join(order) or 'none'}. Fix: choose one of those, or "
+                                      f"{_remove(source)}.")
     return order, why
 
 
@@ -193,7 +198,7 @@ def make_plan(hardware: Hardware, request: Request, registry: BackendRegistry, k
             statuses[name] = BackendStatus(name, False, f"failed: {exc}", False, True)
             if name == requested:
                 raise BackendError(
-                    f"backend={requested} (from {source}) failed: {exc}. Fix: remove the override to plan with the "
+                    f"backend={requested} (from {source}) failed: {exc}. Fix: {_remove(source)} to plan with the "
                     f"next available backend, or repair or uninstall the distribution that provides {requested!r}."
                 ) from exc.__cause__
             continue

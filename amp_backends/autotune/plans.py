@@ -125,6 +125,14 @@ def _continue(trainer: Any, x: Any, y: Any, steps: int) -> Callable[[], Any]:
     return lambda: trainer.fit(x, y, epochs=10**9, max_steps=next(ends))
 
 
+def _apply_choice(policy: str, xla: bool, registry: BackendRegistry, fixed: Mapping[str, Any]) -> Plan:
+    """Apply the plan of the choice: the caveats of its policy and XLA (``xla=on (from argument) honoured, but
+    ...``) are autotune's measured choice, not the user's request; the user's own overrides (``fixed``) keep theirs."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"(policy|xla)=", category=AmpWarning)
+        return auto_configure(policy=policy, xla=xla, verbose=False, registry=registry, **fixed)
+
+
 def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: Any, y: Any = None, *, batch_size: int,
          images_per_step: int | None = None, steps: int = 10, batch_fn: Any = None, refresh: bool = False,
          registry: BackendRegistry | None = None, overrides: Mapping[str, Any] | None = None) -> Plan:
@@ -153,8 +161,8 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
         The `Plan` applied.
 
     Raises:
-        amp_backends.errors.TrainingInterrupted: Ctrl-C or SIGTERM while the candidates were built or timed
-            (nothing is cached, and no plan is left applied).
+        amp_backends.errors.TrainingInterrupted: Ctrl-C while the candidates were built or timed, or SIGTERM
+            while one trained (nothing is cached, and no plan is left applied).
     """
     fixed = {k: v for k, v in (overrides or {}).items() if k not in ("policy", "xla")}
     from ..training import Trainer
@@ -176,7 +184,7 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
         cached = None
     if cached and not refresh:
         reset()
-        plan = auto_configure(policy=cached["policy"], xla=cached["xla"], verbose=False, registry=registry, **fixed)
+        plan = _apply_choice(cached["policy"], cached["xla"], registry, fixed)
         logger.info(f"autotune: cached choice for this device and model: policy={cached['policy']} xla={cached['xla']} "
                     f"({cached['img_per_s']:.4g} img/s when measured on {cached['date']})")
         return plan
@@ -189,9 +197,9 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
         logger.info(f"autotune: {label}: failed ({trials[-1].error})")
 
     timings = None
-    trainers_log = logging.getLogger("amp_backends.train")  # the candidates' trainers say warnings only: their
-    level = trainers_log.level  # "Training on ..." and "Summary: 10 steps" lines are not the user's run
-    trainers_log.setLevel(max(level, logging.WARNING))
+    trainers_log = logging.getLogger("amp_backends.train")  # the candidates' trainers say errors only: their
+    level = trainers_log.level  # "Training on ...", "Summary: 10 steps" or "Interrupted ... at step 10" lines are
+    trainers_log.setLevel(max(level, logging.ERROR))  # not the user's run (a candidate that fails says so below)
     try:
         for cand in candidates(base):  # each built, traced and warmed up first; then timed interleaved, below
             reset()
@@ -247,7 +255,7 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
     kept = key is not None and store(key, {"policy": best.policy, "xla": best.xla, "img_per_s": best.img_per_s,
                                            "date": time.strftime("%Y-%m-%d"), "trials": [t.__dict__ for t in trials],
                                            "within_noise": winner is None, "timings": timings.to_dict()})
-    plan = auto_configure(policy=best.policy, xla=best.xla, verbose=False, registry=registry, **fixed)
+    plan = _apply_choice(best.policy, best.xla, registry, fixed)
     rule = timed.get(rules_label)
     logger.info(f"autotune: chose policy={best.policy} xla={best.xla} at {best.img_per_s:.4g} img/s"
                 + (f" (the rules' plan: {rule.img_per_s:.4g} img/s)" if rule else "")

@@ -123,7 +123,7 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
     if inputs is not None:
         given = checked_inputs(model, inputs, structure)
         if not model.built:  # the inputs build it, as a first call on a batch does (a subclassed model)
-            run_once(model, given)
+            run_once(model, given, building=True)
             require_model(model, "check_model()", f"{unbuilt} (inputs= builds it where every dimension after the "
                                                   "batch is given and no input takes strings)")
         batch = batch_size or _batch(given, None)  # batch_size wins over the batch of the given inputs

@@ -147,10 +147,15 @@ def trace_model(model: Any, batch: int, input_struct: Any) -> ModelGraph:
     return _read_graph(concrete, layers, batch, len(tf.nest.flatten(specs)))
 
 
-def run_once(model: Any, input_struct: Any) -> None:
+def run_once(model: Any, input_struct: Any, building: bool = False) -> None:
     """Call ``model`` once, eagerly, on zeros of one example at ``input_struct``'s shapes (``training=False``,
     losses restored): a shape the model cannot take fails only when it runs, never in the symbolic trace.
     Nothing runs where a dimension is open or an input takes strings.
+
+    Args:
+        model: The Keras model.
+        input_struct: The shapes and dtypes of its inputs (`shapes.checked_inputs`).
+        building: The call builds a model not built yet (no symbolic trace has run).
 
     Raises:
         ModelCallError: The model raised, naming the layer whose call did.
@@ -180,8 +185,10 @@ def run_once(model: Any, input_struct: Any) -> None:
         first = (said or [""])[0].strip()[:300]
         raise ModelCallError(
             f"The model {model.name!r} does not run on inputs of shape {shapes}: called once on zeros of that shape "
-            f"(one example), {where}{type(error).__name__}: {first}. The symbolic trace alone passed, so a check at "
-            "these shapes would approve a model that fails on the first step. Expected the shapes the model is "
+            f"(one example), {where}{type(error).__name__}: {first}. " + (
+                "That call was to build it (a subclassed model not built yet). " if building else
+                "The symbolic trace alone passed, so a check at these shapes would approve a model that fails on the "
+                "first step. ") + "Expected the shapes the model is "
             "trained on, which it runs on. Fix: check (and train) at shapes it takes — a sequence length at most "
             "its maximum (the length of its position embedding), an image size its layers accept.") from exc
 

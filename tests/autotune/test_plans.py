@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import warnings
 
 import pytest
@@ -164,31 +165,52 @@ def test_a_candidate_that_fails_loses_alone_and_the_others_are_still_timed(tmp_p
 
 
 @pytest.mark.parametrize("stops_at", [1, 3], ids=["in a warm-up", "in the timed rounds"])
-def test_ctrl_c_while_the_candidates_are_timed_is_said_as_the_tuning_and_caches_nothing(tmp_path, monkeypatch,
+def test_ctrl_c_while_the_candidates_are_timed_is_said_as_the_tuning_and_caches_nothing(tmp_path, monkeypatch, caplog,
                                                                                        stops_at):
     """Ctrl-C inside a candidate's trainer was said as the user's training: "Interrupted (SIGINT) at step 10:
     checkpointing is off, nothing was saved", a step of a run that never started."""
     from amp_backends.autotune import plans
     from amp_backends.configure import current_plan
     from amp_backends.errors import TrainingInterrupted
+    from amp_backends.training import resume
 
     monkeypatch.setenv("AMP_AUTOTUNE_CACHE", str(tmp_path / "tune.json"))
     monkeypatch.setattr(plans, "candidates", lambda plan: [{"policy": "float32", "xla": False}])
-    real = plans._continue
+    monkeypatch.setattr(resume.StopSignals, "asked", False)  # (set by the Ctrl-C below; put back after the test)
+    calls = iter(range(1, 10**6))
+    real_enter = resume.StopSignals.__enter__
 
-    def interrupted(trainer, x, y, steps):
-        call, calls = real(trainer, x, y, steps), iter(range(1, 10**6))
+    def ctrl_c_in_a_call(self):  # the trainer's own handler gets SIGINT as the call starts, as from a terminal
+        entered = real_enter(self)
+        if next(calls) == stops_at:
+            self._handle(signal.SIGINT, None)
+        return entered
 
-        def once_more():
-            if next(calls) >= stops_at:
-                raise TrainingInterrupted(2, 10, None, "Interrupted (SIGINT) at step 10: checkpointing is off")
-            return call()
-        return once_more
-
-    monkeypatch.setattr(plans, "_continue", interrupted)
+    monkeypatch.setattr(resume.StopSignals, "__enter__", ctrl_c_in_a_call)
+    caplog.set_level(logging.INFO, logger="amp_backends")
     (x, y), _ = synthetic_mnist(64, 8)
     with pytest.raises(TrainingInterrupted) as stopped:
         autotune.tune(build, x, y, batch_size=16, steps=2, batch_fn=mnist_batch_fn)
     assert stopped.value.exit_code == 130 and stopped.value.message.startswith(
         "Interrupted (SIGINT) while autotune timed the candidate plans: nothing was trained, saved or cached. Fix:")
+    assert "at step" not in caplog.text and "received: stopping" not in caplog.text, caplog.text
     assert not (tmp_path / "tune.json").exists() and current_plan() is None
+
+
+def test_the_plan_chosen_does_not_say_its_xla_as_the_users_request(tmp_path, monkeypatch):
+    """XLA chosen on a CPU warned "xla=on (from argument) honoured, but expect little or no speed-up": autotune's
+    measured choice, said as if the user had asked for it. The user's own overrides keep their caveats."""
+    from amp_backends.autotune import plans
+
+    monkeypatch.setenv("AMP_AUTOTUNE_CACHE", str(tmp_path / "tune.json"))
+    monkeypatch.setattr(plans, "candidates", lambda plan: [{"policy": "float32", "xla": True}])
+    (x, y), _ = synthetic_mnist(64, 8)
+    for _ in ("timed", "cached"):
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            plan = autotune.tune(build, x, y, batch_size=16, steps=2, batch_fn=mnist_batch_fn,
+                                 overrides={"loss_scale": "fixed:8"})
+        assert plan.xla is True and plan.loss_scale.mode == "fixed"
+        messages = [str(w.message) for w in said]
+        assert not [m for m in messages if m.startswith(("xla=", "policy="))], messages
+        assert [m for m in messages if m.startswith("loss_scale=fixed with float32: not needed")], messages

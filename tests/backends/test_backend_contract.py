@@ -220,7 +220,7 @@ def test_a_broken_backend_is_skipped_named_and_refused_by_name(broken, why):
     with pytest.raises(BackendError) as err:
         plan_for(registry=reg, environ={"AMP_BACKEND": "rocm"})
     assert "backend=rocm (from AMP_BACKEND) failed: " in str(err.value) and why in str(err.value)
-    assert "Fix: remove the override" in str(err.value)
+    assert "Fix: unset AMP_BACKEND to plan with the next available backend" in str(err.value)
     named = collect(registry=reg, use_tensorflow=False, environ={"AMP_BACKEND": "rocm"}).data
     assert named["plan"] is None and "BackendError" in named["plan_error"] and why in named["plan_error"]
 

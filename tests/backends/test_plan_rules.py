@@ -175,16 +175,18 @@ def test_a_refusal_says_its_fix_in_the_words_the_override_was_given_in(registry)
             plan_of(here, registry, policy="mixed_float16", strict=True)
         p = plan_of(here, registry, policy="mixed_float16")
     assert "policy=mixed_float16 (from --policy) is slow" in str(flags.value)
-    assert "Fix: leave --policy out, or pass --force to run it anyway, or leave --strict out to" in str(flags.value)
+    assert ("Fix: leave --policy out, or pass --force instead of --strict to run it anyway, or leave --strict out to"
+            in str(flags.value))  # (force with strict is refused: they contradict)
     assert "(from --policy)" in p.warnings[0] and p.request.sources == {"policy": "--policy"}
     with pytest.raises(UnsupportedRequestError) as env:
         plan_of(here, registry, environ={"AMP_POLICY": "fp16", "AMP_STRICT": "1"})
-    assert "(from AMP_POLICY)" in str(env.value) and "Fix: unset AMP_POLICY, or set force=True / AMP_FORCE=1 to run" \
-        " it anyway, or unset AMP_STRICT to" in str(env.value)
+    assert "(from AMP_POLICY)" in str(env.value) and ("Fix: unset AMP_POLICY, or set AMP_FORCE=1 instead of "
+                                                      "AMP_STRICT to run it anyway, or unset AMP_STRICT to"
+                                                      in str(env.value))
     with pytest.raises(UnsupportedRequestError) as keyword:
         plan_of(here, registry, policy="mixed_float16", strict=True)
-    assert "(from argument)" in str(keyword.value) and "Fix: remove the override, or set force=True / " \
-        "AMP_FORCE=1 to run it anyway, or turn strict off to" in str(keyword.value)
+    assert "(from argument)" in str(keyword.value) and "Fix: remove the override, or pass force=True instead of " \
+        "strict=True to run it anyway, or turn strict off to" in str(keyword.value)
 
 
 def test_bf16_with_itex_on_this_cpu_is_refused_even_with_force(registry):

@@ -185,7 +185,11 @@ def tf_config_losses(tmp_path_factory):
     cmd = [sys.executable, "-m", "amp_backends.examples.mnist", *example_args(logdir)]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=NEUTRAL_CWD,
                               env=env(TF_CONFIG=tf_config(ports, i))) for i in (0, 1)]
-    chief, other = (p.communicate(timeout=240)[0] for p in procs)
+    try:
+        chief, other = (p.communicate(timeout=240)[0] for p in procs)
+    finally:
+        for p in procs:
+            p.kill()
     assert [p.returncode for p in procs] == [0, 0], (chief[-2000:], other[-2000:])
     assert [int(m.group(2)) for m in STEP.finditer(chief)] == [0, 1, 2, 3]
     assert not STEP.search(other) and "Summary" not in other and "policy:" not in other

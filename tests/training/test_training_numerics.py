@@ -243,14 +243,26 @@ def test_a_profile_window_the_fit_does_not_reach_or_leaves_early_is_said(tmp_pat
     caplog.set_level("INFO", logger="amp_backends.train")
     x, y = np.zeros((32, 4), np.float32), np.zeros(32, int)  # 8 steps of 4
     counting_trainer(steps_per_call=2, logdir=str(tmp_path / "past"), profile_steps=(50, 60)).fit(x, y, epochs=1)
-    assert ("No profiler trace: the profile window 50:60 was not reached (training ended at step 8; the window "
-            "starts at step 50). Fix: choose a window inside the steps this run trains") in caplog.text
+    assert ("No profiler trace in this fit: the profile window 50:60 was not reached (this fit ended at step 8; the "
+            "window starts at step 50). Fix: choose a window inside the steps the run trains") in caplog.text
     assert not (tmp_path / "past" / "plugins").exists()
     caplog.clear()
     counting_trainer(steps_per_call=2, logdir=str(tmp_path / "end"), profile_steps=(2, 10)).fit(x, y, epochs=1)
     assert "Profiler trace of steps 2:8 (asked: 2:10; calls are traced whole; training ended first) written" \
         in caplog.text and "No profiler trace" not in caplog.text
     assert list((tmp_path / "end" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    from amp_backends.training.observers import ProfilerWindow
+
+    caplog.clear()
+    window = ProfilerWindow(str(tmp_path / "stopped"), (50, 60))
+    window.on_fit_start(0, 8)
+    try:  # a fit that Ctrl-C or an error stopped: no "choose a window" beside its own message
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        window.close()
+    assert "No profiler trace" not in caplog.text
+    window.close()
+    assert "No profiler trace in this fit" in caplog.text
 
 
 # --------------------------------------------------------------------------- float8 layers

@@ -3,7 +3,6 @@ and a run saved from one working directory resumes from another."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 from helpers import applied_plan, classification_data, mlp
