@@ -100,19 +100,6 @@ def keywords_as_options(given: Mapping[str, Any]) -> Iterator[None]:
         _OPTIONS_GIVEN.reset(token)
 
 
-def keyword_source(name: str) -> str:
-    """Where a keyword override came from, as the plan's sources say it: its flag (``--policy``) while a command
-    that was given that option runs (`keywords_as_options`), else ``"argument"``.
-
-    Args:
-        name: The override's keyword, such as ``"policy"``.
-
-    Returns:
-        ``"--policy"`` or ``"argument"``.
-    """
-    return _flag(name) if name in (_OPTIONS_GIVEN.get() or {}) else "argument"
-
-
 def _invalid(name: str, source: str, accepted: str, value: Any, example: str, more: str = "") -> AmpConfigError:
     """The error for an invalid value of option ``name``: what it accepts, what it got (and ``more``), the fix."""
     var, flag = _env(name), _flag(name)

@@ -24,7 +24,7 @@ from ..hardware import Hardware
 from ..keras_compat import keras_info
 from ..probe import needs_tensorflow, probe_hardware
 from ..registry import BackendRegistry, registry_or_default
-from ..request import ENV_VARS, RENAMED, RENAMED_ENV_VARS, keyword_source
+from ..request import ENV_VARS, RENAMED, RENAMED_ENV_VARS
 from ..software import tensorflow_build_info, tensorflow_version
 from ..version import __version__
 
@@ -37,6 +37,7 @@ class Report:
 
     data: dict[str, Any] = field(default_factory=dict)
     hardware: Hardware | None = field(default=None, repr=False)
+    sources: dict[str, str] = field(default_factory=dict, repr=False)  # where the plan's overrides came from
 
 
 def _tensorflow_section(imported: Any, why: str, error: str | None) -> dict[str, Any]:
@@ -132,11 +133,16 @@ def collect(*, use_tensorflow: bool | None = None, registry: BackendRegistry | N
         data["autotune"] = {"cache": str(cache_path()), "device": signature, "choices": cached_for_device(signature)}
     except Exception as exc:
         data["autotune"] = {"error": f"{type(exc).__name__}: {exc}"}
-    return Report(data, hardware)
+    return Report(data, hardware, dict(plan.request.sources))
 
 
 def to_json(report: Report) -> str:
     return json.dumps(report.data, indent=2, sort_keys=False, default=str)
+
+
+def _said(source: str) -> str:
+    """An override's source as a phrase: ``--policy``, or ``an argument`` (a keyword of the Python API)."""
+    return "an argument" if source == "argument" else source
 
 
 def render_text(report: Report, console: Any = None, why: bool = False) -> None:
@@ -180,11 +186,14 @@ def render_text(report: Report, console: Any = None, why: bool = False) -> None:
         say(console, f"Autotuned choices for this device ({d['autotune']['cache']}): " + "; ".join(
             f"model {k.split('#')[-1]}: policy={v['policy']} xla={'on' if v['xla'] else 'off'} "
             f"({v['img_per_s']:.4g} img/s, {v['date']})" for k, v in tuned.items()))
-    env = d["overrides"]  # the AMP_* variables; the plan's overrides hold the arguments' too
-    from_env = {name for name, var in ENV_VARS.items() if var in env}
-    from_env |= {RENAMED[old] for old, var in RENAMED_ENV_VARS.items() if var in env}  # (AMP_ITEX_AMP: graph_amp)
-    given = {k: v for k, v in ((d["plan"] or {}).get("overrides") or {}).items() if k not in from_env}
-    in_force = [f"{k}={v}" for k, v in env.items()] + [f"{k}={v} ({keyword_source(k)})" for k, v in given.items()]
+    # the AMP_* variables set, and the plan's overrides given another way (a keyword, a command's flag), which win
+    names = {var: name for name, var in ENV_VARS.items()} | {var: RENAMED[old] for old, var in RENAMED_ENV_VARS.items()}
+    env, sources, given = d["overrides"], report.sources, (d["plan"] or {}).get("overrides") or {}
+    in_force = [f"{var}={value}" + (f" (overridden by {_said(sources[names[var]])})" if names[var] in sources
+                                    and not sources[names[var]].startswith("AMP_") else "")
+                for var, value in env.items()]
+    in_force += [f"{k}={v} ({sources.get(k, 'argument')})" for k, v in given.items()
+                 if not sources.get(k, "argument").startswith("AMP_")]
     say(console, "Overrides in force: " + (", ".join(in_force) or "none (all automatic)"))
     if d["plan"] is not None and not why:
         say(console, "The reasons in full, with the measurements they quote: amp-backends info --why")

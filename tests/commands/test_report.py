@@ -254,6 +254,14 @@ def test_the_overrides_line_names_the_arguments_in_force_beside_the_variables():
     with keywords_as_options({"xla": "on"}):  # `info --xla on`: the flag, as the plan's warnings name it
         render_text(collect(use_tensorflow=False, environ={}, xla="on"), console)
     assert "Overrides in force: xla=on (--xla)" in console.export_text()
+    # a variable the flag or a keyword wins over is said so (the plan followed --policy; the line named AMP_POLICY)
+    for given, said in (({"policy": "float32"}, "--policy"), ({}, "argument")):
+        console = Console(record=True, width=200)
+        with keywords_as_options(given):
+            render_text(collect(use_tensorflow=False, environ={"AMP_POLICY": "fp16"}, policy="float32"), console)
+        by = "an argument" if said == "argument" else said
+        assert f"Overrides in force: AMP_POLICY=fp16 (overridden by {by}), policy=float32 ({said})\n" in \
+            console.export_text()
 
 
 def test_an_old_variable_in_force_is_not_listed_again_as_an_argument():
