@@ -16,7 +16,7 @@ from amp_backends.errors import ClusterConfigError
 from amp_backends.training.distribute import cluster_config
 from amp_backends.training.launchers import Launch, base_port, expand_nodelist, expand_tasks_per_node, launcher_cluster
 from conftest import NEUTRAL_CWD, tensorflow_blocked
-from test_distribute import STEP, env, free_ports, tf_config
+from test_distribute import STEP, env, finish, free_ports, tf_config
 
 OMPI = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
         "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_MCA_ess_base_jobid": "2083127297"}
@@ -185,11 +185,7 @@ def tf_config_losses(tmp_path_factory):
     cmd = [sys.executable, "-m", "amp_backends.examples.mnist", *example_args(logdir)]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=NEUTRAL_CWD,
                               env=env(TF_CONFIG=tf_config(ports, i))) for i in (0, 1)]
-    try:
-        chief, other = (p.communicate(timeout=240)[0] for p in procs)
-    finally:
-        for p in procs:
-            p.kill()
+    chief, other = finish(procs)
     assert [p.returncode for p in procs] == [0, 0], (chief[-2000:], other[-2000:])
     assert [int(m.group(2)) for m in STEP.finditer(chief)] == [0, 1, 2, 3]
     assert not STEP.search(other) and "Summary" not in other and "policy:" not in other
@@ -230,11 +226,7 @@ def test_srun_variables_train_one_two_worker_run(tmp_path, tf_config_losses):
              "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_JOB_ID": "99", "AMP_CLUSTER_PORT": str(base)}
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=NEUTRAL_CWD,
                               env=env(**slurm, SLURM_PROCID=str(i), SLURM_LOCALID=str(i))) for i in (0, 1)]
-    try:
-        chief, other = (p.communicate(timeout=240)[0] for p in procs)
-    finally:
-        for p in procs:
-            p.kill()
+    chief, other = finish(procs)
     assert [p.returncode for p in procs] == [0, 0], (chief[-2000:], other[-2000:])
     assert f"Cluster from Slurm (srun): worker 1 of ['localhost:{base}', 'localhost:{base + 1}']" in other
     assert losses(chief) == tf_config_losses and not losses(other)

@@ -16,6 +16,8 @@ from conftest import NEUTRAL_CWD, tensorflow_blocked
 pytestmark = pytest.mark.tensorflow
 tf = pytest.importorskip("tensorflow")
 
+from test_distribute import finish  # noqa: E402
+
 
 def example(*args, logdir, timeout=300, popen=False, extra_env=None):
     cmd = [sys.executable, "-m", "amp_backends.examples.mnist", "--logdir", str(logdir), "--no-progress", *args]
@@ -156,11 +158,7 @@ def test_the_same_command_gives_the_same_losses_and_runs_started_together_each_g
     args = ["--synthetic", "--batch_size", "32", "--max-steps", "6", "--seed", "11"]
     one_thread = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}  # the same sums in every run
     procs = [example(*args, logdir=tmp_path, extra_env=one_thread, popen=True) for _ in range(3)]
-    try:
-        outs = [p.communicate(timeout=300)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
+    outs = finish(procs, timeout=300)
     assert [p.returncode for p in procs] == [0] * 3, "\n".join(o[-1500:] for o in outs)
     losses = [[m.group(3) for m in STEP_LINE.finditer(o)] for o in outs]
     assert len(losses[0]) == 6 and losses[0] == losses[1] == losses[2]
