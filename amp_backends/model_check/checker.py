@@ -120,9 +120,10 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
         plan = current_plan() or plan_for(hardware=hardware if hardware is not None else probe_hardware(
             use_tensorflow=False))  # (the hardware is probed only where no plan is applied)
     structure = input_structure(model)
+    built_here = inputs is not None and not model.built
     if inputs is not None:
         given = checked_inputs(model, inputs, structure)
-        if not model.built:  # the inputs build it, as a first call on a batch does (a subclassed model)
+        if built_here:  # the inputs build it, as a first call on a batch does (a subclassed model)
             run_once(model, given, building=True)
             require_model(model, "check_model()", f"{unbuilt} (inputs= builds it where every dimension after the "
                                                   "batch is given and no input takes strings)")
@@ -146,7 +147,7 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
         if exc.layer is None:  # the model as a whole does not run on these inputs: the caller's error
             raise
         return _layer_fails(model, plan, target, batch, exc, keras_version)
-    if inputs is not None and run:
+    if inputs is not None and run and not built_here:  # (the building call ran it on these shapes already)
         run_once(model, structure)  # the caller's error too: shapes the model cannot take
     if layer_plan is None:
         from ..layer_plan import decide

@@ -259,9 +259,12 @@ class ProfilerWindow(Observer):
         if self.running:
             self._written()
         elif not self.done and self.began is not None and sys.exc_info()[0] is None:  # (not a stopped fit's)
-            where = (f"this fit started at step {self.began}, past it: a resumed run counts its earlier steps"
-                     if self.began >= self.stop else f"this fit ended at step {self.last}; the window starts at step "
-                     f"{self.start}" if self.last <= self.start else f"this fit trained no step from {self.began}")
+            if self.began >= self.stop:
+                where = f"this fit started at step {self.began}, past it: a resumed run counts its earlier steps"
+            elif self.last <= self.start:
+                where = f"this fit ended at step {self.last}; the window starts at step {self.start}"
+            else:
+                where = f"this fit trained no step from {self.began}"
             logger.warning(f"No profiler trace in this fit: the profile window {self.start}:{self.stop} was not "
                            f"reached ({where}). Fix: choose a window inside the steps the run trains (a later fit of "
                            "the same trainer traces it when it gets there).")
