@@ -96,7 +96,7 @@ class Experiment:
 
 
 EXPERIMENTS = [
-    Experiment("bench", 250, 60, 60, "python -m amp_backends.bench at its default sizes (subprocess)"),
+    Experiment("bench", 330, 60, 60, "python -m amp_backends.bench at its default sizes (subprocess)"),
     Experiment("mnist_steps_per_call", 70, 40, 15, "MNIST CNN, trainer: steps per compiled call (default unrolling)"),
     Experiment("mnist_unroll", 90, 40, 15, "MNIST CNN, trainer under XLA: unrolled steps vs a loop"),
     Experiment("mnist_fit_per_epoch", 25, 20, 8, "MNIST CNN, trainer: one fit for all epochs vs one fit per epoch "

@@ -223,6 +223,8 @@ ENVIRONMENT: dict[str, str] = {
                         "Default: derived from the job id (15000 to 29999).",
     "AMP_CLUSTER_HOSTS": "Under `mpiexec` on several hosts: the hosts in rank order (`host1,host2`).",
     "TF_CONFIG": "TensorFlow's cluster description; when set it wins over `mpiexec`/`srun`.",
+    "TF_FORCE_GPU_ALLOW_GROWTH": "TensorFlow's: a process takes GPU memory as it needs it. `bench --zoo` sets "
+                                 "`true` for its workers on a GPU (they share the card) unless it is set.",
     "TF_NUM_INTEROP_THREADS": "TensorFlow's ops run at once, read when it starts; `--deterministic` sets `1` (one "
                               "op at a time: repeatable sums on a CPU).",
     "OMPI_COMM_WORLD_RANK": "Set by Open MPI's `mpiexec` (with `_SIZE`, `_LOCAL_RANK`, `_LOCAL_SIZE`): the "

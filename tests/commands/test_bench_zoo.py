@@ -135,3 +135,25 @@ def test_a_peak_that_rounds_to_zero_or_failed_gives_no_share_instead_of_stopping
         (c,) = report["models"][0]["configs"].values()
         assert c["x_baseline"] == 1.0 and c["loss_vs_baseline"] == 0
         assert c["share_of_peak"] == (pytest.approx(0.01) if peaks.get("float32") else None), peaks
+
+
+@pytest.mark.parametrize("gpu, preset, expected", [(True, None, "true"), (True, "false", "false"),
+                                                   (False, None, None)])
+def test_zoo_workers_sharing_a_gpu_grow_their_memory(tmp_path, monkeypatch, gpu, preset, expected):
+    """The zoo's workers run side by side: on a GPU each allocates memory as it needs it (TensorFlow's default gave
+    the first to allocate the whole card, and on an H200 the others failed with out of memory); a value the user
+    set stays, and a CPU run is left as it was."""
+    from amp_backends.commands.bench import zoo_suite
+
+    seen = {}
+    monkeypatch.setattr(zoo_suite, "JsonWorker", lambda cmd, log, name, env: seen.setdefault(name, env))
+    if preset is None:
+        monkeypatch.delenv("TF_FORCE_GPU_ALLOW_GROWTH", raising=False)
+    else:
+        monkeypatch.setenv("TF_FORCE_GPU_ALLOW_GROWTH", preset)
+    configs = [zoo_suite.BASELINE, zoo_suite.BASELINE_SEED1]
+    runner = zoo_suite.ZooRun(configs, 1, 1, None, tmp_path, 10.0, 8, gpu)
+    for cfg in configs:
+        runner.spawn(cfg)
+    runner.log.close()
+    assert [seen[c.name].get("TF_FORCE_GPU_ALLOW_GROWTH") for c in configs] == [expected, expected]

@@ -100,8 +100,13 @@ class ZooRun:
 
     def spawn(self, cfg: ZooConfig) -> JsonWorker | None:
         cmd = [sys.executable, "-m", "amp_backends.commands.bench.zoo_worker", "--config", json.dumps(asdict(cfg))]
+        env = {**child_env(), **dict(cfg.env)}
+        if self.gpu and len(self.configs) > 1:
+            # the workers share one GPU: TensorFlow's default reserves all of its memory for the first process to
+            # allocate, and the others fail with out of memory (a value the user set stays)
+            env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
         try:
-            return JsonWorker(cmd, self.log, cfg.name, env={**child_env(), **dict(cfg.env)})
+            return JsonWorker(cmd, self.log, cfg.name, env=env)
         except OSError as exc:
             self.errors[cfg.name] = f"the {cfg.name} worker could not start: {exc}"
             return None
