@@ -157,3 +157,63 @@ def test_zoo_workers_sharing_a_gpu_grow_their_memory(tmp_path, monkeypatch, gpu,
         runner.spawn(cfg)
     runner.log.close()
     assert [seen[c.name].get("TF_FORCE_GPU_ALLOW_GROWTH") for c in configs] == [expected, expected]
+
+
+@pytest.mark.parametrize("gpu", [True, False])
+def test_the_float32_peak_is_measured_with_tf32_off_and_tf32s_own_on_a_gpu(tmp_path, gpu):
+    """A run without a manual float32 configuration measured its float32 peak in the baseline's worker, where
+    TensorFlow's default runs float32 matmuls in TF32: on an H200 it reported 376 TFLOP/s as float32 (50 with TF32
+    off, in a run that had one). The float32 peak is now asked with TF32 off, and on a GPU TF32's beside it."""
+    from amp_backends.commands.bench import zoo_suite
+
+    configs = [zoo_suite.BASELINE, zoo_suite.BASELINE_SEED1, zoo_suite.ZooConfig("auto plan, fit", "auto_fit")]
+    runner = zoo_suite.ZooRun(configs, 1, 1, None, tmp_path, 10.0, 8, gpu)
+    runner.log.close()
+    asked = []
+
+    def ask(cfg, **req):
+        asked.append((cfg.name, req["dtypes"], req.get("tf32", False)))
+        return {"ok": True, "float32": 400.0 if req.get("tf32") else 50.0, "float16": 800.0}
+
+    runner.ask = ask
+    peaks = runner.peaks(["float16", "float32"])
+    assert asked[0] == ("float32 fit (defaults)", ["float16", "float32"], False)
+    if gpu:
+        assert asked[1:] == [("float32 fit (defaults)", ["float32"], True)]
+        assert peaks == {"float32": 50.0, "float16": 800.0, "tf32": 400.0}
+    else:
+        assert asked[1:] == [] and peaks == {"float32": 50.0, "float16": 800.0}
+
+
+def test_a_configuration_that_ran_float32_in_tf32_is_held_against_the_tf32_peak():
+    from amp_backends.commands.bench.zoo_suite import BASELINE, summarize
+
+    def cfg(tf32):
+        return {"kind": "baseline", "compute_dtype": "float32", "samples_per_s": {"median": 100.0}, "loss": 1.0,
+                **({} if tf32 is None else {"tf32": tf32})}
+
+    for peaks, tf32, share in (({"float32": 10.0, "tf32": 100.0}, True, 0.001),
+                               ({"float32": 10.0, "tf32": 100.0}, False, 0.01),
+                               ({"float32": 10.0}, True, 0.01)):  # a CPU: no TF32 peak
+        report = {"peak_gflops": peaks, "models": [{"flops_per_sample": 1e6, "configs": {BASELINE.name: cfg(tf32)}}]}
+        summarize(report)
+        (c,) = report["models"][0]["configs"].values()
+        assert c["share_of_peak"] == pytest.approx(share), (peaks, tf32)
+
+
+@pytest.mark.tensorflow
+def test_the_workers_peak_sets_tf32_for_its_measurement_and_puts_the_setting_back():
+    import tensorflow as tf
+
+    from amp_backends.commands.bench.zoo_worker import ZooWorker
+
+    worker = ZooWorker.__new__(ZooWorker)
+    worker.tf = tf
+    seen = []
+    worker._peaks = lambda dtypes, n, repeats: seen.append(
+        tf.config.experimental.tensor_float_32_execution_enabled()) or {}
+    before = tf.config.experimental.tensor_float_32_execution_enabled()
+    for tf32 in (False, True):
+        worker.peak(["float32"], 4, 1, tf32=tf32)
+        assert tf.config.experimental.tensor_float_32_execution_enabled() == before
+    assert seen == [False, True]

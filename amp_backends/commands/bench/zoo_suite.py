@@ -151,12 +151,12 @@ class ZooRun:
     def peaks(self, dtypes: list[str]) -> dict[str, Any]:
         # a plain float32 worker, never a peer (its math library would set the peak the models are held against)
         plain = [c for c in self.configs if c.kind != "peer"] or self.configs
-        ref = next((c for c in plain if c.kind == "manual" and c.policy == "float32" and not c.tf32), plain[0])
-        r = self.ask(ref, op="peak", dtypes=dtypes, n=self.peak_n, repeats=5)
+        ref = next((c for c in plain if c.kind == "manual" and c.policy == "float32"), plain[0])
+        r = self.ask(ref, op="peak", dtypes=dtypes, n=self.peak_n, repeats=5)  # float32: TF32 off
         peaks = {k: v for k, v in r.items() if k != "ok"} if r.get("ok") else {"error": r.get("error")}
-        tf32 = next((c for c in self.configs if c.tf32), None)
-        if tf32 is not None:
-            r = self.ask(tf32, op="peak", dtypes=["float32"], n=self.peak_n, repeats=5)
+        # TF32: where a configuration asks for it, and on a GPU, where TensorFlow's default turns it on
+        if self.gpu or any(c.tf32 for c in self.configs):
+            r = self.ask(ref, op="peak", dtypes=["float32"], n=self.peak_n, repeats=5, tf32=True)
             peaks["tf32"] = r.get("float32") if r.get("ok") else r.get("error")
         self.say("matmul peak, GFLOP/s: " + json.dumps(peaks))
         return peaks
@@ -320,7 +320,10 @@ def summarize(report: dict[str, Any]) -> None:
             r = rate.get(n)
             c["x_baseline"] = r / base if r and base else None
             c["x_best_manual"] = r / manual[best] if r and best else None
-            peak = peaks.get("tf32" if n.startswith("TF32") else c["compute_dtype"])
+            # float32 matmuls that ran in TF32 (asked for, or TensorFlow's default on a GPU) against TF32's peak
+            # (a file from before workers said it: the TF32 configurations by name)
+            tf32 = c.get("tf32", n.startswith("TF32")) and c["compute_dtype"] == "float32" and "tf32" in peaks
+            peak = peaks.get("tf32" if tf32 else c["compute_dtype"])
             flops = m.get("flops_per_sample")
             measured = isinstance(peak, (int, float)) and peak > 0  # (a peak that rounds to 0.0 shares nothing)
             c["share_of_peak"] = (flops * r / 1e9 / peak) if r and flops and measured else None

@@ -131,7 +131,8 @@ class ZooWorker:
             if choice is not None and choice.rounds else
             f", {kept} layers kept in float32 (plan.float32_layers)" if kept else "")
         out: dict[str, Any] = {"warmup_s": round(warmup, 2), "setup": setup, "policy": built_under,
-                               "params": int(sum(np.prod(v.shape) for v in self.model.weights))}
+                               "params": int(sum(np.prod(v.shape) for v in self.model.weights)),
+                               "tf32": bool(tf.config.experimental.tensor_float_32_execution_enabled())}
         if choice is not None:
             out["compute_dtype"] = "float32"  # its share of peak is of the float32 peak
         if flops:
@@ -195,8 +196,19 @@ class ZooWorker:
         except Exception as exc:
             return None, f"not counted: {type(exc).__name__}: {str(exc)[:200]}"
 
-    def peak(self, dtypes: list[str], n: int, repeats: int) -> dict[str, Any]:
-        """GFLOP/s of an n x n matmul per dtype: median of ``repeats`` timed calls, each of 4 chained matmuls."""
+    def peak(self, dtypes: list[str], n: int, repeats: int, tf32: bool = False) -> dict[str, Any]:
+        """GFLOP/s of an n x n matmul per dtype: median of ``repeats`` timed calls, each of 4 chained matmuls; float32
+        with TF32 execution set to ``tf32`` for the measurement (TensorFlow's default, on, would make a float32 peak
+        TF32's on a GPU that has it), the process's setting restored after."""
+        tf = self.tf
+        was = tf.config.experimental.tensor_float_32_execution_enabled()
+        tf.config.experimental.enable_tensor_float_32_execution(tf32)
+        try:
+            return self._peaks(dtypes, n, repeats)
+        finally:
+            tf.config.experimental.enable_tensor_float_32_execution(was)
+
+    def _peaks(self, dtypes: list[str], n: int, repeats: int) -> dict[str, Any]:
         tf = self.tf
         out: dict[str, Any] = {}
         for name in dtypes:
