@@ -76,28 +76,48 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-# The overrides a running command was given as options (`keywords_as_options`): a keyword of build_request holding
-# one of those values came from the command line, and an invalid one is named as the flag the user typed
-_OPTIONS_GIVEN: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar("amp_options_given",
-                                                                                          default=None)
+# Where keyword overrides came from when not from the caller's own code, by name: (value, how its errors are
+# worded, its source as the plan says it). `keywords_as_options` (a command's flags) and `keywords_chosen_by`
+# (autotune's choice) set it; a keyword of build_request holding that value is said with that source.
+_GIVEN_BY: contextvars.ContextVar[Mapping[str, tuple[Any, str, str]] | None] = contextvars.ContextVar(
+    "amp_given_by", default=None)
 
 
 @contextlib.contextmanager
-def keywords_as_options(given: Mapping[str, Any]) -> Iterator[None]:
-    """While it lasts, the keyword overrides ``given`` are a command's options: their errors name the flag
-    (``--policy``); any other keyword (a model factory's own ``auto_configure(...)``) keeps the Python words.
+def _given_by(given: Mapping[str, tuple[Any, str, str]]) -> Iterator[None]:
+    token = _GIVEN_BY.set({**(_GIVEN_BY.get() or {}), **given})
+    try:
+        yield
+    finally:
+        _GIVEN_BY.reset(token)
+
+
+def keywords_as_options(given: Mapping[str, Any]) -> contextlib.AbstractContextManager[None]:
+    """While it lasts, the keyword overrides ``given`` are a command's options: their errors and the plan's reasons
+    name the flag (``--policy``); any other keyword (a model factory's own ``auto_configure(...)``) keeps the Python
+    words.
 
     Args:
         given: The overrides the command line gave, as ``auto_configure``'s keywords (`overrides_given`).
 
-    Yields:
-        Nothing: the block runs with those overrides' errors in the command line's words.
+    Returns:
+        A context manager: the block runs with those overrides in the command line's words.
     """
-    token = _OPTIONS_GIVEN.set(dict(given))
-    try:
-        yield
-    finally:
-        _OPTIONS_GIVEN.reset(token)
+    return _given_by({name: (value, "option", _flag(name)) for name, value in given.items()})
+
+
+def keywords_chosen_by(chooser: str, chosen: Mapping[str, Any]) -> contextlib.AbstractContextManager[None]:
+    """While it lasts, the keyword overrides ``chosen`` are ``chooser``'s choice, not the caller's request: the
+    plan's reasons say ``requested (autotune)`` where they would say ``requested (argument)``.
+
+    Args:
+        chooser: What chose them, as the plan names the source (``"autotune"``).
+        chosen: The overrides it chose, as ``auto_configure``'s keywords.
+
+    Returns:
+        A context manager: the block runs with those overrides said as ``chooser``'s.
+    """
+    return _given_by({name: (value, "argument", chooser) for name, value in chosen.items()})
 
 
 def _invalid(name: str, source: str, accepted: str, value: Any, example: str, more: str = "") -> AmpConfigError:
@@ -340,12 +360,15 @@ def build_request(known_backends: Iterable[str], environ: Mapping[str, str] | No
                              "as {'AMP_POLICY': 'float32'}, or leave environ out to read os.environ.")
     env = os.environ if environ is None else environ
 
-    def given(name: str) -> tuple[Any, str, str] | None:
-        """(value, "argument" or "env", the name it was given as), or ``None`` where it was not."""
+    def given(name: str) -> tuple[Any, str, str, str] | None:
+        """(value, "argument", "option" or "env", the name it was given as, its source as the plan says it), or
+        ``None`` where it was not."""
         if kwargs.get(name) is not None:
-            options = _OPTIONS_GIVEN.get() or {}
-            return kwargs[name], "option" if name in options and options[name] == kwargs[name] else "argument", name
-        return (env[_env(name)], "env", name) if env.get(_env(name), "").strip() != "" else None
+            value, kind, source = (_GIVEN_BY.get() or {}).get(name, (None, "", ""))
+            if kind and value == kwargs[name]:
+                return value, kind, name, source
+            return kwargs[name], "argument", name, "argument"
+        return (env[_env(name)], "env", name, _env(name)) if env.get(_env(name), "").strip() != "" else None
 
     raw = {name: found for name in ENV_VARS if (found := given(name)) is not None}
     for old, new in RENAMED.items():
@@ -358,10 +381,9 @@ def build_request(known_backends: Iterable[str], environ: Mapping[str, str] | No
             raw[new] = old_given
 
     known = tuple(known_backends)
-    values = {name: OPTION[name].parse(given_as, value, source, known)
-              for name, (value, source, given_as) in raw.items()}
-    sources = {name: {"env": _env(given_as), "option": _flag(given_as)}.get(source, "argument")
-               for name, (_, source, given_as) in raw.items()}
+    values = {name: OPTION[name].parse(given_as, value, kind, known)
+              for name, (value, kind, given_as, _) in raw.items()}
+    sources = {name: source for name, (*_, source) in raw.items()}
     request = Request(**values, sources=sources)
     if request.strict and request.force:
         raise AmpConfigError("strict and force contradict each other: strict raises on any request the hardware "

@@ -25,6 +25,7 @@ from ..errors import AmpWarning, TrainingInterrupted
 from ..plan import Plan
 from ..probe import probe_hardware
 from ..registry import BackendRegistry, registry_or_default
+from ..request import keywords_chosen_by
 from .timing import MARGIN, ROUNDS, Timings, interleaved
 
 logger = logging.getLogger("amp_backends.autotune")
@@ -126,9 +127,10 @@ def _continue(trainer: Any, x: Any, y: Any, steps: int) -> Callable[[], Any]:
 
 
 def _apply_choice(policy: str, xla: bool, registry: BackendRegistry, fixed: Mapping[str, Any]) -> Plan:
-    """Apply the plan of the choice: the caveats of its policy and XLA (``xla=on (from argument) honoured, but
-    ...``) are autotune's measured choice, not the user's request; the user's own overrides (``fixed``) keep theirs."""
-    with warnings.catch_warnings():
+    """Apply the plan of the choice: its policy and XLA are autotune's measured choice, not the user's request (the
+    plan says ``requested (autotune)``, and their caveats, ``xla=on (from argument) honoured, but ...``, are not
+    warned); the user's own overrides (``fixed``) keep theirs."""
+    with warnings.catch_warnings(), keywords_chosen_by("autotune", {"policy": policy, "xla": xla}):
         warnings.filterwarnings("ignore", message=r"(policy|xla)=", category=AmpWarning)
         return auto_configure(policy=policy, xla=xla, verbose=False, registry=registry, **fixed)
 

@@ -214,3 +214,6 @@ def test_the_plan_chosen_does_not_say_its_xla_as_the_users_request(tmp_path, mon
         messages = [str(w.message) for w in said]
         assert not [m for m in messages if m.startswith(("xla=", "policy="))], messages
         assert [m for m in messages if m.startswith("loss_scale=fixed with float32: not needed")], messages
+        # the plan says whose choice each is (its policy and XLA said "requested (argument)")
+        assert plan.reasons["policy"].startswith("requested (autotune)") and "(autotune)" in plan.reasons["xla"]
+        assert "(argument)" in plan.reasons["loss_scale"], plan.reasons
