@@ -73,7 +73,8 @@ def preflight(opts: RunOptions) -> None:
 
 
 def profile_window(opts: RunOptions) -> tuple[int, int] | None:
-    """``--profile-steps A:B``; ``--profile`` alone traces 10 steps after the two warm-up (compiling) calls."""
+    """``--profile-steps A:B`` (steps of the whole run); ``--profile`` alone: 10 steps after the two warm-up
+    (compiling) calls, counted from the step the fit starts at (`trainer_options`)."""
     from ..training.trainer import parse_profile_steps
 
     if opts.profile_steps:
@@ -155,12 +156,16 @@ def prepare_models(plan: Any, *models: Any, strategy: Any = None) -> None:
 
 def trainer_options(opts: RunOptions, run: Any, strategy: Any) -> dict[str, Any]:
     """The Trainer's keyword arguments the options decide."""
+    from ..training.observers import ProfilerWindow
     from ..training.tasks import mnist_batch_fn
 
+    window = profile_window(opts)  # --profile alone: after this fit's warm-up, a resumed run's too
+    observers = [ProfilerWindow(str(run.path), window, after_fit_start=True)] if window and not opts.profile_steps \
+        else []
     return dict(batch_size=opts.batch_size, steps_per_call=opts.steps_per_call, log_every=opts.log_every,
                 logdir=str(run.path), checkpoint_dir=str(run.checkpoints), checkpoint_every=opts.checkpoint_every,
-                profile_steps=profile_window(opts), progress=opts.progress, seed=opts.seed, batch_fn=mnist_batch_fn,
-                strategy=strategy, audit=opts.audit)
+                profile_steps=None if observers else window, progress=opts.progress, seed=opts.seed,
+                batch_fn=mnist_batch_fn, strategy=strategy, audit=opts.audit, observers=observers)
 
 
 def final_plan(opts: RunOptions, plan: Any, build: Any, x: Any, y: Any, images_per_step: int | None = None) -> Any:

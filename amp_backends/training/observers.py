@@ -222,10 +222,18 @@ class ProgressBar(Observer):
 
 
 class ProfilerWindow(Observer):
-    """Traces the (whole) calls covering steps ``start:stop`` into ``logdir``; a failed trace is a warning."""
+    """Traces the (whole) calls covering steps ``start:stop`` into ``logdir``; a failed trace is a warning.
 
-    def __init__(self, logdir: str, window: tuple[int, int]) -> None:
+    Args:
+        logdir: The folder TensorFlow's profiler writes into (``plugins/profile/``).
+        window: ``(start, stop)``: the steps to trace, counted over the whole run.
+        after_fit_start: Count the window from the step each fit starts at instead (``--profile``: the steps after
+            this fit's warm-up, a resumed run's too).
+    """
+
+    def __init__(self, logdir: str, window: tuple[int, int], after_fit_start: bool = False) -> None:
         self.logdir = logdir
+        self.window, self.after_fit_start = window, after_fit_start
         self.start, self.stop = window
         self.first: int | None = None
         self.began: int | None = None  # the step this fit started from
@@ -234,6 +242,8 @@ class ProfilerWindow(Observer):
 
     def on_fit_start(self, start_step: int, total_steps: int | None) -> None:
         self.began = self.last = start_step
+        if self.after_fit_start and not self.done:
+            self.start, self.stop = (start_step + step for step in self.window)
 
     def before_call(self, step: int, steps: int) -> None:
         if not self.running and not self.done and step < self.stop and step + steps > self.start:

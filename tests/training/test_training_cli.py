@@ -109,6 +109,14 @@ def test_tensorboard_scalars_and_profiler_trace_are_written(tmp_path):
             tags |= {v.tag for v in ev.summary.value}
     assert {"loss/model", "loss_scale/model", "skipped_steps/model", "throughput_img_per_s"} <= tags
     assert (run / "checkpoints" / "checkpoint").exists()
+    # --profile on a resumed run traces the steps after this fit's warm-up (its default window counted from step 0
+    # lay before the resumed run's first step: no trace, and a warning)
+    out = example("--synthetic", "--batch_size", "32", "--max-steps", "24", "--profile", "--resume", logdir=tmp_path)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0 and "No profiler trace" not in text, text[-2000:]
+    first, last = map(int, re.search(r"Profiler trace of steps (\d+):(\d+)", text).groups())
+    assert 8 < first < last <= 24, text[-2000:]  # after the resumed fit's first (compiling) calls
+    assert len(list((run / "plugins" / "profile").glob("*/*.xplane.pb"))) == len(traces) + 1
 
 
 @pytest.mark.slow
