@@ -21,7 +21,7 @@ from .hardware import BackendProbe, Hardware
 from .keras_compat import KerasInfo, float8_training
 from .plan import COMPUTE_DTYPES, BackendStatus, Decisions, Plan, Rejected
 from .registry import Backend, BackendRegistry
-from .request import LossScale, Request
+from .request import LossScale, Request, undo_of
 
 
 class _BackendFailed(Exception):
@@ -72,7 +72,7 @@ class _Resolver:
         self.warnings.append(f"{asked} ignored: {why}")
 
     def _remove(self, setting: str) -> str:
-        return _remove(self.request.sources.get(setting, "argument"))
+        return undo_of(self.request.sources.get(setting, "argument"))
 
     def _force(self) -> str:
         """Force in place of strict (the two contradict), in the words strict was given in."""
@@ -83,13 +83,7 @@ class _Resolver:
 
     def _unstrict(self) -> str:
         source = self.request.sources.get("strict", "argument")
-        return "turn strict off" if source == "argument" else _remove(source)
-
-
-def _remove(source: str) -> str:
-    """How to take an override back, in the words it was given in: a command's flag, a variable or a keyword."""
-    return ("remove the override" if source == "argument" else f"leave {source} out" if source.startswith("--")
-            else f"unset {source}")
+        return "turn strict off" if source == "argument" else undo_of(source)
 
 
 # ---------------------------------------------------------------------------------------------- backends
@@ -149,7 +143,7 @@ def _order(statuses: dict[str, BackendStatus], request: Request, requested: str 
     available (``None`` if it is, or none was asked for)."""
     if requested and requested in statuses and statuses[requested].failed:
         raise BackendError(f"backend={requested} (from {source}) failed: {statuses[requested].reason}. Expected a "
-                           f"backend that loads, probes and assesses its hardware. Fix: {_remove(source)} to plan "
+                           f"backend that loads, probes and assesses its hardware. Fix: {undo_of(source)} to plan "
                            f"with the next available backend, or repair or uninstall the distribution that provides "
                            f"{requested!r}.")
     order = [name for name, s in statuses.items() if s.available]
@@ -159,7 +153,7 @@ def _order(statuses: dict[str, BackendStatus], request: Request, requested: str 
     if request.strict:
         raise UnsupportedRequestError(f"backend={requested} (from {source}) is not available: {why}. Available: "
                                       f"{', '.join(order) or 'none'}. Fix: choose one of those, or "
-                                      f"{_remove(source)}.")
+                                      f"{undo_of(source)}.")
     return order, why
 
 
@@ -198,7 +192,7 @@ def make_plan(hardware: Hardware, request: Request, registry: BackendRegistry, k
             statuses[name] = BackendStatus(name, False, f"failed: {exc}", False, True)
             if name == requested:
                 raise BackendError(
-                    f"backend={requested} (from {source}) failed: {exc}. Fix: {_remove(source)} to plan with the "
+                    f"backend={requested} (from {source}) failed: {exc}. Fix: {undo_of(source)} to plan with the "
                     f"next available backend, or repair or uninstall the distribution that provides {requested!r}."
                 ) from exc.__cause__
             continue

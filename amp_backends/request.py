@@ -106,18 +106,38 @@ def keywords_as_options(given: Mapping[str, Any]) -> contextlib.AbstractContextM
     return _given_by({name: (value, "option", _flag(name)) for name, value in given.items()})
 
 
-def keywords_chosen_by(chooser: str, chosen: Mapping[str, Any]) -> contextlib.AbstractContextManager[None]:
+# How to take back each chooser's choice (`keywords_chosen_by`), as a refusal's fix says it
+_UNDO: dict[str, str] = {}
+
+
+def keywords_chosen_by(chooser: str, chosen: Mapping[str, Any], undo: str) -> contextlib.AbstractContextManager[None]:
     """While it lasts, the keyword overrides ``chosen`` are ``chooser``'s choice, not the caller's request: the
-    plan's reasons say ``requested (autotune)`` where they would say ``requested (argument)``.
+    plan's reasons say ``requested (autotune)`` where they would say ``requested (argument)``, and a refusal's fix
+    says ``undo``.
 
     Args:
         chooser: What chose them, as the plan names the source (``"autotune"``).
         chosen: The overrides it chose, as ``auto_configure``'s keywords.
+        undo: How to take the choice back, as a refusal's fix says it.
 
     Returns:
         A context manager: the block runs with those overrides said as ``chooser``'s.
     """
+    _UNDO[chooser] = undo
     return _given_by({name: (value, "argument", chooser) for name, value in chosen.items()})
+
+
+def undo_of(source: str) -> str:
+    """How to take an override back, in the words it was given in (``Request.sources``).
+
+    Args:
+        source: Where it came from: ``"argument"``, a command's flag, a variable, or a chooser.
+
+    Returns:
+        The fix: ``remove the override``, ``leave --policy out``, ``unset AMP_POLICY``, or the chooser's own.
+    """
+    return ("remove the override" if source == "argument" else f"leave {source} out" if source.startswith("--")
+            else _UNDO.get(source) or f"unset {source}")
 
 
 def _invalid(name: str, source: str, accepted: str, value: Any, example: str, more: str = "") -> AmpConfigError:

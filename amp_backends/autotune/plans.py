@@ -130,7 +130,9 @@ def _apply_choice(policy: str, xla: bool, registry: BackendRegistry, fixed: Mapp
     """Apply the plan of the choice: its policy and XLA are autotune's measured choice, not the user's request (the
     plan says ``requested (autotune)``, and their caveats, ``xla=on (from argument) honoured, but ...``, are not
     warned); the user's own overrides (``fixed``) keep theirs."""
-    with warnings.catch_warnings(), keywords_chosen_by("autotune", {"policy": policy, "xla": xla}):
+    undo = ("let autotune time the candidates again (tune(..., refresh=True), or delete its cached choice in "
+            f"{cache_path()}), or train without it")
+    with warnings.catch_warnings(), keywords_chosen_by("autotune", {"policy": policy, "xla": xla}, undo):
         warnings.filterwarnings("ignore", message=r"(policy|xla)=", category=AmpWarning)
         return auto_configure(policy=policy, xla=xla, verbose=False, registry=registry, **fixed)
 

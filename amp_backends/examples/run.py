@@ -6,6 +6,7 @@ Plain library code: nothing here parses a command line or exits (``amp_backends.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -160,8 +161,9 @@ def trainer_options(opts: RunOptions, run: Any, strategy: Any) -> dict[str, Any]
     from ..training.tasks import mnist_batch_fn
 
     window = profile_window(opts)  # --profile alone: after this fit's warm-up, a resumed run's too
-    observers = [ProfilerWindow(str(run.path), window, after_fit_start=True)] if window and not opts.profile_steps \
-        else []
+    observers: list[Any] = []
+    if window and not opts.profile_steps:
+        observers.append(ProfilerWindow(os.path.abspath(run.path), window, after_fit_start=True))
     return dict(batch_size=opts.batch_size, steps_per_call=opts.steps_per_call, log_every=opts.log_every,
                 logdir=str(run.path), checkpoint_dir=str(run.checkpoints), checkpoint_every=opts.checkpoint_every,
                 profile_steps=None if observers else window, progress=opts.progress, seed=opts.seed,

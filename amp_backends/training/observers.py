@@ -227,8 +227,8 @@ class ProfilerWindow(Observer):
     Args:
         logdir: The folder TensorFlow's profiler writes into (``plugins/profile/``).
         window: ``(start, stop)``: the steps to trace, counted over the whole run.
-        after_fit_start: Count the window from the step each fit starts at instead (``--profile``: the steps after
-            this fit's warm-up, a resumed run's too).
+        after_fit_start: Count the window from the step the first fit starts at instead (``--profile``: the steps
+            after its warm-up, a resumed run's too).
     """
 
     def __init__(self, logdir: str, window: tuple[int, int], after_fit_start: bool = False) -> None:
@@ -241,9 +241,9 @@ class ProfilerWindow(Observer):
         self.running = self.done = False
 
     def on_fit_start(self, start_step: int, total_steps: int | None) -> None:
-        self.began = self.last = start_step
-        if self.after_fit_start and not self.done:
+        if self.after_fit_start and self.began is None:  # (the first fit's warm-up compiles; later fits reuse it)
             self.start, self.stop = (start_step + step for step in self.window)
+        self.began = self.last = start_step
 
     def before_call(self, step: int, steps: int) -> None:
         if not self.running and not self.done and step < self.stop and step + steps > self.start:

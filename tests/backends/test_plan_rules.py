@@ -164,6 +164,19 @@ def test_fp16_on_this_cpu(registry):
     assert forced.policy == "mixed_float16" and forced.loss_scale.mode == "dynamic"
 
 
+def test_a_refused_choice_of_autotune_says_how_to_take_it_back(registry):
+    """A cached autotune choice the hardware cannot honour under strict said "Fix: unset autotune" (the chooser's name
+    read as a variable's)."""
+    from amp_backends.request import keywords_chosen_by
+
+    here = machine(HERE)
+    with keywords_chosen_by("autotune", {"policy": "mixed_float16"}, "let autotune time the candidates again"):
+        with pytest.raises(UnsupportedRequestError) as refused:
+            plan_of(here, registry, policy="mixed_float16", strict=True)
+    assert "policy=mixed_float16 (from autotune) is slow" in str(refused.value)
+    assert "Fix: let autotune time the candidates again, or" in str(refused.value) and "unset" not in str(refused.value)
+
+
 def test_a_refusal_says_its_fix_in_the_words_the_override_was_given_in(registry):
     """A command's options are named as flags (was ``(from argument)`` and ``force=True``), a variable as itself, a
     keyword as the Python API's; the plan's sources say the same."""

@@ -67,6 +67,12 @@ def test_zoo_bad_input_is_refused_before_any_work(tmp_path):
     assert out.returncode == 2 and "benchmarks/gpu_suite.py" in out.stderr
 
 
+def tf_lists_a_gpu() -> bool:
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
 @pytest.mark.tensorflow
 @pytest.mark.slow
 def test_zoo_smoke(tmp_path):
@@ -94,6 +100,8 @@ def test_zoo_smoke(tmp_path):
         assert c["samples_per_s"]["median"] > 0 and len(c["samples_per_s"]["reps"]) == 2, (name, c)
         assert c["loss"] > 0 and c["x_baseline"] > 0 and c["share_of_peak"] > 0, (name, c)
         assert c["predict_samples_per_s"]["median"] > 0 and len(c["predict_samples_per_s"]["reps"]) == 2, (name, c)
+        if not tf_lists_a_gpu():  # TensorFlow's TF32 flag is on by default, but no CPU has TF32 to use
+            assert c["tf32"] is False, (name, c)
     assert m["configs"]["float32 fit (defaults)"]["loss_vs_baseline"] == 0
     # the float32 run-to-run spread: the baseline from other initial weights, and each loss judged against it
     spread = m["float32_loss_spread"]

@@ -265,6 +265,21 @@ def test_a_profile_window_the_fit_does_not_reach_or_leaves_early_is_said(tmp_pat
     assert "No profiler trace in this fit" in caplog.text
 
 
+def test_a_window_counted_from_the_first_fits_start_is_reached_by_later_short_fits(tmp_path, caplog):
+    """``--profile``'s window counts from the step the first fit starts at (a resumed run's): moved again at each
+    fit, a trainer fitted in short pieces never reached it."""
+    from amp_backends.training.observers import ProfilerWindow
+
+    caplog.set_level("INFO", logger="amp_backends.train")
+    window = ProfilerWindow(str(tmp_path), (2, 6), after_fit_start=True)
+    t = counting_trainer(steps_per_call=2, logdir=str(tmp_path), observers=[window])
+    x, y = np.zeros((8, 4), np.float32), np.zeros(8, int)  # 2 steps of 4 per epoch: one call per fit
+    for epochs in range(1, 5):
+        t.fit(x, y, epochs=epochs)
+    assert "Profiler trace of steps 2:4 (asked: 2:6; calls are traced whole; training ended first)" in caplog.text
+    assert list((tmp_path / "plugins" / "profile").glob("*/*.xplane.pb"))
+
+
 # --------------------------------------------------------------------------- float8 layers
 @pytest.mark.skipif(not hasattr(tf.keras.layers.Dense, "quantize"), reason="float8 training needs Keras >= 3.3")
 def test_float8_layers_train_and_their_scales_are_not_unscaled():

@@ -132,7 +132,9 @@ class ZooWorker:
             f", {kept} layers kept in float32 (plan.float32_layers)" if kept else "")
         out: dict[str, Any] = {"warmup_s": round(warmup, 2), "setup": setup, "policy": built_under,
                                "params": int(sum(np.prod(v.shape) for v in self.model.weights)),
-                               "tf32": bool(tf.config.experimental.tensor_float_32_execution_enabled())}
+                               # TensorFlow's flag is on by default, also where no GPU has TF32 to use
+                               "tf32": bool(tf.config.experimental.tensor_float_32_execution_enabled()
+                                            and tf.config.list_physical_devices("GPU"))}
         if choice is not None:
             out["compute_dtype"] = "float32"  # its share of peak is of the float32 peak
         if flops:
