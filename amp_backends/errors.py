@@ -9,7 +9,13 @@ too (`lookup_error`, `xla_compile_failure`, `write_failure`).
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
 import re
+import signal
+import sys
+from types import TracebackType
 
 __all__ = ["AmpConfigError", "AmpError", "AmpWarning", "BackendError", "CheckpointError", "CheckpointMismatchError",
            "ClusterConfigError", "DataUnavailableError", "DistributedFailure", "FactoryError", "InputError",
@@ -107,17 +113,48 @@ class CheckpointMismatchError(CheckpointError):
 class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C (SIGINT) or SIGTERM stopped training after the current call; ``checkpoint`` is where it was saved.
 
-    A ``KeyboardInterrupt``, so a program that does not catch it by name ends as Ctrl-C ends it; ``exit_code`` is
-    the shell's convention (130 for SIGINT, 143 for SIGTERM).
+    A ``KeyboardInterrupt``: ``except Exception`` does not catch it, and a program that does not catch it ends, after
+    its traceback and exit handlers, by the signal that stopped it, as Ctrl-C ends a Python program (the shell's
+    status 130 for SIGINT, 143 for SIGTERM: ``exit_code``; Python itself does so only for a ``KeyboardInterrupt``
+    that is no subclass, and ends others with status 1).
+
+    Args:
+        signum: The signal's number (``signal.SIGINT``, ``signal.SIGTERM``).
+        step: The global step training stopped at.
+        checkpoint: Where the checkpoint of that step was saved (``None``: none was).
+        message: What stopped, where it was saved and how to continue.
     """
 
     def __init__(self, signum: int, step: int, checkpoint: str | None, message: str) -> None:
         super().__init__(message)
         self.signum, self.step, self.checkpoint, self.message = signum, step, checkpoint, message
+        _end_by_the_signal_when_uncaught()
 
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+def _end_by_the_signal_when_uncaught() -> None:
+    """Chain a ``sys.excepthook`` (once) that ends the program by the signal of an uncaught `TrainingInterrupted`,
+    after the usual traceback and the exit handlers (``atexit``: logging flushed), as Python ends one uncaught
+    ``KeyboardInterrupt``; any other exception goes to the hook as before."""
+    previous = sys.excepthook
+    if getattr(previous, "ends_by_the_signal", False):
+        return
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        previous(kind, value, tb)
+        if isinstance(value, TrainingInterrupted) and value.signum in (signal.SIGINT, signal.SIGTERM):
+            atexit._run_exitfuncs()
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            signal.signal(value.signum, signal.SIG_DFL)
+            os.kill(os.getpid(), value.signum)
+
+    hook.ends_by_the_signal = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 class AmpWarning(UserWarning):

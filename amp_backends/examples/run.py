@@ -51,7 +51,8 @@ class RunOptions:
 
 def preflight(opts: RunOptions) -> None:
     """What the examples refuse before TensorFlow starts: a wrong cluster (`training.distribute.check_cluster`), a
-    ``--logdir`` below a file, two sources of data.
+    ``--logdir`` below a file, two sources of data, and in one process a ``--resume`` with no run to resume or of a
+    run another process is training now.
 
     Args:
         opts: The parsed options.
@@ -60,17 +61,20 @@ def preflight(opts: RunOptions) -> None:
         AmpConfigError: ``--logdir`` cannot be a folder, ``--distribute`` is unknown, or more than one of
             ``--data``, ``--synthetic`` and ``--digits`` is given.
         ClusterConfigError: The cluster is described wrongly, or this worker's port is taken.
+        CheckpointError: ``--resume`` finds no run, or one another process holds.
     """
     from ..training.distribute import check_cluster
-    from ..training.runs import check_no_file_in_the_way
+    from ..training.runs import check_no_file_in_the_way, propose_run_directory, refuse_if_held
 
     sources = [flag for flag, on in (("--data", opts.data), ("--synthetic", opts.synthetic), ("--digits", opts.digits))
                if on]
     if len(sources) > 1:
         raise AmpConfigError(f"--data, --synthetic and --digits each choose the training data: one at most. Received: "
                              f"{' and '.join(sources)}. Fix: keep the one to train on.")
-    check_cluster(opts.distribute)
+    several = check_cluster(opts.distribute) is not None
     check_no_file_in_the_way(opts.logdir, "--logdir")
+    if opts.resume and not several:  # (the workers of a cluster agree on their run first: `choose_run`)
+        refuse_if_held(propose_run_directory(opts.logdir, True).checkpoints)
 
 
 def profile_window(opts: RunOptions) -> tuple[int, int] | None:

@@ -80,6 +80,10 @@ def differences(stored: Mapping[str, Any], current: Mapping[str, Any], limit: in
     ours = current.get("optimizers", {})
     out += [f"{key!r} is {then} in the checkpoint, {ours[key]} here (the state it holds is {then}'s)"
             for key, then in stored.get("optimizers", {}).items() if ours.get(key, then) != then]
+    then_named, now_named = sorted({*a, *stored.get("optimizers", {})}), sorted({*b, *ours})
+    if out and then_named != now_named:  # (the objects a trainer names itself, unless checkpoint_objects names them)
+        out.insert(0, f"the checkpoint's objects are named {', '.join(then_named) or 'nothing'}, this run's "
+                      f"{', '.join(now_named)}: checkpoint_objects= differs from the run that wrote it")
     return out[:limit] + ([f"... and {len(out) - limit} more"] if len(out) > limit else [])
 
 
@@ -179,8 +183,8 @@ class CheckpointStore:
         if not paths:
             return None
         broken: list[tuple[str, str]] = []
-        fix = "Fix: resume with the same model code and arguments, or start a new run (without --resume, or with " \
-              "another --logdir)."
+        fix = "Fix: resume with the same model code and arguments (checkpoint_objects= too), or start a new run " \
+              "(without --resume, or with another --logdir)."
         for path in paths:
             try:
                 stored = read_signature(path)
@@ -202,7 +206,7 @@ class CheckpointStore:
                     before(stored)
                 checkpoint.restore(path).assert_existing_objects_matched()
             except Exception as exc:  # truncated data: IndexError, DataLossError, ...
-                if stored is None and isinstance(exc, (AssertionError, ValueError)):
+                if isinstance(exc, (AssertionError, ValueError)):  # objects or shapes of another program or model
                     raise CheckpointMismatchError(
                         f"The checkpoint {path} does not match the models being trained (it was written by another "
                         f"program or another model): {_short(exc, 240)}. {fix}") from None

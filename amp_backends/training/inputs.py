@@ -33,14 +33,23 @@ def is_count(value: Any, least: int = 1) -> bool:
 @dataclass(frozen=True)
 class Ran:
     """What one compiled call did: ``done`` steps, their losses and flags (``[done, updates]``: 1 applied, 0
-    non-finite, -1 refused by the update's ``check``), the key it was compiled under (a new key: it compiled), and
-    whether the data's pass ended in it."""
+    non-finite), the key it was compiled under (a new key: it compiled), whether the data's pass ended in it, and
+    ``refused``: ``(row, update)`` where an update's ``check`` refused a batch, which ended the call (`of_call`)."""
 
     done: int
     losses: np.ndarray
     flags: np.ndarray
     key: Any
     pass_ended: bool = False
+    refused: tuple[int, int] | None = None
+
+    @classmethod
+    def of_call(cls, done: int, losses: np.ndarray, flags: np.ndarray, key: Any, pass_ended: bool = False) -> Ran:
+        """A call's outputs (a row per batch taken) kept up to its ``done`` steps (`step.steps_done`), the first
+        refused batch noted."""
+        bad = np.argwhere(flags < 0)
+        refused = (int(bad[0][0]), int(bad[0][1])) if len(bad) else None
+        return cls(done, losses[:done], flags[:done], key, pass_ended and refused is None, refused)
 
     @property
     def finite(self) -> np.ndarray:
@@ -48,13 +57,15 @@ class Ran:
         return self.flags != 0
 
     def check_refused(self, at: At, first_in_epoch: int, updates: Sequence[Update]) -> None:
-        """`InputError` naming the first batch an update's ``check`` refused in this call (run from ``at``)."""
-        if not len(bad := np.argwhere(self.flags < 0)):
+        """`InputError` naming the batch an update's ``check`` refused in this call (run from ``at``), if any."""
+        if self.refused is None:
             return
-        i, u = int(bad[0][0]), updates[int(bad[0][1])]
+        i, u = self.refused[0], updates[self.refused[1]]
+        again = (" A fit with corrected data runs that step again." if i == self.done else
+                 " (Updates before it in that step were applied: the step counts as done.)")
         raise InputError(f"The batch of step {at.step + i} (epoch {at.epoch}, step {first_in_epoch + i} of the epoch) "
                          f"{u.check_message or 'was refused by the check of update ' + repr(u.name) + '.'} That step "
-                         "was skipped (no weight changed) and training stopped; nothing was saved after it.")
+                         f"was skipped (no weight changed) and training stopped; nothing was saved after it.{again}")
 
 
 # ------------------------------------------------------------------------------------ nests of arrays
@@ -195,9 +206,9 @@ class ResidentArrays:
     def run(self, program: StepProgram, at: At, k: int, capacity: int) -> Ran:
         """``k`` steps from ``at`` in one compiled call."""
         fn = program.resident_call(k, self.batch_fn, capacity=capacity)
-        losses, flags = fn(self.x, self.y, self.permutation(at.epoch), tf.constant(at.offset, tf.int64),
-                           tf.constant(k, tf.int32))
-        return Ran(k, losses.numpy()[:k], flags.numpy()[:k], k if program.unrolled(k) else "loop")
+        losses, flags, done = fn(self.x, self.y, self.permutation(at.epoch), tf.constant(at.offset, tf.int64),
+                                 tf.constant(k, tf.int32))
+        return Ran.of_call(int(done), losses.numpy()[:k], flags.numpy()[:k], k if program.unrolled(k) else "loop")
 
 
 # ------------------------------------------------------------------------------------ tf.data
@@ -344,10 +355,10 @@ class Stream:
             if self._iterator is None:
                 skip = self.batches_before(at) if self._next_skip is None else self._next_skip
                 self._iterator, self._opened_at, self._yielded, self._next_skip = self.iterator(skip), skip, skip, None
-            done_t, losses, flags = program.stream_call()(self._iterator, tf.constant(k, tf.int32))
-            self._yielded += (done := int(done_t.numpy()))
-            ran = Ran(done, losses.numpy(), flags.numpy(), "stream", done < k and not self.continuous)
-            if done == k:
+            taken, steps, losses, flags = program.stream_call()(self._iterator, tf.constant(k, tf.int32))
+            self._yielded += (done := int(taken.numpy()))
+            ran = Ran.of_call(int(steps), losses.numpy(), flags.numpy(), "stream", done < k and not self.continuous)
+            if done == k or ran.refused is not None:
                 return ran
             self._iterator, self._next_skip, skip = None, 0, self._opened_at  # the pass ended in the call or before
             if self._yielded == skip and (not skip or self.continuous):  # it gave nothing: from its start (empty),

@@ -37,12 +37,14 @@ def _map_values(g: Any, fn: Any) -> Any:
     return fn(g)
 
 
-class LossScaler:
+class LossScaler(tf.__internal__.tracking.Trackable):
     """The loss-scale state of one update (one loss, one or several optimizers).
 
     In a loop of your own, ``LossScaler(optimizer)`` scales as the applied plan says: per step ``scaled =
     scaler.scale(loss)`` inside the tape, then ``scaler.apply(tape.gradient(scaled, variables), variables)``.
-    The trainer makes it from a `LossScale` instead, and drives the steps itself.
+    The trainer makes it from a `LossScale` instead, and drives the steps itself. A checkpoint keeps its state
+    beside the model's and the optimizer's: ``tf.train.Checkpoint(model=model, optimizer=optimizer,
+    scaler=scaler)`` (the variables of `variables`; a resumed loop goes on at the saved scale).
 
     Args:
         optimizer: The optimizer of a loop of your own (or, the trainer's form, a `LossScale`).
@@ -65,6 +67,8 @@ class LossScaler:
             self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}/good_steps")
             self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}/skipped")
             self.consecutive = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}/consecutive_nonfinite")
+        for key, variable in self.variables().items():  # what tf.train.Checkpoint(scaler=...) saves and restores
+            self._track_trackable(variable, name=key)
 
     # -- the step ------------------------------------------------------------------------------
     def scale(self, loss: Any) -> Any:

@@ -100,14 +100,14 @@ class RunDirectory:
 
 
 def propose_run_directory(logdir: str | os.PathLike, resume: bool) -> RunDirectory:
-    """Decide (without creating anything) where a run writes under ``logdir``; see the module docstring."""
-    import tensorflow as tf
-
+    """Decide (without creating anything, or TensorFlow) where a run writes under ``logdir``; see the module
+    docstring."""
     root = check_no_file_in_the_way(logdir, "--logdir")
     found = versions(root)
     if resume:
-        for path in [root, *(found[n] for n in sorted(found, reverse=True))]:  # (or its files: another run saving)
-            if tf.train.get_checkpoint_state(str(c := path / "checkpoints")) is not None or any(c.glob("ckpt-*.index")):
+        for path in [root, *(found[n] for n in sorted(found, reverse=True))]:
+            folder = path / "checkpoints"  # (TensorFlow's state file, or a save's index: another run saving)
+            if (folder / "checkpoint").is_file() or any(folder.glob("ckpt-*.index")):
                 return RunDirectory(path, True)
         raise CheckpointError(
             f"--resume: there is no run to resume under {str(root)!r} (no checkpoints in {str(root / 'checkpoints')!r} "

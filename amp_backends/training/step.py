@@ -212,20 +212,25 @@ class StepProgram:
             self._calls[key] = tf.function(fn, jit_compile=True)
         return self._calls[key]
 
-    def one_step(self, kind: str, make_batch: Callable[..., Any], step: Any, replica_args: tuple) -> tuple[Any, Any]:
+    def one_step(self, kind: str, make_batch: Callable[..., Any], step: Any, replica_args: tuple,
+                 stopped: Any = None) -> tuple[Any, Any]:
         """One training step in cross-replica context; returns ``(losses[U], flags[U])``: 1 for a step applied,
         0 for one skipped for non-finite gradients, -1 for a batch its update's ``check`` refused (skipped too).
 
         Non-finite gradients in *any* replica skip the step in all, so every loss scale changes alike. The apply
         runs in ``tf.cond`` here, outside the replica function: optimizers all-reduce inside ``apply_gradients``.
+        A refused batch stops the call: with ``stopped`` (a batch of this call was refused before) every update is
+        skipped as refused, and after an update that refuses, the step's later updates are.
         """
         losses, flags = [], []
+        stop = tf.constant(False) if stopped is None else stopped
         for u in self.updates:
             before = [tf.identity(v) for v in u.state]  # what a skipped step puts back
             loss, grads, nonfinite, bad = self.strategy.run(self._grads_fn(u, kind, make_batch),
                                                             args=(step, *replica_args))
             finite = tf.equal(self.strategy.reduce(tf.distribute.ReduceOp.SUM, nonfinite, axis=None), 0)
-            usable = tf.equal(self.strategy.reduce(tf.distribute.ReduceOp.SUM, bad, axis=None), 0)
+            usable = tf.logical_and(tf.equal(self.strategy.reduce(tf.distribute.ReduceOp.SUM, bad, axis=None), 0),
+                                    tf.logical_not(stop))
 
             def apply(u=u, grads=grads):
                 self.strategy.run(self._apply, args=(u, grads))
@@ -236,8 +241,13 @@ class StepProgram:
                     v.assign(value)
                 return tf.constant(False)
 
+            def count(u=u, finite=finite):
+                self.scalers[u.name].update(finite)
+                return tf.constant(True)
+
             tf.cond(tf.logical_and(finite, usable), apply, skip)
-            self.scalers[u.name].update(tf.logical_or(finite, tf.logical_not(usable)))  # (a refused batch: no change)
+            tf.cond(usable, count, lambda: tf.constant(False))  # a refused batch changes no loss scale
+            stop = tf.logical_or(stop, tf.logical_not(usable))
             losses.append(self.strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None))
             flags.append(tf.where(usable, tf.cast(finite, tf.int32), -1))
         return tf.stack(losses), tf.stack(flags)
@@ -267,32 +277,39 @@ class StepProgram:
                 idx = tf.gather(idx, tf.cast(ctx.replica_id_in_sync_group, tf.int64) * (B // n) + local)
             return batch_fn(x, y, idx)
 
-        def step_at(x, y, perm, offset, i):
+        def step_at(x, y, perm, offset, i, stopped):
             # a gather of B positions: a static shape, and no slice bounds that XLA would treat as compile-time
             # constants (recompiling for every call's starting sample)
             idx = tf.gather(perm, offset + tf.cast(i, tf.int64) * B + tf.range(B, dtype=tf.int64))
-            return self.one_step("resident", make_batch, self.position.global_step + tf.cast(i, tf.int64), (x, y, idx))
+            return self.one_step("resident", make_batch, self.position.global_step + tf.cast(i, tf.int64), (x, y, idx),
+                                 stopped)
 
         def run(x, y, perm, offset, steps):
             if unroll:  # k copies of the step in one graph: longer compilation, no loop overhead
-                outs = [step_at(x, y, perm, offset, i) for i in range(k)]
+                outs, stopped = [], tf.constant(False)
+                for i in range(k):
+                    outs.append(step_at(x, y, perm, offset, i, stopped))
+                    stopped = tf.logical_or(stopped, tf.reduce_any(outs[-1][1] < 0))
                 losses, flags = tf.stack([o[0] for o in outs]), tf.stack([o[1] for o in outs])
             else:
                 U = len(self.updates)
 
-                def body(i, ta_l, ta_f):
-                    step_losses, step_flags = step_at(x, y, perm, offset, i)
-                    return i + 1, ta_l.write(i, step_losses), ta_f.write(i, step_flags)
+                def body(i, ta_l, ta_f, stopped):
+                    step_losses, step_flags = step_at(x, y, perm, offset, i, stopped)
+                    return (i + 1, ta_l.write(i, step_losses), ta_f.write(i, step_flags),
+                            tf.reduce_any(step_flags < 0))
 
-                # the bound is the constant capacity (XLA needs one); the condition stops after ``steps``
-                _, ta_l, ta_f = tf.while_loop(
-                    lambda i, *_: i < steps, body,
+                # the bound is the constant capacity (XLA needs one); the condition stops after ``steps``, or after
+                # a refused batch
+                _, ta_l, ta_f, _ = tf.while_loop(
+                    lambda i, _l, _f, stopped: tf.logical_and(i < steps, tf.logical_not(stopped)), body,
                     (tf.constant(0), tf.TensorArray(tf.float32, size=capacity, element_shape=[U]),
-                     tf.TensorArray(tf.int32, size=capacity, element_shape=[U])),
+                     tf.TensorArray(tf.int32, size=capacity, element_shape=[U]), tf.constant(False)),
                     maximum_iterations=capacity)
                 losses, flags = ta_l.stack(), ta_f.stack()
-            self._advance(tf.cast(steps, tf.int64))
-            return losses, flags
+            done = steps_done(flags, steps)
+            self._advance(tf.cast(done, tf.int64))
+            return losses, flags, done
 
         self._calls[key] = tf.function(run, jit_compile=self.xla and self.replicas == 1)
         return self._calls[key]
@@ -304,7 +321,9 @@ class StepProgram:
 
     # -- calls on a tf.data iterator -----------------------------------------------------------
     def stream_call(self) -> Any:
-        """``call(iterator, k)``: up to ``k`` steps, fewer where the data ends; returns ``(steps, losses, flags)``."""
+        """``call(iterator, k)``: up to ``k`` steps, fewer where the data ends or a batch is refused; returns
+        ``(batches, steps, losses, flags)``: the batches taken, the steps done of them (`steps_done`), and per batch
+        taken its losses and flags."""
         if "stream" in self._calls:
             return self._calls["stream"]
         step_fn = lambda batch, step: self.one_step("stream", lambda b: b, step, (batch,))  # noqa: E731
@@ -324,11 +343,27 @@ class StepProgram:
                 ta_l = ta_l.write(tf.cast(done, tf.int32), step_losses)
                 ta_f = ta_f.write(tf.cast(done, tf.int32), step_flags)
                 done += 1
-            self._advance(done)
-            return done, ta_l.stack(), ta_f.stack()
+                if tf.reduce_any(step_flags < 0):
+                    break
+            flags = ta_f.stack()
+            steps = tf.cast(steps_done(flags, tf.cast(done, tf.int32)), tf.int64)
+            self._advance(steps)
+            return done, steps, ta_l.stack(), flags
 
         self._calls["stream"] = tf.function(run)
         return self._calls["stream"]
+
+
+def steps_done(flags: Any, steps: Any) -> Any:
+    """How many of a call's ``steps`` count as done, from its flags (``[rows, updates]``, rows past ``steps`` unused):
+    all, or those before the first batch refused, which a fit with corrected data runs again (unless an update of
+    that step was applied before another refused it: then it counts, so that no update applies one batch twice)."""
+    rows = tf.shape(flags)[0]
+    refused = tf.logical_and(tf.reduce_any(flags < 0, axis=1), tf.range(rows) < steps)
+    first = tf.argmax(tf.cast(tf.concat([refused, [True]], 0), tf.int32), output_type=tf.int32)  # rows: none
+    padded = tf.concat([flags, tf.zeros([1, tf.shape(flags)[1]], flags.dtype)], 0)  # (a call of no batch too)
+    applied = tf.reduce_any(tf.gather(padded, first) > 0)
+    return tf.where(first < rows, first + tf.cast(applied, tf.int32), tf.cast(steps, tf.int32))
 
 
 def build_optimizers(updates: Sequence[Update]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Sequence
 
 import numpy as np
@@ -9,8 +10,11 @@ import tensorflow as tf
 
 from ..errors import AmpConfigError, InputError
 from ..labels import class_ids
+from .inputs import leaf_paths
 from .metrics import record_predictions
 from .step import Evaluation, Update, float32_outputs, step_seed
+
+logger = logging.getLogger("amp_backends.train")
 
 
 def _per_example(loss: Any) -> tuple[Any, bool]:
@@ -104,6 +108,7 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
     def validate(sample):
         _check_labelled(sample)
         check(sample[0])  # validation arrays too, before training (training's: as it traces)
+        _warn_of_nonfinite_inputs(sample[0])
         if len(sample) == 3:
             w = np.asarray(sample[2], dtype=np.float64)
             if w.ndim != 1 and w.shape[1:] != (1,):
@@ -303,6 +308,20 @@ def _check_parts(models: Sequence[Any], optimizers: Sequence[Any]) -> None:
         raise AmpConfigError(f"expected a Keras optimizer, such as keras.optimizers.Adam(1e-3). Received: "
                              f"{optimizer!r:.80} (of type {type(optimizer).__name__}). Fix: pass an optimizer "
                              "object (not its name or class).")
+
+
+def _warn_of_nonfinite_inputs(x: Any) -> None:
+    """A warning for NaN or Inf in floating inputs: a batch holding one has a NaN loss (unless the model replaces
+    them itself), and its step is skipped as if its gradients had overflowed."""
+    for name, leaf in leaf_paths(x, "x"):
+        a = np.asarray(leaf)
+        if a.dtype.kind != "f" or np.isfinite(a).all():
+            continue
+        bad = ~np.isfinite(a)
+        logger.warning(f"The inputs {name} hold {int(bad.sum())} NaN or Inf value(s), the first in sample "
+                       f"{int(np.argwhere(bad)[0][0])}: a batch with one has a NaN loss, unless the model replaces "
+                       "them itself, and its step is skipped (the log says non-finite gradients). Fix: clean them "
+                       "(np.nan_to_num, an imputed value) or drop those samples before training.")
 
 
 def _check_labelled(batch: Any) -> None:

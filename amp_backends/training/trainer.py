@@ -218,11 +218,11 @@ class Trainer:
             if ran is None:
                 continue  # stopped while XLA compiled the call
             progress.after_call(ran, at, self.position.batch_in_epoch(at), self.scalers)
+            ran.check_refused(at, self.position.batch_in_epoch(at), self.updates)
             if ran.pass_ended:
                 self._epoch_over(at.epoch)
             if ran.done == 0:
                 continue
-            ran.check_refused(at, self.position.batch_in_epoch(at), self.updates)
             check_stalled(self.scalers, self.max_consecutive_nonfinite, self.checkpointing.before_failing)
             self.validation.after_call(at.epoch, at.step, ran.done)
             self.checkpointing.after_call(at.step, ran.done)  # a checkpoint every checkpoint_every steps

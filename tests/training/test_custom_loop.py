@@ -107,6 +107,23 @@ def test_a_nonfinite_step_is_skipped_and_the_dynamic_scale_halves_then_grows():
     assert all(np.isfinite(v).all() for v in weights(model))
 
 
+def test_a_checkpoint_beside_the_model_and_optimizer_keeps_the_scale(tmp_path):
+    """tf.train.Checkpoint(..., scaler=scaler) was TensorFlow's ValueError (not a trackable object): a resumed loop
+    started again at the initial scale and step counts."""
+    model = make_model("mixed_float16")
+    opt = tf.keras.optimizers.SGD(2e6)
+    scaler = LossScaler(opt, plan=LossScale.dynamic(initial=1024, growth_interval=4))
+    poison = tf.Variable(True)
+    step = tutorial_loop(model, opt, scaler, poison=poison)
+    step(X, Y)  # skipped: the scale halves
+    poison.assign(False)
+    step(X, Y)
+    path = tf.train.Checkpoint(model=model, optimizer=opt, scaler=scaler).save(str(tmp_path / "ckpt"))
+    again = LossScaler(tf.keras.optimizers.SGD(2e6), plan=LossScale.dynamic(initial=1024, growth_interval=4))
+    tf.train.Checkpoint(scaler=again).read(path).assert_existing_objects_matched()
+    assert again.current == 512 and int(again.skipped.numpy()) == 1 and int(again.good_steps.numpy()) == 1
+
+
 def test_a_fixed_scale_trains_keeps_its_scale_and_skips_nonfinite_steps():
     model = make_model("mixed_float16")
     opt = tf.keras.optimizers.SGD(2e6)

@@ -78,6 +78,39 @@ def test_a_bad_sample_weight_deep_in_a_dataset_stops_at_its_step_with_the_librar
     assert t.fit(good, epochs=1).skipped == {"model": 0}
 
 
+@pytest.mark.parametrize("steps_per_call", [1, 3])
+def test_a_fit_with_corrected_data_after_a_refused_batch_ends_as_a_run_that_never_met_it(steps_per_call):
+    """The refused step counted as done: a fit with the corrected data went on after it (that batch never trained),
+    its epoch's mean loss took the refused batch's loss in, the summary counted a step the optimizer never took, and
+    under several steps per call the steps after it in the same call trained on."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(96, 4)).astype("float32")
+    y = (np.arange(96) % 3).astype("int64")
+    bad = y.copy()
+    bad[40] = 9  # in the batch of step 2 (16 rows a batch)
+
+    def run(first=None):
+        tf.keras.utils.set_random_seed(1)
+        model, opt = mlp(), tf.keras.optimizers.SGD(0.05)
+        t = Trainer(classifier_updates(model, opt), applied_plan(), batch_size=16, progress=False,
+                    check_models=False, steps_per_call=steps_per_call, seed=0)
+        batches = lambda labels: tf.data.Dataset.from_tensor_slices((x, labels)).batch(16)  # noqa: E731
+        if first is not None:
+            with pytest.raises(InputError, match=r"The batch of step 2 \(epoch 0, step 2 of the epoch\).*skipped.*"
+                                                 r"A fit with corrected data runs that step again\."):
+                t.fit(batches(first), epochs=2)
+            assert int(opt.iterations.numpy()) == int(t.global_step.numpy()) == 2
+        result = t.fit(batches(y), epochs=2)
+        return result, [v.numpy() for v in model.variables], int(opt.iterations.numpy())
+
+    result, weights, iterations = run(first=bad)
+    uninterrupted, expected, _ = run()
+    assert result.steps == iterations == 12 and result.applied == {"model": 12}
+    assert [e["loss"] for e in result.epochs] == pytest.approx([e["loss"] for e in uninterrupted.epochs], rel=1e-6)
+    for got, want in zip(weights, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
 def test_a_bad_label_in_arrays_is_refused_before_training():
     x = np.zeros((64, 4), "float32")
     y = np.arange(64) % 10

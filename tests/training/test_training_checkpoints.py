@@ -37,6 +37,29 @@ def trainer(directory, model=None, batch_size=8, updates=None, **kw):
 
 
 # --------------------------------------------------------------------------- fresh runs
+def test_a_resume_of_another_model_or_with_other_checkpoint_objects_says_what_differs(tmp_path):
+    """A model of other shapes resumed without checkpoint_objects was 'No intact checkpoint' (taken for damage); one
+    resumed with checkpoint_objects a run without them wrote was told to resume 'with the same model code'."""
+    x, y = classification_data(32)
+
+    def fit(directory, hidden=8, named=False, resume=False):
+        model, opt = mlp(hidden=hidden), tf.keras.optimizers.SGD(0.1)
+        named_objects = {"model": model, "optimizer": opt} if named else None
+        t = Trainer(classifier_updates(model, opt), applied_plan(), batch_size=8, progress=False, check_models=False,
+                    checkpoint_dir=str(directory), checkpoint_objects=named_objects)
+        return t.fit(x, y, max_steps=4 if resume else 2, resume=resume)
+
+    fit(tmp_path / "wider")
+    with pytest.raises(CheckpointMismatchError, match=r"does not match the models being trained .*incompatible tensor "
+                                                      r"with shape.*8.*9.*Fix: resume with the same model code"):
+        fit(tmp_path / "wider", hidden=9, resume=True)
+    fit(tmp_path / "named")
+    with pytest.raises(CheckpointMismatchError, match=r"the checkpoint's objects are named model_0_optimizer.*"
+                                                      r"this run's model, optimizer.*checkpoint_objects= differs"):
+        fit(tmp_path / "named", named=True, resume=True)
+    assert fit(tmp_path / "named", resume=True).steps == 4
+
+
 def test_a_fresh_run_over_another_runs_checkpoints_is_refused(tmp_path):
     _, t = trainer(tmp_path)
     t.fit(*classification_data(), epochs=1)
@@ -182,6 +205,22 @@ def test_ctrl_c_saves_a_checkpoint_says_where_and_resumes_from_it(tmp_path, ctrl
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is given back
     _, t2 = trainer(tmp_path)
     assert t2.fit(*classification_data(64), epochs=1, resume=True).steps == 8
+
+
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
+def test_a_program_that_does_not_catch_the_stop_ends_by_its_signal_after_its_exit_handlers(name):
+    """A script of one's own stopped in fit() ended with status 1 (Python ends by the signal only for a
+    KeyboardInterrupt that is no subclass): a scheduler that requeues on 130/143 took it for a failure."""
+    import subprocess
+    import sys
+
+    code = ("import atexit, signal\nfrom amp_backends.errors import TrainingInterrupted\n"
+            "atexit.register(lambda: print('exit handlers ran', flush=True))\n"
+            f"raise TrainingInterrupted(signal.{name}, 3, None, 'Interrupted at step 3')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == -getattr(signal, name), (out.returncode, out.stderr)  # the shell's 130 / 143
+    assert out.stdout == "exit handlers ran\n"
+    assert out.stderr.rstrip().endswith("amp_backends.errors.TrainingInterrupted: Interrupted at step 3")
 
 
 def test_ctrl_c_without_checkpointing_says_nothing_was_saved(ctrl_c_enabled):

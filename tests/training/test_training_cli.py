@@ -187,6 +187,34 @@ def test_two_sources_of_data_are_refused_before_tensorflow_starts():
     preflight(RunOptions(digits=True))
 
 
+def test_a_resume_with_no_run_or_of_a_held_run_is_refused_before_tensorflow_starts(tmp_path):
+    """Both were refused only once TensorFlow had started and the plan was made (seconds after the command)."""
+    fcntl = pytest.importorskip("fcntl")
+    code = ("import sys\nfrom amp_backends.examples.run import RunOptions, preflight\ntry:\n"
+            "    preflight(RunOptions(resume=True, logdir=sys.argv[1]))\nexcept Exception as exc:\n"
+            "    print(type(exc).__name__, exc)\nprint('tensorflow' in sys.modules)")
+
+    def preflight_of_a_resume() -> str:
+        return subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                              timeout=120, cwd=NEUTRAL_CWD).stdout
+
+    out = preflight_of_a_resume()
+    assert out.startswith("CheckpointError --resume: there is no run to resume") and out.endswith("\nFalse\n"), out
+    folder = tmp_path / "version_0" / "checkpoints"
+    folder.mkdir(parents=True)
+    (folder / "ckpt-2.index").write_bytes(b"")
+    (folder / ".lock").write_text(f"{os.getpid()} here\n")
+    held = os.open(folder / ".lock", os.O_RDONLY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a run training there holds it
+        out = preflight_of_a_resume()
+    finally:
+        os.close(held)
+    assert out.startswith(f"CheckpointError Another run is training in {str(folder)!r} now (process {os.getpid()} "
+                          "on here holds") and out.endswith("\nFalse\n"), out
+    assert preflight_of_a_resume() == "False\n"  # let go: the run can be resumed
+
+
 def test_ctrl_c_while_tensorflow_starts_stops_cleanly_and_says_nothing_was_trained(tmp_path):
     """Ctrl-C reaches the whole foreground group: the child that filters TensorFlow's start-up noise printed a
     KeyboardInterrupt traceback, and the run said "a second Ctrl-C" after the first."""

@@ -180,6 +180,29 @@ def test_labels_outside_the_models_classes_fail_before_training():
     assert int(t.global_step.numpy()) == 0
 
 
+def test_nan_in_the_inputs_is_said_before_training_and_of_validation_data(caplog):
+    """NaN features trained without a word: the steps of their batches were skipped as non-finite gradients (37 of
+    40 in a run), the epochs' losses read nan, and all-NaN validation inputs gave a plausible val_loss. A model may
+    replace them itself, so training goes on: the warning names the input and the first sample."""
+    x, y = classification_data(32)
+    x[9, 2] = np.nan
+    with caplog.at_level("WARNING", logger="amp_backends"):
+        assert trainer(mlp()).fit(x, y).steps == 4
+    (said,) = [r.getMessage() for r in caplog.records if "NaN or Inf" in r.getMessage()]
+    assert said.startswith("The inputs x hold 1 NaN or Inf value(s), the first in sample 9: a batch with one has a "
+                           "NaN loss, unless the model replaces them itself") and "Fix: clean them" in said
+    caplog.clear()
+    clean, y = classification_data(32)
+    features = {"a": np.zeros((32, 3), "float32"), "b": np.zeros((32, 2), "float32")}
+    features["b"][4, 1] = np.inf
+    with caplog.at_level("WARNING", logger="amp_backends"):
+        trainer(mlp()).fit(clean, y, validation_data=(np.full_like(clean, np.nan), y))
+        trainer(two_input_model()).fit(features, np.zeros(32, int))
+    said = [r.getMessage() for r in caplog.records if "NaN or Inf" in r.getMessage()]
+    assert [m.split(":")[0] for m in said] == ["The inputs x hold 128 NaN or Inf value(s), the first in sample 0",
+                                               "The inputs x['b'] hold 1 NaN or Inf value(s), the first in sample 4"]
+
+
 def test_one_hot_labels_with_a_sparse_loss_say_how_to_fix_it():
     x, y = classification_data(32)
     with pytest.raises(ValueError, match=r"look one-hot.*np.argmax"):
