@@ -221,8 +221,8 @@ class LossScaler(tf.__internal__.tracking.Trackable):
         cause = ("the gradients stay non-finite even at loss scale 1, so" if self.config.mode == "dynamic" else
                  "without loss scaling") + " the loss or the forward pass itself is NaN or Inf"
         return (f"{cause}: check the inputs for NaN/Inf, lower the learning rate, and check the model in float32 "
-                "(the plan override policy='float32', or AMP_POLICY=float32) to see whether float16 overflows in the "
-                "forward pass")
+                "(the plan override policy='float32', or AMP_POLICY=float32) to see whether the reduced precision "
+                "is the cause (float16's range ends at 65504; bfloat16 keeps about 3 significant digits)")
 
     def stalled_error(self, saved: str | None) -> NonFiniteError:
         """The error that ends training when `stalled`, carrying what to change for a command line to say in its own
