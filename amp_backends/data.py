@@ -52,7 +52,9 @@ def read_mnist_npz(path: str | os.PathLike) -> tuple[tuple[np.ndarray, np.ndarra
             if missing:
                 raise DataUnavailableError(
                     f"{str(p)!r} is not an MNIST file in Keras's format: expected arrays {', '.join(MNIST_KEYS)}, "
-                    f"found {', '.join(f.files) or 'none'} (missing {', '.join(missing)}).")
+                    f"found {', '.join(f.files) or 'none'} (missing {', '.join(missing)}). Fix: save the four arrays "
+                    "under those names (np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)), or use "
+                    "--synthetic or --digits.")
             x_train, y_train, x_test, y_test = (f[k] for k in MNIST_KEYS)
     except DataUnavailableError:
         raise

@@ -277,13 +277,15 @@ class Plan:
             device = ", ".join(self.devices) or "-"
         return f"{device}, TensorFlow {self.tensorflow or '?'}, Keras {self.keras or '?'}"
 
-    def brief(self, model_float32: Sequence[str] | None = None) -> str:
+    def brief(self, model_float32: Sequence[str] | None = None, steps_per_call: int | None = None) -> str:
         """At most a dozen lines of at most 120 characters: what the plan is for, each setting with its short
         reason, the first warning.
 
         Args:
             model_float32: The paths of a model's layers the plan keeps in float32, or ``None``: given, the
                 float32 layers line is about that model instead of the kinds kept.
+            steps_per_call: A trainer's steps per compiled call, or ``None``: given and other than the plan's
+                ``steps_per_execution`` (Keras fit's), the steps line says the trainer's.
 
         Returns:
             The lines, joined.
@@ -295,6 +297,8 @@ class Plan:
                 value = (f"{len(model_float32)} of this model's layers: {', '.join(model_float32)}" if model_float32
                          else "none in this model")
                 reason = d.reason if model_float32 or not self.float32_layers else ""
+            if d.setting == "steps_per_execution" and steps_per_call is not None and str(steps_per_call) != d.value:
+                value, reason = str(steps_per_call), f"steps per compiled call, as asked (Keras fit's stays {d.value})"
             lines.append(_fit(f"  {d.setting}: {value}", reason))
         lines += [_fit(f"  {s.name}={s.value}", first_clause(s.why)) for s in self.vendor_settings]
         if self.warnings:

@@ -41,6 +41,7 @@ class Preparation:
         choice_note: Why no such choice was made.
         layer_plan: The model's `LayerPlan`, every decision with its reason (the other fields read from it).
         applied: The layers this call changed.
+        reset: The layers ``reset_policies`` gave the plan's policy (they had another).
     """
 
     quantized: tuple[str, ...] = ()
@@ -53,6 +54,7 @@ class Preparation:
     choice_note: str = ""
     layer_plan: lp.LayerPlan | None = None
     applied: tuple[str, ...] = ()
+    reset: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -74,6 +76,9 @@ class Preparation:
 
     def __str__(self) -> str:
         lines = []
+        if self.reset:
+            policy = self.layer_plan.policy if self.layer_plan else "the plan's policy"
+            lines.append(f"reset to {policy} ({len(self.reset)} layers): {', '.join(self.reset)}")
         if self.float32:
             lines.append(f"float32 ({len(self.float32)} layers; {self.float32_why}): {', '.join(self.float32)}")
         if self.choice or self.choice_note:
@@ -149,7 +154,7 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
         checked_inputs(model, inputs, input_structure(model))
     reset = _reset_policies(model, plan) if reset_policies else ()
     if layer_plan is not None:
-        return preparation(layer_plan, applied=tuple(dict.fromkeys(reset + lp.apply(model, layer_plan))))
+        return preparation(layer_plan, applied=tuple(dict.fromkeys(reset + lp.apply(model, layer_plan))), reset=reset)
     f8_layers, f8_note = float8_decisions(model, plan, inputs=inputs, skip_small=skip_small)
     decided = lp.with_float8(lp.decide(model, plan, use_cache=measure_float32 is not False), f8_layers, f8_note)
     applied = reset + lp.apply(model, decided)
@@ -164,7 +169,7 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
                                                            and lp.worth_measuring(model, plan))):
         decided, note = _measured(model, plan, decided, inputs, forced=bool(measure_float32))
         applied += lp.apply(model, decided)
-    return preparation(decided, note, tuple(dict.fromkeys(applied)))
+    return preparation(decided, note, tuple(dict.fromkeys(applied)), reset)
 
 
 def _reset_policies(model: Any, plan: Plan) -> tuple[str, ...]:
@@ -202,7 +207,8 @@ def _measured(model: Any, plan: Plan, decided: lp.LayerPlan, inputs: Any,
     return lp.with_measurement(decided, model, plan, measurement), ""
 
 
-def preparation(layer_plan: lp.LayerPlan, note: str = "", applied: tuple[str, ...] = ()) -> Preparation:
+def preparation(layer_plan: lp.LayerPlan, note: str = "", applied: tuple[str, ...] = (),
+                reset: tuple[str, ...] = ()) -> Preparation:
     """The `Preparation` that reports ``layer_plan``."""
     kept = tuple(d for d in layer_plan.decisions if d.dtype == lp.FLOAT32 and d.source in (lp.RULE, lp.HEAD))
     f8 = layer_plan.considered
@@ -210,4 +216,4 @@ def preparation(layer_plan: lp.LayerPlan, note: str = "", applied: tuple[str, ..
                        skipped=tuple((p, why) for p, done, why in f8 if not done),
                        note=layer_plan.float8_note, layers=f8, float32=tuple(d.path for d in kept),
                        float32_why="; ".join(dict.fromkeys(d.reason for d in kept)), choice=layer_plan.measurement,
-                       choice_note=note, layer_plan=layer_plan, applied=applied)
+                       choice_note=note, layer_plan=layer_plan, applied=applied, reset=reset)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import difflib
 import numbers
 import os
 import warnings
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .assessment import POLICIES
-from .errors import AmpConfigError
+from .errors import AmpConfigError, AmpWarning
 from .layer_names import corrected, describe_unknown, unknown_layers
 from .loss_scale import DEFAULT_GROWTH_INTERVAL, DEFAULT_INITIAL_SCALE, FLOAT32_MAX, LossScale  # noqa: F401  (re-exported)
 
@@ -391,6 +392,12 @@ def build_request(known_backends: Iterable[str], environ: Mapping[str, str] | No
         return (env[_env(name)], "env", name, _env(name)) if env.get(_env(name), "").strip() != "" else None
 
     raw = {name: found for name in ENV_VARS if (found := given(name)) is not None}
+    known_vars = [*ENV_VARS.values(), *RENAMED_ENV_VARS.values()]
+    for variable in (k for k in env if k.upper().startswith("AMP_") and k not in known_vars):  # a typo, another case
+        for meant in difflib.get_close_matches(variable.upper(), known_vars, n=1, cutoff=0.85):
+            warnings.warn(f"{variable} is set, but amp_backends reads no variable of that name, so it was ignored; "
+                          f"{meant} is the nearest one. Fix: rename it {meant} (or unset it).", AmpWarning,
+                          stacklevel=3)
     for old, new in RENAMED.items():
         if (old_given := given(old)) is None:
             continue

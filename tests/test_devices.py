@@ -82,6 +82,17 @@ def test_catalogue_devices_carry_the_vendor_figures():
     assert "xmx" in device_hardware("arc-a770").get("intel").devices[0].capabilities
 
 
+def test_an_arm_cpus_bf16_reason_quotes_no_x86_figure():
+    """A Graviton3's plan said '~2.2x float32's speed where measured': the figure of an x86 CPU (AVX512-BF16)."""
+    import amp_backends
+
+    arm = amp_backends.plan_for(device="graviton3", environ={})
+    line = next(x for x in arm.brief().splitlines() if x.startswith("  policy: "))
+    assert line == "  policy: mixed_bfloat16 - bf16 instructions (bf16) with oneDNN; no Arm CPU measured"
+    x86 = amp_backends.plan_for(device="zen5", environ={})
+    assert "float32's speed where measured" in next(x for x in x86.brief().splitlines() if x.startswith("  policy: "))
+
+
 def test_the_compute_capability_is_a_fact_the_nvidia_backend_states_and_reads(registry):
     """The generic devices carry NVIDIA's compute capability as a `DeviceFact`; the JSON, the labels and the cache key
     read as before: ``"compute_capability": "9.0"``, ``"NVIDIA H100 80GB HBM3 (CC 9.0)"``, ``".../9.0"``."""

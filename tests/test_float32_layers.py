@@ -418,8 +418,11 @@ def test_prepare_model_says_a_model_built_before_the_plan_computes_in_float32_an
             amp_backends.prepare_model(early, plan)
         with warnings.catch_warnings():
             warnings.simplefilter("error", AmpWarning)  # mended: nothing to say
-            amp_backends.prepare_model(early, plan, reset_policies=True)
+            mended = amp_backends.prepare_model(early, plan, reset_policies=True)
             assert early.layers[0].compute_dtype == "bfloat16"
+            # it said "fp8 is off in this plan, nothing changed" (the reset untold)
+            assert str(mended).startswith("reset to mixed_bfloat16 (") and "nothing changed" not in str(mended)
+            assert mended.reset and set(mended.reset) <= set(mended.applied)
             built_after = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
             amp_backends.prepare_model(built_after, plan)
     finally:

@@ -87,6 +87,23 @@ def test_invalid_keyword_values():
         build_request(NAMES, environ={}, polcy="fp16")
 
 
+def test_a_misspelt_variable_is_a_warning_naming_the_one_it_nearly_is():
+    """AMP_POLCY=bf16 left the policy to the plan without a word (a misspelt keyword is a TypeError)."""
+    import warnings
+
+    from amp_backends.errors import AmpWarning
+
+    env = {"AMP_POLCY": "bf16", "amp_xla": "on", "AMP_CACHE_DIR": "/tmp/c", "AMP_AUDIT_BACKEND": "cpu", "HOME": "/"}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert req(env) == req()  # ignored, as before
+    said = sorted(str(w.message) for w in seen if issubclass(w.category, AmpWarning))
+    assert said == ["AMP_POLCY is set, but amp_backends reads no variable of that name, so it was ignored; AMP_POLICY "
+                    "is the nearest one. Fix: rename it AMP_POLICY (or unset it).",
+                    "amp_xla is set, but amp_backends reads no variable of that name, so it was ignored; AMP_XLA is "
+                    "the nearest one. Fix: rename it AMP_XLA (or unset it)."]
+
+
 def test_keywords_win_over_environment_and_sources_are_kept():
     r = req({"AMP_POLICY": "bf16", "AMP_XLA": "off"}, policy="fp16")
     assert r.policy == "mixed_float16" and r.xla is False

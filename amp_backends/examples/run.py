@@ -120,8 +120,8 @@ def choose_run(opts: RunOptions, strategy: Any) -> tuple[RunOptions, Any]:
 
 def start(opts: RunOptions) -> tuple[RunOptions, Any, Any, Any, Any]:
     """The tf.distribute strategy (first: multi-worker collectives are set up before any op), this worker's plan
-    (compared with the other workers' plans), then `choose_run` (the options get the run's seed), then the data,
-    drawn or split with that seed.
+    (compared with the other workers' plans), a ``--data`` file read, then `choose_run` (the options get the run's
+    seed), then the data drawn or split with that seed.
 
     Returns:
         ``(opts, strategy, plan, run, data)``.
@@ -136,16 +136,16 @@ def start(opts: RunOptions) -> tuple[RunOptions, Any, Any, Any, Any]:
                              "Fix: tune once without --distribute (the choice is cached), then train distributed.")
     plan = auto_configure(**opts.overrides, verbose=False)
     check_plan_agreement(strategy, plan, strict=bool(opts.overrides.get("strict")))
+    data = None if opts.synthetic or opts.digits else load_mnist(opts.data)  # (refused before a run is announced)
     opts, run = choose_run(opts, strategy)
-    seed = opts.seed or 0  # the run's (choose_run sets it)
-    data = (synthetic_mnist(seed=seed) if opts.synthetic else digits_as_mnist(seed=seed) if opts.digits
-            else load_mnist(opts.data))
+    seed = opts.seed or 0  # the run's (choose_run sets it): what it draws or splits
+    data = synthetic_mnist(seed=seed) if opts.synthetic else digits_as_mnist(seed=seed) if opts.digits else data
     return opts, strategy, plan, run, data
 
 
-def prepare_models(plan: Any, *models: Any, strategy: Any = None) -> None:
+def prepare_models(plan: Any, *models: Any, strategy: Any = None, steps_per_call: int | None = None) -> None:
     """The plan applied to each model (its float32 layers; float8 with fp8 on), then printed by the chief as it stands
-    for these models (with fp8 on, what float8 did to each)."""
+    for these models and the trainer's ``steps_per_call`` (with fp8 on, what float8 did to each)."""
     from ..prepare import prepare_model
     from ..training.distribute import is_chief
 
@@ -153,7 +153,8 @@ def prepare_models(plan: Any, *models: Any, strategy: Any = None) -> None:
     if strategy is not None and not is_chief(strategy):
         return
     kept = [path for prep in preps if prep.layer_plan for path in prep.layer_plan.paths("float32", "float32_layers")]
-    print(plan.brief(model_float32=kept), flush=True)  # (the plan's float32 layer kinds; a head is the layer plan's)
+    # (the plan's float32 layer kinds; a head is the layer plan's)
+    print(plan.brief(model_float32=kept, steps_per_call=steps_per_call), flush=True)
     for prep in preps:
         if plan.fp8:
             print(prep, flush=True)

@@ -21,7 +21,7 @@ findings"): ``final-activation``, ``output-dtype``, ``float32-compute``, ``polic
 
 FLOPs are forward-pass matmul and convolution FLOPs per image, multiply-adds counted as two. Shares are of the
 ops with static shapes, given only when those are most of the ops (``summary.sized``,
-`rules_base.SIZED_MOST`). Layer widths are checked only where the plan's precision has a matrix unit.
+`result.SIZED_MOST`). Layer widths are checked only where the plan's precision has a matrix unit.
 
 JSON (`ModelCheck.to_dict`, ``schema_version`` 1; fields are only ever added): the model, the Keras version, the
 plan, the batch size, the summary, the counts per severity, the findings (errors first, then by share; each

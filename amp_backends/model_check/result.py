@@ -9,6 +9,9 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 SEVERITIES = ("error", "warning", "info")
+# The sized ops (static shapes) must be this share of the matmuls/convolutions, by count, for FLOP shares to be
+# given: the FLOPs of the others are unknown, so a share of the sized ones would pass for the model's.
+SIZED_MOST = 0.75
 
 
 @dataclass(frozen=True)
@@ -152,14 +155,15 @@ class ModelCheck:
         return self.summary.sized
 
     def unsized_line(self) -> str:
-        """What the check says when most of the model's matmuls and convolutions have dynamic shapes, with the fix.
+        """What the check says when too many of the model's matmuls and convolutions have dynamic shapes, with the fix.
 
         Returns:
             The line.
         """
         s = self.summary
-        return (f"could not size most of the model: {s.unknown_flops_ops} of {s.gemm_ops} matmul/convolution ops have "
-                "dynamic shapes (a sequence length or image size the model leaves open), so their FLOPs, shares and "
+        return (f"could not size enough of the model: {s.unknown_flops_ops} of {s.gemm_ops} matmul/convolution ops "
+                f"have dynamic shapes (shares are given once {SIZED_MOST:.0%} are sized; a sequence length or image "
+                "size the model leaves open), so their FLOPs, shares and "
                 "widths are unknown. Fix: give the shapes: check_model(model, inputs=<one batch, its shapes or "
                 "dataset.element_spec>), or amp-backends check --seq-len N / --input-shape")
 

@@ -7,13 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .result import Finding
+from .result import SIZED_MOST, Finding  # noqa: F401  (SIZED_MOST: the rules' threshold too)
 from .target import Target
 from .trace import GemmOp, ModelGraph
 
-# The sized ops (static shapes) must be this share of the matmuls/convolutions, by count, for FLOP shares to be
-# given: the FLOPs of the others are unknown, so a share of the sized ones would pass for the model's.
-SIZED_MOST = 0.75
 SIGNIFICANT = 0.01  # share of matmul/convolution FLOPs above which a slow or misaligned layer is a warning
 # A float32 first or output layer is a deliberate, recommended pattern: a warning only when it is this large.
 EDGE_SIGNIFICANT = 0.05

@@ -12,8 +12,9 @@ from typing import Any
 
 from . import rules_policy, rules_transformer
 from .result import Finding, Summary
-from .rules_base import (DENSE_CLASSES, EDGE_SIGNIFICANT, FINAL_ACTIVATIONS, REDUCED, SIGNIFICANT, SLOW_LAYERS,
-                         SLOW_OP_SIGNIFICANT, SLOW_OPS, RuleContext, fp8_layer, labels, next_multiple, op_dtype)
+from .rules_base import (DENSE_CLASSES, EDGE_SIGNIFICANT, FINAL_ACTIVATIONS, REDUCED, SIGNIFICANT, SIZED_MOST,
+                         SLOW_LAYERS, SLOW_OP_SIGNIFICANT, SLOW_OPS, RuleContext, fp8_layer, labels, next_multiple,
+                         op_dtype)
 from .trace import GemmOp, by_layer
 
 
@@ -42,7 +43,8 @@ class Rules(RuleContext):
             return
         n, unknown = len(self.graph.gemms), len(self.graph.gemms) - len(self.known)
         self.add("warning", "unsized-model", 0,
-                 f"could not size most of the model: {unknown} of {n} matmul/convolution ops have dynamic shapes",
+                 f"could not size enough of the model: {unknown} of {n} matmul/convolution ops have dynamic shapes "
+                 f"(shares are given once {SIZED_MOST:.0%} are sized)",
                  "the model leaves dimensions open besides the batch (a sequence length, an image size): their ops "
                  "have no static size, so their FLOPs, shares and widths are unknown and a share of the others "
                  "would pass for the model's (none is given)",

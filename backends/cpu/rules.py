@@ -55,7 +55,8 @@ def bf16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Suppor
         return Support(NATIVE, f"the CPU has bf16 instructions ({which}) and {runner}: bf16 matmuls and convolutions "
                                f"run natively, without loss scaling ({quote(on, 'mixed_bfloat16', 'float32')})",
                        f"bf16 instructions ({which}) with oneDNN"
-                       + ("" if (x := times(on, "mixed_bfloat16", "float32")) == "much" else
+                       + ("; no Arm CPU measured" if cpu.is_arm and on == WITH_BF16 else  # (the figures are x86's)
+                          "" if (x := times(on, "mixed_bfloat16", "float32")) == "much" else
                           f": {x} float32's speed where measured"),
                        evidence(on, "mixed_bfloat16", "float32"))
     if cpu.native_bf16:

@@ -195,6 +195,16 @@ def test_the_float32_layers_line_says_the_kinds_kept_or_a_models_own_layers():
     assert "float32_layers: 2 of this model's layers: net/dw_strided, net/lstm" in some
 
 
+def test_the_steps_line_says_the_trainers_steps_per_call_where_it_is_another():
+    """train mnist --steps-per-call 3 printed 'steps_per_execution: 1 - one training step per compiled call', then
+    '3 steps per compiled call'."""
+    plan = plan_for(machine(cpu_of(ZEN4)), environ={})
+    steps = [x for x in plan.brief(steps_per_call=3).splitlines() if x.startswith("  steps_per_execution: ")]
+    assert steps == ["  steps_per_execution: 3 - steps per compiled call, as asked (Keras fit's stays 1)"]
+    assert plan.brief(steps_per_call=1) == plan.brief() == str(plan)
+    assert all(len(x) <= 120 for x in plan.brief(steps_per_call=3).splitlines())
+
+
 @pytest.mark.slow
 def test_the_mnist_main_job_names_no_layer_kind_the_model_lacks_and_validates_every_epoch(tmp_path):
     out = subprocess.run([sys.executable, "-m", "amp_backends.examples.mnist", "--digits", "--epochs", "2",

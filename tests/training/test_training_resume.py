@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import NEUTRAL_CWD
 from helpers import applied_plan, classification_data, mlp
@@ -213,6 +214,7 @@ def cli(*args, logdir, env=None):
 def bad_inputs(tmp_path):
     (tmp_path / "folder").mkdir()
     (tmp_path / "cut.npz").write_bytes(b"PK\x03\x04 the first bytes of a download")
+    np.savez(tmp_path / "other.npz", images=np.zeros(3))
     return {
         "batch over the data": (["--digits", "--batch_size", "5000"], None,
                                 "The data has 1295 samples, fewer than one batch of 5000. Fix:"),
@@ -222,11 +224,13 @@ def bad_inputs(tmp_path):
                                           "'Conv2d' (did you mean Conv2D?)"),
         "data is a folder": (["--data", str(tmp_path / "folder")], None, "which is a directory, not a file"),
         "data is damaged": (["--data", str(tmp_path / "cut.npz")], None, "cut.npz' is damaged"),
+        "data of other arrays": (["--data", str(tmp_path / "other.npz")], None,
+                                 "found images (missing x_train, y_train, x_test, y_test). Fix: save the four arrays"),
     }
 
 
 @pytest.mark.parametrize("case", ["batch over the data", "unknown layer", "layer typo in the environment",
-                                  "data is a folder", "data is damaged"])
+                                  "data is a folder", "data is damaged", "data of other arrays"])
 def test_bad_input_is_the_librarys_error_exit_2_and_leaves_no_run_folder(tmp_path, case):
     args, env, expected = bad_inputs(tmp_path)[case]
     code, output = cli(*args, logdir=tmp_path / "runs", env=env)
@@ -234,6 +238,8 @@ def test_bad_input_is_the_librarys_error_exit_2_and_leaves_no_run_folder(tmp_pat
     assert "mnist: error: " in output and expected in " ".join(output.split()), output[-2000:]
     assert "Traceback" not in output and "Loss:" not in output
     assert not (tmp_path / "runs").exists()
+    if case.startswith("data"):  # a --data file is read before a run is announced
+        assert "Run directory" not in output, output[-2000:]
 
 
 def example(*args, logdir, env=None, popen=False, timeout=300):

@@ -29,7 +29,7 @@ def train_gan(opts: RunOptions) -> Any:
     plan = final_plan(opts, plan, build, x, None, images_per_step=2 * opts.batch_size)
     with scope(strategy):
         generator, discriminator = gan_generator(), gan_discriminator()
-        prepare_models(plan, generator, discriminator, strategy=strategy)
+        prepare_models(plan, generator, discriminator, strategy=strategy, steps_per_call=opts.steps_per_call)
         g_opt, d_opt = tf.keras.optimizers.Adam(opts.lr), tf.keras.optimizers.RMSprop(D_LR)
     trainer = Trainer(
         gan_updates(generator, discriminator, g_opt, d_opt), plan, images_per_step=2 * opts.batch_size,

@@ -31,7 +31,7 @@ def train_mnist(opts: RunOptions) -> Any:
     plan = final_plan(opts, plan, build, x, y)
     with scope(strategy):
         model = mnist_cnn()
-        prepare_models(plan, model, strategy=strategy)
+        prepare_models(plan, model, strategy=strategy, steps_per_call=opts.steps_per_call)
         optimizer = tf.keras.optimizers.Adam(opts.lr)
     trainer = Trainer(classifier_updates(model, optimizer), plan,
                       checkpoint_objects={"model": model, "optimizer": optimizer},
