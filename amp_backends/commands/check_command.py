@@ -46,6 +46,19 @@ def parse_input_shape(text: str) -> Any:
     return shapes
 
 
+def _example_shape(model: Any) -> str:
+    """``--input-shape`` as the model's own inputs would be given (an open dimension as 128)."""
+    from ..keras_compat import input_structure
+
+    struct = input_structure(model)
+    leaves = struct.items() if isinstance(struct, dict) else [(None, struct)] if struct is not None else []
+    shapes = {name: "x".join(str(d or 128) for d in leaf.shape[1:]) or "1" for name, leaf in leaves
+              if getattr(leaf, "shape", None)}
+    if len(shapes) == 1 and None in shapes:
+        return shapes[None]
+    return ",".join(f"{k}={v}" for k, v in shapes.items()) if shapes else "128"
+
+
 @with_overrides()
 def check_command(
     target: str = typer.Argument(..., metavar="MODULE:FACTORY",
@@ -103,6 +116,9 @@ def check_command(
                   else shapes_with_sequence_length(model, seq_len) if seq_len is not None else None)
         result = check_model(model, plan=plan, batch_size=batch_size, inputs=inputs)
     except (TypeError, ValueError, RuntimeError) as exc:
+        if input_shape is not None and str(exc).startswith("inputs= "):  # said in this command line's words
+            fail(PROG, f"--input-shape {input_shape} {str(exc)[len('inputs= '):].split(' Fix: ')[0]} Fix: give one "
+                       f"example's shape without the batch, such as --input-shape {_example_shape(model)}")
         fail(PROG, exc)
     if json_output:
         typer.echo(result.to_json())

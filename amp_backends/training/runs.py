@@ -326,12 +326,18 @@ class Position:
         self.epoch.assign_add(1)
         self.samples_in_epoch.assign(0)
 
-    def total_steps(self, steps_per_epoch: int | None, epochs: int, max_steps: int | None) -> int | None:
-        """The global step at which ``fit(epochs=..., max_steps=...)`` ends, when the data's length is known."""
+    def total_steps(self, steps_per_epoch: int | None, epochs: int, max_steps: int | None, say: bool = False
+                    ) -> int | None:
+        """The global step at which ``fit(epochs=..., max_steps=...)`` ends, when the data's length is known; with
+        ``say``, a log line where ``epochs`` ends it before ``max_steps``."""
         if steps_per_epoch is None:
             return max_steps
         at = self.now()
         total = at.step + max((epochs - at.epoch) * steps_per_epoch - at.offset // self.batch_size, 0)
+        if say and max_steps is not None and at.step < total < max_steps:
+            logger.info(f"epochs={epochs} ends this fit at global step {total}, before max_steps={max_steps} (the "
+                        f"first reached ends it); to train to step {max_steps}, pass epochs="
+                        f"{-(-max_steps // steps_per_epoch)}.")
         return total if max_steps is None else min(total, max_steps)
 
     def checkpoint(self) -> tf.train.Checkpoint:

@@ -188,7 +188,7 @@ class Trainer:
                 self.models.before_first_step(source)
             progress = Progress([u.name for u in self.updates], self.observers, self._called, self.images_per_step,
                                 self.WARMUP_CALLS)
-            progress.start(at.step, self.position.total_steps(source.steps_per_epoch, epochs, max_steps))
+            progress.start(at.step, self.position.total_steps(source.steps_per_epoch, epochs, max_steps, self.is_chief))
             with closing(progress):  # Ctrl-C, SIGTERM: every worker stops after one call, saves, raises
                 self.checkpointing.until_stopped(lambda: self._loop(source, epochs, max_steps, progress))
         at = self.position.now()  # an epoch whose last batch is done counts, before the position rolls over

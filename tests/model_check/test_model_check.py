@@ -612,6 +612,12 @@ def test_check_command_refuses_both_shape_options_and_a_bad_shape(cli):
     assert both.exit_code == 2 and "at most one of --seq-len and --input-shape" in both.output
     bad = cli("user_models:any_length", "--input-shape", "8xx32", "--policy", "float32")
     assert bad.exit_code == 2 and "Received: '8xx32'" in bad.output and "Fix:" in bad.output
+    # a shape of another rank: its fix was Python's ("give the batch's full shape, the batch first, e.g. (None, 128,
+    # 32)"), where the option takes one example's shape without the batch
+    rank = cli("user_models:any_length", "--input-shape", "8", "--policy", "float32")
+    said = " ".join(rank.output.split())
+    assert rank.exit_code == 2 and "--input-shape 8 gives an input of shape (None, 8) to the model" in said, said
+    assert said.endswith("Fix: give one example's shape without the batch, such as --input-shape 128x32")
 
 
 def test_parse_input_shape():

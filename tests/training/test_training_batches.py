@@ -189,3 +189,16 @@ def test_binary_labels_outside_0_1_are_refused_before_training_and_in_any_batch(
     assert t.fit(x, (np.arange(64) % 2).astype("float32")).steps > 0  # 0 and 1 train
     with pytest.raises(ValueError, match="pass loss='binary_crossentropy'"):
         classifier(model).fit(x, np.arange(64) % 2)
+
+
+def test_max_steps_past_the_epochs_says_that_the_epochs_end_the_fit_first(caplog):
+    """fit(x, y, max_steps=8) with the default epochs=1 trained one epoch of 4 steps without a word."""
+    x = np.zeros((64, 4), "float32")
+    t = Trainer(classifier_updates(mlp(), tf.keras.optimizers.SGD(0.1)), applied_plan(), batch_size=16,
+                progress=False, check_models=False)
+    with caplog.at_level("INFO", logger="amp_backends"):
+        assert t.fit(x, np.zeros(64, int), max_steps=8).steps == 4
+        assert t.fit(x, np.zeros(64, int), epochs=2, max_steps=8).steps == 8
+    said = [r.getMessage() for r in caplog.records if "before max_steps" in r.getMessage()]
+    assert said == ["epochs=1 ends this fit at global step 4, before max_steps=8 (the first reached ends it); to "
+                    "train to step 8, pass epochs=2."]
