@@ -315,11 +315,16 @@ def _warn_of_nonfinite_inputs(x: Any) -> None:
     them itself), and its step is skipped as if its gradients had overflowed."""
     for name, leaf in leaf_paths(x, "x"):
         a = np.asarray(leaf)
-        if a.dtype.kind != "f" or np.isfinite(a).all():
+        if a.dtype.kind != "f" or a.size == 0:
             continue
-        bad = ~np.isfinite(a)
-        logger.warning(f"The inputs {name} hold {int(bad.sum())} NaN or Inf value(s), the first in sample "
-                       f"{int(np.argwhere(bad)[0][0])}: a batch with one has a NaN loss, unless the model replaces "
+        rows = a.reshape(len(a), -1) if a.ndim else a.reshape(1, 1)
+        step = max(1, 2**22 // max(rows.shape[1], 1))  # (in pieces: no temporary the size of the data)
+        bad = [np.flatnonzero(~np.isfinite(rows[i:i + step]).all(axis=1)) + i for i in range(0, len(rows), step)]
+        if not (bad_rows := np.concatenate(bad)).size:
+            continue
+        count = sum(int((~np.isfinite(rows[bad_rows[j:j + step]])).sum()) for j in range(0, len(bad_rows), step))
+        logger.warning(f"The inputs {name} hold {count} NaN or Inf value(s), the first in sample "
+                       f"{int(bad_rows[0])}: a batch with one has a NaN loss, unless the model replaces "
                        "them itself, and its step is skipped (the log says non-finite gradients). Fix: clean them "
                        "(np.nan_to_num, an imputed value) or drop those samples before training.")
 
