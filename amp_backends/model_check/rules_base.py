@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .result import SIZED_MOST, Finding  # noqa: F401  (SIZED_MOST: the rules' threshold too)
+from .result import SIZED_MOST, Finding
 from .target import Target
 from .trace import GemmOp, ModelGraph
 

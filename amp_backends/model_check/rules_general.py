@@ -11,10 +11,9 @@ from collections import defaultdict
 from typing import Any
 
 from . import rules_policy, rules_transformer
-from .result import Finding, Summary
-from .rules_base import (DENSE_CLASSES, EDGE_SIGNIFICANT, FINAL_ACTIVATIONS, REDUCED, SIGNIFICANT, SIZED_MOST,
-                         SLOW_LAYERS, SLOW_OP_SIGNIFICANT, SLOW_OPS, RuleContext, fp8_layer, labels, next_multiple,
-                         op_dtype)
+from .result import SIZED_MOST, Finding, Summary
+from .rules_base import (DENSE_CLASSES, EDGE_SIGNIFICANT, FINAL_ACTIVATIONS, REDUCED, SIGNIFICANT, SLOW_LAYERS,
+                         SLOW_OP_SIGNIFICANT, SLOW_OPS, RuleContext, fp8_layer, labels, next_multiple, op_dtype)
 from .trace import GemmOp, by_layer
 
 
