@@ -146,6 +146,24 @@ def forget_compiled_functions(model: Any) -> None:
             setattr(model, attr, None)
 
 
+def user_code(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, the user's code (a model, a loss, an update's ``loss_fn``), as AutoGraph converts it in a traced call.
+
+    amp_backends traces its own compiled calls without AutoGraph (their control flow is TensorFlow's ops; converting
+    them cost a second or two at every start). What they call of the user's still gets Python ``if``/``for`` on
+    tensors, and Keras 2 layers still convert their ``call``: as TensorFlow's own ``strategy.run`` does.
+
+    Args:
+        fn: Any callable; Keras's and TensorFlow's own are called as they are.
+
+    Returns:
+        ``fn`` to call under AutoGraph (``fn`` itself where it is already marked for AutoGraph, or not to convert).
+    """
+    tf = _tensorflow()
+    on = tf.__internal__.autograph.control_status_ctx()  # (its type and status enum are not public)
+    return tf.__internal__.autograph.tf_convert(fn, type(on)(status=type(on.status).ENABLED))
+
+
 # ---------------------------------------------------------------------------------------------- model structure
 def children(layer: Any) -> list[Any]:
     """The direct sublayers of ``layer`` (nested models and layers a custom layer owns), in creation order

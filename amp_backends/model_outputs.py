@@ -55,7 +55,7 @@ def _producers(model: Any) -> list[Any]:
 
 def _returned_by_call(model: Any) -> list[Any]:
     """The layers whose results a subclassed model's call returns, from one trace of it (none where it fails)."""
-    from .keras_compat import input_structure, walk
+    from .keras_compat import input_structure, user_code, walk
     from .model_check.scopes import LayerScopes
 
     try:
@@ -69,8 +69,10 @@ def _returned_by_call(model: Any) -> list[Any]:
     layers = [layer for _, layer in walk(model, "m") if layer is not model]
     returned: list[Any] = []
 
+    forward = user_code(model)  # (traced without AutoGraph: the model called as AutoGraph would)
+
     def traced(inputs: Any) -> Any:
-        out = model(inputs, training=False)
+        out = forward(inputs, training=False)
         returned.extend(tf.nest.flatten(out))
         return out
 
@@ -78,7 +80,7 @@ def _returned_by_call(model: Any) -> list[Any]:
     scopes = LayerScopes(layers, keep_losses=[model, *layers])  # (what each layer's call returned, recorded)
     try:
         with scopes:
-            tf.function(traced).get_concrete_function(specs)
+            tf.function(traced, autograph=False).get_concrete_function(specs)
     except Exception:  # a call that cannot be traced at its build shape: no output layer named
         return []
     return [layers[scopes.made[id(t)]] for t in returned if id(t) in scopes.made]

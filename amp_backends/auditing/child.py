@@ -142,6 +142,7 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> dict
     """The document ``OUT.json`` holds (``out_path``: its path, beside which the kernel audit's work folder goes)."""
     import tensorflow as tf
 
+    from .. import keras_compat
     from ..configure import auto_configure
     from ..model_check import check_model
     from ..prepare import prepare_model
@@ -172,15 +173,17 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> dict
     optimizer = tf.keras.optimizers.SGD(0.001)
     weights = model.trainable_variables
 
+    forward = keras_compat.user_code(model)  # the step traced without AutoGraph; the model called as AutoGraph would
+
     def step(inputs: Any) -> Any:
         with tf.GradientTape() as tape:
-            outputs = model(inputs, training=True)
+            outputs = forward(inputs, training=True)
             loss = tf.add_n([tf.reduce_mean(tf.square(tf.cast(o, tf.float32))) for o in tf.nest.flatten(outputs)])
         grads = tape.gradient(loss, weights)
         optimizer.apply_gradients([(g, w) for g, w in zip(grads, weights, strict=True) if g is not None])
         return loss
 
-    compiled = tf.function(step, jit_compile=bool(plan.xla))
+    compiled = tf.function(step, jit_compile=bool(plan.xla), autograph=False)
     ops = trace_step_ops(model, compiled, x)
     for _ in range(warmup):
         float(compiled(x))

@@ -16,7 +16,7 @@ from ..layer_names import layer_geometry
 from .gemm import GEMM_OPS, dims_of, float_dtype, prod, read_gemm
 from .masks import MaskConstant, large_negative_constants
 from ..errors import ModelCallError
-from ..keras_compat import InputLeaf, compute_dtype, policy_name, walk
+from ..keras_compat import InputLeaf, compute_dtype, policy_name, user_code, walk
 from .scopes import LayerFailure, LayerScopes, layer_of
 
 # Ops that only move or relabel a tensor: a model output produced through them comes from the op before.
@@ -141,7 +141,8 @@ def trace_model(model: Any, batch: int, input_struct: Any) -> ModelGraph:
     scopes = LayerScopes(objects, keep_losses=objects)
     try:
         with scopes:
-            concrete = tf.function(lambda inputs: model(inputs, training=False)).get_concrete_function(specs)
+            forward = user_code(model)  # (traced without AutoGraph, the model as AutoGraph would call it)
+            concrete = tf.function(lambda x: forward(x, training=False), autograph=False).get_concrete_function(specs)
     except Exception as exc:
         raise _trace_error(model.name, layers, objects, specs, exc, scopes.culprit(exc)) from exc
     return _read_graph(concrete, layers, batch, len(tf.nest.flatten(specs)))

@@ -128,6 +128,7 @@ def refuse_labels_beside(dataset: Any, y: Any) -> None:
                          f"Received y={describe(y)} as well. Fix: zip them into the dataset and pass y=None.")
 
 
+@tf.autograph.experimental.do_not_convert
 def gather_batch(x: Any, y: Any, idx: tf.Tensor) -> Any:
     """The default batch: every array's rows at ``idx``, as ``(x, y)`` (``y`` is ``None`` without labels)."""
     take = lambda a: tf.gather(a, idx)  # noqa: E731

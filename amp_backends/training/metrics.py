@@ -22,6 +22,7 @@ from ..errors import AmpConfigError
 from .inputs import Ran
 from .loss_scaling import LossScaler
 from .observers import WARMUP_CALLS, CallRecord, Observer
+from ..keras_compat import user_code
 from .runs import At
 
 
@@ -34,7 +35,7 @@ ACCURACY_NAMES = ("accuracy", "acc")
 def record_predictions(update: str, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
     """Inside a trainer's step: update its training metrics of ``update`` with this batch (else nothing)."""
     for m in _recording["current"].get(update) or ():
-        m.update_state(y_true, y_pred, sample_weight)
+        user_code(m.update_state)(y_true, y_pred, sample_weight)
 
 
 class Recording:
@@ -59,6 +60,7 @@ class Accuracy(tf.keras.metrics.Mean):
         super().__init__(name=name, **kwargs)
         self.binary = binary
 
+    @tf.autograph.experimental.do_not_convert
     def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
         y_pred = tf.convert_to_tensor(y_pred)
         y_true = tf.convert_to_tensor(y_true)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import dataclass, replace
+import inspect
 import logging
 import warnings
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..errors import AmpWarning
@@ -41,6 +42,8 @@ def _referenced(obj: Any) -> list[Any]:
         return [obj.func, *obj.args, *obj.keywords.values()]
     if isinstance(obj, (list, tuple, set, dict)):
         return list(obj.values() if isinstance(obj, dict) else obj)[:64]
+    if inspect.isfunction(obj):  # a decorator's wrapper (functools.wraps): what it wraps, at the same depth
+        obj = inspect.unwrap(obj)
     found = []
     for cell in getattr(obj, "__closure__", None) or ():
         with contextlib.suppress(ValueError):  # an empty cell

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Sequence
 import tensorflow as tf
 
 from ..errors import InputError, lookup_error
-from ..keras_compat import build_optimizer
+from ..keras_compat import build_optimizer, user_code
 from .loss_scaling import LossScaler
 from .runs import Position
 
@@ -34,6 +34,7 @@ def device_type(device: str) -> str:
     return device.rsplit("/", 1)[-1].split(":")[-2].upper()
 
 
+@tf.autograph.experimental.do_not_convert
 def float32_outputs(outputs: Any) -> Any:
     """A model's outputs with their floating-point tensors in float32 (losses and metrics computed on them keep their
     digits whatever the policy, as Keras's own ``Loss.__call__`` does); other tensors as they are."""
@@ -135,6 +136,7 @@ class StepProgram:
                  xla: bool, position: Position, seed: int, device: str = "/CPU:0",
                  unroll_steps: bool | None = None) -> None:
         self.updates, self.scalers, self.strategy, self.xla = list(updates), scalers, strategy, xla
+        self.U = len(self.updates)  # losses and flags per step
         self.replicas = int(strategy.num_replicas_in_sync)
         self.batch_size, self.seed, self.unroll_steps = position.batch_size, seed, unroll_steps
         self.position = position  # the compiled calls advance it on the device
@@ -180,11 +182,11 @@ class StepProgram:
         n = ctx.num_replicas_in_sync
         with _step_context(self.seed, step, ctx.replica_id_in_sync_group, n):
             batch = make_batch(*args)
-            ok, batch = u.check(batch) if u.check is not None else (tf.constant(True), batch)
+            ok, batch = user_code(u.check)(batch) if u.check is not None else (tf.constant(True), batch)
             scaler = self.scalers[u.name]
             with tf.GradientTape() as tape:
                 try:
-                    loss = _checked_loss(u, u.loss_fn(batch))
+                    loss = _checked_loss(u, user_code(u.loss_fn)(batch))
                 except InputError as exc:  # raised while tracing: comes out as itself (see own_errors)
                     self._trace_error = exc
                     raise
@@ -209,7 +211,7 @@ class StepProgram:
         # the outer step holds the all-reduces and cannot be XLA-compiled: the replica's passes are, once per update
         key = ("replica", u.name, kind)
         if key not in self._calls:
-            self._calls[key] = tf.function(fn, jit_compile=True)
+            self._calls[key] = tf.function(fn, jit_compile=True, autograph=False)
         return self._calls[key]
 
     def one_step(self, kind: str, make_batch: Callable[..., Any], step: Any, replica_args: tuple,
@@ -271,11 +273,11 @@ class StepProgram:
 
         def make_batch(x, y, idx):
             ctx = tf.distribute.get_replica_context()
-            n = ctx.num_replicas_in_sync  # (no ":=" in traced code: AutoGraph would not convert the function)
+            n = ctx.num_replicas_in_sync
             if n > 1:  # this replica's slice of the global batch
                 local = tf.range(B // n, dtype=tf.int64)
                 idx = tf.gather(idx, tf.cast(ctx.replica_id_in_sync_group, tf.int64) * (B // n) + local)
-            return batch_fn(x, y, idx)
+            return user_code(batch_fn)(x, y, idx)
 
         def step_at(x, y, perm, offset, i, stopped):
             # a gather of B positions: a static shape, and no slice bounds that XLA would treat as compile-time
@@ -292,8 +294,6 @@ class StepProgram:
                     stopped = tf.logical_or(stopped, tf.reduce_any(outs[-1][1] < 0))
                 losses, flags = tf.stack([o[0] for o in outs]), tf.stack([o[1] for o in outs])
             else:
-                U = len(self.updates)
-
                 def body(i, ta_l, ta_f, stopped):
                     step_losses, step_flags = step_at(x, y, perm, offset, i, stopped)
                     return (i + 1, ta_l.write(i, step_losses), ta_f.write(i, step_flags),
@@ -303,15 +303,15 @@ class StepProgram:
                 # a refused batch
                 _, ta_l, ta_f, _ = tf.while_loop(
                     lambda i, _l, _f, stopped: tf.logical_and(i < steps, tf.logical_not(stopped)), body,
-                    (tf.constant(0), tf.TensorArray(tf.float32, size=capacity, element_shape=[U]),
-                     tf.TensorArray(tf.int32, size=capacity, element_shape=[U]), tf.constant(False)),
+                    (tf.constant(0), tf.TensorArray(tf.float32, size=capacity, element_shape=[self.U]),
+                     tf.TensorArray(tf.int32, size=capacity, element_shape=[self.U]), tf.constant(False)),
                     maximum_iterations=capacity)
                 losses, flags = ta_l.stack(), ta_f.stack()
             done = steps_done(flags, steps)
             self._advance(tf.cast(done, tf.int64))
             return losses, flags, done
 
-        self._calls[key] = tf.function(run, jit_compile=self.xla and self.replicas == 1)
+        self._calls[key] = tf.function(run, jit_compile=self.xla and self.replicas == 1, autograph=False)
         return self._calls[key]
 
     def _advance(self, steps: Any) -> None:
@@ -322,35 +322,34 @@ class StepProgram:
     # -- calls on a tf.data iterator -----------------------------------------------------------
     def stream_call(self) -> Any:
         """``call(iterator, k)``: up to ``k`` steps, fewer where the data ends or a batch is refused; returns
-        ``(batches, steps, losses, flags)``: the batches taken, the steps done of them (`steps_done`), and per batch
-        taken its losses and flags."""
+        ``(batches, steps, losses, flags)``: the batches taken, the steps done of them (`steps_done`), and their losses
+        and flags. The loop is TensorFlow's own ops (traced without AutoGraph, as all the step's calls)."""
         if "stream" in self._calls:
             return self._calls["stream"]
         step_fn = lambda batch, step: self.one_step("stream", lambda b: b, step, (batch,))  # noqa: E731
         if self.xla and self.replicas == 1:  # iterators cannot be XLA-compiled: the step is, the loop around it not
-            step_fn = tf.function(step_fn, jit_compile=True)
-        U = len(self.updates)
+            step_fn = tf.function(step_fn, jit_compile=True, autograph=False)
 
         def run(iterator, k):
-            ta_l = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[U])
-            ta_f = tf.TensorArray(tf.int32, size=0, dynamic_size=True, element_shape=[U])
-            done = tf.constant(0, tf.int64)
-            for _ in tf.range(k):
+            def body(done, ta_l, ta_f, ended):  # a batch if there is one; the loop ends without, or after a refused one
                 optional = iterator.get_next_as_optional()
-                if not optional.has_value():
-                    break
-                step_losses, step_flags = step_fn(optional.get_value(), self.position.global_step + done)
-                ta_l = ta_l.write(tf.cast(done, tf.int32), step_losses)
-                ta_f = ta_f.write(tf.cast(done, tf.int32), step_flags)
-                done += 1
-                if tf.reduce_any(step_flags < 0):
-                    break
+                def step():
+                    losses, flags = step_fn(optional.get_value(), self.position.global_step + done)
+                    i = tf.cast(done, tf.int32)
+                    return done + 1, ta_l.write(i, losses), ta_f.write(i, flags), tf.reduce_any(flags < 0)
+                return tf.cond(optional.has_value(), step, lambda: (done, ta_l, ta_f, tf.constant(True)))
+
+            array = lambda dtype: tf.TensorArray(dtype, size=0, dynamic_size=True, element_shape=[self.U])  # noqa: E731
+            _, ta_l, ta_f, _ = tf.while_loop(
+                lambda done, _l, _f, ended: tf.logical_and(done < tf.cast(k, tf.int64), tf.logical_not(ended)), body,
+                (tf.constant(0, tf.int64), array(tf.float32), array(tf.int32), tf.constant(False)))
             flags = ta_f.stack()
+            done = tf.cast(tf.shape(flags)[0], tf.int64)
             steps = tf.cast(steps_done(flags, tf.cast(done, tf.int32)), tf.int64)
             self._advance(steps)
             return done, steps, ta_l.stack(), flags
 
-        self._calls["stream"] = tf.function(run)
+        self._calls["stream"] = tf.function(run, autograph=False)
         return self._calls["stream"]
 
 
@@ -367,8 +366,7 @@ def steps_done(flags: Any, steps: Any) -> Any:
 
 
 def build_optimizers(updates: Sequence[Update]) -> None:
-    """Create each optimizer's state now (before restore, outside tf.cond), once, for all the variables it updates:
-    one optimizer may serve several groups or updates."""
+    """Create each optimizer's state now (before restore, outside tf.cond), once, for all the variables it updates."""
     owned: dict[int, tuple[Any, list[Any]]] = {}
     for u in updates:
         for variables, opt in u.groups:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Sequence
 
@@ -12,6 +13,7 @@ from ..errors import AmpConfigError, InputError
 from ..labels import class_ids
 from .inputs import leaf_paths
 from .metrics import record_predictions
+from ..keras_compat import user_code
 from .step import Evaluation, Update, float32_outputs, step_seed
 
 logger = logging.getLogger("amp_backends.train")
@@ -84,16 +86,18 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
             "loss= a function (y, pred) -> one loss per example that combines the outputs' losses (y and pred are "
             "the model's structure: dicts for named outputs), or write an amp_backends.Update of your own.")
 
+    @tf.autograph.experimental.do_not_convert  # (ours; the user's loss is converted: user_code)
     def losses(y, pred):
         pred = float32_outputs(pred)  # (float16 logs and sums lose digits)
         if not isinstance(loss, tf.keras.losses.Loss) and not sparse:  # a function: ranks as a Loss object matches
             y = y if isinstance(y, (dict, tuple, list)) else _same_rank(y, pred)
-        return tf.cast(per_example(y, pred), tf.float32)
+        return tf.cast(user_code(per_example)(y, pred), tf.float32)
 
+    @tf.autograph.experimental.do_not_convert
     def loss_fn(batch):
         _check_labelled(batch)
         check_model_inputs(model, batch[0])  # while tracing: before any step runs
-        pred = float32_outputs(model(batch[0], training=True))
+        pred = float32_outputs(user_code(model)(batch[0], training=True))
         values = losses(batch[1], pred)
         record_predictions("model", batch[1], pred, batch[2] if len(batch) == 3 else None)
         if len(batch) == 3:
@@ -146,7 +150,7 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
                "finite weights of 0 or more in every batch (the check before training sees the first batch of a "
                "dataset). Fix: clean the pipeline (dataset.map, or dataset.filter to drop such rows)"
                + (", or give the model's last layer as many units as there are classes." if sparse else "."))
-    evaluation = Evaluation(predict=lambda x: model(x, training=False), loss=losses, binary=binary_loss,
+    evaluation = Evaluation(predict=functools.partial(model, training=False), loss=losses, binary=binary_loss,
                             outputs=max(1, len(outputs)), check=check)
     return [Update("model", loss_fn, [(model.trainable_variables, optimizer)], validate=validate,
                    state=model.non_trainable_variables, check=_batch_check(classes, sparse, binary),
@@ -187,6 +191,7 @@ def _batch_check(classes: int | None, sparse: bool, binary: bool = False) -> Any
             good = tf.logical_and(good, tf.logical_and(tf.math.is_finite(t), whole))
         return good
 
+    @tf.autograph.experimental.do_not_convert
     def check(batch):
         if isinstance(batch, dict) or not isinstance(batch, (tuple, list)) or len(batch) < 2 or batch[1] is None \
                 or isinstance(batch[1], (dict, tuple, list)):
@@ -363,6 +368,7 @@ def gan_updates(generator: Any, discriminator: Any, g_opt: Any, d_opt: Any) -> l
 
     _check_parts([generator, discriminator], [g_opt, d_opt])
 
+    @tf.autograph.experimental.do_not_convert
     def forward(batch, salt):
         real = batch[0] if isinstance(batch, (tuple, list)) else batch
         n = real.shape[0]
@@ -370,21 +376,25 @@ def gan_updates(generator: Any, discriminator: Any, g_opt: Any, d_opt: Any) -> l
             raise InputError("gan_updates needs batches of a fixed size (its labels are built per batch). Fix: batch "
                              "the dataset with drop_remainder=True.")
         noise = tf.random.stateless_uniform([n, NOISE_DIM], seed=step_seed(salt), minval=-1.0, maxval=1.0)
-        fake = generator(noise, training=True)
-        on_real = discriminator(real, training=True)
-        on_fake = discriminator(fake, training=True)
+        fake = user_code(generator)(noise, training=True)
+        on_real = user_code(discriminator)(real, training=True)
+        on_fake = user_code(discriminator)(fake, training=True)
         real_labels, fake_labels = gan_labels(n)
         d_loss = 0.5 * (sigmoid_loss(on_fake, fake_labels) + sigmoid_loss(on_real, real_labels))
         g_loss = sigmoid_loss(on_fake, real_labels)
         return g_loss, d_loss
 
+    def loss(salt: int, which: int) -> Any:
+        return tf.autograph.experimental.do_not_convert(lambda b: forward(b, salt)[which])
+
     state = generator.non_trainable_variables + discriminator.non_trainable_variables  # BatchNorm statistics
     return [
-        Update("generator", lambda b: forward(b, 1)[0], [(generator.trainable_variables, g_opt)], state=state),
-        Update("discriminator", lambda b: forward(b, 2)[1], [(discriminator.trainable_variables, d_opt)], state=state),
+        Update("generator", loss(1, 0), [(generator.trainable_variables, g_opt)], state=state),
+        Update("discriminator", loss(2, 1), [(discriminator.trainable_variables, d_opt)], state=state),
     ]
 
 
+@tf.autograph.experimental.do_not_convert
 def mnist_batch_fn(x: Any, y: Any, idx: Any) -> Any:
     """Gather a batch of uint8 MNIST images on the device and scale to [0, 1] (as the tutorials: /255)."""
     xb = tf.reshape(tf.cast(tf.gather(x, idx), tf.float32) / 255.0, [-1, 28, 28, 1])

@@ -21,6 +21,7 @@ from . import metrics as metric_lib
 from .metrics import Every, Monitor, parse_every, reset, results
 from .observers import Observer
 from .checkpoints import CheckpointStore
+from ..keras_compat import user_code
 from .step import Update, float32_outputs
 from .inputs import BatchFn, as_array_nest, batch_dims, contents, gather_batch, refuse_labels_beside, rows
 
@@ -318,7 +319,7 @@ class Evaluator:
                 per_replica = self.strategy.run(replica_fn, args=inputs)
                 return tuple(self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for v in per_replica)
 
-            self._calls[key] = tf.function(replica_fn if key == "predict" else call,
+            self._calls[key] = tf.function(replica_fn if key == "predict" else call, autograph=False,
                                            jit_compile=self.xla and key == "arrays", reduce_retracing=True)
             if all(isinstance(t, tf.Tensor) for t in tf.nest.flatten(args)):  # (not one replica's part of a batch)
                 self._calls[key].get_concrete_function(*tf.nest.map_structure(
@@ -326,21 +327,21 @@ class Evaluator:
         return self._calls[key]
 
     def _replica_eval_arrays(self, x: Any, y: Any, idx: Any) -> Any:
-        return self._replica_eval(self.batch_fn(x, y, _replica_slice(idx)))
+        return self._replica_eval(user_code(self.batch_fn)(x, y, _replica_slice(idx)))
 
     def _replica_eval(self, batch: Any) -> Any:
         """In each replica: the batch's loss sum, its weight and whether the update's check refused it."""
         _labelled(batch, "evaluation")
         ok = tf.constant(True)
         if self.update.check is not None:
-            ok, batch = self.update.check(batch)
+            ok, batch = user_code(self.update.check)(batch)
         x, y = batch[0], batch[1]
         weights = batch[2] if len(batch) == 3 else None
-        pred = float32_outputs(self.evaluation.predict(x))
-        values = tf.cast(self.evaluation.loss(y, pred), tf.float32)
+        pred = float32_outputs(user_code(self.evaluation.predict)(x))
+        values = tf.cast(user_code(self.evaluation.loss)(y, pred), tf.float32)
         w = tf.ones_like(values) if weights is None else tf.cast(tf.reshape(weights, tf.shape(values)), tf.float32)
         for m in self.metrics:
-            m.update_state(y, pred, weights)
+            user_code(m.update_state)(y, pred, weights)
         return tf.reduce_sum(values * w), tf.reduce_sum(w), tf.cast(tf.logical_not(ok), tf.int32)
 
     # ------------------------------------------------------------------ predict
@@ -355,7 +356,7 @@ class Evaluator:
                        for start in range(0, n, self.batch_size))
         outs = []
         for xb in batches:
-            predict = self._call("predict", lambda b: float32_outputs(self.evaluation.predict(b)), (xb,))
+            predict = self._call("predict", lambda b: float32_outputs(user_code(self.evaluation.predict)(b)), (xb,))
             outs.append(tf.nest.map_structure(lambda t: t.numpy(), predict(xb)))
         if not outs:
             raise InputError("predict() was given no samples. Fix: pass at least one row.")

@@ -125,6 +125,26 @@ def test_the_models_are_found_through_the_updates():
     assert trained_models(ups[:1], {"other": mlp(hidden=64)}) == [outer]  # a model training nothing here is not checked
 
 
+def test_the_model_behind_decorated_loss_functions_is_found_as_behind_a_plain_one():
+    """A ``loss_fn`` under decorators (``functools.wraps``: a logging wrapper, AutoGraph's ``do_not_convert``) hid its
+    model: each wrapper counted as one more level of the bounded search."""
+    import functools
+
+    model, opt = mlp(hidden=64), tf.keras.optimizers.SGD()
+
+    def logged(fn):
+        @functools.wraps(fn)
+        def wrapper(batch):
+            return fn(batch)
+        return wrapper
+
+    def loss_fn(batch):
+        return tf.reduce_mean(model(batch[0]))
+
+    wrapped = tf.autograph.experimental.do_not_convert(logged(logged(loss_fn)))
+    assert trained_models([Update("m", wrapped, [(model.trainable_variables, opt)])], None) == [model]
+
+
 def test_a_classifier_head_holding_most_weights_is_not_called_built_before_the_plan():
     """The layer plan keeps the softmax head in float32; where that head holds most of the weights (a small
     convolution, then Dense(10) over its flattened maps), the model is still the plan's, not one built before it."""

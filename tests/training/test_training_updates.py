@@ -60,3 +60,52 @@ def test_gan_batches_without_a_fixed_size_are_our_input_error_with_the_fix():
     loss = tf.function(generator_update.loss_fn, input_signature=[tf.TensorSpec([None, 28, 28, 1], tf.float32)])
     with pytest.raises(InputError, match="gan_updates needs batches of a fixed size.*drop_remainder=True"):
         loss.get_concrete_function()
+
+
+@pytest.mark.parametrize("data", ["arrays", "dataset"])
+def test_the_users_functions_keep_python_control_flow_on_tensors_inside_the_trainers_compiled_calls(data):
+    """The trainer traces its own calls without AutoGraph (a faster start); what the user gives still runs as
+    AutoGraph converts it: a Python ``if`` on a tensor in an update's ``loss_fn`` or a loss function, a ``for`` over a
+    tensor range in a ``batch_fn``, in training, evaluation and prediction. Without the conversion, TensorFlow
+    refuses a tensor used as a Python bool while tracing."""
+    from amp_backends.training import classifier_updates
+
+    p = applied_plan(policy=None, loss_scale="none")
+    rng = np.random.RandomState(0)
+    x, y = rng.normal(size=(64, 4)).astype("float32"), rng.randint(0, 3, 64)
+    dense = tf.keras.layers.Dense(1)
+    dense.build((None, 4))
+
+    def loss_fn(batch):
+        err = tf.reduce_mean((tf.cast(dense(batch[0])[:, 0], tf.float32) - tf.cast(batch[1], tf.float32)) ** 2)
+        if err > 1e9:  # a tensor as a Python bool: AutoGraph's tf.cond
+            err = err * 0.0
+        return err
+
+    def batch_fn(xs, ys, idx):
+        xb = tf.gather(xs, idx)
+        for _ in tf.range(2):  # a tf.while_loop under AutoGraph
+            xb = xb + 0.0
+        return xb, tf.gather(ys, idx)
+
+    def per_example(labels, pred):
+        loss = tf.keras.losses.sparse_categorical_crossentropy(labels, pred, from_logits=True)
+        if tf.reduce_any(tf.math.is_nan(loss)):
+            loss = tf.zeros_like(loss)
+        return loss
+
+    data_of = (lambda a, b: (a, b)) if data == "arrays" else \
+        (lambda a, b: (tf.data.Dataset.from_tensor_slices((a, b)).batch(16), None))
+    custom = Trainer([Update("u", loss_fn, [(dense.trainable_variables, tf.keras.optimizers.SGD(0.01))])], p,
+                     batch_size=16, batch_fn=batch_fn if data == "arrays" else None,
+                     checkpoint_objects={"d": dense}, progress=False, steps_per_call=2)
+    r = custom.fit(*data_of(x, y), epochs=1)
+    assert r.steps == 4 and r.skipped == {"u": 0} and np.isfinite(r.last_losses["u"])
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
+    t = Trainer(classifier_updates(model, tf.keras.optimizers.Adam(1e-3), loss=per_example), p, batch_size=16,
+                progress=False, check_models=False, metrics=["accuracy"])
+    r = t.fit(*data_of(x, y), epochs=1)
+    assert r.steps == 4 and np.isfinite(r.last_losses["model"])
+    scores = t.evaluate(*data_of(x, y))
+    assert np.isfinite(scores["loss"]) and 0 <= scores["accuracy"] <= 1
+    assert t.predict(x).shape == (64, 3)
