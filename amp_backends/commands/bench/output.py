@@ -91,7 +91,7 @@ def unsafe_policies(plan: Plan) -> dict[str, str]:
 def environment(collected: Report | None = None) -> dict[str, Any]:
     """What the figures were measured on: the planned backend, its devices (``"NVIDIA H200 (CC 9.0)"``) and details,
     the CPU, the software's versions and the plan's main settings; ``{"error": ...}`` where the report (``collected``,
-    default: collected here, TensorFlow imported) could not be collected.
+    default: collected here, with TensorFlow where it is imported or a backend needs it) could not be collected.
 
     Args:
         collected: The capability report of this machine.
@@ -102,8 +102,8 @@ def environment(collected: Report | None = None) -> dict[str, Any]:
     if collected is None:
         from ..capability_report import collect
 
-        try:
-            collected = collect(use_tensorflow=True)
+        try:  # (the zoo's parent process has not imported TensorFlow: on a CPU it need not, for these fields)
+            collected = collect(use_tensorflow=True if "tensorflow" in sys.modules else None)
         except Exception as exc:  # the benchmark still runs
             return {"error": f"{type(exc).__name__}: {exc}"}
     report = collected.data
