@@ -32,7 +32,8 @@ DEFAULT_WARMUP = 2
 
 
 def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = DEFAULT_BATCH,
-          steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP, timeout: float = 600.0, **overrides: Any) -> Audit:
+          steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP, timeout: float = 600.0, seq_len: int | None = None,
+          input_shape: Any = None, **overrides: Any) -> Audit:
     """Train ``steps`` steps of the model after ``warmup`` in a child process and report what ran.
 
     Args:
@@ -46,6 +47,11 @@ def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = 
         steps: The measured steps.
         warmup: The steps run before them (tracing, compilation).
         timeout: Seconds the child may run before it is stopped.
+        seq_len: Train with every open input dimension after the batch (a sequence length) set to this; ``None``:
+            open dimensions are set to 8 (the audit's notes say so).
+        input_shape: The input shape(s) to train at instead: ``(None, 128)`` (the batch first), or a dict of them
+            by input name, as `check_model`'s ``inputs=`` takes shapes; or one example's as ``--input-shape`` takes
+            it (``"64x64x3"``, ``"token_ids=128,padding_mask=128"``). Checked against the model once it is built.
         **overrides: Plan overrides as in `amp_backends.auto_configure` (``policy="float32"``...).
 
     Returns:
@@ -55,7 +61,8 @@ def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = 
         FactoryError: The factory is not ``MODULE:FACTORY`` or an importable function (before anything runs), or
             the child process could not import it, or it raised or returned no Keras model.
         TypeError: A model object was given instead of its factory, or an override is not one of the plan's.
-        ValueError: A size is not a positive integer.
+        ValueError: A size is not a positive integer, both ``seq_len`` and ``input_shape`` are given, or the input
+            shape does not fit the model (its rank, fixed sizes or input names).
         RuntimeError: The child process failed.
         KeyboardInterrupt: Ctrl-C, or SIGTERM (`amp_backends.errors.TrainingInterrupted`, exit code 143), stopped
             the audit; the child process was stopped first.
@@ -64,6 +71,7 @@ def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = 
                                   ("warmup", warmup, "an int >= 1 (the first step traces and compiles)")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be {expected}. Received: {value!r}")
+    inputs = _input_request(seq_len, input_shape)
     if hasattr(model_or_factory, "layers") or not (callable(model_or_factory) or isinstance(model_or_factory, str)):
         raise TypeError(
             "audit() takes a factory (a function that builds the model, or its 'MODULE:FACTORY' string), not a model: "
@@ -81,7 +89,33 @@ def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = 
         if kernel_audit is None or kernel_audit.unavailable:
             return not_measured(target, plan_data(plan), kernel_audit)
         env.update({PLAN_BACKEND: str(plan.backend), **dict(kernel_audit.environment)})
-    return run_child(target, batch_size=batch_size, steps=steps, warmup=warmup, env=env, timeout=timeout)
+    return run_child(target, batch_size=batch_size, steps=steps, warmup=warmup, env=env, timeout=timeout,
+                     inputs=inputs)
+
+
+def _input_request(seq_len: int | None, input_shape: Any) -> dict[str, Any]:
+    """``audit``'s shapes, checked for their form before anything runs, as the child takes them (JSON)."""
+    if seq_len is not None and input_shape is not None:
+        raise ValueError("expected at most one of seq_len and input_shape, received both. Fix: seq_len=N for the "
+                         "open dimensions, or the full shapes with input_shape=")
+    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
+        raise ValueError(f"seq_len must be a positive int, such as 128. Received: {seq_len!r}")
+
+    def shape(value: Any) -> list[int | None]:
+        if not isinstance(value, (tuple, list)) or not all(d is None or (isinstance(d, int) and not isinstance(
+                d, bool) and d > 0) for d in value):
+            raise ValueError(f"input_shape takes one example's shape with the batch first, such as (None, 128), or a "
+                             f"dict of them by input name. Received: {input_shape!r}")
+        return list(value)
+
+    if input_shape is None:
+        return {"seq_len": seq_len}
+    if isinstance(input_shape, str):  # as --input-shape takes it; errors in its words
+        from ..model_check.shapes import parse_input_shape
+
+        return {**_input_request(None, parse_input_shape(input_shape)), "flag": input_shape}
+    return {"input_shape": {str(k): shape(v) for k, v in input_shape.items()} if isinstance(input_shape, dict)
+            else shape(input_shape)}
 
 
 def audit_trace(path: str | os.PathLike[str], plan: Plan | None = None, *, model: str = "?") -> Audit:

@@ -20,11 +20,13 @@ import os
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, Mapping
 
 from ..errors import FactoryError
 from ..factory import build_model, load_factory
 from .build import plan_data
+
+OPEN_SIZE = 8  # an input dimension the model leaves open, unless the audit is given its size
 
 BEGIN = "amp_backends_audit:begin"
 END = "amp_backends_audit:end"
@@ -120,17 +122,55 @@ def trace_step_ops(model: Any, compiled: Any, inputs: Any) -> list[dict[str, Any
     return out
 
 
-def synthetic_inputs(model: Any, batch: int) -> Any:
+def _inputs_note(model: Any, x: Any, given: Any) -> str:
+    """The shapes the audit trained at, and where the model's open dimensions were set to `OPEN_SIZE`."""
+    import tensorflow as tf
+
+    from .. import keras_compat
+    from ..model_check.shapes import dynamic_dims
+
+    leaves = x.items() if isinstance(x, dict) else enumerate(tf.nest.flatten(x))
+    said = "; ".join(f"{'' if isinstance(k, int) else f'{k} '}{tuple(t.shape)} {t.dtype.name}" for k, t in leaves)
+    structure = keras_compat.input_structure(model)
+    if given is None and structure is not None and dynamic_dims(structure):
+        said += (f" (the model leaves dimensions open: they were set to {OPEN_SIZE}. Fix: give the sizes you train "
+                 "at: --seq-len N or --input-shape, seq_len= or input_shape= in Python)")
+    return f"inputs: {said}"
+
+
+def input_shapes(model: Any, given: Mapping[str, Any]) -> Any:
+    """The shapes to train on (`InputLeaf` structure) from the audit's ``seq_len`` or ``input_shape`` (``None``: the
+    model's own); ValueError, in the words of ``--input-shape`` where ``given["flag"]`` holds its value, where they do
+    not fit the model."""
+    from .. import keras_compat
+    from ..model_check.shapes import checked_inputs, in_flag_words, shapes_with_sequence_length
+
+    if given.get("seq_len") is not None:
+        shapes = shapes_with_sequence_length(model, given["seq_len"])
+    elif given.get("input_shape") is not None:  # (JSON lists back to shapes)
+        shape = given["input_shape"]
+        shapes = {k: tuple(v) for k, v in shape.items()} if isinstance(shape, dict) else tuple(shape)
+    else:
+        return None
+    try:
+        return checked_inputs(model, shapes, keras_compat.input_structure(model))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(in_flag_words(given["flag"], exc, model) if given.get("flag") else str(exc)) from None
+
+
+def synthetic_inputs(model: Any, batch: int, structure: Any = None) -> Any:
+    """A batch of ``batch`` for ``model``: at the shapes of ``structure`` (`input_shapes`), else of the model's inputs
+    with every open dimension after the batch set to `OPEN_SIZE`."""
     import tensorflow as tf
 
     from .. import keras_compat
 
-    structure = keras_compat.input_structure(model)
+    structure = structure if structure is not None else keras_compat.input_structure(model)
     if structure is None:
         raise ValueError(f"cannot tell the input shape of the model {model.name!r}: build it with keras.Input")
 
     def make(leaf: Any) -> Any:
-        shape = [batch] + [d if d is not None else 8 for d in leaf.shape[1:]]
+        shape = [batch] + [d if d is not None else OPEN_SIZE for d in leaf.shape[1:]]
         if leaf.dtype.is_integer:
             return tf.zeros(shape, leaf.dtype)
         return tf.random.stateless_uniform(shape, seed=(1, 2), dtype=tf.float32)
@@ -138,8 +178,10 @@ def synthetic_inputs(model: Any, batch: int) -> Any:
     return tf.nest.map_structure(make, structure)
 
 
-def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> dict[str, Any]:
-    """The document ``OUT.json`` holds (``out_path``: its path, beside which the kernel audit's work folder goes)."""
+def run(target: str, out_path: str, batch: int, steps: int, warmup: int,
+        given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The document ``OUT.json`` holds (``out_path``: its path, beside which the kernel audit's work folder goes;
+    ``given``: the input shapes asked for, see `input_shapes`)."""
     import tensorflow as tf
 
     from .. import keras_compat
@@ -167,7 +209,12 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> dict
         raised = exc.__cause__
         return {"factory_error": str(exc),
                 "traceback": "".join(traceback.format_exception(raised)) if raised else None}
-    x = synthetic_inputs(model, batch)
+    try:
+        shapes = input_shapes(model, given or {})
+    except ValueError as exc:
+        return {"input_error": str(exc)}
+    x = synthetic_inputs(model, batch, shapes)
+    notes.append(_inputs_note(model, x, shapes))
     # prepared exactly as training prepares it: the same layer plan, measured or cached as the trainer would
     layer_plan = prepare_model(model, plan, inputs=x).layer_plan
     optimizer = tf.keras.optimizers.SGD(0.001)
@@ -199,8 +246,8 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> dict
     _mark(END)
     kernel_audit.end()
     try:
-        findings = [f.to_dict() for f in check_model(model, plan=plan, batch_size=batch,
-                                                     layer_plan=layer_plan).findings]
+        findings = [f.to_dict() for f in check_model(model, plan=plan, batch_size=batch, layer_plan=layer_plan,
+                                                     inputs=x).findings]
     except Exception as exc:  # noqa: BLE001  # the audit stands without the check's findings
         findings = [{"severity": "info", "code": "check-failed", "layer": model.name, "what": str(exc)}]
     return {
@@ -216,7 +263,7 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int) -> dict
 def main(argv: list[str]) -> int:
     target, out_path = argv[0], argv[1]
     batch, steps, warmup = (int(a) for a in (argv[2:5] + ["32", "3", "2"][len(argv[2:5]):]))
-    doc = run(target, out_path, batch, steps, warmup)
+    doc = run(target, out_path, batch, steps, warmup, json.loads(argv[5]) if len(argv) > 5 else None)
     with open(out_path, "w", encoding="utf-8") as f:
         json.dump(doc, f)
     return 0

@@ -92,15 +92,16 @@ def _run_to_end(cmd: list[str], env: Mapping[str, str], timeout: float) -> tuple
 
 
 def run_child(target: str, *, batch_size: int, steps: int, warmup: int, env: Mapping[str, str],
-              timeout: float = 600.0) -> Audit:
+              timeout: float = 600.0, inputs: Mapping[str, Any] | None = None) -> Audit:
     """Run ``target`` (``MODULE:FACTORY``) in a child started with ``env`` (beyond this process's) for ``warmup`` and
-    ``steps`` steps of ``batch_size``; the plan's backend reads what ran. The errors are `audit`'s."""
+    ``steps`` steps of ``batch_size`` (at the shapes ``inputs`` gives: `child.input_shapes`); the plan's backend reads
+    what ran. The errors are `audit`'s."""
     from ..registry import default_registry
 
     with tempfile.TemporaryDirectory(prefix="amp_audit_") as tmp:
         out = os.path.join(tmp, "audit.json")
         cmd = [sys.executable, "-m", "amp_backends.auditing.child", target, out, str(batch_size), str(steps),
-               str(warmup)]
+               str(warmup), json.dumps(dict(inputs or {}))]
         try:
             returncode, stdout, stderr = _run_to_end(cmd, {**os.environ, **env}, timeout)
         except subprocess.TimeoutExpired as exc:
@@ -116,6 +117,8 @@ def run_child(target: str, *, batch_size: int, steps: int, warmup: int, env: Map
         if "factory_error" in doc:
             tail = "\n".join((doc.get("traceback") or "").strip().splitlines()[-15:])
             raise FactoryError(doc["factory_error"] + (f"\nThe child's last lines:\n{tail}" if tail else ""))
+        if "input_error" in doc:  # shapes that do not fit the model, found once it was built
+            raise ValueError(doc["input_error"])
         plan = doc.get("plan") or {}
         kernel_audit = default_registry().kernel_audit(str(plan.get("backend")))
         if kernel_audit is None or kernel_audit.unavailable or doc.get("measured") is False:

@@ -27,6 +27,12 @@ def audit_command(
                                help="Training steps measured, after 2 warm-up steps."),
     json_output: bool = typer.Option(False, "--json",
                                      help="Print JSON (schema: amp_backends/schemas/audit.schema.json)."),
+    seq_len: int | None = number_option(
+        None, "--seq-len", prog=PROG, example=128, metavar="N",
+        help="Set every open input dimension after the batch (a sequence length) to N (default: 8, said)."),
+    input_shape: str | None = typer.Option(
+        None, "--input-shape", metavar="SHAPE",
+        help="One example's input shape, without the batch: 64x64x3, or name=128,other=128 for named inputs."),
     overrides: Any = None,
 ) -> None:
     """Train a few steps of MODULE:FACTORY under the plan and report the kernels that ran: dtypes, float32 islands."""
@@ -38,7 +44,11 @@ def audit_command(
     overrides = dict(overrides or {})
     try:  # invalid overrides are refused here, before the child starts
         build_request(default_registry().known_names(), **overrides)
-        result = audit(target, batch_size=batch_size, steps=steps, **overrides)
+        if seq_len is not None and input_shape is not None:
+            raise ValueError("expected at most one of --seq-len and --input-shape, received both. Fix: give --seq-len "
+                             "N for the open dimensions, or the full shapes with --input-shape")
+        result = audit(target, batch_size=batch_size, steps=steps, seq_len=seq_len, input_shape=input_shape,
+                       **overrides)
     except (AmpConfigError, ValueError, TypeError) as exc:
         fail(PROG, exc)
     except RuntimeError as exc:

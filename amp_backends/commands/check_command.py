@@ -15,48 +15,11 @@ import typer
 
 from ..errors import AmpConfigError, FactoryError
 from ..factory import EXAMPLE, build_model, load_factory, parse_factory
+from ..model_check.shapes import parse_input_shape
 from .typer_app import fail, number_option, with_overrides
 
 PROG = "amp-backends check"
-
-
-def parse_input_shape(text: str) -> Any:
-    """One example's shape: ``"64x64x3"`` -> ``(None, 64, 64, 3)``; ``"token_ids=128,padding_mask=128"`` -> a dict of
-    such shapes; ValueError when malformed."""
-    def dims(part: str) -> tuple[int | None, ...]:
-        try:
-            values = tuple(int(d) for d in part.strip().lower().split("x"))
-        except ValueError:
-            values = ()
-        if not values or any(d < 1 for d in values):
-            raise ValueError(
-                f"expected one example's shape as positive sizes joined by 'x', such as 28x28x1 or 128. Received: "
-                f"{part!r} in --input-shape {text!r}. Fix: leave the batch out, it comes from --batch-size")
-        return (None, *values)
-
-    if "=" not in text:
-        return dims(text)
-    shapes: dict[str, tuple[int | None, ...]] = {}
-    for item in text.split(","):
-        name, sep, shape = item.partition("=")
-        if not sep or not name.strip():
-            raise ValueError(f"expected name=SHAPE pairs separated by commas, such as token_ids=128,padding_mask=128. "
-                             f"Received: {item!r} in --input-shape {text!r}. Fix: name every input")
-        shapes[name.strip()] = dims(shape)
-    return shapes
-
-
-def _example_shape(model: Any) -> str:
-    """``--input-shape`` as the model's own inputs would be given (an open dimension as 128)."""
-    from ..keras_compat import input_structure
-
-    struct = input_structure(model)
-    leaves = struct.items() if isinstance(struct, dict) else [(None, struct)] if struct is not None else []
-    shapes = {name: "x".join(str(d or 128) for d in leaf.shape[1:]) or "1" for name, leaf in leaves
-              if getattr(leaf, "shape", None)}
-    if len(shapes) == 1 and None in shapes:
-        return shapes[None]
-    return ",".join(f"{k}={v}" for k, v in shapes.items()) if shapes else "128"
+__all__ = ["check_command", "parse_input_shape"]
 
 
 @with_overrides()
@@ -106,7 +69,7 @@ def check_command(
             traceback.print_exception(exc.__cause__)
         fail(PROG, exc)
     from ..model_check import check_model
-    from ..model_check.shapes import shapes_with_sequence_length
+    from ..model_check.shapes import in_flag_words, shapes_with_sequence_length
 
     if seq_len is not None and input_shape is not None:
         fail(PROG, "expected at most one of --seq-len and --input-shape, received both. Fix: give --seq-len N for "
@@ -116,10 +79,7 @@ def check_command(
                   else shapes_with_sequence_length(model, seq_len) if seq_len is not None else None)
         result = check_model(model, plan=plan, batch_size=batch_size, inputs=inputs)
     except (TypeError, ValueError, RuntimeError) as exc:
-        if input_shape is not None and str(exc).startswith("inputs= "):  # said in this command line's words
-            fail(PROG, f"--input-shape {input_shape} {str(exc)[len('inputs= '):].split(' Fix: ')[0]} Fix: give one "
-                       f"example's shape without the batch, such as --input-shape {_example_shape(model)}")
-        fail(PROG, exc)
+        fail(PROG, in_flag_words(input_shape, exc, model) if input_shape is not None else exc)
     if json_output:
         typer.echo(result.to_json())
     else:

@@ -189,3 +189,50 @@ def shapes_with_sequence_length(model: Any, length: int, batch_size: int | None 
                          "length cannot be applied to it. Fix: give the full shapes instead (inputs=...).")
     return tf.nest.map_structure(
         lambda leaf: (batch_size,) + tuple(length if d is None else d for d in leaf.shape[1:]), struct)
+
+
+def example_shape(model: Any) -> str:
+    """One example's input shape as ``--input-shape`` takes it (``28x28x1``; ``token_ids=128,padding_mask=128``), an
+    open dimension as 128."""
+    struct = input_structure(model)
+    leaves = struct.items() if isinstance(struct, dict) else [(None, struct)] if struct is not None else []
+    shapes = {name: "x".join(str(d or 128) for d in leaf.shape[1:]) or "1" for name, leaf in leaves
+              if getattr(leaf, "shape", None)}
+    if len(shapes) == 1 and None in shapes:
+        return shapes[None]
+    return ",".join(f"{k}={v}" for k, v in shapes.items()) if shapes else "128"
+
+
+def in_flag_words(flag_value: str, error: Exception, model: Any) -> str:
+    """An ``inputs=`` error of `checked_inputs`, said in the words of the option ``--input-shape flag_value``."""
+    what = str(error)
+    if not what.startswith("inputs= "):
+        return what
+    return (f"--input-shape {flag_value} {what[len('inputs= '):].split(' Fix: ')[0]} Fix: give one example's shape "
+            f"without the batch, such as --input-shape {example_shape(model)}")
+
+
+def parse_input_shape(text: str) -> Any:
+    """One example's shape: ``"64x64x3"`` -> ``(None, 64, 64, 3)``; ``"token_ids=128,padding_mask=128"`` -> a dict of
+    such shapes; ValueError when malformed."""
+    def dims(part: str) -> tuple[int | None, ...]:
+        try:
+            values = tuple(int(d) for d in part.strip().lower().split("x"))
+        except ValueError:
+            values = ()
+        if not values or any(d < 1 for d in values):
+            raise ValueError(
+                f"expected one example's shape as positive sizes joined by 'x', such as 28x28x1 or 128. Received: "
+                f"{part!r} in --input-shape {text!r}. Fix: leave the batch out, it comes from --batch-size")
+        return (None, *values)
+
+    if "=" not in text:
+        return dims(text)
+    shapes: dict[str, tuple[int | None, ...]] = {}
+    for item in text.split(","):
+        name, sep, shape = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"expected name=SHAPE pairs separated by commas, such as token_ids=128,padding_mask=128. "
+                             f"Received: {item!r} in --input-shape {text!r}. Fix: name every input")
+        shapes[name.strip()] = dims(shape)
+    return shapes

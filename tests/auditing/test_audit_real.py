@@ -293,3 +293,45 @@ def test_a_factory_the_child_cannot_import_or_that_raises_is_our_error_as_in_che
     text = str(err.value)
     assert text.startswith("audit_models.boom() raised ValueError: no weights here") and "Fix: " in text
     assert "The child's last lines:\nTraceback" in text and "raise ValueError('no weights here')" in text
+
+
+def test_the_audit_trains_at_the_shapes_asked_for_and_says_the_shapes_it_trained_at(tmp_path):
+    """A model leaving its sequence length open was audited at 8 without a word, and the command had no way to
+    give the length (``check`` had ``--seq-len`` and ``--input-shape``)."""
+    (tmp_path / "textmodels.py").write_text(
+        "import tensorflow as tf\n\n\ndef build():\n"
+        "    inp = tf.keras.Input((None,), dtype='int32', name='token_ids')\n"
+        "    x = tf.keras.layers.Embedding(50, 16)(inp)\n"
+        "    return tf.keras.Model(inp, tf.keras.layers.Dense(8)(x))\n")
+
+    def audit(*args):
+        return subprocess.run([sys.executable, "-m", "amp_backends", "audit", "textmodels:build", "--steps", "1",
+                               "--batch-size", "4", "--policy", "float32", *args], capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+    out = audit()
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "inputs: (4, 8) int32 (the model leaves dimensions open: they were set to 8" in out.stdout
+    out = audit("--seq-len", "24", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    d = json.loads(out.stdout[out.stdout.index("{"):])
+    assert_valid("audit", d)
+    assert "inputs: (4, 24) int32" in d["notes"], d["notes"]
+    out = audit("--input-shape", "24x3")
+    assert out.returncode == 2 and "--input-shape 24x3 gives an input of shape (None, 24, 3)" in out.stderr
+    assert "Fix: give one example's shape without the batch, such as --input-shape 128" in out.stderr
+    started = time.time()
+    out = audit("--seq-len", "24", "--input-shape", "24")
+    assert out.returncode == 2 and "at most one of --seq-len and --input-shape" in out.stderr
+    assert time.time() - started < 30  # refused before the child process builds anything
+
+
+def test_audit_takes_the_shapes_in_python_and_refuses_bad_ones_before_anything_runs():
+    from amp_backends import audit
+
+    for kwargs, said in (({"seq_len": 8, "input_shape": (None, 8)}, "at most one of seq_len and input_shape"),
+                         ({"seq_len": 0}, "seq_len must be a positive int"),
+                         ({"input_shape": (None, "8")}, "input_shape takes one example's shape"),
+                         ({"input_shape": "8y8"}, "positive sizes joined by 'x'")):
+        with pytest.raises(ValueError, match=said):
+            audit("amp_backends.models:mnist_cnn", **kwargs)
