@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .errors import AmpWarning
+from .errors import AmpError, AmpWarning
 from .request import LossScale
 from .software import installed_version, minor_version, tensorflow_version
 
@@ -160,8 +160,23 @@ def user_code(fn: Callable[..., Any]) -> Callable[..., Any]:
         ``fn`` to call under AutoGraph (``fn`` itself where it is already marked for AutoGraph, or not to convert).
     """
     tf = _tensorflow()
-    on = tf.__internal__.autograph.control_status_ctx()  # (its type and status enum are not public)
-    return tf.__internal__.autograph.tf_convert(fn, type(on)(status=type(on.status).ENABLED))
+    autograph, autograph_off = tf.__internal__.autograph, tf.autograph.experimental.do_not_convert
+    now = autograph.control_status_ctx()  # (its type and status enum are not public)
+    enabled = type(now)(status=type(now.status).ENABLED)
+    # TensorFlow's and Keras's own wrappers (Keras 2's metric update_state) convert what they wrap themselves, in an
+    # enabled context; tf_convert would swap the target inside them, which they do not call
+    target = fn if getattr(fn, "_tf_decorator", None) is not None else autograph.tf_convert(fn, enabled)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            with enabled:
+                return target(*args, **kwargs)
+        except AmpError as exc:  # the library's own error as raised: AutoGraph re-raises a copy listing the frames
+            if getattr(exc, "ag_error_metadata", None) is not None and type(exc.__context__) is type(exc):
+                raise exc.__context__ from None
+            raise
+
+    return autograph_off(call)  # (not converted itself, where converted code calls it)
 
 
 # ---------------------------------------------------------------------------------------------- model structure

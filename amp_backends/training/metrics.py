@@ -32,6 +32,7 @@ _recording: dict[str, dict[str, list[Any]]] = {"current": {}}
 ACCURACY_NAMES = ("accuracy", "acc")
 
 
+@tf.autograph.experimental.do_not_convert  # (the library's; the metrics are converted: user_code)
 def record_predictions(update: str, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
     """Inside a trainer's step: update its training metrics of ``update`` with this batch (else nothing)."""
     for m in _recording["current"].get(update) or ():

@@ -94,6 +94,18 @@ def test_the_users_functions_keep_python_control_flow_on_tensors_inside_the_trai
             loss = tf.zeros_like(loss)
         return loss
 
+    class Confident(tf.keras.metrics.Metric):  # (Keras 2 converts a metric's update_state itself, when enabled)
+        def __init__(self, name="confident", **kwargs):
+            super().__init__(name=name, **kwargs)
+            self.n = self.add_weight(name="n", shape=(), initializer="zeros")
+
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            if tf.reduce_max(tf.cast(y_pred, tf.float32)) > -1e9:
+                self.n.assign_add(1.0)
+
+        def result(self):
+            return self.n
+
     data_of = (lambda a, b: (a, b)) if data == "arrays" else \
         (lambda a, b: (tf.data.Dataset.from_tensor_slices((a, b)).batch(16), None))
     custom = Trainer([Update("u", loss_fn, [(dense.trainable_variables, tf.keras.optimizers.SGD(0.01))])], p,
@@ -103,9 +115,48 @@ def test_the_users_functions_keep_python_control_flow_on_tensors_inside_the_trai
     assert r.steps == 4 and r.skipped == {"u": 0} and np.isfinite(r.last_losses["u"])
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
     t = Trainer(classifier_updates(model, tf.keras.optimizers.Adam(1e-3), loss=per_example), p, batch_size=16,
-                progress=False, check_models=False, metrics=["accuracy"])
+                progress=False, check_models=False, metrics=["accuracy", Confident()])
     r = t.fit(*data_of(x, y), epochs=1)
     assert r.steps == 4 and np.isfinite(r.last_losses["model"])
+    assert r.epochs[-1]["confident"] == 4  # a batch each
     scores = t.evaluate(*data_of(x, y))
-    assert np.isfinite(scores["loss"]) and 0 <= scores["accuracy"] <= 1
+    assert np.isfinite(scores["loss"]) and 0 <= scores["accuracy"] <= 1 and scores["confident"] == 4
     assert t.predict(x).shape == (64, 3)
+
+
+def test_the_librarys_error_from_inside_the_users_loss_fn_comes_out_as_raised_and_no_autograph_warning(caplog):
+    """A user's ``loss_fn`` around the classifier's (adding a penalty) given no labels: the classifier's
+    `InputError` came out with AutoGraph's frame listing ("in user code: ...") before its message; a ``loss_fn``
+    calling `record_predictions` logged "AutoGraph could not transform <function _gcd_import ...>"."""
+    import logging
+
+    from amp_backends.errors import InputError
+    from amp_backends.training import Evaluation, classifier_updates, record_predictions
+
+    p = applied_plan(policy=None, loss_scale="none")
+    x, y = np.random.RandomState(0).normal(size=(32, 4)).astype("float32"), np.arange(32) % 3
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3, activation="softmax")])
+    opt = tf.keras.optimizers.SGD(0.01)
+    base = classifier_updates(model, opt)[0]
+
+    def penalized(batch):
+        return base.loss_fn(batch) + 1e-4 * tf.add_n([tf.reduce_sum(tf.square(w)) for w in model.trainable_weights])
+
+    t = Trainer([Update("model", penalized, [(model.trainable_variables, opt)])], p, batch_size=8, progress=False,
+                check_models=False)
+    with pytest.raises(InputError) as err:
+        t.fit(x, epochs=1)  # no labels
+    assert str(err.value).startswith("classifier_updates trains on labelled batches"), str(err.value)
+
+    def recorded(batch):
+        pred = model(batch[0], training=True)
+        record_predictions("u", batch[1], pred)
+        return tf.keras.losses.sparse_categorical_crossentropy(batch[1], pred)
+
+    ev = Evaluation(predict=lambda v: model(v, training=False), loss=tf.keras.losses.sparse_categorical_crossentropy)
+    t = Trainer([Update("u", recorded, [(model.trainable_variables, opt)], evaluation=ev)], p, batch_size=8,
+                progress=False, check_models=False, metrics=["accuracy"])
+    caplog.set_level(logging.WARNING)
+    epoch = t.fit(x, y, epochs=1, validation_data=(x, y)).epochs[-1]
+    assert 0 <= epoch["accuracy"] <= 1 and 0 <= epoch["val_accuracy"] <= 1
+    assert not [r for r in caplog.records if "AutoGraph" in r.getMessage()], caplog.text
