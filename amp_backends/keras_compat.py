@@ -157,7 +157,7 @@ def user_code(fn: Callable[..., Any]) -> Callable[..., Any]:
         fn: Any callable; Keras's and TensorFlow's own are called as they are.
 
     Returns:
-        ``fn`` to call under AutoGraph (``fn`` itself where it is already marked for AutoGraph, or not to convert).
+        A function that calls ``fn`` as AutoGraph converts it (``fn`` unconverted where it is marked not to be).
     """
     tf = _tensorflow()
     autograph, autograph_off = tf.__internal__.autograph, tf.autograph.experimental.do_not_convert
@@ -172,7 +172,8 @@ def user_code(fn: Callable[..., Any]) -> Callable[..., Any]:
             with enabled:
                 return target(*args, **kwargs)
         except AmpError as exc:  # the library's own error as raised: AutoGraph re-raises a copy listing the frames
-            if getattr(exc, "ag_error_metadata", None) is not None and type(exc.__context__) is type(exc):
+            meta = getattr(exc, "ag_error_metadata", None)
+            if meta is not None and getattr(exc.__context__, "ag_error_metadata", None) is meta:
                 raise exc.__context__ from None
             raise
 

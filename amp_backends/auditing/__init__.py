@@ -49,9 +49,9 @@ def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = 
         timeout: Seconds the child may run before it is stopped.
         seq_len: Train with every open input dimension after the batch (a sequence length) set to this; ``None``:
             open dimensions are set to 8 (the audit's notes say so).
-        input_shape: The input shape(s) to train at instead: ``(None, 128)`` (the batch first), or a dict of them
-            by input name, as `check_model`'s ``inputs=`` takes shapes; or one example's as ``--input-shape`` takes
-            it (``"64x64x3"``, ``"token_ids=128,padding_mask=128"``). Checked against the model once it is built.
+        input_shape: The input shape(s) to train at instead: ``(None, 128)`` (the batch first, as ``None``), a
+            list of them or a dict of them by input name; or one example's as ``--input-shape`` takes it
+            (``"64x64x3"``, ``"token_ids=128,padding_mask=128"``). Checked against the model once it is built.
         **overrides: Plan overrides as in `amp_backends.auto_configure` (``policy="float32"``...).
 
     Returns:
@@ -99,13 +99,15 @@ def _input_request(seq_len: int | None, input_shape: Any) -> dict[str, Any]:
         raise ValueError("expected at most one of seq_len and input_shape, received both. Fix: seq_len=N for the "
                          "open dimensions, or the full shapes with input_shape=")
     if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
-        raise ValueError(f"seq_len must be a positive int, such as 128. Received: {seq_len!r}")
+        raise ValueError(f"seq_len must be a positive int, such as 128. Received: {seq_len!r}. Fix: the sequence "
+                         "length to train at")
 
     def shape(value: Any) -> list[int | None]:
         if not isinstance(value, (tuple, list)) or not all(d is None or (isinstance(d, int) and not isinstance(
                 d, bool) and d > 0) for d in value):
-            raise ValueError(f"input_shape takes one example's shape with the batch first, such as (None, 128), or a "
-                             f"dict of them by input name. Received: {input_shape!r}")
+            raise ValueError(f"input_shape takes an input's shape with the batch first, such as (None, 128), or a "
+                             f"list or dict (by input name) of them. Received: {input_shape!r}. Fix: give positive "
+                             "sizes, the batch as None")
         return list(value)
 
     if input_shape is None:
@@ -114,8 +116,11 @@ def _input_request(seq_len: int | None, input_shape: Any) -> dict[str, Any]:
         from ..model_check.shapes import parse_input_shape
 
         return {**_input_request(None, parse_input_shape(input_shape)), "flag": input_shape}
-    return {"input_shape": {str(k): shape(v) for k, v in input_shape.items()} if isinstance(input_shape, dict)
-            else shape(input_shape)}
+    if isinstance(input_shape, dict):
+        return {"input_shape": {str(k): shape(v) for k, v in input_shape.items()}}
+    several = isinstance(input_shape, (tuple, list)) and bool(input_shape) and all(
+        isinstance(v, (tuple, list)) for v in input_shape)
+    return {"input_shape": [shape(v) for v in input_shape] if several else shape(input_shape)}
 
 
 def audit_trace(path: str | os.PathLike[str], plan: Plan | None = None, *, model: str = "?") -> Audit:

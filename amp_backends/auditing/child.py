@@ -131,17 +131,27 @@ def _inputs_note(model: Any, x: Any, given: Any) -> str:
 
     leaves = x.items() if isinstance(x, dict) else enumerate(tf.nest.flatten(x))
     said = "; ".join(f"{'' if isinstance(k, int) else f'{k} '}{tuple(t.shape)} {t.dtype.name}" for k, t in leaves)
-    structure = keras_compat.input_structure(model)
-    if given is None and structure is not None and dynamic_dims(structure):
+    structure = given if given is not None else keras_compat.input_structure(model)
+    if structure is not None and dynamic_dims(structure):
         said += (f" (the model leaves dimensions open: they were set to {OPEN_SIZE}. Fix: give the sizes you train "
                  "at: --seq-len N or --input-shape, seq_len= or input_shape= in Python)")
     return f"inputs: {said}"
 
 
 def input_shapes(model: Any, given: Mapping[str, Any]) -> Any:
-    """The shapes to train on (`InputLeaf` structure) from the audit's ``seq_len`` or ``input_shape`` (``None``: the
-    model's own); ValueError, in the words of ``--input-shape`` where ``given["flag"]`` holds its value, where they do
-    not fit the model."""
+    """The shapes to train on, from the audit's ``seq_len`` or ``input_shape``.
+
+    Args:
+        model: The model built from the factory.
+        given: ``{"seq_len": N}``, or ``{"input_shape": shapes}`` (JSON lists) with ``"flag"``: the text of
+            ``--input-shape`` where it came from the option (its errors are then said in the option's words).
+
+    Returns:
+        The `InputLeaf` structure, or ``None`` where neither was given (the model's own shapes).
+
+    Raises:
+        ValueError: The shapes do not fit the model (their structure, rank, fixed sizes or input names).
+    """
     from .. import keras_compat
     from ..model_check.shapes import checked_inputs, in_flag_words, shapes_with_sequence_length
 
@@ -149,13 +159,16 @@ def input_shapes(model: Any, given: Mapping[str, Any]) -> Any:
         shapes = shapes_with_sequence_length(model, given["seq_len"])
     elif given.get("input_shape") is not None:  # (JSON lists back to shapes)
         shape = given["input_shape"]
-        shapes = {k: tuple(v) for k, v in shape.items()} if isinstance(shape, dict) else tuple(shape)
+        shapes = ({k: tuple(v) for k, v in shape.items()} if isinstance(shape, dict)
+                  else [tuple(v) for v in shape] if shape and isinstance(shape[0], list) else tuple(shape))
     else:
         return None
     try:
         return checked_inputs(model, shapes, keras_compat.input_structure(model))
     except (TypeError, ValueError) as exc:
-        raise ValueError(in_flag_words(given["flag"], exc, model) if given.get("flag") else str(exc)) from None
+        said = in_flag_words(given["flag"], exc, model) if given.get("flag") else str(exc)
+        raise ValueError(said.replace("inputs= ", "input_shape= ", 1) if said.startswith("inputs= ") else said) \
+            from None
 
 
 def synthetic_inputs(model: Any, batch: int, structure: Any = None) -> Any:
@@ -187,6 +200,7 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int,
     from .. import keras_compat
     from ..configure import auto_configure
     from ..model_check import check_model
+    from ..model_check.shapes import dynamic_dims
     from ..prepare import prepare_model
     from ..registry import default_registry
 
@@ -215,6 +229,7 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int,
         return {"input_error": str(exc)}
     x = synthetic_inputs(model, batch, shapes)
     notes.append(_inputs_note(model, x, shapes))
+    open_dims = dynamic_dims(shapes if shapes is not None else keras_compat.input_structure(model) or ())
     # prepared exactly as training prepares it: the same layer plan, measured or cached as the trainer would
     layer_plan = prepare_model(model, plan, inputs=x).layer_plan
     optimizer = tf.keras.optimizers.SGD(0.001)
@@ -247,7 +262,7 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int,
     kernel_audit.end()
     try:
         findings = [f.to_dict() for f in check_model(model, plan=plan, batch_size=batch, layer_plan=layer_plan,
-                                                     inputs=x).findings]
+                                                     inputs=None if open_dims else x).findings]  # (unsized: said)
     except Exception as exc:  # noqa: BLE001  # the audit stands without the check's findings
         findings = [{"severity": "info", "code": "check-failed", "layer": model.name, "what": str(exc)}]
     return {

@@ -29,7 +29,8 @@ def audit_command(
                                      help="Print JSON (schema: amp_backends/schemas/audit.schema.json)."),
     seq_len: int | None = number_option(
         None, "--seq-len", prog=PROG, example=128, metavar="N",
-        help="Set every open input dimension after the batch (a sequence length) to N (default: 8, said)."),
+        help="Set every open input dimension after the batch (a sequence length) to N (default: 8; the notes say "
+             "so)."),
     input_shape: str | None = typer.Option(
         None, "--input-shape", metavar="SHAPE",
         help="One example's input shape, without the batch: 64x64x3, or name=128,other=128 for named inputs."),

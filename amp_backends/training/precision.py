@@ -42,10 +42,14 @@ def _referenced(obj: Any) -> list[Any]:
         return [obj.func, *obj.args, *obj.keywords.values()]
     if isinstance(obj, (list, tuple, set, dict)):
         return list(obj.values() if isinstance(obj, dict) else obj)[:64]
-    if inspect.isfunction(obj):  # a decorator's wrapper (functools.wraps): what it wraps, at the same depth
-        obj = inspect.unwrap(obj)
+    chain: list[Any] = [obj]  # a decorator's wrapper (functools.wraps) and what it wraps, at one depth: both closures
+    while inspect.isfunction(chain[-1]) and len(chain) < 16:
+        inner = getattr(chain[-1], "__wrapped__", None)
+        if not inspect.isfunction(inner):
+            break
+        chain.append(inner)
     found = []
-    for cell in getattr(obj, "__closure__", None) or ():
+    for cell in (cell for fn in chain for cell in getattr(fn, "__closure__", None) or ()):
         with contextlib.suppress(ValueError):  # an empty cell
             found.append(cell.cell_contents)
     attrs = (getattr(obj, attr, None) for attr in ("__self__", "__wrapped__", "loss_fn", "groups", "state"))

@@ -136,7 +136,7 @@ class StepProgram:
                  xla: bool, position: Position, seed: int, device: str = "/CPU:0",
                  unroll_steps: bool | None = None) -> None:
         self.updates, self.scalers, self.strategy, self.xla = list(updates), scalers, strategy, xla
-        self.U = len(self.updates)  # losses and flags per step
+        self.n_updates = len(self.updates)  # losses and flags per step
         self.replicas = int(strategy.num_replicas_in_sync)
         self.batch_size, self.seed, self.unroll_steps = position.batch_size, seed, unroll_steps
         self.position = position  # the compiled calls advance it on the device
@@ -201,7 +201,8 @@ class StepProgram:
         offset = 0
         for vs, opt in u.groups:
             n = len(vs)
-            opt.apply_gradients([(g, v) for g, v in zip(grads[offset:offset + n], vs, strict=True) if g is not None])
+            pairs = [(g, v) for g, v in zip(grads[offset:offset + n], vs, strict=True) if g is not None]
+            user_code(opt.apply_gradients)(pairs)  # (an optimizer of the user's own converted, as before)
             offset += n
 
     def _grads_fn(self, u: Update, kind: str, make_batch: Callable[..., Any]) -> Any:
@@ -303,8 +304,8 @@ class StepProgram:
                 # a refused batch
                 _, ta_l, ta_f, _ = tf.while_loop(
                     lambda i, _l, _f, stopped: tf.logical_and(i < steps, tf.logical_not(stopped)), body,
-                    (tf.constant(0), tf.TensorArray(tf.float32, size=capacity, element_shape=[self.U]),
-                     tf.TensorArray(tf.int32, size=capacity, element_shape=[self.U]), tf.constant(False)),
+                    (tf.constant(0), tf.TensorArray(tf.float32, size=capacity, element_shape=[self.n_updates]),
+                     tf.TensorArray(tf.int32, size=capacity, element_shape=[self.n_updates]), tf.constant(False)),
                     maximum_iterations=capacity)
                 losses, flags = ta_l.stack(), ta_f.stack()
             done = steps_done(flags, steps)
@@ -333,13 +334,14 @@ class StepProgram:
         def run(iterator, k):
             def body(done, ta_l, ta_f, ended):  # a batch if there is one; the loop ends without, or after a refused one
                 optional = iterator.get_next_as_optional()
+
                 def step():
                     losses, flags = step_fn(optional.get_value(), self.position.global_step + done)
                     i = tf.cast(done, tf.int32)
                     return done + 1, ta_l.write(i, losses), ta_f.write(i, flags), tf.reduce_any(flags < 0)
                 return tf.cond(optional.has_value(), step, lambda: (done, ta_l, ta_f, tf.constant(True)))
 
-            array = lambda dtype: tf.TensorArray(dtype, size=0, dynamic_size=True, element_shape=[self.U])  # noqa: E731
+            array = lambda dtype: tf.TensorArray(dtype, size=0, dynamic_size=True, element_shape=[self.n_updates])  # noqa: E731
             _, ta_l, ta_f, _ = tf.while_loop(
                 lambda done, _l, _f, ended: tf.logical_and(done < tf.cast(k, tf.int64), tf.logical_not(ended)), body,
                 (tf.constant(0, tf.int64), array(tf.float32), array(tf.int32), tf.constant(False)))
@@ -366,7 +368,8 @@ def steps_done(flags: Any, steps: Any) -> Any:
 
 
 def build_optimizers(updates: Sequence[Update]) -> None:
-    """Create each optimizer's state now (before restore, outside tf.cond), once, for all the variables it updates."""
+    """Create each optimizer's state now (before restore, outside tf.cond), once, for all the variables it updates:
+    one optimizer may serve several groups or updates."""
     owned: dict[int, tuple[Any, list[Any]]] = {}
     for u in updates:
         for variables, opt in u.groups:

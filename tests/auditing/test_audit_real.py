@@ -331,7 +331,8 @@ def test_audit_takes_the_shapes_in_python_and_refuses_bad_ones_before_anything_r
 
     for kwargs, said in (({"seq_len": 8, "input_shape": (None, 8)}, "at most one of seq_len and input_shape"),
                          ({"seq_len": 0}, "seq_len must be a positive int"),
-                         ({"input_shape": (None, "8")}, "input_shape takes one example's shape"),
-                         ({"input_shape": "8y8"}, "positive sizes joined by 'x'")):
+                         ({"input_shape": (None, "8")}, "input_shape takes an input's shape"),
+                         ({"input_shape": "8y8"}, "positive sizes joined by 'x'"),
+                         ({"input_shape": [(None, 8), (None, "4")]}, "a list or dict")):
         with pytest.raises(ValueError, match=said):
             audit("amp_backends.models:mnist_cnn", **kwargs)

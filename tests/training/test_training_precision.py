@@ -144,6 +144,20 @@ def test_the_model_behind_decorated_loss_functions_is_found_as_behind_a_plain_on
     wrapped = tf.autograph.experimental.do_not_convert(logged(logged(loss_fn)))
     assert trained_models([Update("m", wrapped, [(model.trainable_variables, opt)])], None) == [model]
 
+    def uses(m):  # a decorator factory: the model only in the wrapper's closure
+        def deco(fn):
+            @functools.wraps(fn)
+            def wrapper(batch):
+                return fn(m, batch)
+            return wrapper
+        return deco
+
+    @uses(model)
+    def injected(m, batch):
+        return tf.reduce_mean(m(batch[0]))
+
+    assert trained_models([Update("m", injected, [(model.trainable_variables, opt)])], None) == [model]
+
 
 def test_a_classifier_head_holding_most_weights_is_not_called_built_before_the_plan():
     """The layer plan keeps the softmax head in float32; where that head holds most of the weights (a small

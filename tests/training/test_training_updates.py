@@ -160,3 +160,26 @@ def test_the_librarys_error_from_inside_the_users_loss_fn_comes_out_as_raised_an
     epoch = t.fit(x, y, epochs=1, validation_data=(x, y)).epochs[-1]
     assert 0 <= epoch["accuracy"] <= 1 and 0 <= epoch["val_accuracy"] <= 1
     assert not [r for r in caplog.records if "AutoGraph" in r.getMessage()], caplog.text
+
+
+def test_an_optimizer_of_the_users_own_with_python_control_flow_on_tensors_trains():
+    """The trainer applies the gradients inside its compiled call: an optimizer subclass of the user's, with a Python
+    ``if`` on a tensor in ``apply_gradients``, is converted by AutoGraph there as before."""
+    class Guarded(tf.keras.optimizers.SGD):
+        def apply_gradients(self, grads_and_vars, *args, **kwargs):
+            grads, variables = zip(*grads_and_vars)
+            scale = 1.0
+            if tf.linalg.global_norm(grads) > 1e9:  # a tensor as a Python bool
+                scale = 0.0
+            grads = [g * scale for g in grads]
+            return super(Guarded, self).apply_gradients(zip(grads, variables), *args, **kwargs)
+
+    p = applied_plan(policy=None, loss_scale="none")
+    dense = tf.keras.layers.Dense(1)
+    dense.build((None, 4))
+    before = dense.kernel.numpy().copy()
+    x = np.random.RandomState(0).normal(size=(32, 4)).astype("float32")
+    upd = Update("u", lambda b: tf.reduce_mean(tf.square(dense(b[0]) - 1.0)), [(dense.trainable_variables,
+                                                                                  Guarded(0.1))])
+    r = Trainer([upd], p, batch_size=8, checkpoint_objects={"d": dense}, progress=False).fit(x, epochs=1)
+    assert r.steps == 4 and r.skipped == {"u": 0} and not np.array_equal(before, dense.kernel.numpy())
