@@ -167,12 +167,11 @@ def test_an_optimizer_of_the_users_own_with_python_control_flow_on_tensors_train
     ``if`` on a tensor in ``apply_gradients``, is converted by AutoGraph there as before."""
     class Guarded(tf.keras.optimizers.SGD):
         def apply_gradients(self, grads_and_vars, *args, **kwargs):
-            grads, variables = zip(*grads_and_vars)
+            grads_and_vars = list(grads_and_vars)
             scale = 1.0
-            if tf.linalg.global_norm(grads) > 1e9:  # a tensor as a Python bool
+            if tf.linalg.global_norm([g for g, _ in grads_and_vars]) > 1e9:  # a tensor as a Python bool
                 scale = 0.0
-            grads = [g * scale for g in grads]
-            return super(Guarded, self).apply_gradients(zip(grads, variables), *args, **kwargs)
+            return super(Guarded, self).apply_gradients([(g * scale, v) for g, v in grads_and_vars], *args, **kwargs)
 
     p = applied_plan(policy=None, loss_scale="none")
     dense = tf.keras.layers.Dense(1)
