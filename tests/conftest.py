@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import os
+import shutil
 from pathlib import Path
 import sys
 import tempfile
@@ -212,6 +214,8 @@ os.environ["AMP_CACHE_DIR"] = CACHE_ROOT
 # Subprocesses start here, not in the repository root, so that they import the installed package
 # (a wheel in the nox 'tests' session) rather than the checkout beside them.
 NEUTRAL_CWD = tempfile.mkdtemp(prefix="amp_backends_tests_")
+for _made in (CACHE_ROOT, NEUTRAL_CWD):  # removed when this process (the session, or an xdist worker) ends
+    atexit.register(shutil.rmtree, _made, ignore_errors=True)
 
 
 @contextlib.contextmanager
