@@ -122,17 +122,13 @@ def trace_step_ops(model: Any, compiled: Any, inputs: Any) -> list[dict[str, Any
     return out
 
 
-def _inputs_note(model: Any, x: Any, given: Any) -> str:
-    """The shapes the audit trained at, and where the model's open dimensions were set to `OPEN_SIZE`."""
+def _inputs_note(x: Any, left_open: bool) -> str:
+    """The shapes the audit trained at, and whether dimensions left open were set to `OPEN_SIZE`."""
     import tensorflow as tf
-
-    from .. import keras_compat
-    from ..model_check.shapes import dynamic_dims
 
     leaves = x.items() if isinstance(x, dict) else enumerate(tf.nest.flatten(x))
     said = "; ".join(f"{'' if isinstance(k, int) else f'{k} '}{tuple(t.shape)} {t.dtype.name}" for k, t in leaves)
-    structure = given if given is not None else keras_compat.input_structure(model)
-    if structure is not None and dynamic_dims(structure):
+    if left_open:
         said += (f" (the model leaves dimensions open: they were set to {OPEN_SIZE}. Fix: give the sizes you train "
                  "at: --seq-len N or --input-shape, seq_len= or input_shape= in Python)")
     return f"inputs: {said}"
@@ -228,8 +224,8 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int,
     except ValueError as exc:
         return {"input_error": str(exc)}
     x = synthetic_inputs(model, batch, shapes)
-    notes.append(_inputs_note(model, x, shapes))
     open_dims = dynamic_dims(shapes if shapes is not None else keras_compat.input_structure(model) or ())
+    notes.append(_inputs_note(x, bool(open_dims)))
     # prepared exactly as training prepares it: the same layer plan, measured or cached as the trainer would
     layer_plan = prepare_model(model, plan, inputs=x).layer_plan
     optimizer = tf.keras.optimizers.SGD(0.001)

@@ -342,11 +342,10 @@ class StepProgram:
                 return tf.cond(optional.has_value(), step, lambda: (done, ta_l, ta_f, tf.constant(True)))
 
             array = lambda dtype: tf.TensorArray(dtype, size=0, dynamic_size=True, element_shape=[self.n_updates])  # noqa: E731
-            _, ta_l, ta_f, _ = tf.while_loop(
+            done, ta_l, ta_f, _ = tf.while_loop(
                 lambda done, _l, _f, ended: tf.logical_and(done < tf.cast(k, tf.int64), tf.logical_not(ended)), body,
                 (tf.constant(0, tf.int64), array(tf.float32), array(tf.int32), tf.constant(False)))
             flags = ta_f.stack()
-            done = tf.cast(tf.shape(flags)[0], tf.int64)
             steps = tf.cast(steps_done(flags, tf.cast(done, tf.int32)), tf.int64)
             self._advance(steps)
             return done, steps, ta_l.stack(), flags
