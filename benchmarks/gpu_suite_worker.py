@@ -59,9 +59,12 @@ class Worker:
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
         logging.getLogger("amp_backends").setLevel(logging.WARNING)
         import numpy as np
-        import tensorflow as tf
 
         from amp_backends.data import synthetic_mnist
+        from amp_backends.tf_import import exit_quickly, import_tensorflow
+
+        exit_quickly()  # as the package's own processes: no collection during TensorFlow's import, none at exit
+        tf = import_tensorflow(quiet=False)
 
         self.np, self.tf = np, tf
         sw: dict[str, Any] = {"tensorflow": tf.__version__, "keras": getattr(tf.keras, "__version__", None)}

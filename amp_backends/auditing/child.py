@@ -272,6 +272,10 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int,
 
 
 def main(argv: list[str]) -> int:
+    from ..tf_import import exit_quickly, import_tensorflow
+
+    exit_quickly()
+    import_tensorflow(quiet=False)
     target, out_path = argv[0], argv[1]
     batch, steps, warmup = (int(a) for a in (argv[2:5] + ["32", "3", "2"][len(argv[2:5]):]))
     doc = run(target, out_path, batch, steps, warmup, json.loads(argv[5]) if len(argv) > 5 else None)

@@ -10,6 +10,7 @@ import functools
 
 import typer
 
+from ..tf_import import exit_quickly
 from .info_command import info
 from .typer_app import make_app
 
@@ -44,4 +45,5 @@ def get_app() -> typer.Typer:
 
 def main() -> None:
     """Entry point of the ``amp-backends`` script and ``python -m amp_backends``."""
+    exit_quickly()
     get_app()()

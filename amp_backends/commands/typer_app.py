@@ -16,6 +16,7 @@ from typing import Any, NoReturn, Optional
 
 import typer
 
+from ..tf_import import exit_quickly
 from ..request import OPTIONS, RENAMED, keywords_as_options, option_help, overrides_given, renamed_message
 
 CONTEXT = {"max_content_width": 120, "help_option_names": ["-h", "--help"]}
@@ -30,6 +31,7 @@ def make_app(help: str | None = None, **kwargs: Any) -> typer.Typer:
 
 def run_single(command: Callable[..., Any]) -> None:
     """Run one command function as a whole program (``python -m amp_backends.info``)."""
+    exit_quickly()
     app = make_app()
     app.command()(command)
     app()

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 
 def test_bench_smoke(tmp_path):
     cmd = [sys.executable, "-m", "amp_backends.bench", "--models", "mnist,gan",
-           "--configs", "fp32+XLA,fp16 dynamic", "--epochs", "1", "--samples", "32",
+           "--configs", "fp32,fp16 dynamic", "--epochs", "1", "--samples", "32",
            "--mnist-batch", "16", "--gan-batch", "16", "--out", str(tmp_path)]
     # where oneDNN would train the fp16 loop in its reference kernels, the smoke run takes Eigen's (conftest)
     eigen = EIGEN_FLOAT16 if float16_reaches_onednn() else {}
@@ -32,12 +32,10 @@ def test_bench_smoke(tmp_path):
     assert env["backend"] == env["plan"]["backend"] and env["devices"] and isinstance(env["backend_details"], dict)
     rows = {(r["model"], r["config"]): r for r in report["results"]}
     for model in ("mnist", "gan"):
-        for config in ("fp32+XLA", "fp16 dynamic", "auto plan (trainer)", "auto plan, loss scaling off"):
+        # (an "+XLA" configuration is the same step under tf.function(jit_compile=True): its XLA compilation took
+        # 11 of this run's 31 s on 2 cores, and the trainer's XLA is tested in test_training_xla.py)
+        for config in ("fp32", "fp16 dynamic", "auto plan (trainer)", "auto plan, loss scaling off"):
             r = rows[(model, config)]
-            if (model, config) == ("gan", "fp32+XLA") and report["environment"]["tensorflow"].startswith("2.15"):
-                # TF 2.15's XLA CPU backend has no kernel for UpSampling2D's gradient: reported, and the run goes on
-                assert "ResizeNearestNeighborGrad" in r["error"] and r["img_per_s"] is None
-                continue
             assert r["error"] is None and r["img_per_s"] > 0 and r["ratio_to_best_manual"] > 0, r
     assert any(c.startswith("Keras fit") for m, c in rows if m == "mnist")
     assert max(r["ratio_to_best_manual"] or 0 for r in report["results"] if r["kind"] == "manual") == pytest.approx(1.0)

@@ -81,6 +81,7 @@ class JsonWorker:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
                                      bufsize=1, env=env or child_env(), errors="replace", **_GROUP)
         self.tail: list[str] = []
+        self.asked_to_quit = False
         # a thread reads the lines (waiting on the pipe itself would miss lines already in the stream's buffer)
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True, name=f"worker-{name}").start()
@@ -130,13 +131,21 @@ class JsonWorker:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def close(self) -> None:
-        if self.alive():
-            try:
+    def close(self, wait: bool = True) -> None:
+        """Ask the worker to quit and wait up to 15 s for it (then stop it); with ``wait=False`` only ask (a later
+        ``close()`` waits): several workers then end at once, each taking about a second to unload TensorFlow.
+
+        Args:
+            wait: Whether to wait for it to end.
+        """
+        try:
+            if self.alive() and not self.asked_to_quit:
                 self.send(op="quit")
+                self.asked_to_quit = True
+            if wait:
                 self.proc.wait(timeout=15)
-            except (WorkerFailed, subprocess.TimeoutExpired):
-                stop(self.proc)
+        except (WorkerFailed, subprocess.TimeoutExpired):
+            stop(self.proc)
 
 
 def exit_with_parent() -> None:

@@ -228,9 +228,10 @@ class ZooRun:
         return rec
 
     def close(self) -> None:
-        for w in self.workers.values():
-            if w is not None:
-                w.close()
+        live = [w for w in self.workers.values() if w is not None]
+        for wait in (False, True):  # all asked to quit first: they end side by side
+            for w in live:
+                w.close(wait)
         self.log.close()
 
 

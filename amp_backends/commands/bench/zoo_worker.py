@@ -16,6 +16,7 @@ import time
 import traceback
 from typing import Any
 
+from ...tf_import import exit_quickly
 from .supervisor import answer, exit_with_parent
 
 
@@ -262,6 +263,7 @@ def main() -> int:
     p.add_argument("--config", required=True, help="the configuration, as JSON")
     cfg = json.loads(p.parse_args().config)
     exit_with_parent()
+    exit_quickly()
     try:
         worker = ZooWorker(cfg)
     except Exception as exc:
