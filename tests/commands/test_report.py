@@ -13,7 +13,7 @@ from conftest import NEUTRAL_CWD
 from amp_backends.commands.capability_report import SCHEMA_VERSION, collect, render_text, to_json
 from amp_backends.probe import needs_tensorflow
 from amp_backends.registry import default_registry
-from amp_backends.tf_import import NOISE, quiet_tensorflow_logs
+from amp_backends.tf_import import NOISE, collector_paused, quiet_tensorflow_logs
 
 
 def cli(*args, env=None, timeout=180, module="amp_backends.info"):
@@ -162,6 +162,24 @@ def test_the_noise_filter_drops_start_up_chatter_and_keeps_real_errors():
             "Traceback (most recent call last):", "terminate called after throwing an instance of 'dnnl::error'"]
     assert all(noise.search(line) for line in chatter)
     assert not any(noise.search(line) for line in real)
+
+
+def test_the_import_pauses_the_collector_as_it_was_and_a_command_ends_with_its_objects_frozen():
+    """Commands end without a last collection over TensorFlow's objects (about a second of every exit)."""
+    import gc
+
+    for was in (True, False):
+        (gc.enable if was else gc.disable)()
+        try:
+            with collector_paused():
+                assert not gc.isenabled()
+            assert gc.isenabled() is was  # a collector the program turned off stays off
+        finally:
+            gc.enable()
+    # (an exit handler registered before the command's runs after its own)
+    code = ("import atexit, gc, sys\natexit.register(lambda: print('frozen', gc.get_freeze_count() > 0))\n"
+            "from amp_backends.commands.cli import main\nsys.argv = ['amp-backends', 'info', '--help']\nmain()")
+    assert run_python(code).splitlines()[-1] == "frozen True"
 
 
 def test_quieting_respects_a_level_the_user_chose():
