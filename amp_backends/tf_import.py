@@ -117,8 +117,8 @@ def import_tensorflow(quiet: bool) -> Any:
 
 
 def exit_quickly() -> None:
-    """In a process of the library's own: at its exit, after every exit handler registered later (TensorFlow's, the
-    logs'), move all objects to the permanent generation (`gc.freeze`), so that the interpreter ends without walking
-    TensorFlow's objects once more. Files are closed and logs flushed before, as usual; objects left in reference
-    cycles are not finalized, which Python allows at exit."""
+    """In a process of the library's own: at its exit, move all objects to the permanent generation (`gc.freeze`),
+    so that the interpreter ends without walking TensorFlow's objects once more. The other exit handlers still run
+    (logging's flushes its handlers) and files are closed as usual; objects left in reference cycles are not
+    finalized, which Python allows at exit."""
     atexit.register(gc.freeze)

@@ -82,8 +82,6 @@ def test_every_block_says_its_language_and_is_run_or_shown():
 
 RUNNER = r"""
 import json, sys, traceback
-from amp_backends.tf_import import exit_quickly
-exit_quickly()  # (the library's processes end so; the page's code runs as the reader's would)
 page, blocks = json.load(sys.stdin)
 namespace = {"__name__": "__main__"}
 for number, (code, line) in enumerate(blocks, 1):

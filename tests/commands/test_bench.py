@@ -43,6 +43,20 @@ def test_bench_smoke(tmp_path):
     assert "x best manual" in out.stdout
 
 
+def test_an_xla_configuration_trains_the_tutorials_step_compiled_by_xla(monkeypatch):
+    """The smoke run above leaves "+XLA" out: here the MNIST step of "fp32+XLA", in this process."""
+    from amp_backends.commands.bench import loops
+    from amp_backends.data import synthetic_mnist
+
+    asked = []
+    step = loops._manual_step
+    monkeypatch.setattr(loops, "_manual_step", lambda *a: asked.append(a[2]) or step(*a))
+    (x, y), _ = synthetic_mnist(32, 8)
+    config = next(c for c in loops.MANUAL if c[0] == "fp32+XLA")
+    result = loops.bench_manual("mnist", config, x, y, batch=16, epochs=1, lr=1e-3)
+    assert asked == [True] and result.error is None and result.img_per_s > 0, result
+
+
 def test_bench_rejects_bad_input(tmp_path):
     out = subprocess.run([sys.executable, "-m", "amp_backends.bench", "--models", "resnet", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=120, cwd=NEUTRAL_CWD)

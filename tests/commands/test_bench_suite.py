@@ -21,6 +21,7 @@ ANSWERING = ("import sys, json, time\n"
              "    req = json.loads(line)\n"
              "    if req['op'] == 'hang': time.sleep(600)\n"
              "    if req['op'] == 'die': sys.exit(3)\n"
+             "    if req['op'] == 'quit': sys.exit(0)\n"
              "    print('some log line', flush=True)\n"
              "    print('@@json ' + json.dumps({'ok': True, 'echo': req}), flush=True)\n")
 
@@ -38,6 +39,31 @@ def test_a_json_worker_answers_and_is_stopped_when_it_overruns(tmp_path):
             w.request(30, op="die")
         w.close()
     assert "[fake] some log line" in (tmp_path / "log").read_text()
+
+
+def test_closing_asks_every_worker_to_quit_before_waiting_for_any(tmp_path):
+    """Each zoo worker takes about a second to unload TensorFlow: asked all at once, they end side by side."""
+    from amp_backends.commands.bench.zoo_suite import ZooRun
+
+    events = []
+
+    class Worker:
+        def __init__(self, name):
+            self.name = name
+
+        def close(self, wait=True):
+            events.append(("wait" if wait else "ask", self.name))
+
+    runner = ZooRun([], 1, 1, None, tmp_path, 60.0, 64, False)
+    runner.workers = {"a": Worker("a"), "failed": None, "c": Worker("c")}
+    runner.close()
+    assert events == [("ask", "a"), ("ask", "c"), ("wait", "a"), ("wait", "c")]
+    with open(tmp_path / "log", "w") as log:
+        w = JsonWorker([sys.executable, "-c", ANSWERING], log, "fake", env=child_env())
+        w.close(wait=False)
+        assert w.asked_to_quit
+        w.close()  # not asked again: waited for
+        assert w.proc.returncode == 0
 
 
 GPU_SUITE = REPO / "benchmarks" / "gpu_suite.py"

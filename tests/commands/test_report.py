@@ -176,10 +176,41 @@ def test_the_import_pauses_the_collector_as_it_was_and_a_command_ends_with_its_o
             assert gc.isenabled() is was  # a collector the program turned off stays off
         finally:
             gc.enable()
-    # (an exit handler registered before the command's runs after its own)
+    # (exit handlers run last registered first: this one after the command's)
     code = ("import atexit, gc, sys\natexit.register(lambda: print('frozen', gc.get_freeze_count() > 0))\n"
             "from amp_backends.commands.cli import main\nsys.argv = ['amp-backends', 'info', '--help']\nmain()")
     assert run_python(code).splitlines()[-1] == "frozen True"
+
+
+def test_tensorflow_is_imported_with_the_collector_paused():
+    import gc
+    import importlib.abc
+    import importlib.util
+
+    from amp_backends.tf_import import import_tensorflow
+
+    seen = {}
+
+    class FakeTensorFlow(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path, target=None):
+            return importlib.util.spec_from_loader(name, self) if name == "tensorflow" else None
+
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module):
+            seen["collector on"] = gc.isenabled()
+
+    real, finder = sys.modules.pop("tensorflow", None), FakeTensorFlow()
+    sys.meta_path.insert(0, finder)
+    try:
+        assert gc.isenabled() and import_tensorflow(quiet=False).__name__ == "tensorflow"
+    finally:
+        sys.meta_path.remove(finder)
+        sys.modules.pop("tensorflow", None)
+        if real is not None:
+            sys.modules["tensorflow"] = real
+    assert seen == {"collector on": False} and gc.isenabled()
 
 
 def test_quieting_respects_a_level_the_user_chose():

@@ -11,9 +11,6 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 
 import amp_backends  # noqa: E402
 from amp_backends.request import LossScale  # noqa: E402
-from amp_backends.tf_import import exit_quickly  # noqa: E402
-
-exit_quickly()  # as the library's own processes do: no last garbage collection at exit
 
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 with strategy.scope():

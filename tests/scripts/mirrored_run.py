@@ -17,9 +17,6 @@ import validation_case  # noqa: E402  (beside this script)
 from amp_backends.data import synthetic_mnist  # noqa: E402
 from amp_backends.models import mnist_cnn  # noqa: E402
 from amp_backends.training import Trainer, Update, classifier_updates, mnist_batch_fn  # noqa: E402
-from amp_backends.tf_import import exit_quickly  # noqa: E402
-
-exit_quickly()  # as the library's own processes do: no last garbage collection at exit
 
 plan = amp_backends.auto_configure(loss_scale="dynamic", verbose=False)
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])

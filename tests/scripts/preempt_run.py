@@ -17,9 +17,6 @@ from amp_backends.errors import TrainingInterrupted
 from amp_backends.training import Trainer, classifier_updates, seed_everything
 from amp_backends.training.distribute import make_strategy, worker_id
 from amp_backends.training.observers import Observer
-from amp_backends.tf_import import exit_quickly
-
-exit_quickly()  # as the library's own processes do: no last garbage collection at exit
 
 STEPS = 24
 directory = sys.argv[1]

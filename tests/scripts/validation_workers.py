@@ -8,9 +8,6 @@ import tensorflow as tf
 import amp_backends
 import validation_case  # (beside this script)
 from amp_backends.training import Trainer, classifier_updates
-from amp_backends.tf_import import exit_quickly
-
-exit_quickly()  # as the library's own processes do: no last garbage collection at exit
 
 amp_backends.seed_everything(0)
 plan = amp_backends.auto_configure(policy="float32", verbose=False)

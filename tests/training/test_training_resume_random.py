@@ -213,14 +213,17 @@ def mnist(logdir, *args, cwd=NEUTRAL_CWD):
 
 @pytest.mark.slow
 def test_the_mnist_example_resumed_from_relative_logdirs_logs_the_uninterrupted_runs_losses(tmp_path):
-    """Cut at step 8 from another working directory through ``--logdir ../runs/mnist``, resumed to step 11 under the
-    default ``--logdir runs/mnist`` of the temporary working directory: each step's loss is the uninterrupted run's."""
+    """Cut at step 8 under the default ``--logdir runs/mnist`` of a temporary working directory, resumed there to
+    step 10, then from another working directory through ``../runs/mnist``: each step's loss is the uninterrupted
+    run's."""
     whole, _ = mnist(tmp_path / "whole", "--max-steps", "11")
     (tmp_path / "elsewhere").mkdir()
-    mnist("../runs/mnist", "--max-steps", "8", "--checkpoint-every", "4", cwd=tmp_path / "elsewhere")
+    mnist(None, "--max-steps", "8", "--checkpoint-every", "4", cwd=tmp_path)
     checkpoints = tmp_path / "runs" / "mnist" / "version_0" / "checkpoints"
     assert tf.train.latest_checkpoint(str(checkpoints)).endswith("ckpt-8")
-    resumed, out = mnist(None, "--max-steps", "11", "--resume", cwd=tmp_path)
+    resumed, out = mnist(None, "--max-steps", "10", "--resume", cwd=tmp_path)
     assert f"Resumed from {checkpoints / 'ckpt-8'}: global step 8" in out
-    assert resumed == {s: whole[s] for s in (8, 9, 10)}
+    assert resumed == {s: whole[s] for s in (8, 9)}
+    resumed, out = mnist("../runs/mnist", "--max-steps", "11", "--resume", cwd=tmp_path / "elsewhere")
+    assert f"Resumed from {checkpoints / 'ckpt-10'}: global step 10" in out and resumed == {10: whole[10]}
     assert Path(tf.train.latest_checkpoint(str(checkpoints))).name == "ckpt-11"
