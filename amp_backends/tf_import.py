@@ -6,10 +6,9 @@ and cudart notices, ``cuInit`` errors; on 2.15 cuDNN/cuFFT/cuBLAS factory errors
 logger before the import, and `import_tensorflow` imports TensorFlow with stderr passed through a filter in a
 child process that drops the known noise (`NOISE`) and keeps everything else, a crash's last words included.
 
-The import allocates some 300,000 long-lived objects: `import_tensorflow` pauses the cyclic garbage collector while
-it runs (the collector would walk the growing heap again and again), and a process of the library's own (a command, a
-worker) calls `exit_quickly` so that it ends without a last collection over them. About 0.4 s and 0.9 s of every such
-process on a 2-core CPU.
+The import allocates hundreds of thousands of long-lived objects: `import_tensorflow` pauses the cyclic garbage
+collector while it runs (the collector would walk the growing heap again and again), and a process of the library's
+own (a command, a worker) calls `exit_quickly` so that it ends without a last collection over them.
 """
 
 from __future__ import annotations

@@ -224,7 +224,7 @@ HEAVY = ("mobilenet_v3",)  # 10-30 s to compile a training step on a busy 2-core
 TRAINED = [pytest.param(n, marks=pytest.mark.slow if n in HEAVY else pytest.mark.intel) for n in NAMES
            if n not in ("efficientnet", "resnet50")]
 # Keras fit under the plan: the light models (MobileNetV3's layers train in the trainer test above, and Keras fit
-# traces the same model's ~25,000 operations for another 13-18 s without a code path of its own)
+# traces the same model's ~25,000 operations once more, without a code path of its own)
 FIT = [p for p in TRAINED if p.values[0] not in HEAVY]
 
 

@@ -33,7 +33,7 @@ def test_bench_smoke(tmp_path):
     rows = {(r["model"], r["config"]): r for r in report["results"]}
     for model in ("mnist", "gan"):
         # (an "+XLA" configuration is the same step under tf.function(jit_compile=True): its XLA compilation took
-        # 11 of this run's 31 s on 2 cores, and the trainer's XLA is tested in test_training_xla.py)
+        # a third of this run on a 2-core CPU, and the trainer's XLA is tested in test_training_xla.py)
         for config in ("fp32", "fp16 dynamic", "auto plan (trainer)", "auto plan, loss scaling off"):
             r = rows[(model, config)]
             assert r["error"] is None and r["img_per_s"] > 0 and r["ratio_to_best_manual"] > 0, r

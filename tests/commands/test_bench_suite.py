@@ -42,7 +42,7 @@ def test_a_json_worker_answers_and_is_stopped_when_it_overruns(tmp_path):
 
 
 def test_closing_asks_every_worker_to_quit_before_waiting_for_any(tmp_path):
-    """Each zoo worker takes about a second to unload TensorFlow: asked all at once, they end side by side."""
+    """Each zoo worker unloads TensorFlow as it ends: asked all at once, they end side by side."""
     from amp_backends.commands.bench.zoo_suite import ZooRun
 
     events = []

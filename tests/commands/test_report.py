@@ -165,7 +165,7 @@ def test_the_noise_filter_drops_start_up_chatter_and_keeps_real_errors():
 
 
 def test_the_import_pauses_the_collector_as_it_was_and_a_command_ends_with_its_objects_frozen():
-    """Commands end without a last collection over TensorFlow's objects (about a second of every exit)."""
+    """Commands end without a last collection over TensorFlow's objects."""
     import gc
 
     for was in (True, False):

@@ -133,7 +133,7 @@ class JsonWorker:
 
     def close(self, wait: bool = True) -> None:
         """Ask the worker to quit and wait up to 15 s for it (then stop it); with ``wait=False`` only ask (a later
-        ``close()`` waits): several workers then end at once, each taking about a second to unload TensorFlow.
+        ``close()`` waits): several workers then end side by side, each unloading TensorFlow.
 
         Args:
             wait: Whether to wait for it to end.
