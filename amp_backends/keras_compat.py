@@ -171,10 +171,11 @@ def user_code(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             with enabled:
                 return target(*args, **kwargs)
-        except AmpError as exc:  # the library's own error as raised: AutoGraph re-raises a copy listing the frames
-            meta = getattr(exc, "ag_error_metadata", None)
-            if meta is not None and getattr(exc.__context__, "ag_error_metadata", None) is meta:
-                raise exc.__context__ from None
+        except Exception as exc:  # the library's own error as raised: AutoGraph re-raises a copy listing the
+            # frames, or a StagingError where the error's own __init__ takes other arguments (NonFiniteError)
+            meta, raised = getattr(exc, "ag_error_metadata", None), exc.__context__
+            if meta is not None and isinstance(raised, AmpError) and getattr(raised, "ag_error_metadata", None) is meta:
+                raise raised from None
             raise
 
     return autograph_off(call)  # (not converted itself, where converted code calls it)

@@ -39,15 +39,14 @@ def audit_command(
     """Train a few steps of MODULE:FACTORY under the plan and report the kernels that ran: dtypes, float32 islands."""
     from ..auditing import audit
     from ..errors import AmpConfigError
+    from ..model_check.shapes import shape_options
     from ..registry import default_registry
     from ..request import build_request
 
     overrides = dict(overrides or {})
     try:  # invalid overrides are refused here, before the child starts
         build_request(default_registry().known_names(), **overrides)
-        if seq_len is not None and input_shape is not None:
-            raise ValueError("expected at most one of --seq-len and --input-shape, received both. Fix: give --seq-len "
-                             "N for the open dimensions, or the full shapes with --input-shape")
+        shape_options(seq_len, input_shape)  # in the options' words
         result = audit(target, batch_size=batch_size, steps=steps, seq_len=seq_len, input_shape=input_shape,
                        **overrides)
     except (AmpConfigError, ValueError, TypeError) as exc:

@@ -15,7 +15,7 @@ import typer
 
 from ..errors import AmpConfigError, FactoryError
 from ..factory import EXAMPLE, build_model, load_factory, parse_factory
-from ..model_check.shapes import parse_input_shape
+from ..model_check.shapes import parse_input_shape, shape_options
 from .typer_app import fail, number_option, with_overrides
 
 PROG = "amp-backends check"
@@ -44,9 +44,10 @@ def check_command(
     """Build a model from MODULE:FACTORY under the plan and check it for what makes mixed precision slow or wrong.
 
     Exits 1 when a finding is an error (wrong or unstable numbers), 0 otherwise."""
-    try:
-        parse_factory(target)  # its form, before TensorFlow starts
-    except FactoryError as exc:
+    try:  # the factory's form and the shapes, before TensorFlow starts
+        parse_factory(target)
+        given_shapes = shape_options(seq_len, input_shape)
+    except (FactoryError, ValueError) as exc:
         fail(PROG, exc)
     from ..tf_import import import_tensorflow, quiet_tensorflow_logs
 
@@ -71,11 +72,8 @@ def check_command(
     from ..model_check import check_model
     from ..model_check.shapes import in_flag_words, shapes_with_sequence_length
 
-    if seq_len is not None and input_shape is not None:
-        fail(PROG, "expected at most one of --seq-len and --input-shape, received both. Fix: give --seq-len N for "
-                   "the open dimensions, or the full shapes with --input-shape")
     try:
-        inputs = (parse_input_shape(input_shape) if input_shape is not None
+        inputs = (given_shapes if given_shapes is not None
                   else shapes_with_sequence_length(model, seq_len) if seq_len is not None else None)
         result = check_model(model, plan=plan, batch_size=batch_size, inputs=inputs)
     except (TypeError, ValueError, RuntimeError) as exc:

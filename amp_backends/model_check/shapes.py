@@ -212,6 +212,25 @@ def in_flag_words(flag_value: str, error: Exception, model: Any) -> str:
             f"without the batch, such as --input-shape {example_shape(model)}")
 
 
+def shape_options(seq_len: int | None, input_shape: str | None) -> Any:
+    """``--seq-len`` and ``--input-shape`` as a command takes them, checked before any work is done.
+
+    Args:
+        seq_len: The value of ``--seq-len``, if given.
+        input_shape: The text of ``--input-shape``, if given.
+
+    Returns:
+        The shapes ``--input-shape`` gives (`parse_input_shape`), or ``None`` without it.
+
+    Raises:
+        ValueError: Both are given, or ``--input-shape`` is malformed.
+    """
+    if seq_len is not None and input_shape is not None:
+        raise ValueError("expected at most one of --seq-len and --input-shape, received both. Fix: give --seq-len N "
+                         "for the open dimensions, or the full shapes with --input-shape")
+    return None if input_shape is None else parse_input_shape(input_shape)
+
+
 def parse_input_shape(text: str) -> Any:
     """One example's shape: ``"64x64x3"`` -> ``(None, 64, 64, 3)``; ``"token_ids=128,padding_mask=128"`` -> a dict of
     such shapes; ValueError when malformed."""

@@ -136,7 +136,6 @@ class StepProgram:
                  xla: bool, position: Position, seed: int, device: str = "/CPU:0",
                  unroll_steps: bool | None = None) -> None:
         self.updates, self.scalers, self.strategy, self.xla = list(updates), scalers, strategy, xla
-        self.n_updates = len(self.updates)  # losses and flags per step
         self.replicas = int(strategy.num_replicas_in_sync)
         self.batch_size, self.seed, self.unroll_steps = position.batch_size, seed, unroll_steps
         self.position = position  # the compiled calls advance it on the device
@@ -304,8 +303,8 @@ class StepProgram:
                 # a refused batch
                 _, ta_l, ta_f, _ = tf.while_loop(
                     lambda i, _l, _f, stopped: tf.logical_and(i < steps, tf.logical_not(stopped)), body,
-                    (tf.constant(0), tf.TensorArray(tf.float32, size=capacity, element_shape=[self.n_updates]),
-                     tf.TensorArray(tf.int32, size=capacity, element_shape=[self.n_updates]), tf.constant(False)),
+                    (tf.constant(0), tf.TensorArray(tf.float32, size=capacity, element_shape=[len(self.updates)]),
+                     tf.TensorArray(tf.int32, size=capacity, element_shape=[len(self.updates)]), tf.constant(False)),
                     maximum_iterations=capacity)
                 losses, flags = ta_l.stack(), ta_f.stack()
             done = steps_done(flags, steps)
@@ -341,7 +340,7 @@ class StepProgram:
                     return done + 1, ta_l.write(i, losses), ta_f.write(i, flags), tf.reduce_any(flags < 0)
                 return tf.cond(optional.has_value(), step, lambda: (done, ta_l, ta_f, tf.constant(True)))
 
-            array = lambda dtype: tf.TensorArray(dtype, size=0, dynamic_size=True, element_shape=[self.n_updates])  # noqa: E731
+            array = lambda dtype: tf.TensorArray(dtype, size=0, dynamic_size=True, element_shape=[len(self.updates)])  # noqa: E731
             done, ta_l, ta_f, _ = tf.while_loop(
                 lambda done, _l, _f, ended: tf.logical_and(done < tf.cast(k, tf.int64), tf.logical_not(ended)), body,
                 (tf.constant(0, tf.int64), array(tf.float32), array(tf.int32), tf.constant(False)))

@@ -620,6 +620,14 @@ def test_check_command_refuses_both_shape_options_and_a_bad_shape(cli):
     assert said.endswith("Fix: give one example's shape without the batch, such as --input-shape 128x32")
 
 
+def test_the_shape_options_are_refused_before_the_factory_is_loaded_or_tensorflow_started(cli):
+    """Both options, or a malformed --input-shape, were refused only after the model was built."""
+    for args, said in ((("--seq-len", "8", "--input-shape", "8"), "at most one of --seq-len and --input-shape"),
+                       (("--input-shape", "8y8"), "Received: '8y8' in --input-shape")):
+        out = cli("no_such_module_of_the_user:build", *args)
+        assert out.exit_code == 2 and said in out.output and "no_such_module" not in out.output, out.output
+
+
 def test_parse_input_shape():
     assert parse_input_shape("28x28x1") == (None, 28, 28, 1)
     assert parse_input_shape("token_ids=128, padding_mask=128") == {"token_ids": (None, 128),

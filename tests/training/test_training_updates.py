@@ -162,6 +162,26 @@ def test_the_librarys_error_from_inside_the_users_loss_fn_comes_out_as_raised_an
     assert not [r for r in caplog.records if "AutoGraph" in r.getMessage()], caplog.text
 
 
+def test_the_librarys_error_with_its_own_arguments_from_inside_the_users_loss_fn_comes_out_as_raised():
+    """`NonFiniteError` and `ModelCallError` take keyword arguments: AutoGraph, unable to copy them, raised a
+    StagingError ("in user code: ...") in their place."""
+    from amp_backends.errors import ModelCallError, NonFiniteError
+
+    v = tf.Variable(1.0)
+    for error in (NonFiniteError("a helper of the library found inf", resume=True),
+                  ModelCallError("a helper of the library could not call the model", layer="dense")):
+        def loss_fn(batch, error=error):
+            if tf.reduce_sum(batch[0]) > 1e9:  # converted code, as a user's is
+                return v * 0.0
+            raise error
+
+        t = Trainer([Update("u", loss_fn, [([v], tf.keras.optimizers.SGD())])], applied_plan(policy="float32"),
+                    batch_size=4, progress=False, check_models=False)
+        with pytest.raises(type(error)) as raised:
+            t.fit(np.zeros((8, 1), np.float32), np.zeros(8), epochs=1)
+        assert raised.value is error and "in user code" not in str(raised.value)
+
+
 def test_an_optimizer_of_the_users_own_with_python_control_flow_on_tensors_trains():
     """The trainer applies the gradients inside its compiled call: an optimizer subclass of the user's, with a Python
     ``if`` on a tensor in ``apply_gradients``, is converted by AutoGraph there as before."""
