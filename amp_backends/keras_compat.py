@@ -343,10 +343,11 @@ def wrap_optimizer(optimizer: Any, loss_scale: LossScale, compute_dtype: str) ->
     """
     if isinstance(optimizer, (str, dict)):
         optimizer = _tensorflow().keras.optimizers.get(optimizer)
-    if not callable(getattr(optimizer, "apply_gradients", None)):
+    if isinstance(optimizer, type) or not callable(getattr(optimizer, "apply_gradients", None)):
+        got = (f"the class {optimizer.__name__}, not an optimizer made from it" if isinstance(optimizer, type)
+               else f"{optimizer!r} (of type {type(optimizer).__name__})")
         raise TypeError("wrap_optimizer() takes a Keras optimizer, such as keras.optimizers.Adam(1e-3), or its name "
-                        f"('adam'). Received: {optimizer!r} (of type {type(optimizer).__name__}). Fix: pass the "
-                        "optimizer you would give model.compile.")
+                        f"('adam'). Received: {got}. Fix: pass the optimizer you would give model.compile.")
     mode, scale = loss_scale_of(optimizer)
     if mode == loss_scale.mode == "dynamic" or (mode == loss_scale.mode == "fixed" and scale == loss_scale.initial):
         return optimizer

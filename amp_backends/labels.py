@@ -1,7 +1,8 @@
-"""Class labels checked once, for the trainer and the MNIST loader alike (NumPy only, no TensorFlow).
+"""Labels checked once, for the trainer and the MNIST loader alike (NumPy only, no TensorFlow).
 
-Labels are class ids, one per sample: integers, or floats holding whole numbers, in ``0..classes-1``.
-One-hot rows are converted (the MNIST loader) or refused with the fix (a sparse loss cannot use them).
+Class labels are class ids, one per sample: integers, or floats holding whole numbers, in ``0..classes-1``.
+One-hot rows are converted (the MNIST loader) or refused with the fix (a sparse loss cannot use them). Labels for
+a loss that compares them with a model's output element by element have the output's shape (`check_label_shape`).
 """
 
 from __future__ import annotations
@@ -54,3 +55,46 @@ def class_ids(y: Any, classes: int | None, where: str, *, one_hot: str = "refuse
                     f"{low}..{high}; for example {y[outside][:3].tolist()} "
                     f"at index {int(np.flatnonzero(outside)[0])}). Fix: map them to {span}{grow}.")
     return y.astype(np.int64)
+
+
+# Keras losses (names lower case, without underscores) that compare labels and outputs element by element: labels
+# of another shape broadcast against the output, or fail inside the compiled step
+ELEMENTWISE = {"mse", "mae", "mape", "msle", "kld", "huber", "logcosh", "poisson", "hinge", "squaredhinge",
+               "categoricalhinge", "cosinesimilarity", "meansquarederror", "meanabsoluteerror", "kldivergence",
+               "meanabsolutepercentageerror", "meansquaredlogarithmicerror", "kullbackleiblerdivergence",
+               "categoricalcrossentropy", "binarycrossentropy", "binaryfocalcrossentropy",
+               "categoricalfocalcrossentropy"}
+
+
+def check_label_shape(y: Any, output: tuple[int | None, ...], loss: str, model: str,
+                      error: type[Exception] = ValueError) -> None:
+    """Refuse labels a model with one output cannot take: several arrays, or, where ``loss`` is `ELEMENTWISE`,
+    another shape per sample than the output's (a trailing 1 aside, as Keras's losses squeeze it).
+
+    Args:
+        y: The labels of a batch (an array, or what the user passed).
+        output: The model's output shape per sample (without the batch; ``None`` where open).
+        loss: The loss's name, lower case, without underscores (``"meansquarederror"``).
+        model: The model's name, for the message.
+        error: The exception class to raise.
+
+    Raises:
+        Exception: ``error``, saying what was expected, what was received and the fix.
+    """
+    if isinstance(y, (tuple, list)) and len(y) != 1:
+        raise error(f"The labels y hold {len(y)} arrays, where the model {model!r} has one output. Expected one "
+                    "array of labels. Fix: pass y as one array; for a weight per sample, train on "
+                    "tf.data.Dataset.from_tensor_slices((x, y, sample_weight)).batch(batch_size).")
+    got = tuple(np.shape(y)[1:])
+
+    def trim(shape: tuple[Any, ...]) -> tuple[Any, ...]:
+        return shape[:max((i + 1 for i, d in enumerate(shape) if d != 1), default=0)]
+
+    have, want = trim(got), trim(tuple(output))
+    if loss in ELEMENTWISE and (len(have) != len(want) or any(w is not None and int(w) != h
+                                                              for h, w in zip(have, want, strict=True))):
+        raise error(f"The labels y have shape {np.shape(y)}, {got or 'one value'} per sample, where the model "
+                    f"{model!r} outputs {tuple(output)} per sample and the loss ({loss}) compares the two element "
+                    "by element. Expected labels of the output's shape. Fix: give the labels the output's shape "
+                    "(one-hot rows as wide as the last layer, one target per output unit), or give the model's last "
+                    "layer as many units as the labels have columns.")

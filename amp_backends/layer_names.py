@@ -98,8 +98,9 @@ def corrected(names: Iterable[str], unknown: dict[str, list[str]]) -> str:
 
 
 def layer_geometry(layer: Any) -> tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
-    """A Keras layer's class names (its class and bases), strides and kernel size, as
-    `amp_backends.assessment.Float32Layer` matches them (``()`` where it has none)."""
+    """A Keras layer's class names (its class and bases; an RNN layer adds its cells' kinds: ``RNN(LSTMCell)`` is an
+    ``LSTM``), strides and kernel size, as `amp_backends.assessment.Float32Layer` matches them (``()`` where it
+    has none)."""
 
     def ints(value: Any) -> tuple[int, ...]:
         if value is None:
@@ -107,8 +108,11 @@ def layer_geometry(layer: Any) -> tuple[tuple[str, ...], tuple[int, ...], tuple[
         values = value if isinstance(value, (tuple, list)) else (value,)
         return tuple(int(v) for v in values if isinstance(v, int))
 
-    return (tuple(c.__name__ for c in type(layer).__mro__), ints(getattr(layer, "strides", None)),
-            ints(getattr(layer, "kernel_size", None)))
+    cell = getattr(layer, "cell", None)  # keras.layers.RNN(LSTMCell(...)) is an LSTM: its cells' kinds count
+    cells = list(getattr(cell, "cells", None) or ([cell] if cell is not None else []))
+    kinds = [c.__name__[:-4] for one in cells for c in type(one).__mro__ if c.__name__.endswith("Cell")]
+    return (tuple(dict.fromkeys([c.__name__ for c in type(layer).__mro__] + kinds)),
+            ints(getattr(layer, "strides", None)), ints(getattr(layer, "kernel_size", None)))
 
 
 def kept_in_float32(rules: Iterable[Any], layer: Any) -> bool:

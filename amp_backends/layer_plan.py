@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .plan import Plan
+    from .assessment import Float32Layer
 
 FLOAT32 = "float32"
 FLOAT8 = "float8"
@@ -225,12 +226,12 @@ def _rule_decisions(model: Any, plan: Plan) -> list[LayerDecision]:
     rules = _float32_rules(plan)
     if not rules:
         return []
-    why = short_reason(plan)
     out: list[LayerDecision] = []
     done: set[int] = set()
     for path, layer in _walk(model):
         if id(layer) in done or not kept_in_float32(rules, layer) or not _follows(layer, plan):
             continue
+        why = short_reason(plan, [rule for rule in rules if kept_in_float32([rule], layer)])
         for sub_path, sub in walk(layer, path):
             done.add(id(sub))
             if _follows(sub, plan):
@@ -238,9 +239,10 @@ def _rule_decisions(model: Any, plan: Plan) -> list[LayerDecision]:
     return out
 
 
-def short_reason(plan: Plan) -> str:
-    """The float32 layers' reason in one short clause (the plan's reason holds the figures)."""
-    kinds = ", ".join(k.describe() for k in _float32_rules(plan))
+def short_reason(plan: Plan, rules: Iterable[Float32Layer] | None = None) -> str:
+    """The float32 layers' reason in one short clause (the plan's reason holds the figures): of ``rules``, the
+    plan's layer kinds that keep a layer in float32 (default: all of them)."""
+    kinds = ", ".join(k.describe() for k in (_float32_rules(plan) if rules is None else rules))
     return (f"the plan keeps {kinds} in float32 here: faster than {plan.compute_dtype} on this hardware "
             "(plan.explain() has the figures)")
 
@@ -251,6 +253,7 @@ def head_activation(layer: Any) -> str | None:
         return "softmax"
     activation = getattr(layer, "activation", None)
     name = getattr(activation, "__name__", None) or (activation if isinstance(activation, str) else None)
+    name = name.removesuffix("_v2") if isinstance(name, str) else None  # tf.nn.softmax is softmax_v2
     return name if name in HEAD_ACTIVATIONS else None
 
 
@@ -356,22 +359,25 @@ def policies(model: Any) -> dict[str, str]:
     return {path: policy_name(layer) for path, layer in _walk(model) if not policy_name(layer).startswith(FLOAT8)}
 
 
-def built_float32(model: Any, plan: Plan, layer_plan: LayerPlan | None = None) -> bool:
-    """Most of the model's weights sit in layers computing in float32 although the plan's policy is mixed
-    (the layers the plan's rules or the model's layer plan keep in float32 — its classifier head, say — are not
-    counted; a layer plan that keeps every layer in float32 is as planned)."""
-    if not str(getattr(plan, "policy", "")).startswith("mixed_") or (layer_plan is not None and layer_plan.all_float32):
-        return False
+def built_in_other_dtype(model: Any, plan: Plan, layer_plan: LayerPlan | None = None) -> str | None:
+    """The dtype most of the model's weights compute in, where it is not the plan's: the model was built before
+    ``auto_configure()`` set the policy, or saved under another plan (a layer keeps the policy it was made with).
+    The layers the plan's rules or the model's layer plan keep in float32 (its classifier head, say) are not
+    counted; a layer plan that keeps every layer in float32 is as planned. ``None`` where the model is as planned."""
+    if layer_plan is not None and layer_plan.all_float32:
+        return None
     from .keras_compat import children
     from .layer_names import kept_in_float32
 
-    in_float32 = total = 0
+    weights: dict[str, int] = {}
     kept = _float32_rules(plan)
     planned = set(layer_plan.float32) if layer_plan is not None else set()
     for path, layer in _walk(model):
         if list(children(layer)) or path in planned or (kept and kept_in_float32(kept, layer)):
             continue  # (the weights are counted in the leaves)
-        params = sum(math.prod(int(d or 0) for d in v.shape) for v in getattr(layer, "trainable_weights", []))
-        total += params
-        in_float32 += params if str(getattr(layer, "compute_dtype", "float32")) == "float32" else 0
-    return total > 0 and in_float32 / total >= 0.5
+        dtype = str(getattr(layer, "compute_dtype", FLOAT32))
+        weights[dtype] = weights.get(dtype, 0) + sum(math.prod(int(d or 0) for d in v.shape)
+                                                     for v in getattr(layer, "trainable_weights", []))
+    total = sum(weights.values())
+    most = max(weights, key=lambda k: weights[k]) if total else None
+    return most if most and most != plan.compute_dtype and weights[most] / total >= 0.5 else None

@@ -309,6 +309,9 @@ class Plan:
     def __str__(self) -> str:
         return self.brief()
 
+    def __repr__(self) -> str:  # one line (a message that quotes a plan received by mistake stays readable)
+        return f"<Plan {self.headline.removeprefix('amp_backends plan: ')}>"
+
     def explain(self) -> str:
         """The plan at length.
 

@@ -110,7 +110,8 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
     traced with). With nothing to do, nothing changes and the result says why; calling it again changes nothing.
 
     Args:
-        model: a Keras model (built, when the plan's fp8 is on).
+        model: a Keras model, built (a subclassed model not built yet is built by ``inputs``, as the check does)
+            where the plan has work for it (a low-precision policy, fp8).
         plan: the `Plan`.
         inputs: the shapes to size the model's layers by, as `amp_backends.check_model` takes them (one batch, a
             ``tf.data`` element spec or shapes): float8 needs them where the model leaves dimensions open. A
@@ -132,9 +133,9 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
         The `Preparation`: the layer plan applied, the layers it changed, and a note.
 
     Raises:
-        TypeError: ``model`` is not a Keras model, ``plan`` not a `Plan`, or ``inputs`` none of the forms
-            `amp_backends.check_model` takes.
-        ValueError: the model is not built and the plan has work for it (a low-precision policy, fp8), or
+        TypeError: ``model`` is not a Keras model, ``plan`` not a `Plan`, ``inputs`` none of the forms
+            `amp_backends.check_model` takes, or a flag not a bool.
+        ValueError: the model is not built, nor can ``inputs`` build it, and the plan has work for it, or
             ``inputs`` do not fit the model's inputs (checked first, as `amp_backends.check_model` checks them).
         AmpConfigError: ``layer_plan`` names layers the model does not have.
 
@@ -143,27 +144,37 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
             ``auto_configure()``; ``reset_policies=True`` mends it).
     """
     from .keras_compat import input_structure
-    from .model_check.checker import require_model
+    from .model_check.checker import built_by_inputs, require_model
     from .model_check.shapes import checked_inputs
     from .plan import require_plan
 
     require_plan(plan, "prepare_model(model, plan)")
-    require_model(model, "prepare_model()", f"prepare_model cannot tell its layers' roles (its classifier head stays "
-                  f"in {plan.policy} once built)" if plan.policy != "float32" or plan.fp8 else None)
-    if inputs is not None:  # refused before anything changes, as the precision check refuses them
-        checked_inputs(model, inputs, input_structure(model))
+    for name, value, none_too in (("skip_small", skip_small, True), ("measure_float32", measure_float32, True),
+                                  ("reset_policies", reset_policies, False)):
+        if not (isinstance(value, bool) or (none_too and value is None)):
+            raise TypeError(f"prepare_model({name}=...) takes True or False{' or None' if none_too else ''}. "
+                            f"Received: {value!r} (of type {type(value).__name__}). Fix: pass {name}=True or False.")
+    unbuilt = (f"prepare_model cannot tell its layers' roles (its classifier head stays in {plan.policy} once built)"
+               if plan.policy != "float32" or plan.fp8 else None)
+    require_model(model, "prepare_model()", unbuilt if inputs is None else None)
+    if inputs is not None:  # refused before anything changes, as the precision check refuses them; they build
+        if unbuilt:  # a model not built yet, as the check's inputs= does
+            built_by_inputs(model, inputs, "prepare_model()", unbuilt)
+        else:
+            checked_inputs(model, inputs, input_structure(model))
     reset = _reset_policies(model, plan) if reset_policies else ()
     if layer_plan is not None:
         return preparation(layer_plan, applied=tuple(dict.fromkeys(reset + lp.apply(model, layer_plan))), reset=reset)
     f8_layers, f8_note = float8_decisions(model, plan, inputs=inputs, skip_small=skip_small)
     decided = lp.with_float8(lp.decide(model, plan, use_cache=measure_float32 is not False), f8_layers, f8_note)
     applied = reset + lp.apply(model, decided)
-    if lp.built_float32(model, plan, decided):  # (after reset_policies, never)
-        warnings.warn(f"The model {getattr(model, 'name', '?')!r} computes in float32 under the plan's {plan.policy}: "
-                      "it was built before auto_configure() set the dtype policy (a Keras policy applies to the "
-                      f"layers created after it), so it trains without {plan.policy}'s speed. Fix: build it after "
-                      "auto_configure(), or prepare_model(model, plan, reset_policies=True) to give its layers the "
-                      "plan's policy.", AmpWarning, stacklevel=2)
+    if dtype := lp.built_in_other_dtype(model, plan, decided):  # (after reset_policies, never)
+        warnings.warn(f"The model {getattr(model, 'name', '?')!r} computes in {dtype} under the plan's {plan.policy}: "
+                      "it was built before auto_configure() set the dtype policy, or saved under another plan (a "
+                      "Keras policy applies to the layers created after it), so it trains without the plan's "
+                      "precision and its head is left as it is. Fix: build it after auto_configure(), or "
+                      "prepare_model(model, plan, reset_policies=True) to give its layers the plan's policy.",
+                      AmpWarning, stacklevel=2)
     note = ""
     if decided.measurement is None and (measure_float32 or (measure_float32 is None
                                                            and lp.worth_measuring(model, plan))):

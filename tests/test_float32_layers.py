@@ -372,6 +372,9 @@ def test_prepare_model_refuses_what_is_not_a_keras_model_and_an_unbuilt_model_un
         amp_backends.prepare_model(Net(), plan)
     float32 = applied_plan("float32")
     assert amp_backends.prepare_model(Net(), float32).applied == ()  # nothing to do under float32: accepted
+    for flag in ("reset_policies", "skip_small", "measure_float32"):  # "yes" was taken as True
+        with pytest.raises(TypeError, match=rf"prepare_model\({flag}=...\) takes True or False.*Received: 'yes'"):
+            amp_backends.prepare_model(Net(), float32, **{flag: "yes"})
 
 
 def test_prepare_model_refuses_the_inputs_the_precision_check_refuses_before_changing_a_layer():
@@ -427,3 +430,138 @@ def test_prepare_model_says_a_model_built_before_the_plan_computes_in_float32_an
             amp_backends.prepare_model(built_after, plan)
     finally:
         set_global_policy("float32")
+
+
+def test_prepare_model_says_a_model_saved_under_another_plan_computes_in_that_dtype():
+    """A model built (or saved) under mixed_bfloat16 and prepared under a mixed_float16 or a float32 plan was left
+    as it was without a word: its softmax head stayed in bfloat16 (only a model in float32 was reported)."""
+    import warnings
+
+    import amp_backends
+    from amp_backends.errors import AmpWarning
+    from conftest import policy
+    from helpers import applied_plan, mlp
+
+    with policy("mixed_bfloat16"):
+        saved = mlp(activation="softmax")
+    try:
+        for plan_policy in ("mixed_float16", "float32"):
+            plan = applied_plan(plan_policy, force=True)
+            with pytest.warns(AmpWarning, match=rf"computes in bfloat16 under the plan's {plan_policy}: it was built "
+                                                r"before auto_configure\(\) set the dtype policy, or saved under "
+                                                r"another plan.*reset_policies=True"):
+                amp_backends.prepare_model(saved, plan)
+        plan = applied_plan("mixed_float16", force=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", AmpWarning)  # mended: nothing more to say
+            amp_backends.prepare_model(saved, plan, reset_policies=True)
+        assert [layer.compute_dtype for layer in saved.layers] == ["float16", "float32"]  # the head in float32
+    finally:
+        applied_plan("float32")
+
+
+@pytest.mark.parametrize("activation", ["tf.nn.softmax", "tf.nn.log_softmax", "tf.math.sigmoid"])
+def test_prepare_model_keeps_a_head_with_tensorflows_own_activation_in_float32(activation):
+    """Dense(n, activation=tf.nn.softmax) stayed in bfloat16 ("nothing changed"): TensorFlow names its softmax
+    softmax_v2, and the head was recognized by name; the precision check reported it as an error."""
+    import amp_backends
+    from helpers import applied_plan
+
+    plan = applied_plan("mixed_bfloat16", force=True)
+    try:
+        fn = {"tf.nn.softmax": tf.nn.softmax, "tf.nn.log_softmax": tf.nn.log_softmax,
+              "tf.math.sigmoid": tf.math.sigmoid}[activation]
+        model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(8),
+                                     tf.keras.layers.Dense(3, activation=fn)])
+        done = amp_backends.prepare_model(model, plan)
+        assert model.layers[-1].compute_dtype == "float32" and len(done.float32) == 1
+        codes = {f.code for f in amp_backends.check_model(model, plan).findings}
+        assert "final-activation" not in codes
+    finally:
+        applied_plan("float32")
+
+
+def test_an_rnn_of_lstm_cells_is_an_lstm_to_the_float32_rules(zen4_plan):
+    """keras.layers.RNN(LSTMCell(...)) stayed in bfloat16 where the plan keeps LSTMs in float32, and the check
+    said nothing: the rule matched the layer's class (RNN), not its cell's kind."""
+    from amp_backends import layer_plan as lp
+    from amp_backends.layer_names import kept_in_float32
+    from conftest import policy
+
+    lstm_rule = [k for k in zen4_plan.float32_layers if k.layer == "LSTM"]
+    assert lstm_rule
+    keras = tf.keras
+    with policy("mixed_bfloat16"):
+        rnn = keras.layers.RNN(keras.layers.LSTMCell(8), name="rnn_lstm")
+        stacked = keras.layers.RNN([keras.layers.GRUCell(8), keras.layers.LSTMCell(8)], name="stacked")
+        gru = keras.layers.RNN(keras.layers.GRUCell(8), name="rnn_gru")
+        inp = keras.Input((5, 4))
+        model = keras.Model(inp, keras.layers.Dense(2)(rnn(inp)), name="m")
+    assert kept_in_float32(lstm_rule, rnn) and kept_in_float32(lstm_rule, stacked)
+    assert not kept_in_float32(lstm_rule, gru)
+    assert "LSTM" in layer_geometry(rnn)[0] and "RNN" in layer_geometry(rnn)[0]
+    decided = lp.decide(model, zen4_plan, use_cache=False)
+    assert "m/rnn_lstm" in decided.float32
+    why = {d.path: d.reason for d in decided.decisions}["m/rnn_lstm"]
+    assert "LSTM in float32" in why and "Depthwise" not in why  # the kind that keeps it, not every kind
+    import amp_backends
+
+    found = {f.code: f for f in amp_backends.check_model(model, zen4_plan).findings}
+    assert found["float32-layers"].severity == "warning" and "1 RNN layers" in found["float32-layers"].what
+    assert "recurrent loop" in found["float32-layers"].why and "brgconv" not in found["float32-layers"].why
+
+
+def test_prepare_model_builds_a_subclassed_model_from_its_inputs_as_the_check_does():
+    """prepare_model(model, plan, inputs=x) refused a subclassed model not built yet ("not built ... call
+    model.build"), which check_model(model, plan, inputs=x) builds from the same inputs."""
+    import numpy as np
+
+    import amp_backends
+    from helpers import applied_plan
+
+    class Net(tf.keras.Model):
+        def __init__(self):
+            super().__init__(name="net")
+            self.hidden, self.head = tf.keras.layers.Dense(8), tf.keras.layers.Dense(3, activation="softmax")
+
+        def call(self, x):
+            return self.head(self.hidden(x))
+
+    plan = applied_plan("mixed_bfloat16", force=True)
+    try:
+        net = Net()
+        done = amp_backends.prepare_model(net, plan, inputs=np.zeros((4, 6), "float32"))
+        assert net.built and len(done.float32) == 1
+        assert net.head.compute_dtype == "float32" and net.hidden.compute_dtype == "bfloat16"
+        with pytest.raises(ValueError, match=r"not built.*inputs= builds it where every dimension after the batch"):
+            amp_backends.prepare_model(Net(), plan, inputs=(None, None))  # an open dimension builds nothing
+    finally:
+        applied_plan("float32")
+
+
+def test_the_troubleshooting_fix_for_output_dtype_is_the_one_that_works():
+    """docs/troubleshooting.md told to fix `output-dtype` with prepare_model, which leaves a regression output in
+    the plan's precision (it keeps softmax and sigmoid heads in float32 only): the entry now names the fix that
+    does, and this follows it."""
+    import re
+    from pathlib import Path
+
+    import amp_backends
+    from helpers import applied_plan
+
+    entry = re.split(r"^### `output-dtype`$", (Path(__file__).parents[1] / "docs" / "troubleshooting.md").read_text(
+        encoding="utf-8"), flags=re.M)[1].split("\n### ", 1)[0]
+    fix = entry.split("**Fix**:", 1)[1]
+    assert 'Activation("linear", dtype="float32")' in fix and "not a regression output" in fix
+    plan = applied_plan("mixed_bfloat16", force=True)
+    try:
+        keras = tf.keras
+        inp = keras.Input((4,))
+        value = keras.layers.Dense(1, name="value")(keras.layers.Dense(8)(inp))
+        model = keras.Model(inp, value)
+        amp_backends.prepare_model(model, plan)
+        assert "output-dtype" in {f.code for f in amp_backends.check_model(model, plan).findings}  # as documented
+        fixed = keras.Model(inp, keras.layers.Activation("linear", dtype="float32")(value))
+        assert "output-dtype" not in {f.code for f in amp_backends.check_model(fixed, plan).findings}
+    finally:
+        applied_plan("float32")

@@ -144,6 +144,15 @@ def test_wrapping_is_idempotent_and_refuses_other_scaling():
         plan.wrap_optimizer(0.1)
 
 
+@pytest.mark.parametrize("loss_scale", ["dynamic", "fixed:1024", "none"])
+def test_an_optimizer_class_is_refused_before_fit(loss_scale):
+    """wrap_optimizer(keras.optimizers.Adam) (the class, not called) was wrapped, or returned as it was under a
+    fixed scale after a warning about the scale, and fit failed inside Keras: "build() missing ... 'var_list'"."""
+    with pytest.raises(TypeError, match=r"takes a Keras optimizer.*Received: the class Adam, not an optimizer made "
+                                        r"from it.*Fix"):
+        fp16_plan(loss_scale).wrap_optimizer(K.optimizers.Adam)
+
+
 def test_a_model_saved_under_bfloat16_trains_in_float32_under_a_float32_plan_after_the_documented_call(tmp_path):
     """A .keras file keeps each layer's policy: loaded where the plan is float32 it stays bfloat16. The check says
     so and names the call; prepare_model(..., reset_policies=True) brings it to the plan, and it trains there."""

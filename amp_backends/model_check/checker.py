@@ -62,6 +62,31 @@ def require_model(model: Any, caller: str, unbuilt: str | None = None) -> None:
             "batch first.")
 
 
+def built_by_inputs(model: Any, inputs: Any, caller: str, unbuilt: str) -> Any:
+    """``inputs=`` checked against ``model``; a model not built yet (a subclassed one) is built by one call on
+    zeros of one example of them, as a first call on a batch builds it.
+
+    Args:
+        model: The Keras model.
+        inputs: One batch, a ``tf.data`` dataset or element spec, or shapes (`amp_backends.model_check.shapes`).
+        caller: The caller's name as the user wrote it (``"check_model()"``).
+        unbuilt: Why a model that is not built cannot be worked on.
+
+    Returns:
+        The inputs as checked (`amp_backends.model_check.shapes.checked_inputs`).
+
+    Raises:
+        ValueError: ``inputs`` do not fit the model, or they cannot build it (an open dimension, string inputs).
+        amp_backends.errors.ModelCallError: The model does not run on them.
+    """
+    given = checked_inputs(model, inputs, input_structure(model))
+    if not model.built:
+        run_once(model, given, building=True)
+        require_model(model, caller, f"{unbuilt} (inputs= builds it where every dimension after the batch is given "
+                                     "and no input takes strings)")
+    return given
+
+
 def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = None, *, inputs: Any = None,
                 hardware: Hardware | None = None, layer_plan: LayerPlan | None = None, run: bool = True) -> ModelCheck:
     """Check a Keras model for what makes mixed precision slow or wrong on the planned device.
@@ -122,11 +147,7 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
     structure = input_structure(model)
     built_here = inputs is not None and not model.built
     if inputs is not None:
-        given = checked_inputs(model, inputs, structure)
-        if built_here:  # the inputs build it, as a first call on a batch does (a subclassed model)
-            run_once(model, given, building=True)
-            require_model(model, "check_model()", f"{unbuilt} (inputs= builds it where every dimension after the "
-                                                  "batch is given and no input takes strings)")
+        given = built_by_inputs(model, inputs, "check_model()", unbuilt)
         batch = batch_size or _batch(given, None)  # batch_size wins over the batch of the given inputs
         if structure is not None:  # the model's own fixed batch, unless it contradicts
             batch = _batch(structure, batch, "batch_size={}" if batch_size else "inputs= of batch {}")

@@ -125,6 +125,8 @@ def float32_layers(rules: RuleContext) -> None:
     low = [i for i, info in matched if info.compute_dtype == target.compute_dtype]
     kept = [i for i, info in matched if info.compute_dtype == "float32"]
     kinds = ", ".join(sorted({graph.layer(i).class_name for i in (low or kept)}))
+    used = [r for r in target.float32_layers if any(graph.layer(i).kept_by([r]) for i in (low or kept))]
+    why = "; ".join(dict.fromkeys(r.why for r in used if getattr(r, "why", ""))) or target.float32_layers_why
     ops = [op for op in graph.gemms if op.layer in low]
     share = rules.share(ops) if ops else None
     amount = "" if share is None else f" ({100 * share:.1f}% of the FLOPs)"
@@ -132,12 +134,12 @@ def float32_layers(rules: RuleContext) -> None:
         rules.add("warning", "float32-layers", low[0],
                   f"{len(low)} {kinds} layers{amount} compute in {target.compute_dtype}, which the plan keeps in "
                   "float32 on this hardware",
-                  f"they train slower in {target.compute_dtype} than in float32 here: {target.float32_layers_why}",
+                  f"they train slower in {target.compute_dtype} than in float32 here: {why}",
                   "call amp_backends.prepare_model(model, plan) after building the model and before compile() (the "
                   "Trainer does it itself); or float32_layers=none to keep them as they are",
                   share, layers=[graph.layer(i).path for i in low])
     elif kept:
         rules.add("info", "float32-layers", kept[0],
                   f"{len(kept)} {kinds} layers compute in float32 inside the {target.policy} model, as the plan keeps "
-                  "them", target.float32_layers_why, "nothing to do", None,
+                  "them", why, "nothing to do", None,
                   layers=[graph.layer(i).path for i in kept])

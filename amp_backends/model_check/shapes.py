@@ -195,6 +195,11 @@ def example_shape(model: Any) -> str:
     """One example's input shape as ``--input-shape`` takes it (``28x28x1``; ``token_ids=128,padding_mask=128``), an
     open dimension as 128."""
     struct = input_structure(model)
+    if isinstance(struct, (list, tuple)) and len(struct) > 1:  # a list of inputs: --input-shape names them
+        try:
+            struct = dict(zip([str(t.name).split(":")[0] for t in model.inputs], struct, strict=True))
+        except (AttributeError, TypeError, ValueError):
+            pass
     leaves = struct.items() if isinstance(struct, dict) else [(None, struct)] if struct is not None else []
     shapes = {name: "x".join(str(d or 128) for d in leaf.shape[1:]) or "1" for name, leaf in leaves
               if getattr(leaf, "shape", None)}

@@ -222,7 +222,7 @@ class LossScaler(tf.__internal__.tracking.Trackable):
                  "without loss scaling") + " the loss or the forward pass itself is NaN or Inf"
         return (f"{cause}: check the inputs for NaN/Inf, lower the learning rate, and check the model in float32 "
                 "(the plan override policy='float32', or AMP_POLICY=float32) to see whether the reduced precision "
-                "is the cause (float16's range ends at 65504; bfloat16 keeps about 3 significant digits)")
+                "is the cause (float16's range ends at 65504; bfloat16 keeps about 2 significant digits)")
 
     def stalled_error(self, saved: str | None) -> NonFiniteError:
         """The error that ends training when `stalled`, carrying what to change for a command line to say in its own
@@ -311,10 +311,12 @@ def plan_loss_scale(optimizer: Any, plan: Plan | None) -> LossScale:
     """The loss scaling of ``plan`` (by default the one `amp_backends.auto_configure` applied) for a loop
     that trains with ``optimizer``; a clear error for an optimizer that already scales losses or a missing plan."""
     if optimizer is not None:
-        if not (hasattr(optimizer, "apply_gradients") and hasattr(optimizer, "build")):
+        if isinstance(optimizer, type) or not (hasattr(optimizer, "apply_gradients") and hasattr(optimizer, "build")):
             raise TypeError("LossScaler() takes the Keras optimizer your loop applies gradients with, such as "
-                            f"keras.optimizers.Adam(1e-3). Received: {optimizer!r} "
-                            f"(of type {type(optimizer).__name__}).")
+                            f"keras.optimizers.Adam(1e-3). Received: {optimizer!r} (of type "
+                            f"{type(optimizer).__name__}). Fix: LossScaler(optimizer)" + (
+                                ", and a plan by keyword: LossScaler(optimizer, plan=plan)."
+                                if isinstance(optimizer, Plan) else "."))
         if (mode := loss_scale_of(optimizer)[0]) != "none":
             raise AmpConfigError(
                 f"LossScaler() was given an optimizer that scales losses itself ({mode} loss scaling: a "
@@ -358,5 +360,30 @@ def _groups(optimizer: Any, grads: Any, variables: Any) -> list[tuple[Any, list[
 
 def _apply(groups: Sequence[tuple[Any, list[Any], list[Any]]], grads: Sequence[Sequence[Any]]) -> Any:
     for (optimizer, _, variables), gs in zip(groups, grads, strict=True):
-        optimizer.apply_gradients([(g, v) for g, v in zip(gs, variables, strict=True) if g is not None])
+        optimizer.apply_gradients(gradient_pairs(gs, variables, "the loss given to LossScaler.apply"))
     return tf.constant(True)
+
+
+def gradient_pairs(grads: Sequence[Any], variables: Sequence[Any], whose: str) -> list[tuple[Any, Any]]:
+    """``(gradient, variable)`` for the variables that have a gradient, for ``apply_gradients``.
+
+    Args:
+        grads: ``tape.gradient(loss, variables)``: ``None`` where the loss does not depend on the variable.
+        variables: The variables, one per gradient.
+        whose: Whose loss it is, for the message (``"the update 'model'"``).
+
+    Returns:
+        The pairs (Keras's ``apply_gradients`` takes no ``None`` gradient).
+
+    Raises:
+        AmpConfigError: No variable has a gradient (Keras would fail inside its optimizer, unpacking no pairs).
+    """
+    pairs = [(g, v) for g, v in zip(grads, variables, strict=True) if g is not None]
+    if variables and not pairs:
+        names = ", ".join(str(getattr(v, "path", None) or getattr(v, "name", "?")) for v in list(variables)[:3])
+        raise AmpConfigError(
+            f"The loss of {whose} has no gradient with respect to any of the {len(variables)} variables it trains "
+            f"({names}{', ...' if len(variables) > 3 else ''}): it is not computed from them. Expected a loss "
+            "computed from the variables it trains. Fix: train the variables of the model the loss calls "
+            "(model.trainable_variables), and take tf.stop_gradient out of the loss.")
+    return pairs

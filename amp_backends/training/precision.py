@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..errors import AmpWarning
-from ..layer_plan import FLOAT8, LayerPlan, LayerDecision, apply, built_float32, decide, with_float8
+from ..layer_plan import FLOAT8, LayerPlan, LayerDecision, apply, built_in_other_dtype, decide, with_float8
 from ..plan import Plan
 from .checkpoints import CheckpointStore
 from .inputs import Source
@@ -114,10 +114,11 @@ def check_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatch,
     for model in models:
         name = getattr(model, "name", model)
         layer_plan = (layer_plans or {}).get(str(name))
-        if built_float32(model, plan, layer_plan):
-            _warn(f"The model {name!r} computes in float32 under the plan's {plan.policy}: it was built before "
-                  "auto_configure() set the dtype policy (a Keras policy applies to the layers created after it), "
-                  f"so it trains without {plan.policy}'s speed. Fix: build it after auto_configure().")
+        if dtype := built_in_other_dtype(model, plan, layer_plan):
+            _warn(f"The model {name!r} computes in {dtype} under the plan's {plan.policy}: it was built before "
+                  "auto_configure() set the dtype policy, or saved under another plan (a Keras policy applies to the "
+                  "layers created after it), so it trains without the plan's precision. Fix: build it after "
+                  "auto_configure().")
         inputs = None if x is None else model_inputs(model, x)
         check = functools.partial(model_check.check_model, model, plan, batch_size=batch_size, layer_plan=layer_plan)
         try:

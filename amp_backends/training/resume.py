@@ -198,8 +198,9 @@ class Checkpointing:
             return self.save()
         return None
 
-    def restore(self, models: TrainedModels) -> int | None:
-        """Restore the newest checkpoint, if any, and what the run decided and learnt; its global step."""
+    def restore(self, models: TrainedModels, stream: bool = False) -> int | None:
+        """Restore the newest checkpoint, if any, and what the run decided and learnt; its global step (``stream``:
+        the run reads a ``tf.data`` pipeline, which resumes at a whole batch)."""
         given = learning_rates(self.updates)
         restored = self.store.restore(models.quantize) if self.store else None  # float8 layers first
         if restored is None:
@@ -208,7 +209,7 @@ class Checkpointing:
         at, then_batch = self.position.restored()
         stored = restored.stored or {}
         if self.is_chief:
-            self._log_resume(restored, at, then_batch, given)
+            self._log_resume(restored, at, then_batch, given, stream)
         then = stored.get("loss_scaling") or {}
         for name, scaler in self.scalers.items():
             scaler.follow(then.get(name), say=self.is_chief)
@@ -216,7 +217,8 @@ class Checkpointing:
         self.validation.load(stored.get("monitor"))
         return at.step
 
-    def _log_resume(self, restored: Restored, at: At, then_batch: int, given: Mapping[str, float]) -> None:
+    def _log_resume(self, restored: Restored, at: At, then_batch: int, given: Mapping[str, float],
+                    stream: bool) -> None:
         """The resume line: where it continues, what differs from the checkpoint's run (``given``: rates before it)."""
         optimizers = {f"{u.name}[{i}]": int(opt.iterations.numpy()) for u in self.updates
                       for i, (_, opt) in enumerate(u.groups) if hasattr(opt, "iterations")}
@@ -224,10 +226,13 @@ class Checkpointing:
         logger.info(f"Resumed from {restored.path}: global step {at.step}, epoch {at.epoch}, step in epoch "
                     f"{at.offset // then_batch}, loss scales {scales}, optimizer iterations "
                     + ", ".join(f"{k}={v}" for k, v in optimizers.items()))
-        if then_batch != self.position.batch_size:
-            logger.info(f"The checkpoint was written with batch size {then_batch}; this run uses "
-                        f"{self.position.batch_size}: it continues at sample {at.offset} of epoch {at.epoch} (the "
-                        "position is kept in samples, so no sample is read twice or skipped).")
+        if then_batch != (batch := self.position.batch_size):
+            again = at.offset % batch if stream else 0  # a pipeline skips whole batches of the new size
+            logger.info(f"The checkpoint was written with batch size {then_batch}; this run uses {batch}: it continues "
+                        f"at sample {at.offset} of epoch {at.epoch}" + (
+                            f": the pipeline skips the {at.offset // batch} whole batches of {batch} read before, so "
+                            f"{again} samples are read again." if again else
+                            " (the position is kept in samples, so no sample is read twice or skipped)."))
         if RANDOM_STATE in restored.lacking:
             logger.warning(f"{restored.path} holds no state of the random layers (Dropout, noise, augmentation; it was "
                            "written before checkpoints kept it): they draw from the start of their sequences again, so "
@@ -242,15 +247,16 @@ class Checkpointing:
             logger.info(f"The checkpoint was written under another plan ({then}); this run: {self.plan_headline}.")
 
     @contextlib.contextmanager
-    def fitting(self, resume: bool, models: TrainedModels) -> Iterator[At]:
+    def fitting(self, resume: bool, models: TrainedModels, stream: bool = False) -> Iterator[At]:
         """A ``fit`` from where the run stands (yielded), holding the folder's lock (`runs.holding`): a new run refuses
-        another's checkpoints, ``resume`` restores (`restore`); the folder is made ready for saves; a final save."""
+        another's checkpoints, ``resume`` restores (`restore`; ``stream``: from a ``tf.data`` pipeline); the folder is
+        made ready for saves; a final save."""
         store = self.store
         with holding(store.directory if store and self.is_chief else None):  # one run at a time there
             if store is not None:
                 if not resume:
                     store.ensure_fresh()
-                elif self.restore(models) is None and self.is_chief:
+                elif self.restore(models, stream) is None and self.is_chief:
                     logger.warning(f"Nothing to resume in {store.directory}: starting from the beginning (where a "
                                    "run was expected, check checkpoint_dir for a typo).")
                 store.ready_to_save()

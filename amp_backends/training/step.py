@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from ..errors import InputError, lookup_error
 from ..keras_compat import build_optimizer, user_code
-from .loss_scaling import LossScaler
+from .loss_scaling import LossScaler, gradient_pairs
 from .runs import Position
 
 logger = logging.getLogger("amp_backends.train")
@@ -200,7 +200,7 @@ class StepProgram:
         offset = 0
         for vs, opt in u.groups:
             n = len(vs)
-            pairs = [(g, v) for g, v in zip(grads[offset:offset + n], vs, strict=True) if g is not None]
+            pairs = gradient_pairs(grads[offset:offset + n], vs, f"the update {u.name!r}")
             user_code(opt.apply_gradients)(pairs)  # (an optimizer of the user's own converted, as before)
             offset += n
 

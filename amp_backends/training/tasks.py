@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..errors import AmpConfigError, InputError
-from ..labels import class_ids
+from ..labels import check_label_shape, class_ids
 from .inputs import leaf_paths
 from .metrics import record_predictions
 from ..keras_compat import user_code
@@ -128,6 +128,9 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
             raise InputError(f"The labels y are class ids (shape {np.shape(sample[1])}), but categorical cross-entropy "
                              f"takes one-hot rows (shape (N, {classes})). Fix: loss='sparse_categorical_crossentropy' "
                              f"for class ids, or one-hot labels: keras.utils.to_categorical(y, {classes}).")
+        if len(outputs) == 1:  # (sparse labels: as class ids, below)
+            check_label_shape(sample[1], tuple(outputs[0].shape[1:]), "" if sparse else _loss_name(loss), model.name,
+                              error=InputError)
         if sparse and not isinstance(sample[1], (dict, tuple, list)):  # (several outputs: the loss's own checks)
             owner = (f" (the model has {classes} outputs" + ("; for two classes on one sigmoid unit, pass "
                      "loss='binary_crossentropy'" if classes == 1 else "") + ")") if classes else ""

@@ -691,3 +691,21 @@ def test_the_check_under_the_applied_plan_probes_no_hardware(monkeypatch):
         assert (result.plan["policy"], result.plan["backend"]) == (applied.policy, applied.backend)
     finally:
         amp_backends.reset()
+
+
+def test_the_input_shape_fix_names_the_inputs_of_a_model_with_several():
+    """For a model with the inputs a and b, a wrong --input-shape was answered "Fix: ... such as --input-shape 128",
+    a shape that model cannot take; the fix now gives one that it can."""
+    from amp_backends.model_check.shapes import checked_inputs, example_shape, in_flag_words, parse_input_shape
+
+    K = tf.keras
+    a, b = K.Input((4,), name="a"), K.Input((6,), name="b")
+    model = K.Model([a, b], K.layers.Dense(2)(K.layers.Concatenate()([a, b])))
+    assert example_shape(model) == "a=4,b=6"
+    with pytest.raises(ValueError) as info:
+        checked_inputs(model, parse_input_shape("a=4,c=6"), amp_backends.keras_compat.input_structure(model))
+    said = in_flag_words("a=4,c=6", info.value, model)
+    assert "Expected the keys ['a', 'b']" in said and said.endswith("such as --input-shape a=4,b=6")
+    given = checked_inputs(model, parse_input_shape(example_shape(model)),
+                           amp_backends.keras_compat.input_structure(model))  # the fix is a shape it takes
+    assert [tuple(leaf.shape) for leaf in given] == [(None, 4), (None, 6)]

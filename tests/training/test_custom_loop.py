@@ -173,6 +173,26 @@ def test_the_applied_plan_is_the_default_and_misuse_says_the_fix():
         LossScaler(opt).apply([tf.ones(2)], [])
 
 
+def test_a_plan_or_a_class_given_as_the_optimizer_is_refused_in_a_line_and_a_loss_without_gradients_is_ours():
+    """LossScaler(plan) quoted the plan's whole dataclass repr (thousands of characters); a loss computed without
+    the variables failed inside Keras's optimizer ("not enough values to unpack (expected 2, got 0)")."""
+    plan = amp_backends.auto_configure(policy="float32", verbose=False)
+    assert repr(plan).startswith("<Plan backend=") and len(repr(plan)) < 200
+    with pytest.raises(TypeError, match=r"Received: <Plan backend=\S+ .*\(of type Plan\)\. Fix: "
+                                        r"LossScaler\(optimizer\), and a plan by keyword: "
+                                        r"LossScaler\(optimizer, plan=plan\)\.$") as info:
+        LossScaler(plan)
+    assert len(str(info.value)) < 500
+    with pytest.raises(TypeError, match="Received: <class .*Adam"):
+        LossScaler(tf.keras.optimizers.Adam)
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    with tf.GradientTape() as tape:
+        loss = tf.stop_gradient(tf.reduce_mean(model(tf.ones((4, 2)))))
+    grads = tape.gradient(loss, model.trainable_variables)
+    with pytest.raises(AmpConfigError, match=r"no gradient with respect to any of the 2 variables it trains.*Fix: "):
+        LossScaler(tf.keras.optimizers.SGD(0.1)).apply(grads, model.trainable_variables)
+
+
 def test_variable_groups_as_the_sparse_tutorial_splits_them_and_another_optimizer():
     model = make_model("float32")
     kernel, bias = model.trainable_variables

@@ -175,6 +175,35 @@ def test_resuming_with_another_batch_size_keeps_the_position_in_samples(tmp_path
     r = counting_trainer(8).fit(x, y, epochs=1, resume=True)
     assert seen.numpy().tolist() == [1.0] * 96
     assert r.steps == 3 + 6 and "continues at sample 48 of epoch 0" in caplog.text
+    assert "no sample is read twice or skipped" in caplog.text
+
+
+def test_a_pipeline_resumed_with_larger_batches_says_how_many_samples_it_reads_again(tmp_path, caplog):
+    """A tf.data run resumed with another batch size said "the position is kept in samples, so no sample is read
+    twice or skipped", where it skips whole batches of the new size and reads some samples again."""
+    caplog.set_level("INFO", logger="amp_backends.train")
+    x, y = classification_data(128)
+    x[:, 0] = np.arange(128)  # column 0: the sample's id
+    seen = tf.Variable(tf.zeros(128))
+
+    def counting_trainer(batch_size):
+        model = mlp()
+        base = classifier_updates(model, tf.keras.optimizers.SGD(1e-3),
+                                  tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))[0]
+
+        def loss_fn(batch):
+            seen.assign_add(tf.reduce_sum(tf.one_hot(tf.cast(batch[0][:, 0], tf.int32), 128), axis=0))
+            return base.loss_fn(batch)
+
+        return trainer(tmp_path, model, batch_size, updates=[Update("model", loss_fn, base.groups)])[1]
+
+    counting_trainer(16).fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=1, max_steps=3)
+    counting_trainer(32).fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(32), epochs=1, resume=True)
+    twice = int((seen.numpy() == 2).sum())
+    assert twice == 16 and int((seen.numpy() == 0).sum()) == 0  # samples 32-47: read at 16 and again at 32
+    assert ("continues at sample 48 of epoch 0: the pipeline skips the 1 whole batches of 32 read before, so 16 "
+            "samples are read again.") in caplog.text
+    assert "no sample is read twice" not in caplog.text
 
 
 # --------------------------------------------------------------------------- Ctrl-C

@@ -675,3 +675,45 @@ def test_rows_that_differ_from_the_input_by_an_axis_of_1_are_judged_as_keras_adj
         with pytest.raises(InputError, match=re.escape(f"takes inputs of shape {('batch', *model_takes)}; x has rows "
                                                        f"of shape {rows} (x: {x.shape}). Fix: reshape the data")):
             trainer(model, check_models=False).fit(x, y, epochs=1)
+
+
+@pytest.mark.parametrize("loss,units,labels", [
+    ("mse", 3, (16, 5)),  # "Dimensions must be equal, but are 5 and 3 for '{{node while/sub}}'"
+    ("categorical_crossentropy", 3, (16, 4)),  # "target.shape=(16, 4), output.shape=(16, 3)" from Keras
+    ("mse", 3, (16, 1)),  # broadcast against the 3 outputs: trained on without a word
+])
+@pytest.mark.parametrize("as_dataset", [False, True])
+def test_labels_of_another_shape_than_the_output_are_refused_before_training(loss, units, labels, as_dataset):
+    """Labels whose shape differs from the output's, for a loss comparing the two element by element, failed
+    inside the compiled step (a graph error) or broadcast silently."""
+    x, _ = classification_data(16)
+    y = np.random.default_rng(0).random(labels).astype("float32")
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(units)], name="net")
+    t = Trainer(classifier_updates(model, tf.keras.optimizers.SGD(), loss), applied_plan(), batch_size=8,
+                progress=False)
+    data = (tf.data.Dataset.from_tensor_slices((x, y)).batch(8),) if as_dataset else (x, y)
+    with pytest.raises(InputError, match=rf"The labels y have shape \({'8' if as_dataset else '16'}, "
+                                         rf"{labels[1]}\), \({labels[1]},\) per sample, where the model 'net' outputs "
+                                         r"\(3,\) per sample.*Fix: give the labels the output's shape"):
+        t.fit(*data, epochs=1)
+    assert int(t.global_step.numpy()) == 0  # before any step
+
+
+def test_labels_the_loss_squeezes_or_the_model_takes_are_accepted():
+    x, _ = classification_data(16)
+    y = np.random.default_rng(0).random((16,)).astype("float32")
+    for units, labels in ((1, y), (1, y[:, None]), (3, np.stack([y] * 3, 1))):
+        model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(units)])
+        t = Trainer(classifier_updates(model, tf.keras.optimizers.SGD(), "mse"), applied_plan(), batch_size=8,
+                    progress=False)
+        assert t.fit(x, labels, epochs=1).steps == 2
+
+
+def test_labels_of_several_arrays_for_one_output_are_refused_with_the_way_to_weigh_samples():
+    """fit(x, (y, w)) on a model with one output failed in optree: "Expected an instance of tuple, got <tf.Tensor
+    'while/sequential_1/dense_1/Softmax:0'..."."""
+    x, y = classification_data(16)
+    for labels in ((y, np.ones(16, "float32")), [y, y]):
+        with pytest.raises(InputError, match=r"The labels y hold 2 arrays, where the model '\w+' has one output.*"
+                                             r"from_tensor_slices\(\(x, y, sample_weight\)\)"):
+            trainer(mlp()).fit(x, labels, epochs=1)

@@ -202,3 +202,25 @@ def test_an_optimizer_of_the_users_own_with_python_control_flow_on_tensors_train
                                                                                   Guarded(0.1))])
     r = Trainer([upd], p, batch_size=8, checkpoint_objects={"d": dense}, progress=False).fit(x, epochs=1)
     assert r.steps == 4 and r.skipped == {"u": 0} and not np.array_equal(before, dense.kernel.numpy())
+
+
+def test_an_update_whose_loss_does_not_reach_its_variables_is_our_error_before_a_step():
+    """A loss under tf.stop_gradient, or an Update listing another model's variables, failed inside Keras's
+    optimizer: "ValueError: not enough values to unpack (expected 2, got 0)"."""
+    from amp_backends.errors import AmpConfigError
+    from amp_backends.training import classifier_updates
+
+    K = tf.keras
+    x, y = np.random.default_rng(0).random((32, 4)).astype("float32"), np.arange(32) % 2
+    model, other = (K.Sequential([K.Input((4,)), K.layers.Dense(2)]) for _ in range(2))
+    stopped = classifier_updates(model, K.optimizers.SGD(0.1), loss=lambda yt, yp: tf.stop_gradient(
+        K.losses.sparse_categorical_crossentropy(yt, yp, from_logits=True)))
+    wrong = [Update("critic", lambda b: tf.reduce_mean(model(b[0]) ** 2), [(other.trainable_variables,
+                                                                           K.optimizers.SGD(0.1))])]
+    for updates, name in ((stopped, "model"), (wrong, "critic")):
+        t = Trainer(updates, applied_plan(), batch_size=8, progress=False)
+        with pytest.raises(AmpConfigError, match=rf"The loss of the update '{name}' has no gradient with respect to "
+                                                 r"any of the 2 variables it trains \(\S*kernel\S*, \S*bias\S*\).*Fix: "
+                                                 r"train the variables of the model the loss calls"):
+            t.fit(x, y, epochs=1)
+        assert int(t.global_step.numpy()) == 0
