@@ -66,14 +66,15 @@ ELEMENTWISE = {"mse", "mae", "mape", "msle", "kld", "huber", "logcosh", "poisson
                "categoricalfocalcrossentropy"}
 
 
-def check_label_shape(y: Any, output: tuple[int | None, ...], loss: str, model: str,
+def check_label_shape(y: Any, output: tuple[int | None, ...] | None, loss: str, model: str,
                       error: type[Exception] = ValueError) -> None:
     """Refuse labels a model with one output cannot take: several arrays, or, where ``loss`` is `ELEMENTWISE`,
     another shape per sample than the output's (a trailing 1 aside, as Keras's losses squeeze it).
 
     Args:
         y: The labels of a batch (an array, or what the user passed).
-        output: The model's output shape per sample (without the batch; ``None`` where open).
+        output: The model's output shape per sample (without the batch; ``None`` where open), ``None`` where its
+            rank is unknown (not compared).
         loss: The loss's name, lower case, without underscores (``"meansquarederror"``).
         model: The model's name, for the message.
         error: The exception class to raise.
@@ -85,14 +86,16 @@ def check_label_shape(y: Any, output: tuple[int | None, ...], loss: str, model: 
         raise error(f"The labels y hold {len(y)} arrays, where the model {model!r} has one output. Expected one "
                     "array of labels. Fix: pass y as one array; for a weight per sample, train on "
                     "tf.data.Dataset.from_tensor_slices((x, y, sample_weight)).batch(batch_size).")
+    y = y[0] if isinstance(y, (tuple, list)) else y
+    if output is None or loss not in ELEMENTWISE or isinstance(y, dict):
+        return
     got = tuple(np.shape(y)[1:])
 
     def trim(shape: tuple[Any, ...]) -> tuple[Any, ...]:
         return shape[:max((i + 1 for i, d in enumerate(shape) if d != 1), default=0)]
 
     have, want = trim(got), trim(tuple(output))
-    if loss in ELEMENTWISE and (len(have) != len(want) or any(w is not None and int(w) != h
-                                                              for h, w in zip(have, want, strict=True))):
+    if len(have) != len(want) or any(w is not None and int(w) != h for h, w in zip(have, want, strict=True)):
         raise error(f"The labels y have shape {np.shape(y)}, {got or 'one value'} per sample, where the model "
                     f"{model!r} outputs {tuple(output)} per sample and the loss ({loss}) compares the two element "
                     "by element. Expected labels of the output's shape. Fix: give the labels the output's shape "

@@ -380,4 +380,5 @@ def built_in_other_dtype(model: Any, plan: Plan, layer_plan: LayerPlan | None = 
                                                      for v in getattr(layer, "trainable_weights", []))
     total = sum(weights.values())
     most = max(weights, key=lambda k: weights[k]) if total else None
-    return most if most and most != plan.compute_dtype and weights[most] / total >= 0.5 else None
+    a_plans = most in ("float16", "bfloat16", FLOAT32)  # a dtype a plan has (float64 is the model's own choice)
+    return most if a_plans and most != plan.compute_dtype and weights[most or ""] / total >= 0.5 else None

@@ -456,6 +456,9 @@ def test_prepare_model_says_a_model_saved_under_another_plan_computes_in_that_dt
             warnings.simplefilter("error", AmpWarning)  # mended: nothing more to say
             amp_backends.prepare_model(saved, plan, reset_policies=True)
         assert [layer.compute_dtype for layer in saved.layers] == ["float16", "float32"]  # the head in float32
+        with policy("float64"), warnings.catch_warnings():  # float64 on purpose: no plan's dtype, nothing to say
+            warnings.simplefilter("error", AmpWarning)
+            amp_backends.prepare_model(mlp(), applied_plan("float32"))
     finally:
         applied_plan("float32")
 

@@ -110,6 +110,13 @@ class Rules(RuleContext):
                 continue  # the plan's own float32 layers: the float32-layers finding speaks of them
             at_output = all(op.output_to_model for op in ops)
             at_input = all(op.input_from_data for op in ops)
+            if at_output and (vocab := {op.dims.get("N") for op in ops}) <= rules_transformer.vocabularies(self):
+                self.add("info", "float32-compute", layer, f"{info.class_name} computes the model's logits over a "
+                         f"vocabulary of {', '.join(map(str, sorted(vocab)))} in float32 under the {target.policy} "
+                         "plan", "float32 logits keep close logits apart (as the logits-dtype finding advises), "
+                         f"their GEMM {rate}", "nothing to do: the recommended pattern for a language model's head",
+                         share, ops=", ".join(sorted({op.op_type for op in ops})), pinned=pinned)
+                continue
             edge = (pinned and at_input) or at_output  # float32 at the output is the recommended pattern
             severity = self.level(share, EDGE_SIGNIFICANT if edge else SIGNIFICANT, "info" if edge else "warning")
             op_types = ", ".join(sorted({op.op_type for op in ops}))

@@ -359,31 +359,35 @@ def _groups(optimizer: Any, grads: Any, variables: Any) -> list[tuple[Any, list[
 
 
 def _apply(groups: Sequence[tuple[Any, list[Any], list[Any]]], grads: Sequence[Sequence[Any]]) -> Any:
-    for (optimizer, _, variables), gs in zip(groups, grads, strict=True):
-        optimizer.apply_gradients(gradient_pairs(gs, variables, "the loss given to LossScaler.apply"))
+    pairs = gradient_pairs([(gs, variables) for (_, _, variables), gs in zip(groups, grads, strict=True)],
+                           "the loss given to LossScaler.apply")
+    for (optimizer, _, _), group in zip(groups, pairs, strict=True):
+        if group:  # (a group the loss does not reach, frozen by tf.stop_gradient say, is left as it is)
+            optimizer.apply_gradients(group)
     return tf.constant(True)
 
 
-def gradient_pairs(grads: Sequence[Any], variables: Sequence[Any], whose: str) -> list[tuple[Any, Any]]:
-    """``(gradient, variable)`` for the variables that have a gradient, for ``apply_gradients``.
+def gradient_pairs(groups: Sequence[tuple[Sequence[Any], Sequence[Any]]], whose: str) -> list[list[tuple[Any, Any]]]:
+    """Per variable group, ``(gradient, variable)`` for its variables that have a gradient, for ``apply_gradients``.
 
     Args:
-        grads: ``tape.gradient(loss, variables)``: ``None`` where the loss does not depend on the variable.
-        variables: The variables, one per gradient.
+        groups: ``(grads, variables)`` per group: ``tape.gradient(loss, variables)`` (``None`` where the loss does
+            not depend on the variable) and the variables, one per gradient.
         whose: Whose loss it is, for the message (``"the update 'model'"``).
 
     Returns:
-        The pairs (Keras's ``apply_gradients`` takes no ``None`` gradient).
+        The pairs of each group (Keras's ``apply_gradients`` takes no ``None`` gradient; a group may have none).
 
     Raises:
-        AmpConfigError: No variable has a gradient (Keras would fail inside its optimizer, unpacking no pairs).
+        AmpConfigError: No variable of any group has a gradient (Keras would fail inside its optimizer).
     """
-    pairs = [(g, v) for g, v in zip(grads, variables, strict=True) if g is not None]
-    if variables and not pairs:
-        names = ", ".join(str(getattr(v, "path", None) or getattr(v, "name", "?")) for v in list(variables)[:3])
+    pairs = [[(g, v) for g, v in zip(grads, variables, strict=True) if g is not None] for grads, variables in groups]
+    every = [v for _, variables in groups for v in variables]
+    if every and not any(pairs):
+        names = ", ".join(str(getattr(v, "path", None) or getattr(v, "name", "?")) for v in every[:3])
         raise AmpConfigError(
-            f"The loss of {whose} has no gradient with respect to any of the {len(variables)} variables it trains "
-            f"({names}{', ...' if len(variables) > 3 else ''}): it is not computed from them. Expected a loss "
-            "computed from the variables it trains. Fix: train the variables of the model the loss calls "
+            f"The loss of {whose} has no gradient with respect to any of the {len(every)} variables it trains "
+            f"({names}{', ...' if len(every) > 3 else ''}): it is not computed from them. Expected a loss computed "
+            "from the variables it trains. Fix: train the variables of the model the loss calls "
             "(model.trainable_variables), and take tf.stop_gradient out of the loss.")
     return pairs

@@ -367,3 +367,22 @@ class Progress:
                 "throughputs": self.throughputs, "last_losses": self.last, "skipped": skipped,
                 "applied": {n: steps - k for n, k in skipped.items()},
                 "loss_scales": {n: s.current for n, s in scalers.items()}, "history": self.history}
+
+
+def masked_weights(values: Any, sample_weight: Any, outputs: Any) -> Any:
+    """Per-value loss weights: the sample weights times the Keras mask of a single output where it has one (padded
+    timesteps of ``mask_zero``: left out of the loss, as Keras's losses leave them).
+
+    Args:
+        values: The per-example (or per-position) loss values.
+        sample_weight: One weight per value (reshaped to ``values``), or ``None``.
+        outputs: The model's outputs as it returned them (its mask read from ``_keras_mask``).
+
+    Returns:
+        The weights, float32, or ``None`` where there are none (a plain mean).
+    """
+    mask = None if isinstance(outputs, (dict, list, tuple)) else getattr(outputs, "_keras_mask", None)
+    w = None if sample_weight is None else tf.cast(tf.reshape(sample_weight, tf.shape(values)), tf.float32)
+    if mask is not None and mask.shape.rank == values.shape.rank:
+        w = tf.cast(mask, tf.float32) * (1.0 if w is None else w)
+    return w

@@ -109,7 +109,10 @@ class LogLine(Observer):
     def after_evaluation(self, epoch: int, step: int, values: dict[str, float]) -> None:
         what = (f"Epoch {epoch} (global step {step})" if any(not k.startswith("val_") for k in values)
                 else f"Validation at global step {step} (epoch {epoch})")
-        logger.info(f"{what}: " + ", ".join(f"{k}: {v:.5f}" for k, v in values.items()) + ".")
+        def said(k: str, v: float) -> str:  # an epoch's loss is the mean of its applied steps: NaN when none was
+            return "n/a (every step of the epoch was skipped)" if v != v and not k.startswith("val_") else f"{v:.5f}"
+
+        logger.info(f"{what}: " + ", ".join(f"{k}: {said(k, v)}" for k, v in values.items()) + ".")
 
 
 class TensorBoardScalars(Observer):

@@ -198,9 +198,9 @@ class Checkpointing:
             return self.save()
         return None
 
-    def restore(self, models: TrainedModels, stream: bool = False) -> int | None:
+    def restore(self, models: TrainedModels, stream: Any = None) -> int | None:
         """Restore the newest checkpoint, if any, and what the run decided and learnt; its global step (``stream``:
-        the run reads a ``tf.data`` pipeline, which resumes at a whole batch)."""
+        the ``tf.data`` input (`inputs.Stream`) the run reads, which resumes at a whole batch; ``None``: arrays)."""
         given = learning_rates(self.updates)
         restored = self.store.restore(models.quantize) if self.store else None  # float8 layers first
         if restored is None:
@@ -218,7 +218,7 @@ class Checkpointing:
         return at.step
 
     def _log_resume(self, restored: Restored, at: At, then_batch: int, given: Mapping[str, float],
-                    stream: bool) -> None:
+                    stream: Any) -> None:
         """The resume line: where it continues, what differs from the checkpoint's run (``given``: rates before it)."""
         optimizers = {f"{u.name}[{i}]": int(opt.iterations.numpy()) for u in self.updates
                       for i, (_, opt) in enumerate(u.groups) if hasattr(opt, "iterations")}
@@ -227,12 +227,15 @@ class Checkpointing:
                     f"{at.offset // then_batch}, loss scales {scales}, optimizer iterations "
                     + ", ".join(f"{k}={v}" for k, v in optimizers.items()))
         if then_batch != (batch := self.position.batch_size):
-            again = at.offset % batch if stream else 0  # a pipeline skips whole batches of the new size
+            said = " (the position is kept in samples, so no sample is read twice or skipped)."
+            if stream is not None:  # a pipeline skips whole batches of the new size
+                skip, again = stream.batches_before(at), at.offset % batch
+                said = (f": the pipeline skips the first {skip} batch{'' if skip == 1 else 'es'} of {batch} of its pass"
+                        + (" (one stream across epochs, counted in batches of the new size: samples may be read "
+                           "again or left out)." if stream.continuous else
+                           f", so {again} samples are read again." if again else said))
             logger.info(f"The checkpoint was written with batch size {then_batch}; this run uses {batch}: it continues "
-                        f"at sample {at.offset} of epoch {at.epoch}" + (
-                            f": the pipeline skips the {at.offset // batch} whole batches of {batch} read before, so "
-                            f"{again} samples are read again." if again else
-                            " (the position is kept in samples, so no sample is read twice or skipped)."))
+                        f"at sample {at.offset} of epoch {at.epoch}{said}")
         if RANDOM_STATE in restored.lacking:
             logger.warning(f"{restored.path} holds no state of the random layers (Dropout, noise, augmentation; it was "
                            "written before checkpoints kept it): they draw from the start of their sequences again, so "
@@ -247,7 +250,7 @@ class Checkpointing:
             logger.info(f"The checkpoint was written under another plan ({then}); this run: {self.plan_headline}.")
 
     @contextlib.contextmanager
-    def fitting(self, resume: bool, models: TrainedModels, stream: bool = False) -> Iterator[At]:
+    def fitting(self, resume: bool, models: TrainedModels, stream: Any = None) -> Iterator[At]:
         """A ``fit`` from where the run stands (yielded), holding the folder's lock (`runs.holding`): a new run refuses
         another's checkpoints, ``resume`` restores (`restore`; ``stream``: from a ``tf.data`` pipeline); the folder is
         made ready for saves; a final save."""

@@ -9,6 +9,7 @@ the call (under XLA each step is compiled: iterators cannot be). Random draws in
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 from dataclasses import dataclass
@@ -197,12 +198,12 @@ class StepProgram:
 
     @staticmethod
     def _apply(u: Update, grads: Sequence[Any]) -> None:
-        offset = 0
-        for vs, opt in u.groups:
-            n = len(vs)
-            pairs = gradient_pairs(grads[offset:offset + n], vs, f"the update {u.name!r}")
-            user_code(opt.apply_gradients)(pairs)  # (an optimizer of the user's own converted, as before)
-            offset += n
+        ends = list(itertools.accumulate(len(vs) for vs, _ in u.groups))
+        pairs = gradient_pairs([(grads[end - len(vs):end], vs) for (vs, _), end in zip(u.groups, ends, strict=True)],
+                               f"the update {u.name!r}")
+        for (_, opt), group in zip(u.groups, pairs, strict=True):
+            if group:  # (a group its loss does not reach is left as it is)
+                user_code(opt.apply_gradients)(group)  # (an optimizer of the user's own converted, as before)
 
     def _grads_fn(self, u: Update, kind: str, make_batch: Callable[..., Any]) -> Any:
         fn = lambda step, *args: self._replica_grads(u, make_batch, step, *args)  # noqa: E731

@@ -12,7 +12,7 @@ import tensorflow as tf
 from ..errors import AmpConfigError, InputError
 from ..labels import check_label_shape, class_ids
 from .inputs import leaf_paths
-from .metrics import record_predictions
+from .metrics import masked_weights, record_predictions
 from ..keras_compat import user_code
 from .step import Evaluation, Update, float32_outputs, step_seed
 
@@ -97,13 +97,12 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
     def loss_fn(batch):
         _check_labelled(batch)
         check_model_inputs(model, batch[0])  # while tracing: before any step runs
-        pred = float32_outputs(user_code(model)(batch[0], training=True))
+        raw = user_code(model)(batch[0], training=True)
+        pred = float32_outputs(raw)
         values = losses(batch[1], pred)
         record_predictions("model", batch[1], pred, batch[2] if len(batch) == 3 else None)
-        if len(batch) == 3:
-            w = tf.cast(tf.reshape(batch[2], tf.shape(values)), tf.float32)
-            return tf.reduce_sum(values * w) / tf.maximum(tf.reduce_sum(w), 1e-12)
-        return tf.reduce_mean(values)
+        w = masked_weights(values, batch[2] if len(batch) == 3 else None, raw)
+        return tf.reduce_mean(values) if w is None else tf.reduce_sum(values * w) / tf.maximum(tf.reduce_sum(w), 1e-12)
 
     def check(x):  # NumPy numbers (strings are the model's StringLookup's to check): before anything is traced
         if all(getattr(getattr(a, "dtype", None), "kind", "") in ("f", "i", "u", "b") for a in tf.nest.flatten(x)):
@@ -128,9 +127,10 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
             raise InputError(f"The labels y are class ids (shape {np.shape(sample[1])}), but categorical cross-entropy "
                              f"takes one-hot rows (shape (N, {classes})). Fix: loss='sparse_categorical_crossentropy' "
                              f"for class ids, or one-hot labels: keras.utils.to_categorical(y, {classes}).")
-        if len(outputs) == 1:  # (sparse labels: as class ids, below)
-            check_label_shape(sample[1], tuple(outputs[0].shape[1:]), "" if sparse else _loss_name(loss), model.name,
-                              error=InputError)
+        if len(outputs) == 1:  # (sparse labels: as class ids, below; an output of unknown rank: not compared)
+            shape = outputs[0].shape  # (Keras 3: a tuple; Keras 2: a TensorShape, of unknown rank perhaps)
+            check_label_shape(sample[1], None if getattr(shape, "rank", 0) is None else tuple(shape[1:]),
+                              "" if sparse else _loss_name(loss), model.name, error=InputError)
         if sparse and not isinstance(sample[1], (dict, tuple, list)):  # (several outputs: the loss's own checks)
             owner = (f" (the model has {classes} outputs" + ("; for two classes on one sigmoid unit, pass "
                      "loss='binary_crossentropy'" if classes == 1 else "") + ")") if classes else ""

@@ -181,7 +181,7 @@ class Trainer:
         self.validation.start(validation_data, validation_every, self.store, self.checkpointing.together)
         if source.has_strings:
             self.program.without_xla("the data holds strings (a StringLookup's input), which XLA cannot compile")
-        with self.checkpointing.fitting(resume, self.models, isinstance(source, Stream)) as at:  # locked, resumed
+        with self.checkpointing.fitting(resume, self.models, source if isinstance(source, Stream) else None) as at:
             if not nothing_left(at, source.left_in_epoch(at.offset) == 0, epochs, max_steps, say=self.is_chief):
                 if self.is_chief:  # the line that says what a call is; each model's layer plan, the precision check
                     logger.info(training_line(source, self.batch_size, self.steps_per_call, self.checkpoint_every))

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from ..errors import AmpConfigError, InputError, xla_compile_failure
 from . import metrics as metric_lib
-from .metrics import Every, Monitor, parse_every, reset, results
+from .metrics import Every, Monitor, masked_weights, parse_every, reset, results
 from .observers import Observer
 from .checkpoints import CheckpointStore
 from ..keras_compat import user_code
@@ -337,9 +337,11 @@ class Evaluator:
             ok, batch = user_code(self.update.check)(batch)
         x, y = batch[0], batch[1]
         weights = batch[2] if len(batch) == 3 else None
-        pred = float32_outputs(user_code(self.evaluation.predict)(x))
+        raw = user_code(self.evaluation.predict)(x)
+        pred = float32_outputs(raw)
         values = tf.cast(user_code(self.evaluation.loss)(y, pred), tf.float32)
-        w = tf.ones_like(values) if weights is None else tf.cast(tf.reshape(weights, tf.shape(values)), tf.float32)
+        w = masked_weights(values, weights, raw)
+        w = tf.ones_like(values) if w is None else w
         for m in self.metrics:
             user_code(m.update_state)(y, pred, weights)
         return tf.reduce_sum(values * w), tf.reduce_sum(w), tf.cast(tf.logical_not(ok), tf.int32)

@@ -709,3 +709,23 @@ def test_the_input_shape_fix_names_the_inputs_of_a_model_with_several():
     given = checked_inputs(model, parse_input_shape(example_shape(model)),
                            amp_backends.keras_compat.input_structure(model))  # the fix is a shape it takes
     assert [tuple(leaf.shape) for leaf in given] == [(None, 4), (None, 6)]
+
+
+def test_a_language_models_head_kept_in_float32_as_logits_dtype_advises_is_not_warned_back(h100):
+    """The logits-dtype finding told to give the head dtype='float32'; done, float32-compute warned to remove it
+    again (a warning of 22% of the FLOPs on a keras_hub Gemma with reverse_dtype='float32')."""
+    K = tf.keras
+
+    def lm(head_dtype):
+        with policy("mixed_float16"):
+            ids = K.Input((16,), dtype="int32")
+            h = K.layers.Dense(64, activation="relu")(K.layers.Embedding(2048, 64)(ids))
+            return K.Model(ids, K.layers.Dense(2048, dtype=head_dtype, name="head")(h), name="lm")
+
+    before = amp_backends.check_model(lm(None), h100, batch_size=8)
+    assert by_code(before, "logits-dtype") and "dtype='float32'" in by_code(before, "logits-dtype")[0].fix
+    after = amp_backends.check_model(lm("float32"), h100, batch_size=8)
+    assert not by_code(after, "logits-dtype") and not codes(after, "warning")
+    (f,) = by_code(after, "float32-compute")
+    assert f.severity == "info" and "logits over a vocabulary of 2048 in float32" in f.what
+    assert f.fix.startswith("nothing to do")

@@ -201,7 +201,7 @@ def test_a_pipeline_resumed_with_larger_batches_says_how_many_samples_it_reads_a
     counting_trainer(32).fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(32), epochs=1, resume=True)
     twice = int((seen.numpy() == 2).sum())
     assert twice == 16 and int((seen.numpy() == 0).sum()) == 0  # samples 32-47: read at 16 and again at 32
-    assert ("continues at sample 48 of epoch 0: the pipeline skips the 1 whole batches of 32 read before, so 16 "
+    assert ("continues at sample 48 of epoch 0: the pipeline skips the first 1 batch of 32 of its pass, so 16 "
             "samples are read again.") in caplog.text
     assert "no sample is read twice" not in caplog.text
 
@@ -276,3 +276,16 @@ def trainer_without_checkpoints(**kw):
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     return model, Trainer(classifier_updates(model, tf.keras.optimizers.SGD(), loss), applied_plan(), batch_size=8,
                           progress=False, **kw)
+
+
+def test_a_stream_across_epochs_resumed_with_larger_batches_does_not_claim_what_it_reads(tmp_path, caplog):
+    """With steps_per_epoch (one stream across epochs) the message claimed a count of samples read again, where
+    the skip, counted in batches of the new size, leaves samples out instead."""
+    caplog.set_level("INFO", logger="amp_backends.train")
+    x, y = classification_data(128)
+    stream = lambda n: tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(n)  # noqa: E731
+    trainer(tmp_path, batch_size=16)[1].fit(stream(16), epochs=2, steps_per_epoch=4, max_steps=5)
+    trainer(tmp_path, batch_size=32)[1].fit(stream(32), epochs=2, steps_per_epoch=4, resume=True)
+    assert ("continues at sample 16 of epoch 1: the pipeline skips the first 4 batches of 32 of its pass (one "
+            "stream across epochs, counted in batches of the new size: samples may be read again or left "
+            "out).") in caplog.text

@@ -187,3 +187,14 @@ def test_keras_fit_callback_lines_show_in_a_program_that_configured_no_logging_a
     assert "(0, 3), Loss (epoch mean): " in quiet_program, quiet_program[-2000:]
     assert "Summary: median throughput" in quiet_program
     assert "amp_backends plan:" not in quiet_program
+
+
+def test_an_epoch_whose_every_step_was_skipped_says_so_not_nan(caplog):
+    """An epoch of one step skipped by the dynamic loss scale (normal at its first step) was logged "loss: nan",
+    where the step's own line showed its finite loss."""
+    from amp_backends.training.observers import LogLine
+
+    caplog.set_level("INFO", logger="amp_backends.train")
+    LogLine().after_evaluation(0, 1, {"loss": float("nan"), "val_loss": float("nan"), "accuracy": 0.5})
+    assert ("Epoch 0 (global step 1): loss: n/a (every step of the epoch was skipped), val_loss: nan, "
+            "accuracy: 0.50000.") in caplog.text

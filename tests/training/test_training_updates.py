@@ -224,3 +224,30 @@ def test_an_update_whose_loss_does_not_reach_its_variables_is_our_error_before_a
                                                  r"train the variables of the model the loss calls"):
             t.fit(x, y, epochs=1)
         assert int(t.global_step.numpy()) == 0
+
+
+def test_a_variable_group_its_loss_does_not_reach_is_left_as_it_is_while_the_others_train():
+    """Two groups, the backbone behind tf.stop_gradient: the head trains and the backbone is left as it is (it
+    trained so on Keras 2 before the no-gradient check refused the whole update, and failed inside Keras 3)."""
+    from amp_backends import LossScaler
+
+    K = tf.keras
+    x, y = np.random.default_rng(0).random((32, 4)).astype("float32"), np.arange(32) % 2
+    backbone, head = K.Sequential([K.Input((4,)), K.layers.Dense(8)]), K.Sequential([K.Input((8,)), K.layers.Dense(2)])
+    loss = K.losses.SparseCategoricalCrossentropy(from_logits=True)
+    before = [v.numpy().copy() for v in backbone.trainable_variables + head.trainable_variables]
+    u = Update("model", lambda b: loss(b[1], head(tf.stop_gradient(backbone(b[0])))),
+               [(backbone.trainable_variables, K.optimizers.SGD(0.1)),
+                (head.trainable_variables, K.optimizers.SGD(0.1))])
+    assert Trainer([u], applied_plan(), batch_size=8, progress=False).fit(x, y, epochs=1).steps == 4
+    after = [v.numpy() for v in backbone.trainable_variables + head.trainable_variables]
+    assert all(np.array_equal(a, b) for a, b in zip(before[:2], after[:2], strict=True))  # the backbone: as it was
+    assert not any(np.array_equal(a, b) for a, b in zip(before[2:], after[2:], strict=True))  # the head: trained
+    first, second = K.optimizers.SGD(0.1), K.optimizers.SGD(0.1)  # the same in a loop of one's own
+    scaler = LossScaler(first, plan=applied_plan())
+    with tf.GradientTape() as tape:
+        value = loss(y[:8], head(tf.stop_gradient(backbone(x[:8]))))
+    variables = [backbone.trainable_variables, head.trainable_variables]
+    scaler.apply(tape.gradient(value, variables), variables, optimizer=[first, second])
+    assert all(np.array_equal(a, b.numpy()) for a, b in zip(after[:2], backbone.trainable_variables, strict=True))
+    assert not np.array_equal(after[2], head.trainable_variables[0].numpy())
