@@ -375,14 +375,18 @@ def masked_weights(values: Any, sample_weight: Any, outputs: Any) -> Any:
 
     Args:
         values: The per-example (or per-position) loss values.
-        sample_weight: One weight per value (reshaped to ``values``), or ``None``.
+        sample_weight: One weight per sample (over each of its values), or ``None``.
         outputs: The model's outputs as it returned them (its mask read from ``_keras_mask``).
 
     Returns:
         The weights, float32, or ``None`` where there are none (a plain mean).
     """
     mask = None if isinstance(outputs, (dict, list, tuple)) else getattr(outputs, "_keras_mask", None)
-    w = None if sample_weight is None else tf.cast(tf.reshape(sample_weight, tf.shape(values)), tf.float32)
+    w = None if sample_weight is None else tf.cast(tf.reshape(sample_weight, [-1]), tf.float32)
+    if w is not None:  # a sample's weight over each of its values (a loss per position: (N, T))
+        rank = values.shape.rank
+        w = tf.reshape(w, tf.shape(values)) if rank is None else tf.reshape(w, [-1] + [1] * (rank - 1)) * tf.ones_like(
+            values)
     if mask is not None and mask.shape.rank == values.shape.rank:
         w = tf.cast(mask, tf.float32) * (1.0 if w is None else w)
     return w

@@ -758,3 +758,20 @@ def test_padded_timesteps_are_left_out_of_the_loss_as_keras_leaves_them():
                 progress=False)
     assert t.fit(ids, tags, epochs=1).last_losses["model"] == pytest.approx(keras_loss, rel=1e-4)  # one batch
     assert t.evaluate(ids, tags)["loss"] == pytest.approx(keras_loss, rel=1e-4)
+
+
+def test_a_weight_per_sample_weighs_every_position_of_a_per_position_loss():
+    """Sample weights (N,) with a tagger's loss per position (N, T) failed inside the step: a reshape of 16 weights
+    to (16, 12). A weight of 0 now leaves the sample's every position out."""
+    rng = np.random.default_rng(0)
+    ids, tags = rng.integers(1, 20, (16, 12)), rng.integers(0, 5, (16, 12))
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((12,)), tf.keras.layers.Embedding(20, 8),
+                                 tf.keras.layers.Dense(5, activation="softmax")])
+    t = Trainer(classifier_updates(model, tf.keras.optimizers.SGD(0.0),
+                                   tf.keras.losses.SparseCategoricalCrossentropy()), applied_plan(), batch_size=16,
+                progress=False)
+    weights = np.r_[np.ones(8), np.zeros(8)].astype("float32")
+    first_half = float(tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(tags[:8], model(ids[:8]))))
+    result = t.fit(tf.data.Dataset.from_tensor_slices((ids, tags, weights)).batch(16), epochs=1)
+    assert result.last_losses["model"] == pytest.approx(first_half, rel=1e-5)
