@@ -379,6 +379,8 @@ def built_in_other_dtype(model: Any, plan: Plan, layer_plan: LayerPlan | None = 
         weights[dtype] = weights.get(dtype, 0) + sum(math.prod(int(d or 0) for d in v.shape)
                                                      for v in getattr(layer, "trainable_weights", []))
     total = sum(weights.values())
-    most = max(weights, key=lambda k: weights[k]) if total else None
-    a_plans = most in ("float16", "bfloat16", FLOAT32)  # a dtype a plan has (float64 is the model's own choice)
-    return most if a_plans and most != plan.compute_dtype and weights[most or ""] / total >= 0.5 else None
+    if not total:
+        return None
+    most = max(weights, key=weights.__getitem__)
+    plan_dtype = most in ("float16", "bfloat16", FLOAT32)  # a dtype a plan has (float64 is the model's own choice)
+    return most if plan_dtype and most != plan.compute_dtype and weights[most] / total >= 0.5 else None

@@ -119,16 +119,21 @@ def _check_leaf(given: InputLeaf, declared: InputLeaf | None, model_name: str) -
                              "the shape the model takes.")
 
 
-def by_name(model: Any, inputs: Any, model_struct: Any) -> Any:
-    """A dict of inputs for a model that lists its inputs, in the model's order by their names (as Keras takes it);
-    anything else as given."""
-    if not (isinstance(inputs, dict) and isinstance(model_struct, (list, tuple))):
-        return inputs
+def input_names(model: Any, model_struct: Any) -> list[str] | None:
+    """The names of a model's listed inputs, in its order (as ``inputs=`` and ``--input-shape`` name them), or
+    ``None`` where it has no such list of distinct names."""
     try:
         names = [str(t.name).split(":")[0] for t in model.inputs]
     except (AttributeError, TypeError, ValueError):
-        return inputs
-    if len(names) != len(model_struct) or len(set(names)) != len(names):
+        return None
+    fits = isinstance(model_struct, (list, tuple)) and len(names) == len(model_struct) == len(set(names))
+    return names if fits else None
+
+
+def by_name(model: Any, inputs: Any, model_struct: Any) -> Any:
+    """A dict of inputs for a model that lists its inputs, in the model's order by their names (as Keras takes it);
+    anything else as given."""
+    if not isinstance(inputs, dict) or (names := input_names(model, model_struct)) is None:
         return inputs
     if missing := [n for n in names if n not in inputs]:
         raise ValueError(f"inputs= lacks the model {model.name!r}'s input(s) {missing}. Expected the keys {names} (its "
@@ -195,11 +200,8 @@ def example_shape(model: Any) -> str:
     """One example's input shape as ``--input-shape`` takes it (``28x28x1``; ``token_ids=128,padding_mask=128``), an
     open dimension as 128."""
     struct = input_structure(model)
-    if isinstance(struct, (list, tuple)) and len(struct) > 1:  # a list of inputs: --input-shape names them
-        try:
-            struct = dict(zip([str(t.name).split(":")[0] for t in model.inputs], struct, strict=True))
-        except (AttributeError, TypeError, ValueError):
-            pass
+    if isinstance(struct, (list, tuple)) and len(struct) > 1 and (names := input_names(model, struct)):
+        struct = dict(zip(names, struct, strict=True))  # a list of inputs: --input-shape names them
     leaves = struct.items() if isinstance(struct, dict) else [(None, struct)] if struct is not None else []
     shapes = {name: "x".join(str(d or 128) for d in leaf.shape[1:]) or "1" for name, leaf in leaves
               if getattr(leaf, "shape", None)}

@@ -382,11 +382,13 @@ def masked_weights(values: Any, sample_weight: Any, outputs: Any) -> Any:
         The weights, float32, or ``None`` where there are none (a plain mean).
     """
     mask = None if isinstance(outputs, (dict, list, tuple)) else getattr(outputs, "_keras_mask", None)
-    w = None if sample_weight is None else tf.cast(tf.reshape(sample_weight, [-1]), tf.float32)
-    if w is not None:  # a sample's weight over each of its values (a loss per position: (N, T))
-        rank = values.shape.rank
-        w = tf.reshape(w, tf.shape(values)) if rank is None else tf.reshape(w, [-1] + [1] * (rank - 1)) * tf.ones_like(
-            values)
+    w = None
+    if sample_weight is not None:  # a sample's weight over each of its values (a loss per position: (N, T))
+        w, rank = tf.cast(tf.reshape(sample_weight, [-1]), tf.float32), values.shape.rank
+        if rank is None:
+            w = tf.reshape(w, tf.shape(values))
+        else:
+            w = tf.reshape(w, [-1] + [1] * (rank - 1)) * tf.ones_like(values)
     if mask is not None and mask.shape.rank == values.shape.rank:
         w = tf.cast(mask, tf.float32) * (1.0 if w is None else w)
     return w

@@ -153,26 +153,27 @@ def test_a_checkpoint_of_another_program_is_refused_clearly(tmp_path):
         t.fit(*classification_data(16), epochs=1, resume=True)
 
 
+def counting_trainer(directory, batch_size, seen):
+    """A trainer whose loss adds 1 to ``seen[i]`` for each sample it reads (column 0 of x: the sample's id)."""
+    model = mlp()
+    base = classifier_updates(model, tf.keras.optimizers.SGD(1e-3),
+                              tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))[0]
+
+    def loss_fn(batch):
+        seen.assign_add(tf.reduce_sum(tf.one_hot(tf.cast(batch[0][:, 0], tf.int32), seen.shape[0]), axis=0))
+        return base.loss_fn(batch)
+
+    return trainer(directory, model, batch_size, updates=[Update("model", loss_fn, base.groups)])[1]
+
+
 def test_resuming_with_another_batch_size_keeps_the_position_in_samples(tmp_path, caplog):
     """16-sample batches for 3 steps, then 8-sample batches: every sample of the epoch is trained on exactly once."""
     caplog.set_level("INFO", logger="amp_backends.train")
     x, y = classification_data(96)
     x[:, 0] = np.arange(96)  # column 0: the sample's id
     seen = tf.Variable(tf.zeros(96))
-
-    def counting_trainer(batch_size):
-        model = mlp()
-        opt = tf.keras.optimizers.SGD(1e-3)
-        base = classifier_updates(model, opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))[0]
-
-        def loss_fn(batch):
-            seen.assign_add(tf.reduce_sum(tf.one_hot(tf.cast(batch[0][:, 0], tf.int32), 96), axis=0))
-            return base.loss_fn(batch)
-
-        return trainer(tmp_path, model, batch_size, updates=[Update("model", loss_fn, base.groups)])[1]
-
-    counting_trainer(16).fit(x, y, epochs=1, max_steps=3)
-    r = counting_trainer(8).fit(x, y, epochs=1, resume=True)
+    counting_trainer(tmp_path, 16, seen).fit(x, y, epochs=1, max_steps=3)
+    r = counting_trainer(tmp_path, 8, seen).fit(x, y, epochs=1, resume=True)
     assert seen.numpy().tolist() == [1.0] * 96
     assert r.steps == 3 + 6 and "continues at sample 48 of epoch 0" in caplog.text
     assert "no sample is read twice or skipped" in caplog.text
@@ -185,20 +186,10 @@ def test_a_pipeline_resumed_with_larger_batches_says_how_many_samples_it_reads_a
     x, y = classification_data(128)
     x[:, 0] = np.arange(128)  # column 0: the sample's id
     seen = tf.Variable(tf.zeros(128))
-
-    def counting_trainer(batch_size):
-        model = mlp()
-        base = classifier_updates(model, tf.keras.optimizers.SGD(1e-3),
-                                  tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))[0]
-
-        def loss_fn(batch):
-            seen.assign_add(tf.reduce_sum(tf.one_hot(tf.cast(batch[0][:, 0], tf.int32), 128), axis=0))
-            return base.loss_fn(batch)
-
-        return trainer(tmp_path, model, batch_size, updates=[Update("model", loss_fn, base.groups)])[1]
-
-    counting_trainer(16).fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=1, max_steps=3)
-    counting_trainer(32).fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(32), epochs=1, resume=True)
+    counting_trainer(tmp_path, 16, seen).fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=1,
+                                             max_steps=3)
+    counting_trainer(tmp_path, 32, seen).fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(32), epochs=1,
+                                             resume=True)
     twice = int((seen.numpy() == 2).sum())
     assert twice == 16 and int((seen.numpy() == 0).sum()) == 0  # samples 32-47: read at 16 and again at 32
     assert ("continues at sample 48 of epoch 0: the pipeline skips the first 1 batch of 32 of its pass, so 16 "
