@@ -51,15 +51,27 @@ def gan_generator() -> Any:
     return k.Sequential(layers, name="generator")
 
 
-def gan_labels(batch_size: int) -> tuple[Any, Any]:
-    """Real labels 0 + 0.01, fake labels 1 - 0.01, the first 10% unsoftened (as in the original)."""
+def gan_labels(batch_size: Any) -> tuple[Any, Any]:
+    """Real labels 0 + 0.01, fake labels 1 - 0.01, the first 10% unsoftened (as in the original); ``batch_size`` a
+    number or a scalar tensor (a size known only when the step runs)."""
     import tensorflow as tf
 
-    n_swap = int(batch_size * SWAP_FRACTION)
-    unsoftened = tf.concat([tf.ones([n_swap, 1]), tf.zeros([batch_size - n_swap, 1])], axis=0)
-    real = tf.fill([batch_size, 1], SOFTEN) - SOFTEN * unsoftened
-    fake = tf.fill([batch_size, 1], 1.0 - SOFTEN) + SOFTEN * unsoftened
-    return real, fake
+    n = tf.convert_to_tensor(batch_size, tf.int32)
+    unsoftened = tf.cast(tf.range(n) < tf.cast(tf.cast(n, tf.float32) * SWAP_FRACTION, tf.int32), tf.float32)[:, None]
+    return SOFTEN - SOFTEN * unsoftened, (1.0 - SOFTEN) + SOFTEN * unsoftened
+
+
+def gan_losses(generator: Any, discriminator: Any, real: Any, noise: Any, training: bool = True) -> tuple[Any, Any]:
+    """The tutorial GAN's losses on one batch, with `gan_labels`: the generator's (its images judged real) and the
+    discriminator's (the mean of its losses on generated and on real images). The generator runs first, then the
+    discriminator on the real images, then on the generated ones (dropout draws its randomness in that order)."""
+    import tensorflow as tf
+
+    fake = generator(noise, training=training)
+    on_real, on_fake = discriminator(real, training=training), discriminator(fake, training=training)
+    real_labels, fake_labels = gan_labels(real.shape[0] if real.shape[0] is not None else tf.shape(real)[0])
+    d_loss = 0.5 * (sigmoid_loss(on_fake, fake_labels) + sigmoid_loss(on_real, real_labels))
+    return sigmoid_loss(on_fake, real_labels), d_loss
 
 
 def sigmoid_loss(logits: Any, targets: Any) -> Any:

@@ -100,14 +100,46 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+@contextlib.contextmanager
+def interrupt_held() -> Iterator[None]:
+    """A first Ctrl-C during the block is held until the block ends, then raised (`KeyboardInterrupt`); a second
+    one interrupts at once. An import stopped half-way leaves its modules half made, and CPython, interrupted
+    while a C extension runs Python code (pybind11's), ends the process by SIGINT even after the program handled
+    the interrupt and chose its exit status. Where the program set its own SIGINT handler, or off the main thread,
+    nothing changes."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or (
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    asked: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        asked.append(signum)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # (a second Ctrl-C: at once)
+        print("\nCtrl-C: stopping as soon as TensorFlow has started (press it again to stop now)", file=sys.stderr,
+              flush=True)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if asked:
+        raise KeyboardInterrupt
+
+
 def import_tensorflow(quiet: bool) -> Any:
-    """Import TensorFlow and start its devices; with ``quiet``, its start-up noise filtered out."""
+    """Import TensorFlow and start its devices (a Ctrl-C meanwhile stops the program when they have started:
+    `interrupt_held`); with ``quiet``, its start-up noise filtered out."""
     if not quiet or "tensorflow" in sys.modules:
-        with collector_paused():
+        with interrupt_held(), collector_paused():
             import tensorflow as tf
 
         return tf
-    with filtered_stderr(), collector_paused():
+    with interrupt_held(), filtered_stderr(), collector_paused():
         import tensorflow as tf
 
         with contextlib.suppress(Exception):  # (reported by whoever lists devices next)

@@ -16,8 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .models import (NOISE_DIM, SOFTEN, SWAP_FRACTION, gan_discriminator, gan_generator, gan_labels, mnist_cnn,
-                     sigmoid_loss)
+from .models import NOISE_DIM, gan_discriminator, gan_generator, gan_losses, mnist_cnn
 
 VOCAB = 8192
 SEQ = 128
@@ -56,10 +55,7 @@ class ZooModel:
         tf = _tf()
         if self.gan:
             noise = tf.random.stateless_uniform([len(x), NOISE_DIM], seed=[1, 2], minval=-1.0, maxval=1.0)
-            real_l, fake_l = gan_labels(len(x))
-            on_fake = model.discriminator(model.generator(noise, training=False), training=False)
-            on_real = model.discriminator(tf.constant(x), training=False)
-            return float(0.5 * (sigmoid_loss(on_fake, fake_l) + sigmoid_loss(on_real, real_l)))
+            return float(gan_losses(model.generator, model.discriminator, tf.constant(x), noise, training=False)[1])
         pred = model(x, training=False)
         pred = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), pred)
         return float(tf.reduce_mean(tf.cast(self.example_loss()(y, pred), tf.float32)))
@@ -162,19 +158,10 @@ def _gan() -> Any:
 
         def train_step(self, data: Any) -> Any:
             real = data[0] if isinstance(data, (tuple, list)) else data
-            batch = tf.shape(real)[0]
-            # `amp_backends.models.gan_labels` for a batch size known only when the step runs (``fit`` on arrays)
-            unsoftened = tf.cast(tf.range(batch) < tf.cast(tf.cast(batch, tf.float32) * SWAP_FRACTION, tf.int32),
-                                 tf.float32)[:, None]
-            real_l, fake_l = SOFTEN - SOFTEN * unsoftened, (1.0 - SOFTEN) + SOFTEN * unsoftened
 
             def losses() -> tuple[Any, Any]:
-                fake = self.generator(tf.random.uniform([batch, NOISE_DIM], -1.0, 1.0), training=True)
-                on_real = self.discriminator(real, training=True)
-                on_fake = self.discriminator(fake, training=True)
-                g_loss = sigmoid_loss(on_fake, real_l)
-                d_loss = 0.5 * (sigmoid_loss(on_fake, fake_l) + sigmoid_loss(on_real, real_l))
-                return g_loss, d_loss
+                noise = tf.random.uniform([tf.shape(real)[0], NOISE_DIM], -1.0, 1.0)
+                return gan_losses(self.generator, self.discriminator, real, noise)
 
             logs = {}
             pairs = ((self.generator, self.optimizer), (self.discriminator, self.d_optimizer))

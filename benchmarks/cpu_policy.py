@@ -111,7 +111,7 @@ def document(benchmark: str, script: str, argv: list[str] | None, started: datet
              results: dict[str, Any], **versions_extra: Any) -> dict[str, Any]:
     """A results file's contents: what was measured, the machine (named by the CPU probe, never by hand), versions,
     command, date, note and results (the form ``backends/cpu/measured.py`` reads)."""
-    from amp_backends.backends.cpu.backend import machine_record
+    from machine import machine_record
 
     return {
         "benchmark": benchmark,

@@ -192,7 +192,7 @@ def environment() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from amp_backends.backends.cpu.backend import machine_record
+    from machine import machine_record
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--child", choices=["inproc", "env", "onednn", "trace", "share"])

@@ -58,7 +58,7 @@ def measure(policy, jit):
 
 if __name__ == "__main__":
     keras_version = keras.__version__ if hasattr(keras, "__version__") else ""
-    from amp_backends.backends.cpu.backend import machine_record
+    from machine import machine_record
 
     print(f"# {machine_record()['machine_kind']}, TF {tf.__version__}, Keras {keras_version}")
     for policy, jit in [("float32", False), ("float32", True), ("mixed_float16", False), ("mixed_bfloat16", False)]:

@@ -59,7 +59,7 @@ def main() -> None:
     x = rng.random((args.samples, 28, 28, 1), dtype=np.float32)
     y = rng.integers(0, 10, args.samples)
     values = [int(v) for v in args.values.split(",")]
-    from amp_backends.backends.cpu.backend import machine_record
+    from machine import machine_record
 
     print(f"# {machine_record()['machine_kind']}, TF {tf.__version__}, Keras {keras_info(tf).version}, "
           f"batch {args.batch}, {args.samples // args.batch} steps per epoch, "

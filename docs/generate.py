@@ -397,9 +397,31 @@ def chart_data() -> dict[str, list[tuple[str, float | None, float | None]]]:
     return data
 
 
+def _median_range(s: dict[str, Any] | None, none: str = "-") -> str:
+    """A figure's median and its range over the repetitions: ``5,741 (5,641-5,778)``."""
+    return f"{s['median']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f})" if s else none
+
+
+def peer_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
+    """A zoo run's peers beside float32 ``fit`` and the plan: training and inference samples/s and the loss against
+    the baseline, per model and configuration (none without peers)."""
+    from amp_backends.commands.bench.output import loss_vs_baseline
+
+    rows: list[tuple[str, ...]] = []
+    for m in report["models"]:
+        configs = m.get("configs") or {}
+        if m.get("skipped") or not any(c.get("kind") == "peer" for c in configs.values()):
+            continue
+        rows += [(str(m["model"]), name, _median_range(c.get("samples_per_s"), "failed"),
+                  _median_range(c.get("predict_samples_per_s")), loss_vs_baseline(c))
+                 for name, c in configs.items()
+                 if c.get("kind") in ("peer", "auto_fit", "trainer") or name == "float32 fit (defaults)"]
+    return rows
+
+
 def benchmarks_page() -> str:
     """The model zoo's committed runs: the speed-up charts first, then each run's table."""
-    from amp_backends.commands.bench.output import ZOO_HEAD, peer_rows, zoo_rows
+    from amp_backends.commands.bench.output import ZOO_HEAD, zoo_rows
 
     out = [HEADER.rstrip("\n"), "", "## Speed-up over float32 per model", ""]
     for device, rows in chart_data().items():

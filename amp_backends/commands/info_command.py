@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from ..errors import AmpConfigError
-from .typer_app import fail, run_single, with_overrides
+from .typer_app import fail, with_overrides
 
 PROG = "amp-backends"
 
@@ -49,7 +49,3 @@ def info(
     else:
         render_text(report, why=why)
 
-
-def main() -> None:
-    """Entry point of ``python -m amp_backends.info``."""
-    run_single(info)

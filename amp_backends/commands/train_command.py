@@ -24,7 +24,7 @@ from ..errors import (
     InputError,
     NonFiniteError,
 )
-from .typer_app import fail, make_app, number_option, run_single, with_overrides
+from .typer_app import fail, make_app, number_option, with_overrides
 
 USAGE_ERRORS = (AmpConfigError, DataUnavailableError, InputError, CheckpointError, BackendError)
 
@@ -163,12 +163,3 @@ def train_app() -> typer.Typer:
     app.command("gan")(gan_command())
     return app
 
-
-def mnist_main() -> None:
-    """Entry point of ``python -m amp_backends.examples.mnist``."""
-    run_single(mnist_command())
-
-
-def gan_main() -> None:
-    """Entry point of ``python -m amp_backends.examples.gan``."""
-    run_single(gan_command())

@@ -128,11 +128,17 @@ def refuse_labels_beside(dataset: Any, y: Any) -> None:
                          f"Received y={describe(y)} as well. Fix: zip them into the dataset and pass y=None.")
 
 
+def on_device(x: Any, y: Any, device: str) -> tuple[Any, Any, bool]:
+    """Arrays ``x`` and ``y`` (``None``: none) as tensors on ``device``, and whether any is a string tensor."""
+    with tf.device(device):
+        xs, ys = (None if a is None else tf.nest.map_structure(tf.convert_to_tensor, a) for a in (x, y))
+    return xs, ys, any(t.dtype == tf.string for t in tf.nest.flatten((xs, ys)) if t is not None)
+
+
 @tf.autograph.experimental.do_not_convert
 def gather_batch(x: Any, y: Any, idx: tf.Tensor) -> Any:
     """The default batch: every array's rows at ``idx``, as ``(x, y)`` (``y`` is ``None`` without labels)."""
-    take = lambda a: tf.gather(a, idx)  # noqa: E731
-    return tf.nest.map_structure(take, x), (None if y is None else tf.nest.map_structure(take, y))
+    return tuple(None if a is None else tf.nest.map_structure(lambda t: tf.gather(t, idx), a) for a in (x, y))
 
 
 # ------------------------------------------------------------------------------------ arrays
@@ -152,13 +158,9 @@ class ResidentArrays:
         if self.samples < batch_size:
             fix = f"lower batch_size to at most {self.samples}, or train on more data" if self.samples else "pass data"
             raise InputError(f"The data has {self.samples} samples, fewer than one batch of {batch_size}. Fix: {fix}.")
-        self.batch_size, self.seed, self.device = batch_size, seed, device
+        self.batch_size, self.seed, self.device, self.batch_fn = batch_size, seed, device, batch_fn or gather_batch
         self.host = (x, y)  # for validation (labels within the model's classes) before anything runs
-        with tf.device(device):
-            self.x = tf.nest.map_structure(tf.convert_to_tensor, x)
-            self.y = None if y is None else tf.nest.map_structure(tf.convert_to_tensor, y)
-        self.batch_fn = batch_fn or gather_batch
-        self.has_strings = any(t.dtype == tf.string for t in tf.nest.flatten((self.x, self.y)) if t is not None)
+        self.x, self.y, self.has_strings = on_device(x, y, device)
         self._perm: tuple[int, tf.Tensor] | None = None
 
     @property
@@ -177,8 +179,7 @@ class ResidentArrays:
         """The data as the step's batch function sees it, for validating the updates before training."""
         return self.host
 
-    # -- what the loop asks every input ------------------------------------------------------------
-    def describe(self) -> str:
+    def describe(self) -> str:  # (what the loop asks every input, from here on)
         left = self.samples % self.batch_size  # (a full batch each step: the rest waits for another epoch's order)
         return f"{self.samples} samples resident on {self.device}" + (
             f" ({left} left out of each epoch, other ones each epoch: the data is shuffled)" if left else "")

@@ -359,30 +359,26 @@ def _groups(optimizer: Any, grads: Any, variables: Any) -> list[tuple[Any, list[
 
 
 def _apply(groups: Sequence[tuple[Any, list[Any], list[Any]]], grads: Sequence[Sequence[Any]]) -> Any:
-    pairs = gradient_pairs([(gs, variables) for (_, _, variables), gs in zip(groups, grads, strict=True)],
-                           "the loss given to LossScaler.apply")
-    for (optimizer, _, _), group in zip(groups, pairs, strict=True):
-        if group:  # (a group the loss does not reach, frozen by tf.stop_gradient say, is left as it is)
-            optimizer.apply_gradients(group)
+    apply_groups([(optimizer.apply_gradients, gs, variables) for (optimizer, _, variables), gs
+                  in zip(groups, grads, strict=True)], "the loss given to LossScaler.apply")
     return tf.constant(True)
 
 
-def gradient_pairs(groups: Sequence[tuple[Sequence[Any], Sequence[Any]]], whose: str) -> list[list[tuple[Any, Any]]]:
-    """Per variable group, ``(gradient, variable)`` for its variables that have a gradient, for ``apply_gradients``.
+def apply_groups(groups: Sequence[tuple[Callable[[Any], Any], Sequence[Any], Sequence[Any]]], whose: str) -> None:
+    """Apply each variable group's gradients with its optimizer, leaving out the variables without a gradient (Keras's
+    ``apply_gradients`` takes no ``None``) and a group the loss does not reach at all (frozen by ``tf.stop_gradient``).
 
     Args:
-        groups: ``(grads, variables)`` per group: ``tape.gradient(loss, variables)`` (``None`` where the loss does
-            not depend on the variable) and the variables, one per gradient.
+        groups: ``(apply_gradients, grads, variables)`` per group: an optimizer's ``apply_gradients``, then
+            ``tape.gradient(loss, variables)`` (``None`` where the loss does not depend on the variable) and the
+            variables, one per gradient.
         whose: Whose loss it is, for the message (``"the update 'model'"``).
-
-    Returns:
-        The pairs of each group (Keras's ``apply_gradients`` takes no ``None`` gradient; a group may have none).
 
     Raises:
         AmpConfigError: No variable of any group has a gradient (Keras would fail inside its optimizer).
     """
-    pairs = [[(g, v) for g, v in zip(grads, variables, strict=True) if g is not None] for grads, variables in groups]
-    every = [v for _, variables in groups for v in variables]
+    pairs = [[(g, v) for g, v in zip(grads, variables, strict=True) if g is not None] for _, grads, variables in groups]
+    every = [v for _, _, variables in groups for v in variables]
     if every and not any(pairs):
         names = ", ".join(str(getattr(v, "path", None) or getattr(v, "name", "?")) for v in every[:3])
         raise AmpConfigError(
@@ -390,4 +386,6 @@ def gradient_pairs(groups: Sequence[tuple[Sequence[Any], Sequence[Any]]], whose:
             f"({names}{', ...' if len(every) > 3 else ''}): it is not computed from them. Expected a loss computed "
             "from the variables it trains. Fix: train the variables of the model the loss calls "
             "(model.trainable_variables), and take tf.stop_gradient out of the loss.")
-    return pairs
+    for (apply_gradients, _, _), group in zip(groups, pairs, strict=True):
+        if group:
+            apply_gradients(group)

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from ..errors import InputError, lookup_error
 from ..keras_compat import build_optimizer, user_code
-from .loss_scaling import LossScaler, gradient_pairs
+from .loss_scaling import LossScaler, apply_groups
 from .runs import Position
 
 logger = logging.getLogger("amp_backends.train")
@@ -198,12 +198,9 @@ class StepProgram:
 
     @staticmethod
     def _apply(u: Update, grads: Sequence[Any]) -> None:
-        ends = list(itertools.accumulate(len(vs) for vs, _ in u.groups))
-        pairs = gradient_pairs([(grads[end - len(vs):end], vs) for (vs, _), end in zip(u.groups, ends, strict=True)],
-                               f"the update {u.name!r}")
-        for (_, opt), group in zip(u.groups, pairs, strict=True):
-            if group:  # (a group its loss does not reach is left as it is)
-                user_code(opt.apply_gradients)(group)  # (an optimizer of the user's own converted, as before)
+        ends = itertools.accumulate(len(vs) for vs, _ in u.groups)  # (an optimizer of the user's own: converted)
+        apply_groups([(user_code(opt.apply_gradients), grads[end - len(vs):end], vs)
+                      for (vs, opt), end in zip(u.groups, ends, strict=True)], f"the update {u.name!r}")
 
     def _grads_fn(self, u: Update, kind: str, make_batch: Callable[..., Any]) -> Any:
         fn = lambda step, *args: self._replica_grads(u, make_batch, step, *args)  # noqa: E731

@@ -367,7 +367,7 @@ def gan_updates(generator: Any, discriminator: Any, g_opt: Any, d_opt: Any) -> l
     Raises:
         AmpConfigError: A model is no Keras model or not built, or an optimizer is no optimizer.
     """
-    from ..models import NOISE_DIM, gan_labels, sigmoid_loss
+    from ..models import NOISE_DIM, gan_losses
 
     _check_parts([generator, discriminator], [g_opt, d_opt])
 
@@ -379,13 +379,7 @@ def gan_updates(generator: Any, discriminator: Any, g_opt: Any, d_opt: Any) -> l
             raise InputError("gan_updates needs batches of a fixed size (its labels are built per batch). Fix: batch "
                              "the dataset with drop_remainder=True.")
         noise = tf.random.stateless_uniform([n, NOISE_DIM], seed=step_seed(salt), minval=-1.0, maxval=1.0)
-        fake = user_code(generator)(noise, training=True)
-        judge = user_code(discriminator)
-        on_real, on_fake = judge(real, training=True), judge(fake, training=True)
-        real_labels, fake_labels = gan_labels(n)
-        d_loss = 0.5 * (sigmoid_loss(on_fake, fake_labels) + sigmoid_loss(on_real, real_labels))
-        g_loss = sigmoid_loss(on_fake, real_labels)
-        return g_loss, d_loss
+        return gan_losses(user_code(generator), user_code(discriminator), real, noise)
 
     def loss(salt: int, which: int) -> Any:
         return tf.autograph.experimental.do_not_convert(lambda b: forward(b, salt)[which])

@@ -23,7 +23,8 @@ from .observers import Observer
 from .checkpoints import CheckpointStore
 from ..keras_compat import user_code
 from .step import Update, float32_outputs
-from .inputs import BatchFn, as_array_nest, batch_dims, contents, gather_batch, refuse_labels_beside, rows
+from .inputs import (BatchFn, as_array_nest, batch_dims, contents, gather_batch, on_device, refuse_labels_beside,
+                     rows)
 
 
 logger = logging.getLogger("amp_backends.train")
@@ -298,10 +299,8 @@ class Evaluator:
                              "samples to evaluate.")
         if self.update.validate is not None and y is not None:
             self.update.validate((x, y))
-        with tf.device(self.device):
-            xs = tf.nest.map_structure(tf.convert_to_tensor, x)
-            ys = None if y is None else tf.nest.map_structure(tf.convert_to_tensor, y)
-        if self.xla and any(t.dtype == tf.string for t in tf.nest.flatten((xs, ys)) if t is not None):
+        xs, ys, strings = on_device(x, y, self.device)
+        if self.xla and strings:
             self._without_xla()  # strings (for the model's own StringLookup): XLA cannot compile them, as in training
         self._last = (key, (xs, ys, n))
         return xs, ys, n

@@ -168,17 +168,6 @@ def cpu_probe(cpu: CpuInfo, itex: ItexStatus, *, onednn: OneDnnState | None = No
                         facts=CpuFacts(itex, onednn, zentf, zendnn_on))
 
 
-def machine_record(cpu: CpuInfo | None = None) -> dict[str, Any]:
-    """The machine as a results file records it: ``machine_kind`` (named by the probe, never by hand) and
-    ``machine`` (the CPU's identity, cores and the flags that matter). ``cpu`` defaults to this machine's."""
-    cpu = cpu or probe_cpu()
-    return {"machine_kind": cpu.name,
-            "machine": {"cpu": cpu.model, "vendor": cpu.vendor, "family": cpu.family, "model": cpu.model_number,
-                        "stepping": cpu.stepping, "microarchitecture": cpu.microarchitecture, "arch": cpu.arch,
-                        "logical_cores": cpu.logical_cores, "flags": sorted(cpu.flags & (FLAGS_THAT_MATTER | {"fma"})),
-                        "os": platform.platform()}}
-
-
 class CpuBackend(Backend):
     """The host CPU. Always available; used when no accelerator backend is."""
 

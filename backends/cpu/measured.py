@@ -32,8 +32,8 @@ LAYERS = "cpu-layers-zen4.json"  # which layers train slower in bfloat16 (benchm
 
 
 def recorded_machine(doc: Mapping[str, Any]) -> str:
-    """The machine as a results file records it: its ``machine_kind`` (the probe's name, `machine_record`), else
-    the CPU its ``machine`` describes."""
+    """The machine as a results file records it: its ``machine_kind`` (the probe's name, written by the benchmark
+    scripts' ``machine_record``), else the CPU its ``machine`` describes."""
     if doc.get("machine_kind"):
         return str(doc["machine_kind"])
     machine = doc.get("machine") or {}

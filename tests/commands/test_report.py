@@ -213,6 +213,37 @@ def test_tensorflow_is_imported_with_the_collector_paused():
     assert seen == {"collector on": False} and gc.isenabled()
 
 
+# A stand-in for TensorFlow whose import is interrupted by Ctrl-C: inside Python code that C runs (as pybind11
+# runs it while TensorFlow imports), or twice in plain Python code.
+CTRL_C_IN_C = """import ctypes
+run = ctypes.pythonapi.PyRun_String
+run.argtypes, run.restype = [ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object], ctypes.py_object
+run(b"import os, signal, time\\nos.kill(os.getpid(), signal.SIGINT)\\ntime.sleep(0.2)", 257, {}, {})
+DONE = True
+"""
+CTRL_C_TWICE = """import os, signal, time
+os.kill(os.getpid(), signal.SIGINT)
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(0.2)
+DONE = True
+"""
+
+
+@pytest.mark.parametrize(("fake", "imported"), [(CTRL_C_IN_C, True), (CTRL_C_TWICE, False)], ids=["once", "twice"])
+def test_ctrl_c_while_tensorflow_imports_stops_with_the_programs_exit_status(tmp_path, fake, imported):
+    """A Ctrl-C that landed in Python code run from C during the import (pybind11's) ended a command that had said
+    "stopped" and chosen exit status 130 by SIGINT all the same (CPython does so at exit, status -2): the first
+    Ctrl-C now waits for the import's end; a second one stops it at once."""
+    (tmp_path / "tensorflow").mkdir()
+    (tmp_path / "tensorflow" / "__init__.py").write_text(fake)
+    (tmp_path / "command.py").write_text(  # run with -m, as the commands are (-c exits before CPython's check)
+        "import sys\nfrom amp_backends.tf_import import import_tensorflow\n"
+        "try:\n    import_tensorflow(quiet=False)\nexcept KeyboardInterrupt:\n"
+        "    print('stopped; imported:', getattr(sys.modules.get('tensorflow'), 'DONE', False))\n    sys.exit(130)\n")
+    out = subprocess.run([sys.executable, "-m", "command"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert (out.returncode, out.stdout.strip()) == (130, f"stopped; imported: {imported}"), out.stderr[-2000:]
+
+
 def test_quieting_respects_a_level_the_user_chose():
     import logging
 

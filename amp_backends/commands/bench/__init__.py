@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from ..typer_app import number_option
+from ..typer_app import fail, number_option
 from .loops import MANUAL
 
 MANUAL_NAMES = ", ".join(c[0] for c in MANUAL)
@@ -23,11 +23,6 @@ MOVED_GPU_SUITE = ("the GPU suite is not part of the installed command: from a c
                    "python benchmarks/gpu_suite.py --out DIR (benchmarks/README.md).")
 ZOO_OPTIONS = "Model zoo"
 PROG = "bench"
-
-
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"{PROG}: error: {message}", err=True)
-    return typer.Exit(2)
 
 
 def _stopped(stop: KeyboardInterrupt, results: Path) -> typer.Exit:
@@ -75,7 +70,7 @@ def main(
 ) -> None:
     """Time the tutorials' configurations against the auto plan (default), or the model zoo (--zoo)."""
     if gpu_suite:
-        raise _fail(MOVED_GPU_SUITE)
+        fail(PROG, MOVED_GPU_SUITE)
     from ...tf_import import import_tensorflow, quiet_tensorflow_logs
     from .output import results_folder
 
@@ -85,7 +80,7 @@ def main(
 
         zoo_models = _names(models) or list(ZOO)
         if any(m not in ZOO for m in zoo_models):
-            raise _fail(f"--zoo --models takes {', '.join(ZOO)}. Received: {models!r}.")
+            fail(PROG, f"--zoo --models takes {', '.join(ZOO)}. Received: {models!r}.")
         result = "zoo.json"
         job = functools.partial(run_zoo, zoo_models, _names(configs), reps, steps, batch)
     else:
@@ -93,34 +88,28 @@ def main(
 
         wanted: list[str] | None = _names(models) if models is not None else ["mnist", "gan"]
         if not wanted or any(m not in ("mnist", "gan") for m in wanted):
-            raise _fail(f"--models takes mnist and/or gan (or zoo models with --zoo). Received: {models!r}.")
+            fail(PROG, f"--models takes mnist and/or gan (or zoo models with --zoo). Received: {models!r}.")
         chosen = _names(configs)
         unknown = [c for c in chosen or [] if c not in [m[0] for m in MANUAL]]
         if unknown:
-            raise _fail(f"unknown configuration(s) {unknown}; valid: {MANUAL_NAMES}.")
+            fail(PROG, f"unknown configuration(s) {unknown}; valid: {MANUAL_NAMES}.")
         try:
             check_batches(wanted, samples, mnist_batch, gan_batch)
         except ValueError as exc:
-            raise _fail(str(exc)) from None
+            fail(PROG, str(exc))
         result = "bench.json"
         job = functools.partial(run, wanted, chosen, epochs, samples, mnist_batch, gan_batch, steps_per_call,
                                 with_fit=not no_fit)
     try:  # before any work: a file in the way of --out fails now, and an earlier run is never overwritten
         folder = results_folder(out, result)
     except ValueError as exc:
-        raise _fail(str(exc)) from None
+        fail(PROG, str(exc))
     if not zoo:
         import_tensorflow(quiet_tensorflow_logs())
     try:
         job(folder)
     except ValueError as exc:
-        raise _fail(str(exc)) from None
+        fail(PROG, str(exc))
     except KeyboardInterrupt as exc:
         raise _stopped(exc, folder / result) from None
 
-
-def cli_main() -> None:
-    """Entry point of ``python -m amp_backends.bench``."""
-    from ..typer_app import run_single
-
-    run_single(main)

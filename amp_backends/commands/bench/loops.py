@@ -64,7 +64,7 @@ SCALING: dict[str, tuple[Callable[[Any, Any], Any], Callable[[Any, Any], Any]]] 
 def _manual_step(model: str, policy: str, xla: bool, scaling: str, lr: float, batch: int) -> Callable:
     """The tutorial's step as written: for each model it trains, a tape, the scaled loss, the update."""
     tf = _tf()
-    from ...models import NOISE_DIM, gan_discriminator, gan_generator, gan_labels, mnist_cnn, sigmoid_loss
+    from ...models import NOISE_DIM, gan_discriminator, gan_generator, gan_losses, mnist_cnn
 
     set_global_policy(policy, tf)
     scale, unscale = SCALING[scaling]
@@ -79,11 +79,7 @@ def _manual_step(model: str, policy: str, xla: bool, scaling: str, lr: float, ba
         g, d = gan_generator(), gan_discriminator()
 
         def forward(real):
-            noise = tf.random.uniform([batch, NOISE_DIM], -1.0, 1.0)
-            fake = g(noise, training=True)
-            on_real, on_fake = d(real, training=True), d(fake, training=True)
-            rl, fl = gan_labels(batch)
-            return sigmoid_loss(on_fake, rl), 0.5 * (sigmoid_loss(on_fake, fl) + sigmoid_loss(on_real, rl))
+            return gan_losses(g, d, real, tf.random.uniform([batch, NOISE_DIM], -1.0, 1.0))
 
         updates = [(g, optimizer(tf.keras.optimizers.Adam(1e-3)), lambda x, y: forward(x)[0]),
                    (d, optimizer(tf.keras.optimizers.RMSprop(1e-4)), lambda x, y: forward(x)[1])]

@@ -203,30 +203,10 @@ def zoo_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
     return rows
 
 
-def _loss_vs_baseline(c: dict[str, Any]) -> str:
+def loss_vs_baseline(c: dict[str, Any]) -> str:
     """The loss minus the baseline's, and whether within the float32 spread: ``+0.0012 (ok)``, ``-0.0300 (outside)``."""
     within = c.get("loss_within_spread")
     return _f(c.get("loss_vs_baseline"), "+.4f") + ("" if within is None else " (ok)" if within else " (outside)")
-
-
-def _median_range(s: dict[str, Any] | None, none: str = "-") -> str:
-    """A figure's median and its range over the repetitions: ``5,741 (5,641-5,778)``."""
-    return f"{s['median']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f})" if s else none
-
-
-def peer_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
-    """A zoo run's peers beside float32 ``fit`` and the plan: training and inference samples/s and the loss against
-    the baseline, per model and configuration (none without peers)."""
-    rows: list[tuple[str, ...]] = []
-    for m in report["models"]:
-        configs = m.get("configs") or {}
-        if m.get("skipped") or not any(c.get("kind") == "peer" for c in configs.values()):
-            continue
-        rows += [(str(m["model"]), name, _median_range(c.get("samples_per_s"), "failed"),
-                  _median_range(c.get("predict_samples_per_s")), _loss_vs_baseline(c))
-                 for name, c in configs.items()
-                 if c.get("kind") in ("peer", "auto_fit", "trainer") or name == "float32 fit (defaults)"]
-    return rows
 
 
 def _parity(c: dict[str, Any]) -> str:
@@ -275,7 +255,7 @@ def zoo_markdown(report: dict[str, Any]) -> str:
                 f"{_f(c.get('x_baseline'), '.2f')} | {_f(c.get('x_best_manual'), '.2f')} | "
                 f"{_f(c.get('share_of_peak'), '.0%')} | "
                 f"{_f((c.get('predict_samples_per_s') or {}).get('median'), ',.0f')} | {_f(c.get('loss'), '.4f')} | "
-                f"{_loss_vs_baseline(c)} | {c.get('setup', '')} | "
+                f"{loss_vs_baseline(c)} | {c.get('setup', '')} | "
                 f"{str(c.get('error') or '').replace('|', '/')[:200]} |")
     return "\n".join(lines) + "\n"
 

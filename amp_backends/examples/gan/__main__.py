@@ -1,5 +1,6 @@
 """``python -m amp_backends.examples.gan``: the ``amp-backends train gan`` command."""
 
-from ...commands.train_command import gan_main
+from ...commands.train_command import gan_command
+from ...commands.typer_app import run_single
 
-gan_main()
+run_single(gan_command())

@@ -1,5 +1,6 @@
 """``python -m amp_backends.examples.mnist``: the ``amp-backends train mnist`` command."""
 
-from ...commands.train_command import mnist_main
+from ...commands.train_command import mnist_command
+from ...commands.typer_app import run_single
 
-mnist_main()
+run_single(mnist_command())
