@@ -31,6 +31,7 @@ from typing import Any
 
 from amp_backends.autotune.timing import Sample, interleaved
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # (machine.py beside it, however it is loaded)
 BATCH = 256
 
 # name -> (policy, jit_compile, TF_ENABLE_ONEDNN_OPTS, ONEDNN_MAX_CPU_ISA or None)

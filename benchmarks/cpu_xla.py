@@ -7,10 +7,14 @@ Superseded by benchmarks/cpu_policy.py (child process per configuration, oneDNN 
 rounds, JSON); kept because results/cpu-policy-zen1.json, the Zen 1 figures the CPU plan quotes, were made
 with it.
 """
+import os
+import sys
 import time
 
 import numpy as np
 import tensorflow as tf
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # (machine.py beside it, however it is loaded)
 
 keras = tf.keras
 BATCH = 256

@@ -33,9 +33,13 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
+import sys
 
 from amp_backends.autotune.timing import interleaved
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # (machine.py beside it, however it is loaded)
 
 
 def main() -> None:

@@ -37,6 +37,12 @@ def _leaf(value: Any, default_dtype: Any) -> InputLeaf | None:
         dtype = tf.as_dtype(dtype)
     except (TypeError, ValueError):
         return None
+    if default_dtype is not None and (dtype == tf.string) != (tf.as_dtype(default_dtype) == tf.string):
+        takes = "strings" if tf.as_dtype(default_dtype) == tf.string else f"numbers ({tf.as_dtype(default_dtype).name})"
+        raise ValueError(f"inputs= gives {'strings' if dtype == tf.string else 'numbers'} ({dtype.name}) to a model "
+                         f"input that takes {takes}: the model could not be called on that batch. Fix: pass the batch "
+                         "the model is called with (text encoded before it, or a model that starts with its own "
+                         "StringLookup or TextVectorization after keras.Input(shape, dtype='string')).")
     # the model converts its inputs to the dtype it declares; Keras feeds NumPy's float64 as float32
     return InputLeaf(dims, default_dtype or (tf.float32 if dtype == tf.float64 else dtype))
 

@@ -113,6 +113,21 @@ def test_fixed_dimensions_must_agree(h100):
     assert check_model(model, plan=h100, inputs=np.zeros((8, 28, 28), np.float64)).sized
 
 
+def test_a_batch_of_strings_for_a_model_of_numbers_is_refused_and_the_other_way_round(h100):
+    """check_model(model, inputs=<raw text>) on a model that takes numbers said "No findings": the model would
+    fail on that batch, as the trainer says before its first step."""
+    with policy("float32"):
+        numbers = K.Sequential([K.Input((4,)), L.Dense(8)], name="numbers")
+        text = K.Sequential([K.Input((1,), dtype="string"), L.StringLookup(vocabulary=["a", "b"]), L.Dense(8)],
+                            name="text")
+    with pytest.raises(ValueError, match=r"gives strings \(string\) to a model input that takes numbers "
+                                         r"\(float32\).*Fix: "):
+        check_model(numbers, plan=h100, inputs=np.array([["a", "b", "c", "d"]] * 8))
+    with pytest.raises(ValueError, match=r"gives numbers \(float32\) to a model input that takes strings.*Fix: "):
+        check_model(text, plan=h100, inputs=np.zeros((8, 1), np.float32))
+    assert check_model(numbers, plan=h100, inputs=np.zeros((8, 4), np.int64)).sized  # numbers: converted by Keras
+
+
 def test_a_dict_model_takes_a_dict_batch_with_extra_keys(h100):
     with policy("mixed_float16"):
         a, b = K.Input((None,), dtype="int32", name="a"), K.Input((None, 8), name="b")
