@@ -68,6 +68,10 @@ def plan_for(hardware: Hardware | None = None, *, device: str | None = None, reg
              environ: dict[str, str] | None = None, keras: KerasInfo | None = None, **overrides: Any) -> Plan:
     """The plan for ``hardware`` (probed now if ``None``) under the overrides, without applying it.
 
+    This machine is probed without importing TensorFlow: until it is imported, a GPU backend is planned from its
+    own probe alone, where `auto_configure` and ``amp-backends info`` also check that TensorFlow lists the GPU (a
+    CPU-only TensorFlow build does not).
+
     Args:
         hardware: The machine to plan for, as the probes describe it; ``None`` probes this one.
         device: A catalogue device to plan for instead of ``hardware`` (a name from `known_devices`, such as
@@ -87,14 +91,14 @@ def plan_for(hardware: Hardware | None = None, *, device: str | None = None, reg
         UnsupportedRequestError: ``strict`` is on and a request cannot be honoured on this hardware.
         BackendError: A backend asked for by name failed, or none is left.
     """
-    if device is not None:
-        if hardware is not None:
-            raise AmpConfigError(f"plan_for() takes hardware or device, not both. Received: hardware and "
-                                 f"device={device!r}. Fix: pass one of them.")
+    if device is not None and hardware is not None:
+        raise AmpConfigError(f"plan_for() takes hardware or device, not both. Received: hardware and "
+                             f"device={device!r}. Fix: pass one of them.")
+    registry = registry_or_default(registry)
+    if device is not None and (registry.names() or registry.load_errors):  # (an empty one: the planner says so)
         from .devices import device_hardware
 
-        hardware = device_hardware(device)
-    registry = registry_or_default(registry)
+        hardware = device_hardware(device, registry)
     request = build_request(registry.known_names(), environ=environ, **overrides)
     hardware = hardware or _probe(registry, use_tensorflow=False)
     plan = make_plan(hardware, request, registry, keras if keras is not None else keras_info(), tensorflow_version())
@@ -149,7 +153,8 @@ def configure_for_device(device: str, *, registry: BackendRegistry | None = None
 
 
 def known_devices() -> tuple[str, ...]:
-    """The names `plan_for` accepts as ``device`` (each has aliases; see `amp_backends.devices`).
+    """The names `plan_for` accepts as ``device`` (it takes their aliases too, such as ``"spr"``, in any case; the
+    [device catalogue](../devices.md) lists them with their figures).
 
     Returns:
         The catalogue's device names, the highest-priority backend's first.

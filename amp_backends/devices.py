@@ -25,15 +25,24 @@ def catalogue(registry: BackendRegistry | None = None) -> tuple[KnownDevice, ...
         registry: The backends to ask (default: the installed ones).
 
     Returns:
-        The entries, each backend's in its own order (a backend whose catalogue fails is left out).
+        The entries, each backend's in its own order (a backend whose catalogue fails is left out). A name that a
+        higher-priority backend's entry already has, as its name or an alias, is that entry's: a lower-priority
+        entry of that name is left out, and its aliases name it only where no earlier entry has them.
     """
     entries: list[KnownDevice] = []
     for backend in registry_or_default(registry):
         try:
-            entries.extend(backend.catalogue())
+            listed = list(backend.catalogue())
         except Exception:  # a broken third-party backend must not hide the others' devices
             continue
+        taken = {form for device in entries for alias in (device.name, *device.aliases) for form in _forms(alias)}
+        entries += [device for device in listed if not taken & set(_forms(device.name))]
     return tuple(entries)
+
+
+def _forms(name: str) -> tuple[str, str]:
+    """The forms a name is found by: `canonical`, and that without its dashes."""
+    return canonical(name), canonical(name).replace("-", "")
 
 
 def canonical(name: str) -> str:
@@ -71,17 +80,18 @@ def find_device(name: str, registry: BackendRegistry | None = None) -> KnownDevi
     if not isinstance(name, str) or not name.strip():
         raise AmpConfigError(f"device must be a device name such as 'h100'. Received: {name!r}. "
                              f"Known devices: {names}.")
-    # every name and alias, with and without its dashes
-    index = {form: device for device in entries for alias in (device.name, *device.aliases)
-             for form in (canonical(alias), canonical(alias).replace("-", ""))}
-    key = canonical(name)
-    device = index.get(key) or index.get(key.replace("-", ""))
-    if device is None:
+    index: dict[str, KnownDevice] = {}  # every name and alias, with and without its dashes: the first entry's
+    for device in entries:
+        for alias in (device.name, *device.aliases):
+            for form in _forms(alias):
+                index.setdefault(form, device)
+    found = next((index[form] for form in _forms(name) if form in index), None)
+    if found is None:
         raise AmpConfigError(
             f"Unknown device {name!r}. Expected one of the known devices: {names} "
             f"(aliases such as 'a100-80gb' or 'spr' work too; case does not matter). Fix: choose one of those, or "
             f"build a Hardware from amp_backends.hardware for another machine.")
-    return device
+    return found
 
 
 def device_hardware(device: KnownDevice | str, registry: BackendRegistry | None = None) -> Hardware:
@@ -102,7 +112,7 @@ def device_hardware(device: KnownDevice | str, registry: BackendRegistry | None 
         device = find_device(device, registry)
     owner = registry.get(device.backend)
     types = {"CPU"} | ({owner.tf_device_type} if owner.tf_device_type else set())
-    return machine_of([owner.describe(device)], registry.names(),
+    return machine_of([device.cite(owner.describe(device))], registry.names(),
                       lambda backend: f"not part of the catalogue's {device.name} machine", frozenset(types))
 
 

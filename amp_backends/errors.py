@@ -59,14 +59,17 @@ class BackendError(AmpError, RuntimeError):
 class NonFiniteError(AmpError, RuntimeError):
     """Training cannot continue: too many non-finite steps under a fixed loss scale, or non-finite weights.
 
-    It carries the remedy as data, for a command line to say in its own flags: ``overrides`` (plan overrides to
-    change, such as ``{"loss_scale": "fixed:16"}``) and ``resume`` (whether a saved finite state can be continued).
+    It carries the remedy as data, for a command line to say in its own flags.
+
+    Attributes:
+        overrides: The plan overrides to change, such as ``{"loss_scale": "fixed:16"}``.
+        resume: Whether a saved finite state can be continued.
     """
 
     def __init__(self, message: str, *, overrides: dict[str, str] | None = None, resume: bool = False) -> None:
         super().__init__(message)
-        self.overrides = dict(overrides or {})
-        self.resume = resume
+        self.overrides: dict[str, str] = dict(overrides or {})
+        self.resume: bool = resume
 
 
 class DistributedFailure(AmpError, RuntimeError):
@@ -95,10 +98,10 @@ class ModelCallError(AmpError, RuntimeError):
     def __init__(self, message: str, *, layer: str | None = None, what: str = "", why: str = "",
                  fix: str = "") -> None:
         super().__init__(message)
-        self.layer = layer
-        self.what = what
-        self.why = why
-        self.fix = fix
+        self.layer: str | None = layer
+        self.what: str = what
+        self.why: str = why
+        self.fix: str = fix
 
 
 class CheckpointError(AmpError, RuntimeError):
@@ -132,6 +135,7 @@ class TrainingInterrupted(KeyboardInterrupt):
 
     @property
     def exit_code(self) -> int:
+        """The exit status a shell gives a program the signal ended: 130 for SIGINT, 143 for SIGTERM."""
         return 128 + self.signum
 
 

@@ -68,8 +68,8 @@ class LossScale:
         """Dynamic loss scaling: the largest safe scale, found as training goes.
 
         Args:
-            initial: The first scale.
-            growth_interval: Finite steps before the scale doubles.
+            initial: The first scale (2**15 = 32768 by default, as Keras's).
+            growth_interval: Finite steps before the scale doubles (2000 by default, as Keras's).
 
         Returns:
             The loss scaling.

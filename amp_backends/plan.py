@@ -178,9 +178,11 @@ class Plan:
         return self.devices[0] if self.devices else "/CPU:0"
 
     def compile_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``model.compile`` that follow the plan, with `wrap_optimizer`::
+        """Keyword arguments for ``model.compile`` that follow the plan, with `wrap_optimizer`:
 
-            model.compile(optimizer=plan.wrap_optimizer(opt), loss=..., **plan.compile_kwargs())
+        ```python
+        model.compile(optimizer=plan.wrap_optimizer(opt), loss=..., **plan.compile_kwargs())
+        ```
 
         ``jit_compile``, ``steps_per_execution``, and on Keras 3 ``auto_scale_loss=False`` (else Keras 3 adds its
         own dynamic loss scaling under ``mixed_float16``, whatever `wrap_optimizer` decided).

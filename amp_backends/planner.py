@@ -206,10 +206,12 @@ def make_plan(hardware: Hardware, request: Request, registry: BackendRegistry, k
         return replace(plan, backends=final, vendor_settings=settings, warnings=tuple(warnings) + plan.warnings,
                        device_names=tuple(d.name for d in probe.devices), tensorflow=tensorflow,
                        keras=keras.version if keras else None)
-    raise BackendError("No backend is available, not even the CPU: "
+    failed = ", ".join(repr(s.name) for s in statuses.values() if s.failed)
+    raise BackendError("No backend could plan for this machine: "
                        + "; ".join(f"{s.name}: {s.reason}" for s in statuses.values())
-                       + ". Fix: check `python -m amp_backends.info`; reinstall the package if the cpu backend is "
-                         "missing.")
+                       + (f". Fix: repair or uninstall the distribution providing {failed}, whose backend failed"
+                          if failed else ". Fix: reinstall the package if its cpu backend is missing")
+                       + " (`python -m amp_backends.info` shows each backend).")
 
 
 # ---------------------------------------------------------------------------------------------- settings

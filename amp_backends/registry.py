@@ -28,23 +28,58 @@ ENTRY_POINT_GROUP = "amp_backends.backends"
 
 
 class Backend(abc.ABC):
-    """One vendor. Subclasses set ``name``, ``priority`` (higher wins) and ``tf_device_type``."""
+    """One vendor: a subclass, registered in the ``amp_backends.backends`` entry point group (see the
+    documentation's "Writing a backend"). It implements `probe` and `assess`; the rest is optional.
+
+    Attributes:
+        name: The backend's name, as ``backend=`` and ``AMP_BACKEND`` take it (``"nvidia"``).
+        priority: Among the available backends the highest plans (the shipped ones: nvidia 300, intel 200, cpu 100).
+        tf_device_type: The device type TensorFlow lists for it (``"GPU"``, ``"XPU"``), or ``None`` (the CPU's
+            backend: always there). Where TensorFlow is consulted (``auto_configure``, ``amp-backends info``), a
+            backend whose probe finds hardware that TensorFlow does not list as this type is not available.
+    """
 
     name: ClassVar[str]
     priority: ClassVar[int]
-    # The device type TensorFlow lists for this backend ("GPU", "XPU"), or None (the CPU is always there).
     tf_device_type: ClassVar[str | None] = None
 
     @abc.abstractmethod
     def probe(self, *, use_tensorflow: bool = False) -> BackendProbe:
-        """Look at the machine. Never initialise CUDA; import TensorFlow only if ``use_tensorflow``."""
+        """Look at the machine: never initialise CUDA or another device runtime (a probe must stay cheap and must not
+        change the process).
+
+        Args:
+            use_tensorflow: Whether TensorFlow may be imported to look (else read drivers, files, package metadata).
+
+        Returns:
+            The probe: available with its devices, or not available with the reason.
+        """
 
     @abc.abstractmethod
     def assess(self, probe: BackendProbe, hardware: Hardware) -> Assessment:
-        """Judge an *available* probe. Pure: no I/O, so tests can pass fake hardware."""
+        """Judge an available probe: each dtype policy's support with its reason, TF32, XLA, loss scaling.
+
+        Pure (no I/O), so tests can pass fake hardware; an exception here is recorded as this backend's failure and
+        the next backend plans.
+
+        Args:
+            probe: This backend's probe, available.
+            hardware: The whole machine, every backend's probe (for what another one found).
+
+        Returns:
+            The assessment the planner decides from (every policy of `amp_backends.assessment.POLICIES` judged).
+        """
 
     def report_rows(self, probe: BackendProbe) -> list[tuple[str, str]]:
-        """Rows ``(label, value)`` for the hardware part of the capability report."""
+        """Rows ``(label, value)`` for the hardware part of the capability report (``amp-backends info``); where the
+        probe is not available and the rows have no ``status``, the report puts that row first.
+
+        Args:
+            probe: This backend's probe.
+
+        Returns:
+            The rows (by default: status, summary, the probe's details).
+        """
         rows = [("status", "available" if probe.available else f"not available: {probe.reason}")]
         if probe.available:
             rows.append(("summary", probe.reason))
@@ -83,7 +118,8 @@ class Backend(abc.ABC):
         return ()
 
     def describe(self, device: "KnownDevice") -> BackendProbe:
-        """The probe this backend would give on a machine with ``device`` alone (pure: no I/O).
+        """The probe this backend would give on a machine with ``device`` alone (pure: no I/O). The catalogue adds
+        where the entry's figures come from (`KnownDevice.cite`).
 
         Args:
             device: One of this backend's `catalogue` entries.

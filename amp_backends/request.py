@@ -295,7 +295,7 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("backend", lambda _, value, source, known: parse_backend(value, known, source),
            "`auto`, `nvidia`, `intel`, `cpu` (any registered backend)",
-           "Backend: auto or a registered one ({backends})", "NAME"),
+           "Backend: auto or a registered one ({backends}, or one an installed package adds)", "NAME"),
     Option("policy", _by_value(parse_policy),
            "`auto`, `float32`, `mixed_float16`, `mixed_bfloat16` (aliases `fp32`, `fp16`, `bf16`)",
            f"Keras dtype policy: auto, {', '.join(POLICIES)} (aliases fp32, fp16, bf16)", "POLICY"),

@@ -220,3 +220,103 @@ def test_plan_for_warns_of_a_request_it_downgrades_as_auto_configure_does():
         assert plan_for(device="v100", policy="bf16").policy == "mixed_float16"
     with pytest.warns(AmpWarning, match="tf32=on .*downgraded"):
         assert plan_for(device="t4", tf32="on").tf32 is False
+
+
+# -- a backend of one's own, tried with a registry before it is installed (docs/backends.md) ---------------------
+def _npu_backend(name: str = "fakenpu", priority: int = 400, device: str = "npu-x", aliases: tuple = (),
+                 assess_fails: bool = False, matrix_unit: int = 0):
+    from amp_backends.backend_api import (BF16, NATIVE, UNSUPPORTED, Accelerator, Assessment, Backend, BackendProbe,
+                                          KnownDevice, MatrixUnit, Support)
+
+    entry = KnownDevice(device, aliases, name, f"{device} title", "https://example.com/npu", device_name=device)
+
+    class Npu(Backend):
+        tf_device_type = "NPU"
+
+        def probe(self, *, use_tensorflow=False):
+            return BackendProbe(name, False, "no NPU here")
+
+        def assess(self, probe, hardware):
+            if assess_fails:
+                raise ValueError("the NPU driver table is broken")
+            fast = Support(NATIVE, "bf16 units")
+            return Assessment(name, ("/NPU:0",), {"float32": Support(NATIVE, "f32"), "mixed_bfloat16": fast,
+                                                  "mixed_float16": Support(UNSUPPORTED, "none")},
+                              ("mixed_bfloat16", "float32"), Support(UNSUPPORTED, "no"), Support(NATIVE, "xla"), True,
+                              matrix_units={"bfloat16": MatrixUnit("FakeMXU", matrix_unit)} if matrix_unit else {})
+
+        def catalogue(self):
+            return (entry,)
+
+        def describe(self, device):  # (no cite: the catalogue adds the source)
+            npu = Accelerator(name, 0, device.device_name, "NPU", capabilities=frozenset({BF16}))
+            return BackendProbe(name, True, f"1 NPU: {npu.name}", devices=(npu,))
+
+    Npu.name, Npu.priority = name, priority
+    return Npu()
+
+
+def test_a_registry_of_ones_own_plans_its_catalogue_devices_and_cites_their_source(registry):
+    """plan_for(device=..., registry=reg) looked the device up in the installed backends' catalogue, not reg's:
+    a backend could not be tried before it was installed."""
+    from amp_backends.backend_api import BackendRegistry
+    from amp_backends.devices import known_devices as names_in
+
+    reg = BackendRegistry([_npu_backend(), registry.get("cpu")])
+    assert names_in(reg)[0] == "npu-x" and "h100" not in names_in(reg)
+    plan = plan_for(device="npu-x", registry=reg, environ={}, keras=KERAS3)
+    assert (plan.backend, plan.policy) == ("fakenpu", "mixed_bfloat16")
+    probe = device_hardware("npu-x", reg).get("fakenpu")
+    assert probe.reason.endswith("[catalogue: https://example.com/npu]") and probe.detail("catalogue")
+    assert plan_for(registry=reg, environ={}, keras=KERAS3).backend == "cpu"  # no NPU in this machine
+
+
+def test_a_name_two_backends_list_is_the_higher_prioritys_device(registry):
+    """A lower-priority backend's "h100" was listed twice and won find_device, its aliases too, silently."""
+    from amp_backends.backend_api import BackendRegistry
+    from amp_backends.devices import known_devices as names_in
+
+    low = _npu_backend("lowvendor", 50, "h100", aliases=("spr", "own-alias"))
+    reg = BackendRegistry([*registry, low])
+    assert names_in(reg).count("h100") == 1
+    assert find_device("h100", reg).backend == "nvidia" and find_device("spr", reg).backend == "cpu"
+    high = BackendRegistry([*registry, _npu_backend("highvendor", 500, "h100", aliases=("npu-h",))])
+    assert find_device("h100", high).backend == "highvendor" and find_device("H100", high).backend == "highvendor"
+
+
+def test_a_catalogue_device_whose_backend_fails_says_which_backend_to_repair(registry):
+    from amp_backends.backend_api import BackendRegistry
+    from amp_backends.errors import BackendError
+
+    reg = BackendRegistry([_npu_backend(assess_fails=True), registry.get("cpu")])
+    with pytest.raises(BackendError, match=r"fakenpu: failed: .*driver table is broken.*Fix: repair or uninstall "
+                                           r"the distribution providing 'fakenpu'"):
+        plan_for(device="npu-x", registry=reg, environ={}, keras=KERAS3)
+
+
+def test_a_backends_matrix_unit_alignment_is_said_in_its_dtypes_bytes(registry):
+    """The shape finding said "(16 bytes)" whatever the unit: 32 bfloat16 elements are 64 bytes."""
+    tf = pytest.importorskip("tensorflow")
+    from amp_backends.backend_api import BackendRegistry
+    from amp_backends.model_check import check_model
+
+    reg = BackendRegistry([_npu_backend(matrix_unit=32), registry.get("cpu")])
+    plan = plan_for(device="npu-x", registry=reg, environ={}, keras=KERAS3)
+    tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = tf.keras.Sequential([tf.keras.Input((96,)), tf.keras.layers.Dense(100), tf.keras.layers.Dense(8)])
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    text = check_model(model, plan, inputs=(64, 96)).render(width=300)
+    assert "only on multiples of 32 (64 bytes)" in text and "16 bytes" not in text, text
+    assert "(FakeMXU for bfloat16)" in text and "()" not in text, text
+
+
+def test_a_summary_without_a_matrix_unit_for_the_models_dtypes_shows_no_empty_parentheses(registry):
+    tf = pytest.importorskip("tensorflow")
+    from amp_backends.model_check import check_model
+
+    plan = plan_for(device="sapphire-rapids", registry=registry, environ={}, keras=KERAS3, policy="fp32", tf32="on")
+    model = tf.keras.Sequential([tf.keras.Input((96,)), tf.keras.layers.Dense(100), tf.keras.layers.Dense(8)])
+    text = check_model(model, plan, inputs=(64, 96)).render(width=300)
+    assert "on shapes the matrix units run at full efficiency" in text and "()" not in text, text

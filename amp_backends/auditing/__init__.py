@@ -43,9 +43,9 @@ def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = 
             reads what ran, even where that backend is not available here (a note then says the model computed on
             this machine's devices under the plan they give); a plan whose backend reads nothing (an Intel XPU's) is
             reported as not measured without running anything. ``None``: the child plans under ``overrides``.
-        batch_size: The synthetic batch's size.
-        steps: The measured steps.
-        warmup: The steps run before them (tracing, compilation).
+        batch_size: The synthetic batch's size (32 by default).
+        steps: The measured steps (3 by default).
+        warmup: The steps run before them: tracing, compilation (2 by default).
         timeout: Seconds the child may run before it is stopped.
         seq_len: Train with every open input dimension after the batch (a sequence length) set to this; ``None``:
             open dimensions are set to 8 (the audit's notes say so).

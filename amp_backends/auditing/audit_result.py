@@ -259,8 +259,10 @@ class Audit:
                       show_header=True, header_style="bold",
                       plain=lambda c: f"kernels {c[0]}: {c[1]} ms per step; dtypes {c[2]}; executed on {c[3]}")
         if kinds:
-            say(console, f"compute time by dtype: {_fmt(d['time_share_by_dtype'])}; on matrix units (AMX, "
-                         f"Tensor Cores): {_pct(d['matrix_unit_share'])}; unknown: {_pct(d['unknown_share'])}")
+            units = ", ".join(sorted({e.unit for e in self.compute if e.matrix_unit}))  # (the ones that ran)
+            say(console, f"compute time by dtype: {_fmt(d['time_share_by_dtype'])}; on matrix units"
+                         f"{f' ({units})' if units else ''}: {_pct(d['matrix_unit_share'])}; unknown: "
+                         f"{_pct(d['unknown_share'])}")
             say(console, f"per step: reorders {d['reorder_time_ms'] / steps:.2f} ms, other primitives "
                          f"{d['other_time_ms'] / steps:.2f} ms; step time "
                          f"{'-' if self.step_time_ms is None else f'{self.step_time_ms:.1f} ms'} "

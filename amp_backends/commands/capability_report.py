@@ -20,7 +20,7 @@ from typing import Any
 
 from ..configure import quiet_plan_for
 from ..errors import AmpConfigError
-from ..hardware import Hardware
+from ..hardware import BackendProbe, Hardware
 from ..keras_compat import keras_info
 from ..probe import needs_tensorflow, probe_hardware
 from ..registry import BackendRegistry, registry_or_default
@@ -85,6 +85,13 @@ def _rows(call: Any, *args: Any) -> list[list[str]]:
         return [["error", f"{type(exc).__name__}: {exc}"]]
 
 
+def _status_first(rows: list[list[str]], probe: BackendProbe) -> list[list[str]]:
+    """A backend's rows, opening with why it is not available where its own rows do not say so."""
+    if probe.available or any(label in ("status", "error") for label, _ in rows):
+        return rows
+    return [["status", f"not available: {probe.reason}"], *rows]
+
+
 def collect(*, use_tensorflow: bool | None = None, registry: BackendRegistry | None = None,
             environ: Mapping[str, str] | None = None, quiet: bool = False, device: str | None = None,
             **overrides: Any) -> Report:
@@ -97,7 +104,7 @@ def collect(*, use_tensorflow: bool | None = None, registry: BackendRegistry | N
     if device is not None:  # a catalogue device's description, not this machine
         from ..devices import device_hardware
 
-        hardware, tf, tf_error = device_hardware(device), None, None
+        hardware, tf, tf_error = device_hardware(device, registry), None, None
         why = f"not imported: planned for the catalogue device {device!r}"
     else:
         hardware, tf, why, tf_error = _hardware(registry, use_tensorflow, quiet)
@@ -109,7 +116,7 @@ def collect(*, use_tensorflow: bool | None = None, registry: BackendRegistry | N
         "software": {"python": platform.python_version(), "platform": platform.platform(),
                      "tensorflow": _tensorflow_section(tf, why, tf_error), "keras": keras_info(tf).to_dict(),
                      "backends": {b.name: _rows(b.software_rows) for b in registry}},
-        "backend_rows": {b.name: _rows(b.report_rows, probe) for b in registry
+        "backend_rows": {b.name: _status_first(_rows(b.report_rows, probe), probe) for b in registry
                          if (probe := hardware.get(b.name)) is not None},
         "hardware": hardware.to_dict(),
     }

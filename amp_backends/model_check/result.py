@@ -206,7 +206,8 @@ class ModelCheck:
                              "here (they would on a GPU with Tensor Cores: check with a plan for one)")
             else:
                 units = ", ".join(f"{u} for {d}" for d, u in s.matrix_units.items() if d in s.dtype_shares)
-                lines.append(f"on shapes the matrix units run at full efficiency: {_pct(s.eligible_share)} ({units})")
+                lines.append(f"on shapes the matrix units run at full efficiency: {_pct(s.eligible_share)}"
+                             + (f" ({units})" if units else ""))
             if s.unknown_flops_ops:
                 lines.append(f"{s.unknown_flops_ops} matmul/convolution op(s) with dynamic shapes were not counted")
         lines.append(f"findings: {c['error']} error(s), {c['warning']} warning(s), {c['info']} info")

@@ -7,6 +7,7 @@ output). Layer widths matter only where the plan's precision has a matrix unit; 
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -204,8 +205,10 @@ class Rules(RuleContext):
         names = " and ".join(f"{label} {v[0]}" for label, v in dims.items())
         verb = "is" if len(dims) == 1 else "are"
         what = f"{info.class_name}: {names} {verb} not a multiple of {align}"
+        bits = re.search(r"\d+", entry["dtype"])  # (float16: 16; float8_e4m3fn: 8)
+        size = f" ({align * int(bits.group()) // 8} bytes)" if bits else ""
         why = (f"the {unit} run {entry['dtype']} matmuls and convolutions at full efficiency only on multiples of "
-               f"{align} (16 bytes); other widths run on padded or slower kernels")
+               f"{align}{size}; other widths run on padded or slower kernels")
         if avoidable:
             severity = self.level(share, SIGNIFICANT)
             fix = "; ".join(f"{label} {value} come from the layer before: make it {next_multiple(value, align)} wide"

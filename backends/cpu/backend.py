@@ -267,11 +267,11 @@ class CpuBackend(Backend):
             device: One of this backend's `catalogue` entries.
 
         Returns:
-            `cpu_probe`'s probe of the device, citing the entry's source (`KnownDevice.cite`).
+            `cpu_probe`'s probe of the device.
         """
         cpu = CpuInfo(device.cpu_vendor, device.device_name, device.arch, device.logical_cores,
                       frozenset(device.flags.split()), device.family, device.model_number)
-        return device.cite(cpu_probe(cpu, NO_ITEX, reason=device.title, details=()))
+        return cpu_probe(cpu, NO_ITEX, reason=device.title, details=())
 
     def kernel_audit(self) -> CpuKernelAudit:
         """oneDNN's verbose records (`verbose`), ``ONEDNN_VERBOSE=1`` in the child.

@@ -209,10 +209,10 @@ class IntelBackend(Backend):
             device: One of this backend's `catalogue` entries.
 
         Returns:
-            `xpu_probe`'s probe of the device, citing the entry's source (`KnownDevice.cite`).
+            `xpu_probe`'s probe of the device.
         """
         facts = IntelFacts(CATALOGUE_ITEX, ("gpu",))
-        return device.cite(xpu_probe([device.device_name], facts, memory_bytes=device.memory_bytes))
+        return xpu_probe([device.device_name], facts, memory_bytes=device.memory_bytes)
 
     def kernel_audit(self) -> XpuKernelAudit:
         """Nothing is read on an XPU, and the audit says why.

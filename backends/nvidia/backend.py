@@ -298,10 +298,10 @@ class NvidiaBackend(Backend):
             device: One of this backend's `catalogue` entries.
 
         Returns:
-            `gpu_probe`'s probe of the device, citing the entry's source (`KnownDevice.cite`).
+            `gpu_probe`'s probe of the device.
         """
         gpu = (device.device_name, compute_capability(device), device.memory_bytes)
-        return device.cite(gpu_probe([gpu], facts=NvidiaFacts()))
+        return gpu_probe([gpu], facts=NvidiaFacts())
 
     def kernel_audit(self) -> NvidiaKernelAudit:
         """The profiler's trace, every GPU kernel classified by name.

@@ -97,7 +97,9 @@ CHECK = textwrap.dedent('''
     assert plan.backend == "fakenpu" and plan.policy == "mixed_bfloat16", plan
     assert amp_backends.plan_for(device="h100").backend == "nvidia"   # the shipped vendors are unchanged
     assert amp_backends.plan_for().backend != "fakenpu"               # this machine has no Fake NPU
-    npu = device_hardware("npu9000").get("fakenpu").devices[0]        # the vendor's own facts, carried as they are
+    described = device_hardware("npu9000").get("fakenpu")             # describe() cites nothing: the catalogue does
+    assert described.reason.endswith("[catalogue: the vendor's sheet]"), described.reason
+    npu = described.devices[0]                                        # the vendor's own facts, carried as they are
     assert npu.fact("npu_generation") == "2" and npu.label == "Fake NPU 9000 (NPU gen 2)", npu
     assert npu.signature == "Fake NPU 9000/2" and npu.to_dict()["compute_capability"] is None
     assert "npu_generation" not in npu.to_dict()                      # the report's schema has no such key
@@ -130,6 +132,7 @@ AUDIT = textwrap.dedent('''
     assert d["notes"][0] == "the fake NPU's note"
     assert "the plan's fakenpu backend is not available here" in d["notes"][1], d["notes"]
     assert d["steps"] == 1 and d["batch_size"] == 8 and d["step_time_ms"] > 0
+    assert "on matrix units (NPU matrix): 75.0%" in str(result), str(result)  # its unit, not AMX or Tensor Cores
     print("ok", d["source"])
     print("JSON", result.to_json(indent=None))
 ''')

@@ -367,3 +367,26 @@ def test_a_plan_made_by_code_a_command_runs_keeps_the_python_words(monkeypatch):
             auto_configure(policy="half", apply=False, verbose=False)
         with pytest.raises(AmpConfigError, match=r"^policy= must be .* Fix: pass policy='mixed_float16', or leave "):
             auto_configure(policy="bogus", apply=False, verbose=False)
+
+
+def test_a_backend_whose_own_rows_leave_out_its_status_is_said_not_available_first():
+    """A backend that overrode report_rows without calling super() showed "fake NPUs: none" and no reason."""
+    from amp_backends.backend_api import Backend, BackendProbe, BackendRegistry
+
+    class Quiet(Backend):
+        name, priority, tf_device_type = "quietnpu", 400, "NPU"
+
+        def probe(self, *, use_tensorflow=False):
+            return BackendProbe("quietnpu", False, "no NPU driver loaded")
+
+        def assess(self, probe, hardware):
+            raise AssertionError("not available: never assessed")
+
+        def report_rows(self, probe):
+            return [("fake NPUs", "none")]
+
+    report = collect(use_tensorflow=False, registry=BackendRegistry([Quiet(), default_registry().get("cpu")]),
+                     environ={})
+    assert report.data["backend_rows"]["quietnpu"] == [["status", "not available: no NPU driver loaded"],
+                                                       ["fake NPUs", "none"]]
+    assert ["status", "available"] not in report.data["backend_rows"]["cpu"]  # (the CPU's own rows, as they were)
