@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from .evidence import Evidence
+from .errors import AmpConfigError
 
 # How well a device supports a setting. Only "native" is chosen automatically.
 NATIVE = "native"  # fast hardware support
@@ -34,7 +35,7 @@ class Support:
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
-            raise ValueError(f"Support level must be one of {LEVELS}. Received: {self.level!r}.")
+            raise AmpConfigError(f"Support level must be one of {LEVELS}. Received: {self.level!r}.")
 
     @property
     def short(self) -> str:

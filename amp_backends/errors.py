@@ -35,8 +35,10 @@ class AmpError(Exception):
     __init__ = Exception.__init__
 
 
-class AmpConfigError(AmpError, ValueError):
-    """A configuration value is not one of the accepted ones (bad keyword argument or env variable)."""
+class AmpConfigError(AmpError, ValueError, TypeError):
+    """A value given is not one the library accepts: a keyword argument, an environment variable, an option, an
+    argument of another type than the one expected. A ``ValueError`` and a ``TypeError``: code that caught either
+    builtin catches it."""
 
 
 class UnsupportedRequestError(AmpConfigError):

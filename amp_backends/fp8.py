@@ -10,6 +10,7 @@ test its numerics; no layer gains speed) the size filter is waived by default (`
 from __future__ import annotations
 
 from typing import Any
+from .errors import AmpConfigError
 
 FLOAT8 = "float8"
 
@@ -37,7 +38,7 @@ def float8_decisions(model: Any, plan: Any, *, inputs: Any = None,
     if not able:
         return (), f"nothing changed: the model's {why}"
     if not getattr(model, "built", False):
-        raise ValueError(
+        raise AmpConfigError(
             "prepare_model() needs a built model when the plan's fp8 is on: float8 quantization replaces the "
             f"layers' weights. The model {getattr(model, 'name', model)!r} is not built. Fix: build it with "
             "keras.Input(...), or call model.build(input_shape) first, then prepare_model(), then compile().")

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .errors import AmpError, AmpWarning
+from .errors import AmpConfigError, AmpError, AmpWarning
 from .request import LossScale
 from .software import installed_version, minor_version, tensorflow_version
 
@@ -117,8 +117,9 @@ def set_layer_policy(layer: Any, policy: str) -> None:
     elif hasattr(layer, "_set_dtype_policy"):
         layer._set_dtype_policy(policy)
     else:
-        raise TypeError(f"{type(layer).__name__} has no dtype policy to set (neither Keras 3's dtype_policy setter "
-                        "nor Keras 2's _set_dtype_policy)")
+        raise AmpConfigError(
+            f"{type(layer).__name__} has no dtype policy to set (neither Keras 3's dtype_policy setter "
+            "nor Keras 2's _set_dtype_policy)")
 
 
 def policy_name(layer: Any) -> str:
@@ -313,6 +314,15 @@ def _generation_of_package(keras: Any) -> int:
     return generation_of(getattr(keras, "__version__", None)) or 2
 
 
+def not_an_optimizer(value: Any) -> str | None:
+    """What ``value`` is, as an error quotes it, where it is no optimizer object (its class, anything else);
+    ``None`` for an optimizer."""
+    if isinstance(value, type):
+        return f"the class {value.__name__}, not an optimizer made from it"
+    is_one = callable(getattr(value, "apply_gradients", None))
+    return None if is_one else f"{value!r:.80} (of type {type(value).__name__})"
+
+
 def is_loss_scale_optimizer(optimizer: Any) -> bool:
     """Whether ``optimizer`` is its Keras's ``LossScaleOptimizer`` (Keras 2: either of its two classes)."""
     return isinstance(optimizer, keras_of(optimizer).mixed_precision.LossScaleOptimizer)
@@ -343,21 +353,21 @@ def wrap_optimizer(optimizer: Any, loss_scale: LossScale, compute_dtype: str) ->
     """
     if isinstance(optimizer, (str, dict)):
         optimizer = _tensorflow().keras.optimizers.get(optimizer)
-    if isinstance(optimizer, type) or not callable(getattr(optimizer, "apply_gradients", None)):
-        got = (f"the class {optimizer.__name__}, not an optimizer made from it" if isinstance(optimizer, type)
-               else f"{optimizer!r} (of type {type(optimizer).__name__})")
-        raise TypeError("wrap_optimizer() takes a Keras optimizer, such as keras.optimizers.Adam(1e-3), or its name "
-                        f"('adam'). Received: {got}. Fix: pass the optimizer you would give model.compile.")
+    if (got := not_an_optimizer(optimizer)) is not None:
+        raise AmpConfigError(
+            "wrap_optimizer() takes a Keras optimizer, such as keras.optimizers.Adam(1e-3), or its name "
+            f"('adam'). Received: {got}. Fix: pass the optimizer you would give model.compile.")
     mode, scale = loss_scale_of(optimizer)
     if mode == loss_scale.mode == "dynamic" or (mode == loss_scale.mode == "fixed" and scale == loss_scale.initial):
         return optimizer
     if loss_scale.mode == "none" and mode == "fixed" and scale == 1.0 and is_loss_scale_optimizer(optimizer):
         return optimizer  # Keras 2's stand-in for no scaling, from an earlier call
     if mode != "none":
-        raise ValueError(f"wrap_optimizer() takes an optimizer that does not scale losses yet, or scales them as the "
-                         f"plan does ({loss_scale}). Received {type(optimizer).__name__} with {mode} loss scaling "
-                         f"(scale {scale:g}). Fix: pass the plain optimizer (a LossScaleOptimizer's inner_optimizer, "
-                         "or one without loss_scale_factor), and choose the scaling with loss_scale= / AMP_LOSS_SCALE.")
+        raise AmpConfigError(
+            f"wrap_optimizer() takes an optimizer that does not scale losses yet, or scales them as the "
+            f"plan does ({loss_scale}). Received {type(optimizer).__name__} with {mode} loss scaling "
+            f"(scale {scale:g}). Fix: pass the plain optimizer (a LossScaleOptimizer's inner_optimizer, "
+            "or one without loss_scale_factor), and choose the scaling with loss_scale= / AMP_LOSS_SCALE.")
     keras = keras_of(optimizer)
     lso = keras.mixed_precision.LossScaleOptimizer
     keras3 = _generation_of_package(keras) >= 3

@@ -16,6 +16,7 @@ from typing import Any
 from .assessment import Assessment, Float32Layer, Support, VendorSetting, first_clause
 from .evidence import Evidence
 from .request import LossScale, Request, format_value, parse_policy
+from .errors import AmpConfigError
 
 COMPUTE_DTYPES = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
 WIDTH = 120  # the longest line str(plan) prints
@@ -374,9 +375,9 @@ def require_plan(plan: Any, caller: str) -> None:
     except ValueError:
         policy = None
     make = f"amp_backends.auto_configure(policy={policy!r})" if policy else "amp_backends.auto_configure()"
-    raise TypeError(f"{caller} takes an amp_backends Plan (from amp_backends.auto_configure(), plan_for() or "
-                    f"current_plan()){', not a policy name' if policy else ''}. Received: {plan!r} (of type "
-                    f"{type(plan).__name__}). Fix: plan = {make}, then pass that plan.")
+    raise AmpConfigError(f"{caller} takes an amp_backends Plan (from amp_backends.auto_configure(), plan_for() or "
+                         f"current_plan()){', not a policy name' if policy else ''}. Received: {plan!r} (of type "
+                         f"{type(plan).__name__}). Fix: plan = {make}, then pass that plan.")
 
 
 def _fit(head: str, reason: str, sep: str = " - ", width: int = WIDTH) -> str:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from . import layer_plan as lp
 from .autotune import layers
 from .autotune.layer_choice import Measurement, remember
-from .errors import AmpWarning
+from .errors import AmpConfigError, AmpWarning
 from .fp8 import float8_decisions
 
 if TYPE_CHECKING:
@@ -152,8 +152,9 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
     for name, value, none_too in (("skip_small", skip_small, True), ("measure_float32", measure_float32, True),
                                   ("reset_policies", reset_policies, False)):
         if not (isinstance(value, bool) or (none_too and value is None)):
-            raise TypeError(f"prepare_model({name}=...) takes True or False{' or None' if none_too else ''}. "
-                            f"Received: {value!r} (of type {type(value).__name__}). Fix: pass {name}=True or False.")
+            raise AmpConfigError(
+                f"prepare_model({name}=...) takes True or False{' or None' if none_too else ''}. "
+                f"Received: {value!r} (of type {type(value).__name__}). Fix: pass {name}=True or False.")
     unbuilt = (f"prepare_model cannot tell its layers' roles (its classifier head stays in {plan.policy} once built)"
                if plan.policy != "float32" or plan.fp8 else None)
     require_model(model, "prepare_model()", unbuilt if inputs is None else None)
@@ -199,7 +200,7 @@ def _measured(model: Any, plan: Plan, decided: lp.LayerPlan, inputs: Any,
     """``decided`` with the all-float32 choice measured on ``inputs`` (applied, cached), or a note saying why not."""
     if inputs is None or not is_batch(inputs):
         if forced:
-            raise ValueError(
+            raise AmpConfigError(
                 "prepare_model(measure_float32=True) needs one batch of the model's inputs as inputs= (arrays "
                 f"or tensors), to time the model on. Received: inputs={type(inputs).__name__}. Fix: pass "
                 "inputs=x[:batch_size].")

@@ -17,7 +17,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 
 from .assessment import Assessment, VendorSetting
-from .errors import AmpConfigError
+from .errors import AmpConfigError, BackendError
 from .hardware import BackendProbe, Hardware, KnownDevice
 from .kernel_audit import KernelAudit
 
@@ -170,10 +170,10 @@ class BackendRegistry:
 
     def register(self, backend: Backend) -> None:
         if not isinstance(backend, Backend):
-            raise TypeError(f"register() takes a Backend instance. Received: {backend!r} (of type "
-                            f"{type(backend).__name__}).")
+            raise AmpConfigError(f"register() takes a Backend instance. Received: {backend!r} (of type "
+                                 f"{type(backend).__name__}).")
         if backend.name in self._backends:
-            raise ValueError(f"A backend named {backend.name!r} is already registered.")
+            raise AmpConfigError(f"A backend named {backend.name!r} is already registered.")
         self._backends[backend.name] = backend
 
     def names(self) -> tuple[str, ...]:
@@ -236,7 +236,7 @@ class BackendRegistry:
             except Exception as exc:  # a broken third-party backend must not break the others
                 registry.load_errors[ep.name] = f"{type(exc).__name__}: {exc}"
         if not len(registry):
-            raise RuntimeError(f"No amp_backends backends are registered under the entry point group {group!r}. The "
+            raise BackendError(f"No amp_backends backends are registered under the entry point group {group!r}. The "
                                "package metadata is missing: install the project (pip install . or pip install -e .).")
         return registry
 

@@ -374,7 +374,8 @@ def build_request(known_backends: Iterable[str], environ: Mapping[str, str] | No
     ``FutureWarning`` (a variable); the new name, given the same way, wins over it."""
     unknown = set(kwargs) - set(ENV_VARS) - set(RENAMED)
     if unknown:
-        raise TypeError(f"Unknown override(s) {sorted(unknown)}. Accepted keyword arguments: {', '.join(ENV_VARS)}.")
+        raise AmpConfigError(
+            f"Unknown override(s) {sorted(unknown)}. Accepted keyword arguments: {', '.join(ENV_VARS)}.")
     if environ is not None and not isinstance(environ, Mapping):
         raise AmpConfigError(f"environ must be a mapping of variable names to values (like os.environ) or None. "
                              f"Received: {environ!r:.80} (of type {type(environ).__name__}). Fix: pass a dict, such "

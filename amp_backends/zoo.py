@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .models import NOISE_DIM, gan_discriminator, gan_generator, gan_losses, mnist_cnn
+from .errors import AmpConfigError
 
 VOCAB = 8192
 SEQ = 128
@@ -133,7 +134,7 @@ def _two_heads_per_example() -> Callable[[Any, Any], Any]:
 
 
 def _gan_per_example() -> Callable[[Any, Any], Any]:
-    raise TypeError("the GAN has two updates of its own (amp_backends.training.gan_updates), not one loss")
+    raise AmpConfigError("the GAN has two updates of its own (amp_backends.training.gan_updates), not one loss")
 
 
 # ---------------------------------------------------------------------------------------------- builders

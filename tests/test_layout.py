@@ -314,7 +314,8 @@ def test_the_timing_harness_loads_nothing_above_the_probe_layer():
             "m.split('.')[0] in ('amp_backends', 'numpy', 'tensorflow', 'keras') and getattr(v, '__file__', None)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=NEUTRAL_CWD)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str(sorted([FACE, f"{FACE}.autotune", f"{FACE}.autotune.timing", f"{FACE}.version"]))
+    assert out.stdout.strip() == str(sorted([FACE, f"{FACE}.autotune", f"{FACE}.autotune.timing", f"{FACE}.errors",
+                                             f"{FACE}.version"]))  # (the errors: of the probe layer too)
 
 
 def test_the_layout_page_names_every_layer_and_module():
@@ -389,3 +390,14 @@ def test_no_shipped_module_is_over_420_lines():
     long = {name: n for name, (path, _) in package_modules().items()
             if (n := len(path.read_text(encoding="utf-8").splitlines())) > 420}
     assert not long, f"split these modules by concept: {long}"
+
+
+def test_the_core_raises_its_own_errors_not_bare_builtins():
+    """The docs say every error raised on purpose is an `AmpError` (and the builtin it stands for): seven calls a
+    user makes wrongly raised a bare ValueError or TypeError, which ``except amp_backends.AmpError`` missed."""
+    bare = [f"{path.relative_to(path.parents[1])}:{node.lineno}"
+            for path in Path(amp_backends.__file__).parent.rglob("*.py") if path.name != "errors.py"
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
+            and getattr(node.exc.func, "id", None) in ("ValueError", "TypeError", "Exception")]
+    assert not bare, f"raise the errors of amp_backends.errors (AmpConfigError: a ValueError and a TypeError): {bare}"

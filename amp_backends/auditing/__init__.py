@@ -19,6 +19,7 @@ from .build import from_reading, not_measured, plan_data
 from .audit_result import Audit
 from .child import PLAN_BACKEND
 from .runner import overrides_env, run_child
+from ..errors import AmpConfigError
 
 __all__ = ["Audit", "AuditObserver", "audit", "audit_trace"]
 
@@ -63,17 +64,17 @@ def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = 
         TypeError: A model object was given instead of its factory, or an override is not one of the plan's.
         ValueError: A size is not a positive integer, both ``seq_len`` and ``input_shape`` are given, or the input
             shape does not fit the model (its rank, fixed sizes or input names).
-        RuntimeError: The child process failed.
+        ModelCallError: The child process failed or ran past its time (a ``RuntimeError``).
         KeyboardInterrupt: Ctrl-C, or SIGTERM (`amp_backends.errors.TrainingInterrupted`, exit code 143), stopped
             the audit; the child process was stopped first.
     """
     for name, value, expected in (("batch_size", batch_size, "a positive int"), ("steps", steps, "a positive int"),
                                   ("warmup", warmup, "an int >= 1 (the first step traces and compiles)")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be {expected}. Received: {value!r}")
+            raise AmpConfigError(f"{name} must be {expected}. Received: {value!r}")
     inputs = _input_request(seq_len, input_shape)
     if hasattr(model_or_factory, "layers") or not (callable(model_or_factory) or isinstance(model_or_factory, str)):
-        raise TypeError(
+        raise AmpConfigError(
             "audit() takes a factory (a function that builds the model, or its 'MODULE:FACTORY' string), not a model: "
             "oneDNN reads ONEDNN_VERBOSE once, when it starts, so the model must be built in a fresh child process. "
             f"Received {type(model_or_factory).__name__}. Fix: pass the function that builds it, such as "
@@ -96,18 +97,18 @@ def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = 
 def _input_request(seq_len: int | None, input_shape: Any) -> dict[str, Any]:
     """``audit``'s shapes, checked for their form before anything runs, as the child takes them (JSON)."""
     if seq_len is not None and input_shape is not None:
-        raise ValueError("expected at most one of seq_len and input_shape, received both. Fix: seq_len=N for the "
-                         "open dimensions, or the full shapes with input_shape=")
+        raise AmpConfigError("expected at most one of seq_len and input_shape, received both. Fix: seq_len=N for the "
+                             "open dimensions, or the full shapes with input_shape=")
     if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
-        raise ValueError(f"seq_len must be a positive int, such as 128. Received: {seq_len!r}. Fix: the sequence "
-                         "length to train at")
+        raise AmpConfigError(f"seq_len must be a positive int, such as 128. Received: {seq_len!r}. Fix: the sequence "
+                             "length to train at")
 
     def shape(value: Any) -> list[int | None]:
         if not isinstance(value, (tuple, list)) or not all(d is None or (isinstance(d, int) and not isinstance(
                 d, bool) and d > 0) for d in value):
-            raise ValueError(f"input_shape takes an input's shape with the batch first, such as (None, 128), or a "
-                             f"list or dict (by input name) of them. Received: {input_shape!r}. Fix: give positive "
-                             "sizes, the batch as None")
+            raise AmpConfigError(f"input_shape takes an input's shape with the batch first, such as (None, 128), or a "
+                                 f"list or dict (by input name) of them. Received: {input_shape!r}. Fix: give positive "
+                                 "sizes, the batch as None")
         return list(value)
 
     if input_shape is None:
@@ -146,8 +147,8 @@ def audit_trace(path: str | os.PathLike[str], plan: Plan | None = None, *, model
     readers += [registry.kernel_audit(name) for name in registry.names()]
     reader = next((r for r in readers if r is not None and r.reads_traces), None)
     if reader is None:
-        raise ValueError(f"expected an installed backend that reads profiler traces, but none of "
-                         f"{', '.join(registry.names())} does. Fix: install the backend of the trace's devices")
+        raise AmpConfigError(f"expected an installed backend that reads profiler traces, but none of "
+                             f"{', '.join(registry.names())} does. Fix: install the backend of the trace's devices")
     return from_reading(reader.read_trace(path), {"model": model, "plan": {} if plan is None else plan_data(plan)})
 
 

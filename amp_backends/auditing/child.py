@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Any, Mapping
 
-from ..errors import FactoryError
+from ..errors import AmpConfigError, FactoryError, ModelCallError
 from ..factory import build_model, load_factory
 from .build import plan_data
 
@@ -163,7 +163,7 @@ def input_shapes(model: Any, given: Mapping[str, Any]) -> Any:
         return checked_inputs(model, shapes, keras_compat.input_structure(model))
     except (TypeError, ValueError) as exc:
         said = in_flag_words(given["flag"], exc, model) if given.get("flag") else str(exc)
-        raise ValueError(said.replace("inputs= ", "input_shape= ", 1) if said.startswith("inputs= ") else said) \
+        raise AmpConfigError(said.replace("inputs= ", "input_shape= ", 1) if said.startswith("inputs= ") else said) \
             from None
 
 
@@ -176,7 +176,7 @@ def synthetic_inputs(model: Any, batch: int, structure: Any = None) -> Any:
 
     structure = structure if structure is not None else keras_compat.input_structure(model)
     if structure is None:
-        raise ValueError(f"cannot tell the input shape of the model {model.name!r}: build it with keras.Input")
+        raise AmpConfigError(f"cannot tell the input shape of the model {model.name!r}: build it with keras.Input")
 
     def make(leaf: Any) -> Any:
         shape = [batch] + [d if d is not None else OPEN_SIZE for d in leaf.shape[1:]]
@@ -243,17 +243,26 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int,
 
     compiled = tf.function(step, jit_compile=bool(plan.xla), autograph=False)
     ops = trace_step_ops(model, compiled, x)
-    for _ in range(warmup):
-        float(compiled(x))
     workdir = out_path + ".work"
     os.makedirs(workdir, exist_ok=True)
-    kernel_audit.begin(workdir)
-    _mark(BEGIN)
-    start = time.perf_counter()
-    for _ in range(steps):
-        loss = compiled(x)
-    float(loss)
-    elapsed = time.perf_counter() - start
+    try:
+        for _ in range(warmup):
+            float(compiled(x))
+        kernel_audit.begin(workdir)
+        _mark(BEGIN)
+        start = time.perf_counter()
+        for _ in range(steps):
+            loss = compiled(x)
+        float(loss)
+        elapsed = time.perf_counter() - start
+    except Exception:  # a model that cannot run on these shapes: the check's words, naming the layer, as `check`
+        try:
+            check_model(model, plan=plan, inputs=x, layer_plan=layer_plan)
+        except ModelCallError as exc:
+            return {"input_error": str(exc)}
+        except Exception:  # noqa: BLE001  # (the step's own error stands)
+            pass
+        raise
     _mark(END)
     kernel_audit.end()
     try:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 from ..kernel_audit import Capture, KernelAudit
 from .build import from_reading, plan_data
 from .audit_result import Audit
+from ..errors import AmpConfigError
 
 if TYPE_CHECKING:
     from ..plan import Plan
@@ -133,8 +134,9 @@ class AuditObserver:
         self.layer_plans: dict[str, Any] | None = None  # by model name: the trainer sets the ones it applied
         self.start, self.stop = window
         if not (0 <= self.start < self.stop):
-            raise ValueError(f"The audit window must be (start, stop) steps with 0 <= start < stop, such as (3, 6). "
-                             f"Received: {window!r}.")
+            raise AmpConfigError(
+                f"The audit window must be (start, stop) steps with 0 <= start < stop, such as (3, 6). "
+                f"Received: {window!r}.")
         self.result: Audit | None = None
         self.backend, self.kernel_audit = observed_backend(plan)
         audit = self.kernel_audit

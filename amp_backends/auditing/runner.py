@@ -16,7 +16,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import FactoryError, TrainingInterrupted
+from ..errors import AmpConfigError, FactoryError, ModelCallError, TrainingInterrupted
 from ..kernel_audit import Capture
 from .build import from_reading, not_measured
 from .child import BEGIN, END
@@ -44,9 +44,9 @@ def overrides_env(plan: Any = None, **overrides: Any) -> dict[str, str]:
             warnings.warn(renamed_message(name), DeprecationWarning, stacklevel=3)  # audit() -> here
             name = RENAMED[name]
         if name not in ENV_VARS:
-            raise TypeError(f"audit() got the unknown plan override {name}={value!r}: expected one of "
-                            f"{', '.join(ENV_VARS)}. Fix: pass the overrides auto_configure() takes, such as "
-                            "policy='float32'")
+            raise AmpConfigError(f"audit() got the unknown plan override {name}={value!r}: expected one of "
+                                 f"{', '.join(ENV_VARS)}. Fix: pass the overrides auto_configure() takes, such as "
+                                 "policy='float32'")
         env[ENV_VARS[name]] = "1" if value is True else str(value)
     return env
 
@@ -105,20 +105,20 @@ def run_child(target: str, *, batch_size: int, steps: int, warmup: int, env: Map
         try:
             returncode, stdout, stderr = _run_to_end(cmd, {**os.environ, **env}, timeout)
         except subprocess.TimeoutExpired as exc:
-            raise RuntimeError(f"the audit of {target} ran past {timeout:.0f} s. Fix: fewer --steps or a smaller "
-                               "--batch-size") from exc
+            raise ModelCallError(f"the audit of {target} ran past {timeout:.0f} s. Fix: fewer --steps or a smaller "
+                                 "--batch-size") from exc
         if returncode != 0 or not os.path.exists(out):
             tail = "\n".join(stderr.strip().splitlines()[-15:])
-            raise RuntimeError(f"the audit's child process for {target} failed (exit {returncode}). "
-                               f"Expected it to build the model and train {warmup + steps} steps. "
-                               f"Its last lines:\n{tail}")
+            raise ModelCallError(f"the audit's child process for {target} failed (exit {returncode}). "
+                                 f"Expected it to build the model and train {warmup + steps} steps. "
+                                 f"Its last lines:\n{tail}")
         with open(out, encoding="utf-8") as f:
             doc = json.load(f)
         if "factory_error" in doc:
             tail = "\n".join((doc.get("traceback") or "").strip().splitlines()[-15:])
             raise FactoryError(doc["factory_error"] + (f"\nThe child's last lines:\n{tail}" if tail else ""))
         if "input_error" in doc:  # shapes that do not fit the model, found once it was built
-            raise ValueError(doc["input_error"])
+            raise AmpConfigError(doc["input_error"])
         plan = doc.get("plan") or {}
         kernel_audit = default_registry().kernel_audit(str(plan.get("backend")))
         if kernel_audit is None or kernel_audit.unavailable or doc.get("measured") is False:

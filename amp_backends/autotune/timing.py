@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from ..errors import AmpConfigError
 
 __all__ = ["MARGIN", "ROUNDS", "Sample", "Timings", "interleaved"]
 
@@ -95,7 +96,8 @@ def interleaved(variants: Mapping[str, Callable[[], Any]], *, rounds: int = ROUN
         ValueError: ``rounds`` or ``steps`` is below 1.
     """
     if rounds < 1 or steps < 1:
-        raise ValueError(f"interleaved() needs rounds >= 1 and steps >= 1. Received: rounds={rounds}, steps={steps}.")
+        raise AmpConfigError(
+            f"interleaved() needs rounds >= 1 and steps >= 1. Received: rounds={rounds}, steps={steps}.")
     names, live = list(variants), list(variants)
     rates: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):

@@ -18,6 +18,7 @@ import typer
 
 from ..tf_import import exit_quickly
 from ..request import OPTIONS, RENAMED, keywords_as_options, option_help, overrides_given, renamed_message
+from ..errors import AmpConfigError
 
 CONTEXT = {"max_content_width": 120, "help_option_names": ["-h", "--help"]}
 OVERRIDES = "overrides"  # the parameter of a command that receives the plan overrides given, as one dict
@@ -80,7 +81,7 @@ def with_overrides(*, exclude: tuple[str, ...] = ()) -> Callable[[Callable[..., 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(command)
         if OVERRIDES not in signature.parameters:
-            raise TypeError(f"{command.__name__} takes no {OVERRIDES!r} parameter for the plan overrides")
+            raise AmpConfigError(f"{command.__name__} takes no {OVERRIDES!r} parameter for the plan overrides")
         params: list[inspect.Parameter] = []
         for p in signature.parameters.values():
             if p.name == OVERRIDES:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .fp8_choice import fp8_layers
-from ..errors import ModelCallError
+from ..errors import AmpConfigError, ModelCallError
 from ..keras_compat import input_structure, is_keras_model, keras_info
 from .result import Finding, ModelCheck, Summary
 from .rules_general import Rules
@@ -28,13 +28,15 @@ def _batch(structure: Any, batch_size: int | None, source: str = "batch_size={}"
 
     static = {leaf.shape[0] for leaf in tf.nest.flatten(structure) if leaf.shape and leaf.shape[0] is not None}
     if len(static) > 1:
-        raise ValueError(f"The model's inputs have different fixed batch sizes {sorted(static)}: they cannot be called "
-                         "together. Fix: give the inputs the same batch size (or none).")
+        raise AmpConfigError(
+            f"The model's inputs have different fixed batch sizes {sorted(static)}: they cannot be called "
+            "together. Fix: give the inputs the same batch size (or none).")
     fixed = static.pop() if static else None
     if fixed is not None and batch_size is not None and fixed != batch_size:
-        raise ValueError(f"The model's inputs have a fixed batch size of {fixed}, but {source.format(batch_size)} was "
-                         f"given. Expected batch_size={fixed} or None. Fix: pass batch_size={fixed} (inputs of that "
-                         "batch), or build the model without a fixed batch size.")
+        raise AmpConfigError(
+            f"The model's inputs have a fixed batch size of {fixed}, but {source.format(batch_size)} was "
+            f"given. Expected batch_size={fixed} or None. Fix: pass batch_size={fixed} (inputs of that "
+            "batch), or build the model without a fixed batch size.")
     return batch_size if batch_size is not None else fixed
 
 
@@ -51,12 +53,12 @@ def require_model(model: Any, caller: str, unbuilt: str | None = None) -> None:
         ValueError: ``model`` is not built and ``unbuilt`` is given.
     """
     if not is_keras_model(model):
-        raise TypeError(
+        raise AmpConfigError(
             f"{caller} takes a Keras model (keras.Model: functional, Sequential or subclassed) of the Keras that "
             f"tf.keras is ({keras_info().version or 'unknown'}). Received: {model!r} (of type {type(model).__name__}). "
             "Fix: pass the model itself (for a layer, wrap it: keras.Sequential([keras.Input(shape), layer])).")
     if unbuilt and not model.built:
-        raise ValueError(
+        raise AmpConfigError(
             f"The model {model.name!r} is not built, so {unbuilt}. Expected a built model. Fix: build it with "
             "keras.Input(...) (functional or Sequential), or call model.build(input_shape) or the model itself on a "
             "batch first.")
@@ -126,10 +128,10 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
             only under the plan's policy is a finding instead).
     """
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)):
-        raise TypeError(f"batch_size must be a positive int, such as 1024, or None. Received: {batch_size!r} "
-                        f"(of type {type(batch_size).__name__}).")
+        raise AmpConfigError(f"batch_size must be a positive int, such as 1024, or None. Received: {batch_size!r} "
+                             f"(of type {type(batch_size).__name__}).")
     if batch_size is not None and batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, such as 1024, or None. Received: {batch_size}.")
+        raise AmpConfigError(f"batch_size must be a positive int, such as 1024, or None. Received: {batch_size}.")
     import tensorflow as tf
 
     from ..configure import current_plan, plan_for
@@ -153,7 +155,7 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
             batch = _batch(structure, batch, "batch_size={}" if batch_size else "inputs= of batch {}")
         structure = given
     elif structure is None:
-        raise ValueError(
+        raise AmpConfigError(
             f"Cannot tell the input shape of the model {model.name!r} (a subclassed model built without an input "
             "shape). Expected a model built with keras.Input, or by model.build(input_shape) / a call on a batch, or "
             "inputs= giving the shapes. Fix: pass inputs=<one batch> (or call model.build((None, ...)) first)."

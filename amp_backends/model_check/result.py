@@ -6,6 +6,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from ..errors import AmpConfigError
 
 SCHEMA_VERSION = 1
 SEVERITIES = ("error", "warning", "info")
@@ -31,7 +32,7 @@ class Finding:
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
-            raise ValueError(f"Finding severity must be one of {SEVERITIES}. Received: {self.severity!r}.")
+            raise AmpConfigError(f"Finding severity must be one of {SEVERITIES}. Received: {self.severity!r}.")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,7 +117,7 @@ class ModelCheck:
             ValueError: ``severity`` is not one of the three.
         """
         if severity not in SEVERITIES:
-            raise ValueError(f"severity must be one of {SEVERITIES}. Received: {severity!r}.")
+            raise AmpConfigError(f"severity must be one of {SEVERITIES}. Received: {severity!r}.")
         return [f for f in self.findings if f.severity == severity]
 
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..keras_compat import InputLeaf, input_structure
+from ..errors import AmpConfigError
 
 SHAPE_FORMS = ("a sample batch (NumPy arrays / tensors, or a dict / tuple / list of them as the model takes them), "
                "a tf.data.Dataset or its element_spec (tf.TensorSpec), or shapes such as (None, 128) "
@@ -39,10 +40,11 @@ def _leaf(value: Any, default_dtype: Any) -> InputLeaf | None:
         return None
     if default_dtype is not None and (dtype == tf.string) != (tf.as_dtype(default_dtype) == tf.string):
         takes = "strings" if tf.as_dtype(default_dtype) == tf.string else f"numbers ({tf.as_dtype(default_dtype).name})"
-        raise ValueError(f"inputs= gives {'strings' if dtype == tf.string else 'numbers'} ({dtype.name}) to a model "
-                         f"input that takes {takes}: the model could not be called on that batch. Fix: pass the batch "
-                         "the model is called with (text encoded before it, or a model that starts with its own "
-                         "StringLookup or TextVectorization after keras.Input(shape, dtype='string')).")
+        raise AmpConfigError(
+            f"inputs= gives {'strings' if dtype == tf.string else 'numbers'} ({dtype.name}) to a model "
+            f"input that takes {takes}: the model could not be called on that batch. Fix: pass the batch "
+            "the model is called with (text encoded before it, or a model that starts with its own "
+            "StringLookup or TextVectorization after keras.Input(shape, dtype='string')).")
     # the model converts its inputs to the dtype it declares; Keras feeds NumPy's float64 as float32
     return InputLeaf(dims, default_dtype or (tf.float32 if dtype == tf.float64 else dtype))
 
@@ -64,8 +66,8 @@ def _to_leaves(given: Any, model_struct: Any) -> Any:
         subs = list(model_struct) if isinstance(model_struct, (list, tuple)) else []
         items = [_to_leaves(v, subs[i] if i < len(subs) else None) for i, v in enumerate(given)]
         return items if isinstance(given, list) or len(subs) == len(items) or not subs else tuple(items)
-    raise TypeError(f"inputs= takes {SHAPE_FORMS}. Received: {given!r} (of type {type(given).__name__}). "
-                    "Fix: pass one batch of the data the model is trained on, or its shapes.")
+    raise AmpConfigError(f"inputs= takes {SHAPE_FORMS}. Received: {given!r} (of type {type(given).__name__}). "
+                         "Fix: pass one batch of the data the model is trained on, or its shapes.")
 
 
 def _describe(struct: Any) -> str:
@@ -89,14 +91,16 @@ def _fit(given: Any, model_struct: Any, model_name: str) -> Any:
     if model_struct is None:
         return given
     if isinstance(model_struct, dict) and isinstance(given, dict) and set(model_struct) - set(given):
-        raise ValueError(f"inputs= lacks the model {model_name!r}'s input(s) {sorted(set(model_struct) - set(given))}. "
-                         f"Expected the keys {sorted(model_struct)}; received {sorted(given)}. Fix: give every input.")
+        raise AmpConfigError(
+            f"inputs= lacks the model {model_name!r}'s input(s) {sorted(set(model_struct) - set(given))}. "
+            f"Expected the keys {sorted(model_struct)}; received {sorted(given)}. Fix: give every input.")
     if isinstance(model_struct, dict) and isinstance(given, (list, tuple)) and len(given) == len(model_struct) \
             and not any(isinstance(g, (dict, list, tuple)) for g in given):
         example = ", ".join(f"{k!r}: ..." for k in model_struct)
-        raise ValueError(f"inputs= gives the model {model_name!r} a {type(given).__name__} of {len(given)} inputs, but "
-                         f"it takes a dict of named inputs {sorted(model_struct)} (a list's order is not theirs). Fix: "
-                         f"pass a dict: {{{example}}}.")
+        raise AmpConfigError(
+            f"inputs= gives the model {model_name!r} a {type(given).__name__} of {len(given)} inputs, but "
+            f"it takes a dict of named inputs {sorted(model_struct)} (a list's order is not theirs). Fix: "
+            f"pass a dict: {{{example}}}.")
     if isinstance(model_struct, dict) and isinstance(given, dict):
         given = {k: given[k] for k in model_struct}  # extra keys (labels in the same dict) are not the model's
     if _matches(given, model_struct):
@@ -105,24 +109,26 @@ def _fit(given: Any, model_struct: Any, model_name: str) -> Any:
         return [given] if isinstance(model_struct, list) else (given,)  # one input, listed by the model
     if isinstance(given, (tuple, list)) and 2 <= len(given) <= 3 and _matches(given[0], model_struct):
         return given[0]  # an (x, y) or (x, y, sample_weight) element
-    raise ValueError(f"inputs= does not match the inputs of the model {model_name!r}: "
-                     f"expected {_describe(model_struct)}, received {_describe(given)}. "
-                     "Fix: pass the model's inputs (x, not (x, y) when the model takes a tuple), "
-                     "in the structure it is called with.")
+    raise AmpConfigError(f"inputs= does not match the inputs of the model {model_name!r}: "
+                         f"expected {_describe(model_struct)}, received {_describe(given)}. "
+                         "Fix: pass the model's inputs (x, not (x, y) when the model takes a tuple), "
+                         "in the structure it is called with.")
 
 
 def _check_leaf(given: InputLeaf, declared: InputLeaf | None, model_name: str) -> None:
     if declared is None or not declared.shape:
         return
     if len(given.shape) != len(declared.shape):
-        raise ValueError(f"inputs= gives an input of shape {given.shape} to the model {model_name!r}, whose input has "
-                         f"shape {declared.shape} (rank {len(declared.shape)}). Fix: give the batch's full shape, the "
-                         "batch first, e.g. " + str((None,) + tuple(d or 128 for d in declared.shape[1:])) + ".")
+        raise AmpConfigError(
+            f"inputs= gives an input of shape {given.shape} to the model {model_name!r}, whose input has "
+            f"shape {declared.shape} (rank {len(declared.shape)}). Fix: give the batch's full shape, the "
+            "batch first, e.g. " + str((None,) + tuple(d or 128 for d in declared.shape[1:])) + ".")
     for i, (g, d) in enumerate(zip(given.shape[1:], declared.shape[1:], strict=True), start=1):
         if g is not None and d is not None and g != d:
-            raise ValueError(f"inputs= gives an input of shape {given.shape} to the model {model_name!r}, whose "
-                             f"input has shape {declared.shape}: dimension {i} is {g}, the model's is {d}. Fix: give "
-                             "the shape the model takes.")
+            raise AmpConfigError(
+                f"inputs= gives an input of shape {given.shape} to the model {model_name!r}, whose "
+                f"input has shape {declared.shape}: dimension {i} is {g}, the model's is {d}. Fix: give "
+                "the shape the model takes.")
 
 
 def input_names(model: Any, model_struct: Any) -> list[str] | None:
@@ -142,8 +148,9 @@ def by_name(model: Any, inputs: Any, model_struct: Any) -> Any:
     if not isinstance(inputs, dict) or (names := input_names(model, model_struct)) is None:
         return inputs
     if missing := [n for n in names if n not in inputs]:
-        raise ValueError(f"inputs= lacks the model {model.name!r}'s input(s) {missing}. Expected the keys {names} (its "
-                         f"inputs' names); received {sorted(inputs)}. Fix: name each input as the model does.")
+        raise AmpConfigError(
+            f"inputs= lacks the model {model.name!r}'s input(s) {missing}. Expected the keys {names} (its "
+            f"inputs' names); received {sorted(inputs)}. Fix: name each input as the model does.")
     ordered = [inputs[n] for n in names]  # (other keys, labels in the same dict, are not the model's)
     return ordered if isinstance(model_struct, list) else tuple(ordered)
 
@@ -171,8 +178,8 @@ def checked_inputs(model: Any, inputs: Any, model_struct: Any) -> Any:
         for g, d in zip(tf.nest.flatten(given), tf.nest.flatten(model_struct), strict=True):
             _check_leaf(g, d, model.name)
             if not g.shape:
-                raise ValueError(f"inputs= gives a scalar to the model {model.name!r}: expected a batch, the batch "
-                                 "dimension first. Fix: give one batch of inputs.")
+                raise AmpConfigError(f"inputs= gives a scalar to the model {model.name!r}: expected a batch, the batch "
+                                     "dimension first. Fix: give one batch of inputs.")
     return given
 
 
@@ -193,11 +200,12 @@ def shapes_with_sequence_length(model: Any, length: int, batch_size: int | None 
     import tensorflow as tf
 
     if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-        raise ValueError(f"The sequence length must be a positive int, such as 128. Received: {length!r}.")
+        raise AmpConfigError(f"The sequence length must be a positive int, such as 128. Received: {length!r}.")
     struct = input_structure(model)
     if struct is None:
-        raise ValueError(f"Cannot tell the input shape of the model {getattr(model, 'name', model)!r}, so a sequence "
-                         "length cannot be applied to it. Fix: give the full shapes instead (inputs=...).")
+        raise AmpConfigError(
+            f"Cannot tell the input shape of the model {getattr(model, 'name', model)!r}, so a sequence "
+            "length cannot be applied to it. Fix: give the full shapes instead (inputs=...).")
     return tf.nest.map_structure(
         lambda leaf: (batch_size,) + tuple(length if d is None else d for d in leaf.shape[1:]), struct)
 
@@ -239,8 +247,9 @@ def shape_options(seq_len: int | None, input_shape: str | None) -> Any:
         ValueError: Both are given, or ``--input-shape`` is malformed.
     """
     if seq_len is not None and input_shape is not None:
-        raise ValueError("expected at most one of --seq-len and --input-shape, received both. Fix: give --seq-len N "
-                         "for the open dimensions, or the full shapes with --input-shape")
+        raise AmpConfigError(
+            "expected at most one of --seq-len and --input-shape, received both. Fix: give --seq-len N "
+            "for the open dimensions, or the full shapes with --input-shape")
     return None if input_shape is None else parse_input_shape(input_shape)
 
 
@@ -253,7 +262,7 @@ def parse_input_shape(text: str) -> Any:
         except ValueError:
             values = ()
         if not values or any(d < 1 for d in values):
-            raise ValueError(
+            raise AmpConfigError(
                 f"expected one example's shape as positive sizes joined by 'x', such as 28x28x1 or 128. Received: "
                 f"{part!r} in --input-shape {text!r}. Fix: leave the batch out, it comes from --batch-size")
         return (None, *values)
@@ -264,7 +273,8 @@ def parse_input_shape(text: str) -> Any:
     for item in text.split(","):
         name, sep, shape = item.partition("=")
         if not sep or not name.strip():
-            raise ValueError(f"expected name=SHAPE pairs separated by commas, such as token_ids=128,padding_mask=128. "
-                             f"Received: {item!r} in --input-shape {text!r}. Fix: name every input")
+            raise AmpConfigError(
+                f"expected name=SHAPE pairs separated by commas, such as token_ids=128,padding_mask=128. "
+                f"Received: {item!r} in --input-shape {text!r}. Fix: name every input")
         shapes[name.strip()] = dims(shape)
     return shapes

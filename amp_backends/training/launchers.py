@@ -16,7 +16,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..errors import ClusterConfigError
+from ..errors import AmpConfigError, ClusterConfigError
 
 PORT_VARIABLE = "AMP_CLUSTER_PORT"
 HOSTS_VARIABLE = "AMP_CLUSTER_HOSTS"
@@ -128,7 +128,7 @@ def expand_nodelist(text: str) -> list[str]:
     for part in re.split(r",(?![^\[]*\])", text.strip()):  # (the commas outside brackets)
         m = re.fullmatch(r"([A-Za-z0-9_.\-]*)(?:\[([0-9,\-]+)\])?([A-Za-z0-9_.\-]*)", part)
         if m is None or not (m.group(1) or m.group(2)) or (m.group(3) and not m.group(2)):
-            raise ValueError(part)
+            raise AmpConfigError(part)
         prefix, ranges, suffix = m.groups()
         if ranges is None:
             hosts.append(prefix)
@@ -136,7 +136,7 @@ def expand_nodelist(text: str) -> list[str]:
         for item in ranges.split(","):
             lo, _, hi = item.partition("-")
             if not lo.isdigit() or (hi and not hi.isdigit()) or int(hi or lo) < int(lo):
-                raise ValueError(part)
+                raise AmpConfigError(part)
             hosts.extend(f"{prefix}{str(i).zfill(len(lo))}{suffix}" for i in range(int(lo), int(hi or lo) + 1))
     return hosts
 
@@ -147,7 +147,7 @@ def expand_tasks_per_node(text: str) -> list[int]:
     for part in text.strip().split(","):
         m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
         if m is None:
-            raise ValueError(part)
+            raise AmpConfigError(part)
         counts.extend([int(m.group(1))] * int(m.group(2) or 1))
     return counts
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 import tensorflow as tf
 
 from ..errors import AmpConfigError, NonFiniteError
-from ..keras_compat import build_optimizer, loss_scale_of
+from ..keras_compat import build_optimizer, loss_scale_of, not_an_optimizer
 from ..plan import Plan
 from ..request import LossScale
 
@@ -106,8 +106,9 @@ class LossScaler(tf.__internal__.tracking.Trackable):
         """
         optimizer = self.optimizer if optimizer is None else optimizer
         if optimizer is None:
-            raise TypeError("LossScaler.apply() needs the optimizer: make the scaler with it (LossScaler(optimizer)) "
-                            "or pass apply(grads, variables, optimizer=...).")
+            raise AmpConfigError(
+                "LossScaler.apply() needs the optimizer: make the scaler with it (LossScaler(optimizer)) "
+                "or pass apply(grads, variables, optimizer=...).")
         groups = _groups(optimizer, grads, variables)
         for opt, _, vs in groups:
             if id(opt) not in self._built_optimizers:  # its state made once, before the first tf.cond
@@ -311,12 +312,12 @@ def plan_loss_scale(optimizer: Any, plan: Plan | None) -> LossScale:
     """The loss scaling of ``plan`` (by default the one `amp_backends.auto_configure` applied) for a loop
     that trains with ``optimizer``; a clear error for an optimizer that already scales losses or a missing plan."""
     if optimizer is not None:
-        if isinstance(optimizer, type) or not (hasattr(optimizer, "apply_gradients") and hasattr(optimizer, "build")):
-            raise TypeError("LossScaler() takes the Keras optimizer your loop applies gradients with, such as "
-                            f"keras.optimizers.Adam(1e-3). Received: {optimizer!r} (of type "
-                            f"{type(optimizer).__name__}). Fix: LossScaler(optimizer)" + (
-                                ", and a plan by keyword: LossScaler(optimizer, plan=plan)."
-                                if isinstance(optimizer, Plan) else "."))
+        if (got := not_an_optimizer(optimizer)) is not None or not hasattr(optimizer, "build"):
+            raise AmpConfigError("LossScaler() takes the Keras optimizer your loop applies gradients with, such as "
+                                 f"keras.optimizers.Adam(1e-3). Received: {got or repr(optimizer)}. Fix: "
+                                 "LossScaler(optimizer)" + (
+                                     ", and a plan by keyword: LossScaler(optimizer, plan=plan)."
+                                     if isinstance(optimizer, Plan) else "."))
         if (mode := loss_scale_of(optimizer)[0]) != "none":
             raise AmpConfigError(
                 f"LossScaler() was given an optimizer that scales losses itself ({mode} loss scaling: a "
@@ -332,8 +333,8 @@ def plan_loss_scale(optimizer: Any, plan: Plan | None) -> LossScale:
                 "amp_backends.auto_configure() before building the model, or pass plan=amp_backends.plan_for(...).")
     config = getattr(plan, "loss_scale", plan)
     if not isinstance(config, LossScale):
-        raise TypeError("LossScaler(plan=...) takes an amp_backends Plan (from auto_configure() or plan_for()). "
-                        f"Received: {plan!r} (of type {type(plan).__name__}).")
+        raise AmpConfigError("LossScaler(plan=...) takes an amp_backends Plan (from auto_configure() or plan_for()). "
+                             f"Received: {plan!r} (of type {type(plan).__name__}).")
     return config
 
 
@@ -344,16 +345,26 @@ def _groups(optimizer: Any, grads: Any, variables: Any) -> list[tuple[Any, list[
     if not isinstance(optimizer, (list, tuple)):
         optimizer, grads, variables = [optimizer], [grads], [variables]
     elif n != [len(optimizer)] * 2:
-        raise ValueError(f"LossScaler.apply(grads, variables, optimizer=[...]) takes one variable group per optimizer. "
-                         f"Received: {len(optimizer)} optimizers, {n[0]} gradient and {n[1]} variable groups. Fix: "
-                         "apply([emb_grads, dense_grads], [emb_vars, dense_vars], optimizer=[emb_opt, dense_opt]).")
+        raise AmpConfigError(
+            f"LossScaler.apply(grads, variables, optimizer=[...]) takes one variable group per optimizer. "
+            f"Received: {len(optimizer)} optimizers, {n[0]} gradient and {n[1]} variable groups. Fix: "
+            "apply([emb_grads, dense_grads], [emb_vars, dense_vars], optimizer=[emb_opt, dense_opt]).")
     groups = []
     for o, g, v in zip(optimizer, grads, variables, strict=True):
         flat_g, flat_v = (tf.nest.flatten(a if isinstance(a, (list, tuple)) else list(a)) for a in (g, v))
         if len(flat_g) != len(flat_v):
-            raise ValueError(f"LossScaler.apply(grads, variables) takes one gradient per variable, as tape.gradient("
-                             f"loss, variables) returns them. Received: {len(flat_g)} gradients for {len(flat_v)} "
-                             "variables.")
+            raise AmpConfigError(
+                f"LossScaler.apply(grads, variables) takes one gradient per variable, as tape.gradient("
+                f"loss, variables) returns them. Received: {len(flat_g)} gradients for {len(flat_v)} "
+                "variables.")
+        for grad, var in ((g, v) for g, v in zip(flat_g, flat_v, strict=True) if hasattr(g, "shape")):
+            shapes = tf.TensorShape(grad.shape), tf.TensorShape(var.shape)
+            if all(s.is_fully_defined() for s in shapes) and shapes[0] != shapes[1]:
+                raise AmpConfigError(
+                    f"LossScaler.apply(grads, variables) takes each variable's gradient, of its shape. Received a "
+                    f"gradient of shape {tuple(shapes[0])} for {getattr(var, 'name', 'a variable')} of shape "
+                    f"{tuple(shapes[1])}. Fix: pass the gradients in the variables' order, as tape.gradient(loss, "
+                    "variables) returns them.")
         groups.append((o, flat_g, flat_v))
     return groups
 

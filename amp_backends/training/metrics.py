@@ -89,7 +89,7 @@ def _one(spec: Any, binary: bool, replicas: int, own: bool) -> Any:
         try:
             found = tf.keras.metrics.get(spec)
             if not callable(found):  # (Keras 2 hands an unknown name back as it is)
-                raise ValueError(spec)
+                raise AmpConfigError(spec)
         except (ValueError, TypeError):
             raise AmpConfigError(f"Unknown metric {spec!r}. Expected a Keras metric name (such as 'accuracy', "
                                  "'sparse_top_k_categorical_accuracy', 'mae') or a keras.metrics.Metric object. Fix: "
@@ -110,8 +110,8 @@ def _one(spec: Any, binary: bool, replicas: int, own: bool) -> Any:
                                  "get_config() that from_config() takes, or pass its name.") from None
     if callable(spec):
         return tf.keras.metrics.MeanMetricWrapper(spec, name=getattr(spec, "__name__", "metric"))
-    raise TypeError(f"metrics must be a list of Keras metric names, keras.metrics.Metric objects or functions "
-                    f"(y_true, y_pred) -> values. Received: {spec!r} (of type {type(spec).__name__}).")
+    raise AmpConfigError(f"metrics must be a list of Keras metric names, keras.metrics.Metric objects or functions "
+                         f"(y_true, y_pred) -> values. Received: {spec!r} (of type {type(spec).__name__}).")
 
 
 def build_metrics(specs: Sequence[Any] | None, *, binary: bool, strategy: Any, own: bool = False) -> list[Any]:
@@ -120,7 +120,7 @@ def build_metrics(specs: Sequence[Any] | None, *, binary: bool, strategy: Any, o
     if specs is None:
         return []
     if isinstance(specs, (str, tf.keras.metrics.Metric)) or not isinstance(specs, (list, tuple)):
-        raise TypeError(f"metrics must be a list, such as metrics=['accuracy']. Received: {specs!r}.")
+        raise AmpConfigError(f"metrics must be a list, such as metrics=['accuracy']. Received: {specs!r}.")
     replicas = int(strategy.num_replicas_in_sync)
     with strategy.scope():
         out = [_one(s, binary, replicas, own) for s in specs]

@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from ..errors import AmpWarning
+from ..errors import AmpWarning, ModelCallError
 from ..layer_plan import FLOAT8, LayerPlan, LayerDecision, apply, built_in_other_dtype, decide, with_float8
 from ..plan import Plan
 from .checkpoints import CheckpointStore
@@ -278,6 +278,22 @@ class TrainedModels:
             self.audit.layer_plans = self.layer_plans
         if self.on_applied is not None:
             self.on_applied()
+
+    def diagnose(self, source: Source) -> Exception | None:
+        """Where a training call failed inside TensorFlow: why the models cannot run on its batches, from each one's
+        precision check at the first batch's shapes with the model called once, eagerly (`ModelCallError` naming
+        the layer that raised), or ``None`` where they can."""
+        from .. import model_check
+
+        x = _first_x(source, self.batch_size // self.replicas)
+        for model, inputs in ((m, model_inputs(m, x)) for m in self.models if x is not None):
+            try:
+                model_check.check_model(model, self.plan, inputs=inputs, layer_plan=self.layer_plans.get(model.name))
+            except ModelCallError as exc:
+                return exc
+            except Exception:  # (a check that cannot run says nothing here: the call's own error stands)
+                continue
+        return None
 
     def before_first_step(self, source: Source) -> None:
         """The layer plans (`prepare`), then the precision check, once."""

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import tensorflow as tf
 
-from ..errors import InputError, lookup_error
+from ..errors import AmpConfigError, AmpError, InputError, lookup_error
 from ..keras_compat import build_optimizer, user_code
 from .loss_scaling import LossScaler, apply_groups
 from .runs import Position
@@ -98,12 +98,14 @@ class Update:
 def _checked_loss(update: Update, loss: Any) -> Any:
     """The update's loss as a float32 scalar; per-example losses are averaged. Raised at trace time: before any step."""
     if not hasattr(loss, "dtype"):  # (None, a number, a list: not a tensor)
-        raise TypeError(f"The loss_fn of update {update.name!r} must return a float tensor (a scalar, or one value per "
-                        f"example). Received: {loss!r} (of type {type(loss).__name__}).")
+        raise AmpConfigError(
+            f"The loss_fn of update {update.name!r} must return a float tensor (a scalar, or one value per "
+            f"example). Received: {loss!r} (of type {type(loss).__name__}).")
     loss = tf.convert_to_tensor(loss)
     if not loss.dtype.is_floating:
-        raise TypeError(f"The loss_fn of update {update.name!r} returned a {loss.dtype.name} tensor; a loss must be a "
-                        "floating-point tensor. Fix: compute it in float32 (tf.cast(..., tf.float32)).")
+        raise AmpConfigError(
+            f"The loss_fn of update {update.name!r} returned a {loss.dtype.name} tensor; a loss must be a "
+            "floating-point tensor. Fix: compute it in float32 (tf.cast(..., tf.float32)).")
     if loss.shape.rank != 0:
         if not getattr(update, "_reduced_noted", False):
             logger.info(f"Update {update.name!r}: its loss_fn returned per-example losses of shape {loss.shape}; the "
@@ -142,6 +144,7 @@ class StepProgram:
         self.position = position  # the compiled calls advance it on the device
         self._calls: dict[Any, Any] = {}  # the compiled calls (and the XLA-compiled replica passes) by key
         self._trace_error: InputError | None = None
+        self.diagnose: Callable[[], Exception | None] | None = None  # why the models cannot run the batches (or None)
         # XLA per replica needs each replica on its own accelerator: logical CPU devices share one XLA CPU device,
         # where a replica's variables are out of reach of the compiled function
         devices = tuple(strategy.extended.worker_devices) if self.replicas > 1 else ()
@@ -155,14 +158,18 @@ class StepProgram:
     @contextlib.contextmanager
     def own_errors(self, first_step: int | None = None, steps: int = 1) -> Iterator[None]:
         """Around a call (of ``steps`` steps from ``first_step``): the library's own error raised while tracing it
-        comes out as itself, not wrapped by TensorFlow; an id past a lookup's table as `InputError` with the fix."""
+        comes out as itself, not wrapped by TensorFlow; an id past a lookup's table as `InputError` with the fix; any
+        other error as what `diagnose` finds, where it finds the model cannot run on the batches."""
         self._trace_error = None
         try:
             yield
         except Exception as exc:
-            error, self._trace_error = self._trace_error, None
+            error: Exception | None = self._trace_error
+            self._trace_error = None
             if error is None and isinstance(exc, tf.errors.InvalidArgumentError):
                 error = lookup_error(str(exc.message), first_step, steps)
+            if error is None and self.diagnose is not None and not isinstance(exc, AmpError):
+                error = self.diagnose()
             if error is not None:
                 raise error from None
             raise
@@ -391,12 +398,12 @@ def step_seed(salt: int = 0) -> Any:
         A ``[2]`` int64 tensor for ``tf.random.stateless_*``'s ``seed``.
 
     Raises:
-        RuntimeError: Called outside a training step run by the trainer.
+        AmpConfigError: Called outside a training step run by the trainer.
     """
     ctx = getattr(_context, "current", None)
     if ctx is None:
-        raise RuntimeError("step_seed() is only available inside a training step run by amp_backends' Trainer (in "
-                           "an Update's loss_fn). Outside, seed random ops yourself (tf.random.stateless_*).")
+        raise AmpConfigError("step_seed() is only available inside a training step run by amp_backends' Trainer (in "
+                             "an Update's loss_fn). Outside, seed random ops yourself (tf.random.stateless_*).")
     seed, step, replica, replicas = ctx
     return tf.stack([tf.constant(seed * 1_000_003 + salt, tf.int64),
                      tf.cast(step, tf.int64) * replicas + tf.cast(replica, tf.int64)])

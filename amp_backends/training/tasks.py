@@ -13,7 +13,7 @@ from ..errors import AmpConfigError, InputError
 from ..labels import check_label_shape, class_ids
 from .inputs import leaf_paths
 from .metrics import masked_weights, record_predictions
-from ..keras_compat import user_code
+from ..keras_compat import not_an_optimizer, user_code
 from .step import Evaluation, Update, float32_outputs, step_seed
 
 logger = logging.getLogger("amp_backends.train")
@@ -34,8 +34,8 @@ def _per_example(loss: Any) -> tuple[Any, bool]:
     several = (" For a model of several outputs, one function that adds the outputs' losses, e.g. lambda y, pred: "
                "ce(y['class'], pred['class']) + mse(y['value'], pred['value']), with Keras losses' .call (one value "
                "per example).") if isinstance(loss, (dict, list, tuple)) else ""
-    raise TypeError(f"loss must be a Keras loss (object or name) or a function (y_true, y_pred) -> losses. "
-                    f"Received: {loss!r} (of type {type(loss).__name__}).{several}")
+    raise AmpConfigError(f"loss must be a Keras loss (object or name) or a function (y_true, y_pred) -> losses. "
+                         f"Received: {loss!r} (of type {type(loss).__name__}).{several}")
 
 
 def _num_classes(model: Any) -> int | None:
@@ -312,10 +312,9 @@ def _check_parts(models: Sequence[Any], optimizers: Sequence[Any]) -> None:
             raise AmpConfigError(
                 f"The model {getattr(model, 'name', model)!r} is not built yet: it has no variables to train. Fix: "
                 "build it before the Trainer (start it with keras.Input(shape), or call model.build(input_shape)).")
-    for optimizer in (o for o in optimizers if not hasattr(o, "apply_gradients")):
-        raise AmpConfigError(f"expected a Keras optimizer, such as keras.optimizers.Adam(1e-3). Received: "
-                             f"{optimizer!r:.80} (of type {type(optimizer).__name__}). Fix: pass an optimizer "
-                             "object (not its name or class).")
+    for got in filter(None, map(not_an_optimizer, optimizers)):
+        raise AmpConfigError(f"expected a Keras optimizer, such as keras.optimizers.Adam(1e-3). Received: {got}. "
+                             "Fix: pass an optimizer object (not its name or class).")
 
 
 def _warn_of_nonfinite_inputs(x: Any) -> None:

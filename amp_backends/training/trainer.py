@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -177,7 +178,7 @@ class Trainer:
         self._last_input = input_for(self._last_input, x, y, self.updates, batch_size=self.batch_size,
                                      device=self.plan.device, seed=self.seed, strategy=self.strategy,
                                      batch_fn=self.batch_fn, steps_per_epoch=steps_per_epoch)
-        source = self._last_input[1]
+        self.program.diagnose = functools.partial(self.models.diagnose, source := self._last_input[1])  # (failing)
         self.validation.start(validation_data, validation_every, self.store, self.checkpointing.together)
         if source.has_strings:
             self.program.without_xla("the data holds strings (a StringLookup's input), which XLA cannot compile")
@@ -379,8 +380,9 @@ def checked_arguments(updates: Sequence[Update], plan: Plan, replicas: int, *, c
             f"batch_size is the global batch and must be divisible by the {replicas} replicas in sync. "
             f"Received: batch_size={batch_size}. Fix: use a multiple of {replicas}.")
     if not isinstance(updates, Sequence) or not updates or not all(isinstance(u, Update) for u in updates):
-        raise TypeError(f"updates must be a non-empty list of Update. Received: {updates!r:.80} (of type "
-                        f"{type(updates).__name__}). Fix: pass classifier_updates(model, optimizer), gan_updates(...).")
+        raise AmpConfigError(
+            f"updates must be a non-empty list of Update. Received: {updates!r:.80} (of type "
+            f"{type(updates).__name__}). Fix: pass classifier_updates(model, optimizer), gan_updates(...).")
     if len(set(names := [u.name for u in updates])) != len(names):
         raise AmpConfigError(f"Update names must be unique (they name losses, scales and logs). Received: {names}.")
     for u in updates:

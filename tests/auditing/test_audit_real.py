@@ -295,6 +295,20 @@ def test_a_factory_the_child_cannot_import_or_that_raises_is_our_error_as_in_che
     assert "The child's last lines:\nTraceback" in text and "raise ValueError('no weights here')" in text
 
 
+def test_a_sequence_longer_than_the_models_position_embedding_is_our_error_naming_the_layer(tmp_path, monkeypatch):
+    """``audit distil --seq-len 64`` on a keras_hub backbone of max_sequence_length 32 ended with the child's
+    traceback ("Paddings must be non-negative", exit 1), where ``check`` names the layer and exits 2."""
+    pytest.importorskip("keras_hub")
+    from amp_backends import audit
+
+    (tmp_path / "hub_models.py").write_text(
+        "import keras_hub\n\n\ndef distil():\n    return keras_hub.models.DistilBertBackbone(vocabulary_size=200, "
+        "num_layers=1, num_heads=2, hidden_dim=32, intermediate_dim=64, max_sequence_length=32)\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"its layer '\S*position_embedding' \(PositionEmbedding\) raised.*Fix: "):
+        audit("hub_models:distil", steps=1, warmup=1, batch_size=4, seq_len=64)
+
+
 def test_the_audit_trains_at_the_shapes_asked_for_and_says_the_shapes_it_trained_at(tmp_path):
     """A model leaving its sequence length open was audited at 8 without a word, and the command had no way to
     give the length (``check`` had ``--seq-len`` and ``--input-shape``)."""

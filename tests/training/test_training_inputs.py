@@ -437,6 +437,14 @@ def test_an_update_given_no_model_or_no_optimizer_says_what_it_expects():
         gan_updates(gan_generator(), gan_discriminator(), opt, "rmsprop")
 
 
+def test_an_optimizer_class_given_to_an_update_is_refused_before_the_first_step():
+    """``classifier_updates(model, keras.optimizers.Adam)`` (the class, not called) passed, then fit failed inside
+    Keras: "Adam.build() missing 1 required positional argument: 'var_list'"."""
+    with pytest.raises(amp_backends.errors.AmpConfigError, match=r"expected a Keras optimizer.*Received: the class "
+                                                                 r"Adam, not an optimizer made from it\. Fix: "):
+        classifier_updates(mlp(), tf.keras.optimizers.Adam)
+
+
 def test_an_unbuilt_model_is_refused_with_the_fix():
     model = tf.keras.Sequential([tf.keras.layers.Dense(3)])  # no Input: no variables yet
     with pytest.raises(amp_backends.errors.AmpConfigError, match="not built yet.*keras.Input"):

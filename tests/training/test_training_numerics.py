@@ -9,7 +9,7 @@ from helpers import applied_plan, mlp
 pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
 tf = pytest.importorskip("tensorflow")
 
-from amp_backends.errors import NonFiniteError  # noqa: E402
+from amp_backends.errors import AmpConfigError, NonFiniteError  # noqa: E402
 from amp_backends.models import gan_discriminator, gan_generator  # noqa: E402
 from amp_backends.training import (  # noqa: E402
     Trainer,
@@ -161,7 +161,7 @@ def test_the_gans_noise_is_reproducible_from_the_seed():
 
 
 def test_step_seeds_differ_per_step_and_salt_and_exist_only_inside_a_step():
-    with pytest.raises(RuntimeError, match="only available inside a training step"):
+    with pytest.raises(AmpConfigError, match="only available inside a training step"):
         step_seed()
     v = tf.Variable(1.0)
     seeds = tf.Variable(tf.zeros([4, 2, 2], tf.int64))

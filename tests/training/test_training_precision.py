@@ -211,3 +211,22 @@ def test_a_model_whose_only_float32_layer_is_the_head_the_layer_plan_pins_is_not
     assert model.layers[-1].dtype_policy.name == "float32"  # (pinned by the layer plan)
     assert "policy-mismatch" not in caplog.text and "built before" not in caplog.text
     assert not [w for w in caught if "built before" in str(w.message) or "dtype policy is float32" in str(w.message)]
+
+
+def test_sequences_longer_than_the_models_position_embedding_are_our_error_naming_the_layer(tmp_path):
+    """A keras_hub backbone of max_sequence_length 32 given sequences of 40 passed the trainer's check (a symbolic
+    trace) and failed inside the step's gradient: "Paddings must be non-negative for {{node gradient_tape/...}}"."""
+    keras_hub = pytest.importorskip("keras_hub")  # (Keras 3)
+    keras = tf.keras
+    amp_backends.auto_configure(verbose=False)
+    backbone = keras_hub.models.DistilBertBackbone(vocabulary_size=200, num_layers=1, num_heads=2, hidden_dim=32,
+                                                   intermediate_dim=64, max_sequence_length=32)
+    inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in ("token_ids", "padding_mask")}
+    pooled = keras.layers.GlobalAveragePooling1D()(backbone(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(3, activation="softmax", dtype="float32")(pooled))
+    tokens = np.random.default_rng(0).integers(1, 200, (32, 40)).astype("int32")
+    trainer = Trainer(classifier_updates(model, keras.optimizers.Adam()), amp_backends.current_plan(), batch_size=16,
+                      progress=False, logdir=str(tmp_path))
+    with pytest.raises(amp_backends.errors.ModelCallError,
+                       match=r"its layer '\S*position_embedding' \(PositionEmbedding\) raised.*Fix: .*sequence length"):
+        trainer.fit({"token_ids": tokens, "padding_mask": np.ones_like(tokens)}, np.zeros(32, "int32"), max_steps=1)

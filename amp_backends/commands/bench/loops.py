@@ -20,6 +20,7 @@ from ...configure import auto_configure, plan_for, reset
 from ...keras_compat import dynamic_loss_scale_optimizer, scale_loss, set_global_policy, unscale_gradients
 from .output import environment, interrupted, loops_chart, loops_table, run_header, unsafe_policies, write_json
 from .supervisor import terminate_as_exit
+from ...errors import AmpConfigError
 
 if TYPE_CHECKING:  # numpy is imported by the data helpers when a run starts, not by the command line
     import numpy as np
@@ -187,8 +188,9 @@ def check_batches(models: list[str], samples: int, mnist_batch: int, gan_batch: 
     command checks it before it makes the results folder and starts TensorFlow."""
     for model, batch, flag in (("mnist", mnist_batch, "--mnist-batch"), ("gan", gan_batch, "--gan-batch")):
         if model in models and samples < batch:
-            raise ValueError(f"--samples {samples} is smaller than one {model} batch of {batch}. Fix: raise --samples "
-                             f"to {batch} or more, or lower {flag}.")
+            raise AmpConfigError(
+                f"--samples {samples} is smaller than one {model} batch of {batch}. Fix: raise --samples "
+                f"to {batch} or more, or lower {flag}.")
 
 
 def run(models: list[str], configs: list[str] | None, epochs: int, samples: int, mnist_batch: int, gan_batch: int,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...assessment import UNSAFE
+from ...errors import AmpConfigError
 
 if TYPE_CHECKING:
     from ...plan import Plan
@@ -47,8 +48,8 @@ def results_folder(out: Path, result: str) -> Path:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ValueError(f"--out must be a folder the results can be written to. Received: {str(out)!r}, which "
-                         f"cannot be made ({exc.strerror or exc}). Fix: pass another --out DIR.") from None
+        raise AmpConfigError(f"--out must be a folder the results can be written to. Received: {str(out)!r}, which "
+                             f"cannot be made ({exc.strerror or exc}). Fix: pass another --out DIR.") from None
     if folder != out:
         print(f"{out} holds an earlier run's {result}: this run writes to {folder}", file=sys.stderr)
     return folder

@@ -23,6 +23,7 @@ from ...autotune.timing import Sample, Timings, interleaved
 from ...zoo import ZOO, unavailable
 from .output import environment, interrupted, run_header, write_json, zoo_markdown, zoo_table
 from .supervisor import JsonWorker, WorkerFailed, child_env, terminate_as_exit
+from ...errors import AmpConfigError
 
 
 @dataclass(frozen=True)
@@ -247,13 +248,14 @@ def run_zoo(models: list[str], config_names: list[str] | None, reps: int, steps:
     if config_names:
         unknown = [n for n in config_names if n not in {c.name for c in every} | set(SHORTHANDS)]
         if unknown:
-            raise ValueError(f"unknown zoo configuration(s) {unknown}; on this machine: "
-                             f"{', '.join(c.name for c in every)} (and the shorthands baseline, auto, peers).")
+            raise AmpConfigError(f"unknown zoo configuration(s) {unknown}; on this machine: "
+                                 f"{', '.join(c.name for c in every)} (and the shorthands baseline, auto, peers).")
         configs = [c for c in every if c.name in config_names
                    or any(c.kind in SHORTHANDS.get(n, ()) for n in config_names)]
         if not configs:
-            raise ValueError(f"--configs {','.join(config_names)} selects nothing on this machine (it has no peers); "
-                             f"on this machine: {', '.join(c.name for c in every)}.")
+            raise AmpConfigError(
+                f"--configs {','.join(config_names)} selects nothing on this machine (it has no peers); "
+                f"on this machine: {', '.join(c.name for c in every)}.")
     gpu = not str(plan.device).upper().startswith("/CPU")
     dtypes = sorted({c.compute_dtype for c in configs} | {"float32"})
     runner = ZooRun(configs, reps, steps, batch, out, timeout_s, peak_n or (8192 if gpu else 2048), gpu)
