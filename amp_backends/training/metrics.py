@@ -375,7 +375,8 @@ def masked_weights(values: Any, sample_weight: Any, outputs: Any) -> Any:
 
     Args:
         values: The per-example (or per-position) loss values.
-        sample_weight: One weight per sample (over each of its values), or ``None``.
+        sample_weight: One weight per sample (over each of its values), one per value (a per-position loss's
+            ``(N, T)``), or ``None``.
         outputs: The model's outputs as it returned them (its mask read from ``_keras_mask``).
 
     Returns:
@@ -384,8 +385,11 @@ def masked_weights(values: Any, sample_weight: Any, outputs: Any) -> Any:
     mask = None if isinstance(outputs, (dict, list, tuple)) else getattr(outputs, "_keras_mask", None)
     w = None
     if sample_weight is not None:  # a sample's weight over each of its values (a loss per position: (N, T))
-        w, rank = tf.cast(tf.reshape(sample_weight, [-1]), tf.float32), values.shape.rank
-        if rank is None:
+        sample_weight, rank = tf.cast(sample_weight, tf.float32), values.shape.rank
+        w = tf.reshape(sample_weight, [-1])
+        if rank is not None and rank > 1 and sample_weight.shape.rank == rank:  # a weight per value (a token's)
+            w = sample_weight * tf.ones_like(values)
+        elif rank is None:
             w = tf.reshape(w, tf.shape(values))
         else:
             w = tf.reshape(w, [-1] + [1] * (rank - 1)) * tf.ones_like(values)

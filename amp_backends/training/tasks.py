@@ -113,11 +113,12 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
         check(sample[0])  # validation arrays too, before training (training's: as it traces)
         _warn_of_nonfinite_inputs(sample[0])
         if len(sample) == 3:
-            w = np.asarray(sample[2], dtype=np.float64)
-            if w.ndim != 1 and w.shape[1:] != (1,):
-                raise InputError(f"sample_weight has shape {w.shape}. Expected one weight per sample, shape (N,). "
-                                 "Fix: give one weight per sample (for a weight per class, map the labels to "
-                                 "weights: w = class_weights[y]).")
+            w, y_shape = np.asarray(sample[2], dtype=np.float64), np.shape(sample[1])
+            if w.ndim != 1 and w.shape[1:] != (1,) and (len(y_shape) < 2 or w.shape != y_shape):
+                per_value = f", or one per label value, shape {y_shape}" if len(y_shape) > 1 else ""
+                raise InputError(f"sample_weight has shape {w.shape}. Expected one weight per sample, shape (N,)"
+                                 f"{per_value}. Fix: give one weight per sample (for a weight per class, map the "
+                                 "labels to weights: w = class_weights[y]).")
             if not np.isfinite(w).all() or (w < 0).any():
                 raise InputError("sample_weight must be finite and not negative (a weight per sample; 0 leaves a "
                                  f"sample out). Received values from {w.min()} to {w.max()}. Fix: clean the weights, "
@@ -275,7 +276,8 @@ def _check_input(model: Any, spec: Any, x: Any, where: str = "x", takes: str = "
     w, h = (want[:-1], have) if want[-1:] == [1] and len(want) == len(have) + 1 else (
         (want, have[:-1]) if have[-1:] == [1] and len(have) == len(want) + 1 else (want, have))
     if len(w) != len(h) or any(a is not None and b is not None and a != b for a, b in zip(w, h, strict=True)):
-        fix = (f"(or build the model with keras.Input(shape={tuple(have)}))" if where == "x" else
+        fix = (f"(or, for a model meant for such rows, build it with keras.Input(shape={tuple(have)}))"
+               if where == "x" else
                "(several inputs go in the model's order, or in a dict by the inputs' names)")
         raise InputError(
             f"The model {model.name!r} takes {takes} of shape {tuple(['batch', *want])}; {where} has rows of shape "

@@ -8,9 +8,10 @@ workers: one number, the same on every worker, from one compiled call per batch 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import numpy as np
 
@@ -200,6 +201,15 @@ def evaluated_update(updates: Sequence[Update], what: str) -> Update:
         "evaluation=amp_backends.training.Evaluation(predict=..., loss=...).")
 
 
+@contextlib.contextmanager
+def _said_of(what: str) -> Iterator[None]:
+    """The data checks' `InputError` naming the data it is about (``validation_data``, ``evaluate()``)."""
+    try:
+        yield
+    except InputError as exc:
+        raise InputError(f"In the data given to {what}: {exc}") from None
+
+
 def _labelled(batch: Any, what: str) -> None:
     if isinstance(batch, (tuple, list)) and len(batch) in (2, 3) and batch[1] is not None:
         return
@@ -282,7 +292,8 @@ class Evaluator:
             batch = tf.nest.map_structure(lambda t: t.numpy(), batch)
             _labelled(batch, "validation_data")
             if self.update.validate is not None:
-                self.update.validate(batch)
+                with _said_of("validation_data"):
+                    self.update.validate(batch)
             return
         raise InputError("The validation dataset yields no batch: it is empty. Fix: check the pipeline.")
 
@@ -291,14 +302,16 @@ class Evaluator:
         key = contents(x, y)
         if self._last is not None and self._last[0][0] == key[0]:
             return self._last[1]
-        x = as_array_nest(x, "x")
-        y = None if y is None else as_array_nest(y, "y")
-        n = rows(x, y)
+        with _said_of(what):
+            x = as_array_nest(x, "x")
+            y = None if y is None else as_array_nest(y, "y")
+            n = rows(x, y)
         if n == 0:
             raise InputError(f"The data given to {what} has no rows. Expected at least one sample. Fix: pass the "
                              "samples to evaluate.")
         if self.update.validate is not None and y is not None:
-            self.update.validate((x, y))
+            with _said_of(what):
+                self.update.validate((x, y))
         xs, ys, strings = on_device(x, y, self.device)
         if self.xla and strings:
             self._without_xla()  # strings (for the model's own StringLookup): XLA cannot compile them, as in training

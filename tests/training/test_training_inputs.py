@@ -783,3 +783,25 @@ def test_a_weight_per_sample_weighs_every_position_of_a_per_position_loss():
     first_half = float(tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(tags[:8], model(ids[:8]))))
     result = t.fit(tf.data.Dataset.from_tensor_slices((ids, tags, weights)).batch(16), epochs=1)
     assert result.last_losses["model"] == pytest.approx(first_half, rel=1e-5)
+
+
+def test_a_weight_per_token_weighs_each_position_of_a_per_position_loss_as_keras_does():
+    """Weights of the labels' shape (N, T), which Keras's fit takes for a language model, were refused: "Expected one
+    weight per sample, shape (N,)". The trainer and its evaluate() take the weighted mean over the tokens."""
+    rng = np.random.default_rng(0)
+    ids, tags = rng.integers(1, 20, (16, 12)), rng.integers(0, 5, (16, 12))
+    weights = (rng.random((16, 12)) * (rng.random((16, 12)) > 0.3)).astype("float32")  # (padding: 0)
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((12,)), tf.keras.layers.Embedding(20, 8),
+                                 tf.keras.layers.Dense(5, activation="softmax", dtype="float32")])
+    t = Trainer(classifier_updates(model, tf.keras.optimizers.SGD(0.0),
+                                   tf.keras.losses.SparseCategoricalCrossentropy()), applied_plan(), batch_size=16,
+                progress=False)
+    values = tf.keras.losses.sparse_categorical_crossentropy(tags, model(ids)).numpy()
+    expected = float((values * weights).sum() / weights.sum())
+    data = tf.data.Dataset.from_tensor_slices((ids, tags, weights)).batch(16)
+    assert t.fit(data, epochs=1).last_losses["model"] == pytest.approx(expected, rel=1e-3)
+    assert t.evaluate(data)["loss"] == pytest.approx(expected, rel=1e-4)
+    with pytest.raises(amp_backends.errors.InputError, match=r"shape \(16, 3\). Expected one weight per sample, "
+                                                            r"shape \(N,\), or one per label value, shape \(16, 12\)"):
+        t.fit(tf.data.Dataset.from_tensor_slices((ids, tags, weights[:, :3])).batch(16), epochs=2)

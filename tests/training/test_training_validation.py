@@ -62,6 +62,22 @@ def test_validation_counts_every_sample_and_matches_a_hand_computation():
     np.testing.assert_allclose(t.predict(ds), probs, rtol=1e-5, atol=1e-6)
 
 
+def test_wrong_validation_data_is_said_to_be_the_validation_datas_and_no_model_change_is_advised():
+    """A validation set of the wrong width said "x has rows of shape (8,) ... Fix: ... (or build the model with
+    keras.Input(shape=(8,)))", as if the training data were wrong; its labels' errors named no validation_data."""
+    t, _ = trainer()
+    x, y = data(64)
+    with pytest.raises(InputError, match=r"^In the data given to validation_data: The model .* takes inputs of shape "
+                                         r"\('batch', 6\); x has rows of shape \(3,\).*meant for such rows"):
+        t.fit(x, y, validation_data=(x[:20, :3], y[:20]))
+    with pytest.raises(InputError, match=r"^In the data given to validation_data: The labels y"):
+        t.fit(x, y, validation_data=(x[:20], y[:20] + 10))
+    with pytest.raises(InputError, match=r"^In the data given to validation_data: Every input and label array"):
+        t.fit(x, y, validation_data=(x[:20], y[:15]))
+    with pytest.raises(InputError, match=r"^In the data given to evaluate\(\): The labels y"):
+        t.evaluate(x[:20], y[:20] + 10)
+
+
 def test_sample_weights_weigh_the_validation_loss():
     t, m = trainer(metrics=["accuracy"])
     xv, yv = data(20, seed=2)
