@@ -14,6 +14,7 @@ from ..labels import check_label_shape, class_ids
 from .inputs import leaf_paths
 from .metrics import masked_weights, record_predictions
 from ..keras_compat import not_an_optimizer, user_code
+from .precision import check_probabilities
 from .step import Evaluation, Update, float32_outputs, step_seed
 
 logger = logging.getLogger("amp_backends.train")
@@ -136,6 +137,8 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
             owner = (f" (the model has {classes} outputs" + ("; for two classes on one sigmoid unit, pass "
                      "loss='binary_crossentropy'" if classes == 1 else "") + ")") if classes else ""
             class_ids(_per_position(model, sample[1]), classes, "The labels y", owner=owner, error=InputError)
+        if len(outputs) == 1 and _takes_probabilities(loss):
+            check_probabilities(model, sample[0], _loss_name(loss or "sparse_categorical_crossentropy"))
         if binary and not isinstance(sample[1], (dict, tuple, list)):
             if not np.isfinite(y := np.asarray(sample[1], np.float64)).all() or (y < 0).any() or (y > 1).any():
                 raise InputError(f"Binary cross-entropy takes labels from 0 to 1 (the probability of the class). "
@@ -165,6 +168,14 @@ def _loss_name(loss: Any) -> str:
     """A loss's name, lower case, without underscores, from a name, a function or a class."""
     name = loss if isinstance(loss, str) else getattr(loss, "__name__", "") or type(loss).__name__
     return str(name).lower().replace("_", "")
+
+
+def _takes_probabilities(loss: Any) -> bool:
+    """Whether ``loss`` is a cross-entropy of probabilities (``from_logits=False``; the default loss too)."""
+    loss = tf.keras.losses.get(loss) if isinstance(loss, str) else loss
+    return loss is None or (_loss_name(loss) in ("sparsecategoricalcrossentropy", "categoricalcrossentropy",
+                                                 "binarycrossentropy")
+                            and not getattr(loss, "_fn_kwargs", {}).get("from_logits", False))
 
 
 def _same_rank(y: Any, pred: Any) -> Any:

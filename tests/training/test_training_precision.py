@@ -230,3 +230,26 @@ def test_sequences_longer_than_the_models_position_embedding_are_our_error_namin
     with pytest.raises(amp_backends.errors.ModelCallError,
                        match=r"its layer '\S*position_embedding' \(PositionEmbedding\) raised.*Fix: .*sequence length"):
         trainer.fit({"token_ids": tokens, "padding_mask": np.ones_like(tokens)}, np.zeros(32, "int32"), max_steps=1)
+
+
+def test_logits_trained_with_a_loss_that_takes_probabilities_are_said_once():
+    """A model ending in a plain Dense (logits) trained with the default sparse cross-entropy (from_logits=False)
+    trained on a meaningless loss without a word (8.2 where ln 4 is 1.39)."""
+    x, y = classification_data(64)
+    p = amp_backends.auto_configure(verbose=False)
+    logits = mlp(hidden=16)
+    t = Trainer(classifier_updates(logits, tf.keras.optimizers.SGD(0.1)), p, batch_size=16, progress=False,
+                check_models=False)
+    with pytest.warns(AmpWarning, match=r"takes probabilities \(from_logits=False\), but the model .* outputs values "
+                                        r"from .*: logits.*Fix: give the loss from_logits=True"):
+        t.fit(x, y, validation_data=(x[:16], y[:16]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AmpWarning)
+        t.fit(x, y, epochs=2)  # said once a model
+        fine = Trainer(classifier_updates(mlp(hidden=16), tf.keras.optimizers.SGD(0.1),
+                                          tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)), p,
+                       batch_size=16, progress=False, check_models=False)
+        fine.fit(x, y)
+        probabilities = mlp(hidden=16, activation="softmax")
+        Trainer(classifier_updates(probabilities, tf.keras.optimizers.SGD(0.1)), p, batch_size=16, progress=False,
+                check_models=False).fit(x, y)
