@@ -11,7 +11,6 @@ import functools
 import inspect
 import logging
 import warnings
-import weakref
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -21,7 +20,7 @@ from ..plan import Plan
 from .checkpoints import CheckpointStore
 from .inputs import Source
 from .observers import WARMUP_CALLS
-from .step import Update, float32_outputs
+from .step import Update
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..auditing.observer import AuditObserver
@@ -221,27 +220,6 @@ def _warn(line: str, message: str | None = None) -> None:
     """``line`` logged as a warning; ``message`` (default: the line) raised as an `AmpWarning`."""
     logger.warning(line)
     warnings.warn(message or line, AmpWarning, stacklevel=4)
-
-
-_SAID_LOGITS: weakref.WeakSet[Any] = weakref.WeakSet()  # the models warned of, once each
-
-
-def check_probabilities(model: Any, x: Any, loss_name: str) -> None:
-    """An `AmpWarning` (once a model) where the model's outputs on a few rows of ``x`` are no probabilities (logits:
-    values out of 0..1) for a loss that takes probabilities (``loss_name``'s): it would train on nonsense."""
-    import tensorflow as tf
-
-    try:
-        pred = float32_outputs(model(tf.nest.map_structure(lambda a: a[:32], x), training=False)).numpy()
-    except Exception:  # (a model that runs only in its step: nothing said here)
-        return
-    if pred.size and (pred.min() < -1e-3 or pred.max() > 1 + 1e-3) and model not in _SAID_LOGITS:
-        _SAID_LOGITS.add(model)
-        _warn(f"The loss ({loss_name}) takes probabilities (from_logits=False), but the model {model.name!r} outputs "
-              f"values from {pred.min():.3g} to {pred.max():.3g}: logits, its last layer has no softmax or sigmoid, so "
-              "the loss it trains on means nothing. Fix: give the loss from_logits=True (loss=keras.losses."
-              "SparseCategoricalCrossentropy(from_logits=True)), or end the model with activation='softmax' "
-              "('sigmoid' for binary cross-entropy).")
 
 
 class TrainedModels:

@@ -12,9 +12,8 @@ import tensorflow as tf
 from ..errors import AmpConfigError, InputError
 from ..labels import check_label_shape, class_ids
 from .inputs import leaf_paths
-from .metrics import masked_weights, record_predictions
+from .metrics import masked_weights, record_predictions, check_probabilities
 from ..keras_compat import not_an_optimizer, user_code
-from .precision import check_probabilities
 from .step import Evaluation, Update, float32_outputs, step_seed
 
 logger = logging.getLogger("amp_backends.train")
