@@ -6,7 +6,7 @@ import sys
 
 from .hardware import BackendProbe, Hardware
 from .registry import BackendRegistry, registry_or_default
-from .errors import AmpConfigError
+from .errors import BackendError
 
 
 def tensorflow_device_types() -> frozenset[str] | None:
@@ -31,7 +31,7 @@ def probe_hardware(registry: BackendRegistry | None = None, *, use_tensorflow: b
         try:
             probe = backend.probe(use_tensorflow=use_tensorflow)
             if not isinstance(probe, BackendProbe):
-                raise AmpConfigError(f"probe() returned {type(probe).__name__}, expected a BackendProbe")
+                raise BackendError(f"probe() returned {type(probe).__name__}, expected a BackendProbe")
             probes.append(probe)
         except Exception as exc:  # a probe must never take the program down
             error = f"{type(exc).__name__}: {exc}"

@@ -119,8 +119,8 @@ def interrupt_held() -> Iterator[None]:
     def hold(signum: int, frame: Any) -> None:
         asked.append(signum)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # (a second Ctrl-C: at once)
-        print("\nCtrl-C: stopping as soon as TensorFlow has started (press it again to stop now)", file=sys.stderr,
-              flush=True)
+        with contextlib.suppress(OSError):  # (not print: the handler may interrupt a write to sys.stderr)
+            os.write(2, b"\nCtrl-C: stopping as soon as TensorFlow has started (press it again to stop now)\n")
 
     signal.signal(signal.SIGINT, hold)
     try:

@@ -395,8 +395,9 @@ def test_no_shipped_module_is_over_420_lines():
 def test_the_core_raises_its_own_errors_not_bare_builtins():
     """The docs say every error raised on purpose is an `AmpError` (and the builtin it stands for): seven calls a
     user makes wrongly raised a bare ValueError or TypeError, which ``except amp_backends.AmpError`` missed."""
+    roots = {Path(amp_backends.__file__).parent, Path(amp_backends.backends.__file__).parent}  # (a checkout: two)
     bare = [f"{path.relative_to(path.parents[1])}:{node.lineno}"
-            for path in Path(amp_backends.__file__).parent.rglob("*.py") if path.name != "errors.py"
+            for path in {p for root in roots for p in root.rglob("*.py")} if path.name != "errors.py"
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
             if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
             and getattr(node.exc.func, "id", None) in ("ValueError", "TypeError", "Exception")]

@@ -64,7 +64,8 @@ def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = 
         TypeError: A model object was given instead of its factory, or an override is not one of the plan's.
         ValueError: A size is not a positive integer, both ``seq_len`` and ``input_shape`` are given, or the input
             shape does not fit the model (its rank, fixed sizes or input names).
-        ModelCallError: The child process failed or ran past its time (a ``RuntimeError``).
+        ModelCallError: The model does not run at the shapes audited; the message names the layer that raised.
+        RuntimeError: The child process failed or ran past its time.
         KeyboardInterrupt: Ctrl-C, or SIGTERM (`amp_backends.errors.TrainingInterrupted`, exit code 143), stopped
             the audit; the child process was stopped first.
     """

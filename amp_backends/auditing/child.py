@@ -248,21 +248,21 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int,
     try:
         for _ in range(warmup):
             float(compiled(x))
-        kernel_audit.begin(workdir)
-        _mark(BEGIN)
-        start = time.perf_counter()
-        for _ in range(steps):
-            loss = compiled(x)
-        float(loss)
-        elapsed = time.perf_counter() - start
     except Exception:  # a model that cannot run on these shapes: the check's words, naming the layer, as `check`
         try:
             check_model(model, plan=plan, inputs=x, layer_plan=layer_plan)
         except ModelCallError as exc:
-            return {"input_error": str(exc)}
+            return {"model_call_error": str(exc)}
         except Exception:  # noqa: BLE001  # (the step's own error stands)
             pass
         raise
+    kernel_audit.begin(workdir)
+    _mark(BEGIN)
+    start = time.perf_counter()
+    for _ in range(steps):
+        loss = compiled(x)
+    float(loss)
+    elapsed = time.perf_counter() - start
     _mark(END)
     kernel_audit.end()
     try:

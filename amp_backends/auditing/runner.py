@@ -105,13 +105,13 @@ def run_child(target: str, *, batch_size: int, steps: int, warmup: int, env: Map
         try:
             returncode, stdout, stderr = _run_to_end(cmd, {**os.environ, **env}, timeout)
         except subprocess.TimeoutExpired as exc:
-            raise ModelCallError(f"the audit of {target} ran past {timeout:.0f} s. Fix: fewer --steps or a smaller "
-                                 "--batch-size") from exc
+            raise RuntimeError(f"the audit of {target} ran past {timeout:.0f} s. Fix: fewer --steps or a smaller "
+                               "--batch-size") from exc
         if returncode != 0 or not os.path.exists(out):
             tail = "\n".join(stderr.strip().splitlines()[-15:])
-            raise ModelCallError(f"the audit's child process for {target} failed (exit {returncode}). "
-                                 f"Expected it to build the model and train {warmup + steps} steps. "
-                                 f"Its last lines:\n{tail}")
+            raise RuntimeError(f"the audit's child process for {target} failed (exit {returncode}). "
+                               f"Expected it to build the model and train {warmup + steps} steps. "
+                               f"Its last lines:\n{tail}")
         with open(out, encoding="utf-8") as f:
             doc = json.load(f)
         if "factory_error" in doc:
@@ -119,6 +119,8 @@ def run_child(target: str, *, batch_size: int, steps: int, warmup: int, env: Map
             raise FactoryError(doc["factory_error"] + (f"\nThe child's last lines:\n{tail}" if tail else ""))
         if "input_error" in doc:  # shapes that do not fit the model, found once it was built
             raise AmpConfigError(doc["input_error"])
+        if "model_call_error" in doc:  # a model that does not run at those shapes, the layer named
+            raise ModelCallError(doc["model_call_error"])
         plan = doc.get("plan") or {}
         kernel_audit = default_registry().kernel_audit(str(plan.get("backend")))
         if kernel_audit is None or kernel_audit.unavailable or doc.get("measured") is False:

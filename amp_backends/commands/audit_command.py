@@ -38,7 +38,7 @@ def audit_command(
 ) -> None:
     """Train a few steps of MODULE:FACTORY under the plan and report the kernels that ran: dtypes, float32 islands."""
     from ..auditing import audit
-    from ..errors import AmpConfigError
+    from ..errors import AmpConfigError, ModelCallError
     from ..model_check.shapes import shape_options
     from ..registry import default_registry
     from ..request import build_request
@@ -49,7 +49,7 @@ def audit_command(
         shape_options(seq_len, input_shape)  # in the options' words
         result = audit(target, batch_size=batch_size, steps=steps, seq_len=seq_len, input_shape=input_shape,
                        **overrides)
-    except (AmpConfigError, ValueError, TypeError) as exc:
+    except (AmpConfigError, ModelCallError, ValueError, TypeError) as exc:  # (as check: the caller's error, exit 2)
         fail(PROG, exc)
     except RuntimeError as exc:
         fail(PROG, exc, code=1)

@@ -13,14 +13,12 @@ import math
 import re
 import statistics
 import time
-import warnings
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import tensorflow as tf
 
-from ..errors import AmpConfigError, AmpWarning
+from ..errors import AmpConfigError
 from .inputs import Ran
 from .loss_scaling import LossScaler
 from .observers import WARMUP_CALLS, CallRecord, Observer
@@ -388,6 +386,8 @@ def masked_weights(values: Any, sample_weight: Any, outputs: Any) -> Any:
     w = None
     if sample_weight is not None:  # a sample's weight over each of its values (a loss per position: (N, T))
         sample_weight, rank = tf.cast(sample_weight, tf.float32), values.shape.rank
+        if rank is not None and sample_weight.shape.rank == rank + 1 and sample_weight.shape[-1] == 1:
+            sample_weight = tf.squeeze(sample_weight, -1)  # (N, T, 1), as the labels of (N, T) values may be
         w = tf.reshape(sample_weight, [-1])
         if rank is not None and rank > 1 and sample_weight.shape.rank == rank:  # a weight per value (a token's)
             w = sample_weight * tf.ones_like(values)
@@ -398,23 +398,3 @@ def masked_weights(values: Any, sample_weight: Any, outputs: Any) -> Any:
     if mask is not None and mask.shape.rank == values.shape.rank:
         w = tf.cast(mask, tf.float32) * (1.0 if w is None else w)
     return w
-
-
-_SAID_LOGITS: weakref.WeakSet[Any] = weakref.WeakSet()  # the models warned of, once each
-
-
-def check_probabilities(model: Any, x: Any, loss_name: str) -> None:
-    """An `AmpWarning` (once a model) where the model's outputs on a few rows of ``x`` are no probabilities (logits:
-    values out of 0..1) for a loss that takes probabilities (``loss_name``'s): it would train on nonsense."""
-    try:
-        pred = tf.cast(model(tf.nest.map_structure(lambda a: a[:32], x), training=False), tf.float32).numpy()
-    except Exception:  # (a model that runs only in its step: nothing said here)
-        return
-    if pred.size and (pred.min() < -1e-3 or pred.max() > 1 + 1e-3) and model not in _SAID_LOGITS:
-        _SAID_LOGITS.add(model)
-        said = (f"The loss ({loss_name}) takes probabilities (from_logits=False), but the model {model.name!r} "
-                f"outputs values from {pred.min():.3g} to {pred.max():.3g}: logits, with no softmax or sigmoid, so the "
-                "loss it trains on means nothing. Fix: give the loss from_logits=True (keras.losses.SparseCategorical"
-                "Crossentropy(from_logits=True)), or end the model with activation='softmax' (binary: 'sigmoid').")
-        logger.warning(said)
-        warnings.warn(said, AmpWarning, stacklevel=4)

@@ -285,14 +285,16 @@ class TrainedModels:
         the layer that raised), or ``None`` where they can."""
         from .. import model_check
 
-        x = _first_x(source, self.batch_size // self.replicas)
-        for model, inputs in ((m, model_inputs(m, x)) for m in self.models if x is not None):
-            try:
-                model_check.check_model(model, self.plan, inputs=inputs, layer_plan=self.layer_plans.get(model.name))
-            except ModelCallError as exc:
-                return exc
-            except Exception:  # (a check that cannot run says nothing here: the call's own error stands)
-                continue
+        try:
+            x = _first_x(source, self.batch_size // self.replicas)
+            for model, inputs in ((m, model_inputs(m, x)) for m in self.models if x is not None):
+                try:
+                    model_check.check_model(model, self.plan, inputs=inputs,
+                                            layer_plan=self.layer_plans.get(model.name))
+                except ModelCallError as exc:
+                    return exc
+        except Exception:  # (what cannot be diagnosed says nothing here: the call's own error stands)
+            pass
         return None
 
     def before_first_step(self, source: Source) -> None:

@@ -168,7 +168,8 @@ class StepProgram:
             self._trace_error = None
             if error is None and isinstance(exc, tf.errors.InvalidArgumentError):
                 error = lookup_error(str(exc.message), first_step, steps)
-            if error is None and self.diagnose is not None and not isinstance(exc, AmpError):
+            if error is None and self.diagnose is not None and not isinstance(exc, AmpError) and (
+                    type(exc) in (ValueError, TypeError, tf.errors.InvalidArgumentError)):  # (not OOM, not a peer)
                 error = self.diagnose()
             if error is not None:
                 raise error from None

@@ -12,9 +12,10 @@ import tensorflow as tf
 from ..errors import AmpConfigError, InputError
 from ..labels import check_label_shape, class_ids
 from .inputs import leaf_paths
-from .metrics import masked_weights, record_predictions, check_probabilities
+from .metrics import masked_weights, record_predictions
 from ..keras_compat import not_an_optimizer, user_code
 from .step import Evaluation, Update, float32_outputs, step_seed
+from .validation import check_probabilities
 
 logger = logging.getLogger("amp_backends.train")
 
@@ -113,7 +114,8 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
         check(sample[0])  # validation arrays too, before training (training's: as it traces)
         _warn_of_nonfinite_inputs(sample[0])
         if len(sample) == 3:
-            w, y_shape = np.asarray(sample[2], dtype=np.float64), np.shape(sample[1])
+            w = np.asarray(sample[2], dtype=np.float64)
+            y_shape = np.shape(sample[1]) if sparse and not isinstance(sample[1], (dict, tuple, list)) else ()
             if w.ndim != 1 and w.shape[1:] != (1,) and (len(y_shape) < 2 or w.shape != y_shape):
                 per_value = f", or one per label value, shape {y_shape}" if len(y_shape) > 1 else ""
                 raise InputError(f"sample_weight has shape {w.shape}. Expected one weight per sample, shape (N,)"

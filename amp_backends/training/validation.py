@@ -11,13 +11,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import warnings
+import weakref
 from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import numpy as np
 
 import tensorflow as tf
 
-from ..errors import AmpConfigError, InputError, xla_compile_failure
+from ..errors import AmpConfigError, AmpWarning, InputError, xla_compile_failure
 from . import metrics as metric_lib
 from .metrics import Every, Monitor, masked_weights, parse_every, reset, results
 from .observers import Observer
@@ -387,3 +389,25 @@ def _replica_slice(idx: Any) -> Any:
     local = (size + n - 1) // n
     start = tf.minimum(tf.cast(ctx.replica_id_in_sync_group, tf.int64) * local, size)
     return idx[start:tf.minimum(start + local, size)]
+
+
+_SAID_LOGITS: weakref.WeakSet[Any] = weakref.WeakSet()  # the models warned of, once each
+
+
+def check_probabilities(model: Any, x: Any, loss_name: str) -> None:
+    """An `AmpWarning` (once a model) where the model's outputs on a few rows of ``x`` are no probabilities (logits:
+    values out of 0..1) for a loss that takes probabilities (``loss_name``'s): it would train on nonsense."""
+    if model in _SAID_LOGITS:
+        return
+    try:
+        pred = tf.cast(model(tf.nest.map_structure(lambda a: a[:32], x), training=False), tf.float32).numpy()
+    except Exception:  # (a model that runs only in its step: nothing said here)
+        return
+    if pred.size and (pred.min() < -1e-3 or pred.max() > 1 + 1e-3):
+        _SAID_LOGITS.add(model)
+        said = (f"The loss ({loss_name}) takes probabilities (from_logits=False), but the model {model.name!r} "
+                f"outputs values from {pred.min():.3g} to {pred.max():.3g}: logits, with no softmax or sigmoid, so the "
+                "loss it trains on means nothing. Fix: give the loss from_logits=True (keras.losses.SparseCategorical"
+                "Crossentropy(from_logits=True)), or end the model with activation='softmax' (binary: 'sigmoid').")
+        logger.warning(said)
+        warnings.warn(said, AmpWarning, stacklevel=4)

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from amp_backends.errors import AmpConfigError
 from amp_backends.kernel_audit import CONVOLUTION, MATMUL, Capture, KernelAudit, KernelReading, KernelRecord
 
 _DT = {"h": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
@@ -166,9 +167,9 @@ def read_trace(path: str | os.PathLike[str]) -> list[KernelEvent]:
         found = [os.path.join(d, f) for d, _, files in os.walk(path) for f in files
                  if f.endswith((".trace.json.gz", ".trace.json", ".xplane.pb"))]
         if not found:
-            raise ValueError(f"expected a TensorFlow profiler log directory holding *.trace.json.gz or *.xplane.pb "
-                             f"files, but {path!r} has none. "
-                             "Fix: give the logdir passed to tf.profiler.experimental.start")
+            raise AmpConfigError(f"expected a TensorFlow profiler log directory holding *.trace.json.gz or "
+                                 f"*.xplane.pb files, but {path!r} has none. "
+                                 "Fix: give the logdir passed to tf.profiler.experimental.start")
         found.sort(key=lambda f: (not f.endswith((".json.gz", ".json")), -os.path.getmtime(f)))
         path = found[0]
     if path.endswith(".xplane.pb"):
@@ -178,7 +179,7 @@ def read_trace(path: str | os.PathLike[str]) -> list[KernelEvent]:
         with opener(path, "rt", encoding="utf-8") as f:
             return events_from_trace_json(json.load(f))
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(
+        raise AmpConfigError(
             f"expected a trace-events JSON file (gzip or plain), but reading {path!r} failed: {exc}") from exc
 
 
@@ -229,8 +230,8 @@ def _xplane_to_trace(path: str) -> dict[str, Any]:
             continue
         data, _ = convert.xspace_to_tool_data([path], "trace_viewer@^", {})
         return json.loads(data if isinstance(data, str) else data.decode("utf-8"))
-    raise ValueError(f"{path!r} is an XPlane protobuf; reading it needs the profiler plugin. Fix: pip install "
-                     "tensorboard-plugin-profile (or xprof), or give a *.trace.json.gz file")
+    raise AmpConfigError(f"{path!r} is an XPlane protobuf; reading it needs the profiler plugin. Fix: pip install "
+                         "tensorboard-plugin-profile (or xprof), or give a *.trace.json.gz file")
 
 
 # -- the kernel audit --------------------------------------------------------------------------------------

@@ -300,12 +300,13 @@ def test_a_sequence_longer_than_the_models_position_embedding_is_our_error_namin
     traceback ("Paddings must be non-negative", exit 1), where ``check`` names the layer and exits 2."""
     pytest.importorskip("keras_hub")
     from amp_backends import audit
+    from amp_backends.errors import ModelCallError
 
     (tmp_path / "hub_models.py").write_text(
         "import keras_hub\n\n\ndef distil():\n    return keras_hub.models.DistilBertBackbone(vocabulary_size=200, "
         "num_layers=1, num_heads=2, hidden_dim=32, intermediate_dim=64, max_sequence_length=32)\n")
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match=r"its layer '\S*position_embedding' \(PositionEmbedding\) raised.*Fix: "):
+    with pytest.raises(ModelCallError, match=r"its layer '\S*position_embedding' \(PositionEmbedding\) raised.*Fix: "):
         audit("hub_models:distil", steps=1, warmup=1, batch_size=4, seq_len=64)
 
 
