@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from amp_backends.errors import AmpConfigError
+from amp_backends.backend_api import AmpConfigError
 from amp_backends.kernel_audit import CONVOLUTION, MATMUL, Capture, KernelAudit, KernelReading, KernelRecord
 
 _DT = {"h": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
