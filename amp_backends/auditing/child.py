@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Any, Mapping
 
-from ..errors import AmpConfigError, FactoryError, ModelCallError
+from ..errors import AmpConfigError, FactoryError
 from ..factory import build_model, load_factory
 from .build import plan_data
 
@@ -196,6 +196,7 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int,
     from .. import keras_compat
     from ..configure import auto_configure
     from ..model_check import check_model
+    from ..model_check.checker import call_failure
     from ..model_check.shapes import dynamic_dims
     from ..prepare import prepare_model
     from ..registry import default_registry
@@ -249,12 +250,8 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int,
         for _ in range(warmup):
             float(compiled(x))
     except Exception:  # a model that cannot run on these shapes: the check's words, naming the layer, as `check`
-        try:
-            check_model(model, plan=plan, inputs=x, layer_plan=layer_plan)
-        except ModelCallError as exc:
-            return {"model_call_error": str(exc)}
-        except Exception:  # noqa: BLE001  # (the step's own error stands)
-            pass
+        if (failure := call_failure(model, plan, x, layer_plan)) is not None:
+            return {"model_call_error": str(failure)}
         raise
     kernel_audit.begin(workdir)
     _mark(BEGIN)

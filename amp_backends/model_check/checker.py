@@ -212,3 +212,26 @@ def _layer_fails(model: Any, plan: Any, target: Any, batch: int | None, exc: Mod
     return ModelCheck(model=model.name, keras_version=keras_version, plan=_plan_dict(plan, target), batch_size=batch,
                       findings=(finding,), summary=summary,
                       notes=("the model was traced up to the layer that raised: nothing after it is checked",))
+
+
+def call_failure(model: Any, plan: Plan, inputs: Any, layer_plan: LayerPlan | None = None) -> ModelCallError | None:
+    """Why ``model`` cannot run on ``inputs`` (its check, the model called once on them), for a caller whose own call
+    of it failed inside TensorFlow: the `ModelCallError` naming the layer that raised, or ``None`` where the check
+    finds none or cannot run (the caller's own error then stands).
+
+    Args:
+        model: The Keras model.
+        plan: The plan it runs under.
+        inputs: A batch of its inputs, as `check_model` takes them.
+        layer_plan: Its layer plan, where it has one.
+
+    Returns:
+        The error, or ``None``.
+    """
+    try:
+        check_model(model, plan, inputs=inputs, layer_plan=layer_plan)
+    except ModelCallError as exc:
+        return exc
+    except Exception:  # noqa: BLE001  # (what the check cannot say, it does not say)
+        return None
+    return None

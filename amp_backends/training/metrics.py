@@ -88,12 +88,12 @@ def _one(spec: Any, binary: bool, replicas: int, own: bool) -> Any:
             return Accuracy(binary=binary)
         try:
             found = tf.keras.metrics.get(spec)
-            if not callable(found):  # (Keras 2 hands an unknown name back as it is)
-                raise AmpConfigError(spec)
         except (ValueError, TypeError):
+            found = None
+        if not callable(found):  # (an unknown name: Keras 3 raises, Keras 2 hands it back as it is)
             raise AmpConfigError(f"Unknown metric {spec!r}. Expected a Keras metric name (such as 'accuracy', "
                                  "'sparse_top_k_categorical_accuracy', 'mae') or a keras.metrics.Metric object. Fix: "
-                                 "check the spelling, or pass the metric object.") from None
+                                 "check the spelling, or pass the metric object.")
         if isinstance(found, type):
             found = found()
         return found if isinstance(found, tf.keras.metrics.Metric) else tf.keras.metrics.MeanMetricWrapper(found,

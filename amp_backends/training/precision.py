@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from ..errors import AmpWarning, ModelCallError
+from ..errors import AmpWarning
 from ..layer_plan import FLOAT8, LayerPlan, LayerDecision, apply, built_in_other_dtype, decide, with_float8
 from ..plan import Plan
 from .checkpoints import CheckpointStore
@@ -283,19 +283,15 @@ class TrainedModels:
         """Where a training call failed inside TensorFlow: why the models cannot run on its batches, from each one's
         precision check at the first batch's shapes with the model called once, eagerly (`ModelCallError` naming
         the layer that raised), or ``None`` where they can."""
-        from .. import model_check
+        from ..model_check.checker import call_failure
 
         try:
             x = _first_x(source, self.batch_size // self.replicas)
-            for model, inputs in ((m, model_inputs(m, x)) for m in self.models if x is not None):
-                try:
-                    model_check.check_model(model, self.plan, inputs=inputs,
-                                            layer_plan=self.layer_plans.get(model.name))
-                except ModelCallError as exc:
-                    return exc
+            failures = (call_failure(m, self.plan, model_inputs(m, x), self.layer_plans.get(m.name))
+                        for m in self.models if x is not None)
+            return next((f for f in failures if f is not None), None)
         except Exception:  # (what cannot be diagnosed says nothing here: the call's own error stands)
-            pass
-        return None
+            return None
 
     def before_first_step(self, source: Source) -> None:
         """The layer plans (`prepare`), then the precision check, once."""
