@@ -1,0 +1,1 @@
+python3 -m amp_backends.bench --zoo --models efficientnet,gan,mobilenet_v3 --reps 3 --configs baseline,auto --out $OUT/zoo/run   # stopped by the device call's 600 s limit, 5 min 50 s after it started
