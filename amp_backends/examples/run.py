@@ -51,20 +51,21 @@ class RunOptions:
 
 def preflight(opts: RunOptions) -> None:
     """What the examples refuse before TensorFlow starts: a wrong cluster (`training.distribute.check_cluster`), a
-    ``--logdir`` below a file, two sources of data, and in one process a ``--resume`` with no run to resume or of a
-    run another process is training now.
+    ``--logdir`` below a file, two sources of data, a ``--profile-steps`` that is no window, and in one process a
+    ``--resume`` with no run to resume or of a run another process is training now.
 
     Args:
         opts: The parsed options.
 
     Raises:
-        AmpConfigError: ``--logdir`` cannot be a folder, ``--distribute`` is unknown, or more than one of
-            ``--data``, ``--synthetic`` and ``--digits`` is given.
+        AmpConfigError: ``--logdir`` cannot be a folder, ``--distribute`` is unknown, ``--profile-steps`` is not
+            ``START:STOP`` with ``0 <= START < STOP``, or more than one of ``--data``, ``--synthetic`` and ``--digits``
+            is given.
         ClusterConfigError: The cluster is described wrongly, or this worker's port is taken.
         CheckpointError: ``--resume`` finds no run, or one another process holds.
     """
     from ..training.distribute import check_cluster
-    from ..training.runs import check_no_file_in_the_way, propose_run_directory, refuse_if_held
+    from ..training.runs import check_no_file_in_the_way, parse_profile_steps, propose_run_directory, refuse_if_held
 
     sources = [flag for flag, on in (("--data", opts.data), ("--synthetic", opts.synthetic), ("--digits", opts.digits))
                if on]
@@ -72,6 +73,7 @@ def preflight(opts: RunOptions) -> None:
         raise AmpConfigError(f"--data, --synthetic and --digits each choose the training data: one at most. Received: "
                              f"{' and '.join(sources)}. Fix: keep the one to train on.")
     several = check_cluster(opts.distribute) is not None
+    parse_profile_steps(opts.profile_steps)
     check_no_file_in_the_way(opts.logdir, "--logdir")
     if opts.resume and not several:  # (the workers of a cluster agree on their run first: `choose_run`)
         refuse_if_held(propose_run_directory(opts.logdir, True).checkpoints)
@@ -80,7 +82,7 @@ def preflight(opts: RunOptions) -> None:
 def profile_window(opts: RunOptions) -> tuple[int, int] | None:
     """``--profile-steps A:B`` (steps of the whole run); ``--profile`` alone: 10 steps after the two warm-up
     (compiling) calls, counted from the step the fit starts at (`trainer_options`)."""
-    from ..training.trainer import parse_profile_steps
+    from ..training.runs import parse_profile_steps
 
     if opts.profile_steps:
         return parse_profile_steps(opts.profile_steps)

@@ -2,11 +2,12 @@
 
 ``trainer`` (`Trainer`, the loop; `TrainResult`), ``step`` (`Update`, the compiled step; `step_seed`),
 ``loss_scaling`` (`LossScaler`, also for a ``tf.GradientTape`` loop of your own), ``inputs`` (resident arrays and
-``tf.data`` pipelines), ``runs`` (run folders, one run at a time, the position; `seed_everything`), ``resume``
-(saving, stopping on Ctrl-C or SIGTERM, resuming), ``checkpoints`` (checkpoints that survive a failing disk),
-``distribute`` and ``launchers`` (strategies, clusters from ``mpiexec`` or ``srun``), ``metrics``, ``validation``,
-``observers`` (log line, TensorBoard, progress bar, profiler; `ThroughputLogger`), ``precision`` (the layer plans
-and the precision check), ``tasks`` (ready-made updates: classifier, the tutorials' GAN, MNIST batches).
+``tf.data`` pipelines), ``runs`` (run folders, one run at a time, the position; `seed_everything`,
+`parse_profile_steps`), ``resume`` (saving, stopping on Ctrl-C or SIGTERM, resuming), ``checkpoints`` (checkpoints
+that survive a failing disk), ``distribute`` and ``launchers`` (strategies, clusters from ``mpiexec`` or ``srun``),
+``metrics``, ``validation``, ``observers`` (log line, TensorBoard, progress bar, profiler; `ThroughputLogger`),
+``precision`` (the layer plans and the precision check), ``tasks`` (ready-made updates: classifier, the tutorials'
+GAN, MNIST batches).
 
 Importing this package is cheap; TensorFlow is imported with the first name used from it (except
 ``distribute``'s and ``launchers``' cluster checks, which run before TensorFlow starts).
@@ -20,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 _LAZY = {name: module for module, names in {
     ".trainer": ("Trainer", "TrainResult"),
     ".step": ("Update", "Evaluation", "step_seed"),
-    ".observers": ("parse_profile_steps", "Observer", "CallRecord", "ThroughputLogger"),
+    ".observers": ("Observer", "CallRecord", "ThroughputLogger"),
     ".metrics": ("record_predictions",),
     ".loss_scaling": ("LossScaler",),
-    ".runs": ("run_directory", "seed_everything"),
+    ".runs": ("parse_profile_steps", "run_directory", "seed_everything"),
     ".tasks": ("classifier_updates", "gan_updates", "mnist_batch_fn"),
 }.items() for name in names}
 
@@ -36,8 +37,8 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover
     from .loss_scaling import LossScaler
     from .metrics import record_predictions
-    from .observers import CallRecord, Observer, ThroughputLogger, parse_profile_steps
-    from .runs import run_directory, seed_everything
+    from .observers import CallRecord, Observer, ThroughputLogger
+    from .runs import parse_profile_steps, run_directory, seed_everything
     from .step import Evaluation, Update, step_seed
     from .tasks import classifier_updates, gan_updates, mnist_batch_fn
     from .trainer import Trainer, TrainResult

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import operator
 import os
 import statistics
 import sys
@@ -295,32 +294,6 @@ class ProfilerWindow(Observer):
 
 
 # ------------------------------------------------------------------------------------ the trainer's defaults
-def parse_profile_steps(value: Any, name: str = "--profile-steps") -> tuple[int, int] | None:
-    """The profiler's window, from ``--profile-steps 20:30`` or ``Trainer(profile_steps=(20, 30))``.
-
-    Args:
-        value: ``"START:STOP"`` or ``(START, STOP)``; ``None`` or ``""``: no profiling.
-        name: The argument the error names (``"profile_steps"``, the trainer's, is said as a tuple).
-
-    Returns:
-        ``(start, stop)``: steps ``start`` to ``stop - 1`` are traced; ``None``: no profiling.
-
-    Raises:
-        AmpConfigError: ``value`` is not two step numbers with ``0 <= START < STOP``.
-    """
-    if value is None or (isinstance(value, str) and not value):
-        return None
-    form, example = ("START:STOP", "20:30") if name.startswith("-") else ("(START, STOP)", "(20, 30)")
-    try:  # (in a tuple, a step is an int: a float or a string is refused)
-        a, b = (int(p) for p in value.split(":")) if isinstance(value, str) else (operator.index(p) for p in value)
-    except (TypeError, ValueError):
-        a = b = -1
-    if not 0 <= a < b:
-        raise AmpConfigError(f"{name} must be {form}: two step numbers with 0 <= START < STOP, such as {example}. "
-                             f"Received: {value!r}. Fix: give the first step to trace, then the step to stop at.")
-    return a, b
-
-
 def default_observers(chief: bool, log_every: int, logdir: str | None, progress: bool | None,
                       profile_steps: tuple[int, int] | None) -> list[Observer]:
     """The log line, TensorBoard and the progress bar (on the chief), the profiler window (everywhere)."""

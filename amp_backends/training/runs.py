@@ -5,6 +5,7 @@ Each run writes into a new ``<logdir>/version_N``; ``--resume`` continues the ne
 process's run is refused with `CheckpointError`, and the lock dies with its process, so it is never stale (no
 ``flock``: unlocked, with a warning). The position is kept in samples (`Position`): a run resumed with another
 batch size continues at the same sample. `seed_everything` seeds Python, NumPy, TensorFlow and Keras.
+`parse_profile_steps` reads the steps the profiler records into the run's folder (before TensorFlow starts).
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ import atexit
 import contextlib
 import itertools
 import logging
+import operator
 import os
 import re
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import AmpConfigError, CheckpointError
 from ..keras_compat import keras_info
@@ -287,6 +289,32 @@ def _remove_empty(folders: list[Path]) -> None:
             p.rmdir()
         except OSError:
             break
+
+
+def parse_profile_steps(value: Any, name: str = "--profile-steps") -> tuple[int, int] | None:
+    """The profiler's window, from ``--profile-steps 20:30`` or ``Trainer(profile_steps=(20, 30))``.
+
+    Args:
+        value: ``"START:STOP"`` or ``(START, STOP)``; ``None`` or ``""``: no profiling.
+        name: The argument the error names (``"profile_steps"``, the trainer's, is said as a tuple).
+
+    Returns:
+        ``(start, stop)``: steps ``start`` to ``stop - 1`` are traced; ``None``: no profiling.
+
+    Raises:
+        AmpConfigError: ``value`` is not two step numbers with ``0 <= START < STOP``.
+    """
+    if value is None or (isinstance(value, str) and not value):
+        return None
+    form, example = ("START:STOP", "20:30") if name.startswith("-") else ("(START, STOP)", "(20, 30)")
+    try:  # (in a tuple, a step is an int: a float or a string is refused)
+        a, b = (int(p) for p in value.split(":")) if isinstance(value, str) else (operator.index(p) for p in value)
+    except (TypeError, ValueError):
+        a = b = -1
+    if not 0 <= a < b:
+        raise AmpConfigError(f"{name} must be {form}: two step numbers with 0 <= START < STOP, such as {example}. "
+                             f"Received: {value!r}. Fix: give the first step to trace, then the step to stop at.")
+    return a, b
 
 
 @dataclass(frozen=True)

@@ -16,15 +16,15 @@ from ..plan import Plan, require_plan
 from .distribute import is_chief, worker_id
 from .inputs import BatchFn, Ran, Source, Stream, input_for, is_count
 from .loss_scaling import LossScaler, check_stalled
-from .observers import WARMUP_CALLS, Observer, default_observers, parse_profile_steps, training_line
+from .observers import WARMUP_CALLS, Observer, default_observers, training_line
 from .precision import FirstBatch, TrainedModels, trained_models
 from .resume import Checkpointing, nothing_left
-from .runs import At, Position, check_directory, current_seed
+from .runs import At, Position, check_directory, current_seed, parse_profile_steps
 from .step import StepProgram, Update, build_optimizers
 from .metrics import Progress
 from .validation import Evaluator, Validation
 
-__all__ = ["Trainer", "TrainResult", "parse_profile_steps"]
+__all__ = ["Trainer", "TrainResult"]
 
 logger = logging.getLogger("amp_backends.train")
 
