@@ -17,7 +17,6 @@ import re
 import shlex
 import subprocess
 import sys
-import tempfile
 from functools import cache
 from pathlib import Path
 
@@ -98,10 +97,9 @@ def python_pages() -> list[Path]:
     return [p for p in pages() if any(lang == "python" for lang, _, _ in blocks(p))]
 
 
-def start_page(page: str) -> tuple[subprocess.Popen, str]:
-    """The page's python blocks, in order, in a process of their own and a scratch folder (what a page writes —
+def start_page(page: str, scratch: Path) -> tuple[subprocess.Popen, str]:
+    """The page's python blocks, in order, in a process of their own and the folder ``scratch`` (what a page writes —
     runs/, checkpoints — stays out of the checkout). (Under pytest-xdist the pages are spread over the workers.)"""
-    scratch = tempfile.mkdtemp(prefix="amp_backends_docs_")
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "AMP_CACHE_DIR": os.path.join(scratch, "cache"),
            "AMP_AUTOTUNE_CACHE": os.path.join(scratch, "autotune.json"), "PYTHONWARNINGS": "ignore"}
     path = next(p for p in python_pages() if name(p) == page)
@@ -113,8 +111,8 @@ def start_page(page: str) -> tuple[subprocess.Popen, str]:
 
 @pytest.mark.tensorflow
 @pytest.mark.parametrize("page", [name(p) for p in python_pages()])
-def test_the_python_blocks_of_each_page_run_in_order(page):
-    proc, blocks_in_order = start_page(page)
+def test_the_python_blocks_of_each_page_run_in_order(page, tmp_path):
+    proc, blocks_in_order = start_page(page, tmp_path)
     try:
         _, err = proc.communicate(blocks_in_order, timeout=240)
     except subprocess.TimeoutExpired:

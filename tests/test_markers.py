@@ -38,6 +38,9 @@ TOUCHES = {
 SAYS = re.compile(r"Keras 2|ITEX|\b2\.15\b|--resume|--loss-scale")
 
 PARTLY = {
+    "test_bench.py": "the loops' chart is drawn there (that session has matplotlib); the tutorials' loops scale losses "
+                     "through keras_compat (tested on Keras 2 in test_keras_compat), and the benchmark's refusal of a "
+                     "configuration that would abort ITEX is test_intel's",
     "test_reference_models.py": "the heavy models' training steps (mobilenet_v3, resnet50, efficientnet) take 10-40 s "
                                 "each to compile under TF 2.15 and take the light models' Keras 2 paths; the check "
                                 "under an H100 plan reads the same Keras 2 graph as under this machine's plan; float8 "
@@ -64,8 +67,6 @@ LEFT_OUT = {
     "test_schemas.py": "validates JSON against the shipped schemas: the outputs' fields do not change with Keras 2 "
                        "(the reports themselves run under the intel session in test_report and test_intel)",
     "test_audit_onednn.py": "parses recorded oneDNN logs (ITEX's format among them): no TensorFlow runs",
-    "test_bench.py": "the tutorials' loops scale losses through keras_compat (tested on Keras 2 in test_keras_compat); "
-                     "the benchmark's refusal of a configuration that would abort ITEX is test_intel's",
     "test_model_check_transformers.py": "keras_hub needs Keras 3: the module skips under Keras 2",
     "test_model_outputs.py": "a subclassed model keeps the shapes it was built with from Keras 3 on: the module "
                              "skips under Keras 2 (a functional model's outputs: test_layer_plan's, marked intel)",

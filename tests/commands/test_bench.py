@@ -1,9 +1,12 @@
-"""A tiny smoke run of the benchmark on the CPU: every configuration kind runs and the outputs are written."""
+"""A tiny smoke run of the benchmark on the CPU: every configuration kind runs and the outputs are written; its chart
+drawn (in nox's intel session, which installs matplotlib)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import struct
 import subprocess
 import sys
 
@@ -13,6 +16,7 @@ from conftest import EIGEN_FLOAT16, NEUTRAL_CWD, float16_reaches_onednn
 from schema_check import assert_valid
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
 def test_bench_smoke(tmp_path):
@@ -39,8 +43,39 @@ def test_bench_smoke(tmp_path):
             assert r["error"] is None and r["img_per_s"] > 0 and r["ratio_to_best_manual"] > 0, r
     assert any(c.startswith("Keras fit") for m, c in rows if m == "mnist")
     assert max(r["ratio_to_best_manual"] or 0 for r in report["results"] if r["kind"] == "manual") == pytest.approx(1.0)
-    assert (tmp_path / "bench.png").stat().st_size > 10_000
+    if HAS_MATPLOTLIB:
+        assert (tmp_path / "bench.png").stat().st_size > 10_000
+    else:  # (nox's tests session: test_the_chart_has_a_panel_per_model... draws it where matplotlib is)
+        assert not (tmp_path / "bench.png").exists() and "matplotlib is not installed: no chart" in out.stderr
     assert "x best manual" in out.stdout
+
+
+@pytest.mark.intel
+def test_the_chart_has_a_panel_per_model_and_a_bar_per_configuration(tmp_path, monkeypatch):
+    """The loops' chart (``bench.png``), drawn from a report. It runs where matplotlib is installed: nox's intel
+    session (the tests session leaves matplotlib out, as Keras 3 would import it in every process)."""
+    if not HAS_MATPLOTLIB:
+        pytest.skip("matplotlib is not installed here (nox's intel session has it and draws the chart)")
+    import matplotlib.axes
+
+    from amp_backends.commands.bench.output import loops_chart
+
+    bars: list[list[str]] = []
+    barh = matplotlib.axes.Axes.barh
+    monkeypatch.setattr(matplotlib.axes.Axes, "barh",
+                        lambda ax, y, *a, **k: bars.append(list(y)) or barh(ax, y, *a, **k))
+    rows = [("mnist", "fp32", "manual", 1000.0), ("mnist", "Keras fit", "keras_fit", 1200.0),
+            ("mnist", "auto plan (trainer)", "auto", 3000.0), ("mnist", "bf16", "manual", None),
+            ("gan", "fp32", "manual", 500.0), ("gan", "auto plan (trainer)", "auto", 900.0)]
+    report = {"date": "2026-11-28T00:00:00", "environment": {"devices": ["/CPU:0 (a CPU)"], "tensorflow": "2.x"},
+              "results": [{"model": m, "config": c, "kind": k, "img_per_s": r} for m, c, k, r in rows]}
+    loops_chart(report, tmp_path / "bench.png")
+    png = (tmp_path / "bench.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    width, height = struct.unpack(">II", png[16:24])  # 110 dpi: 10 inches wide, 4.5 a model high
+    assert (width, height) == (1100, 990), (width, height)
+    # models in name order; a configuration with no figure has no bar
+    assert bars == [["fp32", "auto plan (trainer)"], ["fp32", "Keras fit", "auto plan (trainer)"]], bars
 
 
 def test_an_xla_configuration_trains_the_tutorials_step_compiled_by_xla(monkeypatch):

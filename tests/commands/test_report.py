@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -240,7 +241,9 @@ def test_ctrl_c_while_tensorflow_imports_stops_with_the_programs_exit_status(tmp
         "import sys\nfrom amp_backends.tf_import import import_tensorflow\n"
         "try:\n    import_tensorflow(quiet=False)\nexcept KeyboardInterrupt:\n"
         "    print('stopped; imported:', getattr(sys.modules.get('tensorflow'), 'DONE', False))\n    sys.exit(130)\n")
-    out = subprocess.run([sys.executable, "-m", "command"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    # (SIGINT as a terminal gives it, whatever this process inherited: a process started with it ignored passes that on)
+    out = subprocess.run([sys.executable, "-m", "command"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert (out.returncode, out.stdout.strip()) == (130, f"stopped; imported: {imported}"), out.stderr[-2000:]
 
 

@@ -149,6 +149,15 @@ def loops_table(report: dict[str, Any], console: Any = None) -> None:
 
 
 def loops_chart(report: dict[str, Any], path: Path) -> None:
+    """The loops' bar chart: one panel a model, one bar a configuration, coloured by kind (manual, fit, auto plan).
+
+    Without matplotlib (the ``bench`` extra) it says so on stderr and draws nothing: the run's JSON and table hold
+    every figure.
+
+    Args:
+        report: The benchmark's report (``bench.json``'s contents).
+        path: The PNG file to write.
+    """
     try:
         import matplotlib
 
