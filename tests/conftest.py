@@ -80,12 +80,6 @@ def pytest_configure(config):
         os.environ["AMP_TEST_AS_CPU"] = name  # xdist's workers configure themselves from it too
 
 
-def pytest_collection_modifyitems(config, items):
-    """The tests marked ``slow`` first, each group in its own order: pytest-xdist's workers then end on short tests
-    and finish together, instead of one waiting while the other runs a long test it took last."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 def pytest_report_header(config):
     name = config.getoption("--as-cpu")
     from amp_backends.backends.cpu import probe_cpu

@@ -101,7 +101,8 @@ def start_page(page: str, scratch: Path) -> tuple[subprocess.Popen, str]:
     """The page's python blocks, in order, in a process of their own and the folder ``scratch`` (what a page writes —
     runs/, checkpoints — stays out of the checkout). (Under pytest-xdist the pages are spread over the workers.)"""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "AMP_CACHE_DIR": os.path.join(scratch, "cache"),
-           "AMP_AUTOTUNE_CACHE": os.path.join(scratch, "autotune.json"), "PYTHONWARNINGS": "ignore"}
+           "AMP_AUTOTUNE_CACHE": os.path.join(scratch, "autotune.json"), "PYTHONWARNINGS": "ignore",
+           "TMPDIR": str(scratch)}  # (a page's own tempfile.mkdtemp() too)
     path = next(p for p in python_pages() if name(p) == page)
     proc = subprocess.Popen([sys.executable, "-c", RUNNER], cwd=scratch, env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -9,8 +9,9 @@ that survive a failing disk), ``distribute`` and ``launchers`` (strategies, clus
 ``precision`` (the layer plans and the precision check), ``tasks`` (ready-made updates: classifier, the tutorials'
 GAN, MNIST batches).
 
-Importing this package is cheap; TensorFlow is imported with the first name used from it (except
-``distribute``'s and ``launchers``' cluster checks, which run before TensorFlow starts).
+Importing this package is cheap; TensorFlow is imported with the first name used from it, except ``runs``' names
+(TensorFlow only once `seed_everything` or `run_directory` with a strategy runs; `parse_profile_steps` never) and
+``distribute``'s and ``launchers``' cluster checks, which run before TensorFlow starts.
 """
 
 from __future__ import annotations

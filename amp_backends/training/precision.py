@@ -12,7 +12,7 @@ import inspect
 import logging
 import warnings
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from ..errors import AmpWarning
 from ..layer_plan import FLOAT8, LayerPlan, LayerDecision, apply, built_in_other_dtype, decide, with_float8
@@ -114,11 +114,6 @@ def check_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatch,
     for model in models:
         name = getattr(model, "name", model)
         layer_plan = (layer_plans or {}).get(str(name))
-        if dtype := built_in_other_dtype(model, plan, layer_plan):
-            _warn(f"The model {name!r} computes in {dtype} under the plan's {plan.policy}: it was built before "
-                  "auto_configure() set the dtype policy, or saved under another plan (a Keras policy applies to the "
-                  "layers created after it), so it trains without the plan's precision. Fix: build it after "
-                  "auto_configure().")
         inputs = None if x is None else model_inputs(model, x)
         check = functools.partial(model_check.check_model, model, plan, batch_size=batch_size, layer_plan=layer_plan)
         try:
@@ -165,14 +160,16 @@ def prepare_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatc
                 if measured is not None:
                     measured = replace(measured, origin="checkpoint")
                 decided = decide(model, plan, measurement=measured, use_cache=False)
-                prep = prepare_model(model, plan, layer_plan=with_float8(decided, stored_float8(model, kept), ""))
+                with _unsaid_dtype():
+                    prep = prepare_model(model, plan, layer_plan=with_float8(decided, stored_float8(model, kept), ""))
                 origin = "the checkpoint's layer plan"
             else:
                 if x is None and measure is not False:
                     x = _first_x(source, batch_size)
                 inputs = model_inputs(model, x) if x is not None else None
                 wanted = measure if inputs is not None else (False if measure is False else None)
-                prep = prepare_model(model, plan, inputs=inputs, measure_float32=wanted)
+                with _unsaid_dtype():
+                    prep = prepare_model(model, plan, inputs=inputs, measure_float32=wanted)
                 origin = ""
         except TypeError as exc:  # a Keras whose layers take no new dtype policy
             logger.warning(f"{name}: the layer plan could not be applied ({exc}); it trains in the plan's policy.")
@@ -216,6 +213,15 @@ def _first_x(source: Source | FirstBatch, batch_size: int) -> Any:
     return batch[0] if isinstance(batch, (tuple, list)) else batch
 
 
+@contextlib.contextmanager
+def _unsaid_dtype() -> Iterator[None]:
+    """``prepare_model``'s warning that a model computes in another dtype left out: the trainer says it, logged too,
+    once a model (`TrainedModels.say_dtype`)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"The model .* computes in \S+ under the plan's", category=AmpWarning)
+        yield
+
+
 def _warn(line: str, message: str | None = None) -> None:
     """``line`` logged as a warning; ``message`` (default: the line) raised as an `AmpWarning`."""
     logger.warning(line)
@@ -236,6 +242,7 @@ class TrainedModels:
         self.measure = False if replicas > 1 else measure
         self.batch_size, self.replicas, self.is_chief, self.store = batch_size, replicas, is_chief, store
         self.layer_plans: dict[str, LayerPlan] = {}
+        self.said: set[str] = set()  # the models said to compute in another dtype (`say_dtype`)
         self.stored: Any = None  # the layer plans of the checkpoint a run resumes
         self.audit: AuditObserver | None = None
         if audit and is_chief:
@@ -272,12 +279,25 @@ class TrainedModels:
             return
         self.layer_plans.update(prepare_models(prepared, self.plan, source, batch_size=self.batch_size,
                                                stored=self.stored, say=self.is_chief, measure=self.measure))
+        if self.is_chief:
+            self.say_dtype(prepared)
         if self.store and self.layer_plans:
             self.store.annotate("layer_plans", {n: lp.to_dict() for n, lp in self.layer_plans.items()})
         if self.audit is not None:
             self.audit.layer_plans = self.layer_plans
         if self.on_applied is not None:
             self.on_applied()
+
+    def say_dtype(self, models: Sequence[Any]) -> None:
+        """Say (logged, and an `AmpWarning`) once a model that a model computes in another dtype than the plan's."""
+        for model in models:
+            name = str(getattr(model, "name", model))
+            if name not in self.said and (dtype := built_in_other_dtype(model, self.plan, self.layer_plans.get(name))):
+                self.said.add(name)
+                _warn(f"The model {name!r} computes in {dtype} under the plan's {self.plan.policy}: it was built "
+                      "before auto_configure() set the dtype policy, or saved under another plan (a Keras policy "
+                      "applies to the layers created after it), so it trains without the plan's precision. Fix: "
+                      "build it after auto_configure().")
 
     def diagnose(self, source: Source) -> Exception | None:
         """Where a training call failed inside TensorFlow: why the models cannot run on its batches, from each one's

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 from types import SimpleNamespace
 
@@ -27,14 +28,36 @@ def train(model, p, x, y, **kw):
     return t.fit(x, y, max_steps=1)
 
 
-def test_a_model_built_before_auto_configure_is_said_plainly(caplog):
+def test_a_model_built_before_auto_configure_is_said_plainly_and_once(caplog):
+    """It was said three times: prepare_model's warning, then the trainer's log line and its warning."""
     model = mlp(hidden=64)  # built under float32: before the plan's policy is set
     p = amp_backends.auto_configure(verbose=False, policy="mixed_bfloat16", force=True)
     caplog.set_level(logging.INFO, logger="amp_backends.train")
-    with pytest.warns(AmpWarning, match=r"computes in float32 under the plan's mixed_bfloat16.*build it after "
-                                        r"auto_configure\(\)"):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
         train(model, p, *classification_data())  # not among checkpoint_objects: the trainer finds it through its update
-    assert any(r.levelno == logging.WARNING and "build it after auto_configure()" in r.message for r in caplog.records)
+        train(model, p, *classification_data())  # a second trainer of the same model says it again, once
+    said = [str(w.message) for w in seen if issubclass(w.category, AmpWarning) and "computes in" in str(w.message)]
+    assert len(said) == 2 and all(re.search(r"computes in float32 under the plan's mixed_bfloat16.*build it after "
+                                            r"auto_configure\(\)", m) for m in said), said
+    logged = [r for r in caplog.records if "build it after auto_configure()" in r.message]
+    assert len(logged) == 2 and all(r.levelno == logging.WARNING for r in logged), logged
+
+
+def test_a_model_built_before_auto_configure_is_said_before_evaluate_too(caplog):
+    """Evaluated before any fit (its layer plan applied then), the model is said once, logged, as in fit."""
+    model = mlp(hidden=64)
+    p = amp_backends.auto_configure(verbose=False, policy="mixed_bfloat16", force=True)
+    caplog.set_level(logging.INFO, logger="amp_backends.train")
+    t = Trainer(classifier_updates(model, tf.keras.optimizers.SGD(0.1)), p, batch_size=16, progress=False)
+    x, y = classification_data()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        t.evaluate(x, y)
+        t.fit(x, y, max_steps=1)
+    said = [str(w.message) for w in seen if issubclass(w.category, AmpWarning) and "computes in" in str(w.message)]
+    assert len(said) == 1 and "build it after auto_configure()" in said[0], said
+    assert len([r for r in caplog.records if "build it after auto_configure()" in r.message]) == 1
 
 
 def test_a_model_built_after_auto_configure_is_not_flagged():
