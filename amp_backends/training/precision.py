@@ -12,7 +12,7 @@ import inspect
 import logging
 import warnings
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator, Mapping, Sequence
 
 from ..errors import AmpWarning
 from ..layer_plan import FLOAT8, LayerPlan, LayerDecision, apply, built_in_other_dtype, decide, with_float8
@@ -105,9 +105,10 @@ def model_inputs(model: Any, x: Any) -> Any:
 
 
 def check_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatch, *, batch_size: int,
-                 layer_plans: Mapping[str, LayerPlan] | None = None) -> None:
+                 layer_plans: Mapping[str, LayerPlan] | None = None, said: Collection[str] = ()) -> None:
     """Check each model against its layer plan at one replica's batch of ``source`` and log (warnings also raised as
-    `AmpWarning`) what it found; a check that fails never stops training."""
+    `AmpWarning`) what it found; a check that fails never stops training. A model in ``said`` was already said to be
+    built in another dtype (`TrainedModels.say_dtype`): its ``policy-mismatch`` finding is logged as information."""
     from .. import model_check
 
     x = _first_x(source, batch_size) if models else None
@@ -134,7 +135,8 @@ def check_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatch,
             continue
         findings = list(result.findings)
         for i, line in enumerate(result.log_lines()):  # a head line, a line per finding, then the rest
-            if 0 < i <= len(findings) and findings[i - 1].severity in ("warning", "error"):
+            if 0 < i <= len(findings) and findings[i - 1].severity in ("warning", "error") and not (
+                    getattr(findings[i - 1], "code", None) == "policy-mismatch" and str(name) in said):
                 _warn(line, f"{name}: {line}")
             else:
                 logger.info(line)
@@ -182,7 +184,9 @@ def prepare_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatc
             continue
         plans[name] = layer_plan
         if say and (layer_plan.decisions or layer_plan.measurement or prep.choice_note):
-            logger.info(f"{layer_plan.summary()}{' (' + origin + ')' if origin else ''}")
+            other = built_in_other_dtype(model, plan, layer_plan)  # (said as a warning next: `say_dtype`)
+            logger.info(f"{layer_plan.summary()}{' (' + origin + ')' if origin else ''}" + (
+                f", planned, but compute in {other}: the model was built before the plan" if other else ""))
             if layer_plan.measurement is not None:
                 logger.info(f"{name}: {layer_plan.measurement}")
             elif prep.choice_note:
@@ -319,7 +323,7 @@ class TrainedModels:
         checked, self.to_check = self.to_check, []
         if self.is_chief:
             check_models(checked, self.plan, source, batch_size=self.batch_size // self.replicas,
-                         layer_plans=self.layer_plans)
+                         layer_plans=self.layer_plans, said=self.said)
 
 
 @dataclass(frozen=True)

@@ -29,19 +29,27 @@ def train(model, p, x, y, **kw):
 
 
 def test_a_model_built_before_auto_configure_is_said_plainly_and_once(caplog):
-    """It was said three times: prepare_model's warning, then the trainer's log line and its warning."""
-    model = mlp(hidden=64)  # built under float32: before the plan's policy is set
+    """It was said three times: prepare_model's warning, then the trainer's log line and its warning; the layer plan's
+    line said "the other layers follow mixed_bfloat16"."""
+    model = mlp(hidden=64, activation="softmax")  # built under float32: before the plan's policy is set
     p = amp_backends.auto_configure(verbose=False, policy="mixed_bfloat16", force=True)
     caplog.set_level(logging.INFO, logger="amp_backends.train")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         train(model, p, *classification_data())  # not among checkpoint_objects: the trainer finds it through its update
         train(model, p, *classification_data())  # a second trainer of the same model says it again, once
-    said = [str(w.message) for w in seen if issubclass(w.category, AmpWarning) and "computes in" in str(w.message)]
+    said = [str(w.message) for w in seen if issubclass(w.category, AmpWarning)
+            and ("computes in" in str(w.message) or "auto_configure()" in str(w.message))]  # (the check's too)
     assert len(said) == 2 and all(re.search(r"computes in float32 under the plan's mixed_bfloat16.*build it after "
                                             r"auto_configure\(\)", m) for m in said), said
-    logged = [r for r in caplog.records if "build it after auto_configure()" in r.message]
-    assert len(logged) == 2 and all(r.levelno == logging.WARNING for r in logged), logged
+    logged = [r for r in caplog.records if "auto_configure()" in r.message and r.levelno >= logging.WARNING]
+    assert len(logged) == 2 and all("build it after auto_configure()" in r.message for r in logged), logged
+    # the layer plan's line does not say the layers follow the plan without saying they compute in float32
+    assert "the other layers follow mixed_bfloat16, planned, but compute in float32: the model was built before the " \
+        "plan" in caplog.text, caplog.text
+    # the precision check's own finding stays in its report (a check a trainer), as information once the trainer said it
+    assert [r.levelno for r in caplog.records if "although the plan's policy is mixed_bfloat16" in r.message] == [
+        logging.INFO] * 2, caplog.text
 
 
 def test_a_model_built_before_auto_configure_is_said_before_evaluate_too(caplog):
@@ -55,9 +63,10 @@ def test_a_model_built_before_auto_configure_is_said_before_evaluate_too(caplog)
         warnings.simplefilter("always")
         t.evaluate(x, y)
         t.fit(x, y, max_steps=1)
-    said = [str(w.message) for w in seen if issubclass(w.category, AmpWarning) and "computes in" in str(w.message)]
+    said = [str(w.message) for w in seen if issubclass(w.category, AmpWarning)
+            and ("computes in" in str(w.message) or "auto_configure()" in str(w.message))]  # (the check's too)
     assert len(said) == 1 and "build it after auto_configure()" in said[0], said
-    assert len([r for r in caplog.records if "build it after auto_configure()" in r.message]) == 1
+    assert len([r for r in caplog.records if "auto_configure()" in r.message and r.levelno >= logging.WARNING]) == 1
 
 
 def test_a_model_built_after_auto_configure_is_not_flagged():
