@@ -150,6 +150,7 @@ class Checkpointing:
         self.agree = StopAgreement(strategy)  # every worker stops after the same call
         self.signals = StopSignals()  # `until_stopped`'s; ``stopped``: the signal every worker stops on
         self.stopped: int | None = None
+        self.saved_at: At | None = None  # the position of the last save (an epoch's end moves on at the same step)
         self.store = self._store(directory, objects, keep, trained) if directory else None
         self.directory = self.store.directory if self.store else None  # absolute
 
@@ -185,7 +186,9 @@ class Checkpointing:
         if self.store is None:
             return None
         self.store.annotate("monitor", self.validation.monitor.state())  # the history, best value, waiting
-        return self.store.save_finite(self.together(self.position.step))
+        path = self.store.save_finite(self.together(self.position.step))
+        self.saved_at = self.position.now()
+        return path
 
     def after_call(self, step: int, done: int) -> None:
         """Save after the call of ``done`` steps from ``step`` if it reached a multiple of ``checkpoint_every``."""
@@ -207,6 +210,7 @@ class Checkpointing:
             return None
         check_seed(restored.stored, self.seed, restored.path)
         at, then_batch = self.position.restored()
+        self.saved_at = self.position.now()
         stored = restored.stored or {}
         if self.is_chief:
             self._log_resume(restored, at, then_batch, given, stream)
@@ -264,7 +268,9 @@ class Checkpointing:
                                    "run was expected, check checkpoint_dir for a typo).")
                 store.ready_to_save()
             yield self.position.now()
-            if store and store.last_saved_step != self.position.step:
+            # a final save, also at a step saved before the epoch ended there (the epoch's end recorded, the position
+            # moved on: a resume does not end that epoch a second time)
+            if store and (store.last_saved_step != self.position.step or self.saved_at != self.position.now()):
                 self.save()
 
     def until_stopped(self, loop: Callable[[], None]) -> None:

@@ -280,3 +280,21 @@ def test_a_stream_across_epochs_resumed_with_larger_batches_does_not_claim_what_
     assert ("continues at sample 16 of epoch 1: the pipeline skips the first 4 batches of 32 of its pass (one "
             "stream across epochs, counted in batches of the new size: samples may be read again or left "
             "out).") in caplog.text
+
+
+def test_a_checkpoint_saved_as_an_epoch_ends_is_resumed_in_the_next_epoch_without_ending_that_one_again(tmp_path,
+                                                                                                          caplog):
+    """checkpoint_every landing on an epoch's last call saved the position before the epoch's end was recorded, and
+    the fit's final save was skipped at that step: a resume logged "Epoch 1 (global step 16)" a second time."""
+    import logging
+
+    x, y = classification_data(64)  # batch 8: 8 steps an epoch
+    _, t = trainer(tmp_path, steps_per_call=4, checkpoint_every=8)
+    t.fit(x, y, epochs=2)
+    caplog.set_level(logging.INFO, logger="amp_backends.train")
+    _, t2 = trainer(tmp_path, steps_per_call=4, checkpoint_every=8)
+    result = t2.fit(x, y, epochs=3, resume=True)
+    assert "global step 16, epoch 2, step in epoch 0" in caplog.text, caplog.text
+    ended = [r.message.split(":")[0] for r in caplog.records if r.message.startswith("Epoch ")]
+    assert ended == ["Epoch 2 (global step 24)"], caplog.text
+    assert result.steps == 24 and result.epochs_completed == 3
