@@ -48,6 +48,7 @@ def test_bench_smoke(tmp_path):
     else:  # (nox's tests session: test_the_chart_has_a_panel_per_model... draws it where matplotlib is)
         assert not (tmp_path / "bench.png").exists() and "matplotlib is not installed: no chart" in out.stderr
     assert "x best manual" in out.stdout
+    assert f"Written to {tmp_path}: bench.json" in out.stdout  # where the results are (a second run: DIR-2)
 
 
 @pytest.mark.intel

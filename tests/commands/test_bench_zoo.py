@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -112,6 +113,7 @@ def test_zoo_smoke(tmp_path):
         assert c["loss_within_spread"] == (abs(c["loss_vs_baseline"]) <= spread)
     md = (tmp_path / "zoo" / "zoo.md").read_text()
     assert "| mnist_cnn |" in md and "x best manual" in out.stdout
+    assert re.search(r"Written to \S+zoo: zoo.json, zoo.md", out.stdout), out.stdout[-1000:]
     assert "float32 run-to-run spread of the training loss" in md and "loss parity" in md and "predict/s" in md
 
 

@@ -249,6 +249,7 @@ def run(models: list[str], configs: list[str] | None, epochs: int, samples: int,
     write_json(out / "bench.json", report)
     loops_table(report)
     loops_chart(report, out / "bench.png")
+    print(f"Written to {out}: bench.json{', bench.png' if (out / 'bench.png').exists() else ''}", flush=True)
     if stopped:
         raise stopped
     return report

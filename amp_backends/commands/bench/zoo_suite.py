@@ -297,6 +297,7 @@ def run_zoo(models: list[str], config_names: list[str] | None, reps: int, steps:
     write_json(out / "zoo.json", report)
     (out / "zoo.md").write_text(zoo_markdown(report))
     zoo_table(report)
+    print(f"Written to {out}: zoo.json, zoo.md", flush=True)
     if stopped:
         raise stopped
     return report
