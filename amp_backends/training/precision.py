@@ -136,7 +136,7 @@ def check_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatch,
         findings = list(result.findings)
         for i, line in enumerate(result.log_lines()):  # a head line, a line per finding, then the rest
             if 0 < i <= len(findings) and findings[i - 1].severity in ("warning", "error") and not (
-                    getattr(findings[i - 1], "code", None) == "policy-mismatch" and str(name) in said):
+                    findings[i - 1].code == "policy-mismatch" and str(name) in said):
                 _warn(line, f"{name}: {line}")
             else:
                 logger.info(line)
@@ -162,16 +162,14 @@ def prepare_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatc
                 if measured is not None:
                     measured = replace(measured, origin="checkpoint")
                 decided = decide(model, plan, measurement=measured, use_cache=False)
-                with _unsaid_dtype():
-                    prep = prepare_model(model, plan, layer_plan=with_float8(decided, stored_float8(model, kept), ""))
+                prep = prepare_model(model, plan, layer_plan=with_float8(decided, stored_float8(model, kept), ""))
                 origin = "the checkpoint's layer plan"
             else:
                 if x is None and measure is not False:
                     x = _first_x(source, batch_size)
                 inputs = model_inputs(model, x) if x is not None else None
                 wanted = measure if inputs is not None else (False if measure is False else None)
-                with _unsaid_dtype():
-                    prep = prepare_model(model, plan, inputs=inputs, measure_float32=wanted)
+                prep = prepare_model(model, plan, inputs=inputs, measure_float32=wanted)
                 origin = ""
         except TypeError as exc:  # a Keras whose layers take no new dtype policy
             logger.warning(f"{name}: the layer plan could not be applied ({exc}); it trains in the plan's policy.")
@@ -281,8 +279,9 @@ class TrainedModels:
         prepared, self.to_prepare = self.to_prepare, []
         if not prepared:
             return
-        self.layer_plans.update(prepare_models(prepared, self.plan, source, batch_size=self.batch_size,
-                                               stored=self.stored, say=self.is_chief, measure=self.measure))
+        with _unsaid_dtype():
+            self.layer_plans.update(prepare_models(prepared, self.plan, source, batch_size=self.batch_size,
+                                                   stored=self.stored, say=self.is_chief, measure=self.measure))
         if self.is_chief:
             self.say_dtype(prepared)
         if self.store and self.layer_plans:

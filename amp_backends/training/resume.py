@@ -268,9 +268,9 @@ class Checkpointing:
                                    "run was expected, check checkpoint_dir for a typo).")
                 store.ready_to_save()
             yield self.position.now()
-            # a final save, also at a step saved before the epoch ended there (the epoch's end recorded, the position
-            # moved on: a resume does not end that epoch a second time)
-            if store and (store.last_saved_step != self.position.step or self.saved_at != self.position.now()):
+            # a final save unless the last was of this very position (a save at this step before the epoch ended
+            # there is not: the epoch's end recorded, the position moved on, a resume does not end it a second time)
+            if store and self.saved_at != self.position.now():
                 self.save()
 
     def until_stopped(self, loop: Callable[[], None]) -> None:

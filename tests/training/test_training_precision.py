@@ -132,7 +132,8 @@ def test_the_gan_checks_both_models_and_gives_the_images_to_neither_generator(mo
 
 
 def test_warnings_of_the_check_are_logged_as_warnings_and_raised_as_amp_warnings(monkeypatch, caplog):
-    finding = SimpleNamespace(severity="warning", what="Dense width 10 is not a multiple of 8", fix="use 16")
+    finding = SimpleNamespace(severity="warning", code="tensor-core-shape",
+                              what="Dense width 10 is not a multiple of 8", fix="use 16")
     monkeypatch.setattr(model_check, "check_model", Recorder(findings=[finding]))
     caplog.set_level(logging.INFO, logger="amp_backends.train")
     with pytest.warns(AmpWarning, match="not a multiple of 8"):
