@@ -18,7 +18,7 @@ trainer = Trainer(classifier_updates(model, opt), plan, batch_size=16, strategy=
                   check_models=False, metrics=["accuracy"], seed=0, keep_best="val_accuracy",
                   checkpoint_dir=sys.argv[1])
 result = trainer.fit(x, y, epochs=2, validation_data=(xv, yv))
-print(json.dumps({
+print("RESULT", json.dumps({
     "worker": trainer.worker,
     "one_device": validation_case.one_device(model, xv, yv),
     "last_epoch": validation_case.validation_values(result),
