@@ -112,7 +112,7 @@ def _old_module(old: str) -> Any:
         return None
 
     def forward(attr: str) -> Any:
-        import warnings
+        from .errors import warn
 
         real = "Measurement" if (old, attr) == ("policy_choice", "PolicyChoice") else attr  # its earlier name
         new = moved_to(real)
@@ -121,8 +121,8 @@ def _old_module(old: str) -> Any:
                 f": {name} is now the audit function; the audit's package is {__name__}.auditing, its vendor parts "
                 "are in the backends" if audit else f" ({name} moved into {__name__}.autotune)"))
         now = f"{name} is now the audit function itself, and " if audit else ""
-        warnings.warn(f"the module path {name} is deprecated: import {real} from {new} (from {new} import {real}); "
-                      f"{now}the old path goes in the next release", DeprecationWarning, stacklevel=2)
+        warn(f"the module path {name} is deprecated: import {real} from {new} (from {new} import {real}); "
+             f"{now}the old path goes in the next release", DeprecationWarning)
         return getattr(importlib.import_module(new), real)
 
     vars(module).update(__getattr__=forward, __all__=sorted(where) if audit else [],
@@ -157,10 +157,10 @@ def __getattr__(name: str) -> Any:
     if module is None and name in _OLD_PATHS:  # ``amp_backends.timing`` as an attribute: the old path's module
         return _old_module(name)
     if module is None and name in _MOVED:
-        import warnings
+        from .errors import warn
 
-        warnings.warn(f"amp_backends.{name} moved to {_MOVED[name]}.{name}; the old name goes in the next release",
-                      DeprecationWarning, stacklevel=2)
+        warn(f"amp_backends.{name} moved to {_MOVED[name]}.{name}; the old name goes in the next release",
+             DeprecationWarning)
         return getattr(importlib.import_module(_MOVED[name]), name)
     if module is None:
         authors = importlib.import_module(".backend_api", __name__).__all__ if not name.startswith("_") else ()

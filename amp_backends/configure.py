@@ -12,7 +12,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .errors import AmpConfigError, AmpWarning
+from .errors import AmpConfigError, AmpWarning, warn
 from .hardware import Hardware
 from .keras_compat import KerasInfo, keras_info
 from .plan import Plan
@@ -103,7 +103,7 @@ def plan_for(hardware: Hardware | None = None, *, device: str | None = None, reg
     hardware = hardware or _probe(registry, use_tensorflow=False)
     plan = make_plan(hardware, request, registry, keras if keras is not None else keras_info(), tensorflow_version())
     for w in plan.warnings:
-        warnings.warn(w, AmpWarning, stacklevel=2)
+        warn(w)
     return plan
 
 
@@ -242,7 +242,7 @@ def auto_configure(*, backend: str | None = None, policy: str | None = None, xla
                              "layers built before keep the old one")
             _state.request, _state.registry, _state.plan = request, registry, plan
     for w in plan.warnings:
-        warnings.warn(w, AmpWarning, stacklevel=2)
+        warn(w)
     if verbose:
         ensure_visible_logging()
         logger.info(plan.summary() + (f" [{'; '.join(notes)}]" if notes else ""))

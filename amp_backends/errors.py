@@ -15,7 +15,9 @@ import os
 import re
 import signal
 import sys
-from types import TracebackType
+import sysconfig
+import warnings
+from types import FrameType, TracebackType
 
 __all__ = ["AmpConfigError", "AmpError", "AmpWarning", "BackendError", "CheckpointError", "CheckpointMismatchError",
            "ClusterConfigError", "DataUnavailableError", "DistributedFailure", "FactoryError", "InputError",
@@ -165,6 +167,44 @@ def _end_by_the_signal_when_uncaught() -> None:
 
 class AmpWarning(UserWarning):
     """Emitted when a request is downgraded, or honoured although it is known to be slow."""
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_STDLIB = ("<frozen ", os.path.join(sysconfig.get_paths()["stdlib"], ""))  # (runpy, threading: no user's line)
+_LIBRARIES = frozenset({"amp_backends", "keras", "tensorflow", "tf_keras", "intel_extension_for_tensorflow",
+                        "contextlib", "functools", "typer", "click"})  # (the last two: the command line's)
+
+
+def _imports(frame: FrameType) -> bool:
+    return "importlib" in frame.f_code.co_filename and "_bootstrap" in frame.f_code.co_filename
+
+
+def _in_stdlib(frame: FrameType) -> bool:
+    path = frame.f_code.co_filename
+    return path.startswith(_STDLIB) and "site-packages" not in path and "dist-packages" not in path
+
+
+def warn(message: str, category: type[Warning] = AmpWarning) -> None:
+    """Emit ``message`` as a warning of ``category`` at the user's line, not the library's.
+
+    The line is the first caller outside amp_backends, its backends, Keras and TensorFlow (a ``Trainer.fit`` call,
+    a ``model.fit`` whose callback warned): Python's filters (``module=``, once per location) and its
+    ``file:line: category: message`` then name the user's code. Where there is no such caller (the command line,
+    an example run as ``python -m``, a thread the library started), the warning names the line that called this
+    function.
+
+    Args:
+        message: The warning's text: what was asked, what is done instead and why.
+        category: The warning's class (`AmpWarning`; ``DeprecationWarning`` or ``FutureWarning`` for a renamed name).
+    """
+    frame: FrameType | None = sys._getframe(1)
+    level = 2
+    while frame is not None and (_imports(frame) or frame.f_code.co_filename.startswith(_PACKAGE_DIR)
+                                 or frame.f_globals.get("__name__", "").partition(".")[0] in _LIBRARIES):
+        frame = frame.f_back
+        level += frame is not None and not _imports(frame)  # (warnings counts no frame of the import system)
+    outside = frame is not None and not _in_stdlib(frame)
+    warnings.warn(message, category, stacklevel=level if outside else 2)
 
 
 # ------------------------------------------------------------------------ TensorFlow's errors, read

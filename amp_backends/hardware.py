@@ -4,11 +4,10 @@ from them alone, so every rule can be exercised with fake hardware."""
 from __future__ import annotations
 
 import re
-import warnings
 from dataclasses import asdict, dataclass, is_dataclass, replace
 from typing import Any
 
-from .errors import AmpConfigError
+from .errors import AmpConfigError, warn
 from .microarch import microarchitecture
 
 # Capability names used in ``Accelerator.capabilities`` and ``CpuInfo`` derivations.
@@ -65,9 +64,9 @@ class _Facts:
     @property
     def compute_capability(self) -> tuple[int, int] | None:
         """Deprecated: the NVIDIA backend's ``compute_capability(device)`` reads it from the facts."""
-        warnings.warn(f"{type(self).__name__}.compute_capability is deprecated: the compute capability is one of the "
-                      "NVIDIA backend's device facts; read it with amp_backends.backends.nvidia.compute_capability("
-                      "device)", DeprecationWarning, stacklevel=2)
+        warn(f"{type(self).__name__}.compute_capability is deprecated: the compute capability is one of the "
+             "NVIDIA backend's device facts; read it with amp_backends.backends.nvidia.compute_capability("
+             "device)", DeprecationWarning)
         value = self.fact(SCHEMA_FACT_KEYS[0])
         return (int(value.split(".")[0]), int(value.split(".")[1])) if value else None
 
@@ -82,9 +81,9 @@ def _given_facts(value: Any, owner: str) -> tuple[DeviceFact, ...]:
         raise AmpConfigError(f"{owner}'s facts must be a tuple of DeviceFact. Received: {value!r}. Fix: state the "
                              "vendor's facts as DeviceFact(key, value, text) values (an NVIDIA GPU's compute "
                              "capability: capability_facts(cc) of amp_backends.backends.nvidia).")
-    warnings.warn(f"{owner}(): the argument after the {'kind' if owner == 'Accelerator' else 'device name'} is the "
-                  f"device's facts (a tuple of DeviceFact), not its compute capability ({value!r}); build NVIDIA "
-                  "devices with the NVIDIA backend's capability_facts(cc)", DeprecationWarning, stacklevel=4)
+    warn(f"{owner}(): the argument after the {'kind' if owner == 'Accelerator' else 'device name'} is the "
+         f"device's facts (a tuple of DeviceFact), not its compute capability ({value!r}); build NVIDIA "
+         "devices with the NVIDIA backend's capability_facts(cc)", DeprecationWarning)
     if value is None:
         return ()
     major, minor = value
@@ -131,8 +130,8 @@ class Accelerator(_Facts):
     @property
     def cc_str(self) -> str:
         """Deprecated: the compute capability as text (``"9.0"``, ``"-"`` where unknown); ``device.fact(key)``."""
-        warnings.warn("Accelerator.cc_str is deprecated: the compute capability is one of the NVIDIA backend's "
-                      "device facts; read it with device.fact('compute_capability')", DeprecationWarning, stacklevel=2)
+        warn("Accelerator.cc_str is deprecated: the compute capability is one of the NVIDIA backend's "
+             "device facts; read it with device.fact('compute_capability')", DeprecationWarning)
         return self.fact(SCHEMA_FACT_KEYS[0]) or "-"
 
     def to_dict(self) -> dict[str, Any]:

@@ -14,12 +14,11 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .errors import AmpConfigError, AmpError, AmpWarning
+from .errors import AmpConfigError, AmpError, warn
 from .request import LossScale
 from .software import installed_version, minor_version, tensorflow_version
 
@@ -376,12 +375,11 @@ def wrap_optimizer(optimizer: Any, loss_scale: LossScale, compute_dtype: str) ->
                    dynamic_growth_steps=loss_scale.growth_interval)
     if loss_scale.mode == "fixed":
         if compute_dtype == "float16":
-            warnings.warn(
+            warn(
                 f"loss_scale={loss_scale} in Keras fit: the loss is multiplied and the gradients divided by the fixed "
                 "scale, but a step whose scaled gradients overflow is applied, not skipped (neither Keras 3's "
                 "loss_scale_factor nor Keras 2's LossScaleOptimizer(dynamic=False) skips it): inf/NaN would reach "
-                "the weights. Use dynamic loss scaling, or amp_backends' Trainer, which skips such steps.",
-                AmpWarning, stacklevel=3)
+                "the weights. Use dynamic loss scaling, or amp_backends' Trainer, which skips such steps.")
         if keras3:
             optimizer.loss_scale_factor = loss_scale.initial
             return optimizer

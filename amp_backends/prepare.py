@@ -12,14 +12,13 @@ does to its models. With Keras ``fit``::
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import layer_plan as lp
 from .autotune import layers
 from .autotune.layer_choice import Measurement, remember
-from .errors import AmpConfigError, AmpWarning
+from .errors import AmpConfigError, warn
 from .fp8 import float8_decisions
 
 if TYPE_CHECKING:
@@ -170,12 +169,11 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
     decided = lp.with_float8(lp.decide(model, plan, use_cache=measure_float32 is not False), f8_layers, f8_note)
     applied = reset + lp.apply(model, decided)
     if dtype := lp.built_in_other_dtype(model, plan, decided):  # (after reset_policies, never)
-        warnings.warn(f"The model {getattr(model, 'name', '?')!r} computes in {dtype} under the plan's {plan.policy}: "
-                      "it was built before auto_configure() set the dtype policy, or saved under another plan (a "
-                      "Keras policy applies to the layers created after it), so it trains without the plan's "
-                      "precision and its head is left as it is. Fix: build it after auto_configure(), or "
-                      "prepare_model(model, plan, reset_policies=True) to give its layers the plan's policy.",
-                      AmpWarning, stacklevel=2)
+        warn(f"The model {getattr(model, 'name', '?')!r} computes in {dtype} under the plan's {plan.policy}: "
+             "it was built before auto_configure() set the dtype policy, or saved under another plan (a "
+             "Keras policy applies to the layers created after it), so it trains without the plan's "
+             "precision and its head is left as it is. Fix: build it after auto_configure(), or "
+             "prepare_model(model, plan, reset_policies=True) to give its layers the plan's policy.")
     note = ""
     if decided.measurement is None and (measure_float32 or (measure_float32 is None
                                                            and lp.worth_measuring(model, plan))):

@@ -12,13 +12,12 @@ import contextvars
 import difflib
 import numbers
 import os
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .assessment import POLICIES
-from .errors import AmpConfigError, AmpWarning
+from .errors import AmpConfigError, warn
 from .layer_names import corrected, describe_unknown, unknown_layers
 from .loss_scale import DEFAULT_GROWTH_INTERVAL, DEFAULT_INITIAL_SCALE, FLOAT32_MAX, LossScale  # noqa: F401  (re-exported)
 
@@ -396,15 +395,13 @@ def build_request(known_backends: Iterable[str], environ: Mapping[str, str] | No
     known_vars = [*ENV_VARS.values(), *RENAMED_ENV_VARS.values()]
     for variable in (k for k in env if k.upper().startswith("AMP_") and k not in known_vars):  # a typo, another case
         for meant in difflib.get_close_matches(variable.upper(), known_vars, n=1, cutoff=0.85):
-            warnings.warn(f"{variable} is set, but amp_backends reads no variable of that name, so it was ignored; "
-                          f"{meant} is the nearest one. Fix: rename it {meant} (or unset it).", AmpWarning,
-                          stacklevel=3)
+            warn(f"{variable} is set, but amp_backends reads no variable of that name, so it was ignored; "
+                 f"{meant} is the nearest one. Fix: rename it {meant} (or unset it).")
     for old, new in RENAMED.items():
         if (old_given := given(old)) is None:
             continue
         by_argument = old_given[1] != "env"
-        warnings.warn(renamed_message(old, old_given[1]), DeprecationWarning if by_argument else FutureWarning,
-                      stacklevel=3)
+        warn(renamed_message(old, old_given[1]), DeprecationWarning if by_argument else FutureWarning)
         if new not in raw or (raw[new][1] == "env" and by_argument):
             raw[new] = old_given
 

@@ -402,3 +402,15 @@ def test_the_core_raises_its_own_errors_not_bare_builtins():
             if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
             and getattr(node.exc.func, "id", None) in ("ValueError", "TypeError", "Exception")]
     assert not bare, f"raise the errors of amp_backends.errors (AmpConfigError: a ValueError and a TypeError): {bare}"
+
+
+def test_the_library_warns_through_one_function():
+    """`amp_backends.errors.warn` names the user's line; ``warnings.warn`` with a fixed ``stacklevel`` named the
+    library's own lines (``trainer.py:178``) wherever a call passed through one more frame than it counted."""
+    roots = {Path(amp_backends.__file__).parent, Path(amp_backends.backends.__file__).parent}
+    direct = [f"{path.relative_to(path.parents[1])}:{node.lineno}"
+              for path in {p for root in roots for p in root.rglob("*.py")} if path.name != "errors.py"
+              for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "warn"
+              and getattr(node.func.value, "id", None) == "warnings"]
+    assert not direct, f"warn with amp_backends.errors.warn(message, category): {direct}"

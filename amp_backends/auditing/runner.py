@@ -16,7 +16,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import AmpConfigError, FactoryError, ModelCallError, TrainingInterrupted
+from ..errors import AmpConfigError, FactoryError, ModelCallError, TrainingInterrupted, warn
 from ..kernel_audit import Capture
 from .build import from_reading, not_measured
 from .child import BEGIN, END
@@ -27,8 +27,6 @@ def overrides_env(plan: Any = None, **overrides: Any) -> dict[str, str]:
     """The ``AMP_*`` variables that make the child plan as ``plan`` says (its backend, policy, XLA, TF32, graph
     rewrite and float8) and as ``overrides`` say; an old option name (``itex_amp``) warns and counts as its new
     one."""
-    import warnings
-
     from ..request import ENV_VARS, RENAMED, renamed_message
 
     env: dict[str, str] = {}
@@ -41,7 +39,7 @@ def overrides_env(plan: Any = None, **overrides: Any) -> dict[str, str]:
         if value is None or value is False:
             continue
         if name in RENAMED:
-            warnings.warn(renamed_message(name), DeprecationWarning, stacklevel=3)  # audit() -> here
+            warn(renamed_message(name), DeprecationWarning)  # audit() -> here
             name = RENAMED[name]
         if name not in ENV_VARS:
             raise AmpConfigError(f"audit() got the unknown plan override {name}={value!r}: expected one of "

@@ -10,7 +10,6 @@ import functools
 import inspect
 import math
 import shlex
-import warnings
 from collections.abc import Callable
 from typing import Any, NoReturn, Optional
 
@@ -18,7 +17,7 @@ import typer
 
 from ..tf_import import exit_quickly
 from ..request import OPTIONS, RENAMED, keywords_as_options, option_help, overrides_given, renamed_message
-from ..errors import AmpConfigError
+from ..errors import AmpConfigError, warn
 
 CONTEXT = {"max_content_width": 120, "help_option_names": ["-h", "--help"]}
 OVERRIDES = "overrides"  # the parameter of a command that receives the plan overrides given, as one dict
@@ -96,7 +95,7 @@ def with_overrides(*, exclude: tuple[str, ...] = ()) -> Callable[[Callable[..., 
             for old, new in renamed.items():
                 value = parsed.pop(old)
                 if value is not None:
-                    warnings.warn(renamed_message(old, "option"), FutureWarning, stacklevel=2)
+                    warn(renamed_message(old, "option"), FutureWarning)
                     parsed[new] = parsed[new] if parsed[new] is not None else value
             given = overrides_given({o.name: parsed.pop(o.name) for o in options})
             with keywords_as_options(given):  # an invalid value is named as its flag

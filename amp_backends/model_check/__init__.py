@@ -60,11 +60,11 @@ def _old_module() -> Any:
     def forward(attr: str) -> Any:
         if attr not in checker.__all__:
             raise AttributeError(f"module {name!r} has no attribute {attr!r} ({name} is now {target})")
-        import warnings
+        from ..errors import warn
 
         public = f"{__name__}.{attr}" if attr in __all__ else f"{target}.{attr}"
-        warnings.warn(f"the module path {name} is deprecated: use {public} ({name} was renamed {target}); "
-                      "the old path goes in the next release", DeprecationWarning, stacklevel=2)
+        warn(f"the module path {name} is deprecated: use {public} ({name} was renamed {target}); "
+             "the old path goes in the next release", DeprecationWarning)
         return getattr(checker, attr)
 
     vars(module).update(__getattr__=forward, __all__=[], __spec__=importlib.machinery.ModuleSpec(name, None))

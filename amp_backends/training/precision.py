@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator, Mapping, Sequence
 
-from ..errors import AmpWarning
+from ..errors import AmpWarning, warn
 from ..layer_plan import FLOAT8, LayerPlan, LayerDecision, apply, built_in_other_dtype, decide, with_float8
 from ..plan import Plan
 from .checkpoints import CheckpointStore
@@ -227,7 +227,7 @@ def _unsaid_dtype() -> Iterator[None]:
 def _warn(line: str, message: str | None = None) -> None:
     """``line`` logged as a warning; ``message`` (default: the line) raised as an `AmpWarning`."""
     logger.warning(line)
-    warnings.warn(message or line, AmpWarning, stacklevel=4)
+    warn(message or line)
 
 
 class TrainedModels:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import warnings
 import weakref
 from typing import Any, Callable, ContextManager, Iterator, Sequence
 
@@ -19,7 +18,7 @@ import numpy as np
 
 import tensorflow as tf
 
-from ..errors import AmpConfigError, AmpWarning, InputError, xla_compile_failure
+from ..errors import AmpConfigError, InputError, warn, xla_compile_failure
 from . import metrics as metric_lib
 from .metrics import Every, Monitor, masked_weights, parse_every, reset, results
 from .observers import Observer
@@ -410,4 +409,4 @@ def check_probabilities(model: Any, x: Any, loss_name: str) -> None:
                 "loss it trains on means nothing. Fix: give the loss from_logits=True (keras.losses.SparseCategorical"
                 "Crossentropy(from_logits=True)), or end the model with activation='softmax' (binary: 'sigmoid').")
         logger.warning(said)
-        warnings.warn(said, AmpWarning, stacklevel=4)
+        warn(said)
