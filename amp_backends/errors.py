@@ -212,6 +212,13 @@ _OUT_OF_TABLE = re.compile(r"indices\[[^\]]*\] = (-?\d+) is not in \[0, (\d+)\)"
 _NODE = re.compile(r"\{\{node ([^}]+)\}\}")
 
 
+def _batch_at(first_step: int | None, steps: int) -> str:
+    """"The batch of step 7", "A batch of steps 7..9" (a call of several steps), or "A batch" (steps unknown)."""
+    if first_step is None:
+        return "A batch"
+    return f"The batch of step {first_step}" if steps <= 1 else f"A batch of steps {first_step}..{first_step + steps-1}"
+
+
 def lookup_error(message: str, first_step: int | None, steps: int = 1) -> InputError | None:
     """TensorFlow's error ``message`` for a gather past its table (``indices[1,44] = 8192 is not in [0, 8192)``)
     as the data's fault, with the fix: the `InputError` to raise instead (naming the call's ``steps`` from
@@ -222,15 +229,44 @@ def lookup_error(message: str, first_step: int | None, steps: int = 1) -> InputE
     value, size = int(found.group(1)), int(found.group(2))
     node = _NODE.search(message)
     where = f" ({node.group(1).split('/GatherV2')[0]})" if node else ""
-    when = "A batch"
-    if first_step is not None:
-        last = first_step + steps - 1
-        when = f"The batch of step {first_step}" if steps <= 1 else f"A batch of steps {first_step}..{last}"
     return InputError(
-        f"{when} holds the id {value}, outside 0..{size - 1} of a lookup table in the model{where}: a token or "
-        f"category id past an Embedding's vocabulary (input_dim={size}). Expected ids in 0..{size - 1} in every batch. "
-        "Fix: make the tokenizer's vocabulary match the model's (or map unknown ids to "
+        f"{_batch_at(first_step, steps)} holds the id {value}, outside 0..{size - 1} of a lookup table in the model"
+        f"{where}: a token or category id past an Embedding's vocabulary (input_dim={size}). Expected ids in "
+        f"0..{size - 1} in every batch. Fix: make the tokenizer's vocabulary match the model's (or map unknown ids to "
         f"an out-of-vocabulary id in the pipeline), or build the Embedding with input_dim >= {value + 1}.")
+
+
+_TRACE_LINES = ("File ", "<stack traces", "Detected at node", "Graph execution error", "[[{{node")
+_LOOP_SCOPES = {"while", "body", "cond", "then", "else"}
+
+
+def batch_error(message: str, first_step: int | None, steps: int = 1, *, of: str | None = None) -> InputError:
+    """TensorFlow's error ``message`` (an ``InvalidArgumentError``) for a call whose models run but which failed on
+    its batch: the `InputError` to raise instead, naming the batch, what TensorFlow said and where, and the fix.
+
+    Args:
+        message: The error's message, as TensorFlow wrote it (``exc.message``).
+        first_step: The first step of the failing training call (``None`` where not known), or with ``of`` the
+            batch's index.
+        steps: The steps the training call ran.
+        of: What the data was given to (``"evaluate()"``), where the batch is not a training step's.
+
+    Returns:
+        The error to raise in place of TensorFlow's.
+    """
+    lines = [line.strip() for line in message.splitlines()]
+    said = next((line for line in reversed(lines) if line and not line.startswith(_TRACE_LINES)), message.strip())
+    node = _NODE.search(message)
+    path = [p for p in node.group(1).split("/") if p not in _LOOP_SCOPES and not p.startswith("_")] if node else []
+    where = (" in the data pipeline, as the batch was taken" if "IteratorGetNext" in "/".join(path)
+             else f" at {'/'.join(path)}" if path else "")
+    batch = f"Batch {first_step} of the data given to {of}" if of else _batch_at(first_step, steps)
+    return InputError(
+        f"{batch} could not be run: TensorFlow said {said!r}{where}. Expected every batch "
+        "to be like the first: each input as wide as the model takes it, and as many labels (and weights) as "
+        "samples. Fix: find what differs in that batch of the pipeline (a generator's batch of another width, fewer "
+        "labels than samples); a tf.data.Dataset.from_generator whose output_signature has fixed shapes refuses "
+        "such a batch where it is made.")
 
 
 # XLA failing to compile a function, in TensorFlow's words: an op without an XLA kernel (tf2xla), or XLA's GPU

@@ -41,7 +41,8 @@ class LossScale:
                 f"A loss scale must be a positive finite number a float32 holds (up to {FLOAT32_MAX:.4g}), such as "
                 f"1024. Received: {self.initial!r}. Fix: pass a power of two such as 1024 or 32768, or 'dynamic'.")
         if self.growth_interval < 1:
-            raise AmpConfigError(f"growth_interval must be >= 1. Received: growth_interval={self.growth_interval!r}.")
+            raise AmpConfigError(f"growth_interval must be >= 1. Received: growth_interval={self.growth_interval!r}. "
+                                 "Fix: pass the steps between growths of the scale, such as 2000.")
 
     def __str__(self) -> str:
         if self.mode == "fixed":

@@ -154,7 +154,7 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
             raise AmpConfigError(
                 f"prepare_model({name}=...) takes True or False{' or None' if none_too else ''}. "
                 f"Received: {value!r} (of type {type(value).__name__}). Fix: pass {name}=True or False.")
-    unbuilt = (f"prepare_model cannot tell its layers' roles (its classifier head stays in {plan.policy} once built)"
+    unbuilt = (f"prepare_model cannot tell its layers' roles (which to keep in float32 under {plan.policy})"
                if plan.policy != "float32" or plan.fp8 else None)
     require_model(model, "prepare_model()", unbuilt if inputs is None else None)
     if inputs is not None:  # refused before anything changes, as the precision check refuses them; they build

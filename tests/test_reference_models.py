@@ -321,6 +321,8 @@ def test_two_heads_with_one_keras_loss_is_refused_with_the_fix(zoo_models):
     model = zoo_models.fresh("two_heads", plan.policy)
     with pytest.raises(amp_backends.errors.AmpConfigError, match=r"2 outputs.*Fix: give loss= a function"):
         amp_backends.classifier_updates(model, K.optimizers.Adam())  # was: AttributeError inside the traced step
+    with pytest.raises(amp_backends.errors.AmpConfigError, match=r"2 outputs.*Fix: give loss= a function"):
+        amp_backends.classifier_updates(model, K.optimizers.Adam(), K.losses.sparse_categorical_crossentropy)  # too
     with pytest.raises(TypeError, match="several outputs"):
         amp_backends.classifier_updates(model, K.optimizers.Adam(), entry("two_heads").loss())  # compile's dict
     # the fix as said: one function over both outputs

@@ -59,9 +59,9 @@ def require_model(model: Any, caller: str, unbuilt: str | None = None) -> None:
             "Fix: pass the model itself (for a layer, wrap it: keras.Sequential([keras.Input(shape), layer])).")
     if unbuilt and not model.built:
         raise AmpConfigError(
-            f"The model {model.name!r} is not built, so {unbuilt}. Expected a built model. Fix: build it with "
-            "keras.Input(...) (functional or Sequential), or call model.build(input_shape) or the model itself on a "
-            "batch first.")
+            f"The model {model.name!r} is not built, so {unbuilt}. Expected a built model. Fix: give a few samples to "
+            f"build it on, {caller[:-2]}(model, ..., inputs=x[:32]) (as a subclassed model is built by its first "
+            "call), or build it with keras.Input(...) (functional or Sequential) or model.build(input_shape).")
 
 
 def built_by_inputs(model: Any, inputs: Any, caller: str, unbuilt: str) -> Any:

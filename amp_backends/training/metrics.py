@@ -111,7 +111,8 @@ def _one(spec: Any, binary: bool, replicas: int, own: bool) -> Any:
     if callable(spec):
         return tf.keras.metrics.MeanMetricWrapper(spec, name=getattr(spec, "__name__", "metric"))
     raise AmpConfigError(f"metrics must be a list of Keras metric names, keras.metrics.Metric objects or functions "
-                         f"(y_true, y_pred) -> values. Received: {spec!r} (of type {type(spec).__name__}).")
+                         f"(y_true, y_pred) -> values. Received: {spec!r} (of type {type(spec).__name__}). Fix: "
+                         "pass such as metrics=['accuracy'] or metrics=[keras.metrics.AUC()].")
 
 
 def build_metrics(specs: Sequence[Any] | None, *, binary: bool, strategy: Any, own: bool = False) -> list[Any]:
@@ -120,7 +121,8 @@ def build_metrics(specs: Sequence[Any] | None, *, binary: bool, strategy: Any, o
     if specs is None:
         return []
     if isinstance(specs, (str, tf.keras.metrics.Metric)) or not isinstance(specs, (list, tuple)):
-        raise AmpConfigError(f"metrics must be a list, such as metrics=['accuracy']. Received: {specs!r}.")
+        raise AmpConfigError(f"metrics must be a list, such as metrics=['accuracy']. Received: {specs!r}. Fix: put "
+                             f"it in a list: metrics=[{specs!r}].")
     replicas = int(strategy.num_replicas_in_sync)
     with strategy.scope():
         out = [_one(s, binary, replicas, own) for s in specs]
@@ -175,7 +177,8 @@ def parse_every(value: Any) -> Every:
         unit = match.group(2)
         return Every(int(match.group(1)), unit if unit.endswith("s") else unit + "s")
     raise AmpConfigError(f"validation_every must be a number of epochs (an integer >= 1) or a string such as "
-                         f"'2 epochs' or '500 steps'. Received: {value!r}.")
+                         f"'2 epochs' or '500 steps'. Received: {value!r}. Fix: pass such as validation_every=1 "
+                         "(each epoch) or validation_every='500 steps'.")
 
 
 class Monitor(Observer):
@@ -187,16 +190,17 @@ class Monitor(Observer):
         self.metric_names = list(metric_names)
         if patience is not None and (not isinstance(patience, int) or isinstance(patience, bool) or patience < 1):
             raise AmpConfigError(f"patience must be an integer >= 1 (values without improvement before training stops) "
-                                 f"or None. Received: {patience!r}.")
+                                 f"or None. Received: {patience!r}. Fix: pass a whole number, such as patience=3.")
         if not isinstance(min_delta, (int, float)) or min_delta < 0:
-            raise AmpConfigError(f"min_delta must be a number >= 0. Received: {min_delta!r}.")
+            raise AmpConfigError(f"min_delta must be a number >= 0. Received: {min_delta!r}. Fix: pass such as "
+                                 "min_delta=0.001 (the least change that counts as better), or leave it out (0).")
         if not (keep_best is None or isinstance(keep_best, (bool, str))) or keep_best == "":
             raise AmpConfigError(f"keep_best must be the name of a logged value to keep the best checkpoint by, such "
                                  f"as 'val_accuracy' or 'val_loss', or True (by monitor=, else 'val_loss'). Received: "
-                                 f"{keep_best!r}.")
+                                 f"{keep_best!r}. Fix: pass such as keep_best='val_loss', or leave it out.")
         if monitor is not None and (not isinstance(monitor, str) or not monitor):
             raise AmpConfigError(f"monitor must be the name of a logged value, such as 'val_loss'. Received: "
-                                 f"{monitor!r}.")
+                                 f"{monitor!r}. Fix: pass such as monitor='val_accuracy', or leave it out.")
         if isinstance(keep_best, str) and monitor is not None and keep_best != monitor:
             raise AmpConfigError(f"keep_best={keep_best!r} and monitor={monitor!r} name two values; one is monitored. "
                                  "Fix: give one of them (keep_best=True with monitor=..., or keep_best=<name>).")
@@ -206,7 +210,8 @@ class Monitor(Observer):
         self.monitor: str | None = watched
         self.keep_best = bool(keep_best)
         if mode not in ("auto", "min", "max"):
-            raise AmpConfigError(f"mode must be 'auto', 'min' or 'max'. Received: {mode!r}.")
+            raise AmpConfigError(f"mode must be 'auto', 'min' or 'max'. Received: {mode!r}. Fix: pass one of them "
+                                 "('auto': 'max' for accuracies and the like, else 'min').")
         if mode == "auto":
             mode = "max" if any(k in (watched or "").lower() for k in MAXIMISED) else "min"
         self.mode = mode

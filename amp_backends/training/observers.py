@@ -344,7 +344,8 @@ class ThroughputLogger(tf.keras.callbacks.Callback):
     def __init__(self, batch_size: int, log_every: int = 1, images_per_step: int | None = None) -> None:
         super().__init__()
         if not isinstance(batch_size, int) or batch_size < 1:
-            raise AmpConfigError(f"batch_size must be a positive integer. Received: {batch_size!r}.")
+            raise AmpConfigError(f"batch_size must be a positive integer. Received: {batch_size!r}. Fix: pass the "
+                                 "training's batch size, such as 32.")
         self.batch_size, self.images = batch_size, images_per_step or batch_size
         self.log_every = log_every
         self.throughputs: list[float] = []

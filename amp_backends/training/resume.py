@@ -17,12 +17,12 @@ import signal
 import threading
 from collections.abc import Mapping, Sequence
 from types import FrameType
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, ContextManager, Iterator
 
 import numpy as np
 import tensorflow as tf
 
-from ..errors import CheckpointMismatchError, TrainingInterrupted
+from ..errors import CheckpointMismatchError, TrainingInterrupted, warn
 from ..keras_compat import keras_info
 from ..plan import Plan
 from .checkpoints import CheckpointStore, Restored, checkpoint_paths, read_signature
@@ -137,7 +137,7 @@ def learning_rates(updates: Sequence[Update]) -> dict[str, float]:
 # ------------------------------------------------------------------------------------ the trainer's checkpoints
 class Checkpointing:
     """A trainer's checkpoints (``store``: its `CheckpointStore`, or ``None``), saves (with the other workers:
-    `together`), resume (`restore`) and stops on Ctrl-C or SIGTERM (`until_stopped`); ``every``:
+    `together`), resume (`restore`) and stops on Ctrl-C or SIGTERM (`fitting`); ``every``:
     ``checkpoint_every``."""
 
     def __init__(self, directory: str | None, *, objects: Mapping[str, Any] | None, keep: int, every: int | None,
@@ -148,7 +148,7 @@ class Checkpointing:
         self.plan_headline, self.validation = str(plan.headline), validation
         self.strategy, self.is_chief, self.worker = strategy, is_chief, worker  # (the trainer's: `distribute`)
         self.agree = StopAgreement(strategy)  # every worker stops after the same call
-        self.signals = StopSignals()  # `until_stopped`'s; ``stopped``: the signal every worker stops on
+        self.signals = StopSignals()  # `fitting`'s; ``stopped``: the signal every worker stops on
         self.stopped: int | None = None
         self.saved_at: At | None = None  # the position of the last save (an epoch's end moves on at the same step)
         self.store = self._store(directory, objects, keep, trained) if directory else None
@@ -163,6 +163,8 @@ class Checkpointing:
         models = [m for m in (objects or {}).values() if hasattr(m, "layers")]
         every = [*(v for u in updates for v in [*u.variables, *u.state]), *(v for m in models for v in m.variables)]
         weights = [v for v in {id(v): v for v in every}.values() if tf.as_dtype(v.dtype).is_floating]
+        if objects:
+            _say_what_objects_leave_out(objects, updates)
         objects = dict(objects) if objects else {
             **{f"{u.name}_{i}_{part}": obj for u in updates for i, (vs, opt) in enumerate(u.groups)
                for part, obj in (("variables", list(vs)), ("optimizer", opt))},
@@ -257,9 +259,10 @@ class Checkpointing:
     def fitting(self, resume: bool, models: TrainedModels, stream: Any = None) -> Iterator[At]:
         """A ``fit`` from where the run stands (yielded), holding the folder's lock (`runs.holding`): a new run refuses
         another's checkpoints, ``resume`` restores (`restore`; ``stream``: from a ``tf.data`` pipeline); the folder is
-        made ready for saves; a final save."""
-        store = self.store
-        with holding(store.directory if store and self.is_chief else None):  # one run at a time there
+        made ready for saves; a final save. From its start (the set-up too), a first Ctrl-C or SIGTERM asks the fit
+        to stop at the next call boundary (`stop_agreed`); then every worker saves there and `interrupted` raises."""
+        store, self.stopped = self.store, None
+        with holding(store.directory if store and self.is_chief else None), StopSignals() as self.signals:
             if store is not None:
                 if not resume:
                     store.ensure_fresh()
@@ -268,21 +271,15 @@ class Checkpointing:
                                    "run was expected, check checkpoint_dir for a typo).")
                 store.ready_to_save()
             yield self.position.now()
+            if self.stopped is not None:  # every worker stopped at this call boundary: save together, say where
+                self.interrupted(self.stopped)
             # a final save unless the last was of this very position (a save at this step before the epoch ended
             # there is not: the epoch's end recorded, the position moved on, a resume does not end it a second time)
             if store and self.saved_at != self.position.now():
                 self.save()
 
-    def until_stopped(self, loop: Callable[[], None]) -> None:
-        """``loop()``, a first Ctrl-C or SIGTERM asking it to stop at a call boundary (`stop_agreed`): `interrupted`."""
-        self.stopped = None
-        with StopSignals() as self.signals:
-            loop()
-            if self.stopped is not None:  # every worker stopped here: save together, say where
-                self.interrupted(self.stopped)
-
     def stop_requested(self) -> bool:
-        """Whether a Ctrl-C or SIGTERM asked this worker to stop (inside `until_stopped`)."""
+        """Whether a Ctrl-C or SIGTERM asked this worker to stop (inside `fitting`)."""
         return self.signals.signum is not None
 
     def stop_agreed(self) -> bool:
@@ -303,6 +300,24 @@ class Checkpointing:
         if self.is_chief:
             logger.warning(message)
         raise TrainingInterrupted(signum, step, path, message)
+
+
+def _say_what_objects_leave_out(objects: Mapping[str, Any], updates: Sequence[Update]) -> None:
+    """An `AmpWarning` for each update's optimizer or weights that ``checkpoint_objects`` cannot reach: a resume
+    would restart them (an optimizer's moments and step count) without a word."""
+    root = tf.train.Checkpoint(**objects)  # (the view holds it weakly)
+    held = {id(t) for t in tf.train.TrackableView(root).descendants()}
+    for u in updates:
+        for i, (variables, optimizer) in enumerate(u.groups):
+            left = ([f"the optimizer ({type(optimizer).__name__})"] if id(optimizer) not in held else []) + (
+                ["weights it trains"] if any(id(v) not in held for v in variables) else [])
+            if left:
+                group = f" (group {i})" if len(u.groups) > 1 else ""
+                warn(f"checkpoint_objects leaves out {' and '.join(left)} of the update {u.name!r}{group}: its "
+                     "checkpoints would not hold them, and a resume would start them anew (an optimizer's moments "
+                     "and step count). Fix: add them to checkpoint_objects, e.g. {'model': model, 'optimizer': "
+                     "optimizer}, or leave checkpoint_objects out: by default checkpoints hold every update's weights "
+                     "and optimizer.")
 
 
 # ------------------------------------------------------------------------------------ the random layers' state

@@ -395,7 +395,7 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
         AmpConfigError: ``seed`` is not a non-negative integer.
     """
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise AmpConfigError(f"seed must be a non-negative integer. Received: {seed!r}.")
+        raise AmpConfigError(f"seed must be a non-negative integer. Received: {seed!r}. Fix: pass such as seed=0.")
     import tensorflow as tf
 
     tf.keras.utils.set_random_seed(seed)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import tensorflow as tf
 
-from ..errors import AmpConfigError, AmpError, InputError, lookup_error
+from ..errors import AmpConfigError, AmpError, InputError, batch_error, lookup_error
 from ..keras_compat import build_optimizer, user_code
 from .loss_scaling import LossScaler, apply_groups
 from .runs import Position
@@ -157,20 +157,20 @@ class StepProgram:
 
     @contextlib.contextmanager
     def own_errors(self, first_step: int | None = None, steps: int = 1) -> Iterator[None]:
-        """Around a call (of ``steps`` steps from ``first_step``): the library's own error raised while tracing it
-        comes out as itself, not wrapped by TensorFlow; an id past a lookup's table as `InputError` with the fix; any
-        other error as what `diagnose` finds, where it finds the model cannot run on the batches."""
+        """Around a call (``steps`` steps from ``first_step``): the library's error raised while tracing comes out as
+        itself; TensorFlow's as `lookup_error`, `diagnose` (the model cannot run the batches) or `batch_error` says."""
         self._trace_error = None
         try:
             yield
         except Exception as exc:
             error: Exception | None = self._trace_error
             self._trace_error = None
-            if error is None and isinstance(exc, tf.errors.InvalidArgumentError):
-                error = lookup_error(str(exc.message), first_step, steps)
+            invalid = str(exc.message) if isinstance(exc, tf.errors.InvalidArgumentError) else None
+            error = error or (lookup_error(invalid, first_step, steps) if invalid is not None else None)
             if error is None and self.diagnose is not None and not isinstance(exc, AmpError) and (
                     type(exc) in (ValueError, TypeError, tf.errors.InvalidArgumentError)):  # (not OOM, not a peer)
                 error = self.diagnose()
+            error = error or (batch_error(invalid, first_step, steps) if invalid is not None else None)
             if error is not None:
                 raise error from None
             raise

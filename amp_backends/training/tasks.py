@@ -80,8 +80,10 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
     _check_parts([model], [optimizer])
     per_example, sparse = _per_example(loss)
     outputs = getattr(model, "outputs", None) or []
-    if len(outputs) > 1 and (loss is None or isinstance(loss, (str, tf.keras.losses.Loss))):
-        one = loss or "the default sparse categorical cross-entropy"
+    keras_loss = loss is None or isinstance(loss, (str, tf.keras.losses.Loss)) or getattr(
+        loss, "__module__", "").partition(".")[0] in ("keras", "tf_keras")  # (a function of keras.losses too)
+    if len(outputs) > 1 and keras_loss:
+        one = getattr(loss, "__name__", None) or loss or "the default sparse categorical cross-entropy"
         raise AmpConfigError(
             f"The model {model.name!r} has {len(outputs)} outputs, and one Keras loss ({one}) takes one. Fix: give "
             "loss= a function (y, pred) -> one loss per example that combines the outputs' losses (y and pred are "
@@ -283,6 +285,12 @@ def _check_input(model: Any, spec: Any, x: Any, where: str = "x", takes: str = "
             + ("start the model with a layer that encodes them (tf.keras.layers.StringLookup or TextVectorization "
                "after keras.Input(shape, dtype='string')), or encode them before training."
                if has_strings else "give the model the raw strings, or drop its string input."))
+    if tf.as_dtype(spec.dtype).is_integer and isinstance(x, np.ndarray) and x.dtype.kind == "f" and (
+            fractions := x[x != np.round(x)]).size:
+        raise InputError(f"The model {model.name!r} takes whole numbers ({tf.as_dtype(spec.dtype).name}: ids, as an "
+                         f"Embedding does) as {takes}; {where} holds {fractions.size} fractions ({x.dtype}, such as "
+                         f"{fractions.flat[0]}), which the model would cut to whole numbers. Fix: give it the ids "
+                         "themselves (integers), or, for features, a float input: keras.Input(shape) (float32).")
     want, have = list(spec.shape)[1:], list(x.shape)[1:]
     # as Keras adjusts a functional model's input: one more or one fewer trailing axis of size 1, not a 1 elsewhere
     w, h = (want[:-1], have) if want[-1:] == [1] and len(want) == len(have) + 1 else (

@@ -191,7 +191,7 @@ class Trainer:
                                 self.WARMUP_CALLS)
             progress.start(at.step, self.position.total_steps(source.steps_per_epoch, epochs, max_steps, self.is_chief))
             with closing(progress):  # Ctrl-C, SIGTERM: every worker stops after one call, saves, raises
-                self.checkpointing.until_stopped(lambda: self._loop(source, epochs, max_steps, progress))
+                self._loop(source, epochs, max_steps, progress)
         at = self.position.now()  # an epoch whose last batch is done counts, before the position rolls over
         result = TrainResult(steps=at.step, epochs_completed=at.epoch + int(source.left_in_epoch(at.offset) == 0),
                              **progress.results(at.step, self.scalers), **self.validation.results())
@@ -369,7 +369,8 @@ def checked_arguments(updates: Sequence[Update], plan: Plan, replicas: int, *, c
     checking every argument of the trainer that can be checked alone (`AmpConfigError`, or ``TypeError``)."""
     require_plan(plan, "Trainer(updates, plan, ...)")
     if bad := next((name for name, value in positive.items() if not is_count(value)), None):
-        raise AmpConfigError(f"{bad} must be an integer >= 1. Received: {bad}={positive[bad]!r}.")
+        raise AmpConfigError(f"{bad} must be an integer >= 1. Received: {bad}={positive[bad]!r} (of type "
+                             f"{type(positive[bad]).__name__}). Fix: pass a whole number, such as {bad}=32.")
     for name, value, least in (("checkpoint_every", checkpoint_every, 1), ("seed", seed, 0),
                                ("images_per_step", images_per_step, 1)):
         if value is not None and not is_count(value, least):
@@ -384,7 +385,8 @@ def checked_arguments(updates: Sequence[Update], plan: Plan, replicas: int, *, c
             f"updates must be a non-empty list of Update. Received: {updates!r:.80} (of type "
             f"{type(updates).__name__}). Fix: pass classifier_updates(model, optimizer), gan_updates(...).")
     if len(set(names := [u.name for u in updates])) != len(names):
-        raise AmpConfigError(f"Update names must be unique (they name losses, scales and logs). Received: {names}.")
+        raise AmpConfigError(f"Update names must be unique (they name losses, scales and logs). Received: {names}. "
+                             "Fix: give each Update its own name=.")
     for u in updates:
         if not u.variables:
             raise AmpConfigError(f"Update {u.name!r} has no variables to train: its model is not built yet (or every "

@@ -18,7 +18,7 @@ import numpy as np
 
 import tensorflow as tf
 
-from ..errors import AmpConfigError, InputError, warn, xla_compile_failure
+from ..errors import AmpConfigError, InputError, batch_error, warn, xla_compile_failure
 from . import metrics as metric_lib
 from .metrics import Every, Monitor, masked_weights, parse_every, reset, results
 from .observers import Observer
@@ -251,6 +251,8 @@ class Evaluator:
                 loss_sum, weight_sum, refused = call(*args)
             except tf.errors.OpError as exc:
                 why = xla_compile_failure(exc) if self.xla and call is self._calls.get("arrays") else None
+                if why is None and type(exc) is tf.errors.InvalidArgumentError:
+                    raise batch_error(str(exc.message), i, of=what) from None
                 if why is None:
                     raise
                 logger.warning(f"XLA is not used for {what}, although the plan has it on: {why}.")

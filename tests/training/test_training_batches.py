@@ -202,3 +202,33 @@ def test_max_steps_past_the_epochs_says_that_the_epochs_end_the_fit_first(caplog
     said = [r.getMessage() for r in caplog.records if "before max_steps" in r.getMessage()]
     assert said == ["epochs=1 ends this fit at global step 4, before max_steps=8 (the first reached ends it); to "
                     "train to step 8, pass epochs=2."]
+
+
+# --------------------------------------------------------------------------- a late batch TensorFlow cannot run
+def late_bad_batches(bad, x_shape, y_shape):
+    """Six batches of 16 (4 features, 3 classes) from a generator of the shapes given; the fourth is ``bad(x, y)``."""
+    x, y = np.random.default_rng(0).normal(size=(96, 4)).astype("float32"), np.arange(96) % 3
+
+    def batches():
+        for i in range(6):
+            xb, yb = x[16 * i:16 * (i + 1)], y[16 * i:16 * (i + 1)]
+            yield bad(xb, yb) if i == 3 else (xb, yb)
+
+    return tf.data.Dataset.from_generator(batches, output_signature=(tf.TensorSpec(x_shape, tf.float32),
+                                                                     tf.TensorSpec(y_shape, tf.int64)))
+
+
+@pytest.mark.parametrize("bad, shapes, received", [
+    (lambda x, y: (np.c_[x, x[:, :1]], y), ((16, None), (16,)), r"Matrix size-incompatible"),  # a fifth feature
+    (lambda x, y: (x, y[:10]), ((None, 4), (None,)), r"same batch size in each component"),  # fewer labels
+], ids=["another-width", "fewer-labels"])
+def test_a_late_batch_tensorflow_cannot_run_is_our_error_naming_its_step(bad, shapes, received):
+    """A batch that only a later step meets came out as TensorFlow's InvalidArgumentError from inside the graph,
+    naming no step and no fix; the steps before it stay trained."""
+    t = classifier(mlp(), batch_size=16)
+    with pytest.raises(InputError, match=rf"The batch of step 3 .*{received}.*Expected .*Fix: ") as caught:
+        t.fit(late_bad_batches(bad, *shapes))
+    assert caught.value.__cause__ is None and "Graph execution error" not in str(caught.value), str(caught.value)
+    assert int(t.global_step.numpy()) == 3
+    with pytest.raises(InputError, match=r"Batch 3 of the data given to evaluate\(\) could not be run: .*Fix: "):
+        t.evaluate(late_bad_batches(bad, *shapes))

@@ -197,6 +197,27 @@ def test_a_pipeline_resumed_with_larger_batches_says_how_many_samples_it_reads_a
     assert "no sample is read twice" not in caplog.text
 
 
+def test_checkpoint_objects_that_leave_out_an_optimizer_or_weights_are_said_before_training(tmp_path):
+    """checkpoint_objects={"model": model} saved no optimizer: a resume restarted Adam's moments and step count
+    (its iterations 0 again) without a word."""
+    from amp_backends.errors import AmpWarning
+
+    model, opt = mlp(), tf.keras.optimizers.Adam(1e-2)
+    updates = classifier_updates(model, opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    for objects, left in [({"model": model}, r"the optimizer \(Adam\)"),
+                          ({"epoch": tf.Variable(0)}, r"the optimizer \(Adam\) and weights it trains")]:
+        with pytest.warns(AmpWarning, match=rf"checkpoint_objects leaves out {left} of the update 'model'.*Fix: "):
+            Trainer(updates, applied_plan(), batch_size=8, checkpoint_dir=str(tmp_path / "a"), progress=False,
+                    checkpoint_objects=objects)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AmpWarning)  # everything held: nothing to say (a container of both too)
+        for objects in ({"model": model, "optimizer": opt}, {"all": tf.train.Checkpoint(m=model, o=opt)}):
+            Trainer(updates, applied_plan(), batch_size=8, checkpoint_dir=str(tmp_path / "b"), progress=False,
+                    checkpoint_objects=objects)
+
+
 # --------------------------------------------------------------------------- Ctrl-C
 class _CtrlC(Observer):
     def __init__(self, at: int) -> None:
@@ -241,6 +262,30 @@ def test_a_program_that_does_not_catch_the_stop_ends_by_its_signal_after_its_exi
     assert out.returncode == -getattr(signal, name), (out.returncode, out.stderr)  # the shell's 130 / 143
     assert out.stdout == "exit handlers ran\n"
     assert out.stderr.rstrip().endswith("amp_backends.errors.TrainingInterrupted: Interrupted at step 3")
+
+
+class _CtrlCAtStart(Observer):
+    def on_fit_start(self, start_step, total_steps) -> None:  # after the layer plans and the precision check
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_ctrl_c_while_fit_sets_up_stops_at_the_first_call_boundary_and_saves(tmp_path, ctrl_c_enabled):
+    """Ctrl-C before the first call (while the precision check ran, or the observers started) was a bare
+    KeyboardInterrupt from wherever it fell, with nothing said or saved; a resumed fit's set-up too."""
+    _, t = trainer(tmp_path, observers=[_CtrlCAtStart()])
+    with pytest.raises(TrainingInterrupted) as info:
+        t.fit(*classification_data(64), epochs=1)
+    assert info.value.step == 0 and info.value.checkpoint.endswith("ckpt-0"), info.value.message
+    _, t2 = trainer(tmp_path, observers=[_CtrlC(at=3)])
+    with pytest.raises(TrainingInterrupted):
+        t2.fit(*classification_data(64), epochs=1, resume=True)
+    _, t3 = trainer(tmp_path, observers=[_CtrlCAtStart()])
+    with pytest.raises(TrainingInterrupted) as info:
+        t3.fit(*classification_data(64), epochs=1, resume=True)
+    assert info.value.step == 3 and info.value.checkpoint.endswith("ckpt-3"), info.value.message
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    _, t4 = trainer(tmp_path)
+    assert t4.fit(*classification_data(64), epochs=1, resume=True).steps == 8
 
 
 def test_ctrl_c_without_checkpointing_says_nothing_was_saved(ctrl_c_enabled):

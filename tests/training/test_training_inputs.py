@@ -145,6 +145,18 @@ def test_strings_for_a_model_that_takes_numbers_are_refused_with_the_fix():
     assert int(t.global_step.numpy()) == 0
 
 
+def test_fractions_for_an_integer_input_are_refused_before_training():
+    """Token ids scaled to 0..1 trained an Embedding on id 0 alone, without a word (Keras cuts them)."""
+    model = tf.keras.Sequential([tf.keras.Input((5,), dtype="int32"), tf.keras.layers.Embedding(50, 4),
+                                 tf.keras.layers.GlobalAveragePooling1D(), tf.keras.layers.Dense(3)])
+    ids = np.random.default_rng(0).integers(0, 50, (32, 5))
+    t = trainer(model)
+    with pytest.raises(InputError, match=r"takes whole numbers \(int32.*x holds 1\d\d fractions \(float64.*Fix: "):
+        t.fit(ids / 50.0, np.zeros(32, int))
+    assert int(t.global_step.numpy()) == 0
+    assert t.fit(ids.astype("float32"), np.zeros(32, int)).steps == 4  # whole numbers as floats: Keras casts them
+
+
 # --------------------------------------------------------------------------- losses and labels
 def test_a_per_example_loss_is_averaged_before_any_step(caplog):
     caplog.set_level("INFO", logger="amp_backends.train")

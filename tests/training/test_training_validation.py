@@ -34,8 +34,9 @@ def trainer(m=None, lr=0.01, **kw):
     amp_backends.seed_everything(0)
     m = m or mlp(6, hidden=16, activation="softmax")
     kw.setdefault("progress", False)
-    return Trainer(classifier_updates(m, tf.keras.optimizers.Adam(lr)), applied_plan(), batch_size=16, seed=0,
-                   check_models=False, **kw), m
+    kw.setdefault("batch_size", 16)
+    return Trainer(classifier_updates(m, tf.keras.optimizers.Adam(lr)), applied_plan(), seed=0, check_models=False,
+                   **kw), m
 
 
 def test_validation_counts_every_sample_and_matches_a_hand_computation():
@@ -235,14 +236,21 @@ def test_learning_rate_schedule_resumes_exactly(tmp_path):
     ({}, {"validation_every": 2}, "validation_every=2 says when to validate, and this fit has no validation_data"),
     ({}, {"validation_data": (np.zeros((4, 6), "float32"),)}, "validation_data must be (x_val, y_val)"),
     ({}, {"validation_data": (np.zeros((4, 6), "float32"), np.array([0, 1, 2, 7]))}, "class ids"),
+    ({"batch_size": 20.0}, {}, "batch_size must be an integer >= 1"),
+    ({"steps_per_call": 0}, {}, "steps_per_call must be an integer >= 1"),
+    ({"min_delta": -1}, {}, "min_delta must be a number >= 0"),
+    ({"monitor": ""}, {}, "monitor must be the name of a logged value"),
+    ({"keep_best": ""}, {}, "keep_best must be the name of a logged value"),
 ])
 def test_wrong_arguments_are_refused_before_any_step(tmp_path, monkeypatch, kwargs, fit_kwargs, needle):
+    """Each says what was expected, what was received and the fix (batch_size=20.0, metrics='accuracy' and others
+    said no fix)."""
     monkeypatch.chdir(tmp_path)
     with pytest.raises((AmpConfigError, InputError, TypeError, ValueError)) as err:
         t, _ = trainer(**kwargs)
         t.fit(*data(32), epochs=1, **fit_kwargs)
         raise AssertionError("not refused")
-    assert needle in str(err.value)
+    assert needle in str(err.value) and "Fix: " in str(err.value), str(err.value)
     assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").glob("ckpt-*"))
 
 
