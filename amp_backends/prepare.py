@@ -82,7 +82,11 @@ class Preparation:
             lines.append(f"float32 ({len(self.float32)} layers; {self.float32_why}): {', '.join(self.float32)}")
         if self.choice or self.choice_note:
             lines.append(f"measured: {self.choice or self.choice_note}")
-        if self.note and (self.quantized or self.skipped or not lines):  # float8's note, where it has a say
+        if nothing := not lines and self.layer_plan is not None:  # what the layer plan found, before float8's note
+            lines.append(f"nothing changed: no layer is kept in float32 under {self.layer_plan.policy} (no softmax "
+                         "or sigmoid output, no layer kind the plan keeps in float32; an output of another kind: "
+                         "the precision check's output-dtype)")
+        if self.note and (self.quantized or self.skipped or nothing or not lines):  # float8's note, where it has a say
             lines.append(self.note)
         if self.quantized:
             lines.append("float8: " + ", ".join(self.quantized))

@@ -261,7 +261,9 @@ def test_a_model_without_such_layers_is_not_measured(zen4_plan):
         model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(4)])
     prep = amp_backends.prepare_model(model, zen4_plan, inputs=tf.zeros((2, 8)))
     assert prep.choice is None and prep.choice_note == "" and not prep.changed
-    assert str(prep).startswith("fp8 is off in this plan, nothing changed")
+    # it said only "fp8 is off in this plan, nothing changed", nothing of the layer plan
+    assert str(prep).startswith("nothing changed: no layer is kept in float32 under mixed_bfloat16 (no softmax")
+    assert str(prep).splitlines()[1].startswith("fp8 is off in this plan"), str(prep)
 
 
 def test_the_trainer_measures_once_and_a_resumed_run_follows_the_checkpoint(zen4_plan, monkeypatch, tmp_path):
@@ -368,7 +370,8 @@ def test_prepare_model_refuses_what_is_not_a_keras_model_and_an_unbuilt_model_un
         def call(self, x):
             return self.head(self.hidden(x))
 
-    with pytest.raises(ValueError, match="not built.*Fix: build it"):
+    with pytest.raises(ValueError, match=r"not built.*Fix: give a few samples to build it on, "
+                                         r"prepare_model\(model, \.\.\., inputs=x\[:32\]\)"):
         amp_backends.prepare_model(Net(), plan)
     float32 = applied_plan("float32")
     assert amp_backends.prepare_model(Net(), float32).applied == ()  # nothing to do under float32: accepted
