@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import tensorflow as tf
 
-from ..errors import AmpConfigError
+from ..errors import AmpConfigError, warn
 from .inputs import Ran
 from .loss_scaling import LossScaler
 from .observers import WARMUP_CALLS, CallRecord, Observer
@@ -329,6 +329,7 @@ class Progress:
     throughputs: list[float] = field(default_factory=list)
     history: list[dict[str, float]] = field(default_factory=list)
     last: dict[str, float] = field(default_factory=dict)
+    said_skipped: set[str] = field(default_factory=set)  # the updates whose skipped step was said
     calls: int = 0
     _t0: float = 0.0
 
@@ -360,6 +361,17 @@ class Progress:
                             {n: int(s.skipped.numpy()) for n, s in scalers.items()})
         for o in self.observers:
             o.after_call(record)
+        for j, n in enumerate(self.names):  # a skip no loss scale explains: said once a fit
+            if n not in self.said_skipped and scalers[n].config.mode != "dynamic" and not ran.finite[:, j].all():
+                self.said_skipped.add(n)
+                i = int(ran.finite[:, j].argmin())
+                said = (f"Step {at.step + i} (epoch {at.epoch}, step {first + i} of the epoch) of {n!r} was skipped: "
+                        f"its gradients were not finite (inf or NaN), and with {scalers[n].config.mode} loss scaling "
+                        "no scale overflowed: that batch holds inf or NaN, a value went past its dtype's range, or "
+                        "training diverged. Training goes on, skipping such steps. Fix: check that batch's inputs "
+                        "(np.isfinite), or lower the learning rate.")
+                logger.warning(said)
+                warn(said)
 
     def close(self) -> None:
         for o in self.observers:

@@ -95,7 +95,7 @@ def model_inputs(model: Any, x: Any) -> Any:
         return None
     try:
         if len(inputs) == 1 and not isinstance(x, (dict, tuple, list)):
-            from .tasks import check_model_inputs
+            from ..model_inputs import check_model_inputs
 
             check_model_inputs(model, x)
         checked_inputs(model, x, input_structure(model))

@@ -219,7 +219,8 @@ def late_bad_batches(bad, x_shape, y_shape):
 
 
 @pytest.mark.parametrize("bad, shapes, received", [
-    (lambda x, y: (np.c_[x, x[:, :1]], y), ((16, None), (16,)), r"Matrix size-incompatible"),  # a fifth feature
+    (lambda x, y: (np.c_[x, x[:, :1]], y), ((16, None), (16,)), r"\[16,5\] is not compatible with expected shape "
+                                                                 r"\[\?,4\]"),  # a fifth feature
     (lambda x, y: (x, y[:10]), ((None, 4), (None,)), r"same batch size in each component"),  # fewer labels
 ], ids=["another-width", "fewer-labels"])
 def test_a_late_batch_tensorflow_cannot_run_is_our_error_naming_its_step(bad, shapes, received):

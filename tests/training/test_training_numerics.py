@@ -126,6 +126,22 @@ def test_the_summary_counts_applied_and_skipped_steps(caplog):
     assert "9 steps (model: 6 applied, 3 skipped)" in caplog.text
 
 
+def test_a_step_skipped_with_no_loss_scale_to_blame_is_said_once_with_its_step(caplog):
+    """NaN in a later batch of a dataset (the arrays' check before training does not see a pipeline's) skipped its
+    step under a plan without dynamic scaling, with nothing said but an INFO line's mark."""
+    from amp_backends.errors import AmpWarning
+
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    x[3 * 8 + 2, 1] = np.nan  # batch 3
+    data = tf.data.Dataset.from_tensor_slices((x, np.zeros(64, "int64"))).batch(8, drop_remainder=True)
+    t = Trainer(classifier_updates(mlp(), tf.keras.optimizers.SGD(0.1), tf.keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True)), applied_plan(loss_scale="none"), batch_size=8, progress=False, check_models=False)
+    with pytest.warns(AmpWarning, match=r"Step 3 \(epoch 0, step 3 of the epoch\) of 'model' was skipped: its "
+                                        r"gradients were not finite.*none loss scaling.*Fix: check that batch"):
+        r = t.fit(data, epochs=2)  # (the second epoch's skip is not said again)
+    assert r.skipped == {"model": 2} and caplog.text.count("was skipped: its gradients") == 1
+
+
 # --------------------------------------------------------------------------- reproducibility
 def train_mnist_like(seed, steps=4):
     """Weights, dropout and shuffling from one seed: the MNIST CNN's own layers, a few steps."""
