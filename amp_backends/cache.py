@@ -1,8 +1,9 @@
 """The package's answers kept between runs (autotune's choices, the per-layer precision choices): one JSON file
 per kind, written atomically, read tolerantly.
 
-The folder is ``$AMP_CACHE_DIR``, else ``$XDG_CACHE_HOME/amp_backends``, else ``~/.cache/amp_backends``. A damaged
-file reads as empty; a file that cannot be written is skipped with a warning: a cache never stops training.
+The folder is ``$AMP_CACHE_DIR``, else ``$XDG_CACHE_HOME/amp_backends``, else ``~/.cache/amp_backends``. A file
+that is no cache's JSON object reads as empty and is never replaced (it may be anything of the user's); a file that
+cannot be written is skipped with a warning: a cache never stops training.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ _DAMAGED: set[str] = set()  # cache files said to be damaged, once each
 
 
 def load(path: Path) -> dict[str, Any]:
-    """The cache file's entries; ``{}`` when it is missing or damaged (said once: the next answer kept replaces it)."""
+    """The cache file's entries; ``{}`` when it is missing or unreadable (said once; `store` leaves it as it is)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -45,15 +46,19 @@ def load(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         if str(path) not in _DAMAGED:
             _DAMAGED.add(str(path))
-            logger.warning(f"The cache {path} cannot be read as its JSON object ({str(data)[:120]}): it is ignored, "
-                           "and the next answer kept replaces it.")
+            logger.warning(f"The cache {path} cannot be read as its JSON object ({str(data)[:120]}): it is ignored "
+                           "and left as it is, so no answer is kept there. Fix: point the cache at another file, or "
+                           "move that one away.")
         return {}
     return data
 
 
 def store(path: Path, key: str, value: Any) -> bool:
-    """Add ``key: value`` to the file, atomically (a temporary file renamed over it); whether it was written."""
+    """Add ``key: value`` to the file, atomically (a temporary file renamed over it); whether it was written (not
+    over a file that is no cache's JSON object: `load` said why)."""
     entries = load(path)
+    if not entries and str(path) in _DAMAGED and os.path.lexists(path):
+        return False
     entries[key] = value
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ A factory builds a Keras model with no arguments (``amp_backends.models:mnist_cn
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import re
 import sys
@@ -22,6 +23,11 @@ _SPEC = re.compile(r"^(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<factory>[A
 def parse_factory(spec: Any) -> tuple[str, str]:
     """``"package.module:factory"`` -> ``("package.module", "factory")``; `FactoryError` when malformed."""
     match = _SPEC.match(spec.strip()) if isinstance(spec, str) else None
+    if match is not None and match.group("module").endswith(".py"):  # a file's name, read as package "mymodels"
+        module = match.group("module")[:-3]
+        raise FactoryError(f"expected {FORM} with the module's import name, such as {EXAMPLE}. Received: {spec!r}, a "
+                           f"file's name. Fix: {module}:{match.group('factory')} (without .py), run from the folder "
+                           "that holds the file")
     if match is None:
         raise FactoryError(
             f"expected {FORM}: a module's dotted import path and the name of a function in it that returns a Keras "
@@ -76,6 +82,16 @@ def load_factory(factory: Any) -> Callable[[], Any]:
         raise FactoryError(
             f"expected {module_name}.{factory_name} to be a function that returns a Keras model, but it is "
             f"{value!r:.80} (of type {type(value).__name__}). Fix: name a function taking no arguments after the colon")
+    try:
+        needs = [p.name for p in inspect.signature(value).parameters.values()
+                 if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    except (TypeError, ValueError):  # (a callable without a signature Python can read: called as it is)
+        needs = []
+    if needs:
+        raise FactoryError(
+            f"expected {module_name}.{factory_name} to build a model with no arguments, but it takes "
+            f"{', '.join(needs)}. Fix: give them defaults, or name a function that passes them "
+            f"(def build(): return {factory_name}(...)) after the colon")
     return value
 
 

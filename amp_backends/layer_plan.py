@@ -248,7 +248,10 @@ def short_reason(plan: Plan, rules: Iterable[Float32Layer] | None = None) -> str
 
 
 def head_activation(layer: Any) -> str | None:
-    """``softmax``/``sigmoid``/``log_softmax`` where the layer ends in one, else ``None``."""
+    """``softmax``/``sigmoid``/``log_softmax`` where the layer ends in one, else ``None`` (a ``TimeDistributed`` or
+    ``Bidirectional`` wrapper: its layer's)."""
+    if type(layer).__name__ in ("TimeDistributed", "Bidirectional") and getattr(layer, "layer", None) is not None:
+        return head_activation(layer.layer)
     if type(layer).__name__ == "Softmax":
         return "softmax"
     activation = getattr(layer, "activation", None)
@@ -341,6 +344,9 @@ def set_policies(model: Any, targets: Iterable[tuple[str, Any, str]]) -> tuple[s
         elif current != dtype:
             set_layer_policy(layer, dtype)
             changed.append(path)
+        if dtype != FLOAT8 and type(layer).__name__ in ("TimeDistributed", "Bidirectional"):  # Keras 2 keeps
+            for inner in filter(None, (getattr(layer, a, None) for a in ("layer", "forward_layer", "backward_layer"))):
+                set_layer_policy(inner, dtype)  # the wrapped layers' own policies: they get the wrapper's
     if changed:
         forget_compiled_functions(model)
     return tuple(changed)

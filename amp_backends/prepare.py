@@ -83,9 +83,8 @@ class Preparation:
         if self.choice or self.choice_note:
             lines.append(f"measured: {self.choice or self.choice_note}")
         if nothing := not lines and self.layer_plan is not None:  # what the layer plan found, before float8's note
-            lines.append(f"nothing changed: no layer is kept in float32 under {self.layer_plan.policy} (no softmax "
-                         "or sigmoid output, no layer kind the plan keeps in float32; an output of another kind: "
-                         "the precision check's output-dtype)")
+            lines.append(f"nothing changed: the layer plan keeps no layer in float32 under {self.layer_plan.policy} "
+                         "(a softmax or sigmoid output that follows the plan, a layer kind the plan keeps in float32)")
         if self.note and (self.quantized or self.skipped or nothing or not lines):  # float8's note, where it has a say
             lines.append(self.note)
         if self.quantized:

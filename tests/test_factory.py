@@ -21,6 +21,8 @@ def user_module(tmp_path, monkeypatch):
     (tmp_path / "user_factories.py").write_text(textwrap.dedent("""
         def good():
             return "model"
+        def needs_args(width, depth=2):
+            return "model"
         WIDTH = 3
     """))
     (tmp_path / "does_not_import.py").write_text("import no_such_module_anywhere\n")
@@ -82,6 +84,10 @@ def test_load_factory_imports_the_module_from_the_current_directory(user_module)
     ("no_such_module_xyz:good", "expected an importable module 'no_such_module_xyz'"),
     ("user_factories:missing", "Functions defined there: good"),
     ("user_factories:WIDTH", "it is 3 (of type int)"),
+    # it was the factory's own TypeError (missing 1 required positional argument) and "the error in the factory"
+    ("user_factories:needs_args", "to build a model with no arguments, but it takes width. Fix: give them defaults"),
+    # it was "No module named 'user_factories.py'" and "check that python -c 'import user_factories.py' works"
+    ("user_factories.py:good", "a file's name. Fix: user_factories:good (without .py)"),
 ])
 def test_load_factory_says_what_went_wrong(user_module, spec, message):
     with pytest.raises(FactoryError, match="Fix:") as caught:

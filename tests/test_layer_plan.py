@@ -181,3 +181,24 @@ def test_plan_facts_are_read_from_data_never_parsed_back_out_of_warnings(zen4_pl
     bare = dataclasses.replace(zen4_plan, assessment=None, honoured={"policy": "emulated"}, warnings=())
     assert policy_support(bare, bare.policy)[0] == EMULATED
     assert policy_support(dataclasses.replace(bare, honoured={}), bare.policy)[0] == NATIVE
+
+
+def test_a_softmax_head_inside_a_wrapper_is_kept_in_float32_with_the_layer_it_wraps(zen4_plan):
+    """A TimeDistributed(Dense(softmax)) output (a tagger's) was no head: left in bfloat16 ("nothing changed"), and
+    the check's final-activation error followed on Keras 2, where the wrapper's policy alone leaves its Dense as it
+    was."""
+    import numpy as np
+
+    from amp_backends import layer_plan as lp
+    from conftest import policy
+
+    keras = tf.keras
+    with policy("mixed_bfloat16"):
+        model = keras.Sequential([keras.Input((5, 4)), keras.layers.Dense(8, activation="relu"),
+                                  keras.layers.TimeDistributed(keras.layers.Dense(3, activation="softmax"),
+                                                               name="tags")], name="tagger")
+    decided = lp.decide(model, zen4_plan)
+    assert decided.float32 == ("tagger/tags",) and "softmax" in decided.decisions[0].reason
+    lp.apply(model, decided)
+    assert model(np.ones((2, 5, 4), "float32")).dtype == tf.float32
+    assert model.get_layer("tags").layer.compute_dtype == "float32"

@@ -40,8 +40,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
              "kernel_audit", "probe", "planner", "devices", "backend_api", "backends", "backends.*"),
     "apply": ("apply", "configure", "tf_import"),
     "model code": ("factory", "labels", "models", "data", "zoo", "model_check", "model_check.*", "fp8", "prepare",
-                   "layer_plan", "model_inputs", "model_outputs", "training", "training.*", "autotune", "autotune.*", "auditing",
-                   "auditing.*", "examples", "examples.*"),
+                   "layer_plan", "model_inputs", "model_outputs", "training", "training.*", "autotune", "autotune.*",
+                   "auditing", "auditing.*", "examples", "examples.*"),
 }
 ORDER = ("probe", "plan", "apply", "model code", "commands")
 

@@ -176,7 +176,9 @@ def synthetic_inputs(model: Any, batch: int, structure: Any = None) -> Any:
 
     structure = structure if structure is not None else keras_compat.input_structure(model)
     if structure is None:
-        raise AmpConfigError(f"cannot tell the input shape of the model {model.name!r}: build it with keras.Input")
+        raise AmpConfigError(f"The model {model.name!r} has no input shape to audit it on (a subclassed model, not "
+                             "built). Expected a built model, or its input shape. Fix: give the shape after the "
+                             "batch, --input-shape 8 (audit(..., input_shape=(8,))), or build it with keras.Input.")
 
     def make(leaf: Any) -> Any:
         shape = [batch] + [d if d is not None else OPEN_SIZE for d in leaf.shape[1:]]
@@ -222,9 +224,9 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int,
                 "traceback": "".join(traceback.format_exception(raised)) if raised else None}
     try:
         shapes = input_shapes(model, given or {})
+        x = synthetic_inputs(model, batch, shapes)
     except ValueError as exc:
         return {"input_error": str(exc)}
-    x = synthetic_inputs(model, batch, shapes)
     open_dims = dynamic_dims(shapes if shapes is not None else keras_compat.input_structure(model) or ())
     notes.append(_inputs_note(x, bool(open_dims)))
     # prepared exactly as training prepares it: the same layer plan, measured or cached as the trainer would

@@ -12,7 +12,7 @@ import typer
 
 from ..tf_import import exit_quickly
 from .info_command import info
-from .typer_app import make_app
+from .typer_app import make_app, show_warnings_plainly
 
 app = make_app("Hardware-aware mixed precision for TensorFlow/Keras: what this machine can do, and the plan.",
                no_args_is_help=True)
@@ -46,4 +46,5 @@ def get_app() -> typer.Typer:
 def main() -> None:
     """Entry point of the ``amp-backends`` script and ``python -m amp_backends``."""
     exit_quickly()
+    show_warnings_plainly()
     get_app()()

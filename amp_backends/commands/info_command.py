@@ -34,7 +34,8 @@ def info(
              "amp_backends.known_devices())."),
     overrides: Any = None,
 ) -> None:
-    """Report the plan with its reasons, the software and the hardware (exit 2 on an invalid override)."""
+    """Report the plan with its reasons, the software and the hardware (exit 2 on an invalid override, or one
+    --strict refuses here)."""
     from ..tf_import import quiet_tensorflow_logs
 
     quiet = quiet_tensorflow_logs()

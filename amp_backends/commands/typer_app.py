@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import math
 import shlex
+import sys
+import warnings
 from collections.abc import Callable
 from typing import Any, NoReturn, Optional
 
@@ -17,7 +20,7 @@ import typer
 
 from ..tf_import import exit_quickly
 from ..request import OPTIONS, RENAMED, keywords_as_options, option_help, overrides_given, renamed_message
-from ..errors import AmpConfigError, warn
+from ..errors import AmpConfigError, AmpWarning, warn
 
 CONTEXT = {"max_content_width": 120, "help_option_names": ["-h", "--help"]}
 OVERRIDES = "overrides"  # the parameter of a command that receives the plan overrides given, as one dict
@@ -29,9 +32,39 @@ def make_app(help: str | None = None, **kwargs: Any) -> typer.Typer:
                        context_settings=CONTEXT, **kwargs)
 
 
+class _Logged(logging.Handler):
+    """The library's warning lines a command logged: a warning of the same words is not said twice."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines = [*self.lines[-20:], record.getMessage()]
+
+
+def show_warnings_plainly() -> None:
+    """A command's warnings as ``warning: <message>`` on stderr, once (not again after the log line of the same
+    words): the library's file and line, Python's way, say nothing to the user of a command."""
+    logged = _Logged()
+    logging.getLogger("amp_backends").addHandler(logged)
+    shown = warnings.showwarning
+
+    def show(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
+             line: str | None = None) -> None:
+        text = str(message)
+        if not issubclass(category, (AmpWarning, DeprecationWarning, FutureWarning)):
+            shown(message, category, filename, lineno, file, line)
+        elif not any(text in said or said in text for said in logged.lines):
+            print(f"warning: {text}", file=file or sys.stderr)
+
+    warnings.showwarning = show
+
+
 def run_single(command: Callable[..., Any]) -> None:
     """Run one command function as a whole program (``python -m amp_backends.info``)."""
     exit_quickly()
+    show_warnings_plainly()
     app = make_app()
     app.command()(command)
     app()

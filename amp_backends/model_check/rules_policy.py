@@ -49,6 +49,8 @@ def policy_mismatch(rules: RuleContext) -> None:
         pinned = [op for op in judged if graph.layer(op.layer).compute_dtype == "float32" and op.dtype == "float32"
                   and not rules.kept_float32(graph.layer(op.layer))]  # (a head the layer plan pins: on purpose)
         share = rules.fraction(pinned) / (rules.fraction(judged) or 1.0)
+        # a layer that computes as the plan says was built after it: the float32 ones beside it were given float32
+        planned = any(op.dtype == target.compute_dtype for op in judged)
         if not inner:
             # Only the output layers' matmuls are seen (an LSTM's run inside a loop): the other layers' policies
             # decide, so that a float32 output layer alone never reads as a model built before the plan.
@@ -58,7 +60,8 @@ def policy_mismatch(rules: RuleContext) -> None:
                       and not rules.kept_float32(info)]
             if others:
                 share = sum(info.compute_dtype == "float32" for info in others) / len(others)
-        if share >= 0.5:
+                planned = any(info.compute_dtype == target.compute_dtype for info in others)
+        if share >= 0.5 and not planned:
             rules.model_built_float32 = True
             rules.add("warning", "policy-mismatch", 0,
                       f"{100 * share:.0f}% {of} inside the model are in layers whose dtype policy is float32, "

@@ -47,7 +47,10 @@ def absolute(path: str | os.PathLike) -> str:
 
 
 def check_no_file_in_the_way(path: str | os.PathLike, what: str) -> Path:
-    """``path`` as an absolute ``Path``; `AmpConfigError` if it or its nearest existing parent is no directory."""
+    """``path`` as an absolute ``Path``; `AmpConfigError` if it is empty, or it or its nearest existing parent is no
+    directory."""
+    if not str(path).strip():  # ("": the current folder, where a run's version_N folders would go unasked)
+        raise AmpConfigError(f"{what} must name a folder. Received {str(path)!r}. Fix: give one, such as {what} runs.")
     p = Path(absolute(path))
     existing = next((q for q in [p, *p.parents] if q.exists()), None)
     if existing is not None and not existing.is_dir():

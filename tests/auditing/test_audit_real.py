@@ -295,6 +295,21 @@ def test_a_factory_the_child_cannot_import_or_that_raises_is_our_error_as_in_che
     assert "The child's last lines:\nTraceback" in text and "raise ValueError('no weights here')" in text
 
 
+def test_an_unbuilt_subclassed_model_is_our_error_naming_the_input_shape_fix(tmp_path, monkeypatch):
+    """``audit mymods:unbuilt`` ended with the child's traceback and exit 1 ("cannot tell the input shape ...: build
+    it with keras.Input"), not naming --input-shape, which audits it."""
+    from amp_backends import audit
+    from amp_backends.errors import AmpConfigError
+
+    (tmp_path / "sub_models.py").write_text(
+        "import tensorflow as tf\n\n\nclass Net(tf.keras.Model):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.d = tf.keras.layers.Dense(3)\n\n    def call(self, x):\n        return self.d(x)\n\n\n"
+        "def unbuilt():\n    return Net()\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(AmpConfigError, match=r"has no input shape to audit it on .*Fix: .*--input-shape 8"):
+        audit("sub_models:unbuilt", steps=1, warmup=1, batch_size=4)
+
+
 def test_a_sequence_longer_than_the_models_position_embedding_is_our_error_naming_the_layer(tmp_path, monkeypatch):
     """``audit distil --seq-len 64`` on a keras_hub backbone of max_sequence_length 32 ended with the child's
     traceback ("Paddings must be non-negative", exit 1), where ``check`` names the layer and exits 2."""

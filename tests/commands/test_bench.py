@@ -9,6 +9,7 @@ import os
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -99,7 +100,13 @@ def test_bench_rejects_bad_input(tmp_path):
     assert out.returncode == 2 and "--models takes mnist and/or gan" in out.stderr
     out = subprocess.run([sys.executable, "-m", "amp_backends.bench", "--configs", "fp8", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=120, cwd=NEUTRAL_CWD)
-    assert out.returncode == 2 and "unknown configuration" in out.stderr
+    assert out.returncode == 2 and "unknown configuration" in out.stderr and "Fix: " in out.stderr
+    # a variable the auto plan's rows read: it was said in each row of a run that went on and exited 0
+    out = subprocess.run([sys.executable, "-m", "amp_backends.bench", "--models", "mnist", "--out", "b"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "AMP_POLICY": "fp64"})
+    assert out.returncode == 2 and "AMP_POLICY must be one of" in out.stderr and "Fix: " in out.stderr, out.stderr
+    assert not (tmp_path / "b").exists()
 
 
 def test_samples_fewer_than_a_batch_are_refused_before_any_work(tmp_path):
@@ -126,6 +133,8 @@ def test_a_file_as_out_is_refused_before_any_work_and_an_earlier_run_is_not_over
     (first / "bench.json").write_text("{}")
     assert results_folder(tmp_path / "runs", "bench.json") == tmp_path / "runs-2"
     assert results_folder(tmp_path / "runs", "zoo.json") == first  # another suite's file: the same folder
+    monkeypatch.chdir(first)  # --out . where a run was: ValueError "PosixPath('.') has an empty name"
+    assert results_folder(Path("."), "bench.json") == tmp_path / "runs-2"
     monkeypatch.setattr(sys, "argv", ["/x/site-packages/amp_backends/__main__.py", "bench", "--zoo"])
     assert run_header()["command"].split(" ", 1)[1] == "-m amp_backends bench --zoo"  # runs as recorded
     monkeypatch.setattr(sys, "argv", ["/x/site-packages/amp_backends/bench.py", "--zoo"])

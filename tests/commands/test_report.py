@@ -289,6 +289,16 @@ def test_tf32_on_a_cpu_warning_and_reason_agree():
     assert "downgraded" in plan["reasons"]["tf32"] and "as requested" not in plan["reasons"]["tf32"]
 
 
+def test_a_commands_warnings_are_plain_lines_without_the_librarys_file_and_line():
+    """A command printed ``/.../amp_backends/request.py:398: AmpWarning: ...`` and the source line under it."""
+    out = cli("--no-tensorflow", "--backend", "cpu", env={"AMP_POLCY": "bf16"})
+    assert out.returncode == 0, out.stderr
+    said = [line for line in out.stderr.splitlines() if "AMP_POLCY" in line]
+    assert said == ["warning: AMP_POLCY is set, but amp_backends reads no variable of that name, so it was ignored; "
+                    "AMP_POLICY is the nearest one. Fix: rename it AMP_POLICY (or unset it)."], out.stderr
+    assert ".py:" not in out.stderr and "AmpWarning" not in out.stderr, out.stderr
+
+
 @pytest.mark.parametrize("module,args", [("amp_backends.info", []), ("amp_backends", ["bench"]), ("amp_backends", [])])
 def test_help_is_complete_at_80_columns(module, args):
     out = cli(*args, "--help", module=module, env={"COLUMNS": "80"})

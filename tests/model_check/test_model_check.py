@@ -290,6 +290,18 @@ def test_model_built_before_the_plan_is_one_finding_not_one_per_layer(h100):
     assert result.summary.reduced_precision_share == 0
 
 
+def test_a_layer_given_float32_in_a_model_built_under_the_plan_is_no_policy_mismatch(h100):
+    """Half the FLOPs in a layer the user gave dtype="float32", the rest under the plan: the check said the model was
+    built before the plan (policy-mismatch), which it was not."""
+    def factory():
+        return K.Sequential([K.Input((64,)), L.Dense(64, dtype="float32", name="pinned"), L.Dense(64, name="planned"),
+                             L.Dense(8, activation="softmax", dtype="float32", name="head")], name="pinned_one")
+
+    result = check_model(build(factory), plan=h100, batch_size=64)
+    assert "policy-mismatch" not in codes(result), [(f.code, f.what) for f in result.findings]
+    assert result.summary.reduced_precision_share > 0
+
+
 def test_model_in_float16_under_a_float32_plan(cpu_fp32):
     result = check_model(build(mnist_cnn), plan=cpu_fp32)
     (f,) = by_code(result, "policy-mismatch")

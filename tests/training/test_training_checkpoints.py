@@ -106,6 +106,9 @@ def test_a_logdir_below_a_regular_file_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="is a file, not a directory"):
         Trainer(classifier_updates(mlp(), tf.keras.optimizers.SGD()), applied_plan(), batch_size=8,
                 logdir=str(tmp_path / "file" / "tb"))
+    # an empty one trained in the current folder (the examples' --logdir '': version_N there, "tensorboard --logdir ")
+    with pytest.raises(ValueError, match=r"--logdir must name a folder. Received ''. Fix: "):
+        run_directory("", resume=False)
 
 
 # --------------------------------------------------------------------------- resume

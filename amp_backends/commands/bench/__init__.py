@@ -71,8 +71,16 @@ def main(
     """Time the tutorials' configurations against the auto plan (default), or the model zoo (--zoo)."""
     if gpu_suite:
         fail(PROG, MOVED_GPU_SUITE)
+    from ...errors import AmpConfigError
+    from ...registry import default_registry
+    from ...request import build_request
     from ...tf_import import import_tensorflow, quiet_tensorflow_logs
     from .output import results_folder
+
+    try:  # the AMP_* variables the auto plan's rows read: a bad one is refused before any timing
+        build_request(default_registry().known_names())
+    except AmpConfigError as exc:
+        fail(PROG, exc)
 
     if zoo:
         from ...zoo import ZOO
@@ -80,7 +88,8 @@ def main(
 
         zoo_models = _names(models) or list(ZOO)
         if any(m not in ZOO for m in zoo_models):
-            fail(PROG, f"--zoo --models takes {', '.join(ZOO)}. Received: {models!r}.")
+            fail(PROG, f"--zoo --models takes {', '.join(ZOO)}. Received: {models!r}. Fix: pass some of those, "
+                       "comma-separated, or leave --models out (every model).")
         result = "zoo.json"
         job = functools.partial(run_zoo, zoo_models, _names(configs), reps, steps, batch)
     else:
@@ -88,11 +97,13 @@ def main(
 
         wanted: list[str] | None = _names(models) if models is not None else ["mnist", "gan"]
         if not wanted or any(m not in ("mnist", "gan") for m in wanted):
-            fail(PROG, f"--models takes mnist and/or gan (or zoo models with --zoo). Received: {models!r}.")
+            fail(PROG, f"--models takes mnist and/or gan (or zoo models with --zoo). Received: {models!r}. Fix: "
+                       "--models mnist,gan, or add --zoo for the zoo's models.")
         chosen = _names(configs)
         unknown = [c for c in chosen or [] if c not in [m[0] for m in MANUAL]]
         if unknown:
-            fail(PROG, f"unknown configuration(s) {unknown}; valid: {MANUAL_NAMES}.")
+            fail(PROG, f"unknown configuration(s) {unknown}; valid: {MANUAL_NAMES}. Fix: pass some of those, "
+                       "comma-separated, or leave --configs out (every one).")
         try:
             check_batches(wanted, samples, mnist_batch, gan_batch)
         except ValueError as exc:

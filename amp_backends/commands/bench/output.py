@@ -44,7 +44,8 @@ def results_folder(out: Path, result: str) -> Path:
     folder, n = out, 1
     while (folder / result).exists():
         n += 1
-        folder = out.with_name(f"{out.name}-{n}")
+        named = out if out.name else out.absolute()  # (".": the folder's own name, beside it)
+        folder = named.with_name(f"{named.name}-{n}")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
