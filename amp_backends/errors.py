@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -184,7 +185,7 @@ def _in_stdlib(frame: FrameType) -> bool:
     return path.startswith(_STDLIB) and "site-packages" not in path and "dist-packages" not in path
 
 
-def warn(message: str, category: type[Warning] = AmpWarning) -> None:
+def warn(message: str, category: type[Warning] = AmpWarning, *, log: logging.Logger | None = None) -> None:
     """Emit ``message`` as a warning of ``category`` at the user's line, not the library's.
 
     The line is the first caller outside amp_backends, its backends, Keras and TensorFlow (a ``Trainer.fit`` call,
@@ -196,7 +197,10 @@ def warn(message: str, category: type[Warning] = AmpWarning) -> None:
     Args:
         message: The warning's text: what was asked, what is done instead and why.
         category: The warning's class (`AmpWarning`; ``DeprecationWarning`` or ``FutureWarning`` for a renamed name).
+        log: A logger that also writes ``message`` as a warning line first (a training log says it in its order).
     """
+    if log is not None:
+        log.warning(message)
     frame: FrameType | None = sys._getframe(1)
     level = 2
     while frame is not None and (_imports(frame) or frame.f_code.co_filename.startswith(_PACKAGE_DIR)
@@ -216,7 +220,8 @@ def _batch_at(first_step: int | None, steps: int) -> str:
     """"The batch of step 7", "A batch of steps 7..9" (a call of several steps), or "A batch" (steps unknown)."""
     if first_step is None:
         return "A batch"
-    return f"The batch of step {first_step}" if steps <= 1 else f"A batch of steps {first_step}..{first_step + steps-1}"
+    last = first_step + steps - 1
+    return f"The batch of step {first_step}" if steps <= 1 else f"A batch of steps {first_step}..{last}"
 
 
 def lookup_error(message: str, first_step: int | None, steps: int = 1) -> InputError | None:

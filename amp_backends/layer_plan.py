@@ -247,11 +247,19 @@ def short_reason(plan: Plan, rules: Iterable[Float32Layer] | None = None) -> str
             "(plan.explain() has the figures)")
 
 
+def _wrapped(layer: Any) -> list[Any]:
+    """The layers a ``TimeDistributed`` or ``Bidirectional`` wrapper applies (its ``layer``, its two directions),
+    the first the one it wraps; none for another layer."""
+    if type(layer).__name__ not in ("TimeDistributed", "Bidirectional"):
+        return []
+    return [w for w in (getattr(layer, a, None) for a in ("layer", "forward_layer", "backward_layer")) if w]
+
+
 def head_activation(layer: Any) -> str | None:
     """``softmax``/``sigmoid``/``log_softmax`` where the layer ends in one, else ``None`` (a ``TimeDistributed`` or
     ``Bidirectional`` wrapper: its layer's)."""
-    if type(layer).__name__ in ("TimeDistributed", "Bidirectional") and getattr(layer, "layer", None) is not None:
-        return head_activation(layer.layer)
+    if inner := _wrapped(layer):
+        return head_activation(inner[0])
     if type(layer).__name__ == "Softmax":
         return "softmax"
     activation = getattr(layer, "activation", None)
@@ -341,12 +349,11 @@ def set_policies(model: Any, targets: Iterable[tuple[str, Any, str]]) -> tuple[s
             if not current.startswith(FLOAT8):
                 layer.quantize(FLOAT8)
                 changed.append(path)
-        elif current != dtype:
-            set_layer_policy(layer, dtype)
-            changed.append(path)
-        if dtype != FLOAT8 and type(layer).__name__ in ("TimeDistributed", "Bidirectional"):  # Keras 2 keeps
-            for inner in filter(None, (getattr(layer, a, None) for a in ("layer", "forward_layer", "backward_layer"))):
-                set_layer_policy(inner, dtype)  # the wrapped layers' own policies: they get the wrapper's
+        else:  # a wrapper's layers too: Keras 2 keeps their own policies under the wrapper's
+            if outdated := [one for one in (layer, *_wrapped(layer)) if policy_name(one) != dtype]:
+                for one in outdated:
+                    set_layer_policy(one, dtype)
+                changed.append(path)
     if changed:
         forget_compiled_functions(model)
     return tuple(changed)

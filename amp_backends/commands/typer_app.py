@@ -6,6 +6,7 @@ long option names at 80 columns and add type markers.
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
 import logging
@@ -37,10 +38,10 @@ class _Logged(logging.Handler):
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
-        self.lines: list[str] = []
+        self.lines: collections.deque[str] = collections.deque(maxlen=20)
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.lines = [*self.lines[-20:], record.getMessage()]
+        self.lines.append(record.getMessage())
 
 
 def show_warnings_plainly() -> None:

@@ -370,8 +370,7 @@ class Progress:
                         "no scale overflowed: that batch holds inf or NaN, a value went past its dtype's range, or "
                         "training diverged. Training goes on, skipping such steps. Fix: check that batch's inputs "
                         "(np.isfinite), or lower the learning rate.")
-                logger.warning(said)
-                warn(said)
+                warn(said, log=logger)
 
     def close(self) -> None:
         for o in self.observers:

@@ -251,7 +251,7 @@ class Evaluator:
                 loss_sum, weight_sum, refused = call(*args)
             except tf.errors.OpError as exc:
                 why = xla_compile_failure(exc) if self.xla and call is self._calls.get("arrays") else None
-                if why is None and type(exc) is tf.errors.InvalidArgumentError:
+                if why is None and isinstance(exc, tf.errors.InvalidArgumentError):  # (as the training step's)
                     raise batch_error(str(exc.message), i, of=what) from None
                 if why is None:
                     raise
@@ -410,5 +410,4 @@ def check_probabilities(model: Any, x: Any, loss_name: str) -> None:
                 f"outputs values from {pred.min():.3g} to {pred.max():.3g}: logits, with no softmax or sigmoid, so the "
                 "loss it trains on means nothing. Fix: give the loss from_logits=True (keras.losses.SparseCategorical"
                 "Crossentropy(from_logits=True)), or end the model with activation='softmax' (binary: 'sigmoid').")
-        logger.warning(said)
-        warn(said)
+        warn(said, log=logger)
