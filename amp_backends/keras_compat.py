@@ -115,10 +115,26 @@ def set_layer_policy(layer: Any, policy: str) -> None:
         layer.dtype_policy = policy
     elif hasattr(layer, "_set_dtype_policy"):
         layer._set_dtype_policy(policy)
+        _autocast_weights(layer)
     else:
         raise AmpConfigError(
             f"{type(layer).__name__} has no dtype policy to set (neither Keras 3's dtype_policy setter "
             "nor Keras 2's _set_dtype_policy)")
+
+
+def _autocast_weights(layer: Any) -> None:
+    """Keras 2: a layer's float weights read in its compute dtype, as ``add_weight`` wraps them under a mixed policy
+    (the same variables); normalization and embedding weights are left as Keras leaves them."""
+    keras, policy = keras_of(layer), layer._dtype_policy
+    if policy.compute_dtype != policy.variable_dtype and not isinstance(layer, (
+            keras.layers.BatchNormalization, keras.layers.LayerNormalization, keras.layers.Embedding)):
+        autocast = importlib.import_module(f"{keras.__name__}.src.mixed_precision.autocast_variable")
+        for weights in (layer._trainable_weights, layer._non_trainable_weights):
+            for i, variable in enumerate(weights):
+                if variable.dtype.is_floating and not isinstance(variable, autocast.AutoCastVariable):
+                    weights[i] = autocast.create_autocast_variable(variable)
+                    for name in [k for k, v in vars(layer).items() if v is variable]:  # (the checkpoint's
+                        object.__setattr__(layer, name, weights[i])  # dependency stays the variable itself)
 
 
 def policy_name(layer: Any) -> str:
@@ -132,18 +148,6 @@ def compute_dtype(layer: Any) -> str:
     """The name of the dtype the layer computes in (``"float32"`` if it does not say)."""
     dtype = getattr(layer, "compute_dtype", None) or "float32"
     return getattr(dtype, "name", str(dtype))
-
-
-def forget_compiled_functions(model: Any) -> None:
-    """Drop the train, test and predict functions Keras compiled for ``model`` (rebuilt when ``None``): one traced
-    before a layer's policy changed keeps the dtypes it was traced with.
-
-    Args:
-        model: a Keras model (anything else is left alone).
-    """
-    for attr in ("train_function", "test_function", "predict_function"):
-        if getattr(model, attr, None) is not None:
-            setattr(model, attr, None)
 
 
 def user_code(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -309,10 +313,6 @@ def keras_of(obj: Any) -> Any:
     return _tensorflow().keras
 
 
-def _generation_of_package(keras: Any) -> int:
-    return generation_of(getattr(keras, "__version__", None)) or 2
-
-
 def not_an_optimizer(value: Any) -> str | None:
     """What ``value`` is, as an error quotes it, where it is no optimizer object (its class, anything else);
     ``None`` for an optimizer."""
@@ -331,7 +331,7 @@ def loss_scale_of(optimizer: Any) -> tuple[str, float | None]:
     """How ``optimizer`` scales losses in ``fit``: ``("dynamic", scale)``, ``("fixed", scale)`` or ``("none", None)``,
     with the current scale."""
     if is_loss_scale_optimizer(optimizer):
-        if _generation_of_package(keras_of(optimizer)) >= 3:
+        if (generation_of(getattr(keras_of(optimizer), "__version__", None)) or 2) >= 3:
             return "dynamic", float(optimizer.dynamic_scale if optimizer.built else optimizer.initial_scale)
         return ("dynamic" if optimizer.dynamic else "fixed"), float(optimizer.loss_scale)
     factor = getattr(optimizer, "loss_scale_factor", None)
@@ -369,7 +369,7 @@ def wrap_optimizer(optimizer: Any, loss_scale: LossScale, compute_dtype: str) ->
             "or one without loss_scale_factor), and choose the scaling with loss_scale= / AMP_LOSS_SCALE.")
     keras = keras_of(optimizer)
     lso = keras.mixed_precision.LossScaleOptimizer
-    keras3 = _generation_of_package(keras) >= 3
+    keras3 = (generation_of(getattr(keras, "__version__", None)) or 2) >= 3
     if loss_scale.mode == "dynamic":  # Keras 2's dynamic=True is Keras 3's only kind
         return lso(optimizer, **({} if keras3 else {"dynamic": True}), initial_scale=loss_scale.initial,
                    dynamic_growth_steps=loss_scale.growth_interval)

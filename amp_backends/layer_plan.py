@@ -340,7 +340,7 @@ def apply(model: Any, layer_plan: LayerPlan) -> tuple[str, ...]:
 def set_policies(model: Any, targets: Iterable[tuple[str, Any, str]]) -> tuple[str, ...]:
     """Give each ``(path, layer, dtype)`` of ``model`` that policy (float8: quantized) where it has another, and drop
     Keras's compiled functions if any changed (rebuilt at their next call); the paths of the layers changed."""
-    from .keras_compat import forget_compiled_functions, policy_name, set_layer_policy
+    from .keras_compat import policy_name, set_layer_policy
 
     changed = []
     for path, layer, dtype in targets:
@@ -354,8 +354,9 @@ def set_policies(model: Any, targets: Iterable[tuple[str, Any, str]]) -> tuple[s
                 for one in outdated:
                     set_layer_policy(one, dtype)
                 changed.append(path)
-    if changed:
-        forget_compiled_functions(model)
+    for attr in ("train_function", "test_function", "predict_function") if changed else ():
+        if getattr(model, attr, None) is not None:  # (traced before: it keeps the dtypes it was traced with)
+            setattr(model, attr, None)
     return tuple(changed)
 
 

@@ -410,6 +410,8 @@ def test_prepare_model_says_a_model_built_before_the_plan_computes_in_float32_an
     prepare_model without a word: it trained without the plan's speed (the trainer said so; Keras fit did not)."""
     import warnings
 
+    import numpy as np
+
     import amp_backends
     from amp_backends.errors import AmpWarning
     from amp_backends.keras_compat import set_global_policy
@@ -426,6 +428,8 @@ def test_prepare_model_says_a_model_built_before_the_plan_computes_in_float32_an
             warnings.simplefilter("error", AmpWarning)  # mended: nothing to say
             mended = amp_backends.prepare_model(early, plan, reset_policies=True)
             assert early.layers[0].compute_dtype == "bfloat16"
+            assert early.layers[0](np.ones((2, 4), "float32")).dtype == tf.bfloat16  # (Keras 2: it said so, in
+            # float32: its weights were plain float32 variables, which only a layer built under the policy wraps)
             # it said "fp8 is off in this plan, nothing changed" (the reset untold)
             assert str(mended).startswith("reset to mixed_bfloat16 (") and "nothing changed" not in str(mended)
             assert mended.reset and set(mended.reset) <= set(mended.applied)
@@ -435,9 +439,48 @@ def test_prepare_model_says_a_model_built_before_the_plan_computes_in_float32_an
         set_global_policy("float32")
 
 
+def test_reset_policies_makes_each_layer_compute_in_the_plan_dtype_and_keeps_its_variables(tmp_path):
+    """Keras 2: reset_policies renamed a built model's policies, but its Dense and Conv layers went on computing
+    in float32 (plain float32 weights; only add_weight under a mixed policy wraps them to be read in bfloat16).
+    Now they compute in the plan's dtype as a model built under it does, Keras's float32 parameters (normalization,
+    embedding) stay float32, and the variables are the same: a checkpoint written before the reset restores."""
+    import numpy as np
+
+    import amp_backends
+    from amp_backends.keras_compat import set_global_policy
+    from helpers import applied_plan
+
+    set_global_policy("float32")
+    layers = tf.keras.layers
+    inputs = tf.keras.Input((6,), dtype="int32")
+    x = layers.Embedding(10, 4)(inputs)
+    x = layers.Conv1D(8, 3)(x)
+    x = layers.LayerNormalization()(layers.BatchNormalization()(x))
+    x = layers.Dense(8)(layers.Flatten()(x))
+    early = tf.keras.Model(inputs, layers.Dense(3, activation="softmax")(x))
+    saved = tf.train.Checkpoint(model=early).write(str(tmp_path / "before"))
+    before = [w.numpy() for w in early.weights]
+    plan = applied_plan("mixed_bfloat16", force=True)
+    try:
+        amp_backends.prepare_model(early, plan, reset_policies=True)
+        ids = np.array([[1, 2, 3, 4, 5, 6]], "int32")
+        assert early.layers[2](early.layers[1](ids)).dtype == tf.bfloat16  # the convolution
+        assert early.layers[-2](np.ones((1, 32), "float32")).dtype == tf.bfloat16  # the Dense before the head
+        assert early(ids).dtype == tf.float32  # the head, kept in float32 by the layer plan
+        assert all(w.dtype == tf.float32 for w in early.weights)  # stored in float32, as under the policy
+        for w in early.weights:
+            w.assign(tf.zeros_like(w))
+        tf.train.Checkpoint(model=early).read(saved).assert_consumed()
+        assert all(np.array_equal(a, w.numpy()) for a, w in zip(before, early.weights, strict=True))
+        early.compile(optimizer="adam", loss="mse")
+        assert np.isfinite(early.fit(np.ones((4, 6), "int32"), np.ones((4, 3)), verbose=0).history["loss"][0])
+    finally:
+        set_global_policy("float32")
+
+
 def test_prepare_model_says_a_model_saved_under_another_plan_computes_in_that_dtype():
-    """A model built (or saved) under mixed_bfloat16 and prepared under a mixed_float16 or a float32 plan was left
-    as it was without a word: its softmax head stayed in bfloat16 (only a model in float32 was reported)."""
+    """A model built (or saved) under one mixed policy and prepared under the other or a float32 plan was left as it
+    was without a word: its softmax head stayed in the first one's dtype (only a model in float32 was reported)."""
     import warnings
 
     import amp_backends
@@ -445,20 +488,23 @@ def test_prepare_model_says_a_model_saved_under_another_plan_computes_in_that_dt
     from conftest import policy
     from helpers import applied_plan, mlp
 
-    with policy("mixed_bfloat16"):
+    mixed = applied_plan("mixed_float16", force=True)  # (ITEX on a CPU with avx512_fp16 plans bfloat16 instead)
+    saved_under = "mixed_bfloat16" if mixed.policy == "mixed_float16" else "mixed_float16"
+    saved_dtype, planned_dtype = saved_under.removeprefix("mixed_"), mixed.policy.removeprefix("mixed_")
+    with policy(saved_under):
         saved = mlp(activation="softmax")
     try:
-        for plan_policy in ("mixed_float16", "float32"):
+        for plan_policy in (mixed.policy, "float32"):
             plan = applied_plan(plan_policy, force=True)
-            with pytest.warns(AmpWarning, match=rf"computes in bfloat16 under the plan's {plan_policy}: it was built "
-                                                r"before auto_configure\(\) set the dtype policy, or saved under "
+            with pytest.warns(AmpWarning, match=rf"computes in {saved_dtype} under the plan's {plan_policy}: it was "
+                                                r"built before auto_configure\(\) set the dtype policy, or saved under "
                                                 r"another plan.*reset_policies=True"):
                 amp_backends.prepare_model(saved, plan)
-        plan = applied_plan("mixed_float16", force=True)
+        plan = applied_plan(mixed.policy, force=True)
         with warnings.catch_warnings():
             warnings.simplefilter("error", AmpWarning)  # mended: nothing more to say
             amp_backends.prepare_model(saved, plan, reset_policies=True)
-        assert [layer.compute_dtype for layer in saved.layers] == ["float16", "float32"]  # the head in float32
+        assert [layer.compute_dtype for layer in saved.layers] == [planned_dtype, "float32"]  # the head in float32
         with policy("float64"), warnings.catch_warnings():  # float64 on purpose: no plan's dtype, nothing to say
             warnings.simplefilter("error", AmpWarning)
             amp_backends.prepare_model(mlp(), applied_plan("float32"))
