@@ -14,7 +14,6 @@ from typing import Any
 
 # What a record's ``shape`` describes, for matching it to layers (and the family the audit's warnings group it in).
 CONVOLUTION, INNER_PRODUCT, MATMUL = "convolution", "inner_product", "matmul"
-PROBLEMS = (CONVOLUTION, INNER_PRODUCT, MATMUL)
 
 
 @dataclass(frozen=True)

@@ -271,14 +271,13 @@ class CheckpointStore:
                 f"The checkpoint folder {folder!r} has {_size(free)} free; a checkpoint of this run needs about "
                 f"{_size(need)}, so the next save would fail. {self._kept()} Fix: {self._fix(True, need - free)}")
 
-    def remove_unfinished_saves(self) -> list[str]:
-        """Remove (and log) what saves killed mid-way left in the directory; their names."""
+    def remove_unfinished_saves(self) -> None:
+        """Remove (and log) what saves killed mid-way left in the directory."""
         names = sorted(n for n in _names(self.directory) if re.match(UNFINISHED.format(step=r"\d+"), n))
         freed = sum(_remove(os.path.join(self.directory, n)) for n in names)
         if names:
             logger.info(f"Removed what unfinished checkpoint saves of an interrupted run left in {self.directory} "
                         f"(freeing {_size(freed)}): {', '.join(names)}")
-        return names
 
     def checkpoint_bytes(self) -> int | None:
         """About how many bytes one checkpoint takes: the latest one's files, else its variables' bytes."""
@@ -286,10 +285,8 @@ class CheckpointStore:
         if latest:
             with contextlib.suppress(tf.errors.OpError, OSError):
                 return sum(tf.io.gfile.stat(f).length for f in tf.io.gfile.glob(latest + ".*"))
-        if (view := getattr(tf.train, "TrackableView", None)) is None:
-            return None
         total = 0
-        for obj in view(self.checkpoint).descendants():
+        for obj in tf.train.TrackableView(self.checkpoint).descendants():
             total += GRAPH_BYTES_PER_OBJECT
             shape, dtype = getattr(obj, "shape", None), getattr(obj, "dtype", None)
             if shape is None or dtype is None or not hasattr(obj, "assign"):
@@ -388,9 +385,7 @@ def _read_only(folder: str) -> str:
         return ""
 
 
-def _size(n: int | None) -> str:
-    if n is None:
-        return "an unknown amount"
+def _size(n: int) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"

@@ -150,11 +150,6 @@ def _number(value: Any) -> float:
         return math.nan
 
 
-def reset(metrics: Sequence[Any]) -> None:
-    for m in metrics:
-        m.reset_state()
-
-
 logger = logging.getLogger("amp_backends.train")
 
 MAXIMISED = ("acc", "auc", "precision", "recall", "f1", "iou")

@@ -12,7 +12,7 @@ import inspect
 import logging
 import warnings
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 
 from ..errors import AmpWarning, warn
 from ..layer_plan import FLOAT8, LayerPlan, LayerDecision, apply, built_in_other_dtype, decide, with_float8
@@ -137,7 +137,8 @@ def check_models(models: Sequence[Any], plan: Plan, source: Source | FirstBatch,
         for i, line in enumerate(result.log_lines()):  # a head line, a line per finding, then the rest
             if 0 < i <= len(findings) and findings[i - 1].severity in ("warning", "error") and not (
                     findings[i - 1].code == "policy-mismatch" and str(name) in said):
-                _warn(line, f"{name}: {line}")
+                logger.warning(line)
+                warn(f"{name}: {line}")
             else:
                 logger.info(line)
 
@@ -215,21 +216,6 @@ def _first_x(source: Source | FirstBatch, batch_size: int) -> Any:
     return batch[0] if isinstance(batch, (tuple, list)) else batch
 
 
-@contextlib.contextmanager
-def _unsaid_dtype() -> Iterator[None]:
-    """``prepare_model``'s warning that a model computes in another dtype left out: the trainer says it, logged too,
-    once a model (`TrainedModels.say_dtype`)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"The model .* computes in \S+ under the plan's", category=AmpWarning)
-        yield
-
-
-def _warn(line: str, message: str | None = None) -> None:
-    """``line`` logged as a warning; ``message`` (default: the line) raised as an `AmpWarning`."""
-    logger.warning(line)
-    warn(message or line)
-
-
 class TrainedModels:
     """The Keras models a trainer trains: each gets its layer plan before the first step (`prepare_models`; measured
     on one replica only, since workers measuring apart could choose apart), then the precision check once (by the
@@ -238,7 +224,7 @@ class TrainedModels:
 
     def __init__(self, models: Sequence[Any], plan: Plan, *, check: bool, measure: bool | None, batch_size: int,
                  replicas: int, is_chief: bool, store: CheckpointStore | None, audit: bool | tuple[int, int] = False,
-                 steps_per_call: int = 1, on_applied: Callable[[], None] | None = None) -> None:
+                 steps_per_call: int = 1, on_applied: Callable[[], None] = lambda: None) -> None:
         self.plan, self.models, self.on_applied = plan, list(models), on_applied
         self.to_prepare, self.to_check = list(models), list(models) if check else []
         self.measure = False if replicas > 1 else measure
@@ -279,7 +265,9 @@ class TrainedModels:
         prepared, self.to_prepare = self.to_prepare, []
         if not prepared:
             return
-        with _unsaid_dtype():
+        with warnings.catch_warnings():  # (prepare_model's warning of another dtype: said once a model, `say_dtype`)
+            warnings.filterwarnings("ignore", message=r"The model .* computes in \S+ under the plan's",
+                                    category=AmpWarning)
             self.layer_plans.update(prepare_models(prepared, self.plan, source, batch_size=self.batch_size,
                                                    stored=self.stored, say=self.is_chief, measure=self.measure))
         if self.is_chief:
@@ -288,8 +276,7 @@ class TrainedModels:
             self.store.annotate("layer_plans", {n: lp.to_dict() for n, lp in self.layer_plans.items()})
         if self.audit is not None:
             self.audit.layer_plans = self.layer_plans
-        if self.on_applied is not None:
-            self.on_applied()
+        self.on_applied()
 
     def say_dtype(self, models: Sequence[Any]) -> None:
         """Say (logged, and an `AmpWarning`) once a model that a model computes in another dtype than the plan's."""
@@ -297,10 +284,10 @@ class TrainedModels:
             name = str(getattr(model, "name", model))
             if name not in self.said and (dtype := built_in_other_dtype(model, self.plan, self.layer_plans.get(name))):
                 self.said.add(name)
-                _warn(f"The model {name!r} computes in {dtype} under the plan's {self.plan.policy}: it was built "
-                      "before auto_configure() set the dtype policy, or saved under another plan (a Keras policy "
-                      "applies to the layers created after it), so it trains without the plan's precision. Fix: "
-                      "build it after auto_configure().")
+                warn(f"The model {name!r} computes in {dtype} under the plan's {self.plan.policy}: it was built "
+                     "before auto_configure() set the dtype policy, or saved under another plan (a Keras policy "
+                     "applies to the layers created after it), so it trains without the plan's precision. Fix: "
+                     "build it after auto_configure().", log=logger)
 
     def diagnose(self, source: Source) -> Exception | None:
         """Where a training call failed inside TensorFlow: why the models cannot run on its batches, from each one's

@@ -127,7 +127,6 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
                 raise InputError("sample_weight must be finite and not negative (a weight per sample; 0 leaves a "
                                  f"sample out). Received values from {w.min()} to {w.max()}. Fix: clean the weights, "
                                  "e.g. np.clip(w, 0, None) where negative weights are a mistake.")
-        classes = _num_classes(model)
         if _loss_name(loss) == "categoricalcrossentropy" and np.ndim(sample[1]) == 1 and (classes or 0) > 1:
             raise InputError(f"The labels y are class ids (shape {np.shape(sample[1])}), but categorical cross-entropy "
                              f"takes one-hot rows (shape (N, {classes})). Fix: loss='sparse_categorical_crossentropy' "

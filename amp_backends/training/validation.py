@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from ..errors import AmpConfigError, InputError, batch_error, warn, xla_compile_failure
 from . import metrics as metric_lib
-from .metrics import Every, Monitor, masked_weights, parse_every, reset, results
+from .metrics import Every, Monitor, masked_weights, parse_every, results
 from .observers import Observer
 from .checkpoints import CheckpointStore
 from ..keras_compat import user_code
@@ -111,7 +111,8 @@ class Validation:
     def epoch_end(self, epoch: int, step: int) -> None:
         """Epoch ``epoch`` ended at global step ``step``: its values (and validation, when due) recorded."""
         values = {**self.monitor.epoch_values(), **metric_lib.results(self.train_metrics)}
-        metric_lib.reset(self.train_metrics)
+        for m in self.train_metrics:
+            m.reset_state()
         if self.data is not None and self.every and self.every.unit == "epochs" and (epoch + 1) % self.every.n == 0:
             values.update(self.validate())
         self._record(epoch, step, values, epoch_end=True)
@@ -244,7 +245,8 @@ class Evaluator:
     # ------------------------------------------------------------------ evaluate
     def evaluate(self, x: Any, y: Any = None, *, what: str = "evaluate()") -> dict[str, float]:
         """``{"loss": ..., <metric>: ...}`` over all of ``x``/``y`` (or a dataset of batches)."""
-        reset(self.metrics)
+        for m in self.metrics:
+            m.reset_state()
         total, weight = 0.0, 0.0
         for i, (call, args) in enumerate(self._batches(x, y, what)):
             try:
