@@ -1,17 +1,20 @@
-"""Ready-made updates: a classifier (any Keras model and loss), the tutorials' GAN, and MNIST batches."""
+"""Ready-made updates: a classifier (any Keras model and loss), the tutorials' GAN, and MNIST batches; and what
+`Trainer.fit` is given, checked (Keras ``fit``'s keywords it does not take refused with what does their work)."""
 
 from __future__ import annotations
 
+import difflib
 import logging
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from ..errors import AmpConfigError, InputError
+from .checkpoints import CheckpointStore
 from ..labels import check_label_shape, class_ids
 from ..model_inputs import check_model_inputs
-from .inputs import leaf_paths
+from .inputs import is_count, leaf_paths
 from .metrics import masked_weights, record_predictions
 from ..keras_compat import not_an_optimizer, user_code
 from .step import Evaluation, Update, float32_outputs, step_seed
@@ -321,3 +324,40 @@ def mnist_batch_fn(x: Any, y: Any, idx: Any) -> Any:
     """Gather a batch of uint8 MNIST images on the device and scale to [0, 1] (as the tutorials: /255)."""
     xb = tf.reshape(tf.cast(tf.gather(x, idx), tf.float32) / 255.0, [-1, 28, 28, 1])
     return xb, (None if y is None else tf.gather(y, idx))
+
+
+FIT_KEYWORDS = ("x", "y", "epochs", "max_steps", "resume", "steps_per_epoch", "validation_data", "validation_every")
+# Keras fit's keywords that Trainer.fit does not take, and what does their work here
+KERAS_FIT = {
+    "batch_size": "give it to the Trainer: Trainer(updates, plan, batch_size=N) (every fit trains with it)",
+    "verbose": "Trainer(..., progress=False) for no progress bar, log_every=N for a log line every N steps",
+    "callbacks": "Trainer(..., observers=[...]): amp_backends.Observer objects, called around every compiled call",
+    "class_weight": "weigh each sample by its class: a tf.data dataset of (x, y, weights[y]) batches",
+    "sample_weight": "a tf.data dataset of (x, y, sample_weight) batches",
+    "validation_split": "validation_data=(x_val, y_val), the samples you hold out",
+    "validation_steps": "validation_data holding the batches to evaluate (dataset.take(N))",
+    "validation_batch_size": "leave it out: validation takes the Trainer's batch_size",
+    "validation_freq": "validation_every=N (epochs) or validation_every='500 steps'",
+    "initial_epoch": "resume=True continues a run from its checkpoint (epochs count over the whole run)",
+    "shuffle": "leave it out: arrays are shuffled each epoch from the Trainer's seed, a dataset is taken as it comes",
+}
+
+
+def check_fit_arguments(keras_fit: Mapping[str, Any], *, epochs: Any, max_steps: Any, resume: bool,
+                        store: CheckpointStore | None) -> None:
+    """`Trainer.fit`'s own arguments (positive counts, ``resume`` only with a checkpoint directory), and no other
+    keyword: one of Keras ``fit``'s is refused with what does its work here, another with the nearest name."""
+    for name, value in keras_fit.items():
+        near = difflib.get_close_matches(name, FIT_KEYWORDS, n=1)
+        fix = KERAS_FIT.get(name) or (f"did you mean {near[0]}=?" if near else "leave it out")
+        whose = "Keras fit takes it" if name in KERAS_FIT else "a name it does not know"
+        raise AmpConfigError(f"Trainer.fit() takes no {name}= ({whose}). Received: {name}={value!r:.60}. Expected "
+                             f"keywords: {', '.join(FIT_KEYWORDS[2:])}. Fix: {fix}.")
+    for name, value in (("epochs", epochs), ("max_steps", max_steps)):
+        if (value is not None or name == "epochs") and not is_count(value):
+            raise AmpConfigError(f"{name} must be a positive integer{' or None' if name == 'max_steps' else ''}. "
+                                 f"Received: {name}={value!r}. Fix: pass {name}=1 or more (an int): it counts "
+                                 "over the whole run.")
+    if resume and store is None:
+        raise AmpConfigError("fit(resume=True) continues from checkpoints, but this Trainer has no checkpoint_dir. "
+                             "Fix: build the Trainer with checkpoint_dir=..., or leave resume out.")

@@ -21,6 +21,7 @@ from .precision import FirstBatch, TrainedModels, trained_models
 from .resume import Checkpointing, nothing_left
 from .runs import At, Position, check_directory, current_seed, parse_profile_steps
 from .step import StepProgram, Update, build_optimizers
+from .tasks import check_fit_arguments
 from .metrics import Progress
 from .validation import Evaluator, Validation
 
@@ -148,7 +149,7 @@ class Trainer:
 
     def fit(self, x: Any, y: Any = None, *, epochs: int = 1, max_steps: int | None = None, resume: bool = False,
             steps_per_epoch: int | None = None, validation_data: Any = None,
-            validation_every: int | str = 1) -> TrainResult:
+            validation_every: int | str = 1, **keras_fit: Any) -> TrainResult:
         """Train until ``epochs`` epochs are complete (counted over the whole run) or ``max_steps`` steps.
 
         Calling ``fit`` again continues where the last call stopped (the same arrays are not copied or checked
@@ -163,6 +164,7 @@ class Trainer:
             steps_per_epoch: The steps of an epoch, for a dataset that repeats forever.
             validation_data: ``(x_val, y_val)`` arrays or a dataset of batches, evaluated with the metrics.
             validation_every: Evaluate every this many epochs, or ``"500 steps"`` (needs ``validation_data``).
+            **keras_fit: Keras ``fit``'s other keywords, refused with what does their work here.
 
         Returns:
             What the run did (`TrainResult`).
@@ -174,7 +176,7 @@ class Trainer:
             NonFiniteError: Training cannot go on: too many non-finite steps, or non-finite weights.
             TrainingInterrupted: Ctrl-C or SIGTERM, after the last call ended and its checkpoint was saved.
         """
-        check_fit_arguments(epochs=epochs, max_steps=max_steps, resume=resume, checkpoints=self.store is not None)
+        check_fit_arguments(keras_fit, epochs=epochs, max_steps=max_steps, resume=resume, store=self.store)
         self._last_input = input_for(self._last_input, x, y, self.updates, batch_size=self.batch_size,
                                      device=self.plan.device, seed=self.seed, strategy=self.strategy,
                                      batch_fn=self.batch_fn, steps_per_epoch=steps_per_epoch)
@@ -227,7 +229,6 @@ class Trainer:
             check_stalled(self.scalers, self.max_consecutive_nonfinite, self.checkpointing.before_failing)
             self.validation.after_call(at.epoch, at.step, ran.done)
             self.checkpointing.after_call(at.step, ran.done)  # a checkpoint every checkpoint_every steps
-
 
     def _epoch_over(self, epoch: int) -> None:  # the position moves on; the epoch's values, validated when due
         self.position.next_epoch()
@@ -402,15 +403,3 @@ def checked_arguments(updates: Sequence[Update], plan: Plan, replicas: int, *, c
         raise AmpConfigError(f"profile_steps={profile_steps!r} records a profile into logdir, and logdir is None. "
                              "Fix: pass logdir=<a folder, relative or absolute>, or leave profile_steps out.")
     return list(updates), str(check_directory(logdir, "logdir")) if logdir else logdir, window
-
-
-def check_fit_arguments(*, epochs: Any, max_steps: Any, resume: bool, checkpoints: bool) -> None:
-    """``fit``'s own arguments: positive counts, and ``resume`` only with a checkpoint directory."""
-    for name, value in (("epochs", epochs), ("max_steps", max_steps)):
-        if (value is not None or name == "epochs") and not is_count(value):
-            raise AmpConfigError(f"{name} must be a positive integer{' or None' if name == 'max_steps' else ''}. "
-                                 f"Received: {name}={value!r}. Fix: pass {name}=1 or more (an int): it counts "
-                                 "over the whole run.")
-    if resume and not checkpoints:
-        raise AmpConfigError("fit(resume=True) continues from checkpoints, but this Trainer has no checkpoint_dir. "
-                             "Fix: build the Trainer with checkpoint_dir=..., or leave resume out.")

@@ -535,6 +535,26 @@ def test_fit_counts_that_are_not_positive_are_our_error_with_the_fix():
     assert int(t.global_step.numpy()) == 0
 
 
+def test_keras_fit_keywords_are_refused_with_what_does_their_work_and_the_fix_for_class_weight_trains():
+    """Keras fit's keywords (batch_size, callbacks, class_weight...) given to Trainer.fit were Python's 'unexpected
+    keyword argument', saying neither what the trainer takes instead nor how; a misspelt one, no nearest name."""
+    x, y = classification_data(32)
+    t = trainer(mlp())
+    for kwargs, fix in (({"batch_size": 8}, r"Trainer\(updates, plan, batch_size=N\)"),
+                        ({"callbacks": []}, r"observers=\[\.\.\.\]"), ({"verbose": 0}, "progress=False"),
+                        ({"class_weight": {0: 1.0, 1: 2.0}}, r"a tf\.data dataset of \(x, y, weights\[y\]\)"),
+                        ({"validation_split": 0.2}, r"validation_data=\(x_val, y_val\)"),
+                        ({"epoch": 2}, "did you mean epochs=")):
+        name = next(iter(kwargs))
+        with pytest.raises(amp_backends.AmpConfigError, match=rf"Trainer\.fit\(\) takes no {name}=.*Received: {name}="
+                                                             rf".*Expected keywords: epochs, max_steps.*Fix: .*{fix}"):
+            t.fit(x, y, **kwargs)
+    assert int(t.global_step.numpy()) == 0
+    weights = np.array([1.0, 2.0, 0.5], "float32")  # the fix for class_weight={0: 1.0, 1: 2.0, 2: 0.5}
+    weighted = tf.data.Dataset.from_tensor_slices((x, y, weights[y])).batch(8, drop_remainder=True)
+    assert t.fit(weighted).steps == 4
+
+
 def test_batches_of_the_wrong_structure_are_an_input_error_that_says_what_they_held():
     x, y = classification_data(32)
     t = trainer(mlp())
