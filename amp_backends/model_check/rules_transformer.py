@@ -55,7 +55,10 @@ def mask_overflow(rules: RuleContext) -> None:
 def attention_softmax(rules: RuleContext) -> None:
     graph = rules.graph
     at_output = {out.layer for out in graph.outputs if out.producer_type in ("Softmax", "LogSoftmax")}
-    ops = [op for op in graph.others if op.op_type == "Softmax" and op.dtype in REDUCED and op.layer not in at_output]
+    wrappers = [graph.layer(out.layer).path + "/" for out in graph.outputs  # (whose layer runs once per time step)
+                if graph.layer(out.layer).class_name in ("TimeDistributed", "Bidirectional")]
+    ops = [op for op in graph.others if op.op_type == "Softmax" and op.dtype in REDUCED and op.layer not in at_output
+           and not graph.layer(op.layer).path.startswith(tuple(wrappers))]
     if not ops:
         return
     layers = sorted({op.layer for op in ops})

@@ -272,6 +272,16 @@ def test_keras_attention_masks_and_layer_norm_are_not_reported(h100):
     assert softmax.severity == "info" and softmax.details["dtype"] == "float16"
 
 
+def test_a_softmax_head_inside_time_distributed_is_the_output_not_attention(h100):
+    """Keras 3 runs TimeDistributed's layer once per time step (the output's producer is the stack, not the
+    softmax): its softmax head was reported as 'attention's probabilities' beside the output's own warning."""
+    with policy("mixed_float16"):
+        x = K.Input((5, 8))
+        model = K.Model(x, L.TimeDistributed(L.Dense(4, activation="softmax"))(L.Dense(16)(x)), name="tagger")
+    codes = [f.code for f in check_model(model, plan=h100, batch_size=8).findings]
+    assert "attention-softmax" not in codes and {"output-dtype", "final-activation"} & set(codes), codes
+
+
 class HalfLayerNorm(L.Layer):
     """A hand-written layer norm whose mean and variance run in the compute dtype."""
 
