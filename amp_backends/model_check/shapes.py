@@ -195,7 +195,18 @@ def shapes_with_sequence_length(model: Any, length: int, batch_size: int | None 
     """The model's input shapes with every open dimension after the batch set to ``length`` (``--seq-len N``).
 
     For a keras_hub backbone: ``{"token_ids": (batch_size, length), ...}``, for ``check_model(model, inputs=...)``.
-    The batch stays ``batch_size`` (``None``: filled by the check's).
+
+    Args:
+        model: A Keras model whose inputs have open dimensions (``keras.Input((None,))``).
+        length: The size each open dimension after the batch gets, an int >= 1.
+        batch_size: The batch of the shapes (``None``: filled by the check's).
+
+    Returns:
+        The model's input shapes in its input structure, batch first.
+
+    Raises:
+        AmpConfigError: ``length`` is no positive int, the model's input shapes cannot be told, or they have no open
+            dimension (the length would change nothing).
     """
     import tensorflow as tf
 
@@ -206,6 +217,12 @@ def shapes_with_sequence_length(model: Any, length: int, batch_size: int | None 
         raise AmpConfigError(
             f"Cannot tell the input shape of the model {getattr(model, 'name', model)!r}, so a sequence "
             "length cannot be applied to it. Fix: give the full shapes instead (inputs=...).")
+    if None not in [d for leaf in tf.nest.flatten(struct) for d in leaf.shape[1:]]:
+        shapes = ", ".join(str(tuple(leaf.shape)) for leaf in tf.nest.flatten(struct))
+        raise AmpConfigError(
+            f"A sequence length of {length} sets the open dimensions of the inputs of the model "
+            f"{getattr(model, 'name', model)!r}, and it has none (its inputs: {shapes}): it would change nothing. "
+            "Fix: leave the sequence length (--seq-len) out, or give other shapes in full (--input-shape).")
     return tf.nest.map_structure(
         lambda leaf: (batch_size,) + tuple(length if d is None else d for d in leaf.shape[1:]), struct)
 

@@ -622,6 +622,11 @@ def test_a_sequence_past_the_models_position_table_is_refused_not_approved(cli):
 def test_check_command_refuses_both_shape_options_and_a_bad_shape(cli):
     both = cli("user_models:any_length", "--seq-len", "8", "--input-shape", "8x32", "--policy", "float32")
     assert both.exit_code == 2 and "at most one of --seq-len and --input-shape" in both.output
+    # a model with no open dimension: --seq-len changed nothing and the check ran as if it was not given
+    fixed = cli("user_models:bf16_softmax", "--seq-len", "8", "--policy", "float32")
+    said = " ".join(fixed.output.split())
+    assert fixed.exit_code == 2 and "sets the open dimensions of the inputs of the model" in said, said
+    assert "it has none (its inputs: (None, 16))" in said and "Fix: leave the sequence length (--seq-len) out" in said
     bad = cli("user_models:any_length", "--input-shape", "8xx32", "--policy", "float32")
     assert bad.exit_code == 2 and "Received: '8xx32'" in bad.output and "Fix:" in bad.output
     # a shape of another rank: its fix was Python's ("give the batch's full shape, the batch first, e.g. (None, 128,
