@@ -59,8 +59,8 @@ def preflight(opts: RunOptions) -> None:
 
     Raises:
         AmpConfigError: ``--logdir`` cannot be a folder, ``--distribute`` is unknown, ``--profile-steps`` is not
-            ``START:STOP`` with ``0 <= START < STOP``, or more than one of ``--data``, ``--synthetic`` and ``--digits``
-            is given.
+            ``START:STOP`` with ``0 <= START < STOP`` or starts at or after ``--max-steps``, or more than one of
+            ``--data``, ``--synthetic`` and ``--digits`` is given.
         ClusterConfigError: The cluster is described wrongly, or this worker's port is taken.
         CheckpointError: ``--resume`` finds no run, or one another process holds.
     """
@@ -73,7 +73,12 @@ def preflight(opts: RunOptions) -> None:
         raise AmpConfigError(f"--data, --synthetic and --digits each choose the training data: one at most. Received: "
                              f"{' and '.join(sources)}. Fix: keep the one to train on.")
     several = check_cluster(opts.distribute) is not None
-    parse_profile_steps(opts.profile_steps)
+    window = parse_profile_steps(opts.profile_steps)
+    if window and opts.max_steps is not None and window[0] >= opts.max_steps:
+        raise AmpConfigError(f"--profile-steps {opts.profile_steps} starts at step {window[0]}, and --max-steps "
+                             f"{opts.max_steps} ends the run before it: nothing would be traced. Expected a window "
+                             f"that starts before step {opts.max_steps}. Fix: --profile-steps "
+                             f"{max(0, opts.max_steps - 10)}:{opts.max_steps}, or a larger --max-steps.")
     check_no_file_in_the_way(opts.logdir, "--logdir")
     if opts.resume and not several:  # (the workers of a cluster agree on their run first: `choose_run`)
         refuse_if_held(propose_run_directory(opts.logdir, True).checkpoints)

@@ -202,6 +202,18 @@ def test_a_profile_window_that_is_no_window_is_refused_before_tensorflow_starts(
     assert out[3:] == ["accepted 2:6", "False"], out
 
 
+def test_a_profile_window_after_max_steps_is_refused_before_training():
+    """``--max-steps 5 --profile-steps 20:30`` trained the five steps, then said no trace was written."""
+    from amp_backends.errors import AmpConfigError
+    from amp_backends.examples.run import RunOptions, preflight
+
+    with pytest.raises(AmpConfigError, match=r"--profile-steps 20:30 starts at step 20, and --max-steps 5 ends the run "
+                                             r"before it: nothing would be traced.*Fix: --profile-steps 0:5, or a "
+                                             r"larger --max-steps"):
+        preflight(RunOptions(digits=True, profile_steps="20:30", max_steps=5))
+    preflight(RunOptions(digits=True, profile_steps="2:30", max_steps=5))  # (it starts inside the run: traced)
+
+
 def test_a_resume_with_no_run_or_of_a_held_run_is_refused_before_tensorflow_starts(tmp_path):
     """Both were refused only once TensorFlow had started and the plan was made (seconds after the command)."""
     fcntl = pytest.importorskip("fcntl")
