@@ -36,6 +36,10 @@ def check_command(
     input_shape: str | None = typer.Option(
         None, "--input-shape", metavar="SHAPE",
         help="One example's input shape, without the batch: 64x64x3, or name=128,other=128 for named inputs."),
+    prepare: bool = typer.Option(False, "--prepare",
+                                 help="Apply the layer plan first (amp_backends.prepare_model: the softmax head and "
+                                      "the plan's float32 layers), as the Trainer and a script calling prepare_model "
+                                      "do."),
     device: str | None = typer.Option(None, "--device", metavar="NAME",
                                       help="Check the model as a device of the catalogue would run it (h100, a100; "
                                            "the list: amp_backends.known_devices()) instead of this machine."),
@@ -43,7 +47,8 @@ def check_command(
 ) -> None:
     """Build a model from MODULE:FACTORY under the plan and check it for what makes mixed precision slow or wrong.
 
-    Exits 1 when a finding is an error (wrong or unstable numbers), 0 otherwise."""
+    Exits 1 when a finding is an error (wrong or unstable numbers), 0 otherwise; --prepare checks the model with its
+    layer plan applied, as it trains."""
     try:  # the factory's form and the shapes, before TensorFlow starts
         parse_factory(target)
         given_shapes = shape_options(seq_len, input_shape)
@@ -75,6 +80,10 @@ def check_command(
     try:
         inputs = (given_shapes if given_shapes is not None
                   else shapes_with_sequence_length(model, seq_len) if seq_len is not None else None)
+        if prepare:
+            from ..prepare import prepare_model
+
+            prepare_model(model, plan, inputs=inputs, measure_float32=False)
         result = check_model(model, plan=plan, batch_size=batch_size, inputs=inputs)
     except (TypeError, ValueError, RuntimeError) as exc:
         fail(PROG, in_flag_words(input_shape, exc, model) if input_shape is not None else exc)
@@ -83,4 +92,7 @@ def check_command(
     else:
         result.render_text()
     if result.of_severity("error"):
+        if not prepare and not json_output:
+            typer.echo("note: the model was checked as the factory built it; --prepare checks it with the layer plan "
+                       "applied, as prepare_model and the Trainer apply it before training", err=True)
         raise typer.Exit(1)

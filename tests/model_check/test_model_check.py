@@ -533,6 +533,10 @@ def cli(tmp_path, monkeypatch):
             inputs = tf.keras.Input((None, 32))
             x = tf.keras.layers.Dense(64)(inputs)
             return tf.keras.Model(inputs, tf.keras.layers.Dense(8, dtype="float32")(x))
+        def classifier():
+            # the most common Keras model: a softmax head in the policy's dtype (the layer plan keeps it in float32)
+            inputs = tf.keras.Input((16,))
+            return tf.keras.Model(inputs, tf.keras.layers.Dense(4, "softmax")(tf.keras.layers.Dense(32)(inputs)))
         def bf16_softmax():
             # a head the user set to bfloat16 itself: the layer plan keeps it, the check calls it an error
             inputs = tf.keras.Input((16,))
@@ -585,7 +589,8 @@ def test_check_command_exits_1_when_a_finding_is_an_error(cli, json_flag):
     ("user_models:good:extra", 2, "expected MODULE:FACTORY"),
     ("does_not_import:good", 2, "importing it raised ModuleNotFoundError"),
     ("no_such_module_xyz:good", 2, "expected an importable module"),
-    ("user_models:missing", 2, "Functions defined there: Positions, any_length, bf16_softmax, broken, good"),
+    ("user_models:missing", 2, "Functions defined there: Positions, any_length, bf16_softmax, broken, classifier, "
+                               "good"),
     ("user_models:WIDTH", 2, "it is 3 (of type int)"),
     ("user_models:not_a_model", 2, "returned builtins.list"),
     ("user_models:broken", 2, "raised RuntimeError: boom"),  # (1 is an error finding's: a CI gate tells them apart)
@@ -617,6 +622,18 @@ def test_a_sequence_past_the_models_position_table_is_refused_not_approved(cli):
     within = cli("user_models:positions", "--seq-len", "16", "--policy", "float32", "--json")
     assert within.exit_code == 0, within.output
     assert json.loads(within.stdout)["summary"]["sized"] is True
+
+
+def test_check_command_prepare_checks_the_model_with_its_layer_plan_as_it_trains(cli):
+    """A plain softmax classifier failed the check (exit 1: its head in the low precision) with a fix, prepare_model,
+    that the command gave no way to apply; the Trainer and prepare_model keep that head in float32."""
+    as_built = cli("user_models:classifier", "--device", "a100")
+    said = " ".join(as_built.output.split())
+    assert as_built.exit_code == 1 and "softmax" in said, said
+    assert "note: the model was checked as the factory built it; --prepare checks it with the layer plan" in said
+    prepared = cli("user_models:classifier", "--device", "a100", "--prepare", "--json")
+    assert prepared.exit_code == 0, prepared.output
+    assert not [f for f in json.loads(prepared.stdout)["findings"] if f["severity"] == "error"]
 
 
 def test_check_command_refuses_both_shape_options_and_a_bad_shape(cli):
