@@ -343,6 +343,17 @@ KERAS_FIT = {
 }
 
 
+def _short(value: Any) -> str:
+    """``value`` as an error quotes it: its repr where short, else its type (an array's shape, a list's items')."""
+    if len(text := repr(value)) <= 60 and " object at 0x" not in text:
+        return text
+    if hasattr(value, "shape"):
+        return f"<{type(value).__name__} of shape {tuple(value.shape)}>"
+    if isinstance(value, (list, tuple)) and len(value) <= 4:
+        return "[" + ", ".join(_short(v) for v in value) + "]"
+    return f"<{type(value).__name__}>"
+
+
 def check_fit_arguments(keras_fit: Mapping[str, Any], *, epochs: Any, max_steps: Any, resume: bool,
                         store: CheckpointStore | None) -> None:
     """`Trainer.fit`'s own arguments (positive counts, ``resume`` only with a checkpoint directory), and no other
@@ -351,7 +362,7 @@ def check_fit_arguments(keras_fit: Mapping[str, Any], *, epochs: Any, max_steps:
         near = difflib.get_close_matches(name, FIT_KEYWORDS, n=1)
         fix = KERAS_FIT.get(name) or (f"did you mean {near[0]}=?" if near else "leave it out")
         whose = "Keras fit takes it" if name in KERAS_FIT else "a name it does not know"
-        raise AmpConfigError(f"Trainer.fit() takes no {name}= ({whose}). Received: {name}={value!r:.60}. Expected "
+        raise AmpConfigError(f"Trainer.fit() takes no {name}= ({whose}). Received: {name}={_short(value)}. Expected "
                              f"keywords: {', '.join(FIT_KEYWORDS[2:])}. Fix: {fix}.")
     for name, value in (("epochs", epochs), ("max_steps", max_steps)):
         if (value is not None or name == "epochs") and not is_count(value):

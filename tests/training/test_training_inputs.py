@@ -549,6 +549,10 @@ def test_keras_fit_keywords_are_refused_with_what_does_their_work_and_the_fix_fo
         with pytest.raises(amp_backends.AmpConfigError, match=rf"Trainer\.fit\(\) takes no {name}=.*Received: {name}="
                                                              rf".*Expected keywords: epochs, max_steps.*Fix: .*{fix}"):
             t.fit(x, y, **kwargs)
+    with pytest.raises(amp_backends.AmpConfigError, match=r"Received: callbacks=\[<EarlyStopping>\]\. Expected"):
+        t.fit(x, y, callbacks=[tf.keras.callbacks.EarlyStopping()])  # (its repr, cut off mid-text, said 'object at')
+    with pytest.raises(amp_backends.AmpConfigError, match=r"Received: sample_weight=<ndarray of shape \(32,\)>\."):
+        t.fit(x, y, sample_weight=np.ones(32))
     assert int(t.global_step.numpy()) == 0
     weights = np.array([1.0, 2.0, 0.5], "float32")  # the fix for class_weight={0: 1.0, 1: 2.0, 2: 0.5}
     weighted = tf.data.Dataset.from_tensor_slices((x, y, weights[y])).batch(8, drop_remainder=True)
