@@ -271,10 +271,12 @@ def _check_labelled(batch: Any) -> None:
                          f"(keys {sorted(batch)}). Fix: map them to a tuple, e.g. dataset.map(lambda d: (d['image'], "
                          "d['label'])) with your keys.")
     if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3) or batch[1] is None:
-        n = len(batch) if isinstance(batch, (tuple, list)) else 1
+        pair = isinstance(batch, (tuple, list))
+        what = ("no labels: y is None (arrays given as fit(x) alone; a tuple given as x is the model's inputs)"
+                if pair and len(batch) == 2 else f"a {type(batch).__name__} of {len(batch)} items" if pair
+                else f"one {type(batch).__name__} per batch, no labels (a dataset of the inputs alone)")
         raise InputError("classifier_updates trains on labelled batches: (x, y) or (x, y, sample_weight). Received "
-                         f"{type(batch).__name__} of {n} item(s){' without labels' if n < 3 else ''}. Fix: fit(x, y), "
-                         "or a dataset of (x, y) or (x, y, sample_weight) batches.")
+                         f"{what}. Fix: fit(x, y), or a dataset of (x, y) or (x, y, sample_weight) batches.")
 
 
 def gan_updates(generator: Any, discriminator: Any, g_opt: Any, d_opt: Any) -> list[Update]:

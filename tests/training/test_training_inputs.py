@@ -563,9 +563,16 @@ def test_batches_of_the_wrong_structure_are_an_input_error_that_says_what_they_h
     x, y = classification_data(32)
     t = trainer(mlp())
     four = tf.data.Dataset.from_tensor_slices((x, y, y, y)).batch(8, drop_remainder=True)
-    with pytest.raises(InputError, match=r"Received tuple of 4 item\(s\)\. Fix") as err:
+    with pytest.raises(InputError, match=r"Received a tuple of 4 items\. Fix") as err:
         t.fit(four)
-    assert "without labels" not in str(err.value)  # (it has labels: it has too many items)
+    assert "no labels" not in str(err.value)  # (it has labels: it has too many items)
+    # what the user gave, not the trainer's own (x, None) batch: they said 'tuple of 2 item(s)' to fit((x, y, w))
+    for given in ((x,), ((x, y, np.ones(32)),)):
+        with pytest.raises(InputError, match=r"Received no labels: y is None \(arrays given as fit\(x\) alone; a "
+                                             r"tuple given as x is the model's inputs\)\. Fix: fit\(x, y\)"):
+            t.fit(*given)
+    with pytest.raises(InputError, match=r"Received one \w+ per batch, no labels \(a dataset of the inputs alone\)"):
+        t.fit(tf.data.Dataset.from_tensor_slices(x).batch(8, drop_remainder=True))
     named = tf.data.Dataset.from_tensor_slices({"x": x, "y": y}).batch(8, drop_remainder=True)
     with pytest.raises(InputError, match="the data yields dicts"):
         t.fit(named)
