@@ -128,8 +128,8 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
         layer_plan: a layer plan to apply as it is (a checkpoint's: `LayerPlan.from_dict`), instead of
             deciding one.
         reset_policies: first give every layer the plan's policy (a model built or saved under another plan
-            keeps its layers' policies), layers given one on purpose too unless the layer plan keeps them;
-            float8-quantized layers keep their quantization.
+            keeps its layers' policies); float8-quantized layers keep their quantization, and so does a layer in
+            float32 inside a model built under a mixed policy (given it on purpose, as a float32 output layer).
 
     Returns:
         The `Preparation`: the layer plan applied, the layers it changed, and a note.
@@ -187,13 +187,15 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
 
 def _reset_policies(model: Any, plan: Plan) -> tuple[str, ...]:
     """Every layer of ``model`` (the model itself included, input layers and float8 layers left out) set to the
-    plan's policy, and Keras's compiled functions dropped if any changed; the paths of the layers changed."""
+    plan's policy, and Keras's compiled functions dropped if any changed; the paths of the layers changed. In a model
+    built under a mixed policy, a layer in float32 was given it on purpose (a float32 output layer): it keeps it."""
     from .keras_compat import policy_name, walk
 
-    walked = walk(model, getattr(model, "name", "model"))
+    walked = [(path, layer) for path, layer in walk(model, getattr(model, "name", "model"))
+              if type(layer).__name__ != "InputLayer" and not policy_name(layer).startswith(lp.FLOAT8)]
+    pinned = any(policy_name(layer).startswith("mixed_") for _, layer in walked)
     return lp.set_policies(model, ((path, layer, plan.policy) for path, layer in walked
-                                   if type(layer).__name__ != "InputLayer"
-                                   and not policy_name(layer).startswith(lp.FLOAT8)))
+                                   if not (pinned and policy_name(layer) == "float32")))
 
 
 def _measured(model: Any, plan: Plan, decided: lp.LayerPlan, inputs: Any,

@@ -478,6 +478,32 @@ def test_reset_policies_makes_each_layer_compute_in_the_plan_dtype_and_keeps_its
         set_global_policy("float32")
 
 
+def test_reset_policies_keeps_a_float32_layer_the_model_was_built_with_under_a_mixed_policy(tmp_path):
+    """A regression model saved under a mixed policy, ended with Activation('linear', dtype='float32') as the docs
+    say: reset_policies set that layer to the plan's policy, and the output became bfloat16 (the check then asked
+    for the very layer the reset had undone)."""
+    import numpy as np
+
+    import amp_backends
+    from conftest import policy
+    from helpers import applied_plan
+
+    with policy("mixed_bfloat16"):
+        inputs = tf.keras.Input((8,))
+        hidden = tf.keras.layers.Dense(1)(tf.keras.layers.Dense(16, activation="relu")(inputs))
+        tf.keras.Model(inputs, tf.keras.layers.Activation("linear", dtype="float32")(hidden)).save(
+            tmp_path / "regression.keras")
+    try:
+        plan = applied_plan("mixed_bfloat16", force=True)
+        loaded = tf.keras.models.load_model(tmp_path / "regression.keras")
+        prepared = amp_backends.prepare_model(loaded, plan, reset_policies=True)
+        assert loaded(np.ones((2, 8), "float32")).dtype == tf.float32
+        assert loaded.layers[-1].compute_dtype == "float32" and loaded.layers[1].compute_dtype == "bfloat16"
+        assert not any(path.endswith("activation") for path in prepared.reset), prepared.reset
+    finally:
+        applied_plan("float32")
+
+
 def test_prepare_model_says_a_model_saved_under_another_plan_computes_in_that_dtype():
     """A model built (or saved) under one mixed policy and prepared under the other or a float32 plan was left as it
     was without a word: its softmax head stayed in the first one's dtype (only a model in float32 was reported)."""
