@@ -337,5 +337,7 @@ def _contradictions(audit: Audit) -> list[dict[str, str]]:
         out.append({"code": "emulated-kernels",
                     "what": f"{emulated / total:.0%} of the compute time ran reduced-precision kernels on an ISA "
                             "without instructions for them (emulated: slower than float32)",
-                    "fix": "plan float32 here (--policy float32)"})
+                    "fix": "plan float32 here (--policy float32)" if want != "float32" else
+                           "turn the float32 math modes off (--tf32 off, AMP_TF32=off: TF32, ITEX's BF32), which run "
+                           "float32 matmuls in reduced precision"})
     return out

@@ -222,7 +222,8 @@ class LossScaler(tf.__internal__.tracking.Trackable):
         cause = ("the gradients stay non-finite even at loss scale 1, so" if self.config.mode == "dynamic" else
                  "without loss scaling") + " the loss or the forward pass itself is NaN or Inf"
         return (f"{cause}: check the inputs for NaN/Inf, lower the learning rate, and check the model in float32 "
-                "(the plan override policy='float32', or AMP_POLICY=float32) to see whether the reduced precision "
+                "(the plan overrides policy='float32' and tf32='off', or AMP_POLICY=float32 AMP_TF32=off: TF32 "
+                "and ITEX's BF32 run float32 matmuls in reduced precision) to see whether the reduced precision "
                 "is the cause (float16's range ends at 65504; bfloat16 keeps about 2 significant digits)")
 
     def stalled_error(self, saved: str | None) -> NonFiniteError:
