@@ -11,8 +11,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from amp_backends.backends.intel.itex import MATH_MODE_VARIABLE, ItexStatus, apply_math_mode, itex_status
+from amp_backends.backends.intel.itex import (MATH_MODE_VARIABLE, ItexStatus, amp_variable_beside, apply_math_mode,
+                                             itex_status)
 
+from amp_backends.errors import warn
 from amp_backends.assessment import EMULATED, NATIVE, UNSUPPORTED, Assessment, MatrixUnit, Support, VendorSetting
 from amp_backends.hardware import KnownDevice, BF16, FP16, Accelerator, BackendProbe, CpuInfo, Hardware
 from amp_backends.plan import Plan
@@ -249,6 +251,8 @@ class CpuBackend(Backend):
         notes = [apply_math_mode(mode) if mode else None,
                  grappler_rewrite(tf, rules.GRAPPLER_BF16, plan.vendor_setting(rules.GRAPPLER_BF16) == "on"),
                  hide_accelerators(tf)]
+        if (said := amp_variable_beside(plan.policy)) and itex_status().compatible:  # (ITEX loaded: it reads it)
+            warn(said)
         return [note for note in notes if note]
 
     def peers(self, probe: BackendProbe) -> tuple[Peer, ...]:

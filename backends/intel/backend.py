@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from amp_backends.errors import warn
 from amp_backends.assessment import EMULATED, NATIVE, UNSUPPORTED, Assessment, MatrixUnit, Support, VendorSetting
 from amp_backends.hardware import KnownDevice, BF16, FP16, TF32, XMX, Accelerator, BackendProbe, Hardware
 from amp_backends.kernel_audit import KernelAudit
@@ -20,8 +21,8 @@ from amp_backends.plan import Plan
 from amp_backends.registry import Backend
 
 from .catalogue import CATALOGUE
-from .itex import (AMP_SETTING, ITEX_EOL, MATH_MODE_VARIABLE, ItexStatus, apply_math_mode, configure_itex_amp,
-                   itex_libraries, itex_software_row, itex_status)
+from .itex import (AMP_SETTING, ITEX_EOL, MATH_MODE_VARIABLE, ItexStatus, amp_variable_beside, apply_math_mode,
+                   configure_itex_amp, itex_libraries, itex_software_row, itex_status)
 
 
 # The ITEX a described Intel GPU runs under (the device catalogue's assumption).
@@ -196,6 +197,8 @@ class IntelBackend(Backend):
 
     def apply(self, plan: Plan, tf: Any) -> list[str]:
         mode, amp = plan.vendor_setting(MATH_MODE_VARIABLE), plan.vendor_setting(AMP_SETTING)
+        if said := amp_variable_beside(plan.policy):
+            warn(said)
         return ([apply_math_mode(mode)] if mode else []) + ([configure_itex_amp(amp)] if amp else [])
 
     def catalogue(self) -> tuple[KnownDevice, ...]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass
-from typing import MutableMapping
+from typing import Mapping, MutableMapping
 
 from amp_backends.software import installed_version, minor_version, tensorflow_version
 
@@ -20,6 +20,7 @@ ITEX_EOL = ("end-of-life: Intel stopped ITEX development (last release 2.15.0.3,
             "2.16, Python <= 3.11)")
 MATH_MODE_VARIABLE = "ITEX_FP32_MATH_MODE"
 AMP_SETTING = "itex_auto_mixed_precision"
+AMP_VARIABLE = "ITEX_AUTO_MIXED_PRECISION"  # ITEX's graph rewrite switched on from the environment (its guide's way)
 
 
 @dataclass(frozen=True)
@@ -94,3 +95,26 @@ def configure_itex_amp(data_type: str) -> str:
     config.graph_options.auto_mixed_precision_options.data_type = getattr(itex, data_type)
     itex.set_config(config)
     return f"ITEX auto mixed precision on ({data_type})"
+
+
+def amp_variable_beside(policy: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The warning for ``ITEX_AUTO_MIXED_PRECISION`` left on in the environment beside a Keras mixed ``policy``
+    (ITEX's guide sets it; a migrated script's job file may still), else ``None``.
+
+    Args:
+        policy: The plan's Keras dtype policy.
+        environ: The environment (default: this process's).
+
+    Returns:
+        What happens and the fix, where ITEX's graph rewrite would run beside the policy.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get(AMP_VARIABLE, "")
+    if not policy.startswith("mixed_") or value.strip().lower() not in ("1", "true"):
+        return None
+    data_type = env.get(f"{AMP_VARIABLE}_DATA_TYPE", "its default type")
+    return (f"{AMP_VARIABLE}={value} is set in the environment: ITEX's graph rewrite turns float32 ops to {data_type} "
+            f"beside the plan's Keras policy {policy}, so the model is cast twice and the layers the plan keeps in "
+            f"float32 are rewritten too. Fix: unset {AMP_VARIABLE} and {AMP_VARIABLE}_DATA_TYPE (one of the two, not "
+            "both), or, for ITEX's rewrite instead of the policy, auto_configure(policy='float32', graph_amp='on') "
+            "where the plan offers it.")

@@ -235,3 +235,38 @@ def test_bench_skips_the_configuration_that_would_abort(tmp_path):
     for c in ("bf16", "bf16+XLA"):
         assert rows[c]["img_per_s"] is None
         assert rows[c]["error"].startswith("skipped, unsafe here") and "aborts" in rows[c]["error"]
+
+
+def test_itex_auto_mixed_precision_left_in_the_environment_beside_a_mixed_policy_is_said_with_the_fix():
+    """ITEX's guide switches its graph rewrite on with ITEX_AUTO_MIXED_PRECISION=1; left in a job script beside the
+    plan's Keras mixed policy, the model was cast twice without a word."""
+    from amp_backends.backends.intel.itex import amp_variable_beside
+
+    said = amp_variable_beside("mixed_bfloat16", {"ITEX_AUTO_MIXED_PRECISION": "1",
+                                                  "ITEX_AUTO_MIXED_PRECISION_DATA_TYPE": "BFLOAT16"})
+    assert said and "turns float32 ops to BFLOAT16 beside the plan's Keras policy mixed_bfloat16" in said
+    assert "Fix: unset ITEX_AUTO_MIXED_PRECISION and ITEX_AUTO_MIXED_PRECISION_DATA_TYPE" in said
+    assert amp_variable_beside("float32", {"ITEX_AUTO_MIXED_PRECISION": "1"}) is None  # ITEX's rewrite alone
+    assert amp_variable_beside("mixed_bfloat16", {"ITEX_AUTO_MIXED_PRECISION": "0"}) is None
+    assert amp_variable_beside("mixed_bfloat16", {}) is None
+
+
+@needs_itex
+def test_the_plan_warns_of_itex_auto_mixed_precision_left_on_where_itex_is_loaded(monkeypatch):
+    """Where ITEX cannot run bfloat16 (no bf16 instructions: the plan falls back to float32), there is nothing to
+    say: the warning is asserted absent there."""
+    import warnings
+
+    import amp_backends
+    from helpers import applied_plan
+
+    monkeypatch.setenv("ITEX_AUTO_MIXED_PRECISION", "1")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            plan = applied_plan("mixed_bfloat16", force=True)
+        said = [w for w in seen if "ITEX_AUTO_MIXED_PRECISION=1 is set in the environment" in str(w.message)]
+        assert len(said) == int(plan.policy.startswith("mixed_")), (plan.policy, [str(w.message) for w in seen])
+    finally:
+        monkeypatch.delenv("ITEX_AUTO_MIXED_PRECISION")
+        amp_backends.auto_configure(verbose=False, policy="float32")
