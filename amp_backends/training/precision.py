@@ -287,7 +287,8 @@ class TrainedModels:
                 warn(f"The model {name!r} computes in {dtype} under the plan's {self.plan.policy}: it was built "
                      "before auto_configure() set the dtype policy, or saved under another plan (a Keras policy "
                      "applies to the layers created after it), so it trains without the plan's precision. Fix: "
-                     "build it after auto_configure().", log=logger)
+                     "build it after auto_configure(), or give a model loaded from a file the plan's policy first: "
+                     "amp_backends.prepare_model(model, plan, reset_policies=True).", log=logger)
 
     def diagnose(self, source: Source) -> Exception | None:
         """Where a training call failed inside TensorFlow: why the models cannot run on its batches, from each one's

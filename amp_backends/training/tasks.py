@@ -29,7 +29,14 @@ def _per_example(loss: Any) -> tuple[Any, bool]:
     if loss is None:
         loss = tf.keras.losses.SparseCategoricalCrossentropy()
     elif isinstance(loss, str):
-        loss = tf.keras.losses.get(loss)
+        try:
+            loss = tf.keras.losses.get(loss)
+        except (ValueError, TypeError):  # (Keras's own words are about custom object scopes)
+            near = difflib.get_close_matches(loss, [n for n in dir(tf.keras.losses) if n.islower()], n=1)
+            raise AmpConfigError(f"Unknown loss {loss!r}. Expected a Keras loss name, such as "
+                                 "'sparse_categorical_crossentropy' or 'mse', a keras.losses object or a function "
+                                 f"(y_true, y_pred) -> losses. Fix: {f'did you mean {near[0]!r}? ' if near else ''}"
+                                 "check the spelling, or pass the loss object.") from None
     if isinstance(loss, tf.keras.losses.Loss):
         # .call: one value per example on Keras 2 and 3 alike (the object's own reduction does not apply)
         return loss.call, isinstance(loss, tf.keras.losses.SparseCategoricalCrossentropy)

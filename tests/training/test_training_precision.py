@@ -66,6 +66,8 @@ def test_a_model_built_before_auto_configure_is_said_before_evaluate_too(caplog)
     said = [str(w.message) for w in seen if issubclass(w.category, AmpWarning)
             and ("computes in" in str(w.message) or "auto_configure()" in str(w.message))]  # (the check's too)
     assert len(said) == 1 and "build it after auto_configure()" in said[0], said
+    # a model loaded from a file cannot be built again: its fix is named too (it was only the prepare_model warning's)
+    assert "amp_backends.prepare_model(model, plan, reset_policies=True)" in said[0], said
     assert len([r for r in caplog.records if "auto_configure()" in r.message and r.levelno >= logging.WARNING]) == 1
 
 

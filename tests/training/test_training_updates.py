@@ -251,3 +251,16 @@ def test_a_variable_group_its_loss_does_not_reach_is_left_as_it_is_while_the_oth
     scaler.apply(tape.gradient(value, variables), variables, optimizer=[first, second])
     assert all(np.array_equal(a, b.numpy()) for a, b in zip(after[:2], backbone.trainable_variables, strict=True))
     assert not np.array_equal(after[2], head.trainable_variables[0].numpy())
+
+
+def test_a_misspelt_loss_name_is_our_error_with_the_nearest_name():
+    """classifier_updates(loss='sparse_categorical_crossentropi') passed on Keras's ValueError, whose words are
+    about custom object scopes."""
+    from amp_backends.errors import AmpConfigError
+    from amp_backends.training import classifier_updates
+    from helpers import mlp
+
+    with pytest.raises(AmpConfigError, match=r"Unknown loss 'sparse_categorical_crossentropi'\. Expected a Keras loss "
+                                             r"name.*Fix: did you mean 'sparse_categorical_crossentropy'\?"):
+        classifier_updates(mlp(), tf.keras.optimizers.SGD(), loss="sparse_categorical_crossentropi")
+    assert classifier_updates(mlp(), tf.keras.optimizers.SGD(), loss="mse")
