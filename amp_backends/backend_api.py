@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .assessment import (EMULATED, FUNCTIONAL, LEVELS, NATIVE, UNSAFE, UNSUPPORTED, Assessment, Float32Layer,
                          MatrixUnit, PeerVerdict, Support, VendorSetting)
-from .errors import AmpConfigError, BackendError
+from .errors import AmpConfigError, BackendError, warn
 from .evidence import RESULTS_DIR, Evidence, Results, load_results, quote_results, results_evidence
 from .hardware import (BF16, FP8, FP16, GB, TENSOR_CORES, TF32, XMX, Accelerator, BackendProbe, CpuInfo,
                        DeviceFact, Hardware, KnownDevice)
@@ -41,6 +41,6 @@ __all__ = [
     "BackendStatus", "LossScale", "Plan", "Rejected", "Request", "build_request", "make_plan",
     # the installed software, read without importing it
     "installed_version", "minor_version", "tensorflow_version",
-    # the errors a backend raises: a value it cannot take (a file it cannot read), its own failure
-    "AmpConfigError", "BackendError",
+    # the errors a backend raises: a value it cannot take (a file it cannot read), its own failure; its warnings
+    "AmpConfigError", "BackendError", "warn",
 ]

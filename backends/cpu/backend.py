@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from amp_backends.backends.intel.itex import (MATH_MODE_VARIABLE, ItexStatus, amp_variable_beside, apply_math_mode,
-                                             itex_status)
+                                             itex_status, math_mode_support, user_math_mode)
 
-from amp_backends.errors import warn
+from amp_backends.backend_api import warn
 from amp_backends.assessment import EMULATED, NATIVE, UNSUPPORTED, Assessment, MatrixUnit, Support, VendorSetting
 from amp_backends.hardware import KnownDevice, BF16, FP16, Accelerator, BackendProbe, CpuInfo, Hardware
 from amp_backends.plan import Plan
@@ -113,6 +113,7 @@ class CpuFacts:
     onednn: OneDnnState | None = None
     zentf: str | None = None  # AMD's ZenDNN plug-in for TensorFlow, where installed: its version
     zendnn_on: bool = False  # TF_ENABLE_ZENDNN_OPTS=1 where TensorFlow starts: zentf's kernels run
+    math_mode: str | None = None  # ITEX_FP32_MATH_MODE as the user set it (kept), where ITEX is loaded
 
     @property
     def itex_loaded(self) -> bool:
@@ -167,7 +168,7 @@ def cpu_probe(cpu: CpuInfo, itex: ItexStatus, *, onednn: OneDnnState | None = No
     caps = {cap for cap, has in ((BF16, cpu.native_bf16), (FP16, cpu.native_fp16)) if has}
     device = Accelerator("cpu", 0, cpu.name, "CPU", capabilities=frozenset(caps))
     return BackendProbe("cpu", True, reason, devices=(device,), cpu=cpu, details=tuple(details),
-                        facts=CpuFacts(itex, onednn, zentf, zendnn_on))
+                        facts=CpuFacts(itex, onednn, zentf, zendnn_on, user_math_mode(environ or {})))
 
 
 class CpuBackend(Backend):
@@ -205,8 +206,8 @@ class CpuBackend(Backend):
         cpu, onednn, itex_active = _state(probe)
         bf16 = rules.bf16_support(cpu, onednn, itex_active)
         if itex_active and cpu.amx:
-            tf32 = Support(NATIVE, "ITEX's BF32 math mode lets float32 matmuls use AMX bf16 units "
-                                   "(ITEX_FP32_MATH_MODE=BF32)")
+            tf32 = math_mode_support(getattr(_facts(probe), "math_mode", None), "BF32", Support(
+                NATIVE, "ITEX's BF32 math mode lets float32 matmuls use AMX bf16 units (ITEX_FP32_MATH_MODE=BF32)"))
         else:
             tf32 = Support(UNSUPPORTED, "TF32 is an NVIDIA Tensor Core format; CPUs have none"
                            + ("" if not itex_active else " (ITEX's BF32 mode needs AMX)"),
@@ -248,7 +249,7 @@ class CpuBackend(Backend):
 
     def apply(self, plan: Plan, tf: Any) -> list[str]:
         mode = plan.vendor_setting(MATH_MODE_VARIABLE)
-        notes = [apply_math_mode(mode) if mode else None,
+        notes = [apply_math_mode(mode),
                  grappler_rewrite(tf, rules.GRAPPLER_BF16, plan.vendor_setting(rules.GRAPPLER_BF16) == "on"),
                  hide_accelerators(tf)]
         if (said := amp_variable_beside(plan.policy)) and itex_status().compatible:  # (ITEX loaded: it reads it)

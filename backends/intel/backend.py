@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from amp_backends.errors import warn
+from amp_backends.backend_api import warn
 from amp_backends.assessment import EMULATED, NATIVE, UNSUPPORTED, Assessment, MatrixUnit, Support, VendorSetting
 from amp_backends.hardware import KnownDevice, BF16, FP16, TF32, XMX, Accelerator, BackendProbe, Hardware
 from amp_backends.kernel_audit import KernelAudit
@@ -22,7 +22,8 @@ from amp_backends.registry import Backend
 
 from .catalogue import CATALOGUE
 from .itex import (AMP_SETTING, ITEX_EOL, MATH_MODE_VARIABLE, ItexStatus, amp_variable_beside, apply_math_mode,
-                   configure_itex_amp, itex_libraries, itex_software_row, itex_status)
+                   configure_itex_amp, itex_libraries, itex_software_row, itex_status, math_mode_support,
+                   user_math_mode)
 
 
 # The ITEX a described Intel GPU runs under (the device catalogue's assumption).
@@ -41,6 +42,7 @@ class IntelFacts:
 
     itex: ItexStatus
     native_backends: tuple[str, ...] = ()
+    math_mode: str | None = None  # ITEX_FP32_MATH_MODE as the user set it (kept)
 
 
 def classify_xpu(index: int, name: str, has_xmx: bool | None = None, is_xehpc: bool | None = None,
@@ -101,7 +103,7 @@ class IntelBackend(Backend):
                                 "no Intel GPU: " + itex.reason + " (pip install 'amp-backends[intel]')",
                                 facts=IntelFacts(itex))
         native = tuple(itex_libraries())
-        facts = IntelFacts(itex, native)
+        facts = IntelFacts(itex, native, user_math_mode())
         details = [("itex_version", itex.version or "-"), ("itex_status", ITEX_EOL),
                    ("itex_native_backends", ", ".join(native) or "none found")]
         if not itex.compatible:
@@ -168,8 +170,10 @@ class IntelBackend(Backend):
             preference = ("mixed_float16", "float32", "mixed_bfloat16")
         fp32 = Support(NATIVE, "float32 leaves the XPU's low-precision throughput unused")
         if all_have(TF32):
-            tf32 = Support(NATIVE, "ITEX_FP32_MATH_MODE=TF32 lets float32 matmuls use the Xe-HPC XMX engines",
-                           "ITEX's TF32 math mode runs float32 matmuls on the XMX engines")
+            facts = probe.facts if isinstance(probe.facts, IntelFacts) else None
+            tf32 = math_mode_support(facts.math_mode if facts else None, "TF32", Support(
+                NATIVE, "ITEX_FP32_MATH_MODE=TF32 lets float32 matmuls use the Xe-HPC XMX engines",
+                "ITEX's TF32 math mode runs float32 matmuls on the XMX engines"))
         else:
             tf32 = Support(UNSUPPORTED, f"{names}: no TF32 on this XPU (only Data Center GPU Max has it)",
                            "no TF32 on this XPU (only Data Center GPU Max has it)")
@@ -199,7 +203,7 @@ class IntelBackend(Backend):
         mode, amp = plan.vendor_setting(MATH_MODE_VARIABLE), plan.vendor_setting(AMP_SETTING)
         if said := amp_variable_beside(plan.policy):
             warn(said)
-        return ([apply_math_mode(mode)] if mode else []) + ([configure_itex_amp(amp)] if amp else [])
+        return [note for note in (apply_math_mode(mode), configure_itex_amp(amp) if amp else None) if note]
 
     def catalogue(self) -> tuple[KnownDevice, ...]:
         """The intel devices of the device catalogue (``backends/intel/catalogue.py``)."""

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, MutableMapping
 
+from amp_backends.assessment import UNSUPPORTED, Support
 from amp_backends.software import installed_version, minor_version, tensorflow_version
 
 ITEX_DISTRIBUTION = "intel-extension-for-tensorflow"
@@ -20,7 +21,9 @@ ITEX_EOL = ("end-of-life: Intel stopped ITEX development (last release 2.15.0.3,
             "2.16, Python <= 3.11)")
 MATH_MODE_VARIABLE = "ITEX_FP32_MATH_MODE"
 AMP_SETTING = "itex_auto_mixed_precision"
+MATH_MODES = ("FP32", "TF32", "BF32")  # what ITEX reads in ITEX_FP32_MATH_MODE
 AMP_VARIABLE = "ITEX_AUTO_MIXED_PRECISION"  # ITEX's graph rewrite switched on from the environment (its guide's way)
+_SET_BY_PLAN: dict[str, str] = {}  # the math mode this process's plan set, which a later plan may undo
 
 
 @dataclass(frozen=True)
@@ -76,13 +79,58 @@ def itex_libraries() -> list[str]:
     return sorted(found)
 
 
-def apply_math_mode(mode: str, environ: MutableMapping[str, str] | None = None) -> str:
-    """Set ``ITEX_FP32_MATH_MODE`` to ``mode`` unless the user set it; returns a note for the log."""
+def user_math_mode(environ: Mapping[str, str] | None = None) -> str | None:
+    """``ITEX_FP32_MATH_MODE`` as the user set it where ITEX starts (default: this process's environment), or
+    ``None``: ITEX reads it and the plan keeps it (a value this process's plan set is the plan's, not the user's)."""
+    env = os.environ if environ is None else environ
+    value = env.get(MATH_MODE_VARIABLE) or None
+    return None if env is os.environ and value is not None and _SET_BY_PLAN.get(MATH_MODE_VARIABLE) == value else value
+
+
+def math_mode_support(user_mode: str | None, plan_mode: str, native: Support) -> Support:
+    """The plan's ``tf32`` (ITEX's math mode ``plan_mode`` for float32 matmuls) where the user set another mode,
+    which is kept: the plan then says what runs, instead of the mode it would have set.
+
+    Args:
+        user_mode: ``ITEX_FP32_MATH_MODE`` as set in the environment (`user_math_mode`), or ``None``.
+        plan_mode: The mode the plan sets for ``tf32=on`` (``BF32`` on AMX CPUs, ``TF32`` on Xe-HPC XPUs).
+        native: The support where the user set nothing (or ``plan_mode`` itself).
+
+    Returns:
+        ``native``, or an unsupported ``tf32`` saying which mode is kept and how to let the plan choose.
+    """
+    if not user_mode or user_mode.strip().upper() == plan_mode:
+        return native
+    if user_mode.strip().upper() not in MATH_MODES:
+        return Support(UNSUPPORTED, f"{MATH_MODE_VARIABLE}={user_mode} is set in the environment, and ITEX reads "
+                       f"only {', '.join(MATH_MODES)}: unset it (the plan then sets {plan_mode}), or set one of them",
+                       f"{MATH_MODE_VARIABLE}={user_mode} in the environment is no mode ITEX reads")
+    return Support(UNSUPPORTED, f"{MATH_MODE_VARIABLE}={user_mode} is set in the environment and is kept: float32 "
+                   f"matmuls run in {user_mode.strip().upper()} (unset it to let the plan use {plan_mode})",
+                   f"{MATH_MODE_VARIABLE}={user_mode} set in the environment is kept")
+
+
+def apply_math_mode(mode: str | None, environ: MutableMapping[str, str] | None = None) -> str | None:
+    """Set ``ITEX_FP32_MATH_MODE`` to ``mode`` unless the user set it; with no ``mode``, unset what an earlier plan
+    of this process set (ITEX reads it as it builds each kernel). A note for the log, or ``None``.
+
+    Args:
+        mode: The plan's math mode (``BF32``, ``TF32``), or ``None`` (the plan's tf32 is off).
+        environ: The environment (default: this process's).
+
+    Returns:
+        What was set, kept or unset.
+    """
     env = os.environ if environ is None else environ
     current = env.get(MATH_MODE_VARIABLE)
-    if current and current.upper() != mode.upper():
+    if mode is None:
+        if current is None or _SET_BY_PLAN.get(MATH_MODE_VARIABLE) != current:
+            return None
+        del env[MATH_MODE_VARIABLE], _SET_BY_PLAN[MATH_MODE_VARIABLE]
+        return f"{MATH_MODE_VARIABLE} unset (tf32=off): an earlier plan of this process had set {current}"
+    if current and current.upper() != mode.upper() and _SET_BY_PLAN.get(MATH_MODE_VARIABLE) != current:
         return f"{MATH_MODE_VARIABLE}={current} set by the user is kept (the plan would use {mode})"
-    env[MATH_MODE_VARIABLE] = mode
+    env[MATH_MODE_VARIABLE] = _SET_BY_PLAN[MATH_MODE_VARIABLE] = mode
     return f"{MATH_MODE_VARIABLE}={mode}"
 
 

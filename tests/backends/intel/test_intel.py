@@ -270,3 +270,43 @@ def test_the_plan_warns_of_itex_auto_mixed_precision_left_on_where_itex_is_loade
     finally:
         monkeypatch.delenv("ITEX_AUTO_MIXED_PRECISION")
         amp_backends.auto_configure(verbose=False, policy="float32")
+
+
+@pytest.mark.parametrize("set_to, tf32, reason", [
+    ("FP32", False, "ITEX_FP32_MATH_MODE=FP32 is set in the environment and is kept: float32 matmuls run in FP32"),
+    ("garbage", False, "ITEX_FP32_MATH_MODE=garbage is set in the environment, and ITEX reads only FP32, TF32, BF32"),
+    ("bf32", True, "ITEX's BF32 math mode"),
+    (None, True, "ITEX's BF32 math mode"),
+])
+def test_the_plan_says_the_itex_math_mode_the_user_set_which_is_kept(set_to, tf32, reason):
+    """ITEX_FP32_MATH_MODE=FP32 set by the user was kept, but the plan, info and the check said tf32=on and BF32;
+    a value ITEX does not read was accepted without a word."""
+    from amp_backends.planner import make_plan
+    from amp_backends.registry import default_registry
+    from amp_backends.request import build_request
+    from fakes import SAPPHIRE_RAPIDS, cpu_of, machine
+
+    reg = default_registry()
+    environ = {} if set_to is None else {"ITEX_FP32_MATH_MODE": set_to}
+    hw = machine(cpu_of(SAPPHIRE_RAPIDS, itex=True, environ=environ))
+    plan = make_plan(hw, build_request(reg.names(), environ={}), reg)
+    assert plan.tf32 is tf32 and reason in plan.reasons["tf32"], plan.reasons["tf32"]
+    assert (plan.vendor_setting("ITEX_FP32_MATH_MODE") == "BF32") is tf32
+
+
+def test_a_later_plan_with_tf32_off_unsets_the_math_mode_an_earlier_plan_set_and_keeps_the_users():
+    """auto_configure() then auto_configure(tf32='off') in one process (a notebook) said tf32=off, and ITEX went on
+    running float32 matmuls in BF32: the variable the first plan set stayed (ITEX reads it for each kernel it
+    builds)."""
+    from amp_backends.backends.intel import itex
+
+    env: dict[str, str] = {}
+    try:
+        assert itex.apply_math_mode("BF32", env) == "ITEX_FP32_MATH_MODE=BF32" and env["ITEX_FP32_MATH_MODE"] == "BF32"
+        assert "unset (tf32=off)" in itex.apply_math_mode(None, env) and "ITEX_FP32_MATH_MODE" not in env
+        assert itex.apply_math_mode(None, env) is None
+        env["ITEX_FP32_MATH_MODE"] = "FP32"  # the user's own: kept, either way
+        assert "set by the user is kept" in itex.apply_math_mode("BF32", env)
+        assert itex.apply_math_mode(None, env) is None and env["ITEX_FP32_MATH_MODE"] == "FP32"
+    finally:
+        itex._SET_BY_PLAN.clear()
