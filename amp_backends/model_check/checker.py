@@ -186,6 +186,10 @@ def check_model(model: Any, plan: Plan | None = None, batch_size: int | None = N
     if open_dims and rules.sized:
         notes.append(f"{open_dims} input dimension(s) after the batch are open (dynamic); give inputs= (amp-backends "
                      "check --seq-len / --input-shape) to size them")
+    if graph.uncounted:
+        notes.append("not counted: the matmuls inside a function call of " + ", ".join(
+            graph.layer(i).path for i in graph.uncounted) + " (Keras 2 runs a recurrent layer's loop in one, which the "
+            "check does not read into): the FLOPs and shares above leave them out")
     if target.graph_amp:
         notes.append(f"the plan rewrites the float32 graph to {target.graph_amp} itself (graph-level AMP): the "
                      "float32 layers are expected and not reported")

@@ -99,6 +99,7 @@ class ModelGraph:
     # Bytes each layer reads (activations and weights) and writes at its boundary, as if its ops were fused.
     layer_traffic: dict[int, int] = field(default_factory=dict)
     masks: list[MaskConstant] = field(default_factory=list)  # mask constants beyond float16/bfloat16's range
+    uncounted: list[int] = field(default_factory=list)  # layers with matmuls inside a function call (not read)
 
     def layer(self, index: int) -> LayerInfo:
         return self.layers[index]
@@ -283,7 +284,10 @@ def _read_graph(concrete: Any, layers: list[LayerInfo], batch: int, n_inputs: in
         elif op.type not in BOOKKEEPING_OPS:
             floating = [t for t in op.outputs if t.dtype.is_floating]
             result.others.append(OtherOp(op.name, op.type, layer, floating[0].dtype.name if floating else None))
-    _count_loop_steps(concrete.graph, ops, result.gemms)
+    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    _count_loop_steps(library, ops, result.gemms)
+    result.uncounted = sorted({layer_of(op.name) for op in ops if op.name in on_path and op.type in (
+        "PartitionedCall", "StatefulPartitionedCall") and _calls_gemms(op.get_attr("f").name, library, set())})
     result.layer_traffic = _layer_traffic(ops, {t.name for t in concrete.outputs})
     result.masks = large_negative_constants(ops, layer_of)
     for i, tensor in enumerate(concrete.outputs):
@@ -293,14 +297,27 @@ def _read_graph(concrete: Any, layers: list[LayerInfo], batch: int, n_inputs: in
     return result
 
 
-def _count_loop_steps(graph: Any, ops: list[Any], gemms: list[GemmOp]) -> None:
+def _calls_gemms(name: str, library: dict[str, Any], seen: set[str]) -> bool:
+    """Whether the function ``name`` of the graph's ``library`` runs a matmul or convolution, itself or through the
+    functions it calls (a ``While`` loop's body, a nested call): ops the check does not read (Keras 2's LSTM)."""
+    seen.add(name)
+    for node in getattr(library.get(name), "node_def", ()):
+        if node.op in GEMM_OPS:
+            return True
+        called = [node.attr[key].func.name for key in ("f", "body", "then_branch", "else_branch") if key in node.attr]
+        if any(c and c not in seen and _calls_gemms(c, library, seen) for c in called):
+            return True
+    return False
+
+
+def _count_loop_steps(library: dict[str, Any], ops: list[Any], gemms: list[GemmOp]) -> None:
     """A recurrent layer's ``While`` loop runs its cell's matmuls once per time step, shown once in the graph:
     they count ``T`` times (the sequence's static length), the peeled first step's matmuls of the initial state
     ``T - 1`` times, as in an unrolled layer."""
     loops = [op for op in ops if op.type in ("While", "StatelessWhile")]
     if not loops:
         return
-    bodies = {f.signature.name: {n.op for n in f.node_def} for f in graph.as_graph_def().library.function}
+    bodies = {name: {n.op for n in f.node_def} for name, f in library.items()}
     for loop in loops:
         lengths = {t.op.inputs[0].shape[0] for t in loop.inputs if t.op.type == "TensorListFromTensor"}
         steps = lengths.pop() if len(lengths) == 1 else None
