@@ -238,6 +238,11 @@ def _vocabulary(layer: Any) -> int | None:
 def _read_graph(concrete: Any, layers: list[LayerInfo], batch: int, n_inputs: int) -> ModelGraph:
     graph = concrete.graph
     ops = graph.get_operations()
+    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    calls = {op.name for op in ops if op.type in ("PartitionedCall", "StatefulPartitionedCall")
+             and _calls_gemms(op.get_attr("f").name, library, set())}  # matmuls the check does not read (counted: no)
+    loops = {op.name for op in ops if op.type in ("While", "StatelessWhile")  # (read: `_count_loop_steps`)
+             and _calls_gemms(op.get_attr("body").name, library, set())}
     data_inputs = {t.op.name for t in graph.inputs[:n_inputs]}
     on_path: set[str] = set(data_inputs)  # ops computed from the model's inputs (activations)
     gemm_above: set[str] = set()  # ops with a matmul/convolution upstream
@@ -245,8 +250,9 @@ def _read_graph(concrete: Any, layers: list[LayerInfo], batch: int, n_inputs: in
         producers = [t.op for t in op.inputs]
         if any(p.name in on_path for p in producers):
             on_path.add(op.name)
-        if any(p.name in gemm_above or p.type in GEMM_OPS for p in producers):
+        if any(p.name in gemm_above or p.type in GEMM_OPS or p.name in calls or p.name in loops for p in producers):
             gemm_above.add(op.name)
+    gemm_above |= calls | loops  # (their own matmuls are above their outputs)
 
     gemm_below: set[str] = set()  # ops with a matmul/convolution downstream (a residual stream feeds the next)
     for op in reversed(ops):
@@ -284,10 +290,8 @@ def _read_graph(concrete: Any, layers: list[LayerInfo], batch: int, n_inputs: in
         elif op.type not in BOOKKEEPING_OPS:
             floating = [t for t in op.outputs if t.dtype.is_floating]
             result.others.append(OtherOp(op.name, op.type, layer, floating[0].dtype.name if floating else None))
-    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
     _count_loop_steps(library, ops, result.gemms)
-    result.uncounted = sorted({layer_of(op.name) for op in ops if op.name in on_path and op.type in (
-        "PartitionedCall", "StatefulPartitionedCall") and _calls_gemms(op.get_attr("f").name, library, set())})
+    result.uncounted = sorted({layer_of(op.name) for op in ops if op.name in on_path and op.name in calls})
     result.layer_traffic = _layer_traffic(ops, {t.name for t in concrete.outputs})
     result.masks = large_negative_constants(ops, layer_of)
     for i, tensor in enumerate(concrete.outputs):

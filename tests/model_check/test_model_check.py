@@ -694,6 +694,16 @@ def test_a_recurrent_layer_counts_its_cells_matmuls_once_per_time_step(rnn):
     assert flops(50, unroll=False) > 9 * flops(5, unroll=False)
 
 
+def test_a_dense_layer_after_a_recurrent_layer_does_not_read_the_input_data():
+    """A Dense after an LSTM was 'the first layer: it reads the input data' in the float8 choice: the LSTM's loop
+    (a While loop, or Keras 2's function call) hid the matmuls above it."""
+    model = tf.keras.Sequential([tf.keras.Input((12,), dtype="int32"), tf.keras.layers.Embedding(100, 32),
+                                 tf.keras.layers.LSTM(64), tf.keras.layers.Dense(64), tf.keras.layers.Dense(8)],
+                                name="tagger")
+    why = dict(amp_backends.check_model(model, amp_backends.plan_for(device="h100"), batch_size=64).fp8_ineligible_layers)
+    assert "input data" not in why.get("tagger/dense", ""), why
+
+
 def test_a_matmul_made_float32_by_a_numpy_constant_gets_the_fix_for_the_constant():
     """keras.ops promotes bfloat16 x float32: a NumPy weight in a layer's call makes its matmul float32. The fix
     used to say to drop a tf.cast(..., tf.float32) the layer does not have."""
