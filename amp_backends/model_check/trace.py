@@ -17,7 +17,7 @@ from .gemm import GEMM_OPS, dims_of, float_dtype, prod, read_gemm
 from .masks import MaskConstant, large_negative_constants
 from ..errors import ModelCallError
 from ..keras_compat import InputLeaf, compute_dtype, policy_name, user_code, walk
-from .scopes import LayerFailure, LayerScopes, layer_of
+from .scopes import TOKEN, LayerFailure, LayerScopes, layer_of
 
 # Ops that only move or relabel a tensor: a model output produced through them comes from the op before.
 PASSTHROUGH_OPS = frozenset({"Identity", "IdentityN", "Cast", "Reshape", "Squeeze", "ExpandDims", "Transpose",
@@ -182,7 +182,8 @@ def run_once(model: Any, input_struct: Any, building: bool = False) -> None:
                  if failure is not None and failure.index else "it raised ")
         shapes = tf.nest.map_structure(lambda leaf: (None, *leaf.shape[1:]), input_struct)
         error = failure.error if failure is not None else exc
-        said = [line for line in re.sub(r"\x1b\[[0-9;]*m|\{\{function_node [^}]*\}\}", "", str(error)).splitlines()
+        said = [line for line in re.sub(r"\x1b\[[0-9;]*m|\{\{function_node [^}]*\}\}|" + TOKEN + r"\d+/", "",
+                                        str(error)).splitlines()
                 if line.strip() and not line.startswith(("Exception encountered", "Arguments received"))]
         first = (said or [""])[0].strip()[:300]
         raise ModelCallError(
@@ -208,12 +209,13 @@ def _trace_error(name: str, layers: list[LayerInfo], objects: list[Any], specs: 
             "inputs. Fix: build the model with keras.Input(...) of the shape it is trained on (or call it once on a "
             "batch), and pass batch_size=... or inputs=...")
     info, error = layers[failure.index], failure.error
-    message = f"{type(error).__name__}: {str(error).strip().rstrip('.')}"
+    said = re.sub(TOKEN + r"\d+/", "", str(error)).strip().rstrip(".")  # (without the check's own scopes)
+    message = f"{type(error).__name__}: {said}"
     given = ", ".join(f"{t.dtype.name} {tuple(t.shape.as_list())}" for t in tf.nest.flatten(failure.inputs)
                       if hasattr(t, "dtype") and hasattr(t, "shape") and hasattr(t.shape, "as_list"))
     what = (f"the model {name!r}: its layer {info.path!r} ({info.class_name}, dtype policy {info.policy}) raised "
             f"{message} when called on {given or 'nothing it could read'} (the model on inputs of shape {shapes}, "
-            "training=False).")
+            "training=False)")
     if info.class_name == "Lambda":
         unseen = (" (Keras builds a Lambda given output_shape= without calling its function, so building the model "
                   "did not show it)" if getattr(objects[failure.index], "_output_shape", None) is not None else "")
@@ -226,7 +228,7 @@ def _trace_error(name: str, layers: list[LayerInfo], objects: list[Any], specs: 
         why = ("the layer's own: its call does not run on these tensors, so neither does the model. Expected a call "
                f"that takes them (in its compute dtype {info.compute_dtype}).")
         fix = "the error in the layer's call; model(one_batch) raises the same error"
-    return ModelCallError(f"check_model could not trace {what} The error is {why} Fix: {fix}", layer=info.path,
+    return ModelCallError(f"check_model could not trace {what}. The error is {why} Fix: {fix}", layer=info.path,
                           what=what, why=why, fix=fix)
 
 
