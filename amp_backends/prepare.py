@@ -175,7 +175,8 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
         warn(f"The model {getattr(model, 'name', '?')!r} computes in {dtype} under the plan's {plan.policy}: "
              "it was built before auto_configure() set the dtype policy, or saved under another plan (a "
              "Keras policy applies to the layers created after it), so it trains without the plan's "
-             "precision and its head is left as it is. Fix: build it after auto_configure(), or "
+             f"precision{' and its head is left as it is' if dtype != 'float32' else ''}. Fix: build it after "
+             "auto_configure(), or "
              "prepare_model(model, plan, reset_policies=True) to give its layers the plan's policy.")
     note = ""
     if decided.measurement is None and (measure_float32 or (measure_float32 is None
