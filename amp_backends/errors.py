@@ -274,6 +274,37 @@ def batch_error(message: str, first_step: int | None, steps: int = 1, *, of: str
         "such a batch where it is made.")
 
 
+# an op given tensors of two dtypes, in TensorFlow's words (graph, eager)
+_MIXED = re.compile(r"Input '\w+' of '(\w+)' Op has type (\w+) that does not match type (\w+)|cannot compute (\w+) "
+                    r"as input #\d+\(zero-based\) was expected to be a (\w+) tensor but is a (\w+) tensor")
+_LOW = ("float16", "bfloat16", "half")
+
+
+def mixed_dtypes_error(exc: BaseException) -> AmpConfigError | None:
+    """Where ``exc`` is an op refusing a float16/bfloat16 tensor beside a float32 one (the user's loss subtracting
+    float32 labels from a mixed-precision model's bfloat16 output), the error to raise instead, with the fix.
+
+    Args:
+        exc: An error raised while a training step was traced or run.
+
+    Returns:
+        The error naming the op, the two dtypes and the fix, or ``None`` for any other error.
+    """
+    found = _MIXED.search(str(exc))
+    if not isinstance(exc, (TypeError, ValueError)) or found is None:
+        return None
+    op, first, second = [g for g in found.groups() if g]
+    if not {first, second} & set(_LOW):
+        return None
+    low = next(d for d in (first, second) if d in _LOW).replace("half", "float16")
+    return AmpConfigError(
+        f"A training step gives the op {op} a {first} and a {second} tensor: under a mixed-precision plan a model's "
+        f"outputs and activations are {low}, while labels, constants and float32 layers are float32, and "
+        "TensorFlow's ops take one dtype. Expected code that casts where the two meet. Fix: cast one side where they "
+        "meet (in a loss: tf.cast(y_pred, tf.float32); inside a layer: tf.cast(t, x.dtype)), or end the model with "
+        "a float32 layer (keras.layers.Activation('linear', dtype='float32')).")
+
+
 # XLA failing to compile a function, in TensorFlow's words: an op without an XLA kernel (tf2xla), or XLA's GPU
 # compiler finding no kernel it can build for a fusion (its autotuner, ptxas)
 _XLA_FAILED = re.compile(r"Detected unsupported operations when trying to compile graph|tf2xla conversion failed|"

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import tensorflow as tf
 
-from ..errors import AmpConfigError, AmpError, InputError, batch_error, lookup_error
+from ..errors import AmpConfigError, AmpError, InputError, batch_error, lookup_error, mixed_dtypes_error
 from ..keras_compat import build_optimizer, user_code
 from .loss_scaling import LossScaler, apply_groups
 from .runs import Position
@@ -166,7 +166,7 @@ class StepProgram:
             error: Exception | None = self._trace_error
             self._trace_error = None
             invalid = str(exc.message) if isinstance(exc, tf.errors.InvalidArgumentError) else None
-            error = error or (lookup_error(invalid, first_step, steps) if invalid is not None else None)
+            error = error or mixed_dtypes_error(exc) or (lookup_error(invalid, first_step, steps) if invalid else None)
             if error is None and self.diagnose is not None and not isinstance(exc, AmpError) and (
                     type(exc) in (ValueError, TypeError, tf.errors.InvalidArgumentError)):  # (not OOM, not a peer)
                 error = self.diagnose()

@@ -264,3 +264,31 @@ def test_a_misspelt_loss_name_is_our_error_with_the_nearest_name():
                                              r"name.*Fix: did you mean 'sparse_categorical_crossentropy'\?"):
         classifier_updates(mlp(), tf.keras.optimizers.SGD(), loss="sparse_categorical_crossentropi")
     assert classifier_updates(mlp(), tf.keras.optimizers.SGD(), loss="mse")
+
+
+def test_a_loss_that_mixes_the_models_low_precision_output_with_float32_labels_is_our_error_with_the_fix():
+    """A loss of ``model(x) - y`` with a bfloat16 output and float32 labels failed while the step was traced with
+    AutoGraph's 'in user code: ... TypeError: Input 'y' of 'Sub' Op has type float32 that does not match type
+    bfloat16': a graph traceback, naming neither the mixed precision nor the fix. (The layer is given its policy,
+    so that the error shows under any plan; it is raised as the step is traced, before any op runs.)"""
+    from amp_backends.errors import AmpConfigError
+
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1, dtype="mixed_bfloat16")])
+    loss = lambda b: tf.reduce_mean(tf.square(model(b[0]) - b[1]))  # noqa: E731
+    trainer = Trainer([Update("reg", loss, [(model.trainable_variables, tf.keras.optimizers.SGD())])],
+                      applied_plan("float32"), batch_size=8, progress=False)
+    with pytest.raises(AmpConfigError, match=r"gives the op Sub a float32 and a bfloat16 tensor.*Fix: cast one side "
+                                             r"where they meet \(in a loss: tf\.cast\(y_pred, tf\.float32\)"):
+        trainer.fit(np.ones((32, 4), "float32"), np.ones((32, 1), "float32"), max_steps=2)
+    assert int(trainer.global_step.numpy()) == 0
+
+
+def test_update_groups_in_the_wrong_order_are_our_error_with_the_fix():
+    """groups=[(optimizer, variables)] was Python's "'SGD' object is not iterable" from inside the trainer."""
+    from amp_backends.errors import AmpConfigError
+
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    update = Update("reg", lambda b: tf.reduce_mean(model(b[0])), [(tf.keras.optimizers.SGD(), model.weights)])
+    with pytest.raises(AmpConfigError, match=r"The groups of update 'reg' must be \(variables, optimizer\) pairs\. "
+                                             r"Received: \(SGD, list\)\. Fix: groups=\[\(model\.trainable_variables"):
+        Trainer([update], applied_plan("float32"), batch_size=8, progress=False)
