@@ -274,10 +274,11 @@ def batch_error(message: str, first_step: int | None, steps: int = 1, *, of: str
         "such a batch where it is made.")
 
 
-# an op given tensors of two dtypes, in TensorFlow's words (graph, eager)
+# an op given tensors of two dtypes, in TensorFlow's words (graph, eager), and AutoGraph's line of the user's code
 _MIXED = re.compile(r"Input '\w+' of '(\w+)' Op has type (\w+) that does not match type (\w+)|cannot compute (\w+) "
                     r"as input #\d+\(zero-based\) was expected to be a (\w+) tensor but is a (\w+) tensor")
-_LOW = ("float16", "bfloat16", "half")
+_USER_LINE = re.compile(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*(.+)')
+_DTYPES = {"half": "float16", "float": "float32"}  # (the eager message's names)
 
 
 def mixed_dtypes_error(exc: BaseException) -> AmpConfigError | None:
@@ -288,21 +289,25 @@ def mixed_dtypes_error(exc: BaseException) -> AmpConfigError | None:
         exc: An error raised while a training step was traced or run.
 
     Returns:
-        The error naming the op, the two dtypes and the fix, or ``None`` for any other error.
+        The error naming the op, the two dtypes, the user's line where AutoGraph names it, and the fix; ``None`` for
+        any other error.
     """
     found = _MIXED.search(str(exc))
-    if not isinstance(exc, (TypeError, ValueError)) or found is None:
+    if found is None or type(exc).__name__ not in ("TypeError", "ValueError", "InvalidArgumentError"):
         return None
     op, first, second = [g for g in found.groups() if g]
-    if not {first, second} & set(_LOW):
+    first, second = _DTYPES.get(first, first), _DTYPES.get(second, second)
+    if {first, second} not in ({"float16", "float32"}, {"bfloat16", "float32"}):
         return None
-    low = next(d for d in (first, second) if d in _LOW).replace("half", "float16")
+    low = first if first != "float32" else second
+    line = _USER_LINE.search(str(exc))
+    where = f" at {line.group(1)}:{line.group(2)} ({line.group(3).strip()[:120]})" if line else ""
     return AmpConfigError(
-        f"A training step gives the op {op} a {first} and a {second} tensor: under a mixed-precision plan a model's "
-        f"outputs and activations are {low}, while labels, constants and float32 layers are float32, and "
-        "TensorFlow's ops take one dtype. Expected code that casts where the two meet. Fix: cast one side where they "
-        "meet (in a loss: tf.cast(y_pred, tf.float32); inside a layer: tf.cast(t, x.dtype)), or end the model with "
-        "a float32 layer (keras.layers.Activation('linear', dtype='float32')).")
+        f"A training step gives the op {op} a {first} and a {second} tensor{where}: under a mixed-precision plan a "
+        f"model's outputs and activations are {low}, while labels, constants and float32 layers are float32, and "
+        "TensorFlow's ops take one dtype. Expected code that casts where the two meet. Fix: cast one side there (in "
+        "a loss: tf.cast(y_pred, tf.float32); inside a layer: tf.cast(t, x.dtype)), or end the model with a float32 "
+        "layer (keras.layers.Activation('linear', dtype='float32')).")
 
 
 # XLA failing to compile a function, in TensorFlow's words: an op without an XLA kernel (tf2xla), or XLA's GPU

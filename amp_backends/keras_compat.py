@@ -114,8 +114,10 @@ def set_layer_policy(layer: Any, policy: str) -> None:
     if isinstance(prop, property) and prop.fset is not None:
         layer.dtype_policy = policy
     elif hasattr(layer, "_set_dtype_policy"):
+        old = layer._dtype_policy  # (built under a mixed policy, its weights are as Keras left them on purpose)
         layer._set_dtype_policy(policy)
-        _autocast_weights(layer)
+        if old.compute_dtype == old.variable_dtype:
+            _autocast_weights(layer)
     else:
         raise AmpConfigError(
             f"{type(layer).__name__} has no dtype policy to set (neither Keras 3's dtype_policy setter "
@@ -126,8 +128,8 @@ def _autocast_weights(layer: Any) -> None:
     """Keras 2: a layer's float weights read in its compute dtype, as ``add_weight`` wraps them under a mixed policy
     (the same variables); normalization and embedding weights are left as Keras leaves them."""
     keras, policy = keras_of(layer), layer._dtype_policy
-    if policy.compute_dtype != policy.variable_dtype and not isinstance(layer, (
-            keras.layers.BatchNormalization, keras.layers.LayerNormalization, keras.layers.Embedding)):
+    if policy.compute_dtype != policy.variable_dtype and not {c.__name__ for c in type(layer).__mro__} & {
+            "BatchNormalizationBase", "BatchNormalization", "LayerNormalization", "Embedding"}:
         autocast = importlib.import_module(f"{keras.__name__}.src.mixed_precision.autocast_variable")
         for weights in (layer._trainable_weights, layer._non_trainable_weights):
             for i, variable in enumerate(weights):

@@ -80,3 +80,23 @@ def test_the_trainers_warnings_name_the_fit_call():
     seen, line = recorded(lambda: trainer.fit(x, y, max_steps=1, validation_data=(x[:16], y[:16])))
     assert any("takes probabilities" in str(w.message) for w in seen), [str(w.message) for w in seen]
     assert places(seen) == {(__file__, line)}, [(w.filename, w.lineno, str(w.message)[:40]) for w in seen]
+
+
+def test_mixed_dtypes_error_reads_an_op_given_a_low_precision_and_a_float32_tensor_and_nothing_else():
+    from amp_backends.errors import AmpConfigError, mixed_dtypes_error
+
+    graph = TypeError("in user code:\n\n    File \"/home/me/train.py\", line 12, in loss  *\n"
+                      "        return pred - y\n\n    TypeError: Input 'y' of 'Sub' Op has type float32 that does not "
+                      "match type bfloat16 of argument 'x'.")
+    error = mixed_dtypes_error(graph)
+    assert isinstance(error, AmpConfigError)
+    assert "the op Sub a float32 and a bfloat16 tensor at /home/me/train.py:12 " in str(error)
+    assert "(return pred - y)" in str(error) and "Fix: cast one side there" in str(error)
+    eager = type("InvalidArgumentError", (Exception,), {})(
+        "cannot compute AddV2 as input #1(zero-based) was expected to be a half tensor but is a float tensor")
+    assert "the op AddV2 a float16 and a float32 tensor" in str(mixed_dtypes_error(eager))
+    for other in ("Input 'y' of 'Mul' Op has type int32 that does not match type bfloat16 of argument 'x'.",
+                  "Input 'y' of 'Sub' Op has type float64 that does not match type float16 of argument 'x'."):
+        assert mixed_dtypes_error(TypeError(other)) is None, other  # (no float32 side: that fix would not do)
+    assert mixed_dtypes_error(RuntimeError("Input 'y' of 'Sub' Op has type float32 that does not match type "
+                                           "bfloat16")) is None

@@ -338,6 +338,7 @@ def _contradictions(audit: Audit) -> list[dict[str, str]]:
                     "what": f"{emulated / total:.0%} of the compute time ran reduced-precision kernels on an ISA "
                             "without instructions for them (emulated: slower than float32)",
                     "fix": "plan float32 here (--policy float32)" if want != "float32" else
-                           "turn the float32 math modes off (--tf32 off, AMP_TF32=off: TF32, ITEX's BF32), which run "
-                           "float32 matmuls in reduced precision"})
+                           "under a float32 plan these come from layers on a mixed policy (build the model after "
+                           "auto_configure(), or prepare_model(..., reset_policies=True)) or a float32 math mode "
+                           "(unset ONEDNN_DEFAULT_FPMATH_MODE and ITEX_FP32_MATH_MODE; --tf32 off)"})
     return out

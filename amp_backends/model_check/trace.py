@@ -237,14 +237,20 @@ def _vocabulary(layer: Any) -> int | None:
     return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
+CALL_OPS, LOOP_OPS = ("PartitionedCall", "StatefulPartitionedCall"), ("While", "StatelessWhile")
+
+
 def _read_graph(concrete: Any, layers: list[LayerInfo], batch: int, n_inputs: int) -> ModelGraph:
     graph = concrete.graph
     ops = graph.get_operations()
-    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
-    calls = {op.name for op in ops if op.type in ("PartitionedCall", "StatefulPartitionedCall")
-             and _calls_gemms(op.get_attr("f").name, library, set())}  # matmuls the check does not read (counted: no)
-    loops = {op.name for op in ops if op.type in ("While", "StatelessWhile")  # (read: `_count_loop_steps`)
-             and _calls_gemms(op.get_attr("body").name, library, set())}
+    called = [op for op in ops if op.type in CALL_OPS or op.type in LOOP_OPS]
+    library = {f.signature.name: f for f in graph.as_graph_def().library.function} if called else {}
+    memo: dict[str, bool] = {}
+    calls = {op.name for op in called if op.type in CALL_OPS  # matmuls the check does not read (not counted)
+             and _calls_gemms(op.get_attr("f").name, library, memo)}
+    loops = {op.name for op in called if op.type in LOOP_OPS  # (read and counted: `_count_loop_steps`)
+             and _calls_gemms(op.get_attr("body").name, library, memo)}
+    heavy = calls | loops  # what runs matmuls inside: above the ops after it, below the ops before it
     data_inputs = {t.op.name for t in graph.inputs[:n_inputs]}
     on_path: set[str] = set(data_inputs)  # ops computed from the model's inputs (activations)
     gemm_above: set[str] = set()  # ops with a matmul/convolution upstream
@@ -252,13 +258,14 @@ def _read_graph(concrete: Any, layers: list[LayerInfo], batch: int, n_inputs: in
         producers = [t.op for t in op.inputs]
         if any(p.name in on_path for p in producers):
             on_path.add(op.name)
-        if any(p.name in gemm_above or p.type in GEMM_OPS or p.name in calls or p.name in loops for p in producers):
+        if any(p.name in gemm_above or p.type in GEMM_OPS or p.name in heavy for p in producers):
             gemm_above.add(op.name)
-    gemm_above |= calls | loops  # (their own matmuls are above their outputs)
+    gemm_above |= heavy  # (their own matmuls are above their outputs)
 
     gemm_below: set[str] = set()  # ops with a matmul/convolution downstream (a residual stream feeds the next)
     for op in reversed(ops):
-        if any(c.type in GEMM_OPS or c.name in gemm_below for t in op.outputs for c in t.consumers()):
+        if any(c.type in GEMM_OPS or c.name in heavy or c.name in gemm_below for t in op.outputs
+               for c in t.consumers()):
             gemm_below.add(op.name)
     # Matmuls/convolutions that reach an output with no other matmul/convolution in between, or after them.
     to_output: set[str] = set()
@@ -269,8 +276,8 @@ def _read_graph(concrete: Any, layers: list[LayerInfo], batch: int, n_inputs: in
         if op.name in seen:
             continue
         seen.add(op.name)
-        if op.type in GEMM_OPS:
-            if op.name not in gemm_below:
+        if op.type in GEMM_OPS or op.name in heavy:
+            if op.type in GEMM_OPS and op.name not in gemm_below:
                 to_output.add(op.name)
             continue
         stack.extend(t.op for t in op.inputs)
@@ -303,24 +310,24 @@ def _read_graph(concrete: Any, layers: list[LayerInfo], batch: int, n_inputs: in
     return result
 
 
-def _calls_gemms(name: str, library: dict[str, Any], seen: set[str]) -> bool:
+def _calls_gemms(name: str, library: dict[str, Any], memo: dict[str, bool]) -> bool:
     """Whether the function ``name`` of the graph's ``library`` runs a matmul or convolution, itself or through the
-    functions it calls (a ``While`` loop's body, a nested call): ops the check does not read (Keras 2's LSTM)."""
-    seen.add(name)
-    for node in getattr(library.get(name), "node_def", ()):
-        if node.op in GEMM_OPS:
-            return True
-        called = [node.attr[key].func.name for key in ("f", "body", "then_branch", "else_branch") if key in node.attr]
-        if any(c and c not in seen and _calls_gemms(c, library, seen) for c in called):
-            return True
-    return False
+    functions it calls (a ``While`` loop's body, a nested call); ``memo`` keeps each function's answer."""
+    if name not in memo:
+        memo[name] = False  # (while it is read: a function calling itself adds nothing)
+        for node in getattr(library.get(name), "node_def", ()):
+            called = [node.attr[k].func.name for k in ("f", "body", "then_branch", "else_branch") if k in node.attr]
+            if node.op in GEMM_OPS or any(c and _calls_gemms(c, library, memo) for c in called):
+                memo[name] = True
+                break
+    return memo[name]
 
 
 def _count_loop_steps(library: dict[str, Any], ops: list[Any], gemms: list[GemmOp]) -> None:
     """A recurrent layer's ``While`` loop runs its cell's matmuls once per time step, shown once in the graph:
     they count ``T`` times (the sequence's static length), the peeled first step's matmuls of the initial state
     ``T - 1`` times, as in an unrolled layer."""
-    loops = [op for op in ops if op.type in ("While", "StatelessWhile")]
+    loops = [op for op in ops if op.type in LOOP_OPS]
     if not loops:
         return
     bodies = {name: {n.op for n in f.node_def} for name, f in library.items()}

@@ -166,11 +166,11 @@ class StepProgram:
             error: Exception | None = self._trace_error
             self._trace_error = None
             invalid = str(exc.message) if isinstance(exc, tf.errors.InvalidArgumentError) else None
-            error = error or mixed_dtypes_error(exc) or (lookup_error(invalid, first_step, steps) if invalid else None)
+            error = error or (lookup_error(invalid, first_step, steps) if invalid is not None else None)
             if error is None and self.diagnose is not None and not isinstance(exc, AmpError) and (
                     type(exc) in (ValueError, TypeError, tf.errors.InvalidArgumentError)):  # (not OOM, not a peer)
                 error = self.diagnose()
-            error = error or (batch_error(invalid, first_step, steps) if invalid is not None else None)
+            error = error or mixed_dtypes_error(exc) or (batch_error(invalid, first_step, steps) if invalid else None)
             if error is not None:
                 raise error from None
             raise

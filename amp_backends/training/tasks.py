@@ -32,7 +32,8 @@ def _per_example(loss: Any) -> tuple[Any, bool]:
         try:
             loss = tf.keras.losses.get(loss)
         except (ValueError, TypeError):  # (Keras's own words are about custom object scopes)
-            near = difflib.get_close_matches(loss, [n for n in dir(tf.keras.losses) if n.islower()], n=1)
+            near = difflib.get_close_matches(loss, [n for n in dir(tf.keras.losses) if n.islower() and n not in (
+                "get", "serialize", "deserialize")], n=1)
             raise AmpConfigError(f"Unknown loss {loss!r}. Expected a Keras loss name, such as "
                                  "'sparse_categorical_crossentropy' or 'mse', a keras.losses object or a function "
                                  f"(y_true, y_pred) -> losses. Fix: {f'did you mean {near[0]!r}? ' if near else ''}"
@@ -280,7 +281,8 @@ def _check_labelled(batch: Any) -> None:
     if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3) or batch[1] is None:
         pair = isinstance(batch, (tuple, list))
         what = ("no labels: y is None (arrays given as fit(x) alone; a tuple given as x is the model's inputs)"
-                if pair and len(batch) == 2 else f"a {type(batch).__name__} of {len(batch)} items" if pair
+                if pair and len(batch) in (2, 3) else f"a {type(batch).__name__} of {len(batch)} item"
+                + ("s" if len(batch) != 1 else "") if pair
                 else f"one {type(batch).__name__} per batch, no labels (a dataset of the inputs alone)")
         raise InputError("classifier_updates trains on labelled batches: (x, y) or (x, y, sample_weight). Received "
                          f"{what}. Fix: fit(x, y), or a dataset of (x, y) or (x, y, sample_weight) batches.")
@@ -356,7 +358,7 @@ def _short(value: Any) -> str:
     """``value`` as an error quotes it: its repr where short, else its type (an array's shape, a list's items')."""
     if len(text := repr(value)) <= 60 and " object at 0x" not in text:
         return text
-    if hasattr(value, "shape"):
+    if isinstance(getattr(value, "shape", None), (tuple, list)) or hasattr(getattr(value, "shape", None), "rank"):
         return f"<{type(value).__name__} of shape {tuple(value.shape)}>"
     if isinstance(value, (list, tuple)) and len(value) <= 4:
         return "[" + ", ".join(_short(v) for v in value) + "]"
@@ -368,8 +370,9 @@ def check_fit_arguments(keras_fit: Mapping[str, Any], *, epochs: Any, max_steps:
     """`Trainer.fit`'s own arguments (positive counts, ``resume`` only with a checkpoint directory), and no other
     keyword: one of Keras ``fit``'s is refused with what does its work here, another with the nearest name."""
     for name, value in keras_fit.items():
-        near = difflib.get_close_matches(name, FIT_KEYWORDS, n=1)
-        fix = KERAS_FIT.get(name) or (f"did you mean {near[0]}=?" if near else "leave it out")
+        near = difflib.get_close_matches(name, FIT_KEYWORDS + tuple(KERAS_FIT), n=1)
+        fix = KERAS_FIT.get(name) or (f"did you mean {near[0]}=?" + (f" ({KERAS_FIT[near[0]]})" if near[0] in KERAS_FIT
+                                                                       else "") if near else "leave it out")
         whose = "Keras fit takes it" if name in KERAS_FIT else "a name it does not know"
         raise AmpConfigError(f"Trainer.fit() takes no {name}= ({whose}). Received: {name}={_short(value)}. Expected "
                              f"keywords: {', '.join(FIT_KEYWORDS[2:])}. Fix: {fix}.")

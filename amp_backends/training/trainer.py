@@ -391,10 +391,12 @@ def checked_arguments(updates: Sequence[Update], plan: Plan, replicas: int, *, c
     for u in updates:
         if pair := next((g for g in u.groups if not (isinstance(g, (tuple, list)) and len(g) == 2 and callable(
                 getattr(g[1], "apply_gradients", None)))), None):
-            got = (f"({', '.join(type(x).__name__ for x in pair)})" if isinstance(pair, (tuple, list))
-                   else type(pair).__name__)
-            raise AmpConfigError(f"The groups of update {u.name!r} must be (variables, optimizer) pairs. Received: "
-                                 f"{got}. Fix: groups=[(model.trainable_variables, optimizer)].")
+            kinds = [type(x).__name__ for x in pair] if isinstance(pair, (tuple, list)) else []
+            got = f"({', '.join(kinds[:3])}{', ...' if len(kinds) > 3 else ''})" if kinds else type(pair).__name__
+            bare = len(u.groups) == 2 and callable(getattr(u.groups[1], "apply_gradients", None))
+            raise AmpConfigError(f"The groups of update {u.name!r} must be a list of (variables, optimizer) pairs. "
+                                 f"Received: {'one pair, not in a list' if bare else got}. Fix: "
+                                 "groups=[(model.trainable_variables, optimizer)].")
         if not u.variables:
             raise AmpConfigError(f"Update {u.name!r} has no variables to train: its model is not built yet (or every "
                                  "layer is frozen). Fix: build the model before the Trainer (start it with "

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Mapping, MutableMapping
 
 from amp_backends.assessment import UNSUPPORTED, Support
+from amp_backends.errors import warn
 from amp_backends.software import installed_version, minor_version, tensorflow_version
 
 ITEX_DISTRIBUTION = "intel-extension-for-tensorflow"
@@ -123,13 +124,20 @@ def apply_math_mode(mode: str | None, environ: MutableMapping[str, str] | None =
     """
     env = os.environ if environ is None else environ
     current = env.get(MATH_MODE_VARIABLE)
+    users = current is not None and _SET_BY_PLAN.get(MATH_MODE_VARIABLE) != current
+    if mode is None and users and str(current).strip().upper() in ("BF32", "TF32"):
+        warn(f"{MATH_MODE_VARIABLE}={current} set in the environment is kept: float32 matmuls run in "
+             f"{str(current).strip().upper()}, although the plan's tf32 is off. Fix: unset {MATH_MODE_VARIABLE} (or "
+             "set it to FP32) for float32 matmuls in float32.")
+    if users:
+        other = mode is not None and str(current).strip().upper() != mode.upper()
+        return f"{MATH_MODE_VARIABLE}={current} set by the user is kept" + (f" (the plan would use {mode})" if other
+                                                                         else "")
     if mode is None:
-        if current is None or _SET_BY_PLAN.get(MATH_MODE_VARIABLE) != current:
+        if current is None:
             return None
         del env[MATH_MODE_VARIABLE], _SET_BY_PLAN[MATH_MODE_VARIABLE]
         return f"{MATH_MODE_VARIABLE} unset (tf32=off): an earlier plan of this process had set {current}"
-    if current and current.upper() != mode.upper() and _SET_BY_PLAN.get(MATH_MODE_VARIABLE) != current:
-        return f"{MATH_MODE_VARIABLE}={current} set by the user is kept (the plan would use {mode})"
     env[MATH_MODE_VARIABLE] = _SET_BY_PLAN[MATH_MODE_VARIABLE] = mode
     return f"{MATH_MODE_VARIABLE}={mode}"
 
@@ -163,6 +171,6 @@ def amp_variable_beside(policy: str, environ: Mapping[str, str] | None = None) -
     data_type = env.get(f"{AMP_VARIABLE}_DATA_TYPE", "its default type")
     return (f"{AMP_VARIABLE}={value} is set in the environment: ITEX's graph rewrite turns float32 ops to {data_type} "
             f"beside the plan's Keras policy {policy}, so the model is cast twice and the layers the plan keeps in "
-            f"float32 are rewritten too. Fix: unset {AMP_VARIABLE} and {AMP_VARIABLE}_DATA_TYPE (one of the two, not "
-            "both), or, for ITEX's rewrite instead of the policy, auto_configure(policy='float32', graph_amp='on') "
-            "where the plan offers it.")
+            f"float32 are rewritten too. Fix: use one of the two, not both: unset {AMP_VARIABLE} (and "
+            f"{AMP_VARIABLE}_DATA_TYPE) to keep the plan's policy, or, for ITEX's rewrite instead, "
+            "auto_configure(policy='float32', graph_amp='on') where the plan offers it.")

@@ -695,15 +695,21 @@ def test_a_recurrent_layer_counts_its_cells_matmuls_once_per_time_step(rnn):
     assert flops(50, unroll=False) > 9 * flops(5, unroll=False)
 
 
-def test_a_dense_layer_after_a_recurrent_layer_does_not_read_the_input_data():
-    """A Dense after an LSTM was 'the first layer: it reads the input data' in the float8 choice: the LSTM's loop
-    (a While loop, or Keras 2's function call) hid the matmuls above it."""
-    model = tf.keras.Sequential([tf.keras.Input((12,), dtype="int32"), tf.keras.layers.Embedding(100, 32),
-                                 tf.keras.layers.LSTM(64), tf.keras.layers.Dense(64), tf.keras.layers.Dense(8)],
-                                name="tagger")
-    result = amp_backends.check_model(model, amp_backends.plan_for(device="h100"), batch_size=64)
-    why = dict(result.fp8_ineligible_layers)
-    assert "input data" not in why.get("tagger/dense", ""), why
+def test_a_dense_layer_beside_a_recurrent_layer_is_neither_the_first_nor_the_last():
+    """A Dense after an LSTM was 'the first layer: it reads the input data' in the float8 choice, and one before an
+    LSTM that ends the model 'the last layer': the LSTM's loop (a While loop, or Keras 2's function call) hid its
+    matmuls from the layers around it."""
+    h100 = amp_backends.plan_for(device="h100")
+    after = tf.keras.Sequential([tf.keras.Input((12,), dtype="int32"), tf.keras.layers.Embedding(100, 32),
+                                 tf.keras.layers.LSTM(64), tf.keras.layers.Dense(64, name="after"),
+                                 tf.keras.layers.Dense(8, name="head")], name="tagger")
+    why = dict(amp_backends.check_model(after, h100, batch_size=64).fp8_ineligible_layers)
+    assert "input data" not in why["tagger/after"], why
+    before = tf.keras.Sequential([tf.keras.Input((12, 16)), tf.keras.layers.Dense(64, name="first"),
+                                  tf.keras.layers.Dense(64, name="before"), tf.keras.layers.LSTM(32, name="rnn")],
+                                 name="encoder")
+    why = dict(amp_backends.check_model(before, h100, batch_size=64).fp8_ineligible_layers)
+    assert "last layer" not in why["encoder/before"] and "too small" in why["encoder/before"], why
 
 
 def test_a_matmul_made_float32_by_a_numpy_constant_gets_the_fix_for_the_constant():

@@ -544,7 +544,8 @@ def test_keras_fit_keywords_are_refused_with_what_does_their_work_and_the_fix_fo
                         ({"callbacks": []}, r"observers=\[\.\.\.\]"), ({"verbose": 0}, "progress=False"),
                         ({"class_weight": {0: 1.0, 1: 2.0}}, r"a tf\.data dataset of \(x, y, weights\[y\]\)"),
                         ({"validation_split": 0.2}, r"validation_data=\(x_val, y_val\)"),
-                        ({"epoch": 2}, "did you mean epochs=")):
+                        ({"epoch": 2}, "did you mean epochs="),
+                        ({"batchsize": 8}, r"did you mean batch_size=\? \(give it to the Trainer")):
         name = next(iter(kwargs))
         with pytest.raises(amp_backends.AmpConfigError, match=rf"Trainer\.fit\(\) takes no {name}=.*Received: {name}="
                                                              rf".*Expected keywords: epochs, max_steps.*Fix: .*{fix}"):

@@ -277,8 +277,9 @@ def test_a_loss_that_mixes_the_models_low_precision_output_with_float32_labels_i
     loss = lambda b: tf.reduce_mean(tf.square(model(b[0]) - b[1]))  # noqa: E731
     trainer = Trainer([Update("reg", loss, [(model.trainable_variables, tf.keras.optimizers.SGD())])],
                       applied_plan("float32"), batch_size=8, progress=False)
-    with pytest.raises(AmpConfigError, match=r"gives the op Sub a float32 and a bfloat16 tensor.*Fix: cast one side "
-                                             r"where they meet \(in a loss: tf\.cast\(y_pred, tf\.float32\)"):
+    with pytest.raises(AmpConfigError, match=r"gives the op Sub a float32 and a bfloat16 tensor at \S+"
+                                             r"test_training_updates\.py:\d+ \(lambda b:.*Fix: cast one side "
+                                             r"there \(in a loss: tf\.cast\(y_pred, tf\.float32\)"):
         trainer.fit(np.ones((32, 4), "float32"), np.ones((32, 1), "float32"), max_steps=2)
     assert int(trainer.global_step.numpy()) == 0
 
@@ -289,6 +290,9 @@ def test_update_groups_in_the_wrong_order_are_our_error_with_the_fix():
 
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
     update = Update("reg", lambda b: tf.reduce_mean(model(b[0])), [(tf.keras.optimizers.SGD(), model.weights)])
-    with pytest.raises(AmpConfigError, match=r"The groups of update 'reg' must be \(variables, optimizer\) pairs\. "
-                                             r"Received: \(SGD, list\)\. Fix: groups=\[\(model\.trainable_variables"):
+    with pytest.raises(AmpConfigError, match=r"The groups of update 'reg' must be a list of \(variables, optimizer\) "
+                                             r"pairs\. Received: \(SGD, list\)\. Fix: groups=\[\(model\.trainable"):
         Trainer([update], applied_plan("float32"), batch_size=8, progress=False)
+    bare = Update("reg", update.loss_fn, (model.weights, tf.keras.optimizers.SGD()))  # (one pair, not in a list)
+    with pytest.raises(AmpConfigError, match=r"Received: one pair, not in a list\. Fix"):
+        Trainer([bare], applied_plan("float32"), batch_size=8, progress=False)

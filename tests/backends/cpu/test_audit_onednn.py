@@ -195,10 +195,11 @@ def test_contradictions_with_the_plan_are_warnings_with_their_fix():
     emulated = [Entry("matmul", "bfloat16", "AVX-512", 1.0, True, emulated=True)]
     assert "emulated" in Audit("m", "cpu", BF16_PLAN, emulated).warnings()[0]["what"]
     assert Audit("m", "cpu", BF16_PLAN, emulated).warnings()[0]["fix"] == "plan float32 here (--policy float32)"
-    # under a float32 plan such kernels come from a float32 math mode (ITEX's BF32): its fix was '--policy float32',
-    # the flag the user had passed
+    # under a float32 plan such kernels come from a layer on a mixed policy or a float32 math mode: its fix was
+    # '--policy float32', the flag the user had passed
     (said,) = [w for w in Audit("m", "cpu", F32_PLAN, emulated).warnings() if w["code"] == "emulated-kernels"]
-    assert "--tf32 off" in said["fix"] and "--policy float32" not in said["fix"]
+    assert "reset_policies=True" in said["fix"] and "ONEDNN_DEFAULT_FPMATH_MODE" in said["fix"]
+    assert "--policy float32" not in said["fix"]
 
 
 def test_the_child_output_is_split_at_its_markers_and_overrides_become_amp_variables():

@@ -245,7 +245,8 @@ def test_itex_auto_mixed_precision_left_in_the_environment_beside_a_mixed_policy
     said = amp_variable_beside("mixed_bfloat16", {"ITEX_AUTO_MIXED_PRECISION": "1",
                                                   "ITEX_AUTO_MIXED_PRECISION_DATA_TYPE": "BFLOAT16"})
     assert said and "turns float32 ops to BFLOAT16 beside the plan's Keras policy mixed_bfloat16" in said
-    assert "Fix: unset ITEX_AUTO_MIXED_PRECISION and ITEX_AUTO_MIXED_PRECISION_DATA_TYPE" in said
+    assert ("Fix: use one of the two, not both: unset ITEX_AUTO_MIXED_PRECISION (and "
+            "ITEX_AUTO_MIXED_PRECISION_DATA_TYPE) to keep the plan's policy") in said
     assert amp_variable_beside("float32", {"ITEX_AUTO_MIXED_PRECISION": "1"}) is None  # ITEX's rewrite alone
     assert amp_variable_beside("mixed_bfloat16", {"ITEX_AUTO_MIXED_PRECISION": "0"}) is None
     assert amp_variable_beside("mixed_bfloat16", {}) is None
@@ -294,19 +295,24 @@ def test_the_plan_says_the_itex_math_mode_the_user_set_which_is_kept(set_to, tf3
     assert (plan.vendor_setting("ITEX_FP32_MATH_MODE") == "BF32") is tf32
 
 
-def test_a_later_plan_with_tf32_off_unsets_the_math_mode_an_earlier_plan_set_and_keeps_the_users():
+def test_a_later_plan_with_tf32_off_unsets_the_math_mode_an_earlier_plan_set_and_keeps_the_users(monkeypatch):
     """auto_configure() then auto_configure(tf32='off') in one process (a notebook) said tf32=off, and ITEX went on
     running float32 matmuls in BF32: the variable the first plan set stayed (ITEX reads it for each kernel it
-    builds)."""
+    builds). The user's own value is never taken for the plan's, nor unset."""
     from amp_backends.backends.intel import itex
+    from amp_backends.errors import AmpWarning
 
+    monkeypatch.setattr(itex, "_SET_BY_PLAN", {})
     env: dict[str, str] = {}
-    try:
-        assert itex.apply_math_mode("BF32", env) == "ITEX_FP32_MATH_MODE=BF32" and env["ITEX_FP32_MATH_MODE"] == "BF32"
-        assert "unset (tf32=off)" in itex.apply_math_mode(None, env) and "ITEX_FP32_MATH_MODE" not in env
-        assert itex.apply_math_mode(None, env) is None
-        env["ITEX_FP32_MATH_MODE"] = "FP32"  # the user's own: kept, either way
-        assert "set by the user is kept" in itex.apply_math_mode("BF32", env)
-        assert itex.apply_math_mode(None, env) is None and env["ITEX_FP32_MATH_MODE"] == "FP32"
-    finally:
-        itex._SET_BY_PLAN.clear()
+    assert itex.apply_math_mode("BF32", env) == "ITEX_FP32_MATH_MODE=BF32" and env["ITEX_FP32_MATH_MODE"] == "BF32"
+    assert "unset (tf32=off)" in itex.apply_math_mode(None, env) and "ITEX_FP32_MATH_MODE" not in env
+    assert itex.apply_math_mode(None, env) is None
+    env["ITEX_FP32_MATH_MODE"] = "FP32"  # the user's own: kept, either way
+    assert "set by the user is kept (the plan would use BF32)" in itex.apply_math_mode("BF32", env)
+    assert "set by the user is kept" in itex.apply_math_mode(None, env) and env["ITEX_FP32_MATH_MODE"] == "FP32"
+    env["ITEX_FP32_MATH_MODE"] = "BF32"  # the user's, and the plan's too: still the user's
+    assert "set by the user is kept" in itex.apply_math_mode("BF32", env) and not itex._SET_BY_PLAN
+    with pytest.warns(AmpWarning, match=r"ITEX_FP32_MATH_MODE=BF32 set in the environment is kept: float32 matmuls "
+                                        r"run in BF32, although the plan's tf32 is off\. Fix: unset"):
+        itex.apply_math_mode(None, env)
+    assert env["ITEX_FP32_MATH_MODE"] == "BF32"
