@@ -342,7 +342,8 @@ FIT_KEYWORDS = ("x", "y", "epochs", "max_steps", "resume", "steps_per_epoch", "v
 KERAS_FIT = {
     "batch_size": "give it to the Trainer: Trainer(updates, plan, batch_size=N) (every fit trains with it)",
     "verbose": "Trainer(..., progress=False) for no progress bar, log_every=N for a log line every N steps",
-    "callbacks": "Trainer(..., observers=[...]): amp_backends.Observer objects, called around every compiled call",
+    "callbacks": "Trainer(..., observers=[...]): amp_backends.Observer objects, called around every compiled call "
+                 "(EarlyStopping and ModelCheckpoint are the Trainer's patience= and keep_best=)",
     "class_weight": "weigh each sample by its class: a tf.data dataset of (x, y, weights[y]) batches",
     "sample_weight": "a tf.data dataset of (x, y, sample_weight) batches",
     "validation_split": "validation_data=(x_val, y_val), the samples you hold out",
@@ -365,6 +366,18 @@ def _short(value: Any) -> str:
     return f"<{type(value).__name__}>"
 
 
+def check_trainer_keywords(keywords: Mapping[str, Any], own: Sequence[str]) -> None:
+    """No keyword beyond the `Trainer`'s ``own``: one of ``fit``'s, or of Keras ``fit``'s, is refused saying where it
+    goes, another with the nearest name."""
+    for name, value in keywords.items():
+        near = difflib.get_close_matches(name, [*own, *FIT_KEYWORDS[2:], *KERAS_FIT], n=1)
+        fix = (f"give it to fit(): trainer.fit(x, y, {name}=...)" if name in FIT_KEYWORDS else KERAS_FIT.get(name)
+               or (f"did you mean {near[0]}=?" if near else "leave it out"))
+        raise AmpConfigError(f"Trainer() takes no {name}=. Received: {name}={_short(value)}. Expected the Trainer's "
+                             "own keywords (batch_size, checkpoint_dir, metrics, patience...; fit() takes epochs and "
+                             f"the data). Fix: {fix}{'' if fix.endswith('?') else '.'}")
+
+
 def check_fit_arguments(keras_fit: Mapping[str, Any], *, epochs: Any, max_steps: Any, resume: bool,
                         store: CheckpointStore | None) -> None:
     """`Trainer.fit`'s own arguments (positive counts, ``resume`` only with a checkpoint directory), and no other
@@ -375,7 +388,7 @@ def check_fit_arguments(keras_fit: Mapping[str, Any], *, epochs: Any, max_steps:
                                                                        else "") if near else "leave it out")
         whose = "Keras fit takes it" if name in KERAS_FIT else "a name it does not know"
         raise AmpConfigError(f"Trainer.fit() takes no {name}= ({whose}). Received: {name}={_short(value)}. Expected "
-                             f"keywords: {', '.join(FIT_KEYWORDS[2:])}. Fix: {fix}.")
+                             f"keywords: {', '.join(FIT_KEYWORDS[2:])}. Fix: {fix}{'' if fix.endswith('?') else '.'}")
     for name, value in (("epochs", epochs), ("max_steps", max_steps)):
         if (value is not None or name == "epochs") and not is_count(value):
             raise AmpConfigError(f"{name} must be a positive integer{' or None' if name == 'max_steps' else ''}. "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from .precision import FirstBatch, TrainedModels, trained_models
 from .resume import Checkpointing, nothing_left
 from .runs import At, Position, check_directory, current_seed, parse_profile_steps
 from .step import StepProgram, Update, build_optimizers
-from .tasks import check_fit_arguments
+from .tasks import check_fit_arguments, check_trainer_keywords
 from .metrics import Progress
 from .validation import Evaluator, Validation
 
@@ -66,6 +67,7 @@ class Trainer:
         mode: ``"auto"``, ``"min"`` or ``"max"``: which way the monitored value improves.
         patience: Stop after this many values of ``monitor`` without an improvement (``None``: never).
         min_delta: The least change that counts as an improvement.
+        **fit_keywords: Keras ``fit``'s keywords (``epochs``, ``callbacks``...): refused, saying where they go.
 
     Raises:
         AmpConfigError: An argument is out of range (a ``ValueError``); the message says what was expected.
@@ -84,15 +86,14 @@ class Trainer:
                  observers: Sequence[Observer] = (), check_models: bool = True, audit: bool | tuple[int, int] = False,
                  measure_float32: bool | None = None, metrics: Sequence[Any] | None = None,
                  keep_best: str | bool | None = None, monitor: str | None = None, mode: str = "auto",
-                 patience: int | None = None, min_delta: float = 0.0) -> None:
-        self.strategy, self.plan = strategy or tf.distribute.get_strategy(), plan
-        self.replicas = int(self.strategy.num_replicas_in_sync)
+                 patience: int | None = None, min_delta: float = 0.0, **fit_keywords: Any) -> None:
+        self.strategy, self.plan = (chosen := strategy or tf.distribute.get_strategy()), plan
         self.updates, logdir, profile_steps = checked_arguments(
-            updates, plan, self.replicas, batch_size=batch_size, steps_per_call=steps_per_call, log_every=log_every,
+            updates, plan, (replicas := int(chosen.num_replicas_in_sync)), batch_size=batch_size, log_every=log_every,
             keep_checkpoints=keep_checkpoints, max_consecutive_nonfinite=max_consecutive_nonfinite,
             checkpoint_every=checkpoint_every, logdir=logdir, seed=seed, profile_steps=profile_steps,
-            images_per_step=images_per_step)
-        self.is_chief, self.worker = is_chief(self.strategy), worker_id(self.strategy)
+            images_per_step=images_per_step, steps_per_call=steps_per_call, fit_keywords=fit_keywords)
+        self.is_chief, self.worker, self.replicas = is_chief(chosen), worker_id(chosen), replicas
         self.batch_size, self.steps_per_call = int(batch_size), int(steps_per_call)
         self.images_per_step = int(images_per_step or self.batch_size)
         self.checkpoint_every, self.max_consecutive_nonfinite = checkpoint_every, max_consecutive_nonfinite
@@ -365,9 +366,11 @@ def run_call(program: StepProgram, source: Source, at: At, k: int, capacity: int
 
 def checked_arguments(updates: Sequence[Update], plan: Plan, replicas: int, *, checkpoint_every: int | None,
                       logdir: str | None, seed: Any, profile_steps: Any, images_per_step: Any,
-                      **positive: Any) -> tuple[list[Update], str | None, tuple[int, int] | None]:
+                      fit_keywords: Mapping[str, Any], **positive: Any
+                      ) -> tuple[list[Update], str | None, tuple[int, int] | None]:
     """The updates as a list, ``logdir`` absolute (later chdirs change nothing) and the profiler's window, after
     checking every argument of the trainer that can be checked alone (`AmpConfigError`, or ``TypeError``)."""
+    check_trainer_keywords(fit_keywords, [p for p in inspect.signature(Trainer).parameters if p != "fit_keywords"])
     require_plan(plan, "Trainer(updates, plan, ...)")
     if bad := next((name for name, value in positive.items() if not is_count(value)), None):
         raise AmpConfigError(f"{bad} must be an integer >= 1. Received: {bad}={positive[bad]!r} (of type "

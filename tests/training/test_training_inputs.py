@@ -560,6 +560,21 @@ def test_keras_fit_keywords_are_refused_with_what_does_their_work_and_the_fix_fo
     assert t.fit(weighted).steps == 4
 
 
+def test_fit_and_keras_keywords_given_to_the_trainer_are_refused_saying_where_they_go():
+    """Trainer(updates, plan, batch_size=32, epochs=2) (a Keras user's habit) was Python's 'unexpected keyword
+    argument'; so was a misspelt keyword of its own."""
+    updates = classifier_updates(mlp(), tf.keras.optimizers.SGD())
+    plan = applied_plan()
+    for kwargs, fix in (({"epochs": 2}, r"give it to fit\(\): trainer\.fit\(x, y, epochs=\.\.\.\)\."),
+                        ({"validation_data": None}, r"give it to fit\(\): trainer\.fit\(x, y, validation_data="),
+                        ({"callbacks": []}, r"observers=\[\.\.\.\].*patience= and keep_best="),
+                        ({"checkpointdir": "runs"}, r"did you mean checkpoint_dir=\?$")):
+        name = next(iter(kwargs))
+        with pytest.raises(amp_backends.AmpConfigError, match=rf"Trainer\(\) takes no {name}=\. Received: {name}=.*"
+                                                             rf"Fix: .*{fix}"):
+            Trainer(updates, plan, batch_size=8, progress=False, **kwargs)
+
+
 def test_batches_of_the_wrong_structure_are_an_input_error_that_says_what_they_held():
     x, y = classification_data(32)
     t = trainer(mlp())
