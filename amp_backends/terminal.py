@@ -13,10 +13,19 @@ Column = str | tuple[str, dict[str, Any]]  # a name, or a name and rich's add_co
 
 
 def make_console(**kwargs: Any) -> Any:
-    """A rich ``Console`` for command output (its keyword arguments as rich's)."""
+    """A rich ``Console`` for command output (its keyword arguments as rich's); where the reader closed the pipe
+    early (``| head``), the command ends as Unix tools end, exit 141 (128 + SIGPIPE), not rich's 1 (which is
+    ``check``'s exit for an error finding)."""
     from rich.console import Console
 
-    return Console(**kwargs)
+    class PipedConsole(Console):
+        def on_broken_pipe(self) -> None:
+            try:
+                super().on_broken_pipe()  # (stdout to /dev/null, then SystemExit(1))
+            except SystemExit:
+                raise SystemExit(141) from None
+
+    return PipedConsole(**kwargs)
 
 
 def as_text(render: Callable[[Any], None], width: int) -> str:

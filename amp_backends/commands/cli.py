@@ -12,7 +12,7 @@ import typer
 
 from ..tf_import import exit_quickly
 from .info_command import info
-from .typer_app import make_app, show_warnings_plainly
+from .typer_app import make_app, run_app, show_warnings_plainly
 
 app = make_app("Hardware-aware mixed precision for TensorFlow/Keras: what this machine can do, and the plan.",
                no_args_is_help=True)
@@ -47,4 +47,4 @@ def main() -> None:
     """Entry point of the ``amp-backends`` script and ``python -m amp_backends``."""
     exit_quickly()
     show_warnings_plainly()
-    get_app()()
+    run_app(get_app())

@@ -68,7 +68,18 @@ def run_single(command: Callable[..., Any]) -> None:
     show_warnings_plainly()
     app = make_app()
     app.command()(command)
-    app()
+    run_app(app)
+
+
+def run_app(app: Callable[[], Any]) -> None:
+    """Run ``app`` as the program. Where the reader closed the pipe early (``| head``), it ends as Unix tools end:
+    exit 141 (128 + SIGPIPE), not click's 1, which is `check`'s exit for an error finding."""
+    try:
+        app()
+    except SystemExit:
+        if "PacifyFlushWrapper" in type(sys.stdout).__name__:  # (click's, once a write met a closed pipe)
+            raise SystemExit(141) from None
+        raise
 
 
 def fail(prog: str, message: object, code: int = 2, kind: str = "error") -> NoReturn:

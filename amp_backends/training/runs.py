@@ -110,10 +110,13 @@ def propose_run_directory(logdir: str | os.PathLike, resume: bool) -> RunDirecto
     root = check_no_file_in_the_way(logdir, "--logdir")
     found = versions(root)
     if resume:
-        for path in [root, *(found[n] for n in sorted(found, reverse=True))]:
+        candidates = [root, *(found[n] for n in sorted(found, reverse=True))]
+        for path in candidates:
             folder = path / "checkpoints"  # (TensorFlow's state file, or a save's index: another run saving)
             if (folder / "checkpoint").is_file() or any(folder.glob("ckpt-*.index")):
                 return RunDirectory(path, True)
+        for path in candidates:  # a run training now that has saved nothing yet: its lock names it
+            refuse_if_held(path / "checkpoints")
         raise CheckpointError(
             f"--resume: there is no run to resume under {str(root)!r} (no checkpoints in {str(root / 'checkpoints')!r} "
             f"or in any {str(root / 'version_N' / 'checkpoints')!r}). Fix: drop --resume to start a new run, or point "

@@ -102,6 +102,18 @@ def test_the_command_prints_json_and_refuses_bad_targets():
     assert bad.exit_code == 2 and "expected MODULE:FACTORY" in bad.output
     bad = runner.invoke(app, [MNIST, "--policy", "mixed_float64"])
     assert bad.exit_code == 2 and "mixed_float64" in bad.output
+    # a request --strict refuses on this machine: it was the child's traceback, exit 1, in AMP_* words
+    from amp_backends import plan_for
+    from amp_backends.errors import UnsupportedRequestError
+
+    try:
+        plan_for(tf32="on", strict=True)
+        return  # (this machine runs TF32: a GPU, or ITEX's BF32 on an AMX CPU; no CPU of this session does)
+    except UnsupportedRequestError:
+        pass
+    strict = runner.invoke(app, [MNIST, "--steps", "1", "--tf32", "on", "--strict"])
+    said = " ".join(strict.output.split())
+    assert strict.exit_code == 2 and "tf32=on (from --tf32)" in said and "Traceback" not in said, said
 
 
 def audit_child(command: subprocess.Popen, deadline: float) -> int | None:

@@ -107,6 +107,32 @@ def test_bench_rejects_bad_input(tmp_path):
                          env={**os.environ, "AMP_POLICY": "fp64"})
     assert out.returncode == 2 and "AMP_POLICY must be one of" in out.stderr and "Fix: " in out.stderr, out.stderr
     assert not (tmp_path / "b").exists()
+    # a request AMP_STRICT refuses on this machine: it timed, wrote each automatic row as failed and exited 0
+    from amp_backends import plan_for
+    from amp_backends.errors import UnsupportedRequestError
+
+    try:
+        plan_for(tf32="on", strict=True)
+        return  # (this machine runs TF32: a GPU, or ITEX's BF32 on an AMX CPU; no CPU of this session does)
+    except UnsupportedRequestError:
+        pass
+    out = subprocess.run([sys.executable, "-m", "amp_backends.bench", "--models", "mnist", "--out", "b"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "AMP_STRICT": "1", "AMP_TF32": "on"})
+    assert out.returncode == 2 and "tf32=on (from AMP_TF32)" in out.stderr and "Fix: " in out.stderr, out.stderr
+    assert not (tmp_path / "b").exists()
+
+
+def test_options_of_the_other_mode_are_refused_not_ignored(tmp_path):
+    """``bench --reps 2`` (a zoo option, without --zoo) started the full default run, --reps unused."""
+    for args, said in ((["--reps", "2"], "--reps is for the model zoo (--zoo). Received: --reps without --zoo. Fix: "
+                                         "add --zoo, or drop --reps."),
+                       (["--zoo", "--epochs", "2"], "--epochs is for the tutorials' loops. Received: --epochs with "
+                                                    "--zoo. Fix: drop --zoo, or drop --epochs.")):
+        out = subprocess.run([sys.executable, "-m", "amp_backends.bench", *args, "--out", "b"], capture_output=True,
+                             text=True, timeout=120, cwd=tmp_path)
+        assert out.returncode == 2 and said in " ".join(out.stderr.split()), out.stderr
+        assert not (tmp_path / "b").exists()
 
 
 def test_samples_fewer_than_a_batch_are_refused_before_any_work(tmp_path):

@@ -403,3 +403,21 @@ def test_a_backend_whose_own_rows_leave_out_its_status_is_said_not_available_fir
     assert report.data["backend_rows"]["quietnpu"] == [["status", "not available: no NPU driver loaded"],
                                                        ["fake NPUs", "none"]]
     assert ["status", "available"] not in report.data["backend_rows"]["cpu"]  # (the CPU's own rows, as they were)
+
+
+def test_a_command_whose_reader_closed_the_pipe_ends_as_unix_tools_do():
+    """``amp-backends info | head -1`` exited 1 (rich's code for a closed pipe), and ``check ... | head`` then read
+    as a check that found an error: it is 141 (128 + SIGPIPE), as a Unix tool killed by the signal."""
+    code = ("import os, sys\nread, write = os.pipe()\nos.close(read)\nos.dup2(write, sys.stdout.fileno())\n"
+            "from amp_backends.terminal import make_console\nconsole = make_console()\n"
+            "for i in range(3):\n    console.print('row', i)\n")
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=False, stderr=subprocess.PIPE, text=True,
+                         timeout=60, cwd=NEUTRAL_CWD)
+    assert ran.returncode == 141, (ran.returncode, ran.stderr[-2000:])
+    assert "Traceback" not in ran.stderr
+    echoed = ("import os, sys\nread, write = os.pipe()\nos.close(read)\nos.dup2(write, sys.stdout.fileno())\n"
+              "import typer\nfrom amp_backends.commands.typer_app import make_app, run_app\napp = make_app()\n"
+              "@app.command()\ndef json_out():\n    typer.echo('x' * 200000)\nrun_app(app)\n")  # (click's own path)
+    ran = subprocess.run([sys.executable, "-c", echoed], stderr=subprocess.PIPE, text=True, timeout=60,
+                         cwd=NEUTRAL_CWD)
+    assert ran.returncode == 141, (ran.returncode, ran.stderr[-2000:])

@@ -240,6 +240,16 @@ def test_a_resume_with_no_run_or_of_a_held_run_is_refused_before_tensorflow_star
     assert out.startswith(f"CheckpointError Another run is training in {str(folder)!r} now (process {os.getpid()} "
                           "on here holds") and out.endswith("\nFalse\n"), out
     assert preflight_of_a_resume() == "False\n"  # let go: the run can be resumed
+    # a run training now that has saved no checkpoint yet: 'there is no run to resume. Fix: drop --resume', which
+    # starts a second run beside it
+    (folder / "ckpt-2.index").unlink()
+    held = os.open(folder / ".lock", os.O_RDONLY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        out = preflight_of_a_resume()
+    finally:
+        os.close(held)
+    assert out.startswith(f"CheckpointError Another run is training in {str(folder)!r} now"), out
 
 
 def test_ctrl_c_while_tensorflow_starts_stops_cleanly_and_says_nothing_was_trained(tmp_path):

@@ -10,6 +10,7 @@ checkout: ``python benchmarks/gpu_suite.py`` (``benchmarks/README.md``).
 from __future__ import annotations
 
 import functools
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -39,6 +40,7 @@ def _names(text: Optional[str]) -> list[str] | None:
 
 
 def main(
+    ctx: typer.Context,
     models: Optional[str] = typer.Option(None, "--models", metavar="MODELS",
                                          help="Comma-separated: mnist, gan (default both); with --zoo, zoo models "
                                               "(default all: see amp_backends.zoo)."),
@@ -71,14 +73,26 @@ def main(
     """Time the tutorials' configurations against the auto plan (default), or the model zoo (--zoo)."""
     if gpu_suite:
         fail(PROG, MOVED_GPU_SUITE)
+    given = [name for name in ("epochs", "samples", "mnist_batch", "gan_batch", "steps_per_call", "no_fit", "reps",
+                               "steps", "batch")
+             if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"]  # (typer's own click)
+    if wrong := [n for n in given if (n in ("reps", "steps", "batch")) != zoo]:  # (else silently unused)
+        flags = ", ".join("--" + n.replace("_", "-") for n in wrong)
+        whose, fix = ("the tutorials' loops", "drop --zoo") if zoo else ("the model zoo (--zoo)", "add --zoo")
+        fail(PROG, f"{flags} {'are' if len(wrong) > 1 else 'is'} for {whose}. Received: {flags} "
+                   f"{'with' if zoo else 'without'} --zoo. Fix: {fix}, or drop {flags}.")
+    from ...configure import plan_for
     from ...errors import AmpConfigError
     from ...registry import default_registry
     from ...request import build_request
     from ...tf_import import import_tensorflow, quiet_tensorflow_logs
     from .output import results_folder
 
-    try:  # the AMP_* variables the auto plan's rows read: a bad one is refused before any timing
+    try:  # the AMP_* variables the auto plan's rows read: a bad one, or one AMP_STRICT refuses here, before timing
         build_request(default_registry().known_names())
+        with warnings.catch_warnings():  # (a downgrade is said by the rows' plans)
+            warnings.simplefilter("ignore")
+            plan_for()
     except AmpConfigError as exc:
         fail(PROG, exc)
 
