@@ -111,7 +111,9 @@ def check_cluster(kind: str = "auto", environ: Mapping[str, str] | None = None) 
         ClusterConfigError: The cluster is described wrongly, or this worker's port is taken.
     """
     if kind not in STRATEGIES:
-        raise AmpConfigError(f"--distribute must be one of {', '.join(STRATEGIES)}. Received: {kind!r}.")
+        raise AmpConfigError(f"--distribute must be one of {', '.join(STRATEGIES)}. Received: {kind!r}. Fix: "
+                             "--distribute auto (a cluster where TF_CONFIG or a launcher describes one, several GPUs "
+                             "mirrored, else none), or name one of them.")
     found = cluster_config(os.environ if environ is None else environ) if kind in ("auto", "multiworker") else None
     if found is not None:
         check_port_free(own_address(found[0]), found[1])
@@ -122,7 +124,8 @@ def make_strategy(kind: str = "auto", *, timeout_s: float = DEFAULT_TIMEOUT_S,
                   environ: Mapping[str, str] | None = None) -> Any:
     """The strategy for ``kind``: auto (TF_CONFIG -> multiworker, several GPUs -> mirrored, else none)."""
     if kind in STRATEGIES and not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
-        raise AmpConfigError(f"The cluster timeout must be a positive number of seconds. Received: {timeout_s!r}.")
+        raise AmpConfigError(f"The cluster timeout must be a positive number of seconds. Received: {timeout_s!r}. "
+                             "Fix: --cluster-timeout 60 (the default).")
     found = check_cluster(kind, environ)  # refused here, before TensorFlow
     import tensorflow as tf
 

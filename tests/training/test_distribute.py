@@ -276,3 +276,13 @@ def test_sigterm_to_a_worker_of_the_command_ends_both_with_143_after_saving_the_
 
     assert path == str(tmp_path / "version_0" / "checkpoints" / f"ckpt-{step}")
     assert tf.train.latest_checkpoint(str(tmp_path / "version_0" / "checkpoints")) == path
+
+
+def test_an_unknown_strategy_is_refused_with_the_fix():
+    """``--distribute foo`` said the strategies and what was received, but no fix (every other error gives one)."""
+    from amp_backends.errors import AmpConfigError
+    from amp_backends.training.distribute import check_cluster
+
+    with pytest.raises(AmpConfigError, match=r"--distribute must be one of auto, none, mirrored, multiworker\. "
+                                             r"Received: 'foo'\. Fix: --distribute auto \("):
+        check_cluster("foo", {})
