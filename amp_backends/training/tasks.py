@@ -366,16 +366,26 @@ def _short(value: Any) -> str:
     return f"<{type(value).__name__}>"
 
 
+def _keyword_fix(name: str, candidates: Sequence[str]) -> str:
+    """The fix for a keyword ``name`` that is not taken: what does Keras fit's ``name``'s work here, else the nearest
+    of ``candidates`` (with what does its work, where it is Keras fit's), else to leave it out."""
+    if name in KERAS_FIT:
+        return KERAS_FIT[name] + "."
+    near = difflib.get_close_matches(name, candidates, n=1)
+    if not near:
+        return "leave it out."
+    return f"did you mean {near[0]}=?" + (f" ({KERAS_FIT[near[0]]})." if near[0] in KERAS_FIT else "")
+
+
 def check_trainer_keywords(keywords: Mapping[str, Any], own: Sequence[str]) -> None:
     """No keyword beyond the `Trainer`'s ``own``: one of ``fit``'s, or of Keras ``fit``'s, is refused saying where it
     goes, another with the nearest name."""
     for name, value in keywords.items():
-        near = difflib.get_close_matches(name, [*own, *FIT_KEYWORDS[2:], *KERAS_FIT], n=1)
-        fix = (f"give it to fit(): trainer.fit(x, y, {name}=...)" if name in FIT_KEYWORDS else KERAS_FIT.get(name)
-               or (f"did you mean {near[0]}=?" if near else "leave it out"))
+        fix = (f"give it to fit(): trainer.fit(x, y, {name}=...)." if name in FIT_KEYWORDS
+               else _keyword_fix(name, [*own, *FIT_KEYWORDS[2:], *KERAS_FIT]))
         raise AmpConfigError(f"Trainer() takes no {name}=. Received: {name}={_short(value)}. Expected the Trainer's "
                              "own keywords (batch_size, checkpoint_dir, metrics, patience...; fit() takes epochs and "
-                             f"the data). Fix: {fix}{'' if fix.endswith('?') else '.'}")
+                             f"the data). Fix: {fix}")
 
 
 def check_fit_arguments(keras_fit: Mapping[str, Any], *, epochs: Any, max_steps: Any, resume: bool,
@@ -383,12 +393,10 @@ def check_fit_arguments(keras_fit: Mapping[str, Any], *, epochs: Any, max_steps:
     """`Trainer.fit`'s own arguments (positive counts, ``resume`` only with a checkpoint directory), and no other
     keyword: one of Keras ``fit``'s is refused with what does its work here, another with the nearest name."""
     for name, value in keras_fit.items():
-        near = difflib.get_close_matches(name, FIT_KEYWORDS + tuple(KERAS_FIT), n=1)
-        fix = KERAS_FIT.get(name) or (f"did you mean {near[0]}=?" + (f" ({KERAS_FIT[near[0]]})" if near[0] in KERAS_FIT
-                                                                       else "") if near else "leave it out")
         whose = "Keras fit takes it" if name in KERAS_FIT else "a name it does not know"
         raise AmpConfigError(f"Trainer.fit() takes no {name}= ({whose}). Received: {name}={_short(value)}. Expected "
-                             f"keywords: {', '.join(FIT_KEYWORDS[2:])}. Fix: {fix}{'' if fix.endswith('?') else '.'}")
+                             f"keywords: {', '.join(FIT_KEYWORDS[2:])}. Fix: "
+                             f"{_keyword_fix(name, FIT_KEYWORDS + tuple(KERAS_FIT))}")
     for name, value in (("epochs", epochs), ("max_steps", max_steps)):
         if (value is not None or name == "epochs") and not is_count(value):
             raise AmpConfigError(f"{name} must be a positive integer{' or None' if name == 'max_steps' else ''}. "

@@ -85,7 +85,12 @@ def user_math_mode(environ: Mapping[str, str] | None = None) -> str | None:
     ``None``: ITEX reads it and the plan keeps it (a value this process's plan set is the plan's, not the user's)."""
     env = os.environ if environ is None else environ
     value = env.get(MATH_MODE_VARIABLE) or None
-    return None if env is os.environ and value is not None and _SET_BY_PLAN.get(MATH_MODE_VARIABLE) == value else value
+    return value if env is not os.environ or _users(value) else None
+
+
+def _users(value: str | None) -> bool:
+    """Whether ``ITEX_FP32_MATH_MODE``'s ``value`` is the user's: set, and not what this process's plan set."""
+    return value is not None and _SET_BY_PLAN.get(MATH_MODE_VARIABLE) != value
 
 
 def math_mode_support(user_mode: str | None, plan_mode: str, native: Support) -> Support:
@@ -124,15 +129,14 @@ def apply_math_mode(mode: str | None, environ: MutableMapping[str, str] | None =
     """
     env = os.environ if environ is None else environ
     current = env.get(MATH_MODE_VARIABLE)
-    users = current is not None and _SET_BY_PLAN.get(MATH_MODE_VARIABLE) != current
-    if mode is None and users and str(current).strip().upper() in ("BF32", "TF32"):
-        warn(f"{MATH_MODE_VARIABLE}={current} set in the environment is kept: float32 matmuls run in "
-             f"{str(current).strip().upper()}, although the plan's tf32 is off. Fix: unset {MATH_MODE_VARIABLE} (or "
-             "set it to FP32) for float32 matmuls in float32.")
-    if users:
-        other = mode is not None and str(current).strip().upper() != mode.upper()
-        return f"{MATH_MODE_VARIABLE}={current} set by the user is kept" + (f" (the plan would use {mode})" if other
-                                                                         else "")
+    said = (current or "").strip().upper()
+    if _users(current):
+        if mode is None and said in ("BF32", "TF32"):
+            warn(f"{MATH_MODE_VARIABLE}={current} set in the environment is kept: float32 matmuls run in {said}, "
+                 f"although the plan's tf32 is off. Fix: unset {MATH_MODE_VARIABLE} (or set it to FP32) for float32 "
+                 "matmuls in float32.")
+        other = f" (the plan would use {mode})" if mode is not None and said != mode.upper() else ""
+        return f"{MATH_MODE_VARIABLE}={current} set by the user is kept{other}"
     if mode is None:
         if current is None:
             return None

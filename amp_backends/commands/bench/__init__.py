@@ -35,6 +35,11 @@ def _stopped(stop: KeyboardInterrupt, results: Path) -> typer.Exit:
     return typer.Exit(getattr(stop, "exit_code", 130))
 
 
+# the options one mode reads and the other would leave unused (refused there)
+LOOPS_ONLY = ("epochs", "samples", "mnist_batch", "gan_batch", "steps_per_call", "no_fit")
+ZOO_ONLY = ("reps", "steps", "batch")
+
+
 def _names(text: Optional[str]) -> list[str] | None:
     return [n.strip() for n in text.split(",") if n.strip()] if text else None
 
@@ -73,10 +78,9 @@ def main(
     """Time the tutorials' configurations against the auto plan (default), or the model zoo (--zoo)."""
     if gpu_suite:
         fail(PROG, MOVED_GPU_SUITE)
-    given = [name for name in ("epochs", "samples", "mnist_batch", "gan_batch", "steps_per_call", "no_fit", "reps",
-                               "steps", "batch")
+    given = [name for name in LOOPS_ONLY + ZOO_ONLY
              if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"]  # (typer's own click)
-    if wrong := [n for n in given if (n in ("reps", "steps", "batch")) != zoo]:  # (else silently unused)
+    if wrong := [n for n in given if (n in ZOO_ONLY) != zoo]:  # (else silently unused)
         flags = ", ".join("--" + n.replace("_", "-") for n in wrong)
         whose, fix = ("the tutorials' loops", "drop --zoo") if zoo else ("the model zoo (--zoo)", "add --zoo")
         fail(PROG, f"{flags} {'are' if len(wrong) > 1 else 'is'} for {whose}. Received: {flags} "
