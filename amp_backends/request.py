@@ -140,12 +140,15 @@ def undo_of(source: str) -> str:
             else _UNDO.get(source) or f"unset {source}")
 
 
-def _invalid(name: str, source: str, accepted: str, value: Any, example: str, more: str = "") -> AmpConfigError:
-    """The error for an invalid value of option ``name``: what it accepts, what it got (and ``more``), the fix."""
+def _invalid(name: str, source: str, accepted: str, value: Any, example: str | None, more: str = "") -> AmpConfigError:
+    """The error for an invalid value of option ``name``: what it accepts, what it got (and ``more``), the fix (with
+    ``example``, else one of those accepted)."""
     var, flag = _env(name), _flag(name)
-    where, fix = ((var, f"export {var}={example}, or unset {var}") if source == "env" else
-                  (flag, f"pass {flag} {example}, or leave {flag} out") if source == "option" else
-                  (f"{name}=", f"pass {name}={example!r}, or leave {name} out"))
+    given = (f"{var}={example}" if source == "env" else f"{flag} {example}" if source == "option" else
+             f"{name}={example!r}") if example is not None else "one of those"
+    where, fix = ((var, f"export {given}, or unset {var}") if source == "env" else
+                  (flag, f"pass {given}, or leave {flag} out") if source == "option" else
+                  (f"{name}=", f"pass {given}, or leave {name} out"))
     return AmpConfigError(f"{where} must be {accepted}. Received: {value!r}{more}. Fix: {fix} to let amp_backends "
                           "decide.")
 
@@ -161,8 +164,9 @@ def parse_policy(value: Any, source: str = "argument") -> str:
     if v in ("", "auto"):
         return "auto"
     if v not in _POLICY_ALIASES:
+        near = difflib.get_close_matches(v, [*_POLICY_ALIASES, "half"], n=1, cutoff=0.6)  # no match: no guess
         raise _invalid("policy", source, f"one of auto, {', '.join(POLICIES)} (aliases fp32, fp16, bf16)", value,
-                       "mixed_float16")
+                       _POLICY_ALIASES.get(near[0], "mixed_float16") if near else None)
     return _POLICY_ALIASES[v]
 
 

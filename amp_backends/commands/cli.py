@@ -18,8 +18,17 @@ app = make_app("Hardware-aware mixed precision for TensorFlow/Keras: what this m
                no_args_is_help=True)
 
 
+def _show_version(asked: bool) -> None:
+    if asked:
+        from ..version import __version__
+
+        typer.echo(f"amp-backends {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _group() -> None:
+def _group(version: bool = typer.Option(False, "--version", is_eager=True, callback=_show_version,
+                                        help="Print the version of amp_backends and exit.")) -> None:
     """Hardware-aware mixed precision for TensorFlow/Keras."""
 
 

@@ -7,10 +7,12 @@ into `RunOptions`. Exit status: 0 done; 2 a usage, data or checkpoint error; 3 s
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import typer
@@ -39,8 +41,17 @@ def _in_flags(exc: NonFiniteError) -> str:
     return f" On this command line: run it again with {' '.join(words)}." if words else ""
 
 
-def run_example(name: str, train: Callable[[Any], Any], parsed: dict[str, Any]) -> None:
-    """Train with the parsed options; each failure the user can act on ends with its message and exit status."""
+def _as_flags(message: str, flags: Mapping[str, str]) -> str:
+    """The trainer's keywords that ``message`` names (``batch_size``, ``epochs=``), said as the command's ``flags``."""
+    named = [f"{name} is {flag}" for name, flag in flags.items() if flag not in message
+             and re.search(rf"\b{name}{'' if '_' in name else '='}", message)]  # data, seed: plain words too
+    return f" (On this command line: {'; '.join(named)}.)" if named else ""
+
+
+def run_example(name: str, train: Callable[[Any], Any], parsed: dict[str, Any],
+                flags: Mapping[str, str] | None = None) -> None:
+    """Train with the parsed options; each failure the user can act on ends with its message and exit status (an
+    error naming the trainer's keywords says them as ``flags``: the command's first flag of each parameter)."""
     from ..examples.run import RunOptions, preflight
     from ..tf_import import import_tensorflow, quiet_tensorflow_logs
 
@@ -62,7 +73,7 @@ def run_example(name: str, train: Callable[[Any], Any], parsed: dict[str, Any]) 
         import_tensorflow(quiet_tensorflow_logs())  # TensorFlow's start-up noise filtered, unless asked for
         train(opts)
     except USAGE_ERRORS as exc:
-        fail(name, exc, 2)
+        fail(name, f"{exc}{_as_flags(str(exc), flags or {})}", 2)
     except DistributedFailure as exc:
         fail(name, exc, 4)
     except NonFiniteError as exc:
@@ -132,9 +143,11 @@ def command(name: str, train: Callable[[Any], Any], *, batch_size: int, lr: floa
         audit: bool = typer.Option(False, "--audit", help="Report the kernels that ran in the steps after the warm-up: "
                                    "dtypes, float32 islands (on a CPU from oneDNN's records)."),
     ) -> None:
-        run_example(name, train, dict(locals()))  # the options by name (with name and train, which it ignores)
+        run_example(name, train, dict(locals()), flags)  # the options by name (and name, train, flags: ignored)
 
     main.__doc__ = train.__doc__
+    flags = {n: p.default.param_decls[0] for n, p in inspect.signature(main).parameters.items()
+             if getattr(p.default, "param_decls", None)}
     return main
 
 

@@ -49,7 +49,7 @@ def test_a_good_number_reaches_the_command(monkeypatch):
     from amp_backends.commands import train_command as train
 
     seen = {}
-    monkeypatch.setattr(train, "run_example", lambda name, fn, parsed: seen.update(parsed))
+    monkeypatch.setattr(train, "run_example", lambda name, fn, parsed, flags: seen.update(parsed, flags=flags))
     app = get_app()
     monkeypatch.setattr(app, "registered_groups", [])  # rebuild train's commands with run_example replaced
     app.add_typer(train.train_app(), name="train")
@@ -58,6 +58,8 @@ def test_a_good_number_reaches_the_command(monkeypatch):
     assert result.exit_code == 0, result.output
     assert (seen["batch_size"], seen["lr"], seen["max_steps"], seen["seed"], seen["epochs"]) == (32, 1e-3, 7, 0, 1)
     assert isinstance(seen["batch_size"], int) and isinstance(seen["lr"], float)
+    assert seen["flags"]["batch_size"] == "--batch_size" and seen["flags"]["max_steps"] == "--max-steps"
+    assert seen["flags"]["policy"] == "--policy"
 
 
 def test_deterministic_runs_one_op_at_a_time_from_tensorflows_start(monkeypatch):
@@ -74,3 +76,14 @@ def test_deterministic_runs_one_op_at_a_time_from_tensorflows_start(monkeypatch)
     train_command.run_example("gan", lambda opts: seen.append(os.environ.get("TF_NUM_INTEROP_THREADS")),
                               {"deterministic": True})
     assert seen == ["1"]
+
+
+def test_a_trainer_error_says_the_keywords_it_names_as_the_commands_flags():
+    """The trainer's errors name its keywords; on the command line each is said as its flag, once, and a plain word
+    that is also an option's name (data, seed) is not taken for it."""
+    from amp_backends.commands.train_command import _as_flags
+
+    flags = {"batch_size": "--batch_size", "epochs": "--epochs", "data": "--data", "max_steps": "--max-steps"}
+    message = "The data has 9 samples. Fix: lower batch_size, or pass epochs=4 and max_steps=8 (--max-steps)."
+    assert _as_flags(message, flags) == " (On this command line: batch_size is --batch_size; epochs is --epochs.)"
+    assert _as_flags("The data has 9 samples.", flags) == ""

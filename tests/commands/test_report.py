@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -378,8 +379,22 @@ def test_a_plan_made_by_code_a_command_runs_keeps_the_python_words(monkeypatch):
     with keywords_as_options({"policy": "half"}):
         with pytest.raises(AmpConfigError, match=r"^--policy must be .* Fix: pass --policy mixed_float16, or leave "):
             auto_configure(policy="half", apply=False, verbose=False)
-        with pytest.raises(AmpConfigError, match=r"^policy= must be .* Fix: pass policy='mixed_float16', or leave "):
-            auto_configure(policy="bogus", apply=False, verbose=False)
+        with pytest.raises(AmpConfigError, match=r"^policy= must be .* Fix: pass policy='mixed_bfloat16', or leave "):
+            auto_configure(policy="mixed_bf16", apply=False, verbose=False)
+
+
+@pytest.mark.parametrize("value, fix", [("mixed_bf16", "pass --policy mixed_bfloat16, or"),
+                                        ("mixed-float16", "pass --policy mixed_float16, or"),
+                                        ("fp23", "pass --policy float32, or"),
+                                        ("bogus", "pass one of those, or leave --policy out")])
+def test_a_misspelt_policy_is_offered_the_nearest_one_not_a_fixed_guess(value, fix):
+    """The fix offers the policy the value is nearest to; with none near, no guess (a fixed mixed_float16 would be
+    a policy that some machines refuse as slow)."""
+    from amp_backends.errors import AmpConfigError
+    from amp_backends.request import parse_policy
+
+    with pytest.raises(AmpConfigError, match=re.escape(f"Received: {value!r}. Fix: {fix}")):
+        parse_policy(value, source="option")
 
 
 def test_a_backend_whose_own_rows_leave_out_its_status_is_said_not_available_first():

@@ -217,7 +217,9 @@ def bad_inputs(tmp_path):
     np.savez(tmp_path / "other.npz", images=np.zeros(3))
     return {
         "batch over the data": (["--digits", "--batch_size", "5000"], None,
-                                "The data has 1295 samples, fewer than one batch of 5000. Fix:"),
+                                "The data has 1295 samples, fewer than one batch of 5000. Fix: lower batch_size to "
+                                "at most 1295, or train on more data. (On this command line: batch_size is "
+                                "--batch_size.)"),
         "unknown layer": (["--synthetic", "--max-steps", "1", "--float32-layers", "NoSuchLayer"], None,
                           "no layer class is named 'NoSuchLayer' (nor anything like it)"),
         "layer typo in the environment": (["--synthetic", "--max-steps", "1"], {"AMP_FLOAT32_LAYERS": "Conv2d"},
