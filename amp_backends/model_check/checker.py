@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from .fp8_choice import fp8_layers
 from ..errors import AmpConfigError, ModelCallError
 from ..keras_compat import input_structure, is_keras_model, keras_info
-from .result import Finding, ModelCheck, Summary
+from .result import DEFAULT_TRACE_BATCH, Finding, ModelCheck, Summary
 from .rules_general import Rules
 from .shapes import checked_inputs, dynamic_dims, shapes_with_sequence_length
 from .target import make_target
@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_TRACE_BATCH", "check_model", "shapes_with_sequence_length"]
 
-DEFAULT_TRACE_BATCH = 8  # when the batch is unknown: a multiple of every alignment but fp8's
 
 
 def _batch(structure: Any, batch_size: int | None, source: str = "batch_size={}") -> int | None:

@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from ..errors import AmpConfigError
 
+DEFAULT_TRACE_BATCH = 8  # when the batch is unknown: a multiple of every alignment but fp8's
+
 SCHEMA_VERSION = 1
 SEVERITIES = ("error", "warning", "info")
 # The sized ops (static shapes) must be this share of the matmuls/convolutions, by count, for FLOP shares to be
@@ -175,7 +177,7 @@ class ModelCheck:
             The line.
         """
         p = self.plan
-        batch = f"batch {self.batch_size}" if self.batch_size else "batch not given"
+        batch = f"batch {self.batch_size}" if self.batch_size else f"batch not given (traced at {DEFAULT_TRACE_BATCH})"
         line = (f"Precision check of {self.model!r} for the plan {p.get('backend')} {p.get('policy')} "
                 f"(tf32 {'on' if p.get('tf32') else 'off'}, xla {'on' if p.get('xla') else 'off'}"
                 f"{', fp8 on' if p.get('fp8') else ''}), {batch}")

@@ -97,6 +97,13 @@ def test_mnist_cnn_on_h100_gives_only_the_expected_infos(h100):
     s = result.summary
     assert s.flops_per_image == pytest.approx(2 * (26 * 26 * 9 * 32 + 24 * 24 * 9 * 32 * 64 + 9216 * 128 + 1280))
     assert s.reduced_precision_share > 0.999 and 0.95 < s.eligible_share < 0.99
+    assert result.headline().endswith(", batch 1024")
+
+
+def test_a_check_without_a_batch_says_the_batch_it_traced_at(h100):
+    """Its findings and errors show shapes at the batch it traced; the headline said only "batch not given"."""
+    result = check_model(build(mnist_cnn), plan=h100)
+    assert result.headline().endswith(", batch not given (traced at 8)"), result.headline()
 
 
 def test_gan_discriminator_on_h100(h100):
