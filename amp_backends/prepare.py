@@ -12,6 +12,8 @@ does to its models. With Keras ``fit``::
 
 from __future__ import annotations
 
+import inspect
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -143,7 +145,8 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
 
     Warns:
         AmpWarning: most of the model computes in float32 under a mixed plan (it was built before
-            ``auto_configure()``; ``reset_policies=True`` mends it).
+            ``auto_configure()``; ``reset_policies=True`` mends it), or the model's own ``train_step`` scales no
+            loss where the plan scales losses.
     """
     from .keras_compat import input_structure
     from .model_check.checker import built_by_inputs, require_model
@@ -178,12 +181,54 @@ def prepare_model(model: Any, plan: Plan, *, inputs: Any = None, skip_small: boo
              f"precision{' and its head is left as it is' if dtype != 'float32' else ''}. Fix: build it after "
              "auto_configure(), or "
              "prepare_model(model, plan, reset_policies=True) to give its layers the plan's policy.")
+    if said := _unscaled_train_step(model, plan):
+        warn(said)
     note = ""
     if decided.measurement is None and (measure_float32 or (measure_float32 is None
                                                            and lp.worth_measuring(model, plan))):
         decided, note = _measured(model, plan, decided, inputs, forced=bool(measure_float32))
         applied += lp.apply(model, decided)
     return preparation(decided, note, tuple(dict.fromkeys(applied)), reset)
+
+
+def _unscaled_train_step(model: Any, plan: Plan) -> str | None:
+    """Why ``model``'s own ``train_step`` would train wrongly under ``plan``'s loss scaling, or ``None``.
+
+    Keras's own step scales the loss; a step of the user's must (``optimizer.scale_loss`` on Keras 3, whose
+    optimizer then divides each gradient by the scale; ``get_scaled_loss`` / ``get_unscaled_gradients`` or
+    ``minimize`` on Keras 2). A step whose source names none of them, nor Keras's step (``super().train_step``), is
+    said to scale nothing; a step whose source cannot be read is not judged.
+
+    Args:
+        model: A Keras model.
+        plan: The `Plan` it trains under.
+
+    Returns:
+        The warning's words, or ``None`` where the plan scales no loss or the step is Keras's or scales it.
+    """
+    from .keras_compat import keras_info
+
+    step = getattr(type(model), "train_step", None)
+    if plan.loss_scale.mode == "none" or not callable(step) or str(getattr(step, "__module__", "")).startswith(
+            ("keras.", "tf_keras.", "tensorflow.")):
+        return None
+    try:
+        source = inspect.getsource(step)
+    except (OSError, TypeError):
+        return None
+    if re.search(r"scale_loss|get_scaled_loss|get_unscaled_gradients|\.minimize\(|super\(\)\.train_step", source):
+        return None
+    keras3 = (keras_info().generation or 3) >= 3
+    harm = ("Keras's optimizer divides every gradient by the scale when it applies them, so each update comes out "
+            "as many times too small as the scale" + (f" ({plan.loss_scale.initial:g} at first)" if
+            plan.loss_scale.mode == "dynamic" else f" ({plan.loss_scale.initial:g})") if keras3 else
+            "its float16 gradients are not scaled, so small ones flush to zero")
+    fix = ("loss = self.optimizer.scale_loss(loss) before tape.gradient" if keras3 else
+           "loss = self.optimizer.get_scaled_loss(loss) before tape.gradient and grads = "
+           "self.optimizer.get_unscaled_gradients(grads) after it")
+    return (f"The model {getattr(model, 'name', '?')!r} trains with its own train_step "
+            f"({type(model).__qualname__}.train_step), which does not scale its loss, and the plan scales losses "
+            f"({plan.loss_scale}): {harm}. Fix: in train_step, {fix} (as Keras's own step does).")
 
 
 def _reset_policies(model: Any, plan: Plan) -> tuple[str, ...]:

@@ -44,10 +44,11 @@ def large_gradient(y_true, y_pred):
     return 10.0 * tf.cast(y_pred, tf.float32)
 
 
-def fit_one_step(plan, loss, lr=1e4):
+def fit_one_step(plan, loss, lr=1e4, model_class=None):
     """Build y = w * x (w = 1) under mixed_float16, compile it as the plan says, fit one step; the model."""
     kc.set_global_policy("mixed_float16", tf)
-    model = K.Sequential([K.Input((1,)), K.layers.Dense(1, use_bias=False, kernel_initializer="ones")])
+    model = (model_class or K.Sequential)([K.Input((1,)), K.layers.Dense(1, use_bias=False,
+                                                                         kernel_initializer="ones")])
     assert model.layers[0].compute_dtype == "float16"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AmpWarning)
@@ -123,6 +124,52 @@ def test_none_means_no_scaling_even_under_mixed_float16():
         assert kc.loss_scale_of(model.optimizer) == ("none", None)
     else:  # Keras 2 wraps any other optimizer under mixed_float16: a fixed scale of 1 stands in for none
         assert kc.loss_scale_of(model.optimizer) == ("fixed", 1.0)
+
+
+class Unscaled(K.Sequential):
+    """A model with its own training step, which scales no loss."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.cast(self(x, training=True), tf.float32))
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
+        return {"loss": loss}
+
+
+class Scaled(K.Sequential):
+    """The same step, scaling its loss as Keras's own step does."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.cast(self(x, training=True), tf.float32))
+            scaled = self.optimizer.scale_loss(loss) if KERAS3 else self.optimizer.get_scaled_loss(loss)
+        grads = tape.gradient(scaled, self.trainable_variables)
+        if not KERAS3:
+            grads = self.optimizer.get_unscaled_gradients(grads)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
+        return {"loss": loss}
+
+
+def test_prepare_model_warns_of_an_own_train_step_that_scales_no_loss():
+    """A model's own train_step must scale its loss where the plan scales losses: on Keras 3 the optimizer divides
+    the gradients by the scale (every update 1024x too small, shown by fit), on Keras 2 they are unprotected."""
+    plan, unscaled_plan = fp16_plan("fixed:1024"), fp16_plan("none")
+    kc.set_global_policy("mixed_float16", tf)
+    layers = [K.Input((1,)), K.layers.Dense(1, use_bias=False)]
+    with pytest.warns(AmpWarning, match=r"own train_step \(Unscaled.train_step\), which does not scale its loss, "
+                                        r"and the plan scales losses \(fixed:1024\).* Fix: in train_step, loss = "):
+        amp_backends.prepare_model(Unscaled(layers), plan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AmpWarning)
+        amp_backends.prepare_model(Scaled([K.Input((1,)), K.layers.Dense(1, use_bias=False)]), plan)
+        amp_backends.prepare_model(K.Sequential([K.Input((1,)), K.layers.Dense(1)]), plan)  # Keras's own step
+        amp_backends.prepare_model(Unscaled([K.Input((1,)), K.layers.Dense(1)]), unscaled_plan)
+    if KERAS3:
+        own, right = (1 - weight(fit_one_step(plan, "mse", lr=0.01, model_class=cls)) for cls in (Unscaled, Scaled))
+        assert right == pytest.approx(0.01, rel=1e-3) and own == pytest.approx(0.01 / 1024, rel=1e-2)
 
 
 def test_a_bfloat16_plan_leaves_the_optimizer_alone():

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # What a reader looks up: the search must find a page for each (extend the list as pages add terms).
 SEARCH_TERMS = ("set_global_policy", "LossScaleOptimizer", "get_scaled_loss", "mixed_float16", "mpiexec")
 # name -> (width, height) of the viewport, in CSS pixels
-WIDTHS = {"desktop": (1400, 900), "phone": (390, 844)}
+WIDTHS = {"desktop": (1280, 800), "phone": (390, 844)}
 # a folder of the test's own (its old screenshots are removed before each run), inside the one named
 SCREENSHOTS = Path(os.environ.get("AMP_SITE_SCREENSHOTS") or ROOT / "site-screenshots") / "amp_backends-site"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
@@ -133,7 +133,7 @@ def browser() -> Iterator[object]:
     options = webdriver.ChromeOptions()
     options.binary_location = binary
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                     "--hide-scrollbars", "--window-size=1400,900"):
+                     "--hide-scrollbars", "--window-size=1280,800"):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))

@@ -268,6 +268,8 @@ class TrainedModels:
         with warnings.catch_warnings():  # (prepare_model's warning of another dtype: said once a model, `say_dtype`)
             warnings.filterwarnings("ignore", message=r"The model .* computes in \S+ under the plan's",
                                     category=AmpWarning)
+            warnings.filterwarnings("ignore", message=r"The model .* trains with its own train_step",
+                                    category=AmpWarning)  # (the trainer's step is its own, never the model's)
             self.layer_plans.update(prepare_models(prepared, self.plan, source, batch_size=self.batch_size,
                                                    stored=self.stored, say=self.is_chief, measure=self.measure))
         if self.is_chief:
