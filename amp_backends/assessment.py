@@ -93,7 +93,16 @@ class Float32Layer:
     evidence: tuple[Evidence, ...] = field(default=(), compare=False)
 
     def matches(self, classes: Iterable[str], strides: Sequence[int] = (), kernel: Sequence[int] = ()) -> bool:
-        """Whether a layer with these class names (its class and bases), strides and kernel size matches."""
+        """Whether a layer of these class names, strides and kernel size is one this entry keeps in float32.
+
+        Args:
+            classes: The layer's class name and its bases' names.
+            strides: The layer's strides (none: 1).
+            kernel: The layer's kernel size (none: 1).
+
+        Returns:
+            True where the class is ``layer`` and any stride or kernel condition holds.
+        """
         if self.layer not in set(classes):
             return False
         if self.strides_over is None and self.kernel_over is None:
@@ -102,7 +111,11 @@ class Float32Layer:
                 or (self.kernel_over is not None and max(kernel, default=1) > self.kernel_over))
 
     def describe(self) -> str:
-        """``DepthwiseConv2D`` or ``DepthwiseConv2D (stride > 1 or kernel > 3)``."""
+        """The entry in words.
+
+        Returns:
+            ``DepthwiseConv2D``, or ``DepthwiseConv2D (stride > 1 or kernel > 3)`` with its conditions.
+        """
         conditions = ([f"stride > {self.strides_over}"] if self.strides_over is not None else []) + (
             [f"kernel > {self.kernel_over}"] if self.kernel_over is not None else [])
         return self.layer + (f" ({' or '.join(conditions)})" if conditions else "")

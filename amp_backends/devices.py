@@ -13,9 +13,10 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .errors import AmpConfigError
+from .errors import AmpConfigError, BackendError, warn
 from .hardware import GB, BackendProbe, DeviceFact, Hardware, KnownDevice
-from .registry import BackendRegistry, registry_or_default
+from .probe import probe_problem
+from .registry import BackendRegistry, call_backend, registry_or_default
 
 
 def catalogue(registry: BackendRegistry | None = None) -> tuple[KnownDevice, ...]:
@@ -31,10 +32,16 @@ def catalogue(registry: BackendRegistry | None = None) -> tuple[KnownDevice, ...
     """
     entries: list[KnownDevice] = []
     for backend in registry_or_default(registry):
-        try:
-            listed = list(backend.catalogue())
-        except Exception:  # a broken third-party backend must not hide the others' devices
+        try:  # a broken third-party backend must not hide the others' devices
+            listed = list(call_backend(backend, "catalogue", (tuple, list), "a tuple of KnownDevice"))
+        except BackendError as exc:
+            warn(f"{exc}: its devices are left out of the device catalogue")
             continue
+        if wrong := [d for d in listed if not isinstance(d, KnownDevice) or d.backend != backend.name]:
+            warn(f"the {backend.name} backend's catalogue() lists {wrong[0]!r}, left out of the device catalogue: "
+                 f"expected KnownDevice entries whose backend is {backend.name!r} (the backend that describes "
+                 f"them). Fix: that backend is at fault: update or uninstall its package")
+            listed = [d for d in listed if d not in wrong]
         taken = {form for device in entries for alias in (device.name, *device.aliases) for form in _forms(alias)}
         entries += [device for device in listed if not taken & set(_forms(device.name))]
     return tuple(entries)
@@ -106,13 +113,18 @@ def device_hardware(device: KnownDevice | str, registry: BackendRegistry | None 
 
     Raises:
         AmpConfigError: ``device`` is a name the catalogue does not know.
+        BackendError: Its backend's ``describe`` raised or gave no valid probe.
     """
     registry = registry_or_default(registry)
     if not isinstance(device, KnownDevice):  # a name, or anything else: find_device says what it expects
         device = find_device(device, registry)
     owner = registry.get(device.backend)
     types = {"CPU"} | ({owner.tf_device_type} if owner.tf_device_type else set())
-    return machine_of([device.cite(owner.describe(device))], registry.names(),
+    probe = call_backend(owner, "describe", BackendProbe, "a BackendProbe of the device", device)
+    if problem := probe_problem(probe, owner.name):
+        raise BackendError(f"the {owner.name} backend's describe() returned a BackendProbe {problem}. Fix: that "
+                           "backend is at fault: update or uninstall its package")
+    return machine_of([device.cite(probe)], registry.names(),
                       lambda backend: f"not part of the catalogue's {device.name} machine", frozenset(types))
 
 

@@ -61,11 +61,25 @@ class Results:
     medians: Mapping[str, float]
 
     def has(self, *configs: str) -> bool:
-        """Whether the file has a figure for every one of ``configs``."""
+        """Whether the file has a figure for every one of ``configs``.
+
+        Args:
+            *configs: Configuration names, as the file's ``results`` keys them.
+
+        Returns:
+            True when each has a median.
+        """
         return all(c in self.medians for c in configs)
 
     def figure(self, config: str) -> str:
-        """The figure of ``config`` as the reasons print it (no decimals)."""
+        """The figure of ``config`` as the reasons print it (no decimals).
+
+        Args:
+            config: A configuration name the file has (`has`).
+
+        Returns:
+            Its median, rounded.
+        """
         return f"{self.medians[config]:.0f}"
 
     def run(self) -> str:

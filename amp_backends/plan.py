@@ -175,8 +175,12 @@ class Plan:
 
     @property
     def device(self) -> str:
-        """The first device the plan runs on, as TensorFlow names it (``/GPU:0``; ``/CPU:0`` when none is listed)."""
-        return self.devices[0] if self.devices else "/CPU:0"
+        """The first device the plan runs on, as ``tf.device`` takes it: ``/GPU:0`` (``/CPU:0`` when none is listed);
+        another kind in the full form, ``/device:XPU:0`` (``tf.DeviceSpec`` reads the short one for CPU and GPU only).
+        """
+        first = self.devices[0] if self.devices else "/CPU:0"
+        short = first.count("/") == 1 and first.count(":") == 1
+        return f"/device:{first[1:]}" if short and first[1:4].upper() not in ("CPU", "GPU") else first
 
     def compile_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``model.compile`` that follow the plan, with `wrap_optimizer`:

@@ -104,8 +104,8 @@ def _statuses(hardware: Hardware, registry: BackendRegistry) -> dict[str, Backen
                     and device_type not in hardware.tf_device_types):
                 ok = False
                 reason = (f"{reason}, but TensorFlow lists no {device_type} device (a CPU-only TensorFlow build, "
-                          "missing device libraries or a plugin that did not load): check "
-                          "`python -m amp_backends.info`")
+                          "missing device libraries or a plugin that did not load): check that TensorFlow "
+                          f"lists it, with tf.config.list_physical_devices('{device_type}')")
         statuses[backend.name] = BackendStatus(backend.name, ok, reason, False, failed)
     for name, err in registry.load_errors.items():
         statuses[name] = BackendStatus(name, False, f"failed to load: {err}", False, True)

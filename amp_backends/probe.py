@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .hardware import BackendProbe, Hardware
+from .hardware import Accelerator, BackendProbe, Hardware
 from .registry import BackendRegistry, registry_or_default
 from .errors import BackendError
 
@@ -32,11 +32,39 @@ def probe_hardware(registry: BackendRegistry | None = None, *, use_tensorflow: b
             probe = backend.probe(use_tensorflow=use_tensorflow)
             if not isinstance(probe, BackendProbe):
                 raise BackendError(f"probe() returned {type(probe).__name__}, expected a BackendProbe")
+            if problem := probe_problem(probe, backend.name):
+                raise BackendError(f"probe() returned a BackendProbe {problem}")
             probes.append(probe)
         except Exception as exc:  # a probe must never take the program down
             error = f"{type(exc).__name__}: {exc}"
             probes.append(BackendProbe(backend.name, False, f"probe failed: {error}", error=error))
     return Hardware(probes=tuple(probes), tf_device_types=tensorflow_device_types())
+
+
+def probe_problem(probe: BackendProbe, backend: str) -> str | None:
+    """What is wrong with a backend's ``probe`` (of its hardware, or `Backend.describe`'s of a device), or ``None``.
+
+    Args:
+        probe: The probe the backend gave.
+        backend: The backend's name.
+
+    Returns:
+        The fault, as "a BackendProbe <fault>" continues (what it has, and what was expected), or ``None``.
+    """
+    devices, details = probe.devices, probe.details
+    faults = [
+        (probe.backend != backend, f"of backend {probe.backend!r}; expected its own name {backend!r} first"),
+        (not isinstance(probe.available, bool), f"with available={probe.available!r}; expected True or False"),
+        (not isinstance(probe.reason, str), f"with reason={probe.reason!r}; expected a str"),
+        (not isinstance(devices, tuple) or not all(isinstance(d, Accelerator) and isinstance(d.name, str)
+                                                   and isinstance(d.kind, str) and d.kind and type(d.index) is int
+                                                   for d in devices),
+         f"with devices={devices!r}; expected a tuple of Accelerator (a str name and kind, an int index)"),
+        (not isinstance(details, tuple) or not all(isinstance(d, tuple) and len(d) == 2
+                                                   and all(isinstance(v, str) for v in d) for d in details),
+         f"with details={details!r}; expected a tuple of (label, text) pairs of str"),
+    ]
+    return next((fault for wrong, fault in faults if wrong), None)
 
 
 def needs_tensorflow(hardware: Hardware, registry: BackendRegistry) -> bool:

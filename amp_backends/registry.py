@@ -87,15 +87,34 @@ class Backend(abc.ABC):
         return rows
 
     def software_rows(self) -> list[tuple[str, str]]:
-        """Rows ``(label, value)`` for the software this backend relies on (nvidia-ml-py, ITEX)."""
+        """Rows ``(label, value)`` for the software this backend relies on (nvidia-ml-py, ITEX).
+
+        Returns:
+            The rows (none by default).
+        """
         return []
 
     def vendor_settings(self, plan: "Plan") -> tuple[VendorSetting, ...]:
-        """The backend's own settings for a resolved plan (pure). `apply` reads them back."""
+        """The backend's own settings for a resolved plan (pure). `apply` reads them back.
+
+        Args:
+            plan: The plan, every other setting decided (this backend's).
+
+        Returns:
+            The settings, each with its value and why (none by default).
+        """
         return ()
 
     def apply(self, plan: "Plan", tf: Any) -> list[str]:
-        """Apply the plan's vendor settings beyond the Keras policy, TF32 and XLA. Returns notes for the log."""
+        """Apply the plan's vendor settings beyond the Keras policy, TF32 and XLA (`Plan.vendor_setting` reads each).
+
+        Args:
+            plan: The plan being applied (this backend's).
+            tf: The imported ``tensorflow`` module.
+
+        Returns:
+            Notes for the log, one per setting changed (none by default).
+        """
         return []
 
     def peers(self, probe: BackendProbe) -> tuple[Peer, ...]:
@@ -128,9 +147,10 @@ class Backend(abc.ABC):
             An available probe of the device.
 
         Raises:
-            NotImplementedError: The backend has no catalogue.
+            NotImplementedError: The backend implements no ``describe`` (needed where it lists a catalogue).
         """
-        raise NotImplementedError(f"the {self.name} backend has no device catalogue to describe {device.name!r}")
+        raise NotImplementedError(f"the {self.name} backend lists {device.name!r} in its catalogue but does not "
+                                  "describe it: it implements no describe(device)")
 
     def kernel_audit(self) -> KernelAudit | None:
         """How the audit reads the kernels that ran under this backend's plans (a fresh object each call).
@@ -172,6 +192,13 @@ class BackendRegistry:
         if not isinstance(backend, Backend):
             raise AmpConfigError(f"register() takes a Backend instance. Received: {backend!r} (of type "
                                  f"{type(backend).__name__}).")
+        name, priority = getattr(backend, "name", None), getattr(backend, "priority", None)
+        if not (isinstance(name, str) and name.strip()) or isinstance(priority, bool) or not isinstance(priority, int):
+            raise AmpConfigError(
+                f"A Backend sets name (a str, as backend= takes it) and priority (an int: the highest available "
+                f"backend plans; the shipped ones: nvidia 300, intel 200, cpu 100). Received: {type(backend).__name__}"
+                f" with name={name!r}, priority={priority!r}. Fix: set both as class attributes of "
+                f"{type(backend).__name__}.")
         if backend.name in self._backends:
             raise AmpConfigError(f"A backend named {backend.name!r} is already registered.")
         self._backends[backend.name] = backend
@@ -199,9 +226,13 @@ class BackendRegistry:
 
         Returns:
             Its `KernelAudit`, or ``None`` when it offers none or is not registered.
+
+        Raises:
+            BackendError: Its ``kernel_audit()`` raised or returned something else.
         """
         backend = self._backends.get(name)
-        return backend.kernel_audit() if backend is not None else None
+        return None if backend is None else call_backend(backend, "kernel_audit", (KernelAudit, type(None)),
+                                                         "a KernelAudit or None")
 
     def audit_environment(self) -> dict[str, str]:
         """The variables an audited process starts with before it knows its plan: every backend's
@@ -213,10 +244,11 @@ class BackendRegistry:
         env: dict[str, str] = {}
         for backend in self:
             try:
-                audit = backend.kernel_audit()
+                audit = self.kernel_audit(backend.name)
+                pairs = [(str(name), str(value)) for name, value in (audit.environment if audit else ())]
             except Exception:  # a broken third-party backend must not break the others' audits
                 continue
-            for name, value in audit.environment if audit is not None else ():
+            for name, value in pairs:
                 env.setdefault(name, value)
         return env
 
@@ -239,6 +271,34 @@ class BackendRegistry:
             raise BackendError(f"No amp_backends backends are registered under the entry point group {group!r}. The "
                                "package metadata is missing: install the project (pip install . or pip install -e .).")
         return registry
+
+
+def call_backend(backend: Backend, method: str, expected: type | tuple[type, ...], what: str, *args: Any) -> Any:
+    """``backend.<method>(*args)``, what a backend's method gives the library checked, as our error.
+
+    Args:
+        backend: A registered backend (shipped or a third party's).
+        method: The name of the `Backend` method to call.
+        expected: The types its result may have.
+        what: Those types, as the error says them (``"a tuple of KnownDevice"``).
+        *args: The method's arguments.
+
+    Returns:
+        The method's result.
+
+    Raises:
+        BackendError: The method raised (the exception is its ``__cause__``) or returned none of ``expected``; the
+            message names the backend, its class and the method.
+    """
+    where = f"the {backend.name} backend's {method}() ({type(backend).__module__}.{type(backend).__qualname__})"
+    fix = "Fix: that backend is at fault: update or uninstall its package, or pass backend= to plan with another"
+    try:
+        result = getattr(backend, method)(*args)
+    except Exception as exc:
+        raise BackendError(f"{where} raised {type(exc).__name__}: {exc}. {fix}.") from exc
+    if not isinstance(result, expected):
+        raise BackendError(f"{where} returned {type(result).__name__} ({str(result)[:80]!r}); expected {what}. {fix}.")
+    return result
 
 
 @functools.lru_cache(maxsize=1)

@@ -144,8 +144,8 @@ def _invalid(name: str, source: str, accepted: str, value: Any, example: str | N
     """The error for an invalid value of option ``name``: what it accepts, what it got (and ``more``), the fix (with
     ``example``, else one of those accepted)."""
     var, flag = _env(name), _flag(name)
-    given = (f"{var}={example}" if source == "env" else f"{flag} {example}" if source == "option" else
-             f"{name}={example!r}") if example is not None else "one of those"
+    shown = "<one of those>" if example is None else example if source != "argument" else repr(example)
+    given = f"{var}={shown}" if source == "env" else f"{flag} {shown}" if source == "option" else f"{name}={shown}"
     where, fix = ((var, f"export {given}, or unset {var}") if source == "env" else
                   (flag, f"pass {given}, or leave {flag} out") if source == "option" else
                   (f"{name}=", f"pass {given}, or leave {name} out"))

@@ -228,6 +228,27 @@ def test_every_public_name_is_in_the_api_reference():
     assert not missing, f"docs/reference/api.md has no '::: amp_backends.NAME' for {missing}"
 
 
+def test_the_backend_interface_is_in_the_api_reference():
+    """A backend author's names (`amp_backends.backend_api`): each class of the interface has its entry."""
+    from amp_backends import backend_api
+
+    page = (DOCS / "reference" / "api.md").read_text(encoding="utf-8")
+    documented = {m.group(1).rsplit(".", 1)[-1] for m in re.finditer(r"^::: (amp_backends[\w.]*)$", page, re.M)}
+    classes = {name for name in backend_api.__all__ if isinstance(getattr(backend_api, name), type)
+               and not issubclass(getattr(backend_api, name), Exception)}
+    missing = sorted(classes - documented)
+    assert not missing, f"docs/reference/api.md has no '::: amp_backends....NAME' for {missing}"
+
+
+def test_no_docstring_line_starts_a_markdown_block_quote():
+    """A docstring line beginning with ``>`` renders as a quote in the API reference, the ``>`` lost."""
+    quoted = [f"{path.relative_to(ROOT)}:{n}" for path in sorted([*(ROOT / "amp_backends").rglob("*.py"),
+                                                                 *(ROOT / "backends").rglob("*.py")])
+              for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+              if re.match(r"\s+> ", line)]
+    assert not quoted, f"a docstring line starts with '>': {quoted}"
+
+
 def troubleshooting_entries() -> dict[str, str]:
     """``### `name``` heading -> its text."""
     text = (DOCS / "troubleshooting.md").read_text(encoding="utf-8")

@@ -5,12 +5,43 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..kernel_audit import KernelAudit, KernelReading, KernelRecord
+from ..errors import BackendError
+from ..kernel_audit import Capture, KernelAudit, KernelReading, KernelRecord
 from .match import LayerKernel, match, match_op_name, match_ops
 from .audit_result import Audit, Entry
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..plan import Plan
+
+
+def read_kernels(kernel_audit: KernelAudit, capture: Capture, backend: str) -> KernelReading:
+    """``kernel_audit.read(capture)``, what the backend read checked, as our error.
+
+    Args:
+        kernel_audit: The backend's `KernelAudit`.
+        capture: What its process printed, and the run's document.
+        backend: The backend's name.
+
+    Returns:
+        The reading.
+
+    Raises:
+        BackendError: ``read`` raised, or gave no `KernelReading` of `KernelRecord`.
+    """
+    where = f"the {backend} backend's kernel audit ({type(kernel_audit).__module__}.{type(kernel_audit).__qualname__}" \
+            ".read)"
+    fix = "Fix: that backend is at fault: update or uninstall its package, or pass backend= to audit under another"
+    try:
+        reading = kernel_audit.read(capture)
+    except Exception as exc:
+        raise BackendError(f"{where} raised {type(exc).__name__}: {exc}. {fix}.") from exc
+    records = getattr(reading, "records", None)
+    if not isinstance(reading, KernelReading) or not isinstance(records, tuple) or not all(
+            isinstance(r, KernelRecord) for r in records):
+        got = type(reading).__name__ if not isinstance(reading, KernelReading) else f"records={str(records)[:80]}"
+        raise BackendError(f"{where} returned {got}; expected a KernelReading whose records are a tuple of "
+                           f"KernelRecord. {fix}.")
+    return reading
 
 
 def from_reading(reading: KernelReading, doc: Mapping[str, Any]) -> Audit:

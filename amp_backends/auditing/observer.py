@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ..kernel_audit import Capture, KernelAudit
-from .build import from_reading, plan_data
+from .build import from_reading, plan_data, read_kernels
 from .audit_result import Audit
 from ..errors import AmpConfigError
 
@@ -197,7 +197,8 @@ class AuditObserver:
         self.done = True
         assert self.kernel_audit is not None
         doc = self._doc()
-        self.result = from_reading(self.kernel_audit.read(Capture(tuple(lines), (), doc, None)), doc)
+        self.result = from_reading(read_kernels(self.kernel_audit, Capture(tuple(lines), (), doc, None), self.backend),
+                                   doc)
         for line in self.result.render().splitlines():
             logger.info(line)
 

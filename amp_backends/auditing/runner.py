@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import AmpConfigError, FactoryError, ModelCallError, TrainingInterrupted, warn
 from ..kernel_audit import Capture
-from .build import from_reading, not_measured
+from .build import from_reading, not_measured, read_kernels
 from .child import BEGIN, END
 from .audit_result import Audit
 
@@ -125,4 +125,4 @@ def run_child(target: str, *, batch_size: int, steps: int, warmup: int, env: Map
             return not_measured(target, plan, kernel_audit)
         header, measured = split_output(stdout)
         capture = Capture(tuple(measured), tuple(header), doc, doc.get("workdir"))
-        return from_reading(kernel_audit.read(capture), doc)
+        return from_reading(read_kernels(kernel_audit, capture, str(plan.get("backend"))), doc)

@@ -211,9 +211,11 @@ def _plan_rows(d: dict[str, Any], why: bool) -> tuple[list[tuple[str, str, str]]
     plan = d["plan"]
     if plan is None:
         return [("error", "-", d["plan_error"] or "no plan")], [None]
+    found = {p["backend"] for p in d["hardware"]["backends"] if p["available"]}  # (its reason: not in Hardware)
     rows: list[tuple[str, str, str]] = [("backend", plan["backend"], ", ".join(
-        f"{b['name']}: " + ("selected" if b["selected"] else "failed" if b.get("failed") else
-                            "available" if b["available"] else "unavailable") for b in plan["backends"]))]
+        f"{b['name']}: " + ("selected" if b["selected"] else "failed" if b.get("failed") else "available" if
+                            b["available"] else f"unavailable ({b['reason']})" if b["name"] in found else
+                            "unavailable") for b in plan["backends"]))]
     names = plan.get("device_names") or []
     rows.append(("devices", ", ".join(plan["devices"]), ", ".join(dict.fromkeys(names))))
     for decision in plan["decisions"]:  # the whole reason quotes its evidence (file, machine, figures)

@@ -329,7 +329,7 @@ class ThroughputLogger(tf.keras.callbacks.Callback):
     """Logs ``(epoch, step), Loss (epoch mean): …, step_time: …, throughput: … img/s.`` during ``model.fit``.
 
     The loss is Keras's running mean of the epoch (our `Trainer` logs each step's). With ``steps_per_execution``
-    > 1 a line covers an execution (``step_time`` per step). Throughput counts the samples Keras's loss tracker
+    above 1 a line covers an execution (``step_time`` per step). Throughput counts the samples Keras's loss tracker
     counted (full batches without a loss); at the end, the median after two warm-up executions.
 
     Args:

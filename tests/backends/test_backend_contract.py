@@ -20,7 +20,7 @@ from amp_backends.commands.capability_report import collect
 from amp_backends.configure import auto_configure, plan_for
 from amp_backends.errors import AmpConfigError, AmpWarning, BackendError
 from amp_backends.hardware import Accelerator, BackendProbe, Hardware
-from amp_backends.kernel_audit import KernelAudit
+from amp_backends.kernel_audit import KernelAudit, KernelReading
 from amp_backends.registry import Backend, BackendRegistry, default_registry
 
 pytestmark = pytest.mark.intel
@@ -193,6 +193,32 @@ class SettingsRaise(Fake):
         raise ValueError("settings broke")
 
 
+class ProbeOfAnother(Fake):
+    def probe(self, *, use_tensorflow=False):
+        return BackendProbe("other", True, "1 fake GPU", devices=(Accelerator("amd", 0, "MI300X"),))
+
+
+class DevicesAsNames(Fake):
+    def probe(self, *, use_tensorflow=False):
+        return BackendProbe(self.name, True, "1 fake GPU", devices=("npu0",))
+
+
+class DeviceWithoutAName(Fake):
+    def probe(self, *, use_tensorflow=False):
+        return BackendProbe(self.name, True, "1 fake GPU", devices=(Accelerator("amd", 0, None),))
+
+
+class DetailsNotPairs(Fake):
+    def probe(self, *, use_tensorflow=False):
+        return BackendProbe(self.name, True, "1 fake GPU", devices=(Accelerator("amd", 0, "MI300X"),),
+                            details=("driver",))
+
+
+class AvailableInWords(Fake):
+    def probe(self, *, use_tensorflow=False):
+        return BackendProbe(self.name, "yes", "1 fake GPU", devices=(Accelerator("amd", 0, "MI300X"),))
+
+
 def with_shipped(broken: Backend) -> BackendRegistry:
     return BackendRegistry([NvidiaBackend(), IntelBackend(), CpuBackend(), broken])
 
@@ -202,6 +228,12 @@ def with_shipped(broken: Backend) -> BackendRegistry:
     (NoNativePolicy(), "no native dtype policy"),
     (ProbeRaises(), "probe failed: OSError: libamdhip64.so"),
     (SettingsRaise(), "vendor_settings() raised ValueError: settings broke"),
+    # a probe not as the interface says: each said, not an AttributeError in a report or a plan with no device
+    (ProbeOfAnother(), "BackendProbe of backend 'other'; expected its own name 'rocm' first"),
+    (DevicesAsNames(), "with devices=('npu0',); expected a tuple of Accelerator"),
+    (DeviceWithoutAName(), "expected a tuple of Accelerator (a str name and kind, an int index)"),
+    (DetailsNotPairs(), "with details=('driver',); expected a tuple of (label, text) pairs of str"),
+    (AvailableInWords(), "with available='yes'; expected True or False"),
 ])
 def test_a_broken_backend_is_skipped_named_and_refused_by_name(broken, why):
     reg = with_shipped(broken)
@@ -278,3 +310,111 @@ def test_the_cpu_backend_hides_accelerators_from_a_cpu_plan():
 
     tf.config.set_visible_devices = started
     assert "already started its GPU runtime" in hide_accelerators(tf)
+
+
+# ----------------------------------------------------------------------- a broken catalogue, describe, kernel audit
+def rocm_device(backend="rocm"):
+    from amp_backends.hardware import KnownDevice
+
+    return KnownDevice("mi300x-fake", ("mi-fake",), backend, "Fake MI300X", "a test", device_name="MI300X")
+
+
+class CatalogueRaises(Fake):
+    def catalogue(self):
+        raise RuntimeError("catalogue broke")
+
+
+class CatalogueOfAnother(Fake):
+    def catalogue(self):
+        return (rocm_device("nvidia"),)
+
+
+class NoDescribe(Fake):
+    def catalogue(self):
+        return (rocm_device(),)
+
+
+class DescribesInADict(NoDescribe):
+    def describe(self, device):
+        return {"backend": "rocm"}
+
+
+class KernelAuditOfJunk(Fake):
+    def kernel_audit(self):
+        return ["ONEDNN_VERBOSE"]
+
+
+def test_a_broken_catalogue_is_said_and_leaves_the_others_devices():
+    from amp_backends.devices import known_devices
+
+    for broken, said in ((CatalogueRaises(), r"catalogue\(\) \(.*CatalogueRaises\) raised RuntimeError: catalogue "
+                                             r"broke\. Fix: .*: its devices are left out of the device catalogue"),
+                         (CatalogueOfAnother(), r"catalogue\(\) lists KnownDevice\(name='mi300x-fake'.*, left out "
+                                                r"of the device catalogue: expected KnownDevice entries whose backend "
+                                                r"is 'rocm'")):
+        with pytest.warns(AmpWarning, match=said):
+            names = known_devices(with_shipped(broken))
+        assert "h100" in names and "mi300x-fake" not in names  # (it was an NVIDIA plan for the other's device)
+
+
+@pytest.mark.parametrize("broken, said", [
+    (NoDescribe(), "describe() (test_backend_contract.NoDescribe) raised NotImplementedError: the rocm backend lists "
+                   "'mi300x-fake' in its catalogue but does not describe it: it implements no describe(device). Fix:"),
+    (DescribesInADict(), "describe() (test_backend_contract.DescribesInADict) returned dict (\"{'backend': 'rocm'}\"); "
+                         "expected a BackendProbe of the device. Fix: that backend is at fault"),
+])
+def test_a_catalogue_device_its_backend_cannot_describe_is_our_error(broken, said):
+    with pytest.raises(BackendError) as err:
+        plan_for(device="mi-fake", registry=with_shipped(broken))
+    assert f"the rocm backend's {said}" in str(err.value)
+
+
+def test_a_kernel_audit_of_junk_breaks_no_other_backends_audit():
+    registry = with_shipped(KernelAuditOfJunk())
+    assert registry.audit_environment() == {"ONEDNN_VERBOSE": "1"}  # the cpu backend's, as without it
+    with pytest.raises(BackendError, match=r"kernel_audit\(\) .* returned list .*; expected a KernelAudit or None"):
+        registry.kernel_audit("rocm")
+
+
+def test_a_backend_without_a_name_or_priority_is_refused_saying_both():
+    class NoPriority(Fake):
+        priority = None
+
+    with pytest.raises(AmpConfigError, match=r"A Backend sets name \(a str, as backend= takes it\) and priority \(an "
+                                             r"int.* Received: NoPriority with name='rocm', priority=None\. Fix: "):
+        BackendRegistry([NoPriority()])
+
+
+@pytest.mark.parametrize("read, said", [
+    (lambda capture: 1 / 0, "read) raised ZeroDivisionError: division by zero. Fix: that backend is at fault"),
+    (lambda capture: [], "read) returned list; expected a KernelReading whose records are a tuple of KernelRecord"),
+    (lambda capture: KernelReading("npu", (("convolution", "bf16"),)),
+     "read) returned records=(('convolution', 'bf16'),); expected a KernelReading whose records are a tuple"),
+])
+def test_what_a_kernel_audit_reads_is_checked_as_our_error(read, said):
+    """A reading that is not a KernelReading of KernelRecord was an AttributeError deep in the audit's counting."""
+    from amp_backends.auditing.build import read_kernels
+    from amp_backends.kernel_audit import Capture
+
+    audit = KernelAudit()
+    audit.read = read
+    with pytest.raises(BackendError) as err:
+        read_kernels(audit, Capture((), (), {}, None), "npu")
+    assert str(err.value).startswith("the npu backend's kernel audit (amp_backends.kernel_audit.KernelAudit.read")
+    assert said in str(err.value)
+
+
+def test_a_backend_tensorflow_does_not_list_says_why_in_the_plan_row(monkeypatch):
+    """Its hardware rows say "available"; the plan's row said only "unavailable", the reason in the JSON alone."""
+    from amp_backends import probe
+    from amp_backends.commands.capability_report import _plan_rows
+
+    class Listed(Fake):
+        tf_device_type = "NPU"
+
+    monkeypatch.setattr(probe, "tensorflow_device_types", lambda: frozenset({"CPU"}))
+    data = collect(registry=with_shipped(Listed()), use_tensorflow=False, environ={}).data
+    (row, *_), _ = _plan_rows(data, why=False)
+    assert ("rocm: unavailable (1 fake GPU, but TensorFlow lists no NPU device (a CPU-only TensorFlow build, missing "
+            "device libraries or a plugin that did not load): check that TensorFlow lists it, with "
+            "tf.config.list_physical_devices('NPU')), nvidia: unavailable,") in row[2]

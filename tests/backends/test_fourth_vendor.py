@@ -179,3 +179,21 @@ def test_a_fourth_vendor_reads_what_ran_under_its_plan(tmp_path):
     from schema_check import assert_valid  # the audit of a vendor the package does not ship fits its schema
 
     assert_valid("audit", json.loads(done.stdout.split("JSON ", 1)[1]))
+
+
+@pytest.mark.parametrize("devices, device", [(("/NPU:0",), "/device:NPU:0"), (("/XPU:1", "/XPU:2"), "/device:XPU:1"),
+                                             (("/GPU:0",), "/GPU:0"), ((), "/CPU:0"),
+                                             (("/job:localhost/replica:0/task:0/device:NPU:0",),
+                                              "/job:localhost/replica:0/task:0/device:NPU:0")])
+def test_a_plan_names_its_device_as_tf_device_takes_it(devices, device):
+    """A vendor's device kind other than CPU or GPU is named in the full form, which ``tf.device`` reads for any
+    kind; the short ``/NPU:0`` (the trainer's device, from `Accelerator.tf_name`) was a ValueError there."""
+    import dataclasses
+
+    import amp_backends
+
+    tf = pytest.importorskip("tensorflow")
+    plan = dataclasses.replace(amp_backends.plan_for(device="h100", environ={}), devices=devices)
+    assert plan.device == device
+    with tf.device(plan.device):  # soft placement: a kind this machine lacks runs on the CPU
+        assert float(tf.constant(2.0) * 3.0) == 6.0

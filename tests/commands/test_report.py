@@ -386,7 +386,7 @@ def test_a_plan_made_by_code_a_command_runs_keeps_the_python_words(monkeypatch):
 @pytest.mark.parametrize("value, fix", [("mixed_bf16", "pass --policy mixed_bfloat16, or"),
                                         ("mixed-float16", "pass --policy mixed_float16, or"),
                                         ("fp23", "pass --policy float32, or"),
-                                        ("bogus", "pass one of those, or leave --policy out")])
+                                        ("bogus", "pass --policy <one of those>, or leave --policy out")])
 def test_a_misspelt_policy_is_offered_the_nearest_one_not_a_fixed_guess(value, fix):
     """The fix offers the policy the value is nearest to; with none near, no guess (a fixed mixed_float16 would be
     a policy that some machines refuse as slow)."""
