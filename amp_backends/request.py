@@ -153,6 +153,12 @@ def _invalid(name: str, source: str, accepted: str, value: Any, example: str | N
                           "decide.")
 
 
+def _nearest(value: str, choices: Iterable[str]) -> str | None:
+    """The choice ``value`` is nearest to, as a misspelling of it, or ``None`` (then a fix offers no guess)."""
+    near = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.6)
+    return near[0] if near else None
+
+
 def _wrong_type(name: str, expected: str, value: Any) -> TypeError:
     return TypeError(f"{name} must be {expected}. Received: {name}={value!r} (of type {type(value).__name__}).")
 
@@ -164,9 +170,9 @@ def parse_policy(value: Any, source: str = "argument") -> str:
     if v in ("", "auto"):
         return "auto"
     if v not in _POLICY_ALIASES:
-        near = difflib.get_close_matches(v, [*_POLICY_ALIASES, "half"], n=1, cutoff=0.6)  # no match: no guess
+        near = _nearest(v, [*_POLICY_ALIASES, "half"])
         raise _invalid("policy", source, f"one of auto, {', '.join(POLICIES)} (aliases fp32, fp16, bf16)", value,
-                       _POLICY_ALIASES.get(near[0], "mixed_float16") if near else None)
+                       _POLICY_ALIASES.get(near, "mixed_float16") if near else None)
     return _POLICY_ALIASES[v]
 
 
@@ -250,7 +256,7 @@ def parse_backend(value: Any, known: Iterable[str], source: str = "argument") ->
         return "auto"
     if v not in known:
         raise _invalid("backend", source, f"auto or a registered backend: {', '.join(known)}", value,
-                       known[-1] if known else "auto")
+                       _nearest(v, known))
     return v
 
 

@@ -383,6 +383,17 @@ def test_a_plan_made_by_code_a_command_runs_keeps_the_python_words(monkeypatch):
             auto_configure(policy="mixed_bf16", apply=False, verbose=False)
 
 
+def test_a_misspelt_backend_is_offered_the_nearest_one_not_always_cpu():
+    from amp_backends.errors import AmpConfigError
+    from amp_backends.request import parse_backend
+
+    known = ("acme", "nvidia", "intel", "cpu")
+    with pytest.raises(AmpConfigError, match=re.escape("Received: 'nvidai'. Fix: pass --backend nvidia, or leave")):
+        parse_backend("nvidai", known, source="option")
+    with pytest.raises(AmpConfigError, match=re.escape("Received: 'rocm'. Fix: export AMP_BACKEND=<one of those>")):
+        parse_backend("rocm", known, source="env")
+
+
 @pytest.mark.parametrize("value, fix", [("mixed_bf16", "pass --policy mixed_bfloat16, or"),
                                         ("mixed-float16", "pass --policy mixed_float16, or"),
                                         ("fp23", "pass --policy float32, or"),
