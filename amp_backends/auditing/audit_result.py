@@ -258,6 +258,9 @@ class Audit:
                                 ("kernels", "ms per step", "dtypes (share of time)", "executed on")], rows,
                       show_header=True, header_style="bold",
                       plain=lambda c: f"kernels {c[0]}: {c[1]} ms per step; dtypes {c[2]}; executed on {c[3]}")
+        elif self.measured and not self.outside_onednn:
+            say(console, f"no compute kernel (matmul, convolution) among the {len(self.entries)} kernel records read: "
+                         "nothing to count by dtype")
         if kinds:
             units = ", ".join(sorted({e.unit for e in self.compute if e.matrix_unit}))  # (the ones that ran)
             say(console, f"compute time by dtype: {_fmt(d['time_share_by_dtype'])}; on matrix units"
@@ -268,7 +271,7 @@ class Audit:
                          f"{'-' if self.step_time_ms is None else f'{self.step_time_ms:.1f} ms'} "
                          f"({self.steps} step(s) measured, batch {self.batch_size})")
         for island in d["float32_islands"]:
-            where = ", ".join(island["layers"]) or "unmatched (no layer of that shape)"
+            where = ", ".join(island["layers"]) or "no layer of that shape"
             why = "; ".join(f"{c.get('code')}: {c.get('what')}" for c in island["check"])
             planned = ", as the layer plan keeps them" if island.get("planned") else ""
             say(console, f"float32 island: {where} ({island['matched']}{planned}): {_pct(island['share'])} of "

@@ -207,7 +207,7 @@ class Rules(RuleContext):
         what = f"{info.class_name}: {names} {verb} not a multiple of {align}"
         bits = re.search(r"\d+", entry["dtype"])  # (float16: 16; float8_e4m3fn: 8)
         size = f" ({align * int(bits.group()) // 8} bytes)" if bits else ""
-        why = (f"the {unit} run {entry['dtype']} matmuls and convolutions at full efficiency only on multiples of "
+        why = (f"on the {unit}, {entry['dtype']} matmuls and convolutions run at full efficiency only on multiples of "
                f"{align}{size}; other widths run on padded or slower kernels")
         if avoidable:
             severity = self.level(share, SIGNIFICANT)

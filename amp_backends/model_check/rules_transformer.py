@@ -117,9 +117,9 @@ def vocabulary(rules: RuleContext) -> None:
             rules.add(severity, "vocabulary-size", index,
                       f"the vocabulary of {size} is the width of {len(gemms)} matmul(s) (the logits) and not a "
                       f"multiple of {VOCAB_ALIGNMENT}",
-                      f"the {unit[0]} run a GEMM at full efficiency on widths that are multiples of {unit[1]}, and "
-                      f"the largest tiles on multiples of {VOCAB_ALIGNMENT}; the logits GEMM is one of the largest of "
-                      "a language model",
+                      f"on the {unit[0]}, a GEMM runs at full efficiency on widths that are multiples of {unit[1]}, "
+                      f"and the largest tiles on multiples of {VOCAB_ALIGNMENT}; the logits GEMM is one of the largest "
+                      "of a language model",
                       f"pad the vocabulary to {padded} (add unused tokens; the tokenizer never produces them)",
                       share, vocabulary=size, padded=padded, ops=[op.name for op in gemms])
         elif size % unit[1]:

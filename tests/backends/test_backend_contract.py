@@ -418,3 +418,14 @@ def test_a_backend_tensorflow_does_not_list_says_why_in_the_plan_row(monkeypatch
     assert ("rocm: unavailable (1 fake GPU, but TensorFlow lists no NPU device (a CPU-only TensorFlow build, missing "
             "device libraries or a plugin that did not load): check that TensorFlow lists it, with "
             "tf.config.list_physical_devices('NPU')), nvidia: unavailable,") in row[2]
+
+
+def test_an_audit_that_read_no_compute_kernel_says_so():
+    """It printed its headline alone: no table, no shares, no word of why."""
+    from amp_backends.auditing.build import from_reading
+    from amp_backends.kernel_audit import KernelRecord
+
+    reading = KernelReading("npu", (KernelRecord("copy", "float32", "DMA", 0.5, False),
+                                    KernelRecord("reorder", "bfloat16", "DMA", 0.2, False)))
+    text = from_reading(reading, {"model": "m:f", "plan": {"backend": "npu"}}).render()
+    assert "no compute kernel (matmul, convolution) among the 2 kernel records read: nothing to count by dtype" in text

@@ -91,6 +91,9 @@ def test_mnist_cnn_on_h100_gives_only_the_expected_infos(h100):
               for f in by_code(result, "tensor-core-shape")}
     assert set(shapes) == {1, 10}  # the one-channel first convolution, the 10-way output
     assert all("expected" in f.what for f in shapes.values())
+    # the unit named apart from the verb: "the Acme MXU run" read wrong for a vendor's unit of one name
+    assert all(f.why.startswith("on the ") and "Tensor Cores, " in f.why and " run at full efficiency only on " in f.why
+               for f in shapes.values()), [f.why for f in shapes.values()]
     # the float32 softmax output Dense is the layer plan's classifier head: as planned, nothing to report
     assert by_code(result, "float32-compute") == []
     assert len(result.findings) == 2
