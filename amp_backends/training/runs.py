@@ -1,11 +1,10 @@
 """A run: where it writes (run directories, one run at a time in a checkpoint folder), where it stands, its seed.
 
 Each run writes into a new ``<logdir>/version_N``; ``--resume`` continues the newest holding checkpoints
-(`run_directory`). While ``fit`` trains it holds an ``fcntl.flock`` on ``<folder>/.lock`` (`holding`): another
-process's run is refused with `CheckpointError`, and the lock dies with its process, so it is never stale (no
-``flock``: unlocked, with a warning). The position is kept in samples (`Position`): a run resumed with another
-batch size continues at the same sample. `seed_everything` seeds Python, NumPy, TensorFlow and Keras.
-`parse_profile_steps` reads the steps the profiler records into the run's folder (before TensorFlow starts).
+(`run_directory`). ``fit`` holds an ``fcntl.flock`` on ``<folder>/.lock`` (`holding`): another process's run is
+refused (`CheckpointError`); the lock dies with its process (no ``flock``: unlocked, with a warning). The position
+is in samples (`Position`): a resume with another batch size goes on at the same sample. `seed_everything`;
+`parse_profile_steps` (the profiler's window, read before TensorFlow starts).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import AmpConfigError, CheckpointError
+from ..errors import AmpConfigError, CheckpointError, warn
 from ..keras_compat import keras_info
 
 if TYPE_CHECKING:
@@ -47,8 +46,7 @@ def absolute(path: str | os.PathLike) -> str:
 
 
 def check_no_file_in_the_way(path: str | os.PathLike, what: str) -> Path:
-    """``path`` as an absolute ``Path``; `AmpConfigError` if it is empty, or it or its nearest existing parent is no
-    directory."""
+    """``path`` absolute; `AmpConfigError` if empty, or if it or its nearest existing parent is a file."""
     if not str(path).strip():  # ("": the current folder, where a run's version_N folders would go unasked)
         raise AmpConfigError(f"{what} must name a folder. Received {str(path)!r}. Fix: give one, such as {what} runs.")
     p = Path(absolute(path))
@@ -105,15 +103,13 @@ class RunDirectory:
 
 
 def propose_run_directory(logdir: str | os.PathLike, resume: bool) -> RunDirectory:
-    """Decide (without creating anything, or TensorFlow) where a run writes under ``logdir``; see the module
-    docstring."""
+    """Where a run writes under ``logdir`` (the module docstring), decided without creating anything."""
     root = check_no_file_in_the_way(logdir, "--logdir")
     found = versions(root)
     if resume:
         candidates = [root, *(found[n] for n in sorted(found, reverse=True))]
         for path in candidates:
-            folder = path / "checkpoints"  # (TensorFlow's state file, or a save's index: another run saving)
-            if (folder / "checkpoint").is_file() or any(folder.glob("ckpt-*.index")):
+            if _saved(path):
                 return RunDirectory(path, True)
         for path in candidates:  # a run training now that has saved nothing yet: its lock names it
             refuse_if_held(path / "checkpoints")
@@ -122,6 +118,10 @@ def propose_run_directory(logdir: str | os.PathLike, resume: bool) -> RunDirecto
             f"or in any {str(root / 'version_N' / 'checkpoints')!r}). Fix: drop --resume to start a new run, or point "
             "--logdir at the run to continue.")
     return RunDirectory(root / f"version_{max(found, default=-1) + 1}", False)
+
+
+def _saved(run: Path) -> bool:  # it holds checkpoints: TensorFlow's state file, or a save's index (a run saving)
+    return (run / "checkpoints" / "checkpoint").is_file() or any((run / "checkpoints").glob("ckpt-*.index"))
 
 
 # The run directories this process reserved, each with the folders above it that the reservation created.
@@ -153,6 +153,9 @@ def reserve_run_directory(logdir: str | os.PathLike) -> RunDirectory:
     """
     made = _missing(check_no_file_in_the_way(logdir, "--logdir"))
     root = ensure_directory(logdir, "--logdir")
+    if VERSION.match(root.name) and _saved(root):  # (runs/version_0: a run's own folder)
+        warn(f"--logdir {str(logdir)!r} is a run's own folder: this run starts in a version_N inside it. Fix: pass "
+             f"--resume to continue that run, or --logdir {str(root.parent)!r} to start one beside it")
     n = max(versions(root), default=-1) + 1
     while True:
         path = root / f"version_{n}"
