@@ -27,6 +27,7 @@ from ..keras_compat import keras_info
 from ..plan import Plan
 from .checkpoints import CheckpointStore, Restored, checkpoint_paths, read_signature
 from .distribute import StopAgreement, collectives
+from .inputs import Stream
 from .loss_scaling import LossScaler
 from .precision import TrainedModels
 from .runs import At, Position, holding
@@ -203,9 +204,9 @@ class Checkpointing:
             return self.save()
         return None
 
-    def restore(self, models: TrainedModels, stream: Any = None) -> int | None:
-        """Restore the newest checkpoint, if any, and what the run decided and learnt; its global step (``stream``:
-        the ``tf.data`` input (`inputs.Stream`) the run reads, which resumes at a whole batch; ``None``: arrays)."""
+    def restore(self, models: TrainedModels, source: Any = None) -> int | None:
+        """Restore the newest checkpoint, if any, and what the run decided and learnt; its global step (``source``: the
+        input, arrays or a ``tf.data`` pipeline (`inputs.Stream`, which resumes at a whole batch))."""
         given = learning_rates(self.updates)
         restored = self.store.restore(models.quantize) if self.store else None  # float8 layers first
         if restored is None:
@@ -215,7 +216,7 @@ class Checkpointing:
         self.saved_at = self.position.now()
         stored = restored.stored or {}
         if self.is_chief:
-            self._log_resume(restored, at, then_batch, given, stream)
+            self._log_resume(restored, at, then_batch, given, source)
         then = stored.get("loss_scaling") or {}
         for name, scaler in self.scalers.items():
             scaler.follow(then.get(name), say=self.is_chief)
@@ -224,8 +225,14 @@ class Checkpointing:
         return at.step
 
     def _log_resume(self, restored: Restored, at: At, then_batch: int, given: Mapping[str, float],
-                    stream: Any) -> None:
+                    source: Any) -> None:
         """The resume line: where it continues, what differs from the checkpoint's run (``given``: rates before it)."""
+        stream = source if isinstance(source, Stream) else None
+        then, now = (restored.stored or {}).get("samples"), getattr(source, "samples", None)
+        if then and now and then != now:
+            logger.warning(f"The checkpoint's run trained on {then} samples; this fit is given {now}: it goes on at "
+                           f"sample {at.offset} of epoch {at.epoch} of these, in their own order (a resume continues a "
+                           "run on its data; for other data, start a new run from its weights).")
         optimizers = {f"{u.name}[{i}]": int(opt.iterations.numpy()) for u in self.updates
                       for i, (_, opt) in enumerate(u.groups) if hasattr(opt, "iterations")}
         scales = ", ".join(f"{n}={s.current:g}" for n, s in self.scalers.items())
@@ -256,19 +263,21 @@ class Checkpointing:
             logger.info(f"The checkpoint was written under another plan ({then}); this run: {self.plan_headline}.")
 
     @contextlib.contextmanager
-    def fitting(self, resume: bool, models: TrainedModels, stream: Any = None) -> Iterator[At]:
+    def fitting(self, resume: bool, models: TrainedModels, source: Any = None) -> Iterator[At]:
         """A ``fit`` from where the run stands (yielded), holding the folder's lock (`runs.holding`): a new run refuses
-        another's checkpoints, ``resume`` restores (`restore`; ``stream``: from a ``tf.data`` pipeline); the folder is
-        made ready for saves; a final save. From its start (the set-up too), a first Ctrl-C or SIGTERM asks the fit
-        to stop at the next call boundary (`stop_agreed`); then every worker saves there and `interrupted` raises."""
+        another's checkpoints, ``resume`` restores (`restore`; ``source``: the input, its sample count recorded); the
+        folder is made ready for saves; a final save. From its start (the set-up too), a first Ctrl-C or SIGTERM asks
+        the fit to stop at the next call boundary (`stop_agreed`); then every worker saves there and `interrupted`
+        raises."""
         store, self.stopped = self.store, None
         with holding(store.directory if store and self.is_chief else None), StopSignals() as self.signals:
             if store is not None:
                 if not resume:
                     store.ensure_fresh()
-                elif self.restore(models, stream) is None and self.is_chief:
+                elif self.restore(models, source) is None and self.is_chief:
                     logger.warning(f"Nothing to resume in {store.directory}: starting from the beginning (where a "
                                    "run was expected, check checkpoint_dir for a typo).")
+                store.annotate("samples", getattr(source, "samples", None))  # (arrays: a resume compares)
                 store.ready_to_save()
             yield self.position.now()
             if self.stopped is not None:  # every worker stopped at this call boundary: save together, say where

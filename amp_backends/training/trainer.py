@@ -15,7 +15,7 @@ from ..errors import AmpConfigError, xla_compile_failure
 from ..keras_compat import loss_scale_of
 from ..plan import Plan, require_plan
 from .distribute import is_chief, worker_id
-from .inputs import BatchFn, Ran, Source, Stream, input_for, is_count
+from .inputs import BatchFn, Ran, Source, input_for, is_count
 from .loss_scaling import LossScaler, check_stalled
 from .observers import WARMUP_CALLS, Observer, default_observers, training_line
 from .precision import FirstBatch, TrainedModels, trained_models
@@ -185,7 +185,7 @@ class Trainer:
         self.validation.start(validation_data, validation_every, self.store, self.checkpointing.together)
         if source.has_strings:
             self.program.without_xla("the data holds strings (a StringLookup's input), which XLA cannot compile")
-        with self.checkpointing.fitting(resume, self.models, source if isinstance(source, Stream) else None) as at:
+        with self.checkpointing.fitting(resume, self.models, source) as at:
             if not nothing_left(at, source.left_in_epoch(at.offset) == 0, epochs, max_steps, say=self.is_chief):
                 if self.is_chief:  # the line that says what a call is; each model's layer plan, the precision check
                     logger.info(training_line(source, self.batch_size, self.steps_per_call, self.checkpoint_every))

@@ -82,6 +82,17 @@ def test_a_dynamic_scale_resumed_under_no_scaling_is_dropped_and_the_same_scalin
 
 
 # --------------------------------------------------------------------------- seed
+def test_a_resume_given_other_data_says_so_and_where_it_goes_on(tmp_path, caplog):
+    """A resume with arrays of another length went on at the saved sample of the new data without a word."""
+    trainer(tmp_path).fit(*classification_data(32), max_steps=3)
+    caplog.set_level("WARNING", logger="amp_backends.train")
+    trainer(tmp_path).fit(*classification_data(32), max_steps=4, resume=True)
+    assert "samples; this fit is given" not in caplog.text  # the same data: nothing to say
+    trainer(tmp_path).fit(*classification_data(48), max_steps=5, resume=True)
+    assert ("The checkpoint's run trained on 32 samples; this fit is given 48: it goes on at sample 0 of epoch 1 of "
+            "these, in their own order") in caplog.text, caplog.text
+
+
 def test_resuming_with_another_seed_is_refused_naming_both_and_the_fix(tmp_path):
     trainer(tmp_path, seed=0).fit(*classification_data(32), max_steps=2)
     with pytest.raises(CheckpointMismatchError) as err:
