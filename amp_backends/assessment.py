@@ -43,6 +43,7 @@ class Support:
         return self.brief or first_clause(self.why)
 
     def to_dict(self) -> dict[str, Any]:
+        """The Support as JSON-ready data."""
         d: dict[str, Any] = {"level": self.level, "why": self.why}
         if self.brief:
             d["brief"] = self.brief
@@ -76,6 +77,7 @@ class MatrixUnit:
     alignment: int
 
     def to_dict(self) -> dict[str, Any]:
+        """The MatrixUnit as JSON-ready data."""
         return {"unit": self.name, "alignment": self.alignment}
 
 
@@ -121,6 +123,7 @@ class Float32Layer:
         return self.layer + (f" ({' or '.join(conditions)})" if conditions else "")
 
     def to_dict(self) -> dict[str, Any]:
+        """The Float32Layer as JSON-ready data."""
         return {"layer": self.layer, "dtypes": list(self.dtypes), "why": self.why,
                 "strides_over": self.strides_over, "kernel_over": self.kernel_over,
                 "evidence": [e.to_dict() for e in self.evidence]}
@@ -244,4 +247,5 @@ class VendorSetting:
     why: str
 
     def to_dict(self) -> dict[str, str]:
+        """The VendorSetting as JSON-ready data."""
         return {"name": self.name, "value": self.value, "why": self.why}

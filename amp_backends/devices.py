@@ -33,18 +33,24 @@ def catalogue(registry: BackendRegistry | None = None) -> tuple[KnownDevice, ...
     entries: list[KnownDevice] = []
     for backend in registry_or_default(registry):
         try:  # a broken third-party backend must not hide the others' devices
-            listed = list(call_backend(backend, "catalogue", (tuple, list), "a tuple of KnownDevice"))
+            listed = list(call_backend(backend, "catalogue", (tuple, list), "a tuple of KnownDevice",
+                                       then=": its devices are left out of the device catalogue", fix=FIX))
         except BackendError as exc:
-            warn(f"{exc}: its devices are left out of the device catalogue")
+            warn(str(exc))
             continue
         if wrong := [d for d in listed if not isinstance(d, KnownDevice) or d.backend != backend.name]:
-            warn(f"the {backend.name} backend's catalogue() lists {wrong[0]!r}, left out of the device catalogue: "
-                 f"expected KnownDevice entries whose backend is {backend.name!r} (the backend that describes "
-                 f"them). Fix: that backend is at fault: update or uninstall its package")
+            said = ", ".join(f"{d.name!r} (backend {d.backend!r})" if isinstance(d, KnownDevice) else
+                             f"a {type(d).__name__}" for d in wrong)
+            warn(f"the {backend.name} backend's catalogue() lists {said}: expected KnownDevice entries whose backend "
+                 f"is {backend.name!r} (the backend that describes them); left out of the device catalogue. Fix: "
+                 f"{FIX}")
             listed = [d for d in listed if d not in wrong]
         taken = {form for device in entries for alias in (device.name, *device.aliases) for form in _forms(alias)}
         entries += [device for device in listed if not taken & set(_forms(device.name))]
     return tuple(entries)
+
+
+FIX = "that backend is at fault: update or uninstall its package"
 
 
 def _forms(name: str) -> tuple[str, str]:
@@ -120,10 +126,10 @@ def device_hardware(device: KnownDevice | str, registry: BackendRegistry | None 
         device = find_device(device, registry)
     owner = registry.get(device.backend)
     types = {"CPU"} | ({owner.tf_device_type} if owner.tf_device_type else set())
-    probe = call_backend(owner, "describe", BackendProbe, "a BackendProbe of the device", device)
+    probe = call_backend(owner, "describe", BackendProbe, "a BackendProbe of the device", device, fix=FIX)
     if problem := probe_problem(probe, owner.name):
-        raise BackendError(f"the {owner.name} backend's describe() returned a BackendProbe {problem}. Fix: that "
-                           "backend is at fault: update or uninstall its package")
+        raise BackendError(f"the {owner.name} backend's describe() ({type(owner).__qualname__}) returned a "
+                           f"BackendProbe {problem}. Fix: {FIX}.")
     return machine_of([device.cite(probe)], registry.names(),
                       lambda backend: f"not part of the catalogue's {device.name} machine", frozenset(types))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import difflib
 import logging
 import os
 import re
@@ -18,6 +19,7 @@ import signal
 import sys
 import sysconfig
 import warnings
+from collections.abc import Iterable
 from types import FrameType, TracebackType
 
 __all__ = ["AmpConfigError", "AmpError", "AmpWarning", "BackendError", "CheckpointError", "CheckpointMismatchError",
@@ -214,6 +216,23 @@ def warn(message: str, category: type[Warning] = AmpWarning, *, log: logging.Log
 # ------------------------------------------------------------------------ TensorFlow's errors, read
 _OUT_OF_TABLE = re.compile(r"indices\[[^\]]*\] = (-?\d+) is not in \[0, (\d+)\)")
 _NODE = re.compile(r"\{\{node ([^}]+)\}\}")
+
+
+def nearest(value: str, choices: Iterable[str], cutoff: float = 0.75) -> str | None:
+    """The choice ``value`` is a misspelling of, for a fix to offer: the closest in spelling among those whose digits
+    are ``value``'s (``fp64`` is no misspelt ``fp16``, ``gpu`` no ``cpu``).
+
+    Args:
+        value: What was given.
+        choices: What is accepted.
+        cutoff: How alike they must be (`difflib`'s ratio).
+
+    Returns:
+        The choice, or ``None`` (then a fix offers no guess).
+    """
+    digits = re.sub(r"\D", "", value)
+    near = difflib.get_close_matches(value, [c for c in choices if re.sub(r"\D", "", c) == digits], 1, cutoff)
+    return near[0] if near else None
 
 
 def _batch_at(first_step: int | None, steps: int) -> str:

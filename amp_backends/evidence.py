@@ -31,6 +31,7 @@ class Evidence:
         return f"measured on {where}: {figures}"
 
     def to_dict(self) -> dict[str, Any]:
+        """The Evidence as JSON-ready data."""
         return {"file": self.file, "machine": self.machine, "figures": dict(self.figures), "unit": self.unit,
                 "run": self.run}
 
@@ -91,24 +92,56 @@ class Results:
         return f"TF {self.tensorflow}, {script or self.command}, {self.date[:10]}"
 
     def evidence(self, *configs: str, unit: str = "img/s") -> Evidence | None:
-        """The figures of ``configs`` the file has, as `Evidence` (``None`` if it has none of them)."""
+        """The figures of ``configs`` the file has, as `Evidence`.
+
+        Args:
+            *configs: Configuration names, as the file's ``results`` keys them.
+            unit: The figures' unit.
+
+        Returns:
+            The evidence, or ``None`` if the file has none of them.
+        """
         have = tuple((c, float(self.medians[c])) for c in configs if c in self.medians)
         return Evidence(f"results/{self.file}", self.machine_kind, have, unit, self.run()) if have else None
 
     def quote(self, *configs: str, unit: str = "img/s") -> str:
-        """``"measured on <machine, run>: float32 2045 img/s, mixed_bfloat16 3537"``; configurations the file
-        lacks are left out, and a file with none of them says so."""
+        """The figures of ``configs`` as a reason quotes them.
+
+        Args:
+            *configs: Configuration names, as the file's ``results`` keys them.
+            unit: The figures' unit.
+
+        Returns:
+            ``"measured on <machine, run>: float32 2045 img/s, mixed_bfloat16 3537"``; configurations the file lacks
+            are left out, and a file with none of them says so.
+        """
         found = self.evidence(*configs, unit=unit)
         return found.describe() if found else f"not measured: results/{self.file} has no {', '.join(configs)}"
 
     def ratio(self, faster: str, slower: str) -> float | None:
-        """How many times ``faster``'s figure is ``slower``'s (``None`` where either is missing)."""
+        """How many times ``faster``'s figure is ``slower``'s.
+
+        Args:
+            faster: A configuration name.
+            slower: Another.
+
+        Returns:
+            The ratio, or ``None`` where either is missing.
+        """
         if not self.has(faster, slower) or not self.medians[slower]:
             return None
         return float(self.medians[faster]) / float(self.medians[slower])
 
     def times(self, faster: str, slower: str) -> str:
-        """``"~1.8x"``: `ratio` as a reason says it (``"much"`` where it is not measured)."""
+        """`ratio` as a reason says it.
+
+        Args:
+            faster: A configuration name.
+            slower: Another.
+
+        Returns:
+            ``"~1.8x"`` (``"much"`` where it is not measured).
+        """
         r = self.ratio(faster, slower)
         return "much" if r is None else f"~{r:.1f}x" if r < 3 else f"~{r:.0f}x"
 

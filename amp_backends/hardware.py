@@ -114,6 +114,14 @@ class Accelerator(_Facts):
         return f"/{self.kind}:{self.index}"
 
     def has(self, capability: str) -> bool:
+        """Whether the device has a capability.
+
+        Args:
+            capability: A capability tag (`BF16`, `TENSOR_CORES`, ...).
+
+        Returns:
+            True where the probe found it.
+        """
         return capability in self.capabilities
 
     @property
@@ -135,6 +143,7 @@ class Accelerator(_Facts):
         return self.fact(SCHEMA_FACT_KEYS[0]) or "-"
 
     def to_dict(self) -> dict[str, Any]:
+        """The Accelerator as JSON-ready data."""
         return {"vendor": self.vendor, "index": self.index, "name": self.name, "kind": self.kind,
                 **{key: self.fact(key) for key in SCHEMA_FACT_KEYS}, "memory_bytes": self.memory_bytes,
                 "capabilities": sorted(self.capabilities), "pci_bus_id": self.pci_bus_id}
@@ -156,6 +165,7 @@ class CpuInfo:
 
     @property
     def is_arm(self) -> bool:
+        """Whether the CPU is an Arm one (aarch64)."""
         return self.arch.lower() in ("aarch64", "arm64")
 
     @property
@@ -167,12 +177,14 @@ class CpuInfo:
 
     @property
     def native_fp16(self) -> bool:
+        """float16 arithmetic in hardware: AVX512_FP16 or AMX-FP16 on x86, half-precision SIMD on Arm."""
         if self.is_arm:
             return bool(self.flags & {"fphp", "asimdhp"})
         return bool(self.flags & {"avx512_fp16", "amx_fp16"})
 
     @property
     def amx(self) -> bool:
+        """Whether the CPU has AMX tiles for bfloat16."""
         return "amx_bf16" in self.flags
 
     @property
@@ -195,6 +207,7 @@ class CpuInfo:
         return base
 
     def to_dict(self) -> dict[str, Any]:
+        """The CpuInfo as JSON-ready data."""
         return {"vendor": self.vendor, "model": self.model, "arch": self.arch, "logical_cores": self.logical_cores,
                 "native_bf16": self.native_bf16, "native_fp16": self.native_fp16, "amx": self.amx,
                 "family": self.family, "model_number": self.model_number, "stepping": self.stepping,
@@ -221,9 +234,19 @@ class BackendProbe:
     error: str | None = None
 
     def detail(self, key: str, default: str | None = None) -> str | None:
+        """A detail of the probe.
+
+        Args:
+            key: The detail's label.
+            default: What to return where the probe has no such detail.
+
+        Returns:
+            The detail's text, else ``default``.
+        """
         return next((v for k, v in self.details if k == key), default)
 
     def to_dict(self) -> dict[str, Any]:
+        """The BackendProbe as JSON-ready data."""
         return {"backend": self.backend, "available": self.available, "reason": self.reason,
                 "devices": [d.to_dict() for d in self.devices], "details": dict(self.details),
                 "facts": _plain(self.facts), "needs_tensorflow": self.needs_tensorflow, "error": self.error,
@@ -252,13 +275,23 @@ class Hardware:
     tf_device_types: frozenset[str] | None = None
 
     def get(self, backend: str) -> BackendProbe | None:
+        """One backend's probe of the machine.
+
+        Args:
+            backend: The backend's name.
+
+        Returns:
+            Its probe, or ``None`` if the machine has none of it.
+        """
         return next((p for p in self.probes if p.backend == backend), None)
 
     @property
     def cpu(self) -> CpuInfo | None:
+        """The host CPU, as the probe that read it saw it (``None`` if none did)."""
         return next((p.cpu for p in self.probes if p.cpu is not None), None)
 
     def to_dict(self) -> dict[str, Any]:
+        """The Hardware as JSON-ready data."""
         return {"backends": [p.to_dict() for p in self.probes],
                 "tensorflow_device_types": sorted(self.tf_device_types) if self.tf_device_types is not None else None}
 
@@ -291,6 +324,7 @@ class KnownDevice(_Facts):
     model_number: int | None = None
 
     def to_dict(self) -> dict[str, object]:
+        """The KnownDevice as JSON-ready data."""
         return {"name": self.name, "aliases": list(self.aliases), "backend": self.backend, "title": self.title,
                 "source": self.source, "note": self.note}
 

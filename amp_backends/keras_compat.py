@@ -35,6 +35,7 @@ class KerasInfo:
     distribution: str | None  # "keras" or "tf-keras"
 
     def to_dict(self) -> dict[str, Any]:
+        """The KerasInfo as JSON-ready data."""
         return asdict(self)
 
 

@@ -35,6 +35,7 @@ class Decision:
     evidence: tuple[Evidence, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
+        """The Decision as JSON-ready data."""
         return {"setting": self.setting, "value": self.value, "reason": self.reason, "detail": self.detail,
                 "evidence": [e.to_dict() for e in self.evidence]}
 

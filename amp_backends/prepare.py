@@ -15,7 +15,8 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from . import layer_plan as lp
 from .autotune import layers
@@ -196,8 +197,8 @@ def _unscaled_train_step(model: Any, plan: Plan) -> str | None:
 
     Keras's own step scales the loss; a step of the user's must (``optimizer.scale_loss`` on Keras 3, whose
     optimizer then divides each gradient by the scale; ``get_scaled_loss`` / ``get_unscaled_gradients`` or
-    ``minimize`` on Keras 2). A step whose source names none of them, nor Keras's step (``super().train_step``), is
-    said to scale nothing; a step whose source cannot be read is not judged.
+    ``minimize`` on Keras 2). A step whose source, with the methods it calls, names none of them nor Keras's step
+    (``super().train_step``) is said to scale nothing; a step whose source cannot be read is not judged.
 
     Args:
         model: A Keras model.
@@ -208,15 +209,20 @@ def _unscaled_train_step(model: Any, plan: Plan) -> str | None:
     """
     from .keras_compat import keras_info
 
-    step = getattr(type(model), "train_step", None)
-    if plan.loss_scale.mode == "none" or not callable(step) or str(getattr(step, "__module__", "")).startswith(
-            ("keras.", "tf_keras.", "tensorflow.")):
+    def users(f: Any) -> TypeGuard[Callable[..., Any]]:  # a function of the user's, not of Keras
+        return inspect.isfunction(f) and not f.__module__.startswith(("keras.", "tf_keras.", "tensorflow."))
+
+    step, scale = getattr(type(model), "train_step", None), plan.loss_scale
+    if scale.mode == "none" or scale.initial == 1 or not users(step):
         return None
-    try:
+    try:  # the step's code, and of the methods of the user's it calls (self._step(data)): one of them may scale
         source = inspect.getsource(step)
+        called = (getattr(type(model), name, None) for name in set(re.findall(r"self\.(\w+)\(", source)))
+        source += "".join(inspect.getsource(f) for f in called if users(f))
     except (OSError, TypeError):
         return None
-    if re.search(r"scale_loss|get_scaled_loss|get_unscaled_gradients|\.minimize\(|super\(\)\.train_step", source):
+    if re.search(r"scale_loss|get_scaled_loss|get_unscaled_gradients|\.minimize\(|super\([^)]*\)\.train_step|"
+                 r"Model\.train_step\(", source):
         return None
     keras3 = (keras_info().generation or 3) >= 3
     harm = ("Keras's optimizer divides every gradient by the scale when it applies them, so each update comes out "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from .hardware import Accelerator, BackendProbe, Hardware
-from .registry import BackendRegistry, registry_or_default
+from .registry import AT_FAULT, BackendRegistry, registry_or_default
 from .errors import BackendError
 
 
@@ -30,10 +30,11 @@ def probe_hardware(registry: BackendRegistry | None = None, *, use_tensorflow: b
     for backend in registry:
         try:
             probe = backend.probe(use_tensorflow=use_tensorflow)
+            where = f"probe() ({type(backend).__module__}.{type(backend).__qualname__})"
             if not isinstance(probe, BackendProbe):
-                raise BackendError(f"probe() returned {type(probe).__name__}, expected a BackendProbe")
+                raise BackendError(f"{where} returned {type(probe).__name__}, expected a BackendProbe")
             if problem := probe_problem(probe, backend.name):
-                raise BackendError(f"probe() returned a BackendProbe {problem}")
+                raise BackendError(f"{where} returned a BackendProbe {problem}. Fix: {AT_FAULT}")
             probes.append(probe)
         except Exception as exc:  # a probe must never take the program down
             error = f"{type(exc).__name__}: {exc}"
@@ -53,7 +54,7 @@ def probe_problem(probe: BackendProbe, backend: str) -> str | None:
     """
     devices, details = probe.devices, probe.details
     faults = [
-        (probe.backend != backend, f"of backend {probe.backend!r}; expected its own name {backend!r} first"),
+        (probe.backend != backend, f"of backend {probe.backend!r}; expected its own, {backend!r}, as its backend"),
         (not isinstance(probe.available, bool), f"with available={probe.available!r}; expected True or False"),
         (not isinstance(probe.reason, str), f"with reason={probe.reason!r}; expected a str"),
         (not isinstance(devices, tuple) or not all(isinstance(d, Accelerator) and isinstance(d.name, str)

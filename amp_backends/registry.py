@@ -189,6 +189,14 @@ class BackendRegistry:
             self.register(backend)
 
     def register(self, backend: Backend) -> None:
+        """Add a backend.
+
+        Args:
+            backend: A `Backend` instance with its ``name`` and ``priority``.
+
+        Raises:
+            AmpConfigError: ``backend`` is no `Backend`, lacks its name or priority, or has a registered name.
+        """
         if not isinstance(backend, Backend):
             raise AmpConfigError(f"register() takes a Backend instance. Received: {backend!r} (of type "
                                  f"{type(backend).__name__}).")
@@ -213,6 +221,17 @@ class BackendRegistry:
         return self.names() + tuple(n for n in self.load_errors if n not in self._backends)
 
     def get(self, name: str) -> Backend:
+        """The registered backend ``name``.
+
+        Args:
+            name: A backend's name.
+
+        Returns:
+            The backend.
+
+        Raises:
+            KeyError: No backend of that name is registered (the message lists those that are).
+        """
         try:
             return self._backends[name]
         except KeyError:
@@ -260,6 +279,17 @@ class BackendRegistry:
 
     @classmethod
     def from_entry_points(cls, group: str = ENTRY_POINT_GROUP) -> "BackendRegistry":
+        """The backends installed in the entry point group ``group``; one that fails to load is in `load_errors`.
+
+        Args:
+            group: The entry point group.
+
+        Returns:
+            The registry.
+
+        Raises:
+            BackendError: No backend is installed there (the package's metadata is missing).
+        """
         registry = cls()
         for ep in metadata.entry_points(group=group):
             try:
@@ -273,7 +303,11 @@ class BackendRegistry:
         return registry
 
 
-def call_backend(backend: Backend, method: str, expected: type | tuple[type, ...], what: str, *args: Any) -> Any:
+AT_FAULT = "that backend is at fault: update or uninstall its package, or pass backend= to plan with another"
+
+
+def call_backend(backend: Backend, method: str, expected: type | tuple[type, ...], what: str, *args: Any,
+                 then: str = "", fix: str = AT_FAULT) -> Any:
     """``backend.<method>(*args)``, what a backend's method gives the library checked, as our error.
 
     Args:
@@ -282,6 +316,8 @@ def call_backend(backend: Backend, method: str, expected: type | tuple[type, ...
         expected: The types its result may have.
         what: Those types, as the error says them (``"a tuple of KnownDevice"``).
         *args: The method's arguments.
+        then: What follows from the fault, as the error says it after the fault (``": its devices are left out"``).
+        fix: The error's fix.
 
     Returns:
         The method's result.
@@ -291,13 +327,13 @@ def call_backend(backend: Backend, method: str, expected: type | tuple[type, ...
             message names the backend, its class and the method.
     """
     where = f"the {backend.name} backend's {method}() ({type(backend).__module__}.{type(backend).__qualname__})"
-    fix = "Fix: that backend is at fault: update or uninstall its package, or pass backend= to plan with another"
     try:
         result = getattr(backend, method)(*args)
     except Exception as exc:
-        raise BackendError(f"{where} raised {type(exc).__name__}: {exc}. {fix}.") from exc
+        raise BackendError(f"{where} raised {type(exc).__name__}: {exc}{then}. Fix: {fix}.") from exc
     if not isinstance(result, expected):
-        raise BackendError(f"{where} returned {type(result).__name__} ({str(result)[:80]!r}); expected {what}. {fix}.")
+        raise BackendError(f"{where} returned {type(result).__name__} ({str(result)[:80]!r}); expected {what}{then}. "
+                           f"Fix: {fix}.")
     return result
 
 

@@ -17,15 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .assessment import POLICIES
-from .errors import AmpConfigError, warn
+from .errors import AmpConfigError, nearest, warn
 from .layer_names import corrected, describe_unknown, unknown_layers
 from .loss_scale import DEFAULT_GROWTH_INTERVAL, DEFAULT_INITIAL_SCALE, FLOAT32_MAX, LossScale  # noqa: F401  (re-exported)
 
 _POLICY_ALIASES = {"float32": "float32", "fp32": "float32",
                    "mixed_float16": "mixed_float16", "float16": "mixed_float16", "fp16": "mixed_float16",
                    "mixed_bfloat16": "mixed_bfloat16", "bfloat16": "mixed_bfloat16", "bf16": "mixed_bfloat16"}
-_TRUE = {"1", "on", "true", "yes"}
-_FALSE = {"0", "off", "false", "no"}
+_TRUE, _FALSE = {"1", "on", "true", "yes"}, {"0", "off", "false", "no"}
 
 @dataclass(frozen=True)
 class Request:
@@ -52,6 +51,7 @@ class Request:
                 if not (v is None or v == "auto" or (v is False and OPTION[name].default == "off"))}
 
     def to_dict(self) -> dict[str, Any]:
+        """The Request as JSON-ready data."""
         values = {name: getattr(self, name) for name in ENV_VARS} | {"sources": dict(self.sources)}
         return {name: v.to_dict() if isinstance(v, LossScale) else v for name, v in values.items()}
 
@@ -153,12 +153,6 @@ def _invalid(name: str, source: str, accepted: str, value: Any, example: str | N
                           "decide.")
 
 
-def _nearest(value: str, choices: Iterable[str]) -> str | None:
-    """The choice ``value`` is nearest to, as a misspelling of it, or ``None`` (then a fix offers no guess)."""
-    near = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.6)
-    return near[0] if near else None
-
-
 def _wrong_type(name: str, expected: str, value: Any) -> TypeError:
     return TypeError(f"{name} must be {expected}. Received: {name}={value!r} (of type {type(value).__name__}).")
 
@@ -170,7 +164,7 @@ def parse_policy(value: Any, source: str = "argument") -> str:
     if v in ("", "auto"):
         return "auto"
     if v not in _POLICY_ALIASES:
-        near = _nearest(v, [*_POLICY_ALIASES, "half"])
+        near = nearest(v, [*_POLICY_ALIASES, "half"])
         raise _invalid("policy", source, f"one of auto, {', '.join(POLICIES)} (aliases fp32, fp16, bf16)", value,
                        _POLICY_ALIASES.get(near, "mixed_float16") if near else None)
     return _POLICY_ALIASES[v]
@@ -256,7 +250,7 @@ def parse_backend(value: Any, known: Iterable[str], source: str = "argument") ->
         return "auto"
     if v not in known:
         raise _invalid("backend", source, f"auto or a registered backend: {', '.join(known)}", value,
-                       _nearest(v, known))
+                       nearest(v, known))
     return v
 
 

@@ -240,6 +240,21 @@ def test_the_backend_interface_is_in_the_api_reference():
     assert not missing, f"docs/reference/api.md has no '::: amp_backends....NAME' for {missing}"
 
 
+def test_the_home_pages_figures_are_its_results_files():
+    """The home page quotes two results files; each figure is theirs (they were typed, and had drifted)."""
+    text = " ".join((DOCS / "index.md").read_text(encoding="utf-8").split())
+    zen1 = json.loads((ROOT / "results" / "cpu-policy-zen1.json").read_text())["results"]
+    f32, bf16 = zen1["float32"]["median"], zen1["mixed_bfloat16"]["median"]
+    assert f"{f32 / bf16:.1f}x slower ({bf16} against float32's {f32} img/s" in text
+    h200 = {r["config"]: r["img_per_s"] for r in json.loads(
+        (ROOT / "results" / "bench-h200-mnist" / "bench.json").read_text())["results"] if r["model"] == "mnist"}
+    fastest = max((c for c in h200 if "+" in c or c in ("fp32", "TF32")), key=h200.get)
+    assert fastest == "fp16 fixed+XLA" and "float16 with a fixed loss scale plus XLA is the fastest" in text
+    assert f"({h200[fastest] / 1000:.0f}k img/s against float32's {h200['fp32'] / 1000:.0f}k)" in text
+    gains = [h200[f"{c}+XLA"] / h200[c] for c in ("TF32", "fp16 fixed", "fp16 dynamic", "bf16")]
+    assert f"up {min(gains):.1f}-{max(gains):.1f}x" in text, gains
+
+
 def test_no_docstring_line_starts_a_markdown_block_quote():
     """A docstring line beginning with ``>`` renders as a quote in the API reference, the ``>`` lost."""
     quoted = [f"{path.relative_to(ROOT)}:{n}" for path in sorted([*(ROOT / "amp_backends").rglob("*.py"),

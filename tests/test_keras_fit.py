@@ -153,6 +153,27 @@ class Scaled(K.Sequential):
         return {"loss": loss}
 
 
+class ScaledInAHelper(K.Sequential):
+    """A step that hands its work to a method of its own, which scales."""
+
+    def train_step(self, data):
+        return self._step(data)
+
+    def _step(self, data):
+        with tf.GradientTape() as tape:
+            loss = self.optimizer.scale_loss(tf.reduce_mean(tf.cast(self(data[0], training=True), tf.float32)))
+        self.optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_variables), self.trainable_variables,
+                                           strict=True))
+        return {"loss": loss}
+
+
+class KerasStepNamedOld(Unscaled):
+    """A step that ends in Keras's own, named the old way."""
+
+    def train_step(self, data):
+        return super(Unscaled, self).train_step(data)
+
+
 def test_prepare_model_warns_of_an_own_train_step_that_scales_no_loss():
     """A model's own train_step must scale its loss where the plan scales losses: on Keras 3 the optimizer divides
     the gradients by the scale (every update 1024x too small, shown by fit), on Keras 2 they are unprotected."""
@@ -167,6 +188,9 @@ def test_prepare_model_warns_of_an_own_train_step_that_scales_no_loss():
         amp_backends.prepare_model(Scaled([K.Input((1,)), K.layers.Dense(1, use_bias=False)]), plan)
         amp_backends.prepare_model(K.Sequential([K.Input((1,)), K.layers.Dense(1)]), plan)  # Keras's own step
         amp_backends.prepare_model(Unscaled([K.Input((1,)), K.layers.Dense(1)]), unscaled_plan)
+        amp_backends.prepare_model(Unscaled([K.Input((1,)), K.layers.Dense(1)]), fp16_plan("fixed:1"))  # (scales 1x)
+        for cls in (ScaledInAHelper, KerasStepNamedOld):  # (it read train_step's own lines alone)
+            amp_backends.prepare_model(cls([K.Input((1,)), K.layers.Dense(1)]), plan)
     if KERAS3:
         own, right = (1 - weight(fit_one_step(plan, "mse", lr=0.01, model_class=cls)) for cls in (Unscaled, Scaled))
         assert right == pytest.approx(0.01, rel=1e-3) and own == pytest.approx(0.01 / 1024, rel=1e-2)

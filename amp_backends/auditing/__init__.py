@@ -11,6 +11,7 @@ measured. The result is `audit_result.Audit` (built in `build`, layers matched i
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,7 @@ from .build import from_reading, not_measured, plan_data
 from .audit_result import Audit
 from .child import PLAN_BACKEND
 from .runner import overrides_env, run_child
-from ..errors import AmpConfigError
+from ..errors import AmpConfigError, BackendError
 
 __all__ = ["Audit", "AuditObserver", "audit", "audit_trace"]
 
@@ -145,7 +146,9 @@ def audit_trace(path: str | os.PathLike[str], plan: Plan | None = None, *, model
 
     registry = default_registry()
     readers = [registry.kernel_audit(plan.backend)] if plan is not None else []
-    readers += [registry.kernel_audit(name) for name in registry.names()]
+    for name in registry.names():
+        with contextlib.suppress(BackendError):  # a broken third-party backend must not break the others' audits
+            readers.append(registry.kernel_audit(name))
     reader = next((r for r in readers if r is not None and r.reads_traces), None)
     if reader is None:
         raise AmpConfigError(f"expected an installed backend that reads profiler traces, but none of "

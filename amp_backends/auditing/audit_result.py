@@ -260,7 +260,8 @@ class Audit:
                       plain=lambda c: f"kernels {c[0]}: {c[1]} ms per step; dtypes {c[2]}; executed on {c[3]}")
         elif self.measured and not self.outside_onednn:
             say(console, f"no compute kernel (matmul, convolution) among the {len(self.entries)} kernel records read: "
-                         "nothing to count by dtype")
+                         "nothing to count by dtype" if self.entries else "no kernel record was read from the run: "
+                         "nothing to count (did its kernels print or trace nothing?)")
         if kinds:
             units = ", ".join(sorted({e.unit for e in self.compute if e.matrix_unit}))  # (the ones that ran)
             say(console, f"compute time by dtype: {_fmt(d['time_share_by_dtype'])}; on matrix units"

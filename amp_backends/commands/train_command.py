@@ -12,7 +12,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import typer
@@ -41,17 +41,19 @@ def _in_flags(exc: NonFiniteError) -> str:
     return f" On this command line: run it again with {' '.join(words)}." if words else ""
 
 
-def _as_flags(message: str, flags: Mapping[str, str]) -> str:
-    """The trainer's keywords that ``message`` names (``batch_size``, ``epochs=``), said as the command's ``flags``."""
-    named = [f"{name} is {flag}" for name, flag in flags.items() if flag not in message
-             and re.search(rf"\b{name}{'' if '_' in name else '='}", message)]  # data, seed: plain words too
+def _as_flags(message: str, flags: Mapping[str, Sequence[str]]) -> str:
+    """The trainer's keywords that ``message`` names (``batch_size``, ``epochs=``) and not their flags, said as the
+    command's first flag of each (``flags``: each parameter's declarations, ``--progress/--no-progress`` too)."""
+    forms = {name: [f for d in decls for f in d.split("/")] for name, decls in flags.items()}
+    named = [f"{name} is {said[0]}" for name, said in forms.items() if not any(f in message for f in said)
+             and re.search(rf"\b{name}\b" if "_" in name else rf"\b{name}=", message)]  # data, seed: plain words
     return f" (On this command line: {'; '.join(named)}.)" if named else ""
 
 
 def run_example(name: str, train: Callable[[Any], Any], parsed: dict[str, Any],
-                flags: Mapping[str, str] | None = None) -> None:
+                flags: Mapping[str, Sequence[str]] | None = None) -> None:
     """Train with the parsed options; each failure the user can act on ends with its message and exit status (an
-    error naming the trainer's keywords says them as ``flags``: the command's first flag of each parameter)."""
+    error naming the trainer's keywords says them as ``flags``: each parameter's flags, the first said)."""
     from ..examples.run import RunOptions, preflight
     from ..tf_import import import_tensorflow, quiet_tensorflow_logs
 
@@ -146,7 +148,7 @@ def command(name: str, train: Callable[[Any], Any], *, batch_size: int, lr: floa
         run_example(name, train, dict(locals()), flags)  # the options by name (and name, train, flags: ignored)
 
     main.__doc__ = train.__doc__
-    flags = {n: p.default.param_decls[0] for n, p in inspect.signature(main).parameters.items()
+    flags = {n: tuple(p.default.param_decls) for n, p in inspect.signature(main).parameters.items()
              if getattr(p.default, "param_decls", None)}
     return main
 

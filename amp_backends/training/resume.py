@@ -230,9 +230,11 @@ class Checkpointing:
         stream = source if isinstance(source, Stream) else None
         then, now = (restored.stored or {}).get("samples"), getattr(source, "samples", None)
         if then and now and then != now:
-            logger.warning(f"The checkpoint's run trained on {then} samples; this fit is given {now}: it goes on at "
-                           f"sample {at.offset} of epoch {at.epoch} of these, in their own order (a resume continues a "
-                           "run on its data; for other data, start a new run from its weights).")
+            where = (f"at sample {at.offset} of epoch {at.epoch} of these, in their own order" if at.offset < now else
+                     f"with epoch {at.epoch + 1} (it stood at sample {at.offset}, past their end)")
+            logger.warning(f"The checkpoint's run trained on {then} samples; this fit is given {now}: it goes on "
+                           f"{where} (a resume continues a run on its data; for other data, start a new run from its "
+                           "weights).")
         optimizers = {f"{u.name}[{i}]": int(opt.iterations.numpy()) for u in self.updates
                       for i, (_, opt) in enumerate(u.groups) if hasattr(opt, "iterations")}
         scales = ", ".join(f"{n}={s.current:g}" for n, s in self.scalers.items())

@@ -153,9 +153,6 @@ def reserve_run_directory(logdir: str | os.PathLike) -> RunDirectory:
     """
     made = _missing(check_no_file_in_the_way(logdir, "--logdir"))
     root = ensure_directory(logdir, "--logdir")
-    if VERSION.match(root.name) and _saved(root):  # (runs/version_0: a run's own folder)
-        warn(f"--logdir {str(logdir)!r} is a run's own folder: this run starts in a version_N inside it. Fix: pass "
-             f"--resume to continue that run, or --logdir {str(root.parent)!r} to start one beside it")
     n = max(versions(root), default=-1) + 1
     while True:
         path = root / f"version_{n}"
@@ -189,6 +186,9 @@ def run_directory(logdir: str | os.PathLike, resume: bool, strategy: tf.distribu
         AmpConfigError: ``logdir`` cannot be created or written.
     """
     several = strategy is not None and getattr(strategy, "cluster_resolver", None) is not None
+    if not resume and VERSION.match((root := Path(absolute(logdir))).name) and _saved(root):  # runs/version_0
+        warn(f"--logdir {str(logdir)!r} is a run's own folder: this run starts in a version_N inside it. Fix: pass "
+             f"--resume to continue that run, or --logdir {str(root.parent)!r} to start one beside it")
     if not resume and not several:
         return reserve_run_directory(logdir)
     run = propose_run_directory(logdir, resume)

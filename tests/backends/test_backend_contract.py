@@ -229,7 +229,8 @@ def with_shipped(broken: Backend) -> BackendRegistry:
     (ProbeRaises(), "probe failed: OSError: libamdhip64.so"),
     (SettingsRaise(), "vendor_settings() raised ValueError: settings broke"),
     # a probe not as the interface says: each said, not an AttributeError in a report or a plan with no device
-    (ProbeOfAnother(), "BackendProbe of backend 'other'; expected its own name 'rocm' first"),
+    (ProbeOfAnother(), "ProbeOfAnother) returned a BackendProbe of backend 'other'; expected its own, 'rocm', as its "
+                      "backend. Fix: that backend is at fault"),
     (DevicesAsNames(), "with devices=('npu0',); expected a tuple of Accelerator"),
     (DeviceWithoutAName(), "expected a tuple of Accelerator (a str name and kind, an int index)"),
     (DetailsNotPairs(), "with details=('driver',); expected a tuple of (label, text) pairs of str"),
@@ -348,10 +349,11 @@ def test_a_broken_catalogue_is_said_and_leaves_the_others_devices():
     from amp_backends.devices import known_devices
 
     for broken, said in ((CatalogueRaises(), r"catalogue\(\) \(.*CatalogueRaises\) raised RuntimeError: catalogue "
-                                             r"broke\. Fix: .*: its devices are left out of the device catalogue"),
-                         (CatalogueOfAnother(), r"catalogue\(\) lists KnownDevice\(name='mi300x-fake'.*, left out "
-                                                r"of the device catalogue: expected KnownDevice entries whose backend "
-                                                r"is 'rocm'")):
+                                             r"broke: its devices are left out of the device catalogue\. Fix: that "
+                                             r"backend is at fault: update or uninstall its package\.$"),
+                         (CatalogueOfAnother(), r"catalogue\(\) lists 'mi300x-fake' \(backend 'nvidia'\): expected "
+                                                r"KnownDevice entries whose backend is 'rocm' \(the backend that "
+                                                r"describes them\); left out of the device catalogue\. Fix: ")):
         with pytest.warns(AmpWarning, match=said):
             names = known_devices(with_shipped(broken))
         assert "h100" in names and "mi300x-fake" not in names  # (it was an NVIDIA plan for the other's device)
@@ -361,7 +363,8 @@ def test_a_broken_catalogue_is_said_and_leaves_the_others_devices():
     (NoDescribe(), "describe() (test_backend_contract.NoDescribe) raised NotImplementedError: the rocm backend lists "
                    "'mi300x-fake' in its catalogue but does not describe it: it implements no describe(device). Fix:"),
     (DescribesInADict(), "describe() (test_backend_contract.DescribesInADict) returned dict (\"{'backend': 'rocm'}\"); "
-                         "expected a BackendProbe of the device. Fix: that backend is at fault"),
+                         "expected a BackendProbe of the device. Fix: that backend is at fault: update or uninstall "
+                         "its package."),
 ])
 def test_a_catalogue_device_its_backend_cannot_describe_is_our_error(broken, said):
     with pytest.raises(BackendError) as err:
@@ -429,3 +432,16 @@ def test_an_audit_that_read_no_compute_kernel_says_so():
                                     KernelRecord("reorder", "bfloat16", "DMA", 0.2, False)))
     text = from_reading(reading, {"model": "m:f", "plan": {"backend": "npu"}}).render()
     assert "no compute kernel (matmul, convolution) among the 2 kernel records read: nothing to count by dtype" in text
+    empty = from_reading(KernelReading("npu", ()), {"model": "m:f", "plan": {"backend": "npu"}}).render()
+    assert "no kernel record was read from the run: nothing to count" in empty and "among the 0" not in empty
+
+
+def test_a_float32_island_of_no_layer_says_unmatched_once():
+    from amp_backends.auditing.build import from_reading
+    from amp_backends.kernel_audit import KernelRecord
+
+    reading = KernelReading("npu", (KernelRecord("gemm", "float32", "MXU", 1.0, True),
+                                    KernelRecord("gemm", "bfloat16", "MXU", 3.0, True)))
+    text = from_reading(reading, {"model": "m:f", "plan": {"backend": "npu", "policy": "mixed_bfloat16",
+                                                           "compute_dtype": "bfloat16"}}).render()
+    assert "float32 island: no layer of that shape (unmatched): 25.0% of compute time in gemm" in text, text

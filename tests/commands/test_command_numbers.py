@@ -58,8 +58,8 @@ def test_a_good_number_reaches_the_command(monkeypatch):
     assert result.exit_code == 0, result.output
     assert (seen["batch_size"], seen["lr"], seen["max_steps"], seen["seed"], seen["epochs"]) == (32, 1e-3, 7, 0, 1)
     assert isinstance(seen["batch_size"], int) and isinstance(seen["lr"], float)
-    assert seen["flags"]["batch_size"] == "--batch_size" and seen["flags"]["max_steps"] == "--max-steps"
-    assert seen["flags"]["policy"] == "--policy"
+    assert seen["flags"]["batch_size"] == ("--batch_size", "--batch-size")
+    assert seen["flags"]["policy"] == ("--policy",)
 
 
 def test_deterministic_runs_one_op_at_a_time_from_tensorflows_start(monkeypatch):
@@ -83,7 +83,18 @@ def test_a_trainer_error_says_the_keywords_it_names_as_the_commands_flags():
     that is also an option's name (data, seed) is not taken for it."""
     from amp_backends.commands.train_command import _as_flags
 
-    flags = {"batch_size": "--batch_size", "epochs": "--epochs", "data": "--data", "max_steps": "--max-steps"}
+    flags = {"batch_size": ("--batch_size", "--batch-size"), "epochs": ("--epochs",), "data": ("--data",),
+             "max_steps": ("--max-steps",), "loss_scale": ("--loss-scale",), "progress": ("--progress/--no-progress",)}
     message = "The data has 9 samples. Fix: lower batch_size, or pass epochs=4 and max_steps=8 (--max-steps)."
     assert _as_flags(message, flags) == " (On this command line: batch_size is --batch_size; epochs is --epochs.)"
     assert _as_flags("The data has 9 samples.", flags) == ""
+    assert _as_flags("lower batch_size (--batch-size)", flags) == ""  # (said by another of its flags)
+    assert _as_flags("the optimizer's loss_scale_factor", flags) == ""  # (a longer word holding the keyword)
+    assert _as_flags("pass progress=False", flags) == " (On this command line: progress is --progress.)"
+
+
+def test_the_version_is_printed_and_nothing_else_runs():
+    from amp_backends.version import __version__
+
+    result = CliRunner().invoke(get_app(), ["--version"])
+    assert result.exit_code == 0 and result.output == f"amp-backends {__version__}\n", result.output

@@ -390,14 +390,17 @@ def test_a_misspelt_backend_is_offered_the_nearest_one_not_always_cpu():
     known = ("acme", "nvidia", "intel", "cpu")
     with pytest.raises(AmpConfigError, match=re.escape("Received: 'nvidai'. Fix: pass --backend nvidia, or leave")):
         parse_backend("nvidai", known, source="option")
-    with pytest.raises(AmpConfigError, match=re.escape("Received: 'rocm'. Fix: export AMP_BACKEND=<one of those>")):
-        parse_backend("rocm", known, source="env")
+    for other in ("rocm", "gpu", "xpu"):  # (gpu: not cpu, a guess of the opposite)
+        with pytest.raises(AmpConfigError, match=re.escape(f"Received: '{other}'. Fix: export AMP_BACKEND=<one of")):
+            parse_backend(other, known, source="env")
 
 
 @pytest.mark.parametrize("value, fix", [("mixed_bf16", "pass --policy mixed_bfloat16, or"),
                                         ("mixed-float16", "pass --policy mixed_float16, or"),
-                                        ("fp23", "pass --policy float32, or"),
-                                        ("bogus", "pass --policy <one of those>, or leave --policy out")])
+                                        ("flaot32", "pass --policy float32, or"),
+                                        ("bogus", "pass --policy <one of those>, or leave --policy out"),
+                                        ("float64", "pass --policy <one of those>, or"),  # (no float16 guess)
+                                        ("fp64", "pass --policy <one of those>, or")])
 def test_a_misspelt_policy_is_offered_the_nearest_one_not_a_fixed_guess(value, fix):
     """The fix offers the policy the value is nearest to; with none near, no guess (a fixed mixed_float16 would be
     a policy that some machines refuse as slow)."""

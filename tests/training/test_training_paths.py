@@ -88,14 +88,12 @@ def test_a_logdir_that_is_a_runs_own_folder_warns_with_the_two_fixes(tmp_path):
     """``--logdir runs/version_0`` (a run that saved) without --resume nests a new run inside it: said, with the
     fixes (continue it, or start beside it); a folder named so that holds no checkpoint is just a folder."""
     from amp_backends.errors import AmpWarning
-    from amp_backends.training.runs import reserve_run_directory
-
     run = tmp_path / "runs" / "version_0"
     (run / "checkpoints").mkdir(parents=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error", AmpWarning)
-        assert reserve_run_directory(run).path == run / "version_0"  # no warning: nothing saved there
+        assert run_directory(run, resume=False).path == run / "version_0"  # no warning: nothing saved there
     (run / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
     with pytest.warns(AmpWarning, match=r"is a run's own folder: this run starts in a version_N inside it\. Fix: pass "
                                         rf"--resume to continue that run, or --logdir '{tmp_path / 'runs'}' to start"):
-        assert reserve_run_directory(run).path == run / "version_1"
+        assert run_directory(run, resume=False).path == run / "version_1"

@@ -86,11 +86,14 @@ def test_a_resume_given_other_data_says_so_and_where_it_goes_on(tmp_path, caplog
     """A resume with arrays of another length went on at the saved sample of the new data without a word."""
     trainer(tmp_path).fit(*classification_data(32), max_steps=3)
     caplog.set_level("WARNING", logger="amp_backends.train")
-    trainer(tmp_path).fit(*classification_data(32), max_steps=4, resume=True)
+    trainer(tmp_path).fit(*classification_data(32), epochs=10, max_steps=4, resume=True)
     assert "samples; this fit is given" not in caplog.text  # the same data: nothing to say
-    trainer(tmp_path).fit(*classification_data(48), max_steps=5, resume=True)
+    trainer(tmp_path).fit(*classification_data(48), epochs=10, max_steps=5, resume=True)
     assert ("The checkpoint's run trained on 32 samples; this fit is given 48: it goes on at sample 0 of epoch 1 of "
             "these, in their own order") in caplog.text, caplog.text
+    trainer(tmp_path).fit(*classification_data(64), epochs=10, max_steps=10, resume=True)  # to sample 48 of epoch 1
+    trainer(tmp_path).fit(*classification_data(40), epochs=10, max_steps=11, resume=True)
+    assert ("this fit is given 40: it goes on with epoch 2 (it stood at sample 48, past their end)") in caplog.text
 
 
 def test_resuming_with_another_seed_is_refused_naming_both_and_the_fix(tmp_path):
