@@ -84,12 +84,12 @@ def test_a_trainer_error_says_the_keywords_it_names_as_the_commands_flags():
     from amp_backends.commands.train_command import _as_flags
 
     flags = {"batch_size": ("--batch_size", "--batch-size"), "epochs": ("--epochs",), "data": ("--data",),
-             "max_steps": ("--max-steps",), "loss_scale": ("--loss-scale",), "progress": ("--progress/--no-progress",)}
+             "max_steps": ("--max-steps",), "log_every": ("--log-every",), "progress": ("--progress/--no-progress",)}
     message = "The data has 9 samples. Fix: lower batch_size, or pass epochs=4 and max_steps=8 (--max-steps)."
     assert _as_flags(message, flags) == " (On this command line: batch_size is --batch_size; epochs is --epochs.)"
     assert _as_flags("The data has 9 samples.", flags) == ""
     assert _as_flags("lower batch_size (--batch-size)", flags) == ""  # (said by another of its flags)
-    assert _as_flags("the optimizer's loss_scale_factor", flags) == ""  # (a longer word holding the keyword)
+    assert _as_flags("the run's log_every_n", flags) == ""  # (a longer word holding the keyword)
     assert _as_flags("pass progress=False", flags) == " (On this command line: progress is --progress.)"
 
 
