@@ -66,7 +66,7 @@ def digits_accuracies() -> dict[str, float]:
         m = mnist_cnn()
         opt = tf.keras.optimizers.Adam(1e-3)
         t = Trainer(classifier_updates(m, opt), p, batch_size=64, checkpoint_objects={"m": m}, batch_fn=mnist_batch_fn,
-                    progress=False, steps_per_call=4, seed=1, metrics=["accuracy"])
+                    progress=False, steps_per_call=4, seed=1, metrics=["accuracy"], check_models=False)
         t.fit(x, y, epochs=3)
         third = float(t.evaluate(xt, yt)["accuracy"])
         t.fit(x, y, epochs=4)
@@ -79,18 +79,18 @@ def test_gan_losses_stay_finite_under_fp16():
     if _itex_loaded():
         pytest.skip("ITEX's CPU float16 kernels are ~10x slower than TF's: this runs in the TF 2.21 session")
     finite = _float16_run("gan_under_fp16")
-    assert finite["steps"] == 12 and finite["losses"] and finite["variables"], finite
+    assert finite["steps"] == 8 and finite["losses"] and finite["variables"], finite
 
 
 def gan_under_fp16() -> dict[str, object]:
-    """12 GAN steps under forced mixed_float16: how many ran, and whether every loss and every variable is finite."""
+    """8 GAN steps under forced mixed_float16: how many ran, and whether every loss and every variable is finite."""
     p = applied_plan(policy="fp16", force=True)
     (x, _), _ = digits_as_mnist()
     g, d = gan_generator(), gan_discriminator()
     go, do = tf.keras.optimizers.Adam(1e-3), tf.keras.optimizers.RMSprop(1e-4)
     t = Trainer(gan_updates(g, d, go, do), p, batch_size=32, images_per_step=64, checkpoint_objects={"g": g},
-                batch_fn=mnist_batch_fn, progress=False, steps_per_call=4)
-    r = t.fit(x, None, epochs=1, max_steps=12)
+                batch_fn=mnist_batch_fn, progress=False, steps_per_call=4, check_models=False)
+    r = t.fit(x, None, epochs=1, max_steps=8)
     return {"steps": r.steps,
             "losses": bool(all(np.isfinite(h["generator"]) and np.isfinite(h["discriminator"]) for h in r.history)),
             "variables": bool(all(np.isfinite(v.numpy()).all() for v in g.trainable_variables + d.trainable_variables))}

@@ -171,7 +171,8 @@ def bench_auto(model: str, x: np.ndarray, y: np.ndarray, batch: int, epochs: int
         go, do = tf.keras.optimizers.Adam(1e-3), tf.keras.optimizers.RMSprop(1e-4)
         updates, objs, per_step, yy = gan_updates(g, d, go, do), {"g": g, "d": d}, 2 * batch, None
     trainer = Trainer(updates, plan, batch_size=batch, images_per_step=per_step, checkpoint_objects=objs,
-                      steps_per_call=spc, log_every=10**9, progress=False, batch_fn=mnist_batch_fn)
+                      steps_per_call=spc, log_every=10**9, progress=False, batch_fn=mnist_batch_fn,
+                      check_models=False)  # (a timing: `amp-backends check` is the check)
     fits = itertools.count(1)  # each fit() call one more epoch
 
     def epoch() -> int:

@@ -96,7 +96,8 @@ class ZooWorker:
                        classifier_updates(m, tf.keras.optimizers.Adam(1e-3), loss=self.entry.example_loss()))
             self.trainer = Trainer(updates, self.plan, batch_size=batch, steps_per_call=steps,
                                    images_per_step=batch * self.entry.per_sample, log_every=10**9, progress=False,
-                                   seed=seed, observers=[_trainer_window(self.window)])
+                                   seed=seed, observers=[_trainer_window(self.window)],
+                                   check_models=False)  # (a timing: `amp-backends check` is the check)
         else:
             opt = tf.keras.optimizers.Adam(1e-3)
             kwargs: dict[str, Any] = {}
