@@ -15,8 +15,8 @@ from typing import Any
 
 from .errors import AmpConfigError, BackendError, warn
 from .hardware import GB, BackendProbe, DeviceFact, Hardware, KnownDevice
-from .probe import probe_problem
-from .registry import BackendRegistry, call_backend, registry_or_default
+from .probe import checked_probe
+from .registry import AT_FAULT, BackendRegistry, call_backend, registry_or_default
 
 
 def catalogue(registry: BackendRegistry | None = None) -> tuple[KnownDevice, ...]:
@@ -34,7 +34,7 @@ def catalogue(registry: BackendRegistry | None = None) -> tuple[KnownDevice, ...
     for backend in registry_or_default(registry):
         try:  # a broken third-party backend must not hide the others' devices
             listed = list(call_backend(backend, "catalogue", (tuple, list), "a tuple of KnownDevice",
-                                       then=": its devices are left out of the device catalogue", fix=FIX))
+                                       then=": its devices are left out of the device catalogue", fix=AT_FAULT))
         except BackendError as exc:
             warn(str(exc))
             continue
@@ -43,14 +43,11 @@ def catalogue(registry: BackendRegistry | None = None) -> tuple[KnownDevice, ...
                              f"a {type(d).__name__}" for d in wrong)
             warn(f"the {backend.name} backend's catalogue() lists {said}: expected KnownDevice entries whose backend "
                  f"is {backend.name!r} (the backend that describes them); left out of the device catalogue. Fix: "
-                 f"{FIX}")
+                 f"{AT_FAULT}")
             listed = [d for d in listed if d not in wrong]
         taken = {form for device in entries for alias in (device.name, *device.aliases) for form in _forms(alias)}
         entries += [device for device in listed if not taken & set(_forms(device.name))]
     return tuple(entries)
-
-
-FIX = "that backend is at fault: update or uninstall its package"
 
 
 def _forms(name: str) -> tuple[str, str]:
@@ -126,10 +123,8 @@ def device_hardware(device: KnownDevice | str, registry: BackendRegistry | None 
         device = find_device(device, registry)
     owner = registry.get(device.backend)
     types = {"CPU"} | ({owner.tf_device_type} if owner.tf_device_type else set())
-    probe = call_backend(owner, "describe", BackendProbe, "a BackendProbe of the device", device, fix=FIX)
-    if problem := probe_problem(probe, owner.name):
-        raise BackendError(f"the {owner.name} backend's describe() ({type(owner).__qualname__}) returned a "
-                           f"BackendProbe {problem}. Fix: {FIX}.")
+    probe = checked_probe(call_backend(owner, "describe", BackendProbe, "a BackendProbe of the device", device,
+                                       fix=AT_FAULT), owner, "describe", fix=AT_FAULT)
     return machine_of([device.cite(probe)], registry.names(),
                       lambda backend: f"not part of the catalogue's {device.name} machine", frozenset(types))
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from .hardware import Accelerator, BackendProbe, Hardware
-from .registry import AT_FAULT, BackendRegistry, registry_or_default
+from .registry import PLAN_ANOTHER, Backend, BackendRegistry, method_of, registry_or_default
 from .errors import BackendError
 
 
@@ -29,32 +30,35 @@ def probe_hardware(registry: BackendRegistry | None = None, *, use_tensorflow: b
     probes = []
     for backend in registry:
         try:
-            probe = backend.probe(use_tensorflow=use_tensorflow)
-            where = f"probe() ({type(backend).__module__}.{type(backend).__qualname__})"
-            if not isinstance(probe, BackendProbe):
-                raise BackendError(f"{where} returned {type(probe).__name__}, expected a BackendProbe")
-            if problem := probe_problem(probe, backend.name):
-                raise BackendError(f"{where} returned a BackendProbe {problem}. Fix: {AT_FAULT}")
-            probes.append(probe)
+            probes.append(checked_probe(backend.probe(use_tensorflow=use_tensorflow), backend, "probe"))
         except Exception as exc:  # a probe must never take the program down
             error = f"{type(exc).__name__}: {exc}"
             probes.append(BackendProbe(backend.name, False, f"probe failed: {error}", error=error))
     return Hardware(probes=tuple(probes), tf_device_types=tensorflow_device_types())
 
 
-def probe_problem(probe: BackendProbe, backend: str) -> str | None:
-    """What is wrong with a backend's ``probe`` (of its hardware, or `Backend.describe`'s of a device), or ``None``.
+def checked_probe(probe: Any, backend: Backend, method: str, fix: str = PLAN_ANOTHER) -> BackendProbe:
+    """A backend's ``probe`` (of its hardware, or `Backend.describe`'s of a device), checked as the library reads it.
 
     Args:
-        probe: The probe the backend gave.
-        backend: The backend's name.
+        probe: What the backend's ``method`` returned.
+        backend: The backend.
+        method: The method (``"probe"``, ``"describe"``).
+        fix: The error's fix.
 
     Returns:
-        The fault, as "a BackendProbe <fault>" continues (what it has, and what was expected), or ``None``.
+        The probe.
+
+    Raises:
+        BackendError: It is no `BackendProbe`, or one of another backend's name, or its fields are not what the
+            library reads (what it has, and what was expected).
     """
-    devices, details = probe.devices, probe.details
+    where = method_of(backend, method)
+    if not isinstance(probe, BackendProbe):
+        raise BackendError(f"{where} returned {type(probe).__name__}, expected a BackendProbe")
+    devices, details, name = probe.devices, probe.details, backend.name
     faults = [
-        (probe.backend != backend, f"of backend {probe.backend!r}; expected its own, {backend!r}, as its backend"),
+        (probe.backend != name, f"of backend {probe.backend!r}; expected its own, {name!r}, as its backend"),
         (not isinstance(probe.available, bool), f"with available={probe.available!r}; expected True or False"),
         (not isinstance(probe.reason, str), f"with reason={probe.reason!r}; expected a str"),
         (not isinstance(devices, tuple) or not all(isinstance(d, Accelerator) and isinstance(d.name, str)
@@ -65,7 +69,9 @@ def probe_problem(probe: BackendProbe, backend: str) -> str | None:
                                                    and all(isinstance(v, str) for v in d) for d in details),
          f"with details={details!r}; expected a tuple of (label, text) pairs of str"),
     ]
-    return next((fault for wrong, fault in faults if wrong), None)
+    if problem := next((fault for wrong, fault in faults if wrong), None):
+        raise BackendError(f"{where} returned a BackendProbe {problem}. Fix: {fix}.")
+    return probe
 
 
 def needs_tensorflow(hardware: Hardware, registry: BackendRegistry) -> bool:

@@ -303,11 +303,25 @@ class BackendRegistry:
         return registry
 
 
-AT_FAULT = "that backend is at fault: update or uninstall its package, or pass backend= to plan with another"
+AT_FAULT = "that backend is at fault: update or uninstall its package"  # (a fix of a backend's fault)
+PLAN_ANOTHER = f"{AT_FAULT}, or pass backend= to plan with another"
+
+
+def method_of(backend: Backend, method: str) -> str:
+    """A backend's method as its faults name it: ``the acme backend's probe() (acme_amp.AcmeBackend)``.
+
+    Args:
+        backend: A registered backend.
+        method: The name of one of its `Backend` methods.
+
+    Returns:
+        The words.
+    """
+    return f"the {backend.name} backend's {method}() ({type(backend).__module__}.{type(backend).__qualname__})"
 
 
 def call_backend(backend: Backend, method: str, expected: type | tuple[type, ...], what: str, *args: Any,
-                 then: str = "", fix: str = AT_FAULT) -> Any:
+                 then: str = "", fix: str = PLAN_ANOTHER) -> Any:
     """``backend.<method>(*args)``, what a backend's method gives the library checked, as our error.
 
     Args:
@@ -326,7 +340,7 @@ def call_backend(backend: Backend, method: str, expected: type | tuple[type, ...
         BackendError: The method raised (the exception is its ``__cause__``) or returned none of ``expected``; the
             message names the backend, its class and the method.
     """
-    where = f"the {backend.name} backend's {method}() ({type(backend).__module__}.{type(backend).__qualname__})"
+    where = method_of(backend, method)
     try:
         result = getattr(backend, method)(*args)
     except Exception as exc:

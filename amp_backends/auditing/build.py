@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BackendError
+from ..registry import AT_FAULT
 from ..kernel_audit import Capture, KernelAudit, KernelReading, KernelRecord
 from .match import LayerKernel, match, match_op_name, match_ops
 from .audit_result import Audit, Entry
@@ -30,7 +31,7 @@ def read_kernels(kernel_audit: KernelAudit, capture: Capture, backend: str) -> K
     """
     where = f"the {backend} backend's kernel audit ({type(kernel_audit).__module__}.{type(kernel_audit).__qualname__}" \
             ".read)"
-    fix = "Fix: that backend is at fault: update or uninstall its package, or pass backend= to audit under another"
+    fix = f"Fix: {AT_FAULT}, or pass backend= to audit under another"
     try:
         reading = kernel_audit.read(capture)
     except Exception as exc:
