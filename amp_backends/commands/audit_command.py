@@ -7,13 +7,12 @@ variables); see `amp_backends.audit`. Ctrl-C (exit 130) or SIGTERM (143) stops t
 from __future__ import annotations
 
 import signal
-import warnings
 from typing import Any
 
 import typer
 
 from ..factory import EXAMPLE
-from .typer_app import fail, number_option, with_overrides
+from .typer_app import fail, number_option, refuse_up_front, with_overrides
 
 PROG = "amp-backends audit"
 
@@ -41,16 +40,10 @@ def audit_command(
     from ..auditing import audit
     from ..errors import AmpConfigError, ModelCallError
     from ..model_check.shapes import shape_options
-    from ..configure import plan_for
-    from ..registry import default_registry
-    from ..request import build_request
 
     overrides = dict(overrides or {})
     try:  # invalid overrides, and a request --strict refuses on this machine, are refused here before the child
-        build_request(default_registry().known_names(), **overrides)
-        with warnings.catch_warnings():  # (a downgrade is the child's to say, with its plan)
-            warnings.simplefilter("ignore")
-            plan_for(**overrides)
+        refuse_up_front(**overrides)
         shape_options(seq_len, input_shape)  # in the options' words
         result = audit(target, batch_size=batch_size, steps=steps, seq_len=seq_len, input_shape=input_shape,
                        **overrides)

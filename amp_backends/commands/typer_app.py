@@ -82,6 +82,27 @@ def run_app(app: Callable[[], Any]) -> None:
         raise
 
 
+def refuse_up_front(**overrides: Any) -> None:
+    """Refuse, before a command's work, the plan overrides (and ``AMP_*`` variables) it would be refused later:
+    invalid values, with the request's own warnings (a misspelt variable), and a request strict mode refuses on
+    this machine. A downgrade's warning is left to the plan the work makes.
+
+    Args:
+        **overrides: The command's plan overrides, as ``auto_configure``'s keywords.
+
+    Raises:
+        AmpConfigError: An override or variable is invalid, or strict mode refuses the request here.
+    """
+    from ..configure import plan_for
+    from ..registry import default_registry
+    from ..request import build_request
+
+    build_request(default_registry().known_names(), **overrides)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan_for(**overrides)
+
+
 def fail(prog: str, message: object, code: int = 2, kind: str = "error") -> NoReturn:
     """End the command: ``<prog>: <kind>: <message>`` on stderr, exit status ``code`` (2: a usage error)."""
     typer.echo(f"{prog}: {kind}: {message}", err=True)

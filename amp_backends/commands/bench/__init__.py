@@ -10,13 +10,12 @@ checkout: ``python benchmarks/gpu_suite.py`` (``benchmarks/README.md``).
 from __future__ import annotations
 
 import functools
-import warnings
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from ..typer_app import fail, number_option
+from ..typer_app import fail, number_option, refuse_up_front
 from .loops import MANUAL
 
 MANUAL_NAMES = ", ".join(c[0] for c in MANUAL)
@@ -85,18 +84,12 @@ def main(
         whose, fix = ("the tutorials' loops", "drop --zoo") if zoo else ("the model zoo (--zoo)", "add --zoo")
         fail(PROG, f"{flags} {'are' if len(wrong) > 1 else 'is'} for {whose}. Received: {flags} "
                    f"{'with' if zoo else 'without'} --zoo. Fix: {fix}, or drop {flags}.")
-    from ...configure import plan_for
     from ...errors import AmpConfigError
-    from ...registry import default_registry
-    from ...request import build_request
     from ...tf_import import import_tensorflow, quiet_tensorflow_logs
     from .output import results_folder
 
     try:  # the AMP_* variables the auto plan's rows read: a bad one, or one AMP_STRICT refuses here, before timing
-        build_request(default_registry().known_names())
-        with warnings.catch_warnings():  # (a downgrade is said by the rows' plans)
-            warnings.simplefilter("ignore")
-            plan_for()
+        refuse_up_front()
     except AmpConfigError as exc:
         fail(PROG, exc)
 
