@@ -16,7 +16,7 @@ from amp_backends.hardware import BackendProbe, CpuInfo, Hardware
 from amp_backends.keras_compat import KerasInfo
 from amp_backends.plan import Plan
 from amp_backends.planner import make_plan
-from amp_backends.registry import BackendRegistry, default_registry
+from amp_backends.registry import Backend, BackendRegistry, default_registry
 from amp_backends.request import build_request
 
 ITEX_LOADED = itex_status("2.15.0.0", "2.15.1", look=False)
@@ -93,3 +93,24 @@ ICELAKE = ("Intel", "Intel(R) Xeon(R) Platinum 8380", "avx2 avx512f avx512bw avx
 GRAVITON3 = ("ARM", "Neoverse-V1", "fp asimd sve bf16 i8mm asimdhp fphp")
 GRAVITON4 = ("ARM", "Neoverse-V2", "fp asimd sve sve2 bf16 i8mm asimdhp fphp")
 CORTEX_A72 = ("ARM", "Cortex-A72", "fp asimd evtstrm crc32 cpuid")
+
+
+class NoKernelAudit(Backend):
+    """A backend never available here that leaves ``kernel_audit`` as the interface has it."""
+
+    name, priority = "npu", 1
+
+    def probe(self, *, use_tensorflow=False):
+        return BackendProbe(self.name, False, "none here")
+
+    def assess(self, probe, hardware):
+        raise AssertionError("not available: never assessed")
+
+
+class KernelAuditRaises(NoKernelAudit):
+    """The same, broken: its ``kernel_audit`` raises."""
+
+    name = "broken-npu"
+
+    def kernel_audit(self):
+        raise RuntimeError("kernel audit broke")

@@ -10,7 +10,8 @@ import warnings
 
 import pytest
 
-from fakes import AMD_HERE, H100, MAX1550, SAPPHIRE_RAPIDS, cpu_of, intel, machine, nvidia, plan_of
+from fakes import (AMD_HERE, H100, MAX1550, SAPPHIRE_RAPIDS, KernelAuditRaises, NoKernelAudit, cpu_of, intel,
+                   machine, nvidia, plan_of)
 
 from amp_backends.assessment import EMULATED, NATIVE, UNSUPPORTED, Assessment, Support, VendorSetting
 from amp_backends.backends.cpu import CpuBackend
@@ -111,25 +112,6 @@ def test_a_kernel_audit_is_plain_data_the_audit_can_use(backend):
     if audit.unavailable is None:
         json.dumps(audit.facts())
         assert audit.capturing(dict(audit.environment))
-
-
-class NoKernelAudit(Backend):
-    """A backend that leaves ``kernel_audit`` as the interface has it."""
-
-    name, priority = "npu", 1
-
-    def probe(self, *, use_tensorflow=False):
-        return BackendProbe(self.name, False, "none here")
-
-    def assess(self, probe, hardware):
-        raise AssertionError("not available: never assessed")
-
-
-class KernelAuditRaises(NoKernelAudit):
-    name = "broken-npu"
-
-    def kernel_audit(self):
-        raise RuntimeError("kernel audit broke")
 
 
 def test_a_backend_without_a_kernel_audit_is_reported_as_not_measured():

@@ -166,26 +166,15 @@ def test_the_audit_of_a_trace_matches_its_schema_with_and_without_a_plan(tmp_pat
 
 def test_a_broken_third_party_kernel_audit_leaves_a_trace_audit_to_the_others(tmp_path, monkeypatch):
     """Every backend is asked for a trace reader: one whose kernel_audit() raises was a BackendError ending it."""
+    from fakes import KernelAuditRaises
+
     from amp_backends import registry
     from amp_backends.backends.cpu import CpuBackend
     from amp_backends.backends.nvidia import NvidiaBackend
-    from amp_backends.hardware import BackendProbe
-
-    class Broken(registry.Backend):
-        name, priority = "broken", 500
-
-        def probe(self, *, use_tensorflow=False):
-            return BackendProbe(self.name, False, "none here")
-
-        def assess(self, probe, hardware):
-            raise AssertionError("never assessed")
-
-        def kernel_audit(self):
-            raise RuntimeError("kernel audit broke")
 
     path = tmp_path / "host.trace.json.gz"
     with gzip.open(path, "wt", encoding="utf-8") as f:
         json.dump(trace_doc(), f)
     monkeypatch.setattr(registry, "default_registry",
-                        lambda: registry.BackendRegistry([Broken(), NvidiaBackend(), CpuBackend()]))
+                        lambda: registry.BackendRegistry([KernelAuditRaises(), NvidiaBackend(), CpuBackend()]))
     assert audit_trace(path).to_dict()["device"] == "nvidia"
