@@ -226,15 +226,14 @@ def _unscaled_train_step(model: Any, plan: Plan) -> str | None:
         return None
     keras3 = (keras_info().generation or 3) >= 3
     harm = ("Keras's optimizer divides every gradient by the scale when it applies them, so each update comes out "
-            "as many times too small as the scale" + (f" ({plan.loss_scale.initial:g} at first)" if
-            plan.loss_scale.mode == "dynamic" else f" ({plan.loss_scale.initial:g})") if keras3 else
-            "its float16 gradients are not scaled, so small ones flush to zero")
+            f"as many times too small as the scale ({scale.initial:g}{' at first' if scale.mode == 'dynamic' else ''})"
+            if keras3 else "its float16 gradients are not scaled, so small ones flush to zero")
     fix = ("loss = self.optimizer.scale_loss(loss) before tape.gradient" if keras3 else
            "loss = self.optimizer.get_scaled_loss(loss) before tape.gradient and grads = "
            "self.optimizer.get_unscaled_gradients(grads) after it")
     return (f"The model {getattr(model, 'name', '?')!r} trains with its own train_step "
             f"({type(model).__qualname__}.train_step), which does not scale its loss, and the plan scales losses "
-            f"({plan.loss_scale}): {harm}. Fix: in train_step, {fix} (as Keras's own step does).")
+            f"({scale}): {harm}. Fix: in train_step, {fix} (as Keras's own step does).")
 
 
 def _reset_policies(model: Any, plan: Plan) -> tuple[str, ...]:
