@@ -16,11 +16,11 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 
 import pytest
+from warm_python import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -97,29 +97,26 @@ def python_pages() -> list[Path]:
     return [p for p in pages() if any(lang == "python" for lang, _, _ in blocks(p))]
 
 
-def start_page(page: str, scratch: Path) -> tuple[subprocess.Popen, str]:
-    """The page's python blocks, in order, in a process of their own and the folder ``scratch`` (what a page writes —
-    runs/, checkpoints — stays out of the checkout). (Under pytest-xdist the pages are spread over the workers.)"""
+def run_page(page: str, scratch: Path) -> subprocess.CompletedProcess:
+    """The page's python blocks, in order, in a process of their own (forked from a warm interpreter: `run_python`)
+    and the folder ``scratch`` (what a page writes — runs/, checkpoints — stays out of the checkout). (Under
+    pytest-xdist the pages are spread over the workers.)"""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "AMP_CACHE_DIR": os.path.join(scratch, "cache"),
            "AMP_AUTOTUNE_CACHE": os.path.join(scratch, "autotune.json"), "PYTHONWARNINGS": "ignore",
            "TMPDIR": str(scratch)}  # (a page's own tempfile.mkdtemp() too)
     path = next(p for p in python_pages() if name(p) == page)
-    proc = subprocess.Popen([sys.executable, "-c", RUNNER], cwd=scratch, env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     code = [(c, line) for lang, c, line in blocks(path) if lang == "python"]
-    return proc, json.dumps([page, code])
+    return run_python(["-c", RUNNER], cwd=scratch, env=env, input=json.dumps([page, code]), timeout=240)
 
 
 @pytest.mark.tensorflow
 @pytest.mark.parametrize("page", [name(p) for p in python_pages()])
 def test_the_python_blocks_of_each_page_run_in_order(page, tmp_path):
-    proc, blocks_in_order = start_page(page, tmp_path)
     try:
-        _, err = proc.communicate(blocks_in_order, timeout=240)
+        done = run_page(page, tmp_path)
     except subprocess.TimeoutExpired:
-        proc.kill()
         pytest.fail(f"{page}: its python blocks ran past 240 s: keep a page's examples small (tiny epochs, steps)")
-    assert proc.returncode == 0, f"{page}: python blocks failed (exit {proc.returncode}):\n{err[-4000:]}"
+    assert done.returncode == 0, f"{page}: python blocks failed (exit {done.returncode}):\n{done.stderr[-4000:]}"
 
 
 def test_no_code_line_is_wider_than_a_code_block():

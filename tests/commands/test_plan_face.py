@@ -13,6 +13,7 @@ import textwrap
 from argparse import Namespace
 
 import pytest
+from warm_python import run_python
 from conftest import NEUTRAL_CWD, REPO
 from fakes import ZEN4, cpu_of, machine
 
@@ -207,9 +208,8 @@ def test_the_steps_line_says_the_trainers_steps_per_call_where_it_is_another():
 
 @pytest.mark.slow
 def test_the_mnist_main_job_names_no_layer_kind_the_model_lacks_and_validates_every_epoch(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "amp_backends.examples.mnist", "--digits", "--epochs", "2",
-                          "--lr", "0.001", "--log-every", "10", "--logdir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=300, cwd=NEUTRAL_CWD)
+    out = run_python(["-m", "amp_backends.examples.mnist", "--digits", "--epochs", "2", "--lr", "0.001",
+                      "--log-every", "10", "--logdir", tmp_path], timeout=300, cwd=NEUTRAL_CWD)
     assert out.returncode == 0, out.stderr[-2000:]
     # the held-out digits validate every epoch; the best checkpoint by validation accuracy is kept
     epochs = re.findall(r"Epoch (\d) \(global step \d+\): loss: [\d.]+, accuracy: [\d.]+, val_loss: [\d.]+, "

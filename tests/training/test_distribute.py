@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+from warm_python import run_python, popen_python
 
 from amp_backends.errors import ClusterConfigError
 from amp_backends.training.distribute import check_port_free, parse_tf_config
@@ -47,8 +48,8 @@ def env(**extra):
 def worker(ports, index, logdir, *args, extra_env=None):
     cmd = [sys.executable, "-m", "amp_backends.examples.mnist", "--synthetic", "--no-progress", "--logdir", str(logdir),
            "--distribute", "multiworker", "--cluster-timeout", "20", *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=NEUTRAL_CWD,
-                            env=env(TF_CONFIG=tf_config(ports, index), **(extra_env or {})))
+    return popen_python(cmd[1:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=NEUTRAL_CWD,
+                        env=env(TF_CONFIG=tf_config(ports, index), **(extra_env or {})))
 
 
 def finish(procs, timeout=240):
@@ -91,7 +92,7 @@ def run_cli(extra_env, *args, timeout=120):
     """The example under a cluster configuration; ``timeout`` only keeps a hanging run from hanging the suite."""
     cmd = [sys.executable, "-m", "amp_backends.examples.mnist", "--synthetic", "--no-progress", "--max-steps", "2",
            *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=NEUTRAL_CWD, env=env(**extra_env))
+    return run_python(cmd[1:], timeout=timeout, cwd=NEUTRAL_CWD, env=env(**extra_env))
 
 
 def test_malformed_tf_config_fails_fast_and_clearly(tmp_path):
@@ -124,8 +125,7 @@ def test_missing_peer_times_out_with_the_documented_message(tmp_path):
 # --------------------------------------------------------------------------- MirroredStrategy
 @pytest.mark.intel
 def test_mirrored_two_replicas_skip_together():
-    out = subprocess.run([sys.executable, str(SCRIPTS / "mirrored_run.py")], capture_output=True, text=True,
-                         timeout=300, cwd=NEUTRAL_CWD, env=env())
+    out = run_python([SCRIPTS / "mirrored_run.py"], timeout=300, cwd=NEUTRAL_CWD, env=env())
     assert out.returncode == 0, out.stderr[-2000:]
     xla, d, validation = (json.loads(line) for line in out.stdout.strip().splitlines()[-3:])
     # XLA with replicas on one CPU: no per-replica compilation (it cannot reach replica 1's variables), training runs;
@@ -201,8 +201,8 @@ def test_kill_during_checkpoint_writes_never_corrupts_the_latest(tmp_path):
 
     rng = random.Random(7)
     for _ in range(3):
-        proc = subprocess.Popen([sys.executable, str(SCRIPTS / "ckpt_saver.py"), str(tmp_path)], stdout=subprocess.PIPE,
-                                text=True, cwd=NEUTRAL_CWD, env=env())
+        proc = popen_python([SCRIPTS / "ckpt_saver.py", tmp_path], stdout=subprocess.PIPE, text=True, cwd=NEUTRAL_CWD,
+                            env=env())
         assert proc.stdout.readline().startswith("saved")
         time.sleep(rng.uniform(0.05, 0.6))  # somewhere inside a later save
         proc.send_signal(signal.SIGKILL)
@@ -222,9 +222,8 @@ def test_sigterm_to_the_chief_or_another_worker_saves_all_at_one_step_and_resume
     one, a third run finishes. Each stop is one step on every worker, saved; the three runs' per-step losses, put
     together, are the uninterrupted run's: no step twice, none missing (see preempt_run.py)."""
     ports = free_ports(2)
-    procs = [subprocess.Popen([sys.executable, str(SCRIPTS / "preempt_run.py"), str(tmp_path)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, cwd=NEUTRAL_CWD,
-                              env=env(TF_CONFIG=tf_config(ports, i))) for i in (0, 1)]
+    procs = [popen_python([SCRIPTS / "preempt_run.py", tmp_path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, cwd=NEUTRAL_CWD, env=env(TF_CONFIG=tf_config(ports, i))) for i in (0, 1)]
     outs = finish(procs)
     assert [p.returncode for p in procs] == [0, 0], (outs[0][-3000:], outs[1][-3000:])
     chief, other = (json.loads(out.strip().splitlines()[-1]) for out in outs)

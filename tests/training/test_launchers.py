@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from warm_python import run_python, popen_python
 
 from amp_backends.errors import ClusterConfigError
 from amp_backends.training.distribute import cluster_config
@@ -143,7 +144,7 @@ def test_tf_config_wins_over_a_launcher():
 def run_example(extra_env, *args, timeout=120):
     cmd = [sys.executable, "-m", "amp_backends.examples.mnist", "--synthetic", "--no-progress", "--max-steps", "2",
            *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=NEUTRAL_CWD, env=env(**extra_env))
+    return run_python(cmd[1:], timeout=timeout, cwd=NEUTRAL_CWD, env=env(**extra_env))
 
 
 @pytest.mark.tensorflow
@@ -183,8 +184,8 @@ def tf_config_losses(tmp_path_factory):
     the chief logs, says the plan and the summary, and keeps checkpoints (whole, no worker's temporary files)."""
     logdir, ports = tmp_path_factory.mktemp("tf_config"), free_ports(2)
     cmd = [sys.executable, "-m", "amp_backends.examples.mnist", *example_args(logdir)]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=NEUTRAL_CWD,
-                              env=env(TF_CONFIG=tf_config(ports, i))) for i in (0, 1)]
+    procs = [popen_python(cmd[1:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=NEUTRAL_CWD,
+                          env=env(TF_CONFIG=tf_config(ports, i))) for i in (0, 1)]
     chief, other = finish(procs)
     assert [p.returncode for p in procs] == [0, 0], (chief[-2000:], other[-2000:])
     assert [int(m.group(2)) for m in STEP.finditer(chief)] == [0, 1, 2, 3]
@@ -224,8 +225,8 @@ def test_srun_variables_train_one_two_worker_run(tmp_path, tf_config_losses):
     cmd = [sys.executable, "-m", "amp_backends.examples.mnist", *example_args(tmp_path)]
     slurm = {"SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "localhost",
              "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_JOB_ID": "99", "AMP_CLUSTER_PORT": str(base)}
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=NEUTRAL_CWD,
-                              env=env(**slurm, SLURM_PROCID=str(i), SLURM_LOCALID=str(i))) for i in (0, 1)]
+    procs = [popen_python(cmd[1:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=NEUTRAL_CWD,
+                          env=env(**slurm, SLURM_PROCID=str(i), SLURM_LOCALID=str(i))) for i in (0, 1)]
     chief, other = finish(procs)
     assert [p.returncode for p in procs] == [0, 0], (chief[-2000:], other[-2000:])
     assert f"Cluster from Slurm (srun): worker 1 of ['localhost:{base}', 'localhost:{base + 1}']" in other

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from warm_python import run_python, popen_python
 from conftest import NEUTRAL_CWD, tensorflow_blocked
 
 pytestmark = pytest.mark.tensorflow
@@ -23,10 +24,10 @@ def example(*args, logdir, timeout=300, popen=False, extra_env=None):
     cmd = [sys.executable, "-m", "amp_backends.examples.mnist", "--logdir", str(logdir), "--no-progress", *args]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMP_")} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
     env |= extra_env or {}
-    if popen:  # SIGINT as in a terminal, even where the tests run as a background job (which ignores it)
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                cwd=NEUTRAL_CWD, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=NEUTRAL_CWD)
+    if popen:  # (SIGINT as in a terminal, even where the tests run as a background job, which ignores it)
+        return popen_python(cmd[1:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            cwd=NEUTRAL_CWD)
+    return run_python(cmd[1:], env=env, timeout=timeout, cwd=NEUTRAL_CWD)
 
 
 STEP_LINE = re.compile(r"- INFO - \((\d+), (\d+)\), Loss: ([\d.]+), step_time: [\d.]+, throughput: [\d.e+]+ img/s\.")

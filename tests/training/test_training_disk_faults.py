@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from warm_python import run_python
 from conftest import NEUTRAL_CWD
 from helpers import applied_plan, classification_data, mlp
 
@@ -271,7 +272,7 @@ def test_a_resumed_run_shows_each_step_once_in_tensorboard(tmp_path):
 def example(*args: str, logdir: Path) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "amp_backends.examples.mnist", "--logdir", str(logdir), "--no-progress", *args]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMP_")} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=NEUTRAL_CWD)
+    return run_python(cmd[1:], env=env, timeout=300, cwd=NEUTRAL_CWD)
 
 
 @pytest.mark.slow

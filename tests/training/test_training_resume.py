@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from warm_python import run_python, popen_python
 from conftest import NEUTRAL_CWD
 from helpers import applied_plan, classification_data, mlp
 
@@ -263,9 +264,9 @@ def example(*args, logdir, env=None, popen=False, timeout=300):
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMP_")} | {"TF_CPP_MIN_LOG_LEVEL": "2"} | dict(
         env or {})
     if popen:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                cwd=NEUTRAL_CWD)
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=NEUTRAL_CWD)
+        return popen_python(cmd[1:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            cwd=NEUTRAL_CWD)
+    out = run_python(cmd[1:], env=env, timeout=timeout, cwd=NEUTRAL_CWD)
     return out.returncode, out.stdout + out.stderr
 
 

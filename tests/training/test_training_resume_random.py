@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-import subprocess
 from pathlib import Path
 import sys
 
 import numpy as np
 import pytest
+from warm_python import run_python
 from conftest import NEUTRAL_CWD
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.intel]
@@ -206,7 +206,7 @@ def mnist(logdir, *args, cwd=NEUTRAL_CWD):
            "--batch_size", "16", "--no-progress", "--log-every", "1", *args]
     cmd += ["--logdir", str(logdir)] if logdir is not None else []
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMP_")} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=cwd)
+    out = run_python(cmd[1:], env=env, timeout=300, cwd=cwd)
     assert out.returncode == 0, out.stderr[-2000:]
     return {int(m.group(2)): m.group(3) for m in STEP_LINE.finditer(out.stdout + out.stderr)}, out.stdout + out.stderr
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from warm_python import popen_python
 from conftest import NEUTRAL_CWD, SCRIPTS
 from helpers import applied_plan, mlp
 
@@ -284,10 +284,9 @@ def test_two_workers_read_the_same_numbers_as_one_device(tmp_path):
 
     ports = free_ports(2)
     checkpoints = tmp_path / "checkpoints"
-    procs = [subprocess.Popen([sys.executable, str(SCRIPTS / "validation_workers.py"), str(checkpoints)],
-                              stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, cwd=NEUTRAL_CWD,
-                              env=env(TF_CONFIG=tf_config(ports, i))) for i in (0, 1)]
+    procs = [popen_python([SCRIPTS / "validation_workers.py", checkpoints], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, cwd=NEUTRAL_CWD, env=env(TF_CONFIG=tf_config(ports, i)))
+             for i in (0, 1)]
     outs = finish(procs)
     assert [p.returncode for p in procs] == [0, 0], [o[-2000:] for o in outs]
     # (the result line by its mark: TensorFlow's gRPC may log after it as the cluster shuts down)
