@@ -161,7 +161,8 @@ def test_gpt2_with_the_real_vocabulary_is_told_to_pad_it():
 
 # ------------------------------------------------------------------------------------ float8
 @pytest.mark.skipif(not KERAS3, reason="float8 layers need Keras >= 3.3; this tf.keras is Keras 2")
-@pytest.mark.parametrize("name", NAMES)
+# (ResNet50's and EfficientNetB0's only Dense is the output layer, as MobileNetV3's: one of the three shows it)
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in ("resnet50", "efficientnet")])
 def test_fp8_preparation_lists_every_dense_layer_and_the_quantized_ones_train(name):
     e = entry(name)
     with warnings.catch_warnings(record=True) as caught:

@@ -9,14 +9,34 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
 from conftest import NEUTRAL_CWD
 from schema_check import assert_valid
+from warm_python import popen_python
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 MNIST = "amp_backends.models:mnist_cnn"
+
+
+@pytest.fixture(autouse=True)
+def warm_audit_children(monkeypatch):
+    """An audit run in this process starts its child (``python -m amp_backends.auditing.child ...``) forked from an
+    interpreter that has imported TensorFlow (`warm_python`), with the child's own environment: the audit's code —
+    the child, its oneDNN records, the runner's waiting, timeout and errors — runs as it does, spared the child's
+    TensorFlow import. (The command's signal test starts the command itself, in a process of its own.)"""
+    from amp_backends.auditing import runner
+
+    def popen(cmd, **kwargs):
+        assert cmd[0] == sys.executable, cmd
+        return popen_python(cmd[1:], **kwargs)
+
+    warm = types.SimpleNamespace(**{name: getattr(subprocess, name) for name in dir(subprocess)
+                                    if not name.startswith("__")})
+    warm.Popen = popen
+    monkeypatch.setattr(runner, "subprocess", warm)
 
 
 def cpu_has_bf16() -> bool:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from warm_python import run_python
 
 from conftest import EIGEN_FLOAT16, NEUTRAL_CWD, float16_reaches_onednn
 from schema_check import assert_valid
@@ -26,8 +27,7 @@ def test_bench_smoke(tmp_path):
            "--mnist-batch", "16", "--gan-batch", "16", "--out", str(tmp_path)]
     # where oneDNN would train the fp16 loop in its reference kernels, the smoke run takes Eigen's (conftest)
     eigen = EIGEN_FLOAT16 if float16_reaches_onednn() else {}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=NEUTRAL_CWD,
-                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **eigen})
+    out = run_python(cmd[1:], timeout=600, cwd=NEUTRAL_CWD, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **eigen})
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     assert_valid("bench", report)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from warm_python import run_python
 from helpers import applied_plan
 
 pytestmark = pytest.mark.tensorflow
@@ -33,10 +33,9 @@ def _float16_run(name: str):
     not this CPU's kernels."""
     if not float16_reaches_onednn():
         return globals()[name]()
-    code = f"import json, test_training_fidelity as t; print('RESULT', json.dumps(t.{name}()))"
-    path = os.pathsep.join(filter(None, [str(Path(__file__).parent), str(TESTS), os.environ.get("PYTHONPATH")]))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=NEUTRAL_CWD,
-                         env={**os.environ, **EIGEN_FLOAT16, "PYTHONPATH": path})
+    code = (f"import json, sys; sys.path[:0] = {[str(Path(__file__).parent), str(TESTS)]!r}\n"
+            f"import test_training_fidelity as t; print('RESULT', json.dumps(t.{name}()))")
+    out = run_python(["-c", code], timeout=600, cwd=NEUTRAL_CWD, env={**os.environ, **EIGEN_FLOAT16})
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.split("RESULT", 1)[1])
 
