@@ -44,9 +44,6 @@ SITE_TEST_STACK = EXTRAS["site-test"]  # the site in a browser: Selenium and pyt
 ITEX_STACK = ["tensorflow==2.15.1", "intel-extension-for-tensorflow[cpu]==2.15.0.0"]
 # a worker per core, each with its own TensorFlow; idle workers take queued tests from busy ones
 WORKERS = ["-n", "auto", "--maxprocesses", "4", "--dist", "worksteal"]
-# pip byte-compiles every file it installs (TensorFlow's thousands among them) unless told not to; Python compiles
-# what the tests import, when they first import it
-NO_COMPILE = ["--no-compile"]
 
 
 @nox.session
@@ -61,16 +58,16 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    session.install(*NO_COMPILE, ".[test]")
+    session.install(".[test]")
     session.run("pytest", "--durations=25", *(session.posargs or ["-q", "-ra", *WORKERS]),
                 env={"AMP_EXPECT_INSTALL": "wheel", "TF_CPP_MIN_LOG_LEVEL": "2"})
 
 
 @nox.session(python="3.11")
 def intel(session: nox.Session) -> None:
-    session.install(*NO_COMPILE, *ITEX_STACK, "pytest>=8", "pytest-xdist>=3.5", "matplotlib>=3.7",
+    session.install(*ITEX_STACK, "pytest>=8", "pytest-xdist>=3.5", "matplotlib>=3.7",
                     "jsonschema>=4.18")
-    session.install(*NO_COMPILE, "-e", ".", *ITEX_STACK)
+    session.install("-e", ".", *ITEX_STACK)
     session.run("python", "-m", "amp_backends.info")
     session.run("pytest", "--durations=25", *(session.posargs or ["-q", "-ra", "-m", "intel", *WORKERS]),
                 env={"AMP_EXPECT_INSTALL": "editable", "TF_CPP_MIN_LOG_LEVEL": "2"})
