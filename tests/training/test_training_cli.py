@@ -24,7 +24,7 @@ def example(*args, logdir, timeout=300, popen=False, extra_env=None):
     cmd = [sys.executable, "-m", "amp_backends.examples.mnist", "--logdir", str(logdir), "--no-progress", *args]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMP_")} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
     env |= extra_env or {}
-    if popen:  # (SIGINT as in a terminal, even where the tests run as a background job, which ignores it)
+    if popen:  # (the forked program takes SIGINT as a terminal's would: warm_python sets Python's own handler)
         return popen_python(cmd[1:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             cwd=NEUTRAL_CWD)
     return run_python(cmd[1:], env=env, timeout=timeout, cwd=NEUTRAL_CWD)
