@@ -6,7 +6,9 @@ about four seconds importing TensorFlow before it does anything, and the suite s
 interpreter: one that imported TensorFlow (nothing of ours, and no TensorFlow runtime: no devices, no thread pools,
 no ops run) and then waits. The child gets the test's argument list, environment, working folder, stdin, stdout and
 stderr (the pipes themselves, passed over a Unix socket), runs the program as ``__main__`` and exits with its
-status, as a fresh ``python`` would; signals reach it by its process id.
+status, as a fresh ``python`` would; signals reach it by its process id. `subprocess_module` gives a library
+module's own children (the audit's child, the zoo's workers) the same start, in a test that sets it as that
+module's ``subprocess``.
 
 What a fresh interpreter reads once, at start or when TensorFlow is imported (``TF_*``, ``PYTHON*``, oneDNN's and
 the thread libraries' variables, ...) cannot change in a fork: a warm interpreter serves only programs whose such
@@ -27,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from typing import IO, Any
 
 # read by the interpreter or a library at start-up or at TensorFlow's import: a fork cannot change them
@@ -47,6 +50,8 @@ def child(req, fds):
     os.environ.clear()
     os.environ.update(req["env"])
     os.chdir(req["cwd"])
+    if req.get("group"):
+        os.setpgid(0, 0)  # (Popen's process_group=0: the program leads a process group of its own)
     tempfile.tempdir = None  # (TMPDIR is read again)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -150,10 +155,12 @@ class _Warm:
             self.started = answer["started"]
         return True
 
-    def start(self, argv: list[str], env: dict[str, str], cwd: str, fds: list[int]) -> int:
-        """Fork ``argv`` with ``fds`` as its stdin, stdout and stderr; its process id."""
+    def start(self, argv: list[str], env: dict[str, str], cwd: str, fds: list[int], group: bool) -> int:
+        """Fork ``argv`` with ``fds`` as its stdin, stdout and stderr (``group``: in a process group of its own);
+        its process id."""
         try:
-            socket.send_fds(self.sock, [json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()], fds)
+            socket.send_fds(self.sock, [json.dumps({"argv": argv, "env": env, "cwd": cwd, "group": group}).encode()],
+                            fds)
         except OSError as exc:
             raise _NoServer from exc
         self.started = None
@@ -180,7 +187,7 @@ class WarmProcess:
     ``terminate`` and ``kill``."""
 
     def __init__(self, warm: _Warm, argv: list[str], *, stdin: Any, stdout: Any, stderr: Any, text: bool,
-                 env: dict[str, str], cwd: str) -> None:
+                 env: dict[str, str], cwd: str, errors: str | None = None, group: bool = False) -> None:
         self.args = [sys.executable, *argv]
         self.returncode: int | None = None
         self._warm = warm
@@ -201,12 +208,13 @@ class WarmProcess:
                 elif kind == subprocess.PIPE:
                     r, w = os.pipe()
                     theirs.append(w)
-                    setattr(self, "stdout" if i == 1 else "stderr", open(r, "r" if text else "rb"))  # noqa: SIM115
+                    setattr(self, "stdout" if i == 1 else "stderr",
+                            open(r, "r", errors=errors) if text else open(r, "rb"))  # noqa: SIM115
                 elif kind == subprocess.DEVNULL:
                     theirs.append(os.open(os.devnull, os.O_WRONLY))
-                else:
-                    theirs.append(os.dup(i))
-            self.pid = warm.start(argv, env, cwd, theirs)
+                else:  # None (this process's own), a file descriptor or a file
+                    theirs.append(os.dup(i if kind is None else kind if isinstance(kind, int) else kind.fileno()))
+            self.pid = warm.start(argv, env, cwd, theirs, group)
         except BaseException:
             for f in (self.stdin, self.stdout, self.stderr):
                 if f is not None:
@@ -288,19 +296,23 @@ class WarmProcess:
 
 
 def popen_python(argv: list[Any], *, env: dict[str, str] | None = None, cwd: Any = None, stdin: Any = None,
-                 stdout: Any = None, stderr: Any = None, text: bool = False) -> WarmProcess | subprocess.Popen:
+                 stdout: Any = None, stderr: Any = None, text: bool = False, errors: str | None = None,
+                 process_group: int | None = None) -> WarmProcess | subprocess.Popen:
     """``subprocess.Popen([sys.executable, *argv], ...)``, forked from a warm interpreter whose start-up variables
-    (`AT_START`) are ``env``'s (a fresh interpreter where TensorFlow cannot be imported under ``env``)."""
+    (`AT_START`) are ``env``'s (a fresh interpreter where TensorFlow cannot be imported under ``env``). ``stdout`` and
+    ``stderr`` take what Popen's do (a pipe, a file, ``None``); ``process_group=0``: a process group of its own."""
     env = dict(os.environ if env is None else env)
     argv, cwd = [str(a) for a in argv], str(cwd or os.getcwd())
     key = tuple(sorted((k, v) for k, v in env.items() if k.startswith(AT_START) and k not in AT_RUN))
     if key not in _WARM:
         _WARM[key] = _Warm(env)
     try:
-        return WarmProcess(_WARM[key], argv, stdin=stdin, stdout=stdout, stderr=stderr, text=text, env=env, cwd=cwd)
+        return WarmProcess(_WARM[key], argv, stdin=stdin, stdout=stdout, stderr=stderr, text=text, env=env, cwd=cwd,
+                           errors=errors, group=process_group == 0)
     except _NoServer:
+        group: dict[str, Any] = {} if process_group is None else {"process_group": process_group}
         return subprocess.Popen([sys.executable, *argv], stdin=stdin, stdout=stdout, stderr=stderr, text=text, env=env,
-                                cwd=cwd)
+                                cwd=cwd, errors=errors, **group)
 
 
 def run_python(argv: list[Any], *, env: dict[str, str] | None = None, cwd: Any = None, input: str | None = None,
@@ -316,3 +328,19 @@ def run_python(argv: list[Any], *, env: dict[str, str] | None = None, cwd: Any =
         proc.wait()
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def subprocess_module() -> types.SimpleNamespace:
+    """The ``subprocess`` module as a library's module sees it, but whose ``Popen`` forks ``[sys.executable, ...]``
+    from a warm interpreter (`popen_python`; other programs start as before): set as a module's ``subprocess``
+    attribute, that module's Python children are spared TensorFlow's import and the rest of it runs as it does."""
+    def popen(cmd: list[Any], **kwargs: Any) -> WarmProcess | subprocess.Popen:
+        if cmd[0] != sys.executable:
+            return subprocess.Popen(cmd, **kwargs)
+        kwargs.pop("bufsize", None)  # (a line-buffered stdin: the library flushes what it writes)
+        return popen_python(cmd[1:], **kwargs)
+
+    warm = types.SimpleNamespace(**{name: getattr(subprocess, name) for name in dir(subprocess)
+                                    if not name.startswith("__")})
+    warm.Popen = popen
+    return warm

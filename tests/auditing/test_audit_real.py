@@ -9,13 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import pytest
 from conftest import NEUTRAL_CWD
 from schema_check import assert_valid
-from warm_python import popen_python
+from warm_python import subprocess_module
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 MNIST = "amp_backends.models:mnist_cnn"
@@ -29,14 +28,7 @@ def warm_audit_children(monkeypatch):
     TensorFlow import. (The command's signal test starts the command itself, in a process of its own.)"""
     from amp_backends.auditing import runner
 
-    def popen(cmd, **kwargs):
-        assert cmd[0] == sys.executable, cmd
-        return popen_python(cmd[1:], **kwargs)
-
-    warm = types.SimpleNamespace(**{name: getattr(subprocess, name) for name in dir(subprocess)
-                                    if not name.startswith("__")})
-    warm.Popen = popen
-    monkeypatch.setattr(runner, "subprocess", warm)
+    monkeypatch.setattr(runner, "subprocess", subprocess_module())
 
 
 def cpu_has_bf16() -> bool:
@@ -357,34 +349,42 @@ def test_a_sequence_longer_than_the_models_position_embedding_is_our_error_namin
         audit("hub_models:distil", steps=1, warmup=1, batch_size=4, seq_len=64)
 
 
-def test_the_audit_trains_at_the_shapes_asked_for_and_says_the_shapes_it_trained_at(tmp_path):
+def test_the_audit_trains_at_the_shapes_asked_for_and_says_the_shapes_it_trained_at(tmp_path, monkeypatch):
     """A model leaving its sequence length open was audited at 8 without a word, and the command had no way to
-    give the length (``check`` had ``--seq-len`` and ``--input-shape``)."""
+    give the length (``check`` had ``--seq-len`` and ``--input-shape``). The command's code runs here, its model in
+    the audit's child (the command's own process is another test's: the signals test below)."""
+    from typer.testing import CliRunner
+
+    from amp_backends.commands.audit_command import audit_command
+    from amp_backends.commands.typer_app import make_app
+
     (tmp_path / "textmodels.py").write_text(
         "import tensorflow as tf\n\n\ndef build():\n"
         "    inp = tf.keras.Input((None,), dtype='int32', name='token_ids')\n"
         "    x = tf.keras.layers.Embedding(50, 16)(inp)\n"
         "    return tf.keras.Model(inp, tf.keras.layers.Dense(8)(x))\n")
+    monkeypatch.chdir(tmp_path)  # (the model's module, relative to where the command runs)
+    app = make_app()
+    app.command()(audit_command)
 
     def audit(*args):
-        return subprocess.run([sys.executable, "-m", "amp_backends", "audit", "textmodels:build", "--steps", "1",
-                               "--batch-size", "4", "--policy", "float32", *args], capture_output=True, text=True,
-                              timeout=300, cwd=tmp_path, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        return CliRunner().invoke(app, ["textmodels:build", "--steps", "1", "--batch-size", "4", "--policy",
+                                        "float32", *args], env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
 
     out = audit()
-    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.exit_code == 0, out.output[-2000:]
     assert "inputs: (4, 8) int32 (the model leaves dimensions open: they were set to 8" in out.stdout
     out = audit("--seq-len", "24", "--json")
-    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.exit_code == 0, out.output[-2000:]
     d = json.loads(out.stdout[out.stdout.index("{"):])
     assert_valid("audit", d)
     assert "inputs: (4, 24) int32" in d["notes"], d["notes"]
     out = audit("--input-shape", "24x3")
-    assert out.returncode == 2 and "--input-shape 24x3 gives an input of shape (None, 24, 3)" in out.stderr
+    assert out.exit_code == 2 and "--input-shape 24x3 gives an input of shape (None, 24, 3)" in out.stderr
     assert "Fix: give one example's shape without the batch, such as --input-shape 128" in out.stderr
     started = time.time()
     out = audit("--seq-len", "24", "--input-shape", "24")
-    assert out.returncode == 2 and "at most one of --seq-len and --input-shape" in out.stderr
+    assert out.exit_code == 2 and "at most one of --seq-len and --input-shape" in out.stderr
     assert time.time() - started < 30  # refused before the child process builds anything
 
 

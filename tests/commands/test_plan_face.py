@@ -263,9 +263,8 @@ def build():
 @pytest.mark.tensorflow
 def test_check_piped_prints_one_line_a_finding_with_the_layer_path_whole(tmp_path):
     (tmp_path / "long_names.py").write_text(textwrap.dedent(USER_MODEL))
-    out = subprocess.run([sys.executable, "-m", "amp_backends", "check", "long_names:build", "--device", "h100",
-                          "--batch-size", "64"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                         env={**os.environ, "COLUMNS": "80"})
+    out = run_python(["-m", "amp_backends", "check", "long_names:build", "--device", "h100", "--batch-size", "64"],
+                     timeout=300, cwd=tmp_path, env={**os.environ, "COLUMNS": "80"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert not BOXES & set(out.stdout), out.stdout
     found = [line for line in lines_of(out.stdout) if f"net/{LONG}" in line]  # grep finds the layer

@@ -1,4 +1,4 @@
-"""Run by test_custom_loop.py in a fresh process: LossScaler in a loop of one's own under MirroredStrategy over 2
+"""Run by test_custom_loop.py in a process of its own: LossScaler in a loop of one's own under MirroredStrategy over 2
 logical CPUs. Replica 1 alone gets a non-finite loss on the first step; prints a JSON summary."""
 import json
 import sys

@@ -7,13 +7,12 @@ zero unless the loss is scaled. The same tests hold on Keras 2 and Keras 3.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from conftest import NEUTRAL_CWD, SCRIPTS, policy
+from warm_python import run_python
 
 tf = pytest.importorskip("tensorflow")
 import amp_backends  # noqa: E402
@@ -246,8 +245,7 @@ def test_two_optimizers_in_one_apply_make_one_decision_and_one_scale_update():
 
 
 def test_two_replicas_skip_together_and_scale_alike():
-    out = subprocess.run([sys.executable, str(SCRIPTS / "custom_loop_mirrored.py")], capture_output=True, text=True,
-                         timeout=300, cwd=NEUTRAL_CWD)
+    out = run_python([SCRIPTS / "custom_loop_mirrored.py"], timeout=300, cwd=NEUTRAL_CWD)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["applied"] == [False, True]
