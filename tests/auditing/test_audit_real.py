@@ -31,6 +31,16 @@ def warm_audit_children(monkeypatch):
     monkeypatch.setattr(runner, "subprocess", subprocess_module())
 
 
+def audit_app():
+    """The ``audit`` command's typer app, as ``amp-backends audit`` builds it, for `typer.testing.CliRunner`."""
+    from amp_backends.commands.audit_command import audit_command
+    from amp_backends.commands.typer_app import make_app
+
+    app = make_app()
+    app.command()(audit_command)
+    return app
+
+
 def cpu_has_bf16() -> bool:
     from amp_backends.backends.cpu import probe_cpu
 
@@ -98,11 +108,7 @@ def test_with_onednn_opts_off_the_kernels_ran_outside_onednn(monkeypatch):
 def test_the_command_prints_json_and_refuses_bad_targets():
     from typer.testing import CliRunner
 
-    from amp_backends.commands.audit_command import audit_command
-    from amp_backends.commands.typer_app import make_app
-
-    app = make_app()
-    app.command()(audit_command)
+    app = audit_app()
     runner = CliRunner()
     result = runner.invoke(app, [MNIST, "--batch-size", "16", "--steps", "1", "--policy", "float32", "--json"],
                            env={**os.environ})
@@ -355,17 +361,13 @@ def test_the_audit_trains_at_the_shapes_asked_for_and_says_the_shapes_it_trained
     the audit's child (the command's own process is another test's: the signals test below)."""
     from typer.testing import CliRunner
 
-    from amp_backends.commands.audit_command import audit_command
-    from amp_backends.commands.typer_app import make_app
-
     (tmp_path / "textmodels.py").write_text(
         "import tensorflow as tf\n\n\ndef build():\n"
         "    inp = tf.keras.Input((None,), dtype='int32', name='token_ids')\n"
         "    x = tf.keras.layers.Embedding(50, 16)(inp)\n"
         "    return tf.keras.Model(inp, tf.keras.layers.Dense(8)(x))\n")
     monkeypatch.chdir(tmp_path)  # (the model's module, relative to where the command runs)
-    app = make_app()
-    app.command()(audit_command)
+    app = audit_app()
 
     def audit(*args):
         return CliRunner().invoke(app, ["textmodels:build", "--steps", "1", "--batch-size", "4", "--policy",

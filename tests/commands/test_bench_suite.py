@@ -70,12 +70,19 @@ def test_closing_asks_every_worker_to_quit_before_waiting_for_any(tmp_path):
 GPU_SUITE = REPO / "benchmarks" / "gpu_suite.py"
 
 
-def _suite(args, env=None, timeout=600):
+def _suite(args, env=None, timeout=600, warm_workers=False):
+    """``python benchmarks/gpu_suite.py ARGS``; with ``warm_workers``, its workers (``python
+    benchmarks/gpu_suite_experiments.py ...``) are forked from an interpreter that has imported TensorFlow
+    (`warm_python.subprocess_module`): the suite and its workers run as they do, spared each worker's import."""
     if not GPU_SUITE.is_file():
         pytest.skip("benchmarks/gpu_suite.py runs from a checkout; these tests run outside one")
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
-    return subprocess.run([sys.executable, str(GPU_SUITE), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=NEUTRAL_CWD, env=env)
+    if not warm_workers:
+        return subprocess.run([sys.executable, str(GPU_SUITE), *args], capture_output=True, text=True,
+                              timeout=timeout, cwd=NEUTRAL_CWD, env=env)
+    code = (f"import sys; sys.path[:0] = [{str(TESTS)!r}, {str(GPU_SUITE.parent)!r}]; import warm_python, gpu_suite; "
+            "gpu_suite.subprocess = warm_python.subprocess_module(); del sys.path[0]; sys.exit(gpu_suite.main())")
+    return run_python(["-c", code, *args], timeout=timeout, cwd=NEUTRAL_CWD, env=env)
 
 
 def test_the_gpu_suite_lists_its_experiments_and_refuses_unknown_ones(tmp_path):
@@ -98,15 +105,8 @@ def test_the_installed_bench_command_points_to_the_gpu_suite_in_a_checkout(tmp_p
 @pytest.mark.tensorflow
 @pytest.mark.slow
 def test_gpu_suite_smoke_a_crashed_worker_is_recorded_and_a_fresh_one_goes_on(tmp_path):
-    """The suite and its workers run as they do; the workers (``python benchmarks/gpu_suite_experiments.py ...``) are
-    forked from an interpreter that has imported TensorFlow (`warm_python.subprocess_module`), spared its import."""
-    if not GPU_SUITE.is_file():
-        pytest.skip("benchmarks/gpu_suite.py runs from a checkout; these tests run outside one")
-    code = (f"import sys; sys.path[:0] = [{str(TESTS)!r}, {str(GPU_SUITE.parent)!r}]; import warm_python, gpu_suite; "
-            "gpu_suite.subprocess = warm_python.subprocess_module(); del sys.path[0]; sys.exit(gpu_suite.main())")
-    out = run_python(["-c", code, "--tiny", "--only", "loss_fetch,keras_fit", "--out", tmp_path], timeout=600,
-                     cwd=NEUTRAL_CWD, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2",
-                                           "GPU_SUITE_FAULTS": "loss_fetch:crash"})
+    out = _suite(["--tiny", "--only", "loss_fetch,keras_fit", "--out", str(tmp_path)],
+                 env={"GPU_SUITE_FAULTS": "loss_fetch:crash"}, warm_workers=True)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     state = json.loads((tmp_path / "gpu_suite.json").read_text())
     exps = state["experiments"]

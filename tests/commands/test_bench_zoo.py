@@ -16,21 +16,19 @@ from schema_check import assert_valid
 from warm_python import run_python
 
 
-def _run(args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "amp_backends.bench", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=NEUTRAL_CWD, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-
-
-def _run_with_warm_workers(args, timeout=600):
-    """``python -m amp_backends.bench ARGS``, its workers (one per configuration, each a ``python -m ...zoo_worker``)
-    forked from an interpreter that has imported TensorFlow (`warm_python.subprocess_module`): the command and its
-    workers run as they do, spared each worker's TensorFlow import."""
+def _run(args, timeout=600, warm_workers=False):
+    """``python -m amp_backends.bench ARGS``; with ``warm_workers``, its workers (one per configuration, each a
+    ``python -m ...zoo_worker``) are forked from an interpreter that has imported TensorFlow
+    (`warm_python.subprocess_module`): the command and its workers run as they do, spared each worker's import."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    if not warm_workers:
+        return subprocess.run([sys.executable, "-m", "amp_backends.bench", *args], capture_output=True, text=True,
+                              timeout=timeout, cwd=NEUTRAL_CWD, env=env)
     code = (f"import runpy, sys; sys.path.insert(0, {str(TESTS)!r}); import warm_python; "
             "from amp_backends.commands.bench import supervisor; "
             "supervisor.subprocess = warm_python.subprocess_module(); "
             "del sys.path[0]; runpy.run_module('amp_backends.bench', run_name='__main__', alter_sys=True)")
-    return run_python(["-c", code, *args], timeout=timeout, cwd=NEUTRAL_CWD,
-                      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    return run_python(["-c", code, *args], timeout=timeout, cwd=NEUTRAL_CWD, env=env)
 
 
 def test_importing_the_zoo_imports_no_framework():
@@ -92,8 +90,8 @@ def tf_lists_a_gpu() -> bool:
 def test_zoo_smoke(tmp_path):
     """One model, the baseline, one manual configuration, the peers, fit and the trainer under the plan: every figure
     lands."""
-    out = _run_with_warm_workers(["--zoo", "--models", "mnist_cnn", "--configs", "baseline,fp32,auto,peers", "--reps",
-                                  "2", "--steps", "2", "--batch", "8", "--out", str(tmp_path / "rel" / ".." / "zoo")])
+    out = _run(["--zoo", "--models", "mnist_cnn", "--configs", "baseline,fp32,auto,peers", "--reps", "2",
+                "--steps", "2", "--batch", "8", "--out", str(tmp_path / "rel" / ".." / "zoo")], warm_workers=True)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     report = json.loads((tmp_path / "zoo" / "zoo.json").read_text())
     assert_valid("zoo", report)
