@@ -18,11 +18,21 @@
 
 ``python3 -m nox`` runs all three; ``python3 -m nox -s tests`` one.
 
+Where uv is installed beside nox (``python3 -m pip install nox uv``), nox makes the sessions' environments with it:
+the same packages as pip resolves, installed in a fraction of pip's time (about 16 s instead of about 55 s for the
+``tests`` session's TensorFlow stack), byte-compiled at install (``UV_COMPILE_BYTECODE``: each test process then
+reads TensorFlow's compiled modules instead of compiling them). Without uv, nox uses virtualenv and pip. Each session
+ends by logging its seconds, environment and installs included.
+
 Both test sessions run the tests in a worker process per core (pytest-xdist's ``-n auto``, at most 4: each
 worker starts its own TensorFlow) and list their 25 slowest tests. Arguments after ``--`` replace the default
 pytest arguments (``python3 -m nox -s intel -- -q -x tests/backends/intel/test_intel.py`` runs in one process).
 """
 
+import functools
+import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import nox
@@ -34,6 +44,26 @@ except ModuleNotFoundError:  # Python 3.10: nox and pytest bring tomli
 
 nox.options.sessions = ["lint", "tests", "intel"]
 nox.options.reuse_existing_virtualenvs = True
+nox.options.default_venv_backend = "uv|virtualenv"  # uv where it is installed, else virtualenv and pip
+os.environ.setdefault("UV_COMPILE_BYTECODE", "1")  # uv's installs byte-compiled, as pip's are
+
+_last_end = [time.monotonic()]  # when the previous session ended (nox runs them one after another)
+
+
+def timed(session_function: Callable[[nox.Session], None]) -> Callable[[nox.Session], None]:
+    """The session, ending (passed or failed) with a log of the seconds since the previous session ended: its own,
+    its environment and installs included."""
+
+    @functools.wraps(session_function)
+    def run(session: nox.Session) -> None:
+        try:
+            session_function(session)
+        finally:
+            now = time.monotonic()
+            session.log(f"session {session.name}: {now - _last_end[0]:.0f} s")
+            _last_end[0] = now
+
+    return run
 
 # The documentation site's libraries: pyproject.toml's ``docs`` extra (without the package: mkdocstrings reads the
 # source, and the generated pages are committed).
@@ -47,6 +77,7 @@ WORKERS = ["-n", "auto", "--maxprocesses", "4", "--dist", "worksteal"]
 
 
 @nox.session
+@timed
 def lint(session: nox.Session) -> None:
     session.install("ruff==0.17.6", "mypy==2.4.1", *DOCS_STACK, *SITE_TEST_STACK)
     session.run("ruff", "check", ".")
@@ -57,6 +88,7 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session
+@timed
 def tests(session: nox.Session) -> None:
     session.install(".[test]")
     session.run("pytest", "--durations=25", *(session.posargs or ["-q", "-ra", *WORKERS]),
@@ -64,6 +96,7 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11")
+@timed
 def intel(session: nox.Session) -> None:
     session.install(*ITEX_STACK, "pytest>=8", "pytest-xdist>=3.5", "matplotlib>=3.7",
                     "jsonschema>=4.18")

@@ -35,7 +35,7 @@ SNIPPET = re.compile(r'^--8<-- "([^"]+)"$', re.M)
 SETUP_COMMANDS = [
     "python3 -m pip install '.[examples]' && python3 -m amp_backends.examples.mnist --digits --epochs 3 --lr 0.001 "
     "--log-every 10",
-    "python3 -m pip install nox && python3 -m nox",
+    "python3 -m pip install nox uv && python3 -m nox",
 ]
 CODE_WIDTH = 88  # the widest code line a page shows: a code block fits the page at a desktop width
 CONTINUATION = re.compile(r" \\\n[ \t]*")  # a bash line ending in " \" goes on in the next line
