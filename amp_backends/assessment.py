@@ -25,8 +25,18 @@ MATRIX_DTYPES = ("float16", "bfloat16", "float32", "float8")
 
 @dataclass(frozen=True)
 class Support:
-    """How a device supports one setting, and why: ``why`` in full, ``brief`` in a few words (`short`), and the
-    measurements it quotes (``evidence``)."""
+    """How a device supports one setting, and why.
+
+    Attributes:
+        level: One of `LEVELS`: ``"native"`` (fast hardware support; the only level chosen automatically),
+            ``"functional"``, ``"emulated"``, ``"unsafe"`` or ``"unsupported"``.
+        why: The reason in full, with the figures it quotes.
+        brief: The reason in a few words (`short` falls back to the first clause of ``why``).
+        evidence: The measurements ``why`` quotes (committed results, with their machine).
+
+    Raises:
+        AmpConfigError: ``level`` is none of `LEVELS`.
+    """
 
     level: str
     why: str
@@ -70,8 +80,13 @@ DEFAULT_STEPS_WHY = "Keras's default (one training step per compiled call): not 
 
 @dataclass(frozen=True)
 class MatrixUnit:
-    """The matrix unit that runs one precision's matmuls and convolutions, and the ``alignment`` (in elements) of
-    the dimensions it runs at full efficiency (16 bytes on Tensor Cores: 8 for float16, 4 for TF32, 16 for float8)."""
+    """The matrix unit that runs one precision's matmuls and convolutions.
+
+    Attributes:
+        name: The unit's name (``"Tensor Cores"``, ``"AMX tiles"``).
+        alignment: The multiple (in elements) of the dimensions it runs at full efficiency (16 bytes on Tensor
+            Cores: 8 for float16, 4 for TF32, 16 for float8).
+    """
 
     name: str
     alignment: int
@@ -83,9 +98,18 @@ class MatrixUnit:
 
 @dataclass(frozen=True)
 class Float32Layer:
-    """Keras layers (``layer``, a class name; subclasses match) that train slower in a compute dtype of ``dtypes``
-    than in float32 here, casts counted: a plan under one keeps them in float32. With ``strides_over`` /
-    ``kernel_over``, only those with a stride or a kernel dimension above it (either suffices) match."""
+    """Keras layers that train slower in a low-precision compute dtype than in float32 here, casts counted: a plan
+    under one of ``dtypes`` keeps them in float32.
+
+    Attributes:
+        layer: A Keras layer class name (``"DepthwiseConv2D"``); subclasses match.
+        dtypes: The compute dtypes under which they are kept in float32 (``("bfloat16",)``).
+        why: The reason, with the figures it quotes.
+        strides_over: Only layers with a stride above it match (with ``kernel_over``, either suffices); ``None``:
+            any stride.
+        kernel_over: Only layers with a kernel dimension above it match; ``None``: any kernel.
+        evidence: The measurements ``why`` quotes.
+    """
 
     layer: str
     dtypes: tuple[str, ...]
@@ -166,11 +190,28 @@ class PeerVerdict:
 class Assessment:
     """A backend's judgement of its probe, from which the planner builds a `Plan`.
 
-    ``policies`` holds each of `POLICIES`; the planner takes the first of ``preference`` whose support is
-    ``native`` (so one must be). ``graph_amp`` is the backend's own rewrite of a float32 graph to one of
-    ``graph_amp_dtypes``; ``fp8`` how Keras's float8 layers run with XLA on. ``matrix_units`` maps a compute dtype
-    (``float32``: its TF32-like mode) to its `MatrixUnit`. ``float32_layers`` are kinds that train faster kept in
-    float32 here (``float32_layers_why``: why none); ``peers`` what a user would pick instead (`PeerVerdict`).
+    Attributes:
+        backend: The backend's name.
+        devices: TensorFlow's names of the devices it would train on (``"/GPU:0"``).
+        policies: The `Support` of each of `POLICIES`, by policy.
+        preference: Policies in the backend's order of preference: the planner takes the first whose support is
+            ``native`` (so one must be).
+        tf32: The support for TF32 (or the backend's TF32-like float32 mode).
+        xla: The support for compiling training steps with XLA.
+        xla_default: Whether the plan turns XLA on when nobody asked (where its support is native).
+        tf32_default: Whether the plan turns TF32 on when nobody asked (where its support is native).
+        graph_amp: The support for the backend's own rewrite of a float32 graph to low precision
+            (``graph_amp=on``).
+        graph_amp_dtypes: The types that rewrite may target (some of ``"float16"``, ``"bfloat16"``).
+        notes: What the plan notes about the hardware (``print(plan)`` and the capability report show them).
+        fp8: How Keras's float8 layers run here, with XLA on.
+        matrix_units: The `MatrixUnit` of each compute dtype (``"float32"``: its TF32-like mode).
+        steps_per_execution: Training steps per compiled call that Keras ``fit`` and the trainer should run.
+        steps_per_execution_why: Why that number.
+        steps_per_execution_evidence: The measurements that reason quotes.
+        float32_layers: Layer kinds that train faster kept in float32 here (`Float32Layer`).
+        float32_layers_why: Why there are none, where there are none.
+        peers: What a user would pick instead of the plan, judged from committed runs (`PeerVerdict`).
     """
 
     backend: str
@@ -238,8 +279,13 @@ class Assessment:
 class VendorSetting:
     """One backend-owned setting the plan carries, such as ``ITEX_FP32_MATH_MODE=TF32``.
 
-    The backend names it in `vendor_settings` from the resolved plan,
-    reads it back in its `apply`, and the report shows it with ``why``.
+    The backend names it in `vendor_settings` from the resolved plan, reads it back in its `apply`, and the report
+    shows it with ``why``.
+
+    Attributes:
+        name: The setting's name (``"ITEX_FP32_MATH_MODE"``).
+        value: Its value, as text (``"TF32"``).
+        why: Why the plan sets it so.
     """
 
     name: str

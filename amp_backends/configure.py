@@ -14,12 +14,12 @@ from typing import Any, Sequence
 
 from .errors import AmpConfigError, AmpWarning, warn
 from .hardware import Hardware
-from .keras_compat import KerasInfo, keras_info
+from .keras_compat import keras_info
 from .plan import Plan
 from .planner import make_plan
 from .registry import BackendRegistry, registry_or_default
 from .request import LossScale, Request, build_request
-from .software import tensorflow_version
+from .software import KerasInfo, tensorflow_version
 
 logger = logging.getLogger("amp_backends")
 

@@ -68,6 +68,9 @@ class NonFiniteError(AmpError, RuntimeError):
 
     It carries the remedy as data, for a command line to say in its own flags.
 
+    Args:
+        message: What went wrong and the fix, as the error says it.
+
     Attributes:
         overrides: The plan overrides to change, such as ``{"loss_scale": "fixed:16"}``.
         resume: Whether a saved finite state can be continued.
@@ -93,6 +96,9 @@ class InputError(AmpError, ValueError):
 
 class ModelCallError(AmpError, RuntimeError):
     """The model does not run on the inputs it is checked on; the message names the layer whose call raised.
+
+    Args:
+        message: What went wrong and the fix, as the error says it.
 
     Attributes:
         layer: the path of the layer whose own call raised (``model/block/layer``), or ``None`` when the model

@@ -13,8 +13,15 @@ from typing import Any, Callable, Mapping
 
 @dataclass(frozen=True)
 class Evidence:
-    """A measurement a decision rests on: the results file, the machine as the file records it, the figures
-    (``(configuration, value)`` pairs in ``unit``) and how they were made (``run``)."""
+    """A measurement a decision rests on.
+
+    Attributes:
+        file: The results file's path under ``results/`` (``"results/cpu-policy-zen4.json"``).
+        machine: The machine as the file records it (``"AMD EPYC Zen 4"``).
+        figures: ``(configuration, value)`` pairs, in ``unit``.
+        unit: The figures' unit (``"img/s"``); empty where they have none.
+        run: How they were made, as a reason names it (``"TF 2.21.0, benchmarks/cpu_policy.py, 2026-11-23"``).
+    """
 
     file: str
     machine: str

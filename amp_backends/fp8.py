@@ -30,7 +30,8 @@ def float8_decisions(model: Any, plan: Any, *, inputs: Any = None,
     if not getattr(plan, "fp8", False):
         why = getattr(plan, "reasons", {}).get("fp8", "")
         return (), f"fp8 is off in this plan, nothing changed{': ' + why if why else ''}"
-    from .keras_compat import KerasInfo, float8_training, generation_of, keras_of, policy_name, walk
+    from .keras_compat import float8_training, keras_of, policy_name, walk
+    from .software import KerasInfo, generation_of
 
     keras = keras_of(model)
     version = str(getattr(keras, "__version__", "") or "") or None

@@ -94,9 +94,16 @@ def _given_facts(value: Any, owner: str) -> tuple[DeviceFact, ...]:
 class Accelerator(_Facts):
     """One device a backend plans for — a GPU, an XPU or the host CPU —, as its probe saw it.
 
-    ``index`` is TensorFlow's (``/GPU:<index>``: CUDA's order, not NVML's); ``facts`` are the backend's own
-    (`DeviceFact`); ``capabilities`` are what the planner reads (``"tensor_cores"``, ``"bf16"``, ...): native,
-    fast support, not mere correctness.
+    Attributes:
+        vendor: The vendor's name (``"NVIDIA"``, ``"Intel"``, ``"AMD"``).
+        index: TensorFlow's index of the device (``/GPU:<index>``: CUDA's order, not NVML's).
+        name: The device's name (``"NVIDIA H200"``).
+        kind: TensorFlow's device type (``"GPU"``, ``"XPU"``, ``"CPU"``).
+        facts: The backend's own facts about it (`DeviceFact`), such as NVIDIA's compute capability.
+        memory_bytes: Its memory, where the probe read it.
+        capabilities: What the planner reads (``"tensor_cores"``, ``"bf16"``, ...): native, fast support, not mere
+            correctness.
+        pci_bus_id: Its PCI bus id, where the probe read it.
     """
 
     vendor: str
@@ -151,8 +158,18 @@ class Accelerator(_Facts):
 
 @dataclass(frozen=True)
 class CpuInfo:
-    """The host CPU: vendor, model name, the instruction-set flags that matter for mixed precision, and CPUID's
-    family, model and stepping (``None`` where unread), from which `microarchitecture` is named."""
+    """The host CPU, from which `microarchitecture` and `name` are read.
+
+    Attributes:
+        vendor: ``"AMD"``, ``"Intel"``, or the Arm implementer's name.
+        model: The model name as the OS reports it (``"AMD EPYC 9B45"``).
+        arch: The machine architecture (``"x86_64"``, ``"aarch64"``).
+        logical_cores: The logical cores this process may use.
+        flags: The instruction-set flags that matter for mixed precision (``"avx512_bf16"``, ``"amx_bf16"``...).
+        family: CPUID's family (``None`` where unread).
+        model_number: CPUID's model (``None`` where unread).
+        stepping: CPUID's stepping (``None`` where unread).
+    """
 
     vendor: str
     model: str
@@ -216,11 +233,18 @@ class CpuInfo:
 
 @dataclass(frozen=True)
 class BackendProbe:
-    """What one backend found: whether it can be used, why (not), its devices, its facts and details.
+    """What one backend found.
 
-    ``facts`` is the backend's own record, which only its `assess` reads; ``details`` are strings for people,
-    which no decision reads; ``needs_tensorflow`` says the probe could not finish without TensorFlow (Intel XPUs);
-    ``error`` is set when the probe itself raised (the backend is broken, not merely without hardware).
+    Attributes:
+        backend: The backend's name.
+        available: Whether it can be used here.
+        reason: Why (not), in words.
+        devices: The devices it would plan for (`Accelerator`).
+        cpu: The host CPU, where this backend read it (`CpuInfo`).
+        details: ``(label, text)`` pairs for people, which no decision reads.
+        facts: The backend's own record of what it found, which only its `assess` reads.
+        needs_tensorflow: Whether the probe could not finish without TensorFlow (Intel XPUs).
+        error: What the probe raised, where it did (the backend is broken, not merely without hardware).
     """
 
     backend: str
@@ -268,8 +292,13 @@ def _plain(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class Hardware:
-    """Everything the probes saw on one machine (or a fake one, in tests), and the device types TensorFlow itself
-    lists (``None``: not consulted), by which the plan notices a CPU-only TensorFlow on a machine with GPUs."""
+    """Everything the probes saw on one machine (or a fake one, in tests).
+
+    Attributes:
+        probes: Each backend's probe (`BackendProbe`).
+        tf_device_types: The device types TensorFlow itself lists (``None``: not consulted), by which the plan
+            notices a CPU-only TensorFlow on a machine with GPUs.
+    """
 
     probes: tuple[BackendProbe, ...]
     tf_device_types: frozenset[str] | None = None
@@ -303,24 +332,40 @@ GB = 2**30
 @dataclass(frozen=True)
 class KnownDevice(_Facts):
     """One entry of the device catalogue (`amp_backends.devices`): what its backend's probe would see
-    (``Backend.describe``), and where the figures come from."""
+    (``Backend.describe``), and where the figures come from.
+
+    Attributes:
+        name: The name ``device=`` takes (``"h100"``).
+        aliases: Other names it takes (``("h100-80gb", "h100-sxm")``).
+        backend: The backend whose catalogue holds it, and which describes it.
+        title: The device for people (``"NVIDIA H100 SXM5 80 GB HBM3"``).
+        source: Where its figures come from (a datasheet, with its address).
+        device_name: A GPU's or XPU's name as the driver reports it.
+        facts: A GPU's or XPU's vendor facts (`DeviceFact`).
+        memory_bytes: A GPU's or XPU's memory.
+        cpu_vendor: A CPU's vendor.
+        arch: A CPU's architecture.
+        logical_cores: A CPU's logical cores (one socket).
+        flags: A CPU's ``/proc/cpuinfo`` flags that matter, separated by spaces.
+        note: What the entry leaves out or assumes, in words.
+        family: A CPU's CPUID family, from which the probe names the microarchitecture.
+        model_number: A CPU's CPUID model.
+    """
 
     name: str
     aliases: tuple[str, ...]
-    backend: str  # the backend whose catalogue holds it, and which describes it
+    backend: str
     title: str
     source: str
-    # GPUs and XPUs: the name as the driver reports it, the vendor's facts, memory in bytes
     device_name: str = ""
     facts: tuple[DeviceFact, ...] = ()
     memory_bytes: int | None = None
-    # CPUs: vendor, architecture, logical cores of one socket, /proc/cpuinfo flags that matter
     cpu_vendor: str = ""
     arch: str = "x86_64"
     logical_cores: int = 0
     flags: str = ""
     note: str = ""
-    family: int | None = None  # CPUID's family and model, from which the probe names the microarchitecture
+    family: int | None = None
     model_number: int | None = None
 
     def to_dict(self) -> dict[str, object]:

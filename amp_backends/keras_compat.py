@@ -2,66 +2,25 @@
 
 ``tf.keras`` follows TensorFlow's lazy loader: Keras 2 up to TensorFlow 2.15; from 2.16 Keras 3, unless
 ``TF_USE_LEGACY_KERAS`` selects ``tf-keras`` (Keras 2), beside which standalone ``keras`` is another library with
-its own global dtype policy (so the policy is set on both). Handled here: the version, read without importing
-TensorFlow; dtype policies; a model's structure (sublayers, inputs, collected losses); ``LossScaleOptimizer``
-(Keras 3: dynamic only, ``scale_loss``; Keras 2: ``get_scaled_loss`` / ``get_unscaled_gradients``); loss scaling
-in ``Model.fit`` (`wrap_optimizer`, `compile_kwargs`); float8 training (Keras >= 3.3). Nothing here imports
-TensorFlow unless a function is given it or needs it to act.
+its own global dtype policy (so the policy is set on both). Handled here: the Keras in use (`keras_info`; without
+TensorFlow, `amp_backends.software.expected_keras` reads it from metadata); dtype policies; a model's structure
+(sublayers, inputs, collected losses); ``LossScaleOptimizer`` (Keras 3: dynamic only, ``scale_loss``; Keras 2:
+``get_scaled_loss`` / ``get_unscaled_gradients``); loss scaling in ``Model.fit`` (`wrap_optimizer`,
+`compile_kwargs`); float8 training (Keras >= 3.3). Nothing here imports TensorFlow unless a function is given it or
+needs it to act.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import AmpConfigError, AmpError, warn
 from .request import LossScale
-from .software import installed_version, minor_version, tensorflow_version
-
-# Exactly the values TensorFlow's lazy loader accepts for TF_USE_LEGACY_KERAS.
-LEGACY_KERAS_VALUES = ("1", "true", "True")
-
-
-@dataclass(frozen=True)
-class KerasInfo:
-    """The Keras that ``tf.keras`` is: its version, API generation (2 or 3) and distribution."""
-
-    version: str | None
-    generation: int | None
-    distribution: str | None  # "keras" or "tf-keras"
-
-    def to_dict(self) -> dict[str, Any]:
-        """The KerasInfo as JSON-ready data."""
-        return asdict(self)
-
-
-def generation_of(version: str | None) -> int | None:
-    """The major version of a Keras version string (``"3.15.1"`` -> 3), or ``None`` if unreadable."""
-    try:
-        return int(str(version).split(".")[0])
-    except (TypeError, ValueError):
-        return None
-
-
-def uses_legacy_keras(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``TF_USE_LEGACY_KERAS`` selects tf-keras (as TensorFlow >= 2.16 reads it)."""
-    env = os.environ if environ is None else environ
-    return env.get("TF_USE_LEGACY_KERAS") in LEGACY_KERAS_VALUES
-
-
-def expected_keras(tf_version: str | None, environ: Mapping[str, str] | None = None,
-                   version_of: Callable[[str], str | None] = installed_version) -> KerasInfo:
-    """The Keras ``tf.keras`` resolves to for TensorFlow ``tf_version``, from metadata alone (no import)."""
-    if minor_version(tf_version) >= (2, 16) and uses_legacy_keras(environ):
-        version = version_of("tf-keras") or version_of("tf_keras")
-        return KerasInfo(version, generation_of(version) if version else None, "tf-keras" if version else None)
-    version = version_of("keras")
-    return KerasInfo(version, generation_of(version), "keras" if version else None)
-
+from .software import KerasInfo, expected_keras, generation_of, minor_version, tensorflow_version
 
 def keras_info(tf: Any = None) -> KerasInfo:
     """The Keras in use: from ``tf.keras`` if TensorFlow is given or already imported, else from metadata."""
@@ -418,3 +377,18 @@ def float8_training(keras: KerasInfo | None) -> tuple[bool, str]:
                  if version[0] < 3 else "")
         return False, f"Keras {keras.version} cannot train in float8: layer.quantize('float8') {_FLOAT8_NEEDS}{extra}"
     return True, f"Keras {keras.version} trains Dense and EinsumDense layers in float8 (layer.quantize('float8'))"
+
+
+# Names that moved to amp_backends.software (the readers of installed software), kept here for one release
+_MOVED_OUT = ("LEGACY_KERAS_VALUES", "uses_legacy_keras")
+
+
+def __getattr__(name: str) -> Any:
+    """A name that moved to `amp_backends.software`, with a `DeprecationWarning` (for one release)."""
+    if name in _MOVED_OUT:
+        from . import software
+
+        warn(f"amp_backends.keras_compat.{name} moved to amp_backends.software.{name}; the old name goes in the "
+             "next release", DeprecationWarning)
+        return getattr(software, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,8 +25,15 @@ WHERE_THE_EVIDENCE_IS = "  the reasons in full, with their measurements: plan.ex
 
 @dataclass(frozen=True)
 class Decision:
-    """One setting of the plan: its ``value`` (as text), ``reason`` (a few words), ``detail`` (the whole reason)
-    and ``evidence`` (the measurements it quotes)."""
+    """One setting of the plan and why.
+
+    Attributes:
+        setting: The setting (``"policy"``, ``"loss_scale"``, ``"xla"``...).
+        value: Its value, as text (``"mixed_bfloat16"``).
+        reason: The reason in a few words.
+        detail: The whole reason, with the figures it quotes.
+        evidence: The measurements those figures come from (committed results, with their machine).
+    """
 
     setting: str
     value: str
@@ -82,8 +89,15 @@ class Rejected:
 
 @dataclass(frozen=True)
 class BackendStatus:
-    """A registered backend as the planner saw it: usable or not (and why), whether it was chosen, and whether
-    it ``failed`` (broke, rather than merely found no hardware)."""
+    """A registered backend as the planner saw it.
+
+    Attributes:
+        name: The backend's name (``"nvidia"``, ``"intel"``, ``"cpu"``, or a third party's).
+        available: Whether it found hardware it can plan for.
+        reason: Why it is available or not, in words.
+        selected: Whether it made the plan.
+        failed: Whether it broke (a load error, or a method that raised), rather than merely found no hardware.
+    """
 
     name: str
     available: bool

@@ -18,10 +18,12 @@ from .assessment import (EMULATED, FUNCTIONAL, NATIVE, UNSAFE, UNSUPPORTED, Asse
                          VendorSetting, describe_layers, first_clause)
 from .errors import BackendError, UnsupportedRequestError
 from .hardware import BackendProbe, Hardware
-from .keras_compat import KerasInfo, float8_training
+from .keras_compat import float8_training
 from .plan import COMPUTE_DTYPES, BackendStatus, Decisions, Plan, Rejected
 from .registry import Backend, BackendRegistry
-from .request import LossScale, Request, undo_of
+from .override_sources import undo_of
+from .request import LossScale, Request
+from .software import KerasInfo
 
 
 class _BackendFailed(Exception):

@@ -180,7 +180,14 @@ class Peer:
 
 
 class BackendRegistry:
-    """Backends by name, ordered by priority, plus the reason any backend failed to load."""
+    """Backends by name, ordered by priority, plus the reason any backend failed to load.
+
+    Args:
+        backends: Backends to register at once, as `register` does.
+
+    Attributes:
+        load_errors: Why each entry point that failed to load failed, by entry point name.
+    """
 
     def __init__(self, backends: Iterable[Backend] = ()) -> None:
         self._backends: dict[str, Backend] = {}

@@ -7,17 +7,16 @@ command-line help (`option_help`). `RENAMED` holds old names that still work for
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import difflib
 import numbers
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .assessment import POLICIES
 from .errors import AmpConfigError, nearest, warn
+from .override_sources import GIVEN_BY, env_name, flag_name
 from .layer_names import corrected, describe_unknown, unknown_layers
 from .loss_scale import DEFAULT_GROWTH_INTERVAL, DEFAULT_INITIAL_SCALE, FLOAT32_MAX, LossScale  # noqa: F401  (re-exported)
 
@@ -28,7 +27,22 @@ _TRUE, _FALSE = {"1", "on", "true", "yes"}, {"0", "off", "false", "no"}
 
 @dataclass(frozen=True)
 class Request:
-    """The user's overrides, validated. ``None`` / ``"auto"`` means: let the plan decide."""
+    """The user's overrides, validated (`OPTIONS` says each one's values). ``None`` / ``"auto"``: the plan decides.
+
+    Attributes:
+        backend: The backend to plan with (``"nvidia"``, ``"intel"``, ``"cpu"``, a third party's), or ``"auto"``.
+        policy: The Keras dtype policy (``"float32"``, ``"mixed_float16"``, ``"mixed_bfloat16"``), or ``"auto"``.
+        xla: Whether training steps are compiled with XLA.
+        tf32: Whether float32 matmuls may use TF32 (or the backend's equivalent).
+        loss_scale: The loss scaling asked for (`LossScale`).
+        graph_amp: Whether the backend's own graph rewrite replaces the Keras dtype policy.
+        fp8: Whether the eligible Dense layers train in float8.
+        float32_layers: Keras layer classes kept in float32 inside a mixed-precision model (``()``: none).
+        strict: Raise `UnsupportedRequestError` instead of downgrading a request.
+        force: Run a slow (emulated) request anyway.
+        sources: Where each value given came from: ``{"policy": "AMP_POLICY"}``, ``{"policy": "argument"}`` (a
+            keyword) or ``{"policy": "--policy"}`` (a command's option).
+    """
 
     backend: str = "auto"
     policy: str = "auto"
@@ -40,8 +54,6 @@ class Request:
     float32_layers: tuple[str, ...] | None = None
     strict: bool = False
     force: bool = False
-    # where each non-default value came from: {"policy": "AMP_POLICY"}, {"policy": "argument"} (a keyword) or
-    # {"policy": "--policy"} (a command's option)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def overrides(self) -> dict[str, str]:
@@ -66,84 +78,10 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def _env(name: str) -> str:
-    """The ``AMP_*`` variable of option ``name`` (or of an old name in `RENAMED`)."""
-    return "AMP_" + name.upper()
-
-
-def _flag(name: str) -> str:
-    """The command-line flag of option ``name`` (or of an old name in `RENAMED`): ``--loss-scale``."""
-    return "--" + name.replace("_", "-")
-
-
-# Where keyword overrides came from when not from the caller's own code, by name: (value, how its errors are
-# worded, its source as the plan says it). `keywords_as_options` (a command's flags) and `keywords_chosen_by`
-# (autotune's choice) set it; a keyword of build_request holding that value is said with that source.
-_GIVEN_BY: contextvars.ContextVar[Mapping[str, tuple[Any, str, str]] | None] = contextvars.ContextVar(
-    "amp_given_by", default=None)
-
-
-@contextlib.contextmanager
-def _given_by(given: Mapping[str, tuple[Any, str, str]]) -> Iterator[None]:
-    token = _GIVEN_BY.set({**(_GIVEN_BY.get() or {}), **given})
-    try:
-        yield
-    finally:
-        _GIVEN_BY.reset(token)
-
-
-def keywords_as_options(given: Mapping[str, Any]) -> contextlib.AbstractContextManager[None]:
-    """While it lasts, the keyword overrides ``given`` are a command's options: their errors and the plan's reasons
-    name the flag (``--policy``); any other keyword (a model factory's own ``auto_configure(...)``) keeps the Python
-    words.
-
-    Args:
-        given: The overrides the command line gave, as ``auto_configure``'s keywords (`overrides_given`).
-
-    Returns:
-        A context manager: the block runs with those overrides in the command line's words.
-    """
-    return _given_by({name: (value, "option", _flag(name)) for name, value in given.items()})
-
-
-# How to take back each chooser's choice (`keywords_chosen_by`), as a refusal's fix says it
-_UNDO: dict[str, str] = {}
-
-
-def keywords_chosen_by(chooser: str, chosen: Mapping[str, Any], undo: str) -> contextlib.AbstractContextManager[None]:
-    """While it lasts, the keyword overrides ``chosen`` are ``chooser``'s choice, not the caller's request: the
-    plan's reasons say ``requested (autotune)`` where they would say ``requested (argument)``, and a refusal's fix
-    says ``undo``.
-
-    Args:
-        chooser: What chose them, as the plan names the source (``"autotune"``).
-        chosen: The overrides it chose, as ``auto_configure``'s keywords.
-        undo: How to take the choice back, as a refusal's fix says it.
-
-    Returns:
-        A context manager: the block runs with those overrides said as ``chooser``'s.
-    """
-    _UNDO[chooser] = undo
-    return _given_by({name: (value, "argument", chooser) for name, value in chosen.items()})
-
-
-def undo_of(source: str) -> str:
-    """How to take an override back, in the words it was given in (``Request.sources``).
-
-    Args:
-        source: Where it came from: ``"argument"``, a command's flag, a variable, or a chooser.
-
-    Returns:
-        The fix: ``remove the override``, ``leave --policy out``, ``unset AMP_POLICY``, or the chooser's own.
-    """
-    return ("remove the override" if source == "argument" else f"leave {source} out" if source.startswith("--")
-            else _UNDO.get(source) or f"unset {source}")
-
-
 def _invalid(name: str, source: str, accepted: str, value: Any, example: str | None, more: str = "") -> AmpConfigError:
     """The error for an invalid value of option ``name``: what it accepts, what it got (and ``more``), the fix (with
     ``example``, else one of those accepted)."""
-    var, flag = _env(name), _flag(name)
+    var, flag = env_name(name), flag_name(name)
     shown = "<one of those>" if example is None else example if source != "argument" else repr(example)
     given = f"{var}={shown}" if source == "env" else f"{flag} {shown}" if source == "option" else f"{name}={shown}"
     where, fix = ((var, f"export {given}, or unset {var}") if source == "env" else
@@ -284,7 +222,7 @@ class Option:
 
     @property
     def env(self) -> str:
-        return _env(self.name)
+        return env_name(self.name)
 
     @property
     def flag(self) -> bool:
@@ -292,7 +230,7 @@ class Option:
 
     @property
     def flag_name(self) -> str:
-        return _flag(self.name)
+        return flag_name(self.name)
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -340,15 +278,15 @@ OPTION = {o.name: o for o in OPTIONS}
 ENV_VARS = {o.name: o.env for o in OPTIONS}
 # Old names that still work for one release, with a deprecation warning: old name -> the option it now is.
 RENAMED = {"itex_amp": "graph_amp"}
-RENAMED_ENV_VARS = {old: _env(old) for old in RENAMED}
+RENAMED_ENV_VARS = {old: env_name(old) for old in RENAMED}
 
 
 def renamed_message(old: str, source: str = "argument") -> str:
     """The deprecation warning for ``old`` (a name of `RENAMED`), naming the new option the way the old one was
     given: ``source`` is ``"argument"`` (a keyword), ``"env"`` (its ``AMP_*`` variable) or ``"option"`` (a flag)."""
     new = RENAMED[old]
-    given, use = {"env": (_env(old), _env(new)),
-                  "option": (_flag(old), _flag(new))}.get(source, (old, new))
+    given, use = {"env": (env_name(old), env_name(new)),
+                  "option": (flag_name(old), flag_name(new))}.get(source, (old, new))
     return f"{given} is deprecated: use {use}, its new name (the same values); {given} goes in the next release"
 
 
@@ -389,11 +327,11 @@ def build_request(known_backends: Iterable[str], environ: Mapping[str, str] | No
         """(value, "argument", "option" or "env", the name it was given as, its source as the plan says it), or
         ``None`` where it was not."""
         if kwargs.get(name) is not None:
-            value, kind, source = (_GIVEN_BY.get() or {}).get(name, (None, "", ""))
+            value, kind, source = (GIVEN_BY.get() or {}).get(name, (None, "", ""))
             if kind and value == kwargs[name]:
                 return value, kind, name, source
             return kwargs[name], "argument", name, "argument"
-        return (env[_env(name)], "env", name, _env(name)) if env.get(_env(name), "").strip() != "" else None
+        return (env[env_name(name)], "env", name, env_name(name)) if env.get(env_name(name), "").strip() != "" else None
 
     raw = {name: found for name in ENV_VARS if (found := given(name)) is not None}
     known_vars = [*ENV_VARS.values(), *RENAMED_ENV_VARS.values()]
@@ -418,3 +356,18 @@ def build_request(known_backends: Iterable[str], environ: Mapping[str, str] | No
         raise AmpConfigError("strict and force contradict each other: strict raises on any request the hardware "
                              "cannot honour, force honours slow ones anyway. Received both. Fix: keep one of them.")
     return request
+
+
+# Names that moved to amp_backends.override_sources, kept here for one release
+_MOVED_OUT = ("keywords_as_options", "keywords_chosen_by", "undo_of")
+
+
+def __getattr__(name: str) -> Any:
+    """A name that moved to `amp_backends.override_sources`, with a `DeprecationWarning` (for one release)."""
+    if name in _MOVED_OUT:
+        from . import override_sources
+
+        warn(f"amp_backends.request.{name} moved to amp_backends.override_sources.{name}; the old name goes in the "
+             "next release", DeprecationWarning)
+        return getattr(override_sources, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

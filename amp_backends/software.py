@@ -1,10 +1,14 @@
-"""Installed software, read from package metadata and files: TensorFlow is never imported here."""
+"""Installed software, read from package metadata and files: TensorFlow is never imported here. `KerasInfo`: the
+Keras that ``tf.keras`` resolves to, read the same way (`expected_keras`).
+"""
 
 from __future__ import annotations
 
 import ast
 import importlib.util
 import os
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from typing import Any
 
@@ -29,6 +33,53 @@ def minor_version(version: str | None) -> tuple[int, int]:
         return int(parts[0]), int(parts[1])
     except (IndexError, ValueError):
         return (-1, -1)
+
+
+# Exactly the values TensorFlow's lazy loader accepts for TF_USE_LEGACY_KERAS.
+LEGACY_KERAS_VALUES = ("1", "true", "True")
+
+
+@dataclass(frozen=True)
+class KerasInfo:
+    """The Keras that ``tf.keras`` is.
+
+    Attributes:
+        version: Its version (``"3.15.1"``); ``None`` where none is installed.
+        generation: Its API generation, 2 or 3; ``None`` where the version is unknown or unreadable.
+        distribution: The package it comes from, ``"keras"`` or ``"tf-keras"``; ``None`` where none is installed.
+    """
+
+    version: str | None
+    generation: int | None
+    distribution: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The KerasInfo as JSON-ready data."""
+        return asdict(self)
+
+
+def generation_of(version: str | None) -> int | None:
+    """The major version of a Keras version string (``"3.15.1"`` -> 3), or ``None`` if unreadable."""
+    try:
+        return int(str(version).split(".")[0])
+    except (TypeError, ValueError):
+        return None
+
+
+def uses_legacy_keras(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``TF_USE_LEGACY_KERAS`` selects tf-keras (as TensorFlow >= 2.16 reads it)."""
+    env = os.environ if environ is None else environ
+    return env.get("TF_USE_LEGACY_KERAS") in LEGACY_KERAS_VALUES
+
+
+def expected_keras(tf_version: str | None, environ: Mapping[str, str] | None = None,
+                   version_of: Callable[[str], str | None] = installed_version) -> KerasInfo:
+    """The Keras ``tf.keras`` resolves to for TensorFlow ``tf_version``, from metadata alone (no import)."""
+    if minor_version(tf_version) >= (2, 16) and uses_legacy_keras(environ):
+        version = version_of("tf-keras") or version_of("tf_keras")
+        return KerasInfo(version, generation_of(version) if version else None, "tf-keras" if version else None)
+    version = version_of("keras")
+    return KerasInfo(version, generation_of(version), "keras" if version else None)
 
 
 def tensorflow_build_info() -> dict[str, Any] | None:

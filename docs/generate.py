@@ -147,7 +147,7 @@ KERAS3 = ("3.15.1", 3, "keras")  # the primary stack's Keras: float8 needs Keras
 def _plan(device: Any) -> Any:
     from amp_backends.configure import plan_for
     from amp_backends.devices import device_hardware
-    from amp_backends.keras_compat import KerasInfo
+    from amp_backends.software import KerasInfo
 
     return plan_for(device_hardware(device), environ={}, keras=KerasInfo(*KERAS3))
 

@@ -13,7 +13,7 @@ from amp_backends.backends.intel import IntelFacts, itex_status, xpu_probe
 from amp_backends.backends.nvidia import gpu_probe
 from amp_backends.devices import machine_of
 from amp_backends.hardware import BackendProbe, CpuInfo, Hardware
-from amp_backends.keras_compat import KerasInfo
+from amp_backends.software import KerasInfo
 from amp_backends.plan import Plan
 from amp_backends.planner import make_plan
 from amp_backends.registry import Backend, BackendRegistry, default_registry

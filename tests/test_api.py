@@ -63,6 +63,21 @@ def test_an_error_reached_at_the_top_still_works_for_a_release_with_a_deprecatio
     assert cls is getattr(errors, name) and name not in amp_backends.__all__
 
 
+@pytest.mark.parametrize(("old", "new", "name"), [
+    ("request", "override_sources", "keywords_as_options"), ("request", "override_sources", "keywords_chosen_by"),
+    ("request", "override_sources", "undo_of"), ("keras_compat", "software", "uses_legacy_keras"),
+    ("keras_compat", "software", "LEGACY_KERAS_VALUES")])
+def test_a_name_that_moved_between_modules_still_works_for_a_release_with_a_deprecation_warning(old, new, name):
+    import importlib
+
+    old_module, new_module = (importlib.import_module(f"amp_backends.{m}") for m in (old, new))
+    with pytest.warns(DeprecationWarning, match=rf"amp_backends\.{old}\.{name} moved to amp_backends\.{new}\.{name}"):
+        value = getattr(old_module, name)
+    assert value is getattr(new_module, name)
+    with pytest.raises(AttributeError, match="has no attribute 'nothing_of_that_name'"):
+        assert old_module.nothing_of_that_name is None  # (never reached: it raises)
+
+
 @pytest.mark.tensorflow
 def test_every_top_level_name_resolves():
     for name in TOP_LEVEL:
@@ -291,11 +306,38 @@ def test_public_functions_that_take_a_plan_say_so_in_their_types():
         assert hints.get("plan", Plan) == Plan and "Any" not in str(hints.get("layer_plan", "")), function.__qualname__
 
 
+def _reference_objects() -> dict[str, object]:
+    """Every object the API reference renders (``::: amp_backends.NAME`` in docs/reference/api.md: the face and the
+    types it returns, takes or raises), by dotted name, and every name of the face."""
+    import importlib
+
+    page = (REPO / "docs" / "reference" / "api.md").read_text(encoding="utf-8")
+    objects: dict[str, object] = {f"amp_backends.{name}": getattr(amp_backends, name) for name in amp_backends.__all__}
+    for dotted in re.findall(r"^::: (amp_backends[\w.]*)$", page, re.M):
+        parts = dotted.split(".")
+        for i in range(len(parts), 0, -1):  # the longest importable module, then attributes
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            for part in parts[i:]:
+                obj = getattr(obj, part)
+            objects[dotted] = obj
+            break
+    return objects
+
+
+def test_the_reference_objects_are_the_face_and_the_types_it_renders():
+    objects = _reference_objects()
+    assert len(objects) > len(amp_backends.__all__) + 30 and "amp_backends.registry.Backend" in objects
+    assert objects["amp_backends.plan.Decision"] is amp_backends.plan.Decision
+
+
 def _public_callables():
-    """``(qualified name, callable, docstring)`` for every name of the face and each public method of its classes."""
-    for name in sorted(amp_backends.__all__):
-        obj = getattr(amp_backends, name)
-        if name.startswith("__"):
+    """``(qualified name, callable, docstring)`` for every object the API reference renders and each public method
+    of its classes."""
+    for name, obj in sorted(_reference_objects().items()):
+        if name.rsplit(".", 1)[-1].startswith("__"):
             continue
         if inspect.isclass(obj):
             init = obj.__dict__.get("__init__")
@@ -350,16 +392,11 @@ def test_no_docstring_holds_sphinx_roles_the_api_reference_would_show_raw():
 
 
 
-def test_every_public_method_and_property_of_the_face_has_a_docstring_of_its_own():
+def test_every_public_method_and_property_the_reference_renders_has_a_docstring_of_its_own():
     """The API reference renders a member only with its own docstring (``show_if_no_docstring: false``): a public
     method or property without one would be missing from it (attributes are in their class's table)."""
-    import inspect
-
-    import amp_backends
-
     missing = []
-    for name in amp_backends.__all__:
-        obj = getattr(amp_backends, name)
+    for name, obj in _reference_objects().items():
         if not inspect.isclass(obj):
             continue
         for member, value in vars(obj).items():

@@ -7,7 +7,7 @@ import pytest
 from amp_backends.configure import known_devices, plan_for
 from amp_backends.devices import CATALOGUE, device_hardware, find_device
 from amp_backends.errors import AmpConfigError
-from amp_backends.keras_compat import KerasInfo
+from amp_backends.software import KerasInfo
 
 pytestmark = pytest.mark.intel
 

@@ -13,7 +13,8 @@ import pytest
 
 from amp_backends.assessment import EMULATED, NATIVE, UNSUPPORTED, Support
 from amp_backends.errors import UnsupportedRequestError
-from amp_backends.keras_compat import KerasInfo, float8_training
+from amp_backends.keras_compat import float8_training
+from amp_backends.software import KerasInfo
 from amp_backends.planner import fp8_support
 
 from fakes import (A100, AMD_HERE, ARC_A770, H100, MAX1550, RTX4090, SAPPHIRE_RAPIDS, V100, cpu_of, intel, machine,

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import NEUTRAL_CWD
 
-from amp_backends.keras_compat import KerasInfo, expected_keras, generation_of, uses_legacy_keras
+from amp_backends.software import KerasInfo, expected_keras, generation_of, uses_legacy_keras
 
 pytestmark = pytest.mark.intel
 
@@ -39,7 +39,7 @@ def test_generation_and_legacy_switch():
 @pytest.mark.tensorflow
 def test_metadata_answer_matches_the_imported_tf_keras():
     """What the report says without importing TensorFlow is what tf.keras turns out to be."""
-    code = ("from amp_backends.keras_compat import expected_keras, keras_info; from amp_backends.software import "
+    code = ("from amp_backends.keras_compat import keras_info; from amp_backends.software import expected_keras, "
             "tensorflow_version; before = expected_keras(tensorflow_version()); import tensorflow as tf; "
             "print(before == keras_info(tf), keras_info(tf).generation, str(tf.keras.mixed_precision.Policy))")
     env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"} | {"TF_CPP_MIN_LOG_LEVEL": "3"}

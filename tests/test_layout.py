@@ -36,8 +36,9 @@ FACE = "amp_backends"
 LAYERS: dict[str, tuple[str, ...]] = {
     "commands": ("commands", "commands.*", "__main__", "info", "bench", "examples.*.__main__"),
     "probe": ("errors", "version", "hardware", "software", "autotune.timing", "cache", "microarch", "terminal"),
-    "plan": ("assessment", "evidence", "request", "loss_scale", "layer_names", "plan", "keras_compat", "registry",
-             "kernel_audit", "probe", "planner", "devices", "backend_api", "backends", "backends.*"),
+    "plan": ("assessment", "evidence", "override_sources", "request", "loss_scale", "layer_names", "plan",
+             "keras_compat", "registry", "kernel_audit", "probe", "planner", "devices", "backend_api", "backends",
+             "backends.*"),
     "apply": ("apply", "configure", "tf_import"),
     "model code": ("factory", "labels", "models", "data", "zoo", "model_check", "model_check.*", "fp8", "prepare",
                    "layer_plan", "model_inputs", "model_outputs", "training", "training.*", "autotune", "autotune.*",

@@ -25,7 +25,7 @@ from ..errors import AmpWarning, TrainingInterrupted
 from ..plan import Plan
 from ..probe import probe_hardware
 from ..registry import BackendRegistry, registry_or_default
-from ..request import keywords_chosen_by
+from ..override_sources import keywords_chosen_by
 from .timing import MARGIN, ROUNDS, Timings, interleaved
 
 logger = logging.getLogger("amp_backends.autotune")

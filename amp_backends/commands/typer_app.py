@@ -20,7 +20,8 @@ from typing import Any, NoReturn, Optional
 import typer
 
 from ..tf_import import exit_quickly
-from ..request import OPTIONS, RENAMED, keywords_as_options, option_help, overrides_given, renamed_message
+from ..override_sources import keywords_as_options
+from ..request import OPTIONS, RENAMED, option_help, overrides_given, renamed_message
 from ..errors import AmpConfigError, AmpWarning, warn
 
 CONTEXT = {"max_content_width": 120, "help_option_names": ["-h", "--help"]}

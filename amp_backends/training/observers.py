@@ -32,8 +32,21 @@ SHORT_NAMES = {"generator": "G", "discriminator": "D"}  # the GAN's updates, as 
 
 @dataclass
 class CallRecord:
-    """One compiled call: ``steps`` steps ending at global step ``step`` (the first: step ``first`` of ``epoch``);
-    ``losses[i, j]``, ``finite[i, j]``: step ``i``'s loss and finite flag (else skipped) for update ``names[j]``."""
+    """One compiled call, as observers see it after it ran.
+
+    Attributes:
+        epoch: The epoch of its first step.
+        first: Its first step's index within that epoch.
+        step: The global step it ended at.
+        steps: How many steps it ran.
+        names: The updates' names, in the order of the losses' columns.
+        losses: ``losses[i, j]``: step ``i``'s loss for update ``names[j]``.
+        finite: ``finite[i, j]``: whether that loss and its gradients were finite (else the step was skipped).
+        step_time: Seconds per step in this call.
+        throughput: Samples (images) per second in this call.
+        loss_scales: Each update's loss scale after the call.
+        skipped: Each update's count of skipped steps so far.
+    """
 
     epoch: int
     first: int
