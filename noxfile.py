@@ -79,6 +79,7 @@ WORKERS = ["-n", "auto", "--maxprocesses", "4", "--dist", "worksteal"]
 @nox.session
 @timed
 def lint(session: nox.Session) -> None:
+    """ruff, mypy, the documentation site built strict, and the site in headless Chromium."""
     session.install("ruff==0.17.6", "mypy==2.4.1", *DOCS_STACK, *SITE_TEST_STACK)
     session.run("ruff", "check", ".")
     session.run("mypy")
@@ -90,6 +91,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 @timed
 def tests(session: nox.Session) -> None:
+    """The whole suite under TensorFlow 2.21 (Keras 3), the package installed as a wheel."""
     session.install(".[test]")
     session.run("pytest", "--durations=25", *(session.posargs or ["-q", "-ra", *WORKERS]),
                 env={"AMP_EXPECT_INSTALL": "wheel", "TF_CPP_MIN_LOG_LEVEL": "2"})
@@ -98,6 +100,7 @@ def tests(session: nox.Session) -> None:
 @nox.session(python="3.11")
 @timed
 def intel(session: nox.Session) -> None:
+    """The tests marked intel under TensorFlow 2.15 (Keras 2) with ITEX, the package installed in editable mode."""
     session.install(*ITEX_STACK, "pytest>=8", "pytest-xdist>=3.5", "matplotlib>=3.7",
                     "jsonschema>=4.18")
     session.install("-e", ".", *ITEX_STACK)

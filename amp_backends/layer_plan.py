@@ -43,6 +43,7 @@ class LayerDecision:
     source: str
 
     def to_dict(self) -> dict[str, str]:
+        """The LayerDecision as JSON-ready data."""
         return {"path": self.path, "dtype": self.dtype, "reason": self.reason, "source": self.source}
 
 

@@ -1,4 +1,5 @@
-"""The data a model takes: its inputs checked against the model before training, and as each step runs.
+"""The data a model takes: nests of arrays validated as given (`as_array_nest`, `rows`), and its inputs checked
+against the model before training and as each step runs.
 
 `check_model_inputs` refuses, with the fix, what a Keras model cannot take (strings for numbers, fractions for
 token ids, rows of another shape, a dict without the inputs' names); in a traced step it also checks each batch's
@@ -15,7 +16,98 @@ import tensorflow as tf
 
 from .errors import InputError
 
-__all__ = ["check_model_inputs"]
+__all__ = ["as_array_nest", "check_model_inputs", "describe_array", "leaf_paths", "rows"]
+
+
+def describe_array(value: Any) -> str:
+    """A value as errors name it: its type, and its shape and dtype where it has them.
+
+    Args:
+        value: Any value (an array, a tensor, a list...).
+
+    Returns:
+        ``"ndarray of shape (3, 28) and dtype float32"``; ``"list"`` for a value without shape or dtype.
+    """
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    return f"{type(value).__name__}" + (f" of shape {tuple(shape)}" if shape is not None else "") + (
+        f" and dtype {dtype}" if dtype is not None else "")
+
+
+def leaf_paths(structure: Any, prefix: str) -> list[tuple[str, Any]]:
+    """``(path, leaf)`` pairs of a nest of arrays: ``x['ids']``, ``x[1]``, ``y``.
+
+    Args:
+        structure: An array, or a dict, tuple or list of them (nested).
+        prefix: The path of ``structure`` itself (``"x"``).
+
+    Returns:
+        Each leaf with its path, in order.
+    """
+    if isinstance(structure, dict):
+        return [p for k, v in structure.items() for p in leaf_paths(v, f"{prefix}[{k!r}]")]
+    if isinstance(structure, (tuple, list)):
+        return [p for i, v in enumerate(structure) for p in leaf_paths(v, f"{prefix}[{i}]")]
+    return [(prefix, structure)]
+
+
+def as_array_nest(structure: Any, name: str) -> Any:
+    """Validate a nest of array-likes and convert Python lists of numbers to arrays; keep tensors as they are.
+
+    Args:
+        structure: The data given (``x`` or ``y``): arrays, tensors or Python lists, or a dict, tuple or list of them.
+        name: Its name, as errors say it (``"x"``).
+
+    Returns:
+        The same nest, of NumPy arrays (and tensors as given).
+
+    Raises:
+        InputError: A dict has keys that are not strings, or a leaf is no array of numbers or strings with a row
+            per sample.
+    """
+    if isinstance(structure, dict):
+        if bad := [k for k in structure if not isinstance(k, str)]:
+            raise InputError(f"{name} as a dict must have string keys (feature names). Received keys {bad!r}.")
+        return {k: as_array_nest(v, f"{name}[{k!r}]") for k, v in structure.items()}
+    # a list of arrays is several inputs; a list of Python lists or numbers is one array's rows
+    if isinstance(structure, tuple) or (isinstance(structure, list) and structure and all(
+            np.ndim(v) >= 1 and not isinstance(v, list) or isinstance(v, (dict, tuple)) for v in structure)):
+        return type(structure)(as_array_nest(v, f"{name}[{i}]") for i, v in enumerate(structure))
+    if isinstance(structure, (tf.Tensor, tf.Variable)):
+        return structure
+    try:  # numpy, an array library's array, Python lists of numbers
+        arr = np.asarray(structure)
+    except Exception:  # ragged lists
+        arr = np.asarray(None, dtype=object)
+    if arr.dtype == object and arr.ndim >= 1 and arr.size and all(isinstance(v, (str, bytes)) for v in arr.flat):
+        arr = arr.astype(bytes if isinstance(next(iter(arr.flat)), bytes) else str)  # strings held as objects
+    if arr.dtype == object or arr.dtype.kind == "V" or arr.ndim == 0:
+        raise InputError(
+            f"{name} must be an array of numbers or strings with one row per sample (a NumPy array or tensor, or a "
+            f"tuple, list or dict of them). Received: {describe_array(structure)}. Fix: convert it with "
+            "np.asarray(...).")
+    return arr  # (strings are for a model that starts with its own StringLookup or TextVectorization)
+
+
+def rows(x: Any, y: Any) -> int:
+    """The number of samples in arrays ``x`` and labels ``y`` (nests of arrays from `as_array_nest`).
+
+    Args:
+        x: The inputs.
+        y: The labels, or ``None``.
+
+    Returns:
+        The rows every array has.
+
+    Raises:
+        InputError: The arrays have different numbers of rows; the message names each array's.
+    """
+    leaves = leaf_paths(x, "x") + ([] if y is None else leaf_paths(y, "y"))
+    counts = {path: int(leaf.shape[0]) for path, leaf in leaves}
+    if len(set(counts.values())) > 1:
+        raise InputError("Every input and label array must have one row per sample, the same number of rows. "
+                         f"Received: {', '.join(f'{p}: {n}' for p, n in counts.items())}. Fix: make the arrays the "
+                         "same length (x and y describe the same samples).")
+    return next(iter(counts.values()))
 
 
 @tf.autograph.experimental.do_not_convert  # Python checks on static shapes, run while tracing

@@ -1,4 +1,5 @@
-"""Which layers produce a model's outputs: read from its graph, or, for a subclassed model, from one traced call.
+"""Which layers produce a model's outputs: read from its graph, or, for a subclassed model, from one traced call;
+and whether its outputs are probabilities where its loss takes them (`check_probabilities`).
 
 A functional or Sequential model keeps the layer behind each output (``_keras_history``). A subclassed model's
 ``call`` is traced once at its built input shape (nothing runs, its losses put back): an output is the layer
@@ -7,9 +8,15 @@ whose result the call returned as it is.
 
 from __future__ import annotations
 
+import logging
+import weakref
 from typing import Any
 
-__all__ = ["output_layers"]
+from .errors import warn
+
+__all__ = ["check_probabilities", "output_layers"]
+
+logger = logging.getLogger("amp_backends.train")
 
 
 def output_layers(model: Any) -> list[tuple[str, Any]]:
@@ -84,3 +91,31 @@ def _returned_by_call(model: Any) -> list[Any]:
     except Exception:  # a call that cannot be traced at its build shape: no output layer named
         return []
     return [layers[scopes.made[id(t)]] for t in returned if id(t) in scopes.made]
+
+
+_SAID_LOGITS: weakref.WeakSet[Any] = weakref.WeakSet()  # the models warned of, once each
+
+
+def check_probabilities(model: Any, x: Any, loss_name: str) -> None:
+    """An `AmpWarning` (once a model) where the model's outputs on a few rows of ``x`` are no probabilities (logits:
+    values out of 0..1) for a loss that takes probabilities (``loss_name``'s): it would train on nonsense.
+
+    Args:
+        model: A Keras model.
+        x: Its inputs (the first 32 rows are run).
+        loss_name: The loss's name, as the warning says it.
+    """
+    import tensorflow as tf
+    if model in _SAID_LOGITS:
+        return
+    try:
+        pred = tf.cast(model(tf.nest.map_structure(lambda a: a[:32], x), training=False), tf.float32).numpy()
+    except Exception:  # (a model that runs only in its step: nothing said here)
+        return
+    if pred.size and (pred.min() < -1e-3 or pred.max() > 1 + 1e-3):
+        _SAID_LOGITS.add(model)
+        said = (f"The loss ({loss_name}) takes probabilities (from_logits=False), but the model {model.name!r} "
+                f"outputs values from {pred.min():.3g} to {pred.max():.3g}: logits, with no softmax or sigmoid, so the "
+                "loss it trains on means nothing. Fix: give the loss from_logits=True (keras.losses.SparseCategorical"
+                "Crossentropy(from_logits=True)), or end the model with activation='softmax' (binary: 'sigmoid').")
+        warn(said, log=logger)

@@ -75,6 +75,15 @@ def gan_losses(generator: Any, discriminator: Any, real: Any, noise: Any, traini
 
 
 def sigmoid_loss(logits: Any, targets: Any) -> Any:
+    """The mean sigmoid cross-entropy of ``logits`` against ``targets``, in float32 (the tutorial GAN's loss).
+
+    Args:
+        logits: The discriminator's outputs, logits in any float dtype.
+        targets: The labels, 0 to 1 (`gan_labels`).
+
+    Returns:
+        The mean loss, a float32 scalar tensor.
+    """
     import tensorflow as tf
 
     return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=targets, logits=tf.cast(logits, tf.float32)))

@@ -51,6 +51,15 @@ class Decisions(dict[str, Decision]):
     """A plan's decisions as the planner makes them, by setting."""
 
     def add(self, setting: str, value: str, detail: str, reason: str = "", evidence: tuple[Evidence, ...] = ()) -> None:
+        """Add the decision on ``setting`` (it replaces one made before).
+
+        Args:
+            setting: The setting (``"policy"``, ``"loss_scale"``, ``"xla"``...).
+            value: Its value, as text.
+            detail: The whole reason, with the figures it quotes.
+            reason: The reason in a few words; empty: the first clause of ``detail``.
+            evidence: The measurements those figures come from.
+        """
         self[setting] = Decision(setting, value, reason or first_clause(detail), detail, evidence)
 
     def supported(self, setting: str, value: str, support: Support, prefix: str = "", said: str = "") -> None:

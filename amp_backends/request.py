@@ -69,6 +69,11 @@ class Request:
 
 
 def format_value(value: Any) -> str:
+    """An override's value as text: ``on``/``off`` for a bool, a tuple comma-separated (``none``: empty), else ``str``.
+
+    Args:
+        value: The value (a `Request` field's).
+    """
     if value is True:
         return "on"
     if value is False:
@@ -96,6 +101,15 @@ def _wrong_type(name: str, expected: str, value: Any) -> TypeError:
 
 
 def parse_policy(value: Any, source: str = "argument") -> str:
+    """The ``policy`` override parsed: ``"auto"`` or one of `POLICIES`, aliases resolved (``fp16``: ``mixed_float16``).
+
+    Args:
+        value: The value given: ``auto``, a policy or an alias, in any case.
+        source: How it was given, for the error: ``"argument"`` (a keyword), ``"env"`` or ``"option"`` (a flag).
+
+    Raises:
+        AmpConfigError: ``value`` is no policy or alias (a ``TypeError`` where it is no string).
+    """
     if not isinstance(value, str):
         raise _wrong_type("policy", "a string, such as 'mixed_float16'", value)
     v = value.strip().lower()
@@ -134,6 +148,17 @@ def parse_float32_layers(value: Any, source: str = "argument") -> tuple[str, ...
 
 
 def parse_switch(name: str, value: Any, source: str = "argument", known: tuple[str, ...] = ()) -> bool | None:
+    """An on/off override parsed: ``None`` (auto: the plan decides), ``True`` or ``False``.
+
+    Args:
+        name: The option's name, for the error.
+        value: ``None``, a bool, 1 or 0, or text: ``auto``, ``on``, ``off``, ``1``, ``0``, ``true``, ``false``...
+        source: How it was given, for the error: ``"argument"`` (a keyword), ``"env"`` or ``"option"`` (a flag).
+        known: Not read (the options table's parsers are all given the registered backends).
+
+    Raises:
+        AmpConfigError: ``value`` is none of those (a ``TypeError`` where it is of another type).
+    """
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, numbers.Integral) and value in (0, 1):  # 1/0 (NumPy's ints too), as documented
@@ -151,6 +176,15 @@ def parse_switch(name: str, value: Any, source: str = "argument", known: tuple[s
 
 
 def parse_loss_scale(value: Any, source: str = "argument") -> LossScale | None:
+    """The ``loss_scale`` override parsed: a `LossScale`, or ``None`` (auto: the plan decides).
+
+    Args:
+        value: ``auto``, ``dynamic``, ``none`` (``off``, 0), ``fixed:<scale>``, a bare number or a `LossScale`.
+        source: How it was given, for the error: ``"argument"`` (a keyword), ``"env"`` or ``"option"`` (a flag).
+
+    Raises:
+        AmpConfigError: ``value`` is none of those, or its scale no positive float32 (a ``TypeError``: another type).
+    """
     if value is None or isinstance(value, LossScale):
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
@@ -180,6 +214,16 @@ def parse_loss_scale(value: Any, source: str = "argument") -> LossScale | None:
 
 
 def parse_backend(value: Any, known: Iterable[str], source: str = "argument") -> str:
+    """The ``backend`` override parsed: ``"auto"`` or one of ``known``.
+
+    Args:
+        value: The value given: ``auto`` or a registered backend's name, in any case.
+        known: The registered backends' names.
+        source: How it was given, for the error: ``"argument"`` (a keyword), ``"env"`` or ``"option"`` (a flag).
+
+    Raises:
+        AmpConfigError: ``value`` names no registered backend (a ``TypeError`` where it is no string).
+    """
     known = tuple(known)
     if not isinstance(value, str):
         raise _wrong_type("backend", "a string, such as 'cpu'", value)
@@ -222,14 +266,17 @@ class Option:
 
     @property
     def env(self) -> str:
+        """The option's ``AMP_*`` environment variable (``AMP_POLICY``)."""
         return env_name(self.name)
 
     @property
     def flag(self) -> bool:
+        """Whether its command-line option is a flag, given without a value."""
         return self.metavar is None
 
     @property
     def flag_name(self) -> str:
+        """The option's command-line flag (``--loss-scale``)."""
         return flag_name(self.name)
 
 

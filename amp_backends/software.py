@@ -16,6 +16,14 @@ TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflo
 
 
 def installed_version(distribution: str) -> str | None:
+    """An installed distribution's version, from its package metadata.
+
+    Args:
+        distribution: The distribution's name (``"tensorflow-cpu"``).
+
+    Returns:
+        The version, or ``None`` where it is not installed.
+    """
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
@@ -23,6 +31,11 @@ def installed_version(distribution: str) -> str | None:
 
 
 def tensorflow_version() -> str | None:
+    """The installed TensorFlow's version, from the metadata of the first of `TF_DISTRIBUTIONS` installed.
+
+    Returns:
+        The version, or ``None`` where none is installed.
+    """
     return next((v for dist in TF_DISTRIBUTIONS if (v := installed_version(dist))), None)
 
 

@@ -34,6 +34,24 @@ def _tf() -> Any:
 
 @dataclass(frozen=True)
 class ZooModel:
+    """One reference model: how it is built, its synthetic data, its losses and the unit its samples are counted in.
+
+    Attributes:
+        name: The model's name, its key in `ZOO`.
+        title: What it is, in a few words (``"ResNet50 64x64, 10 classes"``).
+        unit: What one sample is: ``"images"``, ``"sequences"``.
+        batch: Its batch size on a 2-core CPU.
+        gpu_batch: Its batch size on a GPU.
+        build: Builds the model, under the dtype policy in force.
+        data: ``(samples, seed)`` -> ``(x, y)``, NumPy arrays; ``y`` is ``None`` for the GAN.
+        loss: Makes the loss(es) for ``model.compile``.
+        per_example: Makes the per-example loss (`example_loss`) where it is not the Keras loss's ``call``; ``None``:
+            it is.
+        requires: The packages it needs beyond TensorFlow (``("keras_hub",)``; `unavailable` checks them).
+        per_sample: Samples counted per batch row (the GAN counts real and generated images: 2).
+        gan: Whether it is the GAN (its ``train_step`` makes both updates).
+    """
+
     name: str
     title: str
     unit: str  # what one sample is: "images", "sequences"
@@ -258,6 +276,17 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
 
 
 def get(name: str) -> ZooModel:
+    """The zoo model ``name``.
+
+    Args:
+        name: A key of `ZOO`.
+
+    Returns:
+        The model.
+
+    Raises:
+        KeyError: No zoo model has that name (the message lists them).
+    """
     try:
         return ZOO[name]
     except KeyError:

@@ -39,7 +39,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "plan": ("assessment", "evidence", "override_sources", "request", "loss_scale", "layer_names", "plan",
              "keras_compat", "registry", "kernel_audit", "probe", "planner", "devices", "backend_api", "backends",
              "backends.*"),
-    "apply": ("apply", "configure", "tf_import"),
+    "apply": ("apply", "configure", "seeds", "tf_import"),
     "model code": ("factory", "labels", "models", "data", "zoo", "model_check", "model_check.*", "fp8", "prepare",
                    "layer_plan", "model_inputs", "model_outputs", "training", "training.*", "autotune", "autotune.*",
                    "auditing", "auditing.*", "examples", "examples.*"),

@@ -45,6 +45,14 @@ def _mark(text: str) -> None:
 
 
 def layer_kernels(model: Any) -> list[dict[str, Any]]:
+    """The model's layers that have a kernel, as the audit's ``layers`` (see `match.LayerKernel`).
+
+    Args:
+        model: The built model.
+
+    Returns:
+        One dict per layer with a kernel: ``path``, ``class_name``, ``kernel_shape``, ``compute_dtype``, ``policy``.
+    """
     from .. import keras_compat
 
     out = []
@@ -280,6 +288,15 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int,
 
 
 def main(argv: list[str]) -> int:
+    """Run the audit's model and write ``OUT.json``: the child process's command line.
+
+    Args:
+        argv: ``MODULE:FACTORY OUT.json``, then optionally ``batch``, ``steps``, ``warmup`` (default 32, 3, 2) and the
+            input shapes asked for as JSON (see `input_shapes`).
+
+    Returns:
+        The process's exit status, 0.
+    """
     from ..tf_import import exit_quickly, import_tensorflow
 
     exit_quickly()

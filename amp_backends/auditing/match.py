@@ -30,10 +30,19 @@ class LayerKernel:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LayerKernel:
+        """Read one of the audit's ``layers`` (`child.layer_kernels`).
+
+        Args:
+            d: A dict with ``path``, ``class_name``, ``kernel_shape``, ``compute_dtype`` and optionally ``policy``.
+
+        Returns:
+            The layer it describes.
+        """
         return cls(d["path"], d["class_name"], tuple(d["kernel_shape"]), d["compute_dtype"], d.get("policy", ""))
 
     @property
     def is_conv(self) -> bool:
+        """Whether the layer is a convolution (its class says so and its kernel has spatial dims)."""
         return "Conv" in self.class_name and len(self.kernel_shape) >= 3
 
     def dense_splits(self) -> list[tuple[int, int]]:

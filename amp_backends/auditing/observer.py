@@ -150,9 +150,16 @@ class AuditObserver:
 
     @property
     def model(self) -> Any:
+        """The first model trained, or ``None`` where none was given."""
         return self.models[0] if self.models else None
 
     def on_fit_start(self, start_step: int, total_steps: int | None) -> None:
+        """Warn, where no audit can be taken in this process, why not and what to run instead.
+
+        Args:
+            start_step: The global step training starts from.
+            total_steps: The step it will stop at, or ``None`` when the data's length is unknown.
+        """
         audit = self.kernel_audit
         if self.enabled:
             return
@@ -169,11 +176,22 @@ class AuditObserver:
                        f"program with {assignments}, or use `amp-backends train ... --audit`")
 
     def before_call(self, step: int, steps: int) -> None:
+        """Open the window (records are kept from here) before the first call covering a step of ``start:stop``.
+
+        Args:
+            step: The global step the call starts from.
+            steps: How many steps the call will run.
+        """
         if self._tap is not None and not (self.done or self._open) and step < self.stop and step + steps > self.start:
             self._tap.open_window()
             self._open = True
 
     def after_call(self, record: Any) -> None:
+        """Count a call in the window (its steps, its step time); after the call reaching ``stop``, build the audit.
+
+        Args:
+            record: The call's `amp_backends.training.observers.CallRecord`.
+        """
         if not self._open:
             return
         self._steps += int(getattr(record, "steps", 1))
@@ -185,7 +203,7 @@ class AuditObserver:
         """Nothing to audit at an epoch's end or a validation (the window is of training calls).
 
         Args:
-            epoch: The epoch (1-based).
+            epoch: The epoch, counted from 0.
             step: The global step.
             values: The logged values by name.
         """
@@ -224,5 +242,6 @@ class AuditObserver:
         return doc
 
     def close(self) -> None:
+        """At the end of ``fit``: a window still open is closed and the audit built from the steps it saw."""
         if self._open:
             self._finish()  # the window was still open: audit the steps it saw

@@ -66,10 +66,20 @@ def model_signature(models: Sequence[Any], batch_size: int) -> str:
 
 
 def load_cache() -> dict[str, Any]:
+    """The cached choices by key (``{}`` where the cache file is missing or unreadable)."""
     return cache.load(cache_path())
 
 
 def store(key: str, entry: Mapping[str, Any]) -> bool:
+    """Cache a choice in `cache_path`, atomically (a temporary file renamed over it).
+
+    Args:
+        key: The device's and the model's signatures, ``device_signature#model_signature``.
+        entry: The choice, as `tune` writes it (`valid_entry`).
+
+    Returns:
+        Whether it was written (not over a file that is no cache's JSON object).
+    """
     return cache.store(cache_path(), key, dict(entry))  # atomic: a crash never leaves half a cache
 
 
@@ -102,6 +112,15 @@ def cached_for_device(signature: str) -> dict[str, Any]:
 
 @dataclass
 class Trial:
+    """One candidate plan's outcome in `tune`, as the cache keeps it under ``trials``.
+
+    Attributes:
+        policy: The candidate's dtype policy.
+        xla: Whether the candidate compiled with XLA.
+        img_per_s: Its median rate over the rounds, in samples per second; ``None`` where it failed.
+        error: Why it failed (the exception's type and message), or ``None``.
+    """
+
     policy: str
     xla: bool
     img_per_s: float | None

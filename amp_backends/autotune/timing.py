@@ -31,12 +31,29 @@ class Timings:
 
     @property
     def rounds(self) -> int:
+        """The rounds every variant ran (a variant that failed ran fewer than the others)."""
         return min((len(r) for r in self.rates.values()), default=0)
 
     def median(self, name: str) -> float:
+        """A variant's median rate.
+
+        Args:
+            name: The variant.
+
+        Returns:
+            The median of its rates, 0.0 where it has none.
+        """
         return statistics.median(self.rates[name]) if self.rates[name] else 0.0
 
     def spread(self, name: str) -> tuple[float, float]:
+        """A variant's slowest and fastest rates.
+
+        Args:
+            name: The variant.
+
+        Returns:
+            ``(min, max)`` of its rates, ``(0.0, 0.0)`` where it has none.
+        """
         values = self.rates[name]
         return (min(values), max(values)) if values else (0.0, 0.0)
 
@@ -56,6 +73,11 @@ class Timings:
                      if all(self.wins(name, other, margin) for other in self.rates if other != name)), None)
 
     def to_dict(self) -> dict[str, Any]:
+        """The timings as JSON data, rounded to 3 decimals.
+
+        Returns:
+            By variant: its ``median``, ``min``, ``max`` and ``rates`` (one per round).
+        """
         return {name: {"median": round(self.median(name), 3), "min": round(self.spread(name)[0], 3),
                        "max": round(self.spread(name)[1], 3), "rates": [round(r, 3) for r in values]}
                 for name, values in self.rates.items()}
@@ -93,7 +115,7 @@ def interleaved(variants: Mapping[str, Callable[[], Any]], *, rounds: int = ROUN
         The `Timings`: each variant's rates, one per round it ran.
 
     Raises:
-        ValueError: ``rounds`` or ``steps`` is below 1.
+        AmpConfigError: ``rounds`` or ``steps`` is below 1.
     """
     if rounds < 1 or steps < 1:
         raise AmpConfigError(

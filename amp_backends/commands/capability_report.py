@@ -144,6 +144,14 @@ def collect(*, use_tensorflow: bool | None = None, registry: BackendRegistry | N
 
 
 def to_json(report: Report) -> str:
+    """The report as JSON (its schema: ``amp_backends/schemas/report.schema.json``).
+
+    Args:
+        report: The report (`collect`'s).
+
+    Returns:
+        The JSON text, indented.
+    """
     return json.dumps(report.data, indent=2, sort_keys=False, default=str)
 
 

@@ -154,6 +154,11 @@ def command(name: str, train: Callable[[Any], Any], *, batch_size: int, lr: floa
 
 
 def mnist_command() -> Callable[..., None]:
+    """The ``train mnist`` command: `command` with the MNIST tutorial's defaults (batch size 64, learning rate 0.01).
+
+    Returns:
+        The typer command; its help is `amp_backends.examples.mnist.train_mnist`'s docstring.
+    """
     from ..examples.mnist import train_mnist
 
     return command("mnist", train_mnist, batch_size=64, lr=0.01,
@@ -161,6 +166,12 @@ def mnist_command() -> Callable[..., None]:
 
 
 def gan_command() -> Callable[..., None]:
+    """The ``train gan`` command: `command` with the GAN tutorial's defaults (batch size 4096, generator learning rate
+    0.001).
+
+    Returns:
+        The typer command; its help is `amp_backends.examples.gan.train_gan`'s docstring.
+    """
     from ..examples.gan import train_gan
 
     return command("gan", train_gan, batch_size=4096, lr=1e-3, lr_help="Generator Adam learning rate.")

@@ -189,7 +189,7 @@ def final_plan(opts: RunOptions, plan: Any, build: Any, x: Any, y: Any, images_p
     Returns:
         The plan: the tuned one with ``tune``, else ``plan``.
     """
-    from ..training.runs import seed_everything
+    from ..seeds import seed_everything
 
     if opts.tune:
         from ..autotune import tune
@@ -203,4 +203,12 @@ def final_plan(opts: RunOptions, plan: Any, build: Any, x: Any, y: Any, images_p
 
 
 def scope(strategy: Any) -> Any:
+    """The context the models and optimizers are made in: the strategy's scope, or one that does nothing.
+
+    Args:
+        strategy: A ``tf.distribute`` strategy, or ``None``.
+
+    Returns:
+        The context manager.
+    """
     return strategy.scope() if strategy is not None else contextlib.nullcontext()

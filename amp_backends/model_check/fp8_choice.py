@@ -35,6 +35,11 @@ class Fp8Layer:
     size: str = ""  # "units 256, input features 128" where the layer was sized
 
     def to_dict(self) -> dict[str, object]:
+        """The decision as JSON data (the report's, by layer path).
+
+        Returns:
+            ``eligible``, ``why`` and ``small``.
+        """
         return {"eligible": self.eligible, "why": self.why, "small": self.small}
 
 

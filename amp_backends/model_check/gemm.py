@@ -35,6 +35,14 @@ class GemmShape:
 
 
 def dims_of(tensor: Any) -> list[int | None]:
+    """A tensor's static shape.
+
+    Args:
+        tensor: A graph tensor.
+
+    Returns:
+        Its dimensions, ``None`` where one is unknown; ``[]`` where the rank is unknown.
+    """
     try:
         return list(tensor.shape.as_list())
     except ValueError:  # unknown rank
@@ -42,10 +50,28 @@ def dims_of(tensor: Any) -> list[int | None]:
 
 
 def prod(values: list[int | None]) -> int | None:
+    """The product of sizes that may be unknown.
+
+    Args:
+        values: The sizes, ``None`` where one is unknown.
+
+    Returns:
+        Their product (1 for none), or ``None`` where any is unknown.
+    """
     return None if any(v is None for v in values) else math.prod(v for v in values if v is not None)
 
 
 def attr(op: Any, name: str, default: Any = None) -> Any:
+    """An attribute of a graph op, or ``default`` where the op has none of that name.
+
+    Args:
+        op: The graph op.
+        name: The attribute's name (``transpose_a``, ``adj_x``, ``equation``).
+        default: What an op without it gives.
+
+    Returns:
+        The attribute's value, or ``default``.
+    """
     try:
         return op.get_attr(name)
     except (ValueError, TypeError):

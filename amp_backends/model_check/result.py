@@ -37,6 +37,11 @@ class Finding:
             raise AmpConfigError(f"Finding severity must be one of {SEVERITIES}. Received: {self.severity!r}.")
 
     def to_dict(self) -> dict[str, Any]:
+        """The finding as JSON-ready data (one of the check's ``findings``).
+
+        Returns:
+            Its fields by name.
+        """
         return asdict(self)
 
 
@@ -58,6 +63,11 @@ class Summary:
     sized: bool = True
 
     def to_dict(self) -> dict[str, Any]:
+        """The summary as JSON-ready data (the check's ``summary``).
+
+        Returns:
+            Its fields by name.
+        """
         return asdict(self)
 
 

@@ -26,20 +26,58 @@ FINAL_ACTIVATIONS = {"Softmax": "softmax", "LogSoftmax": "log_softmax", "Sigmoid
 
 
 def next_multiple(value: int, align: int) -> int:
+    """The size a dimension is padded to for its matrix unit.
+
+    Args:
+        value: The dimension's size.
+        align: The alignment it needs.
+
+    Returns:
+        The smallest multiple of ``align`` that is at least ``value``.
+    """
     return -(-value // align) * align
 
 
 def op_dtype(graph: ModelGraph, op: GemmOp) -> str:
+    """The dtype an op computes in, as the check counts it: ``float8`` in a float8 layer, else its own.
+
+    Args:
+        graph: The traced model.
+        op: One of its matmuls or convolutions.
+
+    Returns:
+        ``float8``, or the op's dtype (``float16``, ``bfloat16``, ``float32``).
+    """
     return "float8" if graph.layer(op.layer).policy.startswith("float8") else op.dtype
 
 
 def fp8_layer(graph: ModelGraph, target: Target, op: GemmOp) -> bool:
+    """Whether an op runs in float8: its layer's policy is a float8 one, or the plan trains in float8 and the op, in a
+    Dense/EinsumDense layer, neither reads the input data nor gives a model output.
+
+    Args:
+        graph: The traced model.
+        target: The planned device.
+        op: One of the model's matmuls or convolutions.
+
+    Returns:
+        Whether its matrix unit is the float8 one.
+    """
     info = graph.layer(op.layer)
     return info.policy.startswith("float8") or (target.fp8 and info.class_name in DENSE_CLASSES
                                                 and not op.input_from_data and not op.output_to_model)
 
 
 def labels(class_name: str, kind: str) -> dict[str, str]:
+    """The words the findings use for a GEMM's dimensions in a layer (``N`` of a Dense layer: ``units``).
+
+    Args:
+        class_name: The layer's class name.
+        kind: The op's kind: ``matmul``, ``conv``, ``depthwise`` or ``conv_transpose``.
+
+    Returns:
+        By dimension (``M``, ``N``, ``K``; ``C_in``, ``C_out`` for a convolution), its name.
+    """
     if kind in ("conv", "conv_transpose", "depthwise"):
         return {"C_out": "filters", "C_in": "input channels"}
     if class_name == "Dense":
@@ -101,6 +139,18 @@ class RuleContext:
 
     def add(self, severity: str, code: str, layer: int | str, what: str, why: str, fix: str,
             share: float | None = None, **details: Any) -> None:
+        """Add a finding.
+
+        Args:
+            severity: ``error``, ``warning`` or ``info``.
+            code: The rule's stable code.
+            layer: The layer's index in the traced graph, or its path.
+            what: What was found.
+            why: Why it matters.
+            fix: What to change.
+            share: The share of the model's FLOPs it concerns (rounded to 6 decimals), or ``None``.
+            **details: The finding's ``details``.
+        """
         path = self.graph.layer(layer).path if isinstance(layer, int) else layer
         self.findings.append(Finding(severity, code, path, what, why, fix,
                                      None if share is None else round(share, 6), details))

@@ -22,6 +22,12 @@ class Rules(RuleContext):
     """Applies every rule to one traced model for one target; `run` returns the findings, worst first."""
 
     def run(self) -> list[Finding]:
+        """Apply every rule in turn.
+
+        Returns:
+            The findings, errors first, then warnings, then infos; ``unsized-model`` first among its own, then the
+            largest share of FLOPs first.
+        """
         self.unsized()
         rules_policy.emulated_policy(self)
         rules_policy.policy_mismatch(self)
@@ -39,6 +45,7 @@ class Rules(RuleContext):
 
     # -- unsized-model: most matmuls have dynamic shapes ---------------------------------------------
     def unsized(self) -> None:
+        """A warning where too few matmuls/convolutions have static shapes for shares to be given (`SIZED_MOST`)."""
         if self.sized:
             return
         n, unknown = len(self.graph.gemms), len(self.graph.gemms) - len(self.known)
@@ -68,6 +75,7 @@ class Rules(RuleContext):
 
     # -- final-activation, output-dtype: a final softmax/sigmoid or an output in reduced precision --
     def outputs(self) -> None:
+        """An error for a final softmax/sigmoid computed in float16/bfloat16; a warning for an output in either."""
         n = len(self.graph.outputs)
         for out in self.graph.outputs:
             label = f"the model's output {out.index}" if n > 1 else "the model's output"
@@ -93,6 +101,7 @@ class Rules(RuleContext):
 
     # -- float32-compute: matmuls/convolutions in float32 under a mixed policy ----------------------
     def float32_compute(self) -> None:
+        """The layers whose matmuls/convolutions run in float32 under a mixed policy (not those the plan keeps so)."""
         target, graph = self.target, self.graph
         if not target.mixed or target.graph_amp:
             return
@@ -144,6 +153,8 @@ class Rules(RuleContext):
 
     # -- tensor-core-shape, batch-size, depthwise: shapes the matrix units run at full efficiency ----
     def shapes(self) -> None:
+        """The dimensions and batch size that are no multiple of their matrix unit's alignment, and the depthwise
+        convolutions (no matrix unit runs them)."""
         target, graph = self.target, self.graph
         per_layer: dict[int, dict[str, Any]] = {}
         batch_ops: list[GemmOp] = []
@@ -233,6 +244,8 @@ class Rules(RuleContext):
 
     # -- slow-op: ops with no fast reduced-precision path -------------------------------------------
     def slow_ops(self) -> None:
+        """The layers with ops no matrix unit runs (resizes, upsampling), by their share of the memory traffic, where
+        the plan computes in reduced precision."""
         target, graph = self.target, self.graph
         unit = target.unit_for(target.effective_dtype)
         if unit is None or target.effective_dtype == "float32":
@@ -261,6 +274,12 @@ class Rules(RuleContext):
 
     # -- the summary -----------------------------------------------------------------------------
     def summary(self) -> Summary:
+        """Where the model's FLOPs run.
+
+        Returns:
+            The `Summary`: the FLOPs per image, and the sized ops' shares by compute dtype, in reduced precision and
+            on aligned shapes (no shares unless the model is sized).
+        """
         graph, target = self.graph, self.target
         shares: dict[str, float] = defaultdict(float)
         eligible = 0.0

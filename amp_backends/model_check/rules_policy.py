@@ -11,6 +11,11 @@ from .trace import LayerInfo
 
 # -- emulated-policy, functional-policy: a policy the hardware emulates or runs without a speed-up ---
 def emulated_policy(rules: RuleContext) -> None:
+    """A warning where the hardware emulates the plan's policy; an info line where it runs it without a speed-up.
+
+    Args:
+        rules: The check, whose findings it adds to.
+    """
     target = rules.target
     if target.policy_level == EMULATED:
         rules.add("warning", "emulated-policy", 0,
@@ -26,6 +31,13 @@ def emulated_policy(rules: RuleContext) -> None:
 
 # -- policy-mismatch: the model built under another policy than the plan's --------------------
 def policy_mismatch(rules: RuleContext) -> None:
+    """A warning where the model computes under another policy than the plan's (built before the plan was applied,
+    or under a policy the plan rejected); an info line where a measurement set every layer to float32.
+
+    Args:
+        rules: The check, whose findings it adds to; it sets its ``model_built_float32`` where the model computes in
+            float32 (measured faster, or built before the plan).
+    """
     target, graph = rules.target, rules.graph
     if rules.measured_float32 is not None and target.mixed:
         rules.model_built_float32 = True  # float32 on purpose: the float32 rules below stay quiet

@@ -23,11 +23,25 @@ MIN_VOCABULARY = 1000  # below this an embedding is a small categorical table, n
 
 
 def vocabularies(rules: RuleContext) -> set[int]:
+    """The vocabulary sizes of the model's embeddings (those of at least `MIN_VOCABULARY` entries).
+
+    Args:
+        rules: The check.
+
+    Returns:
+        The sizes.
+    """
     return {info.vocabulary for info in rules.graph.layers if info.vocabulary and info.vocabulary >= MIN_VOCABULARY}
 
 
 # -- mask-overflow: mask constants that are -inf in the compute dtype --------------------------------------
 def mask_overflow(rules: RuleContext) -> None:
+    """A finding per layer whose mask constants become -inf (or NaN) in a reduced dtype: an error where the constant
+    itself does (the math after it meets it), else a warning.
+
+    Args:
+        rules: The check, whose findings it adds to.
+    """
     for layer, masks in by_layer(rules.graph.masks).items():
         worst = min(masks, key=lambda m: m.value)
         dtype = worst.dtype
@@ -53,6 +67,11 @@ def mask_overflow(rules: RuleContext) -> None:
 
 # -- attention-softmax: a softmax inside the model in float16/bfloat16 -------------------------------------
 def attention_softmax(rules: RuleContext) -> None:
+    """An info line for the softmax ops inside the model (not at its outputs) that run in float16/bfloat16.
+
+    Args:
+        rules: The check, whose findings it adds to.
+    """
     graph = rules.graph
     at_output = {out.layer for out in graph.outputs if out.producer_type in ("Softmax", "LogSoftmax")}
     wrappers = [graph.layer(out.layer).path + "/" for out in graph.outputs  # (whose layer runs once per time step)
@@ -80,6 +99,11 @@ def attention_softmax(rules: RuleContext) -> None:
 
 # -- layernorm-precision: a normalization whose statistics run in float16/bfloat16 ------------------------
 def normalization(rules: RuleContext) -> None:
+    """A warning per normalization class (not a batch normalization) that computes its statistics in float16/bfloat16.
+
+    Args:
+        rules: The check, whose findings it adds to.
+    """
     graph = rules.graph
     bad: dict[str, dict[int, None]] = {}  # class name -> its layers, in order
     for op in graph.others:
@@ -101,6 +125,12 @@ def normalization(rules: RuleContext) -> None:
 
 # -- vocabulary-size: the vocabulary is the logits GEMM's width ---------------------------------------------
 def vocabulary(rules: RuleContext) -> None:
+    """A finding per vocabulary that is no multiple of `VOCAB_ALIGNMENT`: by its GEMMs' share where it is a GEMM's
+    width, an info line where it is only a lookup (and no multiple of the matrix unit's alignment).
+
+    Args:
+        rules: The check, whose findings it adds to.
+    """
     graph, target = rules.graph, rules.target
     unit = target.unit_for(target.effective_dtype)
     if unit is None:

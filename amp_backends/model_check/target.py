@@ -53,6 +53,12 @@ class Target:
         return self.units.get(dtype)
 
     def to_dict(self) -> dict[str, Any]:
+        """The target as JSON-ready data (part of the check's ``plan``).
+
+        Returns:
+            The backend, the policy, its compute dtype and support, the graph rewrite, fp8, and the matrix units by
+            compute dtype (``unit``, ``alignment``).
+        """
         return {"backend": self.backend, "policy": self.policy, "compute_dtype": self.compute_dtype,
                 "policy_support": self.policy_level, "graph_amp": self.graph_amp, "fp8": self.fp8,
                 "matrix_units": {d: {"unit": u, "alignment": a} for d, (u, a) in self.units.items()}}

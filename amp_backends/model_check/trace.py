@@ -102,6 +102,14 @@ class ModelGraph:
     uncounted: list[int] = field(default_factory=list)  # layers with matmuls inside a function call (not read)
 
     def layer(self, index: int) -> LayerInfo:
+        """A layer by its index in `layers` (the ops' ``layer``; 0: the model itself).
+
+        Args:
+            index: The layer's index.
+
+        Returns:
+            The layer.
+        """
         return self.layers[index]
 
 

@@ -2,16 +2,17 @@
 
 ``trainer`` (`Trainer`, the loop; `TrainResult`), ``step`` (`Update`, the compiled step; `step_seed`),
 ``loss_scaling`` (`LossScaler`, also for a ``tf.GradientTape`` loop of your own), ``inputs`` (resident arrays and
-``tf.data`` pipelines), ``runs`` (run folders, one run at a time, the position; `seed_everything`,
-`parse_profile_steps`), ``resume`` (saving, stopping on Ctrl-C or SIGTERM, resuming), ``checkpoints`` (checkpoints
-that survive a failing disk), ``distribute`` and ``launchers`` (strategies, clusters from ``mpiexec`` or ``srun``),
-``metrics``, ``validation``, ``observers`` (log line, TensorBoard, progress bar, profiler; `ThroughputLogger`),
-``precision`` (the layer plans and the precision check), ``tasks`` (ready-made updates: classifier, the tutorials'
-GAN, MNIST batches).
+``tf.data`` pipelines), ``runs`` (run folders, one run at a time, the position; `parse_profile_steps`), ``resume``
+(saving, stopping on Ctrl-C or SIGTERM, resuming), ``checkpoints`` (checkpoints that survive a failing disk),
+``distribute`` and ``launchers`` (strategies, clusters from ``mpiexec`` or ``srun``), ``metrics``, ``validation``,
+``observers`` (log line, TensorBoard, progress bar, profiler; `ThroughputLogger`), ``precision`` (the layer plans and
+the precision check), ``tasks`` (ready-made updates: classifier, the tutorials' GAN, MNIST batches). The package
+also gives `seed_everything` (`amp_backends.seeds`).
 
 Importing this package is cheap; TensorFlow is imported with the first name used from it, except ``runs``' names
-(TensorFlow only once `seed_everything` or `run_directory` with a strategy runs; `parse_profile_steps` never) and
-``distribute``'s and ``launchers``' cluster checks, which run before TensorFlow starts.
+(TensorFlow only once `run_directory` with a strategy runs; `parse_profile_steps` never), `seed_everything`
+(TensorFlow only once it runs) and ``distribute``'s and ``launchers``' cluster checks, which run before TensorFlow
+starts.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ _LAZY = {name: module for module, names in {
     ".observers": ("Observer", "CallRecord", "ThroughputLogger"),
     ".metrics": ("record_predictions",),
     ".loss_scaling": ("LossScaler",),
-    ".runs": ("parse_profile_steps", "run_directory", "seed_everything"),
+    ".runs": ("parse_profile_steps", "run_directory"),
+    "..seeds": ("seed_everything",),
     ".tasks": ("classifier_updates", "gan_updates", "mnist_batch_fn"),
 }.items() for name in names}
 
@@ -39,7 +41,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .loss_scaling import LossScaler
     from .metrics import record_predictions
     from .observers import CallRecord, Observer, ThroughputLogger
-    from .runs import parse_profile_steps, run_directory, seed_everything
+    from ..seeds import seed_everything
+    from .runs import parse_profile_steps, run_directory
     from .step import Evaluation, Update, step_seed
     from .tasks import classifier_updates, gan_updates, mnist_batch_fn
     from .trainer import Trainer, TrainResult

@@ -224,6 +224,7 @@ class CheckpointStore:
 
     # -------------------------------------------------------------------------------- saving
     def weights_finite(self) -> bool:
+        """Whether every weight of the checkpointed objects is finite (none is NaN or infinite)."""
         return bool(tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in self.weights]).numpy())
 
     def save_finite(self, together: ContextManager[Any]) -> str | None:

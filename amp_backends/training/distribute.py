@@ -65,6 +65,14 @@ def parse_tf_config(text: str) -> dict[str, Any]:
 
 
 def own_address(cfg: Mapping[str, Any]) -> str:
+    """This task's own address in a parsed ``TF_CONFIG``.
+
+    Args:
+        cfg: ``TF_CONFIG`` as `parse_tf_config` returns it.
+
+    Returns:
+        ``"host:port"`` of the task ``cfg["task"]`` names.
+    """
     return cfg["cluster"][cfg["task"]["type"]][cfg["task"]["index"]]
 
 
@@ -205,6 +213,14 @@ def is_chief(strategy: Any) -> bool:
 
 
 def worker_id(strategy: Any) -> str:
+    """This worker as logs and errors name it.
+
+    Args:
+        strategy: The run's ``tf.distribute`` strategy.
+
+    Returns:
+        ``"worker-1"`` (its task type and index) under a multi-worker strategy, else ``"0"``.
+    """
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not getattr(resolver, "task_type", None):
         return "0"

@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..errors import InputError
+from ..model_inputs import as_array_nest, describe_array, leaf_paths, rows
 from .runs import At
 from .step import StepProgram, Update, device_type
 
@@ -68,64 +69,11 @@ class Ran:
                          f"was skipped (no weight changed) and training stopped; nothing was saved after it.{again}")
 
 
-# ------------------------------------------------------------------------------------ nests of arrays
-def describe(value: Any) -> str:
-    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-    return f"{type(value).__name__}" + (f" of shape {tuple(shape)}" if shape is not None else "") + (
-        f" and dtype {dtype}" if dtype is not None else "")
-
-
-def leaf_paths(structure: Any, prefix: str) -> list[tuple[str, Any]]:
-    """``(path, leaf)`` pairs of a nest of arrays: ``x['ids']``, ``x[1]``, ``y``."""
-    if isinstance(structure, dict):
-        return [p for k, v in structure.items() for p in leaf_paths(v, f"{prefix}[{k!r}]")]
-    if isinstance(structure, (tuple, list)):
-        return [p for i, v in enumerate(structure) for p in leaf_paths(v, f"{prefix}[{i}]")]
-    return [(prefix, structure)]
-
-
-def as_array_nest(structure: Any, name: str) -> Any:
-    """Validate a nest of array-likes and convert Python lists of numbers to arrays; keep tensors as they are."""
-    if isinstance(structure, dict):
-        if bad := [k for k in structure if not isinstance(k, str)]:
-            raise InputError(f"{name} as a dict must have string keys (feature names). Received keys {bad!r}.")
-        return {k: as_array_nest(v, f"{name}[{k!r}]") for k, v in structure.items()}
-    # a list of arrays is several inputs; a list of Python lists or numbers is one array's rows
-    if isinstance(structure, tuple) or (isinstance(structure, list) and structure and all(
-            np.ndim(v) >= 1 and not isinstance(v, list) or isinstance(v, (dict, tuple)) for v in structure)):
-        return type(structure)(as_array_nest(v, f"{name}[{i}]") for i, v in enumerate(structure))
-    if isinstance(structure, (tf.Tensor, tf.Variable)):
-        return structure
-    try:  # numpy, an array library's array, Python lists of numbers
-        arr = np.asarray(structure)
-    except Exception:  # ragged lists
-        arr = np.asarray(None, dtype=object)
-    if arr.dtype == object and arr.ndim >= 1 and arr.size and all(isinstance(v, (str, bytes)) for v in arr.flat):
-        arr = arr.astype(bytes if isinstance(next(iter(arr.flat)), bytes) else str)  # strings held as objects
-    if arr.dtype == object or arr.dtype.kind == "V" or arr.ndim == 0:
-        raise InputError(
-            f"{name} must be an array of numbers or strings with one row per sample (a NumPy array or tensor, or a "
-            f"tuple, list or dict of them). Received: {describe(structure)}. Fix: convert it with np.asarray(...).")
-    return arr  # (strings are for a model that starts with its own StringLookup or TextVectorization)
-
-
-def rows(x: Any, y: Any) -> int:
-    """The number of samples in arrays ``x`` and labels ``y`` (nests of arrays from `as_array_nest`): one row
-    per sample in every array, or `InputError` naming each array's rows."""
-    leaves = leaf_paths(x, "x") + ([] if y is None else leaf_paths(y, "y"))
-    counts = {path: int(leaf.shape[0]) for path, leaf in leaves}
-    if len(set(counts.values())) > 1:
-        raise InputError("Every input and label array must have one row per sample, the same number of rows. "
-                         f"Received: {', '.join(f'{p}: {n}' for p, n in counts.items())}. Fix: make the arrays the "
-                         "same length (x and y describe the same samples).")
-    return next(iter(counts.values()))
-
-
 def refuse_labels_beside(dataset: Any, y: Any) -> None:
     """Labels given beside a ``tf.data.Dataset``, whose elements carry them: `InputError` with the fix."""
     if isinstance(dataset, tf.data.Dataset) and y is not None:
         raise InputError("With a tf.data.Dataset, the labels come from the dataset's elements ((x, y) batches). "
-                         f"Received y={describe(y)} as well. Fix: zip them into the dataset and pass y=None.")
+                         f"Received y={describe_array(y)} as well. Fix: zip them into the dataset and pass y=None.")
 
 
 def on_device(x: Any, y: Any, device: str) -> tuple[Any, Any, bool]:
@@ -165,6 +113,7 @@ class ResidentArrays:
 
     @property
     def steps_per_epoch(self) -> int:
+        """Full batches per epoch (the rows left over wait for another epoch's order)."""
         return self.samples // self.batch_size
 
     def permutation(self, epoch: int) -> tf.Tensor:
@@ -179,7 +128,8 @@ class ResidentArrays:
         """The data as the step's batch function sees it, for validating the updates before training."""
         return self.host
 
-    def describe(self) -> str:  # (what the loop asks every input, from here on)
+    def describe(self) -> str:
+        """The data in words, for the line before training (what the loop asks every input, from here on)."""
         left = self.samples % self.batch_size  # (a full batch each step: the rest waits for another epoch's order)
         return f"{self.samples} samples resident on {self.device}" + (
             f" ({left} left out of each epoch, other ones each epoch: the data is shuffled)" if left else "")
@@ -329,9 +279,11 @@ class Stream:
 
     # -- what the loop asks every input (see ResidentArrays) ----------------------------------------
     def describe(self) -> str:
+        """The data in words, for the line before training."""
         return "a tf.data pipeline"
 
     def first_batch(self, rows: int) -> Any:
+        """The first ``rows`` samples of the pipeline's first batch (for the precision check)."""
         return tf.nest.map_structure(lambda a: a[:rows] if np.ndim(a) else a, self.sample_batch())
 
     def left_in_epoch(self, offset: int) -> int | None:

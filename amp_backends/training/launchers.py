@@ -34,6 +34,7 @@ class Launch:
 
     @property
     def size(self) -> int:
+        """The number of workers."""
         return len(self.workers)
 
     def tf_config(self) -> dict[str, Any]:

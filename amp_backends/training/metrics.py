@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import tensorflow as tf
+from typing_extensions import override
 
 from ..errors import AmpConfigError, warn
 from .inputs import Ran
@@ -61,6 +62,7 @@ class Accuracy(tf.keras.metrics.Mean):
         super().__init__(name=name, **kwargs)
         self.binary = binary
 
+    @override
     @tf.autograph.experimental.do_not_convert
     def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
         y_pred = tf.convert_to_tensor(y_pred)
@@ -77,6 +79,7 @@ class Accuracy(tf.keras.metrics.Mean):
             matches = m.categorical_accuracy(y_true, y_pred)
         return super().update_state(matches, sample_weight)
 
+    @override
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "binary": self.binary}
 
@@ -132,22 +135,6 @@ def build_metrics(specs: Sequence[Any] | None, *, binary: bool, strategy: Any, o
         raise AmpConfigError(f"Metric names must be unique and not 'loss' (they name the logged values). Received "
                              f"names {names}. Fix: give each metric its own name=...")
     return out
-
-
-def results(metrics: Sequence[Any]) -> dict[str, float]:
-    """Each metric's value (one number, added up across replicas and workers) under its name."""
-    out = {}
-    for m in metrics:
-        value = m.result()  # (a dict of values for a metric that reports several)
-        out.update({k: _number(v) for k, v in (value if isinstance(value, dict) else {m.name: value}).items()})
-    return out
-
-
-def _number(value: Any) -> float:
-    try:
-        return float(tf.reduce_mean(tf.cast(value, tf.float32)).numpy())
-    except Exception:
-        return math.nan
 
 
 logger = logging.getLogger("amp_backends.train")
@@ -241,6 +228,7 @@ class Monitor(Observer):
                              "(metrics=[...]), or monitor one of those names.")
 
     # ------------------------------------------------------------------ as an observer
+    @override
     def after_call(self, r: CallRecord) -> None:
         for i in range(r.steps):
             for j, name in enumerate(r.names):
@@ -329,10 +317,22 @@ class Progress:
     _t0: float = 0.0
 
     def start(self, step: int, total_steps: int | None) -> None:
+        """Tell the observers that a fit starts (`Observer.on_fit_start`).
+
+        Args:
+            step: The global step it starts from.
+            total_steps: The step it will stop at, or ``None`` when the data's length is unknown.
+        """
         for o in self.observers:
             o.on_fit_start(step, total_steps)
 
     def before_call(self, step: int, steps: int) -> None:
+        """Tell the observers that a call starts, and start its clock.
+
+        Args:
+            step: The global step before the call.
+            steps: The steps the call will run.
+        """
         for o in self.observers:
             o.before_call(step, steps)
         self._t0 = time.perf_counter()
@@ -368,6 +368,7 @@ class Progress:
                 warn(said, log=logger)
 
     def close(self) -> None:
+        """Close every observer (`Observer.close`)."""
         for o in self.observers:
             o.close()
 

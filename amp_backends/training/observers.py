@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import tensorflow as tf
+from typing_extensions import override
 
 from ..configure import ensure_visible_logging
 from ..errors import AmpConfigError, write_failure
@@ -107,6 +108,7 @@ class LogLine(Observer):
     def __init__(self, every: int = 1) -> None:
         self.every = every
 
+    @override
     def after_call(self, r: CallRecord) -> None:
         for i in range(r.steps):
             if (r.step - r.steps + i + 1) % self.every:  # (the global step)
@@ -118,6 +120,7 @@ class LogLine(Observer):
             logger.info(f"({r.epoch}, {r.first + i}), {loss_text}, step_time: {r.step_time:.5f}, "
                         f"throughput: {r.throughput:.3e} img/s.{mark}")
 
+    @override
     def after_evaluation(self, epoch: int, step: int, values: dict[str, float]) -> None:
         what = (f"Epoch {epoch} (global step {step})" if any(not k.startswith("val_") for k in values)
                 else f"Validation at global step {step} (epoch {epoch})")
@@ -141,9 +144,11 @@ class TensorBoardScalars(Observer):
             logger.warning("TensorBoard is not installed: no scalars are written to %s (pip install tensorboard)",
                            logdir)
 
+    @override
     def on_fit_start(self, start_step: int, total_steps: int | None) -> None:
         self.start_step = start_step  # its marker goes ahead of this fit's first scalars
 
+    @override
     def after_call(self, r: CallRecord) -> None:
         if not self.usable:
             return
@@ -163,6 +168,7 @@ class TensorBoardScalars(Observer):
                            f"skipped_steps/{n}": r.skipped[n]})
         self._scalars(r.step, {**values, "throughput_img_per_s": r.throughput})
 
+    @override
     def after_evaluation(self, epoch: int, step: int, values: dict[str, float]) -> None:
         self._scalars(step, {f"val/{k[4:]}" if k.startswith("val_") else f"epoch/{k}": v for k, v in values.items()})
 
@@ -184,6 +190,7 @@ class TensorBoardScalars(Observer):
                                    session_log=tf.compat.v1.SessionLog(status=tf.compat.v1.SessionLog.START))
         tf.raw_ops.ImportEvent(writer=resource, event=start.SerializeToString())
 
+    @override
     def close(self) -> None:
         if self.writer is not None:
             self._guarded(self.writer.flush)
@@ -218,6 +225,7 @@ class ProgressBar(Observer):
     def __init__(self) -> None:
         self.progress: Any = None
 
+    @override
     def on_fit_start(self, start_step: int, total_steps: int | None) -> None:
         from rich import progress as rich
 
@@ -226,10 +234,12 @@ class ProgressBar(Observer):
         self.task = self.progress.add_task("training", total=total_steps, completed=start_step)
         self.progress.start()
 
+    @override
     def after_call(self, r: CallRecord) -> None:
         if self.progress is not None:
             self.progress.update(self.task, completed=r.step)
 
+    @override
     def close(self) -> None:
         if self.progress is not None:
             self.progress.stop()
@@ -255,16 +265,19 @@ class ProfilerWindow(Observer):
         self.last = 0  # and the step it has reached
         self.running = self.done = False
 
+    @override
     def on_fit_start(self, start_step: int, total_steps: int | None) -> None:
         if self.after_fit_start and self.began is None:  # (the first fit's warm-up compiles; later fits reuse it)
             self.start, self.stop = (start_step + step for step in self.window)
         self.began = self.last = start_step
 
+    @override
     def before_call(self, step: int, steps: int) -> None:
         if not self.running and not self.done and step < self.stop and step + steps > self.start:
             if self._guarded(lambda: tf.profiler.experimental.start(self.logdir)):
                 self.running, self.first = True, step
 
+    @override
     def after_call(self, r: CallRecord) -> None:
         self.last = r.step
         if self.running and r.step >= self.stop:
@@ -280,6 +293,7 @@ class ProfilerWindow(Observer):
                 ("" if self.last >= self.stop else "; training ended first") + ")"
             logger.info(f"Profiler trace of steps {self.first}:{self.last}{asked} written to {self.logdir}")
 
+    @override
     def close(self) -> None:
         if self.running:
             self._written()
@@ -365,12 +379,15 @@ class ThroughputLogger(tf.keras.callbacks.Callback):
         self._epoch, self._t0, self._last, self._counted = 0, 0.0, -1, 0.0
         ensure_visible_logging()  # (auto_configure(verbose=False) quiets the plan's summary, not these lines)
 
+    @override
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._epoch, self._last = epoch, -1
 
+    @override
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         self._counted, self._t0 = _samples_counted(self.model), time.perf_counter()  # (the count read first)
 
+    @override
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         dt = time.perf_counter() - self._t0
         total = (getattr(self, "params", None) or {}).get("steps")  # (Keras names an epoch's short last call by
@@ -386,6 +403,7 @@ class ThroughputLogger(tf.keras.callbacks.Callback):
             logger.info(f"({self._epoch}, {batch}), Loss (epoch mean): {float(loss):.5f}, step_time: {step_time:.5f}, "
                         f"throughput: {tp:.3e} img/s.")
 
+    @override
     def on_train_end(self, logs: Any = None) -> None:
         if len(self.throughputs) > WARMUP_CALLS:
             logger.info(f"Summary: median throughput {statistics.median(self.throughputs[WARMUP_CALLS:]):.4g} img/s")

@@ -1,7 +1,8 @@
 """The layer plans and the precision check of the models a trainer trains, once, before the first step.
 
 The trainer knows the variables it trains, not the models: `trained_models` finds the Keras models that own them
-(among ``checkpoint_objects`` and what the updates' loss functions hold).
+(among ``checkpoint_objects`` and what the updates' loss functions hold), and `evaluated_update` the update whose
+model validation, metrics and predictions run.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 
-from ..errors import AmpWarning, warn
+from ..errors import AmpConfigError, AmpWarning, warn
 from ..layer_plan import FLOAT8, LayerPlan, LayerDecision, apply, built_in_other_dtype, decide, with_float8
 from ..plan import Plan
 from .checkpoints import CheckpointStore
@@ -82,6 +83,29 @@ def trained_models(updates: Sequence[Update], objects: Mapping[str, Any] | None)
     variables = {id(m): {id(v) for v in m.variables} for m in owners}
     return [m for m in owners  # a model inside another one found is checked as part of it
             if not any(o is not m and variables[id(m)] < variables[id(o)] for o in owners)]
+
+
+def evaluated_update(updates: Sequence[Update], what: str) -> Update:
+    """The update that validation, metrics and predictions use: the first with an `Evaluation`.
+
+    Args:
+        updates: The trainer's updates.
+        what: What needs it, as the error says it (``"metrics="``, ``"evaluate()"``).
+
+    Returns:
+        That update.
+
+    Raises:
+        AmpConfigError: No update has an `Evaluation` (the GAN's updates have no labels to evaluate).
+    """
+    for u in updates:
+        if u.evaluation is not None:
+            return u
+    raise AmpConfigError(
+        f"{what} needs a model to evaluate, and none of the updates ({', '.join(u.name for u in updates)}) says how "
+        "to run one: Update.evaluation is not set (classifier_updates sets it; the GAN's updates have no labels to "
+        "evaluate). Fix: train with classifier_updates(model, optimizer, loss), or give your Update an "
+        "evaluation=amp_backends.training.Evaluation(predict=..., loss=...).")
 
 
 def model_inputs(model: Any, x: Any) -> Any:
@@ -322,6 +346,14 @@ class FirstBatch:
     x: Any
 
     def first_batch(self, batch_size: int) -> Any:
+        """The first batch of ``x``: a dataset's first element, or the first ``batch_size`` rows of arrays.
+
+        Args:
+            batch_size: The rows of arrays to take.
+
+        Returns:
+            ``(x, None)`` for arrays; the dataset's first element as it is.
+        """
         import tensorflow as tf
 
         if isinstance(self.x, tf.data.Dataset):

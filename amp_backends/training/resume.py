@@ -341,7 +341,8 @@ class RandomState(tf.Module):
         self.shared = list(shared)
 
     @property
-    def variables(self) -> tuple[tf.Variable, ...]:  # (Keras 3's variables are no tf.Variable for tf.Module's walk)
+    def variables(self) -> tuple[tf.Variable, ...]:
+        """The layers' generator states (Keras 3's variables are no ``tf.Variable`` for ``tf.Module``'s walk)."""
         return tuple(self.states)
 
 

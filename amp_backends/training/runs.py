@@ -1,10 +1,10 @@
-"""A run: where it writes (run directories, one run at a time in a checkpoint folder), where it stands, its seed.
+"""A run: where it writes (run directories, one run at a time in a checkpoint folder) and where it stands.
 
 Each run writes into a new ``<logdir>/version_N``; ``--resume`` continues the newest holding checkpoints
 (`run_directory`). ``fit`` holds an ``fcntl.flock`` on ``<folder>/.lock`` (`holding`): another process's run is
 refused (`CheckpointError`); the lock dies with its process (no ``flock``: unlocked, with a warning). The position
-is in samples (`Position`): a resume with another batch size goes on at the same sample. `seed_everything`;
-`parse_profile_steps` (the profiler's window, read before TensorFlow starts).
+is in samples (`Position`): a resume with another batch size goes on at the same sample. `parse_profile_steps`:
+the profiler's window, read before TensorFlow starts.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AmpConfigError, CheckpointError, warn
-from ..keras_compat import keras_info
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -85,7 +84,8 @@ def _missing(folder: Path) -> list[Path]:
     return list(itertools.takewhile(lambda p: not p.exists(), [folder, *folder.parents]))
 
 
-def versions(logdir: Path) -> dict[int, Path]:
+def _versions(logdir: Path) -> dict[int, Path]:
+    """The ``version_N`` folders under ``logdir``, by N."""
     children = logdir.iterdir() if logdir.is_dir() else ()
     return {int(m.group(1)): c for c in children if (m := VERSION.match(c.name)) and c.is_dir()}
 
@@ -99,13 +99,14 @@ class RunDirectory:
 
     @property
     def checkpoints(self) -> Path:
+        """The run's checkpoint folder, ``path/checkpoints``."""
         return self.path / "checkpoints"
 
 
 def propose_run_directory(logdir: str | os.PathLike, resume: bool) -> RunDirectory:
     """Where a run writes under ``logdir`` (the module docstring), decided without creating anything."""
     root = check_no_file_in_the_way(logdir, "--logdir")
-    found = versions(root)
+    found = _versions(root)
     if resume:
         candidates = [root, *(found[n] for n in sorted(found, reverse=True))]
         for path in candidates:
@@ -153,7 +154,7 @@ def reserve_run_directory(logdir: str | os.PathLike) -> RunDirectory:
     """
     made = _missing(check_no_file_in_the_way(logdir, "--logdir"))
     root = ensure_directory(logdir, "--logdir")
-    n = max(versions(root), default=-1) + 1
+    n = max(_versions(root), default=-1) + 1
     while True:
         path = root / f"version_{n}"
         try:
@@ -349,10 +350,12 @@ class Position:
         self.saved_batch_size = tf.Variable(self.batch_size, dtype=tf.int64, trainable=False, name="batch_size")
 
     def now(self) -> At:
+        """The position as it stands, read from its variables."""
         return At(*(int(v.numpy()) for v in (self.epoch, self.samples_in_epoch, self.global_step)))
 
     @property
     def step(self) -> int:
+        """The global step: the steps done so far in the run."""
         return int(self.global_step.numpy())
 
     def batch_in_epoch(self, at: At) -> int:
@@ -360,6 +363,7 @@ class Position:
         return at.offset // self.batch_size
 
     def next_epoch(self) -> None:
+        """Move to the start of the next epoch."""
         self.epoch.assign_add(1)
         self.samples_in_epoch.assign(0)
 
@@ -378,6 +382,7 @@ class Position:
         return total if max_steps is None else min(total, max_steps)
 
     def checkpoint(self) -> tf.train.Checkpoint:
+        """The position's variables (and the batch size they count in) as one checkpoint object."""
         import tensorflow as tf
 
         return tf.train.Checkpoint(global_step=self.global_step, epoch=self.epoch,
@@ -388,33 +393,3 @@ class Position:
         at, then = self.now(), int(self.saved_batch_size.numpy())
         self.saved_batch_size.assign(self.batch_size)
         return at, then
-
-
-_seed = {"value": 0}  # the process's seed, like the generators it seeds
-
-
-def seed_everything(seed: int, deterministic: bool = False) -> None:
-    """Seed Python, NumPy, TensorFlow, Keras and the trainers made afterwards (unless given ``seed=``).
-
-    Args:
-        seed: A non-negative integer.
-        deterministic: Also use deterministic kernels (``tf.config.experimental.enable_op_determinism``).
-
-    Raises:
-        AmpConfigError: ``seed`` is not a non-negative integer.
-    """
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise AmpConfigError(f"seed must be a non-negative integer. Received: {seed!r}. Fix: pass such as seed=0.")
-    import tensorflow as tf
-
-    tf.keras.utils.set_random_seed(seed)
-    if keras_info(tf).generation == 2:  # Keras 2's random layers made from now on: state a checkpoint holds
-        tf.keras.backend.experimental.enable_tf_random_generator()
-    _seed["value"] = seed
-    if deterministic:
-        tf.config.experimental.enable_op_determinism()
-
-
-def current_seed() -> int:
-    """The seed last given to `seed_everything` (0 before any)."""
-    return _seed["value"]

@@ -13,12 +13,12 @@ import tensorflow as tf
 from ..errors import AmpConfigError, InputError
 from .checkpoints import CheckpointStore
 from ..labels import check_label_shape, class_ids
-from ..model_inputs import check_model_inputs
-from .inputs import is_count, leaf_paths
+from ..model_inputs import check_model_inputs, leaf_paths
+from ..model_outputs import check_probabilities
+from .inputs import is_count
 from .metrics import masked_weights, record_predictions
 from ..keras_compat import not_an_optimizer, user_code
 from .step import Evaluation, Update, float32_outputs, step_seed
-from .validation import check_probabilities
 
 logger = logging.getLogger("amp_backends.train")
 

@@ -20,7 +20,8 @@ from .loss_scaling import LossScaler, check_stalled
 from .observers import WARMUP_CALLS, Observer, default_observers, training_line
 from .precision import FirstBatch, TrainedModels, trained_models
 from .resume import Checkpointing, nothing_left
-from .runs import At, Position, check_directory, current_seed, parse_profile_steps
+from ..seeds import current_seed
+from .runs import At, Position, check_directory, parse_profile_steps
 from .step import StepProgram, Update, build_optimizers
 from .tasks import check_fit_arguments, check_trainer_keywords
 from .metrics import Progress

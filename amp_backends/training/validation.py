@@ -11,22 +11,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import weakref
 from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import numpy as np
 
 import tensorflow as tf
 
-from ..errors import AmpConfigError, InputError, batch_error, warn, xla_compile_failure
-from . import metrics as metric_lib
-from .metrics import Every, Monitor, masked_weights, parse_every, results
+from ..errors import AmpConfigError, InputError, batch_error, xla_compile_failure
+from .metrics import Every, Monitor, Recording, build_metrics, masked_weights, parse_every
 from .observers import Observer
 from .checkpoints import CheckpointStore
 from ..keras_compat import user_code
 from .step import Update, float32_outputs
-from .inputs import (BatchFn, as_array_nest, batch_dims, contents, gather_batch, on_device, refuse_labels_beside,
-                     rows)
+from ..model_inputs import as_array_nest, rows
+from .precision import evaluated_update
+from .inputs import BatchFn, batch_dims, contents, gather_batch, on_device, refuse_labels_beside
 
 
 logger = logging.getLogger("amp_backends.train")
@@ -54,9 +53,9 @@ class Validation:
                     "takes its structures (dicts for named outputs). Fix: write such a metric (e.g. one that reads "
                     "y['class'] and pred['class']), or leave metrics out: validation then reports the loss.")
         binary = bool(evaluation and evaluation.binary)
-        self.train_metrics = metric_lib.build_metrics(metrics, binary=binary, strategy=strategy)
-        self.val_metrics = metric_lib.build_metrics(metrics, binary=binary, strategy=strategy, own=True)
-        self.recording = metric_lib.Recording({self.update.name: self.train_metrics} if self.update else {})
+        self.train_metrics = build_metrics(metrics, binary=binary, strategy=strategy)
+        self.val_metrics = build_metrics(metrics, binary=binary, strategy=strategy, own=True)
+        self.recording = Recording({self.update.name: self.train_metrics} if self.update else {})
         self.monitor = Monitor([u.name for u in updates], [m.name for m in self.train_metrics], keep_best=keep_best,
                                monitor=monitor, mode=mode, patience=patience, min_delta=min_delta)
         if self.monitor.keep_best and not checkpointing:
@@ -110,7 +109,7 @@ class Validation:
     # ------------------------------------------------------------------ during fit
     def epoch_end(self, epoch: int, step: int) -> None:
         """Epoch ``epoch`` ended at global step ``step``: its values (and validation, when due) recorded."""
-        values = {**self.monitor.epoch_values(), **metric_lib.results(self.train_metrics)}
+        values = {**self.monitor.epoch_values(), **metric_values(self.train_metrics)}
         for m in self.train_metrics:
             m.reset_state()
         if self.data is not None and self.every and self.every.unit == "epochs" and (epoch + 1) % self.every.n == 0:
@@ -124,6 +123,7 @@ class Validation:
             self._record(epoch, before + done, self.validate(), epoch_end=False)
 
     def validate(self) -> dict[str, float]:
+        """Evaluate ``validation_data`` now: each value under its name with ``val_`` before it."""
         assert self.evaluator is not None and self.data is not None
         values = self.evaluator.evaluate(*self.data, what="validation_data")
         return {f"val_{k}": v for k, v in values.items()}
@@ -169,6 +169,7 @@ class Validation:
 
     @property
     def stop(self) -> bool:
+        """Whether early stopping ended the run."""
         return self.monitor.stopped_early is not None
 
     # ------------------------------------------------------------------ results
@@ -185,22 +186,21 @@ class Validation:
             self.evaluator.forget_compiled()
 
     def evaluator_for(self, what: str) -> Evaluator:
+        """The `Evaluator` for ``evaluate()`` or ``predict()``.
+
+        Args:
+            what: What needs it, as the error says it (``"evaluate()"``).
+
+        Returns:
+            The evaluator.
+
+        Raises:
+            AmpConfigError: No update says how to evaluate its model (`evaluated_update`).
+        """
         if self.evaluator is None:
             evaluated_update(self.updates, what)
         assert self.evaluator is not None
         return self.evaluator
-
-
-def evaluated_update(updates: Sequence[Update], what: str) -> Update:
-    """The update that validation, metrics and predictions use: the first with an `Evaluation`."""
-    for u in updates:
-        if u.evaluation is not None:
-            return u
-    raise AmpConfigError(
-        f"{what} needs a model to evaluate, and none of the updates ({', '.join(u.name for u in updates)}) says how "
-        "to run one: Update.evaluation is not set (classifier_updates sets it; the GAN's updates have no labels to "
-        "evaluate). Fix: train with classifier_updates(model, optimizer, loss), or give your Update an "
-        "evaluation=amp_backends.training.Evaluation(predict=..., loss=...).")
 
 
 @contextlib.contextmanager
@@ -263,7 +263,7 @@ class Evaluator:
             if int(refused.numpy()):
                 raise InputError(f"Batch {i} of the data given to {what} {self.update.check_message or 'was refused.'}")
             total, weight = total + float(loss_sum.numpy()), weight + float(weight_sum.numpy())
-        return {"loss": total / weight if weight else math.nan, **results(self.metrics)}
+        return {"loss": total / weight if weight else math.nan, **metric_values(self.metrics)}
 
     def _batches(self, x: Any, y: Any, what: str) -> Any:
         """``(compiled call, its arguments)`` for each batch of the data."""
@@ -382,6 +382,29 @@ class Evaluator:
         return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outs)
 
 
+def metric_values(metrics: Sequence[Any]) -> dict[str, float]:
+    """Each metric's value (one number, added up across replicas and workers) under its name.
+
+    Args:
+        metrics: Keras metric objects.
+
+    Returns:
+        Their values by name (a metric that reports several values gives each under its own name).
+    """
+    out = {}
+    for m in metrics:
+        value = m.result()  # (a dict of values for a metric that reports several)
+        out.update({k: _number(v) for k, v in (value if isinstance(value, dict) else {m.name: value}).items()})
+    return out
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(tf.reduce_mean(tf.cast(value, tf.float32)).numpy())
+    except Exception:
+        return math.nan
+
+
 def _replica_slice(idx: Any) -> Any:
     """This replica's rows of a global batch of indices (the last replicas get fewer, or none, in a short batch)."""
     ctx = tf.distribute.get_replica_context()
@@ -392,24 +415,3 @@ def _replica_slice(idx: Any) -> Any:
     local = (size + n - 1) // n
     start = tf.minimum(tf.cast(ctx.replica_id_in_sync_group, tf.int64) * local, size)
     return idx[start:tf.minimum(start + local, size)]
-
-
-_SAID_LOGITS: weakref.WeakSet[Any] = weakref.WeakSet()  # the models warned of, once each
-
-
-def check_probabilities(model: Any, x: Any, loss_name: str) -> None:
-    """An `AmpWarning` (once a model) where the model's outputs on a few rows of ``x`` are no probabilities (logits:
-    values out of 0..1) for a loss that takes probabilities (``loss_name``'s): it would train on nonsense."""
-    if model in _SAID_LOGITS:
-        return
-    try:
-        pred = tf.cast(model(tf.nest.map_structure(lambda a: a[:32], x), training=False), tf.float32).numpy()
-    except Exception:  # (a model that runs only in its step: nothing said here)
-        return
-    if pred.size and (pred.min() < -1e-3 or pred.max() > 1 + 1e-3):
-        _SAID_LOGITS.add(model)
-        said = (f"The loss ({loss_name}) takes probabilities (from_logits=False), but the model {model.name!r} "
-                f"outputs values from {pred.min():.3g} to {pred.max():.3g}: logits, with no softmax or sigmoid, so the "
-                "loss it trains on means nothing. Fix: give the loss from_logits=True (keras.losses.SparseCategorical"
-                "Crossentropy(from_logits=True)), or end the model with activation='softmax' (binary: 'sigmoid').")
-        warn(said, log=logger)

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from typing_extensions import override
+
 from amp_backends.backends.intel.itex import (MATH_MODE_VARIABLE, ItexStatus, amp_variable_beside, apply_math_mode,
                                              itex_status, math_mode_support, user_math_mode)
 
@@ -117,6 +119,7 @@ class CpuFacts:
 
     @property
     def itex_loaded(self) -> bool:
+        """Whether TensorFlow loads ITEX as a plugin when imported (``itex.compatible``)."""
         return self.itex.compatible
 
 
@@ -125,6 +128,16 @@ def _facts(probe: BackendProbe) -> CpuFacts | None:
 
 
 def onednn_of(probe: BackendProbe, cpu: CpuInfo) -> OneDnnState:
+    """Whether TensorFlow runs oneDNN on the probed machine, as the probe read it.
+
+    Args:
+        probe: A CPU probe (`cpu_probe`).
+        cpu: The probe's CPU.
+
+    Returns:
+        The probe's `OneDnnState`, or where it holds none, `onednn_state`'s for ``cpu`` on Linux with
+        ``TF_ENABLE_ONEDNN_OPTS`` unset.
+    """
     facts = _facts(probe)
     return facts.onednn if facts is not None and facts.onednn is not None else onednn_state(cpu, {}, system="linux")
 
@@ -178,11 +191,13 @@ class CpuBackend(Backend):
     priority = 100
     tf_device_type = None
 
+    @override
     def probe(self, *, use_tensorflow: bool = False) -> BackendProbe:
         cpu = probe_cpu()
         return cpu_probe(cpu, itex_status(), onednn=read_onednn_state(cpu, os.environ, tensorflow_version()),
                          zentf=installed_version(rules.ZENDNN_PACKAGE), environ=os.environ)
 
+    @override
     def report_rows(self, probe: BackendProbe) -> list[tuple[str, str]]:
         cpu, facts = probe.cpu, _facts(probe)
         rows = [("device", ", ".join(d.tf_name for d in probe.devices) or "-"),
@@ -202,6 +217,7 @@ class CpuBackend(Backend):
             rows.append(("math library", rules.math_library(onednn, facts.itex_loaded, facts.zentf, facts.zendnn_on)))
         return rows
 
+    @override
     def assess(self, probe: BackendProbe, hardware: Hardware) -> Assessment:
         cpu, onednn, itex_active = _state(probe)
         bf16 = rules.bf16_support(cpu, onednn, itex_active)
@@ -237,6 +253,7 @@ class CpuBackend(Backend):
             peers=rules.judge_peers(cpu, self.peers(probe)),
             graph_amp=rules.graph_amp_support(cpu, onednn, itex_active), graph_amp_dtypes=("bfloat16",))
 
+    @override
     def vendor_settings(self, plan: Plan) -> tuple[VendorSetting, ...]:
         settings = []
         if plan.tf32:  # only ever native here: ITEX loaded on an AMX CPU
@@ -247,6 +264,7 @@ class CpuBackend(Backend):
                                           f"graph to {plan.graph_amp} for oneDNN (graph_amp=on)"))
         return tuple(settings)
 
+    @override
     def apply(self, plan: Plan, tf: Any) -> list[str]:
         mode = plan.vendor_setting(MATH_MODE_VARIABLE)
         notes = [apply_math_mode(mode),

@@ -20,6 +20,14 @@ OFF = " onednn=0"  # the suffix of the configurations measured with TF_ENABLE_ON
 
 
 def bf16_flags(cpu: CpuInfo) -> str:
+    """The CPU's bf16 instruction flags, as the reasons name them.
+
+    Args:
+        cpu: The CPU.
+
+    Returns:
+        Those of ``avx512_bf16``, ``amx_bf16`` and Arm's ``bf16`` it has, sorted and comma-separated (``""``: none).
+    """
     return ", ".join(sorted(cpu.flags & {"avx512_bf16", "amx_bf16", "bf16"}))
 
 
@@ -36,6 +44,16 @@ def _config(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool, name: str) -> 
 
 
 def bf16_runs_fast(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> bool:
+    """Whether bfloat16 runs fast on this CPU: it has bf16 instructions and oneDNN (TensorFlow's or ITEX's) runs it.
+
+    Args:
+        cpu: The CPU.
+        onednn: Whether TensorFlow runs oneDNN there.
+        itex_active: Whether ITEX is loaded (its own oneDNN then runs the model).
+
+    Returns:
+        True where both hold.
+    """
     return cpu.native_bf16 and (onednn.enabled or itex_active)
 
 
@@ -48,6 +66,17 @@ def _too_late(onednn: OneDnnState) -> str:
 
 
 def bf16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Support:
+    """The mixed_bfloat16 policy on this CPU: native with bf16 instructions where oneDNN runs it, else emulated (unsafe
+    under ITEX), quoting the results files.
+
+    Args:
+        cpu: The CPU.
+        onednn: Whether TensorFlow runs oneDNN there.
+        itex_active: Whether ITEX is loaded (its own oneDNN then runs the model).
+
+    Returns:
+        The policy's `Support`, with its reason and evidence.
+    """
     which = bf16_flags(cpu)
     if bf16_runs_fast(cpu, onednn, itex_active):
         on = policy_file(cpu.name, WITH_BF16, "mixed_bfloat16", "float32")
@@ -89,6 +118,17 @@ def bf16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Suppor
 
 
 def fp16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Support:
+    """The mixed_float16 policy on this CPU: unsafe under ITEX on an x86 CPU with fp16 instructions, emulated where
+    TensorFlow sends float16 to oneDNN's reference kernels or the CPU has no fp16 arithmetic, else functional.
+
+    Args:
+        cpu: The CPU.
+        onednn: Whether TensorFlow runs oneDNN there.
+        itex_active: Whether ITEX is loaded (its own oneDNN then runs the model).
+
+    Returns:
+        The policy's `Support`, with its reason and evidence.
+    """
     flags = ", ".join(sorted(cpu.flags & set(FLOAT16_FLAGS)))  # x86's fp16 instructions, as the reasons name them
     if itex_active and cpu.native_fp16 and not cpu.is_arm:
         return Support(UNSAFE, f"ITEX is loaded and this CPU has fp16 instructions ({flags}): ITEX sends float16 to "
@@ -116,6 +156,17 @@ def fp16_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> Suppor
 
 
 def fp32_support(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool, bf16: Support) -> Support:
+    """The float32 policy on this CPU: native, with what it leaves unused or why it is the fastest safe choice here.
+
+    Args:
+        cpu: The CPU.
+        onednn: Whether TensorFlow runs oneDNN there.
+        itex_active: Whether ITEX is loaded (its own oneDNN then runs the model).
+        bf16: The mixed_bfloat16 `Support` here (`bf16_support`), quoted where bfloat16 cannot run through oneDNN.
+
+    Returns:
+        The policy's `Support`.
+    """
     if bf16_runs_fast(cpu, onednn, itex_active):
         return Support(NATIVE, "float32 is the CPU's native path, but it leaves the bf16 instructions unused",
                        "leaves the bf16 instructions unused")
@@ -146,12 +197,30 @@ def onednn_left_off(onednn: OneDnnState) -> str:
 
 
 def preference(cpu: CpuInfo, onednn: OneDnnState, itex_active: bool) -> tuple[str, ...]:
+    """The dtype policies in the order this CPU prefers them.
+
+    Args:
+        cpu: The CPU.
+        onednn: Whether TensorFlow runs oneDNN there.
+        itex_active: Whether ITEX is loaded (its own oneDNN then runs the model).
+
+    Returns:
+        mixed_bfloat16 first where bfloat16 runs fast (`bf16_runs_fast`), else float32 first.
+    """
     if bf16_runs_fast(cpu, onednn, itex_active):
         return ("mixed_bfloat16", "float32", "mixed_float16")
     return ("float32", "mixed_bfloat16", "mixed_float16")
 
 
 def xla_support(cpu: CpuInfo) -> Support:
+    """XLA on this CPU: functional, TensorFlow's own CPU kernels having beaten XLA's CPU JIT where measured.
+
+    Args:
+        cpu: The CPU (it picks the results file quoted, `measured_file`).
+
+    Returns:
+        XLA's `Support`, quoting the MNIST CNN with and without XLA.
+    """
     file, plain, jit = measured_file(cpu), "float32", "float32+xla"
     faster = times(file, plain, jit)
     return Support(FUNCTIONAL, f"TensorFlow's own CPU kernels beat XLA's CPU JIT on the MNIST CNN, {faster} faster "

@@ -65,10 +65,12 @@ class Record:
 
     @property
     def is_compute(self) -> bool:
+        """Whether the primitive does matrix work (a kind of `COMPUTE_KINDS`), counted in the compute time."""
         return self.kind in COMPUTE_KINDS
 
     @property
     def is_reorder(self) -> bool:
+        """Whether the primitive is a ``reorder``: a layout copy, counted apart."""
         return self.kind == "reorder"
 
     @property

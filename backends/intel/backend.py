@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from typing_extensions import override
+
 from amp_backends.backend_api import warn
 from amp_backends.assessment import EMULATED, NATIVE, UNSUPPORTED, Assessment, MatrixUnit, Support, VendorSetting
 from amp_backends.hardware import KnownDevice, BF16, FP16, TF32, XMX, Accelerator, BackendProbe, Hardware
@@ -96,6 +98,7 @@ class IntelBackend(Backend):
     priority = 200
     tf_device_type = "XPU"
 
+    @override
     def probe(self, *, use_tensorflow: bool = False) -> BackendProbe:
         itex = itex_status()
         if not itex.installed:
@@ -143,14 +146,17 @@ class IntelBackend(Backend):
                                 details=tuple(details), facts=facts)
         return xpu_probe(names, facts, has_xmx=has_xmx, is_xehpc=is_xehpc, details=details)
 
+    @override
     def report_rows(self, probe: BackendProbe) -> list[tuple[str, str]]:
         return [*super().report_rows(probe)[:1],
                 *((f"XPU {d.index}", f"{d.name}; " + ", ".join(sorted(d.capabilities))) for d in probe.devices),
                 *((k.replace("_", " "), v) for k, v in probe.details)]
 
+    @override
     def software_rows(self) -> list[tuple[str, str]]:
         return [itex_software_row(itex_status())]
 
+    @override
     def assess(self, probe: BackendProbe, hardware: Hardware) -> Assessment:
         devices = probe.devices
         all_have = lambda cap: all(d.has(cap) for d in devices)  # noqa: E731
@@ -188,6 +194,7 @@ class IntelBackend(Backend):
             tf32=tf32, xla=xla, xla_default=False, fp8=fp8, matrix_units=units,
             graph_amp=Support(NATIVE, "ITEX's Advanced Auto Mixed Precision (itex.set_config) rewrites the graph"))
 
+    @override
     def vendor_settings(self, plan: Plan) -> tuple[VendorSetting, ...]:
         settings = []
         if plan.tf32:
@@ -199,6 +206,7 @@ class IntelBackend(Backend):
                                           f"{plan.graph_amp} (graph_amp=on)"))
         return tuple(settings)
 
+    @override
     def apply(self, plan: Plan, tf: Any) -> list[str]:
         mode, amp = plan.vendor_setting(MATH_MODE_VARIABLE), plan.vendor_setting(AMP_SETTING)
         if said := amp_variable_beside(plan.policy):

@@ -39,6 +39,7 @@ class ItexStatus:
 
     @property
     def installed(self) -> bool:
+        """Whether ITEX is installed (its ``version`` is known), compatible or not."""
         return self.version is not None
 
 

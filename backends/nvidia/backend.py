@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from typing_extensions import override
+
 from amp_backends.backend_api import (EMULATED, FUNCTIONAL, NATIVE, UNSUPPORTED, Assessment, Evidence, MatrixUnit,
                                       Support, quote_results, results_evidence)
 from amp_backends.hardware import KnownDevice, BF16, FP8, FP16, TENSOR_CORES, TF32, Accelerator, BackendProbe, Hardware
@@ -169,6 +171,7 @@ class NvidiaBackend(Backend):
     priority = 300
     tf_device_type = "GPU"
 
+    @override
     def probe(self, *, use_tensorflow: bool = False) -> BackendProbe:
         try:
             import pynvml  # from nvidia-ml-py
@@ -206,9 +209,11 @@ class NvidiaBackend(Backend):
         return gpu_probe([(g.name, g.compute_capability, g.memory_bytes, g.pci_bus_id) for g in visible],
                          details=details, facts=facts)
 
+    @override
     def software_rows(self) -> list[tuple[str, str]]:
         return [("nvidia-ml-py", installed_version("nvidia-ml-py") or "not installed (no NVML probes)")]
 
+    @override
     def report_rows(self, probe: BackendProbe) -> list[tuple[str, str]]:
         rows = super().report_rows(probe)[:1]
         for d in probe.devices:
@@ -219,6 +224,7 @@ class NvidiaBackend(Backend):
         rows += [(k.replace("_", " "), v) for k, v in probe.details]
         return rows
 
+    @override
     def assess(self, probe: BackendProbe, hardware: Hardware) -> Assessment:
         devices = probe.devices
         weakest = min(devices, key=lambda d: compute_capability(d) or (0, 0))

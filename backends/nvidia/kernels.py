@@ -63,6 +63,7 @@ class KernelClass:
 
     @property
     def is_compute(self) -> bool:
+        """Whether the kernel does matrix work: a ``gemm`` or a ``conv``."""
         return self.kind in ("gemm", "conv")
 
 

@@ -105,6 +105,14 @@ def visible_gpus(gpus: Sequence[NvmlGpu], environ: Mapping[str, str]) -> tuple[l
 
 # ---------------------------------------------------------------------------------------------- NVML
 def as_text(value: Any) -> str:
+    """A value NVML returned, as text: bytes decoded, anything else through ``str``.
+
+    Args:
+        value: What NVML returned (a string or bytes), or an NVML exception (its message).
+
+    Returns:
+        ``value`` decoded where it is bytes, else ``str(value)``.
+    """
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -136,6 +144,14 @@ def nvml_start_failure(pynvml: Any, exc: Exception) -> str:
 
 
 def optional(call: Callable[[], Any]) -> Any:
+    """Run an NVML query that an older driver may lack.
+
+    Args:
+        call: The query, without arguments.
+
+    Returns:
+        Its result, or ``None`` where it raised.
+    """
     try:
         return call()
     except Exception:  # older drivers lack some queries; the order heuristic counts them as unknown

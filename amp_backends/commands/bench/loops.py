@@ -37,6 +37,19 @@ FIXED_SCALE = 1024.0
 
 @dataclass
 class Result:
+    """One configuration's timing, an entry of ``bench.json``'s ``results``.
+
+    Attributes:
+        model: The model timed, ``"mnist"`` or ``"gan"``.
+        config: The configuration's name (``"fp16 dynamic+XLA"``, ``"Keras fit (mixed_float16)"``,
+            ``"auto plan (trainer)"``).
+        kind: ``"manual"`` (a tutorial's loop), ``"keras_fit"`` or ``"auto"`` (the trainer under the auto plan).
+        img_per_s: The median of the timed epochs' images per second; ``None`` where it failed or was skipped.
+        epoch_img_per_s: Each timed epoch's images per second.
+        error: Why it failed or was skipped; ``None`` where it ran.
+        detail: The auto plan's settings (policy, loss scale, XLA, steps per call); empty for the other kinds.
+    """
+
     model: str
     config: str
     kind: str  # "manual", "keras_fit", "auto"
@@ -118,6 +131,20 @@ def _timed(run_epoch: Callable[[], int], epochs: int, model: str, config: str, k
 
 
 def bench_manual(model: str, config: tuple, x: np.ndarray, y: np.ndarray, batch: int, epochs: int, lr: float) -> Result:
+    """Time a tutorial's hand-written loop under one manual configuration, the loss fetched every step as written.
+
+    Args:
+        model: ``"mnist"`` or ``"gan"``.
+        config: One entry of `MANUAL`: ``(name, policy, tf32, xla, loss scaling)``.
+        x: The training images, uint8 (N, 28, 28).
+        y: Their labels (the GAN does not read them).
+        batch: Images per step.
+        epochs: Timed epochs, after one warm-up epoch.
+        lr: The MNIST CNN's Adam learning rate (the GAN's optimizers keep the tutorial's rates).
+
+    Returns:
+        The configuration's `Result`.
+    """
     tf = _tf()
     name, policy, tf32, xla, scaling = config
     tf.config.experimental.enable_tensor_float_32_execution(tf32)
@@ -136,6 +163,18 @@ def bench_manual(model: str, config: tuple, x: np.ndarray, y: np.ndarray, batch:
 
 
 def bench_fit(x: np.ndarray, y: np.ndarray, batch: int, epochs: int, lr: float) -> Result:
+    """Time Keras ``fit`` of the MNIST CNN under the auto plan (its optimizer wrapped, its ``compile`` arguments).
+
+    Args:
+        x: The training images, uint8 (N, 28, 28).
+        y: Their labels.
+        batch: Images per step.
+        epochs: Timed epochs, after one warm-up epoch.
+        lr: The Adam learning rate.
+
+    Returns:
+        The configuration's `Result`.
+    """
     tf = _tf()
     from ...models import mnist_cnn
 
@@ -155,6 +194,22 @@ def bench_fit(x: np.ndarray, y: np.ndarray, batch: int, epochs: int, lr: float) 
 
 def bench_auto(model: str, x: np.ndarray, y: np.ndarray, batch: int, epochs: int, lr: float,
                steps_per_call: int | None, loss_scale: str | None = None, label: str = "auto plan (trainer)") -> Result:
+    """Time the trainer under the auto plan.
+
+    Args:
+        model: ``"mnist"`` or ``"gan"``.
+        x: The training images, uint8 (N, 28, 28).
+        y: Their labels (the GAN does not read them).
+        batch: Images per step.
+        epochs: Timed epochs, after one warm-up epoch.
+        lr: The MNIST CNN's Adam learning rate (the GAN's optimizers keep the tutorial's rates).
+        steps_per_call: Trainer steps per compiled call; ``None``: one epoch.
+        loss_scale: The plan's ``loss_scale`` override (``"none"``: loss scaling off); ``None``: the plan decides.
+        label: The configuration's name in the results.
+
+    Returns:
+        The configuration's `Result`, with the plan's settings as its ``detail``.
+    """
     tf = _tf()
     from ...models import gan_discriminator, gan_generator, mnist_cnn
     from ...training import Trainer, classifier_updates, gan_updates, mnist_batch_fn
@@ -196,6 +251,28 @@ def check_batches(models: list[str], samples: int, mnist_batch: int, gan_batch: 
 
 def run(models: list[str], configs: list[str] | None, epochs: int, samples: int, mnist_batch: int, gan_batch: int,
         steps_per_call: int | None, out: Path, with_fit: bool = True) -> dict[str, Any]:
+    """Run the default benchmark: time every configuration of each model, then write ``bench.json`` and ``bench.png``
+    into ``out`` and show the table. A configuration that fails is recorded with its error; one unsafe on this machine
+    is skipped.
+
+    Args:
+        models: The models to time, ``"mnist"`` and/or ``"gan"``.
+        configs: The names of the `MANUAL` configurations to time; ``None``: every one.
+        epochs: Timed epochs per configuration, after one warm-up epoch.
+        samples: Synthetic MNIST-shaped images per epoch.
+        mnist_batch: The MNIST CNN's batch size.
+        gan_batch: The GAN's batch size.
+        steps_per_call: Trainer steps per compiled call; ``None``: one epoch.
+        out: The folder the results are written to.
+        with_fit: Whether to time Keras ``fit`` too (the MNIST CNN only).
+
+    Returns:
+        The report, as written to ``bench.json``.
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C or SIGTERM (`amp_backends.errors.TrainingInterrupted`) stopped the run; what was
+            timed before it is written first.
+    """
     tf = _tf()
     from ...data import synthetic_mnist
 

@@ -19,6 +19,11 @@ if TYPE_CHECKING:
 
 
 def now_iso() -> str:
+    """The time now, UTC, in ISO 8601 to the second (``2026-11-29T14:53:47+00:00``).
+
+    Returns:
+        The time, as text.
+    """
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
@@ -128,6 +133,14 @@ def environment(collected: Report | None = None) -> dict[str, Any]:
 
 
 def machine_line(env: dict[str, Any]) -> str:
+    """The machine a run's figures were measured on, in a few words: its devices, else its CPU, else the error.
+
+    Args:
+        env: The run's ``environment`` (`environment`'s).
+
+    Returns:
+        The line, as the tables' and charts' titles show it.
+    """
     if env.get("error"):
         return f"the machine could not be read: {env['error']}"
     return ", ".join(env.get("devices") or []) or str(env.get("cpu") or "the machine's devices were not read")
@@ -231,6 +244,15 @@ ZOO_HEAD = ("model", "batch", "fp32 fit", "best manual", "auto fit", "auto train
 
 
 def zoo_markdown(report: dict[str, Any]) -> str:
+    """The model zoo's results as Markdown (``zoo.md``): the run's header, one table row a model, then each model's
+    configurations in full.
+
+    Args:
+        report: The zoo benchmark's report (``zoo.json``'s contents).
+
+    Returns:
+        The Markdown text.
+    """
     env = report.get("environment") or {}
     peaks = report.get("peak_gflops") or {}
     lines = [f"# Model zoo: {machine_line(env)}", "",

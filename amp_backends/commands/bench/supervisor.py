@@ -54,6 +54,14 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def exit_reason(rc: int | None) -> str:
+    """How a child process ended, from its return code: ``exit code 1``, ``killed by SIGKILL``.
+
+    Args:
+        rc: The process's return code (negative: the signal that ended it).
+
+    Returns:
+        The phrase.
+    """
     if rc is not None and rc < 0:
         try:
             return f"killed by {signal.Signals(-rc).name}"
@@ -93,6 +101,14 @@ class JsonWorker:
         self.lines.put(None)
 
     def send(self, **request: Any) -> None:
+        """Send one request, a line of JSON, without waiting for its answer (`receive` reads it).
+
+        Args:
+            **request: The request's fields (``op``: what the worker is asked to do).
+
+        Raises:
+            WorkerFailed: The worker ended before the request.
+        """
         assert self.proc.stdin is not None
         try:
             self.proc.stdin.write(json.dumps(request) + "\n")
@@ -101,6 +117,17 @@ class JsonWorker:
             raise self._failed("it ended before the request") from None
 
     def receive(self, timeout_s: float) -> dict[str, Any]:
+        """Wait for the worker's next answer; the other lines it prints go to the log.
+
+        Args:
+            timeout_s: Seconds to wait before the worker is stopped.
+
+        Returns:
+            The answer.
+
+        Raises:
+            WorkerFailed: No answer within ``timeout_s`` (the worker has been stopped), or the worker ended.
+        """
         deadline = time.time() + timeout_s
         while True:
             left = deadline - time.time()
@@ -121,6 +148,18 @@ class JsonWorker:
             self.log.write(f"[{self.name}] {line}")
 
     def request(self, timeout_s: float, **request: Any) -> dict[str, Any]:
+        """Send one request and wait for its answer (`send`, then `receive`).
+
+        Args:
+            timeout_s: Seconds to wait for the answer before the worker is stopped.
+            **request: The request's fields (``op``: what the worker is asked to do).
+
+        Returns:
+            The answer.
+
+        Raises:
+            WorkerFailed: The worker ended, or gave no answer within ``timeout_s``.
+        """
         self.send(**request)
         return self.receive(timeout_s)
 
@@ -129,6 +168,11 @@ class JsonWorker:
                                                                         if self.tail else ""))
 
     def alive(self) -> bool:
+        """Whether the worker's process is still running.
+
+        Returns:
+            ``True`` while it runs.
+        """
         return self.proc.poll() is None
 
     def close(self, wait: bool = True) -> None:

@@ -28,6 +28,21 @@ from ...errors import AmpConfigError
 
 @dataclass(frozen=True)
 class ZooConfig:
+    """One configuration of the model zoo, run in a worker process of its own.
+
+    Attributes:
+        name: The configuration's name in the results (``"fp16+XLA"``, ``"auto plan, trainer"``).
+        kind: ``"baseline"`` (``fit``, compile defaults), ``"manual"`` (``fit``, policy and XLA by hand), ``"peer"``
+            (a float32 ``fit`` the way a user of this hardware would run it instead: another math library, a graph
+            rewrite), ``"auto_fit"`` or ``"trainer"`` (``fit`` or the trainer under the auto plan).
+        policy: The Keras dtype policy (the auto plan's for ``auto_fit`` and ``trainer``).
+        xla: ``compile``'s ``jit_compile``; ``None``: Keras's default.
+        tf32: Whether float32 matmuls may use TF32; ``None``: TensorFlow's default.
+        seed: The initial weights' and the step's random seed (the data are the same in every configuration).
+        env: A peer's environment variables, set before its process starts.
+        rewrite: A peer's grappler rewrite (a ``tf.config.optimizer`` option), or ``None``.
+    """
+
     name: str
     # "baseline" (fit, compile defaults), "manual" (fit, policy and XLA by hand), "peer" (float32 fit the way a
     # user of this hardware would run it instead: another math library, a graph rewrite), "auto_fit", "trainer"
@@ -86,6 +101,19 @@ def _spread(values: list[float]) -> dict[str, Any]:
 
 
 class ZooRun:
+    """A model zoo run: a worker process for each configuration, the models timed one after another.
+
+    Args:
+        configs: The configurations, one worker each.
+        reps: Timed repetitions per configuration, interleaved.
+        steps: Training steps per repetition.
+        batch: One batch size for every model; ``None``: each model's own (its ``gpu_batch`` on a GPU).
+        out: The results folder; the workers' output goes to its ``zoo_workers.log``.
+        timeout_s: Seconds a worker may take over one request before it is stopped.
+        peak_n: The size of the square matmuls that measure the peak.
+        gpu: Whether the plan trains on a GPU.
+    """
+
     def __init__(self, configs: list[ZooConfig], reps: int, steps: int, batch: int | None, out: Path,
                  timeout_s: float, peak_n: int, gpu: bool) -> None:
         self.configs, self.reps, self.steps, self.batch, self.gpu = configs, reps, steps, batch, gpu
@@ -97,9 +125,22 @@ class ZooRun:
         self.errors: dict[str, str] = {}
 
     def say(self, text: str) -> None:
+        """Print a line of the run's progress, with the time.
+
+        Args:
+            text: The line.
+        """
         print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
     def spawn(self, cfg: ZooConfig) -> JsonWorker | None:
+        """Start the configuration's worker, without waiting for it to be ready (`ready` does).
+
+        Args:
+            cfg: The configuration.
+
+        Returns:
+            The worker, or ``None`` where it could not start (the error kept in ``errors``).
+        """
         cmd = [sys.executable, "-m", "amp_backends.commands.bench.zoo_worker", "--config", json.dumps(asdict(cfg))]
         env = {**child_env(), **dict(cfg.env)}
         if self.gpu and len(self.configs) > 1:
@@ -147,9 +188,27 @@ class ZooRun:
             return {"ok": False, "error": str(exc)}
 
     def ask(self, cfg: ZooConfig, **req: Any) -> dict[str, Any]:
+        """One request to the configuration's worker (a new worker where the last one failed).
+
+        Args:
+            cfg: The configuration.
+            **req: The request's fields (``op``: what the worker is asked to do, as `zoo_worker` lists).
+
+        Returns:
+            The answer; ``{"ok": False, "error": ...}`` where the worker could not start or failed.
+        """
         return self._call(cfg, lambda w: w.request(self.timeout_s, **req))
 
     def peaks(self, dtypes: list[str]) -> dict[str, Any]:
+        """Measure the matmul peak of each dtype in a plain float32 worker, and TF32's where a configuration asks for it
+        or on a GPU.
+
+        Args:
+            dtypes: The dtypes to measure (``"float32"``, ``"bfloat16"``...).
+
+        Returns:
+            GFLOP/s by dtype (``tf32`` too, where measured), or ``{"error": ...}``.
+        """
         # a plain float32 worker, never a peer (its math library would set the peak the models are held against)
         plain = [c for c in self.configs if c.kind != "peer"] or self.configs
         ref = next((c for c in plain if c.kind == "manual" and c.policy == "float32"), plain[0])
@@ -163,6 +222,15 @@ class ZooRun:
         return peaks
 
     def model(self, name: str) -> dict[str, Any]:
+        """Time one model in every configuration: the workers build and compile it side by side, the repetitions run
+        interleaved, then each worker gives the model's loss.
+
+        Args:
+            name: A model of `amp_backends.zoo.ZOO`.
+
+        Returns:
+            The model's entry of ``zoo.json``'s ``models`` (``skipped``, with why, where it cannot be built here).
+        """
         entry = ZOO[name]
         why = unavailable(entry)
         if why:
@@ -229,6 +297,7 @@ class ZooRun:
         return rec
 
     def close(self) -> None:
+        """Stop every worker (all asked to quit first: they end side by side) and close the workers' log."""
         live = [w for w in self.workers.values() if w is not None]
         for wait in (False, True):  # all asked to quit first: they end side by side
             for w in live:

@@ -21,6 +21,13 @@ from .supervisor import answer, exit_with_parent
 
 
 class ZooWorker:
+    """One configuration of the model zoo in this process: TensorFlow imported, the dtype policy, TF32 and a peer's
+    grappler rewrite (or the auto plan) set; its methods answer the requests `main` reads, by name.
+
+    Args:
+        cfg: The configuration: `zoo_suite.ZooConfig`'s fields.
+    """
+
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = cfg
         from ...tf_import import import_tensorflow, quiet_tensorflow_logs
@@ -48,6 +55,12 @@ class ZooWorker:
         self.trainer: Any = None
 
     def describe(self) -> str:
+        """The configuration's set-up in words: the plan's settings, or the policy, XLA (as Keras resolved it) and a
+        peer's settings.
+
+        Returns:
+            The description (``zoo.md``'s set-up column).
+        """
         if self.plan is not None:
             p = self.plan
             return (f"{p.policy}, XLA {'on' if p.xla else 'off'}, TF32 {'on' if p.tf32 else 'off'}, "
@@ -61,6 +74,22 @@ class ZooWorker:
 
     # -- requests --------------------------------------------------------------------------------
     def prepare(self, model: str, batch: int, steps: int, flops: bool) -> dict[str, Any]:
+        """The ``prepare`` request: build the model (seeded), compile it or make its trainer, then run one warm-up
+        repetition (left out of the figures).
+
+        Args:
+            model: A model of `amp_backends.zoo.ZOO`.
+            batch: Its batch size.
+            steps: Training steps per repetition.
+            flops: Whether to count its FLOPs per sample too (`flops`).
+
+        Returns:
+            The warm-up's seconds, the set-up in words, the policy it was built under, its parameter count and whether
+            TF32 ran; with ``flops``, ``flops_per_sample`` and ``flops_note``.
+
+        Raises:
+            RuntimeError: The model was built under another policy than the configuration's.
+        """
         import gc
 
         import numpy as np
@@ -260,6 +289,12 @@ def _trainer_window(window: dict[str, float]) -> Any:
 
 
 def main() -> int:
+    """Run a zoo worker: read its configuration (``--config``, JSON), answer that it is ready, then answer one request a
+    line until ``quit``.
+
+    Returns:
+        The exit status: 0 after ``quit`` or at the end of the input, 1 where the configuration could not be set up.
+    """
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--config", required=True, help="the configuration, as JSON")
     cfg = json.loads(p.parse_args().config)
