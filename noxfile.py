@@ -19,8 +19,8 @@
 ``python3 -m nox`` runs all three; ``python3 -m nox -s tests`` one.
 
 Where uv is installed beside nox (``python3 -m pip install nox uv``), nox makes the sessions' environments with it:
-the same packages as pip resolves, installed in a fraction of pip's time (about 16 s instead of about 55 s for the
-``tests`` session's TensorFlow stack), byte-compiled at install (``UV_COMPILE_BYTECODE``: each test process then
+the same requirements, installed in a fraction of pip's time (``pip install '.[test]'`` took 52.8 s and uv 17.7 s,
+empty caches, the changelog says where), byte-compiled at install (``UV_COMPILE_BYTECODE``: each test process then
 reads TensorFlow's compiled modules instead of compiling them). Without uv, nox uses virtualenv and pip. Each session
 ends by logging its seconds, environment and installs included.
 

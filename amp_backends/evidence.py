@@ -16,7 +16,7 @@ class Evidence:
     """A measurement a decision rests on.
 
     Attributes:
-        file: The results file's path under ``results/`` (``"results/cpu-policy-zen4.json"``).
+        file: The results file, as ``results/<name>.json``.
         machine: The machine as the file records it (``"AMD EPYC Zen 4"``).
         figures: ``(configuration, value)`` pairs, in ``unit``.
         unit: The figures' unit (``"img/s"``); empty where they have none.

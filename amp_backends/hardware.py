@@ -95,7 +95,7 @@ class Accelerator(_Facts):
     """One device a backend plans for — a GPU, an XPU or the host CPU —, as its probe saw it.
 
     Attributes:
-        vendor: The vendor's name (``"NVIDIA"``, ``"Intel"``, ``"AMD"``).
+        vendor: The name of the backend that probed it (``"nvidia"``, ``"intel"``, ``"cpu"``, or a third party's).
         index: TensorFlow's index of the device (``/GPU:<index>``: CUDA's order, not NVML's).
         name: The device's name (``"NVIDIA H200"``).
         kind: TensorFlow's device type (``"GPU"``, ``"XPU"``, ``"CPU"``).
@@ -161,11 +161,12 @@ class CpuInfo:
     """The host CPU, from which `microarchitecture` and `name` are read.
 
     Attributes:
-        vendor: ``"AMD"``, ``"Intel"``, or the Arm implementer's name.
+        vendor: The vendor as the OS names it (``"AMD"``, ``"Intel"``, an Arm implementer's name; ``"unknown"``).
         model: The model name as the OS reports it (``"AMD EPYC 9B45"``).
         arch: The machine architecture (``"x86_64"``, ``"aarch64"``).
-        logical_cores: The logical cores this process may use.
-        flags: The instruction-set flags that matter for mixed precision (``"avx512_bf16"``, ``"amx_bf16"``...).
+        logical_cores: The machine's logical cores (``/proc/cpuinfo``'s processors, else ``os.cpu_count()``).
+        flags: The CPU's instruction-set flags (``/proc/cpuinfo``'s; those that matter here: ``"avx512_bf16"``,
+            ``"amx_bf16"``...).
         family: CPUID's family (``None`` where unread).
         model_number: CPUID's model (``None`` where unread).
         stepping: CPUID's stepping (``None`` where unread).

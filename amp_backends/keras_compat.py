@@ -22,6 +22,7 @@ from .errors import AmpConfigError, AmpError, warn
 from .request import LossScale
 from .software import KerasInfo, expected_keras, generation_of, minor_version, tensorflow_version
 
+
 def keras_info(tf: Any = None) -> KerasInfo:
     """The Keras in use: from ``tf.keras`` if TensorFlow is given or already imported, else from metadata."""
     tf = tf if tf is not None else sys.modules.get("tensorflow")

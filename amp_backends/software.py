@@ -59,7 +59,8 @@ class KerasInfo:
     Attributes:
         version: Its version (``"3.15.1"``); ``None`` where none is installed.
         generation: Its API generation, 2 or 3; ``None`` where the version is unknown or unreadable.
-        distribution: The package it comes from, ``"keras"`` or ``"tf-keras"``; ``None`` where none is installed.
+        distribution: The package it comes from, ``"keras"`` or ``"tf-keras"`` (``"tf_keras"`` where read from the
+            module's name); ``None`` where none is installed.
     """
 
     version: str | None

@@ -167,7 +167,7 @@ def test_fp16_on_this_cpu(registry):
 def test_a_refused_choice_of_autotune_says_how_to_take_it_back(registry):
     """A cached autotune choice the hardware cannot honour under strict said "Fix: unset autotune" (the chooser's name
     read as a variable's)."""
-    from amp_backends.request import keywords_chosen_by
+    from amp_backends.override_sources import keywords_chosen_by
 
     here = machine(HERE)
     with keywords_chosen_by("autotune", {"policy": "mixed_float16"}, "let autotune time the candidates again"):
@@ -180,7 +180,7 @@ def test_a_refused_choice_of_autotune_says_how_to_take_it_back(registry):
 def test_a_refusal_says_its_fix_in_the_words_the_override_was_given_in(registry):
     """A command's options are named as flags (was ``(from argument)`` and ``force=True``), a variable as itself, a
     keyword as the Python API's; the plan's sources say the same."""
-    from amp_backends.request import keywords_as_options
+    from amp_backends.override_sources import keywords_as_options
 
     here = machine(HERE)
     with keywords_as_options({"policy": "mixed_float16", "strict": True}):

@@ -342,7 +342,7 @@ def test_the_overrides_line_names_the_arguments_in_force_beside_the_variables():
     console = Console(record=True, width=200)
     render_text(collect(use_tensorflow=False, environ={}), console)
     assert "Overrides in force: none (all automatic)" in console.export_text()
-    from amp_backends.request import keywords_as_options
+    from amp_backends.override_sources import keywords_as_options
 
     console = Console(record=True, width=200)
     with keywords_as_options({"xla": "on"}):  # `info --xla on`: the flag, as the plan's warnings name it
@@ -374,7 +374,7 @@ def test_a_plan_made_by_code_a_command_runs_keeps_the_python_words(monkeypatch):
     while `check` runs is told in keywords."""
     from amp_backends import auto_configure
     from amp_backends.errors import AmpConfigError
-    from amp_backends.request import keywords_as_options
+    from amp_backends.override_sources import keywords_as_options
 
     with keywords_as_options({"policy": "half"}):
         with pytest.raises(AmpConfigError, match=r"^--policy must be .* Fix: pass --policy mixed_float16, or leave "):

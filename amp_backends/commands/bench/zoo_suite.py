@@ -44,15 +44,13 @@ class ZooConfig:
     """
 
     name: str
-    # "baseline" (fit, compile defaults), "manual" (fit, policy and XLA by hand), "peer" (float32 fit the way a
-    # user of this hardware would run it instead: another math library, a graph rewrite), "auto_fit", "trainer"
     kind: str
     policy: str = "float32"
     xla: bool | None = None
     tf32: bool | None = None
-    seed: int = 0  # the initial weights' and the step's random seed (the data are the same in every configuration)
-    env: tuple[tuple[str, str], ...] = ()  # a peer's environment variables, set before its process starts
-    rewrite: str | None = None  # a peer's grappler rewrite
+    seed: int = 0
+    env: tuple[tuple[str, str], ...] = ()
+    rewrite: str | None = None
 
     @property
     def compute_dtype(self) -> str:
