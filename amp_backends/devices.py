@@ -56,7 +56,14 @@ def _forms(name: str) -> tuple[str, str]:
 
 
 def canonical(name: str) -> str:
-    """``"NVIDIA H100_80GB"`` -> ``"nvidia-h100-80gb"``: lower case, spaces and underscores as dashes."""
+    """``"NVIDIA H100_80GB"`` -> ``"nvidia-h100-80gb"``: lower case, spaces and underscores as dashes.
+
+    Args:
+        name: A device name or alias, in any case.
+
+    Returns:
+        The name stripped and in lower case, each run of spaces and underscores one dash.
+    """
     return re.sub(r"[\s_]+", "-", name.strip().lower())
 
 

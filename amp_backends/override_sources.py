@@ -1,8 +1,8 @@
-"""The words an override is given in, and where each given value came from: its ``AMP_*`` variable (`env_name`),
-its command-line flag (`flag_name`), and the context in which keyword overrides are a command's options
-(`keywords_as_options`) or a chooser's choice such as autotune's (`keywords_chosen_by`), so that errors and the
-plan's reasons name them as the user gave them and a refusal's fix says how to take them back (`undo_of`).
-`amp_backends.request.build_request` reads `GIVEN_BY`.
+"""The words an override is given in, and where each given value came from: its ``AMP_*`` variable (`env_name`), its
+command-line flag (`flag_name`), its value as text (`format_value`), and the context in which keyword overrides are a
+command's options (`keywords_as_options`) or a chooser's choice such as autotune's (`keywords_chosen_by`), so that
+errors and the plan's reasons name them as the user gave them and a refusal's fix says how to take them back
+(`undo_of`). `amp_backends.request.build_request` reads `GIVEN_BY`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,24 @@ def flag_name(name: str) -> str:
         ``--loss-scale`` for ``loss_scale``.
     """
     return "--" + name.replace("_", "-")
+
+
+def format_value(value: Any) -> str:
+    """An override's value in the words the plan's lines say it.
+
+    Args:
+        value: The value (a field of `amp_backends.request.Request`).
+
+    Returns:
+        ``on``/``off`` for a bool, a tuple comma-separated (``none``: empty), else ``str(value)``.
+    """
+    if value is True:
+        return "on"
+    if value is False:
+        return "off"
+    if isinstance(value, tuple):
+        return ",".join(value) or "none"
+    return str(value)
 
 
 # Where keyword overrides came from when not from the caller's own code, by name: (value, how its errors are

@@ -15,7 +15,8 @@ from typing import Any
 
 from .assessment import Assessment, Float32Layer, Support, VendorSetting, first_clause
 from .evidence import Evidence
-from .request import LossScale, Request, format_value, parse_policy
+from .override_sources import format_value
+from .request import LossScale, Request, parse_policy
 from .errors import AmpConfigError
 
 COMPUTE_DTYPES = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}

@@ -22,8 +22,16 @@ def tensorflow_device_types() -> frozenset[str] | None:
 
 
 def probe_hardware(registry: BackendRegistry | None = None, *, use_tensorflow: bool = False) -> Hardware:
-    """Probe every backend; one that raises becomes an unavailable backend with the error recorded. TensorFlow is
-    imported with ``use_tensorflow`` (Intel XPUs, TensorFlow's device list), else consulted only if imported."""
+    """Probe every backend; one that raises becomes an unavailable backend with the error recorded.
+
+    Args:
+        registry: The backends to probe; ``None``: the installed ones.
+        use_tensorflow: Import TensorFlow first (Intel XPUs, TensorFlow's device list); otherwise TensorFlow is
+            consulted only if already imported.
+
+    Returns:
+        What every backend's probe saw.
+    """
     registry = registry_or_default(registry)
     if use_tensorflow:
         import tensorflow  # noqa: F401  (loads device plugins such as ITEX)

@@ -16,7 +16,7 @@ from typing import Any
 
 from .assessment import POLICIES
 from .errors import AmpConfigError, nearest, warn
-from .override_sources import GIVEN_BY, env_name, flag_name
+from .override_sources import GIVEN_BY, env_name, flag_name, format_value
 from .layer_names import corrected, describe_unknown, unknown_layers
 from .loss_scale import DEFAULT_GROWTH_INTERVAL, DEFAULT_INITIAL_SCALE, FLOAT32_MAX, LossScale  # noqa: F401  (re-exported)
 
@@ -66,21 +66,6 @@ class Request:
         """The Request as JSON-ready data."""
         values = {name: getattr(self, name) for name in ENV_VARS} | {"sources": dict(self.sources)}
         return {name: v.to_dict() if isinstance(v, LossScale) else v for name, v in values.items()}
-
-
-def format_value(value: Any) -> str:
-    """An override's value as text: ``on``/``off`` for a bool, a tuple comma-separated (``none``: empty), else ``str``.
-
-    Args:
-        value: The value (a `Request` field's).
-    """
-    if value is True:
-        return "on"
-    if value is False:
-        return "off"
-    if isinstance(value, tuple):
-        return ",".join(value) or "none"
-    return str(value)
 
 
 def _invalid(name: str, source: str, accepted: str, value: Any, example: str | None, more: str = "") -> AmpConfigError:
@@ -359,7 +344,19 @@ def overrides_given(parsed: Mapping[str, Any]) -> dict[str, Any]:
 def build_request(known_backends: Iterable[str], environ: Mapping[str, str] | None = None, **kwargs: Any) -> Request:
     """Merge keyword overrides (which win; ``None`` falls back) with ``AMP_*`` environment variables and validate
     them. An old name of `RENAMED` stands for its new one, with a ``DeprecationWarning`` (a keyword) or a
-    ``FutureWarning`` (a variable); the new name, given the same way, wins over it."""
+    ``FutureWarning`` (a variable); the new name, given the same way, wins over it.
+
+    Args:
+        known_backends: The registered backends' names (``backend=`` must be one, or ``auto``).
+        environ: The environment to read the ``AMP_*`` variables from; ``None``: ``os.environ``.
+        **kwargs: The keyword overrides, by option name (`OPTIONS`).
+
+    Returns:
+        The validated `Request`, with where each value came from.
+
+    Raises:
+        AmpConfigError: An unknown override, an invalid value, ``environ`` no mapping, or both strict and force.
+    """
     unknown = set(kwargs) - set(ENV_VARS) - set(RENAMED)
     if unknown:
         raise AmpConfigError(

@@ -40,7 +40,14 @@ def tensorflow_version() -> str | None:
 
 
 def minor_version(version: str | None) -> tuple[int, int]:
-    """``"2.15.1"`` -> ``(2, 15)``; ``(-1, -1)`` when unreadable."""
+    """A version's major and minor numbers.
+
+    Args:
+        version: A version string (``"2.15.1"``), or ``None``.
+
+    Returns:
+        ``(2, 15)`` for ``"2.15.1"``; ``(-1, -1)`` when unreadable.
+    """
     parts = str(version).split(".")
     try:
         return int(parts[0]), int(parts[1])

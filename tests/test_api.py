@@ -4,6 +4,7 @@ the backend author's names in ``amp_backends.backend_api``."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import re
 import subprocess
@@ -306,13 +307,21 @@ def test_public_functions_that_take_a_plan_say_so_in_their_types():
         assert hints.get("plan", Plan) == Plan and "Any" not in str(hints.get("layer_plan", "")), function.__qualname__
 
 
+# The public packages beside the face, each with its own ``__all__``
+PUBLIC_PACKAGES = ("training", "backend_api", "errors", "model_check", "auditing", "autotune", "devices")
+
+
 def _reference_objects() -> dict[str, object]:
     """Every object the API reference renders (``::: amp_backends.NAME`` in docs/reference/api.md: the face and the
-    types it returns, takes or raises), by dotted name, and every name of the face."""
+    types it returns, takes or raises), by dotted name, every name of the face and every name in the ``__all__`` of
+    a public package."""
     import importlib
 
     page = (REPO / "docs" / "reference" / "api.md").read_text(encoding="utf-8")
     objects: dict[str, object] = {f"amp_backends.{name}": getattr(amp_backends, name) for name in amp_backends.__all__}
+    for package in PUBLIC_PACKAGES:
+        module = importlib.import_module(f"amp_backends.{package}")
+        objects.update({f"amp_backends.{package}.{name}": getattr(module, name) for name in module.__all__})
     for dotted in re.findall(r"^::: (amp_backends[\w.]*)$", page, re.M):
         parts = dotted.split(".")
         for i in range(len(parts), 0, -1):  # the longest importable module, then attributes
@@ -330,6 +339,7 @@ def _reference_objects() -> dict[str, object]:
 def test_the_reference_objects_are_the_face_and_the_types_it_renders():
     objects = _reference_objects()
     assert len(objects) > len(amp_backends.__all__) + 30 and "amp_backends.registry.Backend" in objects
+    assert "amp_backends.backend_api.build_request" in objects and "amp_backends.training.Evaluation" in objects
     assert objects["amp_backends.plan.Decision"] is amp_backends.plan.Decision
 
 
@@ -343,8 +353,9 @@ def _public_callables():
             init = obj.__dict__.get("__init__")
             doc = (inspect.getdoc(obj) or "") + "\n" + (inspect.getdoc(init) or "" if init else "")
             yield name, (init or obj), doc
-            for attr, value in vars(obj).items():
-                if attr.startswith("_") or isinstance(value, property) or not callable(value):
+            fields = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set()
+            for attr, value in vars(obj).items():  # (a dataclass field's default function is no method)
+                if attr.startswith("_") or attr in fields or isinstance(value, property) or not callable(value):
                     continue
                 function = value.__func__ if isinstance(value, (classmethod, staticmethod)) else value
                 yield f"{name}.{attr}", function, inspect.getdoc(function) or ""
@@ -399,7 +410,10 @@ def test_every_public_method_and_property_the_reference_renders_has_a_docstring_
     for name, obj in _reference_objects().items():
         if not inspect.isclass(obj):
             continue
+        fields = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set()
         for member, value in vars(obj).items():
+            if member in fields:  # (a field: in its class's attributes table)
+                continue
             function = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
             # (a Keras hook a callback overrides keeps Keras's documentation: inspect.getdoc finds it)
             doc = inspect.getdoc(function) or inspect.getdoc(getattr(obj, member, None)) or ""

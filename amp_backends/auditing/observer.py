@@ -125,7 +125,20 @@ def observed_backend(plan: Plan | None) -> tuple[str, KernelAudit | None]:
 
 class AuditObserver:
     """Audit the training calls that cover global steps ``start:stop`` (after the warm-up by default); ``models``
-    (the Keras models trained) name the float32 islands, ``batch_size`` is reported."""
+    (the Keras models trained) name the float32 islands, ``batch_size`` is reported.
+
+    Args:
+        models: The Keras model trained, or a sequence of them (``None``: none): the audit names them and their
+            layers' kernels, and, with a ``plan``, the layers their layer plans keep in float32.
+        plan: The `Plan` trained under: its backend reads the window's kernel records. ``None``: the first
+            registered backend whose kernels print records on standard output, and no plan in the audit.
+        window: ``(start, stop)``, global steps: the training calls covering steps ``start:stop`` are audited
+            (``0 <= start < stop``).
+        batch_size: The batch size, reported in the audit (``None``: not given).
+
+    Raises:
+        AmpConfigError: ``window``'s steps are not ``0 <= start < stop``.
+    """
 
     def __init__(self, models: Any = None, plan: Plan | None = None, window: tuple[int, int] = (3, 6),
                  batch_size: int | None = None) -> None:

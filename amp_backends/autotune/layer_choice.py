@@ -29,7 +29,22 @@ CACHE_FILE = "layer_plans.json"
 class Measurement:
     """What `measure` found: samples/s (medians, min-max over the rounds) as the layer plan has it and with every
     layer in float32, and the verdict (``float32``, ``plan``, or ``within noise``: the plan stays); ``origin``:
-    measured now, ``cached``, or from the ``checkpoint`` of the run this one resumes."""
+    measured now, ``cached``, or from the ``checkpoint`` of the run this one resumes.
+
+    Attributes:
+        verdict: `FLOAT32` (``"float32"``: every layer in float32), `PLAN` (``"plan"``: the layer plan as it is) or
+            `NOISE` (``"within noise"``: neither side won every round by ``margin``; the plan stays).
+        policy: The plan's dtype policy the layer plan was measured under (``"mixed_bfloat16"``).
+        plan_rate: The median rate as the layer plan has it, in samples per second (0.0: not measured).
+        float32_rate: The median rate with every layer in float32, in samples per second (0.0: not measured).
+        plan_spread: ``(min, max)`` of the rates as the layer plan has it, over the rounds.
+        float32_spread: ``(min, max)`` of the rates with every layer in float32, over the rounds.
+        rounds: The interleaved rounds timed (0: nothing measured; the verdict alone is told).
+        steps: The steps of each side per round.
+        margin: The factor a side had to beat the other by in every round to win (`MARGIN`).
+        origin: ``"measured"`` now, ``"cached"`` (on this machine before) or ``"checkpoint"`` (kept in the
+            checkpoint of the run this one resumes).
+    """
 
     verdict: str
     policy: str

@@ -41,7 +41,16 @@ def cache_path() -> Path:
 
 def device_signature(plan: Plan, hardware: Any) -> str:
     """Backend, each device's name and its backend's facts about it (`Accelerator.signature`: NVIDIA's compute
-    capability), or the CPU model, and TensorFlow version."""
+    capability), or the CPU model, and TensorFlow version.
+
+    Args:
+        plan: The `Plan` whose backend's devices are named.
+        hardware: The probed machine (`amp_backends.hardware.Hardware`).
+
+    Returns:
+        ``backend|devices|tfVERSION``: the devices' signatures comma-separated, or the CPU model (``"?"`` where
+        unknown) where the backend probed no device; the first part of a cache key.
+    """
     from ..software import tensorflow_version
 
     probe = hardware.get(plan.backend)
@@ -51,7 +60,15 @@ def device_signature(plan: Plan, hardware: Any) -> str:
 
 
 def model_signature(models: Sequence[Any], batch_size: int) -> str:
-    """Layer classes, output shapes and parameter counts of the models, and the batch size."""
+    """Layer classes, output shapes and parameter counts of the models, and the batch size.
+
+    Args:
+        models: The Keras models trained, their layers in order.
+        batch_size: The batch size.
+
+    Returns:
+        A short stable hash (16 hexadecimal digits) of those: the second part of a cache key.
+    """
     parts = [f"batch={batch_size}"]
     for m in models:
         for layer in m.layers:
@@ -129,7 +146,15 @@ class Trial:
 
 def candidates(plan: Plan) -> list[dict[str, Any]]:
     """Distinct overrides worth timing on ``plan``'s hardware: each natively supported policy, XLA on and off
-    where it exists (read from the support table the plan carries)."""
+    where it exists (read from the support table the plan carries).
+
+    Args:
+        plan: The rules' `Plan`, with its support table (``assessment``).
+
+    Returns:
+        ``{"policy", "xla"}`` per candidate: each policy the table marks native, with ``xla`` True and False where
+        XLA is native or functional, else False; the plan's own policy and XLA alone where it carries no table.
+    """
     a = plan.assessment
     if a is None:
         return [{"policy": plan.policy, "xla": plan.xla}]

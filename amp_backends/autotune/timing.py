@@ -23,7 +23,14 @@ ROUNDS = 5  # rounds of a timing, unless asked otherwise
 
 @dataclass(frozen=True)
 class Timings:
-    """Rates (``units`` per second) of each variant, one per round, in the rounds' order."""
+    """Rates (``units`` per second) of each variant, one per round, in the rounds' order.
+
+    Attributes:
+        rates: By variant name, its rates, one per round it ran (fewer where it failed: `interleaved`'s
+            ``on_error``).
+        steps: Calls of a variant timed together per round.
+        units: What one call processes (samples, images): the rates count these.
+    """
 
     rates: Mapping[str, tuple[float, ...]]
     steps: int = 1
@@ -58,17 +65,44 @@ class Timings:
         return (min(values), max(values)) if values else (0.0, 0.0)
 
     def ratio(self, name: str, over: str) -> float:
-        """The median of ``name`` over the median of ``over`` (0 when ``over`` has none)."""
+        """The median of ``name`` over the median of ``over`` (0 when ``over`` has none).
+
+        Args:
+            name: The variant whose median is divided.
+            over: The variant whose median divides it.
+
+        Returns:
+            The ratio of their median rates (above 1: ``name`` was faster), 0.0 where ``over`` has no rate.
+        """
         base = self.median(over)
         return self.median(name) / base if base else 0.0
 
     def wins(self, name: str, over: str, margin: float) -> bool:
-        """Whether ``name`` was faster than ``over`` by more than ``margin`` (1.05: 5%) in every round."""
+        """Whether ``name`` was faster than ``over`` by more than ``margin`` (1.05: 5%) in every round.
+
+        Args:
+            name: The variant that must be faster.
+            over: The variant it is compared with.
+            margin: The factor its rate must exceed the other's by in each round (1.05: 5%; the package uses
+                `MARGIN`).
+
+        Returns:
+            True where ``name``'s rate exceeded ``over``'s times ``margin`` in every round both ran (the rounds
+            compared in order, as many as the shorter of the two has); False where they share no round.
+        """
         pairs = list(zip(self.rates[name], self.rates[over], strict=False))
         return bool(pairs) and all(a > b * margin for a, b in pairs)
 
     def winner(self, margin: float) -> str | None:
-        """The variant that beat every other one in every round by ``margin``, or ``None`` (within noise)."""
+        """The variant that beat every other one in every round by ``margin``, or ``None`` (within noise).
+
+        Args:
+            margin: The factor the winner's rate must exceed each other's by in every round (the package uses
+                `MARGIN`).
+
+        Returns:
+            The winner's name (`wins` over every other variant), or ``None`` where no variant won them all.
+        """
         return next((name for name in self.rates
                      if all(self.wins(name, other, margin) for other in self.rates if other != name)), None)
 
@@ -85,7 +119,13 @@ class Timings:
 
 @dataclass(frozen=True)
 class Sample:
-    """What a variant that times itself returns (``units`` processed in ``seconds``), taken instead of the clock."""
+    """What a variant that times itself returns (``units`` processed in ``seconds``), taken instead of the clock.
+
+    Attributes:
+        units: What the variant processed (samples, images): its rate for the round is ``units / seconds``.
+        seconds: The time that took, as the variant measured it (used instead of the time `interleaved`'s ``clock``
+            gives).
+    """
 
     units: float
     seconds: float

@@ -21,7 +21,25 @@ SIZED_MOST = 0.75
 class Finding:
     """One thing the check found: ``severity`` (``error``: wrong or unstable numbers; ``warning``: speed lost;
     ``info``: expected, or too small to matter), the rule's stable ``code``, the ``layer``'s path
-    (``model/block/dense``), what, why, the fix, and the share of the model's FLOPs it concerns."""
+    (``model/block/dense``), what, why, the fix, and the share of the model's FLOPs it concerns.
+
+    Attributes:
+        severity: ``"error"``, ``"warning"`` or ``"info"`` (any other raises `AmpConfigError`); the findings are
+            ordered by it, errors first.
+        code: The rule's stable code (``"tensor-core-shape"``, ``"final-activation"``...), one of those the module
+            `amp_backends.model_check` lists.
+        layer: The path of the layer it concerns (``model/block/dense``); the model's name where it concerns the
+            whole model (the plan's policy, ``unsized-model``).
+        what: What was found (the table's "finding" column, followed by the FLOP share where there is one).
+        why: Why it matters (the table's "why" column).
+        fix: What to change (the table's "fix" column).
+        flops_share: The share (0 to 1, rounded to 6 decimals) of the model's matmul and convolution FLOPs it
+            concerns, shown as "(12.3% of FLOPs)" after ``what`` and ordering the findings of one severity, largest
+            first; ``None`` where it cannot be told (the model or its ops unsized) or the rule gives none.
+        details: The rule's own figures, as JSON data (``dims``, ``expected``, ``alignment`` and ``unit`` for
+            ``tensor-core-shape``, ``batch_size`` and ``alignment`` for ``batch-size``...: per code in
+            `amp_backends.model_check`); empty where the rule gives none.
+    """
 
     severity: str
     code: str
@@ -51,7 +69,25 @@ class Summary:
     reduced precision, and on shapes the matrix units run at full efficiency (``None`` without a matrix unit).
     ``unknown_flops_ops`` of the ``gemm_ops`` have dynamic shapes (not counted); unless ``sized`` (the counted
     ones are most of them, `SIZED_MOST`) no shares are given: a share of part of the graph would pass for the
-    model's."""
+    model's.
+
+    Attributes:
+        flops_per_image: The forward pass's matmul and convolution FLOPs per image (multiply-adds counted as two),
+            over the ops with static shapes; 0.0 where none has them.
+        dtype_shares: Each compute dtype's share of those FLOPs (``{"float16": 0.97, "float32": 0.03}``), rounded to
+            6 decimals; empty unless ``sized``.
+        reduced_precision_share: The share computed in float16, bfloat16 or float8; ``None`` unless ``sized``.
+        eligible_share: The share on shapes the matrix units run at full efficiency (every dimension a multiple of
+            the alignment of the unit for the op's dtype; depthwise convolutions never); ``None`` where the plan's
+            device has no matrix unit, or unless ``sized``.
+        matrix_units: The matrix unit that runs each compute dtype on the plan's device, by dtype
+            (``{"float16": "Tensor Cores"}``; float32's only with TF32 on, float8's only with fp8 on); empty without
+            a support table.
+        unknown_flops_ops: How many of the ``gemm_ops`` have dynamic shapes (their FLOPs unknown, not counted).
+        gemm_ops: How many matmul and convolution ops the trace found.
+        sized: Whether the ops with static shapes are at least `SIZED_MOST` of ``gemm_ops``, by count (True where
+            there are none); False where the trace stopped at a layer that raised.
+    """
 
     flops_per_image: float
     dtype_shares: Mapping[str, float]

@@ -376,6 +376,20 @@ def _apply(groups: Sequence[tuple[Any, list[Any], list[Any]]], grads: Sequence[S
     return tf.constant(True)
 
 
+def build_optimizers(groups: Sequence[tuple[Sequence[Any], Any]]) -> None:
+    """Create each optimizer's state now (before a restore, outside ``tf.cond``), once, for all the variables it
+    updates: one optimizer may serve several groups or updates.
+
+    Args:
+        groups: ``(variables, optimizer)`` pairs: every update's groups (``Update.groups``).
+    """
+    owned: dict[int, tuple[Any, list[Any]]] = {}
+    for variables, opt in groups:
+        owned.setdefault(id(opt), (opt, []))[1].extend(variables)
+    for opt, variables in owned.values():
+        build_optimizer(opt, list({id(v): v for v in variables}.values()))
+
+
 def apply_groups(groups: Sequence[tuple[Callable[[Any], Any], Sequence[Any], Sequence[Any]]], whose: str) -> None:
     """Apply each variable group's gradients with its optimizer, leaving out the variables without a gradient (Keras's
     ``apply_gradients`` takes no ``None``) and a group the loss does not reach at all (frozen by ``tf.stop_gradient``).

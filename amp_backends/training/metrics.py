@@ -35,7 +35,14 @@ ACCURACY_NAMES = ("accuracy", "acc")
 
 @tf.autograph.experimental.do_not_convert  # (the library's; the metrics are converted: user_code)
 def record_predictions(update: str, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-    """Inside a trainer's step: update its training metrics of ``update`` with this batch (else nothing)."""
+    """Inside a trainer's step: update its training metrics of ``update`` with this batch (else nothing).
+
+    Args:
+        update: The update's name.
+        y_true: The batch's labels.
+        y_pred: The model's outputs on it.
+        sample_weight: Per-sample weights, or ``None``.
+    """
     for m in _recording["current"].get(update) or ():
         user_code(m.update_state)(y_true, y_pred, sample_weight)
 

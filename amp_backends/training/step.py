@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Sequence
 import tensorflow as tf
 
 from ..errors import AmpConfigError, AmpError, InputError, batch_error, lookup_error, mixed_dtypes_error
-from ..keras_compat import build_optimizer, user_code
+from ..keras_compat import user_code
 from .loss_scaling import LossScaler, apply_groups
 from .runs import Position
 
@@ -45,10 +45,14 @@ def float32_outputs(outputs: Any) -> Any:
 @dataclass(frozen=True)
 class Evaluation:
     """How an update's model is evaluated and asked for predictions (validation, metrics, ``evaluate``, ``predict``).
+    Set by `classifier_updates`.
 
-    ``predict(x)``: the outputs with ``training=False``; ``loss(y_true, y_pred)``: one float32 loss per example, as
-    the update trains on; ``binary``: a binary cross-entropy (``"accuracy"`` is then binary); ``outputs``: how many
-    the model has; ``check(x)``: refuses data the model cannot take, before it is traced. Set by `classifier_updates`.
+    Attributes:
+        predict: ``predict(x)``: the model's outputs with ``training=False``.
+        loss: ``loss(y_true, y_pred)``: one float32 loss per example, as the update trains on.
+        binary: Whether the loss is a binary cross-entropy (``"accuracy"`` is then binary).
+        outputs: How many outputs the model has.
+        check: ``check(x)``: refuses data the model cannot take, before it is traced.
     """
 
     predict: Callable[[Any], Any]
@@ -369,17 +373,6 @@ def steps_done(flags: Any, steps: Any) -> Any:
     padded = tf.concat([flags, tf.zeros([1, tf.shape(flags)[1]], flags.dtype)], 0)  # (a call of no batch too)
     applied = tf.reduce_any(tf.gather(padded, first) > 0)
     return tf.where(first < rows, first + tf.cast(applied, tf.int32), tf.cast(steps, tf.int32))
-
-
-def build_optimizers(updates: Sequence[Update]) -> None:
-    """Create each optimizer's state now (before restore, outside tf.cond), once, for all the variables it updates:
-    one optimizer may serve several groups or updates."""
-    owned: dict[int, tuple[Any, list[Any]]] = {}
-    for u in updates:
-        for variables, opt in u.groups:
-            owned.setdefault(id(opt), (opt, []))[1].extend(variables)
-    for opt, variables in owned.values():
-        build_optimizer(opt, list({id(v): v for v in variables}.values()))
 
 
 # ------------------------------------------------------------------------------------- seeds

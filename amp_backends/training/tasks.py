@@ -332,7 +332,16 @@ def gan_updates(generator: Any, discriminator: Any, g_opt: Any, d_opt: Any) -> l
 
 @tf.autograph.experimental.do_not_convert
 def mnist_batch_fn(x: Any, y: Any, idx: Any) -> Any:
-    """Gather a batch of uint8 MNIST images on the device and scale to [0, 1] (as the tutorials: /255)."""
+    """Gather a batch of uint8 MNIST images on the device and scale to [0, 1] (as the tutorials: /255).
+
+    Args:
+        x: The images, uint8, 28x28 each (resident on the device).
+        y: Their labels, or ``None``.
+        idx: The batch's sample indices.
+
+    Returns:
+        ``(images, labels)``: float32 images shaped ``(batch, 28, 28, 1)``, and the labels (``None`` without).
+    """
     xb = tf.reshape(tf.cast(tf.gather(x, idx), tf.float32) / 255.0, [-1, 28, 28, 1])
     return xb, (None if y is None else tf.gather(y, idx))
 

@@ -16,13 +16,13 @@ from ..keras_compat import loss_scale_of
 from ..plan import Plan, require_plan
 from .distribute import is_chief, worker_id
 from .inputs import BatchFn, Ran, Source, input_for, is_count
-from .loss_scaling import LossScaler, check_stalled
+from .loss_scaling import LossScaler, build_optimizers, check_stalled
 from .observers import WARMUP_CALLS, Observer, default_observers, training_line
 from .precision import FirstBatch, TrainedModels, trained_models
 from .resume import Checkpointing, nothing_left
 from ..seeds import current_seed
 from .runs import At, Position, check_directory, parse_profile_steps
-from .step import StepProgram, Update, build_optimizers
+from .step import StepProgram, Update
 from .tasks import check_fit_arguments, check_trainer_keywords
 from .metrics import Progress
 from .validation import Evaluator, Validation
@@ -101,7 +101,7 @@ class Trainer:
         self.seed, self.batch_fn = current_seed() if seed is None else seed, batch_fn
         with self.strategy.scope():
             self.scalers = {u.name: LossScaler(plan.loss_scale, name=u.name) for u in self.updates}
-            build_optimizers(self.updates)
+            build_optimizers([g for u in self.updates for g in u.groups])
             self.position = Position(self.batch_size)
         self.global_step = self.position.global_step
         self.program = StepProgram(self.updates, self.scalers, strategy=self.strategy, xla=plan.xla, device=plan.device,
