@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import difflib
+import importlib
 import logging
 import os
 import re
@@ -19,8 +20,9 @@ import signal
 import sys
 import sysconfig
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import FrameType, TracebackType
+from typing import Any
 
 __all__ = ["AmpConfigError", "AmpError", "AmpWarning", "BackendError", "CheckpointError", "CheckpointMismatchError",
            "ClusterConfigError", "DataUnavailableError", "DistributedFailure", "FactoryError", "InputError",
@@ -183,6 +185,29 @@ _STDLIB = ("<frozen ", os.path.join(sysconfig.get_paths()["stdlib"], ""))  # (ru
 _LIBRARIES = frozenset({"amp_backends", "keras", "tensorflow", "tf_keras", "intel_extension_for_tensorflow",
                         "contextlib", "functools", "typer", "click"})  # (the last two: the command line's)
 
+
+
+def moved_names(old: str, new: str, names: Iterable[str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that keeps names moved out of module ``old`` working for one release: each is read
+    from module ``new``, with a `DeprecationWarning` naming its new place.
+
+    Args:
+        old: The module the names moved out of (its ``__name__``).
+        new: The module that defines them now.
+        names: The names that moved.
+
+    Returns:
+        The function to assign to ``old``'s ``__getattr__``; it raises ``AttributeError`` for any other name.
+    """
+    moved = frozenset(names)
+
+    def __getattr__(name: str) -> Any:
+        if name not in moved:
+            raise AttributeError(f"module {old!r} has no attribute {name!r}")
+        warn(f"{old}.{name} moved to {new}.{name}; the old name goes in the next release", DeprecationWarning)
+        return getattr(importlib.import_module(new), name)
+
+    return __getattr__
 
 def _imports(frame: FrameType) -> bool:
     return "importlib" in frame.f_code.co_filename and "_bootstrap" in frame.f_code.co_filename

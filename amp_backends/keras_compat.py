@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import AmpConfigError, AmpError, warn
+from .errors import AmpConfigError, AmpError, moved_names, warn
 from .request import LossScale
 from .software import KerasInfo, expected_keras, generation_of, minor_version, tensorflow_version
 
@@ -381,15 +381,4 @@ def float8_training(keras: KerasInfo | None) -> tuple[bool, str]:
 
 
 # Names that moved to amp_backends.software (the readers of installed software), kept here for one release
-_MOVED_OUT = ("LEGACY_KERAS_VALUES", "uses_legacy_keras")
-
-
-def __getattr__(name: str) -> Any:
-    """A name that moved to `amp_backends.software`, with a `DeprecationWarning` (for one release)."""
-    if name in _MOVED_OUT:
-        from . import software
-
-        warn(f"amp_backends.keras_compat.{name} moved to amp_backends.software.{name}; the old name goes in the "
-             "next release", DeprecationWarning)
-        return getattr(software, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(__name__, "amp_backends.software", ("LEGACY_KERAS_VALUES", "uses_legacy_keras"))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .assessment import POLICIES
-from .errors import AmpConfigError, nearest, warn
+from .errors import AmpConfigError, moved_names, nearest, warn
 from .override_sources import GIVEN_BY, env_name, flag_name, format_value
 from .layer_names import corrected, describe_unknown, unknown_layers
 from .loss_scale import DEFAULT_GROWTH_INTERVAL, DEFAULT_INITIAL_SCALE, FLOAT32_MAX, LossScale  # noqa: F401  (re-exported)
@@ -403,15 +403,5 @@ def build_request(known_backends: Iterable[str], environ: Mapping[str, str] | No
 
 
 # Names that moved to amp_backends.override_sources, kept here for one release
-_MOVED_OUT = ("keywords_as_options", "keywords_chosen_by", "undo_of")
-
-
-def __getattr__(name: str) -> Any:
-    """A name that moved to `amp_backends.override_sources`, with a `DeprecationWarning` (for one release)."""
-    if name in _MOVED_OUT:
-        from . import override_sources
-
-        warn(f"amp_backends.request.{name} moved to amp_backends.override_sources.{name}; the old name goes in the "
-             "next release", DeprecationWarning)
-        return getattr(override_sources, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(__name__, "amp_backends.override_sources",
+                          ("keywords_as_options", "keywords_chosen_by", "undo_of"))
