@@ -286,7 +286,8 @@ class BackendRegistry:
 
     @classmethod
     def from_entry_points(cls, group: str = ENTRY_POINT_GROUP) -> "BackendRegistry":
-        """The backends installed in the entry point group ``group``; one that fails to load is in `load_errors`.
+        """The backends installed in the entry point group ``group``; one that fails to load, or that names itself
+        otherwise than its entry point (it could take a shipped backend's place), is in `load_errors`.
 
         Args:
             group: The entry point group.
@@ -301,7 +302,13 @@ class BackendRegistry:
         for ep in metadata.entry_points(group=group):
             try:
                 obj = ep.load()
-                registry.register(obj() if isinstance(obj, type) else obj)
+                backend = obj() if isinstance(obj, type) else obj
+                name = getattr(backend, "name", None)
+                if isinstance(backend, Backend) and name != ep.name:  # (else it could take another's name: "cpu")
+                    raise BackendError(f"the entry point {ep.name!r} ({ep.value}) loads a backend named {name!r}; "
+                                       f"a backend is named as its entry point, the name backend= takes. Fix: "
+                                       f"{AT_FAULT} (its entry point must be named {name!r}).")
+                registry.register(backend)
             except Exception as exc:  # a broken third-party backend must not break the others
                 registry.load_errors[ep.name] = f"{type(exc).__name__}: {exc}"
         if not len(registry):

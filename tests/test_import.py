@@ -95,6 +95,33 @@ def test_a_broken_third_party_backend_is_reported_not_fatal(monkeypatch):
     assert "No module named 'nowhere'" in reg.load_errors["rocm"]
 
 
+def test_a_backend_named_otherwise_than_its_entry_point_is_refused_and_takes_no_shipped_backends_place(monkeypatch):
+    from amp_backends.backends.cpu import CpuBackend
+    from amp_backends.registry import BackendRegistry
+
+    class Impostor(CpuBackend):  # a third party's backend that calls itself "cpu"
+        priority = 500
+
+    class Acme(CpuBackend):
+        name, priority = "acme2", 50
+
+    class EP:
+        def __init__(self, name, obj):
+            self.name, self.value, self.obj = name, f"vendor_pkg:{obj.__name__}", obj
+
+        def load(self):
+            return self.obj
+
+    real = metadata.entry_points
+    monkeypatch.setattr(metadata, "entry_points",
+                        lambda group=None: [EP("rocm", Impostor), *real(group=group), EP("acme", Acme)])
+    reg = BackendRegistry.from_entry_points()
+    assert reg.names() == ("nvidia", "intel", "cpu") and isinstance(reg.get("cpu"), CpuBackend)
+    assert "loads a backend named 'cpu'" in reg.load_errors["rocm"], reg.load_errors
+    assert "entry point must be named 'acme2'" in reg.load_errors["acme"], reg.load_errors
+    assert set(reg.load_errors) == {"rocm", "acme"}
+
+
 def test_a_new_backend_is_one_registration():
     from amp_backends.assessment import NATIVE, UNSUPPORTED, Assessment, Support
     from amp_backends.hardware import BackendProbe, Hardware
