@@ -228,6 +228,16 @@ def input_structure(model: Any) -> Any:
     return InputLeaf((None, *dims[1:]), tf.float32) if dims else None
 
 
+def model_losses(model: Any, added_to: Any = None) -> Any:
+    """The sum of a model's own losses (``model.losses``: weight regularizers, ``add_loss``) as a float32 scalar, as
+    Keras's ``fit`` and ``evaluate`` add them to the compiled loss; ``None`` for a model without any. Read in the
+    trace of the call that made them (an ``add_loss`` term is that call's). With ``added_to`` (a float32 loss): that
+    loss plus them."""
+    tf = _tensorflow()
+    terms = [tf.cast(tf.reduce_sum(term), tf.float32) for term in getattr(model, "losses", None) or ()]
+    return tf.add_n(([] if added_to is None else [added_to]) + terms) if terms else added_to
+
+
 def snapshot_losses(layers: list[Any]) -> list[tuple[Any, str, list[Any]]]:
     """Copies of each layer's collected-loss lists (``_losses``, ``_eager_losses``: the Python-side losses ``add_loss``
     collects during a call): tracing a call may append graph tensors to them."""

@@ -243,9 +243,12 @@ def _rule_decisions(model: Any, plan: Plan) -> list[LayerDecision]:
 def short_reason(plan: Plan, rules: Iterable[Float32Layer] | None = None) -> str:
     """The float32 layers' reason in one short clause (the plan's reason holds the figures): of ``rules``, the
     plan's layer kinds that keep a layer in float32 (default: all of them)."""
-    kinds = ", ".join(k.describe() for k in (_float32_rules(plan) if rules is None else rules))
-    return (f"the plan keeps {kinds} in float32 here: faster than {plan.compute_dtype} on this hardware "
-            "(plan.explain() has the figures)")
+    rules = list(_float32_rules(plan) if rules is None else rules)
+    asked = [k.describe() for k in rules if k.why.startswith("requested")]  # float32_layers= (nothing measured)
+    measured = ", ".join(k.describe() for k in rules if not k.why.startswith("requested"))
+    return "; ".join(([f"{', '.join(asked)} in float32 as requested (float32_layers)"] if asked else []) + (
+        [f"the plan keeps {measured} in float32 here: faster than {plan.compute_dtype} on this hardware "
+         "(plan.explain() has the figures)"] if measured or not asked else []))
 
 
 def _wrapped(layer: Any) -> list[Any]:

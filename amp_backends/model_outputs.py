@@ -79,7 +79,8 @@ def _returned_by_call(model: Any) -> list[Any]:
     forward = user_code(model)  # (traced without AutoGraph: the model called as AutoGraph would)
 
     def traced(inputs: Any) -> Any:
-        out = forward(inputs, training=False)
+        with tf.name_scope("model"):  # (a model named "_net" opens no valid root scope: TensorFlow refuses it)
+            out = forward(inputs, training=False)
         returned.extend(tf.nest.flatten(out))
         return out
 

@@ -244,7 +244,8 @@ def _reset_policies(model: Any, plan: Plan) -> tuple[str, ...]:
 
     walked = [(path, layer) for path, layer in walk(model, getattr(model, "name", "model"))
               if type(layer).__name__ != "InputLayer" and not policy_name(layer).startswith(lp.FLOAT8)]
-    pinned = any(policy_name(layer).startswith("mixed_") for _, layer in walked)
+    pinned = any(policy_name(layer).startswith("mixed_") for _, layer in walked  # (a model loaded under a mixed
+                 if not hasattr(layer, "layers"))  # policy takes it: its layers, as saved, tell how it was built)
     return lp.set_policies(model, ((path, layer, plan.policy) for path, layer in walked
                                    if not (pinned and policy_name(layer) == "float32")))
 

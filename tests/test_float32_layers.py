@@ -162,6 +162,18 @@ def test_nothing_changes_under_a_plan_without_float32_layers(registry, zen4_plan
     assert dtypes(model)["dw_strided"] == "bfloat16"
 
 
+def test_layers_kept_in_float32_on_request_are_said_requested_not_measured(registry):
+    """float32_layers= is the user's list: the preparation said "faster than bfloat16 on this hardware" of it."""
+    import amp_backends
+
+    asked = plan_of(machine(cpu_of(ZEN4)), registry, float32_layers="Conv2D")
+    prep = amp_backends.prepare_model(depthwise_model(), asked)
+    assert prep.float32 == ("dw/pointwise",) and "Conv2D in float32 as requested (float32_layers)" in prep.float32_why
+    assert "faster" not in prep.float32_why, prep.float32_why
+    measured = amp_backends.prepare_model(depthwise_model(), plan_of(machine(cpu_of(ZEN4)), registry))
+    assert "faster than bfloat16 on this hardware" in measured.float32_why and "requested" not in measured.float32_why
+
+
 def test_the_check_warns_until_the_model_is_prepared(zen4_plan):
     import amp_backends
 

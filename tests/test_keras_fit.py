@@ -224,6 +224,22 @@ def test_an_optimizer_class_is_refused_before_fit(loss_scale):
         fp16_plan(loss_scale).wrap_optimizer(K.optimizers.Adam)
 
 
+def test_a_model_saved_under_float32_takes_a_mixed_plan_with_the_documented_call(tmp_path):
+    """The other way: saved all in float32, loaded under mixed_bfloat16. The loaded model object itself took the
+    global mixed policy, so reset_policies read every float32 layer as kept in float32 on purpose and changed none."""
+    plan = amp_backends.auto_configure(policy="float32", verbose=False)
+    K.Sequential([K.Input((6,)), K.layers.Dense(16, activation="relu", name="hidden"),
+                  K.layers.Dense(3, activation="softmax", name="head")], name="saved").save(tmp_path / "m.keras")
+    plan = amp_backends.auto_configure(policy="mixed_bfloat16", force=True, verbose=False)  # (any CPU: the policy)
+    loaded = K.models.load_model(tmp_path / "m.keras")
+    assert loaded.get_layer("hidden").compute_dtype == "float32"  # as saved
+    prep = amp_backends.prepare_model(loaded, plan, reset_policies=True)
+    assert "saved/hidden" in prep.applied, prep
+    assert [layer.compute_dtype for layer in loaded.layers] == ["bfloat16", "float32"]
+    assert not [f for f in amp_backends.check_model(loaded, plan=plan, batch_size=8).findings
+                if f.code == "policy-mismatch"]
+
+
 def test_a_model_saved_under_bfloat16_trains_in_float32_under_a_float32_plan_after_the_documented_call(tmp_path):
     """A .keras file keeps each layer's policy: loaded where the plan is float32 it stays bfloat16. The check says
     so and names the call; prepare_model(..., reset_policies=True) brings it to the plan, and it trains there."""

@@ -18,8 +18,8 @@ if not str(getattr(keras, "__version__", "2")).startswith("3"):
 
 
 class OneHead(keras.Model):
-    def __init__(self):
-        super().__init__(name="one_head")
+    def __init__(self, name="one_head"):
+        super().__init__(name=name)
         self.hidden = keras.layers.Dense(8, name="hidden")
         self.head = keras.layers.Dense(3, activation="softmax", name="head")
 
@@ -54,6 +54,20 @@ def test_a_subclassed_models_softmax_head_is_planned_in_float32_as_a_functional_
     assert model.head.dtype_policy.name == "float32" and model.hidden.dtype_policy.name == "mixed_bfloat16"
     assert model(np.zeros((2, 8), "float32")).dtype == tf.float32
     assert list(model.losses) == losses and "call" not in model.head.__dict__  # the trace left nothing behind
+
+
+def test_a_model_whose_name_starts_with_an_underscore_is_prepared_and_checked():
+    """Keras names a class ``_Net`` ``__net``; TensorFlow takes no root name scope of that name, and the traces of
+    `prepare_model` (the head: left in bfloat16, "nothing changed") and of the check (a ModelCallError) failed."""
+    from amp_backends.model_check import check_model
+
+    plan = applied_plan("mixed_bfloat16", force=True)
+    model = OneHead(name="__net")
+    model(np.zeros((2, 8), "float32"))
+    assert amp_backends.prepare_model(model, plan).float32 == ("__net/head",)
+    assert model(np.zeros((2, 8), "float32")).dtype == tf.float32
+    functional = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3, activation="softmax")], name="_clf")
+    assert "final-activation" in [f.code for f in check_model(functional, plan).findings]
 
 
 def test_a_subclassed_model_of_named_inputs_and_outputs_names_each_output_layer():

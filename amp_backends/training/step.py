@@ -53,6 +53,8 @@ class Evaluation:
         binary: Whether the loss is a binary cross-entropy (``"accuracy"`` is then binary).
         outputs: How many outputs the model has.
         check: ``check(x)``: refuses data the model cannot take, before it is traced.
+        own: ``own()``, right after ``predict``: the model's own losses (regularizers, ``add_loss``), a float32
+            scalar added to each example's loss as Keras's ``evaluate`` adds them, or ``None``.
     """
 
     predict: Callable[[Any], Any]
@@ -60,6 +62,7 @@ class Evaluation:
     binary: bool = False
     outputs: int = 1
     check: Callable[[Any], None] = lambda x: None
+    own: Callable[[], Any] = lambda: None
 
 
 @dataclass

@@ -17,7 +17,7 @@ from ..model_inputs import check_model_inputs, leaf_paths
 from ..model_outputs import check_probabilities
 from .inputs import is_count
 from .metrics import masked_weights, record_predictions
-from ..keras_compat import not_an_optimizer, user_code
+from ..keras_compat import model_losses, not_an_optimizer, user_code
 from .step import Evaluation, Update, float32_outputs, step_seed
 
 logger = logging.getLogger("amp_backends.train")
@@ -116,7 +116,8 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
         values = losses(batch[1], pred)
         record_predictions("model", batch[1], pred, batch[2] if len(batch) == 3 else None)
         w = masked_weights(values, batch[2] if len(batch) == 3 else None, raw)
-        return tf.reduce_mean(values) if w is None else tf.reduce_sum(values * w) / tf.maximum(tf.reduce_sum(w), 1e-12)
+        mean = tf.reduce_mean(values) if w is None else tf.reduce_sum(values * w) / tf.maximum(tf.reduce_sum(w), 1e-12)
+        return model_losses(model, added_to=mean)  # its regularizers' and add_loss terms too, as fit adds them
 
     def check(x):  # NumPy numbers (strings are the model's StringLookup's to check): before anything is traced
         if all(getattr(getattr(a, "dtype", None), "kind", "") in ("f", "i", "u", "b") for a in tf.nest.flatten(x)):
@@ -171,7 +172,8 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
                "dataset). Fix: clean the pipeline (dataset.map, or dataset.filter to drop such rows)"
                + (", or give the model's last layer as many units as there are classes." if sparse else "."))
     evaluation = Evaluation(predict=lambda x: model(check_model_inputs(model, x), training=False), loss=losses,
-                            binary=binary_loss, outputs=max(1, len(outputs)), check=check)
+                            binary=binary_loss, outputs=max(1, len(outputs)), check=check,
+                            own=lambda: model_losses(model))
     return [Update("model", loss_fn, [(model.trainable_variables, optimizer)], validate=validate,
                    state=model.non_trainable_variables, check=_batch_check(classes, sparse, binary),
                    check_message=message, evaluation=evaluation)]
@@ -245,10 +247,11 @@ def _check_parts(models: Sequence[Any], optimizers: Sequence[Any]) -> None:
         if not callable(model) or not hasattr(type(model), "variables"):  # (the class: Keras 2 raises unbuilt)
             raise AmpConfigError(f"expected a Keras model (keras.Model). Received: {model!r:.80} (of type "
                                  f"{type(model).__name__}). Fix: pass the model the update trains.")
-        if not getattr(model, "built", True) or not model.variables:
+        if not (built := getattr(model, "built", True)) or not model.variables:
             raise AmpConfigError(
-                f"The model {getattr(model, 'name', model)!r} is not built yet: it has no variables to train. Fix: "
-                "build it before the Trainer (start it with keras.Input(shape), or call model.build(input_shape)).")
+                f"The model {model.name!r} {'is marked built, but' if built else 'is not built yet:'} it has no "
+                "variables to train. Fix: start it with keras.Input(shape), or call it once on a batch (model(x[:1])): "
+                "that builds a subclassed model's layers, as model.build(input_shape) does not.")
     for got in filter(None, map(not_an_optimizer, optimizers)):
         raise AmpConfigError(f"expected a Keras optimizer, such as keras.optimizers.Adam(1e-3). Received: {got}. "
                              "Fix: pass an optimizer object (not its name or class).")
@@ -320,8 +323,9 @@ def gan_updates(generator: Any, discriminator: Any, g_opt: Any, d_opt: Any) -> l
         noise = tf.random.stateless_uniform([n, NOISE_DIM], seed=step_seed(salt), minval=-1.0, maxval=1.0)
         return gan_losses(user_code(generator), user_code(discriminator), real, noise)
 
-    def loss(salt: int, which: int) -> Any:
-        return tf.autograph.experimental.do_not_convert(lambda b: forward(b, salt)[which])
+    def loss(salt: int, which: int) -> Any:  # (the model's own losses added, as fit adds them)
+        model = (generator, discriminator)[which]
+        return tf.autograph.experimental.do_not_convert(lambda b: model_losses(model, forward(b, salt)[which]))
 
     state = generator.non_trainable_variables + discriminator.non_trainable_variables  # BatchNorm statistics
     return [

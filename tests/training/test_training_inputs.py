@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import numpy as np
@@ -461,6 +462,21 @@ def test_an_unbuilt_model_is_refused_with_the_fix():
     model = tf.keras.Sequential([tf.keras.layers.Dense(3)])  # no Input: no variables yet
     with pytest.raises(amp_backends.errors.AmpConfigError, match="not built yet.*keras.Input"):
         Trainer(classifier_updates(model, tf.keras.optimizers.SGD()), applied_plan(), batch_size=8)
+
+
+    class Sub(tf.keras.Model):
+        def __init__(self):
+            super().__init__(name="sub")
+            self.dense = tf.keras.layers.Dense(3)
+
+        def call(self, x):
+            return self.dense(x)
+
+    sub = Sub()
+    sub.build((None, 8))  # Keras 3 marks it built; its Dense layer is not (the fix said to call build)
+    said = r"'sub' is marked built, but it has no variables.*call it once on a batch \(model\(x\[:1\]\)\)"
+    with contextlib.nullcontext() if sub.variables else pytest.raises(amp_backends.errors.AmpConfigError, match=said):
+        classifier_updates(sub, tf.keras.optimizers.SGD())
     x = tf.Variable(1.0)
     with pytest.raises(amp_backends.errors.AmpConfigError, match="Update 'u' has no variables to train.*keras.Input"):
         Trainer([Update("u", lambda b: x * 0.0, [([], tf.keras.optimizers.SGD())])], applied_plan(), batch_size=8)

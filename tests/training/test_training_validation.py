@@ -63,6 +63,33 @@ def test_validation_counts_every_sample_and_matches_a_hand_computation():
     np.testing.assert_allclose(t.predict(ds), probs, rtol=1e-5, atol=1e-6)
 
 
+def test_a_models_own_losses_are_trained_and_evaluated_as_keras_fit_and_evaluate_add_them():
+    """Weight regularizers and an ``add_loss`` layer: one full-batch SGD step and the evaluation give Keras's numbers
+    (the trainer left ``model.losses`` out: no weight decay, and a validation loss below Keras's)."""
+    applied_plan()
+
+    def build():
+        tf.keras.utils.set_random_seed(3)
+        inputs = tf.keras.Input((6,))
+        h = tf.keras.layers.Dense(16, "relu", kernel_regularizer=tf.keras.regularizers.L2(0.5))(inputs)
+        h = tf.keras.layers.ActivityRegularization(l1=0.01)(h)
+        return tf.keras.Model(inputs, tf.keras.layers.Dense(3, "softmax", bias_regularizer="l2")(h))
+
+    x, y = data(32)
+    xv, yv = data(20, seed=1)
+    keras_model, ours = build(), build()
+    keras_model.compile(tf.keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    keras_loss = keras_model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0).history["loss"][0]
+    t = Trainer(classifier_updates(ours, tf.keras.optimizers.SGD(0.1)), applied_plan(), batch_size=32, seed=0,
+                progress=False, check_models=False)
+    result = t.fit(x, y, epochs=1)
+    assert keras_loss > 1.5  # the regularization: cross-entropy alone is about log(3)
+    assert result.epochs[0]["loss"] == pytest.approx(keras_loss, rel=1e-5)
+    for a, b in zip(ours.get_weights(), keras_model.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert t.evaluate(xv, yv)["loss"] == pytest.approx(keras_model.evaluate(xv, yv, verbose=0), rel=1e-5)
+
+
 def test_wrong_validation_data_is_said_to_be_the_validation_datas_and_no_model_change_is_advised():
     """A validation set of the wrong width said "x has rows of shape (8,) ... Fix: ... (or build the model with
     keras.Input(shape=(8,)))", as if the training data were wrong; its labels' errors named no validation_data."""
