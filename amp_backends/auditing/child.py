@@ -253,10 +253,10 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int,
         return loss
 
     compiled = tf.function(step, jit_compile=bool(plan.xla), autograph=False)
-    ops = trace_step_ops(model, compiled, x)
     workdir = out_path + ".work"
     os.makedirs(workdir, exist_ok=True)
     try:
+        ops = trace_step_ops(model, compiled, x)
         for _ in range(warmup):
             float(compiled(x))
     except Exception:  # a model that cannot run on these shapes: the check's words, naming the layer, as `check`

@@ -208,8 +208,10 @@ def _layer_fails(model: Any, plan: Any, target: Any, batch: int | None, exc: Mod
                  keras_version: str) -> ModelCheck:
     """The check of a model one of whose layers raises under the plan's policy: that layer, as an error finding
     (nothing after it could be traced, so the model is unsized)."""
-    why = ("the layer's own code raises under the plan's dtype policy (a float32 tensor mixed into "
-           f"{target.compute_dtype} ones, say), so the model cannot train under this plan: {exc.why}")
+    dtype = target.compute_dtype
+    mixed = f"a float32 tensor mixed into {dtype} ones, say, or " if dtype != "float32" else ""
+    why = (f"the layer's own code raises under this plan (in {target.compute_dtype}: {mixed}a shape it cannot take), "
+           f"so the model cannot train under it: {exc.why}")
     finding = Finding("error", "layer-call-fails", exc.layer or model.name, exc.what, why, exc.fix)
     summary = Summary(0.0, {}, None, None, {d: u for d, (u, _) in target.units.items()}, sized=False)
     return ModelCheck(model=model.name, keras_version=keras_version, plan=_plan_dict(plan, target), batch_size=batch,
@@ -232,9 +234,13 @@ def call_failure(model: Any, plan: Plan, inputs: Any, layer_plan: LayerPlan | No
         The error, or ``None``.
     """
     try:
-        check_model(model, plan, inputs=inputs, layer_plan=layer_plan)
+        checked = check_model(model, plan, inputs=inputs, layer_plan=layer_plan)
     except ModelCallError as exc:
         return exc
     except Exception:  # noqa: BLE001  # (what the check cannot say, it does not say)
         return None
+    for f in checked.findings:  # a layer that raised in the check's trace: a finding there, the caller's error here
+        if f.code == "layer-call-fails":
+            return ModelCallError(f"{f.what[:1].upper()}{f.what[1:]}. The error is {f.why} Fix: {f.fix}",
+                                  layer=f.layer, what=f.what, why=f.why, fix=f.fix)
     return None

@@ -355,6 +355,20 @@ def test_a_sequence_longer_than_the_models_position_embedding_is_our_error_namin
         audit("hub_models:distil", steps=1, warmup=1, batch_size=4, seq_len=64)
 
 
+def test_a_layer_that_raises_in_any_dtype_is_our_error_naming_the_layer(tmp_path, monkeypatch):
+    """It was a RuntimeError with the child's Keras traceback: the step's trace failed before the check was asked."""
+    from amp_backends import audit
+    from amp_backends.errors import ModelCallError
+
+    (tmp_path / "folded.py").write_text(
+        "import tensorflow as tf\n\n\ndef folded():\n    keras = tf.keras\n"
+        "    return keras.Sequential([keras.Input((8,)), keras.layers.Lambda(lambda t: tf.reshape(t, (-1, 3)), "
+        "name='fold'), keras.layers.Dense(3)], name='folded')\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelCallError, match=r"its layer 'folded/fold' \(Lambda, .*Fix: make the function work"):
+        audit("folded:folded", steps=1, warmup=1, batch_size=4)
+
+
 def test_the_audit_trains_at_the_shapes_asked_for_and_says_the_shapes_it_trained_at(tmp_path, monkeypatch):
     """A model leaving its sequence length open was audited at 8 without a word, and the command had no way to
     give the length (``check`` had ``--seq-len`` and ``--input-shape``). The command's code runs here, its model in

@@ -267,6 +267,20 @@ def test_sequences_longer_than_the_models_position_embedding_are_our_error_namin
         trainer.fit({"token_ids": tokens, "padding_mask": np.ones_like(tokens)}, np.zeros(32, "int32"), max_steps=1)
 
 
+def test_a_layer_that_raises_in_any_dtype_stops_the_trainer_with_our_error_naming_it():
+    """The precision check made it a finding, the trainer went on, and its step ended in Keras's traceback
+    ("Dimension size must be evenly divisible by 3")."""
+    keras = tf.keras
+    p = applied_plan()
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Lambda(lambda t: tf.reshape(t, (-1, 3)), name="fold"),
+                              keras.layers.Dense(3, activation="softmax")], name="folded")
+    x, y = np.zeros((32, 8), "float32"), np.zeros(32, "int64")
+    trainer = Trainer(classifier_updates(model, keras.optimizers.Adam()), p, batch_size=16, progress=False)
+    with pytest.raises(amp_backends.errors.ModelCallError, match=r"its layer 'folded/fold' \(Lambda, .*raised "
+                                                                 r"\w+Error: .*Fix: make the function work on them"):
+        trainer.fit(x, y, max_steps=1)
+
+
 def test_logits_trained_with_a_loss_that_takes_probabilities_are_said_once():
     """A model ending in a plain Dense (logits) trained with the default sparse cross-entropy (from_logits=False)
     trained on a meaningless loss without a word (8.2 where ln 4 is 1.39)."""
