@@ -356,7 +356,7 @@ class Evaluator:
         weights = batch[2] if len(batch) == 3 else None
         raw = user_code(self.evaluation.predict)(x)
         pred = float32_outputs(raw)
-        values, own = tf.cast(user_code(self.evaluation.loss)(y, pred), tf.float32), user_code(self.evaluation.own)()
+        values, own = tf.cast(user_code(self.evaluation.loss)(y, pred), tf.float32), self.evaluation.own()
         values = values if own is None else values + own
         w = masked_weights(values, weights, raw)
         w = tf.ones_like(values) if w is None else w

@@ -63,7 +63,7 @@ def test_validation_counts_every_sample_and_matches_a_hand_computation():
     np.testing.assert_allclose(t.predict(ds), probs, rtol=1e-5, atol=1e-6)
 
 
-def test_a_models_own_losses_are_trained_and_evaluated_as_keras_fit_and_evaluate_add_them():
+def test_a_models_own_losses_are_trained_and_evaluated_as_keras_fit_and_evaluate_add_them(caplog):
     """Weight regularizers and an ``add_loss`` layer: one full-batch SGD step and the evaluation give Keras's numbers
     (the trainer left ``model.losses`` out: no weight decay, and a validation loss below Keras's)."""
     applied_plan()
@@ -88,6 +88,7 @@ def test_a_models_own_losses_are_trained_and_evaluated_as_keras_fit_and_evaluate
     for a, b in zip(ours.get_weights(), keras_model.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert t.evaluate(xv, yv)["loss"] == pytest.approx(keras_model.evaluate(xv, yv, verbose=0), rel=1e-5)
+    assert "AutoGraph could not transform" not in caplog.text  # (the library's own code is not converted)
 
 
 def test_wrong_validation_data_is_said_to_be_the_validation_datas_and_no_model_change_is_advised():
