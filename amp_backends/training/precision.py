@@ -305,9 +305,17 @@ class TrainedModels:
         self.on_applied()
 
     def say_dtype(self, models: Sequence[Any]) -> None:
-        """Say (logged, and an `AmpWarning`) once a model that a model computes in another dtype than the plan's."""
+        """Say (logged, and an `AmpWarning`) once a model that a model computes in another dtype than the plan's, or
+        defines a ``train_step`` the trainer does not call."""
         for model in models:
             name = str(getattr(model, "name", model))
+            step = getattr(type(model), "train_step", None)
+            if inspect.isfunction(step) and not step.__module__.startswith(("keras", "tf_keras.", "tensorflow.")):
+                warn(f"The model {name!r} defines its own train_step ({type(model).__qualname__}.train_step), and the "
+                     "trainer never calls it: its step is the update's loss_fn, so what train_step adds (a loss term, "
+                     "gradient clipping, a metric) does not happen. Fix: put it in the loss_fn of an Update of your "
+                     "own (or a loss= of classifier_updates), or train with model.fit, which calls train_step.",
+                     log=logger)
             if name not in self.said and (dtype := built_in_other_dtype(model, self.plan, self.layer_plans.get(name))):
                 self.said.add(name)
                 warn(f"The model {name!r} computes in {dtype} under the plan's {self.plan.policy}: it was built "

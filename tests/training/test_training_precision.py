@@ -267,6 +267,31 @@ def test_sequences_longer_than_the_models_position_embedding_are_our_error_namin
         trainer.fit({"token_ids": tokens, "padding_mask": np.ones_like(tokens)}, np.zeros(32, "int32"), max_steps=1)
 
 
+def test_a_models_own_train_step_that_the_trainer_does_not_call_is_said():
+    """The trainer runs its own step: a subclassed model's train_step (here adding a penalty) was skipped without a
+    word (and prepare_model's warning about its loss scaling was filtered out)."""
+    keras = tf.keras
+
+    class Penalized(keras.Model):
+        def __init__(self):
+            super().__init__(name="penalized")
+            self.dense = keras.layers.Dense(3, activation="softmax")
+
+        def call(self, x):
+            return self.dense(x)
+
+        def train_step(self, data):  # pragma: no cover  (never called: that is the point)
+            raise AssertionError("the trainer called train_step")
+
+    model = Penalized()
+    model(np.zeros((1, 8), "float32"))
+    x, y = np.zeros((32, 8), "float32"), np.zeros(32, "int64")
+    trainer = Trainer(classifier_updates(model, keras.optimizers.SGD()), applied_plan(), batch_size=16, progress=False)
+    with pytest.warns(AmpWarning, match=r"'penalized' defines its own train_step \(.*Penalized.train_step\), and the "
+                                        r"trainer never calls it.*Fix: .*model.fit"):
+        trainer.fit(x, y, max_steps=1)
+
+
 def test_a_layer_that_raises_in_any_dtype_stops_the_trainer_with_our_error_naming_it():
     """The precision check made it a finding, the trainer went on, and its step ended in Keras's traceback
     ("Dimension size must be evenly divisible by 3")."""
