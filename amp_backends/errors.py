@@ -251,7 +251,8 @@ _NODE = re.compile(r"\{\{node ([^}]+)\}\}")
 
 def nearest(value: str, choices: Iterable[str], cutoff: float = 0.75) -> str | None:
     """The choice ``value`` is a misspelling of, for a fix to offer: the closest in spelling among those whose digits
-    are ``value``'s (``fp64`` is no misspelt ``fp16``, ``gpu`` no ``cpu``).
+    are ``value``'s, in any order (``bfloat61`` is ``bfloat16`` typed fast; ``fp64`` is no misspelt ``fp16``, ``gpu``
+    no ``cpu``).
 
     Args:
         value: What was given.
@@ -261,8 +262,8 @@ def nearest(value: str, choices: Iterable[str], cutoff: float = 0.75) -> str | N
     Returns:
         The choice, or ``None`` (then a fix offers no guess).
     """
-    digits = re.sub(r"\D", "", value)
-    near = difflib.get_close_matches(value, [c for c in choices if re.sub(r"\D", "", c) == digits], 1, cutoff)
+    digits = sorted(re.sub(r"\D", "", value))
+    near = difflib.get_close_matches(value, [c for c in choices if sorted(re.sub(r"\D", "", c)) == digits], 1, cutoff)
     return near[0] if near else None
 
 

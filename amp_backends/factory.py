@@ -7,10 +7,12 @@ A factory builds a Keras model with no arguments (``amp_backends.models:mnist_cn
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import os
 import re
 import sys
+import traceback
 from typing import Any, Callable
 
 from .errors import FactoryError
@@ -55,6 +57,14 @@ def factory_spec(factory: Any) -> str:
         "'module:function' string")
 
 
+def _origin(module_name: str) -> str | None:
+    """The file of a module that was found (its import may have failed), or ``None``."""
+    try:
+        return getattr(importlib.util.find_spec(module_name), "origin", None)
+    except Exception:  # (a parent package that fails to import)
+        return None
+
+
 def load_factory(factory: Any) -> Callable[[], Any]:
     """The function a ``MODULE:FACTORY`` string names (imported, the current directory importable), or ``factory``
     itself when it is already a function; `FactoryError` saying what went wrong."""
@@ -66,10 +76,18 @@ def load_factory(factory: Any) -> Callable[[], Any]:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # ImportError, or anything the module raises while it is imported
-        raise FactoryError(
-            f"expected an importable module {module_name!r} ({FORM} {factory!r}), but importing it raised "
-            f"{type(exc).__name__}: {exc}. Fix: run from the directory that holds it (or put it on PYTHONPATH), and "
-            f"check that `python -c 'import {module_name}'` works") from exc
+        if isinstance(exc, ModuleNotFoundError) and f"{module_name}.".startswith(f"{exc.name}."):  # (or its package)
+            fix = (f"run from the directory that holds it (or put it on PYTHONPATH), and check that `python -c "
+                   f"'import {module_name}'` works")
+        else:  # found: its own code raised (a SyntaxError, an import of its own that fails)
+            frames = traceback.extract_tb(exc.__traceback__)
+            own = [f for f in frames if f.filename == _origin(module_name)] or frames  # (its line, not a library's)
+            line = ((getattr(exc, "filename", None), getattr(exc, "lineno", None)) if isinstance(exc, SyntaxError)
+                    else (own[-1].filename, own[-1].lineno) if own else (None, None))
+            fix = (f"the error in the module's own code{f' ({line[0]}, line {line[1]})' if line[0] else ''}: it was "
+                   f"found, and importing it raised (`python -c 'import {module_name}'` shows the same)")
+        raise FactoryError(f"expected an importable module {module_name!r} ({FORM} {factory!r}), but importing it "
+                           f"raised {type(exc).__name__}: {exc}. Fix: {fix}") from exc
     value = getattr(module, factory_name, None)
     if value is None:
         defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")

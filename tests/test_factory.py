@@ -26,6 +26,8 @@ def user_module(tmp_path, monkeypatch):
         WIDTH = 3
     """))
     (tmp_path / "does_not_import.py").write_text("import no_such_module_anywhere\n")
+    (tmp_path / "does_not_parse.py").write_text("def good(:\n    pass\n")
+    (tmp_path / "raises_on_import.py").write_text("import json\nCONFIG = json.loads('{bad')\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     return tmp_path
@@ -80,8 +82,16 @@ def test_load_factory_imports_the_module_from_the_current_directory(user_module)
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("does_not_import:good", "importing it raised ModuleNotFoundError"),
-    ("no_such_module_xyz:good", "expected an importable module 'no_such_module_xyz'"),
+    # found, its own import failing: the fix said to run from the directory that holds it
+    ("does_not_import:good", "importing it raised ModuleNotFoundError: No module named 'no_such_module_anywhere'. "
+                             "Fix: the error in the module's own code ("),
+    ("does_not_parse:good", "raised SyntaxError: invalid syntax (does_not_parse.py, line 1). Fix: the error in the "
+                            "module's own code ("),
+    ("raises_on_import:good", "raised JSONDecodeError: Expecting property name enclosed in double quotes: line 1 "
+                              "column 2 (char 1). Fix: the error in the module's own code ("),
+    ("no_such_module_xyz:good", "expected an importable module 'no_such_module_xyz' (MODULE:FACTORY "
+                                "'no_such_module_xyz:good'), but importing it raised ModuleNotFoundError: No module "
+                                "named 'no_such_module_xyz'. Fix: run from the directory that holds it"),
     ("user_factories:missing", "Functions defined there: good"),
     ("user_factories:WIDTH", "it is 3 (of type int)"),
     # it was the factory's own TypeError (missing 1 required positional argument) and "the error in the factory"
@@ -93,6 +103,9 @@ def test_load_factory_says_what_went_wrong(user_module, spec, message):
     with pytest.raises(FactoryError, match="Fix:") as caught:
         load_factory(spec)
     assert message in str(caught.value)
+    if "own code" in message:  # the module's own line (not json's, for the line calling json.loads)
+        line = {"does_not_import": 1, "does_not_parse": 1, "raises_on_import": 2}[spec.partition(":")[0]]
+        assert f"{spec.partition(':')[0]}.py, line {line}): it was found" in str(caught.value)
 
 
 def test_the_audits_child_loads_through_the_same_loader(user_module):

@@ -398,6 +398,7 @@ def test_a_misspelt_backend_is_offered_the_nearest_one_not_always_cpu():
 @pytest.mark.parametrize("value, fix", [("mixed_bf16", "pass --policy mixed_bfloat16, or"),
                                         ("mixed-float16", "pass --policy mixed_float16, or"),
                                         ("flaot32", "pass --policy float32, or"),
+                                        ("mixed_bfloat61", "pass --policy mixed_bfloat16, or"),  # (digits swapped)
                                         ("bogus", "pass --policy <one of those>, or leave --policy out"),
                                         ("float64", "pass --policy <one of those>, or"),  # (no float16 guess)
                                         ("fp64", "pass --policy <one of those>, or")])
