@@ -91,7 +91,8 @@ def _not_a_file(given: str | os.PathLike, p: Path) -> DataUnavailableError:
     return DataUnavailableError(
         f"--data must be an existing mnist.npz file (Keras's format: arrays {', '.join(MNIST_KEYS)}). "
         f"Received: {str(given)!r}{resolved}, which {what}. "
-        f"Fix: pass the path of a downloaded mnist.npz{such_as}, or use --synthetic.")
+        f"Fix: pass the path of a downloaded mnist.npz{such_as}, or use --digits (real digits, shipped with the "
+        "package) or --synthetic.")
 
 
 def _damaged(p: Path, exc: BaseException) -> DataUnavailableError:
@@ -155,8 +156,9 @@ def load_mnist(path: str | os.PathLike | None = None, *, allow_download: bool = 
         except Exception as exc:  # offline: URLError, HTTP errors, ...
             reason = f"the download failed: {type(exc).__name__}: {str(exc)[:200]}"
     raise DataUnavailableError(
-        f"MNIST is not in Keras's cache ({cached}) and {reason}. Fix: pass --data /path/to/mnist.npz (Keras's format), "
-        "or --synthetic for random MNIST-shaped data (for benchmarks).")
+        f"MNIST is not in Keras's cache ({cached}) and {reason}. Fix: pass --digits to train offline on real "
+        "handwritten digits (shipped with the package), --data /path/to/mnist.npz (Keras's format), or --synthetic "
+        "for random MNIST-shaped data (for benchmarks).")
 
 
 def synthetic_mnist(n_train: int = 60000, n_test: int = 10000, seed: int = 0) -> Any:

@@ -50,10 +50,11 @@ def class_ids(y: Any, classes: int | None, where: str, *, one_hot: str = "refuse
         low, high = int(y.min()), int(y.max())
         span = f"0..{classes - 1}" if classes is not None else "0 and up"
         too_few_units = classes is not None and high >= classes and bool(owner)
-        grow = f", or give the model's last layer {high + 1} units" if too_few_units else ""
+        fixes = [f"map them to {span}"] if classes != 1 or not too_few_units else []  # (one unit: 0..0 is no fix)
+        fixes += [f"give the model's last layer {high + 1} units"] if too_few_units else []
         raise error(f"{where} must hold class ids in {span}{owner}; {int(outside.sum())} are outside (range found "
                     f"{low}..{high}; for example {y[outside][:3].tolist()} "
-                    f"at index {int(np.flatnonzero(outside)[0])}). Fix: map them to {span}{grow}.")
+                    f"at index {int(np.flatnonzero(outside)[0])}). Fix: {', or '.join(fixes)}.")
     return y.astype(np.int64)
 
 

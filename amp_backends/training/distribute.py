@@ -32,35 +32,38 @@ DEFAULT_TIMEOUT_S = 60
 def parse_tf_config(text: str) -> dict[str, Any]:
     """Validate a ``TF_CONFIG`` JSON string; return it as a dict or raise `ClusterConfigError`."""
     example = ('{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", "index": 0}}')
+
+    def bad(said: str) -> ClusterConfigError:  # (each worker reads its own TF_CONFIG; a single process needs none)
+        return ClusterConfigError(f"{said} Fix: set TF_CONFIG on every worker as that example shows, or unset it "
+                                  "(unset TF_CONFIG) to train in one process.")
     try:
         cfg = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ClusterConfigError(
-            f"TF_CONFIG must be JSON such as {example}. Received: {text[:200]!r} ({exc.msg} at position {exc.pos})."
-        ) from None
+        raise bad(f"TF_CONFIG must be JSON such as {example}. Received: {text[:200]!r} ({exc.msg} at position "
+                  f"{exc.pos}).") from None
     if not isinstance(cfg, dict) or not isinstance(cfg.get("cluster"), dict) or not isinstance(cfg.get("task"), dict):
-        raise ClusterConfigError(f"TF_CONFIG needs a 'cluster' object and a 'task' object, such as {example}. "
-                                 f"Received: {text[:200]!r}.")
+        raise bad(f"TF_CONFIG needs a 'cluster' object and a 'task' object, such as {example}. "
+                  f"Received: {text[:200]!r}.")
     cluster, task = cfg["cluster"], cfg["task"]
     for job, addresses in cluster.items():
         if job not in ("chief", "worker", "evaluator"):
-            raise ClusterConfigError("TF_CONFIG cluster jobs for MultiWorkerMirroredStrategy are 'chief' and "
-                                     f"'worker'. Received job {job!r}.")
+            raise bad(f"TF_CONFIG cluster jobs for MultiWorkerMirroredStrategy are 'chief' and 'worker'. Received "
+                      f"job {job!r}.")
         if not isinstance(addresses, list) or not addresses:
-            raise ClusterConfigError(f"TF_CONFIG cluster[{job!r}] must be a non-empty list of 'host:port'. "
-                                     f"Received: {addresses!r}.")
+            raise bad(f"TF_CONFIG cluster[{job!r}] must be a non-empty list of 'host:port'. "
+                      f"Received: {addresses!r}.")
         for a in addresses:
             host, _, port = str(a).rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ClusterConfigError(f"TF_CONFIG cluster[{job!r}] has {a!r}: expected 'host:port' with a port "
-                                         "in 1..65535, such as 'localhost:12345'.")
+                raise bad(f"TF_CONFIG cluster[{job!r}] has {a!r}: expected 'host:port' with a port "
+                          "in 1..65535, such as 'localhost:12345'.")
     ttype, index = task.get("type"), task.get("index")
     if ttype not in cluster:
-        raise ClusterConfigError(f"TF_CONFIG task type must be one of the cluster's jobs ({', '.join(cluster)}). "
-                                 f"Received: {ttype!r}.")
+        raise bad(f"TF_CONFIG task type must be one of the cluster's jobs ({', '.join(cluster)}). "
+                  f"Received: {ttype!r}.")
     if not isinstance(index, int) or not 0 <= index < len(cluster[ttype]):
-        raise ClusterConfigError(f"TF_CONFIG task index must be an integer in 0..{len(cluster[ttype]) - 1} for job "
-                                 f"{ttype!r}. Received: {index!r}.")
+        raise bad(f"TF_CONFIG task index must be an integer in 0..{len(cluster[ttype]) - 1} for job "
+                  f"{ttype!r}. Received: {index!r}.")
     return cfg
 
 

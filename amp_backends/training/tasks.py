@@ -148,8 +148,8 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
             check_label_shape(sample[1], None if getattr(shape, "rank", 0) is None else tuple(shape[1:]),
                               "" if sparse else _loss_name(loss), model.name, error=InputError)
         if sparse and not isinstance(sample[1], (dict, tuple, list)):  # (several outputs: the loss's own checks)
-            owner = (f" (the model has {classes} outputs" + ("; for two classes on one sigmoid unit, pass "
-                     "loss='binary_crossentropy'" if classes == 1 else "") + ")") if classes else ""
+            owner = (f" (the model has {classes} outputs)" if classes > 1 else " (the model has 1 output: one "
+                     "class; for two classes on one sigmoid unit, pass loss='binary_crossentropy')") if classes else ""
             class_ids(_per_position(model, sample[1]), classes, "The labels y", owner=owner, error=InputError)
         if len(outputs) == 1 and _takes_probabilities(loss):
             check_probabilities(model, sample[0], _loss_name(loss or "sparse_categorical_crossentropy"))

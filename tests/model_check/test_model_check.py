@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import textwrap
 
 import numpy as np
@@ -679,6 +680,13 @@ def test_parse_input_shape():
                                                                     "padding_mask": (None, 128)}
     for text in ("", "0", "a=", "=12", "12,13"):
         with pytest.raises(ValueError, match="Fix:"):
+            parse_input_shape(text)
+    # the fix names the size that is wrong (it said to leave the batch out, for 28x28xa too)
+    for text, fix in (("28x28xa", "Fix: give 'a' as a positive whole number, such as 28x28x1"),
+                      ("0x28", "Fix: give '0' as a positive whole number (leave the batch out: it comes from "
+                               "--batch-size)"),
+                      ("28xx28", "Fix: give the empty size as a positive whole number")):
+        with pytest.raises(ValueError, match=re.escape(fix)):
             parse_input_shape(text)
 
 

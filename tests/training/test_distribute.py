@@ -75,8 +75,10 @@ def finish(procs, timeout=240):
     ('{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 2}}', "integer in 0..1"),
 ])
 def test_tf_config_validation(text, needle):
-    with pytest.raises(ClusterConfigError, match=re.escape(needle)):
+    with pytest.raises(ClusterConfigError, match=re.escape(needle)) as raised:
         parse_tf_config(text)
+    assert str(raised.value).endswith("Fix: set TF_CONFIG on every worker as that example shows, or unset it (unset "
+                                      "TF_CONFIG) to train in one process."), str(raised.value)  # (there was none)
 
 
 def test_port_in_use_is_named():

@@ -29,7 +29,7 @@ def test_mnist_loading_from_file_and_keras_cache(tmp_path, monkeypatch):
 
 
 def test_mnist_errors_say_what_to_do(tmp_path, monkeypatch):
-    with pytest.raises(DataUnavailableError, match="does not exist.*--synthetic"):
+    with pytest.raises(DataUnavailableError, match="does not exist.*--digits .*--synthetic"):
         load_mnist(tmp_path / "missing.npz")
     np.savez(tmp_path / "bad.npz", images=np.zeros(3))
     with pytest.raises(DataUnavailableError, match="expected arrays x_train, y_train, x_test, y_test"):
@@ -42,7 +42,8 @@ def test_mnist_errors_say_what_to_do(tmp_path, monkeypatch):
         raise OSError("Temporary failure in name resolution")
 
     monkeypatch.setattr(tf.keras.datasets.mnist, "load_data", offline)
-    with pytest.raises(DataUnavailableError, match="download failed.*--data /path/to/mnist.npz.*--synthetic"):
+    with pytest.raises(DataUnavailableError, match="download failed.*Fix: pass --digits to train offline on real "
+                                                   "handwritten digits.*--data /path/to/mnist.npz.*--synthetic"):
         load_mnist()
 
 

@@ -182,6 +182,16 @@ def test_a_loss_that_is_not_a_float_tensor_is_refused_before_any_step():
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.trainable_variables, strict=True))
 
 
+def test_a_file_name_given_as_data_is_told_to_be_loaded_first():
+    """``fit("data.npz")``: the fix said np.asarray(...), which makes a 0-d array of the name."""
+    t = trainer(mlp())
+    with pytest.raises(InputError, match=r"x must be an array of numbers .*Received: .*Fix: load the arrays from the "
+                                         r"file first \(np.load\('data.npz'\)"):
+        t.fit("data.npz")
+    with pytest.raises(InputError, match=r"Fix: convert it with np.asarray\(...\)\.$"):
+        t.fit({1, 2, 3}, np.zeros(3))
+
+
 def test_labels_outside_the_models_classes_fail_before_training():
     x, y = classification_data(32)
     y[5] = 12
@@ -191,6 +201,12 @@ def test_labels_outside_the_models_classes_fail_before_training():
                                          r"\(range found 0..12.*last layer 13 units"):
         t.fit(x, y)
     assert int(t.global_step.numpy()) == 0
+    # one output unit (one class): the fix said "map them to 0..0", and "the model has 1 outputs"
+    t = trainer(mlp(classes=1, activation="softmax"))
+    with pytest.raises(ValueError, match=r"\(the model has 1 output: one class; for two classes on one sigmoid unit, "
+                                         r"pass loss='binary_crossentropy'\); .*\. Fix: give the model's last layer "
+                                         r"13 units\.$"):
+        t.fit(x, y)
 
 
 def test_nan_in_the_inputs_is_said_before_training_and_of_validation_data(caplog):
