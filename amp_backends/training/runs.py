@@ -376,9 +376,10 @@ class Position:
         at = self.now()
         total = at.step + max((epochs - at.epoch) * steps_per_epoch - at.offset // self.batch_size, 0)
         if say and max_steps is not None and at.step < total < max_steps:
-            logger.info(f"epochs={epochs} ends this fit at global step {total}, before max_steps={max_steps} (the "
-                        f"first reached ends it); to train to step {max_steps}, pass epochs="
-                        f"{-(-max_steps // steps_per_epoch)}.")
+            needed = -(-max_steps // steps_per_epoch)
+            logger.info(f"epochs={epochs} (--epochs) ends this fit at global step {total}, before max_steps="
+                        f"{max_steps} (--max-steps; the first reached ends it); to train to step {max_steps}, pass "
+                        f"epochs={needed} (--epochs {needed}).")
         return total if max_steps is None else min(total, max_steps)
 
     def checkpoint(self) -> tf.train.Checkpoint:

@@ -200,8 +200,8 @@ def test_max_steps_past_the_epochs_says_that_the_epochs_end_the_fit_first(caplog
         assert t.fit(x, np.zeros(64, int), max_steps=8).steps == 4
         assert t.fit(x, np.zeros(64, int), epochs=2, max_steps=8).steps == 8
     said = [r.getMessage() for r in caplog.records if "before max_steps" in r.getMessage()]
-    assert said == ["epochs=1 ends this fit at global step 4, before max_steps=8 (the first reached ends it); to "
-                    "train to step 8, pass epochs=2."]
+    assert said == ["epochs=1 (--epochs) ends this fit at global step 4, before max_steps=8 (--max-steps; the first "
+                    "reached ends it); to train to step 8, pass epochs=2 (--epochs 2)."]  # (the command's words too)
 
 
 # --------------------------------------------------------------------------- a late batch TensorFlow cannot run
