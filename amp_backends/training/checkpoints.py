@@ -230,9 +230,10 @@ class CheckpointStore:
     def save_finite(self, together: ContextManager[Any]) -> str | None:
         """`save` inside ``together`` (with the other workers); non-finite weights are `NonFiniteError`."""
         if not self.weights_finite():
-            raise NonFiniteError(
-                f"Not saving step {int(self.step_counter.numpy())}: the weights contain NaN or Inf. The latest good "
-                f"checkpoint is {self.latest}. Lower the learning rate or use dynamic loss scaling.")
+            latest = f"the latest good checkpoint is {self.latest}" if self.latest else "no checkpoint was saved before"
+            raise NonFiniteError(  # (non-finite gradients are skipped: finite ones grew the weights past float32)
+                f"Not saving step {int(self.step_counter.numpy())}: the weights contain NaN or Inf (training "
+                f"diverged); {latest}. Fix: lower the learning rate and train again from there.")
         with together:
             return self.save()
 

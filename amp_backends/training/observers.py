@@ -101,6 +101,11 @@ class Observer:
         """At the end of ``fit``, also when it fails or is interrupted."""
 
 
+def _value(v: float) -> str:
+    """A loss as the logs say it: five decimals (as the tutorials' logs), in powers of ten from a million up."""
+    return f"{v:.5f}" if abs(v) < 1e6 or v != v else f"{v:.5e}"
+
+
 class LogLine(Observer):
     """The tutorials' line every ``every`` steps, ``(epoch, step), Loss: 0.08706, step_time: 0.00100, throughput:
     1.02e+06 img/s.``, and one per epoch's end (``Epoch 0 (global step 22): ...``) or validation between epochs."""
@@ -113,7 +118,7 @@ class LogLine(Observer):
         for i in range(r.steps):
             if (r.step - r.steps + i + 1) % self.every:  # (the global step)
                 continue
-            loss_text = f"Loss: {r.losses[i][0]:.5f}" if len(r.names) == 1 else ", ".join(
+            loss_text = f"Loss: {_value(r.losses[i][0])}" if len(r.names) == 1 else ", ".join(
                 f"{SHORT_NAMES.get(n, n)} Loss: {r.losses[i][j]:.3f}" for j, n in enumerate(r.names))
             bad = [n for j, n in enumerate(r.names) if not r.finite[i][j]]
             mark = f" [skipped: non-finite gradients in {', '.join(bad)}]" if bad else ""
@@ -125,7 +130,7 @@ class LogLine(Observer):
         what = (f"Epoch {epoch} (global step {step})" if any(not k.startswith("val_") for k in values)
                 else f"Validation at global step {step} (epoch {epoch})")
         def said(k: str, v: float) -> str:  # an epoch's loss is the mean of its applied steps: NaN when none was
-            return "n/a (every step of the epoch was skipped)" if v != v and not k.startswith("val_") else f"{v:.5f}"
+            return "n/a (every step of the epoch was skipped)" if v != v and not k.startswith("val_") else _value(v)
 
         logger.info(f"{what}: " + ", ".join(f"{k}: {said(k, v)}" for k, v in values.items()) + ".")
 

@@ -101,6 +101,12 @@ def test_fixed_scale_stops_with_the_remedy_and_saves_finite_state(tmp_path):
 def test_nonfinite_weights_are_never_saved(tmp_path):
     p = applied_plan(policy=None)
     m, opt, t = small_classifier(p, checkpoint_dir=str(tmp_path / "ck"))
+    good = m.trainable_variables[0].numpy()
+    m.trainable_variables[0].assign(tf.fill(m.trainable_variables[0].shape, np.nan))
+    with pytest.raises(NonFiniteError, match=r"NaN or Inf \(training diverged\); no checkpoint was saved before\. Fix: "
+                                             r"lower the learning rate"):  # (it said "checkpoint is None")
+        t.save()
+    m.trainable_variables[0].assign(good)
     assert t.save().endswith("ckpt-0")
     m.trainable_variables[0].assign(tf.fill(m.trainable_variables[0].shape, np.nan))
     with pytest.raises(NonFiniteError, match="NaN or Inf.*latest good checkpoint is .*ckpt-0"):

@@ -198,3 +198,12 @@ def test_an_epoch_whose_every_step_was_skipped_says_so_not_nan(caplog):
     LogLine().after_evaluation(0, 1, {"loss": float("nan"), "val_loss": float("nan"), "accuracy": 0.5})
     assert ("Epoch 0 (global step 1): loss: n/a (every step of the epoch was skipped), val_loss: nan, "
             "accuracy: 0.50000.") in caplog.text
+
+
+def test_a_diverged_loss_is_logged_in_powers_of_ten(caplog):
+    """A loss of 3.9e30 was logged as 3868106656245182229072687661056.00000; small ones keep the tutorials' form."""
+    from amp_backends.training.observers import LogLine
+
+    with caplog.at_level("INFO", logger="amp_backends"):
+        LogLine().after_evaluation(0, 20, {"loss": 3.868e30, "accuracy": 0.1})
+    assert "Epoch 0 (global step 20): loss: 3.86800e+30, accuracy: 0.10000." in caplog.text, caplog.text
