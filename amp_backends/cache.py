@@ -72,6 +72,26 @@ def store(path: Path, key: str, value: Any) -> bool:
     return True
 
 
+def unwritable(path: Path) -> str | None:
+    """Why the cache file ``path`` could not be written, for a warning before the work whose answer it would keep;
+    ``None`` where nothing in the way is seen.
+
+    Args:
+        path: The cache file (absolute).
+
+    Returns:
+        The reason, or ``None``.
+    """
+    if path.is_dir():
+        return f"{path} is a folder"
+    for folder in path.parents:  # the nearest that exists: the file is written there (a temporary file renamed)
+        if folder.exists():
+            if not folder.is_dir():
+                return f"{folder} is a file, not a folder"
+            return None if os.access(folder, os.W_OK | os.X_OK) else f"no permission to write in {folder}"
+    return None
+
+
 @functools.cache
 def host_machine() -> str:
     """This machine's CPU as the OS names it (``/proc/cpuinfo``'s model name, family and model; else the

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .. import cache
 from ..assessment import FUNCTIONAL, NATIVE
-from ..cache import cache_dir, digest
+from ..cache import cache_dir, digest, unwritable
 from ..configure import auto_configure, reset
 from ..errors import AmpWarning, TrainingInterrupted
 from ..plan import Plan
@@ -236,6 +236,13 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
         logger.info(f"autotune: cached choice for this device and model: policy={cached['policy']} xla={cached['xla']} "
                     f"({cached['img_per_s']:.4g} img/s when measured on {cached['date']})")
         return plan
+    if key and (why := unwritable(cache_path())):  # said before the timing, not after it
+        logger.warning(f"autotune: the cache {cache_path()} cannot be written ({why}): the choice will be timed but "
+                       "not kept for the next run. Fix: point AMP_AUTOTUNE_CACHE (a file) or AMP_CACHE_DIR (a folder) "
+                       "at a place this user can write.")
+    plans = list(candidates(base))
+    logger.info(f"autotune: timing {len(plans)} candidate plans on this model: each is built and warmed up, then "
+                f"all are timed in {ROUNDS} interleaved rounds of {steps} steps")
     trials: list[Trial] = []
     runs: dict[str, Callable[[], Any]] = {}
     labels: dict[str, dict[str, Any]] = {}  # the candidates still in the running
@@ -249,7 +256,7 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
     level = trainers_log.level  # "Training on ...", "Summary: 10 steps" or "Interrupted ... at step 10" lines are
     trainers_log.setLevel(max(level, logging.ERROR))  # not the user's run (a candidate that fails says so below)
     try:
-        for cand in candidates(base):  # each built, traced and warmed up first; then timed interleaved, below
+        for cand in plans:  # each built, traced and warmed up first; then timed interleaved, below
             reset()
             with warnings.catch_warnings():  # a candidate's downgrades and caveats are not the user's request
                 warnings.simplefilter("ignore", AmpWarning)
@@ -264,6 +271,7 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
                 for _ in range(Trainer.WARMUP_CALLS):
                     runs[label]()
                 labels[label] = cand
+                logger.info(f"autotune: {label}: built and warmed up ({len(labels)} of {len(plans)})")
             except Exception as exc:  # a candidate that fails to compile or run simply loses, alone
                 runs.pop(label, None)
                 lost(label, exc, cand)

@@ -87,6 +87,27 @@ def test_a_cache_that_cannot_be_written_is_said_and_not_claimed(tmp_path, monkey
     assert autotune.store("key", {"policy": "float32"}) is True
 
 
+def test_tune_says_an_unwritable_cache_before_the_timing_and_each_step_as_it_goes(tmp_path, monkeypatch, caplog):
+    """A cache under a file was said only after minutes of timing, which printed nothing until it ended."""
+    from amp_backends.autotune import plans
+
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("AMP_AUTOTUNE_CACHE", str(tmp_path / "afile" / "tune.json"))
+    monkeypatch.setattr(plans, "candidates", lambda base: [{"policy": "float32", "xla": False}])  # (one: quick)
+    caplog.set_level(logging.INFO, logger="amp_backends")
+    (x, y), _ = synthetic_mnist(64, 8)
+    autotune.tune(build, x, y, batch_size=16, steps=2, batch_fn=mnist_batch_fn)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("autotune")]
+    first = [next(i for i, m in enumerate(said) if text in m) for text in (
+        f"the cache {tmp_path / 'afile' / 'tune.json'} cannot be written ({tmp_path / 'afile'} is a file, not a folder)"
+        ": the choice will be timed but not kept", "timing 1 candidate plans on this model",
+        "policy=float32 xla=False: built and warmed up (1 of 1)", "img/s (min-max")]
+    assert first == sorted(first), said
+    from amp_backends.cache import unwritable
+
+    assert unwritable(tmp_path) == f"{tmp_path} is a folder" and unwritable(tmp_path / "new" / "t.json") is None
+
+
 def test_a_damaged_cache_or_a_model_that_never_builds_neither_stops_tune_nor_info(tmp_path, monkeypatch, caplog):
     """A hand-edited entry for this device (no rate) raised KeyError in tune and made `amp-backends info` exit 1
     with a traceback; an unreadable cache was replaced without a word; a build that raised under the rules' plan
