@@ -96,6 +96,9 @@ class MatrixUnit:
         return {"unit": self.name, "alignment": self.alignment}
 
 
+REQUESTED_FLOAT32 = "requested (float32_layers)"  # the why of a Float32Layer the user listed: nothing measured
+
+
 @dataclass(frozen=True)
 class Float32Layer:
     """Keras layers that train slower in a low-precision compute dtype than in float32 here, casts counted: a plan

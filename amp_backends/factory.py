@@ -80,8 +80,8 @@ def load_factory(factory: Any) -> Callable[[], Any]:
             fix = (f"run from the directory that holds it (or put it on PYTHONPATH), and check that `python -c "
                    f"'import {module_name}'` works")
         else:  # found: its own code raised (a SyntaxError, an import of its own that fails)
-            frames = traceback.extract_tb(exc.__traceback__)
-            own = [f for f in frames if f.filename == _origin(module_name)] or frames  # (its line, not a library's)
+            frames, origin = traceback.extract_tb(exc.__traceback__), _origin(module_name)
+            own = [f for f in frames if f.filename == origin] or frames  # (its line, not a library's)
             line = ((getattr(exc, "filename", None), getattr(exc, "lineno", None)) if isinstance(exc, SyntaxError)
                     else (own[-1].filename, own[-1].lineno) if own else (None, None))
             fix = (f"the error in the module's own code{f' ({line[0]}, line {line[1]})' if line[0] else ''}: it was "

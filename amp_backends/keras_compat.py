@@ -12,7 +12,9 @@ needs it to act.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -34,6 +36,10 @@ def keras_info(tf: Any = None) -> KerasInfo:
         name = "tf_keras" if expected.distribution == "tf-keras" else "keras"
         version = getattr(sys.modules.get(name), "__version__", None) or expected.version
     return KerasInfo(str(version) if version else None, generation_of(version), expected.distribution)
+
+
+_ROOT = re.compile(r"[A-Za-z0-9.][A-Za-z0-9_.\\/>-]*$")  # the names TensorFlow takes for a root name scope
+_NO_SCOPE = contextlib.nullcontext()
 
 
 def _tensorflow(tf: Any = None) -> Any:
@@ -133,10 +139,14 @@ def user_code(fn: Callable[..., Any]) -> Callable[..., Any]:
     # TensorFlow's and Keras's own wrappers (Keras 2's metric update_state) convert what they wrap themselves, in an
     # enabled context; tf_convert would swap the target inside them, which they do not call
     target = fn if getattr(fn, "_tf_decorator", None) is not None else autograph.tf_convert(fn, enabled)
+    # a model named "_net" (Keras names a class _Net "__net") opens its name scope at a function's root, where
+    # TensorFlow takes no such name: it is opened inside one named without the "_"
+    name = getattr(fn, "name", None) if hasattr(fn, "weights") else None
+    outer = re.sub(r"^[^A-Za-z0-9.]+", "", name) or "model" if isinstance(name, str) and not _ROOT.match(name) else None
 
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
-            with enabled:
+            with enabled, (tf.name_scope(outer) if outer and not tf.get_current_name_scope() else _NO_SCOPE):
                 return target(*args, **kwargs)
         except Exception as exc:  # the library's own error as raised: AutoGraph re-raises a copy listing the
             # frames, or a StagingError where the error's own __init__ takes other arguments (NonFiniteError)
@@ -229,12 +239,20 @@ def input_structure(model: Any) -> Any:
 
 
 def model_losses(model: Any, added_to: Any = None) -> Any:
-    """The sum of a model's own losses (``model.losses``: weight regularizers, ``add_loss``) as a float32 scalar, as
-    Keras's ``fit`` and ``evaluate`` add them to the compiled loss; ``None`` for a model without any. Read in the
-    trace of the call that made them (an ``add_loss`` term is that call's). With ``added_to`` (a float32 loss): that
-    loss plus them."""
+    """The sum of a model's own losses (``model.losses``: weight regularizers, ``add_loss``), as Keras's ``fit`` and
+    ``evaluate`` add them to the compiled loss. Read in the trace of the call that made them: an ``add_loss`` term
+    is the last call's (a model called twice in a step, as the GAN's discriminator, counts its second call's).
+
+    Args:
+        model: A Keras model.
+        added_to: A float32 loss to add them to, or ``None``.
+
+    Returns:
+        A float32 scalar: ``added_to`` plus the model's losses, or their sum alone; ``added_to`` itself (``None``
+        without it) for a model without any.
+    """
     tf = _tensorflow()
-    terms = [tf.cast(tf.reduce_sum(term), tf.float32) for term in getattr(model, "losses", None) or ()]
+    terms = [tf.reduce_sum(tf.cast(term, tf.float32)) for term in getattr(model, "losses", None) or ()]
     return tf.add_n(([] if added_to is None else [added_to]) + terms) if terms else added_to
 
 

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from .assessment import REQUESTED_FLOAT32
+
 if TYPE_CHECKING:
     from .plan import Plan
     from .assessment import Float32Layer
@@ -244,8 +246,8 @@ def short_reason(plan: Plan, rules: Iterable[Float32Layer] | None = None) -> str
     """The float32 layers' reason in one short clause (the plan's reason holds the figures): of ``rules``, the
     plan's layer kinds that keep a layer in float32 (default: all of them)."""
     rules = list(_float32_rules(plan) if rules is None else rules)
-    asked = [k.describe() for k in rules if k.why.startswith("requested")]  # float32_layers= (nothing measured)
-    measured = ", ".join(k.describe() for k in rules if not k.why.startswith("requested"))
+    asked = [k.describe() for k in rules if k.why == REQUESTED_FLOAT32]  # float32_layers= (nothing measured)
+    measured = ", ".join(k.describe() for k in rules if k.why != REQUESTED_FLOAT32)
     return "; ".join(([f"{', '.join(asked)} in float32 as requested (float32_layers)"] if asked else []) + (
         [f"the plan keeps {measured} in float32 here: faster than {plan.compute_dtype} on this hardware "
          "(plan.explain() has the figures)"] if measured or not asked else []))

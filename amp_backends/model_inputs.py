@@ -82,12 +82,14 @@ def as_array_nest(structure: Any, name: str) -> Any:
     if arr.dtype == object and arr.ndim >= 1 and arr.size and all(isinstance(v, (str, bytes)) for v in arr.flat):
         arr = arr.astype(bytes if isinstance(next(iter(arr.flat)), bytes) else str)  # strings held as objects
     if arr.dtype == object or arr.dtype.kind == "V" or arr.ndim == 0:
-        path = isinstance(structure, (str, bytes, os.PathLike))  # a file's name: its arrays are to be loaded
+        text = isinstance(structure, (str, bytes, os.PathLike))
+        path = text and (os.path.isfile(structure) or str(os.fspath(structure)).endswith((".npy", ".npz")))
         raise InputError(
             f"{name} must be an array of numbers or strings with one row per sample (a NumPy array or tensor, or a "
             f"tuple, list or dict of them). Received: {describe_array(structure)}. Fix: " + (
                 f"load the arrays from the file first (np.load({os.fspath(structure)!r}) for .npy; for .npz, "
                 "data = np.load(path), then data['x'], data['y'] by their names)" if path else
+                "give one row per sample: a text as a list of one, [text]" if text else
                 "convert it with np.asarray(...)") + ".")
     return arr  # (strings are for a model that starts with its own StringLookup or TextVectorization)
 

@@ -79,8 +79,7 @@ def _returned_by_call(model: Any) -> list[Any]:
     forward = user_code(model)  # (traced without AutoGraph: the model called as AutoGraph would)
 
     def traced(inputs: Any) -> Any:
-        with tf.name_scope("model"):  # (a model named "_net" opens no valid root scope: TensorFlow refuses it)
-            out = forward(inputs, training=False)
+        out = forward(inputs, training=False)
         returned.extend(tf.nest.flatten(out))
         return out
 

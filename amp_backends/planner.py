@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable
 
-from .assessment import (EMULATED, FUNCTIONAL, NATIVE, UNSAFE, UNSUPPORTED, Assessment, Float32Layer, Support,
-                         VendorSetting, describe_layers, first_clause)
+from .assessment import (EMULATED, FUNCTIONAL, NATIVE, REQUESTED_FLOAT32, UNSAFE, UNSUPPORTED, Assessment,
+                         Float32Layer, Support, VendorSetting, describe_layers, first_clause)
 from .errors import BackendError, UnsupportedRequestError
 from .hardware import BackendProbe, Hardware
 from .keras_compat import float8_training
@@ -340,7 +340,7 @@ def _resolve_float32_layers(a: Assessment, request: Request, policy: str,
     if requested is not None:
         decide.add(name, ", ".join(requested) or "none", f"{', '.join(requested)}: requested (float32_layers)"
                    if requested else "none: requested (float32_layers=none)", "requested (float32_layers)")
-        return tuple(Float32Layer(layer, (dtype,), "requested (float32_layers)") for layer in requested)
+        return tuple(Float32Layer(layer, (dtype,), REQUESTED_FLOAT32) for layer in requested)
     kept = tuple(k for k in a.float32_layers if dtype in k.dtypes)
     if not kept:
         measured = sorted({d for k in a.float32_layers for d in k.dtypes})

@@ -298,16 +298,17 @@ class BackendRegistry:
         Raises:
             BackendError: No backend is installed there (the package's metadata is missing).
         """
-        registry = cls()
-        for ep in metadata.entry_points(group=group):
+        registry = cls()  # the shipped backends first: an installed package cannot take their names
+        for ep in sorted(metadata.entry_points(group=group), key=lambda ep: not ep.value.startswith("amp_backends.")):
             try:
                 obj = ep.load()
                 backend = obj() if isinstance(obj, type) else obj
                 name = getattr(backend, "name", None)
-                if isinstance(backend, Backend) and name != ep.name:  # (else it could take another's name: "cpu")
+                if isinstance(backend, Backend) and isinstance(name, str) and name != ep.name:
                     raise BackendError(f"the entry point {ep.name!r} ({ep.value}) loads a backend named {name!r}; "
-                                       f"a backend is named as its entry point, the name backend= takes. Fix: "
-                                       f"{AT_FAULT} (its entry point must be named {name!r}).")
+                                       "a backend is named as its entry point, the name backend= takes. Fix: "
+                                       f"{AT_FAULT} (its package must give its entry point and its backend one name, "
+                                       "which no other installed backend has).")
                 registry.register(backend)
             except Exception as exc:  # a broken third-party backend must not break the others
                 registry.load_errors[ep.name] = f"{type(exc).__name__}: {exc}"

@@ -118,8 +118,12 @@ def test_a_backend_named_otherwise_than_its_entry_point_is_refused_and_takes_no_
     reg = BackendRegistry.from_entry_points()
     assert reg.names() == ("nvidia", "intel", "cpu") and isinstance(reg.get("cpu"), CpuBackend)
     assert "loads a backend named 'cpu'" in reg.load_errors["rocm"], reg.load_errors
-    assert "entry point must be named 'acme2'" in reg.load_errors["acme"], reg.load_errors
+    assert "give its entry point and its backend one name" in reg.load_errors["acme"], reg.load_errors
     assert set(reg.load_errors) == {"rocm", "acme"}
+    # renamed as told, and listed before the shipped ones: still not in the shipped backend's place
+    monkeypatch.setattr(metadata, "entry_points", lambda group=None: [EP("cpu", Impostor), *real(group=group)])
+    reg = BackendRegistry.from_entry_points()
+    assert isinstance(reg.get("cpu"), CpuBackend) and "already registered" in reg.load_errors["cpu"], reg.load_errors
 
 
 def test_a_new_backend_is_one_registration():

@@ -66,6 +66,11 @@ def test_a_model_whose_name_starts_with_an_underscore_is_prepared_and_checked():
     model(np.zeros((2, 8), "float32"))
     assert amp_backends.prepare_model(model, plan).float32 == ("__net/head",)
     assert model(np.zeros((2, 8), "float32")).dtype == tf.float32
+    from amp_backends.training import Trainer, classifier_updates
+
+    x, y = np.zeros((32, 8), "float32"), np.zeros(32, "int64")
+    trainer = Trainer(classifier_updates(model, keras.optimizers.SGD()), plan, batch_size=16, progress=False)
+    assert trainer.fit(x, y, max_steps=2).steps == 2 and np.isfinite(trainer.evaluate(x, y)["loss"])
     functional = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3, activation="softmax")], name="_clf")
     assert "final-activation" in [f.code for f in check_model(functional, plan).findings]
 

@@ -241,8 +241,8 @@ def tune(build: Callable[[], tuple[Sequence[Any], Any, Mapping[str, Any]]], x: A
                        "not kept for the next run. Fix: point AMP_AUTOTUNE_CACHE (a file) or AMP_CACHE_DIR (a folder) "
                        "at a place this user can write.")
     plans = list(candidates(base))
-    logger.info(f"autotune: timing {len(plans)} candidate plans on this model: each is built and warmed up, then "
-                f"all are timed in {ROUNDS} interleaved rounds of {steps} steps")
+    logger.info(f"autotune: timing {len(plans)} candidate plan{'s' if len(plans) != 1 else ''} on this model: each is "
+                f"built and warmed up, then all are timed in {ROUNDS} interleaved rounds of {steps} steps")
     trials: list[Trial] = []
     runs: dict[str, Callable[[], Any]] = {}
     labels: dict[str, dict[str, Any]] = {}  # the candidates still in the running

@@ -209,9 +209,9 @@ def _layer_fails(model: Any, plan: Any, target: Any, batch: int | None, exc: Mod
     """The check of a model one of whose layers raises under the plan's policy: that layer, as an error finding
     (nothing after it could be traced, so the model is unsized)."""
     dtype = target.compute_dtype
-    mixed = f"a float32 tensor mixed into {dtype} ones, say, or " if dtype != "float32" else ""
-    why = (f"the layer's own code raises under this plan (in {target.compute_dtype}: {mixed}a shape it cannot take), "
-           f"so the model cannot train under it: {exc.why}")
+    why = (f"the layer's own code raises in {dtype} (a float32 tensor mixed into {dtype} ones, say, or a shape it "
+           f"cannot take), so the model cannot train under this plan: {exc.why}" if dtype != "float32" else
+           f"the layer's own code raises, so the model cannot run at all: {exc.why}")
     finding = Finding("error", "layer-call-fails", exc.layer or model.name, exc.what, why, exc.fix)
     summary = Summary(0.0, {}, None, None, {d: u for d, (u, _) in target.units.items()}, sized=False)
     return ModelCheck(model=model.name, keras_version=keras_version, plan=_plan_dict(plan, target), batch_size=batch,
@@ -241,6 +241,6 @@ def call_failure(model: Any, plan: Plan, inputs: Any, layer_plan: LayerPlan | No
         return None
     for f in checked.findings:  # a layer that raised in the check's trace: a finding there, the caller's error here
         if f.code == "layer-call-fails":
-            return ModelCallError(f"{f.what[:1].upper()}{f.what[1:]}. The error is {f.why} Fix: {f.fix}",
+            return ModelCallError(f"{f.what[:1].upper()}{f.what[1:]}. {f.why[:1].upper()}{f.why[1:]} Fix: {f.fix}",
                                   layer=f.layer, what=f.what, why=f.why, fix=f.fix)
     return None

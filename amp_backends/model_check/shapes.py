@@ -279,7 +279,7 @@ def parse_input_shape(text: str) -> Any:
         except ValueError:
             values = ()
         if not values or any(d < 1 for d in values):
-            bad = [d for d in part.strip().lower().split("x") if not d.strip().isdigit() or int(d) < 1]
+            bad = [d.strip() for d in part.strip().lower().split("x") if not d.strip().isdecimal() or int(d) < 1]
             named = ", ".join(repr(d) if d.strip() else "the empty size" for d in bad)
             fix = f"give {named or 'a size'} as a positive whole number" + (
                 " (leave the batch out: it comes from --batch-size)" if "0" in bad or "-1" in bad else "")

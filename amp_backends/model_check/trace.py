@@ -148,15 +148,10 @@ def trace_model(model: Any, batch: int, input_struct: Any) -> ModelGraph:
 
     specs = tf.nest.map_structure(spec, input_struct)
     scopes = LayerScopes(objects, keep_losses=objects)
-    forward = user_code(model)  # (traced without AutoGraph, the model as AutoGraph would call it)
-
-    def traced(x: Any) -> Any:
-        with tf.name_scope("model"):  # (a model named "_net" opens no valid root scope: TensorFlow refuses it)
-            return forward(x, training=False)
-
     try:
         with scopes:
-            concrete = tf.function(traced, autograph=False).get_concrete_function(specs)
+            forward = user_code(model)  # (traced without AutoGraph, the model as AutoGraph would call it)
+            concrete = tf.function(lambda x: forward(x, training=False), autograph=False).get_concrete_function(specs)
     except Exception as exc:
         raise _trace_error(model.name, layers, objects, specs, exc, scopes.culprit(exc)) from exc
     return _read_graph(concrete, layers, batch, len(tf.nest.flatten(specs)))

@@ -230,10 +230,11 @@ class CheckpointStore:
     def save_finite(self, together: ContextManager[Any]) -> str | None:
         """`save` inside ``together`` (with the other workers); non-finite weights are `NonFiniteError`."""
         if not self.weights_finite():
-            latest = f"the latest good checkpoint is {self.latest}" if self.latest else "no checkpoint was saved before"
+            latest = (f"the latest good checkpoint is {self.latest}. Fix: lower the learning rate and resume from it"
+                      if self.latest else "no checkpoint was saved before. Fix: lower the learning rate, start again")
             raise NonFiniteError(  # (non-finite gradients are skipped: finite ones grew the weights past float32)
                 f"Not saving step {int(self.step_counter.numpy())}: the weights contain NaN or Inf (training "
-                f"diverged); {latest}. Fix: lower the learning rate and train again from there.")
+                f"diverged); {latest}.")
         with together:
             return self.save()
 

@@ -34,8 +34,9 @@ def parse_tf_config(text: str) -> dict[str, Any]:
     example = ('{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", "index": 0}}')
 
     def bad(said: str) -> ClusterConfigError:  # (each worker reads its own TF_CONFIG; a single process needs none)
-        return ClusterConfigError(f"{said} Fix: set TF_CONFIG on every worker as that example shows, or unset it "
-                                  "(unset TF_CONFIG) to train in one process.")
+        return ClusterConfigError(f"{said} Fix: set TF_CONFIG on every worker, such as {example} (the same cluster "
+                                  "on each, and each worker its own task index), or unset it (unset TF_CONFIG) to "
+                                  "train in one process.")
     try:
         cfg = json.loads(text)
     except json.JSONDecodeError as exc:

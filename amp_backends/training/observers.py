@@ -101,9 +101,9 @@ class Observer:
         """At the end of ``fit``, also when it fails or is interrupted."""
 
 
-def _value(v: float) -> str:
-    """A loss as the logs say it: five decimals (as the tutorials' logs), in powers of ten from a million up."""
-    return f"{v:.5f}" if abs(v) < 1e6 or v != v else f"{v:.5e}"
+def _value(v: float, digits: int = 5) -> str:
+    """A loss as the logs say it: ``digits`` decimals (as the tutorials' logs), in powers of ten from a million up."""
+    return f"{v:.{digits}f}" if abs(v) < 1e6 or v != v else f"{v:.{digits}e}"
 
 
 class LogLine(Observer):
@@ -119,7 +119,7 @@ class LogLine(Observer):
             if (r.step - r.steps + i + 1) % self.every:  # (the global step)
                 continue
             loss_text = f"Loss: {_value(r.losses[i][0])}" if len(r.names) == 1 else ", ".join(
-                f"{SHORT_NAMES.get(n, n)} Loss: {r.losses[i][j]:.3f}" for j, n in enumerate(r.names))
+                f"{SHORT_NAMES.get(n, n)} Loss: {_value(r.losses[i][j], 3)}" for j, n in enumerate(r.names))
             bad = [n for j, n in enumerate(r.names) if not r.finite[i][j]]
             mark = f" [skipped: non-finite gradients in {', '.join(bad)}]" if bad else ""
             logger.info(f"({r.epoch}, {r.first + i}), {loss_text}, step_time: {r.step_time:.5f}, "

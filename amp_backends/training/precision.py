@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..auditing.observer import AuditObserver
 
 logger = logging.getLogger("amp_backends.train")
+KERAS_MODULES = ("keras.", "tf_keras.", "keras_hub.", "keras_nlp.", "keras_cv.", "tensorflow.")  # (their own hooks)
 
 _SEARCH_DEPTH = 4
 _SEARCH_LIMIT = 500
@@ -309,13 +310,14 @@ class TrainedModels:
         defines a ``train_step`` the trainer does not call."""
         for model in models:
             name = str(getattr(model, "name", model))
-            step = getattr(type(model), "train_step", None)
-            if inspect.isfunction(step) and not step.__module__.startswith(("keras", "tf_keras.", "tensorflow.")):
-                warn(f"The model {name!r} defines its own train_step ({type(model).__qualname__}.train_step), and the "
-                     "trainer never calls it: its step is the update's loss_fn, so what train_step adds (a loss term, "
-                     "gradient clipping, a metric) does not happen. Fix: put it in the loss_fn of an Update of your "
-                     "own (or a loss= of classifier_updates), or train with model.fit, which calls train_step.",
-                     log=logger)
+            for hook in ("train_step", "compute_loss"):  # (a tf.function's Python function is the user's code)
+                f = getattr(getattr(type(model), hook, None), "python_function", getattr(type(model), hook, None))
+                if inspect.isfunction(f) and not f.__module__.startswith(KERAS_MODULES):
+                    warn(f"The model {name!r} defines its own {hook} ({type(model).__qualname__}.{hook}), and the "
+                         "trainer never calls it: its step is the update's loss_fn, so what it adds (a loss term, "
+                         "gradient clipping, a metric) does not happen. Fix: put it in the loss_fn of an Update of "
+                         f"your own (or a loss= of classifier_updates), or train with model.fit, which calls {hook}.",
+                         log=logger)
             if name not in self.said and (dtype := built_in_other_dtype(model, self.plan, self.layer_plans.get(name))):
                 self.said.add(name)
                 warn(f"The model {name!r} computes in {dtype} under the plan's {self.plan.policy}: it was built "

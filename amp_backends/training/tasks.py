@@ -89,7 +89,7 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
             given for a model with several outputs.
     """
     _check_parts([model], [optimizer])
-    per_example, sparse = _per_example(loss)
+    per_example, sparse, forward = *_per_example(loss), user_code(model)
     outputs = getattr(model, "outputs", None) or []
     keras_loss = loss is None or isinstance(loss, (str, tf.keras.losses.Loss)) or getattr(
         loss, "__module__", "").partition(".")[0] in ("keras", "tf_keras")  # (a function of keras.losses too)
@@ -111,7 +111,7 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
     def loss_fn(batch):
         _check_labelled(batch)
         x = check_model_inputs(model, batch[0])  # while tracing: before any step runs; each batch's shapes as it runs
-        raw = user_code(model)(x, training=True)
+        raw = forward(x, training=True)
         pred = float32_outputs(raw)
         values = losses(batch[1], pred)
         record_predictions("model", batch[1], pred, batch[2] if len(batch) == 3 else None)
@@ -171,7 +171,7 @@ def classifier_updates(model: Any, optimizer: Any, loss: Any = None) -> list[Upd
                "finite weights of 0 or more in every batch (the check before training sees the first batch of a "
                "dataset). Fix: clean the pipeline (dataset.map, or dataset.filter to drop such rows)"
                + (", or give the model's last layer as many units as there are classes." if sparse else "."))
-    evaluation = Evaluation(predict=lambda x: model(check_model_inputs(model, x), training=False), loss=losses,
+    evaluation = Evaluation(predict=lambda x: forward(check_model_inputs(model, x), training=False), loss=losses,
                             binary=binary_loss, outputs=max(1, len(outputs)), check=check,
                             own=lambda: model_losses(model))
     return [Update("model", loss_fn, [(model.trainable_variables, optimizer)], validate=validate,
@@ -249,9 +249,9 @@ def _check_parts(models: Sequence[Any], optimizers: Sequence[Any]) -> None:
                                  f"{type(model).__name__}). Fix: pass the model the update trains.")
         if not (built := getattr(model, "built", True)) or not model.variables:
             raise AmpConfigError(
-                f"The model {model.name!r} {'is marked built, but' if built else 'is not built yet:'} it has no "
-                "variables to train. Fix: start it with keras.Input(shape), or call it once on a batch (model(x[:1])): "
-                "that builds a subclassed model's layers, as model.build(input_shape) does not.")
+                f"The model {getattr(model, 'name', model)!r} {'is marked built, but' if built else 'is not built:'}"
+                " it has no variables to train. Fix: start it with keras.Input(shape), or call it once on a batch "
+                "(model(x[:1])): that builds a subclassed model's layers, as model.build(input_shape) does not.")
     for got in filter(None, map(not_an_optimizer, optimizers)):
         raise AmpConfigError(f"expected a Keras optimizer, such as keras.optimizers.Adam(1e-3). Received: {got}. "
                              "Fix: pass an optimizer object (not its name or class).")

@@ -100,7 +100,7 @@ def test_tune_says_an_unwritable_cache_before_the_timing_and_each_step_as_it_goe
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("autotune")]
     first = [next(i for i, m in enumerate(said) if text in m) for text in (
         f"the cache {tmp_path / 'afile' / 'tune.json'} cannot be written ({tmp_path / 'afile'} is a file, not a folder)"
-        ": the choice will be timed but not kept", "timing 1 candidate plans on this model",
+        ": the choice will be timed but not kept", "timing 1 candidate plan on this model",
         "policy=float32 xla=False: built and warmed up (1 of 1)", "img/s (min-max")]
     assert first == sorted(first), said
     from amp_backends.cache import unwritable

@@ -77,8 +77,9 @@ def finish(procs, timeout=240):
 def test_tf_config_validation(text, needle):
     with pytest.raises(ClusterConfigError, match=re.escape(needle)) as raised:
         parse_tf_config(text)
-    assert str(raised.value).endswith("Fix: set TF_CONFIG on every worker as that example shows, or unset it (unset "
-                                      "TF_CONFIG) to train in one process."), str(raised.value)  # (there was none)
+    assert "Fix: set TF_CONFIG on every worker, such as {" in str(raised.value)  # (there was none)
+    assert str(raised.value).endswith("each worker its own task index), or unset it (unset TF_CONFIG) to train in "
+                                      "one process."), str(raised.value)
 
 
 def test_port_in_use_is_named():

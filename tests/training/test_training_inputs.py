@@ -188,6 +188,8 @@ def test_a_file_name_given_as_data_is_told_to_be_loaded_first():
     with pytest.raises(InputError, match=r"x must be an array of numbers .*Received: .*Fix: load the arrays from the "
                                          r"file first \(np.load\('data.npz'\)"):
         t.fit("data.npz")
+    with pytest.raises(InputError, match=r"Fix: give one row per sample: a text as a list of one, \[text\]\.$"):
+        t.fit("the cat sat", np.zeros(1))
     with pytest.raises(InputError, match=r"Fix: convert it with np.asarray\(...\)\.$"):
         t.fit({1, 2, 3}, np.zeros(3))
 
@@ -476,7 +478,7 @@ def test_an_optimizer_class_given_to_an_update_is_refused_before_the_first_step(
 
 def test_an_unbuilt_model_is_refused_with_the_fix():
     model = tf.keras.Sequential([tf.keras.layers.Dense(3)])  # no Input: no variables yet
-    with pytest.raises(amp_backends.errors.AmpConfigError, match="not built yet.*keras.Input"):
+    with pytest.raises(amp_backends.errors.AmpConfigError, match="is not built: it has no variables.*keras.Input"):
         Trainer(classifier_updates(model, tf.keras.optimizers.SGD()), applied_plan(), batch_size=8)
 
 

@@ -104,7 +104,7 @@ def test_nonfinite_weights_are_never_saved(tmp_path):
     good = m.trainable_variables[0].numpy()
     m.trainable_variables[0].assign(tf.fill(m.trainable_variables[0].shape, np.nan))
     with pytest.raises(NonFiniteError, match=r"NaN or Inf \(training diverged\); no checkpoint was saved before\. Fix: "
-                                             r"lower the learning rate"):  # (it said "checkpoint is None")
+                                             r"lower the learning rate, start again"):  # (it said "is None")
         t.save()
     m.trainable_variables[0].assign(good)
     assert t.save().endswith("ckpt-0")

@@ -291,6 +291,19 @@ def test_a_models_own_train_step_that_the_trainer_does_not_call_is_said():
                                         r"trainer never calls it.*Fix: .*model.fit"):
         trainer.fit(x, y, max_steps=1)
 
+    class Weighted(Penalized):  # Keras 3's hook for a loss of one's own, skipped alike
+        train_step = keras.Model.train_step
+
+        def compute_loss(self, *args, **kwargs):  # pragma: no cover
+            raise AssertionError("the trainer called compute_loss")
+
+    model = Weighted()
+    model(np.zeros((1, 8), "float32"))
+    trainer = Trainer(classifier_updates(model, keras.optimizers.SGD()), applied_plan(), batch_size=16, progress=False)
+    with pytest.warns(AmpWarning, match=r"defines its own compute_loss \(.*Weighted.compute_loss\)") as said:
+        trainer.fit(x, y, max_steps=1)
+    assert not [w for w in said if "train_step" in str(w.message)]  # (Keras's own: not said)
+
 
 def test_a_layer_that_raises_in_any_dtype_stops_the_trainer_with_our_error_naming_it():
     """The precision check made it a finding, the trainer went on, and its step ended in Keras's traceback
