@@ -218,7 +218,7 @@ ENVIRONMENT: dict[str, str] = {
     "AMP_CACHE_DIR": "Folder of the answers kept between runs (`layer_plans.json`: the measured all-float32 "
                      "choice). Default `$XDG_CACHE_HOME/amp_backends`, else `~/.cache/amp_backends`.",
     "XDG_CACHE_HOME": "Read for the default of `AMP_CACHE_DIR`.",
-    "AMP_AUTOTUNE_CACHE": "The autotune cache file. Default `~/.cache/amp_backends/autotune.json`.",
+    "AMP_AUTOTUNE_CACHE": "The autotune cache file. Default `autotune.json` in the folder of `AMP_CACHE_DIR`.",
     "AMP_CLUSTER_PORT": "Under `mpiexec`/`srun`: the base port; worker *r* listens on base + its rank on its host. "
                         "Default: derived from the job id (15000 to 29999).",
     "AMP_CLUSTER_HOSTS": "Under `mpiexec` on several hosts: the hosts in rank order (`host1,host2`).",

@@ -186,6 +186,13 @@ def test_the_generated_pages_are_current():
                        "Fix: run `python docs/generate.py` and commit what it writes")
 
 
+def test_the_readmes_support_matrix_is_the_generated_one():
+    """The README copies the matrix (GitHub shows no snippets): it had lost the ITEX run's versions."""
+    generated = (GENERATED / "support-matrix.md").read_text(encoding="utf-8").split("\n", 1)[1].strip()
+    assert generated in (ROOT / "README.md").read_text(encoding="utf-8"), (
+        "README.md's support matrix differs from docs/generated/support-matrix.md. Fix: copy the generated one")
+
+
 def test_every_generated_part_is_shown_on_a_page_and_every_chart_exists():
     included = {m.group(1) for p in pages() for m in SNIPPET.finditer(p.read_text(encoding="utf-8"))}
     assert set(generator().PAGES) <= included, set(generator().PAGES) - included

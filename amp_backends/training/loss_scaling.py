@@ -243,7 +243,7 @@ class LossScaler(tf.__internal__.tracking.Trackable):
             + (f" The last finite state was saved to {saved}; continue from it with fit(..., resume=True) after the "
                "fix." if saved else ""),
             overrides=({"loss_scale": f"fixed:{max(self.current / 64, 1):g}"} if self.config.mode == "fixed"
-                       else {"policy": "float32"}),
+                       else {"policy": "float32", "tf32": "off"}),  # (the remedy's float32 check: TF32/BF32 off too)
             resume=bool(saved))
 
     # -- state -----------------------------------------------------------------------------------

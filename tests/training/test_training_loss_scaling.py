@@ -120,3 +120,9 @@ def test_a_command_line_says_the_remedy_in_its_own_flags():
     error = NonFiniteError("stopped", overrides={"loss_scale": "fixed:16"}, resume=True)
     assert _in_flags(error) == " On this command line: run it again with --loss-scale fixed:16 --resume."
     assert _in_flags(NonFiniteError("stopped")) == ""
+    # the float32 check of the remedy, TF32 (and ITEX's BF32) off too: the flags said --policy float32 alone
+    from amp_backends.training import LossScaler
+
+    scaler = LossScaler(tf.keras.optimizers.SGD(), plan=applied_plan(policy=None, loss_scale="dynamic", force=True))
+    said = _in_flags(scaler.stalled_error(None))
+    assert said == " On this command line: run it again with --policy float32 --tf32 off."
