@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Any, Mapping
 
-from ..errors import AmpConfigError, FactoryError
+from ..errors import AmpConfigError, FactoryError, ModelCallError
 from ..factory import build_model, load_factory
 from .build import plan_data
 
@@ -157,7 +157,7 @@ def input_shapes(model: Any, given: Mapping[str, Any]) -> Any:
         ValueError: The shapes do not fit the model (their structure, rank, fixed sizes or input names).
     """
     from .. import keras_compat
-    from ..model_check.shapes import checked_inputs, in_flag_words, shapes_with_sequence_length
+    from ..model_check.shapes import checked_inputs, in_flag_words, refuse_unknown_names, shapes_with_sequence_length
 
     if given.get("seq_len") is not None:
         shapes = shapes_with_sequence_length(model, given["seq_len"])
@@ -168,6 +168,8 @@ def input_shapes(model: Any, given: Mapping[str, Any]) -> Any:
     else:
         return None
     try:
+        if given.get("flag"):
+            refuse_unknown_names(model, shapes, given["flag"])
         return checked_inputs(model, shapes, keras_compat.input_structure(model))
     except (TypeError, ValueError) as exc:
         said = in_flag_words(given["flag"], exc, model) if given.get("flag") else str(exc)
@@ -186,7 +188,8 @@ def synthetic_inputs(model: Any, batch: int, structure: Any = None) -> Any:
     if structure is None:
         raise AmpConfigError(f"The model {model.name!r} has no input shape to audit it on (a subclassed model, not "
                              "built). Expected a built model, or its input shape. Fix: give the shape after the "
-                             "batch, --input-shape 8 (audit(..., input_shape=(8,))), or build it with keras.Input.")
+                             "batch, --input-shape 8 (audit(..., input_shape=(None, 8))), or build it with "
+                             "keras.Input.")
 
     def make(leaf: Any) -> Any:
         shape = [batch] + [d if d is not None else OPEN_SIZE for d in leaf.shape[1:]]
@@ -238,7 +241,10 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int,
     open_dims = dynamic_dims(shapes if shapes is not None else keras_compat.input_structure(model) or ())
     notes.append(_inputs_note(x, bool(open_dims)))
     # prepared exactly as training prepares it: the same layer plan, measured or cached as the trainer would
-    layer_plan = prepare_model(model, plan, inputs=x).layer_plan
+    try:
+        layer_plan = prepare_model(model, plan, inputs=x).layer_plan
+    except ModelCallError as exc:  # a model that does not run on these shapes (a shape of another rank): as `check`
+        return {"model_call_error": str(exc)}
     optimizer = tf.keras.optimizers.SGD(0.001)
     weights = model.trainable_variables
 

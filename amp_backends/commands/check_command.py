@@ -8,6 +8,8 @@ with ``python -m``. Exit status: 0 no error (warnings and notes are speed advice
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import traceback
 from typing import Any
 
@@ -64,29 +66,40 @@ def check_command(
                 else auto_configure(**overrides, verbose=False))
     except AmpConfigError as exc:
         fail(PROG, exc)
+    # with --json, stdout is the JSON alone: what the factory prints (model.summary()) goes to stderr
+    quiet = contextlib.redirect_stdout(sys.stderr) if json_output else contextlib.nullcontext()
     try:
-        factory = load_factory(target)
+        with quiet:
+            factory = load_factory(target)
     except FactoryError as exc:
         fail(PROG, exc)
     try:
-        model = build_model(factory, target)
+        with quiet:
+            model = build_model(factory, target)
     except FactoryError as exc:
         if exc.__cause__ is not None:  # the factory raised: its traceback, above the message
             traceback.print_exception(exc.__cause__)
         fail(PROG, exc)
     from ..model_check import check_model
-    from ..model_check.shapes import in_flag_words, shapes_with_sequence_length
+    from ..model_check.shapes import in_flag_words, refuse_unknown_names, shapes_with_sequence_length
 
     try:
+        if input_shape is not None:
+            refuse_unknown_names(model, given_shapes, input_shape)
         inputs = (given_shapes if given_shapes is not None
                   else shapes_with_sequence_length(model, seq_len) if seq_len is not None else None)
-        if prepare:
-            from ..prepare import prepare_model
+        with quiet:  # (a model's call may print as it is traced)
+            if prepare:
+                from ..prepare import prepare_model
 
-            prepare_model(model, plan, inputs=inputs, measure_float32=False)
-        result = check_model(model, plan=plan, batch_size=batch_size, inputs=inputs)
+                prepare_model(model, plan, inputs=inputs, measure_float32=False)
+            result = check_model(model, plan=plan, batch_size=batch_size, inputs=inputs)
     except (TypeError, ValueError, RuntimeError) as exc:
-        fail(PROG, in_flag_words(input_shape, exc, model) if input_shape is not None else exc)
+        said = in_flag_words(input_shape, exc, model) if input_shape is not None else str(exc)
+        if not getattr(model, "built", True) and input_shape is None and seq_len is None:  # (the fix said inputs=)
+            said += (" On this command line: --input-shape SHAPE (one example's shape without the batch, such as "
+                     "--input-shape 28x28x1) builds it.")
+        fail(PROG, said)
     if json_output:
         typer.echo(result.to_json())
     else:

@@ -155,6 +155,28 @@ def by_name(model: Any, inputs: Any, model_struct: Any) -> Any:
     return ordered if isinstance(model_struct, list) else tuple(ordered)
 
 
+def refuse_unknown_names(model: Any, shapes: Any, flag: str) -> None:
+    """Refuse names in ``--input-shape name=SHAPE,...`` that are none of the model's inputs (a batch's dict may hold
+    labels beside the inputs; a shape the user names for an input is a mistake where the model has no such input).
+
+    Args:
+        model: The Keras model.
+        shapes: The shapes `parse_input_shape` read (a dict where named).
+        flag: The text of ``--input-shape``, as the error quotes it.
+
+    Raises:
+        AmpConfigError: A name is not one of the model's inputs.
+    """
+    if not isinstance(shapes, dict):
+        return
+    struct = input_structure(model)  # (named by its dict's keys, or by its list's input names)
+    names = list(struct) if isinstance(struct, dict) else input_names(model, struct)
+    if names is not None and (unknown := [n for n in shapes if n not in names]):
+        raise AmpConfigError(f"--input-shape {flag} names {', '.join(map(repr, unknown))}, which the model "
+                             f"{model.name!r} has no input of. Expected its inputs' names: {', '.join(names)}. Fix: "
+                             f"give a shape for each of those, such as --input-shape {example_shape(model)}.")
+
+
 def checked_inputs(model: Any, inputs: Any, model_struct: Any) -> Any:
     """``inputs=`` as `check_model` and `amp_backends.prepare_model` take it, checked against the model's inputs.
 

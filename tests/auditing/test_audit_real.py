@@ -336,8 +336,15 @@ def test_an_unbuilt_subclassed_model_is_our_error_naming_the_input_shape_fix(tmp
         "        self.d = tf.keras.layers.Dense(3)\n\n    def call(self, x):\n        return self.d(x)\n\n\n"
         "def unbuilt():\n    return Net()\n")
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(AmpConfigError, match=r"has no input shape to audit it on .*Fix: .*--input-shape 8"):
+    fix = r"--input-shape 8 \(audit\(\.\.\., input_shape=\(None, 8\)\)\)"  # (it said (8,): the batch goes first)
+    with pytest.raises(AmpConfigError, match=r"has no input shape to audit it on .*Fix: .*" + fix):
         audit("sub_models:unbuilt", steps=1, warmup=1, batch_size=4)
+    from amp_backends.errors import ModelCallError
+
+    # a shape of another rank than the model takes: our error, as check says it (a RuntimeError with the child's
+    # traceback before)
+    with pytest.raises(ModelCallError, match=r"does not run on inputs of shape \(None,\)"):
+        audit("sub_models:unbuilt", steps=1, warmup=1, batch_size=4, input_shape=(24,))
 
 
 def test_a_sequence_longer_than_the_models_position_embedding_is_our_error_naming_the_layer(tmp_path, monkeypatch):

@@ -538,6 +538,22 @@ def cli(tmp_path, monkeypatch):
             return mnist_cnn()
         def not_a_model():
             return [1, 2]
+        class Sub(tf.keras.Model):
+            def __init__(self):
+                super().__init__(name="sub")
+                self.dense = tf.keras.layers.Dense(3)
+            def call(self, x):
+                return self.dense(x)
+        def subclassed():
+            return Sub()
+        def two_inputs():
+            a, b = tf.keras.Input((4,), name="a"), tf.keras.Input((6,), name="b")
+            return tf.keras.Model({"a": a, "b": b}, tf.keras.layers.Dense(2)(tf.keras.layers.Concatenate()([a, b])))
+        def chatty():
+            model = mnist_cnn()
+            model.summary()
+            print("built the model")
+            return model
         def broken():
             raise RuntimeError("boom")
         def any_length():
@@ -581,6 +597,28 @@ def test_check_command_prints_json(cli):
     assert data["model"] == "mnist_cnn" and data["plan"]["policy"] == "float32" and data["batch_size"] == 64
 
 
+def test_check_command_json_is_alone_on_stdout_whatever_the_factory_prints(cli):
+    """A factory calling model.summary() or print() wrote before the JSON: json.load of stdout failed."""
+    result = cli("user_models:chatty", "--json", "--policy", "float32")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["model"] == "mnist_cnn" and "built the model" in result.stderr
+
+
+def test_check_command_on_a_subclassed_model_not_built_names_its_own_option(cli):
+    """The fix named check_model(..., inputs=x[:32]) alone, on the command line."""
+    result = cli("user_models:subclassed", "--policy", "float32")
+    assert result.exit_code == 2 and "On this command line: --input-shape SHAPE" in result.output, result.output
+    assert cli("user_models:subclassed", "--policy", "float32", "--input-shape", "8").exit_code == 0
+
+
+def test_check_command_refuses_an_input_shape_named_for_no_input(cli):
+    """``--input-shape a=4,b=6,extra=3``: the extra name was ignored without a word."""
+    result = cli("user_models:two_inputs", "--policy", "float32", "--input-shape", "a=4,b=6,extra=3")
+    assert result.exit_code == 2, result.output
+    assert "names 'extra', which the model" in result.output and "Expected its inputs' names: a, b" in result.output
+    assert cli("user_models:two_inputs", "--policy", "float32", "--input-shape", "a=4,b=6").exit_code == 0
+
+
 def test_check_command_prints_a_table(cli):
     result = cli("amp_backends.models:mnist_cnn")
     assert result.exit_code == 0, result.output
@@ -601,8 +639,8 @@ def test_check_command_exits_1_when_a_finding_is_an_error(cli, json_flag):
     ("user_models:good:extra", 2, "expected MODULE:FACTORY"),
     ("does_not_import:good", 2, "importing it raised ModuleNotFoundError"),
     ("no_such_module_xyz:good", 2, "expected an importable module"),
-    ("user_models:missing", 2, "Functions defined there: Positions, any_length, bf16_softmax, broken, classifier, "
-                               "good"),
+    ("user_models:missing", 2, "Functions defined there: Positions, Sub, any_length, bf16_softmax, broken, chatty, "
+                               "classifier, good"),
     ("user_models:WIDTH", 2, "it is 3 (of type int)"),
     ("user_models:not_a_model", 2, "returned builtins.list"),
     ("user_models:broken", 2, "raised RuntimeError: boom"),  # (1 is an error finding's: a CI gate tells them apart)
