@@ -73,8 +73,10 @@ def test_each_zoo_model_builds_and_gives_a_finite_float32_loss(name, zoo_models)
 def test_zoo_bad_input_is_refused_before_any_work(tmp_path):
     out = _run(["--zoo", "--models", "resnet", "--out", str(tmp_path)], timeout=120)
     assert out.returncode == 2 and "--zoo --models takes mnist_cnn" in out.stderr
-    out = _run(["--zoo", "--configs", "fp8", "--out", str(tmp_path)], timeout=120)
+    out = _run(["--zoo", "--configs", "fp8", "--out", str(tmp_path / "zoo")], timeout=120)
     assert out.returncode == 2 and "unknown zoo configuration" in out.stderr and "baseline" in out.stderr
+    assert "Fix: pass some of those to --configs" in out.stderr  # (there was no fix)
+    assert not (tmp_path / "zoo").exists()  # (an empty results folder was left behind)
     out = _run(["--zoo", "--gpu-suite", "--out", str(tmp_path)], timeout=120)
     assert out.returncode == 2 and "benchmarks/gpu_suite.py" in out.stderr
 
@@ -142,6 +144,17 @@ def test_the_gan_trains_under_keras_fit_and_logs_both_losses():
     logs = model.fit(x, batch_size=8, epochs=1, verbose=0).history
     assert logs["d_loss"][0] > 0 and logs["g_loss"][0] > 0, logs
     assert not (model.discriminator.trainable_weights[0].numpy() == before[0]).all()
+
+
+def test_a_configuration_not_asked_for_is_not_said_to_have_failed():
+    """``--configs auto``: the float32 baseline, not run, was "failed" in zoo.md and on the console."""
+    from amp_backends.commands.bench.output import zoo_rows
+
+    ran = {"samples_per_s": {"median": 336.0}}
+    report = {"models": [{"model": "mnist_cnn", "batch": 32, "best_manual": None,
+                          "configs": {"auto plan, fit": ran, "auto plan, trainer": {"error": "boom"}}}]}
+    (row,) = zoo_rows(report)
+    assert row[2:6] == ("-", "-", "336", "failed"), row
 
 
 def test_a_peak_that_rounds_to_zero_or_failed_gives_no_share_instead_of_stopping_the_report():

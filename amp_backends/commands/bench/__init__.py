@@ -9,6 +9,7 @@ checkout: ``python benchmarks/gpu_suite.py`` (``benchmarks/README.md``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from pathlib import Path
 from typing import Optional
@@ -130,7 +131,9 @@ def main(
         import_tensorflow(quiet_tensorflow_logs())
     try:
         job(folder)
-    except ValueError as exc:
+    except ValueError as exc:  # refused before it ran (a configuration this machine has not): no folder left behind
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # (only an empty one)
         fail(PROG, str(exc))
     except KeyboardInterrupt as exc:
         raise _stopped(exc, folder / result) from None

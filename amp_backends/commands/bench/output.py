@@ -202,8 +202,11 @@ def _f(v: Any, spec: str, none: str = "-") -> str:
 
 
 def _rate(configs: dict[str, Any], name: str | None) -> str:
-    """The median samples/s of the configuration ``name`` of one model ("failed" when it has none)."""
-    s = (configs.get(name) or {}).get("samples_per_s") if name else None
+    """The median samples/s of the configuration ``name`` of one model: "failed" when it ran without one, "-" when it
+    was not run (not among ``--configs``)."""
+    if not name or name not in configs:
+        return "-"
+    s = configs[name].get("samples_per_s")
     return _f(s["median"], ",.0f") if s else "failed"
 
 

@@ -316,13 +316,14 @@ def run_zoo(models: list[str], config_names: list[str] | None, reps: int, steps:
         unknown = [n for n in config_names if n not in {c.name for c in every} | set(SHORTHANDS)]
         if unknown:
             raise AmpConfigError(f"unknown zoo configuration(s) {unknown}; on this machine: "
-                                 f"{', '.join(c.name for c in every)} (and the shorthands baseline, auto, peers).")
+                                 f"{', '.join(c.name for c in every)} (and the shorthands baseline, auto, peers). "
+                                 "Fix: pass some of those to --configs, comma-separated, or leave it out (every one).")
         configs = [c for c in every if c.name in config_names
                    or any(c.kind in SHORTHANDS.get(n, ()) for n in config_names)]
         if not configs:
             raise AmpConfigError(
                 f"--configs {','.join(config_names)} selects nothing on this machine (it has no peers); "
-                f"on this machine: {', '.join(c.name for c in every)}.")
+                f"on this machine: {', '.join(c.name for c in every)}. Fix: pass some of those to --configs.")
     gpu = not str(plan.device).upper().startswith("/CPU")
     dtypes = sorted({c.compute_dtype for c in configs} | {"float32"})
     runner = ZooRun(configs, reps, steps, batch, out, timeout_s, peak_n or (8192 if gpu else 2048), gpu)
