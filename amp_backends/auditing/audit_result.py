@@ -322,9 +322,10 @@ def _contradictions(audit: Audit) -> list[dict[str, str]]:
             continue
         layers = sorted({layer for e in f32 for layer in e.layers})
         where = f" (layers: {', '.join(layers)})" if layers else " (not matched to a layer)"
+        rows = sorted({e.kind for e in f32} - {kind})  # the table's rows (kinds) of that family they ran in
         out.append({"code": "float32-kernels",
                     "what": f"the plan says {want}; {f32_time / kind_time:.0%} of the {kind} time ran in "
-                            f"float32 kernels{where}",
+                            f"float32 kernels{' (' + ', '.join(rows) + ')' if rows else ''}{where}",
                     "fix": "leave in float32 only the layers the layer plan keeps there (prepare_model: the output "
                            "layer, the plan's float32 layer kinds): the layers named are pinned to float32 "
                            "(dtype=\"float32\") or cast inside; `amp-backends check` names why"})

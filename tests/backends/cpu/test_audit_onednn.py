@@ -192,6 +192,12 @@ def test_contradictions_with_the_plan_are_warnings_with_their_fix():
                             "(layers: m/conv_1)") and "float32" in w[0]["fix"]
     w = Audit("m", "cpu", F32_PLAN, entries).warnings()
     assert w[0]["what"] == "the plan says float32; 60% of the compute time ran in bfloat16 kernels"
+    # float32 time in another row of the matmul family (the table's gemm_api): named, as the table names it (the
+    # warning said "matmul" beside a matmul row that was all bfloat16)
+    mixed = [Entry("matmul", "bfloat16", "AMX", 50.0, True, layers=("m/dense",)),
+             Entry("gemm_api", "float32", "AVX-512", 50.0, True, layers=("m/mix",), problem="matmul")]
+    assert Audit("m", "cpu", BF16_PLAN, mixed).warnings()[0]["what"] == (
+        "the plan says bfloat16; 50% of the matmul time ran in float32 kernels (gemm_api) (layers: m/mix)")
     emulated = [Entry("matmul", "bfloat16", "AVX-512", 1.0, True, emulated=True)]
     assert "emulated" in Audit("m", "cpu", BF16_PLAN, emulated).warnings()[0]["what"]
     assert Audit("m", "cpu", BF16_PLAN, emulated).warnings()[0]["fix"] == "plan float32 here (--policy float32)"
