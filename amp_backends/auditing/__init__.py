@@ -92,6 +92,8 @@ def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = 
         if kernel_audit is None or kernel_audit.unavailable:
             return not_measured(target, plan_data(plan), kernel_audit)
         env.update({PLAN_BACKEND: str(plan.backend), **dict(kernel_audit.environment)})
+        if not overrides.get("strict"):  # the given plan's policy, though slow here (another machine's plan)
+            env.setdefault("AMP_FORCE", "1")
     return run_child(target, batch_size=batch_size, steps=steps, warmup=warmup, env=env, timeout=timeout,
                      inputs=inputs)
 

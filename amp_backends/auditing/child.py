@@ -220,6 +220,9 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int,
         f"the plan's {backend} backend is not available here: the model computed under this machine's "
         f"{plan.backend} plan ({plan.policy}, xla {'on' if plan.xla else 'off'}), and the {backend} backend read "
         "what ran"]
+    if (asked := os.environ.get("AMP_POLICY")) and asked != plan.policy:  # (refused here even with force)
+        notes.append(f"the plan's policy {asked} cannot run here ({plan.backend} backend): the model computed in "
+                     f"{plan.policy} instead")
     try:  # a factory that cannot be found, raises or returns no model: the parent says so as `check` does
         factory = load_factory(target)
     except FactoryError as exc:

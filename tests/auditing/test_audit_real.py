@@ -362,6 +362,23 @@ def test_a_sequence_longer_than_the_models_position_embedding_is_our_error_namin
         audit("hub_models:distil", steps=1, warmup=1, batch_size=4, seq_len=64)
 
 
+def test_another_machines_plan_is_audited_under_its_own_policy_and_says_so(tmp_path, monkeypatch):
+    """audit(factory, plan_for(device="h100")) on a CPU: the child downgraded float16 to this CPU's choice, and the
+    headline said "plan nvidia mixed_bfloat16", a plan that exists nowhere."""
+    import amp_backends
+    from amp_backends import audit
+
+    if amp_backends.plan_for().backend != "cpu":
+        pytest.skip("a machine with a GPU runs the H100's plan on its own backend")
+    (tmp_path / "tiny.py").write_text("import tensorflow as tf\n\n\ndef tiny():\n    return tf.keras.Sequential("
+                                      "[tf.keras.Input((8,)), tf.keras.layers.Dense(4)])\n")
+    monkeypatch.chdir(tmp_path)
+    h100 = amp_backends.plan_for(device="h100")
+    result = audit("tiny:tiny", h100, steps=1, warmup=1, batch_size=4)
+    assert (result.plan["backend"], result.plan["policy"]) == ("nvidia", h100.policy) == ("nvidia", "mixed_float16")
+    assert any(f"this machine's cpu plan ({h100.policy}" in note for note in result.notes), result.notes
+
+
 def test_a_layer_that_raises_in_any_dtype_is_our_error_naming_the_layer(tmp_path, monkeypatch):
     """It was a RuntimeError with the child's Keras traceback: the step's trace failed before the check was asked."""
     from amp_backends import audit
