@@ -50,6 +50,10 @@ def test_bench_smoke(tmp_path):
         assert not (tmp_path / "bench.png").exists() and "matplotlib is not installed: no chart" in out.stderr
     assert "x best manual" in out.stdout
     assert f"Written to {tmp_path}: bench.json" in out.stdout  # where the results are (a second run: DIR-2)
+    # piped, a line a configuration on stdout: the progress lines went there too, each configuration twice
+    assert [line for line in out.stdout.splitlines() if "mnist fp32" in line] == [
+        next(line for line in out.stdout.splitlines() if line.startswith("mnist fp32:"))]
+    assert "  mnist fp32 " in out.stderr
 
 
 @pytest.mark.intel

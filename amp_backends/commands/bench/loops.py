@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import itertools
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -309,7 +310,8 @@ def run(models: list[str], configs: list[str] | None, epochs: int, samples: int,
                     set_global_policy("float32", tf)
                 results.append(r)
                 outcome = f"{r.img_per_s:12,.0f} img/s" if r.img_per_s else f"failed: {r.error}"
-                print(f"  {model:5s} {r.config:32s} {outcome}", flush=True)
+                print(f"  {model:5s} {r.config:32s} {outcome}", file=sys.stderr, flush=True)  # (progress; the table:
+                # stdout, a line a configuration when piped)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the configurations timed so far are written, then it goes on
         stopped = exc
     report = {
