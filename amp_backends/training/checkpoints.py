@@ -88,10 +88,16 @@ def differences(stored: Mapping[str, Any], current: Mapping[str, Any], limit: in
 
 
 def checkpoint_paths(directory: str) -> list[str]:
-    """The checkpoints in ``directory``, newest first, by file name (an absolute path in the index may be stale)."""
-    state = tf.train.get_checkpoint_state(directory)
+    """The checkpoints in ``directory``, newest first, by file name (an absolute path in the index may be stale):
+    those its ``checkpoint`` index lists and every ``ckpt-N.index`` there (an index file deleted, emptied or garbled
+    hides no intact checkpoint, and a resume never starts over beside them)."""
+    try:
+        state = tf.train.get_checkpoint_state(directory)
+    except (ValueError, tf.errors.OpError):  # (an empty or garbled index file)
+        state = None
     names = {os.path.basename(p) for p in (state.all_model_checkpoint_paths or [state.model_checkpoint_path])} \
         if state else set()
+    names |= {n[:-len(".index")] for n in _names(directory) if re.fullmatch(r"ckpt-\d+\.index", n)}
     return sorted((os.path.join(directory, n) for n in names), reverse=True,
                   key=lambda p: int(n) if (n := p.rsplit("-", 1)[-1]).isdigit() else -1)
 
@@ -133,6 +139,8 @@ class CheckpointStore:
         self.step_counter = step_counter
         # every worker saves (saving is collective); the others' files go to a scratch folder removed after each save
         write_dir = self.directory if is_chief else os.path.join(self.directory, f".worker-{worker}")
+        if is_chief:
+            _set_aside_damaged_index(self.directory)
         self.manager = tf.train.CheckpointManager(self.checkpoint, write_dir, max_to_keep=keep,
                                                   step_counter=step_counter)
         self.owned = False  # True once this store wrote or restored: its directory is this run's
@@ -334,6 +342,26 @@ class CheckpointStore:
 def _short(exc: BaseException, limit: int = 160) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
+
+
+def _set_aside_damaged_index(folder: str) -> None:
+    """Rename a ``checkpoint`` index file that is empty or no index (TensorFlow's manager fails on the first, and
+    ignores the second, hiding the checkpoints it lists) to ``checkpoint.damaged``, with a warning: the checkpoints
+    are then found by their files (`checkpoint_paths`)."""
+    index = os.path.join(folder, "checkpoint")
+    try:
+        with open(index, encoding="utf-8", errors="replace") as f:
+            text = f.read(1 << 20)
+    except OSError:  # (none, or a URL: TensorFlow reads it)
+        return
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if lines and lines[0].startswith("model_checkpoint_path: ") and all(
+            re.fullmatch(r'[a-z_]+: (".*"|[-+.\deE]+)', line) for line in lines):
+        return
+    with contextlib.suppress(OSError):
+        os.replace(index, index + ".damaged")
+        logger.warning(f"The checkpoint index {index} is {'empty' if not lines else 'damaged'}: it is kept as "
+                       "checkpoint.damaged, and the checkpoints are found by their files.")
 
 
 def _names(folder: str) -> list[str]:

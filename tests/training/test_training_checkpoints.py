@@ -127,6 +127,24 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_newest_intact_one(tmp_p
     assert r.steps == 4
 
 
+@pytest.mark.parametrize("index", ["deleted", "emptied", "garbled"])
+def test_a_damaged_checkpoint_index_hides_no_checkpoint(tmp_path, caplog, index):
+    """The ``checkpoint`` index file gone or garbled: the resume started over and its saves replaced the intact
+    checkpoints; emptied: TensorFlow's ValueError ("Invalid checkpoint state")."""
+    caplog.set_level("INFO", logger="amp_backends.train")
+    _, t = trainer(tmp_path, checkpoint_every=2)
+    t.fit(*classification_data(32), epochs=1)
+    {"deleted": lambda f: f.unlink(), "emptied": lambda f: f.write_text(""),
+     "garbled": lambda f: f.write_text("garbage {{{")}[index](tmp_path / "checkpoint")
+    _, t2 = trainer(tmp_path)
+    assert t2.fit(*classification_data(32), epochs=2, resume=True).steps == 8
+    assert f"Resumed from {tmp_path / 'ckpt-4'}: global step 4" in caplog.text  # (not started over)
+    assert (tmp_path / "ckpt-4.index").exists()
+    said = {"deleted": None, "emptied": "is empty", "garbled": "is damaged"}[index]
+    if said:
+        assert (tmp_path / "checkpoint.damaged").exists() and said in caplog.text, caplog.text
+
+
 def test_no_intact_checkpoint_at_all_is_a_clear_error(tmp_path):
     _, t = trainer(tmp_path)
     t.fit(*classification_data(16), epochs=1)
