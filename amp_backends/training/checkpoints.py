@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import shutil
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Mapping, Sequence
 
@@ -88,9 +89,8 @@ def differences(stored: Mapping[str, Any], current: Mapping[str, Any], limit: in
 
 
 def checkpoint_paths(directory: str) -> list[str]:
-    """The checkpoints in ``directory``, newest first, by file name (an absolute path in the index may be stale):
-    those its ``checkpoint`` index lists and every ``ckpt-N.index`` there (an index file deleted, emptied or garbled
-    hides no intact checkpoint, and a resume never starts over beside them)."""
+    """The checkpoints in ``directory``, newest first: those its ``checkpoint`` index lists (by file name: a path in it
+    may be stale) and every ``ckpt-N.index`` there (an index deleted or damaged hides none: no resume starts over)."""
     try:
         state = tf.train.get_checkpoint_state(directory)
     except (ValueError, tf.errors.OpError):  # (an empty or garbled index file)
@@ -139,8 +139,7 @@ class CheckpointStore:
         self.step_counter = step_counter
         # every worker saves (saving is collective); the others' files go to a scratch folder removed after each save
         write_dir = self.directory if is_chief else os.path.join(self.directory, f".worker-{worker}")
-        if is_chief:
-            _set_aside_damaged_index(self.directory)
+        _set_aside_damaged_index(self.directory) if is_chief else None
         self.manager = tf.train.CheckpointManager(self.checkpoint, write_dir, max_to_keep=keep,
                                                   step_counter=step_counter)
         self.owned = False  # True once this store wrote or restored: its directory is this run's
@@ -155,6 +154,7 @@ class CheckpointStore:
                                 is_chief=self.is_chief, worker=self.worker, extra=extra, weights=self.weights,
                                 optional={k: self._objects[k] for k in self._optional})
         store.resumes_from = self
+        store.remove_unfinished_saves() if store.is_chief else None  # (a best save killed mid-way)
         return store
 
     @property
@@ -227,8 +227,9 @@ class CheckpointStore:
             self.last_saved_step = int(self.step_counter.numpy())
             return Restored(path, stored, tuple(sorted(k for k in absent if self.signature["objects"].get(k))))
         reasons = "; ".join(f"{os.path.basename(p)}: {w}" for p, w in broken)
-        raise CheckpointError(f"No intact checkpoint in {self.directory!r}: {reasons}. Fix: start a new run (without "
-                              "--resume, or with another --logdir).")
+        raise CheckpointError(f"No intact checkpoint in {self.directory!r}: {reasons}. Fix: " + (
+            "start a new run (without --resume, or with another --logdir)." if self.resumes_from is self else
+            "resume from the run's own checkpoints, beside these; a better validation writes a new best one."))
 
     # -------------------------------------------------------------------------------- saving
     def weights_finite(self) -> bool:
@@ -345,16 +346,12 @@ def _short(exc: BaseException, limit: int = 160) -> str:
 
 
 def _set_aside_damaged_index(folder: str) -> None:
-    """Rename a ``checkpoint`` index file that is empty or no index (TensorFlow's manager fails on the first, and
-    ignores the second, hiding the checkpoints it lists) to ``checkpoint.damaged``, with a warning: the checkpoints
-    are then found by their files (`checkpoint_paths`)."""
+    """An empty or garbled ``checkpoint`` index (TensorFlow's manager fails on one, ignores the other, hiding what it
+    lists) renamed ``checkpoint.damaged``, with a warning: `checkpoint_paths` finds the checkpoints by their files."""
     index = os.path.join(folder, "checkpoint")
-    try:
-        with open(index, encoding="utf-8", errors="replace") as f:
-            text = f.read(1 << 20)
-    except OSError:  # (none, or a URL: TensorFlow reads it)
+    if "://" in folder or not os.path.isfile(index):
         return
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    lines = [line.strip() for line in Path(index).read_text(errors="replace").splitlines() if line.strip()]
     if lines and lines[0].startswith("model_checkpoint_path: ") and all(
             re.fullmatch(r'[a-z_]+: (".*"|[-+.\deE]+)', line) for line in lines):
         return

@@ -164,8 +164,8 @@ class Validation:
                 "this Trainer keeps none (build it with keep_best=..., and checkpoint_dir=...)."
                 if self.best_store is None else f"{self.best_store.directory} holds none yet (no value of "
                 f"{self.monitor.monitor} has been recorded). Fix: train with validation_data first."))
-        store.checkpoint.restore(path).expect_partial()
-        return str(path)
+        restored = store.restore()  # (a damaged best checkpoint: our CheckpointError, naming it)
+        return str(restored.path if restored else path)
 
     @property
     def stop(self) -> bool:

@@ -159,6 +159,29 @@ def test_best_checkpoint_restores_the_best_weights(tmp_path):
     assert int(t.global_step.numpy()) == best["step"]  # everything the checkpoint holds: the position too
 
 
+def test_a_damaged_best_checkpoint_is_our_error_and_a_killed_best_save_is_cleared(tmp_path, caplog):
+    """A truncated best checkpoint ended a finished run in TensorFlow's IndexError ("Read less bytes than
+    requested"); a best save killed mid-way left its ckpt-N_temp in best/ for good."""
+    from amp_backends.errors import CheckpointError
+
+    t, _ = trainer(metrics=["accuracy"], keep_best="val_loss", checkpoint_dir=str(tmp_path / "run"))
+    x, y = data(64)
+    xv, yv = data(30, seed=1)
+    path = t.fit(x, y, epochs=2, validation_data=(xv, yv)).best["path"]
+    for blob in (tmp_path / "run" / "best").glob("*.data-*"):
+        blob.write_bytes(blob.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=r"No intact checkpoint in .*best.*Fix: resume from the run's own "
+                                              r"checkpoints, beside these"):
+        t.restore_best()
+    unfinished = tmp_path / "run" / "best" / f"{Path(path).name}0_temp"
+    unfinished.mkdir()
+    (unfinished / "part-00000-of-00001.data-00000-of-00001.tempstate1").write_bytes(b"x" * 10)
+    caplog.set_level("INFO", logger="amp_backends.train")
+    t2, _ = trainer(metrics=["accuracy"], keep_best="val_loss", checkpoint_dir=str(tmp_path / "run"))
+    t2.fit(x, y, epochs=3, validation_data=(xv, yv), resume=True)
+    assert not unfinished.exists() and "Removed what unfinished checkpoint saves" in caplog.text
+
+
 def test_a_new_trainer_on_a_finished_runs_folder_restores_its_best_checkpoint(tmp_path):
     """Lightning's ckpt_path="best" in another script: a new Trainer used to say it kept no best checkpoint (build
     it with keep_best and checkpoint_dir, which it had been)."""
