@@ -271,3 +271,20 @@ def test_ctrl_c_while_tensorflow_starts_stops_cleanly_and_says_nothing_was_train
     assert proc.returncode == 130, out[-2000:]
     assert "Traceback" not in out and "second Ctrl-C" not in out, out[-2000:]
     assert "before training began: nothing was trained or saved" in out or "Interrupted (SIGINT)" in out, out[-2000:]
+
+
+def test_ctrl_c_after_training_says_the_run_is_trained_and_saved(tmp_path, monkeypatch):
+    """Ctrl-C in the example's test evaluation, after training: the command said "interrupted before training
+    began: nothing was trained or saved", and a user might delete a finished run."""
+    from amp_backends.errors import TrainingInterrupted
+    from amp_backends.examples.mnist import train_mnist
+    from amp_backends.examples.run import RunOptions
+    from amp_backends.training import Trainer
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "evaluate", interrupted)
+    said = r"after training, in the test evaluation: the run's 4 steps are trained and checkpointed in .*checkpoints"
+    with pytest.raises(TrainingInterrupted, match=said):
+        train_mnist(RunOptions(digits=True, max_steps=4, batch_size=32, logdir=str(tmp_path), progress=False))

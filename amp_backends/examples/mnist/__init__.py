@@ -7,8 +7,10 @@ images. Synthetic images (``--synthetic``, for throughput) have nothing to valid
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
+from ...errors import TrainingInterrupted
 from ..run import RunOptions, final_plan, prepare_models, scope, start, trainer_options
 
 
@@ -40,8 +42,14 @@ def train_mnist(opts: RunOptions) -> Any:
     result = trainer.fit(x, y, epochs=opts.epochs, max_steps=opts.max_steps, resume=opts.resume,
                          validation_data=(xv, yv) if validate else None)
     if validate:
-        best = result.best is not None and trainer.restore_best()  # (every worker: they restore and evaluate together)
-        accuracy = trainer.evaluate(xt, yt)["accuracy"]
+        try:
+            best = result.best is not None and trainer.restore_best()  # (every worker: they restore, evaluate together)
+            accuracy = trainer.evaluate(xt, yt)["accuracy"]
+        except KeyboardInterrupt:  # after training: it said "nothing was trained or saved"
+            raise TrainingInterrupted(signal.SIGINT, result.steps, trainer.store.latest if trainer.store else None,
+                                      f"Interrupted (SIGINT) after training, in the test evaluation: the run's "
+                                      f"{result.steps} steps are trained and checkpointed in {run.checkpoints}; only "
+                                      "the test accuracy was not computed.") from None
         if strategy is None or trainer.is_chief:
             which = f"the best checkpoint's, step {result.best['step']}" if best and result.best else "the last weights"
             print(f"test accuracy: {accuracy:.4f} ({len(xt)} test images, {which})", flush=True)
