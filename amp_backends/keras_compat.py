@@ -239,17 +239,15 @@ def input_structure(model: Any) -> Any:
 
 
 def model_losses(model: Any, added_to: Any = None) -> Any:
-    """The sum of a model's own losses (``model.losses``: weight regularizers, ``add_loss``), as Keras's ``fit`` and
-    ``evaluate`` add them to the compiled loss. Read in the trace of the call that made them: an ``add_loss`` term
-    is the last call's (a model called twice in a step, as the GAN's discriminator, counts its second call's).
+    """A model's own losses (``model.losses``: regularizers, ``add_loss``) summed, as Keras's ``fit`` and ``evaluate``
+    add them, read in the trace of the call that made them (a model called twice in a step: its last call's terms).
 
     Args:
         model: A Keras model.
         added_to: A float32 loss to add them to, or ``None``.
 
     Returns:
-        A float32 scalar: ``added_to`` plus the model's losses, or their sum alone; ``added_to`` itself (``None``
-        without it) for a model without any.
+        A float32 scalar: ``added_to`` plus them, or their sum; ``added_to`` itself for a model without any.
     """
     tf = _tensorflow()
     terms = [tf.reduce_sum(tf.cast(term, tf.float32)) for term in getattr(model, "losses", None) or ()]
@@ -271,9 +269,19 @@ def restore_losses(saved: list[tuple[Any, str, list[Any]]]) -> None:
 
 # ---------------------------------------------------------------------------------------------- optimizers
 def build_optimizer(optimizer: Any, variables: Sequence[Any]) -> None:
-    """Create the optimizer's slot variables now (both generations' optimizers have ``build``)."""
-    if hasattr(optimizer, "build"):
+    """Create the optimizer's slot variables now (both generations' optimizers have ``build``); `AmpConfigError` where
+    a ``tf.distribute`` strategy is in scope and the model or the optimizer was made outside it."""
+    if not hasattr(optimizer, "build"):
+        return
+    try:
         optimizer.build(list(variables))
+    except RuntimeError as exc:  # (TensorFlow's words for variables of two strategies)
+        if "Mixing different tf.distribute.Strategy" not in str(exc):
+            raise
+        raise AmpConfigError(f"The model and the optimizer ({type(optimizer).__name__}) train under a tf.distribute "
+                             "strategy, and some of their variables were made outside its scope. Fix: make the models "
+                             "and optimizers inside `with strategy.scope():`, with strategy= given to the Trainer.") \
+            from None
 
 
 def dynamic_loss_scale_optimizer(optimizer: Any, tf: Any = None) -> Any:

@@ -82,6 +82,28 @@ def test_tf_config_validation(text, needle):
                                       "one process."), str(raised.value)
 
 
+def test_a_model_made_outside_the_strategys_scope_is_our_error_with_the_fix():
+    """strategy= given a model and optimizer made outside strategy.scope(): TensorFlow's RuntimeError "Mixing
+    different tf.distribute.Strategy objects", from inside the trainer."""
+    import tensorflow as tf
+
+    import amp_backends
+    from amp_backends.errors import AmpConfigError
+    from amp_backends.training import Trainer, classifier_updates
+
+    plan = amp_backends.auto_configure(policy="float32", verbose=False)
+    strategy = tf.distribute.MirroredStrategy(["/CPU:0"])
+    model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(3, activation="softmax")])
+    with pytest.raises(AmpConfigError, match=r"made outside its scope\. Fix: make the models and optimizers inside "
+                                             r"`with strategy.scope\(\):`"):
+        Trainer(classifier_updates(model, tf.keras.optimizers.Adam()), plan, batch_size=8, strategy=strategy)
+    with strategy.scope():  # made inside: it trains
+        model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(3, activation="softmax")])
+        optimizer = tf.keras.optimizers.Adam()
+    trainer = Trainer(classifier_updates(model, optimizer), plan, batch_size=8, strategy=strategy, progress=False)
+    assert trainer.fit(np.zeros((16, 8), "float32"), np.zeros(16, "int64"), max_steps=1).steps == 1
+
+
 def test_port_in_use_is_named():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
