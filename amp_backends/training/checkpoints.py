@@ -324,10 +324,10 @@ class CheckpointStore:
                 f"partial files of this save were removed. Fix: {fix}")
 
     def _kept(self) -> str:
-        latest = self.resumes_from.latest  # (a best checkpoint's save: the run's own checkpoints)
-        if latest:
+        if latest := self.resumes_from.latest:  # (a best checkpoint's save: the run's own checkpoints)
             return f"The latest checkpoint is still {os.path.basename(latest)}; training can continue from it."
-        return "No checkpoint of this run has been written yet."
+        best = f" but the best one, {self.latest}" if self.resumes_from is not self and self.latest else ""
+        return f"No checkpoint of this run has been written yet{best}."
 
     def _fix(self, space: bool, missing: int | None = None) -> str:
         """Free ``missing`` bytes (``space``), else make the folder writable; then run again."""

@@ -364,3 +364,19 @@ def test_a_checkpoint_saved_as_an_epoch_ends_is_resumed_in_the_next_epoch_withou
     ended = [r.message.split(":")[0] for r in caplog.records if r.message.startswith("Epoch ")]
     assert ended == ["Epoch 2 (global step 24)"], caplog.text
     assert result.steps == 24 and result.epochs_completed == 3
+
+
+def test_a_failed_best_save_before_any_regular_checkpoint_names_the_best_one_kept(tmp_path):
+    """A full disk at a best save before the run's first regular checkpoint said "No checkpoint of this run has been
+    written yet", beside an intact best/ckpt-N."""
+    from amp_backends.training.checkpoints import CheckpointStore
+
+    step = tf.Variable(3, dtype=tf.int64)
+    store = CheckpointStore({"w": tf.Variable([1.0, 2.0])}, tmp_path, step_counter=step)
+    best = store.sibling("best")
+    saved = best.save()
+    step.assign(5)
+    best.manager.save = lambda checkpoint_number: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+    with pytest.raises(CheckpointError, match=rf"No checkpoint of this run has been written yet but the best one, "
+                                              rf"{saved}\."):
+        best.save()
