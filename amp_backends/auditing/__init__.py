@@ -21,6 +21,7 @@ from .audit_result import Audit
 from .child import PLAN_BACKEND
 from .runner import overrides_env, run_child
 from ..errors import AmpConfigError, BackendError
+from ..request import ENV_VARS
 
 __all__ = ["Audit", "AuditObserver", "audit", "audit_trace"]
 
@@ -93,7 +94,7 @@ def audit(model_or_factory: Any, plan: Plan | None = None, *, batch_size: int = 
             return not_measured(target, plan_data(plan), kernel_audit)
         env.update({PLAN_BACKEND: str(plan.backend), **dict(kernel_audit.environment)})
         if not overrides.get("strict"):  # the given plan's policy, though slow here (another machine's plan)
-            env.setdefault("AMP_FORCE", "1")
+            env.setdefault(ENV_VARS["force"], "1")
     return run_child(target, batch_size=batch_size, steps=steps, warmup=warmup, env=env, timeout=timeout,
                      inputs=inputs)
 

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 from ..errors import AmpConfigError, FactoryError, ModelCallError
 from ..factory import build_model, load_factory
+from ..request import ENV_VARS
 from .build import plan_data
 
 OPEN_SIZE = 8  # an input dimension the model leaves open, unless the audit is given its size
@@ -220,7 +221,7 @@ def run(target: str, out_path: str, batch: int, steps: int, warmup: int,
         f"the plan's {backend} backend is not available here: the model computed under this machine's "
         f"{plan.backend} plan ({plan.policy}, xla {'on' if plan.xla else 'off'}), and the {backend} backend read "
         "what ran"]
-    if (asked := os.environ.get("AMP_POLICY")) and asked != plan.policy:  # (refused here even with force)
+    if (asked := os.environ.get(ENV_VARS["policy"])) and asked != plan.policy:  # (refused here even with force)
         notes.append(f"the plan's policy {asked} cannot run here ({plan.backend} backend): the model computed in "
                      f"{plan.policy} instead")
     try:  # a factory that cannot be found, raises or returns no model: the parent says so as `check` does
