@@ -351,13 +351,13 @@ def _set_aside_damaged_index(folder: str) -> None:
     index = os.path.join(folder, "checkpoint")
     if "://" in folder or not os.path.isfile(index):
         return
-    lines = [line.strip() for line in Path(index).read_text(errors="replace").splitlines() if line.strip()]
-    if lines and lines[0].startswith("model_checkpoint_path: ") and all(
-            re.fullmatch(r'[a-z_]+: (".*"|[-+.\deE]+)', line) for line in lines):
-        return
+    with contextlib.suppress(ValueError, tf.errors.OpError):  # (an empty one: ValueError; a garbled one: None)
+        if tf.train.get_checkpoint_state(folder) is not None:  # (TensorFlow's own reading of it)
+            return
     with contextlib.suppress(OSError):
+        empty = not Path(index).read_text(errors="replace").strip()
         os.replace(index, index + ".damaged")
-        logger.warning(f"The checkpoint index {index} is {'empty' if not lines else 'damaged'}: it is kept as "
+        logger.warning(f"The checkpoint index {index} is {'empty' if empty else 'damaged'}: it is kept as "
                        "checkpoint.damaged, and the checkpoints are found by their files.")
 
 
